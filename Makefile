@@ -1,0 +1,34 @@
+# gorun — `make help` lists the targets.
+GO        ?= go
+BIN       := bin
+GOFLAGS   ?=
+TEST_TIMEOUT ?= 25m
+
+.PHONY: help build test test-deps vet fmt race unit bench-launch clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+build: ## build gorun and the example programs into bin/
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/... ./examples/...
+
+test: test-deps build vet ## everything CI runs: install test deps, build, vet, all tests with -race
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+test-deps: ## install what the tests need (Debian packages, as root); a no-op when present
+	@bash scripts/install-test-deps.sh
+
+vet: ## go vet and a gofmt check
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+unit: ## fast tests only (no -race, short mode)
+	$(GO) test -short -count=1 ./...
+
+bench-launch: build ## launch time: gorun -np 16 /bin/true vs mpirun, side by side
+	@bash scripts/bench-launch.sh
+
+clean: ## remove build outputs
+	rm -rf $(BIN)

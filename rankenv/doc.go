@@ -1,0 +1,10 @@
+// Package rankenv owns the contract between a launcher and the rank processes
+// it starts: the names of the environment variables every rank receives, and
+// what each one means.
+//
+// gorun sets every ecosystem's variables at once (torch, Open MPI, Hydra PMI,
+// CUDA and its own GORUN_*) so that unmodified programs run. The launcher
+// builds these variables; the rendezvous reads them. Neither of those steps
+// lives here: this package only names the variables and documents their
+// meaning, so the two sides cannot drift apart.
+package rankenv

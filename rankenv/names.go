@@ -1,0 +1,59 @@
+package rankenv
+
+// torch.distributed (torchrun) variables.
+const (
+	// Rank is the global rank, 0 ≤ RANK < WORLD_SIZE.
+	Rank = "RANK"
+	// WorldSize is the number of ranks in the job.
+	WorldSize = "WORLD_SIZE"
+	// LocalRank is the rank's index among the ranks on its host.
+	LocalRank = "LOCAL_RANK"
+	// LocalWorldSize is the number of ranks on the rank's host.
+	LocalWorldSize = "LOCAL_WORLD_SIZE"
+	// NodeRank is the index of the rank's host in the plan's host order.
+	NodeRank = "NODE_RANK"
+	// GroupRank is torchrun's name for NODE_RANK.
+	GroupRank = "GROUP_RANK"
+	// MasterAddr is the address of the host that runs rank 0.
+	MasterAddr = "MASTER_ADDR"
+	// MasterPort is a TCP port that was free on MASTER_ADDR at launch; it is
+	// left for the program (torch binds its TCPStore there). gorun's own
+	// rendezvous uses RdzvEndpoint instead, so the two never collide.
+	MasterPort = "MASTER_PORT"
+)
+
+// Open MPI and Hydra (MPICH) variables.
+const (
+	OMPIRank      = "OMPI_COMM_WORLD_RANK"
+	OMPISize      = "OMPI_COMM_WORLD_SIZE"
+	OMPILocalRank = "OMPI_COMM_WORLD_LOCAL_RANK"
+	OMPILocalSize = "OMPI_COMM_WORLD_LOCAL_SIZE"
+	PMIRank       = "PMI_RANK"
+	PMISize       = "PMI_SIZE"
+)
+
+// CUDAVisibleDevices lists the GPUs assigned to the rank; it is set only when
+// GPUs are assigned.
+const CUDAVisibleDevices = "CUDA_VISIBLE_DEVICES"
+
+// gorun's own variables, read by the gorun runtime (rendezvous, comm).
+const (
+	// JobID identifies the job; members of other jobs are refused.
+	JobID = "GORUN_JOB_ID"
+	// GorunRank, GorunWorldSize and GorunLocalRank repeat RANK, WORLD_SIZE
+	// and LOCAL_RANK under gorun's prefix; they win when both are set.
+	GorunRank      = "GORUN_RANK"
+	GorunWorldSize = "GORUN_WORLD_SIZE"
+	GorunLocalRank = "GORUN_LOCAL_RANK"
+	GorunLocalSize = "GORUN_LOCAL_WORLD_SIZE"
+	GorunNodeRank  = "GORUN_NODE_RANK"
+	GorunHost      = "GORUN_HOST"
+	// Secret is the job secret: 32 random bytes, hex encoded. Gossip is
+	// encrypted with a key derived from it and every data-plane connection
+	// is authenticated with it.
+	Secret = "GORUN_SECRET"
+	// RdzvEndpoint is host:port of the gossip seed: rank 0 binds its gossip
+	// listener there; every other rank joins through it. The port was free on
+	// that host at launch and differs from MASTER_PORT.
+	RdzvEndpoint = "GORUN_RDZV_ENDPOINT"
+)

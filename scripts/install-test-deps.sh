@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the test suite needs. Idempotent: packages
+# already present are not touched, so a developer machine pays nothing.
+# Not root: prints what is missing and carries on (tests that need a missing
+# tool skip with a message that says which one).
+set -euo pipefail
+
+# Packages the tests use; keep this list in step with what tests look for.
+pkgs=(iproute2 procps)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-test-deps: not root; missing Debian packages: ${missing[*]} (tests needing them skip)" >&2
+  exit 0
+fi
+echo "install-test-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
