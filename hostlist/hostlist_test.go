@@ -1,0 +1,269 @@
+package hostlist
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// expandCases are valid expressions with SLURM's expansion. They double as
+// the inputs of the scontrol oracle test, so keep them within what SLURM
+// itself accepts.
+var expandCases = []struct {
+	expr string
+	want []string
+}{
+	{"n1", []string{"n1"}},
+	{"localhost", []string{"localhost"}},
+	{"a,b,a", []string{"a", "b", "a"}},       // duplicates kept: rank order
+	{"n[3,1,2]", []string{"n3", "n1", "n2"}}, // never sorted
+	{"vm,n[01-03,7]", []string{"vm", "n01", "n02", "n03", "n7"}},
+	{"n[08-11]", []string{"n08", "n09", "n10", "n11"}},
+	{"n[8-11]", []string{"n8", "n9", "n10", "n11"}},
+	{"n[008-10]", []string{"n008", "n009", "n010"}},
+	{"n[1-010]", []string{"n1", "n2", "n3", "n4", "n5", "n6", "n7", "n8", "n9", "n10"}},
+	{"n[5-5]", []string{"n5"}},
+	{"n[0]", []string{"n0"}},
+	{"n[1-2]-ib", []string{"n1-ib", "n2-ib"}},
+	{"r[1-2]n[1-2]", []string{"r1n1", "r1n2", "r2n1", "r2n2"}},
+	{"r[1-2]n[7,3]x", []string{"r1n7x", "r1n3x", "r2n7x", "r2n3x"}},
+	{"a[1-2]b[1-2]c[0]", []string{"a1b1c0", "a1b2c0", "a2b1c0", "a2b2c0"}},
+	{"[1-3]", []string{"1", "2", "3"}},
+	{"n1[1-2]", []string{"n11", "n12"}},
+	{"gpu[1-2],cpu[01-02].cluster", []string{"gpu1", "gpu2", "cpu01.cluster", "cpu02.cluster"}},
+	{"n[1,1]", []string{"n1", "n1"}},
+	{"node-1.example.org", []string{"node-1.example.org"}},
+}
+
+func TestExpand(t *testing.T) {
+	for _, tc := range expandCases {
+		t.Run(tc.expr, func(t *testing.T) {
+			got, err := Expand(tc.expr)
+			if err != nil {
+				t.Fatalf("Expand(%q): %v", tc.expr, err)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("Expand(%q) = %q, want %q", tc.expr, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestExpandErrors(t *testing.T) {
+	for _, tc := range []struct {
+		expr    string
+		pos     int
+		msg     string // substring of Msg
+		tooMany bool
+	}{
+		{"", 0, "empty expression", false},
+		{"n[1-3", 1, "'[' is never closed", false},
+		{"n1-3]", 4, "']' without a matching '['", false},
+		{"n[1[2]]", 3, "nested '['", false},
+		{"a,,b", 2, "empty element", false},
+		{",a", 0, "empty element", false},
+		{"a,", 2, "empty element, expected a host name after ','", false},
+		{"n[]", 1, "empty brackets", false},
+		{"n[5-3]", 4, "range 5-3 goes backwards", false},
+		{"n[1-]", 4, "expected a number after '-', found ']'", false},
+		{"n[-3]", 2, "expected a number after '[', found '-'", false},
+		{"n[1,]", 4, "expected a number after ',', found ']'", false},
+		{"n[,1]", 2, "expected a number after '[', found ','", false},
+		{"n[a-b]", 2, "expected a number after '[', found 'a'", false},
+		{"n[1-2-3]", 5, "expected ',' or ']' after a number, found '-'", false},
+		{"n[1 -3]", 3, "whitespace", false},
+		{"a b", 1, "whitespace", false},
+		{"a\x00b", 1, "control character", false},
+		{"n[1234567890123456789]", 2, "too long", false},
+		{"n[0-99999999]", 1, "more than 1048576 names", true},
+		{"n[0-1048575],x", 13, "more than 1048576 names", true}, // budget is per expression
+		{"a[0-1023]b[0-1024]", 10, "more than 1048576 names", true},
+		{"a[0-999999999999999999]b[0-999999999999999999]", 1, "more than", true},
+	} {
+		t.Run(tc.expr, func(t *testing.T) {
+			got, err := Expand(tc.expr)
+			if err == nil {
+				t.Fatalf("Expand(%q) = %d names, want an error", tc.expr, len(got))
+			}
+			var he *Error
+			if !errors.As(err, &he) {
+				t.Fatalf("Expand(%q) error %T %v, want *Error", tc.expr, err, err)
+			}
+			if he.Expr != tc.expr || he.What != "hostlist" || he.Pos != tc.pos || !strings.Contains(he.Msg, tc.msg) {
+				t.Errorf("Expand(%q) = %+v, want pos %d and message containing %q", tc.expr, he, tc.pos, tc.msg)
+			}
+			if errors.Is(err, ErrTooLarge) != tc.tooMany {
+				t.Errorf("errors.Is(%v, ErrTooLarge) = %v, want %v", err, !tc.tooMany, tc.tooMany)
+			}
+			if !strings.Contains(err.Error(), strconv.Quote(tc.expr)) {
+				t.Errorf("error %q does not name the expression", err)
+			}
+		})
+	}
+}
+
+// TestExpandAtCap checks that exactly MaxNames names are allowed: the cap
+// rejects absurd input, not the largest legitimate one. It counts through
+// parseElement instead of expanding, so the test allocates nothing big.
+func TestExpandAtCap(t *testing.T) {
+	for _, tc := range []struct {
+		expr   string
+		budget int
+		ok     bool
+	}{
+		{"n[1-1048576]", MaxNames, true},
+		{"n[1-1048576]", MaxNames - 1, false},
+		{"a[1-1024]b[1-1024]", MaxNames, true},
+		{"a[1-1024]b[1-1025]", MaxNames, false},
+		{"plain", 1, true},
+		{"plain", 0, false},
+	} {
+		parts, n, err := parseElement(tc.expr, 0, len(tc.expr), tc.budget, failer("hostlist", tc.expr))
+		if ok := err == nil; ok != tc.ok {
+			t.Errorf("parseElement(%q, budget %d) = %d names, %v; want ok=%v", tc.expr, tc.budget, n, err, tc.ok)
+		}
+		if err == nil && (n > tc.budget || len(parts) == 0) {
+			t.Errorf("parseElement(%q) = %d names over budget %d", tc.expr, n, tc.budget)
+		}
+	}
+}
+
+func TestErrorFormat(t *testing.T) {
+	_, err := Expand("n[5-3]")
+	want := `hostlist "n[5-3]": offset 4: range 5-3 goes backwards, expected lo <= hi`
+	if err == nil || err.Error() != want {
+		t.Errorf("got %v, want %s", err, want)
+	}
+}
+
+// TestExpandMatchesScontrol compares Expand against SLURM itself where it is
+// installed: scontrol is the reference for what SLURM_JOB_NODELIST means.
+func TestExpandMatchesScontrol(t *testing.T) {
+	scontrol, err := exec.LookPath("scontrol")
+	if err != nil {
+		t.Skip("scontrol not on PATH (Debian package slurm-client); the table above still pins SLURM's behaviour")
+	}
+	for _, tc := range expandCases {
+		cmd := exec.Command(scontrol, "show", "hostnames", tc.expr)
+		// "show hostnames" needs no controller; a missing slurm.conf must
+		// not make it try DNS SRV lookups, so point it at /dev/null when
+		// unset.
+		if os.Getenv("SLURM_CONF") == "" {
+			cmd.Env = append(os.Environ(), "SLURM_CONF=/dev/null")
+		}
+		out, err := cmd.Output()
+		if err != nil {
+			t.Skipf("scontrol show hostnames does not run here (%v); skipping the oracle", err)
+		}
+		want := strings.Fields(string(out))
+		got, err := Expand(tc.expr)
+		if err != nil {
+			t.Errorf("Expand(%q): %v; scontrol gives %q", tc.expr, err, want)
+			continue
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("Expand(%q) = %q, scontrol gives %q", tc.expr, got, want)
+		}
+	}
+}
+
+func TestParseTasksPerNode(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []int
+	}{
+		{"1", []int{1}},
+		{"2(x3),1", []int{2, 2, 2, 1}},
+		{"4,2,1(x2)", []int{4, 2, 1, 1}},
+		{"16(x1)", []int{16}},
+		{"0,3", []int{0, 3}}, // kept so the list stays aligned with the nodes
+		{"1(x2),2(x2)", []int{1, 1, 2, 2}},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParseTasksPerNode(tc.in)
+			if err != nil {
+				t.Fatalf("ParseTasksPerNode(%q): %v", tc.in, err)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("ParseTasksPerNode(%q) = %v, want %v", tc.in, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseTasksPerNodeErrors(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		pos     int
+		msg     string
+		tooMany bool
+	}{
+		{"", 0, "empty value", false},
+		{"2,", 2, "expected a task count, found the end", false},
+		{",2", 0, "expected a task count, found ','", false},
+		{"x", 0, "expected a task count, found 'x'", false},
+		{"-1", 0, "expected a task count, found '-'", false},
+		{"2(3)", 2, "expected 'x' after '('", false},
+		{"2(x)", 3, "expected a repeat count after '(x', found ')'", false},
+		{"2(x3", 4, "expected ')'", false},
+		{"2(x0)", 3, "repeat count must be at least 1", false},
+		{"2 (x3)", 1, "expected ',' or '(x'", false},
+		{"2(x3)1", 5, "expected ',' or '(x'", false},
+		{"2097152", 0, "larger than", false},
+		{"1(x1048576),1", 12, "more than 1048576 nodes", true},
+		{"1(x999999999999999999)", 0, "more than", true},
+		{"1(x9999999999999999999)", 3, "too long", false},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParseTasksPerNode(tc.in)
+			if err == nil {
+				t.Fatalf("ParseTasksPerNode(%q) = %v, want an error", tc.in, got)
+			}
+			var he *Error
+			if !errors.As(err, &he) {
+				t.Fatalf("error %T %v, want *Error", err, err)
+			}
+			if he.What != "tasks-per-node" || he.Pos != tc.pos || !strings.Contains(he.Msg, tc.msg) {
+				t.Errorf("ParseTasksPerNode(%q) = %+v, want pos %d and message containing %q", tc.in, he, tc.pos, tc.msg)
+			}
+			if errors.Is(err, ErrTooLarge) != tc.tooMany {
+				t.Errorf("errors.Is(%v, ErrTooLarge) = %v, want %v", err, !tc.tooMany, tc.tooMany)
+			}
+		})
+	}
+}
+
+// FuzzExpand checks that no input panics and that every success respects
+// the cap; run with go test -fuzz=FuzzExpand ./hostlist.
+func FuzzExpand(f *testing.F) {
+	for _, tc := range expandCases {
+		f.Add(tc.expr)
+	}
+	f.Add("n[1-3")
+	f.Add("a[0-1023]b[0-1024]")
+	f.Fuzz(func(t *testing.T, expr string) {
+		names, err := Expand(expr)
+		if err == nil && (len(names) == 0 || len(names) > MaxNames) {
+			t.Errorf("Expand(%q) gave %d names", expr, len(names))
+		}
+		var he *Error
+		if err != nil && !errors.As(err, &he) {
+			t.Errorf("Expand(%q) error %T is not *Error", expr, err)
+		}
+	})
+}
+
+func FuzzParseTasksPerNode(f *testing.F) {
+	f.Add("2(x3),1")
+	f.Add("4,2,1(x2)")
+	f.Fuzz(func(t *testing.T, s string) {
+		counts, err := ParseTasksPerNode(s)
+		if err == nil && (len(counts) == 0 || len(counts) > MaxNames) {
+			t.Errorf("ParseTasksPerNode(%q) gave %d counts", s, len(counts))
+		}
+	})
+}
