@@ -1,0 +1,46 @@
+package model
+
+import (
+	"fmt"
+	"testing"
+)
+
+// BenchmarkStep measures one forward+backward of the default model over a
+// local batch: 4 samples is one rank's share of a global batch of 16 on 4
+// ranks, 16 is the whole batch on one rank.
+func BenchmarkStep(b *testing.B) {
+	for _, n := range []int{4, 16} {
+		b.Run(fmt.Sprintf("samples=%d", n), func(b *testing.B) {
+			cfg := DefaultConfig()
+			m, err := New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ws, err := m.NewWorkspace(n)
+			if err != nil {
+				b.Fatal(err)
+			}
+			d := NewDataset(cfg)
+			in, tg := make([]int32, n*cfg.SeqLen), make([]int32, n*cfg.SeqLen)
+			if err := d.Batch(0, n, 0, n, in, tg); err != nil {
+				b.Fatal(err)
+			}
+			params, grads := m.Init(), m.Layout().Alloc(1)
+			var flops int64
+			for r := 0; r < m.NumRegions(); r++ {
+				f, bw := m.FLOPs(r)
+				flops += int64(n) * (f + bw)
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				if err := ws.SetBatch(in, tg); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := ws.Step(params, grads); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(flops)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}
