@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/launcher"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// Exit codes of gorun itself; a job's own code passes through otherwise.
+const (
+	exitFailure = 1 // gorun could not run the job (bad hostfile, too many ranks...)
+	exitUsage   = 2 // bad command line, as flag.ExitOnError would use
+)
+
+func main() {
+	// The job agent is this same binary re-executed; it must take over
+	// before anything else looks at the command line.
+	if launcher.IsAgent() {
+		os.Exit(launcher.AgentMain())
+	}
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+// subcommands are dispatched on the first argument, before flag parsing.
+// nil marks a subcommand that is reserved but not built yet.
+var subcommands = map[string]func(args []string, stdout, stderr io.Writer) int{
+	"bench":  nil,
+	"agent":  nil,
+	"doctor": nil,
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		if sub, ok := subcommands[args[0]]; ok {
+			if sub == nil {
+				fmt.Fprintf(stderr, "gorun: subcommand %q is not available yet\n", args[0])
+				return exitUsage
+			}
+			return sub(args[1:], stdout, stderr)
+		}
+	}
+	return launch(args, stdin, stdout, stderr)
+}
+
+// repeated is a flag.Value collecting every occurrence (-x A -x B=1).
+type repeated []string
+
+func (r *repeated) String() string     { return strings.Join(*r, ",") }
+func (r *repeated) Set(s string) error { *r = append(*r, s); return nil }
+
+type options struct {
+	np            int
+	hostList      string
+	hostfile      string
+	oversubscribe bool
+	exports       repeated
+	tagOutput     bool
+	timestamp     bool
+	outputDir     string
+	timeout       time.Duration
+	grace         time.Duration
+	gpus          int
+	exitPolicy    string
+	version       bool
+	logFormat     string
+	verbose       bool
+	veryVerbose   bool
+}
+
+func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("gorun", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.np, "np", 0, "number of ranks (default: one per slot)")
+	fs.IntVar(&o.np, "n", 0, "same as -np")
+	fs.StringVar(&o.hostList, "H", "", "hosts as `host[:slots],...`; SLURM hostlists like node[01-04] work")
+	fs.StringVar(&o.hostList, "host", "", "same as -H")
+	fs.StringVar(&o.hostfile, "hostfile", "", "Open MPI style hostfile (`FILE`: host slots=N max_slots=M)")
+	fs.StringVar(&o.hostfile, "machinefile", "", "same as -hostfile")
+	fs.BoolVar(&o.oversubscribe, "oversubscribe", false, "allow more ranks than slots (up to max_slots)")
+	fs.Var(&o.exports, "x", "export `NAME[=VALUE]` to every rank (repeatable)")
+	fs.BoolVar(&o.tagOutput, "tag-output", false, "prefix every output line with [rank]")
+	fs.BoolVar(&o.timestamp, "timestamp-output", false, "prefix every output line with a timestamp")
+	fs.StringVar(&o.outputDir, "output-dir", "", "write rank.N.log per rank into `DIR` (terminal output is tagged)")
+	fs.DurationVar(&o.timeout, "timeout", 0, "end the job after `DUR` with exit code 124 (0: never)")
+	fs.DurationVar(&o.grace, "grace", launcher.DefaultGrace, "delay between SIGTERM and SIGKILL when stopping ranks")
+	fs.IntVar(&o.gpus, "gpus-per-host", -1, "GPUs per host, one per local rank round robin (default: nvidia-smi -L count, else 0)")
+	fs.StringVar(&o.exitPolicy, "exit-policy", "first", "which failure sets the exit code: first, lowest or max")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	fs.StringVar(&o.logFormat, "log-format", "console", "gorun's own log on stderr: console or json")
+	fs.BoolVar(&o.verbose, "v", false, "log more (info)")
+	fs.BoolVar(&o.veryVerbose, "vv", false, "log everything (debug)")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `usage: gorun [flags] [--] PROGRAM [ARGS...]
+
+Starts PROGRAM as an SPMD job of N ranks. Every rank gets RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT, OMPI_COMM_WORLD_*, PMI_* and GORUN_*
+in its environment. The first rank to fail ends the job; gorun exits with
+its code (128+signal for a signal death).
+
+Examples:
+  gorun -np 4 ./app                       4 ranks on this machine
+  gorun -np 2 ./train -lr 0.1             flags after PROGRAM belong to it
+  gorun -H localhost:8 -x OMP_NUM_THREADS=1 --tag-output ./app
+  gorun -hostfile hosts --output-dir logs --timeout 1h ./trainer
+  gorun -np 16 --oversubscribe /bin/true  more ranks than cores
+
+Flags (one or two dashes):
+`)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var o options
+	fs := newFlagSet(&o, stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return exitUsage
+	}
+	if o.version {
+		fmt.Fprintf(stdout, "gorun %s\n", version)
+		return 0
+	}
+	argv := fs.Args()
+	if len(argv) == 0 {
+		fmt.Fprintln(stderr, "gorun: no program given (see gorun --help)")
+		return exitUsage
+	}
+	log, err := newLogger(o, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun: %v\n", err)
+		return exitUsage
+	}
+	policy, err := launcher.ParseExitPolicy(o.exitPolicy)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun: %v\n", err)
+		return exitUsage
+	}
+	if o.hostList != "" && o.hostfile != "" {
+		fmt.Fprintln(stderr, "gorun: give -H or -hostfile, not both")
+		return exitUsage
+	}
+	hosts, err := readHosts(o)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun: %v\n", err)
+		return exitFailure
+	}
+	exports, err := launcher.ResolveExports(o.exports, os.LookupEnv)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun: %v\n", err)
+		return exitUsage
+	}
+	ctx := context.Background()
+	if o.gpus < 0 {
+		o.gpus = launcher.DetectGPUs(ctx)
+	}
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(sigs)
+
+	cfg := launcher.DefaultConfig()
+	cfg.Logger = log
+	cfg.Stdin = stdin
+	cfg.Stdout, cfg.Stderr = stdout, stderr
+	cfg.TagOutput, cfg.TimestampOutput, cfg.OutputDir = o.tagOutput, o.timestamp, o.outputDir
+	cfg.Timeout, cfg.Grace, cfg.ExitPolicy = o.timeout, o.grace, policy
+	cfg.Signals = sigs
+	err = launcher.Launch(ctx, cfg, launcher.Job{
+		Argv: argv, NP: o.np, Hosts: hosts, Oversubscribe: o.oversubscribe,
+		GPUsPerHost: o.gpus, Export: exports,
+	})
+	return exitCode(err, stderr)
+}
+
+// exitCode prints the one-line verdict and maps an error to gorun's exit
+// code: the job's own code when the error carries one.
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
+	var coder interface{ ExitCode() int }
+	if errors.As(err, &coder) {
+		return coder.ExitCode()
+	}
+	return exitFailure
+}
+
+func newLogger(o options, stderr io.Writer) (zerolog.Logger, error) {
+	level := zerolog.WarnLevel
+	switch {
+	case o.veryVerbose:
+		level = zerolog.DebugLevel
+	case o.verbose:
+		level = zerolog.InfoLevel
+	}
+	var w io.Writer
+	switch o.logFormat {
+	case "console":
+		w = zerolog.ConsoleWriter{Out: stderr, TimeFormat: "15:04:05.000"}
+	case "json":
+		w = stderr
+	default:
+		return zerolog.Nop(), fmt.Errorf("--log-format %q: expected console or json", o.logFormat)
+	}
+	return zerolog.New(w).Level(level).With().Timestamp().Logger(), nil
+}

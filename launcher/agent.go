@@ -1,0 +1,393 @@
+package launcher
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Why a separate supervisor process (the "agent") sits between gorun and
+// the ranks:
+//
+// The promise is that no process outlives the job, even when gorun itself is
+// SIGKILLed. Pdeathsig only reaches a direct child, and process groups only
+// reach processes that stay in them: a rank's grandchild that calls setsid,
+// or double-forks, escapes both. The one kernel mechanism that keeps every
+// descendant findable without privileges is the child subreaper
+// (PR_SET_CHILD_SUBREAPER): orphans reparent to the nearest subreaper
+// ancestor instead of init. But a subreaper that is SIGKILLed takes that
+// property with it, so the subreaper must not be the process users kill.
+//
+// Hence: gorun starts one agent per job (the same executable, re-executed
+// with agentEnv set), in its own process group so Ctrl-C and a kill of
+// gorun's group do not reach it. The agent is a subreaper and the parent of
+// every rank. It watches its stdin, a pipe from gorun: when gorun dies for
+// any reason the kernel closes the pipe, and the agent SIGKILLs its whole
+// subtree (found through /proc parent links, which cover setsid'd and
+// reparented processes) until nothing is left, then exits. Ranks carry
+// Pdeathsig=SIGKILL as a backstop should the agent itself be killed.
+//
+// Alternatives weighed: a PID namespace gives the same guarantee from the
+// kernel but needs privileges; cgroup.kill needs a writable cgroup tree and
+// still needs a survivor to trigger it; scanning /proc for a job env marker
+// misses processes that clear their environment. The agent is also the seed
+// of the remote host agent (started over ssh), which needs the same
+// spawn/watch/kill-everything duties.
+//
+// The protocol is newline-delimited JSON: gorun writes one agentSpec, then
+// agentCmds; the agent writes agentEvents. Output does not go through the
+// agent: each rank's stdout and stderr are pipes that gorun created and
+// passed down as inherited descriptors.
+
+// agentEnv marks a process as the agent. It is a gorun-internal name, not
+// part of the rank environment contract.
+const agentEnv = "GORUN_INTERNAL_AGENT"
+
+// agentProtocol is the value of agentEnv; bumped on incompatible changes.
+const agentProtocol = "1"
+
+// agentSpec is the first message from gorun: what to start.
+type agentSpec struct {
+	// Grace is how long strays get between SIGTERM and SIGKILL once every
+	// rank has exited.
+	Grace time.Duration `json:"grace"`
+	// LogLevel is the zerolog level for the agent's own log on stderr.
+	LogLevel zerolog.Level `json:"log_level"`
+	// Ranks are started in order.
+	Ranks []agentRank `json:"ranks"`
+}
+
+// agentRank is one process to start. Descriptor numbers refer to the
+// agent's inherited descriptors; -1 means /dev/null.
+type agentRank struct {
+	Rank   int      `json:"rank"`
+	Path   string   `json:"path"`
+	Argv   []string `json:"argv"`
+	Env    []string `json:"env"`
+	Dir    string   `json:"dir,omitempty"`
+	Stdin  int      `json:"stdin"`
+	Stdout int      `json:"stdout"`
+	Stderr int      `json:"stderr"`
+}
+
+// agentCmd is a later message from gorun.
+type agentCmd struct {
+	// Op is "signal" (send Signal to the process groups of Ranks, all
+	// running ranks when empty) or "kill" (SIGKILL everything, now).
+	Op     string `json:"op"`
+	Signal int    `json:"signal,omitempty"`
+	Ranks  []int  `json:"ranks,omitempty"`
+}
+
+// agentEvent is a message from the agent.
+type agentEvent struct {
+	// Ev is "started", "failed" (could not start; Err says why), "exited"
+	// (Code or Signal set) or "done" (every rank and stray is gone; last).
+	Ev     string `json:"ev"`
+	Rank   int    `json:"rank"`
+	PID    int    `json:"pid,omitempty"`
+	Code   int    `json:"code,omitempty"`
+	Signal int    `json:"signal,omitempty"`
+	Err    string `json:"err,omitempty"`
+	// Strays counts processes left behind by ranks that the agent stopped
+	// (on "done").
+	Strays int `json:"strays,omitempty"`
+}
+
+// IsAgent reports whether this process was started as a job agent. Programs
+// that embed the launcher (cmd/gorun, test binaries) check it first thing in
+// main or TestMain and then call AgentMain.
+func IsAgent() bool { return os.Getenv(agentEnv) == agentProtocol }
+
+// AgentMain runs the agent on stdin/stdout and returns the process exit
+// code. Call it only when IsAgent is true.
+func AgentMain() int {
+	// Pdeathsig fires when the thread that forked the child exits, not the
+	// process. Locking main to its thread makes every rank's parent thread
+	// live exactly as long as the agent.
+	runtime.LockOSThread()
+	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).With().Timestamp().Str("role", "agent").Logger()
+	if err := runAgent(os.Stdin, os.Stdout, log); err != nil {
+		log.Error().Err(err).Msg("agent failed")
+		return 1
+	}
+	return 0
+}
+
+type agentRankState struct {
+	rank    int
+	pid     int
+	running bool
+}
+
+// agent is the state of one agent; every field is owned by runAgent's
+// goroutine (the main loop), so no lock is needed.
+type agent struct {
+	log     zerolog.Logger
+	out     *bufio.Writer
+	enc     *json.Encoder
+	self    int
+	ranks   []agentRankState
+	byPID   map[int]int // pid → index in ranks
+	running int
+	// killing is set once everything must die now: gorun is gone, a "kill"
+	// command arrived, or the agent was signaled.
+	killing bool
+	// gorunGone suppresses events: nobody reads them any more.
+	gorunGone bool
+	// strayDeadline is when strays get SIGKILL; zero until strays are seen.
+	strayDeadline time.Time
+	strays        int
+	grace         time.Duration
+}
+
+func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
+	// A write to a closed event pipe must return EPIPE, not kill the agent
+	// before it cleaned up.
+	signal.Ignore(syscall.SIGPIPE)
+	if err := setChildSubreaper(); err != nil {
+		return fmt.Errorf("set child subreaper: %w", err)
+	}
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	br := bufio.NewReader(in)
+	line, err := br.ReadBytes('\n')
+	if err != nil {
+		return fmt.Errorf("read spec: %w", err)
+	}
+	var spec agentSpec
+	if err := json.Unmarshal(line, &spec); err != nil {
+		return fmt.Errorf("decode spec: %w", err)
+	}
+	a := &agent{
+		log:   log.Level(spec.LogLevel),
+		out:   bufio.NewWriter(out),
+		self:  os.Getpid(),
+		byPID: map[int]int{},
+		grace: spec.Grace,
+	}
+	a.enc = json.NewEncoder(a.out)
+
+	// The command reader ends when gorun closes the pipe or dies; the agent
+	// exits right after, so this goroutine's lifetime is the process's.
+	cmds := make(chan agentCmd, 16)
+	go func() {
+		defer close(cmds)
+		for {
+			line, err := br.ReadBytes('\n')
+			if err != nil {
+				return
+			}
+			var c agentCmd
+			if json.Unmarshal(line, &c) == nil {
+				cmds <- c
+			}
+		}
+	}()
+
+	a.startAll(spec.Ranks)
+	a.reap()
+	a.flush()
+
+	// The ticker drives stray scanning and is a backstop for a coalesced
+	// SIGCHLD; it costs nothing measurable at this rate.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if a.running == 0 && a.finishStrays() {
+			a.emit(agentEvent{Ev: "done", Strays: a.strays})
+			a.flush()
+			return nil
+		}
+		select {
+		case c, ok := <-cmds:
+			if !ok {
+				cmds = nil
+				a.gorunGone = true
+				a.log.Debug().Msg("gorun is gone; killing the job")
+				a.killAll()
+				continue
+			}
+			a.command(c)
+		case s := <-sigs:
+			if s == syscall.SIGCHLD {
+				a.reap()
+			} else {
+				a.log.Debug().Stringer("signal", s).Msg("agent signaled; killing the job")
+				a.killAll()
+			}
+		case <-tick.C:
+			a.reap()
+			if a.killing {
+				a.killAll()
+			}
+		}
+		a.flush()
+	}
+}
+
+func (a *agent) startAll(ranks []agentRank) {
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		devnull = nil
+	}
+	fileFor := func(fd int) *os.File {
+		if fd < 0 {
+			return devnull
+		}
+		return os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd))
+	}
+	for _, r := range ranks {
+		stdin, stdout, stderr := fileFor(r.Stdin), fileFor(r.Stdout), fileFor(r.Stderr)
+		p, err := os.StartProcess(r.Path, r.Argv, &os.ProcAttr{
+			Dir:   r.Dir,
+			Env:   r.Env,
+			Files: []*os.File{stdin, stdout, stderr},
+			Sys: &syscall.SysProcAttr{
+				// Own process group: SIGTERM/SIGKILL reach the rank and
+				// the children it did not move elsewhere.
+				Setpgid:   true,
+				Pdeathsig: syscall.SIGKILL,
+			},
+		})
+		// The rank holds its own copies now; ours would keep gorun's
+		// readers from seeing EOF.
+		for _, f := range []*os.File{stdin, stdout, stderr} {
+			if f != devnull && f != nil {
+				f.Close()
+			}
+		}
+		if err != nil {
+			a.emit(agentEvent{Ev: "failed", Rank: r.Rank, Err: err.Error()})
+			continue
+		}
+		a.byPID[p.Pid] = len(a.ranks)
+		a.ranks = append(a.ranks, agentRankState{rank: r.Rank, pid: p.Pid, running: true})
+		a.running++
+		a.emit(agentEvent{Ev: "started", Rank: r.Rank, PID: p.Pid})
+		// Reaping goes through wait4(-1), which also collects adopted
+		// orphans; the pidfd that os keeps is not needed.
+		p.Release()
+	}
+	if devnull != nil {
+		devnull.Close()
+	}
+}
+
+func (a *agent) command(c agentCmd) {
+	switch c.Op {
+	case "signal":
+		want := map[int]bool{}
+		for _, r := range c.Ranks {
+			want[r] = true
+		}
+		for _, r := range a.ranks {
+			if r.running && (len(want) == 0 || want[r.rank]) {
+				// Negative pid: the whole process group.
+				_ = syscall.Kill(-r.pid, syscall.Signal(c.Signal))
+			}
+		}
+	case "kill":
+		a.killAll()
+	default:
+		a.log.Warn().Str("op", c.Op).Msg("unknown command")
+	}
+}
+
+// killAll SIGKILLs every rank's process group and every descendant. It is
+// repeated (on each tick) while anything is left, because a process can
+// fork between the scan and the kill.
+func (a *agent) killAll() {
+	a.killing = true
+	for _, r := range a.ranks {
+		if r.running {
+			_ = syscall.Kill(-r.pid, syscall.SIGKILL)
+		}
+	}
+	for _, pid := range descendants(a.self) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// reap collects every exited child: ranks and adopted orphans alike.
+func (a *agent) reap() {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			return
+		}
+		i, ok := a.byPID[pid]
+		if !ok {
+			continue
+		}
+		delete(a.byPID, pid)
+		a.ranks[i].running = false
+		a.running--
+		ev := agentEvent{Ev: "exited", Rank: a.ranks[i].rank, PID: pid}
+		if ws.Signaled() {
+			ev.Signal = int(ws.Signal())
+		} else {
+			ev.Code = ws.ExitStatus()
+		}
+		a.emit(ev)
+	}
+}
+
+// finishStrays is called once every rank has exited. Processes the ranks
+// left behind get SIGTERM, then SIGKILL after the grace period (at once when
+// killing). It returns true when nothing is left.
+func (a *agent) finishStrays() bool {
+	a.reap()
+	left := descendants(a.self)
+	if len(left) == 0 {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		return pid <= 0 && errors.Is(err, syscall.ECHILD)
+	}
+	now := time.Now()
+	switch {
+	case a.killing || (!a.strayDeadline.IsZero() && now.After(a.strayDeadline)):
+		for _, pid := range left {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	case a.strayDeadline.IsZero():
+		a.strays = len(left)
+		a.log.Warn().Int("strays", len(left)).Msg("ranks exited but left processes running; stopping them")
+		a.strayDeadline = now.Add(a.grace)
+		for _, pid := range left {
+			_ = syscall.Kill(pid, syscall.SIGTERM)
+		}
+	}
+	return false
+}
+
+func (a *agent) emit(ev agentEvent) {
+	if a.gorunGone {
+		return
+	}
+	_ = a.enc.Encode(ev)
+}
+
+func (a *agent) flush() {
+	if a.gorunGone {
+		return
+	}
+	if err := a.out.Flush(); err != nil {
+		a.gorunGone = true
+	}
+}

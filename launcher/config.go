@@ -1,0 +1,110 @@
+package launcher
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// ExitPolicy decides which failed rank's exit code gorun reports when
+// several ranks fail.
+type ExitPolicy string
+
+const (
+	// ExitFirst reports the first rank that failed (the default, mpirun's).
+	ExitFirst ExitPolicy = "first"
+	// ExitLowest reports the failed rank with the lowest rank number.
+	ExitLowest ExitPolicy = "lowest"
+	// ExitMax reports the failed rank with the highest exit code (signal
+	// deaths count as 128+signal).
+	ExitMax ExitPolicy = "max"
+)
+
+// ParseExitPolicy accepts first, lowest or max.
+func ParseExitPolicy(s string) (ExitPolicy, error) {
+	switch p := ExitPolicy(s); p {
+	case ExitFirst, ExitLowest, ExitMax:
+		return p, nil
+	}
+	return "", fmt.Errorf("launcher: exit policy %q: expected first, lowest or max", s)
+}
+
+// Config is how Run executes a plan. Every field has a usable default in
+// DefaultConfig.
+type Config struct {
+	// Logger receives gorun's own diagnostics (never rank output).
+	Logger zerolog.Logger
+	// Stdin is rank 0's standard input; nil gives every rank /dev/null. An
+	// *os.File that is not a terminal is handed to rank 0 directly; a
+	// terminal or any other reader is copied through a pipe (a terminal
+	// cannot be read by a rank in a background process group).
+	Stdin io.Reader
+	// Stdout and Stderr receive the ranks' stdout and stderr, line by line.
+	Stdout, Stderr io.Writer
+	// TagOutput prefixes each terminal line with "[rank] ".
+	TagOutput bool
+	// TimestampOutput prefixes each line with the time gorun read it.
+	TimestampOutput bool
+	// OutputDir, when set, receives one file per rank, rank.N.log, with the
+	// rank's stdout and stderr; the terminal then gets the tagged stream.
+	OutputDir string
+	// Timeout ends the job after this long; 0 means never.
+	Timeout time.Duration
+	// Grace is the delay between SIGTERM and SIGKILL when stopping ranks.
+	Grace time.Duration
+	// ExitPolicy picks the failure reported when several ranks fail.
+	ExitPolicy ExitPolicy
+	// Env is the environment every rank inherits before the plan's
+	// variables are added; nil means gorun's own environment.
+	Env []string
+	// Dir is the ranks' working directory; "" means gorun's.
+	Dir string
+	// Signals delivers signals gorun received (the caller subscribes with
+	// signal.Notify; the library never installs handlers). SIGINT, SIGTERM
+	// and SIGHUP stop the job: forwarded to every rank, SIGKILL after Grace,
+	// a second SIGINT kills at once. Other signals (SIGUSR1, SIGUSR2, e.g.
+	// SLURM's pre-timeout warning) are forwarded and the job continues.
+	Signals <-chan os.Signal
+	// AgentPath is the executable re-run as the job's supervisor agent; ""
+	// means this executable, which must call IsAgent/AgentMain first thing
+	// in main.
+	AgentPath string
+}
+
+// DefaultGrace is the SIGTERM → SIGKILL delay: long enough for a trainer to
+// write a checkpoint, short enough that a stuck job ends within a minute.
+const DefaultGrace = 10 * time.Second
+
+// DefaultConfig returns a Config writing to gorun's stdout and stderr, with
+// the default grace period and exit policy, no timeout and a disabled
+// logger.
+func DefaultConfig() Config {
+	return Config{
+		Logger:     zerolog.Nop(),
+		Stdout:     os.Stdout,
+		Stderr:     os.Stderr,
+		Grace:      DefaultGrace,
+		ExitPolicy: ExitFirst,
+	}
+}
+
+// Validate reports the first invalid field.
+func (c *Config) Validate() error {
+	if c.Stdout == nil || c.Stderr == nil {
+		return errors.New("launcher: Stdout and Stderr must be set")
+	}
+	if c.Timeout < 0 {
+		return fmt.Errorf("launcher: timeout must not be negative, got %s", c.Timeout)
+	}
+	if c.Grace < 0 {
+		return fmt.Errorf("launcher: grace must not be negative, got %s", c.Grace)
+	}
+	if _, err := ParseExitPolicy(string(c.ExitPolicy)); err != nil {
+		return err
+	}
+	return nil
+}

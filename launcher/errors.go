@@ -1,0 +1,118 @@
+package launcher
+
+import (
+	"fmt"
+	"syscall"
+	"time"
+)
+
+// RankExitError reports the rank whose failure ended the job, in the manner
+// of *exec.ExitError. Its message is the one line gorun prints.
+type RankExitError struct {
+	// Rank, Host and PID identify the failed rank process.
+	Rank int
+	Host string
+	PID  int
+	// Code is the exit code, meaningful when Signal is 0.
+	Code int
+	// Signal is the signal that killed the rank, or 0.
+	Signal syscall.Signal
+	// Stopped is the number of other ranks gorun had to stop.
+	Stopped int
+}
+
+func (e *RankExitError) Error() string {
+	cause := fmt.Sprintf("exited with code %d", e.Code)
+	if e.Signal != 0 {
+		cause = fmt.Sprintf("killed by signal %d (%s)", int(e.Signal), e.Signal)
+	}
+	return fmt.Sprintf("rank %d (host %s, pid %d) %s; stopped %d other %s",
+		e.Rank, e.Host, e.PID, cause, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+}
+
+// ExitCode is what gorun exits with: the rank's code, or 128+signal as a
+// shell reports a signal death.
+func (e *RankExitError) ExitCode() int {
+	if e.Signal != 0 {
+		return 128 + int(e.Signal)
+	}
+	return e.Code
+}
+
+// StartError reports a rank that could not be started at all.
+type StartError struct {
+	Rank int
+	Host string
+	// Err is the cause from the operating system.
+	Err error
+	// Stopped is the number of other ranks gorun had to stop.
+	Stopped int
+}
+
+func (e *StartError) Error() string {
+	return fmt.Sprintf("rank %d (host %s) could not start: %v; stopped %d other %s",
+		e.Rank, e.Host, e.Err, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+}
+
+func (e *StartError) Unwrap() error { return e.Err }
+
+// ExitCode is 127, a shell's code for a command that cannot be run.
+func (e *StartError) ExitCode() int { return 127 }
+
+// ProgramError reports a program that cannot be run, found before any rank
+// starts.
+type ProgramError struct {
+	// Program is the name as given.
+	Program string
+	// Err says why: not found, not executable, a directory.
+	Err error
+}
+
+func (e *ProgramError) Error() string {
+	return fmt.Sprintf("launcher: cannot run %s: %v", e.Program, e.Err)
+}
+
+func (e *ProgramError) Unwrap() error { return e.Err }
+
+// ExitCode is 127, like a shell for a missing or unusable command.
+func (e *ProgramError) ExitCode() int { return 127 }
+
+// TimeoutError reports a job ended by --timeout.
+type TimeoutError struct {
+	// After is the configured timeout.
+	After time.Duration
+	// Stopped is the number of ranks still running that gorun stopped.
+	Stopped int
+}
+
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("job timed out after %s; stopped %d %s", e.After, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+}
+
+// ExitCode is 124, the code of timeout(1).
+func (e *TimeoutError) ExitCode() int { return 124 }
+
+// InterruptedError reports a job ended because gorun received a signal.
+type InterruptedError struct {
+	// Signal is the first terminating signal gorun received.
+	Signal syscall.Signal
+	// Stopped is the number of ranks still running when it arrived.
+	Stopped int
+}
+
+func (e *InterruptedError) Error() string {
+	return fmt.Sprintf("received signal %d (%s); stopped %d %s", int(e.Signal), e.Signal, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+}
+
+// ExitCode is 128+signal, as a shell reports it.
+func (e *InterruptedError) ExitCode() int { return 128 + int(e.Signal) }
+
+// AgentError reports that the per-job supervisor process died or broke its
+// protocol; the ranks it watched are lost (they die with it: Pdeathsig).
+type AgentError struct {
+	Err error
+}
+
+func (e *AgentError) Error() string { return fmt.Sprintf("launcher: job supervisor failed: %v", e.Err) }
+
+func (e *AgentError) Unwrap() error { return e.Err }

@@ -1,0 +1,111 @@
+package launcher
+
+import (
+	"bytes"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// maxLine bounds how much of one unterminated line is held back to keep it
+// whole. A longer line is written in pieces, each ended with a newline, so
+// that a program printing a huge blob without newlines neither exhausts
+// memory nor blocks other ranks' output behind it.
+const maxLine = 1 << 20
+
+// readChunk is the size of one read from a rank's pipe; a reader that
+// keeps up with the rank drains the 64 KiB pipe buffer in one call.
+const readChunk = 64 << 10
+
+// lineSink serializes writes of whole lines to one destination. Each call
+// to write carries only complete lines, so holding mu for one Write is what
+// keeps two ranks' bytes out of one line.
+type lineSink struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *lineSink) write(b []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// A broken terminal must not stop draining the rank: it would block
+	// on a full pipe. Errors are dropped; the rank keeps running.
+	_, _ = s.w.Write(b)
+}
+
+// streamer copies one stream (stdout or stderr) of one rank to its sinks.
+type streamer struct {
+	rank int
+	r    io.Reader
+	// term receives the terminal copy; tag adds "[rank] " there.
+	term *lineSink
+	tag  bool
+	// file, when set, receives the per-rank log copy (untagged).
+	file *lineSink
+	// now, when set, prefixes each line with a timestamp.
+	now func() time.Time
+}
+
+// run copies until EOF or a read error (the pipe closed under it). Complete
+// lines are written in batches — one Write for everything a read brought —
+// which keeps a rank flooding megabytes fast; the last partial line is kept
+// until its newline arrives or the stream ends.
+func (s *streamer) run() {
+	buf := make([]byte, 0, 2*readChunk)
+	for {
+		if cap(buf)-len(buf) < readChunk {
+			nb := make([]byte, len(buf), 2*cap(buf))
+			copy(nb, buf)
+			buf = nb
+		}
+		n, err := s.r.Read(buf[len(buf) : len(buf)+readChunk])
+		buf = buf[:len(buf)+n]
+		if i := bytes.LastIndexByte(buf, '\n'); i >= 0 {
+			s.emit(buf[:i+1])
+			rest := copy(buf, buf[i+1:])
+			buf = buf[:rest]
+		} else if len(buf) >= maxLine {
+			s.emit(append(buf, '\n'))
+			buf = buf[:0]
+		}
+		if err != nil {
+			if len(buf) > 0 {
+				s.emit(append(buf, '\n'))
+			}
+			return
+		}
+	}
+}
+
+// emit writes complete lines (lines ends in '\n') to every sink.
+func (s *streamer) emit(lines []byte) {
+	var ts []byte
+	if s.now != nil {
+		ts = s.now().UTC().AppendFormat(nil, "2006-01-02T15:04:05.000000Z07:00 ")
+	}
+	if s.file != nil {
+		s.file.write(prefixLines(lines, ts))
+	}
+	if s.tag {
+		ts = append(append(append([]byte{'['}, strconv.Itoa(s.rank)...), "] "...), ts...)
+	}
+	s.term.write(prefixLines(lines, ts))
+}
+
+// prefixLines returns lines with prefix before each line; lines itself when
+// there is no prefix.
+func prefixLines(lines, prefix []byte) []byte {
+	if len(prefix) == 0 {
+		return lines
+	}
+	n := bytes.Count(lines, []byte{'\n'})
+	out := make([]byte, 0, len(lines)+n*len(prefix))
+	for len(lines) > 0 {
+		i := bytes.IndexByte(lines, '\n')
+		out = append(out, prefix...)
+		out = append(out, lines[:i+1]...)
+		lines = lines[i+1:]
+	}
+	return out
+}

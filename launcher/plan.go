@@ -1,0 +1,355 @@
+package launcher
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/gorun-hpc/gorun/rankenv"
+)
+
+// PlanConfig is everything planning needs. It holds values, not resources:
+// the caller picks ports, the job id and the secret (see ReservePorts and
+// NewJobIdentity) so that NewPlan stays a pure, deterministic function.
+type PlanConfig struct {
+	// NP is the number of ranks; 0 means one rank per slot.
+	NP int
+	// Hosts lists the hosts in rank order. Empty means the local host with
+	// NP slots (or one slot when NP is 0): a one-host job needs no host list,
+	// as with torchrun --nproc-per-node.
+	Hosts []Host
+	// Oversubscribe allows more ranks than slots, up to each host's MaxSlots.
+	Oversubscribe bool
+	// GPUsPerHost is the number of GPUs on every host; 0 assigns none. Local
+	// rank l gets GPU l mod GPUsPerHost.
+	GPUsPerHost int
+	// Export lists NAME=VALUE pairs (already resolved, see ResolveExports)
+	// that every rank receives in addition to the plan's own variables. They
+	// are applied last, so a user can deliberately override, say, MASTER_ADDR.
+	Export []string
+	// JobID identifies the job (GORUN_JOB_ID); required.
+	JobID string
+	// Secret is the job secret (GORUN_SECRET); required.
+	Secret string
+	// MasterAddr is the address ranks use to reach rank 0's host; "" means
+	// the name of the host that runs rank 0.
+	MasterAddr string
+	// MasterPort is a port free on MasterAddr (MASTER_PORT), left to the
+	// program; required.
+	MasterPort int
+	// RdzvPort is a second free port on MasterAddr for gorun's own gossip
+	// seed (GORUN_RDZV_ENDPOINT); required and different from MasterPort.
+	RdzvPort int
+}
+
+// Plan is the outcome of planning: which rank runs where and with which
+// environment. It is a value: executing it is Run's business.
+type Plan struct {
+	// JobID is the job's identifier.
+	JobID string
+	// WorldSize is the number of ranks.
+	WorldSize int
+	// Nodes lists the hosts that received at least one rank, in node-rank
+	// order, with the number of ranks placed on each.
+	Nodes []Node
+	// Ranks holds one RankSpec per rank, indexed by rank.
+	Ranks []RankSpec
+	// MasterAddr and MasterPort are what ranks see as MASTER_ADDR/PORT.
+	MasterAddr string
+	MasterPort int
+	// RdzvEndpoint is host:port of the gossip seed.
+	RdzvEndpoint string
+}
+
+// Node is one host of a plan.
+type Node struct {
+	// Name is the host name as the user wrote it.
+	Name string
+	// Ranks is the number of ranks placed on the host.
+	Ranks int
+	// FirstRank is the global rank of the host's local rank 0; a host's
+	// ranks are contiguous.
+	FirstRank int
+}
+
+// RankSpec describes one rank of a plan.
+type RankSpec struct {
+	// Rank is the global rank.
+	Rank int
+	// LocalRank is the rank's index on its host; LocalSize the number of
+	// ranks on that host.
+	LocalRank, LocalSize int
+	// NodeRank is the index of the rank's host in Plan.Nodes.
+	NodeRank int
+	// Host is the host name.
+	Host string
+	// GPU is the GPU index assigned to the rank, or -1 for none.
+	GPU int
+	// Env holds the variables gorun sets for this rank, NAME=VALUE, in a
+	// fixed order; the runner appends them to the base environment so they
+	// win over inherited values.
+	Env []string
+}
+
+// ErrNoRanks is returned when a plan would start no rank.
+var ErrNoRanks = errors.New("launcher: no ranks to start")
+
+// SlotsError reports that the hosts cannot take the requested number of
+// ranks.
+type SlotsError struct {
+	// Requested is the number of ranks asked for (-np).
+	Requested int
+	// Slots is the total number of slots over all hosts.
+	Slots int
+	// Hosts is the number of hosts.
+	Hosts int
+	// MaxSlots is the total cap when oversubscribing (0 when the request
+	// was refused because oversubscription was not allowed).
+	MaxSlots int
+}
+
+func (e *SlotsError) Error() string {
+	if e.MaxSlots > 0 {
+		return fmt.Sprintf("launcher: %d ranks requested but max_slots allows only %d on %d %s",
+			e.Requested, e.MaxSlots, e.Hosts, plural(e.Hosts, "host", "hosts"))
+	}
+	return fmt.Sprintf("launcher: %d ranks requested but only %d %s available on %d %s (use --oversubscribe to place more ranks than slots)",
+		e.Requested, e.Slots, plural(e.Slots, "slot", "slots"), e.Hosts, plural(e.Hosts, "host", "hosts"))
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// localHostName is the host name used when no host list is given.
+const localHostName = "localhost"
+
+// NewPlan places ranks on hosts and computes every rank's environment.
+//
+// Mapping is by slot, as mpirun's default: host 0 takes ranks until its
+// slots are full, then host 1, and so on; hosts that receive no rank are left
+// out of the plan. With Oversubscribe, ranks beyond the slot total are spread
+// one at a time round robin over the hosts that are below their MaxSlots, and
+// each host's ranks stay contiguous (rank = FirstRank + LocalRank), which
+// torch-style programs assume.
+//
+// NewPlan is pure: the same config gives the same plan.
+func NewPlan(c PlanConfig) (*Plan, error) {
+	if c.NP < 0 {
+		return nil, fmt.Errorf("launcher: -np must be positive, got %d", c.NP)
+	}
+	if c.GPUsPerHost < 0 {
+		return nil, fmt.Errorf("launcher: GPUs per host must not be negative, got %d", c.GPUsPerHost)
+	}
+	if c.JobID == "" || c.Secret == "" {
+		return nil, errors.New("launcher: plan needs a job id and a secret")
+	}
+	if c.MasterPort <= 0 || c.RdzvPort <= 0 || c.MasterPort == c.RdzvPort {
+		return nil, fmt.Errorf("launcher: plan needs two distinct ports, got MASTER_PORT %d and rendezvous port %d", c.MasterPort, c.RdzvPort)
+	}
+	for _, kv := range c.Export {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return nil, fmt.Errorf("launcher: exported variable %q is not NAME=VALUE", kv)
+		}
+	}
+	hosts, err := normalizeHosts(c)
+	if err != nil {
+		return nil, err
+	}
+	counts, err := placeCounts(hosts, c.NP, c.Oversubscribe)
+	if err != nil {
+		return nil, err
+	}
+
+	p := &Plan{JobID: c.JobID, MasterPort: c.MasterPort}
+	for i, h := range hosts {
+		if counts[i] == 0 {
+			continue
+		}
+		p.Nodes = append(p.Nodes, Node{Name: h.Name, Ranks: counts[i], FirstRank: p.WorldSize})
+		p.WorldSize += counts[i]
+	}
+	if p.WorldSize == 0 {
+		return nil, ErrNoRanks
+	}
+	p.MasterAddr = c.MasterAddr
+	if p.MasterAddr == "" {
+		p.MasterAddr = p.Nodes[0].Name
+	}
+	p.RdzvEndpoint = joinHostPort(p.MasterAddr, c.RdzvPort)
+
+	for nodeRank, n := range p.Nodes {
+		for l := 0; l < n.Ranks; l++ {
+			r := RankSpec{
+				Rank: n.FirstRank + l, LocalRank: l, LocalSize: n.Ranks,
+				NodeRank: nodeRank, Host: n.Name, GPU: -1,
+			}
+			if c.GPUsPerHost > 0 {
+				r.GPU = l % c.GPUsPerHost
+			}
+			r.Env = rankEnv(p, r, c)
+			p.Ranks = append(p.Ranks, r)
+		}
+	}
+	return p, nil
+}
+
+// normalizeHosts applies the default host list and merges duplicate names:
+// the first occurrence keeps its position and the slots add up, as in an
+// Open MPI hostfile.
+func normalizeHosts(c PlanConfig) ([]Host, error) {
+	if len(c.Hosts) == 0 {
+		slots := c.NP
+		if slots == 0 {
+			slots = 1
+		}
+		return []Host{{Name: localHostName, Slots: slots}}, nil
+	}
+	var out []Host
+	index := map[string]int{}
+	for _, h := range c.Hosts {
+		if h.Name == "" {
+			return nil, errors.New("launcher: host with an empty name")
+		}
+		if h.Slots < 1 {
+			return nil, fmt.Errorf("launcher: host %q has %d slots; need at least 1", h.Name, h.Slots)
+		}
+		if h.MaxSlots != 0 && h.MaxSlots < h.Slots {
+			return nil, fmt.Errorf("launcher: host %q has max_slots %d below its %d slots", h.Name, h.MaxSlots, h.Slots)
+		}
+		if i, ok := index[h.Name]; ok {
+			out[i].Slots += h.Slots
+			if out[i].MaxSlots == 0 || h.MaxSlots == 0 {
+				out[i].MaxSlots = 0
+			} else {
+				out[i].MaxSlots += h.MaxSlots
+			}
+			continue
+		}
+		index[h.Name] = len(out)
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+// placeCounts decides how many ranks each host takes.
+func placeCounts(hosts []Host, np int, oversubscribe bool) ([]int, error) {
+	slots := 0
+	for _, h := range hosts {
+		slots += h.Slots
+	}
+	if np == 0 {
+		np = slots
+	}
+	counts := make([]int, len(hosts))
+	left := np
+	for i, h := range hosts {
+		n := min(left, h.Slots)
+		counts[i] = n
+		left -= n
+	}
+	if left == 0 {
+		return counts, nil
+	}
+	if !oversubscribe {
+		return nil, &SlotsError{Requested: np, Slots: slots, Hosts: len(hosts)}
+	}
+	capTotal := 0
+	for _, h := range hosts {
+		if h.MaxSlots == 0 {
+			capTotal = -1
+			break
+		}
+		capTotal += h.MaxSlots
+	}
+	if capTotal >= 0 && np > capTotal {
+		return nil, &SlotsError{Requested: np, Slots: slots, Hosts: len(hosts), MaxSlots: capTotal}
+	}
+	// Round robin one rank at a time over hosts with room; the cap check
+	// above guarantees this terminates.
+	for left > 0 {
+		for i, h := range hosts {
+			if left == 0 {
+				break
+			}
+			if h.MaxSlots != 0 && counts[i] >= h.MaxSlots {
+				continue
+			}
+			counts[i]++
+			left--
+		}
+	}
+	return counts, nil
+}
+
+// rankEnv builds the variables of one rank in a fixed order: torch, Open
+// MPI, Hydra, CUDA, gorun, then the user's exports (last, so they win).
+func rankEnv(p *Plan, r RankSpec, c PlanConfig) []string {
+	itoa := strconv.Itoa
+	env := []string{
+		rankenv.Rank + "=" + itoa(r.Rank),
+		rankenv.WorldSize + "=" + itoa(p.WorldSize),
+		rankenv.LocalRank + "=" + itoa(r.LocalRank),
+		rankenv.LocalWorldSize + "=" + itoa(r.LocalSize),
+		rankenv.NodeRank + "=" + itoa(r.NodeRank),
+		rankenv.GroupRank + "=" + itoa(r.NodeRank),
+		rankenv.MasterAddr + "=" + p.MasterAddr,
+		rankenv.MasterPort + "=" + itoa(p.MasterPort),
+		rankenv.OMPIRank + "=" + itoa(r.Rank),
+		rankenv.OMPISize + "=" + itoa(p.WorldSize),
+		rankenv.OMPILocalRank + "=" + itoa(r.LocalRank),
+		rankenv.OMPILocalSize + "=" + itoa(r.LocalSize),
+		rankenv.PMIRank + "=" + itoa(r.Rank),
+		rankenv.PMISize + "=" + itoa(p.WorldSize),
+	}
+	if r.GPU >= 0 {
+		env = append(env, rankenv.CUDAVisibleDevices+"="+itoa(r.GPU))
+	}
+	env = append(env,
+		rankenv.JobID+"="+c.JobID,
+		rankenv.GorunRank+"="+itoa(r.Rank),
+		rankenv.GorunWorldSize+"="+itoa(p.WorldSize),
+		rankenv.GorunLocalRank+"="+itoa(r.LocalRank),
+		rankenv.GorunLocalSize+"="+itoa(r.LocalSize),
+		rankenv.GorunNodeRank+"="+itoa(r.NodeRank),
+		rankenv.GorunHost+"="+r.Host,
+		rankenv.Secret+"="+c.Secret,
+		rankenv.RdzvEndpoint+"="+p.RdzvEndpoint,
+	)
+	return append(env, c.Export...)
+}
+
+// joinHostPort is net.JoinHostPort without importing net into the pure
+// planner: IPv6 literals get brackets.
+func joinHostPort(host string, port int) string {
+	if strings.Contains(host, ":") {
+		return "[" + host + "]:" + strconv.Itoa(port)
+	}
+	return host + ":" + strconv.Itoa(port)
+}
+
+// ResolveExports turns -x values into NAME=VALUE pairs: NAME=VALUE is kept,
+// a bare NAME takes its value from lookup (the launcher's environment) and is
+// an error when unset, since silently exporting nothing hides typos.
+func ResolveExports(specs []string, lookup func(string) (string, bool)) ([]string, error) {
+	out := make([]string, 0, len(specs))
+	for _, s := range specs {
+		name, value, hasValue := strings.Cut(s, "=")
+		if name == "" || strings.ContainsAny(name, " \t\n") {
+			return nil, fmt.Errorf("launcher: -x %q: expected NAME or NAME=VALUE", s)
+		}
+		if !hasValue {
+			v, ok := lookup(name)
+			if !ok {
+				return nil, fmt.Errorf("launcher: -x %s: variable is not set in gorun's environment", name)
+			}
+			value = v
+		}
+		out = append(out, name+"="+value)
+	}
+	return out, nil
+}

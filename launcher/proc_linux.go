@@ -1,0 +1,84 @@
+package launcher
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// setChildSubreaper makes orphaned descendants of the calling process
+// reparent to it instead of to init, so that a rank's grandchild that
+// double-forks or calls setsid stays findable in our process tree.
+func setChildSubreaper() error {
+	return unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+}
+
+// procInfo is what descendant scanning needs from /proc/PID/stat.
+type procInfo struct {
+	pid, ppid int
+	zombie    bool
+}
+
+// readProcs lists every process visible in /proc with its parent. Processes
+// that vanish while being read are skipped.
+func readProcs() []procInfo {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return nil
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(-1)
+	out := make([]procInfo, 0, len(names))
+	for _, n := range names {
+		pid, err := strconv.Atoi(n)
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + n + "/stat")
+		if err != nil {
+			continue
+		}
+		// The command name in parentheses may contain spaces and ')': the
+		// fields we want follow the last ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) {
+			continue
+		}
+		f := bytes.Fields(b[i+2:])
+		if len(f) < 2 {
+			continue
+		}
+		ppid, err := strconv.Atoi(string(f[1]))
+		if err != nil {
+			continue
+		}
+		out = append(out, procInfo{pid: pid, ppid: ppid, zombie: f[0][0] == 'Z'})
+	}
+	return out
+}
+
+// descendants returns the live (non-zombie) descendants of root. Because the
+// agent is a child subreaper, every process its ranks ever started is in
+// this tree, whatever session or process group it moved to.
+func descendants(root int) []int {
+	procs := readProcs()
+	children := map[int][]procInfo{}
+	for _, p := range procs {
+		children[p.ppid] = append(children[p.ppid], p)
+	}
+	var out []int
+	queue := []int{root}
+	for len(queue) > 0 {
+		pid := queue[0]
+		queue = queue[1:]
+		for _, c := range children[pid] {
+			if !c.zombie {
+				out = append(out, c.pid)
+			}
+			queue = append(queue, c.pid)
+		}
+	}
+	return out
+}

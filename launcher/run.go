@@ -1,0 +1,627 @@
+package launcher
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+)
+
+// Job is what a user asks gorun for: a program and where to run it.
+type Job struct {
+	// Argv is the program and its arguments; Argv[0] is looked up in PATH
+	// unless it contains a slash.
+	Argv []string
+	// NP, Hosts, Oversubscribe, GPUsPerHost and Export are as in PlanConfig.
+	NP            int
+	Hosts         []Host
+	Oversubscribe bool
+	GPUsPerHost   int
+	Export        []string
+}
+
+// Launch plans and runs a job on this machine: it checks that every host is
+// local and the program can run, reserves ports, plans, and runs the plan.
+// The error is nil when every rank exited 0; otherwise it is one of
+// *RankExitError, *StartError, *TimeoutError, *InterruptedError,
+// *ProgramError, *SlotsError, *RemoteHostError, *AgentError, or a
+// configuration or context error.
+func Launch(ctx context.Context, cfg Config, job Job) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if len(job.Argv) == 0 {
+		return errors.New("launcher: no program given")
+	}
+	if err := RequireLocal(job.Hosts, DetectLocal()); err != nil {
+		return err
+	}
+	path, err := ResolveProgram(job.Argv[0], cfg.Dir)
+	if err != nil {
+		return err
+	}
+	jobID, secret, err := NewJobIdentity()
+	if err != nil {
+		return err
+	}
+	ports, err := ReservePorts()
+	if err != nil {
+		return err
+	}
+	defer ports.Release()
+	plan, err := NewPlan(PlanConfig{
+		NP: job.NP, Hosts: job.Hosts, Oversubscribe: job.Oversubscribe,
+		GPUsPerHost: job.GPUsPerHost, Export: job.Export,
+		JobID: jobID, Secret: secret,
+		// Every host is this machine, so loopback reaches rank 0 whatever
+		// name the user wrote.
+		MasterAddr: "127.0.0.1",
+		MasterPort: ports.MasterPort, RdzvPort: ports.RdzvPort,
+	})
+	if err != nil {
+		return err
+	}
+	return Run(ctx, cfg, plan, Program{Path: path, Argv: job.Argv}, ports)
+}
+
+// Program is the resolved program every rank runs.
+type Program struct {
+	// Path is the executable's path (see ResolveProgram).
+	Path string
+	// Argv is the argument list, Argv[0] as the user wrote it.
+	Argv []string
+}
+
+// ResolveProgram finds the executable for name the way a shell does: a name
+// with a slash is a path (relative to dir when dir is set), other names are
+// looked up in PATH. Anything that could not be executed is a *ProgramError,
+// found before any rank starts.
+func ResolveProgram(name, dir string) (string, error) {
+	if name == "" {
+		return "", &ProgramError{Program: name, Err: errors.New("empty program name")}
+	}
+	if !containsSlash(name) {
+		p, err := exec.LookPath(name)
+		if err != nil {
+			return "", &ProgramError{Program: name, Err: errors.New("command not found in PATH")}
+		}
+		return p, nil
+	}
+	p := name
+	if dir != "" && !filepath.IsAbs(p) {
+		p = filepath.Join(dir, p)
+	}
+	st, err := os.Stat(p)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", &ProgramError{Program: name, Err: errors.New("no such file")}
+	case err != nil:
+		return "", &ProgramError{Program: name, Err: err}
+	case st.IsDir():
+		return "", &ProgramError{Program: name, Err: errors.New("is a directory")}
+	case unix.Access(p, unix.X_OK) != nil || st.Mode()&0o111 == 0:
+		return "", &ProgramError{Program: name, Err: errors.New("permission denied (not executable)")}
+	}
+	return p, nil
+}
+
+func containsSlash(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '/' {
+			return true
+		}
+	}
+	return false
+}
+
+// Run executes a plan on this machine and returns when every rank and every
+// process a rank started is gone. ports, when not nil, is released right
+// before the ranks start, so the ports stay taken until rank 0 can bind
+// them.
+//
+// Run starts one agent process (see agent.go for why) that is the parent of
+// every rank; output flows through pipes straight from the ranks to Run's
+// goroutines, and the agent reports starts and exits. The first failure
+// ends the job: SIGTERM to every other rank's process group, SIGKILL after
+// Grace.
+func Run(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *PortReservation) (err error) {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	r := &runner{cfg: cfg, plan: plan, log: cfg.Logger}
+	defer ports.Release()
+	defer r.closeAll()
+
+	if err := r.prepareOutput(); err != nil {
+		return err
+	}
+	spec, err := r.prepareRanks(prog)
+	if err != nil {
+		return err
+	}
+	if err := r.startAgent(); err != nil {
+		return err
+	}
+	r.startStreams()
+
+	ports.Release()
+	if err := r.send(spec); err != nil {
+		r.agentErr = err
+	}
+	err = r.loop(ctx)
+	r.finish()
+	return err
+}
+
+// runner is the state of one Run. Fields are owned by Run's goroutine
+// unless noted.
+type runner struct {
+	cfg  Config
+	plan *Plan
+	log  zerolog.Logger
+
+	// files are closed by closeAll; childFiles are closed right after the
+	// agent started (the agent holds its copies).
+	files      []*os.File
+	childFiles []*os.File
+	extra      []*os.File // the agent's inherited descriptors, from fd 3
+
+	logFiles []*lineSink
+	stdout   *lineSink
+	stderr   *lineSink
+	streams  []*streamer
+
+	stdinCopy   func() // starts the copy goroutine; nil when not copying
+	stdinCancel func() // ends it
+
+	agent   *exec.Cmd
+	ctrl    *os.File // write end of the agent's stdin
+	evR     *os.File
+	events  chan agentEvent
+	wg      sync.WaitGroup // streams, stdin copier, event reader
+	agentWG sync.WaitGroup // the agent's Wait
+
+	agentErr error
+}
+
+// prepareOutput opens the per-rank log files.
+func (r *runner) prepareOutput() error {
+	r.stdout = &lineSink{w: r.cfg.Stdout}
+	r.stderr = &lineSink{w: r.cfg.Stderr}
+	if r.cfg.OutputDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(r.cfg.OutputDir, 0o755); err != nil {
+		return fmt.Errorf("launcher: output dir: %w", err)
+	}
+	for _, rs := range r.plan.Ranks {
+		f, err := os.Create(filepath.Join(r.cfg.OutputDir, "rank."+strconv.Itoa(rs.Rank)+".log"))
+		if err != nil {
+			return fmt.Errorf("launcher: output dir: %w", err)
+		}
+		r.files = append(r.files, f)
+		r.logFiles = append(r.logFiles, &lineSink{w: f})
+	}
+	return nil
+}
+
+// addExtra registers f as inherited by the agent and returns its number
+// there.
+func (r *runner) addExtra(f *os.File) int {
+	r.extra = append(r.extra, f)
+	r.childFiles = append(r.childFiles, f)
+	return 2 + len(r.extra)
+}
+
+// prepareRanks creates each rank's pipes and the agent's spec.
+func (r *runner) prepareRanks(prog Program) (*agentSpec, error) {
+	base := r.cfg.Env
+	if base == nil {
+		base = os.Environ()
+	}
+	spec := &agentSpec{Grace: r.cfg.Grace, LogLevel: r.log.GetLevel()}
+	var now func() time.Time
+	if r.cfg.TimestampOutput {
+		now = time.Now
+	}
+	tag := r.cfg.TagOutput || r.cfg.OutputDir != ""
+	for i, rs := range r.plan.Ranks {
+		ar := agentRank{
+			Rank: rs.Rank, Path: prog.Path, Argv: prog.Argv, Dir: r.cfg.Dir, Stdin: -1,
+			Env: append(append(make([]string, 0, len(base)+len(rs.Env)), base...), rs.Env...),
+		}
+		if rs.Rank == 0 && r.cfg.Stdin != nil {
+			fd, err := r.prepareStdin()
+			if err != nil {
+				return nil, err
+			}
+			ar.Stdin = fd
+		}
+		for _, s := range []struct {
+			fd   *int
+			sink *lineSink
+		}{{&ar.Stdout, r.stdout}, {&ar.Stderr, r.stderr}} {
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				return nil, fmt.Errorf("launcher: pipe: %w", err)
+			}
+			r.files = append(r.files, pr)
+			*s.fd = r.addExtra(pw)
+			st := &streamer{rank: rs.Rank, r: pr, term: s.sink, tag: tag, now: now}
+			if r.logFiles != nil {
+				st.file = r.logFiles[i]
+			}
+			r.streams = append(r.streams, st)
+		}
+		spec.Ranks = append(spec.Ranks, ar)
+	}
+	return spec, nil
+}
+
+// prepareStdin returns the agent descriptor that becomes rank 0's stdin.
+func (r *runner) prepareStdin() (int, error) {
+	src := r.cfg.Stdin
+	if f, ok := src.(*os.File); ok {
+		st, err := f.Stat()
+		if err == nil && st.Mode()&os.ModeCharDevice == 0 {
+			// A file or pipe: hand it over, nothing to copy.
+			r.extra = append(r.extra, f)
+			return 2 + len(r.extra), nil
+		}
+		// A terminal: a rank in its own process group would be stopped
+		// by SIGTTIN reading it, so gorun reads and forwards. Reopening
+		// through /proc gives a separate open file description, so
+		// O_NONBLOCK (which makes the read cancellable) does not leak to
+		// the shell that shares the terminal.
+		tf, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(f.Fd())), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		if err == nil {
+			r.files = append(r.files, tf)
+			src = tf
+		}
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return 0, fmt.Errorf("launcher: pipe: %w", err)
+	}
+	r.files = append(r.files, pw)
+	fd := r.addExtra(pr)
+	r.stdinCopy = func() {
+		r.wg.Go(func() {
+			_, _ = io.Copy(pw, src)
+			pw.Close() // rank 0 sees EOF
+		})
+	}
+	r.stdinCancel = func() {
+		if d, ok := src.(interface{ SetReadDeadline(time.Time) error }); ok {
+			_ = d.SetReadDeadline(time.Unix(1, 0))
+		}
+		pw.Close()
+	}
+	return fd, nil
+}
+
+func (r *runner) startAgent() error {
+	path := r.cfg.AgentPath
+	if path == "" {
+		p, err := os.Executable()
+		if err != nil {
+			return &AgentError{Err: err}
+		}
+		path = p
+	}
+	ctrlR, ctrlW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("launcher: pipe: %w", err)
+	}
+	evR, evW, err := os.Pipe()
+	if err != nil {
+		ctrlR.Close()
+		ctrlW.Close()
+		return fmt.Errorf("launcher: pipe: %w", err)
+	}
+	r.files = append(r.files, ctrlW, evR)
+	r.ctrl, r.evR = ctrlW, evR
+	defer ctrlR.Close()
+	defer evW.Close()
+
+	cmd := &exec.Cmd{
+		Path:       path,
+		Args:       []string{path},
+		Env:        append(os.Environ(), agentEnv+"="+agentProtocol),
+		Stdin:      ctrlR,
+		Stdout:     evW,
+		ExtraFiles: r.extra,
+		// Its own process group: Ctrl-C at the terminal and a kill of
+		// gorun's group must not take the agent down before it cleaned up.
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	if f, ok := r.cfg.Stderr.(*os.File); ok {
+		cmd.Stderr = f
+	} else {
+		cmd.Stderr = r.cfg.Stderr
+	}
+	if err := cmd.Start(); err != nil {
+		return &AgentError{Err: err}
+	}
+	r.agent = cmd
+	for _, f := range r.childFiles {
+		f.Close()
+	}
+	r.childFiles = nil
+	r.agentWG.Go(func() { _ = cmd.Wait() })
+
+	r.events = make(chan agentEvent, 4*len(r.plan.Ranks)+4)
+	r.wg.Go(func() {
+		defer close(r.events)
+		sc := bufio.NewScanner(evR)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			var ev agentEvent
+			if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+				continue
+			}
+			r.events <- ev
+		}
+	})
+	return nil
+}
+
+func (r *runner) startStreams() {
+	for _, s := range r.streams {
+		r.wg.Go(s.run)
+	}
+	if r.stdinCopy != nil {
+		r.stdinCopy()
+	}
+}
+
+// send writes one protocol message to the agent.
+func (r *runner) send(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = r.ctrl.Write(append(b, '\n'))
+	return err
+}
+
+// rankState is what Run knows of one rank.
+type rankState struct {
+	pid     int
+	running bool
+	// stopped is set when gorun signaled the rank: its exit is then a
+	// consequence of the teardown, not a failure of its own.
+	stopped bool
+}
+
+// failure is one rank that failed on its own.
+type failure struct {
+	rank, pid, code int
+	signal          syscall.Signal
+	startErr        error
+}
+
+func (f failure) exitCode() int {
+	if f.startErr != nil {
+		return 127
+	}
+	if f.signal != 0 {
+		return 128 + int(f.signal)
+	}
+	return f.code
+}
+
+// stopReason says why the job is being torn down.
+type stopReason int
+
+const (
+	notStopping stopReason = iota
+	stopFailure
+	stopTimeout
+	stopSignal
+	stopContext
+)
+
+// loop handles agent events, signals and timers until the agent reports
+// that everything is gone.
+func (r *runner) loop(ctx context.Context) error {
+	ranks := make([]rankState, len(r.plan.Ranks))
+	var (
+		failures []failure
+		reason   stopReason
+		stopSig  syscall.Signal
+		stopped  int
+		grace    <-chan time.Time
+		timeout  <-chan time.Time
+		killed   bool
+		done     bool
+	)
+	if r.cfg.Timeout > 0 {
+		t := time.NewTimer(r.cfg.Timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var graceTimer *time.Timer
+	defer func() {
+		if graceTimer != nil {
+			graceTimer.Stop()
+		}
+	}()
+
+	// stop begins the teardown: sig to every running rank's group, SIGKILL
+	// after the grace period.
+	stop := func(why stopReason, sig syscall.Signal) {
+		if reason != notStopping {
+			return
+		}
+		reason = why
+		for i := range ranks {
+			if ranks[i].running {
+				ranks[i].stopped = true
+				stopped++
+			}
+		}
+		r.log.Debug().Int("ranks", stopped).Stringer("signal", sig).Msg("stopping the job")
+		_ = r.send(agentCmd{Op: "signal", Signal: int(sig)})
+		graceTimer = time.NewTimer(r.cfg.Grace)
+		grace = graceTimer.C
+	}
+	kill := func() {
+		if !killed {
+			killed = true
+			_ = r.send(agentCmd{Op: "kill"})
+		}
+	}
+	ctxDone := ctx.Done()
+
+	for !done {
+		select {
+		case ev, ok := <-r.events:
+			if !ok {
+				if r.agentErr == nil {
+					r.agentErr = errors.New("agent exited before reporting the end of the job")
+				}
+				done = true
+				break
+			}
+			switch ev.Ev {
+			case "started":
+				ranks[ev.Rank] = rankState{pid: ev.PID, running: true}
+				if reason != notStopping {
+					// Started after the teardown began: stop it too.
+					ranks[ev.Rank].stopped = true
+					_ = r.send(agentCmd{Op: "signal", Signal: int(syscall.SIGKILL), Ranks: []int{ev.Rank}})
+				}
+				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Msg("rank started")
+			case "failed":
+				failures = append(failures, failure{rank: ev.Rank, startErr: errors.New(ev.Err)})
+				r.log.Debug().Int("rank", ev.Rank).Str("err", ev.Err).Msg("rank could not start")
+				stop(stopFailure, syscall.SIGTERM)
+			case "exited":
+				st := &ranks[ev.Rank]
+				st.running = false
+				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Msg("rank exited")
+				if (ev.Code != 0 || ev.Signal != 0) && !st.stopped {
+					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal)})
+					stop(stopFailure, syscall.SIGTERM)
+				}
+			case "done":
+				if ev.Strays > 0 {
+					r.log.Warn().Int("strays", ev.Strays).Msg("ranks left processes running; they were stopped")
+				}
+				done = true
+			}
+		case <-timeout:
+			timeout = nil
+			stop(stopTimeout, syscall.SIGTERM)
+		case <-grace:
+			grace = nil
+			kill()
+		case <-ctxDone:
+			ctxDone = nil
+			stop(stopContext, syscall.SIGTERM)
+		case s := <-r.cfg.Signals:
+			sig, _ := s.(syscall.Signal)
+			switch sig {
+			case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP:
+				if reason == notStopping {
+					stopSig = sig
+					stop(stopSignal, sig)
+				} else if sig == syscall.SIGINT {
+					// The user insists: no more grace.
+					kill()
+				}
+			case 0:
+			default:
+				_ = r.send(agentCmd{Op: "signal", Signal: int(sig)})
+			}
+		}
+	}
+
+	switch {
+	case r.agentErr != nil && reason == notStopping:
+		return &AgentError{Err: r.agentErr}
+	case reason == stopTimeout:
+		return &TimeoutError{After: r.cfg.Timeout, Stopped: stopped}
+	case reason == stopSignal:
+		return &InterruptedError{Signal: stopSig, Stopped: stopped}
+	case reason == stopContext:
+		return fmt.Errorf("launcher: job canceled; stopped %d %s: %w", stopped, plural(stopped, "rank", "ranks"), ctx.Err())
+	case len(failures) > 0:
+		f := pickFailure(failures, r.cfg.ExitPolicy)
+		host := r.plan.Ranks[f.rank].Host
+		if f.startErr != nil {
+			return &StartError{Rank: f.rank, Host: host, Err: f.startErr, Stopped: stopped}
+		}
+		return &RankExitError{Rank: f.rank, Host: host, PID: f.pid, Code: f.code, Signal: f.signal, Stopped: stopped}
+	}
+	return nil
+}
+
+// pickFailure applies the exit policy to the failures in arrival order.
+func pickFailure(fs []failure, policy ExitPolicy) failure {
+	best := fs[0]
+	for _, f := range fs[1:] {
+		switch policy {
+		case ExitLowest:
+			if f.rank < best.rank {
+				best = f
+			}
+		case ExitMax:
+			if f.exitCode() > best.exitCode() {
+				best = f
+			}
+		}
+	}
+	return best
+}
+
+// finish waits for the agent, the streams and the stdin copier. Once the
+// agent reported "done" every writer of the rank pipes is dead and the
+// streams end on EOF; if the agent died instead, a stray holding a pipe
+// could keep a stream open, so the pipes are closed after the grace period.
+func (r *runner) finish() {
+	if r.ctrl != nil {
+		r.ctrl.Close()
+	}
+	if r.stdinCancel != nil {
+		r.stdinCancel()
+	}
+	r.agentWG.Wait()
+	streamsDone := make(chan struct{})
+	go func() {
+		r.wg.Wait()
+		close(streamsDone)
+	}()
+	t := time.NewTimer(r.cfg.Grace + time.Second)
+	defer t.Stop()
+	select {
+	case <-streamsDone:
+	case <-t.C:
+		r.closeAll()
+		<-streamsDone
+	}
+}
+
+// closeAll closes every descriptor Run opened; safe to call twice.
+func (r *runner) closeAll() {
+	for _, f := range r.files {
+		f.Close()
+	}
+	for _, f := range r.childFiles {
+		f.Close()
+	}
+}
