@@ -1,0 +1,74 @@
+package stepgraph
+
+import (
+	"github.com/gorun-hpc/gorun/buckets"
+)
+
+// BucketBlocks is direction-aware block bucketing: on each group, runs of
+// consecutive collectives with the same op, dtype, direction and region (one
+// block of one direction) merge into buckets of at most cfg.Cap() bytes, in
+// the order they become ready. Directions are planned independently — a
+// bucket never mixes forward and backward members — and buckets keep the
+// order of the plan, so a step written as autograd runs it yields forward
+// buckets in block order and backward buckets in reverse block order, the
+// order buckets.Assign gives eager programs.
+//
+// A run is also cut where its next start would come after the first wait of
+// the run (the bucket could not be started before it is waited). The result
+// is checked like every pass's: a bucket that would expose a collective the
+// input hid, or grow total exposed time, is dissolved.
+func BucketBlocks(g *Graph, cfg buckets.Config) (*Graph, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ix, err := g.index()
+	if err != nil {
+		return nil, err
+	}
+	est := g.simulate(ix, cfg.Model)
+	capBytes := cfg.Cap()
+	var bkts [][]int
+	for _, gr := range sortedGroups(ix) {
+		starts := ix.byGroup[gr]
+		for k := 0; k < len(starts); {
+			// The run of one block: same kind and region, consecutive.
+			e := k + 1
+			for e < len(starts) && sameKind(&g.Nodes[starts[k]], &g.Nodes[starts[e]]) &&
+				g.Nodes[starts[k]].Region == g.Nodes[starts[e]].Region {
+				e++
+			}
+			sizes := make([]int64, e-k)
+			for j := k; j < e; j++ {
+				sizes[j-k] = g.Nodes[starts[j]].Bytes()
+			}
+			for _, r := range buckets.Pack(sizes, capBytes) {
+				var cur []int
+				minWait := len(g.Nodes)
+				for _, s := range starts[k+r[0] : k+r[1]] {
+					if s > minWait { // would start after the bucket's first wait
+						bkts = append(bkts, cur)
+						cur, minWait = nil, len(g.Nodes)
+					}
+					cur = append(cur, s)
+					minWait = min(minWait, ix.waitOf[s])
+				}
+				bkts = append(bkts, cur)
+			}
+			k = e
+		}
+	}
+	return g.guard(ix, cfg.Model, est, bkts)
+}
+
+func sortedGroups(ix *index) []string {
+	var gs []string
+	for gr := range ix.byGroup {
+		gs = append(gs, gr)
+	}
+	for i := 1; i < len(gs); i++ { // insertion sort: a handful of groups
+		for j := i; j > 0 && gs[j] < gs[j-1]; j-- {
+			gs[j], gs[j-1] = gs[j-1], gs[j]
+		}
+	}
+	return gs
+}

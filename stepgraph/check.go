@@ -1,0 +1,222 @@
+package stepgraph
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gorun-hpc/gorun/buckets"
+)
+
+// Collective is the estimated life of one start/wait pair.
+type Collective struct {
+	Start, Wait string
+	Group       string
+	// Region is the wait's region: exposed time is spent there.
+	Region string
+	// Issue is when the plan reaches the start; Begin when the group's comm
+	// stream takes it (after everything issued earlier on the group); End
+	// when it completes.
+	Issue, Begin, End time.Duration
+	// Exposed is how long the wait blocked the compute stream.
+	Exposed time.Duration
+	// From lists the author's starts whose members travel here.
+	From []string
+}
+
+// Hidden reports whether the collective moved data without blocking compute.
+func (c *Collective) Hidden() bool { return c.Exposed == 0 }
+
+// RegionCost sums a region's estimated times.
+type RegionCost struct {
+	Region string
+	// Compute is the region's compute; Comm the duration of collectives
+	// started in it; Exposed the time its waits blocked.
+	Compute, Comm, Exposed time.Duration
+}
+
+// Estimate is the simulated timeline of a plan.
+type Estimate struct {
+	Step, Compute, Comm, Exposed time.Duration
+	Collectives                  []Collective // in plan order of their starts
+	Regions                      []RegionCost // declared regions first, in order, then the rest by name
+
+	// busy[i] is when node i occupies the compute stream: a compute's run,
+	// a wait's blocking (empty for starts and for waits that do not block).
+	busy []span
+	// coll[i] indexes Collectives for start node i, else -1.
+	coll []int
+}
+
+type span struct{ b, e time.Duration }
+
+// Simulate estimates a plan the way an executor that follows plan order runs
+// it: one compute stream runs compute in order, each group has one comm
+// stream that runs its collectives in issue order, a start is issued when
+// the plan reaches it, and a wait blocks until its collective completes.
+// Times come from m; everything is integer nanoseconds, so every rank gets
+// the same numbers.
+func Simulate(g *Graph, m buckets.Model) (*Estimate, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	ix, err := g.index()
+	if err != nil {
+		return nil, err
+	}
+	return g.simulate(ix, m), nil
+}
+
+func (g *Graph) simulate(ix *index, m buckets.Model) *Estimate {
+	est := &Estimate{busy: make([]span, len(g.Nodes)), coll: make([]int, len(g.Nodes))}
+	regions := map[string]*RegionCost{}
+	region := func(r string) *RegionCost {
+		rc, ok := regions[r]
+		if !ok {
+			rc = &RegionCost{Region: r}
+			regions[r] = rc
+		}
+		return rc
+	}
+	free := map[string]time.Duration{}
+	var now time.Duration
+	for i := range g.Nodes {
+		nd := &g.Nodes[i]
+		est.coll[i] = -1
+		switch nd.Kind {
+		case Compute:
+			est.busy[i] = span{now, now + nd.Cost}
+			now += nd.Cost
+			est.Compute += nd.Cost
+			region(nd.Region).Compute += nd.Cost
+		case Start:
+			d := m.Time(nd.Op, nd.Bytes(), g.groupSize(nd.Group))
+			c := Collective{Start: nd.Name, Wait: g.Nodes[ix.waitOf[i]].Name, Group: nd.Group, Issue: now}
+			c.Begin = max(now, free[nd.Group])
+			c.End = c.Begin + d
+			free[nd.Group] = c.End
+			for _, mb := range nd.Members {
+				f := mb.From
+				if f == "" {
+					f = nd.Name
+				}
+				if !slices.Contains(c.From, f) {
+					c.From = append(c.From, f)
+				}
+			}
+			est.coll[i] = len(est.Collectives)
+			est.Collectives = append(est.Collectives, c)
+			est.Comm += d
+			region(nd.Region).Comm += d
+		case Wait:
+			c := &est.Collectives[est.coll[ix.startOf[i]]]
+			c.Region = nd.Region
+			// Completion is monotone in issue order on a group, so End
+			// already covers everything issued before on it.
+			if c.End > now {
+				c.Exposed = c.End - now
+				est.busy[i] = span{now, c.End}
+				now = c.End
+			}
+			est.Exposed += c.Exposed
+			region(nd.Region).Exposed += c.Exposed
+		}
+	}
+	est.Step = now
+	for _, r := range g.Regions {
+		if rc, ok := regions[r]; ok {
+			est.Regions = append(est.Regions, *rc)
+			delete(regions, r)
+		}
+	}
+	var rest []string
+	for r := range regions {
+		rest = append(rest, r)
+	}
+	slices.Sort(rest)
+	for _, r := range rest {
+		est.Regions = append(est.Regions, *regions[r])
+	}
+	return est
+}
+
+// String renders the estimate per region, the form golden files use.
+func (e *Estimate) String() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "step %v compute %v comm %v exposed %v\n", e.Step, e.Compute, e.Comm, e.Exposed)
+	for _, r := range e.Regions {
+		fmt.Fprintf(&sb, "  %-16s compute %-8v comm %-8v exposed %v\n", dash(r.Region), r.Compute, r.Comm, r.Exposed)
+	}
+	return sb.String()
+}
+
+// ErrExposed is wrapped by *ExposedError.
+var ErrExposed = errors.New("stepgraph: hidden collective exposed")
+
+// ExposedError says a collective that a plan hid is exposed in a rewritten
+// plan.
+type ExposedError struct {
+	// Collective is the author's start; Bucket the start carrying it now.
+	Collective, Bucket, Region string
+	Exposed                    time.Duration
+}
+
+func (e *ExposedError) Error() string {
+	return fmt.Sprintf("%v: %q was hidden, now travels in %q whose wait in region %q blocks %v", ErrExposed, e.Collective, e.Bucket, dash(e.Region), e.Exposed)
+}
+
+// Unwrap lets errors.Is match ErrExposed.
+func (e *ExposedError) Unwrap() error { return ErrExposed }
+
+// Report compares the estimates of a plan and of its rewrite.
+type Report struct {
+	Before, After *Estimate
+}
+
+// String renders both estimates region by region.
+func (r *Report) String() string {
+	return "before " + r.Before.String() + "after " + r.After.String()
+}
+
+// Check estimates before and after and fails with an *ExposedError if a
+// collective hidden in before (matched through Member.From) travels in a
+// collective of after whose wait blocks. New collectives (a pass's re-gather)
+// are reported in the estimate but are not errors. The report is returned
+// with the error so the caller can show it.
+func Check(before, after *Graph, m buckets.Model) (*Report, error) {
+	eb, err := Simulate(before, m)
+	if err != nil {
+		return nil, err
+	}
+	ea, err := Simulate(after, m)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Before: eb, After: ea}
+	return rep, firstExposed(eb, ea)
+}
+
+func firstExposed(before, after *Estimate) error {
+	worst := map[string]*Collective{}
+	for i := range after.Collectives {
+		c := &after.Collectives[i]
+		for _, f := range c.From {
+			if w, ok := worst[f]; !ok || c.Exposed > w.Exposed {
+				worst[f] = c
+			}
+		}
+	}
+	for _, c := range before.Collectives {
+		if !c.Hidden() {
+			continue
+		}
+		for _, f := range c.From {
+			if w, ok := worst[f]; ok && !w.Hidden() {
+				return &ExposedError{Collective: f, Bucket: w.Start, Region: w.Region, Exposed: w.Exposed}
+			}
+		}
+	}
+	return nil
+}

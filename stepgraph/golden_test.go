@@ -1,0 +1,168 @@
+package stepgraph
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun-hpc/gorun/buckets"
+)
+
+// TestScenarios runs testdata/*.txt. Commands:
+//
+//	model latency=DUR bw=BYTES/S [cap=B] [min=B]  set the cost model (default 10µs, 1 GB/s)
+//	graph                     parse the input as the current graph; print ok or the error
+//	estimate                  simulate the current graph, per region
+//	blocks | overlap          run a bucketing pass on the current graph
+//	reshard                   run Reshard; chunk pattern=P [dirs=fwd,bwd]: run Chunk
+//	plan                      print the bucket plan of the current graph
+//
+// A pass replaces the current graph with its result and prints the result,
+// then the estimates before and after.
+func TestScenarios(t *testing.T) {
+	runScenarios(t, "testdata/*.txt", func(t *testing.T, sc scenario) string {
+		return scenarioState(t).run(t, sc)
+	})
+}
+
+type state struct {
+	file string
+	cfg  buckets.Config
+	g    *Graph
+}
+
+var states = map[*testing.T]*state{}
+
+func scenarioState(t *testing.T) *state {
+	s, ok := states[t]
+	if !ok {
+		s = &state{cfg: buckets.Config{Model: buckets.Model{Latency: 10 * time.Microsecond, BusBandwidth: 1e9}}}
+		states[t] = s
+		t.Cleanup(func() { delete(states, t) })
+	}
+	return s
+}
+
+func (s *state) run(t *testing.T, sc scenario) string {
+	need := func() {
+		if s.g == nil {
+			t.Fatalf("%s: no graph", sc.Pos)
+		}
+	}
+	switch sc.Cmd {
+	case "model":
+		for k, v := range sc.Args {
+			switch k {
+			case "latency":
+				d, err := time.ParseDuration(v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.cfg.Model.Latency = d
+			case "bw":
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.cfg.Model.BusBandwidth = f
+			case "cap", "min":
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if k == "cap" {
+					s.cfg.CapBytes = n
+				} else {
+					s.cfg.MinBytes = n
+				}
+			}
+		}
+		return fmt.Sprintf("latency %v bw %g cap %d min %d", s.cfg.Model.Latency, s.cfg.Model.BusBandwidth, s.cfg.Cap(), s.cfg.Min())
+	case "graph":
+		g, err := Parse(sc.Input)
+		if err == nil {
+			err = g.Validate()
+		}
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		s.g = g
+		return "ok"
+	case "estimate":
+		need()
+		e, err := Simulate(s.g, s.cfg.Model)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return e.String()
+	case "plan":
+		need()
+		p, err := Plan(s.g)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return p.String()
+	case "json":
+		need()
+		var buf bytes.Buffer
+		if err := Save(&buf, s.g); err != nil {
+			t.Fatal(err)
+		}
+		g, err := Load(&buf)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		if Format(g) != Format(s.g) {
+			t.Errorf("%s: JSON round trip changed the graph:\n%s", sc.Pos, Format(g))
+		}
+		return "round trip ok"
+	}
+	need()
+	before := s.g
+	var out *Graph
+	var extra string
+	var err error
+	switch sc.Cmd {
+	case "blocks":
+		out, err = BucketBlocks(before, s.cfg)
+	case "overlap":
+		out, err = BucketOverlap(before, s.cfg)
+	case "reshard":
+		var rep *ReshardReport
+		out, rep, err = Reshard(before)
+		if rep != nil {
+			extra = rep.String()
+		}
+	case "chunk":
+		var dirs []Direction
+		for _, d := range strings.Split(sc.Args["dirs"], ",") {
+			if d == "" {
+				continue
+			}
+			dd, err := parseDir(d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dirs = append(dirs, dd)
+		}
+		out, err = Chunk(before, sc.Args["pattern"], dirs...)
+	default:
+		t.Fatalf("%s: unknown command %q", sc.Pos, sc.Cmd)
+	}
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	s.g = out
+	rep, cerr := Check(before, out, s.cfg.Model)
+	if rep == nil {
+		return "error: " + cerr.Error()
+	}
+	res := Format(out) + extra + rep.String()
+	if cerr != nil {
+		res += "check: " + cerr.Error() + "\n"
+	}
+	return res
+}

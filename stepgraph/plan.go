@@ -1,0 +1,37 @@
+package stepgraph
+
+import (
+	"slices"
+
+	"github.com/gorun-hpc/gorun/buckets"
+)
+
+// Plan extracts the bucket plan an executor needs from a validated graph:
+// per group, every start in plan order (which is issue order) as one bucket,
+// its members packed in order into the fused buffer.
+func Plan(g *Graph) (*buckets.Plan, error) {
+	ix, err := g.index()
+	if err != nil {
+		return nil, err
+	}
+	groups := make([]string, 0, len(ix.byGroup))
+	for gr := range ix.byGroup {
+		groups = append(groups, gr)
+	}
+	slices.Sort(groups)
+	p := &buckets.Plan{}
+	for _, gr := range groups {
+		gp := buckets.GroupPlan{Group: gr}
+		for _, i := range ix.byGroup[gr] {
+			nd := &g.Nodes[i]
+			b := buckets.Bucket{Name: nd.Name, Op: nd.Op, DType: nd.DType, Direction: nd.Dir, Region: nd.Region}
+			for _, m := range nd.Members {
+				b.Members = append(b.Members, buckets.Member{Tensor: m.In, Out: m.Out, Offset: b.Bytes, Bytes: m.Bytes})
+				b.Bytes += m.Bytes
+			}
+			gp.Buckets = append(gp.Buckets, b)
+		}
+		p.Groups = append(p.Groups, gp)
+	}
+	return p, p.Validate()
+}

@@ -1,0 +1,305 @@
+package stepgraph
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/gorun-hpc/gorun/buckets"
+)
+
+// Sentinel errors; Validate wraps them in a *NodeError naming the node.
+var (
+	ErrInvalid          = errors.New("stepgraph: invalid node")
+	ErrCycle            = errors.New("stepgraph: dependency cycle")
+	ErrWaitWithoutStart = errors.New("stepgraph: wait without start")
+	ErrStartWithoutWait = errors.New("stepgraph: start without wait")
+	ErrReadBeforeWrite  = errors.New("stepgraph: tensor read before written")
+	ErrUnknownRegion    = errors.New("stepgraph: unknown region")
+	ErrOrder            = errors.New("stepgraph: scheduled before a dependency")
+)
+
+// NodeError is a validation failure of one node.
+type NodeError struct {
+	Node   string
+	Err    error // one of the sentinels above
+	Detail string
+}
+
+func (e *NodeError) Error() string { return fmt.Sprintf("%v: node %q: %s", e.Err, e.Node, e.Detail) }
+
+// Unwrap lets errors.Is match the sentinel.
+func (e *NodeError) Unwrap() error { return e.Err }
+
+type edgeKind uint8
+
+const (
+	dataEdge edgeKind = iota // writer → reader of a tensor
+	waitEdge                 // start → its wait
+	hideEdge                 // start → hiding compute → wait
+	fifoEdge                 // start → next start on the same group
+)
+
+type edge struct {
+	from   int32
+	kind   edgeKind
+	tensor string // for data edges
+}
+
+// index is the derived structure of a valid graph that passes share.
+type index struct {
+	pos     map[string]int
+	writer  map[string]int // tensor → writing node
+	waitOf  []int          // start → its wait, else -1
+	startOf []int          // wait → its start, else -1
+	preds   [][]edge
+	byGroup map[string][]int // starts per group in issue order
+}
+
+// Validate checks the graph and returns the first problem found, as a
+// *NodeError naming the node: malformed nodes, duplicate names, a wait
+// without a start (or a start never waited), a tensor read that nothing
+// writes, a directional collective in an undeclared region, a dependency
+// cycle, and a plan order that runs a node before something it depends on.
+func (g *Graph) Validate() error {
+	_, err := g.index()
+	return err
+}
+
+func nodeErr(n *Node, err error, format string, args ...any) error {
+	return &NodeError{Node: n.Name, Err: err, Detail: fmt.Sprintf(format, args...)}
+}
+
+// regionKnown reports whether region is a declared block or a path below one
+// ("layers.3.attn" is in "layers.3").
+func (g *Graph) regionKnown(region string) bool {
+	for _, r := range g.Regions {
+		if region == r || strings.HasPrefix(region, r+".") {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *Graph) index() (*index, error) {
+	n := len(g.Nodes)
+	ix := &index{
+		pos: make(map[string]int, n), writer: map[string]int{},
+		waitOf: make([]int, n), startOf: make([]int, n),
+		preds: make([][]edge, n), byGroup: map[string][]int{},
+	}
+	for _, gr := range g.Groups {
+		if gr.Name == "" || gr.Size < 1 {
+			return nil, fmt.Errorf("%w: group %q of size %d", ErrInvalid, gr.Name, gr.Size)
+		}
+	}
+	inputs := map[string]bool{}
+	for _, t := range g.Tensors {
+		if t.Input {
+			inputs[t.Name] = true
+		}
+		switch t.Chunk {
+		case "", Batch, Partial, Replicated:
+		default:
+			return nil, fmt.Errorf("%w: tensor %q has chunk mode %q", ErrInvalid, t.Name, t.Chunk)
+		}
+	}
+	// Pass 1: names, per-kind fields, writers.
+	for i := range g.Nodes {
+		nd := &g.Nodes[i]
+		ix.waitOf[i], ix.startOf[i] = -1, -1
+		if nd.Name == "" {
+			return nil, fmt.Errorf("%w: node %d has no name", ErrInvalid, i)
+		}
+		if _, dup := ix.pos[nd.Name]; dup {
+			return nil, nodeErr(nd, ErrInvalid, "name used twice")
+		}
+		ix.pos[nd.Name] = i
+		if !nd.Dir.Valid() {
+			return nil, nodeErr(nd, ErrInvalid, "unknown direction %q", nd.Dir)
+		}
+		var writes []string
+		switch nd.Kind {
+		case Compute:
+			if nd.Cost < 0 {
+				return nil, nodeErr(nd, ErrInvalid, "negative cost %v", nd.Cost)
+			}
+			writes = nd.Writes
+		case Start:
+			if !nd.Op.Valid() {
+				return nil, nodeErr(nd, ErrInvalid, "unknown op %q", nd.Op)
+			}
+			if g.groupSize(nd.Group) == 0 {
+				return nil, nodeErr(nd, ErrInvalid, "undeclared group %q", nd.Group)
+			}
+			es := buckets.DTypeSize(nd.DType)
+			if es == 0 {
+				return nil, nodeErr(nd, ErrInvalid, "unknown dtype %q", nd.DType)
+			}
+			if len(nd.Members) == 0 {
+				return nil, nodeErr(nd, ErrInvalid, "collective without members")
+			}
+			for _, m := range nd.Members {
+				if m.In == "" || m.Out == "" || m.In == m.Out {
+					return nil, nodeErr(nd, ErrInvalid, "member %q→%q: in and out must be named and differ (tensors are written once)", m.In, m.Out)
+				}
+				if m.Bytes <= 0 || m.Bytes%es != 0 {
+					return nil, nodeErr(nd, ErrInvalid, "member %q has %d bytes, not a positive multiple of %s", m.In, m.Bytes, nd.DType)
+				}
+			}
+			if (nd.Dir == buckets.Forward || nd.Dir == buckets.Backward) && !g.regionKnown(nd.Region) {
+				return nil, nodeErr(nd, ErrUnknownRegion, "%s collective in region %q, which is not among the declared regions %v", nd.Dir, nd.Region, g.Regions)
+			}
+			ix.byGroup[nd.Group] = append(ix.byGroup[nd.Group], i)
+		case Wait:
+			s, ok := ix.pos[nd.Of]
+			if !ok {
+				if j := slices.IndexFunc(g.Nodes, func(o Node) bool { return o.Name == nd.Of }); j > i {
+					return nil, nodeErr(nd, ErrOrder, "waits for %q, which is scheduled after it", nd.Of)
+				}
+				return nil, nodeErr(nd, ErrWaitWithoutStart, "waits for %q, which is not a node", nd.Of)
+			}
+			if g.Nodes[s].Kind != Start {
+				return nil, nodeErr(nd, ErrWaitWithoutStart, "waits for %q, a %s node", nd.Of, g.Nodes[s].Kind)
+			}
+			if ix.waitOf[s] >= 0 {
+				return nil, nodeErr(nd, ErrInvalid, "start %q already waited by %q", nd.Of, g.Nodes[ix.waitOf[s]].Name)
+			}
+			ix.waitOf[s], ix.startOf[i] = i, s
+			if (nd.Dir == buckets.Forward || nd.Dir == buckets.Backward) && !g.regionKnown(nd.Region) {
+				return nil, nodeErr(nd, ErrUnknownRegion, "%s wait in region %q, which is not among the declared regions %v", nd.Dir, nd.Region, g.Regions)
+			}
+			for _, m := range g.Nodes[s].Members {
+				writes = append(writes, m.Out)
+			}
+		default:
+			return nil, nodeErr(nd, ErrInvalid, "unknown kind %q", nd.Kind)
+		}
+		for _, t := range writes {
+			if inputs[t] {
+				return nil, nodeErr(nd, ErrInvalid, "writes input tensor %q (tensors are written once; write a new name)", t)
+			}
+			if w, dup := ix.writer[t]; dup {
+				return nil, nodeErr(nd, ErrInvalid, "writes tensor %q, already written by %q", t, g.Nodes[w].Name)
+			}
+			ix.writer[t] = i
+		}
+	}
+	// Pass 2: edges.
+	for i := range g.Nodes {
+		nd := &g.Nodes[i]
+		var reads []string
+		switch nd.Kind {
+		case Compute:
+			reads = nd.Reads
+		case Start:
+			if ix.waitOf[i] < 0 {
+				return nil, nodeErr(nd, ErrStartWithoutWait, "no wait completes it")
+			}
+			for _, m := range nd.Members {
+				reads = append(reads, m.In)
+			}
+			w := ix.waitOf[i]
+			ix.preds[w] = append(ix.preds[w], edge{from: int32(i), kind: waitEdge})
+			for _, h := range nd.HiddenBy {
+				c, ok := ix.pos[h]
+				if !ok || g.Nodes[c].Kind != Compute {
+					return nil, nodeErr(nd, ErrInvalid, "hidden by %q, which is not a compute node", h)
+				}
+				ix.preds[c] = append(ix.preds[c], edge{from: int32(i), kind: hideEdge})
+				ix.preds[w] = append(ix.preds[w], edge{from: int32(c), kind: hideEdge})
+			}
+		}
+		for _, t := range reads {
+			w, ok := ix.writer[t]
+			if !ok {
+				if !inputs[t] {
+					return nil, nodeErr(nd, ErrReadBeforeWrite, "reads tensor %q, which no node writes and is not an input", t)
+				}
+				continue
+			}
+			ix.preds[i] = append(ix.preds[i], edge{from: int32(w), kind: dataEdge, tensor: t})
+		}
+	}
+	for _, starts := range ix.byGroup {
+		for k := 1; k < len(starts); k++ {
+			ix.preds[starts[k]] = append(ix.preds[starts[k]], edge{from: int32(starts[k-1]), kind: fifoEdge})
+		}
+	}
+	if err := g.findCycle(ix); err != nil {
+		return nil, err
+	}
+	// Plan order must be a topological order of the edges.
+	for i := range g.Nodes {
+		for _, e := range ix.preds[i] {
+			if int(e.from) < i {
+				continue
+			}
+			nd, from := &g.Nodes[i], g.Nodes[e.from].Name
+			switch e.kind {
+			case dataEdge:
+				return nil, nodeErr(nd, ErrReadBeforeWrite, "reads tensor %q before node %q writes it", e.tensor, from)
+			case hideEdge:
+				return nil, nodeErr(nd, ErrOrder, "must follow %q (a collective it hides, or compute hiding its collective)", from)
+			default:
+				return nil, nodeErr(nd, ErrOrder, "scheduled before %q, which it depends on", from)
+			}
+		}
+	}
+	return ix, nil
+}
+
+// findCycle runs Kahn's algorithm on the dependency edges, ignoring plan
+// order, and reports one cycle by name if some nodes never become ready.
+func (g *Graph) findCycle(ix *index) error {
+	n := len(g.Nodes)
+	indeg := make([]int, n)
+	succ := make([][]int32, n)
+	for i, ps := range ix.preds {
+		for _, e := range ps {
+			succ[e.from] = append(succ[e.from], int32(i))
+			indeg[i]++
+		}
+	}
+	queue := make([]int32, 0, n)
+	for i := range indeg {
+		if indeg[i] == 0 {
+			queue = append(queue, int32(i))
+		}
+	}
+	for h := 0; h < len(queue); h++ {
+		for _, s := range succ[queue[h]] {
+			if indeg[s]--; indeg[s] == 0 {
+				queue = append(queue, s)
+			}
+		}
+	}
+	if len(queue) == n {
+		return nil
+	}
+	// Walk predecessors that are still blocked until a node repeats.
+	cur := slices.IndexFunc(indeg, func(d int) bool { return d > 0 })
+	seen := map[int]int{}
+	var path []int
+	for {
+		if at, ok := seen[cur]; ok {
+			path = path[at:]
+			break
+		}
+		seen[cur] = len(path)
+		path = append(path, cur)
+		for _, e := range ix.preds[cur] {
+			if indeg[e.from] > 0 {
+				cur = int(e.from)
+				break
+			}
+		}
+	}
+	names := make([]string, 0, len(path)+1)
+	for k := len(path) - 1; k >= 0; k-- {
+		names = append(names, g.Nodes[path[k]].Name)
+	}
+	names = append(names, names[0])
+	return nodeErr(&g.Nodes[path[len(path)-1]], ErrCycle, "%s", strings.Join(names, " → "))
+}
