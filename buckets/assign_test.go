@@ -131,6 +131,7 @@ func TestPlanValidateAndHash(t *testing.T) {
 		"dup": func(p *Plan) {
 			p.Groups[0].Buckets = append(p.Groups[0].Buckets, p.Groups[0].Buckets[0])
 		},
+		"noout": func(p *Plan) { p.Groups[0].Buckets[0].Members[0].Out = "" },
 		"op": func(p *Plan) { p.Groups[0].Buckets[0].Op = "scan" },
 	} {
 		p := good()
@@ -138,7 +139,7 @@ func TestPlanValidateAndHash(t *testing.T) {
 		if err := p.Validate(); !errors.Is(err, ErrBadPlan) {
 			t.Errorf("%s: Validate = %v, want ErrBadPlan", name, err)
 		}
-		if name != "dup" && name != "op" && p.Hash() == h {
+		if name != "dup" && name != "op" && name != "noout" && p.Hash() == h {
 			t.Errorf("%s: hash unchanged by a change ranks must agree on", name)
 		}
 	}
@@ -149,7 +150,7 @@ func TestPlanValidateAndHash(t *testing.T) {
 		t.Error("swapping members must change the hash")
 	}
 	loc := good().Index()["b"]
-	if loc != (Location{Group: "dp", Bucket: 0, Member: 1}) {
+	if len(loc) != 1 || loc[0] != (Location{Group: "dp", Bucket: 0, Member: 1}) {
 		t.Errorf("Index b = %+v", loc)
 	}
 }

@@ -63,7 +63,9 @@ var ErrBadPlan = errors.New("buckets: bad plan")
 
 // Validate checks the structural promises a plan makes to its executor:
 // groups sorted and unique, members packed without gaps or overlaps at
-// element-aligned offsets, each tensor in at most one bucket of the plan.
+// element-aligned offsets, each output in at most one bucket of the plan. An
+// input may travel more than once (a shard gathered in forward and again in
+// backward), an output never: two buckets writing one tensor would race.
 func (p *Plan) Validate() error {
 	seen := map[string]string{}
 	for gi, g := range p.Groups {
@@ -89,10 +91,13 @@ func (p *Plan) Validate() error {
 				if m.Bytes <= 0 || m.Bytes%es != 0 {
 					return fmt.Errorf("%w: bucket %q: member %q has %d bytes, not a positive multiple of %s", ErrBadPlan, b.Name, m.Tensor, m.Bytes, b.DType)
 				}
-				if prev, dup := seen[m.Tensor]; dup {
-					return fmt.Errorf("%w: tensor %q in buckets %q and %q", ErrBadPlan, m.Tensor, prev, b.Name)
+				if m.Out == "" {
+					return fmt.Errorf("%w: bucket %q: member %q has no output", ErrBadPlan, b.Name, m.Tensor)
 				}
-				seen[m.Tensor] = b.Name
+				if prev, dup := seen[m.Out]; dup {
+					return fmt.Errorf("%w: output %q written by buckets %q and %q", ErrBadPlan, m.Out, prev, b.Name)
+				}
+				seen[m.Out] = b.Name
 				off += m.Bytes
 			}
 			if off != b.Bytes {
@@ -144,14 +149,16 @@ type Location struct {
 	Member int // index in the bucket
 }
 
-// Index maps every member tensor to its location, for an eager executor that
-// receives tensors one at a time as they become ready.
-func (p *Plan) Index() map[string]Location {
-	idx := map[string]Location{}
+// Index maps every member's input tensor to where it travels, for an eager
+// executor that receives tensors one at a time as they become ready. A
+// tensor that travels more than once (a shard gathered in forward and again
+// in backward) has its locations in group then issue order.
+func (p *Plan) Index() map[string][]Location {
+	idx := map[string][]Location{}
 	for _, g := range p.Groups {
 		for bi, b := range g.Buckets {
 			for mi, m := range b.Members {
-				idx[m.Tensor] = Location{Group: g.Group, Bucket: bi, Member: mi}
+				idx[m.Tensor] = append(idx[m.Tensor], Location{Group: g.Group, Bucket: bi, Member: mi})
 			}
 		}
 	}

@@ -132,7 +132,7 @@ func (s *state) run(t *testing.T, sc scenario) string {
 		out, err = BucketOverlap(before, s.cfg)
 	case "reshard":
 		var rep *ReshardReport
-		out, rep, err = Reshard(before)
+		out, rep, err = Reshard(before, s.cfg.Model)
 		if rep != nil {
 			extra = rep.String()
 		}
@@ -148,7 +148,11 @@ func (s *state) run(t *testing.T, sc scenario) string {
 			}
 			dirs = append(dirs, dd)
 		}
-		out, err = Chunk(before, sc.Args["pattern"], dirs...)
+		var crep *ChunkReport
+		out, crep, err = Chunk(before, sc.Args["pattern"], dirs, s.cfg.Model)
+		if crep != nil {
+			extra = crep.String()
+		}
 	default:
 		t.Fatalf("%s: unknown command %q", sc.Pos, sc.Cmd)
 	}

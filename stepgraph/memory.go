@@ -1,0 +1,77 @@
+package stepgraph
+
+import "github.com/gorun-hpc/gorun/buckets"
+
+// outBytes is the size of a collective member's output on one rank.
+func outBytes(op Op, in int64, ranks int) int64 {
+	switch op {
+	case buckets.AllGather:
+		return in * int64(ranks)
+	case buckets.ReduceScatter:
+		return in / int64(max(ranks, 1))
+	}
+	return in
+}
+
+// PeakBytes estimates the most bytes the step holds at once beyond its
+// inputs, walking the plan in order. A compute's outputs live from the
+// compute to their last reader; a collective's outputs from its start (the
+// executor allocates the result buffer when it issues the collective) to
+// their last reader. Tensors nobody reads are the step's results and live to
+// the end. Sizes are the declared ones; collective outputs are derived from
+// the members (an all-gather's output is the group size times the shard).
+// It also names the node at which the peak is first reached.
+func PeakBytes(g *Graph) (int64, string, error) {
+	ix, err := g.index()
+	if err != nil {
+		return 0, "", err
+	}
+	n := len(g.Nodes)
+	size := map[string]int64{}
+	for _, t := range g.Tensors {
+		size[t.Name] = t.Bytes
+	}
+	born := map[string]int{}
+	for i := range g.Nodes {
+		nd := &g.Nodes[i]
+		switch nd.Kind {
+		case Compute:
+			for _, t := range nd.Writes {
+				born[t] = i
+			}
+		case Start:
+			for _, m := range nd.Members {
+				born[m.Out] = i
+				if _, ok := size[m.Out]; !ok {
+					size[m.Out] = outBytes(nd.Op, m.Bytes, g.groupSize(nd.Group))
+				}
+			}
+		}
+	}
+	last := map[string]int{}
+	for i := range g.Nodes {
+		for _, e := range ix.preds[i] {
+			if e.kind == dataEdge {
+				last[e.tensor] = max(last[e.tensor], i)
+			}
+		}
+	}
+	delta := make([]int64, n+1)
+	for t, b := range born {
+		end := n
+		if l, ok := last[t]; ok {
+			end = l + 1
+		}
+		delta[b] += size[t]
+		delta[end] -= size[t]
+	}
+	var cur, peak int64
+	at := ""
+	for i := 0; i < n; i++ {
+		cur += delta[i]
+		if cur > peak {
+			peak, at = cur, g.Nodes[i].Name
+		}
+	}
+	return peak, at, nil
+}
