@@ -132,7 +132,7 @@ func TestPlanValidateAndHash(t *testing.T) {
 			p.Groups[0].Buckets = append(p.Groups[0].Buckets, p.Groups[0].Buckets[0])
 		},
 		"noout": func(p *Plan) { p.Groups[0].Buckets[0].Members[0].Out = "" },
-		"op": func(p *Plan) { p.Groups[0].Buckets[0].Op = "scan" },
+		"op":    func(p *Plan) { p.Groups[0].Buckets[0].Op = "scan" },
 	} {
 		p := good()
 		mut(p)
