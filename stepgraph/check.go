@@ -41,7 +41,7 @@ type RegionCost struct {
 type Estimate struct {
 	Step, Compute, Comm, Exposed time.Duration
 	Collectives                  []Collective // in plan order of their starts
-	Regions                      []RegionCost // declared regions first, in order, then the rest by name
+	Regions                      []RegionCost // in order of first appearance in the plan
 
 	// busy[i] is when node i occupies the compute stream: a compute's run,
 	// a wait's blocking (empty for starts and for waits that do not block).
@@ -125,19 +125,14 @@ func (g *Graph) simulate(ix *index, m buckets.Model) *Estimate {
 		}
 	}
 	est.Step = now
-	for _, r := range g.Regions {
-		if rc, ok := regions[r]; ok {
-			est.Regions = append(est.Regions, *rc)
-			delete(regions, r)
+	// Regions in order of first appearance in the plan: forward blocks in
+	// order, then backward ones as they run.
+	seen := map[string]bool{}
+	for i := range g.Nodes {
+		if r := g.Nodes[i].Region; !seen[r] {
+			seen[r] = true
+			est.Regions = append(est.Regions, *regions[r])
 		}
-	}
-	var rest []string
-	for r := range regions {
-		rest = append(rest, r)
-	}
-	slices.Sort(rest)
-	for _, r := range rest {
-		est.Regions = append(est.Regions, *regions[r])
 	}
 	return est
 }
@@ -199,22 +194,21 @@ func Check(before, after *Graph, m buckets.Model) (*Report, error) {
 }
 
 func firstExposed(before, after *Estimate) error {
-	worst := map[string]*Collective{}
-	for i := range after.Collectives {
-		c := &after.Collectives[i]
+	// An author's collective may travel in several collectives (chunks):
+	// it was hidden if all of them were, and is exposed if any of them is.
+	exposedBefore := map[string]bool{}
+	for _, c := range before.Collectives {
 		for _, f := range c.From {
-			if w, ok := worst[f]; !ok || c.Exposed > w.Exposed {
-				worst[f] = c
-			}
+			exposedBefore[f] = exposedBefore[f] || !c.Hidden()
 		}
 	}
-	for _, c := range before.Collectives {
-		if !c.Hidden() {
+	for _, c := range after.Collectives {
+		if c.Hidden() {
 			continue
 		}
 		for _, f := range c.From {
-			if w, ok := worst[f]; ok && !w.Hidden() {
-				return &ExposedError{Collective: f, Bucket: w.Start, Region: w.Region, Exposed: w.Exposed}
+			if was, ok := exposedBefore[f]; ok && !was {
+				return &ExposedError{Collective: f, Bucket: c.Start, Region: c.Region, Exposed: c.Exposed}
 			}
 		}
 	}

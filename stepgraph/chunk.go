@@ -1,13 +1,378 @@
 package stepgraph
 
-import "github.com/gorun-hpc/gorun/buckets"
+import (
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+
+	"github.com/gorun-hpc/gorun/buckets"
+)
+
+// ErrChunk is wrapped by Chunk's errors about a region it cannot split.
+var ErrChunk = errors.New("stepgraph: cannot chunk")
 
 // ChunkReport says what Chunk did.
-type ChunkReport struct{}
-
-// Chunk is not written yet.
-func Chunk(g *Graph, pattern string, dirs []Direction, m buckets.Model) (*Graph, *ChunkReport, error) {
-	return g.Clone(), nil, nil
+type ChunkReport struct {
+	// Chunked and Kept describe the segments (first..last node) that were
+	// split, and those left whole because splitting them would expose a
+	// hidden collective or grow the total exposed time.
+	Chunked, Kept []string
 }
 
-func (r *ChunkReport) String() string { return "" }
+func (r *ChunkReport) String() string {
+	var sb strings.Builder
+	if len(r.Chunked) > 0 {
+		fmt.Fprintf(&sb, "chunked %s\n", strings.Join(r.Chunked, " "))
+	}
+	if len(r.Kept) > 0 {
+		fmt.Fprintf(&sb, "kept %s\n", strings.Join(r.Kept, " "))
+	}
+	return sb.String()
+}
+
+// chunkCount is fixed at two: the point is that one chunk's communication
+// overlaps the other's compute, which two chunks already give; more chunks
+// add a latency each.
+const chunkCount = 2
+
+// matchRegion reports whether pattern (a path.Match pattern over dotted
+// segments, e.g. "layers.*.moe") matches region or one of its ancestors, so
+// "layers.3" chunks "layers.3.attn" too.
+func matchRegion(pattern, region string) bool {
+	if region == "" {
+		return false
+	}
+	p := strings.ReplaceAll(pattern, ".", "/")
+	segs := strings.Split(region, ".")
+	for k := 1; k <= len(segs); k++ {
+		if ok, _ := path.Match(p, strings.Join(segs[:k], "/")); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// Chunk splits the regions matching pattern, in the given directions (all
+// when none are given), into two chunks along the batch dimension, so that
+// one chunk's communication overlaps the other chunk's compute (as in MoE
+// layers whose all-to-all dispatch of chunk 1 overlaps chunk 0's experts).
+//
+// A segment is a maximal run of consecutive nodes of one direction in
+// matching regions. Inside it:
+//   - a tensor entering from outside is split (a Split node before the
+//     segment) if its chunk mode is Batch — by default, tensors written by
+//     compute; inputs and collective outputs are Replicated by default and
+//     read whole by both chunks;
+//   - compute reading a split tensor runs once per chunk (Node.Chunk says
+//     which; each copy costs half) and its outputs are per chunk, named
+//     T#0 and T#1;
+//   - a collective whose inputs are per chunk runs once per chunk with half
+//     the bytes (Partial tensors keep their size); a collective over
+//     replicated inputs (a parameter all-gather) runs once;
+//   - a per-chunk tensor read after the segment (or by nobody: a result of
+//     the step) is recombined under its original name by a Concat node, or
+//     a Sum node for Partial tensors (e.g. weight gradients, which must be
+//     declared Partial).
+//
+// Nodes are ordered phase by phase, a phase ending before each wait of a
+// per-chunk collective: chunk 0's part of a phase, then chunk 1's, so chunk
+// 0's collective is on the wire while chunk 1 computes and the other way
+// round. Running the result equals running the region once per chunk on each
+// half of the batch. Segments whose split would expose a hidden collective
+// or grow the total exposed time are left whole and listed in the report.
+func Chunk(g *Graph, pattern string, dirs []Direction, m buckets.Model) (*Graph, *ChunkReport, error) {
+	if _, err := path.Match(pattern, ""); err != nil || pattern == "" {
+		return nil, nil, fmt.Errorf("%w: bad region pattern %q", ErrChunk, pattern)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, nil, err
+	}
+	ix, err := g.index()
+	if err != nil {
+		return nil, nil, err
+	}
+	before := g.simulate(ix, m)
+	in := func(n *Node) bool {
+		return matchRegion(pattern, n.Region) && (len(dirs) == 0 || slices.Contains(dirs, n.Dir))
+	}
+	type seg struct{ first, last string }
+	var segs []seg
+	for i := 0; i < len(g.Nodes); {
+		if !in(&g.Nodes[i]) {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(g.Nodes) && in(&g.Nodes[j]) && g.Nodes[j].Dir == g.Nodes[i].Dir {
+			j++
+		}
+		segs = append(segs, seg{g.Nodes[i].Name, g.Nodes[j-1].Name})
+		i = j
+	}
+	rep := &ChunkReport{}
+	cur, curEst := g, before
+	// Last segment first: rewriting one leaves the nodes before it in place.
+	for k := len(segs) - 1; k >= 0; k-- {
+		cix, err := cur.index()
+		if err != nil {
+			return nil, nil, err
+		}
+		label := segs[k].first + ".." + segs[k].last
+		next, err := cur.chunkSegment(cix, cix.pos[segs[k].first], cix.pos[segs[k].last]+1)
+		if err != nil {
+			return nil, nil, err
+		}
+		nix, err := next.index()
+		if err != nil {
+			return nil, nil, fmt.Errorf("stepgraph: chunking %s made an invalid plan: %w", label, err)
+		}
+		est := next.simulate(nix, m)
+		if firstExposed(before, est) != nil || est.Exposed > curEst.Exposed {
+			rep.Kept = append([]string{label}, rep.Kept...)
+			continue
+		}
+		cur, curEst = next, est
+		rep.Chunked = append([]string{label}, rep.Chunked...)
+	}
+	if cur == g {
+		cur = g.Clone()
+	}
+	return cur, rep, nil
+}
+
+func chunkName(name string, c int) string { return fmt.Sprintf("%s#%d", name, c) }
+
+// chunkSegment splits nodes [lo, hi) of g; see Chunk.
+func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, error) {
+	decl := map[string]Tensor{}
+	for _, t := range g.Tensors {
+		decl[t.Name] = t
+	}
+	mode := func(t string) ChunkMode {
+		if d, ok := decl[t]; ok && d.Chunk != "" {
+			return d.Chunk
+		}
+		if w, ok := ix.writer[t]; ok && g.Nodes[w].Kind == Compute {
+			return Batch
+		}
+		return Replicated
+	}
+	inSeg := func(p int) bool { return p >= lo && p < hi }
+	per := map[string]ChunkMode{} // per-chunk tensors → how they recombine
+	var splits, written []string
+	perChunk := func(t string) bool {
+		if _, ok := per[t]; ok {
+			return true
+		}
+		if w, ok := ix.writer[t]; ok && inSeg(w) {
+			return false // written in the segment by a node that runs once
+		}
+		if mode(t) == Batch {
+			per[t] = Batch
+			splits = append(splits, t)
+			return true
+		}
+		return false
+	}
+	chunked := make([]bool, len(g.Nodes))
+	for i := lo; i < hi; i++ {
+		nd := &g.Nodes[i]
+		if nd.Chunk != nil || nd.Builtin != "" {
+			return nil, nodeErr(nd, ErrChunk, "already chunked")
+		}
+		switch nd.Kind {
+		case Compute:
+			for _, r := range nd.Reads {
+				if perChunk(r) {
+					chunked[i] = true
+				}
+			}
+			if !chunked[i] {
+				continue
+			}
+			for _, w := range nd.Writes {
+				md := mode(w)
+				if md == Replicated {
+					return nil, nodeErr(nd, ErrChunk, "runs per chunk but writes %q, declared replicated", w)
+				}
+				per[w] = md
+				written = append(written, w)
+			}
+		case Start:
+			n := 0
+			for _, mb := range nd.Members {
+				if perChunk(mb.In) {
+					n++
+				}
+			}
+			if n == 0 {
+				continue
+			}
+			if n != len(nd.Members) {
+				return nil, nodeErr(nd, ErrChunk, "mixes per-chunk and replicated members")
+			}
+			if !inSeg(ix.waitOf[i]) {
+				return nil, nodeErr(nd, ErrChunk, "per-chunk collective waited outside the chunked region, by %q", g.Nodes[ix.waitOf[i]].Name)
+			}
+			es := buckets.DTypeSize(nd.DType)
+			for _, mb := range nd.Members {
+				if per[mb.In] == Batch && (mb.Bytes/chunkCount)%es != 0 {
+					return nil, nodeErr(nd, ErrChunk, "member %q of %d bytes does not split into two whole halves of %s", mb.In, mb.Bytes, nd.DType)
+				}
+				per[mb.Out] = per[mb.In]
+				written = append(written, mb.Out)
+			}
+			chunked[i] = true
+		case Wait:
+			chunked[i] = chunked[ix.startOf[i]]
+		}
+	}
+	// Tensor names per chunk.
+	name := func(t string, c int) string {
+		if _, ok := per[t]; ok {
+			return chunkName(t, c)
+		}
+		return t
+	}
+	copyNode := func(nd *Node, c int) Node {
+		n := nd.clone()
+		n.Name = chunkName(nd.Name, c)
+		for k, r := range n.Reads {
+			n.Reads[k] = name(r, c)
+		}
+		for k, w := range n.Writes {
+			n.Writes[k] = name(w, c)
+		}
+		switch nd.Kind {
+		case Compute:
+			n.Chunk = &ChunkRef{Of: nd.Name, Index: c, Count: chunkCount}
+			// Halves that add up to the whole, so totals stay exact.
+			n.Cost = nd.Cost / chunkCount
+			if c == chunkCount-1 {
+				n.Cost = nd.Cost - nd.Cost/chunkCount*(chunkCount-1)
+			}
+		case Start:
+			for k, mb := range n.Members {
+				n.Members[k].In, n.Members[k].Out = name(mb.In, c), name(mb.Out, c)
+				if per[mb.In] == Batch {
+					n.Members[k].Bytes = mb.Bytes / chunkCount
+				}
+				if mb.From == "" {
+					n.Members[k].From = nd.Name
+				}
+			}
+			for k, h := range n.HiddenBy {
+				if p := ix.pos[h]; inSeg(p) && chunked[p] {
+					n.HiddenBy[k] = chunkName(h, c)
+				}
+			}
+		case Wait:
+			n.Of = chunkName(nd.Of, c)
+		}
+		return n
+	}
+
+	out := &Graph{Groups: slices.Clone(g.Groups), Regions: slices.Clone(g.Regions), Tensors: slices.Clone(g.Tensors)}
+	for t, md := range per {
+		if d, ok := decl[t]; ok && d.Bytes > 0 {
+			b := d.Bytes
+			if md == Batch {
+				b /= chunkCount
+			}
+			for c := 0; c < chunkCount; c++ {
+				out.Tensors = append(out.Tensors, Tensor{Name: chunkName(t, c), Bytes: b})
+			}
+		}
+	}
+	// Keep declarations in a deterministic order (map iteration is not).
+	slices.SortStableFunc(out.Tensors[len(g.Tensors):], func(a, b Tensor) int { return strings.Compare(a.Name, b.Name) })
+
+	// Outside references to chunked compute (HiddenBy) name both copies.
+	fixHidden := func(n *Node) {
+		var hs []string
+		for _, h := range n.HiddenBy {
+			if p, ok := ix.pos[h]; ok && inSeg(p) && chunked[p] {
+				for c := 0; c < chunkCount; c++ {
+					hs = append(hs, chunkName(h, c))
+				}
+			} else {
+				hs = append(hs, h)
+			}
+		}
+		n.HiddenBy = hs
+	}
+	for i := 0; i < lo; i++ {
+		n := g.Nodes[i].clone()
+		fixHidden(&n)
+		out.Nodes = append(out.Nodes, n)
+	}
+	first, last := &g.Nodes[lo], &g.Nodes[hi-1]
+	for _, t := range splits {
+		sp := Node{Name: "split(" + t + ")", Kind: Compute, Dir: first.Dir, Region: first.Region, Builtin: Split, Reads: []string{t}}
+		for c := 0; c < chunkCount; c++ {
+			sp.Writes = append(sp.Writes, chunkName(t, c))
+		}
+		out.Nodes = append(out.Nodes, sp)
+	}
+	// Phases end before each wait of a per-chunk collective.
+	for p := lo; p < hi; {
+		q := p + 1
+		for q < hi && !(g.Nodes[q].Kind == Wait && chunked[q]) {
+			q++
+		}
+		for c := 0; c < chunkCount; c++ {
+			for i := p; i < q; i++ {
+				if chunked[i] {
+					out.Nodes = append(out.Nodes, copyNode(&g.Nodes[i], c))
+				} else if c == 0 {
+					n := g.Nodes[i].clone()
+					fixHidden(&n)
+					out.Nodes = append(out.Nodes, n)
+				}
+			}
+		}
+		p = q
+	}
+	// Recombine what is read after the segment, or by nobody.
+	read := map[string]bool{}
+	for i := range g.Nodes {
+		if inSeg(i) {
+			continue
+		}
+		for _, e := range ix.preds[i] {
+			if e.kind == dataEdge {
+				read[e.tensor] = true
+			}
+		}
+	}
+	readAny := map[string]bool{}
+	for i := range g.Nodes {
+		for _, e := range ix.preds[i] {
+			if e.kind == dataEdge {
+				readAny[e.tensor] = true
+			}
+		}
+	}
+	for _, t := range written {
+		if !read[t] && readAny[t] {
+			continue
+		}
+		op, b := Concat, "concat("
+		if per[t] == Partial {
+			op, b = Sum, "sum("
+		}
+		rc := Node{Name: b + t + ")", Kind: Compute, Dir: last.Dir, Region: last.Region, Builtin: op, Writes: []string{t}}
+		for c := 0; c < chunkCount; c++ {
+			rc.Reads = append(rc.Reads, chunkName(t, c))
+		}
+		out.Nodes = append(out.Nodes, rc)
+	}
+	for i := hi; i < len(g.Nodes); i++ {
+		n := g.Nodes[i].clone()
+		fixHidden(&n)
+		out.Nodes = append(out.Nodes, n)
+	}
+	return out, nil
+}
