@@ -1,0 +1,194 @@
+// Package launchertest turns a test binary into the rank program of launcher
+// tests, in the manner of os/exec's helper process: a TestMain calls
+// MaybeRunHelper first, and a process started with HelperEnv set behaves as
+// the named helper instead of running tests.
+//
+// It also finds a test's processes after the fact: every helper process
+// carries the test's token in its environment (TokenEnv), inherited by
+// every child it starts, so Survivors can scan /proc for exactly the
+// processes of one test, wherever they were reparented.
+package launchertest
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const (
+	// HelperEnv selects the helper mode for every rank.
+	HelperEnv = "GORUN_TEST_HELPER"
+	// TokenEnv carries the test's unique token.
+	TokenEnv = "GORUN_TEST_TOKEN"
+)
+
+// FastRaceExit makes processes started from this test binary skip the race
+// detector's one-second sleep at exit (GORACE atexit_sleep_ms), which
+// otherwise dominates every launch in a -race run. Call it from TestMain
+// before m.Run; an explicit GORACE setting is kept.
+func FastRaceExit() {
+	if _, ok := os.LookupEnv("GORACE"); !ok {
+		os.Setenv("GORACE", "atexit_sleep_ms=0")
+	}
+}
+
+// RankHelperEnv is the variable that overrides the mode for one rank.
+func RankHelperEnv(rank int) string { return HelperEnv + "_" + strconv.Itoa(rank) }
+
+// Env returns the environment that makes the test binary behave as helper
+// mode for every rank, marked with token, based on os.Environ. perRank maps
+// ranks to a different mode.
+func Env(token, mode string, perRank map[int]string) []string {
+	env := append(os.Environ(), HelperEnv+"="+mode, TokenEnv+"="+token)
+	for r, m := range perRank {
+		env = append(env, RankHelperEnv(r)+"="+m)
+	}
+	return env
+}
+
+// NewToken returns a token unique to this test process and call.
+func NewToken(name string) string {
+	return fmt.Sprintf("%s-%d-%d", strings.ReplaceAll(name, "/", "_"), os.Getpid(), time.Now().UnixNano())
+}
+
+// MaybeRunHelper runs the helper mode named in the environment and exits;
+// it returns at once when HelperEnv is unset. Modes:
+//
+//	print-env          print every NAME=VALUE of the environment, one a line
+//	exit:N             exit with code N
+//	kill-self:S        kill itself with signal S
+//	hang               print "ready", then sleep until killed
+//	ignore-sigterm     ignore SIGTERM and SIGINT, print "ready", then hang
+//	spawn-grandchild   start a hanging child, print "ready", then hang
+//	setsid-grandchild  start a hanging child in a new session, print "ready", hang
+//	setsid-orphan      start a hanging child in a new session, print "ready", exit 0
+//	flood:N            print N numbered lines quickly, then exit 0
+//	partial            print "partial-line" without a newline, then exit 0
+//	cat                copy stdin to stdout, then exit 0
+func MaybeRunHelper() {
+	mode, ok := os.LookupEnv(HelperEnv)
+	if !ok {
+		return
+	}
+	if m, ok := os.LookupEnv(RankHelperEnv(atoi(os.Getenv("RANK")))); ok {
+		mode = m
+	}
+	os.Exit(runHelper(mode))
+}
+
+func atoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+func runHelper(mode string) int {
+	name, arg, _ := strings.Cut(mode, ":")
+	rank := os.Getenv("RANK")
+	switch name {
+	case "print-env":
+		w := bufio.NewWriter(os.Stdout)
+		for _, kv := range os.Environ() {
+			fmt.Fprintln(w, kv)
+		}
+		w.Flush()
+		return 0
+	case "exit":
+		return atoi(arg)
+	case "kill-self":
+		syscall.Kill(os.Getpid(), syscall.Signal(atoi(arg)))
+		select {}
+	case "hang":
+		fmt.Printf("ready %s %d\n", rank, os.Getpid())
+		select {}
+	case "ignore-sigterm":
+		signal.Ignore(syscall.SIGTERM, syscall.SIGINT)
+		fmt.Printf("ready %s %d\n", rank, os.Getpid())
+		select {}
+	case "spawn-grandchild", "setsid-grandchild", "setsid-orphan":
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), HelperEnv+"=hang", RankHelperEnv(atoi(rank))+"=hang")
+		if name != "spawn-grandchild" {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		}
+		if err := cmd.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 90
+		}
+		fmt.Printf("ready %s %d child %d\n", rank, os.Getpid(), cmd.Process.Pid)
+		if name == "setsid-orphan" {
+			return 0
+		}
+		select {}
+	case "flood":
+		w := bufio.NewWriterSize(os.Stdout, 4096)
+		pad := strings.Repeat("x", 100)
+		for i := range atoi(arg) {
+			fmt.Fprintf(w, "r%s l%d %s\n", rank, i, pad)
+		}
+		w.Flush()
+		return 0
+	case "partial":
+		fmt.Print("partial-line")
+		return 0
+	case "cat":
+		io.Copy(os.Stdout, os.Stdin)
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "launchertest: unknown helper mode %q\n", mode)
+	return 99
+}
+
+// Survivors returns the pids of live processes whose environment carries
+// token. Zombies are left out: they hold no resources and vanish when
+// reaped.
+func Survivors(token string) []int {
+	needle := []byte(TokenEnv + "=" + token + "\x00")
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil || !bytes.Contains(append(env, 0), needle) {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+			continue
+		}
+		out = append(out, pid)
+	}
+	return out
+}
+
+// WaitFor polls cond every 10 ms until it holds or the deadline passes, and
+// reports whether it held. Tests use generous deadlines: the machine is
+// shared, and only the condition matters, not how fast it came.
+func WaitFor(deadline time.Duration, cond func() bool) bool {
+	end := time.Now().Add(deadline)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

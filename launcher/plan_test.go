@@ -1,0 +1,291 @@
+package launcher
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func basePlanConfig() PlanConfig {
+	return PlanConfig{JobID: "job1", Secret: "s3cret", MasterPort: 1000, RdzvPort: 1001}
+}
+
+func TestNewPlanPlacement(t *testing.T) {
+	type place struct {
+		host             string
+		local, size, nod int
+	}
+	tests := []struct {
+		name   string
+		np     int
+		hosts  []Host
+		over   bool
+		want   []place
+		nodes  []string
+		errStr string
+	}{
+		{name: "no hosts, np 3", np: 3, want: []place{{"localhost", 0, 3, 0}, {"localhost", 1, 3, 0}, {"localhost", 2, 3, 0}}, nodes: []string{"localhost"}},
+		{name: "no hosts, np omitted", np: 0, want: []place{{"localhost", 0, 1, 0}}, nodes: []string{"localhost"}},
+		{name: "np omitted fills every slot", hosts: []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 1}},
+			want: []place{{"a", 0, 2, 0}, {"a", 1, 2, 0}, {"b", 0, 1, 1}}, nodes: []string{"a", "b"}},
+		{name: "by slot: first host first", np: 3, hosts: []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}},
+			want: []place{{"a", 0, 2, 0}, {"a", 1, 2, 0}, {"b", 0, 1, 1}}, nodes: []string{"a", "b"}},
+		{name: "unused hosts are left out", np: 2, hosts: []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}},
+			want: []place{{"a", 0, 2, 0}, {"a", 1, 2, 0}}, nodes: []string{"a"}},
+		{name: "duplicates add slots", np: 3, hosts: []Host{{Name: "a", Slots: 1}, {Name: "b", Slots: 1}, {Name: "a", Slots: 1}},
+			want: []place{{"a", 0, 2, 0}, {"a", 1, 2, 0}, {"b", 0, 1, 1}}, nodes: []string{"a", "b"}},
+		{name: "too many ranks", np: 5, hosts: []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}},
+			errStr: "5 ranks requested but only 4 slots available on 2 hosts (use --oversubscribe"},
+		{name: "oversubscribe round robin, contiguous per host", np: 7, over: true, hosts: []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}},
+			want:  []place{{"a", 0, 4, 0}, {"a", 1, 4, 0}, {"a", 2, 4, 0}, {"a", 3, 4, 0}, {"b", 0, 3, 1}, {"b", 1, 3, 1}, {"b", 2, 3, 1}},
+			nodes: []string{"a", "b"}},
+		{name: "oversubscribe respects max_slots", np: 5, over: true, hosts: []Host{{Name: "a", Slots: 1, MaxSlots: 1}, {Name: "b", Slots: 1}},
+			want: []place{{"a", 0, 1, 0}, {"b", 0, 4, 1}, {"b", 1, 4, 1}, {"b", 2, 4, 1}, {"b", 3, 4, 1}}, nodes: []string{"a", "b"}},
+		{name: "max_slots total exceeded", np: 5, over: true, hosts: []Host{{Name: "a", Slots: 1, MaxSlots: 2}, {Name: "b", Slots: 1, MaxSlots: 2}},
+			errStr: "5 ranks requested but max_slots allows only 4 on 2 hosts"},
+		{name: "negative np", np: -1, errStr: "-np must be positive"},
+		{name: "zero slots", np: 1, hosts: []Host{{Name: "a", Slots: 0}}, errStr: `host "a" has 0 slots`},
+		{name: "max below slots", np: 1, hosts: []Host{{Name: "a", Slots: 4, MaxSlots: 2}}, errStr: "max_slots 2 below its 4 slots"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := basePlanConfig()
+			c.NP, c.Hosts, c.Oversubscribe = tc.np, tc.hosts, tc.over
+			p, err := NewPlan(c)
+			if tc.errStr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.errStr) {
+					t.Fatalf("err = %v, want it to contain %q", err, tc.errStr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.WorldSize != len(tc.want) || len(p.Ranks) != len(tc.want) {
+				t.Fatalf("world size %d, %d ranks; want %d", p.WorldSize, len(p.Ranks), len(tc.want))
+			}
+			for i, w := range tc.want {
+				r := p.Ranks[i]
+				got := place{r.Host, r.LocalRank, r.LocalSize, r.NodeRank}
+				if r.Rank != i || got != w {
+					t.Errorf("rank %d: got %+v (rank %d), want %+v", i, got, r.Rank, w)
+				}
+			}
+			var names []string
+			for _, n := range p.Nodes {
+				names = append(names, n.Name)
+			}
+			if !slices.Equal(names, tc.nodes) {
+				t.Errorf("nodes %v, want %v", names, tc.nodes)
+			}
+		})
+	}
+}
+
+func TestSlotsErrorIsTyped(t *testing.T) {
+	c := basePlanConfig()
+	c.NP, c.Hosts = 3, []Host{{Name: "a", Slots: 2}}
+	_, err := NewPlan(c)
+	var se *SlotsError
+	if !errors.As(err, &se) || se.Requested != 3 || se.Slots != 2 {
+		t.Fatalf("err = %#v, want *SlotsError{3, 2}", err)
+	}
+}
+
+func envMap(env []string) map[string]string {
+	m := map[string]string{}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k] = v
+	}
+	return m
+}
+
+func TestNewPlanEnvironment(t *testing.T) {
+	c := basePlanConfig()
+	c.NP = 5
+	c.Hosts = []Host{{Name: "h0", Slots: 3}, {Name: "h1", Slots: 2}}
+	c.GPUsPerHost = 2
+	c.Export = []string{"FOO=bar", "MASTER_ADDR=override"}
+	p, err := NewPlan(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := p.Ranks[4] // h1, local rank 1
+	got := envMap(r.Env)
+	want := map[string]string{
+		"RANK": "4", "WORLD_SIZE": "5", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+		"NODE_RANK": "1", "GROUP_RANK": "1", "MASTER_PORT": "1000",
+		"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "5",
+		"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+		"PMI_RANK": "4", "PMI_SIZE": "5", "CUDA_VISIBLE_DEVICES": "1",
+		"GORUN_JOB_ID": "job1", "GORUN_RANK": "4", "GORUN_WORLD_SIZE": "5",
+		"GORUN_LOCAL_RANK": "1", "GORUN_LOCAL_WORLD_SIZE": "2", "GORUN_NODE_RANK": "1",
+		"GORUN_HOST": "h1", "GORUN_SECRET": "s3cret", "GORUN_RDZV_ENDPOINT": "h0:1001",
+		"FOO": "bar",
+		// -x comes last and wins.
+		"MASTER_ADDR": "override",
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	// Round robin GPUs per host: h0 has local ranks 0,1,2 → GPUs 0,1,0.
+	for i, g := range []int{0, 1, 0, 0, 1} {
+		if p.Ranks[i].GPU != g {
+			t.Errorf("rank %d GPU %d, want %d", i, p.Ranks[i].GPU, g)
+		}
+	}
+}
+
+func TestNewPlanNoGPUs(t *testing.T) {
+	c := basePlanConfig()
+	c.NP, c.MasterAddr = 2, "::1"
+	p, err := NewPlan(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range p.Ranks {
+		if _, ok := envMap(r.Env)["CUDA_VISIBLE_DEVICES"]; ok || r.GPU != -1 {
+			t.Errorf("rank %d: GPU %d / CUDA_VISIBLE_DEVICES set without GPUs", r.Rank, r.GPU)
+		}
+	}
+	if p.RdzvEndpoint != "[::1]:1001" {
+		t.Errorf("rendezvous endpoint %q, want [::1]:1001", p.RdzvEndpoint)
+	}
+}
+
+func TestNewPlanIsDeterministic(t *testing.T) {
+	c := basePlanConfig()
+	c.NP, c.Oversubscribe, c.GPUsPerHost = 9, true, 3
+	c.Hosts = []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 3, MaxSlots: 4}}
+	p1, err1 := NewPlan(c)
+	p2, err2 := NewPlan(c)
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	for i := range p1.Ranks {
+		if !slices.Equal(p1.Ranks[i].Env, p2.Ranks[i].Env) {
+			t.Fatalf("rank %d env differs between two plans of one config", i)
+		}
+	}
+}
+
+func TestNewPlanRejects(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(*PlanConfig)
+		want string
+	}{
+		{"same ports", func(c *PlanConfig) { c.RdzvPort = c.MasterPort }, "two distinct ports"},
+		{"no secret", func(c *PlanConfig) { c.Secret = "" }, "job id and a secret"},
+		{"bad export", func(c *PlanConfig) { c.Export = []string{"=x"} }, "not NAME=VALUE"},
+		{"negative GPUs", func(c *PlanConfig) { c.GPUsPerHost = -2 }, "GPUs per host"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := basePlanConfig()
+			c.NP = 1
+			tc.mod(&c)
+			if _, err := NewPlan(c); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestResolveExports(t *testing.T) {
+	lookup := func(k string) (string, bool) {
+		if k == "HOME" {
+			return "/root", true
+		}
+		return "", false
+	}
+	tests := []struct {
+		in   []string
+		want []string
+		err  string
+	}{
+		{in: []string{"A=1", "HOME", "B="}, want: []string{"A=1", "HOME=/root", "B="}},
+		{in: []string{"MISSING"}, err: "not set in gorun's environment"},
+		{in: []string{"=1"}, err: "expected NAME or NAME=VALUE"},
+	}
+	for _, tc := range tests {
+		got, err := ResolveExports(tc.in, lookup)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%v: err %v, want %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%v: got %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestIsLocal(t *testing.T) {
+	id := LocalIdentity{Names: []string{"localhost", "vm", "vm.example"}, Addrs: []string{"127.0.0.1", "::1", "10.0.0.5"}}
+	tests := []struct {
+		host string
+		want bool
+	}{
+		{"localhost", true}, {"LOCALHOST", true}, {"127.0.0.1", true}, {"127.0.1.1", true},
+		{"::1", true}, {"[::1]", true}, {"vm", true}, {"vm.example.", true}, {"10.0.0.5", true},
+		{"10.0.0.6", false}, {"node01", false}, {"vm2", false},
+	}
+	for _, tc := range tests {
+		if got := id.IsLocal(tc.host); got != tc.want {
+			t.Errorf("IsLocal(%q) = %v, want %v", tc.host, got, tc.want)
+		}
+	}
+	err := RequireLocal([]Host{{Name: "vm", Slots: 1}, {Name: "node01", Slots: 1}}, id)
+	var re *RemoteHostError
+	if !errors.As(err, &re) || re.Host != "node01" || !strings.Contains(err.Error(), "multi-host launch is not available yet") {
+		t.Fatalf("RequireLocal: %v", err)
+	}
+	if err := RequireLocal([]Host{{Name: "localhost", Slots: 1}}, DetectLocal()); err != nil {
+		t.Fatalf("localhost is not local: %v", err)
+	}
+}
+
+func TestPickFailure(t *testing.T) {
+	fs := []failure{{rank: 3, code: 2}, {rank: 1, code: 1}, {rank: 2, signal: 9}}
+	tests := []struct {
+		policy ExitPolicy
+		rank   int
+	}{{ExitFirst, 3}, {ExitLowest, 1}, {ExitMax, 2}}
+	for _, tc := range tests {
+		if got := pickFailure(fs, tc.policy); got.rank != tc.rank {
+			t.Errorf("%s: rank %d, want %d", tc.policy, got.rank, tc.rank)
+		}
+	}
+}
+
+func TestCountGPULines(t *testing.T) {
+	out := "GPU 0: NVIDIA A100 (UUID: GPU-1)\nGPU 1: NVIDIA A100 (UUID: GPU-2)\n  MIG 1g.5gb Device 0: (UUID: MIG-x)\n"
+	if n := countGPULines([]byte(out)); n != 2 {
+		t.Fatalf("countGPULines = %d, want 2", n)
+	}
+}
+
+func TestReservePorts(t *testing.T) {
+	a, err := ReservePorts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ReservePorts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := []int{a.MasterPort, a.RdzvPort, b.MasterPort, b.RdzvPort}
+	slices.Sort(ports)
+	if len(slices.Compact(ports)) != 4 {
+		t.Fatalf("two reservations held at once share a port: %+v %+v", a, b)
+	}
+	a.Release()
+	a.Release() // idempotent
+	b.Release()
+}
