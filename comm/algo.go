@@ -1,0 +1,334 @@
+package comm
+
+import (
+	"math/bits"
+	"unsafe"
+)
+
+// The algorithms. Each runs on the worker goroutine for one call, in place on
+// a buffer of the compute type, and reaches the peers only through sendTo,
+// recvFrom, recvReduce and sendRecv, which check every frame against the call.
+// Chunk j of a buffer of cnt elements over n ranks is elements
+// [cnt·j/n, cnt·(j+1)/n): chunks differ by at most one element, and counts
+// smaller than n give empty chunks, which still exchange one empty frame so a
+// desync is noticed.
+
+func mod(a, n int) int { return ((a % n) + n) % n }
+
+// chunkOf returns chunk j (taken modulo n) of data, whose elements are es bytes.
+func chunkOf(data []byte, es, n, j int) []byte {
+	j = mod(j, n)
+	cnt := len(data) / es
+	lo := int(int64(cnt)*int64(j)/int64(n)) * es
+	hi := int(int64(cnt)*int64(j+1)/int64(n)) * es
+	return data[lo:hi:hi]
+}
+
+func sameMem(a, b []byte) bool {
+	return len(a) > 0 && len(a) == len(b) && unsafe.SliceData(a) == unsafe.SliceData(b)
+}
+
+func overlaps(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	pa, pb := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return pa < pb+uintptr(len(b)) && pb < pa+uintptr(len(a))
+}
+
+// slotsOver cuts buf into n slots of l bytes, reusing the slice header array.
+func (c *Comm) slotsOver(buf []byte, l int) [][]byte {
+	if cap(c.slots) < c.n {
+		c.slots = make([][]byte, c.n)
+	}
+	s := c.slots[:c.n]
+	for r := range s {
+		s[r] = buf[r*l : (r+1)*l : (r+1)*l]
+	}
+	return s
+}
+
+// preferRing applies the cost model in Config (see LatencyNs) to an
+// all-reduce of size bytes: true when the bandwidth-optimal ring (or, in
+// deterministic mode, the direct reduce-scatter + all-gather) is cheaper than
+// the latency-optimal recursive doubling (or gather-to-all).
+func (c *Comm) preferRing(size int) bool {
+	n := c.n
+	if n < 2 || size/8 < n {
+		return false
+	}
+	a, s := c.cfg.LatencyNs, float64(size)/c.cfg.BytesPerNs
+	steps := float64(bits.Len(uint(n - 1))) // ceil(log2 n)
+	rd := steps * (a + 2*s)                 // send S and reduce S per step
+	if n&(n-1) != 0 {
+		rd += 2 * (a + s)
+	}
+	fn := float64(n)
+	ring := 2*(fn-1)*a + 3*(fn-1)/fn*s
+	return ring < rd
+}
+
+func (c *Comm) allReduce(cl *call, send, recv []byte) error {
+	dt := cl.dtype
+	ct := computeType(dt)
+	work := recv
+	if dt.isHalf() {
+		work = c.scratch(0, len(send)/2*4)
+		widen(dt, work, send)
+	} else if !sameMem(send, recv) {
+		copy(recv, send)
+	}
+	var err error
+	switch ring := c.preferRing(len(work)); {
+	case c.n == 1:
+	case c.cfg.Deterministic && ring:
+		err = c.directAllReduce(cl, ct, work)
+	case c.cfg.Deterministic:
+		err = c.gatherAllReduce(cl, ct, work)
+	case ring:
+		err = c.ringAllReduce(cl, ct, work)
+	default:
+		err = c.recursiveDoubling(cl, ct, work)
+	}
+	if err != nil {
+		return err
+	}
+	if cl.op == Avg {
+		finishAvg(ct, work, c.n)
+	}
+	if dt.isHalf() {
+		narrow(dt, recv, work)
+	}
+	return nil
+}
+
+// ringAllReduce: reduce-scatter then all-gather around the ring
+// me → me+1. After step s of the first phase, rank me holds chunk me-s-1
+// reduced over ranks me-s-1..me; it ends owning chunk me+1 fully reduced.
+func (c *Comm) ringAllReduce(cl *call, ct DType, data []byte) error {
+	n, me, es := c.n, c.me, ct.Size()
+	right, left := mod(me+1, n), mod(me-1, n)
+	for s := 0; s < n-1; s++ {
+		if err := c.sendRecv(cl, right, chunkOf(data, es, n, me-s), left, chunkOf(data, es, n, me-s-1), true, ct); err != nil {
+			return err
+		}
+	}
+	return c.ringAllGather(cl, data, es, me+1)
+}
+
+// ringAllGather circulates chunks so that every rank ends with all of them;
+// rank me starts owning chunk own.
+func (c *Comm) ringAllGather(cl *call, data []byte, es, own int) error {
+	n, me := c.n, c.me
+	right, left := mod(me+1, n), mod(me-1, n)
+	for s := 0; s < n-1; s++ {
+		if err := c.sendRecv(cl, right, chunkOf(data, es, n, own-s), left, chunkOf(data, es, n, own-s-1), false, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recursiveDoubling is the latency-optimal all-reduce (and the barrier, with
+// no data): log2(n) exchanges of the whole vector. For n not a power of two
+// the first 2·rem ranks pair up first (odd absorbs even) and the even ones
+// get the result back at the end.
+func (c *Comm) recursiveDoubling(cl *call, ct DType, data []byte) error {
+	n, me := c.n, c.me
+	if n == 1 {
+		return nil
+	}
+	pof2 := 1 << (bits.Len(uint(n)) - 1)
+	rem := n - pof2
+	tmp := c.scratch(2, len(data))
+	newRank := -1
+	switch {
+	case me < 2*rem && me%2 == 0:
+		if err := c.sendTo(cl, me+1, data); err != nil {
+			return err
+		}
+	case me < 2*rem:
+		if err := c.recvFrom(cl, me-1, tmp); err != nil {
+			return err
+		}
+		reduceInto(cl.op, ct, data, tmp)
+		newRank = me / 2
+	default:
+		newRank = me - rem
+	}
+	if newRank >= 0 {
+		for mask := 1; mask < pof2; mask <<= 1 {
+			np := newRank ^ mask
+			p := np + rem
+			if np < rem {
+				p = np*2 + 1
+			}
+			if err := c.sendRecv(cl, p, data, p, tmp, false, 0); err != nil {
+				return err
+			}
+			reduceInto(cl.op, ct, data, tmp)
+		}
+	}
+	if me < 2*rem {
+		if me%2 == 0 {
+			return c.recvFrom(cl, me+1, data)
+		}
+		return c.sendTo(cl, me-1, data)
+	}
+	return nil
+}
+
+// exchangeAll sends sendOf(p) to every peer p and receives recvOf(p) from it,
+// in n-1 staggered steps (step i: to me+i, from me-i) so that no rank is
+// the target of everyone at once.
+func (c *Comm) exchangeAll(cl *call, sendOf, recvOf func(p int) []byte) error {
+	n, me := c.n, c.me
+	for i := 1; i < n; i++ {
+		to, from := mod(me+i, n), mod(me-i, n)
+		if err := c.sendRecv(cl, to, sendOf(to), from, recvOf(from), false, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gatherAllReduce (deterministic, small): every rank gathers every rank's
+// vector and reduces them along the fixed tree.
+func (c *Comm) gatherAllReduce(cl *call, ct DType, data []byte) error {
+	l := len(data)
+	slots := c.slotsOver(c.scratch(2, c.n*l), l)
+	copy(slots[c.me], data)
+	if err := c.exchangeAll(cl, func(int) []byte { return data }, func(p int) []byte { return slots[p] }); err != nil {
+		return err
+	}
+	treeReduce(cl.op, ct, slots)
+	copy(data, slots[0])
+	return nil
+}
+
+// directAllReduce (deterministic, large): rank r gathers chunk r from every
+// rank, reduces it along the fixed tree, and the reduced chunks are
+// all-gathered. It moves the same bytes as the ring.
+func (c *Comm) directAllReduce(cl *call, ct DType, data []byte) error {
+	n, me, es := c.n, c.me, ct.Size()
+	mine := chunkOf(data, es, n, me)
+	l := len(mine)
+	slots := c.slotsOver(c.scratch(2, n*l), l)
+	copy(slots[me], mine)
+	if err := c.exchangeAll(cl, func(p int) []byte { return chunkOf(data, es, n, p) }, func(p int) []byte { return slots[p] }); err != nil {
+		return err
+	}
+	treeReduce(cl.op, ct, slots)
+	copy(mine, slots[0])
+	return c.exchangeAll(cl, func(int) []byte { return mine }, func(p int) []byte { return chunkOf(data, es, n, p) })
+}
+
+func (c *Comm) allGather(cl *call) error {
+	es := cl.dtype.Size()
+	k := len(cl.send)
+	block := func(j int) []byte { j = mod(j, c.n); return cl.recv[j*k : (j+1)*k] }
+	if !sameMem(cl.send, block(c.me)) {
+		copy(block(c.me), cl.send)
+	}
+	_ = es
+	n, me := c.n, c.me
+	right, left := mod(me+1, n), mod(me-1, n)
+	for s := 0; s < n-1; s++ {
+		if err := c.sendRecv(cl, right, block(me-s), left, block(me-s-1), false, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Comm) reduceScatter(cl *call) error {
+	n, me := c.n, c.me
+	dt := cl.dtype
+	ct := computeType(dt)
+	es := ct.Size()
+	l := len(cl.recv) / dt.Size() * es // bytes of one block in the compute type
+	work := c.scratch(0, n*l)
+	if dt.isHalf() {
+		widen(dt, work, cl.send)
+	} else {
+		copy(work, cl.send)
+	}
+	block := func(j int) []byte { j = mod(j, n); return work[j*l : (j+1)*l] }
+	res := block(me)
+	switch {
+	case n == 1:
+	case c.cfg.Deterministic:
+		slots := c.slotsOver(c.scratch(2, n*l), l)
+		copy(slots[me], block(me))
+		if err := c.exchangeAll(cl, block, func(p int) []byte { return slots[p] }); err != nil {
+			return err
+		}
+		treeReduce(cl.op, ct, slots)
+		res = slots[0]
+	default:
+		right, left := mod(me+1, n), mod(me-1, n)
+		for s := 0; s < n-1; s++ {
+			if err := c.sendRecv(cl, right, block(me-s-1), left, block(me-s-2), true, ct); err != nil {
+				return err
+			}
+		}
+	}
+	if cl.op == Avg {
+		finishAvg(ct, res, n)
+	}
+	if dt.isHalf() {
+		narrow(dt, cl.recv, res)
+	} else {
+		copy(cl.recv, res)
+	}
+	return nil
+}
+
+// broadcast runs a binomial tree rooted at root: log2(n) rounds, each rank
+// receiving once from its parent and then sending to its children.
+func (c *Comm) broadcast(cl *call) error {
+	n, me, root := c.n, c.me, cl.root
+	if me == root && !sameMem(cl.send, cl.recv) {
+		copy(cl.recv, cl.send)
+	}
+	vr := mod(me-root, n)
+	mask := 1
+	for ; mask < n; mask <<= 1 {
+		if vr&mask != 0 {
+			if err := c.recvFrom(cl, mod(vr-mask+root, n), cl.recv); err != nil {
+				return err
+			}
+			break
+		}
+	}
+	for mask >>= 1; mask > 0; mask >>= 1 {
+		if vr+mask < n {
+			c.post(cl, mod(vr+mask+root, n), cl.recv)
+		}
+	}
+	return c.flushAll()
+}
+
+func (c *Comm) allToAll(cl *call) error {
+	n, me := c.n, c.me
+	es := cl.dtype.Size()
+	soff, roff := make([]int, n+1), make([]int, n+1)
+	for p := range n {
+		sc, rc := len(cl.send)/es/n, len(cl.recv)/es/n
+		if cl.kind == KindAllToAllV {
+			sc, rc = cl.sendCounts[p], cl.recvCounts[p]
+		}
+		soff[p+1] = soff[p] + sc*es
+		roff[p+1] = roff[p] + rc*es
+	}
+	send := cl.send[:soff[n]]
+	if overlaps(send, cl.recv) {
+		tmp := c.scratch(0, len(send))
+		copy(tmp, send)
+		send = tmp
+	}
+	copy(cl.recv[roff[me]:roff[me+1]], send[soff[me]:soff[me+1]])
+	return c.exchangeAll(cl,
+		func(p int) []byte { return send[soff[p]:soff[p+1]] },
+		func(p int) []byte { return cl.recv[roff[p]:roff[p+1]] })
+}

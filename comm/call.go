@@ -1,0 +1,329 @@
+package comm
+
+import (
+	"context"
+	"fmt"
+)
+
+// call is one issued operation; it is also its Handle.
+type call struct {
+	kind       Kind
+	dtype      DType
+	op         Op
+	count      int // elements of the call as fingerprinted
+	root       int // root, or peer for Send/Recv; -1 otherwise
+	send, recv []byte
+	sendCounts []int
+	recvCounts []int
+	invalid    error // set at issue: fails the communicator at its turn
+
+	ctx  context.Context
+	stop func() bool // unregisters the cancellation hook
+
+	done chan struct{}
+	err  error // written before done is closed
+}
+
+var _ Handle = (*call)(nil)
+
+func (cl *call) Wait(ctx context.Context) error {
+	select {
+	case <-cl.done:
+		return cl.err
+	default:
+	}
+	select {
+	case <-cl.done:
+		return cl.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (cl *call) Done() bool {
+	select {
+	case <-cl.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (cl *call) finish(err error) {
+	if cl.stop != nil {
+		cl.stop()
+	}
+	cl.err = err
+	close(cl.done)
+}
+
+func (cl *call) info(seq uint64) CallInfo {
+	ci := CallInfo{Kind: cl.kind, DType: cl.dtype, Count: cl.count, Root: cl.root, Seq: seq}
+	if cl.reduces() {
+		ci.Op = cl.op
+	}
+	return ci
+}
+
+func (cl *call) reduces() bool {
+	return cl.kind == KindAllReduce || cl.kind == KindReduceScatter || cl.kind == KindReduce
+}
+
+// headerTo is the fingerprint this rank puts on frames to peer p.
+func (c *Comm) headerTo(cl *call, p int) Header {
+	h := Header{Frame: frameData, Kind: cl.kind, DType: cl.dtype, Root: int32(cl.root),
+		Group: c.gid, Seq: c.peers[p].seq, Count: uint64(cl.count)}
+	if cl.reduces() {
+		h.Op = cl.op
+	}
+	switch cl.kind {
+	case KindAllToAllV:
+		h.Count = uint64(cl.sendCounts[p])
+	case KindSend:
+		h.Root = int32(p)
+	}
+	return h
+}
+
+// expectFrom is the fingerprint frames from peer p must carry.
+func (c *Comm) expectFrom(cl *call, p int) Header {
+	h := c.headerTo(cl, p)
+	switch cl.kind {
+	case KindAllToAllV:
+		h.Count = uint64(cl.recvCounts[p])
+	case KindRecv:
+		h.Kind = KindSend
+		h.Root = int32(c.me)
+	}
+	return h
+}
+
+func hostBytes(b Buffer, what string) ([]byte, error) {
+	if b == nil {
+		return nil, fmt.Errorf("%w: %s buffer is nil", ErrInvalidArgument, what)
+	}
+	if !b.DType().Valid() {
+		return nil, fmt.Errorf("%w: %s buffer has %v", ErrInvalidArgument, what, b.DType())
+	}
+	hb, ok := b.Host()
+	if !ok {
+		return nil, fmt.Errorf("%w (%s)", ErrDeviceBuffer, what)
+	}
+	if len(hb) != b.Len()*b.DType().Size() {
+		return nil, fmt.Errorf("%w: %s buffer has %d bytes for %d %v", ErrInvalidArgument, what, len(hb), b.Len(), b.DType())
+	}
+	return hb, nil
+}
+
+// issue queues cl, or fails it at once when the communicator is closed.
+func (c *Comm) issue(ctx context.Context, cl *call) Handle {
+	cl.done = make(chan struct{})
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	cl.ctx = ctx
+	c.issueMu.RLock()
+	defer c.issueMu.RUnlock()
+	if c.closed {
+		err := c.Err()
+		if err == nil {
+			err = ErrClosed
+		}
+		cl.finish(err)
+		return cl
+	}
+	if ctx.Done() != nil {
+		// There is no way to skip one collective on one rank, so a cancelled
+		// call fails the communicator (and with it the peers' matching call).
+		cl.stop = context.AfterFunc(ctx, func() {
+			c.fail(fmt.Errorf("comm: %v on rank %d cancelled: %w", cl.kind, c.me, context.Cause(ctx)))
+		})
+	}
+	c.queue <- cl
+	return cl
+}
+
+func (c *Comm) invalidf(cl *call, format string, args ...any) {
+	if cl.invalid == nil {
+		cl.invalid = fmt.Errorf("%w: %v on rank %d: %s", ErrInvalidArgument, cl.kind, c.me, fmt.Sprintf(format, args...))
+	}
+}
+
+// prepare checks the buffers of a send/recv pair of a call: both host, same
+// dtype, and the element counts the collective requires.
+func (c *Comm) prepare(cl *call, send, recv Buffer, sendLen, recvLen func(s, r int) bool) {
+	var err error
+	if cl.send, err = hostBytes(send, "send"); err != nil {
+		cl.invalid = err
+		return
+	}
+	if cl.recv, err = hostBytes(recv, "recv"); err != nil {
+		cl.invalid = err
+		return
+	}
+	cl.dtype = send.DType()
+	if recv.DType() != send.DType() {
+		c.invalidf(cl, "send is %v but recv is %v", send.DType(), recv.DType())
+		return
+	}
+	if !sendLen(send.Len(), recv.Len()) {
+		c.invalidf(cl, "send has %d elements and recv %d", send.Len(), recv.Len())
+	}
+}
+
+func (c *Comm) checkOp(cl *call, op Op) {
+	cl.op = op
+	if !op.Valid() {
+		c.invalidf(cl, "invalid op %v", op)
+	}
+}
+
+func (c *Comm) checkRank(cl *call, r int, what string) {
+	cl.root = r
+	if r < 0 || r >= c.n {
+		c.invalidf(cl, "%s %d outside group of %d", what, r, c.n)
+		cl.root = -1
+	}
+}
+
+func always(int, int) bool { return true }
+
+// AllReduce issues recv = op over ranks of send.
+func (c *Comm) AllReduce(ctx context.Context, send, recv Buffer, op Op) Handle {
+	cl := &call{kind: KindAllReduce, root: -1}
+	c.prepare(cl, send, recv, func(s, r int) bool { return s == r }, always)
+	c.checkOp(cl, op)
+	if send != nil {
+		cl.count = send.Len()
+	}
+	return c.issue(ctx, cl)
+}
+
+// AllGather issues recv = concatenation over ranks of send.
+func (c *Comm) AllGather(ctx context.Context, send, recv Buffer) Handle {
+	cl := &call{kind: KindAllGather, root: -1}
+	c.prepare(cl, send, recv, func(s, r int) bool { return r == s*c.n }, always)
+	if send != nil {
+		cl.count = send.Len()
+	}
+	return c.issue(ctx, cl)
+}
+
+// ReduceScatter issues recv = block Rank() of op over ranks of send.
+func (c *Comm) ReduceScatter(ctx context.Context, send, recv Buffer, op Op) Handle {
+	cl := &call{kind: KindReduceScatter, root: -1}
+	c.prepare(cl, send, recv, func(s, r int) bool { return s == r*c.n }, always)
+	c.checkOp(cl, op)
+	if recv != nil {
+		cl.count = recv.Len()
+	}
+	return c.issue(ctx, cl)
+}
+
+// Broadcast issues recv = send of root.
+func (c *Comm) Broadcast(ctx context.Context, send, recv Buffer, root int) Handle {
+	cl := &call{kind: KindBroadcast}
+	if send == nil {
+		send = recv // send is only read at root; non-roots may pass nil
+	}
+	c.prepare(cl, send, recv, func(s, r int) bool { return s == r }, always)
+	c.checkRank(cl, root, "root")
+	if recv != nil {
+		cl.count = recv.Len()
+	}
+	return c.issue(ctx, cl)
+}
+
+// Reduce issues recv at root = op over ranks of send.
+func (c *Comm) Reduce(ctx context.Context, send, recv Buffer, op Op, root int) Handle {
+	cl := &call{kind: KindReduce}
+	if recv == nil && root != c.me {
+		recv = send // recv is only written at root
+	}
+	c.prepare(cl, send, recv, func(s, r int) bool { return s == r || root != c.me }, always)
+	c.checkOp(cl, op)
+	c.checkRank(cl, root, "root")
+	if send != nil {
+		cl.count = send.Len()
+	}
+	return c.issue(ctx, cl)
+}
+
+// AllToAll issues an exchange of equal blocks between every pair of ranks.
+func (c *Comm) AllToAll(ctx context.Context, send, recv Buffer) Handle {
+	cl := &call{kind: KindAllToAll, root: -1}
+	c.prepare(cl, send, recv, func(s, r int) bool { return s == r && s%c.n == 0 }, always)
+	if send != nil {
+		cl.count = send.Len()
+	}
+	return c.issue(ctx, cl)
+}
+
+// AllToAllV issues an exchange with per-peer element counts.
+func (c *Comm) AllToAllV(ctx context.Context, send Buffer, sendCounts []int, recv Buffer, recvCounts []int) Handle {
+	cl := &call{kind: KindAllToAllV, root: -1}
+	c.prepare(cl, send, recv, always, always)
+	sum := func(counts []int, what string, limit int) int {
+		if len(counts) != c.n {
+			c.invalidf(cl, "%d %s for %d ranks", len(counts), what, c.n)
+			return 0
+		}
+		t := 0
+		for p, k := range counts {
+			if k < 0 {
+				c.invalidf(cl, "%s[%d] = %d", what, p, k)
+				return 0
+			}
+			t += k
+		}
+		if t > limit {
+			c.invalidf(cl, "%s add up to %d elements but the buffer has %d", what, t, limit)
+		}
+		return t
+	}
+	if cl.invalid == nil {
+		cl.count = sum(sendCounts, "sendCounts", send.Len())
+		sum(recvCounts, "recvCounts", recv.Len())
+	}
+	if cl.invalid == nil {
+		cl.sendCounts = append([]int(nil), sendCounts...)
+		cl.recvCounts = append([]int(nil), recvCounts...)
+		if cl.sendCounts[c.me] != cl.recvCounts[c.me] {
+			c.invalidf(cl, "sends %d elements to itself but receives %d", cl.sendCounts[c.me], cl.recvCounts[c.me])
+		}
+	}
+	return c.issue(ctx, cl)
+}
+
+// Barrier issues a call that completes once every rank has issued it.
+func (c *Comm) Barrier(ctx context.Context) Handle {
+	return c.issue(ctx, &call{kind: KindBarrier, dtype: Uint8, root: -1})
+}
+
+// Send issues a send of buf to peer.
+func (c *Comm) Send(ctx context.Context, buf Buffer, peer int) Handle {
+	cl := &call{kind: KindSend}
+	c.prepare(cl, buf, buf, always, always)
+	c.checkRank(cl, peer, "peer")
+	if peer == c.me {
+		c.invalidf(cl, "send to itself")
+	}
+	if buf != nil {
+		cl.count = buf.Len()
+	}
+	return c.issue(ctx, cl)
+}
+
+// Recv issues a receive into buf from peer; the sizes must match.
+func (c *Comm) Recv(ctx context.Context, buf Buffer, peer int) Handle {
+	cl := &call{kind: KindRecv}
+	c.prepare(cl, buf, buf, always, always)
+	c.checkRank(cl, peer, "peer")
+	if peer == c.me {
+		c.invalidf(cl, "receive from itself")
+	}
+	if buf != nil {
+		cl.count = buf.Len()
+	}
+	return c.issue(ctx, cl)
+}

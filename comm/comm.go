@@ -1,0 +1,318 @@
+package comm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Communicator is the collective contract shared by this package's CPU
+// implementation and the GPU backend. Every collective returns at once with a
+// Handle (it never blocks, except when QueueDepth calls are already pending)
+// and is safe for concurrent use; calls complete in issue order. Buffers
+// follow NCCL conventions: a call is in place when send and recv are the same
+// memory (for AllGather, when send is recv's block of this rank).
+type Communicator interface {
+	// Rank and Size describe the group. Safe for concurrent use; do not block.
+	Rank() int
+	Size() int
+	// AllReduce: recv = op over ranks of send. len(send) == len(recv).
+	AllReduce(ctx context.Context, send, recv Buffer, op Op) Handle
+	// AllGather: block r of recv (len(send) elements each) = send of rank r.
+	AllGather(ctx context.Context, send, recv Buffer) Handle
+	// ReduceScatter: recv = block Rank() of op over ranks of send;
+	// len(send) == Size()·len(recv).
+	ReduceScatter(ctx context.Context, send, recv Buffer, op Op) Handle
+	// Broadcast: recv = send of root. send is read only at root.
+	Broadcast(ctx context.Context, send, recv Buffer, root int) Handle
+	// Reduce: recv at root = op over ranks of send; recv unused elsewhere.
+	Reduce(ctx context.Context, send, recv Buffer, op Op, root int) Handle
+	// AllToAll: block p of send goes to rank p, block p of recv comes from
+	// rank p; len(send) == len(recv), a multiple of Size().
+	AllToAll(ctx context.Context, send, recv Buffer) Handle
+	// AllToAllV: sendCounts[p] elements (consecutive, in rank order) go to
+	// rank p, recvCounts[p] come from p. Counts must agree pairwise.
+	AllToAllV(ctx context.Context, send Buffer, sendCounts []int, recv Buffer, recvCounts []int) Handle
+	// Barrier completes on a rank once every rank has issued it.
+	Barrier(ctx context.Context) Handle
+	// Send and Recv exchange one buffer with one peer. Each occupies the
+	// group's queue like a collective, so matching calls must be issued in a
+	// compatible order on both sides, as with blocking MPI calls.
+	Send(ctx context.Context, buf Buffer, peer int) Handle
+	Recv(ctx context.Context, buf Buffer, peer int) Handle
+	// Abort fails every pending and future call with err (ErrAborted if nil)
+	// and tells the peers. Idempotent; does not wait.
+	Abort(err error)
+	// Close waits for issued calls to finish, says goodbye to the peers,
+	// and returns once every goroutine has exited. Idempotent.
+	Close() error
+}
+
+// Handle is an issued call.
+type Handle interface {
+	// Wait blocks until the call completes or ctx ends, and returns the
+	// call's error (or ctx's). Giving up waiting does not cancel the call; the
+	// call's own context does. Safe for concurrent use.
+	Wait(ctx context.Context) error
+	// Done reports without blocking whether the call has completed. Safe for
+	// concurrent use.
+	Done() bool
+}
+
+// Comm is the CPU Communicator over a Transport.
+type Comm struct {
+	g    Group
+	gid  GroupID
+	cfg  Config
+	log  zerolog.Logger
+	me   int
+	n    int
+	info []string // "rank r (world w) on host", for errors
+
+	peers []*peer // nil at me
+
+	// issueMu orders issuing against Close: issuers hold it shared, Close
+	// exclusively, so nothing is sent on queue after it is closed.
+	issueMu sync.RWMutex
+	closed  bool // guarded by issueMu
+	queue   chan *call
+
+	failOnce sync.Once
+	failed   chan struct{} // closed when failErr is set
+	failErr  error         // written once before failed is closed
+
+	closeOnce    sync.Once
+	closeErr     error
+	wg           sync.WaitGroup
+	workerExited chan struct{}
+
+	// Worker-only state (no lock: only the worker goroutine touches it).
+	scr   [4][]byte
+	slots [][]byte
+}
+
+var _ Communicator = (*Comm)(nil)
+
+// sendReq is one frame for the sender goroutine. Only the last frame of a
+// message reports (the first error of the message), so a message of many
+// segments costs one report and the report channel never fills.
+type sendReq struct {
+	h       Header
+	payload []byte
+	report  bool
+}
+
+// peer is the state for one other rank. The worker owns seq and pending;
+// the sender goroutine owns link's send side.
+type peer struct {
+	rank    int
+	link    Link
+	seq     uint64
+	sendq   chan sendReq
+	sendErr chan error
+	pending int
+}
+
+// New connects to every other member of g over t and starts the
+// communicator. It blocks until all peers have connected (bounded by ctx
+// and cfg.ConnectTimeout). Every member must call New with an equal Config.
+func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if g == nil || t == nil {
+		return nil, fmt.Errorf("%w: nil group or transport", ErrInvalidArgument)
+	}
+	n, me := g.Size(), g.Rank()
+	if n < 1 || me < 0 || me >= n {
+		return nil, fmt.Errorf("%w: rank %d of %d", ErrInvalidArgument, me, n)
+	}
+	c := &Comm{
+		g: g, cfg: cfg, me: me, n: n,
+		gid:    groupID(g, cfg.Tag),
+		queue:  make(chan *call, cfg.QueueDepth),
+		failed: make(chan struct{}),
+
+		workerExited: make(chan struct{}),
+		peers:  make([]*peer, n),
+		info:   make([]string, n),
+	}
+	c.log = cfg.Logger.With().Int("rank", g.GlobalRank(me)).Int("world", n).
+		Str("group", fmt.Sprintf("%016x", uint64(c.gid))).Logger()
+	for r := range n {
+		c.info[r] = fmt.Sprintf("rank %d (world rank %d) on %s", r, g.GlobalRank(r), g.Host(r))
+	}
+	cctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
+	defer cancel()
+	links, err := t.Connect(cctx, g, c.gid)
+	if err != nil {
+		return nil, fmt.Errorf("comm: connecting group of %d as rank %d: %w", n, me, err)
+	}
+	for r := range n {
+		if r == me {
+			continue
+		}
+		p := &peer{rank: r, link: links[r], sendq: make(chan sendReq, 64), sendErr: make(chan error, 64)}
+		c.peers[r] = p
+		c.wg.Go(func() { c.sender(p) })
+	}
+	c.wg.Go(c.worker)
+	c.wg.Go(c.watchGroup)
+	return c, nil
+}
+
+// Rank is this process's rank in the group.
+func (c *Comm) Rank() int { return c.me }
+
+// Size is the number of ranks in the group.
+func (c *Comm) Size() int { return c.n }
+
+// Group is the membership this communicator runs over.
+func (c *Comm) Group() Group { return c.g }
+
+// LinkKinds names the medium to every peer ("" for this rank), e.g. for a
+// benchmark header.
+func (c *Comm) LinkKinds() []string {
+	out := make([]string, c.n)
+	for r, p := range c.peers {
+		if p != nil {
+			out[r] = p.link.Kind()
+		}
+	}
+	return out
+}
+
+// Err returns the error that failed the communicator, or nil.
+func (c *Comm) Err() error {
+	select {
+	case <-c.failed:
+		return c.failErr
+	default:
+		return nil
+	}
+}
+
+// sender runs one peer's asynchronous sends in post order.
+func (c *Comm) sender(p *peer) {
+	var first error
+	for req := range p.sendq {
+		if first == nil {
+			first = p.link.Send(&req.h, req.payload)
+		}
+		if req.report {
+			p.sendErr <- first
+			first = nil
+		}
+	}
+}
+
+// watchGroup turns the rendezvous' failure event into an abort.
+func (c *Comm) watchGroup() {
+	select {
+	case <-c.g.Failed():
+		err := c.g.Err()
+		if err == nil {
+			err = errors.New("group failed")
+		}
+		c.fail(fmt.Errorf("%w: %w", ErrPeerLost, err))
+	case <-c.failed:
+	}
+}
+
+// fail records err as the communicator's failure (first one wins), tells the
+// peers and closes the links so that whatever is blocked returns.
+func (c *Comm) fail(err error) {
+	c.failOnce.Do(func() {
+		c.failErr = err
+		close(c.failed)
+		c.log.Warn().Err(err).Msg("communicator failed")
+		var class uint64
+		switch {
+		case errors.Is(err, ErrDesync):
+			class = 1
+		case errors.Is(err, ErrPeerLost):
+			class = 2
+		case errors.Is(err, ErrInvalidArgument):
+			class = 3
+		}
+		text := []byte(err.Error())
+		if len(text) > maxAbortText {
+			text = text[:maxAbortText]
+		}
+		// Tell the peers in parallel, each bounded by AbortTimeout, then
+		// close every link. A peer stuck in a full send buffer cannot hold us.
+		var wg sync.WaitGroup
+		for _, p := range c.peers {
+			if p == nil {
+				continue
+			}
+			wg.Go(func() {
+				done := make(chan struct{})
+				go func() { // owned: waited for below, or unblocked by Close
+					defer close(done)
+					h := Header{Frame: frameAbort, Group: c.gid, Aux: class, Len: uint64(len(text))}
+					_ = p.link.Send(&h, text)
+				}()
+				select {
+				case <-done:
+				case <-time.After(c.cfg.AbortTimeout):
+				}
+				_ = p.link.Close()
+				<-done
+			})
+		}
+		wg.Wait()
+	})
+}
+
+// Abort fails every pending and future call with err and tells the peers.
+// It returns within Config.AbortTimeout.
+func (c *Comm) Abort(err error) {
+	if err == nil {
+		err = ErrAborted
+	} else if !errors.Is(err, ErrAborted) {
+		err = fmt.Errorf("%w: %w", ErrAborted, err)
+	}
+	c.fail(err)
+}
+
+// Close waits for issued calls, says goodbye and stops every goroutine.
+func (c *Comm) Close() error {
+	c.closeOnce.Do(func() {
+		c.issueMu.Lock()
+		c.closed = true
+		close(c.queue)
+		c.issueMu.Unlock()
+		<-c.workerExited
+		if c.Err() == nil {
+			for _, p := range c.peers {
+				if p != nil {
+					h := Header{Frame: frameBye, Group: c.gid}
+					p.sendq <- sendReq{h: h, report: true}
+				}
+			}
+			for _, p := range c.peers {
+				if p != nil {
+					<-p.sendErr
+				}
+			}
+		}
+		c.failOnce.Do(func() { c.failErr = ErrClosed; close(c.failed) })
+		for _, p := range c.peers {
+			if p != nil {
+				close(p.sendq)
+				_ = p.link.Close()
+			}
+		}
+		c.wg.Wait()
+		if err := c.failErr; !errors.Is(err, ErrClosed) {
+			c.closeErr = err
+		}
+	})
+	return c.closeErr
+}
+

@@ -1,0 +1,55 @@
+// Package comm owns the collective engine on CPUs: the Communicator that moves
+// tensors between the ranks of one process group, the algorithms that do it
+// (ring, recursive doubling, direct exchange, a fixed deterministic tree) and
+// the transports underneath (TCP between hosts, shared memory inside a host).
+//
+// What it leaves to others: membership, failure detection by gossip and the
+// group's epoch belong to rendezvous, which hands comm a Group (the interface is
+// defined here, by its consumer); GPU collectives belong to nccl, which
+// implements the same Communicator contract; bucketing and scheduling belong to
+// buckets and overlap.
+//
+// # Life of a rank
+//
+//	ep, _ := comm.Listen(comm.EndpointConfig{Addr: ":0", Secret: secret})
+//	// advertise ep.Addr() through the rendezvous, which returns a Group
+//	c, _ := comm.New(ctx, group, ep, comm.DefaultConfig())
+//	h := c.AllReduce(ctx, comm.Float32s(grad), comm.Float32s(grad), comm.Sum)
+//	err := h.Wait(ctx)
+//
+// Several communicators share one Endpoint; each has its own connections,
+// tagged with a group id derived from the member list, so groups progress
+// independently.
+//
+// # Ordering
+//
+// Every call returns a Handle at once. Calls on one Communicator run one at a
+// time in the order they were issued, so they complete in issue order on every
+// rank; the overlap runtime relies on this. Every rank of a group must issue the
+// same collectives in the same order (as in MPI and NCCL). A rank that issues a
+// different call at the same position gets a *DesyncError naming both calls, and
+// so do the peers it talks to; no data is exchanged for a mismatched call.
+//
+// # Failure
+//
+// A communicator fails as a whole: a lost peer (Group.Failed, a reset or closed
+// connection), a desync, a cancelled call context, an invalid call or Abort
+// fail the running call and every queued and future call with the same error,
+// and the failure is passed to the peers (an abort frame, then closed
+// connections) so that no rank waits for a message that will never come. There
+// is no way to un-issue a collective, which is why a cancelled context or an
+// invalid argument poisons the communicator instead of skipping one call.
+//
+// # Numerics
+//
+// Reductions of bfloat16 and float16 run in float32 from end to end (inputs are
+// widened, partial results travel as float32, the final result is rounded once).
+// Avg is Sum followed by a division by the group size (truncating for integers).
+// Results are bitwise identical on every rank. With Config.Deterministic every
+// element is reduced along one fixed tree over the ranks, pairwise in rank
+// order: at each level neighbours (0,1), (2,3), ... are combined with the lower
+// rank on the left, and an odd one out moves up unchanged. For 4 ranks that is
+// ((r0 op r1) op (r2 op r3)); for 3 it is ((r0 op r1) op r2). The tree does not
+// depend on message size, chunking, algorithm or on which other tensors share a
+// bucket.
+package comm

@@ -1,0 +1,296 @@
+package comm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+)
+
+// worker runs calls one at a time in issue order. It is the only goroutine
+// that receives on links and the only one that touches per-call state, so
+// the algorithms below need no locks.
+func (c *Comm) worker() {
+	defer close(c.workerExited)
+	for cl := range c.queue {
+		if err := c.Err(); err != nil {
+			cl.finish(err)
+			continue
+		}
+		if cl.invalid != nil {
+			c.fail(cl.invalid)
+			cl.finish(cl.invalid)
+			continue
+		}
+		switch cl.kind {
+		case KindSend, KindRecv:
+			c.peers[cl.root].seq++
+		default:
+			for _, p := range c.peers {
+				if p != nil {
+					p.seq++
+				}
+			}
+		}
+		err := c.run(cl)
+		if err == nil {
+			err = c.flushAll()
+		}
+		if err != nil {
+			c.fail(err)
+			if errors.Is(err, errLinkDown) {
+				err = c.failErr
+			}
+		}
+		cl.finish(err)
+	}
+}
+
+// errLinkDown marks an error from a link that was closed because the
+// communicator already failed; the cause is failErr.
+var errLinkDown = errors.New("comm: link closed after failure")
+
+// linkErr turns a transport error on the link to p into the error the call
+// reports: the communicator's failure if it already failed (we closed the
+// link), else a PeerError naming p.
+func (c *Comm) linkErr(p int, err error) error {
+	select {
+	case <-c.failed:
+		return errLinkDown
+	default:
+	}
+	reason := "connection lost: " + err.Error()
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		reason = "connection closed (process exited or crashed)"
+	}
+	return &PeerError{Rank: p, WorldRank: c.g.GlobalRank(p), Host: c.g.Host(p), Reason: reason, Err: ErrPeerLost}
+}
+
+func (c *Comm) run(cl *call) error {
+	switch cl.kind {
+	case KindAllReduce:
+		return c.allReduce(cl, cl.send, cl.recv)
+	case KindReduce:
+		recv := cl.recv
+		if c.me != cl.root {
+			recv = c.scratch(3, len(cl.send))
+		}
+		return c.allReduce(cl, cl.send, recv)
+	case KindAllGather:
+		return c.allGather(cl)
+	case KindReduceScatter:
+		return c.reduceScatter(cl)
+	case KindBroadcast:
+		return c.broadcast(cl)
+	case KindAllToAll, KindAllToAllV:
+		return c.allToAll(cl)
+	case KindBarrier:
+		return c.recursiveDoubling(cl, Uint8, nil)
+	case KindSend:
+		return c.sendTo(cl, cl.root, cl.send)
+	case KindRecv:
+		return c.recvFrom(cl, cl.root, cl.recv)
+	}
+	return fmt.Errorf("%w: unknown call kind %v", ErrInvalidArgument, cl.kind)
+}
+
+// scratch returns worker-owned scratch slot i with n bytes, growing it as
+// needed and reusing it across calls so the steady state allocates nothing.
+func (c *Comm) scratch(i, n int) []byte {
+	if cap(c.scr[i]) < n {
+		c.scr[i] = make([]byte, n+n/4)
+	}
+	return c.scr[i][:n]
+}
+
+// post queues payload for asynchronous sending to p in segments.
+func (c *Comm) post(cl *call, p int, payload []byte) {
+	pe := c.peers[p]
+	h := c.headerTo(cl, p)
+	h.Aux = uint64(len(payload))
+	seg := c.cfg.SegmentBytes
+	for off := 0; ; off += seg {
+		end := min(off+seg, len(payload))
+		h.Len = uint64(end - off)
+		last := end == len(payload)
+		pe.sendq <- sendReq{h: h, payload: payload[off:end], report: last}
+		if last {
+			pe.pending++
+			return
+		}
+	}
+}
+
+// flush waits for every posted send to p.
+func (c *Comm) flush(p int) error {
+	pe := c.peers[p]
+	var first error
+	for ; pe.pending > 0; pe.pending-- {
+		if err := <-pe.sendErr; err != nil && first == nil {
+			first = c.linkErr(p, err)
+		}
+	}
+	return first
+}
+
+func (c *Comm) flushAll() error {
+	var first error
+	for p, pe := range c.peers {
+		if pe != nil && pe.pending > 0 {
+			if err := c.flush(p); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
+
+// sendTo sends payload to p and waits until it is handed off. Small payloads
+// go inline, without the sender goroutine's hand-off latency.
+func (c *Comm) sendTo(cl *call, p int, payload []byte) error {
+	pe := c.peers[p]
+	if pe.pending == 0 && len(payload) <= pe.link.EagerLimit() && len(payload) <= c.cfg.SegmentBytes {
+		h := c.headerTo(cl, p)
+		h.Aux = uint64(len(payload))
+		h.Len = uint64(len(payload))
+		if err := pe.link.Send(&h, payload); err != nil {
+			return c.linkErr(p, err)
+		}
+		return nil
+	}
+	c.post(cl, p, payload)
+	return c.flush(p)
+}
+
+// sendRecv sends sbuf to `to` while receiving rbuf from `from`; with reduce
+// set, the received data is folded into rbuf with op over compute type ct.
+// Large sends run on the sender goroutine so that the two directions overlap
+// and no pair of ranks can block each other on full buffers.
+func (c *Comm) sendRecv(cl *call, to int, sbuf []byte, from int, rbuf []byte, reduce bool, ct DType) error {
+	pe := c.peers[to]
+	eager := pe.pending == 0 && len(sbuf) <= pe.link.EagerLimit() && len(sbuf) <= c.cfg.SegmentBytes
+	if eager {
+		if err := c.sendTo(cl, to, sbuf); err != nil {
+			return err
+		}
+	} else {
+		c.post(cl, to, sbuf)
+	}
+	var err error
+	if reduce {
+		err = c.recvReduce(cl, from, rbuf, cl.op, ct)
+	} else {
+		err = c.recvFrom(cl, from, rbuf)
+	}
+	if err != nil {
+		return err
+	}
+	return c.flush(to)
+}
+
+// recvHeader reads the next frame header from p and checks it against the
+// call: an abort or goodbye from p, a frame of another call (desync) or a
+// payload that does not fit are errors, and nothing is read into dst.
+func (c *Comm) recvHeader(cl *call, p int, h *Header, total, remaining int) error {
+	l := c.peers[p].link
+	if err := l.RecvHeader(h); err != nil {
+		if errors.Is(err, ErrProtocol) {
+			return fmt.Errorf("comm: from %s: %w", c.info[p], err)
+		}
+		return c.linkErr(p, err)
+	}
+	pe := func(reason string, err error) *PeerError {
+		return &PeerError{Rank: p, WorldRank: c.g.GlobalRank(p), Host: c.g.Host(p), Reason: reason, Err: err}
+	}
+	switch h.Frame {
+	case frameBye:
+		return pe(fmt.Sprintf("closed its communicator before %v", cl.info(c.peers[p].seq)), ErrClosed)
+	case frameAbort:
+		n := min(int(h.Len), maxAbortText)
+		text := make([]byte, n)
+		if h.Len > uint64(n) {
+			return pe("aborted (reason too long to read)", ErrAborted)
+		}
+		if err := l.RecvPayload(text); err != nil {
+			return c.linkErr(p, err)
+		}
+		cause := ErrAborted
+		switch h.Aux {
+		case 1:
+			cause = ErrDesync
+		case 2:
+			cause = ErrPeerLost
+		case 3:
+			cause = ErrInvalidArgument
+		}
+		e := pe("aborted", cause)
+		e.RemoteText = string(text)
+		return e
+	}
+	want := c.expectFrom(cl, p)
+	theirs := CallInfo{Kind: h.Kind, DType: h.DType, Op: h.Op, Count: int(h.Count), Root: int(h.Root), Seq: h.Seq}
+	if h.Kind != KindAllReduce && h.Kind != KindReduceScatter && h.Kind != KindReduce {
+		theirs.Op = 0
+	}
+	desync := func(detail string) error {
+		return &DesyncError{Rank: c.me, Mine: cl.info(c.peers[p].seq), Peer: p, Theirs: theirs, Detail: detail}
+	}
+	switch {
+	case h.Group != want.Group:
+		return desync("frame of another group")
+	case h.Kind != want.Kind || h.DType != want.DType || h.Op != want.Op || h.Root != want.Root || h.Count != want.Count || h.Seq != want.Seq:
+		return desync("")
+	case h.Aux != uint64(total):
+		return desync(fmt.Sprintf("rank %d sends %d bytes, rank %d expects %d", p, h.Aux, c.me, total))
+	case h.Len > uint64(remaining) || (h.Len == 0 && remaining > 0):
+		return fmt.Errorf("%w: rank %d sent a %d-byte segment with %d bytes left", ErrProtocol, p, h.Len, remaining)
+	}
+	return nil
+}
+
+// recvFrom receives exactly len(dst) bytes of the current call from p.
+func (c *Comm) recvFrom(cl *call, p int, dst []byte) error {
+	var h Header
+	for off := 0; ; {
+		if err := c.recvHeader(cl, p, &h, len(dst), len(dst)-off); err != nil {
+			return err
+		}
+		n := int(h.Len)
+		if err := c.peers[p].link.RecvPayload(dst[off : off+n]); err != nil {
+			return c.linkErr(p, err)
+		}
+		off += n
+		if off == len(dst) {
+			return nil
+		}
+	}
+}
+
+// recvReduce receives len(dst) bytes from p and folds them into dst.
+func (c *Comm) recvReduce(cl *call, p int, dst []byte, op Op, ct DType) error {
+	var h Header
+	l := c.peers[p].link
+	rr, direct := l.(ReduceReceiver)
+	f := func(d, s []byte) { reduceInto(op, ct, d, s) }
+	for off := 0; ; {
+		if err := c.recvHeader(cl, p, &h, len(dst), len(dst)-off); err != nil {
+			return err
+		}
+		n := int(h.Len)
+		var err error
+		if direct {
+			err = rr.RecvReduce(dst[off:off+n], f)
+		} else {
+			tmp := c.scratch(1, n)
+			if err = l.RecvPayload(tmp); err == nil {
+				reduceInto(op, ct, dst[off:off+n], tmp)
+			}
+		}
+		if err != nil {
+			return c.linkErr(p, err)
+		}
+		off += n
+		if off == len(dst) {
+			return nil
+		}
+	}
+}
