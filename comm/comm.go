@@ -138,8 +138,8 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 		failed: make(chan struct{}),
 
 		workerExited: make(chan struct{}),
-		peers:  make([]*peer, n),
-		info:   make([]string, n),
+		peers:        make([]*peer, n),
+		info:         make([]string, n),
 	}
 	c.log = cfg.Logger.With().Int("rank", g.GlobalRank(me)).Int("world", n).
 		Str("group", fmt.Sprintf("%016x", uint64(c.gid))).Logger()
@@ -315,4 +315,3 @@ func (c *Comm) Close() error {
 	})
 	return c.closeErr
 }
-
