@@ -51,10 +51,10 @@ func DefaultConfig() Config {
 	return Config{
 		Vocab:      32,   // the dataset's alphabet; small keeps the head cheap
 		SeqLen:     32,   // long enough that attention must look back several steps
-		Dim:        64,   // 4 heads of 16
+		Dim:        32,   // 4 heads of 8; a step of 4 samples is ~10 MFLOP per sample
 		Heads:      4,    // multi-head, so the head split is exercised
 		Layers:     4,    // enough regions for bucketing and overlap to matter
-		Hidden:     256,  // GPT-2's 4×Dim
+		Hidden:     128,  // GPT-2's 4×Dim
 		Activation: GELU, // what transformers use
 		LNEps:      1e-5, // PyTorch's LayerNorm default
 		InitStd:    0.02, // GPT-2's initialisation

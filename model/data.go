@@ -75,3 +75,36 @@ func (d Dataset) Batch(step, batch, lo, hi int, inputs, targets []int32) error {
 	}
 	return nil
 }
+
+// SampleRange returns the global sample indices [lo, hi) (within one step's
+// batch) that chunk c of rank k holds, when a batch of batch samples is split
+// over ranks ranks and each rank's share into chunks chunks. All three counts
+// must be powers of two with ranks×chunks dividing batch.
+//
+// Rank-major (chunkMajor false) gives each rank one contiguous slice, cut
+// into chunks: rank k holds [k·n, (k+1)·n), n = batch/ranks. Use it when the
+// chunks' gradients are combined locally (TreeSum) before one cross-rank
+// reduction per region.
+//
+// Chunk-major (chunkMajor true) makes the chunk the top level of the sample
+// tree: chunk c of every rank lies in [c·batch/chunks, (c+1)·batch/chunks),
+// rank k holding the k-th slice of it. Use it when each chunk's gradient is
+// reduced across ranks on its own (its collective overlapping the next
+// chunk's compute) and the chunk sums are then combined with TreeSum: the
+// cross-rank reduction of a chunk is then a node of the same pairwise tree
+// over global sample index, so the result is bitwise the rank-major one.
+func SampleRange(batch, ranks, rank, chunks, chunk int, chunkMajor bool) (lo, hi int, err error) {
+	pow2 := func(x int) bool { return x > 0 && x&(x-1) == 0 }
+	if !pow2(batch) || !pow2(ranks) || !pow2(chunks) || batch%(ranks*chunks) != 0 ||
+		rank < 0 || rank >= ranks || chunk < 0 || chunk >= chunks {
+		return 0, 0, fmt.Errorf("%w: chunk %d of %d on rank %d of %d, batch %d (counts must be powers of two, ranks×chunks dividing the batch)",
+			ErrSampleRange, chunk, chunks, rank, ranks, batch)
+	}
+	cs := batch / (ranks * chunks)
+	if chunkMajor {
+		lo = chunk*(batch/chunks) + rank*cs
+	} else {
+		lo = rank*(batch/ranks) + chunk*cs
+	}
+	return lo, lo + cs, nil
+}

@@ -52,30 +52,79 @@ func zero[F float](x []F) {
 }
 
 // linearFwd computes y[t] = W·x[t] + b for T rows; W is [out, in].
+//
+// Each output is a sequential dot product (i = 0, 1, …) plus the bias. Four
+// outputs are computed together so x[t] is loaded once per four rows of W and
+// the four independent sums keep the FPU busy; the blocking changes which
+// sums run side by side, not the order inside any one sum.
 func linearFwd[F float](y, x, w, b []F, T, in, out int) {
 	for t := 0; t < T; t++ {
-		xt := x[t*in : (t+1)*in]
+		xt := x[t*in : (t+1)*in : (t+1)*in]
 		yt := y[t*out : (t+1)*out]
-		for j := range yt {
-			yt[j] = dot(w[j*in:(j+1)*in], xt) + b[j]
+		j := 0
+		for ; j+4 <= out; j += 4 {
+			w0 := w[j*in : (j+1)*in]
+			w1 := w[(j+1)*in : (j+2)*in]
+			w2 := w[(j+2)*in : (j+3)*in]
+			w3 := w[(j+3)*in : (j+4)*in]
+			w0, w1, w2, w3 = w0[:len(xt)], w1[:len(xt)], w2[:len(xt)], w3[:len(xt)]
+			var s0, s1, s2, s3 F
+			for i, xv := range xt {
+				s0 += F(w0[i] * xv)
+				s1 += F(w1[i] * xv)
+				s2 += F(w2[i] * xv)
+				s3 += F(w3[i] * xv)
+			}
+			yt[j], yt[j+1], yt[j+2], yt[j+3] = s0+b[j], s1+b[j+1], s2+b[j+2], s3+b[j+3]
+		}
+		for ; j < out; j++ {
+			wj := w[j*in : (j+1)*in]
+			wj = wj[:len(xt)]
+			var s0 F
+			for i, xv := range xt {
+				s0 += F(wj[i] * xv)
+			}
+			yt[j] = s0 + b[j]
 		}
 	}
 }
 
+// axpy4 does y += a0·x0, then a1·x1, a2·x2, a3·x3, element by element in
+// that order: the same bits as four axpy calls, with y loaded and stored once.
+func axpy4[F float](y []F, a0, a1, a2, a3 F, x0, x1, x2, x3 []F) {
+	x0, x1, x2, x3 = x0[:len(y)], x1[:len(y)], x2[:len(y)], x3[:len(y)]
+	for i, v := range y {
+		v += F(a0 * x0[i])
+		v += F(a1 * x1[i])
+		v += F(a2 * x2[i])
+		v += F(a3 * x3[i])
+		y[i] = v
+	}
+}
+
 // linearBwd accumulates dW += Σ_t dy[t]⊗x[t] and db += Σ_t dy[t] (t in
-// order), and, when dx is not nil, overwrites dx[t] = Wᵀ·dy[t].
+// order), and, when dx is not nil, overwrites dx[t] = Wᵀ·dy[t] (j in order).
 func linearBwd[F float](dx, dw, db, dy, x, w []F, T, in, out int) {
 	for j := 0; j < out; j++ {
 		dwj := dw[j*in : (j+1)*in]
-		for t := 0; t < T; t++ {
-			g := dy[t*out+j]
-			// Skipping exact zeros (ReLU's dead units) is deterministic,
-			// and for finite inputs it changes no bits: the accumulator
-			// starts at +0 and adding ±0 leaves it unchanged.
-			if g != 0 {
-				axpy(dwj, g, x[t*in:(t+1)*in])
+		t := 0
+		for ; t+4 <= T; t += 4 {
+			g0, g1, g2, g3 := dy[t*out+j], dy[(t+1)*out+j], dy[(t+2)*out+j], dy[(t+3)*out+j]
+			db[j] += g0
+			db[j] += g1
+			db[j] += g2
+			db[j] += g3
+			// All four zero (ReLU's dead units): adding ±0 to the
+			// accumulator, which is never −0, would change no bits.
+			if g0 == 0 && g1 == 0 && g2 == 0 && g3 == 0 {
+				continue
 			}
+			axpy4(dwj, g0, g1, g2, g3, x[t*in:(t+1)*in], x[(t+1)*in:(t+2)*in], x[(t+2)*in:(t+3)*in], x[(t+3)*in:(t+4)*in])
+		}
+		for ; t < T; t++ {
+			g := dy[t*out+j]
 			db[j] += g
+			axpy(dwj, g, x[t*in:(t+1)*in])
 		}
 	}
 	if dx == nil {
@@ -85,10 +134,13 @@ func linearBwd[F float](dx, dw, db, dy, x, w []F, T, in, out int) {
 		dxt := dx[t*in : (t+1)*in]
 		zero(dxt)
 		dyt := dy[t*out : (t+1)*out]
-		for j, g := range dyt {
-			if g != 0 {
-				axpy(dxt, g, w[j*in:(j+1)*in])
-			}
+		j := 0
+		for ; j+4 <= out; j += 4 {
+			axpy4(dxt, dyt[j], dyt[j+1], dyt[j+2], dyt[j+3],
+				w[j*in:(j+1)*in], w[(j+1)*in:(j+2)*in], w[(j+2)*in:(j+3)*in], w[(j+3)*in:(j+4)*in])
+		}
+		for ; j < out; j++ {
+			axpy(dxt, dyt[j], w[j*in:(j+1)*in])
 		}
 	}
 }

@@ -33,6 +33,15 @@ type Options struct {
 	// and the chunks' gradient partial sums are combined with TreeSum before
 	// the cross-rank reduction. 0 means 1.
 	Chunks int
+	// ChunkMajor assigns samples to chunks chunk-major (model.SampleRange)
+	// and reduces each chunk's gradient and loss across ranks on its own,
+	// combining the chunk sums afterwards — as a trainer does when a chunk's
+	// collective overlaps the next chunk's compute.
+	ChunkMajor bool
+
+	// crossRank replaces the cross-rank reduction (tests only: a naive order
+	// must break the bitwise equality, or the tests prove nothing).
+	crossRank func(dst []float32, parts ...[]float32) error
 }
 
 // Result is what a run produced.
@@ -140,12 +149,22 @@ func Run(o Options) (*Result, error) {
 		return g
 	}
 
+	crossRank := o.crossRank
+	if crossRank == nil {
+		crossRank = model.TreeSum
+	}
 	res := &Result{}
 	cs := n / C
 	for step := 0; step < o.Steps; step++ {
 		for k, rk := range ranks {
-			if err := o.Data.Batch(step, B, k*n, (k+1)*n, rk.in, rk.tg); err != nil {
-				return nil, err
+			for c := 0; c < C; c++ {
+				lo, hi, err := model.SampleRange(B, N, k, C, c, o.ChunkMajor)
+				if err != nil {
+					return nil, err
+				}
+				if err := o.Data.Batch(step, B, lo, hi, rk.in[c*cs*T:(c+1)*cs*T], rk.tg[c*cs*T:(c+1)*cs*T]); err != nil {
+					return nil, err
+				}
 			}
 			if err := rk.ws.SetBatch(rk.in, rk.tg); err != nil {
 				return nil, err
@@ -162,14 +181,30 @@ func Run(o Options) (*Result, error) {
 				}
 			}
 		}
-		losses := make([]float32, N)
-		for k, rk := range ranks {
-			if losses[k], err = rk.ws.LossSum(0, n); err != nil {
-				return nil, err
+		var loss float32
+		if o.ChunkMajor {
+			// Per chunk across ranks, then across chunks.
+			chunkSums := make([]float32, C)
+			for c := range chunkSums {
+				losses := make([]float32, N)
+				for k, rk := range ranks {
+					if losses[k], err = rk.ws.LossSum(c*cs, (c+1)*cs); err != nil {
+						return nil, err
+					}
+				}
+				chunkSums[c] = model.TreeSumScalars(losses...)
 			}
+			loss = model.TreeSumScalars(chunkSums...)
+		} else {
+			losses := make([]float32, N)
+			for k, rk := range ranks {
+				if losses[k], err = rk.ws.LossSum(0, n); err != nil {
+					return nil, err
+				}
+			}
+			loss = model.TreeSumScalars(losses...)
 		}
-		loss := model.TreeSumScalars(losses...) / float32(B)
-		res.Losses = append(res.Losses, loss)
+		res.Losses = append(res.Losses, loss/float32(B))
 
 		// Backward in reverse region order; after each region, the
 		// cross-rank reduction and the update of that region.
@@ -178,6 +213,19 @@ func Run(o Options) (*Result, error) {
 			for k, rk := range ranks {
 				p := regionParams(k, r)
 				g := rk.grads[r]
+				if o.ChunkMajor {
+					// Keep the chunk partial sums apart for the per-chunk
+					// cross-rank reduction below.
+					for c := 0; c < C; c++ {
+						if len(rk.chunk[c]) < len(g) {
+							rk.chunk[c] = make([]float32, maxPadded)
+						}
+						if err := rk.ws.Backward(r, p, rk.chunk[c][:len(g)], c*cs, (c+1)*cs); err != nil {
+							return nil, err
+						}
+					}
+					continue
+				}
 				if C == 1 {
 					if err := rk.ws.Backward(r, p, g, 0, n); err != nil {
 						return nil, err
@@ -200,13 +248,32 @@ func Run(o Options) (*Result, error) {
 					return nil, err
 				}
 			}
-			parts := make([][]float32, N)
-			for k := range ranks {
-				parts[k] = ranks[k].grads[r]
-			}
 			sum := make([]float32, reg.PaddedSize(N))
-			if err := model.TreeSum(sum, parts...); err != nil {
-				return nil, err
+			parts := make([][]float32, N)
+			if o.ChunkMajor {
+				// One cross-rank reduction per chunk, then the chunk sums
+				// combined. (In sharded mode a trainer would combine its
+				// shards of the chunk sums; elementwise that is the same.)
+				chunkSums := make([][]float32, C)
+				for c := range chunkSums {
+					for k := range ranks {
+						parts[k] = ranks[k].chunk[c][:len(sum)]
+					}
+					chunkSums[c] = make([]float32, len(sum))
+					if err := crossRank(chunkSums[c], parts...); err != nil {
+						return nil, err
+					}
+				}
+				if err := model.TreeSum(sum, chunkSums...); err != nil {
+					return nil, err
+				}
+			} else {
+				for k := range ranks {
+					parts[k] = ranks[k].grads[r]
+				}
+				if err := crossRank(sum, parts...); err != nil {
+					return nil, err
+				}
 			}
 			if err := model.Mean(sum, B); err != nil {
 				return nil, err

@@ -65,6 +65,7 @@ func TestRankCountIndependence(t *testing.T) {
 				{"chunked-1x2", 1, false, 2},
 				{"chunked-2x2", 2, false, 2},
 				{"sharded-chunked-4x2", 4, true, 2},
+				{"chunked-2x4", 2, false, 4},
 			}
 			for _, c := range cases {
 				o := base
@@ -74,6 +75,14 @@ func TestRankCountIndependence(t *testing.T) {
 					t.Fatalf("%s: %v", c.name, err)
 				}
 				sameBits(t, c.name, ref, got)
+				if c.chunks > 1 {
+					o.ChunkMajor = true
+					got, err := Run(o)
+					if err != nil {
+						t.Fatalf("%s chunk-major: %v", c.name, err)
+					}
+					sameBits(t, c.name+" chunk-major", ref, got)
+				}
 			}
 		})
 	}
@@ -128,4 +137,36 @@ func TestRunRejectsBadOptions(t *testing.T) {
 			t.Errorf("Run(ranks %d batch %d chunks %d) = %v, want ErrOptions", o.Ranks, o.Batch, o.Chunks, err)
 		}
 	}
+}
+
+// TestNaiveSummationDiffers is the control for TestRankCountIndependence:
+// with the cross-rank levels summed left to right instead of pairwise, four
+// ranks no longer match one. If this ever passes bitwise, the independence
+// test has lost its power (e.g. the model became too small to round).
+func TestNaiveSummationDiffers(t *testing.T) {
+	o := Options{Model: small(), Optimizer: model.DefaultOptimizerConfig(), Batch: 8, Steps: 20, Ranks: 1}
+	ref, err := Run(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Ranks = 4
+	o.crossRank = func(dst []float32, parts ...[]float32) error {
+		copy(dst, parts[0])
+		for _, p := range parts[1:] {
+			for i := range dst {
+				dst[i] += p[i]
+			}
+		}
+		return nil
+	}
+	got, err := Run(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range ref.Params {
+		if !Equal(ref.Params[r], got.Params[r]) {
+			return // differs, as it should
+		}
+	}
+	t.Error("left-to-right cross-rank summation matched the pairwise tree bit for bit")
 }
