@@ -398,10 +398,13 @@ func (r *runner) send(v any) error {
 	return err
 }
 
-// rankState is what Run knows of one rank.
+// rankState is what Run knows of one rank. A rank counts as live from the
+// moment the spec is sent until the agent reports its exit: the agent starts
+// every rank before it reads any command, so a signal sent to "all ranks"
+// reaches ranks whose "started" event is still in flight.
 type rankState struct {
-	pid     int
-	running bool
+	pid    int
+	exited bool
 	// stopped is set when gorun signaled the rank: its exit is then a
 	// consequence of the teardown, not a failure of its own.
 	stopped bool
@@ -469,7 +472,7 @@ func (r *runner) loop(ctx context.Context) error {
 		}
 		reason = why
 		for i := range ranks {
-			if ranks[i].running {
+			if !ranks[i].exited {
 				ranks[i].stopped = true
 				stopped++
 			}
@@ -499,20 +502,16 @@ func (r *runner) loop(ctx context.Context) error {
 			}
 			switch ev.Ev {
 			case "started":
-				ranks[ev.Rank] = rankState{pid: ev.PID, running: true}
-				if reason != notStopping {
-					// Started after the teardown began: stop it too.
-					ranks[ev.Rank].stopped = true
-					_ = r.send(agentCmd{Op: "signal", Signal: int(syscall.SIGKILL), Ranks: []int{ev.Rank}})
-				}
+				ranks[ev.Rank].pid = ev.PID
 				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Msg("rank started")
 			case "failed":
+				ranks[ev.Rank].exited = true
 				failures = append(failures, failure{rank: ev.Rank, startErr: errors.New(ev.Err)})
 				r.log.Debug().Int("rank", ev.Rank).Str("err", ev.Err).Msg("rank could not start")
 				stop(stopFailure, syscall.SIGTERM)
 			case "exited":
 				st := &ranks[ev.Rank]
-				st.running = false
+				st.exited = true
 				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Msg("rank exited")
 				if (ev.Code != 0 || ev.Signal != 0) && !st.stopped {
 					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal)})

@@ -73,6 +73,7 @@ func NewToken(name string) string {
 //	flood:N            print N numbered lines quickly, then exit 0
 //	partial            print "partial-line" without a newline, then exit 0
 //	cat                copy stdin to stdout, then exit 0
+//	args               print the arguments after argv[0] on one line, exit 0
 func MaybeRunHelper() {
 	mode, ok := os.LookupEnv(HelperEnv)
 	if !ok {
@@ -143,6 +144,9 @@ func runHelper(mode string) int {
 		return 0
 	case "cat":
 		io.Copy(os.Stdout, os.Stdin)
+		return 0
+	case "args":
+		fmt.Println(strings.Join(os.Args[1:], " "))
 		return 0
 	}
 	fmt.Fprintf(os.Stderr, "launchertest: unknown helper mode %q\n", mode)

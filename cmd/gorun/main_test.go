@@ -1,0 +1,216 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/gorun-hpc/gorun/launcher"
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
+)
+
+// actAsGorun makes the test binary run main() with its arguments: the tests
+// drive the real command line, signal handling and exit codes.
+const actAsGorun = "GORUN_TEST_ACT_AS_GORUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if launcher.IsAgent() {
+		os.Exit(launcher.AgentMain())
+	}
+	if os.Getenv(actAsGorun) != "" {
+		os.Unsetenv(actAsGorun)
+		main()
+	}
+	launchertest.MaybeRunHelper()
+	launchertest.FastRaceExit()
+	goleak.VerifyTestMain(m)
+}
+
+// gorunCmd returns the command `gorun args...` where the rank program "RANK"
+// in args is replaced by the test binary, which runs helper mode for every
+// rank (perRank overrides).
+func gorunCmd(t *testing.T, token, mode string, perRank map[int]string, args ...string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range args {
+		if a == "RANK" {
+			args[i] = exe
+		}
+	}
+	cmd := exec.Command(exe, args...)
+	cmd.Env = append(launchertest.Env(token, mode, perRank), actAsGorun+"=1")
+	return cmd
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func runGorun(t *testing.T, mode string, perRank map[int]string, args ...string) result {
+	t.Helper()
+	token := launchertest.NewToken(t.Name())
+	cmd := gorunCmd(t, token, mode, perRank, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if s := launchertest.Survivors(token); len(s) > 0 {
+		t.Errorf("processes survive gorun: %v", s)
+	}
+	return result{code, stdout.String(), stderr.String()}
+}
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		name    string
+		mode    string
+		perRank map[int]string
+		args    []string
+		code    int
+		stdout  string // substring
+		stderr  string // substring
+	}{
+		{name: "program flags are the program's", mode: "args", args: []string{"-np", "2", "--tag-output", "RANK", "-lr", "0.1", "--np", "9"},
+			stdout: "[1] -lr 0.1 --np 9\n"},
+		{name: "double dash ends flags", mode: "args", args: []string{"--np=1", "--", "RANK", "x"}, stdout: "x\n"},
+		{name: "exit code passes through", mode: "exit:0", perRank: map[int]string{1: "exit:3"}, args: []string{"-np", "3", "RANK"},
+			code: 3, stderr: "gorun: rank 1 (host localhost, pid "},
+		{name: "signal death is 128+n", mode: "kill-self:9", args: []string{"-np", "1", "RANK"}, code: 137, stderr: "killed by signal 9 (killed)"},
+		{name: "missing program", args: []string{"-np", "2", "./no-such-program"}, code: 127, stderr: "gorun: cannot run ./no-such-program: no such file\n"},
+		{name: "timeout", mode: "hang", args: []string{"-np", "2", "--timeout", "200ms", "RANK"}, code: 124, stderr: "gorun: job timed out after 200ms; stopped 2 ranks\n"},
+		{name: "too many ranks", args: []string{"-np", "3", "-H", "localhost:2", "RANK"}, code: 1, stderr: "3 ranks requested but only 2 slots"},
+		{name: "oversubscribe", mode: "exit:0", args: []string{"-np", "3", "-H", "localhost:2", "--oversubscribe", "RANK"}},
+		{name: "remote host", args: []string{"-H", "node[01-02]:2", "RANK"}, code: 1, stderr: "multi-host launch is not available yet"},
+		{name: "export", mode: "print-env", args: []string{"-np", "1", "-x", "GORUN_T_A=1", "-x", "GORUN_TEST_HELPER", "RANK"},
+			stdout: "GORUN_T_A=1\n"},
+		{name: "export of an unset name", args: []string{"-x", "GORUN_T_UNSET_NAME", "RANK"}, code: 2, stderr: "not set"},
+		{name: "gpus per host", mode: "print-env", args: []string{"-np", "3", "--gpus-per-host", "2", "--tag-output", "RANK"},
+			stdout: "[2] CUDA_VISIBLE_DEVICES=0\n"},
+		{name: "exit policy flag", args: []string{"--exit-policy", "worst", "RANK"}, code: 2, stderr: "expected first, lowest or max"},
+		{name: "unknown flag", args: []string{"--frobnicate", "RANK"}, code: 2, stderr: "flag provided but not defined"},
+		{name: "no program", args: []string{"-np", "2"}, code: 2, stderr: "no program given"},
+		{name: "version", args: []string{"--version"}, stdout: "gorun dev\n"},
+		{name: "help", args: []string{"--help"}, stderr: "Examples:"},
+		{name: "reserved subcommand", args: []string{"doctor"}, code: 2, stderr: `subcommand "doctor" is not available yet`},
+		{name: "json log", mode: "exit:0", args: []string{"-vv", "--log-format", "json", "-np", "1", "RANK"}, stderr: `"message":"rank started"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runGorun(t, tc.mode, tc.perRank, tc.args...)
+			if r.code != tc.code || !strings.Contains(r.stdout, tc.stdout) || !strings.Contains(r.stderr, tc.stderr) {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want exit %d, stdout ⊇ %q, stderr ⊇ %q",
+					r.code, r.stdout, r.stderr, tc.code, tc.stdout, tc.stderr)
+			}
+		})
+	}
+}
+
+func TestHostfile(t *testing.T) {
+	hf := t.TempDir() + "/hosts"
+	if err := os.WriteFile(hf, []byte("# two slots here\nlocalhost slots=2\n127.0.0.1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := runGorun(t, "print-env", nil, "--hostfile", hf, "--tag-output", "RANK")
+	for _, want := range []string{"[2] NODE_RANK=1\n", "[2] LOCAL_RANK=0\n", "[1] LOCAL_RANK=1\n", "[2] WORLD_SIZE=3\n"} {
+		if r.code != 0 || !strings.Contains(r.stdout, want) {
+			t.Fatalf("exit %d, stdout lacks %q; stderr %q", r.code, want, r.stderr)
+		}
+	}
+	if err := os.WriteFile(hf, []byte("localhost slots=many\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = runGorun(t, "", nil, "-hostfile", hf, "RANK")
+	if r.code != 1 || !strings.Contains(r.stderr, hf+":1:") {
+		t.Fatalf("bad hostfile: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// startJob starts gorun in the background and waits until want processes
+// of the job exist.
+func startJob(t *testing.T, want int, mode string, perRank map[int]string, args ...string) (*exec.Cmd, string, *bytes.Buffer) {
+	t.Helper()
+	token := launchertest.NewToken(t.Name())
+	cmd := gorunCmd(t, token, mode, perRank, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, pid := range launchertest.Survivors(token) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	if !launchertest.WaitFor(30*time.Second, func() bool { return len(launchertest.Survivors(token)) >= want }) {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("job did not start: stderr %q", stderr.String())
+	}
+	return cmd, token, &stderr
+}
+
+// The real command, SIGKILLed, with ranks whose children moved to their
+// own sessions: nothing may survive.
+func TestSIGKILLedGorunLeavesNoProcess(t *testing.T) {
+	cmd, token, _ := startJob(t, 2+2*2, "setsid-grandchild", nil, "-np", "2", "RANK")
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	if !launchertest.WaitFor(30*time.Second, func() bool { return len(launchertest.Survivors(token)) == 0 }) {
+		t.Fatalf("processes survive: %v", launchertest.Survivors(token))
+	}
+}
+
+// A real SIGINT to gorun is forwarded; gorun exits 130 and nothing of the
+// job remains.
+func TestSIGINTIsForwarded(t *testing.T) {
+	cmd, token, stderr := startJob(t, 2+3, "hang", nil, "-np", "3", "RANK")
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 130 || !strings.Contains(stderr.String(), "gorun: received signal 2 (interrupt); stopped 3 ranks") {
+		t.Fatalf("err %v, stderr %q; want exit 130 and the interrupt line", err, stderr.String())
+	}
+	if s := launchertest.Survivors(token); len(s) > 0 {
+		t.Fatalf("processes survive: %v", s)
+	}
+}
+
+func TestRankInfoExample(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds examples/rankinfo")
+	}
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-o", dir+"/rankinfo", "github.com/gorun-hpc/gorun/examples/rankinfo")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build rankinfo: %v\n%s", err, out)
+	}
+	r := runGorun(t, "", nil, "-np", "4", dir+"/rankinfo")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 4 {
+		t.Fatalf("exit %d, %d lines: %q %q", r.code, len(lines), r.stdout, r.stderr)
+	}
+	for i := range 4 {
+		if !strings.Contains(r.stdout, fmt.Sprintf("rank %d/4 ", i)) {
+			t.Errorf("no line for rank %d in %q", i, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout, os.Getenv("GORUN_SECRET")+" ") && os.Getenv("GORUN_SECRET") != "" {
+		t.Errorf("secret printed")
+	}
+}
