@@ -42,17 +42,23 @@ func BucketBlocks(g *Graph, cfg buckets.Config) (*Graph, error) {
 				sizes[j-k] = g.Nodes[starts[j]].Bytes()
 			}
 			for _, r := range buckets.Pack(sizes, capBytes) {
-				var cur []int
-				minWait := len(g.Nodes)
+				// Cut where the next start cannot join: it would come after
+				// the bucket's first wait, or move a start past compute its
+				// author said hides it (an edge, not an estimate).
+				var cur *run
 				for _, s := range starts[k+r[0] : k+r[1]] {
-					if s > minWait { // would start after the bucket's first wait
-						bkts = append(bkts, cur)
-						cur, minWait = nil, len(g.Nodes)
+					one := &run{bytes: g.Nodes[s].Bytes(), maxStart: s, minWait: ix.waitOf[s], minHide: len(g.Nodes), maxHide: -1}
+					for _, h := range g.Nodes[s].HiddenBy {
+						one.minHide, one.maxHide = min(one.minHide, ix.pos[h]), max(one.maxHide, ix.pos[h])
 					}
-					cur = append(cur, s)
-					minWait = min(minWait, ix.waitOf[s])
+					if cur != nil && fits(cur, one) {
+						cur.absorb(one)
+						bkts[len(bkts)-1] = append(bkts[len(bkts)-1], s)
+						continue
+					}
+					cur = one
+					bkts = append(bkts, []int{s})
 				}
-				bkts = append(bkts, cur)
 			}
 			k = e
 		}

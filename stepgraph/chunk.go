@@ -229,12 +229,30 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, error) {
 			chunked[i] = chunked[ix.startOf[i]]
 		}
 	}
-	// Tensor names per chunk.
+	// Tensor names per chunk: T#0 and T#1, primed when an earlier segment
+	// already split T under those names.
+	names := map[string][chunkCount]string{}
+	taken := func(n string) bool {
+		_, w := ix.writer[n]
+		_, d := decl[n]
+		return w || d
+	}
 	name := func(t string, c int) string {
-		if _, ok := per[t]; ok {
-			return chunkName(t, c)
+		if _, ok := per[t]; !ok {
+			return t
 		}
-		return t
+		ns, ok := names[t]
+		if !ok {
+			suffix := ""
+			for taken(chunkName(t, 0)+suffix) || taken(chunkName(t, 1)+suffix) {
+				suffix += "'"
+			}
+			for k := range ns {
+				ns[k] = chunkName(t, k) + suffix
+			}
+			names[t] = ns
+		}
+		return ns[c]
 	}
 	copyNode := func(nd *Node, c int) Node {
 		n := nd.clone()
@@ -263,9 +281,16 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, error) {
 					n.Members[k].From = nd.Name
 				}
 			}
-			for k, h := range n.HiddenBy {
-				if p := ix.pos[h]; inSeg(p) && chunked[p] {
-					n.HiddenBy[k] = chunkName(h, c)
+			// Per-chunk hiding compute hides the same chunk's copy; compute
+			// that runs once is placed with chunk 0, before chunk 1's copy
+			// is started, so it can only hide chunk 0's.
+			n.HiddenBy = n.HiddenBy[:0]
+			for _, h := range nd.HiddenBy {
+				switch p := ix.pos[h]; {
+				case inSeg(p) && chunked[p]:
+					n.HiddenBy = append(n.HiddenBy, chunkName(h, c))
+				case c == 0 || !inSeg(p):
+					n.HiddenBy = append(n.HiddenBy, h)
 				}
 			}
 		case Wait:
@@ -282,19 +307,26 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, error) {
 				b /= chunkCount
 			}
 			for c := 0; c < chunkCount; c++ {
-				out.Tensors = append(out.Tensors, Tensor{Name: chunkName(t, c), Bytes: b})
+				out.Tensors = append(out.Tensors, Tensor{Name: name(t, c), Bytes: b})
 			}
 		}
 	}
 	// Keep declarations in a deterministic order (map iteration is not).
 	slices.SortStableFunc(out.Tensors[len(g.Tensors):], func(a, b Tensor) int { return strings.Compare(a.Name, b.Name) })
 
-	// Outside references to chunked compute (HiddenBy) name both copies.
+	// A start that runs once but is hidden by per-chunk compute is hidden by
+	// both copies, unless its wait runs inside the segment: that wait is
+	// placed in chunk 0's part of its phase, so only chunk 0's copy is sure
+	// to come before it.
 	fixHidden := func(n *Node) {
 		var hs []string
+		copies := chunkCount
+		if n.Kind == Start && inSeg(ix.waitOf[ix.pos[n.Name]]) {
+			copies = 1
+		}
 		for _, h := range n.HiddenBy {
 			if p, ok := ix.pos[h]; ok && inSeg(p) && chunked[p] {
-				for c := 0; c < chunkCount; c++ {
+				for c := 0; c < copies; c++ {
 					hs = append(hs, chunkName(h, c))
 				}
 			} else {
@@ -310,9 +342,9 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, error) {
 	}
 	first, last := &g.Nodes[lo], &g.Nodes[hi-1]
 	for _, t := range splits {
-		sp := Node{Name: "split(" + t + ")", Kind: Compute, Dir: first.Dir, Region: first.Region, Builtin: Split, Reads: []string{t}}
+		sp := Node{Name: "split(" + t + ")@" + first.Name, Kind: Compute, Dir: first.Dir, Region: first.Region, Builtin: Split, Reads: []string{t}}
 		for c := 0; c < chunkCount; c++ {
-			sp.Writes = append(sp.Writes, chunkName(t, c))
+			sp.Writes = append(sp.Writes, name(t, c))
 		}
 		out.Nodes = append(out.Nodes, sp)
 	}
@@ -365,7 +397,7 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, error) {
 		}
 		rc := Node{Name: b + t + ")", Kind: Compute, Dir: last.Dir, Region: last.Region, Builtin: op, Writes: []string{t}}
 		for c := 0; c < chunkCount; c++ {
-			rc.Reads = append(rc.Reads, chunkName(t, c))
+			rc.Reads = append(rc.Reads, name(t, c))
 		}
 		out.Nodes = append(out.Nodes, rc)
 	}
