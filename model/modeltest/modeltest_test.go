@@ -68,6 +68,9 @@ func TestRankCountIndependence(t *testing.T) {
 				{"chunked-2x4", 2, false, 4},
 			}
 			for _, c := range cases {
+				if alg == model.SGD && c.chunks == 1 && c.ranks != 4 {
+					continue // the optimizer is elementwise; the 4-rank cases suffice
+				}
 				o := base
 				o.Ranks, o.Sharded, o.Chunks = c.ranks, c.sharded, c.chunks
 				got, err := Run(o)
@@ -106,8 +109,7 @@ func TestDeterministic(t *testing.T) {
 // steps bring the loss well below its starting value ln(Vocab).
 func TestLossDecreases(t *testing.T) {
 	cfg := small()
-	cfg.SeqLen = 16
-	o := Options{Model: cfg, Optimizer: model.DefaultOptimizerConfig(), Batch: 16, Steps: 50, Ranks: 1}
+	o := Options{Model: cfg, Optimizer: model.DefaultOptimizerConfig(), Batch: 8, Steps: 50, Ranks: 1}
 	o.Optimizer.LR = 1e-2
 	res, err := Run(o)
 	if err != nil {
