@@ -59,17 +59,21 @@ type part struct {
 
 // Expand returns the host names an expression denotes, in SLURM's order:
 // top-level comma-separated elements left to right; inside an element with
-// several bracket groups, the leftmost group varies slowest
-// ("r[1-2]n[1-2]" gives r1n1 r1n2 r2n1 r2n2). Duplicates are kept and
-// nothing is sorted, because rank order follows this order.
+// several bracket groups, the product in the order SLURM produces it
+// ("r[1-2]n[1-2]" gives r1n1 r1n2 r2n1 r2n2; with three or more groups see
+// appendProduct). Duplicates are kept and nothing is sorted, because rank
+// order follows this order.
 //
 // Inside brackets, items are numbers or lo-hi ranges separated by commas;
 // every value of an item is zero-padded to the number of digits written for
 // its lo ("n[08-11]" gives n08 n09 n10 n11, "n[8-11]" gives n8 n9 n10 n11).
 //
-// Unlike SLURM, whitespace is not a separator (a stray space is usually a
-// quoting mistake), and forms SLURM quietly accepts such as "n[1-]" or an
-// empty element are errors. Every error is an *Error.
+// Beyond SLURM (22.05), text may follow a bracket group ("n[1-2]-ib" gives
+// n1-ib n2-ib), because interface-suffixed host names are common in -H and
+// hostfiles; SLURM itself never writes such a list. Stricter than SLURM:
+// whitespace is not a separator (a stray space is usually a quoting
+// mistake), and forms SLURM quietly accepts such as "n[1-]" (n1) or an empty
+// element are errors. Every error is an *Error.
 func Expand(expr string) ([]string, error) {
 	fail := failer("hostlist", expr)
 	if expr == "" {
@@ -261,18 +265,23 @@ func number(expr string, i, end int, after string, fail failFunc) (uint64, int, 
 	return v, j, nil
 }
 
-// appendProduct appends the cartesian product of parts to names, leftmost
-// group slowest, as SLURM expands "prefix[range]suffix" recursively on the
-// suffix.
+// appendProduct appends the cartesian product of parts to names in SLURM's
+// order. With one bracket group that is just the group's values. With
+// several, SLURM (checked against scontrol of slurm 22.05) varies the last
+// group fastest, then the first, the second, and so on, so the next-to-last
+// group varies slowest: "a[1-2]b[1-2]c[1-2]" is a1b1c1 a1b1c2 a2b1c1 a2b1c2
+// a1b2c1 ... For two groups this is the familiar leftmost-slowest order.
 func appendProduct(names []string, parts []part) []string {
 	// Materialize each part's values once; the caller has already bounded
 	// the product, and every group holds at most that many values.
 	vals := make([][]string, len(parts))
+	var groups []int // indices of the bracket groups in parts
 	for i, p := range parts {
 		if p.ranges == nil {
 			vals[i] = []string{p.text}
 			continue
 		}
+		groups = append(groups, i)
 		for _, r := range p.ranges {
 			for v := r.lo; ; v++ {
 				vals[i] = append(vals[i], pad(v, r.width))
@@ -282,6 +291,11 @@ func appendProduct(names []string, parts []part) []string {
 			}
 		}
 	}
+	// order lists the groups from fastest to slowest varying.
+	var order []int
+	if len(groups) > 0 {
+		order = append([]int{groups[len(groups)-1]}, groups[:len(groups)-1]...)
+	}
 	idx := make([]int, len(parts))
 	var b strings.Builder
 	for {
@@ -290,16 +304,17 @@ func appendProduct(names []string, parts []part) []string {
 			b.WriteString(v[idx[i]])
 		}
 		names = append(names, b.String())
-		// Advance the odometer, rightmost group fastest.
-		k := len(idx) - 1
-		for ; k >= 0; k-- {
+		// Advance the odometer in that order.
+		done := true
+		for _, k := range order {
 			idx[k]++
 			if idx[k] < len(vals[k]) {
+				done = false
 				break
 			}
 			idx[k] = 0
 		}
-		if k < 0 {
+		if done {
 			return names
 		}
 	}

@@ -2,41 +2,55 @@ package hostlist
 
 import (
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 )
 
-// expandCases are valid expressions with SLURM's expansion. They double as
-// the inputs of the scontrol oracle test, so keep them within what SLURM
-// itself accepts.
+// expandCases are valid expressions with their expansion. Those marked
+// slurm are also checked against scontrol where SLURM is installed; the
+// others use gorun's extension (text after a bracket group), which SLURM
+// 22.05 rejects.
 var expandCases = []struct {
-	expr string
-	want []string
+	expr  string
+	want  []string
+	slurm bool
 }{
-	{"n1", []string{"n1"}},
-	{"localhost", []string{"localhost"}},
-	{"a,b,a", []string{"a", "b", "a"}},       // duplicates kept: rank order
-	{"n[3,1,2]", []string{"n3", "n1", "n2"}}, // never sorted
-	{"vm,n[01-03,7]", []string{"vm", "n01", "n02", "n03", "n7"}},
-	{"n[08-11]", []string{"n08", "n09", "n10", "n11"}},
-	{"n[8-11]", []string{"n8", "n9", "n10", "n11"}},
-	{"n[008-10]", []string{"n008", "n009", "n010"}},
-	{"n[1-010]", []string{"n1", "n2", "n3", "n4", "n5", "n6", "n7", "n8", "n9", "n10"}},
-	{"n[5-5]", []string{"n5"}},
-	{"n[0]", []string{"n0"}},
-	{"n[1-2]-ib", []string{"n1-ib", "n2-ib"}},
-	{"r[1-2]n[1-2]", []string{"r1n1", "r1n2", "r2n1", "r2n2"}},
-	{"r[1-2]n[7,3]x", []string{"r1n7x", "r1n3x", "r2n7x", "r2n3x"}},
-	{"a[1-2]b[1-2]c[0]", []string{"a1b1c0", "a1b2c0", "a2b1c0", "a2b2c0"}},
-	{"[1-3]", []string{"1", "2", "3"}},
-	{"n1[1-2]", []string{"n11", "n12"}},
-	{"gpu[1-2],cpu[01-02].cluster", []string{"gpu1", "gpu2", "cpu01.cluster", "cpu02.cluster"}},
-	{"n[1,1]", []string{"n1", "n1"}},
-	{"node-1.example.org", []string{"node-1.example.org"}},
+	{"n1", []string{"n1"}, true},
+	{"localhost", []string{"localhost"}, true},
+	{"a,b,a", []string{"a", "b", "a"}, true},       // duplicates kept: rank order
+	{"n[3,1,2]", []string{"n3", "n1", "n2"}, true}, // never sorted
+	{"vm,n[01-03,7]", []string{"vm", "n01", "n02", "n03", "n7"}, true},
+	{"n[08-11]", []string{"n08", "n09", "n10", "n11"}, true},
+	{"n[8-11]", []string{"n8", "n9", "n10", "n11"}, true},
+	{"n[008-10]", []string{"n008", "n009", "n010"}, true},
+	{"n[1-010]", []string{"n1", "n2", "n3", "n4", "n5", "n6", "n7", "n8", "n9", "n10"}, true},
+	{"n[5-5]", []string{"n5"}, true},
+	{"n[0]", []string{"n0"}, true},
+	{"r[1-2]n[1-2]", []string{"r1n1", "r1n2", "r2n1", "r2n2"}, true},
+	{"a[1-3]b[4-5]", []string{"a1b4", "a1b5", "a2b4", "a2b5", "a3b4", "a3b5"}, true},
+	{"r[1-2]n[7,3]", []string{"r1n7", "r1n3", "r2n7", "r2n3"}, true},
+	// Three groups and more: last fastest, then first, second, ...
+	{"x[1-2]y[1-2]z[1-2]", []string{"x1y1z1", "x1y1z2", "x2y1z1", "x2y1z2", "x1y2z1", "x1y2z2", "x2y2z1", "x2y2z2"}, true},
+	{"a[1-2]b[1-2]c[0]", []string{"a1b1c0", "a2b1c0", "a1b2c0", "a2b2c0"}, true},
+	{"a[1-3]b[4-5]c[6]", []string{"a1b4c6", "a2b4c6", "a3b4c6", "a1b5c6", "a2b5c6", "a3b5c6"}, true},
+	{"a[1-2]b[3-4]c[5-6]d[7-8]", []string{
+		"a1b3c5d7", "a1b3c5d8", "a2b3c5d7", "a2b3c5d8", "a1b4c5d7", "a1b4c5d8", "a2b4c5d7", "a2b4c5d8",
+		"a1b3c6d7", "a1b3c6d8", "a2b3c6d7", "a2b3c6d8", "a1b4c6d7", "a1b4c6d8", "a2b4c6d7", "a2b4c6d8"}, true},
+	{"[1-3]", []string{"1", "2", "3"}, true},
+	{"n1[1-2]", []string{"n11", "n12"}, true},
+	{"n[1,1]", []string{"n1", "n1"}, true},
+	{"node-1.example.org", []string{"node-1.example.org"}, true},
+	// gorun's extension: text after a bracket group.
+	{"n[1-2]-ib", []string{"n1-ib", "n2-ib"}, false},
+	{"gpu[1-2],cpu[01-02].cluster", []string{"gpu1", "gpu2", "cpu01.cluster", "cpu02.cluster"}, false},
+	{"r[1-2]n[7,3]x", []string{"r1n7x", "r1n3x", "r2n7x", "r2n3x"}, false},
 }
 
 func TestExpand(t *testing.T) {
@@ -147,17 +161,16 @@ func TestExpandMatchesScontrol(t *testing.T) {
 	if err != nil {
 		t.Skip("scontrol not on PATH (Debian package slurm-client); the table above still pins SLURM's behaviour")
 	}
+	env := scontrolEnv(t)
 	for _, tc := range expandCases {
-		cmd := exec.Command(scontrol, "show", "hostnames", tc.expr)
-		// "show hostnames" needs no controller; a missing slurm.conf must
-		// not make it try DNS SRV lookups, so point it at /dev/null when
-		// unset.
-		if os.Getenv("SLURM_CONF") == "" {
-			cmd.Env = append(os.Environ(), "SLURM_CONF=/dev/null")
+		if !tc.slurm {
+			continue
 		}
+		cmd := exec.Command(scontrol, "show", "hostnames", tc.expr)
+		cmd.Env = env
 		out, err := cmd.Output()
 		if err != nil {
-			t.Skipf("scontrol show hostnames does not run here (%v); skipping the oracle", err)
+			t.Fatalf("scontrol show hostnames %q: %v", tc.expr, err)
 		}
 		want := strings.Fields(string(out))
 		got, err := Expand(tc.expr)
@@ -167,6 +180,78 @@ func TestExpandMatchesScontrol(t *testing.T) {
 		}
 		if !slices.Equal(got, want) {
 			t.Errorf("Expand(%q) = %q, scontrol gives %q", tc.expr, got, want)
+		}
+	}
+}
+
+// scontrolEnv returns the environment for scontrol: "show hostnames" needs
+// no controller, but scontrol refuses to run without a configuration (and
+// then tries DNS SRV records), so give it a minimal one when the
+// environment has none. nil means the inherited environment.
+func scontrolEnv(t *testing.T) []string {
+	if os.Getenv("SLURM_CONF") != "" {
+		return nil
+	}
+	conf := filepath.Join(t.TempDir(), "slurm.conf")
+	if err := os.WriteFile(conf, []byte("ClusterName=oracle\nSlurmctldHost=localhost\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return append(os.Environ(), "SLURM_CONF="+conf)
+}
+
+// TestExpandMatchesScontrolRandom compares Expand with scontrol on random
+// expressions in the syntax SLURM accepts (a fixed seed, so failures
+// reproduce): several bracket groups, padded and unpadded ranges, lists.
+func TestExpandMatchesScontrolRandom(t *testing.T) {
+	scontrol, err := exec.LookPath("scontrol")
+	if err != nil {
+		t.Skip("scontrol not on PATH (Debian package slurm-client)")
+	}
+	env := scontrolEnv(t)
+	rng := rand.New(rand.NewPCG(1, 2))
+	num := func() string {
+		v := rng.IntN(12)
+		if rng.IntN(3) == 0 {
+			return fmt.Sprintf("%02d", v)
+		}
+		return strconv.Itoa(v)
+	}
+	for range 40 {
+		var elems []string
+		for range 1 + rng.IntN(3) {
+			var b strings.Builder
+			b.WriteString(string(rune('a' + rng.IntN(4))))
+			for g := range rng.IntN(4) {
+				if g > 0 {
+					b.WriteString(string(rune('p' + rng.IntN(4))))
+				}
+				b.WriteByte('[')
+				for it := range 1 + rng.IntN(3) {
+					if it > 0 {
+						b.WriteByte(',')
+					}
+					lo := num()
+					b.WriteString(lo)
+					if rng.IntN(2) == 0 {
+						loV, _ := strconv.Atoi(lo)
+						b.WriteString("-" + strconv.Itoa(loV+rng.IntN(3)))
+					}
+				}
+				b.WriteByte(']')
+			}
+			elems = append(elems, b.String())
+		}
+		expr := strings.Join(elems, ",")
+		cmd := exec.Command(scontrol, "show", "hostnames", expr)
+		cmd.Env = env
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("scontrol show hostnames %q: %v", expr, err)
+		}
+		want := strings.Fields(string(out))
+		got, err := Expand(expr)
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("Expand(%q) = %q, %v; scontrol gives %q", expr, got, err, want)
 		}
 	}
 }
