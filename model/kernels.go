@@ -209,7 +209,8 @@ const (
 )
 
 // actFwd applies the nonlinearity elementwise. GELU is computed in float64
-// and rounded once, which is deterministic and accurate.
+// and rounded once, which is deterministic and accurate; its products are
+// converted explicitly, like everywhere else, so no platform fuses them.
 func actFwd[F float](act Activation, y, u []F) {
 	if act == ReLU {
 		for i, v := range u {
@@ -219,7 +220,7 @@ func actFwd[F float](act Activation, y, u []F) {
 	}
 	for i, v := range u {
 		x := float64(v)
-		y[i] = F(0.5 * x * (1 + math.Tanh(geluC*(x+geluA*x*x*x))))
+		y[i] = F(0.5 * x * (1 + math.Tanh(geluC*(x+float64(geluA*x*x*x)))))
 	}
 }
 
@@ -235,8 +236,8 @@ func actBwd[F float](act Activation, d, u []F) {
 	}
 	for i, v := range u {
 		x := float64(v)
-		th := math.Tanh(geluC * (x + geluA*x*x*x))
-		dydx := 0.5*(1+th) + 0.5*x*(1-th*th)*geluC*(1+3*geluA*x*x)
+		th := math.Tanh(geluC * (x + float64(geluA*x*x*x)))
+		dydx := float64(0.5*(1+th)) + float64(0.5*x*(1-float64(th*th))*geluC*(1+float64(3*geluA*x*x)))
 		d[i] = F(float64(d[i]) * dydx)
 	}
 }

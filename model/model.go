@@ -124,6 +124,9 @@ func (m *Model) NewWorkspace(n int) (*Workspace, error) {
 	return &Workspace{m: m, w: newWork[float32](m.cfg, m.layout, n)}, nil
 }
 
+// Model returns the model the workspace was made for.
+func (ws *Workspace) Model() *Model { return ws.m }
+
 // Samples is the number of samples the workspace holds.
 func (ws *Workspace) Samples() int { return ws.w.n }
 
