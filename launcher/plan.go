@@ -320,7 +320,7 @@ func rankEnv(p *Plan, r RankSpec, c PlanConfig) []string {
 		rankenv.Secret+"="+c.Secret,
 		rankenv.RdzvEndpoint+"="+p.RdzvEndpoint,
 	)
-	return append(env, c.Export...)
+	return mergeEnv(env, c.Export)
 }
 
 // joinHostPort is net.JoinHostPort without importing net into the pure

@@ -251,6 +251,13 @@ func TestIsLocal(t *testing.T) {
 	}
 }
 
+func TestMergeEnv(t *testing.T) {
+	got := mergeEnv([]string{"A=1", "B=2", "C=3"}, []string{"B=20", "D=4"}, []string{"A=10"})
+	if want := []string{"C=3", "B=20", "D=4", "A=10"}; !slices.Equal(got, want) {
+		t.Fatalf("mergeEnv = %v, want %v", got, want)
+	}
+}
+
 func TestPickFailure(t *testing.T) {
 	fs := []failure{{rank: 3, code: 2}, {rank: 1, code: 1}, {rank: 2, signal: 9}}
 	tests := []struct {

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -241,7 +242,7 @@ func (r *runner) prepareRanks(prog Program) (*agentSpec, error) {
 	for i, rs := range r.plan.Ranks {
 		ar := agentRank{
 			Rank: rs.Rank, Path: prog.Path, Argv: prog.Argv, Dir: r.cfg.Dir, Stdin: -1,
-			Env: append(append(make([]string, 0, len(base)+len(rs.Env)), base...), rs.Env...),
+			Env: mergeEnv(base, rs.Env),
 		}
 		if rs.Rank == 0 && r.cfg.Stdin != nil {
 			fd, err := r.prepareStdin()
@@ -287,10 +288,20 @@ func (r *runner) prepareStdin() (int, error) {
 		// O_NONBLOCK (which makes the read cancellable) does not leak to
 		// the shell that shares the terminal.
 		tf, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(f.Fd())), os.O_RDONLY|syscall.O_NONBLOCK, 0)
-		if err == nil {
-			r.files = append(r.files, tf)
-			src = tf
+		if err == nil && tf.SetReadDeadline(time.Time{}) != nil {
+			tf.Close()
+			err = errors.New("terminal not pollable")
 		}
+		if err != nil {
+			// A copy that cannot be interrupted would keep Run from
+			// returning; hand the terminal over and accept that rank 0
+			// may be stopped by SIGTTIN if it reads.
+			r.log.Debug().Err(err).Msg("cannot forward the terminal; rank 0 gets it directly")
+			r.extra = append(r.extra, f)
+			return 2 + len(r.extra), nil
+		}
+		r.files = append(r.files, tf)
+		src = tf
 	}
 	pr, pw, err := os.Pipe()
 	if err != nil {
@@ -314,13 +325,11 @@ func (r *runner) prepareStdin() (int, error) {
 }
 
 func (r *runner) startAgent() error {
-	path := r.cfg.AgentPath
+	// /proc/self/exe is the running binary even when its file was replaced
+	// or deleted since (a `make build` during a long job).
+	path, argv0 := r.cfg.AgentPath, r.cfg.AgentPath
 	if path == "" {
-		p, err := os.Executable()
-		if err != nil {
-			return &AgentError{Err: err}
-		}
-		path = p
+		path, argv0 = "/proc/self/exe", os.Args[0]
 	}
 	ctrlR, ctrlW, err := os.Pipe()
 	if err != nil {
@@ -339,7 +348,7 @@ func (r *runner) startAgent() error {
 
 	cmd := &exec.Cmd{
 		Path:       path,
-		Args:       []string{path},
+		Args:       []string{argv0},
 		Env:        append(os.Environ(), agentEnv+"="+agentProtocol),
 		Stdin:      ctrlR,
 		Stdout:     evW,
@@ -550,6 +559,15 @@ func (r *runner) loop(ctx context.Context) error {
 		}
 	}
 
+	if r.agentErr != nil {
+		// The ranks died with the agent (Pdeathsig); their process groups
+		// may still hold children, which nobody else will stop now.
+		for _, st := range ranks {
+			if st.pid > 0 && !st.exited {
+				_ = syscall.Kill(-st.pid, syscall.SIGKILL)
+			}
+		}
+	}
 	switch {
 	case r.agentErr != nil && reason == notStopping:
 		return &AgentError{Err: r.agentErr}
@@ -623,4 +641,33 @@ func (r *runner) closeAll() {
 	for _, f := range r.childFiles {
 		f.Close()
 	}
+}
+
+// mergeEnv concatenates environment lists where a later NAME=VALUE replaces
+// an earlier one. The agent starts ranks with os.StartProcess, which passes
+// duplicates through, and C's getenv (like Go's) returns the first: without
+// this, a RANK inherited from gorun's own environment would shadow the
+// plan's.
+func mergeEnv(lists ...[]string) []string {
+	last := map[string]int{}
+	n := 0
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			last[k] = n
+			n++
+		}
+	}
+	out := make([]string, 0, len(last))
+	i := 0
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			if last[k] == i {
+				out = append(out, kv)
+			}
+			i++
+		}
+	}
+	return out
 }

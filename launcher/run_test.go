@@ -106,6 +106,9 @@ func rankEnvs(t *testing.T, out string, np int) []map[string]string {
 func TestRunEnvironment(t *testing.T) {
 	j := newJobRun(t, 3, "print-env", nil)
 	j.job.Export = []string{"GORUN_TEST_FOO=bar"}
+	// Variables inherited from gorun's environment (say, gorun started
+	// inside another launcher's rank) must not shadow the plan's.
+	j.cfg.Env = append(j.cfg.Env, "RANK=99", "WORLD_SIZE=99")
 	if err := j.launch(context.Background()); err != nil {
 		t.Fatal(err)
 	}
