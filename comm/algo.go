@@ -286,8 +286,18 @@ func (c *Comm) reduceScatter(cl *call) error {
 
 // broadcast runs a binomial tree rooted at root: log2(n) rounds, each rank
 // receiving once from its parent and then sending to its children.
+//
+// In a tree the root receives nothing, so ranks that disagree about the root
+// could each send and return. An empty frame to the right neighbour first
+// closes that hole: every rank then reads one frame from its left neighbour,
+// and if the ranks' roots are not all equal, some neighbour pair differs.
 func (c *Comm) broadcast(cl *call) error {
 	n, me, root := c.n, c.me, cl.root
+	if n > 1 {
+		if err := c.sendRecv(cl, mod(me+1, n), nil, mod(me-1, n), nil, false, 0); err != nil {
+			return err
+		}
+	}
 	if me == root && !sameMem(cl.send, cl.recv) {
 		copy(cl.recv, cl.send)
 	}
@@ -306,7 +316,7 @@ func (c *Comm) broadcast(cl *call) error {
 			c.post(cl, mod(vr+mask+root, n), cl.recv)
 		}
 	}
-	return c.flushAll()
+	return c.flushAll(cl)
 }
 
 func (c *Comm) allToAll(cl *call) error {

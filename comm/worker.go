@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 )
 
 // worker runs calls one at a time in issue order. It is the only goroutine
@@ -33,7 +34,7 @@ func (c *Comm) worker() {
 		}
 		err := c.run(cl)
 		if err == nil {
-			err = c.flushAll()
+			err = c.flushAll(cl)
 		}
 		if err != nil {
 			c.fail(err)
@@ -121,22 +122,25 @@ func (c *Comm) post(cl *call, p int, payload []byte) {
 }
 
 // flush waits for every posted send to p.
-func (c *Comm) flush(p int) error {
+func (c *Comm) flush(cl *call, p int) error {
 	pe := c.peers[p]
 	var first error
 	for ; pe.pending > 0; pe.pending-- {
 		if err := <-pe.sendErr; err != nil && first == nil {
-			first = c.linkErr(p, err)
+			first = err
 		}
 	}
-	return first
+	if first != nil {
+		return c.sendErr(cl, p, first)
+	}
+	return nil
 }
 
-func (c *Comm) flushAll() error {
+func (c *Comm) flushAll(cl *call) error {
 	var first error
 	for p, pe := range c.peers {
 		if pe != nil && pe.pending > 0 {
-			if err := c.flush(p); err != nil && first == nil {
+			if err := c.flush(cl, p); err != nil && first == nil {
 				first = err
 			}
 		}
@@ -153,12 +157,12 @@ func (c *Comm) sendTo(cl *call, p int, payload []byte) error {
 		h.Aux = uint64(len(payload))
 		h.Len = uint64(len(payload))
 		if err := pe.link.Send(&h, payload); err != nil {
-			return c.linkErr(p, err)
+			return c.sendErr(cl, p, err)
 		}
 		return nil
 	}
 	c.post(cl, p, payload)
-	return c.flush(p)
+	return c.flush(cl, p)
 }
 
 // sendRecv sends sbuf to `to` while receiving rbuf from `from`; with reduce
@@ -184,7 +188,7 @@ func (c *Comm) sendRecv(cl *call, to int, sbuf []byte, from int, rbuf []byte, re
 	if err != nil {
 		return err
 	}
-	return c.flush(to)
+	return c.flush(cl, to)
 }
 
 // recvHeader reads the next frame header from p and checks it against the
@@ -198,33 +202,8 @@ func (c *Comm) recvHeader(cl *call, p int, h *Header, total, remaining int) erro
 		}
 		return c.linkErr(p, err)
 	}
-	pe := func(reason string, err error) *PeerError {
-		return &PeerError{Rank: p, WorldRank: c.g.GlobalRank(p), Host: c.g.Host(p), Reason: reason, Err: err}
-	}
-	switch h.Frame {
-	case frameBye:
-		return pe(fmt.Sprintf("closed its communicator before %v", cl.info(c.peers[p].seq)), ErrClosed)
-	case frameAbort:
-		n := min(int(h.Len), maxAbortText)
-		text := make([]byte, n)
-		if h.Len > uint64(n) {
-			return pe("aborted (reason too long to read)", ErrAborted)
-		}
-		if err := l.RecvPayload(text); err != nil {
-			return c.linkErr(p, err)
-		}
-		cause := ErrAborted
-		switch h.Aux {
-		case 1:
-			cause = ErrDesync
-		case 2:
-			cause = ErrPeerLost
-		case 3:
-			cause = ErrInvalidArgument
-		}
-		e := pe("aborted", cause)
-		e.RemoteText = string(text)
-		return e
+	if h.Frame != frameData {
+		return c.frameErr(p, h, cl.info(c.peers[p].seq).String())
 	}
 	want := c.expectFrom(cl, p)
 	theirs := CallInfo{Kind: h.Kind, DType: h.DType, Op: h.Op, Count: int(h.Count), Root: int(h.Root), Seq: h.Seq}
@@ -232,7 +211,15 @@ func (c *Comm) recvHeader(cl *call, p int, h *Header, total, remaining int) erro
 		theirs.Op = 0
 	}
 	desync := func(detail string) error {
-		return &DesyncError{Rank: c.me, Mine: cl.info(c.peers[p].seq), Peer: p, Theirs: theirs, Detail: detail}
+		mine := cl.info(c.peers[p].seq)
+		if cl.kind == KindAllToAllV {
+			// Per-peer counts: show what each side has for this pair.
+			mine.Count = int(want.Count)
+			if detail == "" {
+				detail = fmt.Sprintf("counts are what rank %d sends to rank %d", p, c.me)
+			}
+		}
+		return &DesyncError{Rank: c.me, Mine: mine, Peer: p, Theirs: theirs, Detail: detail}
 	}
 	switch {
 	case h.Group != want.Group:
@@ -245,6 +232,76 @@ func (c *Comm) recvHeader(cl *call, p int, h *Header, total, remaining int) erro
 		return fmt.Errorf("%w: rank %d sent a %d-byte segment with %d bytes left", ErrProtocol, p, h.Len, remaining)
 	}
 	return nil
+}
+
+// frameErr turns an abort or goodbye frame from p into the error it means,
+// reading the abort's reason.
+func (c *Comm) frameErr(p int, h *Header, before string) error {
+	pe := func(reason string, err error) *PeerError {
+		return &PeerError{Rank: p, WorldRank: c.g.GlobalRank(p), Host: c.g.Host(p), Reason: reason, Err: err}
+	}
+	if h.Frame == frameBye {
+		return pe("closed its communicator before "+before, ErrClosed)
+	}
+	if h.Len > maxAbortText {
+		return pe("aborted (reason too long to read)", ErrAborted)
+	}
+	text := make([]byte, h.Len)
+	if err := c.peers[p].link.RecvPayload(text); err != nil {
+		return pe("aborted (reason lost: "+err.Error()+")", ErrAborted)
+	}
+	cause := ErrAborted
+	switch h.Aux {
+	case 1:
+		cause = ErrDesync
+	case 2:
+		cause = ErrPeerLost
+	case 3:
+		cause = ErrInvalidArgument
+	}
+	e := pe("aborted", cause)
+	e.RemoteText = string(text)
+	return e
+}
+
+// sendErr explains a failed send to p. A peer that fails sends an abort (or
+// goodbye) frame and closes; our send then breaks before we read why. So
+// before blaming the connection, read what p left for us, bounded by
+// AbortTimeout.
+func (c *Comm) sendErr(cl *call, p int, err error) error {
+	if c.Err() != nil {
+		return errLinkDown
+	}
+	l := c.peers[p].link
+	ch := make(chan error, 1)
+	go func() { // owned: waited for below in every case
+		var h Header
+		for {
+			if l.RecvHeader(&h) != nil {
+				ch <- nil
+				return
+			}
+			if h.Frame != frameData {
+				ch <- c.frameErr(p, &h, cl.info(c.peers[p].seq).String())
+				return
+			}
+			if h.Len > 64<<20 || l.RecvPayload(make([]byte, h.Len)) != nil {
+				ch <- nil
+				return
+			}
+		}
+	}()
+	var why error
+	select {
+	case why = <-ch:
+	case <-time.After(c.cfg.AbortTimeout):
+		_ = l.Close()
+		why = <-ch
+	}
+	if why != nil {
+		return why
+	}
+	return c.linkErr(p, err)
 }
 
 // recvFrom receives exactly len(dst) bytes of the current call from p.
