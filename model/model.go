@@ -98,6 +98,58 @@ func (m *Model) InitInto(bufs [][]float32) error {
 	return nil
 }
 
+// InitShards returns shard k of n of every region's initial parameters
+// (ShardSize(n) elements each, zero padding included): what rank k of n
+// starts with in sharded mode.
+func (m *Model) InitShards(n, k int) ([][]float32, error) {
+	if n < 1 || k < 0 || k >= n {
+		return nil, fmt.Errorf("%w: shard %d of %d", ErrShard, k, n)
+	}
+	full := m.layout.Alloc(n)
+	if err := m.InitInto(full); err != nil {
+		return nil, err
+	}
+	out := make([][]float32, len(full))
+	for r, reg := range m.layout.Regions {
+		s, err := reg.Shard(full[r], n, k)
+		if err != nil {
+			return nil, err
+		}
+		out[r] = append([]float32(nil), s...)
+	}
+	return out, nil
+}
+
+// String describes the model in one line, for a trainer's start-up log.
+func (m *Model) String() string {
+	c := m.cfg
+	return fmt.Sprintf("transformer: %d layers, dim %d, %d heads, mlp %d (%s), vocab %d, context %d, %d parameters in %d regions",
+		c.Layers, c.Dim, c.Heads, c.Hidden, c.Activation, c.Vocab, c.SeqLen, m.layout.Size(), len(m.layout.Regions))
+}
+
+// Fingerprint hashes the exact bits of the buffers in order (FNV-1a), so
+// runs and ranks can compare parameters or gradients by printing one number.
+// Two buffers that differ in any bit, +0 against −0 included, almost surely
+// give different fingerprints.
+func Fingerprint(bufs ...[]float32) uint64 {
+	const prime = 1099511628211
+	h := uint64(14695981039346656037)
+	for _, b := range bufs {
+		for _, v := range b {
+			u := math.Float32bits(v)
+			for i := 0; i < 4; i++ {
+				h ^= uint64(byte(u >> (8 * i)))
+				h *= prime
+			}
+		}
+		// Separate buffers so that moving an element across a boundary
+		// changes the hash.
+		h ^= 0xff
+		h *= prime
+	}
+	return h
+}
+
 // Workspace holds one rank's activations for a local batch of a fixed number
 // of samples, and runs forward and backward on them one region at a time.
 //

@@ -425,3 +425,37 @@ func TestSampleRange(t *testing.T) {
 		}
 	}
 }
+
+func TestInitShardsAndFingerprint(t *testing.T) {
+	m, _ := New(gradCheckConfig(GELU))
+	full := m.Init()
+	const n = 3
+	var parts [n][][]float32
+	for k := 0; k < n; k++ {
+		var err error
+		if parts[k], err = m.InitShards(n, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r, reg := range m.Layout().Regions {
+		var joined []float32
+		for k := 0; k < n; k++ {
+			joined = append(joined, parts[k][r]...)
+		}
+		if len(joined) != reg.PaddedSize(n) || Fingerprint(joined[:reg.Size]) != Fingerprint(full[r]) {
+			t.Errorf("%s: shards do not reassemble the initial parameters", reg.Name)
+		}
+	}
+	if _, err := m.InitShards(2, 2); !errors.Is(err, ErrShard) {
+		t.Errorf("InitShards(2, 2): %v", err)
+	}
+	if Fingerprint([]float32{0}) == Fingerprint([]float32{float32(math.Copysign(0, -1))}) {
+		t.Error("Fingerprint does not see the sign of zero")
+	}
+	if Fingerprint([]float32{1, 2}, []float32{3}) == Fingerprint([]float32{1}, []float32{2, 3}) {
+		t.Error("Fingerprint ignores buffer boundaries")
+	}
+	if !strings.Contains(m.String(), "2 layers") {
+		t.Errorf("String() = %q", m.String())
+	}
+}
