@@ -28,8 +28,17 @@
 //     computes as the same tree ([TreeSum] is that reduction in-process). The
 //     mean (divide by the global batch size, [Mean]) comes after the whole tree.
 //     The result is bitwise identical on 1, 2, 4 … ranks.
+//   - Chunking along the batch keeps the bits: a region run forward over two
+//     halves of the samples equals one run over all of them, and the halves'
+//     gradient partial sums combine with [TreeSum]. If each chunk's gradient
+//     is instead reduced across ranks on its own, assign samples chunk-major
+//     ([SampleRange]) so that each chunk is still a node of the same tree.
 //   - Optimizers ([Optimizer]) are elementwise on flat buffers: a full region
 //     and its shards are updated bitwise identically.
+//
+// Package modeltest simulates N ranks in one process with exactly these
+// rules; a real distributed run must match its losses and parameters bit for
+// bit ([Fingerprint] makes that a one-number comparison).
 //
 // What it leaves to others: moving buffers between ranks (comm), deciding which
 // regions share a bucket and when collectives start and are waited for

@@ -459,3 +459,26 @@ func TestInitShardsAndFingerprint(t *testing.T) {
 		t.Errorf("String() = %q", m.String())
 	}
 }
+
+// TestNoBlocks: Layers = 0 (embedding straight into the head) is a valid,
+// if useless, model; the region indices and the step still work.
+func TestNoBlocks(t *testing.T) {
+	c := gradCheckConfig(ReLU)
+	c.Layers = 0
+	m, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.NumRegions() != 2 || m.HeadRegion() != 1 {
+		t.Fatalf("%d regions, head at %d", m.NumRegions(), m.HeadRegion())
+	}
+	ws, _ := m.NewWorkspace(2)
+	in, tg := batchFor(t, NewDataset(c), 2)
+	if err := ws.SetBatch(in, tg); err != nil {
+		t.Fatal(err)
+	}
+	loss, err := ws.Step(m.Init(), m.Layout().Alloc(1))
+	if err != nil || !(loss > 0) || math.IsInf(float64(loss), 0) {
+		t.Errorf("Step = %v, %v", loss, err)
+	}
+}
