@@ -152,8 +152,12 @@ type agent struct {
 
 func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	// A write to a closed event pipe must return EPIPE, not kill the agent
-	// before it cleaned up.
-	signal.Ignore(syscall.SIGPIPE)
+	// before it cleaned up. Notify rather than Ignore: an ignored signal
+	// stays ignored across exec, and ranks must start with SIGPIPE at its
+	// default (`yes | head` relies on it).
+	pipes := make(chan os.Signal, 1)
+	signal.Notify(pipes, syscall.SIGPIPE)
+	defer signal.Stop(pipes)
 	if err := setChildSubreaper(); err != nil {
 		return fmt.Errorf("set child subreaper: %w", err)
 	}

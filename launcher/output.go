@@ -14,9 +14,12 @@ import (
 // memory nor blocks other ranks' output behind it.
 const maxLine = 1 << 20
 
-// readChunk is the size of one read from a rank's pipe; a reader that
-// keeps up with the rank drains the 64 KiB pipe buffer in one call.
-const readChunk = 64 << 10
+// readChunk is the size of one read from a rank's pipe; it matches the
+// pipe buffer (pipeSize) so one read drains a full pipe.
+const readChunk = pipeSize
+
+// minChunk is the first buffer size and the least room left for a read.
+const minChunk = 16 << 10
 
 // lineSink serializes writes of whole lines to one destination. Each call
 // to write carries only complete lines, so holding mu for one Write is what
@@ -51,23 +54,32 @@ type streamer struct {
 // lines are written in batches — one Write for everything a read brought —
 // which keeps a rank flooding megabytes fast; the last partial line is kept
 // until its newline arrives or the stream ends.
+//
+// The buffer starts small (most ranks print little) and doubles, up to
+// readChunk plus one held-back line, whenever a read fills it.
 func (s *streamer) run() {
-	buf := make([]byte, 0, 2*readChunk)
+	buf := make([]byte, 0, minChunk)
 	for {
-		if cap(buf)-len(buf) < readChunk {
-			nb := make([]byte, len(buf), 2*cap(buf))
+		if cap(buf)-len(buf) < minChunk {
+			nb := make([]byte, len(buf), min(2*cap(buf), readChunk+maxLine))
 			copy(nb, buf)
 			buf = nb
 		}
-		n, err := s.r.Read(buf[len(buf) : len(buf)+readChunk])
+		n, err := s.r.Read(buf[len(buf):cap(buf)])
+		full := len(buf)+n == cap(buf)
 		buf = buf[:len(buf)+n]
 		if i := bytes.LastIndexByte(buf, '\n'); i >= 0 {
 			s.emit(buf[:i+1])
-			rest := copy(buf, buf[i+1:])
-			buf = buf[:rest]
+			buf = buf[:copy(buf, buf[i+1:])]
 		} else if len(buf) >= maxLine {
 			s.emit(append(buf, '\n'))
 			buf = buf[:0]
+		}
+		if full && cap(buf) < readChunk+maxLine {
+			// The rank writes faster than one buffer per read: grow.
+			nb := make([]byte, len(buf), min(2*cap(buf), readChunk+maxLine))
+			copy(nb, buf)
+			buf = nb
 		}
 		if err != nil {
 			if len(buf) > 0 {

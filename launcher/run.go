@@ -260,6 +260,7 @@ func (r *runner) prepareRanks(prog Program) (*agentSpec, error) {
 				return nil, fmt.Errorf("launcher: pipe: %w", err)
 			}
 			r.files = append(r.files, pr)
+			growPipe(pr)
 			*s.fd = r.addExtra(pw)
 			st := &streamer{rank: rs.Rank, r: pr, term: s.sink, tag: tag, now: now}
 			if r.logFiles != nil {
@@ -670,4 +671,20 @@ func mergeEnv(lists ...[]string) []string {
 		}
 	}
 	return out
+}
+
+// pipeSize is the buffer asked for on each rank output pipe: a rank that
+// floods output then writes up to 1 MiB ahead of gorun (Linux' default
+// pipe-max-size for unprivileged users) and gorun reads it in a few large
+// reads instead of many 64 KiB wake-ups. Failure leaves the default.
+const pipeSize = 1 << 20
+
+func growPipe(f *os.File) {
+	// SyscallConn, not Fd: Fd would switch the pipe to blocking mode and
+	// cost a thread per blocked read.
+	if rc, err := f.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			_, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, pipeSize)
+		})
+	}
 }

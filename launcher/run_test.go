@@ -144,6 +144,21 @@ func TestRunEnvironment(t *testing.T) {
 	}
 }
 
+// Ranks start with default signal dispositions: nothing gorun or the agent
+// does with signals (the agent must survive EPIPE) may leak into them.
+func TestRunRanksStartWithDefaultSignals(t *testing.T) {
+	// Not the Go test binary: the Go runtime replaces an inherited SIG_IGN
+	// for SIGPIPE with its own handler and would hide a leak.
+	j := newJobRun(t, 1, "", nil)
+	j.job.Argv = []string{"/bin/sh", "-c", "exec grep SigIgn: /proc/self/status | tr -s ' \t' ' '"}
+	if err := j.launch(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(j.stdout.String()); got != "[0] SigIgn: 0000000000000000" {
+		t.Fatalf("rank's ignored signals: %q, want none", got)
+	}
+}
+
 // Two jobs planned at the same time must get four distinct ports.
 func TestRunConcurrentJobsGetDistinctPorts(t *testing.T) {
 	var wg sync.WaitGroup
@@ -347,6 +362,67 @@ func TestRunSecondSIGINTKills(t *testing.T) {
 	if !errors.As(err, &ie) || ie.Signal != syscall.SIGINT || ie.ExitCode() != 130 {
 		t.Fatalf("err = %v, want interrupted by SIGINT", err)
 	}
+}
+
+// Signals other than INT/TERM/HUP (SLURM's pre-timeout SIGUSR1) reach the
+// ranks and the job goes on.
+func TestRunForwardsSIGUSR1(t *testing.T) {
+	j := newJobRun(t, 2, "wait-usr1", nil)
+	sigs := make(chan os.Signal, 1)
+	j.cfg.Signals = sigs
+	errc := make(chan error, 1)
+	go func() { errc <- j.launch(context.Background()) }()
+	if !launchertest.WaitFor(30*time.Second, func() bool { return j.readyCount() == 2 }) {
+		t.Fatalf("ranks not ready: %q", j.stdout.String())
+	}
+	sigs <- syscall.SIGUSR1
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(j.stdout.String(), "] usr1\n"); n != 2 {
+		t.Fatalf("%d ranks saw SIGUSR1, want 2: %q", n, j.stdout.String())
+	}
+}
+
+// If the agent itself is killed, its ranks die with it (Pdeathsig), gorun
+// says so and stops what is left of the ranks' process groups.
+func TestRunAgentDeath(t *testing.T) {
+	j := newJobRun(t, 2, "spawn-grandchild", nil)
+	errc := make(chan error, 1)
+	go func() { errc <- j.launch(context.Background()) }()
+	if !launchertest.WaitFor(30*time.Second, func() bool { return j.readyCount() == 2 }) {
+		t.Fatalf("ranks not ready: %q", j.stdout.String())
+	}
+	agents := agentsOf(j.token)
+	if len(agents) != 1 {
+		t.Fatalf("found %d agents, want 1", len(agents))
+	}
+	syscall.Kill(agents[0], syscall.SIGKILL)
+	err := <-errc
+	var ae *AgentError
+	if !errors.As(err, &ae) {
+		t.Fatalf("err = %v, want *AgentError", err)
+	}
+}
+
+// agentsOf finds the agent that runs token's ranks: the parent of a rank.
+func agentsOf(token string) []int {
+	seen := map[int]bool{}
+	var out []int
+	procs := readProcs()
+	parent := map[int]int{}
+	for _, p := range procs {
+		parent[p.pid] = p.ppid
+	}
+	for _, pid := range launchertest.Survivors(token) {
+		pp := parent[pid]
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pp))
+		if err == nil && strings.Contains(string(b), agentEnv+"=") && !seen[pp] {
+			seen[pp] = true
+			out = append(out, pp)
+		}
+	}
+	return out
 }
 
 func TestRunContextCancel(t *testing.T) {

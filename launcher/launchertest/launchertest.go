@@ -73,6 +73,7 @@ func NewToken(name string) string {
 //	flood:N            print N numbered lines quickly, then exit 0
 //	partial            print "partial-line" without a newline, then exit 0
 //	cat                copy stdin to stdout, then exit 0
+//	wait-usr1          print "ready", wait for SIGUSR1, print "usr1", exit 0
 //	args               print the arguments after argv[0] on one line, exit 0
 func MaybeRunHelper() {
 	mode, ok := os.LookupEnv(HelperEnv)
@@ -144,6 +145,13 @@ func runHelper(mode string) int {
 		return 0
 	case "cat":
 		io.Copy(os.Stdout, os.Stdin)
+		return 0
+	case "wait-usr1":
+		c := make(chan os.Signal, 1)
+		signal.Notify(c, syscall.SIGUSR1)
+		fmt.Printf("ready %s %d\n", rank, os.Getpid())
+		<-c
+		fmt.Println("usr1")
 		return 0
 	case "args":
 		fmt.Println(strings.Join(os.Args[1:], " "))
