@@ -155,13 +155,13 @@ func layerNormFwd[F float](y, xhat, rstd, x, g, b []F, T, D int, eps F) {
 		for _, v := range xt {
 			mean += v
 		}
-		mean *= invD
+		mean = F(mean * invD)
 		var variance F
 		for _, v := range xt {
 			d := v - mean
 			variance += F(d * d)
 		}
-		variance *= invD
+		variance = F(variance * invD)
 		r := F(1 / math.Sqrt(float64(variance+eps)))
 		rstd[t] = r
 		ht := xhat[t*D : (t+1)*D]
@@ -193,8 +193,8 @@ func layerNormBwd[F float](dx, dg, db, dy, xhat, rstd, g, tmp []F, T, D int) {
 			m1 += dh
 			m2 += F(dh * ht[i])
 		}
-		m1 *= invD
-		m2 *= invD
+		m1 = F(m1 * invD)
+		m2 = F(m2 * invD)
 		r := rstd[t]
 		dxt := dx[t*D : (t+1)*D]
 		for i, dh := range tmp {

@@ -90,7 +90,7 @@ func (m *Model) InitInto(bufs [][]float32) error {
 				rng := newRNG(m.cfg.Seed ^ h.Sum64())
 				a := std * math.Sqrt(3) // uniform on [-a, a] has standard deviation std
 				for j := range x {
-					x[j] = float32(a * (2*rng.float64() - 1))
+					x[j] = float32(a * rng.sym())
 				}
 			}
 		}

@@ -18,6 +18,12 @@ func (r *rng) next() uint64 {
 // float64 is uniform in [0, 1) with 53 random bits.
 func (r *rng) float64() float64 { return float64(r.next()>>11) / (1 << 53) }
 
+// sym is uniform in [-1, 1) with 54 random bits, computed exactly in integers
+// so no platform can round it differently.
+func (r *rng) sym() float64 {
+	return float64(int64(r.next()>>10)-(1<<53)) / (1 << 53)
+}
+
 // intn is uniform in [0, n) for n ≥ 1 (the modulo bias is negligible for the
 // small n used here and, more to the point, deterministic).
 func (r *rng) intn(n int) int { return int(r.next() % uint64(n)) }
