@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# slurm-down.sh [--owner PID]
+# slurm-down.sh [--owner PID[.N]]
 #
-# Stops the test cluster of slurm-up.sh. With --owner PID it only drops that
+# Stops the test cluster of slurm-up.sh. With --owner it only drops that
 # owner's registration (and those of owners that have died) and stops the
 # cluster when no owner is left; without it, it stops the cluster now.
 # Stopping cancels every job, stops slurmd and slurmctld by their pid files,
@@ -13,11 +13,11 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib.sh"
 
-usage() { echo "usage: $0 [--owner PID]" >&2; exit 2; }
+usage() { echo "usage: $0 [--owner PID[.N]]" >&2; exit 2; }
 owner=""
 case ${1:-} in
 "") ;;
---owner) [ $# -eq 2 ] && [[ $2 =~ ^[0-9]+$ ]] || usage; owner=$2 ;;
+--owner) [ $# -eq 2 ] && [[ $2 =~ ^[0-9]+(\.[0-9]+)?$ ]] || usage; owner=$2 ;;
 *) usage ;;
 esac
 require_root
@@ -32,6 +32,7 @@ if [ -n "$owner" ]; then
 	for f in "$state"/owners/*; do
 		[ -e "$f" ] || continue
 		o=$(basename "$f")
+		o=${o%%.*}
 		[[ $o =~ ^[0-9]+$ ]] && [ ! -d "/proc/$o" ] && rm -f "$f"
 	done
 	left=$(ls "$state/owners" 2>/dev/null | tr '\n' ' ')

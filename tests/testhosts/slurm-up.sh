@@ -13,9 +13,10 @@
 # The daemons listen on 16817/16818, not SLURM's 6817/6818, so a real
 # installation on the machine is left alone.
 #
-# Idempotent: a running cluster is reused. --owner PID registers a user of
-# the cluster; slurm-down.sh --owner PID stops it only when no live owner is
-# left (test binaries of several packages may share it). Without --owner the
+# Idempotent: a running cluster is reused. --owner PID[.N] registers a user
+# of the cluster (N tells apart several users inside one process);
+# slurm-down.sh --owner PID[.N] stops it only when no live owner is left
+# (test binaries of several packages may share it). Without --owner the
 # registration is "manual", removed only by a plain slurm-down.sh.
 #
 # Prints (and saves in STATE/env): SLURM_CONF STATE NODE CPUS PARTITION
@@ -24,11 +25,11 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib.sh"
 
-usage() { echo "usage: $0 [--owner PID]" >&2; exit 2; }
+usage() { echo "usage: $0 [--owner PID[.N]]" >&2; exit 2; }
 owner=manual
 case ${1:-} in
 "") ;;
---owner) [ $# -eq 2 ] && [[ $2 =~ ^[0-9]+$ ]] || usage; owner=$2 ;;
+--owner) [ $# -eq 2 ] && [[ $2 =~ ^[0-9]+(\.[0-9]+)?$ ]] || usage; owner=$2 ;;
 *) usage ;;
 esac
 

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -31,16 +32,22 @@ type Slurm struct {
 	CPUs      int
 	Partition string
 
+	// owner is this handle's registration with slurm-up.sh: pid.counter,
+	// so two tests of one process hold separate references.
+	owner     string
 	closeOnce sync.Once
 	closeErr  error
 }
+
+// slurmOwners numbers the handles of this process.
+var slurmOwners atomic.Uint64
 
 // StartSlurm starts the cluster (or joins the running one) as an owner of
 // this process. The caller must Close it; RequireSlurm does that for tests.
 func StartSlurm(ctx context.Context) (*Slurm, error) {
 	ctx, cancel := context.WithTimeout(ctx, upTimeout)
 	defer cancel()
-	owner := strconv.Itoa(os.Getpid())
+	owner := fmt.Sprintf("%d.%d", os.Getpid(), slurmOwners.Add(1))
 	kv, err := runScript(ctx, "slurm", "slurm-up.sh", "--owner", owner)
 	if err != nil {
 		// Drop this owner's registration; the cluster stops if unused.
@@ -48,7 +55,7 @@ func StartSlurm(ctx context.Context) (*Slurm, error) {
 		return nil, err
 	}
 	cpus, _ := strconv.Atoi(kv["CPUS"])
-	s := &Slurm{Conf: kv["SLURM_CONF"], StateDir: kv["STATE"], Node: kv["NODE"], CPUs: cpus, Partition: kv["PARTITION"]}
+	s := &Slurm{Conf: kv["SLURM_CONF"], StateDir: kv["STATE"], Node: kv["NODE"], CPUs: cpus, Partition: kv["PARTITION"], owner: owner}
 	if s.Conf == "" || s.Node == "" || cpus < 1 {
 		_ = s.Close()
 		return nil, fmt.Errorf("testhosts: slurm-up.sh printed an unexpected result: %v", kv)
@@ -80,7 +87,7 @@ func RequireSlurm(t testing.TB) *Slurm {
 // cluster, cancelling its jobs and killing what is left of them.
 func (s *Slurm) Close() error {
 	s.closeOnce.Do(func() {
-		_, s.closeErr = runScript(context.Background(), "slurm", "slurm-down.sh", "--owner", strconv.Itoa(os.Getpid()))
+		_, s.closeErr = runScript(context.Background(), "slurm", "slurm-down.sh", "--owner", s.owner)
 	})
 	return s.closeErr
 }
