@@ -7,10 +7,11 @@ import (
 
 // BenchmarkStep measures one forward+backward of the default model over a
 // local batch: 4 samples is one rank's share of a global batch of 16 on 4
-// ranks, 16 is the whole batch on one rank.
+// ranks, 16 is the whole batch on one rank (with one or two goroutines).
 func BenchmarkStep(b *testing.B) {
-	for _, n := range []int{4, 16} {
-		b.Run(fmt.Sprintf("samples=%d", n), func(b *testing.B) {
+	for _, c := range []struct{ n, workers int }{{4, 1}, {16, 1}, {16, 2}} {
+		n := c.n
+		b.Run(fmt.Sprintf("samples=%d/workers=%d", n, c.workers), func(b *testing.B) {
 			cfg := DefaultConfig()
 			m, err := New(cfg)
 			if err != nil {
@@ -20,6 +21,7 @@ func BenchmarkStep(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			ws.SetWorkers(c.workers)
 			d := NewDataset(cfg)
 			in, tg := make([]int32, n*cfg.SeqLen), make([]int32, n*cfg.SeqLen)
 			if err := d.Batch(0, n, 0, n, in, tg); err != nil {

@@ -43,8 +43,10 @@
 // What it leaves to others: moving buffers between ranks (comm), deciding which
 // regions share a bucket and when collectives start and are waited for
 // (stepgraph, buckets, overlap), and the training loop, flags and output
-// (examples/trainer). The package starts no goroutines, does no I/O and is not
-// safe for concurrent use of one Workspace; distinct Workspaces are independent.
+// (examples/trainer). The package does no I/O; it starts goroutines only
+// inside Forward and Backward when asked to (Workspace.SetWorkers) and waits
+// for them before returning. One Workspace is not safe for concurrent use;
+// distinct Workspaces are independent.
 //
 // Floating-point determinism: every reduction here has a fixed order that does
 // not depend on how the batch is split, and products are rounded explicitly

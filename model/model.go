@@ -159,8 +159,9 @@ func Fingerprint(bufs ...[]float32) uint64 {
 // order. Forward of the head computes the per-sample losses (LossSum).
 // Calls out of this order return ErrOrder.
 //
-// Not safe for concurrent use. Memory is allocated once in NewWorkspace,
-// except the pairwise-tree buffers, which are allocated on first use.
+// Not safe for concurrent use (though Forward and Backward may use several
+// goroutines internally, see SetWorkers). Memory is allocated once in
+// NewWorkspace, except the pairwise-tree buffers, allocated on first use.
 type Workspace struct {
 	m *Model
 	w *work[float32]
@@ -175,6 +176,14 @@ func (m *Model) NewWorkspace(n int) (*Workspace, error) {
 	}
 	return &Workspace{m: m, w: newWork[float32](m.cfg, m.layout, n)}, nil
 }
+
+// SetWorkers lets Forward and Backward use up to k goroutines (k < 1 means
+// 1, the default), each on its own samples, started and waited for within the
+// call. The results are bitwise the same for every k: samples are computed by
+// the same code wherever they run, and Backward splits its range only into
+// nodes of the pairwise tree. Use it when a rank has cores to itself (one
+// rank on a multi-core host); with a rank per core it only adds contention.
+func (ws *Workspace) SetWorkers(k int) { ws.w.setWorkers(k) }
 
 // Model returns the model the workspace was made for.
 func (ws *Workspace) Model() *Model { return ws.m }

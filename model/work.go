@@ -1,6 +1,9 @@
 package model
 
-import "fmt"
+import (
+	"fmt"
+	"sync"
+)
 
 // work is the engine behind Workspace, generic over the element type so the
 // gradient check can run the very same code in float64.
@@ -31,8 +34,16 @@ type work[F float] struct {
 	// instead of silently wrong gradients.
 	fwd, bwd [][]bool
 
+	// lanes hold the per-goroutine temporaries; lanes[0] is also what a
+	// single-threaded workspace uses. See setWorkers.
+	lanes []*lane[F]
+}
+
+// lane is one worker's private temporaries.
+type lane[F float] struct {
 	sc   scratch[F]
 	tree [][]F // per recursion depth, right-subtree partial sums
+	part []F   // this lane's subtree sum when backward is split across lanes
 }
 
 // blockCache holds one block's saved activations for all samples; each field
@@ -71,11 +82,7 @@ func newWork[F float](cfg Config, lay *Layout, n int) *work[F] {
 		}
 	}
 	w.head = headCache[F]{xhat: make([]F, n*T*D), rstd: make([]F, n*T), h: make([]F, n*T*D), prob: make([]F, n*T*V)}
-	w.sc = scratch[F]{
-		x2: make([]F, T*D), dx2: make([]F, T*D), dh: make([]F, T*D), do_: make([]F, T*D),
-		dqkv: make([]F, T*3*D), dhid: make([]F, T*Hd), logits: make([]F, T*V),
-		lnTmp: make([]F, D), dp: make([]F, T),
-	}
+	w.setWorkers(1)
 	R := len(lay.Regions)
 	w.fwd = make([][]bool, R)
 	w.bwd = make([][]bool, R)
@@ -84,6 +91,52 @@ func newWork[F float](cfg Config, lay *Layout, n int) *work[F] {
 		w.bwd[r] = make([]bool, n)
 	}
 	return w
+}
+
+func newLane[F float](cfg Config) *lane[F] {
+	T, D, Hd, V := cfg.SeqLen, cfg.Dim, cfg.Hidden, cfg.Vocab
+	return &lane[F]{sc: scratch[F]{
+		x2: make([]F, T*D), dx2: make([]F, T*D), dh: make([]F, T*D), do_: make([]F, T*D),
+		dqkv: make([]F, T*3*D), dhid: make([]F, T*Hd), logits: make([]F, T*V),
+		lnTmp: make([]F, D), dp: make([]F, T),
+	}}
+}
+
+// setWorkers sets how many goroutines forward and backward may use (k ≥ 1).
+// The result does not depend on k: every sample is computed by the same code
+// whichever goroutine runs it, and backward splits [lo, hi) only into nodes
+// of the pairwise tree, whose sums are then combined by the same tree.
+func (w *work[F]) setWorkers(k int) {
+	k = max(k, 1)
+	for len(w.lanes) < k {
+		w.lanes = append(w.lanes, newLane[F](w.cfg))
+	}
+	w.lanes = w.lanes[:k]
+}
+
+// split cuts [lo, hi) into at most len(lanes) contiguous pieces for the
+// forward pass (any split will do: samples are independent).
+func (w *work[F]) split(lo, hi int) [][2]int {
+	k := min(len(w.lanes), hi-lo)
+	out := make([][2]int, 0, k)
+	for i := 0; i < k; i++ {
+		out = append(out, [2]int{lo + (hi-lo)*i/k, lo + (hi-lo)*(i+1)/k})
+	}
+	return out
+}
+
+// parallel runs f(i) for i in [0, k) — on the calling goroutine when k is 1,
+// else one goroutine each — and returns when all have finished.
+func parallel(k int, f func(i int)) {
+	if k == 1 {
+		f(0)
+		return
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < k; i++ {
+		wg.Go(func() { f(i) })
+	}
+	wg.Wait()
 }
 
 // per returns sample s's slice of a buffer holding n per-sample slices.
@@ -153,15 +206,21 @@ func (w *work[F]) forward(r int, params []F, lo, hi int) error {
 			return fmt.Errorf("%w: forward %s for sample %d before forward %s", ErrOrder, reg.Name, s, w.lay.Regions[r-1].Name)
 		}
 	}
-	for s := lo; s < hi; s++ {
-		switch {
-		case r == 0:
-			w.embedFwd(reg, params, s)
-		case r <= w.cfg.Layers:
-			w.blockFwd(reg, r-1, params, s)
-		default:
-			w.headFwd(reg, params, s)
+	pieces := w.split(lo, hi)
+	parallel(len(pieces), func(i int) {
+		ln := w.lanes[i]
+		for s := pieces[i][0]; s < pieces[i][1]; s++ {
+			switch {
+			case r == 0:
+				w.embedFwd(reg, params, s)
+			case r <= w.cfg.Layers:
+				w.blockFwd(ln, reg, r-1, params, s)
+			default:
+				w.headFwd(ln, reg, params, s)
+			}
 		}
+	})
+	for s := lo; s < hi; s++ {
 		w.fwd[r][s] = true
 		w.bwd[r][s] = false
 	}
@@ -194,41 +253,81 @@ func (w *work[F]) backward(r int, params, grad []F, lo, hi int) error {
 	// Padding past the region (shard rounding) gets zero gradient, so a
 	// reduce-scatter of the padded buffer and the optimizer keep it at zero.
 	zero(grad[reg.Size:])
-	w.treeBwd(reg, params, grad[:reg.Size], lo, hi, 0)
+	dst := grad[:reg.Size]
+	// With k lanes, cut [lo, hi) into the largest power of two ≤ k equal
+	// pieces: each is a node of the pairwise tree, so summing the pieces'
+	// sums with the tree gives the bits of the single-threaded recursion.
+	k := 1
+	for k*2 <= len(w.lanes) && k*2 <= hi-lo {
+		k *= 2
+	}
+	size := (hi - lo) / k
+	parallel(k, func(i int) {
+		ln := w.lanes[i]
+		out := dst
+		if i > 0 {
+			if cap(ln.part) < len(dst) {
+				ln.part = make([]F, len(dst))
+			}
+			out = ln.part[:len(dst)]
+		}
+		w.treeBwd(ln, reg, params, out, lo+i*size, lo+(i+1)*size, 0)
+	})
+	if k > 1 {
+		parts := make([][]F, k)
+		parts[0] = dst
+		for i := 1; i < k; i++ {
+			parts[i] = w.lanes[i].part[:len(dst)]
+		}
+		treeCombine(dst, parts)
+	}
+	for s := lo; s < hi; s++ {
+		w.bwd[r][s] = true
+	}
 	return nil
+}
+
+// treeCombine sums parts (a power-of-two count, parts[0] aliasing dst) by the
+// pairwise tree, in place: at stride 1, 2, 4 … part i absorbs part i+stride.
+// For power-of-two counts this is the same tree as treeSum.
+func treeCombine[F float](dst []F, parts [][]F) {
+	for stride := 1; stride < len(parts); stride *= 2 {
+		for i := 0; i+stride < len(parts); i += 2 * stride {
+			add(parts[i], parts[i+stride])
+		}
+	}
 }
 
 // treeBwd writes into dst the sum over samples [lo, hi) of the per-sample
 // gradients, added by the pairwise tree: the left half's sum plus the right
 // half's sum, recursively. Samples are visited in index order.
-func (w *work[F]) treeBwd(reg *Region, params, dst []F, lo, hi, depth int) {
+func (w *work[F]) treeBwd(ln *lane[F], reg *Region, params, dst []F, lo, hi, depth int) {
 	if hi-lo == 1 {
 		zero(dst)
-		w.sampleBwd(reg, params, dst, lo)
-		w.bwd[reg.Index][lo] = true
+		w.sampleBwd(ln, reg, params, dst, lo)
 		return
 	}
 	mid := lo + (hi-lo)/2
-	w.treeBwd(reg, params, dst, lo, mid, depth+1)
-	for len(w.tree) <= depth {
-		w.tree = append(w.tree, nil)
+	w.treeBwd(ln, reg, params, dst, lo, mid, depth+1)
+	for len(ln.tree) <= depth {
+		ln.tree = append(ln.tree, nil)
 	}
-	if cap(w.tree[depth]) < len(dst) {
-		w.tree[depth] = make([]F, len(dst))
+	if cap(ln.tree[depth]) < len(dst) {
+		ln.tree[depth] = make([]F, len(dst))
 	}
-	right := w.tree[depth][:len(dst)]
-	w.treeBwd(reg, params, right, mid, hi, depth+1)
+	right := ln.tree[depth][:len(dst)]
+	w.treeBwd(ln, reg, params, right, mid, hi, depth+1)
 	add(dst, right)
 }
 
-func (w *work[F]) sampleBwd(reg *Region, params, g []F, s int) {
+func (w *work[F]) sampleBwd(ln *lane[F], reg *Region, params, g []F, s int) {
 	switch {
 	case reg.Index == 0:
 		w.embedBwd(reg, g, s)
 	case reg.Index <= w.cfg.Layers:
-		w.blockBwd(reg, reg.Index-1, params, g, s)
+		w.blockBwd(ln, reg, reg.Index-1, params, g, s)
 	default:
-		w.headBwd(reg, params, g, s)
+		w.headBwd(ln, reg, params, g, s)
 	}
 }
 
@@ -292,7 +391,7 @@ func (w *work[F]) embedBwd(reg *Region, g []F, s int) {
 	}
 }
 
-func (w *work[F]) blockFwd(reg *Region, l int, params []F, s int) {
+func (w *work[F]) blockFwd(ln *lane[F], reg *Region, l int, params []F, s int) {
 	T, D, H, Hd := w.cfg.SeqLen, w.cfg.Dim, w.cfg.Heads, w.cfg.Hidden
 	c, n := &w.blk[l], w.n
 	x, y := per(w.resid[l], s, n), per(w.resid[l+1], s, n)
@@ -300,7 +399,7 @@ func (w *work[F]) blockFwd(reg *Region, l int, params []F, s int) {
 	qkv, att, o := per(c.qkv, s, n), per(c.att, s, n), per(c.o, s, n)
 	xhat2, rstd2, h2 := per(c.xhat2, s, n), per(c.rstd2, s, n), per(c.h2, s, n)
 	u, f := per(c.u, s, n), per(c.f, s, n)
-	x2 := w.sc.x2
+	x2 := ln.sc.x2
 	p := func(t int) []F { return view(reg, params, t) }
 
 	layerNormFwd(h1, xhat1, rstd1, x, p(tLN1W), p(tLN1B), T, D, F(w.cfg.LNEps))
@@ -315,7 +414,7 @@ func (w *work[F]) blockFwd(reg *Region, l int, params []F, s int) {
 	add(y, x2) // y = x2 + mlp(x2)
 }
 
-func (w *work[F]) blockBwd(reg *Region, l int, params, g []F, s int) {
+func (w *work[F]) blockBwd(ln *lane[F], reg *Region, l int, params, g []F, s int) {
 	T, D, H, Hd := w.cfg.SeqLen, w.cfg.Dim, w.cfg.Heads, w.cfg.Hidden
 	c, n := &w.blk[l], w.n
 	xhat1, rstd1, h1 := per(c.xhat1, s, n), per(c.rstd1, s, n), per(c.h1, s, n)
@@ -323,7 +422,7 @@ func (w *work[F]) blockBwd(reg *Region, l int, params, g []F, s int) {
 	xhat2, rstd2, h2 := per(c.xhat2, s, n), per(c.rstd2, s, n), per(c.h2, s, n)
 	u, f := per(c.u, s, n), per(c.f, s, n)
 	dy := per(w.dx, s, n) // in: dL/dy; out: dL/dx
-	sc := &w.sc
+	sc := &ln.sc
 	p := func(t int) []F { return view(reg, params, t) }
 	gr := func(t int) []F { return view(reg, g, t) }
 
@@ -342,21 +441,21 @@ func (w *work[F]) blockBwd(reg *Region, l int, params, g []F, s int) {
 	layerNormBwd(dy, gr(tLN1W), gr(tLN1B), sc.dh, xhat1, rstd1, p(tLN1W), sc.lnTmp, T, D)
 }
 
-func (w *work[F]) headFwd(reg *Region, params []F, s int) {
+func (w *work[F]) headFwd(ln *lane[F], reg *Region, params []F, s int) {
 	T, D, V, n := w.cfg.SeqLen, w.cfg.Dim, w.cfg.Vocab, w.n
 	c := &w.head
 	x := per(w.resid[w.cfg.Layers], s, n)
 	h := per(c.h, s, n)
 	layerNormFwd(h, per(c.xhat, s, n), per(c.rstd, s, n), x, view(reg, params, tLNFW), view(reg, params, tLNFB), T, D, F(w.cfg.LNEps))
-	linearFwd(w.sc.logits, h, view(reg, params, tOutW), view(reg, params, tOutB), T, D, V)
-	w.loss[s] = crossEntropy(per(c.prob, s, n), w.sc.logits, w.targets[s*T:(s+1)*T], T, V)
+	linearFwd(ln.sc.logits, h, view(reg, params, tOutW), view(reg, params, tOutB), T, D, V)
+	w.loss[s] = crossEntropy(per(c.prob, s, n), ln.sc.logits, w.targets[s*T:(s+1)*T], T, V)
 }
 
-func (w *work[F]) headBwd(reg *Region, params, g []F, s int) {
+func (w *work[F]) headBwd(ln *lane[F], reg *Region, params, g []F, s int) {
 	T, D, V, n := w.cfg.SeqLen, w.cfg.Dim, w.cfg.Vocab, w.n
 	c := &w.head
 	// d(mean over positions of CE)/dlogits = (softmax − onehot)/T.
-	dl := w.sc.logits
+	dl := ln.sc.logits
 	copy(dl, per(c.prob, s, n))
 	tg := w.targets[s*T : (s+1)*T]
 	invT := 1 / F(T)
@@ -366,8 +465,8 @@ func (w *work[F]) headBwd(reg *Region, params, g []F, s int) {
 			dl[i] = F(dl[i] * invT)
 		}
 	}
-	linearBwd(w.sc.dh, view(reg, g, tOutW), view(reg, g, tOutB), dl, per(c.h, s, n), view(reg, params, tOutW), T, D, V)
+	linearBwd(ln.sc.dh, view(reg, g, tOutW), view(reg, g, tOutB), dl, per(c.h, s, n), view(reg, params, tOutW), T, D, V)
 	dx := per(w.dx, s, n)
 	zero(dx)
-	layerNormBwd(dx, view(reg, g, tLNFW), view(reg, g, tLNFB), w.sc.dh, per(c.xhat, s, n), per(c.rstd, s, n), view(reg, params, tLNFW), w.sc.lnTmp, T, D)
+	layerNormBwd(dx, view(reg, g, tLNFW), view(reg, g, tLNFB), ln.sc.dh, per(c.xhat, s, n), per(c.rstd, s, n), view(reg, params, tLNFW), ln.sc.lnTmp, T, D)
 }

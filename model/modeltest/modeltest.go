@@ -38,6 +38,8 @@ type Options struct {
 	// combining the chunk sums afterwards — as a trainer does when a chunk's
 	// collective overlaps the next chunk's compute.
 	ChunkMajor bool
+	// Workers is passed to every rank's Workspace.SetWorkers.
+	Workers int
 
 	// crossRank replaces the cross-rank reduction (tests only: a naive order
 	// must break the bitwise equality, or the tests prove nothing).
@@ -102,6 +104,7 @@ func Run(o Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
+		ws.SetWorkers(o.Workers)
 		rk := &rank{ws: ws, grads: lay.Alloc(N), in: make([]int32, n*T), tg: make([]int32, n*T)}
 		for r, reg := range lay.Regions {
 			var p []float32

@@ -2,6 +2,7 @@ package modeltest
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 
@@ -66,6 +67,15 @@ func TestRankCountIndependence(t *testing.T) {
 				{"chunked-2x2", 2, false, 2},
 				{"sharded-chunked-4x2", 4, true, 2},
 				{"chunked-2x4", 2, false, 4},
+			}
+			for _, workers := range []int{2, 3, 16} {
+				o := base
+				o.Workers = workers
+				got, err := Run(o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sameBits(t, fmt.Sprintf("workers-%d", workers), ref, got)
 			}
 			for _, c := range cases {
 				if alg == model.SGD && c.chunks == 1 && c.ranks != 4 {
