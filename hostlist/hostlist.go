@@ -407,3 +407,38 @@ func decimal(s string, i int, what string, fail failFunc) (uint64, int, error) {
 	}
 	return v, j, nil
 }
+
+// NodeTasks is one node of a SLURM allocation and the number of tasks SLURM
+// placed on it.
+type NodeTasks struct {
+	Name  string
+	Tasks int
+}
+
+// ErrMismatch is returned (wrapped) by ZipTasks when the node list and the
+// task counts do not describe the same number of nodes.
+var ErrMismatch = errors.New("hostlist: node list and task counts differ in length")
+
+// ZipTasks pairs SLURM_JOB_NODELIST (or SLURM_STEP_NODELIST) with
+// SLURM_TASKS_PER_NODE (or SLURM_STEP_TASKS_PER_NODE), node by node, in
+// SLURM's order; gorun derives hosts and slots from it inside an allocation,
+// and ranks of a direct srun derive their node rank from it. Nodes with 0
+// tasks are kept, so indices match SLURM_NODEID.
+func ZipTasks(nodelist, tasksPerNode string) ([]NodeTasks, error) {
+	nodes, err := Expand(nodelist)
+	if err != nil {
+		return nil, err
+	}
+	tasks, err := ParseTasksPerNode(tasksPerNode)
+	if err != nil {
+		return nil, err
+	}
+	if len(nodes) != len(tasks) {
+		return nil, fmt.Errorf("%w: %q has %d nodes, %q has %d counts", ErrMismatch, nodelist, len(nodes), tasksPerNode, len(tasks))
+	}
+	out := make([]NodeTasks, len(nodes))
+	for i := range nodes {
+		out[i] = NodeTasks{Name: nodes[i], Tasks: tasks[i]}
+	}
+	return out, nil
+}

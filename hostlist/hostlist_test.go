@@ -352,3 +352,37 @@ func FuzzParseTasksPerNode(f *testing.F) {
 		}
 	})
 }
+
+func TestZipTasks(t *testing.T) {
+	for _, tc := range []struct {
+		nodes, tasks string
+		want         []NodeTasks
+		err          error // nil, ErrMismatch, or a *Error (any)
+	}{
+		{"n[1-4]", "4,2,1(x2)", []NodeTasks{{"n1", 4}, {"n2", 2}, {"n3", 1}, {"n4", 1}}, nil},
+		{"vm", "4", []NodeTasks{{"vm", 4}}, nil},
+		{"b,a", "1,2", []NodeTasks{{"b", 1}, {"a", 2}}, nil},
+		{"n[1-3]", "2(x2)", nil, ErrMismatch},
+		{"n[1-2]", "1(x3)", nil, ErrMismatch},
+		{"n[1-", "1", nil, &Error{}},
+		{"n1", "x", nil, &Error{}},
+	} {
+		t.Run(tc.nodes+"/"+tc.tasks, func(t *testing.T) {
+			got, err := ZipTasks(tc.nodes, tc.tasks)
+			switch want := tc.err.(type) {
+			case nil:
+				if err != nil || !slices.Equal(got, tc.want) {
+					t.Errorf("ZipTasks = %v, %v; want %v", got, err, tc.want)
+				}
+			case *Error:
+				if !errors.As(err, &want) {
+					t.Errorf("ZipTasks error %v, want a *Error", err)
+				}
+			default:
+				if !errors.Is(err, tc.err) {
+					t.Errorf("ZipTasks error %v, want %v", err, tc.err)
+				}
+			}
+		})
+	}
+}

@@ -173,22 +173,29 @@ func (h *Netns) RestoreLink(host string) error {
 	return h.ip("-n", host, "route", "replace", "default", "via", h.BridgeAddr)
 }
 
-// Shape sets a netem qdisc on host's link (the bridge side, so traffic to
-// the host is shaped), e.g. Shape(host, "delay", "20ms", "loss", "1%").
-// No arguments remove it.
-func (h *Netns) Shape(host string, netem ...string) error {
+// Shape replaces the root qdisc of host's link (the bridge side, so
+// traffic towards the host is shaped) with the given one, e.g.
+// Shape(host, "tbf", "rate", "1gbit", "burst", "32kbit", "latency", "400ms")
+// or Shape(host, "netem", "delay", "20ms", "loss", "1%"). No arguments
+// restore the default. A kernel without the qdisc (some sandboxes lack
+// sch_netem) gives an error that says so.
+func (h *Netns) Shape(host string, qdisc ...string) error {
 	if h.Addr(host) == "" {
 		return fmt.Errorf("testhosts: %q is not a host of set %s", host, h.Set)
 	}
 	dev := "v" + host
-	if len(netem) == 0 {
+	if len(qdisc) == 0 {
 		err := h.tc("qdisc", "del", "dev", dev, "root")
-		if err != nil && strings.Contains(err.Error(), "No such file") {
+		if err != nil && strings.Contains(err.Error(), "handle of zero") {
 			return nil // nothing to remove
 		}
 		return err
 	}
-	return h.tc(append([]string{"qdisc", "replace", "dev", dev, "root", "netem"}, netem...)...)
+	err := h.tc(append([]string{"qdisc", "replace", "dev", dev, "root"}, qdisc...)...)
+	if err != nil && strings.Contains(err.Error(), "kind is unknown") {
+		return fmt.Errorf("%w (this kernel lacks the %s qdisc)", err, qdisc[0])
+	}
+	return err
 }
 
 // Pids lists the processes running in host's network namespace, sshd

@@ -60,7 +60,11 @@ func Dir() string {
 // runScript runs one of the scripts and returns its KEY=VALUE output.
 func runScript(ctx context.Context, what, script string, args ...string) (map[string]string, error) {
 	if os.Geteuid() != 0 {
-		return nil, &UnsupportedError{What: what, Reason: "needs root (network namespaces, sshd, slurm daemons)"}
+		reason := "needs root to create network namespaces and run sshd in them"
+		if what == "slurm" {
+			reason = "needs root to run munged, slurmctld and slurmd"
+		}
+		return nil, &UnsupportedError{What: what, Reason: reason}
 	}
 	if _, err := exec.LookPath("bash"); err != nil {
 		return nil, &UnsupportedError{What: what, Reason: "bash not found"}
