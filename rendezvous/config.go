@@ -1,0 +1,296 @@
+package rendezvous
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/rs/zerolog"
+)
+
+// Config says who this rank is and how the world is formed. Build it with
+// ConfigFromEnv (the usual way), or start from DefaultConfig or LocalConfig
+// and fill in the identity fields. A Config is read by Join and not retained.
+type Config struct {
+	// JobID names the job. It labels every gossip packet (members of other
+	// jobs are refused before decryption) and is part of every node name.
+	// It must not contain '/' (memberlist's "name/addr" join syntax).
+	JobID string
+	// Rank is this process's world rank, 0 ≤ Rank < WorldSize. Rank 0 binds
+	// the seed address.
+	Rank int
+	// WorldSize is the number of ranks the world waits for.
+	WorldSize int
+	// LocalRank is the rank's index on its host; carried for the collective
+	// layer (same-host ranks use shared memory) and for messages.
+	LocalRank int
+	// Host names this rank's host in every message ("rank 5 (host h2) lost").
+	// It is a label, not an address.
+	Host string
+	// Seed is host:port of rank 0's gossip listener. Every rank but 0 joins
+	// through it; rank 0 binds it. May be empty only when WorldSize is 1.
+	Seed string
+	// BindAddr is the IP the gossip listener binds; empty chooses: rank 0
+	// binds the seed's IP when it is local (else all interfaces), the others
+	// bind the address that routes to the seed, on a free port.
+	BindAddr string
+	// AdvertiseAddr is the IP other members reach this rank at; empty means
+	// the local address the kernel would use to reach the seed (found with
+	// a UDP "connect", which sends nothing), so a loopback seed gives a
+	// loopback address and a remote seed the interface that routes to it,
+	// never a docker bridge by accident.
+	AdvertiseAddr string
+	// DataAddr is the data-plane address (host:port) this rank advertises
+	// for the collective layer; opaque here. Empty is allowed.
+	DataAddr string
+	// Secret is the job secret (≥ 16 bytes). The gossip key is derived from
+	// it with HKDF-SHA-256, so gossip is encrypted and authenticated: a
+	// process without it cannot join or read member data.
+	Secret []byte
+	// SecretDerived records that Secret was derived from public values
+	// (torch-style or srun launch without GORUN_SECRET); Join then warns
+	// that the job is not protected.
+	SecretDerived bool
+	// RankHosts optionally gives the host each rank is expected on (index =
+	// rank), used only to name hosts of missing ranks in a formation
+	// timeout. Nil is fine.
+	RankHosts []string
+
+	// FormationTimeout bounds Join: after it, Join fails listing the ranks
+	// still missing. Large because a big launch can take a while to start
+	// every process; progress is logged meanwhile.
+	FormationTimeout time.Duration
+	// ProgressInterval is the period of the "12/16 ranks joined" log line
+	// while the world forms (rank 0 at info level, others at debug).
+	ProgressInterval time.Duration
+	// RejoinInterval is how long a rank that has joined but not yet seen the
+	// whole world waits before it pulls the member table from the seed
+	// again. A backstop: the seed normally pushes the table to everyone as
+	// soon as it has all members.
+	RejoinInterval time.Duration
+	// PushConcurrency bounds the seed's concurrent table pushes. memberlist
+	// serves at most 128 concurrent push-pulls per node; the pushes also
+	// compete with the members' own work for CPU.
+	PushConcurrency int
+	// LeaveTimeout bounds World.Close's wait for its leave message to go
+	// out; past it the rank shuts down anyway (and may be reported lost).
+	LeaveTimeout time.Duration
+	// LeaveLinger is how long Close keeps gossiping after its leave message
+	// went out, so that the message reaches every member rather than one
+	// (a member that misses it would later see a dead node and report a
+	// failure that was a normal exit).
+	LeaveLinger time.Duration
+	// LeaveGrace is how long a barrier waits for a message from a member
+	// that has just left gracefully: the message travels over TCP, the leave
+	// over UDP, so the leave can overtake it.
+	LeaveGrace time.Duration
+
+	// Failure detection (memberlist's SWIM + Lifeguard). Detection time is
+	// roughly ProbeInterval (until someone probes the dead member) +
+	// ProbeInterval (the failed probe round) + SuspicionTimeout + a few
+	// GossipIntervals, i.e. about 1.2 s with the defaults.
+
+	// ProbeInterval is how often each member probes another one.
+	ProbeInterval time.Duration
+	// ProbeTimeout is how long a probe waits for an ack before asking other
+	// members to probe indirectly. Lifeguard stretches it on a member that
+	// itself falls behind, which protects loaded hosts from false reports.
+	ProbeTimeout time.Duration
+	// GossipInterval is how often each member gossips queued messages (joins,
+	// suspicions, deaths) to GossipNodes others; it bounds how fast a death
+	// spreads.
+	GossipInterval time.Duration
+	// GossipNodes is the gossip fan-out per interval.
+	GossipNodes int
+	// SuspicionTimeout is the time a suspected member has to refute the
+	// suspicion before it is declared dead. memberlist multiplies its own
+	// suspicion timeout by log10(size); Join converts this target into
+	// memberlist's SuspicionMult for the world size, so detection stays flat
+	// from 16 to 1024 members.
+	SuspicionTimeout time.Duration
+	// RetransmitMult sets how many times a gossip message is retransmitted
+	// (RetransmitMult · log10(size+1)).
+	RetransmitMult int
+	// IndirectChecks is the number of members asked to probe a member that
+	// missed a direct probe.
+	IndirectChecks int
+	// TCPTimeout bounds memberlist's TCP work (push-pull, reliable
+	// messages, fallback probes).
+	TCPTimeout time.Duration
+	// PushPullInterval is the period of memberlist's anti-entropy full
+	// state sync (scaled up by memberlist beyond 32 members).
+	PushPullInterval time.Duration
+
+	// Transport replaces memberlist's UDP/TCP transport; tests use the
+	// in-memory network of package rendezvoustest. When set, the transport
+	// decides the bind and advertise addresses and Seed must be an address
+	// on it.
+	Transport memberlist.NodeAwareTransport
+	// Logger receives this package's log lines and memberlist's (debug
+	// and above mapped onto zerolog levels). The zero value discards.
+	Logger zerolog.Logger
+}
+
+// DefaultConfig returns the settings for real jobs on a LAN or one host:
+// death detected in about 1.2 s, generous formation timeout for large
+// launches. Identity fields (JobID, Rank, WorldSize, Seed, Secret, ...) are
+// left empty.
+func DefaultConfig() Config {
+	return Config{
+		// A launch of thousands of processes over ssh or srun takes tens of
+		// seconds; a silent wait is avoided by the progress log, not by a
+		// short timeout.
+		FormationTimeout: 120 * time.Second,
+		// "At most every few seconds" (issue 3): readable, not a flood.
+		ProgressInterval: 3 * time.Second,
+		// Long enough that the seed's push normally arrives first.
+		RejoinInterval: 2 * time.Second,
+		// Well under memberlist's 128 concurrent push-pulls; more does not
+		// help on a host with few cores.
+		PushConcurrency: 16,
+		LeaveTimeout:    2 * time.Second,
+		// Three gossip rounds: the leave message is retransmitted by its
+		// first receivers as well, so this reaches everyone at 1024 members.
+		LeaveLinger: 60 * time.Millisecond,
+		LeaveGrace:  2 * time.Second,
+		// Measured here (notes/dependencies.md): 200/100/20 ms detects a
+		// crash in about 1 s at 16 and 64 members.
+		ProbeInterval:  200 * time.Millisecond,
+		ProbeTimeout:   100 * time.Millisecond,
+		GossipInterval: 20 * time.Millisecond,
+		GossipNodes:    3,
+		// Long enough to survive a short GC or scheduling pause of the
+		// suspected process (it refutes when it hears the suspicion).
+		SuspicionTimeout: 600 * time.Millisecond,
+		RetransmitMult:   4,
+		IndirectChecks:   3,
+		TCPTimeout:       2 * time.Second,
+		// Anti-entropy is a backstop here (the seed pushes the full table
+		// at formation); every push-pull costs O(size) on both sides.
+		PushPullInterval: 30 * time.Second,
+	}
+}
+
+// LocalConfig returns DefaultConfig with short waits for tests and laptops:
+// formation fails after 20 s instead of 2 minutes, progress every second.
+// Failure detection is the same as DefaultConfig's (already loopback-fast).
+func LocalConfig() Config {
+	c := DefaultConfig()
+	c.FormationTimeout = 20 * time.Second
+	c.ProgressInterval = time.Second
+	c.RejoinInterval = time.Second
+	c.LeaveGrace = time.Second
+	return c
+}
+
+// maxMeta is memberlist's node metadata limit; more panics inside memberlist.
+const maxMeta = memberlist.MetaMaxSize
+
+// Validate reports the first problem with c, as a *ConfigError.
+func (c *Config) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Field: field, Problem: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case c.JobID == "":
+		return bad("JobID", "empty")
+	case strings.ContainsAny(c.JobID, "/\x00"):
+		return bad("JobID", "%q contains '/' or NUL", c.JobID)
+	case c.WorldSize < 1:
+		return bad("WorldSize", "%d < 1", c.WorldSize)
+	case c.Rank < 0 || c.Rank >= c.WorldSize:
+		return bad("Rank", "%d not in [0, %d)", c.Rank, c.WorldSize)
+	case c.LocalRank < 0:
+		return bad("LocalRank", "%d < 0", c.LocalRank)
+	case len(c.Secret) < 16:
+		return bad("Secret", "%d bytes, need at least 16", len(c.Secret))
+	case c.Seed == "" && c.WorldSize > 1:
+		return bad("Seed", "empty with %d ranks", c.WorldSize)
+	case c.RankHosts != nil && len(c.RankHosts) != c.WorldSize:
+		return bad("RankHosts", "%d entries for %d ranks", len(c.RankHosts), c.WorldSize)
+	}
+	if c.Seed != "" {
+		if _, _, err := net.SplitHostPort(c.Seed); err != nil {
+			return bad("Seed", "%q is not host:port: %v", c.Seed, err)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"FormationTimeout", c.FormationTimeout}, {"ProgressInterval", c.ProgressInterval},
+		{"RejoinInterval", c.RejoinInterval}, {"LeaveTimeout", c.LeaveTimeout},
+		{"ProbeInterval", c.ProbeInterval}, {"ProbeTimeout", c.ProbeTimeout},
+		{"GossipInterval", c.GossipInterval}, {"SuspicionTimeout", c.SuspicionTimeout},
+		{"TCPTimeout", c.TCPTimeout}, {"PushPullInterval", c.PushPullInterval},
+	} {
+		if d.v <= 0 {
+			return bad(d.name, "%v, must be positive", d.v)
+		}
+	}
+	if c.LeaveLinger < 0 || c.LeaveGrace < 0 {
+		return bad("LeaveLinger/LeaveGrace", "negative")
+	}
+	if c.ProbeTimeout >= c.ProbeInterval {
+		// memberlist's probe round must fit the direct and the indirect
+		// probe in one interval.
+		return bad("ProbeTimeout", "%v not below ProbeInterval %v", c.ProbeTimeout, c.ProbeInterval)
+	}
+	if c.PushConcurrency < 1 || c.GossipNodes < 1 || c.RetransmitMult < 1 || c.IndirectChecks < 0 {
+		return bad("PushConcurrency/GossipNodes/RetransmitMult/IndirectChecks", "out of range")
+	}
+	if n := len(encodeMeta(c.meta())); n > maxMeta {
+		return bad("JobID/Host/DataAddr", "node metadata is %d bytes, memberlist allows %d", n, maxMeta)
+	}
+	return nil
+}
+
+// suspicionMult converts SuspicionTimeout into memberlist's multiplier for a
+// world of n members: memberlist's timeout is mult · max(1, log10 n) ·
+// ProbeInterval. With mult ≤ 2 memberlist expects no confirmations and uses
+// that timeout directly; with mult ≥ 3 it starts at SuspicionMaxTimeoutMult
+// times it and shrinks as other members confirm the suspicion.
+func (c *Config) suspicionMult(n int) int {
+	scale := math.Max(1, math.Log10(float64(n)))
+	m := int(math.Ceil(float64(c.SuspicionTimeout) / (scale * float64(c.ProbeInterval))))
+	return max(m, 1)
+}
+
+// nodeName is the memberlist name of a rank: unique per (job, rank), so two
+// processes claiming one rank collide by name and memberlist reports the
+// conflict (see world.NotifyConflict).
+func nodeName(job string, rank int) string {
+	return fmt.Sprintf("%d@%s", rank, job)
+}
+
+// memberlistConfig maps c onto memberlist's configuration.
+func (c *Config) memberlistConfig() *memberlist.Config {
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = nodeName(c.JobID, c.Rank)
+	mc.Label = c.JobID
+	mc.ProbeInterval = c.ProbeInterval
+	mc.ProbeTimeout = c.ProbeTimeout
+	mc.GossipInterval = c.GossipInterval
+	mc.GossipNodes = c.GossipNodes
+	mc.SuspicionMult = c.suspicionMult(c.WorldSize)
+	mc.SuspicionMaxTimeoutMult = 2
+	mc.RetransmitMult = c.RetransmitMult
+	mc.IndirectChecks = c.IndirectChecks
+	mc.TCPTimeout = c.TCPTimeout
+	mc.PushPullInterval = c.PushPullInterval
+	// Measured here: LZW on every packet pins two cores at 256 members and
+	// the group never forms; without it, 2.2 s.
+	mc.EnableCompression = false
+	// A dead member's name is never reused within a job: a restarted rank
+	// would be a different incarnation of the world, which this package
+	// does not support.
+	mc.DeadNodeReclaimTime = 0
+	// Queue bound for incoming messages; the seed takes a burst of one alive
+	// message per member while the world forms.
+	mc.HandoffQueueDepth = max(1024, 4*c.WorldSize)
+	mc.GossipToTheDeadTime = 10 * c.ProbeInterval
+	return mc
+}

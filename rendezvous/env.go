@@ -1,0 +1,219 @@
+package rendezvous
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorun-hpc/gorun/hostlist"
+	"github.com/gorun-hpc/gorun/rankenv"
+)
+
+// Variables this package reads beyond rankenv's contract. They are
+// overrides for launches without gorun; gorun itself never sets them.
+const (
+	// EnvRdzvPort overrides the seed port derived from the job id under a
+	// direct srun launch (the seed host is the first node of the job).
+	EnvRdzvPort = "GORUN_RDZV_PORT"
+	// EnvRdzvTimeout overrides Config.FormationTimeout (a Go duration,
+	// e.g. "5m").
+	EnvRdzvTimeout = "GORUN_RDZV_TIMEOUT"
+	// EnvDataAddr sets Config.DataAddr when the rank program does not.
+	EnvDataAddr = "GORUN_DATA_ADDR"
+)
+
+// SLURM's variables for a direct srun launch.
+const (
+	slurmProcID    = "SLURM_PROCID"
+	slurmNTasks    = "SLURM_NTASKS"
+	slurmLocalID   = "SLURM_LOCALID"
+	slurmJobID     = "SLURM_JOB_ID"
+	slurmStepID    = "SLURM_STEP_ID"
+	slurmNodeList  = "SLURM_JOB_NODELIST"
+	slurmStepNodes = "SLURM_STEP_NODELIST"
+	slurmTasksPer  = "SLURM_STEP_TASKS_PER_NODE"
+	slurmNodeName  = "SLURMD_NODENAME"
+	slurmDist      = "SLURM_DISTRIBUTION"
+	torchRunID     = "TORCHELASTIC_RUN_ID"
+)
+
+// ConfigFromEnv returns DefaultConfig with this rank's identity read from the
+// environment. The first launcher whose variables are
+// present wins:
+//
+//  1. gorun: GORUN_RANK and GORUN_WORLD_SIZE. Also GORUN_JOB_ID,
+//     GORUN_RDZV_ENDPOINT (seed host:port, where rank 0 binds),
+//     GORUN_SECRET (hex, required), GORUN_LOCAL_RANK, GORUN_HOST.
+//  2. torch style: RANK and WORLD_SIZE. The seed is GORUN_RDZV_ENDPOINT if
+//     set, else MASTER_ADDR:MASTER_PORT. The job id is GORUN_JOB_ID, else
+//     TORCHELASTIC_RUN_ID, else "torch-MASTER_ADDR-MASTER_PORT".
+//  3. srun: SLURM_PROCID and SLURM_NTASKS (with SLURM_LOCALID, SLURM_JOB_ID,
+//     SLURM_STEP_ID). The job id is "slurm-JOBID.STEPID"; the seed is the
+//     first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST) on port
+//     GORUN_RDZV_PORT, else a port in [10000, 30000) derived from the job
+//     id (below Linux's ephemeral range, so a free-port listener never
+//     holds it). GORUN_RDZV_ENDPOINT overrides both.
+//
+// In every mode GORUN_SECRET gives the job secret. Without it (possible in
+// modes 2 and 3 only) the secret is derived from the job id and the seed,
+// SecretDerived is set and Join warns that the job is not protected: any
+// process that can read those values could join. GORUN_HOST, else
+// SLURMD_NODENAME, else the host name, names the host; GORUN_DATA_ADDR sets
+// DataAddr; GORUN_RDZV_TIMEOUT sets FormationTimeout.
+func ConfigFromEnv() (Config, error) {
+	return configFromEnv(os.LookupEnv)
+}
+
+// configFromEnv is ConfigFromEnv over any lookup function, for tests.
+func configFromEnv(look func(string) (string, bool)) (Config, error) {
+	get := func(k string) string { v, _ := look(k); return v }
+	has := func(k string) bool { _, ok := look(k); return ok }
+	c := DefaultConfig()
+	atoi := func(k string) (int, error) {
+		v, err := strconv.Atoi(strings.TrimSpace(get(k)))
+		if err != nil {
+			return 0, &ConfigError{Field: k, Problem: fmt.Sprintf("%q is not an integer", get(k))}
+		}
+		return v, nil
+	}
+	var err error
+	switch {
+	case has(rankenv.GorunRank) && has(rankenv.GorunWorldSize):
+		if c.Rank, err = atoi(rankenv.GorunRank); err != nil {
+			return c, err
+		}
+		if c.WorldSize, err = atoi(rankenv.GorunWorldSize); err != nil {
+			return c, err
+		}
+		if has(rankenv.GorunLocalRank) {
+			if c.LocalRank, err = atoi(rankenv.GorunLocalRank); err != nil {
+				return c, err
+			}
+		}
+		c.JobID = get(rankenv.JobID)
+		c.Seed = get(rankenv.RdzvEndpoint)
+		if !has(rankenv.Secret) {
+			return c, &ConfigError{Field: rankenv.Secret, Problem: "not set (gorun always sets it)"}
+		}
+	case has(rankenv.Rank) && has(rankenv.WorldSize):
+		if c.Rank, err = atoi(rankenv.Rank); err != nil {
+			return c, err
+		}
+		if c.WorldSize, err = atoi(rankenv.WorldSize); err != nil {
+			return c, err
+		}
+		if has(rankenv.LocalRank) {
+			if c.LocalRank, err = atoi(rankenv.LocalRank); err != nil {
+				return c, err
+			}
+		}
+		c.Seed = get(rankenv.RdzvEndpoint)
+		if c.Seed == "" && get(rankenv.MasterAddr) != "" && get(rankenv.MasterPort) != "" {
+			c.Seed = net.JoinHostPort(get(rankenv.MasterAddr), get(rankenv.MasterPort))
+		}
+		c.JobID = firstNonEmpty(get(rankenv.JobID), get(torchRunID))
+		if c.JobID == "" {
+			c.JobID = "torch-" + strings.NewReplacer(":", "-", "/", "-").Replace(c.Seed)
+		}
+	case has(slurmProcID) && has(slurmNTasks):
+		if c.Rank, err = atoi(slurmProcID); err != nil {
+			return c, err
+		}
+		if c.WorldSize, err = atoi(slurmNTasks); err != nil {
+			return c, err
+		}
+		if has(slurmLocalID) {
+			if c.LocalRank, err = atoi(slurmLocalID); err != nil {
+				return c, err
+			}
+		}
+		job := get(slurmJobID)
+		if job == "" {
+			return c, &ConfigError{Field: slurmJobID, Problem: "not set under srun"}
+		}
+		// Two steps of one allocation may run at once: the step id keeps
+		// their gossip apart (label, key and port).
+		c.JobID = "slurm-" + job + "." + firstNonEmpty(get(slurmStepID), "0")
+		nodes := firstNonEmpty(get(slurmStepNodes), get(slurmNodeList))
+		c.Seed = get(rankenv.RdzvEndpoint)
+		hosts, herr := hostlist.Expand(nodes)
+		if c.Seed == "" {
+			if herr != nil {
+				return c, &ConfigError{Field: slurmNodeList, Problem: herr.Error()}
+			}
+			port := slurmPort(c.JobID)
+			if p := get(EnvRdzvPort); p != "" {
+				if port, err = atoi(EnvRdzvPort); err != nil {
+					return c, err
+				}
+			}
+			c.Seed = net.JoinHostPort(hosts[0], strconv.Itoa(port))
+		}
+		c.RankHosts = slurmRankHosts(hosts, get(slurmTasksPer), get(slurmDist), c.WorldSize)
+	default:
+		return c, ErrNoRankEnv
+	}
+
+	if s := get(rankenv.Secret); s != "" {
+		c.Secret, err = hex.DecodeString(strings.TrimSpace(s))
+		if err != nil {
+			return c, &ConfigError{Field: rankenv.Secret, Problem: "not hex: " + err.Error()}
+		}
+	} else {
+		sum := sha256.Sum256([]byte("gorun insecure secret\x00" + c.JobID + "\x00" + c.Seed))
+		c.Secret, c.SecretDerived = sum[:], true
+	}
+	c.Host = get(rankenv.GorunHost)
+	if c.Host == "" {
+		c.Host = get(slurmNodeName)
+	}
+	if c.Host == "" {
+		c.Host, _ = os.Hostname()
+	}
+	c.DataAddr = get(EnvDataAddr)
+	if v := get(EnvRdzvTimeout); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return c, &ConfigError{Field: EnvRdzvTimeout, Problem: fmt.Sprintf("%q is not a positive duration", v)}
+		}
+		c.FormationTimeout = d
+	}
+	return c, c.Validate()
+}
+
+// slurmPort derives the seed port from the job id: every rank of the step
+// computes the same one with no communication.
+func slurmPort(job string) int {
+	h := fnv.New32a()
+	h.Write([]byte(job))
+	return 10000 + int(h.Sum32()%20000)
+}
+
+// slurmRankHosts gives each rank's expected host under SLURM's default block
+// distribution (ranks fill hosts in order), or nil when it cannot be known.
+// It only feeds the "missing 3 (h2)" part of a formation timeout.
+func slurmRankHosts(hosts []string, tasksPerNode, dist string, size int) []string {
+	if len(hosts) == 0 || tasksPerNode == "" || (dist != "" && !strings.HasPrefix(dist, "block")) {
+		return nil
+	}
+	counts, err := hostlist.ParseTasksPerNode(tasksPerNode)
+	if err != nil || len(counts) != len(hosts) {
+		return nil
+	}
+	var out []string
+	for i, n := range counts {
+		for range n {
+			out = append(out, hosts[i])
+		}
+	}
+	if len(out) != size {
+		return nil
+	}
+	return out
+}

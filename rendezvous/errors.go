@@ -1,0 +1,161 @@
+package rendezvous
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sentinels. Typed errors below match them with errors.Is.
+var (
+	// ErrLost matches every *LostError: a member died or became unreachable.
+	ErrLost = errors.New("rendezvous: member lost")
+	// ErrLeft: a member needed by an operation left the world gracefully
+	// before taking part in it.
+	ErrLeft = errors.New("rendezvous: member left")
+	// ErrClosed: the World was closed.
+	ErrClosed = errors.New("rendezvous: world closed")
+	// ErrNotMember: a group was asked for that does not contain the caller.
+	ErrNotMember = errors.New("rendezvous: not a member of the group")
+	// ErrFormation matches every *FormationError.
+	ErrFormation = errors.New("rendezvous: world did not form")
+	// ErrConflict matches every *ConflictError.
+	ErrConflict = errors.New("rendezvous: conflicting members")
+	// ErrNoRankEnv: ConfigFromEnv found none of the supported launchers'
+	// variables.
+	ErrNoRankEnv = errors.New("rendezvous: no rank environment (set GORUN_RANK/GORUN_WORLD_SIZE, " +
+		"RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or run under srun)")
+)
+
+// ConfigError is a bad Config field (from Validate or ConfigFromEnv).
+type ConfigError struct {
+	Field   string // the Config field or environment variable
+	Problem string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("rendezvous: config %s: %s", e.Field, e.Problem)
+}
+
+// LostError says that a member died or became unreachable. It is what
+// Err() returns on a World or Group that contains the member, and what every
+// blocked operation on them returns.
+type LostError struct {
+	Rank  int    // world rank of the lost member
+	Host  string // its host, as it advertised it
+	Epoch uint64 // the world epoch after the loss
+	Cause error  // how it was detected
+}
+
+func (e *LostError) Error() string {
+	s := fmt.Sprintf("rendezvous: rank %d (host %s) lost", e.Rank, e.Host)
+	if e.Cause != nil {
+		s += ": " + e.Cause.Error()
+	}
+	return s
+}
+
+// Is makes errors.Is(err, ErrLost) true.
+func (e *LostError) Is(target error) bool { return target == ErrLost }
+
+// Unwrap returns the cause.
+func (e *LostError) Unwrap() error { return e.Cause }
+
+// ErrDeclaredDead is the Cause of a loss seen by the failure detector: the
+// member stopped answering probes (crash, hang, or unreachable host) and did
+// not refute the suspicion in time.
+var ErrDeclaredDead = errors.New("stopped answering probes and was declared dead")
+
+// LeftError: a member left gracefully while an operation still needed it.
+type LeftError struct {
+	Rank int
+	Host string
+	Op   string // what was waiting, e.g. "barrier"
+}
+
+func (e *LeftError) Error() string {
+	return fmt.Sprintf("rendezvous: %s: rank %d (host %s) left the world before taking part", e.Op, e.Rank, e.Host)
+}
+
+// Is makes errors.Is(err, ErrLeft) true.
+func (e *LeftError) Is(target error) bool { return target == ErrLeft }
+
+// Missing is a rank the world is still waiting for; Host is "" when unknown.
+type Missing struct {
+	Rank int
+	Host string
+}
+
+// FormationError: the world did not form before the timeout (or the context
+// ended). It lists the ranks still missing.
+type FormationError struct {
+	Joined    int       // ranks seen, including this one
+	WorldSize int       // ranks expected
+	After     string    // how long Join waited, formatted
+	Missing   []Missing // ranks not seen, ascending
+	SeedErr   error     // last error joining the seed, if it never succeeded
+	Cause     error     // the context's error, when that ended the wait
+	Seed      string    // the seed address
+	Rank      int       // this rank
+}
+
+func (e *FormationError) Error() string {
+	var b strings.Builder
+	if e.SeedErr != nil {
+		fmt.Fprintf(&b, "rendezvous: rank %d could not join the seed %s after %s: %v", e.Rank, e.Seed, e.After, e.SeedErr)
+		return b.String()
+	}
+	fmt.Fprintf(&b, "rendezvous: %d/%d ranks after %s; missing ", e.Joined, e.WorldSize, e.After)
+	const show = 32 // a 1024-rank job missing 900 ranks needs no 900-item line
+	for i, m := range e.Missing {
+		if i == show {
+			fmt.Fprintf(&b, ", ... (%d more)", len(e.Missing)-show)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%d", m.Rank)
+		if m.Host != "" {
+			fmt.Fprintf(&b, " (%s)", m.Host)
+		}
+	}
+	if e.Cause != nil {
+		fmt.Fprintf(&b, " (%v)", e.Cause)
+	}
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrFormation) true.
+func (e *FormationError) Is(target error) bool { return target == ErrFormation }
+
+// Unwrap returns the context error, if that ended the wait.
+func (e *FormationError) Unwrap() error { return e.Cause }
+
+// Claim is one side of a conflict: who said what about itself.
+type Claim struct {
+	Rank  int
+	Host  string
+	Addr  string // gossip address host:port
+	JobID string
+	Size  int // the world size it was started with
+}
+
+func (c Claim) String() string {
+	return fmt.Sprintf("rank %d of job %q (size %d) on host %s at %s", c.Rank, c.JobID, c.Size, c.Host, c.Addr)
+}
+
+// ConflictError: two processes claim one rank, or a member belongs to another
+// job or was started with another world size. The world refuses to form
+// rather than be silently wrong; the error names both sides.
+type ConflictError struct {
+	What string // "two processes claim one rank", "member of another job", ...
+	A, B Claim
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("rendezvous: %s: %s and %s", e.What, e.A, e.B)
+}
+
+// Is makes errors.Is(err, ErrConflict) true.
+func (e *ConflictError) Is(target error) bool { return target == ErrConflict }

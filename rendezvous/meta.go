@@ -1,0 +1,88 @@
+package rendezvous
+
+import (
+	"crypto/hkdf"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Member is what a rank advertises about itself, as every other member sees
+// it. It travels in memberlist's node metadata (≤ 512 bytes), so it holds
+// only small fixed facts; anything larger would go through our own messages.
+type Member struct {
+	Rank      int
+	WorldSize int // the size this member was started with (checked equal)
+	LocalRank int
+	JobID     string
+	Host      string // host label (Config.Host)
+	DataAddr  string // data-plane host:port (Config.DataAddr)
+	PID       int    // process id on Host, for error messages
+	Addr      string // gossip address host:port (filled from memberlist, not meta)
+}
+
+// metaVersion is the first byte of the metadata: a member speaking another
+// layout is refused with a clear error instead of being misread.
+const metaVersion = 1
+
+func (c *Config) meta() Member {
+	return Member{
+		Rank: c.Rank, WorldSize: c.WorldSize, LocalRank: c.LocalRank,
+		JobID: c.JobID, Host: c.Host, DataAddr: c.DataAddr, PID: pid,
+	}
+}
+
+// encodeMeta lays out version, then uvarints rank, size, local rank, pid,
+// then length-prefixed job id, host and data address.
+func encodeMeta(m Member) []byte {
+	b := []byte{metaVersion}
+	for _, v := range []int{m.Rank, m.WorldSize, m.LocalRank, m.PID} {
+		b = binary.AppendUvarint(b, uint64(v))
+	}
+	for _, s := range []string{m.JobID, m.Host, m.DataAddr} {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	return b
+}
+
+var errBadMeta = errors.New("rendezvous: malformed member metadata")
+
+func decodeMeta(b []byte) (Member, error) {
+	var m Member
+	if len(b) == 0 || b[0] != metaVersion {
+		if len(b) == 0 {
+			return m, fmt.Errorf("%w: empty (not a gorun rank?)", errBadMeta)
+		}
+		return m, fmt.Errorf("%w: version %d, want %d", errBadMeta, b[0], metaVersion)
+	}
+	b = b[1:]
+	var ints [4]int
+	for i := range ints {
+		v, n := binary.Uvarint(b)
+		if n <= 0 || v > 1<<31 {
+			return m, errBadMeta
+		}
+		ints[i], b = int(v), b[n:]
+	}
+	var strs [3]string
+	for i := range strs {
+		l, n := binary.Uvarint(b)
+		if n <= 0 || l > uint64(len(b)-n) {
+			return m, errBadMeta
+		}
+		strs[i], b = string(b[n:n+int(l)]), b[n+int(l):]
+	}
+	m.Rank, m.WorldSize, m.LocalRank, m.PID = ints[0], ints[1], ints[2], ints[3]
+	m.JobID, m.Host, m.DataAddr = strs[0], strs[1], strs[2]
+	return m, nil
+}
+
+// gossipKey derives memberlist's AES-256 key from the job secret. HKDF with a
+// fixed purpose string keeps this key independent of any other key the job
+// derives from the same secret (the data plane's HMAC key, for one), and the
+// job id as salt makes two jobs that reuse a secret still use different keys.
+func gossipKey(secret []byte, jobID string) ([]byte, error) {
+	return hkdf.Key(sha256.New, secret, []byte(jobID), "gorun rendezvous gossip v1", 32)
+}

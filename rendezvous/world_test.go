@@ -1,0 +1,438 @@
+package rendezvous
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/gorun-hpc/gorun/rendezvous/rendezvoustest"
+)
+
+// Every member sees the same world: all ranks, their hosts and data
+// addresses, epoch 1; barrier and groups work; closing is not a failure.
+func TestFormBarrierGroups(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		const n = 16
+		ws, _ := formMem(t, n, nil)
+		defer closeAll(ws)
+		for r, w := range ws {
+			if w.Rank() != r || w.Size() != n || w.Epoch() != 1 || w.Alive() != n {
+				t.Fatalf("rank %d: Rank %d Size %d Epoch %d Alive %d", r, w.Rank(), w.Size(), w.Epoch(), w.Alive())
+			}
+			for p := range n {
+				if got, want := w.Host(p), fmt.Sprintf("h%d", p/4); got != want {
+					t.Errorf("rank %d: Host(%d) = %q, want %q", r, p, got, want)
+				}
+				if got, want := w.DataAddr(p), fmt.Sprintf("data-%d:1", p); got != want {
+					t.Errorf("rank %d: DataAddr(%d) = %q, want %q", r, p, got, want)
+				}
+			}
+			if w.Err() != nil {
+				t.Fatalf("rank %d: Err = %v", r, w.Err())
+			}
+		}
+		ctx := context.Background()
+		eachRank(t, ws, func(w *World) error {
+			for range 3 {
+				if err := w.Barrier(ctx); err != nil {
+					return err
+				}
+			}
+			// MPI_Comm_split: color by rank mod 3, key reversing the order.
+			g, err := w.Split(ctx, w.Rank()%3, -w.Rank())
+			if err != nil {
+				return err
+			}
+			var want []int
+			for r := n - 1; r >= 0; r-- {
+				if r%3 == w.Rank()%3 {
+					want = append(want, r)
+				}
+			}
+			if !slices.Equal(g.Ranks(), want) || g.GlobalRank(g.Rank()) != w.Rank() {
+				return fmt.Errorf("split: ranks %v (mine %d), want %v", g.Ranks(), g.Rank(), want)
+			}
+			if err := g.Barrier(ctx); err != nil {
+				return err
+			}
+			// Undefined leaves a rank out.
+			color := 0
+			if w.Rank() == 5 {
+				color = Undefined
+			}
+			g2, err := w.Split(ctx, color, 0)
+			if err != nil {
+				return err
+			}
+			if (g2 == nil) != (w.Rank() == 5) || (g2 != nil && g2.Size() != n-1) {
+				return fmt.Errorf("split with Undefined: %v", g2)
+			}
+			// Explicit groups need no messages; ranks in the order given.
+			if w.Rank()%2 == 0 {
+				eg, err := w.Group([]int{14, 12, 10, 8, 6, 4, 2, 0})
+				if err != nil {
+					return err
+				}
+				if eg.Rank() != 7-w.Rank()/2 || eg.Host(0) != "h3" || eg.DataAddr(7) != "data-0:1" {
+					return fmt.Errorf("group: rank %d host0 %s data7 %s", eg.Rank(), eg.Host(0), eg.DataAddr(7))
+				}
+				return eg.Barrier(ctx)
+			}
+			if _, err := w.Group([]int{0, 2}); !errors.Is(err, ErrNotMember) {
+				return fmt.Errorf("group without me: %v", err)
+			}
+			return nil
+		})
+	})
+}
+
+// eachRank runs f on every world concurrently and fails on any error.
+func eachRank(t *testing.T, ws []*World, f func(w *World) error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, len(ws))
+	for i, w := range ws {
+		if w != nil {
+			wg.Go(func() { errs[i] = f(w) })
+		}
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", i, err)
+		}
+	}
+}
+
+// A crashed member is reported by every other member within 2 s, with its
+// rank and host; the epoch increases; a blocked barrier is released with the
+// same error; groups without it are unaffected.
+func TestCrashDetectedWithin2s(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		const n, victim = 16, 5
+		ws, _ := formMem(t, n, nil)
+		defer closeAll(ws)
+		ctx := context.Background()
+		// A group without the victim, made before the crash.
+		others := make([]*Group, n)
+		for r, w := range ws {
+			if r/4 != victim/4 {
+				g, err := w.Group(hostRanks(r / 4))
+				if err != nil {
+					t.Fatal(err)
+				}
+				others[r] = g
+			}
+		}
+		// Survivors enter a barrier the victim will never reach.
+		barrierErr := make([]error, n)
+		var wg sync.WaitGroup
+		for r, w := range ws {
+			if r != victim {
+				wg.Go(func() { barrierErr[r] = w.Barrier(ctx) })
+			}
+		}
+		synctest.Wait()
+		crashed := time.Now()
+		crash(ws[victim])
+		for r, w := range ws {
+			if r == victim {
+				continue
+			}
+			<-w.Failed()
+			if d := time.Since(crashed); d > 2*time.Second {
+				t.Errorf("rank %d saw the crash after %v", r, d)
+			}
+			var le *LostError
+			if !errors.As(w.Err(), &le) || le.Rank != victim || le.Host != "h1" {
+				t.Fatalf("rank %d: Err = %v", r, w.Err())
+			}
+			if !strings.Contains(w.Err().Error(), "rendezvous: rank 5 (host h1) lost") {
+				t.Errorf("message %q", w.Err())
+			}
+			if w.Epoch() != 2 {
+				t.Errorf("rank %d: epoch %d, want 2", r, w.Epoch())
+			}
+			ev := <-w.Events()
+			if ev.Kind != MemberLost || ev.Rank != victim || ev.Epoch != 2 || ev.Err == nil {
+				t.Errorf("rank %d: event %+v", r, ev)
+			}
+		}
+		wg.Wait()
+		for r, err := range barrierErr {
+			if r != victim && !errors.Is(err, ErrLost) {
+				t.Errorf("rank %d: barrier returned %v, want lost", r, err)
+			}
+		}
+		for r, g := range others {
+			if g != nil && g.Err() != nil {
+				t.Errorf("rank %d: group without the victim failed: %v", r, g.Err())
+			}
+		}
+		// Groups made after the loss that contain the victim start failed.
+		g, err := ws[0].Group([]int{0, victim})
+		if err != nil || !errors.Is(g.Err(), ErrLost) {
+			t.Errorf("new group with the lost rank: %v, %v", g, err)
+		}
+		ws[victim] = nil
+	})
+}
+
+func hostRanks(h int) []int { return []int{4 * h, 4*h + 1, 4*h + 2, 4*h + 3} }
+
+// A host whose link goes down is a loss like a crash.
+func TestIsolatedMemberLost(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		const n, victim = 8, 3
+		ws, nw := formMem(t, n, nil)
+		defer closeAll(ws)
+		cut := time.Now()
+		nw.Isolate(memAddr(victim))
+		for r, w := range ws {
+			if r == victim {
+				continue
+			}
+			<-w.Failed()
+			if d := time.Since(cut); d > 2*time.Second {
+				t.Errorf("rank %d saw the loss after %v", r, d)
+			}
+			if le := (*LostError)(nil); !errors.As(w.Err(), &le) || le.Rank != victim {
+				t.Errorf("rank %d: %v", r, w.Err())
+			}
+		}
+		// The isolated member sees everyone else as lost.
+		<-ws[victim].Failed()
+	})
+}
+
+// A graceful leave is an event, not a failure; a barrier that needed the
+// member that left is released with a LeftError.
+func TestLeaveIsNotFailure(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		const n, leaver = 8, 6
+		ws, _ := formMem(t, n, nil)
+		defer closeAll(ws)
+		if err := ws[leaver].Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := ws[leaver].Close(); err != nil { // idempotent
+			t.Fatal(err)
+		}
+		for r, w := range ws {
+			if r == leaver {
+				continue
+			}
+			ev := <-w.Events()
+			if ev.Kind != MemberLeft || ev.Rank != leaver || ev.Epoch != 2 {
+				t.Errorf("rank %d: event %+v", r, ev)
+			}
+			select {
+			case <-w.Failed():
+				t.Errorf("rank %d: leave reported as failure: %v", r, w.Err())
+			default:
+			}
+		}
+		// Time passes; still no failure.
+		time.Sleep(10 * time.Second)
+		for r, w := range ws {
+			if r != leaver && w.Err() != nil {
+				t.Errorf("rank %d: %v", r, w.Err())
+			}
+		}
+		rest := slices.Delete(slices.Clone(ws), leaver, leaver+1)
+		eachRank(t, rest, func(w *World) error {
+			err := w.Barrier(context.Background())
+			if !errors.Is(err, ErrLeft) {
+				return fmt.Errorf("barrier after a leave: %v, want ErrLeft", err)
+			}
+			return nil
+		})
+	})
+}
+
+// Closing a World releases its own blocked barrier.
+func TestCloseReleasesBarrier(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		ws, _ := formMem(t, 3, nil)
+		defer closeAll(ws)
+		done := make(chan error)
+		go func() { done <- ws[1].Barrier(context.Background()) }()
+		synctest.Wait()
+		_ = ws[1].Close()
+		if err := <-done; !errors.Is(err, ErrClosed) {
+			t.Fatalf("barrier after close: %v", err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := ws[0].Barrier(ctx); err == nil {
+			t.Fatal("barrier with a closed member succeeded")
+		}
+	})
+}
+
+// Formation that cannot complete fails after the timeout, listing the
+// missing ranks with their expected hosts.
+func TestFormationTimeoutListsMissing(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		nw := &rendezvoustest.Network{}
+		hosts := []string{"h0", "h0", "h1", "h1", "h2"}
+		var cfgs []Config
+		for r := range 5 {
+			if r == 3 || r == 4 {
+				continue
+			}
+			c := memConfig(t, nw, "job1", r, 5)
+			c.FormationTimeout = 30 * time.Second
+			c.RankHosts = hosts
+			cfgs = append(cfgs, c)
+		}
+		start := time.Now()
+		ws, errs := joinAll(context.Background(), cfgs)
+		for i, err := range errs {
+			if ws[i] != nil {
+				t.Fatalf("formed without all ranks")
+			}
+			if want := "rendezvous: 3/5 ranks after 30s; missing 3 (h1), 4 (h2)"; err == nil || err.Error() != want {
+				t.Errorf("config %d: %v, want %q", i, err, want)
+			}
+			if !errors.Is(err, ErrFormation) {
+				t.Errorf("not ErrFormation: %v", err)
+			}
+		}
+		if d := time.Since(start); d > 31*time.Second {
+			t.Errorf("took %v", d)
+		}
+	})
+}
+
+// A seed that never answers gives a message about the seed.
+func TestSeedUnreachable(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		nw := &rendezvoustest.Network{}
+		c := memConfig(t, nw, "job1", 1, 2)
+		c.FormationTimeout = 5 * time.Second
+		_, err := Join(context.Background(), c)
+		if err == nil || !strings.Contains(err.Error(), "rank 1 could not join the seed 10.0.0.1:7946 after 5s") {
+			t.Fatalf("got %v", err)
+		}
+	})
+}
+
+// Two processes claiming one rank: formation fails on every member with an
+// error naming both claimants.
+func TestDuplicateRankRefused(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		nw := &rendezvoustest.Network{}
+		tr2, err := nw.NewTransport("10.0.9.9:7946")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfgs := []Config{
+			memConfig(t, nw, "job1", 0, 3),
+			memConfig(t, nw, "job1", 1, 3),
+			memConfigOn(t, tr2, "job1", 1, 3),
+		}
+		cfgs[2].Host = "other"
+		_, errs := joinAll(context.Background(), cfgs)
+		for i, err := range errs {
+			var ce *ConflictError
+			if !errors.As(err, &ce) {
+				t.Fatalf("config %d: %v, want a conflict", i, err)
+			}
+			msg := err.Error()
+			if !strings.Contains(msg, "two processes claim one rank") || !strings.Contains(msg, "10.0.0.2:7946") || !strings.Contains(msg, "10.0.9.9:7946") {
+				t.Errorf("config %d: %q does not name both", i, msg)
+			}
+		}
+	})
+}
+
+// Members started with different world sizes refuse to form.
+func TestWorldSizeMismatchRefused(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		nw := &rendezvoustest.Network{}
+		cfgs := []Config{
+			memConfig(t, nw, "job1", 0, 3),
+			memConfig(t, nw, "job1", 1, 3),
+			memConfig(t, nw, "job1", 2, 4),
+		}
+		_, errs := joinAll(context.Background(), cfgs)
+		for i, err := range errs {
+			if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "another world size") {
+				t.Errorf("config %d: %v", i, err)
+			}
+		}
+	})
+}
+
+// A process of another job, or with the wrong secret, cannot join: its
+// packets carry another label or key and are dropped.
+func TestForeignMemberRefused(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		ws, nw := formMem(t, 4, nil)
+		defer closeAll(ws)
+		for _, tc := range []struct {
+			name, job string
+			secret    []byte
+		}{
+			{"wrong secret", "job1", []byte("ffffffffffffffffffffffffffffffff")},
+			{"other job", "job2", testSecret},
+		} {
+			tr, err := nw.NewTransport("")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := memConfigOn(t, tr, tc.job, 3, 4)
+			c.Secret = tc.secret
+			c.FormationTimeout = 3 * time.Second
+			w, err := Join(context.Background(), c)
+			if w != nil || !errors.Is(err, ErrFormation) {
+				t.Errorf("%s: Join = %v, %v; want refused", tc.name, w, err)
+			}
+			for r, w := range ws {
+				if w.Alive() != 4 || w.Err() != nil {
+					t.Errorf("%s: rank %d: alive %d err %v", tc.name, r, w.Alive(), w.Err())
+				}
+			}
+		}
+	})
+}
+
+// Join honours its context.
+func TestJoinContextCancel(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		nw := &rendezvoustest.Network{}
+		c := memConfig(t, nw, "job1", 0, 2)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := Join(ctx, c)
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "missing 1") {
+			t.Fatalf("got %v", err)
+		}
+	})
+}
+
+// A world of one forms alone, without a seed.
+func TestWorldOfOne(t *testing.T) {
+	c := LocalConfig()
+	c.JobID, c.WorldSize, c.Secret, c.Host = "solo", 1, testSecret, "me"
+	c.Logger = testLogger(t)
+	w, err := Join(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := w.Barrier(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	g, err := w.Split(context.Background(), 0, 0)
+	if err != nil || g.Size() != 1 {
+		t.Fatal(g, err)
+	}
+}
