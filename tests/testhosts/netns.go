@@ -144,9 +144,13 @@ func (h *Netns) SSHCommand(ctx context.Context, host string, args ...string) *ex
 }
 
 // ExecCommand returns a command that runs args inside host's network
-// namespace directly, without ssh (ip netns exec).
+// namespace directly, without ssh: ip netns exec, plus a UTS namespace of
+// its own so that `hostname` there prints host, as in an ssh session. The
+// command's process is args[0] itself (every step execs), so killing it or
+// cancelling ctx reaches the program.
 func (h *Netns) ExecCommand(ctx context.Context, host string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", host}, args...)...)
+	pre := []string{"netns", "exec", host, "unshare", "--uts", "sh", "-c", `hostname "$0" && exec "$@"`, host}
+	return exec.CommandContext(ctx, "ip", append(pre, args...)...)
 }
 
 // Addr returns host's address, or "" for a host not in the set.

@@ -68,6 +68,11 @@ func TestNetns(t *testing.T) {
 			}
 		}
 
+		// Without ssh, a command sees the same host identity.
+		if out, err := h.ExecCommand(ctx, h.Hosts[1], "hostname").Output(); err != nil || strings.TrimSpace(string(out)) != h.Hosts[1] {
+			t.Errorf("ExecCommand(%s, hostname) = %q, %v", h.Hosts[1], out, err)
+		}
+
 		// A process left running on a host is what the orphan check finds.
 		leftoverCmd := h.ExecCommand(ctx, h.Hosts[1], "sh", "-c", "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!")
 		if out, err := leftoverCmd.Output(); err != nil {
