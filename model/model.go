@@ -169,7 +169,7 @@ type Workspace struct {
 
 // NewWorkspace returns a workspace for local batches of n samples. For the
 // bitwise rank-count independence, n should be a power of two and the rank's
-// samples a contiguous, aligned slice of the global batch.
+// samples a contiguous, aligned slice of the global batch (SampleRange).
 func (m *Model) NewWorkspace(n int) (*Workspace, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("%w: workspace of %d samples", ErrSampleRange, n)
@@ -213,8 +213,9 @@ func (ws *Workspace) Forward(r int, params []float32, lo, hi int) error {
 // Backward runs region r backward for samples [lo, hi) and writes into grad
 // the sum of the per-sample gradients of r's parameters, added by the
 // pairwise tree over sample index: the partial sum at the tree node [lo, hi).
-// [lo, hi) must be a node of that tree: its length a power of two and lo a
-// multiple of it. grad needs at least Region.Size elements; the rest (shard
+// [lo, hi) must be a node of that tree — its length a power of two and lo a
+// multiple of it — or the whole workspace [0, Samples()), which may have any
+// size (rank-count independence needs powers of two, a single rank does not). grad needs at least Region.Size elements; the rest (shard
 // padding) is set to zero. It is overwritten, not accumulated into.
 //
 // Region r+1 (or, for the head, the forward pass) must be done for the same

@@ -482,3 +482,63 @@ func TestNoBlocks(t *testing.T) {
 		t.Errorf("Step = %v, %v", loss, err)
 	}
 }
+
+// TestOddBatch: a workspace of 6 samples (not a power of two) backpropagates
+// over its whole range, by the same tree TreeSum uses (left part 4, right
+// part 2), with any number of workers.
+func TestOddBatch(t *testing.T) {
+	c := gradCheckConfig(GELU)
+	m, _ := New(c)
+	p := randomParams(t, m, 5)
+	const n = 6
+	in, tg := batchFor(t, NewDataset(c), n)
+	run := func(workers int, perSample bool) [][]float32 {
+		ws, _ := m.NewWorkspace(n)
+		ws.SetWorkers(workers)
+		if err := ws.SetBatch(in, tg); err != nil {
+			t.Fatal(err)
+		}
+		g := m.Layout().Alloc(1)
+		if !perSample {
+			if _, err := ws.Step(p, g); err != nil {
+				t.Fatal(err)
+			}
+			return g
+		}
+		for r := 0; r < m.NumRegions(); r++ {
+			if err := ws.Forward(r, p[r], 0, n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for r := m.NumRegions() - 1; r >= 0; r-- {
+			parts := make([][]float32, n)
+			for s := range parts {
+				parts[s] = make([]float32, len(g[r]))
+				if err := ws.Backward(r, p[r], parts[s], s, s+1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := TreeSum(g[r], parts...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return g
+	}
+	want := run(1, true)
+	for _, workers := range []int{1, 2, 4} {
+		got := run(workers, false)
+		for r := range want {
+			if Fingerprint(want[r]) != Fingerprint(got[r]) {
+				t.Errorf("workers %d: region %d gradient differs from the per-sample TreeSum", workers, r)
+			}
+		}
+	}
+	ws, _ := m.NewWorkspace(n)
+	_ = ws.SetBatch(in, tg)
+	if _, err := ws.Step(p, m.Layout().Alloc(1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.LossSum(0, n); err != nil {
+		t.Errorf("LossSum over the whole odd workspace: %v", err)
+	}
+}

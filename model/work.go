@@ -174,13 +174,14 @@ func (w *work[F]) checkRegion(r int) (*Region, error) {
 	return &w.lay.Regions[r], nil
 }
 
-// checkRange validates [lo, hi); tree ranges must be nodes of the pairwise
-// tree, so that their partial sums combine into the same global tree.
+// checkRange validates [lo, hi). Tree ranges (backward, loss) must be nodes
+// of the pairwise tree, so that their partial sums combine into the global
+// tree — or the whole workspace, whose tree is the root for any size.
 func (w *work[F]) checkRange(lo, hi int, tree bool) error {
 	if lo < 0 || hi > w.n || lo >= hi {
 		return fmt.Errorf("%w: [%d, %d) in a workspace of %d samples", ErrSampleRange, lo, hi, w.n)
 	}
-	if k := hi - lo; tree && (k&(k-1) != 0 || lo%k != 0) {
+	if k := hi - lo; tree && (k&(k-1) != 0 || lo%k != 0) && !(lo == 0 && hi == w.n) {
 		return fmt.Errorf("%w: [%d, %d) is not an aligned power-of-two range (a node of the pairwise sample tree)",
 			ErrSampleRange, lo, hi)
 	}
@@ -257,9 +258,13 @@ func (w *work[F]) backward(r int, params, grad []F, lo, hi int) error {
 	// With k lanes, cut [lo, hi) into the largest power of two ≤ k equal
 	// pieces: each is a node of the pairwise tree, so summing the pieces'
 	// sums with the tree gives the bits of the single-threaded recursion.
+	// A whole workspace whose size is not a power of two runs on one lane:
+	// its tree's top split is not into equal halves.
 	k := 1
-	for k*2 <= len(w.lanes) && k*2 <= hi-lo {
-		k *= 2
+	if n := hi - lo; n&(n-1) == 0 {
+		for k*2 <= len(w.lanes) && k*2 <= n {
+			k *= 2
+		}
 	}
 	size := (hi - lo) / k
 	parallel(k, func(i int) {
@@ -300,14 +305,16 @@ func treeCombine[F float](dst []F, parts [][]F) {
 
 // treeBwd writes into dst the sum over samples [lo, hi) of the per-sample
 // gradients, added by the pairwise tree: the left half's sum plus the right
-// half's sum, recursively. Samples are visited in index order.
+// half's sum, recursively (for a length that is not a power of two the left
+// part is the largest power of two below it, as in TreeSum). Samples are
+// visited in index order.
 func (w *work[F]) treeBwd(ln *lane[F], reg *Region, params, dst []F, lo, hi, depth int) {
 	if hi-lo == 1 {
 		zero(dst)
 		w.sampleBwd(ln, reg, params, dst, lo)
 		return
 	}
-	mid := lo + (hi-lo)/2
+	mid := lo + highBit(hi-lo-1)
 	w.treeBwd(ln, reg, params, dst, lo, mid, depth+1)
 	for len(ln.tree) <= depth {
 		ln.tree = append(ln.tree, nil)
