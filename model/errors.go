@@ -21,4 +21,6 @@ var (
 	ErrToken = errors.New("model: token out of range")
 	// ErrShard: a shard count below 1 or a shard index outside [0, n).
 	ErrShard = errors.New("model: bad shard")
+	// ErrStep: an optimizer step number below 1.
+	ErrStep = errors.New("model: optimizer step must be >= 1")
 )

@@ -1,7 +1,6 @@
 package model
 
 import (
-	"errors"
 	"fmt"
 	"math"
 )
@@ -113,9 +112,6 @@ func (o *Optimizer) NewState(n int) *OptState {
 	}
 	return st
 }
-
-// ErrStep is returned for a step number below 1.
-var ErrStep = errors.New("model: optimizer step must be >= 1")
 
 // Update applies one optimizer step to params in place. step is the 1-based
 // number of the update (Adam's bias correction depends on it; pass the same
