@@ -57,7 +57,8 @@ ensure_pkgs ip:iproute2 unshare:util-linux /usr/sbin/sshd:openssh-server ssh:ope
 state=$BASE/$set
 mkdir -p "$state"
 chmod 700 "$state"
-[ -z "$owner" ] || echo "$owner" >"$state/owner"
+# No --owner: made by hand, so --stale must leave it alone.
+if [ -n "$owner" ]; then echo "$owner" >"$state/owner"; else rm -f "$state/owner"; fi
 
 # Subnet: keep the set's own, else the lowest 198.18.X.0/24 no other set
 # holds and no interface of this machine uses.
