@@ -5,8 +5,9 @@
 # tool skip with a message that says which one).
 set -euo pipefail
 
-# Packages the tests use; keep this list in step with what tests look for.
-pkgs=(iproute2 procps)
+# Packages the tests use; keep this list in step with what tests look for:
+# sshd and SLURM serve tests/testhosts (namespace hosts, single-node SLURM).
+pkgs=(iproute2 procps util-linux openssh-server openssh-client slurm-wlm slurm-client munge)
 
 missing=()
 for p in "${pkgs[@]}"; do
