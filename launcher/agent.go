@@ -158,6 +158,12 @@ func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	pipes := make(chan os.Signal, 1)
 	signal.Notify(pipes, syscall.SIGPIPE)
 	defer signal.Stop(pipes)
+	// Descriptors passed to the agent (every rank's pipes) and any that
+	// gorun itself inherited without close-on-exec must not reach the
+	// ranks: a rank holding another rank's stdout would delay that
+	// stream's EOF until the whole job ends, and user programs would see
+	// stray descriptors. Each rank gets exactly its stdin, stdout, stderr.
+	closeOnExecAbove(2)
 	if err := setChildSubreaper(); err != nil {
 		return fmt.Errorf("set child subreaper: %w", err)
 	}

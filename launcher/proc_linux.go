@@ -82,3 +82,16 @@ func descendants(root int) []int {
 	}
 	return out
 }
+
+// closeOnExecAbove marks every open descriptor above minFD close-on-exec.
+func closeOnExecAbove(minFD int) {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > minFD {
+			unix.CloseOnExec(fd)
+		}
+	}
+}

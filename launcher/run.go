@@ -277,9 +277,8 @@ func (r *runner) prepareRanks(prog Program) (*agentSpec, error) {
 func (r *runner) prepareStdin() (int, error) {
 	src := r.cfg.Stdin
 	if f, ok := src.(*os.File); ok {
-		st, err := f.Stat()
-		if err == nil && st.Mode()&os.ModeCharDevice == 0 {
-			// A file or pipe: hand it over, nothing to copy.
+		if !isTerminal(f) {
+			// A file, pipe or /dev/null: hand it over, nothing to copy.
 			r.extra = append(r.extra, f)
 			return 2 + len(r.extra), nil
 		}
@@ -456,7 +455,7 @@ func (r *runner) loop(ctx context.Context) error {
 		failures []failure
 		reason   stopReason
 		stopSig  syscall.Signal
-		stopped  int
+		stopped  int // ranks gorun signaled that were running
 		grace    <-chan time.Time
 		timeout  <-chan time.Time
 		killed   bool
@@ -484,10 +483,9 @@ func (r *runner) loop(ctx context.Context) error {
 		for i := range ranks {
 			if !ranks[i].exited {
 				ranks[i].stopped = true
-				stopped++
 			}
 		}
-		r.log.Debug().Int("ranks", stopped).Stringer("signal", sig).Msg("stopping the job")
+		r.log.Debug().Stringer("signal", sig).Msg("stopping the job")
 		_ = r.send(agentCmd{Op: "signal", Signal: int(sig)})
 		graceTimer = time.NewTimer(r.cfg.Grace)
 		grace = graceTimer.C
@@ -560,6 +558,13 @@ func (r *runner) loop(ctx context.Context) error {
 		}
 	}
 
+	// Counted at the end: a rank whose start failure was still in flight
+	// when the teardown began was never running, so it was not stopped.
+	for _, st := range ranks {
+		if st.stopped && st.pid > 0 {
+			stopped++
+		}
+	}
 	if r.agentErr != nil {
 		// The ranks died with the agent (Pdeathsig); their process groups
 		// may still hold children, which nobody else will stop now.
@@ -687,4 +692,18 @@ func growPipe(f *os.File) {
 			_, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, pipeSize)
 		})
 	}
+}
+
+// isTerminal reports whether f is a terminal (TCGETS succeeds).
+func isTerminal(f *os.File) bool {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	tty := false
+	_ = rc.Control(func(fd uintptr) {
+		_, err := unix.IoctlGetTermios(int(fd), unix.TCGETS)
+		tty = err == nil
+	})
+	return tty
 }

@@ -159,6 +159,22 @@ func TestRunRanksStartWithDefaultSignals(t *testing.T) {
 	}
 }
 
+// A rank has exactly stdin, stdout and stderr open: no other rank's pipes,
+// nothing gorun inherited.
+func TestRunRanksInheritOnlyStdio(t *testing.T) {
+	j := newJobRun(t, 3, "", nil)
+	j.job.Argv = []string{"/bin/sh", "-c", "exec ls /proc/self/fd | tr '\\n' ' '"}
+	if err := j.launch(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// ls itself opens fd 3 to read the directory.
+	for r := range 3 {
+		if want := fmt.Sprintf("[%d] 0 1 2 3 \n", r); !strings.Contains(j.stdout.String(), want) {
+			t.Fatalf("rank %d's descriptors: %q, want %q", r, j.stdout.String(), want)
+		}
+	}
+}
+
 // Two jobs planned at the same time must get four distinct ports.
 func TestRunConcurrentJobsGetDistinctPorts(t *testing.T) {
 	var wg sync.WaitGroup

@@ -221,5 +221,8 @@ func newLogger(o options, stderr io.Writer) (zerolog.Logger, error) {
 	default:
 		return zerolog.Nop(), fmt.Errorf("--log-format %q: expected console or json", o.logFormat)
 	}
+	// Launch events are milliseconds apart; second resolution (zerolog's
+	// default) hides their order. Process-wide, but this is main.
+	zerolog.TimeFieldFormat = time.RFC3339Nano
 	return zerolog.New(w).Level(level).With().Timestamp().Logger(), nil
 }

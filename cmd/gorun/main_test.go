@@ -121,6 +121,20 @@ func TestCommandLine(t *testing.T) {
 	}
 }
 
+// An executable file the kernel cannot run fails at exec time, in every
+// rank: one line, exit 127, nothing counted as stopped.
+func TestExecFormatError(t *testing.T) {
+	bad := t.TempDir() + "/bad"
+	if err := os.WriteFile(bad, []byte("\x00\x01 not a program"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := runGorun(t, "", nil, "-np", "2", bad)
+	if r.code != 127 || !strings.Contains(r.stderr, "gorun: rank 0 (host localhost) could not start: ") ||
+		!strings.Contains(r.stderr, "exec format error; stopped 0 other ranks") {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
 func TestHostfile(t *testing.T) {
 	hf := t.TempDir() + "/hosts"
 	if err := os.WriteFile(hf, []byte("# two slots here\nlocalhost slots=2\n127.0.0.1\n"), 0o644); err != nil {
