@@ -215,8 +215,9 @@ func (ws *Workspace) Forward(r int, params []float32, lo, hi int) error {
 // pairwise tree over sample index: the partial sum at the tree node [lo, hi).
 // [lo, hi) must be a node of that tree — its length a power of two and lo a
 // multiple of it — or the whole workspace [0, Samples()), which may have any
-// size (rank-count independence needs powers of two, a single rank does not). grad needs at least Region.Size elements; the rest (shard
-// padding) is set to zero. It is overwritten, not accumulated into.
+// size (rank-count independence needs powers of two; a single rank does not).
+// grad needs at least Region.Size elements; the rest (shard padding) is set
+// to zero. It is overwritten, not accumulated into.
 //
 // Region r+1 (or, for the head, the forward pass) must be done for the same
 // samples. The gradient is final when Backward returns, so the caller may
