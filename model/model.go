@@ -174,6 +174,14 @@ func (m *Model) NewWorkspace(n int) (*Workspace, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("%w: workspace of %d samples", ErrSampleRange, n)
 	}
+	// Refuse sizes whose activation buffers could not be allocated (or whose
+	// lengths would overflow) with an error rather than a makeslice panic.
+	c := m.cfg
+	perSample := int64(c.SeqLen) * (int64(c.Layers+2)*int64(8*c.Dim+2*c.Hidden) + int64(c.Heads)*int64(c.SeqLen)*int64(c.Layers) + int64(c.Vocab))
+	if int64(n) > (1<<40)/max(perSample, 1) {
+		return nil, fmt.Errorf("%w: a workspace of %d samples needs about %d GiB of activations",
+			ErrSampleRange, n, int64(n)*perSample*4>>30)
+	}
 	return &Workspace{m: m, w: newWork[float32](m.cfg, m.layout, n)}, nil
 }
 

@@ -173,6 +173,9 @@ func TestStepErrors(t *testing.T) {
 	if _, err := m.NewWorkspace(0); !errors.Is(err, ErrSampleRange) {
 		t.Errorf("NewWorkspace(0): %v", err)
 	}
+	if _, err := m.NewWorkspace(math.MaxInt / 2); !errors.Is(err, ErrSampleRange) {
+		t.Errorf("NewWorkspace(huge): %v", err)
+	}
 	if err := ws.Forward(0, p[0], 0, 4); !errors.Is(err, ErrOrder) {
 		t.Errorf("forward before SetBatch: %v", err)
 	}
