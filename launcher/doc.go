@@ -6,4 +6,37 @@
 //
 // Parsing command-line flags and mapping errors to exit codes belong to
 // cmd/gorun; forming process groups between the ranks belongs to rendezvous.
+//
+// # Pieces
+//
+//   - Planning (plan.go, pure): NewPlan maps PlanConfig — hosts, -np, GPUs,
+//     exports, job id, secret, ports — to a Plan with one RankSpec per rank
+//     and its full environment (rankenv names). Host lists come from
+//     hostfile.go; ResolveExports turns -x values into NAME=VALUE.
+//   - Edges (local.go, ports.go, gpus.go): which names are this machine,
+//     job identity, two kernel-chosen free ports held until the ranks start,
+//     GPU count from nvidia-smi.
+//   - Running (run.go, output.go): Launch = checks + plan + Run. Run starts
+//     one agent process per job, streams every rank's stdout and stderr
+//     line-whole to the terminal (and per-rank files), and applies the
+//     failure rules: the first failure stops the others (SIGTERM to each
+//     rank's process group, SIGKILL after Config.Grace), signals are
+//     forwarded, --timeout ends the job.
+//   - The agent (agent.go): the same executable re-run with an internal
+//     variable set; a child subreaper that is the parent of every rank and
+//     kills every descendant when gorun dies, however it died. agent.go
+//     explains why this design was chosen over the alternatives. Programs
+//     embedding the launcher call IsAgent/AgentMain first thing in main.
+//
+// # Run's ordering obligations
+//
+// The agent starts every rank before it reads any command, so a command
+// that addresses "all ranks" reaches each of them even when its "started"
+// event is still in flight. Ports are released after the agent is running
+// and before the spec is sent. Run returns only after the agent reported
+// that no rank and no descendant is left, the agent was reaped, and every
+// output stream reached EOF.
+//
+// Test support lives in launchertest: the helper rank modes a test binary
+// runs as, and a /proc scan for a test's surviving processes.
 package launcher

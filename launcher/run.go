@@ -75,6 +75,9 @@ func Launch(ctx context.Context, cfg Config, job Job) error {
 	if err != nil {
 		return err
 	}
+	cfg.Logger.Info().Str("job", plan.JobID).Int("world", plan.WorldSize).Int("nodes", len(plan.Nodes)).
+		Str("master", joinHostPort(plan.MasterAddr, plan.MasterPort)).Str("rdzv", plan.RdzvEndpoint).
+		Str("program", path).Msg("launching")
 	return Run(ctx, cfg, plan, Program{Path: path, Argv: job.Argv}, ports)
 }
 

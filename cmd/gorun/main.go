@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"github.com/gorun-hpc/gorun/launcher"
 )
@@ -215,7 +216,7 @@ func newLogger(o options, stderr io.Writer) (zerolog.Logger, error) {
 	var w io.Writer
 	switch o.logFormat {
 	case "console":
-		w = zerolog.ConsoleWriter{Out: stderr, TimeFormat: "15:04:05.000"}
+		w = zerolog.ConsoleWriter{Out: stderr, TimeFormat: "15:04:05.000", NoColor: !colorTerminal(stderr)}
 	case "json":
 		w = stderr
 	default:
@@ -225,4 +226,15 @@ func newLogger(o options, stderr io.Writer) (zerolog.Logger, error) {
 	// default) hides their order. Process-wide, but this is main.
 	zerolog.TimeFieldFormat = time.RFC3339Nano
 	return zerolog.New(w).Level(level).With().Timestamp().Logger(), nil
+}
+
+// colorTerminal reports whether w is a terminal that should get colors
+// (not when NO_COLOR is set, see no-color.org).
+func colorTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok || os.Getenv("NO_COLOR") != "" {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
 }
