@@ -27,7 +27,9 @@
 //     levels, which a deterministic collective reducing pairwise in rank order
 //     computes as the same tree ([TreeSum] is that reduction in-process). The
 //     mean (divide by the global batch size, [Mean]) comes after the whole tree.
-//     The result is bitwise identical on 1, 2, 4 … ranks.
+//     The result is bitwise identical on 1, 2, 4 … ranks. With comm, use
+//     Config.Deterministic and Op Sum (Avg would divide by the rank count,
+//     not the batch size).
 //   - Chunking along the batch keeps the bits: a region run forward over two
 //     halves of the samples equals one run over all of them, and the halves'
 //     gradient partial sums combine with [TreeSum]. If each chunk's gradient
@@ -51,6 +53,10 @@
 // Floating-point determinism: every reduction here has a fixed order that does
 // not depend on how the batch is split, and products are rounded explicitly
 // before they are summed (Go may otherwise fuse a*b+c into one FMA on some
-// platforms), so the same binary gives the same bits on every run and every
-// rank count.
+// platforms; a test compiles for amd64 v3 and fails on any fused
+// instruction), so the same binary gives the same bits on every run and every
+// rank count, and amd64 builds with and without FMA agree. Across
+// architectures the math library's Exp and Tanh (assembly on amd64, Go
+// elsewhere) may differ in the last bit, so a job mixing architectures is not
+// bitwise reproducible.
 package model
