@@ -2,7 +2,6 @@ package stepgraph
 
 import (
 	"cmp"
-	"errors"
 	"slices"
 	"sort"
 	"strings"
@@ -179,10 +178,19 @@ func (g *Graph) hiding(ix *index, est *Estimate) (lo, hi []int) {
 // guard makes sure a bucketing pass keeps its promise: it checks the
 // rewrite against the input and, while a hidden collective became exposed or
 // the total exposed time grew, dissolves the offending buckets and tries
-// again. The rules of fits make this rare (it catches second-order effects
-// of the simulation, e.g. a shifted FIFO queue); in the worst case it returns
-// the input unchanged.
+// again. The rules of fits make this rare for BucketOverlap (it catches
+// second-order effects of the simulation, e.g. a shifted FIFO queue); for
+// BucketBlocks, which merges by block whatever the overlap, it is what keeps
+// hidden collectives hidden. In the worst case it returns the input.
 func (g *Graph) guard(ix *index, m buckets.Model, before *Estimate, bkts [][]int) (*Graph, error) {
+	// What each author's start blocked before, to spot buckets that block
+	// longer than their members did.
+	was := map[string]int64{}
+	for _, c := range before.Collectives {
+		for _, f := range c.From {
+			was[f] += int64(c.Exposed)
+		}
+	}
 	for {
 		out := g.materialize(ix, bkts)
 		oix, err := out.index()
@@ -190,38 +198,34 @@ func (g *Graph) guard(ix *index, m buckets.Model, before *Estimate, bkts [][]int
 			return nil, err // a bug: merges are legal by construction
 		}
 		after := out.simulate(oix, m)
-		err = firstExposed(before, after)
-		if err == nil && after.Exposed <= before.Exposed {
+		exposed := exposedNow(before, after, false)
+		if len(exposed) == 0 && after.Exposed <= before.Exposed {
 			return out, nil
 		}
-		bad := map[string]bool{} // author starts whose bucket must go
-		var ee *ExposedError
-		if errors.As(err, &ee) {
-			for _, c := range after.Collectives {
-				if c.Start == ee.Bucket {
-					for _, f := range c.From {
-						bad[f] = true
-					}
-				}
-			}
-		} else {
-			// The total grew: dissolve every bucket that blocks longer than
-			// its members did, or all of them if none does.
-			was := map[string]int64{}
-			for _, c := range before.Collectives {
-				for _, f := range c.From {
-					was[f] += int64(c.Exposed)
-				}
-			}
+		// Dissolve every offending bucket at once: one round per cascade,
+		// not one per bucket, keeps the guard cheap.
+		offending := map[string]bool{}
+		for _, e := range exposed {
+			offending[e.Bucket] = true
+		}
+		if len(exposed) == 0 {
+			// The total grew: blame buckets that block longer than their
+			// members did.
 			for _, c := range after.Collectives {
 				sum := int64(0)
 				for _, f := range c.From {
 					sum += was[f]
 				}
 				if len(c.From) > 1 && int64(c.Exposed) > sum {
-					for _, f := range c.From {
-						bad[f] = true
-					}
+					offending[c.Start] = true
+				}
+			}
+		}
+		bad := map[string]bool{} // author starts whose bucket must go
+		for _, c := range after.Collectives {
+			if offending[c.Start] {
+				for _, f := range c.From {
+					bad[f] = true
 				}
 			}
 		}
@@ -232,8 +236,7 @@ func (g *Graph) guard(ix *index, m buckets.Model, before *Estimate, bkts [][]int
 			if len(b) > 1 {
 				for _, s := range b {
 					for _, mb := range g.Nodes[s].Members {
-						f := cmp.Or(mb.From, g.Nodes[s].Name)
-						hit = hit || bad[f]
+						hit = hit || bad[cmp.Or(mb.From, g.Nodes[s].Name)]
 					}
 				}
 			}

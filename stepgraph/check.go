@@ -194,6 +194,15 @@ func Check(before, after *Graph, m buckets.Model) (*Report, error) {
 }
 
 func firstExposed(before, after *Estimate) error {
+	if bad := exposedNow(before, after, true); len(bad) > 0 {
+		return bad[0]
+	}
+	return nil
+}
+
+// exposedNow lists the collectives of after that block while carrying an
+// author's collective that before hid (only the first when first is set).
+func exposedNow(before, after *Estimate, first bool) []*ExposedError {
 	// An author's collective may travel in several collectives (chunks):
 	// it was hidden if all of them were, and is exposed if any of them is.
 	exposedBefore := map[string]bool{}
@@ -202,15 +211,20 @@ func firstExposed(before, after *Estimate) error {
 			exposedBefore[f] = exposedBefore[f] || !c.Hidden()
 		}
 	}
+	var out []*ExposedError
 	for _, c := range after.Collectives {
 		if c.Hidden() {
 			continue
 		}
 		for _, f := range c.From {
 			if was, ok := exposedBefore[f]; ok && !was {
-				return &ExposedError{Collective: f, Bucket: c.Start, Region: c.Region, Exposed: c.Exposed}
+				out = append(out, &ExposedError{Collective: f, Bucket: c.Start, Region: c.Region, Exposed: c.Exposed})
+				if first {
+					return out
+				}
+				break
 			}
 		}
 	}
-	return nil
+	return out
 }

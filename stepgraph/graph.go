@@ -184,11 +184,10 @@ func (g *Graph) tensor(name string) (Tensor, bool) {
 	return Tensor{}, false
 }
 
-// Builder assembles a graph in plan order. Errors are collected and returned
-// by Graph, so a step can be described without checking every call.
+// Builder assembles a graph in plan order; Graph validates the result, so a
+// step can be described without checking every call.
 type Builder struct {
-	g   Graph
-	err error
+	g Graph
 }
 
 // NewBuilder starts an empty graph.
@@ -240,12 +239,14 @@ func (b *Builder) Start(name string, dir Direction, region string, op Op, group,
 // region unless region is given.
 func (b *Builder) Wait(name, start, region string) *Builder {
 	var dir Direction
-	for i := range b.g.Nodes {
+	// From the end: a wait usually follows its start closely.
+	for i := len(b.g.Nodes) - 1; i >= 0; i-- {
 		if n := &b.g.Nodes[i]; n.Name == start && n.Kind == Start {
 			dir = n.Dir
 			if region == "" {
 				region = n.Region
 			}
+			break
 		}
 	}
 	b.g.Nodes = append(b.g.Nodes, Node{Name: name, Kind: Wait, Dir: dir, Region: region, Of: start})
@@ -254,9 +255,6 @@ func (b *Builder) Wait(name, start, region string) *Builder {
 
 // Graph validates and returns the graph built so far.
 func (b *Builder) Graph() (*Graph, error) {
-	if b.err != nil {
-		return nil, b.err
-	}
 	g := b.g.Clone()
 	if err := g.Validate(); err != nil {
 		return nil, err

@@ -1,7 +1,6 @@
 package stepgraph
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -39,13 +38,19 @@ const regatherSuffix = "@bwd"
 // such start, the members read in backward get one new all-gather (same
 // group, dtype and shards; outputs named OUT@bwd), its wait right before the
 // first backward reader and its start one block earlier — at the first node
-// of the backward region that runs before the reader's, as FSDP's backward
-// prefetch does — and every backward reader is rewired to the new output.
+// of the backward block that runs before the reader's, as FSDP's backward
+// prefetch does — and every backward reader is rewired to the new output. A
+// block whose backward runs first keeps its forward copy: nothing would hide
+// its re-gather, and the copy would be freed for no time at all (FSDP keeps
+// the last block's parameters for the same reason).
 //
 // The new collectives are communication that did not exist, so they may be
 // exposed; what Reshard promises is that no collective the input hid becomes
-// exposed: a re-gather whose prefetch would do that is started right before
-// its wait instead, and if that still does, the forward copy is kept.
+// exposed. A re-gather that queues in front of a collective that became
+// exposed is started right before its wait instead, and if that still
+// exposes it, dropped (its forward copy is kept). All re-gathers are placed
+// in one rewrite per round and there are at most three rounds, so the pass
+// costs a few simulations of the step.
 func Reshard(g *Graph, m buckets.Model) (*Graph, *ReshardReport, error) {
 	if err := m.Validate(); err != nil {
 		return nil, nil, err
@@ -59,134 +64,179 @@ func Reshard(g *Graph, m buckets.Model) (*Graph, *ReshardReport, error) {
 	if rep.PeakBefore, _, err = PeakBytes(g); err != nil {
 		return nil, nil, err
 	}
-	cur := g.Clone()
+	// First backward reader of every tensor, found once for all starts.
+	bwdReader := map[string]int{}
+	for j := len(g.Nodes) - 1; j >= 0; j-- {
+		if g.Nodes[j].Dir != buckets.Backward {
+			continue
+		}
+		for _, e := range ix.preds[j] {
+			if e.kind == dataEdge {
+				bwdReader[e.tensor] = j
+			}
+		}
+	}
+	var cands []*regatherPlan
 	for i := range g.Nodes {
 		s := &g.Nodes[i]
 		if s.Kind != Start || s.Op != buckets.AllGather || s.Dir != buckets.Forward {
 			continue
 		}
-		applied := false
-		for _, early := range []bool{true, false} {
-			next, ok, err := regather(cur, s.Name, early)
-			if err != nil {
-				return nil, nil, err
-			}
-			if !ok {
-				break // nothing read in backward
-			}
-			nix, err := next.index()
-			if err != nil {
-				return nil, nil, fmt.Errorf("stepgraph: reshard of %q made an invalid plan: %w", s.Name, err)
-			}
-			var ee *ExposedError
-			if err := firstExposed(before, next.simulate(nix, m)); errors.As(err, &ee) {
+		if rp := planRegather(g, ix, bwdReader, i); rp != nil {
+			if rp.early < 0 {
+				rep.Kept = append(rep.Kept, s.Name)
 				continue
-			} else if err != nil {
-				return nil, nil, err
 			}
-			cur, applied = next, true
-			rep.Regathered = append(rep.Regathered, s.Name)
+			cands = append(cands, rp)
+		}
+	}
+	out := g.Clone()
+	for round := 0; round < 3 && len(cands) > 0; round++ {
+		next := g.applyRegathers(ix, cands)
+		nix, err := next.index()
+		if err != nil {
+			return nil, nil, fmt.Errorf("stepgraph: reshard made an invalid plan: %w", err)
+		}
+		after := next.simulate(nix, m)
+		bad := exposedNow(before, after, false)
+		if len(bad) == 0 {
+			out = next
 			break
 		}
-		if !applied && readInBackward(g, ix, s) {
-			rep.Kept = append(rep.Kept, s.Name)
-		}
-	}
-	if rep.PeakAfter, _, err = PeakBytes(cur); err != nil {
-		return nil, nil, err
-	}
-	return cur, rep, nil
-}
-
-func readInBackward(g *Graph, ix *index, s *Node) bool {
-	for j := range g.Nodes {
-		if g.Nodes[j].Dir != buckets.Backward {
-			continue
-		}
-		for _, e := range ix.preds[j] {
-			if e.kind == dataEdge && slices.ContainsFunc(s.Members, func(m Member) bool { return m.Out == e.tensor }) {
-				return true
+		if round == 2 {
+			for _, rp := range cands {
+				rep.Kept = append(rep.Kept, rp.name)
 			}
+			cands = nil
+			break
 		}
-	}
-	return false
-}
-
-// regather adds the backward all-gather of start name to g (a copy). It
-// returns ok=false when no member's output is read in backward.
-func regather(g *Graph, name string, early bool) (*Graph, bool, error) {
-	ix, err := g.index()
-	if err != nil {
-		return nil, false, err
-	}
-	si := ix.pos[name]
-	s := &g.Nodes[si]
-	outs := map[string]string{} // forward output → backward copy
-	first := len(g.Nodes)
-	for j := range g.Nodes {
-		if g.Nodes[j].Dir != buckets.Backward {
-			continue
+		// Blame the re-gathers queued on the same group just before a
+		// collective that became exposed: move them late, or drop them if
+		// already late.
+		byStart := map[string]*Collective{}
+		for k := range after.Collectives {
+			byStart[after.Collectives[k].Start] = &after.Collectives[k]
 		}
-		for _, e := range ix.preds[j] {
-			if e.kind != dataEdge {
-				continue
-			}
-			for _, mb := range s.Members {
-				if mb.Out == e.tensor {
-					outs[mb.Out] = mb.Out + regatherSuffix
-					first = min(first, j)
+		blamed := map[*regatherPlan]bool{}
+		for _, e := range bad {
+			c := byStart[e.Bucket]
+			for _, rp := range cands {
+				r := byStart[rp.name+regatherSuffix]
+				if r != nil && r.Group == c.Group && r.Issue <= c.Issue && r.End >= c.Begin {
+					blamed[rp] = true
 				}
 			}
 		}
-	}
-	if len(outs) == 0 {
-		return nil, false, nil
-	}
-	reader := &g.Nodes[first]
-	st := Node{Name: s.Name + regatherSuffix, Kind: Start, Dir: buckets.Backward, Region: reader.Region,
-		Op: s.Op, Group: s.Group, DType: s.DType}
-	for _, mb := range s.Members {
-		if c, ok := outs[mb.Out]; ok {
-			st.Members = append(st.Members, Member{In: mb.In, Out: c, Bytes: mb.Bytes})
-		}
-	}
-	wt := Node{Name: g.Nodes[ix.waitOf[si]].Name + regatherSuffix, Kind: Wait, Dir: buckets.Backward, Region: reader.Region, Of: st.Name}
-	// Where the start goes: right before the wait, or at the first node of
-	// the backward block that runs before the reader's block. A block whose
-	// backward runs first has no such block: nothing would hide its
-	// re-gather, and its forward copy would be freed for no time at all, so
-	// it keeps the copy (as FSDP keeps the last block's parameters).
-	at := first
-	if early {
-		k := first - 1
-		for k >= 0 && g.Nodes[k].Dir == buckets.Backward && g.Nodes[k].Region == reader.Region {
-			k--
-		}
-		if k < 0 || g.Nodes[k].Dir != buckets.Backward {
-			return nil, false, nil
-		}
-		prev := g.Nodes[k].Region
-		for k >= 0 && g.Nodes[k].Dir == buckets.Backward && g.Nodes[k].Region == prev {
-			k--
-		}
-		at = k + 1
-		// Never before the shards exist.
-		for _, mb := range st.Members {
-			if w, ok := ix.writer[mb.In]; ok {
-				at = max(at, w+1)
+		if len(blamed) == 0 { // nothing to blame directly: fall back on all
+			for _, rp := range cands {
+				blamed[rp] = true
 			}
 		}
-		// The start is issued in the block where it sits.
-		st.Region = g.Nodes[at].Region
+		var keep []*regatherPlan
+		for _, rp := range cands {
+			switch {
+			case !blamed[rp]:
+				keep = append(keep, rp)
+			case rp.at != rp.first:
+				rp.at = rp.first
+				keep = append(keep, rp)
+			default:
+				rep.Kept = append(rep.Kept, rp.name)
+			}
+		}
+		cands = keep
+	}
+	for _, rp := range cands {
+		rep.Regathered = append(rep.Regathered, rp.name)
+	}
+	slices.Sort(rep.Kept)
+	if len(cands) == 0 {
+		out = g.Clone()
+	}
+	if rep.PeakAfter, _, err = PeakBytes(out); err != nil {
+		return nil, nil, err
+	}
+	return out, rep, nil
+}
+
+// regatherPlan is one re-gather: the forward start it repeats, the outputs
+// read in backward, and where its start and wait go (plan positions of the
+// input graph: the new node goes right before the node there).
+type regatherPlan struct {
+	name      string
+	start     int
+	outs      map[string]string // forward output → backward copy
+	first     int               // first backward reader: the wait goes here
+	early, at int               // prefetch position (-1: none); chosen position
+}
+
+// planRegather places the re-gather of start si from the first backward
+// readers of its outputs; nil if there are none.
+func planRegather(g *Graph, ix *index, bwdReader map[string]int, si int) *regatherPlan {
+	s := &g.Nodes[si]
+	rp := &regatherPlan{name: s.Name, start: si, outs: map[string]string{}, first: len(g.Nodes)}
+	for _, mb := range s.Members {
+		if j, ok := bwdReader[mb.Out]; ok {
+			rp.outs[mb.Out] = mb.Out + regatherSuffix
+			rp.first = min(rp.first, j)
+		}
+	}
+	if len(rp.outs) == 0 {
+		return nil
+	}
+	// One block earlier: skip back over the reader's block, then over the
+	// block before it, which must also be backward.
+	reader := g.Nodes[rp.first].Region
+	k := rp.first - 1
+	for k >= 0 && g.Nodes[k].Dir == buckets.Backward && g.Nodes[k].Region == reader {
+		k--
+	}
+	if k < 0 || g.Nodes[k].Dir != buckets.Backward {
+		rp.early, rp.at = -1, -1
+		return rp
+	}
+	prev := g.Nodes[k].Region
+	for k >= 0 && g.Nodes[k].Dir == buckets.Backward && g.Nodes[k].Region == prev {
+		k--
+	}
+	rp.early = k + 1
+	// Never before the shards exist.
+	for _, mb := range s.Members {
+		if w, ok := ix.writer[mb.In]; ok {
+			rp.early = max(rp.early, w+1)
+		}
+	}
+	rp.at = rp.early
+	return rp
+}
+
+// applyRegathers rewrites g with every planned re-gather in one pass. New
+// nodes go right before the node at their position; at one position, starts
+// (in the order of the forward starts they repeat) come before waits.
+func (g *Graph) applyRegathers(ix *index, rps []*regatherPlan) *Graph {
+	starts := map[int][]Node{}
+	waits := map[int][]Node{}
+	outs := map[string]string{}
+	for _, rp := range rps {
+		s := &g.Nodes[rp.start]
+		st := Node{Name: s.Name + regatherSuffix, Kind: Start, Dir: buckets.Backward, Region: g.Nodes[rp.at].Region,
+			Op: s.Op, Group: s.Group, DType: s.DType}
+		for _, mb := range s.Members {
+			if c, ok := rp.outs[mb.Out]; ok {
+				st.Members = append(st.Members, Member{In: mb.In, Out: c, Bytes: mb.Bytes})
+				outs[mb.Out] = c
+			}
+		}
+		reader := g.Nodes[rp.first].Region
+		wt := Node{Name: g.Nodes[ix.waitOf[rp.start]].Name + regatherSuffix, Kind: Wait, Dir: buckets.Backward, Region: reader, Of: st.Name}
+		starts[rp.at] = append(starts[rp.at], st)
+		waits[rp.first] = append(waits[rp.first], wt)
 	}
 	out := &Graph{Groups: slices.Clone(g.Groups), Regions: slices.Clone(g.Regions), Tensors: slices.Clone(g.Tensors)}
+	out.Nodes = make([]Node, 0, len(g.Nodes)+2*len(rps))
 	for j := range g.Nodes {
-		if j == at {
-			out.Nodes = append(out.Nodes, st)
-		}
-		if j == first {
-			out.Nodes = append(out.Nodes, wt)
-		}
+		out.Nodes = append(out.Nodes, starts[j]...)
+		out.Nodes = append(out.Nodes, waits[j]...)
 		nd := g.Nodes[j].clone()
 		if nd.Dir == buckets.Backward {
 			for k, r := range nd.Reads {
@@ -202,5 +252,5 @@ func regather(g *Graph, name string, early bool) (*Graph, bool, error) {
 		}
 		out.Nodes = append(out.Nodes, nd)
 	}
-	return out, true, nil
+	return out
 }

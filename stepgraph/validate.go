@@ -71,15 +71,26 @@ func nodeErr(n *Node, err error, format string, args ...any) error {
 	return &NodeError{Node: n.Name, Err: err, Detail: fmt.Sprintf(format, args...)}
 }
 
-// regionKnown reports whether region is a declared block or a path below one
-// ("layers.3.attn" is in "layers.3").
-func (g *Graph) regionKnown(region string) bool {
+// regionSet returns a membership test for declared blocks and paths below
+// them ("layers.3.attn" is in "layers.3"): a set lookup per ancestor, so
+// validating n nodes costs O(n·depth), not O(n·regions).
+func (g *Graph) regionSet() func(string) bool {
+	set := make(map[string]bool, len(g.Regions))
 	for _, r := range g.Regions {
-		if region == r || strings.HasPrefix(region, r+".") {
-			return true
+		set[r] = true
+	}
+	return func(region string) bool {
+		for {
+			if set[region] {
+				return true
+			}
+			i := strings.LastIndexByte(region, '.')
+			if i < 0 {
+				return false
+			}
+			region = region[:i]
 		}
 	}
-	return false
 }
 
 func (g *Graph) index() (*index, error) {
@@ -94,6 +105,7 @@ func (g *Graph) index() (*index, error) {
 			return nil, fmt.Errorf("%w: group %q of size %d", ErrInvalid, gr.Name, gr.Size)
 		}
 	}
+	regionKnown := g.regionSet()
 	inputs := map[string]bool{}
 	for _, t := range g.Tensors {
 		if t.Input {
@@ -148,7 +160,7 @@ func (g *Graph) index() (*index, error) {
 					return nil, nodeErr(nd, ErrInvalid, "member %q has %d bytes, not a positive multiple of %s", m.In, m.Bytes, nd.DType)
 				}
 			}
-			if (nd.Dir == buckets.Forward || nd.Dir == buckets.Backward) && !g.regionKnown(nd.Region) {
+			if (nd.Dir == buckets.Forward || nd.Dir == buckets.Backward) && !regionKnown(nd.Region) {
 				return nil, nodeErr(nd, ErrUnknownRegion, "%s collective in region %q, which is not among the declared regions %v", nd.Dir, nd.Region, g.Regions)
 			}
 			ix.byGroup[nd.Group] = append(ix.byGroup[nd.Group], i)
@@ -167,7 +179,7 @@ func (g *Graph) index() (*index, error) {
 				return nil, nodeErr(nd, ErrInvalid, "start %q already waited by %q", nd.Of, g.Nodes[ix.waitOf[s]].Name)
 			}
 			ix.waitOf[s], ix.startOf[i] = i, s
-			if (nd.Dir == buckets.Forward || nd.Dir == buckets.Backward) && !g.regionKnown(nd.Region) {
+			if (nd.Dir == buckets.Forward || nd.Dir == buckets.Backward) && !regionKnown(nd.Region) {
 				return nil, nodeErr(nd, ErrUnknownRegion, "%s wait in region %q, which is not among the declared regions %v", nd.Dir, nd.Region, g.Regions)
 			}
 			for _, m := range g.Nodes[s].Members {
