@@ -306,6 +306,11 @@ func (a *agent) command(c agentCmd) {
 			if r.running && (len(want) == 0 || want[r.rank]) {
 				// Negative pid: the whole process group.
 				_ = syscall.Kill(-r.pid, syscall.Signal(c.Signal))
+				if stopping(syscall.Signal(c.Signal)) {
+					// A stopped rank (Ctrl-Z, a debugger) would hold
+					// SIGTERM pending until the grace period ran out.
+					_ = syscall.Kill(-r.pid, syscall.SIGCONT)
+				}
 			}
 		}
 	case "kill":
@@ -400,4 +405,9 @@ func (a *agent) flush() {
 	if err := a.out.Flush(); err != nil {
 		a.gorunGone = true
 	}
+}
+
+// stopping reports whether sig asks a process to end.
+func stopping(sig syscall.Signal) bool {
+	return sig == syscall.SIGTERM || sig == syscall.SIGINT || sig == syscall.SIGHUP
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,7 +27,8 @@ type Job struct {
 	// Argv is the program and its arguments; Argv[0] is looked up in PATH
 	// unless it contains a slash.
 	Argv []string
-	// NP, Hosts, Oversubscribe, GPUsPerHost and Export are as in PlanConfig.
+	// NP, Hosts, Oversubscribe, GPUsPerHost and Export are as in
+	// PlanConfig, except that NP 0 without Hosts means one rank per CPU.
 	NP            int
 	Hosts         []Host
 	Oversubscribe bool
@@ -49,6 +51,11 @@ func Launch(ctx context.Context, cfg Config, job Job) error {
 	}
 	if err := RequireLocal(job.Hosts, DetectLocal()); err != nil {
 		return err
+	}
+	if len(job.Hosts) == 0 && job.NP == 0 {
+		// No host list and no -np: one rank per CPU, as mpirun does on a
+		// single machine.
+		job.NP = runtime.NumCPU()
 	}
 	path, err := ResolveProgram(job.Argv[0], cfg.Dir)
 	if err != nil {
@@ -165,6 +172,8 @@ func Run(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *PortR
 	if err := r.send(spec); err != nil {
 		r.agentErr = err
 	}
+	r.sendCmd = func(c agentCmd) { _ = r.send(c) }
+	r.killGroup = func(pgid int) { _ = syscall.Kill(-pgid, syscall.SIGKILL) }
 	err = r.loop(ctx)
 	r.finish()
 	return err
@@ -199,6 +208,12 @@ type runner struct {
 	agentWG sync.WaitGroup // the agent's Wait
 
 	agentErr error
+	// sendCmd delivers a command to the agent; loop's only way to act, so
+	// tests can drive loop with a fake agent.
+	sendCmd func(agentCmd)
+	// killGroup SIGKILLs a rank's process group directly, for when the
+	// agent is gone; a hook so fake-agent tests never signal real pids.
+	killGroup func(pgid int)
 }
 
 // prepareOutput opens the per-rank log files.
@@ -457,8 +472,9 @@ func (r *runner) loop(ctx context.Context) error {
 	var (
 		failures []failure
 		reason   stopReason
-		stopSig  syscall.Signal
-		stopped  int // ranks gorun signaled that were running
+		stopSig  syscall.Signal // the signal gorun received, for stopSignal
+		sentSig  syscall.Signal // the signal the teardown sent the ranks
+		stopped  int            // ranks gorun signaled that were running
 		grace    <-chan time.Time
 		timeout  <-chan time.Time
 		killed   bool
@@ -483,20 +499,21 @@ func (r *runner) loop(ctx context.Context) error {
 			return
 		}
 		reason = why
+		sentSig = sig
 		for i := range ranks {
 			if !ranks[i].exited {
 				ranks[i].stopped = true
 			}
 		}
 		r.log.Debug().Stringer("signal", sig).Msg("stopping the job")
-		_ = r.send(agentCmd{Op: "signal", Signal: int(sig)})
+		r.sendCmd(agentCmd{Op: "signal", Signal: int(sig)})
 		graceTimer = time.NewTimer(r.cfg.Grace)
 		grace = graceTimer.C
 	}
 	kill := func() {
 		if !killed {
 			killed = true
-			_ = r.send(agentCmd{Op: "kill"})
+			r.sendCmd(agentCmd{Op: "kill"})
 		}
 	}
 	ctxDone := ctx.Done()
@@ -524,7 +541,7 @@ func (r *runner) loop(ctx context.Context) error {
 				st := &ranks[ev.Rank]
 				st.exited = true
 				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Msg("rank exited")
-				if (ev.Code != 0 || ev.Signal != 0) && !st.stopped {
+				if (ev.Code != 0 || ev.Signal != 0) && !(st.stopped && causedByStop(ev, sentSig)) {
 					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal)})
 					stop(stopFailure, syscall.SIGTERM)
 				}
@@ -556,7 +573,7 @@ func (r *runner) loop(ctx context.Context) error {
 				}
 			case 0:
 			default:
-				_ = r.send(agentCmd{Op: "signal", Signal: int(sig)})
+				r.sendCmd(agentCmd{Op: "signal", Signal: int(sig)})
 			}
 		}
 	}
@@ -573,7 +590,7 @@ func (r *runner) loop(ctx context.Context) error {
 		// may still hold children, which nobody else will stop now.
 		for _, st := range ranks {
 			if st.pid > 0 && !st.exited {
-				_ = syscall.Kill(-st.pid, syscall.SIGKILL)
+				r.killGroup(st.pid)
 			}
 		}
 	}
@@ -595,6 +612,15 @@ func (r *runner) loop(ctx context.Context) error {
 		return &RankExitError{Rank: f.rank, Host: host, PID: f.pid, Code: f.code, Signal: f.signal, Stopped: stopped}
 	}
 	return nil
+}
+
+// causedByStop reports whether a stopped rank's exit is the teardown's
+// doing: death by the signal gorun sent or by SIGKILL, or the exit code
+// 128+signal that shells and many handlers use. Any other failure of a rank
+// that was being stopped is its own and competes under ExitLowest and
+// ExitMax (under ExitFirst the first failure always wins anyway).
+func causedByStop(ev agentEvent, sent syscall.Signal) bool {
+	return ev.Signal == int(sent) || ev.Signal == int(syscall.SIGKILL) || (ev.Signal == 0 && ev.Code == 128+int(sent))
 }
 
 // pickFailure applies the exit policy to the failures in arrival order.

@@ -405,7 +405,9 @@ func TestRunForwardsSIGUSR1(t *testing.T) {
 func TestRunAgentDeath(t *testing.T) {
 	j := newJobRun(t, 2, "spawn-grandchild", nil)
 	errc := make(chan error, 1)
-	go func() { errc <- j.launch(context.Background()) }()
+	// Not j.launch: without the agent nobody can wait for the killed
+	// processes, so they may still be dying when Launch returns.
+	go func() { errc <- Launch(context.Background(), j.cfg, j.job) }()
 	if !launchertest.WaitFor(30*time.Second, func() bool { return j.readyCount() == 2 }) {
 		t.Fatalf("ranks not ready: %q", j.stdout.String())
 	}
@@ -418,6 +420,9 @@ func TestRunAgentDeath(t *testing.T) {
 	var ae *AgentError
 	if !errors.As(err, &ae) {
 		t.Fatalf("err = %v, want *AgentError", err)
+	}
+	if !launchertest.WaitFor(30*time.Second, func() bool { return len(launchertest.Survivors(j.token)) == 0 }) {
+		t.Fatalf("processes survive the agent's death: %v", launchertest.Survivors(j.token))
 	}
 }
 

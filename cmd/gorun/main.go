@@ -85,7 +85,7 @@ type options struct {
 func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("gorun", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&o.np, "np", 0, "number of ranks (default: one per slot)")
+	fs.IntVar(&o.np, "np", 0, "number of ranks (default: one per slot; one per CPU without -H/-hostfile)")
 	fs.IntVar(&o.np, "n", 0, "same as -np")
 	fs.StringVar(&o.hostList, "H", "", "hosts as `host[:slots],...`; SLURM hostlists like node[01-04] work")
 	fs.StringVar(&o.hostList, "host", "", "same as -H")

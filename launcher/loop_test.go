@@ -1,0 +1,199 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"os"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// fakeJob drives runner.loop with a scripted agent inside a synctest
+// bubble, so the timing rules (grace, timeout) are checked exactly and
+// without real processes.
+type fakeJob struct {
+	t      *testing.T
+	events chan agentEvent
+	cmds   chan agentCmd
+	errc   chan error
+	// killed records the process groups loop killed itself.
+	killed chan int
+}
+
+func startFakeJob(t *testing.T, np int, cfg Config) *fakeJob {
+	t.Helper()
+	c := basePlanConfig()
+	c.NP = np
+	plan, err := NewPlan(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeJob{t: t, events: make(chan agentEvent, 64), cmds: make(chan agentCmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
+	cfg.Logger = zerolog.Nop()
+	r := &runner{cfg: cfg, plan: plan, log: cfg.Logger, events: f.events, sendCmd: func(c agentCmd) { f.cmds <- c },
+		killGroup: func(pgid int) { f.killed <- pgid }}
+	go func() { f.errc <- r.loop(context.Background()) }()
+	for i := range np {
+		f.events <- agentEvent{Ev: "started", Rank: i, PID: 1000 + i}
+	}
+	return f
+}
+
+// exit reports rank's exit with a code (sig 0) or a signal.
+func (f *fakeJob) exit(rank, code int, sig syscall.Signal) {
+	f.events <- agentEvent{Ev: "exited", Rank: rank, PID: 1000 + rank, Code: code, Signal: int(sig)}
+}
+
+// expect waits until loop is idle and checks the one command it sent.
+func (f *fakeJob) expect(op string, sig syscall.Signal) {
+	f.t.Helper()
+	synctest.Wait()
+	select {
+	case c := <-f.cmds:
+		if c.Op != op || syscall.Signal(c.Signal) != sig {
+			f.t.Fatalf("command %+v, want %s %v", c, op, sig)
+		}
+	default:
+		f.t.Fatalf("no command, want %s %v", op, sig)
+	}
+}
+
+// expectNone checks that loop sent nothing.
+func (f *fakeJob) expectNone() {
+	f.t.Helper()
+	synctest.Wait()
+	select {
+	case c := <-f.cmds:
+		f.t.Fatalf("unexpected command %+v", c)
+	default:
+	}
+}
+
+func (f *fakeJob) done() error {
+	f.events <- agentEvent{Ev: "done"}
+	close(f.events)
+	return <-f.errc
+}
+
+func testConfig() Config {
+	c := DefaultConfig()
+	c.Stdout, c.Stderr = os.Stdout, os.Stderr
+	return c
+}
+
+// SIGKILL follows SIGTERM after exactly the grace period, not before.
+func TestLoopGraceTiming(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		cfg.Grace = 7 * time.Second
+		f := startFakeJob(t, 3, cfg)
+		f.exit(1, 3, 0)
+		f.expect("signal", syscall.SIGTERM)
+		start := time.Now()
+		f.exit(0, 0, syscall.SIGTERM)
+		time.Sleep(cfg.Grace - time.Nanosecond)
+		f.expectNone()
+		time.Sleep(time.Nanosecond)
+		f.expect("kill", 0)
+		if d := time.Since(start); d != cfg.Grace {
+			t.Fatalf("SIGKILL after %v, want %v", d, cfg.Grace)
+		}
+		f.exit(2, 0, syscall.SIGKILL)
+		err := f.done()
+		var re *RankExitError
+		if !errors.As(err, &re) || re.Rank != 1 || re.Code != 3 || re.PID != 1001 || re.Stopped != 2 {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
+func TestLoopTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		cfg.Timeout = time.Hour
+		f := startFakeJob(t, 2, cfg)
+		time.Sleep(time.Hour - time.Nanosecond)
+		f.expectNone()
+		time.Sleep(time.Nanosecond)
+		f.expect("signal", syscall.SIGTERM)
+		f.exit(0, 0, syscall.SIGTERM)
+		f.exit(1, 143, 0)
+		var te *TimeoutError
+		if err := f.done(); !errors.As(err, &te) || te.Stopped != 2 || te.After != time.Hour {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
+// The second SIGINT kills at once; SIGTERM during a teardown changes
+// nothing; SIGUSR1 is forwarded without stopping.
+func TestLoopSignals(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		sigs := make(chan os.Signal, 4)
+		cfg.Signals = sigs
+		f := startFakeJob(t, 2, cfg)
+		sigs <- syscall.SIGUSR1
+		f.expect("signal", syscall.SIGUSR1)
+		sigs <- syscall.SIGINT
+		f.expect("signal", syscall.SIGINT)
+		sigs <- syscall.SIGTERM
+		f.expectNone()
+		sigs <- syscall.SIGINT
+		f.expect("kill", 0)
+		f.exit(0, 0, syscall.SIGKILL)
+		f.exit(1, 0, syscall.SIGKILL)
+		var ie *InterruptedError
+		if err := f.done(); !errors.As(err, &ie) || ie.Signal != syscall.SIGINT || ie.Stopped != 2 {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
+// Which failure is reported: rank 3 fails first (code 2); while the others
+// are being stopped, rank 1 fails on its own (code 5), rank 0 dies of the
+// SIGTERM and rank 2 exits 143 — both the teardown's doing.
+func TestLoopExitPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		policy     ExitPolicy
+		rank, code int
+	}{{ExitFirst, 3, 2}, {ExitLowest, 1, 5}, {ExitMax, 1, 5}} {
+		t.Run(string(tc.policy), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := testConfig()
+				cfg.ExitPolicy = tc.policy
+				f := startFakeJob(t, 4, cfg)
+				f.exit(3, 2, 0)
+				f.expect("signal", syscall.SIGTERM)
+				f.exit(1, 5, 0)
+				f.exit(0, 0, syscall.SIGTERM)
+				f.exit(2, 143, 0)
+				var re *RankExitError
+				err := f.done()
+				if !errors.As(err, &re) || re.Rank != tc.rank || re.Code != tc.code || re.Stopped != 3 {
+					t.Fatalf("err = %v, want rank %d code %d", err, tc.rank, tc.code)
+				}
+			})
+		})
+	}
+}
+
+// An agent that vanishes without "done" is an *AgentError.
+func TestLoopAgentVanishes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := startFakeJob(t, 2, testConfig())
+		close(f.events)
+		var ae *AgentError
+		if err := <-f.errc; !errors.As(err, &ae) {
+			t.Fatalf("err = %v", err)
+		}
+		// The ranks' groups may still hold children: loop kills them.
+		if len(f.killed) != 2 || <-f.killed != 1000 || <-f.killed != 1001 {
+			t.Fatalf("process groups killed: want 1000 and 1001")
+		}
+	})
+}
