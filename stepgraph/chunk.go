@@ -70,7 +70,9 @@ func matchRegion(pattern, region string) bool {
 //     T#0 and T#1;
 //   - a collective whose inputs are per chunk runs once per chunk with half
 //     the bytes (Partial tensors keep their size); a collective over
-//     replicated inputs (a parameter all-gather) runs once;
+//     replicated inputs (a parameter all-gather) runs once; a per-chunk
+//     collective waited after the segment (a gradient reduce-scatter) gets
+//     both chunks' waits where its wait was, its outputs recombined there;
 //   - a per-chunk tensor read after the segment (or by nobody: a result of
 //     the step) is recombined under its original name by a Concat node, or
 //     a Sum node for Partial tensors (e.g. weight gradients, which must be
@@ -120,9 +122,12 @@ func Chunk(g *Graph, pattern string, dirs []Direction, m buckets.Model) (*Graph,
 			return nil, nil, err
 		}
 		label := segs[k].first + ".." + segs[k].last
-		next, err := cur.chunkSegment(cix, cix.pos[segs[k].first], cix.pos[segs[k].last]+1)
+		next, changed, err := cur.chunkSegment(cix, cix.pos[segs[k].first], cix.pos[segs[k].last]+1)
 		if err != nil {
 			return nil, nil, err
+		}
+		if !changed {
+			continue
 		}
 		nix, err := next.index()
 		if err != nil {
@@ -145,7 +150,7 @@ func Chunk(g *Graph, pattern string, dirs []Direction, m buckets.Model) (*Graph,
 func chunkName(name string, c int) string { return fmt.Sprintf("%s#%d", name, c) }
 
 // chunkSegment splits nodes [lo, hi) of g; see Chunk.
-func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, error) {
+func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, bool, error) {
 	decl := map[string]Tensor{}
 	for _, t := range g.Tensors {
 		decl[t.Name] = t
@@ -180,7 +185,7 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, error) {
 	for i := lo; i < hi; i++ {
 		nd := &g.Nodes[i]
 		if nd.Chunk != nil || nd.Builtin != "" {
-			return nil, nodeErr(nd, ErrChunk, "already chunked")
+			return nil, false, nodeErr(nd, ErrChunk, "already chunked")
 		}
 		switch nd.Kind {
 		case Compute:
@@ -195,7 +200,7 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, error) {
 			for _, w := range nd.Writes {
 				md := mode(w)
 				if md == Replicated {
-					return nil, nodeErr(nd, ErrChunk, "runs per chunk but writes %q, declared replicated", w)
+					return nil, false, nodeErr(nd, ErrChunk, "runs per chunk but writes %q, declared replicated", w)
 				}
 				per[w] = md
 				written = append(written, w)
@@ -211,23 +216,31 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, error) {
 				continue
 			}
 			if n != len(nd.Members) {
-				return nil, nodeErr(nd, ErrChunk, "mixes per-chunk and replicated members")
-			}
-			if !inSeg(ix.waitOf[i]) {
-				return nil, nodeErr(nd, ErrChunk, "per-chunk collective waited outside the chunked region, by %q", g.Nodes[ix.waitOf[i]].Name)
+				return nil, false, nodeErr(nd, ErrChunk, "mixes per-chunk and replicated members")
 			}
 			es := buckets.DTypeSize(nd.DType)
+			later := !inSeg(ix.waitOf[i]) // waited after the segment
 			for _, mb := range nd.Members {
 				if per[mb.In] == Batch && (mb.Bytes/chunkCount)%es != 0 {
-					return nil, nodeErr(nd, ErrChunk, "member %q of %d bytes does not split into two whole halves of %s", mb.In, mb.Bytes, nd.DType)
+					return nil, false, nodeErr(nd, ErrChunk, "member %q of %d bytes does not split into two whole halves of %s", mb.In, mb.Bytes, nd.DType)
 				}
 				per[mb.Out] = per[mb.In]
-				written = append(written, mb.Out)
+				if !later {
+					written = append(written, mb.Out)
+				}
 			}
 			chunked[i] = true
+			if later {
+				// Both chunks' waits stay where the wait was, and the
+				// outputs are recombined right after them.
+				chunked[ix.waitOf[i]] = true
+			}
 		case Wait:
 			chunked[i] = chunked[ix.startOf[i]]
 		}
+	}
+	if !slices.Contains(chunked, true) {
+		return g, false, nil // nothing here reads a per-chunk tensor
 	}
 	// Tensor names per chunk: T#0 and T#1, primed when an earlier segment
 	// already split T under those names.
@@ -367,6 +380,17 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, error) {
 		}
 		p = q
 	}
+	recombine := func(out *Graph, t string, at *Node) {
+		op, b := Concat, "concat("
+		if per[t] == Partial {
+			op, b = Sum, "sum("
+		}
+		rc := Node{Name: b + t + ")", Kind: Compute, Dir: at.Dir, Region: at.Region, Builtin: op, Writes: []string{t}}
+		for c := 0; c < chunkCount; c++ {
+			rc.Reads = append(rc.Reads, name(t, c))
+		}
+		out.Nodes = append(out.Nodes, rc)
+	}
 	// Recombine what is read after the segment, or by nobody.
 	read := map[string]bool{}
 	for i := range g.Nodes {
@@ -391,20 +415,21 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, error) {
 		if !read[t] && readAny[t] {
 			continue
 		}
-		op, b := Concat, "concat("
-		if per[t] == Partial {
-			op, b = Sum, "sum("
-		}
-		rc := Node{Name: b + t + ")", Kind: Compute, Dir: last.Dir, Region: last.Region, Builtin: op, Writes: []string{t}}
-		for c := 0; c < chunkCount; c++ {
-			rc.Reads = append(rc.Reads, name(t, c))
-		}
-		out.Nodes = append(out.Nodes, rc)
+		recombine(out, t, last)
 	}
 	for i := hi; i < len(g.Nodes); i++ {
+		if chunked[i] { // the wait of a per-chunk collective started inside
+			for c := 0; c < chunkCount; c++ {
+				out.Nodes = append(out.Nodes, copyNode(&g.Nodes[i], c))
+			}
+			for _, mb := range g.Nodes[ix.startOf[i]].Members {
+				recombine(out, mb.Out, &g.Nodes[i])
+			}
+			continue
+		}
 		n := g.Nodes[i].clone()
 		fixHidden(&n)
 		out.Nodes = append(out.Nodes, n)
 	}
-	return out, nil
+	return out, true, nil
 }

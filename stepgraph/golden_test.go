@@ -19,6 +19,7 @@ import (
 //	blocks | overlap          run a bucketing pass on the current graph
 //	reshard                   run Reshard; chunk pattern=P [dirs=fwd,bwd]: run Chunk
 //	plan                      print the bucket plan of the current graph
+//	load                      read the input as a JSON document; json: round-trip the current graph
 //
 // A pass replaces the current graph with its result and prints the result,
 // then the estimates before and after.
@@ -105,6 +106,13 @@ func (s *state) run(t *testing.T, sc scenario) string {
 			return "error: " + err.Error()
 		}
 		return p.String()
+	case "load":
+		g, err := Load(strings.NewReader(sc.Input))
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		s.g = g
+		return Format(g)
 	case "json":
 		need()
 		var buf bytes.Buffer

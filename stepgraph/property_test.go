@@ -177,6 +177,7 @@ func TestPassProperties(t *testing.T) {
 		}, false, nil},
 	}
 	merged := 0
+	changed := map[string]int{}
 	for seed := range seeds {
 		r := rand.New(rand.NewPCG(uint64(seed), 7))
 		g := randomGraph(r, 20+r.IntN(80))
@@ -214,6 +215,9 @@ func TestPassProperties(t *testing.T) {
 			if len(out.Nodes) < len(g.Nodes) {
 				merged++
 			}
+			if Format(out) != in {
+				changed[p.name]++
+			}
 			if seed%4 != 0 { // the costlier checks on a quarter of the seeds
 				continue
 			}
@@ -230,10 +234,16 @@ func TestPassProperties(t *testing.T) {
 			}
 		}
 	}
-	// The property would hold trivially if nothing ever merged.
+	// The properties would hold trivially if the passes never did anything.
 	if merged < seeds/4 {
 		t.Errorf("only %d pass results over %d seeds merged anything", merged, seeds)
 	}
+	for _, p := range passes {
+		if changed[p.name] == 0 {
+			t.Errorf("%s never changed a random graph", p.name)
+		}
+	}
+	t.Logf("graphs changed per pass over %d seeds: %v", seeds, changed)
 }
 
 // checkEstimate checks the simulator's bookkeeping: the step is compute
