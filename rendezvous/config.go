@@ -75,13 +75,13 @@ type Config struct {
 	// serves at most 128 concurrent push-pulls per node; the pushes also
 	// compete with the members' own work for CPU.
 	PushConcurrency int
-	// LeaveTimeout bounds World.Close's wait for its leave message to go
-	// out; past it the rank shuts down anyway (and may be reported lost).
-	LeaveTimeout time.Duration
-	// LeaveLinger is how long Close keeps gossiping after its leave message
-	// went out, so that the message reaches every member rather than one
+	// LeaveLinger is how long Close keeps gossiping its leave message
+	// before shutting down, so that it reaches members beyond the first few
 	// (a member that misses it would later see a dead node and report a
-	// failure that was a normal exit).
+	// failure that was a normal exit). Close stops early once no other
+	// member is alive in its view: at the end of a job everyone leaves at
+	// once, and memberlist's own wait (Leave's timeout) would then block
+	// the last ones for its whole length, with nobody left to gossip to.
 	LeaveLinger time.Duration
 	// LeaveGrace is how long a barrier waits for a message from a member
 	// that has just left gracefully: the message travels over TCP, the leave
@@ -151,10 +151,10 @@ func DefaultConfig() Config {
 		// Well under memberlist's 128 concurrent push-pulls; more does not
 		// help on a host with few cores.
 		PushConcurrency: 16,
-		LeaveTimeout:    2 * time.Second,
-		// Three gossip rounds: the leave message is retransmitted by its
-		// first receivers as well, so this reaches everyone at 1024 members.
-		LeaveLinger: 60 * time.Millisecond,
+		// Five gossip rounds: memberlist transmits a message
+		// RetransmitMult·⌈log10(n+1)⌉ times (8 at 16 members, 3 targets a
+		// round), and every receiver passes it on as well.
+		LeaveLinger: 100 * time.Millisecond,
 		LeaveGrace:  2 * time.Second,
 		// Measured here (notes/dependencies.md): 200/100/20 ms detects a
 		// crash in about 1 s at 16 and 64 members.
@@ -222,7 +222,7 @@ func (c *Config) Validate() error {
 		v    time.Duration
 	}{
 		{"FormationTimeout", c.FormationTimeout}, {"ProgressInterval", c.ProgressInterval},
-		{"RejoinInterval", c.RejoinInterval}, {"LeaveTimeout", c.LeaveTimeout},
+		{"RejoinInterval", c.RejoinInterval},
 		{"ProbeInterval", c.ProbeInterval}, {"ProbeTimeout", c.ProbeTimeout},
 		{"GossipInterval", c.GossipInterval}, {"SuspicionTimeout", c.SuspicionTimeout},
 		{"TCPTimeout", c.TCPTimeout}, {"PushPullInterval", c.PushPullInterval},

@@ -117,6 +117,8 @@ type World struct {
 	groups    []*Group
 	pending   []Event
 	slots     map[slotKey]*slot
+	// changed is closed and replaced whenever alive changes.
+	changed chan struct{}
 	seqs      map[uint64]uint64 // group key → next collective sequence number
 }
 
@@ -170,6 +172,7 @@ func newWorld(cfg Config) *World {
 		wake:     make(chan struct{}, 1),
 		members:  make([]memberState, cfg.WorldSize),
 		formedCh: make(chan struct{}),
+		changed:  make(chan struct{}),
 		fatalCh:  make(chan struct{}),
 		closedCh: make(chan struct{}),
 		slots:    make(map[slotKey]*slot),
@@ -511,13 +514,28 @@ func (w *World) shutdown(leave bool) error {
 	w.mu.Unlock()
 	var err error
 	if leave {
-		if err = w.ml.Leave(w.cfg.LeaveTimeout); err != nil {
-			err = fmt.Errorf("rendezvous: rank %d leave: %w", w.cfg.Rank, err)
-		} else if w.cfg.LeaveLinger > 0 {
-			// Keep gossiping for a few rounds so the leave message reaches
-			// members beyond the first few it was sent to.
-			time.Sleep(w.cfg.LeaveLinger)
+		// Queue the leave message without memberlist's blocking wait (see
+		// Config.LeaveLinger); gossip carries it while we linger.
+		_ = w.ml.Leave(time.Nanosecond)
+		t := time.NewTimer(w.cfg.LeaveLinger)
+	linger:
+		for {
+			w.mu.Lock()
+			others, changed := w.alive, w.changed
+			if w.members[w.cfg.Rank].status == statusAlive {
+				others--
+			}
+			w.mu.Unlock()
+			if others <= 0 {
+				break
+			}
+			select {
+			case <-t.C:
+				break linger
+			case <-changed:
+			}
 		}
+		t.Stop()
 	}
 	if serr := w.ml.Shutdown(); serr != nil && err == nil {
 		err = fmt.Errorf("rendezvous: rank %d shutdown: %w", w.cfg.Rank, serr)
@@ -549,6 +567,12 @@ func (w *World) dispatch() {
 			return
 		}
 	}
+}
+
+// signalChangeLocked wakes everyone waiting for a change of alive.
+func (w *World) signalChangeLocked() {
+	close(w.changed)
+	w.changed = make(chan struct{})
 }
 
 // queueEventLocked hands an event to the dispatcher.
@@ -643,6 +667,7 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) {
 	ms.node = memberlist.Node{Name: n.Name, Addr: append([]byte(nil), n.Addr...), Port: n.Port, Meta: append([]byte(nil), n.Meta...)}
 	ms.status = statusAlive
 	w.alive++
+	w.signalChangeLocked()
 	if w.alive == w.cfg.WorldSize && !w.formed && w.fatal == nil {
 		w.formed = true
 		w.epoch = 1
@@ -664,6 +689,12 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 	}
 	w.alive--
 	close(ms.gone)
+	w.signalChangeLocked()
+	if r == w.cfg.Rank {
+		// Our own leave, echoed by memberlist: not news to anyone here.
+		ms.status = statusLeft
+		return
+	}
 	if w.formed {
 		w.epoch++
 	}

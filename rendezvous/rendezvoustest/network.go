@@ -170,14 +170,30 @@ func (t *Transport) DialAddressTimeout(a memberlist.Address, timeout time.Durati
 		return nil, err
 	}
 	local, remote := net.Pipe()
-	select {
-	case dst.streamCh <- conn{remote, addr(t.addr), addr(dst.addr)}:
-	default:
+	if !t.net.enqueue(dst, conn{remote, addr(t.addr), addr(dst.addr)}) {
 		local.Close()
 		remote.Close()
-		return nil, fmt.Errorf("%w: %s: backlog full", ErrRefused, a.Addr)
+		return nil, fmt.Errorf("%w: %s", ErrRefused, a.Addr)
 	}
 	return conn{local, addr(dst.addr), addr(t.addr)}, nil
+}
+
+// enqueue hands a stream to dst's listener unless dst has shut down or its
+// backlog is full. Under the network lock, so that Shutdown cannot leave a
+// stream queued that nobody will ever accept (its dialer would block
+// forever on the synchronous pipe).
+func (n *Network) enqueue(dst *Transport, c net.Conn) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.nodes[dst.addr] != dst {
+		return false
+	}
+	select {
+	case dst.streamCh <- c:
+		return true
+	default:
+		return false
+	}
 }
 
 // StreamCh delivers incoming streams.
@@ -191,7 +207,16 @@ func (t *Transport) Shutdown() error {
 	if t.net.nodes[t.addr] == t {
 		delete(t.net.nodes, t.addr)
 	}
-	return nil
+	// Streams queued but never accepted are reset, as the kernel resets a
+	// closed listener's backlog.
+	for {
+		select {
+		case c := <-t.streamCh:
+			c.Close()
+		default:
+			return nil
+		}
+	}
 }
 
 // addr is a net.Addr for an "ip:port" string.
