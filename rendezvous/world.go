@@ -119,7 +119,7 @@ type World struct {
 	slots     map[slotKey]*slot
 	// changed is closed and replaced whenever alive changes.
 	changed chan struct{}
-	seqs      map[uint64]uint64 // group key → next collective sequence number
+	seqs    map[uint64]uint64 // group key → next collective sequence number
 }
 
 // Join starts this rank's gossip member, joins the seed and waits until all
