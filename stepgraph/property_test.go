@@ -26,6 +26,7 @@ func randomGraph(r *rand.Rand, nodes int) *Graph {
 	}
 	b.Input("x", 4096)
 	avail := []string{"x"}
+	batch := map[string]bool{} // written by compute
 	for k := range blocks {
 		w := fmt.Sprintf("w%d", k)
 		b.Input(w, 4096)
@@ -60,15 +61,24 @@ func randomGraph(r *rand.Rand, nodes int) *Graph {
 			}
 			hideNext = nil
 			avail = append(avail, out)
+			batch[out] = true
 		case x < 7: // start
 			ops := []buckets.Op{buckets.AllReduce, buckets.AllReduce, buckets.AllGather, buckets.ReduceScatter, buckets.AllToAll}
 			group := "dp"
 			if r.IntN(4) == 0 {
 				group = "tp"
 			}
+			// Members of one collective are all compute outputs or all
+			// not (inputs, collective outputs), and sizes split into whole
+			// halves, so that Chunk can split most random collectives.
 			var ms []Member
+			first := avail[r.IntN(len(avail))]
 			for range 1 + r.IntN(2) {
-				ms = append(ms, Member{In: avail[r.IntN(len(avail))], Out: fresh("o"), Bytes: 4 * int64(1+r.IntN(10000))})
+				in := avail[r.IntN(len(avail))]
+				if batch[in] != batch[first] {
+					in = first
+				}
+				ms = append(ms, Member{In: in, Out: fresh("o"), Bytes: 8 * int64(1+r.IntN(5000))})
 			}
 			name := fresh("s")
 			b.Start(name, dir, region, ops[r.IntN(len(ops))], group, "f32", ms)
@@ -158,7 +168,7 @@ func TestPassProperties(t *testing.T) {
 		}, true, nil},
 		{"reshard", func(g *Graph) (*Graph, error) { out, _, err := Reshard(g, cfg.Model); return out, err }, false, nil},
 		{"chunk", func(g *Graph) (*Graph, error) {
-			out, _, err := Chunk(g, "layers.1", nil, cfg.Model)
+			out, _, err := Chunk(g, "layers.*", nil, cfg.Model)
 			return out, err
 		}, true, ErrChunk},
 		{"blocks+overlap", func(g *Graph) (*Graph, error) {
