@@ -1,0 +1,234 @@
+// Command trainer is gorun's main job: a small decoder-only transformer
+// (package model) trained on a synthetic task in pure Go on the CPU, data
+// parallel or sharded over the ranks gorun starts, with the gradient (and,
+// sharded, parameter) collectives bucketed and overlapped with compute by
+// package overlap.
+//
+//	gorun -np 4 bin/trainer --steps 20
+//	gorun -np 4 bin/trainer --mode sharded --reshard --deterministic --trace /tmp/t.json
+//
+// Rank 0 prints one line per step, "step N loss X time Yms" (X with full
+// float32 precision, so runs compare bit for bit), and a summary with the
+// exposed-communication fraction. With --deterministic every reduction
+// follows one pairwise tree over the global batch, so the losses do not
+// depend on the rank count, bucketing, overlap, resharding or chunking.
+//
+// Rank setup: rendezvous.ConfigFromEnv → comm endpoint → rendezvous.Join
+// (advertising the endpoint) → comm communicator → model + overlap. Started
+// without a launcher, it runs as a single rank.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/overlap"
+	"github.com/gorun-hpc/gorun/rankenv"
+	"github.com/gorun-hpc/gorun/rendezvous"
+	"github.com/rs/zerolog"
+)
+
+func main() {
+	os.Exit(mainErr(os.Args[1:]))
+}
+
+func parseFlags(args []string) (options, bool, error) {
+	o := defaultOptions()
+	fs := flag.NewFlagSet("trainer", flag.ContinueOnError)
+	fs.IntVar(&o.steps, "steps", o.steps, "training steps")
+	fs.StringVar(&o.mode, "mode", o.mode, "dp (gradient all-reduce) or sharded (parameter all-gather, gradient reduce-scatter)")
+	fs.BoolVar(&o.deterministic, "deterministic", false, "reduce along one fixed tree: bitwise the same losses for any rank count and option")
+	fs.Int64Var(&o.bucketCap, "bucket-cap", 0, "bucket size cap in bytes (0: from the cost model)")
+	fs.BoolVar(&o.noBucketing, "no-bucketing", false, "one collective per tensor")
+	fs.BoolVar(&o.noOverlap, "no-overlap", false, "wait for every collective as soon as it is issued")
+	fs.BoolVar(&o.reshard, "reshard", false, "sharded: gather parameters again in backward instead of keeping the forward copy")
+	fs.BoolVar(&o.chunk, "chunk", false, "split each region's batch in two chunks, each with its own collectives")
+	fs.BoolVar(&o.grouped, "grouped", false, "hand bucket sets to the communicator as grouped calls")
+	fs.StringVar(&o.trace, "trace", "", "write a Chrome/Perfetto trace: FILE.rankK.json per rank and the merged FILE on rank 0")
+	fs.IntVar(&o.batch, "batch", o.batch, "global batch (power of two)")
+	fs.StringVar(&o.size, "model", o.size, "model size: default or small")
+	fs.IntVar(&o.workers, "workers", 1, "compute goroutines per rank")
+	verbose := fs.Bool("v", false, "debug logging")
+	if err := fs.Parse(args); err != nil {
+		return o, false, err
+	}
+	if fs.NArg() > 0 {
+		return o, false, fmt.Errorf("trainer: unexpected arguments %q", fs.Args())
+	}
+	return o, *verbose, nil
+}
+
+func mainErr(args []string) int {
+	o, verbose, err := parseFlags(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	lvl := zerolog.WarnLevel
+	if verbose {
+		lvl = zerolog.DebugLevel
+	}
+	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(lvl).With().Timestamp().Logger()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cm, closeAll, err := setup(ctx, o.deterministic, log)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "trainer: %v\n", err)
+		return 1
+	}
+	log = log.With().Int("rank", cm.Rank()).Logger()
+	_, err = run(ctx, o, cm, log, os.Stdout)
+	if err != nil {
+		cm.Abort(err) // free the peers now instead of at their timeouts
+	}
+	cerr := closeAll()
+	if err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "trainer: rank %d: %v\n", cm.Rank(), err)
+		return 1
+	}
+	return 0
+}
+
+// launched reports whether a launcher gave this process a rank.
+func launched() bool {
+	for _, v := range []string{rankenv.GorunRank, rankenv.Rank, "SLURM_PROCID"} {
+		if _, ok := os.LookupEnv(v); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// setup builds this rank's communicator over the world.
+func setup(ctx context.Context, deterministic bool, log zerolog.Logger) (*comm.Comm, func() error, error) {
+	ccfg := comm.DefaultConfig()
+	ccfg.Deterministic = deterministic
+	ccfg.Logger = log
+	if !launched() {
+		ep, err := comm.Listen(comm.EndpointConfig{Addr: "127.0.0.1:0", Secret: []byte("single-rank-trainer-secret"), Logger: log})
+		if err != nil {
+			return nil, nil, err
+		}
+		c, err := comm.New(ctx, soloGroup{addr: ep.Addr()}, ep, ccfg)
+		if err != nil {
+			_ = ep.Close()
+			return nil, nil, err
+		}
+		return c, func() error { return errors.Join(c.Close(), ep.Close()) }, nil
+	}
+	rc, err := rendezvous.ConfigFromEnv()
+	if err != nil {
+		return nil, nil, err
+	}
+	rc.Logger = log
+	ep, err := comm.Listen(comm.EndpointConfig{Addr: dataListenAddr(rc.Seed), Secret: rc.Secret, Logger: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	rc.DataAddr = ep.Addr()
+	w, err := rendezvous.Join(ctx, rc)
+	if err != nil {
+		_ = ep.Close()
+		return nil, nil, err
+	}
+	c, err := comm.New(ctx, w, ep, ccfg)
+	if err != nil {
+		_ = w.Close()
+		_ = ep.Close()
+		return nil, nil, err
+	}
+	return c, func() error { return errors.Join(c.Close(), w.Close(), ep.Close()) }, nil
+}
+
+// dataListenAddr listens on the interface that routes to the rendezvous
+// seed (a UDP "connect" sends nothing), so a job on loopback stays on
+// loopback and a multi-host job advertises a reachable address.
+func dataListenAddr(seed string) string {
+	if seed == "" {
+		return "127.0.0.1:0"
+	}
+	c, err := net.Dial("udp", seed)
+	if err != nil {
+		return ":0"
+	}
+	defer c.Close()
+	host, _, _ := net.SplitHostPort(c.LocalAddr().String())
+	return net.JoinHostPort(host, "0")
+}
+
+// soloGroup is the one-member world of a run without a launcher.
+type soloGroup struct{ addr string }
+
+var _ comm.Group = soloGroup{}
+
+func (soloGroup) Rank() int               { return 0 }
+func (soloGroup) Size() int               { return 1 }
+func (soloGroup) GlobalRank(r int) int    { return r }
+func (soloGroup) Host(int) string         { h, _ := os.Hostname(); return h }
+func (g soloGroup) DataAddr(int) string   { return g.addr }
+func (soloGroup) Failed() <-chan struct{} { return nil }
+func (soloGroup) Err() error              { return nil }
+
+// writeTraces writes this rank's timeline to FILE.rankK.json and gathers
+// every rank's onto rank 0, which writes the merged FILE: the ranks may be
+// on different hosts, so the bytes travel over the communicator.
+func writeTraces(ctx context.Context, cm overlap.Comm, tl *overlap.Timeline, file string) error {
+	var own bytes.Buffer
+	if _, err := tl.WriteTo(&own); err != nil {
+		return err
+	}
+	base := strings.TrimSuffix(file, ".json")
+	if err := os.WriteFile(fmt.Sprintf("%s.rank%d.json", base, cm.Rank()), own.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("%w: %w", errTrace, err)
+	}
+	n := cm.Size()
+	sizes := make([]int64, n)
+	if err := cm.AllGather(ctx, comm.Int64s([]int64{int64(own.Len())}), comm.Int64s(sizes)).Wait(ctx); err != nil {
+		return err
+	}
+	var most int64
+	for _, s := range sizes {
+		most = max(most, s)
+	}
+	send := make([]byte, most)
+	copy(send, own.Bytes())
+	all := make([]byte, most*int64(n))
+	if err := cm.AllGather(ctx, comm.Uint8s(send), comm.Uint8s(all)).Wait(ctx); err != nil {
+		return err
+	}
+	if cm.Rank() != 0 {
+		return nil
+	}
+	var traces []overlap.Trace
+	for r := range n {
+		t, err := overlap.ReadTrace(bytes.NewReader(all[int64(r)*most : int64(r)*most+sizes[r]]))
+		if err != nil {
+			return fmt.Errorf("%w: rank %d: %w", errTrace, r, err)
+		}
+		traces = append(traces, t)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errTrace, err)
+	}
+	if err := overlap.MergeTraces(f, traces...); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}

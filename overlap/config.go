@@ -1,0 +1,93 @@
+package overlap
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Mode selects how buckets are handed to the communicator.
+type Mode int
+
+const (
+	// Native issues each bucket's collective as soon as it may start.
+	Native Mode = iota
+	// Grouped collects the buckets that became startable between two compute
+	// calls and issues them as one GroupBackend call (NCCL group semantics).
+	Grouped
+	// Serial issues like Native and waits for each collective at once: no
+	// overlap, the baseline the other modes are measured against.
+	Serial
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Native:
+		return "native"
+	case Grouped:
+		return "grouped"
+	case Serial:
+		return "serial"
+	}
+	return fmt.Sprintf("mode(%d)", int(m))
+}
+
+// Clock tells the time; tests inject a fake one so timelines are exact.
+// Now must be safe for concurrent use.
+type Clock interface{ Now() time.Time }
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+// WallClock is the real clock.
+var WallClock Clock = wallClock{}
+
+// Config tunes an Executor. Every rank of a group must use the same Mode and
+// the same CheckPlan: they decide which collectives are issued.
+type Config struct {
+	// Mode: Native (default) issues every bucket as early as allowed.
+	Mode Mode
+	// Backend runs Grouped bucket sets; nil means SequentialGroups, which
+	// issues the set's calls back to back on the communicator.
+	Backend GroupBackend
+	// CheckPlan exchanges a hash of plan and step at the first collective of
+	// every step on every group. On by default: 8 bytes per rank per step is
+	// nothing next to a silent desync.
+	CheckPlan bool
+	// FlushPartial starts a bucket that is still missing members when the
+	// program ends the bucket's region (EndRegion) or the step (Finish), with
+	// the missing members' slots zeroed and their results dropped, as DDP
+	// does for unused parameters. Off by default: a tensor that was not
+	// produced is usually a bug, and the error names it.
+	FlushPartial bool
+	// Trace records a timeline (compute, collectives, waits) every step.
+	// Off by default: it costs an allocation per event.
+	Trace bool
+	// TraceLimit bounds the recorded events, so a long run cannot exhaust
+	// memory; later events are counted and dropped. 1<<20 events ≈ 100 MB.
+	TraceLimit int
+	// Clock times spans and metrics; default WallClock.
+	Clock Clock
+	// Logger gets one debug line per collective; fields rank, step, bucket.
+	Logger zerolog.Logger
+}
+
+// DefaultConfig: native mode, plan checked, no trace.
+func DefaultConfig() Config {
+	return Config{Mode: Native, CheckPlan: true, TraceLimit: 1 << 20, Clock: WallClock, Logger: zerolog.Nop()}
+}
+
+// Validate reports the first unusable field.
+func (c Config) Validate() error {
+	switch {
+	case c.Mode < Native || c.Mode > Serial:
+		return fmt.Errorf("%w: unknown mode %d", ErrConfig, int(c.Mode))
+	case c.TraceLimit < 0:
+		return fmt.Errorf("%w: negative TraceLimit %d", ErrConfig, c.TraceLimit)
+	case c.Clock == nil:
+		return fmt.Errorf("%w: nil Clock", ErrConfig)
+	}
+	return nil
+}

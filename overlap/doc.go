@@ -1,0 +1,65 @@
+// Package overlap owns running a step: it takes a bucket plan (buckets.Plan,
+// from stepgraph.Plan or buckets.Assign) and, every step, packs tensors into
+// the plan's fused buffers, starts each bucket's collective on its group's
+// communicator as early as the plan allows, waits for it as late as the
+// program allows, scatters the results back, and records what happened: a
+// Chrome/Perfetto timeline and per-step metrics (step time, communication
+// time, exposed communication time).
+//
+// # Two ways in
+//
+// Eager programs (no graph) drive an Executor directly, the way PyTorch DDP's
+// reducer is driven by autograd hooks:
+//
+//	ex.Begin(step)
+//	ex.Compute("backward layers.3", "layers.3", func() error { ... })
+//	ex.Ready(ctx, "layers.3.grad", in, out) // copied into its bucket; the bucket
+//	                                        // starts when its last member is in
+//	...
+//	ex.Wait(ctx, "layers.3.grad")          // results scattered before it returns
+//	m, err := ex.Finish(ctx)
+//
+// Programs with a step graph call RunGraph, which walks the graph's nodes in
+// plan order over the same Executor: a start is issued as soon as the compute
+// writing its last input has run (not only when the plan reaches it), and a
+// wait is taken right before the first compute that reads one of its outputs.
+//
+// # Ordering obligations (what every rank relies on)
+//
+// On each group, bucket k is started before bucket k+1, on every rank, in
+// every mode: a bucket whose members are all ready waits for its
+// predecessors. Collectives on one group complete in issue order (comm's
+// contract), so waiting for bucket k completes every earlier bucket of that
+// group; the executor still scatters each bucket only at its own wait or at
+// Finish. At the first collective of a step on each group, every rank
+// contributes a hash of the plan and the step number (an 8-byte all-gather
+// issued just before the first bucket); the first wait on that group checks
+// it, so ranks with different plans fail with a *PlanMismatchError naming the
+// ranks and hashes instead of exchanging mismatched buffers silently.
+//
+// # Backends
+//
+// Native issues each bucket the moment it may start. Grouped hands the
+// buckets that became startable between two compute calls (a bucket set) to a
+// GroupBackend as one grouped call, which is how NCCL's group semantics want
+// them; both modes share the plan and issue the same collectives in the same
+// order. Serial waits for every bucket as soon as it is issued: the
+// no-overlap baseline, with the same buffers and bits.
+//
+// # Fused-buffer layout
+//
+// all_reduce and broadcast run in place on a buffer of the bucket's Bytes,
+// members at their plan offsets. all_gather sends the members' shards packed
+// at their offsets and receives Size blocks of that layout; member m's output
+// is the concatenation of its slice of every block. reduce_scatter packs
+// rank-major: block p holds every member's p-th 1/Size slice, so each rank's
+// result is every member's own shard, contiguous — the layout FSDP's flat
+// parameters use; it needs each member's bytes to divide by Size elements.
+// all_to_all is not bucketed by this executor (New rejects it).
+//
+// What it leaves to others: what is bucketed (buckets, stepgraph), moving
+// bytes (comm, nccl), the model's compute (the caller's callbacks). The
+// Executor is not safe for concurrent use: one goroutine drives a step, as
+// one compute stream does. It owns one goroutine per group that records when
+// collectives complete; Close stops them.
+package overlap

@@ -1,0 +1,679 @@
+package overlap
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"time"
+
+	"github.com/gorun-hpc/gorun/buckets"
+	"github.com/gorun-hpc/gorun/comm"
+	"github.com/rs/zerolog"
+)
+
+// Executor runs one bucket plan step after step. It is driven by one
+// goroutine (see the package comment); Close may be called from any.
+type Executor struct {
+	plan *buckets.Plan
+	hash uint64
+	cfg  Config
+	log  zerolog.Logger
+	tl   *Timeline
+
+	groups []*group
+	// byIn maps an input tensor to its locations, in group then issue
+	// order; a tensor that travels twice fills its first free location.
+	byIn  map[string][]*bucket
+	byOut map[string]*bucket
+	// regionOf lists the buckets issued in each region, for EndRegion.
+	byRegion map[string][]*bucket
+
+	// Per-step state, touched only by the driving goroutine.
+	step     int
+	inStep   bool
+	broken   error // a failed step: watchers may still hold its buckets
+	begin    time.Time
+	exposed  time.Duration
+	pendingG []*bucket // Grouped: startable buckets not yet handed over
+	compute  time.Duration
+
+	ctx    context.Context // the watchers' context, cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// group is one process group's buckets and its completion watcher.
+type group struct {
+	name    string
+	cm      Comm
+	buckets []*bucket
+	next    int // index of the next bucket to start this step
+
+	hashSend, hashRecv []int64
+	hashH              Handle
+	hashChecked        bool
+
+	watch chan *bucket // to the watcher, in issue order
+}
+
+// bucket is one planned collective and its per-step state.
+type bucket struct {
+	b   buckets.Bucket
+	g   *group
+	idx int
+	dt  comm.DType
+	es  int64
+	n   int64 // group size
+
+	send, recv []byte
+	ins, outs  []comm.Buffer // per member, this step
+	have       []bool
+	missing    int
+
+	started, waited bool
+	partial         bool // flushed with members missing
+	h               Handle
+	issued          time.Time
+	waitedAt        time.Time
+	doneAt          time.Time     // written by the watcher before recorded closes
+	doneErr         error         // likewise
+	recorded        chan struct{} // closed by the watcher
+}
+
+// New prepares plan for execution over comms (one communicator per group of
+// the plan, by name). The fused buffers are allocated here, once.
+func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Backend == nil {
+		cfg.Backend = SequentialGroups{}
+	}
+	if plan == nil {
+		return nil, fmt.Errorf("%w: nil plan", ErrPlan)
+	}
+	if err := plan.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrPlan, err)
+	}
+	ex := &Executor{
+		plan: plan, hash: plan.Hash(), cfg: cfg,
+		byIn: map[string][]*bucket{}, byOut: map[string]*bucket{}, byRegion: map[string][]*bucket{},
+	}
+	rank := -1
+	for _, gp := range plan.Groups {
+		cm, ok := comms[gp.Group]
+		if !ok || cm == nil {
+			return nil, fmt.Errorf("%w: no communicator for group %q", ErrPlan, gp.Group)
+		}
+		if rank < 0 {
+			rank = cm.Rank()
+		}
+		g := &group{name: gp.Group, cm: cm, hashSend: make([]int64, 1), hashRecv: make([]int64, cm.Size())}
+		for i, pb := range gp.Buckets {
+			b, err := newBucket(pb, g, i)
+			if err != nil {
+				return nil, err
+			}
+			g.buckets = append(g.buckets, b)
+			for _, m := range pb.Members {
+				ex.byIn[m.Tensor] = append(ex.byIn[m.Tensor], b)
+				ex.byOut[m.Out] = b
+			}
+			ex.byRegion[pb.Region] = append(ex.byRegion[pb.Region], b)
+		}
+		ex.groups = append(ex.groups, g)
+	}
+	ex.log = cfg.Logger.With().Int("rank", rank).Logger()
+	if cfg.Trace {
+		ex.tl = newTimeline(max(rank, 0), cfg.TraceLimit)
+	}
+	ex.ctx, ex.cancel = context.WithCancel(context.Background())
+	for _, g := range ex.groups {
+		g.watch = make(chan *bucket, len(g.buckets)+1)
+		ex.wg.Go(func() { ex.watcher(g) })
+	}
+	return ex, nil
+}
+
+func newBucket(pb buckets.Bucket, g *group, idx int) (*bucket, error) {
+	dt, err := dtypeOf(pb.DType)
+	if err != nil {
+		return nil, fmt.Errorf("%w: bucket %q: %w", ErrPlan, pb.Name, err)
+	}
+	n := int64(g.cm.Size())
+	b := &bucket{b: pb, g: g, idx: idx, dt: dt, es: int64(dt.Size()), n: n,
+		ins: make([]comm.Buffer, len(pb.Members)), outs: make([]comm.Buffer, len(pb.Members)),
+		have: make([]bool, len(pb.Members))}
+	switch pb.Op {
+	case buckets.AllReduce, buckets.Broadcast:
+		b.send = make([]byte, pb.Bytes)
+		b.recv = b.send
+	case buckets.AllGather:
+		b.send = make([]byte, pb.Bytes)
+		b.recv = make([]byte, pb.Bytes*n)
+	case buckets.ReduceScatter:
+		for _, m := range pb.Members {
+			if m.Bytes%(n*b.es) != 0 {
+				return nil, fmt.Errorf("%w: bucket %q: reduce_scatter member %q has %d bytes, not a multiple of %d ranks × %d-byte elements (pad it)",
+					ErrPlan, pb.Name, m.Tensor, m.Bytes, n, b.es)
+			}
+		}
+		b.send = make([]byte, pb.Bytes)
+		b.recv = make([]byte, pb.Bytes/n)
+	default:
+		return nil, fmt.Errorf("%w: bucket %q: op %q is not bucketed by this executor", ErrPlan, pb.Name, pb.Op)
+	}
+	return b, nil
+}
+
+// dtypeOf maps the plan's dtype names to comm's.
+func dtypeOf(s string) (comm.DType, error) {
+	switch s {
+	case "f32":
+		return comm.Float32, nil
+	case "f64":
+		return comm.Float64, nil
+	case "bf16":
+		return comm.BFloat16, nil
+	case "f16":
+		return comm.Float16, nil
+	case "i32":
+		return comm.Int32, nil
+	case "i64":
+		return comm.Int64, nil
+	case "u8":
+		return comm.Uint8, nil
+	}
+	return 0, fmt.Errorf("unknown dtype %q", s)
+}
+
+// Plan returns the plan being executed. Callers must not modify it.
+func (ex *Executor) Plan() *buckets.Plan { return ex.plan }
+
+// Timeline returns the recorded timeline, or nil when Config.Trace is off.
+// Read it between steps.
+func (ex *Executor) Timeline() *Timeline { return ex.tl }
+
+// watcher records when each of g's collectives completes. Collectives on a
+// group complete in issue order, so waiting for them in that order records
+// every completion as it happens (within scheduling noise).
+func (ex *Executor) watcher(g *group) {
+	for b := range g.watch {
+		err := b.h.Wait(ex.ctx)
+		b.doneAt, b.doneErr = ex.cfg.Clock.Now(), err
+		close(b.recorded)
+	}
+}
+
+// Close stops the watchers. It does not wait for collectives still in
+// flight (their communicator's Close or Abort does); idempotent.
+func (ex *Executor) Close() error {
+	ex.once.Do(func() {
+		ex.cancel()
+		for _, g := range ex.groups {
+			close(g.watch)
+		}
+		ex.wg.Wait()
+	})
+	return nil
+}
+
+// Begin starts step s. The previous step must have finished.
+func (ex *Executor) Begin(step int) error {
+	if ex.inStep {
+		return fmt.Errorf("%w: Begin(%d) while step %d is running (call Finish)", ErrUsage, step, ex.step)
+	}
+	if ex.broken != nil {
+		return fmt.Errorf("%w: Begin(%d) after step %d failed (%v): close the executor and its communicators", ErrUsage, step, ex.step, ex.broken)
+	}
+	ex.step, ex.inStep = step, true
+	ex.begin = ex.cfg.Clock.Now()
+	ex.exposed, ex.compute = 0, 0
+	ex.pendingG = ex.pendingG[:0]
+	for _, g := range ex.groups {
+		g.next, g.hashH, g.hashChecked = 0, nil, false
+		for _, b := range g.buckets {
+			b.reset()
+		}
+	}
+	return nil
+}
+
+func (b *bucket) reset() {
+	for i := range b.have {
+		b.have[i], b.ins[i], b.outs[i] = false, nil, nil
+	}
+	b.missing = len(b.have)
+	b.started, b.waited, b.partial, b.h = false, false, false, nil
+	b.doneAt, b.doneErr, b.recorded = time.Time{}, nil, nil
+}
+
+// Compute runs fn as the compute named name (in region) and records it on
+// the timeline. In Grouped mode the bucket set that became startable before
+// it is issued first, so that fn hides it.
+func (ex *Executor) Compute(ctx context.Context, name, region string, fn func() error) error {
+	if err := ex.flushGroup(ctx); err != nil {
+		return err
+	}
+	t0 := ex.cfg.Clock.Now()
+	err := fn()
+	t1 := ex.cfg.Clock.Now()
+	ex.compute += t1.Sub(t0)
+	if ex.tl != nil {
+		ex.tl.complete(tidCompute, name, "compute", t0, t1, map[string]any{"step": ex.step, "region": region})
+	}
+	return err
+}
+
+// Ready hands in tensor: in is copied into its bucket's fused buffer now
+// (the caller may reuse it when Ready returns), out is where the result is
+// scattered before the bucket's wait returns (it may be in itself). When the
+// bucket's last member arrives and every earlier bucket of its group has
+// started, the bucket's collective starts — and so do later buckets that
+// were only waiting for it.
+func (ex *Executor) Ready(ctx context.Context, tensor string, in, out comm.Buffer) error {
+	if !ex.inStep {
+		return fmt.Errorf("%w: Ready(%q) outside a step (call Begin)", ErrUsage, tensor)
+	}
+	locs, ok := ex.byIn[tensor]
+	if !ok {
+		return fmt.Errorf("%w: tensor %q is in no bucket of the plan", ErrUsage, tensor)
+	}
+	var b *bucket
+	mi := -1
+	for _, l := range locs {
+		for i, m := range l.b.Members {
+			if m.Tensor == tensor && !l.have[i] {
+				b, mi = l, i
+				break
+			}
+		}
+		if b != nil {
+			break
+		}
+	}
+	if b == nil {
+		return fmt.Errorf("%w: tensor %q handed in more often than the plan sends it this step", ErrUsage, tensor)
+	}
+	if err := b.pack(mi, in, out); err != nil {
+		return err
+	}
+	b.have[mi], b.ins[mi], b.outs[mi] = true, in, out
+	b.missing--
+	return ex.advance(ctx, b.g)
+}
+
+// pack copies member mi's input into the fused send buffer.
+func (b *bucket) pack(mi int, in, out comm.Buffer) error {
+	m := b.b.Members[mi]
+	src, err := hostOf(in, b.dt, m.Bytes, b.b.Name, m.Tensor, "input")
+	if err != nil {
+		return err
+	}
+	want := m.Bytes
+	switch b.b.Op {
+	case buckets.AllGather:
+		want = m.Bytes * b.n
+	case buckets.ReduceScatter:
+		want = m.Bytes / b.n
+	}
+	if _, err := hostOf(out, b.dt, want, b.b.Name, m.Out, "output"); err != nil {
+		return err
+	}
+	if b.b.Op == buckets.ReduceScatter {
+		// Rank-major: block p gets the member's p-th slice at Offset/n.
+		blk, sl, off := b.b.Bytes/b.n, m.Bytes/b.n, m.Offset/b.n
+		for p := int64(0); p < b.n; p++ {
+			copy(b.send[p*blk+off:p*blk+off+sl], src[p*sl:(p+1)*sl])
+		}
+		return nil
+	}
+	copy(b.send[m.Offset:m.Offset+m.Bytes], src)
+	return nil
+}
+
+// unpack scatters member mi's result to its output.
+func (b *bucket) unpack(mi int) {
+	if !b.have[mi] {
+		return // flushed without it: nobody asked for the result
+	}
+	m := b.b.Members[mi]
+	dst, _ := b.outs[mi].Host()
+	switch b.b.Op {
+	case buckets.AllGather:
+		for p := int64(0); p < b.n; p++ {
+			copy(dst[p*m.Bytes:(p+1)*m.Bytes], b.recv[p*b.b.Bytes+m.Offset:p*b.b.Bytes+m.Offset+m.Bytes])
+		}
+	case buckets.ReduceScatter:
+		off, sl := m.Offset/b.n, m.Bytes/b.n
+		copy(dst[:sl], b.recv[off:off+sl])
+	default:
+		copy(dst[:m.Bytes], b.recv[m.Offset:m.Offset+m.Bytes])
+	}
+}
+
+func hostOf(buf comm.Buffer, dt comm.DType, bytes int64, bucket, tensor, what string) ([]byte, error) {
+	if buf == nil {
+		return nil, fmt.Errorf("%w: bucket %q: tensor %q: nil %s buffer", ErrUsage, bucket, tensor, what)
+	}
+	h, ok := buf.Host()
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%w: bucket %q: tensor %q: %s is not in host memory", ErrUsage, bucket, tensor, what)
+	case buf.DType() != dt:
+		return nil, fmt.Errorf("%w: bucket %q: tensor %q: %s is %s, plan says %s", ErrUsage, bucket, tensor, what, buf.DType(), dt)
+	case int64(len(h)) < bytes:
+		return nil, fmt.Errorf("%w: bucket %q: tensor %q: %s has %d bytes, plan needs %d", ErrUsage, bucket, tensor, what, len(h), bytes)
+	}
+	return h[:bytes], nil
+}
+
+// advance starts g's buckets in order while the next one is full.
+func (ex *Executor) advance(ctx context.Context, g *group) error {
+	for g.next < len(g.buckets) && g.buckets[g.next].missing == 0 {
+		b := g.buckets[g.next]
+		g.next++
+		if err := ex.start(ctx, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// start issues b (or queues it for the next bucket set in Grouped mode).
+func (ex *Executor) start(ctx context.Context, b *bucket) error {
+	g := b.g
+	if ex.cfg.CheckPlan && g.hashH == nil {
+		g.hashSend[0] = int64(stepHash(ex.hash, ex.step))
+		g.hashH = g.cm.AllGather(ctx, comm.Int64s(g.hashSend), comm.Int64s(g.hashRecv))
+	}
+	b.started = true
+	b.recorded = make(chan struct{})
+	if ex.cfg.Mode == Grouped {
+		ex.pendingG = append(ex.pendingG, b)
+		return nil
+	}
+	b.issued = ex.cfg.Clock.Now()
+	b.h = ex.call(b).Issue(ctx, g.cm)
+	ex.issued(b)
+	if ex.cfg.Mode == Serial {
+		return ex.waitBucket(ctx, b)
+	}
+	return nil
+}
+
+func (ex *Executor) call(b *bucket) Call {
+	send, _ := comm.Bytes(b.dt, b.send)
+	recv, _ := comm.Bytes(b.dt, b.recv)
+	return Call{Bucket: b.b.Name, Op: b.b.Op, Reduce: comm.Sum, Send: send, Recv: recv}
+}
+
+func (ex *Executor) issued(b *bucket) {
+	b.g.watch <- b
+	ex.log.Debug().Int("step", ex.step).Str("bucket", b.b.Name).Str("group", b.g.name).
+		Int64("bytes", b.b.Bytes).Bool("partial", b.partial).Msg("collective started")
+}
+
+// flushGroup hands the pending bucket set to the backend (Grouped mode).
+func (ex *Executor) flushGroup(ctx context.Context) error {
+	if len(ex.pendingG) == 0 {
+		return nil
+	}
+	// A set may span groups; each group's calls go in one grouped call, in
+	// issue order.
+	for _, g := range ex.groups {
+		var set []Call
+		var bs []*bucket
+		for _, b := range ex.pendingG {
+			if b.g == g {
+				set = append(set, ex.call(b))
+				bs = append(bs, b)
+			}
+		}
+		if len(set) == 0 {
+			continue
+		}
+		now := ex.cfg.Clock.Now()
+		hs := ex.cfg.Backend.IssueGroup(ctx, g.cm, set)
+		if len(hs) != len(set) {
+			return fmt.Errorf("%w: group backend returned %d handles for %d calls", ErrPlan, len(hs), len(set))
+		}
+		for i, b := range bs {
+			b.issued, b.h = now, hs[i]
+			ex.issued(b)
+		}
+	}
+	ex.pendingG = ex.pendingG[:0]
+	return nil
+}
+
+// stepHash mixes the plan hash with the step, so ranks that are a step apart
+// disagree too.
+func stepHash(plan uint64, step int) uint64 {
+	h := fnv.New64a()
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], plan)
+	binary.LittleEndian.PutUint64(b[8:], uint64(step))
+	h.Write(b[:])
+	return h.Sum64()
+}
+
+// checkHash waits for g's plan-hash exchange and compares.
+func (ex *Executor) checkHash(ctx context.Context, g *group) error {
+	if g.hashH == nil || g.hashChecked {
+		return nil
+	}
+	if err := g.hashH.Wait(ctx); err != nil {
+		return fmt.Errorf("overlap: step %d: plan check on group %s: %w", ex.step, g.name, err)
+	}
+	g.hashChecked = true
+	me := g.cm.Rank()
+	var others []int
+	for r, h := range g.hashRecv {
+		if h != g.hashRecv[me] {
+			others = append(others, r)
+		}
+	}
+	if len(others) == 0 {
+		return nil
+	}
+	hs := make([]uint64, len(g.hashRecv))
+	for r, h := range g.hashRecv {
+		hs[r] = uint64(h)
+	}
+	return &PlanMismatchError{Step: ex.step, Group: g.name, Hashes: hs, Rank: me, Others: others}
+}
+
+// Wait blocks until the collective producing out (a member's Out tensor)
+// has completed and every member of its bucket has been scattered back. The
+// time blocked is exposed communication.
+func (ex *Executor) Wait(ctx context.Context, out string) error {
+	b, ok := ex.byOut[out]
+	if !ok {
+		return fmt.Errorf("%w: Wait(%q): no bucket of the plan writes it", ErrUsage, out)
+	}
+	if err := ex.flushGroup(ctx); err != nil {
+		return err
+	}
+	if !b.started {
+		return ex.incomplete(b, fmt.Sprintf("Wait(%q)", out))
+	}
+	return ex.waitBucket(ctx, b)
+}
+
+func (ex *Executor) incomplete(b *bucket, why string) error {
+	var miss []string
+	for i, h := range b.have {
+		if !h {
+			miss = append(miss, b.b.Members[i].Tensor)
+		}
+	}
+	if len(miss) == 0 {
+		// Full, but an earlier bucket of the group is not.
+		for _, p := range b.g.buckets[:b.idx] {
+			if !p.started {
+				return ex.incomplete(p, why)
+			}
+		}
+		return fmt.Errorf("%w: %s: bucket %q not started", ErrUsage, why, b.b.Name)
+	}
+	return &IncompleteError{Step: ex.step, Group: b.g.name, Bucket: b.b.Name, Region: b.b.Region, Missing: miss}
+}
+
+// waitBucket waits for b (already issued) and scatters it.
+func (ex *Executor) waitBucket(ctx context.Context, b *bucket) error {
+	if b.waited {
+		return nil
+	}
+	t0 := ex.cfg.Clock.Now()
+	err := ex.checkHash(ctx, b.g)
+	if err == nil {
+		err = b.h.Wait(ctx)
+	}
+	t1 := ex.cfg.Clock.Now()
+	ex.exposed += t1.Sub(t0)
+	if ex.tl != nil {
+		ex.tl.complete(tidCompute, "wait "+b.b.Name, "wait", t0, t1, map[string]any{"step": ex.step, "bucket": b.b.Name})
+	}
+	if err != nil {
+		return fmt.Errorf("overlap: step %d: bucket %q on group %s: %w", ex.step, b.b.Name, b.g.name, err)
+	}
+	for i := range b.b.Members {
+		b.unpack(i)
+	}
+	b.waited, b.waitedAt = true, t1
+	return nil
+}
+
+// EndRegion says the program has produced everything region will produce
+// this step. Buckets of region still missing members are an
+// *IncompleteError, or are started with the missing slots zeroed when
+// Config.FlushPartial is set.
+func (ex *Executor) EndRegion(ctx context.Context, region string) error {
+	for _, b := range ex.byRegion[region] {
+		if b.started || b.missing == 0 {
+			continue
+		}
+		if !ex.cfg.FlushPartial {
+			return ex.incomplete(b, "EndRegion("+region+")")
+		}
+		ex.fillPartial(b)
+		if err := ex.advance(ctx, b.g); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fillPartial zeroes the missing members' slots and marks the bucket full.
+func (ex *Executor) fillPartial(b *bucket) {
+	for i, m := range b.b.Members {
+		if b.have[i] {
+			continue
+		}
+		if b.b.Op == buckets.ReduceScatter {
+			blk, sl, off := b.b.Bytes/b.n, m.Bytes/b.n, m.Offset/b.n
+			for p := int64(0); p < b.n; p++ {
+				clear(b.send[p*blk+off : p*blk+off+sl])
+			}
+		} else {
+			clear(b.send[m.Offset : m.Offset+m.Bytes])
+		}
+		ex.log.Debug().Int("step", ex.step).Str("bucket", b.b.Name).Str("tensor", m.Tensor).Msg("flushed without member")
+	}
+	b.missing, b.partial = 0, true
+}
+
+// Finish ends the step: every bucket must have started (or be flushed, see
+// FlushPartial); every collective is waited for and scattered, and the
+// step's metrics are returned.
+func (ex *Executor) Finish(ctx context.Context) (StepMetrics, error) {
+	m, err := ex.finish(ctx)
+	if err != nil {
+		ex.broken = err
+	}
+	return m, err
+}
+
+func (ex *Executor) finish(ctx context.Context) (StepMetrics, error) {
+	if !ex.inStep {
+		return StepMetrics{}, fmt.Errorf("%w: Finish outside a step", ErrUsage)
+	}
+	ex.inStep = false
+	if ex.cfg.FlushPartial {
+		for _, g := range ex.groups {
+			for _, b := range g.buckets {
+				if !b.started && b.missing > 0 {
+					ex.fillPartial(b)
+				}
+			}
+			if err := ex.advance(ctx, g); err != nil {
+				return StepMetrics{}, err
+			}
+		}
+	}
+	if err := ex.flushGroup(ctx); err != nil {
+		return StepMetrics{}, err
+	}
+	var incomplete error
+	for _, g := range ex.groups {
+		for _, b := range g.buckets {
+			if b.started {
+				if err := ex.waitBucket(ctx, b); err != nil {
+					return StepMetrics{}, err
+				}
+			} else if incomplete == nil {
+				incomplete = ex.incomplete(b, "Finish")
+			}
+		}
+	}
+	if incomplete != nil {
+		return StepMetrics{}, incomplete
+	}
+	m := StepMetrics{Step: ex.step, Exposed: ex.exposed, Compute: ex.compute}
+	for _, g := range ex.groups {
+		var prev time.Time
+		for _, b := range g.buckets {
+			if !b.started {
+				continue
+			}
+			select {
+			case <-b.recorded:
+			case <-ctx.Done():
+				return StepMetrics{}, ctx.Err()
+			}
+			if b.doneErr != nil && !errors.Is(b.doneErr, context.Canceled) {
+				return StepMetrics{}, b.doneErr
+			}
+			// The collective occupies its group's stream from when it was
+			// issued or the previous one finished, whichever is later.
+			s := b.issued
+			if prev.After(s) {
+				s = prev
+			}
+			done := b.doneAt
+			if done.Before(s) {
+				done = s
+			}
+			m.Comm += done.Sub(s)
+			m.Collectives++
+			m.Bytes += b.b.Bytes
+			prev = done
+			if ex.tl != nil {
+				ex.tl.complete(ex.tl.commTID(g.name), b.b.Name, "comm", s, done, map[string]any{
+					"step": ex.step, "bytes": b.b.Bytes, "members": len(b.b.Members), "op": string(b.b.Op)})
+				ex.tl.async(b.b.Name, "start→wait", b.issued, b.waitedAt, map[string]any{"step": ex.step})
+			}
+		}
+	}
+	end := ex.cfg.Clock.Now()
+	m.Time = end.Sub(ex.begin)
+	if ex.tl != nil {
+		ex.tl.complete(tidStep, fmt.Sprintf("step %d", ex.step), "step", ex.begin, end, nil)
+	}
+	return m, nil
+}

@@ -1,0 +1,50 @@
+package overlap
+
+import (
+	"fmt"
+	"time"
+)
+
+// StepMetrics is what one step cost.
+type StepMetrics struct {
+	Step int
+	// Time is Begin to the end of Finish.
+	Time time.Duration
+	// Compute is the time spent inside Compute callbacks.
+	Compute time.Duration
+	// Comm is the time the groups' communication streams were busy: for each
+	// collective, from when it was issued (or the previous one on its group
+	// completed, if later) to when it completed, summed over collectives.
+	Comm time.Duration
+	// Exposed is the time the program spent blocked in waits (Wait, Finish,
+	// Serial mode): communication that compute did not hide.
+	Exposed time.Duration
+	// Collectives and Bytes count the buckets issued and their fused input
+	// bytes (the plan-hash exchange is not counted).
+	Collectives int
+	Bytes       int64
+}
+
+// ExposedFraction is Exposed/Comm, 0 when there was no communication. It can
+// exceed 1 slightly: a wait also covers the time to notice completion.
+func (m StepMetrics) ExposedFraction() float64 {
+	if m.Comm <= 0 {
+		return 0
+	}
+	return float64(m.Exposed) / float64(m.Comm)
+}
+
+// Add accumulates o into m (for run totals); Step is left alone.
+func (m *StepMetrics) Add(o StepMetrics) {
+	m.Time += o.Time
+	m.Compute += o.Compute
+	m.Comm += o.Comm
+	m.Exposed += o.Exposed
+	m.Collectives += o.Collectives
+	m.Bytes += o.Bytes
+}
+
+func (m StepMetrics) String() string {
+	return fmt.Sprintf("step %d: time %v compute %v comm %v exposed %v (%.1f%%) in %d collectives, %d bytes",
+		m.Step, m.Time, m.Compute, m.Comm, m.Exposed, 100*m.ExposedFraction(), m.Collectives, m.Bytes)
+}
