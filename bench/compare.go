@@ -1,0 +1,92 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// Ratio asks the comparison table for Num's busbw divided by Den's
+// (indexes into the reports).
+type Ratio struct{ Num, Den int }
+
+// DefaultRatios compares every gorun series with every other series: what a
+// reader of "gorun vs MPI vs gloo" wants to see.
+func DefaultRatios(reps []*Report) []Ratio {
+	var out []Ratio
+	for i, a := range reps {
+		if a.Source != "gorun" {
+			continue
+		}
+		for j, b := range reps {
+			if j != i && b.Source != "gorun" {
+				out = append(out, Ratio{i, j})
+			}
+		}
+	}
+	if len(out) == 0 {
+		for j := 1; j < len(reps); j++ {
+			out = append(out, Ratio{0, j})
+		}
+	}
+	return out
+}
+
+// WriteComparison prints bus bandwidth per size for every report, side by
+// side, then the requested ratios. Sizes are matched exactly; a series
+// without a size shows "-". Each series uses its better placement (the
+// other tools report one number per size).
+func WriteComparison(w io.Writer, reps []*Report, ratios []Ratio) {
+	var sizes []int64
+	idx := make([]map[int64]*Measure, len(reps))
+	for i, r := range reps {
+		idx[i] = map[int64]*Measure{}
+		for j := range r.Rows {
+			row := &r.Rows[j]
+			if m := row.Best(); m != nil {
+				idx[i][row.Bytes] = m
+				if !slices.Contains(sizes, row.Bytes) {
+					sizes = append(sizes, row.Bytes)
+				}
+			}
+		}
+	}
+	slices.Sort(sizes)
+	ratioName := func(q Ratio) string { return reps[q.Num].Label + " / " + reps[q.Den].Label }
+	fmt.Fprintln(w, "# busbw (GB/s) per size; ratios of busbw (> 1: the first is faster)")
+	for i, r := range reps {
+		fmt.Fprintf(w, "# [%d] %s: %s, %d ranks, source %s\n", i+1, r.Label, r.Op, r.Ranks, r.Source)
+	}
+	for k, q := range ratios {
+		fmt.Fprintf(w, "# (%c) %s\n", 'a'+k, ratioName(q))
+	}
+	var hdr strings.Builder
+	fmt.Fprintf(&hdr, "# %10s", "size")
+	for i := range reps {
+		fmt.Fprintf(&hdr, "  %10s", fmt.Sprintf("[%d]", i+1))
+	}
+	for k := range ratios {
+		fmt.Fprintf(&hdr, "  %7s", fmt.Sprintf("(%c)", 'a'+k))
+	}
+	fmt.Fprintln(w, hdr.String())
+	for _, s := range sizes {
+		fmt.Fprintf(w, "%12s", FormatSize(s))
+		for i := range reps {
+			if m := idx[i][s]; m != nil {
+				fmt.Fprintf(w, "  %10.4f", m.BusBW)
+			} else {
+				fmt.Fprintf(w, "  %10s", "-")
+			}
+		}
+		for _, q := range ratios {
+			a, b := idx[q.Num][s], idx[q.Den][s]
+			if a != nil && b != nil && b.BusBW > 0 {
+				fmt.Fprintf(w, "  %7.2f", a.BusBW/b.BusBW)
+			} else {
+				fmt.Fprintf(w, "  %7s", "-")
+			}
+		}
+		fmt.Fprintln(w)
+	}
+}
