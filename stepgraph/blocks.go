@@ -25,6 +25,7 @@ func BucketBlocks(g *Graph, cfg buckets.Config) (*Graph, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The estimate of the input is what the guard holds the result to.
 	est := g.simulate(ix, cfg.Model)
 	capBytes := cfg.Cap()
 	var bkts [][]int

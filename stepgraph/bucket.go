@@ -56,6 +56,9 @@ func fits(r, o *run) bool {
 }
 
 // sameKind reports whether two starts may share a fused buffer and a call.
+// Op, group and dtype are what one call can carry; direction is required too
+// so that forward and backward are planned independently (a bucket spanning
+// the loss would tie the first backward collective to the last forward one).
 func sameKind(a, b *Node) bool {
 	return a.Op == b.Op && a.Group == b.Group && a.DType == b.DType && a.Dir == b.Dir
 }
@@ -94,6 +97,8 @@ func (g *Graph) materialize(ix *index, bkts [][]int) *Graph {
 		if len(b) < 2 {
 			continue
 		}
+		// sp and wp are where the merged start and wait go; every member's
+		// own start and wait is dropped.
 		sp, wp := -1, len(g.Nodes)
 		for _, s := range b {
 			sp = max(sp, s)
@@ -118,6 +123,8 @@ func (g *Graph) materialize(ix *index, bkts [][]int) *Graph {
 				}
 			}
 		}
+		// The wait keeps the node at wp's direction and region: it blocks
+		// there, and exposure is charged to the region where it blocks.
 		wt := g.Nodes[wp].clone()
 		wt.Name = unique(mergeName(g.Nodes[ix.waitOf[b[0]]].Name, g.Nodes[ix.waitOf[b[len(b)-1]]].Name))
 		wt.Of = st.Name

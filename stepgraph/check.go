@@ -53,7 +53,8 @@ type Estimate struct {
 type span struct{ b, e time.Duration }
 
 // Simulate estimates a plan the way an executor that follows plan order runs
-// it: one compute stream runs compute in order, each group has one comm
+// it (an executor that issues starts earlier than the plan, as overlap may,
+// can only hide more; the estimate is the plan's promise, not a forecast): one compute stream runs compute in order, each group has one comm
 // stream that runs its collectives in issue order, a start is issued when
 // the plan reaches it, and a wait blocks until its collective completes.
 // Times come from m; everything is integer nanoseconds, so every rank gets
@@ -80,6 +81,8 @@ func (g *Graph) simulate(ix *index, m buckets.Model) *Estimate {
 		}
 		return rc
 	}
+	// free[g] is when group g's comm stream finishes what it was given;
+	// now is the compute stream's clock.
 	free := map[string]time.Duration{}
 	var now time.Duration
 	for i := range g.Nodes {
@@ -92,6 +95,7 @@ func (g *Graph) simulate(ix *index, m buckets.Model) *Estimate {
 			est.Compute += nd.Cost
 			region(nd.Region).Compute += nd.Cost
 		case Start:
+			// A bucket is one collective: one latency for all members.
 			d := m.Time(nd.Op, nd.Bytes(), g.groupSize(nd.Group))
 			c := Collective{Start: nd.Name, Wait: g.Nodes[ix.waitOf[i]].Name, Group: nd.Group, Issue: now}
 			c.Begin = max(now, free[nd.Group])
@@ -111,6 +115,8 @@ func (g *Graph) simulate(ix *index, m buckets.Model) *Estimate {
 			est.Comm += d
 			region(nd.Region).Comm += d
 		case Wait:
+			// Validation guarantees the start came earlier, so its
+			// collective is already in the table.
 			c := &est.Collectives[est.coll[ix.startOf[i]]]
 			c.Region = nd.Region
 			// Completion is monotone in issue order on a group, so End

@@ -113,6 +113,8 @@ func Chunk(g *Graph, pattern string, dirs []Direction, m buckets.Model) (*Graph,
 		segs = append(segs, seg{g.Nodes[i].Name, g.Nodes[j-1].Name})
 		i = j
 	}
+	// Each segment is judged against the plan as it stands, so a segment
+	// kept whole does not make a later one look better or worse than it is.
 	rep := &ChunkReport{}
 	cur, curEst := g, before
 	// Last segment first: rewriting one leaves the nodes before it in place.
@@ -155,6 +157,11 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, bool, error) {
 	for _, t := range g.Tensors {
 		decl[t.Name] = t
 	}
+	// The default modes follow what tensors usually are: compute writes
+	// activations (batch-major), inputs are parameters or the batch itself
+	// (declare the batch as Batch), and collectives mostly deliver
+	// parameters. Weight gradients are the case defaults cannot guess: they
+	// must be declared Partial.
 	mode := func(t string) ChunkMode {
 		if d, ok := decl[t]; ok && d.Chunk != "" {
 			return d.Chunk
@@ -167,6 +174,8 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, bool, error) {
 	inSeg := func(p int) bool { return p >= lo && p < hi }
 	per := map[string]ChunkMode{} // per-chunk tensors → how they recombine
 	var splits, written []string
+	// perChunk decides, at a node's read, whether the tensor exists per
+	// chunk; a batch tensor from outside is split once, at its first read.
 	perChunk := func(t string) bool {
 		if _, ok := per[t]; ok {
 			return true
@@ -181,6 +190,8 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, bool, error) {
 		}
 		return false
 	}
+	// chunked[i]: node i runs once per chunk. Decided in plan order, since
+	// whether a node is per chunk depends on what earlier nodes wrote.
 	chunked := make([]bool, len(g.Nodes))
 	for i := lo; i < hi; i++ {
 		nd := &g.Nodes[i]
@@ -361,7 +372,12 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, bool, error) {
 		}
 		out.Nodes = append(out.Nodes, sp)
 	}
-	// Phases end before each wait of a per-chunk collective.
+	// Phases end before each wait of a per-chunk collective. The order is
+	// valid because inside a phase each chunk keeps the plan's own order,
+	// chunk 1 only reads chunk 1 tensors or tensors written once (placed
+	// with chunk 0, earlier), and a phase's waits come after both chunks'
+	// starts of the previous phases. It overlaps because chunk 1's compute
+	// of a phase sits between chunk 0's start and chunk 0's wait.
 	for p := lo; p < hi; {
 		q := p + 1
 		for q < hi && !(g.Nodes[q].Kind == Wait && chunked[q]) {
@@ -391,7 +407,9 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, bool, error) {
 		}
 		out.Nodes = append(out.Nodes, rc)
 	}
-	// Recombine what is read after the segment, or by nobody.
+	// Recombine what is read after the segment, or by nobody (a result of
+	// the step must exist under its own name for whoever consumes it).
+	// Tensors only read inside the segment never exist whole.
 	read := map[string]bool{}
 	for i := range g.Nodes {
 		if inSeg(i) {

@@ -120,7 +120,8 @@ type Node struct {
 	Of string `json:"of,omitempty"`
 }
 
-// Bytes is the size of a start's fused input buffer.
+// Bytes is the size of a start's fused input buffer: what the cost model
+// charges and the cap bounds.
 func (n *Node) Bytes() int64 {
 	var b int64
 	for _, m := range n.Members {
@@ -129,6 +130,8 @@ func (n *Node) Bytes() int64 {
 	return b
 }
 
+// clone deep-copies the slices so a pass's output never aliases its input:
+// passes are pure, and callers may keep and compare both graphs.
 func (n *Node) clone() Node {
 	c := *n
 	c.Reads = slices.Clone(n.Reads)
@@ -166,6 +169,7 @@ func (g *Graph) Clone() *Graph {
 	return c
 }
 
+// groupSize is a linear scan: graphs have a handful of groups.
 func (g *Graph) groupSize(name string) int {
 	for _, gr := range g.Groups {
 		if gr.Name == name {
@@ -222,6 +226,8 @@ func (b *Builder) Tensor(name string, bytes int64, mode ChunkMode) *Builder {
 // Compute appends user compute. Its region is declared if it is new, so a
 // step built in forward order declares its blocks in forward order.
 func (b *Builder) Compute(name string, dir Direction, region string, cost time.Duration, reads, writes []string) *Builder {
+	// Only forward compute declares blocks: forward order is block order,
+	// and declaring from backward would list the blocks reversed.
 	if region != "" && dir == buckets.Forward {
 		b.Region(region)
 	}

@@ -16,6 +16,8 @@ const SchemaVersion = "gorun.stepgraph/v1"
 // ErrSchema is wrapped by Load errors about the document's shape.
 var ErrSchema = errors.New("stepgraph: schema")
 
+// document is the JSON object: the schema tag next to the graph's own
+// fields (embedded, so the schema table in SCHEMA.md is the Graph's tags).
 type document struct {
 	Schema string `json:"schema"`
 	Graph
@@ -39,6 +41,8 @@ func Load(r io.Reader) (*Graph, error) {
 		return nil, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
+	// An unknown field is most likely a field of a newer schema or a typo;
+	// either way silently dropping it could change the plan.
 	dec.DisallowUnknownFields()
 	var doc document
 	if err := dec.Decode(&doc); err != nil {

@@ -2,7 +2,9 @@ package stepgraph
 
 import "github.com/gorun-hpc/gorun/buckets"
 
-// outBytes is the size of a collective member's output on one rank.
+// outBytes is the size of a collective member's output on one rank. The
+// graph stores input sizes only (the fused buffer is made of inputs); the
+// output follows from the op and the group size.
 func outBytes(op Op, in int64, ranks int) int64 {
 	switch op {
 	case buckets.AllGather:
@@ -48,6 +50,8 @@ func PeakBytes(g *Graph) (int64, string, error) {
 			}
 		}
 	}
+	// Last reader from the data edges: the same edges validation built, so
+	// memory and dependencies cannot disagree about who reads what.
 	last := map[string]int{}
 	for i := range g.Nodes {
 		for _, e := range ix.preds[i] {
@@ -56,6 +60,8 @@ func PeakBytes(g *Graph) (int64, string, error) {
 			}
 		}
 	}
+	// A sweep over births and deaths: +bytes where a tensor appears,
+	// −bytes after its last reader; the running sum is what is held.
 	delta := make([]int64, n+1)
 	for t, b := range born {
 		end := n

@@ -37,10 +37,16 @@ func BucketOverlap(g *Graph, cfg buckets.Config) (*Graph, error) {
 	if err != nil {
 		return nil, err
 	}
+	// One simulation of the input decides everything below: hiding sets
+	// and exposure are properties of the plan the author wrote, and merges
+	// are judged against it, not against a moving target.
 	est := g.simulate(ix, cfg.Model)
 	hlo, hhi := g.hiding(ix, est)
 	capBytes, minBytes, limit := cfg.Cap(), cfg.Min(), cfg.Limit()
 
+	// Every start is an element of its group's list; runs are intervals of
+	// that list, and rs[k] is the run holding element k (runs share the
+	// pointer, so growing one updates every member's view).
 	type elem struct {
 		group string
 		k     int // index in the group's start list
@@ -78,6 +84,8 @@ func BucketOverlap(g *Graph, cfg buckets.Config) (*Graph, error) {
 			if r.bytes >= target {
 				break
 			}
+			// A neighbour run may join if it is the same kind of bucket,
+			// fits the cap and keeps every member's hiding (see fits).
 			ok := func(k int) *run {
 				if k < 0 || k >= len(rs) {
 					return nil
@@ -89,6 +97,8 @@ func BucketOverlap(g *Graph, cfg buckets.Config) (*Graph, error) {
 				}
 				return o
 			}
+			// Prefer the neighbour that blocks longer: that is where the
+			// saved latency shows; ties go left, deterministically.
 			left, right := ok(r.lo-1), ok(r.hi+1)
 			pick := left
 			if pick == nil || (right != nil && right.exposed > left.exposed) {
@@ -103,6 +113,7 @@ func BucketOverlap(g *Graph, cfg buckets.Config) (*Graph, error) {
 			}
 		}
 	}
+	// Read the runs back in issue order: the buckets of the plan.
 	var bkts [][]int
 	for _, gr := range sortedGroups(ix) {
 		rs, starts := runs[gr], ix.byGroup[gr]

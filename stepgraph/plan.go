@@ -14,6 +14,8 @@ func Plan(g *Graph) (*buckets.Plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Groups sorted by name so equal graphs give equal plans (and hashes)
+	// whatever map order Go picks.
 	groups := make([]string, 0, len(ix.byGroup))
 	for gr := range ix.byGroup {
 		groups = append(groups, gr)
@@ -22,9 +24,12 @@ func Plan(g *Graph) (*buckets.Plan, error) {
 	p := &buckets.Plan{}
 	for _, gr := range groups {
 		gp := buckets.GroupPlan{Group: gr}
+		// byGroup is in plan order, which is the order ranks issue in.
 		for _, i := range ix.byGroup[gr] {
 			nd := &g.Nodes[i]
 			b := buckets.Bucket{Name: nd.Name, Op: nd.Op, DType: nd.DType, Direction: nd.Dir, Region: nd.Region}
+			// Offsets are derived, never stored in the graph: a pass that
+			// reorders members cannot leave them stale.
 			for _, m := range nd.Members {
 				b.Members = append(b.Members, buckets.Member{Tensor: m.In, Out: m.Out, Offset: b.Bytes, Bytes: m.Bytes})
 				b.Bytes += m.Bytes

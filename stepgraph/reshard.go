@@ -29,7 +29,9 @@ func (r *ReshardReport) String() string {
 	return sb.String()
 }
 
-// regatherSuffix marks the re-gathered copies of tensors and nodes.
+// regatherSuffix marks the re-gathered copies of tensors and nodes. A
+// suffix rather than a fresh name keeps the relation visible in plans and
+// traces: W3@bwd is W3 gathered again.
 const regatherSuffix = "@bwd"
 
 // Reshard is reshard-after-forward (FSDP's reshard_after_forward): a forward
@@ -90,6 +92,9 @@ func Reshard(g *Graph, m buckets.Model) (*Graph, *ReshardReport, error) {
 			cands = append(cands, rp)
 		}
 	}
+	// Round 0 places every re-gather early; rounds 1 and 2 move or drop the
+	// ones blamed for exposing something. Three rounds bound the cost and
+	// are enough: each round only moves blamed re-gathers one step further.
 	out := g.Clone()
 	for round := 0; round < 3 && len(cands) > 0; round++ {
 		next := g.applyRegathers(ix, cands)

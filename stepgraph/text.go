@@ -39,7 +39,8 @@ func undash(s string) string {
 	return s
 }
 
-// Format renders g in the text form.
+// Format renders g in the text form. Parse(Format(g)) gives g back, which is
+// what lets golden files print graphs and read them as input alike.
 func Format(g *Graph) string {
 	var sb strings.Builder
 	for _, gr := range g.Groups {
@@ -91,6 +92,8 @@ func FormatNode(n *Node) string {
 				sb.WriteByte(',')
 			}
 			fmt.Fprintf(&sb, "%s>%s:%d", m.In, m.Out, m.Bytes)
+			// From is only worth printing when it differs from the node:
+			// authored graphs stay as short as they were written.
 			if m.From != "" && m.From != n.Name {
 				fmt.Fprintf(&sb, "~%s", m.From)
 			}
@@ -126,6 +129,9 @@ func Parse(text string) (*Graph, error) {
 	return g, nil
 }
 
+// parseLine adds one declaration or node. Positional fields keep the
+// scenario files short; optional ones are key=value so they can be added
+// without breaking old files.
 func parseLine(g *Graph, f []string) error {
 	need := func(k int) error {
 		if len(f) < k {
@@ -151,6 +157,7 @@ func parseLine(g *Graph, f []string) error {
 		g.Regions = append(g.Regions, f[1])
 		return nil
 	case "tensor":
+		// Flags after the size: "input" and a chunk mode, in any order.
 		if err := need(3); err != nil {
 			return err
 		}
@@ -196,6 +203,7 @@ func parseLine(g *Graph, f []string) error {
 		}
 		n.Op, n.Group, n.DType = Op(rest[0]), rest[1], rest[2]
 		for _, ms := range splitList(rest[3]) {
+			// IN>OUT:BYTES, then ~FROM when a pass moved the member.
 			var m Member
 			ms, m.From, _ = strings.Cut(ms, "~")
 			io, bs, ok := strings.Cut(ms, ":")

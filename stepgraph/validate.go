@@ -100,6 +100,7 @@ func (g *Graph) index() (*index, error) {
 		waitOf: make([]int, n), startOf: make([]int, n),
 		preds: make([][]edge, n), byGroup: map[string][]int{},
 	}
+	// Declarations first: nodes are checked against them.
 	for _, gr := range g.Groups {
 		if gr.Name == "" || gr.Size < 1 {
 			return nil, fmt.Errorf("%w: group %q of size %d", ErrInvalid, gr.Name, gr.Size)
@@ -117,7 +118,10 @@ func (g *Graph) index() (*index, error) {
 			return nil, fmt.Errorf("%w: tensor %q has chunk mode %q", ErrInvalid, t.Name, t.Chunk)
 		}
 	}
-	// Pass 1: names, per-kind fields, writers.
+	// Pass 1: names, per-kind fields, writers. Writers must all be known
+	// before any read is resolved, because a read that precedes its writer
+	// in plan order is an order error (reported with both names), not a
+	// missing tensor.
 	for i := range g.Nodes {
 		nd := &g.Nodes[i]
 		ix.waitOf[i], ix.startOf[i] = -1, -1
@@ -165,6 +169,8 @@ func (g *Graph) index() (*index, error) {
 			}
 			ix.byGroup[nd.Group] = append(ix.byGroup[nd.Group], i)
 		case Wait:
+			// pos only holds nodes seen so far, so a start scheduled after
+			// its wait is told apart from a start that does not exist.
 			s, ok := ix.pos[nd.Of]
 			if !ok {
 				if j := slices.IndexFunc(g.Nodes, func(o Node) bool { return o.Name == nd.Of }); j > i {
@@ -178,10 +184,14 @@ func (g *Graph) index() (*index, error) {
 			if ix.waitOf[s] >= 0 {
 				return nil, nodeErr(nd, ErrInvalid, "start %q already waited by %q", nd.Of, g.Nodes[ix.waitOf[s]].Name)
 			}
+			// One wait per start: a second wait would have nothing left to
+			// complete, and the executor frees the handle at the first.
 			ix.waitOf[s], ix.startOf[i] = i, s
 			if (nd.Dir == buckets.Forward || nd.Dir == buckets.Backward) && !regionKnown(nd.Region) {
 				return nil, nodeErr(nd, ErrUnknownRegion, "%s wait in region %q, which is not among the declared regions %v", nd.Dir, nd.Region, g.Regions)
 			}
+			// A collective's outputs are written by its wait: that is the
+			// moment readers may use them.
 			for _, m := range g.Nodes[s].Members {
 				writes = append(writes, m.Out)
 			}
@@ -198,7 +208,8 @@ func (g *Graph) index() (*index, error) {
 			ix.writer[t] = i
 		}
 	}
-	// Pass 2: edges.
+	// Pass 2: edges. Every edge is stored on its head (preds), which is what
+	// the order check, the simulator and the passes walk.
 	for i := range g.Nodes {
 		nd := &g.Nodes[i]
 		var reads []string
@@ -234,15 +245,21 @@ func (g *Graph) index() (*index, error) {
 			ix.preds[i] = append(ix.preds[i], edge{from: int32(w), kind: dataEdge, tensor: t})
 		}
 	}
+	// The FIFO chain: a group runs its collectives in issue order, so each
+	// start depends on the previous start of its group.
 	for _, starts := range ix.byGroup {
 		for k := 1; k < len(starts); k++ {
 			ix.preds[starts[k]] = append(ix.preds[starts[k]], edge{from: int32(starts[k-1]), kind: fifoEdge})
 		}
 	}
+	// Cycles are reported before order errors: a cycle has no valid order,
+	// and naming it tells the author what to break.
 	if err := g.findCycle(ix); err != nil {
 		return nil, err
 	}
-	// Plan order must be a topological order of the edges.
+	// Plan order must be a topological order of the edges: the executor runs
+	// nodes in plan order and never reorders them, so an edge pointing
+	// backwards would deadlock (a wait before its start) or read garbage.
 	for i := range g.Nodes {
 		for _, e := range ix.preds[i] {
 			if int(e.from) < i {
@@ -290,6 +307,8 @@ func (g *Graph) findCycle(ix *index) error {
 	if len(queue) == n {
 		return nil
 	}
+	// Every node left has a blocked predecessor, so walking blocked
+	// predecessors from any of them must come back to a node already seen.
 	// Walk predecessors that are still blocked until a node repeats.
 	cur := slices.IndexFunc(indeg, func(d int) bool { return d > 0 })
 	seen := map[int]int{}
