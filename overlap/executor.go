@@ -205,9 +205,17 @@ func (ex *Executor) watcher(g *group) {
 	for b := range g.watch {
 		err := b.h.Wait(ex.ctx)
 		b.doneAt, b.doneErr = ex.cfg.Clock.Now(), err
+		if ct, ok := b.h.(CompletionTimer); ok {
+			b.doneAt = ct.CompletedAt()
+		}
 		close(b.recorded)
 	}
 }
+
+// CompletionTimer is implemented by handles that know when their call
+// completed (a GPU backend's event timestamps, a test's fake clock); the
+// executor then uses that instead of the time its watcher woke up.
+type CompletionTimer interface{ CompletedAt() time.Time }
 
 // Close stops the watchers. It does not wait for collectives still in
 // flight (their communicator's Close or Abort does); idempotent.
@@ -530,14 +538,18 @@ func (ex *Executor) waitBucket(ctx context.Context, b *bucket) error {
 		return nil
 	}
 	t0 := ex.cfg.Clock.Now()
-	err := ex.checkHash(ctx, b.g)
-	if err == nil {
+	herr := ex.checkHash(ctx, b.g)
+	var err error
+	if herr == nil {
 		err = b.h.Wait(ctx)
 	}
 	t1 := ex.cfg.Clock.Now()
 	ex.exposed += t1.Sub(t0)
 	if ex.tl != nil {
 		ex.tl.complete(tidCompute, "wait "+b.b.Name, "wait", t0, t1, map[string]any{"step": ex.step, "bucket": b.b.Name})
+	}
+	if herr != nil {
+		return herr
 	}
 	if err != nil {
 		return fmt.Errorf("overlap: step %d: bucket %q on group %s: %w", ex.step, b.b.Name, b.g.name, err)
