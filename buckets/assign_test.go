@@ -15,6 +15,25 @@ import (
 //	TENSOR BYTES GROUP OP DTYPE DIRECTION REGION   (one per line, ready order)
 func TestAssignScenarios(t *testing.T) {
 	runScenarios(t, "testdata/assign*.txt", func(t *testing.T, sc scenario) string {
+		p, err := assign(t, sc)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return p.String()
+	})
+}
+
+func assignFrom(t *testing.T, sc scenario) *Plan {
+	p, err := assign(t, sc)
+	if err != nil {
+		t.Fatalf("%s: %v", sc.Pos, err)
+	}
+	return p
+}
+
+// assign parses the items of an assign or plan command and plans them.
+func assign(t *testing.T, sc scenario) (*Plan, error) {
+	{
 		cfg := DefaultConfig()
 		if c, ok := sc.Args["cap"]; ok {
 			v, err := strconv.ParseInt(c, 10, 64)
@@ -36,12 +55,8 @@ func TestAssignScenarios(t *testing.T) {
 		if r := sc.Args["regions"]; r != "" {
 			regions = strings.Split(r, ",")
 		}
-		p, err := Assign(items, regions, cfg)
-		if err != nil {
-			return "error: " + err.Error()
-		}
-		return p.String()
-	})
+		return Assign(items, regions, cfg)
+	}
 }
 
 func TestModelTimes(t *testing.T) {

@@ -37,6 +37,11 @@ type Bucket struct {
 	// Bytes is the size of the fused input buffer: the sum of the members.
 	Bytes   int64    `json:"bytes"`
 	Members []Member `json:"members"`
+	// Flush lets an eager executor start the bucket at the end of its
+	// region with members that were not produced this step, zero-filled
+	// (parameters unused in some steps). Without it a missing member is an
+	// error (see Filler.EndRegion).
+	Flush bool `json:"flush,omitempty"`
 }
 
 // GroupPlan lists the buckets of one process group in issue order.
@@ -131,6 +136,11 @@ func (p *Plan) Hash() uint64 {
 			str(string(b.Op))
 			str(b.DType)
 			num(b.Bytes)
+			if b.Flush {
+				num(1)
+			} else {
+				num(0)
+			}
 			num(int64(len(b.Members)))
 			for _, m := range b.Members {
 				str(m.Tensor)
@@ -174,6 +184,9 @@ func (p *Plan) String() string {
 			fmt.Fprintf(&sb, "  %d %s %s %s", i, b.Op, b.DType, b.Direction)
 			if b.Region != "" {
 				fmt.Fprintf(&sb, " %s", b.Region)
+			}
+			if b.Flush {
+				sb.WriteString(" flush")
 			}
 			fmt.Fprintf(&sb, " %dB:", b.Bytes)
 			for _, m := range b.Members {

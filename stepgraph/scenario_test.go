@@ -21,6 +21,7 @@ type scenario struct {
 	Pos   string // file:line of the command, for failure messages
 	Cmd   string
 	Args  map[string]string
+	Words []string // the arguments in order
 	Input string
 }
 
@@ -51,7 +52,7 @@ func runScenarioFile(t *testing.T, path string, run func(t *testing.T, sc scenar
 		}
 		sc := scenario{Pos: path + ":" + itoa(i+1), Args: map[string]string{}}
 		f := strings.Fields(l)
-		sc.Cmd = f[0]
+		sc.Cmd, sc.Words = f[0], f[1:]
 		for _, a := range f[1:] {
 			k, v, _ := strings.Cut(a, "=")
 			sc.Args[k] = v
