@@ -96,6 +96,7 @@ func Assign(items []Item, regions []string, cfg Config) (*Plan, error) {
 		return first[a] - first[b]
 	})
 	p := &Plan{}
+	sets := 0
 	for _, k := range keys {
 		if len(p.Groups) == 0 || p.Groups[len(p.Groups)-1].Group != k.group {
 			p.Groups = append(p.Groups, GroupPlan{Group: k.group})
@@ -107,7 +108,11 @@ func Assign(items []Item, regions []string, cfg Config) (*Plan, error) {
 			sizes[i] = it.Bytes
 		}
 		for _, r := range Pack(sizes, cfg.Cap()) {
-			b := Bucket{Op: k.op, DType: k.dtype, Direction: k.dir, Region: k.region}
+			// Without a schedule nothing says which buckets are issued
+			// back to back: every bucket is a set of its own (an eager
+			// executor can group what one Filler call returns).
+			b := Bucket{Op: k.op, DType: k.dtype, Direction: k.dir, Region: k.region, Set: sets}
+			sets++
 			b.Name = fmt.Sprintf("%s/%s/%s/%d", k.group, k.dir, k.region, len(gp.Buckets))
 			for _, it := range its[r[0]:r[1]] {
 				out := it.Out

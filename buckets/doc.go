@@ -8,7 +8,9 @@
 // stepgraph produce one from a step graph (stepgraph.Plan), Assign produces
 // one for eager programs that have no graph, the executor in overlap walks one
 // every step, and a backend with group semantics (NCCL) can hand one bucket
-// set at a time to a grouped call. Because every rank must issue the same
+// set (Bucket.Set) at a time to a grouped call. Filler is the bookkeeping of
+// eager, on-the-fly bucketing over a plan: tensors go in as they become
+// ready, startable buckets come out in issue order. Because every rank must issue the same
 // buckets in the same order on each group, a plan is a pure, deterministic
 // value and Plan.Hash gives a cheap fingerprint that ranks compare at the
 // first collective of a step.

@@ -42,6 +42,11 @@ type Bucket struct {
 	// (parameters unused in some steps). Without it a missing member is an
 	// error (see Filler.EndRegion).
 	Flush bool `json:"flush,omitempty"`
+	// Set numbers the runs of buckets issued back to back, with no compute
+	// or wait between them, across all groups of the step. A backend with
+	// group semantics (NCCL) issues one set as one grouped call; the native
+	// executor may ignore it. Sets count up in issue order from 0.
+	Set int `json:"set"`
 }
 
 // GroupPlan lists the buckets of one process group in issue order.
@@ -141,6 +146,7 @@ func (p *Plan) Hash() uint64 {
 			} else {
 				num(0)
 			}
+			num(int64(b.Set))
 			num(int64(len(b.Members)))
 			for _, m := range b.Members {
 				str(m.Tensor)
@@ -188,7 +194,7 @@ func (p *Plan) String() string {
 			if b.Flush {
 				sb.WriteString(" flush")
 			}
-			fmt.Fprintf(&sb, " %dB:", b.Bytes)
+			fmt.Fprintf(&sb, " set%d %dB:", b.Set, b.Bytes)
 			for _, m := range b.Members {
 				fmt.Fprintf(&sb, " %s@%d", m.Tensor, m.Offset)
 			}

@@ -45,8 +45,8 @@ func Example() {
 	fmt.Println("exposed", rep.Before.Exposed, "->", rep.After.Exposed)
 	// Output:
 	// group dp
-	//   0 all_reduce f32 backward layers.1 65792B: g1.w@0 g1.b@65536
-	//   1 all_reduce f32 backward layers.0 65792B: g0.w@0 g0.b@65536
-	// hash 5f14ceee9ac77e51
+	//   0 all_reduce f32 backward layers.1 set0 65792B: g1.w@0 g1.b@65536
+	//   1 all_reduce f32 backward layers.0 set1 65792B: g0.w@0 g0.b@65536
+	// hash a5cabab3c8fed218
 	// exposed 138.688µs -> 118.688µs
 }

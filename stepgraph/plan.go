@@ -21,13 +21,27 @@ func Plan(g *Graph) (*buckets.Plan, error) {
 		groups = append(groups, gr)
 	}
 	slices.Sort(groups)
+	// Sets: a compute or a wait between two starts ends a set; starts that
+	// follow each other directly (on any group) share one.
+	set := make([]int, len(g.Nodes))
+	cur, open := 0, false
+	for i := range g.Nodes {
+		switch g.Nodes[i].Kind {
+		case Start:
+			set[i], open = cur, true
+		default:
+			if open {
+				cur, open = cur+1, false
+			}
+		}
+	}
 	p := &buckets.Plan{}
 	for _, gr := range groups {
 		gp := buckets.GroupPlan{Group: gr}
 		// byGroup is in plan order, which is the order ranks issue in.
 		for _, i := range ix.byGroup[gr] {
 			nd := &g.Nodes[i]
-			b := buckets.Bucket{Name: nd.Name, Op: nd.Op, DType: nd.DType, Direction: nd.Dir, Region: nd.Region}
+			b := buckets.Bucket{Name: nd.Name, Op: nd.Op, DType: nd.DType, Direction: nd.Dir, Region: nd.Region, Set: set[i]}
 			// Offsets are derived, never stored in the graph: a pass that
 			// reorders members cannot leave them stale.
 			for _, m := range nd.Members {
