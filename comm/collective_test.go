@@ -101,7 +101,10 @@ func mustBuf(dt comm.DType, b []byte) comm.Buffer {
 // issue starts tc on c and returns the handle and a check of the result.
 func issue(ctx context.Context, c comm.Communicator, tc tcase, exact bool) (comm.Handle, func() error) {
 	n, me, dt, es := c.Size(), c.Rank(), tc.dt, tc.dt.Size()
-	in := func(r, count int) []byte { return input(tc, r, count, exact) }
+	in := func(r, count int) []byte {
+		k := fmt.Sprintf("in/%v/%v/%d/%d", tc, exact, r, count)
+		return append([]byte(nil), memoKey(k, func() []byte { return input(tc, r, count, exact) })...)
+	}
 	all := func(count int) [][]byte {
 		var xs [][]byte
 		for r := range n {
@@ -214,14 +217,20 @@ var (
 )
 
 func memo(tc tcase, exact bool, n, me int, f func() []byte) []byte {
-	k := fmt.Sprintf("%v/%v/%d", tc, exact, n)
+	return memoKey(fmt.Sprintf("%v/%v/%d", tc, exact, n), f)
+}
+
+func memoKey(k string, f func() []byte) []byte {
 	memoMu.Lock()
-	defer memoMu.Unlock()
-	if v, ok := memoMap[k]; ok {
+	v, ok := memoMap[k]
+	memoMu.Unlock()
+	if ok {
 		return v
 	}
-	v := f()
+	v = f() // outside the lock: f may itself use memoKey
+	memoMu.Lock()
 	memoMap[k] = v
+	memoMu.Unlock()
 	return v
 }
 

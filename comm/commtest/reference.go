@@ -104,20 +104,22 @@ func combine(op comm.Op, dt comm.DType, a, b value) value {
 	return value{i: r}
 }
 
-// PairwiseTree reduces vals in the documented deterministic order: neighbours
+// pairwiseTree reduces vals in the documented deterministic order: neighbours
 // (0,1), (2,3), ... combine with the lower rank on the left, an odd one out
 // moves up unchanged, until one value is left.
+// It works in place: vals is clobbered.
 func pairwiseTree(op comm.Op, dt comm.DType, vals []value) value {
 	for len(vals) > 1 {
-		next := make([]value, 0, (len(vals)+1)/2)
+		k := 0
 		for i := 0; i < len(vals); i += 2 {
 			if i+1 < len(vals) {
-				next = append(next, combine(op, dt, vals[i], vals[i+1]))
+				vals[k] = combine(op, dt, vals[i], vals[i+1])
 			} else {
-				next = append(next, vals[i])
+				vals[k] = vals[i]
 			}
+			k++
 		}
-		vals = next
+		vals = vals[:k]
 	}
 	return vals[0]
 }

@@ -1,0 +1,463 @@
+package comm
+
+import (
+	"bufio"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+)
+
+// EndpointConfig configures a rank's data-plane listener.
+type EndpointConfig struct {
+	// Addr is the address to listen on, e.g. ":0" for any free port.
+	Addr string
+	// AdvertiseHost is the host part of Addr() when Addr does not name one
+	// (":0"); default: the machine's hostname.
+	AdvertiseHost string
+	// Secret is the job secret; every connection proves it knows it
+	// (HMAC-SHA256 challenge-response, both directions). Required.
+	Secret []byte
+	// ForceTCP disables shared memory even between ranks on one host, for
+	// testing and benchmarking the TCP path. Ranks on the same host use
+	// shared memory only when both sides allow it.
+	ForceTCP bool
+	// HandshakeTimeout bounds a connection's authentication, so a foreign
+	// or silent client cannot hold a goroutine. 10 s.
+	HandshakeTimeout time.Duration
+	// DialRetry is the pause between attempts to reach a peer that is not
+	// listening yet. 20 ms.
+	DialRetry time.Duration
+	// ShmDir is where shared-memory segments are created; they are unlinked
+	// as soon as both sides have mapped them. "/dev/shm".
+	ShmDir string
+	// ShmRingBytes is the size of each direction's ring. 4 MiB: several
+	// pipeline segments in flight, and still L3-friendly.
+	ShmRingBytes int
+	// Logger receives connection events (foreign connections at Warn).
+	Logger zerolog.Logger
+}
+
+// DefaultEndpointConfig returns the production settings, listening on ":0".
+func DefaultEndpointConfig() EndpointConfig {
+	return EndpointConfig{
+		Addr:             ":0",
+		HandshakeTimeout: 10 * time.Second,
+		DialRetry:        20 * time.Millisecond,
+		ShmDir:           "/dev/shm",
+		ShmRingBytes:     4 << 20,
+		Logger:           zerolog.Nop(),
+	}
+}
+
+// Validate reports the first invalid field.
+func (c EndpointConfig) Validate() error {
+	switch {
+	case len(c.Secret) == 0:
+		return fmt.Errorf("%w: EndpointConfig.Secret is empty: every data-plane connection must be authenticated", ErrInvalidArgument)
+	case c.HandshakeTimeout <= 0 || c.DialRetry <= 0:
+		return fmt.Errorf("%w: HandshakeTimeout and DialRetry must be positive", ErrInvalidArgument)
+	case c.ShmRingBytes < 1<<16 || c.ShmRingBytes&(c.ShmRingBytes-1) != 0:
+		return fmt.Errorf("%w: ShmRingBytes %d must be a power of two ≥ 64 KiB", ErrInvalidArgument, c.ShmRingBytes)
+	}
+	return nil
+}
+
+// Endpoint is a rank's data plane: one TCP listener shared by all of the
+// rank's communicators, connections authenticated with the job secret, and
+// shared-memory rings to peers on the same host. It implements Transport.
+type Endpoint struct {
+	cfg  EndpointConfig
+	ln   net.Listener
+	addr string
+	log  zerolog.Logger
+
+	mu      sync.Mutex
+	pending map[pendingKey]chan *accepted // guarded by mu
+	closed  bool                          // guarded by mu
+
+	wg sync.WaitGroup
+}
+
+var _ Transport = (*Endpoint)(nil)
+
+type pendingKey struct {
+	gid  GroupID
+	from int
+}
+
+// accepted is an authenticated incoming connection waiting for its group.
+type accepted struct {
+	conn  net.Conn
+	br    *bufio.Reader
+	hello hello
+	shm   *shmSegment // mapped when the dialer offered and we accepted
+}
+
+// Listen opens the data-plane listener. The returned Endpoint's Addr is what
+// the rank advertises to the rendezvous.
+func Listen(cfg EndpointConfig) (*Endpoint, error) {
+	d := DefaultEndpointConfig()
+	if cfg.HandshakeTimeout == 0 {
+		cfg.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if cfg.DialRetry == 0 {
+		cfg.DialRetry = d.DialRetry
+	}
+	if cfg.ShmDir == "" {
+		cfg.ShmDir = d.ShmDir
+	}
+	if cfg.ShmRingBytes == 0 {
+		cfg.ShmRingBytes = d.ShmRingBytes
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = d.Addr
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("comm: data-plane listener: %w", err)
+	}
+	host, port, _ := net.SplitHostPort(ln.Addr().String())
+	if h, _, _ := net.SplitHostPort(cfg.Addr); h != "" {
+		host = h
+	} else if cfg.AdvertiseHost != "" {
+		host = cfg.AdvertiseHost
+	} else if hn, err := os.Hostname(); err == nil {
+		host = hn
+	}
+	e := &Endpoint{cfg: cfg, ln: ln, addr: net.JoinHostPort(host, port), log: cfg.Logger, pending: map[pendingKey]chan *accepted{}}
+	e.wg.Go(e.acceptLoop)
+	return e, nil
+}
+
+// Addr is the address peers dial: host:port. Safe for concurrent use.
+func (e *Endpoint) Addr() string { return e.addr }
+
+// Close stops listening and drops connections no communicator has claimed;
+// links already handed out belong to their communicators. Idempotent.
+func (e *Endpoint) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	err := e.ln.Close()
+	var drop []*accepted
+	for _, ch := range e.pending {
+		select {
+		case a := <-ch:
+			drop = append(drop, a)
+		default:
+		}
+	}
+	e.mu.Unlock()
+	for _, a := range drop {
+		a.close()
+	}
+	e.wg.Wait()
+	return err
+}
+
+func (a *accepted) close() {
+	_ = a.conn.Close()
+	if a.shm != nil {
+		a.shm.unmap()
+	}
+}
+
+func (e *Endpoint) acceptLoop() {
+	for {
+		conn, err := e.ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return // closed
+		}
+		e.wg.Go(func() { e.serve(conn) })
+	}
+}
+
+// serve authenticates one incoming connection and parks it for its group.
+// A connection that fails is logged and dropped; nothing else is affected.
+func (e *Endpoint) serve(conn net.Conn) {
+	_ = conn.SetDeadline(time.Now().Add(e.cfg.HandshakeTimeout))
+	br := bufio.NewReaderSize(conn, 64<<10)
+	h, shm, err := e.serverHandshake(conn, br)
+	if err != nil {
+		e.log.Warn().Err(err).Str("remote", conn.RemoteAddr().String()).Msg("comm: dropped data-plane connection")
+		_ = conn.Close()
+		return
+	}
+	_ = conn.SetDeadline(time.Time{})
+	a := &accepted{conn: conn, br: br, hello: h, shm: shm}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		a.close()
+		return
+	}
+	ch := e.waiterLocked(pendingKey{h.gid, h.from})
+	select {
+	case ch <- a:
+	default:
+		e.log.Warn().Int("from", h.from).Msg("comm: duplicate connection for a group rank dropped")
+		a.close()
+	}
+}
+
+func (e *Endpoint) waiterLocked(k pendingKey) chan *accepted {
+	ch := e.pending[k]
+	if ch == nil {
+		ch = make(chan *accepted, 1)
+		e.pending[k] = ch
+	}
+	return ch
+}
+
+// hello is what the dialer says after authentication.
+type hello struct {
+	gid      GroupID
+	from, to int
+	size     int
+	shmName  string
+	shmBytes int
+}
+
+const (
+	handshakeMagic = "GORUNDP1"
+	nonceLen       = 32
+	ackTCP         = 1
+	ackShm         = 2
+)
+
+func mac(secret []byte, role byte, cn, sn []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte{role})
+	m.Write(cn)
+	m.Write(sn)
+	return m.Sum(nil)
+}
+
+func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader) (hello, *shmSegment, error) {
+	var h hello
+	var b [len(handshakeMagic) + nonceLen]byte
+	if _, err := io.ReadFull(br, b[:]); err != nil {
+		return h, nil, fmt.Errorf("%w: reading greeting: %w", ErrAuth, err)
+	}
+	if string(b[:len(handshakeMagic)]) != handshakeMagic {
+		return h, nil, fmt.Errorf("%w: not a gorun data-plane client", ErrAuth)
+	}
+	cn := append([]byte(nil), b[len(handshakeMagic):]...)
+	sn := make([]byte, nonceLen)
+	_, _ = rand.Read(sn)
+	if _, err := conn.Write(append(sn, mac(e.cfg.Secret, 'S', cn, sn)...)); err != nil {
+		return h, nil, fmt.Errorf("%w: %w", ErrAuth, err)
+	}
+	var resp [sha256.Size + 8 + 4*3 + 4 + 2]byte
+	if _, err := io.ReadFull(br, resp[:]); err != nil {
+		return h, nil, fmt.Errorf("%w: reading proof: %w", ErrAuth, err)
+	}
+	if !hmac.Equal(resp[:sha256.Size], mac(e.cfg.Secret, 'C', cn, sn)) {
+		return h, nil, fmt.Errorf("%w: client does not know the job secret", ErrAuth)
+	}
+	p := resp[sha256.Size:]
+	h.gid = GroupID(binary.LittleEndian.Uint64(p))
+	h.from = int(binary.LittleEndian.Uint32(p[8:]))
+	h.to = int(binary.LittleEndian.Uint32(p[12:]))
+	h.size = int(binary.LittleEndian.Uint32(p[16:]))
+	h.shmBytes = int(binary.LittleEndian.Uint32(p[20:]))
+	nameLen := int(binary.LittleEndian.Uint16(p[24:]))
+	if nameLen > 255 {
+		return h, nil, fmt.Errorf("%w: shared-memory name of %d bytes", ErrProtocol, nameLen)
+	}
+	name := make([]byte, nameLen)
+	if _, err := io.ReadFull(br, name); err != nil {
+		return h, nil, fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	h.shmName = string(name)
+	ack := byte(ackTCP)
+	var seg *shmSegment
+	if h.shmName != "" && !e.cfg.ForceTCP {
+		s, err := openShm(e.cfg.ShmDir, h.shmName, h.shmBytes)
+		if err != nil {
+			e.log.Info().Err(err).Msg("comm: shared memory offered but not usable; using TCP")
+		} else {
+			seg, ack = s, ackShm
+		}
+	}
+	if _, err := conn.Write([]byte{ack}); err != nil {
+		if seg != nil {
+			seg.unmap()
+		}
+		return h, nil, fmt.Errorf("%w: %w", ErrAuth, err)
+	}
+	return h, seg, nil
+}
+
+func (e *Endpoint) clientHandshake(conn net.Conn, br *bufio.Reader, h hello) (byte, error) {
+	cn := make([]byte, nonceLen)
+	_, _ = rand.Read(cn)
+	if _, err := conn.Write(append([]byte(handshakeMagic), cn...)); err != nil {
+		return 0, err
+	}
+	var b [nonceLen + sha256.Size]byte
+	if _, err := io.ReadFull(br, b[:]); err != nil {
+		return 0, fmt.Errorf("%w: reading the server's proof: %w", ErrAuth, err)
+	}
+	sn := b[:nonceLen]
+	if !hmac.Equal(b[nonceLen:], mac(e.cfg.Secret, 'S', cn, sn)) {
+		return 0, fmt.Errorf("%w: server does not know the job secret", ErrAuth)
+	}
+	out := mac(e.cfg.Secret, 'C', cn, sn)
+	var p [8 + 4*3 + 4 + 2]byte
+	binary.LittleEndian.PutUint64(p[:], uint64(h.gid))
+	binary.LittleEndian.PutUint32(p[8:], uint32(h.from))
+	binary.LittleEndian.PutUint32(p[12:], uint32(h.to))
+	binary.LittleEndian.PutUint32(p[16:], uint32(h.size))
+	binary.LittleEndian.PutUint32(p[20:], uint32(h.shmBytes))
+	binary.LittleEndian.PutUint16(p[24:], uint16(len(h.shmName)))
+	out = append(append(out, p[:]...), h.shmName...)
+	if _, err := conn.Write(out); err != nil {
+		return 0, err
+	}
+	var ack [1]byte
+	if _, err := io.ReadFull(br, ack[:]); err != nil {
+		return 0, fmt.Errorf("%w: peer refused the connection: %w", ErrAuth, err)
+	}
+	return ack[0], nil
+}
+
+// Connect dials every higher rank and waits for every lower rank to dial
+// it, then returns one Link per peer: shared memory where both sides are on
+// one host and allow it, TCP otherwise.
+func (e *Endpoint) Connect(ctx context.Context, g Group, gid GroupID) ([]Link, error) {
+	me, n := g.Rank(), g.Size()
+	links := make([]Link, n)
+	eg, ctx := errgroup.WithContext(ctx)
+	for r := range n {
+		switch {
+		case r > me:
+			eg.Go(func() error {
+				l, err := e.dial(ctx, g, gid, r)
+				links[r] = l
+				return err
+			})
+		case r < me:
+			eg.Go(func() error {
+				l, err := e.await(ctx, g, gid, r)
+				links[r] = l
+				return err
+			})
+		}
+	}
+	if err := eg.Wait(); err != nil {
+		for _, l := range links {
+			if l != nil {
+				_ = l.Close()
+			}
+		}
+		return nil, err
+	}
+	return links, nil
+}
+
+func (e *Endpoint) dial(ctx context.Context, g Group, gid GroupID, r int) (Link, error) {
+	me := g.Rank()
+	addr := g.DataAddr(r)
+	var d net.Dialer
+	for {
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			l, err := e.dialed(conn, g, gid, r)
+			if err != nil {
+				_ = conn.Close()
+				return nil, fmt.Errorf("comm: connecting rank %d to rank %d at %s: %w", me, r, addr, err)
+			}
+			return l, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("comm: rank %d could not reach rank %d at %s: %w (last error: %v)", me, r, addr, ctx.Err(), err)
+		case <-time.After(e.cfg.DialRetry):
+		}
+	}
+}
+
+func (e *Endpoint) dialed(conn net.Conn, g Group, gid GroupID, r int) (Link, error) {
+	me := g.Rank()
+	_ = conn.SetDeadline(time.Now().Add(e.cfg.HandshakeTimeout))
+	br := bufio.NewReaderSize(conn, 64<<10)
+	h := hello{gid: gid, from: me, to: r, size: g.Size()}
+	var seg *shmSegment
+	if !e.cfg.ForceTCP && g.Host(r) == g.Host(me) {
+		s, err := createShm(e.cfg.ShmDir, gid, me, r, e.cfg.ShmRingBytes)
+		if err != nil {
+			e.log.Info().Err(err).Msg("comm: cannot create shared memory; using TCP")
+		} else {
+			seg = s
+			h.shmName, h.shmBytes = s.name, e.cfg.ShmRingBytes
+		}
+	}
+	ack, err := e.clientHandshake(conn, br, h)
+	if seg != nil {
+		seg.unlink() // both sides have mapped it, or the peer declined: nothing must outlive us
+	}
+	if err != nil {
+		if seg != nil {
+			seg.unmap()
+		}
+		return nil, err
+	}
+	_ = conn.SetDeadline(time.Time{})
+	if ack == ackShm && seg != nil {
+		return newShmLink(conn, br, seg, true), nil
+	}
+	if seg != nil {
+		seg.unmap()
+	}
+	return newTCPLink(conn, br), nil
+}
+
+func (e *Endpoint) await(ctx context.Context, g Group, gid GroupID, r int) (Link, error) {
+	k := pendingKey{gid, r}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, ErrClosed
+	}
+	ch := e.waiterLocked(k)
+	e.mu.Unlock()
+	select {
+	case a := <-ch:
+		e.mu.Lock()
+		delete(e.pending, k)
+		e.mu.Unlock()
+		if a.hello.to != g.Rank() || a.hello.size != g.Size() {
+			a.close()
+			return nil, fmt.Errorf("%w: rank %d connected as rank %d of %d, but this is rank %d of %d", ErrProtocol, r, a.hello.to, a.hello.size, g.Rank(), g.Size())
+		}
+		if a.shm != nil {
+			return newShmLink(a.conn, a.br, a.shm, false), nil
+		}
+		return newTCPLink(a.conn, a.br), nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("comm: rank %d waited for rank %d (%s) to connect: %w", g.Rank(), r, g.DataAddr(r), ctx.Err())
+	}
+}

@@ -1,0 +1,229 @@
+package comm_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/comm/commtest"
+)
+
+var testSecret = []byte("0123456789abcdef0123456789abcdef")
+
+type netJob struct {
+	eps   []*comm.Endpoint
+	comms []*comm.Comm
+	logs  *syncBuf
+}
+
+// syncBuf collects log lines from several goroutines.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func listen(t testing.TB, forceTCP bool, secret []byte, logs io.Writer, shmDir string) *comm.Endpoint {
+	t.Helper()
+	ecfg := comm.DefaultEndpointConfig()
+	ecfg.Addr = "127.0.0.1:0"
+	ecfg.Secret = secret
+	ecfg.ForceTCP = forceTCP
+	ecfg.ShmDir = shmDir // tests check that nothing is left there
+	ecfg.Logger = testLogger(t)
+	if logs != nil {
+		ecfg.Logger = ecfg.Logger.Output(logs)
+	}
+	ep, err := comm.Listen(ecfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ep
+}
+
+// newNetJob starts n communicators over real loopback sockets (and shared
+// memory unless forceTCP) in this process.
+func newNetJob(t testing.TB, n int, cfg comm.Config, forceTCP bool) *netJob {
+	t.Helper()
+	j := &netJob{logs: &syncBuf{}}
+	var addrs []string
+	shmDir := t.TempDir()
+	if dir := os.Getenv("GORUN_TEST_SHMDIR"); dir != "" {
+		shmDir = dir
+	}
+	for range n {
+		ep := listen(t, forceTCP, testSecret, j.logs, shmDir)
+		j.eps = append(j.eps, ep)
+		addrs = append(addrs, ep.Addr())
+	}
+	cfg.Logger = testLogger(t)
+	j.comms = make([]*comm.Comm, n)
+	errs := onEach(t, n, func(r int) error {
+		ctx, cancel := waitCtx(t)
+		defer cancel()
+		c, err := comm.New(ctx, commtest.NewStaticGroup(r, addrs, nil), j.eps[r], cfg)
+		j.comms[r] = c
+		return err
+	})
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		var wg sync.WaitGroup
+		for r := range n {
+			wg.Go(func() { _ = j.comms[r].Close(); _ = j.eps[r].Close() })
+		}
+		wg.Wait()
+	})
+	return j
+}
+
+func runCases(t *testing.T, comms []*comm.Comm, tcs []tcase, exact bool) {
+	n := len(comms)
+	errs := onEach(t, n, func(r int) error {
+		ctx, cancel := waitCtx(t)
+		defer cancel()
+		hs := make([]comm.Handle, len(tcs))
+		checks := make([]func() error, len(tcs))
+		for i, tc := range tcs {
+			hs[i], checks[i] = issue(ctx, comms[r], tc, exact)
+		}
+		for i, h := range hs {
+			if err := h.Wait(ctx); err != nil {
+				return fmt.Errorf("%v: %w", tcs[i], err)
+			}
+			if err := checks[i](); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for _, err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestCollectivesOverSockets(t *testing.T) {
+	sizes := []int{0, 1, 13, 20001}
+	if testing.Short() {
+		sizes = []int{0, 13, 20001}
+	}
+	for _, medium := range []string{"tcp", "shm"} {
+		for _, n := range []int{2, 3} {
+			for _, det := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/n=%d/det=%v", medium, n, det), func(t *testing.T) {
+					cfg := comm.LocalConfig()
+					cfg.Deterministic = det
+					cfg.SegmentBytes = 64 << 10
+					cfg.LatencyNs = 100
+					j := newNetJob(t, n, cfg, medium == "tcp")
+					for r, k := range j.comms[0].LinkKinds() {
+						if r != 0 && k != medium {
+							t.Fatalf("link to rank %d is %q, want %q", r, k, medium)
+						}
+					}
+					var tcs []tcase
+					for _, tc := range cases(n, sizes) {
+						// A subset of dtypes and ops over real sockets; the
+						// in-memory suite covers every combination.
+						if (tc.dt == comm.Float32 || tc.dt == comm.BFloat16) && (tc.op == 0 || tc.op == comm.Sum) {
+							tcs = append(tcs, tc)
+						}
+					}
+					runCases(t, j.comms, tcs, !det)
+				})
+			}
+		}
+	}
+}
+
+// Shared-memory segments are unlinked as soon as both sides mapped them.
+func TestShmSegmentsLeaveNoFiles(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("GORUN_TEST_SHMDIR", dir)
+	j := newNetJob(t, 3, comm.LocalConfig(), false)
+	ctx, cancel := waitCtx(t)
+	defer cancel()
+	onEach(t, 3, func(r int) error { return j.comms[r].Barrier(ctx).Wait(ctx) })
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 0 {
+		t.Fatalf("left in %s: %v", dir, ents)
+	}
+	if m, _ := filepath.Glob("/dev/shm/gorun-*"); len(m) > 0 {
+		t.Logf("note: /dev/shm holds %v (other processes?)", m)
+	}
+}
+
+// A foreign process that connects to a data port, with garbage or with a
+// wrong secret, is dropped and logged; the job does not notice.
+func TestForeignConnectionsAreDropped(t *testing.T) {
+	for _, medium := range []string{"tcp", "shm"} {
+		t.Run(medium, func(t *testing.T) {
+			j := newNetJob(t, 2, comm.LocalConfig(), medium == "tcp")
+			addr := j.eps[1].Addr()
+			// 1. Garbage.
+			c1, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = c1.Write([]byte("GET / HTTP/1.0\r\n\r\nxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"))
+			_, _ = io.ReadAll(c1) // the endpoint hangs up
+			c1.Close()
+			// 2. A well-formed client that does not know the secret.
+			c2, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = c2.Write(append([]byte("GORUNDP1"), make([]byte, 32)...))
+			br := bufio.NewReader(c2)
+			_, _ = io.ReadFull(br, make([]byte, 64))
+			_, _ = c2.Write(make([]byte, 32+26))
+			_, _ = io.ReadAll(br)
+			c2.Close()
+			// 3. A peer endpoint with another job's secret.
+			stranger := listen(t, false, []byte("another job's secret, 32 bytes!"), nil, t.TempDir())
+			defer stranger.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+			defer cancel()
+			g := commtest.NewStaticGroup(0, []string{stranger.Addr(), addr}, nil)
+			if _, err := stranger.Connect(ctx, g, 1); err == nil || !strings.Contains(err.Error(), "secret") {
+				t.Errorf("stranger connected: %v", err)
+			}
+			// The job still works.
+			runCases(t, j.comms, cases(2, []int{5})[:3], true)
+			// The endpoint logs the stranger once it hangs up: poll.
+			for strings.Count(j.logs.String(), "dropped data-plane connection") < 3 {
+				select {
+				case <-ctx.Done():
+					t.Fatalf("foreign connections not logged:\n%s", j.logs.String())
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+		})
+	}
+}

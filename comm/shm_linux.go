@@ -1,0 +1,456 @@
+package comm
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Shared memory between two ranks on one host: a segment in /dev/shm with
+// one single-producer single-consumer byte ring per direction. The dialer
+// creates the segment and names it in its hello; the acceptor maps it and
+// acknowledges; the dialer then unlinks it. From then on the segment has no
+// name, so a crash of either process, at any point, leaves nothing behind.
+//
+// The TCP connection that carried the handshake stays open as the liveness
+// channel: a peer that dies closes it, and a goroutine blocked reading it
+// marks the link dead and wakes any waiter.
+//
+// Layout: a 4 KiB control page (per direction: head and tail counters and
+// two futex words, each on its own cache line), then ring 0 (dialer →
+// acceptor), then ring 1. head and tail are byte counts that only grow; they
+// move in multiples of 8 (frames are padded to 8 bytes) so every frame and
+// every piece handed to a reduction is aligned for any element type.
+
+const (
+	shmCtlBytes = 4096
+	shmPrefix   = "gorun-"
+	cacheLine   = 64
+	// Per direction, in the control page: head, tail, consumer-waiting,
+	// producer-waiting, each on its own line.
+	dirCtlBytes = 4 * cacheLine
+)
+
+type shmSegment struct {
+	path      string
+	name      string
+	mem       []byte
+	ringBytes int
+	unlinked  atomic.Bool
+}
+
+func createShm(dir string, gid GroupID, me, peer, ringBytes int) (*shmSegment, error) {
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	name := fmt.Sprintf("%s%d-%016x-%d-%d-%s", shmPrefix, os.Getpid(), uint64(gid), me, peer, hex.EncodeToString(rnd[:]))
+	path := filepath.Join(dir, name)
+	size := shmCtlBytes + 2*ringBytes
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("comm: creating %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		_ = unix.Unlink(path)
+		return nil, fmt.Errorf("comm: sizing %s: %w", path, err)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		_ = unix.Unlink(path)
+		return nil, fmt.Errorf("comm: mapping %s: %w", path, err)
+	}
+	return &shmSegment{path: path, name: name, mem: mem, ringBytes: ringBytes}, nil
+}
+
+func openShm(dir, name string, ringBytes int) (*shmSegment, error) {
+	if !strings.HasPrefix(name, shmPrefix) || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
+		return nil, fmt.Errorf("%w: bad shared-memory name %q", ErrProtocol, name)
+	}
+	if ringBytes < 1<<16 || ringBytes > 1<<30 || ringBytes&(ringBytes-1) != 0 {
+		return nil, fmt.Errorf("%w: bad ring size %d", ErrProtocol, ringBytes)
+	}
+	path := filepath.Join(dir, name)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, fmt.Errorf("comm: opening %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	size := shmCtlBytes + 2*ringBytes
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Size != int64(size) {
+		return nil, fmt.Errorf("%w: %s has %d bytes, want %d", ErrProtocol, path, st.Size, size)
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("comm: mapping %s: %w", path, err)
+	}
+	return &shmSegment{path: path, name: name, mem: mem, ringBytes: ringBytes}, nil
+}
+
+func (s *shmSegment) unlink() {
+	if s.unlinked.CompareAndSwap(false, true) {
+		_ = unix.Unlink(s.path)
+	}
+}
+
+func (s *shmSegment) unmap() {
+	s.unlink()
+	if s.mem != nil {
+		_ = unix.Munmap(s.mem)
+		s.mem = nil
+	}
+}
+
+// ring is one direction of a segment.
+type ring struct {
+	head, tail   *uint64 // bytes produced / consumed, monotonic
+	consWait     *uint32 // futex: consumer sleeps waiting for data
+	prodWait     *uint32 // futex: producer sleeps waiting for space
+	data         []byte
+	mask         uint64
+	size         uint64
+	pos          uint64 // producer side only: bytes written, maybe unpublished
+	readTail     uint64 // consumer side only: local copy of tail
+	remainingPad int    // consumer side only: pad bytes after the current payload
+}
+
+func newRing(mem []byte, dir, ringBytes int) *ring {
+	ctl := unsafe.Pointer(&mem[dir*dirCtlBytes])
+	r := &ring{
+		head:     (*uint64)(ctl),
+		tail:     (*uint64)(unsafe.Add(ctl, cacheLine)),
+		consWait: (*uint32)(unsafe.Add(ctl, 2*cacheLine)),
+		prodWait: (*uint32)(unsafe.Add(ctl, 3*cacheLine)),
+		data:     mem[shmCtlBytes+dir*ringBytes : shmCtlBytes+(dir+1)*ringBytes],
+		size:     uint64(ringBytes),
+		mask:     uint64(ringBytes - 1),
+	}
+	r.pos = atomic.LoadUint64(r.head)
+	r.readTail = atomic.LoadUint64(r.tail)
+	return r
+}
+
+// Futex operations on a shared (not process-private) word.
+const (
+	futexOpWait = 0
+	futexOpWake = 1
+)
+
+func futexWait(addr *uint32, val uint32, d time.Duration) {
+	ts := unix.NsecToTimespec(int64(d))
+	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexOpWait, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+}
+
+func futexWake(addr *uint32) {
+	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexOpWake, 1, 0, 0, 0)
+}
+
+// spinLimit is how long a waiter polls before sleeping on the futex: long
+// enough to cover a peer's reaction time when both ranks are running (the
+// latency path), short enough not to burn a shared core for long.
+const spinLimit = 20 * time.Microsecond
+
+// errShmDead is returned once the link is closed or the peer is gone and
+// the ring holds nothing more to read.
+var errShmDead = errors.New("comm: shared-memory link closed")
+
+// wait polls cond, then sleeps on the futex word w until cond holds or
+// dead reports true. It returns false when dead.
+func wait(w *uint32, cond func() bool, dead func() bool) bool {
+	if cond() {
+		return true
+	}
+	start := time.Now()
+	for i := 0; ; i++ {
+		if cond() {
+			return true
+		}
+		if i&255 == 255 {
+			if dead() {
+				return cond()
+			}
+			if time.Since(start) > spinLimit {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	for {
+		atomic.StoreUint32(w, 1)
+		if cond() {
+			atomic.StoreUint32(w, 0)
+			return true
+		}
+		if dead() {
+			atomic.StoreUint32(w, 0)
+			return cond()
+		}
+		futexWait(w, 1, 100*time.Millisecond)
+	}
+}
+
+// shmLink is a Link over a shared-memory segment, with the handshake's TCP
+// connection kept for liveness.
+type shmLink struct {
+	conn net.Conn
+	br   *bufio.Reader
+	seg  *shmSegment
+	tx   *ring
+	rx   *ring
+
+	wmu sync.Mutex // serializes producers so frames never interleave
+
+	// mu guards the mapping's lifetime: users counts calls inside the
+	// mapping; the last one out after Close unmaps it.
+	mu     sync.Mutex
+	users  int
+	closed bool
+
+	dead   atomic.Bool // closed locally or peer gone
+	peerGo chan struct{}
+	hdr    [HeaderSize]byte
+	zeros  [8]byte
+	wg     sync.WaitGroup
+}
+
+var _ Link = (*shmLink)(nil)
+var _ ReduceReceiver = (*shmLink)(nil)
+
+func newShmLink(conn net.Conn, br *bufio.Reader, seg *shmSegment, dialer bool) *shmLink {
+	tx, rx := 0, 1
+	if !dialer {
+		tx, rx = 1, 0
+	}
+	l := &shmLink{conn: conn, br: br, seg: seg,
+		tx: newRing(seg.mem, tx, seg.ringBytes), rx: newRing(seg.mem, rx, seg.ringBytes),
+		peerGo: make(chan struct{})}
+	l.wg.Go(l.watch)
+	return l
+}
+
+// watch blocks on the control connection: nothing is ever sent on it, so
+// any return means the peer closed, crashed or misbehaved.
+func (l *shmLink) watch() {
+	_, _ = io.Copy(io.Discard, l.br)
+	l.dead.Store(true)
+	close(l.peerGo)
+	l.wakeAll()
+}
+
+func (l *shmLink) wakeAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seg.mem == nil {
+		return
+	}
+	for _, r := range []*ring{l.tx, l.rx} {
+		atomic.StoreUint32(r.consWait, 0)
+		futexWake(r.consWait)
+		atomic.StoreUint32(r.prodWait, 0)
+		futexWake(r.prodWait)
+	}
+}
+
+func (l *shmLink) enter() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.users++
+	return true
+}
+
+func (l *shmLink) exit() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.users--
+	if l.closed && l.users == 0 {
+		l.seg.unmap()
+	}
+}
+
+func (l *shmLink) isDead() bool { return l.dead.Load() }
+
+// write appends b to the ring, publishing at every 8-byte boundary it
+// reaches, waiting for space as needed.
+func (l *shmLink) write(b []byte) bool {
+	r := l.tx
+	for len(b) > 0 {
+		used := func() uint64 { return r.pos - atomic.LoadUint64(r.tail) }
+		if used() == r.size {
+			if !wait(r.prodWait, func() bool { return used() < r.size }, l.isDead) {
+				return false
+			}
+		}
+		free := r.size - used()
+		off := r.pos & r.mask
+		n := min(uint64(len(b)), free, r.size-off)
+		copy(r.data[off:off+n], b[:n])
+		r.pos += n
+		b = b[n:]
+		if r.pos&7 == 0 {
+			l.publish()
+		}
+	}
+	return true
+}
+
+func (l *shmLink) publish() {
+	r := l.tx
+	atomic.StoreUint64(r.head, r.pos)
+	if atomic.LoadUint32(r.consWait) != 0 {
+		atomic.StoreUint32(r.consWait, 0)
+		futexWake(r.consWait)
+	}
+}
+
+// Send copies the frame into the ring; it blocks while the ring is full,
+// that is until the peer has read enough. Safe for concurrent use.
+func (l *shmLink) Send(h *Header, payload []byte) error {
+	if !l.enter() {
+		return errShmDead
+	}
+	defer l.exit()
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	var hb [HeaderSize]byte
+	h.Encode(hb[:])
+	if l.isDead() || !l.write(hb[:]) || !l.write(payload) {
+		return errShmDead
+	}
+	if pad := (8 - len(payload)&7) & 7; pad > 0 && !l.write(l.zeros[:pad]) {
+		return errShmDead
+	}
+	l.publish()
+	return nil
+}
+
+// avail waits until at least one byte can be read and returns how many.
+func (l *shmLink) avail() (uint64, bool) {
+	r := l.rx
+	n := func() uint64 { return atomic.LoadUint64(r.head) - r.readTail }
+	if !wait(r.consWait, func() bool { return n() > 0 }, l.isDead) {
+		return 0, false
+	}
+	return n(), true
+}
+
+func (l *shmLink) consume(n uint64) {
+	r := l.rx
+	r.readTail += n
+	atomic.StoreUint64(r.tail, r.readTail)
+	if atomic.LoadUint32(r.prodWait) != 0 {
+		atomic.StoreUint32(r.prodWait, 0)
+		futexWake(r.prodWait)
+	}
+}
+
+// read hands the next len(dst) stream bytes to f piece by piece, pieces
+// being contiguous ring regions.
+func (l *shmLink) read(want int, f func(off int, src []byte)) bool {
+	r := l.rx
+	for off := 0; off < want; {
+		a, ok := l.avail()
+		if !ok {
+			return false
+		}
+		pos := r.readTail & r.mask
+		n := min(a, uint64(want-off), r.size-pos)
+		f(off, r.data[pos:pos+n])
+		off += int(n)
+		l.consume(n)
+	}
+	return true
+}
+
+// RecvHeader blocks for the next header. Receive side: one goroutine. A
+// dead link still yields what the peer wrote before it went (its abort
+// frame, typically).
+func (l *shmLink) RecvHeader(h *Header) error {
+	if !l.enter() {
+		return errShmDead
+	}
+	defer l.exit()
+	if !l.read(HeaderSize, func(off int, src []byte) { copy(l.hdr[off:], src) }) {
+		return io.EOF
+	}
+	if err := h.Decode(l.hdr[:]); err != nil {
+		return err
+	}
+	l.rx.remainingPad = int((8 - h.Len&7) & 7)
+	return nil
+}
+
+func (l *shmLink) skipPad() bool {
+	p := l.rx.remainingPad
+	l.rx.remainingPad = 0
+	return p == 0 || l.read(p, func(int, []byte) {})
+}
+
+// RecvPayload copies the current frame's payload out of the ring.
+func (l *shmLink) RecvPayload(dst []byte) error {
+	if !l.enter() {
+		return errShmDead
+	}
+	defer l.exit()
+	if !l.read(len(dst), func(off int, src []byte) { copy(dst[off:], src) }) || !l.skipPad() {
+		return io.EOF
+	}
+	return nil
+}
+
+// RecvReduce folds the current frame's payload into dst straight from the
+// ring, saving the copy RecvPayload would make. Pieces are multiples of 8
+// bytes except the last, so they hold whole elements.
+func (l *shmLink) RecvReduce(dst []byte, f func(dst, src []byte)) error {
+	if !l.enter() {
+		return errShmDead
+	}
+	defer l.exit()
+	if !l.read(len(dst), func(off int, src []byte) { f(dst[off:off+len(src)], src) }) || !l.skipPad() {
+		return io.EOF
+	}
+	return nil
+}
+
+// EagerLimit: a quarter ring, so two frames in flight never fill it.
+func (l *shmLink) EagerLimit() int { return l.seg.ringBytes / 4 }
+func (l *shmLink) Kind() string    { return "shm" }
+
+// Close marks the link dead, wakes every waiter, closes the control
+// connection (the peer's watcher sees it) and unmaps the segment once no
+// call is inside it. Idempotent.
+func (l *shmLink) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.dead.Store(true)
+	l.mu.Unlock()
+	l.wakeAll()
+	_ = l.conn.Close()
+	l.wg.Wait()
+	l.mu.Lock()
+	if l.users == 0 {
+		l.seg.unmap()
+	}
+	l.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,21 @@
+//go:build !linux
+
+package comm
+
+import (
+	"bufio"
+	"errors"
+	"net"
+)
+
+// Shared memory is implemented for Linux only; elsewhere every link is TCP.
+
+type shmSegment struct{ name string }
+
+var errNoShm = errors.New("comm: shared memory is only implemented on Linux")
+
+func createShm(string, GroupID, int, int, int) (*shmSegment, error) { return nil, errNoShm }
+func openShm(string, string, int) (*shmSegment, error)              { return nil, errNoShm }
+func (*shmSegment) unlink()                                         {}
+func (*shmSegment) unmap()                                          {}
+func newShmLink(net.Conn, *bufio.Reader, *shmSegment, bool) Link    { panic("unreachable") }
