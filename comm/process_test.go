@@ -1,0 +1,268 @@
+package comm_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/comm/commtest"
+)
+
+// Multi-process tests re-execute the test binary as ranks. Peers find each
+// other through a directory: each rank listens, writes its address to
+// addr.<rank>, and waits for the others' files (a tiny static address list,
+// standing in for the rendezvous).
+const (
+	childEnv = "GORUN_COMM_CHILD" // the mode: allreduce, crash, bench
+	exitLost = 3                  // crash mode: error named the victim
+	exitBad  = 4
+)
+
+func childMain() int {
+	rank, _ := strconv.Atoi(os.Getenv("GORUN_COMM_RANK"))
+	size, _ := strconv.Atoi(os.Getenv("GORUN_COMM_SIZE"))
+	dir := os.Getenv("GORUN_COMM_DIR")
+	mode := os.Getenv(childEnv)
+	ecfg := comm.DefaultEndpointConfig()
+	ecfg.Addr = "127.0.0.1:0"
+	ecfg.Secret = []byte(os.Getenv("GORUN_COMM_SECRET"))
+	ecfg.ForceTCP = os.Getenv("GORUN_COMM_TRANSPORT") == "tcp"
+	ecfg.ShmDir = os.Getenv("GORUN_COMM_SHMDIR")
+	ep, err := comm.Listen(ecfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return exitBad
+	}
+	defer ep.Close()
+	tmp := filepath.Join(dir, fmt.Sprintf(".addr.%d", rank))
+	_ = os.WriteFile(tmp, []byte(ep.Addr()), 0o600)
+	_ = os.Rename(tmp, filepath.Join(dir, fmt.Sprintf("addr.%d", rank)))
+	addrs := make([]string, size)
+	deadline := time.Now().Add(30 * time.Second)
+	for r := 0; r < size; {
+		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("addr.%d", r)))
+		if err == nil {
+			addrs[r] = string(b)
+			r++
+			continue
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintln(os.Stderr, "peers did not appear")
+			return exitBad
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	hosts := make([]string, size)
+	for r := range hosts {
+		hosts[r] = "localhost" // one host: shared memory unless forced off
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := comm.DefaultConfig()
+	cfg.Deterministic = os.Getenv("GORUN_COMM_DET") == "1"
+	c, err := comm.New(ctx, commtest.NewStaticGroup(rank, addrs, hosts), ep, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return exitBad
+	}
+	defer c.Close()
+	switch mode {
+	case "allreduce":
+		for _, n := range []int{1, 1000, 1 << 20} {
+			buf := make([]float32, n)
+			for i := range buf {
+				buf[i] = float32(rank + i%7)
+			}
+			if err := c.AllReduce(ctx, comm.Float32s(buf), comm.Float32s(buf), comm.Sum).Wait(ctx); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return exitBad
+			}
+			for i, v := range buf {
+				if want := float32(size*(size-1)/2 + size*(i%7)); v != want {
+					fmt.Fprintf(os.Stderr, "rank %d: element %d = %v, want %v\n", rank, i, v, want)
+					return exitBad
+				}
+			}
+		}
+		fmt.Println("ok", strings.Join(c.LinkKinds(), ","))
+		return 0
+	case "crash":
+		victim := size - 1
+		buf := comm.Float32s(make([]float32, 1<<18))
+		for i := 0; ; i++ {
+			if rank == victim && i == 5 {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
+			err := c.AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "rank", rank, "error:", err)
+				if strings.Contains(err.Error(), fmt.Sprintf("rank %d", victim)) {
+					return exitLost
+				}
+				return exitBad
+			}
+		}
+	case "bench":
+		return childBench(ctx, c)
+	}
+	return exitBad
+}
+
+func childBench(ctx context.Context, c *comm.Comm) int {
+	n := c.Size()
+	for _, size := range benchSizes() {
+		buf := comm.Float32s(make([]float32, max(size/4, 1)))
+		iters := max(5, min(2000, (256<<20)/max(size, 1)))
+		for range 3 {
+			_ = c.AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx)
+		}
+		if err := c.Barrier(ctx).Wait(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return exitBad
+		}
+		start := time.Now()
+		for range iters {
+			if err := c.AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return exitBad
+			}
+		}
+		sec := time.Since(start).Seconds() / float64(iters)
+		if c.Rank() == 0 {
+			fmt.Printf("%10d %12.2f us %8.3f GB/s busbw\n", size, sec*1e6, float64(size)/sec/1e9*2*float64(n-1)/float64(n))
+		}
+	}
+	return 0
+}
+
+func benchSizes() []int {
+	if s := os.Getenv("GORUN_COMM_SIZES"); s != "" {
+		var out []int
+		for _, f := range strings.Split(s, ",") {
+			v, _ := strconv.Atoi(f)
+			out = append(out, v)
+		}
+		return out
+	}
+	return []int{8, 1 << 10, 64 << 10, 256 << 10, 2 << 20, 8 << 20, 32 << 20, 64 << 20}
+}
+
+type procResult struct {
+	code   int
+	stdout string
+	stderr string
+}
+
+// runRanks starts n copies of this test binary as ranks and waits for all.
+func runRanks(t *testing.T, n int, mode, transport string, extraEnv ...string) ([]procResult, string) {
+	t.Helper()
+	dir, shmDir := t.TempDir(), t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*hangGuard)
+	defer cancel()
+	cmds := make([]*exec.Cmd, n)
+	outs := make([]*bytes.Buffer, n)
+	errs := make([]*bytes.Buffer, n)
+	for r := range n {
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"="+mode,
+			"GORUN_COMM_RANK="+strconv.Itoa(r), "GORUN_COMM_SIZE="+strconv.Itoa(n),
+			"GORUN_COMM_DIR="+dir, "GORUN_COMM_SHMDIR="+shmDir,
+			"GORUN_COMM_SECRET=multi-process test secret", "GORUN_COMM_TRANSPORT="+transport)
+		cmd.Env = append(cmd.Env, extraEnv...)
+		outs[r], errs[r] = &bytes.Buffer{}, &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = outs[r], errs[r]
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds[r] = cmd
+	}
+	res := make([]procResult, n)
+	for r, cmd := range cmds {
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+		case errors.As(err, &ee):
+			res[r].code = ee.ExitCode()
+		default:
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		res[r].stdout, res[r].stderr = outs[r].String(), errs[r].String()
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("ranks did not finish within %v (hang)", 2*hangGuard)
+	}
+	return res, shmDir
+}
+
+func TestMultiProcessAllReduce(t *testing.T) {
+	for _, transport := range []string{"shm", "tcp"} {
+		t.Run(transport, func(t *testing.T) {
+			res, shmDir := runRanks(t, 3, "allreduce", transport)
+			for r, p := range res {
+				if p.code != 0 || !strings.Contains(p.stdout, "ok") {
+					t.Errorf("rank %d: exit %d\n%s%s", r, p.code, p.stdout, p.stderr)
+				}
+				if !strings.Contains(p.stdout, transport) {
+					t.Errorf("rank %d did not use %s: %s", r, transport, p.stdout)
+				}
+			}
+			if ents, _ := os.ReadDir(shmDir); len(ents) != 0 {
+				t.Errorf("shared memory left behind: %v", ents)
+			}
+		})
+	}
+}
+
+// SIGKILL of one rank mid-collective: the others fail with an error naming
+// it, nobody hangs, and no shared-memory segment survives.
+func TestMultiProcessPeerKilled(t *testing.T) {
+	for _, transport := range []string{"shm", "tcp"} {
+		t.Run(transport, func(t *testing.T) {
+			const n = 3
+			res, shmDir := runRanks(t, n, "crash", transport)
+			for r, p := range res[:n-1] {
+				if p.code != exitLost {
+					t.Errorf("rank %d: exit %d, want %d\n%s", r, p.code, exitLost, p.stderr)
+				}
+				t.Logf("rank %d: %s", r, strings.TrimSpace(p.stderr))
+			}
+			if res[n-1].code != -1 {
+				t.Errorf("victim exit %d, want killed", res[n-1].code)
+			}
+			if ents, _ := os.ReadDir(shmDir); len(ents) != 0 {
+				t.Errorf("shared memory left behind: %v", ents)
+			}
+		})
+	}
+}
+
+// TestMultiProcessBench prints all-reduce busbw between 2 processes over
+// shared memory and TCP. Opt in: GORUN_COMM_BENCH=1 go test -run MultiProcessBench -v ./comm/
+func TestMultiProcessBench(t *testing.T) {
+	if os.Getenv("GORUN_COMM_BENCH") == "" {
+		t.Skip("set GORUN_COMM_BENCH=1 to run")
+	}
+	for _, transport := range []string{"shm", "tcp"} {
+		for _, det := range []string{"0", "1"} {
+			res, _ := runRanks(t, 2, "bench", transport, "GORUN_COMM_DET="+det, "GORUN_COMM_SIZES="+os.Getenv("GORUN_COMM_SIZES"))
+			for r, p := range res {
+				if p.code != 0 {
+					t.Errorf("rank %d: exit %d\n%s", r, p.code, p.stderr)
+				}
+			}
+			t.Logf("all-reduce float32 sum, 2 processes, %s, deterministic=%s:\n%s", transport, det, res[0].stdout)
+		}
+	}
+}
