@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/comm/commtest"
+	"github.com/gorun-hpc/gorun/model"
+	"github.com/gorun-hpc/gorun/model/modeltest"
+	"github.com/gorun-hpc/gorun/overlap"
+	"github.com/rs/zerolog"
+)
+
+const numSteps = 20
+
+// reference is the one-rank simulation every run must reproduce bit for bit.
+func reference(t *testing.T, o options) *modeltest.Result {
+	t.Helper()
+	ref, err := modeltest.Run(modeltest.Options{Model: o.modelConfig(), Optimizer: model.DefaultOptimizerConfig(),
+		Batch: o.batch, Steps: o.steps, Ranks: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
+func smallOptions() options {
+	o := defaultOptions()
+	o.steps, o.size, o.batch, o.deterministic = numSteps, "small", 8, true
+	return o
+}
+
+// runInProcess trains with n goroutine ranks over comm on the in-memory
+// network and returns rank 0's result (every rank's losses must agree).
+func runInProcess(t *testing.T, o options, n int) *result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	nw := commtest.NewNetwork()
+	addrs := make([]string, n)
+	for r := range addrs {
+		addrs[r] = fmt.Sprintf("rank%d:1", r)
+	}
+	ccfg := comm.LocalConfig()
+	ccfg.Deterministic = o.deterministic
+	comms := make([]*comm.Comm, n)
+	results := make([]*result, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() {
+			c, err := comm.New(ctx, commtest.NewStaticGroup(r, addrs, nil), nw.Endpoint(addrs[r]), ccfg)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			comms[r] = c
+			var out bytes.Buffer
+			results[r], errs[r] = run(ctx, o, c, zerolog.Nop(), &out)
+			if errs[r] != nil {
+				c.Abort(errs[r])
+			}
+		})
+	}
+	wg.Wait()
+	for _, c := range comms {
+		if c != nil {
+			wg.Go(func() { _ = c.Close() })
+		}
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for r := 1; r < n; r++ {
+		if !sameLosses(results[0].losses, results[r].losses) || results[0].params != results[r].params {
+			t.Fatalf("rank %d disagrees with rank 0", r)
+		}
+	}
+	return results[0]
+}
+
+func sameLosses(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func checkAgainst(t *testing.T, ref *modeltest.Result, losses []float32, params uint64) {
+	t.Helper()
+	if len(losses) != len(ref.Losses) {
+		t.Fatalf("%d losses, reference has %d", len(losses), len(ref.Losses))
+	}
+	for i := range losses {
+		if math.Float32bits(losses[i]) != math.Float32bits(ref.Losses[i]) {
+			t.Fatalf("step %d: loss %s, reference %s", i+1, fmtLoss(losses[i]), fmtLoss(ref.Losses[i]))
+		}
+	}
+	if want := model.Fingerprint(ref.Params...); params != want {
+		t.Fatalf("final parameters %016x, reference %016x", params, want)
+	}
+}
+
+func fmtLoss(f float32) string { return strconv.FormatFloat(float64(f), 'g', -1, 32) }
+
+// TestNumericsMatrix: with --deterministic, every rank count, mode and
+// option gives the losses and final parameters of the one-rank reference,
+// bit for bit, over 20 steps.
+func TestNumericsMatrix(t *testing.T) {
+	base := smallOptions()
+	ref := reference(t, base)
+	type variant struct {
+		name string
+		set  func(*options)
+	}
+	variants := []variant{
+		{"plain", func(*options) {}},
+		{"no-bucketing", func(o *options) { o.noBucketing = true }},
+		{"no-overlap", func(o *options) { o.noOverlap = true }},
+		{"tiny-cap", func(o *options) { o.bucketCap = 256 }},
+		{"chunk", func(o *options) { o.chunk = true }},
+		{"grouped", func(o *options) { o.grouped = true }},
+		{"reshard", func(o *options) { o.reshard = true }},
+		{"reshard+chunk+no-overlap", func(o *options) { o.reshard, o.chunk, o.noOverlap = true, true, true }},
+	}
+	for _, mode := range []string{"dp", "sharded"} {
+		for _, n := range []int{1, 2, 4} {
+			for _, v := range variants {
+				// Every variant on 4 ranks; 1 and 2 ranks with the plain
+				// run and the most different one, to keep -race short.
+				if n < 4 && v.name != "plain" && v.name != "reshard+chunk+no-overlap" {
+					continue
+				}
+				t.Run(fmt.Sprintf("%s/np%d/%s", mode, n, v.name), func(t *testing.T) {
+					o := base
+					o.mode = mode
+					v.set(&o)
+					res := runInProcess(t, o, n)
+					checkAgainst(t, ref, res.losses, res.params)
+				})
+			}
+		}
+	}
+}
+
+// TestDeterministicRepeats: two runs with the same flags give the same bits.
+func TestDeterministicRepeats(t *testing.T) {
+	o := smallOptions()
+	o.mode, o.reshard = "sharded", true
+	a := runInProcess(t, o, 4)
+	b := runInProcess(t, o, 4)
+	if !sameLosses(a.losses, b.losses) || a.params != b.params {
+		t.Fatalf("repeat differs: %v vs %v", a.losses, b.losses)
+	}
+}
+
+// TestTraceMerged: --trace writes every rank's timeline and rank 0's merge.
+func TestTraceMerged(t *testing.T) {
+	o := smallOptions()
+	o.steps = 2
+	o.trace = filepath.Join(t.TempDir(), "t.json")
+	runInProcess(t, o, 2)
+	for _, f := range []string{"t.rank0.json", "t.rank1.json", "t.json"} {
+		fh, err := os.Open(filepath.Join(filepath.Dir(o.trace), f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := overlap.ReadTrace(fh)
+		fh.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids := map[int]bool{}
+		cats := map[string]bool{}
+		for _, e := range tr.TraceEvents {
+			pids[e.PID], cats[e.Cat] = true, true
+		}
+		if want := 1 + btoi(f == "t.json"); len(pids) != want {
+			t.Errorf("%s: events of %d ranks, want %d", f, len(pids), want)
+		}
+		for _, c := range []string{"compute", "comm", "wait", "start→wait", "step"} {
+			if !cats[c] {
+				t.Errorf("%s: no %q events", f, c)
+			}
+		}
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestRealProcesses runs the real binaries under the real launcher: gorun
+// -np N trainer, losses parsed from rank 0's step lines, against the
+// reference. A subset of the matrix: the launcher, rendezvous and TCP/shm
+// data plane are what this adds.
+func TestRealProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-o", dir+"/", "github.com/gorun-hpc/gorun/cmd/gorun", "github.com/gorun-hpc/gorun/examples/trainer")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	ref := reference(t, smallOptions())
+	for _, tc := range []struct {
+		np   int
+		args string
+	}{
+		{1, ""},
+		{2, "--mode sharded --reshard --chunk"},
+		{4, ""},
+		{4, "--mode sharded --reshard --no-bucketing"},
+		{4, "--chunk --no-overlap --bucket-cap 1024"},
+	} {
+		t.Run(fmt.Sprintf("np%d %s", tc.np, tc.args), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			args := []string{"-np", strconv.Itoa(tc.np), filepath.Join(dir, "trainer"),
+				"--steps", strconv.Itoa(numSteps), "--model", "small", "--batch", "8", "--deterministic"}
+			args = append(args, strings.Fields(tc.args)...)
+			cmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), args...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("gorun: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
+			}
+			losses, params := parseOutput(t, string(out))
+			checkAgainst(t, ref, losses, params)
+		})
+	}
+}
+
+// parseOutput reads the step lines and the summary's parameter fingerprint.
+func parseOutput(t *testing.T, out string) ([]float32, uint64) {
+	t.Helper()
+	var losses []float32
+	var params uint64
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 6 && f[0] == "step" && f[2] == "loss" && f[4] == "time":
+			v, err := strconv.ParseFloat(f[3], 32)
+			if err != nil {
+				t.Fatalf("bad loss in %q", line)
+			}
+			losses = append(losses, float32(v))
+		case strings.HasPrefix(line, "summary:"):
+			i := strings.LastIndex(line, "params ")
+			v, err := strconv.ParseUint(strings.TrimSpace(line[i+len("params "):]), 16, 64)
+			if err != nil {
+				t.Fatalf("bad summary %q", line)
+			}
+			params = v
+		}
+	}
+	if len(losses) == 0 {
+		t.Fatalf("no step lines in:\n%s", out)
+	}
+	return losses, params
+}
