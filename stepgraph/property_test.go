@@ -148,7 +148,7 @@ var propertySeeds = flag.Int("seeds", 40, "random graphs per property test")
 // which adds communication — never increases total exposed time.
 func TestPassProperties(t *testing.T) {
 	seeds := *propertySeeds
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		seeds = min(seeds, 20)
 	}
 	cfg := buckets.Config{Model: buckets.Model{Latency: 10 * time.Microsecond, BusBandwidth: 1e9}}
@@ -163,7 +163,7 @@ func TestPassProperties(t *testing.T) {
 		{"overlap", func(g *Graph) (*Graph, error) { return BucketOverlap(g, cfg) }, true, nil},
 		{"overlap-small-cap", func(g *Graph) (*Graph, error) {
 			c := cfg
-			c.CapBytes, c.MinBytes = 20000, 8000
+			c.CapBytes, c.MinBytes = 30000, 30000
 			return BucketOverlap(g, c)
 		}, true, nil},
 		{"reshard", func(g *Graph) (*Graph, error) { out, _, err := Reshard(g, cfg.Model); return out, err }, false, nil},

@@ -1,0 +1,5 @@
+//go:build !race
+
+package stepgraph
+
+const raceEnabled = false
