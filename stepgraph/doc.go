@@ -29,6 +29,21 @@
 // the bucketing passes and Chunk also never increase the total exposed time.
 // Plan extracts the buckets.Plan that executors consume.
 //
+// # What a plan obliges its executor to do
+//
+// Compute runs in plan order (or concurrently where data edges allow, as
+// long as the result is the same). On each group, starts are issued in plan
+// order, which every rank shares (buckets.Plan.Hash checks it); a start may
+// be issued earlier than its plan position once its inputs exist and the
+// previous start of its group was issued, never later than the compute it
+// precedes in the plan. A wait may be taken later than its plan position but
+// no later than the first reader of its outputs. A bucket's members are
+// packed at the offsets of buckets.Plan and scattered back before its wait
+// returns. Compute with a Builtin is run by the executor itself (Split and
+// Concat may be views over one batch-major buffer; Sum adds chunk 0 and
+// chunk 1 in that order); compute with a Chunk runs the author's callback for
+// Chunk.Of on that chunk of the batch.
+//
 // # Left to others
 //
 // Cost constants and bucket plans belong to buckets; moving bytes to comm and

@@ -242,6 +242,9 @@ func TestPassProperties(t *testing.T) {
 			if back, err := Load(&buf); err != nil || Format(back) != Format(out) {
 				t.Fatalf("seed %d %s: JSON round trip: %v", seed, p.name, err)
 			}
+			if back, err := Parse(Format(out)); err != nil || Format(back) != Format(out) {
+				t.Fatalf("seed %d %s: text round trip: %v", seed, p.name, err)
+			}
 		}
 	}
 	// The properties would hold trivially if the passes never did anything.

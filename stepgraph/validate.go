@@ -141,6 +141,24 @@ func (g *Graph) index() (*index, error) {
 			if nd.Cost < 0 {
 				return nil, nodeErr(nd, ErrInvalid, "negative cost %v", nd.Cost)
 			}
+			// Built-ins are run by the executor from their reads and
+			// writes alone, so their shape must be exact.
+			switch nd.Builtin {
+			case "":
+			case Split:
+				if len(nd.Reads) != 1 || len(nd.Writes) < 2 {
+					return nil, nodeErr(nd, ErrInvalid, "split reads one tensor and writes one per chunk")
+				}
+			case Concat, Sum:
+				if len(nd.Reads) < 2 || len(nd.Writes) != 1 {
+					return nil, nodeErr(nd, ErrInvalid, "%s reads one tensor per chunk and writes one", nd.Builtin)
+				}
+			default:
+				return nil, nodeErr(nd, ErrInvalid, "unknown builtin %q", nd.Builtin)
+			}
+			if c := nd.Chunk; c != nil && (c.Of == "" || c.Count < 2 || c.Index < 0 || c.Index >= c.Count) {
+				return nil, nodeErr(nd, ErrInvalid, "chunk %d of %d of %q", c.Index, c.Count, c.Of)
+			}
 			writes = nd.Writes
 		case Start:
 			if !nd.Op.Valid() {
