@@ -69,3 +69,37 @@ func TestFillerScenarios(t *testing.T) {
 		return ""
 	})
 }
+
+// A shard gathered in forward and again in backward (reshard after
+// forward) is handed in twice and fills its places in issue order.
+func TestFillerTensorTravelsTwice(t *testing.T) {
+	p := &Plan{Groups: []GroupPlan{{Group: "dp", Buckets: []Bucket{
+		{Name: "ag", Op: AllGather, DType: "f32", Bytes: 8, Members: []Member{{Tensor: "w", Out: "W", Bytes: 8}}},
+		{Name: "rs", Op: ReduceScatter, DType: "f32", Bytes: 8, Set: 1, Members: []Member{{Tensor: "g", Out: "G", Bytes: 8}}},
+		{Name: "ag@bwd", Op: AllGather, DType: "f32", Bytes: 8, Set: 2, Members: []Member{{Tensor: "w", Out: "W@bwd", Bytes: 8}}},
+	}}}}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	f := NewFiller(p)
+	var got []string
+	for _, tensor := range []string{"w", "w", "g"} {
+		st, err := f.Ready(tensor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range st {
+			got = append(got, s.Bucket.Name)
+		}
+	}
+	// The second w fills ag@bwd, which must still wait for rs.
+	if want := "ag rs ag@bwd"; strings.Join(got, " ") != want {
+		t.Errorf("started %q, want %q", strings.Join(got, " "), want)
+	}
+	if err := f.Finish(); err != nil {
+		t.Error(err)
+	}
+	if _, err := f.Ready("w"); err == nil {
+		t.Error("a third w was accepted")
+	}
+}
