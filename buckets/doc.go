@@ -18,5 +18,6 @@
 // What this package leaves to others: the step graph and its passes
 // (stepgraph), moving bytes (comm, nccl), and running a step (overlap). It
 // performs no I/O, starts no goroutines and reads no clock; the cost model's
-// constants are given, or measured by `gorun bench` and passed in.
+// constants are given, or measured by `gorun bench` and turned into a Model
+// by Fit.
 package buckets
