@@ -23,6 +23,9 @@ type Options struct {
 	Report bool
 	// Ranks is the rank count assumed for OSU files (which do not say).
 	Ranks int
+	// Ratios are report mode's ratio columns, "NUM/DEN" with 1-based file
+	// positions; empty: every gorun series over every other.
+	Ratios []string
 	// PlotConfig sizes the plot.
 	PlotConfig PlotConfig
 }
@@ -142,6 +145,7 @@ func ParseArgs(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.Plot, "plot", "", "draw busbw and latency against size into `FILE.png` (rank 0)")
 	fs.Var((*list)(&o.Compare), "compare", "result `FILE` to plot next to this run (repeatable; LABEL=FILE; gorun JSON/text, nccl-tests or OSU text)")
 	fs.IntVar(&o.Ranks, "ranks", 0, "rank count of OSU result files, which do not record it (default: this run's, else 2)")
+	fs.Var((*list)(&o.Ratios), "ratio", "report: a ratio column `N/D` of busbw, file positions from 1 (repeatable)")
 	fs.IntVar(&o.PlotConfig.Width, "plot-width", o.PlotConfig.Width, "plot width in `pixels`")
 	fs.IntVar(&o.PlotConfig.Height, "plot-height", o.PlotConfig.Height, "plot height in `pixels`")
 

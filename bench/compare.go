@@ -34,7 +34,8 @@ func DefaultRatios(reps []*Report) []Ratio {
 }
 
 // WriteComparison prints bus bandwidth per size for every report, side by
-// side, then the requested ratios. Sizes are matched exactly; a series
+// side, with the requested ratios, then the time per call the same way
+// (small sizes are latency bound, where busbw says little). Sizes are matched exactly; a series
 // without a size shows "-". Each series uses its better placement (the
 // other tools report one number per size).
 func WriteComparison(w io.Writer, reps []*Report, ratios []Ratio) {
@@ -85,6 +86,25 @@ func WriteComparison(w io.Writer, reps []*Report, ratios []Ratio) {
 				fmt.Fprintf(w, "  %7.2f", a.BusBW/b.BusBW)
 			} else {
 				fmt.Fprintf(w, "  %7s", "-")
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintln(w, "#")
+	fmt.Fprintln(w, "# time per call (us), max over ranks of the mean")
+	hdr.Reset()
+	fmt.Fprintf(&hdr, "# %10s", "size")
+	for i := range reps {
+		fmt.Fprintf(&hdr, "  %10s", fmt.Sprintf("[%d]", i+1))
+	}
+	fmt.Fprintln(w, hdr.String())
+	for _, s := range sizes {
+		fmt.Fprintf(w, "%12s", FormatSize(s))
+		for i := range reps {
+			if m := idx[i][s]; m != nil {
+				fmt.Fprintf(w, "  %10.1f", m.TimeUs)
+			} else {
+				fmt.Fprintf(w, "  %10s", "-")
 			}
 		}
 		fmt.Fprintln(w)

@@ -7,8 +7,5 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if maybeRankHelper() {
-		return
-	}
 	goleak.VerifyTestMain(m)
 }

@@ -64,8 +64,9 @@ func drawPlot(buf *bytes.Buffer, reps []*Report, pc PlotConfig) error {
 		p.Add(plotter.NewGrid())
 		p.Legend.Top, p.Legend.Left = true, true
 	}
-	bw.Legend.Left = true
-	lat.Legend.Left = true
+	// Bandwidth rises to the right and latency falls to the left, so these
+	// corners stay clear of the lines.
+	lat.Legend.Top, lat.Legend.Left = false, false
 	drawn := 0
 	for i, rep := range reps {
 		var bws, lats plotter.XYs

@@ -39,7 +39,7 @@ func main() {
 // subcommands are dispatched on the first argument, before flag parsing.
 // nil marks a subcommand that is reserved but not built yet.
 var subcommands = map[string]func(args []string, stdout, stderr io.Writer) int{
-	"bench":  nil,
+	"bench":  benchMain,
 	"agent":  nil,
 	"doctor": nil,
 }

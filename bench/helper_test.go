@@ -1,3 +1,0 @@
-package bench
-
-func maybeRankHelper() bool { return false }
