@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# bench-compare.sh: all-reduce bus bandwidth of gorun next to Open MPI and
+# torch gloo, measured in one run on this machine, with ratios and a plot.
+#
+#   scripts/bench-compare.sh [OUT_DIR]        (default: bench-results/, ignored by git)
+#
+# Runs, 2 ranks, -b 8 -e 64M -f 4 (override with SWEEP="..."; NP=...):
+#   [1] gorun -np 2 gorun bench allreduce --transport tcp
+#   [2] gorun -np 2 gorun bench allreduce --transport shm
+#   [3] mpirun -np 2 bench/mpi/allreduce   (btl self,vader: shared memory)
+#   [4] mpirun -np 2 bench/mpi/allreduce   (btl self,tcp over loopback)
+#   [5] gorun -np 2 python3 bench/gloo_allreduce.py   (torch gloo, TCP)
+# then `gorun bench report` prints busbw per size with the ratios
+# gorun-tcp/MPI-tcp, gorun-shm/MPI-shm, gorun-tcp/gloo, gorun-shm/gloo and
+# draws OUT_DIR/allreduce.png. As root, installs Debian's openmpi-bin,
+# libopenmpi-dev and python3-torch when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-bench-results}
+SWEEP=${SWEEP:--b 8 -e 64M -f 4}
+NP=${NP:-2}
+mkdir -p "$OUT"
+
+need=()
+for p in openmpi-bin libopenmpi-dev python3-torch; do
+	dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+if ((${#need[@]})); then
+	if [ "$(id -u)" = 0 ]; then
+		echo "bench-compare: installing ${need[*]}" >&2
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+	else
+		echo "bench-compare: missing ${need[*]} (run as root to install them)" >&2
+		exit 1
+	fi
+fi
+
+go build -o "$OUT/gorun" ./cmd/gorun
+mpicc -O2 -Wall -o "$OUT/mpi_allreduce" bench/mpi/allreduce.c
+GORUN=$PWD/$OUT/gorun
+# Debian's torch is for Debian's python, not a pyenv or venv one first on PATH.
+PY=/usr/bin/python3
+# No --oversubscribe unless needed: it makes Open MPI yield while polling,
+# which is not how its bandwidth anchors were measured.
+MPIRUN=(mpirun -np "$NP")
+[ "$NP" -gt "$(nproc)" ] && MPIRUN+=(--oversubscribe)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+
+run() { # label file command...
+	local label=$1 file=$2
+	shift 2
+	echo "bench-compare: $label" >&2
+	if ! "$@" >"$OUT/$file"; then
+		echo "bench-compare: $label failed (output in $OUT/$file)" >&2
+		return 1
+	fi
+}
+
+# shellcheck disable=SC2086 # SWEEP is a list of flags
+{
+	run "gorun tcp" gorun-tcp.txt "$GORUN" -np "$NP" "$GORUN" bench allreduce $SWEEP --transport tcp --json "$OUT/gorun-tcp.json"
+	run "gorun shm" gorun-shm.txt "$GORUN" -np "$NP" "$GORUN" bench allreduce $SWEEP --transport shm --json "$OUT/gorun-shm.json"
+	run "Open MPI shm" mpi-shm.txt "${MPIRUN[@]}" --mca btl self,vader "$OUT/mpi_allreduce" $SWEEP
+	run "Open MPI tcp" mpi-tcp.txt "${MPIRUN[@]}" --mca btl self,tcp --mca btl_tcp_if_include lo "$OUT/mpi_allreduce" $SWEEP
+	run "torch gloo" gloo.txt "$GORUN" -np "$NP" -x OMP_NUM_THREADS=1 "$PY" bench/gloo_allreduce.py $SWEEP
+}
+
+"$GORUN" bench report --plot "$OUT/allreduce.png" \
+	--ratio 1/4 --ratio 2/3 --ratio 1/5 --ratio 2/5 \
+	"gorun-tcp=$OUT/gorun-tcp.json" "gorun-shm=$OUT/gorun-shm.json" \
+	"mpi-shm=$OUT/mpi-shm.txt" "mpi-tcp=$OUT/mpi-tcp.txt" "gloo=$OUT/gloo.txt" | tee "$OUT/compare.txt"
+cat <<'ANCHORS'
+#
+# Anchors (DESIGN.md, 2 ranks, this kind of machine): Open MPI shm 4.7 GB/s at 2M,
+# 1.2-1.3 GB/s at >= 32M; Open MPI TCP 0.7-1.0 GB/s at >= 8M, 19 us at 8 B;
+# gloo 0.6-0.8 GB/s at >= 8M, > 1 ms at 8 B. The machine is shared: rerun
+# before trusting one number.
+ANCHORS
+echo "bench-compare: results in $OUT/ (compare.txt, allreduce.png, *.txt, *.json)" >&2
