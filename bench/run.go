@@ -94,7 +94,7 @@ func run(ctx context.Context, cfg Config, c comm.Communicator, ranks []RankInfo,
 	var wrongRows int
 	for i, s := range sizes {
 		if me == 0 && cfg.Progress != nil {
-			fmt.Fprintf(cfg.Progress, "\r\033[Kgorun bench: %s %s (%d/%d sizes)", cfg.Op, FormatSize(s), i+1, len(sizes))
+			fmt.Fprintf(cfg.Progress, "\r\033[Kgorun bench: %s %s, size %d of %d (%d left)", cfg.Op, FormatSize(s), i+1, len(sizes), len(sizes)-i-1)
 		}
 		row, err := r.row(ctx, s)
 		if err != nil {

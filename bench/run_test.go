@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -171,6 +172,27 @@ func TestCheckerCatchesCorruption(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// The progress line names the size and what is left, rewrites itself in
+// place and is erased at the end; only rank 0 writes it.
+func TestProgress(t *testing.T) {
+	cfg := smallConfig(AllReduce)
+	var progress bytes.Buffer
+	cfg.Progress = &progress
+	_, _, errs := memRun(t, 2, cfg, nil)
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatal(errs)
+	}
+	p := progress.String()
+	for _, want := range []string{"\r\033[Kgorun bench: allreduce 8, size 1 of 4 (3 left)", "allreduce 4K, size 4 of 4 (0 left)"} {
+		if !strings.Contains(p, want) {
+			t.Errorf("progress %q lacks %q", p, want)
+		}
+	}
+	if strings.Count(p, "size 1 of") != 1 || !strings.HasSuffix(p, "\r\033[K") || strings.Contains(p, "\n") {
+		t.Errorf("progress %q: want one line per size from rank 0, erased at the end", p)
 	}
 }
 
