@@ -82,7 +82,8 @@ Any wrong element (with -c 1) makes the exit code non-zero.
 OP is one of allreduce allgather reducescatter broadcast reduce alltoall
 sendrecv barrier. Sizes take K, M, G suffixes (powers of 1024).
 "report" reads result files (gorun JSON or text, nccl-tests or OSU text;
-LABEL=FILE names a series) and prints busbw side by side with ratios.
+LABEL=FILE names a series; files with the same label are merged, keeping
+the fastest time per size) and prints busbw side by side with ratios.
 
 Examples:
   gorun -np 2 gorun bench allreduce -b 8 -e 64M -f 4

@@ -110,3 +110,45 @@ func WriteComparison(w io.Writer, reps []*Report, ratios []Ratio) {
 		fmt.Fprintln(w)
 	}
 }
+
+// MergeBest folds reports that share a label into one series keeping, per
+// size, the fastest measurement: on a shared machine the best of a few
+// interleaved rounds is the number least disturbed by other work, as
+// microbenchmarks usually report. Order follows each label's first report.
+func MergeBest(reps []*Report) []*Report {
+	var out []*Report
+	byLabel := map[string]*Report{}
+	for _, r := range reps {
+		m, ok := byLabel[r.Label]
+		if !ok {
+			c := *r
+			c.Rows = append([]Row(nil), r.Rows...)
+			byLabel[r.Label] = &c
+			out = append(out, &c)
+			continue
+		}
+		at := map[int64]int{}
+		for i, row := range m.Rows {
+			at[row.Bytes] = i
+		}
+		for _, row := range r.Rows {
+			i, ok := at[row.Bytes]
+			switch {
+			case !ok:
+				m.Rows = append(m.Rows, row)
+			case faster(row.Best(), m.Rows[i].Best()):
+				m.Rows[i] = row
+			}
+		}
+		m.Wrong += r.Wrong
+	}
+	for _, m := range out {
+		slices.SortFunc(m.Rows, func(a, b Row) int { return int(a.Bytes - b.Bytes) })
+		m.finish()
+	}
+	return out
+}
+
+func faster(a, b *Measure) bool {
+	return a != nil && (b == nil || (a.TimeUs > 0 && a.TimeUs < b.TimeUs))
+}

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"image/png"
 	"math"
 	"os"
@@ -200,5 +201,29 @@ func TestComparison(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in\n%s", want, out)
 		}
+	}
+}
+
+func TestMergeBest(t *testing.T) {
+	a := &Report{Label: "x", Rows: []Row{
+		{Bytes: 8, OutOfPlace: &Measure{TimeUs: 10, BusBW: 1}},
+		{Bytes: 64, OutOfPlace: &Measure{TimeUs: 50, BusBW: 2}},
+	}}
+	b := &Report{Label: "x", Rows: []Row{
+		{Bytes: 8, OutOfPlace: &Measure{TimeUs: 20, BusBW: 0.5}},
+		{Bytes: 64, OutOfPlace: &Measure{TimeUs: 25, BusBW: 4}},
+		{Bytes: 16, OutOfPlace: &Measure{TimeUs: 12, BusBW: 1.5}},
+	}}
+	c := &Report{Label: "y", Rows: []Row{{Bytes: 8, OutOfPlace: &Measure{TimeUs: 1, BusBW: 9}}}}
+	got := MergeBest([]*Report{a, c, b})
+	if len(got) != 2 || got[0].Label != "x" || got[1].Label != "y" {
+		t.Fatalf("%+v", got)
+	}
+	var times []float64
+	for _, r := range got[0].Rows {
+		times = append(times, r.OutOfPlace.TimeUs)
+	}
+	if fmt.Sprint(times) != "[10 12 25]" || a.Rows[1].OutOfPlace.TimeUs != 50 {
+		t.Errorf("merged times %v (inputs must stay untouched: %v)", times, a.Rows[1].OutOfPlace.TimeUs)
 	}
 }

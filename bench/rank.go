@@ -91,6 +91,7 @@ func report(o *Options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	reps = MergeBest(reps)
 	ratios := DefaultRatios(reps)
 	if len(o.Ratios) > 0 {
 		ratios = nil
