@@ -112,6 +112,12 @@ type peer struct {
 	rank    int
 	link    Link
 	seq     uint64
+	// Headers passed to the link live here rather than on the stack: a
+	// pointer handed to an interface method escapes, and a heap header per
+	// frame is exactly the allocation the hot path must not make.
+	sendHdr Header // sender goroutine only
+	inlHdr  Header // worker only: inline sends
+	recvHdr Header // worker only
 	sendq   chan sendReq
 	sendErr chan error
 	pending int
@@ -201,7 +207,8 @@ func (c *Comm) sender(p *peer) {
 	var first error
 	for req := range p.sendq {
 		if first == nil {
-			first = p.link.Send(&req.h, req.payload)
+			p.sendHdr = req.h
+			first = p.link.Send(&p.sendHdr, req.payload)
 		}
 		if req.report {
 			p.sendErr <- first

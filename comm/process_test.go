@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -113,6 +114,13 @@ func childMain() int {
 			}
 		}
 	case "bench":
+		if p := os.Getenv("GORUN_COMM_CPUPROFILE"); p != "" && rank == 0 {
+			f, err := os.Create(p)
+			if err == nil {
+				_ = pprof.StartCPUProfile(f)
+				defer pprof.StopCPUProfile()
+			}
+		}
 		return childBench(ctx, c)
 	}
 	return exitBad
@@ -256,6 +264,9 @@ func TestMultiProcessBench(t *testing.T) {
 	}
 	for _, transport := range []string{"shm", "tcp"} {
 		for _, det := range []string{"0", "1"} {
+			if f := os.Getenv("GORUN_COMM_BENCH_ONLY"); f != "" && f != transport+det {
+				continue // e.g. GORUN_COMM_BENCH_ONLY=shm0
+			}
 			res, _ := runRanks(t, 2, "bench", transport, "GORUN_COMM_DET="+det, "GORUN_COMM_SIZES="+os.Getenv("GORUN_COMM_SIZES"))
 			for r, p := range res {
 				if p.code != 0 {

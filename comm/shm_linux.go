@@ -162,15 +162,28 @@ func futexWake(addr *uint32) {
 // spinLimit is how long a waiter polls before sleeping on the futex: long
 // enough to cover a peer's reaction time when both ranks are running (the
 // latency path), short enough not to burn a shared core for long.
-const spinLimit = 20 * time.Microsecond
+const spinLimit = 200 * time.Microsecond
 
 // errShmDead is returned once the link is closed or the peer is gone and
 // the ring holds nothing more to read.
 var errShmDead = errors.New("comm: shared-memory link closed")
 
-// wait polls cond, then sleeps on the futex word w until cond holds or
-// dead reports true. It returns false when dead.
-func wait(w *uint32, cond func() bool, dead func() bool) bool {
+// wait polls until the ring has data (forSpace false: head moved past
+// readTail) or space (forSpace true: fewer than size bytes in flight), then
+// sleeps on the matching futex word. It returns false once the link is dead
+// and the condition still does not hold. No closures: this runs per frame.
+func (l *shmLink) wait(r *ring, forSpace bool) bool {
+	w := r.consWait
+	if forSpace {
+		w = r.prodWait
+	}
+	cond := func() bool {
+		if forSpace {
+			return r.pos-atomic.LoadUint64(r.tail) < r.size
+		}
+		return atomic.LoadUint64(r.head) != r.readTail
+	}
+	dead := l.isDead
 	if cond() {
 		return true
 	}
@@ -222,7 +235,8 @@ type shmLink struct {
 
 	dead   atomic.Bool // closed locally or peer gone
 	peerGo chan struct{}
-	hdr    [HeaderSize]byte
+	hdr    [HeaderSize]byte // receive side only
+	whdr   [HeaderSize]byte // guarded by wmu
 	zeros  [8]byte
 	wg     sync.WaitGroup
 }
@@ -291,13 +305,10 @@ func (l *shmLink) isDead() bool { return l.dead.Load() }
 func (l *shmLink) write(b []byte) bool {
 	r := l.tx
 	for len(b) > 0 {
-		used := func() uint64 { return r.pos - atomic.LoadUint64(r.tail) }
-		if used() == r.size {
-			if !wait(r.prodWait, func() bool { return used() < r.size }, l.isDead) {
-				return false
-			}
+		if r.pos-atomic.LoadUint64(r.tail) == r.size && !l.wait(r, true) {
+			return false
 		}
-		free := r.size - used()
+		free := r.size - (r.pos - atomic.LoadUint64(r.tail))
 		off := r.pos & r.mask
 		n := min(uint64(len(b)), free, r.size-off)
 		copy(r.data[off:off+n], b[:n])
@@ -328,9 +339,8 @@ func (l *shmLink) Send(h *Header, payload []byte) error {
 	defer l.exit()
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	var hb [HeaderSize]byte
-	h.Encode(hb[:])
-	if l.isDead() || !l.write(hb[:]) || !l.write(payload) {
+	h.Encode(l.whdr[:])
+	if l.isDead() || !l.write(l.whdr[:]) || !l.write(payload) {
 		return errShmDead
 	}
 	if pad := (8 - len(payload)&7) & 7; pad > 0 && !l.write(l.zeros[:pad]) {
@@ -343,11 +353,10 @@ func (l *shmLink) Send(h *Header, payload []byte) error {
 // avail waits until at least one byte can be read and returns how many.
 func (l *shmLink) avail() (uint64, bool) {
 	r := l.rx
-	n := func() uint64 { return atomic.LoadUint64(r.head) - r.readTail }
-	if !wait(r.consWait, func() bool { return n() > 0 }, l.isDead) {
+	if atomic.LoadUint64(r.head) == r.readTail && !l.wait(r, false) {
 		return 0, false
 	}
-	return n(), true
+	return atomic.LoadUint64(r.head) - r.readTail, true
 }
 
 func (l *shmLink) consume(n uint64) {
@@ -360,9 +369,10 @@ func (l *shmLink) consume(n uint64) {
 	}
 }
 
-// read hands the next len(dst) stream bytes to f piece by piece, pieces
-// being contiguous ring regions.
-func (l *shmLink) read(want int, f func(off int, src []byte)) bool {
+// read consumes the next want stream bytes piece by piece (contiguous ring
+// regions): copied into dst, folded into dst with reduce when it is set, or
+// skipped when dst is nil.
+func (l *shmLink) read(want int, dst []byte, reduce func(dst, src []byte)) bool {
 	r := l.rx
 	for off := 0; off < want; {
 		a, ok := l.avail()
@@ -371,7 +381,14 @@ func (l *shmLink) read(want int, f func(off int, src []byte)) bool {
 		}
 		pos := r.readTail & r.mask
 		n := min(a, uint64(want-off), r.size-pos)
-		f(off, r.data[pos:pos+n])
+		src := r.data[pos : pos+n]
+		switch {
+		case dst == nil:
+		case reduce != nil:
+			reduce(dst[off:off+int(n)], src)
+		default:
+			copy(dst[off:], src)
+		}
 		off += int(n)
 		l.consume(n)
 	}
@@ -386,7 +403,7 @@ func (l *shmLink) RecvHeader(h *Header) error {
 		return errShmDead
 	}
 	defer l.exit()
-	if !l.read(HeaderSize, func(off int, src []byte) { copy(l.hdr[off:], src) }) {
+	if !l.read(HeaderSize, l.hdr[:], nil) {
 		return io.EOF
 	}
 	if err := h.Decode(l.hdr[:]); err != nil {
@@ -399,7 +416,7 @@ func (l *shmLink) RecvHeader(h *Header) error {
 func (l *shmLink) skipPad() bool {
 	p := l.rx.remainingPad
 	l.rx.remainingPad = 0
-	return p == 0 || l.read(p, func(int, []byte) {})
+	return p == 0 || l.read(p, nil, nil)
 }
 
 // RecvPayload copies the current frame's payload out of the ring.
@@ -408,7 +425,7 @@ func (l *shmLink) RecvPayload(dst []byte) error {
 		return errShmDead
 	}
 	defer l.exit()
-	if !l.read(len(dst), func(off int, src []byte) { copy(dst[off:], src) }) || !l.skipPad() {
+	if !l.read(len(dst), dst, nil) || !l.skipPad() {
 		return io.EOF
 	}
 	return nil
@@ -422,7 +439,7 @@ func (l *shmLink) RecvReduce(dst []byte, f func(dst, src []byte)) error {
 		return errShmDead
 	}
 	defer l.exit()
-	if !l.read(len(dst), func(off int, src []byte) { f(dst[off:off+len(src)], src) }) || !l.skipPad() {
+	if !l.read(len(dst), dst, f) || !l.skipPad() {
 		return io.EOF
 	}
 	return nil

@@ -153,10 +153,10 @@ func (c *Comm) flushAll(cl *call) error {
 func (c *Comm) sendTo(cl *call, p int, payload []byte) error {
 	pe := c.peers[p]
 	if pe.pending == 0 && len(payload) <= pe.link.EagerLimit() && len(payload) <= c.cfg.SegmentBytes {
-		h := c.headerTo(cl, p)
-		h.Aux = uint64(len(payload))
-		h.Len = uint64(len(payload))
-		if err := pe.link.Send(&h, payload); err != nil {
+		pe.inlHdr = c.headerTo(cl, p)
+		pe.inlHdr.Aux = uint64(len(payload))
+		pe.inlHdr.Len = uint64(len(payload))
+		if err := pe.link.Send(&pe.inlHdr, payload); err != nil {
 			return c.sendErr(cl, p, err)
 		}
 		return nil
@@ -306,9 +306,9 @@ func (c *Comm) sendErr(cl *call, p int, err error) error {
 
 // recvFrom receives exactly len(dst) bytes of the current call from p.
 func (c *Comm) recvFrom(cl *call, p int, dst []byte) error {
-	var h Header
+	h := &c.peers[p].recvHdr
 	for off := 0; ; {
-		if err := c.recvHeader(cl, p, &h, len(dst), len(dst)-off); err != nil {
+		if err := c.recvHeader(cl, p, h, len(dst), len(dst)-off); err != nil {
 			return err
 		}
 		n := int(h.Len)
@@ -324,12 +324,12 @@ func (c *Comm) recvFrom(cl *call, p int, dst []byte) error {
 
 // recvReduce receives len(dst) bytes from p and folds them into dst.
 func (c *Comm) recvReduce(cl *call, p int, dst []byte, op Op, ct DType) error {
-	var h Header
+	h := &c.peers[p].recvHdr
 	l := c.peers[p].link
 	rr, direct := l.(ReduceReceiver)
 	f := func(d, s []byte) { reduceInto(op, ct, d, s) }
 	for off := 0; ; {
-		if err := c.recvHeader(cl, p, &h, len(dst), len(dst)-off); err != nil {
+		if err := c.recvHeader(cl, p, h, len(dst), len(dst)-off); err != nil {
 			return err
 		}
 		n := int(h.Len)
