@@ -109,9 +109,9 @@ type sendReq struct {
 // peer is the state for one other rank. The worker owns seq and pending;
 // the sender goroutine owns link's send side.
 type peer struct {
-	rank    int
-	link    Link
-	seq     uint64
+	rank int
+	link Link
+	seq  uint64
 	// Headers passed to the link live here rather than on the stack: a
 	// pointer handed to an interface method escapes, and a heap header per
 	// frame is exactly the allocation the hot path must not make.
