@@ -286,6 +286,11 @@ func (a *agent) startAll(ranks []agentRank) {
 		a.ranks = append(a.ranks, agentRankState{rank: r.Rank, pid: p.Pid, running: true})
 		a.running++
 		a.emit(agentEvent{Ev: "started", Rank: r.Rank, PID: p.Pid})
+		if len(a.ranks)%32 == 0 {
+			// Large jobs take a while to start: let gorun learn pids as
+			// they come rather than all at the end.
+			a.flush()
+		}
 		// Reaping goes through wait4(-1), which also collects adopted
 		// orphans; the pidfd that os keeps is not needed.
 		p.Release()

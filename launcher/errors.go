@@ -1,10 +1,15 @@
 package launcher
 
 import (
+	"errors"
 	"fmt"
 	"syscall"
 	"time"
 )
+
+// ErrAgentNotDispatched is returned by Run in a process that was started as
+// a job agent but whose main did not call IsAgent/AgentMain first.
+var ErrAgentNotDispatched = errors.New("launcher: started as the job agent, but main does not call launcher.IsAgent and launcher.AgentMain first")
 
 // RankExitError reports the rank whose failure ended the job, in the manner
 // of *exec.ExitError. Its message is the one line gorun prints.

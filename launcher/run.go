@@ -152,6 +152,11 @@ func Run(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *PortR
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	if IsAgent() {
+		// The agent executable's main did not dispatch to AgentMain and is
+		// now launching again: refuse, or every level would start another.
+		return ErrAgentNotDispatched
+	}
 	r := &runner{cfg: cfg, plan: plan, log: cfg.Logger}
 	defer ports.Release()
 	defer r.closeAll()

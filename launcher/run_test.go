@@ -489,6 +489,15 @@ func TestRunStopsStraysOfSuccessfulRanks(t *testing.T) {
 	}
 }
 
+// An agent binary that forgot the IsAgent hook must not launch again.
+func TestRunRefusesToRecurseInAnAgent(t *testing.T) {
+	t.Setenv(agentEnv, agentProtocol)
+	j := newJobRun(t, 1, "exit:0", nil)
+	if err := j.launch(context.Background()); !errors.Is(err, ErrAgentNotDispatched) {
+		t.Fatalf("err = %v, want ErrAgentNotDispatched", err)
+	}
+}
+
 func TestRunRemoteHostIsRefused(t *testing.T) {
 	j := newJobRun(t, 1, "exit:0", nil)
 	j.job.Hosts = []Host{{Name: "gorun-test-remote-host", Slots: 1}}
