@@ -187,3 +187,17 @@ func TestEndToEndUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// One wrong element on one rank makes every rank exit non-zero, gorun
+// report it, and rank 0's table say FAILED.
+func TestEndToEndWrongResultFailsJob(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(corruptRankEnv, "1")
+	res := gorun(t, "-np", "2", self)
+	if res.code != 1 || !strings.Contains(res.stdout, "# Out of bounds values : 1 FAILED") {
+		t.Errorf("exit %d, want 1 with a FAILED footer\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+}

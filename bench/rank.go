@@ -117,6 +117,11 @@ func report(o *Options, stdout io.Writer) error {
 // runs alone, as a world of one rank. It returns the report (on every rank)
 // and Run's error.
 func RunRank(ctx context.Context, cfg Config) (*Report, error) {
+	return runRank(ctx, cfg, nil)
+}
+
+// runRank is RunRank with the checker's test hook.
+func runRank(ctx context.Context, cfg Config, corrupt func(int, bool, []byte)) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -171,7 +176,7 @@ func RunRank(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	rep, runErr := Run(ctx, cfg, c, ranks)
+	rep, runErr := run(ctx, cfg, c, ranks, corrupt)
 	closeErr := c.Close()
 	if rep != nil {
 		rep.isRank0 = c.Rank() == 0

@@ -10,6 +10,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/rs/zerolog"
+
 	"github.com/gorun-hpc/gorun/bench"
 )
 
@@ -26,6 +28,11 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	o.Config.Version = version
+	// Warnings of the runtime underneath (an unprotected job secret, a
+	// shared-memory fallback) go to the rank's stderr, which the launcher
+	// forwards; routine events stay quiet so the table is what one reads.
+	o.Config.Logger = zerolog.New(zerolog.ConsoleWriter{Out: stderr, NoColor: true}).
+		Level(zerolog.WarnLevel).With().Timestamp().Logger()
 	// SIGTERM from the launcher (another rank failed) or Ctrl-C ends the
 	// sweep through the collectives' context: comm then fails the calls of
 	// every rank instead of leaving peers waiting.
