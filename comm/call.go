@@ -327,3 +327,16 @@ func (c *Comm) Recv(ctx context.Context, buf Buffer, peer int) Handle {
 	}
 	return c.issue(ctx, cl)
 }
+
+// WaitAll waits for every handle in order and returns the first error. With
+// in-order completion, waiting for the last handle of a group is enough; this
+// is for handles of several groups.
+func WaitAll(ctx context.Context, hs ...Handle) error {
+	var first error
+	for _, h := range hs {
+		if err := h.Wait(ctx); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}

@@ -287,7 +287,9 @@ func (c *Comm) Abort(err error) {
 	c.fail(err)
 }
 
-// Close waits for issued calls, says goodbye and stops every goroutine.
+// Close waits for issued calls, says goodbye and stops every goroutine. A
+// call that cannot complete (a peer that never issues it) holds Close; call
+// Abort first to give up on pending calls.
 func (c *Comm) Close() error {
 	c.closeOnce.Do(func() {
 		c.issueMu.Lock()
@@ -302,8 +304,17 @@ func (c *Comm) Close() error {
 					p.sendq <- sendReq{h: h, report: true}
 				}
 			}
+			// A peer that stopped reading (hung, not dead) must not hold
+			// Close: after AbortTimeout its link is closed, which ends the send.
+			timeout := time.After(c.cfg.AbortTimeout)
 			for _, p := range c.peers {
-				if p != nil {
+				if p == nil {
+					continue
+				}
+				select {
+				case <-p.sendErr:
+				case <-timeout:
+					_ = p.link.Close()
 					<-p.sendErr
 				}
 			}
