@@ -182,6 +182,20 @@ func TestLoopExitPolicy(t *testing.T) {
 	}
 }
 
+// A confused agent naming a rank that does not exist cannot crash gorun.
+func TestLoopIgnoresUnknownRanks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := startFakeJob(t, 1, testConfig())
+		f.events <- agentEvent{Ev: "exited", Rank: 5, Code: 1}
+		f.events <- agentEvent{Ev: "started", Rank: -1}
+		f.expectNone()
+		f.exit(0, 0, 0)
+		if err := f.done(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
 // An agent that vanishes without "done" is an *AgentError.
 func TestLoopAgentVanishes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

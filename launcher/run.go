@@ -533,6 +533,10 @@ func (r *runner) loop(ctx context.Context) error {
 				done = true
 				break
 			}
+			if ev.Ev != "done" && (ev.Rank < 0 || ev.Rank >= len(ranks)) {
+				r.log.Warn().Int("rank", ev.Rank).Str("ev", ev.Ev).Msg("agent reported an unknown rank; ignored")
+				continue
+			}
 			switch ev.Ev {
 			case "started":
 				ranks[ev.Rank].pid = ev.PID
