@@ -106,6 +106,15 @@ func (c *Comm) allReduce(cl *call, send, recv []byte) error {
 // me → me+1. After step s of the first phase, rank me holds chunk me-s-1
 // reduced over ranks me-s-1..me; it ends owning chunk me+1 fully reduced.
 func (c *Comm) ringAllReduce(cl *call, ct DType, data []byte) error {
+	if err := c.ringReduceScatter(cl, ct, data); err != nil {
+		return err
+	}
+	return c.ringAllGather(cl, data, ct.Size(), c.me+1)
+}
+
+// ringReduceScatter is the first phase of the ring all-reduce: rank me ends
+// owning chunk me+1, reduced over all ranks.
+func (c *Comm) ringReduceScatter(cl *call, ct DType, data []byte) error {
 	n, me, es := c.n, c.me, ct.Size()
 	right, left := mod(me+1, n), mod(me-1, n)
 	for s := 0; s < n-1; s++ {
@@ -113,7 +122,78 @@ func (c *Comm) ringAllReduce(cl *call, ct DType, data []byte) error {
 			return err
 		}
 	}
-	return c.ringAllGather(cl, data, es, me+1)
+	return nil
+}
+
+// directReduceScatter (deterministic): rank me gathers chunk me from every
+// rank and reduces it along the fixed tree; it ends owning chunk me.
+func (c *Comm) directReduceScatter(cl *call, ct DType, data []byte) error {
+	n, me, es := c.n, c.me, ct.Size()
+	mine := chunkOf(data, es, n, me)
+	l := len(mine)
+	slots := c.slotsOver(c.scratch(2, n*l), l)
+	copy(slots[me], mine)
+	if err := c.exchangeAll(cl, func(p int) []byte { return chunkOf(data, es, n, p) }, func(p int) []byte { return slots[p] }); err != nil {
+		return err
+	}
+	treeReduce(cl.op, ct, slots)
+	copy(mine, slots[0])
+	return nil
+}
+
+// reduce: small messages take the all-reduce's latency path; large ones are
+// reduce-scattered (ring, or direct in deterministic mode, so the tree is the
+// same as the all-reduce's) and the reduced chunks gathered at the root:
+// (n-1)/n·S on the wire per rank instead of 2(n-1)/n·S.
+func (c *Comm) reduce(cl *call) error {
+	n, me, root := c.n, c.me, cl.root
+	dt := cl.dtype
+	ct := computeType(dt)
+	es := ct.Size()
+	size := len(cl.send) / dt.Size() * es
+	if n == 1 || !c.preferRing(size) {
+		recv := cl.recv
+		if me != root {
+			recv = c.scratch(3, len(cl.send))
+		}
+		return c.allReduce(cl, cl.send, recv)
+	}
+	work := c.scratch(0, size)
+	if dt.isHalf() {
+		widen(dt, work, cl.send)
+	} else {
+		copy(work, cl.send)
+	}
+	ownOf := func(r int) int { return r + 1 }
+	var err error
+	if c.cfg.Deterministic {
+		ownOf = func(r int) int { return r }
+		err = c.directReduceScatter(cl, ct, work)
+	} else {
+		err = c.ringReduceScatter(cl, ct, work)
+	}
+	if err != nil {
+		return err
+	}
+	if me != root {
+		return c.sendTo(cl, root, chunkOf(work, es, n, ownOf(me)))
+	}
+	for p := range n {
+		if p != me {
+			if err := c.recvFrom(cl, p, chunkOf(work, es, n, ownOf(p))); err != nil {
+				return err
+			}
+		}
+	}
+	if cl.op == Avg {
+		finishAvg(ct, work, n)
+	}
+	if dt.isHalf() {
+		narrow(dt, cl.recv, work)
+	} else {
+		copy(cl.recv, work)
+	}
+	return nil
 }
 
 // ringAllGather circulates chunks so that every rank ends with all of them;
@@ -211,15 +291,10 @@ func (c *Comm) gatherAllReduce(cl *call, ct DType, data []byte) error {
 // all-gathered. It moves the same bytes as the ring.
 func (c *Comm) directAllReduce(cl *call, ct DType, data []byte) error {
 	n, me, es := c.n, c.me, ct.Size()
-	mine := chunkOf(data, es, n, me)
-	l := len(mine)
-	slots := c.slotsOver(c.scratch(2, n*l), l)
-	copy(slots[me], mine)
-	if err := c.exchangeAll(cl, func(p int) []byte { return chunkOf(data, es, n, p) }, func(p int) []byte { return slots[p] }); err != nil {
+	if err := c.directReduceScatter(cl, ct, data); err != nil {
 		return err
 	}
-	treeReduce(cl.op, ct, slots)
-	copy(mine, slots[0])
+	mine := chunkOf(data, es, n, me)
 	return c.exchangeAll(cl, func(int) []byte { return mine }, func(p int) []byte { return chunkOf(data, es, n, p) })
 }
 
@@ -300,6 +375,24 @@ func (c *Comm) broadcast(cl *call) error {
 	}
 	if me == root && !sameMem(cl.send, cl.recv) {
 		copy(cl.recv, cl.send)
+	}
+	if n > 2 && c.preferRing(len(cl.recv)) {
+		// Large: the root scatters one chunk to each rank, then a ring
+		// all-gather: 2(n-1)/n·S through the root instead of log2(n)·S.
+		es := cl.dtype.Size()
+		if me == root {
+			for p := range n {
+				if p != me {
+					c.post(cl, p, chunkOf(cl.recv, es, n, p))
+				}
+			}
+			if err := c.flushAll(cl); err != nil {
+				return err
+			}
+		} else if err := c.recvFrom(cl, root, chunkOf(cl.recv, es, n, me)); err != nil {
+			return err
+		}
+		return c.ringAllGather(cl, cl.recv, es, me)
 	}
 	vr := mod(me-root, n)
 	mask := 1

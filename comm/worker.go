@@ -71,11 +71,7 @@ func (c *Comm) run(cl *call) error {
 	case KindAllReduce:
 		return c.allReduce(cl, cl.send, cl.recv)
 	case KindReduce:
-		recv := cl.recv
-		if c.me != cl.root {
-			recv = c.scratch(3, len(cl.send))
-		}
-		return c.allReduce(cl, cl.send, recv)
+		return c.reduce(cl)
 	case KindAllGather:
 		return c.allGather(cl)
 	case KindReduceScatter:
