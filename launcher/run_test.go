@@ -154,8 +154,21 @@ func TestRunRanksStartWithDefaultSignals(t *testing.T) {
 	if err := j.launch(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.TrimSpace(j.stdout.String()); got != "[0] SigIgn: 0000000000000000" {
-		t.Fatalf("rank's ignored signals: %q, want none", got)
+	got := strings.TrimSpace(j.stdout.String())
+	hex, ok := strings.CutPrefix(got, "[0] SigIgn: ")
+	if !ok {
+		t.Fatalf("rank printed %q, want its SigIgn line", got)
+	}
+	mask, err := strconv.ParseUint(hex, 16, 64)
+	if err != nil {
+		t.Fatalf("rank's SigIgn %q: %v", hex, err)
+	}
+	// Bit n-1 stands for signal n. Only the standard signals 1–31 are
+	// checked: 32 and 33 are reserved by glibc's thread library, and the
+	// race-enabled agent (linked with libc) was once seen, under heavy load,
+	// to hand signal 32 ignored to a child. No program observes them.
+	if std := mask & (1<<31 - 1); std != 0 {
+		t.Fatalf("rank's ignored standard signals: %#x (SigIgn %s), want none", std, hex)
 	}
 }
 
