@@ -200,6 +200,9 @@ func (l *shmLink) wait(r *ring, forSpace bool) bool {
 				break
 			}
 			runtime.Gosched()
+			// Let other processes on this core run too: on a busy host the
+			// peer we are waiting for may be queued behind us.
+			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		}
 	}
 	for {
