@@ -657,10 +657,16 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) {
 		}
 		return
 	case statusLeft, statusDead:
-		// A member declared dead that comes back (it was only slow) stays
-		// lost: groups already failed on its account.
-		w.log.Warn().Int("member", m.Rank).Msg("rendezvous: a member that was lost or left is back; it stays out of the world")
-		return
+		if w.formed {
+			// A member declared dead that comes back (it was only slow)
+			// stays lost: groups already failed on its account.
+			w.log.Warn().Int("member", m.Rank).Msg("rendezvous: a member that was lost or left is back; it stays out of the world")
+			return
+		}
+		// Before formation nothing depends on it yet: a member that was
+		// only starved of CPU while hundreds of processes start is simply
+		// counted again.
+		ms.gone = make(chan struct{})
 	}
 	m.Addr = n.Address()
 	ms.Member = m
@@ -716,6 +722,14 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 	}
 	ms.status = statusDead
 	lerr := &LostError{Rank: r, Host: ms.Host, Epoch: w.epoch, Cause: ErrDeclaredDead}
+	if !w.formed {
+		// Not fatal yet: under a heavy start-up load a live member can be
+		// declared dead and then refute it. A member that is really gone
+		// is listed by the formation timeout, and a crashed process is
+		// reported sooner by its launcher.
+		w.log.Warn().Err(lerr).Msg("rendezvous: member declared dead before the world formed; still waiting for it")
+		return
+	}
 	ev := w.log.Error()
 	if w.closed {
 		// While this member closes, others that exit at the same time
@@ -728,10 +742,6 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 			g.err = lerr
 			close(g.failed)
 		}
-	}
-	if !w.formed {
-		w.setFatalLocked(lerr)
-		return
 	}
 	w.queueEventLocked(Event{Kind: MemberLost, Rank: r, Host: ms.Host, Epoch: w.epoch, Err: lerr, Time: time.Now()})
 }

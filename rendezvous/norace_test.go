@@ -1,0 +1,5 @@
+//go:build !race
+
+package rendezvous
+
+const raceEnabled = false

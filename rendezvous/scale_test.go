@@ -1,0 +1,109 @@
+package rendezvous
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Scale runs use synctest's fake clock over the in-memory network: time moves
+// only when every member is idle, so CPU contention between hundreds of
+// members sharing two cores never turns into missed probes. What is measured
+// is the protocol's latency with each member on its own host, which is the
+// situation the numbers are for. (bench/rdzvscale measures the same on the
+// real clock, where one process's members compete for the cores.)
+
+type scaleResult struct {
+	formation            time.Duration // fake time until every Join returned
+	detectMin, detectMax time.Duration // fake time from the cut to each survivor's Failed
+	wall                 time.Duration // real time for the whole run
+}
+
+// runScale forms a world of n members, cuts one off, and measures.
+func runScale(t *testing.T, n int) scaleResult {
+	var res scaleResult
+	wallStart := time.Now()
+	bubble(t, func(t *testing.T) {
+		start := time.Now()
+		ws, nw := formMem(t, n, func(c *Config) {
+			c.FormationTimeout = 60 * time.Second
+			c.Host = fmt.Sprintf("h%d", c.Rank)
+		})
+		defer func() {
+			// Shut down without leaving: 256 simultaneous leaves are a
+			// gossip storm that costs more real time than the rest of
+			// the test, and leaving is covered elsewhere.
+			for _, w := range ws {
+				crash(w)
+			}
+		}()
+		res.formation = time.Since(start)
+		time.Sleep(500 * time.Millisecond) // the seed's pushes and first probes done
+		victim := n / 2
+		cut := time.Now()
+		nw.Isolate(memAddr(victim))
+		res.detectMin = time.Hour
+		for r, w := range ws {
+			if r == victim {
+				continue
+			}
+			select {
+			case <-w.Failed():
+			case <-time.After(30 * time.Second):
+				t.Fatalf("rank %d did not see the loss within 30 s", r)
+			}
+			d := time.Since(cut)
+			res.detectMin, res.detectMax = min(res.detectMin, d), max(res.detectMax, d)
+			var le *LostError
+			if !errors.As(w.Err(), &le) || le.Rank != victim {
+				t.Errorf("rank %d: false loss: %v", r, w.Err())
+			}
+		}
+	})
+	res.wall = time.Since(wallStart)
+	return res
+}
+
+// A 256-member world forms, and a member cut off is seen by every other
+// member within 2 s, with no false reports. Under the race detector it runs
+// with 64 members (256 take three minutes there, over the package budget).
+func TestScale256(t *testing.T) {
+	if testing.Short() {
+		t.Skip("256 members")
+	}
+	n := 256
+	if raceEnabled {
+		n = 64
+	}
+	res := runScale(t, n)
+	t.Logf("%d members: formation %v, detection %v..%v (fake clock); %v real", n, res.formation, res.detectMin, res.detectMax, res.wall)
+	if res.formation > 2*time.Second {
+		t.Errorf("formation took %v", res.formation)
+	}
+	if res.detectMax > 2*time.Second {
+		t.Errorf("detection took up to %v", res.detectMax)
+	}
+}
+
+// TestScaleTable prints the scale table for GORUN_RDZV_SCALE=64,256,1024.
+func TestScaleTable(t *testing.T) {
+	sizes := os.Getenv("GORUN_RDZV_SCALE")
+	if sizes == "" {
+		t.Skip("set GORUN_RDZV_SCALE=64,256,1024 to run")
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%-6s %12s %12s %12s %10s\n", "size", "formation", "detect-min", "detect-max", "real")
+	for _, s := range strings.Split(sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := runScale(t, n)
+		fmt.Fprintf(&b, "%-6d %11.3fs %11.3fs %11.3fs %9.1fs\n", n, r.formation.Seconds(), r.detectMin.Seconds(), r.detectMax.Seconds(), r.wall.Seconds())
+	}
+	t.Log(b.String())
+}
