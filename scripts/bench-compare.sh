@@ -4,7 +4,8 @@
 #
 #   scripts/bench-compare.sh [OUT_DIR]        (default: bench-results/, ignored by git)
 #
-# Runs, 2 ranks, -b 8 -e 64M -f 4 (override with SWEEP="..."; NP=...):
+# Runs, 2 ranks, -b 8 -e 64M -f 4 (override with SWEEP="...", NP=...), in
+# ROUNDS (3) interleaved rounds whose fastest time per size is kept:
 #   [1] gorun -np 2 gorun bench allreduce --transport tcp
 #   [2] gorun -np 2 gorun bench allreduce --transport shm
 #   [3] mpirun -np 2 bench/mpi/allreduce   (btl self,vader: shared memory)
@@ -19,6 +20,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:-bench-results}
 SWEEP=${SWEEP:--b 8 -e 64M -f 4}
 NP=${NP:-2}
+ROUNDS=${ROUNDS:-3}
 mkdir -p "$OUT"
 
 need=()
@@ -57,19 +59,31 @@ run() { # label file command...
 	fi
 }
 
-# shellcheck disable=SC2086 # SWEEP is a list of flags
-{
-	run "gorun tcp" gorun-tcp.txt "$GORUN" -np "$NP" "$GORUN" bench allreduce $SWEEP --transport tcp --json "$OUT/gorun-tcp.json"
-	run "gorun shm" gorun-shm.txt "$GORUN" -np "$NP" "$GORUN" bench allreduce $SWEEP --transport shm --json "$OUT/gorun-shm.json"
-	run "Open MPI shm" mpi-shm.txt "${MPIRUN[@]}" --mca btl self,vader "$OUT/mpi_allreduce" $SWEEP
-	run "Open MPI tcp" mpi-tcp.txt "${MPIRUN[@]}" --mca btl self,tcp --mca btl_tcp_if_include lo "$OUT/mpi_allreduce" $SWEEP
-	run "torch gloo" gloo.txt "$GORUN" -np "$NP" -x OMP_NUM_THREADS=1 "$PY" bench/gloo_allreduce.py $SWEEP
-}
+load() { echo "# load average $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"; }
+LOAD_BEFORE=$(load)
+files=()
+# Rounds interleave the five series, so a burst of other work on the shared
+# machine hits all of them; the report keeps each series' fastest round.
+for round in $(seq "$ROUNDS"); do
+	# shellcheck disable=SC2086 # SWEEP is a list of flags
+	{
+		run "gorun tcp ($round/$ROUNDS)" gorun-tcp.$round.txt "$GORUN" -np "$NP" "$GORUN" bench allreduce $SWEEP --transport tcp --json "$OUT/gorun-tcp.$round.json"
+		run "gorun shm ($round/$ROUNDS)" gorun-shm.$round.txt "$GORUN" -np "$NP" "$GORUN" bench allreduce $SWEEP --transport shm --json "$OUT/gorun-shm.$round.json"
+		run "Open MPI shm ($round/$ROUNDS)" mpi-shm.$round.txt "${MPIRUN[@]}" --mca btl self,vader "$OUT/mpi_allreduce" $SWEEP
+		run "Open MPI tcp ($round/$ROUNDS)" mpi-tcp.$round.txt "${MPIRUN[@]}" --mca btl self,tcp --mca btl_tcp_if_include lo "$OUT/mpi_allreduce" $SWEEP
+		run "torch gloo ($round/$ROUNDS)" gloo.$round.txt "$GORUN" -np "$NP" -x OMP_NUM_THREADS=1 "$PY" bench/gloo_allreduce.py $SWEEP
+	}
+	files+=("gorun-tcp=$OUT/gorun-tcp.$round.json" "gorun-shm=$OUT/gorun-shm.$round.json"
+		"mpi-shm=$OUT/mpi-shm.$round.txt" "mpi-tcp=$OUT/mpi-tcp.$round.txt" "gloo=$OUT/gloo.$round.txt")
+done
 
-"$GORUN" bench report --plot "$OUT/allreduce.png" \
-	--ratio 1/4 --ratio 2/3 --ratio 1/5 --ratio 2/5 \
-	"gorun-tcp=$OUT/gorun-tcp.json" "gorun-shm=$OUT/gorun-shm.json" \
-	"mpi-shm=$OUT/mpi-shm.txt" "mpi-tcp=$OUT/mpi-tcp.txt" "gloo=$OUT/gloo.txt" | tee "$OUT/compare.txt"
+{
+	echo "# all-reduce, $NP ranks, sweep $SWEEP, best of $ROUNDS interleaved rounds"
+	echo "$LOAD_BEFORE (before)"
+	echo "$(load) (after)"
+	"$GORUN" bench report --plot "$OUT/allreduce.png" \
+		--ratio 1/4 --ratio 2/3 --ratio 1/5 --ratio 2/5 "${files[@]}"
+} | tee "$OUT/compare.txt"
 cat <<'ANCHORS'
 #
 # Anchors (DESIGN.md, 2 ranks, this kind of machine): Open MPI shm 4.7 GB/s at 2M,
