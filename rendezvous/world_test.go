@@ -11,6 +11,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/gorun-hpc/gorun/rendezvous/rendezvoustest"
 )
 
@@ -442,4 +444,36 @@ func TestWorldOfOne(t *testing.T) {
 	if err != nil || g.Size() != 1 {
 		t.Fatal(g, err)
 	}
+}
+
+// While the world forms, rank 0 logs progress at info level, at most once
+// per ProgressInterval.
+func TestFormationProgressLogged(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		nw := &rendezvoustest.Network{}
+		c := memConfig(t, nw, "job1", 0, 3)
+		var mu sync.Mutex
+		var lines []string
+		c.Logger = zerolog.New(writerFunc(func(b []byte) {
+			mu.Lock()
+			lines = append(lines, string(b))
+			mu.Unlock()
+		})).Level(zerolog.InfoLevel)
+		c.ProgressInterval = 3 * time.Second
+		c.FormationTimeout = 10 * time.Second
+		if _, err := Join(context.Background(), c); err == nil {
+			t.Fatal("formed")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, l := range lines {
+			if strings.Contains(l, `"rendezvous: 1/3 ranks joined"`) {
+				n++
+			}
+		}
+		if n != 3 { // at 3, 6 and 9 s
+			t.Errorf("%d progress lines in 10 s, want 3:\n%s", n, strings.Join(lines, ""))
+		}
+	})
 }
