@@ -134,6 +134,7 @@ func ParseText(rd io.Reader, opts ParseOptions) (*Report, error) {
 	rep := &Report{Format: FormatVersion, Source: "nccl-tests", Root: -1, Check: true}
 	op := opts.Op
 	var ranks int
+	seenColumns := false
 	for i, l := range lines {
 		if !strings.HasPrefix(l, "#") {
 			if l == "" {
@@ -153,8 +154,14 @@ func ParseText(rd io.Reader, opts ParseOptions) (*Report, error) {
 			if c, err := ParseCollective(m[1]); err == nil {
 				op = c
 			}
-		} else if c := opFromText(l); c != 0 && i < 3 && !strings.Contains(l, "size") {
-			op = c // a title line naming the collective
+		} else if c := opFromText(l); c != 0 && !seenColumns && op == opts.Op {
+			// A title line naming the collective (newer nccl-tests print
+			// "# Collective test starting: all_reduce_perf"); the caller's
+			// guess from the file name yields to it.
+			op = c
+		}
+		if strings.Contains(l, "size") && strings.Contains(l, "count") {
+			seenColumns = true
 		}
 		if m := nRanks.FindStringSubmatch(l); m != nil {
 			ranks, _ = strconv.Atoi(m[1])

@@ -87,6 +87,16 @@ func TestParseNCCLTests(t *testing.T) {
 		t.Errorf("8 B busbw %v", b)
 	}
 
+	// Newer nccl-tests name the collective in a title line; it beats the
+	// guess from the file name.
+	rs, err := ReadFile("testdata/nccl-tests-new-title.txt", ParseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs.Op != "reducescatter" || rs.Ranks != 2 || !near(rs.Rows[0].OutOfPlace.BusBW, 128/10e-6/1e9*0.5, 1e-9) {
+		t.Errorf("new title: op %s ranks %d busbw %v", rs.Op, rs.Ranks, rs.Rows[0].OutOfPlace.BusBW)
+	}
+
 	old, err := ReadFile("lbl=testdata/nccl-tests-old.txt", ParseOptions{Op: AllReduce})
 	if err != nil {
 		t.Fatal(err)
