@@ -3,6 +3,7 @@ package overlap
 import (
 	"errors"
 	"fmt"
+	"github.com/gorun-hpc/gorun/buckets"
 	"strings"
 )
 
@@ -38,7 +39,8 @@ func (e *IncompleteError) Error() string {
 		e.Step, e.Bucket, e.Group, e.Region, strings.Join(quoteAll(e.Missing), ", "))
 }
 
-func (e *IncompleteError) Unwrap() error { return ErrIncomplete }
+// Unwrap gives both this package's sentinel and the bucket filler's.
+func (e *IncompleteError) Unwrap() []error { return []error{ErrIncomplete, buckets.ErrUnfilled} }
 
 // PlanMismatchError says which ranks ran which plan at a step.
 type PlanMismatchError struct {

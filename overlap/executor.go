@@ -23,7 +23,11 @@ type Executor struct {
 	log  zerolog.Logger
 	tl   *Timeline
 
-	groups []*group
+	groups  []*group
+	byGroup map[string]*group
+	// filler decides, as tensors arrive, which buckets may start (the
+	// bookkeeping buckets owns); the executor packs, issues and scatters.
+	filler *buckets.Filler
 	// byIn maps an input tensor to its locations, in group then issue
 	// order; a tensor that travels twice fills its first free location.
 	byIn  map[string][]*bucket
@@ -51,7 +55,6 @@ type group struct {
 	name    string
 	cm      Comm
 	buckets []*bucket
-	next    int // index of the next bucket to start this step
 
 	hashSend, hashRecv []int64
 	hashH              Handle
@@ -71,8 +74,7 @@ type bucket struct {
 
 	send, recv []byte
 	ins, outs  []comm.Buffer // per member, this step
-	have       []bool
-	missing    int
+	have       []bool        // packed this step (flushed members are not)
 
 	started, waited bool
 	partial         bool // flushed with members missing
@@ -99,8 +101,11 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 	if err := plan.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrPlan, err)
 	}
+	if cfg.FlushPartial {
+		plan = flushAll(plan)
+	}
 	ex := &Executor{
-		plan: plan, hash: plan.Hash(), cfg: cfg,
+		plan: plan, hash: plan.Hash(), cfg: cfg, filler: buckets.NewFiller(plan), byGroup: map[string]*group{},
 		byIn: map[string][]*bucket{}, byOut: map[string]*bucket{}, byRegion: map[string][]*bucket{},
 	}
 	rank := -1
@@ -126,6 +131,7 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 			ex.byRegion[pb.Region] = append(ex.byRegion[pb.Region], b)
 		}
 		ex.groups = append(ex.groups, g)
+		ex.byGroup[g.name] = g
 	}
 	ex.log = cfg.Logger.With().Int("rank", rank).Logger()
 	if cfg.Trace {
@@ -242,8 +248,9 @@ func (ex *Executor) Begin(step int) error {
 	ex.begin = ex.cfg.Clock.Now()
 	ex.exposed, ex.compute = 0, 0
 	ex.pendingG = ex.pendingG[:0]
+	ex.filler.Reset()
 	for _, g := range ex.groups {
-		g.next, g.hashH, g.hashChecked = 0, nil, false
+		g.hashH, g.hashChecked = nil, false
 		for _, b := range g.buckets {
 			b.reset()
 		}
@@ -255,7 +262,6 @@ func (b *bucket) reset() {
 	for i := range b.have {
 		b.have[i], b.ins[i], b.outs[i] = false, nil, nil
 	}
-	b.missing = len(b.have)
 	b.started, b.waited, b.partial, b.h = false, false, false, nil
 	b.doneAt, b.doneErr, b.recorded = time.Time{}, nil, nil
 }
@@ -294,6 +300,9 @@ func (ex *Executor) Ready(ctx context.Context, tensor string, in, out comm.Buffe
 	var b *bucket
 	mi := -1
 	for _, l := range locs {
+		if l.started {
+			continue // flushed without this tensor: too late for it
+		}
 		for i, m := range l.b.Members {
 			if m.Tensor == tensor && !l.have[i] {
 				b, mi = l, i
@@ -311,8 +320,38 @@ func (ex *Executor) Ready(ctx context.Context, tensor string, in, out comm.Buffe
 		return err
 	}
 	b.have[mi], b.ins[mi], b.outs[mi] = true, in, out
-	b.missing--
-	return ex.advance(ctx, b.g)
+	sts, err := ex.filler.Ready(tensor)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	return ex.startAll(ctx, sts)
+}
+
+// startAll starts what the filler says may start, in its order, with the
+// slots of members flushed without being produced zeroed.
+func (ex *Executor) startAll(ctx context.Context, sts []buckets.Startable) error {
+	for _, st := range sts {
+		b := ex.byGroup[st.Group].buckets[st.Index]
+		if len(st.Absent) > 0 {
+			ex.zeroAbsent(b)
+		}
+		if err := ex.start(ctx, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// flushAll returns a copy of p with every bucket flushable.
+func flushAll(p *buckets.Plan) *buckets.Plan {
+	q := &buckets.Plan{Groups: make([]buckets.GroupPlan, len(p.Groups))}
+	for gi, g := range p.Groups {
+		q.Groups[gi] = buckets.GroupPlan{Group: g.Group, Buckets: append([]buckets.Bucket(nil), g.Buckets...)}
+		for bi := range q.Groups[gi].Buckets {
+			q.Groups[gi].Buckets[bi].Flush = true
+		}
+	}
+	return q
 }
 
 // pack copies member mi's input into the fused send buffer.
@@ -340,8 +379,34 @@ func (b *bucket) pack(mi int, in, out comm.Buffer) error {
 		}
 		return nil
 	}
+	if m.Bytes > 0 && &src[0] == &b.send[m.Offset] {
+		return nil // the caller wrote into View: nothing to pack
+	}
 	copy(b.send[m.Offset:m.Offset+m.Bytes], src)
 	return nil
+}
+
+// View returns tensor's slot in its bucket's fused buffer, for programs that
+// compute a tensor directly into it (DDP's gradient_as_bucket_view): handed
+// to Ready as both input and output, it is neither packed nor scattered,
+// which saves two copies per tensor per step. Only for in-place buckets
+// (all_reduce, broadcast), whose slots are contiguous; the slot stays the
+// tensor's for the executor's life and holds the result after its wait.
+func (ex *Executor) View(tensor string) (comm.Buffer, error) {
+	locs, ok := ex.byIn[tensor]
+	if !ok {
+		return nil, fmt.Errorf("%w: View(%q): tensor is in no bucket of the plan", ErrUsage, tensor)
+	}
+	b := locs[0]
+	if b.b.Op != buckets.AllReduce && b.b.Op != buckets.Broadcast {
+		return nil, fmt.Errorf("%w: View(%q): bucket %q is %s, whose slots are not contiguous", ErrUsage, tensor, b.b.Name, b.b.Op)
+	}
+	for _, m := range b.b.Members {
+		if m.Tensor == tensor {
+			return comm.Bytes(b.dt, b.send[m.Offset:m.Offset+m.Bytes:m.Offset+m.Bytes])
+		}
+	}
+	return nil, fmt.Errorf("%w: View(%q): not found", ErrUsage, tensor)
 }
 
 // unpack scatters member mi's result to its output.
@@ -360,6 +425,9 @@ func (b *bucket) unpack(mi int) {
 		off, sl := m.Offset/b.n, m.Bytes/b.n
 		copy(dst[:sl], b.recv[off:off+sl])
 	default:
+		if m.Bytes > 0 && &dst[0] == &b.recv[m.Offset] {
+			return // a View: the result is already there
+		}
 		copy(dst[:m.Bytes], b.recv[m.Offset:m.Offset+m.Bytes])
 	}
 }
@@ -378,18 +446,6 @@ func hostOf(buf comm.Buffer, dt comm.DType, bytes int64, bucket, tensor, what st
 		return nil, fmt.Errorf("%w: bucket %q: tensor %q: %s has %d bytes, plan needs %d", ErrUsage, bucket, tensor, what, len(h), bytes)
 	}
 	return h[:bytes], nil
-}
-
-// advance starts g's buckets in order while the next one is full.
-func (ex *Executor) advance(ctx context.Context, g *group) error {
-	for g.next < len(g.buckets) && g.buckets[g.next].missing == 0 {
-		b := g.buckets[g.next]
-		g.next++
-		if err := ex.start(ctx, b); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // start issues b (or queues it for the next bucket set in Grouped mode).
@@ -563,26 +619,33 @@ func (ex *Executor) waitBucket(ctx context.Context, b *bucket) error {
 
 // EndRegion says the program has produced everything region will produce
 // this step. Buckets of region still missing members are an
-// *IncompleteError, or are started with the missing slots zeroed when
-// Config.FlushPartial is set.
+// *IncompleteError, unless the plan marks them Flush (or Config.FlushPartial
+// is set): those start now with the missing slots zeroed, their results
+// dropped.
 func (ex *Executor) EndRegion(ctx context.Context, region string) error {
-	for _, b := range ex.byRegion[region] {
-		if b.started || b.missing == 0 {
-			continue
+	sts, err := ex.filler.EndRegion(region)
+	if err != nil {
+		for _, b := range ex.byRegion[region] {
+			if !b.started && !b.full() {
+				return ex.incomplete(b, "EndRegion("+region+")")
+			}
 		}
-		if !ex.cfg.FlushPartial {
-			return ex.incomplete(b, "EndRegion("+region+")")
-		}
-		ex.fillPartial(b)
-		if err := ex.advance(ctx, b.g); err != nil {
-			return err
-		}
+		return fmt.Errorf("%w: %w", ErrIncomplete, err)
 	}
-	return nil
+	return ex.startAll(ctx, sts)
 }
 
-// fillPartial zeroes the missing members' slots and marks the bucket full.
-func (ex *Executor) fillPartial(b *bucket) {
+func (b *bucket) full() bool {
+	for _, h := range b.have {
+		if !h {
+			return false
+		}
+	}
+	return true
+}
+
+// zeroAbsent zeroes the slots of members not handed in this step.
+func (ex *Executor) zeroAbsent(b *bucket) {
 	for i, m := range b.b.Members {
 		if b.have[i] {
 			continue
@@ -597,7 +660,7 @@ func (ex *Executor) fillPartial(b *bucket) {
 		}
 		ex.log.Debug().Int("step", ex.step).Str("bucket", b.b.Name).Str("tensor", m.Tensor).Msg("flushed without member")
 	}
-	b.missing, b.partial = 0, true
+	b.partial = true
 }
 
 // Finish ends the step: every bucket must have started (or be flushed, see
@@ -616,15 +679,14 @@ func (ex *Executor) finish(ctx context.Context) (StepMetrics, error) {
 		return StepMetrics{}, fmt.Errorf("%w: Finish outside a step", ErrUsage)
 	}
 	ex.inStep = false
-	if ex.cfg.FlushPartial {
-		for _, g := range ex.groups {
-			for _, b := range g.buckets {
-				if !b.started && b.missing > 0 {
-					ex.fillPartial(b)
+	// Flushable buckets still missing members are flushed at the end of
+	// the step, as if their regions had ended.
+	for _, g := range ex.groups {
+		for _, b := range g.buckets {
+			if !b.started && b.b.Flush {
+				if err := ex.EndRegion(ctx, b.b.Region); err != nil {
+					return StepMetrics{}, err
 				}
-			}
-			if err := ex.advance(ctx, g); err != nil {
-				return StepMetrics{}, err
 			}
 		}
 	}
@@ -633,6 +695,17 @@ func (ex *Executor) finish(ctx context.Context) (StepMetrics, error) {
 	}
 	var incomplete error
 	for _, g := range ex.groups {
+		// Block once, on the group's last collective: the ones before it
+		// complete first (issue order), so the loop below finds them done
+		// instead of parking on each in turn.
+		for i := len(g.buckets) - 1; i >= 0; i-- {
+			if b := g.buckets[i]; b.started {
+				if err := ex.waitBucket(ctx, b); err != nil {
+					return StepMetrics{}, err
+				}
+				break
+			}
+		}
 		for _, b := range g.buckets {
 			if b.started {
 				if err := ex.waitBucket(ctx, b); err != nil {

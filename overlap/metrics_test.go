@@ -59,9 +59,10 @@ func TestMetricsAndTimeline(t *testing.T) {
 	must(ex.Ready(ctx, "b", comm.Float32s(b), comm.Float32s(b)))
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		// Waits so far: the watcher on a, the watcher on b, Finish on a,
-		// Finish on b. Once Finish blocks on b, 3 ms pass and b completes.
-		fc.awaitWaits(4)
+		// Waits so far: the watcher on a, the watcher on b, Finish on b
+		// (the group's last, waited for first). Once Finish blocks on b,
+		// 3 ms pass and b completes.
+		fc.awaitWaits(3)
 		clock.Advance(3 * time.Millisecond)
 		fc.release()
 	})
@@ -85,7 +86,7 @@ func TestMetricsAndTimeline(t *testing.T) {
 		}
 	}
 	got := strings.Join(names, " ")
-	wantEv := "X:backward l0 X:wait g/backward/l1/0 X:wait g/backward/l0/1 X:g/backward/l1/0 b:g/backward/l1/0 e:g/backward/l1/0 X:g/backward/l0/1 b:g/backward/l0/1 e:g/backward/l0/1 X:step 7"
+	wantEv := "X:backward l0 X:wait g/backward/l0/1 X:wait g/backward/l1/0 X:g/backward/l1/0 b:g/backward/l1/0 e:g/backward/l1/0 X:g/backward/l0/1 b:g/backward/l0/1 e:g/backward/l0/1 X:step 7"
 	if got != wantEv {
 		t.Errorf("events\n got %s\nwant %s", got, wantEv)
 	}

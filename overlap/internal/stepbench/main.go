@@ -1,0 +1,432 @@
+// Command stepbench measures the step runtime over real processes (run it
+// under gorun; scripts/bench-step.sh does):
+//
+//   - synthetic: a transformer-shaped step of L blocks, each with a forward
+//     parameter all-gather (prefetched one block ahead) and a backward
+//     gradient reduce-scatter, compute modelled as a timed sleep (as on an
+//     accelerator, where the CPU is free for communication). It measures
+//     communication alone (C), compute alone (P), the serial step and the
+//     overlapped step, and reports the overlapped step against the ideal
+//     max(P, C) and the serial sum, and the exposed communication (time
+//     blocked in waits) as a fraction of C. Compute is sized to ratio × C.
+//   - bucketing: 200 gradient tensors of 40 KB all-reduced per step, one
+//     collective per tensor against the cost model's buckets.
+//
+// Times are medians over iterations of the slowest rank's step.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"time"
+
+	"github.com/gorun-hpc/gorun/buckets"
+	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/overlap"
+	"github.com/gorun-hpc/gorun/rendezvous"
+	"github.com/rs/zerolog"
+)
+
+type opts struct {
+	blocks   int
+	shard    int // bytes per rank per block
+	ratio    float64
+	iters    int
+	tensors  int
+	tensorB  int
+	forceTCP bool
+	capBytes int64
+	what     string
+}
+
+func main() {
+	var o opts
+	flag.IntVar(&o.blocks, "blocks", 16, "synthetic: transformer blocks")
+	flag.IntVar(&o.shard, "shard", 256<<10, "synthetic: parameter bytes per rank per block")
+	flag.Float64Var(&o.ratio, "ratio", 1.5, "synthetic: compute time as a multiple of the measured communication time")
+	flag.IntVar(&o.iters, "iters", 10, "timed steps per measurement (after 2 warm-up steps)")
+	flag.IntVar(&o.tensors, "tensors", 200, "bucketing: gradient tensors per step")
+	flag.IntVar(&o.tensorB, "tensor-bytes", 40_000, "bucketing: bytes per tensor")
+	flag.Int64Var(&o.capBytes, "cap", 0, "bucketing: bucket cap in bytes (0: the cost model's)")
+	flag.BoolVar(&o.forceTCP, "tcp", false, "TCP even between ranks of one host (no shared memory)")
+	flag.StringVar(&o.what, "run", "all", "synthetic, bucketing or all")
+	prof := flag.String("cpuprofile", "", "write rank 0's CPU profile here")
+	flag.Parse()
+	if *prof != "" && os.Getenv("GORUN_RANK") == "0" {
+		f, err := os.Create(*prof)
+		if err == nil && pprof.StartCPUProfile(f) == nil {
+			defer pprof.StopCPUProfile()
+		}
+	}
+	if err := mainErr(o); err != nil {
+		fmt.Fprintf(os.Stderr, "stepbench: %v\n", err)
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
+}
+
+func mainErr(o opts) error {
+	ctx := context.Background()
+	c, closeAll, err := setup(ctx, o.forceTCP)
+	if err != nil {
+		return err
+	}
+	err = bench(ctx, c, o)
+	if err != nil {
+		c.Abort(err)
+	}
+	return errors.Join(err, closeAll())
+}
+
+func setup(ctx context.Context, forceTCP bool) (*comm.Comm, func() error, error) {
+	log := zerolog.New(os.Stderr).Level(zerolog.WarnLevel)
+	rc, err := rendezvous.ConfigFromEnv()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w (run under gorun)", err)
+	}
+	rc.Logger = log
+	addr := "127.0.0.1:0"
+	if rc.Seed != "" {
+		if u, err := net.Dial("udp", rc.Seed); err == nil {
+			host, _, _ := net.SplitHostPort(u.LocalAddr().String())
+			addr = net.JoinHostPort(host, "0")
+			u.Close()
+		}
+	}
+	ep, err := comm.Listen(comm.EndpointConfig{Addr: addr, Secret: rc.Secret, ForceTCP: forceTCP, Logger: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	rc.DataAddr = ep.Addr()
+	w, err := rendezvous.Join(ctx, rc)
+	if err != nil {
+		_ = ep.Close()
+		return nil, nil, err
+	}
+	c, err := comm.New(ctx, w, ep, comm.DefaultConfig())
+	if err != nil {
+		_ = w.Close()
+		_ = ep.Close()
+		return nil, nil, err
+	}
+	return c, func() error { return errors.Join(c.Close(), w.Close(), ep.Close()) }, nil
+}
+
+// slowest returns the maximum of d over ranks.
+func slowest(ctx context.Context, c *comm.Comm, d time.Duration) (time.Duration, error) {
+	v := []float64{float64(d)}
+	if err := c.AllReduce(ctx, comm.Float64s(v), comm.Float64s(v), comm.Max).Wait(ctx); err != nil {
+		return 0, err
+	}
+	return time.Duration(v[0]), nil
+}
+
+type sample struct{ step, comm, exposed time.Duration }
+
+// measure runs each of steps 2 warm-up + iters times, alternating between
+// them so that load from other processes on a shared machine hits all of
+// them alike, and returns per step function the medians of the slowest
+// rank's step time and of this rank's comm and exposed times.
+func measure(ctx context.Context, c *comm.Comm, iters int, steps ...func(i int) (overlap.StepMetrics, error)) ([]sample, error) {
+	st := make([][]time.Duration, len(steps))
+	cm := make([][]time.Duration, len(steps))
+	ex := make([][]time.Duration, len(steps))
+	for i := range iters + 2 {
+		for k, step := range steps {
+			if err := c.Barrier(ctx).Wait(ctx); err != nil {
+				return nil, err
+			}
+			m, err := step(i)
+			if err != nil {
+				return nil, err
+			}
+			s, err := slowest(ctx, c, m.Time)
+			if err != nil {
+				return nil, err
+			}
+			if i >= 2 {
+				st[k], cm[k], ex[k] = append(st[k], s), append(cm[k], m.Comm), append(ex[k], m.Exposed)
+			}
+		}
+	}
+	med := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
+	out := make([]sample, len(steps))
+	for k := range steps {
+		out[k] = sample{med(st[k]), med(cm[k]), med(ex[k])}
+	}
+	return out, nil
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1e3) }
+
+func bench(ctx context.Context, c *comm.Comm, o opts) error {
+	lead := c.Rank() == 0
+	say := func(format string, a ...any) {
+		if lead {
+			fmt.Printf(format, a...)
+		}
+	}
+	kinds := c.LinkKinds()
+	link := "none"
+	for _, k := range kinds {
+		if k != "" {
+			link = k
+		}
+	}
+	if o.what == "all" || o.what == "synthetic" {
+		if err := synthetic(ctx, c, o, say, link); err != nil {
+			return err
+		}
+	}
+	if o.what == "all" || o.what == "bucketing" {
+		if err := bucketing(ctx, c, o, say, link); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// synthetic runs the transformer-shaped step.
+func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...any), link string) error {
+	n, L := c.Size(), o.blocks
+	es := 4
+	shardEl := o.shard / es / n * n // keep the gradient divisible by n
+	if shardEl < 1 {
+		shardEl = 1
+	}
+	var items []buckets.Item
+	regions := make([]string, L)
+	for l := range L {
+		regions[l] = fmt.Sprintf("layers.%d", l)
+	}
+	for l := range L {
+		at := regions[max(l-1, 0)] // block l+1 is prefetched while block l computes
+		items = append(items, buckets.Item{Tensor: fmt.Sprintf("w%d", l), Out: fmt.Sprintf("W%d", l), Bytes: int64(shardEl * es),
+			Group: "world", Op: buckets.AllGather, DType: "f32", Direction: buckets.Forward, Region: at})
+	}
+	for l := L - 1; l >= 0; l-- {
+		items = append(items, buckets.Item{Tensor: fmt.Sprintf("g%d", l), Out: fmt.Sprintf("G%d", l), Bytes: int64(shardEl * es * n),
+			Group: "world", Op: buckets.ReduceScatter, DType: "f32", Direction: buckets.Backward, Region: regions[l]})
+	}
+	bc := buckets.DefaultConfig()
+	bc.CapBytes = 1 // one collective per block and direction: the step's own granularity
+	plan, err := buckets.Assign(items, regions, bc)
+	if err != nil {
+		return err
+	}
+	w := make([][]float32, L)
+	W := make([][]float32, L)
+	g := make([][]float32, L)
+	G := make([][]float32, L)
+	for l := range L {
+		w[l], W[l] = make([]float32, shardEl), make([]float32, shardEl*n)
+		g[l], G[l] = make([]float32, shardEl*n), make([]float32, shardEl)
+	}
+	var fwd, bwd time.Duration // per block
+	withComm := true
+	step := func(ex *overlap.Executor, i int) (overlap.StepMetrics, error) {
+		if err := ex.Begin(i); err != nil {
+			return overlap.StepMetrics{}, err
+		}
+		ready := func(l int) error {
+			if !withComm {
+				return nil
+			}
+			return ex.Ready(ctx, fmt.Sprintf("w%d", l), comm.Float32s(w[l]), comm.Float32s(W[l]))
+		}
+		if err := ready(0); err != nil {
+			return overlap.StepMetrics{}, err
+		}
+		for l := range L {
+			if l+1 < L {
+				if err := ready(l + 1); err != nil {
+					return overlap.StepMetrics{}, err
+				}
+			}
+			if withComm {
+				if err := ex.Wait(ctx, fmt.Sprintf("W%d", l)); err != nil {
+					return overlap.StepMetrics{}, err
+				}
+			}
+			_ = ex.Compute(ctx, "forward", regions[l], func() error { sleep(fwd); return nil })
+		}
+		for l := L - 1; l >= 0; l-- {
+			_ = ex.Compute(ctx, "backward", regions[l], func() error { sleep(bwd); return nil })
+			if withComm {
+				if err := ex.Ready(ctx, fmt.Sprintf("g%d", l), comm.Float32s(g[l]), comm.Float32s(G[l])); err != nil {
+					return overlap.StepMetrics{}, err
+				}
+			}
+		}
+		if !withComm {
+			// The executor insists on every bucket; a compute-only step is
+			// timed around an empty one.
+			return overlap.StepMetrics{Time: time.Duration(L) * (fwd + bwd)}, nil
+		}
+		return ex.Finish(ctx)
+	}
+	exs := map[overlap.Mode]*overlap.Executor{}
+	for _, mode := range []overlap.Mode{overlap.Native, overlap.Grouped, overlap.Serial} {
+		cfg := overlap.DefaultConfig()
+		cfg.Mode = mode
+		ex, err := overlap.New(plan, map[string]overlap.Comm{"world": c}, cfg)
+		if err != nil {
+			return err
+		}
+		defer ex.Close()
+		exs[mode] = ex
+	}
+	stepOf := func(mode overlap.Mode) func(int) (overlap.StepMetrics, error) {
+		return func(i int) (overlap.StepMetrics, error) { return step(exs[mode], i) }
+	}
+	// Communication alone.
+	commOnly, err := measure(ctx, c, o.iters, stepOf(overlap.Serial))
+	if err != nil {
+		return err
+	}
+	C := commOnly[0].step
+	total := time.Duration(float64(C) * o.ratio)
+	fwd = total / time.Duration(3*L)
+	bwd = 2 * fwd
+	// Compute alone: measured like the others, since sleeps overshoot.
+	withComm = false
+	var pt []time.Duration
+	for range o.iters {
+		t0 := time.Now()
+		for range L {
+			sleep(fwd)
+		}
+		for range L {
+			sleep(bwd)
+		}
+		pt = append(pt, time.Since(t0))
+	}
+	slices.Sort(pt)
+	P, err := slowest(ctx, c, pt[len(pt)/2])
+	if err != nil {
+		return err
+	}
+	withComm = true
+	all, err := measure(ctx, c, o.iters, stepOf(overlap.Serial), stepOf(overlap.Native), stepOf(overlap.Grouped))
+	if err != nil {
+		return err
+	}
+	serial, ov, grouped := all[0], all[1], all[2]
+	ideal := max(P, C)
+	say("synthetic step: %d ranks (%s), %d blocks, %d KiB parameter shard per block per rank, all-gather + reduce-scatter per block (%d collectives/step)\n",
+		n, link, L, shardEl*es>>10, 2*L)
+	say("  communication alone   C = %s\n", ms(C))
+	say("  compute alone         P = %s  (%.1f × C, sleeps of %v forward, %v backward per block)\n", ms(P), float64(P)/float64(C), fwd, bwd)
+	say("  serial step             = %s  (C + P = %s)\n", ms(serial.step), ms(C+P))
+	exp := ov.step - P
+	say("  overlapped step (native) = %s  ideal max(P, C) = %s → %.3f × ideal, %.3f × serial\n", ms(ov.step), ms(ideal), float64(ov.step)/float64(ideal), float64(ov.step)/float64(serial.step))
+	say("  overlapped step (grouped)= %s  → %.3f × ideal\n", ms(grouped.step), float64(grouped.step)/float64(ideal))
+	say("  exposed communication: step − P = %s = %.1f%% of C; blocked in waits (rank 0) %s = %.1f%% of C  (goal ≤ 10%% when P ≥ C)\n",
+		ms(exp), 100*float64(exp)/float64(C), ms(ov.exposed), 100*float64(ov.exposed)/float64(C))
+	return nil
+}
+
+// sleep is the modelled compute. time.Sleep overshoots by up to a timer
+// tick under load; that is part of what "compute alone" measures.
+func sleep(d time.Duration) {
+	if d > 0 {
+		time.Sleep(d)
+	}
+}
+
+// bucketing all-reduces tensors per step, per tensor against bucketed.
+func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...any), link string) error {
+	var items []buckets.Item
+	for i := range o.tensors {
+		items = append(items, buckets.Item{Tensor: fmt.Sprintf("t%d", i), Bytes: int64(o.tensorB / 4 * 4),
+			Group: "world", Op: buckets.AllReduce, DType: "f32", Direction: buckets.Backward, Region: "model"})
+	}
+	bufs := make([][]float32, o.tensors)
+	for i := range bufs {
+		bufs[i] = make([]float32, o.tensorB/4)
+	}
+	nb := map[string]int{}
+	var steps []func(int) (overlap.StepMetrics, error)
+	for _, name := range []string{"per-tensor", "bucketed"} {
+		bc := buckets.DefaultConfig()
+		bc.CapBytes = o.capBytes
+		if name == "per-tensor" {
+			bc.CapBytes = 1
+		}
+		plan, err := buckets.Assign(items, []string{"model"}, bc)
+		if err != nil {
+			return err
+		}
+		nb[name] = len(plan.Groups[0].Buckets)
+		ex, err := overlap.New(plan, map[string]overlap.Comm{"world": c}, overlap.DefaultConfig())
+		if err != nil {
+			return err
+		}
+		defer ex.Close()
+		// Gradients live in their bucket slots (gradient as bucket view),
+		// as DDP does: no packing copies in either case.
+		views := make([]comm.Buffer, len(bufs))
+		names := make([]string, len(bufs))
+		for t := range bufs {
+			names[t] = fmt.Sprintf("t%d", t)
+			if views[t], err = ex.View(names[t]); err != nil {
+				return err
+			}
+		}
+		steps = append(steps, func(i int) (overlap.StepMetrics, error) {
+			if err := ex.Begin(i); err != nil {
+				return overlap.StepMetrics{}, err
+			}
+			for t := range views {
+				if err := ex.Ready(ctx, names[t], views[t], views[t]); err != nil {
+					return overlap.StepMetrics{}, err
+				}
+			}
+			return ex.Finish(ctx)
+		})
+	}
+	// The same traffic straight on the communicator, without the executor:
+	// what the executor's packing and bookkeeping cost on top.
+	fused := make([]float32, o.tensors*(o.tensorB/4))
+	raw := func(perTensor bool) func(int) (overlap.StepMetrics, error) {
+		return func(int) (overlap.StepMetrics, error) {
+			t0 := time.Now()
+			var h comm.Handle
+			if perTensor {
+				for t := range bufs {
+					h = c.AllReduce(ctx, comm.Float32s(bufs[t]), comm.Float32s(bufs[t]), comm.Sum)
+				}
+			} else {
+				h = c.AllReduce(ctx, comm.Float32s(fused), comm.Float32s(fused), comm.Sum)
+			}
+			err := h.Wait(ctx)
+			return overlap.StepMetrics{Time: time.Since(t0)}, err
+		}
+	}
+	steps = append(steps, raw(true), raw(false))
+	res, err := measure(ctx, c, o.iters, steps...)
+	if err != nil {
+		return err
+	}
+	pt, b := res[0].step, res[1].step
+	say("bucketing: %d ranks (%s), %d gradient tensors of %d B all-reduced per step\n", c.Size(), link, o.tensors, o.tensorB)
+	say("  one collective per tensor (%d collectives) = %s\n", nb["per-tensor"], ms(pt))
+	say("  bucketed, cap %d B (%d buckets)       = %s\n", bucketCap(o), nb["bucketed"], ms(b))
+	say("  speed-up %.2f×  (goal ≥ 3×)\n", float64(pt)/float64(b))
+	say("  reference without the executor: %d back-to-back all-reduces %s, one fused all-reduce %s (%.2f×)\n",
+		o.tensors, ms(res[2].step), ms(res[3].step), float64(res[2].step)/float64(res[3].step))
+	return nil
+}
+
+func bucketCap(o opts) int64 {
+	if o.capBytes > 0 {
+		return o.capBytes
+	}
+	return buckets.DefaultConfig().Cap()
+}
