@@ -64,6 +64,10 @@ type agentSpec struct {
 	LogLevel zerolog.Level `json:"log_level"`
 	// Ranks are started in order.
 	Ranks []agentRank `json:"ranks"`
+	// KeepOnSignal makes the agent survive SIGTERM, SIGINT and SIGHUP
+	// instead of killing the job: under srun, SLURM signals every process
+	// of the step, and the grace period is gorun's to apply.
+	KeepOnSignal bool `json:"keep_on_signal,omitempty"`
 }
 
 // agentRank is one process to start. Descriptor numbers refer to the
@@ -101,6 +105,10 @@ type agentEvent struct {
 	// Strays counts processes left behind by ranks that the agent stopped
 	// (on "done").
 	Strays int `json:"strays,omitempty"`
+	// node is the plan node whose agent sent the event (multi-host runs);
+	// set by gorun, never sent. A "lost" event, made by gorun, says that
+	// node's agent is gone (Err says how).
+	node int
 }
 
 // IsAgent reports whether this process was started as a job agent. Programs
@@ -233,6 +241,8 @@ func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		case s := <-sigs:
 			if s == syscall.SIGCHLD {
 				a.reap()
+			} else if spec.KeepOnSignal {
+				a.log.Debug().Stringer("signal", s).Msg("agent signaled; gorun decides")
 			} else {
 				a.log.Debug().Stringer("signal", s).Msg("agent signaled; killing the job")
 				a.killAll()

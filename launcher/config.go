@@ -73,6 +73,35 @@ type Config struct {
 	// means this executable, which must call IsAgent/AgentMain first thing
 	// in main.
 	AgentPath string
+
+	// The fields below matter only when a job spans hosts other than this
+	// machine (or Starter is StartSrun); see remote.go.
+
+	// Version is this gorun's version; every host agent must report the
+	// same one.
+	Version string
+	// Starter picks how host agents start: StartSSH (the default, "") or
+	// StartSrun inside a SLURM allocation.
+	Starter Starter
+	// LaunchAgent is the command that runs a command on a host, e.g.
+	// ["ssh", "-p", "2222"] or ["ip", "netns", "exec", "{host}"]; {host}
+	// is replaced by the host name, otherwise the name is appended. nil
+	// means ssh.
+	LaunchAgent []string
+	// RemoteGorun is the path of gorun on the other hosts; "" means this
+	// executable's own path (a shared file system or the same install
+	// everywhere).
+	RemoteGorun string
+	// Iface overrides the interface choice on every host: a name (eth0) or
+	// a CIDR (10.0.0.0/16); "" lets each host's routes decide.
+	Iface string
+	// Lease is how long gorun and a host agent tolerate silence from each
+	// other before the agent kills its ranks and gorun counts them failed;
+	// 0 means DefaultLease.
+	Lease time.Duration
+	// LaunchTimeout bounds the wait for every agent to connect; 0 means
+	// DefaultLaunchTimeout.
+	LaunchTimeout time.Duration
 }
 
 // DefaultGrace is the SIGTERM → SIGKILL delay: long enough for a trainer to
@@ -105,6 +134,12 @@ func (c *Config) Validate() error {
 	}
 	if _, err := ParseExitPolicy(string(c.ExitPolicy)); err != nil {
 		return err
+	}
+	if c.Starter != "" && c.Starter != StartSSH && c.Starter != StartSrun {
+		return fmt.Errorf("launcher: agent starter %q: expected ssh or srun", c.Starter)
+	}
+	if c.Lease < 0 || c.LaunchTimeout < 0 {
+		return errors.New("launcher: lease and launch timeout must not be negative")
 	}
 	return nil
 }

@@ -22,6 +22,15 @@
 //     failure rules: the first failure stops the others (SIGTERM to each
 //     rank's process group, SIGKILL after Config.Grace), signals are
 //     forwarded, --timeout ends the job.
+//   - Multi-host (remote.go, hostagent.go, wire.go): gorun listens on the
+//     interface that routes to the hosts (netif), starts one host agent per
+//     host (`gorun agent`, over ssh, srun or a plain exec), waits for all of
+//     them to authenticate with the job secret and report their interface
+//     and ports, then plans and sends each its ranks. A host agent wraps the
+//     same supervisor as a local job and relays output, events and commands
+//     over its one connection; a lease on both ends turns a dropped or
+//     silent connection into "ranks killed" on the host and "host lost" in
+//     gorun.
 //   - The agent (agent.go): the same executable re-run with an internal
 //     variable set; a child subreaper that is the parent of every rank and
 //     kills every descendant when gorun dies, however it died. agent.go

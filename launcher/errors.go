@@ -3,6 +3,7 @@ package launcher
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -121,3 +122,81 @@ type AgentError struct {
 func (e *AgentError) Error() string { return fmt.Sprintf("launcher: job supervisor failed: %v", e.Err) }
 
 func (e *AgentError) Unwrap() error { return e.Err }
+
+// HostError reports a host that could not take part in the job: its agent
+// could not be started or reached, refused, or found that the program
+// cannot run there. Nothing of the job was started when it is returned.
+type HostError struct {
+	// Host is the host name as in the plan.
+	Host string
+	// Op says what failed, e.g. "start agent over ssh".
+	Op string
+	// Err is the cause; a *ProgramError for a program missing on the host.
+	Err error
+	// Detail holds what the agent's launcher (ssh, srun) printed, when it
+	// says more than Err.
+	Detail string
+}
+
+func (e *HostError) Error() string {
+	cause := strings.TrimPrefix(e.Err.Error(), "launcher: ")
+	s := fmt.Sprintf("host %s: %s: %s", e.Host, e.Op, cause)
+	var pe *ProgramError
+	if errors.As(e.Err, &pe) {
+		s = fmt.Sprintf("host %s: %s", e.Host, cause)
+	}
+	if e.Detail != "" {
+		s += " (" + e.Detail + ")"
+	}
+	return s
+}
+
+func (e *HostError) Unwrap() error { return e.Err }
+
+// ExitCode is 127 for a program missing on the host, like a shell, else
+// 255, ssh's code for a failed connection.
+func (e *HostError) ExitCode() int {
+	var pe *ProgramError
+	if errors.As(e.Err, &pe) {
+		return 127
+	}
+	return 255
+}
+
+// VersionError reports a remote gorun whose version differs from this
+// one's: mixing versions is refused rather than debugged at run time.
+type VersionError struct {
+	Host          string
+	Remote, Local string
+}
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("host %s runs gorun %s but this gorun is %s; install the same version on every host (or use --preload-binary)",
+		e.Host, e.Remote, e.Local)
+}
+
+// AgentLostError reports a host whose agent died or whose connection
+// dropped while the job ran: its ranks count as failed and the job ended.
+type AgentLostError struct {
+	// Host is the host name; FirstRank and Ranks the ranks it ran.
+	Host             string
+	FirstRank, Ranks int
+	// Err says how the loss was noticed.
+	Err error
+	// Stopped is the number of other ranks gorun had to stop.
+	Stopped int
+}
+
+func (e *AgentLostError) Error() string {
+	ranks := fmt.Sprintf("rank %d", e.FirstRank)
+	if e.Ranks > 1 {
+		ranks = fmt.Sprintf("ranks %d-%d", e.FirstRank, e.FirstRank+e.Ranks-1)
+	}
+	return fmt.Sprintf("lost host %s: %v; its %s counted as failed; stopped %d other %s",
+		e.Host, e.Err, ranks, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+}
+
+func (e *AgentLostError) Unwrap() error { return e.Err }
+
+// ExitCode is 255, ssh's code for a lost connection.
+func (e *AgentLostError) ExitCode() int { return 255 }

@@ -61,21 +61,20 @@ func (id LocalIdentity) IsLocal(name string) bool {
 	return false
 }
 
-// RemoteHostError reports a host that is not this machine while only local
-// launch is implemented.
+// RemoteHostError reports a host that is not this machine, where only this
+// machine is allowed (RequireLocal); Launch itself starts agents there.
 type RemoteHostError struct {
 	// Host is the offending host name.
 	Host string
 }
 
 func (e *RemoteHostError) Error() string {
-	return fmt.Sprintf("launcher: host %q is not this machine, and multi-host launch is not available yet "+
-		"(every host must be localhost, 127.0.0.1, ::1, this machine's hostname or one of its addresses)", e.Host)
+	return fmt.Sprintf("launcher: host %q is not this machine "+
+		"(localhost, 127.0.0.1, ::1, this machine's hostname or one of its addresses)", e.Host)
 }
 
 // RequireLocal returns a *RemoteHostError for the first host that is not
-// local. It runs before anything starts so that a hostfile naming other
-// machines never silently becomes a local run.
+// local. Launch uses it to decide whether a job needs host agents.
 func RequireLocal(hosts []Host, id LocalIdentity) error {
 	for _, h := range hosts {
 		if !id.IsLocal(h.Name) {

@@ -40,6 +40,8 @@ func (s *lineSink) write(b []byte) {
 // streamer copies one stream (stdout or stderr) of one rank to its sinks.
 type streamer struct {
 	rank int
+	// host, when set, is added to the tag: [rank,host].
+	host string
 	r    io.Reader
 	// term receives the terminal copy; tag adds "[rank] " there.
 	term *lineSink
@@ -100,7 +102,11 @@ func (s *streamer) emit(lines []byte) {
 		s.file.write(prefixLines(lines, ts))
 	}
 	if s.tag {
-		ts = append(append(append([]byte{'['}, strconv.Itoa(s.rank)...), "] "...), ts...)
+		tag := append([]byte{'['}, strconv.Itoa(s.rank)...)
+		if s.host != "" {
+			tag = append(append(tag, ','), s.host...)
+		}
+		ts = append(append(tag, "] "...), ts...)
 	}
 	s.term.write(prefixLines(lines, ts))
 }

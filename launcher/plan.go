@@ -41,6 +41,10 @@ type PlanConfig struct {
 	// RdzvPort is a second free port on MasterAddr for gorun's own gossip
 	// seed (GORUN_RDZV_ENDPOINT); required and different from MasterPort.
 	RdzvPort int
+	// Interfaces maps a host name to the interface its ranks should use
+	// for sockets (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME); hosts without
+	// an entry get neither variable.
+	Interfaces map[string]string
 }
 
 // Plan is the outcome of planning: which rank runs where and with which
@@ -320,6 +324,9 @@ func rankEnv(p *Plan, r RankSpec, c PlanConfig) []string {
 		rankenv.Secret+"="+c.Secret,
 		rankenv.RdzvEndpoint+"="+p.RdzvEndpoint,
 	)
+	if iface := c.Interfaces[r.Host]; iface != "" {
+		env = append(env, rankenv.NCCLSocketIfname+"="+iface, rankenv.GlooSocketIfname+"="+iface)
+	}
 	return mergeEnv(env, c.Export)
 }
 

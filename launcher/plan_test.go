@@ -243,7 +243,7 @@ func TestIsLocal(t *testing.T) {
 	}
 	err := RequireLocal([]Host{{Name: "vm", Slots: 1}, {Name: "node01", Slots: 1}}, id)
 	var re *RemoteHostError
-	if !errors.As(err, &re) || re.Host != "node01" || !strings.Contains(err.Error(), "multi-host launch is not available yet") {
+	if !errors.As(err, &re) || re.Host != "node01" || !strings.Contains(err.Error(), "is not this machine") {
 		t.Fatalf("RequireLocal: %v", err)
 	}
 	if err := RequireLocal([]Host{{Name: "localhost", Slots: 1}}, DetectLocal()); err != nil {

@@ -36,12 +36,14 @@ type Job struct {
 	Export        []string
 }
 
-// Launch plans and runs a job on this machine: it checks that every host is
-// local and the program can run, reserves ports, plans, and runs the plan.
-// The error is nil when every rank exited 0; otherwise it is one of
-// *RankExitError, *StartError, *TimeoutError, *InterruptedError,
-// *ProgramError, *SlotsError, *RemoteHostError, *AgentError, or a
-// configuration or context error.
+// Launch plans and runs a job. When every host is this machine it checks
+// that the program can run, reserves ports, plans, and runs the plan under
+// one local agent. When a host is another machine (or Config.Starter is
+// StartSrun) it starts one host agent per host and runs the job through
+// them (remote.go). The error is nil when every rank exited 0; otherwise it
+// is one of *RankExitError, *StartError, *TimeoutError, *InterruptedError,
+// *ProgramError, *SlotsError, *AgentError, *HostError, *VersionError,
+// *AgentLostError, or a configuration or context error.
 func Launch(ctx context.Context, cfg Config, job Job) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -49,8 +51,9 @@ func Launch(ctx context.Context, cfg Config, job Job) error {
 	if len(job.Argv) == 0 {
 		return errors.New("launcher: no program given")
 	}
-	if err := RequireLocal(job.Hosts, DetectLocal()); err != nil {
-		return err
+	id := DetectLocal()
+	if isMulti(cfg, job.Hosts, id) {
+		return launchMulti(ctx, cfg, job, id)
 	}
 	if len(job.Hosts) == 0 && job.NP == 0 {
 		// No host list and no -np: one rank per CPU, as mpirun does on a
@@ -213,6 +216,10 @@ type runner struct {
 	agentWG sync.WaitGroup // the agent's Wait
 
 	agentErr error
+	// agentsLeft counts the agents that have not yet reported "done" or
+	// been lost; the loop ends when it reaches 0 (one agent when 0 at
+	// start, as in a single-host run).
+	agentsLeft int
 	// sendCmd delivers a command to the agent; loop's only way to act, so
 	// tests can drive loop with a fake agent.
 	sendCmd func(agentCmd)
@@ -348,46 +355,12 @@ func (r *runner) prepareStdin() (int, error) {
 }
 
 func (r *runner) startAgent() error {
-	// /proc/self/exe is the running binary even when its file was replaced
-	// or deleted since (a `make build` during a long job).
-	path, argv0 := r.cfg.AgentPath, r.cfg.AgentPath
-	if path == "" {
-		path, argv0 = "/proc/self/exe", os.Args[0]
-	}
-	ctrlR, ctrlW, err := os.Pipe()
+	cmd, ctrlW, evR, err := startSupervisor(r.cfg.AgentPath, r.extra, r.cfg.Stderr)
 	if err != nil {
-		return fmt.Errorf("launcher: pipe: %w", err)
-	}
-	evR, evW, err := os.Pipe()
-	if err != nil {
-		ctrlR.Close()
-		ctrlW.Close()
-		return fmt.Errorf("launcher: pipe: %w", err)
+		return err
 	}
 	r.files = append(r.files, ctrlW, evR)
 	r.ctrl, r.evR = ctrlW, evR
-	defer ctrlR.Close()
-	defer evW.Close()
-
-	cmd := &exec.Cmd{
-		Path:       path,
-		Args:       []string{argv0},
-		Env:        append(os.Environ(), agentEnv+"="+agentProtocol),
-		Stdin:      ctrlR,
-		Stdout:     evW,
-		ExtraFiles: r.extra,
-		// Its own process group: Ctrl-C at the terminal and a kill of
-		// gorun's group must not take the agent down before it cleaned up.
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
-	}
-	if f, ok := r.cfg.Stderr.(*os.File); ok {
-		cmd.Stderr = f
-	} else {
-		cmd.Stderr = r.cfg.Stderr
-	}
-	if err := cmd.Start(); err != nil {
-		return &AgentError{Err: err}
-	}
 	r.agent = cmd
 	for _, f := range r.childFiles {
 		f.Close()
@@ -398,17 +371,66 @@ func (r *runner) startAgent() error {
 	r.events = make(chan agentEvent, 4*len(r.plan.Ranks)+4)
 	r.wg.Go(func() {
 		defer close(r.events)
-		sc := bufio.NewScanner(evR)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			var ev agentEvent
-			if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-				continue
-			}
-			r.events <- ev
-		}
+		readEvents(evR, func(ev agentEvent) { r.events <- ev })
 	})
 	return nil
+}
+
+// readEvents decodes the agent's event lines until EOF.
+func readEvents(evR io.Reader, f func(agentEvent)) {
+	sc := bufio.NewScanner(evR)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var ev agentEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			continue
+		}
+		f(ev)
+	}
+}
+
+// startSupervisor starts the per-job agent process (agentPath, "" for this
+// executable) with extra as its descriptors from 3 on, and returns it with
+// the write end of its command pipe and the read end of its event pipe.
+// The caller waits for the process and closes both pipes.
+func startSupervisor(agentPath string, extra []*os.File, stderr io.Writer) (*exec.Cmd, *os.File, *os.File, error) {
+	// /proc/self/exe is the running binary even when its file was replaced
+	// or deleted since (a `make build` during a long job).
+	path, argv0 := agentPath, agentPath
+	if path == "" {
+		path, argv0 = "/proc/self/exe", os.Args[0]
+	}
+	ctrlR, ctrlW, err := os.Pipe()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("launcher: pipe: %w", err)
+	}
+	evR, evW, err := os.Pipe()
+	if err != nil {
+		ctrlR.Close()
+		ctrlW.Close()
+		return nil, nil, nil, fmt.Errorf("launcher: pipe: %w", err)
+	}
+	defer ctrlR.Close()
+	defer evW.Close()
+
+	cmd := &exec.Cmd{
+		Path:       path,
+		Args:       []string{argv0},
+		Env:        append(os.Environ(), agentEnv+"="+agentProtocol),
+		Stdin:      ctrlR,
+		Stdout:     evW,
+		Stderr:     stderr,
+		ExtraFiles: extra,
+		// Its own process group: Ctrl-C at the terminal and a kill of
+		// gorun's group must not take the agent down before it cleaned up.
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	if err := cmd.Start(); err != nil {
+		ctrlW.Close()
+		evR.Close()
+		return nil, nil, nil, &AgentError{Err: err}
+	}
+	return cmd, ctrlW, evR, nil
 }
 
 func (r *runner) startStreams() {
@@ -447,9 +469,16 @@ type failure struct {
 	rank, pid, code int
 	signal          syscall.Signal
 	startErr        error
+	// lost is set when the rank's host agent was lost, with lostRanks
+	// ranks from rank on.
+	lost      error
+	lostRanks int
 }
 
 func (f failure) exitCode() int {
+	if f.lost != nil {
+		return 255
+	}
 	if f.startErr != nil {
 		return 127
 	}
@@ -533,7 +562,7 @@ func (r *runner) loop(ctx context.Context) error {
 				done = true
 				break
 			}
-			if ev.Ev != "done" && (ev.Rank < 0 || ev.Rank >= len(ranks)) {
+			if ev.Ev != "done" && ev.Ev != "lost" && (ev.Rank < 0 || ev.Rank >= len(ranks)) {
 				r.log.Warn().Int("rank", ev.Rank).Str("ev", ev.Ev).Msg("agent reported an unknown rank; ignored")
 				continue
 			}
@@ -554,11 +583,26 @@ func (r *runner) loop(ctx context.Context) error {
 					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal)})
 					stop(stopFailure, syscall.SIGTERM)
 				}
+			case "lost":
+				// A host agent is gone; its ranks are, or soon will be (the
+				// agent kills them when the lease runs out): count them
+				// as failed.
+				n := r.plan.Nodes[ev.node]
+				r.log.Debug().Str("host", n.Name).Str("err", ev.Err).Msg("host lost")
+				for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
+					ranks[rk].exited = true
+					ranks[rk].stopped = false
+				}
+				failures = append(failures, failure{rank: n.FirstRank, lost: errors.New(ev.Err), lostRanks: n.Ranks})
+				stop(stopFailure, syscall.SIGTERM)
+				r.agentsLeft--
+				done = r.agentsLeft <= 0
 			case "done":
 				if ev.Strays > 0 {
 					r.log.Warn().Int("strays", ev.Strays).Msg("ranks left processes running; they were stopped")
 				}
-				done = true
+				r.agentsLeft--
+				done = r.agentsLeft <= 0
 			}
 		case <-timeout:
 			timeout = nil
@@ -615,6 +659,9 @@ func (r *runner) loop(ctx context.Context) error {
 	case len(failures) > 0:
 		f := pickFailure(failures, r.cfg.ExitPolicy)
 		host := r.plan.Ranks[f.rank].Host
+		if f.lost != nil {
+			return &AgentLostError{Host: host, FirstRank: f.rank, Ranks: f.lostRanks, Err: f.lost, Stopped: stopped}
+		}
 		if f.startErr != nil {
 			return &StartError{Rank: f.rank, Host: host, Err: f.startErr, Stopped: stopped}
 		}

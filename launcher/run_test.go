@@ -511,12 +511,19 @@ func TestRunRefusesToRecurseInAnAgent(t *testing.T) {
 	}
 }
 
-func TestRunRemoteHostIsRefused(t *testing.T) {
+// A host whose agent cannot be started fails the launch with an error
+// naming the host, before any rank starts. The agent launcher here
+// pretends to be an ssh that cannot connect, so no network is involved.
+func TestRunUnreachableHostIsNamed(t *testing.T) {
 	j := newJobRun(t, 1, "exit:0", nil)
 	j.job.Hosts = []Host{{Name: "gorun-test-remote-host", Slots: 1}}
-	var re *RemoteHostError
-	if err := j.launch(context.Background()); !errors.As(err, &re) {
-		t.Fatalf("err = %v, want *RemoteHostError", err)
+	j.cfg.Iface = "127.0.0.0/8" // no name lookup of the made-up host
+	j.cfg.LaunchAgent = []string{"sh", "-c", `echo "ssh: connect to host $0 port 22: Connection refused" >&2; exit 255`, "{host}"}
+	var he *HostError
+	err := j.launch(context.Background())
+	if !errors.As(err, &he) || he.Host != "gorun-test-remote-host" || he.ExitCode() != 255 ||
+		!strings.Contains(err.Error(), "host gorun-test-remote-host: ssh: connect to host gorun-test-remote-host port 22: Connection refused") {
+		t.Fatalf("err = %v, want a *HostError naming the host and the ssh failure", err)
 	}
 }
 

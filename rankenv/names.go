@@ -57,3 +57,14 @@ const (
 	// that host at launch and differs from MASTER_PORT.
 	RdzvEndpoint = "GORUN_RDZV_ENDPOINT"
 )
+
+// Interface selection for the communication libraries a rank may use,
+// set by a multi-host gorun to the interface its host reaches the others
+// through (the same one MASTER_ADDR is on for rank 0's host).
+const (
+	// NCCLSocketIfname names the interface NCCL's bootstrap and socket
+	// transport use.
+	NCCLSocketIfname = "NCCL_SOCKET_IFNAME"
+	// GlooSocketIfname names the interface torch's gloo backend uses.
+	GlooSocketIfname = "GLOO_SOCKET_IFNAME"
+)

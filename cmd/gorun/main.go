@@ -40,7 +40,7 @@ func main() {
 // nil marks a subcommand that is reserved but not built yet.
 var subcommands = map[string]func(args []string, stdout, stderr io.Writer) int{
 	"bench":  benchMain,
-	"agent":  nil,
+	"agent":  agentMain,
 	"doctor": nil,
 }
 
@@ -80,6 +80,12 @@ type options struct {
 	logFormat     string
 	verbose       bool
 	veryVerbose   bool
+	launchAgent   string
+	agentPath     string
+	iface         string
+	lease         time.Duration
+	launchTimeout time.Duration
+	launcher      string
 }
 
 func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
@@ -104,6 +110,12 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.logFormat, "log-format", "console", "gorun's own log on stderr: console or json")
 	fs.BoolVar(&o.verbose, "v", false, "log more (info)")
 	fs.BoolVar(&o.veryVerbose, "vv", false, "log everything (debug)")
+	fs.StringVar(&o.launchAgent, "launch-agent", "ssh", "`COMMAND` that runs a command on another host; {host} is replaced by the host name, else it is appended (e.g. 'ssh -p 2222', 'ip netns exec {host}')")
+	fs.StringVar(&o.agentPath, "agent-path", "", "`PATH` of gorun on the other hosts (default: this gorun's own path)")
+	fs.StringVar(&o.iface, "iface", "", "network interface for gorun, gossip and ranks on every host: `NAME or CIDR` (default: the route between the hosts)")
+	fs.DurationVar(&o.lease, "lease", launcher.DefaultLease, "a host silent this long counts as lost; its agent kills its ranks after the same silence")
+	fs.DurationVar(&o.launchTimeout, "launch-timeout", launcher.DefaultLaunchTimeout, "how long every host's agent has to connect")
+	fs.StringVar(&o.launcher, "launcher", "auto", "how agents start on other hosts: auto (srun inside a SLURM allocation, else ssh), ssh or srun")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: gorun [flags] [--] PROGRAM [ARGS...]
 
@@ -118,6 +130,10 @@ Examples:
   gorun -H localhost:8 -x OMP_NUM_THREADS=1 --tag-output ./app
   gorun -hostfile hosts --output-dir logs --timeout 1h ./trainer
   gorun -np 16 --oversubscribe /bin/true  more ranks than cores
+  gorun -hostfile hosts --tag-output ./app  across hosts, agents over ssh
+  gorun -H n[1-4]:8 --iface 10.0.0.0/8 ./trainer
+  salloc -N 4 gorun ./trainer             inside SLURM: hosts from the allocation, agents via srun
+  gorun doctor -hostfile hosts            pre-flight checks of every host
 
 Flags (one or two dashes):
 `)
@@ -158,10 +174,19 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "gorun: give -H or -hostfile, not both")
 		return exitUsage
 	}
-	hosts, err := readHosts(o)
+	if o.launcher != "auto" && o.launcher != "ssh" && o.launcher != "srun" {
+		fmt.Fprintf(stderr, "gorun: --launcher %q: expected auto, ssh or srun\n", o.launcher)
+		return exitUsage
+	}
+	hosts, inSlurm, err := readHosts(o, os.Getenv)
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun: %v\n", err)
 		return exitFailure
+	}
+	launchAgent, err := splitWords(o.launchAgent)
+	if err != nil || len(launchAgent) == 0 {
+		fmt.Fprintf(stderr, "gorun: --launch-agent %q: %v\n", o.launchAgent, err)
+		return exitUsage
 	}
 	exports, err := launcher.ResolveExports(o.exports, os.LookupEnv)
 	if err != nil {
@@ -184,6 +209,12 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cfg.TagOutput, cfg.TimestampOutput, cfg.OutputDir = o.tagOutput, o.timestamp, o.outputDir
 	cfg.Timeout, cfg.Grace, cfg.ExitPolicy = o.timeout, o.grace, policy
 	cfg.Signals = sigs
+	cfg.Version = version
+	cfg.LaunchAgent, cfg.RemoteGorun, cfg.Iface = launchAgent, o.agentPath, o.iface
+	cfg.Lease, cfg.LaunchTimeout = o.lease, o.launchTimeout
+	if inSlurm || o.launcher == "srun" {
+		cfg.Starter = launcher.StartSrun
+	}
 	err = launcher.Launch(ctx, cfg, launcher.Job{
 		Argv: argv, NP: o.np, Hosts: hosts, Oversubscribe: o.oversubscribe,
 		GPUsPerHost: o.gpus, Export: exports,
@@ -237,4 +268,41 @@ func colorTerminal(w io.Writer) bool {
 	}
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
+}
+
+// splitWords splits a command line the way a shell would for simple
+// cases: blanks separate words, single and double quotes group them.
+func splitWords(s string) ([]string, error) {
+	var words []string
+	var cur strings.Builder
+	inWord := false
+	var quote rune
+	for _, r := range s {
+		switch {
+		case quote != 0:
+			if r == quote {
+				quote = 0
+			} else {
+				cur.WriteRune(r)
+			}
+		case r == '\'' || r == '"':
+			quote, inWord = r, true
+		case r == ' ' || r == '\t' || r == '\n':
+			if inWord {
+				words = append(words, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteRune(r)
+			inWord = true
+		}
+	}
+	if quote != 0 {
+		return nil, errors.New("unterminated quote")
+	}
+	if inWord {
+		words = append(words, cur.String())
+	}
+	return words, nil
 }

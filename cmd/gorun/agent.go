@@ -1,0 +1,24 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"os"
+
+	"github.com/gorun-hpc/gorun/launcher"
+)
+
+// agentMain is `gorun agent ...`: the per-host agent of a multi-host job,
+// started by gorun itself over ssh or srun; not meant for users.
+func agentMain(args []string, stdout, stderr io.Writer) int {
+	o, err := launcher.ParseAgentArgs(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		return exitUsage
+	}
+	o.Version = version
+	return launcher.HostAgentMain(o, os.Stdin, stderr)
+}

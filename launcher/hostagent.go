@@ -1,0 +1,434 @@
+package launcher
+
+import (
+	"bufio"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/netif"
+)
+
+// The host agent: `gorun agent --connect ADDR ...`, started on every host
+// of a multi-host job by ssh, srun or a plain exec (the launching host).
+//
+// It is a relay around the same per-job supervisor a single-host job uses
+// (agent.go): it dials gorun, proves it holds the job secret, reports the
+// interface and ports peers reach this host through, then starts the
+// supervisor with one pipe per rank stream and forwards output, events and
+// commands over the one connection. The supervisor keeps its guarantees —
+// subreaper, process groups, no orphans — and ends everything when its
+// command pipe closes, which is how the relay ends the job on its host:
+// when the connection drops, when gorun is silent for the lease period
+// (a cut link delivers no FIN), or when the relay itself dies (the kernel
+// closes the pipe). gorun, symmetrically, counts the host's ranks as failed
+// when the connection drops or falls silent.
+
+// agentSecretEnv carries the job secret to agents started by srun (which
+// exports gorun's environment to every task); ssh-started agents read it
+// from the first line of stdin instead, so it never appears in a command
+// line that other users of the host can see in ps.
+const agentSecretEnv = "GORUN_INTERNAL_AGENT_SECRET"
+
+// AgentOptions configure HostAgentMain; cmd/gorun fills them from the
+// command line of `gorun agent`.
+type AgentOptions struct {
+	// Connect is gorun's host:port.
+	Connect string
+	// Host is the name gorun knows this host by; "" takes SLURMD_NODENAME
+	// (set by srun on every node) or the short hostname.
+	Host string
+	// Job is the job id.
+	Job string
+	// Version is this gorun's version, compared with the launching one.
+	Version string
+}
+
+// ParseAgentArgs parses the arguments of `gorun agent`.
+func ParseAgentArgs(args []string, stderr io.Writer) (AgentOptions, error) {
+	var o AgentOptions
+	fs := flag.NewFlagSet("gorun agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.Connect, "connect", "", "gorun's `host:port`")
+	fs.StringVar(&o.Host, "host", "", "this host's name in the job (default: $SLURMD_NODENAME or the short hostname)")
+	fs.StringVar(&o.Job, "job", "", "job id")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: gorun agent --connect HOST:PORT --job ID [--host NAME]\n\n"+
+			"Internal: the per-host agent of a multi-host job, started by gorun over ssh or srun.\n"+
+			"It reads the job secret from $"+agentSecretEnv+" or the first line of stdin.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if o.Connect == "" || o.Job == "" || fs.NArg() != 0 {
+		fs.Usage()
+		return o, errors.New("gorun agent: --connect and --job are required")
+	}
+	return o, nil
+}
+
+// HostAgentMain runs a host agent and returns its exit code: 0 when the
+// job ended normally, 1 when it could not join or lost gorun.
+func HostAgentMain(o AgentOptions, stdin io.Reader, stderr io.Writer) int {
+	log := zerolog.New(zerolog.ConsoleWriter{Out: stderr, NoColor: true}).With().Timestamp().
+		Str("role", "host-agent").Logger().Level(zerolog.WarnLevel)
+	if o.Host == "" {
+		o.Host = os.Getenv("SLURMD_NODENAME")
+	}
+	if o.Host == "" {
+		h, _ := os.Hostname()
+		o.Host, _, _ = strings.Cut(h, ".")
+	}
+	log = log.With().Str("host", o.Host).Logger()
+	secret := os.Getenv(agentSecretEnv)
+	os.Unsetenv(agentSecretEnv)
+	if secret == "" {
+		line, err := bufio.NewReader(stdin).ReadString('\n')
+		if err != nil {
+			log.Error().Err(err).Msg("no job secret on stdin")
+			return 1
+		}
+		secret = strings.TrimSpace(line)
+	}
+	if os.Getenv("SLURM_STEP_ID") != "" {
+		// Under srun, SLURM signals every process of the step: at a time
+		// limit SIGTERM reaches the ranks directly and gorun forwards it
+		// too. The agent must outlive the grace period rather than die at
+		// once and take the ranks with it; gorun ends it when the job ends.
+		sigs := make(chan os.Signal, 8)
+		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGCONT)
+		defer signal.Stop(sigs)
+	}
+	key, err := hex.DecodeString(secret)
+	if err != nil || len(key) == 0 {
+		log.Error().Msg("job secret is not hex")
+		return 1
+	}
+	if err := runHostAgent(o, key, log, stderr); err != nil {
+		log.Error().Err(err).Msg("host agent failed")
+		return 1
+	}
+	return 0
+}
+
+func runHostAgent(o AgentOptions, key []byte, log zerolog.Logger, stderr io.Writer) error {
+	c, err := net.DialTimeout("tcp", o.Connect, 30*time.Second)
+	if err != nil {
+		return fmt.Errorf("connect to gorun at %s: %w", o.Connect, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+	w, err := dialAuth(c, key, o.Job, o.Host)
+	if err != nil {
+		return err
+	}
+	m, err := w.readMsg()
+	if err != nil || m.T != "job" || m.Job == nil {
+		return fmt.Errorf("expected the job description: %v", err)
+	}
+	job := m.Job
+	log = log.Level(zerolog.Level(job.LogLevel))
+	hello, ports := prepareHost(o, job, c)
+	defer ports.Release()
+	if err := w.send(wireMsg{T: "hello", Hello: &hello}); err != nil {
+		return err
+	}
+	if hello.Err != "" {
+		// gorun reports it; wait for it to hang up so the message is read.
+		_, _ = w.readMsg()
+		return nil
+	}
+	// gorun may take a while to hear from every other host: no deadline
+	// until the spec, but the lease below starts with it.
+	_ = c.SetDeadline(time.Time{})
+	m, err = w.readMsg()
+	if err != nil || m.T != "spec" {
+		// gorun gave up on the job (another host failed): nothing started.
+		return nil
+	}
+	ports.Release()
+	return relay(w, job, hello, m.Ranks, log, stderr)
+}
+
+// prepareHost checks what this host needs before any rank starts: the
+// interface, the program, two free ports.
+func prepareHost(o AgentOptions, job *remoteJob, c net.Conn) (remoteHello, *PortReservation) {
+	h := remoteHello{Version: o.Version, PID: os.Getpid()}
+	h.Hostname, _ = os.Hostname()
+	var choice netif.Choice
+	var err error
+	if job.Iface != "" {
+		choice, err = netif.Override(job.Iface)
+	} else {
+		ap, perr := netip.ParseAddrPort(c.LocalAddr().String())
+		if perr != nil {
+			err = perr
+		} else {
+			choice, err = netif.Holding(ap.Addr())
+		}
+	}
+	if err != nil {
+		h.Err, h.ErrKind = err.Error(), "iface"
+		return h, nil
+	}
+	h.Iface, h.Addr, h.Why = choice.Name, choice.Addr.String(), choice.Why
+	prog, err := ResolveProgram(job.Program, rankDir(job.Dir))
+	if err != nil {
+		var pe *ProgramError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		h.Err, h.ErrKind = err.Error(), "program"
+		return h, nil
+	}
+	h.Program = prog
+	ports, err := ReservePorts()
+	if err != nil {
+		h.Err, h.ErrKind = err.Error(), "ports"
+		return h, nil
+	}
+	h.MasterPort, h.RdzvPort = ports.MasterPort, ports.RdzvPort
+	return h, ports
+}
+
+// rankDir is dir when it exists on this host, else the home directory.
+func rankDir(dir string) string {
+	if dir != "" {
+		if st, err := os.Stat(dir); err == nil && st.IsDir() {
+			return dir
+		}
+	}
+	home, _ := os.UserHomeDir()
+	return home
+}
+
+// relay runs the ranks through a supervisor and forwards everything until
+// the supervisor reports the end (then "done" goes to gorun after the last
+// output) or gorun is gone (then the supervisor is told to kill it all).
+func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, log zerolog.Logger, stderr io.Writer) error {
+	base := filterEnv(os.Environ())
+	spec := &agentSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != ""}
+	var extra, parentEnds []*os.File
+	type stream struct {
+		rank int
+		kind byte
+		r    *os.File
+	}
+	var streams []stream
+	closeAll := func() {
+		for _, f := range parentEnds {
+			f.Close()
+		}
+	}
+	defer closeAll()
+	for _, rr := range ranks {
+		ar := agentRank{Rank: rr.Rank, Path: hello.Program, Argv: job.Argv, Dir: rankDir(job.Dir), Stdin: -1, Env: mergeEnv(base, rr.Env)}
+		for _, s := range []struct {
+			fd   *int
+			kind byte
+		}{{&ar.Stdout, 1}, {&ar.Stderr, 2}} {
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				for _, f := range extra {
+					f.Close()
+				}
+				return fmt.Errorf("pipe: %w", err)
+			}
+			growPipe(pr)
+			parentEnds = append(parentEnds, pr)
+			extra = append(extra, pw)
+			*s.fd = 2 + len(extra)
+			streams = append(streams, stream{rank: rr.Rank, kind: s.kind, r: pr})
+		}
+		spec.Ranks = append(spec.Ranks, ar)
+	}
+	cmd, ctrl, evR, err := startSupervisor("", extra, stderr)
+	for _, f := range extra {
+		f.Close()
+	}
+	if err != nil {
+		return err
+	}
+	defer evR.Close()
+	var ctrlMu sync.Mutex // guards ctrl: commands and the final close race
+	ctrlClosed := false
+	sendCtrl := func(v any) {
+		ctrlMu.Lock()
+		defer ctrlMu.Unlock()
+		if ctrlClosed {
+			return
+		}
+		b, _ := json.Marshal(v)
+		_, _ = ctrl.Write(append(b, '\n'))
+	}
+	closeCtrl := func() {
+		ctrlMu.Lock()
+		defer ctrlMu.Unlock()
+		if !ctrlClosed {
+			ctrlClosed = true
+			ctrl.Close()
+		}
+	}
+	defer closeCtrl()
+	sendCtrl(spec)
+
+	var outWG, wg sync.WaitGroup
+	defer wg.Wait()
+	for _, s := range streams {
+		outWG.Go(func() {
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := s.r.Read(buf)
+				if n > 0 {
+					// A failed write means gorun is gone; keep draining so
+					// the ranks never block on a full pipe before the
+					// supervisor kills them.
+					_ = w.sendOutput(s.rank, s.kind, buf[:n])
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+
+	// gone closes when gorun hung up, broke the protocol or fell silent.
+	gone := make(chan error, 1)
+	var lastHeard atomic.Int64
+	lastHeard.Store(time.Now().UnixNano())
+	wg.Go(func() {
+		var buf []byte
+		for {
+			typ, p, err := w.readFrame(buf)
+			if err != nil {
+				gone <- err
+				return
+			}
+			buf = p[:0]
+			lastHeard.Store(time.Now().UnixNano())
+			if typ != frameMsg {
+				continue
+			}
+			var m wireMsg
+			if json.Unmarshal(p, &m) == nil && m.T == "cmd" && m.Cmd != nil {
+				sendCtrl(m.Cmd)
+			}
+		}
+	})
+	// The supervisor's events go to gorun as they come, except "done",
+	// which waits for the last output so gorun has it all when it sees
+	// the host finish.
+	doneEv := make(chan agentEvent, 1)
+	wg.Go(func() {
+		var last *agentEvent
+		readEvents(evR, func(ev agentEvent) {
+			if ev.Ev == "done" {
+				last = &ev
+				return
+			}
+			_ = w.send(wireMsg{T: "event", Event: &ev})
+		})
+		if last != nil {
+			doneEv <- *last
+		}
+		close(doneEv)
+	})
+
+	lease := job.Lease
+	if lease <= 0 {
+		lease = DefaultLease
+	}
+	w.writeTimeout = lease
+	stopPing := make(chan struct{})
+	defer close(stopPing)
+	wg.Go(func() { pinger(w, lease/4, stopPing) })
+	check := time.NewTicker(lease / 8)
+	defer check.Stop()
+	var lost error
+	for lost == nil {
+		select {
+		case err := <-gone:
+			lost = fmt.Errorf("connection to gorun closed: %w", err)
+		case <-check.C:
+			if silent := time.Since(time.Unix(0, lastHeard.Load())); silent > lease {
+				lost = fmt.Errorf("no word from gorun for %s (lease %s)", silent.Round(time.Millisecond), lease)
+			}
+		case ev, ok := <-doneEv:
+			closeCtrl()
+			_ = cmd.Wait()
+			outWG.Wait()
+			if ok {
+				_ = w.send(wireMsg{T: "event", Event: &ev})
+			}
+			// gorun closes the connection once every host is done; the
+			// reader above then ends.
+			w.c.Close()
+			if !ok {
+				return errors.New("job supervisor exited without reporting the end of the job")
+			}
+			return nil
+		}
+	}
+	// gorun is gone: the supervisor kills every rank and descendant when
+	// its command pipe closes.
+	log.Warn().Err(lost).Msg("lost gorun; killing this host's ranks")
+	closeCtrl()
+	_ = cmd.Wait()
+	w.c.Close()
+	outWG.Wait()
+	return lost
+}
+
+// pinger sends a ping every interval until stop closes, so the other side's
+// lease stays alive while nothing else flows. It runs apart from the loop
+// that checks the lease: a write stuck on a dead link must not keep the
+// check from happening.
+func pinger(w *wireConn, interval time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			if w.writeFrame(framePing) != nil {
+				return
+			}
+		}
+	}
+}
+
+// filterEnv drops gorun-internal variables from an agent's environment
+// before it becomes the ranks' base.
+func filterEnv(env []string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "GORUN_INTERNAL_") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// DefaultLease is how long gorun and a host agent tolerate silence from
+// each other before the agent kills its ranks and gorun counts them as
+// failed; pings go every quarter of it. Long enough for a loaded machine's
+// scheduling hiccups, short enough that a cut link ends the job within
+// seconds.
+const DefaultLease = 4 * time.Second

@@ -1,0 +1,300 @@
+package launcher
+
+import (
+	"bufio"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The connection between gorun and a host agent.
+//
+// A host agent (see hostagent.go) dials gorun's listener and both sides
+// prove that they hold the job secret before anything else is exchanged:
+//
+//	agent → gorun   GORUN-AGENT/<wireProtocol> <job> <host> <nonceA>\n
+//	gorun → agent   OK <nonceB> <mac("gorun")>\n   (or NO <reason>\n)
+//	agent → gorun   <mac("agent")>\n
+//
+// where mac(role) is HMAC-SHA256 keyed with the secret over role, job, host
+// and both nonces, so neither side can be replayed or impersonated without
+// the secret. The secret itself never crosses the connection. Then frames
+// flow both ways: a type byte, a 4-byte big-endian length and a payload.
+// Messages are JSON (frameMsg), rank output is raw bytes (frameOutput), and
+// pings (framePing) keep the lease alive on both sides: a side that hears
+// nothing for the lease period treats the other as gone. The payload is not
+// encrypted; the job secret protects the job from strangers, not the
+// output from someone who can read the network.
+
+// wireProtocol is bumped on any incompatible change to the connection.
+const wireProtocol = "1"
+
+const (
+	frameMsg    byte = 'M'
+	frameOutput byte = 'O'
+	framePing   byte = 'P'
+)
+
+// maxFrame bounds a frame a peer may announce; output is sent in pieces of
+// at most readChunk.
+const maxFrame = 8 << 20
+
+// wireMsg is every JSON message; T says which fields are set.
+type wireMsg struct {
+	// T is "job" (gorun: what the agent must check), "hello" (agent: what
+	// it found), "spec" (gorun: the ranks to start), "cmd" (gorun: an
+	// agentCmd), "event" (agent: an agentEvent).
+	T     string       `json:"t"`
+	Job   *remoteJob   `json:"job,omitempty"`
+	Hello *remoteHello `json:"hello,omitempty"`
+	Ranks []remoteRank `json:"ranks,omitempty"`
+	Cmd   *agentCmd    `json:"cmd,omitempty"`
+	Event *agentEvent  `json:"event,omitempty"`
+}
+
+// remoteJob is what a host agent learns right after authenticating.
+type remoteJob struct {
+	// Version is gorun's version; the agent reports its own in hello and
+	// gorun refuses a mismatch.
+	Version string `json:"version"`
+	// Program is the executable every rank runs, as resolved on gorun's
+	// host (an absolute path) or as the user wrote a bare name (looked up
+	// in the host's PATH).
+	Program string   `json:"program"`
+	Argv    []string `json:"argv"`
+	// Dir is the ranks' working directory; a host where it does not exist
+	// uses the home directory, as mpirun does.
+	Dir      string        `json:"dir"`
+	Grace    time.Duration `json:"grace"`
+	Lease    time.Duration `json:"lease"`
+	LogLevel int8          `json:"log_level"`
+	// Iface is the user's --iface, "" for the route-based choice.
+	Iface string `json:"iface,omitempty"`
+}
+
+// remoteHello is a host agent's report before any rank starts.
+type remoteHello struct {
+	Version  string `json:"version"`
+	Hostname string `json:"hostname"`
+	PID      int    `json:"pid"`
+	// Iface and Addr are the interface and address peers reach this host
+	// through.
+	Iface string `json:"iface"`
+	Addr  string `json:"addr"`
+	Why   string `json:"why"`
+	// MasterPort and RdzvPort are free on Addr and held until the spec
+	// arrives; gorun uses those of the host that runs rank 0.
+	MasterPort int `json:"master_port"`
+	RdzvPort   int `json:"rdzv_port"`
+	// Program is the executable the ranks will run here.
+	Program string `json:"program"`
+	// Err, when set, is why this host cannot run the job (ErrKind says
+	// what failed: "program", "iface", "ports").
+	Err     string `json:"err,omitempty"`
+	ErrKind string `json:"err_kind,omitempty"`
+}
+
+// remoteRank is one rank to start: its number and the variables gorun
+// sets; the agent adds its own environment underneath.
+type remoteRank struct {
+	Rank int      `json:"rank"`
+	Env  []string `json:"env"`
+}
+
+// wireConn frames messages over one connection. Writes are safe for
+// concurrent use (wmu); reads belong to one goroutine.
+type wireConn struct {
+	c  net.Conn
+	br *bufio.Reader
+
+	// writeTimeout bounds each frame write, so that a writer stuck on a
+	// dead link gives up; 0 means no bound (set before concurrent use).
+	writeTimeout time.Duration
+
+	wmu sync.Mutex
+	bw  *bufio.Writer
+}
+
+func newWireConn(c net.Conn, br *bufio.Reader) *wireConn {
+	if br == nil {
+		br = bufio.NewReaderSize(c, 64<<10)
+	}
+	return &wireConn{c: c, br: br, bw: bufio.NewWriterSize(c, 64<<10)}
+}
+
+// writeFrame sends one frame made of parts; it blocks until the kernel
+// took the bytes or the write deadline passed.
+func (w *wireConn) writeFrame(typ byte, parts ...[]byte) error {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	var hdr [5]byte
+	hdr[0] = typ
+	binary.BigEndian.PutUint32(hdr[1:], uint32(n))
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	if w.writeTimeout > 0 {
+		_ = w.c.SetWriteDeadline(time.Now().Add(w.writeTimeout))
+	}
+	_, _ = w.bw.Write(hdr[:])
+	for _, p := range parts {
+		_, _ = w.bw.Write(p)
+	}
+	return w.bw.Flush()
+}
+
+func (w *wireConn) send(m wireMsg) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return w.writeFrame(frameMsg, b)
+}
+
+// sendOutput sends a piece of a rank's stream (1 stdout, 2 stderr).
+func (w *wireConn) sendOutput(rank int, stream byte, data []byte) error {
+	var hdr [5]byte
+	binary.BigEndian.PutUint32(hdr[:4], uint32(rank))
+	hdr[4] = stream
+	return w.writeFrame(frameOutput, hdr[:], data)
+}
+
+// readFrame returns the next frame. The payload is valid until the next
+// call.
+func (w *wireConn) readFrame(buf []byte) (byte, []byte, error) {
+	var hdr [5]byte
+	if _, err := io.ReadFull(w.br, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[1:])
+	if n > maxFrame {
+		return 0, nil, fmt.Errorf("frame of %d bytes exceeds the limit", n)
+	}
+	if cap(buf) < int(n) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(w.br, buf); err != nil {
+		return 0, nil, err
+	}
+	return hdr[0], buf, nil
+}
+
+// readMsg reads frames until a message arrives, skipping pings; used
+// during setup, when no output flows yet.
+func (w *wireConn) readMsg() (wireMsg, error) {
+	for {
+		typ, p, err := w.readFrame(nil)
+		if err != nil {
+			return wireMsg{}, err
+		}
+		switch typ {
+		case framePing:
+			continue
+		case frameMsg:
+			var m wireMsg
+			if err := json.Unmarshal(p, &m); err != nil {
+				return wireMsg{}, fmt.Errorf("bad message: %w", err)
+			}
+			return m, nil
+		default:
+			return wireMsg{}, fmt.Errorf("unexpected frame %q during setup", typ)
+		}
+	}
+}
+
+// errAuth is a failed proof of the job secret.
+var errAuth = errors.New("launcher: agent connection: authentication failed (wrong job secret)")
+
+func wireMAC(secret []byte, role, job, host, nonceA, nonceB string) string {
+	m := hmac.New(sha256.New, secret)
+	for _, s := range []string{role, job, host, nonceA, nonceB} {
+		m.Write([]byte(s))
+		m.Write([]byte{0})
+	}
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func newNonce() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// dialAuth is the agent side of the handshake.
+func dialAuth(c net.Conn, secret []byte, job, host string) (*wireConn, error) {
+	br := bufio.NewReader(c)
+	nonceA := newNonce()
+	if _, err := fmt.Fprintf(c, "GORUN-AGENT/%s %s %s %s\n", wireProtocol, job, host, nonceA); err != nil {
+		return nil, err
+	}
+	line, err := br.ReadString('\n')
+	if err != nil {
+		return nil, fmt.Errorf("handshake: %w", err)
+	}
+	f := strings.Fields(line)
+	if len(f) >= 1 && f[0] == "NO" {
+		return nil, fmt.Errorf("gorun refused this agent: %s", strings.TrimSpace(strings.TrimPrefix(line, "NO")))
+	}
+	if len(f) != 3 || f[0] != "OK" {
+		return nil, fmt.Errorf("handshake: unexpected reply %q", strings.TrimSpace(line))
+	}
+	nonceB := f[1]
+	if !hmac.Equal([]byte(f[2]), []byte(wireMAC(secret, "gorun", job, host, nonceA, nonceB))) {
+		return nil, errAuth
+	}
+	if _, err := fmt.Fprintf(c, "%s\n", wireMAC(secret, "agent", job, host, nonceA, nonceB)); err != nil {
+		return nil, err
+	}
+	return newWireConn(c, br), nil
+}
+
+// acceptAuth is gorun's side: it returns the host the agent claims to be
+// (to be checked against the plan by the caller through known) once the
+// agent proved it holds the secret.
+func acceptAuth(c net.Conn, secret []byte, job string, known func(host string) bool) (*wireConn, string, error) {
+	br := bufio.NewReader(io.LimitReader(c, 4096))
+	line, err := br.ReadString('\n')
+	if err != nil {
+		return nil, "", fmt.Errorf("handshake: %w", err)
+	}
+	f := strings.Fields(line)
+	if len(f) != 4 || !strings.HasPrefix(f[0], "GORUN-AGENT/") {
+		fmt.Fprintf(c, "NO not a gorun agent\n")
+		return nil, "", fmt.Errorf("handshake: not a gorun agent: %.60q", line)
+	}
+	if proto := strings.TrimPrefix(f[0], "GORUN-AGENT/"); proto != wireProtocol {
+		fmt.Fprintf(c, "NO agent protocol %s, gorun speaks %s (install the same gorun version on every host)\n", proto, wireProtocol)
+		return nil, f[2], &VersionError{Host: f[2], Remote: "protocol " + proto, Local: "protocol " + wireProtocol}
+	}
+	host := f[2]
+	if f[1] != job || !known(host) {
+		fmt.Fprintf(c, "NO unknown job or host\n")
+		return nil, host, fmt.Errorf("handshake: agent for job %q host %q is not part of this job", f[1], host)
+	}
+	nonceA, nonceB := f[3], newNonce()
+	if _, err := fmt.Fprintf(c, "OK %s %s\n", nonceB, wireMAC(secret, "gorun", job, host, nonceA, nonceB)); err != nil {
+		return nil, host, err
+	}
+	line, err = br.ReadString('\n')
+	if err != nil {
+		return nil, host, fmt.Errorf("handshake: %w", err)
+	}
+	if !hmac.Equal([]byte(strings.TrimSpace(line)), []byte(wireMAC(secret, "agent", job, host, nonceA, nonceB))) {
+		return nil, host, errAuth
+	}
+	// The limited reader is done with; nothing was read past the line
+	// because the agent waits for OK before it sends more.
+	return newWireConn(c, nil), host, nil
+}
