@@ -2,6 +2,9 @@ package bench
 
 import (
 	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"image/png"
@@ -12,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gorun-hpc/gorun/tests/testhosts"
 )
 
 // gorunBinary builds cmd/gorun once per test binary: the end-to-end tests
@@ -199,5 +204,56 @@ func TestEndToEndWrongResultFailsJob(t *testing.T) {
 	res := gorun(t, "-np", "2", self)
 	if res.code != 1 || !strings.Contains(res.stdout, "# Out of bounds values : 1 FAILED") {
 		t.Errorf("exit %d, want 1 with a FAILED footer\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+}
+
+// Two ranks on two hosts (network namespaces with their own addresses):
+// each advertises its data-plane endpoint under its host name, so the ranks
+// reach each other over TCP between hosts, and `--transport auto` reports
+// tcp. The ranks are started by hand with gorun's variables, as a remote
+// agent would start them.
+func TestEndToEndTwoHosts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end: starts namespace hosts")
+	}
+	bin, err := gorunBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := testhosts.RequireNetns(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
+	outs := make([]bytes.Buffer, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r, host := range h.Hosts {
+		cmd := h.ExecCommand(ctx, host, bin, "bench", "allreduce", "-b", "8", "-e", "1M", "-f", "16", "-n", "3", "-w", "1")
+		cmd.Env = append(os.Environ(),
+			"GORUN_RANK="+fmt.Sprint(r), "GORUN_WORLD_SIZE=2", "GORUN_LOCAL_RANK=0",
+			"GORUN_JOB_ID=bench-e2e-"+h.Set, "GORUN_RDZV_ENDPOINT="+h.Addrs[0]+":29400",
+			"GORUN_SECRET="+hex.EncodeToString(secret), "GORUN_HOST="+host)
+		cmd.Stdout, cmd.Stderr = &outs[r], &outs[r]
+		cmd.WaitDelay = 5 * time.Second
+		wg.Go(func() { errs[r] = cmd.Run() })
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v\n%s", r, err, &outs[r])
+		}
+	}
+	rep, err := Parse(&outs[0], ParseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Hosts) != 2 || rep.Wrong != 0 || len(rep.Rows) != 5 { // 8, 128, 2K, 32K, 512K
+		t.Fatalf("report %+v", rep)
+	}
+	for r, hi := range rep.Hosts {
+		if hi.Host != h.Hosts[r] || hi.Transport != "tcp" {
+			t.Errorf("rank %d: %+v, want host %s over tcp", r, hi, h.Hosts[r])
+		}
 	}
 }
