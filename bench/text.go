@@ -29,7 +29,7 @@ func writeHeader(w io.Writer, r *Report) {
 		fmt.Fprintf(w, "#  Rank %2d Pid %6d on %10s transport %s\n", h.Rank, h.PID, h.Host, h.Transport)
 	}
 	fmt.Fprintln(w, "#")
-	fmt.Fprintf(w, "# %58s%-32s%s\n", "", "out-of-place", "in-place")
+	fmt.Fprintf(w, "# %60s%-35s%s\n", "", "out-of-place", "in-place")
 	fmt.Fprintf(w, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n",
 		"size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong")
 	fmt.Fprintf(w, "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n",
