@@ -1,0 +1,213 @@
+package multihost
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
+)
+
+// 4 hosts × 2 ranks: every rank runs on the host the plan says, its lines
+// are tagged [rank,host], MASTER_ADDR is rank 0's host's address on the
+// interface the hosts share, and the socket interface variables name that
+// interface. gorun's own side listens on the bridge, the interface that
+// routes to the hosts.
+func TestFourHostsTwoRanksEach(t *testing.T) {
+	h := requireHosts(t)
+	j := newJob(t, h, 2, "print-env", nil, "--tag-output", "-v")
+	if code := j.run(); code != 0 {
+		t.Fatalf("gorun exited %d\nstderr:\n%s", code, j.stderr.String())
+	}
+	envs := map[int]map[string]string{}
+	for _, line := range strings.Split(j.stdout.String(), "\n") {
+		if line == "" {
+			continue
+		}
+		tag, kv, ok := strings.Cut(line, "] ")
+		rankStr, host, ok2 := strings.Cut(strings.TrimPrefix(tag, "["), ",")
+		rank, err := strconv.Atoi(rankStr)
+		if !ok || !ok2 || err != nil {
+			t.Fatalf("untagged line %q", line)
+		}
+		if want := h.Hosts[rank/2]; host != want {
+			t.Errorf("rank %d tagged with host %q, want %q", rank, host, want)
+		}
+		if envs[rank] == nil {
+			envs[rank] = map[string]string{}
+		}
+		k, v, _ := strings.Cut(kv, "=")
+		envs[rank][k] = v
+	}
+	if len(envs) != 8 {
+		t.Fatalf("output from %d ranks, want 8\nstderr:\n%s", len(envs), j.stderr.String())
+	}
+	for rank, env := range envs {
+		host := h.Hosts[rank/2]
+		want := map[string]string{
+			"RANK": strconv.Itoa(rank), "WORLD_SIZE": "8", "LOCAL_RANK": strconv.Itoa(rank % 2),
+			"NODE_RANK": strconv.Itoa(rank / 2), "GORUN_HOST": host,
+			"MASTER_ADDR": h.Addrs[0], "NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0",
+		}
+		for k, v := range want {
+			if env[k] != v {
+				t.Errorf("rank %d: %s=%q, want %q", rank, k, env[k], v)
+			}
+		}
+		if !strings.HasPrefix(env["GORUN_RDZV_ENDPOINT"], h.Addrs[0]+":") {
+			t.Errorf("rank %d: GORUN_RDZV_ENDPOINT=%q, want on %s", rank, env["GORUN_RDZV_ENDPOINT"], h.Addrs[0])
+		}
+		if env["HOSTNAME"] != "" && env["HOSTNAME"] != host {
+			t.Errorf("rank %d ran on %q, want %q", rank, env["HOSTNAME"], host)
+		}
+	}
+	if s := j.stderr.String(); !strings.Contains(s, "iface="+h.Bridge) {
+		t.Errorf("-v output does not show gorun listening on the bridge %s:\n%s", h.Bridge, s)
+	}
+	j.noSurvivors()
+}
+
+// A rank's exit code is gorun's, and the message names rank and host.
+func TestExitCodeNamesRankAndHost(t *testing.T) {
+	h := requireHosts(t)
+	j := newJob(t, h, 2, "hang", map[int]string{5: "exit:7"})
+	code := j.run()
+	want := fmt.Sprintf("gorun: rank 5 (host %s, pid ", h.Hosts[2])
+	if code != 7 || !strings.Contains(j.stderr.String(), want) || !strings.Contains(j.stderr.String(), "stopped 7 other ranks") {
+		t.Errorf("exit %d, stderr:\n%s\nwant exit 7 and %q", code, j.stderr.String(), want)
+	}
+	j.noSurvivors()
+}
+
+// A program missing on the hosts is reported before any rank starts,
+// naming a host, with a shell's 127.
+func TestMissingProgramNamesHost(t *testing.T) {
+	h := requireHosts(t)
+	j := newJob(t, h, 1, "exit:0", nil)
+	j.cmd.Args[len(j.cmd.Args)-1] = "/nonexistent/trainer"
+	code := j.run()
+	if code != 127 || !strings.Contains(j.stderr.String(), "cannot run /nonexistent/trainer: no such file") ||
+		!strings.Contains(j.stderr.String(), "gorun: host "+h.Set+"-h") {
+		t.Errorf("exit %d, stderr:\n%s", code, j.stderr.String())
+	}
+	j.noSurvivors()
+}
+
+// A remote gorun without agent mode (an older release) is a version error
+// naming the host, not a hang.
+func TestOldRemoteGorunIsAVersionError(t *testing.T) {
+	h := requireHosts(t)
+	old := t.TempDir() + "/old-gorun"
+	script := "#!/bin/sh\necho 'gorun: subcommand \"agent\" is not available yet' >&2\nexit 2\n"
+	if err := os.WriteFile(old, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	j := newJob(t, h, 1, "exit:0", nil)
+	j.cmd.Args = append(j.cmd.Args[:1], append([]string{"--agent-path", old}, j.cmd.Args[1:]...)...)
+	code := j.run()
+	if code == 0 || !strings.Contains(j.stderr.String(), "runs gorun without agent mode") || !strings.Contains(j.stderr.String(), "host "+h.Set+"-h") {
+		t.Errorf("exit %d, stderr:\n%s", code, j.stderr.String())
+	}
+	j.noSurvivors()
+}
+
+// A host that does not answer ssh fails the launch, naming the host; no
+// rank starts anywhere.
+func TestUnreachableHostIsNamed(t *testing.T) {
+	h := requireHosts(t)
+	down := h.Hosts[3]
+	if err := h.CutLink(down); err != nil {
+		t.Fatal(err)
+	}
+	defer restore(t, down)
+	j := newJob(t, h, 1, "hang", nil)
+	code := j.run()
+	if code != 255 || !strings.Contains(j.stderr.String(), "gorun: host "+down+": ssh: ") {
+		t.Errorf("exit %d, stderr:\n%s\nwant 255 and an ssh error naming %s", code, j.stderr.String(), down)
+	}
+	if strings.Contains(j.stdout.String(), "ready") {
+		t.Errorf("ranks started although a host was down:\n%s", j.stdout.String())
+	}
+	j.noSurvivors()
+}
+
+// Killing a host's agent ends the job naming the host; nothing survives on
+// any host.
+func TestAgentKillEndsJob(t *testing.T) {
+	h := requireHosts(t)
+	j := newJob(t, h, 2, "hang", nil)
+	if err := j.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, j, 8)
+	victim := h.Hosts[2]
+	pid := agentPid(t, victim)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	code := j.wait()
+	if code != 255 || !strings.Contains(j.stderr.String(), "gorun: lost host "+victim+": ") ||
+		!strings.Contains(j.stderr.String(), "ranks 4-5 counted as failed") {
+		t.Errorf("exit %d, stderr:\n%s", code, j.stderr.String())
+	}
+	j.noSurvivors()
+}
+
+// Cutting a host's link ends the job within the lease, naming the host;
+// the host's agent kills its ranks on its own when its lease runs out.
+func TestLinkCutEndsJob(t *testing.T) {
+	h := requireHosts(t)
+	j := newJob(t, h, 2, "hang", nil)
+	if err := j.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, j, 8)
+	victim := h.Hosts[1]
+	if err := h.CutLink(victim); err != nil {
+		t.Fatal(err)
+	}
+	defer restore(t, victim)
+	code := j.wait()
+	if code != 255 || !strings.Contains(j.stderr.String(), "gorun: lost host "+victim+": no word from its agent") {
+		t.Errorf("exit %d, stderr:\n%s", code, j.stderr.String())
+	}
+	j.noSurvivors()
+}
+
+func restore(t *testing.T, host string) {
+	if err := hosts.RestoreLink(host); err != nil {
+		t.Error(err)
+	}
+}
+
+func waitReady(t *testing.T, j *job, n int) {
+	t.Helper()
+	if !launchertest.WaitFor(time.Minute, func() bool { return strings.Count(j.stdout.String(), "ready ") >= n }) {
+		_ = j.cmd.Process.Kill()
+		t.Fatalf("%d ranks did not get ready\nstdout:\n%s\nstderr:\n%s", n, j.stdout.String(), j.stderr.String())
+	}
+}
+
+// agentPid finds the gorun host agent running on host.
+func agentPid(t *testing.T, host string) int {
+	t.Helper()
+	pids, err := hosts.Pids(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pids {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+		args := strings.Split(string(b), "\x00")
+		if len(args) > 2 && args[0] == gorunBin && args[1] == "agent" {
+			return p
+		}
+	}
+	out, _ := exec.Command("ps", "-ef").Output()
+	t.Fatalf("no gorun agent on %s; processes there: %v\n%s", host, pids, out)
+	return 0
+}
