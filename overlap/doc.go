@@ -28,7 +28,10 @@
 //
 // On each group, bucket k is started before bucket k+1, on every rank, in
 // every mode: a bucket whose members are all ready waits for its
-// predecessors. Collectives on one group complete in issue order (comm's
+// predecessors. That bookkeeping is buckets.Filler's (shared with any other
+// executor); so is the plan's Flush mark, which lets a bucket whose member
+// was not produced start zero-filled at the end of its region instead of
+// failing with an *IncompleteError that names the tensor. Collectives on one group complete in issue order (comm's
 // contract), so waiting for bucket k completes every earlier bucket of that
 // group; the executor still scatters each bucket only at its own wait or at
 // Finish. At the first collective of a step on each group, every rank
@@ -40,10 +43,11 @@
 // # Backends
 //
 // Native issues each bucket the moment it may start. Grouped hands the
-// buckets that became startable between two compute calls (a bucket set) to a
-// GroupBackend as one grouped call, which is how NCCL's group semantics want
-// them; both modes share the plan and issue the same collectives in the same
-// order. Serial waits for every bucket as soon as it is issued: the
+// buckets that became startable between two compute calls or waits (a
+// bucket set — for plans from stepgraph the runs that buckets.Bucket.Set
+// numbers) to a GroupBackend as one grouped call, which is how NCCL's group
+// semantics want them; both modes share the plan and issue the same
+// collectives in the same order. Serial waits for every bucket as soon as it is issued: the
 // no-overlap baseline, with the same buffers and bits.
 //
 // # Fused-buffer layout
@@ -56,6 +60,12 @@
 // result is every member's own shard, contiguous — the layout FSDP's flat
 // parameters use; it needs each member's bytes to divide by Size elements.
 // all_to_all is not bucketed by this executor (New rejects it).
+//
+// Copies: a bucket of one member runs on the member's own buffers (the
+// fused layout is the member's layout), and a program that computes a
+// tensor into its slot (Executor.View, DDP's gradient_as_bucket_view) has
+// nothing packed or scattered; otherwise each member is copied in at Ready
+// and out before its wait returns.
 //
 // What it leaves to others: what is bucketed (buckets, stepgraph), moving
 // bytes (comm, nccl), the model's compute (the caller's callbacks). The

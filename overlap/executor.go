@@ -78,6 +78,9 @@ type bucket struct {
 
 	started, waited bool
 	partial         bool // flushed with members missing
+	// direct: a bucket of one member runs on the member's own buffers,
+	// whose layout is the fused one, so nothing is packed or scattered.
+	direct bool
 	h               Handle
 	issued          time.Time
 	waitedAt        time.Time
@@ -262,7 +265,7 @@ func (b *bucket) reset() {
 	for i := range b.have {
 		b.have[i], b.ins[i], b.outs[i] = false, nil, nil
 	}
-	b.started, b.waited, b.partial, b.h = false, false, false, nil
+	b.started, b.waited, b.partial, b.direct, b.h = false, false, false, false, nil
 	b.doneAt, b.doneErr, b.recorded = time.Time{}, nil, nil
 }
 
@@ -283,9 +286,11 @@ func (ex *Executor) Compute(ctx context.Context, name, region string, fn func() 
 	return err
 }
 
-// Ready hands in tensor: in is copied into its bucket's fused buffer now
-// (the caller may reuse it when Ready returns), out is where the result is
-// scattered before the bucket's wait returns (it may be in itself). When the
+// Ready hands in tensor: in is copied into its bucket's fused buffer (or,
+// in a bucket of one member, handed to the collective as it is), out is
+// where the result is scattered before the bucket's wait returns (it may be
+// in itself). Neither may change until that wait, or Finish, returns —
+// the contract of DDP's gradient hooks. When the
 // bucket's last member arrives and every earlier bucket of its group has
 // started, the bucket's collective starts — and so do later buckets that
 // were only waiting for it.
@@ -371,6 +376,9 @@ func (b *bucket) pack(mi int, in, out comm.Buffer) error {
 	if _, err := hostOf(out, b.dt, want, b.b.Name, m.Out, "output"); err != nil {
 		return err
 	}
+	if len(b.b.Members) == 1 {
+		return nil // runs directly on in and out (see bucket.direct)
+	}
 	if b.b.Op == buckets.ReduceScatter {
 		// Rank-major: block p gets the member's p-th slice at Offset/n.
 		blk, sl, off := b.b.Bytes/b.n, m.Bytes/b.n, m.Offset/b.n
@@ -413,6 +421,9 @@ func (ex *Executor) View(tensor string) (comm.Buffer, error) {
 func (b *bucket) unpack(mi int) {
 	if !b.have[mi] {
 		return // flushed without it: nobody asked for the result
+	}
+	if b.direct {
+		return
 	}
 	m := b.b.Members[mi]
 	dst, _ := b.outs[mi].Host()
@@ -471,6 +482,15 @@ func (ex *Executor) start(ctx context.Context, b *bucket) error {
 }
 
 func (ex *Executor) call(b *bucket) Call {
+	if len(b.b.Members) == 1 && b.have[0] {
+		b.direct = true
+		m := b.b.Members[0]
+		in, _ := b.ins[0].Host()
+		out, _ := b.outs[0].Host()
+		send, _ := comm.Bytes(b.dt, in[:m.Bytes])
+		recv, _ := comm.Bytes(b.dt, out[:int64(len(b.recv))])
+		return Call{Bucket: b.b.Name, Op: b.b.Op, Reduce: comm.Sum, Send: send, Recv: recv}
+	}
 	send, _ := comm.Bytes(b.dt, b.send)
 	recv, _ := comm.Bytes(b.dt, b.recv)
 	return Call{Bucket: b.b.Name, Op: b.b.Op, Reduce: comm.Sum, Send: send, Recv: recv}

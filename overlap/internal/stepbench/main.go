@@ -24,6 +24,8 @@ import (
 	"os"
 	"runtime/pprof"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gorun-hpc/gorun/buckets"
@@ -41,8 +43,10 @@ type opts struct {
 	tensors  int
 	tensorB  int
 	forceTCP bool
-	capBytes int64
+	caps     []int64
 	what     string
+	trace    string
+	prefetch int
 }
 
 func main() {
@@ -53,11 +57,22 @@ func main() {
 	flag.IntVar(&o.iters, "iters", 10, "timed steps per measurement (after 2 warm-up steps)")
 	flag.IntVar(&o.tensors, "tensors", 200, "bucketing: gradient tensors per step")
 	flag.IntVar(&o.tensorB, "tensor-bytes", 40_000, "bucketing: bytes per tensor")
-	flag.Int64Var(&o.capBytes, "cap", 0, "bucketing: bucket cap in bytes (0: the cost model's)")
+	capList := flag.String("caps", "0,25000000", "bucketing: bucket caps to try, comma-separated bytes (0: the cost model's; 25 MB is DDP's default)")
 	flag.BoolVar(&o.forceTCP, "tcp", false, "TCP even between ranks of one host (no shared memory)")
 	flag.StringVar(&o.what, "run", "all", "synthetic, bucketing or all")
+	flag.IntVar(&o.prefetch, "prefetch", 2, "synthetic: forward gathers in flight ahead of compute (FSDP's limit; ≥ 1)")
+	flag.StringVar(&o.trace, "trace", "", "synthetic: write rank 0's timeline of the native overlapped runs here (Chrome trace JSON)")
 	prof := flag.String("cpuprofile", "", "write rank 0's CPU profile here")
 	flag.Parse()
+	o.prefetch = max(o.prefetch, 1)
+	for _, f := range strings.Split(*capList, ",") {
+		v, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+		if err != nil || v < 0 {
+			fmt.Fprintf(os.Stderr, "stepbench: bad --caps entry %q\n", f)
+			os.Exit(2)
+		}
+		o.caps = append(o.caps, v)
+	}
 	if *prof != "" && os.Getenv("GORUN_RANK") == "0" {
 		f, err := os.Create(*prof)
 		if err == nil && pprof.StartCPUProfile(f) == nil {
@@ -127,7 +142,7 @@ func slowest(ctx context.Context, c *comm.Comm, d time.Duration) (time.Duration,
 	return time.Duration(v[0]), nil
 }
 
-type sample struct{ step, comm, exposed time.Duration }
+type sample struct{ step, comm, exposed, compute time.Duration }
 
 // measure runs each of steps 2 warm-up + iters times, alternating between
 // them so that load from other processes on a shared machine hits all of
@@ -137,6 +152,7 @@ func measure(ctx context.Context, c *comm.Comm, iters int, steps ...func(i int) 
 	st := make([][]time.Duration, len(steps))
 	cm := make([][]time.Duration, len(steps))
 	ex := make([][]time.Duration, len(steps))
+	cp := make([][]time.Duration, len(steps))
 	for i := range iters + 2 {
 		for k, step := range steps {
 			if err := c.Barrier(ctx).Wait(ctx); err != nil {
@@ -151,14 +167,14 @@ func measure(ctx context.Context, c *comm.Comm, iters int, steps ...func(i int) 
 				return nil, err
 			}
 			if i >= 2 {
-				st[k], cm[k], ex[k] = append(st[k], s), append(cm[k], m.Comm), append(ex[k], m.Exposed)
+				st[k], cm[k], ex[k], cp[k] = append(st[k], s), append(cm[k], m.Comm), append(ex[k], m.Exposed), append(cp[k], m.Compute)
 			}
 		}
 	}
 	med := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
 	out := make([]sample, len(steps))
 	for k := range steps {
-		out[k] = sample{med(st[k]), med(cm[k]), med(ex[k])}
+		out[k] = sample{med(st[k]), med(cm[k]), med(ex[k]), med(cp[k])}
 	}
 	return out, nil
 }
@@ -206,7 +222,7 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		regions[l] = fmt.Sprintf("layers.%d", l)
 	}
 	for l := range L {
-		at := regions[max(l-1, 0)] // block l+1 is prefetched while block l computes
+		at := regions[max(l-o.prefetch, 0)] // block l+prefetch is gathered while block l computes
 		items = append(items, buckets.Item{Tensor: fmt.Sprintf("w%d", l), Out: fmt.Sprintf("W%d", l), Bytes: int64(shardEl * es),
 			Group: "world", Op: buckets.AllGather, DType: "f32", Direction: buckets.Forward, Region: at})
 	}
@@ -240,12 +256,14 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 			}
 			return ex.Ready(ctx, fmt.Sprintf("w%d", l), comm.Float32s(w[l]), comm.Float32s(W[l]))
 		}
-		if err := ready(0); err != nil {
-			return overlap.StepMetrics{}, err
+		for l := range min(o.prefetch, L) {
+			if err := ready(l); err != nil {
+				return overlap.StepMetrics{}, err
+			}
 		}
 		for l := range L {
-			if l+1 < L {
-				if err := ready(l + 1); err != nil {
+			if l+o.prefetch < L {
+				if err := ready(l + o.prefetch); err != nil {
 					return overlap.StepMetrics{}, err
 				}
 			}
@@ -275,6 +293,7 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	for _, mode := range []overlap.Mode{overlap.Native, overlap.Grouped, overlap.Serial} {
 		cfg := overlap.DefaultConfig()
 		cfg.Mode = mode
+		cfg.Trace = mode == overlap.Native && o.trace != "" && c.Rank() == 0
 		ex, err := overlap.New(plan, map[string]overlap.Comm{"world": c}, cfg)
 		if err != nil {
 			return err
@@ -291,24 +310,36 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		return err
 	}
 	C := commOnly[0].step
-	total := time.Duration(float64(C) * o.ratio)
-	fwd = total / time.Duration(3*L)
-	bwd = 2 * fwd
-	// Compute alone: measured like the others, since sleeps overshoot.
+	// Size the compute to ratio × C. A sleep overshoots by a roughly fixed
+	// wake-up latency, which on a loaded machine is not small next to a
+	// sub-millisecond block: measure it once and correct for it.
+	target := time.Duration(float64(C) * o.ratio)
 	withComm = false
-	var pt []time.Duration
-	for range o.iters {
-		t0 := time.Now()
-		for range L {
-			sleep(fwd)
+	computeAlone := func() (time.Duration, error) {
+		var pt []time.Duration
+		for range o.iters {
+			t0 := time.Now()
+			for range L {
+				sleep(fwd)
+			}
+			for range L {
+				sleep(bwd)
+			}
+			pt = append(pt, time.Since(t0))
 		}
-		for range L {
-			sleep(bwd)
-		}
-		pt = append(pt, time.Since(t0))
+		slices.Sort(pt)
+		return slowest(ctx, c, pt[len(pt)/2])
 	}
-	slices.Sort(pt)
-	P, err := slowest(ctx, c, pt[len(pt)/2])
+	fwd = target / time.Duration(3*L)
+	bwd = 2 * fwd
+	P0, err := computeAlone()
+	if err != nil {
+		return err
+	}
+	over := (P0 - time.Duration(3*L)*fwd) / time.Duration(2*L) // per sleep
+	fwd = max((target-time.Duration(2*L)*over)/time.Duration(3*L), 50*time.Microsecond)
+	bwd = 2 * fwd
+	P, err := computeAlone()
 	if err != nil {
 		return err
 	}
@@ -318,17 +349,32 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		return err
 	}
 	serial, ov, grouped := all[0], all[1], all[2]
+	if tl := exs[overlap.Native].Timeline(); tl != nil {
+		f, err := os.Create(o.trace)
+		if err != nil {
+			return err
+		}
+		if _, err := tl.WriteTo(f); err != nil {
+			_ = f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
 	ideal := max(P, C)
-	say("synthetic step: %d ranks (%s), %d blocks, %d KiB parameter shard per block per rank, all-gather + reduce-scatter per block (%d collectives/step)\n",
-		n, link, L, shardEl*es>>10, 2*L)
+	say("synthetic step: %d ranks (%s), %d blocks, %d KiB parameter shard per block per rank, all-gather (%d ahead) + reduce-scatter per block (%d collectives/step)\n",
+		n, link, L, shardEl*es>>10, o.prefetch, 2*L)
 	say("  communication alone   C = %s\n", ms(C))
-	say("  compute alone         P = %s  (%.1f × C, sleeps of %v forward, %v backward per block)\n", ms(P), float64(P)/float64(C), fwd, bwd)
+	say("  compute alone         P = %s  (%.2f × C; sleeps of %v forward, %v backward per block, each overshooting by ≈ %v)\n", ms(P), float64(P)/float64(C), fwd, bwd, over)
 	say("  serial step             = %s  (C + P = %s)\n", ms(serial.step), ms(C+P))
 	exp := ov.step - P
 	say("  overlapped step (native) = %s  ideal max(P, C) = %s → %.3f × ideal, %.3f × serial\n", ms(ov.step), ms(ideal), float64(ov.step)/float64(ideal), float64(ov.step)/float64(serial.step))
 	say("  overlapped step (grouped)= %s  → %.3f × ideal\n", ms(grouped.step), float64(grouped.step)/float64(ideal))
-	say("  exposed communication: step − P = %s = %.1f%% of C; blocked in waits (rank 0) %s = %.1f%% of C  (goal ≤ 10%% when P ≥ C)\n",
-		ms(exp), 100*float64(exp)/float64(C), ms(ov.exposed), 100*float64(ov.exposed)/float64(C))
+	say("  exposed communication (time blocked in waits, rank 0) = %s = %.1f%% of C  (goal ≤ 10%% when P ≥ C)\n",
+		ms(ov.exposed), 100*float64(ov.exposed)/float64(C))
+	say("  overlapped step − P = %s = %.1f%% of C; rank 0's step: compute spans %s (vs %s alone: sleeps wake later while communication runs), blocked %s, rest %s\n",
+		ms(exp), 100*float64(exp)/float64(C), ms(ov.compute), ms(P), ms(ov.exposed), ms(ov.step-ov.compute-ov.exposed))
 	return nil
 }
 
@@ -351,18 +397,23 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	for i := range bufs {
 		bufs[i] = make([]float32, o.tensorB/4)
 	}
+	var names []string
 	nb := map[string]int{}
 	var steps []func(int) (overlap.StepMetrics, error)
-	for _, name := range []string{"per-tensor", "bucketed"} {
+	variants := []int64{1} // one collective per tensor
+	variants = append(variants, o.caps...)
+	for _, capB := range variants {
 		bc := buckets.DefaultConfig()
-		bc.CapBytes = o.capBytes
-		if name == "per-tensor" {
-			bc.CapBytes = 1
+		bc.CapBytes = capB
+		name := fmt.Sprintf("bucketed, cap %d B", bc.Cap())
+		if capB == 1 {
+			name = "one collective per tensor"
 		}
 		plan, err := buckets.Assign(items, []string{"model"}, bc)
 		if err != nil {
 			return err
 		}
+		names = append(names, name)
 		nb[name] = len(plan.Groups[0].Buckets)
 		ex, err := overlap.New(plan, map[string]overlap.Comm{"world": c}, overlap.DefaultConfig())
 		if err != nil {
@@ -370,12 +421,12 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		}
 		defer ex.Close()
 		// Gradients live in their bucket slots (gradient as bucket view),
-		// as DDP does: no packing copies in either case.
+		// as DDP does: no packing copies in any variant.
 		views := make([]comm.Buffer, len(bufs))
-		names := make([]string, len(bufs))
+		tnames := make([]string, len(bufs))
 		for t := range bufs {
-			names[t] = fmt.Sprintf("t%d", t)
-			if views[t], err = ex.View(names[t]); err != nil {
+			tnames[t] = fmt.Sprintf("t%d", t)
+			if views[t], err = ex.View(tnames[t]); err != nil {
 				return err
 			}
 		}
@@ -384,7 +435,7 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 				return overlap.StepMetrics{}, err
 			}
 			for t := range views {
-				if err := ex.Ready(ctx, names[t], views[t], views[t]); err != nil {
+				if err := ex.Ready(ctx, tnames[t], views[t], views[t]); err != nil {
 					return overlap.StepMetrics{}, err
 				}
 			}
@@ -414,19 +465,17 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	if err != nil {
 		return err
 	}
-	pt, b := res[0].step, res[1].step
+	pt := res[0].step
 	say("bucketing: %d ranks (%s), %d gradient tensors of %d B all-reduced per step\n", c.Size(), link, o.tensors, o.tensorB)
-	say("  one collective per tensor (%d collectives) = %s\n", nb["per-tensor"], ms(pt))
-	say("  bucketed, cap %d B (%d buckets)       = %s\n", bucketCap(o), nb["bucketed"], ms(b))
-	say("  speed-up %.2f×  (goal ≥ 3×)\n", float64(pt)/float64(b))
-	say("  reference without the executor: %d back-to-back all-reduces %s, one fused all-reduce %s (%.2f×)\n",
-		o.tensors, ms(res[2].step), ms(res[3].step), float64(res[2].step)/float64(res[3].step))
-	return nil
-}
-
-func bucketCap(o opts) int64 {
-	if o.capBytes > 0 {
-		return o.capBytes
+	for k, name := range names {
+		line := fmt.Sprintf("  %-40s %4d collectives  %s", name, nb[name], ms(res[k].step))
+		if k > 0 {
+			line += fmt.Sprintf("  speed-up %.2f×  (goal ≥ 3×)", float64(pt)/float64(res[k].step))
+		}
+		say("%s\n", line)
 	}
-	return buckets.DefaultConfig().Cap()
+	nr := len(names)
+	say("  reference without the executor: %d back-to-back all-reduces %s, one fused all-reduce %s (%.2f×)\n",
+		o.tensors, ms(res[nr].step), ms(res[nr+1].step), float64(res[nr].step)/float64(res[nr+1].step))
+	return nil
 }
