@@ -80,13 +80,13 @@ type bucket struct {
 	partial         bool // flushed with members missing
 	// direct: a bucket of one member runs on the member's own buffers,
 	// whose layout is the fused one, so nothing is packed or scattered.
-	direct bool
-	h               Handle
-	issued          time.Time
-	waitedAt        time.Time
-	doneAt          time.Time     // written by the watcher before recorded closes
-	doneErr         error         // likewise
-	recorded        chan struct{} // closed by the watcher
+	direct   bool
+	h        Handle
+	issued   time.Time
+	waitedAt time.Time
+	doneAt   time.Time     // written by the watcher before recorded closes
+	doneErr  error         // likewise
+	recorded chan struct{} // closed by the watcher
 }
 
 // New prepares plan for execution over comms (one communicator per group of
