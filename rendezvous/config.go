@@ -91,7 +91,7 @@ type Config struct {
 	// Failure detection (memberlist's SWIM + Lifeguard). Detection time is
 	// roughly ProbeInterval (until someone probes the dead member) +
 	// ProbeInterval (the failed probe round) + SuspicionTimeout + a few
-	// GossipIntervals, i.e. about 1.2 s with the defaults.
+	// GossipIntervals, i.e. about 1.4 s with the defaults.
 
 	// ProbeInterval is how often each member probes another one.
 	ProbeInterval time.Duration
@@ -135,7 +135,7 @@ type Config struct {
 }
 
 // DefaultConfig returns the settings for real jobs on a LAN or one host:
-// death detected in about 1.2 s, generous formation timeout for large
+// death detected in about 1.4 s, generous formation timeout for large
 // launches. Identity fields (JobID, Rank, WorldSize, Seed, Secret, ...) are
 // left empty.
 func DefaultConfig() Config {
@@ -157,14 +157,18 @@ func DefaultConfig() Config {
 		LeaveLinger: 100 * time.Millisecond,
 		LeaveGrace:  2 * time.Second,
 		// Measured here (notes/dependencies.md): 200/100/20 ms detects a
-		// crash in about 1 s at 16 and 64 members.
+		// crash in about 1 s at 16 and 64 members. 150 ms and an 800 ms
+		// suspicion (detection about 1.4 s) trade some of that margin for
+		// fewer false deaths when a host is overloaded: 64 rank processes
+		// starting at once on two busy cores (load 60) formed in 2-3 of 5
+		// runs, against 0 of 5 with 100 ms and 600 ms.
 		ProbeInterval:  200 * time.Millisecond,
-		ProbeTimeout:   100 * time.Millisecond,
+		ProbeTimeout:   150 * time.Millisecond,
 		GossipInterval: 20 * time.Millisecond,
 		GossipNodes:    3,
 		// Long enough to survive a short GC or scheduling pause of the
 		// suspected process (it refutes when it hears the suspicion).
-		SuspicionTimeout: 600 * time.Millisecond,
+		SuspicionTimeout: 800 * time.Millisecond,
 		RetransmitMult:   4,
 		IndirectChecks:   3,
 		TCPTimeout:       2 * time.Second,
@@ -250,12 +254,14 @@ func (c *Config) Validate() error {
 
 // suspicionMult converts SuspicionTimeout into memberlist's multiplier for a
 // world of n members: memberlist's timeout is mult · max(1, log10 n) ·
-// ProbeInterval. With mult ≤ 2 memberlist expects no confirmations and uses
-// that timeout directly; with mult ≥ 3 it starts at SuspicionMaxTimeoutMult
-// times it and shrinks as other members confirm the suspicion.
+// ProbeInterval, rounded here to the nearest multiple. memberlist would
+// start a suspicion at SuspicionMaxTimeoutMult times that and shrink it as
+// other members confirm; memberlistConfig sets that factor to 1, so the
+// timeout is the same whether or not confirmations arrive, and detection
+// time does not depend on how busy the other members are.
 func (c *Config) suspicionMult(n int) int {
 	scale := math.Max(1, math.Log10(float64(n)))
-	m := int(math.Ceil(float64(c.SuspicionTimeout) / (scale * float64(c.ProbeInterval))))
+	m := int(math.Round(float64(c.SuspicionTimeout) / (scale * float64(c.ProbeInterval))))
 	return max(m, 1)
 }
 
@@ -276,7 +282,7 @@ func (c *Config) memberlistConfig() *memberlist.Config {
 	mc.GossipInterval = c.GossipInterval
 	mc.GossipNodes = c.GossipNodes
 	mc.SuspicionMult = c.suspicionMult(c.WorldSize)
-	mc.SuspicionMaxTimeoutMult = 2
+	mc.SuspicionMaxTimeoutMult = 1
 	mc.RetransmitMult = c.RetransmitMult
 	mc.IndirectChecks = c.IndirectChecks
 	mc.TCPTimeout = c.TCPTimeout
