@@ -97,13 +97,12 @@ type Comm struct {
 
 var _ Communicator = (*Comm)(nil)
 
-// sendReq is one frame for the sender goroutine. Only the last frame of a
-// message reports (the first error of the message), so a message of many
-// segments costs one report and the report channel never fills.
+// sendReq is one message for the sender goroutine, sent as frames of at
+// most seg bytes and answered by one report on sendErr.
 type sendReq struct {
 	h       Header
 	payload []byte
-	report  bool
+	seg     int
 }
 
 // peer is the state for one other rank. The worker owns seq and pending;
@@ -204,16 +203,18 @@ func (c *Comm) Err() error {
 
 // sender runs one peer's asynchronous sends in post order.
 func (c *Comm) sender(p *peer) {
-	var first error
 	for req := range p.sendq {
-		if first == nil {
+		var err error
+		for off := 0; err == nil; {
+			end := min(off+req.seg, len(req.payload))
 			p.sendHdr = req.h
-			first = p.link.Send(&p.sendHdr, req.payload)
+			p.sendHdr.Len = uint64(end - off)
+			err = p.link.Send(&p.sendHdr, req.payload[off:end])
+			if off = end; off == len(req.payload) {
+				break
+			}
 		}
-		if req.report {
-			p.sendErr <- first
-			first = nil
-		}
+		p.sendErr <- err
 	}
 }
 
@@ -301,7 +302,7 @@ func (c *Comm) Close() error {
 			for _, p := range c.peers {
 				if p != nil {
 					h := Header{Frame: frameBye, Group: c.gid}
-					p.sendq <- sendReq{h: h, report: true}
+					p.sendq <- sendReq{h: h, seg: c.cfg.SegmentBytes}
 				}
 			}
 			// A peer that stopped reading (hung, not dead) must not hold

@@ -44,9 +44,16 @@ func (s *syncBuf) String() string {
 	return s.b.String()
 }
 
+// testRingBytes, when set, shrinks the shared-memory rings of endpoints
+// made by listen (tests that need full rings).
+var testRingBytes int
+
 func listen(t testing.TB, forceTCP bool, secret []byte, logs io.Writer, shmDir string) *comm.Endpoint {
 	t.Helper()
 	ecfg := comm.DefaultEndpointConfig()
+	if testRingBytes != 0 {
+		ecfg.ShmRingBytes = testRingBytes
+	}
 	ecfg.Addr = "127.0.0.1:0"
 	ecfg.Secret = secret
 	ecfg.ForceTCP = forceTCP
@@ -225,5 +232,42 @@ func TestForeignConnectionsAreDropped(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Messages many times larger than the ring and the sender's queue: both
+// ranks send and receive at once, and neither may wait on the other's
+// queue (a deadlock found at 64 MiB before messages were queued whole).
+func TestLargeMessagesDoNotDeadlock(t *testing.T) {
+	testRingBytes = 64 << 10
+	defer func() { testRingBytes = 0 }()
+	for _, medium := range []string{"shm", "tcp"} {
+		for _, n := range []int{2, 3} {
+			cfg := comm.LocalConfig()
+			cfg.SegmentBytes = 4096
+			cfg.LatencyNs = 1e-3
+			j := newNetJob(t, n, cfg, medium == "tcp")
+			const count = 1 << 20 // 4 MiB: 1000 segments per message
+			errs := onEach(t, n, func(r int) error {
+				ctx, cancel := waitCtx(t)
+				defer cancel()
+				a := f32(count, float32(r+1))
+				out := make([]float32, count)
+				h1 := j.comms[r].AllReduce(ctx, comm.Float32s(a), comm.Float32s(a), comm.Sum)
+				h2 := j.comms[r].AllToAll(ctx, comm.Float32s(f32(count-count%n, float32(r))), comm.Float32s(out[:count-count%n]))
+				if err := comm.WaitAll(ctx, h1, h2); err != nil {
+					return err
+				}
+				if want := float32(n * (n + 1) / 2); a[count-1] != want {
+					return fmt.Errorf("rank %d: %v, want %v", r, a[count-1], want)
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("%s n=%d rank %d: %v", medium, n, r, err)
+				}
+			}
+		}
 	}
 }

@@ -100,21 +100,18 @@ func (c *Comm) scratch(i, n int) []byte {
 }
 
 // post queues payload for asynchronous sending to p in segments.
+//
+// One request per message, whatever its size: the sender goroutine cuts it
+// into segments. (Queueing segments instead could fill the queue while the
+// sender waits for the peer to read, and the peer for us: a deadlock on
+// large messages.) The worker never has more than a few messages per peer
+// in flight, far below the queue's capacity, so post never blocks.
 func (c *Comm) post(cl *call, p int, payload []byte) {
 	pe := c.peers[p]
 	h := c.headerTo(cl, p)
 	h.Aux = uint64(len(payload))
-	seg := c.cfg.SegmentBytes
-	for off := 0; ; off += seg {
-		end := min(off+seg, len(payload))
-		h.Len = uint64(end - off)
-		last := end == len(payload)
-		pe.sendq <- sendReq{h: h, payload: payload[off:end], report: last}
-		if last {
-			pe.pending++
-			return
-		}
-	}
+	pe.sendq <- sendReq{h: h, payload: payload, seg: c.cfg.SegmentBytes}
+	pe.pending++
 }
 
 // flush waits for every posted send to p.
