@@ -81,6 +81,13 @@ func (c *Comm) allReduce(cl *call, send, recv []byte) error {
 	var err error
 	switch ring := c.preferRing(len(work)); {
 	case c.n == 1:
+	case c.n == 2 && ring:
+		// With two ranks the fixed tree is r0 op r1, and every op here is
+		// commutative bit for bit (IEEE sum and product; min and max as the
+		// builtins define them), so the ring computes exactly the tree.
+		err = c.ringAllReduce(cl, ct, work)
+	case c.n == 2:
+		err = c.recursiveDoubling(cl, ct, work)
 	case c.cfg.Deterministic && ring:
 		err = c.directAllReduce(cl, ct, work)
 	case c.cfg.Deterministic:
@@ -132,12 +139,16 @@ func (c *Comm) directReduceScatter(cl *call, ct DType, data []byte) error {
 	mine := chunkOf(data, es, n, me)
 	l := len(mine)
 	slots := c.slotsOver(c.scratch(2, n*l), l)
-	copy(slots[me], mine)
+	// Our own contribution stays in place: the tree may overwrite it with
+	// partial results, which is what the tree means, and it is not sent.
+	slots[me] = mine
 	if err := c.exchangeAll(cl, func(p int) []byte { return chunkOf(data, es, n, p) }, func(p int) []byte { return slots[p] }); err != nil {
 		return err
 	}
 	treeReduce(cl.op, ct, slots)
-	copy(mine, slots[0])
+	if me != 0 {
+		copy(mine, slots[0])
+	}
 	return nil
 }
 
