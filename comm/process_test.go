@@ -113,6 +113,23 @@ func childMain() int {
 				return exitBad
 			}
 		}
+	case "desync":
+		buf := make([]float32, 10)
+		var err error
+		if rank == 0 {
+			out := make([]float32, 10*size)
+			err = c.AllGather(ctx, comm.Float32s(buf), comm.Float32s(out)).Wait(ctx)
+		} else {
+			err = c.AllReduce(ctx, comm.Float32s(buf), comm.Float32s(buf), comm.Sum).Wait(ctx)
+		}
+		if err == nil {
+			err = c.Barrier(ctx).Wait(ctx)
+		}
+		fmt.Fprintln(os.Stderr, "rank", rank, "error:", err)
+		if err != nil && strings.Contains(err.Error(), "AllGather(") && strings.Contains(err.Error(), "AllReduce(") {
+			return exitLost
+		}
+		return exitBad
 	case "bench":
 		if p := os.Getenv("GORUN_COMM_CPUPROFILE"); p != "" && rank == 0 {
 			f, err := os.Create(p)
@@ -258,6 +275,18 @@ func TestMultiProcessPeerKilled(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Ranks in different processes that issue different collectives all fail
+// with an error naming both calls.
+func TestMultiProcessDesync(t *testing.T) {
+	res, _ := runRanks(t, 3, "desync", "shm")
+	for r, p := range res {
+		if p.code != exitLost {
+			t.Errorf("rank %d: exit %d\n%s", r, p.code, p.stderr)
+		}
+	}
+	t.Log(strings.TrimSpace(res[1].stderr))
 }
 
 // TestMultiProcessBench prints all-reduce busbw between 2 processes over
