@@ -271,3 +271,83 @@ func TestLargeMessagesDoNotDeadlock(t *testing.T) {
 		}
 	}
 }
+
+// Several communicators share one endpoint per rank; each has its own
+// connections, so a group stalled on one rank does not hold another group.
+func TestGroupsShareEndpointsAndProgressIndependently(t *testing.T) {
+	for _, medium := range []string{"shm", "tcp"} {
+		t.Run(medium, func(t *testing.T) {
+			j := newNetJob(t, 3, comm.LocalConfig(), medium == "tcp") // world: ranks 0,1,2
+			addrs := []string{j.eps[0].Addr(), j.eps[1].Addr(), j.eps[2].Addr()}
+			// A second group over the same endpoints with another tag, and
+			// a subgroup {0, 2}.
+			cfg := comm.LocalConfig()
+			cfg.Tag = "stream-2"
+			world2 := make([]*comm.Comm, 3)
+			sub := make([]*comm.Comm, 3)
+			errs := onEach(t, 3, func(r int) error {
+				ctx, cancel := waitCtx(t)
+				defer cancel()
+				var err error
+				if world2[r], err = comm.New(ctx, commtest.NewStaticGroup(r, addrs, nil), j.eps[r], cfg); err != nil {
+					return err
+				}
+				if r != 1 {
+					sr := r / 2
+					sub[r], err = comm.New(ctx, commtest.NewStaticGroup(sr, []string{addrs[0], addrs[2]}, nil), j.eps[r], comm.LocalConfig())
+				}
+				return err
+			})
+			for _, err := range errs {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			defer func() {
+				for _, c := range append(world2, sub...) {
+					if c != nil {
+						_ = c.Close()
+					}
+				}
+			}()
+			ctx, cancel := waitCtx(t)
+			defer cancel()
+			// Ranks 0 and 2 start a world all-reduce that rank 1 joins only
+			// at the end; meanwhile both other groups must complete.
+			bufs := [][]float32{f32(8, 1), f32(8, 1), f32(8, 1)}
+			stalled := []comm.Handle{
+				j.comms[0].AllReduce(ctx, comm.Float32s(bufs[0]), comm.Float32s(bufs[0]), comm.Sum),
+				j.comms[2].AllReduce(ctx, comm.Float32s(bufs[2]), comm.Float32s(bufs[2]), comm.Sum),
+			}
+			errs = onEach(t, 3, func(r int) error {
+				b := f32(4, float32(r))
+				if err := world2[r].AllReduce(ctx, comm.Float32s(b), comm.Float32s(b), comm.Sum).Wait(ctx); err != nil || b[0] != 3 {
+					return fmt.Errorf("world2: %v %v", err, b)
+				}
+				if sub[r] != nil {
+					b := f32(4, float32(r))
+					if err := sub[r].AllReduce(ctx, comm.Float32s(b), comm.Float32s(b), comm.Sum).Wait(ctx); err != nil || b[0] != 2 {
+						return fmt.Errorf("sub: %v %v", err, b)
+					}
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+			for _, h := range stalled {
+				if h.Done() {
+					t.Fatal("world all-reduce finished without rank 1")
+				}
+			}
+			if err := j.comms[1].AllReduce(ctx, comm.Float32s(bufs[1]), comm.Float32s(bufs[1]), comm.Sum).Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := comm.WaitAll(ctx, stalled...); err != nil || bufs[0][0] != 3 {
+				t.Fatalf("%v %v", err, bufs[0])
+			}
+		})
+	}
+}
