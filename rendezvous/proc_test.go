@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -322,4 +323,36 @@ func TestForeignProcessRefused(t *testing.T) {
 		}
 	}
 	closeAll(ws)
+}
+
+// Launched torch style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
+// nothing of gorun's), ranks form their world with MASTER_ADDR:MASTER_PORT
+// as the seed, and warn that the job secret is derived.
+func TestProcessesTorchStyle(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const n = 4
+	port := freePort(t)
+	var base []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GORUN_") && !strings.HasPrefix(kv, "SLURM_") {
+			base = append(base, kv)
+		}
+	}
+	procs := make([]*proc, n)
+	for r := range procs {
+		procs[r] = startRank(t, "barrier", append(slices.Clone(base),
+			"RANK="+strconv.Itoa(r), "WORLD_SIZE="+strconv.Itoa(n), "LOCAL_RANK="+strconv.Itoa(r),
+			"MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port)))
+	}
+	for r, p := range procs {
+		p.waitLine(t, "barrier ok")
+		if code := p.wait(t); code != 0 {
+			t.Errorf("rank %d exit %d:\n%s", r, code, p.output())
+		}
+		if !strings.Contains(p.output(), "not protected") {
+			t.Errorf("rank %d: no warning about the derived secret:\n%s", r, p.output())
+		}
+	}
 }
