@@ -247,11 +247,18 @@ const (
 	ackShm         = 2
 )
 
-func mac(secret []byte, role byte, cn, sn []byte) []byte {
+// mac proves knowledge of the secret for one connection: both nonces make it
+// unrepeatable, the role byte keeps the two directions apart, and the
+// client's proof also covers its hello, so the hello cannot be altered in
+// flight.
+func mac(secret []byte, role byte, cn, sn []byte, more ...[]byte) []byte {
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte{role})
 	m.Write(cn)
 	m.Write(sn)
+	for _, b := range more {
+		m.Write(b)
+	}
 	return m.Sum(nil)
 }
 
@@ -274,23 +281,23 @@ func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader) (hello, *shm
 	if _, err := io.ReadFull(br, resp[:]); err != nil {
 		return h, nil, fmt.Errorf("%w: reading proof: %w", ErrAuth, err)
 	}
-	if !hmac.Equal(resp[:sha256.Size], mac(e.cfg.Secret, 'C', cn, sn)) {
+	p := resp[sha256.Size:]
+	nameLen := int(binary.LittleEndian.Uint16(p[24:]))
+	if nameLen > 255 {
+		return h, nil, fmt.Errorf("%w: shared-memory name of %d bytes", ErrAuth, nameLen)
+	}
+	name := make([]byte, nameLen)
+	if _, err := io.ReadFull(br, name); err != nil {
+		return h, nil, fmt.Errorf("%w: %w", ErrAuth, err)
+	}
+	if !hmac.Equal(resp[:sha256.Size], mac(e.cfg.Secret, 'C', cn, sn, p, name)) {
 		return h, nil, fmt.Errorf("%w: client does not know the job secret", ErrAuth)
 	}
-	p := resp[sha256.Size:]
 	h.gid = GroupID(binary.LittleEndian.Uint64(p))
 	h.from = int(binary.LittleEndian.Uint32(p[8:]))
 	h.to = int(binary.LittleEndian.Uint32(p[12:]))
 	h.size = int(binary.LittleEndian.Uint32(p[16:]))
 	h.shmBytes = int(binary.LittleEndian.Uint32(p[20:]))
-	nameLen := int(binary.LittleEndian.Uint16(p[24:]))
-	if nameLen > 255 {
-		return h, nil, fmt.Errorf("%w: shared-memory name of %d bytes", ErrProtocol, nameLen)
-	}
-	name := make([]byte, nameLen)
-	if _, err := io.ReadFull(br, name); err != nil {
-		return h, nil, fmt.Errorf("%w: %w", ErrProtocol, err)
-	}
 	h.shmName = string(name)
 	ack := byte(ackTCP)
 	var seg *shmSegment
@@ -325,7 +332,6 @@ func (e *Endpoint) clientHandshake(conn net.Conn, br *bufio.Reader, h hello) (by
 	if !hmac.Equal(b[nonceLen:], mac(e.cfg.Secret, 'S', cn, sn)) {
 		return 0, fmt.Errorf("%w: server does not know the job secret", ErrAuth)
 	}
-	out := mac(e.cfg.Secret, 'C', cn, sn)
 	var p [8 + 4*3 + 4 + 2]byte
 	binary.LittleEndian.PutUint64(p[:], uint64(h.gid))
 	binary.LittleEndian.PutUint32(p[8:], uint32(h.from))
@@ -333,6 +339,7 @@ func (e *Endpoint) clientHandshake(conn net.Conn, br *bufio.Reader, h hello) (by
 	binary.LittleEndian.PutUint32(p[16:], uint32(h.size))
 	binary.LittleEndian.PutUint32(p[20:], uint32(h.shmBytes))
 	binary.LittleEndian.PutUint16(p[24:], uint16(len(h.shmName)))
+	out := mac(e.cfg.Secret, 'C', cn, sn, p[:], []byte(h.shmName))
 	out = append(append(out, p[:]...), h.shmName...)
 	if _, err := conn.Write(out); err != nil {
 		return 0, err
