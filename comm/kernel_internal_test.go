@@ -2,6 +2,7 @@ package comm
 
 import (
 	"fmt"
+	"math"
 	"testing"
 )
 
@@ -78,6 +79,31 @@ func TestTreeReduceOrder(t *testing.T) {
 		}
 		if s[0] != w {
 			t.Errorf("n=%d: %s, want %s", n, s[0], w)
+		}
+	}
+}
+
+// The vector sums give bitwise the results of the portable loop, for every
+// length (vector body plus scalar tail) and for awkward values.
+func TestVectorSumMatchesScalar(t *testing.T) {
+	vals32 := []float32{1, -1, 0.1, 3e38, -3e38, 1e-45, float32(math.Inf(1)), float32(math.NaN()), -0.0, 0.3333333}
+	vals64 := []float64{1, -1, 0.1, 1e308, -1e308, 5e-324, math.Inf(-1), math.NaN(), -0.0, 1.0 / 3}
+	for n := range 200 {
+		d, s := make([]float32, n), make([]float32, n)
+		d2, s2 := make([]float64, n), make([]float64, n)
+		for i := range n {
+			d[i], s[i] = vals32[i%len(vals32)]*float32(i+1), vals32[(i*7)%len(vals32)]
+			d2[i], s2[i] = vals64[i%len(vals64)]*float64(i+1), vals64[(i*3)%len(vals64)]
+		}
+		want, want2 := append([]float32(nil), d...), append([]float64(nil), d2...)
+		reduceT(Sum, want, s)
+		reduceT(Sum, want2, s2)
+		reduceInto(Sum, Float32, Float32s(d).(hostBuffer).b, Float32s(s).(hostBuffer).b)
+		reduceInto(Sum, Float64, Float64s(d2).(hostBuffer).b, Float64s(s2).(hostBuffer).b)
+		for i := range n {
+			if math.Float32bits(d[i]) != math.Float32bits(want[i]) || math.Float64bits(d2[i]) != math.Float64bits(want2[i]) {
+				t.Fatalf("n=%d i=%d: %v/%v vs %v/%v", n, i, d[i], d2[i], want[i], want2[i])
+			}
 		}
 	}
 }

@@ -59,9 +59,19 @@ type number interface {
 func reduceInto(op Op, dt DType, dst, src []byte) {
 	switch dt {
 	case Float32:
-		reduceT(op, castBytes[float32](dst), castBytes[float32](src))
+		d, s := castBytes[float32](dst), castBytes[float32](src)
+		if op == Sum || op == Avg {
+			k := addFloat32(d, s)
+			d, s = d[k:], s[k:]
+		}
+		reduceT(op, d, s)
 	case Float64:
-		reduceT(op, castBytes[float64](dst), castBytes[float64](src))
+		d, s := castBytes[float64](dst), castBytes[float64](src)
+		if op == Sum || op == Avg {
+			k := addFloat64(d, s)
+			d, s = d[k:], s[k:]
+		}
+		reduceT(op, d, s)
 	case Int32:
 		reduceT(op, castBytes[int32](dst), castBytes[int32](src))
 	case Int64:
