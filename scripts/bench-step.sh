@@ -17,7 +17,9 @@
 # on a shared machine hits them alike.
 #
 # Usage: scripts/bench-step.sh [NP...]   (default: 2 4)
-#   ITERS=15 BLOCKS=16 SHARD=262144 RATIO=1.5 CAPS=0,25000000 PREFETCH=2 TCP=1 scripts/bench-step.sh 4
+#   ITERS=15 BLOCKS=16 SHARD=1048576 RATIO=1.5 CAPS=0,25000000 PREFETCH=2 \
+#   TRANSPORTS="shm tcp" scripts/bench-step.sh 4
+# (tcp forces TCP loopback between ranks of one host, the inter-host path.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,12 +31,16 @@ trap 'rm -rf "$tmp"' EXIT
 
 go build -o "$tmp/" ./cmd/gorun ./overlap/internal/stepbench
 
-args=(--iters "$iters" --blocks "${BLOCKS:-16}" --shard "${SHARD:-262144}" --ratio "${RATIO:-1.5}" --caps "${CAPS:-0,25000000}" --prefetch "${PREFETCH:-2}")
-[ -n "${TCP:-}" ] && args+=(--tcp)
+args=(--iters "$iters" --blocks "${BLOCKS:-16}" --shard "${SHARD:-1048576}" --ratio "${RATIO:-1.5}" --caps "${CAPS:-0,25000000}" --prefetch "${PREFETCH:-2}")
+read -r -a transports <<<"${TRANSPORTS:-shm tcp}"
 
 echo "# bench-step: $(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for np in "${nps[@]}"; do
-  echo
-  echo "## -np $np"
-  "$tmp/gorun" -np "$np" "$tmp/stepbench" "${args[@]}"
+  for tr in "${transports[@]}"; do
+    extra=()
+    [ "$tr" = tcp ] && extra=(--tcp)
+    echo
+    echo "## -np $np, $tr"
+    "$tmp/gorun" -np "$np" "$tmp/stepbench" "${args[@]}" "${extra[@]}"
+  done
 done

@@ -8,7 +8,9 @@
 //     communication alone (C), compute alone (P), the serial step and the
 //     overlapped step, and reports the overlapped step against the ideal
 //     max(P, C) and the serial sum, and the exposed communication (time
-//     blocked in waits) as a fraction of C. Compute is sized to ratio × C.
+//     blocked in waits) as a fraction of C. Compute is sized to ratio × C;
+//     after backward an optimizer updates block by block, each update
+//     waiting for its own gradient right before reading it.
 //   - bucketing: 200 gradient tensors of 40 KB all-reduced per step, one
 //     collective per tensor against the cost model's buckets.
 //
@@ -47,6 +49,7 @@ type opts struct {
 	what     string
 	trace    string
 	prefetch int
+	opt      float64
 }
 
 func main() {
@@ -60,6 +63,7 @@ func main() {
 	capList := flag.String("caps", "0,25000000", "bucketing: bucket caps to try, comma-separated bytes (0: the cost model's; 25 MB is DDP's default)")
 	flag.BoolVar(&o.forceTCP, "tcp", false, "TCP even between ranks of one host (no shared memory)")
 	flag.StringVar(&o.what, "run", "all", "synthetic, bucketing or all")
+	flag.Float64Var(&o.opt, "optimizer", 0.25, "synthetic: optimizer compute per block, as a fraction of its forward (0: none)")
 	flag.IntVar(&o.prefetch, "prefetch", 2, "synthetic: forward gathers in flight ahead of compute (FSDP's limit; ≥ 1)")
 	flag.StringVar(&o.trace, "trace", "", "synthetic: write rank 0's timeline of the native overlapped runs here (Chrome trace JSON)")
 	prof := flag.String("cpuprofile", "", "write rank 0's CPU profile here")
@@ -244,7 +248,7 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		w[l], W[l] = make([]float32, shardEl), make([]float32, shardEl*n)
 		g[l], G[l] = make([]float32, shardEl*n), make([]float32, shardEl)
 	}
-	var fwd, bwd time.Duration // per block
+	var fwd, bwd, opt time.Duration // per block
 	withComm := true
 	step := func(ex *overlap.Executor, i int) (overlap.StepMetrics, error) {
 		if err := ex.Begin(i); err != nil {
@@ -282,10 +286,21 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 				}
 			}
 		}
+		// The optimizer updates block by block in the order the gradients
+		// were reduced, each update waiting for its own gradient right
+		// before reading it, so late reductions hide behind earlier updates.
+		if opt > 0 {
+			for l := L - 1; l >= 0; l-- {
+				if withComm {
+					if err := ex.Wait(ctx, fmt.Sprintf("G%d", l)); err != nil {
+						return overlap.StepMetrics{}, err
+					}
+				}
+				_ = ex.Compute(ctx, "optimizer", regions[l], func() error { sleep(opt); return nil })
+			}
+		}
 		if !withComm {
-			// The executor insists on every bucket; a compute-only step is
-			// timed around an empty one.
-			return overlap.StepMetrics{Time: time.Duration(L) * (fwd + bwd)}, nil
+			return overlap.StepMetrics{}, nil
 		}
 		return ex.Finish(ctx)
 	}
@@ -325,20 +340,30 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 			for range L {
 				sleep(bwd)
 			}
+			for range L {
+				sleep(opt)
+			}
 			pt = append(pt, time.Since(t0))
 		}
 		slices.Sort(pt)
 		return slowest(ctx, c, pt[len(pt)/2])
 	}
-	fwd = target / time.Duration(3*L)
-	bwd = 2 * fwd
+	// Per block: forward 1 unit, backward 2, optimizer o.opt.
+	units := 3 + o.opt
+	sleeps := 2
+	if o.opt > 0 {
+		sleeps = 3
+	}
+	setUnit := func(u time.Duration) {
+		fwd, bwd, opt = u, 2*u, time.Duration(float64(u)*o.opt)
+	}
+	setUnit(time.Duration(float64(target) / (float64(L) * units)))
 	P0, err := computeAlone()
 	if err != nil {
 		return err
 	}
-	over := (P0 - time.Duration(3*L)*fwd) / time.Duration(2*L) // per sleep
-	fwd = max((target-time.Duration(2*L)*over)/time.Duration(3*L), 50*time.Microsecond)
-	bwd = 2 * fwd
+	over := (P0 - time.Duration(float64(L)*units*float64(fwd))) / time.Duration(sleeps*L) // per sleep
+	setUnit(max(time.Duration(float64(target-time.Duration(sleeps*L)*over)/(float64(L)*units)), 50*time.Microsecond))
 	P, err := computeAlone()
 	if err != nil {
 		return err
@@ -366,7 +391,7 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	say("synthetic step: %d ranks (%s), %d blocks, %d KiB parameter shard per block per rank, all-gather (%d ahead) + reduce-scatter per block (%d collectives/step)\n",
 		n, link, L, shardEl*es>>10, o.prefetch, 2*L)
 	say("  communication alone   C = %s\n", ms(C))
-	say("  compute alone         P = %s  (%.2f × C; sleeps of %v forward, %v backward per block, each overshooting by ≈ %v)\n", ms(P), float64(P)/float64(C), fwd, bwd, over)
+	say("  compute alone         P = %s  (%.2f × C; sleeps of %v forward, %v backward, %v optimizer per block, each overshooting by ≈ %v)\n", ms(P), float64(P)/float64(C), fwd, bwd, opt, over)
 	say("  serial step             = %s  (C + P = %s)\n", ms(serial.step), ms(C+P))
 	exp := ov.step - P
 	say("  overlapped step (native) = %s  ideal max(P, C) = %s → %.3f × ideal, %.3f × serial\n", ms(ov.step), ms(ideal), float64(ov.step)/float64(ideal), float64(ov.step)/float64(serial.step))
