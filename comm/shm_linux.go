@@ -164,6 +164,9 @@ func futexWake(addr *uint32) {
 // latency path), short enough not to burn a shared core for long.
 const spinLimit = 200 * time.Microsecond
 
+// yieldAfter is how long a waiter polls before it starts yielding the CPU.
+const yieldAfter = 10 * time.Microsecond
+
 // errShmDead is returned once the link is closed or the peer is gone and
 // the ring holds nothing more to read.
 var errShmDead = errors.New("comm: shared-memory link closed")
@@ -196,13 +199,18 @@ func (l *shmLink) wait(r *ring, forSpace bool) bool {
 			if dead() {
 				return cond()
 			}
-			if time.Since(start) > spinLimit {
+			spun := time.Since(start)
+			if spun > spinLimit {
 				break
 			}
 			runtime.Gosched()
-			// Let other processes on this core run too: on a busy host the
-			// peer we are waiting for may be queued behind us.
-			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			if spun > yieldAfter {
+				// The peer is not answering at memory speed: on a busy host
+				// it may be queued behind us on this core, so let other
+				// processes run too. Not at once, or a peer running on the
+				// other core would wait for us to be scheduled again.
+				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			}
 		}
 	}
 	for {
