@@ -39,6 +39,9 @@ func childMain() int {
 	ecfg.Secret = []byte(os.Getenv("GORUN_COMM_SECRET"))
 	ecfg.ForceTCP = os.Getenv("GORUN_COMM_TRANSPORT") == "tcp"
 	ecfg.ShmDir = os.Getenv("GORUN_COMM_SHMDIR")
+	if v, err := strconv.Atoi(os.Getenv("GORUN_COMM_RING")); err == nil {
+		ecfg.ShmRingBytes = v // tuning experiments
+	}
 	ep, err := comm.Listen(ecfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -71,6 +74,9 @@ func childMain() int {
 	defer cancel()
 	cfg := comm.DefaultConfig()
 	cfg.Deterministic = os.Getenv("GORUN_COMM_DET") == "1"
+	if v, err := strconv.Atoi(os.Getenv("GORUN_COMM_SEG")); err == nil {
+		cfg.SegmentBytes = v // tuning experiments
+	}
 	c, err := comm.New(ctx, commtest.NewStaticGroup(rank, addrs, hosts), ep, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
