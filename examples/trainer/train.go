@@ -358,35 +358,55 @@ func (t *trainer) step(ctx context.Context, step int) (float32, overlap.StepMetr
 			}
 		}
 	}
+	// Optimizer, region by region in the order the gradients were
+	// reduced, each region waiting for its own gradients right before it
+	// reads them: the last reductions hide behind the first updates.
+	// Chunks are the top level of the sample tree: combine, then divide by
+	// the global batch and update what this rank owns.
+	for r := t.R - 1; r >= 0; r-- {
+		reg := t.lay.Regions[r]
+		for c := 0; c < t.chunks; c++ {
+			if t.sharded {
+				if err := ex.Wait(ctx, gradName(reg.Name, c)+".shard"); err != nil {
+					return 0, overlap.StepMetrics{}, err
+				}
+				continue
+			}
+			for _, ten := range reg.Tensors {
+				if err := ex.Wait(ctx, gradName(ten.Name, c)); err != nil {
+					return 0, overlap.StepMetrics{}, err
+				}
+			}
+		}
+		err := ex.Compute(ctx, "optimizer "+reg.Name, reg.Name, func() error {
+			var g []float32
+			if t.sharded {
+				g = t.gsh[0][r]
+				if t.chunks == 2 {
+					if err := model.TreeSum(g, g, t.gsh[1][r]); err != nil {
+						return err
+					}
+				}
+			} else {
+				g = t.grads[0][r]
+				if t.chunks == 2 {
+					if err := model.TreeSum(g, g, t.grads[1][r]); err != nil {
+						return err
+					}
+				}
+			}
+			if err := model.Mean(g, t.o.batch); err != nil {
+				return err
+			}
+			return t.opt.Update(step+1, t.own[r], g, t.state[r])
+		})
+		if err != nil {
+			return 0, overlap.StepMetrics{}, err
+		}
+	}
 	met, err := ex.Finish(ctx)
 	if err != nil {
 		return 0, met, err
-	}
-	// Optimizer: combine chunks (the top level of the sample tree), divide
-	// by the global batch, update what this rank owns.
-	for r := 0; r < t.R; r++ {
-		var g []float32
-		if t.sharded {
-			g = t.gsh[0][r]
-			if t.chunks == 2 {
-				if err := model.TreeSum(g, g, t.gsh[1][r]); err != nil {
-					return 0, met, err
-				}
-			}
-		} else {
-			g = t.grads[0][r]
-			if t.chunks == 2 {
-				if err := model.TreeSum(g, g, t.grads[1][r]); err != nil {
-					return 0, met, err
-				}
-			}
-		}
-		if err := model.Mean(g, t.o.batch); err != nil {
-			return 0, met, err
-		}
-		if err := t.opt.Update(step+1, t.own[r], g, t.state[r]); err != nil {
-			return 0, met, err
-		}
 	}
 	return model.TreeSumScalars(t.loss...) / float32(t.o.batch), met, nil
 }
