@@ -105,8 +105,8 @@ type Config struct {
 	GossipInterval time.Duration
 	// GossipNodes is the gossip fan-out per interval.
 	GossipNodes int
-	// SuspicionTimeout is the time a suspected member has to refute the
-	// suspicion before it is declared dead. memberlist multiplies its own
+	// SuspicionTimeout bounds the time a suspected member has to refute
+	// the suspicion before it is declared dead. memberlist multiplies its own
 	// suspicion timeout by log10(size); Join converts this target into
 	// memberlist's SuspicionMult for the world size, so detection stays flat
 	// from 16 to 1024 members.
@@ -169,9 +169,12 @@ func DefaultConfig() Config {
 		// Long enough to survive a short GC or scheduling pause of the
 		// suspected process (it refutes when it hears the suspicion).
 		SuspicionTimeout: 800 * time.Millisecond,
-		RetransmitMult:   4,
-		IndirectChecks:   3,
-		TCPTimeout:       2 * time.Second,
+		// Every receiver relays a message too, so 2 still reaches every
+		// member; 4 (memberlist's LAN default) made the join gossip at
+		// formation cost twice the CPU at 256 members in one process.
+		RetransmitMult: 2,
+		IndirectChecks: 3,
+		TCPTimeout:     2 * time.Second,
 		// Anti-entropy is a backstop here (the seed pushes the full table
 		// at formation); every push-pull costs O(size) on both sides.
 		PushPullInterval: 30 * time.Second,
@@ -254,14 +257,16 @@ func (c *Config) Validate() error {
 
 // suspicionMult converts SuspicionTimeout into memberlist's multiplier for a
 // world of n members: memberlist's timeout is mult · max(1, log10 n) ·
-// ProbeInterval, rounded here to the nearest multiple. memberlist would
+// ProbeInterval, rounded down here (to at least 1) so that the suspicion
+// never exceeds the target: at 256 and 1024 members discovering the dead
+// member and spreading the news already take up to a second. memberlist would
 // start a suspicion at SuspicionMaxTimeoutMult times that and shrink it as
 // other members confirm; memberlistConfig sets that factor to 1, so the
 // timeout is the same whether or not confirmations arrive, and detection
 // time does not depend on how busy the other members are.
 func (c *Config) suspicionMult(n int) int {
 	scale := math.Max(1, math.Log10(float64(n)))
-	m := int(math.Round(float64(c.SuspicionTimeout) / (scale * float64(c.ProbeInterval))))
+	m := int(math.Floor(float64(c.SuspicionTimeout) / (scale * float64(c.ProbeInterval))))
 	return max(m, 1)
 }
 
