@@ -45,6 +45,23 @@ func smallOptions() options {
 // network and returns rank 0's result (every rank's losses must agree).
 func runInProcess(t *testing.T, o options, n int) *result {
 	t.Helper()
+	results, errs := runRanks(t, n, func(int) options { return o })
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for r := 1; r < n; r++ {
+		if !sameLosses(results[0].losses, results[r].losses) || results[0].params != results[r].params {
+			t.Fatalf("rank %d disagrees with rank 0", r)
+		}
+	}
+	return results[0]
+}
+
+// runRanks trains n goroutine ranks, rank r with opts(r).
+func runRanks(t *testing.T, n int, opts func(r int) options) ([]*result, []error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	nw := commtest.NewNetwork()
@@ -53,7 +70,7 @@ func runInProcess(t *testing.T, o options, n int) *result {
 		addrs[r] = fmt.Sprintf("rank%d:1", r)
 	}
 	ccfg := comm.LocalConfig()
-	ccfg.Deterministic = o.deterministic
+	ccfg.Deterministic = opts(0).deterministic
 	comms := make([]*comm.Comm, n)
 	results := make([]*result, n)
 	errs := make([]error, n)
@@ -67,7 +84,7 @@ func runInProcess(t *testing.T, o options, n int) *result {
 			}
 			comms[r] = c
 			var out bytes.Buffer
-			results[r], errs[r] = run(ctx, o, c, zerolog.Nop(), &out)
+			results[r], errs[r] = run(ctx, opts(r), c, zerolog.Nop(), &out)
 			if errs[r] != nil {
 				c.Abort(errs[r])
 			}
@@ -80,17 +97,30 @@ func runInProcess(t *testing.T, o options, n int) *result {
 		}
 	}
 	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
-		}
+	return results, errs
+}
+
+// TestPlanMismatch: a rank that buckets differently (here, without
+// bucketing) makes every rank fail at the first collective with an error
+// that says the plans differ — not a hang, not a silently wrong step.
+func TestPlanMismatch(t *testing.T) {
+	for _, mode := range []string{"dp", "sharded"} {
+		t.Run(mode, func(t *testing.T) {
+			_, errs := runRanks(t, 4, func(r int) options {
+				o := smallOptions()
+				o.batch, o.mode = 8, mode
+				o.noBucketing = r == 1
+				return o
+			})
+			for r, err := range errs {
+				if err == nil || !strings.Contains(err.Error(), "disagree on the bucket plan") {
+					t.Errorf("rank %d: %v, want the plan mismatch", r, err)
+				} else {
+					t.Logf("rank %d: %v", r, err)
+				}
+			}
+		})
 	}
-	for r := 1; r < n; r++ {
-		if !sameLosses(results[0].losses, results[r].losses) || results[0].params != results[r].params {
-			t.Fatalf("rank %d disagrees with rank 0", r)
-		}
-	}
-	return results[0]
 }
 
 func sameLosses(a, b []float32) bool {

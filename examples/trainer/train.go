@@ -249,7 +249,7 @@ func f32(s []float32) comm.Buffer { return comm.Float32s(s) }
 // step runs one training step and returns the global mean loss.
 func (t *trainer) step(ctx context.Context, step int) (float32, overlap.StepMetrics, error) {
 	ex := t.ex
-	if err := ex.Begin(step); err != nil {
+	if err := ex.Begin(step + 1); err != nil { // numbered as the printed step lines
 		return 0, overlap.StepMetrics{}, err
 	}
 	T := t.m.Config().SeqLen
