@@ -22,6 +22,7 @@ SWEEP=${SWEEP:--b 8 -e 64M -f 4}
 NP=${NP:-2}
 ROUNDS=${ROUNDS:-3}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd) # absolute: ranks and mpirun may start elsewhere
 
 need=()
 for p in openmpi-bin libopenmpi-dev python3-torch; do
@@ -40,7 +41,7 @@ fi
 
 go build -o "$OUT/gorun" ./cmd/gorun
 mpicc -O2 -Wall -o "$OUT/mpi_allreduce" bench/mpi/allreduce.c
-GORUN=$PWD/$OUT/gorun
+GORUN=$OUT/gorun
 # Debian's torch is for Debian's python, not a pyenv or venv one first on PATH.
 PY=/usr/bin/python3
 # No --oversubscribe unless needed: it makes Open MPI yield while polling,
