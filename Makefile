@@ -4,7 +4,7 @@ BIN       := bin
 GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 
-.PHONY: help build test test-deps vet fmt race unit bench-launch clean
+.PHONY: help build test test-deps vet unit bench-launch bench-compare clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ unit: ## fast tests only (no -race, short mode)
 
 bench-launch: build ## launch time: gorun -np 16 /bin/true vs mpirun, side by side
 	@bash scripts/bench-launch.sh
+
+bench-compare: build ## all-reduce busbw: gorun (tcp, shm) vs Open MPI and torch gloo, ratios + PNG in bench-results/
+	@bash scripts/bench-compare.sh
 
 clean: ## remove build outputs
 	rm -rf $(BIN)
