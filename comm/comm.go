@@ -146,7 +146,7 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 		peers:        make([]*peer, n),
 		info:         make([]string, n),
 	}
-	c.log = cfg.Logger.With().Int("rank", g.GlobalRank(me)).Int("world", n).
+	c.log = cfg.Logger.With().Int("rank", g.GlobalRank(me)).Str("host", g.Host(me)).Int("world", n).
 		Str("group", fmt.Sprintf("%016x", uint64(c.gid))).Logger()
 	for r := range n {
 		c.info[r] = fmt.Sprintf("rank %d (world rank %d) on %s", r, g.GlobalRank(r), g.Host(r))

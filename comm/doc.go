@@ -28,7 +28,10 @@
 // rank; the overlap runtime relies on this. Every rank of a group must issue the
 // same collectives in the same order (as in MPI and NCCL). A rank that issues a
 // different call at the same position gets a *DesyncError naming both calls, and
-// so do the peers it talks to; no data is exchanged for a mismatched call.
+// the peers it talks to get that error too (as an abort naming both calls); no
+// mismatched frame is ever read into a buffer. A rank whose own part of the
+// call completed before a peer noticed (its result is then correct) gets the
+// error at its next call.
 //
 // # Failure
 //
@@ -39,6 +42,29 @@
 // connections) so that no rank waits for a message that will never come. There
 // is no way to un-issue a collective, which is why a cancelled context or an
 // invalid argument poisons the communicator instead of skipping one call.
+//
+// # Transports
+//
+// Endpoint (Listen) is the production Transport: one TCP listener per rank,
+// one connection per pair of ranks per group (the lower rank dials), each
+// proven in both directions with an HMAC-SHA256 challenge over the job
+// secret; a connection that fails the handshake is logged and dropped.
+// Between ranks whose Group.Host is the same, the dialer offers a
+// shared-memory segment (two single-producer rings in /dev/shm, unlinked as
+// soon as both sides mapped it) and the data moves there, the TCP connection
+// staying open only to notice a dead peer. EndpointConfig.ForceTCP turns
+// shared memory off. commtest provides an in-memory Transport for tests.
+//
+// # Algorithms
+//
+// All-reduce picks recursive doubling (latency) or ring reduce-scatter +
+// all-gather (bandwidth) with the alpha-beta cost model documented on
+// Config.LatencyNs; reduce-scatter and all-gather run on the ring; broadcast
+// is a binomial tree, or scatter + ring all-gather when large; reduce is a
+// reduce-scatter plus a gather at the root when large; all-to-all exchanges
+// pairwise in n-1 staggered steps. Large messages travel in segments of
+// Config.SegmentBytes so receiving, reducing and sending overlap. Counts need
+// not divide by the group size, nor the group size be a power of two.
 //
 // # Numerics
 //
