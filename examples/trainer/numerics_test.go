@@ -250,11 +250,7 @@ func TestRealProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and launches binaries")
 	}
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "github.com/gorun-hpc/gorun/cmd/gorun", "github.com/gorun-hpc/gorun/examples/trainer")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	dir := buildBinaries(t)
 	ref := reference(t, smallOptions())
 	for _, tc := range []struct {
 		np   int
@@ -283,6 +279,37 @@ func TestRealProcesses(t *testing.T) {
 			checkAgainst(t, ref, losses, params)
 		})
 	}
+}
+
+// TestRealPlanMismatch: under the real launcher, a rank started with other
+// bucketing flags makes the job fail with the plan-mismatch error, not hang.
+func TestRealPlanMismatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	dir := buildBinaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	script := `if [ "$RANK" = 1 ]; then set -- --no-bucketing; fi; exec "$0" --steps 3 --model small --batch 8 "$@"`
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", "2", "/bin/sh", "-c", script, filepath.Join(dir, "trainer"))
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("job succeeded with different plans:\n%s", out)
+	}
+	if !strings.Contains(string(out), "disagree on the bucket plan") {
+		t.Fatalf("no plan-mismatch error in the job's output:\n%s", out)
+	}
+}
+
+// buildBinaries builds gorun and the trainer into a temporary directory.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-o", dir+"/", "github.com/gorun-hpc/gorun/cmd/gorun", "github.com/gorun-hpc/gorun/examples/trainer")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return dir
 }
 
 // parseOutput reads the step lines and the summary's parameter fingerprint.
