@@ -2,7 +2,7 @@
 // under gorun; scripts/bench-step.sh does):
 //
 //   - synthetic: a transformer-shaped step of L blocks, each with a forward
-//     parameter all-gather (prefetched one block ahead) and a backward
+//     parameter all-gather (prefetched --prefetch blocks ahead) and a backward
 //     gradient reduce-scatter, compute modelled as a timed sleep (as on an
 //     accelerator, where the CPU is free for communication). It measures
 //     communication alone (C), compute alone (P), the serial step and the
