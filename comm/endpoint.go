@@ -140,6 +140,11 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 		host = hn
 	}
 	e := &Endpoint{cfg: cfg, ln: ln, addr: net.JoinHostPort(host, port), log: cfg.Logger, pending: map[pendingKey]chan *accepted{}}
+	if !cfg.ForceTCP {
+		if n := sweepShm(cfg.ShmDir); n > 0 {
+			e.log.Info().Int("segments", n).Str("dir", cfg.ShmDir).Msg("comm: removed shared memory left by dead processes")
+		}
+	}
 	e.wg.Go(e.acceptLoop)
 	return e, nil
 }

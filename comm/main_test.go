@@ -9,7 +9,7 @@ import (
 
 func TestMain(m *testing.M) {
 	// The test binary is also the rank program of the multi-process tests.
-	if os.Getenv(childEnv) != "" {
+	if os.Getenv("GORUN_COMM_CHILD") != "" {
 		os.Exit(childMain())
 	}
 	goleak.VerifyTestMain(m)

@@ -351,3 +351,24 @@ func TestGroupsShareEndpointsAndProgressIndependently(t *testing.T) {
 		})
 	}
 }
+
+// A segment left by a process that died mid-handshake is removed by the next
+// endpoint on the host; segments of live processes are not touched.
+func TestListenSweepsSegmentsOfDeadProcesses(t *testing.T) {
+	dir := t.TempDir()
+	dead := filepath.Join(dir, "gorun-999999999-0000000000000001-0-1-ab")
+	live := filepath.Join(dir, fmt.Sprintf("gorun-%d-0000000000000001-0-1-cd", os.Getpid()))
+	other := filepath.Join(dir, "unrelated")
+	for _, f := range []string{dead, live, other} {
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ep := listen(t, false, testSecret, nil, dir)
+	defer ep.Close()
+	for f, want := range map[string]bool{dead: false, live: true, other: true} {
+		if _, err := os.Stat(f); (err == nil) != want {
+			t.Errorf("%s: exists=%v, want %v", filepath.Base(f), err == nil, want)
+		}
+	}
+}

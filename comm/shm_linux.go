@@ -76,6 +76,34 @@ func createShm(dir string, gid GroupID, me, peer, ringBytes int) (*shmSegment, e
 	return &shmSegment{path: path, name: name, mem: mem, ringBytes: ringBytes}, nil
 }
 
+// sweepShm removes segments left in dir by processes that no longer exist.
+// A segment has a name only between its creation and the end of the
+// handshake; a dialer that crashed in that window leaves one behind, and the
+// next endpoint on the host cleans it up. The creator's pid is in the name.
+func sweepShm(dir string) int {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	removed := 0
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasPrefix(name, shmPrefix) {
+			continue
+		}
+		var pid int
+		if _, err := fmt.Sscanf(name[len(shmPrefix):], "%d-", &pid); err != nil || pid <= 0 {
+			continue
+		}
+		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+			if unix.Unlink(filepath.Join(dir, name)) == nil {
+				removed++
+			}
+		}
+	}
+	return removed
+}
+
 func openShm(dir, name string, ringBytes int) (*shmSegment, error) {
 	if !strings.HasPrefix(name, shmPrefix) || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
 		return nil, fmt.Errorf("%w: bad shared-memory name %q", ErrProtocol, name)

@@ -1,0 +1,6 @@
+//go:build !linux
+
+package comm_test
+
+// The multi-process tests use Linux process attributes (Pdeathsig).
+func childMain() int { return 1 }
