@@ -15,7 +15,8 @@ import (
 )
 
 // Executor runs one bucket plan step after step. It is driven by one
-// goroutine (see the package comment); Close may be called from any.
+// goroutine (see the package comment), which also calls Close, after its
+// last step.
 type Executor struct {
 	plan *buckets.Plan
 	hash uint64
@@ -226,8 +227,10 @@ func (ex *Executor) watcher(g *group) {
 // executor then uses that instead of the time its watcher woke up.
 type CompletionTimer interface{ CompletedAt() time.Time }
 
-// Close stops the watchers. It does not wait for collectives still in
-// flight (their communicator's Close or Abort does); idempotent.
+// Close stops the watchers. Call it from the driving goroutine between
+// steps (a step in flight still hands buckets to them), also after a failed
+// one. It does not wait for collectives still in flight (their
+// communicator's Close or Abort does). Idempotent.
 func (ex *Executor) Close() error {
 	ex.once.Do(func() {
 		ex.cancel()
