@@ -16,6 +16,20 @@
 # variants of one measurement run alternately, so load from other processes
 # on a shared machine hits them alike.
 #
+# Measured here (2 cores shared with other jobs, load ≈ 4.5, ITERS=11,
+# defaults otherwise), overlapped native step / exposed share of comm time:
+#   np 2 shm  0.83× ideal, 0.51× serial, exposed 6.5%
+#   np 2 tcp  1.14× ideal, 0.61× serial, exposed 9.4%
+#   np 4 shm  1.17× ideal, 0.65× serial, exposed 11.5% (5.4% and 2.6% with
+#             PREFETCH=1 and 4 in a quieter minute)
+#   np 4 tcp  1.01× ideal, 0.65× serial, exposed 2.9%
+# bucketing, per-tensor vs bucketed (cost-model cap / 25 MB cap):
+#   np 2 shm 2.22× / 2.53×, tcp 2.98× / 3.05×; np 4 shm 2.59× / 2.70×,
+#   tcp 2.34× / 2.96× — the executor-free reference (the same traffic
+#   straight on comm) gives 1.97×, 2.91×, 2.58×, 2.62×: the ratio is the
+#   communicator's, whose back-to-back small calls pipeline well.
+# Under heavier load (≥ 10) every figure moves by tens of percent.
+#
 # Usage: scripts/bench-step.sh [NP...]   (default: 2 4)
 #   ITERS=15 BLOCKS=16 SHARD=1048576 RATIO=1.5 CAPS=0,25000000 PREFETCH=2 \
 #   TRANSPORTS="shm tcp" scripts/bench-step.sh 4
