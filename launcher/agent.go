@@ -176,7 +176,10 @@ func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		return fmt.Errorf("set child subreaper: %w", err)
 	}
 	sigs := make(chan os.Signal, 16)
-	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	// SIGUSR1/2 are caught only so that they do not kill the agent (their
+	// default action): under srun SLURM sends them to every process of the
+	// step, and they are the ranks' business.
+	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(sigs)
 
 	br := bufio.NewReader(in)
@@ -241,7 +244,7 @@ func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		case s := <-sigs:
 			if s == syscall.SIGCHLD {
 				a.reap()
-			} else if spec.KeepOnSignal {
+			} else if spec.KeepOnSignal || s == syscall.SIGUSR1 || s == syscall.SIGUSR2 {
 				a.log.Debug().Stringer("signal", s).Msg("agent signaled; gorun decides")
 			} else {
 				a.log.Debug().Stringer("signal", s).Msg("agent signaled; killing the job")
