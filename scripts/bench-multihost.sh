@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Multi-host launch time: 4 namespace hosts with their own sshd
+# (tests/testhosts) × 4 ranks of /bin/true, `gorun -hostfile` against Open
+# MPI's `mpirun --hostfile` over the same hosts and the same ssh config, run
+# alternately in one go so both see the same load; prints each median and
+# the ratio gorun/mpirun. Goal: ratio at most 0.5.
+#
+# Usage: scripts/bench-multihost.sh [RUNS]   (default 10; root; builds
+# bin/gorun when missing). HOSTS and SLOTS override 4 and 4.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+runs=${1:-10}
+nhosts=${HOSTS:-4}
+slots=${SLOTS:-4}
+np=$((nhosts * slots))
+[ "$(id -u)" -eq 0 ] || { echo "bench-multihost: needs root (network namespaces, sshd)" >&2; exit 3; }
+gorun=$PWD/bin/gorun
+if [ ! -x "$gorun" ]; then
+  mkdir -p bin
+  go build -o bin/ ./cmd/gorun
+fi
+
+if ! command -v mpirun >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  echo "bench-multihost: installing openmpi-bin" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends openmpi-bin >/dev/null
+fi
+
+set_name=gb$$
+set_name=${set_name:0:8}
+env_out=$(bash tests/testhosts/netns-up.sh "$nhosts" "$set_name" --owner $$)
+trap 'bash tests/testhosts/netns-down.sh "$set_name" >/dev/null 2>&1 || true' EXIT
+ssh_config=$(sed -n 's/^SSH_CONFIG=//p' <<<"$env_out")
+state=$(sed -n 's/^STATE=//p' <<<"$env_out")
+hostfile=$state/bench-hostfile
+sed "s/\$/ slots=$slots/" "$state/hostfile" >"$hostfile"
+
+gorun_cmd=("$gorun" --launch-agent "ssh -F $ssh_config" -hostfile "$hostfile" /bin/true)
+# Open MPI: its orted on every host over the same ssh; TCP only, and no
+# interface probing of the namespaces' loopback.
+mpi_cmd=(mpirun --allow-run-as-root --hostfile "$hostfile" -np "$np"
+  --mca plm_rsh_agent "ssh -F $ssh_config" --mca btl self,tcp --mca oob_tcp_if_include "$(sed -n 's/^SUBNET=//p' <<<"$env_out")"
+  /bin/true)
+
+elapsed() {
+  local t0 t1
+  t0=$(date +%s%N)
+  "$@" >/dev/null 2>"$state/last-err" || { echo "bench-multihost: failed: $*" >&2; cat "$state/last-err" >&2; exit 1; }
+  t1=$(date +%s%N)
+  awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.4f\n", (b - a) / 1e9}'
+}
+median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.4f\n", (a[NR/2]+a[NR/2+1])/2}'; }
+stats() { printf 'median %.4f s  (min %.4f, max %.4f)' "$(median)" "$(sort -n <<<"$1" | head -1)" "$(sort -n <<<"$1" | tail -1)"; }
+
+# Warm-up: page cache, sshd's first connection.
+"${gorun_cmd[@]}" >/dev/null 2>&1 || true
+have_mpi=0
+if command -v mpirun >/dev/null 2>&1; then
+  have_mpi=1
+  "${mpi_cmd[@]}" >/dev/null 2>&1 || true
+fi
+
+g=() m=()
+for ((i = 0; i < runs; i++)); do
+  g+=("$(elapsed "${gorun_cmd[@]}")")
+  [ $have_mpi -eq 1 ] && m+=("$(elapsed "${mpi_cmd[@]}")")
+done
+
+gs=$(printf '%s\n' "${g[@]}")
+printf 'launch %d hosts x %d ranks of /bin/true over ssh, %d runs each, alternating\n' "$nhosts" "$slots" "$runs"
+printf '  gorun   %s\n' "$(stats "$gs" <<<"$gs")"
+if [ $have_mpi -eq 1 ]; then
+  ms=$(printf '%s\n' "${m[@]}")
+  printf '  mpirun  %s\n' "$(stats "$ms" <<<"$ms")"
+  printf '  ratio gorun/mpirun %.3f  (goal <= 0.5)\n' "$(awk -v g="$(median <<<"$gs")" -v m="$(median <<<"$ms")" 'BEGIN {print g / m}')"
+else
+  echo "  mpirun  not available; no ratio"
+fi
