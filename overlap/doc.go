@@ -43,10 +43,13 @@
 // # Backends
 //
 // Native issues each bucket the moment it may start. Grouped hands the
-// buckets that became startable between two compute calls or waits (a
-// bucket set — for plans from stepgraph the runs that buckets.Bucket.Set
-// numbers) to a GroupBackend as one grouped call, which is how NCCL's group
-// semantics want them; both modes share the plan and issue the same
+// buckets that became startable between two compute calls or waits of the
+// program (a bucket set; the same on every rank, since every rank runs the
+// same program) to a GroupBackend as one grouped call, which is how NCCL's
+// group semantics want them. Where starts are issued exactly where the plan
+// places them, these sets are the runs buckets.Bucket.Set numbers;
+// GraphRunner issues a start as soon as its inputs exist, which may merge
+// runs the schedule kept apart. Both modes share the plan and issue the same
 // collectives in the same order. Serial waits for every bucket as soon as it is issued: the
 // no-overlap baseline, with the same buffers and bits.
 //

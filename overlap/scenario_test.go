@@ -321,6 +321,7 @@ func (r *runner) runGraph(ctx context.Context, args []string) error {
 	}
 	r.fc = newFakeComm(0, r.n, newFakeClock(), &r.out)
 	cfg := r.config(args)
+	cfg.Trace = true // the compute track shows where waits were taken
 	comms := map[string]Comm{}
 	for _, gr := range g.Groups {
 		comms[gr.Name] = r.fc
@@ -372,6 +373,13 @@ func (r *runner) runGraph(ctx context.Context, args []string) error {
 	m, err := gr.Step(ctx, 0, tensors, kernel)
 	if err == nil {
 		fmt.Fprintf(&r.out, "finished: %d collectives, %d bytes\n", m.Collectives, m.Bytes)
+		var track []string
+		for _, e := range gr.Executor().Timeline().Trace().TraceEvents {
+			if e.Cat == "compute" || e.Cat == "wait" {
+				track = append(track, e.Name)
+			}
+		}
+		fmt.Fprintf(&r.out, "compute track: %s\n", strings.Join(track, ", "))
 	}
 	return err
 }
