@@ -1,10 +1,15 @@
 package rendezvous
 
 import (
+	"bufio"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -55,4 +60,62 @@ func TestThroughGorun(t *testing.T) {
 	if worlds != n || barriers != n {
 		t.Fatalf("%d world lines, %d barriers; output:\n%s", worlds, barriers, out)
 	}
+}
+
+// Through gorun, SIGKILL one rank: every other rank reports the loss, naming
+// rank and host, and exits with an error; gorun reports the killed rank.
+func TestThroughGorunKilledRank(t *testing.T) {
+	gorun := buildGorun(t)
+	const n, victim = 6, 4
+	cmd := exec.Command(gorun, "-np", strconv.Itoa(n), "--grace", "20s", "--timeout", "90s", os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envHelper+"=wait-term")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := regexp.MustCompile(`ready rank=(\d+) pid=(\d+)`)
+	failed := regexp.MustCompile(`failed at=\d+ err=(.*)`)
+	sc := bufio.NewScanner(stdout)
+	seen, reports := 0, 0
+	var out strings.Builder
+	for sc.Scan() {
+		l := sc.Text()
+		out.WriteString(l + "\n")
+		if m := ready.FindStringSubmatch(l); m != nil {
+			if seen++; seen == n {
+				// Every rank is in the world; kill rank victim.
+				for _, l := range strings.Split(out.String(), "\n") {
+					if m := ready.FindStringSubmatch(l); m != nil && m[1] == strconv.Itoa(victim) {
+						pid, _ := strconv.Atoi(m[2])
+						if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+		}
+		if m := failed.FindStringSubmatch(l); m != nil {
+			reports++
+			if !strings.Contains(m[1], "rendezvous: rank 4 (host ") || !strings.Contains(m[1], ") lost") {
+				t.Errorf("report %q", m[1])
+			}
+		}
+	}
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+		t.Errorf("gorun: %v, want a failure", err)
+	}
+	if reports != n-1 {
+		t.Errorf("%d of %d survivors reported the loss; stdout:\n%s\nstderr:\n%s", reports, n-1, out.String(), stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "rank 4") {
+		t.Errorf("gorun did not name rank 4:\n%s", stderr.String())
+	}
+	t.Logf("gorun: %v; %s", err, strings.TrimSpace(stderr.String()))
 }

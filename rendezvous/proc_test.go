@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,8 +64,14 @@ func runHelper(action string) int {
 	}
 	fmt.Printf("world rank=%d size=%d epoch=%d hosts=%s\n", w.Rank(), w.Size(), w.Epoch(), strings.Join(hosts, ","))
 	switch action {
+	case "wait-term":
+		// Under gorun: the launcher SIGTERMs the survivors as soon as the
+		// killed rank exits; ignoring it (within --grace) lets this rank
+		// show that it learns of the loss by itself.
+		signal.Ignore(syscall.SIGTERM)
+		fallthrough
 	case "wait":
-		fmt.Println("ready")
+		fmt.Printf("ready rank=%d pid=%d\n", w.Rank(), os.Getpid())
 		<-w.Failed()
 		fmt.Printf("failed at=%d err=%v\n", time.Now().UnixNano(), w.Err())
 		_ = w.Close()
