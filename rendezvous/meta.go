@@ -79,10 +79,14 @@ func decodeMeta(b []byte) (Member, error) {
 	return m, nil
 }
 
+// gossipPurpose is the HKDF purpose of the gossip key; DeriveKey refuses it
+// so no other layer can end up with the gossip key by accident.
+const gossipPurpose = "gorun rendezvous gossip v1"
+
 // gossipKey derives memberlist's AES-256 key from the job secret. HKDF with a
 // fixed purpose string keeps this key independent of any other key the job
 // derives from the same secret (the data plane's HMAC key, for one), and the
 // job id as salt makes two jobs that reuse a secret still use different keys.
 func gossipKey(secret []byte, jobID string) ([]byte, error) {
-	return hkdf.Key(sha256.New, secret, []byte(jobID), "gorun rendezvous gossip v1", 32)
+	return hkdf.Key(sha256.New, secret, []byte(jobID), gossipPurpose, 32)
 }
