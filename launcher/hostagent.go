@@ -143,6 +143,9 @@ func runHostAgent(o AgentOptions, key []byte, log zerolog.Logger, stderr io.Writ
 	}
 	job := m.Job
 	log = log.Level(zerolog.Level(job.LogLevel))
+	if job.Doctor {
+		return doctorAgent(o, job, w)
+	}
 	hello, ports := prepareHost(o, job, c)
 	defer ports.Release()
 	if err := w.send(wireMsg{T: "hello", Hello: &hello}); err != nil {

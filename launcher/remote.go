@@ -99,6 +99,8 @@ type multi struct {
 
 	launchers []*agentLauncher
 	conns     []*hostConn // by node
+	// doctor asks the agents for checks, not a job.
+	doctor bool
 }
 
 func launchMulti(ctx context.Context, cfg Config, job Job, id LocalIdentity) error {
@@ -350,7 +352,7 @@ func (m *multi) acceptLoop(index map[string]int, results chan<- setupResult) {
 			lvl := int8(m.cfg.Logger.GetLevel())
 			job := &remoteJob{
 				Version: m.cfg.Version, Program: m.prog.Path, Argv: m.prog.Argv, Dir: m.rankDir(),
-				Grace: m.cfg.Grace, Lease: m.lease(), LogLevel: lvl, Iface: m.cfg.Iface,
+				Grace: m.cfg.Grace, Lease: m.lease(), LogLevel: lvl, Iface: m.cfg.Iface, Doctor: m.doctor,
 			}
 			if err := w.send(wireMsg{T: "job", Job: job}); err != nil {
 				c.Close()

@@ -60,6 +60,10 @@ type wireMsg struct {
 	Ranks []remoteRank `json:"ranks,omitempty"`
 	Cmd   *agentCmd    `json:"cmd,omitempty"`
 	Event *agentEvent  `json:"event,omitempty"`
+	// Peers (gorun, "probe") lists the hosts to probe; Probed (agent,
+	// "probed") maps each to "" when reached or why not. Doctor runs only.
+	Peers  []peerAddr        `json:"peers,omitempty"`
+	Probed map[string]string `json:"probed,omitempty"`
 }
 
 // remoteJob is what a host agent learns right after authenticating.
@@ -80,6 +84,8 @@ type remoteJob struct {
 	LogLevel int8          `json:"log_level"`
 	// Iface is the user's --iface, "" for the route-based choice.
 	Iface string `json:"iface,omitempty"`
+	// Doctor asks for pre-flight checks instead of a job (doctor.go).
+	Doctor bool `json:"doctor,omitempty"`
 }
 
 // remoteHello is a host agent's report before any rank starts.
@@ -102,6 +108,17 @@ type remoteHello struct {
 	// what failed: "program", "iface", "ports").
 	Err     string `json:"err,omitempty"`
 	ErrKind string `json:"err_kind,omitempty"`
+
+	// Doctor runs only: the port this host answers peer probes on (TCP
+	// and UDP, on Addr) and the GPUs it sees.
+	ProbePort int `json:"probe_port,omitempty"`
+	GPUs      int `json:"gpus,omitempty"`
+}
+
+// peerAddr names a host and where it answers probes (doctor runs).
+type peerAddr struct {
+	Host string `json:"host"`
+	Addr string `json:"addr"`
 }
 
 // remoteRank is one rank to start: its number and the variables gorun

@@ -41,7 +41,7 @@ func main() {
 var subcommands = map[string]func(args []string, stdout, stderr io.Writer) int{
 	"bench":  benchMain,
 	"agent":  agentMain,
-	"doctor": nil,
+	"doctor": doctorMain,
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {

@@ -109,7 +109,8 @@ func TestCommandLine(t *testing.T) {
 		{name: "no program", args: []string{"-np", "2"}, code: 2, stderr: "no program given"},
 		{name: "version", args: []string{"--version"}, stdout: "gorun dev\n"},
 		{name: "help", args: []string{"--help"}, stderr: "Examples:"},
-		{name: "reserved subcommand", args: []string{"doctor"}, code: 2, stderr: `subcommand "doctor" is not available yet`},
+		{name: "doctor without hosts", args: []string{"doctor"}, code: 1, stderr: "doctor needs hosts"},
+		{name: "agent without gorun", args: []string{"agent"}, code: 2, stderr: "--connect and --job are required"},
 		{name: "json log", mode: "exit:0", args: []string{"-vv", "--log-format", "json", "-np", "1", "RANK"}, stderr: `"message":"rank started"`},
 	}
 	for _, tc := range tests {

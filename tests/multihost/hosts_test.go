@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -210,4 +211,49 @@ func agentPid(t *testing.T, host string) int {
 	out, _ := exec.Command("ps", "-ef").Output()
 	t.Fatalf("no gorun agent on %s; processes there: %v\n%s", host, pids, out)
 	return 0
+}
+
+// gorun doctor: a table line per host; all ready, then one host's link
+// cut makes that host fail and the command exit 1.
+func TestDoctor(t *testing.T) {
+	h := requireHosts(t)
+	hf, err := h.WriteHostfile(t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doctor := func() (int, string) {
+		cmd := exec.Command(gorunBin, "doctor", "--launch-agent", strings.Join(h.SSHArgs(), " "), "-hostfile", hf)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return code, string(out)
+	}
+	code, out := doctor()
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("all %d hosts ready (gorun on %s %s)", len(h.Hosts), h.Bridge, h.BridgeAddr)) {
+		t.Fatalf("doctor exit %d:\n%s", code, out)
+	}
+	for i, host := range h.Hosts {
+		want := fmt.Sprintf("eth0 %s", h.Addrs[i])
+		if !strings.Contains(out, want) || !strings.Contains(out, "3/3") {
+			t.Errorf("no ready line for %s with %q and 3/3 peers:\n%s", host, want, out)
+		}
+	}
+
+	down := h.Hosts[2]
+	if err := h.CutLink(down); err != nil {
+		t.Fatal(err)
+	}
+	defer restore(t, down)
+	code, out = doctor()
+	if code != 1 || !strings.Contains(out, "1 of 4 hosts not ready") || !regexpLine(out, down+` +FAIL .*FAIL: ssh: `) {
+		t.Errorf("doctor with %s cut: exit %d:\n%s", down, code, out)
+	}
+}
+
+func regexpLine(out, re string) bool {
+	return regexp.MustCompile(`(?m)^` + re).MatchString(out)
 }

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/gorun-hpc/gorun/launcher"
+)
+
+// doctorMain is `gorun doctor -hostfile hosts`: pre-flight checks of every
+// host, one table line each. Exit codes: 0 every host ready, 1 some host is
+// not (or gorun could not check), 2 a bad command line.
+func doctorMain(args []string, stdout, stderr io.Writer) int {
+	var o options
+	fs := flag.NewFlagSet("gorun doctor", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.hostList, "H", "", "hosts as `host[:slots],...`")
+	fs.StringVar(&o.hostList, "host", "", "same as -H")
+	fs.StringVar(&o.hostfile, "hostfile", "", "Open MPI style hostfile")
+	fs.StringVar(&o.hostfile, "machinefile", "", "same as -hostfile")
+	fs.StringVar(&o.launchAgent, "launch-agent", "ssh", "`COMMAND` that runs a command on another host ({host} is replaced)")
+	fs.StringVar(&o.agentPath, "agent-path", "", "`PATH` of gorun on the other hosts")
+	fs.StringVar(&o.iface, "iface", "", "network interface `NAME or CIDR` to check instead of the routed one")
+	fs.DurationVar(&o.launchTimeout, "launch-timeout", launcher.DefaultLaunchTimeout, "how long every host's agent has to connect")
+	fs.StringVar(&o.launcher, "launcher", "auto", "auto, ssh or srun")
+	fs.BoolVar(&o.verbose, "v", false, "log more (info)")
+	fs.BoolVar(&o.veryVerbose, "vv", false, "log everything (debug)")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `usage: gorun doctor [-H hosts | -hostfile FILE] [flags]
+
+Checks every host before a big job, the way a job would use it: the agent
+starts over ssh (or srun) and authenticates, gorun's version matches, the
+interface gorun would choose, two free ports, every host reaching every
+other host's address over TCP and UDP (the gossip layer's protocols), and
+the GPUs nvidia-smi sees. Prints one line per host and a verdict.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return exitUsage
+	}
+	o.logFormat = "console"
+	log, err := newLogger(o, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun doctor: %v\n", err)
+		return exitUsage
+	}
+	hosts, inSlurm, err := readHosts(o, os.Getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun doctor: %v\n", err)
+		return exitFailure
+	}
+	launchAgent, err := splitWords(o.launchAgent)
+	if err != nil || len(launchAgent) == 0 {
+		fmt.Fprintf(stderr, "gorun doctor: --launch-agent %q: %v\n", o.launchAgent, err)
+		return exitUsage
+	}
+	cfg := launcher.DefaultConfig()
+	cfg.Logger = log
+	cfg.Stdout, cfg.Stderr = stdout, stderr
+	cfg.Version = version
+	cfg.LaunchAgent, cfg.RemoteGorun, cfg.Iface, cfg.LaunchTimeout = launchAgent, o.agentPath, o.iface, o.launchTimeout
+	if inSlurm || o.launcher == "srun" {
+		cfg.Starter = launcher.StartSrun
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, err := launcher.Doctor(ctx, cfg, hosts)
+	if rep != nil {
+		rep.WriteTable(stdout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun doctor: %v\n", err)
+		return exitFailure
+	}
+	if !rep.OK() {
+		return exitFailure
+	}
+	return 0
+}

@@ -1,0 +1,396 @@
+package launcher
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+)
+
+// Doctor: pre-flight checks of every host before a big job. It starts the
+// host agents exactly as a job would (same launcher, same authentication,
+// same interface choice), so what passes here is what a job needs; then
+// every agent probes every other host's chosen address over TCP and UDP —
+// the two protocols the gossip layer uses — on a port it opened for the
+// purpose. Nothing runs on the hosts afterwards.
+
+// HostCheck is the verdict on one host.
+type HostCheck struct {
+	Host string
+	// Agent is "" when the agent started and authenticated, else why not.
+	Agent string
+	// Version is the remote gorun's version ("" when unknown).
+	Version string
+	// Iface and Addr are the host's chosen interface and address.
+	Iface, Addr string
+	// Ports is "" when two free ports could be reserved, else why not.
+	Ports string
+	// Reached counts the peers this host reached out of Peers (the other
+	// hosts whose agent answered); Unreached says which it did not and why.
+	Reached   int
+	Peers     int
+	Unreached []string
+	// GPUs is the count nvidia-smi reports on the host.
+	GPUs int
+	// Problems lists everything wrong; empty means the host is ready.
+	Problems []string
+}
+
+// OK reports whether the host passed every check.
+func (c HostCheck) OK() bool { return len(c.Problems) == 0 }
+
+// DoctorReport is the outcome of Doctor, one HostCheck per host in order.
+type DoctorReport struct {
+	Hosts []HostCheck
+	// Gorun is where gorun itself listened (interface and address).
+	Gorun string
+}
+
+// OK reports whether every host passed.
+func (r *DoctorReport) OK() bool {
+	for _, h := range r.Hosts {
+		if !h.OK() {
+			return false
+		}
+	}
+	return true
+}
+
+// WriteTable prints one line per host and a verdict.
+func (r *DoctorReport) WriteTable(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOST\tAGENT\tVERSION\tINTERFACE\tPORTS\tPEERS\tGPUS\tVERDICT")
+	n := len(r.Hosts)
+	for _, h := range r.Hosts {
+		agent, ports, peers := "ok", "ok", fmt.Sprintf("%d/%d", h.Reached, h.Peers)
+		if h.Agent != "" {
+			agent, ports, peers = "FAIL", "-", "-"
+		} else if h.Ports != "" {
+			ports = "FAIL"
+		}
+		iface := "-"
+		if h.Iface != "" {
+			iface = h.Iface + " " + h.Addr
+		}
+		verdict := "ok"
+		if !h.OK() {
+			verdict = "FAIL: " + strings.Join(h.Problems, "; ")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", h.Host, agent, orDefault(h.Version, "-"), iface, ports, peers, h.GPUs, verdict)
+	}
+	tw.Flush()
+	bad := 0
+	for _, h := range r.Hosts {
+		if !h.OK() {
+			bad++
+		}
+	}
+	if bad == 0 {
+		fmt.Fprintf(w, "all %d %s ready (gorun on %s)\n", n, plural(n, "host", "hosts"), r.Gorun)
+	} else {
+		fmt.Fprintf(w, "%d of %d %s not ready\n", bad, n, plural(n, "host", "hosts"))
+	}
+}
+
+// Doctor checks hosts as a job over them would use them. The error is for
+// gorun's own failures (no interface to listen on); host problems are in
+// the report.
+func Doctor(ctx context.Context, cfg Config, hosts []Host) (*DoctorReport, error) {
+	if len(hosts) == 0 {
+		return nil, errors.New("launcher: doctor needs hosts (-H, -hostfile or a SLURM allocation)")
+	}
+	jobID, secret, err := NewJobIdentity()
+	if err != nil {
+		return nil, err
+	}
+	key, _ := hex.DecodeString(secret)
+	var nodes []Node
+	seen := map[string]bool{}
+	for _, h := range hosts {
+		if !seen[h.Name] {
+			seen[h.Name] = true
+			nodes = append(nodes, Node{Name: h.Name, Ranks: h.Slots})
+		}
+	}
+	m := &multi{cfg: cfg, jobID: jobID, secret: secret, key: key, nodes: nodes, doctor: true}
+	id := DetectLocal()
+	if err := m.listen(ctx, id); err != nil {
+		return nil, err
+	}
+	defer m.ln.Close()
+	if m.gorunAt = cfg.RemoteGorun; m.gorunAt == "" {
+		if m.gorunAt, err = os.Executable(); err != nil {
+			return nil, err
+		}
+	}
+	rep := &DoctorReport{Gorun: m.choice.Name + " " + m.addr.Addr().String()}
+	checks := make([]HostCheck, len(nodes))
+	for i, n := range nodes {
+		checks[i].Host = n.Name
+	}
+
+	results := make(chan setupResult, len(nodes))
+	index := map[string]int{}
+	for i, n := range nodes {
+		index[n.Name] = i
+	}
+	var acceptWG sync.WaitGroup
+	acceptWG.Go(func() { m.acceptLoop(index, results) })
+	closeListener := sync.OnceFunc(func() { m.ln.Close(); acceptWG.Wait() })
+	defer closeListener()
+	m.conns = make([]*hostConn, len(nodes))
+	defer m.abort()
+	if err := m.startLaunchers(id); err != nil {
+		// Not a host's fault: the launcher itself (ssh, srun) cannot run.
+		return nil, err
+	}
+	pending := len(nodes)
+	resolved := make([]bool, len(nodes))
+	resolve := func(i int, problem string) {
+		if resolved[i] {
+			return
+		}
+		problem = strings.TrimPrefix(problem, "host "+nodes[i].Name+": ")
+		resolved[i] = true
+		pending--
+		if problem != "" {
+			checks[i].Agent = problem
+		}
+	}
+	timeout := cfg.LaunchTimeout
+	if timeout <= 0 {
+		timeout = DefaultLaunchTimeout
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	launcherDone := make(chan *agentLauncher, len(m.launchers))
+	for _, l := range m.launchers {
+		go func() { <-l.done; launcherDone <- l }()
+	}
+	progress := newProgress(cfg.Stderr, len(nodes))
+	up := 0
+wait:
+	for pending > 0 {
+		select {
+		case r := <-results:
+			if r.err != nil {
+				resolve(r.node, strings.TrimPrefix(r.err.Error(), "launcher: "))
+				continue
+			}
+			h := r.conn.hello
+			c := &checks[r.node]
+			c.Version, c.Iface, c.Addr, c.GPUs = h.Version, h.Iface, h.Addr, h.GPUs
+			if h.ErrKind == "ports" {
+				c.Ports = h.Err
+			} else if h.Err != "" {
+				c.Agent = h.Err
+			}
+			m.conns[r.node] = r.conn
+			up++
+			progress.set(up)
+			resolve(r.node, "")
+		case l := <-launcherDone:
+			for _, n := range l.nodes {
+				if !resolved[n] {
+					resolve(n, strings.TrimPrefix(m.launcherError(l, n).Error(), "launcher: "))
+				}
+			}
+		case <-deadline.C:
+			for i := range nodes {
+				resolve(i, fmt.Sprintf("its agent did not connect within %s", timeout))
+			}
+		case <-ctx.Done():
+			break wait
+		}
+	}
+	progress.end()
+	closeListener()
+
+	// All pairs: each connected host probes every other connected host.
+	var peers []peerAddr
+	for i, c := range m.conns {
+		if c != nil && c.hello.ProbePort > 0 {
+			peers = append(peers, peerAddr{Host: nodes[i].Name, Addr: net.JoinHostPort(c.hello.Addr, fmt.Sprint(c.hello.ProbePort))})
+		}
+	}
+	var wg sync.WaitGroup
+	for i, c := range m.conns {
+		if c == nil {
+			continue
+		}
+		wg.Go(func() {
+			_ = c.w.c.SetDeadline(time.Now().Add(30 * time.Second))
+			if err := c.w.send(wireMsg{T: "probe", Peers: peers}); err != nil {
+				checks[i].Unreached = append(checks[i].Unreached, "probe request failed: "+err.Error())
+				return
+			}
+			msg, err := c.w.readMsg()
+			if err != nil || msg.T != "probed" {
+				checks[i].Unreached = append(checks[i].Unreached, fmt.Sprintf("no probe results: %v", err))
+				return
+			}
+			for _, p := range peers {
+				if p.Host == nodes[i].Name {
+					continue
+				}
+				checks[i].Peers++
+				if why, ok := msg.Probed[p.Host]; ok && why == "" {
+					checks[i].Reached++
+				} else {
+					checks[i].Unreached = append(checks[i].Unreached, p.Host+": "+orDefault(why, "not probed"))
+				}
+			}
+			sort.Strings(checks[i].Unreached)
+		})
+	}
+	wg.Wait()
+
+	for i := range checks {
+		c := &checks[i]
+		switch {
+		case c.Agent != "":
+			c.Problems = append(c.Problems, c.Agent)
+		default:
+			if c.Version != cfg.Version {
+				c.Problems = append(c.Problems, fmt.Sprintf("gorun %s here, %s on the launching host", c.Version, cfg.Version))
+			}
+			if c.Ports != "" {
+				c.Problems = append(c.Problems, "ports: "+c.Ports)
+			}
+			if len(c.Unreached) > 0 {
+				c.Problems = append(c.Problems, "cannot reach "+strings.Join(c.Unreached, ", "))
+			}
+		}
+	}
+	rep.Hosts = checks
+	return rep, ctx.Err()
+}
+
+// doctorAgent is the agent side of Doctor: report, answer probes, probe.
+func doctorAgent(o AgentOptions, job *remoteJob, w *wireConn) error {
+	h, ports := prepareHost(o, &remoteJob{Program: "/bin/sh", Iface: job.Iface}, w.c)
+	ports.Release()
+	h.Program = ""
+	h.GPUs = DetectGPUs(context.Background())
+	var tl net.Listener
+	var ul net.PacketConn
+	if h.Err == "" {
+		var err error
+		tl, ul, err = probeListeners(h.Addr)
+		if err != nil {
+			h.Err, h.ErrKind = err.Error(), "ports"
+		} else {
+			h.ProbePort = tl.Addr().(*net.TCPAddr).Port
+			defer tl.Close()
+			defer ul.Close()
+			go serveProbes(tl, ul)
+		}
+	}
+	if err := w.send(wireMsg{T: "hello", Hello: &h}); err != nil {
+		return err
+	}
+	_ = w.c.SetDeadline(time.Time{})
+	m, err := w.readMsg()
+	if err != nil || m.T != "probe" {
+		return nil
+	}
+	res := map[string]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, p := range m.Peers {
+		if p.Host == o.Host {
+			continue
+		}
+		wg.Go(func() {
+			why := probe(p.Addr)
+			mu.Lock()
+			res[p.Host] = why
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if err := w.send(wireMsg{T: "probed", Probed: res}); err != nil {
+		return err
+	}
+	_, _ = w.readMsg() // until gorun hangs up
+	return nil
+}
+
+// probeListeners opens TCP and UDP on one port of addr.
+func probeListeners(addr string) (net.Listener, net.PacketConn, error) {
+	for range 20 {
+		tl, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+		if err != nil {
+			return nil, nil, err
+		}
+		ul, err := net.ListenPacket("udp", tl.Addr().String())
+		if err == nil {
+			return tl, ul, nil
+		}
+		tl.Close()
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			return nil, nil, err
+		}
+	}
+	return nil, nil, errors.New("no port free for both TCP and UDP")
+}
+
+// serveProbes answers TCP connections with "gorun\n" and echoes UDP
+// datagrams, until the listeners close.
+func serveProbes(tl net.Listener, ul net.PacketConn) {
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, from, err := ul.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = ul.WriteTo(buf[:n], from)
+		}
+	}()
+	for {
+		c, err := tl.Accept()
+		if err != nil {
+			return
+		}
+		_, _ = c.Write([]byte("gorun\n"))
+		c.Close()
+	}
+}
+
+// probe checks addr over TCP and UDP (a few tries, as UDP may drop).
+func probe(addr string) string {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return "tcp: " + err.Error()
+	}
+	c.Close()
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return err.Error()
+	}
+	u, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(ap))
+	if err != nil {
+		return "udp: " + err.Error()
+	}
+	defer u.Close()
+	buf := make([]byte, 64)
+	for range 5 {
+		_, _ = u.Write([]byte("gorun-probe"))
+		_ = u.SetReadDeadline(time.Now().Add(time.Second))
+		if n, err := u.Read(buf); err == nil && string(buf[:n]) == "gorun-probe" {
+			return ""
+		}
+	}
+	return "udp: no echo"
+}
