@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 
@@ -17,6 +18,7 @@ func agentMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if err != nil {
+		fmt.Fprintln(stderr, err)
 		return exitUsage
 	}
 	o.Version = version

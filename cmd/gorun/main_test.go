@@ -97,7 +97,7 @@ func TestCommandLine(t *testing.T) {
 		{name: "too many ranks", args: []string{"-np", "3", "-H", "localhost:2", "RANK"}, code: 1, stderr: "3 ranks requested but only 2 slots"},
 		{name: "oversubscribe", mode: "exit:0", args: []string{"-np", "3", "-H", "localhost:2", "--oversubscribe", "RANK"}},
 		{name: "unreachable host", args: []string{"-H", "node[01-02]:2", "--iface", "127.0.0.0/8", "--launch-agent", "sh -c 'exit 255' {host}", "RANK"},
-			code: 255, stderr: "gorun: host node01: ssh: ssh failed (exit code 255)\n"},
+			code: 255, stderr: ": ssh: ssh failed (exit code 255)\n"},
 		{name: "bad launcher", args: []string{"--launcher", "rsh", "RANK"}, code: 2, stderr: "expected auto, ssh or srun"},
 		{name: "export", mode: "print-env", args: []string{"-np", "1", "-x", "GORUN_T_A=1", "-x", "GORUN_TEST_HELPER", "RANK"},
 			stdout: "GORUN_T_A=1\n"},
