@@ -102,6 +102,10 @@ type Config struct {
 	// LaunchTimeout bounds the wait for every agent to connect; 0 means
 	// DefaultLaunchTimeout.
 	LaunchTimeout time.Duration
+	// FanoutThreshold is the number of remote hosts above which agents
+	// start as a tree (agents start further agents); 0 means
+	// DefaultFanoutThreshold, negative never.
+	FanoutThreshold int
 }
 
 // DefaultGrace is the SIGTERM → SIGKILL delay: long enough for a trainer to

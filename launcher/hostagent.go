@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strings"
 	"sync"
@@ -95,6 +96,12 @@ func HostAgentMain(o AgentOptions, stdin io.Reader, stderr io.Writer) int {
 		o.Host, _, _ = strings.Cut(h, ".")
 	}
 	log = log.With().Str("host", o.Host).Logger()
+	// The agent's stderr is an ssh channel that may close before the job
+	// ends (a tree parent's ssh to it); a log line must then fail, not
+	// kill the agent with SIGPIPE and its ranks with it.
+	pipes := make(chan os.Signal, 1)
+	signal.Notify(pipes, syscall.SIGPIPE)
+	defer signal.Stop(pipes)
 	secret := os.Getenv(agentSecretEnv)
 	os.Unsetenv(agentSecretEnv)
 	if secret == "" {
@@ -159,13 +166,94 @@ func runHostAgent(o AgentOptions, key []byte, log zerolog.Logger, stderr io.Writ
 	// gorun may take a while to hear from every other host: no deadline
 	// until the spec, but the lease below starts with it.
 	_ = c.SetDeadline(time.Time{})
-	m, err = w.readMsg()
-	if err != nil || m.T != "spec" {
-		// gorun gave up on the job (another host failed): nothing started.
-		return nil
+	kids := startChildren(job.Launch, hex.EncodeToString(key), w, log)
+	defer kids.stop(job.Lease + job.Grace)
+	for {
+		m, err = w.readMsg()
+		if err == nil && m.T == "setup-over" {
+			kids.quiet()
+			if err := w.send(wireMsg{T: "setup-over-ack"}); err != nil {
+				return nil
+			}
+			continue
+		}
+		if err != nil || m.T != "spec" {
+			// gorun gave up on the job (another host failed): nothing started.
+			return nil
+		}
+		break
 	}
 	ports.Release()
 	return relay(w, job, hello, m.Ranks, log, stderr)
+}
+
+// children are the agents a host agent started for gorun (tree fan-out):
+// their launch commands (ssh) run as this agent's children for the job's
+// lifetime. A command that exits is reported to gorun until setup is over;
+// after that, gorun watches the child agents' own connections.
+type children struct {
+	mu     sync.Mutex
+	silent bool // guarded by mu: setup is over, report nothing more
+	cmds   []*exec.Cmd
+	wg     sync.WaitGroup
+}
+
+func startChildren(launch []childLaunch, secret string, w *wireConn, log zerolog.Logger) *children {
+	k := &children{}
+	for _, cl := range launch {
+		cmd := exec.Command(cl.Argv[0], cl.Argv[1:]...)
+		tail := &tailBuffer{}
+		cmd.Stdout, cmd.Stderr = tail, tail
+		cmd.Stdin = strings.NewReader(secret + "\n")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			k.report(w, childExit{Host: cl.Host, Code: -1, Tail: err.Error()})
+			continue
+		}
+		k.cmds = append(k.cmds, cmd)
+		k.wg.Go(func() {
+			_ = cmd.Wait()
+			code := cmd.ProcessState.ExitCode()
+			log.Debug().Str("child", cl.Host).Int("code", code).Msg("child agent's launcher exited")
+			k.report(w, childExit{Host: cl.Host, Code: code, Tail: tail.tail()})
+		})
+	}
+	return k
+}
+
+func (k *children) report(w *wireConn, e childExit) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.silent {
+		_ = w.send(wireMsg{T: "child-exit", Child: &e})
+	}
+}
+
+// quiet ends the reports: after it returns none is sent.
+func (k *children) quiet() {
+	k.mu.Lock()
+	k.silent = true
+	k.mu.Unlock()
+}
+
+// stop waits up to d for the launch commands to end with their agents,
+// then kills the rest (an ssh to a host whose link is cut could hang for
+// long). The child agents themselves never depend on these commands: their
+// own connections to gorun decide their fate, and they survive losing
+// their stdio (SIGPIPE is caught in HostAgentMain).
+func (k *children) stop(d time.Duration) {
+	k.quiet()
+	done := make(chan struct{})
+	go func() { k.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-time.After(d):
+	}
+	for _, c := range k.cmds {
+		_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
+	}
+	<-done
 }
 
 // prepareHost checks what this host needs before any rank starts: the

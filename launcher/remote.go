@@ -64,11 +64,12 @@ func isMulti(cfg Config, hosts []Host, id LocalIdentity) bool {
 // an exec of this machine's agent, or srun for all of them.
 type agentLauncher struct {
 	nodes  []int
-	what   string // "ssh", "exec", "srun": for messages
-	cmd    *exec.Cmd
+	what   string    // "ssh", "exec", "srun": for messages
+	cmd    *exec.Cmd // nil when another host's agent runs it (tree)
 	stderr *tailBuffer
 	done   chan struct{} // closed once cmd was reaped
 	err    error         // cmd.Wait's result, valid after done
+	code   int           // exit code, -1 unknown; valid after done
 }
 
 // hostConn is an authenticated agent connection.
@@ -101,7 +102,22 @@ type multi struct {
 	conns     []*hostConn // by node
 	// doctor asks the agents for checks, not a job.
 	doctor bool
+	// children maps a node to the nodes its agent launches (tree
+	// fan-out); viaParent maps such a child to its stand-in launcher.
+	children  map[int][]childLaunch
+	viaParent map[string]*agentLauncher
+
+	// mu guards authed: every connection that authenticated during setup,
+	// closed when the launch is abandoned.
+	mu     sync.Mutex
+	authed []net.Conn
 }
+
+// DefaultFanoutThreshold is the number of remote hosts above which gorun
+// starts agents as a tree: it runs ssh to √N hosts itself and each of their
+// agents starts its share of the rest, so one machine never carries
+// hundreds of concurrent ssh handshakes.
+const DefaultFanoutThreshold = 32
 
 func launchMulti(ctx context.Context, cfg Config, job Job, id LocalIdentity) error {
 	prog := Program{Path: job.Argv[0], Argv: job.Argv}
@@ -227,12 +243,27 @@ func (m *multi) setup(ctx context.Context, id LocalIdentity) error {
 	}
 	var acceptWG sync.WaitGroup
 	acceptWG.Go(func() { m.acceptLoop(index, results) })
+	var setupErr error
 	defer func() {
 		m.ln.Close()
+		if setupErr == nil {
+			// Tree parents stop reporting child launches and answer;
+			// their setup readers end with the answer.
+			for node := range m.children {
+				_ = m.conns[node].w.send(wireMsg{T: "setup-over"})
+			}
+		} else {
+			m.mu.Lock()
+			for _, c := range m.authed {
+				c.Close()
+			}
+			m.mu.Unlock()
+		}
 		acceptWG.Wait()
 	}()
 
 	if err := m.startLaunchers(id); err != nil {
+		setupErr = err
 		return err
 	}
 	m.conns = make([]*hostConn, len(m.nodes))
@@ -247,8 +278,16 @@ func (m *multi) setup(ctx context.Context, id LocalIdentity) error {
 	defer deadline.Stop()
 	// A launcher that exits before its hosts said hello failed them.
 	launcherDone := make(chan *agentLauncher, len(m.launchers))
+	setupDone := make(chan struct{})
+	defer close(setupDone)
 	for _, l := range m.launchers {
-		go func() { <-l.done; launcherDone <- l }()
+		go func() {
+			select {
+			case <-l.done:
+				launcherDone <- l
+			case <-setupDone:
+			}
+		}()
 	}
 	var firstErr error
 	fail := func(err error) {
@@ -302,6 +341,7 @@ func (m *multi) setup(ctx context.Context, id LocalIdentity) error {
 		}
 	}
 	if firstErr != nil {
+		setupErr = firstErr
 		return firstErr
 	}
 	m.cfg.Logger.Info().Int("hosts", up).Str("took", time.Since(started).Round(time.Millisecond).String()).Msg("hosts up")
@@ -349,10 +389,14 @@ func (m *multi) acceptLoop(index map[string]int, results chan<- setupResult) {
 				return
 			}
 			node := index[host]
+			m.mu.Lock()
+			m.authed = append(m.authed, c)
+			m.mu.Unlock()
 			lvl := int8(m.cfg.Logger.GetLevel())
 			job := &remoteJob{
 				Version: m.cfg.Version, Program: m.prog.Path, Argv: m.prog.Argv, Dir: m.rankDir(),
 				Grace: m.cfg.Grace, Lease: m.lease(), LogLevel: lvl, Iface: m.cfg.Iface, Doctor: m.doctor,
+				Launch: m.children[node],
 			}
 			if err := w.send(wireMsg{T: "job", Job: job}); err != nil {
 				c.Close()
@@ -367,7 +411,37 @@ func (m *multi) acceptLoop(index map[string]int, results chan<- setupResult) {
 			}
 			_ = c.SetDeadline(time.Time{})
 			results <- setupResult{node: node, conn: &hostConn{node: node, w: w, hello: *hm.Hello}}
+			if len(m.children[node]) > 0 && hm.Hello.Err == "" {
+				m.readChildExits(w)
+			}
 		})
+	}
+}
+
+// readChildExits reads a tree parent's reports of child launches that
+// ended, until gorun's "setup-over" is acknowledged or the connection
+// closes. A child's stand-in launcher then ends as its ssh did.
+func (m *multi) readChildExits(w *wireConn) {
+	for {
+		msg, err := w.readMsg()
+		if err != nil || msg.T == "setup-over-ack" {
+			return
+		}
+		if msg.T != "child-exit" || msg.Child == nil {
+			continue
+		}
+		l := m.viaParent[msg.Child.Host]
+		if l == nil {
+			continue
+		}
+		select {
+		case <-l.done:
+		default:
+			l.code = msg.Child.Code
+			_, _ = l.stderr.Write([]byte(msg.Child.Tail))
+			l.err = fmt.Errorf("exit code %d", msg.Child.Code)
+			close(l.done)
+		}
 	}
 }
 
@@ -414,6 +488,7 @@ func (m *multi) startLaunchers(id LocalIdentity) error {
 			"--nodelist=" + strings.Join(names, ",")}, m.agentArgs("")...)
 		return m.startLauncher("srun", nodes, argv, []string{agentSecretEnv + "=" + m.secret}, false)
 	}
+	var remote []int
 	for i, n := range m.nodes {
 		if id.IsLocal(n.Name) {
 			if err := m.startLauncher("exec", []int{i}, m.agentArgs(n.Name), nil, true); err != nil {
@@ -421,6 +496,40 @@ func (m *multi) startLaunchers(id LocalIdentity) error {
 			}
 			continue
 		}
+		remote = append(remote, i)
+	}
+	direct := remote
+	threshold := m.cfg.FanoutThreshold
+	if threshold == 0 {
+		threshold = DefaultFanoutThreshold
+	}
+	if threshold > 0 && len(remote) > threshold && !m.doctor {
+		// √N parents, each launching a contiguous share of the rest: two
+		// levels of ≈√N concurrent handshakes instead of one level of N.
+		width := 1
+		for width*width < len(remote) {
+			width++
+		}
+		direct = remote[:width]
+		rest := remote[width:]
+		m.children = map[int][]childLaunch{}
+		m.viaParent = map[string]*agentLauncher{}
+		per := (len(rest) + width - 1) / width
+		for k, child := range rest {
+			parent := direct[k/per]
+			name := m.nodes[child].Name
+			m.children[parent] = append(m.children[parent], childLaunch{
+				Host: name, Argv: sshCommand(m.cfg.LaunchAgent, name, m.agentArgs(name)),
+			})
+			l := &agentLauncher{nodes: []int{child}, what: "ssh (from " + m.nodes[parent].Name + ")",
+				stderr: &tailBuffer{}, done: make(chan struct{}), code: -1}
+			m.viaParent[name] = l
+			m.launchers = append(m.launchers, l)
+		}
+		m.cfg.Logger.Info().Int("direct", len(direct)).Int("through_agents", len(rest)).Msg("starting agents as a tree")
+	}
+	for _, i := range direct {
+		n := m.nodes[i]
 		if err := m.startLauncher("ssh", []int{i}, sshCommand(m.cfg.LaunchAgent, n.Name, m.agentArgs(n.Name)), nil, true); err != nil {
 			return err
 		}
@@ -429,7 +538,7 @@ func (m *multi) startLaunchers(id LocalIdentity) error {
 }
 
 func (m *multi) startLauncher(what string, nodes []int, argv, env []string, secretOnStdin bool) error {
-	l := &agentLauncher{nodes: nodes, what: what, stderr: &tailBuffer{}, done: make(chan struct{})}
+	l := &agentLauncher{nodes: nodes, what: what, stderr: &tailBuffer{}, done: make(chan struct{}), code: -1}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = l.stderr
@@ -455,6 +564,7 @@ func (m *multi) startLauncher(what string, nodes []int, argv, env []string, secr
 	l.cmd = cmd
 	go func() {
 		l.err = cmd.Wait()
+		l.code = cmd.ProcessState.ExitCode()
 		close(l.done)
 	}()
 	m.launchers = append(m.launchers, l)
@@ -465,16 +575,12 @@ func (m *multi) startLauncher(what string, nodes []int, argv, env []string, secr
 // hello, from its exit code and what it printed.
 func (m *multi) launcherError(l *agentLauncher, node int) error {
 	host := m.nodes[node].Name
-	code := -1
-	var ee *exec.ExitError
-	if errors.As(l.err, &ee) {
-		code = ee.ExitCode()
-	}
+	code := l.code
 	tail := l.stderr.tail()
 	last := lastLine(tail)
 	he := &HostError{Host: host, Op: "start agent with " + l.what}
 	switch {
-	case l.what == "ssh" && code == 255:
+	case strings.HasPrefix(l.what, "ssh") && code == 255:
 		he.Op = "ssh"
 		he.Err = errors.New(strings.TrimPrefix(orDefault(last, "ssh failed (exit code 255)"), "ssh: "))
 		return he
@@ -500,6 +606,11 @@ func (m *multi) abort() {
 			c.w.c.Close()
 		}
 	}
+	m.mu.Lock()
+	for _, c := range m.authed {
+		c.Close()
+	}
+	m.mu.Unlock()
 	m.reapLaunchers(2 * time.Second)
 }
 
@@ -508,12 +619,18 @@ func (m *multi) reapLaunchers(d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	for _, l := range m.launchers {
+		if l.cmd == nil {
+			continue // run by a parent agent
+		}
 		select {
 		case <-l.done:
 		case <-t.C:
 		}
 	}
 	for _, l := range m.launchers {
+		if l.cmd == nil {
+			continue
+		}
 		select {
 		case <-l.done:
 		default:

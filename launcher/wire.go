@@ -64,6 +64,15 @@ type wireMsg struct {
 	// "probed") maps each to "" when reached or why not. Doctor runs only.
 	Peers  []peerAddr        `json:"peers,omitempty"`
 	Probed map[string]string `json:"probed,omitempty"`
+	// Child (agent, "child-exit") reports a child launch that ended.
+	Child *childExit `json:"child,omitempty"`
+}
+
+// childExit is a child launcher that exited before setup was over.
+type childExit struct {
+	Host string `json:"host"`
+	Code int    `json:"code"`
+	Tail string `json:"tail"`
 }
 
 // remoteJob is what a host agent learns right after authenticating.
@@ -86,6 +95,16 @@ type remoteJob struct {
 	Iface string `json:"iface,omitempty"`
 	// Doctor asks for pre-flight checks instead of a job (doctor.go).
 	Doctor bool `json:"doctor,omitempty"`
+	// Launch lists the agents this agent starts in turn (tree fan-out):
+	// each child's host and full command. The agent reports a child whose
+	// command exits ("child-exit") until gorun says "setup-over".
+	Launch []childLaunch `json:"launch,omitempty"`
+}
+
+// childLaunch is one agent that a host agent starts for gorun.
+type childLaunch struct {
+	Host string   `json:"host"`
+	Argv []string `json:"argv"`
 }
 
 // remoteHello is a host agent's report before any rank starts.

@@ -86,6 +86,7 @@ type options struct {
 	lease         time.Duration
 	launchTimeout time.Duration
 	launcher      string
+	fanout        int
 }
 
 func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
@@ -115,6 +116,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.iface, "iface", "", "network interface for gorun, gossip and ranks on every host: `NAME or CIDR` (default: the route between the hosts)")
 	fs.DurationVar(&o.lease, "lease", launcher.DefaultLease, "a host silent this long counts as lost; its agent kills its ranks after the same silence")
 	fs.DurationVar(&o.launchTimeout, "launch-timeout", launcher.DefaultLaunchTimeout, "how long every host's agent has to connect")
+	fs.IntVar(&o.fanout, "fanout-threshold", launcher.DefaultFanoutThreshold, "above this many hosts, agents start further agents (a tree of ≈√N ssh per level); -1 never")
 	fs.StringVar(&o.launcher, "launcher", "auto", "how agents start on other hosts: auto (srun inside a SLURM allocation, else ssh), ssh or srun")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: gorun [flags] [--] PROGRAM [ARGS...]
@@ -211,7 +213,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cfg.Signals = sigs
 	cfg.Version = version
 	cfg.LaunchAgent, cfg.RemoteGorun, cfg.Iface = launchAgent, o.agentPath, o.iface
-	cfg.Lease, cfg.LaunchTimeout = o.lease, o.launchTimeout
+	cfg.Lease, cfg.LaunchTimeout, cfg.FanoutThreshold = o.lease, o.launchTimeout, o.fanout
 	if inSlurm || o.launcher == "srun" {
 		cfg.Starter = launcher.StartSrun
 	}

@@ -257,3 +257,35 @@ func TestDoctor(t *testing.T) {
 func regexpLine(out, re string) bool {
 	return regexp.MustCompile(`(?m)^` + re).MatchString(out)
 }
+
+// Above the fan-out threshold agents start further agents: with a
+// threshold of 2, gorun starts 2 agents and each starts one more. The job
+// runs the same, and a child host that cannot be reached is still named,
+// reported by the parent that ran its ssh.
+func TestTreeFanout(t *testing.T) {
+	h := requireHosts(t)
+	j := newJob(t, h, 2, "args", nil, "--fanout-threshold", "2", "--tag-output", "-v")
+	if code := j.run(); code != 0 {
+		t.Fatalf("gorun exited %d\nstderr:\n%s", code, j.stderr.String())
+	}
+	if !strings.Contains(j.stderr.String(), "starting agents as a tree") {
+		t.Errorf("no tree launch in -v output:\n%s", j.stderr.String())
+	}
+	for r := range 8 {
+		if tag := fmt.Sprintf("[%d,%s] ", r, h.Hosts[r/2]); !strings.Contains(j.stdout.String(), tag) {
+			t.Errorf("no line tagged %q:\n%s", tag, j.stdout.String())
+		}
+	}
+	j.noSurvivors()
+
+	down := h.Hosts[3] // started by the agent of h.Hosts[1]
+	if err := h.CutLink(down); err != nil {
+		t.Fatal(err)
+	}
+	defer restore(t, down)
+	j = newJob(t, h, 2, "hang", nil, "--fanout-threshold", "2")
+	if code := j.run(); code != 255 || !strings.Contains(j.stderr.String(), "gorun: host "+down+": ssh: ") {
+		t.Errorf("exit %d, stderr:\n%s\nwant 255 and an ssh error naming %s", code, j.stderr.String(), down)
+	}
+	j.noSurvivors()
+}
