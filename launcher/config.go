@@ -102,6 +102,11 @@ type Config struct {
 	// LaunchTimeout bounds the wait for every agent to connect; 0 means
 	// DefaultLaunchTimeout.
 	LaunchTimeout time.Duration
+	// PreloadBinary sends the program to every host before the ranks
+	// start (preload.go); PreloadFiles sends these files to the ranks'
+	// working directory on every host.
+	PreloadBinary bool
+	PreloadFiles  []string
 	// FanoutThreshold is the number of remote hosts above which agents
 	// start as a tree (agents start further agents); 0 means
 	// DefaultFanoutThreshold, negative never.

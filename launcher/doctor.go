@@ -278,7 +278,7 @@ wait:
 
 // doctorAgent is the agent side of Doctor: report, answer probes, probe.
 func doctorAgent(o AgentOptions, job *remoteJob, w *wireConn) error {
-	h, ports := prepareHost(o, &remoteJob{Program: "/bin/sh", Iface: job.Iface}, w.c)
+	h, ports := prepareHost(o, &remoteJob{Program: "/bin/sh", Iface: job.Iface}, w.c, false)
 	ports.Release()
 	h.Program = ""
 	h.GPUs = DetectGPUs(context.Background())

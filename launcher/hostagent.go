@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -153,10 +154,32 @@ func runHostAgent(o AgentOptions, key []byte, log zerolog.Logger, stderr io.Writ
 	if job.Doctor {
 		return doctorAgent(o, job, w)
 	}
-	hello, ports := prepareHost(o, job, c)
+	// Preloaded files: where each goes, and which are missing. The
+	// program's check then looks at its preloaded place.
+	paths := map[string]string{}
+	var need []string
+	for _, f := range job.Preload {
+		path, present := preloadPlace(f, rankDir(job.Dir))
+		paths[f.SHA256] = path
+		if !present {
+			need = append(need, f.SHA256)
+		}
+		if f.Program {
+			j := *job
+			j.Program = path
+			job = &j
+		}
+	}
+	hello, ports := prepareHost(o, job, c, len(need) > 0)
 	defer ports.Release()
+	hello.Need = need
 	if err := w.send(wireMsg{T: "hello", Hello: &hello}); err != nil {
 		return err
+	}
+	if hello.Err == "" && len(need) > 0 {
+		if err := receivePreloads(w, job.Preload, paths, need); err != nil {
+			return fmt.Errorf("preload: %w", err)
+		}
 	}
 	if hello.Err != "" {
 		// gorun reports it; wait for it to hang up so the message is read.
@@ -258,7 +281,7 @@ func (k *children) stop(d time.Duration) {
 
 // prepareHost checks what this host needs before any rank starts: the
 // interface, the program, two free ports.
-func prepareHost(o AgentOptions, job *remoteJob, c net.Conn) (remoteHello, *PortReservation) {
+func prepareHost(o AgentOptions, job *remoteJob, c net.Conn, programComing bool) (remoteHello, *PortReservation) {
 	h := remoteHello{Version: o.Version, PID: os.Getpid()}
 	h.Hostname, _ = os.Hostname()
 	var choice netif.Choice
@@ -279,6 +302,10 @@ func prepareHost(o AgentOptions, job *remoteJob, c net.Conn) (remoteHello, *Port
 	}
 	h.Iface, h.Addr, h.Why = choice.Name, choice.Addr.String(), choice.Why
 	prog, err := ResolveProgram(job.Program, rankDir(job.Dir))
+	if programComing && job.Program != "" && filepath.IsAbs(job.Program) {
+		// Preloaded: it arrives before the ranks start.
+		prog, err = job.Program, nil
+	}
 	if err != nil {
 		var pe *ProgramError
 		if errors.As(err, &pe) {

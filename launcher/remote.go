@@ -107,6 +107,9 @@ type multi struct {
 	children  map[int][]childLaunch
 	viaParent map[string]*agentLauncher
 
+	// preload holds the files sent to every host before the ranks start.
+	preload []*preloadSource
+
 	// mu guards authed: every connection that authenticated during setup,
 	// closed when the launch is abandoned.
 	mu     sync.Mutex
@@ -145,6 +148,26 @@ func launchMulti(ctx context.Context, cfg Config, job Job, id LocalIdentity) err
 		return err
 	}
 	m := &multi{cfg: cfg, jobID: jobID, secret: secret, key: key, nodes: pre.Nodes, prog: prog}
+	if cfg.PreloadBinary {
+		local, err := ResolveProgram(job.Argv[0], cfg.Dir)
+		if err != nil {
+			return err
+		}
+		src, err := newPreloadSource(local, true)
+		if err != nil {
+			return err
+		}
+		m.preload = append(m.preload, src)
+		prog.Path = local
+		m.prog = prog
+	}
+	for _, f := range cfg.PreloadFiles {
+		src, err := newPreloadSource(f, false)
+		if err != nil {
+			return err
+		}
+		m.preload = append(m.preload, src)
+	}
 	if err := m.listen(ctx, id); err != nil {
 		return err
 	}
@@ -398,6 +421,9 @@ func (m *multi) acceptLoop(index map[string]int, results chan<- setupResult) {
 				Grace: m.cfg.Grace, Lease: m.lease(), LogLevel: lvl, Iface: m.cfg.Iface, Doctor: m.doctor,
 				Launch: m.children[node],
 			}
+			for _, s := range m.preload {
+				job.Preload = append(job.Preload, s.info)
+			}
 			if err := w.send(wireMsg{T: "job", Job: job}); err != nil {
 				c.Close()
 				results <- setupResult{node: node, err: &HostError{Host: host, Op: "talk to agent", Err: err}}
@@ -408,6 +434,17 @@ func (m *multi) acceptLoop(index map[string]int, results chan<- setupResult) {
 				c.Close()
 				results <- setupResult{node: node, err: &HostError{Host: host, Op: "talk to agent", Err: fmt.Errorf("no hello: %v", err)}}
 				return
+			}
+			if hm.Hello.Err == "" && len(hm.Hello.Need) > 0 {
+				// Transfers may take long on a slow link; the progress of
+				// frames is what counts, not a fixed deadline.
+				_ = c.SetDeadline(time.Time{})
+				m.cfg.Logger.Debug().Str("host", host).Int("files", len(hm.Hello.Need)).Msg("preloading")
+				if err := sendPreloads(w, m.preload, hm.Hello.Need); err != nil {
+					c.Close()
+					results <- setupResult{node: node, err: &HostError{Host: host, Op: "preload", Err: err}}
+					return
+				}
 			}
 			_ = c.SetDeadline(time.Time{})
 			results <- setupResult{node: node, conn: &hostConn{node: node, w: w, hello: *hm.Hello}}

@@ -43,6 +43,7 @@ const (
 	frameMsg    byte = 'M'
 	frameOutput byte = 'O'
 	framePing   byte = 'P'
+	frameData   byte = 'D' // preloaded file contents (preload.go)
 )
 
 // maxFrame bounds a frame a peer may announce; output is sent in pieces of
@@ -66,6 +67,10 @@ type wireMsg struct {
 	Probed map[string]string `json:"probed,omitempty"`
 	// Child (agent, "child-exit") reports a child launch that ended.
 	Child *childExit `json:"child,omitempty"`
+	// File (gorun, "file") announces a preloaded file's data frames; Err
+	// (agent, "file-bad") says why a file was refused.
+	File *fileHeader `json:"file,omitempty"`
+	Err  string      `json:"err,omitempty"`
 }
 
 // childExit is a child launcher that exited before setup was over.
@@ -99,6 +104,9 @@ type remoteJob struct {
 	// each child's host and full command. The agent reports a child whose
 	// command exits ("child-exit") until gorun says "setup-over".
 	Launch []childLaunch `json:"launch,omitempty"`
+	// Preload lists files gorun offers (preload.go); the agent asks for
+	// those it lacks in hello.Need.
+	Preload []preloadFile `json:"preload,omitempty"`
 }
 
 // childLaunch is one agent that a host agent starts for gorun.
@@ -132,6 +140,8 @@ type remoteHello struct {
 	// and UDP, on Addr) and the GPUs it sees.
 	ProbePort int `json:"probe_port,omitempty"`
 	GPUs      int `json:"gpus,omitempty"`
+	// Need lists the SHA-256s of offered files this host lacks.
+	Need []string `json:"need,omitempty"`
 }
 
 // peerAddr names a host and where it answers probes (doctor runs).

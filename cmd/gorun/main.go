@@ -87,6 +87,8 @@ type options struct {
 	launchTimeout time.Duration
 	launcher      string
 	fanout        int
+	preloadBinary bool
+	preloadFiles  string
 }
 
 func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
@@ -117,6 +119,9 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.lease, "lease", launcher.DefaultLease, "a host silent this long counts as lost; its agent kills its ranks after the same silence")
 	fs.DurationVar(&o.launchTimeout, "launch-timeout", launcher.DefaultLaunchTimeout, "how long every host's agent has to connect")
 	fs.IntVar(&o.fanout, "fanout-threshold", launcher.DefaultFanoutThreshold, "above this many hosts, agents start further agents (a tree of ≈√N ssh per level); -1 never")
+	fs.BoolVar(&o.preloadBinary, "preload-binary", false, "copy PROGRAM to every host (zstd, hash-checked, skipped when the host has it) before starting")
+	fs.BoolVar(&o.preloadBinary, "s", false, "same as --preload-binary")
+	fs.StringVar(&o.preloadFiles, "preload-files", "", "copy `FILES` (comma-separated) to the ranks' working directory on every host before starting")
 	fs.StringVar(&o.launcher, "launcher", "auto", "how agents start on other hosts: auto (srun inside a SLURM allocation, else ssh), ssh or srun")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: gorun [flags] [--] PROGRAM [ARGS...]
@@ -214,6 +219,10 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cfg.Version = version
 	cfg.LaunchAgent, cfg.RemoteGorun, cfg.Iface = launchAgent, o.agentPath, o.iface
 	cfg.Lease, cfg.LaunchTimeout, cfg.FanoutThreshold = o.lease, o.launchTimeout, o.fanout
+	cfg.PreloadBinary = o.preloadBinary
+	if o.preloadFiles != "" {
+		cfg.PreloadFiles = strings.Split(o.preloadFiles, ",")
+	}
 	if inSlurm || o.launcher == "srun" {
 		cfg.Starter = launcher.StartSrun
 	}

@@ -1,6 +1,8 @@
 package multihost
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -288,4 +290,48 @@ func TestTreeFanout(t *testing.T) {
 		t.Errorf("exit %d, stderr:\n%s\nwant 255 and an ssh error naming %s", code, j.stderr.String(), down)
 	}
 	j.noSurvivors()
+}
+
+// --preload-binary and --preload-files: the program runs from the hosts'
+// content-addressed cache, the file lands in the working directory, and a
+// second run sends nothing because every host already has both.
+func TestPreload(t *testing.T) {
+	h := requireHosts(t)
+	dir := t.TempDir()
+	prog := dir + "/prog.sh"
+	script := fmt.Sprintf("#!/bin/sh\necho \"ran $0 data=$(cat data-%s.txt)\"\n", h.Set)
+	if err := os.WriteFile(prog, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data := dir + "/data-" + h.Set + ".txt"
+	if err := os.WriteFile(data, []byte("payload"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte(script))
+	run := func() (int, string, string) {
+		var stdout, stderr syncBuffer
+		cmd := exec.Command(gorunBin, "-vv", "--launch-agent", strings.Join(h.SSHArgs(), " "), "-H", strings.Join(h.Hosts, ","),
+			"--preload-binary", "--preload-files", data, prog)
+		cmd.Dir = dir
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return code, stdout.String(), stderr.String()
+	}
+	cache := fmt.Sprintf("%s/gorun-preload-%d/%s", os.TempDir(), os.Getuid(), hex.EncodeToString(sum[:]))
+	t.Cleanup(func() { os.RemoveAll(cache) })
+	code, out, errOut := run()
+	want := "ran " + cache + "/prog.sh data=payload"
+	if code != 0 || strings.Count(out, want) != len(h.Hosts) {
+		t.Fatalf("exit %d, stdout:\n%s\nwant %q from every host\nstderr:\n%s", code, out, want, errOut)
+	}
+	code, out, errOut = run()
+	if code != 0 || strings.Count(out, want) != len(h.Hosts) || strings.Contains(errOut, "preloading") {
+		t.Errorf("second run: exit %d, stdout:\n%s\nstderr (must not preload again):\n%s", code, out, errOut)
+	}
 }

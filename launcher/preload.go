@@ -1,0 +1,243 @@
+package launcher
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// Preloading (--preload-binary, --preload-files): gorun sends the program
+// and extra files to every host over the agent connections before any rank
+// starts, so hosts without a shared file system or an install of the
+// program can run it. Each file travels zstd-compressed (compressed once,
+// sent to every host), is checked against its SHA-256 on arrival, and is
+// not sent at all when the host already holds the same content:
+//
+//   - the program goes to a content-addressed cache,
+//     $TMPDIR/gorun-preload-<uid>/<sha256>/<name>, so back-to-back jobs and
+//     hosts sharing a /tmp skip the transfer;
+//   - files go to the ranks' working directory on the host, as mpirun's
+//     --preload-files does, replaced atomically (write, then rename).
+
+// preloadFile describes one file gorun offers.
+type preloadFile struct {
+	Name    string      `json:"name"` // base name
+	Size    int64       `json:"size"`
+	SHA256  string      `json:"sha256"`
+	Mode    os.FileMode `json:"mode"`
+	Program bool        `json:"program,omitempty"`
+}
+
+// preloadSource is a file on gorun's side with its compressed bytes,
+// made once and shared by every host's sender.
+type preloadSource struct {
+	path string
+	info preloadFile
+	once sync.Once
+	zst  []byte
+	err  error
+}
+
+func newPreloadSource(path string, program bool) (*preloadSource, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("launcher: preload %s: %w", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("launcher: preload %s: not a regular file", path)
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return nil, fmt.Errorf("launcher: preload %s: %w", path, err)
+	}
+	return &preloadSource{path: path, info: preloadFile{
+		Name: filepath.Base(path), Size: n, SHA256: hex.EncodeToString(h.Sum(nil)), Mode: st.Mode().Perm(), Program: program,
+	}}, nil
+}
+
+func (s *preloadSource) compressed() ([]byte, error) {
+	s.once.Do(func() {
+		data, err := os.ReadFile(s.path)
+		if err != nil {
+			s.err = err
+			return
+		}
+		if got := sha256.Sum256(data); hex.EncodeToString(got[:]) != s.info.SHA256 {
+			s.err = fmt.Errorf("%s changed while gorun was starting", s.path)
+			return
+		}
+		enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest))
+		if err != nil {
+			s.err = err
+			return
+		}
+		s.zst = enc.EncodeAll(data, nil)
+		enc.Close()
+	})
+	return s.zst, s.err
+}
+
+// preloadChunk is the size of one data frame.
+const preloadChunk = 1 << 20
+
+// sendPreloads sends every file the agent asked for (need holds SHA-256s)
+// and waits for its verdict on each.
+func sendPreloads(w *wireConn, srcs []*preloadSource, need []string) error {
+	for _, sha := range need {
+		var src *preloadSource
+		for _, s := range srcs {
+			if s.info.SHA256 == sha {
+				src = s
+			}
+		}
+		if src == nil {
+			return fmt.Errorf("agent asked for unknown file %s", sha)
+		}
+		z, err := src.compressed()
+		if err != nil {
+			return err
+		}
+		hdr, _ := json.Marshal(wireMsg{T: "file", File: &fileHeader{SHA256: sha, Compressed: len(z)}})
+		if err := w.writeFrame(frameMsg, hdr); err != nil {
+			return err
+		}
+		for off := 0; off < len(z); off += preloadChunk {
+			if err := w.writeFrame(frameData, z[off:min(off+preloadChunk, len(z))]); err != nil {
+				return err
+			}
+		}
+		m, err := w.readMsg()
+		if err != nil {
+			return err
+		}
+		if m.T != "file-ok" {
+			return fmt.Errorf("%s: %s", src.info.Name, m.Err)
+		}
+	}
+	return nil
+}
+
+// fileHeader announces Compressed bytes of data frames for one file.
+type fileHeader struct {
+	SHA256     string `json:"sha256"`
+	Compressed int    `json:"compressed"`
+}
+
+// preloadPlace is where a host keeps a preloaded file and whether it is
+// already there with the right content.
+func preloadPlace(f preloadFile, dir string) (path string, present bool) {
+	if f.Program {
+		path = filepath.Join(os.TempDir(), "gorun-preload-"+strconv.Itoa(os.Getuid()), f.SHA256, f.Name)
+	} else {
+		path = filepath.Join(dir, f.Name)
+	}
+	got, err := fileSHA256(path)
+	return path, err == nil && got == f.SHA256
+}
+
+func fileSHA256(path string) (string, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer fh.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, fh); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// receivePreloads is the agent side: for each needed file, read its data
+// frames, decompress, check the hash, place it atomically, and answer.
+func receivePreloads(w *wireConn, files []preloadFile, paths map[string]string, need []string) error {
+	byHash := map[string]preloadFile{}
+	for _, f := range files {
+		byHash[f.SHA256] = f
+	}
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		return err
+	}
+	defer dec.Close()
+	for range need {
+		m, err := w.readMsg()
+		if err != nil {
+			return err
+		}
+		if m.T != "file" || m.File == nil {
+			return fmt.Errorf("expected a file, got %q", m.T)
+		}
+		f, ok := byHash[m.File.SHA256]
+		if !ok {
+			return fmt.Errorf("unexpected file %s", m.File.SHA256)
+		}
+		z := make([]byte, 0, m.File.Compressed)
+		for len(z) < m.File.Compressed {
+			typ, p, err := w.readFrame(nil)
+			if err != nil {
+				return err
+			}
+			if typ != frameData {
+				return fmt.Errorf("expected file data, got frame %q", typ)
+			}
+			z = append(z, p...)
+		}
+		verr := placeFile(dec, z, f, paths[f.SHA256])
+		reply := wireMsg{T: "file-ok"}
+		if verr != nil {
+			reply = wireMsg{T: "file-bad", Err: verr.Error()}
+		}
+		if err := w.send(reply); err != nil {
+			return err
+		}
+		if verr != nil {
+			return verr
+		}
+	}
+	return nil
+}
+
+func placeFile(dec *zstd.Decoder, z []byte, f preloadFile, path string) error {
+	data, err := dec.DecodeAll(z, make([]byte, 0, f.Size))
+	if err != nil {
+		return fmt.Errorf("decompress %s: %w", f.Name, err)
+	}
+	if got := sha256.Sum256(data); hex.EncodeToString(got[:]) != f.SHA256 || int64(len(data)) != f.Size {
+		return fmt.Errorf("%s arrived damaged (hash mismatch)", f.Name)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+f.Name+".*")
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(tmp, bytes.NewReader(data))
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), f.Mode)
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
