@@ -102,6 +102,11 @@ type Config struct {
 	// LaunchTimeout bounds the wait for every agent to connect; 0 means
 	// DefaultLaunchTimeout.
 	LaunchTimeout time.Duration
+	// SSHMultiplex, when positive, makes ssh keep a shared master
+	// connection to each host for this long after a job, so the next
+	// job's agents start without a handshake (OpenSSH ControlMaster /
+	// ControlPersist). 0 leaves ssh's own configuration alone.
+	SSHMultiplex time.Duration
 	// PreloadBinary sends the program to every host before the ranks
 	// start (preload.go); PreloadFiles sends these files to the ranks'
 	// working directory on every host.

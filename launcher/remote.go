@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -565,13 +566,36 @@ func (m *multi) startLaunchers(id LocalIdentity) error {
 		}
 		m.cfg.Logger.Info().Int("direct", len(direct)).Int("through_agents", len(rest)).Msg("starting agents as a tree")
 	}
+	template := m.cfg.LaunchAgent
+	if m.cfg.SSHMultiplex > 0 && (len(template) == 0 || filepath.Base(template[0]) == "ssh") {
+		template = m.multiplexed(template)
+	}
 	for _, i := range direct {
 		n := m.nodes[i]
-		if err := m.startLauncher("ssh", []int{i}, sshCommand(m.cfg.LaunchAgent, n.Name, m.agentArgs(n.Name)), nil, true); err != nil {
+		if err := m.startLauncher("ssh", []int{i}, sshCommand(template, n.Name, m.agentArgs(n.Name)), nil, true); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// multiplexed adds OpenSSH connection sharing to an ssh template: the first
+// job to a host leaves a master connection for SSHMultiplex, and later jobs
+// open sessions over it without a new handshake (as Ansible does by
+// default). The sockets live in a directory only this user can enter.
+func (m *multi) multiplexed(template []string) []string {
+	if len(template) == 0 {
+		template = []string{"ssh"}
+	}
+	dir := filepath.Join(os.TempDir(), "gorun-ssh-"+strconv.Itoa(os.Getuid()))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		m.cfg.Logger.Warn().Err(err).Msg("ssh multiplexing off: no socket directory")
+		return template
+	}
+	secs := int(m.cfg.SSHMultiplex.Round(time.Second) / time.Second)
+	out := append([]string{template[0], "-o", "ControlMaster=auto", "-o", "ControlPath=" + filepath.Join(dir, "%C"),
+		"-o", "ControlPersist=" + strconv.Itoa(max(secs, 1))}, template[1:]...)
+	return out
 }
 
 func (m *multi) startLauncher(what string, nodes []int, argv, env []string, secretOnStdin bool) error {
@@ -590,6 +614,9 @@ func (m *multi) startLauncher(what string, nodes []int, argv, env []string, secr
 			return err
 		}
 	}
+	// A multiplexing ssh leaves its master in the background holding the
+	// output pipe; Wait must not wait for that pipe's EOF.
+	cmd.WaitDelay = time.Second
 	if err := cmd.Start(); err != nil {
 		host := m.nodes[nodes[0]].Name
 		return &HostError{Host: host, Op: "start agent with " + what, Err: err}

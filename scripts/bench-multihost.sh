@@ -43,6 +43,16 @@ gorun_cmd=("$gorun" --launch-agent "ssh -F $ssh_config" -hostfile "$hostfile" /b
 mpi_cmd=(mpirun --allow-run-as-root --hostfile "$hostfile" -np "$np"
   --mca plm_rsh_agent "ssh -F $ssh_config" --mca btl self,tcp --mca oob_tcp_if_include "$(sed -n 's/^SUBNET=//p' <<<"$env_out")"
   /bin/true)
+# The same two with ssh connection sharing (the second job onwards skips
+# the ssh handshake): gorun's --ssh-multiplex, and the equivalent OpenSSH
+# options handed to mpirun's ssh, so both sides get the same help.
+mux_dir=$state/mux
+mkdir -p "$mux_dir"
+mux_opts="-o ControlMaster=auto -o ControlPath=$mux_dir/mpi-%C -o ControlPersist=120"
+gorun_mux=("$gorun" --ssh-multiplex 120s --launch-agent "ssh -F $ssh_config" -hostfile "$hostfile" /bin/true)
+mpi_mux=(mpirun --allow-run-as-root --hostfile "$hostfile" -np "$np"
+  --mca plm_rsh_agent "ssh -F $ssh_config $mux_opts" --mca btl self,tcp --mca oob_tcp_if_include "$(sed -n 's/^SUBNET=//p' <<<"$env_out")"
+  /bin/true)
 
 elapsed() {
   local t0 t1
@@ -52,29 +62,43 @@ elapsed() {
   awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.4f\n", (b - a) / 1e9}'
 }
 median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.4f\n", (a[NR/2]+a[NR/2+1])/2}'; }
-stats() { printf 'median %.4f s  (min %.4f, max %.4f)' "$(median)" "$(sort -n <<<"$1" | head -1)" "$(sort -n <<<"$1" | tail -1)"; }
+stats() { printf 'median %.4f s  (min %.4f, max %.4f)' "$(median <<<"$1")" "$(sort -n <<<"$1" | head -1)" "$(sort -n <<<"$1" | tail -1)"; }
+ratio() { awk -v g="$(median <<<"$1")" -v m="$(median <<<"$2")" 'BEGIN {printf "%.3f", g / m}'; }
 
-# Warm-up: page cache, sshd's first connection.
+# Warm-up: page cache, sshd's first connection, the shared masters.
 "${gorun_cmd[@]}" >/dev/null 2>&1 || true
+"${gorun_mux[@]}" >/dev/null 2>&1 || true
 have_mpi=0
 if command -v mpirun >/dev/null 2>&1; then
   have_mpi=1
   "${mpi_cmd[@]}" >/dev/null 2>&1 || true
+  "${mpi_mux[@]}" >/dev/null 2>&1 || true
 fi
 
-g=() m=()
+g=() m=() gx=() mx=()
 for ((i = 0; i < runs; i++)); do
   g+=("$(elapsed "${gorun_cmd[@]}")")
-  [ $have_mpi -eq 1 ] && m+=("$(elapsed "${mpi_cmd[@]}")")
+  gx+=("$(elapsed "${gorun_mux[@]}")")
+  if [ $have_mpi -eq 1 ]; then
+    m+=("$(elapsed "${mpi_cmd[@]}")")
+    mx+=("$(elapsed "${mpi_mux[@]}")")
+  fi
+done
+# The shared masters end with the hosts' sshd at teardown; end them now.
+for s in "$mux_dir"/* /tmp/gorun-ssh-"$(id -u)"/*; do
+  [ -S "$s" ] && ssh -o ControlPath="$s" -O exit x >/dev/null 2>&1 || true
 done
 
-gs=$(printf '%s\n' "${g[@]}")
+gs=$(printf '%s\n' "${g[@]}") gxs=$(printf '%s\n' "${gx[@]}")
 printf 'launch %d hosts x %d ranks of /bin/true over ssh, %d runs each, alternating\n' "$nhosts" "$slots" "$runs"
-printf '  gorun   %s\n' "$(stats "$gs" <<<"$gs")"
+printf '  gorun                  %s\n' "$(stats "$gs")"
+printf '  gorun --ssh-multiplex  %s\n' "$(stats "$gxs")"
 if [ $have_mpi -eq 1 ]; then
-  ms=$(printf '%s\n' "${m[@]}")
-  printf '  mpirun  %s\n' "$(stats "$ms" <<<"$ms")"
-  printf '  ratio gorun/mpirun %.3f  (goal <= 0.5)\n' "$(awk -v g="$(median <<<"$gs")" -v m="$(median <<<"$ms")" 'BEGIN {print g / m}')"
+  ms=$(printf '%s\n' "${m[@]}") mxs=$(printf '%s\n' "${mx[@]}")
+  printf '  mpirun                 %s\n' "$(stats "$ms")"
+  printf '  mpirun, ssh shared     %s\n' "$(stats "$mxs")"
+  printf '  ratio gorun/mpirun, plain ssh            %s  (goal <= 0.5)\n' "$(ratio "$gs" "$ms")"
+  printf '  ratio gorun/mpirun, both sharing ssh     %s\n' "$(ratio "$gxs" "$mxs")"
 else
   echo "  mpirun  not available; no ratio"
 fi

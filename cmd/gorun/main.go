@@ -89,6 +89,7 @@ type options struct {
 	fanout        int
 	preloadBinary bool
 	preloadFiles  string
+	sshMultiplex  time.Duration
 }
 
 func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
@@ -122,6 +123,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.preloadBinary, "preload-binary", false, "copy PROGRAM to every host (zstd, hash-checked, skipped when the host has it) before starting")
 	fs.BoolVar(&o.preloadBinary, "s", false, "same as --preload-binary")
 	fs.StringVar(&o.preloadFiles, "preload-files", "", "copy `FILES` (comma-separated) to the ranks' working directory on every host before starting")
+	fs.DurationVar(&o.sshMultiplex, "ssh-multiplex", 0, "keep ssh master connections to the hosts for `DUR` after the job so the next job skips the handshakes (0: off)")
 	fs.StringVar(&o.launcher, "launcher", "auto", "how agents start on other hosts: auto (srun inside a SLURM allocation, else ssh), ssh or srun")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: gorun [flags] [--] PROGRAM [ARGS...]
@@ -219,7 +221,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cfg.Version = version
 	cfg.LaunchAgent, cfg.RemoteGorun, cfg.Iface = launchAgent, o.agentPath, o.iface
 	cfg.Lease, cfg.LaunchTimeout, cfg.FanoutThreshold = o.lease, o.launchTimeout, o.fanout
-	cfg.PreloadBinary = o.preloadBinary
+	cfg.PreloadBinary, cfg.SSHMultiplex = o.preloadBinary, o.sshMultiplex
 	if o.preloadFiles != "" {
 		cfg.PreloadFiles = strings.Split(o.preloadFiles, ",")
 	}
