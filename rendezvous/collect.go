@@ -14,6 +14,7 @@ import (
 const (
 	kindCollect byte = 'C' // one round of an all-gather
 	kindFatal   byte = 'F' // a conflict found by another member: formation fails
+	kindBye     byte = 'B' // the sender is leaving gracefully (see World.shutdown)
 )
 
 // slotKey names one expected message: round `round` of collective `seq` on
@@ -288,6 +289,16 @@ func (w *World) handleMsg(b []byte) {
 		}
 		s.arrived, s.entries = true, entries
 		close(s.ch)
+	case kindBye:
+		r, n := binary.Uvarint(b[1:])
+		if n <= 0 {
+			return
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if int(r) < len(w.members) && int(r) != w.cfg.Rank {
+			w.members[r].leaving = true
+		}
 	case kindFatal:
 		ce := new(ConflictError)
 		if err := json.Unmarshal(b[1:], ce); err != nil {

@@ -299,9 +299,11 @@ func (c *Config) memberlistConfig() *memberlist.Config {
 	// would be a different incarnation of the world, which this package
 	// does not support.
 	mc.DeadNodeReclaimTime = 0
-	// Queue bound for incoming messages; the seed takes a burst of one alive
-	// message per member while the world forms.
-	mc.HandoffQueueDepth = max(1024, 4*c.WorldSize)
+	// Queue bound for incoming gossip messages. While the world forms every
+	// member relays every other member's alive message several times; with
+	// memberlist's 1024 a 256-member world dropped thousands of them
+	// (measured), each a member that then had to wait for a push-pull.
+	mc.HandoffQueueDepth = max(4096, 32*c.WorldSize)
 	mc.GossipToTheDeadTime = 10 * c.ProbeInterval
 	return mc
 }

@@ -32,6 +32,9 @@ import (
 	"github.com/gorun-hpc/gorun/rendezvous/rendezvoustest"
 )
 
+// logLevel is the -log flag.
+var logLevel string
+
 // tune holds the failure-detection settings under test (flags).
 var tune rendezvous.Config
 
@@ -39,6 +42,7 @@ func main() {
 	sizes := flag.String("sizes", "64,256,1024", "comma-separated world sizes")
 	network := flag.String("net", "mem", "mem (in-memory network) or udp (loopback sockets)")
 	verbose := flag.Bool("v", false, "log warnings")
+	flag.StringVar(&logLevel, "log", "", "log level (debug, info, warn); overrides -v")
 	def := rendezvous.DefaultConfig()
 	flag.DurationVar(&tune.ProbeInterval, "probe", def.ProbeInterval, "Config.ProbeInterval")
 	flag.DurationVar(&tune.ProbeTimeout, "probe-timeout", def.ProbeTimeout, "Config.ProbeTimeout")
@@ -88,6 +92,9 @@ func measure(n int, network string, verbose bool) (result, error) {
 	lvl := zerolog.ErrorLevel + 1
 	if verbose {
 		lvl = zerolog.WarnLevel
+	}
+	if l, err := zerolog.ParseLevel(logLevel); logLevel != "" && err == nil {
+		lvl = l
 	}
 	log := zerolog.New(os.Stderr).Level(lvl)
 	nw := &rendezvoustest.Network{}
