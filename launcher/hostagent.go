@@ -493,8 +493,17 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, l
 			if ok {
 				_ = w.send(wireMsg{T: "event", Event: &ev})
 			}
-			// gorun closes the connection once every host is done; the
-			// reader above then ends.
+			// Half-close and wait for gorun to hang up (it does once every
+			// host is done): closing outright while gorun's pings sit
+			// unread would reset the connection, and a reset discards
+			// whatever of ours was still in flight — "done" included.
+			if tc, isTCP := w.c.(*net.TCPConn); isTCP {
+				_ = tc.CloseWrite()
+				select {
+				case <-gone:
+				case <-time.After(2 * lease):
+				}
+			}
 			w.c.Close()
 			if !ok {
 				return errors.New("job supervisor exited without reporting the end of the job")

@@ -335,3 +335,62 @@ func TestPreload(t *testing.T) {
 		t.Errorf("second run: exit %d, stdout:\n%s\nstderr (must not preload again):\n%s", code, out, errOut)
 	}
 }
+
+// SIGKILL of gorun mid-job: every agent sees its connection close and
+// kills its ranks; nothing survives on any host. SIGTERM instead is
+// forwarded to every rank on every host.
+func TestGorunDeathAndSignals(t *testing.T) {
+	h := requireHosts(t)
+	j := newJob(t, h, 2, "hang", nil)
+	if err := j.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, j, 8)
+	if err := j.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	j.wait()
+	j.noSurvivors()
+
+	j = newJob(t, h, 2, "hang", nil)
+	if err := j.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, j, 8)
+	if err := j.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := j.wait(); code != 143 || !strings.Contains(j.stderr.String(), "gorun: received signal 15 (terminated); stopped 8 ranks") {
+		t.Errorf("after SIGTERM: exit %d, stderr:\n%s", code, j.stderr.String())
+	}
+	j.noSurvivors()
+}
+
+// Output floods from every host arrive complete, each line whole and in
+// order per rank.
+func TestOutputFloodAcrossHosts(t *testing.T) {
+	h := requireHosts(t)
+	const lines = 20000
+	j := newJob(t, h, 2, fmt.Sprintf("flood:%d", lines), nil)
+	if code := j.run(); code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", code, j.stderr.String())
+	}
+	next := map[string]int{}
+	for _, l := range strings.Split(strings.TrimSuffix(j.stdout.String(), "\n"), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 3 || len(f[2]) != 100 {
+			t.Fatalf("broken line %q", l)
+		}
+		n, err := strconv.Atoi(strings.TrimPrefix(f[1], "l"))
+		if err != nil || n != next[f[0]] {
+			t.Fatalf("rank %s: line %q out of order, want l%d", f[0], l, next[f[0]])
+		}
+		next[f[0]]++
+	}
+	for r := range 8 {
+		if got := next[fmt.Sprintf("r%d", r)]; got != lines {
+			t.Errorf("rank %d: %d lines, want %d", r, got, lines)
+		}
+	}
+	j.noSurvivors()
+}
