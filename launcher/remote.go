@@ -425,6 +425,7 @@ func (m *multi) acceptLoop(index map[string]int, results chan<- setupResult) {
 			for _, s := range m.preload {
 				job.Preload = append(job.Preload, s.info)
 			}
+			job.Stdin = m.cfg.Stdin != nil
 			if err := w.send(wireMsg{T: "job", Job: job}); err != nil {
 				c.Close()
 				results <- setupResult{node: node, err: &HostError{Host: host, Op: "talk to agent", Err: err}}
@@ -712,9 +713,6 @@ func (m *multi) run(ctx context.Context, plan *Plan) error {
 		m.abort()
 		return err
 	}
-	if m.cfg.Stdin != nil {
-		r.log.Debug().Msg("multi-host job: rank 0's stdin is /dev/null")
-	}
 	var now func() time.Time
 	if m.cfg.TimestampOutput {
 		now = time.Now
@@ -795,8 +793,10 @@ func (m *multi) run(ctx context.Context, plan *Plan) error {
 			r.log.Debug().Err(err).Str("host", n.Name).Msg("sending the spec failed")
 		}
 	}
+	stdinDone := m.forwardStdin(m.conns[0].w, quit)
 	err := r.loop(ctx)
 	close(quit)
+	stdinDone()
 	for _, c := range m.conns {
 		c.w.c.Close()
 	}
@@ -804,6 +804,61 @@ func (m *multi) run(ctx context.Context, plan *Plan) error {
 	r.wg.Wait()
 	m.reapLaunchers(m.cfg.Grace + 2*time.Second)
 	return err
+}
+
+// forwardStdin copies gorun's stdin to rank 0's agent as stdin frames
+// until EOF (then an empty frame) or quit. The returned function stops the
+// copy and waits for it. A source that cannot be interrupted (a socket,
+// say) is not forwarded: rank 0 gets /dev/null, as Run's own copy would
+// block its end.
+func (m *multi) forwardStdin(w *wireConn, quit <-chan struct{}) func() {
+	src := m.cfg.Stdin
+	if src == nil {
+		return func() {}
+	}
+	if f, ok := src.(*os.File); ok {
+		// A separate open file description in non-blocking mode makes the
+		// read cancellable without touching the shell's own terminal.
+		nf, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(int(f.Fd())), os.O_RDONLY|syscall.O_NONBLOCK, 0)
+		if err != nil {
+			m.cfg.Logger.Debug().Err(err).Msg("stdin cannot be forwarded to rank 0")
+			_ = w.writeFrame(frameStdin)
+			return func() {}
+		}
+		src = nf
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				if w.writeFrame(frameStdin, buf[:n]) != nil {
+					return
+				}
+			}
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					_ = w.writeFrame(frameStdin)
+				}
+				return
+			}
+			select {
+			case <-quit:
+				return
+			default:
+			}
+		}
+	})
+	return func() {
+		if d, ok := src.(interface{ SetReadDeadline(time.Time) error }); ok {
+			_ = d.SetReadDeadline(time.Unix(1, 0))
+		}
+		wg.Wait()
+		if c, ok := src.(io.Closer); ok && src != m.cfg.Stdin {
+			c.Close()
+		}
+	}
 }
 
 // readHost reads one agent's frames until it reported "done" and hung up

@@ -44,6 +44,7 @@ const (
 	frameOutput byte = 'O'
 	framePing   byte = 'P'
 	frameData   byte = 'D' // preloaded file contents (preload.go)
+	frameStdin  byte = 'I' // rank 0's stdin; an empty payload is EOF
 )
 
 // maxFrame bounds a frame a peer may announce; output is sent in pieces of
@@ -107,6 +108,9 @@ type remoteJob struct {
 	// Preload lists files gorun offers (preload.go); the agent asks for
 	// those it lacks in hello.Need.
 	Preload []preloadFile `json:"preload,omitempty"`
+	// Stdin says gorun forwards its stdin to rank 0 (stdin frames);
+	// otherwise every rank reads /dev/null.
+	Stdin bool `json:"stdin,omitempty"`
 }
 
 // childLaunch is one agent that a host agent starts for gorun.

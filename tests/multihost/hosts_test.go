@@ -394,3 +394,19 @@ func TestOutputFloodAcrossHosts(t *testing.T) {
 	}
 	j.noSurvivors()
 }
+
+// gorun's stdin reaches rank 0 on its remote host, EOF included; the
+// other ranks read /dev/null.
+func TestStdinReachesRankZero(t *testing.T) {
+	h := requireHosts(t)
+	j := newJob(t, h, 1, "cat", nil, "--tag-output")
+	j.cmd.Stdin = strings.NewReader("first line\nsecond line\n")
+	if code := j.run(); code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", code, j.stderr.String())
+	}
+	want := fmt.Sprintf("[0,%s] first line\n[0,%s] second line\n", h.Hosts[0], h.Hosts[0])
+	if got := j.stdout.String(); got != want {
+		t.Errorf("stdout %q, want %q", got, want)
+	}
+	j.noSurvivors()
+}
