@@ -20,6 +20,7 @@ type call struct {
 	ctx  context.Context
 	stop func() bool // unregisters the cancellation hook
 
+	c    *Comm // runs it; Wait may run it itself (see drain)
 	done chan struct{}
 	err  error // written before done is closed
 }
@@ -31,6 +32,18 @@ func (cl *call) Wait(ctx context.Context) error {
 	case <-cl.done:
 		return cl.err
 	default:
+	}
+	// If no goroutine is running calls, run this one (and any issued
+	// before it) here rather than hand it to the worker and back. Only when
+	// giving up on ctx could not come sooner that way: ctx is the call's
+	// own context (whose end fails the call anyway) or never ends.
+	if d := ctx.Done(); cl.c != nil && (d == nil || d == cl.ctx.Done()) && inlineWait.Load() {
+		cl.c.drain(cl)
+		select {
+		case <-cl.done:
+			return cl.err
+		default:
+		}
 	}
 	select {
 	case <-cl.done:
@@ -139,7 +152,9 @@ func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 			c.fail(fmt.Errorf("comm: %v on rank %d cancelled: %w", cl.kind, c.me, context.Cause(ctx)))
 		})
 	}
+	cl.c = c
 	c.queue <- cl
+	c.kick()
 	return cl
 }
 

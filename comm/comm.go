@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -80,6 +81,12 @@ type Comm struct {
 	issueMu sync.RWMutex
 	closed  bool // guarded by issueMu
 	queue   chan *call
+	// running is the run token (see drain): held by the goroutine running
+	// calls. wake (capacity 1) tells the worker there may be work; closing
+	// is set by Close before it closes queue.
+	running atomic.Bool
+	wake    chan struct{}
+	closing atomic.Bool
 
 	failOnce sync.Once
 	failed   chan struct{} // closed when failErr is set
@@ -140,6 +147,7 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 		g: g, cfg: cfg, me: me, n: n,
 		gid:    groupID(g, cfg.Tag),
 		queue:  make(chan *call, cfg.QueueDepth),
+		wake:   make(chan struct{}, 1),
 		failed: make(chan struct{}),
 
 		workerExited: make(chan struct{}),
@@ -295,8 +303,10 @@ func (c *Comm) Close() error {
 	c.closeOnce.Do(func() {
 		c.issueMu.Lock()
 		c.closed = true
+		c.closing.Store(true)
 		close(c.queue)
 		c.issueMu.Unlock()
+		c.kick()
 		<-c.workerExited
 		if c.Err() == nil {
 			for _, p := range c.peers {

@@ -25,7 +25,10 @@
 //
 // Every call returns a Handle at once. Calls on one Communicator run one at a
 // time in the order they were issued, so they complete in issue order on every
-// rank; the overlap runtime relies on this. Every rank of a group must issue the
+// rank; the overlap runtime relies on this. A call runs on the communicator's
+// worker goroutine, so it progresses while its issuer computes, or, when no
+// call is running, on the goroutine that waits for it (saving two goroutine
+// hand-offs on the latency path). Every rank of a group must issue the
 // same collectives in the same order (as in MPI and NCCL). A rank that issues a
 // different call at the same position gets a *DesyncError naming both calls, and
 // the peers it talks to get that error too (as an abort naming both calls); no

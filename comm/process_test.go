@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -152,6 +153,9 @@ func childMain() int {
 }
 
 func childBench(ctx context.Context, c *comm.Comm) int {
+	if ab := os.Getenv("GORUN_COMM_AB"); ab != "" {
+		return childBenchAB(ctx, c, strings.Split(ab, " "))
+	}
 	n := c.Size()
 	for _, size := range benchSizes() {
 		buf := comm.Float32s(make([]float32, max(size/4, 1)))
@@ -163,19 +167,105 @@ func childBench(ctx context.Context, c *comm.Comm) int {
 			fmt.Fprintln(os.Stderr, err)
 			return exitBad
 		}
+		// Per-iteration times: on a shared host the median resists the
+		// noise that other processes add to the mean.
+		times := make([]time.Duration, iters)
+		cpu0 := cpuTime()
 		start := time.Now()
-		for range iters {
+		for i := range iters {
+			t0 := time.Now()
 			if err := c.AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx); err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				return exitBad
 			}
+			times[i] = time.Since(t0)
 		}
 		sec := time.Since(start).Seconds() / float64(iters)
+		cpu := (cpuTime() - cpu0).Seconds() / float64(iters)
+		slices.Sort(times)
+		med := times[iters/2].Seconds()
+		bw := func(s float64) float64 { return float64(size) / s / 1e9 * 2 * float64(n-1) / float64(n) }
 		if c.Rank() == 0 {
-			fmt.Printf("%10d %12.2f us %8.3f GB/s busbw\n", size, sec*1e6, float64(size)/sec/1e9*2*float64(n-1)/float64(n))
+			fmt.Printf("%10d %12.2f us %8.3f GB/s busbw  median %10.2f us %8.3f GB/s  cpu %10.2f us\n", size, sec*1e6, bw(sec), med*1e6, bw(med), cpu*1e6)
 		}
 	}
 	return 0
+}
+
+// childBenchAB compares tunings in one pair of processes: for each size it
+// cycles through them in short blocks, many times, so that every tuning
+// sees the same load from the rest of the host. A tuning is
+// "label=spin,yield,inline", e.g. "old=200us,10us,0".
+func childBenchAB(ctx context.Context, c *comm.Comm, specs []string) int {
+	type tuning struct {
+		label       string
+		spin, yield time.Duration
+		inline      bool
+		times       []time.Duration
+		cpu         time.Duration
+	}
+	var tunings []*tuning
+	for _, s := range specs {
+		label, rest, _ := strings.Cut(s, "=")
+		f := strings.Split(rest, ",")
+		if len(f) != 3 {
+			fmt.Fprintln(os.Stderr, "bad tuning", s)
+			return exitBad
+		}
+		spin, _ := time.ParseDuration(f[0])
+		yield, _ := time.ParseDuration(f[1])
+		tunings = append(tunings, &tuning{label: label, spin: spin, yield: yield, inline: f[2] == "1"})
+	}
+	n := c.Size()
+	for _, size := range benchSizes() {
+		buf := comm.Float32s(make([]float32, max(size/4, 1)))
+		block := max(2, min(200, (4<<20)/max(size, 1)))
+		rounds := max(3, min(20, (256<<20)/max(size, 1)/block/len(tunings)))
+		for _, t := range tunings {
+			t.times, t.cpu = t.times[:0], 0
+		}
+		for range 3 {
+			_ = c.AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx)
+		}
+		for range rounds {
+			for _, t := range tunings {
+				comm.SetTuning(t.spin, t.yield, t.inline)
+				if err := c.Barrier(ctx).Wait(ctx); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					return exitBad
+				}
+				cpu0 := cpuTime()
+				for range block {
+					t0 := time.Now()
+					if err := c.AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx); err != nil {
+						fmt.Fprintln(os.Stderr, err)
+						return exitBad
+					}
+					t.times = append(t.times, time.Since(t0))
+				}
+				t.cpu += cpuTime() - cpu0
+			}
+		}
+		if c.Rank() != 0 {
+			continue
+		}
+		fmt.Printf("%10d", size)
+		for _, t := range tunings {
+			slices.Sort(t.times)
+			med := t.times[len(t.times)/2].Seconds()
+			bw := float64(size) / med / 1e9 * 2 * float64(n-1) / float64(n)
+			fmt.Printf("  %s %9.2f us %6.3f GB/s cpu %8.2f", t.label, med*1e6, bw, t.cpu.Seconds()*1e6/float64(len(t.times)))
+		}
+		fmt.Println()
+	}
+	return 0
+}
+
+// cpuTime is the user and system time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func benchSizes() []int {

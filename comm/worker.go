@@ -4,46 +4,134 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"time"
 )
 
-// worker runs calls one at a time in issue order. It is the only goroutine
-// that receives on links and the only one that touches per-call state, so
-// the algorithms below need no locks.
+// Calls run one at a time in issue order, each by whichever goroutine holds
+// the run token (c.running): the worker goroutine, or a goroutine blocked
+// in Wait on a call that has not started yet. Only the token holder
+// receives from the queue, and it runs what it receives before letting go,
+// so the order of the queue is the order of execution. The holder is the
+// only goroutine that receives on links and touches per-call state, so the
+// algorithms below need no locks (the token's atomic hand-over orders one
+// holder's writes before the next one's reads).
+//
+// Why not the worker alone: a call issued and waited for at once would
+// then cross two goroutine hand-offs (issuer → worker → waiter), and with
+// more than one P each wakes an idle thread; on a small, busy host that
+// costs more than the collective itself. The worker still exists so that a
+// call progresses while its issuer computes instead of waiting (overlap).
+
+// tunableDur is a setting benchmarks may change while calls run
+// (SetTuning in export_test.go).
+type tunableDur struct{ ns atomic.Int64 }
+
+func tunable(d time.Duration) *tunableDur {
+	t := &tunableDur{}
+	t.ns.Store(int64(d))
+	return t
+}
+
+func (t *tunableDur) get() time.Duration { return time.Duration(t.ns.Load()) }
+
+// inlineWait lets Wait run calls (see above); benchmarks turn it off to
+// compare.
+var inlineWait atomic.Bool
+
+func init() { inlineWait.Store(true) }
+
+// worker runs calls nobody is waiting for, until the queue is closed and
+// drained. It is woken by issue (and by Close, and by a Wait that let go of
+// the token with calls still queued).
 func (c *Comm) worker() {
 	defer close(c.workerExited)
-	for cl := range c.queue {
-		if err := c.Err(); err != nil {
-			cl.finish(err)
-			continue
+	for range c.wake {
+		if c.drain(nil) {
+			return
 		}
-		if cl.invalid != nil {
-			c.fail(cl.invalid)
-			cl.finish(cl.invalid)
-			continue
-		}
-		switch cl.kind {
-		case KindSend, KindRecv:
-			c.peers[cl.root].seq++
-		default:
-			for _, p := range c.peers {
-				if p != nil {
-					p.seq++
-				}
-			}
-		}
-		err := c.run(cl)
-		if err == nil {
-			err = c.flushAll(cl)
-		}
-		if err != nil {
-			c.fail(err)
-			if errors.Is(err, errLinkDown) {
-				err = c.failErr
-			}
-		}
-		cl.finish(err)
 	}
+}
+
+// kick wakes the worker; it never blocks (one pending wake is enough).
+func (c *Comm) kick() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// drain takes the run token if it is free and runs queued calls in order,
+// stopping after target if target is set (a Wait running its own call and
+// the ones issued before it). It reports whether it found the queue closed
+// and empty. Whoever lets go of the token with calls still queued (or with
+// the queue closing) kicks the worker, so no call is left behind.
+func (c *Comm) drain(target *call) (closed bool) {
+	if !c.running.CompareAndSwap(false, true) {
+		return false
+	}
+	for target == nil || !target.Done() {
+		var cl *call
+		var ok bool
+		select {
+		case cl, ok = <-c.queue:
+		default:
+			ok = true
+		}
+		if !ok {
+			closed = true
+			break
+		}
+		if cl == nil {
+			break
+		}
+		c.execute(cl)
+		if cl == target {
+			break
+		}
+	}
+	c.running.Store(false)
+	if len(c.queue) > 0 || c.closing.Load() {
+		// Calls issued while we held the token, or a closed queue that
+		// only the worker may act on (it exits): the worker may have
+		// found the token taken and gone back to sleep.
+		c.kick()
+	}
+	return closed
+}
+
+// execute runs one call and completes it. Token holder only.
+func (c *Comm) execute(cl *call) {
+	if err := c.Err(); err != nil {
+		cl.finish(err)
+		return
+	}
+	if cl.invalid != nil {
+		c.fail(cl.invalid)
+		cl.finish(cl.invalid)
+		return
+	}
+	switch cl.kind {
+	case KindSend, KindRecv:
+		c.peers[cl.root].seq++
+	default:
+		for _, p := range c.peers {
+			if p != nil {
+				p.seq++
+			}
+		}
+	}
+	err := c.run(cl)
+	if err == nil {
+		err = c.flushAll(cl)
+	}
+	if err != nil {
+		c.fail(err)
+		if errors.Is(err, errLinkDown) {
+			err = c.failErr
+		}
+	}
+	cl.finish(err)
 }
 
 // errLinkDown marks an error from a link that was closed because the
