@@ -30,6 +30,7 @@ var (
 const numHosts = 4
 
 func TestMain(m *testing.M) {
+	maybeRdzvRank()
 	launchertest.MaybeRunHelper()
 	launchertest.FastRaceExit()
 	os.Exit(run(m))
