@@ -30,12 +30,28 @@
 //     same supervisor as a local job and relays output, events and commands
 //     over its one connection; a lease on both ends turns a dropped or
 //     silent connection into "ranks killed" on the host and "host lost" in
-//     gorun.
+//     gorun. Above Config.FanoutThreshold hosts, agents start further
+//     agents (a two-level tree). Inside a SLURM allocation one srun starts
+//     every agent (Config.Starter).
+//   - Around a multi-host launch: preload.go sends the program and files
+//     to the hosts before any rank starts (zstd, SHA-256, skipped when
+//     present); doctor.go runs the same agents for pre-flight checks
+//     (versions, interfaces, ports, all-pairs reachability, GPUs).
 //   - The agent (agent.go): the same executable re-run with an internal
 //     variable set; a child subreaper that is the parent of every rank and
 //     kills every descendant when gorun dies, however it died. agent.go
 //     explains why this design was chosen over the alternatives. Programs
 //     embedding the launcher call IsAgent/AgentMain first thing in main.
+//
+// # A multi-host launch's ordering obligations
+//
+// No rank starts anywhere until every host's agent has authenticated, said
+// hello (version, interface, ports, program present) and received its
+// preloaded files: any host failing before that ends the launch with an
+// error naming it. The plan is made only then, because rank 0's host
+// supplies MASTER_ADDR and the ports. An agent sends "done" only after the
+// last byte of its ranks' output, so gorun has all output of a host when
+// it counts that host finished.
 //
 // # Run's ordering obligations
 //
