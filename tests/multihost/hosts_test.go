@@ -410,3 +410,20 @@ func TestStdinReachesRankZero(t *testing.T) {
 	}
 	j.noSurvivors()
 }
+
+// An ssh refusal (here: a user the hosts do not know) names the host and
+// says what ssh said.
+func TestSSHRefusalIsNamed(t *testing.T) {
+	h := requireHosts(t)
+	j := newJob(t, h, 1, "hang", nil)
+	for i, a := range j.cmd.Args {
+		if a == "--launch-agent" {
+			j.cmd.Args[i+1] += " -l gorun-no-such-user"
+		}
+	}
+	code := j.run()
+	if code != 255 || !regexp.MustCompile(`gorun: host \S+: ssh: .*Permission denied`).MatchString(j.stderr.String()) {
+		t.Errorf("exit %d, stderr:\n%s\nwant 255 and ssh's refusal naming a host", code, j.stderr.String())
+	}
+	j.noSurvivors()
+}
