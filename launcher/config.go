@@ -59,7 +59,9 @@ type Config struct {
 	// ExitPolicy picks the failure reported when several ranks fail.
 	ExitPolicy ExitPolicy
 	// Env is the environment every rank inherits before the plan's
-	// variables are added; nil means gorun's own environment.
+	// variables are added; nil means gorun's own environment. On other
+	// hosts the base is the host agent's environment instead (what ssh or
+	// srun gives it), as with mpirun: use -x (Job.Export) to carry values.
 	Env []string
 	// Dir is the ranks' working directory; "" means gorun's.
 	Dir string
