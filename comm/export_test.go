@@ -5,8 +5,13 @@ import "time"
 // SetTuning overrides the shared-memory waiter's spin and yield thresholds
 // and whether Wait may run calls itself (benchmark experiments; safe while
 // calls run).
-func SetTuning(spin, yield time.Duration, inline bool) {
+func SetTuning(spin, yield time.Duration, inline bool, slow time.Duration) {
+	slowWait.ns.Store(int64(slow))
 	spinLimit.ns.Store(int64(spin))
 	yieldAfter.ns.Store(int64(yield))
 	inlineWait.Store(inline)
 }
+
+// SetSegmentBytes changes c's pipeline segment between calls (benchmark
+// experiments; only while no call runs).
+func SetSegmentBytes(c *Comm, n int) { c.cfg.SegmentBytes = n }

@@ -195,12 +195,15 @@ func childBench(ctx context.Context, c *comm.Comm) int {
 // childBenchAB compares tunings in one pair of processes: for each size it
 // cycles through them in short blocks, many times, so that every tuning
 // sees the same load from the rest of the host. A tuning is
-// "label=spin,yield,inline", e.g. "old=200us,10us,0".
+// "label=spin,yield,inline[,segmentBytes[,slowWait]]", e.g.
+// "old=200us,10us,0" (slowWait 0 or absent: no adaptive yielding).
 func childBenchAB(ctx context.Context, c *comm.Comm, specs []string) int {
 	type tuning struct {
 		label       string
 		spin, yield time.Duration
 		inline      bool
+		seg         int
+		slow        time.Duration
 		times       []time.Duration
 		cpu         time.Duration
 	}
@@ -208,13 +211,18 @@ func childBenchAB(ctx context.Context, c *comm.Comm, specs []string) int {
 	for _, s := range specs {
 		label, rest, _ := strings.Cut(s, "=")
 		f := strings.Split(rest, ",")
-		if len(f) != 3 {
+		for len(f) < 5 {
+			f = append(f, "")
+		}
+		if len(f) != 5 {
 			fmt.Fprintln(os.Stderr, "bad tuning", s)
 			return exitBad
 		}
 		spin, _ := time.ParseDuration(f[0])
 		yield, _ := time.ParseDuration(f[1])
-		tunings = append(tunings, &tuning{label: label, spin: spin, yield: yield, inline: f[2] == "1"})
+		seg, _ := strconv.Atoi(f[3])
+		slow, _ := time.ParseDuration(f[4])
+		tunings = append(tunings, &tuning{label: label, spin: spin, yield: yield, inline: f[2] == "1", seg: seg, slow: slow})
 	}
 	n := c.Size()
 	for _, size := range benchSizes() {
@@ -227,9 +235,14 @@ func childBenchAB(ctx context.Context, c *comm.Comm, specs []string) int {
 		for range 3 {
 			_ = c.AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx)
 		}
-		for range rounds {
-			for _, t := range tunings {
-				comm.SetTuning(t.spin, t.yield, t.inline)
+		for round := range rounds {
+			for k := range tunings {
+				// Rotate the order so no tuning always follows the same one.
+				t := tunings[(k+round)%len(tunings)]
+				comm.SetTuning(t.spin, t.yield, t.inline, t.slow)
+				if t.seg > 0 {
+					comm.SetSegmentBytes(c, t.seg)
+				}
 				if err := c.Barrier(ctx).Wait(ctx); err != nil {
 					fmt.Fprintln(os.Stderr, err)
 					return exitBad
