@@ -45,6 +45,12 @@ func childMain() int {
 	if v, err := strconv.Atoi(os.Getenv("GORUN_COMM_RING")); err == nil {
 		ecfg.ShmRingBytes = v // tuning experiments
 	}
+	if tune := os.Getenv("GORUN_COMM_TUNE"); tune != "" {
+		// One tuning for the whole run: "spin,yield,inline,slowWait".
+		f := strings.Split(tune+",,,", ",")
+		d := func(i int) time.Duration { v, _ := time.ParseDuration(f[i]); return v }
+		comm.SetTuning(d(0), d(1), f[2] == "1", d(3))
+	}
 	ep, err := comm.Listen(ecfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
