@@ -211,3 +211,38 @@ func TestLoopAgentVanishes(t *testing.T) {
 		}
 	})
 }
+
+// A lost host agent fails its ranks and ends the job: the other hosts'
+// ranks get SIGTERM, and the error names the host and its ranks. The loop
+// ends when every other agent reported done.
+func TestLoopHostLost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := basePlanConfig()
+		c.Hosts = []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}}
+		plan, err := NewPlan(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &fakeJob{t: t, events: make(chan agentEvent, 64), cmds: make(chan agentCmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
+		cfg := testConfig()
+		cfg.Logger = zerolog.Nop()
+		r := &runner{cfg: cfg, plan: plan, log: cfg.Logger, events: f.events, agentsLeft: 2,
+			sendCmd: func(c agentCmd) { f.cmds <- c }, killGroup: func(pgid int) { f.killed <- pgid }}
+		go func() { f.errc <- r.loop(context.Background()) }()
+		for i := range 4 {
+			f.events <- agentEvent{Ev: "started", Rank: i, PID: 1000 + i, node: i / 2}
+		}
+		f.events <- agentEvent{Ev: "lost", Rank: 2, Err: "no word from its agent for 4s", node: 1}
+		f.expect("signal", syscall.SIGTERM)
+		f.exit(0, 0, syscall.SIGTERM)
+		f.exit(1, 143, 0)
+		err = f.done() // node 0's agent
+		var le *AgentLostError
+		if !errors.As(err, &le) || le.Host != "b" || le.FirstRank != 2 || le.Ranks != 2 || le.Stopped != 2 || le.ExitCode() != 255 {
+			t.Fatalf("err = %v, want host b lost with ranks 2-3 and 2 stopped", err)
+		}
+		if want := "lost host b: no word from its agent for 4s; its ranks 2-3 counted as failed; stopped 2 other ranks"; err.Error() != want {
+			t.Errorf("message %q, want %q", err.Error(), want)
+		}
+	})
+}
