@@ -4,7 +4,7 @@ BIN       := bin
 GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 
-.PHONY: help build test test-deps vet unit bench-launch bench-compare clean
+.PHONY: help build test test-deps vet unit bench-launch bench-compare bench-multihost clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ bench-launch: build ## launch time: gorun -np 16 /bin/true vs mpirun, side by si
 
 bench-compare: build ## all-reduce busbw: gorun (tcp, shm) vs Open MPI and torch gloo, ratios + PNG in bench-results/
 	@bash scripts/bench-compare.sh
+
+bench-multihost: build ## multi-host launch: gorun vs mpirun --hostfile over 4 namespace hosts with sshd (root)
+	@bash scripts/bench-multihost.sh
 
 clean: ## remove build outputs
 	rm -rf $(BIN)
