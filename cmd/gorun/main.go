@@ -42,6 +42,7 @@ var subcommands = map[string]func(args []string, stdout, stderr io.Writer) int{
 	"bench":  benchMain,
 	"agent":  agentMain,
 	"doctor": doctorMain,
+	"trace":  traceMain,
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
