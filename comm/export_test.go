@@ -5,7 +5,8 @@ import "time"
 // SetTuning overrides the shared-memory waiter's spin and yield thresholds
 // and whether Wait may run calls itself (benchmark experiments; safe while
 // calls run).
-func SetTuning(spin, yield time.Duration, inline bool, slow time.Duration) {
+func SetTuning(spin, yield time.Duration, inline bool, slow time.Duration, cpu bool) {
+	cpuCheck.Store(cpu)
 	slowWait.ns.Store(int64(slow))
 	spinLimit.ns.Store(int64(spin))
 	yieldAfter.ns.Store(int64(yield))

@@ -46,10 +46,10 @@ func childMain() int {
 		ecfg.ShmRingBytes = v // tuning experiments
 	}
 	if tune := os.Getenv("GORUN_COMM_TUNE"); tune != "" {
-		// One tuning for the whole run: "spin,yield,inline,slowWait".
-		f := strings.Split(tune+",,,", ",")
+		// One tuning for the whole run: "spin,yield,inline,slowWait,cpuCheck".
+		f := strings.Split(tune+",,,,", ",")
 		d := func(i int) time.Duration { v, _ := time.ParseDuration(f[i]); return v }
-		comm.SetTuning(d(0), d(1), f[2] == "1", d(3))
+		comm.SetTuning(d(0), d(1), f[2] == "1", d(3), f[4] != "0")
 	}
 	ep, err := comm.Listen(ecfg)
 	if err != nil {
@@ -245,7 +245,7 @@ func childBenchAB(ctx context.Context, c *comm.Comm, specs []string) int {
 			for k := range tunings {
 				// Rotate the order so no tuning always follows the same one.
 				t := tunings[(k+round)%len(tunings)]
-				comm.SetTuning(t.spin, t.yield, t.inline, t.slow)
+				comm.SetTuning(t.spin, t.yield, t.inline, t.slow, true)
 				if t.seg > 0 {
 					comm.SetSegmentBytes(c, t.seg)
 				}

@@ -43,6 +43,9 @@ const (
 	// Per direction, in the control page: head, tail, consumer-waiting,
 	// producer-waiting, each on its own line.
 	dirCtlBytes = 4 * cacheLine
+	// Per side (0 dialer, 1 acceptor), at cpuCtlOff + side·cacheLine: the
+	// CPU (plus one; 0 unknown) its waiting thread last ran on.
+	cpuCtlOff = 1024
 )
 
 type shmSegment struct {
@@ -155,16 +158,18 @@ type ring struct {
 	readTail     uint64 // consumer side only: local copy of tail
 	remainingPad int    // consumer side only: pad bytes after the current payload
 	// The waiting side's view of its peer (tx: under wmu; rx: the
-	// receiver): slowPeer after a wait longer than slowWait, until
-	// fastWaits waits in a row end within yieldAfter. See wait.
+	// receiver): slowPeer after a wait in which the peer's last CPU was
+	// ours (or, if slowWait is set, a wait longer than it), until fastWaits
+	// waits in a row end within yieldAfter. See wait.
 	slowPeer  bool
 	fastWaits int
 }
 
-// noteWait updates the ring's view of the peer after a wait of d.
-func (r *ring) noteWait(d time.Duration) {
+// noteWait updates the ring's view of the peer after a wait of d;
+// contended says the peer was found waiting on our CPU.
+func (r *ring) noteWait(d time.Duration, contended bool) {
 	switch sw := slowWait.get(); {
-	case sw > 0 && d > sw:
+	case contended || (sw > 0 && d > sw):
 		r.slowPeer, r.fastWaits = true, 0
 	case r.slowPeer && d < yieldAfter.get():
 		if r.fastWaits++; r.fastWaits >= fastWaitsToSpin {
@@ -211,25 +216,29 @@ func futexWake(addr *uint32) {
 var spinLimit = tunable(200 * time.Microsecond)
 
 // yieldAfter is how long a waiter polls before it starts yielding the CPU
-// (it checks every 256 polls, about a microsecond), while its peer has been
-// answering quickly. After a wait longer than slowWait it yields from the
-// first check, until fastWaitsToSpin waits in a row end within yieldAfter.
+// (it checks every 256 polls, about a microsecond). At its first yield a
+// waiter publishes the CPU it runs on and compares it with the one its peer
+// published at its own last yield: the same CPU means the peer is queued
+// behind us, and from then on the waiter yields from the first check,
+// until fastWaitsToSpin waits in a row end within yieldAfter.
 //
-// Why adaptive (2 ranks, 2 cores shared with other jobs, tunings alternated
-// in one process pair): on a quiet host a peer answers within microseconds
-// and spinning first is fastest (64 KiB all-reduce 15.7 µs spinning 10 µs
-// first, 19.7 µs yielding at once; 256 KiB 43 vs 54 µs); when other
-// processes hold the cores the peer is often queued behind us, and yielding
-// at once measured 8 B 35 → 12 µs and 64 KiB 80 → 54 µs. The adaptive
-// waiter matched the better of the two within noise in both regimes.
+// Why (2 ranks, 2 cores shared with other jobs): on a quiet host a peer
+// answers within microseconds and spinning first is fastest (64 KiB
+// all-reduce 15.7 µs spinning 10 µs first, 19.7 µs yielding at once;
+// 256 KiB 43 vs 54 µs); when the ranks share a core, yielding at once
+// measured 8 B 35 → 12 µs and 64 KiB 80 → 54 µs. Judging by wait length
+// (slowWait) also caught legitimately long waits on a lightly loaded host
+// (64 KiB 24 → 29 µs); the CPU comparison does not.
 var yieldAfter = tunable(10 * time.Microsecond)
 
-// slowWait: a wait this long means the peer is not getting a core, or a
-// large message is in flight (where yielding early also measured as good or
-// better: the other goroutine of our own process may need the core).
-// 0 turns the adaptation off. 20 µs and 10 µs measured alike; 50 µs
-// reacted too slowly under load.
-var slowWait = tunable(20 * time.Microsecond)
+// slowWait, when set, also treats a wait this long as a sign that the peer
+// lacks a core. 0 (default): only the CPU comparison counts.
+var slowWait = tunable(0)
+
+// cpuCheck turns the CPU comparison on (benchmarks turn it off to compare).
+var cpuCheck atomic.Bool
+
+func init() { cpuCheck.Store(true) }
 
 const fastWaitsToSpin = 32
 
@@ -255,7 +264,7 @@ func (l *shmLink) wait(r *ring, forSpace bool) bool {
 	dead := l.isDead
 	if cond() {
 		if r.slowPeer {
-			r.noteWait(0)
+			r.noteWait(0, false)
 		}
 		return true
 	}
@@ -264,9 +273,10 @@ func (l *shmLink) wait(r *ring, forSpace bool) bool {
 		yieldFrom = 0
 	}
 	start := time.Now()
+	contended, checked := false, false
 	for i := 0; ; i++ {
 		if cond() {
-			r.noteWait(time.Since(start))
+			r.noteWait(time.Since(start), contended)
 			return true
 		}
 		if i&255 == 255 {
@@ -279,6 +289,14 @@ func (l *shmLink) wait(r *ring, forSpace bool) bool {
 			}
 			runtime.Gosched()
 			if spun > yieldFrom {
+				if !checked && cpuCheck.Load() {
+					checked = true
+					var cpu uint32
+					if _, _, e := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), 0, 0); e == 0 {
+						atomic.StoreUint32(l.myCPU, cpu+1)
+						contended = atomic.LoadUint32(l.peerCPU) == cpu+1
+					}
+				}
 				// The peer is not answering at memory speed: on a busy host
 				// it may be queued behind us on this core, so let other
 				// processes run too. A peer on the other core then waits
@@ -292,7 +310,7 @@ func (l *shmLink) wait(r *ring, forSpace bool) bool {
 		atomic.StoreUint32(w, 1)
 		if cond() {
 			atomic.StoreUint32(w, 0)
-			r.noteWait(time.Since(start))
+			r.noteWait(time.Since(start), contended)
 			return true
 		}
 		if dead() {
@@ -320,6 +338,10 @@ type shmLink struct {
 	users  int
 	closed bool
 
+	// Where this side publishes its waiting thread's CPU, and where the
+	// peer does (see yieldAfter).
+	myCPU, peerCPU *uint32
+
 	dead   atomic.Bool // closed locally or peer gone
 	peerGo chan struct{}
 	hdr    [HeaderSize]byte // receive side only
@@ -339,6 +361,9 @@ func newShmLink(conn net.Conn, br *bufio.Reader, seg *shmSegment, dialer bool) *
 	l := &shmLink{conn: conn, br: br, seg: seg,
 		tx: newRing(seg.mem, tx, seg.ringBytes), rx: newRing(seg.mem, rx, seg.ringBytes),
 		peerGo: make(chan struct{})}
+	side := tx // 0 for the dialer, 1 for the acceptor
+	l.myCPU = (*uint32)(unsafe.Pointer(&seg.mem[cpuCtlOff+side*cacheLine]))
+	l.peerCPU = (*uint32)(unsafe.Pointer(&seg.mem[cpuCtlOff+(1-side)*cacheLine]))
 	l.wg.Go(l.watch)
 	return l
 }
