@@ -117,13 +117,12 @@ func (g *Group) send(ctx context.Context, op string, to int, msg []byte) error {
 	w := g.w
 	wr := g.ranks[to]
 	w.mu.Lock()
-	node := w.members[wr].node
 	gone := w.members[wr].gone
 	w.mu.Unlock()
 	backoff := 20 * time.Millisecond
 	var giveUp <-chan time.Time
 	for {
-		err := w.ml.SendReliable(&node, msg)
+		err := w.deliver(wr, msg)
 		if err == nil {
 			return nil
 		}
@@ -299,6 +298,10 @@ func (w *World) handleMsg(b []byte) {
 		if int(r) < len(w.members) && int(r) != w.cfg.Rank {
 			w.members[r].leaving = true
 		}
+	case kindRelay:
+		w.handleRelay(b[1:])
+	case kindGone:
+		w.handleGone(b[1:])
 	case kindFatal:
 		ce := new(ConflictError)
 		if err := json.Unmarshal(b[1:], ce); err != nil {

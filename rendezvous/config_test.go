@@ -184,6 +184,39 @@ func TestConfigFromEnv(t *testing.T) {
 				return ""
 			},
 		},
+		{
+			name: "host leaders from each launcher's local world size",
+			env: env("GORUN_RANK", "5", "GORUN_WORLD_SIZE", "8", "GORUN_LOCAL_RANK", "1", "GORUN_LOCAL_WORLD_SIZE", "4",
+				"GORUN_JOB_ID", "j", "GORUN_RDZV_ENDPOINT", "h:1", "GORUN_SECRET", sec, "GORUN_HOST", "n1"),
+			check: func(c Config) string {
+				if c.LocalWorldSize != 4 || c.Flat || !c.hierarchical() || c.leader() || c.gossipSize() != 2 {
+					return "want host leaders, attached"
+				}
+				return ""
+			},
+		},
+		{
+			name: "flat forced",
+			env: env("RANK", "0", "WORLD_SIZE", "4", "LOCAL_RANK", "0", "LOCAL_WORLD_SIZE", "4", "MASTER_ADDR", "a",
+				"MASTER_PORT", "1", "GORUN_HOST", "x", "GORUN_RDZV_FLAT", "1"),
+			check: func(c Config) string {
+				if c.LocalWorldSize != 4 || !c.Flat || c.hierarchical() || !c.leader() {
+					return "want flat"
+				}
+				return ""
+			},
+		},
+		{
+			name: "srun local world size",
+			env: env("SLURM_PROCID", "4", "SLURM_NTASKS", "5", "SLURM_LOCALID", "0", "SLURM_NODEID", "1", "SLURM_JOB_ID", "7",
+				"SLURM_JOB_NODELIST", "n[1-2]", "SLURM_STEP_TASKS_PER_NODE", "4,1", "SLURMD_NODENAME", "n2"),
+			check: func(c Config) string {
+				if c.LocalWorldSize != 1 || c.hierarchical() {
+					return "want local world size 1"
+				}
+				return ""
+			},
+		},
 		{name: "nothing", env: env(), wantErr: "no rank environment"},
 		{name: "bad rank", env: env("RANK", "x", "WORLD_SIZE", "2"), wantErr: "RANK: \"x\" is not an integer"},
 		{name: "bad secret", env: env("RANK", "0", "WORLD_SIZE", "1", "GORUN_SECRET", "zz", "GORUN_HOST", "h"), wantErr: "not hex"},

@@ -26,6 +26,9 @@ const (
 	EnvRdzvTimeout = "GORUN_RDZV_TIMEOUT"
 	// EnvDataAddr sets Config.DataAddr when the rank program does not.
 	EnvDataAddr = "GORUN_DATA_ADDR"
+	// EnvRdzvFlat=1 sets Config.Flat: one gossip member per rank even
+	// when ranks share a host (for comparisons and as an escape hatch).
+	EnvRdzvFlat = "GORUN_RDZV_FLAT"
 )
 
 // SLURM's variables for a direct srun launch.
@@ -33,6 +36,7 @@ const (
 	slurmProcID    = "SLURM_PROCID"
 	slurmNTasks    = "SLURM_NTASKS"
 	slurmLocalID   = "SLURM_LOCALID"
+	slurmNodeID    = "SLURM_NODEID"
 	slurmJobID     = "SLURM_JOB_ID"
 	slurmStepID    = "SLURM_STEP_ID"
 	slurmNodeList  = "SLURM_JOB_NODELIST"
@@ -65,7 +69,10 @@ const (
 // SecretDerived is set and Join warns that the job is not protected: any
 // process that can read those values could join. GORUN_HOST, else
 // SLURMD_NODENAME, else the host name, names the host; GORUN_DATA_ADDR sets
-// DataAddr; GORUN_RDZV_TIMEOUT sets FormationTimeout.
+// DataAddr; GORUN_RDZV_TIMEOUT sets FormationTimeout. The local world size
+// (GORUN_LOCAL_WORLD_SIZE, LOCAL_WORLD_SIZE, or SLURM_STEP_TASKS_PER_NODE at
+// SLURM_NODEID) turns on host leaders (Config.LocalWorldSize);
+// GORUN_RDZV_FLAT=1 turns them off.
 func ConfigFromEnv() (Config, error) {
 	return configFromEnv(os.LookupEnv)
 }
@@ -96,6 +103,11 @@ func configFromEnv(look func(string) (string, bool)) (Config, error) {
 				return c, err
 			}
 		}
+		if has(rankenv.GorunLocalSize) {
+			if c.LocalWorldSize, err = atoi(rankenv.GorunLocalSize); err != nil {
+				return c, err
+			}
+		}
 		c.JobID = get(rankenv.JobID)
 		c.Seed = get(rankenv.RdzvEndpoint)
 		if !has(rankenv.Secret) {
@@ -110,6 +122,11 @@ func configFromEnv(look func(string) (string, bool)) (Config, error) {
 		}
 		if has(rankenv.LocalRank) {
 			if c.LocalRank, err = atoi(rankenv.LocalRank); err != nil {
+				return c, err
+			}
+		}
+		if has(rankenv.LocalWorldSize) {
+			if c.LocalWorldSize, err = atoi(rankenv.LocalWorldSize); err != nil {
 				return c, err
 			}
 		}
@@ -156,6 +173,13 @@ func configFromEnv(look func(string) (string, bool)) (Config, error) {
 			c.Seed = net.JoinHostPort(hosts[0], strconv.Itoa(port))
 		}
 		c.RankHosts = slurmRankHosts(hosts, get(slurmTasksPer), get(slurmDist), c.WorldSize)
+		// The node's task count: SLURM_STEP_TASKS_PER_NODE at this node's
+		// index (SLURM_NODEID) gives the host leaders' local world size.
+		if counts, err := hostlist.ParseTasksPerNode(get(slurmTasksPer)); err == nil {
+			if id, err := strconv.Atoi(get(slurmNodeID)); err == nil && id >= 0 && id < len(counts) {
+				c.LocalWorldSize = counts[id]
+			}
+		}
 	default:
 		return c, ErrNoRankEnv
 	}
@@ -177,6 +201,13 @@ func configFromEnv(look func(string) (string, bool)) (Config, error) {
 		c.Host, _ = os.Hostname()
 	}
 	c.DataAddr = get(EnvDataAddr)
+	if v := get(EnvRdzvFlat); v != "" {
+		flat, err := strconv.ParseBool(v)
+		if err != nil {
+			return c, &ConfigError{Field: EnvRdzvFlat, Problem: fmt.Sprintf("%q is not a boolean", v)}
+		}
+		c.Flat = flat
+	}
 	if v := get(EnvRdzvTimeout); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {

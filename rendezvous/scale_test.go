@@ -107,3 +107,64 @@ func TestScaleTable(t *testing.T) {
 	}
 	t.Log(b.String())
 }
+
+// runScaleHier forms hosts × per ranks with host leaders, cuts one leader
+// (and its host's streams, as a lost host would) and measures formation and
+// how long the other hosts' ranks take to see it.
+func runScaleHier(t *testing.T, hosts, per int) scaleResult {
+	var res scaleResult
+	wallStart := time.Now()
+	bubble(t, func(t *testing.T) {
+		start := time.Now()
+		ws, hn := formHier(t, hosts, per, func(c *Config) { c.FormationTimeout = 60 * time.Second })
+		defer func() {
+			for _, w := range ws {
+				crash(w)
+			}
+		}()
+		res.formation = time.Since(start)
+		time.Sleep(500 * time.Millisecond)
+		victim := hosts / 2 * per
+		cut := time.Now()
+		hn.nw.Isolate(memAddr(victim))
+		res.detectMin = time.Hour
+		for r, w := range ws {
+			if r/per == victim/per {
+				continue
+			}
+			select {
+			case <-w.Failed():
+			case <-time.After(30 * time.Second):
+				t.Fatalf("rank %d did not see the loss within 30 s", r)
+			}
+			d := time.Since(cut)
+			res.detectMin, res.detectMax = min(res.detectMin, d), max(res.detectMax, d)
+			var le *LostError
+			if !errors.As(w.Err(), &le) || le.Rank != victim {
+				t.Errorf("rank %d: false loss: %v", r, w.Err())
+			}
+		}
+	})
+	res.wall = time.Since(wallStart)
+	return res
+}
+
+// 1024 ranks as 64 hosts of 16 form within 2 s and lose a host within 2 s
+// (fake clock). Under the race detector: 16 hosts of 16.
+func TestScaleHier1024(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1024 members")
+	}
+	hosts, per := 64, 16
+	if raceEnabled {
+		hosts = 16
+	}
+	res := runScaleHier(t, hosts, per)
+	t.Logf("%dx%d ranks: formation %v, host loss seen in %v..%v (fake clock); %v real", hosts, per, res.formation, res.detectMin, res.detectMax, res.wall)
+	if res.formation > 2*time.Second {
+		t.Errorf("formation took %v", res.formation)
+	}
+	if res.detectMax > 2*time.Second {
+		t.Errorf("detection took up to %v", res.detectMax)
+	}
+}

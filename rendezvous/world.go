@@ -5,12 +5,15 @@ import (
 	"crypto/hkdf"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -72,6 +75,13 @@ type memberState struct {
 	gone chan struct{}
 	// leaving: the member said goodbye (kindBye), so its death is a leave.
 	leaving bool
+	// leader is the rank of the gossip member that carries this rank: the
+	// rank itself in flat mode and for host leaders, the host's leader for
+	// an attached rank. node is set only when leader is the rank itself.
+	leader int
+	// pending: the rank's Member is known from a table but its leader has
+	// not been seen alive yet.
+	pending bool
 }
 
 // World is this rank's view of the whole job: who is which rank, where, and
@@ -125,6 +135,22 @@ type World struct {
 	// changed is closed and replaced whenever alive changes.
 	changed chan struct{}
 	seqs    map[uint64]uint64 // group key → next collective sequence number
+
+	// Host leaders (hier.go). links are the attached ranks' streams, by
+	// world rank, on a leader; attachedN counts hellos; localsReady is
+	// closed once every local rank has attached.
+	links       map[int]*link
+	attachedN   int
+	localsReady chan struct{}
+
+	// ln is the leader's attach listener; up is an attached rank's stream
+	// to its leader; bq queues gossip broadcasts (attached ranks' losses).
+	// Set before any concurrent use, never changed after.
+	ln net.Listener
+	up *link
+	bq *memberlist.TransmitLimitedQueue
+	// mlAtomic is ml for callers that must not take mu.
+	mlAtomic atomic.Pointer[memberlist.Memberlist]
 }
 
 // Join starts this rank's gossip member, joins the seed and waits until all
@@ -145,6 +171,19 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 		w.log.Warn().Msg("rendezvous: no GORUN_SECRET: the gossip key is derived from public values, " +
 			"so this job is not protected against other processes that know them")
 	}
+	if !cfg.leader() {
+		w.wg.Go(w.dispatch)
+		if err := w.joinAttached(ctx); err != nil {
+			w.shutdown(false)
+			return nil, err
+		}
+		return w, nil
+	}
+	if cfg.hierarchical() {
+		if err := w.startLeader(); err != nil {
+			return nil, err
+		}
+	}
 	mc, err := w.memberlistConfig()
 	if err != nil {
 		return nil, err
@@ -155,15 +194,71 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 		if cfg.Rank != 0 {
 			where = mc.BindAddr + ":0"
 		}
-		return nil, fmt.Errorf("rendezvous: rank %d: start gossip listener on %s: %w", cfg.Rank, where, err)
+		err = fmt.Errorf("rendezvous: rank %d: start gossip listener on %s: %w", cfg.Rank, where, err)
+		w.tellLinksFatal(err)
+		w.shutdown(false)
+		return nil, err
 	}
+	w.mu.Lock()
 	w.ml = ml
+	w.mu.Unlock()
+	w.mlAtomic.Store(ml)
 	w.wg.Go(w.dispatch)
+	if cfg.hierarchical() {
+		// Bound first (the seed port must not sit unbound while the host
+		// starts: another process may take it), joined once every local
+		// rank has attached, so the first push-pull carries the whole
+		// host.
+		if err := w.waitLocals(ctx); err != nil {
+			w.tellLinksFatal(err)
+			w.shutdown(false)
+			return nil, err
+		}
+	}
 	if err := w.form(ctx); err != nil {
+		w.tellLinksFatal(err)
 		w.shutdown(false)
 		return nil, err
 	}
 	return w, nil
+}
+
+// waitLocals waits until every local rank has attached to this leader.
+func (w *World) waitLocals(ctx context.Context) error {
+	deadline := time.NewTimer(w.cfg.FormationTimeout)
+	defer deadline.Stop()
+	progress := time.NewTicker(w.cfg.ProgressInterval)
+	defer progress.Stop()
+	for {
+		select {
+		case <-w.localsReady:
+			return nil
+		case <-w.fatalCh:
+			return w.fatalErr()
+		case <-progress.C:
+			w.mu.Lock()
+			n := w.attachedN
+			w.mu.Unlock()
+			w.log.Info().Msgf("rendezvous: %d/%d local ranks attached", n+1, w.cfg.LocalWorldSize)
+		case <-deadline.C:
+			return w.formationError(nil, nil)
+		case <-ctx.Done():
+			return w.formationError(ctx.Err(), nil)
+		}
+	}
+}
+
+// tellLinksFatal passes the error that ends formation to the attached ranks.
+func (w *World) tellLinksFatal(err error) {
+	kind := byte('F')
+	if errors.Is(err, ErrConflict) {
+		kind = 'C'
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, l := range w.links {
+		l.enqueue(frameFatal, append([]byte{kind}, err.Error()...))
+	}
 }
 
 func newWorld(cfg Config) *World {
@@ -182,11 +277,21 @@ func newWorld(cfg Config) *World {
 		closedCh: make(chan struct{}),
 		slots:    make(map[slotKey]*slot),
 		seqs:     make(map[uint64]uint64),
+		links:    make(map[int]*link),
+
+		localsReady: make(chan struct{}),
 	}
 	w.log = cfg.Logger.With().Int("rank", cfg.Rank).Str("host", cfg.Host).Int("world", cfg.WorldSize).Logger()
 	for r := range w.members {
 		w.members[r].Rank = r
 		w.members[r].gone = make(chan struct{})
+		w.members[r].leader = r
+	}
+	if cfg.hierarchical() && !cfg.leader() {
+		// Until the table arrives, this rank knows only itself.
+		w.members[cfg.Rank].Member = self
+		w.members[cfg.Rank].status = statusAlive
+		w.alive = 1
 	}
 	all := make([]int, cfg.WorldSize)
 	for r := range all {
@@ -205,6 +310,17 @@ func (w *World) memberlistConfig() (*memberlist.Config, error) {
 	mc := cfg.memberlistConfig()
 	d := &delegate{w: w, meta: encodeMeta(w.self)}
 	mc.Delegate, mc.Events, mc.Conflict = d, d, d
+	w.bq = &memberlist.TransmitLimitedQueue{
+		// Called by memberlist with its node lock held: must not take
+		// w.mu (NotifyLeave takes them in the other order).
+		NumNodes: func() int {
+			if ml := w.mlAtomic.Load(); ml != nil {
+				return ml.NumMembers()
+			}
+			return 1
+		},
+		RetransmitMult: cfg.RetransmitMult,
+	}
 	key, err := gossipKey(cfg.Secret, cfg.JobID)
 	if err != nil {
 		return nil, fmt.Errorf("rendezvous: derive gossip key: %w", err)
@@ -323,7 +439,7 @@ func (w *World) randomPeer() string {
 	var known []string
 	for r := range w.members {
 		m := &w.members[r]
-		if r != w.cfg.Rank && r != 0 && m.status == statusAlive {
+		if r != w.cfg.Rank && r != 0 && m.leader == r && m.status == statusAlive {
 			known = append(known, m.node.Name+"/"+m.node.Address())
 		}
 	}
@@ -343,7 +459,7 @@ func (w *World) pushTable(ctx context.Context) {
 	var addrs []string
 	for r := range w.members {
 		m := &w.members[r]
-		if r != w.cfg.Rank && m.status == statusAlive {
+		if r != w.cfg.Rank && m.leader == r && m.status == statusAlive {
 			addrs = append(addrs, m.node.Name+"/"+m.node.Address())
 		}
 	}
@@ -372,21 +488,20 @@ func (w *World) fail() error {
 	if len(tell) > 0 {
 		// The detector tells everyone it knows, so the whole job fails
 		// with the same message instead of timing out.
-		for r := range w.members {
-			m := &w.members[r]
-			if r != w.cfg.Rank && m.status == statusAlive {
-				tell = append(tell, m.node)
-			}
-		}
+		tell = append(tell, w.nodesLocked()...)
 	}
+	ml := w.ml
 	w.mu.Unlock()
-	if ce, ok := err.(*ConflictError); ok && len(tell) > 0 {
+	if ce, ok := err.(*ConflictError); ok && len(tell) > 0 && ml != nil {
 		msg := encodeFatal(ce)
 		var g errgroup.Group
 		g.SetLimit(w.cfg.PushConcurrency)
 		for _, n := range tell {
 			g.Go(func() error {
-				if err := w.ml.SendReliable(&n, msg); err != nil {
+				if n.Name == "" {
+					return nil
+				}
+				if err := ml.SendReliable(&n, msg); err != nil {
 					w.log.Debug().Err(err).Str("to", n.Address()).Msg("rendezvous: could not report conflict")
 				}
 				return nil
@@ -409,9 +524,14 @@ func (w *World) formationError(ctxErr, seedErr error) error {
 	if seedErr != nil && w.alive <= 1 {
 		e.SeedErr = seedErr
 	}
+	if w.members[w.cfg.Rank].status != statusAlive {
+		// A host leader still waiting for its local ranks has not
+		// started gossip yet; it is present all the same.
+		e.Joined++
+	}
 	for r := range w.members {
 		m := &w.members[r]
-		if m.status == statusAlive {
+		if m.status == statusAlive || r == w.cfg.Rank {
 			continue
 		}
 		host := m.Host
@@ -555,9 +675,27 @@ func (w *World) shutdown(leave bool) error {
 		w.closed = true
 		close(w.closedCh)
 	}
+	ml := w.ml
 	w.mu.Unlock()
 	var err error
-	if leave {
+	if w.up != nil {
+		// An attached rank: its goodbye tells the leader this is a leave,
+		// the leader tells everyone else.
+		if leave {
+			w.up.enqueue(frameBye, nil)
+			w.up.shut()
+			// The leader closes its end on the goodbye; readLeader
+			// then closes ours. Bounded in case it never does.
+			_ = w.up.conn.SetReadDeadline(time.Now().Add(w.cfg.TCPTimeout))
+		} else {
+			_ = w.up.conn.Close() // as a crash would
+		}
+	}
+	if leave && ml != nil {
+		// A leader first lets its attached ranks leave (they normally
+		// close right after the same final barrier), so their goodbyes
+		// travel through it; it waits at most LeaveGrace.
+		w.waitLinks(w.cfg.LeaveGrace)
 		// Say goodbye to every member directly, one UDP packet each,
 		// before memberlist's leave message. That message spreads by
 		// gossip, which can miss a member (measured: 1 in a few runs at 8
@@ -567,7 +705,7 @@ func (w *World) shutdown(leave bool) error {
 		w.sayGoodbye()
 		// Queue the leave message without memberlist's blocking wait (see
 		// Config.LeaveLinger); gossip carries it while we linger.
-		_ = w.ml.Leave(time.Nanosecond)
+		_ = ml.Leave(time.Nanosecond)
 		t := time.NewTimer(w.cfg.LeaveLinger)
 	linger:
 		for {
@@ -588,12 +726,47 @@ func (w *World) shutdown(leave bool) error {
 		}
 		t.Stop()
 	}
-	if serr := w.ml.Shutdown(); serr != nil && err == nil {
-		err = fmt.Errorf("rendezvous: rank %d shutdown: %w", w.cfg.Rank, serr)
+	if ml != nil {
+		if serr := ml.Shutdown(); serr != nil && err == nil {
+			err = fmt.Errorf("rendezvous: rank %d shutdown: %w", w.cfg.Rank, serr)
+		}
+	}
+	if w.ln != nil {
+		_ = w.ln.Close()
+		w.mu.Lock()
+		for _, l := range w.links {
+			if leave {
+				l.enqueue(frameBye, nil)
+			}
+			l.shut()
+			// serveAttached closes the stream once the rank closes its
+			// end, or after this bound.
+			_ = l.conn.SetReadDeadline(time.Now().Add(w.cfg.TCPTimeout))
+		}
+		w.mu.Unlock()
 	}
 	close(w.stop)
 	w.wg.Wait()
 	return err
+}
+
+// waitLinks waits until no rank is attached here, at most d.
+func (w *World) waitLinks(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		w.mu.Lock()
+		n, changed := len(w.links), w.changed
+		w.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-t.C:
+			return
+		case <-changed:
+		}
+	}
 }
 
 // sayGoodbye tells every member still alive in our view that this rank is
@@ -601,12 +774,7 @@ func (w *World) shutdown(leave bool) error {
 func (w *World) sayGoodbye() {
 	msg := binary.AppendUvarint([]byte{kindBye}, uint64(w.cfg.Rank))
 	w.mu.Lock()
-	var nodes []memberlist.Node
-	for r := range w.members {
-		if m := &w.members[r]; r != w.cfg.Rank && m.status == statusAlive {
-			nodes = append(nodes, m.node)
-		}
-	}
+	nodes := w.nodesLocked()
 	w.mu.Unlock()
 	for _, n := range nodes {
 		if err := w.ml.SendBestEffort(&n, msg); err != nil {
@@ -680,9 +848,32 @@ func (d *delegate) NodeMeta(limit int) []byte {
 
 func (d *delegate) NotifyMsg(b []byte) { d.w.handleMsg(b) }
 
-func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
-func (d *delegate) LocalState(join bool) []byte                { return nil }
-func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	if d.w.bq == nil {
+		return nil
+	}
+	return d.w.bq.GetBroadcasts(overhead, limit)
+}
+
+// LocalState carries a leader's attached ranks (hier.go); nothing in flat
+// mode, where node metadata says everything.
+func (d *delegate) LocalState(join bool) []byte {
+	if !d.w.cfg.hierarchical() {
+		return nil
+	}
+	d.w.mu.Lock()
+	defer d.w.mu.Unlock()
+	return d.w.localStateLocked()
+}
+
+func (d *delegate) MergeRemoteState(buf []byte, join bool) {
+	if len(buf) == 0 || !d.w.cfg.hierarchical() {
+		return
+	}
+	d.w.mu.Lock()
+	defer d.w.mu.Unlock()
+	d.w.mergeStateLocked(buf)
+}
 
 // claimOf describes a memberlist node for a conflict message, as far as its
 // metadata allows.
@@ -718,6 +909,12 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) {
 		return
 	}
 	ms := &w.members[m.Rank]
+	if (ms.status == statusAlive || ms.pending) && ms.leader != m.Rank {
+		// Announced as attached to another leader, and now a gossip member.
+		w.setFatalLocked(&ConflictError{What: "two processes claim one rank", A: w.claimLocked(m.Rank), B: claimOf(n)},
+			*n, w.members[ms.leader].node)
+		return
+	}
 	switch ms.status {
 	case statusAlive:
 		// memberlist reports a node again only after it was gone; seeing
@@ -741,13 +938,15 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) {
 	m.Addr = n.Address()
 	ms.Member = m
 	ms.node = memberlist.Node{Name: n.Name, Addr: append([]byte(nil), n.Addr...), Port: n.Port, Meta: append([]byte(nil), n.Meta...)}
-	ms.status = statusAlive
-	w.alive++
-	w.signalChangeLocked()
-	if w.alive == w.cfg.WorldSize && !w.formed && w.fatal == nil {
-		w.formed = true
-		w.epoch = 1
-		close(w.formedCh)
+	ms.status = statusUnseen
+	w.markAliveLocked(m.Rank)
+	// Ranks announced as attached to this leader count once it is alive
+	// (again, before formation, after a false death).
+	for q := range w.members {
+		qs := &w.members[q]
+		if q != m.Rank && qs.leader == m.Rank && (qs.pending || (qs.status == statusDead && !w.formed)) {
+			w.markAliveLocked(q)
+		}
 	}
 }
 
@@ -759,6 +958,26 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 	if r < 0 {
 		return
 	}
+	if w.members[r].status != statusAlive {
+		return
+	}
+	left := nodeState(n) == memberlist.StateLeft || w.members[r].leaving
+	w.goneLocked(r, left, causeDead)
+	if r == w.cfg.Rank {
+		return
+	}
+	// A leader takes its host's attached ranks with it.
+	for q := range w.members {
+		if q != r && w.members[q].leader == r {
+			w.goneLocked(q, left, causeLeader)
+		}
+	}
+}
+
+// goneLocked records that rank r left (left) or was lost (with cause),
+// fails or ends the groups that contain it, queues the event and passes it
+// on to the ranks attached here.
+func (w *World) goneLocked(r int, left bool, cause byte) {
 	ms := &w.members[r]
 	if ms.status != statusAlive {
 		return
@@ -773,8 +992,17 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 	}
 	if w.formed {
 		w.epoch++
+		var lb byte
+		if left {
+			lb = 1
+		}
+		for q, l := range w.links {
+			if q != r {
+				l.enqueue(frameGone, append(binary.AppendUvarint(nil, uint64(r)), lb, cause))
+			}
+		}
 	}
-	if nodeState(n) == memberlist.StateLeft || ms.leaving {
+	if left || ms.leaving {
 		ms.status = statusLeft
 		// Debug: at the end of a job every member sees every other leave.
 		w.log.Debug().Int("member", r).Str("member_host", ms.Host).Uint64("epoch", w.epoch).Msg("rendezvous: member left")
@@ -792,7 +1020,7 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 		return
 	}
 	ms.status = statusDead
-	lerr := &LostError{Rank: r, Host: ms.Host, Epoch: w.epoch, Cause: ErrDeclaredDead}
+	lerr := &LostError{Rank: r, Host: ms.Host, Epoch: w.epoch, Cause: w.causeErrorLocked(cause, r)}
 	if !w.formed {
 		// Not fatal yet: under a heavy start-up load a live member can be
 		// declared dead and then refute it. A member that is really gone

@@ -1,9 +1,15 @@
 // Command rdzvscale measures, in one process, how long a world of N members
-// takes to form and how long the survivors take to learn that one member's
-// host went away (its address cut off on the network), for several N. It
-// prints a table:
+// takes to form and how long the survivors take to learn that a member is
+// gone, for several N, both with one gossip member per rank (flat) and with
+// host leaders (-per ranks on each simulated host: the host's local rank 0
+// gossips, the others attach to it). It prints a table:
 //
-//	go run ./bench/rdzvscale -sizes 64,256,1024
+//	go run ./bench/rdzvscale -sizes 64,256,1024 -mode both -per 16
+//
+// Detection is measured for what can go away: in flat mode a member whose
+// address is cut off; with host leaders an attached rank whose stream to its
+// leader closes (what a crash does) and a leader cut off together with its
+// host's streams (a host lost), counted on the ranks of the other hosts.
 //
 // Members talk over rendezvoustest's in-memory network (real UDP/TCP
 // sockets with -net udp): packets, encryption, probes and gossip are real,
@@ -19,6 +25,7 @@ import (
 	"net"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,6 +48,8 @@ var tune rendezvous.Config
 func main() {
 	sizes := flag.String("sizes", "64,256,1024", "comma-separated world sizes")
 	network := flag.String("net", "mem", "mem (in-memory network) or udp (loopback sockets)")
+	mode := flag.String("mode", "both", "flat, hier (host leaders) or both")
+	per := flag.Int("per", 16, "ranks per simulated host with host leaders")
 	verbose := flag.Bool("v", false, "log warnings")
 	flag.StringVar(&logLevel, "log", "", "log level (debug, info, warn); overrides -v")
 	def := rendezvous.DefaultConfig()
@@ -64,30 +73,89 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	fmt.Printf("%-6s %-5s %12s %12s %12s %12s\n", "size", "net", "formation", "detect-min", "detect-max", "false-loss")
+	fmt.Printf("%-6s %-5s %-11s %10s %21s %21s %10s\n", "size", "net", "mode", "formation",
+		"detect rank min..max", "detect host min..max", "false-loss")
+	var modes []int // ranks per host; 1 is flat
+	switch *mode {
+	case "flat":
+		modes = []int{1}
+	case "hier":
+		modes = []int{*per}
+	default:
+		modes = []int{1, *per}
+	}
+	failed := false
 	for _, s := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 2 {
 			fmt.Fprintf(os.Stderr, "rdzvscale: bad size %q\n", s)
 			os.Exit(2)
 		}
-		r, err := measure(n, *network, *verbose)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "rdzvscale: %d members: %v\n", n, err)
-			pprof.StopCPUProfile()
-			os.Exit(1)
+		for _, p := range modes {
+			name := "flat"
+			if p > 1 {
+				if n%p != 0 {
+					fmt.Fprintf(os.Stderr, "rdzvscale: %d ranks do not split into hosts of %d\n", n, p)
+					os.Exit(2)
+				}
+				name = fmt.Sprintf("%dx%d", n/p, p)
+			}
+			r, err := measure(n, p, *network, *verbose)
+			if err != nil {
+				fmt.Printf("%-6d %-5s %-11s %10s  %v\n", n, *network, name, "-", err)
+				failed = true
+				continue
+			}
+			span := func(a, b time.Duration) string {
+				if a == 0 && b == 0 {
+					return "-"
+				}
+				return fmt.Sprintf("%.3fs..%.3fs", a.Seconds(), b.Seconds())
+			}
+			fmt.Printf("%-6d %-5s %-11s %9.3fs %21s %21s %10d\n", n, *network, name, r.formation.Seconds(),
+				span(r.detectMin, r.detectMax), span(r.hostMin, r.hostMax), r.falseLoss)
 		}
-		fmt.Printf("%-6d %-5s %11.3fs %11.3fs %11.3fs %12d\n", n, *network,
-			r.formation.Seconds(), r.detectMin.Seconds(), r.detectMax.Seconds(), r.falseLoss)
+	}
+	if failed {
+		pprof.StopCPUProfile()
+		os.Exit(1)
 	}
 }
 
 type result struct {
 	formation, detectMin, detectMax time.Duration
-	falseLoss                       int // survivors that reported a member other than the victim
+	hostMin, hostMax                time.Duration // host leaders: a whole host lost
+	falseLoss                       int           // survivors that reported a member other than the victim
 }
 
-func measure(n int, network string, verbose bool) (result, error) {
+// rankAttach is one rank's view of the in-memory attach network; it keeps
+// the stream the rank dialled, so the benchmark can close it as a crash of
+// that rank would.
+type rankAttach struct {
+	*rendezvoustest.AttachNet
+	mu   sync.Mutex
+	conn net.Conn
+}
+
+func (a *rankAttach) Dial(ctx context.Context, name string) (net.Conn, error) {
+	c, err := a.AttachNet.Dial(ctx, name)
+	if err == nil {
+		a.mu.Lock()
+		a.conn = c
+		a.mu.Unlock()
+	}
+	return c, err
+}
+
+func (a *rankAttach) sever() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conn != nil {
+		_ = a.conn.Close()
+	}
+}
+
+func measure(n, per int, network string, verbose bool) (result, error) {
 	var res result
 	lvl := zerolog.ErrorLevel + 1
 	if verbose {
@@ -108,6 +176,8 @@ func measure(n int, network string, verbose bool) (result, error) {
 	}
 	cfgs := make([]rendezvous.Config, n)
 	addrs := make([]string, n)
+	an := &rendezvoustest.AttachNet{}
+	attach := make([]*rankAttach, n)
 	for r := range cfgs {
 		c := rendezvous.DefaultConfig()
 		c.JobID, c.Rank, c.WorldSize = "scale", r, n
@@ -118,7 +188,16 @@ func measure(n int, network string, verbose bool) (result, error) {
 		c.ProbeInterval, c.ProbeTimeout, c.GossipInterval = tune.ProbeInterval, tune.ProbeTimeout, tune.GossipInterval
 		c.SuspicionTimeout, c.RetransmitMult, c.GossipNodes = tune.SuspicionTimeout, tune.RetransmitMult, tune.GossipNodes
 		c.Logger = log
-		if network == "mem" {
+		if per > 1 {
+			c.Host = fmt.Sprintf("h%d", r/per)
+			c.LocalRank, c.LocalWorldSize = r%per, per
+			attach[r] = &rankAttach{AttachNet: an}
+			c.AttachNet = attach[r]
+			if network != "mem" {
+				c.AttachNet = nil // real abstract Unix sockets
+			}
+		}
+		if network == "mem" && r%per == 0 {
 			addrs[r] = fmt.Sprintf("10.%d.%d.%d:7946", r/62500, r/250%250, r%250+1)
 			if r == 0 {
 				addrs[r] = seed
@@ -159,44 +238,85 @@ func measure(n int, network string, verbose bool) (result, error) {
 	}
 	// Let the world settle (the seed's pushes, first probes) before the cut.
 	time.Sleep(2 * time.Second)
-	victim := n / 2
+	if per == 1 {
+		victim := n / 2
+		lat, fl, err := detect(ws, victim, []int{victim}, func() { nw.Isolate(addrs[victim]) })
+		res.detectMin, res.detectMax, res.falseLoss = lat[0], lat[len(lat)-1], fl
+		return res, err
+	}
+	// An attached rank of one host, then (once that settled) the leader of
+	// another with its streams: every rank of that host is lost.
+	victim := n/2 + 1
+	lat, fl, err := detect(ws, victim, []int{victim}, func() { attach[victim].sever() })
+	if err != nil {
+		return res, err
+	}
+	res.detectMin, res.detectMax, res.falseLoss = lat[0], lat[len(lat)-1], fl
+	time.Sleep(time.Second)
+	leader := n / 4 / per * per
+	var host []int
+	for r := leader; r < leader+per; r++ {
+		host = append(host, r)
+	}
+	host = append(host, victim)
+	lat, fl, err = detect(ws, leader, host, func() {
+		nw.Isolate(addrs[leader])
+		for _, r := range host[1:per] {
+			attach[r].sever()
+		}
+	})
+	if err != nil {
+		return res, err
+	}
+	res.hostMin, res.hostMax, res.falseLoss = lat[0], lat[len(lat)-1], res.falseLoss+fl
+	return res, nil
+}
+
+// detect runs cut and measures how long each member outside skip takes to
+// see its World fail (for the first victim) or, when the World had already
+// failed, to get the MemberLost event for victim.
+func detect(ws []*rendezvous.World, victim int, skip []int, cut func()) ([]time.Duration, int, error) {
 	var falseLoss atomic.Int32
-	lat := make([]time.Duration, 0, n-1)
+	lat := make([]time.Duration, 0, len(ws))
 	var mu sync.Mutex
-	cut := time.Now()
-	nw.Isolate(addrs[victim])
+	start := time.Now()
+	cut()
 	var dw sync.WaitGroup
 	for r, w := range ws {
-		if r == victim {
+		if slices.Contains(skip, r) {
 			continue
 		}
 		dw.Go(func() {
-			select {
-			case <-w.Failed():
-			case <-time.After(30 * time.Second):
-				return
+			timeout := time.After(30 * time.Second)
+			for {
+				select {
+				case ev := <-w.Events():
+					if ev.Kind != rendezvous.MemberLost {
+						continue
+					}
+					if ev.Rank != victim {
+						if !slices.Contains(skip, ev.Rank) {
+							falseLoss.Add(1)
+						}
+						continue
+					}
+				case <-timeout:
+					return
+				}
+				break
 			}
-			d := time.Since(cut)
-			var le *rendezvous.LostError
-			if e, ok := w.Err().(*rendezvous.LostError); ok {
-				le = e
-			}
-			if le == nil || le.Rank != victim {
-				falseLoss.Add(1)
-			}
+			d := time.Since(start)
 			mu.Lock()
 			lat = append(lat, d)
 			mu.Unlock()
 		})
 	}
 	dw.Wait()
-	if len(lat) != n-1 {
-		return res, fmt.Errorf("only %d of %d survivors saw the loss within 30 s", len(lat), n-1)
-	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	res.detectMin, res.detectMax = lat[0], lat[len(lat)-1]
-	res.falseLoss = int(falseLoss.Load())
-	return res, nil
+	if want := len(ws) - len(skip); len(lat) != want {
+		return []time.Duration{0}, int(falseLoss.Load()), fmt.Errorf("only %d of %d survivors saw rank %d lost within 30 s", len(lat), want, victim)
+	}
+	return lat, int(falseLoss.Load()), nil
 }
 
 func freePort() (int, error) {

@@ -1,0 +1,348 @@
+package rendezvous
+
+import (
+	"cmp"
+	"context"
+	"crypto/hkdf"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// Host leaders (Config.LocalWorldSize > 1): local rank 0 of every host is the
+// host's only gossip member; the host's other ranks attach to it over a local
+// stream (AttachNet) and never speak gossip. Over that stream:
+//
+//   - an attached rank says hello (its Member), sends its collective messages
+//     for the leader to route, and says goodbye when it closes;
+//   - the leader hands it the world table once the world forms, every loss
+//     or leave after that, the messages addressed to it, a fatal error that
+//     ends formation, and its own goodbye.
+//
+// The leader carries its attached ranks' Members in memberlist's push-pull
+// state (LocalState/MergeRemoteState), so the seed's table push at formation
+// hands every leader the whole world, and reports an attached rank whose
+// stream closes (exit or crash: the kernel closes the socket at once) to every
+// other leader as that rank lost. A leader's death, found by gossip, loses its
+// whole host; its attached ranks see their stream close and fail naming it.
+
+// AttachNet connects a host's ranks to their leader. Listen is called once by
+// the leader; Dial by each other rank, repeatedly until the leader listens.
+// Both are safe for concurrent use.
+type AttachNet interface {
+	// Listen returns a listener for name; it does not block.
+	Listen(name string) (net.Listener, error)
+	// Dial connects to name; it blocks until connected, refused or ctx ends.
+	Dial(ctx context.Context, name string) (net.Conn, error)
+}
+
+// unixAttach is the default AttachNet: Linux abstract Unix sockets ("@name"),
+// which vanish with the process, so no exit path can leave a file behind.
+type unixAttach struct{}
+
+var _ AttachNet = unixAttach{}
+
+func (unixAttach) Listen(name string) (net.Listener, error) {
+	return net.Listen("unix", "@"+name)
+}
+
+func (unixAttach) Dial(ctx context.Context, name string) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", "@"+name)
+}
+
+// attachName is the name a host's ranks meet at: job and host, hashed when
+// long (a Unix socket name is at most 107 bytes).
+func attachName(job, host string) string {
+	n := "gorun-" + job + "-" + host
+	if len(n) > 90 {
+		s := sha256.Sum256([]byte(job + "\x00" + host))
+		n = "gorun-" + hex.EncodeToString(s[:16])
+	}
+	return n
+}
+
+// attachPurpose is the HKDF purpose of the attach handshake key.
+const attachPurpose = "gorun rendezvous attach v1"
+
+// Frame types on an attach stream. Each frame is a 4-byte big-endian length,
+// then the type byte and its body.
+const (
+	frameHello byte = 'H' // rank → leader: encodeMeta(Member)
+	frameMsg   byte = 'M' // either way: uvarint destination rank, then a message (collect.go kinds)
+	frameBye   byte = 'B' // either way: the sender leaves gracefully
+	frameTable byte = 'T' // leader → rank: uvarint epoch, the world table (encodeTable)
+	frameGone  byte = 'G' // leader → rank: uvarint rank, byte left, byte cause
+	frameFatal byte = 'F' // leader → rank: byte kind ('C' conflict, 'F' formation), message
+)
+
+// maxFrame bounds a frame: a world table of thousands of members fits.
+const maxFrame = 16 << 20
+
+func writeFrame(w io.Writer, typ byte, body []byte) error {
+	b := make([]byte, 5, 5+len(body))
+	binary.BigEndian.PutUint32(b, uint32(1+len(body)))
+	b[4] = typ
+	_, err := w.Write(append(b, body...))
+	return err
+}
+
+func readFrame(r io.Reader) (byte, []byte, error) {
+	var h [4]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.BigEndian.Uint32(h[:])
+	if n == 0 || n > maxFrame {
+		return 0, nil, fmt.Errorf("rendezvous: attach frame of %d bytes", n)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return 0, nil, err
+	}
+	return b[0], b[1:], nil
+}
+
+// handshake authenticates both ends of an attach stream with the job secret:
+// each side sends a nonce, the rank proves the key over both, then the
+// leader does. A process without the secret (another job, another user)
+// can neither attach nor pose as the leader.
+func handshake(c net.Conn, key []byte, leader bool, timeout time.Duration) error {
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	defer c.SetDeadline(time.Time{})
+	var mine, theirs [32]byte
+	_, _ = rand.Read(mine[:])
+	errc := make(chan error, 1)
+	// Both sides write first; net.Pipe-like streams have no buffer, so
+	// one write runs beside the read. The deadline ends it either way.
+	go func() { _, err := c.Write(mine[:]); errc <- err }()
+	_, rerr := io.ReadFull(c, theirs[:])
+	werr := <-errc
+	if err := cmp.Or(rerr, werr); err != nil {
+		return fmt.Errorf("attach handshake: %w", err)
+	}
+	ln, rn := mine, theirs // leader's nonce, rank's nonce
+	if !leader {
+		ln, rn = theirs, mine
+	}
+	mac := func(role string) []byte {
+		h := hmac.New(sha256.New, key)
+		h.Write([]byte(role))
+		h.Write(ln[:])
+		h.Write(rn[:])
+		return h.Sum(nil)
+	}
+	first, second := "rank", "leader"
+	if leader {
+		var got [32]byte
+		if _, err := io.ReadFull(c, got[:]); err != nil {
+			return fmt.Errorf("attach handshake: %w", err)
+		}
+		if !hmac.Equal(got[:], mac(first)) {
+			return errors.New("attach handshake: peer does not hold the job secret")
+		}
+		_, err := c.Write(mac(second))
+		return err
+	}
+	if _, err := c.Write(mac(first)); err != nil {
+		return fmt.Errorf("attach handshake: %w", err)
+	}
+	var got [32]byte
+	if _, err := io.ReadFull(c, got[:]); err != nil {
+		return fmt.Errorf("attach handshake: %w", err)
+	}
+	if !hmac.Equal(got[:], mac(second)) {
+		return errors.New("attach handshake: leader does not hold the job secret")
+	}
+	return nil
+}
+
+func attachKey(c *Config) ([]byte, error) {
+	return hkdf.Key(sha256.New, c.Secret, []byte(c.JobID), attachPurpose, 32)
+}
+
+// link is one attach stream with an unbounded outgoing queue, so that
+// nothing that holds World.mu ever blocks on a slow reader. Its writer
+// goroutine is owned by the World's WaitGroup.
+//
+// Closing is a half-close: after shut, the writer flushes the queue and
+// shuts the write side only; the reader keeps reading until the peer closes
+// too and then closes the connection. Closing a Unix socket with unread
+// data makes the peer's next read fail with ECONNRESET, which could drop a
+// goodbye still in flight and turn a leave into a loss.
+type link struct {
+	conn net.Conn
+	rank int // the attached rank (on the leader side), or the leader's
+
+	mu     sync.Mutex
+	queue  [][]byte
+	closed bool
+	wake   chan struct{}
+	done   chan struct{} // closed when the writer returns
+}
+
+func newLink(c net.Conn, rank int) *link {
+	return &link{conn: c, rank: rank, wake: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// enqueue queues a frame; false once the link is closed. Never blocks.
+func (l *link) enqueue(typ byte, body []byte) bool {
+	b := make([]byte, 5, 5+len(body))
+	binary.BigEndian.PutUint32(b, uint32(1+len(body)))
+	b[4] = typ
+	b = append(b, body...)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.queue = append(l.queue, b)
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// writer sends queued frames until the link is shut, then flushes what was
+// queued and shuts the connection's write side.
+func (l *link) writer() {
+	defer close(l.done)
+	for {
+		l.mu.Lock()
+		q, closed := l.queue, l.closed
+		l.queue = nil
+		l.mu.Unlock()
+		for _, b := range q {
+			if _, err := l.conn.Write(b); err != nil {
+				l.shut()
+				_ = l.conn.Close()
+				return
+			}
+		}
+		if closed {
+			if cw, ok := l.conn.(interface{ CloseWrite() error }); ok {
+				_ = cw.CloseWrite()
+			} else {
+				_ = l.conn.Close()
+			}
+			return
+		}
+		<-l.wake
+	}
+}
+
+// shut stops accepting frames; the writer flushes what is queued (within
+// timeout) and half-closes the connection.
+func (l *link) shut() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.closed {
+		l.closed = true
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// finish is the reader's end: shut, let the writer flush (bounded by
+// timeout), and close.
+func (l *link) finish(timeout time.Duration) {
+	l.shut()
+	_ = l.conn.SetWriteDeadline(time.Now().Add(timeout))
+	<-l.done
+	_ = l.conn.Close()
+}
+
+// encodeTable lays out the known members as uvarint count, then per member
+// uvarint leader rank and the length-prefixed metadata.
+func encodeTable(ms []tableEntry) []byte {
+	b := binary.AppendUvarint(nil, uint64(len(ms)))
+	for _, e := range ms {
+		b = binary.AppendUvarint(b, uint64(e.leader))
+		m := encodeMeta(e.Member)
+		b = binary.AppendUvarint(b, uint64(len(m)))
+		b = append(b, m...)
+	}
+	return b
+}
+
+// tableEntry is one rank as a leader announces it: its Member and the rank
+// of the gossip member it is attached to.
+type tableEntry struct {
+	Member
+	leader int
+}
+
+func decodeTable(b []byte) ([]tableEntry, error) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)) {
+		return nil, errBadMsg
+	}
+	b = b[k:]
+	out := make([]tableEntry, 0, n)
+	for range n {
+		l, k := binary.Uvarint(b)
+		if k <= 0 {
+			return nil, errBadMsg
+		}
+		b = b[k:]
+		ml, k := binary.Uvarint(b)
+		if k <= 0 || ml > uint64(len(b)-k) {
+			return nil, errBadMsg
+		}
+		m, err := decodeMeta(b[k : k+int(ml)])
+		if err != nil {
+			return nil, err
+		}
+		b = b[k+int(ml):]
+		out = append(out, tableEntry{Member: m, leader: int(l)})
+	}
+	return out, nil
+}
+
+// Causes of a loss, as frameGone and kindGone carry them.
+const (
+	causeDead       byte = iota // declared dead by the failure detector
+	causeClosed                 // its attach stream closed without a goodbye
+	causeLeader                 // its host leader was lost
+	causeLeaderConn             // (attached rank's view of its own leader) the stream closed
+)
+
+// ErrAttachClosed is the Cause of an attached rank's loss seen by its host
+// leader: the rank's local stream closed without a goodbye, which the kernel
+// does at once when the process exits or is killed.
+var ErrAttachClosed = errors.New("its connection to the host leader closed without a goodbye (process exited or was killed)")
+
+// causeError turns a cause code into the LostError's Cause.
+func (w *World) causeErrorLocked(cause byte, r int) error {
+	switch cause {
+	case causeClosed:
+		return ErrAttachClosed
+	case causeLeaderConn:
+		return ErrLeaderClosed
+	case causeLeader:
+		l := w.members[r].leader
+		return fmt.Errorf("its host leader, rank %d (host %s), was lost: %w", l, w.members[l].Host, ErrDeclaredDead)
+	}
+	return ErrDeclaredDead
+}
+
+// relayedError is an error a leader reported to its attached rank, kept
+// matchable with errors.Is against the sentinel of its kind.
+type relayedError struct {
+	msg  string
+	kind error
+}
+
+func (e *relayedError) Error() string        { return e.msg }
+func (e *relayedError) Is(target error) bool { return target == e.kind }

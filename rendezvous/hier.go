@@ -1,0 +1,605 @@
+package rendezvous
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Messages between leaders for attached ranks (collect.go lists the others).
+const (
+	kindRelay byte = 'R' // uvarint destination rank, then a message for that attached rank
+	kindGone  byte = 'G' // uvarint rank, byte left, byte cause: an attached rank left or was lost
+)
+
+// ErrLeaderClosed is the Cause an attached rank gives for its own host
+// leader's loss: the leader's end of the attach stream closed without a
+// goodbye (the leader process exited or was killed).
+var ErrLeaderClosed = errors.New("this rank's connection to its host leader closed without a goodbye")
+
+// startLeader opens the attach listener and serves the host's other ranks;
+// it returns at once.
+func (w *World) startLeader() error {
+	net := w.cfg.AttachNet
+	if net == nil {
+		net = unixAttach{}
+	}
+	name := attachName(w.cfg.JobID, w.cfg.Host)
+	ln, err := net.Listen(name)
+	if err != nil {
+		return fmt.Errorf("rendezvous: rank %d: host leader cannot listen at %q for the host's ranks "+
+			"(another process of this job on host %s claims local rank 0?): %w", w.cfg.Rank, name, w.cfg.Host, err)
+	}
+	w.ln = ln
+	if w.cfg.LocalWorldSize <= 1 {
+		close(w.localsReady)
+	}
+	w.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			w.wg.Go(func() { w.serveAttached(c) })
+		}
+	})
+	return nil
+}
+
+// serveAttached runs one attached rank's stream on the leader: handshake,
+// hello, then its frames until it closes.
+func (w *World) serveAttached(c net.Conn) {
+	key, _ := attachKey(&w.cfg)
+	if err := handshake(c, key, true, w.cfg.TCPTimeout); err != nil {
+		w.log.Warn().Err(err).Str("from", c.RemoteAddr().String()).Msg("rendezvous: refused a local attach")
+		_ = c.Close()
+		return
+	}
+	_ = c.SetReadDeadline(time.Now().Add(w.cfg.TCPTimeout))
+	typ, body, err := readFrame(c)
+	_ = c.SetReadDeadline(time.Time{})
+	if err != nil || typ != frameHello {
+		w.log.Warn().Err(err).Msg("rendezvous: attached rank sent no hello")
+		_ = c.Close()
+		return
+	}
+	m, err := decodeMeta(body)
+	l := newLink(c, m.Rank)
+	refuse := func(ce *ConflictError) {
+		w.log.Error().Err(ce).Msg("rendezvous: refusing attached rank")
+		_ = writeFrame(c, frameFatal, append([]byte{'C'}, ce.Error()...))
+		_ = c.Close()
+	}
+	w.mu.Lock()
+	self := w.selfClaimLocked()
+	other := Claim{Rank: m.Rank, Host: m.Host, Addr: fmt.Sprintf("attached to rank %d (pid %d)", w.cfg.Rank, m.PID), JobID: m.JobID, Size: m.WorldSize}
+	var ce *ConflictError
+	switch {
+	case err != nil:
+		ce = &ConflictError{What: "attached rank with unreadable metadata", A: self, B: Claim{Rank: -1, Host: "?", JobID: "? (" + err.Error() + ")"}}
+	case m.JobID != w.cfg.JobID:
+		ce = &ConflictError{What: "member of another job", A: self, B: other}
+	case m.WorldSize != w.cfg.WorldSize:
+		ce = &ConflictError{What: "member started with another world size", A: self, B: other}
+	case m.Rank < 0 || m.Rank >= w.cfg.WorldSize:
+		ce = &ConflictError{What: "member with an inconsistent rank", A: self, B: other}
+	case w.formed || w.closed:
+		ce = &ConflictError{What: "rank attached after the world formed", A: self, B: other}
+	case w.members[m.Rank].status == statusAlive || m.Rank == w.cfg.Rank:
+		ce = &ConflictError{What: "two processes claim one rank", A: w.claimLocked(m.Rank), B: other}
+		w.setFatalLocked(ce)
+	}
+	if ce != nil {
+		w.mu.Unlock()
+		refuse(ce)
+		return
+	}
+	m.Addr = other.Addr
+	ms := &w.members[m.Rank]
+	ms.Member, ms.leader, ms.pending = m, w.cfg.Rank, false
+	w.links[m.Rank] = l
+	w.attachedN++
+	w.markAliveLocked(m.Rank)
+	if w.attachedN == w.cfg.LocalWorldSize-1 {
+		select {
+		case <-w.localsReady:
+		default:
+			close(w.localsReady)
+		}
+	}
+	w.mu.Unlock()
+	w.wg.Go(l.writer)
+
+	bye := false
+	for !bye {
+		typ, body, err := readFrame(c)
+		if err != nil {
+			break
+		}
+		switch typ {
+		case frameMsg:
+			dest, n := binary.Uvarint(body)
+			if n > 0 {
+				w.route(int(dest), body[n:])
+			}
+		case frameBye:
+			bye = true
+		}
+	}
+	w.attachedGone(m.Rank, bye)
+	l.finish(w.cfg.TCPTimeout)
+}
+
+// attachedGone reports an attached rank whose stream closed: a leave when it
+// said goodbye, else a loss; to this leader's view, its other attached
+// ranks and every other leader.
+func (w *World) attachedGone(r int, left bool) {
+	w.mu.Lock()
+	delete(w.links, r)
+	if w.members[r].status != statusAlive {
+		w.mu.Unlock()
+		return
+	}
+	formed := w.formed
+	if w.closed && !left {
+		// This leader is shutting down without leaving (Join failed,
+		// or a test's crash): closing its streams is not news, and a
+		// real crash would tell nobody either.
+		w.mu.Unlock()
+		return
+	}
+	w.goneLocked(r, left, causeClosed)
+	w.signalChangeLocked()
+	var nodes []memberlist.Node
+	if formed && w.ml != nil {
+		nodes = w.nodesLocked()
+	}
+	w.mu.Unlock()
+	if len(nodes) == 0 {
+		return
+	}
+	msg := binary.AppendUvarint([]byte{kindGone}, uint64(r))
+	var lb byte
+	if left {
+		lb = 1
+	}
+	msg = append(msg, lb, causeClosed)
+	// Directly to every leader (one packet each, so the news is there at
+	// once), and through gossip as a backstop for a lost packet.
+	for _, n := range nodes {
+		if err := w.ml.SendBestEffort(&n, msg); err != nil {
+			w.log.Debug().Err(err).Str("to", n.Address()).Msg("rendezvous: could not report an attached rank")
+		}
+	}
+	w.bq.QueueBroadcast(simpleBroadcast(msg))
+}
+
+// simpleBroadcast is a gossip broadcast that never supersedes another.
+type simpleBroadcast []byte
+
+func (b simpleBroadcast) Invalidates(memberlist.Broadcast) bool { return false }
+func (b simpleBroadcast) Message() []byte                       { return b }
+func (b simpleBroadcast) Finished()                             {}
+
+// nodesLocked returns the gossip members other than this one that are alive.
+func (w *World) nodesLocked() []memberlist.Node {
+	var nodes []memberlist.Node
+	for r := range w.members {
+		if m := &w.members[r]; r != w.cfg.Rank && m.leader == r && m.status == statusAlive {
+			nodes = append(nodes, m.node)
+		}
+	}
+	return nodes
+}
+
+// handleGone applies a kindGone message from another leader.
+func (w *World) handleGone(b []byte) {
+	r, n := binary.Uvarint(b)
+	if n <= 0 || len(b) < n+2 || r >= uint64(len(w.members)) {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if int(r) == w.cfg.Rank || w.members[r].leader == w.cfg.Rank || w.members[r].leader == int(r) {
+		return // this leader is the authority on its own ranks; nodes are gossip's
+	}
+	w.goneLocked(int(r), b[n] == 1, b[n+1])
+}
+
+// route delivers a message to world rank dest from this leader: locally,
+// over dest's attach stream, or to dest's leader. A failed send is retried
+// while dest is alive, bounded like Group.send.
+func (w *World) route(dest int, msg []byte) {
+	if dest < 0 || dest >= len(w.members) {
+		return
+	}
+	backoff := 20 * time.Millisecond
+	giveUp := time.Now().Add(5 * w.cfg.TCPTimeout)
+	for {
+		err := w.deliver(dest, msg)
+		if err == nil {
+			return
+		}
+		w.mu.Lock()
+		alive, closed := w.members[dest].status == statusAlive, w.closed
+		w.mu.Unlock()
+		if !alive || closed || time.Now().After(giveUp) {
+			w.log.Debug().Err(err).Int("to", dest).Msg("rendezvous: relayed message dropped")
+			return
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// errDetached: this attached rank's stream to its leader is closed.
+var errDetached = errors.New("rendezvous: not connected to the host leader")
+
+// deliver sends msg to world rank dest once, by whatever path reaches it.
+func (w *World) deliver(dest int, msg []byte) error {
+	if w.up != nil { // attached: everything goes through the leader
+		if !w.up.enqueue(frameMsg, append(binary.AppendUvarint(nil, uint64(dest)), msg...)) {
+			return errDetached
+		}
+		return nil
+	}
+	w.mu.Lock()
+	m := &w.members[dest]
+	l := w.links[dest]
+	leader := m.leader
+	node := w.members[leader].node
+	w.mu.Unlock()
+	switch {
+	case dest == w.cfg.Rank:
+		w.handleMsg(msg)
+		return nil
+	case l != nil:
+		if !l.enqueue(frameMsg, append(binary.AppendUvarint(nil, uint64(dest)), msg...)) {
+			return errDetached
+		}
+		return nil
+	case leader == w.cfg.Rank:
+		return fmt.Errorf("rendezvous: rank %d is not attached here", dest)
+	case leader == dest:
+		return w.ml.SendReliable(&node, msg)
+	default:
+		return w.ml.SendReliable(&node, append(binary.AppendUvarint([]byte{kindRelay}, uint64(dest)), msg...))
+	}
+}
+
+// handleRelay is a kindRelay message arriving at this leader.
+func (w *World) handleRelay(b []byte) {
+	dest, n := binary.Uvarint(b)
+	if n <= 0 || dest >= uint64(len(w.members)) {
+		return
+	}
+	inner := b[n:]
+	if int(dest) == w.cfg.Rank {
+		w.handleMsg(inner)
+		return
+	}
+	w.mu.Lock()
+	l := w.links[int(dest)]
+	w.mu.Unlock()
+	if l == nil || !l.enqueue(frameMsg, append(binary.AppendUvarint(nil, dest), inner...)) {
+		w.log.Debug().Int("to", int(dest)).Msg("rendezvous: message for a rank no longer attached dropped")
+	}
+}
+
+// sendTableLocked hands the formed world to the attached ranks.
+func (w *World) sendTableLocked() {
+	if len(w.links) == 0 {
+		return
+	}
+	entries := make([]tableEntry, len(w.members))
+	for r := range w.members {
+		entries[r] = tableEntry{Member: w.members[r].Member, leader: w.members[r].leader}
+	}
+	body := append(binary.AppendUvarint(nil, w.epoch), encodeTable(entries)...)
+	for _, l := range w.links {
+		l.enqueue(frameTable, body)
+	}
+}
+
+// localStateLocked is the leader's push-pull state: every attached rank it
+// knows, its own and other leaders', so the seed's push at formation hands
+// over the whole world.
+func (w *World) localStateLocked() []byte {
+	var entries []tableEntry
+	for r := range w.members {
+		m := &w.members[r]
+		if m.leader != r && (m.status == statusAlive || m.pending) {
+			entries = append(entries, tableEntry{Member: m.Member, leader: m.leader})
+		}
+	}
+	return encodeTable(entries)
+}
+
+// mergeStateLocked takes in another leader's attached ranks.
+func (w *World) mergeStateLocked(buf []byte) {
+	entries, err := decodeTable(buf)
+	if err != nil {
+		w.log.Warn().Err(err).Msg("rendezvous: malformed member table")
+		return
+	}
+	for _, e := range entries {
+		r := e.Rank
+		if e.JobID != w.cfg.JobID || e.WorldSize != w.cfg.WorldSize || r < 0 || r >= len(w.members) ||
+			e.leader < 0 || e.leader >= len(w.members) || e.leader == r {
+			w.log.Warn().Int("member", r).Msg("rendezvous: ignoring an inconsistent table entry")
+			continue
+		}
+		ms := &w.members[r]
+		claim := func() Claim {
+			return Claim{Rank: r, Host: e.Host, Addr: fmt.Sprintf("attached to rank %d (pid %d)", e.leader, e.PID), JobID: e.JobID, Size: e.WorldSize}
+		}
+		switch {
+		case r == w.cfg.Rank || (ms.leader == r && ms.status != statusUnseen):
+			w.setFatalLocked(&ConflictError{What: "two processes claim one rank", A: w.claimLocked(r), B: claim()},
+				w.members[e.leader].node)
+		case ms.status == statusUnseen && !ms.pending:
+			if e.leader == w.cfg.Rank {
+				continue // stale news of our own host: hello is the authority
+			}
+			ms.Member, ms.leader, ms.pending = e.Member, e.leader, true
+			ms.Addr = claim().Addr
+			if w.members[e.leader].status == statusAlive && w.members[e.leader].leader == e.leader {
+				w.markAliveLocked(r)
+			}
+		case ms.leader != e.leader || ms.PID != e.PID || ms.Host != e.Host:
+			if ms.status == statusAlive || ms.pending {
+				w.setFatalLocked(&ConflictError{What: "two processes claim one rank", A: w.claimLocked(r), B: claim()},
+					w.members[e.leader].node, w.members[ms.leader].node)
+			}
+		}
+	}
+}
+
+// markAliveLocked counts rank r in and forms the world when it completes.
+func (w *World) markAliveLocked(r int) {
+	ms := &w.members[r]
+	if ms.status == statusAlive {
+		return
+	}
+	if ms.status == statusDead || ms.status == statusLeft {
+		ms.gone = make(chan struct{})
+	}
+	ms.status, ms.pending = statusAlive, false
+	w.alive++
+	w.signalChangeLocked()
+	if w.alive == w.cfg.WorldSize && !w.formed && w.fatal == nil {
+		w.formed = true
+		w.epoch = 1
+		close(w.formedCh)
+		w.sendTableLocked()
+	}
+}
+
+// selfClaimLocked is this process's side of a conflict.
+func (w *World) selfClaimLocked() Claim {
+	return Claim{Rank: w.cfg.Rank, Host: w.cfg.Host, JobID: w.cfg.JobID, Size: w.cfg.WorldSize, Addr: "(this process)"}
+}
+
+// claimLocked describes what this member knows of rank r.
+func (w *World) claimLocked(r int) Claim {
+	if r == w.cfg.Rank {
+		return w.selfClaimLocked()
+	}
+	m := &w.members[r]
+	if m.leader == r {
+		return claimOf(&m.node)
+	}
+	return Claim{Rank: r, Host: m.Host, Addr: m.Addr, JobID: m.JobID, Size: m.WorldSize}
+}
+
+// joinAttached is Join for a rank that is not its host's leader: attach to
+// the leader and wait for the world table.
+func (w *World) joinAttached(ctx context.Context) error {
+	cfg := &w.cfg
+	net := cfg.AttachNet
+	if net == nil {
+		net = unixAttach{}
+	}
+	name := attachName(cfg.JobID, cfg.Host)
+	key, err := attachKey(cfg)
+	if err != nil {
+		return err
+	}
+	deadline := time.NewTimer(cfg.FormationTimeout)
+	defer deadline.Stop()
+	backoff := 5 * time.Millisecond
+	var lastErr error
+	for {
+		dctx, cancel := context.WithTimeout(ctx, cfg.TCPTimeout)
+		c, err := net.Dial(dctx, name)
+		cancel()
+		if err == nil {
+			if err = handshake(c, key, false, cfg.TCPTimeout); err == nil {
+				err = writeFrame(c, frameHello, encodeMeta(w.self))
+			}
+			if err == nil {
+				w.up = newLink(c, -1)
+				break
+			}
+			_ = c.Close()
+		}
+		lastErr = err
+		t := time.NewTimer(backoff/2 + rand.N(backoff))
+		select {
+		case <-t.C:
+		case <-deadline.C:
+			t.Stop()
+			return w.attachError(nil, lastErr)
+		case <-ctx.Done():
+			t.Stop()
+			return w.attachError(ctx.Err(), lastErr)
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+	w.wg.Go(w.up.writer)
+	w.wg.Go(w.readLeader)
+	progress := time.NewTicker(cfg.ProgressInterval)
+	defer progress.Stop()
+	for {
+		select {
+		case <-w.formedCh:
+			w.log.Info().Uint64("epoch", w.Epoch()).Dur("took", time.Since(w.start)).Msg("rendezvous: world formed")
+			return nil
+		case <-w.fatalCh:
+			return w.fatalErr()
+		case <-progress.C:
+			w.log.Debug().Msg("rendezvous: attached to the host leader; waiting for the world")
+		case <-deadline.C:
+			// The leader's own verdict (which ranks are missing) arrives
+			// at about the same moment; prefer it.
+			t := time.NewTimer(cfg.TCPTimeout)
+			select {
+			case <-w.fatalCh:
+				t.Stop()
+				return w.fatalErr()
+			case <-w.formedCh:
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+			return w.formationError(nil, nil)
+		case <-ctx.Done():
+			return w.formationError(ctx.Err(), nil)
+		}
+	}
+}
+
+func (w *World) fatalErr() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.fatal
+}
+
+// attachError: this rank never reached its leader.
+func (w *World) attachError(ctxErr, last error) error {
+	e := w.formationError(ctxErr, nil).(*FormationError)
+	e.Seed = "host leader " + attachName(w.cfg.JobID, w.cfg.Host)
+	e.SeedErr = fmt.Errorf("not attached: %w", last)
+	if last == nil {
+		e.SeedErr = errors.New("not attached")
+	}
+	return e
+}
+
+// readLeader runs an attached rank's side of the stream.
+func (w *World) readLeader() {
+	c := w.up.conn
+	bye := false
+	for {
+		typ, body, err := readFrame(c)
+		if err != nil {
+			break
+		}
+		switch typ {
+		case frameTable:
+			epoch, n := binary.Uvarint(body)
+			entries, err := decodeTable(body[max(n, 0):])
+			if n <= 0 || err != nil || len(entries) != len(w.members) {
+				w.log.Error().Err(err).Msg("rendezvous: malformed world table from the host leader")
+				continue
+			}
+			w.mu.Lock()
+			for _, e := range entries {
+				if e.Rank < 0 || e.Rank >= len(w.members) {
+					continue
+				}
+				ms := &w.members[e.Rank]
+				ms.Member, ms.leader = e.Member, e.leader
+				if e.Rank != w.cfg.Rank && ms.status != statusAlive {
+					ms.status = statusAlive
+					w.alive++
+				}
+			}
+			w.members[w.cfg.Rank].Member = w.self
+			if !w.formed && w.fatal == nil {
+				w.formed, w.epoch = true, epoch
+				close(w.formedCh)
+			}
+			w.signalChangeLocked()
+			w.mu.Unlock()
+		case frameGone:
+			r, n := binary.Uvarint(body)
+			if n > 0 && len(body) >= n+2 && r < uint64(len(w.members)) {
+				w.mu.Lock()
+				w.goneLocked(int(r), body[n] == 1, body[n+1])
+				w.mu.Unlock()
+			}
+		case frameMsg:
+			if _, n := binary.Uvarint(body); n > 0 {
+				w.handleMsg(body[n:])
+			}
+		case frameFatal:
+			if len(body) < 1 {
+				continue
+			}
+			kind := ErrFormation
+			if body[0] == 'C' {
+				kind = ErrConflict
+			}
+			w.mu.Lock()
+			w.setFatalLocked(&relayedError{msg: string(body[1:]), kind: kind})
+			w.mu.Unlock()
+		case frameBye:
+			bye = true
+		}
+	}
+	w.up.finish(w.cfg.TCPTimeout)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
+	}
+	if !w.formed {
+		w.setFatalLocked(&FormationError{
+			Joined: 1, WorldSize: w.cfg.WorldSize, Rank: w.cfg.Rank,
+			After: time.Since(w.start).Round(100 * time.Millisecond).String(),
+			Seed:  "host leader " + attachName(w.cfg.JobID, w.cfg.Host),
+			SeedErr: fmt.Errorf("the host leader (local rank 0 on host %s) closed the connection before the world formed",
+				w.cfg.Host),
+		})
+		return
+	}
+	w.leaderGoneLocked(bye)
+}
+
+// leaderGoneLocked: an attached rank lost its leader, and with it every
+// other member: each group with another member fails (or, after the
+// leader's goodbye, ends as left) naming the leader.
+func (w *World) leaderGoneLocked(left bool) {
+	var L int = -1
+	for r := range w.members {
+		if w.members[r].leader == r && w.members[r].Host == w.cfg.Host && w.members[w.cfg.Rank].leader == r {
+			L = r
+		}
+	}
+	if L < 0 {
+		L = w.members[w.cfg.Rank].leader
+	}
+	w.goneLocked(L, left, causeLeaderConn)
+	lm := &w.members[L]
+	for _, g := range w.groups {
+		if len(g.ranks) < 2 {
+			continue
+		}
+		if left {
+			if g.leaver == nil {
+				g.leaver = &LeftError{Rank: L, Host: lm.Host}
+				close(g.left)
+			}
+		} else if g.err == nil {
+			g.err = &LostError{Rank: L, Host: lm.Host, Epoch: w.epoch, Cause: ErrLeaderClosed}
+			close(g.failed)
+		}
+	}
+}
