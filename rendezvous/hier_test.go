@@ -85,25 +85,7 @@ func TestHierFormBarrierGroups(t *testing.T) {
 		}
 		ctx := context.Background()
 		eachRank(t, ws, func(w *World) error {
-			for range 3 {
-				if err := w.Barrier(ctx); err != nil {
-					return err
-				}
-			}
-			g, err := w.Split(ctx, w.Rank()%3, -w.Rank())
-			if err != nil {
-				return err
-			}
-			var want []int
-			for r := n - 1; r >= 0; r-- {
-				if r%3 == w.Rank()%3 {
-					want = append(want, r)
-				}
-			}
-			if !slices.Equal(g.Ranks(), want) {
-				return fmt.Errorf("split: %v, want %v", g.Ranks(), want)
-			}
-			if err := g.Barrier(ctx); err != nil {
+			if _, err := barriersAndSplit(ctx, w, n); err != nil {
 				return err
 			}
 			// One host's ranks alone: messages never leave the host.

@@ -41,27 +41,12 @@ func TestFormBarrierGroups(t *testing.T) {
 		}
 		ctx := context.Background()
 		eachRank(t, ws, func(w *World) error {
-			for range 3 {
-				if err := w.Barrier(ctx); err != nil {
-					return err
-				}
-			}
-			// MPI_Comm_split: color by rank mod 3, key reversing the order.
-			g, err := w.Split(ctx, w.Rank()%3, -w.Rank())
+			g, err := barriersAndSplit(ctx, w, n)
 			if err != nil {
 				return err
 			}
-			var want []int
-			for r := n - 1; r >= 0; r-- {
-				if r%3 == w.Rank()%3 {
-					want = append(want, r)
-				}
-			}
-			if !slices.Equal(g.Ranks(), want) || g.GlobalRank(g.Rank()) != w.Rank() {
-				return fmt.Errorf("split: ranks %v (mine %d), want %v", g.Ranks(), g.Rank(), want)
-			}
-			if err := g.Barrier(ctx); err != nil {
-				return err
+			if g.GlobalRank(g.Rank()) != w.Rank() {
+				return fmt.Errorf("split: ranks %v (mine %d) map back to rank %d", g.Ranks(), g.Rank(), g.GlobalRank(g.Rank()))
 			}
 			// Undefined leaves a rank out.
 			color := 0
@@ -485,4 +470,29 @@ func TestFormationProgressLogged(t *testing.T) {
 			t.Errorf("%d progress lines in 10 s, want 3:\n%s", n, strings.Join(lines, ""))
 		}
 	})
+}
+
+// barriersAndSplit runs three world barriers, then MPI_Comm_split with
+// color rank mod 3 and a key reversing the order, checks the group's ranks
+// and runs a barrier on it. Flat and host-leader worlds share this check.
+func barriersAndSplit(ctx context.Context, w *World, n int) (*Group, error) {
+	for range 3 {
+		if err := w.Barrier(ctx); err != nil {
+			return nil, err
+		}
+	}
+	g, err := w.Split(ctx, w.Rank()%3, -w.Rank())
+	if err != nil {
+		return nil, err
+	}
+	var want []int
+	for r := n - 1; r >= 0; r-- {
+		if r%3 == w.Rank()%3 {
+			want = append(want, r)
+		}
+	}
+	if !slices.Equal(g.Ranks(), want) {
+		return nil, fmt.Errorf("split: ranks %v (mine %d), want %v", g.Ranks(), g.Rank(), want)
+	}
+	return g, g.Barrier(ctx)
 }
