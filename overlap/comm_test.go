@@ -19,37 +19,9 @@ import (
 // network; Cleanup closes them.
 func startComms(ctx context.Context, t *testing.T, n int) []*comm.Comm {
 	t.Helper()
-	nw := commtest.NewNetwork()
-	addrs := make([]string, n)
-	for r := range addrs {
-		addrs[r] = fmt.Sprintf("rank%d:1", r)
-	}
 	cfg := comm.LocalConfig()
 	cfg.Deterministic = true
-	comms := make([]*comm.Comm, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range comms {
-		wg.Go(func() {
-			comms[r], errs[r] = comm.New(ctx, commtest.NewStaticGroup(r, addrs, nil), nw.Endpoint(addrs[r]), cfg)
-		})
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		var wg sync.WaitGroup
-		for _, c := range comms {
-			if c != nil {
-				wg.Go(func() { _ = c.Close() })
-			}
-		}
-		wg.Wait()
-	})
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("comm.New rank %d: %v", r, err)
-		}
-	}
-	return comms
+	return commtest.StartComms(ctx, t, n, cfg)
 }
 
 // TestRealComm runs an FSDP-shaped step (gather, reduce-scatter) and a DDP

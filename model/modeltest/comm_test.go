@@ -72,38 +72,13 @@ func TestRealCollectivesMatchReference(t *testing.T) {
 
 func startComms(ctx context.Context, t *testing.T, n int) []comm.Communicator {
 	t.Helper()
-	nw := commtest.NewNetwork()
-	addrs := make([]string, n)
-	for r := range addrs {
-		addrs[r] = fmt.Sprintf("rank%d:1", r)
-	}
 	cfg := comm.LocalConfig()
 	cfg.Deterministic = true
-	comms := make([]comm.Communicator, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range comms {
-		wg.Go(func() {
-			c, err := comm.New(ctx, commtest.NewStaticGroup(r, addrs, nil), nw.Endpoint(addrs[r]), cfg)
-			comms[r], errs[r] = c, err
-		})
+	out := make([]comm.Communicator, n)
+	for r, c := range commtest.StartComms(ctx, t, n, cfg) {
+		out[r] = c
 	}
-	wg.Wait()
-	t.Cleanup(func() {
-		var wg sync.WaitGroup
-		for _, c := range comms {
-			if c != nil {
-				wg.Go(func() { _ = c.Close() })
-			}
-		}
-		wg.Wait()
-	})
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("comm.New rank %d: %v", r, err)
-		}
-	}
-	return comms
+	return out
 }
 
 // trainRank is one rank of a minimal trainer: what examples/trainer does,
