@@ -109,6 +109,10 @@ type Config struct {
 	// job's agents start without a handshake (OpenSSH ControlMaster /
 	// ControlPersist). 0 leaves ssh's own configuration alone.
 	SSHMultiplex time.Duration
+	// SSHDefaultKex leaves ssh's key exchange preference alone; by default
+	// gorun puts curve25519-sha256 first for OpenSSH 9 clients, whose
+	// post-quantum default costs ~0.25 s of CPU per host (sshkex.go).
+	SSHDefaultKex bool
 	// PreloadBinary sends the program to every host before the ranks
 	// start (preload.go); PreloadFiles sends these files to the ranks'
 	// working directory on every host.

@@ -224,7 +224,11 @@ type children struct {
 func startChildren(launch []childLaunch, secret string, w *wireConn, log zerolog.Logger) *children {
 	k := &children{}
 	for _, cl := range launch {
-		cmd := exec.Command(cl.Argv[0], cl.Argv[1:]...)
+		argv := cl.Argv
+		if cl.FastKex {
+			argv = withFastKex(argv)
+		}
+		cmd := exec.Command(argv[0], argv[1:]...)
 		tail := &tailBuffer{}
 		cmd.Stdout, cmd.Stderr = tail, tail
 		cmd.Stdin = strings.NewReader(secret + "\n")

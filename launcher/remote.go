@@ -559,6 +559,7 @@ func (m *multi) startLaunchers(id LocalIdentity) error {
 			name := m.nodes[child].Name
 			m.children[parent] = append(m.children[parent], childLaunch{
 				Host: name, Argv: sshCommand(m.cfg.LaunchAgent, name, m.agentArgs(name)),
+				FastKex: !m.cfg.SSHDefaultKex,
 			})
 			l := &agentLauncher{nodes: []int{child}, what: "ssh (from " + m.nodes[parent].Name + ")",
 				stderr: &tailBuffer{}, done: make(chan struct{}), code: -1}
@@ -573,7 +574,11 @@ func (m *multi) startLaunchers(id LocalIdentity) error {
 	}
 	for _, i := range direct {
 		n := m.nodes[i]
-		if err := m.startLauncher("ssh", []int{i}, sshCommand(template, n.Name, m.agentArgs(n.Name)), nil, true); err != nil {
+		argv := sshCommand(template, n.Name, m.agentArgs(n.Name))
+		if !m.cfg.SSHDefaultKex {
+			argv = withFastKex(argv)
+		}
+		if err := m.startLauncher("ssh", []int{i}, argv, nil, true); err != nil {
 			return err
 		}
 	}

@@ -117,6 +117,10 @@ type remoteJob struct {
 type childLaunch struct {
 	Host string   `json:"host"`
 	Argv []string `json:"argv"`
+	// FastKex asks the parent agent to put curve25519 first in its ssh
+	// client's key exchange list when that client defaults to the slower
+	// hybrid (sshkex.go); the parent's ssh, not gorun's, decides.
+	FastKex bool `json:"fast_kex,omitempty"`
 }
 
 // remoteHello is a host agent's report before any rank starts.

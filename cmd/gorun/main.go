@@ -91,6 +91,7 @@ type options struct {
 	preloadBinary bool
 	preloadFiles  string
 	sshMultiplex  time.Duration
+	sshKex        string
 }
 
 func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
@@ -125,6 +126,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.preloadBinary, "s", false, "same as --preload-binary")
 	fs.StringVar(&o.preloadFiles, "preload-files", "", "copy `FILES` (comma-separated) to the ranks' working directory on every host before starting")
 	fs.DurationVar(&o.sshMultiplex, "ssh-multiplex", 0, "keep ssh master connections to the hosts for `DUR` after the job so the next job skips the handshakes (0: off)")
+	fs.StringVar(&o.sshKex, "ssh-kex", "fast", "ssh key exchange for starting agents: fast (curve25519-sha256 first; ~0.25 s less CPU per host than OpenSSH 9's post-quantum default, which protects nothing that outlives the job here) or default (ssh's own choice)")
 	fs.StringVar(&o.launcher, "launcher", "auto", "how agents start on other hosts: auto (srun inside a SLURM allocation, else ssh), ssh or srun")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: gorun [flags] [--] PROGRAM [ARGS...]
@@ -188,6 +190,10 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gorun: --launcher %q: expected auto, ssh or srun\n", o.launcher)
 		return exitUsage
 	}
+	if o.sshKex != "fast" && o.sshKex != "default" {
+		fmt.Fprintf(stderr, "gorun: --ssh-kex %q: expected fast or default\n", o.sshKex)
+		return exitUsage
+	}
 	hosts, inSlurm, err := readHosts(o, os.Getenv)
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun: %v\n", err)
@@ -223,6 +229,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cfg.LaunchAgent, cfg.RemoteGorun, cfg.Iface = launchAgent, o.agentPath, o.iface
 	cfg.Lease, cfg.LaunchTimeout, cfg.FanoutThreshold = o.lease, o.launchTimeout, o.fanout
 	cfg.PreloadBinary, cfg.SSHMultiplex = o.preloadBinary, o.sshMultiplex
+	cfg.SSHDefaultKex = o.sshKex == "default"
 	if o.preloadFiles != "" {
 		cfg.PreloadFiles = strings.Split(o.preloadFiles, ",")
 	}
