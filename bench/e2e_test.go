@@ -19,6 +19,9 @@ import (
 	"github.com/gorun-hpc/gorun/tests/testhosts"
 )
 
+// e2eDir holds the gorun that gorunBinary built; TestMain removes it.
+var e2eDir string
+
 // gorunBinary builds cmd/gorun once per test binary: the end-to-end tests
 // run the real launcher with the real binary as every rank, as a user does.
 var gorunBinary = sync.OnceValues(func() (string, error) {
@@ -26,6 +29,7 @@ var gorunBinary = sync.OnceValues(func() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	e2eDir = dir
 	bin := filepath.Join(dir, "gorun")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/gorun-hpc/gorun/cmd/gorun").CombinedOutput()
 	if err != nil {

@@ -19,7 +19,20 @@ func TestMain(m *testing.M) {
 	if os.Getenv(corruptRankEnv) != "" {
 		os.Exit(corruptRank())
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(removeBuilt{m})
+}
+
+// removeBuilt runs the tests, then removes the gorun binary the
+// end-to-end tests built, whatever they did.
+type removeBuilt struct{ m *testing.M }
+
+func (r removeBuilt) Run() int {
+	defer func() {
+		if e2eDir != "" {
+			_ = os.RemoveAll(e2eDir)
+		}
+	}()
+	return r.m.Run()
 }
 
 func corruptRank() int {
