@@ -45,6 +45,19 @@ type EndpointConfig struct {
 	// ShmRingBytes is the size of each direction's ring. 4 MiB: several
 	// pipeline segments in flight, and still L3-friendly.
 	ShmRingBytes int
+	// TCPSpin is how long a TCP receive polls the socket before parking
+	// the goroutine in the netpoller. A reply that is on its way arrives
+	// sooner than the netpoller wakes a parked goroutine (two context
+	// switches): 20 µs halved the 8-byte all-reduce latency between two
+	// processes on loopback (40 → 19 µs) with no change in bandwidth. Zero
+	// means the default; negative disables polling.
+	TCPSpin time.Duration
+	// TCPBufferBytes, when positive, sets SO_SNDBUF and SO_RCVBUF of every
+	// data connection (capped by the kernel at net.core.wmem_max and
+	// rmem_max). Zero keeps the kernel's autotuning, which on loopback
+	// measured as fast as 1 and 4 MiB fixed buffers; set it for links whose
+	// bandwidth-delay product exceeds what autotuning reaches.
+	TCPBufferBytes int
 	// Logger receives connection events (foreign connections at Warn).
 	Logger zerolog.Logger
 }
@@ -57,6 +70,7 @@ func DefaultEndpointConfig() EndpointConfig {
 		DialRetry:        20 * time.Millisecond,
 		ShmDir:           "/dev/shm",
 		ShmRingBytes:     4 << 20,
+		TCPSpin:          20 * time.Microsecond,
 		Logger:           zerolog.Nop(),
 	}
 }
@@ -70,6 +84,8 @@ func (c EndpointConfig) Validate() error {
 		return fmt.Errorf("%w: HandshakeTimeout and DialRetry must be positive", ErrInvalidArgument)
 	case c.ShmRingBytes < 1<<16 || c.ShmRingBytes&(c.ShmRingBytes-1) != 0:
 		return fmt.Errorf("%w: ShmRingBytes %d must be a power of two ≥ 64 KiB", ErrInvalidArgument, c.ShmRingBytes)
+	case c.TCPBufferBytes < 0:
+		return fmt.Errorf("%w: TCPBufferBytes %d is negative", ErrInvalidArgument, c.TCPBufferBytes)
 	}
 	return nil
 }
@@ -124,6 +140,9 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 	if cfg.Addr == "" {
 		cfg.Addr = d.Addr
 	}
+	if cfg.TCPSpin == 0 {
+		cfg.TCPSpin = d.TCPSpin
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -147,6 +166,10 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 	}
 	e.wg.Go(e.acceptLoop)
 	return e, nil
+}
+
+func (e *Endpoint) tcpOptions() tcpOptions {
+	return tcpOptions{spin: e.cfg.TCPSpin, bufBytes: e.cfg.TCPBufferBytes}
 }
 
 // Addr is the address peers dial: host:port. Safe for concurrent use.
@@ -444,7 +467,7 @@ func (e *Endpoint) dialed(conn net.Conn, g Group, gid GroupID, r int) (Link, err
 	if seg != nil {
 		seg.unmap()
 	}
-	return newTCPLink(conn, br), nil
+	return newTCPLink(conn, br, e.tcpOptions()), nil
 }
 
 func (e *Endpoint) await(ctx context.Context, g Group, gid GroupID, r int) (Link, error) {
@@ -468,7 +491,7 @@ func (e *Endpoint) await(ctx context.Context, g Group, gid GroupID, r int) (Link
 		if a.shm != nil {
 			return newShmLink(a.conn, a.br, a.shm, false), nil
 		}
-		return newTCPLink(a.conn, a.br), nil
+		return newTCPLink(a.conn, a.br, e.tcpOptions()), nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("comm: rank %d waited for rank %d (%s) to connect: %w", g.Rank(), r, g.DataAddr(r), ctx.Err())
 	}
