@@ -48,12 +48,16 @@ func (s *syncBuf) String() string {
 // made by listen (tests that need full rings).
 var testRingBytes int
 
+// testTCPStreams, when set, is the TCPStreams of endpoints made by listen.
+var testTCPStreams int
+
 func listen(t testing.TB, forceTCP bool, secret []byte, logs io.Writer, shmDir string) *comm.Endpoint {
 	t.Helper()
 	ecfg := comm.DefaultEndpointConfig()
 	if testRingBytes != 0 {
 		ecfg.ShmRingBytes = testRingBytes
 	}
+	ecfg.TCPStreams = testTCPStreams
 	ecfg.Addr = "127.0.0.1:0"
 	ecfg.Secret = secret
 	ecfg.ForceTCP = forceTCP
@@ -206,10 +210,10 @@ func TestForeignConnectionsAreDropped(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, _ = c2.Write(append([]byte("GORUNDP1"), make([]byte, 32)...))
+			_, _ = c2.Write(append([]byte("GORUNDP2"), make([]byte, 32)...))
 			br := bufio.NewReader(c2)
 			_, _ = io.ReadFull(br, make([]byte, 64))
-			_, _ = c2.Write(make([]byte, 32+26))
+			_, _ = c2.Write(make([]byte, 32+30))
 			_, _ = io.ReadAll(br)
 			c2.Close()
 			// 3. A peer endpoint with another job's secret.

@@ -3,6 +3,7 @@ package comm
 import (
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"time"
 	"unsafe"
@@ -10,157 +11,193 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// tcpWriter sends header and payload with one writev on the socket,
-// waiting in the netpoller when the socket buffer is full. net.Buffers
-// would do the same but allocates per call; the closure here is made once.
-type tcpWriter struct {
-	rc  syscall.RawConn
-	iov [2]unix.Iovec // the unsent rest of the frame; guarded by wmu
-	niv int
-	err error
-	fn  func(fd uintptr) bool
+// tcpStripes is whether this platform can stripe a link over several
+// connections: it needs non-blocking attempts on each socket.
+const tcpStripes = true
+
+// tcpStream is one connection of a TCP link, driven with raw syscalls on
+// the non-blocking socket through RawConn, so that the link can try each
+// of its connections in turn without blocking, and so that no call
+// allocates (net.Buffers does per writev).
+//
+// The read side belongs to the link's receiver and the write side to the
+// holder of the link's wmu; each has its own state, and the callbacks
+// handed to RawConn are made once.
+type tcpStream struct {
+	conn net.Conn
+	rc   syscall.RawConn // nil if conn is not a socket: plain blocking calls
+	spin time.Duration   // how long a waiting read polls before parking
+	pre  []byte          // bytes the handshake read past its end; read first
+
+	// Read in progress (receiver only).
+	rp    []byte
+	rn    int
+	rerr  error
+	rwait bool
+	rfn   func(fd uintptr) bool
+
+	// Write in progress (wmu): the unsent rest is iov[2-niv:].
+	iov   [2]unix.Iovec
+	niv   int
+	wn    int
+	werr  error
+	wwait bool
+	wfn   func(fd uintptr) bool
 }
 
-func (w *tcpWriter) init(conn net.Conn) {
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		return
+func newTCPStream(conn net.Conn, spin time.Duration, pre []byte) *tcpStream {
+	s := &tcpStream{conn: conn, spin: spin, pre: pre}
+	s.rfn, s.wfn = s.doRead, s.doWrite
+	if sc, ok := conn.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			s.rc = rc
+		}
 	}
-	rc, err := sc.SyscallConn()
+	return s
+}
+
+// Read blocks until it has read at least one byte into p (io.Reader).
+func (s *tcpStream) Read(p []byte) (int, error) { return s.read(p, true) }
+
+// read reads into p. With wait it returns at least one byte or an error,
+// polling for spin and then parking in the netpoller; without, it returns
+// what the socket holds now, possibly nothing.
+func (s *tcpStream) read(p []byte, wait bool) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if len(s.pre) > 0 {
+		n := copy(p, s.pre)
+		s.pre = s.pre[n:]
+		return n, nil
+	}
+	if s.rc == nil {
+		return s.conn.Read(p)
+	}
+	s.rp, s.rn, s.rerr, s.rwait = p, 0, nil, wait
+	err := s.rc.Read(s.rfn)
+	s.rp = nil
 	if err != nil {
-		return
+		return 0, err
 	}
-	w.rc = rc
-	w.fn = w.write
+	return s.rn, s.rerr
 }
 
-// write runs inside RawConn.Write: false means "wait until writable".
-func (w *tcpWriter) write(fd uintptr) bool {
-	for w.niv > 0 {
-		iov := w.iov[2-w.niv:]
-		n, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+// doRead runs inside RawConn.Read: false means "park until readable".
+func (s *tcpStream) doRead(fd uintptr) bool {
+	var deadline time.Time
+	for {
+		n, _, e := unix.Syscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&s.rp[0])), uintptr(len(s.rp)))
 		switch e {
 		case 0:
+			s.rn = int(n)
+			if n == 0 {
+				s.rerr = io.EOF
+			}
+			return true
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
-			return false
 		default:
-			w.err = e
+			s.rerr = os.NewSyscallError("read", e)
 			return true
 		}
-		w.advance(int(n))
+		if !s.rwait {
+			return true
+		}
+		// A frame on its way arrives sooner than the netpoller can wake
+		// a parked goroutine (two context switches): poll a little first.
+		if s.spin <= 0 {
+			return false
+		}
+		now := time.Now()
+		if deadline.IsZero() {
+			deadline = now.Add(s.spin)
+		} else if now.After(deadline) {
+			return false
+		}
+	}
+}
+
+// setWrite makes a then b the stream's pending bytes. wmu held.
+func (s *tcpStream) setWrite(a, b []byte) {
+	s.niv = 0
+	for _, p := range [2][]byte{b, a} {
+		if len(p) > 0 {
+			s.niv++
+			s.iov[2-s.niv] = unix.Iovec{Base: unsafe.SliceData(p), Len: uint64(len(p))}
+		}
+	}
+}
+
+// pending reports whether setWrite's bytes are not all written. wmu held.
+func (s *tcpStream) pending() bool { return s.niv > 0 }
+
+// dropWrite forgets the pending bytes, so the payload is not kept
+// reachable after Send returns. wmu held.
+func (s *tcpStream) dropWrite() { s.iov, s.niv = [2]unix.Iovec{}, 0 }
+
+// write writes pending bytes with writev. With wait it parks until it has
+// written something; either way it returns at the first EAGAIN after that.
+// wmu held.
+func (s *tcpStream) write(wait bool) (int, error) {
+	if s.niv == 0 {
+		return 0, nil
+	}
+	if s.rc == nil {
+		total := 0
+		for s.niv > 0 {
+			v := s.iov[2-s.niv]
+			n, err := s.conn.Write(unsafe.Slice(v.Base, v.Len))
+			s.advance(n)
+			total += n
+			if err != nil {
+				return total, err
+			}
+		}
+		return total, nil
+	}
+	s.wn, s.werr, s.wwait = 0, nil, wait
+	if err := s.rc.Write(s.wfn); err != nil {
+		return s.wn, err
+	}
+	return s.wn, s.werr
+}
+
+// doWrite runs inside RawConn.Write: false means "park until writable".
+// Polling here measured no faster: a full send buffer drains at the
+// receiver's pace.
+func (s *tcpStream) doWrite(fd uintptr) bool {
+	for s.niv > 0 {
+		iov := s.iov[2-s.niv:]
+		n, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		switch e {
+		case 0:
+			s.wn += int(n)
+			s.advance(int(n))
+			continue
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return !s.wwait || s.wn > 0
+		default:
+			s.werr = os.NewSyscallError("writev", e)
+			return true
+		}
 	}
 	return true
 }
 
-// advance drops n written bytes from the front of the iovecs.
-func (w *tcpWriter) advance(n int) {
-	for n > 0 && w.niv > 0 {
-		v := &w.iov[2-w.niv]
+// advance drops n written bytes from the front of the pending iovecs.
+func (s *tcpStream) advance(n int) {
+	for n > 0 && s.niv > 0 {
+		v := &s.iov[2-s.niv]
 		if uint64(n) < v.Len {
 			v.Base = (*byte)(unsafe.Add(unsafe.Pointer(v.Base), n))
 			v.Len -= uint64(n)
 			return
 		}
 		n -= int(v.Len)
-		w.niv--
-	}
-}
-
-// writeFrame writes the encoded header in l.wbuf and payload. wmu held.
-func (l *tcpLink) writeFrame(payload []byte) error {
-	w := &l.w
-	if w.rc == nil { // not a socket (tests may hand in a pipe)
-		if _, err := l.conn.Write(l.wbuf[:HeaderSize]); err != nil {
-			return err
-		}
-		_, err := l.conn.Write(payload)
-		return err
-	}
-	w.iov[0] = unix.Iovec{Base: &l.wbuf[0], Len: HeaderSize}
-	w.iov[1] = unix.Iovec{Base: unsafe.SliceData(payload), Len: uint64(len(payload))}
-	w.niv, w.err = 2, nil
-	if err := w.rc.Write(w.fn); err != nil {
-		return err
-	}
-	err := w.err
-	w.iov = [2]unix.Iovec{} // do not keep the payload reachable
-	return err
-}
-
-// tcpReader reads the socket with raw syscalls, and when nothing has
-// arrived it polls for up to spin before parking in the netpoller: a frame
-// that is on its way arrives sooner than the netpoller can wake a parked
-// goroutine (two context switches). Receive side only.
-type tcpReader struct {
-	conn net.Conn
-	rc   syscall.RawConn
-	spin time.Duration
-	// State of the read in progress, for fn (made once: no allocation).
-	dst []byte
-	n   int
-	err error
-	fn  func(fd uintptr) bool
-}
-
-func (r *tcpReader) init(conn net.Conn, spin time.Duration) {
-	r.conn, r.spin = conn, spin
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		return
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return
-	}
-	r.rc = rc
-	r.fn = r.read
-}
-
-func (r *tcpReader) Read(p []byte) (int, error) {
-	if r.rc == nil {
-		return r.conn.Read(p)
-	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	r.dst, r.n, r.err = p, 0, nil
-	if err := r.rc.Read(r.fn); err != nil {
-		r.dst = nil
-		return 0, err
-	}
-	r.dst = nil
-	if r.n == 0 && r.err == nil {
-		return 0, io.EOF
-	}
-	return r.n, r.err
-}
-
-// read runs inside RawConn.Read: false means "park until readable".
-func (r *tcpReader) read(fd uintptr) bool {
-	var deadline time.Time
-	for {
-		n, _, e := unix.Syscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&r.dst[0])), uintptr(len(r.dst)))
-		switch e {
-		case 0:
-			r.n = int(n)
-			return true
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-		default:
-			r.err = e
-			return true
-		}
-		if r.spin <= 0 {
-			return false
-		}
-		now := time.Now()
-		if deadline.IsZero() {
-			deadline = now.Add(r.spin)
-		} else if now.After(deadline) {
-			return false
-		}
+		s.niv--
 	}
 }

@@ -7,23 +7,50 @@ import (
 	"time"
 )
 
-// tcpWriter writes a large frame as two writes where writev without an
-// allocation per call is not at hand.
-type tcpWriter struct{ conn net.Conn }
+// tcpStripes: without non-blocking attempts on each socket, a link over
+// several connections could block on one while the peer blocks on
+// another; links use one connection here.
+const tcpStripes = false
 
-func (w *tcpWriter) init(conn net.Conn) { w.conn = conn }
-
-// writeFrame writes the encoded header in l.wbuf and payload. wmu held.
-func (l *tcpLink) writeFrame(payload []byte) error {
-	if _, err := l.conn.Write(l.wbuf[:HeaderSize]); err != nil {
-		return err
-	}
-	_, err := l.conn.Write(payload)
-	return err
+// tcpStream is a link's connection used with blocking calls.
+type tcpStream struct {
+	conn net.Conn
+	pre  []byte // bytes the handshake read past its end; read first
+	a, b []byte // pending write; guarded by the link's wmu
 }
 
-// tcpReader reads through the netpoller.
-type tcpReader struct{ conn net.Conn }
+func newTCPStream(conn net.Conn, _ time.Duration, pre []byte) *tcpStream {
+	return &tcpStream{conn: conn, pre: pre}
+}
 
-func (r *tcpReader) init(conn net.Conn, _ time.Duration) { r.conn = conn }
-func (r *tcpReader) Read(p []byte) (int, error)          { return r.conn.Read(p) }
+func (s *tcpStream) Read(p []byte) (int, error) { return s.read(p, true) }
+
+// read blocks whatever wait says: with one connection per link nothing
+// else could be done meanwhile.
+func (s *tcpStream) read(p []byte, _ bool) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if len(s.pre) > 0 {
+		n := copy(p, s.pre)
+		s.pre = s.pre[n:]
+		return n, nil
+	}
+	return s.conn.Read(p)
+}
+
+func (s *tcpStream) setWrite(a, b []byte) { s.a, s.b = a, b }
+func (s *tcpStream) pending() bool        { return len(s.a)+len(s.b) > 0 }
+func (s *tcpStream) dropWrite()           { s.a, s.b = nil, nil }
+
+// write writes everything pending as two writes.
+func (s *tcpStream) write(bool) (int, error) {
+	n, err := s.conn.Write(s.a)
+	s.a = s.a[n:]
+	if err != nil {
+		return n, err
+	}
+	m, err := s.conn.Write(s.b)
+	s.b = s.b[m:]
+	return n + m, err
+}

@@ -1,7 +1,6 @@
 package comm
 
 import (
-	"bufio"
 	"io"
 	"net"
 	"sync"
@@ -19,28 +18,37 @@ const tcpEager = 16 << 10
 // per loopback skb (64 KiB) rather than several.
 const tcpChunk = 64 << 10
 
-// tcpLink carries frames over one authenticated TCP connection.
+// maxTCPStreams bounds the connections of one link (EndpointConfig.TCPStreams).
+const maxTCPStreams = 16
+
+// tcpLink carries frames over one or more authenticated TCP connections
+// (streams) to one peer.
+//
+// Stream 0 carries every header and every small frame. The payload of a
+// frame larger than tcpEager is striped: cut into one contiguous piece per
+// stream (at 8-byte boundaries, see stripe) and piece i sent on stream i,
+// all pieces progressing together. Each stream is FIFO and the pieces of a
+// frame are all read before the next header, so frames stay in order, and a
+// desync or abort is seen on stream 0 exactly as with one connection.
 //
 // Receive side. Headers are read through a small read-ahead buffer so that
-// a small frame (header and payload) costs one read. Payloads larger than
-// the buffer are read straight into the destination; after such a frame the
-// next header is read on its own, so that read-ahead does not pull the next
-// segment's payload into the buffer only to copy it out again.
+// a small frame (header and payload) costs one read. Large payloads are read
+// straight into the destination; after one, the next header is read on its
+// own, so that read-ahead does not pull the next segment's payload into the
+// buffer only to copy it out again.
 type tcpLink struct {
-	conn net.Conn
+	st []*tcpStream
 
 	// Receive side: the worker only.
-	r        tcpReader
-	rbuf     []byte // read-ahead; unread bytes are rbuf[rlo:rhi]
+	rbuf     []byte // stream 0 read-ahead; unread bytes are rbuf[rlo:rhi]
 	rlo, rhi int
-	bigLast  bool   // the last payload bypassed rbuf: read the next header alone
-	chunk    []byte // RecvReduce staging, allocated on first use
+	bigLast  bool        // the last payload bypassed rbuf: read the next header alone
+	rx       []recvPiece // per stream: the piece of the payload being received
 
 	// wmu serializes senders (the sender goroutine and an abort frame) so
-	// frames never interleave; it guards wbuf and w.
+	// frames never interleave; it guards wbuf and the streams' write sides.
 	wmu  sync.Mutex
 	wbuf []byte
-	w    tcpWriter
 
 	once sync.Once
 }
@@ -50,63 +58,154 @@ var (
 	_ ReduceReceiver = (*tcpLink)(nil)
 )
 
+// recvPiece is one stream's part of a large payload being received: dst is
+// what is not yet filled (RecvPayload) or not yet folded (RecvReduce); in
+// the latter case chunk[:have] holds received bytes not yet folded.
+type recvPiece struct {
+	dst   []byte
+	chunk []byte // allocated on first use, reused
+	have  int
+}
+
 // tcpOptions are the endpoint's TCP settings (see EndpointConfig).
 type tcpOptions struct {
 	spin     time.Duration // TCPSpin; <= 0: park at once
 	bufBytes int           // TCPBufferBytes; 0: kernel autotuning
 }
 
-// newTCPLink takes over conn after the handshake; br holds whatever the
-// handshake read past its last message (the peer may already be sending).
-func newTCPLink(conn net.Conn, br *bufio.Reader, o tcpOptions) *tcpLink {
-	if tc, ok := conn.(*net.TCPConn); ok {
-		_ = tc.SetNoDelay(true) // frames are whole messages; Nagle only adds latency
-		if o.bufBytes > 0 {
-			// Best effort: the kernel caps these at net.core.[rw]mem_max.
-			_ = tc.SetWriteBuffer(o.bufBytes)
-			_ = tc.SetReadBuffer(o.bufBytes)
-		}
+// newTCPLink takes over conns (stream 0 first) after their handshakes;
+// pre[i] is what stream i's handshake read past its end (the peer may
+// already be sending).
+func newTCPLink(conns []net.Conn, pre [][]byte, o tcpOptions) *tcpLink {
+	l := &tcpLink{
+		st:   make([]*tcpStream, len(conns)),
+		rx:   make([]recvPiece, len(conns)),
+		rbuf: make([]byte, HeaderSize+tcpEager),
+		wbuf: make([]byte, HeaderSize+tcpEager),
 	}
-	l := &tcpLink{conn: conn, wbuf: make([]byte, HeaderSize+tcpEager)}
-	l.w.init(conn)
-	l.r.init(conn, o.spin)
-	l.rbuf = make([]byte, max(HeaderSize+tcpEager, br.Buffered()))
-	l.rhi, _ = io.ReadFull(br, l.rbuf[:br.Buffered()])
+	for i, c := range conns {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetNoDelay(true) // frames are whole messages; Nagle only adds latency
+			if o.bufBytes > 0 {
+				// Best effort: the kernel caps these at net.core.[rw]mem_max.
+				_ = tc.SetWriteBuffer(o.bufBytes)
+				_ = tc.SetReadBuffer(o.bufBytes)
+			}
+		}
+		l.st[i] = newTCPStream(c, o.spin, pre[i])
+	}
 	return l
 }
 
-// Send blocks until the frame is in the kernel's socket buffer. Safe for
+// stripe returns piece i of k of an n-byte payload: [lo, hi), cut at
+// multiples of 8 so that no element of any type straddles two pieces.
+func stripe(n, k, i int) (lo, hi int) {
+	lo = int(int64(n)*int64(i)/int64(k)) &^ 7
+	hi = n
+	if i < k-1 {
+		hi = int(int64(n)*int64(i+1)/int64(k)) &^ 7
+	}
+	return lo, hi
+}
+
+// striped reports whether a payload of n bytes is cut across the streams.
+func (l *tcpLink) striped(n int) bool { return len(l.st) > 1 && n > tcpEager }
+
+// Send blocks until the frame is in the kernel's socket buffers. Safe for
 // concurrent use; frames never interleave.
 func (l *tcpLink) Send(h *Header, payload []byte) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	h.Encode(l.wbuf[:HeaderSize])
-	if len(payload) <= tcpEager {
+	s0 := l.st[0]
+	switch {
+	case len(payload) <= tcpEager:
 		n := copy(l.wbuf[HeaderSize:], payload)
-		_, err := l.conn.Write(l.wbuf[:HeaderSize+n])
-		return err
+		s0.setWrite(l.wbuf[:HeaderSize+n], nil)
+	case !l.striped(len(payload)):
+		// One writev for header and payload: half the syscalls of two
+		// writes, and the header never leaves in a packet of its own.
+		s0.setWrite(l.wbuf[:HeaderSize], payload)
+	default:
+		for i, s := range l.st {
+			lo, hi := stripe(len(payload), len(l.st), i)
+			if i == 0 {
+				s.setWrite(l.wbuf[:HeaderSize], payload[lo:hi])
+			} else {
+				s.setWrite(payload[lo:hi], nil)
+			}
+		}
 	}
-	return l.writeFrame(payload)
+	err := l.writeAll()
+	for _, s := range l.st {
+		s.dropWrite()
+	}
+	return err
 }
 
-// fill reads until at least need bytes are buffered. The caller ensures
-// rlo+need fits in rbuf.
+// writeAll writes every stream's pending bytes, trying each in turn and
+// parking on the first unfinished one only when none took anything, so
+// that one full socket buffer does not hold up the others. wmu held.
+func (l *tcpLink) writeAll() error {
+	if len(l.st) == 1 {
+		s := l.st[0]
+		for s.pending() {
+			if _, err := s.write(true); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for {
+		var first *tcpStream
+		progress := false
+		for _, s := range l.st {
+			if !s.pending() {
+				continue
+			}
+			n, err := s.write(false)
+			if err != nil {
+				return err
+			}
+			progress = progress || n > 0
+			if first == nil && s.pending() {
+				first = s
+			}
+		}
+		if first == nil {
+			return nil
+		}
+		if !progress {
+			if _, err := first.write(true); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// fill reads stream 0 until at least need bytes are buffered. The caller
+// ensures rlo+need fits in rbuf.
 func (l *tcpLink) fill(need int) error {
-	n, err := io.ReadAtLeast(&l.r, l.rbuf[l.rhi:], need-(l.rhi-l.rlo))
+	n, err := io.ReadAtLeast(l.st[0], l.rbuf[l.rhi:], need-(l.rhi-l.rlo))
 	l.rhi += n
 	return err
+}
+
+// compact moves the unread bytes of rbuf to its start.
+func (l *tcpLink) compact() {
+	l.rhi = copy(l.rbuf, l.rbuf[l.rlo:l.rhi])
+	l.rlo = 0
 }
 
 // RecvHeader blocks for the next header. Receive side: one goroutine.
 func (l *tcpLink) RecvHeader(h *Header) error {
 	if l.rhi-l.rlo < HeaderSize {
-		// Compact, then read: the whole buffer after a small frame (the
-		// next frame likely follows, header and payload in one read), only
-		// the header after a large one.
-		l.rhi = copy(l.rbuf, l.rbuf[l.rlo:l.rhi])
-		l.rlo = 0
+		// Read the whole buffer after a small frame (the next frame likely
+		// follows, header and payload in one read), only the header after
+		// a large one.
+		l.compact()
 		if l.bigLast {
-			n, err := io.ReadFull(&l.r, l.rbuf[l.rhi:HeaderSize])
+			n, err := io.ReadFull(l.st[0], l.rbuf[l.rhi:HeaderSize])
 			l.rhi += n
 			if err != nil {
 				return err
@@ -120,32 +219,22 @@ func (l *tcpLink) RecvHeader(h *Header) error {
 	return err
 }
 
-// buffered copies what the read-ahead buffer holds of the current payload
-// into dst and returns how many bytes it copied.
-func (l *tcpLink) buffered(dst []byte) int {
-	n := copy(dst, l.rbuf[l.rlo:l.rhi])
-	l.rlo += n
-	return n
-}
-
 // RecvPayload reads the current frame's payload into dst: small payloads
 // through the read-ahead buffer (picking up what follows), large ones
 // straight into dst.
 func (l *tcpLink) RecvPayload(dst []byte) error {
-	if want := len(dst) - (l.rhi - l.rlo); want > 0 && len(dst) <= tcpEager {
-		l.rhi = copy(l.rbuf, l.rbuf[l.rlo:l.rhi])
-		l.rlo = 0
-		if err := l.fill(len(dst)); err != nil {
-			return err
+	if len(dst) <= tcpEager {
+		if len(dst) > l.rhi-l.rlo {
+			l.compact()
+			if err := l.fill(len(dst)); err != nil {
+				return err
+			}
 		}
-	}
-	n := l.buffered(dst)
-	l.bigLast = n < len(dst)
-	if !l.bigLast {
+		l.rlo += copy(dst, l.rbuf[l.rlo:])
+		l.bigLast = false
 		return nil
 	}
-	_, err := io.ReadFull(&l.r, dst[n:])
-	return err
+	return l.recvLarge(dst, nil)
 }
 
 // RecvReduce folds the current frame's payload into dst with f as it
@@ -154,62 +243,132 @@ func (l *tcpLink) RecvPayload(dst []byte) error {
 // written instead of a segment-sized scratch buffer.
 func (l *tcpLink) RecvReduce(dst []byte, f func(dst, src []byte)) error {
 	if len(dst) <= tcpEager {
-		return l.recvSmallReduce(dst, f)
+		if len(dst) > l.rhi-l.rlo {
+			l.compact()
+			if err := l.fill(len(dst)); err != nil {
+				return err
+			}
+		}
+		f(dst, l.rbuf[l.rlo:l.rlo+len(dst)])
+		l.rlo += len(dst)
+		l.bigLast = false
+		return nil
 	}
-	if l.chunk == nil {
-		l.chunk = make([]byte, tcpChunk)
+	return l.recvLarge(dst, f)
+}
+
+// recvLarge receives a payload larger than the read-ahead buffer, from
+// every stream at once if it is striped: into dst when f is nil, else
+// folded into dst with f.
+func (l *tcpLink) recvLarge(dst []byte, f func(dst, src []byte)) error {
+	k := 1
+	if l.striped(len(dst)) {
+		k = len(l.st)
 	}
-	buf := l.chunk
-	have := copy(buf[:min(len(buf), len(dst))], l.rbuf[l.rlo:l.rhi])
-	l.rlo += have
+	for i := range k {
+		lo, hi := stripe(len(dst), k, i)
+		p := &l.rx[i]
+		p.dst, p.have = dst[lo:hi], 0
+		if f != nil && p.chunk == nil {
+			p.chunk = make([]byte, tcpChunk)
+		}
+	}
+	// What read-ahead holds of stream 0 starts with piece 0; anything past
+	// the piece is the next frame and stays.
+	p0 := &l.rx[0]
+	if f == nil {
+		n := copy(p0.dst, l.rbuf[l.rlo:l.rhi])
+		p0.dst = p0.dst[n:]
+		l.rlo += n
+	} else {
+		p0.have = copy(p0.chunk[:min(len(p0.chunk), len(p0.dst))], l.rbuf[l.rlo:l.rhi])
+		l.rlo += p0.have
+		p0.fold(f)
+	}
 	l.bigLast = true
-	off := 0
+	err := l.readAll(k, f)
+	for i := range k {
+		l.rx[i].dst = nil // do not keep the caller's buffer reachable
+	}
+	return err
+}
+
+// readAll completes the first k pieces, trying each stream in turn and
+// waiting on the first unfinished one only when none had anything.
+func (l *tcpLink) readAll(k int, f func(dst, src []byte)) error {
 	for {
-		// Fold every whole word received so far; keep a partial word.
-		k := have &^ 7
-		if off+have == len(dst) {
-			k = have
+		first := -1
+		progress := false
+		for i := range k {
+			p := &l.rx[i]
+			if len(p.dst) == 0 {
+				continue
+			}
+			// One stream: nothing else to try, so wait on it at once.
+			n, err := p.read(l.st[i], k == 1, f)
+			if err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return err
+			}
+			progress = progress || n > 0
+			if first < 0 && len(p.dst) > 0 {
+				first = i
+			}
 		}
-		if k > 0 {
-			f(dst[off:off+k], buf[:k])
-			off += k
-			have = copy(buf, buf[k:have])
-		}
-		if off == len(dst) {
+		if first < 0 {
 			return nil
 		}
-		n, err := l.r.Read(buf[have:min(len(buf), len(dst)-off)])
-		have += n
-		if err != nil && off+have < len(dst) {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
+		if !progress {
+			if _, err := l.rx[first].read(l.st[first], true, f); err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return err
 			}
-			return err
 		}
 	}
 }
 
-// recvSmallReduce reads a small payload through the read-ahead buffer and
-// folds it into dst.
-func (l *tcpLink) recvSmallReduce(dst []byte, f func(dst, src []byte)) error {
-	if want := len(dst) - (l.rhi - l.rlo); want > 0 {
-		l.rhi = copy(l.rbuf, l.rbuf[l.rlo:l.rhi])
-		l.rlo = 0
-		if err := l.fill(len(dst)); err != nil {
-			return err
-		}
+// read reads what s has of the piece (waiting for something if wait) and,
+// with f, folds what it can. It returns the bytes read.
+func (p *recvPiece) read(s *tcpStream, wait bool, f func(dst, src []byte)) (int, error) {
+	if f == nil {
+		n, err := s.read(p.dst, wait)
+		p.dst = p.dst[n:]
+		return n, err
 	}
-	f(dst, l.rbuf[l.rlo:l.rlo+len(dst)])
-	l.rlo += len(dst)
-	l.bigLast = false
-	return nil
+	n, err := s.read(p.chunk[p.have:min(len(p.chunk), len(p.dst))], wait)
+	p.have += n
+	p.fold(f)
+	return n, err
+}
+
+// fold reduces every whole word staged (every byte if the piece is then
+// complete) into dst and keeps a partial word for the next read.
+func (p *recvPiece) fold(f func(dst, src []byte)) {
+	k := p.have &^ 7
+	if p.have == len(p.dst) {
+		k = p.have
+	}
+	if k == 0 {
+		return
+	}
+	f(p.dst[:k], p.chunk[:k])
+	p.dst = p.dst[k:]
+	p.have = copy(p.chunk, p.chunk[k:p.have])
 }
 
 func (l *tcpLink) EagerLimit() int { return tcpEager }
 func (l *tcpLink) Kind() string    { return "tcp" }
 
-// Close closes the connection, unblocking both sides. Idempotent.
+// Close closes every connection, unblocking both sides. Idempotent.
 func (l *tcpLink) Close() error {
-	l.once.Do(func() { _ = l.conn.Close() })
+	l.once.Do(func() {
+		for _, s := range l.st {
+			_ = s.conn.Close()
+		}
+	})
 	return nil
 }

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"net"
+	"sync"
 	"testing"
 	"time"
 )
@@ -39,8 +41,18 @@ func tcpPair(t *testing.T) (a, b net.Conn) {
 	return a, r.c
 }
 
-func newTestTCPLink(c net.Conn, spin time.Duration) *tcpLink {
-	return newTCPLink(c, bufio.NewReader(c), tcpOptions{spin: spin})
+// tcpPairs returns k connected pairs: the two sides of a k-stream link.
+func tcpPairs(t *testing.T, k int) (a, b []net.Conn) {
+	t.Helper()
+	for range k {
+		x, y := tcpPair(t)
+		a, b = append(a, x), append(b, y)
+	}
+	return a, b
+}
+
+func newTestTCPLink(cs []net.Conn, spin time.Duration) *tcpLink {
+	return newTCPLink(cs, make([][]byte, len(cs)), tcpOptions{spin: spin})
 }
 
 // xorInto is a reduction whose result shows every byte: dst starts zeroed,
@@ -53,16 +65,21 @@ func xorInto(dst, src []byte) {
 
 // Frames of every size class around the link's thresholds arrive intact and
 // in order, whether read with RecvPayload or RecvReduce, with or without
-// polling, and however the byte stream is cut by the kernel.
+// polling, over one connection or striped over several, and however the
+// byte stream is cut by the kernel.
 func TestTCPLinkFramesRoundTrip(t *testing.T) {
 	sizes := []int{0, 1, 7, 8, 9, 56, 100, tcpEager - 1, tcpEager, tcpEager + 1, tcpEager + 7,
 		tcpChunk - 3, tcpChunk, tcpChunk + 1, 3*tcpChunk + 5, 1 << 20}
 	rng := rand.New(rand.NewPCG(1, 2))
-	for range 60 {
+	for range 20 {
 		sizes = append(sizes, rng.IntN(300<<10))
 	}
-	for _, spin := range []time.Duration{0, 20 * time.Microsecond} {
-		a, b := tcpPair(t)
+	for _, tc := range []struct {
+		streams int
+		spin    time.Duration
+	}{{1, 0}, {1, 20 * time.Microsecond}, {2, 0}, {3, 20 * time.Microsecond}, {maxTCPStreams, 0}} {
+		spin := tc.spin
+		a, b := tcpPairs(t, tc.streams)
 		tx, rx := newTestTCPLink(a, spin), newTestTCPLink(b, spin)
 		payloads := make([][]byte, len(sizes))
 		for i, n := range sizes {
@@ -101,7 +118,7 @@ func TestTCPLinkFramesRoundTrip(t *testing.T) {
 				t.Fatalf("spin %v frame %d: %v", spin, i, err)
 			}
 			if !bytes.Equal(got, p) {
-				t.Fatalf("spin %v frame %d (%d bytes): payload differs", spin, i, len(p))
+				t.Fatalf("%d streams, spin %v, frame %d (%d bytes): payload differs", tc.streams, spin, i, len(p))
 			}
 		}
 		if err := <-errc; err != nil {
@@ -116,7 +133,7 @@ func TestTCPLinkFramesRoundTrip(t *testing.T) {
 // piece), so that it never splits an element, however the stream is cut.
 func TestTCPLinkRecvReduceWholeWords(t *testing.T) {
 	a, b := tcpPair(t)
-	rx := newTestTCPLink(b, 0)
+	rx := newTestTCPLink([]net.Conn{b}, 0)
 	p := make([]byte, 1<<20+4)
 	for i := range p {
 		p[i] = byte(i * 7)
@@ -169,7 +186,7 @@ func TestTCPLinkRecvReduceWholeWords(t *testing.T) {
 // of the stream, not lost.
 func TestTCPLinkTakesOverBufferedBytes(t *testing.T) {
 	a, b := tcpPair(t)
-	tx := newTestTCPLink(a, 0)
+	tx := newTestTCPLink([]net.Conn{a}, 0)
 	for i := range 3 {
 		h := Header{Frame: frameData, Seq: uint64(i), Len: 5}
 		if err := tx.Send(&h, []byte("hello")); err != nil {
@@ -180,7 +197,7 @@ func TestTCPLinkTakesOverBufferedBytes(t *testing.T) {
 	if _, err := br.Peek(3 * (HeaderSize + 5)); err != nil { // everything is now in br
 		t.Fatal(err)
 	}
-	rx := newTCPLink(b, br, tcpOptions{})
+	rx := newTCPLink([]net.Conn{b}, [][]byte{leftover(br)}, tcpOptions{})
 	for i := range 3 {
 		var h Header
 		if err := rx.RecvHeader(&h); err != nil || h.Seq != uint64(i) {
@@ -196,7 +213,7 @@ func TestTCPLinkTakesOverBufferedBytes(t *testing.T) {
 // Close unblocks a receive that is polling or parked, and the peer sees the
 // connection end.
 func TestTCPLinkCloseUnblocks(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := tcpPairs(t, 2)
 	tx, rx := newTestTCPLink(a, 0), newTestTCPLink(b, time.Millisecond)
 	errc := make(chan error, 1)
 	go func() { // waited for through errc
@@ -219,7 +236,7 @@ func TestTCPLinkCloseUnblocks(t *testing.T) {
 
 // Sending and receiving a large frame allocates nothing in steady state.
 func TestTCPLinkNoAllocations(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := tcpPairs(t, 2)
 	tx, rx := newTestTCPLink(a, 20*time.Microsecond), newTestTCPLink(b, 20*time.Microsecond)
 	p := make([]byte, 256<<10)
 	dst := make([]byte, len(p))
@@ -247,5 +264,94 @@ func TestTCPLinkNoAllocations(t *testing.T) {
 	t.Logf("%.1f allocations per step", n)
 	if n > 3 {
 		t.Errorf("%.1f allocations per large+small frame, want the test's own 2-3", n)
+	}
+}
+
+// One stream of a striped link dying mid-frame fails the receive (and the
+// send) instead of leaving either side waiting on the streams still up.
+func TestTCPLinkStreamLostMidStripe(t *testing.T) {
+	a, b := tcpPairs(t, 3)
+	rx := newTestTCPLink(b, 0)
+	p := make([]byte, 1<<20)
+	var hb [HeaderSize]byte
+	h := Header{Frame: frameData, Len: uint64(len(p))}
+	h.Encode(hb[:])
+	// By hand: the header and piece 0 on stream 0, half of piece 1 on
+	// stream 1, then stream 1 dies; stream 2 stays up, silent.
+	lo, hi := stripe(len(p), 3, 0)
+	if _, err := a[0].Write(append(hb[:], p[lo:hi]...)); err != nil {
+		t.Fatal(err)
+	}
+	lo, hi = stripe(len(p), 3, 1)
+	if _, err := a[1].Write(p[lo : (lo+hi)/2]); err != nil {
+		t.Fatal(err)
+	}
+	a[1].Close()
+	var got Header
+	if err := rx.RecvHeader(&got); err != nil {
+		t.Fatal(err)
+	}
+	err := rx.RecvReduce(make([]byte, len(p)), xorInto)
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("RecvReduce with a stream gone: %v, want io.ErrUnexpectedEOF", err)
+	}
+	// The sending side fails too: b's stream 2 peer is gone, while its
+	// streams 0 and 1 are drained.
+	a[2].Close()
+	var wg sync.WaitGroup
+	for _, c := range a[:2] {
+		wg.Go(func() { _, _ = io.Copy(io.Discard, c) })
+	}
+	tx := newTestTCPLink(b, 0)
+	var serr error
+	for range 8 {
+		if serr = tx.Send(&h, p); serr != nil {
+			break
+		}
+	}
+	tx.Close()
+	wg.Wait()
+	if serr == nil {
+		t.Fatal("Send kept succeeding with one stream's peer gone")
+	}
+}
+
+// An authenticated connection whose stream fields make no sense is refused
+// at the handshake: an index past the count, a count past the limit, or
+// shared memory offered on a connection other than the first.
+func TestEndpointRefusesBadStreams(t *testing.T) {
+	secret := []byte("stream test secret")
+	ep, err := Listen(EndpointConfig{Addr: "127.0.0.1:0", Secret: secret, ForceTCP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	client := &Endpoint{cfg: EndpointConfig{Secret: secret}}
+	for _, h := range []hello{
+		{streams: 2, stream: 2},
+		{streams: maxTCPStreams + 1, stream: 1},
+		{streams: 0},
+		{streams: 2, stream: 1, shmName: "gorun-x", shmBytes: 1 << 16},
+	} {
+		h.gid, h.from, h.to, h.size = 1, 1, 0, 2
+		conn, err := net.Dial("tcp", ep.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = client.clientHandshake(conn, bufio.NewReader(conn), h)
+		conn.Close()
+		if !errors.Is(err, ErrAuth) {
+			t.Errorf("hello %+v: %v, want the connection refused", h, err)
+		}
+	}
+	// A sound one is accepted.
+	conn, err := net.Dial("tcp", ep.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ack, err := client.clientHandshake(conn, bufio.NewReader(conn), hello{gid: 1, from: 1, size: 2, streams: 2, stream: 1})
+	if err != nil || ack != ackTCP {
+		t.Fatalf("sound extra stream: ack %d, %v", ack, err)
 	}
 }
