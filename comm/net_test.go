@@ -151,6 +151,7 @@ func TestCollectivesOverSockets(t *testing.T) {
 					cfg := comm.LocalConfig()
 					cfg.Deterministic = det
 					cfg.SegmentBytes = 64 << 10
+					cfg.TCPSegmentBytes = 64 << 10
 					cfg.LatencyNs = 100
 					j := newNetJob(t, n, cfg, medium == "tcp")
 					for r, k := range j.comms[0].LinkKinds() {
@@ -249,6 +250,7 @@ func TestLargeMessagesDoNotDeadlock(t *testing.T) {
 		for _, n := range []int{2, 3} {
 			cfg := comm.LocalConfig()
 			cfg.SegmentBytes = 4096
+			cfg.TCPSegmentBytes = 4096
 			cfg.LatencyNs = 1e-3
 			j := newNetJob(t, n, cfg, medium == "tcp")
 			const count = 1 << 20 // 4 MiB: 1000 segments per message

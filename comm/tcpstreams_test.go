@@ -19,6 +19,7 @@ func TestCollectivesOverStripedTCP(t *testing.T) {
 		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
 			cfg := comm.LocalConfig()
 			cfg.SegmentBytes = 64 << 10
+			cfg.TCPSegmentBytes = 64 << 10 // several frames per message, each striped
 			cfg.LatencyNs = 100
 			j := newNetJob(t, n, cfg, true)
 			var tcs []tcase
