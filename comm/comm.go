@@ -211,10 +211,15 @@ func (c *Comm) Err() error {
 
 // sender runs one peer's asynchronous sends in post order.
 func (c *Comm) sender(p *peer) {
+	_, tcp := p.link.(*tcpLink)
 	for req := range p.sendq {
+		seg := req.seg
+		if tcp && c.cfg.TCPSegmentBytes > 0 {
+			seg = c.cfg.TCPSegmentBytes // see Config.TCPSegmentBytes
+		}
 		var err error
 		for off := 0; err == nil; {
-			end := min(off+req.seg, len(req.payload))
+			end := min(off+seg, len(req.payload))
 			p.sendHdr = req.h
 			p.sendHdr.Len = uint64(end - off)
 			err = p.link.Send(&p.sendHdr, req.payload[off:end])

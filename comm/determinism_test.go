@@ -85,7 +85,9 @@ func TestAllocationsPerCallAreConstant(t *testing.T) {
 		t.Skip("allocation counting runs the full loop")
 	}
 	for _, medium := range []string{"shm", "tcp"} {
-		j := newNetJob(t, 2, comm.LocalConfig(), medium == "tcp")
+		cfg := comm.LocalConfig()
+		cfg.TCPSegmentBytes = cfg.SegmentBytes // 16 segments each way on TCP too
+		j := newNetJob(t, 2, cfg, medium == "tcp")
 		var small float64
 		for _, size := range []int{2, 1 << 20} { // 1 frame vs 16 segments each way
 			bufs := [][]float32{make([]float32, size), make([]float32, size)}

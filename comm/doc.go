@@ -52,6 +52,8 @@
 // one connection per pair of ranks per group (the lower rank dials), each
 // proven in both directions with an HMAC-SHA256 challenge over the job
 // secret; a connection that fails the handshake is logged and dropped.
+// EndpointConfig.TCPStreams > 1 gives a TCP link several such connections,
+// each authenticated alike, with large frames striped across them.
 // Between ranks whose Group.Host is the same, the dialer offers a
 // shared-memory segment (two single-producer rings in /dev/shm, unlinked as
 // soon as both sides mapped it) and the data moves there, the TCP connection

@@ -15,4 +15,4 @@ func SetTuning(spin, yield time.Duration, inline bool, slow time.Duration, cpu b
 
 // SetSegmentBytes changes c's pipeline segment between calls (benchmark
 // experiments; only while no call runs).
-func SetSegmentBytes(c *Comm, n int) { c.cfg.SegmentBytes = n }
+func SetSegmentBytes(c *Comm, n int) { c.cfg.SegmentBytes, c.cfg.TCPSegmentBytes = n, n }

@@ -48,12 +48,16 @@ func (s *syncBuf) String() string {
 // made by listen (tests that need full rings).
 var testRingBytes int
 
+// testTCPStreams, when set, is the TCPStreams of endpoints made by listen.
+var testTCPStreams int
+
 func listen(t testing.TB, forceTCP bool, secret []byte, logs io.Writer, shmDir string) *comm.Endpoint {
 	t.Helper()
 	ecfg := comm.DefaultEndpointConfig()
 	if testRingBytes != 0 {
 		ecfg.ShmRingBytes = testRingBytes
 	}
+	ecfg.TCPStreams = testTCPStreams
 	ecfg.Addr = "127.0.0.1:0"
 	ecfg.Secret = secret
 	ecfg.ForceTCP = forceTCP
@@ -147,6 +151,7 @@ func TestCollectivesOverSockets(t *testing.T) {
 					cfg := comm.LocalConfig()
 					cfg.Deterministic = det
 					cfg.SegmentBytes = 64 << 10
+					cfg.TCPSegmentBytes = 64 << 10
 					cfg.LatencyNs = 100
 					j := newNetJob(t, n, cfg, medium == "tcp")
 					for r, k := range j.comms[0].LinkKinds() {
@@ -206,10 +211,10 @@ func TestForeignConnectionsAreDropped(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, _ = c2.Write(append([]byte("GORUNDP1"), make([]byte, 32)...))
+			_, _ = c2.Write(append([]byte("GORUNDP2"), make([]byte, 32)...))
 			br := bufio.NewReader(c2)
 			_, _ = io.ReadFull(br, make([]byte, 64))
-			_, _ = c2.Write(make([]byte, 32+26))
+			_, _ = c2.Write(make([]byte, 32+30))
 			_, _ = io.ReadAll(br)
 			c2.Close()
 			// 3. A peer endpoint with another job's secret.
@@ -245,6 +250,7 @@ func TestLargeMessagesDoNotDeadlock(t *testing.T) {
 		for _, n := range []int{2, 3} {
 			cfg := comm.LocalConfig()
 			cfg.SegmentBytes = 4096
+			cfg.TCPSegmentBytes = 4096
 			cfg.LatencyNs = 1e-3
 			j := newNetJob(t, n, cfg, medium == "tcp")
 			const count = 1 << 20 // 4 MiB: 1000 segments per message

@@ -85,6 +85,7 @@ func childMain() int {
 	cfg.Deterministic = os.Getenv("GORUN_COMM_DET") == "1"
 	if v, err := strconv.Atoi(os.Getenv("GORUN_COMM_SEG")); err == nil {
 		cfg.SegmentBytes = v // tuning experiments
+		cfg.TCPSegmentBytes = v
 	}
 	c, err := comm.New(ctx, commtest.NewStaticGroup(rank, addrs, hosts), ep, cfg)
 	if err != nil {

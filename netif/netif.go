@@ -3,12 +3,9 @@ package netif
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
-
-	"github.com/vishvananda/netlink"
 )
 
 // Choice is an interface and one of its addresses.
@@ -25,6 +22,13 @@ func (c Choice) String() string { return fmt.Sprintf("%s %s (%s)", c.Name, c.Add
 
 // ErrNoInterface is returned when no usable interface has an address.
 var ErrNoInterface = errors.New("netif: no interface with a usable address")
+
+// route is the kernel's answer to "how is dst reached": the outgoing
+// interface and, when the route names one, the source address.
+type route struct {
+	linkIndex int
+	src       netip.Addr // invalid: the route names no source
+}
 
 // link is what selection needs to know of an interface; a seam so that the
 // ranking rules are tested without netlink.
@@ -78,24 +82,20 @@ func override(spec string, links []link) (Choice, error) {
 // says nothing about the network, so then the interface that holds dst (or,
 // for a loopback dst, Default) is the answer.
 func Toward(dst netip.Addr) (Choice, error) {
-	routes, err := netlink.RouteGet(net.IP(dst.AsSlice()))
+	r, err := routeGet(dst)
 	if err != nil {
-		return Choice{}, fmt.Errorf("netif: route to %s: %w", dst, err)
-	}
-	if len(routes) == 0 {
-		return Choice{}, fmt.Errorf("netif: no route to %s", dst)
+		return Choice{}, err
 	}
 	links, err := readLinks()
 	if err != nil {
 		return Choice{}, err
 	}
-	r := routes[0]
 	for _, l := range links {
-		if l.index != r.LinkIndex || l.loop {
+		if l.index != r.linkIndex || l.loop {
 			continue
 		}
-		src, ok := netip.AddrFromSlice(r.Src)
-		if !ok {
+		src := r.src
+		if !src.IsValid() {
 			a, ok := bestAddr(l.addrs)
 			if !ok {
 				break
@@ -223,54 +223,4 @@ func describe(links []link) string {
 		parts = append(parts, l.name+" "+strings.Join(as, ","))
 	}
 	return strings.Join(parts, "; ")
-}
-
-func readLinks() ([]link, error) {
-	ls, err := netlink.LinkList()
-	if err != nil {
-		return nil, fmt.Errorf("netif: list interfaces: %w", err)
-	}
-	var out []link
-	for _, nl := range ls {
-		at := nl.Attrs()
-		l := link{
-			name: at.Name, index: at.Index, kind: nl.Type(),
-			up:   at.Flags&net.FlagUp != 0,
-			loop: at.Flags&net.FlagLoopback != 0,
-		}
-		addrs, err := netlink.AddrList(nl, netlink.FAMILY_ALL)
-		if err != nil {
-			continue
-		}
-		for _, a := range addrs {
-			if a.IPNet == nil {
-				continue
-			}
-			ip, ok := netip.AddrFromSlice(a.IP)
-			if !ok {
-				continue
-			}
-			ones, _ := a.Mask.Size()
-			l.addrs = append(l.addrs, netip.PrefixFrom(ip.Unmap(), ones))
-		}
-		out = append(out, l)
-	}
-	return out, nil
-}
-
-// defaultRouteLinks lists the interfaces that carry a default route.
-func defaultRouteLinks() []int {
-	var out []int
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := netlink.RouteList(nil, fam)
-		if err != nil {
-			continue
-		}
-		for _, r := range routes {
-			if (r.Dst == nil || r.Dst.IP.IsUnspecified()) && r.LinkIndex > 0 {
-				out = append(out, r.LinkIndex)
-			}
-		}
-	}
-	return out
 }

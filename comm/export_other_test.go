@@ -1,0 +1,13 @@
+//go:build !linux
+
+package comm
+
+import "sync/atomic"
+
+// The shared-memory waiter and its settings exist only on Linux
+// (shm_linux.go); elsewhere SetTuning (export_test.go) stores into these
+// and changes nothing, so that the package's tests build on every system.
+var (
+	cpuCheck                        atomic.Bool
+	spinLimit, yieldAfter, slowWait = tunable(0), tunable(0), tunable(0)
+)
