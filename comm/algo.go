@@ -1,6 +1,7 @@
 package comm
 
 import (
+	"fmt"
 	"math/bits"
 	"unsafe"
 )
@@ -94,8 +95,13 @@ func (c *Comm) allReduce(cl *call, send, recv []byte) error {
 	case c.n == 2 && ring:
 		// With two ranks the fixed tree is r0 op r1, and every op here is
 		// commutative bit for bit (IEEE sum and product; min and max as the
-		// builtins define them), so the ring computes exactly the tree.
-		err = c.ringAllReduce(cl, ct, src, work)
+		// builtins define them), so the ring and the pair exchange compute
+		// exactly the tree.
+		if k := c.pairSegments(ct, len(work)); k > 0 {
+			err = c.pairAllReduce(cl, ct, src, work, k)
+		} else {
+			err = c.ringAllReduce(cl, ct, src, work)
+		}
 	case c.n == 2:
 		err = c.recursiveDoubling(cl, ct, src, work)
 	case c.cfg.Deterministic && ring:
@@ -115,6 +121,125 @@ func (c *Comm) allReduce(cl *call, send, recv []byte) error {
 	}
 	if dt.isHalf() {
 		narrow(dt, recv, work)
+	}
+	return nil
+}
+
+// pairSegments returns how many segments per half pairAllReduce cuts a
+// vector of size bytes (compute type ct) into, or 0 when it does not apply:
+// the link to the peer must deliver a segment without waiting for the peer
+// to read it (shared memory; TCP's eager frames are too small to be worth
+// it) and every segment must hold at least one element.
+func (c *Comm) pairSegments(ct DType, size int) int {
+	l := c.peers[1-c.me].link
+	seg := min(c.cfg.SegmentBytes, l.EagerLimit())
+	if seg < 64<<10 {
+		return 0
+	}
+	seg -= 8 // segments are cut on element bounds, so one may be an element longer
+	half := size / ct.Size() / 2 * ct.Size()
+	k := max(1, (size-half+seg-1)/seg)
+	if half/ct.Size() < k {
+		return 0
+	}
+	return k
+}
+
+// pairAllReduce is the two-rank all-reduce for links that deliver segments
+// eagerly. Each rank sends the half of its vector the peer reduces (half
+// me) and reduces the other (half p = 1-me), segment by segment, sending
+// each reduced segment back as soon as it is made:
+//
+//	for each segment k:  send mine[k]; receive theirs[k] and reduce it
+//	                     (src op received); send the result; receive the
+//	                     peer's result into mine[k]
+//
+// against the ring (reduce-scatter, then all-gather) this reads each
+// reduced segment for sending while it is still in cache rather than in a
+// second pass, and it runs entirely on the calling goroutine: no hand-off to
+// the sender goroutine, and on a two-core host no third thread competing
+// for the cores.
+//
+// Deadlock freedom: each rank has at most two frames the peer has not
+// received (its result for segment k-1 and mine[k], or mine[k] and its
+// result for k), which Link.EagerLimit promises to deliver without the
+// peer reading. Frames carry the length of their half in Aux like any
+// message, and each must be exactly the expected segment.
+func (c *Comm) pairAllReduce(cl *call, ct DType, src, data []byte, k int) error {
+	me, es := c.me, ct.Size()
+	p := 1 - me
+	pe := c.peers[p]
+	l := pe.link
+	rr, direct := l.(ReduceReceiver)
+	mine, theirs := chunkOf(data, es, 2, me), chunkOf(data, es, 2, p)
+	srcMine, srcTheirs := chunkOf(src, es, 2, me), chunkOf(src, es, 2, p)
+	seg := func(b []byte, i int) []byte {
+		m := len(b) / es
+		lo, hi := m*i/k*es, m*(i+1)/k*es
+		return b[lo:hi:hi]
+	}
+	send := func(b []byte, total int) error {
+		pe.inlHdr = c.headerTo(cl, p)
+		pe.inlHdr.Aux = uint64(total)
+		pe.inlHdr.Len = uint64(len(b))
+		if err := l.Send(&pe.inlHdr, b); err != nil {
+			return c.sendErr(cl, p, err)
+		}
+		return nil
+	}
+	h := &pe.recvHdr
+	header := func(total, off, want int) error {
+		if err := c.recvHeader(cl, p, h, total, total-off); err != nil {
+			return err
+		}
+		if int(h.Len) != want {
+			return fmt.Errorf("%w: rank %d sent a %d-byte segment, want %d", ErrProtocol, p, h.Len, want)
+		}
+		return nil
+	}
+	// The reduction of one received piece: the link hands out pieces of
+	// cl.res, and the matching piece of the local operand is at the same
+	// offset. The segment's slices live in cl so that this closure is the
+	// call's only allocation here.
+	op := cl.op
+	reduce := func(d, s []byte) {
+		o := int(uintptr(unsafe.Pointer(unsafe.SliceData(d))) - uintptr(unsafe.Pointer(unsafe.SliceData(cl.res))))
+		reduce3(op, ct, d, cl.local[o:o+len(d)], s)
+	}
+	offMine, offTheirs := 0, 0
+	for i := range k {
+		if err := send(seg(srcMine, i), len(mine)); err != nil {
+			return err
+		}
+		res, local := seg(theirs, i), seg(srcTheirs, i)
+		cl.res, cl.local = res, local
+		if err := header(len(theirs), offTheirs, len(res)); err != nil {
+			return err
+		}
+		var err error
+		if direct {
+			err = rr.RecvReduce(res, reduce)
+		} else {
+			tmp := c.scratch(1, len(res))
+			if err = l.RecvPayload(tmp); err == nil {
+				reduce3(op, ct, res, local, tmp)
+			}
+		}
+		if err != nil {
+			return c.linkErr(p, err)
+		}
+		offTheirs += len(res)
+		if err := send(res, len(theirs)); err != nil {
+			return err
+		}
+		back := seg(mine, i)
+		if err := header(len(mine), offMine, len(back)); err != nil {
+			return err
+		}
+		if err := l.RecvPayload(back); err != nil {
+			return c.linkErr(p, err)
+		}
+		offMine += len(back)
 	}
 	return nil
 }
