@@ -46,6 +46,12 @@ const (
 	// Per side (0 dialer, 1 acceptor), at cpuCtlOff + side·cacheLine: the
 	// CPU (plus one; 0 unknown) its waiting thread last ran on.
 	cpuCtlOff = 1024
+	// shmHotBytes: a producer that finds its ring empty at least this far
+	// into it starts the next frame at the ring's beginning (see Send).
+	shmHotBytes = 256 << 10
+	// shmFrameSkip marks a header-sized record after which the consumer
+	// skips to the ring's beginning. Never seen outside the link.
+	shmFrameSkip = 0xff
 )
 
 type shmSegment struct {
@@ -451,6 +457,21 @@ func (l *shmLink) Send(h *Header, payload []byte) error {
 	defer l.exit()
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
+	if r := l.tx; r.pos&r.mask >= shmHotBytes && r.pos&r.mask+HeaderSize <= r.size && atomic.LoadUint64(r.tail) == r.pos {
+		// The peer has read everything: rather than go on through the
+		// rest of the ring, whose lines have left both cores' caches since
+		// the last lap, start again at the beginning, which the last
+		// frames used. Messages that fit in shmHotBytes then keep reusing
+		// the same cached lines (on the 2-core reference host a 4 MiB ring
+		// used end to end cost 256 KiB all-reduces ~30%); large transfers,
+		// which never find the ring empty, still use all of it.
+		l.whdr = [HeaderSize]byte{0: headerMagic, 1: shmFrameSkip}
+		if !l.write(l.whdr[:]) {
+			return errShmDead
+		}
+		r.pos += (r.size - r.pos&r.mask) & r.mask
+		l.publish()
+	}
 	h.Encode(l.whdr[:])
 	if l.isDead() || !l.write(l.whdr[:]) || !l.write(payload) {
 		return errShmDead
@@ -515,8 +536,18 @@ func (l *shmLink) RecvHeader(h *Header) error {
 		return errShmDead
 	}
 	defer l.exit()
-	if !l.read(HeaderSize, l.hdr[:], nil) {
-		return io.EOF
+	for {
+		if !l.read(HeaderSize, l.hdr[:], nil) {
+			return io.EOF
+		}
+		if l.hdr[0] != headerMagic || l.hdr[1] != shmFrameSkip {
+			break
+		}
+		// The producer went back to the ring's beginning (see Send).
+		r := l.rx
+		if skip := (r.size - r.readTail&r.mask) & r.mask; skip > 0 && !l.read(int(skip), nil, nil) {
+			return io.EOF
+		}
 	}
 	if err := h.Decode(l.hdr[:]); err != nil {
 		return err
