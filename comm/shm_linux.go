@@ -46,9 +46,6 @@ const (
 	// Per side (0 dialer, 1 acceptor), at cpuCtlOff + side·cacheLine: the
 	// CPU (plus one; 0 unknown) its waiting thread last ran on.
 	cpuCtlOff = 1024
-	// shmHotBytes: a producer that finds its ring empty at least this far
-	// into it starts the next frame at the ring's beginning (see Send).
-	shmHotBytes = 256 << 10
 	// shmFrameSkip marks a header-sized record after which the consumer
 	// skips to the ring's beginning. Never seen outside the link.
 	shmFrameSkip = 0xff
@@ -457,14 +454,14 @@ func (l *shmLink) Send(h *Header, payload []byte) error {
 	defer l.exit()
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	if r := l.tx; r.pos&r.mask >= shmHotBytes && r.pos&r.mask+HeaderSize <= r.size && atomic.LoadUint64(r.tail) == r.pos {
+	if r := l.tx; r.pos&r.mask >= l.wrapFrom() && atomic.LoadUint64(r.tail) == r.pos {
 		// The peer has read everything: rather than go on through the
 		// rest of the ring, whose lines have left both cores' caches since
 		// the last lap, start again at the beginning, which the last
-		// frames used. Messages that fit in shmHotBytes then keep reusing
-		// the same cached lines (on the 2-core reference host a 4 MiB ring
-		// used end to end cost 256 KiB all-reduces ~30%); large transfers,
-		// which never find the ring empty, still use all of it.
+		// frames used. Light traffic then keeps reusing the same cached
+		// lines (on the 2-core reference host a 4 MiB ring used end to end
+		// cost 256 KiB all-reduces ~30% against a 1 MiB one); streams that
+		// keep the ring non-empty still use all of it.
 		l.whdr = [HeaderSize]byte{0: headerMagic, 1: shmFrameSkip}
 		if !l.write(l.whdr[:]) {
 			return errShmDead
@@ -588,9 +585,22 @@ func (l *shmLink) RecvReduce(dst []byte, f func(dst, src []byte)) error {
 	return nil
 }
 
-// EagerLimit: a quarter ring, so two frames in flight never fill it.
-func (l *shmLink) EagerLimit() int { return l.seg.ringBytes / 4 }
-func (l *shmLink) Kind() string    { return "shm" }
+// EagerLimit: a sixteenth of the ring (256 KiB for the default 4 MiB, the
+// default segment), so that two frames in flight fit in the part of the
+// ring that is free after a skip to its beginning (see wrapFrom).
+func (l *shmLink) EagerLimit() int { return l.seg.ringBytes / 16 }
+
+// wrapFrom is how far into the ring a producer that finds it empty must be
+// to skip to its beginning. Until the consumer reads the skip record the
+// skipped bytes count as unread, so the rest (the offset, less the record)
+// must still hold the two frames of up to EagerLimit bytes, with header and
+// padding, that Send promises to take without the peer reading; otherwise
+// two ranks that both send before they receive could wait for each other.
+func (l *shmLink) wrapFrom() uint64 {
+	return uint64(2*(l.EagerLimit()+HeaderSize+8) + HeaderSize)
+}
+
+func (l *shmLink) Kind() string { return "shm" }
 
 // Close marks the link dead, wakes every waiter, closes the control
 // connection (the peer's watcher sees it) and unmaps the segment once no
