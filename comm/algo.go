@@ -1,6 +1,7 @@
 package comm
 
 import (
+	"fmt"
 	"math/bits"
 	"unsafe"
 )
@@ -71,31 +72,46 @@ func (c *Comm) preferRing(size int) bool {
 func (c *Comm) allReduce(cl *call, send, recv []byte) error {
 	dt := cl.dtype
 	ct := computeType(dt)
-	work := recv
-	if dt.isHalf() {
+	work, src := recv, send
+	switch {
+	case dt.isHalf():
 		work = c.scratch(0, len(send)/2*4)
 		widen(dt, work, send)
-	} else if !sameMem(send, recv) {
-		copy(recv, send)
+		src = work
+	case c.n == 1 || c.cfg.Deterministic && c.n > 2 || overlaps(send, recv):
+		// The deterministic algorithms reduce gathered copies anyway, and a
+		// partial overlap cannot be read and written in one pass.
+		if !sameMem(send, recv) {
+			copy(recv, send)
+		}
+		src = recv
 	}
+	// Otherwise the ring and recursive doubling read send where they first
+	// combine an element with the local contribution and write recv then,
+	// instead of copying send into recv first: one pass over the vector less.
 	var err error
 	switch ring := c.preferRing(len(work)); {
 	case c.n == 1:
 	case c.n == 2 && ring:
 		// With two ranks the fixed tree is r0 op r1, and every op here is
 		// commutative bit for bit (IEEE sum and product; min and max as the
-		// builtins define them), so the ring computes exactly the tree.
-		err = c.ringAllReduce(cl, ct, work)
+		// builtins define them), so the ring and the pair exchange compute
+		// exactly the tree.
+		if k := c.pairSegments(ct, len(work)); k > 0 {
+			err = c.pairAllReduce(cl, ct, src, work, k)
+		} else {
+			err = c.ringAllReduce(cl, ct, src, work)
+		}
 	case c.n == 2:
-		err = c.recursiveDoubling(cl, ct, work)
+		err = c.recursiveDoubling(cl, ct, src, work)
 	case c.cfg.Deterministic && ring:
 		err = c.directAllReduce(cl, ct, work)
 	case c.cfg.Deterministic:
 		err = c.gatherAllReduce(cl, ct, work)
 	case ring:
-		err = c.ringAllReduce(cl, ct, work)
+		err = c.ringAllReduce(cl, ct, src, work)
 	default:
-		err = c.recursiveDoubling(cl, ct, work)
+		err = c.recursiveDoubling(cl, ct, src, work)
 	}
 	if err != nil {
 		return err
@@ -109,23 +125,151 @@ func (c *Comm) allReduce(cl *call, send, recv []byte) error {
 	return nil
 }
 
+// pairSegments returns how many segments per half pairAllReduce cuts a
+// vector of size bytes (compute type ct) into, or 0 when it does not apply:
+// the link to the peer must deliver a segment without waiting for the peer
+// to read it (shared memory; TCP's eager frames are too small to be worth
+// it) and every segment must hold at least one element.
+func (c *Comm) pairSegments(ct DType, size int) int {
+	l := c.peers[1-c.me].link
+	seg := min(c.cfg.SegmentBytes, l.EagerLimit())
+	if seg < 64<<10 {
+		return 0
+	}
+	seg -= 8 // segments are cut on element bounds, so one may be an element longer
+	half := size / ct.Size() / 2 * ct.Size()
+	k := max(1, (size-half+seg-1)/seg)
+	if half/ct.Size() < k {
+		return 0
+	}
+	return k
+}
+
+// pairAllReduce is the two-rank all-reduce for links that deliver segments
+// eagerly. Each rank sends the half of its vector the peer reduces (half
+// me) and reduces the other (half p = 1-me), segment by segment, sending
+// each reduced segment back as soon as it is made:
+//
+//	for each segment k:  send mine[k]; receive theirs[k] and reduce it
+//	                     (src op received); send the result; receive the
+//	                     peer's result into mine[k]
+//
+// against the ring (reduce-scatter, then all-gather) this reads each
+// reduced segment for sending while it is still in cache rather than in a
+// second pass, and it runs entirely on the calling goroutine: no hand-off to
+// the sender goroutine, and on a two-core host no third thread competing
+// for the cores.
+//
+// Deadlock freedom: each rank has at most two frames the peer has not
+// received (its result for segment k-1 and mine[k], or mine[k] and its
+// result for k), which Link.EagerLimit promises to deliver without the
+// peer reading. Frames carry the length of their half in Aux like any
+// message, and each must be exactly the expected segment.
+func (c *Comm) pairAllReduce(cl *call, ct DType, src, data []byte, k int) error {
+	me, es := c.me, ct.Size()
+	p := 1 - me
+	pe := c.peers[p]
+	l := pe.link
+	rr, direct := l.(ReduceReceiver)
+	mine, theirs := chunkOf(data, es, 2, me), chunkOf(data, es, 2, p)
+	srcMine, srcTheirs := chunkOf(src, es, 2, me), chunkOf(src, es, 2, p)
+	seg := func(b []byte, i int) []byte {
+		m := len(b) / es
+		lo, hi := m*i/k*es, m*(i+1)/k*es
+		return b[lo:hi:hi]
+	}
+	send := func(b []byte, total int) error {
+		pe.inlHdr = c.headerTo(cl, p)
+		pe.inlHdr.Aux = uint64(total)
+		pe.inlHdr.Len = uint64(len(b))
+		if err := l.Send(&pe.inlHdr, b); err != nil {
+			return c.sendErr(cl, p, err)
+		}
+		return nil
+	}
+	h := &pe.recvHdr
+	header := func(total, off, want int) error {
+		if err := c.recvHeader(cl, p, h, total, total-off); err != nil {
+			return err
+		}
+		if int(h.Len) != want {
+			return fmt.Errorf("%w: rank %d sent a %d-byte segment, want %d", ErrProtocol, p, h.Len, want)
+		}
+		return nil
+	}
+	// The reduction of one received piece: the link hands out pieces of
+	// cl.res, and the matching piece of the local operand is at the same
+	// offset. The segment's slices live in cl so that this closure is the
+	// call's only allocation here.
+	op := cl.op
+	reduce := func(d, s []byte) {
+		o := int(uintptr(unsafe.Pointer(unsafe.SliceData(d))) - uintptr(unsafe.Pointer(unsafe.SliceData(cl.res))))
+		reduce3(op, ct, d, cl.local[o:o+len(d)], s)
+	}
+	offMine, offTheirs := 0, 0
+	for i := range k {
+		if err := send(seg(srcMine, i), len(mine)); err != nil {
+			return err
+		}
+		res, local := seg(theirs, i), seg(srcTheirs, i)
+		cl.res, cl.local = res, local
+		if err := header(len(theirs), offTheirs, len(res)); err != nil {
+			return err
+		}
+		var err error
+		if direct {
+			err = rr.RecvReduce(res, reduce)
+		} else {
+			tmp := c.scratch(1, len(res))
+			if err = l.RecvPayload(tmp); err == nil {
+				reduce3(op, ct, res, local, tmp)
+			}
+		}
+		if err != nil {
+			return c.linkErr(p, err)
+		}
+		offTheirs += len(res)
+		if err := send(res, len(theirs)); err != nil {
+			return err
+		}
+		back := seg(mine, i)
+		if err := header(len(mine), offMine, len(back)); err != nil {
+			return err
+		}
+		if err := l.RecvPayload(back); err != nil {
+			return c.linkErr(p, err)
+		}
+		offMine += len(back)
+	}
+	return nil
+}
+
 // ringAllReduce: reduce-scatter then all-gather around the ring
 // me → me+1. After step s of the first phase, rank me holds chunk me-s-1
 // reduced over ranks me-s-1..me; it ends owning chunk me+1 fully reduced.
-func (c *Comm) ringAllReduce(cl *call, ct DType, data []byte) error {
-	if err := c.ringReduceScatter(cl, ct, data); err != nil {
+// src holds this rank's contribution and data receives the result; they are
+// the same slice or do not overlap.
+func (c *Comm) ringAllReduce(cl *call, ct DType, src, data []byte) error {
+	if err := c.ringReduceScatter(cl, ct, src, data); err != nil {
 		return err
 	}
 	return c.ringAllGather(cl, data, ct.Size(), c.me+1)
 }
 
 // ringReduceScatter is the first phase of the ring all-reduce: rank me ends
-// owning chunk me+1, reduced over all ranks.
-func (c *Comm) ringReduceScatter(cl *call, ct DType, data []byte) error {
+// owning chunk me+1 of data, reduced over all ranks. Each chunk is combined
+// with this rank's contribution (in src) exactly once, so the chunks of
+// data that are received are written, never read first; the others are
+// left alone. src and data are the same slice or do not overlap.
+func (c *Comm) ringReduceScatter(cl *call, ct DType, src, data []byte) error {
 	n, me, es := c.n, c.me, ct.Size()
 	right, left := mod(me+1, n), mod(me-1, n)
 	for s := 0; s < n-1; s++ {
-		if err := c.sendRecv(cl, right, chunkOf(data, es, n, me-s), left, chunkOf(data, es, n, me-s-1), true, ct); err != nil {
+		from := data // the partial result received in the previous step
+		if s == 0 {
+			from = src
+		}
+		if err := c.sendRecv(cl, right, chunkOf(from, es, n, me-s), left, chunkOf(data, es, n, me-s-1), true, chunkOf(src, es, n, me-s-1), ct); err != nil {
 			return err
 		}
 	}
@@ -169,10 +313,11 @@ func (c *Comm) reduce(cl *call) error {
 		}
 		return c.allReduce(cl, cl.send, recv)
 	}
-	work := c.scratch(0, size)
+	work, src := c.scratch(0, size), cl.send
 	if dt.isHalf() {
 		widen(dt, work, cl.send)
-	} else {
+		src = work
+	} else if c.cfg.Deterministic {
 		copy(work, cl.send)
 	}
 	ownOf := func(r int) int { return r + 1 }
@@ -181,7 +326,7 @@ func (c *Comm) reduce(cl *call) error {
 		ownOf = func(r int) int { return r }
 		err = c.directReduceScatter(cl, ct, work)
 	} else {
-		err = c.ringReduceScatter(cl, ct, work)
+		err = c.ringReduceScatter(cl, ct, src, work)
 	}
 	if err != nil {
 		return err
@@ -213,7 +358,7 @@ func (c *Comm) ringAllGather(cl *call, data []byte, es, own int) error {
 	n, me := c.n, c.me
 	right, left := mod(me+1, n), mod(me-1, n)
 	for s := 0; s < n-1; s++ {
-		if err := c.sendRecv(cl, right, chunkOf(data, es, n, own-s), left, chunkOf(data, es, n, own-s-1), false, 0); err != nil {
+		if err := c.sendRecv(cl, right, chunkOf(data, es, n, own-s), left, chunkOf(data, es, n, own-s-1), false, nil, 0); err != nil {
 			return err
 		}
 	}
@@ -223,8 +368,10 @@ func (c *Comm) ringAllGather(cl *call, data []byte, es, own int) error {
 // recursiveDoubling is the latency-optimal all-reduce (and the barrier, with
 // no data): log2(n) exchanges of the whole vector. For n not a power of two
 // the first 2·rem ranks pair up first (odd absorbs even) and the even ones
-// get the result back at the end.
-func (c *Comm) recursiveDoubling(cl *call, ct DType, data []byte) error {
+// get the result back at the end. src holds this rank's contribution and
+// data receives the result (the same slice, or not overlapping): the first
+// exchange reads src, and its reduction writes data.
+func (c *Comm) recursiveDoubling(cl *call, ct DType, src, data []byte) error {
 	n, me := c.n, c.me
 	if n == 1 {
 		return nil
@@ -232,17 +379,19 @@ func (c *Comm) recursiveDoubling(cl *call, ct DType, data []byte) error {
 	pof2 := 1 << (bits.Len(uint(n)) - 1)
 	rem := n - pof2
 	tmp := c.scratch(2, len(data))
+	cur := src
 	newRank := -1
 	switch {
 	case me < 2*rem && me%2 == 0:
-		if err := c.sendTo(cl, me+1, data); err != nil {
+		if err := c.sendTo(cl, me+1, src); err != nil {
 			return err
 		}
 	case me < 2*rem:
 		if err := c.recvFrom(cl, me-1, tmp); err != nil {
 			return err
 		}
-		reduceInto(cl.op, ct, data, tmp)
+		reduce3(cl.op, ct, data, src, tmp)
+		cur = data
 		newRank = me / 2
 	default:
 		newRank = me - rem
@@ -254,10 +403,11 @@ func (c *Comm) recursiveDoubling(cl *call, ct DType, data []byte) error {
 			if np < rem {
 				p = np*2 + 1
 			}
-			if err := c.sendRecv(cl, p, data, p, tmp, false, 0); err != nil {
+			if err := c.sendRecv(cl, p, cur, p, tmp, false, nil, 0); err != nil {
 				return err
 			}
-			reduceInto(cl.op, ct, data, tmp)
+			reduce3(cl.op, ct, data, cur, tmp)
+			cur = data
 		}
 	}
 	if me < 2*rem {
@@ -276,7 +426,7 @@ func (c *Comm) exchangeAll(cl *call, sendOf, recvOf func(p int) []byte) error {
 	n, me := c.n, c.me
 	for i := 1; i < n; i++ {
 		to, from := mod(me+i, n), mod(me-i, n)
-		if err := c.sendRecv(cl, to, sendOf(to), from, recvOf(from), false, 0); err != nil {
+		if err := c.sendRecv(cl, to, sendOf(to), from, recvOf(from), false, nil, 0); err != nil {
 			return err
 		}
 	}
@@ -320,7 +470,7 @@ func (c *Comm) allGather(cl *call) error {
 	n, me := c.n, c.me
 	right, left := mod(me+1, n), mod(me-1, n)
 	for s := 0; s < n-1; s++ {
-		if err := c.sendRecv(cl, right, block(me-s), left, block(me-s-1), false, 0); err != nil {
+		if err := c.sendRecv(cl, right, block(me-s), left, block(me-s-1), false, nil, 0); err != nil {
 			return err
 		}
 	}
@@ -333,6 +483,10 @@ func (c *Comm) reduceScatter(cl *call) error {
 	ct := computeType(dt)
 	es := ct.Size()
 	l := len(cl.recv) / dt.Size() * es // bytes of one block in the compute type
+	if !dt.isHalf() && !c.cfg.Deterministic && n > 1 &&
+		(!overlaps(cl.recv, cl.send) || sameMem(cl.recv, cl.send[me*l:(me+1)*l])) {
+		return c.ringReduceScatterBlocks(cl, ct, l)
+	}
 	work := c.scratch(0, n*l)
 	if dt.isHalf() {
 		widen(dt, work, cl.send)
@@ -354,7 +508,7 @@ func (c *Comm) reduceScatter(cl *call) error {
 	default:
 		right, left := mod(me+1, n), mod(me-1, n)
 		for s := 0; s < n-1; s++ {
-			if err := c.sendRecv(cl, right, block(me-s-1), left, block(me-s-2), true, ct); err != nil {
+			if err := c.sendRecv(cl, right, block(me-s-1), left, block(me-s-2), true, nil, ct); err != nil {
 				return err
 			}
 		}
@@ -370,6 +524,36 @@ func (c *Comm) reduceScatter(cl *call) error {
 	return nil
 }
 
+// ringReduceScatterBlocks is the ring reduce-scatter of blocks of l bytes
+// without a copy of send: step s sends block me-s-1 and receives block
+// me-s-2, reduced with this rank's block of send; partial results go to
+// scratch, and the last step, which receives block me, reduces straight
+// into recv. recv does not overlap send, or is exactly block me of it.
+func (c *Comm) ringReduceScatterBlocks(cl *call, ct DType, l int) error {
+	n, me := c.n, c.me
+	send := cl.send
+	work := c.scratch(0, n*l)
+	block := func(b []byte, j int) []byte { j = mod(j, n); return b[j*l : (j+1)*l] }
+	right, left := mod(me+1, n), mod(me-1, n)
+	for s := 0; s < n-1; s++ {
+		from := work
+		if s == 0 {
+			from = send
+		}
+		dst := block(work, me-s-2)
+		if s == n-2 {
+			dst = cl.recv
+		}
+		if err := c.sendRecv(cl, right, block(from, me-s-1), left, dst, true, block(send, me-s-2), ct); err != nil {
+			return err
+		}
+	}
+	if cl.op == Avg {
+		finishAvg(ct, cl.recv, n)
+	}
+	return nil
+}
+
 // broadcast runs a binomial tree rooted at root: log2(n) rounds, each rank
 // receiving once from its parent and then sending to its children.
 //
@@ -380,7 +564,7 @@ func (c *Comm) reduceScatter(cl *call) error {
 func (c *Comm) broadcast(cl *call) error {
 	n, me, root := c.n, c.me, cl.root
 	if n > 1 {
-		if err := c.sendRecv(cl, mod(me+1, n), nil, mod(me-1, n), nil, false, 0); err != nil {
+		if err := c.sendRecv(cl, mod(me+1, n), nil, mod(me-1, n), nil, false, nil, 0); err != nil {
 			return err
 		}
 	}

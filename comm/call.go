@@ -17,6 +17,10 @@ type call struct {
 	recvCounts []int
 	invalid    error // set at issue: fails the communicator at its turn
 
+	// res and local: the segment pairAllReduce is reducing into and its
+	// local operand (token holder only).
+	res, local []byte
+
 	ctx  context.Context
 	stop func() bool // unregisters the cancellation hook
 

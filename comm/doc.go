@@ -64,12 +64,17 @@
 //
 // All-reduce picks recursive doubling (latency) or ring reduce-scatter +
 // all-gather (bandwidth) with the alpha-beta cost model documented on
-// Config.LatencyNs; reduce-scatter and all-gather run on the ring; broadcast
-// is a binomial tree, or scatter + ring all-gather when large; reduce is a
-// reduce-scatter plus a gather at the root when large; all-to-all exchanges
-// pairwise in n-1 staggered steps. Large messages travel in segments of
-// Config.SegmentBytes so receiving, reducing and sending overlap. Counts need
-// not divide by the group size, nor the group size be a power of two.
+// Config.LatencyNs; with two ranks over shared memory the bandwidth case is
+// a pair exchange that sends each reduced segment back as soon as it is
+// made, all on one goroutine. Reduce-scatter and all-gather run on the
+// ring; broadcast is a binomial tree, or scatter + ring all-gather when
+// large; reduce is a reduce-scatter plus a gather at the root when large;
+// all-to-all exchanges pairwise in n-1 staggered steps. Large messages
+// travel in segments of Config.SegmentBytes so receiving, reducing and
+// sending overlap. Out-of-place reductions read the send buffer where they
+// first combine it, without copying it into the receive buffer first.
+// Counts need not divide by the group size, nor the group size be a power
+// of two.
 //
 // # Numerics
 //

@@ -1,9 +1,11 @@
 package comm
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"testing"
+	"unsafe"
 )
 
 func BenchmarkReduceSumFloat32(b *testing.B) {
@@ -96,13 +98,119 @@ func TestVectorSumMatchesScalar(t *testing.T) {
 			d2[i], s2[i] = vals64[i%len(vals64)]*float64(i+1), vals64[(i*3)%len(vals64)]
 		}
 		want, want2 := append([]float32(nil), d...), append([]float64(nil), d2...)
-		reduceT(Sum, want, s)
-		reduceT(Sum, want2, s2)
+		reduce3T(Sum, want, want, s)
+		reduce3T(Sum, want2, want2, s2)
 		reduceInto(Sum, Float32, Float32s(d).(hostBuffer).b, Float32s(s).(hostBuffer).b)
 		reduceInto(Sum, Float64, Float64s(d2).(hostBuffer).b, Float64s(s2).(hostBuffer).b)
 		for i := range n {
 			if math.Float32bits(d[i]) != math.Float32bits(want[i]) || math.Float64bits(d2[i]) != math.Float64bits(want2[i]) {
 				t.Fatalf("n=%d i=%d: %v/%v vs %v/%v", n, i, d[i], d2[i], want[i], want2[i])
+			}
+		}
+	}
+}
+
+// kernelLengths straddle the vector widths (16 and 32 elements, 128 bytes)
+// and the unrolled loop.
+var kernelLengths = []int{0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257, 1000, 4099}
+
+// checkReduce3 compares reduce3 with a per-element scalar reference for one
+// type, every op, at every length and at element offsets that misalign the
+// operands, and with dst aliasing a or b.
+func checkReduce3[T number](t *testing.T, dt DType, val func(i int) T) {
+	es := dt.Size()
+	asBytes := func(s []T) []byte {
+		if len(s) == 0 {
+			return []byte{}
+		}
+		return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*es)
+	}
+	ref := func(op Op, x, y T) T {
+		switch op {
+		case Prod:
+			return x * y
+		case Min:
+			return min(x, y)
+		case Max:
+			return max(x, y)
+		}
+		return x + y
+	}
+	for _, op := range Ops {
+		for _, n := range kernelLengths {
+			for _, skew := range []int{0, 1, 3, 5} {
+				for _, alias := range []string{"none", "a", "b"} {
+					// Three arrays with distinct skews so that no two
+					// operands share an alignment.
+					da := make([]T, n+skew+8)[skew : skew+n]
+					xa := make([]T, n+8)[(skew+1)%4 : (skew+1)%4+n]
+					ya := make([]T, n+8)[(skew+2)%4 : (skew+2)%4+n]
+					for i := range n {
+						xa[i], ya[i], da[i] = val(i), val(3*i+1), val(7*i+2)
+					}
+					want := make([]T, n)
+					for i := range n {
+						want[i] = ref(op, xa[i], ya[i])
+					}
+					d := da
+					switch alias {
+					case "a":
+						copy(da, xa)
+						xa = da
+					case "b":
+						copy(da, ya)
+						ya = da
+					}
+					reduce3(op, dt, asBytes(d), asBytes(xa), asBytes(ya))
+					if !bytes.Equal(asBytes(d), asBytes(want)) {
+						t.Fatalf("%v %v n=%d skew=%d alias=%s: got %v, want %v", dt, op, n, skew, alias, d, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// reduce3 (the vector kernels included) gives the bits of the
+// portable per-element loop for every type, op, length, alignment and
+// allowed aliasing.
+func TestReduce3MatchesScalar(t *testing.T) {
+	f32 := []float32{1, -1, 0.1, 3e38, -3e38, 1e-45, float32(math.Inf(1)), float32(math.NaN()), -0.0, 0.3333333, 7}
+	f64 := []float64{1, -1, 0.1, 1e308, -1e308, 5e-324, math.Inf(-1), math.NaN(), -0.0, 1.0 / 3, 7}
+	checkReduce3(t, Float32, func(i int) float32 { return f32[i%len(f32)] * float32(i%5+1) })
+	checkReduce3(t, Float64, func(i int) float64 { return f64[i%len(f64)] * float64(i%5+1) })
+	checkReduce3(t, Int32, func(i int) int32 { return int32(i*2654435761) ^ int32(i) })
+	checkReduce3(t, Int64, func(i int) int64 { return int64(i) * -6364136223846793005 })
+	checkReduce3(t, Uint8, func(i int) uint8 { return uint8(i*37 + 11) })
+
+	// Byte buffers (comm.Bytes) need not align their elements: the vector
+	// kernels load and store unaligned.
+	for _, dt := range []DType{Float32, Float64} {
+		for _, off := range []int{1, 2, 3, 5} {
+			for _, n := range []int{33, 129, 1000} {
+				bytesOf := func(seed int) []byte {
+					b := make([]byte, n*dt.Size()+off)[off:]
+					for i := range n {
+						if dt == Float32 {
+							castBytes[float32](b)[i] = float32(i*seed%17) - 8.5
+						} else {
+							castBytes[float64](b)[i] = float64(i*seed%17) - 8.5
+						}
+					}
+					return b
+				}
+				d, a, b := bytesOf(1), bytesOf(3), bytesOf(7)
+				want := make([]byte, len(d))
+				copy(want, a)
+				if dt == Float32 {
+					sumT(castBytes[float32](want), castBytes[float32](a), castBytes[float32](b))
+				} else {
+					sumT(castBytes[float64](want), castBytes[float64](a), castBytes[float64](b))
+				}
+				reduce3(Sum, dt, d, a, b)
+				if !bytes.Equal(d, want) {
+					t.Fatalf("%v off=%d n=%d: unaligned sum differs", dt, off, n)
+				}
 			}
 		}
 	}

@@ -378,3 +378,30 @@ func TestListenSweepsSegmentsOfDeadProcesses(t *testing.T) {
 		}
 	}
 }
+
+// The two-rank pair exchange cuts halves into several segments of unequal
+// element counts (odd counts give halves one element apart), over shared
+// memory and the in-memory network, for every dtype and op, in and out of
+// place.
+func TestPairAllReduceSegments(t *testing.T) {
+	for _, medium := range []string{"mem", "shm"} {
+		t.Run(medium, func(t *testing.T) {
+			cfg := comm.LocalConfig()
+			cfg.SegmentBytes = 64 << 10 // the smallest the pair exchange takes
+			cfg.LatencyNs = 1e-3
+			var comms []*comm.Comm
+			if medium == "mem" {
+				comms = newMemJob(t, 2, cfg).comms
+			} else {
+				comms = newNetJob(t, 2, cfg, false).comms
+			}
+			var tcs []tcase
+			for _, tc := range cases(2, []int{40001, 70001}) {
+				if tc.kind == comm.KindAllReduce {
+					tcs = append(tcs, tc)
+				}
+			}
+			runCases(t, comms, tcs, true)
+		})
+	}
+}

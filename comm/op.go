@@ -56,66 +56,78 @@ type number interface {
 // reduceInto computes dst[i] = dst[i] op src[i] for the compute type dt (never a
 // 16-bit float). dst holds the left operand: the contribution of lower ranks.
 // Avg reduces as Sum; the division happens once at the end (finishAvg).
-func reduceInto(op Op, dt DType, dst, src []byte) {
+func reduceInto(op Op, dt DType, dst, src []byte) { reduce3(op, dt, dst, dst, src) }
+
+// reduce3 computes dst[i] = a[i] op b[i] for the compute type dt, a being the
+// left operand, so that an out-of-place reduction needs no copy of a into dst
+// first. dst may be a or b itself, but must not partially overlap either.
+func reduce3(op Op, dt DType, dst, a, b []byte) {
 	switch dt {
 	case Float32:
-		d, s := castBytes[float32](dst), castBytes[float32](src)
+		d, x, y := castBytes[float32](dst), castBytes[float32](a), castBytes[float32](b)
 		if op == Sum || op == Avg {
-			k := addFloat32(d, s)
-			d, s = d[k:], s[k:]
+			sumFloat32(d, x, y)
+			return
 		}
-		reduceT(op, d, s)
+		reduce3T(op, d, x, y)
 	case Float64:
-		d, s := castBytes[float64](dst), castBytes[float64](src)
+		d, x, y := castBytes[float64](dst), castBytes[float64](a), castBytes[float64](b)
 		if op == Sum || op == Avg {
-			k := addFloat64(d, s)
-			d, s = d[k:], s[k:]
+			sumFloat64(d, x, y)
+			return
 		}
-		reduceT(op, d, s)
+		reduce3T(op, d, x, y)
 	case Int32:
-		reduceT(op, castBytes[int32](dst), castBytes[int32](src))
+		reduce3T(op, castBytes[int32](dst), castBytes[int32](a), castBytes[int32](b))
 	case Int64:
-		reduceT(op, castBytes[int64](dst), castBytes[int64](src))
+		reduce3T(op, castBytes[int64](dst), castBytes[int64](a), castBytes[int64](b))
 	case Uint8:
-		reduceT(op, dst, src)
+		reduce3T(op, dst, a, b)
 	}
 }
 
-func reduceT[T number](op Op, d, s []T) {
-	s = s[:len(d)]
+// sumT is the portable d[i] = a[i] + b[i].
+func sumT[T number](d, a, b []T) {
+	a, b = a[:len(d)], b[:len(d)]
+	i := 0
+	// Unrolled by hand through array pointers (one bounds check per 8
+	// elements): the compiler does not vectorize, and per-element bounds
+	// checks cost more than the adds. Each element is read before it is
+	// written, so d may be a or b.
+	for ; i+8 <= len(d); i += 8 {
+		dd, aa, bb := (*[8]T)(d[i:i+8]), (*[8]T)(a[i:i+8]), (*[8]T)(b[i:i+8])
+		dd[0] = aa[0] + bb[0]
+		dd[1] = aa[1] + bb[1]
+		dd[2] = aa[2] + bb[2]
+		dd[3] = aa[3] + bb[3]
+		dd[4] = aa[4] + bb[4]
+		dd[5] = aa[5] + bb[5]
+		dd[6] = aa[6] + bb[6]
+		dd[7] = aa[7] + bb[7]
+	}
+	for ; i < len(d); i++ {
+		d[i] = a[i] + b[i]
+	}
+}
+
+func reduce3T[T number](op Op, d, a, b []T) {
+	a, b = a[:len(d)], b[:len(d)]
 	switch op {
 	case Sum, Avg:
-		i := 0
-		// Unrolled by hand through array pointers (one bounds check per 8
-		// elements): the compiler does not vectorize, and per-element bounds
-		// checks cost more than the adds.
-		for ; i+8 <= len(d); i += 8 {
-			dd, ss := (*[8]T)(d[i:i+8]), (*[8]T)(s[i:i+8])
-			dd[0] += ss[0]
-			dd[1] += ss[1]
-			dd[2] += ss[2]
-			dd[3] += ss[3]
-			dd[4] += ss[4]
-			dd[5] += ss[5]
-			dd[6] += ss[6]
-			dd[7] += ss[7]
-		}
-		for ; i < len(d); i++ {
-			d[i] += s[i]
-		}
+		sumT(d, a, b)
 	case Prod:
 		for i := range d {
-			d[i] *= s[i]
+			d[i] = a[i] * b[i]
 		}
 	case Min:
 		// The builtin min propagates NaN and orders -0 below +0, so it is
 		// commutative and every rank gets the same bits.
 		for i := range d {
-			d[i] = min(d[i], s[i])
+			d[i] = min(a[i], b[i])
 		}
 	case Max:
 		for i := range d {
-			d[i] = max(d[i], s[i])
+			d[i] = max(a[i], b[i])
 		}
 	}
 }

@@ -46,6 +46,9 @@ const (
 	// Per side (0 dialer, 1 acceptor), at cpuCtlOff + side·cacheLine: the
 	// CPU (plus one; 0 unknown) its waiting thread last ran on.
 	cpuCtlOff = 1024
+	// shmFrameSkip marks a header-sized record after which the consumer
+	// skips to the ring's beginning. Never seen outside the link.
+	shmFrameSkip = 0xff
 )
 
 type shmSegment struct {
@@ -451,6 +454,21 @@ func (l *shmLink) Send(h *Header, payload []byte) error {
 	defer l.exit()
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
+	if r := l.tx; r.pos&r.mask >= l.wrapFrom() && atomic.LoadUint64(r.tail) == r.pos {
+		// The peer has read everything: rather than go on through the
+		// rest of the ring, whose lines have left both cores' caches since
+		// the last lap, start again at the beginning, which the last
+		// frames used. Light traffic then keeps reusing the same cached
+		// lines (on the 2-core reference host a 4 MiB ring used end to end
+		// cost 256 KiB all-reduces ~30% against a 1 MiB one); streams that
+		// keep the ring non-empty still use all of it.
+		l.whdr = [HeaderSize]byte{0: headerMagic, 1: shmFrameSkip}
+		if !l.write(l.whdr[:]) {
+			return errShmDead
+		}
+		r.pos += (r.size - r.pos&r.mask) & r.mask
+		l.publish()
+	}
 	h.Encode(l.whdr[:])
 	if l.isDead() || !l.write(l.whdr[:]) || !l.write(payload) {
 		return errShmDead
@@ -515,8 +533,18 @@ func (l *shmLink) RecvHeader(h *Header) error {
 		return errShmDead
 	}
 	defer l.exit()
-	if !l.read(HeaderSize, l.hdr[:], nil) {
-		return io.EOF
+	for {
+		if !l.read(HeaderSize, l.hdr[:], nil) {
+			return io.EOF
+		}
+		if l.hdr[0] != headerMagic || l.hdr[1] != shmFrameSkip {
+			break
+		}
+		// The producer went back to the ring's beginning (see Send).
+		r := l.rx
+		if skip := (r.size - r.readTail&r.mask) & r.mask; skip > 0 && !l.read(int(skip), nil, nil) {
+			return io.EOF
+		}
 	}
 	if err := h.Decode(l.hdr[:]); err != nil {
 		return err
@@ -557,9 +585,25 @@ func (l *shmLink) RecvReduce(dst []byte, f func(dst, src []byte)) error {
 	return nil
 }
 
-// EagerLimit: a quarter ring, so two frames in flight never fill it.
-func (l *shmLink) EagerLimit() int { return l.seg.ringBytes / 4 }
-func (l *shmLink) Kind() string    { return "shm" }
+// EagerLimit: a thirty-second of the ring (128 KiB for the default 4 MiB),
+// so that two frames in flight fit in the part of the ring that is free
+// after a skip to its beginning (see wrapFrom), and skips start about
+// 256 KiB in. Measured on the 2-core host against a sixteenth (skips from
+// about 512 KiB): 64 KiB all-reduce 22 vs 27 us, 1 MiB 217 vs 258 us,
+// 64 MiB 20 vs 28 ms (best of 3 interleaved runs each).
+func (l *shmLink) EagerLimit() int { return l.seg.ringBytes / 32 }
+
+// wrapFrom is how far into the ring a producer that finds it empty must be
+// to skip to its beginning. Until the consumer reads the skip record the
+// skipped bytes count as unread, so the rest (the offset, less the record)
+// must still hold the two frames of up to EagerLimit bytes, with header and
+// padding, that Send promises to take without the peer reading; otherwise
+// two ranks that both send before they receive could wait for each other.
+func (l *shmLink) wrapFrom() uint64 {
+	return uint64(2*(l.EagerLimit()+HeaderSize+8) + HeaderSize)
+}
+
+func (l *shmLink) Kind() string { return "shm" }
 
 // Close marks the link dead, wakes every waiter, closes the control
 // connection (the peer's watcher sees it) and unmaps the segment once no

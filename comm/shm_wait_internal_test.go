@@ -3,6 +3,9 @@
 package comm
 
 import (
+	"bufio"
+	"bytes"
+	"net"
 	"testing"
 	"time"
 )
@@ -32,5 +35,100 @@ func TestWaiterAdaptsToSlowPeer(t *testing.T) {
 	r.noteWait(time.Microsecond, false)
 	if r.slowPeer {
 		t.Fatalf("still slow after %d quick waits", fastWaitsToSpin)
+	}
+}
+
+// A producer that finds its ring empty past wrapFrom starts the next frame
+// at the ring's beginning, so light traffic stays within wrapFrom plus a
+// frame; frames sent while the ring holds unread data go on where they are.
+// Every frame arrives intact either way, and a skip leaves room for the two
+// unread frames of up to EagerLimit that Send promises to take.
+func TestShmRingRestartsWhenEmpty(t *testing.T) {
+	const ringBytes = 4 << 20
+	dir := t.TempDir()
+	seg, err := createShm(dir, 1, 0, 1, ringBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerSeg, err := openShm(dir, seg.name, ringBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg.unlink()
+	c1, c2 := net.Pipe()
+	a := newShmLink(c1, bufio.NewReader(c1), seg, true)
+	b := newShmLink(c2, bufio.NewReader(c2), peerSeg, false)
+	defer func() { _ = a.Close(); _ = b.Close() }()
+
+	payload := func(seq, n int) []byte {
+		p := make([]byte, n)
+		for j := range p {
+			p[j] = byte(seq*31 + j)
+		}
+		return p
+	}
+	send := func(seq, n int) {
+		t.Helper()
+		if err := a.Send(&Header{Frame: frameData, Seq: uint64(seq), Len: uint64(n)}, payload(seq, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recv := func(seq, n int) {
+		t.Helper()
+		var h Header
+		if err := b.RecvHeader(&h); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, h.Len)
+		if err := b.RecvPayload(got); err != nil {
+			t.Fatal(err)
+		}
+		if h.Seq != uint64(seq) || !bytes.Equal(got, payload(seq, n)) {
+			t.Fatalf("frame %d: got seq %d, %d bytes (want %d), payload equal %v", seq, h.Seq, h.Len, n, bytes.Equal(got, payload(seq, n)))
+		}
+	}
+	eager := a.EagerLimit()
+	sizes := []int{100 << 10, 7, 0, 150 << 10, 33, eager, 1, 64 << 10}
+	maxFrame := uint64(eager + 2*HeaderSize)
+	if a.wrapFrom()+maxFrame >= ringBytes {
+		t.Fatal("the test needs a ring larger than wrapFrom and a frame")
+	}
+	skips := 0
+	for i := range 80 {
+		n := sizes[i%len(sizes)]
+		skip := a.tx.pos&a.tx.mask >= a.wrapFrom() // the ring is empty here
+		send(i, n)
+		if end := a.tx.pos & a.tx.mask; end > a.wrapFrom()+maxFrame {
+			t.Fatalf("frame %d ends %d bytes into the ring although the ring was empty", i, end)
+		}
+		if !skip {
+			recv(i, n)
+			continue
+		}
+		// Right after a skip the consumer has not read the skip record:
+		// a second frame of EagerLimit must still go in without it
+		// reading (a hang here is the deadlock wrapFrom prevents).
+		skips++
+		send(1000+i, eager)
+		recv(i, n)
+		recv(1000+i, eager)
+	}
+	if skips == 0 {
+		t.Fatal("no frame skipped to the ring's beginning")
+	}
+	// Two frames in flight: the second finds unread data and follows the
+	// first, wherever that is.
+	for i := 100; i < 140; i += 2 {
+		var before uint64
+		for k := range 2 {
+			n := sizes[(i+k)%len(sizes)]
+			send(i+k, n)
+			if want := uint64(HeaderSize + (n+7)&^7); k == 1 && a.tx.pos-before != want {
+				t.Fatalf("frame %d took %d bytes of the ring with unread data before it, want %d", i+k, a.tx.pos-before, want)
+			}
+			before = a.tx.pos
+		}
+		recv(i, sizes[i%len(sizes)])
+		recv(i+1, sizes[(i+1)%len(sizes)])
 	}
 }

@@ -7,29 +7,33 @@ import "golang.org/x/sys/cpu"
 // rounding per element as the scalar loop.
 
 //go:noescape
-func addF32AVX2(dst, src *float32, n int)
+func addF32x3AVX2(dst, a, b *float32, n int)
 
 //go:noescape
-func addF64AVX2(dst, src *float64, n int)
+func addF64x3AVX2(dst, a, b *float64, n int)
 
 var haveAVX2 = cpu.X86.HasAVX2
 
-// addFloat32 adds src into dst over the longest prefix the vector kernel
-// takes and returns how many elements it did.
-func addFloat32(d, s []float32) int {
-	n := len(d) &^ 31
-	if !haveAVX2 || n == 0 || len(s) < n {
-		return 0
+// sumFloat32 computes d[i] = a[i] + b[i]; a and b are at least as long as
+// d, and either may be d itself (not a partial overlap).
+func sumFloat32(d, a, b []float32) {
+	a, b = a[:len(d)], b[:len(d)]
+	k := 0
+	if haveAVX2 {
+		if k = len(d) &^ 31; k > 0 {
+			addF32x3AVX2(&d[0], &a[0], &b[0], k)
+		}
 	}
-	addF32AVX2(&d[0], &s[0], n)
-	return n
+	sumT(d[k:], a[k:], b[k:])
 }
 
-func addFloat64(d, s []float64) int {
-	n := len(d) &^ 15
-	if !haveAVX2 || n == 0 || len(s) < n {
-		return 0
+func sumFloat64(d, a, b []float64) {
+	a, b = a[:len(d)], b[:len(d)]
+	k := 0
+	if haveAVX2 {
+		if k = len(d) &^ 15; k > 0 {
+			addF64x3AVX2(&d[0], &a[0], &b[0], k)
+		}
 	}
-	addF64AVX2(&d[0], &s[0], n)
-	return n
+	sumT(d[k:], a[k:], b[k:])
 }

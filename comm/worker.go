@@ -6,6 +6,7 @@ import (
 	"io"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Calls run one at a time in issue order, each by whichever goroutine holds
@@ -169,7 +170,7 @@ func (c *Comm) run(cl *call) error {
 	case KindAllToAll, KindAllToAllV:
 		return c.allToAll(cl)
 	case KindBarrier:
-		return c.recursiveDoubling(cl, Uint8, nil)
+		return c.recursiveDoubling(cl, Uint8, nil, nil)
 	case KindSend:
 		return c.sendTo(cl, cl.root, cl.send)
 	case KindRecv:
@@ -246,11 +247,13 @@ func (c *Comm) sendTo(cl *call, p int, payload []byte) error {
 	return c.flush(cl, p)
 }
 
-// sendRecv sends sbuf to `to` while receiving rbuf from `from`; with reduce
-// set, the received data is folded into rbuf with op over compute type ct.
-// Large sends run on the sender goroutine so that the two directions overlap
-// and no pair of ranks can block each other on full buffers.
-func (c *Comm) sendRecv(cl *call, to int, sbuf []byte, from int, rbuf []byte, reduce bool, ct DType) error {
+// sendRecv sends sbuf to `to` while receiving rbuf from `from`. With reduce
+// set, the received data b is combined as rbuf = local op b over compute type
+// ct (local nil: rbuf itself; otherwise the same length as rbuf, and rbuf
+// itself or not overlapping it). Large sends run on the sender goroutine so
+// that the two directions overlap and no pair of ranks can block each other
+// on full buffers.
+func (c *Comm) sendRecv(cl *call, to int, sbuf []byte, from int, rbuf []byte, reduce bool, local []byte, ct DType) error {
 	pe := c.peers[to]
 	eager := pe.pending == 0 && len(sbuf) <= pe.link.EagerLimit() && len(sbuf) <= c.cfg.SegmentBytes
 	if eager {
@@ -262,7 +265,10 @@ func (c *Comm) sendRecv(cl *call, to int, sbuf []byte, from int, rbuf []byte, re
 	}
 	var err error
 	if reduce {
-		err = c.recvReduce(cl, from, rbuf, cl.op, ct)
+		if local == nil {
+			local = rbuf
+		}
+		err = c.recvReduce(cl, from, rbuf, local, ct)
 	} else {
 		err = c.recvFrom(cl, from, rbuf)
 	}
@@ -403,12 +409,20 @@ func (c *Comm) recvFrom(cl *call, p int, dst []byte) error {
 	}
 }
 
-// recvReduce receives len(dst) bytes from p and folds them into dst.
-func (c *Comm) recvReduce(cl *call, p int, dst []byte, op Op, ct DType) error {
+// recvReduce receives len(dst) bytes b from p and stores dst = local op b
+// (local is dst itself, or the same length and not overlapping it).
+func (c *Comm) recvReduce(cl *call, p int, dst, local []byte, ct DType) error {
 	h := &c.peers[p].recvHdr
 	l := c.peers[p].link
 	rr, direct := l.(ReduceReceiver)
-	f := func(d, s []byte) { reduceInto(op, ct, d, s) }
+	op := cl.op
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(dst)))
+	// The link hands out pieces of dst; the matching piece of local is at
+	// the same offset.
+	f := func(d, s []byte) {
+		o := int(uintptr(unsafe.Pointer(unsafe.SliceData(d))) - base)
+		reduce3(op, ct, d, local[o:o+len(d)], s)
+	}
 	for off := 0; ; {
 		if err := c.recvHeader(cl, p, h, len(dst), len(dst)-off); err != nil {
 			return err
@@ -420,7 +434,7 @@ func (c *Comm) recvReduce(cl *call, p int, dst []byte, op Op, ct DType) error {
 		} else {
 			tmp := c.scratch(1, n)
 			if err = l.RecvPayload(tmp); err == nil {
-				reduceInto(op, ct, dst[off:off+n], tmp)
+				reduce3(op, ct, dst[off:off+n], local[off:off+n], tmp)
 			}
 		}
 		if err != nil {
