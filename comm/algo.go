@@ -82,7 +82,7 @@ func (c *Comm) allReduce(cl *call, send, recv []byte) error {
 		// The deterministic algorithms reduce gathered copies anyway, and a
 		// partial overlap cannot be read and written in one pass.
 		if !sameMem(send, recv) {
-			copy(recv, send)
+			copyData(recv, send)
 		}
 		src = recv
 	}
@@ -291,7 +291,7 @@ func (c *Comm) directReduceScatter(cl *call, ct DType, data []byte) error {
 	}
 	treeReduce(cl.op, ct, slots)
 	if me != 0 {
-		copy(mine, slots[0])
+		copyData(mine, slots[0])
 	}
 	return nil
 }
@@ -318,7 +318,7 @@ func (c *Comm) reduce(cl *call) error {
 		widen(dt, work, cl.send)
 		src = work
 	} else if c.cfg.Deterministic {
-		copy(work, cl.send)
+		copyData(work, cl.send)
 	}
 	ownOf := func(r int) int { return r + 1 }
 	var err error
@@ -347,7 +347,7 @@ func (c *Comm) reduce(cl *call) error {
 	if dt.isHalf() {
 		narrow(dt, cl.recv, work)
 	} else {
-		copy(cl.recv, work)
+		copyData(cl.recv, work)
 	}
 	return nil
 }
@@ -438,12 +438,12 @@ func (c *Comm) exchangeAll(cl *call, sendOf, recvOf func(p int) []byte) error {
 func (c *Comm) gatherAllReduce(cl *call, ct DType, data []byte) error {
 	l := len(data)
 	slots := c.slotsOver(c.scratch(2, c.n*l), l)
-	copy(slots[c.me], data)
+	copyData(slots[c.me], data)
 	if err := c.exchangeAll(cl, func(int) []byte { return data }, func(p int) []byte { return slots[p] }); err != nil {
 		return err
 	}
 	treeReduce(cl.op, ct, slots)
-	copy(data, slots[0])
+	copyData(data, slots[0])
 	return nil
 }
 
@@ -464,7 +464,7 @@ func (c *Comm) allGather(cl *call) error {
 	k := len(cl.send)
 	block := func(j int) []byte { j = mod(j, c.n); return cl.recv[j*k : (j+1)*k] }
 	if !sameMem(cl.send, block(c.me)) {
-		copy(block(c.me), cl.send)
+		copyData(block(c.me), cl.send)
 	}
 	_ = es
 	n, me := c.n, c.me
@@ -491,7 +491,7 @@ func (c *Comm) reduceScatter(cl *call) error {
 	if dt.isHalf() {
 		widen(dt, work, cl.send)
 	} else {
-		copy(work, cl.send)
+		copyData(work, cl.send)
 	}
 	block := func(j int) []byte { j = mod(j, n); return work[j*l : (j+1)*l] }
 	res := block(me)
@@ -499,7 +499,7 @@ func (c *Comm) reduceScatter(cl *call) error {
 	case n == 1:
 	case c.cfg.Deterministic:
 		slots := c.slotsOver(c.scratch(2, n*l), l)
-		copy(slots[me], block(me))
+		copyData(slots[me], block(me))
 		if err := c.exchangeAll(cl, block, func(p int) []byte { return slots[p] }); err != nil {
 			return err
 		}
@@ -519,7 +519,7 @@ func (c *Comm) reduceScatter(cl *call) error {
 	if dt.isHalf() {
 		narrow(dt, cl.recv, res)
 	} else {
-		copy(cl.recv, res)
+		copyData(cl.recv, res)
 	}
 	return nil
 }
@@ -569,7 +569,7 @@ func (c *Comm) broadcast(cl *call) error {
 		}
 	}
 	if me == root && !sameMem(cl.send, cl.recv) {
-		copy(cl.recv, cl.send)
+		copyData(cl.recv, cl.send)
 	}
 	if n > 2 && c.preferRing(len(cl.recv)) {
 		// Large: the root scatters one chunk to each rank, then a ring
@@ -622,10 +622,10 @@ func (c *Comm) allToAll(cl *call) error {
 	send := cl.send[:soff[n]]
 	if overlaps(send, cl.recv) {
 		tmp := c.scratch(0, len(send))
-		copy(tmp, send)
+		copyData(tmp, send)
 		send = tmp
 	}
-	copy(cl.recv[roff[me]:roff[me+1]], send[soff[me]:soff[me+1]])
+	copyData(cl.recv[roff[me]:roff[me+1]], send[soff[me]:soff[me+1]])
 	return c.exchangeAll(cl,
 		func(p int) []byte { return send[soff[p]:soff[p+1]] },
 		func(p int) []byte { return cl.recv[roff[p]:roff[p+1]] })
