@@ -403,14 +403,6 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	return nil
 }
 
-// sleep is the modelled compute. time.Sleep overshoots by up to a timer
-// tick under load; that is part of what "compute alone" measures.
-func sleep(d time.Duration) {
-	if d > 0 {
-		time.Sleep(d)
-	}
-}
-
 // bucketing all-reduces tensors per step, per tensor against bucketed.
 func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...any), link string) error {
 	var items []buckets.Item
