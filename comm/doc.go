@@ -71,8 +71,9 @@
 // large; reduce is a reduce-scatter plus a gather at the root when large;
 // all-to-all exchanges pairwise in n-1 staggered steps. Large messages
 // travel in segments of Config.SegmentBytes so receiving, reducing and
-// sending overlap. Out-of-place reductions read the send buffer where they
-// first combine it, without copying it into the receive buffer first.
+// sending overlap. Out-of-place all-reduce and reduce read the send buffer
+// where they first combine it, without copying it into the receive buffer
+// first (reduce-scatter still copies; see reduceScatter).
 // Counts need not divide by the group size, nor the group size be a power
 // of two.
 //
