@@ -73,9 +73,7 @@ func (s *tcpStream) read(p []byte, wait bool) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if len(s.pre) > 0 {
-		n := copy(p, s.pre)
-		s.pre = s.pre[n:]
+	if n := takePre(&s.pre, p); n > 0 {
 		return n, nil
 	}
 	if s.rc == nil {

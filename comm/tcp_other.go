@@ -31,9 +31,7 @@ func (s *tcpStream) read(p []byte, _ bool) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if len(s.pre) > 0 {
-		n := copy(p, s.pre)
-		s.pre = s.pre[n:]
+	if n := takePre(&s.pre, p); n > 0 {
 		return n, nil
 	}
 	return s.conn.Read(p)

@@ -372,3 +372,11 @@ func (l *tcpLink) Close() error {
 	})
 	return nil
 }
+
+// takePre moves the bytes a stream's handshake read past its end (*pre)
+// into p first, reporting how many; 0 once they are used up.
+func takePre(pre *[]byte, p []byte) int {
+	n := copy(p, *pre)
+	*pre = (*pre)[n:]
+	return n
+}

@@ -46,12 +46,9 @@ func readLinks() ([]link, error) {
 			if a.IPNet == nil {
 				continue
 			}
-			ip, ok := netip.AddrFromSlice(a.IP)
-			if !ok {
-				continue
+			if p, ok := prefixOf(a.IPNet); ok {
+				l.addrs = append(l.addrs, p)
 			}
-			ones, _ := a.Mask.Size()
-			l.addrs = append(l.addrs, netip.PrefixFrom(ip.Unmap(), ones))
 		}
 		out = append(out, l)
 	}

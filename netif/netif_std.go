@@ -60,18 +60,24 @@ func readLinksStd() ([]link, error) {
 			continue
 		}
 		for _, a := range addrs {
-			ipn, ok := a.(*net.IPNet)
-			if !ok {
-				continue
+			if ipn, ok := a.(*net.IPNet); ok {
+				if p, ok := prefixOf(ipn); ok {
+					l.addrs = append(l.addrs, p)
+				}
 			}
-			ip, ok := netip.AddrFromSlice(ipn.IP)
-			if !ok {
-				continue
-			}
-			ones, _ := ipn.Mask.Size()
-			l.addrs = append(l.addrs, netip.PrefixFrom(ip.Unmap(), ones))
 		}
 		out = append(out, l)
 	}
 	return out, nil
+}
+
+// prefixOf converts an interface address to a prefix (IPv4-mapped
+// addresses unmapped); ok is false for a malformed address.
+func prefixOf(ipn *net.IPNet) (netip.Prefix, bool) {
+	ip, ok := netip.AddrFromSlice(ipn.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := ipn.Mask.Size()
+	return netip.PrefixFrom(ip.Unmap(), ones), true
 }
