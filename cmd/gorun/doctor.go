@@ -29,6 +29,7 @@ func doctorMain(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.iface, "iface", "", "network interface `NAME or CIDR` to check instead of the routed one")
 	fs.DurationVar(&o.launchTimeout, "launch-timeout", launcher.DefaultLaunchTimeout, "how long every host's agent has to connect")
 	fs.StringVar(&o.launcher, "launcher", "auto", "auto, ssh or srun")
+	fs.StringVar(&o.sshKex, "ssh-kex", "fast", "ssh key exchange: fast (curve25519-sha256 first) or default (ssh's own choice); see gorun --help")
 	fs.BoolVar(&o.verbose, "v", false, "log more (info)")
 	fs.BoolVar(&o.veryVerbose, "vv", false, "log everything (debug)")
 	fs.Usage = func() {
@@ -56,21 +57,16 @@ Flags:
 		fmt.Fprintf(stderr, "gorun doctor: %v\n", err)
 		return exitUsage
 	}
-	hosts, inSlurm, err := readHosts(o, os.Getenv)
-	if err != nil {
-		fmt.Fprintf(stderr, "gorun doctor: %v\n", err)
-		return exitFailure
-	}
-	launchAgent, err := splitWords(o.launchAgent)
-	if err != nil || len(launchAgent) == 0 {
-		fmt.Fprintf(stderr, "gorun doctor: --launch-agent %q: %v\n", o.launchAgent, err)
-		return exitUsage
+	hosts, inSlurm, launchAgent, code := resolveHosts(o, "gorun doctor", stderr)
+	if code != 0 {
+		return code
 	}
 	cfg := launcher.DefaultConfig()
 	cfg.Logger = log
 	cfg.Stdout, cfg.Stderr = stdout, stderr
 	cfg.Version = version
 	cfg.LaunchAgent, cfg.RemoteGorun, cfg.Iface, cfg.LaunchTimeout = launchAgent, o.agentPath, o.iface, o.launchTimeout
+	cfg.SSHDefaultKex = o.sshKex == "default"
 	if inSlurm || o.launcher == "srun" {
 		cfg.Starter = launcher.StartSrun
 	}

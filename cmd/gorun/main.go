@@ -182,27 +182,9 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gorun: %v\n", err)
 		return exitUsage
 	}
-	if o.hostList != "" && o.hostfile != "" {
-		fmt.Fprintln(stderr, "gorun: give -H or -hostfile, not both")
-		return exitUsage
-	}
-	if o.launcher != "auto" && o.launcher != "ssh" && o.launcher != "srun" {
-		fmt.Fprintf(stderr, "gorun: --launcher %q: expected auto, ssh or srun\n", o.launcher)
-		return exitUsage
-	}
-	if o.sshKex != "fast" && o.sshKex != "default" {
-		fmt.Fprintf(stderr, "gorun: --ssh-kex %q: expected fast or default\n", o.sshKex)
-		return exitUsage
-	}
-	hosts, inSlurm, err := readHosts(o, os.Getenv)
-	if err != nil {
-		fmt.Fprintf(stderr, "gorun: %v\n", err)
-		return exitFailure
-	}
-	launchAgent, err := splitWords(o.launchAgent)
-	if err != nil || len(launchAgent) == 0 {
-		fmt.Fprintf(stderr, "gorun: --launch-agent %q: %v\n", o.launchAgent, err)
-		return exitUsage
+	hosts, inSlurm, launchAgent, code := resolveHosts(o, "gorun", stderr)
+	if code != 0 {
+		return code
 	}
 	exports, err := launcher.ResolveExports(o.exports, os.LookupEnv)
 	if err != nil {
@@ -293,6 +275,35 @@ func colorTerminal(w io.Writer) bool {
 
 // splitWords splits a command line the way a shell would for simple
 // cases: blanks separate words, single and double quotes group them.
+// resolveHosts checks the options that say where and how agents start
+// (shared by a job and `gorun doctor`) and reads the hosts; a non-zero code
+// means the error is printed, prefixed with prog.
+func resolveHosts(o options, prog string, stderr io.Writer) (hosts []launcher.Host, inSlurm bool, launchAgent []string, code int) {
+	if o.hostList != "" && o.hostfile != "" {
+		fmt.Fprintf(stderr, "%s: give -H or -hostfile, not both\n", prog)
+		return nil, false, nil, exitUsage
+	}
+	if o.launcher != "auto" && o.launcher != "ssh" && o.launcher != "srun" {
+		fmt.Fprintf(stderr, "%s: --launcher %q: expected auto, ssh or srun\n", prog, o.launcher)
+		return nil, false, nil, exitUsage
+	}
+	if o.sshKex != "fast" && o.sshKex != "default" {
+		fmt.Fprintf(stderr, "%s: --ssh-kex %q: expected fast or default\n", prog, o.sshKex)
+		return nil, false, nil, exitUsage
+	}
+	hosts, inSlurm, err := readHosts(o, os.Getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
+		return nil, false, nil, exitFailure
+	}
+	launchAgent, err = splitWords(o.launchAgent)
+	if err != nil || len(launchAgent) == 0 {
+		fmt.Fprintf(stderr, "%s: --launch-agent %q: %v\n", prog, o.launchAgent, err)
+		return nil, false, nil, exitUsage
+	}
+	return hosts, inSlurm, launchAgent, 0
+}
+
 func splitWords(s string) ([]string, error) {
 	var words []string
 	var cur strings.Builder

@@ -110,6 +110,9 @@ func TestCommandLine(t *testing.T) {
 		{name: "version", args: []string{"--version"}, stdout: "gorun dev\n"},
 		{name: "help", args: []string{"--help"}, stderr: "Examples:"},
 		{name: "doctor without hosts", args: []string{"doctor"}, code: 1, stderr: "doctor needs hosts"},
+		{name: "doctor bad launcher", args: []string{"doctor", "-H", "n1", "--launcher", "rsh"}, code: 2, stderr: `gorun doctor: --launcher "rsh": expected auto, ssh or srun`},
+		{name: "doctor bad ssh-kex", args: []string{"doctor", "-H", "n1", "--ssh-kex", "pq"}, code: 2, stderr: `gorun doctor: --ssh-kex "pq": expected fast or default`},
+		{name: "bad ssh-kex", args: []string{"--ssh-kex", "pq", "-np", "1", "true"}, code: 2, stderr: `gorun: --ssh-kex "pq": expected fast or default`},
 		{name: "agent without gorun", args: []string{"agent"}, code: 2, stderr: "--connect and --job are required"},
 		{name: "json log", mode: "exit:0", args: []string{"-vv", "--log-format", "json", "-np", "1", "RANK"}, stderr: `"message":"rank started"`},
 	}
