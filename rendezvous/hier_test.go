@@ -116,16 +116,8 @@ func TestHierAttachedRankLost(t *testing.T) {
 		synctest.Wait()
 		crashed := time.Now()
 		crash(ws[victim])
-		for r, w := range ws {
-			if r == victim {
-				continue
-			}
-			<-w.Failed()
-			if d := time.Since(crashed); d > 2*time.Second {
-				t.Errorf("rank %d saw the loss after %v", r, d)
-			}
-			var le *LostError
-			if !errors.As(w.Err(), &le) || le.Rank != victim || le.Host != "h1" || !errors.Is(le, ErrAttachClosed) {
+		awaitLost(t, ws, victim, "h1", crashed, func(r int, w *World, le *LostError) {
+			if !errors.Is(le, ErrAttachClosed) {
 				t.Fatalf("rank %d: Err = %v", r, w.Err())
 			}
 			if w.Epoch() != 2 {
@@ -134,7 +126,7 @@ func TestHierAttachedRankLost(t *testing.T) {
 			if ev := <-w.Events(); ev.Kind != MemberLost || ev.Rank != victim || ev.Epoch != 2 {
 				t.Errorf("rank %d: event %+v", r, ev)
 			}
-		}
+		})
 		wg.Wait()
 		for r, err := range barrierErr {
 			if r != victim && !errors.Is(err, ErrLost) {
@@ -154,18 +146,7 @@ func TestHierLeaderLost(t *testing.T) {
 		defer closeAll(ws)
 		crashed := time.Now()
 		crash(ws[leader])
-		for r, w := range ws {
-			if r == leader {
-				continue
-			}
-			<-w.Failed()
-			if d := time.Since(crashed); d > 2*time.Second {
-				t.Errorf("rank %d saw the loss after %v", r, d)
-			}
-			var le *LostError
-			if !errors.As(w.Err(), &le) || le.Rank != leader || le.Host != "h1" {
-				t.Fatalf("rank %d: Err = %v", r, w.Err())
-			}
+		awaitLost(t, ws, leader, "h1", crashed, func(r int, w *World, le *LostError) {
 			if r/4 == 1 {
 				if !errors.Is(le, ErrLeaderClosed) {
 					t.Errorf("rank %d: cause %v", r, le.Cause)
@@ -173,7 +154,7 @@ func TestHierLeaderLost(t *testing.T) {
 				if err := w.Barrier(context.Background()); !errors.Is(err, ErrLost) {
 					t.Errorf("rank %d: barrier after losing its leader: %v", r, err)
 				}
-				continue
+				return
 			}
 			var lost []int
 			for len(lost) < 4 {
@@ -189,7 +170,7 @@ func TestHierLeaderLost(t *testing.T) {
 			if !slices.Equal(lost, []int{4, 5, 6, 7}) || w.Alive() != 12 {
 				t.Errorf("rank %d: lost %v, alive %d", r, lost, w.Alive())
 			}
-		}
+		})
 		ws[leader] = nil
 	})
 }

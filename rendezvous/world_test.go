@@ -128,18 +128,7 @@ func TestCrashDetectedWithin2s(t *testing.T) {
 		synctest.Wait()
 		crashed := time.Now()
 		crash(ws[victim])
-		for r, w := range ws {
-			if r == victim {
-				continue
-			}
-			<-w.Failed()
-			if d := time.Since(crashed); d > 2*time.Second {
-				t.Errorf("rank %d saw the crash after %v", r, d)
-			}
-			var le *LostError
-			if !errors.As(w.Err(), &le) || le.Rank != victim || le.Host != "h1" {
-				t.Fatalf("rank %d: Err = %v", r, w.Err())
-			}
+		awaitLost(t, ws, victim, "h1", crashed, func(r int, w *World, _ *LostError) {
 			if !strings.Contains(w.Err().Error(), "rendezvous: rank 5 (host h1) lost") {
 				t.Errorf("message %q", w.Err())
 			}
@@ -150,7 +139,7 @@ func TestCrashDetectedWithin2s(t *testing.T) {
 			if ev.Kind != MemberLost || ev.Rank != victim || ev.Epoch != 2 || ev.Err == nil {
 				t.Errorf("rank %d: event %+v", r, ev)
 			}
-		}
+		})
 		wg.Wait()
 		for r, err := range barrierErr {
 			if r != victim && !errors.Is(err, ErrLost) {
@@ -181,18 +170,7 @@ func TestIsolatedMemberLost(t *testing.T) {
 		defer closeAll(ws)
 		cut := time.Now()
 		nw.Isolate(memAddr(victim))
-		for r, w := range ws {
-			if r == victim {
-				continue
-			}
-			<-w.Failed()
-			if d := time.Since(cut); d > 2*time.Second {
-				t.Errorf("rank %d saw the loss after %v", r, d)
-			}
-			if le := (*LostError)(nil); !errors.As(w.Err(), &le) || le.Rank != victim {
-				t.Errorf("rank %d: %v", r, w.Err())
-			}
-		}
+		awaitLost(t, ws, victim, "", cut, func(int, *World, *LostError) {})
 		// The isolated member sees everyone else as lost.
 		<-ws[victim].Failed()
 	})
@@ -495,4 +473,25 @@ func barriersAndSplit(ctx context.Context, w *World, n int) (*Group, error) {
 		return nil, fmt.Errorf("split: ranks %v (mine %d), want %v", g.Ranks(), g.Rank(), want)
 	}
 	return g, g.Barrier(ctx)
+}
+
+// awaitLost waits until every world but victim's has failed, within 2 s of
+// since, blaming victim (on host, unless host is ""); check then looks at
+// each survivor and the LostError it reports.
+func awaitLost(t *testing.T, ws []*World, victim int, host string, since time.Time, check func(r int, w *World, le *LostError)) {
+	t.Helper()
+	for r, w := range ws {
+		if r == victim {
+			continue
+		}
+		<-w.Failed()
+		if d := time.Since(since); d > 2*time.Second {
+			t.Errorf("rank %d saw the loss after %v", r, d)
+		}
+		var le *LostError
+		if !errors.As(w.Err(), &le) || le.Rank != victim || host != "" && le.Host != host {
+			t.Fatalf("rank %d: Err = %v", r, w.Err())
+		}
+		check(r, w, le)
+	}
 }
