@@ -48,22 +48,7 @@ func TestRealComm(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			comms := startComms(ctx, t, n)
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			for r := range n {
-				wg.Go(func() {
-					errs[r] = realRank(ctx, comms[r], plan, mode)
-					if errs[r] != nil {
-						comms[r].Abort(errs[r])
-					}
-				})
-			}
-			wg.Wait()
-			for r, err := range errs {
-				if err != nil {
-					t.Errorf("rank %d: %v", r, err)
-				}
-			}
+			runRanks(t, comms, func(c *comm.Comm) error { return realRank(ctx, c, plan, mode) })
 		})
 	}
 }
@@ -215,22 +200,7 @@ compute step opt - 10us reads=G1,G0 writes=done`
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			comms := startComms(ctx, t, 2)
-			errs := make([]error, 2)
-			var wg sync.WaitGroup
-			for r := range 2 {
-				wg.Go(func() {
-					errs[r] = graphRank(ctx, g, comms[r], mode)
-					if errs[r] != nil {
-						comms[r].Abort(errs[r])
-					}
-				})
-			}
-			wg.Wait()
-			for r, err := range errs {
-				if err != nil {
-					t.Errorf("rank %d: %v", r, err)
-				}
-			}
+			runRanks(t, comms, func(c *comm.Comm) error { return graphRank(ctx, g, c, mode) })
 		})
 	}
 }
@@ -289,4 +259,27 @@ func graphRank(ctx context.Context, g *stepgraph.Graph, c *comm.Comm, mode Mode)
 		return fmt.Errorf("reduced %s", got)
 	}
 	return nil
+}
+
+// runRanks runs one rank per communicator at once and reports each rank's
+// error; a rank that fails aborts its communicator so the others are
+// released rather than left waiting.
+func runRanks(t *testing.T, comms []*comm.Comm, rank func(*comm.Comm) error) {
+	t.Helper()
+	errs := make([]error, len(comms))
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		wg.Go(func() {
+			errs[r] = rank(c)
+			if errs[r] != nil {
+				c.Abort(errs[r])
+			}
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
 }
