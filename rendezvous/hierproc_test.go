@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -67,33 +66,7 @@ func killHier(t *testing.T, n, per, victim int, want string) {
 	for r := range procs {
 		procs[r] = startRank(t, "wait", hierEnv(job, seed, r, n, per))
 	}
-	for _, p := range procs {
-		p.waitLine(t, "ready")
-	}
-	killed := time.Now()
-	if err := procs[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	var worst time.Duration
-	for r, p := range procs {
-		if r == victim {
-			p.wait(t)
-			continue
-		}
-		line := p.waitLine(t, "failed ")
-		if !strings.Contains(line, want) {
-			t.Errorf("rank %d: %q, want %q", r, line, want)
-		}
-		at, _ := strconv.ParseInt(strings.TrimPrefix(strings.Fields(line)[1], "at="), 10, 64)
-		d := time.Unix(0, at).Sub(killed)
-		worst = max(worst, d)
-		if d > 20*time.Second {
-			t.Errorf("rank %d saw the kill after %v", r, d)
-		}
-		if code := p.wait(t); code != 3 {
-			t.Errorf("rank %d exit %d, want 3", r, code)
-		}
-	}
+	worst := killRank(t, procs, victim, want)
 	t.Logf("slowest report of SIGKILLed rank %d: %v", victim, worst)
 }
 

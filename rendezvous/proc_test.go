@@ -261,6 +261,16 @@ func TestProcessKilledIsReported(t *testing.T) {
 	for r := range procs {
 		procs[r] = startRank(t, "wait", rankEnv("killjob", seed, hexSecret, r, n))
 	}
+	worst := killRank(t, procs, victim, "rendezvous: rank 4 (host host1) lost")
+	t.Logf("slowest detection of a SIGKILLed rank: %v", worst)
+}
+
+// killRank waits until every "wait" rank in procs is ready, SIGKILLs
+// victim and checks that every survivor reports a failure containing want
+// (within a generous 20 s; the machine is shared) and exits 3. It returns
+// the slowest report's delay.
+func killRank(t *testing.T, procs []*proc, victim int, want string) time.Duration {
+	t.Helper()
 	for _, p := range procs {
 		p.waitLine(t, "ready")
 	}
@@ -275,8 +285,8 @@ func TestProcessKilledIsReported(t *testing.T) {
 			continue
 		}
 		line := p.waitLine(t, "failed ")
-		if !strings.Contains(line, "rendezvous: rank 4 (host host1) lost") {
-			t.Errorf("rank %d: %q", r, line)
+		if !strings.Contains(line, want) {
+			t.Errorf("rank %d: %q, want %q", r, line, want)
 		}
 		at, _ := strconv.ParseInt(strings.TrimPrefix(strings.Fields(line)[1], "at="), 10, 64)
 		d := time.Unix(0, at).Sub(killed)
@@ -288,7 +298,7 @@ func TestProcessKilledIsReported(t *testing.T) {
 			t.Errorf("rank %d exit %d, want 3", r, code)
 		}
 	}
-	t.Logf("slowest detection of a SIGKILLed rank: %v", worst)
+	return worst
 }
 
 // A process without the job secret is refused: its join fails and the
