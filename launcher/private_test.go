@@ -19,7 +19,10 @@ func TestPrivateDir(t *testing.T) {
 	}{
 		{"fresh", func(*testing.T, string) {}, true},
 		{"already private", func(t *testing.T, b string) { must(t, os.Mkdir(b+"/gorun", 0o700)) }, true},
-		{"world-writable", func(t *testing.T, b string) { must(t, os.Mkdir(b+"/gorun", 0o700)); must(t, os.Chmod(b+"/gorun", 0o777)) }, false},
+		{"world-writable", func(t *testing.T, b string) {
+			must(t, os.Mkdir(b+"/gorun", 0o700))
+			must(t, os.Chmod(b+"/gorun", 0o777))
+		}, false},
 		{"group-readable", func(t *testing.T, b string) { must(t, os.Mkdir(b+"/gorun", 0o750)) }, false},
 		{"symlink to a private dir", func(t *testing.T, b string) {
 			must(t, os.Mkdir(b+"/elsewhere", 0o700))
