@@ -354,7 +354,7 @@ func TestDataPlaneKeyFromSecret(t *testing.T) {
 	eps := make([]*comm.Endpoint, 2)
 	for i, k := range [][]byte{k1, k2} {
 		ecfg := comm.DefaultEndpointConfig()
-		ecfg.Addr, ecfg.Secret, ecfg.HandshakeTimeout = "127.0.0.1:0", k, time.Second
+		ecfg.Addr, ecfg.Secret = "127.0.0.1:0", k
 		if eps[i], err = comm.Listen(ecfg); err != nil {
 			t.Fatal(err)
 		}
