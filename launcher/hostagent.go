@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -158,8 +159,13 @@ func runHostAgent(o AgentOptions, key []byte, log zerolog.Logger, stderr io.Writ
 	// program's check then looks at its preloaded place.
 	paths := map[string]string{}
 	var need []string
+	var placeErr error
 	for _, f := range job.Preload {
-		path, present := preloadPlace(f, rankDir(job.Dir))
+		path, present, err := preloadPlace(f, rankDir(job.Dir))
+		if err != nil {
+			placeErr = cmp.Or(placeErr, err)
+			continue
+		}
 		paths[f.SHA256] = path
 		if !present {
 			need = append(need, f.SHA256)
@@ -172,6 +178,10 @@ func runHostAgent(o AgentOptions, key []byte, log zerolog.Logger, stderr io.Writ
 	}
 	hello, ports := prepareHost(o, job, c, len(need) > 0)
 	defer ports.Release()
+	if placeErr != nil && hello.Err == "" {
+		hello.Err, hello.ErrKind = "preload: "+placeErr.Error(), "preload"
+		ports.Release()
+	}
 	hello.Need = need
 	if err := w.send(wireMsg{T: "hello", Hello: &hello}); err != nil {
 		return err
