@@ -15,8 +15,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/internal/connlimit"
 	"github.com/gorun-hpc/gorun/netif"
@@ -114,6 +117,8 @@ type multi struct {
 
 	// gate bounds the connections to ln still in their handshake.
 	gate *connlimit.Gate
+	// refusals counts unauthenticated connections refused (for logging).
+	refusals atomic.Int64
 
 	// mu guards authed and claims.
 	mu sync.Mutex
@@ -446,7 +451,13 @@ func (m *multi) acceptLoop(index map[string]int, results chan<- setupResult) {
 					m.claims[he.ClaimHost] = he
 					m.mu.Unlock()
 				}
-				m.cfg.Logger.Warn().Err(err).Msg("refused a connection to the host-agent port")
+				// The first few at Warn; a flood would drown the job's
+				// own output, so the rest at Debug.
+				lvl := zerolog.DebugLevel
+				if m.refusals.Add(1) <= 5 {
+					lvl = zerolog.WarnLevel
+				}
+				m.cfg.Logger.WithLevel(lvl).Err(err).Msg("refused a connection to the host-agent port")
 				return
 			}
 			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
