@@ -9,6 +9,8 @@ import (
 // names the role); it returns the exit code.
 func helperMain(role string) int {
 	switch role {
+	case "rank":
+		return rankMain()
 	case "open":
 		// Load the libraries named in the environment and print the
 		// result in one line, as a rank program would report it.
