@@ -319,7 +319,9 @@ func TestInvalidCallsFailTheCommunicator(t *testing.T) {
 		}, "send has 2 elements, recv 4"},
 		{"bad root", func(c *Comm, d *DeviceBuffer) comm.Handle { return c.Broadcast(context.Background(), d, d, 7) }, "root 7"},
 		{"self send", func(c *Comm, d *DeviceBuffer) comm.Handle { return c.Send(context.Background(), d, c.Rank()) }, "peer 0"},
-		{"bad op", func(c *Comm, d *DeviceBuffer) comm.Handle { return c.AllReduce(context.Background(), d, d, comm.Op(42)) }, "invalid op"},
+		{"bad op", func(c *Comm, d *DeviceBuffer) comm.Handle {
+			return c.AllReduce(context.Background(), d, d, comm.Op(42))
+		}, "invalid op"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
