@@ -4,7 +4,7 @@ BIN       := bin
 GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 
-.PHONY: help build test test-deps vet unit test-desync bench-launch bench-compare bench-multihost clean
+.PHONY: help build lib test test-deps vet unit test-desync bench-launch bench-compare bench-multihost clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -12,6 +12,12 @@ help: ## list the targets
 build: ## build gorun and the example programs into bin/
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/... ./examples/...
+
+lib: ## build the C ABI: bin/libgorun.so and its header bin/gorun.h (needs cgo and gcc)
+	@mkdir -p $(BIN)
+	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -o $(BIN)/libgorun.so ./libgorun
+	@rm -f $(BIN)/libgorun.h   # cgo's own header; gorun.h is the documented one
+	cp libgorun/gorun.h $(BIN)/gorun.h
 
 test: test-deps build vet ## everything CI runs: install test deps, build, vet, all tests with -race
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...

@@ -2,8 +2,6 @@ package rendezvous
 
 import (
 	"context"
-	"crypto/hkdf"
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -575,18 +573,6 @@ func (w *World) Err() error { return w.whole.Err() }
 
 // JobID returns the job id.
 func (w *World) JobID() string { return w.cfg.JobID }
-
-// DeriveKey returns a 32-byte key for purpose (e.g. "gorun comm hmac v1"),
-// derived from the job secret and job id with HKDF-SHA-256, so that every
-// rank of the job, however it was launched (gorun, torch style, srun), gets
-// the same key without the secret leaving this package. Different purposes
-// give independent keys; the gossip key's purpose is refused.
-func (w *World) DeriveKey(purpose string) ([]byte, error) {
-	if purpose == gossipPurpose || purpose == "" {
-		return nil, fmt.Errorf("rendezvous: key purpose %q is reserved", purpose)
-	}
-	return hkdf.Key(sha256.New, w.cfg.Secret, []byte(w.cfg.JobID), purpose, 32)
-}
 
 // Epoch is 1 once the world formed and increases by one with every member
 // lost or left since. Two members that report the same epoch have seen the

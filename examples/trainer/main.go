@@ -13,9 +13,9 @@
 // follows one pairwise tree over the global batch, so the losses do not
 // depend on the rank count, bucketing, overlap, resharding or chunking.
 //
-// Rank setup: rendezvous.ConfigFromEnv → comm endpoint → rendezvous.Join
-// (advertising the endpoint) → comm communicator → model + overlap. Started
-// without a launcher, it runs as a single rank.
+// Rank setup is rank.Init (environment → data-plane endpoint → rendezvous →
+// world communicator), then model + overlap. Started without a launcher, it
+// runs as a single rank.
 package main
 
 import (
@@ -24,7 +24,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -32,8 +31,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/overlap"
-	"github.com/gorun-hpc/gorun/rankenv"
-	"github.com/gorun-hpc/gorun/rendezvous"
+	"github.com/gorun-hpc/gorun/rank"
 	"github.com/rs/zerolog"
 )
 
@@ -83,17 +81,21 @@ func mainErr(args []string) int {
 	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(lvl).With().Timestamp().Logger()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cm, closeAll, err := setup(ctx, o.deterministic, log)
+	opts := rank.DefaultOptions()
+	opts.Logger = log
+	opts.Comm.Deterministic = o.deterministic
+	r, err := rank.Init(ctx, opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "trainer: %v\n", err)
 		return 1
 	}
+	cm := r.Comm()
 	log = log.With().Int("rank", cm.Rank()).Logger()
 	_, err = run(ctx, o, cm, log, os.Stdout)
 	if err != nil {
-		cm.Abort(err) // free the peers now instead of at their timeouts
+		r.Abort(err) // free the peers now instead of at their timeouts
 	}
-	cerr := closeAll()
+	cerr := r.Close()
 	if err == nil && cerr != nil {
 		err = cerr
 	}
@@ -103,86 +105,6 @@ func mainErr(args []string) int {
 	}
 	return 0
 }
-
-// launched reports whether a launcher gave this process a rank.
-func launched() bool {
-	for _, v := range []string{rankenv.GorunRank, rankenv.Rank, "SLURM_PROCID"} {
-		if _, ok := os.LookupEnv(v); ok {
-			return true
-		}
-	}
-	return false
-}
-
-// setup builds this rank's communicator over the world.
-func setup(ctx context.Context, deterministic bool, log zerolog.Logger) (*comm.Comm, func() error, error) {
-	ccfg := comm.DefaultConfig()
-	ccfg.Deterministic = deterministic
-	ccfg.Logger = log
-	if !launched() {
-		ep, err := comm.Listen(comm.EndpointConfig{Addr: "127.0.0.1:0", Secret: []byte("single-rank-trainer-secret"), Logger: log})
-		if err != nil {
-			return nil, nil, err
-		}
-		c, err := comm.New(ctx, soloGroup{addr: ep.Addr()}, ep, ccfg)
-		if err != nil {
-			_ = ep.Close()
-			return nil, nil, err
-		}
-		return c, func() error { return errors.Join(c.Close(), ep.Close()) }, nil
-	}
-	rc, err := rendezvous.ConfigFromEnv()
-	if err != nil {
-		return nil, nil, err
-	}
-	rc.Logger = log
-	ep, err := comm.Listen(comm.EndpointConfig{Addr: dataListenAddr(rc.Seed), Secret: rc.Secret, Logger: log})
-	if err != nil {
-		return nil, nil, err
-	}
-	rc.DataAddr = ep.Addr()
-	w, err := rendezvous.Join(ctx, rc)
-	if err != nil {
-		_ = ep.Close()
-		return nil, nil, err
-	}
-	c, err := comm.New(ctx, w, ep, ccfg)
-	if err != nil {
-		_ = w.Close()
-		_ = ep.Close()
-		return nil, nil, err
-	}
-	return c, func() error { return errors.Join(c.Close(), w.Close(), ep.Close()) }, nil
-}
-
-// dataListenAddr listens on the interface that routes to the rendezvous
-// seed (a UDP "connect" sends nothing), so a job on loopback stays on
-// loopback and a multi-host job advertises a reachable address.
-func dataListenAddr(seed string) string {
-	if seed == "" {
-		return "127.0.0.1:0"
-	}
-	c, err := net.Dial("udp", seed)
-	if err != nil {
-		return ":0"
-	}
-	defer c.Close()
-	host, _, _ := net.SplitHostPort(c.LocalAddr().String())
-	return net.JoinHostPort(host, "0")
-}
-
-// soloGroup is the one-member world of a run without a launcher.
-type soloGroup struct{ addr string }
-
-var _ comm.Group = soloGroup{}
-
-func (soloGroup) Rank() int               { return 0 }
-func (soloGroup) Size() int               { return 1 }
-func (soloGroup) GlobalRank(r int) int    { return r }
-func (soloGroup) Host(int) string         { h, _ := os.Hostname(); return h }
-func (g soloGroup) DataAddr(int) string   { return g.addr }
-func (soloGroup) Failed() <-chan struct{} { return nil }
-func (soloGroup) Err() error              { return nil }
 
 // writeTraces writes this rank's timeline to FILE.rankK.json and gathers
 // every rank's onto rank 0, which writes the merged FILE: the ranks may be
