@@ -614,6 +614,7 @@ func (r *runner) loop(ctx context.Context) error {
 					failures = append(failures, failure{rank: ev.Rank, startErr: fmt.Errorf("%w: %v", errPMIProtocol, err)})
 					stop(stopFailure, syscall.SIGTERM)
 				} else if ok {
+					r.log.Debug().Int("epoch", cmd.Epoch).Int("keys", len(cmd.KVS)).Msg("PMI barrier released")
 					r.sendCmd(cmd)
 				}
 			case "pmi-abort":
