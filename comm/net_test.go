@@ -3,8 +3,8 @@ package comm_test
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
