@@ -11,6 +11,9 @@
 //
 // # Life of a rank
 //
+// Programs start with package rank, which does the following in one call
+// (and derives the endpoint's key from the job secret); by hand:
+//
 //	ep, _ := comm.Listen(comm.EndpointConfig{Addr: ":0", Secret: secret})
 //	// advertise ep.Addr() through the rendezvous, which returns a Group
 //	c, _ := comm.New(ctx, group, ep, comm.DefaultConfig())

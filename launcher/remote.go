@@ -15,9 +15,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/internal/connlimit"
 	"github.com/gorun-hpc/gorun/netif"
 )
 
@@ -111,11 +115,25 @@ type multi struct {
 	// preload holds the files sent to every host before the ranks start.
 	preload []*preloadSource
 
-	// mu guards authed: every connection that authenticated during setup,
-	// closed when the launch is abandoned.
-	mu     sync.Mutex
+	// gate bounds the connections to ln still in their handshake.
+	gate *connlimit.Gate
+	// refusals counts unauthenticated connections refused (for logging).
+	refusals atomic.Int64
+
+	// mu guards authed and claims.
+	mu sync.Mutex
+	// authed is every connection that authenticated during setup, closed
+	// when the launch is abandoned.
 	authed []net.Conn
+	// claims holds, per claimed host, the last unauthenticated connection
+	// that claimed another protocol: only ever quoted in the error of a
+	// host that failed on its own (an old gorun's agent cannot
+	// authenticate with this one and looks like that).
+	claims map[string]*HandshakeError
 }
+
+// agentHandshakeTimeout bounds an agent connection's greeting and proof.
+const agentHandshakeTimeout = 10 * time.Second
 
 // DefaultFanoutThreshold is the number of remote hosts above which gorun
 // starts agents as a tree: it runs ssh to √N hosts itself and each of their
@@ -142,7 +160,7 @@ func launchMulti(ctx context.Context, cfg Config, job Job, id LocalIdentity) err
 	pc := PlanConfig{
 		NP: job.NP, Hosts: job.Hosts, Oversubscribe: job.Oversubscribe,
 		GPUsPerHost: job.GPUsPerHost, Export: job.Export, JobID: jobID, Secret: secret,
-		MasterAddr: "0.0.0.0", MasterPort: 1, RdzvPort: 2,
+		MasterAddr: "0.0.0.0", MasterPort: 1, RdzvPort: 2, NoPMI: cfg.PMI == PMINone,
 	}
 	pre, err := NewPlan(pc)
 	if err != nil {
@@ -224,7 +242,11 @@ func (m *multi) listen(ctx context.Context, id LocalIdentity) error {
 	}
 	m.ln = ln
 	m.addr = netip.MustParseAddrPort(ln.Addr().String())
-	return nil
+	// Agents are one per host and each connects once; PerSource stays at
+	// its default so hosts behind one address (NAT, this machine's
+	// namespaces) still fit.
+	m.gate, err = connlimit.New(connlimit.Config{}, nil)
+	return err
 }
 
 // routeChoice asks the kernel which interface reaches the first remote
@@ -352,7 +374,8 @@ func (m *multi) setup(ctx context.Context, id LocalIdentity) error {
 			for i, c := range m.conns {
 				if c == nil {
 					fail(&HostError{Host: m.nodes[i].Name, Op: "start agent",
-						Err: fmt.Errorf("its agent did not connect within %s", timeout), Detail: m.launcherOf(i).stderr.tail()})
+						Err:    fmt.Errorf("its agent did not connect within %s", timeout),
+						Detail: strings.TrimSpace(m.launcherOf(i).stderr.tail() + "\n" + m.claimHint(m.nodes[i].Name))})
 					break
 				}
 			}
@@ -389,29 +412,55 @@ func (m *multi) checkHello(node int, h remoteHello) error {
 	return nil
 }
 
-// acceptLoop authenticates agents until the listener closes.
+// acceptLoop authenticates agents until the listener closes. The gate
+// bounds the connections in their handshake (a stranger holding thousands
+// open costs gorun a bounded number of descriptors), and closing it when
+// setup ends drops strangers still talking, so none of them delays the job.
 func (m *multi) acceptLoop(index map[string]int, results chan<- setupResult) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer m.gate.Close()
 	for {
-		c, err := m.ln.Accept()
+		c, release, err := m.gate.Accept(m.ln)
 		if err != nil {
 			return
 		}
 		wg.Go(func() {
-			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+			// A real agent sends its greeting as soon as it connects, and
+			// the whole handshake is three short lines.
+			_ = c.SetDeadline(time.Now().Add(agentHandshakeTimeout))
 			w, host, err := acceptAuth(c, m.key, m.jobID, func(h string) bool { _, ok := index[h]; return ok })
+			release()
 			if err != nil {
 				c.Close()
 				var ve *VersionError
 				if i, ok := index[host]; ok && errors.As(err, &ve) {
+					// Authenticated, so the host's own verdict.
 					results <- setupResult{node: i, err: err}
 					return
 				}
-				// A stranger or a wrong secret: not a host's failure.
-				m.cfg.Logger.Warn().Err(err).Str("from", c.RemoteAddr().String()).Msg("refused a connection")
+				// A stranger or a wrong secret: logged and dropped, never
+				// a host's failure. What it claimed is kept for the error
+				// message of a host that fails on its own later.
+				var he *HandshakeError
+				if errors.As(err, &he) && he.ClaimHost != "" && he.ClaimProtocol != wireProtocol {
+					m.mu.Lock()
+					if m.claims == nil {
+						m.claims = map[string]*HandshakeError{}
+					}
+					m.claims[he.ClaimHost] = he
+					m.mu.Unlock()
+				}
+				// The first few at Warn; a flood would drown the job's
+				// own output, so the rest at Debug.
+				lvl := zerolog.DebugLevel
+				if m.refusals.Add(1) <= 5 {
+					lvl = zerolog.WarnLevel
+				}
+				m.cfg.Logger.WithLevel(lvl).Err(err).Msg("refused a connection to the host-agent port")
 				return
 			}
+			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 			node := index[host]
 			m.mu.Lock()
 			m.authed = append(m.authed, c)
@@ -426,6 +475,7 @@ func (m *multi) acceptLoop(index map[string]int, results chan<- setupResult) {
 				job.Preload = append(job.Preload, s.info)
 			}
 			job.Stdin = m.cfg.Stdin != nil
+			job.NoPMI = m.cfg.PMI == PMINone
 			if err := w.send(wireMsg{T: "job", Job: job}); err != nil {
 				c.Close()
 				results <- setupResult{node: node, err: &HostError{Host: host, Op: "talk to agent", Err: err}}
@@ -588,14 +638,17 @@ func (m *multi) startLaunchers(id LocalIdentity) error {
 // multiplexed adds OpenSSH connection sharing to an ssh template: the first
 // job to a host leaves a master connection for SSHMultiplex, and later jobs
 // open sessions over it without a new handshake (as Ansible does by
-// default). The sockets live in a directory only this user can enter.
+// default). The sockets live in a directory only this user can enter
+// (private.go).
 func (m *multi) multiplexed(template []string) []string {
 	if len(template) == 0 {
 		template = []string{"ssh"}
 	}
-	dir := filepath.Join(os.TempDir(), "gorun-ssh-"+strconv.Itoa(os.Getuid()))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		m.cfg.Logger.Warn().Err(err).Msg("ssh multiplexing off: no socket directory")
+	// A master socket planted by someone else would receive the agent's
+	// stdin, the job secret: only a directory private to this user will do.
+	dir, err := userStateDir("ssh")
+	if err != nil {
+		m.cfg.Logger.Warn().Err(err).Msg("ssh multiplexing off: no private socket directory")
 		return template
 	}
 	secs := int(m.cfg.SSHMultiplex.Round(time.Second) / time.Second)
@@ -664,7 +717,22 @@ func (m *multi) launcherError(l *agentLauncher, node int) error {
 		he.Err = fmt.Errorf("exited before its agent connected: %v", l.err)
 	}
 	he.Detail = last
+	if hint := m.claimHint(host); hint != "" {
+		he.Detail = strings.TrimSpace(last + "\n" + hint)
+	}
 	return he
+}
+
+// claimHint quotes an unauthenticated connection that claimed to be host's
+// agent with another protocol, for the error of a host that failed.
+func (m *multi) claimHint(host string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if he := m.claims[host]; he != nil {
+		return fmt.Sprintf("an unauthenticated connection from %s claimed to be its agent speaking protocol %s (this gorun speaks %s); "+
+			"if that was the agent, install the same gorun version on every host", he.Remote, he.ClaimProtocol, wireProtocol)
+	}
+	return ""
 }
 
 // abort ends a launch that failed before any rank started: agents that
@@ -712,8 +780,13 @@ func (m *multi) reapLaunchers(d time.Duration) {
 
 // run executes the plan over the connected agents.
 func (m *multi) run(ctx context.Context, plan *Plan) error {
-	r := &runner{cfg: m.cfg, plan: plan, log: m.cfg.Logger, agentsLeft: len(m.nodes)}
+	r := &runner{cfg: m.cfg, plan: plan, log: m.cfg.Logger, agentsLeft: len(m.nodes), fences: pmiFences{hosts: len(m.conns)}}
 	defer r.closeAll()
+	pj, err := pmiJobFor(plan, m.cfg.PMI)
+	if err != nil {
+		m.abort()
+		return err
+	}
 	if err := r.prepareOutput(); err != nil {
 		m.abort()
 		return err
@@ -794,12 +867,12 @@ func (m *multi) run(ctx context.Context, plan *Plan) error {
 		for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
 			ranks = append(ranks, remoteRank{Rank: rk, Env: plan.Ranks[rk].Env})
 		}
-		if err := c.w.send(wireMsg{T: "spec", Ranks: ranks}); err != nil {
+		if err := c.w.send(wireMsg{T: "spec", Ranks: ranks, PMI: pj}); err != nil {
 			r.log.Debug().Err(err).Str("host", n.Name).Msg("sending the spec failed")
 		}
 	}
 	stdinDone := m.forwardStdin(m.conns[0].w, quit)
-	err := r.loop(ctx)
+	err = r.loop(ctx)
 	close(quit)
 	stdinDone()
 	for _, c := range m.conns {
