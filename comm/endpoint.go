@@ -14,10 +14,13 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/gorun-hpc/gorun/internal/connlimit"
 )
 
 // EndpointConfig configures a rank's data-plane listener.
@@ -37,6 +40,19 @@ type EndpointConfig struct {
 	// HandshakeTimeout bounds a connection's authentication, so a foreign
 	// or silent client cannot hold a goroutine. 10 s.
 	HandshakeTimeout time.Duration
+	// GreetingTimeout bounds the wait for a new connection's first bytes:
+	// a real peer sends them as soon as it is connected, so a connection
+	// held open in silence gives its slot back sooner. 5 s (a loaded
+	// machine can delay a starting rank's goroutines by seconds).
+	GreetingTimeout time.Duration
+	// MaxHandshakes bounds the connections in their handshake at once;
+	// more wait in the kernel's backlog, costing this process nothing, so
+	// thousands of held half-open connections cannot exhaust its file
+	// descriptors or memory. MaxHandshakesPerSource bounds those from one
+	// IP address; more from it are closed at once (the dialer retries
+	// such a "busy" close until its context ends). Zero means 1024 and
+	// 128 (internal/connlimit).
+	MaxHandshakes, MaxHandshakesPerSource int
 	// DialRetry is the pause between attempts to reach a peer that is not
 	// listening yet. 20 ms.
 	DialRetry time.Duration
@@ -77,6 +93,7 @@ func DefaultEndpointConfig() EndpointConfig {
 	return EndpointConfig{
 		Addr:             ":0",
 		HandshakeTimeout: 10 * time.Second,
+		GreetingTimeout:  5 * time.Second,
 		DialRetry:        20 * time.Millisecond,
 		ShmDir:           "/dev/shm",
 		ShmRingBytes:     4 << 20,
@@ -92,6 +109,10 @@ func (c EndpointConfig) Validate() error {
 		return fmt.Errorf("%w: EndpointConfig.Secret is empty: every data-plane connection must be authenticated", ErrInvalidArgument)
 	case c.HandshakeTimeout <= 0 || c.DialRetry <= 0:
 		return fmt.Errorf("%w: HandshakeTimeout and DialRetry must be positive", ErrInvalidArgument)
+	case c.GreetingTimeout < 0 || c.GreetingTimeout > c.HandshakeTimeout:
+		return fmt.Errorf("%w: GreetingTimeout %s not in 0..HandshakeTimeout", ErrInvalidArgument, c.GreetingTimeout)
+	case c.MaxHandshakes < 0 || c.MaxHandshakesPerSource < 0:
+		return fmt.Errorf("%w: MaxHandshakes and MaxHandshakesPerSource must not be negative", ErrInvalidArgument)
 	case c.ShmRingBytes < 1<<16 || c.ShmRingBytes&(c.ShmRingBytes-1) != 0:
 		return fmt.Errorf("%w: ShmRingBytes %d must be a power of two ≥ 64 KiB", ErrInvalidArgument, c.ShmRingBytes)
 	case c.TCPStreams < 0 || c.TCPStreams > maxTCPStreams:
@@ -108,17 +129,24 @@ func (c EndpointConfig) Validate() error {
 type Endpoint struct {
 	cfg  EndpointConfig
 	ln   net.Listener
+	gate *connlimit.Gate // bounds connections in their handshake
 	addr string
 	log  zerolog.Logger
 
 	mu      sync.Mutex
 	pending map[pendingKey]chan *accepted // guarded by mu
 	closed  bool                          // guarded by mu
+	status  map[GroupID]*statusFn         // guarded by mu: ServeStatus
 
 	wg sync.WaitGroup
 }
 
 var _ Transport = (*Endpoint)(nil)
+var _ StatusTransport = (*Endpoint)(nil)
+
+// statusFn is a communicator's answer to status queries (a pointer, so
+// that a withdrawal removes only its own registration).
+type statusFn struct{ f func() []byte }
 
 type pendingKey struct {
 	gid    GroupID
@@ -140,6 +168,9 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 	d := DefaultEndpointConfig()
 	if cfg.HandshakeTimeout == 0 {
 		cfg.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if cfg.GreetingTimeout == 0 {
+		cfg.GreetingTimeout = min(d.GreetingTimeout, cfg.HandshakeTimeout)
 	}
 	if cfg.DialRetry == 0 {
 		cfg.DialRetry = d.DialRetry
@@ -169,6 +200,10 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	gate, err := connlimit.New(connlimit.Config{Max: cfg.MaxHandshakes, PerSource: cfg.MaxHandshakesPerSource}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("comm: data-plane listener: %w", err)
@@ -181,7 +216,7 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 	} else if hn, err := os.Hostname(); err == nil {
 		host = hn
 	}
-	e := &Endpoint{cfg: cfg, ln: ln, addr: net.JoinHostPort(host, port), log: cfg.Logger, pending: map[pendingKey]chan *accepted{}}
+	e := &Endpoint{cfg: cfg, ln: ln, gate: gate, addr: net.JoinHostPort(host, port), log: cfg.Logger, pending: map[pendingKey]chan *accepted{}}
 	if !cfg.ForceTCP {
 		if n := sweepShm(cfg.ShmDir); n > 0 {
 			e.log.Info().Int("segments", n).Str("dir", cfg.ShmDir).Msg("comm: removed shared memory left by dead processes")
@@ -208,6 +243,9 @@ func (e *Endpoint) Close() error {
 	}
 	e.closed = true
 	err := e.ln.Close()
+	// Connections still in their handshake (a stranger's, held open) are
+	// closed now rather than waited for until their deadline.
+	e.gate.Close()
 	var drop []*accepted
 	for _, ch := range e.pending {
 		select {
@@ -233,7 +271,7 @@ func (a *accepted) close() {
 
 func (e *Endpoint) acceptLoop() {
 	for {
-		conn, err := e.ln.Accept()
+		conn, release, err := e.gate.Accept(e.ln)
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
@@ -241,19 +279,28 @@ func (e *Endpoint) acceptLoop() {
 			}
 			return // closed
 		}
-		e.wg.Go(func() { e.serve(conn) })
+		e.wg.Go(func() { e.serve(conn, release) })
 	}
 }
 
 // serve authenticates one incoming connection and parks it for its group.
 // A connection that fails is logged and dropped; nothing else is affected.
-func (e *Endpoint) serve(conn net.Conn) {
-	_ = conn.SetDeadline(time.Now().Add(e.cfg.HandshakeTimeout))
-	br := bufio.NewReaderSize(conn, 64<<10)
-	h, shm, err := e.serverHandshake(conn, br)
+func (e *Endpoint) serve(conn net.Conn, release func()) {
+	start := time.Now()
+	_ = conn.SetDeadline(start.Add(e.cfg.HandshakeTimeout))
+	_ = conn.SetReadDeadline(start.Add(e.cfg.GreetingTimeout))
+	// A small buffer: an unauthenticated connection must cost little (the
+	// links read large frames straight into place, not through it).
+	br := bufio.NewReaderSize(conn, 4<<10)
+	h, shm, err := e.serverHandshake(conn, br, start)
+	release()
 	if err != nil {
 		e.log.Warn().Err(err).Str("remote", conn.RemoteAddr().String()).Msg("comm: dropped data-plane connection")
 		_ = conn.Close()
+		return
+	}
+	if h.streams == 0 {
+		e.answerStatus(conn, h)
 		return
 	}
 	_ = conn.SetDeadline(time.Time{})
@@ -294,6 +341,10 @@ type hello struct {
 	streams, stream int
 }
 
+// errBusy: the listener closed the connection before saying anything, as
+// it does to a source over its handshake bound; the dialer tries again.
+var errBusy = errors.New("comm: peer busy (connection closed before its greeting)")
+
 // helloLen is the encoded size of a hello without the shared-memory name.
 const helloLen = 8 + 4*3 + 4 + 2 + 2 + 2
 
@@ -302,7 +353,85 @@ const (
 	nonceLen       = 32
 	ackTCP         = 1
 	ackShm         = 2
+	ackStatus      = 3 // the connection carries one status answer
 )
+
+// maxStatusBytes bounds a status answer we are willing to read.
+const maxStatusBytes = 4 << 20
+
+// ServeStatus answers status queries for group gid with status() until
+// withdrawn. A later registration for the same gid replaces an earlier one.
+func (e *Endpoint) ServeStatus(gid GroupID, status func() []byte) (withdraw func()) {
+	fn := &statusFn{f: status}
+	e.mu.Lock()
+	if e.status == nil {
+		e.status = map[GroupID]*statusFn{}
+	}
+	e.status[gid] = fn
+	e.mu.Unlock()
+	return func() {
+		e.mu.Lock()
+		if e.status[gid] == fn {
+			delete(e.status, gid)
+		}
+		e.mu.Unlock()
+	}
+}
+
+// answerStatus writes the status of the group a query names (length, then
+// the answer; length 0 when this rank has no communicator for it) and
+// closes the connection. Called by the listener's goroutine for the
+// connection, never by the communicator, so a rank stuck in a call answers.
+func (e *Endpoint) answerStatus(conn net.Conn, h hello) {
+	defer conn.Close()
+	e.mu.Lock()
+	fn := e.status[h.gid]
+	e.mu.Unlock()
+	var b []byte
+	if fn != nil {
+		b = fn.f()
+	}
+	var n [4]byte
+	binary.LittleEndian.PutUint32(n[:], uint32(len(b)))
+	_, _ = conn.Write(append(n[:], b...))
+}
+
+// QueryStatus asks rank r of g for its status of group gid over a new
+// authenticated connection (the side channel of desync detection).
+func (e *Endpoint) QueryStatus(ctx context.Context, g Group, gid GroupID, r int) ([]byte, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", g.DataAddr(r))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	defer stop()
+	br := bufio.NewReaderSize(conn, 4<<10)
+	ack, err := e.clientHandshake(conn, br, hello{gid: gid, from: g.Rank(), to: r, size: g.Size()})
+	if err != nil {
+		return nil, err
+	}
+	if ack != ackStatus {
+		return nil, fmt.Errorf("%w: status query answered with %d", ErrProtocol, ack)
+	}
+	var n [4]byte
+	if _, err := io.ReadFull(br, n[:]); err != nil {
+		return nil, err
+	}
+	size := binary.LittleEndian.Uint32(n[:])
+	switch {
+	case size == 0:
+		return nil, errors.New("no communicator for this group (closed or not yet created)")
+	case size > maxStatusBytes:
+		return nil, fmt.Errorf("%w: status of %d bytes", ErrProtocol, size)
+	}
+	b := make([]byte, size)
+	if _, err := io.ReadFull(br, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
 
 // mac proves knowledge of the secret for one connection: both nonces make it
 // unrepeatable, the role byte keeps the two directions apart, and the
@@ -319,12 +448,13 @@ func mac(secret []byte, role byte, cn, sn []byte, more ...[]byte) []byte {
 	return m.Sum(nil)
 }
 
-func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader) (hello, *shmSegment, error) {
+func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader, start time.Time) (hello, *shmSegment, error) {
 	var h hello
 	var b [len(handshakeMagic) + nonceLen]byte
 	if _, err := io.ReadFull(br, b[:]); err != nil {
 		return h, nil, fmt.Errorf("%w: reading greeting: %w", ErrAuth, err)
 	}
+	_ = conn.SetReadDeadline(start.Add(e.cfg.HandshakeTimeout))
 	if string(b[:len(handshakeMagic)]) != handshakeMagic {
 		return h, nil, fmt.Errorf("%w: not a gorun data-plane client", ErrAuth)
 	}
@@ -358,6 +488,11 @@ func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader) (hello, *shm
 	h.streams = int(binary.LittleEndian.Uint16(p[24:]))
 	h.stream = int(binary.LittleEndian.Uint16(p[26:]))
 	h.shmName = string(name)
+	if h.streams == 0 && h.stream == 0 && h.shmName == "" {
+		// A status query (QueryStatus), not a link.
+		_, err := conn.Write([]byte{ackStatus})
+		return h, nil, err
+	}
 	if h.streams < 1 || h.streams > maxTCPStreams || h.stream >= h.streams || (h.stream > 0 && h.shmName != "") {
 		return h, nil, fmt.Errorf("%w: connection %d of %d (shared memory %q)", ErrProtocol, h.stream, h.streams, h.shmName)
 	}
@@ -388,6 +523,11 @@ func (e *Endpoint) clientHandshake(conn net.Conn, br *bufio.Reader, h hello) (by
 	}
 	var b [nonceLen + sha256.Size]byte
 	if _, err := io.ReadFull(br, b[:]); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+			// Closed before a byte: the listener had no slot for our
+			// source (connlimit); worth another try.
+			return 0, fmt.Errorf("%w: %w", errBusy, err)
+		}
 		return 0, fmt.Errorf("%w: reading the server's proof: %w", ErrAuth, err)
 	}
 	sn := b[:nonceLen]
@@ -456,12 +596,15 @@ func (e *Endpoint) dial(ctx context.Context, g Group, gid GroupID, r int) (Link,
 	for {
 		conn, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
-			l, err := e.dialed(ctx, conn, g, gid, r)
-			if err != nil {
-				_ = conn.Close()
+			var l Link
+			l, err = e.dialed(ctx, conn, g, gid, r)
+			if err == nil {
+				return l, nil
+			}
+			_ = conn.Close()
+			if !errors.Is(err, errBusy) {
 				return nil, fmt.Errorf("comm: connecting rank %d to rank %d at %s: %w", me, r, addr, err)
 			}
-			return l, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -508,7 +651,7 @@ func (e *Endpoint) dialed(ctx context.Context, conn net.Conn, g Group, gid Group
 	}
 	_ = conn.SetDeadline(time.Time{})
 	if ack == ackShm && seg != nil {
-		return newShmLink(conn, br, seg, true), nil
+		return newShmLink(conn, br, seg, gid, true), nil
 	}
 	if seg != nil {
 		seg.unmap()
@@ -529,6 +672,20 @@ func (e *Endpoint) dialed(ctx context.Context, conn net.Conn, g Group, gid Group
 
 // dialStream opens and authenticates one more TCP connection of a link.
 func (e *Endpoint) dialStream(ctx context.Context, addr string, h hello) (net.Conn, []byte, error) {
+	for {
+		c, b, err := e.dialStreamOnce(ctx, addr, h)
+		if !errors.Is(err, errBusy) {
+			return c, b, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+		case <-time.After(e.cfg.DialRetry):
+		}
+	}
+}
+
+func (e *Endpoint) dialStreamOnce(ctx context.Context, addr string, h hello) (net.Conn, []byte, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -565,7 +722,7 @@ func (e *Endpoint) await(ctx context.Context, g Group, gid GroupID, r int) (Link
 		return nil, err
 	}
 	if a.shm != nil {
-		return newShmLink(a.conn, a.br, a.shm, false), nil
+		return newShmLink(a.conn, a.br, a.shm, gid, false), nil
 	}
 	// The dialer said how many connections the link has; wait for the rest.
 	streams := a.hello.streams

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -158,8 +159,13 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 	// program's check then looks at its preloaded place.
 	paths := map[string]string{}
 	var need []string
+	var placeErr error
 	for _, f := range job.Preload {
-		path, present := preloadPlace(f, rankDir(job.Dir))
+		path, present, err := preloadPlace(f, rankDir(job.Dir))
+		if err != nil {
+			placeErr = cmp.Or(placeErr, err)
+			continue
+		}
 		paths[f.SHA256] = path
 		if !present {
 			need = append(need, f.SHA256)
@@ -172,6 +178,10 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 	}
 	hello, ports := prepareHost(o, job, c, len(need) > 0)
 	defer ports.Release()
+	if placeErr != nil && hello.Err == "" {
+		hello.Err, hello.ErrKind = "preload: "+placeErr.Error(), "preload"
+		ports.Release()
+	}
 	hello.Need = need
 	if err := w.send(wireMsg{T: "hello", Hello: &hello}); err != nil {
 		return err
@@ -207,7 +217,7 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 		break
 	}
 	ports.Release()
-	return relay(w, job, hello, m.Ranks, log, stderr)
+	return relay(w, job, hello, m.Ranks, m.PMI, log, stderr)
 }
 
 // children are the agents a host agent started for gorun (tree fan-out):
@@ -310,6 +320,10 @@ func prepareHost(o HostAgentOptions, job *remoteJob, c net.Conn, programComing b
 		// Preloaded: it arrives before the ranks start.
 		prog, err = job.Program, nil
 	}
+	if err == nil && !job.NoPMI && !programComing {
+		// Open MPI would form one singleton per rank (mpilib.go).
+		err = checkMPILibrary(job.Program, prog)
+	}
 	if err != nil {
 		var pe *ProgramError
 		if errors.As(err, &pe) {
@@ -342,9 +356,9 @@ func rankDir(dir string) string {
 // relay runs the ranks through a supervisor and forwards everything until
 // the supervisor reports the end (then "done" goes to gorun after the last
 // output) or gorun is gone (then the supervisor is told to kill it all).
-func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, log zerolog.Logger, stderr io.Writer) error {
-	base := filterEnv(os.Environ())
-	p := &rankPipes{spec: supervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != ""}}
+func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, pj *pmiJob, log zerolog.Logger, stderr io.Writer) error {
+	base := scrubLaunchEnv(filterEnv(os.Environ()))
+	p := &rankPipes{spec: supervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj}}
 	defer p.closeChildEnds()
 	var stdin *stdinQueue
 	for _, rr := range ranks {

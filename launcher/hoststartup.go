@@ -10,10 +10,15 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/internal/connlimit"
 	"github.com/gorun-hpc/gorun/netif"
 )
 
@@ -69,11 +74,25 @@ type hostAgents struct {
 	// preload holds the files sent to every host before the ranks start.
 	preload []*preloadSource
 
-	// mu guards authed: every connection that authenticated during setup,
-	// closed when the launch is abandoned.
-	mu     sync.Mutex
+	// gate bounds the connections to ln still in their handshake.
+	gate *connlimit.Gate
+	// refusals counts unauthenticated connections refused (for logging).
+	refusals atomic.Int64
+
+	// mu guards authed and claims.
+	mu sync.Mutex
+	// authed is every connection that authenticated during setup, closed
+	// when the launch is abandoned.
 	authed []net.Conn
+	// claims holds, per claimed host, the last unauthenticated connection
+	// that claimed another protocol: only ever quoted in the error of a
+	// host that failed on its own (an old gorun's agent cannot
+	// authenticate with this one and looks like that).
+	claims map[string]*HandshakeError
 }
+
+// agentHandshakeTimeout bounds an agent connection's greeting and proof.
+const agentHandshakeTimeout = 10 * time.Second
 
 // newHostAgents makes the job identity (id and secret) of a start-up over
 // nodes.
@@ -124,7 +143,11 @@ func (m *hostAgents) listen(ctx context.Context, id LocalIdentity) error {
 	}
 	m.ln = ln
 	m.addr = netip.MustParseAddrPort(ln.Addr().String())
-	return nil
+	// Agents are one per host and each connects once; PerSource stays at
+	// its default so hosts behind one address (NAT, this machine's
+	// namespaces) still fit.
+	m.gate, err = connlimit.New(connlimit.Config{}, nil)
+	return err
 }
 
 // routeChoice asks the kernel which interface reaches the first remote
@@ -276,7 +299,8 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 			for i := range m.nodes {
 				if err == nil && !judged[i] {
 					err = judge(i, nil, &HostError{Host: m.nodes[i].Name, Op: "start agent",
-						Err: fmt.Errorf("its agent did not connect within %s", timeout), Detail: m.starterOf(i).stderr.tail()})
+						Err:    fmt.Errorf("its agent did not connect within %s", timeout),
+						Detail: strings.TrimSpace(m.starterOf(i).stderr.tail() + "\n" + m.claimHint(m.nodes[i].Name))})
 				}
 			}
 		case s := <-m.cfg.Signals:
@@ -329,29 +353,55 @@ func (m *hostAgents) checkHello(node int, h remoteHello) error {
 	return nil
 }
 
-// acceptLoop authenticates agents until the listener closes.
+// acceptLoop authenticates agents until the listener closes. The gate
+// bounds the connections in their handshake (a stranger holding thousands
+// open costs gorun a bounded number of descriptors), and closing it when
+// setup ends drops strangers still talking, so none of them delays the job.
 func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer m.gate.Close()
 	for {
-		c, err := m.ln.Accept()
+		c, release, err := m.gate.Accept(m.ln)
 		if err != nil {
 			return
 		}
 		wg.Go(func() {
-			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+			// A real agent sends its greeting as soon as it connects, and
+			// the whole handshake is three short lines.
+			_ = c.SetDeadline(time.Now().Add(agentHandshakeTimeout))
 			w, host, err := acceptAuth(c, m.key, m.jobID, func(h string) bool { _, ok := index[h]; return ok })
+			release()
 			if err != nil {
 				c.Close()
 				var ve *VersionError
 				if i, ok := index[host]; ok && errors.As(err, &ve) {
+					// Authenticated, so the host's own verdict.
 					results <- setupResult{node: i, err: err}
 					return
 				}
-				// A stranger or a wrong secret: not a host's failure.
-				m.cfg.Logger.Warn().Err(err).Str("from", c.RemoteAddr().String()).Msg("refused a connection")
+				// A stranger or a wrong secret: logged and dropped, never
+				// a host's failure. What it claimed is kept for the error
+				// message of a host that fails on its own later.
+				var he *HandshakeError
+				if errors.As(err, &he) && he.ClaimHost != "" && he.ClaimProtocol != wireProtocol {
+					m.mu.Lock()
+					if m.claims == nil {
+						m.claims = map[string]*HandshakeError{}
+					}
+					m.claims[he.ClaimHost] = he
+					m.mu.Unlock()
+				}
+				// The first few at Warn; a flood would drown the job's
+				// own output, so the rest at Debug.
+				lvl := zerolog.DebugLevel
+				if m.refusals.Add(1) <= 5 {
+					lvl = zerolog.WarnLevel
+				}
+				m.cfg.Logger.WithLevel(lvl).Err(err).Msg("refused a connection to the host-agent port")
 				return
 			}
+			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 			node := index[host]
 			m.mu.Lock()
 			m.authed = append(m.authed, c)
@@ -366,6 +416,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 				job.Preload = append(job.Preload, s.info)
 			}
 			job.Stdin = m.cfg.Stdin != nil
+			job.NoPMI = m.cfg.PMI == PMINone
 			if err := w.send(wireMsg{T: "job", Job: job}); err != nil {
 				c.Close()
 				results <- setupResult{node: node, err: &HostError{Host: host, Op: "talk to agent", Err: err}}
@@ -450,6 +501,18 @@ func (m *hostAgents) starterOf(node int) *starter {
 		}
 	}
 	return &starter{stderr: &tailBuffer{}}
+}
+
+// claimHint quotes an unauthenticated connection that claimed to be host's
+// agent with another protocol, for the error of a host that failed.
+func (m *hostAgents) claimHint(host string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if he := m.claims[host]; he != nil {
+		return fmt.Sprintf("an unauthenticated connection from %s claimed to be its agent speaking protocol %s (this gorun speaks %s); "+
+			"if that was the agent, install the same gorun version on every host", he.Remote, he.ClaimProtocol, wireProtocol)
+	}
+	return ""
 }
 
 // abort ends a launch that failed before any rank started: agents that

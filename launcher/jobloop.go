@@ -73,9 +73,15 @@ type failure struct {
 	// ranks from rank on.
 	lost      error
 	lostRanks int
+	// mpi is set when the rank failed through PMI: MPI_Abort, or an exit
+	// 0 without PMI finalize (pmi.go).
+	mpi *MPIError
 }
 
 func (f failure) exitCode() int {
+	if f.mpi != nil {
+		return f.mpi.ExitCode()
+	}
 	if f.lost != nil {
 		return 255
 	}
@@ -110,6 +116,8 @@ func (r *jobLoop) run(ctx context.Context) error {
 	left := r.home.supervisors()
 	// supErr is set when the event stream ended before every "done".
 	var supErr error
+	// fences gathers the supervisors' PMI barriers (pmi.go).
+	fences := pmiFences{hosts: left}
 	var (
 		failures []failure
 		reason   stopReason
@@ -190,6 +198,25 @@ func (r *jobLoop) run(ctx context.Context) error {
 				if (ev.Code != 0 || ev.Signal != 0) && !(st.stopped && causedByStop(ev, sentSig)) {
 					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal)})
 					stop(stopFailure, syscall.SIGTERM)
+				} else if ev.Unfinalized && !st.stopped {
+					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: 1, mpi: &MPIError{Rank: ev.Rank, PID: ev.PID}})
+					stop(stopFailure, syscall.SIGTERM)
+				}
+			case "pmi-fence":
+				if cmd, ok, err := fences.add(ev); err != nil {
+					r.log.Error().Err(err).Msg("PMI barrier")
+					failures = append(failures, failure{rank: ev.Rank, startErr: fmt.Errorf("%w: %v", errPMIProtocol, err)})
+					stop(stopFailure, syscall.SIGTERM)
+				} else if ok {
+					r.log.Debug().Int("epoch", cmd.Epoch).Int("keys", len(cmd.KVS)).Msg("PMI barrier released")
+					r.home.command(cmd)
+				}
+			case "pmi-abort":
+				if reason == notStopping {
+					pid := ranks[ev.Rank].pid
+					failures = append(failures, failure{rank: ev.Rank, pid: pid, code: ev.Code,
+						mpi: &MPIError{Rank: ev.Rank, PID: pid, Aborted: true, Code: ev.Code, Message: ev.Err}})
+					stop(stopFailure, syscall.SIGTERM)
 				}
 			case "lost":
 				// A host agent is gone; its ranks are, or soon will be (its
@@ -267,6 +294,16 @@ func (r *jobLoop) run(ctx context.Context) error {
 	case len(failures) > 0:
 		f := pickFailure(failures, r.cfg.ExitPolicy)
 		host := r.plan.Ranks[f.rank].Host
+		if f.mpi != nil {
+			e := *f.mpi
+			e.Host, e.Stopped = host, stopped
+			if ranks[f.rank].stopped && ranks[f.rank].pid > 0 {
+				// An aborting rank waits to be ended: the teardown
+				// stops it too, but it is not one of the "other" ranks.
+				e.Stopped--
+			}
+			return &e
+		}
 		if f.lost != nil {
 			return &HostLostError{Host: host, FirstRank: f.rank, Ranks: f.lostRanks, Err: f.lost, Stopped: stopped}
 		}

@@ -84,6 +84,12 @@ func launchLocal(ctx context.Context, cfg Config, job Job) error {
 	if err != nil {
 		return err
 	}
+	if cfg.PMI != PMINone {
+		// Open MPI would form one singleton per rank (mpilib.go).
+		if err := checkMPILibrary(job.Argv[0], path); err != nil {
+			return err
+		}
+	}
 	jobID, secret, err := NewJobIdentity()
 	if err != nil {
 		return err
@@ -101,6 +107,7 @@ func launchLocal(ctx context.Context, cfg Config, job Job) error {
 		// name the user wrote.
 		MasterAddr: "127.0.0.1",
 		MasterPort: ports.MasterPort, RdzvPort: ports.RdzvPort,
+		NoPMI: cfg.PMI == PMINone,
 	})
 	if err != nil {
 		return err

@@ -9,8 +9,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
+	"syscall"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -22,9 +22,15 @@ import (
 // sent to every host), is checked against its SHA-256 on arrival, and is
 // not sent at all when the host already holds the same content:
 //
-//   - the program goes to a content-addressed cache,
-//     $TMPDIR/gorun-preload-<uid>/<sha256>/<name>, so back-to-back jobs and
-//     hosts sharing a /tmp skip the transfer;
+//   - the program goes to a content-addressed cache in a directory private
+//     to the user (private.go: $XDG_RUNTIME_DIR/gorun/preload, else
+//     ~/.cache/gorun/preload, else $TMPDIR/gorun-<uid>/preload; each level
+//     0700, owned by the user, lstat-checked) as <sha256>/<name>, so
+//     back-to-back jobs skip the transfer. A cached file is reused only
+//     when, opened without following symlinks, it is a regular file of this
+//     user that nobody else can write and its content hashes right; since
+//     nobody else can write in the directory either, the bytes executed are
+//     the bytes checked;
 //   - files go to the ranks' working directory on the host, as mpirun's
 //     --preload-files does, replaced atomically (write, then rename).
 
@@ -136,23 +142,49 @@ type fileHeader struct {
 }
 
 // preloadPlace is where a host keeps a preloaded file and whether it is
-// already there with the right content.
-func preloadPlace(f preloadFile, dir string) (path string, present bool) {
+// already there with the right content. The program's place must be
+// private to this user; when no private directory can be had the error
+// says why and the agent reports it as this host's failure.
+func preloadPlace(f preloadFile, dir string) (path string, present bool, err error) {
 	if f.Program {
-		path = filepath.Join(os.TempDir(), "gorun-preload-"+strconv.Itoa(os.Getuid()), f.SHA256, f.Name)
+		cache, err := userStateDir("preload")
+		if err != nil {
+			return "", false, err
+		}
+		d, err := privateDir(cache, f.SHA256)
+		if err != nil {
+			return "", false, err
+		}
+		path = filepath.Join(d, f.Name)
 	} else {
 		path = filepath.Join(dir, f.Name)
 	}
-	got, err := fileSHA256(path)
-	return path, err == nil && got == f.SHA256
+	got, err := fileSHA256(path, f.Program)
+	return path, err == nil && got == f.SHA256, nil
 }
 
-func fileSHA256(path string) (string, error) {
-	fh, err := os.Open(path)
+// fileSHA256 hashes path through one descriptor. For a cached program
+// (own) it must be a regular file, reached without following a symlink,
+// owned by this user and writable by nobody else.
+func fileSHA256(path string, own bool) (string, error) {
+	flags := os.O_RDONLY
+	if own {
+		flags |= syscall.O_NOFOLLOW
+	}
+	fh, err := os.OpenFile(path, flags, 0)
 	if err != nil {
 		return "", err
 	}
 	defer fh.Close()
+	if own {
+		st, err := fh.Stat()
+		if err != nil {
+			return "", err
+		}
+		if !st.Mode().IsRegular() || int(st.Sys().(*syscall.Stat_t).Uid) != os.Getuid() || st.Mode().Perm()&0o022 != 0 {
+			return "", &PrivateDirError{path, "a cached program must be a regular file of this user that nobody else can write"}
+		}
+	}
 	h := sha256.New()
 	if _, err := io.Copy(h, fh); err != nil {
 		return "", err

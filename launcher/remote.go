@@ -42,7 +42,7 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) e
 	pc := PlanConfig{
 		NP: job.NP, Hosts: job.Hosts, Oversubscribe: job.Oversubscribe,
 		GPUsPerHost: job.GPUsPerHost, Export: job.Export, JobID: "planning", Secret: "planning",
-		MasterAddr: "0.0.0.0", MasterPort: 1, RdzvPort: 2,
+		MasterAddr: "0.0.0.0", MasterPort: 1, RdzvPort: 2, NoPMI: cfg.PMI == PMINone,
 	}
 	pre, err := NewPlan(pc)
 	if err != nil {
@@ -111,6 +111,11 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) e
 // the loop ended, every connection reader and pinger exited, the output
 // drained and the starters were reaped.
 func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
+	pj, err := pmiJobFor(plan, m.cfg.PMI)
+	if err != nil {
+		m.abort()
+		return err
+	}
 	out, err := openJobOutput(m.cfg, plan)
 	if err != nil {
 		m.abort()
@@ -173,7 +178,7 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 		for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
 			ranks = append(ranks, remoteRank{Rank: rk, Env: plan.Ranks[rk].Env})
 		}
-		if err := c.w.send(wireMsg{T: "spec", Ranks: ranks}); err != nil {
+		if err := c.w.send(wireMsg{T: "spec", Ranks: ranks, PMI: pj}); err != nil {
 			m.cfg.Logger.Debug().Err(err).Str("host", n.Name).Msg("sending the spec failed")
 		}
 	}

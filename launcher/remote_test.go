@@ -74,19 +74,34 @@ func TestWireHandshake(t *testing.T) {
 		t.Fatalf("unknown host admitted: agent %v, gorun %v", aerr, g.err)
 	}
 
-	// Another protocol version.
+	// A stranger claiming another protocol is a stranger: a
+	// *HandshakeError that names no host, never a *VersionError.
 	a, b := net.Pipe()
 	defer a.Close()
 	go func() {
-		_, _ = a.Write([]byte("GORUN-AGENT/0 job1 n1 00\n"))
+		_, _ = a.Write([]byte("GORUN-AGENT/9 job1 n1 00\n"))
 		buf := make([]byte, 256)
 		_, _ = a.Read(buf)
 		a.Close()
 	}()
 	_, host, err := acceptAuth(b, secret, "job1", known)
 	var ve *VersionError
-	if !errors.As(err, &ve) || host != "n1" {
-		t.Fatalf("old protocol: %v %q, want a *VersionError for n1", err, host)
+	var he *HandshakeError
+	if errors.As(err, &ve) || !errors.As(err, &he) || host != "" || he.ClaimProtocol != "9" {
+		t.Fatalf("unauthenticated foreign protocol: %v host %q, want a *HandshakeError and no host", err, host)
+	}
+
+	// An agent that holds the secret but speaks another protocol is that
+	// host's *VersionError.
+	a2, b2 := net.Pipe()
+	defer a2.Close()
+	go func() {
+		_, _ = dialAuthAs(a2, secret, "job1", "n1", "9")
+		a2.Close()
+	}()
+	_, host, err = acceptAuth(b2, secret, "job1", known)
+	if !errors.As(err, &ve) || host != "n1" || ve.Remote != "protocol 9" {
+		t.Fatalf("authenticated foreign protocol: %v %q, want a *VersionError for n1", err, host)
 	}
 }
 
@@ -107,7 +122,10 @@ func TestPreloadPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	dest := t.TempDir()
-	path, present := preloadPlace(s.info, dest)
+	path, present, err := preloadPlace(s.info, dest)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if present || path != dest+"/src.bin" {
 		t.Fatalf("preloadPlace = %q, %v before the transfer", path, present)
 	}
@@ -124,7 +142,7 @@ func TestPreloadPlace(t *testing.T) {
 	if err := placeFile(dec, z, s.info, path); err != nil {
 		t.Fatal(err)
 	}
-	if _, present := preloadPlace(s.info, dest); !present {
+	if _, present, _ := preloadPlace(s.info, dest); !present {
 		t.Fatal("placed file not recognised as present")
 	}
 	if st, _ := os.Stat(path); st.Mode().Perm() != 0o755 {

@@ -41,7 +41,12 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	if base == nil {
 		base = os.Environ()
 	}
-	p := &rankPipes{spec: supervisorSpec{Grace: cfg.Grace, LogLevel: cfg.Logger.GetLevel()}}
+	base = scrubLaunchEnv(base)
+	pj, err := pmiJobFor(plan, cfg.PMI)
+	if err != nil {
+		return err
+	}
+	p := &rankPipes{spec: supervisorSpec{Grace: cfg.Grace, LogLevel: cfg.Logger.GetLevel(), PMI: pj}}
 	defer p.closeChildEnds()
 	in := localStdin{src: cfg.Stdin}
 	defer in.close()

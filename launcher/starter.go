@@ -131,14 +131,17 @@ func (m *hostAgents) startStarters(id LocalIdentity) error {
 // multiplexed adds OpenSSH connection sharing to an ssh template: the first
 // job to a host leaves a master connection for SSHMultiplex, and later jobs
 // open sessions over it without a new handshake (as Ansible does by
-// default). The sockets live in a directory only this user can enter.
+// default). The sockets live in a directory only this user can enter
+// (private.go).
 func (m *hostAgents) multiplexed(template []string) []string {
 	if len(template) == 0 {
 		template = []string{"ssh"}
 	}
-	dir := filepath.Join(os.TempDir(), "gorun-ssh-"+strconv.Itoa(os.Getuid()))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		m.cfg.Logger.Warn().Err(err).Msg("ssh multiplexing off: no socket directory")
+	// A master socket planted by someone else would receive the agent's
+	// stdin, the job secret: only a directory private to this user will do.
+	dir, err := userStateDir("ssh")
+	if err != nil {
+		m.cfg.Logger.Warn().Err(err).Msg("ssh multiplexing off: no private socket directory")
 		return template
 	}
 	secs := int(m.cfg.SSHMultiplex.Round(time.Second) / time.Second)
@@ -207,6 +210,9 @@ func (m *hostAgents) starterError(l *starter, node int) error {
 		he.Err = fmt.Errorf("exited before its agent connected: %v", l.err)
 	}
 	he.Detail = last
+	if hint := m.claimHint(host); hint != "" {
+		he.Detail = strings.TrimSpace(last + "\n" + hint)
+	}
 	return he
 }
 

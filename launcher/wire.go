@@ -22,13 +22,15 @@ import (
 // A host agent (see hostagent.go) dials gorun's listener and both sides
 // prove that they hold the job secret before anything else is exchanged:
 //
-//	agent → gorun   GORUN-AGENT/<wireProtocol> <job> <host> <nonceA>\n
-//	gorun → agent   OK <nonceB> <mac("gorun")>\n   (or NO <reason>\n)
-//	agent → gorun   <mac("agent")>\n
+//	agent → gorun   GORUN-AGENT/<proto> <job> <host> <nonceA>\n
+//	gorun → agent   OK <nonceB> <mac("gorun/<proto>")>\n   (or NO <reason>\n)
+//	agent → gorun   <mac("agent/<proto>")>\n
 //
 // where mac(role) is HMAC-SHA256 keyed with the secret over role, job, host
 // and both nonces, so neither side can be replayed or impersonated without
-// the secret. The secret itself never crosses the connection. Then frames
+// the secret, and <proto> is the protocol the agent claims. gorun acts on
+// that claim only after the agent's MAC checked out: a stranger's hello
+// that claims another protocol is dropped like any other stranger. The secret itself never crosses the connection. Then frames
 // flow both ways: a type byte, a 4-byte big-endian length and a payload.
 // Messages are JSON (frameMsg), rank output is raw bytes (frameOutput), and
 // pings (framePing) keep the lease alive on both sides: a side that hears
@@ -36,8 +38,10 @@ import (
 // encrypted; the job secret protects the job from strangers, not the
 // output from someone who can read the network.
 
-// wireProtocol is bumped on any incompatible change to the connection.
-const wireProtocol = "1"
+// wireProtocol is bumped on any incompatible change to the connection
+// after the handshake (2: the claimed protocol is bound into the
+// handshake's MACs, so protocol-1 agents fail to authenticate).
+const wireProtocol = "2"
 
 const (
 	frameMsg    byte = 'M'
@@ -72,6 +76,9 @@ type wireMsg struct {
 	// (agent, "file-bad") says why a file was refused.
 	File *fileHeader `json:"file,omitempty"`
 	Err  string      `json:"err,omitempty"`
+	// PMI (gorun, "spec") is the job's PMI description when its ranks
+	// are served PMI (pmi.go).
+	PMI *pmiJob `json:"pmi,omitempty"`
 }
 
 // childExit is a child launcher that exited before setup was over.
@@ -111,6 +118,9 @@ type remoteJob struct {
 	// Stdin says gorun forwards its stdin to rank 0 (stdin frames);
 	// otherwise every rank reads /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
+	// NoPMI says the ranks are not served PMI (--pmi none), so an Open
+	// MPI program is not refused (mpilib.go).
+	NoPMI bool `json:"no_pmi,omitempty"`
 }
 
 // childLaunch is one agent that a host agent starts for gorun.
@@ -288,9 +298,15 @@ func newNonce() string {
 
 // dialAuth is the agent side of the handshake.
 func dialAuth(c net.Conn, secret []byte, job, host string) (*wireConn, error) {
+	return dialAuthAs(c, secret, job, host, wireProtocol)
+}
+
+// dialAuthAs is dialAuth claiming protocol proto (tests pose as agents of
+// other versions with it).
+func dialAuthAs(c net.Conn, secret []byte, job, host, proto string) (*wireConn, error) {
 	br := bufio.NewReader(c)
 	nonceA := newNonce()
-	if _, err := fmt.Fprintf(c, "GORUN-AGENT/%s %s %s %s\n", wireProtocol, job, host, nonceA); err != nil {
+	if _, err := fmt.Fprintf(c, "GORUN-AGENT/%s %s %s %s\n", proto, job, host, nonceA); err != nil {
 		return nil, err
 	}
 	line, err := br.ReadString('\n')
@@ -305,50 +321,98 @@ func dialAuth(c net.Conn, secret []byte, job, host string) (*wireConn, error) {
 		return nil, fmt.Errorf("handshake: unexpected reply %q", strings.TrimSpace(line))
 	}
 	nonceB := f[1]
-	if !hmac.Equal([]byte(f[2]), []byte(wireMAC(secret, "gorun", job, host, nonceA, nonceB))) {
+	if !hmac.Equal([]byte(f[2]), []byte(wireMAC(secret, "gorun/"+proto, job, host, nonceA, nonceB))) {
 		return nil, errAuth
 	}
-	if _, err := fmt.Fprintf(c, "%s\n", wireMAC(secret, "agent", job, host, nonceA, nonceB)); err != nil {
+	if _, err := fmt.Fprintf(c, "%s\n", wireMAC(secret, "agent/"+proto, job, host, nonceA, nonceB)); err != nil {
 		return nil, err
 	}
 	return newWireConn(c, br), nil
 }
 
-// acceptAuth is gorun's side: it returns the host the agent claims to be
-// (to be checked against the plan by the caller through known) once the
-// agent proved it holds the secret.
+// Handshake is frozen across protocol versions: every gorun, whatever its
+// wireProtocol, opens with the same three lines, so an agent of another
+// version can still prove it holds the secret and only then be told (and
+// reported) that it speaks another protocol. The protocol number each side
+// claims is bound into both MACs, so it cannot be altered in flight.
+
+// HandshakeError is a connection to the host-agent port that did not prove
+// it holds the job secret. gorun logs and drops it; it is never a host's
+// failure, since anyone who can reach the port can cause one. Claim is
+// what the peer said about itself (unverified), kept for the error message
+// of a host that later fails on its own.
+type HandshakeError struct {
+	// Remote is the peer's address.
+	Remote string
+	// Claim is the unverified first line's host and protocol, if it had
+	// the right shape ("" otherwise).
+	ClaimHost, ClaimProtocol string
+	Err                      error
+}
+
+func (e *HandshakeError) Error() string {
+	s := "launcher: unauthenticated connection to the host-agent port from " + e.Remote
+	if e.ClaimHost != "" {
+		s += fmt.Sprintf(" (claimed host %q, protocol %s)", e.ClaimHost, e.ClaimProtocol)
+	}
+	return s + ": " + e.Err.Error()
+}
+
+func (e *HandshakeError) Unwrap() error { return e.Err }
+
+// acceptAuth is gorun's side: it returns the host the agent is once the
+// agent proved it holds the secret. Nothing the peer says is acted on
+// before that: a stranger, a wrong secret or a garbled line is a
+// *HandshakeError (log it, drop it); an authenticated agent of another
+// protocol is a *VersionError for its host.
 func acceptAuth(c net.Conn, secret []byte, job string, known func(host string) bool) (*wireConn, string, error) {
+	herr := &HandshakeError{Remote: remoteOf(c)}
 	br := bufio.NewReader(io.LimitReader(c, 4096))
 	line, err := br.ReadString('\n')
 	if err != nil {
-		return nil, "", fmt.Errorf("handshake: %w", err)
+		herr.Err = fmt.Errorf("no greeting: %w", err)
+		return nil, "", herr
 	}
 	f := strings.Fields(line)
 	if len(f) != 4 || !strings.HasPrefix(f[0], "GORUN-AGENT/") {
 		fmt.Fprintf(c, "NO not a gorun agent\n")
-		return nil, "", fmt.Errorf("handshake: not a gorun agent: %.60q", line)
+		herr.Err = fmt.Errorf("not a gorun agent: %.60q", line)
+		return nil, "", herr
 	}
-	if proto := strings.TrimPrefix(f[0], "GORUN-AGENT/"); proto != wireProtocol {
-		fmt.Fprintf(c, "NO agent protocol %s, gorun speaks %s (install the same gorun version on every host)\n", proto, wireProtocol)
-		return nil, f[2], &VersionError{Host: f[2], Remote: "protocol " + proto, Local: "protocol " + wireProtocol}
-	}
-	host := f[2]
-	if f[1] != job || !known(host) {
+	proto, claimJob, host, nonceA := strings.TrimPrefix(f[0], "GORUN-AGENT/"), f[1], f[2], f[3]
+	herr.ClaimHost, herr.ClaimProtocol = host, proto
+	if claimJob != job || !known(host) {
 		fmt.Fprintf(c, "NO unknown job or host\n")
-		return nil, host, fmt.Errorf("handshake: agent for job %q host %q is not part of this job", f[1], host)
+		herr.Err = fmt.Errorf("agent for job %q host %q is not part of this job", claimJob, host)
+		return nil, "", herr
 	}
-	nonceA, nonceB := f[3], newNonce()
-	if _, err := fmt.Fprintf(c, "OK %s %s\n", nonceB, wireMAC(secret, "gorun", job, host, nonceA, nonceB)); err != nil {
-		return nil, host, err
+	nonceB := newNonce()
+	if _, err := fmt.Fprintf(c, "OK %s %s\n", nonceB, wireMAC(secret, "gorun/"+proto, job, host, nonceA, nonceB)); err != nil {
+		herr.Err = err
+		return nil, "", herr
 	}
 	line, err = br.ReadString('\n')
 	if err != nil {
-		return nil, host, fmt.Errorf("handshake: %w", err)
+		herr.Err = fmt.Errorf("no proof: %w", err)
+		return nil, "", herr
 	}
-	if !hmac.Equal([]byte(strings.TrimSpace(line)), []byte(wireMAC(secret, "agent", job, host, nonceA, nonceB))) {
-		return nil, host, errAuth
+	if !hmac.Equal([]byte(strings.TrimSpace(line)), []byte(wireMAC(secret, "agent/"+proto, job, host, nonceA, nonceB))) {
+		herr.Err = errAuth
+		return nil, "", herr
+	}
+	// Authenticated: from here the peer's words count.
+	if proto != wireProtocol {
+		fmt.Fprintf(c, "NO agent protocol %s, gorun speaks %s (install the same gorun version on every host)\n", proto, wireProtocol)
+		return nil, host, &VersionError{Host: host, Remote: "protocol " + proto, Local: "protocol " + wireProtocol}
 	}
 	// The limited reader is done with; nothing was read past the line
 	// because the agent waits for OK before it sends more.
 	return newWireConn(c, nil), host, nil
+}
+
+func remoteOf(c net.Conn) string {
+	if a := c.RemoteAddr(); a != nil {
+		return a.String()
+	}
+	return "?"
 }

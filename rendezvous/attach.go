@@ -14,6 +14,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -51,7 +52,11 @@ type unixAttach struct{}
 var _ AttachNet = unixAttach{}
 
 func (unixAttach) Listen(name string) (net.Listener, error) {
-	return net.Listen("unix", "@"+name)
+	ln, err := net.Listen("unix", "@"+name)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("%w (@%s): %w", ErrAttachNameTaken, name, err)
+	}
+	return ln, err
 }
 
 func (unixAttach) Dial(ctx context.Context, name string) (net.Conn, error) {
@@ -59,15 +64,15 @@ func (unixAttach) Dial(ctx context.Context, name string) (net.Conn, error) {
 	return d.DialContext(ctx, "unix", "@"+name)
 }
 
-// attachName is the name a host's ranks meet at: job and host, hashed when
-// long (a Unix socket name is at most 107 bytes).
-func attachName(job, host string) string {
-	n := "gorun-" + job + "-" + host
-	if len(n) > 90 {
-		s := sha256.Sum256([]byte(job + "\x00" + host))
-		n = "gorun-" + hex.EncodeToString(s[:16])
-	}
-	return n
+// attachName is the name a host's ranks meet at. Abstract socket names are
+// one namespace for every user of a host (and visible in /proc/net/unix), so
+// the name is derived from the job's attach key and the host: nobody without
+// the secret can know it before the leader binds it, and so nobody can take
+// it first. 32 hex digits of HMAC keep it well under the 107-byte limit.
+func attachName(key []byte, host string) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("attach socket name\x00" + host))
+	return "gorun-" + hex.EncodeToString(m.Sum(nil)[:16])
 }
 
 // attachPurpose is the HKDF purpose of the attach handshake key.

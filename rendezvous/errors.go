@@ -27,6 +27,22 @@ var (
 		"RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or run under srun)")
 )
 
+// ErrAttachNameTaken: the host leader could not listen at its attach
+// socket's name because another process already holds it.
+var ErrAttachNameTaken = errors.New("rendezvous: the host leader's attach socket name is already taken by another process")
+
+// PeerError is a process of another user on the other end of an attach
+// socket (SO_PEERCRED): a leader refuses it as a rank, a rank refuses it as
+// its leader (someone took the socket's name first).
+type PeerError struct {
+	UID, PID int // the peer's, as the kernel recorded them at connect
+	Want     int // this process's user id
+}
+
+func (e *PeerError) Error() string {
+	return fmt.Sprintf("rendezvous: attach socket peer is pid %d of uid %d, not this job's user (uid %d)", e.PID, e.UID, e.Want)
+}
+
 // ConfigError is a bad Config field (from Validate or ConfigFromEnv).
 type ConfigError struct {
 	Field   string // the Config field or environment variable

@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/gorun-hpc/gorun/internal/connlimit"
 )
 
 // Messages between leaders for attached ranks (collect.go lists the others).
@@ -30,33 +33,65 @@ func (w *World) startLeader() error {
 	if net == nil {
 		net = unixAttach{}
 	}
-	name := attachName(w.cfg.JobID, w.cfg.Host)
+	key, err := attachKey(&w.cfg)
+	if err != nil {
+		return err
+	}
+	name := attachName(key, w.cfg.Host)
 	ln, err := net.Listen(name)
 	if err != nil {
-		return fmt.Errorf("rendezvous: rank %d: host leader cannot listen at %q for the host's ranks "+
-			"(another process of this job on host %s claims local rank 0?): %w", w.cfg.Rank, name, w.cfg.Host, err)
+		if errors.Is(err, ErrAttachNameTaken) {
+			// The name comes from the secret: another process of this
+			// job (two local rank 0s), or one that learned the name.
+			return fmt.Errorf("rendezvous: rank %d: host leader cannot listen for the host's ranks "+
+				"(another process of this job on host %s claims local rank 0, or another process took the name): %w", w.cfg.Rank, w.cfg.Host, err)
+		}
+		return fmt.Errorf("rendezvous: rank %d: host leader cannot listen at %q for the host's ranks: %w", w.cfg.Rank, name, err)
 	}
 	w.ln = ln
 	if w.cfg.LocalWorldSize <= 1 {
 		close(w.localsReady)
 	}
+	// Only the host's own ranks ever connect, one each; the gate's source
+	// is the peer's user, so another user's connections (refused at once
+	// by checkPeer anyway) never take the host's ranks' slots.
+	gate, err := connlimit.New(connlimit.Config{Max: 256, PerSource: 256}, peerSource)
+	if err != nil {
+		return err
+	}
 	w.wg.Go(func() {
+		defer gate.Close()
 		for {
-			c, err := ln.Accept()
+			c, release, err := gate.Accept(ln)
 			if err != nil {
 				return
 			}
-			w.wg.Go(func() { w.serveAttached(c) })
+			w.wg.Go(func() { w.serveAttached(c, release) })
 		}
 	})
 	return nil
 }
 
+// peerSource names an attach connection's source by the peer's user id.
+func peerSource(c net.Conn) string {
+	if uid, _, ok := peerCred(c); ok {
+		return strconv.Itoa(uid)
+	}
+	return "?"
+}
+
 // serveAttached runs one attached rank's stream on the leader: handshake,
 // hello, then its frames until it closes.
-func (w *World) serveAttached(c net.Conn) {
+func (w *World) serveAttached(c net.Conn, release func()) {
 	key, _ := attachKey(&w.cfg)
+	if err := checkPeer(c); err != nil {
+		release()
+		w.log.Warn().Err(err).Msg("rendezvous: refused a local attach")
+		_ = c.Close()
+		return
+	}
 	if err := handshake(c, key, true, w.cfg.TCPTimeout); err != nil {
+		release()
 		w.log.Warn().Err(err).Str("from", c.RemoteAddr().String()).Msg("rendezvous: refused a local attach")
 		_ = c.Close()
 		return
@@ -64,6 +99,7 @@ func (w *World) serveAttached(c net.Conn) {
 	_ = c.SetReadDeadline(time.Now().Add(w.cfg.TCPTimeout))
 	typ, body, err := readFrame(c)
 	_ = c.SetReadDeadline(time.Time{})
+	release()
 	if err != nil || typ != frameHello {
 		w.log.Warn().Err(err).Msg("rendezvous: attached rank sent no hello")
 		_ = c.Close()
@@ -406,11 +442,11 @@ func (w *World) joinAttached(ctx context.Context) error {
 	if net == nil {
 		net = unixAttach{}
 	}
-	name := attachName(cfg.JobID, cfg.Host)
 	key, err := attachKey(cfg)
 	if err != nil {
 		return err
 	}
+	name := attachName(key, cfg.Host)
 	deadline := time.NewTimer(cfg.FormationTimeout)
 	defer deadline.Stop()
 	backoff := 5 * time.Millisecond
@@ -420,6 +456,12 @@ func (w *World) joinAttached(ctx context.Context) error {
 		c, err := net.Dial(dctx, name)
 		cancel()
 		if err == nil {
+			if perr := checkPeer(c); perr != nil {
+				// Another user holds the name: no retry will reach the
+				// leader, so say so now instead of timing out.
+				_ = c.Close()
+				return w.attachError(nil, perr)
+			}
 			if err = handshake(c, key, false, cfg.TCPTimeout); err == nil {
 				err = writeFrame(c, frameHello, encodeMeta(w.self))
 			}
@@ -484,7 +526,7 @@ func (w *World) fatalErr() error {
 // attachError: this rank never reached its leader.
 func (w *World) attachError(ctxErr, last error) error {
 	e := w.formationError(ctxErr, nil).(*FormationError)
-	e.Seed = "host leader " + attachName(w.cfg.JobID, w.cfg.Host)
+	e.Seed = "host leader (local rank 0 on host " + w.cfg.Host + ")"
 	e.SeedErr = fmt.Errorf("not attached: %w", last)
 	if last == nil {
 		e.SeedErr = errors.New("not attached")
@@ -564,7 +606,7 @@ func (w *World) readLeader() {
 		w.setFatalLocked(&FormationError{
 			Joined: 1, WorldSize: w.cfg.WorldSize, Rank: w.cfg.Rank,
 			After: time.Since(w.start).Round(100 * time.Millisecond).String(),
-			Seed:  "host leader " + attachName(w.cfg.JobID, w.cfg.Host),
+			Seed:  "host leader (local rank 0 on host " + w.cfg.Host + ")",
 			SeedErr: fmt.Errorf("the host leader (local rank 0 on host %s) closed the connection before the world formed",
 				w.cfg.Host),
 		})

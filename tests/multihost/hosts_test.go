@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -323,12 +324,23 @@ func TestPreload(t *testing.T) {
 		}
 		return code, stdout.String(), stderr.String()
 	}
-	cache := fmt.Sprintf("%s/gorun-preload-%d/%s", os.TempDir(), os.Getuid(), hex.EncodeToString(sum[:]))
-	t.Cleanup(func() { os.RemoveAll(cache) })
+	// The cache is private to the user (launcher/private.go): root's
+	// ~/.cache/gorun/preload here, or $XDG_RUNTIME_DIR/gorun/preload.
 	code, out, errOut := run()
+	m := regexp.MustCompile(`ran (/\S*/gorun/preload/` + hex.EncodeToString(sum[:]) + `)/prog\.sh data=payload`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("exit %d, stdout:\n%s\nwant the program run from the private cache\nstderr:\n%s", code, out, errOut)
+	}
+	cache := m[1]
+	t.Cleanup(func() { os.RemoveAll(cache) })
 	want := "ran " + cache + "/prog.sh data=payload"
 	if code != 0 || strings.Count(out, want) != len(h.Hosts) {
 		t.Fatalf("exit %d, stdout:\n%s\nwant %q from every host\nstderr:\n%s", code, out, want, errOut)
+	}
+	for _, d := range []string{cache, filepath.Dir(cache)} {
+		if st, err := os.Lstat(d); err != nil || !st.IsDir() || st.Mode().Perm() != 0o700 {
+			t.Errorf("cache directory %s: %v %v, want a 0700 directory", d, st.Mode(), err)
+		}
 	}
 	code, out, errOut = run()
 	if code != 0 || strings.Count(out, want) != len(h.Hosts) || strings.Contains(errOut, "preloading") {

@@ -1,0 +1,178 @@
+package connlimit
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+)
+
+// Config bounds the unauthenticated connections of one listener.
+type Config struct {
+	// Max is how many connections may be in their handshake at once. 1024:
+	// a rank of a 4096-rank world is dialed by thousands of peers at
+	// formation, and those wait in the backlog for a slot, each handshake
+	// taking milliseconds; 1024 pending connections cost about 12 MiB
+	// (goroutine and a 4 KiB buffer each).
+	Max int
+	// PerSource is how many of them one source may hold. 128: every rank
+	// of one host dials from that host's address, several streams each.
+	PerSource int
+}
+
+// DefaultConfig returns the bounds the listeners use unless told otherwise.
+func DefaultConfig() Config { return Config{Max: 1024, PerSource: 128} }
+
+// Validate reports a bound that cannot work.
+func (c Config) Validate() error {
+	if c.Max < 1 || c.PerSource < 1 || c.PerSource > c.Max {
+		return fmt.Errorf("connlimit: Max %d and PerSource %d must be positive with PerSource ≤ Max", c.Max, c.PerSource)
+	}
+	return nil
+}
+
+// ErrClosed is returned by Accept once the Gate is closed.
+var ErrClosed = errors.New("connlimit: gate closed")
+
+// Source names where a connection comes from; the default is the remote IP
+// address (without the port), and "unix" for a Unix socket peer.
+type Source func(net.Conn) string
+
+// RemoteIP is the default Source.
+func RemoteIP(c net.Conn) string {
+	switch a := c.RemoteAddr().(type) {
+	case *net.TCPAddr:
+		return a.IP.String()
+	case nil:
+		return "?"
+	default:
+		return a.Network()
+	}
+}
+
+// Gate admits connections from a listener within Config's bounds. Its
+// methods are safe for concurrent use; Accept is meant for one accept loop.
+type Gate struct {
+	cfg    Config
+	source Source
+
+	// slots holds one token per connection in its handshake; Accept takes
+	// one before it accepts, so a full gate leaves new connections in the
+	// kernel's backlog.
+	slots chan struct{}
+	done  chan struct{} // closed by Close
+
+	mu      sync.Mutex
+	closed  bool                // guarded by mu
+	pending map[net.Conn]string // guarded by mu: connection → its source
+	per     map[string]int      // guarded by mu: connections per source
+	refused int                 // guarded by mu: closed for PerSource
+}
+
+// New returns a Gate; a zero Config field takes its default, and source
+// nil means RemoteIP.
+func New(cfg Config, source Source) (*Gate, error) {
+	d := DefaultConfig()
+	if cfg.Max == 0 {
+		cfg.Max = d.Max
+	}
+	if cfg.PerSource == 0 {
+		cfg.PerSource = min(d.PerSource, cfg.Max)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if source == nil {
+		source = RemoteIP
+	}
+	return &Gate{cfg: cfg, source: source, slots: make(chan struct{}, cfg.Max), done: make(chan struct{}),
+		pending: map[net.Conn]string{}, per: map[string]int{}}, nil
+}
+
+// Accept waits for a free slot, accepts the next connection and admits it
+// when its source holds fewer than PerSource slots; a connection over that
+// is closed and the next one accepted. It returns the connection and a
+// release function that the caller must call once the connection is
+// authenticated or dropped (it is idempotent and does not close the
+// connection). It blocks; it returns the listener's error, or ErrClosed
+// after Close.
+func (g *Gate) Accept(ln net.Listener) (net.Conn, func(), error) {
+	for {
+		select {
+		case g.slots <- struct{}{}:
+		case <-g.done:
+			return nil, nil, ErrClosed
+		}
+		c, err := ln.Accept()
+		if err != nil {
+			<-g.slots
+			return nil, nil, err
+		}
+		src := g.source(c)
+		g.mu.Lock()
+		if g.closed {
+			g.mu.Unlock()
+			<-g.slots
+			_ = c.Close()
+			return nil, nil, ErrClosed
+		}
+		if g.per[src] >= g.cfg.PerSource {
+			g.refused++
+			g.mu.Unlock()
+			<-g.slots
+			// Closed before a byte is said: the peer's client takes it as
+			// "busy" and retries (comm's dialer does).
+			_ = c.Close()
+			continue
+		}
+		g.per[src]++
+		g.pending[c] = src
+		g.mu.Unlock()
+		var once sync.Once
+		return c, func() { once.Do(func() { g.release(c) }) }, nil
+	}
+}
+
+func (g *Gate) release(c net.Conn) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	src, ok := g.pending[c]
+	if !ok {
+		return
+	}
+	delete(g.pending, c)
+	if g.per[src]--; g.per[src] == 0 {
+		delete(g.per, src)
+	}
+	<-g.slots
+}
+
+// Close ends Accept and closes every connection still in its handshake
+// (their owners see their reads fail and call release). Idempotent.
+func (g *Gate) Close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return
+	}
+	g.closed = true
+	close(g.done)
+	for c := range g.pending {
+		_ = c.Close()
+	}
+}
+
+// Stats is a snapshot for logs and tests.
+type Stats struct {
+	// Pending is how many connections are in their handshake now.
+	Pending int
+	// Refused is how many were closed at once for PerSource so far.
+	Refused int
+}
+
+// Stats returns the current counts.
+func (g *Gate) Stats() Stats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return Stats{Pending: len(g.pending), Refused: g.refused}
+}

@@ -1,0 +1,186 @@
+package connlimit
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		cfg Config
+		ok  bool
+	}{
+		{DefaultConfig(), true},
+		{Config{Max: 1, PerSource: 1}, true},
+		{Config{Max: 0, PerSource: 1}, false},
+		{Config{Max: 4, PerSource: 5}, false},
+		{Config{Max: 4, PerSource: -1}, false},
+	} {
+		if err := tc.cfg.Validate(); (err == nil) != tc.ok {
+			t.Errorf("Validate(%+v) = %v, want ok=%v", tc.cfg, err, tc.ok)
+		}
+	}
+}
+
+// Silent connections from one source take at most PerSource slots; the
+// ones over that are closed at once (the client reads EOF), and a
+// connection from another source still gets a slot. Close closes the
+// pending ones and ends Accept.
+func TestGateBounds(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	// Two "sources" on one loopback address, standing in for two hosts:
+	// the test maps each client's local address to a source name before
+	// it dials (mustDialAs).
+	var mu sync.Mutex
+	srcOf := map[string]string{}
+	g, err := New(Config{Max: 4, PerSource: 2}, func(c net.Conn) string {
+		mu.Lock()
+		defer mu.Unlock()
+		return srcOf[c.RemoteAddr().String()]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var accepted []net.Conn
+	var amu sync.Mutex
+	wg.Go(func() {
+		for {
+			c, _, err := g.Accept(ln)
+			if err != nil {
+				return
+			}
+			amu.Lock()
+			accepted = append(accepted, c)
+			amu.Unlock()
+		}
+	})
+	var clients []net.Conn
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+	for i := 0; i < 5; i++ {
+		clients = append(clients, mustDialAs(t, ln, &mu, srcOf, "a"))
+	}
+	waitFor(t, func() bool { s := g.Stats(); return s.Pending == 2 && s.Refused == 3 })
+	// The refused ones were closed without a byte.
+	closed := 0
+	for _, c := range clients {
+		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); errors.Is(err, io.EOF) {
+			closed++
+		}
+	}
+	if closed != 3 {
+		t.Errorf("%d clients saw EOF, want 3", closed)
+	}
+	clients = append(clients, mustDialAs(t, ln, &mu, srcOf, "b"))
+	waitFor(t, func() bool { return g.Stats().Pending == 3 })
+	g.Close()
+	ln.Close()
+	wg.Wait()
+	amu.Lock()
+	defer amu.Unlock()
+	for _, c := range accepted {
+		if _, err := c.Read(make([]byte, 1)); err == nil {
+			t.Error("a pending connection is still open after Close")
+		}
+	}
+}
+
+// The global bound leaves connections in the backlog: with Max 1, a second
+// connection is not accepted until the first is released.
+func TestGateBackpressure(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	g, err := New(Config{Max: 1, PerSource: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type acc struct {
+		c   net.Conn
+		rel func()
+	}
+	got := make(chan acc, 2)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, rel, err := g.Accept(ln)
+			if err != nil {
+				return
+			}
+			got <- acc{c, rel}
+		}
+	})
+	c1, _ := net.Dial("tcp", ln.Addr().String())
+	defer c1.Close()
+	a1 := <-got
+	c2, _ := net.Dial("tcp", ln.Addr().String())
+	defer c2.Close()
+	select {
+	case <-got:
+		t.Fatal("a second connection was accepted while the only slot was taken")
+	case <-time.After(100 * time.Millisecond):
+	}
+	a1.rel()
+	a1.rel() // idempotent
+	a2 := <-got
+	a1.c.Close()
+	a2.c.Close()
+	a2.rel()
+	g.Close()
+	ln.Close()
+	wg.Wait()
+	if s := g.Stats(); s.Pending != 0 {
+		t.Errorf("pending %d after release", s.Pending)
+	}
+}
+
+func mustDialAs(t *testing.T, ln net.Listener, mu *sync.Mutex, srcOf map[string]string, src string) net.Conn {
+	t.Helper()
+	// Reserve a local port by listening on it, then dial from it: the
+	// mapping exists before the connection does.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().(*net.TCPAddr)
+	l.Close()
+	mu.Lock()
+	srcOf[addr.String()] = src
+	mu.Unlock()
+	d := net.Dialer{LocalAddr: addr}
+	c, err := d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func waitFor(t *testing.T, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached within 5 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,787 @@
+//go:build cgo
+
+package main
+
+/*
+#cgo CFLAGS: -O2
+#include <stdint.h>
+#include <stdlib.h>
+#define GORUN_NO_PROTOTYPES
+#include "gorun.h"
+void gorunSetError(const char *text, size_t n, int rank);
+void gorunClearError(void);
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"time"
+	"unsafe"
+
+	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/rendezvous"
+)
+
+const abiVersion = 1 // GORUN_ABI_VERSION
+
+// dtypeBool is gorun.h's GORUN_BOOL: bytes reduced as logical values.
+const dtypeBool = 8
+
+// errOpTimeout is the cause of a call that ran past gorun_init's timeout_ms.
+var errOpTimeout = errors.New("gorun: call timed out")
+
+func init() {
+	// The host program (Python, torch's thread pools) owns the cores; a
+	// collective needs a couple of threads to progress. GOMAXPROCS in the
+	// environment wins.
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(min(2, runtime.NumCPU()))
+	}
+}
+
+// setErr records err as the calling thread's error text and returns its
+// status. ce (may be nil) maps group ranks in err to world ranks.
+func setErr(err error, ce *commEntry) C.int {
+	err = nameLost(err, ce)
+	code, rank := classify(err, ce)
+	text := err.Error()
+	if len(text) == 0 {
+		text = "gorun: unknown error"
+	}
+	// A pointer to a Go string's bytes may be passed to C for the duration
+	// of the call; gorunSetError copies them.
+	C.gorunSetError((*C.char)(unsafe.Pointer(unsafe.StringData(text))), C.size_t(len(text)), C.int(rank))
+	return C.int(code)
+}
+
+// classify maps an error to a status and the world rank it is about (-1).
+func classify(err error, ce *commEntry) (int, int) {
+	worldRank := func(r int) int {
+		if ce != nil && r >= 0 && r < ce.c.Size() {
+			return ce.c.Group().GlobalRank(r)
+		}
+		return -1
+	}
+	var (
+		de *comm.DesyncError
+		pe *comm.PeerError
+		le *rendezvous.LostError
+		lf *rendezvous.LeftError
+	)
+	rank := -1
+	switch {
+	case errors.As(err, &de):
+		rank = worldRank(de.Peer)
+	case errors.As(err, &le):
+		rank = le.Rank
+	case errors.As(err, &pe):
+		rank = pe.WorldRank
+	case errors.As(err, &lf):
+		rank = lf.Rank
+	}
+	switch {
+	case errors.Is(err, comm.ErrDesync):
+		return statusDesync, rank
+	case errors.Is(err, errInvalid), errors.Is(err, errNotInit), errors.Is(err, comm.ErrInvalidArgument):
+		return statusInvalid, rank
+	case errors.Is(err, errOpTimeout), errors.Is(err, context.DeadlineExceeded):
+		return statusTimeout, rank
+	case errors.Is(err, comm.ErrPeerLost), errors.Is(err, rendezvous.ErrLost), errors.Is(err, rendezvous.ErrLeft):
+		return statusPeerLost, rank
+	case pe != nil && errors.Is(err, comm.ErrAborted):
+		return statusAborted, rank
+	case pe != nil:
+		return statusPeerLost, rank // a peer that closed or broke its link mid-call
+	case errors.Is(err, comm.ErrAborted):
+		return statusAborted, rank
+	case errors.Is(err, comm.ErrClosed), errors.Is(err, rendezvous.ErrClosed):
+		return statusClosed, rank
+	}
+	return statusInternal, rank
+}
+
+// lostWait bounds how long a failed call waits for the membership to name a
+// lost rank; well inside the 5 s in which a survivor must hear of a death.
+const lostWait = 2 * time.Second
+
+// nameLost makes a failure caused by a death name the dead rank. A survivor
+// often hears of a death second-hand — a peer's abort frame, or a link that
+// the aborting peer closed before its reason arrived — which names the
+// messenger, not the dead rank. The rendezvous declares the dead rank lost
+// within moments (a host's ranks are attached to its leader by a socket), so
+// wait briefly for the group's verdict and add it.
+func nameLost(err error, ce *commEntry) error {
+	var (
+		pe *comm.PeerError
+		le *rendezvous.LostError
+	)
+	if ce == nil || errors.As(err, &le) || errors.Is(err, comm.ErrDesync) || errors.Is(err, comm.ErrInvalidArgument) {
+		return err
+	}
+	if !errors.As(err, &pe) && !errors.Is(err, comm.ErrPeerLost) {
+		return err
+	}
+	g := ce.c.Group()
+	select {
+	case <-g.Failed():
+	case <-time.After(lostWait):
+		return err
+	}
+	if ge := g.Err(); errors.As(ge, &le) {
+		return fmt.Errorf("%w; the cause: %w", err, ge)
+	}
+	return err
+}
+
+// guard turns a panic into GORUN_ERR_INTERNAL: a Go panic must never unwind
+// into C, and the library never ends the host process.
+func guard(rc *C.int) {
+	if p := recover(); p != nil {
+		*rc = setErr(fmt.Errorf("gorun: internal error (a bug, please report): %v\n%s", p, debug.Stack()), nil)
+	}
+}
+
+// ok clears the thread's error text for a successful call.
+func ok() C.int {
+	C.gorunClearError()
+	return statusOK
+}
+
+//export gorun_abi_version
+func gorun_abi_version() C.int { return abiVersion }
+
+//export gorun_init
+func gorun_init(config *C.char, world *C.gorun_comm_t) (rc C.int) {
+	defer guard(&rc)
+	if world == nil {
+		return setErr(fmt.Errorf("%w: gorun_init: world is NULL", errInvalid), nil)
+	}
+	var cfg string
+	if config != nil {
+		cfg = C.GoString(config)
+	}
+	st, err := parseSettings(cfg)
+	if err != nil {
+		return setErr(err, nil)
+	}
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	if reg.sess != nil {
+		if reg.sess.st != st {
+			return setErr(fmt.Errorf("%w: gorun_init: already initialized with other settings (finalize first)", errInvalid), nil)
+		}
+		*world = C.gorun_comm_t(reg.worldH)
+		return ok()
+	}
+	s, err := start(context.Background(), st)
+	if err != nil {
+		setErr(fmt.Errorf("gorun: joining the world: %w", err), nil)
+		return statusInit
+	}
+	reg.sess = s
+	reg.worldH = reg.addCommLocked(&commEntry{c: s.world, world: true, opTimeout: st.timeoutMs, close: s.world.Close})
+	*world = C.gorun_comm_t(reg.worldH)
+	return ok()
+}
+
+//export gorun_finalize
+func gorun_finalize() (rc C.int) {
+	defer guard(&rc)
+	reg.mu.Lock()
+	s := reg.sess
+	comms := reg.comms
+	reg.sess, reg.worldH = nil, 0
+	reg.comms, reg.reqs = map[int64]*commEntry{}, map[int64]*reqEntry{}
+	reg.mu.Unlock()
+	if s == nil {
+		return ok() // finalizing twice is harmless
+	}
+	// Subgroups first, the world last, then the membership: the reverse of
+	// how they were made.
+	var errs []error
+	for _, e := range comms {
+		if !e.world {
+			errs = append(errs, e.close())
+		}
+	}
+	errs = append(errs, s.world.Close(), s.close())
+	if err := errors.Join(errs...); err != nil {
+		return setErr(fmt.Errorf("gorun: finalize: %w", err), nil)
+	}
+	return ok()
+}
+
+//export gorun_comm_rank
+func gorun_comm_rank(h C.gorun_comm_t, rank *C.int) (rc C.int) {
+	defer guard(&rc)
+	e, err := reg.comm(int64(h))
+	if err != nil {
+		return setErr(err, nil)
+	}
+	if rank == nil {
+		return setErr(fmt.Errorf("%w: gorun_comm_rank: rank is NULL", errInvalid), nil)
+	}
+	*rank = C.int(e.c.Rank())
+	return ok()
+}
+
+//export gorun_comm_size
+func gorun_comm_size(h C.gorun_comm_t, size *C.int) (rc C.int) {
+	defer guard(&rc)
+	e, err := reg.comm(int64(h))
+	if err != nil {
+		return setErr(err, nil)
+	}
+	if size == nil {
+		return setErr(fmt.Errorf("%w: gorun_comm_size: size is NULL", errInvalid), nil)
+	}
+	*size = C.int(e.c.Size())
+	return ok()
+}
+
+//export gorun_comm_world_rank
+func gorun_comm_world_rank(h C.gorun_comm_t, r C.int, out *C.int) (rc C.int) {
+	defer guard(&rc)
+	e, err := reg.comm(int64(h))
+	if err != nil {
+		return setErr(err, nil)
+	}
+	if out == nil || r < 0 || int(r) >= e.c.Size() {
+		return setErr(fmt.Errorf("%w: gorun_comm_world_rank: rank %d of a group of %d (or out is NULL)", errInvalid, r, e.c.Size()), nil)
+	}
+	*out = C.int(e.c.Group().GlobalRank(int(r)))
+	return ok()
+}
+
+//export gorun_comm_group
+func gorun_comm_group(h C.gorun_comm_t, ranks *C.int, n C.int, tag *C.char, out *C.gorun_comm_t) (rc C.int) {
+	defer guard(&rc)
+	e, err := reg.comm(int64(h))
+	if err != nil {
+		return setErr(err, nil)
+	}
+	if !e.world {
+		return setErr(fmt.Errorf("%w: gorun_comm_group: groups are made from the world communicator", errInvalid), nil)
+	}
+	if out == nil || n <= 0 || ranks == nil {
+		return setErr(fmt.Errorf("%w: gorun_comm_group: need n > 0 ranks and an out handle", errInvalid), nil)
+	}
+	list := make([]int, int(n))
+	for i, r := range unsafe.Slice(ranks, int(n)) {
+		list[i] = int(r)
+	}
+	reg.mu.Lock()
+	s := reg.sess
+	reg.mu.Unlock()
+	if s == nil {
+		return setErr(errNotInit, nil)
+	}
+	g, err := s.group(list)
+	if err != nil {
+		return setErr(fmt.Errorf("%w: gorun_comm_group %v: %w", errInvalid, list, err), nil)
+	}
+	cfg := s.ccfg
+	if tag != nil {
+		cfg.Tag = C.GoString(tag)
+	}
+	c, err := comm.New(context.Background(), g, s.ep, cfg)
+	if err != nil {
+		return setErr(fmt.Errorf("gorun_comm_group %v: %w", list, err), nil)
+	}
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	if reg.sess != s { // finalized meanwhile
+		_ = c.Close()
+		return setErr(fmt.Errorf("%w: gorun_comm_group: finalized while connecting", comm.ErrClosed), nil)
+	}
+	*out = C.gorun_comm_t(reg.addCommLocked(&commEntry{c: c, opTimeout: e.opTimeout, close: c.Close}))
+	return ok()
+}
+
+//export gorun_comm_abort
+func gorun_comm_abort(h C.gorun_comm_t, reason *C.char) (rc C.int) {
+	defer guard(&rc)
+	e, err := reg.comm(int64(h))
+	if err != nil {
+		return setErr(err, nil)
+	}
+	var why error
+	if reason != nil {
+		why = errors.New(C.GoString(reason))
+	}
+	e.c.Abort(why)
+	return ok()
+}
+
+//export gorun_comm_free
+func gorun_comm_free(h C.gorun_comm_t) (rc C.int) {
+	defer guard(&rc)
+	reg.mu.Lock()
+	e, found := reg.comms[int64(h)]
+	switch {
+	case reg.sess == nil:
+		reg.mu.Unlock()
+		return setErr(errNotInit, nil)
+	case !found:
+		reg.mu.Unlock()
+		return setErr(fmt.Errorf("%w: gorun_comm_free: no communicator %d", errInvalid, h), nil)
+	case e.world:
+		reg.mu.Unlock()
+		return setErr(fmt.Errorf("%w: gorun_comm_free: the world communicator is closed by gorun_finalize", errInvalid), nil)
+	}
+	delete(reg.comms, int64(h))
+	reg.mu.Unlock()
+	if err := e.close(); err != nil {
+		return setErr(err, e)
+	}
+	return ok()
+}
+
+// buffer views C memory as a comm.Buffer of count elements of dt. A NULL
+// pointer is allowed only where the call ignores the buffer (nilOK) or for a
+// count of zero.
+func buffer(p unsafe.Pointer, count C.size_t, dt comm.DType, what string, nilOK bool) (comm.Buffer, error) {
+	if p == nil {
+		if nilOK {
+			return nil, nil
+		}
+		if count != 0 {
+			return nil, fmt.Errorf("%w: %s is NULL with count %d", errInvalid, what, count)
+		}
+		return comm.Alloc(dt, 0), nil
+	}
+	es := uint64(dt.Size())
+	if uint64(count) > math.MaxInt/es {
+		return nil, fmt.Errorf("%w: %s: count %d is too large", errInvalid, what, count)
+	}
+	return comm.Bytes(dt, unsafe.Slice((*byte)(p), int(uint64(count)*es)))
+}
+
+// dtypeOp maps the C dtype and op; bool becomes uint8 with its logical
+// reductions. op 0 means "no reduction".
+func dtypeOp(dt, op C.int) (comm.DType, comm.Op, error) {
+	if dt == dtypeBool {
+		switch comm.Op(op) {
+		case 0:
+			return comm.Uint8, 0, nil
+		case comm.Sum, comm.Max:
+			return comm.Uint8, comm.Max, nil
+		case comm.Prod, comm.Min:
+			return comm.Uint8, comm.Min, nil
+		}
+		return 0, 0, fmt.Errorf("%w: op %v is not defined for bool", errInvalid, comm.Op(op))
+	}
+	d := comm.DType(dt)
+	if dt < 0 || dt > 255 || !d.Valid() {
+		return 0, 0, fmt.Errorf("%w: unknown dtype %d (see gorun_dtype)", errInvalid, dt)
+	}
+	if op != 0 && (op < 0 || op > 255 || !comm.Op(op).Valid()) {
+		return 0, 0, fmt.Errorf("%w: unknown op %d (see gorun_op)", errInvalid, op)
+	}
+	return d, comm.Op(op), nil
+}
+
+// issue runs one call: it builds the call's context (bounded by timeout_ms),
+// lets do issue it, and either waits (req == NULL) or returns a request.
+func issue(h C.gorun_comm_t, what string, req *C.gorun_request_t, do func(ctx context.Context, e *commEntry) (comm.Handle, error)) C.int {
+	e, err := reg.comm(int64(h))
+	if err != nil {
+		return setErr(fmt.Errorf("gorun_%s: %w", what, err), nil)
+	}
+	ctx, stop := context.Background(), context.CancelFunc(func() {})
+	if e.opTimeout > 0 {
+		ctx, stop = context.WithTimeoutCause(ctx, time.Duration(e.opTimeout)*time.Millisecond,
+			fmt.Errorf("%w: %s did not complete within timeout_ms=%d", errOpTimeout, what, e.opTimeout))
+	}
+	hd, err := do(ctx, e)
+	if err != nil {
+		stop()
+		return setErr(fmt.Errorf("gorun_%s: %w", what, err), e)
+	}
+	if req == nil {
+		// Waiting on the call's own context lets comm run it on this thread
+		// when nothing else is running (no goroutine hand-off).
+		err := hd.Wait(ctx)
+		stop()
+		if err != nil {
+			return setErr(err, e)
+		}
+		return ok()
+	}
+	*req = C.gorun_request_t(reg.addReq(&reqEntry{h: hd, ctx: ctx, stop: stop, c: e, what: what}))
+	return ok()
+}
+
+//export gorun_allreduce
+func gorun_allreduce(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype, op C.int, req *C.gorun_request_t) (rc C.int) {
+	defer guard(&rc)
+	return issue(h, "allreduce", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+		dt, o, err := dtypeOp(dtype, op)
+		if err != nil {
+			return nil, err
+		}
+		if o == 0 {
+			return nil, fmt.Errorf("%w: op 0", errInvalid)
+		}
+		s, err := buffer(send, count, dt, "send", false)
+		if err != nil {
+			return nil, err
+		}
+		r, err := buffer(recv, count, dt, "recv", false)
+		if err != nil {
+			return nil, err
+		}
+		return e.c.AllReduce(ctx, s, r, o), nil
+	})
+}
+
+//export gorun_allgather
+func gorun_allgather(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype C.int, req *C.gorun_request_t) (rc C.int) {
+	defer guard(&rc)
+	return issue(h, "allgather", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+		dt, _, err := dtypeOp(dtype, 0)
+		if err != nil {
+			return nil, err
+		}
+		s, err := buffer(send, count, dt, "send", false)
+		if err != nil {
+			return nil, err
+		}
+		r, err := buffer(recv, count*C.size_t(e.c.Size()), dt, "recv", false)
+		if err != nil {
+			return nil, err
+		}
+		return e.c.AllGather(ctx, s, r), nil
+	})
+}
+
+//export gorun_reduce_scatter
+func gorun_reduce_scatter(h C.gorun_comm_t, send, recv unsafe.Pointer, recvcount C.size_t, dtype, op C.int, req *C.gorun_request_t) (rc C.int) {
+	defer guard(&rc)
+	return issue(h, "reduce_scatter", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+		dt, o, err := dtypeOp(dtype, op)
+		if err != nil {
+			return nil, err
+		}
+		if o == 0 {
+			return nil, fmt.Errorf("%w: op 0", errInvalid)
+		}
+		s, err := buffer(send, recvcount*C.size_t(e.c.Size()), dt, "send", false)
+		if err != nil {
+			return nil, err
+		}
+		r, err := buffer(recv, recvcount, dt, "recv", false)
+		if err != nil {
+			return nil, err
+		}
+		return e.c.ReduceScatter(ctx, s, r, o), nil
+	})
+}
+
+//export gorun_broadcast
+func gorun_broadcast(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype, root C.int, req *C.gorun_request_t) (rc C.int) {
+	defer guard(&rc)
+	return issue(h, "broadcast", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+		dt, _, err := dtypeOp(dtype, 0)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkRoot(e, root); err != nil {
+			return nil, err
+		}
+		s, err := buffer(send, count, dt, "send", int(root) != e.c.Rank())
+		if err != nil {
+			return nil, err
+		}
+		r, err := buffer(recv, count, dt, "recv", false)
+		if err != nil {
+			return nil, err
+		}
+		return e.c.Broadcast(ctx, s, r, int(root)), nil
+	})
+}
+
+//export gorun_reduce
+func gorun_reduce(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype, op, root C.int, req *C.gorun_request_t) (rc C.int) {
+	defer guard(&rc)
+	return issue(h, "reduce", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+		dt, o, err := dtypeOp(dtype, op)
+		if err != nil {
+			return nil, err
+		}
+		if o == 0 {
+			return nil, fmt.Errorf("%w: op 0", errInvalid)
+		}
+		if err := checkRoot(e, root); err != nil {
+			return nil, err
+		}
+		s, err := buffer(send, count, dt, "send", false)
+		if err != nil {
+			return nil, err
+		}
+		r, err := buffer(recv, count, dt, "recv", int(root) != e.c.Rank())
+		if err != nil {
+			return nil, err
+		}
+		return e.c.Reduce(ctx, s, r, o, int(root)), nil
+	})
+}
+
+// rootCounts returns counts of n entries: k at root, 0 elsewhere.
+func rootCounts(n, root, k int) []int {
+	c := make([]int, n)
+	c[root] = k
+	return c
+}
+
+// fullCounts returns counts of n entries, all k.
+func fullCounts(n, k int) []int {
+	c := make([]int, n)
+	for i := range c {
+		c[i] = k
+	}
+	return c
+}
+
+// checkRoot rejects a root outside the group before anything is issued.
+func checkRoot(e *commEntry, root C.int) error {
+	if root < 0 || int(root) >= e.c.Size() {
+		return fmt.Errorf("%w: root %d outside a group of %d", errInvalid, root, e.c.Size())
+	}
+	return nil
+}
+
+//export gorun_gather
+func gorun_gather(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype, root C.int, req *C.gorun_request_t) (rc C.int) {
+	defer guard(&rc)
+	// A gather is an all-to-all-v in which every rank sends count elements
+	// to root and only root receives: one message per rank, no extra copy.
+	return issue(h, "gather", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+		dt, _, err := dtypeOp(dtype, 0)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkRoot(e, root); err != nil {
+			return nil, err
+		}
+		n, me, k := e.c.Size(), e.c.Rank(), int(count)
+		s, err := buffer(send, count, dt, "send", false)
+		if err != nil {
+			return nil, err
+		}
+		recvCounts := make([]int, n)
+		r := comm.Alloc(dt, 0)
+		if me == int(root) {
+			if r, err = buffer(recv, count*C.size_t(n), dt, "recv", false); err != nil {
+				return nil, err
+			}
+			recvCounts = fullCounts(n, k)
+		}
+		return e.c.AllToAllV(ctx, s, rootCounts(n, int(root), k), r, recvCounts), nil
+	})
+}
+
+//export gorun_scatter
+func gorun_scatter(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype, root C.int, req *C.gorun_request_t) (rc C.int) {
+	defer guard(&rc)
+	// The mirror image of gather: root sends block p to rank p.
+	return issue(h, "scatter", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+		dt, _, err := dtypeOp(dtype, 0)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkRoot(e, root); err != nil {
+			return nil, err
+		}
+		n, me, k := e.c.Size(), e.c.Rank(), int(count)
+		r, err := buffer(recv, count, dt, "recv", false)
+		if err != nil {
+			return nil, err
+		}
+		sendCounts := make([]int, n)
+		s := comm.Alloc(dt, 0)
+		if me == int(root) {
+			if s, err = buffer(send, count*C.size_t(n), dt, "send", false); err != nil {
+				return nil, err
+			}
+			sendCounts = fullCounts(n, k)
+		}
+		return e.c.AllToAllV(ctx, s, sendCounts, r, rootCounts(n, int(root), k)), nil
+	})
+}
+
+//export gorun_alltoall
+func gorun_alltoall(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype C.int, req *C.gorun_request_t) (rc C.int) {
+	defer guard(&rc)
+	return issue(h, "alltoall", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+		dt, _, err := dtypeOp(dtype, 0)
+		if err != nil {
+			return nil, err
+		}
+		if int(count)%e.c.Size() != 0 {
+			return nil, fmt.Errorf("%w: count %d is not a multiple of the group size %d", errInvalid, count, e.c.Size())
+		}
+		s, err := buffer(send, count, dt, "send", false)
+		if err != nil {
+			return nil, err
+		}
+		r, err := buffer(recv, count, dt, "recv", false)
+		if err != nil {
+			return nil, err
+		}
+		return e.c.AllToAll(ctx, s, r), nil
+	})
+}
+
+//export gorun_alltoallv
+func gorun_alltoallv(h C.gorun_comm_t, send unsafe.Pointer, sendcounts *C.size_t, recv unsafe.Pointer, recvcounts *C.size_t, dtype C.int, req *C.gorun_request_t) (rc C.int) {
+	defer guard(&rc)
+	return issue(h, "alltoallv", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+		dt, _, err := dtypeOp(dtype, 0)
+		if err != nil {
+			return nil, err
+		}
+		if sendcounts == nil || recvcounts == nil {
+			return nil, fmt.Errorf("%w: sendcounts or recvcounts is NULL", errInvalid)
+		}
+		n := e.c.Size()
+		counts := func(p *C.size_t, what string) ([]int, C.size_t, error) {
+			out := make([]int, n)
+			var total C.size_t
+			for i, v := range unsafe.Slice(p, n) {
+				if uint64(v) > math.MaxInt32*uint64(1<<16) {
+					return nil, 0, fmt.Errorf("%w: %s[%d] = %d is too large", errInvalid, what, i, v)
+				}
+				out[i] = int(v)
+				total += v
+			}
+			return out, total, nil
+		}
+		sc, st, err := counts(sendcounts, "sendcounts")
+		if err != nil {
+			return nil, err
+		}
+		rcs, rt, err := counts(recvcounts, "recvcounts")
+		if err != nil {
+			return nil, err
+		}
+		s, err := buffer(send, st, dt, "send", false)
+		if err != nil {
+			return nil, err
+		}
+		r, err := buffer(recv, rt, dt, "recv", false)
+		if err != nil {
+			return nil, err
+		}
+		return e.c.AllToAllV(ctx, s, sc, r, rcs), nil
+	})
+}
+
+//export gorun_barrier
+func gorun_barrier(h C.gorun_comm_t, req *C.gorun_request_t) (rc C.int) {
+	defer guard(&rc)
+	return issue(h, "barrier", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+		return e.c.Barrier(ctx), nil
+	})
+}
+
+//export gorun_send
+func gorun_send(h C.gorun_comm_t, buf unsafe.Pointer, count C.size_t, dtype, peer C.int, req *C.gorun_request_t) (rc C.int) {
+	defer guard(&rc)
+	return issue(h, "send", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+		return p2p(ctx, e, buf, count, dtype, peer, e.c.Send)
+	})
+}
+
+//export gorun_recv
+func gorun_recv(h C.gorun_comm_t, buf unsafe.Pointer, count C.size_t, dtype, peer C.int, req *C.gorun_request_t) (rc C.int) {
+	defer guard(&rc)
+	return issue(h, "recv", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+		return p2p(ctx, e, buf, count, dtype, peer, e.c.Recv)
+	})
+}
+
+func p2p(ctx context.Context, e *commEntry, buf unsafe.Pointer, count C.size_t, dtype, peer C.int,
+	call func(context.Context, comm.Buffer, int) comm.Handle) (comm.Handle, error) {
+	dt, _, err := dtypeOp(dtype, 0)
+	if err != nil {
+		return nil, err
+	}
+	if peer < 0 || int(peer) >= e.c.Size() || int(peer) == e.c.Rank() {
+		return nil, fmt.Errorf("%w: peer %d (this is rank %d of %d)", errInvalid, peer, e.c.Rank(), e.c.Size())
+	}
+	b, err := buffer(buf, count, dt, "buf", false)
+	if err != nil {
+		return nil, err
+	}
+	return call(ctx, b, int(peer)), nil
+}
+
+//export gorun_test
+func gorun_test(r C.gorun_request_t, done *C.int) (rc C.int) {
+	defer guard(&rc)
+	e, err := reg.req(int64(r))
+	if err != nil {
+		return setErr(err, nil)
+	}
+	if done == nil {
+		return setErr(fmt.Errorf("%w: gorun_test: done is NULL", errInvalid), nil)
+	}
+	if !e.h.Done() {
+		*done = 0
+		return ok()
+	}
+	*done = 1
+	// Done: Wait returns at once with the call's result.
+	if err := e.h.Wait(context.Background()); err != nil {
+		return setErr(err, e.c)
+	}
+	return ok()
+}
+
+//export gorun_wait
+func gorun_wait(r C.gorun_request_t, timeoutMs C.int64_t) (rc C.int) {
+	defer guard(&rc)
+	e, err := reg.req(int64(r))
+	if err != nil {
+		return setErr(err, nil)
+	}
+	if timeoutMs < 0 {
+		if err := e.h.Wait(e.ctx); err != nil {
+			return setErr(err, e.c)
+		}
+		return ok()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(timeoutMs)*time.Millisecond)
+	defer cancel()
+	if err := e.h.Wait(ctx); err == nil {
+		return ok()
+	}
+	if !e.h.Done() {
+		return setErr(fmt.Errorf("%w: gorun_wait: %s not complete after %d ms (it is still running)", errOpTimeout, e.what, timeoutMs), e.c)
+	}
+	// It completed as the wait gave up: report the call's own result.
+	if err := e.h.Wait(context.Background()); err != nil {
+		return setErr(err, e.c)
+	}
+	return ok()
+}
+
+//export gorun_request_free
+func gorun_request_free(r C.gorun_request_t) (rc C.int) {
+	defer guard(&rc)
+	e, err := reg.dropReq(int64(r))
+	if err != nil {
+		return setErr(err, nil)
+	}
+	if e.h.Done() {
+		e.stop() // release the timeout's timer; a running call keeps its deadline
+	}
+	return ok()
+}

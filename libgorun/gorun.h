@@ -1,0 +1,214 @@
+/*
+ * gorun.h — the C ABI of gorun's collective runtime (libgorun.so).
+ *
+ * One process is one rank. gorun_init joins the job's world the way gorun's
+ * Go programs do (gorun's GORUN_* variables, torch's RANK/WORLD_SIZE/
+ * MASTER_ADDR/MASTER_PORT, SLURM's SLURM_PROCID/SLURM_NTASKS, or a world of
+ * one when none is set) and returns the world communicator. Every collective
+ * takes raw host pointers, an element type and a count, and either blocks
+ * (req == NULL) or returns a request to test or wait on.
+ *
+ * Conventions
+ *  - Every function returns a gorun_status (GORUN_OK is 0). On failure the
+ *    calling thread's error text (gorun_last_error) says what failed and, for a
+ *    lost or mismatched peer, which rank; gorun_last_error_rank gives that
+ *    world rank as a number. Like errno, the text belongs to the calling
+ *    thread and is replaced by the next failing call on that thread.
+ *  - Communicators and requests are small integer handles (never pointers),
+ *    valid until gorun_comm_free / gorun_request_free / gorun_finalize.
+ *  - Buffers belong to the caller and must stay valid and untouched from the
+ *    call until its request completes. send == recv is the in-place form.
+ *  - Calls on one communicator complete in the order they were issued, on
+ *    every rank; every rank must issue the same collectives in the same order.
+ *    A rank that issues a different call gets GORUN_ERR_DESYNC naming both
+ *    calls, and so do its peers.
+ *  - A communicator fails as a whole: after a lost peer, a desync, an invalid
+ *    argument, a timeout or gorun_comm_abort, every pending and later call on
+ *    it fails with the same error, and the peers are told, so no rank waits
+ *    for a message that will never come.
+ *  - The library never calls exit and never lets a Go panic escape: an
+ *    internal failure is GORUN_ERR_INTERNAL with the panic's text.
+ *  - Thread safety: every function may be called from any thread. The library
+ *    runs its own threads (Go's runtime: a few OS threads, GOMAXPROCS 2 unless
+ *    the GOMAXPROCS environment variable says otherwise).
+ *  - fork: a child of a process that loaded the library must not call it
+ *    (Go's runtime does not survive fork); exec first, or never call it there.
+ */
+#ifndef GORUN_H
+#define GORUN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GORUN_ABI_VERSION 1
+
+typedef int64_t gorun_comm_t;    /* > 0 when valid */
+typedef int64_t gorun_request_t; /* > 0 when valid */
+
+typedef enum {
+    GORUN_OK = 0,
+    GORUN_ERR_INVALID = 1,   /* bad argument, handle, dtype, op, count or root */
+    GORUN_ERR_PEER_LOST = 2, /* a rank died, closed or broke its connection */
+    GORUN_ERR_DESYNC = 3,    /* ranks issued different calls at one position */
+    GORUN_ERR_TIMEOUT = 4,   /* gorun_wait: not complete yet (the call goes on);
+                                elsewhere: the call's own timeout ended it */
+    GORUN_ERR_ABORTED = 5,   /* gorun_comm_abort, here or on a peer */
+    GORUN_ERR_CLOSED = 6,    /* the communicator or library was closed */
+    GORUN_ERR_INIT = 7,      /* joining the world failed (environment, rendezvous) */
+    GORUN_ERR_INTERNAL = 8   /* a bug: the text says where */
+} gorun_status;
+
+/* Element types; values match Go's comm.DType. GORUN_BOOL is one byte per
+ * element (0 or 1); reductions of it are logical: SUM and MAX are "or", PROD
+ * and MIN are "and"; AVG is invalid. */
+typedef enum {
+    GORUN_FLOAT32 = 1,
+    GORUN_FLOAT64 = 2,
+    GORUN_BFLOAT16 = 3,
+    GORUN_FLOAT16 = 4,
+    GORUN_INT32 = 5,
+    GORUN_INT64 = 6,
+    GORUN_UINT8 = 7,
+    GORUN_BOOL = 8
+} gorun_dtype;
+
+/* Reductions; values match Go's comm.Op. 16-bit floats reduce in float32 and
+ * round once; AVG truncates for integers. */
+typedef enum {
+    GORUN_SUM = 1,
+    GORUN_PROD = 2,
+    GORUN_MIN = 3,
+    GORUN_MAX = 4,
+    GORUN_AVG = 5
+} gorun_op;
+
+/* The library's own Go code defines GORUN_NO_PROTOTYPES: cgo declares the
+ * exported functions itself, with the same ABI but without const. */
+#ifndef GORUN_NO_PROTOTYPES
+
+/* ---- life cycle ---------------------------------------------------------- */
+
+/* gorun_abi_version returns GORUN_ABI_VERSION of the loaded library. */
+int gorun_abi_version(void);
+
+/* gorun_init joins the world and stores the world communicator in *world.
+ * config is NULL or space-separated key=value settings:
+ *   deterministic=0|1  every reduction follows one fixed tree over the ranks,
+ *                      so results are bitwise the same for any size/algorithm
+ *   timeout_ms=N       a call not complete after N ms fails its communicator
+ *                      (0: no limit; default 0)
+ *   tcp=0|1            1: no shared memory between ranks on one host
+ * An unknown key or bad value is GORUN_ERR_INVALID naming it. Calling it again
+ * before gorun_finalize returns the same world. */
+int gorun_init(const char *config, gorun_comm_t *world);
+
+/* gorun_finalize closes every communicator (waiting for issued calls; abort
+ * first to give up on them), leaves the world and frees every handle. The
+ * library may be initialized again afterwards. */
+int gorun_finalize(void);
+
+/* ---- communicators ------------------------------------------------------- */
+
+/* Rank and size of this process in comm; world_rank maps a rank of comm to
+ * its world rank. */
+int gorun_comm_rank(gorun_comm_t comm, int *rank);
+int gorun_comm_size(gorun_comm_t comm, int *size);
+int gorun_comm_world_rank(gorun_comm_t comm, int rank, int *world_rank);
+
+/* gorun_comm_group makes a communicator of the world ranks ranks[0..n-1],
+ * numbered in that order. Only the listed ranks call it, all with the same
+ * list and tag; it blocks until they are connected. tag (may be NULL) tells
+ * apart two groups with the same members. */
+int gorun_comm_group(gorun_comm_t world, const int *ranks, int n, const char *tag, gorun_comm_t *out);
+
+/* gorun_comm_abort fails every pending and future call on comm with reason
+ * (may be NULL) and tells the peers. Returns without waiting. */
+int gorun_comm_abort(gorun_comm_t comm, const char *reason);
+
+/* gorun_comm_free waits for comm's issued calls and closes it. Freeing the
+ * world communicator is gorun_finalize's job: GORUN_ERR_INVALID here. */
+int gorun_comm_free(gorun_comm_t comm);
+
+/* ---- collectives ----------------------------------------------------------
+ * req == NULL: block until the call completes (bounded by timeout_ms).
+ * req != NULL: return at once; *req is a request to test, wait on and free.
+ * count is in elements of dtype.                                            */
+
+/* recv = op over ranks of send (count elements each). */
+int gorun_allreduce(gorun_comm_t comm, const void *send, void *recv, size_t count,
+                    int dtype, int op, gorun_request_t *req);
+/* block r of recv (count elements) = send of rank r. */
+int gorun_allgather(gorun_comm_t comm, const void *send, void *recv, size_t count,
+                    int dtype, gorun_request_t *req);
+/* recv (recvcount elements) = this rank's block of op over ranks of send
+ * (size * recvcount elements). */
+int gorun_reduce_scatter(gorun_comm_t comm, const void *send, void *recv, size_t recvcount,
+                         int dtype, int op, gorun_request_t *req);
+/* recv = send of root; send is read only at root (may be NULL elsewhere). */
+int gorun_broadcast(gorun_comm_t comm, const void *send, void *recv, size_t count,
+                    int dtype, int root, gorun_request_t *req);
+/* recv at root = op over ranks of send; recv is unused elsewhere (may be NULL). */
+int gorun_reduce(gorun_comm_t comm, const void *send, void *recv, size_t count,
+                 int dtype, int op, int root, gorun_request_t *req);
+/* block r of recv (count elements) at root = send of rank r; recv unused
+ * elsewhere (may be NULL). */
+int gorun_gather(gorun_comm_t comm, const void *send, void *recv, size_t count,
+                 int dtype, int root, gorun_request_t *req);
+/* recv (count elements) = block r of send at root, r being this rank; send
+ * is read only at root (may be NULL elsewhere). */
+int gorun_scatter(gorun_comm_t comm, const void *send, void *recv, size_t count,
+                  int dtype, int root, gorun_request_t *req);
+/* block p of send goes to rank p, block p of recv comes from rank p; count is
+ * the total per buffer, a multiple of the size. */
+int gorun_alltoall(gorun_comm_t comm, const void *send, void *recv, size_t count,
+                   int dtype, gorun_request_t *req);
+/* sendcounts[p] consecutive elements (in rank order) go to rank p;
+ * recvcounts[p] come from p. Both arrays have size entries and must agree
+ * pairwise across ranks. */
+int gorun_alltoallv(gorun_comm_t comm, const void *send, const size_t *sendcounts,
+                    void *recv, const size_t *recvcounts, int dtype, gorun_request_t *req);
+/* completes once every rank of comm has issued it. */
+int gorun_barrier(gorun_comm_t comm, gorun_request_t *req);
+/* one buffer to or from one peer. Each takes a place in comm's call order
+ * like a collective, so matching sends and receives must be issued in a
+ * compatible order on both sides, as with blocking MPI calls. */
+int gorun_send(gorun_comm_t comm, const void *buf, size_t count, int dtype, int peer,
+               gorun_request_t *req);
+int gorun_recv(gorun_comm_t comm, void *buf, size_t count, int dtype, int peer,
+               gorun_request_t *req);
+
+/* ---- requests ------------------------------------------------------------ */
+
+/* gorun_test sets *done to 1 once req has completed, without blocking; the
+ * status is then the call's result (so a failed call is reported here). */
+int gorun_test(gorun_request_t req, int *done);
+/* gorun_wait waits for req. timeout_ms < 0 waits as long as the call runs
+ * (bounded by init's timeout_ms); otherwise GORUN_ERR_TIMEOUT after that many
+ * milliseconds, the call still running. Waiting again is allowed, from any
+ * thread. */
+int gorun_wait(gorun_request_t req, int64_t timeout_ms);
+/* gorun_request_free forgets req. A call still running runs to completion;
+ * its buffers must stay valid until then. */
+int gorun_request_free(gorun_request_t req);
+
+#endif /* GORUN_NO_PROTOTYPES */
+
+/* ---- errors (defined in C, always declared) ------------------------------- */
+
+/* The error text of the calling thread's last failing call ("" if none). The
+ * pointer stays valid until the thread's next call into the library. */
+const char *gorun_last_error(void);
+/* The world rank the last error is about (a lost, aborting or mismatched
+ * peer), or -1. */
+int gorun_last_error_rank(void);
+/* A fixed name for a status, e.g. "GORUN_ERR_PEER_LOST". */
+const char *gorun_status_name(int status);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GORUN_H */
