@@ -164,6 +164,12 @@ func runSplitCase(c *comm.Comm, sc splitCase, rank, size int, guard time.Duratio
 	ctx := context.Background()
 	send := comm.Float32s(make([]float32, sc.count))
 	recv := comm.Float32s(make([]float32, sc.count))
+	pre, _ := strconv.Atoi(os.Getenv("GORUN_DESYNC_PRE"))
+	for range pre { // matching calls first, so the desync is not at #1
+		if err := c.AllReduce(ctx, send, recv, comm.Sum).Wait(ctx); err != nil {
+			return "error", 0, err.Error()
+		}
+	}
 	start := time.Now()
 	var h comm.Handle
 	if rank < size-sc.k {
@@ -398,4 +404,44 @@ func TestStraggler(t *testing.T) {
 		}
 	}
 	t.Logf("rank 0's log:\n%s", res[0].stderr)
+}
+
+// TestFlightTable: after a desync at call #4 (three matching AllReduces,
+// then Broadcast on ranks 2-3 against AllReduce on 0-1), every rank has
+// written its flight records, and the merged table marks #4 and names both
+// calls with their ranks.
+func TestFlightTable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process")
+	}
+	dir := t.TempDir()
+	cases := []splitCase{{op: comm.KindBroadcast, k: 2, count: 16}}
+	specs := []string{cases[0].String()}
+	res, _ := runRanks(t, 4, "", "shm", desyncChildEnv+"=1", "GORUN_DESYNC_CASES="+strings.Join(specs, " "),
+		"GORUN_DESYNC_PRE=3", comm.FlightDirEnv+"="+dir)
+	for r, p := range res {
+		if p.code != 0 || !strings.Contains(p.stdout, "desync") {
+			t.Errorf("rank %d: exit %d\n%s%s", r, p.code, p.stdout, p.stderr)
+		}
+	}
+	dumps, err := comm.ReadFlightDumps(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dumps) != 4 {
+		t.Fatalf("%d dumps, want one per rank", len(dumps))
+	}
+	table := comm.FlightTable(dumps)
+	t.Logf("\n%s", table)
+	for _, want := range []string{
+		">>  #4",
+		"first disagreement at #4: ranks 0-1 called AllReduce(float32 sum, count=16) #4, ranks 2-3 called Broadcast(float32, count=16, root=0) #4",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q", want)
+		}
+	}
+	if ents, _ := filepath.Glob(filepath.Join(dir, "ready.*")); len(ents) != 0 {
+		t.Errorf("signal markers left behind: %v", ents)
+	}
 }
