@@ -613,6 +613,11 @@ func (w *World) Events() <-chan Event { return w.events }
 // called concurrently with each other (they are serialised).
 func (w *World) Barrier(ctx context.Context) error { return w.whole.Barrier(ctx) }
 
+// AllGather is Group.AllGather on the whole world.
+func (w *World) AllGather(ctx context.Context, payload []byte) ([][]byte, error) {
+	return w.whole.AllGather(ctx, payload)
+}
+
 // Split partitions the world like MPI_Comm_split: every rank calls it with
 // its color and key (collectively, in the same order as other collectives on
 // the world); ranks with the same color form a group, numbered by key, ties
