@@ -53,7 +53,9 @@ func TestUnderGorun(t *testing.T) {
 				t.Errorf("a rank's error does not name both calls: %s", line)
 			}
 		}
-		for _, want := range []string{">>  #4", "first disagreement at #4: ranks 0-1 called AllReduce(float32 sum, count=16) #4, ranks 2-3 called Broadcast(float32, count=16, root=0) #4"} {
+		// The first rank to exit ends the job, so a slow rank may be
+		// stopped before it dumps: the table may lack a column.
+		for _, want := range []string{">>  #4", "first disagreement at #4: ", "called AllReduce(float32 sum, count=16) #4, ", "called Broadcast(float32, count=16, root=0) #4"} {
 			if !strings.Contains(errb.String(), want) {
 				t.Errorf("gorun's stderr lacks %q:\n%s", want, errb.String())
 			}
