@@ -620,3 +620,27 @@ func TestGorunSIGKILLLeavesNoOrphans(t *testing.T) {
 		})
 	}
 }
+
+// Every rank leads its own session (and so its own process group): the
+// teardown signals the group, and the kernel's autogroup scheduler gives
+// each session its own CPU share, as Hydra's ranks get (agent.go).
+func TestRunRanksOwnSession(t *testing.T) {
+	j := newJobRun(t, 2, "", nil)
+	j.job.Argv = []string{"/bin/sh", "-c", "exec cat /proc/self/stat"}
+	if err := j.launch(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(j.stdout.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want 2 stat lines, got %q", j.stdout.String())
+	}
+	for _, l := range lines {
+		_, stat, _ := strings.Cut(l, "] ")
+		pid, rest, _ := strings.Cut(stat, " (")
+		_, after, _ := strings.Cut(rest, ") ")
+		f := strings.Fields(after) // state ppid pgrp session ...
+		if len(f) < 4 || f[2] != pid || f[3] != pid {
+			t.Errorf("rank %q: pid %s, pgrp and session %v, want both the pid", l, pid, f[2:4])
+		}
+	}
+}

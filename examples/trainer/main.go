@@ -1,8 +1,12 @@
 // Command trainer is gorun's main job: a small decoder-only transformer
 // (package model) trained on a synthetic task in pure Go on the CPU, data
-// parallel or sharded over the ranks gorun starts, with the gradient (and,
-// sharded, parameter) collectives bucketed and overlapped with compute by
-// package overlap.
+// parallel or sharded over the ranks gorun starts. The step is described
+// once as a stepgraph.Graph (graph.go), the stepgraph passes the flags ask
+// for rewrite it (--reshard, --chunk, and the two bucketing passes unless
+// --no-bucketing), and overlap's GraphRunner executes the result every step:
+// gradient (and, sharded, parameter) collectives bucketed and overlapped
+// with compute. --dump-graph writes the graph before the passes for
+// `gorun plan`.
 //
 //	gorun -np 4 bin/trainer --steps 20
 //	gorun -np 4 bin/trainer --mode sharded --reshard --deterministic --trace /tmp/t.json
@@ -46,10 +50,13 @@ func parseFlags(args []string) (options, bool, error) {
 	fs.StringVar(&o.mode, "mode", o.mode, "dp (gradient all-reduce) or sharded (parameter all-gather, gradient reduce-scatter)")
 	fs.BoolVar(&o.deterministic, "deterministic", false, "reduce along one fixed tree: bitwise the same losses for any rank count and option")
 	fs.Int64Var(&o.bucketCap, "bucket-cap", 0, "bucket size cap in bytes (0: from the cost model)")
-	fs.BoolVar(&o.noBucketing, "no-bucketing", false, "one collective per tensor")
+	fs.BoolVar(&o.noBucketing, "no-bucketing", false, "skip the bucketing passes (block, then overlap-preserving): one collective per tensor")
 	fs.BoolVar(&o.noOverlap, "no-overlap", false, "wait for every collective as soon as it is issued")
-	fs.BoolVar(&o.reshard, "reshard", false, "sharded: gather parameters again in backward instead of keeping the forward copy")
-	fs.BoolVar(&o.chunk, "chunk", false, "split each region's batch in two chunks, each with its own collectives")
+	fs.BoolVar(&o.reshard, "reshard", false, "sharded: run the reshard-after-forward pass (gather parameters again in backward instead of keeping the forward copy)")
+	fs.BoolVar(&o.chunk, "chunk", false, "run the chunking pass: each region's batch in two chunks, one chunk's communication behind the other's compute")
+	fs.BoolVar(&o.chunkAccumulate, "chunk-accumulate", o.chunkAccumulate, "with --chunk: sum the two chunks' gradients before one collective (false: one collective per chunk, as eager chunking does)")
+	fs.BoolVar(&o.chunkForce, "chunk-force", false, "with --chunk: split every region, even where the cost model says that exposes more communication")
+	fs.StringVar(&o.dumpGraph, "dump-graph", "", "write the step graph (before the passes) as JSON to FILE, for `gorun plan`")
 	fs.BoolVar(&o.grouped, "grouped", false, "hand bucket sets to the communicator as grouped calls")
 	fs.StringVar(&o.trace, "trace", "", "write a Chrome/Perfetto trace: FILE.rankK.json per rank and the merged FILE on rank 0")
 	fs.IntVar(&o.batch, "batch", o.batch, "global batch (power of two)")
