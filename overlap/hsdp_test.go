@@ -45,7 +45,7 @@ func startGroups(ctx context.Context, t *testing.T) []map[string]Comm {
 	var wg sync.WaitGroup
 	for r := range 4 {
 		wg.Go(func() {
-			shard := []int{r &^ 1, r | 1}   // {0,1} or {2,3}
+			shard := []int{r &^ 1, r | 1}    // {0,1} or {2,3}
 			replica := []int{r & 1, r&1 + 2} // {0,2} or {1,3}
 			m := map[string]Comm{}
 			for _, gr := range []struct {
