@@ -651,7 +651,7 @@ func (e *Endpoint) dialed(ctx context.Context, conn net.Conn, g Group, gid Group
 	}
 	_ = conn.SetDeadline(time.Time{})
 	if ack == ackShm && seg != nil {
-		return newShmLink(conn, br, seg, true), nil
+		return newShmLink(conn, br, seg, gid, true), nil
 	}
 	if seg != nil {
 		seg.unmap()
@@ -722,7 +722,7 @@ func (e *Endpoint) await(ctx context.Context, g Group, gid GroupID, r int) (Link
 		return nil, err
 	}
 	if a.shm != nil {
-		return newShmLink(a.conn, a.br, a.shm, false), nil
+		return newShmLink(a.conn, a.br, a.shm, gid, false), nil
 	}
 	// The dialer said how many connections the link has; wait for the rest.
 	streams := a.hello.streams

@@ -144,6 +144,23 @@ func (t *trainer) buildGraph() (*stepgraph.Graph, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The waits after backward belong to the optimizer, which blocks on
+	// them (Builder.Wait gives a wait its start's direction): a chunked
+	// backward segment must end before them.
+	lastBwd := 0
+	for i := range g.Nodes {
+		if g.Nodes[i].Kind == stepgraph.Compute && g.Nodes[i].Dir == buckets.Backward {
+			lastBwd = i
+		}
+	}
+	for i := lastBwd + 1; i < len(g.Nodes); i++ {
+		if g.Nodes[i].Kind == stepgraph.Wait {
+			g.Nodes[i].Dir = buckets.Optimizer
+		}
+	}
+	if err := g.Validate(); err != nil {
+		return nil, err
+	}
 	// The batch is split along its samples when a region is chunked
 	// (inputs default to replicated: most are parameters).
 	for i := range g.Tensors {

@@ -34,7 +34,7 @@ func TestAttacksOnASingleHostJob(t *testing.T) {
 	requireSetUp(t)
 	j := startJob(t, "-np", "4")
 	addrs, pids := j.ready(4)
-	attach := attack(t, "", "squat-watch", "none", "3s")
+	attach := attack(t, "", append([]string{"attach", "3s"}, attachNames(t, pids)...)...)
 	var holds []func() string
 	for _, r := range []int{0, 3} {
 		holds = append(holds, attack(t, "", "hold", addrs[r], "1500", "8s"))
@@ -63,10 +63,10 @@ func TestAttacksOnASingleHostJob(t *testing.T) {
 // the ranks stay bounded, and the job secret is in no process's arguments.
 func TestAttacksAcrossHosts(t *testing.T) {
 	h := requireHosts(t)
-	agentPort := attack(t, "", "agent-port", "10s")
+	agentPort := attack(t, "", "agent-port", "10s", h.Set)
 	var squats []func() string
 	for _, host := range h.Hosts {
-		squats = append(squats, attack(t, host, "squat-watch", host, "10s"))
+		squats = append(squats, attack(t, host, "squat-watch", host, "60s"))
 	}
 	time.Sleep(300 * time.Millisecond) // the watchers are up
 	j := startJob(t, slowSSH(h), "-H", h.Hosts[0]+":2,"+h.Hosts[1]+":2")
@@ -81,8 +81,8 @@ func TestAttacksAcrossHosts(t *testing.T) {
 	checkSecretNotInArgs(t, pids[0])
 	j.finish(4)
 	out := agentPort()
-	if !regexp.MustCompile(`hellos=[1-9]`).MatchString(out) {
-		t.Errorf("the agent-port attack sent nothing (did it see the agents?): %s", out)
+	if !regexp.MustCompile(`hellos=[1-9]\d* held=300 still-open=0 `).MatchString(out) {
+		t.Errorf("agent-port attack: %s\nwant hellos sent, 300 connections made and none left open by gorun", out)
 	}
 	t.Log(strings.TrimSpace(out))
 	for i, s := range squats {
@@ -145,6 +145,38 @@ func TestPreloadTreePlanted(t *testing.T) {
 			t.Errorf("cache directory %s: %v %v, want root's 0700 directory", d, st.Mode(), err)
 		}
 	}
+}
+
+// attachNames finds the abstract attach sockets the given processes
+// listen on (socket inodes in /proc/PID/fd matched with /proc/net/unix),
+// so that the attack on this shared host targets only this job.
+func attachNames(t *testing.T, pids []int) []string {
+	t.Helper()
+	inodes := map[string]bool{}
+	for _, pid := range pids {
+		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		for _, e := range ents {
+			l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
+			if ino, ok := strings.CutPrefix(l, "socket:["); ok {
+				inodes[strings.TrimSuffix(ino, "]")] = true
+			}
+		}
+	}
+	b, err := os.ReadFile("/proc/net/unix")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 8 && f[5] == "01" && inodes[f[6]] && strings.HasPrefix(f[7], "@gorun-") {
+			names = append(names, f[7][1:])
+		}
+	}
+	if len(names) == 0 {
+		t.Fatal("found no attach socket of the job's leader")
+	}
+	return names
 }
 
 // slowSSH is a launch-agent template that waits a second before ssh, so
