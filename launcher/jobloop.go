@@ -49,6 +49,9 @@ type jobLoop struct {
 	plan *Plan
 	log  zerolog.Logger
 	home rankHome
+	// flight, when set, merges the ranks' flight records after SIGUSR2
+	// (flight.go; local jobs only).
+	flight *flightRecords
 }
 
 // rankState is what the job loop knows of one rank. A rank counts as live
@@ -166,6 +169,8 @@ func (r *jobLoop) run(ctx context.Context) error {
 		}
 	}
 	ctxDone := ctx.Done()
+	var flightTimer <-chan time.Time // SIGUSR2: when to merge the ranks' dumps
+	var flightAsked time.Time
 
 	for !done {
 		select {
@@ -262,6 +267,17 @@ func (r *jobLoop) run(ctx context.Context) error {
 			case 0:
 			default:
 				r.home.command(supervisorCmd{Op: "signal", Signal: int(sig)})
+				if sig == syscall.SIGUSR2 && r.flight.env() != "" {
+					// The ranks dump their flight records (comm); merge them
+					// once they have had time to.
+					flightAsked = time.Now()
+					flightTimer = time.After(flightWait)
+				}
+			}
+		case <-flightTimer:
+			flightTimer = nil
+			if !r.flight.print("SIGUSR2", flightAsked) {
+				r.flight.stderr.write([]byte("gorun: SIGUSR2: no rank wrote flight records (no communicator open?)\n"))
 			}
 		}
 	}

@@ -9,9 +9,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/gorun-hpc/gorun/rankenv"
 )
 
 // Multi-host jobs: host start-up (hoststartup.go) brings up one host agent
@@ -176,7 +179,7 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 		n := plan.Nodes[c.node]
 		var ranks []remoteRank
 		for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
-			ranks = append(ranks, remoteRank{Rank: rk, Env: plan.Ranks[rk].Env})
+			ranks = append(ranks, remoteRank{Rank: rk, Env: withoutSecret(plan.Ranks[rk].Env)})
 		}
 		if err := c.w.send(wireMsg{T: "spec", Ranks: ranks, PMI: pj}); err != nil {
 			m.cfg.Logger.Debug().Err(err).Str("host", n.Name).Msg("sending the spec failed")
@@ -193,6 +196,20 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 	out.wait()
 	m.reapStarters(m.cfg.Grace + 2*time.Second)
 	return err
+}
+
+// withoutSecret drops the job secret from a rank's environment before it
+// crosses the agent connection, which is authenticated but not encrypted:
+// the agent holds the secret already (it proved so) and puts it back
+// (specWithSecret), so a reader of the network never sees it.
+func withoutSecret(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, rankenv.Secret+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // hostsHome is the supervisors of a multi-host job's hosts, reached

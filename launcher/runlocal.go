@@ -42,6 +42,11 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 		base = os.Environ()
 	}
 	base = scrubLaunchEnv(base)
+	flight := prepareFlight(cfg, out.stderr)
+	defer flight.remove()
+	if v := flight.env(); v != "" {
+		base = mergeEnv(base, []string{v})
+	}
 	pj, err := pmiJobFor(plan, cfg.PMI)
 	if err != nil {
 		return err
@@ -81,7 +86,8 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	if err := sup.send(p.spec); err != nil {
 		home.sendErr = err
 	}
-	err = (&jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: home}).run(ctx)
+	start := time.Now()
+	err = (&jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: home, flight: flight}).run(ctx)
 
 	// Finish: the supervisor is told its client is done (it exits once its
 	// ranks are gone, which they are unless the loop failed), stdin stops,
@@ -108,6 +114,9 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 		<-streamsDone
 	}
 	p.closeStreams()
+	if err != nil {
+		flight.print("the job failed", start)
+	}
 	return err
 }
 
