@@ -105,7 +105,7 @@ func TestCommandLine(t *testing.T) {
 		{name: "gpus per host", mode: "print-env", args: []string{"-np", "3", "--gpus-per-host", "2", "--tag-output", "RANK"},
 			stdout: "[2] CUDA_VISIBLE_DEVICES=0\n"},
 		{name: "exit policy flag", args: []string{"--exit-policy", "worst", "RANK"}, code: 2, stderr: "expected first, lowest or max"},
-		{name: "unknown flag", args: []string{"--frobnicate", "RANK"}, code: 2, stderr: "flag provided but not defined"},
+		{name: "unknown flag", args: []string{"--frobnicate", "RANK"}, code: 2, stderr: "gorun: unknown flag -frobnicate; see gorun --help\n"},
 		{name: "no program", args: []string{"-np", "2"}, code: 2, stderr: "no program given"},
 		{name: "version", args: []string{"--version"}, stdout: "gorun dev\n"},
 		{name: "help", args: []string{"--help"}, stderr: "Examples:"},
@@ -233,5 +233,47 @@ func TestRankInfoExample(t *testing.T) {
 	}
 	if strings.Contains(r.stdout, os.Getenv("GORUN_SECRET")+" ") && os.Getenv("GORUN_SECRET") != "" {
 		t.Errorf("secret printed")
+	}
+}
+
+// A mistyped flag gets one line naming it and the closest flag, not the
+// whole usage; --help lists every subcommand meant for users.
+func TestUsageErrorsAreOneLine(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string // the whole of stderr
+	}{
+		{[]string{"--npp", "4", "true"}, "gorun: unknown flag -npp (did you mean -np?); see gorun --help\n"},
+		{[]string{"-tag-ouptut", "true"}, "gorun: unknown flag -tag-ouptut (did you mean -tag-output?); see gorun --help\n"},
+		{[]string{"--time=1s", "true"}, "gorun: unknown flag -time (did you mean -timeout?); see gorun --help\n"},
+		{[]string{"--zzzzzz", "true"}, "gorun: unknown flag -zzzzzz; see gorun --help\n"},
+		{[]string{"-np", "four", "true"}, "gorun: invalid value \"four\" for flag -np: parse error; see gorun --help\n"},
+		{[]string{"doctor", "--hostfle", "h"}, "gorun doctor: unknown flag -hostfle (did you mean -hostfile?); see gorun doctor --help\n"},
+		{[]string{"plan", "--pases", "x"}, "gorun plan: unknown flag -pases (did you mean -passes?); see gorun plan --help\n"},
+	}
+	for _, tc := range tests {
+		var stdout, stderr bytes.Buffer
+		if code := run(tc.args, nil, &stdout, &stderr); code != exitUsage || stderr.String() != tc.want {
+			t.Errorf("gorun %q: code %d, stderr %q; want %d, %q", tc.args, code, stderr.String(), exitUsage, tc.want)
+		}
+	}
+
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"--help"}, nil, &stdout, &stderr); code != 0 {
+		t.Fatalf("--help: code %d", code)
+	}
+	for name := range subcommands {
+		if name == "agent" {
+			if strings.Contains(stderr.String(), "\n  agent ") {
+				t.Errorf("--help lists the internal host agent subcommand")
+			}
+			continue
+		}
+		if subcommandSummaries[name] == "" {
+			t.Errorf("subcommand %q has no summary for --help", name)
+		}
+		if !strings.Contains(stderr.String(), "\n  "+name+" ") {
+			t.Errorf("--help does not list subcommand %q:\n%s", name, stderr.String())
+		}
 	}
 }
