@@ -153,6 +153,9 @@ func NewPlan(c PlanConfig) (*Plan, error) {
 	if c.NP < 0 {
 		return nil, fmt.Errorf("launcher: -np must be positive, got %d", c.NP)
 	}
+	if c.NP > MaxRanks {
+		return nil, &CapacityError{Ranks: c.NP, Resource: "ranks", Need: c.NP, Limit: MaxRanks}
+	}
 	if c.GPUsPerHost < 0 {
 		return nil, fmt.Errorf("launcher: GPUs per host must not be negative, got %d", c.GPUsPerHost)
 	}
@@ -174,6 +177,11 @@ func NewPlan(c PlanConfig) (*Plan, error) {
 	counts, err := placeCounts(hosts, c.NP, c.Oversubscribe)
 	if err != nil {
 		return nil, err
+	}
+	// Without -np the slots decide; a hostfile's slots=2000000000 must be
+	// refused before one environment per rank is built.
+	if total := sumCapped(counts); total > MaxRanks {
+		return nil, &CapacityError{Ranks: total, Resource: "ranks", Need: total, Limit: MaxRanks}
 	}
 
 	p := &Plan{JobID: c.JobID, MasterPort: c.MasterPort, PMI: !c.NoPMI}
@@ -207,6 +215,19 @@ func NewPlan(c PlanConfig) (*Plan, error) {
 		}
 	}
 	return p, nil
+}
+
+// sumCapped adds counts, stopping once the sum passes MaxRanks (so that
+// absurd slot counts cannot overflow it).
+func sumCapped(counts []int) int {
+	n := 0
+	for _, c := range counts {
+		n += c
+		if n > MaxRanks {
+			return n
+		}
+	}
+	return n
 }
 
 // normalizeHosts applies the default host list and merges duplicate names:

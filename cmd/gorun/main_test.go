@@ -277,3 +277,41 @@ func TestUsageErrorsAreOneLine(t *testing.T) {
 		}
 	}
 }
+
+// Rank counts this machine cannot serve are refused at once, naming the
+// limit, before any rank starts or anything is allocated per rank.
+func TestAbsurdRankCountsRefused(t *testing.T) {
+	start := time.Now()
+	r := runGorun(t, "exit:0", nil, "-np", "99999999999", "RANK")
+	if r.code != exitFailure || r.stderr != "gorun: 99999999999 ranks requested; gorun runs at most 262144 ranks in one job\n" {
+		t.Errorf("-np 99999999999: code %d, stderr %q", r.code, r.stderr)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("refusal took %v", d)
+	}
+	r = runGorun(t, "exit:0", nil, "-H", "localhost:2000000000", "RANK")
+	if r.code == 0 || !strings.Contains(r.stderr, "slots is too large") {
+		t.Errorf("slots=2000000000: code %d, stderr %q", r.code, r.stderr)
+	}
+
+	// Under a low descriptor limit, a count that would run out of
+	// descriptors part-way is refused naming the limit.
+	prlimit, err := exec.LookPath("prlimit")
+	if err != nil {
+		t.Skip("no prlimit (util-linux) to lower the descriptor limit")
+	}
+	token := launchertest.NewToken(t.Name())
+	cmd := gorunCmd(t, token, "exit:0", nil, "-np", "100", "RANK")
+	cmd.Args = append([]string{prlimit, "--nofile=256:256", "--", cmd.Path}, cmd.Args[1:]...)
+	cmd.Path = prlimit
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	want := "gorun: 100 ranks on this machine need about 464 open files, but the limit is 256 (ulimit -n, hard limit 256; 4 per rank in gorun's supervisor); run fewer ranks or raise the limit\n"
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != exitFailure || stderr.String() != want {
+		t.Errorf("-np 100 under ulimit -n 256: %v, stderr %q; want exit %d and %q", err, stderr.String(), exitFailure, want)
+	}
+	if s := launchertest.Survivors(token); len(s) > 0 {
+		t.Errorf("processes survive gorun: %v", s)
+	}
+}
