@@ -50,7 +50,10 @@ func TestPlanRefusesAbsurdCounts(t *testing.T) {
 	for _, mod := range []func(*PlanConfig){
 		func(c *PlanConfig) { c.NP = 99999999999 },
 		func(c *PlanConfig) { c.NP = MaxRanks + 1 },
-		func(c *PlanConfig) { c.NP = 0; c.Hosts = []Host{{Name: "a", Slots: MaxRanks}, {Name: "b", Slots: 1 << 30}} },
+		func(c *PlanConfig) {
+			c.NP = 0
+			c.Hosts = []Host{{Name: "a", Slots: MaxRanks}, {Name: "b", Slots: 1 << 30}}
+		},
 	} {
 		c := basePlanConfig()
 		mod(&c)
