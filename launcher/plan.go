@@ -166,8 +166,12 @@ func NewPlan(c PlanConfig) (*Plan, error) {
 		return nil, fmt.Errorf("launcher: plan needs two distinct ports, got MASTER_PORT %d and rendezvous port %d", c.MasterPort, c.RdzvPort)
 	}
 	for _, kv := range c.Export {
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
 			return nil, fmt.Errorf("launcher: exported variable %q is not NAME=VALUE", kv)
+		}
+		if err := checkExportName(k, c.GPUsPerHost > 0); err != nil {
+			return nil, err
 		}
 	}
 	hosts, err := normalizeHosts(c)
@@ -357,6 +361,40 @@ func rankEnv(p *Plan, r RankSpec, c PlanConfig) []string {
 	return mergeEnv(env, c.Export)
 }
 
+// perRankNames are the variables gorun defines for every rank from its plan
+// (rankEnv), with what each says. NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME
+// are not among them: they name an interface, the same on every rank of a
+// host, and a user may know better. PMI_FD, PMI_PORT and PMI_ID are set by
+// the supervisor that serves PMI.
+var perRankNames = map[string]string{
+	rankenv.Rank: "the rank", rankenv.WorldSize: "the number of ranks",
+	rankenv.LocalRank: "the rank on its host", rankenv.LocalWorldSize: "the number of ranks on its host",
+	rankenv.NodeRank: "its host's index", rankenv.GroupRank: "its host's index",
+	rankenv.MasterAddr: "rank 0's host", rankenv.MasterPort: "a port free on rank 0's host",
+	rankenv.PMIRank: "the rank", rankenv.PMISize: "the number of ranks",
+	rankenv.PMIFD: "the rank's PMI socket", rankenv.PMIPort: "the PMI server", rankenv.PMIID: "the rank's PMI identity",
+	rankenv.JobID: "the job", rankenv.GorunRank: "the rank", rankenv.GorunWorldSize: "the number of ranks",
+	rankenv.GorunLocalRank: "the rank on its host", rankenv.GorunLocalSize: "the number of ranks on its host",
+	rankenv.GorunNodeRank: "its host's index", rankenv.GorunHost: "its host",
+	rankenv.Secret: "the job secret", rankenv.RdzvEndpoint: "the rendezvous seed",
+}
+
+// checkExportName refuses exporting a variable gorun defines per rank;
+// CUDA_VISIBLE_DEVICES only when gorun assigns GPUs (gpus), since without
+// that a user's choice of devices is the only one.
+func checkExportName(name string, gpus bool) error {
+	what, ok := perRankNames[name]
+	hint := ""
+	if !ok && gpus && name == rankenv.CUDAVisibleDevices {
+		what, ok = "the rank's GPU", true
+		hint = " (drop --gpus-per-host to choose the devices yourself)"
+	}
+	if ok {
+		return fmt.Errorf("launcher: -x %s: gorun sets %s to %s on every rank; it cannot be exported%s", name, name, what, hint)
+	}
+	return nil
+}
+
 // joinHostPort is net.JoinHostPort without importing net into the pure
 // planner: IPv6 literals get brackets.
 func joinHostPort(host string, port int) string {
@@ -368,13 +406,18 @@ func joinHostPort(host string, port int) string {
 
 // ResolveExports turns -x values into NAME=VALUE pairs: NAME=VALUE is kept,
 // a bare NAME takes its value from lookup (the launcher's environment) and is
-// an error when unset, since silently exporting nothing hides typos.
+// an error when unset, since silently exporting nothing hides typos. A name
+// gorun defines for each rank (RANK, WORLD_SIZE, ...) is refused: exported,
+// it would give every rank the same value and silently break the job.
 func ResolveExports(specs []string, lookup func(string) (string, bool)) ([]string, error) {
 	out := make([]string, 0, len(specs))
 	for _, s := range specs {
 		name, value, hasValue := strings.Cut(s, "=")
 		if name == "" || strings.ContainsAny(name, " \t\n") {
 			return nil, fmt.Errorf("launcher: -x %q: expected NAME or NAME=VALUE", s)
+		}
+		if err := checkExportName(name, false); err != nil {
+			return nil, err
 		}
 		if !hasValue {
 			v, ok := lookup(name)

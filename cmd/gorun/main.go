@@ -292,7 +292,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	exports, err := launcher.ResolveExports(o.exports, os.LookupEnv)
 	if err != nil {
-		fmt.Fprintf(stderr, "gorun: %v\n", err)
+		fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
 		return exitUsage
 	}
 	ctx := context.Background()

@@ -102,6 +102,8 @@ func TestCommandLine(t *testing.T) {
 		{name: "export", mode: "print-env", args: []string{"-np", "1", "-x", "GORUN_T_A=1", "-x", "GORUN_TEST_HELPER", "RANK"},
 			stdout: "GORUN_T_A=1\n"},
 		{name: "export of an unset name", args: []string{"-x", "GORUN_T_UNSET_NAME", "RANK"}, code: 2, stderr: "not set"},
+		{name: "export of a per-rank variable", args: []string{"-np", "2", "-x", "RANK=5", "RANK"}, code: 2,
+			stderr: "gorun: -x RANK: gorun sets RANK to the rank on every rank; it cannot be exported\n"},
 		{name: "gpus per host", mode: "print-env", args: []string{"-np", "3", "--gpus-per-host", "2", "--tag-output", "RANK"},
 			stdout: "[2] CUDA_VISIBLE_DEVICES=0\n"},
 		{name: "exit policy flag", args: []string{"--exit-policy", "worst", "RANK"}, code: 2, stderr: "expected first, lowest or max"},
