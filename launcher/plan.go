@@ -362,15 +362,16 @@ func rankEnv(p *Plan, r RankSpec, c PlanConfig) []string {
 }
 
 // perRankNames are the variables gorun defines for every rank from its plan
-// (rankEnv), with what each says. NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME
-// are not among them: they name an interface, the same on every rank of a
-// host, and a user may know better. PMI_FD, PMI_PORT and PMI_ID are set by
-// the supervisor that serves PMI.
+// (rankEnv), with what each says: the rank's identity and the job's. Not
+// among them are the ones that name where to meet — MASTER_ADDR,
+// MASTER_PORT, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME — which are the same
+// on every rank and which a user may know better (torch scripts often fix
+// MASTER_PORT). PMI_FD, PMI_PORT and PMI_ID are set by the supervisor that
+// serves PMI.
 var perRankNames = map[string]string{
 	rankenv.Rank: "the rank", rankenv.WorldSize: "the number of ranks",
 	rankenv.LocalRank: "the rank on its host", rankenv.LocalWorldSize: "the number of ranks on its host",
 	rankenv.NodeRank: "its host's index", rankenv.GroupRank: "its host's index",
-	rankenv.MasterAddr: "rank 0's host", rankenv.MasterPort: "a port free on rank 0's host",
 	rankenv.PMIRank: "the rank", rankenv.PMISize: "the number of ranks",
 	rankenv.PMIFD: "the rank's PMI socket", rankenv.PMIPort: "the PMI server", rankenv.PMIID: "the rank's PMI identity",
 	rankenv.JobID: "the job", rankenv.GorunRank: "the rank", rankenv.GorunWorldSize: "the number of ranks",

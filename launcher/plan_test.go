@@ -228,7 +228,7 @@ func TestResolveExports(t *testing.T) {
 		{in: []string{"=1"}, err: "expected NAME or NAME=VALUE"},
 		{in: []string{"A=1", "RANK=5"}, err: "-x RANK: gorun sets RANK to the rank on every rank; it cannot be exported"},
 		{in: []string{"WORLD_SIZE=8"}, err: "-x WORLD_SIZE: gorun sets"},
-		{in: []string{"MASTER_PORT"}, err: "-x MASTER_PORT: gorun sets"},
+		{in: []string{"NODE_RANK=1"}, err: "-x NODE_RANK: gorun sets"},
 		{in: []string{"GORUN_SECRET=00"}, err: "-x GORUN_SECRET: gorun sets"},
 		{in: []string{"PMI_FD=9"}, err: "-x PMI_FD: gorun sets"},
 		// Chosen by the user unless gorun assigns GPUs (NewPlan checks).
@@ -331,7 +331,7 @@ func TestPlanRefusesExportsOfPerRankVariables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	userChosen := map[string]bool{"NCCL_SOCKET_IFNAME": true, "GLOO_SOCKET_IFNAME": true}
+	userChosen := map[string]bool{"NCCL_SOCKET_IFNAME": true, "GLOO_SOCKET_IFNAME": true, "MASTER_ADDR": true, "MASTER_PORT": true}
 	for _, kv := range p.Ranks[0].Env {
 		name, _, _ := strings.Cut(kv, "=")
 		c := basePlanConfig()
