@@ -4,7 +4,7 @@ BIN       := bin
 GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 
-.PHONY: help build lib test test-deps vet unit bench-launch bench-compare bench-multihost clean
+.PHONY: help build lib test test-deps vet unit test-desync bench-launch bench-compare bench-multihost bench-mpi clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -33,6 +33,9 @@ vet: ## go vet and a gofmt check
 unit: ## fast tests only (no -race, short mode)
 	$(GO) test -short -count=1 ./...
 
+test-desync: ## the full desync split matrix: np 2-8, every k, 4 ops x 2 sizes x shm/tcp (448 cases, ~25 s)
+	GORUN_DESYNC_MATRIX=full $(GO) test -count=1 -run TestSplitMatrix -v ./comm
+
 bench-launch: build ## launch time: gorun -np 16 /bin/true vs mpirun, side by side
 	@bash scripts/bench-launch.sh
 
@@ -41,6 +44,9 @@ bench-compare: build ## all-reduce busbw: gorun (tcp, shm) vs Open MPI and torch
 
 bench-multihost: build ## multi-host launch: gorun vs mpirun --hostfile over 4 namespace hosts with sshd (root)
 	@bash scripts/bench-multihost.sh
+
+bench-mpi: build ## MPICH MPI_Init+Barrier: gorun vs mpiexec.hydra, 16 ranks locally and 4 namespace hosts x 4 (root)
+	@bash scripts/bench-mpi.sh
 
 clean: ## remove build outputs
 	rm -rf $(BIN)

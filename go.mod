@@ -3,6 +3,7 @@ module github.com/gorun-hpc/gorun
 go 1.26.0
 
 require (
+	github.com/ebitengine/purego v0.11.3
 	github.com/hashicorp/memberlist v0.7.0
 	github.com/klauspost/compress v1.20.3
 	github.com/mattn/go-isatty v0.0.20

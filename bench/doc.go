@@ -10,9 +10,8 @@
 //
 //	gorun -np N gorun bench allreduce -b 8 -e 64M -f 4
 //
-// reads its identity from the environment (rendezvous.ConfigFromEnv), opens a
-// comm Endpoint, joins the rendezvous advertising the endpoint's address,
-// builds a comm.Comm over the whole world and calls Run. Run only needs a
+// starts with rank.Init (identity from the environment, a comm Endpoint, the
+// rendezvous, a comm.Comm over the whole world) and calls Run. Run only needs a
 // comm.Communicator, so tests drive it over commtest's in-memory network.
 //
 // # Measurement

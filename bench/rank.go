@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -10,8 +9,7 @@ import (
 
 	"github.com/mattn/go-isatty"
 
-	"github.com/gorun-hpc/gorun/comm"
-	"github.com/gorun-hpc/gorun/rendezvous"
+	"github.com/gorun-hpc/gorun/rank"
 )
 
 // Execute does what `gorun bench` was asked: in report mode it reads the
@@ -110,12 +108,11 @@ func report(o *Options, stdout io.Writer) error {
 	return nil
 }
 
-// RunRank is one rank of `gorun bench`: it reads the rank's identity from
-// the environment (rendezvous.ConfigFromEnv), opens a comm Endpoint, joins
-// the rendezvous advertising the endpoint's address, builds a communicator
-// over the world and runs the sweep. Without any launcher's variables it
-// runs alone, as a world of one rank. It returns the report (on every rank)
-// and Run's error.
+// RunRank is one rank of `gorun bench`: it starts the rank with rank.Init
+// (identity from the environment, data-plane endpoint, rendezvous, world
+// communicator; without any launcher's variables it runs alone, as a world
+// of one rank) and runs the sweep. It returns the report (on every rank) and
+// Run's error.
 func RunRank(ctx context.Context, cfg Config) (*Report, error) {
 	return runRank(ctx, cfg, nil)
 }
@@ -125,77 +122,29 @@ func runRank(ctx context.Context, cfg Config, corrupt func(int, bool, []byte)) (
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	rc, err := rendezvous.ConfigFromEnv()
-	solo := errors.Is(err, rendezvous.ErrNoRankEnv)
-	if err != nil && !solo {
-		return nil, fmt.Errorf("bench: rank environment: %w", err)
-	}
-	secret := rc.Secret
-	if solo {
-		secret = make([]byte, 32)
-		_, _ = rand.Read(secret)
-	}
-	ecfg := comm.DefaultEndpointConfig()
-	ecfg.Secret = secret
-	ecfg.ForceTCP = cfg.Transport == TransportTCP
-	ecfg.Logger = cfg.Logger
-	if !solo && rc.Host != "" {
-		// The launcher's name for this host is how the other hosts reached
-		// it, so it is the address to advertise.
-		ecfg.AdvertiseHost = rc.Host
-	}
-	ep, err := comm.Listen(ecfg)
+	opts := rank.DefaultOptions()
+	opts.Logger = cfg.Logger
+	opts.Endpoint.ForceTCP = cfg.Transport == TransportTCP
+	opts.Comm.Tag = "gorun-bench"
+	r, err := rank.Init(ctx, opts)
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	defer ep.Close()
-
-	var group comm.Group
 	var ranks []RankInfo
-	if solo {
-		host, _ := os.Hostname()
-		group = soloGroup{host: host, addr: ep.Addr()}
-		ranks = []RankInfo{{Rank: 0, Host: host, PID: os.Getpid()}}
-	} else {
-		rc.DataAddr = ep.Addr()
-		rc.Logger = cfg.Logger
-		world, err := rendezvous.Join(ctx, rc)
-		if err != nil {
-			return nil, fmt.Errorf("bench: %w", err)
-		}
-		defer world.Close()
-		group = world
-		for _, m := range world.Members() {
-			ranks = append(ranks, RankInfo{Rank: m.Rank, Host: m.Host, PID: m.PID})
-		}
+	for _, m := range r.Members() {
+		ranks = append(ranks, RankInfo{Rank: m.Rank, Host: m.Host, PID: m.PID})
 	}
-	ccfg := comm.DefaultConfig()
-	ccfg.Logger = cfg.Logger
-	ccfg.Tag = "gorun-bench"
-	c, err := comm.New(ctx, group, ep, ccfg)
-	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
-	}
+	c := r.Comm()
 	rep, runErr := run(ctx, cfg, c, ranks, corrupt)
-	closeErr := c.Close()
+	if runErr != nil && !errors.As(runErr, new(*WrongError)) {
+		r.Abort(runErr) // free the peers now rather than at their timeouts
+	}
+	closeErr := r.Close()
 	if rep != nil {
 		rep.isRank0 = c.Rank() == 0
 	}
 	if runErr == nil && closeErr != nil {
-		runErr = fmt.Errorf("bench: closing the communicator: %w", closeErr)
+		runErr = fmt.Errorf("bench: closing the rank: %w", closeErr)
 	}
 	return rep, runErr
 }
-
-// soloGroup is the world of a benchmark started without a launcher.
-type soloGroup struct{ host, addr string }
-
-var _ comm.Group = soloGroup{}
-
-func (soloGroup) Rank() int               { return 0 }
-func (soloGroup) Size() int               { return 1 }
-func (soloGroup) GlobalRank(int) int      { return 0 }
-func (g soloGroup) Host(int) string       { return g.host }
-func (g soloGroup) DataAddr(int) string   { return g.addr }
-func (soloGroup) Failed() <-chan struct{} { return nil }
-func (soloGroup) Err() error              { return nil }

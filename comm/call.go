@@ -3,6 +3,7 @@ package comm
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // call is one issued operation; it is also its Handle.
@@ -16,6 +17,7 @@ type call struct {
 	sendCounts []int
 	recvCounts []int
 	invalid    error // set at issue: fails the communicator at its turn
+	issued     time.Time
 
 	// res and local: the segment pairAllReduce is reducing into and its
 	// local operand (token holder only).
@@ -135,6 +137,7 @@ func hostBytes(b Buffer, what string) ([]byte, error) {
 // issue queues cl, or fails it at once when the communicator is closed.
 func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 	cl.done = make(chan struct{})
+	cl.issued = time.Now()
 	if ctx == nil {
 		ctx = context.Background()
 	}

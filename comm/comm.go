@@ -2,8 +2,10 @@ package comm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,9 +99,18 @@ type Comm struct {
 	wg           sync.WaitGroup
 	workerExited chan struct{}
 
+	// rec is the flight recorder; watchStop ends the stuck-call watchdog
+	// (closed by Close once the worker has exited); unserve withdraws this
+	// communicator's status from the transport's side channel.
+	rec       *recorder
+	watchStop chan struct{}
+	unserve   func()
+	flightDir string
+
 	// Worker-only state (no lock: only the worker goroutine touches it).
 	scr   [4][]byte
 	slots [][]byte
+	cseq  uint64 // collectives run so far (the flight recorder's Seq)
 }
 
 var _ Communicator = (*Comm)(nil)
@@ -153,6 +164,12 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 		workerExited: make(chan struct{}),
 		peers:        make([]*peer, n),
 		info:         make([]string, n),
+		rec:          newRecorder(cfg.FlightRecords),
+		watchStop:    make(chan struct{}),
+		flightDir:    cfg.FlightDir,
+	}
+	if c.flightDir == "" {
+		c.flightDir = os.Getenv(FlightDirEnv)
 	}
 	c.log = cfg.Logger.With().Int("rank", g.GlobalRank(me)).Str("host", g.Host(me)).Int("world", n).
 		Str("group", fmt.Sprintf("%016x", uint64(c.gid))).Logger()
@@ -175,6 +192,13 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 	}
 	c.wg.Go(c.worker)
 	c.wg.Go(c.watchGroup)
+	if st, ok := t.(StatusTransport); ok {
+		c.unserve = st.ServeStatus(c.gid, c.status)
+		if c.cfg.DesyncCheckAfter > 0 {
+			c.wg.Go(func() { c.watchdog(st) })
+		}
+	}
+	register(c)
 	return c, nil
 }
 
@@ -264,6 +288,14 @@ func (c *Comm) fail(err error) {
 		if len(text) > maxAbortText {
 			text = text[:maxAbortText]
 		}
+		// A desync travels with its fields too (after a NUL), so every
+		// peer can report the same *DesyncError, turned to its side.
+		var de *DesyncError
+		if errors.As(err, &de) {
+			if j, jerr := json.Marshal(de); jerr == nil && len(text)+1+len(j) <= maxAbortText {
+				text = append(append(text, 0), j...)
+			}
+		}
 		// Tell the peers in parallel, each bounded by AbortTimeout, then
 		// close every link. A peer stuck in a full send buffer cannot hold us.
 		var wg sync.WaitGroup
@@ -287,6 +319,7 @@ func (c *Comm) fail(err error) {
 			})
 		}
 		wg.Wait()
+		c.dumpFlight("failed: " + err.Error())
 	})
 }
 
@@ -313,6 +346,7 @@ func (c *Comm) Close() error {
 		c.issueMu.Unlock()
 		c.kick()
 		<-c.workerExited
+		close(c.watchStop)
 		if c.Err() == nil {
 			for _, p := range c.peers {
 				if p != nil {
@@ -343,6 +377,10 @@ func (c *Comm) Close() error {
 			}
 		}
 		c.wg.Wait()
+		if c.unserve != nil {
+			c.unserve()
+		}
+		unregister(c)
 		if err := c.failErr; !errors.Is(err, ErrClosed) {
 			c.closeErr = err
 		}

@@ -58,6 +58,36 @@ type Config struct {
 	// why before it closes its connections. 2 s.
 	AbortTimeout time.Duration
 
+	// DesyncCheckAfter is how long a call may wait before this rank asks
+	// every other rank of the group, over the transport's side channel
+	// (StatusTransport), which calls it has run: a call at the same position
+	// that differs fails the communicator on every rank with a
+	// *DesyncError; ranks that have not reached the call are logged as
+	// stragglers (at once, then at doubling intervals). Nothing is sent
+	// before a call has waited this long, so a job that never waits this
+	// long pays nothing. 1 s: far above any collective's normal wait on a
+	// healthy group, and short enough that a desync ends within seconds.
+	// Zero or negative turns the check off.
+	DesyncCheckAfter time.Duration
+
+	// StallTimeout, when positive, fails a call that has waited this long
+	// without a desync being found with a *StallError naming the ranks
+	// that had not reached it. 0 (default): a slow rank is only logged,
+	// since a long wait (a checkpoint on one rank) can be legitimate.
+	StallTimeout time.Duration
+
+	// FlightRecords is how many recent calls the flight recorder keeps
+	// (kind, dtype, count, root, sequence number, issue/start/end times,
+	// state). It is always on; it is written to the log and to FlightDir
+	// when the communicator fails, and on DumpFlightRecords (SIGUSR2 under
+	// gorun). 256: a few training steps' worth of buckets.
+	FlightRecords int
+
+	// FlightDir is where flight records are written as JSON, one file per
+	// rank and group. Empty: $GORUN_FLIGHT_DIR (set by gorun), else the
+	// log only.
+	FlightDir string
+
 	// Logger receives connection and failure events; fields rank, world and
 	// group are added. The zero value logs nothing.
 	Logger zerolog.Logger
@@ -66,14 +96,16 @@ type Config struct {
 // DefaultConfig returns the settings for a production job.
 func DefaultConfig() Config {
 	return Config{
-		QueueDepth:      1024,
-		SegmentBytes:    256 << 10,
-		TCPSegmentBytes: 1 << 20,
-		LatencyNs:       5000,
-		BytesPerNs:      2,
-		ConnectTimeout:  60 * time.Second,
-		AbortTimeout:    2 * time.Second,
-		Logger:          zerolog.Nop(),
+		QueueDepth:       1024,
+		SegmentBytes:     256 << 10,
+		TCPSegmentBytes:  1 << 20,
+		LatencyNs:        5000,
+		BytesPerNs:       2,
+		ConnectTimeout:   60 * time.Second,
+		AbortTimeout:     2 * time.Second,
+		DesyncCheckAfter: time.Second,
+		FlightRecords:    256,
+		Logger:           zerolog.Nop(),
 	}
 }
 
@@ -98,6 +130,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: cost model needs LatencyNs > 0 and BytesPerNs > 0", ErrInvalidArgument)
 	case c.ConnectTimeout <= 0 || c.AbortTimeout <= 0:
 		return fmt.Errorf("%w: timeouts must be positive", ErrInvalidArgument)
+	case c.StallTimeout < 0:
+		return fmt.Errorf("%w: StallTimeout %v is negative", ErrInvalidArgument, c.StallTimeout)
+	case c.FlightRecords < 1:
+		return fmt.Errorf("%w: FlightRecords %d < 1", ErrInvalidArgument, c.FlightRecords)
 	}
 	return nil
 }

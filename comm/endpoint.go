@@ -136,11 +136,17 @@ type Endpoint struct {
 	mu      sync.Mutex
 	pending map[pendingKey]chan *accepted // guarded by mu
 	closed  bool                          // guarded by mu
+	status  map[GroupID]*statusFn         // guarded by mu: ServeStatus
 
 	wg sync.WaitGroup
 }
 
 var _ Transport = (*Endpoint)(nil)
+var _ StatusTransport = (*Endpoint)(nil)
+
+// statusFn is a communicator's answer to status queries (a pointer, so
+// that a withdrawal removes only its own registration).
+type statusFn struct{ f func() []byte }
 
 type pendingKey struct {
 	gid    GroupID
@@ -293,6 +299,10 @@ func (e *Endpoint) serve(conn net.Conn, release func()) {
 		_ = conn.Close()
 		return
 	}
+	if h.streams == 0 {
+		e.answerStatus(conn, h)
+		return
+	}
 	_ = conn.SetDeadline(time.Time{})
 	a := &accepted{conn: conn, br: br, hello: h, shm: shm}
 	e.mu.Lock()
@@ -343,7 +353,85 @@ const (
 	nonceLen       = 32
 	ackTCP         = 1
 	ackShm         = 2
+	ackStatus      = 3 // the connection carries one status answer
 )
+
+// maxStatusBytes bounds a status answer we are willing to read.
+const maxStatusBytes = 4 << 20
+
+// ServeStatus answers status queries for group gid with status() until
+// withdrawn. A later registration for the same gid replaces an earlier one.
+func (e *Endpoint) ServeStatus(gid GroupID, status func() []byte) (withdraw func()) {
+	fn := &statusFn{f: status}
+	e.mu.Lock()
+	if e.status == nil {
+		e.status = map[GroupID]*statusFn{}
+	}
+	e.status[gid] = fn
+	e.mu.Unlock()
+	return func() {
+		e.mu.Lock()
+		if e.status[gid] == fn {
+			delete(e.status, gid)
+		}
+		e.mu.Unlock()
+	}
+}
+
+// answerStatus writes the status of the group a query names (length, then
+// the answer; length 0 when this rank has no communicator for it) and
+// closes the connection. Called by the listener's goroutine for the
+// connection, never by the communicator, so a rank stuck in a call answers.
+func (e *Endpoint) answerStatus(conn net.Conn, h hello) {
+	defer conn.Close()
+	e.mu.Lock()
+	fn := e.status[h.gid]
+	e.mu.Unlock()
+	var b []byte
+	if fn != nil {
+		b = fn.f()
+	}
+	var n [4]byte
+	binary.LittleEndian.PutUint32(n[:], uint32(len(b)))
+	_, _ = conn.Write(append(n[:], b...))
+}
+
+// QueryStatus asks rank r of g for its status of group gid over a new
+// authenticated connection (the side channel of desync detection).
+func (e *Endpoint) QueryStatus(ctx context.Context, g Group, gid GroupID, r int) ([]byte, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", g.DataAddr(r))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	defer stop()
+	br := bufio.NewReaderSize(conn, 4<<10)
+	ack, err := e.clientHandshake(conn, br, hello{gid: gid, from: g.Rank(), to: r, size: g.Size()})
+	if err != nil {
+		return nil, err
+	}
+	if ack != ackStatus {
+		return nil, fmt.Errorf("%w: status query answered with %d", ErrProtocol, ack)
+	}
+	var n [4]byte
+	if _, err := io.ReadFull(br, n[:]); err != nil {
+		return nil, err
+	}
+	size := binary.LittleEndian.Uint32(n[:])
+	switch {
+	case size == 0:
+		return nil, errors.New("no communicator for this group (closed or not yet created)")
+	case size > maxStatusBytes:
+		return nil, fmt.Errorf("%w: status of %d bytes", ErrProtocol, size)
+	}
+	b := make([]byte, size)
+	if _, err := io.ReadFull(br, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
 
 // mac proves knowledge of the secret for one connection: both nonces make it
 // unrepeatable, the role byte keeps the two directions apart, and the
@@ -400,6 +488,11 @@ func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader, start time.T
 	h.streams = int(binary.LittleEndian.Uint16(p[24:]))
 	h.stream = int(binary.LittleEndian.Uint16(p[26:]))
 	h.shmName = string(name)
+	if h.streams == 0 && h.stream == 0 && h.shmName == "" {
+		// A status query (QueryStatus), not a link.
+		_, err := conn.Write([]byte{ackStatus})
+		return h, nil, err
+	}
 	if h.streams < 1 || h.streams > maxTCPStreams || h.stream >= h.streams || (h.stream > 0 && h.shmName != "") {
 		return h, nil, fmt.Errorf("%w: connection %d of %d (shared memory %q)", ErrProtocol, h.stream, h.streams, h.shmName)
 	}
@@ -558,7 +651,7 @@ func (e *Endpoint) dialed(ctx context.Context, conn net.Conn, g Group, gid Group
 	}
 	_ = conn.SetDeadline(time.Time{})
 	if ack == ackShm && seg != nil {
-		return newShmLink(conn, br, seg, true), nil
+		return newShmLink(conn, br, seg, gid, true), nil
 	}
 	if seg != nil {
 		seg.unmap()
@@ -629,7 +722,7 @@ func (e *Endpoint) await(ctx context.Context, g Group, gid GroupID, r int) (Link
 		return nil, err
 	}
 	if a.shm != nil {
-		return newShmLink(a.conn, a.br, a.shm, false), nil
+		return newShmLink(a.conn, a.br, a.shm, gid, false), nil
 	}
 	// The dialer said how many connections the link has; wait for the rest.
 	streams := a.hello.streams

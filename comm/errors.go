@@ -3,6 +3,9 @@ package comm
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"time"
 )
 
 // Sentinels. Errors returned by this package wrap one of these (errors.Is) or
@@ -25,6 +28,9 @@ var (
 	ErrAuth = errors.New("comm: authentication failed")
 	// ErrProtocol: a peer sent a frame this version cannot parse.
 	ErrProtocol = errors.New("comm: protocol error")
+	// ErrStalled: a call waited longer than Config.StallTimeout with no
+	// desync found; the error is a *StallError naming who is where.
+	ErrStalled = errors.New("comm: stalled")
 )
 
 // PeerError is a failure attributed to one rank of the group: it died, closed
@@ -49,13 +55,26 @@ func (e *PeerError) Error() string {
 func (e *PeerError) Unwrap() error { return e.Err }
 
 // CallInfo describes one collective call, as a desync error reports it.
+// Seq is the call's position: on frames, the number of calls this pair of
+// ranks has run; from the side-channel comparison and in flight records,
+// the number of collectives the group has run (Send and Recv carry the
+// number of the collective before them).
 type CallInfo struct {
-	Kind  Kind
-	DType DType
-	Op    Op // zero when the call does not reduce
-	Count int
-	Root  int // root, or peer for Send/Recv; -1 when not applicable
-	Seq   uint64
+	Kind  Kind   `json:"kind"`
+	DType DType  `json:"dtype"`
+	Op    Op     `json:"op,omitempty"` // zero when the call does not reduce
+	Count int    `json:"count"`
+	Root  int    `json:"root"` // root, or peer for Send/Recv; -1 when not applicable
+	Seq   uint64 `json:"seq"`
+}
+
+// sameCall reports whether two ranks' calls at one position agree. The
+// count of AllToAllV is this rank's total, which legitimately differs.
+func (ci CallInfo) sameCall(o CallInfo) bool {
+	if ci.Kind == KindAllToAllV && o.Kind == KindAllToAllV {
+		return ci.DType == o.DType
+	}
+	return ci.Kind == o.Kind && ci.DType == o.DType && ci.Op == o.Op && ci.Count == o.Count && ci.Root == o.Root
 }
 
 func (ci CallInfo) String() string {
@@ -78,20 +97,90 @@ func (ci CallInfo) String() string {
 }
 
 // DesyncError: this rank and Peer disagree about the call at one position.
+// It is found either from a frame of the wrong call, or by the side-channel
+// comparison of every rank's recent calls (see Config.DesyncCheckAfter); a
+// rank told by an abort frame gets the detecting rank's DesyncError, turned
+// to its own side where it is on one.
 type DesyncError struct {
-	Rank   int      // this rank
-	Mine   CallInfo // the call this rank issued
-	Peer   int      // the rank whose message did not match
-	Theirs CallInfo // the call Peer issued
-	Detail string   // optional: which field differed
+	Rank   int      `json:"rank"`   // this rank (a rank on Mine's side if this rank is on neither)
+	Mine   CallInfo `json:"mine"`   // the call Rank issued
+	Peer   int      `json:"peer"`   // the rank whose call did not match
+	Theirs CallInfo `json:"theirs"` // the call Peer issued
+	Detail string   `json:"detail,omitempty"`
+	// MineRanks and TheirRanks, when known (side-channel comparison), are
+	// every rank that issued Mine and every rank that issued Theirs.
+	MineRanks  []int `json:"mine_ranks,omitempty"`
+	TheirRanks []int `json:"their_ranks,omitempty"`
+	// ReportedBy names the peer whose abort brought this error, when this
+	// rank did not find the desync itself.
+	ReportedBy string `json:"-"`
 }
 
 func (e *DesyncError) Error() string {
 	s := fmt.Sprintf("comm: desync: rank %d called %v but rank %d called %v", e.Rank, e.Mine, e.Peer, e.Theirs)
+	if len(e.MineRanks) > 0 && len(e.TheirRanks) > 0 {
+		s += fmt.Sprintf(" (%s vs %s)", rankList(e.MineRanks), rankList(e.TheirRanks))
+	}
 	if e.Detail != "" {
 		s += " (" + e.Detail + ")"
 	}
+	if e.ReportedBy != "" {
+		s += "; reported by " + e.ReportedBy
+	}
 	return s
+}
+
+// turnedTo returns e as seen from rank me: swapped when me issued Theirs.
+func (e *DesyncError) turnedTo(me int) *DesyncError {
+	d := *e
+	if slices.Contains(e.TheirRanks, me) {
+		d.Rank, d.Mine, d.MineRanks, d.Peer, d.Theirs, d.TheirRanks = me, e.Theirs, e.TheirRanks, e.Rank, e.Mine, e.MineRanks
+	} else if slices.Contains(e.MineRanks, me) {
+		d.Rank = me
+	}
+	return &d
+}
+
+// StallError: a call waited longer than Config.StallTimeout while no desync
+// was found; Report says which rank is where.
+type StallError struct {
+	Rank   int           // this rank
+	Call   CallInfo      // the call it waited in
+	Waited time.Duration // how long
+	Behind []int         // ranks that had not reached the call (the stragglers)
+	Report string        // the stall diagnosis, as logged
+}
+
+func (e *StallError) Error() string {
+	return fmt.Sprintf("comm: stalled: rank %d waited %v in %v: %s", e.Rank, e.Waited.Round(time.Millisecond), e.Call, e.Report)
+}
+
+func (e *StallError) Unwrap() error { return ErrStalled }
+
+// rankList prints ranks compactly: "rank 3", "ranks 0-2,5".
+func rankList(rs []int) string {
+	if len(rs) == 1 {
+		return fmt.Sprintf("rank %d", rs[0])
+	}
+	rs = slices.Sorted(slices.Values(rs))
+	var b strings.Builder
+	b.WriteString("ranks ")
+	for i := 0; i < len(rs); {
+		j := i
+		for j+1 < len(rs) && rs[j+1] == rs[j]+1 {
+			j++
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		if j > i {
+			fmt.Fprintf(&b, "%d-%d", rs[i], rs[j])
+		} else {
+			fmt.Fprintf(&b, "%d", rs[i])
+		}
+		i = j + 1
+	}
+	return b.String()
 }
 
 func (e *DesyncError) Unwrap() error { return ErrDesync }

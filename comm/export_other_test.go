@@ -9,5 +9,8 @@ import "sync/atomic"
 // and changes nothing, so that the package's tests build on every system.
 var (
 	cpuCheck                        atomic.Bool
+	fastLimit                       atomic.Int64
 	spinLimit, yieldAfter, slowWait = tunable(0), tunable(0), tunable(0)
 )
+
+const fastMaxPayload = 0

@@ -16,3 +16,8 @@ func SetTuning(spin, yield time.Duration, inline bool, slow time.Duration, cpu b
 // SetSegmentBytes changes c's pipeline segment between calls (benchmark
 // experiments; only while no call runs).
 func SetSegmentBytes(c *Comm, n int) { c.cfg.SegmentBytes, c.cfg.TCPSegmentBytes = n, n }
+
+// SetFastLimit changes the largest payload sent through a shared-memory
+// fast slot (at most the slot's capacity; negative: none), for benchmarks
+// that compare the two paths. Safe while calls run.
+func SetFastLimit(n int) { fastLimit.Store(int64(min(n, fastMaxPayload))) }

@@ -9,6 +9,9 @@ import (
 
 func TestMain(m *testing.M) {
 	// The test binary is also the rank program of the multi-process tests.
+	if os.Getenv(desyncChildEnv) != "" {
+		os.Exit(desyncChildMain())
+	}
 	if os.Getenv("GORUN_COMM_CHILD") != "" {
 		os.Exit(childMain())
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -402,6 +403,40 @@ func TestPairAllReduceSegments(t *testing.T) {
 				}
 			}
 			runCases(t, comms, tcs, true)
+		})
+	}
+}
+
+// Over shared memory a small message travels through a fast slot and a
+// large one through the ring; ranks whose calls differ in size, so that
+// one writes a slot while the other writes the ring, still both get an
+// error naming both calls.
+func TestDesyncAcrossShmPaths(t *testing.T) {
+	for _, big := range []int{1, 256 << 10} {
+		t.Run(fmt.Sprintf("big=%d", big), func(t *testing.T) {
+			j := newNetJob(t, 2, comm.LocalConfig(), false)
+			errs := onEach(t, 2, func(r int) error {
+				ctx, cancel := waitCtx(t)
+				defer cancel()
+				var err error
+				if r == 0 {
+					b := f32(2, 1)
+					err = j.comms[0].AllReduce(ctx, comm.Float32s(b), comm.Float32s(b), comm.Sum).Wait(ctx)
+				} else {
+					b := f32(big, 1)
+					out := make([]float32, 2*big)
+					err = j.comms[1].AllGather(ctx, comm.Float32s(b), comm.Float32s(out)).Wait(ctx)
+				}
+				if err == nil {
+					err = j.comms[r].Barrier(ctx).Wait(ctx)
+				}
+				return err
+			})
+			for r, err := range errs {
+				if !errors.Is(err, comm.ErrDesync) || !strings.Contains(err.Error(), "AllReduce(") || !strings.Contains(err.Error(), "AllGather(") {
+					t.Errorf("rank %d: %v, want a desync naming both calls", r, err)
+				}
+			}
 		})
 	}
 }

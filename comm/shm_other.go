@@ -14,9 +14,9 @@ type shmSegment struct{ name string }
 
 var errNoShm = errors.New("comm: shared memory is only implemented on Linux")
 
-func createShm(string, GroupID, int, int, int) (*shmSegment, error) { return nil, errNoShm }
-func openShm(string, string, int) (*shmSegment, error)              { return nil, errNoShm }
-func (*shmSegment) unlink()                                         {}
-func (*shmSegment) unmap()                                          {}
-func newShmLink(net.Conn, *bufio.Reader, *shmSegment, bool) Link    { panic("unreachable") }
-func sweepShm(string) int                                           { return 0 }
+func createShm(string, GroupID, int, int, int) (*shmSegment, error)       { return nil, errNoShm }
+func openShm(string, string, int) (*shmSegment, error)                    { return nil, errNoShm }
+func (*shmSegment) unlink()                                               {}
+func (*shmSegment) unmap()                                                {}
+func newShmLink(net.Conn, *bufio.Reader, *shmSegment, GroupID, bool) Link { panic("unreachable") }
+func sweepShm(string) int                                                 { return 0 }

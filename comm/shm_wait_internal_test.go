@@ -45,6 +45,9 @@ func TestWaiterAdaptsToSlowPeer(t *testing.T) {
 // unread frames of up to EagerLimit that Send promises to take.
 func TestShmRingRestartsWhenEmpty(t *testing.T) {
 	const ringBytes = 4 << 20
+	// Every frame on the ring: small ones would go to fast slots.
+	fastLimit.Store(-1)
+	defer fastLimit.Store(fastMaxPayload)
 	dir := t.TempDir()
 	seg, err := createShm(dir, 1, 0, 1, ringBytes)
 	if err != nil {
@@ -56,8 +59,8 @@ func TestShmRingRestartsWhenEmpty(t *testing.T) {
 	}
 	seg.unlink()
 	c1, c2 := net.Pipe()
-	a := newShmLink(c1, bufio.NewReader(c1), seg, true)
-	b := newShmLink(c2, bufio.NewReader(c2), peerSeg, false)
+	a := newShmLink(c1, bufio.NewReader(c1), seg, 1, true)
+	b := newShmLink(c2, bufio.NewReader(c2), peerSeg, 1, false)
 	defer func() { _ = a.Close(); _ = b.Close() }()
 
 	payload := func(seq, n int) []byte {

@@ -330,7 +330,7 @@ func TestEndpointRefusesBadStreams(t *testing.T) {
 	for _, h := range []hello{
 		{streams: 2, stream: 2},
 		{streams: maxTCPStreams + 1, stream: 1},
-		{streams: 0},
+		{streams: 0, stream: 1}, // streams 0 is a status query, which has no stream index
 		{streams: 2, stream: 1, shmName: "gorun-x", shmBytes: 1 << 16},
 	} {
 		h.gid, h.from, h.to, h.size = 1, 1, 0, 2

@@ -1,6 +1,8 @@
 package comm
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -108,6 +110,7 @@ func (c *Comm) execute(cl *call) {
 		return
 	}
 	if cl.invalid != nil {
+		c.rec.end(c.rec.start(cl, c.cseq, time.Now()), cl.invalid, time.Now())
 		c.fail(cl.invalid)
 		cl.finish(cl.invalid)
 		return
@@ -116,12 +119,14 @@ func (c *Comm) execute(cl *call) {
 	case KindSend, KindRecv:
 		c.peers[cl.root].seq++
 	default:
+		c.cseq++
 		for _, p := range c.peers {
 			if p != nil {
 				p.seq++
 			}
 		}
 	}
+	slot := c.rec.start(cl, c.cseq, time.Now())
 	err := c.run(cl)
 	if err == nil {
 		err = c.flushAll(cl)
@@ -132,6 +137,7 @@ func (c *Comm) execute(cl *call) {
 			err = c.failErr
 		}
 	}
+	c.rec.end(slot, err, time.Now())
 	cl.finish(err)
 }
 
@@ -335,6 +341,9 @@ func (c *Comm) frameErr(p int, h *Header, before string) error {
 	}
 	text := make([]byte, h.Len)
 	if err := c.peers[p].link.RecvPayload(text); err != nil {
+		if c.Err() != nil {
+			return errLinkDown // we failed meanwhile and closed the link: report our cause
+		}
 		return pe("aborted (reason lost: "+err.Error()+")", ErrAborted)
 	}
 	cause := ErrAborted
@@ -345,6 +354,17 @@ func (c *Comm) frameErr(p int, h *Header, before string) error {
 		cause = ErrPeerLost
 	case 3:
 		cause = ErrInvalidArgument
+	}
+	if cause == ErrDesync {
+		if i := bytes.IndexByte(text, 0); i >= 0 {
+			var de DesyncError
+			if json.Unmarshal(text[i+1:], &de) == nil {
+				d := de.turnedTo(c.me)
+				d.ReportedBy = c.info[p]
+				return d
+			}
+			text = text[:i]
+		}
 	}
 	e := pe("aborted", cause)
 	e.RemoteText = string(text)

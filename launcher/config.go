@@ -71,6 +71,10 @@ type Config struct {
 	// a second SIGINT kills at once. Other signals (SIGUSR1, SIGUSR2, e.g.
 	// SLURM's pre-timeout warning) are forwarded and the job continues.
 	Signals <-chan os.Signal
+	// PMI is how ranks reach gorun's PMI server, which MPICH-family MPI
+	// programs need to form one world (pmi.go): PMIFD ("" too), PMIPort,
+	// or PMINone to serve nothing and export no PMI_* variable.
+	PMI PMIMode
 	// AgentPath is the executable re-run as the job's supervisor agent; ""
 	// means this executable, which must call IsAgent/AgentMain first thing
 	// in main.
@@ -157,6 +161,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Starter != "" && c.Starter != StartSSH && c.Starter != StartSrun {
 		return fmt.Errorf("launcher: agent starter %q: expected ssh or srun", c.Starter)
+	}
+	if c.PMI != "" {
+		if _, err := ParsePMIMode(string(c.PMI)); err != nil {
+			return err
+		}
 	}
 	if c.Lease < 0 || c.LaunchTimeout < 0 {
 		return errors.New("launcher: lease and launch timeout must not be negative")

@@ -217,7 +217,7 @@ func runHostAgent(o AgentOptions, key []byte, log zerolog.Logger, stderr io.Writ
 		break
 	}
 	ports.Release()
-	return relay(w, job, hello, m.Ranks, log, stderr)
+	return relay(w, job, hello, m.Ranks, m.PMI, log, stderr)
 }
 
 // children are the agents a host agent started for gorun (tree fan-out):
@@ -320,6 +320,10 @@ func prepareHost(o AgentOptions, job *remoteJob, c net.Conn, programComing bool)
 		// Preloaded: it arrives before the ranks start.
 		prog, err = job.Program, nil
 	}
+	if err == nil && !job.NoPMI && !programComing {
+		// Open MPI would form one singleton per rank (mpilib.go).
+		err = checkMPILibrary(job.Program, prog)
+	}
 	if err != nil {
 		var pe *ProgramError
 		if errors.As(err, &pe) {
@@ -352,9 +356,9 @@ func rankDir(dir string) string {
 // relay runs the ranks through a supervisor and forwards everything until
 // the supervisor reports the end (then "done" goes to gorun after the last
 // output) or gorun is gone (then the supervisor is told to kill it all).
-func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, log zerolog.Logger, stderr io.Writer) error {
-	base := filterEnv(os.Environ())
-	spec := &agentSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != ""}
+func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, pj *pmiJob, log zerolog.Logger, stderr io.Writer) error {
+	base := scrubLaunchEnv(filterEnv(os.Environ()))
+	spec := &agentSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj}
 	var extra, parentEnds []*os.File
 	type stream struct {
 		rank int

@@ -41,6 +41,9 @@ type PlanConfig struct {
 	// RdzvPort is a second free port on MasterAddr for gorun's own gossip
 	// seed (GORUN_RDZV_ENDPOINT); required and different from MasterPort.
 	RdzvPort int
+	// NoPMI plans a job whose ranks are not served MPI's PMI (--pmi none):
+	// they then get no PMI_* variable, since nothing would answer them.
+	NoPMI bool
 	// Interfaces maps a host name to the interface its ranks should use
 	// for sockets (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME); hosts without
 	// an entry get neither variable.
@@ -64,6 +67,10 @@ type Plan struct {
 	MasterPort int
 	// RdzvEndpoint is host:port of the gossip seed.
 	RdzvEndpoint string
+	// PMI says the ranks are served MPI's PMI (see pmi.go): they get
+	// PMI_RANK and PMI_SIZE here and PMI_FD or PMI_PORT from their
+	// supervisor.
+	PMI bool
 }
 
 // Node is one host of a plan.
@@ -169,7 +176,7 @@ func NewPlan(c PlanConfig) (*Plan, error) {
 		return nil, err
 	}
 
-	p := &Plan{JobID: c.JobID, MasterPort: c.MasterPort}
+	p := &Plan{JobID: c.JobID, MasterPort: c.MasterPort, PMI: !c.NoPMI}
 	for i, h := range hosts {
 		if counts[i] == 0 {
 			continue
@@ -290,8 +297,8 @@ func placeCounts(hosts []Host, np int, oversubscribe bool) ([]int, error) {
 	return counts, nil
 }
 
-// rankEnv builds the variables of one rank in a fixed order: torch, Open
-// MPI, Hydra, CUDA, gorun, then the user's exports (last, so they win).
+// rankEnv builds the variables of one rank in a fixed order: torch, PMI
+// (when served), CUDA, gorun, then the user's exports (last, so they win).
 func rankEnv(p *Plan, r RankSpec, c PlanConfig) []string {
 	itoa := strconv.Itoa
 	env := []string{
@@ -303,12 +310,11 @@ func rankEnv(p *Plan, r RankSpec, c PlanConfig) []string {
 		rankenv.GroupRank + "=" + itoa(r.NodeRank),
 		rankenv.MasterAddr + "=" + p.MasterAddr,
 		rankenv.MasterPort + "=" + itoa(p.MasterPort),
-		rankenv.OMPIRank + "=" + itoa(r.Rank),
-		rankenv.OMPISize + "=" + itoa(p.WorldSize),
-		rankenv.OMPILocalRank + "=" + itoa(r.LocalRank),
-		rankenv.OMPILocalSize + "=" + itoa(r.LocalSize),
-		rankenv.PMIRank + "=" + itoa(r.Rank),
-		rankenv.PMISize + "=" + itoa(p.WorldSize),
+	}
+	if p.PMI {
+		// PMI_FD or PMI_PORT is added by the supervisor that serves the
+		// rank: only it knows the descriptor or port.
+		env = append(env, rankenv.PMIRank+"="+itoa(r.Rank), rankenv.PMISize+"="+itoa(p.WorldSize))
 	}
 	if r.GPU >= 0 {
 		env = append(env, rankenv.CUDAVisibleDevices+"="+itoa(r.GPU))

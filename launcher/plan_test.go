@@ -117,8 +117,6 @@ func TestNewPlanEnvironment(t *testing.T) {
 	want := map[string]string{
 		"RANK": "4", "WORLD_SIZE": "5", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
 		"NODE_RANK": "1", "GROUP_RANK": "1", "MASTER_PORT": "1000",
-		"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_SIZE": "5",
-		"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
 		"PMI_RANK": "4", "PMI_SIZE": "5", "CUDA_VISIBLE_DEVICES": "1",
 		"GORUN_JOB_ID": "job1", "GORUN_RANK": "4", "GORUN_WORLD_SIZE": "5",
 		"GORUN_LOCAL_RANK": "1", "GORUN_LOCAL_WORLD_SIZE": "2", "GORUN_NODE_RANK": "1",
@@ -130,6 +128,23 @@ func TestNewPlanEnvironment(t *testing.T) {
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	// gorun does not run Open MPI's launch protocol: nothing may claim it.
+	for k := range got {
+		if strings.HasPrefix(k, "OMPI_") {
+			t.Errorf("%s set; gorun serves no Open MPI launch", k)
+		}
+	}
+	// Without PMI (--pmi none) no PMI_* variable claims a server.
+	c.NoPMI = true
+	p, err = NewPlan(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range envMap(p.Ranks[4].Env) {
+		if strings.HasPrefix(k, "PMI_") {
+			t.Errorf("NoPMI plan sets %s", k)
 		}
 	}
 	// Round robin GPUs per host: h0 has local ranks 0,1,2 → GPUs 0,1,0.

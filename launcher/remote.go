@@ -15,8 +15,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/internal/connlimit"
 	"github.com/gorun-hpc/gorun/netif"
@@ -114,6 +117,8 @@ type multi struct {
 
 	// gate bounds the connections to ln still in their handshake.
 	gate *connlimit.Gate
+	// refusals counts unauthenticated connections refused (for logging).
+	refusals atomic.Int64
 
 	// mu guards authed and claims.
 	mu sync.Mutex
@@ -155,7 +160,7 @@ func launchMulti(ctx context.Context, cfg Config, job Job, id LocalIdentity) err
 	pc := PlanConfig{
 		NP: job.NP, Hosts: job.Hosts, Oversubscribe: job.Oversubscribe,
 		GPUsPerHost: job.GPUsPerHost, Export: job.Export, JobID: jobID, Secret: secret,
-		MasterAddr: "0.0.0.0", MasterPort: 1, RdzvPort: 2,
+		MasterAddr: "0.0.0.0", MasterPort: 1, RdzvPort: 2, NoPMI: cfg.PMI == PMINone,
 	}
 	pre, err := NewPlan(pc)
 	if err != nil {
@@ -446,7 +451,13 @@ func (m *multi) acceptLoop(index map[string]int, results chan<- setupResult) {
 					m.claims[he.ClaimHost] = he
 					m.mu.Unlock()
 				}
-				m.cfg.Logger.Warn().Err(err).Msg("refused a connection to the host-agent port")
+				// The first few at Warn; a flood would drown the job's
+				// own output, so the rest at Debug.
+				lvl := zerolog.DebugLevel
+				if m.refusals.Add(1) <= 5 {
+					lvl = zerolog.WarnLevel
+				}
+				m.cfg.Logger.WithLevel(lvl).Err(err).Msg("refused a connection to the host-agent port")
 				return
 			}
 			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
@@ -464,6 +475,7 @@ func (m *multi) acceptLoop(index map[string]int, results chan<- setupResult) {
 				job.Preload = append(job.Preload, s.info)
 			}
 			job.Stdin = m.cfg.Stdin != nil
+			job.NoPMI = m.cfg.PMI == PMINone
 			if err := w.send(wireMsg{T: "job", Job: job}); err != nil {
 				c.Close()
 				results <- setupResult{node: node, err: &HostError{Host: host, Op: "talk to agent", Err: err}}
@@ -768,8 +780,13 @@ func (m *multi) reapLaunchers(d time.Duration) {
 
 // run executes the plan over the connected agents.
 func (m *multi) run(ctx context.Context, plan *Plan) error {
-	r := &runner{cfg: m.cfg, plan: plan, log: m.cfg.Logger, agentsLeft: len(m.nodes)}
+	r := &runner{cfg: m.cfg, plan: plan, log: m.cfg.Logger, agentsLeft: len(m.nodes), fences: pmiFences{hosts: len(m.conns)}}
 	defer r.closeAll()
+	pj, err := pmiJobFor(plan, m.cfg.PMI)
+	if err != nil {
+		m.abort()
+		return err
+	}
 	if err := r.prepareOutput(); err != nil {
 		m.abort()
 		return err
@@ -850,12 +867,12 @@ func (m *multi) run(ctx context.Context, plan *Plan) error {
 		for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
 			ranks = append(ranks, remoteRank{Rank: rk, Env: plan.Ranks[rk].Env})
 		}
-		if err := c.w.send(wireMsg{T: "spec", Ranks: ranks}); err != nil {
+		if err := c.w.send(wireMsg{T: "spec", Ranks: ranks, PMI: pj}); err != nil {
 			r.log.Debug().Err(err).Str("host", n.Name).Msg("sending the spec failed")
 		}
 	}
 	stdinDone := m.forwardStdin(m.conns[0].w, quit)
-	err := r.loop(ctx)
+	err = r.loop(ctx)
 	close(quit)
 	stdinDone()
 	for _, c := range m.conns {

@@ -64,6 +64,12 @@ func Launch(ctx context.Context, cfg Config, job Job) error {
 	if err != nil {
 		return err
 	}
+	if cfg.PMI != PMINone {
+		// Open MPI would form one singleton per rank (mpilib.go).
+		if err := checkMPILibrary(job.Argv[0], path); err != nil {
+			return err
+		}
+	}
 	jobID, secret, err := NewJobIdentity()
 	if err != nil {
 		return err
@@ -81,6 +87,7 @@ func Launch(ctx context.Context, cfg Config, job Job) error {
 		// name the user wrote.
 		MasterAddr: "127.0.0.1",
 		MasterPort: ports.MasterPort, RdzvPort: ports.RdzvPort,
+		NoPMI: cfg.PMI == PMINone,
 	})
 	if err != nil {
 		return err
@@ -160,7 +167,7 @@ func Run(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *PortR
 		// now launching again: refuse, or every level would start another.
 		return ErrAgentNotDispatched
 	}
-	r := &runner{cfg: cfg, plan: plan, log: cfg.Logger}
+	r := &runner{cfg: cfg, plan: plan, log: cfg.Logger, fences: pmiFences{hosts: 1}}
 	defer ports.Release()
 	defer r.closeAll()
 
@@ -226,6 +233,9 @@ type runner struct {
 	// killGroup SIGKILLs a rank's process group directly, for when the
 	// agent is gone; a hook so fake-agent tests never signal real pids.
 	killGroup func(pgid int)
+	// fences gathers the supervisors' PMI barriers (pmi.go); hosts is
+	// the number of supervisors.
+	fences pmiFences
 }
 
 // prepareOutput opens the per-rank log files.
@@ -263,7 +273,13 @@ func (r *runner) prepareRanks(prog Program) (*agentSpec, error) {
 	if base == nil {
 		base = os.Environ()
 	}
+	base = scrubLaunchEnv(base)
 	spec := &agentSpec{Grace: r.cfg.Grace, LogLevel: r.log.GetLevel()}
+	pj, err := pmiJobFor(r.plan, r.cfg.PMI)
+	if err != nil {
+		return nil, err
+	}
+	spec.PMI = pj
 	var now func() time.Time
 	if r.cfg.TimestampOutput {
 		now = time.Now
@@ -473,9 +489,15 @@ type failure struct {
 	// ranks from rank on.
 	lost      error
 	lostRanks int
+	// mpi is set when the rank failed through PMI: MPI_Abort, or an exit
+	// 0 without PMI finalize (pmi.go).
+	mpi *MPIError
 }
 
 func (f failure) exitCode() int {
+	if f.mpi != nil {
+		return f.mpi.ExitCode()
+	}
 	if f.lost != nil {
 		return 255
 	}
@@ -582,6 +604,25 @@ func (r *runner) loop(ctx context.Context) error {
 				if (ev.Code != 0 || ev.Signal != 0) && !(st.stopped && causedByStop(ev, sentSig)) {
 					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal)})
 					stop(stopFailure, syscall.SIGTERM)
+				} else if ev.Unfinalized && !st.stopped {
+					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: 1, mpi: &MPIError{Rank: ev.Rank, PID: ev.PID}})
+					stop(stopFailure, syscall.SIGTERM)
+				}
+			case "pmi-fence":
+				if cmd, ok, err := r.fences.add(ev); err != nil {
+					r.log.Error().Err(err).Msg("PMI barrier")
+					failures = append(failures, failure{rank: ev.Rank, startErr: fmt.Errorf("%w: %v", errPMIProtocol, err)})
+					stop(stopFailure, syscall.SIGTERM)
+				} else if ok {
+					r.log.Debug().Int("epoch", cmd.Epoch).Int("keys", len(cmd.KVS)).Msg("PMI barrier released")
+					r.sendCmd(cmd)
+				}
+			case "pmi-abort":
+				if reason == notStopping {
+					pid := ranks[ev.Rank].pid
+					failures = append(failures, failure{rank: ev.Rank, pid: pid, code: ev.Code,
+						mpi: &MPIError{Rank: ev.Rank, PID: pid, Aborted: true, Code: ev.Code, Message: ev.Err}})
+					stop(stopFailure, syscall.SIGTERM)
 				}
 			case "lost":
 				// A host agent is gone; its ranks are, or soon will be (the
@@ -659,6 +700,16 @@ func (r *runner) loop(ctx context.Context) error {
 	case len(failures) > 0:
 		f := pickFailure(failures, r.cfg.ExitPolicy)
 		host := r.plan.Ranks[f.rank].Host
+		if f.mpi != nil {
+			e := *f.mpi
+			e.Host, e.Stopped = host, stopped
+			if ranks[f.rank].stopped && ranks[f.rank].pid > 0 {
+				// An aborting rank waits to be ended: the teardown
+				// stops it too, but it is not one of the "other" ranks.
+				e.Stopped--
+			}
+			return &e
+		}
 		if f.lost != nil {
 			return &AgentLostError{Host: host, FirstRank: f.rank, Ranks: f.lostRanks, Err: f.lost, Stopped: stopped}
 		}

@@ -118,17 +118,19 @@ func TestRunEnvironment(t *testing.T) {
 		for k, v := range map[string]string{
 			"RANK": strconv.Itoa(r), "WORLD_SIZE": "3", "LOCAL_RANK": strconv.Itoa(r),
 			"LOCAL_WORLD_SIZE": "3", "NODE_RANK": "0", "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-			"OMPI_COMM_WORLD_RANK": strconv.Itoa(r), "OMPI_COMM_WORLD_SIZE": "3",
-			"OMPI_COMM_WORLD_LOCAL_RANK": strconv.Itoa(r), "OMPI_COMM_WORLD_LOCAL_SIZE": "3",
-			"PMI_RANK": strconv.Itoa(r), "PMI_SIZE": "3", "GORUN_RANK": strconv.Itoa(r),
+			"PMI_RANK": strconv.Itoa(r), "PMI_SIZE": "3", "PMI_FD": "3", "GORUN_RANK": strconv.Itoa(r),
 			"GORUN_WORLD_SIZE": "3", "GORUN_LOCAL_RANK": strconv.Itoa(r), "GORUN_TEST_FOO": "bar",
 		} {
 			if env[k] != v {
 				t.Errorf("rank %d: %s=%q, want %q", r, k, env[k], v)
 			}
 		}
-		if _, ok := env["CUDA_VISIBLE_DEVICES"]; ok {
-			t.Errorf("rank %d: CUDA_VISIBLE_DEVICES set without GPUs", r)
+		// Variables that would claim protocols gorun does not serve
+		// (Open MPI's launch, the PMI_PORT mode when PMI_FD is served).
+		for _, k := range []string{"CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_PORT", "PMI_ID"} {
+			if _, ok := env[k]; ok {
+				t.Errorf("rank %d: %s set", r, k)
+			}
 		}
 		if !hex64.MatchString(env["GORUN_SECRET"]) {
 			t.Errorf("rank %d: GORUN_SECRET %q is not 64 hex digits", r, env["GORUN_SECRET"])
@@ -172,19 +174,27 @@ func TestRunRanksStartWithDefaultSignals(t *testing.T) {
 	}
 }
 
-// A rank has exactly stdin, stdout and stderr open: no other rank's pipes,
-// nothing gorun inherited.
+// A rank has exactly stdin, stdout and stderr open, plus its PMI socket at
+// 3 when PMI is served: no other rank's pipes or sockets, nothing gorun
+// inherited.
 func TestRunRanksInheritOnlyStdio(t *testing.T) {
-	j := newJobRun(t, 3, "", nil)
-	j.job.Argv = []string{"/bin/sh", "-c", "exec ls /proc/self/fd | tr '\\n' ' '"}
-	if err := j.launch(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	// ls itself opens fd 3 to read the directory.
-	for r := range 3 {
-		if want := fmt.Sprintf("[%d] 0 1 2 3 \n", r); !strings.Contains(j.stdout.String(), want) {
-			t.Fatalf("rank %d's descriptors: %q, want %q", r, j.stdout.String(), want)
-		}
+	for _, tc := range []struct {
+		pmi  PMIMode
+		want string // ls itself opens the next descriptor to read the directory
+	}{{PMINone, "0 1 2 3 "}, {PMIFD, "0 1 2 3 4 "}, {PMIPort, "0 1 2 3 "}} {
+		t.Run(string(tc.pmi), func(t *testing.T) {
+			j := newJobRun(t, 3, "", nil)
+			j.cfg.PMI = tc.pmi
+			j.job.Argv = []string{"/bin/sh", "-c", "exec ls /proc/self/fd | tr '\\n' ' '"}
+			if err := j.launch(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			for r := range 3 {
+				if want := fmt.Sprintf("[%d] %s\n", r, tc.want); !strings.Contains(j.stdout.String(), want) {
+					t.Fatalf("rank %d's descriptors: %q, want %q", r, j.stdout.String(), want)
+				}
+			}
+		})
 	}
 }
 
@@ -608,5 +618,29 @@ func TestGorunSIGKILLLeavesNoOrphans(t *testing.T) {
 				t.Fatalf("processes survive gorun's SIGKILL: %v", launchertest.Survivors(token))
 			}
 		})
+	}
+}
+
+// Every rank leads its own session (and so its own process group): the
+// teardown signals the group, and the kernel's autogroup scheduler gives
+// each session its own CPU share, as Hydra's ranks get (agent.go).
+func TestRunRanksOwnSession(t *testing.T) {
+	j := newJobRun(t, 2, "", nil)
+	j.job.Argv = []string{"/bin/sh", "-c", "exec cat /proc/self/stat"}
+	if err := j.launch(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(j.stdout.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("want 2 stat lines, got %q", j.stdout.String())
+	}
+	for _, l := range lines {
+		_, stat, _ := strings.Cut(l, "] ")
+		pid, rest, _ := strings.Cut(stat, " (")
+		_, after, _ := strings.Cut(rest, ") ")
+		f := strings.Fields(after) // state ppid pgrp session ...
+		if len(f) < 4 || f[2] != pid || f[3] != pid {
+			t.Errorf("rank %q: pid %s, pgrp and session %v, want both the pid", l, pid, f[2:4])
+		}
 	}
 }

@@ -76,6 +76,9 @@ type wireMsg struct {
 	// (agent, "file-bad") says why a file was refused.
 	File *fileHeader `json:"file,omitempty"`
 	Err  string      `json:"err,omitempty"`
+	// PMI (gorun, "spec") is the job's PMI description when its ranks
+	// are served PMI (pmi.go).
+	PMI *pmiJob `json:"pmi,omitempty"`
 }
 
 // childExit is a child launcher that exited before setup was over.
@@ -115,6 +118,9 @@ type remoteJob struct {
 	// Stdin says gorun forwards its stdin to rank 0 (stdin frames);
 	// otherwise every rank reads /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
+	// NoPMI says the ranks are not served PMI (--pmi none), so an Open
+	// MPI program is not refused (mpilib.go).
+	NoPMI bool `json:"no_pmi,omitempty"`
 }
 
 // childLaunch is one agent that a host agent starts for gorun.

@@ -2,8 +2,9 @@
 // it starts: the names of the environment variables every rank receives, and
 // what each one means.
 //
-// gorun sets every ecosystem's variables at once (torch, Open MPI, Hydra PMI,
-// CUDA and its own GORUN_*) so that unmodified programs run. The launcher
+// gorun sets the variables of every protocol it serves at once (torch's
+// env:// rendezvous, MPICH's PMI, CUDA and its own GORUN_*) so that
+// unmodified programs run, and none of a protocol it does not serve. The launcher
 // builds these variables; the rendezvous reads them. Neither of those steps
 // lives here: this package only names the variables and documents their
 // meaning, so the two sides cannot drift apart.

@@ -22,14 +22,30 @@ const (
 	MasterPort = "MASTER_PORT"
 )
 
-// Open MPI and Hydra (MPICH) variables.
+// MPICH's process-management interface (PMI-1), served by gorun to every
+// rank unless --pmi none: MPI libraries of the MPICH family (MPICH, Intel
+// MPI, MVAPICH) read these in MPI_Init to reach gorun's PMI server and form
+// one world. Without PMI_FD or PMI_PORT such a library starts as a
+// singleton (rank 0 of 1), which is why gorun exports none of them when it
+// does not serve PMI.
+//
+// gorun exports no OMPI_* variables: Open MPI forms its world through a
+// PMIx server, which gorun does not run, and OMPI_COMM_WORLD_* would tell
+// programs they were started by Open MPI's mpirun. Open MPI programs are
+// refused before any rank starts.
 const (
-	OMPIRank      = "OMPI_COMM_WORLD_RANK"
-	OMPISize      = "OMPI_COMM_WORLD_SIZE"
-	OMPILocalRank = "OMPI_COMM_WORLD_LOCAL_RANK"
-	OMPILocalSize = "OMPI_COMM_WORLD_LOCAL_SIZE"
-	PMIRank       = "PMI_RANK"
-	PMISize       = "PMI_SIZE"
+	// PMIRank is the rank (the PMI client reads it in the PMI_FD mode).
+	PMIRank = "PMI_RANK"
+	// PMISize is the number of ranks.
+	PMISize = "PMI_SIZE"
+	// PMIFD is the descriptor number of the rank's connected socket to
+	// gorun's PMI server (3), in the default mode.
+	PMIFD = "PMI_FD"
+	// PMIPort is host:port of the host's PMI server, in the --pmi port
+	// mode; the rank presents PMIID there and learns its rank and size.
+	PMIPort = "PMI_PORT"
+	// PMIID is the rank's random identifier for the PMI_PORT handshake.
+	PMIID = "PMI_ID"
 )
 
 // CUDAVisibleDevices lists the GPUs assigned to the rank; it is set only when

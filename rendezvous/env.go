@@ -77,7 +77,14 @@ func ConfigFromEnv() (Config, error) {
 	return configFromEnv(os.LookupEnv)
 }
 
-// configFromEnv is ConfigFromEnv over any lookup function, for tests.
+// ConfigFromLookup is ConfigFromEnv over any lookup function with
+// os.LookupEnv's contract: for programs that run several ranks in one
+// process (tests, language bindings that receive the environment as a map).
+func ConfigFromLookup(look func(string) (string, bool)) (Config, error) {
+	return configFromEnv(look)
+}
+
+// configFromEnv is ConfigFromEnv over any lookup function.
 func configFromEnv(look func(string) (string, bool)) (Config, error) {
 	get := func(k string) string { v, _ := look(k); return v }
 	has := func(k string) bool { _, ok := look(k); return ok }

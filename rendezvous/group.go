@@ -120,6 +120,16 @@ func (g *Group) Barrier(ctx context.Context) error {
 	return err
 }
 
+// AllGather gives every member every member's payload, indexed by group
+// rank, over the gossip layer's reliable messages (relayed by host leaders
+// where there are any). It is meant for small bootstrap data, such as the
+// unique id a GPU communicator's rank 0 hands to the others (nccl/), not
+// for tensors. Every member must call it, in the same order as the group's
+// other collectives; it fails like Barrier when a member is lost or left.
+func (g *Group) AllGather(ctx context.Context, payload []byte) ([][]byte, error) {
+	return g.allgather(ctx, "allgather", payload)
+}
+
 // Split partitions the group like MPI_Comm_split; see World.Split.
 func (g *Group) Split(ctx context.Context, color, key int) (*Group, error) {
 	if color < 0 && color != Undefined {

@@ -79,6 +79,24 @@ func decodeMeta(b []byte) (Member, error) {
 	return m, nil
 }
 
+// DeriveKey returns a 32-byte key for purpose (e.g. "gorun comm hmac v1"),
+// derived from the job secret with HKDF-SHA-256 and the job id as salt, so
+// that every rank of the job, however it was launched (gorun, torch style,
+// srun), gets the same key with no message exchanged. It is a Config method,
+// not a World one, because the data plane needs its key before Join: the
+// data-plane address a rank advertises in Join must already be listening.
+// Different purposes give independent keys; the gossip key's purpose and the
+// empty purpose are refused.
+func (c *Config) DeriveKey(purpose string) ([]byte, error) {
+	if purpose == gossipPurpose || purpose == "" {
+		return nil, fmt.Errorf("rendezvous: key purpose %q is reserved", purpose)
+	}
+	if len(c.Secret) == 0 {
+		return nil, &ConfigError{Field: "Secret", Problem: "empty: no key can be derived"}
+	}
+	return hkdf.Key(sha256.New, c.Secret, []byte(c.JobID), purpose, 32)
+}
+
 // gossipPurpose is the HKDF purpose of the gossip key; DeriveKey refuses it
 // so no other layer can end up with the gossip key by accident.
 const gossipPurpose = "gorun rendezvous gossip v1"

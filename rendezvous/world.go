@@ -2,8 +2,6 @@ package rendezvous
 
 import (
 	"context"
-	"crypto/hkdf"
-	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -576,18 +574,6 @@ func (w *World) Err() error { return w.whole.Err() }
 // JobID returns the job id.
 func (w *World) JobID() string { return w.cfg.JobID }
 
-// DeriveKey returns a 32-byte key for purpose (e.g. "gorun comm hmac v1"),
-// derived from the job secret and job id with HKDF-SHA-256, so that every
-// rank of the job, however it was launched (gorun, torch style, srun), gets
-// the same key without the secret leaving this package. Different purposes
-// give independent keys; the gossip key's purpose is refused.
-func (w *World) DeriveKey(purpose string) ([]byte, error) {
-	if purpose == gossipPurpose || purpose == "" {
-		return nil, fmt.Errorf("rendezvous: key purpose %q is reserved", purpose)
-	}
-	return hkdf.Key(sha256.New, w.cfg.Secret, []byte(w.cfg.JobID), purpose, 32)
-}
-
 // Epoch is 1 once the world formed and increases by one with every member
 // lost or left since. Two members that report the same epoch have seen the
 // same number of changes (not necessarily at the same moment).
@@ -626,6 +612,11 @@ func (w *World) Events() <-chan Event { return w.events }
 // returns the error naming that member. Barriers on the world must not be
 // called concurrently with each other (they are serialised).
 func (w *World) Barrier(ctx context.Context) error { return w.whole.Barrier(ctx) }
+
+// AllGather is Group.AllGather on the whole world.
+func (w *World) AllGather(ctx context.Context, payload []byte) ([][]byte, error) {
+	return w.whole.AllGather(ctx, payload)
+}
 
 // Split partitions the world like MPI_Comm_split: every rank calls it with
 // its color and key (collectively, in the same order as other collectives on

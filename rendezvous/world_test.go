@@ -407,13 +407,13 @@ func TestWorldOfOne(t *testing.T) {
 	if err != nil || g.Size() != 1 {
 		t.Fatal(g, err)
 	}
-	k1, err1 := w.DeriveKey("gorun comm hmac v1")
-	k2, err2 := w.DeriveKey("other")
+	k1, err1 := c.DeriveKey("gorun comm hmac v1")
+	k2, err2 := c.DeriveKey("other")
 	gk, _ := gossipKey(testSecret, "solo")
 	if err1 != nil || err2 != nil || len(k1) != 32 || string(k1) == string(k2) || string(k1) == string(gk) {
 		t.Fatal("derived keys must be 32 bytes and independent")
 	}
-	if _, err := w.DeriveKey(gossipPurpose); err == nil {
+	if _, err := c.DeriveKey(gossipPurpose); err == nil {
 		t.Fatal("the gossip key's purpose must be refused")
 	}
 }

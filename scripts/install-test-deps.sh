@@ -6,8 +6,14 @@
 set -euo pipefail
 
 # Packages the tests use; keep this list in step with what tests look for:
-# sshd and SLURM serve tests/testhosts (namespace hosts, single-node SLURM).
-pkgs=(iproute2 procps util-linux openssh-server openssh-client slurm-wlm slurm-client munge)
+# sshd and SLURM serve tests/testhosts (namespace hosts, single-node SLURM);
+# MPICH (mpich, libmpich-dev, gcc for mpicc.mpich) serves tests/mpi and the
+# MPI tests in tests/multihost, and Open MPI's compiler (libopenmpi-dev,
+# openmpi-bin) the test that gorun refuses Open MPI programs; gcc and
+# libc6-dev also build nccl's stand-in libnccl.so.2 and libcuda.so.1
+# (nccl/nccltest), which the nccl, bench and cmd/gorun tests load.
+pkgs=(iproute2 procps util-linux openssh-server openssh-client slurm-wlm slurm-client munge
+  gcc libc6-dev mpich libmpich-dev openmpi-bin libopenmpi-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -85,6 +85,38 @@ func matchRegion(pattern, region string) bool {
 // half of the batch. Segments whose split would expose a hidden collective
 // or grow the total exposed time are left whole and listed in the report.
 func Chunk(g *Graph, pattern string, dirs []Direction, m buckets.Model) (*Graph, *ChunkReport, error) {
+	return ChunkWith(g, ChunkConfig{Pattern: pattern, Dirs: dirs, Model: m})
+}
+
+// ChunkConfig says what ChunkWith splits and how.
+type ChunkConfig struct {
+	// Pattern selects the regions (see Chunk); Dirs the directions (all
+	// when empty).
+	Pattern string
+	Dirs    []Direction
+	// Model prices the plan for the exposure guard.
+	Model buckets.Model
+	// Accumulate is early gradient accumulation: a collective inside the
+	// segment whose members are all Partial per-chunk tensors (weight
+	// gradients, a loss sum) is not split. Instead its inputs are summed
+	// (a Sum node, chunk 0 + chunk 1) right after the last chunk has
+	// written them, and the one collective starts there: half the
+	// collectives of per-chunk reduction, at the price of starting after
+	// both chunks. Both give the same sum when the chunks are the two
+	// halves of the rank's samples; per-chunk reduction is the order an
+	// eager program that reduces each chunk on its own would use.
+	Accumulate bool
+	// Always splits every matching segment, even where the estimate says it
+	// exposes a hidden collective or more communication in total: for
+	// programs whose numerics depend on the split being made (per-chunk
+	// reduction over chunk-major samples) and users who trust their own
+	// measurements over the cost model.
+	Always bool
+}
+
+// ChunkWith is Chunk with the options of ChunkConfig.
+func ChunkWith(g *Graph, cfg ChunkConfig) (*Graph, *ChunkReport, error) {
+	pattern, dirs, m := cfg.Pattern, cfg.Dirs, cfg.Model
 	if _, err := path.Match(pattern, ""); err != nil || pattern == "" {
 		return nil, nil, fmt.Errorf("%w: bad region pattern %q", ErrChunk, pattern)
 	}
@@ -124,7 +156,7 @@ func Chunk(g *Graph, pattern string, dirs []Direction, m buckets.Model) (*Graph,
 			return nil, nil, err
 		}
 		label := segs[k].first + ".." + segs[k].last
-		next, changed, err := cur.chunkSegment(cix, cix.pos[segs[k].first], cix.pos[segs[k].last]+1)
+		next, changed, err := cur.chunkSegment(cix, cix.pos[segs[k].first], cix.pos[segs[k].last]+1, cfg.Accumulate)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -136,7 +168,7 @@ func Chunk(g *Graph, pattern string, dirs []Direction, m buckets.Model) (*Graph,
 			return nil, nil, fmt.Errorf("stepgraph: chunking %s made an invalid plan: %w", label, err)
 		}
 		est := next.simulate(nix, m)
-		if firstExposed(before, est) != nil || est.Exposed > curEst.Exposed {
+		if !cfg.Always && (firstExposed(before, est) != nil || est.Exposed > curEst.Exposed) {
 			rep.Kept = append([]string{label}, rep.Kept...)
 			continue
 		}
@@ -152,7 +184,7 @@ func Chunk(g *Graph, pattern string, dirs []Direction, m buckets.Model) (*Graph,
 func chunkName(name string, c int) string { return fmt.Sprintf("%s#%d", name, c) }
 
 // chunkSegment splits nodes [lo, hi) of g; see Chunk.
-func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, bool, error) {
+func (g *Graph) chunkSegment(ix *index, lo, hi int, accumulate bool) (*Graph, bool, error) {
 	decl := map[string]Tensor{}
 	for _, t := range g.Tensors {
 		decl[t.Name] = t
@@ -193,6 +225,10 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, bool, error) {
 	// chunked[i]: node i runs once per chunk. Decided in plan order, since
 	// whether a node is per chunk depends on what earlier nodes wrote.
 	chunked := make([]bool, len(g.Nodes))
+	// late[i]: node i runs once, after the last chunk's part of its phase:
+	// an accumulated collective's start (after the Sum of its inputs) and
+	// its wait when that is in the segment.
+	late := make([]bool, len(g.Nodes))
 	for i := lo; i < hi; i++ {
 		nd := &g.Nodes[i]
 		if nd.Chunk != nil || nd.Builtin != "" {
@@ -229,6 +265,16 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, bool, error) {
 			if n != len(nd.Members) {
 				return nil, false, nodeErr(nd, ErrChunk, "mixes per-chunk and replicated members")
 			}
+			if accumulate && allPartial(nd, per) {
+				// Early accumulation: the members' inputs are summed in
+				// front of the start (see placement below), which then
+				// reads them whole, once.
+				late[i] = true
+				if w := ix.waitOf[i]; inSeg(w) {
+					late[w] = true
+				}
+				continue
+			}
 			es := buckets.DTypeSize(nd.DType)
 			later := !inSeg(ix.waitOf[i]) // waited after the segment
 			for _, mb := range nd.Members {
@@ -248,6 +294,20 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, bool, error) {
 			}
 		case Wait:
 			chunked[i] = chunked[ix.startOf[i]]
+		}
+	}
+	// A node placed with chunk 0 that reads an accumulated collective's
+	// output would run before that collective starts.
+	for i := lo; i < hi; i++ {
+		if g.Nodes[i].Kind != Wait || !late[i] {
+			continue
+		}
+		for _, mb := range g.Nodes[ix.startOf[i]].Members {
+			for j := i + 1; j < hi; j++ {
+				if !late[j] && slices.Contains(g.Nodes[j].Reads, mb.Out) {
+					return nil, false, nodeErr(&g.Nodes[j], ErrChunk, "reads %q, the output of accumulated collective %q, inside the chunked segment", mb.Out, g.Nodes[ix.startOf[i]].Name)
+				}
+			}
 		}
 	}
 	if !slices.Contains(chunked, true) {
@@ -385,9 +445,25 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, bool, error) {
 		}
 		for c := 0; c < chunkCount; c++ {
 			for i := p; i < q; i++ {
-				if chunked[i] {
+				switch {
+				case chunked[i]:
 					out.Nodes = append(out.Nodes, copyNode(&g.Nodes[i], c))
-				} else if c == 0 {
+				case late[i] && c == chunkCount-1:
+					nd := &g.Nodes[i]
+					if nd.Kind == Start {
+						for _, mb := range nd.Members {
+							sum := Node{Name: "sum(" + mb.In + ")", Kind: Compute, Dir: nd.Dir, Region: nd.Region, Builtin: Sum, Writes: []string{mb.In}}
+							for k := 0; k < chunkCount; k++ {
+								sum.Reads = append(sum.Reads, name(mb.In, k))
+							}
+							out.Nodes = append(out.Nodes, sum)
+						}
+					}
+					n := nd.clone()
+					fixHidden(&n)
+					out.Nodes = append(out.Nodes, n)
+				case late[i]:
+				case c == 0:
 					n := g.Nodes[i].clone()
 					fixHidden(&n)
 					out.Nodes = append(out.Nodes, n)
@@ -450,4 +526,15 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int) (*Graph, bool, error) {
 		out.Nodes = append(out.Nodes, n)
 	}
 	return out, true, nil
+}
+
+// allPartial reports whether every member of start nd reads a per-chunk
+// Partial tensor: the collectives that early accumulation may run once.
+func allPartial(nd *Node, per map[string]ChunkMode) bool {
+	for _, mb := range nd.Members {
+		if per[mb.In] != Partial {
+			return false
+		}
+	}
+	return len(nd.Members) > 0
 }

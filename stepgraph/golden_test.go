@@ -17,7 +17,7 @@ import (
 //	graph                     parse the input as the current graph; print ok or the error
 //	estimate                  simulate the current graph, per region
 //	blocks | overlap          run a bucketing pass on the current graph
-//	reshard                   run Reshard; chunk pattern=P [dirs=fwd,bwd]: run Chunk
+//	reshard                   run Reshard; chunk pattern=P [dirs=fwd,bwd] [accumulate=1] [always=1]: run ChunkWith
 //	plan                      print the bucket plan of the current graph
 //	load                      read the input as a JSON document; json: round-trip the current graph
 //
@@ -157,7 +157,8 @@ func (s *state) run(t *testing.T, sc scenario) string {
 			dirs = append(dirs, dd)
 		}
 		var crep *ChunkReport
-		out, crep, err = Chunk(before, sc.Args["pattern"], dirs, s.cfg.Model)
+		out, crep, err = ChunkWith(before, ChunkConfig{Pattern: sc.Args["pattern"], Dirs: dirs, Model: s.cfg.Model,
+			Accumulate: sc.Args["accumulate"] == "1", Always: sc.Args["always"] == "1"})
 		if crep != nil {
 			extra = crep.String()
 		}

@@ -77,6 +77,7 @@ type options struct {
 	grace         time.Duration
 	gpus          int
 	exitPolicy    string
+	pmi           string
 	version       bool
 	logFormat     string
 	verbose       bool
@@ -112,6 +113,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.grace, "grace", launcher.DefaultGrace, "delay between SIGTERM and SIGKILL when stopping ranks")
 	fs.IntVar(&o.gpus, "gpus-per-host", -1, "GPUs per host, one per local rank round robin (default: nvidia-smi -L count, else 0)")
 	fs.StringVar(&o.exitPolicy, "exit-policy", "first", "which failure sets the exit code: first, lowest or max")
+	fs.StringVar(&o.pmi, "pmi", "fd", "how MPICH-family MPI programs reach gorun's PMI-1 server: fd (PMI_FD, as Hydra), port (PMI_PORT and PMI_ID) or none (no PMI_* variables; MPI programs then run as singletons)")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.StringVar(&o.logFormat, "log-format", "console", "gorun's own log on stderr: console or json")
 	fs.BoolVar(&o.verbose, "v", false, "log more (info)")
@@ -132,8 +134,9 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 		fmt.Fprint(stderr, `usage: gorun [flags] [--] PROGRAM [ARGS...]
 
 Starts PROGRAM as an SPMD job of N ranks. Every rank gets RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT, OMPI_COMM_WORLD_*, PMI_* and GORUN_*
-in its environment. The first rank to fail ends the job; gorun exits with
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT, PMI_* and GORUN_* in its environment;
+MPICH-family MPI programs (MPICH, Intel MPI, MVAPICH) form one world through
+gorun's PMI server. Open MPI programs are refused (they need a PMIx server). The first rank to fail ends the job; gorun exits with
 its code (128+signal for a signal death).
 
 Examples:
@@ -182,6 +185,11 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gorun: %v\n", err)
 		return exitUsage
 	}
+	pmiMode, err := launcher.ParsePMIMode(o.pmi)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun: %v\n", err)
+		return exitUsage
+	}
 	hosts, inSlurm, launchAgent, code := resolveHosts(o, "gorun", stderr)
 	if code != 0 {
 		return code
@@ -206,6 +214,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cfg.Stdout, cfg.Stderr = stdout, stderr
 	cfg.TagOutput, cfg.TimestampOutput, cfg.OutputDir = o.tagOutput, o.timestamp, o.outputDir
 	cfg.Timeout, cfg.Grace, cfg.ExitPolicy = o.timeout, o.grace, policy
+	cfg.PMI = pmiMode
 	cfg.Signals = sigs
 	cfg.Version = version
 	cfg.LaunchAgent, cfg.RemoteGorun, cfg.Iface = launchAgent, o.agentPath, o.iface

@@ -1,7 +1,7 @@
 // Package commtest is test support for comm and its consumers: an in-memory
 // network implementing comm.Transport with fault injection (kill a member,
-// drop its frames, delay every frame), a StaticGroup satisfying comm.Group
-// without a rendezvous, and a straightforward reference implementation of
+// drop its frames, delay every frame), comm.StaticGroup under its old
+// name, and a straightforward reference implementation of
 // every collective that tests compare comm's results against.
 //
 // The in-memory network is deterministic: frames between two members arrive

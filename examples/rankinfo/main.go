@@ -17,7 +17,7 @@ func main() {
 	vars := []string{
 		rankenv.Rank, rankenv.WorldSize, rankenv.LocalRank, rankenv.LocalWorldSize,
 		rankenv.NodeRank, rankenv.MasterAddr, rankenv.MasterPort,
-		rankenv.OMPIRank, rankenv.PMIRank, rankenv.CUDAVisibleDevices,
+		rankenv.PMIRank, rankenv.PMIFD, rankenv.CUDAVisibleDevices,
 		rankenv.JobID, rankenv.RdzvEndpoint,
 	}
 	var b strings.Builder

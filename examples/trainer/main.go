@@ -1,8 +1,12 @@
 // Command trainer is gorun's main job: a small decoder-only transformer
 // (package model) trained on a synthetic task in pure Go on the CPU, data
-// parallel or sharded over the ranks gorun starts, with the gradient (and,
-// sharded, parameter) collectives bucketed and overlapped with compute by
-// package overlap.
+// parallel or sharded over the ranks gorun starts. The step is described
+// once as a stepgraph.Graph (graph.go), the stepgraph passes the flags ask
+// for rewrite it (--reshard, --chunk, and the two bucketing passes unless
+// --no-bucketing), and overlap's GraphRunner executes the result every step:
+// gradient (and, sharded, parameter) collectives bucketed and overlapped
+// with compute. --dump-graph writes the graph before the passes for
+// `gorun plan`.
 //
 //	gorun -np 4 bin/trainer --steps 20
 //	gorun -np 4 bin/trainer --mode sharded --reshard --deterministic --trace /tmp/t.json
@@ -13,9 +17,9 @@
 // follows one pairwise tree over the global batch, so the losses do not
 // depend on the rank count, bucketing, overlap, resharding or chunking.
 //
-// Rank setup: rendezvous.ConfigFromEnv → comm endpoint → rendezvous.Join
-// (advertising the endpoint) → comm communicator → model + overlap. Started
-// without a launcher, it runs as a single rank.
+// Rank setup is rank.Init (environment → data-plane endpoint → rendezvous →
+// world communicator), then model + overlap. Started without a launcher, it
+// runs as a single rank.
 package main
 
 import (
@@ -24,7 +28,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -32,8 +35,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/overlap"
-	"github.com/gorun-hpc/gorun/rankenv"
-	"github.com/gorun-hpc/gorun/rendezvous"
+	"github.com/gorun-hpc/gorun/rank"
 	"github.com/rs/zerolog"
 )
 
@@ -48,10 +50,13 @@ func parseFlags(args []string) (options, bool, error) {
 	fs.StringVar(&o.mode, "mode", o.mode, "dp (gradient all-reduce) or sharded (parameter all-gather, gradient reduce-scatter)")
 	fs.BoolVar(&o.deterministic, "deterministic", false, "reduce along one fixed tree: bitwise the same losses for any rank count and option")
 	fs.Int64Var(&o.bucketCap, "bucket-cap", 0, "bucket size cap in bytes (0: from the cost model)")
-	fs.BoolVar(&o.noBucketing, "no-bucketing", false, "one collective per tensor")
+	fs.BoolVar(&o.noBucketing, "no-bucketing", false, "skip the bucketing passes (block, then overlap-preserving): one collective per tensor")
 	fs.BoolVar(&o.noOverlap, "no-overlap", false, "wait for every collective as soon as it is issued")
-	fs.BoolVar(&o.reshard, "reshard", false, "sharded: gather parameters again in backward instead of keeping the forward copy")
-	fs.BoolVar(&o.chunk, "chunk", false, "split each region's batch in two chunks, each with its own collectives")
+	fs.BoolVar(&o.reshard, "reshard", false, "sharded: run the reshard-after-forward pass (gather parameters again in backward instead of keeping the forward copy)")
+	fs.BoolVar(&o.chunk, "chunk", false, "run the chunking pass: each region's batch in two chunks, one chunk's communication behind the other's compute")
+	fs.BoolVar(&o.chunkAccumulate, "chunk-accumulate", o.chunkAccumulate, "with --chunk: sum the two chunks' gradients before one collective (false: one collective per chunk, as eager chunking does)")
+	fs.BoolVar(&o.chunkForce, "chunk-force", false, "with --chunk: split every region, even where the cost model says that exposes more communication")
+	fs.StringVar(&o.dumpGraph, "dump-graph", "", "write the step graph (before the passes) as JSON to FILE, for `gorun plan`")
 	fs.BoolVar(&o.grouped, "grouped", false, "hand bucket sets to the communicator as grouped calls")
 	fs.StringVar(&o.trace, "trace", "", "write a Chrome/Perfetto trace: FILE.rankK.json per rank and the merged FILE on rank 0")
 	fs.IntVar(&o.batch, "batch", o.batch, "global batch (power of two)")
@@ -83,17 +88,21 @@ func mainErr(args []string) int {
 	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(lvl).With().Timestamp().Logger()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	cm, closeAll, err := setup(ctx, o.deterministic, log)
+	opts := rank.DefaultOptions()
+	opts.Logger = log
+	opts.Comm.Deterministic = o.deterministic
+	r, err := rank.Init(ctx, opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "trainer: %v\n", err)
 		return 1
 	}
+	cm := r.Comm()
 	log = log.With().Int("rank", cm.Rank()).Logger()
 	_, err = run(ctx, o, cm, log, os.Stdout)
 	if err != nil {
-		cm.Abort(err) // free the peers now instead of at their timeouts
+		r.Abort(err) // free the peers now instead of at their timeouts
 	}
-	cerr := closeAll()
+	cerr := r.Close()
 	if err == nil && cerr != nil {
 		err = cerr
 	}
@@ -103,86 +112,6 @@ func mainErr(args []string) int {
 	}
 	return 0
 }
-
-// launched reports whether a launcher gave this process a rank.
-func launched() bool {
-	for _, v := range []string{rankenv.GorunRank, rankenv.Rank, "SLURM_PROCID"} {
-		if _, ok := os.LookupEnv(v); ok {
-			return true
-		}
-	}
-	return false
-}
-
-// setup builds this rank's communicator over the world.
-func setup(ctx context.Context, deterministic bool, log zerolog.Logger) (*comm.Comm, func() error, error) {
-	ccfg := comm.DefaultConfig()
-	ccfg.Deterministic = deterministic
-	ccfg.Logger = log
-	if !launched() {
-		ep, err := comm.Listen(comm.EndpointConfig{Addr: "127.0.0.1:0", Secret: []byte("single-rank-trainer-secret"), Logger: log})
-		if err != nil {
-			return nil, nil, err
-		}
-		c, err := comm.New(ctx, soloGroup{addr: ep.Addr()}, ep, ccfg)
-		if err != nil {
-			_ = ep.Close()
-			return nil, nil, err
-		}
-		return c, func() error { return errors.Join(c.Close(), ep.Close()) }, nil
-	}
-	rc, err := rendezvous.ConfigFromEnv()
-	if err != nil {
-		return nil, nil, err
-	}
-	rc.Logger = log
-	ep, err := comm.Listen(comm.EndpointConfig{Addr: dataListenAddr(rc.Seed), Secret: rc.Secret, Logger: log})
-	if err != nil {
-		return nil, nil, err
-	}
-	rc.DataAddr = ep.Addr()
-	w, err := rendezvous.Join(ctx, rc)
-	if err != nil {
-		_ = ep.Close()
-		return nil, nil, err
-	}
-	c, err := comm.New(ctx, w, ep, ccfg)
-	if err != nil {
-		_ = w.Close()
-		_ = ep.Close()
-		return nil, nil, err
-	}
-	return c, func() error { return errors.Join(c.Close(), w.Close(), ep.Close()) }, nil
-}
-
-// dataListenAddr listens on the interface that routes to the rendezvous
-// seed (a UDP "connect" sends nothing), so a job on loopback stays on
-// loopback and a multi-host job advertises a reachable address.
-func dataListenAddr(seed string) string {
-	if seed == "" {
-		return "127.0.0.1:0"
-	}
-	c, err := net.Dial("udp", seed)
-	if err != nil {
-		return ":0"
-	}
-	defer c.Close()
-	host, _, _ := net.SplitHostPort(c.LocalAddr().String())
-	return net.JoinHostPort(host, "0")
-}
-
-// soloGroup is the one-member world of a run without a launcher.
-type soloGroup struct{ addr string }
-
-var _ comm.Group = soloGroup{}
-
-func (soloGroup) Rank() int               { return 0 }
-func (soloGroup) Size() int               { return 1 }
-func (soloGroup) GlobalRank(r int) int    { return r }
-func (soloGroup) Host(int) string         { h, _ := os.Hostname(); return h }
-func (g soloGroup) DataAddr(int) string   { return g.addr }
-func (soloGroup) Failed() <-chan struct{} { return nil }
-func (soloGroup) Err() error              { return nil }
 
 // writeTraces writes this rank's timeline to FILE.rankK.json and gathers
 // every rank's onto rank 0, which writes the merged FILE: the ranks may be

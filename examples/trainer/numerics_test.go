@@ -14,11 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun-hpc/gorun/buckets"
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/comm/commtest"
 	"github.com/gorun-hpc/gorun/model"
 	"github.com/gorun-hpc/gorun/model/modeltest"
 	"github.com/gorun-hpc/gorun/overlap"
+	"github.com/gorun-hpc/gorun/stepgraph"
 	"github.com/rs/zerolog"
 )
 
@@ -168,16 +170,19 @@ func TestNumericsMatrix(t *testing.T) {
 		{"no-overlap", func(o *options) { o.noOverlap = true }},
 		{"tiny-cap", func(o *options) { o.bucketCap = 256 }},
 		{"chunk", func(o *options) { o.chunk = true }},
+		{"chunk-force", func(o *options) { o.chunk, o.chunkForce = true, true }},
+		{"chunk-per-chunk", func(o *options) { o.chunk, o.chunkAccumulate = true, false }},
 		{"grouped", func(o *options) { o.grouped = true }},
 		{"reshard", func(o *options) { o.reshard = true }},
-		{"reshard+chunk+no-overlap", func(o *options) { o.reshard, o.chunk, o.noOverlap = true, true, true }},
+		{"reshard+chunk+no-overlap", func(o *options) { o.reshard, o.chunk, o.chunkForce, o.noOverlap = true, true, true, true }},
+		{"reshard+chunk-per-chunk+grouped", func(o *options) { o.reshard, o.chunk, o.chunkAccumulate, o.grouped = true, true, false, true }},
 	}
 	for _, mode := range []string{"dp", "sharded"} {
 		for _, n := range []int{1, 2, 4} {
 			for _, v := range variants {
 				// Every variant on 4 ranks; 1 and 2 ranks with the plain
 				// run and the most different one, to keep -race short.
-				if n < 4 && v.name != "plain" && v.name != "reshard+chunk+no-overlap" {
+				if n < 4 && v.name != "plain" && v.name != "reshard+chunk+no-overlap" && v.name != "reshard+chunk-per-chunk+grouped" {
 					continue
 				}
 				t.Run(fmt.Sprintf("%s/np%d/%s", mode, n, v.name), func(t *testing.T) {
@@ -339,4 +344,46 @@ func parseOutput(t *testing.T, out string) ([]float32, uint64) {
 		t.Fatalf("no step lines in:\n%s", out)
 	}
 	return losses, params
+}
+
+// TestDumpGraph: --dump-graph writes the step as written, before the passes,
+// in stepgraph's JSON schema; it loads back, validates and is the graph the
+// passes started from (the reshard pass finds its forward gathers in it).
+func TestDumpGraph(t *testing.T) {
+	o := smallOptions()
+	o.steps, o.mode, o.reshard = 1, "sharded", true
+	o.dumpGraph = filepath.Join(t.TempDir(), "step.json")
+	runInProcess(t, o, 2)
+	f, err := os.Open(o.dumpGraph)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	g, err := stepgraph.Load(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gathers, regathers, computes int
+	for _, n := range g.Nodes {
+		switch {
+		case n.Kind == stepgraph.Start && n.Op == "all_gather" && strings.HasSuffix(n.Name, "@bwd"):
+			regathers++
+		case n.Kind == stepgraph.Start && n.Op == "all_gather":
+			gathers++
+		case n.Kind == stepgraph.Compute:
+			computes++
+		}
+	}
+	// 4 regions (embed, 2 blocks, head): 4 gathers, none re-gathered yet;
+	// forward, backward and optimizer per region plus the loss.
+	if gathers != 4 || regathers != 0 || computes != 13 {
+		t.Fatalf("dumped graph: %d gathers, %d re-gathers, %d computes; want 4, 0, 13", gathers, regathers, computes)
+	}
+	out, _, err := stepgraph.Reshard(g, buckets.DefaultModel())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Nodes) <= len(g.Nodes) {
+		t.Fatal("reshard found nothing to re-gather in the dumped graph")
+	}
 }

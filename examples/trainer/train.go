@@ -5,13 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
-	"github.com/gorun-hpc/gorun/buckets"
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/model"
 	"github.com/gorun-hpc/gorun/overlap"
+	"github.com/gorun-hpc/gorun/stepgraph"
 	"github.com/rs/zerolog"
 )
 
@@ -26,15 +28,23 @@ type options struct {
 	noOverlap     bool
 	reshard       bool
 	chunk         bool
-	grouped       bool
-	trace         string
-	batch         int
-	size          string // "default" or "small"
-	workers       int
+	// chunkAccumulate sums the two chunks' gradients before one collective
+	// (early accumulation); off, each chunk's gradient has its own.
+	chunkAccumulate bool
+	// chunkForce splits every region even where the cost model says that
+	// exposes more communication (per-chunk reduction always does: its
+	// numerics need every region split).
+	chunkForce bool
+	dumpGraph  string
+	grouped    bool
+	trace      string
+	batch      int
+	size       string // "default" or "small"
+	workers    int
 }
 
 func defaultOptions() options {
-	return options{steps: 50, mode: "dp", batch: 16, size: "default"}
+	return options{steps: 50, mode: "dp", batch: 16, size: "default", chunkAccumulate: true}
 }
 
 func (o options) validate(n int) error {
@@ -82,98 +92,35 @@ type trainer struct {
 	ws      *model.Workspace
 	opt     *model.Optimizer
 	data    model.Dataset
-	ex      *overlap.Executor
 	N, k    int
 	R       int
-	chunks  int
-	n, cs   int // local samples, samples per chunk
+	chunks  int // 2 with --chunk: buffers exist for both chunks
+	n       int // local samples
 	sharded bool
+	// chunkMajor: chunk c of every rank is the c-th half of the global
+	// batch (per-chunk reduction); otherwise each rank holds one
+	// contiguous slice (see model.SampleRange).
+	chunkMajor bool
 
-	own   [][]float32 // parameters this rank owns: all (dp) or its shards
-	state []*model.OptState
-	full  [][]float32   // gathered parameters (sharded)
-	grads [][][]float32 // [chunk][region] local gradient partial sums
-	gsh   [][][]float32 // [chunk][region] reduce-scattered shards (sharded)
-	loss  []float32     // one local loss sum per chunk, all-reduced in place
-	in    []int32
-	tg    []int32
+	authored *stepgraph.Graph // the step as written, before the passes
+	graph    *stepgraph.Graph // after the passes: what runs
+	passDone []string
+	runner   *overlap.GraphRunner
+
+	regionIdx map[string]int
+	own       [][]float32 // parameters this rank owns: all (dp) or its shards
+	state     []*model.OptState
+	full      [][]float32   // gathered parameters (sharded)
+	fullBwd   [][]float32   // gathered again for backward (sharded, --reshard)
+	grads     [][][]float32 // [chunk][region] per-chunk gradient partial sums
+	gradWhole [][]float32   // [region] the rank's gradient (reduced in place in dp)
+	gsh       [][][]float32 // [chunk][region] reduce-scattered shards (sharded)
+	gshWhole  [][]float32   // [region] this rank's reduced gradient shard (sharded)
+	loss      []float32     // one local loss sum per chunk
+	lossWhole [1]float32    // the loss sum, all-reduced in place
+	in        []int32
+	tg        []int32
 }
-
-// sub names the plan region of chunk c of model region name: the region
-// itself without chunking.
-func (t *trainer) sub(name string, c int) string {
-	if t.chunks == 1 {
-		return name
-	}
-	return name + "#" + strconv.Itoa(c)
-}
-
-const world = "world"
-
-// plan describes this step's collectives to buckets.Assign, in the order
-// they become ready.
-func (t *trainer) plan() (*buckets.Plan, error) {
-	var regions []string
-	for _, r := range t.lay.Regions {
-		// Forward order lists the later chunk first, so that backward (which
-		// Assign orders in reverse) issues chunk 0 before chunk 1.
-		for c := t.chunks - 1; c >= 0; c-- {
-			regions = append(regions, t.sub(r.Name, c))
-		}
-	}
-	item := func(tensor, out string, bytes int64, op buckets.Op, dir buckets.Direction, region string) buckets.Item {
-		return buckets.Item{Tensor: tensor, Out: out, Bytes: bytes, Group: world, Op: op, DType: "f32", Direction: dir, Region: region}
-	}
-	var items []buckets.Item
-	if t.sharded {
-		// Forward: the gather of region r+1 is issued in region r (one
-		// ahead, as FSDP prefetches), region 0's with region 0.
-		first := t.sub(t.lay.Regions[0].Name, t.chunks-1)
-		for r, reg := range t.lay.Regions {
-			at := first
-			if r > 0 {
-				at = t.sub(t.lay.Regions[r-1].Name, t.chunks-1)
-			}
-			items = append(items, item(reg.Name+".shard", reg.Name+".full", int64(reg.ShardSize(t.N))*4, buckets.AllGather, buckets.Forward, at))
-		}
-		// Backward: with reshard, region r is gathered again, issued in
-		// region r+1 (the last region's with itself), before that region's
-		// gradients so the gather is not queued behind them.
-		for r := t.R - 1; r >= 0; r-- {
-			reg := t.lay.Regions[r]
-			if t.o.reshard {
-				for _, q := range []int{r, r - 1} {
-					if q < 0 || (q == r && r != t.R-1) {
-						continue
-					}
-					g := t.lay.Regions[q]
-					items = append(items, item(g.Name+".shard@bwd", g.Name+".full@bwd", int64(g.ShardSize(t.N))*4, buckets.AllGather, buckets.Backward, t.sub(reg.Name, 0)))
-				}
-			}
-			for c := 0; c < t.chunks; c++ {
-				items = append(items, item(gradName(reg.Name, c), gradName(reg.Name, c)+".shard", int64(reg.PaddedSize(t.N))*4, buckets.ReduceScatter, buckets.Backward, t.sub(reg.Name, c)))
-			}
-		}
-	} else {
-		for r := t.R - 1; r >= 0; r-- {
-			reg := t.lay.Regions[r]
-			for c := 0; c < t.chunks; c++ {
-				for _, ten := range reg.Tensors {
-					items = append(items, item(gradName(ten.Name, c), gradName(ten.Name, c), int64(ten.Len)*4, buckets.AllReduce, buckets.Backward, t.sub(reg.Name, c)))
-				}
-			}
-		}
-	}
-	items = append(items, item("loss", "loss", int64(t.chunks)*4, buckets.AllReduce, buckets.None, ""))
-	cfg := buckets.DefaultConfig()
-	cfg.CapBytes = t.o.bucketCap
-	if t.o.noBucketing {
-		cfg.CapBytes = 1 // every tensor its own collective
-	}
-	return buckets.Assign(items, regions, cfg)
-}
-
-func gradName(name string, c int) string { return name + ".grad#" + strconv.Itoa(c) }
 
 func newTrainer(o options, cm overlap.Comm, log zerolog.Logger) (*trainer, error) {
 	N, k := cm.Size(), cm.Rank()
@@ -189,21 +136,28 @@ func newTrainer(o options, cm overlap.Comm, log zerolog.Logger) (*trainer, error
 		return nil, err
 	}
 	t := &trainer{o: o, cm: cm, log: log, m: m, lay: m.Layout(), opt: opt, data: model.NewDataset(m.Config()),
-		N: N, k: k, R: m.NumRegions(), chunks: 1, sharded: o.mode == "sharded"}
+		N: N, k: k, R: m.NumRegions(), chunks: 1, sharded: o.mode == "sharded", regionIdx: map[string]int{}}
 	if o.chunk {
 		t.chunks = 2
+		t.chunkMajor = !o.chunkAccumulate
+	}
+	for r, reg := range t.lay.Regions {
+		t.regionIdx[reg.Name] = r
 	}
 	t.n = o.batch / N
-	t.cs = t.n / t.chunks
 	if t.ws, err = m.NewWorkspace(t.n); err != nil {
 		return nil, err
 	}
 	t.ws.SetWorkers(o.workers)
+	shards := 1
 	if t.sharded {
+		shards = N
 		if t.own, err = m.InitShards(N, k); err != nil {
 			return nil, err
 		}
 		t.full = t.lay.Alloc(N)
+		t.fullBwd = t.lay.Alloc(N)
+		t.gshWhole = t.lay.AllocShards(N)
 	} else {
 		t.own = m.Init()
 	}
@@ -211,10 +165,7 @@ func newTrainer(o options, cm overlap.Comm, log zerolog.Logger) (*trainer, error
 	for r := range t.state {
 		t.state[r] = opt.NewState(len(t.own[r]))
 	}
-	shards := 1
-	if t.sharded {
-		shards = N
-	}
+	t.gradWhole = t.lay.Alloc(shards)
 	for c := 0; c < t.chunks; c++ {
 		t.grads = append(t.grads, t.lay.Alloc(shards))
 		if t.sharded {
@@ -225,9 +176,11 @@ func newTrainer(o options, cm overlap.Comm, log zerolog.Logger) (*trainer, error
 	T := m.Config().SeqLen
 	t.in, t.tg = make([]int32, t.n*T), make([]int32, t.n*T)
 
-	p, err := t.plan()
-	if err != nil {
-		return nil, err
+	if t.authored, err = t.buildGraph(); err != nil {
+		return nil, fmt.Errorf("trainer: the step graph: %w", err)
+	}
+	if t.graph, t.passDone, err = t.passes(t.authored); err != nil {
+		return nil, fmt.Errorf("trainer: %w", err)
 	}
 	ocfg := overlap.DefaultConfig()
 	ocfg.Logger = log
@@ -238,7 +191,7 @@ func newTrainer(o options, cm overlap.Comm, log zerolog.Logger) (*trainer, error
 	case o.grouped:
 		ocfg.Mode = overlap.Grouped
 	}
-	if t.ex, err = overlap.New(p, map[string]overlap.Comm{world: cm}, ocfg); err != nil {
+	if t.runner, err = overlap.NewGraphRunner(t.graph, map[string]overlap.Comm{world: cm}, ocfg); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -246,169 +199,110 @@ func newTrainer(o options, cm overlap.Comm, log zerolog.Logger) (*trainer, error
 
 func f32(s []float32) comm.Buffer { return comm.Float32s(s) }
 
-// step runs one training step and returns the global mean loss.
-func (t *trainer) step(ctx context.Context, step int) (float32, overlap.StepMetrics, error) {
-	ex := t.ex
-	if err := ex.Begin(step + 1); err != nil { // numbered as the printed step lines
-		return 0, overlap.StepMetrics{}, err
+// floats is the float32 memory of graph tensor name.
+func (t *trainer) floats(name string) ([]float32, error) {
+	b, err := t.tensor(name)
+	if err != nil {
+		return nil, err
 	}
+	return comm.AsFloat32(b), nil
+}
+
+// kernel runs the trainer's compute nodes: forward, loss, backward and
+// optimizer of one region, on the samples of the node's chunk. Which memory
+// a node uses comes from the tensors it names, so what the passes rewired
+// (a re-gathered parameter, a chunk's gradient) is what runs.
+func (t *trainer) kernel(step int) overlap.Kernel {
+	return func(_ context.Context, nd *stepgraph.Node) error {
+		name, lo, hi := nd.Name, 0, t.n
+		c := -1
+		if nd.Chunk != nil {
+			name, c = nd.Chunk.Of, nd.Chunk.Index
+			cs := t.n / nd.Chunk.Count
+			lo, hi = c*cs, (c+1)*cs
+		}
+		if name == "loss" {
+			l, err := t.ws.LossSum(lo, hi)
+			if err != nil {
+				return err
+			}
+			out, err := t.floats(nd.Writes[0])
+			if err != nil {
+				return err
+			}
+			out[0] = l
+			return nil
+		}
+		kind, region, _ := strings.Cut(name, ".")
+		r, ok := t.regionIdx[region]
+		if !ok {
+			return fmt.Errorf("trainer: compute %q: no region %q", nd.Name, region)
+		}
+		var params []float32
+		for _, rd := range nd.Reads {
+			if strings.HasPrefix(rd, "p.") {
+				p, err := t.floats(rd)
+				if err != nil {
+					return err
+				}
+				params = p
+			}
+		}
+		switch kind {
+		case "fwd":
+			return t.ws.Forward(r, params, lo, hi)
+		case "bwd":
+			g := t.gradWhole[r]
+			if c >= 0 {
+				g = t.grads[c][r]
+			}
+			return t.ws.Backward(r, params, g, lo, hi)
+		case "opt":
+			// The gradient the graph reduced (and, chunked, summed) into the
+			// whole buffer; divide by the global batch, update what this
+			// rank owns.
+			g := t.gradWhole[r]
+			if t.sharded {
+				g = t.gshWhole[r]
+			}
+			if err := model.Mean(g, t.o.batch); err != nil {
+				return err
+			}
+			return t.opt.Update(step, t.own[r], g, t.state[r])
+		}
+		return fmt.Errorf("trainer: compute %q is not one of the trainer's", nd.Name)
+	}
+}
+
+// step runs one training step through the graph runner and returns the
+// global mean loss.
+func (t *trainer) step(ctx context.Context, step int) (float32, overlap.StepMetrics, error) {
 	T := t.m.Config().SeqLen
-	for c := 0; c < t.chunks; c++ {
-		// Chunk-major sample assignment keeps each chunk's cross-rank sum a
-		// node of the global pairwise tree (see model.SampleRange).
-		lo, hi, err := model.SampleRange(t.o.batch, t.N, t.k, t.chunks, c, t.chunks > 1)
+	// Rank-major unless per-chunk reduction needs the chunk at the top of
+	// the sample tree (model.SampleRange explains both).
+	parts := 1
+	if t.chunkMajor {
+		parts = 2
+	}
+	per := t.n / parts
+	for c := 0; c < parts; c++ {
+		lo, hi, err := model.SampleRange(t.o.batch, t.N, t.k, parts, c, t.chunkMajor)
 		if err != nil {
 			return 0, overlap.StepMetrics{}, err
 		}
-		if err := t.data.Batch(step, t.o.batch, lo, hi, t.in[c*t.cs*T:(c+1)*t.cs*T], t.tg[c*t.cs*T:(c+1)*t.cs*T]); err != nil {
+		if err := t.data.Batch(step, t.o.batch, lo, hi, t.in[c*per*T:(c+1)*per*T], t.tg[c*per*T:(c+1)*per*T]); err != nil {
 			return 0, overlap.StepMetrics{}, err
 		}
 	}
 	if err := t.ws.SetBatch(t.in, t.tg); err != nil {
 		return 0, overlap.StepMetrics{}, err
 	}
-	params := func(r int) []float32 {
-		if t.sharded {
-			return t.full[r]
-		}
-		return t.own[r]
-	}
-	gather := func(r int, suffix string) error {
-		reg := t.lay.Regions[r]
-		return ex.Ready(ctx, reg.Name+".shard"+suffix, f32(t.own[r]), f32(t.full[r]))
-	}
-	// Forward.
-	for r := 0; r < t.R; r++ {
-		reg := t.lay.Regions[r]
-		if t.sharded {
-			if r == 0 {
-				if err := gather(0, ""); err != nil {
-					return 0, overlap.StepMetrics{}, err
-				}
-			}
-			if r+1 < t.R {
-				if err := gather(r+1, ""); err != nil {
-					return 0, overlap.StepMetrics{}, err
-				}
-			}
-			if err := ex.Wait(ctx, reg.Name+".full"); err != nil {
-				return 0, overlap.StepMetrics{}, err
-			}
-		}
-		for c := 0; c < t.chunks; c++ {
-			err := ex.Compute(ctx, "forward "+t.sub(reg.Name, c), t.sub(reg.Name, c), func() error {
-				return t.ws.Forward(r, params(r), c*t.cs, (c+1)*t.cs)
-			})
-			if err != nil {
-				return 0, overlap.StepMetrics{}, err
-			}
-		}
-	}
-	for c := 0; c < t.chunks; c++ {
-		l, err := t.ws.LossSum(c*t.cs, (c+1)*t.cs)
-		if err != nil {
-			return 0, overlap.StepMetrics{}, err
-		}
-		t.loss[c] = l
-	}
-	if err := ex.Ready(ctx, "loss", f32(t.loss), f32(t.loss)); err != nil {
-		return 0, overlap.StepMetrics{}, err
-	}
-	// Backward.
-	for r := t.R - 1; r >= 0; r-- {
-		reg := t.lay.Regions[r]
-		if t.sharded && t.o.reshard {
-			if r == t.R-1 {
-				if err := gather(r, "@bwd"); err != nil {
-					return 0, overlap.StepMetrics{}, err
-				}
-			}
-			if r > 0 {
-				if err := gather(r-1, "@bwd"); err != nil {
-					return 0, overlap.StepMetrics{}, err
-				}
-			}
-			if err := ex.Wait(ctx, reg.Name+".full@bwd"); err != nil {
-				return 0, overlap.StepMetrics{}, err
-			}
-		}
-		for c := 0; c < t.chunks; c++ {
-			g := t.grads[c][r]
-			err := ex.Compute(ctx, "backward "+t.sub(reg.Name, c), t.sub(reg.Name, c), func() error {
-				return t.ws.Backward(r, params(r), g, c*t.cs, (c+1)*t.cs)
-			})
-			if err != nil {
-				return 0, overlap.StepMetrics{}, err
-			}
-			if t.sharded {
-				err = ex.Ready(ctx, gradName(reg.Name, c), f32(g), f32(t.gsh[c][r]))
-			} else {
-				for _, ten := range reg.Tensors {
-					v := f32(g[ten.Offset : ten.Offset+ten.Len])
-					if err = ex.Ready(ctx, gradName(ten.Name, c), v, v); err != nil {
-						break
-					}
-				}
-			}
-			if err == nil {
-				err = ex.EndRegion(ctx, t.sub(reg.Name, c))
-			}
-			if err != nil {
-				return 0, overlap.StepMetrics{}, err
-			}
-		}
-	}
-	// Optimizer, region by region in the order the gradients were
-	// reduced, each region waiting for its own gradients right before it
-	// reads them: the last reductions hide behind the first updates.
-	// Chunks are the top level of the sample tree: combine, then divide by
-	// the global batch and update what this rank owns.
-	for r := t.R - 1; r >= 0; r-- {
-		reg := t.lay.Regions[r]
-		for c := 0; c < t.chunks; c++ {
-			if t.sharded {
-				if err := ex.Wait(ctx, gradName(reg.Name, c)+".shard"); err != nil {
-					return 0, overlap.StepMetrics{}, err
-				}
-				continue
-			}
-			for _, ten := range reg.Tensors {
-				if err := ex.Wait(ctx, gradName(ten.Name, c)); err != nil {
-					return 0, overlap.StepMetrics{}, err
-				}
-			}
-		}
-		err := ex.Compute(ctx, "optimizer "+reg.Name, reg.Name, func() error {
-			var g []float32
-			if t.sharded {
-				g = t.gsh[0][r]
-				if t.chunks == 2 {
-					if err := model.TreeSum(g, g, t.gsh[1][r]); err != nil {
-						return err
-					}
-				}
-			} else {
-				g = t.grads[0][r]
-				if t.chunks == 2 {
-					if err := model.TreeSum(g, g, t.grads[1][r]); err != nil {
-						return err
-					}
-				}
-			}
-			if err := model.Mean(g, t.o.batch); err != nil {
-				return err
-			}
-			return t.opt.Update(step+1, t.own[r], g, t.state[r])
-		})
-		if err != nil {
-			return 0, overlap.StepMetrics{}, err
-		}
-	}
-	met, err := ex.Finish(ctx)
+	// Steps are numbered as the printed step lines.
+	met, err := t.runner.Step(ctx, step+1, t.tensor, t.kernel(step+1))
 	if err != nil {
 		return 0, met, err
 	}
-	return model.TreeSumScalars(t.loss...) / float32(t.o.batch), met, nil
+	return t.lossWhole[0] / float32(t.o.batch), met, nil
 }
 
 // fingerprint gathers the full parameters (sharded) and hashes them.
@@ -433,10 +327,15 @@ func run(ctx context.Context, o options, cm overlap.Comm, log zerolog.Logger, ou
 	if err != nil {
 		return nil, err
 	}
-	defer t.ex.Close()
+	defer t.runner.Close()
 	lead := cm.Rank() == 0
+	if lead && o.dumpGraph != "" {
+		if err := dumpGraph(o.dumpGraph, t.authored); err != nil {
+			return nil, err
+		}
+	}
 	if lead {
-		fmt.Fprintf(out, "trainer: %s; mode %s, %d ranks, global batch %d, %s\n", t.m, o.mode, t.N, o.batch, describe(o, t.ex))
+		fmt.Fprintf(out, "trainer: %s; mode %s, %d ranks, global batch %d, %s\n", t.m, o.mode, t.N, o.batch, describe(o, t))
 	}
 	res := &result{}
 	for s := 0; s < o.steps; s++ {
@@ -457,7 +356,7 @@ func run(ctx context.Context, o options, cm overlap.Comm, log zerolog.Logger, ou
 		return nil, err
 	}
 	if o.trace != "" {
-		if err := writeTraces(ctx, cm, t.ex.Timeline(), o.trace); err != nil {
+		if err := writeTraces(ctx, cm, t.runner.Executor().Timeline(), o.trace); err != nil {
 			return nil, err
 		}
 	}
@@ -470,13 +369,34 @@ func run(ctx context.Context, o options, cm overlap.Comm, log zerolog.Logger, ou
 	return res, nil
 }
 
-func describe(o options, ex *overlap.Executor) string {
-	p := ex.Plan()
+func describe(o options, t *trainer) string {
+	p := t.runner.Executor().Plan()
 	nb := 0
 	for _, g := range p.Groups {
 		nb += len(g.Buckets)
 	}
-	return fmt.Sprintf("%d buckets/step, plan %016x, deterministic=%v overlap=%v reshard=%v chunk=%v", nb, p.Hash(), o.deterministic, !o.noOverlap, o.reshard, o.chunk)
+	passes := "none"
+	if len(t.passDone) > 0 {
+		passes = strings.Join(t.passDone, ", ")
+	}
+	return fmt.Sprintf("%d nodes, %d buckets/step, plan %016x, passes: %s; deterministic=%v overlap=%v", len(t.graph.Nodes), nb, p.Hash(), passes, o.deterministic, !o.noOverlap)
 }
 
 var errTrace = errors.New("trainer: trace")
+
+// dumpGraph writes the step graph as written, before the passes, in the
+// JSON schema of stepgraph (SCHEMA.md): what `gorun plan` reads.
+func dumpGraph(file string, g *stepgraph.Graph) error {
+	f, err := os.Create(file)
+	if err != nil {
+		return fmt.Errorf("trainer: --dump-graph: %w", err)
+	}
+	if err := stepgraph.Save(f, g); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("trainer: --dump-graph %s: %w", file, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("trainer: --dump-graph: %w", err)
+	}
+	return nil
+}

@@ -22,7 +22,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"runtime/pprof"
 	"slices"
@@ -33,7 +32,7 @@ import (
 	"github.com/gorun-hpc/gorun/buckets"
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/overlap"
-	"github.com/gorun-hpc/gorun/rendezvous"
+	"github.com/gorun-hpc/gorun/rank"
 	"github.com/rs/zerolog"
 )
 
@@ -92,49 +91,19 @@ func main() {
 
 func mainErr(o opts) error {
 	ctx := context.Background()
-	c, closeAll, err := setup(ctx, o.forceTCP)
+	ropts := rank.DefaultOptions()
+	ropts.Logger = zerolog.New(os.Stderr).Level(zerolog.WarnLevel)
+	ropts.Endpoint.ForceTCP = o.forceTCP
+	ropts.RequireLauncher = true // a step benchmark of one rank measures nothing
+	r, err := rank.Init(ctx, ropts)
 	if err != nil {
 		return err
 	}
-	err = bench(ctx, c, o)
+	err = bench(ctx, r.Comm(), o)
 	if err != nil {
-		c.Abort(err)
+		r.Abort(err)
 	}
-	return errors.Join(err, closeAll())
-}
-
-func setup(ctx context.Context, forceTCP bool) (*comm.Comm, func() error, error) {
-	log := zerolog.New(os.Stderr).Level(zerolog.WarnLevel)
-	rc, err := rendezvous.ConfigFromEnv()
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w (run under gorun)", err)
-	}
-	rc.Logger = log
-	addr := "127.0.0.1:0"
-	if rc.Seed != "" {
-		if u, err := net.Dial("udp", rc.Seed); err == nil {
-			host, _, _ := net.SplitHostPort(u.LocalAddr().String())
-			addr = net.JoinHostPort(host, "0")
-			u.Close()
-		}
-	}
-	ep, err := comm.Listen(comm.EndpointConfig{Addr: addr, Secret: rc.Secret, ForceTCP: forceTCP, Logger: log})
-	if err != nil {
-		return nil, nil, err
-	}
-	rc.DataAddr = ep.Addr()
-	w, err := rendezvous.Join(ctx, rc)
-	if err != nil {
-		_ = ep.Close()
-		return nil, nil, err
-	}
-	c, err := comm.New(ctx, w, ep, comm.DefaultConfig())
-	if err != nil {
-		_ = w.Close()
-		_ = ep.Close()
-		return nil, nil, err
-	}
-	return c, func() error { return errors.Join(c.Close(), w.Close(), ep.Close()) }, nil
+	return errors.Join(err, r.Close())
 }
 
 // slowest returns the maximum of d over ranks.

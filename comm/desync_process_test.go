@@ -1,0 +1,330 @@
+//go:build linux
+
+package comm_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/comm/commtest"
+)
+
+// The split-call tests run the test binary as ranks (as process_test.go
+// does) but keep the processes for many cases: each case is a fresh
+// communicator (its own Config.Tag) on the rank's one endpoint, so a
+// matrix of hundreds of cases costs one process start per group size.
+const desyncChildEnv = "GORUN_DESYNC_CHILD"
+
+// splitCase is one row of the split matrix: the last k ranks call op on
+// count float32 elements while the others call AllReduce on count.
+type splitCase struct {
+	op    comm.Kind
+	k     int
+	count int
+}
+
+func (sc splitCase) String() string { return fmt.Sprintf("%v:%d:%d", sc.op, sc.k, sc.count) }
+
+func parseSplitCase(s string) (splitCase, error) {
+	f := strings.Split(s, ":")
+	if len(f) != 3 {
+		return splitCase{}, fmt.Errorf("split case %q: want op:k:count", s)
+	}
+	var sc splitCase
+	for k := comm.KindAllReduce; k <= comm.KindRecv; k++ {
+		if k.String() == f[0] {
+			sc.op = k
+		}
+	}
+	var err1, err2 error
+	sc.k, err1 = strconv.Atoi(f[1])
+	sc.count, err2 = strconv.Atoi(f[2])
+	if sc.op == 0 || err1 != nil || err2 != nil {
+		return splitCase{}, fmt.Errorf("split case %q: want op:k:count", s)
+	}
+	return sc, nil
+}
+
+// childEndpoint listens and exchanges addresses through the directory, as
+// childMain does.
+func childEndpoint(rank, size int, dir string) (*comm.Endpoint, []string, error) {
+	ecfg := comm.DefaultEndpointConfig()
+	ecfg.Addr = "127.0.0.1:0"
+	ecfg.Secret = []byte(os.Getenv("GORUN_COMM_SECRET"))
+	ecfg.ForceTCP = os.Getenv("GORUN_COMM_TRANSPORT") == "tcp"
+	ecfg.ShmDir = os.Getenv("GORUN_COMM_SHMDIR")
+	ep, err := comm.Listen(ecfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmp := filepath.Join(dir, fmt.Sprintf(".addr.%d", rank))
+	_ = os.WriteFile(tmp, []byte(ep.Addr()), 0o600)
+	_ = os.Rename(tmp, filepath.Join(dir, fmt.Sprintf("addr.%d", rank)))
+	addrs := make([]string, size)
+	deadline := time.Now().Add(30 * time.Second)
+	for r := 0; r < size; {
+		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("addr.%d", r)))
+		if err == nil {
+			addrs[r] = string(b)
+			r++
+			continue
+		}
+		if time.Now().After(deadline) {
+			_ = ep.Close()
+			return nil, nil, errors.New("peers did not appear")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return ep, addrs, nil
+}
+
+// desyncChildMain runs the cases in $GORUN_DESYNC_CASES (space-separated
+// op:k:count) one after another and prints one line per case:
+//
+//	case I rank R ms T desync|hang|ok|error: TEXT
+func desyncChildMain() int {
+	rank, _ := strconv.Atoi(os.Getenv("GORUN_COMM_RANK"))
+	size, _ := strconv.Atoi(os.Getenv("GORUN_COMM_SIZE"))
+	guard, err := time.ParseDuration(os.Getenv("GORUN_DESYNC_GUARD"))
+	if err != nil {
+		guard = 10 * time.Second
+	}
+	ep, addrs, err := childEndpoint(rank, size, os.Getenv("GORUN_COMM_DIR"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return exitBad
+	}
+	defer ep.Close()
+	hosts := make([]string, size)
+	for r := range hosts {
+		hosts[r] = "localhost"
+	}
+	par, _ := strconv.Atoi(os.Getenv("GORUN_DESYNC_PAR"))
+	var cases []splitCase
+	for _, s := range strings.Fields(os.Getenv("GORUN_DESYNC_CASES")) {
+		sc, err := parseSplitCase(s)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return exitBad
+		}
+		cases = append(cases, sc)
+	}
+	// Up to par cases at once, each on its own communicator: a stuck
+	// case costs wall time, not CPU, until its desync check.
+	lines := make([]string, len(cases))
+	sem := make(chan struct{}, max(par, 1))
+	var wg sync.WaitGroup
+	for i, sc := range cases {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			cfg := comm.DefaultConfig()
+			cfg.Tag = fmt.Sprintf("split-%d", i)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			c, err := comm.New(ctx, commtest.NewStaticGroup(rank, addrs, hosts), ep, cfg)
+			cancel()
+			if err != nil {
+				lines[i] = fmt.Sprintf("case %d rank %d ms 0 error: %v", i, rank, err)
+				return
+			}
+			kind, ms, text := runSplitCase(c, sc, rank, size, guard)
+			lines[i] = fmt.Sprintf("case %d rank %d ms %d %s: %s", i, rank, ms, kind, strings.ReplaceAll(text, "\n", " "))
+			if kind == "hang" {
+				c.Abort(errors.New("test: case hung"))
+			}
+			_ = c.Close()
+		})
+	}
+	wg.Wait()
+	for _, l := range lines {
+		fmt.Println(l)
+	}
+	return 0
+}
+
+// runSplitCase issues this rank's side of sc, then a Barrier if the call
+// succeeded (a rank whose part completed learns of the desync at its next
+// call), and reports how it ended and how long after the issue.
+func runSplitCase(c *comm.Comm, sc splitCase, rank, size int, guard time.Duration) (kind string, ms int64, text string) {
+	ctx := context.Background()
+	send := comm.Float32s(make([]float32, sc.count))
+	recv := comm.Float32s(make([]float32, sc.count))
+	start := time.Now()
+	var h comm.Handle
+	if rank < size-sc.k {
+		h = c.AllReduce(ctx, send, recv, comm.Sum)
+	} else {
+		switch sc.op {
+		case comm.KindBarrier:
+			h = c.Barrier(ctx)
+		case comm.KindBroadcast:
+			h = c.Broadcast(ctx, send, recv, 0)
+		case comm.KindReduce:
+			h = c.Reduce(ctx, send, recv, comm.Sum, 0)
+		case comm.KindAllGather:
+			h = c.AllGather(ctx, send, comm.Float32s(make([]float32, sc.count*size)))
+		default:
+			return "error", 0, "unsupported op " + sc.op.String()
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, guard)
+	defer cancel()
+	err := h.Wait(wctx)
+	if err == nil {
+		err = c.Barrier(ctx).Wait(wctx)
+	}
+	ms = time.Since(start).Milliseconds()
+	var de *comm.DesyncError
+	switch {
+	case err == nil:
+		return "ok", ms, ""
+	case errors.Is(err, context.DeadlineExceeded):
+		return "hang", ms, err.Error()
+	case errors.As(err, &de):
+		return "desync", ms, err.Error()
+	}
+	return "error", ms, err.Error()
+}
+
+// splitResult is one rank's line for one case.
+type splitResult struct {
+	kind string
+	ms   int64
+	text string
+}
+
+// runSplit runs cases on np ranks over transport and returns results[case][rank].
+func runSplit(t *testing.T, np int, transport string, cases []splitCase, guard time.Duration, par int) [][]splitResult {
+	t.Helper()
+	specs := make([]string, len(cases))
+	for i, sc := range cases {
+		specs[i] = sc.String()
+	}
+	res, shmDir := runRanks(t, np, "", transport, desyncChildEnv+"=1",
+		"GORUN_DESYNC_CASES="+strings.Join(specs, " "), "GORUN_DESYNC_GUARD="+guard.String(), "GORUN_DESYNC_PAR="+strconv.Itoa(par))
+	out := make([][]splitResult, len(cases))
+	for i := range out {
+		out[i] = make([]splitResult, np)
+	}
+	for r, p := range res {
+		if p.code != 0 {
+			t.Errorf("rank %d: exit %d\n%s", r, p.code, p.stderr)
+		}
+		for _, line := range strings.Split(p.stdout, "\n") {
+			var i, rr int
+			var ms int64
+			var kind string
+			if _, err := fmt.Sscanf(line, "case %d rank %d ms %d %s", &i, &rr, &ms, &kind); err != nil || i >= len(cases) || rr != r {
+				continue
+			}
+			_, text, _ := strings.Cut(line, ": ")
+			out[i][r] = splitResult{kind: strings.TrimSuffix(kind, ":"), ms: ms, text: text}
+		}
+	}
+	if ents, _ := os.ReadDir(shmDir); len(ents) != 0 {
+		t.Errorf("shared memory left behind: %v", ents)
+	}
+	return out
+}
+
+// TestSplitRepro prints what every rank gets for the cases in
+// $GORUN_DESYNC_REPRO on $GORUN_DESYNC_NP ranks (exploration aid).
+func TestSplitRepro(t *testing.T) {
+	spec := os.Getenv("GORUN_DESYNC_REPRO")
+	if spec == "" {
+		t.Skip("set GORUN_DESYNC_REPRO='op:k:count ...' and GORUN_DESYNC_NP")
+	}
+	np, _ := strconv.Atoi(os.Getenv("GORUN_DESYNC_NP"))
+	var cases []splitCase
+	for _, s := range strings.Fields(spec) {
+		sc, err := parseSplitCase(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cases = append(cases, sc)
+	}
+	for _, transport := range []string{"shm", "tcp"} {
+		res := runSplit(t, np, transport, cases, 5*time.Second, 8)
+		for i, rs := range res {
+			for r, x := range rs {
+				t.Logf("%s np=%d %v rank %d: %s %dms %s", transport, np, cases[i], r, x.kind, x.ms, x.text)
+			}
+		}
+	}
+}
+
+// splitMatrix is the issue's matrix: Barrier, Broadcast, Reduce and
+// AllGather against AllReduce, k = 1..np-1 ranks on the minority call, 16
+// floats and 1 MiB, for each np in nps.
+func splitMatrix(nps []int, ks func(np int) []int) map[int][]splitCase {
+	out := map[int][]splitCase{}
+	for _, np := range nps {
+		for _, k := range ks(np) {
+			for _, op := range []comm.Kind{comm.KindBarrier, comm.KindBroadcast, comm.KindReduce, comm.KindAllGather} {
+				for _, count := range []int{16, 1 << 18} {
+					out[np] = append(out[np], splitCase{op: op, k: k, count: count})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestSplitMatrix: ranks split between two collectives all end within 3 s
+// with a *DesyncError naming both calls, whatever the pair of algorithms
+// (some pairs never send the rank that would notice a wrong frame, and
+// only the side-channel comparison ends them). make test runs a covering
+// subset (every op, size and transport; np 2, 3, 4, 8 with k = 1, half
+// and np-1); GORUN_DESYNC_MATRIX=full (make test-desync) runs np 2-8 with
+// every k.
+func TestSplitMatrix(t *testing.T) {
+	nps := []int{2, 3, 4, 8}
+	ks := func(np int) []int { return slices.Compact([]int{1, np / 2, np - 1}) }
+	if os.Getenv("GORUN_DESYNC_MATRIX") == "full" {
+		nps = []int{2, 3, 4, 5, 6, 7, 8}
+		ks = func(np int) []int {
+			var out []int
+			for k := 1; k < np; k++ {
+				out = append(out, k)
+			}
+			return out
+		}
+	} else if testing.Short() {
+		t.Skip("multi-process matrix")
+	}
+	par := 4 // cases at once per process group; -race on 2 cores makes more too slow for 3 s
+	if os.Getenv("GORUN_DESYNC_MATRIX") == "full" {
+		par = 8
+	}
+	m := splitMatrix(nps, ks)
+	for _, transport := range []string{"shm", "tcp"} {
+		for _, np := range nps {
+			t.Run(fmt.Sprintf("%s/np=%d", transport, np), func(t *testing.T) {
+				cases := m[np]
+				res := runSplit(t, np, transport, cases, 10*time.Second, par)
+				slowest := int64(0)
+				for i, rs := range res {
+					for r, x := range rs {
+						slowest = max(slowest, x.ms)
+						ok := x.kind == "desync" && x.ms <= 3000 &&
+							strings.Contains(x.text, cases[i].op.String()+"(") && strings.Contains(x.text, "AllReduce(")
+						if !ok {
+							t.Errorf("%v rank %d: %s after %d ms: %s", cases[i], r, x.kind, x.ms, x.text)
+						}
+					}
+				}
+				t.Logf("%d cases, every rank got a DesyncError; slowest %d ms", len(cases), slowest)
+			})
+		}
+	}
+}

@@ -1,0 +1,351 @@
+package comm
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Desync and stall detection off the fast path.
+//
+// A desync shows itself on the data path only when a frame of the wrong call
+// reaches a rank that reads it; some pairs of algorithms never send one to
+// the rank that would notice (a binomial broadcast against recursive
+// doubling: each side waits for a message the other will never send), and
+// those ranks would wait forever. So every communicator has a watchdog
+// goroutine that looks, a few times per Config.DesyncCheckAfter, at the
+// flight recorder's running call. Once a call has waited DesyncCheckAfter,
+// the watchdog asks every other rank of the group for its recent flight
+// records over the transport's side channel (StatusTransport: for Endpoint,
+// a separate authenticated connection answered by the listener, not by the
+// peer's communicator, so a peer stuck in a call still answers). The
+// records are facts: two ranks whose records at one sequence number differ
+// have desynchronized, whatever the timing of the snapshots. The watchdog
+// then fails the communicator with a *DesyncError naming both calls and
+// the ranks on each side; the abort reaches the peers, and every stuck rank
+// runs the same comparison itself, so each fails within one check period
+// even if the abort cannot reach it. When the records agree, the ranks that
+// have not reached the call are stragglers: they are logged, at once and
+// then at doubling intervals, and Config.StallTimeout can make that fatal.
+//
+// Cost when nothing is stuck: the flight recorder's two records per call
+// (see recorder) and a timer tick a few times per second that reads them.
+// No message is sent before a call has waited DesyncCheckAfter.
+
+// StatusTransport is the optional side channel a Transport offers for
+// desync and stall diagnosis (Endpoint implements it; the in-memory
+// transport of commtest does not, so communicators over it detect a
+// desync only from frames).
+type StatusTransport interface {
+	// ServeStatus answers queries for group gid with status() until the
+	// returned function is called. Safe for concurrent use; does not block.
+	ServeStatus(gid GroupID, status func() []byte) (withdraw func())
+	// QueryStatus asks group rank r of g for its status of group gid. It
+	// blocks until the answer arrives or ctx ends. Safe for concurrent use.
+	QueryStatus(ctx context.Context, g Group, gid GroupID, r int) ([]byte, error)
+}
+
+// statusRecords is how many recent records a rank sends when asked.
+const statusRecords = 64
+
+// rankStatus is what a rank answers on the side channel.
+type rankStatus struct {
+	Rank    int            `json:"rank"`
+	Records []FlightRecord `json:"records"` // oldest first
+	// AgeNs is how long the last record has been running, or how long ago
+	// it ended (the rank is idle).
+	AgeNs  int64        `json:"age_ns"`
+	Failed string       `json:"failed,omitempty"`
+	Desync *DesyncError `json:"desync,omitempty"`
+}
+
+func (c *Comm) localStatus(now time.Time) *rankStatus {
+	st := &rankStatus{Rank: c.me, Records: c.rec.last(statusRecords)}
+	if n := len(st.Records); n > 0 {
+		last := st.Records[n-1]
+		if last.State == StateRunning {
+			st.AgeNs = int64(now.Sub(last.Started))
+		} else {
+			st.AgeNs = int64(now.Sub(last.Ended))
+		}
+	}
+	if err := c.Err(); err != nil {
+		st.Failed = err.Error()
+		var de *DesyncError
+		if errors.As(err, &de) {
+			st.Desync = de
+		}
+	}
+	return st
+}
+
+// status is the side channel's answer for this communicator.
+func (c *Comm) status() []byte {
+	b, _ := json.Marshal(c.localStatus(time.Now()))
+	return b
+}
+
+// watchdog checks the running call a few times per DesyncCheckAfter and,
+// once it has waited that long, compares positions (at once, then at
+// doubling intervals while the same call keeps waiting).
+func (c *Comm) watchdog(st StatusTransport) {
+	after := c.cfg.DesyncCheckAfter
+	tick := time.NewTicker(max(after/4, time.Millisecond))
+	defer tick.Stop()
+	slot := ^uint64(0)
+	var next time.Duration
+	for {
+		select {
+		case <-c.watchStop:
+			return
+		case <-c.failed:
+			return
+		case <-tick.C:
+		}
+		rec, i, running := c.rec.running()
+		if !running {
+			continue
+		}
+		if i != slot {
+			slot, next = i, after
+		}
+		waited := time.Since(rec.Started)
+		if waited < next {
+			continue
+		}
+		c.check(st, rec, waited)
+		next = min(2*waited, waited+30*time.Second)
+		if t := c.cfg.StallTimeout; t > waited && t < next {
+			next = t
+		}
+	}
+}
+
+// check gathers every rank's status and acts on the diagnosis: a desync
+// fails the communicator, a stall is logged (and fails it after
+// StallTimeout).
+func (c *Comm) check(st StatusTransport, rec FlightRecord, waited time.Duration) {
+	sts, why := c.gather(st)
+	d := diagnose(c.me, sts, why)
+	if d.desync != nil {
+		c.log.Error().Err(d.desync).Msg("comm: desync found by comparing every rank's calls")
+		c.fail(d.desync)
+		return
+	}
+	if d.peerDesync != nil {
+		c.fail(d.peerDesync)
+		return
+	}
+	c.log.Warn().Dur("waited", waited).Uint64("seq", rec.Call.Seq).Str("call", rec.Call.String()).
+		Ints("behind", d.behind).Msg("comm: call stalled: " + d.report)
+	if t := c.cfg.StallTimeout; t > 0 && waited >= t {
+		c.fail(&StallError{Rank: c.me, Call: rec.Call, Waited: waited, Behind: d.behind, Report: d.report})
+	}
+}
+
+// gather asks every peer for its status, in parallel, each bounded by
+// DesyncCheckAfter (at least 200 ms, at most 2 s). sts[r] is nil where
+// rank r did not answer, and why[r] says why.
+func (c *Comm) gather(st StatusTransport) (sts []*rankStatus, why []string) {
+	sts, why = make([]*rankStatus, c.n), make([]string, c.n)
+	sts[c.me] = c.localStatus(time.Now())
+	ctx, cancel := context.WithTimeout(context.Background(), min(max(c.cfg.DesyncCheckAfter, 200*time.Millisecond), 2*time.Second))
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { // ends the queries early when the communicator closes
+		select {
+		case <-c.watchStop:
+			cancel()
+		case <-ctx.Done():
+		}
+	})
+	var qwg sync.WaitGroup
+	for r := range c.n {
+		if r == c.me {
+			continue
+		}
+		qwg.Go(func() {
+			b, err := st.QueryStatus(ctx, c.g, c.gid, r)
+			if err != nil {
+				why[r] = err.Error()
+				return
+			}
+			var s rankStatus
+			if err := json.Unmarshal(b, &s); err != nil || s.Rank != r {
+				why[r] = fmt.Sprintf("unreadable status (%v)", err)
+				return
+			}
+			sts[r] = &s
+		})
+	}
+	qwg.Wait()
+	cancel()
+	wg.Wait()
+	return sts, why
+}
+
+// diagnosis is the outcome of comparing every rank's status.
+type diagnosis struct {
+	desync     *DesyncError // records that differ at one sequence number
+	peerDesync *DesyncError // a peer already failed with a desync
+	behind     []int        // ranks that have not reached this rank's call
+	report     string       // who is where, one clause per kind of position
+}
+
+// diagnose compares the ranks' statuses (sts[r] nil: no answer, why[r]
+// says why) from rank me's point of view. Pure, for tests.
+func diagnose(me int, sts []*rankStatus, why []string) diagnosis {
+	var d diagnosis
+	// Records by collective sequence number and rank.
+	calls := map[uint64]map[int]CallInfo{}
+	for r, st := range sts {
+		if st == nil {
+			continue
+		}
+		for _, rec := range st.Records {
+			if rec.P2P {
+				continue
+			}
+			if calls[rec.Call.Seq] == nil {
+				calls[rec.Call.Seq] = map[int]CallInfo{}
+			}
+			calls[rec.Call.Seq][r] = rec.Call
+		}
+	}
+	seqs := make([]uint64, 0, len(calls))
+	for s := range calls {
+		seqs = append(seqs, s)
+	}
+	slices.Sort(seqs)
+	for _, s := range seqs {
+		type side struct {
+			call  CallInfo
+			ranks []int
+		}
+		var sides []*side
+		for r := range sts {
+			ci, ok := calls[s][r]
+			if !ok {
+				continue
+			}
+			i := slices.IndexFunc(sides, func(sd *side) bool { return sd.call.sameCall(ci) })
+			if i < 0 {
+				sides = append(sides, &side{call: ci})
+				i = len(sides) - 1
+			}
+			sides[i].ranks = append(sides[i].ranks, r)
+		}
+		if len(sides) < 2 {
+			continue
+		}
+		mine := slices.IndexFunc(sides, func(sd *side) bool { return slices.Contains(sd.ranks, me) })
+		if mine < 0 {
+			mine = 0
+		}
+		theirs := 0
+		if mine == 0 {
+			theirs = 1
+		}
+		a, b := sides[mine], sides[theirs]
+		rank := me
+		if !slices.Contains(a.ranks, me) {
+			rank = a.ranks[0]
+		}
+		d.desync = &DesyncError{Rank: rank, Mine: a.call, Peer: b.ranks[0], Theirs: b.call,
+			MineRanks: a.ranks, TheirRanks: b.ranks,
+			Detail: fmt.Sprintf("found by rank %d comparing every rank's calls", me)}
+		return d
+	}
+	for _, st := range sts {
+		if st != nil && st.Desync != nil && d.peerDesync == nil {
+			d.peerDesync = st.Desync.turnedTo(me)
+		}
+	}
+	d.behind, d.report = stallReport(me, sts, why)
+	return d
+}
+
+// stallReport says where every rank is relative to rank me's running call,
+// stragglers first: "rank 3 is still in Broadcast(...) #40 (2.1 s); ranks
+// 0-2 wait in AllReduce(...) #41 (1.0 s)".
+func stallReport(me int, sts []*rankStatus, why []string) (behind []int, report string) {
+	var mySeq uint64
+	if st := sts[me]; st != nil && len(st.Records) > 0 {
+		mySeq = st.Records[len(st.Records)-1].Call.Seq
+	}
+	type clause struct {
+		text   string
+		order  int // stragglers first
+		ranks  []int
+		maxAge time.Duration
+	}
+	var clauses []*clause
+	add := func(r, order int, age time.Duration, format string, args ...any) {
+		text := fmt.Sprintf(format, args...)
+		for _, cl := range clauses {
+			if cl.text == text {
+				cl.ranks = append(cl.ranks, r)
+				cl.maxAge = max(cl.maxAge, age)
+				return
+			}
+		}
+		clauses = append(clauses, &clause{text: text, order: order, ranks: []int{r}, maxAge: age})
+	}
+	for r, st := range sts {
+		if st == nil {
+			add(r, 1, 0, "%s", "does not answer: "+why[r])
+			continue
+		}
+		if st.Failed != "" {
+			add(r, 1, 0, "%s", "has failed: "+st.Failed)
+			continue
+		}
+		age := time.Duration(st.AgeNs)
+		if len(st.Records) == 0 {
+			behind = append(behind, r)
+			add(r, 0, age, "has not issued a call yet")
+			continue
+		}
+		last := st.Records[len(st.Records)-1]
+		running := last.State == StateRunning
+		switch {
+		case last.Call.Seq < mySeq || (last.Call.Seq == mySeq && last.P2P && r != me):
+			behind = append(behind, r)
+			if running {
+				add(r, 0, age, "still in %v", last.Call)
+			} else {
+				add(r, 0, age, "idle since %v (has not issued #%d)", last.Call, mySeq)
+			}
+		case running && last.Call.Seq == mySeq:
+			add(r, 2, age, "wait in %v", last.Call)
+		case running:
+			add(r, 3, age, "are ahead in %v", last.Call)
+		default:
+			add(r, 3, age, "finished %v", last.Call)
+		}
+	}
+	slices.SortStableFunc(clauses, func(a, b *clause) int { return cmp.Compare(a.order, b.order) })
+	parts := make([]string, len(clauses))
+	for i, cl := range clauses {
+		verb := cl.text
+		if len(cl.ranks) == 1 {
+			// "rank 3 is still in", "rank 0 waits in"
+			verb = strings.NewReplacer("still in", "is still in", "wait in", "waits in", "are ahead", "is ahead",
+				"idle since", "is idle since", "does not answer", "does not answer").Replace(cl.text)
+		} else {
+			verb = strings.NewReplacer("still in", "are still in", "idle since", "are idle since",
+				"does not answer", "do not answer", "has failed", "have failed", "has not issued", "have not issued").Replace(cl.text)
+		}
+		parts[i] = rankList(cl.ranks) + " " + verb
+		if cl.maxAge > 0 {
+			parts[i] += fmt.Sprintf(" (%.1f s)", cl.maxAge.Seconds())
+		}
+	}
+	return behind, strings.Join(parts, "; ")
+}

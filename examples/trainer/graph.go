@@ -1,0 +1,297 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorun-hpc/gorun/buckets"
+	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/stepgraph"
+)
+
+// The trainer's step as a stepgraph.Graph, written the way autograd runs it
+// (forward block by block, the loss, backward in reverse block order, the
+// optimizer block by block), before any pass. Names:
+//
+//	p.R         region R's parameters: the rank's own copy (dp) or the
+//	            gathered full buffer (sharded, output of ag.R)
+//	p.R.shard   the rank's shard of region R (sharded, an input)
+//	act.R, d.R  region R's activations and the gradient flowing out of its
+//	            backward; the model's workspace holds them, batch-major, so
+//	            these names carry order and chunking, not bytes
+//	g.T / G.T   dp: gradient of parameter tensor T before / after its
+//	            all-reduce (the same memory: reduced in place)
+//	g.R / gs.R  sharded: region R's gradient and its reduce-scattered shard
+//	loss.local  the rank's loss sum; loss its all-reduced value (in place)
+//	upd.R       marks the optimizer's update of region R
+//
+// Every tensor that a pass may split per chunk follows the chunk rules of
+// stepgraph: activations are Batch (the default for compute outputs),
+// gradients and the loss sum Partial (each chunk's is a partial sum over its
+// samples), parameters Replicated.
+
+// The one process group: every rank.
+const world = "world"
+
+// flopsPerNs prices compute for the passes' cost model: 1 GFLOP/s per
+// worker, about what the pure-Go kernels reach on one core here. Only the
+// ratio of compute to communication matters to the passes, and every rank
+// computes the same numbers, so the plan is the same on every rank.
+const flopsPerNs = 1
+
+// buildGraph describes one step of t's configuration.
+func (t *trainer) buildGraph() (*stepgraph.Graph, error) {
+	b := stepgraph.NewBuilder().Group(world, t.N)
+	T := t.m.Config().SeqLen
+	b.Input("batch", int64(t.n*T*4))
+	regs := t.lay.Regions
+	cost := func(flops int64) time.Duration {
+		return time.Duration(flops * int64(t.n) / int64(flopsPerNs*max(t.o.workers, 1)))
+	}
+	for r, reg := range regs {
+		if t.sharded {
+			b.Input("p."+reg.Name+".shard", int64(reg.ShardSize(t.N))*4)
+		} else {
+			b.Input("p."+reg.Name, int64(reg.Size)*4)
+		}
+		if t.sharded {
+			b.Tensor("g."+reg.Name, int64(reg.PaddedSize(t.N))*4, stepgraph.Partial)
+		} else {
+			for _, ten := range reg.Tensors {
+				b.Tensor("g."+ten.Name, int64(ten.Len)*4, stepgraph.Partial)
+			}
+		}
+		_ = r
+	}
+	b.Tensor("loss.local", 4, stepgraph.Partial)
+	gather := func(r int, region string) {
+		reg := regs[r]
+		b.Start("ag."+reg.Name, buckets.Forward, region, buckets.AllGather, world, "f32",
+			[]stepgraph.Member{{In: "p." + reg.Name + ".shard", Out: "p." + reg.Name, Bytes: int64(reg.ShardSize(t.N)) * 4}})
+	}
+	// Forward. Sharded, the gather of block r+1 is started before block r
+	// runs (FSDP's forward prefetch of one), block 0's first.
+	for r, reg := range regs {
+		fwd, _ := t.m.FLOPs(r)
+		if t.sharded {
+			if r == 0 {
+				gather(0, reg.Name)
+			}
+			if r+1 < len(regs) {
+				gather(r+1, reg.Name)
+			}
+			b.Wait("ag."+reg.Name+".wait", "ag."+reg.Name, reg.Name)
+		}
+		in := "batch"
+		if r > 0 {
+			in = "act." + regs[r-1].Name
+		}
+		b.Compute("fwd."+reg.Name, buckets.Forward, reg.Name, cost(fwd), []string{in, "p." + reg.Name}, []string{"act." + reg.Name})
+	}
+	head := regs[len(regs)-1].Name
+	b.Compute("loss", buckets.Forward, head, cost(int64(T)), []string{"act." + head}, []string{"loss.local"})
+	b.Start("ar.loss", buckets.Forward, head, buckets.AllReduce, world, "f32",
+		[]stepgraph.Member{{In: "loss.local", Out: "loss", Bytes: 4}})
+	// Backward, last block first; each block's gradient collectives start
+	// as soon as its backward has written them.
+	for r := len(regs) - 1; r >= 0; r-- {
+		reg := regs[r]
+		_, bwd := t.m.FLOPs(r)
+		in := "act." + head
+		if r < len(regs)-1 {
+			in = "d." + regs[r+1].Name
+		}
+		writes := []string{"d." + reg.Name}
+		if t.sharded {
+			writes = append(writes, "g."+reg.Name)
+		} else {
+			for _, ten := range reg.Tensors {
+				writes = append(writes, "g."+ten.Name)
+			}
+		}
+		b.Compute("bwd."+reg.Name, buckets.Backward, reg.Name, cost(bwd), []string{in, "p." + reg.Name}, writes)
+		if t.sharded {
+			b.Start("rs."+reg.Name, buckets.Backward, reg.Name, buckets.ReduceScatter, world, "f32",
+				[]stepgraph.Member{{In: "g." + reg.Name, Out: "gs." + reg.Name, Bytes: int64(reg.PaddedSize(t.N)) * 4}})
+		} else {
+			for _, ten := range reg.Tensors {
+				b.Start("ar."+ten.Name, buckets.Backward, reg.Name, buckets.AllReduce, world, "f32",
+					[]stepgraph.Member{{In: "g." + ten.Name, Out: "G." + ten.Name, Bytes: int64(ten.Len) * 4}})
+			}
+		}
+	}
+	// Optimizer, in the order the gradients were reduced, each block
+	// waiting for its own gradients right before it reads them: the last
+	// reductions hide behind the first updates.
+	for r := len(regs) - 1; r >= 0; r-- {
+		reg := regs[r]
+		var reads []string
+		if t.sharded {
+			b.Wait("rs."+reg.Name+".wait", "rs."+reg.Name, reg.Name)
+			reads = []string{"gs." + reg.Name}
+		} else {
+			for _, ten := range reg.Tensors {
+				b.Wait("ar."+ten.Name+".wait", "ar."+ten.Name, reg.Name)
+				reads = append(reads, "G."+ten.Name)
+			}
+		}
+		b.Compute("opt."+reg.Name, buckets.Optimizer, reg.Name, cost(int64(3*reg.Size)/int64(t.n)), reads, []string{"upd." + reg.Name})
+	}
+	b.Wait("ar.loss.wait", "ar.loss", "")
+	g, err := b.Graph()
+	if err != nil {
+		return nil, err
+	}
+	// The waits after backward belong to the optimizer, which blocks on
+	// them (Builder.Wait gives a wait its start's direction): a chunked
+	// backward segment must end before them.
+	lastBwd := 0
+	for i := range g.Nodes {
+		if g.Nodes[i].Kind == stepgraph.Compute && g.Nodes[i].Dir == buckets.Backward {
+			lastBwd = i
+		}
+	}
+	for i := lastBwd + 1; i < len(g.Nodes); i++ {
+		if g.Nodes[i].Kind == stepgraph.Wait {
+			g.Nodes[i].Dir = buckets.Optimizer
+		}
+	}
+	if err := g.Validate(); err != nil {
+		return nil, err
+	}
+	// The batch is split along its samples when a region is chunked
+	// (inputs default to replicated: most are parameters).
+	for i := range g.Tensors {
+		if g.Tensors[i].Name == "batch" {
+			g.Tensors[i].Chunk = stepgraph.Batch
+		}
+	}
+	return g, nil
+}
+
+// passes runs the passes the flags ask for, in the order a compiler would:
+// reshard after forward, chunking, then bucketing by block and
+// overlap-preserving bucketing (the second merges what the first left
+// apart across blocks, without exposing anything the first hid).
+// --no-bucketing skips both bucketing passes: one collective per tensor.
+func (t *trainer) passes(g *stepgraph.Graph) (*stepgraph.Graph, []string, error) {
+	cfg := buckets.DefaultConfig()
+	cfg.CapBytes = t.o.bucketCap
+	var did []string
+	var err error
+	if t.o.reshard && t.sharded {
+		var rep *stepgraph.ReshardReport
+		if g, rep, err = stepgraph.Reshard(g, cfg.Model); err != nil {
+			return nil, nil, fmt.Errorf("reshard: %w", err)
+		}
+		did = append(did, fmt.Sprintf("reshard (%d re-gathered, %d kept)", len(rep.Regathered), len(rep.Kept)))
+	}
+	if t.o.chunk {
+		var rep *stepgraph.ChunkReport
+		// Per-chunk reduction is only bitwise the reference when every
+		// segment is split (the samples are chunk-major then); early
+		// accumulation is whatever the pass decides.
+		g, rep, err = stepgraph.ChunkWith(g, stepgraph.ChunkConfig{Pattern: "*", Model: cfg.Model,
+			Accumulate: t.o.chunkAccumulate, Always: t.o.chunkForce || !t.o.chunkAccumulate})
+		if err != nil {
+			return nil, nil, fmt.Errorf("chunk: %w", err)
+		}
+		did = append(did, fmt.Sprintf("chunk (%d split, %d kept, accumulate=%v)", len(rep.Chunked), len(rep.Kept), t.o.chunkAccumulate))
+	}
+	if !t.o.noBucketing {
+		if g, err = stepgraph.BucketBlocks(g, cfg); err != nil {
+			return nil, nil, fmt.Errorf("bucket blocks: %w", err)
+		}
+		if g, err = stepgraph.BucketOverlap(g, cfg); err != nil {
+			return nil, nil, fmt.Errorf("bucket overlap: %w", err)
+		}
+		did = append(did, "bucket-blocks", "bucket-overlap")
+	}
+	return g, did, nil
+}
+
+// splitChunk parses "NAME#C" (as stepgraph.Chunk names a tensor's chunk C;
+// primes after C when a name was taken) into NAME and C, or NAME and -1.
+func splitChunk(name string) (string, int) {
+	i := strings.LastIndexByte(name, '#')
+	if i < 0 {
+		return name, -1
+	}
+	c, err := strconv.Atoi(strings.TrimRight(name[i+1:], "'"))
+	if err != nil {
+		return name, -1
+	}
+	return name[:i], c
+}
+
+// placeholder is the buffer of a tensor the workspace holds (activations):
+// empty, so stepgraph's Split and Concat builtins over it are the views
+// they are allowed to be.
+var placeholder = comm.Float32s(nil)
+
+// tensor resolves a graph tensor name to this rank's memory.
+func (t *trainer) tensor(name string) (comm.Buffer, error) {
+	base, c := splitChunk(name)
+	if c >= t.chunks {
+		return nil, fmt.Errorf("trainer: tensor %q: chunk %d of %d", name, c, t.chunks)
+	}
+	// grad returns chunk c's gradient buffer of region r, or the whole one.
+	grad := func(r int) []float32 {
+		if c < 0 {
+			return t.gradWhole[r]
+		}
+		return t.grads[c][r]
+	}
+	kind, rest, _ := strings.Cut(base, ".")
+	switch kind {
+	case "batch", "act", "d", "upd":
+		return placeholder, nil
+	case "loss":
+		// "loss" and "loss.local": reduced in place.
+		if c < 0 {
+			return comm.Float32s(t.lossWhole[:]), nil
+		}
+		return comm.Float32s(t.loss[c : c+1]), nil
+	case "p":
+		region, suffix, _ := strings.Cut(rest, "@")
+		region, shard := strings.CutSuffix(region, ".shard")
+		r, ok := t.regionIdx[region]
+		switch {
+		case !ok:
+		case shard:
+			return comm.Float32s(t.own[r]), nil
+		case !t.sharded:
+			return comm.Float32s(t.own[r]), nil
+		case suffix == "bwd":
+			return comm.Float32s(t.fullBwd[r]), nil
+		case suffix == "":
+			return comm.Float32s(t.full[r]), nil
+		}
+	case "g", "G":
+		if r, ok := t.regionIdx[rest]; ok && t.sharded {
+			return comm.Float32s(grad(r)), nil
+		}
+		if r, off, n, ok := t.tensorAt(rest); ok && !t.sharded {
+			return comm.Float32s(grad(r)[off : off+n]), nil
+		}
+	case "gs":
+		if r, ok := t.regionIdx[rest]; ok && t.sharded {
+			if c < 0 {
+				return comm.Float32s(t.gshWhole[r]), nil
+			}
+			return comm.Float32s(t.gsh[c][r]), nil
+		}
+	}
+	return nil, fmt.Errorf("trainer: the step graph names tensor %q, which this trainer does not have", name)
+}
+
+// tensorAt finds parameter tensor name: its region, offset and length.
+func (t *trainer) tensorAt(name string) (r, off, n int, ok bool) {
+	ten, r, ok := t.lay.Tensor(name)
+	if !ok {
+		return 0, 0, 0, false
+	}
+	return r, ten.Offset, ten.Len, true
+}

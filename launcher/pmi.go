@@ -1,0 +1,349 @@
+package launcher
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/pmi"
+	"github.com/gorun-hpc/gorun/rankenv"
+)
+
+// How gorun serves MPI's process-management interface (package pmi) to the
+// ranks, and where each piece runs:
+//
+//   - The per-job supervisor on each host (agent.go) is the PMI server for
+//     the ranks it starts. In the default mode it makes one socketpair per
+//     rank and hands the rank its end as descriptor 3, with PMI_FD=3 — the
+//     way Hydra does; in the port mode it listens on loopback and gives each
+//     rank PMI_PORT and a random PMI_ID. Everything a rank asks about itself
+//     is answered there.
+//   - A barrier is job-wide. When every rank of a host entered it, that
+//     host's supervisor emits a "pmi-fence" event with the puts made on
+//     the host since the previous barrier. The event travels the way every
+//     supervisor event does (over the host agent's connection for other
+//     hosts), and gorun's event loop counts one fence per supervisor. With
+//     all of them in, gorun sends one "pmi-release" command with the union
+//     of the puts to every supervisor, which lets its ranks out. gorun is
+//     the only place that sees every host, so no host waits on another
+//     host's agent directly.
+//   - An MPI_Abort reaches the supervisor as cmd=abort and gorun as a
+//     "pmi-abort" event: the job ends with the aborting rank named and its
+//     code, through the same teardown as any rank failure. A rank that
+//     exits 0 after PMI init but without PMI finalize is a failure too: the
+//     others would wait for it in MPI's next collective forever.
+//   - A rank that dies in MPI_Init or in a collective ends the job as any
+//     rank death does; its peers stuck in a PMI barrier are torn down with
+//     everything else, and the supervisor closes the server so nothing
+//     waits on a barrier that can never complete.
+//
+// The protocol is MPICH's PMI-1; Open MPI needs PMIx, which gorun does not
+// serve, and gorun refuses Open MPI programs before any rank starts
+// (mpilib.go).
+
+// PMIMode selects how ranks reach gorun's PMI server.
+type PMIMode string
+
+const (
+	// PMIFD (the default, also "") gives each rank a connected socket as
+	// descriptor 3 and PMI_FD=3.
+	PMIFD PMIMode = "fd"
+	// PMIPort gives each rank PMI_PORT (a loopback TCP address of its
+	// host's server) and a random PMI_ID; for programs that close
+	// inherited descriptors before MPI_Init.
+	PMIPort PMIMode = "port"
+	// PMINone serves no PMI and exports no PMI_* variable: an MPI program
+	// then runs as one singleton per rank, which is what the user asked.
+	PMINone PMIMode = "none"
+)
+
+// ParsePMIMode accepts fd, port or none.
+func ParsePMIMode(s string) (PMIMode, error) {
+	switch m := PMIMode(s); m {
+	case PMIFD, PMIPort, PMINone:
+		return m, nil
+	}
+	return "", fmt.Errorf("launcher: --pmi %q: expected fd, port or none", s)
+}
+
+// pmiJob is what a supervisor needs to serve PMI: sent in agentSpec (and,
+// for other hosts, in the "spec" wire message).
+type pmiJob struct {
+	KVSName string `json:"kvs"`
+	Size    int    `json:"size"`
+	Mapping string `json:"mapping"`
+	// Port selects the PMI_PORT mode instead of PMI_FD.
+	Port bool `json:"port,omitempty"`
+}
+
+// pmiJobFor returns the PMI description of plan, or nil when the plan's
+// ranks are not told about PMI (PlanConfig.NoPMI).
+func pmiJobFor(plan *Plan, mode PMIMode) (*pmiJob, error) {
+	if !plan.PMI {
+		return nil, nil
+	}
+	counts := make([]int, len(plan.Nodes))
+	for i, n := range plan.Nodes {
+		counts[i] = n.Ranks
+	}
+	mapping, err := pmi.ProcessMapping(counts)
+	if err != nil {
+		return nil, err
+	}
+	return &pmiJob{KVSName: "gorun-" + plan.JobID, Size: plan.WorldSize, Mapping: mapping, Port: mode == PMIPort}, nil
+}
+
+// pmiRankFD is the descriptor number a rank finds its PMI socket at.
+const pmiRankFD = 3
+
+// supervisorPMI is a supervisor's PMI server and the per-rank descriptors
+// it hands out. Only the supervisor's main goroutine calls its methods;
+// the connection servers are goroutines it owns (wg).
+type supervisorPMI struct {
+	srv   *pmi.Server
+	job   pmiJob
+	first int // the lowest rank served, named in fence events
+	// ends are the ranks' ends of their socketpairs until they started.
+	ends map[int]*os.File
+	addr string // port mode: the listener's address
+	wg   sync.WaitGroup
+}
+
+// newSupervisorPMI starts serving PMI for ranks. In the fd mode every
+// rank's socketpair exists before any rank starts, so a rank can never
+// find its descriptor unserved.
+func newSupervisorPMI(job pmiJob, ranks []agentRank, log zerolog.Logger) (*supervisorPMI, error) {
+	nums := make([]int, len(ranks))
+	for i, r := range ranks {
+		nums[i] = r.Rank
+	}
+	srv, err := pmi.NewServer(pmi.Config{
+		KVSName: job.KVSName, Size: job.Size, Ranks: nums, ProcessMapping: job.Mapping,
+		Logger: log.With().Str("part", "pmi").Logger(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	sp := &supervisorPMI{srv: srv, job: job, first: nums[0], ends: map[int]*os.File{}}
+	for _, r := range nums {
+		sp.first = min(sp.first, r)
+	}
+	if job.Port {
+		// Loopback: the ranks are on this host, and nothing else should
+		// reach the job's key-value space.
+		if sp.addr, err = srv.Listen("127.0.0.1:0"); err != nil {
+			srv.Close()
+			return nil, err
+		}
+		return sp, nil
+	}
+	for _, r := range nums {
+		fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+		if err != nil {
+			sp.close()
+			return nil, fmt.Errorf("launcher: PMI socketpair: %w", err)
+		}
+		mine := os.NewFile(uintptr(fds[0]), "pmi-server")
+		sp.ends[r] = os.NewFile(uintptr(fds[1]), "pmi-rank-"+strconv.Itoa(r))
+		c, err := net.FileConn(mine) // a duplicate; ours is closed next
+		mine.Close()
+		if err != nil {
+			sp.close()
+			return nil, fmt.Errorf("launcher: PMI socket: %w", err)
+		}
+		sp.wg.Go(func() {
+			if err := srv.ServeConn(r, c); err != nil {
+				log.Warn().Err(err).Int("rank", r).Msg("PMI connection ended with an error")
+			}
+		})
+	}
+	return sp, nil
+}
+
+// rankSetup returns the extra descriptor for rank (nil in the port mode)
+// and its environment with the PMI variables of the mode set and the other
+// mode's removed. Inherited PMI_FD, PMI_PORT and PMI_ID (gorun itself run
+// under another process manager) never pass through: they would point a
+// rank at the wrong server, and an empty value is not the same as unset
+// (MPICH reads an empty PMI_FD as descriptor 0).
+func (sp *supervisorPMI) rankSetup(rank int, env []string) (*os.File, []string) {
+	env = withoutVars(env, rankenv.PMIFD, rankenv.PMIPort, rankenv.PMIID)
+	if sp.job.Port {
+		return nil, append(env, rankenv.PMIPort+"="+sp.addr, rankenv.PMIID+"="+strconv.Itoa(sp.srv.ID(rank)))
+	}
+	return sp.ends[rank], append(env, rankenv.PMIFD+"="+strconv.Itoa(pmiRankFD))
+}
+
+// withoutVars returns env without the variables named.
+func withoutVars(env []string, names ...string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if !slices.Contains(names, k) {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// scrubLaunchEnv drops from a base environment (gorun's own, or a host
+// agent's) the variables by which another launcher described its launch:
+// gorun run inside an mpiexec or mpirun rank, say. Passed on, they would
+// point the ranks at that launcher's PMI or PMIx server and claim a world
+// that is not theirs. User settings of those libraries (OMPI_MCA_*,
+// PMIX_MCA_*) stay; -x exports are applied after this, so they still win.
+func scrubLaunchEnv(env []string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case k == rankenv.PMIRank, k == rankenv.PMISize, k == rankenv.PMIFD, k == rankenv.PMIPort,
+			k == rankenv.PMIID, k == "PMI_SPAWNED", k == "PMI_JOBID",
+			strings.HasPrefix(k, "OMPI_COMM_WORLD_"),
+			strings.HasPrefix(k, "PMIX_") && !strings.HasPrefix(k, "PMIX_MCA_"):
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// started drops the supervisor's copy of rank's socket end: the rank has
+// its own, and ours would keep the server from seeing the rank's EOF.
+func (sp *supervisorPMI) started(rank int) {
+	if f := sp.ends[rank]; f != nil {
+		f.Close()
+		delete(sp.ends, rank)
+	}
+}
+
+// requests is the server's request channel; nil (never ready) without
+// PMI.
+func (sp *supervisorPMI) requests() <-chan pmi.Request {
+	if sp == nil {
+		return nil
+	}
+	return sp.srv.Requests()
+}
+
+// event turns a server request into the supervisor event gorun acts on.
+func (sp *supervisorPMI) event(req pmi.Request) agentEvent {
+	if req.Kind == pmi.Abort {
+		return agentEvent{Ev: "pmi-abort", Rank: req.Rank, Code: req.Code, Err: req.Message}
+	}
+	return agentEvent{Ev: "pmi-fence", Rank: sp.first, Epoch: req.Epoch, KVS: req.Puts}
+}
+
+// release applies gorun's "pmi-release" command.
+func (sp *supervisorPMI) release(c agentCmd, log zerolog.Logger) {
+	if sp == nil {
+		return
+	}
+	if err := sp.srv.Release(c.Epoch, c.KVS); err != nil {
+		log.Warn().Err(err).Msg("PMI release refused")
+	}
+}
+
+// unfinalized reports whether rank started PMI but never finalized it.
+func (sp *supervisorPMI) unfinalized(rank int) bool {
+	if sp == nil {
+		return false
+	}
+	in, fin := sp.srv.State(rank)
+	return in && !fin
+}
+
+// close stops the server and waits for its connection servers; safe on
+// nil and twice.
+func (sp *supervisorPMI) close() {
+	if sp == nil {
+		return
+	}
+	for r, f := range sp.ends {
+		f.Close()
+		delete(sp.ends, r)
+	}
+	sp.srv.Close()
+	sp.wg.Wait()
+}
+
+// pmiFences is gorun's side of a job-wide barrier: one fence per
+// supervisor per epoch, then one release to all. Owned by the event loop.
+type pmiFences struct {
+	// hosts is the number of supervisors that fence.
+	hosts int
+	epoch int
+	seen  int
+	puts  map[string]string
+}
+
+// add counts one supervisor's fence and returns the release command once
+// every supervisor fenced epoch; ok is false until then. A fence of
+// another epoch is a protocol error (supervisors cannot run ahead: each
+// waits for the release before its ranks can enter the next barrier).
+func (f *pmiFences) add(ev agentEvent) (cmd agentCmd, ok bool, err error) {
+	if ev.Epoch != f.epoch {
+		return agentCmd{}, false, fmt.Errorf("PMI fence for barrier %d while barrier %d is open", ev.Epoch, f.epoch)
+	}
+	if f.puts == nil {
+		f.puts = map[string]string{}
+	}
+	maps.Copy(f.puts, ev.KVS)
+	f.seen++
+	if f.seen < max(f.hosts, 1) {
+		return agentCmd{}, false, nil
+	}
+	cmd = agentCmd{Op: "pmi-release", Epoch: f.epoch, KVS: f.puts}
+	f.epoch, f.seen, f.puts = f.epoch+1, 0, nil
+	return cmd, true, nil
+}
+
+// MPIError reports a rank that ended the job through MPI's process
+// management: it called MPI_Abort, or it exited 0 after MPI_Init without
+// MPI_Finalize (its peers would have waited for it forever).
+type MPIError struct {
+	Rank int
+	Host string
+	PID  int
+	// Aborted is true for MPI_Abort; Code is then the code it passed.
+	Aborted bool
+	Code    int
+	// Message is the abort's message, when the library sent one.
+	Message string
+	// Stopped is the number of other ranks gorun had to stop.
+	Stopped int
+}
+
+func (e *MPIError) Error() string {
+	cause := "exited before MPI_Finalize (it left the PMI job after MPI_Init without finalizing)"
+	if e.Aborted {
+		cause = fmt.Sprintf("called MPI_Abort with code %d", e.Code)
+		if e.Message != "" {
+			cause += " (" + e.Message + ")"
+		}
+	}
+	return fmt.Sprintf("rank %d (host %s, pid %d) %s; stopped %d other %s",
+		e.Rank, e.Host, e.PID, cause, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+}
+
+// ExitCode is the abort code as a process exit status (its low byte, as
+// the shell sees an exit code), or 1 for a rank that left without
+// finalizing.
+func (e *MPIError) ExitCode() int {
+	if e.Aborted {
+		return e.Code & 0xff
+	}
+	return 1
+}
+
+// errPMIProtocol marks a supervisor that broke the fence protocol.
+var errPMIProtocol = errors.New("launcher: PMI fence protocol broken")

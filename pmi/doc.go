@@ -1,0 +1,36 @@
+// Package pmi owns the server side of the process-management interface
+// that MPI libraries of the MPICH family (MPICH, Intel MPI, MVAPICH in PMI-1
+// mode) use to form their world: the PMI-1 "simple" wire protocol.
+//
+// An MPICH rank started by a process manager finds a connected socket in
+// PMI_FD (or dials PMI_PORT and names itself with PMI_ID) and asks over it
+// for its rank, the job's size, a key-value space (KVS) name, and then
+// exchanges business cards: every rank puts its address, all ranks meet in
+// a barrier, every rank gets the others'. Without PMI_FD and PMI_PORT the
+// library silently runs as a one-rank "singleton" job, which is why gorun
+// serves this protocol rather than only exporting PMI_RANK and PMI_SIZE.
+//
+// What this package owns:
+//
+//   - the wire format (proto.go): "cmd=NAME key=value ...\n" lines, parsed
+//     and written;
+//   - one host's server (server.go): it answers every request a rank makes
+//     about itself locally, keeps the puts made on its host, and turns a
+//     barrier that all of its ranks entered into one Fence request for its
+//     owner;
+//   - PMI_process_mapping (mapping.go), computed from the placement, so MPICH
+//     knows which ranks share a node (and so shared memory).
+//
+// What it leaves to others: making the barrier job-wide. A job spread over
+// hosts runs one Server per host; each reports its fence with the puts made
+// since the previous one, and the owner (gorun's launcher) releases every
+// host with the union once all hosts have fenced. Starting ranks, passing
+// them their descriptors and ending the job on an abort are the launcher's
+// business too: the server only reports (Requests) and never kills.
+//
+// PMI-2 (the "cmd=fullinit" length-prefixed protocol) is not served: Debian's
+// MPICH 4.0 is built with the PMI-1 client (its library contains only the
+// PMI-1 commands), and MPICH 4.0 picks PMI-1 or PMI-2 when it is built, not
+// at run time. A client that asks for PMI version 2 gets a version mismatch
+// (rc=-1) naming what is served, never a silent misreading.
+package pmi

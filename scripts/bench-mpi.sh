@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# MPI start-up under gorun's PMI server against MPICH's own launcher: an
+# MPICH program that runs MPI_Init, one MPI_Barrier and MPI_Finalize
+# (tests/mpi/testdata/mpiprog.c, mode "barrier"), started
+#
+#   locally:      gorun -np 16 PROG        vs  mpiexec.hydra -np 16 PROG
+#   across hosts: gorun -hostfile H PROG   vs  mpiexec.hydra -f H PROG
+#                 (4 namespace hosts × 4 ranks, tests/testhosts, same sshd
+#                 and ssh config for both)
+#
+# alternately in one go, so both see the same load; prints each median and
+# the ratio gorun/hydra. Goals (issue #14): at most 0.5 locally, at most 1
+# across hosts. Every run must exit 0 and print nothing unexpected: a failing
+# launcher would otherwise look fast.
+#
+# Usage: scripts/bench-mpi.sh [RUNS]   (default 10; `make bench-mpi` builds
+# bin/gorun first). NP overrides 16; HOSTS and SLOTS override 4 and 4;
+# LOCAL_ONLY=1 skips the hosts (which need root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+runs=${1:-10}
+np=${NP:-16}
+nhosts=${HOSTS:-4}
+slots=${SLOTS:-4}
+gorun=$PWD/bin/gorun
+[ -x "$gorun" ] || { echo "bench-mpi: $gorun missing; run make build" >&2; exit 1; }
+for tool in mpicc.mpich mpiexec.hydra; do
+  command -v "$tool" >/dev/null || { echo "bench-mpi: $tool missing; install Debian's mpich and libmpich-dev (scripts/install-test-deps.sh)" >&2; exit 1; }
+done
+
+work=$(mktemp -d /tmp/gorun-bench-mpi.XXXXXX)
+set_name=""
+cleanup() {
+  [ -z "$set_name" ] || bash tests/testhosts/netns-down.sh "$set_name" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+prog=$work/mpi_barrier
+mpicc.mpich -O2 -o "$prog" tests/mpi/testdata/mpiprog.c
+
+elapsed() {
+  local t0 t1
+  t0=$(date +%s%N)
+  "$@" >"$work/out" 2>"$work/err" || { echo "bench-mpi: failed: $*" >&2; cat "$work/err" >&2; exit 1; }
+  t1=$(date +%s%N)
+  [ ! -s "$work/out" ] || { echo "bench-mpi: unexpected output from $*:" >&2; cat "$work/out" >&2; exit 1; }
+  awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.4f\n", (b - a) / 1e9}'
+}
+median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.4f\n", (a[NR/2]+a[NR/2+1])/2}'; }
+stats() { printf 'median %.4f s  (min %.4f, max %.4f)' "$(median <<<"$1")" "$(sort -n <<<"$1" | head -1)" "$(sort -n <<<"$1" | tail -1)"; }
+ratio() { awk -v g="$(median <<<"$1")" -v m="$(median <<<"$2")" 'BEGIN {printf "%.3f", g / m}'; }
+
+# Local: the same binary, the same rank count.
+gl=("$gorun" -np "$np" "$prog" barrier)
+hl=(mpiexec.hydra -np "$np" "$prog" barrier)
+"${gl[@]}" >/dev/null 2>&1 || true
+"${hl[@]}" >/dev/null 2>&1 || true
+g=() h=()
+for ((i = 0; i < runs; i++)); do
+  g+=("$(elapsed "${gl[@]}")")
+  h+=("$(elapsed "${hl[@]}")")
+done
+gs=$(printf '%s\n' "${g[@]}") hs=$(printf '%s\n' "${h[@]}")
+printf 'MPI_Init + MPI_Barrier + MPI_Finalize, %d ranks on this machine, %d runs each, alternating\n' "$np" "$runs"
+printf '  gorun -np %d          %s\n' "$np" "$(stats "$gs")"
+printf '  mpiexec.hydra -np %d  %s\n' "$np" "$(stats "$hs")"
+printf '  ratio gorun/hydra     %s  (goal <= 0.5)\n' "$(ratio "$gs" "$hs")"
+
+if [ "${LOCAL_ONLY:-0}" = 1 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "bench-mpi: across hosts needs root (network namespaces, sshd); skipped" >&2
+  exit 0
+fi
+set_name=gm$$
+set_name=${set_name:0:8}
+env_out=$(bash tests/testhosts/netns-up.sh "$nhosts" "$set_name" --owner $$)
+ssh_config=$(sed -n 's/^SSH_CONFIG=//p' <<<"$env_out")
+state=$(sed -n 's/^STATE=//p' <<<"$env_out")
+bridge_addr=$(sed -n 's/^BRIDGE_ADDR=//p' <<<"$env_out")
+sed "s/\$/ slots=$slots/" "$state/hostfile" >"$work/hosts.gorun"
+sed "s/\$/:$slots/" "$state/hostfile" >"$work/hosts.hydra"
+# Hydra's -launcher-exec takes a program, not a command line. Both sides
+# get the curve25519 key exchange gorun asks OpenSSH 9 for by default, so
+# the ssh work is equal and only the launchers differ.
+fast_kex="-o KexAlgorithms=^curve25519-sha256,curve25519-sha256@libssh.org"
+printf '#!/bin/sh\nexec ssh -F %s %s "$@"\n' "$ssh_config" "$fast_kex" >"$work/ssh"
+chmod +x "$work/ssh"
+gm=("$gorun" --launch-agent "ssh -F $ssh_config" -hostfile "$work/hosts.gorun" "$prog" barrier)
+# -localhost: Hydra's proxies on the hosts connect back to this address
+# (the hosts' bridge), not to this machine's hostname, which they cannot
+# resolve to a reachable address.
+hm=(mpiexec.hydra -localhost "$bridge_addr" -launcher ssh -launcher-exec "$work/ssh" -f "$work/hosts.hydra"
+  -np $((nhosts * slots)) "$prog" barrier)
+"${gm[@]}" >/dev/null 2>&1 || true
+"${hm[@]}" >/dev/null 2>&1 || true
+g=() h=()
+for ((i = 0; i < runs; i++)); do
+  g+=("$(elapsed "${gm[@]}")")
+  h+=("$(elapsed "${hm[@]}")")
+done
+gs=$(printf '%s\n' "${g[@]}") hs=$(printf '%s\n' "${h[@]}")
+printf 'the same, %d namespace hosts x %d ranks over ssh, %d runs each, alternating\n' "$nhosts" "$slots" "$runs"
+printf '  gorun -hostfile       %s\n' "$(stats "$gs")"
+printf '  mpiexec.hydra -f      %s\n' "$(stats "$hs")"
+printf '  ratio gorun/hydra     %s  (goal <= 1)\n' "$(ratio "$gs" "$hs")"

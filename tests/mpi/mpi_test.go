@@ -1,0 +1,330 @@
+package mpi
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
+)
+
+// Built once for the package by TestMain (see main_test.go).
+var (
+	gorunBin, mpichProg, ompiProg string
+	setupErr                      error
+	missing                       string // a tool the tests need that is not installed
+)
+
+// run is one gorun run of an MPI program, bounded in time.
+type run struct {
+	t              *testing.T
+	token          string
+	cmd            *exec.Cmd
+	stdout, stderr syncBuffer
+}
+
+func newRun(t *testing.T, args ...string) *run {
+	t.Helper()
+	requireMPI(t)
+	r := &run{t: t, token: launchertest.NewToken(t.Name())}
+	// The token marks every rank (and anything a rank starts), so the
+	// orphan check finds exactly this run's processes.
+	a := append([]string{"--grace", "3s", "-x", launchertest.TokenEnv + "=" + r.token}, args...)
+	r.cmd = exec.Command(gorunBin, a...)
+	r.cmd.Stdout, r.cmd.Stderr = &r.stdout, &r.stderr
+	return r
+}
+
+func (r *run) start() {
+	r.t.Helper()
+	if err := r.cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// wait returns gorun's exit code; a run longer than a minute is a hang.
+func (r *run) wait() int {
+	r.t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- r.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		} else if err != nil {
+			r.t.Fatal(err)
+		}
+		return 0
+	case <-time.After(time.Minute):
+		_ = r.cmd.Process.Kill()
+		<-done
+		r.t.Fatalf("gorun hangs (killed after a minute)\nstdout:\n%s\nstderr:\n%s", r.stdout.String(), r.stderr.String())
+		return -1
+	}
+}
+
+// noSurvivors fails the test when any process of the run is left.
+func (r *run) noSurvivors() {
+	r.t.Helper()
+	var left []int
+	if !launchertest.WaitFor(10*time.Second, func() bool { left = launchertest.Survivors(r.token); return len(left) == 0 }) {
+		r.t.Errorf("processes of the job survive: %v", left)
+	}
+}
+
+// TestWorlds runs the checks (rank/size, Allreduce, Bcast, Comm_split, a
+// ring) under gorun -np 1..4, in both PMI modes for 3 ranks: every rank
+// must see the whole world, not a singleton, and every value must be the
+// one the placement implies.
+func TestWorlds(t *testing.T) {
+	for _, tc := range []struct {
+		np  int
+		pmi string
+	}{{1, "fd"}, {2, "fd"}, {3, "fd"}, {4, "fd"}, {3, "port"}} {
+		t.Run(fmt.Sprintf("np%d-%s", tc.np, tc.pmi), func(t *testing.T) {
+			r := newRun(t, "-np", strconv.Itoa(tc.np), "--pmi", tc.pmi, mpichProg, "check")
+			r.start()
+			if code := r.wait(); code != 0 {
+				t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", code, r.stdout.String(), r.stderr.String())
+			}
+			checkWorld(t, r.stdout.String(), tc.np, nil)
+		})
+	}
+}
+
+// checkWorld verifies the "ok" lines of np ranks. hosts, when set, maps
+// each rank to the host it must run on.
+func checkWorld(t *testing.T, out string, np int, hosts map[int]string) {
+	t.Helper()
+	got := map[string]bool{}
+	for _, l := range strings.Split(out, "\n") {
+		// Tagged output ("[rank,host] line") is reduced to the line.
+		if i := strings.Index(l, "] "); strings.HasPrefix(l, "[") && i > 0 {
+			l = l[i+2:]
+		}
+		if strings.HasPrefix(l, "FAIL") {
+			t.Errorf("the program saw a wrong value: %s", l)
+		}
+		if strings.HasPrefix(l, "ok ") {
+			got[l] = true
+		}
+	}
+	var want []string
+	for rank := range np {
+		host, _ := os.Hostname()
+		if hosts != nil {
+			host = hosts[rank]
+		}
+		want = append(want,
+			fmt.Sprintf("ok world rank=%d size=%d host=%s", rank, np, host),
+			fmt.Sprintf("ok allreduce rank=%d sum=%d", rank, np*(np+1)/2),
+			fmt.Sprintf("ok bcast rank=%d val=%d", rank, 4242+np))
+		n, hsum, hrank := 0, 0, 0
+		for r := rank % 2; r < np; r += 2 {
+			n++
+			hsum += r
+			if r > rank {
+				hrank++ // key -rank: higher ranks come first
+			}
+		}
+		want = append(want, fmt.Sprintf("ok split rank=%d color=%d hrank=%d hsize=%d hsum=%d", rank, rank%2, hrank, n, hsum))
+	}
+	want = append(want, fmt.Sprintf("ok ring rank=0 token=%d", np*(np+1)/2))
+	var miss []string
+	for _, w := range want {
+		if !got[w] {
+			miss = append(miss, w)
+		}
+	}
+	if len(miss) > 0 || len(got) != len(want) {
+		sort.Strings(miss)
+		t.Errorf("%d of %d expected lines missing (%d lines seen):\n%s\noutput:\n%s", len(miss), len(want), len(got), strings.Join(miss, "\n"), out)
+	}
+}
+
+// TestAbort: MPI_Abort on rank 1 of 3 ends the job with its code and one
+// line naming it; the ranks waiting in MPI_Barrier are stopped, none
+// survives.
+func TestAbort(t *testing.T) {
+	r := newRun(t, "-np", "3", mpichProg, "abort", "1", "7")
+	r.start()
+	if code := r.wait(); code != 7 {
+		t.Fatalf("gorun exited %d, want 7 (the abort code)\nstderr:\n%s", code, r.stderr.String())
+	}
+	if want := regexp.MustCompile(`gorun: rank 1 \(host \S+, pid \d+\) called MPI_Abort with code 7; stopped 2 other ranks`); !want.MatchString(r.stderr.String()) {
+		t.Errorf("stderr does not name the aborting rank as %q:\n%s", want, r.stderr.String())
+	}
+	r.noSurvivors()
+}
+
+// TestNoFinalize: a rank that returns 0 after MPI_Init without
+// MPI_Finalize would leave the others in MPI_Barrier forever; gorun ends
+// the job naming it, with exit code 1.
+func TestNoFinalize(t *testing.T) {
+	r := newRun(t, "-np", "3", mpichProg, "no-finalize", "2")
+	r.start()
+	if code := r.wait(); code != 1 {
+		t.Fatalf("gorun exited %d, want 1\nstderr:\n%s", code, r.stderr.String())
+	}
+	if want := regexp.MustCompile(`gorun: rank 2 \(host \S+, pid \d+\) exited before MPI_Finalize`); !want.MatchString(r.stderr.String()) {
+		t.Errorf("stderr does not name rank 2 as %q:\n%s", want, r.stderr.String())
+	}
+	r.noSurvivors()
+}
+
+// TestKillDuringInit and TestKillDuringCollective: a rank SIGKILLed while
+// it waits inside MPI_Init (its peers have not reached it: they never can
+// complete the PMI barrier) or in the middle of an Allreduce loop ends the
+// job with one line naming it and exit code 137, and nothing survives.
+func TestKillDuringInit(t *testing.T) {
+	killRank(t, "init-stall", "entering MPI_Init", true)
+}
+
+func TestKillDuringCollective(t *testing.T) {
+	killRank(t, "collective", "in collective", false)
+}
+
+func killRank(t *testing.T, mode, marker string, inPMIRead bool) {
+	const victim = 2
+	r := newRun(t, "-np", "4", mpichProg, mode, strconv.Itoa(victim))
+	r.start()
+	re := regexp.MustCompile(`pid (\d+) ` + marker)
+	var pid int
+	if !launchertest.WaitFor(30*time.Second, func() bool {
+		m := re.FindStringSubmatch(r.stdout.String())
+		if m != nil {
+			pid, _ = strconv.Atoi(m[1])
+		}
+		return m != nil
+	}) {
+		_ = r.cmd.Process.Kill()
+		r.wait()
+		t.Fatalf("rank %d never said %q\nstdout:\n%s\nstderr:\n%s", victim, marker, r.stdout.String(), r.stderr.String())
+	}
+	if inPMIRead {
+		// Inside MPI_Init for sure: blocked reading its PMI socket
+		// (descriptor 3), waiting for a barrier its peers cannot reach.
+		// /proc/PID/syscall shows "0 0x3 ..." for read(3, ...).
+		if !launchertest.WaitFor(20*time.Second, func() bool {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/syscall", pid))
+			return strings.HasPrefix(string(b), "0 0x3 ")
+		}) {
+			t.Errorf("rank %d (pid %d) never blocked reading its PMI socket", victim, pid)
+		}
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(); code != 128+9 {
+		t.Fatalf("gorun exited %d, want 137\nstderr:\n%s", code, r.stderr.String())
+	}
+	want := fmt.Sprintf("gorun: rank %d (host localhost, pid %d) killed by signal 9 (killed); stopped 3 other ranks", victim, pid)
+	if !strings.Contains(r.stderr.String(), want) {
+		t.Errorf("stderr does not say %q:\n%s", want, r.stderr.String())
+	}
+	r.noSurvivors()
+}
+
+// TestOpenMPIRefused: an Open MPI program would run as one singleton per
+// rank; gorun refuses it before any rank starts, saying why and what to
+// do, and runs it (as singletons, as asked) only with --pmi none.
+func TestOpenMPIRefused(t *testing.T) {
+	requireMPI(t)
+	if ompiProg == "" {
+		t.Skip("skipping: mpicc.openmpi is not installed (Debian libopenmpi-dev)")
+	}
+	r := newRun(t, "-np", "2", ompiProg, "check")
+	r.start()
+	if code := r.wait(); code != 127 {
+		t.Fatalf("gorun exited %d, want 127\nstdout:\n%s\nstderr:\n%s", code, r.stdout.String(), r.stderr.String())
+	}
+	for _, want := range []string{"linked against Open MPI", "libmpi.so.40", "mpirun", "mpicc.mpich"} {
+		if !strings.Contains(r.stderr.String(), want) {
+			t.Errorf("refusal does not mention %q:\n%s", want, r.stderr.String())
+		}
+	}
+	if r.stdout.Len() != 0 {
+		t.Errorf("a rank ran: %q", r.stdout.String())
+	}
+}
+
+// TestEnvironmentHonest: with PMI served a rank sees PMI_FD and no OMPI_*
+// variable; with --pmi none it sees no PMI_* variable at all.
+func TestEnvironmentHonest(t *testing.T) {
+	requireMPI(t)
+	for _, tc := range []struct {
+		pmi        string
+		want, none []string
+	}{
+		{"fd", []string{"PMI_RANK=1", "PMI_SIZE=2", "PMI_FD=3"}, []string{"PMI_PORT", "PMI_ID", "OMPI_"}},
+		{"port", []string{"PMI_RANK=1", "PMI_SIZE=2", "PMI_PORT=127.0.0.1:", "PMI_ID="}, []string{"PMI_FD", "OMPI_"}},
+		{"none", nil, []string{"PMI_", "OMPI_"}},
+	} {
+		t.Run(tc.pmi, func(t *testing.T) {
+			// Inherited values (gorun run under another launcher) must
+			// not leak through.
+			r := newRun(t, "-np", "2", "--pmi", tc.pmi, "/bin/sh", "-c", `if [ "$RANK" = 1 ]; then env; fi`)
+			r.cmd.Env = append(os.Environ(), "PMI_FD=9", "PMI_PORT=elsewhere:1", "PMI_ID=5", "OMPI_COMM_WORLD_RANK=9")
+			r.start()
+			if code := r.wait(); code != 0 {
+				t.Fatalf("gorun exited %d\nstderr:\n%s", code, r.stderr.String())
+			}
+			env := "\n" + r.stdout.String()
+			for _, w := range tc.want {
+				if !strings.Contains(env, "\n"+w) {
+					t.Errorf("rank 1's environment lacks %s", w)
+				}
+			}
+			for _, n := range tc.none {
+				if strings.Contains(env, "\n"+n) {
+					t.Errorf("rank 1's environment has %s*:\n%s", n, env)
+				}
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for exec's writer goroutines and the
+// test's polling reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func (s *syncBuffer) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Len()
+}
+
+// build compiles the test program with an MPI compiler wrapper into dir.
+func build(cc, dir, name string) (string, error) {
+	out := filepath.Join(dir, name)
+	b, err := exec.Command(cc, "-O1", "-Wall", "-o", out, "testdata/mpiprog.c").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%s: %v\n%s", cc, err, b)
+	}
+	return out, nil
+}
