@@ -24,6 +24,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/netif"
+	"github.com/gorun-hpc/gorun/rankenv"
 )
 
 // The host agent: `gorun agent --connect ADDR ...`, started on every host
@@ -217,7 +218,18 @@ func runHostAgent(o AgentOptions, key []byte, log zerolog.Logger, stderr io.Writ
 		break
 	}
 	ports.Release()
-	return relay(w, job, hello, m.Ranks, m.PMI, log, stderr)
+	return relay(w, job, hello, specWithSecret(m.Ranks, key), m.PMI, log, stderr)
+}
+
+// specWithSecret gives every rank the job secret this agent holds: gorun
+// leaves it out of the spec (withoutSecret), since the connection is not
+// encrypted.
+func specWithSecret(ranks []remoteRank, key []byte) []remoteRank {
+	kv := rankenv.Secret + "=" + hex.EncodeToString(key)
+	for i := range ranks {
+		ranks[i].Env = append(ranks[i].Env, kv)
+	}
+	return ranks
 }
 
 // children are the agents a host agent started for gorun (tree fan-out):

@@ -23,6 +23,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/connlimit"
 	"github.com/gorun-hpc/gorun/netif"
+	"github.com/gorun-hpc/gorun/rankenv"
 )
 
 // Multi-host runs: gorun listens on the interface that routes to the hosts,
@@ -865,7 +866,7 @@ func (m *multi) run(ctx context.Context, plan *Plan) error {
 		n := plan.Nodes[c.node]
 		var ranks []remoteRank
 		for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
-			ranks = append(ranks, remoteRank{Rank: rk, Env: plan.Ranks[rk].Env})
+			ranks = append(ranks, remoteRank{Rank: rk, Env: withoutSecret(plan.Ranks[rk].Env)})
 		}
 		if err := c.w.send(wireMsg{T: "spec", Ranks: ranks, PMI: pj}); err != nil {
 			r.log.Debug().Err(err).Str("host", n.Name).Msg("sending the spec failed")
@@ -882,6 +883,20 @@ func (m *multi) run(ctx context.Context, plan *Plan) error {
 	r.wg.Wait()
 	m.reapLaunchers(m.cfg.Grace + 2*time.Second)
 	return err
+}
+
+// withoutSecret drops the job secret from a rank's environment before it
+// crosses the agent connection, which is authenticated but not encrypted:
+// the agent holds the secret already (it proved so) and puts it back
+// (specWithSecret), so a reader of the network never sees it.
+func withoutSecret(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, rankenv.Secret+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // forwardStdin copies gorun's stdin to rank 0's agent as stdin frames

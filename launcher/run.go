@@ -189,8 +189,13 @@ func Run(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *PortR
 	}
 	r.sendCmd = func(c agentCmd) { _ = r.send(c) }
 	r.killGroup = func(pgid int) { _ = syscall.Kill(-pgid, syscall.SIGKILL) }
+	start := time.Now()
 	err = r.loop(ctx)
 	r.finish()
+	if err != nil {
+		r.printFlight("the job failed", start)
+	}
+	r.removeFlight()
 	return err
 }
 
@@ -236,6 +241,9 @@ type runner struct {
 	// fences gathers the supervisors' PMI barriers (pmi.go); hosts is
 	// the number of supervisors.
 	fences pmiFences
+	// flightDir holds the ranks' flight records (flight.go); flightTemp
+	// is the same directory when Run made it and removes it.
+	flightDir, flightTemp string
 }
 
 // prepareOutput opens the per-rank log files.
@@ -274,6 +282,9 @@ func (r *runner) prepareRanks(prog Program) (*agentSpec, error) {
 		base = os.Environ()
 	}
 	base = scrubLaunchEnv(base)
+	if v := r.prepareFlight(); v != "" {
+		base = mergeEnv(base, []string{v})
+	}
 	spec := &agentSpec{Grace: r.cfg.Grace, LogLevel: r.log.GetLevel()}
 	pj, err := pmiJobFor(r.plan, r.cfg.PMI)
 	if err != nil {
@@ -573,6 +584,8 @@ func (r *runner) loop(ctx context.Context) error {
 		}
 	}
 	ctxDone := ctx.Done()
+	var flightTimer <-chan time.Time // SIGUSR2: when to merge the ranks' dumps
+	var flightAsked time.Time
 
 	for !done {
 		select {
@@ -668,6 +681,17 @@ func (r *runner) loop(ctx context.Context) error {
 			case 0:
 			default:
 				r.sendCmd(agentCmd{Op: "signal", Signal: int(sig)})
+				if sig == syscall.SIGUSR2 && r.flightDir != "" {
+					// The ranks dump their flight records (comm); merge them
+					// once they have had time to.
+					flightAsked = time.Now()
+					flightTimer = time.After(flightWait)
+				}
+			}
+		case <-flightTimer:
+			flightTimer = nil
+			if !r.printFlight("SIGUSR2", flightAsked) {
+				r.stderr.write([]byte("gorun: SIGUSR2: no rank wrote flight records (no communicator open?)\n"))
 			}
 		}
 	}

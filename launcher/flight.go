@@ -1,0 +1,74 @@
+package launcher
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/gorun-hpc/gorun/comm"
+)
+
+// Flight records: every rank's communicators write their recent calls to
+// the job's flight directory (comm.FlightDirEnv) when they fail and on
+// SIGUSR2, which gorun forwards to the ranks like any other signal; gorun
+// then merges what the ranks wrote into one table that marks the first
+// sequence number where the ranks disagree. The directory is
+// <output-dir>/flight with --output-dir, else a temporary directory
+// removed at the end of the job. Single-host runs only: on other hosts the
+// records go to the ranks' logs.
+
+// flightWait is how long gorun waits for the ranks' dumps after forwarding
+// SIGUSR2 before printing what arrived.
+const flightWait = time.Second
+
+// prepareFlight makes the job's flight directory and returns the variable
+// that names it for the ranks ("" when it cannot be made: records then go
+// to the ranks' logs only).
+func (r *runner) prepareFlight() string {
+	dir := ""
+	var err error
+	if r.cfg.OutputDir != "" {
+		dir = filepath.Join(r.cfg.OutputDir, "flight")
+		err = os.MkdirAll(dir, 0o755)
+	} else {
+		dir, err = os.MkdirTemp("", "gorun-flight-")
+		r.flightTemp = dir
+	}
+	if err != nil {
+		r.log.Warn().Err(err).Msg("no flight-record directory; records go to the ranks' logs only")
+		return ""
+	}
+	r.flightDir = dir
+	return comm.FlightDirEnv + "=" + dir
+}
+
+// printFlight merges the dumps in the flight directory written since `since`
+// and prints the table to gorun's stderr. It reports whether there was any.
+func (r *runner) printFlight(why string, since time.Time) bool {
+	if r.flightDir == "" {
+		return false
+	}
+	dumps, err := comm.ReadFlightDumps(r.flightDir)
+	if err != nil {
+		r.log.Warn().Err(err).Msg("reading flight records")
+	}
+	fresh := dumps[:0]
+	for _, d := range dumps {
+		if !d.Time.Before(since) {
+			fresh = append(fresh, d)
+		}
+	}
+	if len(fresh) == 0 {
+		return false
+	}
+	r.stderr.write(fmt.Appendf(nil, "gorun: flight records (%s), merged from %d dumps in %s:\n%s", why, len(fresh), r.flightDir, comm.FlightTable(fresh)))
+	return true
+}
+
+// removeFlight removes the temporary flight directory.
+func (r *runner) removeFlight() {
+	if r.flightTemp != "" {
+		_ = os.RemoveAll(r.flightTemp)
+	}
+}
