@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""The torch gloo side of scripts/bench-compare.sh.
+"""The torch side of scripts/bench-compare.sh and scripts/bench-torch.sh.
 
-Times torch.distributed.all_reduce (float32 sum, gloo backend) over the same
+Times torch.distributed.all_reduce (float32 sum; --backend gloo, the default,
+or gorun, the backend in python/) over the same
 sweep as `gorun bench allreduce` and prints the nccl-tests table, so that
 `gorun bench report` reads it next to gorun's and Open MPI's results: time is
 the maximum over ranks of the mean per iteration, busbw = algbw * 2(n-1)/n,
@@ -9,12 +10,13 @@ the maximum over ranks of the mean per iteration, busbw = algbw * 2(n-1)/n,
 so the sum is exact).
 
 Launch with anything that sets torch's variables (RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT): `gorun -np 2 python3 gloo_allreduce.py ...`,
+MASTER_ADDR, MASTER_PORT): `gorun -np 2 python3 torch_allreduce.py ...`,
 torchrun, or by hand.
 """
 import argparse
 import os
 import socket
+import sys
 import time
 
 import torch
@@ -61,17 +63,24 @@ def main():
     p.add_argument("-n", type=int, default=20)
     p.add_argument("-w", type=int, default=5)
     p.add_argument("-c", type=int, default=1)
+    p.add_argument("--backend", default="gloo", help="gloo or gorun")
     a = p.parse_args()
     minb, maxb = parse_size(a.b), parse_size(a.e)
 
-    dist.init_process_group("gloo")
+    if a.backend == "gorun":
+        try:
+            import gorun  # noqa: F401  (registers the backend)
+        except ImportError:  # a checkout without `make python`
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+            import gorun  # noqa: F401
+    dist.init_process_group(a.backend)
     rank, n = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     me = [socket.gethostname(), os.getpid()]
     everyone = [None] * n
     dist.all_gather_object(everyone, me)
     if rank == 0:
-        print("# torch %s gloo allreduce, nccl-tests layout" % torch.__version__)
+        print("# torch %s %s allreduce, nccl-tests layout" % (torch.__version__, a.backend))
         print("# nRanks %d minBytes %d maxBytes %d step: %d(factor) warmup iters: %d iters: %d validation: %d"
               % (n, minb, maxb, a.f, a.w, a.n, a.c))
         print("#\n# Using ranks")
