@@ -2,11 +2,14 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/nccl"
 )
 
 // RankInfo is one line of the header: where a rank runs and over what it
@@ -24,13 +27,21 @@ type linkKinder interface{ LinkKinds() []string }
 // runner is the state of one rank's sweep.
 type runner struct {
 	cfg   *Config
-	c     comm.Communicator
+	c     comm.Communicator // the communicator measured
+	ctl   comm.Communicator // host-memory reductions of times and wrong counts (c itself on CPUs)
 	n, me int
 	es    int
 	io    elems
 	gen   valueGen
 
 	send, recv []byte // largest buffers of the sweep; calls use prefixes
+
+	// With --device cuda: the device twins of send and recv (same layout;
+	// the host ones are then staging for the check), the expected output
+	// and the wrong-element counter of the device-side check.
+	dev                         *nccl.Device
+	dsend, drecv, dwant, dwrong *nccl.DeviceBuffer
+	want                        []byte
 
 	// corrupt, when set (tests only), damages an output after a checked
 	// call and before it is verified, to prove the checker catches it.
@@ -48,10 +59,13 @@ type runner struct {
 // required and not every link is shared memory, and comm's error when a
 // collective fails (a lost peer, a cancelled ctx).
 func Run(ctx context.Context, cfg Config, c comm.Communicator, ranks []RankInfo) (*Report, error) {
-	return run(ctx, cfg, c, ranks, nil)
+	return run(ctx, cfg, c, c, ranks, nil)
 }
 
-func run(ctx context.Context, cfg Config, c comm.Communicator, ranks []RankInfo, corrupt func(int, bool, []byte)) (*Report, error) {
+// run is Run with a separate control communicator ctl (host memory) for the
+// reductions of times and wrong counts, which a GPU communicator cannot
+// take, and the checker's test hook.
+func run(ctx context.Context, cfg Config, c, ctl comm.Communicator, ranks []RankInfo, corrupt func(int, bool, []byte)) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -59,7 +73,7 @@ func run(ctx context.Context, cfg Config, c comm.Communicator, ranks []RankInfo,
 	if cfg.Op.Rooted() && cfg.Root >= n {
 		return nil, &UsageError{Problem: fmt.Sprintf("-r %d: root outside the %d ranks", cfg.Root, n)}
 	}
-	r := &runner{cfg: &cfg, c: c, n: n, me: me, es: cfg.DType.Size(), io: elemsOf(cfg.DType),
+	r := &runner{cfg: &cfg, c: c, ctl: ctl, n: n, me: me, es: cfg.DType.Size(), io: elemsOf(cfg.DType),
 		gen: newValueGen(&cfg, n), corrupt: corrupt}
 
 	kinds, err := r.transports(ctx)
@@ -83,6 +97,12 @@ func run(ctx context.Context, cfg Config, c comm.Communicator, ranks []RankInfo,
 		maxBuf = max(maxBuf, sh.bytes(r.es))
 	}
 	r.send, r.recv = alignedBytes(maxSend), alignedBytes(maxBuf)
+	if nc, ok := c.(*nccl.Comm); ok {
+		if err := r.allocDevice(nc.Device(), maxSend, maxBuf); err != nil {
+			return rep, fmt.Errorf("bench: %w", err)
+		}
+		defer r.freeDevice()
+	}
 
 	out := cfg.Out
 	if me != 0 {
@@ -132,6 +152,13 @@ func (r *runner) transports(ctx context.Context) ([]string, error) {
 		shm
 		other
 	)
+	if r.cfg.Device == DeviceCUDA {
+		out := make([]string, r.n)
+		for i := range out {
+			out[i] = "nccl"
+		}
+		return out, nil
+	}
 	var mine uint8
 	if lk, ok := r.c.(linkKinder); ok {
 		for _, k := range lk.LinkKinds() {
@@ -147,7 +174,7 @@ func (r *runner) transports(ctx context.Context) ([]string, error) {
 		}
 	}
 	all := make([]uint8, r.n)
-	if err := r.c.AllGather(ctx, comm.Uint8s([]uint8{mine}), comm.Uint8s(all)).Wait(ctx); err != nil {
+	if err := r.ctl.AllGather(ctx, comm.Uint8s([]uint8{mine}), comm.Uint8s(all)).Wait(ctx); err != nil {
 		return nil, err
 	}
 	out := make([]string, r.n)
@@ -204,9 +231,7 @@ func (doneHandle) Done() bool                 { return true }
 
 // issue starts one collective and returns the handle that completes last.
 func (r *runner) issue(ctx context.Context, send, recv []byte) comm.Handle {
-	dt := r.cfg.DType
-	sb, _ := comm.Bytes(dt, send)
-	rb, _ := comm.Bytes(dt, recv)
+	sb, rb := r.view(send), r.view(recv)
 	c, cfg := r.c, r.cfg
 	switch cfg.Op {
 	case AllReduce:
@@ -222,6 +247,14 @@ func (r *runner) issue(ctx context.Context, send, recv []byte) comm.Handle {
 	case AllToAll:
 		return c.AllToAll(ctx, sb, rb)
 	case SendRecv:
+		if nc, ok := c.(*nccl.Comm); ok {
+			// nccl-tests' sendrecv: one NCCL group of the send to the
+			// next rank and the receive from the previous one.
+			g := nc.Group()
+			g.Send(sb, (r.me+1)%r.n)
+			g.Recv(rb, (r.me+r.n-1)%r.n)
+			return g.Issue(ctx)[1]
+		}
 		// Each rank sends to the next and receives from the previous, as
 		// nccl-tests' sendrecv. comm's Send and Recv hold the queue like
 		// blocking MPI calls, so even ranks send first and odd ranks
@@ -316,11 +349,11 @@ func (r *runner) row(ctx context.Context, size int64) (Row, error) {
 			wrong[p] = w
 		}
 	}
-	if err := r.c.AllReduce(ctx, comm.Float64s(times), comm.Float64s(times), comm.Max).Wait(ctx); err != nil {
+	if err := r.ctl.AllReduce(ctx, comm.Float64s(times), comm.Float64s(times), comm.Max).Wait(ctx); err != nil {
 		return row, fmt.Errorf("bench: reducing times: %w", err)
 	}
 	if cfg.Check && cfg.Op != Barrier {
-		if err := r.c.AllReduce(ctx, comm.Int64s(wrong), comm.Int64s(wrong), comm.Sum).Wait(ctx); err != nil {
+		if err := r.ctl.AllReduce(ctx, comm.Int64s(wrong), comm.Int64s(wrong), comm.Sum).Wait(ctx); err != nil {
 			return row, fmt.Errorf("bench: reducing wrong counts: %w", err)
 		}
 	}
@@ -354,11 +387,24 @@ func (r *runner) checked(ctx context.Context, sh shape, send, recv []byte, inPla
 	for j := range sh.sendCount {
 		io.set(send, j, r.gen.at(me, j))
 	}
+	if r.dev != nil {
+		// The host buffers are staging with the device buffers' layout:
+		// the output (sentinels, and the input when in place) then the
+		// input go up.
+		if err := r.upload(recv); err != nil {
+			return 0, err
+		}
+		if err := r.upload(send); err != nil {
+			return 0, err
+		}
+	}
 	if err := r.issue(ctx, send, recv).Wait(ctx); err != nil {
 		return 0, err
 	}
 	if r.corrupt != nil {
-		r.corrupt(me, inPlace, recv)
+		if err := r.corruptOutput(me, inPlace, recv); err != nil {
+			return 0, err
+		}
 	}
 	per := sh.paramCount
 	var expect func(j int) float64
@@ -383,6 +429,9 @@ func (r *runner) checked(ctx context.Context, sh shape, send, recv []byte, inPla
 		expect = func(j int) float64 { return quantize(cfg.DType, r.gen.at(left, j)) }
 	default:
 		return 0, nil
+	}
+	if r.dev != nil {
+		return r.countWrongOnDevice(recv, sh.recvCount, expect)
 	}
 	var wrong int64
 	for j := range sh.recvCount {
@@ -423,4 +472,128 @@ func ParseRedOp(s string) (comm.Op, error) {
 		return 0, &UsageError{Problem: fmt.Sprintf("-o %q: expected sum, prod, min, max or avg", s)}
 	}
 	return op, nil
+}
+
+// allocDevice makes the device twins of the host buffers (--device cuda).
+func (r *runner) allocDevice(d *nccl.Device, maxSend, maxBuf int64) error {
+	es, dt := int64(r.es), r.cfg.DType
+	r.dev = d
+	var err error
+	if r.dsend, err = d.Alloc(dt, int(maxSend/es)); err != nil {
+		return err
+	}
+	if r.drecv, err = d.Alloc(dt, int(maxBuf/es)); err != nil {
+		return err
+	}
+	if r.dwant, err = d.Alloc(dt, int(maxBuf/es)); err != nil {
+		return err
+	}
+	if r.dwrong, err = d.Alloc(comm.Int64, 1); err != nil {
+		return err
+	}
+	r.want = alignedBytes(maxBuf)
+	return nil
+}
+
+func (r *runner) freeDevice() {
+	for _, b := range []*nccl.DeviceBuffer{r.dsend, r.drecv, r.dwant, r.dwrong} {
+		if b != nil {
+			_ = b.Free()
+		}
+	}
+}
+
+// view is the Buffer a call uses for b, a part of r.send or r.recv: b
+// itself in host memory, or the same part of the device twin.
+func (r *runner) view(b []byte) comm.Buffer {
+	if r.dev == nil {
+		hb, _ := comm.Bytes(r.cfg.DType, b)
+		return hb
+	}
+	db, _ := r.deviceTwin(b)
+	return db
+}
+
+// deviceTwin maps a part of r.send or r.recv to the same elements of
+// r.dsend or r.drecv.
+func (r *runner) deviceTwin(b []byte) (*nccl.DeviceBuffer, error) {
+	for _, p := range []struct {
+		host []byte
+		dev  *nccl.DeviceBuffer
+	}{{r.send, r.dsend}, {r.recv, r.drecv}} {
+		if len(p.host) == 0 {
+			continue
+		}
+		base := uintptr(unsafe.Pointer(unsafe.SliceData(p.host)))
+		at := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+		if at >= base && at+uintptr(len(b)) <= base+uintptr(len(p.host)) {
+			off := int(at-base) / r.es
+			return p.dev.Slice(off, off+len(b)/r.es)
+		}
+	}
+	// Empty parts (a 0-byte row) need no memory.
+	return r.dsend.Slice(0, 0)
+}
+
+// upload copies a part of the host staging into its device twin.
+func (r *runner) upload(b []byte) error {
+	db, err := r.deviceTwin(b)
+	if err != nil {
+		return err
+	}
+	return db.CopyFrom(b)
+}
+
+// corruptOutput applies the test hook to the output, wherever it lives.
+func (r *runner) corruptOutput(me int, inPlace bool, recv []byte) error {
+	if r.dev == nil {
+		r.corrupt(me, inPlace, recv)
+		return nil
+	}
+	db, err := r.deviceTwin(recv)
+	if err != nil {
+		return err
+	}
+	if err := db.CopyTo(recv); err != nil {
+		return err
+	}
+	r.corrupt(me, inPlace, recv)
+	return db.CopyFrom(recv)
+}
+
+// countWrongOnDevice is the device-side check: the expected output goes up
+// once, and a kernel compares it with the output bitwise and counts the
+// differing elements on the GPU, so the output itself never comes down.
+func (r *runner) countWrongOnDevice(recv []byte, count int, expect func(int) float64) (int64, error) {
+	want := r.want[:len(recv)]
+	for j := range count {
+		r.io.set(want, j, expect(j))
+	}
+	got, err := r.deviceTwin(recv)
+	if err != nil {
+		return 0, err
+	}
+	dwant, err := r.dwant.Slice(0, count)
+	if err != nil {
+		return 0, err
+	}
+	if err := dwant.CopyFrom(want); err != nil {
+		return 0, err
+	}
+	if err := r.dwrong.Zero(); err != nil {
+		return 0, err
+	}
+	// The legacy default stream: the collective was waited for, and the
+	// synchronous copies above ran on it.
+	if err := r.dev.CountWrong(0, got, dwant, r.dwrong); err != nil {
+		return 0, err
+	}
+	if err := r.dev.Synchronize(0); err != nil {
+		return 0, err
+	}
+	var n [8]byte
+	if err := r.dwrong.CopyTo(n[:]); err != nil {
+		return 0, err
+	}
+	return int64(binary.LittleEndian.Uint64(n[:])), nil
 }

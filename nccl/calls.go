@@ -429,7 +429,7 @@ func (c *Comm) Barrier(ctx context.Context) comm.Handle {
 
 // Send sends buf to peer (ncclSend).
 func (c *Comm) Send(ctx context.Context, buf comm.Buffer, peer int) comm.Handle {
-	l, err := c.p2p("Send", buf, peer)
+	l, err := c.p2p("Send", buf, peer, false)
 	if err != nil {
 		return c.refuse("%v", err)
 	}
@@ -438,15 +438,18 @@ func (c *Comm) Send(ctx context.Context, buf comm.Buffer, peer int) comm.Handle 
 
 // Recv receives buf from peer (ncclRecv).
 func (c *Comm) Recv(ctx context.Context, buf comm.Buffer, peer int) comm.Handle {
-	l, err := c.p2p("Recv", buf, peer)
+	l, err := c.p2p("Recv", buf, peer, false)
 	if err != nil {
 		return c.refuse("%v", err)
 	}
 	return c.one(ctx, l)
 }
 
-func (c *Comm) p2p(what string, buf comm.Buffer, peer int) (launch, error) {
-	if peer < 0 || peer >= c.n || peer == c.me {
+// p2p checks a send or receive. Only inside a group may the peer be this
+// rank (NCCL pairs the two halves in one launch; alone they would wait for
+// each other).
+func (c *Comm) p2p(what string, buf comm.Buffer, peer int, grouped bool) (launch, error) {
+	if peer < 0 || peer >= c.n || (peer == c.me && !grouped) {
 		return nil, fmt.Errorf("%s: peer %d (rank %d of %d)", what, peer, c.me, c.n)
 	}
 	if buf == nil {

@@ -25,6 +25,25 @@ type Bootstrap interface {
 	AllGather(ctx context.Context, payload []byte) ([][]byte, error)
 }
 
+// BootstrapFor returns g as a Bootstrap: g itself when it has AllGather
+// (the rendezvous' World and Group), or, for a group of one (a rank running
+// alone), a bootstrap that needs no messages.
+func BootstrapFor(g comm.Group) (Bootstrap, error) {
+	if b, ok := g.(Bootstrap); ok {
+		return b, nil
+	}
+	if g != nil && g.Size() == 1 {
+		return alone{g}, nil
+	}
+	return nil, fmt.Errorf("%w: nccl: a %T of %d ranks cannot share a unique id (use the rendezvous World or a Group from it)",
+		comm.ErrInvalidArgument, g, g.Size())
+}
+
+// alone is the Bootstrap of a group of one.
+type alone struct{ comm.Group }
+
+func (alone) AllGather(_ context.Context, p []byte) ([][]byte, error) { return [][]byte{p}, nil }
+
 // Comm is the Communicator on GPUs: one NCCL communicator, one CUDA stream
 // of its own, device buffers. See the package documentation for the
 // ordering and failure contract.

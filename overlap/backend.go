@@ -59,8 +59,8 @@ type GroupBackend interface {
 
 // SequentialGroups is the GroupBackend for communicators without group
 // semantics (comm's CPU engine): it issues the set's calls back to back,
-// which comm already pipelines. A GPU backend brackets the same loop with
-// ncclGroupStart/ncclGroupEnd.
+// which comm already pipelines. nccl.GroupBackend issues the same set
+// between ncclGroupStart and ncclGroupEnd.
 type SequentialGroups struct{}
 
 var _ GroupBackend = SequentialGroups{}
