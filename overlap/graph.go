@@ -23,7 +23,12 @@ type Tensors func(name string) (comm.Buffer, error)
 // that writes its last input (as early as data allows; the executor adds the
 // group order), each wait taken right before the first compute that reads
 // one of its outputs (as late as data allows), the rest at the end of the
-// step. Both backends (Native, Grouped) run the same plan.
+// step. A start whose input is another collective's output (hybrid
+// sharding: a reduce-scatter on the shard group, then an all-reduce of its
+// result on the replica group) is issued only after that collective's wait,
+// which the runner then takes at its plan position. Any number of process
+// groups may appear, one communicator each. Both backends (Native, Grouped)
+// run the same plan.
 type GraphRunner struct {
 	g  *stepgraph.Graph
 	ex *Executor
@@ -32,6 +37,12 @@ type GraphRunner struct {
 	after map[int][]int
 	// waitsBefore[i] lists the outputs compute node i must wait for.
 	waitsBefore map[int][]string
+	// waitFirst[i], for a wait node i, lists the outputs to wait for when
+	// the runner reaches it: the inputs of starts that read a collective's
+	// output (hybrid sharding's replica all-reduce of a reduce-scattered
+	// shard). Those starts are in after[i]: issued right after the
+	// producer's wait, never earlier, where the data would be stale.
+	waitFirst map[int][]string
 }
 
 // NewGraphRunner validates g, extracts its plan (stepgraph.Plan) and
@@ -45,12 +56,20 @@ func NewGraphRunner(g *stepgraph.Graph, comms map[string]Comm, cfg Config) (*Gra
 	if err != nil {
 		return nil, err
 	}
-	gr := &GraphRunner{g: g, ex: ex, after: map[int][]int{}, waitsBefore: map[int][]string{}}
+	gr := &GraphRunner{g: g, ex: ex, after: map[int][]int{}, waitsBefore: map[int][]string{}, waitFirst: map[int][]string{}}
 	writer := map[string]int{}
 	outOf := map[string]bool{}
+	startAt := map[string]int{}
+	waitedAt := map[string]int{} // collective output → its wait node
 	for i := range g.Nodes {
 		nd := &g.Nodes[i]
 		switch nd.Kind {
+		case stepgraph.Wait:
+			if s, ok := startAt[nd.Of]; ok {
+				for _, m := range g.Nodes[s].Members {
+					waitedAt[m.Out] = i
+				}
+			}
 		case stepgraph.Compute:
 			for _, r := range nd.Reads {
 				if outOf[r] {
@@ -62,11 +81,27 @@ func NewGraphRunner(g *stepgraph.Graph, comms map[string]Comm, cfg Config) (*Gra
 				writer[w] = i
 			}
 		case stepgraph.Start:
+			startAt[nd.Name] = i
+			// Issued after the last node that makes an input: the compute
+			// that writes it, or the wait of the collective that delivers
+			// it (Validate has checked that this wait precedes the start).
 			last := -1
+			var deps []string
 			for _, m := range nd.Members {
 				if w, ok := writer[m.In]; ok && w > last {
 					last = w
 				}
+				if w, ok := waitedAt[m.In]; ok {
+					deps = append(deps, m.In)
+					last = max(last, w)
+				}
+			}
+			// Waits are otherwise taken lazily, before their first compute
+			// reader; a start that reads a collective's output must have
+			// it complete first, wherever the start goes out (at the
+			// producer's wait, or after a later compute input).
+			if len(deps) > 0 {
+				gr.waitFirst[last] = append(gr.waitFirst[last], deps...)
 			}
 			gr.after[last] = append(gr.after[last], i)
 			for _, m := range nd.Members {
@@ -116,10 +151,29 @@ func (gr *GraphRunner) Step(ctx context.Context, step int, tensors Tensors, kern
 	if err := issue(gr.after[-1]); err != nil {
 		return fail(err)
 	}
+	waitDeps := func(i int) error {
+		for _, out := range gr.waitFirst[i] {
+			if err := ex.Wait(ctx, out); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for i := range gr.g.Nodes {
 		nd := &gr.g.Nodes[i]
+		if nd.Kind == stepgraph.Wait && len(gr.after[i]) > 0 {
+			// A producer whose output another collective reads: wait for
+			// it here, then issue its consumers.
+			if err := waitDeps(i); err != nil {
+				return fail(err)
+			}
+			if err := issue(gr.after[i]); err != nil {
+				return fail(err)
+			}
+			continue
+		}
 		if nd.Kind != stepgraph.Compute {
-			continue // starts were issued after their last writer; waits are lazy
+			continue // starts were issued after their last writer; other waits are lazy
 		}
 		for _, out := range gr.waitsBefore[i] {
 			if err := ex.Wait(ctx, out); err != nil {
@@ -134,6 +188,9 @@ func (gr *GraphRunner) Step(ctx context.Context, step int, tensors Tensors, kern
 		})
 		if err != nil {
 			return fail(fmt.Errorf("overlap: step %d: compute %q: %w", step, nd.Name, err))
+		}
+		if err := waitDeps(i); err != nil {
+			return fail(err)
 		}
 		if err := issue(gr.after[i]); err != nil {
 			return fail(err)

@@ -21,8 +21,8 @@ import (
 const actAsGorun = "GORUN_TEST_ACT_AS_GORUN_MAIN"
 
 func TestMain(m *testing.M) {
-	if launcher.IsAgent() {
-		os.Exit(launcher.AgentMain())
+	if launcher.IsSupervisor() {
+		os.Exit(launcher.SupervisorMain())
 	}
 	if os.Getenv(actAsGorun) != "" {
 		os.Unsetenv(actAsGorun)
@@ -113,6 +113,7 @@ func TestCommandLine(t *testing.T) {
 		{name: "doctor bad launcher", args: []string{"doctor", "-H", "n1", "--launcher", "rsh"}, code: 2, stderr: `gorun doctor: --launcher "rsh": expected auto, ssh or srun`},
 		{name: "doctor bad ssh-kex", args: []string{"doctor", "-H", "n1", "--ssh-kex", "pq"}, code: 2, stderr: `gorun doctor: --ssh-kex "pq": expected fast or default`},
 		{name: "bad ssh-kex", args: []string{"--ssh-kex", "pq", "-np", "1", "true"}, code: 2, stderr: `gorun: --ssh-kex "pq": expected fast or default`},
+		{name: "bad pmi", args: []string{"--pmi", "pmix", "-np", "1", "true"}, code: 2, stderr: `gorun: launcher: --pmi "pmix": expected fd, port or none`},
 		{name: "agent without gorun", args: []string{"agent"}, code: 2, stderr: "--connect and --job are required"},
 		{name: "json log", mode: "exit:0", args: []string{"-vv", "--log-format", "json", "-np", "1", "RANK"}, stderr: `"message":"rank started"`},
 	}

@@ -79,6 +79,10 @@ func TestMPIWorldTwoHostsTwoRanks(t *testing.T) {
 			fmt.Sprintf("[%d,%s] ok world rank=%d size=4 host=%s", rank, host, rank, host),
 			fmt.Sprintf("[%d,%s] ok allreduce rank=%d sum=10", rank, host, rank),
 			fmt.Sprintf("[%d,%s] ok bcast rank=%d val=4246", rank, host, rank),
+			// Two ranks per host: MPICH's node map, from gorun's
+			// PMI_process_mapping, must say so (the namespace hosts
+			// share one /dev/shm, so a wrong map would still run).
+			fmt.Sprintf("[%d,%s] ok node rank=%d nodesize=2", rank, host, rank),
 		} {
 			if !strings.Contains(out, want) {
 				t.Errorf("missing %q\noutput:\n%s", want, out)

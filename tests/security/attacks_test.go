@@ -60,7 +60,9 @@ func TestAttacksOnASingleHostJob(t *testing.T) {
 // job once used (@gorun-<job>-<host>) and connects to every gorun attach
 // socket there; and holds 1500 connections to a rank's data port on each
 // host. The job must start, run and give the right all-reduce, gorun and
-// the ranks stay bounded, and the job secret is in no process's arguments.
+// the ranks stay bounded, the job secret is in no process's arguments, and
+// it never crosses the hosts' network in clear (every frame on the bridge
+// is captured and searched).
 func TestAttacksAcrossHosts(t *testing.T) {
 	h := requireHosts(t)
 	agentPort := attack(t, "", "agent-port", "10s", h.Set)
@@ -69,6 +71,7 @@ func TestAttacksAcrossHosts(t *testing.T) {
 		squats = append(squats, attack(t, host, "squat-watch", host, "60s"))
 	}
 	time.Sleep(300 * time.Millisecond) // the watchers are up
+	sn := sniff(t, h.Bridge)
 	j := startJob(t, slowSSH(h), "-H", h.Hosts[0]+":2,"+h.Hosts[1]+":2")
 	addrs, pids := j.ready(4)
 	var holds []func() string
@@ -78,8 +81,12 @@ func TestAttacksAcrossHosts(t *testing.T) {
 	waitHeld(t, holds, 2)
 	checkBounded(t, "rank", pids)
 	checkBounded(t, "gorun", []int{j.cmd.Process.Pid})
-	checkSecretNotInArgs(t, pids[0])
+	secret := checkSecretNotInArgs(t, pids[0])
 	j.finish(4)
+	sn.close()
+	if found, n := sn.contains(secret); found || n < 100 {
+		t.Errorf("%d frames captured on %s; the job secret crossed the network in clear: %v", n, h.Bridge, found)
+	}
 	out := agentPort()
 	if !regexp.MustCompile(`hellos=[1-9]\d* held=300 still-open=0 `).MatchString(out) {
 		t.Errorf("agent-port attack: %s\nwant hellos sent, 300 connections made and none left open by gorun", out)
@@ -225,7 +232,7 @@ func checkShm(t *testing.T) {
 
 // checkSecretNotInArgs reads the job secret from a rank's environment (as
 // root) and looks for it in every process's command line.
-func checkSecretNotInArgs(t *testing.T, rankPid int) {
+func checkSecretNotInArgs(t *testing.T, rankPid int) string {
 	t.Helper()
 	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", rankPid))
 	if err != nil {
@@ -250,6 +257,7 @@ func checkSecretNotInArgs(t *testing.T, rankPid int) {
 			t.Errorf("pid %s has the job secret in its arguments: %q", e.Name(), strings.ReplaceAll(string(b), "\x00", " "))
 		}
 	}
+	return secret
 }
 
 // attachRefused: the squat-watch attacker connected to attach sockets and
