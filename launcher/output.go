@@ -2,7 +2,10 @@ package launcher
 
 import (
 	"bytes"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -126,4 +129,78 @@ func prefixLines(lines, prefix []byte) []byte {
 		lines = lines[i+1:]
 	}
 	return out
+}
+
+// jobOutput is where a job's output goes: the terminal (Config.Stdout and
+// Stderr, line-whole across ranks) and, with Config.OutputDir, one log per
+// rank. Local and multi-host jobs share it; only the readers differ (the
+// ranks' pipes here, a host agent's frames there).
+type jobOutput struct {
+	stdout, stderr *lineSink
+	// logs holds one sink per rank, by rank; nil without OutputDir.
+	logs  []*lineSink
+	files []*os.File // the log files, closed by close
+	tag   bool
+	now   func() time.Time
+
+	streams []*streamer
+	wg      sync.WaitGroup // the streamers
+}
+
+// openJobOutput creates the sinks and, with OutputDir, the per-rank logs.
+func openJobOutput(cfg Config, plan *Plan) (*jobOutput, error) {
+	o := &jobOutput{
+		stdout: &lineSink{w: cfg.Stdout}, stderr: &lineSink{w: cfg.Stderr},
+		tag: cfg.TagOutput || cfg.OutputDir != "",
+	}
+	if cfg.TimestampOutput {
+		o.now = time.Now
+	}
+	if cfg.OutputDir == "" {
+		return o, nil
+	}
+	if err := os.MkdirAll(cfg.OutputDir, 0o755); err != nil {
+		return nil, fmt.Errorf("launcher: output dir: %w", err)
+	}
+	for _, rs := range plan.Ranks {
+		f, err := os.Create(filepath.Join(cfg.OutputDir, "rank."+strconv.Itoa(rs.Rank)+".log"))
+		if err != nil {
+			o.close()
+			return nil, fmt.Errorf("launcher: output dir: %w", err)
+		}
+		o.files = append(o.files, f)
+		o.logs = append(o.logs, &lineSink{w: f})
+	}
+	return o, nil
+}
+
+// add registers a reader of one rank's stdout (kind 1) or stderr (kind 2);
+// host, when set, goes into the tag. Call before start.
+func (o *jobOutput) add(rank int, host string, kind byte, r io.Reader) {
+	term := o.stdout
+	if kind == 2 {
+		term = o.stderr
+	}
+	st := &streamer{rank: rank, host: host, r: r, term: term, tag: o.tag, now: o.now}
+	if o.logs != nil {
+		st.file = o.logs[rank]
+	}
+	o.streams = append(o.streams, st)
+}
+
+// start runs one goroutine per stream until its reader ends.
+func (o *jobOutput) start() {
+	for _, s := range o.streams {
+		o.wg.Go(s.run)
+	}
+}
+
+// wait returns once every stream reached EOF or a read error.
+func (o *jobOutput) wait() { o.wg.Wait() }
+
+// close closes the log files; call after wait.
+func (o *jobOutput) close() {
+	for _, f := range o.files {
+		f.Close()
+	}
 }

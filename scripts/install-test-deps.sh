@@ -15,9 +15,10 @@ set -euo pipefail
 # (nccl/nccltest), which the nccl, bench and cmd/gorun tests load.
 # passwd (useradd, userdel) and util-linux (runuser) give tests/security its
 # second user; python3 is the other user's squatter in rendezvous's
-# TestAttachNameHeldByAnotherUser.
+# TestAttachNameHeldByAnotherUser. python3-torch and python3-pytest run the
+# torch backend's suite (make test-python, python/tests); gcc builds libgorun.
 pkgs=(iproute2 procps util-linux openssh-server openssh-client slurm-wlm slurm-client munge
-  gcc libc6-dev mpich libmpich-dev openmpi-bin libopenmpi-dev libpmi2-0-dev passwd python3)
+  gcc libc6-dev mpich libmpich-dev openmpi-bin libopenmpi-dev libpmi2-0-dev passwd python3 python3-torch python3-pytest)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -65,7 +65,7 @@ Flags:
 	cfg.Logger = log
 	cfg.Stdout, cfg.Stderr = stdout, stderr
 	cfg.Version = version
-	cfg.LaunchAgent, cfg.RemoteGorun, cfg.Iface, cfg.LaunchTimeout = launchAgent, o.agentPath, o.iface, o.launchTimeout
+	cfg.StarterCommand, cfg.RemoteGorun, cfg.Iface, cfg.LaunchTimeout = launchAgent, o.agentPath, o.iface, o.launchTimeout
 	cfg.SSHDefaultKex = o.sshKex == "default"
 	if inSlurm || o.launcher == "srun" {
 		cfg.Starter = launcher.StartSrun

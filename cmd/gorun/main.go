@@ -30,8 +30,8 @@ const (
 func main() {
 	// The job agent is this same binary re-executed; it must take over
 	// before anything else looks at the command line.
-	if launcher.IsAgent() {
-		os.Exit(launcher.AgentMain())
+	if launcher.IsSupervisor() {
+		os.Exit(launcher.SupervisorMain())
 	}
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
@@ -40,7 +40,7 @@ func main() {
 // nil marks a subcommand that is reserved but not built yet.
 var subcommands = map[string]func(args []string, stdout, stderr io.Writer) int{
 	"bench":  benchMain,
-	"agent":  agentMain,
+	"agent":  hostAgentMain,
 	"doctor": doctorMain,
 	"trace":  traceMain,
 }
@@ -217,7 +217,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cfg.PMI = pmiMode
 	cfg.Signals = sigs
 	cfg.Version = version
-	cfg.LaunchAgent, cfg.RemoteGorun, cfg.Iface = launchAgent, o.agentPath, o.iface
+	cfg.StarterCommand, cfg.RemoteGorun, cfg.Iface = launchAgent, o.agentPath, o.iface
 	cfg.Lease, cfg.LaunchTimeout, cfg.FanoutThreshold = o.lease, o.launchTimeout, o.fanout
 	cfg.PreloadBinary, cfg.SSHMultiplex = o.preloadBinary, o.sshMultiplex
 	cfg.SSHDefaultKex = o.sshKex == "default"

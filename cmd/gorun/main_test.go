@@ -21,8 +21,8 @@ import (
 const actAsGorun = "GORUN_TEST_ACT_AS_GORUN_MAIN"
 
 func TestMain(m *testing.M) {
-	if launcher.IsAgent() {
-		os.Exit(launcher.AgentMain())
+	if launcher.IsSupervisor() {
+		os.Exit(launcher.SupervisorMain())
 	}
 	if os.Getenv(actAsGorun) != "" {
 		os.Unsetenv(actAsGorun)
