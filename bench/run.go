@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -18,7 +19,10 @@ type RankInfo struct {
 	Rank      int    `json:"rank"`
 	Host      string `json:"host"`
 	PID       int    `json:"pid"`
-	Transport string `json:"transport"` // "shm", "tcp", "shm+tcp", "self" (one rank), "mem" (tests)
+	Transport string `json:"transport"` // "shm", "tcp", "shm+tcp", "self" (one rank), "mem" (tests), "nccl"
+	// Device is the GPU with --device cuda, as nccl-tests prints it: the
+	// ordinal this rank sees and the device's name.
+	Device string `json:"device,omitempty"`
 }
 
 // linkKinder is implemented by comm.Comm: the medium to every peer.
@@ -81,6 +85,15 @@ func run(ctx context.Context, cfg Config, c, ctl comm.Communicator, ranks []Rank
 		return nil, err
 	}
 	rep := newReport(&cfg, n, ranks, kinds)
+	if nc, ok := c.(*nccl.Comm); ok {
+		devs, err := r.deviceNames(ctx, nc)
+		if err != nil {
+			return nil, err
+		}
+		for i := range rep.Hosts {
+			rep.Hosts[i].Device = devs[i]
+		}
+	}
 	if cfg.Transport == TransportShm && n > 1 {
 		for rk, k := range kinds {
 			if k != "shm" {
@@ -596,4 +609,26 @@ func (r *runner) countWrongOnDevice(recv []byte, count int, expect func(int) flo
 		return 0, err
 	}
 	return int64(binary.LittleEndian.Uint64(n[:])), nil
+}
+
+// deviceNames gathers every rank's GPU ("0 [NVIDIA H100 ...]") for the
+// header, over the control communicator, in fixed 128-byte slots.
+func (r *runner) deviceNames(ctx context.Context, nc *nccl.Comm) ([]string, error) {
+	const slot = 128
+	d := nc.Device()
+	mine := make([]byte, slot)
+	copy(mine[:slot-1], fmt.Sprintf("%d [%s]", d.Index, d.Name))
+	all := make([]byte, slot*r.n)
+	if err := r.ctl.AllGather(ctx, comm.Uint8s(mine), comm.Uint8s(all)).Wait(ctx); err != nil {
+		return nil, fmt.Errorf("bench: gathering device names: %w", err)
+	}
+	out := make([]string, r.n)
+	for i := range out {
+		b := all[i*slot : (i+1)*slot]
+		if k := bytes.IndexByte(b, 0); k >= 0 {
+			b = b[:k]
+		}
+		out[i] = string(b)
+	}
+	return out, nil
 }
