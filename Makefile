@@ -5,7 +5,7 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: help build lib python test-python bench-torch test test-deps vet unit test-desync bench-launch bench-compare bench-multihost bench-mpi clean
+.PHONY: help build lib python test-python bench-torch test test-deps vet unit test-desync bench-launch bench-compare bench-multihost bench-mpi bench-gpu clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -61,6 +61,9 @@ bench-multihost: build ## multi-host launch: gorun vs mpirun --hostfile over 4 n
 
 bench-mpi: build ## MPICH MPI_Init+Barrier: gorun vs mpiexec.hydra, 16 ranks locally and 4 namespace hosts x 4 (root)
 	@bash scripts/bench-mpi.sh
+
+bench-gpu: ## GPU all-reduce: gorun --device cuda vs torch.distributed NCCL, side by side (needs a GPU and CUDA torch; not yet run)
+	@bash scripts/bench-gpu.sh
 
 clean: ## remove build outputs
 	rm -rf $(BIN)
