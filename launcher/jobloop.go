@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"syscall"
 	"time"
 
@@ -222,11 +223,16 @@ func (r *jobLoop) run(ctx context.Context) error {
 					r.home.command(cmd)
 				}
 			case "pmi-abort":
+				pid := ranks[ev.Rank].pid
+				abort := &MPIError{Rank: ev.Rank, PID: pid, Aborted: true, Code: ev.Code, Message: ev.Err}
 				if reason == notStopping {
-					pid := ranks[ev.Rank].pid
-					failures = append(failures, failure{rank: ev.Rank, pid: pid, code: ev.Code,
-						mpi: &MPIError{Rank: ev.Rank, PID: pid, Aborted: true, Code: ev.Code, Message: ev.Err}})
+					failures = append(failures, failure{rank: ev.Rank, pid: pid, code: ev.Code, mpi: abort})
 					stop(stopFailure, syscall.SIGTERM)
+				} else if i := slices.IndexFunc(failures, func(f failure) bool { return f.rank == ev.Rank }); i >= 0 && failures[i].mpi == nil && failures[i].signal == 0 {
+					// A client that exits right after sending its abort
+					// (Slurm's libpmi2 does) can be reaped before the
+					// abort is read: the abort is the cause.
+					failures[i].mpi = abort
 				}
 			case "lost":
 				// A host agent is gone; its ranks are, or soon will be (its
