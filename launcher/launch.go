@@ -48,8 +48,10 @@ type Job struct {
 // is StartSrun) it starts one host agent per host and runs the job through
 // them. The error is nil when every rank exited 0; otherwise it is one of
 // *RankExitError, *StartError, *TimeoutError, *InterruptedError,
-// *ProgramError, *SlotsError, *SupervisorError, *HostError, *VersionError,
-// *HostLostError, or a configuration or context error.
+// *ProgramError, *SlotsError, *CapacityError, *SupervisorError, *HostError,
+// *VersionError, *HostLostError, *MPIError, *OutputLostError (every rank
+// succeeded but a log file lost output), or a configuration or context
+// error.
 func Launch(ctx context.Context, cfg Config, job Job) error {
 	if err := cfg.Validate(); err != nil {
 		return err

@@ -195,6 +195,9 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 	connWG.Wait()
 	out.wait()
 	m.reapStarters(m.cfg.Grace + 2*time.Second)
+	if lerr := out.finish(); lerr != nil && err == nil {
+		err = lerr
+	}
 	return err
 }
 
