@@ -85,6 +85,10 @@ func launchLocal(ctx context.Context, cfg Config, job Job) error {
 	// Before anything is allocated per rank: an absurd count must not
 	// grow the plan until the machine runs out of memory.
 	if err := checkLocalCapacity(localRanks(job), readLocalLimits()); err != nil {
+		var ce *CapacityError
+		if errors.As(err, &ce) && ce.Resource == "ranks" && job.NP == 0 {
+			ce.FromSlots = true
+		}
 		return err
 	}
 	path, err := ResolveProgram(job.Argv[0], cfg.Dir)

@@ -344,3 +344,20 @@ func TestOutputDirWriteErrorIsReported(t *testing.T) {
 		t.Errorf("rank 1's log: %d lines, %v; want 50", strings.Count(string(b), "\n"), err)
 	}
 }
+
+// A hostfile line that expands to a million hosts is refused at once
+// (its slots exceed what one job may have), not resolved name by name.
+func TestMillionHostHostfileRefused(t *testing.T) {
+	hf := t.TempDir() + "/hosts"
+	if err := os.WriteFile(hf, []byte("n[01-1000000]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	r := runGorun(t, "exit:0", nil, "-hostfile", hf, "RANK")
+	if r.code != exitFailure || r.stderr != "gorun: the hosts' slots make more than 262144 ranks, gorun's limit for one job; give -np\n" {
+		t.Errorf("code %d, stderr %q", r.code, r.stderr)
+	}
+	if d := time.Since(start); d > 60*time.Second {
+		t.Errorf("refusal took %v", d)
+	}
+}
