@@ -46,9 +46,9 @@ import (
 //     everything else, and the supervisor closes the server so nothing
 //     waits on a barrier that can never complete.
 //
-// The protocol is MPICH's PMI-1; Open MPI needs PMIx, which gorun does not
-// serve, and gorun refuses Open MPI programs before any rank starts
-// (mpilib.go).
+// The protocols are MPICH's PMI-1 and PMI-2 (a client picks by the version
+// it asks for); Open MPI needs PMIx, which gorun does not serve, and gorun
+// refuses Open MPI programs before any rank starts (mpilib.go).
 
 // PMIMode selects how ranks reach gorun's PMI server.
 type PMIMode string
