@@ -376,6 +376,9 @@ def case_desync():
     except gorun.GorunError as e:
         say("DESYNCERR status=%s msg=%s" % (e.status, e))
     sys.stdout.flush()
+    # Stay a moment: rank 0 is its host's rendezvous leader, and its exit
+    # would tell a rank that has not yet read the desync that rank 0 is gone.
+    time.sleep(2)
     os._exit(0)
 
 
