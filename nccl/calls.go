@@ -131,7 +131,19 @@ func (c *Comm) launchLocked(ctx context.Context, ls []launch) (*doneRef, error) 
 		})
 	}
 	c.pendMu.Lock()
-	c.pending = append(c.pending, ref)
+	if err := c.pendFailed; err != nil {
+		// The communicator failed while this call was being launched:
+		// fail() has already marked the pending calls, and the abort
+		// may complete this call's event without it having run.
+		ref.state, ref.err = refFailed, err
+		c.spent = append(c.spent, ref.ev)
+		ref.ev = 0
+		if ref.stopCtx != nil {
+			ref.stopCtx()
+		}
+	} else {
+		c.pending = append(c.pending, ref)
+	}
 	c.pendMu.Unlock()
 	return ref, nil
 }
