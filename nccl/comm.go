@@ -59,11 +59,16 @@ type Comm struct {
 	// issueMu serializes every use of the NCCL communicator from this side
 	// (launches, finalize, abort): NCCL does not allow two threads in one
 	// communicator at once. Lock order: issueMu, then pendMu.
-	issueMu  sync.Mutex
-	nc       uintptr // ncclComm_t; 0 once aborted or destroyed
-	stream   Stream
-	readyEv  Event
-	scratch  *DeviceBuffer // Barrier's one float32
+	issueMu sync.Mutex
+	nc      uintptr // ncclComm_t; 0 once aborted or destroyed
+	stream  Stream
+	readyEv Event
+	scratch *DeviceBuffer // Barrier's one float32
+	// staging holds an in-place exchange's input (AllToAll(V)); grown on
+	// demand, and the outgrown ones kept until Close, since calls still
+	// queued on the stream may read them.
+	staging  *DeviceBuffer
+	outgrown []*DeviceBuffer
 	closed   bool
 	released bool // nc aborted or destroyed
 
@@ -192,8 +197,10 @@ func (c *Comm) setup() error {
 
 // teardown releases what setup made (after init failed, or at Close).
 func (c *Comm) teardown() {
-	if c.scratch != nil {
-		_ = c.scratch.Free()
+	for _, b := range append(c.outgrown, c.scratch, c.staging) {
+		if b != nil {
+			_ = b.Free()
+		}
 	}
 	if c.readyEv != 0 {
 		_ = c.dev.DestroyEvent(c.readyEv)
