@@ -131,7 +131,19 @@ func (c *Comm) launchLocked(ctx context.Context, ls []launch) (*doneRef, error) 
 		})
 	}
 	c.pendMu.Lock()
-	c.pending = append(c.pending, ref)
+	if err := c.pendFailed; err != nil {
+		// The communicator failed while this call was being launched:
+		// fail() has already marked the pending calls, and the abort
+		// may complete this call's event without it having run.
+		ref.state, ref.err = refFailed, err
+		c.spent = append(c.spent, ref.ev)
+		ref.ev = 0
+		if ref.stopCtx != nil {
+			ref.stopCtx()
+		}
+	} else {
+		c.pending = append(c.pending, ref)
+	}
 	c.pendMu.Unlock()
 	return ref, nil
 }
@@ -388,7 +400,22 @@ func (c *Comm) allToAllV(send comm.Buffer, sendCounts []int, recv comm.Buffer, r
 	}
 	es, dt := uintptr(send.DType().Size()), ncclTypes[send.DType()]
 	sc, rc := append([]int(nil), sendCounts...), append([]int(nil), recvCounts...)
+	// In place (the buffers overlap), the receives would overwrite blocks
+	// the sends have yet to read: NCCL orders nothing inside a group. The
+	// input is copied to staging on the stream first.
+	sendBytes := uintptr(ts) * es
+	inPlace := s < r+uintptr(recv.Len())*es && r < s+uintptr(send.Len())*es && ts > 0
 	return func(st uintptr) (string, Result) {
+		if inPlace {
+			stage, err := c.stagingLocked(int(sendBytes))
+			if err != nil {
+				return "cuMemAlloc_v2 (staging)", UnhandledCudaError
+			}
+			if call(c.lib.cu.memcpyDtoDAsync, stage, s, sendBytes, st) != cudaSuccess {
+				return "cuMemcpyDtoDAsync_v2 (staging)", UnhandledCudaError
+			}
+			s = stage
+		}
 		// Nested in the caller's group when there is one; NCCL counts
 		// the depth.
 		if r := Result(call(c.lib.nc.groupStart)); r != Success {
@@ -467,4 +494,31 @@ func (c *Comm) p2p(what string, buf comm.Buffer, peer int, grouped bool) (launch
 	return func(st uintptr) (string, Result) {
 		return name, Result(call(fn, p, n, dt, uintptr(peer), c.nc, st))
 	}, nil
+}
+
+// stagingLocked returns device memory of at least n bytes for an in-place
+// exchange's input; issueMu is held and the device bound. Calls on the
+// stream run in order, so one staging buffer serves them all; a larger one
+// replaces it, and the old one lives until Close (queued calls may use it).
+func (c *Comm) stagingLocked(n int) (uintptr, error) {
+	if c.staging != nil && c.staging.Len() >= n {
+		return c.staging.ptr, nil
+	}
+	size := max(n, 2*c.stagingLen())
+	var p uintptr
+	if err := c.lib.check("cuMemAlloc_v2", call(c.lib.cu.memAlloc, uintptr(unsafe.Pointer(&p)), uintptr(size))); err != nil {
+		return 0, err
+	}
+	if c.staging != nil {
+		c.outgrown = append(c.outgrown, c.staging)
+	}
+	c.staging = &DeviceBuffer{dev: c.dev, ptr: p, dt: comm.Uint8, n: size, owner: true}
+	return p, nil
+}
+
+func (c *Comm) stagingLen() int {
+	if c.staging == nil {
+		return 0
+	}
+	return c.staging.Len()
 }
