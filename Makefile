@@ -5,7 +5,7 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: help build lib python test-python test test-deps vet unit test-desync bench-launch bench-compare bench-multihost bench-mpi bench-gpu clean
+.PHONY: help build lib python test-python bench-torch test test-deps vet unit test-desync bench-launch bench-compare bench-multihost bench-mpi bench-gpu clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ test-desync: ## the full desync split matrix: np 2-8, every k, 4 ops x 2 sizes x
 
 bench-launch: build ## launch time: gorun -np 16 /bin/true vs mpirun, side by side
 	@bash scripts/bench-launch.sh
+
+bench-torch: build lib ## torch all-reduce busbw: backend gorun vs gloo vs native gorun bench, 2 and 4 ranks, ratios; DDP step
+	@bash scripts/bench-torch.sh
 
 bench-compare: build ## all-reduce busbw: gorun (tcp, shm) vs Open MPI and torch gloo, ratios + PNG in bench-results/
 	@bash scripts/bench-compare.sh

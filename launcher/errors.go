@@ -26,15 +26,27 @@ type RankExitError struct {
 	Signal syscall.Signal
 	// Stopped is the number of other ranks gorun had to stop.
 	Stopped int
+	// AlsoFailed is the number of other ranks that failed on their own
+	// (not because gorun stopped them).
+	AlsoFailed int
 }
 
+// Error is the one line gorun prints. It claims to have stopped only the
+// ranks gorun did stop: when the others all failed on their own, it says
+// that instead.
 func (e *RankExitError) Error() string {
 	cause := fmt.Sprintf("exited with code %d", e.Code)
 	if e.Signal != 0 {
 		cause = fmt.Sprintf("killed by signal %d (%s)", int(e.Signal), e.Signal)
 	}
-	return fmt.Sprintf("rank %d (host %s, pid %d) %s; stopped %d other %s",
-		e.Rank, e.Host, e.PID, cause, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+	s := fmt.Sprintf("rank %d (host %s, pid %d) %s", e.Rank, e.Host, e.PID, cause)
+	if e.AlsoFailed > 0 {
+		s += fmt.Sprintf("; %d other %s failed on %s own", e.AlsoFailed, plural(e.AlsoFailed, "rank", "ranks"), plural(e.AlsoFailed, "its", "their"))
+	}
+	if e.Stopped > 0 || e.AlsoFailed == 0 {
+		s += fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))
+	}
+	return s
 }
 
 // ExitCode is what gorun exits with: the rank's code, or 128+signal as a

@@ -202,6 +202,11 @@ func (r *jobLoop) run(ctx context.Context) error {
 				st.exited = true
 				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Msg("rank exited")
 				if (ev.Code != 0 || ev.Signal != 0) && !(st.stopped && causedByStop(ev, sentSig)) {
+					// Its own failure, even if the teardown had begun: it
+					// does not count as one gorun stopped, or the final
+					// line would claim to have stopped ranks that all
+					// failed on their own.
+					st.stopped = false
 					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal)})
 					stop(stopFailure, syscall.SIGTERM)
 				} else if ev.Unfinalized && !st.stopped {
@@ -332,9 +337,26 @@ func (r *jobLoop) run(ctx context.Context) error {
 		if f.startErr != nil {
 			return &StartError{Rank: f.rank, Host: host, Err: f.startErr, Stopped: stopped}
 		}
-		return &RankExitError{Rank: f.rank, Host: host, PID: f.pid, Code: f.code, Signal: f.signal, Stopped: stopped}
+		return &RankExitError{Rank: f.rank, Host: host, PID: f.pid, Code: f.code, Signal: f.signal, Stopped: stopped,
+			AlsoFailed: alsoFailed(failures, f)}
 	}
 	return nil
+}
+
+// alsoFailed counts the ranks other than f's that failed on their own.
+func alsoFailed(fs []failure, f failure) int {
+	n := 0
+	for _, o := range fs {
+		if o.rank == f.rank {
+			continue
+		}
+		if o.lost != nil {
+			n += o.lostRanks
+		} else {
+			n++
+		}
+	}
+	return n
 }
 
 // causedByStop reports whether a stopped rank's exit is the teardown's

@@ -80,6 +80,11 @@ func launchLocal(ctx context.Context, cfg Config, job Job) error {
 		// single machine.
 		job.NP = runtime.NumCPU()
 	}
+	// Before anything is allocated per rank: an absurd count must not
+	// grow the plan until the machine runs out of memory.
+	if err := checkLocalCapacity(localRanks(job), readLocalLimits()); err != nil {
+		return err
+	}
 	path, err := ResolveProgram(job.Argv[0], cfg.Dir)
 	if err != nil {
 		return err
@@ -116,6 +121,22 @@ func launchLocal(ctx context.Context, cfg Config, job Job) error {
 		Str("master", joinHostPort(plan.MasterAddr, plan.MasterPort)).Str("rdzv", plan.RdzvEndpoint).
 		Str("program", path).Msg("launching")
 	return RunLocal(ctx, cfg, plan, Program{Path: path, Argv: job.Argv}, ports)
+}
+
+// localRanks is how many ranks a local job asks for: -np, else the slots of
+// its hosts (which are all this machine).
+func localRanks(job Job) int {
+	if job.NP > 0 {
+		return job.NP
+	}
+	n := 0
+	for _, h := range job.Hosts {
+		n += max(h.Slots, 0)
+		if n > MaxRanks {
+			break // enough to refuse; no overflow from absurd slot counts
+		}
+	}
+	return n
 }
 
 // Program is the resolved program every rank runs.

@@ -189,7 +189,8 @@ func TestLoopExitPolicy(t *testing.T) {
 				f.exit(2, 143, 0)
 				var re *RankExitError
 				err := f.done()
-				if !errors.As(err, &re) || re.Rank != tc.rank || re.Code != tc.code || re.Stopped != 3 {
+				// Rank 1 failed on its own: not one gorun stopped.
+				if !errors.As(err, &re) || re.Rank != tc.rank || re.Code != tc.code || re.Stopped != 2 || re.AlsoFailed != 1 {
 					t.Fatalf("err = %v, want rank %d code %d", err, tc.rank, tc.code)
 				}
 			})
@@ -257,6 +258,37 @@ func TestLoopHostLost(t *testing.T) {
 		}
 		if want := "lost host b: no word from its agent for 4s; its ranks 2-3 counted as failed; stopped 2 other ranks"; err.Error() != want {
 			t.Errorf("message %q, want %q", err.Error(), want)
+		}
+	})
+}
+
+// When every rank fails on its own, the final line says so and does not
+// claim to have stopped the others; when some were stopped, it counts both.
+func TestLoopEveryRankFailsOnItsOwn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := startFakeJob(t, 3, testConfig())
+		f.exit(1, 3, 0)
+		f.expect("signal", syscall.SIGTERM)
+		f.exit(0, 3, 0)
+		f.exit(2, 0, syscall.SIGSEGV)
+		err := f.done()
+		var re *RankExitError
+		if !errors.As(err, &re) || re.Rank != 1 || re.Stopped != 0 || re.AlsoFailed != 2 {
+			t.Fatalf("err = %#v", err)
+		}
+		if want := "rank 1 (host localhost, pid 1001) exited with code 3; 2 other ranks failed on their own"; err.Error() != want {
+			t.Errorf("message %q, want %q", err.Error(), want)
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		f := startFakeJob(t, 3, testConfig())
+		f.exit(2, 1, 0)
+		f.expect("signal", syscall.SIGTERM)
+		f.exit(0, 4, 0)
+		f.exit(1, 0, syscall.SIGTERM)
+		err := f.done()
+		if want := "rank 2 (host localhost, pid 1002) exited with code 1; 1 other rank failed on its own; stopped 1 other rank"; err == nil || err.Error() != want {
+			t.Errorf("message %v, want %q", err, want)
 		}
 	})
 }

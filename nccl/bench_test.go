@@ -13,9 +13,13 @@ import (
 // issuing a 1-element all-reduce (bind the context, record the ready event,
 // make the stream wait on it, ncclAllReduce, record the done event: five C
 // calls through purego) and, separately, the whole round trip through the
-// stand-in's stream thread. "issue-ns" is the issue alone.
+// stand-in's stream thread. "issue-ns" is the issue alone. With
+// STANDIN_CUDA_INLINE=1 the stand-in runs stream work in the calling thread,
+// so ns/op is the binding's own cost of a call and its Wait (what gorun adds
+// to each NCCL call on the CPU, plus the stand-in's bookkeeping):
 //
 //	go test -run '^$' -bench Issue -benchtime 20000x ./nccl/
+//	STANDIN_CUDA_INLINE=1 go test -run '^$' -bench Issue -benchtime 20000x ./nccl/
 func BenchmarkIssue(b *testing.B) {
 	cs, _ := startComms(&testing.T{}, 1, testConfig())
 	c := cs[0]

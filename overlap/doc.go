@@ -70,6 +70,14 @@
 // nothing packed or scattered; otherwise each member is copied in at Ready
 // and out before its wait returns.
 //
+// Memory: a bucket's fused buffers are taken when its first member is
+// packed and handed back at its wait, for the next bucket to reuse, so an
+// executor holds the most that was ever in flight at once
+// (StepMetrics.FusedPeakBytes), not a buffer per bucket. GraphRunner
+// further bounds how early collectives go out (Config.PrefetchStarts,
+// Config.MaxInFlightBytes) and measures the collective outputs held
+// (StepMetrics.PeakBytes).
+//
 // What it leaves to others: what is bucketed (buckets, stepgraph), moving
 // bytes (comm, nccl), the model's compute (the caller's callbacks). The
 // Executor is not safe for concurrent use: one goroutine drives a step, as

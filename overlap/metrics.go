@@ -27,6 +27,11 @@ type StepMetrics struct {
 	// (GraphRunner only; see stepgraph.PeakCollectiveBytes for the plan's
 	// estimate of the same quantity).
 	PeakBytes int64
+	// FusedPeakBytes is the most bytes of the executor's fused bucket
+	// buffers allocated at once: they exist from a bucket's first packed
+	// member to its wait (buckets of one member use the member's own
+	// memory and have none).
+	FusedPeakBytes int64
 }
 
 // ExposedFraction is Exposed/Comm, 0 when there was no communication. It can
@@ -48,6 +53,7 @@ func (m *StepMetrics) Add(o StepMetrics) {
 	m.Collectives += o.Collectives
 	m.Bytes += o.Bytes
 	m.PeakBytes = max(m.PeakBytes, o.PeakBytes)
+	m.FusedPeakBytes = max(m.FusedPeakBytes, o.FusedPeakBytes)
 }
 
 func (m StepMetrics) String() string {

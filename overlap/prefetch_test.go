@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun-hpc/gorun/buckets"
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/comm/commtest"
 	"github.com/gorun-hpc/gorun/stepgraph"
@@ -116,5 +117,59 @@ func TestPrefetchBounds(t *testing.T) {
 				t.Errorf("released %q", got)
 			}
 		})
+	}
+}
+
+// TestFusedBuffersDropped: a bucket's fused buffers exist from its first
+// packed member to its wait, not for the executor's life; buckets of one
+// member never have any. Two steps of two 2-member buckets, waited one
+// after the other: the peak is one bucket's buffer, and nothing stays
+// allocated between steps.
+func TestFusedBuffersDropped(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := commtest.StartComms(ctx, t, 1, comm.LocalConfig())[0]
+	p, err := buckets.Assign([]buckets.Item{
+		{Tensor: "a", Bytes: 8, Group: "g", Op: buckets.AllReduce, DType: "f32", Direction: buckets.Backward, Region: "l1"},
+		{Tensor: "b", Bytes: 8, Group: "g", Op: buckets.AllReduce, DType: "f32", Direction: buckets.Backward, Region: "l1"},
+		{Tensor: "c", Bytes: 8, Group: "g", Op: buckets.AllReduce, DType: "f32", Direction: buckets.Backward, Region: "l0"},
+		{Tensor: "d", Bytes: 8, Group: "g", Op: buckets.AllReduce, DType: "f32", Direction: buckets.Backward, Region: "l0"},
+		{Tensor: "e", Bytes: 8, Group: "g", Op: buckets.AllReduce, DType: "f32", Direction: buckets.Optimizer, Region: "l0"},
+	}, []string{"l0", "l1"}, buckets.Config{Model: buckets.DefaultModel(), CapBytes: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.CheckPlan = false
+	ex, err := New(p, map[string]Comm{"g": c}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ex.Close()
+	buf := map[string][]float32{}
+	for _, n := range []string{"a", "b", "c", "d", "e"} {
+		buf[n] = []float32{1, 2}
+	}
+	for step := 1; step <= 2; step++ {
+		if err := ex.Begin(step); err != nil {
+			t.Fatal(err)
+		}
+		for _, pair := range [][]string{{"a", "b"}, {"c", "d"}, {"e"}} {
+			for _, n := range pair {
+				if err := ex.Ready(ctx, n, comm.Float32s(buf[n]), comm.Float32s(buf[n])); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := ex.Wait(ctx, pair[0]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m, err := ex.Finish(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.FusedPeakBytes != 16 || ex.mem.cur != 0 {
+			t.Fatalf("step %d: fused peak %d bytes (want 16: one 2-member bucket at a time), %d still allocated", step, m.FusedPeakBytes, ex.mem.cur)
+		}
 	}
 }

@@ -14,7 +14,7 @@
 # SWEEP="..."), in ROUNDS (3) interleaved rounds whose fastest time per size is
 # kept:
 #   [1] gorun -np NP gorun bench allreduce --device cuda
-#   [2] gorun -np NP python bench/gloo_allreduce.py --backend nccl
+#   [2] gorun -np NP python bench/torch_allreduce.py --backend nccl
 # then `gorun bench report` prints busbw per size with the ratio gorun/torch.
 # With one GPU an all-reduce moves no bytes between ranks (busbw is 0 by
 # nccl-tests' factor 2(n-1)/n); compare the time column, which is then the
@@ -59,7 +59,7 @@ for round in $(seq "$ROUNDS"); do
 	# shellcheck disable=SC2086 # SWEEP is a list of flags
 	{
 		run "gorun nccl ($round/$ROUNDS)" gorun.$round.txt "$GORUN" -np "$NP" -x GORUN_NCCL_LIBRARY "$GORUN" bench allreduce $SWEEP --device cuda --json "$OUT/gorun.$round.json"
-		run "torch nccl ($round/$ROUNDS)" torch.$round.txt "$GORUN" -np "$NP" "$PY" bench/gloo_allreduce.py --backend nccl $SWEEP
+		run "torch nccl ($round/$ROUNDS)" torch.$round.txt "$GORUN" -np "$NP" "$PY" bench/torch_allreduce.py --backend nccl $SWEEP
 	}
 	files+=("gorun-nccl=$OUT/gorun.$round.json" "torch-nccl=$OUT/torch.$round.txt")
 done

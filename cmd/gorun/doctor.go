@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -45,11 +44,8 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return exitUsage
+	if code, done := parseFlags(fs, args, "gorun doctor", stderr); done {
+		return code
 	}
 	o.logFormat = "console"
 	log, err := newLogger(o, stderr)

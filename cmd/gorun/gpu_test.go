@@ -54,6 +54,28 @@ func TestGPUPathEndToEnd(t *testing.T) {
 		t.Logf("NEEDED: %v", libs)
 	})
 
+	t.Run("-tags nogpu: a static binary that says it has no GPU side", func(t *testing.T) {
+		static := filepath.Join(dir, "gorun-nogpu")
+		build := exec.Command("go", "build", "-tags", "nogpu", "-o", static, ".")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build -tags nogpu: %v\n%s", err, out)
+		}
+		f, err := elf.Open(static)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if f.Section(".interp") != nil || f.Section(".dynamic") != nil {
+			libs, _ := f.ImportedLibraries()
+			t.Errorf("the nogpu binary is dynamically linked (needs %v)", libs)
+		}
+		out, err := exec.Command(static, "bench", "allreduce", "--device", "cuda").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "built with -tags nogpu, without GPU support") {
+			t.Errorf("--device cuda on a nogpu build: %v, %q", err, out)
+		}
+	})
+
 	empty := t.TempDir()
 	run := func(t *testing.T, timeout time.Duration, env []string, args ...string) (int, string, string) {
 		t.Helper()

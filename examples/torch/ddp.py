@@ -34,10 +34,11 @@ def main():
     ap.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--deterministic", action="store_true", help="gorun: bitwise-reproducible reductions")
+    ap.add_argument("--tcp", action="store_true", help="gorun: TCP between ranks on one host, no shared memory")
     ap.add_argument("--fp16-hook", action="store_true", help="compress gradients to float16 (a DDP comm hook)")
     a = ap.parse_args()
 
-    opts = gorun.Options(deterministic=a.deterministic) if a.backend == "gorun" else None
+    opts = gorun.Options(deterministic=a.deterministic, tcp=a.tcp) if a.backend == "gorun" else None
     dist.init_process_group(a.backend, pg_options=opts)
     rank, world = dist.get_rank(), dist.get_world_size()
 

@@ -8,6 +8,9 @@
  * Environment (tests only):
  *   STANDIN_CUDA_DEVICES  number of devices; 0 makes cuInit fail with
  *                         CUDA_ERROR_NO_DEVICE, as a GPU-less host does.
+ *   STANDIN_CUDA_INLINE   when set, stream operations run in the calling
+ *                         thread at once (no stream threads): only for
+ *                         one-rank benchmarks of the binding's own cost.
  * CUDA_VISIBLE_DEVICES is honoured as the driver does for a list of
  * indices: the process sees only those devices, renumbered from 0, and a
  * device's name carries its physical index. */
@@ -100,7 +103,15 @@ standin_stream *standin_stream_of(void *cu_stream) {
 	return legacy;
 }
 
+static int inline_ops = -1;
+
 void standin_enqueue(standin_stream *s, void (*fn)(void *), void *arg) {
+	if (inline_ops < 0)
+		inline_ops = getenv("STANDIN_CUDA_INLINE") != NULL;
+	if (inline_ops) {
+		fn(arg);
+		return;
+	}
 	struct op *o = calloc(1, sizeof *o);
 	o->fn = fn;
 	o->arg = arg;

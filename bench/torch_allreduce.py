@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The torch side of scripts/bench-compare.sh (gloo) and scripts/bench-gpu.sh
+"""The torch side of scripts/bench-compare.sh (gloo), scripts/bench-torch.sh
+(--backend gorun: the backend in python/, next to gloo) and scripts/bench-gpu.sh
 (--backend nccl: CUDA tensors, one GPU per LOCAL_RANK, torch's bundled NCCL).
 
 Times torch.distributed.all_reduce (float32 sum) over the same
@@ -10,12 +11,13 @@ the maximum over ranks of the mean per iteration, busbw = algbw * 2(n-1)/n,
 so the sum is exact).
 
 Launch with anything that sets torch's variables (RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT): `gorun -np 2 python3 gloo_allreduce.py ...`,
+MASTER_ADDR, MASTER_PORT): `gorun -np 2 python3 torch_allreduce.py ...`,
 torchrun, or by hand.
 """
 import argparse
 import os
 import socket
+import sys
 import time
 
 import torch
@@ -68,10 +70,16 @@ def main():
     p.add_argument("-n", type=int, default=20)
     p.add_argument("-w", type=int, default=5)
     p.add_argument("-c", type=int, default=1)
-    p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
+    p.add_argument("--backend", default="gloo", choices=["gloo", "gorun", "nccl"])
     a = p.parse_args()
     minb, maxb = parse_size(a.b), parse_size(a.e)
 
+    if a.backend == "gorun":
+        try:
+            import gorun  # noqa: F401  (registers the backend)
+        except ImportError:  # a checkout without `make python`
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+            import gorun  # noqa: F401
     global sync
     dev = torch.device("cpu")
     if a.backend == "nccl":
