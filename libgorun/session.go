@@ -5,6 +5,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -17,12 +19,30 @@ type settings struct {
 	deterministic bool
 	timeoutMs     int64
 	forceTCP      bool
+	// env holds "env.NAME=VALUE" overrides of the rank environment, as a
+	// sorted "NAME=VALUE\n" list (comparable, for gorun_init's "same
+	// settings" check). Go's runtime in a shared library sees only the
+	// environment the process started with, not later setenv calls, so a
+	// host program that learns its rendezvous late (through torch's store)
+	// hands it over here.
+	env string
+}
+
+// lookup reads the rank environment with st's overrides first.
+func (st settings) lookup(name string) (string, bool) {
+	for _, kv := range strings.Split(st.env, "\n") {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			return v, true
+		}
+	}
+	return os.LookupEnv(name)
 }
 
 // parseSettings reads "key=value key=value"; an unknown key or bad value is
 // an error naming it.
 func parseSettings(s string) (settings, error) {
 	var st settings
+	var env []string
 	for _, f := range strings.Fields(s) {
 		k, v, ok := strings.Cut(f, "=")
 		if !ok {
@@ -38,6 +58,14 @@ func parseSettings(s string) (settings, error) {
 			return false, fmt.Errorf("%w: config %s=%q: want 0 or 1", errInvalid, k, v)
 		}
 		var err error
+		switch {
+		case strings.HasPrefix(k, "env."):
+			if name := strings.TrimPrefix(k, "env."); name == "" || strings.ContainsAny(name, "=\n") {
+				return st, fmt.Errorf("%w: config %q: want env.NAME=VALUE", errInvalid, f)
+			}
+			env = append(env, strings.TrimPrefix(f, "env."))
+			continue
+		}
 		switch k {
 		case "deterministic":
 			st.deterministic, err = flag()
@@ -49,12 +77,14 @@ func parseSettings(s string) (settings, error) {
 				err = fmt.Errorf("%w: config timeout_ms=%q: want a whole number of milliseconds ≥ 0", errInvalid, v)
 			}
 		default:
-			err = fmt.Errorf("%w: config: unknown key %q (known: deterministic, timeout_ms, tcp)", errInvalid, k)
+			err = fmt.Errorf("%w: config: unknown key %q (known: deterministic, timeout_ms, tcp, env.NAME)", errInvalid, k)
 		}
 		if err != nil {
 			return st, err
 		}
 	}
+	sort.Strings(env)
+	st.env = strings.Join(env, "\n")
 	return st, nil
 }
 
@@ -71,6 +101,7 @@ func start(ctx context.Context, st settings) (*session, error) {
 	opts := rank.DefaultOptions()
 	opts.Comm.Deterministic = st.deterministic
 	opts.Endpoint.ForceTCP = st.forceTCP
+	opts.Lookup = st.lookup
 	r, err := rank.Init(ctx, opts)
 	if err != nil {
 		return nil, err

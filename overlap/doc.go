@@ -62,7 +62,10 @@
 // rank-major: block p holds every member's p-th 1/Size slice, so each rank's
 // result is every member's own shard, contiguous — the layout FSDP's flat
 // parameters use; it needs each member's bytes to divide by Size elements.
-// all_to_all is not bucketed by this executor (New rejects it).
+// all_to_all packs rank-major like reduce_scatter (block p, for rank p,
+// holds every member's p-th slice) and unpacks block p, which came from
+// rank p, into each member's p-th output slice; it needs a communicator
+// that implements AllToAller.
 //
 // Copies: a bucket of one member runs on the member's own buffers (the
 // fused layout is the member's layout), and a program that computes a

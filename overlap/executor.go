@@ -232,12 +232,18 @@ func newBucket(pb buckets.Bucket, g *group, idx int) (*bucket, error) {
 		b.sendLen, b.recvLen, b.inPlace = pb.Bytes, pb.Bytes, true
 	case buckets.AllGather:
 		b.sendLen, b.recvLen = pb.Bytes, pb.Bytes*n
-	case buckets.ReduceScatter:
+	case buckets.ReduceScatter, buckets.AllToAll:
 		for _, m := range pb.Members {
 			if m.Bytes%(n*b.es) != 0 {
-				return nil, fmt.Errorf("%w: bucket %q: reduce_scatter member %q has %d bytes, not a multiple of %d ranks × %d-byte elements (pad it)",
-					ErrPlan, pb.Name, m.Tensor, m.Bytes, n, b.es)
+				return nil, fmt.Errorf("%w: bucket %q: %s member %q has %d bytes, not a multiple of %d ranks × %d-byte elements (pad it)",
+					ErrPlan, pb.Name, pb.Op, m.Tensor, m.Bytes, n, b.es)
 			}
+		}
+		if pb.Op == buckets.AllToAll {
+			// Every rank sends block p to rank p and receives one block
+			// from each: the fused buffers are the size of the input.
+			b.sendLen, b.recvLen = pb.Bytes, pb.Bytes
+			break
 		}
 		b.sendLen, b.recvLen = pb.Bytes, pb.Bytes/n
 	default:
@@ -450,8 +456,9 @@ func (b *bucket) pack(mi int, in, out comm.Buffer) error {
 		return nil // runs directly on in and out (see bucket.direct)
 	}
 	b.ensure()
-	if b.b.Op == buckets.ReduceScatter {
-		// Rank-major: block p gets the member's p-th slice at Offset/n.
+	if b.b.Op == buckets.ReduceScatter || b.b.Op == buckets.AllToAll {
+		// Rank-major: block p gets the member's p-th slice at Offset/n
+		// (for all_to_all, block p is what goes to rank p).
 		blk, sl, off := b.b.Bytes/b.n, m.Bytes/b.n, m.Offset/b.n
 		for p := int64(0); p < b.n; p++ {
 			copy(b.send[p*blk+off:p*blk+off+sl], src[p*sl:(p+1)*sl])
@@ -508,6 +515,13 @@ func (b *bucket) unpack(mi int) {
 	case buckets.ReduceScatter:
 		off, sl := m.Offset/b.n, m.Bytes/b.n
 		copy(dst[:sl], b.recv[off:off+sl])
+	case buckets.AllToAll:
+		// Block p came from rank p, in the layout it was packed in: the
+		// member's slice from rank p is its p-th output slice.
+		blk, sl, off := b.b.Bytes/b.n, m.Bytes/b.n, m.Offset/b.n
+		for p := int64(0); p < b.n; p++ {
+			copy(dst[p*sl:(p+1)*sl], b.recv[p*blk+off:p*blk+off+sl])
+		}
 	default:
 		if m.Bytes > 0 && &dst[0] == &b.recv[m.Offset] {
 			return // a View: the result is already there
@@ -746,7 +760,7 @@ func (ex *Executor) zeroAbsent(b *bucket) {
 		if b.have[i] {
 			continue
 		}
-		if b.b.Op == buckets.ReduceScatter {
+		if b.b.Op == buckets.ReduceScatter || b.b.Op == buckets.AllToAll {
 			blk, sl, off := b.b.Bytes/b.n, m.Bytes/b.n, m.Offset/b.n
 			for p := int64(0); p < b.n; p++ {
 				clear(b.send[p*blk+off : p*blk+off+sl])

@@ -1,9 +1,10 @@
 """ctypes bindings of libgorun (libgorun/gorun.h), with errors as exceptions.
 
-The library is loaded on first use, not at import: Go's runtime reads the
-process environment once, when the library loads, so anything the package
-sets up in os.environ (a rendezvous bootstrapped through a torch store) must
-happen before that.
+The library is loaded on first use, not at import, so that importing gorun
+starts no Go runtime in processes that never use the backend. Go's runtime
+sees only the environment the process started with; what the package learns
+later (a rendezvous bootstrapped through a torch store) reaches the library
+as gorun_init's env.NAME=VALUE settings.
 
 ctypes releases the GIL for the duration of every call, so a blocking
 collective does not stall the interpreter's other threads.

@@ -90,26 +90,24 @@ def _bootstrap_env(store, rank, size):
     gorun's rendezvous needs an endpoint and a job secret that every rank
     agrees on. torch's own store is the one thing they already share: rank 0
     picks a free port next to the store and a random secret and publishes
-    them; everyone sets them in the environment before the library loads.
-    (Torch's store holds MASTER_PORT itself, so the rendezvous cannot.)"""
-    if "GORUN_RANK" in os.environ or size <= 1 or store is None or "GORUN_RDZV_ENDPOINT" in os.environ:
-        return
-    if _lib.loaded():
-        raise GorunError("gorun: the library was loaded before the world was bootstrapped through the "
-                         "torch store; call init_process_group before any other gorun call",
-                         "GORUN_ERR_INIT")
+    them, and every rank hands them to the library as environment overrides
+    (the library cannot see os.environ changes: Go's runtime reads the
+    environment the process started with). torch's store holds MASTER_PORT
+    itself, so the rendezvous cannot use it."""
+    if "GORUN_RANK" in os.environ or "GORUN_RDZV_ENDPOINT" in os.environ or size <= 1 or store is None:
+        return ""
     if rank == 0:
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
+            s.bind(("127.0.0.1" if host == "localhost" else host, 0))
             port = s.getsockname()[1]
         finally:
             s.close()
         store.set("gorun/rdzv", "%s:%d" % (host, port))
         store.set("gorun/secret", secrets.token_hex(32))
-    os.environ["GORUN_RDZV_ENDPOINT"] = store.get("gorun/rdzv").decode()
-    os.environ["GORUN_SECRET"] = store.get("gorun/secret").decode()
+    return " env.GORUN_RDZV_ENDPOINT=%s env.GORUN_SECRET=%s" % (
+        store.get("gorun/rdzv").decode(), store.get("gorun/secret").decode())
 
 
 def _init_world(store, rank, size, options, timeout):
@@ -122,10 +120,10 @@ def _init_world(store, rank, size, options, timeout):
                                  "finalize() first to change options to %r" % (_world_config, cfg),
                                  "GORUN_ERR_INVALID")
             return _world
-        _bootstrap_env(store, rank, size)
+        extra = _bootstrap_env(store, rank, size)
         l = _lib.lib()
         h = ctypes.c_int64()
-        _lib.check(l.gorun_init(cfg.encode(), ctypes.byref(h)), "gorun_init")
+        _lib.check(l.gorun_init((cfg + extra).encode(), ctypes.byref(h)), "gorun_init")
         _world, _world_config = h.value, cfg
         atexit.register(finalize)
         return _world

@@ -329,6 +329,19 @@ def case_det():
     say("det ok")
 
 
+def case_smoke():
+    dist.init_process_group("gorun")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    t = torch.full((10,), float(rank))
+    dist.all_reduce(t)
+    same(t, torch.full((10,), float(n * (n - 1) / 2)), "smoke all_reduce")
+    outs = [torch.empty(1, dtype=torch.int64) for _ in range(n)]
+    dist.all_gather(outs, torch.tensor([rank]))
+    same(torch.cat(outs), torch.arange(n), "smoke all_gather")
+    dist.barrier()
+    say("smoke ok")
+
+
 def case_kill():
     # gorun stops the other ranks with SIGTERM once one dies; the survivors
     # ignore it here to report what the backend told them.
@@ -363,8 +376,11 @@ def case_desync():
     except gorun.GorunError as e:
         say("DESYNCERR status=%s msg=%s" % (e.status, e))
     sys.stdout.flush()
+    # Stay a moment: rank 0 is its host's rendezvous leader, and its exit
+    # would tell a rank that has not yet read the desync that rank 0 is gone.
+    time.sleep(2)
     os._exit(0)
 
 
 if __name__ == "__main__":
-    {"all": case_all, "det": case_det, "kill": case_kill, "desync": case_desync}[sys.argv[1]]()
+    {"all": case_all, "smoke": case_smoke, "det": case_det, "kill": case_kill, "desync": case_desync}[sys.argv[1]]()

@@ -7,9 +7,15 @@ each rank, subgroups, async work and futures, bad arguments, and DDP against
 gloo.
 """
 
+import os
 import re
+import socket
+import subprocess
+import sys
 
 import pytest
+
+from conftest import PYDIR, RANKPROG
 
 
 def ranks_ok(out, n, case):
@@ -55,3 +61,28 @@ def test_desync_raises_on_every_rank_naming_both_calls(launcher):
     for rank, status, msg in got:
         assert status == "GORUN_ERR_DESYNC", (rank, status, msg)
         assert "Broadcast" in msg and "AllReduce" in msg, (rank, msg)
+
+
+def test_torch_style_launch_without_gorun_bootstraps_through_the_store(launcher):
+    """RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT only, as torchrun sets them:
+    the rendezvous endpoint and secret travel through torch's store."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    procs = []
+    for r in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GORUN_")}
+        env.update(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), PYTHONPATH=PYDIR, GORUN_LIB=launcher.lib, OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, RANKPROG, "smoke"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    out = ""
+    for p in procs:
+        try:
+            o, _ = p.communicate(timeout=120)
+        finally:
+            p.kill()
+        out += o.decode(errors="replace")
+        assert p.returncode == 0, out[-3000:]
+    ranks_ok(out, 2, "smoke")
