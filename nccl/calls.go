@@ -61,6 +61,10 @@ func (c *Comm) issue(ctx context.Context, ls []launch) []comm.Handle {
 	return hs
 }
 
+// launchLocked is issue's part under issueMu: the device is bound to this
+// thread for the whole sequence, because NCCL's group state and CUDA's
+// current context are both per thread, and a goroutine could otherwise move
+// between ncclGroupStart and ncclGroupEnd.
 func (c *Comm) launchLocked(ctx context.Context, ls []launch) (*doneRef, error) {
 	unbind, err := c.dev.bind()
 	if err != nil {
@@ -234,6 +238,10 @@ func (c *Comm) AllReduce(ctx context.Context, send, recv comm.Buffer, op comm.Op
 	return c.one(ctx, l)
 }
 
+// allReduce and the other lower-case builders check a call and return its
+// launch without issuing it, so that Comm's methods issue one call and
+// Group collects several; the checks run before anything reaches NCCL,
+// because a call NCCL refuses mid-group leaves the group half-launched.
 func (c *Comm) allReduce(send, recv comm.Buffer, op comm.Op) (launch, error) {
 	if !op.Valid() {
 		return nil, fmt.Errorf("AllReduce: invalid op %v", op)
@@ -245,6 +253,9 @@ func (c *Comm) allReduce(send, recv comm.Buffer, op comm.Op) (launch, error) {
 	if send.Len() != recv.Len() {
 		return nil, fmt.Errorf("AllReduce: send has %d elements, recv %d", send.Len(), recv.Len())
 	}
+	// The launch captures addresses and counts, not the Buffers: it runs
+	// under issueMu with c.nc read there, which Close and the watcher
+	// may have released by then (the issue path checks that first).
 	n, dt := uintptr(send.Len()), ncclTypes[send.DType()]
 	return func(st uintptr) (string, Result) {
 		return "ncclAllReduce", Result(call(c.lib.nc.allReduce, s, r, n, dt, ncclOps[op], c.nc, st))
@@ -315,6 +326,8 @@ func (c *Comm) broadcast(send, recv comm.Buffer, root int) (launch, error) {
 	if root < 0 || root >= c.n {
 		return nil, fmt.Errorf("Broadcast: root %d outside %d ranks", root, c.n)
 	}
+	// Off the root NCCL never reads send; passing recv keeps the
+	// address valid for the argument checks.
 	if send == nil && c.me != root {
 		send = recv
 	}
@@ -362,6 +375,8 @@ func (c *Comm) AllToAll(ctx context.Context, send, recv comm.Buffer) comm.Handle
 	if send == nil || recv == nil || send.Len() != recv.Len() || send.Len()%c.n != 0 {
 		return c.refuse("AllToAll: send and recv must have equal lengths, a multiple of %d ranks", c.n)
 	}
+	// The uniform exchange is the varying one with equal counts: one code
+	// path, and NCCL sees the same group of sends and receives either way.
 	counts := make([]int, c.n)
 	for p := range counts {
 		counts[p] = send.Len() / c.n
@@ -421,6 +436,9 @@ func (c *Comm) allToAllV(send comm.Buffer, sendCounts []int, recv comm.Buffer, r
 		if r := Result(call(c.lib.nc.groupStart)); r != Success {
 			return "ncclGroupStart", r
 		}
+		// Zero counts are skipped on both sides (counts agree pairwise),
+		// so no empty send waits for a receive that is not posted. The
+		// first refusal stops the loop but the group is still closed.
 		var so, ro uintptr
 		name, res := "", Success
 		for p := range c.n {
