@@ -10,7 +10,6 @@ import (
 	"github.com/mattn/go-isatty"
 
 	"github.com/gorun-hpc/gorun/comm"
-	"github.com/gorun-hpc/gorun/nccl"
 	"github.com/gorun-hpc/gorun/rank"
 )
 
@@ -128,7 +127,7 @@ func runRank(ctx context.Context, cfg Config, corrupt func(int, bool, []byte)) (
 		// Before joining anyone: a host without a GPU, its driver or NCCL
 		// fails at once, saying which is missing, instead of after the
 		// world has formed.
-		if _, err := nccl.Open(nccl.DefaultLibraryConfig()); err != nil {
+		if err := openGPU(); err != nil {
 			return nil, fmt.Errorf("bench: --device cuda: %w", err)
 		}
 	}
@@ -146,7 +145,7 @@ func runRank(ctx context.Context, cfg Config, corrupt func(int, bool, []byte)) (
 	}
 	c := r.Comm()
 	var measured comm.Communicator = c
-	var gpu *nccl.Comm
+	var gpu comm.Communicator
 	if cfg.Device == DeviceCUDA {
 		if gpu, err = newGPUComm(ctx, cfg, r); err != nil {
 			r.Abort(err)
@@ -175,17 +174,4 @@ func runRank(ctx context.Context, cfg Config, corrupt func(int, bool, []byte)) (
 		runErr = fmt.Errorf("bench: closing the rank: %w", closeErr)
 	}
 	return rep, runErr
-}
-
-// newGPUComm makes the NCCL communicator over the world (--device cuda), on
-// the GPU of this local rank.
-func newGPUComm(ctx context.Context, cfg Config, r *rank.Rank) (*nccl.Comm, error) {
-	boot, err := nccl.BootstrapFor(r.WorldGroup())
-	if err != nil {
-		return nil, err
-	}
-	ncfg := nccl.DefaultConfig()
-	ncfg.Logger = cfg.Logger
-	ncfg.LocalRank = r.LocalRank()
-	return nccl.New(ctx, boot, ncfg)
 }

@@ -2,14 +2,11 @@ package bench
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"strings"
 	"time"
-	"unsafe"
 
 	"github.com/gorun-hpc/gorun/comm"
-	"github.com/gorun-hpc/gorun/nccl"
 )
 
 // RankInfo is one line of the header: where a rank runs and over what it
@@ -18,7 +15,10 @@ type RankInfo struct {
 	Rank      int    `json:"rank"`
 	Host      string `json:"host"`
 	PID       int    `json:"pid"`
-	Transport string `json:"transport"` // "shm", "tcp", "shm+tcp", "self" (one rank), "mem" (tests)
+	Transport string `json:"transport"` // "shm", "tcp", "shm+tcp", "self" (one rank), "mem" (tests), "nccl"
+	// Device is the GPU with --device cuda, as nccl-tests prints it: the
+	// ordinal this rank sees and the device's name.
+	Device string `json:"device,omitempty"`
 }
 
 // linkKinder is implemented by comm.Comm: the medium to every peer.
@@ -36,12 +36,10 @@ type runner struct {
 
 	send, recv []byte // largest buffers of the sweep; calls use prefixes
 
-	// With --device cuda: the device twins of send and recv (same layout;
-	// the host ones are then staging for the check), the expected output
-	// and the wrong-element counter of the device-side check.
-	dev                         *nccl.Device
-	dsend, drecv, dwant, dwrong *nccl.DeviceBuffer
-	want                        []byte
+	// gpu holds, with --device cuda, the device twins of send and recv
+	// (same layout; the host ones are then staging for the check) and the
+	// device-side check's buffers (gpu.go). Nil on CPUs.
+	gpu *gpuBuffers
 
 	// corrupt, when set (tests only), damages an output after a checked
 	// call and before it is verified, to prove the checker catches it.
@@ -97,12 +95,13 @@ func run(ctx context.Context, cfg Config, c, ctl comm.Communicator, ranks []Rank
 		maxBuf = max(maxBuf, sh.bytes(r.es))
 	}
 	r.send, r.recv = alignedBytes(maxSend), alignedBytes(maxBuf)
-	if nc, ok := c.(*nccl.Comm); ok {
-		if err := r.allocDevice(nc.Device(), maxSend, maxBuf); err != nil {
-			return rep, fmt.Errorf("bench: %w", err)
-		}
-		defer r.freeDevice()
+	// With a GPU communicator: device buffers, and each rank's GPU in
+	// the header.
+	release, err := r.startGPU(ctx, rep, maxSend, maxBuf)
+	if err != nil {
+		return rep, err
 	}
+	defer release()
 
 	out := cfg.Out
 	if me != 0 {
@@ -247,13 +246,8 @@ func (r *runner) issue(ctx context.Context, send, recv []byte) comm.Handle {
 	case AllToAll:
 		return c.AllToAll(ctx, sb, rb)
 	case SendRecv:
-		if nc, ok := c.(*nccl.Comm); ok {
-			// nccl-tests' sendrecv: one NCCL group of the send to the
-			// next rank and the receive from the previous one.
-			g := nc.Group()
-			g.Send(sb, (r.me+1)%r.n)
-			g.Recv(rb, (r.me+r.n-1)%r.n)
-			return g.Issue(ctx)[1]
+		if h := r.gpuSendRecv(ctx, sb, rb); h != nil {
+			return h
 		}
 		// Each rank sends to the next and receives from the previous, as
 		// nccl-tests' sendrecv. comm's Send and Recv hold the queue like
@@ -387,7 +381,7 @@ func (r *runner) checked(ctx context.Context, sh shape, send, recv []byte, inPla
 	for j := range sh.sendCount {
 		io.set(send, j, r.gen.at(me, j))
 	}
-	if r.dev != nil {
+	if r.gpu != nil {
 		// The host buffers are staging with the device buffers' layout:
 		// the output (sentinels, and the input when in place) then the
 		// input go up.
@@ -430,7 +424,7 @@ func (r *runner) checked(ctx context.Context, sh shape, send, recv []byte, inPla
 	default:
 		return 0, nil
 	}
-	if r.dev != nil {
+	if r.gpu != nil {
 		return r.countWrongOnDevice(recv, sh.recvCount, expect)
 	}
 	var wrong int64
@@ -474,126 +468,21 @@ func ParseRedOp(s string) (comm.Op, error) {
 	return op, nil
 }
 
-// allocDevice makes the device twins of the host buffers (--device cuda).
-func (r *runner) allocDevice(d *nccl.Device, maxSend, maxBuf int64) error {
-	es, dt := int64(r.es), r.cfg.DType
-	r.dev = d
-	var err error
-	if r.dsend, err = d.Alloc(dt, int(maxSend/es)); err != nil {
-		return err
-	}
-	if r.drecv, err = d.Alloc(dt, int(maxBuf/es)); err != nil {
-		return err
-	}
-	if r.dwant, err = d.Alloc(dt, int(maxBuf/es)); err != nil {
-		return err
-	}
-	if r.dwrong, err = d.Alloc(comm.Int64, 1); err != nil {
-		return err
-	}
-	r.want = alignedBytes(maxBuf)
-	return nil
-}
-
-func (r *runner) freeDevice() {
-	for _, b := range []*nccl.DeviceBuffer{r.dsend, r.drecv, r.dwant, r.dwrong} {
-		if b != nil {
-			_ = b.Free()
-		}
-	}
-}
-
 // view is the Buffer a call uses for b, a part of r.send or r.recv: b
 // itself in host memory, or the same part of the device twin.
 func (r *runner) view(b []byte) comm.Buffer {
-	if r.dev == nil {
+	if r.gpu == nil {
 		hb, _ := comm.Bytes(r.cfg.DType, b)
 		return hb
 	}
-	db, _ := r.deviceTwin(b)
-	return db
-}
-
-// deviceTwin maps a part of r.send or r.recv to the same elements of
-// r.dsend or r.drecv.
-func (r *runner) deviceTwin(b []byte) (*nccl.DeviceBuffer, error) {
-	for _, p := range []struct {
-		host []byte
-		dev  *nccl.DeviceBuffer
-	}{{r.send, r.dsend}, {r.recv, r.drecv}} {
-		if len(p.host) == 0 {
-			continue
-		}
-		base := uintptr(unsafe.Pointer(unsafe.SliceData(p.host)))
-		at := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-		if at >= base && at+uintptr(len(b)) <= base+uintptr(len(p.host)) {
-			off := int(at-base) / r.es
-			return p.dev.Slice(off, off+len(b)/r.es)
-		}
-	}
-	// Empty parts (a 0-byte row) need no memory.
-	return r.dsend.Slice(0, 0)
-}
-
-// upload copies a part of the host staging into its device twin.
-func (r *runner) upload(b []byte) error {
-	db, err := r.deviceTwin(b)
-	if err != nil {
-		return err
-	}
-	return db.CopyFrom(b)
+	return r.gpuView(b)
 }
 
 // corruptOutput applies the test hook to the output, wherever it lives.
 func (r *runner) corruptOutput(me int, inPlace bool, recv []byte) error {
-	if r.dev == nil {
+	if r.gpu == nil {
 		r.corrupt(me, inPlace, recv)
 		return nil
 	}
-	db, err := r.deviceTwin(recv)
-	if err != nil {
-		return err
-	}
-	if err := db.CopyTo(recv); err != nil {
-		return err
-	}
-	r.corrupt(me, inPlace, recv)
-	return db.CopyFrom(recv)
-}
-
-// countWrongOnDevice is the device-side check: the expected output goes up
-// once, and a kernel compares it with the output bitwise and counts the
-// differing elements on the GPU, so the output itself never comes down.
-func (r *runner) countWrongOnDevice(recv []byte, count int, expect func(int) float64) (int64, error) {
-	want := r.want[:len(recv)]
-	for j := range count {
-		r.io.set(want, j, expect(j))
-	}
-	got, err := r.deviceTwin(recv)
-	if err != nil {
-		return 0, err
-	}
-	dwant, err := r.dwant.Slice(0, count)
-	if err != nil {
-		return 0, err
-	}
-	if err := dwant.CopyFrom(want); err != nil {
-		return 0, err
-	}
-	if err := r.dwrong.Zero(); err != nil {
-		return 0, err
-	}
-	// The legacy default stream: the collective was waited for, and the
-	// synchronous copies above ran on it.
-	if err := r.dev.CountWrong(0, got, dwant, r.dwrong); err != nil {
-		return 0, err
-	}
-	if err := r.dev.Synchronize(0); err != nil {
-		return 0, err
-	}
-	var n [8]byte
-	if err := r.dwrong.CopyTo(n[:]); err != nil {
-		return 0, err
-	}
-	return int64(binary.LittleEndian.Uint64(n[:])), nil
+	return r.gpuCorrupt(me, inPlace, recv)
 }

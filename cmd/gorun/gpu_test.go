@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,6 +52,28 @@ func TestGPUPathEndToEnd(t *testing.T) {
 			}
 		}
 		t.Logf("NEEDED: %v", libs)
+	})
+
+	t.Run("-tags nogpu: a static binary that says it has no GPU side", func(t *testing.T) {
+		static := filepath.Join(dir, "gorun-nogpu")
+		build := exec.Command("go", "build", "-tags", "nogpu", "-o", static, ".")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build -tags nogpu: %v\n%s", err, out)
+		}
+		f, err := elf.Open(static)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if f.Section(".interp") != nil || f.Section(".dynamic") != nil {
+			libs, _ := f.ImportedLibraries()
+			t.Errorf("the nogpu binary is dynamically linked (needs %v)", libs)
+		}
+		out, err := exec.Command(static, "bench", "allreduce", "--device", "cuda").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "built with -tags nogpu, without GPU support") {
+			t.Errorf("--device cuda on a nogpu build: %v, %q", err, out)
+		}
 	})
 
 	empty := t.TempDir()
@@ -139,6 +162,32 @@ func TestGPUPathEndToEnd(t *testing.T) {
 				// in-place form and prints N/A there.
 				if f[8] != "0" || (f[12] != "0" && f[12] != "N/A") {
 					t.Errorf("%s: wrong elements: %q", op, r)
+				}
+			}
+		}
+	})
+
+	t.Run("launcher GPU assignment and nccl agree", func(t *testing.T) {
+		// Two GPUs per host, four ranks: local rank l runs on physical
+		// GPU l mod 2, whether the launcher narrows CUDA_VISIBLE_DEVICES
+		// (--gpus-per-host; each rank then sees one device, ordinal 0)
+		// or every rank sees both and nccl picks LOCAL_RANK mod 2.
+		for _, tc := range []struct {
+			flags   []string
+			ordinal func(r int) int
+		}{
+			{[]string{"--gpus-per-host", "2"}, func(int) int { return 0 }},
+			{nil, func(r int) int { return r % 2 }},
+		} {
+			args := append(append([]string{"-np", "4"}, tc.flags...), bin, "bench", "allreduce", "--device", "cuda", "-b", "8", "-e", "8")
+			code, stdout, stderr := run(t, 60*time.Second, standin, args...)
+			if code != 0 {
+				t.Fatalf("%v: exit %d:\n%s%s", tc.flags, code, stdout, stderr)
+			}
+			for r := range 4 {
+				want := regexp.MustCompile(fmt.Sprintf(`(?m)^#  Rank  %d Pid .* device %d \[gorun stand-in device %d\] transport nccl$`, r, tc.ordinal(r), r%2))
+				if !want.MatchString(stdout) {
+					t.Errorf("%v: rank %d not on physical GPU %d:\n%s", tc.flags, r, r%2, stdout)
 				}
 			}
 		}

@@ -45,11 +45,8 @@ func planMain(args []string, stdout, stderr io.Writer) int {
 	var files []string
 	// Flags may come before or after the file.
 	for rest := args; ; {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			return exitUsage
+		if code, done := parseFlags(fs, rest, "gorun plan", stderr); done {
+			return code
 		}
 		if fs.NArg() == 0 {
 			break

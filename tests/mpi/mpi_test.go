@@ -22,6 +22,8 @@ import (
 var (
 	gorunBin, mpichProg, ompiProg string
 	setupErr                      error
+	pmi2Prog                      string
+	pmi2Err                       error
 	missing                       string // a tool the tests need that is not installed
 )
 
@@ -341,6 +343,56 @@ func TestEnvironmentHonest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPMI2 runs Slurm's PMI-2 client (libpmi2) under gorun in both modes:
+// fullinit, puts with ';' and spaces in values, a job-wide fence, gets of
+// every rank's value, the process mapping, a node attribute waited for,
+// a second fence and finalize.
+func TestPMI2(t *testing.T) {
+	requireMPI(t)
+	if pmi2Err != nil {
+		t.Fatal(pmi2Err)
+	}
+	for _, mode := range []string{"fd", "port"} {
+		t.Run(mode, func(t *testing.T) {
+			r := newRun(t, "-np", "3", "--pmi", mode, pmi2Prog)
+			r.start()
+			if code := r.wait(); code != 0 {
+				t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", code, r.stdout.String(), r.stderr.String())
+			}
+			for rank := range 3 {
+				for _, want := range []string{
+					fmt.Sprintf("ok init rank=%d size=3 appnum=0 spawned=0", rank),
+					fmt.Sprintf("ok kvs rank=%d cards=3", rank),
+					fmt.Sprintf("ok mapping rank=%d (vector,(0,1,3))", rank),
+					fmt.Sprintf("ok nodeattr rank=%d from-0", rank),
+				} {
+					if !strings.Contains(r.stdout.String(), want+"\n") {
+						t.Errorf("missing %q\nstdout:\n%s", want, r.stdout.String())
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestPMI2Abort: Slurm's PMI2_Abort sends its abort and exits 1 at once;
+// gorun still reports the abort (with its message), not a plain exit.
+func TestPMI2Abort(t *testing.T) {
+	requireMPI(t)
+	if pmi2Err != nil {
+		t.Fatal(pmi2Err)
+	}
+	r := newRun(t, "-np", "3", pmi2Prog, "abort", "1")
+	r.start()
+	if code := r.wait(); code != 1 {
+		t.Fatalf("gorun exited %d, want 1\nstderr:\n%s", code, r.stderr.String())
+	}
+	if want := regexp.MustCompile(`gorun: rank 1 \(host \S+, pid \d+\) called MPI_Abort with code 1 \(rank gives up\); stopped 2 other ranks`); !want.MatchString(r.stderr.String()) {
+		t.Errorf("stderr does not match %q:\n%s", want, r.stderr.String())
+	}
+	r.noSurvivors()
 }
 
 // syncBuffer is a bytes.Buffer safe for exec's writer goroutines and the
