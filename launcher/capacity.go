@@ -43,9 +43,15 @@ type CapacityError struct {
 	Need, Limit int
 	// Where says which limit it is and how to raise it.
 	Where string
+	// FromSlots is set when the count is the hosts' slots (no -np); it
+	// was counted only until it passed the limit.
+	FromSlots bool
 }
 
 func (e *CapacityError) Error() string {
+	if e.Resource == "ranks" && e.FromSlots {
+		return fmt.Sprintf("launcher: the hosts' slots make more than %d ranks, gorun's limit for one job; give -np", e.Limit)
+	}
 	if e.Resource == "ranks" {
 		return fmt.Sprintf("launcher: %d ranks requested; gorun runs at most %d ranks in one job", e.Ranks, e.Limit)
 	}

@@ -26,8 +26,8 @@ type RankExitError struct {
 	Signal syscall.Signal
 	// Stopped is the number of other ranks gorun had to stop.
 	Stopped int
-	// AlsoFailed is the number of other ranks that failed on their own
-	// (not because gorun stopped them).
+	// AlsoFailed is the number of other ranks that failed with their own
+	// exit code or signal, not the one gorun's teardown sent them.
 	AlsoFailed int
 }
 
@@ -41,7 +41,7 @@ func (e *RankExitError) Error() string {
 	}
 	s := fmt.Sprintf("rank %d (host %s, pid %d) %s", e.Rank, e.Host, e.PID, cause)
 	if e.AlsoFailed > 0 {
-		s += fmt.Sprintf("; %d other %s failed on %s own", e.AlsoFailed, plural(e.AlsoFailed, "rank", "ranks"), plural(e.AlsoFailed, "its", "their"))
+		s += fmt.Sprintf("; %d other %s also failed", e.AlsoFailed, plural(e.AlsoFailed, "rank", "ranks"))
 	}
 	if e.Stopped > 0 || e.AlsoFailed == 0 {
 		s += fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))

@@ -151,24 +151,125 @@ func (m *hostAgents) listen(ctx context.Context, id LocalIdentity) error {
 }
 
 // routeChoice asks the kernel which interface reaches the first remote
-// host; with no remote host (srun on this machine only) or no resolvable
-// one, the interface with the default route.
+// host that resolves; with no remote host (srun on this machine only) or
+// none resolving in time, the interface with the default route (the
+// starters then name the hosts that cannot be reached).
 func (m *hostAgents) routeChoice(ctx context.Context, id LocalIdentity) (netif.Choice, error) {
+	var names []string
 	for _, n := range m.nodes {
-		if id.IsLocal(n.Name) {
-			continue
+		if !id.IsLocal(n.Name) {
+			names = append(names, n.Name)
 		}
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ips, err := net.DefaultResolver.LookupNetIP(lctx, "ip", n.Name)
-		cancel()
-		if err != nil || len(ips) == 0 {
-			continue
-		}
-		if c, err := netif.Toward(ips[0].Unmap()); err == nil {
+	}
+	lookup := func(ctx context.Context, name string) ([]netip.Addr, error) {
+		return net.DefaultResolver.LookupNetIP(ctx, "ip", name)
+	}
+	if ip, ok := resolveFirst(ctx, names, lookup, resolveConfig{}); ok {
+		if c, err := netif.Toward(ip.Unmap()); err == nil {
 			return c, nil
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		return netif.Choice{}, fmt.Errorf("launcher: launch canceled: %w", err)
+	}
 	return netif.Default()
+}
+
+// resolveConfig bounds resolveFirst; zero fields take the defaults.
+type resolveConfig struct {
+	// Workers is how many lookups run at once (default 16): a list of
+	// thousands of names, each waiting for a resolver's timeout, must not
+	// take thousands of timeouts.
+	Workers int
+	// Deadline bounds the whole search (default 10 s).
+	Deadline time.Duration
+	// Candidates is how many names, from the first, are tried at most
+	// (default 256): if that many do not resolve, more will not either.
+	Candidates int
+}
+
+// resolveFirst looks names up in parallel and returns an address of the
+// first name, in list order, that resolves: the earliest name that resolved
+// once every name before it failed (at the deadline, the earliest that
+// resolved by then). It returns as soon as that is decided, at the deadline
+// or when ctx ends, and every lookup has stopped when it returns.
+func resolveFirst(ctx context.Context, names []string, lookup func(context.Context, string) ([]netip.Addr, error), cfg resolveConfig) (netip.Addr, bool) {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 16
+	}
+	if cfg.Deadline <= 0 {
+		cfg.Deadline = 10 * time.Second
+	}
+	if cfg.Candidates <= 0 {
+		cfg.Candidates = 256
+	}
+	names = names[:min(len(names), cfg.Candidates)]
+	if len(names) == 0 {
+		return netip.Addr{}, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Deadline)
+	defer cancel()
+	type answer struct {
+		i  int
+		ip netip.Addr
+		ok bool
+	}
+	answers := make(chan answer, len(names))
+	next := make(chan int, len(names))
+	for i := range names {
+		next <- i
+	}
+	close(next)
+	var wg sync.WaitGroup
+	defer wg.Wait() // after cancel (deferred later, run first)
+	defer cancel()
+	for range min(cfg.Workers, len(names)) {
+		wg.Go(func() {
+			for i := range next {
+				if ctx.Err() != nil {
+					return
+				}
+				ips, err := lookup(ctx, names[i])
+				a := answer{i: i, ok: err == nil && len(ips) > 0}
+				if a.ok {
+					a.ip = ips[0]
+				}
+				answers <- a
+			}
+		})
+	}
+	// decided[i]: 0 pending, 1 resolved, -1 failed. The answer is the
+	// first resolved index with every earlier one failed.
+	decided := make([]int8, len(names))
+	ips := make([]netip.Addr, len(names))
+	first := 0
+	for {
+		for first < len(names) && decided[first] < 0 {
+			first++
+		}
+		if first == len(names) {
+			return netip.Addr{}, false
+		}
+		if decided[first] > 0 {
+			return ips[first], true
+		}
+		select {
+		case a := <-answers:
+			if a.ok {
+				decided[a.i], ips[a.i] = 1, a.ip
+			} else {
+				decided[a.i] = -1
+			}
+		case <-ctx.Done():
+			// Out of time: the earliest name that did resolve, if any.
+			for i, d := range decided {
+				if d > 0 {
+					return ips[i], true
+				}
+			}
+			return netip.Addr{}, false
+		}
+	}
 }
 
 // agentArgs is the agent command line for one host ("" for srun, where

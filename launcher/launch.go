@@ -48,8 +48,10 @@ type Job struct {
 // is StartSrun) it starts one host agent per host and runs the job through
 // them. The error is nil when every rank exited 0; otherwise it is one of
 // *RankExitError, *StartError, *TimeoutError, *InterruptedError,
-// *ProgramError, *SlotsError, *SupervisorError, *HostError, *VersionError,
-// *HostLostError, or a configuration or context error.
+// *ProgramError, *SlotsError, *CapacityError, *SupervisorError, *HostError,
+// *VersionError, *HostLostError, *MPIError, *OutputLostError (every rank
+// succeeded but a log file lost output), or a configuration or context
+// error.
 func Launch(ctx context.Context, cfg Config, job Job) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -83,6 +85,10 @@ func launchLocal(ctx context.Context, cfg Config, job Job) error {
 	// Before anything is allocated per rank: an absurd count must not
 	// grow the plan until the machine runs out of memory.
 	if err := checkLocalCapacity(localRanks(job), readLocalLimits()); err != nil {
+		var ce *CapacityError
+		if errors.As(err, &ce) && ce.Resource == "ranks" && job.NP == 0 {
+			ce.FromSlots = true
+		}
 		return err
 	}
 	path, err := ResolveProgram(job.Argv[0], cfg.Dir)

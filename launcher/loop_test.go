@@ -276,7 +276,7 @@ func TestLoopEveryRankFailsOnItsOwn(t *testing.T) {
 		if !errors.As(err, &re) || re.Rank != 1 || re.Stopped != 0 || re.AlsoFailed != 2 {
 			t.Fatalf("err = %#v", err)
 		}
-		if want := "rank 1 (host localhost, pid 1001) exited with code 3; 2 other ranks failed on their own"; err.Error() != want {
+		if want := "rank 1 (host localhost, pid 1001) exited with code 3; 2 other ranks also failed"; err.Error() != want {
 			t.Errorf("message %q, want %q", err.Error(), want)
 		}
 	})
@@ -287,7 +287,7 @@ func TestLoopEveryRankFailsOnItsOwn(t *testing.T) {
 		f.exit(0, 4, 0)
 		f.exit(1, 0, syscall.SIGTERM)
 		err := f.done()
-		if want := "rank 2 (host localhost, pid 1002) exited with code 1; 1 other rank failed on its own; stopped 1 other rank"; err == nil || err.Error() != want {
+		if want := "rank 2 (host localhost, pid 1002) exited with code 1; 1 other rank also failed; stopped 1 other rank"; err == nil || err.Error() != want {
 			t.Errorf("message %v, want %q", err, want)
 		}
 	})

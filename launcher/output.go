@@ -30,15 +30,51 @@ const minChunk = 16 << 10
 type lineSink struct {
 	mu sync.Mutex
 	w  io.Writer
+	// name and failed are set for a per-rank log file: its first write
+	// error is handed to failed (once), and nothing more is written to it.
+	name   string
+	failed func(name string, err error)
+	err    error // guarded by mu: the first write error
 }
 
 func (s *lineSink) write(b []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// A broken terminal must not stop draining the rank: it would block
-	// on a full pipe. Errors are dropped; the rank keeps running.
-	_, _ = s.w.Write(b)
+	if s.err != nil {
+		return
+	}
+	// A write error must not stop draining the rank: it would block on a
+	// full pipe. The rank keeps running; a log file's loss is reported.
+	if _, err := s.w.Write(b); err != nil && s.failed != nil {
+		s.err = err
+		s.failed(s.name, err)
+	}
 }
+
+// OutputLostError reports that output meant for a file could not be
+// written (a full or failing file system): the job may have succeeded,
+// but its record did not.
+type OutputLostError struct {
+	// File is the per-rank log that lost output; Err the write's error.
+	File string
+	Err  error
+	// Files counts the logs that lost output, File's included.
+	Files int
+}
+
+func (e *OutputLostError) Error() string {
+	s := fmt.Sprintf("launcher: output lost: writing %s: %v", e.File, e.Err)
+	if e.Files > 1 {
+		s += fmt.Sprintf(" (and %d more %s)", e.Files-1, plural(e.Files-1, "log", "logs"))
+	}
+	return s
+}
+
+func (e *OutputLostError) Unwrap() error { return e.Err }
+
+// ExitCode is 74, sysexits' EX_IOERR: the job's own exit status was 0, so
+// only gorun's can say that its output is incomplete.
+func (e *OutputLostError) ExitCode() int { return 74 }
 
 // streamer copies one stream (stdout or stderr) of one rank to its sinks.
 type streamer struct {
@@ -169,9 +205,49 @@ func openJobOutput(cfg Config, plan *Plan) (*jobOutput, error) {
 			return nil, fmt.Errorf("launcher: output dir: %w", err)
 		}
 		o.files = append(o.files, f)
-		o.logs = append(o.logs, &lineSink{w: f})
+		o.logs = append(o.logs, &lineSink{w: f, name: f.Name(), failed: o.fileFailed})
 	}
 	return o, nil
+}
+
+// fileFailed reports a log file's first write error, once, on gorun's
+// stderr as it happens: the job goes on, and the user learns at once which
+// record is incomplete.
+func (o *jobOutput) fileFailed(name string, err error) {
+	o.stderr.write(fmt.Appendf(nil, "gorun: writing %s: %v; the rest of that rank's log is lost\n", name, err))
+}
+
+// finish closes the log files and returns an *OutputLostError when any
+// write or close of one failed. Call after wait.
+func (o *jobOutput) finish() error {
+	var lost *OutputLostError
+	note := func(name string, err error) {
+		if lost == nil {
+			lost = &OutputLostError{File: name, Err: err}
+		}
+		lost.Files++
+	}
+	for i, f := range o.files {
+		s := o.logs[i]
+		s.mu.Lock()
+		werr := s.err
+		s.mu.Unlock()
+		// A file system that defers errors (NFS, a full disk with
+		// delayed allocation) may report them only at close.
+		cerr := f.Close()
+		switch {
+		case werr != nil:
+			note(s.name, werr)
+		case cerr != nil:
+			o.fileFailed(s.name, cerr)
+			note(s.name, cerr)
+		}
+	}
+	o.files = nil
+	if lost == nil {
+		return nil
+	}
+	return lost
 }
 
 // add registers a reader of one rank's stdout (kind 1) or stderr (kind 2);

@@ -185,7 +185,7 @@ func NewPlan(c PlanConfig) (*Plan, error) {
 	// Without -np the slots decide; a hostfile's slots=2000000000 must be
 	// refused before one environment per rank is built.
 	if total := sumCapped(counts); total > MaxRanks {
-		return nil, &CapacityError{Ranks: total, Resource: "ranks", Need: total, Limit: MaxRanks}
+		return nil, &CapacityError{Ranks: total, Resource: "ranks", Need: total, Limit: MaxRanks, FromSlots: c.NP == 0}
 	}
 
 	p := &Plan{JobID: c.JobID, MasterPort: c.MasterPort, PMI: !c.NoPMI}

@@ -76,7 +76,17 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) e
 		}
 		m.preload = append(m.preload, src)
 	}
-	if err := m.open(ctx, id); err != nil {
+	// Choosing the interface may wait on name resolution: a stopping
+	// signal must end it, as it ends host start-up after it.
+	octx, endWatch := watchStopSignals(ctx, cfg.Signals)
+	err = m.open(octx, id)
+	if sig := endWatch(); sig != 0 {
+		if err == nil {
+			m.ln.Close()
+		}
+		return &InterruptedError{Signal: sig}
+	}
+	if err != nil {
 		return err
 	}
 	defer m.ln.Close()
@@ -195,6 +205,9 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 	connWG.Wait()
 	out.wait()
 	m.reapStarters(m.cfg.Grace + 2*time.Second)
+	if lerr := out.finish(); lerr != nil && err == nil {
+		err = lerr
+	}
 	return err
 }
 
@@ -210,6 +223,39 @@ func withoutSecret(env []string) []string {
 		}
 	}
 	return out
+}
+
+// watchStopSignals returns a context that ends when ctx does or when a
+// stopping signal (SIGINT, SIGTERM, SIGHUP) arrives on sigs, for a phase
+// that blocks outside any loop reading sigs. end stops the watch (its
+// goroutine has exited when end returns) and reports the stopping signal
+// that arrived, or 0. Other signals arriving meanwhile are dropped: no
+// rank exists yet to forward them to.
+func watchStopSignals(ctx context.Context, sigs <-chan os.Signal) (context.Context, func() syscall.Signal) {
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	var got syscall.Signal
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case s := <-sigs:
+				if sig, ok := s.(syscall.Signal); ok && stopping(sig) {
+					got = sig
+					cancel()
+					return
+				}
+			case <-done:
+				return
+			}
+		}
+	})
+	return wctx, func() syscall.Signal {
+		close(done)
+		wg.Wait()
+		cancel()
+		return got
+	}
 }
 
 // hostsHome is the supervisors of a multi-host job's hosts, reached

@@ -114,6 +114,11 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 		<-streamsDone
 	}
 	p.closeStreams()
+	if lerr := out.finish(); lerr != nil && err == nil {
+		// The ranks succeeded but their record did not: the exit status
+		// must say so (the line was printed when it happened).
+		err = lerr
+	}
 	if err != nil {
 		flight.print("the job failed", start)
 	}

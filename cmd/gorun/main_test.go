@@ -317,3 +317,47 @@ func TestAbsurdRankCountsRefused(t *testing.T) {
 		t.Errorf("processes survive gorun: %v", s)
 	}
 }
+
+// A write error on a per-rank log (here rank 0's log is /dev/full, which
+// fails every write with ENOSPC) is reported once, naming the file and the
+// error, and the exit status says that output was lost although every
+// rank exited 0; the other rank's log is whole.
+func TestOutputDirWriteErrorIsReported(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Symlink("/dev/full", dir+"/rank.0.log"); err != nil {
+		t.Fatal(err)
+	}
+	r := runGorun(t, "flood:50", nil, "-np", "2", "--output-dir", dir, "RANK")
+	file := dir + "/rank.0.log"
+	if r.code != 74 {
+		t.Errorf("exit code %d, want 74 (output lost); stderr:\n%s", r.code, r.stderr)
+	}
+	report := "gorun: writing " + file + ": write " + file + ": no space left on device; the rest of that rank's log is lost\n"
+	if n := strings.Count(r.stderr, report); n != 1 {
+		t.Errorf("the write error is reported %d times, want once as %q; stderr:\n%s", n, report, r.stderr)
+	}
+	if !strings.HasSuffix(r.stderr, "gorun: output lost: writing "+file+": write "+file+": no space left on device\n") {
+		t.Errorf("final line does not say output was lost; stderr:\n%s", r.stderr)
+	}
+	b, err := os.ReadFile(dir + "/rank.1.log")
+	if err != nil || strings.Count(string(b), "\n") != 50 {
+		t.Errorf("rank 1's log: %d lines, %v; want 50", strings.Count(string(b), "\n"), err)
+	}
+}
+
+// A hostfile line that expands to a million hosts is refused at once
+// (its slots exceed what one job may have), not resolved name by name.
+func TestMillionHostHostfileRefused(t *testing.T) {
+	hf := t.TempDir() + "/hosts"
+	if err := os.WriteFile(hf, []byte("n[01-1000000]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	r := runGorun(t, "exit:0", nil, "-hostfile", hf, "RANK")
+	if r.code != exitFailure || r.stderr != "gorun: the hosts' slots make more than 262144 ranks, gorun's limit for one job; give -np\n" {
+		t.Errorf("code %d, stderr %q", r.code, r.stderr)
+	}
+	if d := time.Since(start); d > 60*time.Second {
+		t.Errorf("refusal took %v", d)
+	}
+}

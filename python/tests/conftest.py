@@ -13,6 +13,8 @@ import pytest
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PYDIR = os.path.join(ROOT, "python")
 RANKPROG = os.path.join(os.path.dirname(__file__), "rankprog.py")
+# In-process tests (the exporter) import the package from this checkout.
+sys.path.insert(0, PYDIR)
 
 
 class Launcher:

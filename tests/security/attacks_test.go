@@ -42,10 +42,11 @@ func TestAttacksOnASingleHostJob(t *testing.T) {
 	waitHeld(t, holds, 2)
 	checkBounded(t, "rank", pids)
 	out := attack(t, "", "read-secrets")()
-	if !strings.Contains(out, "environ-with-secret=0 ") {
-		t.Errorf("the second user read a job secret from /proc: %s", out)
+	if !strings.Contains(out, "environ-with-secret=0 shm-openable=0 tmp-listable=0") {
+		t.Errorf("the second user read a job's secret from /proc, opened its shared memory or listed its temporary files: %s", out)
 	}
 	checkShm(t)
+	checkTempDirs(t)
 	if a := attach(); !attachRefused(a) {
 		t.Errorf("attach sockets: %s, want connections made and all closed by the leader", a)
 	}
@@ -226,6 +227,22 @@ func checkShm(t *testing.T) {
 		}
 		if st, err := os.Stat("/dev/shm/" + e.Name()); err == nil && st.Mode().Perm()&0o077 != 0 {
 			t.Errorf("/dev/shm/%s has mode %04o, want 0600", e.Name(), st.Mode().Perm())
+		}
+	}
+}
+
+// checkTempDirs: gorun's temporary directories of root's are 0700 (the
+// flight-record directory of a single-host job is one).
+func checkTempDirs(t *testing.T) {
+	t.Helper()
+	dirs, _ := filepath.Glob("/tmp/gorun-flight-*")
+	if len(dirs) == 0 {
+		t.Error("no flight-record directory in /tmp during a single-host job")
+	}
+	for _, d := range dirs {
+		st, err := os.Lstat(d)
+		if err == nil && st.Sys().(*syscall.Stat_t).Uid == 0 && st.Mode().Perm() != 0o700 {
+			t.Errorf("%s has mode %04o, want 0700", d, st.Mode().Perm())
 		}
 	}
 }
