@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/comm/commtest"
 )
@@ -109,6 +111,9 @@ func desyncChildMain() int {
 	for r := range hosts {
 		hosts[r] = "localhost"
 	}
+	if v := os.Getenv("GORUN_DESYNC_STRAGGLER"); v != "" {
+		return stragglerChild(ep, addrs, hosts, rank, size, v)
+	}
 	par, _ := strconv.Atoi(os.Getenv("GORUN_DESYNC_PAR"))
 	var cases []splitCase
 	for _, s := range strings.Fields(os.Getenv("GORUN_DESYNC_CASES")) {
@@ -159,6 +164,12 @@ func runSplitCase(c *comm.Comm, sc splitCase, rank, size int, guard time.Duratio
 	ctx := context.Background()
 	send := comm.Float32s(make([]float32, sc.count))
 	recv := comm.Float32s(make([]float32, sc.count))
+	pre, _ := strconv.Atoi(os.Getenv("GORUN_DESYNC_PRE"))
+	for range pre { // matching calls first, so the desync is not at #1
+		if err := c.AllReduce(ctx, send, recv, comm.Sum).Wait(ctx); err != nil {
+			return "error", 0, err.Error()
+		}
+	}
 	start := time.Now()
 	var h comm.Handle
 	if rank < size-sc.k {
@@ -326,5 +337,111 @@ func TestSplitMatrix(t *testing.T) {
 				t.Logf("%d cases, every rank got a DesyncError; slowest %d ms", len(cases), slowest)
 			})
 		}
+	}
+}
+
+// stragglerChild: spec "R:D" delays rank R by D before its third
+// AllReduce; every rank checks the sums, and logs go to stderr.
+func stragglerChild(ep *comm.Endpoint, addrs, hosts []string, rank, size int, spec string) int {
+	rs, ds, _ := strings.Cut(spec, ":")
+	late, _ := strconv.Atoi(rs)
+	delay, err := time.ParseDuration(ds)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return exitBad
+	}
+	cfg := comm.DefaultConfig()
+	cfg.Logger = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(zerolog.WarnLevel)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := comm.New(ctx, commtest.NewStaticGroup(rank, addrs, hosts), ep, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return exitBad
+	}
+	defer c.Close()
+	for i := range 4 {
+		if i == 2 && rank == late {
+			time.Sleep(delay)
+		}
+		buf := []float32{float32(rank), 1}
+		if err := c.AllReduce(ctx, comm.Float32s(buf), comm.Float32s(buf), comm.Sum).Wait(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "allreduce:", err)
+			return exitBad
+		}
+		if buf[0] != float32(size*(size-1)/2) || buf[1] != float32(size) {
+			fmt.Fprintf(os.Stderr, "allreduce %d: got %v\n", i, buf)
+			return exitBad
+		}
+	}
+	fmt.Println("ok")
+	return 0
+}
+
+// TestStraggler: a rank that reaches a collective 5 s late (no mismatch)
+// is named by the waiting ranks within about DesyncCheckAfter, and the job
+// then completes with correct sums.
+func TestStraggler(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process, 5 s")
+	}
+	const np, late = 4, 2
+	res, _ := runRanks(t, np, "", "shm", desyncChildEnv+"=1", "GORUN_DESYNC_STRAGGLER="+strconv.Itoa(late)+":5s")
+	for r, p := range res {
+		if p.code != 0 || !strings.Contains(p.stdout, "ok") {
+			t.Errorf("rank %d: exit %d\n%s%s", r, p.code, p.stdout, p.stderr)
+		}
+		if r == late {
+			continue
+		}
+		// "rank 2 is idle since AllReduce(float32 sum, count=2) #2 (has not issued #3)"
+		want := fmt.Sprintf("rank %d is idle since AllReduce(float32 sum, count=2) #2 (has not issued #3)", late)
+		if !strings.Contains(p.stderr, want) {
+			t.Errorf("rank %d did not name the straggler (%q):\n%s", r, want, p.stderr)
+		}
+		if n := strings.Count(p.stderr, "call stalled"); n < 2 || n > 4 {
+			t.Errorf("rank %d logged the stall %d times in 5 s, want 2-4 (1 s, then doubling)", r, n)
+		}
+	}
+	t.Logf("rank 0's log:\n%s", res[0].stderr)
+}
+
+// TestFlightTable: after a desync at call #4 (three matching AllReduces,
+// then Broadcast on ranks 2-3 against AllReduce on 0-1), every rank has
+// written its flight records, and the merged table marks #4 and names both
+// calls with their ranks.
+func TestFlightTable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process")
+	}
+	dir := t.TempDir()
+	cases := []splitCase{{op: comm.KindBroadcast, k: 2, count: 16}}
+	specs := []string{cases[0].String()}
+	res, _ := runRanks(t, 4, "", "shm", desyncChildEnv+"=1", "GORUN_DESYNC_CASES="+strings.Join(specs, " "),
+		"GORUN_DESYNC_PRE=3", comm.FlightDirEnv+"="+dir)
+	for r, p := range res {
+		if p.code != 0 || !strings.Contains(p.stdout, "desync") {
+			t.Errorf("rank %d: exit %d\n%s%s", r, p.code, p.stdout, p.stderr)
+		}
+	}
+	dumps, err := comm.ReadFlightDumps(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dumps) != 4 {
+		t.Fatalf("%d dumps, want one per rank", len(dumps))
+	}
+	table := comm.FlightTable(dumps)
+	t.Logf("\n%s", table)
+	for _, want := range []string{
+		">>  #4",
+		"first disagreement at #4: ranks 0-1 called AllReduce(float32 sum, count=16) #4, ranks 2-3 called Broadcast(float32, count=16, root=0) #4",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q", want)
+		}
+	}
+	if ents, _ := filepath.Glob(filepath.Join(dir, "ready.*")); len(ents) != 0 {
+		t.Errorf("signal markers left behind: %v", ents)
 	}
 }

@@ -41,10 +41,10 @@ func (w *World) startLeader() error {
 	ln, err := net.Listen(name)
 	if err != nil {
 		if errors.Is(err, ErrAttachNameTaken) {
-			// The name comes from the secret: only another process of
-			// this job (two local rank 0s) can hold it.
+			// The name comes from the secret: another process of this
+			// job (two local rank 0s), or one that learned the name.
 			return fmt.Errorf("rendezvous: rank %d: host leader cannot listen for the host's ranks "+
-				"(another process of this job on host %s claims local rank 0?): %w", w.cfg.Rank, w.cfg.Host, err)
+				"(another process of this job on host %s claims local rank 0, or another process took the name): %w", w.cfg.Rank, w.cfg.Host, err)
 		}
 		return fmt.Errorf("rendezvous: rank %d: host leader cannot listen at %q for the host's ranks: %w", w.cfg.Rank, name, err)
 	}

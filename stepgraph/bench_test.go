@@ -1,8 +1,11 @@
 package stepgraph
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"os"
 	"testing"
 	"time"
 
@@ -154,4 +157,63 @@ func BenchmarkReshard10k(b *testing.B) {
 func BenchmarkValidateSimulate10k(b *testing.B) {
 	g := transformerStep(208, 8)
 	benchPass(b, g, func(g *Graph) (*Graph, error) { _, err := Simulate(g, buckets.DefaultModel()); return g, err })
+}
+
+// BenchmarkPlanner10k is `gorun plan` on a 10k-node step without the
+// process: parse the JSON document, validate, run the default passes
+// (block then overlap-preserving bucketing) and print the text summary.
+// The issue's goal: under a second.
+func BenchmarkPlanner10k(b *testing.B) {
+	var doc bytes.Buffer
+	if err := Save(&doc, transformerStep(208, 8)); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ReportMetric(9984, "nodes")
+	for b.Loop() {
+		g, err := Load(bytes.NewReader(doc.Bytes()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		s, err := RunPlanner(g, PlannerConfig{Buckets: buckets.DefaultConfig()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.WriteText(io.Discard); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPlannerAllPasses10k adds reshard and chunking in front.
+func BenchmarkPlannerAllPasses10k(b *testing.B) {
+	g := transformerStep(208, 8)
+	cfg := PlannerConfig{Passes: []string{PassReshard, PassChunk, PassBlocks, PassOverlap}, Buckets: buckets.DefaultConfig(),
+		Chunk: ChunkConfig{Pattern: "layers.*", Accumulate: true}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := RunPlanner(g, cfg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestWriteTransformerStep writes the benchmark's 10k-node step as a JSON
+// document to $GORUN_WRITE_STEP for scripts/bench-plan.sh, which times the
+// real `gorun plan` on it. Without the variable it has nothing to do.
+func TestWriteTransformerStep(t *testing.T) {
+	out := os.Getenv("GORUN_WRITE_STEP")
+	if out == "" {
+		t.Skip("GORUN_WRITE_STEP not set (scripts/bench-plan.sh sets it)")
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Save(f, transformerStep(208, 8)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -106,12 +106,16 @@ func rankMain() int {
 
 // attackMain is the attacker, run as the second user:
 //
-//	agent-port DUR          watch /proc for host agents' command lines and, for each
+//	agent-port DUR PREFIX   watch /proc for host agents' command lines (for hosts named
+//	                        PREFIX*, sparing other tests' jobs on this machine) and, for each
 //	                        gorun address seen, send hellos claiming protocol 9 for
 //	                        the job and host they name, and hold 300 silent connections
 //	squat-watch HOST DUR    watch for HOST's agent and bind @gorun-<job>-<HOST> (the
 //	                        name the attach socket once had), then connect to every
-//	                        @gorun-* socket on this host's network, 200 times each
+//	                        @gorun-* socket on this host's network, 200 times each;
+//	                        ends a second after connecting, or after DUR
+//	attach DUR NAME...      connect 200 times to each named attach socket (a test on
+//	                        the shared host names its own job's, sparing other jobs)
 //	hold ADDR N DUR         open N connections to ADDR and hold them
 //	read-secrets            try to read every process's environ; print what was readable
 //	plant DIR...            create each DIR world-writable with a planted "prog.sh"
@@ -124,9 +128,15 @@ func attackMain(args []string) int {
 	dur := func(s string) time.Duration { d, _ := time.ParseDuration(s); return d }
 	switch args[0] {
 	case "agent-port":
-		return attackAgentPort(dur(args[1]))
+		return attackAgentPort(dur(args[1]), args[2])
 	case "squat-watch":
-		return attackSquat(args[1], dur(args[2]))
+		return attackSquat(args[1], dur(args[2]), nil)
+	case "attach":
+		only := map[string]bool{}
+		for _, n := range args[2:] {
+			only[n] = true
+		}
+		return attackSquat("", dur(args[1]), only)
 	case "hold":
 		n, _ := strconv.Atoi(args[2])
 		conns := holdConns(args[1], n)
@@ -181,25 +191,24 @@ func agentCmdlines() [][3]string {
 	return out
 }
 
-func attackAgentPort(d time.Duration) int {
+func attackAgentPort(d time.Duration, prefix string) int {
 	end := time.Now().Add(d)
 	hellos := 0
 	var held []net.Conn
-	// Hellos first: held connections from this source would fill its
-	// share of the port's handshake slots and keep the hellos out. After
-	// 3 s of hellos (the launch is over by then), hold 300 connections.
-	seen := map[[3]string]time.Time{}
+	// Held connections come from another source address (127.0.0.2) than
+	// the hellos: from one source they would fill its share of the port's
+	// handshake slots and keep the hellos out.
+	seen := map[[3]string]bool{}
 	holding := map[string]bool{}
 	for time.Now().Before(end) {
 		for _, c := range agentCmdlines() {
-			first, ok := seen[c]
-			if !ok {
-				seen[c] = time.Now()
-				first = seen[c]
+			if !strings.HasPrefix(c[2], prefix) {
+				continue
 			}
-			if time.Since(first) > 3*time.Second && !holding[c[0]] {
+			seen[c] = true
+			if !holding[c[0]] {
 				holding[c[0]] = true
-				held = append(held, holdConns(c[0], 300)...)
+				held = append(held, holdConnsFrom(c[0], 300, "127.0.0.2")...)
 			}
 			conn, err := net.DialTimeout("tcp", c[0], time.Second)
 			if err != nil {
@@ -215,14 +224,29 @@ func attackAgentPort(d time.Duration) int {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	fmt.Printf("ATTACK agent-port hellos=%d held=%d targets=%d\n", hellos, len(held), len(seen))
+	// gorun closes every connection of a stranger: the ones over the
+	// per-source bound at once, the rest when its setup ends.
+	open := 0
+	for _, c := range held {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); err != nil && isTimeout(err) {
+			open++
+		}
+	}
+	fmt.Printf("ATTACK agent-port hellos=%d held=%d still-open=%d targets=%d\n", hellos, len(held), open, len(seen))
 	return 0
 }
 
-func holdConns(addr string, n int) []net.Conn {
+func holdConns(addr string, n int) []net.Conn { return holdConnsFrom(addr, n, "") }
+
+func holdConnsFrom(addr string, n int, from string) []net.Conn {
 	var out []net.Conn
+	d := net.Dialer{Timeout: time.Second}
+	if from != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(from)}
+	}
 	for range n {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
+		c, err := d.Dial("tcp", addr)
 		if err != nil {
 			break
 		}
@@ -231,7 +255,7 @@ func holdConns(addr string, n int) []net.Conn {
 	return out
 }
 
-func attackSquat(host string, d time.Duration) int {
+func attackSquat(host string, d time.Duration, only map[string]bool) int {
 	end := time.Now().Add(d)
 	var squatted []net.Listener
 	var attached []net.Conn
@@ -239,7 +263,7 @@ func attackSquat(host string, d time.Duration) int {
 	for time.Now().Before(end) {
 		for _, c := range agentCmdlines() {
 			name := "gorun-" + c[1] + "-" + c[2]
-			if c[2] != host || named[name] {
+			if host == "" || c[2] != host || named[name] {
 				continue
 			}
 			named[name] = true
@@ -254,12 +278,21 @@ func attackSquat(host string, d time.Duration) int {
 			if len(f) < 8 || !strings.HasPrefix(f[7], "@gorun-") || named[f[7][1:]] || f[5] != "01" {
 				continue
 			}
+			if only != nil && !only[f[7][1:]] {
+				continue
+			}
 			named[f[7][1:]] = true
 			for range 200 {
 				if c, err := net.Dial("unix", f[7]); err == nil {
 					attached = append(attached, c)
 				}
 			}
+		}
+		if len(attached) > 0 && len(named) > len(squatted) {
+			// Connected to the job's sockets: give the leaders a moment
+			// to answer, then report.
+			time.Sleep(time.Second)
+			break
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -303,7 +336,18 @@ func attackReadSecrets() int {
 			shm++
 		}
 	}
-	fmt.Printf("ATTACK read-secrets environ-with-secret=%d shm-openable=%d\n", readable, shm)
+	// gorun's temporary directories (flight records of a single-host job).
+	tmp := 0
+	dirs, _ := filepath.Glob("/tmp/gorun-flight-*")
+	for _, d := range dirs {
+		if st, err := os.Stat(d); err != nil || !st.IsDir() || st.Sys().(*syscall.Stat_t).Uid == uint32(os.Getuid()) {
+			continue
+		}
+		if _, err := os.ReadDir(d); err == nil {
+			tmp++
+		}
+	}
+	fmt.Printf("ATTACK read-secrets environ-with-secret=%d shm-openable=%d tmp-listable=%d\n", readable, shm, tmp)
 	return 0
 }
 
