@@ -110,7 +110,7 @@ func (c *Comm) execute(cl *call) {
 		return
 	}
 	if cl.invalid != nil {
-		c.rec.end(c.rec.start(cl, c.cseq, time.Now()), cl.invalid, time.Now())
+		c.rec.end(c.rec.start(cl, c.cseq, ticks()), cl.invalid, ticks())
 		c.fail(cl.invalid)
 		cl.finish(cl.invalid)
 		return
@@ -126,7 +126,11 @@ func (c *Comm) execute(cl *call) {
 			}
 		}
 	}
-	slot := c.rec.start(cl, c.cseq, time.Now())
+	record := !flightOff.Load()
+	var slot uint64
+	if record {
+		slot = c.rec.start(cl, c.cseq, ticks())
+	}
 	err := c.run(cl)
 	if err == nil {
 		err = c.flushAll(cl)
@@ -137,7 +141,9 @@ func (c *Comm) execute(cl *call) {
 			err = c.failErr
 		}
 	}
-	c.rec.end(slot, err, time.Now())
+	if record {
+		c.rec.end(slot, err, ticks())
+	}
 	cl.finish(err)
 }
 
