@@ -486,7 +486,9 @@ func recorderBenchChild(ep *comm.Endpoint, addrs, hosts []string, rank int) int 
 	slices.Sort(on)
 	slices.Sort(off)
 	if rank == 0 {
-		q := func(s []time.Duration, f float64) float64 { return float64(s[int(f*float64(len(s)-1))].Nanoseconds()) / 1e3 }
+		q := func(s []time.Duration, f float64) float64 {
+			return float64(s[int(f*float64(len(s)-1))].Nanoseconds()) / 1e3
+		}
 		fmt.Printf("8 B all-reduce, %s: recorder off median %.2f us (p10 %.2f, p90 %.2f), on median %.2f us (p10 %.2f, p90 %.2f), on/off %.3f\n",
 			c.LinkKinds()[1-rank], q(off, .5), q(off, .1), q(off, .9), q(on, .5), q(on, .1), q(on, .9), q(on, .5)/q(off, .5))
 	}
