@@ -21,17 +21,20 @@ func TestDesyncSidesPerRank(t *testing.T) {
 		cfg := comm.LocalConfig()
 		cfg.DesyncCheckAfter = 200 * time.Millisecond
 		j := newNetJob(t, 4, cfg, tcp)
+		abortAll(t, j) // a broken check must fail here, not hang Close
 		errs := onEach(t, 4, func(r int) error {
 			ctx := context.Background()
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
 			buf := comm.Float32s(make([]float32, 16))
 			if r >= 2 {
-				if err := j.comms[r].Broadcast(ctx, buf, buf, 0).Wait(ctx); err != nil {
+				if err := j.comms[r].Broadcast(ctx, buf, buf, 0).Wait(wctx); err != nil {
 					return err
 				}
-			} else if err := j.comms[r].AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx); err != nil {
+			} else if err := j.comms[r].AllReduce(ctx, buf, buf, comm.Sum).Wait(wctx); err != nil {
 				return err
 			}
-			return j.comms[r].Barrier(ctx).Wait(ctx)
+			return j.comms[r].Barrier(ctx).Wait(wctx)
 		})
 		for r, err := range errs {
 			var de *comm.DesyncError
@@ -60,11 +63,14 @@ func TestStallTimeout(t *testing.T) {
 	cfg.DesyncCheckAfter = 100 * time.Millisecond
 	cfg.StallTimeout = 400 * time.Millisecond
 	j := newNetJob(t, 3, cfg, false)
+	abortAll(t, j)
 	start := time.Now()
 	errs := onEach(t, 2, func(r int) error {
 		ctx := context.Background()
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
 		buf := comm.Float32s(make([]float32, 4))
-		return j.comms[r].AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx)
+		return j.comms[r].AllReduce(ctx, buf, buf, comm.Sum).Wait(wctx)
 	})
 	took := time.Since(start)
 	for r, err := range errs {
@@ -79,7 +85,16 @@ func TestStallTimeout(t *testing.T) {
 	if took < cfg.StallTimeout || took > 5*time.Second {
 		t.Errorf("stall error after %v, want just after %v", took, cfg.StallTimeout)
 	}
-	j.comms[2].Abort(nil)
+}
+
+// abortAll aborts every communicator of j when the test ends, before j's
+// own cleanup closes them: Close waits for issued calls.
+func abortAll(t *testing.T, j *netJob) {
+	t.Cleanup(func() {
+		for _, c := range j.comms {
+			c.Abort(errors.New("test over"))
+		}
+	})
 }
 
 // DesyncCheckAfter <= 0 turns the side channel off: a split that no frame
@@ -88,6 +103,7 @@ func TestDesyncCheckOff(t *testing.T) {
 	cfg := comm.LocalConfig()
 	cfg.DesyncCheckAfter = 0
 	j := newNetJob(t, 4, cfg, false)
+	abortAll(t, j)
 	errs := onEach(t, 4, func(r int) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 		defer cancel()
@@ -104,9 +120,6 @@ func TestDesyncCheckOff(t *testing.T) {
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("rank %d: %v, want still waiting after 1.5 s", r, err)
 		}
-	}
-	for _, c := range j.comms {
-		c.Abort(errors.New("test over"))
 	}
 }
 
