@@ -360,16 +360,22 @@ func (c *Comm) frameErr(p int, h *Header, before string) error {
 		cause = ErrPeerLost
 	case 3:
 		cause = ErrInvalidArgument
+	case 4:
+		cause = ErrStalled
 	}
-	if cause == ErrDesync {
-		if i := bytes.IndexByte(text, 0); i >= 0 {
-			var de DesyncError
-			if json.Unmarshal(text[i+1:], &de) == nil {
-				d := de.turnedTo(c.me)
-				d.ReportedBy = c.info[p]
-				return d
-			}
-			text = text[:i]
+	if i := bytes.IndexByte(text, 0); i >= 0 {
+		fields := text[i+1:]
+		text = text[:i]
+		var de DesyncError
+		var se StallError
+		switch {
+		case cause == ErrDesync && json.Unmarshal(fields, &de) == nil:
+			d := de.turnedTo(c.me)
+			d.ReportedBy = c.info[p]
+			return d
+		case cause == ErrStalled && json.Unmarshal(fields, &se) == nil:
+			se.ReportedBy = c.info[p]
+			return &se
 		}
 	}
 	e := pe("aborted", cause)
