@@ -1,9 +1,13 @@
 package launcher
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/gorun-hpc/gorun/comm"
@@ -71,4 +75,32 @@ func (r *runner) removeFlight() {
 	if r.flightTemp != "" {
 		_ = os.RemoveAll(r.flightTemp)
 	}
+}
+
+// signalFlightReady sends SIGUSR2 to the processes that said, with a
+// ready.<pid> file, that they dump flight records on it (comm installs the
+// handler), and returns how many it signalled. A pid whose environment does
+// not name this job's flight directory (a rank that died, its pid reused)
+// is skipped: SIGUSR2 kills a process without a handler.
+func (r *runner) signalFlightReady() int {
+	if r.flightDir == "" {
+		return 0
+	}
+	names, _ := filepath.Glob(filepath.Join(r.flightDir, "ready.*"))
+	want := []byte(comm.FlightDirEnv + "=" + r.flightDir + "\x00")
+	n := 0
+	for _, name := range names {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(name), "ready."))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil || !bytes.Contains(env, want) {
+			continue
+		}
+		if syscall.Kill(pid, syscall.SIGUSR2) == nil {
+			n++
+		}
+	}
+	return n
 }

@@ -170,6 +170,7 @@ func Run(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *PortR
 	r := &runner{cfg: cfg, plan: plan, log: cfg.Logger, fences: pmiFences{hosts: 1}}
 	defer ports.Release()
 	defer r.closeAll()
+	defer r.removeFlight() // on every return, once prepareRanks made it
 
 	if err := r.prepareOutput(); err != nil {
 		return err
@@ -192,10 +193,9 @@ func Run(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *PortR
 	start := time.Now()
 	err = r.loop(ctx)
 	r.finish()
-	if err != nil {
+	if err != nil && !r.flightPrinted {
 		r.printFlight("the job failed", start)
 	}
-	r.removeFlight()
 	return err
 }
 
@@ -244,6 +244,7 @@ type runner struct {
 	// flightDir holds the ranks' flight records (flight.go); flightTemp
 	// is the same directory when Run made it and removes it.
 	flightDir, flightTemp string
+	flightPrinted         bool // the --timeout table was printed
 }
 
 // prepareOutput opens the per-rank log files.
@@ -285,7 +286,7 @@ func (r *runner) prepareRanks(prog Program) (*agentSpec, error) {
 	if v := r.prepareFlight(); v != "" {
 		base = mergeEnv(base, []string{v})
 	}
-	spec := &agentSpec{Grace: r.cfg.Grace, LogLevel: r.log.GetLevel()}
+	spec := &agentSpec{Grace: r.cfg.Grace, LogLevel: r.log.GetLevel(), RemoveDir: r.flightTemp}
 	pj, err := pmiJobFor(r.plan, r.cfg.PMI)
 	if err != nil {
 		return nil, err
@@ -584,7 +585,8 @@ func (r *runner) loop(ctx context.Context) error {
 		}
 	}
 	ctxDone := ctx.Done()
-	var flightTimer <-chan time.Time // SIGUSR2: when to merge the ranks' dumps
+	var flightTimer <-chan time.Time   // SIGUSR2: when to merge the ranks' dumps
+	var timeoutFlight <-chan time.Time // --timeout: when to merge them and stop
 	var flightAsked time.Time
 
 	for !done {
@@ -660,6 +662,17 @@ func (r *runner) loop(ctx context.Context) error {
 			}
 		case <-timeout:
 			timeout = nil
+			// Ranks that keep flight records dump them first (a job that
+			// runs into --timeout is usually stuck), then the job stops.
+			if r.signalFlightReady() > 0 {
+				flightAsked = time.Now()
+				timeoutFlight = time.After(flightWait)
+			} else {
+				stop(stopTimeout, syscall.SIGTERM)
+			}
+		case <-timeoutFlight:
+			timeoutFlight = nil
+			r.flightPrinted = r.printFlight("--timeout", flightAsked)
 			stop(stopTimeout, syscall.SIGTERM)
 		case <-grace:
 			grace = nil
