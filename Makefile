@@ -3,8 +3,9 @@ GO        ?= go
 BIN       := bin
 GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
+PYTHON    ?= /usr/bin/python3
 
-.PHONY: help build lib test test-deps vet unit test-desync bench-launch bench-compare bench-multihost bench-mpi clean
+.PHONY: help build lib python test-python bench-torch test test-deps vet unit test-desync bench-launch bench-compare bench-multihost bench-mpi bench-gpu clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -19,8 +20,18 @@ lib: ## build the C ABI: bin/libgorun.so and its header bin/gorun.h (needs cgo a
 	@rm -f $(BIN)/libgorun.h   # cgo's own header; gorun.h is the documented one
 	cp libgorun/gorun.h $(BIN)/gorun.h
 
-test: test-deps build vet ## everything CI runs: install test deps, build, vet, all tests with -race
+python: lib ## the torch backend for /usr/bin/python3: copy libgorun.so into python/gorun, put python/ on its path
+	cp $(BIN)/libgorun.so python/gorun/libgorun.so
+	@bash scripts/install-python.sh
+
+test: test-deps build vet ## everything CI runs: install test deps, build, vet, all tests with -race, the torch suite
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@$(MAKE) --no-print-directory test-python
+
+test-python: build lib ## the torch backend's pytest suite under gorun on 1-4 ranks (Debian's python3-torch)
+	@if ! $(PYTHON) -c 'import torch, pytest' 2>/dev/null; then \
+	  echo "test-python: SKIP: $(PYTHON) lacks torch or pytest (scripts/install-test-deps.sh installs python3-torch python3-pytest as root)"; \
+	else PYTHONWARNINGS=ignore $(PYTHON) -m pytest -q -p no:cacheprovider python/tests; fi
 
 test-deps: ## install what the tests need (Debian packages, as root); a no-op when present
 	@bash scripts/install-test-deps.sh
@@ -39,6 +50,9 @@ test-desync: ## the full desync split matrix: np 2-8, every k, 4 ops x 2 sizes x
 bench-launch: build ## launch time: gorun -np 16 /bin/true vs mpirun, side by side
 	@bash scripts/bench-launch.sh
 
+bench-torch: build lib ## torch all-reduce busbw: backend gorun vs gloo vs native gorun bench, 2 and 4 ranks, ratios; DDP step
+	@bash scripts/bench-torch.sh
+
 bench-compare: build ## all-reduce busbw: gorun (tcp, shm) vs Open MPI and torch gloo, ratios + PNG in bench-results/
 	@bash scripts/bench-compare.sh
 
@@ -47,6 +61,9 @@ bench-multihost: build ## multi-host launch: gorun vs mpirun --hostfile over 4 n
 
 bench-mpi: build ## MPICH MPI_Init+Barrier: gorun vs mpiexec.hydra, 16 ranks locally and 4 namespace hosts x 4 (root)
 	@bash scripts/bench-mpi.sh
+
+bench-gpu: ## GPU all-reduce: gorun --device cuda vs torch.distributed NCCL, side by side (needs a GPU and CUDA torch; not yet run)
+	@bash scripts/bench-gpu.sh
 
 clean: ## remove build outputs
 	rm -rf $(BIN)

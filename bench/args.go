@@ -79,6 +79,11 @@ size, count, type, redop, root, then time (us), algbw, busbw (GB/s) and
 allreduce, (n-1)/n for allgather, reducescatter and alltoall, 1 otherwise.
 Any wrong element (with -c 1) makes the exit code non-zero.
 
+--device cuda measures GPU memory through NCCL (one GPU per rank; NCCL and
+the NVIDIA driver are loaded when the run starts, so a host without them
+fails at once saying which is missing; $GORUN_NCCL_LIBRARY names another
+libnccl.so.2). The check then runs on the GPU.
+
 OP is one of allreduce allgather reducescatter broadcast reduce alltoall
 sendrecv barrier. Sizes take K, M, G suffixes (powers of 1024).
 "report" reads result files (gorun JSON or text, nccl-tests or OSU text;
@@ -89,6 +94,7 @@ Examples:
   gorun -np 2 gorun bench allreduce -b 8 -e 64M -f 4
   gorun -np 4 gorun bench allgather -d bfloat16 --json ag.json --plot ag.png
   gorun -np 2 gorun bench allreduce --plot cmp.png --compare mpi=mpi.txt
+  gorun -np 8 gorun bench allreduce --device cuda -b 8 -e 1G
   gorun bench report --plot cmp.png gorun=ar.json nccl=all_reduce_perf.txt
 
 Flags (one or two dashes; nccl-tests' long names work too):
@@ -142,6 +148,8 @@ func ParseArgs(args []string, stderr io.Writer) (*Options, error) {
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the check values")
 	transport := string(cfg.Transport)
 	fs.StringVar(&transport, "transport", transport, "data plane inside a host: auto, tcp or shm (shm fails if any link is not shared memory)")
+	device := string(cfg.Device)
+	fs.StringVar(&device, "device", device, "where the buffers live: cpu (comm) or cuda (GPU memory through NCCL, loaded at run time)")
 	fs.StringVar(&o.JSON, "json", "", "write the results as JSON to `FILE` (rank 0)")
 	fs.StringVar(&o.Plot, "plot", "", "draw busbw and latency against size into `FILE.png` (rank 0)")
 	fs.Var((*list)(&o.Compare), "compare", "result `FILE` to plot next to this run (repeatable; LABEL=FILE; gorun JSON/text, nccl-tests or OSU text)")
@@ -199,6 +207,7 @@ func ParseArgs(args []string, stderr io.Writer) (*Options, error) {
 		return nil, &UsageError{Problem: fmt.Sprintf("-c %d: expected 0 or 1", check)}
 	}
 	cfg.Transport = Transport(transport)
+	cfg.Device = Device(device)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

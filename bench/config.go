@@ -28,6 +28,20 @@ const (
 	TransportShm Transport = "shm"
 )
 
+// Device is where the benchmark's buffers live and which communicator
+// moves them.
+type Device string
+
+// The values of --device.
+const (
+	// DeviceCPU: host memory through comm (shared memory, TCP).
+	DeviceCPU Device = "cpu"
+	// DeviceCUDA: GPU memory through NCCL (package nccl), one GPU per rank.
+	// The check runs on the GPU (#wrong); times, wrong counts and the
+	// header still travel through comm.
+	DeviceCUDA Device = "cuda"
+)
+
 // Config is one benchmark run. Every rank must run with an equal Config
 // (except the output fields), as every rank must issue the same collectives.
 type Config struct {
@@ -59,6 +73,8 @@ type Config struct {
 	Seed uint64
 	// Transport is the data plane choice (--transport).
 	Transport Transport
+	// Device is where the buffers live (--device). cpu.
+	Device Device
 
 	// Out receives the table (rank 0 only). Nil discards.
 	Out io.Writer
@@ -85,6 +101,7 @@ func DefaultConfig() Config {
 		Check:      true,
 		Seed:       1,
 		Transport:  TransportAuto,
+		Device:     DeviceCPU,
 		Version:    "dev",
 		Logger:     zerolog.Nop(),
 	}
@@ -123,6 +140,15 @@ func (c *Config) Validate() error {
 	case TransportAuto, TransportTCP, TransportShm:
 	default:
 		return bad("--transport %q: expected auto, tcp or shm", c.Transport)
+	}
+	switch c.Device {
+	case DeviceCPU:
+	case DeviceCUDA:
+		if c.Transport != TransportAuto {
+			return bad("--transport %s: NCCL chooses its own transports with --device cuda", c.Transport)
+		}
+	default:
+		return bad("--device %q: expected cpu or cuda", c.Device)
 	}
 	if n := len(c.Sizes()); n > maxRows {
 		return bad("the sweep has %d sizes (more than %d); use a larger -f or -i", n, maxRows)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/mattn/go-isatty"
 
+	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/rank"
 )
 
@@ -122,6 +123,14 @@ func runRank(ctx context.Context, cfg Config, corrupt func(int, bool, []byte)) (
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Device == DeviceCUDA {
+		// Before joining anyone: a host without a GPU, its driver or NCCL
+		// fails at once, saying which is missing, instead of after the
+		// world has formed.
+		if err := openGPU(); err != nil {
+			return nil, fmt.Errorf("bench: --device cuda: %w", err)
+		}
+	}
 	opts := rank.DefaultOptions()
 	opts.Logger = cfg.Logger
 	opts.Endpoint.ForceTCP = cfg.Transport == TransportTCP
@@ -135,9 +144,27 @@ func runRank(ctx context.Context, cfg Config, corrupt func(int, bool, []byte)) (
 		ranks = append(ranks, RankInfo{Rank: m.Rank, Host: m.Host, PID: m.PID})
 	}
 	c := r.Comm()
-	rep, runErr := run(ctx, cfg, c, ranks, corrupt)
+	var measured comm.Communicator = c
+	var gpu comm.Communicator
+	if cfg.Device == DeviceCUDA {
+		if gpu, err = newGPUComm(ctx, cfg, r); err != nil {
+			r.Abort(err)
+			r.Close()
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+		measured = gpu
+	}
+	rep, runErr := run(ctx, cfg, measured, c, ranks, corrupt)
 	if runErr != nil && !errors.As(runErr, new(*WrongError)) {
 		r.Abort(runErr) // free the peers now rather than at their timeouts
+		if gpu != nil {
+			gpu.Abort(runErr)
+		}
+	}
+	if gpu != nil {
+		if err := gpu.Close(); runErr == nil && err != nil {
+			runErr = fmt.Errorf("bench: closing the NCCL communicator: %w", err)
+		}
 	}
 	closeErr := r.Close()
 	if rep != nil {

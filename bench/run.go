@@ -15,7 +15,10 @@ type RankInfo struct {
 	Rank      int    `json:"rank"`
 	Host      string `json:"host"`
 	PID       int    `json:"pid"`
-	Transport string `json:"transport"` // "shm", "tcp", "shm+tcp", "self" (one rank), "mem" (tests)
+	Transport string `json:"transport"` // "shm", "tcp", "shm+tcp", "self" (one rank), "mem" (tests), "nccl"
+	// Device is the GPU with --device cuda, as nccl-tests prints it: the
+	// ordinal this rank sees and the device's name.
+	Device string `json:"device,omitempty"`
 }
 
 // linkKinder is implemented by comm.Comm: the medium to every peer.
@@ -24,13 +27,19 @@ type linkKinder interface{ LinkKinds() []string }
 // runner is the state of one rank's sweep.
 type runner struct {
 	cfg   *Config
-	c     comm.Communicator
+	c     comm.Communicator // the communicator measured
+	ctl   comm.Communicator // host-memory reductions of times and wrong counts (c itself on CPUs)
 	n, me int
 	es    int
 	io    elems
 	gen   valueGen
 
 	send, recv []byte // largest buffers of the sweep; calls use prefixes
+
+	// gpu holds, with --device cuda, the device twins of send and recv
+	// (same layout; the host ones are then staging for the check) and the
+	// device-side check's buffers (gpu.go). Nil on CPUs.
+	gpu *gpuBuffers
 
 	// corrupt, when set (tests only), damages an output after a checked
 	// call and before it is verified, to prove the checker catches it.
@@ -48,10 +57,13 @@ type runner struct {
 // required and not every link is shared memory, and comm's error when a
 // collective fails (a lost peer, a cancelled ctx).
 func Run(ctx context.Context, cfg Config, c comm.Communicator, ranks []RankInfo) (*Report, error) {
-	return run(ctx, cfg, c, ranks, nil)
+	return run(ctx, cfg, c, c, ranks, nil)
 }
 
-func run(ctx context.Context, cfg Config, c comm.Communicator, ranks []RankInfo, corrupt func(int, bool, []byte)) (*Report, error) {
+// run is Run with a separate control communicator ctl (host memory) for the
+// reductions of times and wrong counts, which a GPU communicator cannot
+// take, and the checker's test hook.
+func run(ctx context.Context, cfg Config, c, ctl comm.Communicator, ranks []RankInfo, corrupt func(int, bool, []byte)) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -59,7 +71,7 @@ func run(ctx context.Context, cfg Config, c comm.Communicator, ranks []RankInfo,
 	if cfg.Op.Rooted() && cfg.Root >= n {
 		return nil, &UsageError{Problem: fmt.Sprintf("-r %d: root outside the %d ranks", cfg.Root, n)}
 	}
-	r := &runner{cfg: &cfg, c: c, n: n, me: me, es: cfg.DType.Size(), io: elemsOf(cfg.DType),
+	r := &runner{cfg: &cfg, c: c, ctl: ctl, n: n, me: me, es: cfg.DType.Size(), io: elemsOf(cfg.DType),
 		gen: newValueGen(&cfg, n), corrupt: corrupt}
 
 	kinds, err := r.transports(ctx)
@@ -83,6 +95,13 @@ func run(ctx context.Context, cfg Config, c comm.Communicator, ranks []RankInfo,
 		maxBuf = max(maxBuf, sh.bytes(r.es))
 	}
 	r.send, r.recv = alignedBytes(maxSend), alignedBytes(maxBuf)
+	// With a GPU communicator: device buffers, and each rank's GPU in
+	// the header.
+	release, err := r.startGPU(ctx, rep, maxSend, maxBuf)
+	if err != nil {
+		return rep, err
+	}
+	defer release()
 
 	out := cfg.Out
 	if me != 0 {
@@ -132,6 +151,13 @@ func (r *runner) transports(ctx context.Context) ([]string, error) {
 		shm
 		other
 	)
+	if r.cfg.Device == DeviceCUDA {
+		out := make([]string, r.n)
+		for i := range out {
+			out[i] = "nccl"
+		}
+		return out, nil
+	}
 	var mine uint8
 	if lk, ok := r.c.(linkKinder); ok {
 		for _, k := range lk.LinkKinds() {
@@ -147,7 +173,7 @@ func (r *runner) transports(ctx context.Context) ([]string, error) {
 		}
 	}
 	all := make([]uint8, r.n)
-	if err := r.c.AllGather(ctx, comm.Uint8s([]uint8{mine}), comm.Uint8s(all)).Wait(ctx); err != nil {
+	if err := r.ctl.AllGather(ctx, comm.Uint8s([]uint8{mine}), comm.Uint8s(all)).Wait(ctx); err != nil {
 		return nil, err
 	}
 	out := make([]string, r.n)
@@ -204,9 +230,7 @@ func (doneHandle) Done() bool                 { return true }
 
 // issue starts one collective and returns the handle that completes last.
 func (r *runner) issue(ctx context.Context, send, recv []byte) comm.Handle {
-	dt := r.cfg.DType
-	sb, _ := comm.Bytes(dt, send)
-	rb, _ := comm.Bytes(dt, recv)
+	sb, rb := r.view(send), r.view(recv)
 	c, cfg := r.c, r.cfg
 	switch cfg.Op {
 	case AllReduce:
@@ -222,6 +246,9 @@ func (r *runner) issue(ctx context.Context, send, recv []byte) comm.Handle {
 	case AllToAll:
 		return c.AllToAll(ctx, sb, rb)
 	case SendRecv:
+		if h := r.gpuSendRecv(ctx, sb, rb); h != nil {
+			return h
+		}
 		// Each rank sends to the next and receives from the previous, as
 		// nccl-tests' sendrecv. comm's Send and Recv hold the queue like
 		// blocking MPI calls, so even ranks send first and odd ranks
@@ -316,11 +343,11 @@ func (r *runner) row(ctx context.Context, size int64) (Row, error) {
 			wrong[p] = w
 		}
 	}
-	if err := r.c.AllReduce(ctx, comm.Float64s(times), comm.Float64s(times), comm.Max).Wait(ctx); err != nil {
+	if err := r.ctl.AllReduce(ctx, comm.Float64s(times), comm.Float64s(times), comm.Max).Wait(ctx); err != nil {
 		return row, fmt.Errorf("bench: reducing times: %w", err)
 	}
 	if cfg.Check && cfg.Op != Barrier {
-		if err := r.c.AllReduce(ctx, comm.Int64s(wrong), comm.Int64s(wrong), comm.Sum).Wait(ctx); err != nil {
+		if err := r.ctl.AllReduce(ctx, comm.Int64s(wrong), comm.Int64s(wrong), comm.Sum).Wait(ctx); err != nil {
 			return row, fmt.Errorf("bench: reducing wrong counts: %w", err)
 		}
 	}
@@ -354,11 +381,24 @@ func (r *runner) checked(ctx context.Context, sh shape, send, recv []byte, inPla
 	for j := range sh.sendCount {
 		io.set(send, j, r.gen.at(me, j))
 	}
+	if r.gpu != nil {
+		// The host buffers are staging with the device buffers' layout:
+		// the output (sentinels, and the input when in place) then the
+		// input go up.
+		if err := r.upload(recv); err != nil {
+			return 0, err
+		}
+		if err := r.upload(send); err != nil {
+			return 0, err
+		}
+	}
 	if err := r.issue(ctx, send, recv).Wait(ctx); err != nil {
 		return 0, err
 	}
 	if r.corrupt != nil {
-		r.corrupt(me, inPlace, recv)
+		if err := r.corruptOutput(me, inPlace, recv); err != nil {
+			return 0, err
+		}
 	}
 	per := sh.paramCount
 	var expect func(j int) float64
@@ -383,6 +423,9 @@ func (r *runner) checked(ctx context.Context, sh shape, send, recv []byte, inPla
 		expect = func(j int) float64 { return quantize(cfg.DType, r.gen.at(left, j)) }
 	default:
 		return 0, nil
+	}
+	if r.gpu != nil {
+		return r.countWrongOnDevice(recv, sh.recvCount, expect)
 	}
 	var wrong int64
 	for j := range sh.recvCount {
@@ -423,4 +466,23 @@ func ParseRedOp(s string) (comm.Op, error) {
 		return 0, &UsageError{Problem: fmt.Sprintf("-o %q: expected sum, prod, min, max or avg", s)}
 	}
 	return op, nil
+}
+
+// view is the Buffer a call uses for b, a part of r.send or r.recv: b
+// itself in host memory, or the same part of the device twin.
+func (r *runner) view(b []byte) comm.Buffer {
+	if r.gpu == nil {
+		hb, _ := comm.Bytes(r.cfg.DType, b)
+		return hb
+	}
+	return r.gpuView(b)
+}
+
+// corruptOutput applies the test hook to the output, wherever it lives.
+func (r *runner) corruptOutput(me int, inPlace bool, recv []byte) error {
+	if r.gpu == nil {
+		r.corrupt(me, inPlace, recv)
+		return nil
+	}
+	return r.gpuCorrupt(me, inPlace, recv)
 }

@@ -53,7 +53,7 @@ func memRun(t *testing.T, n int, cfg Config, corrupt func(int, bool, []byte)) (s
 		if r == 0 {
 			c.Out = &out
 		}
-		wg.Go(func() { reps[r], errs[r] = run(ctx, c, comms[r], ranks, corrupt) })
+		wg.Go(func() { reps[r], errs[r] = run(ctx, c, comms[r], comms[r], ranks, corrupt) })
 	}
 	wg.Wait()
 	for _, c := range comms {

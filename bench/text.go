@@ -26,7 +26,11 @@ func writeHeader(w io.Writer, r *Report) {
 	fmt.Fprintln(w, "#")
 	fmt.Fprintln(w, "# Using ranks")
 	for _, h := range r.Hosts {
-		fmt.Fprintf(w, "#  Rank %2d Pid %6d on %10s transport %s\n", h.Rank, h.PID, h.Host, h.Transport)
+		dev := ""
+		if h.Device != "" {
+			dev = " device " + h.Device // nccl-tests' place for it
+		}
+		fmt.Fprintf(w, "#  Rank %2d Pid %6d on %10s%s transport %s\n", h.Rank, h.PID, h.Host, dev, h.Transport)
 	}
 	fmt.Fprintln(w, "#")
 	fmt.Fprintf(w, "# %60s%-35s%s\n", "", "out-of-place", "in-place")

@@ -26,3 +26,8 @@ func SetFastLimit(n int) { fastLimit.Store(int64(min(n, fastMaxPayload))) }
 // stall detection) on or off, so a benchmark can measure its cost. Safe
 // while calls run.
 func SetFlightRecorder(on bool) { flightOff.Store(!on) }
+
+// SetYieldIdle makes shared-memory waiters yield after the yield
+// threshold even when nothing suggests the peer needs their core (the
+// policy before), for benchmarks that compare.
+func SetYieldIdle(b bool) { yieldIdle.Store(b) }

@@ -75,13 +75,13 @@ type Config struct {
 	// programs need to form one world (pmi.go): PMIFD ("" too), PMIPort,
 	// or PMINone to serve nothing and export no PMI_* variable.
 	PMI PMIMode
-	// AgentPath is the executable re-run as the job's supervisor agent; ""
-	// means this executable, which must call IsAgent/AgentMain first thing
-	// in main.
-	AgentPath string
+	// SupervisorPath is the executable re-run as the job's supervisor; ""
+	// means this executable, which must call IsSupervisor/SupervisorMain
+	// first thing in main.
+	SupervisorPath string
 
 	// The fields below matter only when a job spans hosts other than this
-	// machine (or Starter is StartSrun); see remote.go.
+	// machine (or Starter is StartSrun); see remote.go and starter.go.
 
 	// Version is this gorun's version; every host agent must report the
 	// same one.
@@ -89,11 +89,12 @@ type Config struct {
 	// Starter picks how host agents start: StartSSH (the default, "") or
 	// StartSrun inside a SLURM allocation.
 	Starter Starter
-	// LaunchAgent is the command that runs a command on a host, e.g.
+	// StarterCommand is the starter for other hosts: the command that runs
+	// a command on a host (the host agent's, here), e.g.
 	// ["ssh", "-p", "2222"] or ["ip", "netns", "exec", "{host}"]; {host}
 	// is replaced by the host name, otherwise the name is appended. nil
 	// means ssh.
-	LaunchAgent []string
+	StarterCommand []string
 	// RemoteGorun is the path of gorun on the other hosts; "" means this
 	// executable's own path (a shared file system or the same install
 	// everywhere).
@@ -102,15 +103,16 @@ type Config struct {
 	// a CIDR (10.0.0.0/16); "" lets each host's routes decide.
 	Iface string
 	// Lease is how long gorun and a host agent tolerate silence from each
-	// other before the agent kills its ranks and gorun counts them failed;
+	// other before the host agent kills its ranks and gorun counts them
+	// failed;
 	// 0 means DefaultLease.
 	Lease time.Duration
-	// LaunchTimeout bounds the wait for every agent to connect; 0 means
+	// LaunchTimeout bounds the wait for every host agent to connect; 0 means
 	// DefaultLaunchTimeout.
 	LaunchTimeout time.Duration
 	// SSHMultiplex, when positive, makes ssh keep a shared master
 	// connection to each host for this long after a job, so the next
-	// job's agents start without a handshake (OpenSSH ControlMaster /
+	// job's host agents start without a handshake (OpenSSH ControlMaster /
 	// ControlPersist). 0 leaves ssh's own configuration alone.
 	SSHMultiplex time.Duration
 	// SSHDefaultKex leaves ssh's key exchange preference alone; by default
@@ -122,8 +124,8 @@ type Config struct {
 	// working directory on every host.
 	PreloadBinary bool
 	PreloadFiles  []string
-	// FanoutThreshold is the number of remote hosts above which agents
-	// start as a tree (agents start further agents); 0 means
+	// FanoutThreshold is the number of remote hosts above which host
+	// agents start as a tree (host agents run further starters); 0 means
 	// DefaultFanoutThreshold, negative never.
 	FanoutThreshold int
 }
@@ -160,7 +162,7 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if c.Starter != "" && c.Starter != StartSSH && c.Starter != StartSrun {
-		return fmt.Errorf("launcher: agent starter %q: expected ssh or srun", c.Starter)
+		return fmt.Errorf("launcher: starter %q: expected ssh or srun", c.Starter)
 	}
 	if c.PMI != "" {
 		if _, err := ParsePMIMode(string(c.PMI)); err != nil {

@@ -7,8 +7,21 @@
 // Parsing command-line flags and mapping errors to exit codes belong to
 // cmd/gorun; forming process groups between the ranks belongs to rendezvous.
 //
-// # Pieces
+// # Words
 //
+// One word per thing: the *supervisor* is the per-job process that is the
+// parent of a host's ranks (supervisor.go); a *host agent* (`gorun agent`,
+// hostagent.go) relays between gorun and the supervisor of another host; a
+// *starter* is the command that brings a host agent up (ssh, srun or a
+// plain exec; starter.go). A *job* is what the user asks for (Job); the
+// *job loop* applies the failure rules to it (jobloop.go).
+//
+// # Pieces, from the top
+//
+//   - Launch (launch.go) decides where the ranks live and hands over:
+//     every host is this machine → launchLocal and RunLocal; otherwise
+//     launchOnHosts (remote.go). SLURM allocations are read here too
+//     (SlurmHosts).
 //   - Planning (plan.go, pure): NewPlan maps PlanConfig — hosts, -np, GPUs,
 //     exports, job id, secret, ports — to a Plan with one RankSpec per rank
 //     and its full environment (rankenv names). Host lists come from
@@ -16,32 +29,39 @@
 //   - Edges (local.go, ports.go, gpus.go): which names are this machine,
 //     job identity, two kernel-chosen free ports held until the ranks start,
 //     GPU count from nvidia-smi.
-//   - Running (run.go, output.go): Launch = checks + plan + Run. Run starts
-//     one agent process per job, streams every rank's stdout and stderr
-//     line-whole to the terminal (and per-rank files), and applies the
-//     failure rules: the first failure stops the others (SIGTERM to each
-//     rank's process group, SIGKILL after Config.Grace), signals are
-//     forwarded, --timeout ends the job.
-//   - Multi-host (remote.go, hostagent.go, wire.go): gorun listens on the
-//     interface that routes to the hosts (netif), starts one host agent per
-//     host (`gorun agent`, over ssh, srun or a plain exec), waits for all of
-//     them to authenticate with the job secret and report their interface
-//     and ports, then plans and sends each its ranks. A host agent wraps the
-//     same supervisor as a local job and relays output, events and commands
-//     over its one connection; a lease on both ends turns a dropped or
-//     silent connection into "ranks killed" on the host and "host lost" in
-//     gorun. Above Config.FanoutThreshold hosts, agents start further
-//     agents (a two-level tree). Inside a SLURM allocation one srun starts
-//     every agent (Config.Starter).
-//   - Around a multi-host launch: preload.go sends the program and files
-//     to the hosts before any rank starts (zstd, SHA-256, skipped when
-//     present); doctor.go runs the same agents for pre-flight checks
-//     (versions, interfaces, ports, all-pairs reachability, GPUs).
-//   - The agent (agent.go): the same executable re-run with an internal
-//     variable set; a child subreaper that is the parent of every rank and
-//     kills every descendant when gorun dies, however it died. agent.go
-//     explains why this design was chosen over the alternatives. Programs
-//     embedding the launcher call IsAgent/AgentMain first thing in main.
+//   - The job loop (jobloop.go) is the one event loop of every job. It sees
+//     the ranks through a rankHome — "where ranks live": localHome (this
+//     machine's supervisor, runlocal.go), hostsHome (the hosts' supervisors
+//     through their host agents, remote.go), or the scripted fakeHome of
+//     loop_test.go — and applies the failure rules: the first failure
+//     stops the others (SIGTERM to each rank's process group, SIGKILL after
+//     Config.Grace), signals are forwarded, --timeout ends the job.
+//   - The supervisor's client (supervisorclient.go) is shared by RunLocal
+//     and the host agent: rankPipes builds the spec and one pipe per rank
+//     stream, startSupervisor starts the process, and the client sends the
+//     spec and commands and reads events. Output (output.go) is made
+//     line-whole to the terminal and per-rank files by jobOutput, whatever
+//     brought the bytes; stdin forwarding to rank 0 is in stdin.go.
+//   - Host start-up (hoststartup.go), shared by jobs and Doctor: gorun
+//     listens on the interface that routes to the hosts (netif), starts
+//     one host agent per host through the starters, waits for each to
+//     authenticate with the job secret (wire.go) and report its interface
+//     and ports, and sends the preloaded files (preload.go: zstd, SHA-256,
+//     skipped when present). A job stops at the first host that fails;
+//     doctor.go records every host and then probes all pairs.
+//   - Multi-host run (remote.go, hostagent.go): gorun plans and sends each
+//     host agent its ranks; the host agent runs them under a supervisor and
+//     relays output, events and commands over its one connection; a lease
+//     on both ends turns a dropped or silent connection into "ranks killed"
+//     on the host and "host lost" in gorun. Above Config.FanoutThreshold
+//     hosts, host agents run further starters (a two-level tree). Inside a
+//     SLURM allocation one srun starts every host agent (Config.Starter).
+//   - The supervisor (supervisor.go): the same executable re-run with an
+//     internal variable set; a child subreaper that is the parent of every
+//     rank and kills every descendant when its client dies, however it
+//     died. supervisor.go explains why this design was chosen over the
+//     alternatives. Programs embedding the launcher call
+//     IsSupervisor/SupervisorMain first thing in main.
 //
 // # A multi-host launch's ordering obligations
 //
@@ -49,18 +69,18 @@
 // hello (version, interface, ports, program present) and received its
 // preloaded files: any host failing before that ends the launch with an
 // error naming it. The plan is made only then, because rank 0's host
-// supplies MASTER_ADDR and the ports. An agent sends "done" only after the
-// last byte of its ranks' output, so gorun has all output of a host when
-// it counts that host finished.
+// supplies MASTER_ADDR and the ports. A host agent sends "done" only after
+// the last byte of its ranks' output, so gorun has all output of a host
+// when it counts that host finished.
 //
-// # Run's ordering obligations
+// # RunLocal's ordering obligations
 //
-// The agent starts every rank before it reads any command, so a command
-// that addresses "all ranks" reaches each of them even when its "started"
-// event is still in flight. Ports are released after the agent is running
-// and before the spec is sent. Run returns only after the agent reported
-// that no rank and no descendant is left, the agent was reaped, and every
-// output stream reached EOF.
+// The supervisor starts every rank before it reads any command, so a
+// command that addresses "all ranks" reaches each of them even when its
+// "started" event is still in flight. Ports are released after the
+// supervisor is running and before the spec is sent. RunLocal returns only
+// after the supervisor reported that no rank and no descendant is left,
+// the supervisor was reaped, and every output stream reached EOF.
 //
 // Test support lives in launchertest: the helper rank modes a test binary
 // runs as, and a /proc scan for a test's surviving processes.

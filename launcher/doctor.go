@@ -2,13 +2,11 @@ package launcher
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -109,11 +107,6 @@ func Doctor(ctx context.Context, cfg Config, hosts []Host) (*DoctorReport, error
 	if len(hosts) == 0 {
 		return nil, errors.New("launcher: doctor needs hosts (-H, -hostfile or a SLURM allocation)")
 	}
-	jobID, secret, err := NewJobIdentity()
-	if err != nil {
-		return nil, err
-	}
-	key, _ := hex.DecodeString(secret)
 	var nodes []Node
 	seen := map[string]bool{}
 	for _, h := range hosts {
@@ -122,99 +115,46 @@ func Doctor(ctx context.Context, cfg Config, hosts []Host) (*DoctorReport, error
 			nodes = append(nodes, Node{Name: h.Name, Ranks: h.Slots})
 		}
 	}
-	m := &multi{cfg: cfg, jobID: jobID, secret: secret, key: key, nodes: nodes, doctor: true}
+	m, err := newHostAgents(cfg, nodes)
+	if err != nil {
+		return nil, err
+	}
+	m.doctor = true
 	id := DetectLocal()
-	if err := m.listen(ctx, id); err != nil {
+	if err := m.open(ctx, id); err != nil {
 		return nil, err
 	}
 	defer m.ln.Close()
-	if m.gorunAt = cfg.RemoteGorun; m.gorunAt == "" {
-		if m.gorunAt, err = os.Executable(); err != nil {
-			return nil, err
-		}
-	}
+	defer m.abort()
 	rep := &DoctorReport{Gorun: m.choice.Name + " " + m.addr.Addr().String()}
 	checks := make([]HostCheck, len(nodes))
 	for i, n := range nodes {
 		checks[i].Host = n.Name
 	}
-
-	results := make(chan setupResult, len(nodes))
-	index := map[string]int{}
-	for i, n := range nodes {
-		index[n.Name] = i
-	}
-	var acceptWG sync.WaitGroup
-	acceptWG.Go(func() { m.acceptLoop(index, results) })
-	closeListener := sync.OnceFunc(func() { m.ln.Close(); acceptWG.Wait() })
-	defer closeListener()
-	m.conns = make([]*hostConn, len(nodes))
-	defer m.abort()
-	if err := m.startLaunchers(id); err != nil {
-		// Not a host's fault: the launcher itself (ssh, srun) cannot run.
+	// The same start-up as a job's, judged differently: every host's
+	// outcome is recorded, none ends the check.
+	err = m.startHosts(ctx, id, func(node int, c *hostConn, err error) error {
+		ck := &checks[node]
+		if err != nil {
+			problem := strings.TrimPrefix(err.Error(), "launcher: ")
+			if ck.Agent == "" {
+				ck.Agent = strings.TrimPrefix(problem, "host "+nodes[node].Name+": ")
+			}
+			return nil
+		}
+		h := c.hello
+		ck.Version, ck.Iface, ck.Addr, ck.GPUs = h.Version, h.Iface, h.Addr, h.GPUs
+		if h.ErrKind == "ports" {
+			ck.Ports = h.Err
+		} else if h.Err != "" {
+			ck.Agent = h.Err
+		}
+		return nil
+	})
+	if err != nil && ctx.Err() == nil {
+		// Not a host's fault: a starter (ssh, srun) cannot run at all.
 		return nil, err
 	}
-	pending := len(nodes)
-	resolved := make([]bool, len(nodes))
-	resolve := func(i int, problem string) {
-		if resolved[i] {
-			return
-		}
-		problem = strings.TrimPrefix(problem, "host "+nodes[i].Name+": ")
-		resolved[i] = true
-		pending--
-		if problem != "" {
-			checks[i].Agent = problem
-		}
-	}
-	timeout := cfg.LaunchTimeout
-	if timeout <= 0 {
-		timeout = DefaultLaunchTimeout
-	}
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	launcherDone := make(chan *agentLauncher, len(m.launchers))
-	for _, l := range m.launchers {
-		go func() { <-l.done; launcherDone <- l }()
-	}
-	progress := newProgress(cfg.Stderr, len(nodes))
-	up := 0
-wait:
-	for pending > 0 {
-		select {
-		case r := <-results:
-			if r.err != nil {
-				resolve(r.node, strings.TrimPrefix(r.err.Error(), "launcher: "))
-				continue
-			}
-			h := r.conn.hello
-			c := &checks[r.node]
-			c.Version, c.Iface, c.Addr, c.GPUs = h.Version, h.Iface, h.Addr, h.GPUs
-			if h.ErrKind == "ports" {
-				c.Ports = h.Err
-			} else if h.Err != "" {
-				c.Agent = h.Err
-			}
-			m.conns[r.node] = r.conn
-			up++
-			progress.set(up)
-			resolve(r.node, "")
-		case l := <-launcherDone:
-			for _, n := range l.nodes {
-				if !resolved[n] {
-					resolve(n, strings.TrimPrefix(m.launcherError(l, n).Error(), "launcher: "))
-				}
-			}
-		case <-deadline.C:
-			for i := range nodes {
-				resolve(i, fmt.Sprintf("its agent did not connect within %s", timeout))
-			}
-		case <-ctx.Done():
-			break wait
-		}
-	}
-	progress.end()
-	closeListener()
 
 	// All pairs: each connected host probes every other connected host.
 	var peers []peerAddr
@@ -277,7 +217,7 @@ wait:
 }
 
 // doctorAgent is the agent side of Doctor: report, answer probes, probe.
-func doctorAgent(o AgentOptions, job *remoteJob, w *wireConn) error {
+func doctorAgent(o HostAgentOptions, job *remoteJob, w *wireConn) error {
 	h, ports := prepareHost(o, &remoteJob{Program: "/bin/sh", Iface: job.Iface}, w.c, false)
 	ports.Release()
 	h.Program = ""

@@ -8,9 +8,10 @@ import (
 	"time"
 )
 
-// ErrAgentNotDispatched is returned by Run in a process that was started as
-// a job agent but whose main did not call IsAgent/AgentMain first.
-var ErrAgentNotDispatched = errors.New("launcher: started as the job agent, but main does not call launcher.IsAgent and launcher.AgentMain first")
+// ErrSupervisorNotDispatched is returned by RunLocal in a process that was
+// started as a per-job supervisor but whose main did not call
+// IsSupervisor/SupervisorMain first.
+var ErrSupervisorNotDispatched = errors.New("launcher: started as the job supervisor, but main does not call launcher.IsSupervisor and launcher.SupervisorMain first")
 
 // RankExitError reports the rank whose failure ended the job, in the manner
 // of *exec.ExitError. Its message is the one line gorun prints.
@@ -25,15 +26,27 @@ type RankExitError struct {
 	Signal syscall.Signal
 	// Stopped is the number of other ranks gorun had to stop.
 	Stopped int
+	// AlsoFailed is the number of other ranks that failed with their own
+	// exit code or signal, not the one gorun's teardown sent them.
+	AlsoFailed int
 }
 
+// Error is the one line gorun prints. It claims to have stopped only the
+// ranks gorun did stop: when the others all failed on their own, it says
+// that instead.
 func (e *RankExitError) Error() string {
 	cause := fmt.Sprintf("exited with code %d", e.Code)
 	if e.Signal != 0 {
 		cause = fmt.Sprintf("killed by signal %d (%s)", int(e.Signal), e.Signal)
 	}
-	return fmt.Sprintf("rank %d (host %s, pid %d) %s; stopped %d other %s",
-		e.Rank, e.Host, e.PID, cause, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+	s := fmt.Sprintf("rank %d (host %s, pid %d) %s", e.Rank, e.Host, e.PID, cause)
+	if e.AlsoFailed > 0 {
+		s += fmt.Sprintf("; %d other %s also failed", e.AlsoFailed, plural(e.AlsoFailed, "rank", "ranks"))
+	}
+	if e.Stopped > 0 || e.AlsoFailed == 0 {
+		s += fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))
+	}
+	return s
 }
 
 // ExitCode is what gorun exits with: the rank's code, or 128+signal as a
@@ -113,17 +126,19 @@ func (e *InterruptedError) Error() string {
 // ExitCode is 128+signal, as a shell reports it.
 func (e *InterruptedError) ExitCode() int { return 128 + int(e.Signal) }
 
-// AgentError reports that the per-job supervisor process died or broke its
+// SupervisorError reports that the per-job supervisor process died or broke its
 // protocol; the ranks it watched are lost (they die with it: Pdeathsig).
-type AgentError struct {
+type SupervisorError struct {
 	Err error
 }
 
-func (e *AgentError) Error() string { return fmt.Sprintf("launcher: job supervisor failed: %v", e.Err) }
+func (e *SupervisorError) Error() string {
+	return fmt.Sprintf("launcher: job supervisor failed: %v", e.Err)
+}
 
-func (e *AgentError) Unwrap() error { return e.Err }
+func (e *SupervisorError) Unwrap() error { return e.Err }
 
-// HostError reports a host that could not take part in the job: its agent
+// HostError reports a host that could not take part in the job: its host agent
 // could not be started or reached, refused, or found that the program
 // cannot run there. Nothing of the job was started when it is returned.
 type HostError struct {
@@ -133,7 +148,7 @@ type HostError struct {
 	Op string
 	// Err is the cause; a *ProgramError for a program missing on the host.
 	Err error
-	// Detail holds what the agent's launcher (ssh, srun) printed, when it
+	// Detail holds what the host agent's starter (ssh, srun) printed, when it
 	// says more than Err.
 	Detail string
 }
@@ -175,9 +190,9 @@ func (e *VersionError) Error() string {
 		e.Host, e.Remote, e.Local)
 }
 
-// AgentLostError reports a host whose agent died or whose connection
+// HostLostError reports a host whose host agent died or whose connection
 // dropped while the job ran: its ranks count as failed and the job ended.
-type AgentLostError struct {
+type HostLostError struct {
 	// Host is the host name; FirstRank and Ranks the ranks it ran.
 	Host             string
 	FirstRank, Ranks int
@@ -187,7 +202,7 @@ type AgentLostError struct {
 	Stopped int
 }
 
-func (e *AgentLostError) Error() string {
+func (e *HostLostError) Error() string {
 	ranks := fmt.Sprintf("rank %d", e.FirstRank)
 	if e.Ranks > 1 {
 		ranks = fmt.Sprintf("ranks %d-%d", e.FirstRank, e.FirstRank+e.Ranks-1)
@@ -196,7 +211,7 @@ func (e *AgentLostError) Error() string {
 		e.Host, e.Err, ranks, e.Stopped, plural(e.Stopped, "rank", "ranks"))
 }
 
-func (e *AgentLostError) Unwrap() error { return e.Err }
+func (e *HostLostError) Unwrap() error { return e.Err }
 
 // ExitCode is 255, ssh's code for a lost connection.
-func (e *AgentLostError) ExitCode() int { return 255 }
+func (e *HostLostError) ExitCode() int { return 255 }

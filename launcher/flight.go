@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/gorun-hpc/gorun/comm"
 )
 
@@ -26,36 +28,59 @@ import (
 // SIGUSR2 before printing what arrived.
 const flightWait = time.Second
 
-// prepareFlight makes the job's flight directory and returns the variable
+// flightRecords is a local job's flight directory. Owned by RunLocal and,
+// while it runs, the job loop.
+type flightRecords struct {
+	// dir holds the ranks' flight records; "" when none could be made.
+	dir string
+	// temp is dir when RunLocal made it (and removes it).
+	temp   string
+	log    zerolog.Logger
+	stderr *lineSink
+	// printed: the job loop printed the table at --timeout, so RunLocal
+	// does not print it again.
+	printed bool
+}
+
+// prepareFlight makes the job's flight directory. Its env is the variable
 // that names it for the ranks ("" when it cannot be made: records then go
 // to the ranks' logs only).
-func (r *runner) prepareFlight() string {
+func prepareFlight(cfg Config, stderr *lineSink) *flightRecords {
+	f := &flightRecords{log: cfg.Logger, stderr: stderr}
 	dir := ""
 	var err error
-	if r.cfg.OutputDir != "" {
-		dir = filepath.Join(r.cfg.OutputDir, "flight")
+	if cfg.OutputDir != "" {
+		dir = filepath.Join(cfg.OutputDir, "flight")
 		err = os.MkdirAll(dir, 0o755)
 	} else {
 		dir, err = os.MkdirTemp("", "gorun-flight-")
-		r.flightTemp = dir
+		f.temp = dir
 	}
 	if err != nil {
-		r.log.Warn().Err(err).Msg("no flight-record directory; records go to the ranks' logs only")
+		f.log.Warn().Err(err).Msg("no flight-record directory; records go to the ranks' logs only")
+		return f
+	}
+	f.dir = dir
+	return f
+}
+
+// env is the variable naming the directory for the ranks; "" without one.
+func (f *flightRecords) env() string {
+	if f == nil || f.dir == "" {
 		return ""
 	}
-	r.flightDir = dir
-	return comm.FlightDirEnv + "=" + dir
+	return comm.FlightDirEnv + "=" + f.dir
 }
 
 // printFlight merges the dumps in the flight directory written since `since`
 // and prints the table to gorun's stderr. It reports whether there was any.
-func (r *runner) printFlight(why string, since time.Time) bool {
-	if r.flightDir == "" {
+func (f *flightRecords) print(why string, since time.Time) bool {
+	if f == nil || f.dir == "" {
 		return false
 	}
-	dumps, err := comm.ReadFlightDumps(r.flightDir)
+	dumps, err := comm.ReadFlightDumps(f.dir)
 	if err != nil {
-		r.log.Warn().Err(err).Msg("reading flight records")
+		f.log.Warn().Err(err).Msg("reading flight records")
 	}
 	fresh := dumps[:0]
 	for _, d := range dumps {
@@ -66,28 +91,28 @@ func (r *runner) printFlight(why string, since time.Time) bool {
 	if len(fresh) == 0 {
 		return false
 	}
-	r.stderr.write(fmt.Appendf(nil, "gorun: flight records (%s), merged from %d dumps in %s:\n%s", why, len(fresh), r.flightDir, comm.FlightTable(fresh)))
+	f.stderr.write(fmt.Appendf(nil, "gorun: flight records (%s), merged from %d dumps in %s:\n%s", why, len(fresh), f.dir, comm.FlightTable(fresh)))
 	return true
 }
 
 // removeFlight removes the temporary flight directory.
-func (r *runner) removeFlight() {
-	if r.flightTemp != "" {
-		_ = os.RemoveAll(r.flightTemp)
+func (f *flightRecords) remove() {
+	if f.temp != "" {
+		_ = os.RemoveAll(f.temp)
 	}
 }
 
-// signalFlightReady sends SIGUSR2 to the processes that said, with a
+// signalReady sends SIGUSR2 to the processes that said, with a
 // ready.<pid> file, that they dump flight records on it (comm installs the
 // handler), and returns how many it signalled. A pid whose environment does
 // not name this job's flight directory (a rank that died, its pid reused)
 // is skipped: SIGUSR2 kills a process without a handler.
-func (r *runner) signalFlightReady() int {
-	if r.flightDir == "" {
+func (f *flightRecords) signalReady() int {
+	if f == nil || f.dir == "" {
 		return 0
 	}
-	names, _ := filepath.Glob(filepath.Join(r.flightDir, "ready.*"))
-	want := []byte(comm.FlightDirEnv + "=" + r.flightDir + "\x00")
+	names, _ := filepath.Glob(filepath.Join(f.dir, "ready.*"))
+	want := []byte(f.env() + "\x00")
 	n := 0
 	for _, name := range names {
 		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(name), "ready."))

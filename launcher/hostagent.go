@@ -24,6 +24,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/netif"
+	"github.com/gorun-hpc/gorun/rankenv"
 )
 
 // The host agent: `gorun agent --connect ADDR ...`, started on every host
@@ -41,15 +42,15 @@ import (
 // closes the pipe). gorun, symmetrically, counts the host's ranks as failed
 // when the connection drops or falls silent.
 
-// agentSecretEnv carries the job secret to agents started by srun (which
+// hostAgentSecretEnv carries the job secret to agents started by srun (which
 // exports gorun's environment to every task); ssh-started agents read it
 // from the first line of stdin instead, so it never appears in a command
 // line that other users of the host can see in ps.
-const agentSecretEnv = "GORUN_INTERNAL_AGENT_SECRET"
+const hostAgentSecretEnv = "GORUN_INTERNAL_AGENT_SECRET"
 
-// AgentOptions configure HostAgentMain; cmd/gorun fills them from the
+// HostAgentOptions configure HostAgentMain; cmd/gorun fills them from the
 // command line of `gorun agent`.
-type AgentOptions struct {
+type HostAgentOptions struct {
 	// Connect is gorun's host:port.
 	Connect string
 	// Host is the name gorun knows this host by; "" takes SLURMD_NODENAME
@@ -61,9 +62,9 @@ type AgentOptions struct {
 	Version string
 }
 
-// ParseAgentArgs parses the arguments of `gorun agent`.
-func ParseAgentArgs(args []string, stderr io.Writer) (AgentOptions, error) {
-	var o AgentOptions
+// ParseHostAgentArgs parses the arguments of `gorun agent`.
+func ParseHostAgentArgs(args []string, stderr io.Writer) (HostAgentOptions, error) {
+	var o HostAgentOptions
 	fs := flag.NewFlagSet("gorun agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.Connect, "connect", "", "gorun's `host:port`")
@@ -72,7 +73,7 @@ func ParseAgentArgs(args []string, stderr io.Writer) (AgentOptions, error) {
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: gorun agent --connect HOST:PORT --job ID [--host NAME]\n\n"+
 			"Internal: the per-host agent of a multi-host job, started by gorun over ssh or srun.\n"+
-			"It reads the job secret from $"+agentSecretEnv+" or the first line of stdin.")
+			"It reads the job secret from $"+hostAgentSecretEnv+" or the first line of stdin.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -87,7 +88,7 @@ func ParseAgentArgs(args []string, stderr io.Writer) (AgentOptions, error) {
 
 // HostAgentMain runs a host agent and returns its exit code: 0 when the
 // job ended normally, 1 when it could not join or lost gorun.
-func HostAgentMain(o AgentOptions, stdin io.Reader, stderr io.Writer) int {
+func HostAgentMain(o HostAgentOptions, stdin io.Reader, stderr io.Writer) int {
 	log := zerolog.New(zerolog.ConsoleWriter{Out: stderr, NoColor: true}).With().Timestamp().
 		Str("role", "host-agent").Logger().Level(zerolog.WarnLevel)
 	if o.Host == "" {
@@ -104,8 +105,8 @@ func HostAgentMain(o AgentOptions, stdin io.Reader, stderr io.Writer) int {
 	pipes := make(chan os.Signal, 1)
 	signal.Notify(pipes, syscall.SIGPIPE)
 	defer signal.Stop(pipes)
-	secret := os.Getenv(agentSecretEnv)
-	os.Unsetenv(agentSecretEnv)
+	secret := os.Getenv(hostAgentSecretEnv)
+	os.Unsetenv(hostAgentSecretEnv)
 	if secret == "" {
 		line, err := bufio.NewReader(stdin).ReadString('\n')
 		if err != nil {
@@ -128,14 +129,14 @@ func HostAgentMain(o AgentOptions, stdin io.Reader, stderr io.Writer) int {
 		log.Error().Msg("job secret is not hex")
 		return 1
 	}
-	if err := runHostAgent(o, key, log, stderr); err != nil {
+	if err := serveHostAgent(o, key, log, stderr); err != nil {
 		log.Error().Err(err).Msg("host agent failed")
 		return 1
 	}
 	return 0
 }
 
-func runHostAgent(o AgentOptions, key []byte, log zerolog.Logger, stderr io.Writer) error {
+func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr io.Writer) error {
 	c, err := net.DialTimeout("tcp", o.Connect, 30*time.Second)
 	if err != nil {
 		return fmt.Errorf("connect to gorun at %s: %w", o.Connect, err)
@@ -217,7 +218,18 @@ func runHostAgent(o AgentOptions, key []byte, log zerolog.Logger, stderr io.Writ
 		break
 	}
 	ports.Release()
-	return relay(w, job, hello, m.Ranks, m.PMI, log, stderr)
+	return relay(w, job, hello, specWithSecret(m.Ranks, key), m.PMI, log, stderr)
+}
+
+// specWithSecret gives every rank the job secret this agent holds: gorun
+// leaves it out of the spec (withoutSecret), since the connection is not
+// encrypted.
+func specWithSecret(ranks []remoteRank, key []byte) []remoteRank {
+	kv := rankenv.Secret + "=" + hex.EncodeToString(key)
+	for i := range ranks {
+		ranks[i].Env = append(ranks[i].Env, kv)
+	}
+	return ranks
 }
 
 // children are the agents a host agent started for gorun (tree fan-out):
@@ -295,7 +307,7 @@ func (k *children) stop(d time.Duration) {
 
 // prepareHost checks what this host needs before any rank starts: the
 // interface, the program, two free ports.
-func prepareHost(o AgentOptions, job *remoteJob, c net.Conn, programComing bool) (remoteHello, *PortReservation) {
+func prepareHost(o HostAgentOptions, job *remoteJob, c net.Conn, programComing bool) (remoteHello, *PortReservation) {
 	h := remoteHello{Version: o.Version, PID: os.Getpid()}
 	h.Hostname, _ = os.Hostname()
 	var choice netif.Choice
@@ -358,83 +370,42 @@ func rankDir(dir string) string {
 // output) or gorun is gone (then the supervisor is told to kill it all).
 func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, pj *pmiJob, log zerolog.Logger, stderr io.Writer) error {
 	base := scrubLaunchEnv(filterEnv(os.Environ()))
-	spec := &agentSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj}
-	var extra, parentEnds []*os.File
-	type stream struct {
-		rank int
-		kind byte
-		r    *os.File
-	}
-	var streams []stream
-	closeAll := func() {
-		for _, f := range parentEnds {
-			f.Close()
-		}
-	}
-	defer closeAll()
+	p := &rankPipes{spec: supervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj}}
+	defer p.closeChildEnds()
 	var stdin *stdinQueue
 	for _, rr := range ranks {
-		ar := agentRank{Rank: rr.Rank, Path: hello.Program, Argv: job.Argv, Dir: rankDir(job.Dir), Stdin: -1, Env: mergeEnv(base, rr.Env)}
+		stdinFD := -1
 		if rr.Rank == 0 && job.Stdin {
 			pr, pw, err := os.Pipe()
 			if err != nil {
-				for _, f := range extra {
-					f.Close()
-				}
+				p.closeStreams()
 				return fmt.Errorf("pipe: %w", err)
 			}
-			extra = append(extra, pr)
-			ar.Stdin = 2 + len(extra)
+			stdinFD = p.inherit(pr, true)
 			stdin = newStdinQueue(pw)
 		}
-		for _, s := range []struct {
-			fd   *int
-			kind byte
-		}{{&ar.Stdout, 1}, {&ar.Stderr, 2}} {
-			pr, pw, err := os.Pipe()
-			if err != nil {
-				for _, f := range extra {
-					f.Close()
-				}
-				return fmt.Errorf("pipe: %w", err)
+		sr := supervisorRank{Rank: rr.Rank, Path: hello.Program, Argv: job.Argv, Dir: rankDir(job.Dir), Env: mergeEnv(base, rr.Env)}
+		if err := p.addRank(sr, stdinFD); err != nil {
+			if stdin != nil {
+				stdin.w.Close()
 			}
-			growPipe(pr)
-			parentEnds = append(parentEnds, pr)
-			extra = append(extra, pw)
-			*s.fd = 2 + len(extra)
-			streams = append(streams, stream{rank: rr.Rank, kind: s.kind, r: pr})
+			p.closeStreams()
+			return err
 		}
-		spec.Ranks = append(spec.Ranks, ar)
 	}
-	cmd, ctrl, evR, err := startSupervisor("", extra, stderr)
-	for _, f := range extra {
-		f.Close()
-	}
+	sup, err := startSupervisor("", p.extra, stderr)
+	p.closeChildEnds()
 	if err != nil {
+		if stdin != nil {
+			stdin.w.Close()
+		}
+		p.closeStreams()
 		return err
 	}
-	defer evR.Close()
-	var ctrlMu sync.Mutex // guards ctrl: commands and the final close race
-	ctrlClosed := false
-	sendCtrl := func(v any) {
-		ctrlMu.Lock()
-		defer ctrlMu.Unlock()
-		if ctrlClosed {
-			return
-		}
-		b, _ := json.Marshal(v)
-		_, _ = ctrl.Write(append(b, '\n'))
-	}
-	closeCtrl := func() {
-		ctrlMu.Lock()
-		defer ctrlMu.Unlock()
-		if !ctrlClosed {
-			ctrlClosed = true
-			ctrl.Close()
-		}
-	}
-	defer closeCtrl()
-	sendCtrl(spec)
+	defer p.closeStreams()
+	defer sup.closeEvents()
+	defer sup.closeCommands()
+	_ = sup.send(p.spec)
 
 	var outWG, wg sync.WaitGroup
 	defer wg.Wait()
@@ -442,7 +413,7 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 		wg.Go(stdin.run)
 		defer stdin.close()
 	}
-	for _, s := range streams {
+	for _, s := range p.streams {
 		outWG.Go(func() {
 			buf := make([]byte, 64<<10)
 			for {
@@ -483,17 +454,17 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 			}
 			var m wireMsg
 			if json.Unmarshal(p, &m) == nil && m.T == "cmd" && m.Cmd != nil {
-				sendCtrl(m.Cmd)
+				_ = sup.send(m.Cmd)
 			}
 		}
 	})
 	// The supervisor's events go to gorun as they come, except "done",
 	// which waits for the last output so gorun has it all when it sees
 	// the host finish.
-	doneEv := make(chan agentEvent, 1)
+	doneEv := make(chan supervisorEvent, 1)
 	wg.Go(func() {
-		var last *agentEvent
-		readEvents(evR, func(ev agentEvent) {
+		var last *supervisorEvent
+		sup.readEvents(func(ev supervisorEvent) {
 			if ev.Ev == "done" {
 				last = &ev
 				return
@@ -526,8 +497,8 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 				lost = fmt.Errorf("no word from gorun for %s (lease %s)", silent.Round(time.Millisecond), lease)
 			}
 		case ev, ok := <-doneEv:
-			closeCtrl()
-			_ = cmd.Wait()
+			sup.closeCommands()
+			_ = sup.wait()
 			outWG.Wait()
 			if ok {
 				_ = w.send(wireMsg{T: "event", Event: &ev})
@@ -553,8 +524,8 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	// gorun is gone: the supervisor kills every rank and descendant when
 	// its command pipe closes.
 	log.Warn().Err(lost).Msg("lost gorun; killing this host's ranks")
-	closeCtrl()
-	_ = cmd.Wait()
+	sup.closeCommands()
+	_ = sup.wait()
 	w.c.Close()
 	outWG.Wait()
 	return lost

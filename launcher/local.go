@@ -62,7 +62,7 @@ func (id LocalIdentity) IsLocal(name string) bool {
 }
 
 // RemoteHostError reports a host that is not this machine, where only this
-// machine is allowed (RequireLocal); Launch itself starts agents there.
+// machine is allowed (RequireLocal); Launch starts host agents there.
 type RemoteHostError struct {
 	// Host is the offending host name.
 	Host string

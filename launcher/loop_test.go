@@ -12,13 +12,14 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// fakeJob drives runner.loop with a scripted agent inside a synctest
+// fakeJob drives the job loop with a scripted supervisor inside a synctest
 // bubble, so the timing rules (grace, timeout) are checked exactly and
-// without real processes.
+// without real processes. Its fakeHome is the third rankHome, beside
+// localHome and hostsHome.
 type fakeJob struct {
 	t      *testing.T
-	events chan agentEvent
-	cmds   chan agentCmd
+	events chan supervisorEvent
+	cmds   chan supervisorCmd
 	errc   chan error
 	// killed records the process groups loop killed itself.
 	killed chan int
@@ -32,20 +33,34 @@ func startFakeJob(t *testing.T, np int, cfg Config) *fakeJob {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeJob{t: t, events: make(chan agentEvent, 64), cmds: make(chan agentCmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
+	f := &fakeJob{t: t, events: make(chan supervisorEvent, 64), cmds: make(chan supervisorCmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
 	cfg.Logger = zerolog.Nop()
-	r := &runner{cfg: cfg, plan: plan, log: cfg.Logger, events: f.events, sendCmd: func(c agentCmd) { f.cmds <- c },
-		killGroup: func(pgid int) { f.killed <- pgid }}
-	go func() { f.errc <- r.loop(context.Background()) }()
+	r := &jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 1}}
+	go func() { f.errc <- r.run(context.Background()) }()
 	for i := range np {
-		f.events <- agentEvent{Ev: "started", Rank: i, PID: 1000 + i}
+		f.events <- supervisorEvent{Ev: "started", Rank: i, PID: 1000 + i}
 	}
 	return f
 }
 
+// fakeHome is the rankHome of a fakeJob: events come from the test,
+// commands and group kills are recorded.
+type fakeHome struct {
+	f *fakeJob
+	n int // supervisors
+}
+
+var _ rankHome = (*fakeHome)(nil)
+
+func (h *fakeHome) events() <-chan supervisorEvent { return h.f.events }
+func (h *fakeHome) supervisors() int               { return h.n }
+func (h *fakeHome) command(c supervisorCmd)        { h.f.cmds <- c }
+func (h *fakeHome) killGroup(pgid int)             { h.f.killed <- pgid }
+func (h *fakeHome) lostWhy() error                 { return nil }
+
 // exit reports rank's exit with a code (sig 0) or a signal.
 func (f *fakeJob) exit(rank, code int, sig syscall.Signal) {
-	f.events <- agentEvent{Ev: "exited", Rank: rank, PID: 1000 + rank, Code: code, Signal: int(sig)}
+	f.events <- supervisorEvent{Ev: "exited", Rank: rank, PID: 1000 + rank, Code: code, Signal: int(sig)}
 }
 
 // expect waits until loop is idle and checks the one command it sent.
@@ -74,7 +89,7 @@ func (f *fakeJob) expectNone() {
 }
 
 func (f *fakeJob) done() error {
-	f.events <- agentEvent{Ev: "done"}
+	f.events <- supervisorEvent{Ev: "done"}
 	close(f.events)
 	return <-f.errc
 }
@@ -174,7 +189,8 @@ func TestLoopExitPolicy(t *testing.T) {
 				f.exit(2, 143, 0)
 				var re *RankExitError
 				err := f.done()
-				if !errors.As(err, &re) || re.Rank != tc.rank || re.Code != tc.code || re.Stopped != 3 {
+				// Rank 1 failed on its own: not one gorun stopped.
+				if !errors.As(err, &re) || re.Rank != tc.rank || re.Code != tc.code || re.Stopped != 2 || re.AlsoFailed != 1 {
 					t.Fatalf("err = %v, want rank %d code %d", err, tc.rank, tc.code)
 				}
 			})
@@ -186,8 +202,8 @@ func TestLoopExitPolicy(t *testing.T) {
 func TestLoopIgnoresUnknownRanks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := startFakeJob(t, 1, testConfig())
-		f.events <- agentEvent{Ev: "exited", Rank: 5, Code: 1}
-		f.events <- agentEvent{Ev: "started", Rank: -1}
+		f.events <- supervisorEvent{Ev: "exited", Rank: 5, Code: 1}
+		f.events <- supervisorEvent{Ev: "started", Rank: -1}
 		f.expectNone()
 		f.exit(0, 0, 0)
 		if err := f.done(); err != nil {
@@ -196,12 +212,12 @@ func TestLoopIgnoresUnknownRanks(t *testing.T) {
 	})
 }
 
-// An agent that vanishes without "done" is an *AgentError.
+// An agent that vanishes without "done" is an *SupervisorError.
 func TestLoopAgentVanishes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := startFakeJob(t, 2, testConfig())
 		close(f.events)
-		var ae *AgentError
+		var ae *SupervisorError
 		if err := <-f.errc; !errors.As(err, &ae) {
 			t.Fatalf("err = %v", err)
 		}
@@ -223,26 +239,56 @@ func TestLoopHostLost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := &fakeJob{t: t, events: make(chan agentEvent, 64), cmds: make(chan agentCmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
+		f := &fakeJob{t: t, events: make(chan supervisorEvent, 64), cmds: make(chan supervisorCmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
 		cfg := testConfig()
 		cfg.Logger = zerolog.Nop()
-		r := &runner{cfg: cfg, plan: plan, log: cfg.Logger, events: f.events, agentsLeft: 2,
-			sendCmd: func(c agentCmd) { f.cmds <- c }, killGroup: func(pgid int) { f.killed <- pgid }}
-		go func() { f.errc <- r.loop(context.Background()) }()
+		r := &jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 2}}
+		go func() { f.errc <- r.run(context.Background()) }()
 		for i := range 4 {
-			f.events <- agentEvent{Ev: "started", Rank: i, PID: 1000 + i, node: i / 2}
+			f.events <- supervisorEvent{Ev: "started", Rank: i, PID: 1000 + i, node: i / 2}
 		}
-		f.events <- agentEvent{Ev: "lost", Rank: 2, Err: "no word from its agent for 4s", node: 1}
+		f.events <- supervisorEvent{Ev: "lost", Rank: 2, Err: "no word from its agent for 4s", node: 1}
 		f.expect("signal", syscall.SIGTERM)
 		f.exit(0, 0, syscall.SIGTERM)
 		f.exit(1, 143, 0)
 		err = f.done() // node 0's agent
-		var le *AgentLostError
+		var le *HostLostError
 		if !errors.As(err, &le) || le.Host != "b" || le.FirstRank != 2 || le.Ranks != 2 || le.Stopped != 2 || le.ExitCode() != 255 {
 			t.Fatalf("err = %v, want host b lost with ranks 2-3 and 2 stopped", err)
 		}
 		if want := "lost host b: no word from its agent for 4s; its ranks 2-3 counted as failed; stopped 2 other ranks"; err.Error() != want {
 			t.Errorf("message %q, want %q", err.Error(), want)
+		}
+	})
+}
+
+// When every rank fails on its own, the final line says so and does not
+// claim to have stopped the others; when some were stopped, it counts both.
+func TestLoopEveryRankFailsOnItsOwn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := startFakeJob(t, 3, testConfig())
+		f.exit(1, 3, 0)
+		f.expect("signal", syscall.SIGTERM)
+		f.exit(0, 3, 0)
+		f.exit(2, 0, syscall.SIGSEGV)
+		err := f.done()
+		var re *RankExitError
+		if !errors.As(err, &re) || re.Rank != 1 || re.Stopped != 0 || re.AlsoFailed != 2 {
+			t.Fatalf("err = %#v", err)
+		}
+		if want := "rank 1 (host localhost, pid 1001) exited with code 3; 2 other ranks also failed"; err.Error() != want {
+			t.Errorf("message %q, want %q", err.Error(), want)
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		f := startFakeJob(t, 3, testConfig())
+		f.exit(2, 1, 0)
+		f.expect("signal", syscall.SIGTERM)
+		f.exit(0, 4, 0)
+		f.exit(1, 0, syscall.SIGTERM)
+		err := f.done()
+		if want := "rank 2 (host localhost, pid 1002) exited with code 1; 1 other rank also failed; stopped 1 other rank"; err == nil || err.Error() != want {
+			t.Errorf("message %v, want %q", err, want)
 		}
 	})
 }

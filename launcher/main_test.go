@@ -13,8 +13,8 @@ import (
 // agent, the rank helpers, and — for the tests that SIGKILL gorun — a gorun
 // itself (helperGorunEnv).
 func TestMain(m *testing.M) {
-	if IsAgent() {
-		os.Exit(AgentMain())
+	if IsSupervisor() {
+		os.Exit(SupervisorMain())
 	}
 	if os.Getenv(helperGorunEnv) != "" {
 		os.Exit(helperGorun())

@@ -2,7 +2,10 @@ package launcher
 
 import (
 	"bytes"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -27,15 +30,51 @@ const minChunk = 16 << 10
 type lineSink struct {
 	mu sync.Mutex
 	w  io.Writer
+	// name and failed are set for a per-rank log file: its first write
+	// error is handed to failed (once), and nothing more is written to it.
+	name   string
+	failed func(name string, err error)
+	err    error // guarded by mu: the first write error
 }
 
 func (s *lineSink) write(b []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// A broken terminal must not stop draining the rank: it would block
-	// on a full pipe. Errors are dropped; the rank keeps running.
-	_, _ = s.w.Write(b)
+	if s.err != nil {
+		return
+	}
+	// A write error must not stop draining the rank: it would block on a
+	// full pipe. The rank keeps running; a log file's loss is reported.
+	if _, err := s.w.Write(b); err != nil && s.failed != nil {
+		s.err = err
+		s.failed(s.name, err)
+	}
 }
+
+// OutputLostError reports that output meant for a file could not be
+// written (a full or failing file system): the job may have succeeded,
+// but its record did not.
+type OutputLostError struct {
+	// File is the per-rank log that lost output; Err the write's error.
+	File string
+	Err  error
+	// Files counts the logs that lost output, File's included.
+	Files int
+}
+
+func (e *OutputLostError) Error() string {
+	s := fmt.Sprintf("launcher: output lost: writing %s: %v", e.File, e.Err)
+	if e.Files > 1 {
+		s += fmt.Sprintf(" (and %d more %s)", e.Files-1, plural(e.Files-1, "log", "logs"))
+	}
+	return s
+}
+
+func (e *OutputLostError) Unwrap() error { return e.Err }
+
+// ExitCode is 74, sysexits' EX_IOERR: the job's own exit status was 0, so
+// only gorun's can say that its output is incomplete.
+func (e *OutputLostError) ExitCode() int { return 74 }
 
 // streamer copies one stream (stdout or stderr) of one rank to its sinks.
 type streamer struct {
@@ -126,4 +165,118 @@ func prefixLines(lines, prefix []byte) []byte {
 		lines = lines[i+1:]
 	}
 	return out
+}
+
+// jobOutput is where a job's output goes: the terminal (Config.Stdout and
+// Stderr, line-whole across ranks) and, with Config.OutputDir, one log per
+// rank. Local and multi-host jobs share it; only the readers differ (the
+// ranks' pipes here, a host agent's frames there).
+type jobOutput struct {
+	stdout, stderr *lineSink
+	// logs holds one sink per rank, by rank; nil without OutputDir.
+	logs  []*lineSink
+	files []*os.File // the log files, closed by close
+	tag   bool
+	now   func() time.Time
+
+	streams []*streamer
+	wg      sync.WaitGroup // the streamers
+}
+
+// openJobOutput creates the sinks and, with OutputDir, the per-rank logs.
+func openJobOutput(cfg Config, plan *Plan) (*jobOutput, error) {
+	o := &jobOutput{
+		stdout: &lineSink{w: cfg.Stdout}, stderr: &lineSink{w: cfg.Stderr},
+		tag: cfg.TagOutput || cfg.OutputDir != "",
+	}
+	if cfg.TimestampOutput {
+		o.now = time.Now
+	}
+	if cfg.OutputDir == "" {
+		return o, nil
+	}
+	if err := os.MkdirAll(cfg.OutputDir, 0o755); err != nil {
+		return nil, fmt.Errorf("launcher: output dir: %w", err)
+	}
+	for _, rs := range plan.Ranks {
+		f, err := os.Create(filepath.Join(cfg.OutputDir, "rank."+strconv.Itoa(rs.Rank)+".log"))
+		if err != nil {
+			o.close()
+			return nil, fmt.Errorf("launcher: output dir: %w", err)
+		}
+		o.files = append(o.files, f)
+		o.logs = append(o.logs, &lineSink{w: f, name: f.Name(), failed: o.fileFailed})
+	}
+	return o, nil
+}
+
+// fileFailed reports a log file's first write error, once, on gorun's
+// stderr as it happens: the job goes on, and the user learns at once which
+// record is incomplete.
+func (o *jobOutput) fileFailed(name string, err error) {
+	o.stderr.write(fmt.Appendf(nil, "gorun: writing %s: %v; the rest of that rank's log is lost\n", name, err))
+}
+
+// finish closes the log files and returns an *OutputLostError when any
+// write or close of one failed. Call after wait.
+func (o *jobOutput) finish() error {
+	var lost *OutputLostError
+	note := func(name string, err error) {
+		if lost == nil {
+			lost = &OutputLostError{File: name, Err: err}
+		}
+		lost.Files++
+	}
+	for i, f := range o.files {
+		s := o.logs[i]
+		s.mu.Lock()
+		werr := s.err
+		s.mu.Unlock()
+		// A file system that defers errors (NFS, a full disk with
+		// delayed allocation) may report them only at close.
+		cerr := f.Close()
+		switch {
+		case werr != nil:
+			note(s.name, werr)
+		case cerr != nil:
+			o.fileFailed(s.name, cerr)
+			note(s.name, cerr)
+		}
+	}
+	o.files = nil
+	if lost == nil {
+		return nil
+	}
+	return lost
+}
+
+// add registers a reader of one rank's stdout (kind 1) or stderr (kind 2);
+// host, when set, goes into the tag. Call before start.
+func (o *jobOutput) add(rank int, host string, kind byte, r io.Reader) {
+	term := o.stdout
+	if kind == 2 {
+		term = o.stderr
+	}
+	st := &streamer{rank: rank, host: host, r: r, term: term, tag: o.tag, now: o.now}
+	if o.logs != nil {
+		st.file = o.logs[rank]
+	}
+	o.streams = append(o.streams, st)
+}
+
+// start runs one goroutine per stream until its reader ends.
+func (o *jobOutput) start() {
+	for _, s := range o.streams {
+		o.wg.Go(s.run)
+	}
+}
+
+// wait returns once every stream reached EOF or a read error.
+func (o *jobOutput) wait() { o.wg.Wait() }
+
+// close closes the log files; call after wait.
+func (o *jobOutput) close() {
+	for _, f := range o.files {
+		f.Close()
+	}
 }

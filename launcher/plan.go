@@ -153,6 +153,9 @@ func NewPlan(c PlanConfig) (*Plan, error) {
 	if c.NP < 0 {
 		return nil, fmt.Errorf("launcher: -np must be positive, got %d", c.NP)
 	}
+	if c.NP > MaxRanks {
+		return nil, &CapacityError{Ranks: c.NP, Resource: "ranks", Need: c.NP, Limit: MaxRanks}
+	}
 	if c.GPUsPerHost < 0 {
 		return nil, fmt.Errorf("launcher: GPUs per host must not be negative, got %d", c.GPUsPerHost)
 	}
@@ -163,8 +166,12 @@ func NewPlan(c PlanConfig) (*Plan, error) {
 		return nil, fmt.Errorf("launcher: plan needs two distinct ports, got MASTER_PORT %d and rendezvous port %d", c.MasterPort, c.RdzvPort)
 	}
 	for _, kv := range c.Export {
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
 			return nil, fmt.Errorf("launcher: exported variable %q is not NAME=VALUE", kv)
+		}
+		if err := checkExportName(k, c.GPUsPerHost > 0); err != nil {
+			return nil, err
 		}
 	}
 	hosts, err := normalizeHosts(c)
@@ -174,6 +181,11 @@ func NewPlan(c PlanConfig) (*Plan, error) {
 	counts, err := placeCounts(hosts, c.NP, c.Oversubscribe)
 	if err != nil {
 		return nil, err
+	}
+	// Without -np the slots decide; a hostfile's slots=2000000000 must be
+	// refused before one environment per rank is built.
+	if total := sumCapped(counts); total > MaxRanks {
+		return nil, &CapacityError{Ranks: total, Resource: "ranks", Need: total, Limit: MaxRanks, FromSlots: c.NP == 0}
 	}
 
 	p := &Plan{JobID: c.JobID, MasterPort: c.MasterPort, PMI: !c.NoPMI}
@@ -207,6 +219,19 @@ func NewPlan(c PlanConfig) (*Plan, error) {
 		}
 	}
 	return p, nil
+}
+
+// sumCapped adds counts, stopping once the sum passes MaxRanks (so that
+// absurd slot counts cannot overflow it).
+func sumCapped(counts []int) int {
+	n := 0
+	for _, c := range counts {
+		n += c
+		if n > MaxRanks {
+			return n
+		}
+	}
+	return n
 }
 
 // normalizeHosts applies the default host list and merges duplicate names:
@@ -336,6 +361,41 @@ func rankEnv(p *Plan, r RankSpec, c PlanConfig) []string {
 	return mergeEnv(env, c.Export)
 }
 
+// perRankNames are the variables gorun defines for every rank from its plan
+// (rankEnv), with what each says: the rank's identity and the job's. Not
+// among them are the ones that name where to meet — MASTER_ADDR,
+// MASTER_PORT, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME — which are the same
+// on every rank and which a user may know better (torch scripts often fix
+// MASTER_PORT). PMI_FD, PMI_PORT and PMI_ID are set by the supervisor that
+// serves PMI.
+var perRankNames = map[string]string{
+	rankenv.Rank: "the rank", rankenv.WorldSize: "the number of ranks",
+	rankenv.LocalRank: "the rank on its host", rankenv.LocalWorldSize: "the number of ranks on its host",
+	rankenv.NodeRank: "its host's index", rankenv.GroupRank: "its host's index",
+	rankenv.PMIRank: "the rank", rankenv.PMISize: "the number of ranks",
+	rankenv.PMIFD: "the rank's PMI socket", rankenv.PMIPort: "the PMI server", rankenv.PMIID: "the rank's PMI identity",
+	rankenv.JobID: "the job", rankenv.GorunRank: "the rank", rankenv.GorunWorldSize: "the number of ranks",
+	rankenv.GorunLocalRank: "the rank on its host", rankenv.GorunLocalSize: "the number of ranks on its host",
+	rankenv.GorunNodeRank: "its host's index", rankenv.GorunHost: "its host",
+	rankenv.Secret: "the job secret", rankenv.RdzvEndpoint: "the rendezvous seed",
+}
+
+// checkExportName refuses exporting a variable gorun defines per rank;
+// CUDA_VISIBLE_DEVICES only when gorun assigns GPUs (gpus), since without
+// that a user's choice of devices is the only one.
+func checkExportName(name string, gpus bool) error {
+	what, ok := perRankNames[name]
+	hint := ""
+	if !ok && gpus && name == rankenv.CUDAVisibleDevices {
+		what, ok = "the rank's GPU", true
+		hint = " (drop --gpus-per-host to choose the devices yourself)"
+	}
+	if ok {
+		return fmt.Errorf("launcher: -x %s: gorun sets %s to %s on every rank; it cannot be exported%s", name, name, what, hint)
+	}
+	return nil
+}
+
 // joinHostPort is net.JoinHostPort without importing net into the pure
 // planner: IPv6 literals get brackets.
 func joinHostPort(host string, port int) string {
@@ -347,13 +407,18 @@ func joinHostPort(host string, port int) string {
 
 // ResolveExports turns -x values into NAME=VALUE pairs: NAME=VALUE is kept,
 // a bare NAME takes its value from lookup (the launcher's environment) and is
-// an error when unset, since silently exporting nothing hides typos.
+// an error when unset, since silently exporting nothing hides typos. A name
+// gorun defines for each rank (RANK, WORLD_SIZE, ...) is refused: exported,
+// it would give every rank the same value and silently break the job.
 func ResolveExports(specs []string, lookup func(string) (string, bool)) ([]string, error) {
 	out := make([]string, 0, len(specs))
 	for _, s := range specs {
 		name, value, hasValue := strings.Cut(s, "=")
 		if name == "" || strings.ContainsAny(name, " \t\n") {
 			return nil, fmt.Errorf("launcher: -x %q: expected NAME or NAME=VALUE", s)
+		}
+		if err := checkExportName(name, false); err != nil {
+			return nil, err
 		}
 		if !hasValue {
 			v, ok := lookup(name)

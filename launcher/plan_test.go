@@ -226,6 +226,13 @@ func TestResolveExports(t *testing.T) {
 		{in: []string{"A=1", "HOME", "B="}, want: []string{"A=1", "HOME=/root", "B="}},
 		{in: []string{"MISSING"}, err: "not set in gorun's environment"},
 		{in: []string{"=1"}, err: "expected NAME or NAME=VALUE"},
+		{in: []string{"A=1", "RANK=5"}, err: "-x RANK: gorun sets RANK to the rank on every rank; it cannot be exported"},
+		{in: []string{"WORLD_SIZE=8"}, err: "-x WORLD_SIZE: gorun sets"},
+		{in: []string{"NODE_RANK=1"}, err: "-x NODE_RANK: gorun sets"},
+		{in: []string{"GORUN_SECRET=00"}, err: "-x GORUN_SECRET: gorun sets"},
+		{in: []string{"PMI_FD=9"}, err: "-x PMI_FD: gorun sets"},
+		// Chosen by the user unless gorun assigns GPUs (NewPlan checks).
+		{in: []string{"CUDA_VISIBLE_DEVICES=1", "NCCL_SOCKET_IFNAME=eth1"}, want: []string{"CUDA_VISIBLE_DEVICES=1", "NCCL_SOCKET_IFNAME=eth1"}},
 	}
 	for _, tc := range tests {
 		got, err := ResolveExports(tc.in, lookup)
@@ -310,4 +317,40 @@ func TestReservePorts(t *testing.T) {
 	a.Release()
 	a.Release() // idempotent
 	b.Release()
+}
+
+// Every variable rankEnv sets per rank is refused as an export, so that a
+// new per-rank variable cannot be overridden silently either; the
+// interface names and a CUDA_VISIBLE_DEVICES gorun does not assign are the
+// user's.
+func TestPlanRefusesExportsOfPerRankVariables(t *testing.T) {
+	c := basePlanConfig()
+	c.GPUsPerHost = 1
+	c.Interfaces = map[string]string{"localhost": "eth0"}
+	p, err := NewPlan(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	userChosen := map[string]bool{"NCCL_SOCKET_IFNAME": true, "GLOO_SOCKET_IFNAME": true, "MASTER_ADDR": true, "MASTER_PORT": true}
+	for _, kv := range p.Ranks[0].Env {
+		name, _, _ := strings.Cut(kv, "=")
+		c := basePlanConfig()
+		c.GPUsPerHost = 1
+		c.Export = []string{name + "=x"}
+		_, err := NewPlan(c)
+		if userChosen[name] {
+			if err != nil {
+				t.Errorf("export of %s refused: %v", name, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), "-x "+name+": gorun sets") {
+			t.Errorf("export of %s: err %v, want it refused", name, err)
+		}
+	}
+	c = basePlanConfig()
+	c.Export = []string{"CUDA_VISIBLE_DEVICES=2"}
+	if _, err := NewPlan(c); err != nil {
+		t.Errorf("CUDA_VISIBLE_DEVICES without --gpus-per-host refused: %v", err)
+	}
 }

@@ -21,7 +21,7 @@ import (
 // How gorun serves MPI's process-management interface (package pmi) to the
 // ranks, and where each piece runs:
 //
-//   - The per-job supervisor on each host (agent.go) is the PMI server for
+//   - The per-job supervisor on each host (supervisor.go) is the PMI server for
 //     the ranks it starts. In the default mode it makes one socketpair per
 //     rank and hands the rank its end as descriptor 3, with PMI_FD=3 — the
 //     way Hydra does; in the port mode it listens on loopback and gives each
@@ -46,9 +46,9 @@ import (
 //     everything else, and the supervisor closes the server so nothing
 //     waits on a barrier that can never complete.
 //
-// The protocol is MPICH's PMI-1; Open MPI needs PMIx, which gorun does not
-// serve, and gorun refuses Open MPI programs before any rank starts
-// (mpilib.go).
+// The protocols are MPICH's PMI-1 and PMI-2 (a client picks by the version
+// it asks for); Open MPI needs PMIx, which gorun does not serve, and gorun
+// refuses Open MPI programs before any rank starts (mpilib.go).
 
 // PMIMode selects how ranks reach gorun's PMI server.
 type PMIMode string
@@ -75,7 +75,7 @@ func ParsePMIMode(s string) (PMIMode, error) {
 	return "", fmt.Errorf("launcher: --pmi %q: expected fd, port or none", s)
 }
 
-// pmiJob is what a supervisor needs to serve PMI: sent in agentSpec (and,
+// pmiJob is what a supervisor needs to serve PMI: sent in supervisorSpec (and,
 // for other hosts, in the "spec" wire message).
 type pmiJob struct {
 	KVSName string `json:"kvs"`
@@ -121,7 +121,7 @@ type supervisorPMI struct {
 // newSupervisorPMI starts serving PMI for ranks. In the fd mode every
 // rank's socketpair exists before any rank starts, so a rank can never
 // find its descriptor unserved.
-func newSupervisorPMI(job pmiJob, ranks []agentRank, log zerolog.Logger) (*supervisorPMI, error) {
+func newSupervisorPMI(job pmiJob, ranks []supervisorRank, log zerolog.Logger) (*supervisorPMI, error) {
 	nums := make([]int, len(ranks))
 	for i, r := range ranks {
 		nums[i] = r.Rank
@@ -236,15 +236,15 @@ func (sp *supervisorPMI) requests() <-chan pmi.Request {
 }
 
 // event turns a server request into the supervisor event gorun acts on.
-func (sp *supervisorPMI) event(req pmi.Request) agentEvent {
+func (sp *supervisorPMI) event(req pmi.Request) supervisorEvent {
 	if req.Kind == pmi.Abort {
-		return agentEvent{Ev: "pmi-abort", Rank: req.Rank, Code: req.Code, Err: req.Message}
+		return supervisorEvent{Ev: "pmi-abort", Rank: req.Rank, Code: req.Code, Err: req.Message}
 	}
-	return agentEvent{Ev: "pmi-fence", Rank: sp.first, Epoch: req.Epoch, KVS: req.Puts}
+	return supervisorEvent{Ev: "pmi-fence", Rank: sp.first, Epoch: req.Epoch, KVS: req.Puts}
 }
 
 // release applies gorun's "pmi-release" command.
-func (sp *supervisorPMI) release(c agentCmd, log zerolog.Logger) {
+func (sp *supervisorPMI) release(c supervisorCmd, log zerolog.Logger) {
 	if sp == nil {
 		return
 	}
@@ -290,9 +290,9 @@ type pmiFences struct {
 // every supervisor fenced epoch; ok is false until then. A fence of
 // another epoch is a protocol error (supervisors cannot run ahead: each
 // waits for the release before its ranks can enter the next barrier).
-func (f *pmiFences) add(ev agentEvent) (cmd agentCmd, ok bool, err error) {
+func (f *pmiFences) add(ev supervisorEvent) (cmd supervisorCmd, ok bool, err error) {
 	if ev.Epoch != f.epoch {
-		return agentCmd{}, false, fmt.Errorf("PMI fence for barrier %d while barrier %d is open", ev.Epoch, f.epoch)
+		return supervisorCmd{}, false, fmt.Errorf("PMI fence for barrier %d while barrier %d is open", ev.Epoch, f.epoch)
 	}
 	if f.puts == nil {
 		f.puts = map[string]string{}
@@ -300,9 +300,9 @@ func (f *pmiFences) add(ev agentEvent) (cmd agentCmd, ok bool, err error) {
 	maps.Copy(f.puts, ev.KVS)
 	f.seen++
 	if f.seen < max(f.hosts, 1) {
-		return agentCmd{}, false, nil
+		return supervisorCmd{}, false, nil
 	}
-	cmd = agentCmd{Op: "pmi-release", Epoch: f.epoch, KVS: f.puts}
+	cmd = supervisorCmd{Op: "pmi-release", Epoch: f.epoch, KVS: f.puts}
 	f.epoch, f.seen, f.puts = f.epoch+1, 0, nil
 	return cmd, true, nil
 }

@@ -60,7 +60,7 @@ func readProcs() []procInfo {
 }
 
 // descendants returns the live (non-zombie) descendants of root. Because the
-// agent is a child subreaper, every process its ranks ever started is in
+// supervisor is a child subreaper, every process its ranks ever started is in
 // this tree, whatever session or process group it moved to.
 func descendants(root int) []int {
 	procs := readProcs()

@@ -440,9 +440,9 @@ func TestRunAgentDeath(t *testing.T) {
 	}
 	syscall.Kill(agents[0], syscall.SIGKILL)
 	err := <-errc
-	var ae *AgentError
+	var ae *SupervisorError
 	if !errors.As(err, &ae) {
-		t.Fatalf("err = %v, want *AgentError", err)
+		t.Fatalf("err = %v, want *SupervisorError", err)
 	}
 	if !launchertest.WaitFor(30*time.Second, func() bool { return len(launchertest.Survivors(j.token)) == 0 }) {
 		t.Fatalf("processes survive the agent's death: %v", launchertest.Survivors(j.token))
@@ -461,7 +461,7 @@ func agentsOf(token string) []int {
 	for _, pid := range launchertest.Survivors(token) {
 		pp := parent[pid]
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pp))
-		if err == nil && strings.Contains(string(b), agentEnv+"=") && !seen[pp] {
+		if err == nil && strings.Contains(string(b), supervisorEnv+"=") && !seen[pp] {
 			seen[pp] = true
 			out = append(out, pp)
 		}
@@ -512,12 +512,12 @@ func TestRunStopsStraysOfSuccessfulRanks(t *testing.T) {
 	}
 }
 
-// An agent binary that forgot the IsAgent hook must not launch again.
+// An agent binary that forgot the IsSupervisor hook must not launch again.
 func TestRunRefusesToRecurseInAnAgent(t *testing.T) {
-	t.Setenv(agentEnv, agentProtocol)
+	t.Setenv(supervisorEnv, supervisorProtocol)
 	j := newJobRun(t, 1, "exit:0", nil)
-	if err := j.launch(context.Background()); !errors.Is(err, ErrAgentNotDispatched) {
-		t.Fatalf("err = %v, want ErrAgentNotDispatched", err)
+	if err := j.launch(context.Background()); !errors.Is(err, ErrSupervisorNotDispatched) {
+		t.Fatalf("err = %v, want ErrSupervisorNotDispatched", err)
 	}
 }
 
@@ -528,7 +528,7 @@ func TestRunUnreachableHostIsNamed(t *testing.T) {
 	j := newJobRun(t, 1, "exit:0", nil)
 	j.job.Hosts = []Host{{Name: "gorun-test-remote-host", Slots: 1}}
 	j.cfg.Iface = "127.0.0.0/8" // no name lookup of the made-up host
-	j.cfg.LaunchAgent = []string{"sh", "-c", `echo "ssh: connect to host $0 port 22: Connection refused" >&2; exit 255`, "{host}"}
+	j.cfg.StarterCommand = []string{"sh", "-c", `echo "ssh: connect to host $0 port 22: Connection refused" >&2; exit 255`, "{host}"}
 	var he *HostError
 	err := j.launch(context.Background())
 	if !errors.As(err, &he) || he.Host != "gorun-test-remote-host" || he.ExitCode() != 255 ||
@@ -623,7 +623,7 @@ func TestGorunSIGKILLLeavesNoOrphans(t *testing.T) {
 
 // Every rank leads its own session (and so its own process group): the
 // teardown signals the group, and the kernel's autogroup scheduler gives
-// each session its own CPU share, as Hydra's ranks get (agent.go).
+// each session its own CPU share, as Hydra's ranks get (supervisor.go).
 func TestRunRanksOwnSession(t *testing.T) {
 	j := newJobRun(t, 2, "", nil)
 	j.job.Argv = []string{"/bin/sh", "-c", "exec cat /proc/self/stat"}

@@ -59,13 +59,13 @@ const maxFrame = 8 << 20
 type wireMsg struct {
 	// T is "job" (gorun: what the agent must check), "hello" (agent: what
 	// it found), "spec" (gorun: the ranks to start), "cmd" (gorun: an
-	// agentCmd), "event" (agent: an agentEvent).
-	T     string       `json:"t"`
-	Job   *remoteJob   `json:"job,omitempty"`
-	Hello *remoteHello `json:"hello,omitempty"`
-	Ranks []remoteRank `json:"ranks,omitempty"`
-	Cmd   *agentCmd    `json:"cmd,omitempty"`
-	Event *agentEvent  `json:"event,omitempty"`
+	// supervisorCmd), "event" (agent: a supervisorEvent).
+	T     string           `json:"t"`
+	Job   *remoteJob       `json:"job,omitempty"`
+	Hello *remoteHello     `json:"hello,omitempty"`
+	Ranks []remoteRank     `json:"ranks,omitempty"`
+	Cmd   *supervisorCmd   `json:"cmd,omitempty"`
+	Event *supervisorEvent `json:"event,omitempty"`
 	// Peers (gorun, "probe") lists the hosts to probe; Probed (agent,
 	// "probed") maps each to "" when reached or why not. Doctor runs only.
 	Peers  []peerAddr        `json:"peers,omitempty"`

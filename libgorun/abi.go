@@ -185,7 +185,7 @@ func gorun_init(config *C.char, world *C.gorun_comm_t) (rc C.int) {
 		return statusInit
 	}
 	reg.sess = s
-	reg.worldH = reg.addCommLocked(&commEntry{c: s.world, world: true, opTimeout: st.timeoutMs, close: s.world.Close})
+	reg.worldH = reg.addCommLocked(&commEntry{c: s.world(), world: true, opTimeout: st.timeoutMs, close: s.world().Close})
 	*world = C.gorun_comm_t(reg.worldH)
 	return ok()
 }
@@ -195,23 +195,15 @@ func gorun_finalize() (rc C.int) {
 	defer guard(&rc)
 	reg.mu.Lock()
 	s := reg.sess
-	comms := reg.comms
 	reg.sess, reg.worldH = nil, 0
 	reg.comms, reg.reqs = map[int64]*commEntry{}, map[int64]*reqEntry{}
 	reg.mu.Unlock()
 	if s == nil {
 		return ok() // finalizing twice is harmless
 	}
-	// Subgroups first, the world last, then the membership: the reverse of
-	// how they were made.
-	var errs []error
-	for _, e := range comms {
-		if !e.world {
-			errs = append(errs, e.close())
-		}
-	}
-	errs = append(errs, s.world.Close(), s.close())
-	if err := errors.Join(errs...); err != nil {
+	// The rank closes subgroups (newest first), the world communicator and
+	// the membership: the reverse of how they were made.
+	if err := s.close(); err != nil {
 		return setErr(fmt.Errorf("gorun: finalize: %w", err), nil)
 	}
 	return ok()
@@ -282,15 +274,11 @@ func gorun_comm_group(h C.gorun_comm_t, ranks *C.int, n C.int, tag *C.char, out 
 	if s == nil {
 		return setErr(errNotInit, nil)
 	}
-	g, err := s.group(list)
-	if err != nil {
-		return setErr(fmt.Errorf("%w: gorun_comm_group %v: %w", errInvalid, list, err), nil)
-	}
-	cfg := s.ccfg
+	var t string
 	if tag != nil {
-		cfg.Tag = C.GoString(tag)
+		t = C.GoString(tag)
 	}
-	c, err := comm.New(context.Background(), g, s.ep, cfg)
+	c, err := s.newComm(context.Background(), list, t)
 	if err != nil {
 		return setErr(fmt.Errorf("gorun_comm_group %v: %w", list, err), nil)
 	}

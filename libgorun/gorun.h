@@ -102,6 +102,11 @@ int gorun_abi_version(void);
  *   timeout_ms=N       a call not complete after N ms fails its communicator
  *                      (0: no limit; default 0)
  *   tcp=0|1            1: no shared memory between ranks on one host
+ *   env.NAME=VALUE     read VALUE for the environment variable NAME (VALUE
+ *                      without spaces). Go's runtime sees only the
+ *                      environment the process started with, not later
+ *                      setenv calls: a host that learns its rendezvous late
+ *                      (e.g. through torch's store) passes it here.
  * An unknown key or bad value is GORUN_ERR_INVALID naming it. Calling it again
  * before gorun_finalize returns the same world. */
 int gorun_init(const char *config, gorun_comm_t *world);

@@ -4,16 +4,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/gorun-hpc/gorun/comm"
-	"github.com/gorun-hpc/gorun/rankenv"
-	"github.com/gorun-hpc/gorun/rendezvous"
+	"github.com/gorun-hpc/gorun/rank"
 )
 
 // settings are gorun_init's config string, parsed.
@@ -21,12 +19,30 @@ type settings struct {
 	deterministic bool
 	timeoutMs     int64
 	forceTCP      bool
+	// env holds "env.NAME=VALUE" overrides of the rank environment, as a
+	// sorted "NAME=VALUE\n" list (comparable, for gorun_init's "same
+	// settings" check). Go's runtime in a shared library sees only the
+	// environment the process started with, not later setenv calls, so a
+	// host program that learns its rendezvous late (through torch's store)
+	// hands it over here.
+	env string
+}
+
+// lookup reads the rank environment with st's overrides first.
+func (st settings) lookup(name string) (string, bool) {
+	for _, kv := range strings.Split(st.env, "\n") {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			return v, true
+		}
+	}
+	return os.LookupEnv(name)
 }
 
 // parseSettings reads "key=value key=value"; an unknown key or bad value is
 // an error naming it.
 func parseSettings(s string) (settings, error) {
 	var st settings
+	var env []string
 	for _, f := range strings.Fields(s) {
 		k, v, ok := strings.Cut(f, "=")
 		if !ok {
@@ -42,6 +58,14 @@ func parseSettings(s string) (settings, error) {
 			return false, fmt.Errorf("%w: config %s=%q: want 0 or 1", errInvalid, k, v)
 		}
 		var err error
+		switch {
+		case strings.HasPrefix(k, "env."):
+			if name := strings.TrimPrefix(k, "env."); name == "" || strings.ContainsAny(name, "=\n") {
+				return st, fmt.Errorf("%w: config %q: want env.NAME=VALUE", errInvalid, f)
+			}
+			env = append(env, strings.TrimPrefix(f, "env."))
+			continue
+		}
 		switch k {
 		case "deterministic":
 			st.deterministic, err = flag()
@@ -53,115 +77,50 @@ func parseSettings(s string) (settings, error) {
 				err = fmt.Errorf("%w: config timeout_ms=%q: want a whole number of milliseconds ≥ 0", errInvalid, v)
 			}
 		default:
-			err = fmt.Errorf("%w: config: unknown key %q (known: deterministic, timeout_ms, tcp)", errInvalid, k)
+			err = fmt.Errorf("%w: config: unknown key %q (known: deterministic, timeout_ms, tcp, env.NAME)", errInvalid, k)
 		}
 		if err != nil {
 			return st, err
 		}
 	}
+	sort.Strings(env)
+	st.env = strings.Join(env, "\n")
 	return st, nil
 }
 
-// session is one rank's membership: the world communicator and what
-// subgroups are made from.
+// session is one rank's membership: the rank start-up shared with gorun's Go
+// programs (rank.Init: environment → data-plane listener → rendezvous →
+// world communicator), and the settings it was made with.
 type session struct {
-	st    settings
-	ccfg  comm.Config
-	ep    *comm.Endpoint
-	world *comm.Comm
-	// group returns the membership of the given world ranks.
-	group func(ranks []int) (comm.Group, error)
-	// close leaves the world (after every communicator is closed).
-	close func() error
+	st settings
+	r  *rank.Rank
 }
 
-// launched reports whether a launcher gave this process a rank.
-func launched() bool {
-	for _, v := range []string{rankenv.GorunRank, rankenv.Rank, "SLURM_PROCID"} {
-		if _, ok := os.LookupEnv(v); ok {
-			return true
-		}
-	}
-	return false
-}
-
-// start joins the world: the same steps as gorun's Go rank programs
-// (environment → data-plane listener → rendezvous → world communicator).
+// start joins the world.
 func start(ctx context.Context, st settings) (*session, error) {
-	s := &session{st: st, ccfg: comm.DefaultConfig()}
-	s.ccfg.Deterministic = st.deterministic
-	if !launched() {
-		ep, err := comm.Listen(comm.EndpointConfig{Addr: "127.0.0.1:0", Secret: []byte("gorun-solo-rank"), ForceTCP: st.forceTCP})
-		if err != nil {
-			return nil, err
-		}
-		g := soloGroup{addr: ep.Addr()}
-		s.ep = ep
-		s.group = func(ranks []int) (comm.Group, error) {
-			if len(ranks) != 1 || ranks[0] != 0 {
-				return nil, fmt.Errorf("%w: group %v in a world of 1", errInvalid, ranks)
-			}
-			return g, nil
-		}
-		s.close = ep.Close
-		c, err := comm.New(ctx, g, ep, s.ccfg)
-		if err != nil {
-			_ = ep.Close()
-			return nil, err
-		}
-		s.world = c
-		return s, nil
-	}
-	rc, err := rendezvous.ConfigFromEnv()
+	opts := rank.DefaultOptions()
+	opts.Comm.Deterministic = st.deterministic
+	opts.Endpoint.ForceTCP = st.forceTCP
+	opts.Lookup = st.lookup
+	r, err := rank.Init(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
-	ep, err := comm.Listen(comm.EndpointConfig{Addr: dataListenAddr(rc.Seed), Secret: rc.Secret, ForceTCP: st.forceTCP})
-	if err != nil {
-		return nil, err
-	}
-	rc.DataAddr = ep.Addr()
-	w, err := rendezvous.Join(ctx, rc)
-	if err != nil {
-		_ = ep.Close()
-		return nil, err
-	}
-	c, err := comm.New(ctx, w, ep, s.ccfg)
-	if err != nil {
-		_ = w.Close()
-		_ = ep.Close()
-		return nil, err
-	}
-	s.ep, s.world = ep, c
-	s.group = func(ranks []int) (comm.Group, error) { return w.Group(ranks) }
-	s.close = func() error { return errors.Join(w.Close(), ep.Close()) }
-	return s, nil
+	return &session{st: st, r: r}, nil
 }
 
-// dataListenAddr listens on the interface that routes to the rendezvous seed
-// (a UDP "connect" sends nothing), so a job on loopback stays on loopback.
-func dataListenAddr(seed string) string {
-	if seed == "" {
-		return "127.0.0.1:0"
-	}
-	c, err := net.Dial("udp", seed)
+// world is the world communicator.
+func (s *session) world() *comm.Comm { return s.r.Comm() }
+
+// newComm connects a communicator over the given world ranks.
+func (s *session) newComm(ctx context.Context, ranks []int, tag string) (*comm.Comm, error) {
+	g, err := s.r.Group(ranks)
 	if err != nil {
-		return ":0"
+		return nil, fmt.Errorf("%w: %w", errInvalid, err)
 	}
-	defer c.Close()
-	host, _, _ := net.SplitHostPort(c.LocalAddr().String())
-	return net.JoinHostPort(host, "0")
+	return s.r.NewComm(ctx, g, tag)
 }
 
-// soloGroup is the one-member world of a process started without a launcher.
-type soloGroup struct{ addr string }
-
-var _ comm.Group = soloGroup{}
-
-func (soloGroup) Rank() int               { return 0 }
-func (soloGroup) Size() int               { return 1 }
-func (soloGroup) GlobalRank(r int) int    { return r }
-func (soloGroup) Host(int) string         { h, _ := os.Hostname(); return h }
-func (g soloGroup) DataAddr(int) string   { return g.addr }
-func (soloGroup) Failed() <-chan struct{} { return nil }
-func (soloGroup) Err() error              { return nil }
+// close undoes start: every communicator (newest first), the world, the
+// endpoint.
+func (s *session) close() error { return s.r.Close() }

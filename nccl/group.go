@@ -43,11 +43,12 @@ func (g *Group) ReduceScatter(send, recv comm.Buffer, op comm.Op) {
 // Broadcast adds a broadcast.
 func (g *Group) Broadcast(send, recv comm.Buffer, root int) { g.add(g.c.broadcast(send, recv, root)) }
 
-// Send adds a send to peer.
-func (g *Group) Send(buf comm.Buffer, peer int) { g.add(g.c.p2p("Send", buf, peer)) }
+// Send adds a send to peer, which may be this rank (paired with a Recv
+// from it in the same group).
+func (g *Group) Send(buf comm.Buffer, peer int) { g.add(g.c.p2p("Send", buf, peer, true)) }
 
 // Recv adds a receive from peer.
-func (g *Group) Recv(buf comm.Buffer, peer int) { g.add(g.c.p2p("Recv", buf, peer)) }
+func (g *Group) Recv(buf comm.Buffer, peer int) { g.add(g.c.p2p("Recv", buf, peer, true)) }
 
 // Issue launches the group and returns one handle per call, in the order
 // added; they complete together. An invalid call fails the communicator

@@ -263,11 +263,13 @@ func TestLostPeerFailsPendingAndFutureCalls(t *testing.T) {
 // aborted, not left to hang.
 func TestLostPeerDuringInit(t *testing.T) {
 	w := newMemWorld(3)
+	cfg := testConfig()
+	cfg.InitTimeout = 15 * time.Second // a regression fails with a timeout, not a hung test
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for r := range 2 {
 		wg.Go(func() {
-			c, err := New(context.Background(), memBoot{me: r, w: w}, testConfig())
+			c, err := New(context.Background(), memBoot{me: r, w: w}, cfg)
 			if c != nil {
 				c.Close()
 			}

@@ -21,6 +21,16 @@ type Comm interface {
 	Broadcast(ctx context.Context, send, recv comm.Buffer, root int) Handle
 }
 
+// AllToAller is implemented by communicators that run all_to_all
+// (comm.Communicator does): send holds Size equal blocks, block p for rank
+// p; recv receives block q from rank q. Plans with all_to_all buckets need
+// it.
+type AllToAller interface {
+	AllToAll(ctx context.Context, send, recv comm.Buffer) Handle
+}
+
+var _ AllToAller = comm.Communicator(nil)
+
 // Handle is comm.Handle, named here so Comm reads as one contract.
 type Handle = comm.Handle
 
@@ -29,7 +39,7 @@ var _ Comm = comm.Communicator(nil)
 // Call is one bucket's collective, ready to issue.
 type Call struct {
 	Bucket string      // for logs and errors
-	Op     buckets.Op  // all_reduce, all_gather, reduce_scatter or broadcast
+	Op     buckets.Op  // all_reduce, all_gather, reduce_scatter, broadcast or all_to_all
 	Reduce comm.Op     // the reduction, for all_reduce and reduce_scatter
 	Send   comm.Buffer // fused input
 	Recv   comm.Buffer // fused output (the same memory as Send when in place)
@@ -46,6 +56,13 @@ func (c Call) Issue(ctx context.Context, cm Comm) Handle {
 		return cm.ReduceScatter(ctx, c.Send, c.Recv, c.Reduce)
 	case buckets.Broadcast:
 		return cm.Broadcast(ctx, c.Send, c.Recv, 0)
+	case buckets.AllToAll:
+		// Optional for a Comm (the GPU backend may not offer it): checked
+		// here, at the call, rather than widening the interface.
+		if a, ok := cm.(AllToAller); ok {
+			return a.AllToAll(ctx, c.Send, c.Recv)
+		}
+		return failed(fmt.Errorf("%w: bucket %q: the communicator has no all_to_all", ErrPlan, c.Bucket))
 	}
 	return failed(fmt.Errorf("%w: bucket %q: op %q", ErrPlan, c.Bucket, c.Op))
 }
@@ -59,8 +76,8 @@ type GroupBackend interface {
 
 // SequentialGroups is the GroupBackend for communicators without group
 // semantics (comm's CPU engine): it issues the set's calls back to back,
-// which comm already pipelines. A GPU backend brackets the same loop with
-// ncclGroupStart/ncclGroupEnd.
+// which comm already pipelines. nccl.GroupBackend issues the same set
+// between ncclGroupStart and ncclGroupEnd.
 type SequentialGroups struct{}
 
 var _ GroupBackend = SequentialGroups{}

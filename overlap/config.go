@@ -68,15 +68,28 @@ type Config struct {
 	// TraceLimit bounds the recorded events, so a long run cannot exhaust
 	// memory; later events are counted and dropped. 1<<20 events ≈ 100 MB.
 	TraceLimit int
+	// PrefetchStarts bounds how far ahead of its plan position GraphRunner
+	// issues a start whose inputs exist: at most this many starts ahead of
+	// the next start the plan reaches. 0 issues every start exactly at its
+	// plan position (the plan's own prefetch: the author's, or Reshard's
+	// one block); negative (the default, -1) as early as data allows. The
+	// Executor's eager API is not affected: there the program decides.
+	PrefetchStarts int
+	// MaxInFlightBytes bounds the fused bytes of the collectives GraphRunner
+	// has issued early and not yet waited for: a start that would go past
+	// it waits until earlier ones are waited for, or until the plan reaches
+	// it (a start at its plan position always goes out). 0: no bound.
+	MaxInFlightBytes int64
 	// Clock times spans and metrics; default WallClock.
 	Clock Clock
 	// Logger gets one debug line per collective; fields rank, step, bucket.
 	Logger zerolog.Logger
 }
 
-// DefaultConfig: native mode, plan checked, no trace.
+// DefaultConfig: native mode, plan checked, no trace, starts issued as
+// early as data allows.
 func DefaultConfig() Config {
-	return Config{Mode: Native, CheckPlan: true, TraceLimit: 1 << 20, Clock: WallClock, Logger: zerolog.Nop()}
+	return Config{Mode: Native, CheckPlan: true, TraceLimit: 1 << 20, Clock: WallClock, Logger: zerolog.Nop(), PrefetchStarts: -1}
 }
 
 // Validate reports the first unusable field.
@@ -86,6 +99,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: unknown mode %d", ErrConfig, int(c.Mode))
 	case c.TraceLimit < 0:
 		return fmt.Errorf("%w: negative TraceLimit %d", ErrConfig, c.TraceLimit)
+	case c.MaxInFlightBytes < 0:
+		return fmt.Errorf("%w: negative MaxInFlightBytes %d", ErrConfig, c.MaxInFlightBytes)
 	case c.Clock == nil:
 		return fmt.Errorf("%w: nil Clock", ErrConfig)
 	}

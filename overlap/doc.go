@@ -62,13 +62,24 @@
 // rank-major: block p holds every member's p-th 1/Size slice, so each rank's
 // result is every member's own shard, contiguous — the layout FSDP's flat
 // parameters use; it needs each member's bytes to divide by Size elements.
-// all_to_all is not bucketed by this executor (New rejects it).
+// all_to_all packs rank-major like reduce_scatter (block p, for rank p,
+// holds every member's p-th slice) and unpacks block p, which came from
+// rank p, into each member's p-th output slice; it needs a communicator
+// that implements AllToAller.
 //
 // Copies: a bucket of one member runs on the member's own buffers (the
 // fused layout is the member's layout), and a program that computes a
 // tensor into its slot (Executor.View, DDP's gradient_as_bucket_view) has
 // nothing packed or scattered; otherwise each member is copied in at Ready
 // and out before its wait returns.
+//
+// Memory: a bucket's fused buffers are taken when its first member is
+// packed and handed back at its wait, for the next bucket to reuse, so an
+// executor holds the most that was ever in flight at once
+// (StepMetrics.FusedPeakBytes), not a buffer per bucket. GraphRunner
+// further bounds how early collectives go out (Config.PrefetchStarts,
+// Config.MaxInFlightBytes) and measures the collective outputs held
+// (StepMetrics.PeakBytes).
 //
 // What it leaves to others: what is bucketed (buckets, stepgraph), moving
 // bytes (comm, nccl), the model's compute (the caller's callbacks). The

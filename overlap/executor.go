@@ -44,6 +44,7 @@ type Executor struct {
 	exposed  time.Duration
 	pendingG []*bucket // Grouped: startable buckets not yet handed over
 	compute  time.Duration
+	mem      *fusedMem
 
 	ctx    context.Context // the watchers' context, cancelled by Close
 	cancel context.CancelFunc
@@ -73,9 +74,17 @@ type bucket struct {
 	es  int64
 	n   int64 // group size
 
-	send, recv []byte
-	ins, outs  []comm.Buffer // per member, this step
-	have       []bool        // packed this step (flushed members are not)
+	// send and recv are the fused buffers, allocated when the bucket first
+	// needs them in a step (a member packed, a flush) and dropped after its
+	// wait has scattered them, so a step holds only the buckets in flight;
+	// a bucket of one member runs on the member's own buffers and never
+	// has them. A View pins them for the executor's life.
+	send, recv       []byte
+	sendLen, recvLen int64
+	inPlace, pinned  bool
+	mem              *fusedMem
+	ins, outs        []comm.Buffer // per member, this step
+	have             []bool        // packed this step (flushed members are not)
 
 	started, waited bool
 	partial         bool // flushed with members missing
@@ -111,6 +120,7 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 	ex := &Executor{
 		plan: plan, hash: plan.Hash(), cfg: cfg, filler: buckets.NewFiller(plan), byGroup: map[string]*group{},
 		byIn: map[string][]*bucket{}, byOut: map[string]*bucket{}, byRegion: map[string][]*bucket{},
+		mem: &fusedMem{},
 	}
 	rank := -1
 	for _, gp := range plan.Groups {
@@ -127,6 +137,7 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 			if err != nil {
 				return nil, err
 			}
+			b.mem = ex.mem
 			g.buckets = append(g.buckets, b)
 			for _, m := range pb.Members {
 				ex.byIn[m.Tensor] = append(ex.byIn[m.Tensor], b)
@@ -149,6 +160,64 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 	return ex, nil
 }
 
+// fusedMem counts the bytes of fused buffers in use, for
+// StepMetrics.FusedPeakBytes, and keeps the dropped ones for reuse: the
+// executor holds the most that was ever in use at once, not every bucket's.
+// Only the driving goroutine touches it.
+type fusedMem struct {
+	cur, peak int64
+	free      [][]byte
+}
+
+// get returns a buffer of n bytes (contents undefined: packing, the
+// collective or a flush writes every byte that is read).
+func (m *fusedMem) get(n int64) []byte {
+	m.cur += n
+	m.peak = max(m.peak, m.cur)
+	best := -1
+	for i, b := range m.free {
+		if int64(cap(b)) >= n && (best < 0 || cap(b) < cap(m.free[best])) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return make([]byte, n)
+	}
+	b := m.free[best]
+	m.free[best] = m.free[len(m.free)-1]
+	m.free = m.free[:len(m.free)-1]
+	return b[:n]
+}
+
+func (m *fusedMem) put(b []byte) {
+	m.cur -= int64(len(b))
+	m.free = append(m.free, b)
+}
+
+// ensure gives b its fused buffers if it has none.
+func (b *bucket) ensure() {
+	if b.send != nil {
+		return
+	}
+	b.send = b.mem.get(b.sendLen)
+	b.recv = b.send
+	if !b.inPlace {
+		b.recv = b.mem.get(b.recvLen)
+	}
+}
+
+// drop hands b's fused buffers back for other buckets to use.
+func (b *bucket) drop() {
+	if b.send == nil || b.pinned {
+		return
+	}
+	b.mem.put(b.send)
+	if !b.inPlace {
+		b.mem.put(b.recv)
+	}
+	b.send, b.recv = nil, nil
+}
+
 func newBucket(pb buckets.Bucket, g *group, idx int) (*bucket, error) {
 	dt, err := dtypeOf(pb.DType)
 	if err != nil {
@@ -160,20 +229,23 @@ func newBucket(pb buckets.Bucket, g *group, idx int) (*bucket, error) {
 		have: make([]bool, len(pb.Members))}
 	switch pb.Op {
 	case buckets.AllReduce, buckets.Broadcast:
-		b.send = make([]byte, pb.Bytes)
-		b.recv = b.send
+		b.sendLen, b.recvLen, b.inPlace = pb.Bytes, pb.Bytes, true
 	case buckets.AllGather:
-		b.send = make([]byte, pb.Bytes)
-		b.recv = make([]byte, pb.Bytes*n)
-	case buckets.ReduceScatter:
+		b.sendLen, b.recvLen = pb.Bytes, pb.Bytes*n
+	case buckets.ReduceScatter, buckets.AllToAll:
 		for _, m := range pb.Members {
 			if m.Bytes%(n*b.es) != 0 {
-				return nil, fmt.Errorf("%w: bucket %q: reduce_scatter member %q has %d bytes, not a multiple of %d ranks × %d-byte elements (pad it)",
-					ErrPlan, pb.Name, m.Tensor, m.Bytes, n, b.es)
+				return nil, fmt.Errorf("%w: bucket %q: %s member %q has %d bytes, not a multiple of %d ranks × %d-byte elements (pad it)",
+					ErrPlan, pb.Name, pb.Op, m.Tensor, m.Bytes, n, b.es)
 			}
 		}
-		b.send = make([]byte, pb.Bytes)
-		b.recv = make([]byte, pb.Bytes/n)
+		if pb.Op == buckets.AllToAll {
+			// Every rank sends block p to rank p and receives one block
+			// from each: the fused buffers are the size of the input.
+			b.sendLen, b.recvLen = pb.Bytes, pb.Bytes
+			break
+		}
+		b.sendLen, b.recvLen = pb.Bytes, pb.Bytes/n
 	default:
 		return nil, fmt.Errorf("%w: bucket %q: op %q is not bucketed by this executor", ErrPlan, pb.Name, pb.Op)
 	}
@@ -253,6 +325,7 @@ func (ex *Executor) Begin(step int) error {
 	ex.step, ex.inStep = step, true
 	ex.begin = ex.cfg.Clock.Now()
 	ex.exposed, ex.compute = 0, 0
+	ex.mem.peak = ex.mem.cur
 	ex.pendingG = ex.pendingG[:0]
 	ex.filler.Reset()
 	for _, g := range ex.groups {
@@ -382,8 +455,10 @@ func (b *bucket) pack(mi int, in, out comm.Buffer) error {
 	if len(b.b.Members) == 1 {
 		return nil // runs directly on in and out (see bucket.direct)
 	}
-	if b.b.Op == buckets.ReduceScatter {
-		// Rank-major: block p gets the member's p-th slice at Offset/n.
+	b.ensure()
+	if b.b.Op == buckets.ReduceScatter || b.b.Op == buckets.AllToAll {
+		// Rank-major: block p gets the member's p-th slice at Offset/n
+		// (for all_to_all, block p is what goes to rank p).
 		blk, sl, off := b.b.Bytes/b.n, m.Bytes/b.n, m.Offset/b.n
 		for p := int64(0); p < b.n; p++ {
 			copy(b.send[p*blk+off:p*blk+off+sl], src[p*sl:(p+1)*sl])
@@ -414,6 +489,8 @@ func (ex *Executor) View(tensor string) (comm.Buffer, error) {
 	}
 	for _, m := range b.b.Members {
 		if m.Tensor == tensor {
+			b.ensure()
+			b.pinned = true // the program writes here every step
 			return comm.Bytes(b.dt, b.send[m.Offset:m.Offset+m.Bytes:m.Offset+m.Bytes])
 		}
 	}
@@ -438,6 +515,13 @@ func (b *bucket) unpack(mi int) {
 	case buckets.ReduceScatter:
 		off, sl := m.Offset/b.n, m.Bytes/b.n
 		copy(dst[:sl], b.recv[off:off+sl])
+	case buckets.AllToAll:
+		// Block p came from rank p, in the layout it was packed in: the
+		// member's slice from rank p is its p-th output slice.
+		blk, sl, off := b.b.Bytes/b.n, m.Bytes/b.n, m.Offset/b.n
+		for p := int64(0); p < b.n; p++ {
+			copy(dst[p*sl:(p+1)*sl], b.recv[p*blk+off:p*blk+off+sl])
+		}
 	default:
 		if m.Bytes > 0 && &dst[0] == &b.recv[m.Offset] {
 			return // a View: the result is already there
@@ -491,9 +575,10 @@ func (ex *Executor) call(b *bucket) Call {
 		in, _ := b.ins[0].Host()
 		out, _ := b.outs[0].Host()
 		send, _ := comm.Bytes(b.dt, in[:m.Bytes])
-		recv, _ := comm.Bytes(b.dt, out[:int64(len(b.recv))])
+		recv, _ := comm.Bytes(b.dt, out[:b.recvLen])
 		return Call{Bucket: b.b.Name, Op: b.b.Op, Reduce: comm.Sum, Send: send, Recv: recv}
 	}
+	b.ensure()
 	send, _ := comm.Bytes(b.dt, b.send)
 	recv, _ := comm.Bytes(b.dt, b.recv)
 	return Call{Bucket: b.b.Name, Op: b.b.Op, Reduce: comm.Sum, Send: send, Recv: recv}
@@ -636,6 +721,7 @@ func (ex *Executor) waitBucket(ctx context.Context, b *bucket) error {
 	for i := range b.b.Members {
 		b.unpack(i)
 	}
+	b.drop()
 	b.waited, b.waitedAt = true, t1
 	return nil
 }
@@ -669,11 +755,12 @@ func (b *bucket) full() bool {
 
 // zeroAbsent zeroes the slots of members not handed in this step.
 func (ex *Executor) zeroAbsent(b *bucket) {
+	b.ensure()
 	for i, m := range b.b.Members {
 		if b.have[i] {
 			continue
 		}
-		if b.b.Op == buckets.ReduceScatter {
+		if b.b.Op == buckets.ReduceScatter || b.b.Op == buckets.AllToAll {
 			blk, sl, off := b.b.Bytes/b.n, m.Bytes/b.n, m.Offset/b.n
 			for p := int64(0); p < b.n; p++ {
 				clear(b.send[p*blk+off : p*blk+off+sl])
@@ -742,7 +829,7 @@ func (ex *Executor) finish(ctx context.Context) (StepMetrics, error) {
 	if incomplete != nil {
 		return StepMetrics{}, incomplete
 	}
-	m := StepMetrics{Step: ex.step, Exposed: ex.exposed, Compute: ex.compute}
+	m := StepMetrics{Step: ex.step, Exposed: ex.exposed, Compute: ex.compute, FusedPeakBytes: ex.mem.peak}
 	for _, g := range ex.groups {
 		var prev time.Time
 		for _, b := range g.buckets {

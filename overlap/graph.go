@@ -3,6 +3,7 @@ package overlap
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/stepgraph"
@@ -19,20 +20,66 @@ type Kernel func(ctx context.Context, n *stepgraph.Node) error
 type Tensors func(name string) (comm.Buffer, error)
 
 // GraphRunner executes a (bucketed) step graph step after step over an
-// Executor: compute in plan order, each start issued right after the compute
-// that writes its last input (as early as data allows; the executor adds the
-// group order), each wait taken right before the first compute that reads
-// one of its outputs (as late as data allows), the rest at the end of the
-// step. Both backends (Native, Grouped) run the same plan.
+// Executor: compute in plan order; each start issued once the node that
+// makes its last input has run (the compute that writes it, or the wait of
+// the collective that delivers it) and the prefetch bounds allow it, and at
+// its plan position at the latest; each wait taken right before the first
+// compute that reads one of its outputs (as late as data allows), the rest
+// at the end of the step.
+//
+// Prefetch bounds (Config.PrefetchStarts, Config.MaxInFlightBytes) say how
+// far ahead of its plan position a start may go out: with none, a
+// parameter gather whose input exists at step start goes out at step start,
+// and its gathered buffer is held from then on. The plan's positions are
+// themselves a schedule (the author's, or Reshard's re-gathers one block
+// before their reader), so PrefetchStarts 0 runs exactly that schedule.
+//
+// A start whose input is another collective's output (hybrid sharding: a
+// reduce-scatter on the shard group, then an all-reduce of its result on
+// the replica group) is issued only after that collective's wait, which the
+// runner takes just before issuing it. Any number of process groups may
+// appear, one communicator each. Both backends (Native, Grouped) run the
+// same plan.
+//
+// Memory: the runner follows every collective output from its start to its
+// last reader (for a collective reader, to that collective's wait), calls
+// the release hook (SetRelease) when one dies so the program can free it,
+// and reports the most bytes held at once as StepMetrics.PeakBytes (and as
+// a counter on the trace): the run-time counterpart of
+// stepgraph.PeakCollectiveBytes.
 type GraphRunner struct {
-	g  *stepgraph.Graph
-	ex *Executor
+	g   *stepgraph.Graph
+	ex  *Executor
+	cfg Config
 	// after[i] lists the start nodes whose inputs are complete once node i
-	// has run; after[len] those ready when the step begins.
+	// has run; after[-1] those ready when the step begins.
 	after map[int][]int
 	// waitsBefore[i] lists the outputs compute node i must wait for.
 	waitsBefore map[int][]string
+	// deps[s] lists, for start node s, the collective outputs among its
+	// inputs: they are waited for right before s is issued.
+	deps map[int][]string
+	// ord[s] is start node s's position among the starts (plan order);
+	// bytes[s] its fused input bytes.
+	ord   map[int]int
+	bytes map[int]int64
+	// Memory bookkeeping of collective outputs: size, the compute node
+	// after which it dies, or the start whose wait it dies at.
+	outSize      map[string]int64
+	outStart     map[string]int // output → its start node
+	diesAfter    map[int][]string
+	diesAtWaitOf map[int][]string
+	startsBefore []int // startsBefore[i]: number of starts at plan positions < i
+
+	release func(tensor string)
 }
+
+// SetRelease registers f, called (from the goroutine running Step) when a
+// collective output has been read for the last time this step, so the
+// program can free or reuse its memory; the runner asks for the tensor again
+// (Tensors) next step. Outputs nobody in the graph reads (results of the
+// step) are not released. Call it before the first Step.
+func (gr *GraphRunner) SetRelease(f func(tensor string)) { gr.release = f }
 
 // NewGraphRunner validates g, extracts its plan (stepgraph.Plan) and
 // prepares an Executor over comms.
@@ -45,36 +92,86 @@ func NewGraphRunner(g *stepgraph.Graph, comms map[string]Comm, cfg Config) (*Gra
 	if err != nil {
 		return nil, err
 	}
-	gr := &GraphRunner{g: g, ex: ex, after: map[int][]int{}, waitsBefore: map[int][]string{}}
+	gr := &GraphRunner{g: g, ex: ex, cfg: cfg, after: map[int][]int{}, waitsBefore: map[int][]string{}, deps: map[int][]string{},
+		ord: map[int]int{}, bytes: map[int]int64{}, outSize: map[string]int64{}, outStart: map[string]int{},
+		diesAfter: map[int][]string{}, diesAtWaitOf: map[int][]string{}, startsBefore: make([]int, len(g.Nodes)+1)}
 	writer := map[string]int{}
 	outOf := map[string]bool{}
+	startAt := map[string]int{}
+	waitedAt := map[string]int{} // collective output → its wait node
+	lastRead := map[string]int{} // collective output → last reader node
 	for i := range g.Nodes {
 		nd := &g.Nodes[i]
+		gr.startsBefore[i+1] = gr.startsBefore[i]
 		switch nd.Kind {
+		case stepgraph.Wait:
+			if s, ok := startAt[nd.Of]; ok {
+				for _, m := range g.Nodes[s].Members {
+					waitedAt[m.Out] = i
+				}
+			}
 		case stepgraph.Compute:
 			for _, r := range nd.Reads {
 				if outOf[r] {
 					gr.waitsBefore[i] = append(gr.waitsBefore[i], r)
 					outOf[r] = false // waited once is enough
 				}
+				if _, ok := gr.outSize[r]; ok {
+					lastRead[r] = i
+				}
 			}
 			for _, w := range nd.Writes {
 				writer[w] = i
 			}
 		case stepgraph.Start:
+			startAt[nd.Name] = i
+			gr.ord[i] = gr.startsBefore[i]
+			gr.startsBefore[i+1]++
+			cm := comms[nd.Group] // New checked it exists
+			// Issued after the last node that makes an input: the compute
+			// that writes it, or the wait of the collective that delivers
+			// it (Validate has checked that this wait precedes the start).
 			last := -1
 			for _, m := range nd.Members {
+				gr.bytes[i] += m.Bytes
 				if w, ok := writer[m.In]; ok && w > last {
 					last = w
+				}
+				if w, ok := waitedAt[m.In]; ok {
+					gr.deps[i] = append(gr.deps[i], m.In)
+					last = max(last, w)
+				}
+				if _, ok := gr.outSize[m.In]; ok {
+					lastRead[m.In] = i
 				}
 			}
 			gr.after[last] = append(gr.after[last], i)
 			for _, m := range nd.Members {
 				outOf[m.Out] = true
+				gr.outSize[m.Out] = outputBytes(nd.Op, m.Bytes, int64(cm.Size()))
+				gr.outStart[m.Out] = i
 			}
 		}
 	}
+	for t, r := range lastRead {
+		if g.Nodes[r].Kind == stepgraph.Start {
+			gr.diesAtWaitOf[r] = append(gr.diesAtWaitOf[r], t)
+		} else {
+			gr.diesAfter[r] = append(gr.diesAfter[r], t)
+		}
+	}
 	return gr, nil
+}
+
+// outputBytes is a member's output size on one rank of n.
+func outputBytes(op stepgraph.Op, in, n int64) int64 {
+	switch op {
+	case "all_gather":
+		return in * n
+	case "reduce_scatter":
+		return in / max(n, 1)
+	}
+	return in
 }
 
 // Executor is the executor underneath, for its Timeline and Plan.
@@ -82,6 +179,16 @@ func (gr *GraphRunner) Executor() *Executor { return gr.ex }
 
 // Close stops the executor.
 func (gr *GraphRunner) Close() error { return gr.ex.Close() }
+
+// stepState is one step's scheduling and memory state.
+type stepState struct {
+	pending  []int           // ready starts not yet issued, in plan order
+	inflight map[int]bool    // issued starts whose outputs the runner has not waited for
+	inBytes  int64           // their fused bytes
+	live     map[string]bool // collective outputs held
+	liveB    int64
+	peak     int64
+}
 
 // Step runs the graph once.
 func (gr *GraphRunner) Step(ctx context.Context, step int, tensors Tensors, kernel Kernel) (StepMetrics, error) {
@@ -94,35 +201,113 @@ func (gr *GraphRunner) Step(ctx context.Context, step int, tensors Tensors, kern
 		ex.broken = err
 		return StepMetrics{}, err
 	}
-	issue := func(starts []int) error {
-		for _, si := range starts {
-			nd := &gr.g.Nodes[si]
-			for _, m := range nd.Members {
-				in, err := tensors(m.In)
-				if err != nil {
-					return fmt.Errorf("overlap: start %q: %w", nd.Name, err)
+	st := &stepState{inflight: map[int]bool{}, live: map[string]bool{}}
+	record := func() {
+		if ex.tl != nil {
+			ex.tl.counter("collective memory", ex.cfg.Clock.Now(), map[string]any{"bytes": st.liveB})
+		}
+	}
+	free := func(t string, hook bool) {
+		if !st.live[t] {
+			return
+		}
+		delete(st.live, t)
+		st.liveB -= gr.outSize[t]
+		record()
+		if hook && gr.release != nil {
+			gr.release(t)
+		}
+	}
+	// waited marks what the runner has waited for: the start is no longer
+	// in flight, and outputs whose last reader it was die.
+	waited := func(out string) {
+		s := gr.outStart[out]
+		if st.inflight[s] {
+			delete(st.inflight, s)
+			st.inBytes -= gr.bytes[s]
+		}
+		for _, t := range gr.diesAtWaitOf[s] {
+			free(t, true)
+		}
+	}
+	wait := func(out string) error {
+		if err := ex.Wait(ctx, out); err != nil {
+			return err
+		}
+		waited(out)
+		return nil
+	}
+	issue := func(si int) error {
+		for _, d := range gr.deps[si] {
+			if err := wait(d); err != nil {
+				return err
+			}
+		}
+		nd := &gr.g.Nodes[si]
+		for _, m := range nd.Members {
+			in, err := tensors(m.In)
+			if err != nil {
+				return fmt.Errorf("overlap: start %q: %w", nd.Name, err)
+			}
+			out, err := tensors(m.Out)
+			if err != nil {
+				return fmt.Errorf("overlap: start %q: %w", nd.Name, err)
+			}
+			if !st.live[m.Out] {
+				st.live[m.Out] = true
+				st.liveB += gr.outSize[m.Out]
+				st.peak = max(st.peak, st.liveB)
+				record()
+			}
+			if err := ex.Ready(ctx, m.In, in, out); err != nil {
+				return err
+			}
+		}
+		st.inflight[si] = true
+		st.inBytes += gr.bytes[si]
+		return nil
+	}
+	// pump issues pending starts, in plan order, while the plan has reached
+	// them (pos is the next node to run) or the prefetch bounds allow them
+	// out early.
+	pump := func(pos int) error {
+		for len(st.pending) > 0 {
+			si := st.pending[0]
+			if si >= pos {
+				ahead := gr.ord[si] - gr.startsBefore[pos] // 0: the next start the plan reaches
+				if gr.cfg.PrefetchStarts >= 0 && ahead >= gr.cfg.PrefetchStarts {
+					return nil
 				}
-				out, err := tensors(m.Out)
-				if err != nil {
-					return fmt.Errorf("overlap: start %q: %w", nd.Name, err)
-				}
-				if err := ex.Ready(ctx, m.In, in, out); err != nil {
-					return err
+				if gr.cfg.MaxInFlightBytes > 0 && st.inBytes > 0 && st.inBytes+gr.bytes[si] > gr.cfg.MaxInFlightBytes {
+					return nil
 				}
 			}
+			if err := issue(si); err != nil {
+				return err
+			}
+			st.pending = st.pending[1:]
 		}
 		return nil
 	}
-	if err := issue(gr.after[-1]); err != nil {
-		return fail(err)
+	ready := func(starts []int) {
+		st.pending = append(st.pending, starts...)
+		slices.Sort(st.pending)
 	}
+	ready(gr.after[-1])
 	for i := range gr.g.Nodes {
+		if err := pump(i); err != nil {
+			return fail(err)
+		}
 		nd := &gr.g.Nodes[i]
-		if nd.Kind != stepgraph.Compute {
-			continue // starts were issued after their last writer; waits are lazy
+		switch nd.Kind {
+		case stepgraph.Wait:
+			ready(gr.after[i])
+			continue
+		case stepgraph.Start:
+			continue // issued by pump, at this position at the latest
 		}
 		for _, out := range gr.waitsBefore[i] {
-			if err := ex.Wait(ctx, out); err != nil {
+			if err := wait(out); err != nil {
 				return fail(err)
 			}
 		}
@@ -135,11 +320,30 @@ func (gr *GraphRunner) Step(ctx context.Context, step int, tensors Tensors, kern
 		if err != nil {
 			return fail(fmt.Errorf("overlap: step %d: compute %q: %w", step, nd.Name, err))
 		}
-		if err := issue(gr.after[i]); err != nil {
-			return fail(err)
+		for _, t := range gr.diesAfter[i] {
+			free(t, true)
+		}
+		ready(gr.after[i])
+	}
+	if err := pump(len(gr.g.Nodes)); err != nil {
+		return fail(err)
+	}
+	m, err := ex.Finish(ctx)
+	if err != nil {
+		return m, err
+	}
+	// Every collective has completed: what a collective read last can go;
+	// results of the step stay with the program.
+	for s := range st.inflight {
+		for _, t := range gr.diesAtWaitOf[s] {
+			free(t, true)
 		}
 	}
-	return ex.Finish(ctx)
+	for t := range st.live {
+		free(t, false)
+	}
+	m.PeakBytes = st.peak
+	return m, nil
 }
 
 // builtin runs split, concat or sum on host buffers of any dtype (sum on

@@ -23,6 +23,15 @@ type StepMetrics struct {
 	// bytes (the plan-hash exchange is not counted).
 	Collectives int
 	Bytes       int64
+	// PeakBytes is the most bytes of collective outputs held at once
+	// (GraphRunner only; see stepgraph.PeakCollectiveBytes for the plan's
+	// estimate of the same quantity).
+	PeakBytes int64
+	// FusedPeakBytes is the most bytes of the executor's fused bucket
+	// buffers allocated at once: they exist from a bucket's first packed
+	// member to its wait (buckets of one member use the member's own
+	// memory and have none).
+	FusedPeakBytes int64
 }
 
 // ExposedFraction is Exposed/Comm, 0 when there was no communication. It can
@@ -34,7 +43,8 @@ func (m StepMetrics) ExposedFraction() float64 {
 	return float64(m.Exposed) / float64(m.Comm)
 }
 
-// Add accumulates o into m (for run totals); Step is left alone.
+// Add accumulates o into m (for run totals; PeakBytes keeps the largest);
+// Step is left alone.
 func (m *StepMetrics) Add(o StepMetrics) {
 	m.Time += o.Time
 	m.Compute += o.Compute
@@ -42,9 +52,11 @@ func (m *StepMetrics) Add(o StepMetrics) {
 	m.Exposed += o.Exposed
 	m.Collectives += o.Collectives
 	m.Bytes += o.Bytes
+	m.PeakBytes = max(m.PeakBytes, o.PeakBytes)
+	m.FusedPeakBytes = max(m.FusedPeakBytes, o.FusedPeakBytes)
 }
 
 func (m StepMetrics) String() string {
-	return fmt.Sprintf("step %d: time %v compute %v comm %v exposed %v (%.1f%%) in %d collectives, %d bytes",
-		m.Step, m.Time, m.Compute, m.Comm, m.Exposed, 100*m.ExposedFraction(), m.Collectives, m.Bytes)
+	return fmt.Sprintf("step %d: time %v compute %v comm %v exposed %v (%.1f%%) in %d collectives, %d bytes, peak %d bytes held",
+		m.Step, m.Time, m.Compute, m.Comm, m.Exposed, 100*m.ExposedFraction(), m.Collectives, m.Bytes, m.PeakBytes)
 }

@@ -68,6 +68,12 @@ func (tl *Timeline) complete(tid int, name, cat string, b, e time.Time, args map
 	tl.add(Event{Name: name, Cat: cat, Ph: "X", TS: us(b), Dur: float64(e.Sub(b).Nanoseconds()) / 1e3, TID: tid, Args: args})
 }
 
+// counter records a value over time (a "C" event: Perfetto draws it as a
+// track of its own).
+func (tl *Timeline) counter(name string, t time.Time, args map[string]any) {
+	tl.add(Event{Name: name, Cat: "memory", Ph: "C", TS: us(t), TID: tidCompute, Args: args})
+}
+
 // async records a start→wait span; async spans may overlap one another,
 // which complete events on one track may not.
 func (tl *Timeline) async(name, cat string, b, e time.Time, args map[string]any) {

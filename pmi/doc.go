@@ -28,9 +28,9 @@
 // them their descriptors and ending the job on an abort are the launcher's
 // business too: the server only reports (Requests) and never kills.
 //
-// PMI-2 (the "cmd=fullinit" length-prefixed protocol) is not served: Debian's
-// MPICH 4.0 is built with the PMI-1 client (its library contains only the
-// PMI-1 commands), and MPICH 4.0 picks PMI-1 or PMI-2 when it is built, not
-// at run time. A client that asks for PMI version 2 gets a version mismatch
-// (rc=-1) naming what is served, never a silent misreading.
+// PMI-2 (pmi2.go) is served too, on the same descriptor or port: a client
+// that opens with "cmd=init pmi_version=2" gets the framed PMI-2 protocol
+// of MPICH builds configured for it and of Slurm's libpmi2, the library
+// `srun --mpi=pmi2` programs link. Debian's MPICH 4.0 itself uses PMI-1
+// (MPICH picks the PMI version when it is built, not at run time).
 package pmi

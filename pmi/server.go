@@ -137,6 +137,10 @@ type Server struct {
 	ids      map[int]int // port mode: PMI_ID → rank
 	idOf     map[int]int // port mode: rank → PMI_ID
 	closed   bool
+	// nodeAttrs is PMI-2's host-local store; attrChanged closes when a
+	// value is added (ranks may wait for one).
+	nodeAttrs   map[string]string
+	attrChanged chan struct{}
 }
 
 // NewServer returns a server for cfg; nothing is served until ServeConn or
@@ -281,6 +285,13 @@ func (s *Server) acceptLoop() {
 				s.log.Warn().Err(err).Str("peer", c.RemoteAddr().String()).Msg("PMI port connection refused")
 				return
 			}
+			if rank < 0 {
+				err = s.serve2(-1, s.bindID, br, c)
+				if err != nil {
+					s.log.Warn().Err(err).Str("peer", c.RemoteAddr().String()).Msg("PMI-2 port connection ended")
+				}
+				return
+			}
 			_ = s.serve(rank, br, c)
 		})
 	}
@@ -297,22 +308,36 @@ func (s *Server) handshake(br *bufio.Reader, w io.Writer) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if m.cmd == "init" && m.fields["pmi_version"] == "2" {
+		// PMI-2 over the port: no initack; the rank names itself with
+		// its PMI_ID in fullinit.
+		if _, err := io.WriteString(w, formatLine("response_to_init", "pmi_version", "2", "pmi_subversion", "0", "rc", "0")); err != nil {
+			return 0, err
+		}
+		return -1, nil
+	}
 	if m.cmd != "initack" {
 		return 0, fmt.Errorf("%w: first line %q is not cmd=initack", ErrProtocol, line)
 	}
-	id, err := strconv.Atoi(m.fields["pmiid"])
-	s.mu.Lock()
-	rank, ok := s.ids[id]
-	s.mu.Unlock()
-	if err != nil || !ok {
-		return 0, fmt.Errorf("%w: unknown pmiid %q", ErrProtocol, m.fields["pmiid"])
-	}
-	if err := s.bind(rank); err != nil {
+	rank, err := s.bindID(m.fields["pmiid"])
+	if err != nil {
 		return 0, err
 	}
 	_, err = io.WriteString(w, formatLine("initack")+formatLine("set", "size", strconv.Itoa(s.cfg.Size))+
 		formatLine("set", "rank", strconv.Itoa(rank))+formatLine("set", "debug", "0"))
 	return rank, err
+}
+
+// bindID binds the rank whose PMI_ID is id (port mode).
+func (s *Server) bindID(id string) (int, error) {
+	n, err := strconv.Atoi(id)
+	s.mu.Lock()
+	rank, ok := s.ids[n]
+	s.mu.Unlock()
+	if err != nil || !ok {
+		return 0, fmt.Errorf("%w: unknown PMI id %q", ErrProtocol, id)
+	}
+	return rank, s.bind(rank)
 }
 
 // bind marks rank as connected; a second connection for one rank is an
@@ -433,6 +458,14 @@ func (s *Server) serve(rank int, br *bufio.Reader, w io.Writer) error {
 			continue
 		}
 		log.Trace().Str("line", line).Msg("pmi request")
+		if m.cmd == "init" && m.fields["pmi_version"] == "2" {
+			// A PMI-2 client: answer in PMI-1 form, then framed
+			// commands for the rest of the connection (pmi2.go).
+			if err := send(formatLine("response_to_init", "pmi_version", "2", "pmi_subversion", "0", "rc", "0")); err != nil {
+				return err
+			}
+			return s.serve2(rank, nil, br, w)
+		}
 		reply, wait, err := s.handle(rank, m)
 		if err != nil {
 			log.Warn().Err(err).Str("line", line).Msg("PMI request refused")
@@ -479,7 +512,7 @@ func (s *Server) handle(rank int, m message) (reply string, wait <-chan struct{}
 	case "init":
 		if v := m.fields["pmi_version"]; v != "1" {
 			return formatLine("response_to_init", "pmi_version", "1", "pmi_subversion", "1", "rc", "-1"), nil,
-				fmt.Errorf("pmi: client asked for PMI version %s; gorun serves PMI-1 only", v)
+				fmt.Errorf("pmi: client asked for PMI version %s; gorun serves PMI-1 and PMI-2", v)
 		}
 		s.mu.Lock()
 		s.ranks[rank].initialized = true
@@ -525,13 +558,17 @@ func (s *Server) handle(rank int, m message) (reply string, wait <-chan struct{}
 		fmt.Errorf("pmi: unknown command %q", m.cmd)
 }
 
-func (s *Server) put(kvs, key, value string) error {
+func (s *Server) put(kvs, key, value string) error { return s.putValue(kvs, key, value, true) }
+
+// putValue stores a put. PMI-1 values travel as space-separated tokens
+// (token); PMI-2 frames carry any byte but must stay within VallenMax.
+func (s *Server) putValue(kvs, key, value string, token bool) error {
 	switch {
 	case kvs != s.cfg.KVSName:
 		return fmt.Errorf("unknown kvsname %s", kvs)
 	case !validToken(key, KeylenMax):
 		return fmt.Errorf("bad key %q", key)
-	case !validToken(value, VallenMax):
+	case token && !validToken(value, VallenMax), !token && len(value) > VallenMax:
 		return fmt.Errorf("bad value for key %s", key)
 	case key == "PMI_process_mapping":
 		return errors.New("PMI_process_mapping is reserved")

@@ -289,7 +289,7 @@ func TestAbortAndClose(t *testing.T) {
 	}
 }
 
-// TestRefusals: a second connection for a rank, a PMI-2 client and a
+// TestRefusals: a second connection for a rank, an unknown PMI version and a
 // stranger's pmiid are refused with an answer, not served.
 func TestRefusals(t *testing.T) {
 	s, err := NewServer(Config{KVSName: "k", Size: 1, Ranks: []int{0}})
@@ -316,8 +316,8 @@ func TestRefusals(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = s.ServeConn(0, b) })
 	cl := &client{t: t, c: a, br: bufio.NewReader(a)}
-	if got := cl.do("cmd=init pmi_version=2 pmi_subversion=0"); !strings.Contains(got, "rc=-1") {
-		t.Errorf("PMI-2 init answered %q, want rc=-1", got)
+	if got := cl.do("cmd=init pmi_version=3 pmi_subversion=0"); !strings.Contains(got, "rc=-1") {
+		t.Errorf("PMI-3 init answered %q, want rc=-1", got)
 	}
 	if got := cl.do("cmd=frobnicate"); !strings.Contains(got, "rc=-1") {
 		t.Errorf("unknown command answered %q, want rc=-1", got)
@@ -344,5 +344,33 @@ func waitOrFail(t *testing.T, wg *sync.WaitGroup) {
 		buf := make([]byte, 1<<20)
 		t.Log(string(buf[:runtime.Stack(buf, true)]))
 		t.Fatal("timed out: a PMI exchange hangs")
+	}
+}
+
+func TestFrame2(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want []pair
+		err  bool
+	}{
+		{body: "cmd=kvs-put;key=k;value=a;;b c;", want: []pair{{"cmd", "kvs-put"}, {"key", "k"}, {"value", "a;b c"}}},
+		{body: "cmd=finalize;", want: []pair{{"cmd", "finalize"}}},
+		{body: "cmd=x;key=unended", err: true},
+		{body: "=v;", err: true},
+	} {
+		got, err := parseFrame2(tc.body)
+		if (err != nil) != tc.err || (err == nil && fmt.Sprint(got) != fmt.Sprint(tc.want)) {
+			t.Errorf("parseFrame2(%q) = %v, %v; want %v, error %v", tc.body, got, err, tc.want, tc.err)
+		}
+	}
+	// A value with ';' survives a round trip, and the length field counts
+	// the escaped body.
+	f := formatFrame2("cmd", "kvs-get-response", "value", "x;y")
+	if f != "32    cmd=kvs-get-response;value=x;;y;" {
+		t.Errorf("formatFrame2 = %q", f)
+	}
+	ps, err := readFrame2(bufio.NewReader(strings.NewReader(f)))
+	if err != nil || fmt.Sprint(ps) != fmt.Sprint([]pair{{"cmd", "kvs-get-response"}, {"value", "x;y"}}) {
+		t.Errorf("readFrame2(%q) = %v, %v", f, ps, err)
 	}
 }

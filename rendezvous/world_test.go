@@ -1,6 +1,7 @@
 package rendezvous
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -494,4 +495,43 @@ func awaitLost(t *testing.T, ws []*World, victim int, host string, since time.Ti
 		}
 		check(r, w, le)
 	}
+}
+
+// AllGather hands every member every member's payload in group rank order,
+// on the world and on a subgroup, as nccl's unique-id bootstrap uses it
+// (rank 0 contributes the id, the others nothing).
+func TestAllGatherBootstrapPayloads(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		const n = 6
+		ws, _ := formMem(t, n, nil)
+		defer closeAll(ws)
+		ctx := context.Background()
+		eachRank(t, ws, func(w *World) error {
+			var mine []byte
+			if w.Rank() == 0 {
+				mine = bytes.Repeat([]byte{0xab}, 128)
+			}
+			all, err := w.AllGather(ctx, mine)
+			if err != nil {
+				return err
+			}
+			if len(all) != n || !bytes.Equal(all[0], bytes.Repeat([]byte{0xab}, 128)) || len(all[n-1]) != 0 {
+				return fmt.Errorf("world: got %d payloads, first %d bytes", len(all), len(all[0]))
+			}
+			g, err := w.Group([]int{5, 3, 1, 0, 2, 4})
+			if err != nil {
+				return err
+			}
+			got, err := g.AllGather(ctx, []byte{byte(w.Rank())})
+			if err != nil {
+				return err
+			}
+			for gr, p := range got {
+				if len(p) != 1 || int(p[0]) != g.GlobalRank(gr) {
+					return fmt.Errorf("group: payload %d = %v, want world rank %d", gr, p, g.GlobalRank(gr))
+				}
+			}
+			return nil
+		})
+	})
 }

@@ -10,7 +10,7 @@
 #   [2] gorun -np 2 gorun bench allreduce --transport shm
 #   [3] mpirun -np 2 bench/mpi/allreduce   (btl self,vader: shared memory)
 #   [4] mpirun -np 2 bench/mpi/allreduce   (btl self,tcp over loopback)
-#   [5] gorun -np 2 python3 bench/gloo_allreduce.py   (torch gloo, TCP)
+#   [5] gorun -np 2 python3 bench/torch_allreduce.py   (torch gloo, TCP)
 # then `gorun bench report` prints busbw per size with the ratios
 # gorun-tcp/MPI-tcp, gorun-shm/MPI-shm, gorun-tcp/gloo, gorun-shm/gloo and
 # draws OUT_DIR/allreduce.png. As root, installs Debian's openmpi-bin,
@@ -72,7 +72,7 @@ for round in $(seq "$ROUNDS"); do
 		run "gorun shm ($round/$ROUNDS)" gorun-shm.$round.txt "$GORUN" -np "$NP" "$GORUN" bench allreduce $SWEEP --transport shm --json "$OUT/gorun-shm.$round.json"
 		run "Open MPI shm ($round/$ROUNDS)" mpi-shm.$round.txt "${MPIRUN[@]}" --mca btl self,vader "$OUT/mpi_allreduce" $SWEEP
 		run "Open MPI tcp ($round/$ROUNDS)" mpi-tcp.$round.txt "${MPIRUN[@]}" --mca btl self,tcp --mca btl_tcp_if_include lo "$OUT/mpi_allreduce" $SWEEP
-		run "torch gloo ($round/$ROUNDS)" gloo.$round.txt "$GORUN" -np "$NP" -x OMP_NUM_THREADS=1 "$PY" bench/gloo_allreduce.py $SWEEP
+		run "torch gloo ($round/$ROUNDS)" gloo.$round.txt "$GORUN" -np "$NP" -x OMP_NUM_THREADS=1 "$PY" bench/torch_allreduce.py $SWEEP
 	}
 	files+=("gorun-tcp=$OUT/gorun-tcp.$round.json" "gorun-shm=$OUT/gorun-shm.$round.json"
 		"mpi-shm=$OUT/mpi-shm.$round.txt" "mpi-tcp=$OUT/mpi-tcp.$round.txt" "gloo=$OUT/gloo.$round.txt")

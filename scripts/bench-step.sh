@@ -1,34 +1,37 @@
 #!/usr/bin/env bash
-# Step-runtime benchmarks over real processes (issue 6), printed side by side
-# with their goals:
+# Step-runtime benchmarks over real processes (issues 6 and 11), printed side
+# by side with their goals. Both go through the path a program takes: the
+# step written as a stepgraph.Graph, the bucketing passes the trainer runs
+# (block, then overlap-preserving), and overlap's GraphRunner.
 #
 #   synthetic  a transformer-shaped step of L blocks: per block a forward
-#              parameter all-gather (prefetched one block ahead) and a
-#              backward gradient reduce-scatter, compute modelled as a timed
-#              sleep sized to RATIO × the measured communication time.
-#              Overlapped step vs ideal max(compute, comm) and vs the serial
-#              sum; goal: exposed communication ≤ 10% of communication time
-#              when compute ≥ communication.
-#   bucketing  200 gradient tensors of 40 KB all-reduced per step, one
-#              collective per tensor vs bucketed; goal ≥ 3×.
+#              parameter all-gather (placed PREFETCH blocks ahead in the
+#              graph) and a backward gradient reduce-scatter, compute
+#              modelled as a timed sleep sized to RATIO × the measured
+#              communication time. Overlapped step vs ideal max(compute,
+#              comm) and vs the serial sum; goal: exposed communication
+#              ≤ 10% of communication time when compute ≥ communication.
+#   bucketing  200 gradient tensors of 40 KB all-reduced per step: the graph
+#              as written (one collective per tensor) vs the graph after the
+#              bucketing passes; goal ≥ 3×. A reference runs the same
+#              traffic straight on the communicator.
 #
 # Every figure is the median over ITERS steps of the slowest rank; the
 # variants of one measurement run alternately, so load from other processes
 # on a shared machine hits them alike.
 #
-# Measured here (2 cores shared with other jobs, load ≈ 4.5, ITERS=11,
-# defaults otherwise), overlapped native step / exposed share of comm time:
-#   np 2 shm  0.83× ideal, 0.51× serial, exposed 6.5%
-#   np 2 tcp  1.14× ideal, 0.61× serial, exposed 9.4%
-#   np 4 shm  1.17× ideal, 0.65× serial, exposed 11.5% (5.4% and 2.6% with
-#             PREFETCH=1 and 4 in a quieter minute)
-#   np 4 tcp  1.01× ideal, 0.65× serial, exposed 2.9%
+# Measured on the graph path (2 cores shared with seven other agents, load
+# 8.6-13, ITERS=15, defaults otherwise; one run, figures swing by tens of
+# percent at this load), exposed share of comm / overlapped native step vs
+# ideal / vs serial:
+#   np 2 shm  3.6%  1.30× ideal (grouped 1.17×)  0.83× serial
+#   np 2 tcp  6.5%  1.13× ideal                  0.65× serial
+#   np 4 shm  7.2%  1.09× ideal                  0.73× serial
+#   np 4 tcp  2.5%  1.07× ideal                  0.70× serial
 # bucketing, per-tensor vs bucketed (cost-model cap / 25 MB cap):
-#   np 2 shm 2.22× / 2.53×, tcp 2.98× / 3.05×; np 4 shm 2.59× / 2.70×,
-#   tcp 2.34× / 2.96× — the executor-free reference (the same traffic
-#   straight on comm) gives 1.97×, 2.91×, 2.58×, 2.62×: the ratio is the
-#   communicator's, whose back-to-back small calls pipeline well.
-# Under heavier load (≥ 10) every figure moves by tens of percent.
+#   np 2 shm 3.56× / 4.45×, tcp 2.01× / 2.53×; np 4 shm 4.22× / 9.94×,
+#   tcp 2.28× / 2.80× — the executor-free reference gives 5.35×, 3.01×,
+#   16.5×, 2.40×: on TCP the per-call latency bounds the gain below 3×.
 #
 # Usage: scripts/bench-step.sh [NP...]   (default: 2 4)
 #   ITERS=15 BLOCKS=16 SHARD=1048576 RATIO=1.5 CAPS=0,25000000 PREFETCH=2 \

@@ -9,11 +9,16 @@ set -euo pipefail
 # sshd and SLURM serve tests/testhosts (namespace hosts, single-node SLURM);
 # MPICH (mpich, libmpich-dev, gcc for mpicc.mpich) serves tests/mpi and the
 # MPI tests in tests/multihost, and Open MPI's compiler (libopenmpi-dev,
-# openmpi-bin) the test that gorun refuses Open MPI programs; gcc and
+# openmpi-bin) the test that gorun refuses Open MPI programs; Slurm's PMI-2
+# client (libpmi2-0-dev) the PMI-2 tests in tests/mpi; gcc and
 # libc6-dev also build nccl's stand-in libnccl.so.2 and libcuda.so.1
 # (nccl/nccltest), which the nccl, bench and cmd/gorun tests load.
+# passwd (useradd, userdel) and util-linux (runuser) give tests/security its
+# second user; python3 is the other user's squatter in rendezvous's
+# TestAttachNameHeldByAnotherUser. python3-torch and python3-pytest run the
+# torch backend's suite (make test-python, python/tests); gcc builds libgorun.
 pkgs=(iproute2 procps util-linux openssh-server openssh-client slurm-wlm slurm-client munge
-  gcc libc6-dev mpich libmpich-dev openmpi-bin libopenmpi-dev)
+  gcc libc6-dev mpich libmpich-dev openmpi-bin libopenmpi-dev libpmi2-0-dev passwd python3 python3-torch python3-pytest)
 
 missing=()
 for p in "${pkgs[@]}"; do

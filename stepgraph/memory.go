@@ -81,3 +81,63 @@ func PeakBytes(g *Graph) (int64, string, error) {
 	}
 	return peak, at, nil
 }
+
+// PeakCollectiveBytes estimates the most bytes of collective outputs (a
+// gathered parameter, a reduced gradient) held at once, walking the plan in
+// order: an output is held from its start (where the executor needs its
+// buffer) until its last reader has run — for a reader that is itself a
+// collective (hybrid sharding), until that collective's wait, since the
+// collective reads the buffer while it runs. Outputs nobody reads are held
+// to the end of the step. This is the quantity overlap's GraphRunner
+// measures at run time (StepMetrics.PeakBytes) when it issues starts at
+// their plan positions, so the two can be compared; it is where
+// reshard-after-forward saves memory. Sizes come from the members (an
+// all-gather's output is the group size times the shard). It also names
+// the node at which the peak is first reached.
+func PeakCollectiveBytes(g *Graph) (int64, string, error) {
+	ix, err := g.index()
+	if err != nil {
+		return 0, "", err
+	}
+	n := len(g.Nodes)
+	born := map[string]int{}
+	size := map[string]int64{}
+	for i := range g.Nodes {
+		if nd := &g.Nodes[i]; nd.Kind == Start {
+			for _, m := range nd.Members {
+				born[m.Out] = i
+				size[m.Out] = outBytes(nd.Op, m.Bytes, g.groupSize(nd.Group))
+			}
+		}
+	}
+	last := map[string]int{}
+	for i := range g.Nodes {
+		at := i
+		if g.Nodes[i].Kind == Start {
+			at = ix.waitOf[i]
+		}
+		for _, e := range ix.preds[i] {
+			if _, ok := born[e.tensor]; ok && e.kind == dataEdge {
+				last[e.tensor] = max(last[e.tensor], at)
+			}
+		}
+	}
+	delta := make([]int64, n+1)
+	for t, b := range born {
+		end := n
+		if l, ok := last[t]; ok {
+			end = l + 1
+		}
+		delta[b] += size[t]
+		delta[end] -= size[t]
+	}
+	var cur, peak int64
+	at := ""
+	for i := 0; i < n; i++ {
+		cur += delta[i]
+		if cur > peak {
+			peak, at = cur, g.Nodes[i].Name
+		}
+	}
+	return peak, at, nil
+}

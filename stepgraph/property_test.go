@@ -219,6 +219,9 @@ func TestPassProperties(t *testing.T) {
 				t.Fatalf("seed %d %s: %v\n%s\n%s", seed, p.name, err, rep, Format(out))
 			}
 			checkEstimate(t, seed, out, rep.After)
+			if err := directionRule(g, out); err != nil {
+				t.Fatalf("seed %d %s: %v\n%s", seed, p.name, err, Format(out))
+			}
 			if p.monotone && rep.After.Exposed > rep.Before.Exposed {
 				t.Fatalf("seed %d %s: exposure %v → %v", seed, p.name, rep.Before.Exposed, rep.After.Exposed)
 			}
@@ -280,5 +283,94 @@ func checkEstimate(t *testing.T, seed int, g *Graph, e *Estimate) {
 	}
 	if exp != e.Exposed || rx != e.Exposed || comm != e.Comm || rc != e.Comm {
 		t.Fatalf("seed %d: totals disagree: exposed %v/%v/%v comm %v/%v/%v", seed, exp, rx, e.Exposed, comm, rc, e.Comm)
+	}
+}
+
+// directionRule checks that no bucket of out carries members whose author
+// starts in g had another direction than the bucket: forward and backward
+// are planned apart, never merged into one collective.
+func directionRule(g, out *Graph) error {
+	dir := map[string]Direction{}
+	for _, n := range g.Nodes {
+		if n.Kind == Start {
+			dir[n.Name] = n.Dir
+			for _, m := range n.Members {
+				if m.From != "" {
+					dir[m.From] = n.Dir
+				}
+			}
+		}
+	}
+	for _, n := range out.Nodes {
+		if n.Kind != Start {
+			continue
+		}
+		for _, m := range n.Members {
+			from := m.From
+			if from == "" {
+				from = n.Name
+			}
+			if d, ok := dir[from]; ok && d != n.Dir {
+				return fmt.Errorf("bucket %q (%s) carries %q, a %s collective", n.Name, n.Dir, from, d)
+			}
+		}
+	}
+	return nil
+}
+
+// TestDirectionRule: on a transformer step, the bucketing passes keep the
+// directions apart, forward buckets follow block order and backward buckets
+// reverse block order, as buckets.Assign orders eager programs.
+func TestDirectionRule(t *testing.T) {
+	g := transformerStep(8, 8)
+	block := map[string]int{}
+	for i, r := range g.Regions {
+		block[r] = i
+	}
+	cfg := buckets.DefaultConfig()
+	for _, tc := range []struct {
+		name string
+		run  func(*Graph) (*Graph, error)
+	}{
+		{"blocks", func(g *Graph) (*Graph, error) { return BucketBlocks(g, cfg) }},
+		{"overlap", func(g *Graph) (*Graph, error) { return BucketOverlap(g, cfg) }},
+		{"blocks+overlap", func(g *Graph) (*Graph, error) {
+			g, err := BucketBlocks(g, cfg)
+			if err != nil {
+				return nil, err
+			}
+			return BucketOverlap(g, cfg)
+		}},
+		{"reshard+blocks", func(g *Graph) (*Graph, error) {
+			g, _, err := Reshard(g, cfg.Model)
+			if err != nil {
+				return nil, err
+			}
+			return BucketBlocks(g, cfg)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := tc.run(g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(out.Nodes) >= len(g.Nodes) && tc.name != "reshard+blocks" {
+				t.Fatal("nothing was bucketed: the rule would hold trivially")
+			}
+			if err := directionRule(g, out); err != nil {
+				t.Fatal(err)
+			}
+			last := map[Direction]int{buckets.Forward: -1, buckets.Backward: len(g.Regions)}
+			for _, n := range out.Nodes {
+				if n.Kind != Start || (n.Dir != buckets.Forward && n.Dir != buckets.Backward) {
+					continue
+				}
+				b := block[n.Region]
+				if n.Dir == buckets.Forward && b < last[n.Dir] || n.Dir == buckets.Backward && b > last[n.Dir] {
+					t.Fatalf("%s bucket %q of block %d issued after one of block %d", n.Dir, n.Name, b, last[n.Dir])
+				}
+				last[n.Dir] = b
+			}
+		})
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -45,11 +44,8 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return exitUsage
+	if code, done := parseFlags(fs, args, "gorun doctor", stderr); done {
+		return code
 	}
 	o.logFormat = "console"
 	log, err := newLogger(o, stderr)
@@ -65,7 +61,7 @@ Flags:
 	cfg.Logger = log
 	cfg.Stdout, cfg.Stderr = stdout, stderr
 	cfg.Version = version
-	cfg.LaunchAgent, cfg.RemoteGorun, cfg.Iface, cfg.LaunchTimeout = launchAgent, o.agentPath, o.iface, o.launchTimeout
+	cfg.StarterCommand, cfg.RemoteGorun, cfg.Iface, cfg.LaunchTimeout = launchAgent, o.agentPath, o.iface, o.launchTimeout
 	cfg.SSHDefaultKex = o.sshKex == "default"
 	if inSlurm || o.launcher == "srun" {
 		cfg.Starter = launcher.StartSrun

@@ -8,6 +8,8 @@ import (
 	"github.com/gorun-hpc/gorun/launcher"
 )
 
+// readHosts picks the source of hosts; parsing the allocation itself is
+// launcher.SlurmHosts' (tested there).
 func TestReadHostsFromSlurm(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -20,16 +22,10 @@ func TestReadHostsFromSlurm(t *testing.T) {
 		{name: "no allocation", env: map[string]string{}},
 		{name: "allocation", env: map[string]string{"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3],vm", "SLURM_TASKS_PER_NODE": "2(x2),1,4"},
 			want: []launcher.Host{{Name: "n1", Slots: 2}, {Name: "n2", Slots: 2}, {Name: "n3", Slots: 1}, {Name: "vm", Slots: 4}}, slurm: true},
-		{name: "older variable names", env: map[string]string{"SLURM_JOB_ID": "7", "SLURM_NODELIST": "a0[08-09]", "SLURM_JOB_CPUS_PER_NODE": "8(x2)"},
-			want: []launcher.Host{{Name: "a008", Slots: 8}, {Name: "a009", Slots: 8}}, slurm: true},
 		{name: "-H wins over the allocation", env: map[string]string{"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_TASKS_PER_NODE": "2"},
 			o: options{hostList: "localhost:3"}, want: []launcher.Host{{Name: "localhost", Slots: 3}}},
 		{name: "--launcher ssh ignores the allocation", env: map[string]string{"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_TASKS_PER_NODE": "2"},
 			o: options{launcher: "ssh"}},
-		{name: "counts do not match nodes", env: map[string]string{"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "2(x2)"},
-			err: "SLURM allocation"},
-		{name: "bad hostlist", env: map[string]string{"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-", "SLURM_TASKS_PER_NODE": "2"},
-			err: "SLURM allocation"},
 		{name: "variables missing", env: map[string]string{"SLURM_JOB_ID": "7"}, err: "SLURM_JOB_NODELIST or SLURM_TASKS_PER_NODE is not set"},
 	}
 	for _, tc := range tests {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -30,32 +31,128 @@ const (
 func main() {
 	// The job agent is this same binary re-executed; it must take over
 	// before anything else looks at the command line.
-	if launcher.IsAgent() {
-		os.Exit(launcher.AgentMain())
+	if launcher.IsSupervisor() {
+		os.Exit(launcher.SupervisorMain())
 	}
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
 // subcommands are dispatched on the first argument, before flag parsing.
-// nil marks a subcommand that is reserved but not built yet.
+// Files that add one register it in an init function.
 var subcommands = map[string]func(args []string, stdout, stderr io.Writer) int{
 	"bench":  benchMain,
-	"agent":  agentMain,
+	"agent":  hostAgentMain,
 	"doctor": doctorMain,
 	"trace":  traceMain,
+}
+
+// subcommandSummaries is the one line `gorun --help` prints for each
+// subcommand meant for users (the host agent is not one).
+var subcommandSummaries = map[string]string{
+	"bench":  "collective microbenchmark in the nccl-tests layout (run it under gorun -np N)",
+	"doctor": "pre-flight checks of every host: agent, version, interface, ports, all pairs, GPUs",
+	"trace":  "merge the ranks' --trace files into one Chrome/Perfetto trace",
+	"plan":   "run the step-graph passes offline and print buckets, exposure and memory",
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		if sub, ok := subcommands[args[0]]; ok {
-			if sub == nil {
-				fmt.Fprintf(stderr, "gorun: subcommand %q is not available yet\n", args[0])
-				return exitUsage
-			}
 			return sub(args[1:], stdout, stderr)
 		}
 	}
 	return launch(args, stdin, stdout, stderr)
+}
+
+// writeSubcommands lists the subcommands that exist in this build, with
+// their summaries, for the usage text.
+func writeSubcommands(w io.Writer) {
+	var names []string
+	for name := range subcommands {
+		if subcommandSummaries[name] != "" {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	fmt.Fprintln(w, "Subcommands (gorun SUBCOMMAND --help for their flags):")
+	for _, name := range names {
+		fmt.Fprintf(w, "  %-8s %s\n", name, subcommandSummaries[name])
+	}
+	fmt.Fprintln(w)
+}
+
+// parseFlags parses args with fs and reports a bad command line in one
+// line, not with the whole usage: the flag's name, the closest flag when
+// it was mistyped, and where to read more. -h and --help print the usage
+// (to stderr) and return done with code 0.
+func parseFlags(fs *flag.FlagSet, args []string, prog string, stderr io.Writer) (code int, done bool) {
+	usage := fs.Usage
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.SetOutput(stderr)
+	fs.Usage = usage
+	switch {
+	case err == nil:
+		return 0, false
+	case errors.Is(err, flag.ErrHelp):
+		usage()
+		return 0, true
+	}
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		msg = "unknown flag -" + name
+		if best := closestFlag(fs, name); best != "" {
+			msg += " (did you mean -" + best + "?)"
+		}
+	}
+	fmt.Fprintf(stderr, "%s: %s; see %s --help\n", prog, msg, prog)
+	return exitUsage, true
+}
+
+// closestFlag returns the defined flag nearest to name in edit distance,
+// or "" when none is near enough to be a likely typo (more than a third
+// of the name would have to change). A flag that name abbreviates counts
+// as near: --time for --timeout. Ties go
+// to the shorter name (VisitAll is in name order, so the result is
+// deterministic).
+func closestFlag(fs *flag.FlagSet, name string) string {
+	name = strings.TrimLeft(name, "-")
+	if i := strings.IndexByte(name, '='); i >= 0 {
+		name = name[:i]
+	}
+	best, bestDist := "", len(name)/3+1
+	fs.VisitAll(func(f *flag.Flag) {
+		d := editDistance(name, f.Name)
+		if len(name) >= 3 && strings.HasPrefix(f.Name, name) {
+			d = min(d, 1)
+		}
+		if d < bestDist || d == bestDist && best != "" && len(f.Name) < len(best) {
+			best, bestDist = f.Name, d
+		}
+	})
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // repeated is a flag.Value collecting every occurrence (-x A -x B=1).
@@ -70,6 +167,7 @@ type options struct {
 	hostfile      string
 	oversubscribe bool
 	exports       repeated
+	bindTo        string
 	tagOutput     bool
 	timestamp     bool
 	outputDir     string
@@ -106,6 +204,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.hostfile, "machinefile", "", "same as -hostfile")
 	fs.BoolVar(&o.oversubscribe, "oversubscribe", false, "allow more ranks than slots (up to max_slots)")
 	fs.Var(&o.exports, "x", "export `NAME[=VALUE]` to every rank (repeatable)")
+	fs.StringVar(&o.bindTo, "bind-to", "auto", "CPU binding of ranks: auto (when a host runs no more ranks than CPUs, each rank gets its own equal share of them, as mpirun binds 2 ranks to cores) or none")
 	fs.BoolVar(&o.tagOutput, "tag-output", false, "prefix every output line with [rank] ([rank,host] in multi-host jobs)")
 	fs.BoolVar(&o.timestamp, "timestamp-output", false, "prefix every output line with a timestamp")
 	fs.StringVar(&o.outputDir, "output-dir", "", "write rank.N.log per rank into `DIR` (terminal output is tagged)")
@@ -113,7 +212,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.grace, "grace", launcher.DefaultGrace, "delay between SIGTERM and SIGKILL when stopping ranks")
 	fs.IntVar(&o.gpus, "gpus-per-host", -1, "GPUs per host, one per local rank round robin (default: nvidia-smi -L count, else 0)")
 	fs.StringVar(&o.exitPolicy, "exit-policy", "first", "which failure sets the exit code: first, lowest or max")
-	fs.StringVar(&o.pmi, "pmi", "fd", "how MPICH-family MPI programs reach gorun's PMI-1 server: fd (PMI_FD, as Hydra), port (PMI_PORT and PMI_ID) or none (no PMI_* variables; MPI programs then run as singletons)")
+	fs.StringVar(&o.pmi, "pmi", "fd", "how MPICH-family MPI programs reach gorun's PMI-1/PMI-2 server: fd (PMI_FD, as Hydra), port (PMI_PORT and PMI_ID) or none (no PMI_* variables; MPI programs then run as singletons)")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.StringVar(&o.logFormat, "log-format", "console", "gorun's own log on stderr: console or json")
 	fs.BoolVar(&o.verbose, "v", false, "log more (info)")
@@ -136,8 +235,9 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 Starts PROGRAM as an SPMD job of N ranks. Every rank gets RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR, MASTER_PORT, PMI_* and GORUN_* in its environment;
 MPICH-family MPI programs (MPICH, Intel MPI, MVAPICH) form one world through
-gorun's PMI server. Open MPI programs are refused (they need a PMIx server). The first rank to fail ends the job; gorun exits with
-its code (128+signal for a signal death).
+gorun's PMI server. Open MPI programs are refused (they need a PMIx
+server). The first rank to fail ends the job; gorun exits with its code
+(128+signal for a signal death).
 
 Examples:
   gorun -np 4 ./app                       4 ranks on this machine
@@ -150,8 +250,9 @@ Examples:
   salloc -N 4 gorun ./trainer             inside SLURM: hosts from the allocation, agents via srun
   gorun doctor -hostfile hosts            pre-flight checks of every host
 
-Flags (one or two dashes):
 `)
+		writeSubcommands(stderr)
+		fmt.Fprint(stderr, "Flags (one or two dashes):\n")
 		fs.PrintDefaults()
 	}
 	return fs
@@ -160,11 +261,8 @@ Flags (one or two dashes):
 func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var o options
 	fs := newFlagSet(&o, stderr)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return exitUsage
+	if code, done := parseFlags(fs, args, "gorun", stderr); done {
+		return code
 	}
 	if o.version {
 		fmt.Fprintf(stdout, "gorun %s\n", version)
@@ -194,9 +292,16 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if code != 0 {
 		return code
 	}
-	exports, err := launcher.ResolveExports(o.exports, os.LookupEnv)
+	bind, err := launcher.ParseBind(o.bindTo)
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun: %v\n", err)
+		return exitUsage
+	}
+	// The agents read the policy from each rank's environment, so it
+	// reaches every host with the job; an explicit -x GORUN_BIND wins.
+	exports, err := launcher.ResolveExports(append(repeated{"GORUN_BIND=" + bind}, o.exports...), os.LookupEnv)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
 		return exitUsage
 	}
 	ctx := context.Background()
@@ -217,7 +322,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	cfg.PMI = pmiMode
 	cfg.Signals = sigs
 	cfg.Version = version
-	cfg.LaunchAgent, cfg.RemoteGorun, cfg.Iface = launchAgent, o.agentPath, o.iface
+	cfg.StarterCommand, cfg.RemoteGorun, cfg.Iface = launchAgent, o.agentPath, o.iface
 	cfg.Lease, cfg.LaunchTimeout, cfg.FanoutThreshold = o.lease, o.launchTimeout, o.fanout
 	cfg.PreloadBinary, cfg.SSHMultiplex = o.preloadBinary, o.sshMultiplex
 	cfg.SSHDefaultKex = o.sshKex == "default"

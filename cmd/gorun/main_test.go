@@ -21,8 +21,8 @@ import (
 const actAsGorun = "GORUN_TEST_ACT_AS_GORUN_MAIN"
 
 func TestMain(m *testing.M) {
-	if launcher.IsAgent() {
-		os.Exit(launcher.AgentMain())
+	if launcher.IsSupervisor() {
+		os.Exit(launcher.SupervisorMain())
 	}
 	if os.Getenv(actAsGorun) != "" {
 		os.Unsetenv(actAsGorun)
@@ -102,10 +102,12 @@ func TestCommandLine(t *testing.T) {
 		{name: "export", mode: "print-env", args: []string{"-np", "1", "-x", "GORUN_T_A=1", "-x", "GORUN_TEST_HELPER", "RANK"},
 			stdout: "GORUN_T_A=1\n"},
 		{name: "export of an unset name", args: []string{"-x", "GORUN_T_UNSET_NAME", "RANK"}, code: 2, stderr: "not set"},
+		{name: "export of a per-rank variable", args: []string{"-np", "2", "-x", "RANK=5", "RANK"}, code: 2,
+			stderr: "gorun: -x RANK: gorun sets RANK to the rank on every rank; it cannot be exported\n"},
 		{name: "gpus per host", mode: "print-env", args: []string{"-np", "3", "--gpus-per-host", "2", "--tag-output", "RANK"},
 			stdout: "[2] CUDA_VISIBLE_DEVICES=0\n"},
 		{name: "exit policy flag", args: []string{"--exit-policy", "worst", "RANK"}, code: 2, stderr: "expected first, lowest or max"},
-		{name: "unknown flag", args: []string{"--frobnicate", "RANK"}, code: 2, stderr: "flag provided but not defined"},
+		{name: "unknown flag", args: []string{"--frobnicate", "RANK"}, code: 2, stderr: "gorun: unknown flag -frobnicate; see gorun --help\n"},
 		{name: "no program", args: []string{"-np", "2"}, code: 2, stderr: "no program given"},
 		{name: "version", args: []string{"--version"}, stdout: "gorun dev\n"},
 		{name: "help", args: []string{"--help"}, stderr: "Examples:"},
@@ -113,6 +115,7 @@ func TestCommandLine(t *testing.T) {
 		{name: "doctor bad launcher", args: []string{"doctor", "-H", "n1", "--launcher", "rsh"}, code: 2, stderr: `gorun doctor: --launcher "rsh": expected auto, ssh or srun`},
 		{name: "doctor bad ssh-kex", args: []string{"doctor", "-H", "n1", "--ssh-kex", "pq"}, code: 2, stderr: `gorun doctor: --ssh-kex "pq": expected fast or default`},
 		{name: "bad ssh-kex", args: []string{"--ssh-kex", "pq", "-np", "1", "true"}, code: 2, stderr: `gorun: --ssh-kex "pq": expected fast or default`},
+		{name: "bad pmi", args: []string{"--pmi", "pmix", "-np", "1", "true"}, code: 2, stderr: `gorun: launcher: --pmi "pmix": expected fd, port or none`},
 		{name: "agent without gorun", args: []string{"agent"}, code: 2, stderr: "--connect and --job are required"},
 		{name: "json log", mode: "exit:0", args: []string{"-vv", "--log-format", "json", "-np", "1", "RANK"}, stderr: `"message":"rank started"`},
 	}
@@ -232,5 +235,129 @@ func TestRankInfoExample(t *testing.T) {
 	}
 	if strings.Contains(r.stdout, os.Getenv("GORUN_SECRET")+" ") && os.Getenv("GORUN_SECRET") != "" {
 		t.Errorf("secret printed")
+	}
+}
+
+// A mistyped flag gets one line naming it and the closest flag, not the
+// whole usage; --help lists every subcommand meant for users.
+func TestUsageErrorsAreOneLine(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string // the whole of stderr
+	}{
+		{[]string{"--npp", "4", "true"}, "gorun: unknown flag -npp (did you mean -np?); see gorun --help\n"},
+		{[]string{"-tag-ouptut", "true"}, "gorun: unknown flag -tag-ouptut (did you mean -tag-output?); see gorun --help\n"},
+		{[]string{"--time=1s", "true"}, "gorun: unknown flag -time (did you mean -timeout?); see gorun --help\n"},
+		{[]string{"--zzzzzz", "true"}, "gorun: unknown flag -zzzzzz; see gorun --help\n"},
+		{[]string{"-np", "four", "true"}, "gorun: invalid value \"four\" for flag -np: parse error; see gorun --help\n"},
+		{[]string{"doctor", "--hostfle", "h"}, "gorun doctor: unknown flag -hostfle (did you mean -hostfile?); see gorun doctor --help\n"},
+		{[]string{"plan", "--pases", "x"}, "gorun plan: unknown flag -pases (did you mean -passes?); see gorun plan --help\n"},
+	}
+	for _, tc := range tests {
+		var stdout, stderr bytes.Buffer
+		if code := run(tc.args, nil, &stdout, &stderr); code != exitUsage || stderr.String() != tc.want {
+			t.Errorf("gorun %q: code %d, stderr %q; want %d, %q", tc.args, code, stderr.String(), exitUsage, tc.want)
+		}
+	}
+
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"--help"}, nil, &stdout, &stderr); code != 0 {
+		t.Fatalf("--help: code %d", code)
+	}
+	for name := range subcommands {
+		if name == "agent" {
+			if strings.Contains(stderr.String(), "\n  agent ") {
+				t.Errorf("--help lists the internal host agent subcommand")
+			}
+			continue
+		}
+		if subcommandSummaries[name] == "" {
+			t.Errorf("subcommand %q has no summary for --help", name)
+		}
+		if !strings.Contains(stderr.String(), "\n  "+name+" ") {
+			t.Errorf("--help does not list subcommand %q:\n%s", name, stderr.String())
+		}
+	}
+}
+
+// Rank counts this machine cannot serve are refused at once, naming the
+// limit, before any rank starts or anything is allocated per rank.
+func TestAbsurdRankCountsRefused(t *testing.T) {
+	start := time.Now()
+	r := runGorun(t, "exit:0", nil, "-np", "99999999999", "RANK")
+	if r.code != exitFailure || r.stderr != "gorun: 99999999999 ranks requested; gorun runs at most 262144 ranks in one job\n" {
+		t.Errorf("-np 99999999999: code %d, stderr %q", r.code, r.stderr)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("refusal took %v", d)
+	}
+	r = runGorun(t, "exit:0", nil, "-H", "localhost:2000000000", "RANK")
+	if r.code == 0 || !strings.Contains(r.stderr, "slots is too large") {
+		t.Errorf("slots=2000000000: code %d, stderr %q", r.code, r.stderr)
+	}
+
+	// Under a low descriptor limit, a count that would run out of
+	// descriptors part-way is refused naming the limit.
+	prlimit, err := exec.LookPath("prlimit")
+	if err != nil {
+		t.Skip("no prlimit (util-linux) to lower the descriptor limit")
+	}
+	token := launchertest.NewToken(t.Name())
+	cmd := gorunCmd(t, token, "exit:0", nil, "-np", "100", "RANK")
+	cmd.Args = append([]string{prlimit, "--nofile=256:256", "--", cmd.Path}, cmd.Args[1:]...)
+	cmd.Path = prlimit
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	want := "gorun: 100 ranks on this machine need about 464 open files, but the limit is 256 (ulimit -n, hard limit 256; 4 per rank in gorun's supervisor); run fewer ranks or raise the limit\n"
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != exitFailure || stderr.String() != want {
+		t.Errorf("-np 100 under ulimit -n 256: %v, stderr %q; want exit %d and %q", err, stderr.String(), exitFailure, want)
+	}
+	if s := launchertest.Survivors(token); len(s) > 0 {
+		t.Errorf("processes survive gorun: %v", s)
+	}
+}
+
+// A write error on a per-rank log (here rank 0's log is /dev/full, which
+// fails every write with ENOSPC) is reported once, naming the file and the
+// error, and the exit status says that output was lost although every
+// rank exited 0; the other rank's log is whole.
+func TestOutputDirWriteErrorIsReported(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Symlink("/dev/full", dir+"/rank.0.log"); err != nil {
+		t.Fatal(err)
+	}
+	r := runGorun(t, "flood:50", nil, "-np", "2", "--output-dir", dir, "RANK")
+	file := dir + "/rank.0.log"
+	if r.code != 74 {
+		t.Errorf("exit code %d, want 74 (output lost); stderr:\n%s", r.code, r.stderr)
+	}
+	report := "gorun: writing " + file + ": write " + file + ": no space left on device; the rest of that rank's log is lost\n"
+	if n := strings.Count(r.stderr, report); n != 1 {
+		t.Errorf("the write error is reported %d times, want once as %q; stderr:\n%s", n, report, r.stderr)
+	}
+	if !strings.HasSuffix(r.stderr, "gorun: output lost: writing "+file+": write "+file+": no space left on device\n") {
+		t.Errorf("final line does not say output was lost; stderr:\n%s", r.stderr)
+	}
+	b, err := os.ReadFile(dir + "/rank.1.log")
+	if err != nil || strings.Count(string(b), "\n") != 50 {
+		t.Errorf("rank 1's log: %d lines, %v; want 50", strings.Count(string(b), "\n"), err)
+	}
+}
+
+// A hostfile line that expands to a million hosts is refused at once
+// (its slots exceed what one job may have), not resolved name by name.
+func TestMillionHostHostfileRefused(t *testing.T) {
+	hf := t.TempDir() + "/hosts"
+	if err := os.WriteFile(hf, []byte("n[01-1000000]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	r := runGorun(t, "exit:0", nil, "-hostfile", hf, "RANK")
+	if r.code != exitFailure || r.stderr != "gorun: the hosts' slots make more than 262144 ranks, gorun's limit for one job; give -np\n" {
+		t.Errorf("code %d, stderr %q", r.code, r.stderr)
+	}
+	if d := time.Since(start); d > 60*time.Second {
+		t.Errorf("refusal took %v", d)
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -25,11 +24,8 @@ func traceMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gorun trace merge", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("o", "", "write the merged trace to `FILE` (required)")
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return exitUsage
+	if code, done := parseFlags(fs, args[1:], "gorun trace merge", stderr); done {
+		return code
 	}
 	if *out == "" || fs.NArg() == 0 {
 		fmt.Fprintln(stderr, "gorun trace merge: need -o OUT and at least one input trace")

@@ -265,9 +265,9 @@ func (t *trainer) tensor(name string) (comm.Buffer, error) {
 		case !t.sharded:
 			return comm.Float32s(t.own[r]), nil
 		case suffix == "bwd":
-			return comm.Float32s(t.fullBwd[r]), nil
+			return comm.Float32s(t.gathered(t.fullBwd, r)), nil
 		case suffix == "":
-			return comm.Float32s(t.full[r]), nil
+			return comm.Float32s(t.gathered(t.full, r)), nil
 		}
 	case "g", "G":
 		if r, ok := t.regionIdx[rest]; ok && t.sharded {
@@ -294,4 +294,36 @@ func (t *trainer) tensorAt(name string) (r, off, n int, ok bool) {
 		return 0, 0, 0, false
 	}
 	return r, ten.Offset, ten.Len, true
+}
+
+// gathered returns region r's gathered-parameter buffer from bufs (the
+// forward or the backward copy), allocating it if released: the memory the
+// graph runner frees after its last reader (see release) is really
+// returned, and a reader that the plan let run after that gets a fresh
+// buffer of zeros, not the old values.
+func (t *trainer) gathered(bufs [][]float32, r int) []float32 {
+	if bufs[r] == nil {
+		bufs[r] = make([]float32, t.lay.Regions[r].PaddedSize(t.N))
+	}
+	return bufs[r]
+}
+
+// release is the graph runner's hook: a gathered parameter buffer is
+// dropped once its last reader of the step has run (reshard-after-forward
+// frees the forward copy after the last forward block that reads it).
+// Gradients and the loss live in fixed buffers and are not dropped.
+func (t *trainer) release(name string) {
+	base, _ := splitChunk(name)
+	kind, rest, _ := strings.Cut(base, ".")
+	if kind != "p" || !t.sharded {
+		return
+	}
+	region, suffix, _ := strings.Cut(rest, "@")
+	if r, ok := t.regionIdx[region]; ok {
+		if suffix == "bwd" {
+			t.fullBwd[r] = nil
+		} else {
+			t.full[r] = nil
+		}
+	}
 }

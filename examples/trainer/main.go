@@ -56,6 +56,7 @@ func parseFlags(args []string) (options, bool, error) {
 	fs.BoolVar(&o.chunk, "chunk", false, "run the chunking pass: each region's batch in two chunks, one chunk's communication behind the other's compute")
 	fs.BoolVar(&o.chunkAccumulate, "chunk-accumulate", o.chunkAccumulate, "with --chunk: sum the two chunks' gradients before one collective (false: one collective per chunk, as eager chunking does)")
 	fs.BoolVar(&o.chunkForce, "chunk-force", false, "with --chunk: split every region, even where the cost model says that exposes more communication")
+	fs.IntVar(&o.prefetch, "prefetch", o.prefetch, "issue a collective at most N starts ahead of its place in the plan (0: at its place; negative: as soon as its inputs exist)")
 	fs.StringVar(&o.dumpGraph, "dump-graph", "", "write the step graph (before the passes) as JSON to FILE, for `gorun plan`")
 	fs.BoolVar(&o.grouped, "grouped", false, "hand bucket sets to the communicator as grouped calls")
 	fs.StringVar(&o.trace, "trace", "", "write a Chrome/Perfetto trace: FILE.rankK.json per rank and the merged FILE on rank 0")

@@ -36,15 +36,18 @@ type options struct {
 	// numerics need every region split).
 	chunkForce bool
 	dumpGraph  string
-	grouped    bool
-	trace      string
-	batch      int
-	size       string // "default" or "small"
-	workers    int
+	// prefetch is overlap.Config.PrefetchStarts: how many starts ahead of
+	// its plan position a collective may be issued (negative: unbounded).
+	prefetch int
+	grouped  bool
+	trace    string
+	batch    int
+	size     string // "default" or "small"
+	workers  int
 }
 
 func defaultOptions() options {
-	return options{steps: 50, mode: "dp", batch: 16, size: "default", chunkAccumulate: true}
+	return options{steps: 50, mode: "dp", batch: 16, size: "default", chunkAccumulate: true, prefetch: 0}
 }
 
 func (o options) validate(n int) error {
@@ -79,7 +82,9 @@ func (o options) modelConfig() model.Config {
 type result struct {
 	losses []float32
 	total  overlap.StepMetrics
-	params uint64 // model.Fingerprint of the final parameters (full, unsharded)
+	// peakEstimate is the plan's estimate of total.PeakBytes.
+	peakEstimate int64
+	params       uint64 // model.Fingerprint of the final parameters (full, unsharded)
 }
 
 // trainer is one rank's state.
@@ -106,6 +111,9 @@ type trainer struct {
 	graph    *stepgraph.Graph // after the passes: what runs
 	passDone []string
 	runner   *overlap.GraphRunner
+	// peakEstimate is the plan's estimate of the collective memory the
+	// runner measures (StepMetrics.PeakBytes).
+	peakEstimate int64
 
 	regionIdx map[string]int
 	own       [][]float32 // parameters this rank owns: all (dp) or its shards
@@ -155,8 +163,9 @@ func newTrainer(o options, cm overlap.Comm, log zerolog.Logger) (*trainer, error
 		if t.own, err = m.InitShards(N, k); err != nil {
 			return nil, err
 		}
-		t.full = t.lay.Alloc(N)
-		t.fullBwd = t.lay.Alloc(N)
+		// Allocated when first gathered, dropped after their last reader.
+		t.full = make([][]float32, t.R)
+		t.fullBwd = make([][]float32, t.R)
 		t.gshWhole = t.lay.AllocShards(N)
 	} else {
 		t.own = m.Init()
@@ -191,7 +200,12 @@ func newTrainer(o options, cm overlap.Comm, log zerolog.Logger) (*trainer, error
 	case o.grouped:
 		ocfg.Mode = overlap.Grouped
 	}
+	ocfg.PrefetchStarts = o.prefetch
 	if t.runner, err = overlap.NewGraphRunner(t.graph, map[string]overlap.Comm{world: cm}, ocfg); err != nil {
+		return nil, err
+	}
+	t.runner.SetRelease(t.release)
+	if t.peakEstimate, _, err = stepgraph.PeakCollectiveBytes(t.graph); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -311,10 +325,11 @@ func (t *trainer) fingerprint(ctx context.Context) (uint64, error) {
 	for r, reg := range t.lay.Regions {
 		p := t.own[r]
 		if t.sharded {
-			if err := t.cm.AllGather(ctx, f32(t.own[r]), f32(t.full[r])).Wait(ctx); err != nil {
+			full := t.gathered(t.full, r)
+			if err := t.cm.AllGather(ctx, f32(t.own[r]), f32(full)).Wait(ctx); err != nil {
 				return 0, err
 			}
-			p = t.full[r]
+			p = full
 		}
 		bufs = append(bufs, p[:reg.Size])
 	}
@@ -352,6 +367,7 @@ func run(ctx context.Context, o options, cm overlap.Comm, log zerolog.Logger, ou
 			fmt.Fprintf(out, "step %d loss %s time %.2fms\n", s+1, strconv.FormatFloat(float64(loss), 'g', -1, 32), float64(met.Time.Microseconds())/1e3)
 		}
 	}
+	res.peakEstimate = t.peakEstimate
 	if res.params, err = t.fingerprint(ctx); err != nil {
 		return nil, err
 	}
@@ -363,8 +379,8 @@ func run(ctx context.Context, o options, cm overlap.Comm, log zerolog.Logger, ou
 	if lead {
 		tot, steps := res.total, max(o.steps-1, 1)
 		avg := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 / float64(steps) }
-		fmt.Fprintf(out, "summary: %d steps, mean step %.2fms, compute %.2fms, comm %.2fms, exposed comm %.2fms, exposed-communication fraction %.3f, %d collectives/step, params %016x\n",
-			o.steps, avg(tot.Time), avg(tot.Compute), avg(tot.Comm), avg(tot.Exposed), tot.ExposedFraction(), tot.Collectives/steps, res.params)
+		fmt.Fprintf(out, "summary: %d steps, mean step %.2fms, compute %.2fms, comm %.2fms, exposed comm %.2fms, exposed-communication fraction %.3f, %d collectives/step, peak collective memory %d bytes (plan estimate %d), params %016x\n",
+			o.steps, avg(tot.Time), avg(tot.Compute), avg(tot.Comm), avg(tot.Exposed), tot.ExposedFraction(), tot.Collectives/steps, tot.PeakBytes, t.peakEstimate, res.params)
 	}
 	return res, nil
 }

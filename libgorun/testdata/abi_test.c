@@ -264,6 +264,9 @@ int main(int argc, char **argv) {
         printf("abi_test rank %d: %s (rank %d): %s\n", rank, gorun_status_name(rc), gorun_last_error_rank(),
                gorun_last_error());
         fflush(stdout);
+        /* Stay a moment: rank 0 is its host's rendezvous leader, and its exit
+         * would tell a rank that has not read the desync yet that rank 0 died. */
+        sleep(2);
         gorun_finalize();
         return 0;
     }

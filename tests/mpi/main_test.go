@@ -32,6 +32,16 @@ func setup(m *testing.M) int {
 		} else if mpichProg, err = build("mpicc.mpich", dir, "mpiprog-mpich"); err != nil {
 			setupErr = err
 		}
+		if setupErr == nil {
+			// Slurm's PMI-2 client (Debian libpmi2-0-dev), what
+			// `srun --mpi=pmi2` programs link.
+			out, err := exec.Command("gcc", "-O1", "-Wall", "-o", filepath.Join(dir, "pmi2prog"), "testdata/pmi2prog.c", "-lpmi2").CombinedOutput()
+			if err != nil {
+				pmi2Err = fmt.Errorf("building the PMI-2 client (needs Debian libpmi2-0-dev): %v\n%s", err, out)
+			} else {
+				pmi2Prog = filepath.Join(dir, "pmi2prog")
+			}
+		}
 		if _, err := exec.LookPath("mpicc.openmpi"); err == nil && setupErr == nil {
 			if ompiProg, err = build("mpicc.openmpi", dir, "mpiprog-ompi"); err != nil {
 				setupErr = err

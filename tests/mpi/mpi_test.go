@@ -22,6 +22,8 @@ import (
 var (
 	gorunBin, mpichProg, ompiProg string
 	setupErr                      error
+	pmi2Prog                      string
+	pmi2Err                       error
 	missing                       string // a tool the tests need that is not installed
 )
 
@@ -97,14 +99,15 @@ func TestWorlds(t *testing.T) {
 			if code := r.wait(); code != 0 {
 				t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", code, r.stdout.String(), r.stderr.String())
 			}
-			checkWorld(t, r.stdout.String(), tc.np, nil)
+			checkWorld(t, r.stdout.String(), tc.np, nil, tc.np)
 		})
 	}
 }
 
 // checkWorld verifies the "ok" lines of np ranks. hosts, when set, maps
-// each rank to the host it must run on.
-func checkWorld(t *testing.T, out string, np int, hosts map[int]string) {
+// each rank to the host it must run on; perNode is the number of ranks on
+// each node (MPICH learns it from PMI_process_mapping).
+func checkWorld(t *testing.T, out string, np int, hosts map[int]string, perNode int) {
 	t.Helper()
 	got := map[string]bool{}
 	for _, l := range strings.Split(out, "\n") {
@@ -137,7 +140,8 @@ func checkWorld(t *testing.T, out string, np int, hosts map[int]string) {
 				hrank++ // key -rank: higher ranks come first
 			}
 		}
-		want = append(want, fmt.Sprintf("ok split rank=%d color=%d hrank=%d hsize=%d hsum=%d", rank, rank%2, hrank, n, hsum))
+		want = append(want, fmt.Sprintf("ok split rank=%d color=%d hrank=%d hsize=%d hsum=%d", rank, rank%2, hrank, n, hsum),
+			fmt.Sprintf("ok node rank=%d nodesize=%d", rank, perNode))
 	}
 	want = append(want, fmt.Sprintf("ok ring rank=0 token=%d", np*(np+1)/2))
 	var miss []string
@@ -182,24 +186,35 @@ func TestNoFinalize(t *testing.T) {
 	r.noSurvivors()
 }
 
-// TestKillDuringInit and TestKillDuringCollective: a rank SIGKILLed while
-// it waits inside MPI_Init (its peers have not reached it: they never can
-// complete the PMI barrier) or in the middle of an Allreduce loop ends the
-// job with one line naming it and exit code 137, and nothing survives.
+// A rank SIGKILLed around MPI_Init ends the job with one line naming it
+// and exit code 137, and nothing survives: killed while it waits inside
+// MPI_Init for peers that have not arrived (TestKillDuringInit), or killed
+// before MPI_Init while its peers wait inside MPI_Init for it — in a PMI
+// barrier that can never complete, which must not hang the job
+// (TestKillWhilePeersInInit).
 func TestKillDuringInit(t *testing.T) {
-	killRank(t, "init-stall", "entering MPI_Init", true)
+	r, pids := startKill(t, "init-stall")
+	waitInPMIRead(t, pids[victim])
+	killAndCheck(t, r, pids[victim])
 }
 
+func TestKillWhilePeersInInit(t *testing.T) {
+	r, pids := startKill(t, "init-late")
+	for rank, pid := range pids {
+		if rank != victim {
+			waitInPMIRead(t, pid)
+		}
+	}
+	killAndCheck(t, r, pids[victim])
+}
+
+// TestKillDuringCollective: the same while every rank loops over
+// MPI_Allreduce (MPICH's progress engine spinning in the peers).
 func TestKillDuringCollective(t *testing.T) {
-	killRank(t, "collective", "in collective", false)
-}
-
-func killRank(t *testing.T, mode, marker string, inPMIRead bool) {
-	const victim = 2
-	r := newRun(t, "-np", "4", mpichProg, mode, strconv.Itoa(victim))
+	r := newRun(t, "-np", "4", mpichProg, "collective", strconv.Itoa(victim))
 	r.start()
-	re := regexp.MustCompile(`pid (\d+) ` + marker)
-	var pid int
+	pid := 0
+	re := regexp.MustCompile(`pid (\d+) in collective`)
 	if !launchertest.WaitFor(30*time.Second, func() bool {
 		m := re.FindStringSubmatch(r.stdout.String())
 		if m != nil {
@@ -207,21 +222,48 @@ func killRank(t *testing.T, mode, marker string, inPMIRead bool) {
 		}
 		return m != nil
 	}) {
-		_ = r.cmd.Process.Kill()
-		r.wait()
-		t.Fatalf("rank %d never said %q\nstdout:\n%s\nstderr:\n%s", victim, marker, r.stdout.String(), r.stderr.String())
+		r.abandon("rank never reached the collective")
 	}
-	if inPMIRead {
-		// Inside MPI_Init for sure: blocked reading its PMI socket
-		// (descriptor 3), waiting for a barrier its peers cannot reach.
-		// /proc/PID/syscall shows "0 0x3 ..." for read(3, ...).
-		if !launchertest.WaitFor(20*time.Second, func() bool {
-			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/syscall", pid))
-			return strings.HasPrefix(string(b), "0 0x3 ")
-		}) {
-			t.Errorf("rank %d (pid %d) never blocked reading its PMI socket", victim, pid)
+	killAndCheck(t, r, pid)
+}
+
+const victim = 2
+
+// startKill starts 4 ranks in mode with the victim rank and returns the
+// pid of every rank, once each has said what it is doing.
+func startKill(t *testing.T, mode string) (*run, map[int]int) {
+	t.Helper()
+	r := newRun(t, "-np", "4", mpichProg, mode, strconv.Itoa(victim))
+	r.start()
+	re := regexp.MustCompile(`rank (\d+) pid (\d+) (entering|sleeping)`)
+	pids := map[int]int{}
+	if !launchertest.WaitFor(30*time.Second, func() bool {
+		for _, m := range re.FindAllStringSubmatch(r.stdout.String(), -1) {
+			rank, _ := strconv.Atoi(m[1])
+			pids[rank], _ = strconv.Atoi(m[2])
 		}
+		return len(pids) == 4
+	}) {
+		r.abandon("not every rank reported its pid")
 	}
+	return r, pids
+}
+
+// waitInPMIRead waits until pid is blocked reading its PMI socket
+// (descriptor 3) — inside MPI_Init, in the PMI barrier: /proc/PID/syscall
+// then starts with "0 0x3 " (read(3, ...)).
+func waitInPMIRead(t *testing.T, pid int) {
+	t.Helper()
+	if !launchertest.WaitFor(20*time.Second, func() bool {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/syscall", pid))
+		return strings.HasPrefix(string(b), "0 0x3 ")
+	}) {
+		t.Errorf("pid %d never blocked reading its PMI socket", pid)
+	}
+}
+
+func killAndCheck(t *testing.T, r *run, pid int) {
+	t.Helper()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -233,6 +275,15 @@ func killRank(t *testing.T, mode, marker string, inPMIRead bool) {
 		t.Errorf("stderr does not say %q:\n%s", want, r.stderr.String())
 	}
 	r.noSurvivors()
+}
+
+// abandon ends a run that did not get where the test needed it.
+func (r *run) abandon(why string) {
+	r.t.Helper()
+	_ = r.cmd.Process.Kill()
+	r.wait()
+	r.noSurvivors()
+	r.t.Fatalf("%s\nstdout:\n%s\nstderr:\n%s", why, r.stdout.String(), r.stderr.String())
 }
 
 // TestOpenMPIRefused: an Open MPI program would run as one singleton per
@@ -292,6 +343,56 @@ func TestEnvironmentHonest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPMI2 runs Slurm's PMI-2 client (libpmi2) under gorun in both modes:
+// fullinit, puts with ';' and spaces in values, a job-wide fence, gets of
+// every rank's value, the process mapping, a node attribute waited for,
+// a second fence and finalize.
+func TestPMI2(t *testing.T) {
+	requireMPI(t)
+	if pmi2Err != nil {
+		t.Fatal(pmi2Err)
+	}
+	for _, mode := range []string{"fd", "port"} {
+		t.Run(mode, func(t *testing.T) {
+			r := newRun(t, "-np", "3", "--pmi", mode, pmi2Prog)
+			r.start()
+			if code := r.wait(); code != 0 {
+				t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", code, r.stdout.String(), r.stderr.String())
+			}
+			for rank := range 3 {
+				for _, want := range []string{
+					fmt.Sprintf("ok init rank=%d size=3 appnum=0 spawned=0", rank),
+					fmt.Sprintf("ok kvs rank=%d cards=3", rank),
+					fmt.Sprintf("ok mapping rank=%d (vector,(0,1,3))", rank),
+					fmt.Sprintf("ok nodeattr rank=%d from-0", rank),
+				} {
+					if !strings.Contains(r.stdout.String(), want+"\n") {
+						t.Errorf("missing %q\nstdout:\n%s", want, r.stdout.String())
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestPMI2Abort: Slurm's PMI2_Abort sends its abort and exits 1 at once;
+// gorun still reports the abort (with its message), not a plain exit.
+func TestPMI2Abort(t *testing.T) {
+	requireMPI(t)
+	if pmi2Err != nil {
+		t.Fatal(pmi2Err)
+	}
+	r := newRun(t, "-np", "3", pmi2Prog, "abort", "1")
+	r.start()
+	if code := r.wait(); code != 1 {
+		t.Fatalf("gorun exited %d, want 1\nstderr:\n%s", code, r.stderr.String())
+	}
+	if want := regexp.MustCompile(`gorun: rank 1 \(host \S+, pid \d+\) called MPI_Abort with code 1 \(rank gives up\); stopped 2 other ranks`); !want.MatchString(r.stderr.String()) {
+		t.Errorf("stderr does not match %q:\n%s", want, r.stderr.String())
+	}
+	r.noSurvivors()
 }
 
 // syncBuffer is a bytes.Buffer safe for exec's writer goroutines and the

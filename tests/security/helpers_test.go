@@ -336,7 +336,18 @@ func attackReadSecrets() int {
 			shm++
 		}
 	}
-	fmt.Printf("ATTACK read-secrets environ-with-secret=%d shm-openable=%d\n", readable, shm)
+	// gorun's temporary directories (flight records of a single-host job).
+	tmp := 0
+	dirs, _ := filepath.Glob("/tmp/gorun-flight-*")
+	for _, d := range dirs {
+		if st, err := os.Stat(d); err != nil || !st.IsDir() || st.Sys().(*syscall.Stat_t).Uid == uint32(os.Getuid()) {
+			continue
+		}
+		if _, err := os.ReadDir(d); err == nil {
+			tmp++
+		}
+	}
+	fmt.Printf("ATTACK read-secrets environ-with-secret=%d shm-openable=%d tmp-listable=%d\n", readable, shm, tmp)
 	return 0
 }
 

@@ -7,7 +7,13 @@
  *
  * Environment (tests only):
  *   STANDIN_CUDA_DEVICES  number of devices; 0 makes cuInit fail with
- *                         CUDA_ERROR_NO_DEVICE, as a GPU-less host does. */
+ *                         CUDA_ERROR_NO_DEVICE, as a GPU-less host does.
+ *   STANDIN_CUDA_INLINE   when set, stream operations run in the calling
+ *                         thread at once (no stream threads): only for
+ *                         one-rank benchmarks of the binding's own cost.
+ * CUDA_VISIBLE_DEVICES is honoured as the driver does for a list of
+ * indices: the process sees only those devices, renumbered from 0, and a
+ * device's name carries its physical index. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdatomic.h>
@@ -30,6 +36,7 @@ enum {
 
 static atomic_int initialized;
 static int ndev = 1;
+static int physical[64]; /* ordinal → physical index */
 
 static void snooze(void) {
 	struct timespec ts = {0, 20000};
@@ -96,7 +103,15 @@ standin_stream *standin_stream_of(void *cu_stream) {
 	return legacy;
 }
 
+static int inline_ops = -1;
+
 void standin_enqueue(standin_stream *s, void (*fn)(void *), void *arg) {
+	if (inline_ops < 0)
+		inline_ops = getenv("STANDIN_CUDA_INLINE") != NULL;
+	if (inline_ops) {
+		fn(arg);
+		return;
+	}
 	struct op *o = calloc(1, sizeof *o);
 	o->fn = fn;
 	o->arg = arg;
@@ -124,6 +139,24 @@ CUresult cuInit(unsigned flags) {
 	const char *e = getenv("STANDIN_CUDA_DEVICES");
 	if (e)
 		ndev = atoi(e);
+	for (int i = 0; i < 64; i++)
+		physical[i] = i;
+	const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+	if (vis) {
+		/* The driver stops at the first invalid entry. */
+		int n = 0;
+		char *end;
+		for (const char *p = vis; *p && n < 64;) {
+			long v = strtol(p, &end, 10);
+			if (end == p || v < 0 || v >= ndev)
+				break;
+			physical[n++] = (int)v;
+			p = *end == ',' ? end + 1 : end;
+			if (*end != ',')
+				break;
+		}
+		ndev = n;
+	}
 	if (ndev <= 0)
 		return CUDA_ERROR_NO_DEVICE;
 	atomic_store(&initialized, 1);
@@ -155,7 +188,7 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
 	NEED_INIT();
 	if (d < 0 || d >= ndev)
 		return CUDA_ERROR_INVALID_DEVICE;
-	snprintf(name, len, "gorun stand-in device %d", d);
+	snprintf(name, len, "gorun stand-in device %d", physical[d]);
 	return CUDA_SUCCESS;
 }
 
@@ -219,6 +252,28 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
 	NEED_CTX();
 	stream_sync(standin_stream_of(NULL));
 	memcpy(dst, (void *)(uintptr_t)src, n);
+	return CUDA_SUCCESS;
+}
+
+struct dtod {
+	void *dst;
+	const void *src;
+	size_t n;
+};
+
+static void run_dtod(void *p) {
+	struct dtod *d = p;
+	memmove(d->dst, d->src, d->n);
+	free(d);
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *stream) {
+	NEED_CTX();
+	struct dtod *d = malloc(sizeof *d);
+	d->dst = (void *)(uintptr_t)dst;
+	d->src = (const void *)(uintptr_t)src;
+	d->n = n;
+	standin_enqueue(standin_stream_of(stream), run_dtod, d);
 	return CUDA_SUCCESS;
 }
 

@@ -18,6 +18,9 @@
  *   STANDIN_NCCL_VERSION     the code ncclGetVersion reports (default 22203)
  *   STANDIN_NCCL_FAIL_RANK,  make rank R report ncclSystemError as an
  *   STANDIN_NCCL_FAIL_AFTER  asynchronous error, and hang, at its N-th call
+ *   STANDIN_NCCL_CORRUPT     when set, every reduction flips a bit of its
+ *                            first output element: a broken NCCL that a
+ *                            correctness check must catch
  * and the exported standinInjectAsyncError(comm, code). */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -79,6 +82,7 @@ typedef struct ncclComm {
 	atomic_int inflight; /* stream operations queued and not finished */
 	atomic_int calls;
 	int fail_after;
+	int corrupt;
 	pthread_t init_th;
 	int has_init_th;
 } *ncclComm_t;
@@ -202,6 +206,7 @@ static ncclResult_t init(ncclComm_t *out, int n, ncclUniqueId *id, int rank, int
 	c->seglen = seg_len(n);
 	const char *fr = getenv("STANDIN_NCCL_FAIL_RANK"), *fa = getenv("STANDIN_NCCL_FAIL_AFTER");
 	c->fail_after = fr && fa && atoi(fr) == rank ? atoi(fa) : 0;
+	c->corrupt = getenv("STANDIN_NCCL_CORRUPT") != NULL;
 	*out = c;
 	if (blocking) {
 		init_run(c);
@@ -472,6 +477,8 @@ static void run_batch(void *arg) {
 				memmove(p->dst, p->src, p->len);
 		} else {
 			reduce(p);
+			if (p->c->corrupt && p->len)
+				p->dst[0] ^= 0x40;
 		}
 	}
 	for (int i = 0; i < b->nc; i++)
@@ -551,6 +558,19 @@ static ncclResult_t launch(void) {
 		free_batch(b);
 		return ncclSuccess;
 	}
+	/* On a GPU the sends and receives of one launch run concurrently, in
+	 * no order: a receive into memory a send still reads corrupts the
+	 * data. Refuse it, as a sanitizer would, so callers cannot rely on
+	 * this stand-in's sequential progress. */
+	for (int i = 0; i < b->nx; i++)
+		for (int j = 0; j < b->nx; j++) {
+			struct xfer *x = &b->x[i], *y = &b->x[j];
+			if (x->send && !y->send && x->buf < y->buf + y->len && y->buf < x->buf + x->len) {
+				free_batch(b);
+				return fail(ncclInvalidUsage, "stand-in: %s",
+					    "a receive of this launch overwrites memory a send of it reads");
+			}
+		}
 	for (int i = 0; i < b->nc; i++)
 		atomic_fetch_add(&b->comms[i]->inflight, 1);
 	standin_enqueue(standin_stream_of(b->stream), run_batch, b);

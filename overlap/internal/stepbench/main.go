@@ -1,18 +1,21 @@
 // Command stepbench measures the step runtime over real processes (run it
-// under gorun; scripts/bench-step.sh does):
+// under gorun; scripts/bench-step.sh does). Both measurements go through
+// the path a program takes: the step written as a stepgraph.Graph, the
+// bucketing passes the trainer runs, and overlap's GraphRunner.
 //
 //   - synthetic: a transformer-shaped step of L blocks, each with a forward
-//     parameter all-gather (prefetched --prefetch blocks ahead) and a backward
-//     gradient reduce-scatter, compute modelled as a timed sleep (as on an
-//     accelerator, where the CPU is free for communication). It measures
-//     communication alone (C), compute alone (P), the serial step and the
-//     overlapped step, and reports the overlapped step against the ideal
-//     max(P, C) and the serial sum, and the exposed communication (time
-//     blocked in waits) as a fraction of C. Compute is sized to ratio × C;
-//     after backward an optimizer updates block by block, each update
-//     waiting for its own gradient right before reading it.
-//   - bucketing: 200 gradient tensors of 40 KB all-reduced per step, one
-//     collective per tensor against the cost model's buckets.
+//     parameter all-gather (placed --prefetch blocks ahead in the graph) and
+//     a backward gradient reduce-scatter, compute modelled as a timed sleep
+//     (as on an accelerator, where the CPU is free for communication). It
+//     measures communication alone (C), compute alone (P), the serial step
+//     and the overlapped step, and reports the overlapped step against the
+//     ideal max(P, C) and the serial sum, and the exposed communication
+//     (time blocked in waits) as a fraction of C. Compute is sized to
+//     ratio × C; after backward an optimizer updates block by block, each
+//     update waiting for its own gradient right before reading it.
+//   - bucketing: 200 gradient tensors of 40 KB all-reduced per step, the
+//     graph as written (one collective per tensor) against the graph the
+//     bucketing passes make of it.
 //
 // Times are medians over iterations of the slowest rank's step.
 package main
@@ -33,6 +36,7 @@ import (
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/overlap"
 	"github.com/gorun-hpc/gorun/rank"
+	"github.com/gorun-hpc/gorun/stepgraph"
 	"github.com/rs/zerolog"
 )
 
@@ -115,7 +119,10 @@ func slowest(ctx context.Context, c *comm.Comm, d time.Duration) (time.Duration,
 	return time.Duration(v[0]), nil
 }
 
-type sample struct{ step, comm, exposed, compute time.Duration }
+type sample struct {
+	step, comm, exposed, compute time.Duration
+	collectives                  int
+}
 
 // measure runs each of steps 2 warm-up + iters times, alternating between
 // them so that load from other processes on a shared machine hits all of
@@ -126,6 +133,7 @@ func measure(ctx context.Context, c *comm.Comm, iters int, steps ...func(i int) 
 	cm := make([][]time.Duration, len(steps))
 	ex := make([][]time.Duration, len(steps))
 	cp := make([][]time.Duration, len(steps))
+	nc := make([]int, len(steps))
 	for i := range iters + 2 {
 		for k, step := range steps {
 			if err := c.Barrier(ctx).Wait(ctx); err != nil {
@@ -139,6 +147,7 @@ func measure(ctx context.Context, c *comm.Comm, iters int, steps ...func(i int) 
 			if err != nil {
 				return nil, err
 			}
+			nc[k] = m.Collectives
 			if i >= 2 {
 				st[k], cm[k], ex[k], cp[k] = append(st[k], s), append(cm[k], m.Comm), append(ex[k], m.Exposed), append(cp[k], m.Compute)
 			}
@@ -147,7 +156,7 @@ func measure(ctx context.Context, c *comm.Comm, iters int, steps ...func(i int) 
 	med := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
 	out := make([]sample, len(steps))
 	for k := range steps {
-		out[k] = sample{med(st[k]), med(cm[k]), med(ex[k]), med(cp[k])}
+		out[k] = sample{med(st[k]), med(cm[k]), med(ex[k]), med(cp[k]), nc[k]}
 	}
 	return out, nil
 }
@@ -189,106 +198,71 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	if shardEl < 1 {
 		shardEl = 1
 	}
-	var items []buckets.Item
 	regions := make([]string, L)
 	for l := range L {
 		regions[l] = fmt.Sprintf("layers.%d", l)
 	}
-	for l := range L {
-		at := regions[max(l-o.prefetch, 0)] // block l+prefetch is gathered while block l computes
-		items = append(items, buckets.Item{Tensor: fmt.Sprintf("w%d", l), Out: fmt.Sprintf("W%d", l), Bytes: int64(shardEl * es),
-			Group: "world", Op: buckets.AllGather, DType: "f32", Direction: buckets.Forward, Region: at})
-	}
-	for l := L - 1; l >= 0; l-- {
-		items = append(items, buckets.Item{Tensor: fmt.Sprintf("g%d", l), Out: fmt.Sprintf("G%d", l), Bytes: int64(shardEl * es * n),
-			Group: "world", Op: buckets.ReduceScatter, DType: "f32", Direction: buckets.Backward, Region: regions[l]})
-	}
-	bc := buckets.DefaultConfig()
-	bc.CapBytes = 1 // one collective per block and direction: the step's own granularity
-	plan, err := buckets.Assign(items, regions, bc)
+	// The step as a graph, planned by the passes the trainer runs and
+	// executed by the graph runner: the path a program takes, not a
+	// schedule written for the benchmark.
+	g, err := syntheticGraph(n, L, shardEl*es, o.prefetch)
 	if err != nil {
+		return err
+	}
+	authored := len(g.Nodes)
+	if g, err = plan(g); err != nil {
 		return err
 	}
 	w := make([][]float32, L)
 	W := make([][]float32, L)
-	g := make([][]float32, L)
+	gr := make([][]float32, L)
 	G := make([][]float32, L)
+	bufs := map[string][]float32{}
 	for l := range L {
 		w[l], W[l] = make([]float32, shardEl), make([]float32, shardEl*n)
-		g[l], G[l] = make([]float32, shardEl*n), make([]float32, shardEl)
+		gr[l], G[l] = make([]float32, shardEl*n), make([]float32, shardEl)
+		bufs[fmt.Sprintf("w%d", l)], bufs[fmt.Sprintf("W%d", l)] = w[l], W[l]
+		bufs[fmt.Sprintf("g%d", l)], bufs[fmt.Sprintf("G%d", l)] = gr[l], G[l]
+	}
+	tensors := func(name string) (comm.Buffer, error) {
+		return comm.Float32s(bufs[strings.TrimSuffix(name, "@bwd")]), nil // activations: empty, the sleeps hold none
 	}
 	var fwd, bwd, opt time.Duration // per block
 	withComm := true
-	step := func(ex *overlap.Executor, i int) (overlap.StepMetrics, error) {
-		if err := ex.Begin(i); err != nil {
-			return overlap.StepMetrics{}, err
+	kernel := func(_ context.Context, nd *stepgraph.Node) error {
+		switch nd.Dir {
+		case buckets.Forward:
+			sleep(fwd)
+		case buckets.Backward:
+			sleep(bwd)
+		case buckets.Optimizer:
+			sleep(opt)
 		}
-		ready := func(l int) error {
-			if !withComm {
-				return nil
-			}
-			return ex.Ready(ctx, fmt.Sprintf("w%d", l), comm.Float32s(w[l]), comm.Float32s(W[l]))
-		}
-		for l := range min(o.prefetch, L) {
-			if err := ready(l); err != nil {
-				return overlap.StepMetrics{}, err
-			}
-		}
-		for l := range L {
-			if l+o.prefetch < L {
-				if err := ready(l + o.prefetch); err != nil {
-					return overlap.StepMetrics{}, err
-				}
-			}
-			if withComm {
-				if err := ex.Wait(ctx, fmt.Sprintf("W%d", l)); err != nil {
-					return overlap.StepMetrics{}, err
-				}
-			}
-			_ = ex.Compute(ctx, "forward", regions[l], func() error { sleep(fwd); return nil })
-		}
-		for l := L - 1; l >= 0; l-- {
-			_ = ex.Compute(ctx, "backward", regions[l], func() error { sleep(bwd); return nil })
-			if withComm {
-				if err := ex.Ready(ctx, fmt.Sprintf("g%d", l), comm.Float32s(g[l]), comm.Float32s(G[l])); err != nil {
-					return overlap.StepMetrics{}, err
-				}
-			}
-		}
-		// The optimizer updates block by block in the order the gradients
-		// were reduced, each update waiting for its own gradient right
-		// before reading it, so late reductions hide behind earlier updates.
-		if opt > 0 {
-			for l := L - 1; l >= 0; l-- {
-				if withComm {
-					if err := ex.Wait(ctx, fmt.Sprintf("G%d", l)); err != nil {
-						return overlap.StepMetrics{}, err
-					}
-				}
-				_ = ex.Compute(ctx, "optimizer", regions[l], func() error { sleep(opt); return nil })
-			}
-		}
-		if !withComm {
-			return overlap.StepMetrics{}, nil
-		}
-		return ex.Finish(ctx)
+		return nil
 	}
-	exs := map[overlap.Mode]*overlap.Executor{}
+	runners := map[overlap.Mode]*overlap.GraphRunner{}
 	for _, mode := range []overlap.Mode{overlap.Native, overlap.Grouped, overlap.Serial} {
 		cfg := overlap.DefaultConfig()
 		cfg.Mode = mode
+		cfg.PrefetchStarts = 0 // the graph places each gather --prefetch blocks ahead
 		cfg.Trace = mode == overlap.Native && o.trace != "" && c.Rank() == 0
-		ex, err := overlap.New(plan, map[string]overlap.Comm{"world": c}, cfg)
+		r, err := overlap.NewGraphRunner(g, map[string]overlap.Comm{"world": c}, cfg)
 		if err != nil {
 			return err
 		}
-		defer ex.Close()
-		exs[mode] = ex
+		defer r.Close()
+		runners[mode] = r
+	}
+	step := func(mode overlap.Mode, i int) (overlap.StepMetrics, error) {
+		if !withComm {
+			return overlap.StepMetrics{}, nil
+		}
+		return runners[mode].Step(ctx, i, tensors, kernel)
 	}
 	stepOf := func(mode overlap.Mode) func(int) (overlap.StepMetrics, error) {
-		return func(i int) (overlap.StepMetrics, error) { return step(exs[mode], i) }
+		return func(i int) (overlap.StepMetrics, error) { return step(mode, i) }
 	}
-	// Communication alone.
+	// Communication alone: the serial runner with zero compute.
 	commOnly, err := measure(ctx, c, o.iters, stepOf(overlap.Serial))
 	if err != nil {
 		return err
@@ -343,7 +317,7 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		return err
 	}
 	serial, ov, grouped := all[0], all[1], all[2]
-	if tl := exs[overlap.Native].Timeline(); tl != nil {
+	if tl := runners[overlap.Native].Executor().Timeline(); tl != nil {
 		f, err := os.Create(o.trace)
 		if err != nil {
 			return err
@@ -357,8 +331,8 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		}
 	}
 	ideal := max(P, C)
-	say("synthetic step: %d ranks (%s), %d blocks, %d KiB parameter shard per block per rank, all-gather (%d ahead) + reduce-scatter per block (%d collectives/step)\n",
-		n, link, L, shardEl*es>>10, o.prefetch, 2*L)
+	say("synthetic step (step graph → blocks + overlap passes → graph runner): %d ranks (%s), %d blocks, %d KiB parameter shard per block per rank, all-gather (%d ahead) + reduce-scatter per block; %d nodes as written, %d after the passes, %d collectives/step\n",
+		n, link, L, shardEl*es>>10, o.prefetch, authored, len(g.Nodes), ov.collectives)
 	say("  communication alone   C = %s\n", ms(C))
 	say("  compute alone         P = %s  (%.2f × C; sleeps of %v forward, %v backward, %v optimizer per block, each overshooting by ≈ %v)\n", ms(P), float64(P)/float64(C), fwd, bwd, opt, over)
 	say("  serial step             = %s  (C + P = %s)\n", ms(serial.step), ms(C+P))
@@ -372,61 +346,70 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	return nil
 }
 
-// bucketing all-reduces tensors per step, per tensor against bucketed.
+// bucketing all-reduces tensors per step, per tensor against bucketed: the
+// step graph as written (one collective per tensor) against the graph the
+// bucketing passes make of it, both run by the graph runner.
 func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...any), link string) error {
-	var items []buckets.Item
+	b := stepgraph.NewBuilder().Group("world", c.Size()).Region("model")
+	var outs []string
+	var names0 []string
 	for i := range o.tensors {
-		items = append(items, buckets.Item{Tensor: fmt.Sprintf("t%d", i), Bytes: int64(o.tensorB / 4 * 4),
-			Group: "world", Op: buckets.AllReduce, DType: "f32", Direction: buckets.Backward, Region: "model"})
+		names0 = append(names0, fmt.Sprintf("t%d", i))
+	}
+	b.Compute("backward", buckets.Backward, "model", time.Millisecond, nil, names0)
+	for i := range o.tensors {
+		b.Start(fmt.Sprintf("ar%d", i), buckets.Backward, "model", buckets.AllReduce, "world", "f32",
+			[]stepgraph.Member{{In: fmt.Sprintf("t%d", i), Out: fmt.Sprintf("T%d", i), Bytes: int64(o.tensorB / 4 * 4)}})
+		outs = append(outs, fmt.Sprintf("T%d", i))
+	}
+	for i := range o.tensors {
+		b.Wait(fmt.Sprintf("ar%d.w", i), fmt.Sprintf("ar%d", i), "model")
+	}
+	b.Compute("optimizer", buckets.Optimizer, "model", 0, outs, []string{"updated"})
+	authored, err := b.Graph()
+	if err != nil {
+		return err
 	}
 	bufs := make([][]float32, o.tensors)
 	for i := range bufs {
 		bufs[i] = make([]float32, o.tensorB/4)
 	}
+	tensors := func(name string) (comm.Buffer, error) {
+		var i int
+		if _, err := fmt.Sscanf(name[1:], "%d", &i); err != nil || i >= len(bufs) {
+			return comm.Float32s(nil), nil // "updated"
+		}
+		return comm.Float32s(bufs[i]), nil // reduced in place
+	}
+	kernel := func(context.Context, *stepgraph.Node) error { return nil }
 	var names []string
 	nb := map[string]int{}
 	var steps []func(int) (overlap.StepMetrics, error)
-	variants := []int64{1} // one collective per tensor
+	variants := []int64{-1} // as written: one collective per tensor
 	variants = append(variants, o.caps...)
 	for _, capB := range variants {
-		bc := buckets.DefaultConfig()
-		bc.CapBytes = capB
-		name := fmt.Sprintf("bucketed, cap %d B", bc.Cap())
-		if capB == 1 {
-			name = "one collective per tensor"
-		}
-		plan, err := buckets.Assign(items, []string{"model"}, bc)
-		if err != nil {
-			return err
-		}
-		names = append(names, name)
-		nb[name] = len(plan.Groups[0].Buckets)
-		ex, err := overlap.New(plan, map[string]overlap.Comm{"world": c}, overlap.DefaultConfig())
-		if err != nil {
-			return err
-		}
-		defer ex.Close()
-		// Gradients live in their bucket slots (gradient as bucket view),
-		// as DDP does: no packing copies in any variant.
-		views := make([]comm.Buffer, len(bufs))
-		tnames := make([]string, len(bufs))
-		for t := range bufs {
-			tnames[t] = fmt.Sprintf("t%d", t)
-			if views[t], err = ex.View(tnames[t]); err != nil {
+		g := authored
+		name := "one collective per tensor (as written)"
+		if capB >= 0 {
+			bc := buckets.DefaultConfig()
+			bc.CapBytes = capB
+			name = fmt.Sprintf("bucketing passes, cap %d B", bc.Cap())
+			if g, err = stepgraph.BucketBlocks(authored, bc); err != nil {
+				return err
+			}
+			if g, err = stepgraph.BucketOverlap(g, bc); err != nil {
 				return err
 			}
 		}
-		steps = append(steps, func(i int) (overlap.StepMetrics, error) {
-			if err := ex.Begin(i); err != nil {
-				return overlap.StepMetrics{}, err
-			}
-			for t := range views {
-				if err := ex.Ready(ctx, tnames[t], views[t], views[t]); err != nil {
-					return overlap.StepMetrics{}, err
-				}
-			}
-			return ex.Finish(ctx)
-		})
+		names = append(names, name)
+		cfg := overlap.DefaultConfig()
+		r, err := overlap.NewGraphRunner(g, map[string]overlap.Comm{"world": c}, cfg)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		nb[name] = len(r.Executor().Plan().Groups[0].Buckets)
+		steps = append(steps, func(i int) (overlap.StepMetrics, error) { return r.Step(ctx, i, tensors, kernel) })
 	}
 	// The same traffic straight on the communicator, without the executor:
 	// what the executor's packing and bookkeeping cost on top.
@@ -464,4 +447,64 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	say("  reference without the executor: %d back-to-back all-reduces %s, one fused all-reduce %s (%.2f×)\n",
 		o.tensors, ms(res[nr].step), ms(res[nr+1].step), float64(res[nr].step)/float64(res[nr+1].step))
 	return nil
+}
+
+// syntheticGraph writes the synthetic step: per block a forward parameter
+// all-gather started prefetch blocks ahead and waited right before the
+// block's forward, a backward whose gradient is reduce-scattered at once,
+// and an optimizer update per block waiting for its own gradient.
+func syntheticGraph(n, L, shardBytes, prefetch int) (*stepgraph.Graph, error) {
+	b := stepgraph.NewBuilder().Group("world", n)
+	reg := func(l int) string { return fmt.Sprintf("layers.%d", l) }
+	for l := range L {
+		b.Input(fmt.Sprintf("w%d", l), int64(shardBytes))
+	}
+	gather := func(l, at int) {
+		b.Start(fmt.Sprintf("ag%d", l), buckets.Forward, reg(at), buckets.AllGather, "world", "f32",
+			[]stepgraph.Member{{In: fmt.Sprintf("w%d", l), Out: fmt.Sprintf("W%d", l), Bytes: int64(shardBytes)}})
+	}
+	for l := range min(prefetch, L) {
+		gather(l, 0)
+	}
+	// Nominal costs: only their ratio to communication guides the passes.
+	const unit = time.Millisecond
+	for l := range L {
+		if l+prefetch < L {
+			gather(l+prefetch, l)
+		}
+		b.Wait(fmt.Sprintf("ag%d.w", l), fmt.Sprintf("ag%d", l), reg(l))
+		in := "x"
+		if l > 0 {
+			in = fmt.Sprintf("a%d", l-1)
+		}
+		if l == 0 {
+			b.Input("x", 0)
+		}
+		b.Compute(fmt.Sprintf("f%d", l), buckets.Forward, reg(l), unit, []string{in, fmt.Sprintf("W%d", l)}, []string{fmt.Sprintf("a%d", l)})
+	}
+	for l := L - 1; l >= 0; l-- {
+		in := fmt.Sprintf("a%d", L-1)
+		if l < L-1 {
+			in = fmt.Sprintf("d%d", l+1)
+		}
+		b.Compute(fmt.Sprintf("b%d", l), buckets.Backward, reg(l), 2*unit, []string{in, fmt.Sprintf("W%d", l)}, []string{fmt.Sprintf("d%d", l), fmt.Sprintf("g%d", l)})
+		b.Start(fmt.Sprintf("rs%d", l), buckets.Backward, reg(l), buckets.ReduceScatter, "world", "f32",
+			[]stepgraph.Member{{In: fmt.Sprintf("g%d", l), Out: fmt.Sprintf("G%d", l), Bytes: int64(shardBytes * n)}})
+	}
+	for l := L - 1; l >= 0; l-- {
+		b.Wait(fmt.Sprintf("rs%d.w", l), fmt.Sprintf("rs%d", l), reg(l))
+		b.Compute(fmt.Sprintf("o%d", l), buckets.Optimizer, reg(l), unit/4, []string{fmt.Sprintf("G%d", l)}, []string{fmt.Sprintf("u%d", l)})
+	}
+	return b.Graph()
+}
+
+// plan runs the bucketing passes the trainer runs: block bucketing, then
+// overlap-preserving bucketing.
+func plan(g *stepgraph.Graph) (*stepgraph.Graph, error) {
+	cfg := buckets.DefaultConfig()
+	g, err := stepgraph.BucketBlocks(g, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return stepgraph.BucketOverlap(g, cfg)
 }

@@ -2,13 +2,19 @@
  * mpicc by the tests. argv[1] picks what it does:
  *
  *   check         rank/size, Allreduce, Bcast, Comm_split, a point-to-point
- *                 ring; prints one "ok ..." line per check with the values
- *                 it saw, or "FAIL ..." and exits 2 on a wrong value
+ *                 ring, and the size of the rank's node (MPI_COMM_TYPE_SHARED,
+ *                 which MPICH derives from PMI_process_mapping); prints one
+ *                 "ok ..." line per check with the values it saw, or
+ *                 "FAIL ..." and exits 2 on a wrong value
  *   barrier       MPI_Init, one MPI_Barrier, MPI_Finalize (the benchmark)
  *   abort R C     rank R calls MPI_Abort(MPI_COMM_WORLD, C); the others wait
  *                 in MPI_Barrier
- *   init-stall R  rank R prints "pid P entering MPI_Init" and enters it; the
- *                 others sleep 60 s first, so R waits inside MPI_Init
+ *   init-stall R  rank R enters MPI_Init at once, the others sleep 60 s
+ *                 first, so R waits inside MPI_Init (in its PMI barrier)
+ *   init-late R   rank R sleeps 60 s before MPI_Init, so the others wait
+ *                 inside MPI_Init for it
+ *                 (both print "rank N pid P entering MPI_Init" or "rank N
+ *                 pid P sleeping" first)
  *   collective R  every rank inits; rank R prints "pid P in collective";
  *                 all loop over MPI_Allreduce for 60 s
  *   no-finalize R rank R returns 0 right after MPI_Init without
@@ -71,6 +77,14 @@ static int check(void) {
     printf("ok split rank=%d color=%d hrank=%d hsize=%d hsum=%d\n", rank, rank % 2, hrank, hsize, hsum);
     MPI_Comm_free(&half);
 
+    /* The ranks MPICH believes share this rank's node. */
+    MPI_Comm node;
+    int nsize;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &nsize);
+    printf("ok node rank=%d nodesize=%d\n", rank, nsize);
+    MPI_Comm_free(&node);
+
     /* Ring: a token starts at 0 and every rank adds its rank + 1. */
     int token = 0;
     if (size > 1) {
@@ -102,12 +116,13 @@ int main(int argc, char **argv) {
     int envrank = env ? atoi(env) : -1;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (!strcmp(mode, "init-stall")) {
-        if (envrank == target) {
-            printf("pid %d entering MPI_Init\n", (int)getpid());
-        } else {
+    int stall = !strcmp(mode, "init-stall"), late = !strcmp(mode, "init-late");
+    if (stall || late) {
+        if ((stall && envrank != target) || (late && envrank == target)) {
+            printf("rank %d pid %d sleeping\n", envrank, (int)getpid());
             sleep(60);
         }
+        printf("rank %d pid %d entering MPI_Init\n", envrank, (int)getpid());
     }
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -136,7 +151,7 @@ int main(int argc, char **argv) {
             return 0;
         }
         MPI_Barrier(MPI_COMM_WORLD);
-    } else if (!strcmp(mode, "init-stall")) {
+    } else if (stall || late) {
         MPI_Barrier(MPI_COMM_WORLD);
     } else {
         fprintf(stderr, "mpiprog: unknown mode %s\n", mode);

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""The torch gloo side of scripts/bench-compare.sh.
+"""The torch side of scripts/bench-compare.sh (gloo), scripts/bench-torch.sh
+(--backend gorun: the backend in python/, next to gloo) and scripts/bench-gpu.sh
+(--backend nccl: CUDA tensors, one GPU per LOCAL_RANK, torch's bundled NCCL).
 
-Times torch.distributed.all_reduce (float32 sum, gloo backend) over the same
+Times torch.distributed.all_reduce (float32 sum) over the same
 sweep as `gorun bench allreduce` and prints the nccl-tests table, so that
 `gorun bench report` reads it next to gorun's and Open MPI's results: time is
 the maximum over ranks of the mean per iteration, busbw = algbw * 2(n-1)/n,
@@ -9,12 +11,13 @@ the maximum over ranks of the mean per iteration, busbw = algbw * 2(n-1)/n,
 so the sum is exact).
 
 Launch with anything that sets torch's variables (RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT): `gorun -np 2 python3 gloo_allreduce.py ...`,
+MASTER_ADDR, MASTER_PORT): `gorun -np 2 python3 torch_allreduce.py ...`,
 torchrun, or by hand.
 """
 import argparse
 import os
 import socket
+import sys
 import time
 
 import torch
@@ -35,13 +38,19 @@ def values(rank, count):
     return ((i * 7 + rank * 13) % 9 - 4).to(torch.float32)
 
 
+def sync():
+    """Waits for queued device work; nothing to wait for on the CPU."""
+
+
 def timed(buf, warmup, iters):
     for _ in range(warmup):
         dist.all_reduce(buf)
     dist.barrier()
+    sync()
     t0 = time.perf_counter()
     for _ in range(iters):
         dist.all_reduce(buf)
+    sync()
     return (time.perf_counter() - t0) / iters
 
 
@@ -61,17 +70,33 @@ def main():
     p.add_argument("-n", type=int, default=20)
     p.add_argument("-w", type=int, default=5)
     p.add_argument("-c", type=int, default=1)
+    p.add_argument("--backend", default="gloo", choices=["gloo", "gorun", "nccl"])
     a = p.parse_args()
     minb, maxb = parse_size(a.b), parse_size(a.e)
 
-    dist.init_process_group("gloo")
+    if a.backend == "gorun":
+        try:
+            import gorun  # noqa: F401  (registers the backend)
+        except ImportError:  # a checkout without `make python`
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+            import gorun  # noqa: F401
+    global sync
+    dev = torch.device("cpu")
+    if a.backend == "nccl":
+        # One GPU per local rank, as gorun's --device cuda picks it; time
+        # is taken after the GPU finished (nccl-tests synchronizes too).
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+        sync = torch.cuda.synchronize
+    dist.init_process_group(a.backend)
     rank, n = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     me = [socket.gethostname(), os.getpid()]
     everyone = [None] * n
     dist.all_gather_object(everyone, me)
     if rank == 0:
-        print("# torch %s gloo allreduce, nccl-tests layout" % torch.__version__)
+        extra = " (NCCL %s)" % ".".join(map(str, torch.cuda.nccl.version())) if a.backend == "nccl" else ""
+        print("# torch %s %s allreduce%s, nccl-tests layout" % (torch.__version__, a.backend, extra))
         print("# nRanks %d minBytes %d maxBytes %d step: %d(factor) warmup iters: %d iters: %d validation: %d"
               % (n, minb, maxb, a.f, a.w, a.n, a.c))
         print("#\n# Using ranks")
@@ -89,26 +114,28 @@ def main():
     size = minb
     while size <= maxb:
         count = size // 4
-        send = torch.zeros(count, dtype=torch.float32)
-        recv = torch.zeros(count, dtype=torch.float32)
-        t = torch.zeros(2, dtype=torch.float64)
-        w = torch.zeros(2, dtype=torch.int64)
+        send = torch.zeros(count, dtype=torch.float32, device=dev)
+        recv = torch.zeros(count, dtype=torch.float32, device=dev)
+        t = torch.zeros(2, dtype=torch.float64, device=dev)
+        w = torch.zeros(2, dtype=torch.int64, device=dev)
         # torch's all_reduce is in place only; "out-of-place" copies the
         # input into the output first, as a caller keeping its input must.
         for _ in range(a.w):
             recv.copy_(send)
             dist.all_reduce(recv)
         dist.barrier()
+        sync()
         t0 = time.perf_counter()
         for _ in range(a.n):
             recv.copy_(send)
             dist.all_reduce(recv)
+        sync()
         t[0] = (time.perf_counter() - t0) / a.n
         t[1] = timed(recv, a.w, a.n)
         if a.c:
-            want = sum(values(r, count) for r in range(n))
+            want = sum(values(r, count) for r in range(n)).to(dev)
             for p in range(2):
-                recv.copy_(values(rank, count))
+                recv.copy_(values(rank, count).to(dev))
                 dist.all_reduce(recv)
                 w[p] = int((recv != want).sum())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)

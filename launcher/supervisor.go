@@ -15,7 +15,7 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// Why a separate supervisor process (the "agent") sits between gorun and
+// Why a separate per-job supervisor process sits between gorun and
 // the ranks:
 //
 // The promise is that no process outlives the job, even when gorun itself is
@@ -27,59 +27,58 @@ import (
 // ancestor instead of init. But a subreaper that is SIGKILLed takes that
 // property with it, so the subreaper must not be the process users kill.
 //
-// Hence: gorun starts one agent per job (the same executable, re-executed
-// with agentEnv set), in its own process group so Ctrl-C and a kill of
-// gorun's group do not reach it. The agent is a subreaper and the parent of
+// Hence: gorun starts one supervisor per job (the same executable, re-executed
+// with supervisorEnv set), in its own process group so Ctrl-C and a kill of
+// gorun's group do not reach it. The supervisor is a subreaper and the parent of
 // every rank. It watches its stdin, a pipe from gorun: when gorun dies for
-// any reason the kernel closes the pipe, and the agent SIGKILLs its whole
+// any reason the kernel closes the pipe, and the supervisor SIGKILLs its whole
 // subtree (found through /proc parent links, which cover setsid'd and
 // reparented processes) until nothing is left, then exits. Ranks carry
-// Pdeathsig=SIGKILL as a backstop should the agent itself be killed.
+// Pdeathsig=SIGKILL as a backstop should the supervisor itself be killed.
 //
 // Alternatives weighed: a PID namespace gives the same guarantee from the
 // kernel but needs privileges; cgroup.kill needs a writable cgroup tree and
 // still needs a survivor to trigger it; scanning /proc for a job env marker
-// misses processes that clear their environment. The agent is also the seed
-// of the remote host agent (started over ssh), which needs the same
-// spawn/watch/kill-everything duties.
+// misses processes that clear their environment. A host agent (hostagent.go)
+// runs the same supervisor on every other host of a multi-host job.
 //
-// The protocol is newline-delimited JSON: gorun writes one agentSpec, then
-// agentCmds; the agent writes agentEvents. Output does not go through the
-// agent: each rank's stdout and stderr are pipes that gorun created and
+// The protocol is newline-delimited JSON: gorun writes one supervisorSpec,
+// then supervisorCmds; the supervisor writes supervisorEvents. Output does
+// not go through the supervisor: each rank's stdout and stderr are pipes that gorun created and
 // passed down as inherited descriptors.
 
-// agentEnv marks a process as the agent. It is a gorun-internal name, not
-// part of the rank environment contract.
-const agentEnv = "GORUN_INTERNAL_AGENT"
+// supervisorEnv marks a process as the per-job supervisor. It is a
+// gorun-internal name, not part of the rank environment contract.
+const supervisorEnv = "GORUN_INTERNAL_SUPERVISOR"
 
-// agentProtocol is the value of agentEnv; bumped on incompatible changes.
-const agentProtocol = "1"
+// supervisorProtocol is the value of supervisorEnv; bumped on incompatible changes.
+const supervisorProtocol = "1"
 
-// agentSpec is the first message from gorun: what to start.
-type agentSpec struct {
+// supervisorSpec is the first message from gorun: what to start.
+type supervisorSpec struct {
 	// Grace is how long strays get between SIGTERM and SIGKILL once every
 	// rank has exited.
 	Grace time.Duration `json:"grace"`
-	// LogLevel is the zerolog level for the agent's own log on stderr.
+	// LogLevel is the zerolog level for the supervisor's own log on stderr.
 	LogLevel zerolog.Level `json:"log_level"`
 	// Ranks are started in order.
-	Ranks []agentRank `json:"ranks"`
-	// KeepOnSignal makes the agent survive SIGTERM, SIGINT and SIGHUP
+	Ranks []supervisorRank `json:"ranks"`
+	// KeepOnSignal makes the supervisor survive SIGTERM, SIGINT and SIGHUP
 	// instead of killing the job: under srun, SLURM signals every process
 	// of the step, and the grace period is gorun's to apply.
 	KeepOnSignal bool `json:"keep_on_signal,omitempty"`
 	// PMI, when set, makes the supervisor serve MPI's PMI to its ranks
 	// (pmi.go).
 	PMI *pmiJob `json:"pmi,omitempty"`
-	// RemoveDir, when set, is removed when the agent ends after gorun
+	// RemoveDir, when set, is removed when the supervisor ends after gorun
 	// died: the job's temporary flight-record directory, which must not
 	// outlive a gorun that was SIGKILLed.
 	RemoveDir string `json:"remove_dir,omitempty"`
 }
 
-// agentRank is one process to start. Descriptor numbers refer to the
-// agent's inherited descriptors; -1 means /dev/null.
-type agentRank struct {
+// supervisorRank is one process to start. Descriptor numbers refer to the
+// supervisor's inherited descriptors; -1 means /dev/null.
+type supervisorRank struct {
 	Rank   int      `json:"rank"`
 	Path   string   `json:"path"`
 	Argv   []string `json:"argv"`
@@ -90,8 +89,8 @@ type agentRank struct {
 	Stderr int      `json:"stderr"`
 }
 
-// agentCmd is a later message from gorun.
-type agentCmd struct {
+// supervisorCmd is a later message from gorun.
+type supervisorCmd struct {
 	// Op is "signal" (send Signal to the process groups of Ranks, all
 	// running ranks when empty) or "kill" (SIGKILL everything, now).
 	Op     string `json:"op"`
@@ -103,8 +102,8 @@ type agentCmd struct {
 	KVS   map[string]string `json:"kvs,omitempty"`
 }
 
-// agentEvent is a message from the agent.
-type agentEvent struct {
+// supervisorEvent is a message from the supervisor.
+type supervisorEvent struct {
 	// Ev is "started", "failed" (could not start; Err says why), "exited"
 	// (Code or Signal set) or "done" (every rank and stray is gone; last).
 	Ev     string `json:"ev"`
@@ -113,7 +112,7 @@ type agentEvent struct {
 	Code   int    `json:"code,omitempty"`
 	Signal int    `json:"signal,omitempty"`
 	Err    string `json:"err,omitempty"`
-	// Strays counts processes left behind by ranks that the agent stopped
+	// Strays counts processes left behind by ranks that the supervisor stopped
 	// (on "done").
 	Strays int `json:"strays,omitempty"`
 	// PMI events (pmi.go): "pmi-fence" (every rank of this supervisor
@@ -123,50 +122,51 @@ type agentEvent struct {
 	Epoch       int               `json:"epoch,omitempty"`
 	KVS         map[string]string `json:"kvs,omitempty"`
 	Unfinalized bool              `json:"unfinalized,omitempty"`
-	// node is the plan node whose agent sent the event (multi-host runs);
-	// set by gorun, never sent. A "lost" event, made by gorun, says that
-	// node's agent is gone (Err says how).
+	// node is the plan node whose host agent relayed the event (multi-host
+	// jobs); set by gorun, never sent. A "lost" event, made by gorun, says
+	// that node's host agent is gone (Err says how).
 	node int
 }
 
-// IsAgent reports whether this process was started as a job agent. Programs
+// IsSupervisor reports whether this process was started as a per-job
+// supervisor. Programs
 // that embed the launcher (cmd/gorun, test binaries) check it first thing in
-// main or TestMain and then call AgentMain.
-func IsAgent() bool { return os.Getenv(agentEnv) == agentProtocol }
+// main or TestMain and then call SupervisorMain.
+func IsSupervisor() bool { return os.Getenv(supervisorEnv) == supervisorProtocol }
 
-// AgentMain runs the agent on stdin/stdout and returns the process exit
-// code. Call it only when IsAgent is true.
-func AgentMain() int {
+// SupervisorMain runs the supervisor on stdin/stdout and returns the process exit
+// code. Call it only when IsSupervisor is true.
+func SupervisorMain() int {
 	// Pdeathsig fires when the thread that forked the child exits, not the
 	// process. Locking main to its thread makes every rank's parent thread
-	// live exactly as long as the agent.
+	// live exactly as long as the supervisor.
 	runtime.LockOSThread()
-	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).With().Timestamp().Str("role", "agent").Logger()
-	if err := runAgent(os.Stdin, os.Stdout, log); err != nil {
-		log.Error().Err(err).Msg("agent failed")
+	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).With().Timestamp().Str("role", "supervisor").Logger()
+	if err := runSupervisor(os.Stdin, os.Stdout, log); err != nil {
+		log.Error().Err(err).Msg("supervisor failed")
 		return 1
 	}
 	return 0
 }
 
-type agentRankState struct {
+type supervisorRankState struct {
 	rank    int
 	pid     int
 	running bool
 }
 
-// agent is the state of one agent; every field is owned by runAgent's
+// supervisor is the state of one supervisor process; every field is owned by runSupervisor's
 // goroutine (the main loop), so no lock is needed.
-type agent struct {
+type supervisor struct {
 	log     zerolog.Logger
 	out     *bufio.Writer
 	enc     *json.Encoder
 	self    int
-	ranks   []agentRankState
+	ranks   []supervisorRankState
 	byPID   map[int]int // pid → index in ranks
 	running int
 	// killing is set once everything must die now: gorun is gone, a "kill"
-	// command arrived, or the agent was signaled.
+	// command arrived, or the supervisor was signaled.
 	killing bool
 	// gorunGone suppresses events: nobody reads them any more.
 	gorunGone bool
@@ -178,15 +178,15 @@ type agent struct {
 	pmi *supervisorPMI
 }
 
-func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
-	// A write to a closed event pipe must return EPIPE, not kill the agent
+func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
+	// A write to a closed event pipe must return EPIPE, not kill the supervisor
 	// before it cleaned up. Notify rather than Ignore: an ignored signal
 	// stays ignored across exec, and ranks must start with SIGPIPE at its
 	// default (`yes | head` relies on it).
 	pipes := make(chan os.Signal, 1)
 	signal.Notify(pipes, syscall.SIGPIPE)
 	defer signal.Stop(pipes)
-	// Descriptors passed to the agent (every rank's pipes) and any that
+	// Descriptors passed to the supervisor (every rank's pipes) and any that
 	// gorun itself inherited without close-on-exec must not reach the
 	// ranks: a rank holding another rank's stdout would delay that
 	// stream's EOF until the whole job ends, and user programs would see
@@ -196,7 +196,7 @@ func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		return fmt.Errorf("set child subreaper: %w", err)
 	}
 	sigs := make(chan os.Signal, 16)
-	// SIGUSR1/2 are caught only so that they do not kill the agent (their
+	// SIGUSR1/2 are caught only so that they do not kill the supervisor (their
 	// default action): under srun SLURM sends them to every process of the
 	// step, and they are the ranks' business.
 	signal.Notify(sigs, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
@@ -207,7 +207,7 @@ func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("read spec: %w", err)
 	}
-	var spec agentSpec
+	var spec supervisorSpec
 	if err := json.Unmarshal(line, &spec); err != nil {
 		return fmt.Errorf("decode spec: %w", err)
 	}
@@ -221,7 +221,7 @@ func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			}
 		}()
 	}
-	a := &agent{
+	a := &supervisor{
 		log:   log.Level(spec.LogLevel),
 		out:   bufio.NewWriter(out),
 		self:  os.Getpid(),
@@ -234,14 +234,14 @@ func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			return err
 		}
 		// After the last rank is reaped: a rank still in a barrier is
-		// let go, and every connection server has ended when runAgent
+		// let go, and every connection server has ended when runSupervisor
 		// returns.
 		defer a.pmi.close()
 	}
 
-	// The command reader ends when gorun closes the pipe or dies; the agent
+	// The command reader ends when gorun closes the pipe or dies; the supervisor
 	// exits right after, so this goroutine's lifetime is the process's.
-	cmds := make(chan agentCmd, 16)
+	cmds := make(chan supervisorCmd, 16)
 	go func() {
 		defer close(cmds)
 		for {
@@ -249,7 +249,7 @@ func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			if err != nil {
 				return
 			}
-			var c agentCmd
+			var c supervisorCmd
 			if json.Unmarshal(line, &c) == nil {
 				cmds <- c
 			}
@@ -266,7 +266,7 @@ func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	defer tick.Stop()
 	for {
 		if a.running == 0 && a.finishStrays() {
-			a.emit(agentEvent{Ev: "done", Strays: a.strays})
+			a.emit(supervisorEvent{Ev: "done", Strays: a.strays})
 			a.flush()
 			return nil
 		}
@@ -288,9 +288,9 @@ func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			if s == syscall.SIGCHLD {
 				a.reap()
 			} else if spec.KeepOnSignal || s == syscall.SIGUSR1 || s == syscall.SIGUSR2 {
-				a.log.Debug().Stringer("signal", s).Msg("agent signaled; gorun decides")
+				a.log.Debug().Stringer("signal", s).Msg("supervisor signaled; gorun decides")
 			} else {
-				a.log.Debug().Stringer("signal", s).Msg("agent signaled; killing the job")
+				a.log.Debug().Stringer("signal", s).Msg("supervisor signaled; killing the job")
 				a.killAll()
 			}
 		case <-tick.C:
@@ -303,7 +303,7 @@ func runAgent(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	}
 }
 
-func (a *agent) startAll(ranks []agentRank) {
+func (a *supervisor) startAll(ranks []supervisorRank) {
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		devnull = nil
@@ -314,7 +314,14 @@ func (a *agent) startAll(ranks []agentRank) {
 		}
 		return os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd))
 	}
-	for _, r := range ranks {
+	// Every rank this agent starts runs on its host: local rank i of
+	// len(ranks) (see bind.go).
+	shares := cpuShares(len(ranks))
+	for i, r := range ranks {
+		var cpus []int
+		if shares != nil && bindPolicy(r.Env) == BindAuto {
+			cpus = shares[i]
+		}
 		stdin, stdout, stderr := fileFor(r.Stdin), fileFor(r.Stdout), fileFor(r.Stderr)
 		files, env := []*os.File{stdin, stdout, stderr}, r.Env
 		if a.pmi != nil {
@@ -324,27 +331,29 @@ func (a *agent) startAll(ranks []agentRank) {
 				files = append(files, pmiEnd) // descriptor pmiRankFD
 			}
 		}
-		p, err := os.StartProcess(r.Path, r.Argv, &os.ProcAttr{
-			Dir:   r.Dir,
-			Env:   env,
-			Files: files,
-			Sys: &syscall.SysProcAttr{
-				// Own session, and so its own process group: SIGTERM and
-				// SIGKILL to the group reach the rank and the children it
-				// did not move elsewhere. A session rather than only a
-				// group (as Hydra does): with the kernel's autogroup
-				// scheduling (sched_autogroup_enabled, on by default in
-				// desktop and Debian kernels) each session is scheduled
-				// as one unit, so ranks sharing gorun's session would
-				// share one CPU share against every other session on a
-				// busy machine — measured here: 16 MPICH ranks took
-				// 1.1-2.4 s to start under gorun against 0.75 s under
-				// Hydra, the same CPU time. No controlling terminal
-				// either: a rank that opens /dev/tty fails at once
-				// instead of stopping on SIGTTIN.
-				Setsid:    true,
-				Pdeathsig: syscall.SIGKILL,
-			},
+		p, err := startBound(cpus, func() (*os.Process, error) {
+			return os.StartProcess(r.Path, r.Argv, &os.ProcAttr{
+				Dir:   r.Dir,
+				Env:   env,
+				Files: files,
+				Sys: &syscall.SysProcAttr{
+					// Own session, and so its own process group: SIGTERM and
+					// SIGKILL to the group reach the rank and the children it
+					// did not move elsewhere. A session rather than only a
+					// group (as Hydra does): with the kernel's autogroup
+					// scheduling (sched_autogroup_enabled, on by default in
+					// desktop and Debian kernels) each session is scheduled
+					// as one unit, so ranks sharing gorun's session would
+					// share one CPU share against every other session on a
+					// busy machine — measured here: 16 MPICH ranks took
+					// 1.1-2.4 s to start under gorun against 0.75 s under
+					// Hydra, the same CPU time. No controlling terminal
+					// either: a rank that opens /dev/tty fails at once
+					// instead of stopping on SIGTTIN.
+					Setsid:    true,
+					Pdeathsig: syscall.SIGKILL,
+				},
+			})
 		})
 		// The rank holds its own copies now; ours would keep gorun's
 		// readers from seeing EOF.
@@ -357,13 +366,13 @@ func (a *agent) startAll(ranks []agentRank) {
 			a.pmi.started(r.Rank)
 		}
 		if err != nil {
-			a.emit(agentEvent{Ev: "failed", Rank: r.Rank, Err: err.Error()})
+			a.emit(supervisorEvent{Ev: "failed", Rank: r.Rank, Err: err.Error()})
 			continue
 		}
 		a.byPID[p.Pid] = len(a.ranks)
-		a.ranks = append(a.ranks, agentRankState{rank: r.Rank, pid: p.Pid, running: true})
+		a.ranks = append(a.ranks, supervisorRankState{rank: r.Rank, pid: p.Pid, running: true})
 		a.running++
-		a.emit(agentEvent{Ev: "started", Rank: r.Rank, PID: p.Pid})
+		a.emit(supervisorEvent{Ev: "started", Rank: r.Rank, PID: p.Pid})
 		if len(a.ranks)%32 == 0 {
 			// Large jobs take a while to start: let gorun learn pids as
 			// they come rather than all at the end.
@@ -378,7 +387,7 @@ func (a *agent) startAll(ranks []agentRank) {
 	}
 }
 
-func (a *agent) command(c agentCmd) {
+func (a *supervisor) command(c supervisorCmd) {
 	switch c.Op {
 	case "signal":
 		want := map[int]bool{}
@@ -408,7 +417,7 @@ func (a *agent) command(c agentCmd) {
 // killAll SIGKILLs every rank's process group and every descendant. It is
 // repeated (on each tick) while anything is left, because a process can
 // fork between the scan and the kill.
-func (a *agent) killAll() {
+func (a *supervisor) killAll() {
 	a.killing = true
 	for _, r := range a.ranks {
 		if r.running {
@@ -421,7 +430,7 @@ func (a *agent) killAll() {
 }
 
 // reap collects every exited child: ranks and adopted orphans alike.
-func (a *agent) reap() {
+func (a *supervisor) reap() {
 	for {
 		var ws syscall.WaitStatus
 		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
@@ -438,7 +447,7 @@ func (a *agent) reap() {
 		delete(a.byPID, pid)
 		a.ranks[i].running = false
 		a.running--
-		ev := agentEvent{Ev: "exited", Rank: a.ranks[i].rank, PID: pid}
+		ev := supervisorEvent{Ev: "exited", Rank: a.ranks[i].rank, PID: pid}
 		if ws.Signaled() {
 			ev.Signal = int(ws.Signal())
 		} else {
@@ -454,7 +463,7 @@ func (a *agent) reap() {
 // finishStrays is called once every rank has exited. Processes the ranks
 // left behind get SIGTERM, then SIGKILL after the grace period (at once when
 // killing). It returns true when nothing is left.
-func (a *agent) finishStrays() bool {
+func (a *supervisor) finishStrays() bool {
 	a.reap()
 	left := descendants(a.self)
 	if len(left) == 0 {
@@ -479,14 +488,14 @@ func (a *agent) finishStrays() bool {
 	return false
 }
 
-func (a *agent) emit(ev agentEvent) {
+func (a *supervisor) emit(ev supervisorEvent) {
 	if a.gorunGone {
 		return
 	}
 	_ = a.enc.Encode(ev)
 }
 
-func (a *agent) flush() {
+func (a *supervisor) flush() {
 	if a.gorunGone {
 		return
 	}

@@ -10,10 +10,10 @@ import (
 	"github.com/gorun-hpc/gorun/launcher"
 )
 
-// agentMain is `gorun agent ...`: the per-host agent of a multi-host job,
+// hostAgentMain is `gorun agent ...`: the per-host agent of a multi-host job,
 // started by gorun itself over ssh or srun; not meant for users.
-func agentMain(args []string, stdout, stderr io.Writer) int {
-	o, err := launcher.ParseAgentArgs(args, stderr)
+func hostAgentMain(args []string, stdout, stderr io.Writer) int {
+	o, err := launcher.ParseHostAgentArgs(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun-hpc/gorun/nccl/nccltest"
+)
+
+// The GPU path end to end with the real binary, built as `make build` does
+// but with cgo off: it needs no CUDA or NCCL to build or start; on a host
+// without them `gorun bench --device cuda` fails at once saying what is
+// missing; with the stand-in NCCL and driver it runs the nccl-tests table
+// with the device-side check, and that check catches a broken NCCL.
+func TestGPUPathEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds gorun and starts processes")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "gorun")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("CGO_ENABLED=0 go build: %v\n%s", err, out)
+	}
+
+	t.Run("binary needs no CUDA", func(t *testing.T) {
+		f, err := elf.Open(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		libs, err := f.ImportedLibraries()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// purego's dlopen makes the binary use the C library's loader
+		// (notes/nccl-binding.md); nothing else may be needed at start.
+		allowed := []string{"libc.so.6", "libdl.so.2", "libpthread.so.0"}
+		for _, l := range libs {
+			if !slices.Contains(allowed, l) {
+				t.Errorf("gorun needs %s at start; only %v are allowed", l, allowed)
+			}
+		}
+		t.Logf("NEEDED: %v", libs)
+	})
+
+	t.Run("-tags nogpu: a static binary that says it has no GPU side", func(t *testing.T) {
+		static := filepath.Join(dir, "gorun-nogpu")
+		build := exec.Command("go", "build", "-tags", "nogpu", "-o", static, ".")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build -tags nogpu: %v\n%s", err, out)
+		}
+		f, err := elf.Open(static)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if f.Section(".interp") != nil || f.Section(".dynamic") != nil {
+			libs, _ := f.ImportedLibraries()
+			t.Errorf("the nogpu binary is dynamically linked (needs %v)", libs)
+		}
+		out, err := exec.Command(static, "bench", "allreduce", "--device", "cuda").CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "built with -tags nogpu, without GPU support") {
+			t.Errorf("--device cuda on a nogpu build: %v, %q", err, out)
+		}
+	})
+
+	empty := t.TempDir()
+	run := func(t *testing.T, timeout time.Duration, env []string, args ...string) (int, string, string) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), env...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }() // owned: read below on every path
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(timeout):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Fatalf("gorun %v still running after %v:\n%s%s", args, timeout, stdout.String(), stderr.String())
+		}
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return code, stdout.String(), stderr.String()
+	}
+
+	t.Run("no GPU: fails at once naming what is missing", func(t *testing.T) {
+		start := time.Now()
+		code, stdout, stderr := run(t, 20*time.Second, []string{"LD_LIBRARY_PATH=" + empty},
+			"-np", "2", bin, "bench", "allreduce", "--device", "cuda")
+		took := time.Since(start)
+		if code == 0 {
+			t.Fatalf("exit 0:\n%s%s", stdout, stderr)
+		}
+		lines := strings.Split(strings.TrimSpace(stderr), "\n")
+		want := "gorun bench: bench: --device cuda: nccl: cannot load libcuda.so.1 (the NVIDIA driver's CUDA library): libcuda.so.1: cannot open shared object file"
+		n := 0
+		for _, l := range lines {
+			if strings.HasPrefix(l, want) {
+				n++
+			}
+		}
+		if n == 0 {
+			t.Errorf("no rank said %q:\n%s", want, stderr)
+		}
+		if stdout != "" {
+			t.Errorf("a table was printed:\n%s", stdout)
+		}
+		// "At once": no rendezvous, no timeout; generous for a shared machine.
+		if took > 5*time.Second {
+			t.Errorf("took %v", took)
+		}
+		t.Logf("exit %d after %v:\n%s", code, took, stderr)
+	})
+
+	libs, err := nccltest.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	standin := []string{"LD_LIBRARY_PATH=" + libs.Dir, "STANDIN_CUDA_DEVICES=2"}
+
+	t.Run("stand-in NCCL: the table, checked on the device", func(t *testing.T) {
+		for _, op := range []string{"allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall", "sendrecv"} {
+			code, stdout, stderr := run(t, 60*time.Second, standin,
+				"-np", "2", bin, "bench", op, "--device", "cuda", "-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1",
+				"-d", "bfloat16", "--json", filepath.Join(dir, op+".json"))
+			if code != 0 {
+				t.Fatalf("%s: exit %d:\n%s%s", op, code, stdout, stderr)
+			}
+			if c := strings.Count(stdout, "transport nccl"); c != 2 {
+				t.Errorf("%s: %d ranks report transport nccl:\n%s", op, c, stdout)
+			}
+			rows := regexp.MustCompile(`(?m)^\s+\d+\s+\d+\s+bfloat16.*$`).FindAllString(stdout, -1)
+			if len(rows) != 5 {
+				t.Errorf("%s: %d rows, want 5 (8 B to 64 KiB by 8):\n%s", op, len(rows), stdout)
+			}
+			for _, r := range rows {
+				f := strings.Fields(r)
+				// #wrong is the 9th and 13th field; sendrecv has no
+				// in-place form and prints N/A there.
+				if f[8] != "0" || (f[12] != "0" && f[12] != "N/A") {
+					t.Errorf("%s: wrong elements: %q", op, r)
+				}
+			}
+		}
+	})
+
+	t.Run("launcher GPU assignment and nccl agree", func(t *testing.T) {
+		// Two GPUs per host, four ranks: local rank l runs on physical
+		// GPU l mod 2, whether the launcher narrows CUDA_VISIBLE_DEVICES
+		// (--gpus-per-host; each rank then sees one device, ordinal 0)
+		// or every rank sees both and nccl picks LOCAL_RANK mod 2.
+		for _, tc := range []struct {
+			flags   []string
+			ordinal func(r int) int
+		}{
+			{[]string{"--gpus-per-host", "2"}, func(int) int { return 0 }},
+			{nil, func(r int) int { return r % 2 }},
+		} {
+			args := append(append([]string{"-np", "4"}, tc.flags...), bin, "bench", "allreduce", "--device", "cuda", "-b", "8", "-e", "8")
+			code, stdout, stderr := run(t, 60*time.Second, standin, args...)
+			if code != 0 {
+				t.Fatalf("%v: exit %d:\n%s%s", tc.flags, code, stdout, stderr)
+			}
+			for r := range 4 {
+				want := regexp.MustCompile(fmt.Sprintf(`(?m)^#  Rank  %d Pid .* device %d \[gorun stand-in device %d\] transport nccl$`, r, tc.ordinal(r), r%2))
+				if !want.MatchString(stdout) {
+					t.Errorf("%v: rank %d not on physical GPU %d:\n%s", tc.flags, r, r%2, stdout)
+				}
+			}
+		}
+	})
+
+	t.Run("stand-in NCCL that corrupts: the device check catches it", func(t *testing.T) {
+		code, stdout, stderr := run(t, 60*time.Second, append(standin, "STANDIN_NCCL_CORRUPT=1"),
+			"-np", "2", bin, "bench", "allreduce", "--device", "cuda", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1")
+		if code == 0 {
+			t.Fatalf("exit 0 with a corrupting NCCL:\n%s", stdout)
+		}
+		rows := regexp.MustCompile(`(?m)^\s+\d+\s+\d+\s+float.*$`).FindAllString(stdout, -1)
+		if len(rows) != 3 {
+			t.Fatalf("%d rows:\n%s%s", len(rows), stdout, stderr)
+		}
+		for _, r := range rows {
+			// One corrupted element per rank and call: 2 per placement.
+			if f := strings.Fields(r); f[8] != "2" || f[12] != "2" {
+				t.Errorf("row %q: want #wrong 2 for both placements", r)
+			}
+		}
+	})
+}

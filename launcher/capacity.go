@@ -1,0 +1,170 @@
+package launcher
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Counts gorun cannot serve are refused before anything is allocated for
+// them. An absurd -np otherwise grows the plan (one environment per rank)
+// until the machine runs out of memory, and a merely too large one fails
+// late and cryptically ("pipe2: too many open files") after starting part
+// of the job.
+
+// MaxRanks is the most ranks one job may have. A plan holds one environment
+// of about a kilobyte per rank, so this bounds a plan at a few hundred MB;
+// it is well above the largest jobs gorun is meant for (thousands of hosts
+// of eight GPUs).
+const MaxRanks = 1 << 18
+
+// Per-rank costs on the launching machine for a local job. gorun reads two
+// pipes per rank (stdout, stderr); its supervisor holds their write ends
+// and, with PMI, one socketpair per rank until the ranks started.
+const (
+	fdsPerRankGorun      = 2
+	fdsPerRankSupervisor = 4
+	// fdsBase covers everything else a job holds open (logs, listeners,
+	// the supervisor's pipes, the runtime's own descriptors).
+	fdsBase = 64
+)
+
+// CapacityError reports a rank count that a limit of this machine or of
+// gorun cannot serve; nothing was started.
+type CapacityError struct {
+	// Ranks is the number of ranks asked for.
+	Ranks int
+	// Resource names the limit: "ranks", "open files" or "processes".
+	Resource string
+	// Need is how much of it the job would take, Limit how much there is.
+	Need, Limit int
+	// Where says which limit it is and how to raise it.
+	Where string
+	// FromSlots is set when the count is the hosts' slots (no -np); it
+	// was counted only until it passed the limit.
+	FromSlots bool
+}
+
+func (e *CapacityError) Error() string {
+	if e.Resource == "ranks" && e.FromSlots {
+		return fmt.Sprintf("launcher: the hosts' slots make more than %d ranks, gorun's limit for one job; give -np", e.Limit)
+	}
+	if e.Resource == "ranks" {
+		return fmt.Sprintf("launcher: %d ranks requested; gorun runs at most %d ranks in one job", e.Ranks, e.Limit)
+	}
+	return fmt.Sprintf("launcher: %d ranks on this machine need about %d %s, but the limit is %d (%s); run fewer ranks or raise the limit",
+		e.Ranks, e.Need, e.Resource, e.Limit, e.Where)
+}
+
+// localLimits are the limits of this machine that a local job's rank count
+// meets, with what is in use already; 0 means no limit.
+type localLimits struct {
+	// files is RLIMIT_NOFILE's hard limit: Go raises the soft limit to it
+	// at start-up, in gorun and in its supervisor (the same binary).
+	files int
+	// userProcs is RLIMIT_NPROC (not enforced for root), userInUse the
+	// processes and threads counted against it now (approximated by every
+	// thread on the machine, as /proc does not say whose cheaply).
+	userProcs, procsInUse int
+	// pidMax is kernel.pid_max, threadsMax kernel.threads-max.
+	pidMax, threadsMax int
+	// cgroupPids is the pids controller's limit of gorun's cgroup and
+	// cgroupInUse its current count.
+	cgroupPids, cgroupInUse int
+}
+
+// checkLocalCapacity refuses a local job of ranks ranks that lim cannot
+// serve. Pure, so that tests can give it any limits.
+func checkLocalCapacity(ranks int, lim localLimits) error {
+	if ranks > MaxRanks {
+		return &CapacityError{Ranks: ranks, Resource: "ranks", Need: ranks, Limit: MaxRanks}
+	}
+	if need := fdsPerRankSupervisor*ranks + fdsBase; lim.files > 0 && need > lim.files {
+		return &CapacityError{Ranks: ranks, Resource: "open files", Need: need, Limit: lim.files,
+			Where: fmt.Sprintf("ulimit -n, hard limit %d; %d per rank in gorun's supervisor", lim.files, fdsPerRankSupervisor)}
+	}
+	for _, l := range []struct {
+		limit, inUse int
+		where        string
+	}{
+		{lim.userProcs, lim.procsInUse, "ulimit -u"},
+		{lim.pidMax, lim.procsInUse, "kernel.pid_max"},
+		{lim.threadsMax, lim.procsInUse, "kernel.threads-max"},
+		{lim.cgroupPids, lim.cgroupInUse, "pids.max of gorun's cgroup"},
+	} {
+		if l.limit <= 0 {
+			continue
+		}
+		// One process per rank, plus the supervisor.
+		if need := ranks + 1; l.inUse+need > l.limit {
+			return &CapacityError{Ranks: ranks, Resource: "processes", Need: need, Limit: l.limit - l.inUse,
+				Where: fmt.Sprintf("%s is %d with %d in use", l.where, l.limit, l.inUse)}
+		}
+	}
+	return nil
+}
+
+// readLocalLimits reads this machine's limits; a limit it cannot read is
+// left at 0 (unchecked).
+func readLocalLimits() localLimits {
+	var lim localLimits
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Max != unix.RLIM_INFINITY && rl.Max < 1<<40 {
+		lim.files = int(rl.Max)
+	}
+	if os.Geteuid() != 0 && unix.Getrlimit(unix.RLIMIT_NPROC, &rl) == nil && rl.Cur != unix.RLIM_INFINITY && rl.Cur < 1<<40 {
+		lim.userProcs = int(rl.Cur)
+	}
+	lim.pidMax = readIntFile("/proc/sys/kernel/pid_max")
+	lim.threadsMax = readIntFile("/proc/sys/kernel/threads-max")
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) == nil {
+		lim.procsInUse = int(si.Procs) // threads, as the limits count them
+	}
+	lim.cgroupPids, lim.cgroupInUse = cgroupPids()
+	return lim
+}
+
+// cgroupPids returns the pids controller's limit and count for this
+// process's cgroup (v2, or v1's pids hierarchy); 0, 0 when there is none.
+func cgroupPids() (limit, inUse int) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		var dir string
+		switch {
+		case parts[0] == "0" && parts[1] == "":
+			dir = "/sys/fs/cgroup" + parts[2]
+		case parts[1] == "pids":
+			dir = "/sys/fs/cgroup/pids" + parts[2]
+		default:
+			continue
+		}
+		if l := readIntFile(dir + "/pids.max"); l > 0 {
+			return l, readIntFile(dir + "/pids.current")
+		}
+	}
+	return 0, 0
+}
+
+// readIntFile reads a file holding one integer ("max" and errors give 0).
+func readIntFile(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0
+	}
+	return n
+}

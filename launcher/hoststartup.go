@@ -1,0 +1,654 @@
+package launcher
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/internal/connlimit"
+	"github.com/gorun-hpc/gorun/netif"
+)
+
+// Host start-up, shared by multi-host jobs and `gorun doctor`: gorun
+// listens on the interface that routes to the hosts (listen), starts one
+// host agent per host through the starters (starter.go), authenticates
+// every agent that connects with the job secret (acceptLoop, wire.go),
+// sends it the job, reads its hello — version, interface, ports, program
+// present — and sends the preloaded files it lacks. startHosts hands each
+// host's outcome to the caller's verdict: a job stops at the first failure
+// (jobVerdict), doctor records every one.
+
+// DefaultLaunchTimeout bounds how long gorun waits for every agent to
+// connect: ssh handshakes take seconds on a loaded machine, and a host that
+// has not answered after a minute is not coming.
+const DefaultLaunchTimeout = 60 * time.Second
+
+// hostConn is an authenticated agent connection.
+type hostConn struct {
+	node  int
+	w     *wireConn
+	hello remoteHello
+}
+
+// setupResult is one agent's outcome of the setup phase.
+type setupResult struct {
+	node int
+	conn *hostConn
+	err  error
+}
+
+type hostAgents struct {
+	cfg     Config
+	jobID   string
+	secret  string
+	key     []byte
+	nodes   []Node
+	ln      net.Listener
+	addr    netip.AddrPort
+	choice  netif.Choice
+	prog    Program
+	gorunAt string
+
+	starters []*starter
+	conns    []*hostConn // by node
+	// doctor asks the agents for checks, not a job.
+	doctor bool
+	// children maps a node to the nodes its agent launches (tree
+	// fan-out); viaParent maps such a child to its stand-in launcher.
+	children  map[int][]childLaunch
+	viaParent map[string]*starter
+
+	// preload holds the files sent to every host before the ranks start.
+	preload []*preloadSource
+
+	// gate bounds the connections to ln still in their handshake.
+	gate *connlimit.Gate
+	// refusals counts unauthenticated connections refused (for logging).
+	refusals atomic.Int64
+
+	// mu guards authed and claims.
+	mu sync.Mutex
+	// authed is every connection that authenticated during setup, closed
+	// when the launch is abandoned.
+	authed []net.Conn
+	// claims holds, per claimed host, the last unauthenticated connection
+	// that claimed another protocol: only ever quoted in the error of a
+	// host that failed on its own (an old gorun's agent cannot
+	// authenticate with this one and looks like that).
+	claims map[string]*HandshakeError
+}
+
+// agentHandshakeTimeout bounds an agent connection's greeting and proof.
+const agentHandshakeTimeout = 10 * time.Second
+
+// newHostAgents makes the job identity (id and secret) of a start-up over
+// nodes.
+func newHostAgents(cfg Config, nodes []Node) (*hostAgents, error) {
+	jobID, secret, err := NewJobIdentity()
+	if err != nil {
+		return nil, err
+	}
+	key, err := hex.DecodeString(secret)
+	if err != nil {
+		return nil, err
+	}
+	return &hostAgents{cfg: cfg, jobID: jobID, secret: secret, key: key, nodes: nodes}, nil
+}
+
+// open listens for the host agents and finds the gorun path their command
+// line names. The caller closes m.ln.
+func (m *hostAgents) open(ctx context.Context, id LocalIdentity) error {
+	if err := m.listen(ctx, id); err != nil {
+		return err
+	}
+	m.gorunAt = m.cfg.RemoteGorun
+	if m.gorunAt == "" {
+		var err error
+		if m.gorunAt, err = os.Executable(); err != nil {
+			m.ln.Close()
+			return fmt.Errorf("launcher: cannot find gorun's own path for remote agents: %w", err)
+		}
+	}
+	return nil
+}
+
+// listen opens gorun's listener on the address that routes to the hosts.
+func (m *hostAgents) listen(ctx context.Context, id LocalIdentity) error {
+	var err error
+	switch {
+	case m.cfg.Iface != "":
+		m.choice, err = netif.Override(m.cfg.Iface)
+	default:
+		m.choice, err = m.routeChoice(ctx, id)
+	}
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(m.choice.Addr, 0).String())
+	if err != nil {
+		return fmt.Errorf("launcher: listen for host agents on %s: %w", m.choice.Addr, err)
+	}
+	m.ln = ln
+	m.addr = netip.MustParseAddrPort(ln.Addr().String())
+	// Agents are one per host and each connects once; PerSource stays at
+	// its default so hosts behind one address (NAT, this machine's
+	// namespaces) still fit.
+	m.gate, err = connlimit.New(connlimit.Config{}, nil)
+	return err
+}
+
+// routeChoice asks the kernel which interface reaches the first remote
+// host that resolves; with no remote host (srun on this machine only) or
+// none resolving in time, the interface with the default route (the
+// starters then name the hosts that cannot be reached).
+func (m *hostAgents) routeChoice(ctx context.Context, id LocalIdentity) (netif.Choice, error) {
+	var names []string
+	for _, n := range m.nodes {
+		if !id.IsLocal(n.Name) {
+			names = append(names, n.Name)
+		}
+	}
+	lookup := func(ctx context.Context, name string) ([]netip.Addr, error) {
+		return net.DefaultResolver.LookupNetIP(ctx, "ip", name)
+	}
+	if ip, ok := resolveFirst(ctx, names, lookup, resolveConfig{}); ok {
+		if c, err := netif.Toward(ip.Unmap()); err == nil {
+			return c, nil
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return netif.Choice{}, fmt.Errorf("launcher: launch canceled: %w", err)
+	}
+	return netif.Default()
+}
+
+// resolveConfig bounds resolveFirst; zero fields take the defaults.
+type resolveConfig struct {
+	// Workers is how many lookups run at once (default 16): a list of
+	// thousands of names, each waiting for a resolver's timeout, must not
+	// take thousands of timeouts.
+	Workers int
+	// Deadline bounds the whole search (default 10 s).
+	Deadline time.Duration
+	// Candidates is how many names, from the first, are tried at most
+	// (default 256): if that many do not resolve, more will not either.
+	Candidates int
+}
+
+// resolveFirst looks names up in parallel and returns an address of the
+// first name, in list order, that resolves: the earliest name that resolved
+// once every name before it failed (at the deadline, the earliest that
+// resolved by then). It returns as soon as that is decided, at the deadline
+// or when ctx ends, and every lookup has stopped when it returns.
+func resolveFirst(ctx context.Context, names []string, lookup func(context.Context, string) ([]netip.Addr, error), cfg resolveConfig) (netip.Addr, bool) {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 16
+	}
+	if cfg.Deadline <= 0 {
+		cfg.Deadline = 10 * time.Second
+	}
+	if cfg.Candidates <= 0 {
+		cfg.Candidates = 256
+	}
+	names = names[:min(len(names), cfg.Candidates)]
+	if len(names) == 0 {
+		return netip.Addr{}, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Deadline)
+	defer cancel()
+	type answer struct {
+		i  int
+		ip netip.Addr
+		ok bool
+	}
+	answers := make(chan answer, len(names))
+	next := make(chan int, len(names))
+	for i := range names {
+		next <- i
+	}
+	close(next)
+	var wg sync.WaitGroup
+	defer wg.Wait() // after cancel (deferred later, run first)
+	defer cancel()
+	for range min(cfg.Workers, len(names)) {
+		wg.Go(func() {
+			for i := range next {
+				if ctx.Err() != nil {
+					return
+				}
+				ips, err := lookup(ctx, names[i])
+				a := answer{i: i, ok: err == nil && len(ips) > 0}
+				if a.ok {
+					a.ip = ips[0]
+				}
+				answers <- a
+			}
+		})
+	}
+	// decided[i]: 0 pending, 1 resolved, -1 failed. The answer is the
+	// first resolved index with every earlier one failed.
+	decided := make([]int8, len(names))
+	ips := make([]netip.Addr, len(names))
+	first := 0
+	for {
+		for first < len(names) && decided[first] < 0 {
+			first++
+		}
+		if first == len(names) {
+			return netip.Addr{}, false
+		}
+		if decided[first] > 0 {
+			return ips[first], true
+		}
+		select {
+		case a := <-answers:
+			if a.ok {
+				decided[a.i], ips[a.i] = 1, a.ip
+			} else {
+				decided[a.i] = -1
+			}
+		case <-ctx.Done():
+			// Out of time: the earliest name that did resolve, if any.
+			for i, d := range decided {
+				if d > 0 {
+					return ips[i], true
+				}
+			}
+			return netip.Addr{}, false
+		}
+	}
+}
+
+// agentArgs is the agent command line for one host ("" for srun, where
+// each agent finds its own name).
+func (m *hostAgents) agentArgs(host string) []string {
+	a := []string{m.gorunAt, "agent", "--connect", m.addr.String(), "--job", m.jobID}
+	if host != "" {
+		a = append(a, "--host", host)
+	}
+	return a
+}
+
+// hostVerdict is a caller's judgment of one host's outcome during
+// start-up: conn is the authenticated connection with its hello, or nil
+// and err says why the host failed. A non-nil answer ends start-up with
+// that error (a job: the first failure ends the launch); nil accepts the
+// outcome and waits for the others (a job: a good hello; doctor: anything,
+// recorded for the report).
+type hostVerdict func(node int, conn *hostConn, err error) error
+
+// startHosts is host start-up, shared by jobs and doctor: it starts every
+// host agent (through the starters), authenticates each connection, sends
+// it the job and reads its hello, and hands every host's outcome to
+// verdict exactly once — a hello, the starter exiting first, the launch
+// timeout, or a second agent for one host. It returns when every host was
+// judged, at the first error verdict returns, on a stopping signal or when
+// ctx ends. Accepted connections are in m.conns. On success the tree
+// parents are told that start-up is over; on failure every authenticated
+// connection is closed, so the agents end and nothing starts anywhere.
+// The listener is closed either way.
+func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict hostVerdict) (err error) {
+	results := make(chan setupResult, len(m.nodes))
+	index := map[string]int{}
+	for i, n := range m.nodes {
+		index[n.Name] = i
+	}
+	var acceptWG sync.WaitGroup
+	acceptWG.Go(func() { m.acceptLoop(index, results) })
+	defer func() {
+		m.ln.Close()
+		if err == nil {
+			// Tree parents stop reporting child launches and answer;
+			// their start-up readers end with the answer.
+			for node := range m.children {
+				_ = m.conns[node].w.send(wireMsg{T: "setup-over"})
+			}
+		} else {
+			m.closeAuthed()
+		}
+		acceptWG.Wait()
+	}()
+
+	m.conns = make([]*hostConn, len(m.nodes))
+	if err := m.startStarters(id); err != nil {
+		return err
+	}
+	judged := make([]bool, len(m.nodes))
+	pending, up, started := len(m.nodes), 0, time.Now()
+	judge := func(node int, c *hostConn, err error) error {
+		if judged[node] {
+			if c != nil {
+				c.w.c.Close()
+			}
+			return nil
+		}
+		judged[node] = true
+		pending--
+		if verr := verdict(node, c, err); verr != nil {
+			if c != nil {
+				c.w.c.Close()
+			}
+			return verr
+		}
+		if c != nil {
+			m.conns[node] = c
+		}
+		return nil
+	}
+	progress := newProgress(m.cfg.Stderr, len(m.nodes))
+	defer progress.end()
+	timeout := m.cfg.LaunchTimeout
+	if timeout <= 0 {
+		timeout = DefaultLaunchTimeout
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	// A starter that exits before its hosts said hello failed them.
+	starterDone := make(chan *starter, len(m.starters))
+	startupDone := make(chan struct{})
+	var watchWG sync.WaitGroup
+	// Deferred in this order so that the watchers are told to stop
+	// before they are waited for.
+	defer watchWG.Wait()
+	defer close(startupDone)
+	for _, l := range m.starters {
+		watchWG.Go(func() {
+			select {
+			case <-l.done:
+				starterDone <- l
+			case <-startupDone:
+			}
+		})
+	}
+	for pending > 0 {
+		var err error
+		select {
+		case r := <-results:
+			switch {
+			case r.err != nil:
+				err = judge(r.node, nil, r.err)
+			case m.conns[r.node] != nil:
+				r.conn.w.c.Close()
+				err = verdict(r.node, nil, &HostError{Host: m.nodes[r.node].Name, Op: "connect agent", Err: errors.New("a second agent connected for this host")})
+			default:
+				err = judge(r.node, r.conn, nil)
+				if err == nil && m.conns[r.node] != nil {
+					up++
+					progress.set(up)
+				}
+			}
+		case l := <-starterDone:
+			for _, n := range l.nodes {
+				if err == nil && !judged[n] {
+					err = judge(n, nil, m.starterError(l, n))
+				}
+			}
+		case <-deadline.C:
+			for i := range m.nodes {
+				if err == nil && !judged[i] {
+					err = judge(i, nil, &HostError{Host: m.nodes[i].Name, Op: "start agent",
+						Err:    fmt.Errorf("its agent did not connect within %s", timeout),
+						Detail: strings.TrimSpace(m.starterOf(i).stderr.tail() + "\n" + m.claimHint(m.nodes[i].Name))})
+				}
+			}
+		case s := <-m.cfg.Signals:
+			if sig, ok := s.(syscall.Signal); ok && stopping(sig) {
+				err = &InterruptedError{Signal: sig}
+			}
+		case <-ctx.Done():
+			err = fmt.Errorf("launcher: launch canceled: %w", ctx.Err())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	m.cfg.Logger.Info().Int("hosts", up).Str("took", time.Since(started).Round(time.Millisecond).String()).Msg("hosts up")
+	return nil
+}
+
+// jobVerdict is a job's hostVerdict: the first host that fails ends the
+// launch, and a hello must show the same version and a usable host.
+func (m *hostAgents) jobVerdict(node int, c *hostConn, err error) error {
+	if err != nil {
+		return err
+	}
+	return m.checkHello(node, c.hello)
+}
+
+// closeAuthed closes every connection that authenticated during start-up.
+func (m *hostAgents) closeAuthed() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, c := range m.authed {
+		c.Close()
+	}
+}
+
+func (m *hostAgents) checkHello(node int, h remoteHello) error {
+	host := m.nodes[node].Name
+	if h.Version != m.cfg.Version {
+		return &VersionError{Host: host, Remote: h.Version, Local: m.cfg.Version}
+	}
+	if h.Err != "" {
+		switch h.ErrKind {
+		case "program":
+			return &HostError{Host: host, Op: "check program", Err: &ProgramError{Program: m.prog.Path, Err: errors.New(h.Err)}}
+		case "iface":
+			return &HostError{Host: host, Op: "choose interface", Err: errors.New(h.Err)}
+		}
+		return &HostError{Host: host, Op: "prepare", Err: errors.New(h.Err)}
+	}
+	return nil
+}
+
+// acceptLoop authenticates agents until the listener closes. The gate
+// bounds the connections in their handshake (a stranger holding thousands
+// open costs gorun a bounded number of descriptors), and closing it when
+// setup ends drops strangers still talking, so none of them delays the job.
+func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer m.gate.Close()
+	for {
+		c, release, err := m.gate.Accept(m.ln)
+		if err != nil {
+			return
+		}
+		wg.Go(func() {
+			// A real agent sends its greeting as soon as it connects, and
+			// the whole handshake is three short lines.
+			_ = c.SetDeadline(time.Now().Add(agentHandshakeTimeout))
+			w, host, err := acceptAuth(c, m.key, m.jobID, func(h string) bool { _, ok := index[h]; return ok })
+			release()
+			if err != nil {
+				c.Close()
+				var ve *VersionError
+				if i, ok := index[host]; ok && errors.As(err, &ve) {
+					// Authenticated, so the host's own verdict.
+					results <- setupResult{node: i, err: err}
+					return
+				}
+				// A stranger or a wrong secret: logged and dropped, never
+				// a host's failure. What it claimed is kept for the error
+				// message of a host that fails on its own later.
+				var he *HandshakeError
+				if errors.As(err, &he) && he.ClaimHost != "" && he.ClaimProtocol != wireProtocol {
+					m.mu.Lock()
+					if m.claims == nil {
+						m.claims = map[string]*HandshakeError{}
+					}
+					m.claims[he.ClaimHost] = he
+					m.mu.Unlock()
+				}
+				// The first few at Warn; a flood would drown the job's
+				// own output, so the rest at Debug.
+				lvl := zerolog.DebugLevel
+				if m.refusals.Add(1) <= 5 {
+					lvl = zerolog.WarnLevel
+				}
+				m.cfg.Logger.WithLevel(lvl).Err(err).Msg("refused a connection to the host-agent port")
+				return
+			}
+			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+			node := index[host]
+			m.mu.Lock()
+			m.authed = append(m.authed, c)
+			m.mu.Unlock()
+			lvl := int8(m.cfg.Logger.GetLevel())
+			job := &remoteJob{
+				Version: m.cfg.Version, Program: m.prog.Path, Argv: m.prog.Argv, Dir: m.rankDir(),
+				Grace: m.cfg.Grace, Lease: m.lease(), LogLevel: lvl, Iface: m.cfg.Iface, Doctor: m.doctor,
+				Launch: m.children[node],
+			}
+			for _, s := range m.preload {
+				job.Preload = append(job.Preload, s.info)
+			}
+			job.Stdin = m.cfg.Stdin != nil
+			job.NoPMI = m.cfg.PMI == PMINone
+			if err := w.send(wireMsg{T: "job", Job: job}); err != nil {
+				c.Close()
+				results <- setupResult{node: node, err: &HostError{Host: host, Op: "talk to agent", Err: err}}
+				return
+			}
+			hm, err := w.readMsg()
+			if err != nil || hm.T != "hello" || hm.Hello == nil {
+				c.Close()
+				results <- setupResult{node: node, err: &HostError{Host: host, Op: "talk to agent", Err: fmt.Errorf("no hello: %v", err)}}
+				return
+			}
+			if hm.Hello.Err == "" && len(hm.Hello.Need) > 0 {
+				// Transfers may take long on a slow link; the progress of
+				// frames is what counts, not a fixed deadline.
+				_ = c.SetDeadline(time.Time{})
+				m.cfg.Logger.Debug().Str("host", host).Int("files", len(hm.Hello.Need)).Msg("preloading")
+				if err := sendPreloads(w, m.preload, hm.Hello.Need); err != nil {
+					c.Close()
+					results <- setupResult{node: node, err: &HostError{Host: host, Op: "preload", Err: err}}
+					return
+				}
+			}
+			_ = c.SetDeadline(time.Time{})
+			results <- setupResult{node: node, conn: &hostConn{node: node, w: w, hello: *hm.Hello}}
+			if len(m.children[node]) > 0 && hm.Hello.Err == "" {
+				m.readChildExits(w)
+			}
+		})
+	}
+}
+
+// readChildExits reads a tree parent's reports of child launches that
+// ended, until gorun's "setup-over" is acknowledged or the connection
+// closes. A child's stand-in launcher then ends as its ssh did.
+func (m *hostAgents) readChildExits(w *wireConn) {
+	for {
+		msg, err := w.readMsg()
+		if err != nil || msg.T == "setup-over-ack" {
+			return
+		}
+		if msg.T != "child-exit" || msg.Child == nil {
+			continue
+		}
+		l := m.viaParent[msg.Child.Host]
+		if l == nil {
+			continue
+		}
+		select {
+		case <-l.done:
+		default:
+			l.code = msg.Child.Code
+			_, _ = l.stderr.Write([]byte(msg.Child.Tail))
+			l.err = fmt.Errorf("exit code %d", msg.Child.Code)
+			close(l.done)
+		}
+	}
+}
+
+func (m *hostAgents) rankDir() string {
+	if m.cfg.Dir != "" {
+		if abs, err := filepath.Abs(m.cfg.Dir); err == nil {
+			return abs
+		}
+	}
+	wd, _ := os.Getwd()
+	return wd
+}
+
+func (m *hostAgents) lease() time.Duration {
+	if m.cfg.Lease > 0 {
+		return m.cfg.Lease
+	}
+	return DefaultLease
+}
+
+func (m *hostAgents) starterOf(node int) *starter {
+	for _, l := range m.starters {
+		for _, n := range l.nodes {
+			if n == node {
+				return l
+			}
+		}
+	}
+	return &starter{stderr: &tailBuffer{}}
+}
+
+// claimHint quotes an unauthenticated connection that claimed to be host's
+// agent with another protocol, for the error of a host that failed.
+func (m *hostAgents) claimHint(host string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if he := m.claims[host]; he != nil {
+		return fmt.Sprintf("an unauthenticated connection from %s claimed to be its agent speaking protocol %s (this gorun speaks %s); "+
+			"if that was the agent, install the same gorun version on every host", he.Remote, he.ClaimProtocol, wireProtocol)
+	}
+	return ""
+}
+
+// abort ends a launch that failed before any rank started: agents that
+// connected see the connection close and exit; launchers get a moment,
+// then SIGKILL.
+func (m *hostAgents) abort() {
+	for _, c := range m.conns {
+		if c != nil {
+			c.w.c.Close()
+		}
+	}
+	m.closeAuthed()
+	m.reapStarters(2 * time.Second)
+}
+
+// progress shows "hosts up 37/64" on a terminal, rewritten in place.
+type progress struct {
+	w     io.Writer
+	total int
+	on    bool
+}
+
+func newProgress(w io.Writer, total int) *progress {
+	f, ok := w.(*os.File)
+	return &progress{w: w, total: total, on: ok && isTerminal(f) && total > 1}
+}
+
+func (p *progress) set(up int) {
+	if p.on {
+		fmt.Fprintf(p.w, "\rgorun: hosts up %d/%d", up, p.total)
+	}
+}
+
+func (p *progress) end() {
+	if p.on {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+}

@@ -1,0 +1,399 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// The job loop: one event loop for every job, whatever runs its ranks. It
+// sees the ranks only through a rankHome — this machine's supervisor
+// (localHome, runlocal.go), the supervisors of other hosts behind their
+// host agents (hostsHome, remote.go), or a script in tests (fakeHome,
+// loop_test.go) — and applies the failure rules: the first failure stops
+// the others (SIGTERM to every rank's process group, SIGKILL after
+// Config.Grace), signals are forwarded, --timeout and a canceled context
+// end the job, and the error names what ended it.
+
+// rankHome is where a job's ranks live, as the job loop sees it. The loop
+// is its only user and calls every method from its own goroutine.
+type rankHome interface {
+	// events delivers the supervisors' events in the order each
+	// supervisor sent them, plus "lost" for a host agent that is gone.
+	// It is closed only when no event can come any more (the local
+	// supervisor's event pipe ended).
+	events() <-chan supervisorEvent
+	// supervisors is how many "done" or "lost" events end the job: one
+	// per supervisor.
+	supervisors() int
+	// command delivers c to every supervisor. It does not block for long;
+	// a supervisor that is gone drops it.
+	command(c supervisorCmd)
+	// killGroup SIGKILLs a rank's process group when its supervisor died
+	// without reporting the end. A home that cannot reach the group (a
+	// remote host: its host agent's supervisor does that) does nothing.
+	killGroup(pgid int)
+	// lostWhy says why events closed before every supervisor reported
+	// "done"; nil when the home knows no more than that it closed.
+	lostWhy() error
+}
+
+// jobLoop is the state of one job's event loop; owned by the goroutine
+// that calls run.
+type jobLoop struct {
+	cfg  Config
+	plan *Plan
+	log  zerolog.Logger
+	home rankHome
+	// flight, when set, merges the ranks' flight records after SIGUSR2
+	// (flight.go; local jobs only).
+	flight *flightRecords
+}
+
+// rankState is what the job loop knows of one rank. A rank counts as live
+// from the moment the spec is sent until its supervisor reports its exit: a
+// supervisor starts every rank before it reads any command, so a signal
+// sent to "all ranks" reaches ranks whose "started" event is still in
+// flight.
+type rankState struct {
+	pid    int
+	exited bool
+	// stopped is set when gorun signaled the rank: its exit is then a
+	// consequence of the teardown, not a failure of its own.
+	stopped bool
+}
+
+// failure is one rank that failed on its own.
+type failure struct {
+	rank, pid, code int
+	signal          syscall.Signal
+	startErr        error
+	// lost is set when the rank's host agent was lost, with lostRanks
+	// ranks from rank on.
+	lost      error
+	lostRanks int
+	// mpi is set when the rank failed through PMI: MPI_Abort, or an exit
+	// 0 without PMI finalize (pmi.go).
+	mpi *MPIError
+}
+
+func (f failure) exitCode() int {
+	if f.mpi != nil {
+		return f.mpi.ExitCode()
+	}
+	if f.lost != nil {
+		return 255
+	}
+	if f.startErr != nil {
+		return 127
+	}
+	if f.signal != 0 {
+		return 128 + int(f.signal)
+	}
+	return f.code
+}
+
+// stopReason says why the job is being torn down.
+type stopReason int
+
+const (
+	notStopping stopReason = iota
+	stopFailure
+	stopTimeout
+	stopSignal
+	stopContext
+)
+
+// run handles the supervisors' events, signals and timers until every
+// supervisor reported that its ranks and their descendants are gone, or
+// was lost.
+func (r *jobLoop) run(ctx context.Context) error {
+	ranks := make([]rankState, len(r.plan.Ranks))
+	events := r.home.events()
+	// left counts the supervisors that have not yet reported "done" or
+	// been lost.
+	left := r.home.supervisors()
+	// supErr is set when the event stream ended before every "done".
+	var supErr error
+	// fences gathers the supervisors' PMI barriers (pmi.go).
+	fences := pmiFences{hosts: left}
+	var (
+		failures []failure
+		reason   stopReason
+		stopSig  syscall.Signal // the signal gorun received, for stopSignal
+		sentSig  syscall.Signal // the signal the teardown sent the ranks
+		stopped  int            // ranks gorun signaled that were running
+		grace    <-chan time.Time
+		timeout  <-chan time.Time
+		killed   bool
+		done     bool
+	)
+	if r.cfg.Timeout > 0 {
+		t := time.NewTimer(r.cfg.Timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var graceTimer *time.Timer
+	defer func() {
+		if graceTimer != nil {
+			graceTimer.Stop()
+		}
+	}()
+
+	// stop begins the teardown: sig to every running rank's group, SIGKILL
+	// after the grace period.
+	stop := func(why stopReason, sig syscall.Signal) {
+		if reason != notStopping {
+			return
+		}
+		reason = why
+		sentSig = sig
+		for i := range ranks {
+			if !ranks[i].exited {
+				ranks[i].stopped = true
+			}
+		}
+		r.log.Debug().Stringer("signal", sig).Msg("stopping the job")
+		r.home.command(supervisorCmd{Op: "signal", Signal: int(sig)})
+		graceTimer = time.NewTimer(r.cfg.Grace)
+		grace = graceTimer.C
+	}
+	kill := func() {
+		if !killed {
+			killed = true
+			r.home.command(supervisorCmd{Op: "kill"})
+		}
+	}
+	ctxDone := ctx.Done()
+	var flightTimer <-chan time.Time   // SIGUSR2: when to merge the ranks' dumps
+	var timeoutFlight <-chan time.Time // --timeout: when to merge them and stop
+	var flightAsked time.Time
+
+	for !done {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				supErr = r.home.lostWhy()
+				if supErr == nil {
+					supErr = errors.New("supervisor exited before reporting the end of the job")
+				}
+				done = true
+				break
+			}
+			if ev.Ev != "done" && ev.Ev != "lost" && (ev.Rank < 0 || ev.Rank >= len(ranks)) {
+				r.log.Warn().Int("rank", ev.Rank).Str("ev", ev.Ev).Msg("supervisor reported an unknown rank; ignored")
+				continue
+			}
+			switch ev.Ev {
+			case "started":
+				ranks[ev.Rank].pid = ev.PID
+				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Msg("rank started")
+			case "failed":
+				ranks[ev.Rank].exited = true
+				failures = append(failures, failure{rank: ev.Rank, startErr: errors.New(ev.Err)})
+				r.log.Debug().Int("rank", ev.Rank).Str("err", ev.Err).Msg("rank could not start")
+				stop(stopFailure, syscall.SIGTERM)
+			case "exited":
+				st := &ranks[ev.Rank]
+				st.exited = true
+				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Msg("rank exited")
+				if (ev.Code != 0 || ev.Signal != 0) && !(st.stopped && causedByStop(ev, sentSig)) {
+					// Its own failure, even if the teardown had begun: it
+					// does not count as one gorun stopped, or the final
+					// line would claim to have stopped ranks that all
+					// failed on their own.
+					st.stopped = false
+					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal)})
+					stop(stopFailure, syscall.SIGTERM)
+				} else if ev.Unfinalized && !st.stopped {
+					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: 1, mpi: &MPIError{Rank: ev.Rank, PID: ev.PID}})
+					stop(stopFailure, syscall.SIGTERM)
+				}
+			case "pmi-fence":
+				if cmd, ok, err := fences.add(ev); err != nil {
+					r.log.Error().Err(err).Msg("PMI barrier")
+					failures = append(failures, failure{rank: ev.Rank, startErr: fmt.Errorf("%w: %v", errPMIProtocol, err)})
+					stop(stopFailure, syscall.SIGTERM)
+				} else if ok {
+					r.log.Debug().Int("epoch", cmd.Epoch).Int("keys", len(cmd.KVS)).Msg("PMI barrier released")
+					r.home.command(cmd)
+				}
+			case "pmi-abort":
+				pid := ranks[ev.Rank].pid
+				abort := &MPIError{Rank: ev.Rank, PID: pid, Aborted: true, Code: ev.Code, Message: ev.Err}
+				if reason == notStopping {
+					failures = append(failures, failure{rank: ev.Rank, pid: pid, code: ev.Code, mpi: abort})
+					stop(stopFailure, syscall.SIGTERM)
+				} else if i := slices.IndexFunc(failures, func(f failure) bool { return f.rank == ev.Rank }); i >= 0 && failures[i].mpi == nil && failures[i].signal == 0 {
+					// A client that exits right after sending its abort
+					// (Slurm's libpmi2 does) can be reaped before the
+					// abort is read: the abort is the cause.
+					failures[i].mpi = abort
+				}
+			case "lost":
+				// A host agent is gone; its ranks are, or soon will be (its
+				// host agent kills them when the lease runs out): count them
+				// as failed.
+				n := r.plan.Nodes[ev.node]
+				r.log.Debug().Str("host", n.Name).Str("err", ev.Err).Msg("host lost")
+				for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
+					ranks[rk].exited = true
+					ranks[rk].stopped = false
+				}
+				failures = append(failures, failure{rank: n.FirstRank, lost: errors.New(ev.Err), lostRanks: n.Ranks})
+				stop(stopFailure, syscall.SIGTERM)
+				left--
+				done = left <= 0
+			case "done":
+				if ev.Strays > 0 {
+					r.log.Warn().Int("strays", ev.Strays).Msg("ranks left processes running; they were stopped")
+				}
+				left--
+				done = left <= 0
+			}
+		case <-timeout:
+			timeout = nil
+			// Ranks that keep flight records dump them first (a job that
+			// runs into --timeout is usually stuck), then the job stops.
+			if r.flight.signalReady() > 0 {
+				flightAsked = time.Now()
+				timeoutFlight = time.After(flightWait)
+			} else {
+				stop(stopTimeout, syscall.SIGTERM)
+			}
+		case <-timeoutFlight:
+			timeoutFlight = nil
+			r.flight.printed = r.flight.print("--timeout", flightAsked)
+			stop(stopTimeout, syscall.SIGTERM)
+		case <-grace:
+			grace = nil
+			kill()
+		case <-ctxDone:
+			ctxDone = nil
+			stop(stopContext, syscall.SIGTERM)
+		case s := <-r.cfg.Signals:
+			sig, _ := s.(syscall.Signal)
+			switch sig {
+			case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP:
+				if reason == notStopping {
+					stopSig = sig
+					stop(stopSignal, sig)
+				} else if sig == syscall.SIGINT {
+					// The user insists: no more grace.
+					kill()
+				}
+			case 0:
+			default:
+				r.home.command(supervisorCmd{Op: "signal", Signal: int(sig)})
+				if sig == syscall.SIGUSR2 && r.flight.env() != "" {
+					// The ranks dump their flight records (comm); merge them
+					// once they have had time to.
+					flightAsked = time.Now()
+					flightTimer = time.After(flightWait)
+				}
+			}
+		case <-flightTimer:
+			flightTimer = nil
+			if !r.flight.print("SIGUSR2", flightAsked) {
+				r.flight.stderr.write([]byte("gorun: SIGUSR2: no rank wrote flight records (no communicator open?)\n"))
+			}
+		}
+	}
+
+	// Counted at the end: a rank whose start failure was still in flight
+	// when the teardown began was never running, so it was not stopped.
+	for _, st := range ranks {
+		if st.stopped && st.pid > 0 {
+			stopped++
+		}
+	}
+	if supErr != nil {
+		// The ranks died with the supervisor (Pdeathsig); their process groups
+		// may still hold children, which nobody else will stop now.
+		for _, st := range ranks {
+			if st.pid > 0 && !st.exited {
+				r.home.killGroup(st.pid)
+			}
+		}
+	}
+	switch {
+	case supErr != nil && reason == notStopping:
+		return &SupervisorError{Err: supErr}
+	case reason == stopTimeout:
+		return &TimeoutError{After: r.cfg.Timeout, Stopped: stopped}
+	case reason == stopSignal:
+		return &InterruptedError{Signal: stopSig, Stopped: stopped}
+	case reason == stopContext:
+		return fmt.Errorf("launcher: job canceled; stopped %d %s: %w", stopped, plural(stopped, "rank", "ranks"), ctx.Err())
+	case len(failures) > 0:
+		f := pickFailure(failures, r.cfg.ExitPolicy)
+		host := r.plan.Ranks[f.rank].Host
+		if f.mpi != nil {
+			e := *f.mpi
+			e.Host, e.Stopped = host, stopped
+			if ranks[f.rank].stopped && ranks[f.rank].pid > 0 {
+				// An aborting rank waits to be ended: the teardown
+				// stops it too, but it is not one of the "other" ranks.
+				e.Stopped--
+			}
+			return &e
+		}
+		if f.lost != nil {
+			return &HostLostError{Host: host, FirstRank: f.rank, Ranks: f.lostRanks, Err: f.lost, Stopped: stopped}
+		}
+		if f.startErr != nil {
+			return &StartError{Rank: f.rank, Host: host, Err: f.startErr, Stopped: stopped}
+		}
+		return &RankExitError{Rank: f.rank, Host: host, PID: f.pid, Code: f.code, Signal: f.signal, Stopped: stopped,
+			AlsoFailed: alsoFailed(failures, f)}
+	}
+	return nil
+}
+
+// alsoFailed counts the ranks other than f's that failed on their own.
+func alsoFailed(fs []failure, f failure) int {
+	n := 0
+	for _, o := range fs {
+		if o.rank == f.rank {
+			continue
+		}
+		if o.lost != nil {
+			n += o.lostRanks
+		} else {
+			n++
+		}
+	}
+	return n
+}
+
+// causedByStop reports whether a stopped rank's exit is the teardown's
+// doing: death by the signal gorun sent or by SIGKILL, or the exit code
+// 128+signal that shells and many handlers use. Any other failure of a rank
+// that was being stopped is its own and competes under ExitLowest and
+// ExitMax (under ExitFirst the first failure always wins anyway).
+func causedByStop(ev supervisorEvent, sent syscall.Signal) bool {
+	return ev.Signal == int(sent) || ev.Signal == int(syscall.SIGKILL) || (ev.Signal == 0 && ev.Code == 128+int(sent))
+}
+
+// pickFailure applies the exit policy to the failures in arrival order.
+func pickFailure(fs []failure, policy ExitPolicy) failure {
+	best := fs[0]
+	for _, f := range fs[1:] {
+		switch policy {
+		case ExitLowest:
+			if f.rank < best.rank {
+				best = f
+			}
+		case ExitMax:
+			if f.exitCode() > best.exitCode() {
+				best = f
+			}
+		}
+	}
+	return best
+}

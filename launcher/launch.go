@@ -1,0 +1,220 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gorun-hpc/gorun/hostlist"
+)
+
+// Launch is the one entry point above both ways a job runs. It decides
+// where the ranks live and hands over:
+//
+//   - every host is this machine: resolve the program, reserve the ports,
+//     plan, and run the plan under one local supervisor (RunLocal);
+//   - a host is another machine, or Config.Starter is StartSrun: start one
+//     host agent per host and run the plan through them (launchOnHosts in
+//     remote.go), after host start-up (hoststartup.go) succeeded everywhere.
+//
+// Both end in the same job loop (jobloop.go), which sees the ranks only
+// through a rankHome.
+
+// Job is what a user asks gorun for: a program and where to run it.
+type Job struct {
+	// Argv is the program and its arguments; Argv[0] is looked up in PATH
+	// unless it contains a slash.
+	Argv []string
+	// NP, Hosts, Oversubscribe, GPUsPerHost and Export are as in
+	// PlanConfig, except that NP 0 without Hosts means one rank per CPU.
+	NP            int
+	Hosts         []Host
+	Oversubscribe bool
+	GPUsPerHost   int
+	Export        []string
+}
+
+// Launch plans and runs a job. When every host is this machine it checks
+// that the program can run, reserves ports, plans, and runs the plan under
+// one local supervisor. When a host is another machine (or Config.Starter
+// is StartSrun) it starts one host agent per host and runs the job through
+// them. The error is nil when every rank exited 0; otherwise it is one of
+// *RankExitError, *StartError, *TimeoutError, *InterruptedError,
+// *ProgramError, *SlotsError, *CapacityError, *SupervisorError, *HostError,
+// *VersionError, *HostLostError, *MPIError, *OutputLostError (every rank
+// succeeded but a log file lost output), or a configuration or context
+// error.
+func Launch(ctx context.Context, cfg Config, job Job) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if len(job.Argv) == 0 {
+		return errors.New("launcher: no program given")
+	}
+	id := DetectLocal()
+	if needsHostAgents(cfg, job.Hosts, id) {
+		return launchOnHosts(ctx, cfg, job, id)
+	}
+	return launchLocal(ctx, cfg, job)
+}
+
+// needsHostAgents reports whether the job's ranks live behind host agents:
+// some host is not this machine, or SLURM must start (and track) them.
+func needsHostAgents(cfg Config, hosts []Host, id LocalIdentity) bool {
+	if cfg.Starter == StartSrun {
+		return true
+	}
+	return RequireLocal(hosts, id) != nil
+}
+
+// launchLocal runs a job whose every host is this machine.
+func launchLocal(ctx context.Context, cfg Config, job Job) error {
+	if len(job.Hosts) == 0 && job.NP == 0 {
+		// No host list and no -np: one rank per CPU, as mpirun does on a
+		// single machine.
+		job.NP = runtime.NumCPU()
+	}
+	// Before anything is allocated per rank: an absurd count must not
+	// grow the plan until the machine runs out of memory.
+	if err := checkLocalCapacity(localRanks(job), readLocalLimits()); err != nil {
+		var ce *CapacityError
+		if errors.As(err, &ce) && ce.Resource == "ranks" && job.NP == 0 {
+			ce.FromSlots = true
+		}
+		return err
+	}
+	path, err := ResolveProgram(job.Argv[0], cfg.Dir)
+	if err != nil {
+		return err
+	}
+	if cfg.PMI != PMINone {
+		// Open MPI would form one singleton per rank (mpilib.go).
+		if err := checkMPILibrary(job.Argv[0], path); err != nil {
+			return err
+		}
+	}
+	jobID, secret, err := NewJobIdentity()
+	if err != nil {
+		return err
+	}
+	ports, err := ReservePorts()
+	if err != nil {
+		return err
+	}
+	defer ports.Release()
+	plan, err := NewPlan(PlanConfig{
+		NP: job.NP, Hosts: job.Hosts, Oversubscribe: job.Oversubscribe,
+		GPUsPerHost: job.GPUsPerHost, Export: job.Export,
+		JobID: jobID, Secret: secret,
+		// Every host is this machine, so loopback reaches rank 0 whatever
+		// name the user wrote.
+		MasterAddr: "127.0.0.1",
+		MasterPort: ports.MasterPort, RdzvPort: ports.RdzvPort,
+		NoPMI: cfg.PMI == PMINone,
+	})
+	if err != nil {
+		return err
+	}
+	cfg.Logger.Info().Str("job", plan.JobID).Int("world", plan.WorldSize).Int("nodes", len(plan.Nodes)).
+		Str("master", joinHostPort(plan.MasterAddr, plan.MasterPort)).Str("rdzv", plan.RdzvEndpoint).
+		Str("program", path).Msg("launching")
+	return RunLocal(ctx, cfg, plan, Program{Path: path, Argv: job.Argv}, ports)
+}
+
+// localRanks is how many ranks a local job asks for: -np, else the slots of
+// its hosts (which are all this machine).
+func localRanks(job Job) int {
+	if job.NP > 0 {
+		return job.NP
+	}
+	n := 0
+	for _, h := range job.Hosts {
+		n += max(h.Slots, 0)
+		if n > MaxRanks {
+			break // enough to refuse; no overflow from absurd slot counts
+		}
+	}
+	return n
+}
+
+// Program is the resolved program every rank runs.
+type Program struct {
+	// Path is the executable's path (see ResolveProgram).
+	Path string
+	// Argv is the argument list, Argv[0] as the user wrote it.
+	Argv []string
+}
+
+// ResolveProgram finds the executable for name the way a shell does: a name
+// with a slash is a path (relative to dir when dir is set), other names are
+// looked up in PATH. Anything that could not be executed is a *ProgramError,
+// found before any rank starts.
+func ResolveProgram(name, dir string) (string, error) {
+	if name == "" {
+		return "", &ProgramError{Program: name, Err: errors.New("empty program name")}
+	}
+	if !containsSlash(name) {
+		p, err := exec.LookPath(name)
+		if err != nil {
+			return "", &ProgramError{Program: name, Err: errors.New("command not found in PATH")}
+		}
+		return p, nil
+	}
+	p := name
+	if dir != "" && !filepath.IsAbs(p) {
+		p = filepath.Join(dir, p)
+	}
+	st, err := os.Stat(p)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", &ProgramError{Program: name, Err: errors.New("no such file")}
+	case err != nil:
+		return "", &ProgramError{Program: name, Err: err}
+	case st.IsDir():
+		return "", &ProgramError{Program: name, Err: errors.New("is a directory")}
+	case unix.Access(p, unix.X_OK) != nil || st.Mode()&0o111 == 0:
+		return "", &ProgramError{Program: name, Err: errors.New("permission denied (not executable)")}
+	}
+	return p, nil
+}
+
+func containsSlash(s string) bool { return strings.IndexByte(s, '/') >= 0 }
+
+// SlurmHosts reads the hosts of the SLURM allocation gorun runs in:
+// SLURM_JOB_NODELIST (a hostlist expression) zipped with
+// SLURM_TASKS_PER_NODE ("2(x3),1"), with SLURM_NODELIST and
+// SLURM_JOB_CPUS_PER_NODE as the older spellings. getenv is os.Getenv in
+// gorun and a map in tests. Call it only when SLURM_JOB_ID is set; an
+// allocation whose variables are missing or disagree is an error naming
+// them.
+func SlurmHosts(getenv func(string) string) ([]Host, error) {
+	nodes := getenv("SLURM_JOB_NODELIST")
+	if nodes == "" {
+		nodes = getenv("SLURM_NODELIST")
+	}
+	tasks := getenv("SLURM_TASKS_PER_NODE")
+	if tasks == "" {
+		tasks = getenv("SLURM_JOB_CPUS_PER_NODE")
+	}
+	if nodes == "" || tasks == "" {
+		return nil, fmt.Errorf("launcher: inside SLURM job %s but SLURM_JOB_NODELIST or SLURM_TASKS_PER_NODE is not set (run gorun inside salloc/sbatch, or give -H/-hostfile)",
+			getenv("SLURM_JOB_ID"))
+	}
+	nt, err := hostlist.ZipTasks(nodes, tasks)
+	if err != nil {
+		return nil, fmt.Errorf("launcher: SLURM allocation: %w", err)
+	}
+	hosts := make([]Host, 0, len(nt))
+	for _, n := range nt {
+		hosts = append(hosts, Host{Name: n.Name, Slots: n.Tasks})
+	}
+	return hosts, nil
+}

@@ -1,0 +1,286 @@
+package launcher
+
+import (
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// RunLocal executes a plan on this machine and returns when every rank and
+// every process a rank started is gone. ports, when not nil, is released
+// right before the ranks start, so the ports stay taken until rank 0 can
+// bind them.
+//
+// RunLocal starts one supervisor process (see supervisor.go for why) that
+// is the parent of every rank; output flows through pipes straight from
+// the ranks to RunLocal's goroutines, and the supervisor reports starts and
+// exits to the job loop (jobloop.go) through a localHome.
+func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *PortReservation) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if IsSupervisor() {
+		// The supervisor executable's main did not dispatch to
+		// SupervisorMain and is now launching again: refuse, or every
+		// level would start another.
+		return ErrSupervisorNotDispatched
+	}
+	defer ports.Release()
+	out, err := openJobOutput(cfg, plan)
+	if err != nil {
+		return err
+	}
+	defer out.close()
+
+	base := cfg.Env
+	if base == nil {
+		base = os.Environ()
+	}
+	base = scrubLaunchEnv(base)
+	flight := prepareFlight(cfg, out.stderr)
+	defer flight.remove()
+	if v := flight.env(); v != "" {
+		base = mergeEnv(base, []string{v})
+	}
+	pj, err := pmiJobFor(plan, cfg.PMI)
+	if err != nil {
+		return err
+	}
+	p := &rankPipes{spec: supervisorSpec{Grace: cfg.Grace, LogLevel: cfg.Logger.GetLevel(), PMI: pj, RemoveDir: flight.temp}}
+	defer p.closeChildEnds()
+	in := localStdin{src: cfg.Stdin}
+	defer in.close()
+	for _, rs := range plan.Ranks {
+		stdinFD := -1
+		if rs.Rank == 0 {
+			if stdinFD, err = in.prepare(p, cfg); err != nil {
+				p.closeStreams()
+				return err
+			}
+		}
+		sr := supervisorRank{Rank: rs.Rank, Path: prog.Path, Argv: prog.Argv, Dir: cfg.Dir, Env: mergeEnv(base, rs.Env)}
+		if err := p.addRank(sr, stdinFD); err != nil {
+			p.closeStreams()
+			return err
+		}
+	}
+	sup, err := startSupervisor(cfg.SupervisorPath, p.extra, cfg.Stderr)
+	if err != nil {
+		p.closeStreams()
+		return err
+	}
+	p.closeChildEnds()
+	for _, s := range p.streams {
+		out.add(s.rank, "", s.kind, s.r)
+	}
+	out.start()
+	in.start()
+
+	ports.Release()
+	home := newLocalHome(sup, len(plan.Ranks))
+	if err := sup.send(p.spec); err != nil {
+		home.sendErr = err
+	}
+	start := time.Now()
+	err = (&jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: home, flight: flight}).run(ctx)
+
+	// Finish: the supervisor is told its client is done (it exits once its
+	// ranks are gone, which they are unless the loop failed), stdin stops,
+	// and the output streams drain. Once the supervisor reported "done"
+	// every writer of the rank pipes is dead and the streams end on EOF; if
+	// it died instead, a stray holding a pipe could keep a stream open, so
+	// the pipes are closed after the grace period.
+	sup.closeCommands()
+	in.close()
+	_ = sup.wait()
+	home.wg.Wait()
+	sup.closeEvents()
+	streamsDone := make(chan struct{})
+	go func() {
+		out.wait()
+		close(streamsDone)
+	}()
+	t := time.NewTimer(cfg.Grace + time.Second)
+	defer t.Stop()
+	select {
+	case <-streamsDone:
+	case <-t.C:
+		p.closeStreams()
+		<-streamsDone
+	}
+	p.closeStreams()
+	if lerr := out.finish(); lerr != nil && err == nil {
+		// The ranks succeeded but their record did not: the exit status
+		// must say so (the line was printed when it happened).
+		err = lerr
+	}
+	if err != nil && !flight.printed {
+		flight.print("the job failed", start)
+	}
+	return err
+}
+
+// localHome is this machine's supervisor as the job loop's rankHome.
+type localHome struct {
+	sup *supervisorClient
+	ch  chan supervisorEvent
+	// sendErr is set before the loop starts when the spec could not be
+	// sent: the supervisor is gone, and this says how.
+	sendErr error
+	wg      sync.WaitGroup // the event reader
+}
+
+var _ rankHome = (*localHome)(nil)
+
+func newLocalHome(sup *supervisorClient, ranks int) *localHome {
+	h := &localHome{sup: sup, ch: make(chan supervisorEvent, 4*ranks+4)}
+	h.wg.Go(func() {
+		defer close(h.ch)
+		sup.readEvents(func(ev supervisorEvent) { h.ch <- ev })
+	})
+	return h
+}
+
+func (h *localHome) events() <-chan supervisorEvent { return h.ch }
+func (h *localHome) supervisors() int               { return 1 }
+func (h *localHome) command(c supervisorCmd)        { _ = h.sup.send(c) }
+func (h *localHome) lostWhy() error                 { return h.sendErr }
+
+// killGroup SIGKILLs the group directly: the supervisor that would have
+// is gone, and the group may still hold a rank's children.
+func (h *localHome) killGroup(pgid int) { _ = syscall.Kill(-pgid, syscall.SIGKILL) }
+
+// localStdin decides how rank 0 of a local job gets gorun's stdin.
+type localStdin struct {
+	src  interface{ Read([]byte) (int, error) }
+	pump *stdinPump
+	// pw is the write end of rank 0's stdin pipe while the pump feeds it.
+	pw *os.File
+	// reopened is the cancellable copy of a terminal, closed with the pump.
+	reopened *os.File
+	startFn  func()
+}
+
+// prepare returns the supervisor descriptor that becomes rank 0's stdin:
+// -1 (/dev/null) without Config.Stdin; the file itself for a file, pipe or
+// /dev/null (nothing to copy); otherwise a pipe that gorun feeds. A
+// terminal is fed, not handed over: rank 0 runs in its own process group
+// and would be stopped by SIGTTIN reading it.
+func (s *localStdin) prepare(p *rankPipes, cfg Config) (int, error) {
+	if cfg.Stdin == nil {
+		return -1, nil
+	}
+	src := cfg.Stdin
+	if f, ok := src.(*os.File); ok {
+		if !isTerminal(f) {
+			return p.inherit(f, false), nil
+		}
+		tf, err := cancellableStdin(f)
+		if err != nil {
+			// A copy that cannot be interrupted would keep RunLocal from
+			// returning; hand the terminal over and accept that rank 0
+			// may be stopped by SIGTTIN if it reads.
+			cfg.Logger.Debug().Err(err).Msg("cannot forward the terminal; rank 0 gets it directly")
+			return p.inherit(f, false), nil
+		}
+		s.reopened = tf
+		src = tf
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return 0, err
+	}
+	s.pw = pw
+	s.startFn = func() {
+		s.pump = startStdinPump(src, func(b []byte) error { _, err := pw.Write(b); return err },
+			func(bool) { pw.Close() }) // rank 0 sees EOF
+	}
+	return p.inherit(pr, true), nil
+}
+
+// start begins feeding rank 0, after the supervisor started.
+func (s *localStdin) start() {
+	if s.startFn != nil {
+		s.startFn()
+		s.startFn = nil
+	}
+}
+
+// close stops the feed (closing the pipe ends a write rank 0 does not
+// read) and releases what prepare opened. Idempotent.
+func (s *localStdin) close() {
+	if s.pump != nil {
+		s.pump.stop(func() { s.pw.Close() })
+		s.pump = nil
+	}
+	if s.pw != nil {
+		s.pw.Close()
+	}
+	if s.reopened != nil {
+		s.reopened.Close()
+	}
+}
+
+// mergeEnv concatenates environment lists where a later NAME=VALUE replaces
+// an earlier one. The supervisor starts ranks with os.StartProcess, which
+// passes duplicates through, and C's getenv (like Go's) returns the first:
+// without this, a RANK inherited from gorun's own environment would shadow
+// the plan's.
+func mergeEnv(lists ...[]string) []string {
+	last := map[string]int{}
+	n := 0
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			last[k] = n
+			n++
+		}
+	}
+	out := make([]string, 0, len(last))
+	i := 0
+	for _, l := range lists {
+		for _, kv := range l {
+			k, _, _ := strings.Cut(kv, "=")
+			if last[k] == i {
+				out = append(out, kv)
+			}
+			i++
+		}
+	}
+	return out
+}
+
+// pipeSize is the buffer asked for on each rank output pipe: a rank that
+// floods output then writes up to 1 MiB ahead of gorun (Linux' default
+// pipe-max-size for unprivileged users) and gorun reads it in a few large
+// reads instead of many 64 KiB wake-ups. Failure leaves the default.
+const pipeSize = 1 << 20
+
+func growPipe(f *os.File) {
+	// SyscallConn, not Fd: Fd would switch the pipe to blocking mode and
+	// cost a thread per blocked read.
+	if rc, err := f.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			_, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, pipeSize)
+		})
+	}
+}
+
+// isTerminal reports whether f is a terminal (TCGETS succeeds).
+func isTerminal(f *os.File) bool {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	tty := false
+	_ = rc.Control(func(fd uintptr) {
+		_, err := unix.IoctlGetTermios(int(fd), unix.TCGETS)
+		tty = err == nil
+	})
+	return tty
+}

@@ -1,0 +1,220 @@
+package launcher
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+)
+
+// The client side of the per-job supervisor (supervisor.go), shared by the
+// two places that start one: RunLocal on the launching machine, and relay
+// in a host agent on every other host. Both build the ranks' pipes and the
+// spec with rankPipes, start the supervisor with startSupervisor, send the
+// spec and later commands through it, and read its events until EOF.
+
+// supervisorClient is one started supervisor process: the write end of its
+// command pipe and the read end of its event pipe. send and closeCommands
+// are safe for concurrent use (a host agent's connection reader sends
+// commands while its main loop may close the pipe); readEvents and wait
+// are called by one goroutine each.
+type supervisorClient struct {
+	cmd *exec.Cmd
+	evR *os.File
+
+	// mu guards ctrl and closed: a command write and the final close
+	// may race, and a write after the close must be dropped, not fail
+	// on a reused descriptor.
+	mu     sync.Mutex
+	ctrl   *os.File
+	closed bool
+
+	waitOnce sync.Once
+	waitErr  error
+}
+
+// errSupervisorClosed is send's answer after closeCommands.
+var errSupervisorClosed = errors.New("launcher: supervisor command pipe closed")
+
+// startSupervisor starts the per-job supervisor process (path, "" for this
+// executable) with extra as its descriptors from 3 on. The caller closes
+// its copies of the descriptors meant for the supervisor alone once this
+// returns, and eventually calls closeCommands, wait and closeEvents.
+func startSupervisor(path string, extra []*os.File, stderr io.Writer) (*supervisorClient, error) {
+	// /proc/self/exe is the running binary even when its file was replaced
+	// or deleted since (a `make build` during a long job).
+	argv0 := path
+	if path == "" {
+		path, argv0 = "/proc/self/exe", os.Args[0]
+	}
+	ctrlR, ctrlW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("launcher: pipe: %w", err)
+	}
+	evR, evW, err := os.Pipe()
+	if err != nil {
+		ctrlR.Close()
+		ctrlW.Close()
+		return nil, fmt.Errorf("launcher: pipe: %w", err)
+	}
+	// The supervisor holds its own copies; ours of its ends must go, or
+	// EOF on either pipe would never come.
+	defer ctrlR.Close()
+	defer evW.Close()
+
+	cmd := &exec.Cmd{
+		Path:       path,
+		Args:       []string{argv0},
+		Env:        append(os.Environ(), supervisorEnv+"="+supervisorProtocol),
+		Stdin:      ctrlR,
+		Stdout:     evW,
+		Stderr:     stderr,
+		ExtraFiles: extra,
+		// Its own process group: Ctrl-C at the terminal and a kill of
+		// gorun's group must not take the supervisor down before it
+		// cleaned up.
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	if err := cmd.Start(); err != nil {
+		ctrlW.Close()
+		evR.Close()
+		return nil, &SupervisorError{Err: err}
+	}
+	return &supervisorClient{cmd: cmd, ctrl: ctrlW, evR: evR}, nil
+}
+
+// send writes one protocol message (the spec, then commands) as a JSON
+// line. It blocks only while the pipe is full, which the supervisor's
+// command reader keeps from lasting.
+func (s *supervisorClient) send(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errSupervisorClosed
+	}
+	_, err = s.ctrl.Write(append(b, '\n'))
+	return err
+}
+
+// closeCommands closes the command pipe. Before the supervisor reported
+// "done" this tells it that its client is gone: it kills every rank and
+// descendant, then exits. Idempotent.
+func (s *supervisorClient) closeCommands() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.closed = true
+		s.ctrl.Close()
+	}
+}
+
+// readEvents decodes the supervisor's event lines and hands each to f
+// until the event pipe ends (the supervisor exited). Lines that do not
+// decode are skipped: the supervisor writes nothing else on it.
+func (s *supervisorClient) readEvents(f func(supervisorEvent)) { readEvents(s.evR, f) }
+
+// readEvents decodes event lines from r until EOF.
+func readEvents(r io.Reader, f func(supervisorEvent)) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var ev supervisorEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			continue
+		}
+		f(ev)
+	}
+}
+
+// wait reaps the supervisor; later calls return the first result.
+func (s *supervisorClient) wait() error {
+	s.waitOnce.Do(func() { s.waitErr = s.cmd.Wait() })
+	return s.waitErr
+}
+
+// closeEvents closes the event pipe's read end (after readEvents ended, or
+// to end it).
+func (s *supervisorClient) closeEvents() { s.evR.Close() }
+
+// rankPipes builds a supervisor's spec together with the descriptors it
+// hands down: one pipe per output stream of every rank (the supervisor
+// gets the write ends as inherited descriptors, the caller reads the other
+// ends) and, for rank 0, a stdin descriptor when asked for.
+type rankPipes struct {
+	spec supervisorSpec
+	// extra are the supervisor's descriptors from 3 on, in order.
+	extra []*os.File
+	// childEnds are the descriptors in extra that this process opened for
+	// the supervisor alone: closed once it started (or on failure).
+	childEnds []*os.File
+	// streams are the read ends, one per rank stream, owned by the caller
+	// once build returns.
+	streams []rankStream
+}
+
+// rankStream is the read end of one rank's stdout (kind 1) or stderr
+// (kind 2).
+type rankStream struct {
+	rank int
+	kind byte
+	r    *os.File
+}
+
+// inherit adds f to the supervisor's descriptors and returns its number
+// there. owned marks a descriptor this process made for the supervisor
+// alone (closed after start); a descriptor borrowed from the caller (a
+// stdin file handed over) is not closed.
+func (p *rankPipes) inherit(f *os.File, owned bool) int {
+	p.extra = append(p.extra, f)
+	if owned {
+		p.childEnds = append(p.childEnds, f)
+	}
+	return 2 + len(p.extra)
+}
+
+// addRank appends one rank to the spec with fresh stdout and stderr pipes;
+// stdin is the supervisor descriptor of its stdin, -1 for /dev/null.
+func (p *rankPipes) addRank(r supervisorRank, stdin int) error {
+	r.Stdin = stdin
+	for _, s := range []struct {
+		fd   *int
+		kind byte
+	}{{&r.Stdout, 1}, {&r.Stderr, 2}} {
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			return fmt.Errorf("launcher: pipe for rank %d: %w", r.Rank, err)
+		}
+		growPipe(pr)
+		*s.fd = p.inherit(pw, true)
+		p.streams = append(p.streams, rankStream{rank: r.Rank, kind: s.kind, r: pr})
+	}
+	p.spec.Ranks = append(p.spec.Ranks, r)
+	return nil
+}
+
+// closeChildEnds closes this process's copies of the supervisor's
+// descriptors: after a start, so that EOF on a rank's pipe means that
+// rank and its descendants are gone; after a failure, to leak nothing.
+func (p *rankPipes) closeChildEnds() {
+	for _, f := range p.childEnds {
+		f.Close()
+	}
+	p.childEnds = nil
+}
+
+// closeStreams closes the read ends (on a failure before they were handed
+// to readers).
+func (p *rankPipes) closeStreams() {
+	for _, s := range p.streams {
+		s.r.Close()
+	}
+}

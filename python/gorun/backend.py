@@ -1,0 +1,723 @@
+"""The torch.distributed backend "gorun": a ProcessGroup over libgorun.
+
+Every collective checks its arguments here first (CPU, contiguous, one
+tensor per list, matching dtypes and sizes) and raises ValueError or
+TypeError naming the call and the argument before anything is issued, so a
+bad call on one rank never reaches the wire. Then it hands the tensors'
+memory (data_ptr) to the library, which runs the collective on its own
+threads without copying; the returned Work holds the tensors until the call
+completes.
+
+Calls on one group complete in the order they were issued (on every rank):
+that is what lets DDP's buckets, futures and comm hooks work unchanged.
+"""
+
+import atexit
+import collections
+import ctypes
+import datetime
+import os
+import queue
+import secrets
+import socket
+import threading
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup, ReduceOp, Work
+from torch.futures import Future
+
+from . import _lib
+from ._lib import GorunError
+
+BACKEND = "gorun"
+
+_DTYPES = {
+    torch.float32: _lib.FLOAT32,
+    torch.float64: _lib.FLOAT64,
+    torch.bfloat16: _lib.BFLOAT16,
+    torch.float16: _lib.FLOAT16,
+    torch.int32: _lib.INT32,
+    torch.int64: _lib.INT64,
+    torch.uint8: _lib.UINT8,
+    torch.bool: _lib.BOOL,
+}
+
+_OPS = {
+    ReduceOp.RedOpType.SUM: _lib.SUM,
+    ReduceOp.RedOpType.PRODUCT: _lib.PROD,
+    ReduceOp.RedOpType.MIN: _lib.MIN,
+    ReduceOp.RedOpType.MAX: _lib.MAX,
+    ReduceOp.RedOpType.AVG: _lib.AVG,
+}
+
+ENV_DETERMINISTIC = "GORUN_DETERMINISTIC"
+
+
+class Options:
+    """Options of the gorun backend, given as
+    ``dist.init_process_group("gorun", pg_options=gorun.Options(...))``.
+
+    deterministic: every reduction follows one fixed tree over the ranks, so
+        results are bitwise the same on every rank, for every message size and
+        across runs (default: $GORUN_DETERMINISTIC == "1").
+    tcp: no shared memory between ranks on one host (for comparisons).
+    """
+
+    def __init__(self, deterministic=None, tcp=False):
+        if deterministic is None:
+            deterministic = os.environ.get(ENV_DETERMINISTIC, "") == "1"
+        self.deterministic = bool(deterministic)
+        self.tcp = bool(tcp)
+
+    def config(self, timeout):
+        ms = 0
+        if timeout is not None and timeout.total_seconds() > 0:
+            ms = int(timeout.total_seconds() * 1000)
+        return "deterministic=%d tcp=%d timeout_ms=%d" % (self.deterministic, self.tcp, ms)
+
+
+# ---- the world ----------------------------------------------------------------
+
+_world_lock = threading.Lock()
+_world = None  # world communicator handle
+_world_config = None
+
+
+def _bootstrap_env(store, rank, size):
+    """Outside gorun (torchrun, or a hand-set RANK/WORLD_SIZE/MASTER_ADDR),
+    gorun's rendezvous needs an endpoint and a job secret that every rank
+    agrees on. torch's own store is the one thing they already share: rank 0
+    picks a free port next to the store and a random secret and publishes
+    them, and every rank hands them to the library as environment overrides
+    (the library cannot see os.environ changes: Go's runtime reads the
+    environment the process started with). torch's store holds MASTER_PORT
+    itself, so the rendezvous cannot use it."""
+    if "GORUN_RANK" in os.environ or "GORUN_RDZV_ENDPOINT" in os.environ or size <= 1 or store is None:
+        return ""
+    if rank == 0:
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(("127.0.0.1" if host == "localhost" else host, 0))
+            port = s.getsockname()[1]
+        finally:
+            s.close()
+        store.set("gorun/rdzv", "%s:%d" % (host, port))
+        store.set("gorun/secret", secrets.token_hex(32))
+    return " env.GORUN_RDZV_ENDPOINT=%s env.GORUN_SECRET=%s" % (
+        store.get("gorun/rdzv").decode(), store.get("gorun/secret").decode())
+
+
+def _init_world(store, rank, size, options, timeout):
+    global _world, _world_config
+    with _world_lock:
+        cfg = options.config(timeout)
+        if _world is not None:
+            if cfg != _world_config:
+                raise GorunError("gorun: already initialized with %r; destroy_process_group and "
+                                 "finalize() first to change options to %r" % (_world_config, cfg),
+                                 "GORUN_ERR_INVALID")
+            return _world
+        extra = _bootstrap_env(store, rank, size)
+        l = _lib.lib()
+        h = ctypes.c_int64()
+        _lib.check(l.gorun_init((cfg + extra).encode(), ctypes.byref(h)), "gorun_init")
+        _world, _world_config = h.value, cfg
+        atexit.register(finalize)
+        return _world
+
+
+def finalize():
+    """Closes every gorun communicator and leaves the world (at exit this
+    runs by itself). After it, init_process_group("gorun") starts afresh."""
+    global _world, _world_config
+    with _world_lock:
+        if _world is None or not _lib.loaded():
+            return
+        for pg in list(_live_groups):
+            pg._stop()
+        _world, _world_config = None, None
+        _lib.check(_lib.lib().gorun_finalize(), "gorun_finalize")
+
+
+# ---- Work ------------------------------------------------------------------------
+
+
+class _Completer(threading.Thread):
+    """Completes the futures of one group's calls as they finish, so that
+    DDP's buckets and comm hooks (which only chain on futures) progress
+    without anyone calling wait. Calls complete in issue order, so waiting
+    for them one after another in that order loses nothing."""
+
+    def __init__(self, name):
+        super().__init__(name=name, daemon=True)
+        self.q = queue.SimpleQueue()
+
+    def run(self):
+        while True:
+            w = self.q.get()
+            if w is None:
+                return
+            w._wait_native(-1)
+
+
+class GorunWork(Work):
+    """An issued call: wait, is_completed, is_success, exception, result and
+    get_future behave like torch's own backends'."""
+
+    def __init__(self, pg, what, reqs, keep, outputs, post=None):
+        super().__init__()
+        self._pg = pg
+        pg._adopt(self)
+        self._what = what
+        self._reqs = reqs  # library requests, in issue order
+        self._keep = keep  # tensors the library reads or writes
+        self._outputs = outputs
+        self._post = post  # runs once on success (copies out of temporaries)
+        self._mu = threading.Lock()
+        self._done = False  # set under _mu, read without it (a bool store is atomic)
+        self._exc = None
+        self._future = None
+
+    # -- completion --
+    def _finish(self, exc):
+        with self._mu:
+            if self._done:
+                return
+            if exc is None and self._post is not None:
+                try:
+                    self._post()
+                except Exception as e:  # a copy that failed: report, never hang
+                    exc = e
+            self._exc = exc
+            l = _lib.lib() if _lib.loaded() else None
+            if l is not None:
+                for r in self._reqs:
+                    l.gorun_request_free(r)
+            self._keep = None
+            self._done = True
+            fut = self._future
+        self._pg._retire(self)
+        if fut is not None:
+            _settle(fut, self._outputs, exc)
+
+    def _wait_native(self, timeout_ms):
+        """Waits for every request; returns False on a timeout."""
+        if self._done:
+            return True
+        l = _lib.lib()
+        for r in self._reqs:
+            rc = l.gorun_wait(r, timeout_ms)
+            if self._done:
+                return True  # another thread finished it meanwhile
+            if rc == _lib.ERR_TIMEOUT and timeout_ms >= 0:
+                return False
+            if rc != _lib.OK:
+                self._finish(_lib.error(rc, "gorun %s" % self._what))
+                return True
+        self._finish(None)
+        return True
+
+    # -- torch's Work interface --
+    def wait(self, timeout=datetime.timedelta(0)):
+        ms = -1
+        if isinstance(timeout, datetime.timedelta) and timeout.total_seconds() > 0:
+            ms = int(timeout.total_seconds() * 1000)
+        elif isinstance(timeout, (int, float)) and timeout > 0:
+            ms = int(timeout * 1000)
+        if not self._wait_native(ms):
+            raise _lib.GorunTimeout("gorun %s: not complete after %d ms (the call goes on)" % (self._what, ms),
+                                    "GORUN_ERR_TIMEOUT", -1)
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def is_completed(self):
+        if self._done:
+            return True
+        l = _lib.lib()
+        done = ctypes.c_int()
+        for r in self._reqs:
+            rc = l.gorun_test(r, ctypes.byref(done))
+            if self._done:
+                return True
+            if rc != _lib.OK:
+                self._finish(_lib.error(rc, "gorun %s" % self._what))
+                return True
+            if not done.value:
+                return False
+        self._finish(None)
+        return True
+
+    def is_success(self):
+        if not self.is_completed():
+            raise RuntimeError("gorun %s: is_success called before the call completed" % self._what)
+        return self._exc is None
+
+    def exception(self):
+        return self._exc
+
+    def result(self):
+        self.wait()
+        return self._outputs
+
+    def source_rank(self):
+        raise RuntimeError("gorun: source_rank: recv from any source is not supported")
+
+    def synchronize(self):
+        pass  # CPU tensors: nothing to synchronise
+
+    def get_future(self):
+        with self._mu:
+            if self._future is None:
+                self._future = Future()
+                if self._done:
+                    _settle(self._future, self._outputs, self._exc)
+                else:
+                    self._pg._completer.q.put(self)
+            return self._future
+
+
+def _settle(fut, outputs, exc):
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(outputs)
+
+
+class _DoneWork(GorunWork):
+    """A call that needs no communication (e.g. a group of one)."""
+
+    def __init__(self, pg, what, outputs, post=None):
+        super().__init__(pg, what, [], None, outputs, post)
+        self._finish(None)
+
+
+# ---- argument checks ----------------------------------------------------------
+
+
+def _dtype(t, what):
+    dt = _DTYPES.get(t.dtype)
+    if dt is None:
+        raise TypeError("gorun %s: dtype %s is not supported (supported: %s)" %
+                        (what, t.dtype, ", ".join(str(d).replace("torch.", "") for d in _DTYPES)))
+    return dt
+
+
+def _check(t, what, name="tensor"):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("gorun %s: %s is a %s, not a tensor" % (what, name, type(t).__name__))
+    if t.device.type != "cpu":
+        raise ValueError("gorun %s: %s is on %s; the gorun backend moves CPU tensors "
+                         "(use nccl for CUDA tensors)" % (what, name, t.device))
+    if t.layout != torch.strided:
+        raise ValueError("gorun %s: %s has layout %s; only dense tensors are supported" % (what, name, t.layout))
+    if not t.is_contiguous():
+        raise ValueError("gorun %s: %s is not contiguous (call .contiguous() first)" % (what, name))
+    return _dtype(t, what)
+
+
+def _one(tensors, what, name="tensors"):
+    if len(tensors) != 1:
+        raise ValueError("gorun %s: %s has %d tensors; the gorun backend takes exactly one "
+                         "(one CPU tensor per process)" % (what, name, len(tensors)))
+    return tensors[0]
+
+
+def _same(a, b, what, na, nb):
+    if a.dtype != b.dtype:
+        raise TypeError("gorun %s: %s is %s but %s is %s" % (what, na, a.dtype, nb, b.dtype))
+
+
+def _op(opts, what, dt):
+    if opts is None:
+        return _lib.SUM
+    op = opts.reduceOp.op if hasattr(opts.reduceOp, "op") else opts.reduceOp
+    code = _OPS.get(op)
+    if code is None:
+        raise ValueError("gorun %s: reduce op %s is not supported (supported: SUM, PRODUCT, MIN, MAX, AVG)"
+                         % (what, str(op).split(".")[-1]))
+    if code == _lib.AVG and dt == _lib.BOOL:
+        raise ValueError("gorun %s: AVG is not defined for bool tensors" % what)
+    return code
+
+
+def _ptr(t):
+    # ctypes converts an int for a c_void_p argument itself; None is NULL.
+    return t.data_ptr() if t.numel() else None
+
+
+# ---- the process group ---------------------------------------------------------
+
+_live_groups = weakref.WeakSet()
+
+
+class ProcessGroupGorun(ProcessGroup):
+    """torch.distributed's ProcessGroup on gorun's runtime (CPU tensors)."""
+
+    def __init__(self, handle, rank, size, ranks, timeout):
+        super().__init__(rank, size)
+        self._h = handle
+        self._ranks = ranks
+        self._timeout = timeout
+        self._pending = {}
+        self._recent = collections.deque(maxlen=self._RETAIN)
+        self._completer = _Completer("gorun-completer-%d" % handle)
+        self._completer.start()
+        _live_groups.add(self)
+
+    def _stop(self):
+        self._completer.q.put(None)
+
+    # A Work that C++ holds (DDP, verify_params_across_processes) is reached
+    # through torch's trampoline only while its Python object lives: once the
+    # Python object is collected, C++ calls land in c10d::Work's own wait,
+    # which nothing here can complete, and hang. So the group holds every
+    # Work until it has completed, and the last _RETAIN completed ones after
+    # that (for a second wait from C++).
+    _RETAIN = 1024
+
+    # dict and deque operations are atomic under the GIL: no lock needed.
+    def _adopt(self, w):
+        self._pending[id(w)] = w
+
+    def _retire(self, w):
+        if self._pending.pop(id(w), None) is not None:
+            self._recent.append(w)
+
+    def getBackendName(self):
+        return BACKEND
+
+    def _get_backend_name(self):
+        return BACKEND
+
+    def name(self):
+        return BACKEND
+
+    def abort(self, reason="aborted by the user"):
+        """Fails every pending and future call of this group on every rank."""
+        _lib.check(_lib.lib().gorun_comm_abort(self._h, reason.encode()), "gorun abort")
+
+    # -- issuing --
+    def _issue(self, what, fn, keep, outputs, post=None, calls=None):
+        """Issues one library call per entry of calls (or fn once) and returns
+        the Work. fn(req_ptr) issues and returns the status."""
+        l = _lib.lib()
+        reqs = []
+        for f in (calls if calls is not None else [fn]):
+            r = ctypes.c_int64()
+            rc = f(l, ctypes.byref(r))
+            if rc != _lib.OK:
+                exc = _lib.error(rc, "gorun %s" % what)
+                for q in reqs:
+                    l.gorun_request_free(q)
+                raise exc
+            reqs.append(r.value)
+        return GorunWork(self, what, reqs, keep, outputs, post)
+
+    # -- collectives --
+    def allreduce(self, tensors, opts=None):
+        what = "allreduce"
+        t = _one(tensors, what)
+        dt = _check(t, what)
+        op = _op(opts, what, dt)
+        n = t.numel()
+        return self._issue(what, lambda l, r: l.gorun_allreduce(self._h, _ptr(t), _ptr(t), n, dt, op, r),
+                           [t], [t])
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        what = "allreduce_coalesced"
+        if not tensors:
+            raise ValueError("gorun %s: no tensors" % what)
+        dts = [_check(t, what, "tensors[%d]" % i) for i, t in enumerate(tensors)]
+        op = _op(opts, what, dts[0])
+        for i, t in enumerate(tensors):
+            _same(tensors[0], t, what, "tensors[0]", "tensors[%d]" % i)
+        # One call per tensor: they are queued back to back and complete in
+        # order, and no flattening copy is made.
+        calls = [(lambda t: lambda l, r: l.gorun_allreduce(self._h, _ptr(t), _ptr(t), t.numel(), dts[0], op, r))(t)
+                 for t in tensors]
+        return self._issue(what, None, list(tensors), list(tensors), calls=calls)
+
+    def broadcast(self, tensors, opts=None):
+        what = "broadcast"
+        t = _one(tensors, what)
+        dt = _check(t, what)
+        root = opts.rootRank if opts is not None else 0
+        if opts is not None and opts.rootTensor != 0:
+            raise ValueError("gorun %s: rootTensor %d; one tensor per process" % (what, opts.rootTensor))
+        self._root(root, what)
+        return self._issue(what, lambda l, r: l.gorun_broadcast(self._h, _ptr(t), _ptr(t), t.numel(), dt, root, r),
+                           [t], [t])
+
+    def reduce(self, tensors, opts=None):
+        what = "reduce"
+        t = _one(tensors, what)
+        dt = _check(t, what)
+        op = _op(opts, what, dt)
+        root = opts.rootRank if opts is not None else 0
+        self._root(root, what)
+        return self._issue(what, lambda l, r: l.gorun_reduce(self._h, _ptr(t), _ptr(t), t.numel(), dt, op, root, r),
+                           [t], [t])
+
+    def _root(self, root, what):
+        if not 0 <= root < self.size():
+            raise ValueError("gorun %s: root %d is outside the group of %d" % (what, root, self.size()))
+
+    def _gather_out(self, outs, inp, what):
+        """The contiguous buffer an all-gather writes (outs itself when the
+        output tensors are consecutive pieces of one buffer), and the copy
+        that moves it into outs afterwards (None when no copy is needed)."""
+        n = self.size()
+        if len(outs) != n:
+            raise ValueError("gorun %s: output list has %d tensors for a group of %d" % (what, len(outs), n))
+        for i, o in enumerate(outs):
+            _check(o, what, "output[%d]" % i)
+            _same(inp, o, what, "input", "output[%d]" % i)
+            if o.numel() != inp.numel():
+                raise ValueError("gorun %s: output[%d] has %d elements but input has %d"
+                                 % (what, i, o.numel(), inp.numel()))
+        k, es = inp.numel(), inp.element_size()
+        base = outs[0].data_ptr()
+        if all(o.data_ptr() == base + i * k * es for i, o in enumerate(outs)):
+            return outs[0], None, base  # already one buffer
+        flat = torch.empty(n * k, dtype=inp.dtype)
+
+        def post():
+            for i, o in enumerate(outs):
+                o.view(-1).copy_(flat[i * k:(i + 1) * k])
+        return flat, post, flat.data_ptr()
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        what = "allgather"
+        inp = _one(input_tensors, what, "input_tensors")
+        outs = _one(output_tensors, what, "output_tensors")
+        dt = _check(inp, what, "input")
+        flat, post, ptr = self._gather_out(outs, inp, what)
+        k = inp.numel()
+        return self._issue(what, lambda l, r: l.gorun_allgather(self._h, _ptr(inp), ctypes.c_void_p(ptr) if k else None,
+                                                                k, dt, r),
+                           [inp, flat] + list(outs), [outs], post)
+
+    def _allgather_base(self, output, input, opts=None):
+        what = "all_gather_into_tensor"
+        dt = _check(input, what, "input")
+        _check(output, what, "output")
+        _same(input, output, what, "input", "output")
+        if output.numel() != input.numel() * self.size():
+            raise ValueError("gorun %s: output has %d elements, want %d (input %d × group of %d)"
+                             % (what, output.numel(), input.numel() * self.size(), input.numel(), self.size()))
+        return self._issue(what, lambda l, r: l.gorun_allgather(self._h, _ptr(input), _ptr(output), input.numel(),
+                                                                dt, r),
+                           [input, output], [output])
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        what = "allgather_coalesced"
+        if len(output_lists) != len(input_list):
+            raise ValueError("gorun %s: %d output lists for %d inputs" % (what, len(output_lists), len(input_list)))
+        calls, keep, posts = [], [], []
+        for inp, outs in zip(input_list, output_lists):
+            dt = _check(inp, what, "input")
+            flat, post, ptr = self._gather_out(outs, inp, what)
+            k = inp.numel()
+            calls.append((lambda inp, ptr, k, dt: lambda l, r: l.gorun_allgather(
+                self._h, _ptr(inp), ctypes.c_void_p(ptr) if k else None, k, dt, r))(inp, ptr, k, dt))
+            keep += [inp, flat] + list(outs)
+            if post:
+                posts.append(post)
+        return self._issue(what, None, keep, output_lists, (lambda: [p() for p in posts]) if posts else None,
+                           calls=calls)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        what = "reduce_scatter"
+        out = _one(output_tensors, what, "output_tensors")
+        ins = _one(input_tensors, what, "input_tensors")
+        dt = _check(out, what, "output")
+        op = _op(opts, what, dt)
+        n, k = self.size(), out.numel()
+        if len(ins) != n:
+            raise ValueError("gorun %s: input list has %d tensors for a group of %d" % (what, len(ins), n))
+        for i, t in enumerate(ins):
+            _check(t, what, "input[%d]" % i)
+            _same(out, t, what, "output", "input[%d]" % i)
+            if t.numel() != k:
+                raise ValueError("gorun %s: input[%d] has %d elements but output has %d" % (what, i, t.numel(), k))
+        flat = torch.cat([t.view(-1) for t in ins]) if n > 1 else ins[0].reshape(-1)
+        return self._issue(what, lambda l, r: l.gorun_reduce_scatter(self._h, _ptr(flat), _ptr(out), k, dt, op, r),
+                           [flat, out], [out])
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        what = "reduce_scatter_tensor"
+        dt = _check(output, what, "output")
+        _check(input, what, "input")
+        _same(output, input, what, "output", "input")
+        op = _op(opts, what, dt)
+        if input.numel() != output.numel() * self.size():
+            raise ValueError("gorun %s: input has %d elements, want %d (output %d × group of %d)"
+                             % (what, input.numel(), output.numel() * self.size(), output.numel(), self.size()))
+        return self._issue(what, lambda l, r: l.gorun_reduce_scatter(self._h, _ptr(input), _ptr(output),
+                                                                     output.numel(), dt, op, r),
+                           [input, output], [output])
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        what = "gather"
+        inp = _one(input_tensors, what, "input_tensors")
+        dt = _check(inp, what, "input")
+        root = opts.rootRank if opts is not None else 0
+        self._root(root, what)
+        k = inp.numel()
+        if self.rank() == root:
+            outs = _one(output_tensors, what, "output_tensors")
+            flat, post, ptr = self._gather_out(outs, inp, what)
+            keep = [inp, flat] + list(outs)
+            recv = ctypes.c_void_p(ptr) if k else None
+        else:
+            if output_tensors and any(len(o) for o in output_tensors):
+                raise ValueError("gorun %s: output tensors given on rank %d, which is not the root %d"
+                                 % (what, self.rank(), root))
+            post, keep, recv, outs = None, [inp], None, []
+        return self._issue(what, lambda l, r: l.gorun_gather(self._h, _ptr(inp), recv, k, dt, root, r),
+                           keep, [outs] if outs else [], post)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        what = "scatter"
+        out = _one(output_tensors, what, "output_tensors")
+        dt = _check(out, what, "output")
+        root = opts.rootRank if opts is not None else 0
+        self._root(root, what)
+        k = out.numel()
+        if self.rank() == root:
+            ins = _one(input_tensors, what, "input_tensors")
+            if len(ins) != self.size():
+                raise ValueError("gorun %s: input list has %d tensors for a group of %d" % (what, len(ins), self.size()))
+            for i, t in enumerate(ins):
+                _check(t, what, "input[%d]" % i)
+                _same(out, t, what, "output", "input[%d]" % i)
+                if t.numel() != k:
+                    raise ValueError("gorun %s: input[%d] has %d elements but output has %d" % (what, i, t.numel(), k))
+            flat = torch.cat([t.view(-1) for t in ins])
+            send, keep = _ptr(flat), [flat, out]
+        else:
+            if input_tensors and any(len(i) for i in input_tensors):
+                raise ValueError("gorun %s: input tensors given on rank %d, which is not the root %d"
+                                 % (what, self.rank(), root))
+            send, keep = None, [out]
+        return self._issue(what, lambda l, r: l.gorun_scatter(self._h, send, _ptr(out), k, dt, root, r),
+                           keep, [out])
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        what = "all_to_all_single"
+        dt = _check(input, what, "input")
+        _check(output, what, "output")
+        _same(input, output, what, "input", "output")
+        n = self.size()
+
+        def counts(t, splits, name):
+            rows = t.shape[0] if t.dim() else 1
+            per_row = t.numel() // rows if rows else 0
+            if not splits:
+                if rows % n:
+                    raise ValueError("gorun %s: %s has %d rows, not divisible by the group of %d (give split sizes)"
+                                     % (what, name, rows, n))
+                return [rows // n * per_row] * n
+            if len(splits) != n:
+                raise ValueError("gorun %s: %d %s split sizes for a group of %d" % (what, len(splits), name, n))
+            if sum(splits) != rows or any(s < 0 for s in splits):
+                raise ValueError("gorun %s: %s split sizes %s do not add up to its %d rows"
+                                 % (what, name, list(splits), rows))
+            return [s * per_row for s in splits]
+        sc = counts(input, input_split_sizes, "input")
+        rcs = counts(output, output_split_sizes, "output")
+        if not input_split_sizes and not output_split_sizes:
+            if input.numel() != output.numel():
+                raise ValueError("gorun %s: input has %d elements but output %d" % (what, input.numel(), output.numel()))
+            return self._issue(what, lambda l, r: l.gorun_alltoall(self._h, _ptr(input), _ptr(output), input.numel(),
+                                                                   dt, r),
+                               [input, output], [output])
+        sca, rca = (ctypes.c_size_t * n)(*sc), (ctypes.c_size_t * n)(*rcs)
+        return self._issue(what, lambda l, r: l.gorun_alltoallv(self._h, _ptr(input), sca, _ptr(output), rca, dt, r),
+                           [input, output, sca, rca], [output])
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        what = "all_to_all"
+        n = self.size()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError("gorun %s: %d outputs and %d inputs for a group of %d"
+                             % (what, len(output_tensors), len(input_tensors), n))
+        dt = None
+        for i, t in enumerate(list(input_tensors) + list(output_tensors)):
+            d = _check(t, what, "tensor %d" % i)
+            if dt is not None and d != dt:
+                raise TypeError("gorun %s: tensors of different dtypes (%s)" % (what, t.dtype))
+            dt = d
+        sc = [t.numel() for t in input_tensors]
+        rcs = [t.numel() for t in output_tensors]
+        flat_in = torch.cat([t.view(-1) for t in input_tensors])
+        flat_out = torch.empty(sum(rcs), dtype=output_tensors[0].dtype)
+        sca, rca = (ctypes.c_size_t * n)(*sc), (ctypes.c_size_t * n)(*rcs)
+
+        def post():
+            off = 0
+            for t, c in zip(output_tensors, rcs):
+                t.view(-1).copy_(flat_out[off:off + c])
+                off += c
+        return self._issue(what, lambda l, r: l.gorun_alltoallv(self._h, _ptr(flat_in), sca, _ptr(flat_out), rca,
+                                                                dt, r),
+                           [flat_in, flat_out, sca, rca] + list(output_tensors), list(output_tensors), post)
+
+    def barrier(self, opts=None):
+        return self._issue("barrier", lambda l, r: l.gorun_barrier(self._h, r), [], [])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        w = self.barrier()
+        ms = -1 if timeout is None or timeout.total_seconds() <= 0 else timeout.total_seconds()
+        w.wait(datetime.timedelta(seconds=ms) if ms > 0 else datetime.timedelta(0))
+
+    def _p2p(self, tensors, peer, what, fn):
+        t = _one(tensors, what)
+        dt = _check(t, what)
+        if not 0 <= peer < self.size() or peer == self.rank():
+            raise ValueError("gorun %s: peer %d (this is rank %d of %d)" % (what, peer, self.rank(), self.size()))
+        return self._issue(what, lambda l, r: fn(l)(self._h, _ptr(t), t.numel(), dt, peer, r), [t], [t])
+
+    def send(self, tensors, dstRank, tag=0):
+        return self._p2p(tensors, dstRank, "send", lambda l: l.gorun_send)
+
+    def recv(self, tensors, srcRank, tag=0):
+        return self._p2p(tensors, srcRank, "recv", lambda l: l.gorun_recv)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise RuntimeError("gorun recv: receiving from any source is not supported; name the source rank")
+
+
+def _create(opts, pg_options):
+    """The backend's creator (torch's extended API): the world for the
+    default group, a subgroup of the given world ranks otherwise."""
+    options = pg_options if isinstance(pg_options, Options) else Options()
+    if pg_options is not None and not isinstance(pg_options, Options):
+        raise TypeError("gorun: pg_options must be a gorun.Options, not %s" % type(pg_options).__name__)
+    ranks = list(opts.global_ranks_in_group)
+    world = _init_world(opts.store, opts.group_rank if not ranks else -1,
+                        opts.group_size if not ranks else 0, options, opts.timeout)
+    l = _lib.lib()
+    if not ranks:
+        wr, ws = ctypes.c_int(), ctypes.c_int()
+        _lib.check(l.gorun_comm_rank(world, ctypes.byref(wr)))
+        _lib.check(l.gorun_comm_size(world, ctypes.byref(ws)))
+        if (wr.value, ws.value) != (opts.group_rank, opts.group_size):
+            raise GorunError("gorun: torch says rank %d of %d but gorun's environment says rank %d of %d"
+                             % (opts.group_rank, opts.group_size, wr.value, ws.value), "GORUN_ERR_INIT")
+        return ProcessGroupGorun(world, wr.value, ws.value, list(range(ws.value)), opts.timeout)
+    arr = (ctypes.c_int * len(ranks))(*ranks)
+    h = ctypes.c_int64()
+    _lib.check(l.gorun_comm_group(world, arr, len(ranks), ("torch-group-" + str(opts.group_id)).encode(),
+                                  ctypes.byref(h)), "gorun new_group %s" % ranks)
+    return ProcessGroupGorun(h.value, opts.group_rank, opts.group_size, ranks, opts.timeout)
+
+
+def register():
+    """Registers the "gorun" backend with torch.distributed (idempotent)."""
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True)

@@ -1,0 +1,386 @@
+"""The rank program of the pytest suite: run under gorun as
+``python3 rankprog.py CASE [ARGS]``. Each case checks on every rank and
+prints "RANK r: CASE ok" at the end; a failed check raises (non-zero exit).
+
+Inputs are small integers, so that every reduction has one exact answer that
+each rank computes alone (the reference) in every dtype, float16 and
+bfloat16 included.
+"""
+
+import datetime
+import hashlib
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gorun
+
+R = dist.ReduceOp
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64,
+          torch.uint8, torch.bool]
+OPS = [R.SUM, R.PRODUCT, R.MIN, R.MAX, R.AVG]
+COUNTS = [1, 7, 1000]
+
+
+def say(*a):
+    print("RANK %d:" % dist.get_rank(), *a, flush=True)
+
+
+def value(rank, n, dtype, salt=0):
+    """Rank's input: small integers (0/1 for bool), different per rank."""
+    base = (torch.arange(n) + salt) % 5 + rank + 1
+    if dtype == torch.bool:
+        return ((torch.arange(n) + rank + salt) % 3 == 0)
+    return base.to(dtype)
+
+
+def reference(op, dtype, inputs):
+    n = len(inputs)
+    if dtype == torch.bool:
+        s = torch.stack(inputs)
+        if op in (R.SUM, R.MAX):
+            return s.any(0)
+        return s.all(0)
+    wide = torch.float64 if dtype.is_floating_point else torch.int64
+    s = torch.stack([t.to(wide) for t in inputs])
+    if op == R.SUM:
+        out = s.sum(0)
+    elif op == R.PRODUCT:
+        out = s.prod(0)
+    elif op == R.MIN:
+        out = s.min(0).values
+    elif op == R.MAX:
+        out = s.max(0).values
+    elif op == R.AVG:
+        out = s.sum(0) / n if dtype.is_floating_point else torch.div(s.sum(0), n, rounding_mode="trunc")
+    if dtype == torch.uint8:
+        out = out % 256  # uint8 products wrap, like the tensor's own arithmetic
+    return out.to(dtype)
+
+
+def same(got, want, what):
+    if got.dtype.is_floating_point:
+        ok = torch.allclose(got.double(), want.double(), rtol=1e-3 if got.element_size() == 2 else 1e-6)
+    else:
+        ok = torch.equal(got, want)
+    if not ok:
+        raise AssertionError("%s: got %s, want %s" % (what, got[:8], want[:8]))
+
+
+def check_allreduce(rank, n):
+    for dtype in DTYPES:
+        for op in OPS:
+            for count in COUNTS:
+                what = "all_reduce %s %s count=%d" % (dtype, op, count)
+                t = value(rank, count, dtype)
+                if dtype == torch.bool and op == R.AVG:
+                    try:
+                        dist.all_reduce(t, op=op)
+                    except ValueError as e:
+                        assert "AVG" in str(e) and "bool" in str(e), e
+                        continue
+                    raise AssertionError("AVG of bool did not raise")
+                dist.all_reduce(t, op=op)
+                same(t, reference(op, dtype, [value(r, count, dtype) for r in range(n)]), what)
+    # a large message takes the bandwidth path (segments, ring)
+    t = value(rank, 300_001, torch.float32)
+    dist.all_reduce(t)
+    same(t, reference(R.SUM, torch.float32, [value(r, 300_001, torch.float32) for r in range(n)]), "big all_reduce")
+    # coalesced
+    ts = [value(rank, c, torch.float64, salt=c) for c in (3, 50, 1)]
+    dist.all_reduce_coalesced(ts, op=R.MAX)
+    for t, c in zip(ts, (3, 50, 1)):
+        same(t, reference(R.MAX, torch.float64, [value(r, c, torch.float64, salt=c) for r in range(n)]), "coalesced")
+
+
+def check_others(rank, n):
+    for dtype in DTYPES:
+        k = 5
+        # broadcast from every root
+        for root in range(n):
+            t = value(rank, k, dtype)
+            dist.broadcast(t, root)
+            same(t, value(root, k, dtype), "broadcast %s root %d" % (dtype, root))
+        # all_gather (list) and all_gather_into_tensor
+        outs = [torch.empty(k, dtype=dtype) for _ in range(n)]
+        dist.all_gather(outs, value(rank, k, dtype))
+        for r in range(n):
+            same(outs[r], value(r, k, dtype), "all_gather %s block %d" % (dtype, r))
+        out = torch.empty(n * k, dtype=dtype)
+        dist.all_gather_into_tensor(out, value(rank, k, dtype))
+        same(out, torch.cat([value(r, k, dtype) for r in range(n)]), "all_gather_into_tensor %s" % dtype)
+        # gather and scatter to/from the last rank
+        root = n - 1
+        gl = [torch.empty(k, dtype=dtype) for _ in range(n)] if rank == root else None
+        dist.gather(value(rank, k, dtype), gl, dst=root)
+        if rank == root:
+            for r in range(n):
+                same(gl[r], value(r, k, dtype), "gather %s block %d" % (dtype, r))
+        o = torch.empty(k, dtype=dtype)
+        dist.scatter(o, [value(r, k, dtype, salt=7) for r in range(n)] if rank == root else None, src=root)
+        same(o, value(rank, k, dtype, salt=7), "scatter %s" % dtype)
+        # all_to_all_single, equal blocks: block p goes to rank p
+        inp = torch.cat([value(rank * n + p, 2, dtype) for p in range(n)])
+        out = torch.empty(2 * n, dtype=dtype)
+        dist.all_to_all_single(out, inp)
+        same(out, torch.cat([value(p * n + rank, 2, dtype) for p in range(n)]), "all_to_all_single %s" % dtype)
+        if dtype == torch.bool:
+            continue
+        for op in (R.SUM, R.MAX):
+            # reduce_scatter (list) and reduce_scatter_tensor
+            ins = [value(rank, k, dtype, salt=p) for p in range(n)]
+            o = torch.empty(k, dtype=dtype)
+            dist.reduce_scatter(o, ins, op=op)
+            same(o, reference(op, dtype, [value(r, k, dtype, salt=rank) for r in range(n)]), "reduce_scatter %s" % dtype)
+            o = torch.empty(k, dtype=dtype)
+            dist.reduce_scatter_tensor(o, torch.cat(ins), op=op)
+            same(o, reference(op, dtype, [value(r, k, dtype, salt=rank) for r in range(n)]),
+                 "reduce_scatter_tensor %s" % dtype)
+            # reduce to rank 0
+            t = value(rank, k, dtype)
+            dist.reduce(t, 0, op=op)
+            if rank == 0:
+                same(t, reference(op, dtype, [value(r, k, dtype) for r in range(n)]), "reduce %s" % dtype)
+    # all_to_all_single with splits: rank r sends p+1 rows to p (2 columns)
+    inp = torch.cat([torch.full((p + 1, 2), float(rank * 10 + p)) for p in range(n)])
+    out = torch.empty(sum(rank + 1 for _ in range(n)), 2)
+    dist.all_to_all_single(out, inp, output_split_sizes=[rank + 1] * n, input_split_sizes=[p + 1 for p in range(n)])
+    same(out, torch.cat([torch.full((rank + 1, 2), float(p * 10 + rank)) for p in range(n)]), "all_to_all splits")
+    # all_to_all with lists of uneven tensors
+    ins = [torch.full((p + 1,), rank * 100 + p, dtype=torch.int64) for p in range(n)]
+    outs = [torch.empty(rank + 1, dtype=torch.int64) for _ in range(n)]
+    dist.all_to_all(outs, ins)
+    for p in range(n):
+        same(outs[p], torch.full((rank + 1,), p * 100 + rank, dtype=torch.int64), "all_to_all from %d" % p)
+    # send/recv and isend/irecv between pairs (2r, 2r+1)
+    if n >= 2 and not (n % 2 and rank == n - 1):
+        peer = rank ^ 1
+        t = torch.full((4,), float(rank))
+        r = torch.empty(4)
+        if rank % 2 == 0:
+            dist.send(t, peer)
+            dist.recv(r, peer)
+        else:
+            dist.recv(r, peer)
+            dist.send(t, peer)
+        same(r, torch.full((4,), float(peer)), "send/recv")
+        reqs = [dist.isend(t, peer), dist.irecv(r, peer)] if rank % 2 == 0 else [dist.irecv(r, peer), dist.isend(t, peer)]
+        for q in reqs:
+            q.wait()
+        same(r, torch.full((4,), float(peer)), "isend/irecv")
+    dist.barrier()
+
+
+def check_groups(rank, n):
+    evens = list(range(0, n, 2))
+    odds = list(range(1, n, 2))
+    ge = dist.new_group(evens, backend="gorun")
+    go = dist.new_group(odds, backend="gorun") if odds else None
+    mine = ge if rank % 2 == 0 else go
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t, group=mine)
+    same(t, torch.tensor([float(sum(evens if rank % 2 == 0 else odds))]), "subgroup all_reduce")
+    # torch numbers a group's ranks in ascending world order, whatever order
+    # they were listed in; the backend receives them that way
+    if n >= 2:
+        pair = dist.new_group([n - 1, 0], backend="gorun")
+        if rank in (0, n - 1):
+            assert dist.get_backend(pair) == "gorun"
+            t = torch.tensor([float(rank)])
+            dist.broadcast(t, src=n - 1, group=pair)
+            same(t, torch.tensor([float(n - 1)]), "pair broadcast")
+            outs = [torch.empty(1) for _ in range(2)]
+            dist.all_gather(outs, torch.tensor([float(rank)]), group=pair)
+            same(torch.cat(outs), torch.tensor([0.0, float(n - 1)]), "pair all_gather")
+    dist.barrier()
+
+
+def check_async(rank, n):
+    # async work: wait, is_completed, get_future chained with then
+    t = torch.ones(100_000)
+    w = dist.all_reduce(t, async_op=True)
+    fut = w.get_future().then(lambda f: f.value()[0] * 2)
+    w.wait()
+    assert w.is_completed() and w.is_success()
+    same(fut.wait(), torch.full((100_000,), 2.0 * n), "future chain")
+    # futures complete without anyone calling wait
+    t2 = torch.ones(10)
+    f2 = dist.all_reduce(t2, async_op=True).get_future()
+    same(f2.wait()[0], torch.full((10,), float(n)), "future alone")
+    # several in flight, completed in issue order
+    ts = [torch.full((1000,), float(i)) for i in range(8)]
+    ws = [dist.all_reduce(x, async_op=True) for x in ts]
+    ws[-1].wait()
+    assert all(x.is_completed() for x in ws), "an earlier call not complete after a later one"
+    for i, x in enumerate(ts):
+        same(x, torch.full((1000,), float(i * n)), "in-flight %d" % i)
+    # wait with a timeout on a call that a peer issues late
+    if n >= 2:
+        if rank == 1:
+            time.sleep(0.5)
+        x = torch.ones(1)
+        w = dist.all_reduce(x, async_op=True)
+        if rank == 0:
+            try:
+                w.wait(timeout=datetime.timedelta(milliseconds=50))
+                raise AssertionError("wait(50ms) returned before rank 1 issued the call")
+            except gorun.GorunTimeout as e:
+                assert "not complete" in str(e), e
+        w.wait()
+        same(x, torch.full((1,), float(n)), "late all_reduce")
+
+
+def check_bad_arguments(rank, n):
+    def raises(exc, words, fn):
+        try:
+            fn()
+        except exc as e:
+            for w in words:
+                assert w in str(e), "%r not in %r" % (w, str(e))
+            return
+        raise AssertionError("no %s for %s" % (exc.__name__, words))
+    nc = torch.ones(4, 4).t()
+    raises(ValueError, ["allreduce", "contiguous"], lambda: dist.all_reduce(nc))
+    raises(TypeError, ["int16", "not supported"], lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16)))
+    raises(ValueError, ["BAND"], lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=R.BAND))
+    raises(ValueError, ["all_gather_into_tensor", "output has"],
+           lambda: dist.all_gather_into_tensor(torch.empty(n * 3 + 1), torch.ones(3)))
+    raises(TypeError, ["float64"],
+           lambda: dist.all_gather_into_tensor(torch.empty(n * 3, dtype=torch.float64), torch.ones(3)))
+    raises(ValueError, ["reduce_scatter_tensor", "input has"],
+           lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * n + 1)))
+    raises(ValueError, ["all_to_all_single", "split sizes"],
+           lambda: dist.all_to_all_single(torch.empty(n), torch.ones(n), [1] * n, [2] * n))
+    if n > 1:
+        raises(ValueError, ["allgather", "elements"],
+               lambda: dist.all_gather([torch.empty(2) for _ in range(n)], torch.ones(3)))
+    raises(RuntimeError, ["any source"], lambda: dist.recv(torch.empty(1)))
+    # none of these reached the wire: the group still works, with the same data
+    t = torch.full((3,), float(rank))
+    dist.all_reduce(t)
+    same(t, torch.full((3,), float(n * (n - 1) / 2)), "all_reduce after bad arguments")
+
+
+def train(model, pg, steps, seed, hook=None):
+    ddp = DDP(model, process_group=pg, bucket_cap_mb=0.002)
+    if hook is not None:
+        ddp.register_comm_hook(pg, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(seed + dist.get_rank())
+    for _ in range(steps):
+        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+        loss = ((ddp(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def make_model():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32),
+                               torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def check_ddp(rank, n):
+    gloo = dist.new_group(list(range(n)), backend="gloo")
+    world = dist.group.WORLD
+    for name, hook in (("default", None), ("allreduce hook", default_hooks.allreduce_hook),
+                       ("fp16 hook", default_hooks.fp16_compress_hook)):
+        a = train(make_model(), world, 10, 5, hook)
+        b = train(make_model(), gloo, 10, 5, hook)
+        tol = 1e-3 if hook is default_hooks.fp16_compress_hook else 1e-5
+        if not torch.allclose(a, b, atol=tol, rtol=0):
+            raise AssertionError("DDP %s: gorun and gloo differ by %g" % (name, (a - b).abs().max()))
+        # and every rank holds the same parameters
+        outs = [torch.empty_like(a) for _ in range(n)]
+        dist.all_gather(outs, a)
+        assert all(torch.equal(o, a) for o in outs), "DDP %s: ranks disagree" % name
+
+
+def case_all():
+    dist.init_process_group("gorun")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    assert dist.get_backend() == "gorun"
+    check_allreduce(rank, n)
+    check_others(rank, n)
+    check_groups(rank, n)
+    check_async(rank, n)
+    check_bad_arguments(rank, n)
+    check_ddp(rank, n)
+    say("all ok")
+    dist.destroy_process_group()
+
+
+def case_det():
+    dist.init_process_group("gorun", pg_options=gorun.Options(deterministic=True))
+    rank, n = dist.get_rank(), dist.get_world_size()
+    p = train(make_model(), dist.group.WORLD, 15, 11)
+    outs = [torch.empty_like(p) for _ in range(n)]
+    dist.all_gather(outs, p)
+    assert all(torch.equal(o, p) for o in outs), "ranks disagree bitwise"
+    say("DETHASH", hashlib.sha256(p.numpy().tobytes()).hexdigest())
+    say("det ok")
+
+
+def case_smoke():
+    dist.init_process_group("gorun")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    t = torch.full((10,), float(rank))
+    dist.all_reduce(t)
+    same(t, torch.full((10,), float(n * (n - 1) / 2)), "smoke all_reduce")
+    outs = [torch.empty(1, dtype=torch.int64) for _ in range(n)]
+    dist.all_gather(outs, torch.tensor([rank]))
+    same(torch.cat(outs), torch.arange(n), "smoke all_gather")
+    dist.barrier()
+    say("smoke ok")
+
+
+def case_kill():
+    # gorun stops the other ranks with SIGTERM once one dies; the survivors
+    # ignore it here to report what the backend told them.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    dist.init_process_group("gorun")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    t = torch.ones(1000)
+    start = time.monotonic()
+    try:
+        for i in range(1_000_000):
+            if i == 20 and rank == n - 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.all_reduce(t)
+            start = time.monotonic()
+    except gorun.GorunError as e:
+        say("KILLERR after=%.2f status=%s lostrank=%d msg=%s" % (time.monotonic() - start, e.status, e.rank, e))
+        sys.stdout.flush()
+        os._exit(0)  # the world is broken; do not wait at exit for a goodbye
+
+
+def case_desync():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    dist.init_process_group("gorun")
+    rank = dist.get_rank()
+    t = torch.ones(8)
+    try:
+        if rank == 0:
+            dist.broadcast(t, 0)
+        else:
+            dist.all_reduce(t)
+        say("DESYNCERR none")
+    except gorun.GorunError as e:
+        say("DESYNCERR status=%s msg=%s" % (e.status, e))
+    sys.stdout.flush()
+    # Stay a moment: rank 0 is its host's rendezvous leader, and its exit
+    # would tell a rank that has not yet read the desync that rank 0 is gone.
+    time.sleep(2)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    {"all": case_all, "smoke": case_smoke, "det": case_det, "kill": case_kill, "desync": case_desync}[sys.argv[1]]()

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# bench-torch.sh: torch.distributed all-reduce bus bandwidth with the gorun
+# backend next to gloo, and gorun's native `gorun bench` in the same run,
+# with ratios; then a DDP training step on both backends.
+#
+#   scripts/bench-torch.sh [OUT_DIR]        (default: bench-results/torch, ignored by git)
+#
+# For NPS (default "2 4") ranks, in ROUNDS (default 3) interleaved rounds
+# whose fastest time per size is kept (sweep -b 8 -e 64M -f 4, SWEEP=...):
+#   [1] gorun -np N python3 bench/torch_allreduce.py --backend gloo
+#   [2] gorun -np N python3 bench/torch_allreduce.py --backend gorun
+#   [3] gorun -np N gorun bench allreduce          (native, the same runtime)
+# `gorun bench report` prints busbw per size with the ratios torch-gorun/gloo
+# (goal: >= 2 at >= 64 KiB, >= 10 at 8 B) and torch-gorun/native (the cost
+# of the Python/C boundary; goal: >= 0.9 at >= 1 MiB). Then
+# examples/torch/ddp.py times a DDP step with each backend (median step).
+# Needs python3-torch for /usr/bin/python3 (scripts/install-test-deps.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-bench-results/torch}
+SWEEP=${SWEEP:--b 8 -e 64M -f 4}
+NPS=${NPS:-2 4}
+ROUNDS=${ROUNDS:-3}
+ITERS=${ITERS:--w 3 -n 10}
+PY=/usr/bin/python3 # Debian's python, the one with python3-torch
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+if ! "$PY" -c 'import torch' 2>/dev/null; then
+	echo "bench-torch: $PY has no torch (install python3-torch)" >&2
+	exit 1
+fi
+make --no-print-directory build lib >/dev/null
+GORUN=bin/gorun
+export GORUN_LIB=$PWD/bin/libgorun.so OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore
+
+run() { # label file command...
+	local label=$1 file=$2
+	shift 2
+	echo "bench-torch: $label" >&2
+	if ! "$@" >"$OUT/$file"; then
+		echo "bench-torch: $label failed (output in $OUT/$file)" >&2
+		return 1
+	fi
+}
+load() { echo "# load average $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"; }
+
+for np in $NPS; do
+	before=$(load)
+	files=()
+	for round in $(seq "$ROUNDS"); do
+		# shellcheck disable=SC2086 # SWEEP and ITERS are lists of flags
+		{
+			run "np $np gloo ($round/$ROUNDS)" gloo.$np.$round.txt "$GORUN" -np "$np" "$PY" bench/torch_allreduce.py --backend gloo $SWEEP $ITERS
+			run "np $np torch-gorun ($round/$ROUNDS)" torch-gorun.$np.$round.txt "$GORUN" -np "$np" "$PY" bench/torch_allreduce.py --backend gorun $SWEEP $ITERS
+			run "np $np native ($round/$ROUNDS)" native.$np.$round.txt "$GORUN" -np "$np" "$GORUN" bench allreduce $SWEEP $ITERS --json "$OUT/native.$np.$round.json"
+		}
+		files+=("gloo=$OUT/gloo.$np.$round.txt" "torch-gorun=$OUT/torch-gorun.$np.$round.txt" "native=$OUT/native.$np.$round.json")
+	done
+	{
+		echo "# torch all-reduce, $np ranks, sweep $SWEEP, best of $ROUNDS interleaved rounds"
+		echo "$before (before)"
+		echo "$(load) (after)"
+		"$GORUN" bench report --plot "$OUT/allreduce.$np.png" --ratio 2/1 --ratio 2/3 "${files[@]}"
+	} | tee "$OUT/compare.$np.txt"
+done
+
+echo "# DDP step (examples/torch/ddp.py --width 1024 --steps 40), median of the steady steps" | tee "$OUT/ddp.txt"
+for np in $NPS; do
+	for b in gloo gorun; do
+		"$GORUN" -np "$np" "$PY" examples/torch/ddp.py --backend "$b" --width 1024 --steps 40 | grep '^backend' | tee -a "$OUT/ddp.txt"
+	done
+done
+echo "# The machine may be shared: rerun before trusting one number." | tee -a "$OUT/ddp.txt"
+echo "bench-torch: results in $OUT/" >&2
