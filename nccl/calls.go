@@ -61,6 +61,10 @@ func (c *Comm) issue(ctx context.Context, ls []launch) []comm.Handle {
 	return hs
 }
 
+// launchLocked is issue's part under issueMu: the device is bound to this
+// thread for the whole sequence, because NCCL's group state and CUDA's
+// current context are both per thread, and a goroutine could otherwise move
+// between ncclGroupStart and ncclGroupEnd.
 func (c *Comm) launchLocked(ctx context.Context, ls []launch) (*doneRef, error) {
 	unbind, err := c.dev.bind()
 	if err != nil {
@@ -131,7 +135,19 @@ func (c *Comm) launchLocked(ctx context.Context, ls []launch) (*doneRef, error) 
 		})
 	}
 	c.pendMu.Lock()
-	c.pending = append(c.pending, ref)
+	if err := c.pendFailed; err != nil {
+		// The communicator failed while this call was being launched:
+		// fail() has already marked the pending calls, and the abort
+		// may complete this call's event without it having run.
+		ref.state, ref.err = refFailed, err
+		c.spent = append(c.spent, ref.ev)
+		ref.ev = 0
+		if ref.stopCtx != nil {
+			ref.stopCtx()
+		}
+	} else {
+		c.pending = append(c.pending, ref)
+	}
 	c.pendMu.Unlock()
 	return ref, nil
 }
@@ -222,6 +238,10 @@ func (c *Comm) AllReduce(ctx context.Context, send, recv comm.Buffer, op comm.Op
 	return c.one(ctx, l)
 }
 
+// allReduce and the other lower-case builders check a call and return its
+// launch without issuing it, so that Comm's methods issue one call and
+// Group collects several; the checks run before anything reaches NCCL,
+// because a call NCCL refuses mid-group leaves the group half-launched.
 func (c *Comm) allReduce(send, recv comm.Buffer, op comm.Op) (launch, error) {
 	if !op.Valid() {
 		return nil, fmt.Errorf("AllReduce: invalid op %v", op)
@@ -233,6 +253,9 @@ func (c *Comm) allReduce(send, recv comm.Buffer, op comm.Op) (launch, error) {
 	if send.Len() != recv.Len() {
 		return nil, fmt.Errorf("AllReduce: send has %d elements, recv %d", send.Len(), recv.Len())
 	}
+	// The launch captures addresses and counts, not the Buffers: it runs
+	// under issueMu with c.nc read there, which Close and the watcher
+	// may have released by then (the issue path checks that first).
 	n, dt := uintptr(send.Len()), ncclTypes[send.DType()]
 	return func(st uintptr) (string, Result) {
 		return "ncclAllReduce", Result(call(c.lib.nc.allReduce, s, r, n, dt, ncclOps[op], c.nc, st))
@@ -303,6 +326,8 @@ func (c *Comm) broadcast(send, recv comm.Buffer, root int) (launch, error) {
 	if root < 0 || root >= c.n {
 		return nil, fmt.Errorf("Broadcast: root %d outside %d ranks", root, c.n)
 	}
+	// Off the root NCCL never reads send; passing recv keeps the
+	// address valid for the argument checks.
 	if send == nil && c.me != root {
 		send = recv
 	}
@@ -350,6 +375,8 @@ func (c *Comm) AllToAll(ctx context.Context, send, recv comm.Buffer) comm.Handle
 	if send == nil || recv == nil || send.Len() != recv.Len() || send.Len()%c.n != 0 {
 		return c.refuse("AllToAll: send and recv must have equal lengths, a multiple of %d ranks", c.n)
 	}
+	// The uniform exchange is the varying one with equal counts: one code
+	// path, and NCCL sees the same group of sends and receives either way.
 	counts := make([]int, c.n)
 	for p := range counts {
 		counts[p] = send.Len() / c.n
@@ -388,12 +415,30 @@ func (c *Comm) allToAllV(send comm.Buffer, sendCounts []int, recv comm.Buffer, r
 	}
 	es, dt := uintptr(send.DType().Size()), ncclTypes[send.DType()]
 	sc, rc := append([]int(nil), sendCounts...), append([]int(nil), recvCounts...)
+	// In place (the buffers overlap), the receives would overwrite blocks
+	// the sends have yet to read: NCCL orders nothing inside a group. The
+	// input is copied to staging on the stream first.
+	sendBytes := uintptr(ts) * es
+	inPlace := s < r+uintptr(recv.Len())*es && r < s+uintptr(send.Len())*es && ts > 0
 	return func(st uintptr) (string, Result) {
+		if inPlace {
+			stage, err := c.stagingLocked(int(sendBytes))
+			if err != nil {
+				return "cuMemAlloc_v2 (staging)", UnhandledCudaError
+			}
+			if call(c.lib.cu.memcpyDtoDAsync, stage, s, sendBytes, st) != cudaSuccess {
+				return "cuMemcpyDtoDAsync_v2 (staging)", UnhandledCudaError
+			}
+			s = stage
+		}
 		// Nested in the caller's group when there is one; NCCL counts
 		// the depth.
 		if r := Result(call(c.lib.nc.groupStart)); r != Success {
 			return "ncclGroupStart", r
 		}
+		// Zero counts are skipped on both sides (counts agree pairwise),
+		// so no empty send waits for a receive that is not posted. The
+		// first refusal stops the loop but the group is still closed.
 		var so, ro uintptr
 		name, res := "", Success
 		for p := range c.n {
@@ -467,4 +512,31 @@ func (c *Comm) p2p(what string, buf comm.Buffer, peer int, grouped bool) (launch
 	return func(st uintptr) (string, Result) {
 		return name, Result(call(fn, p, n, dt, uintptr(peer), c.nc, st))
 	}, nil
+}
+
+// stagingLocked returns device memory of at least n bytes for an in-place
+// exchange's input; issueMu is held and the device bound. Calls on the
+// stream run in order, so one staging buffer serves them all; a larger one
+// replaces it, and the old one lives until Close (queued calls may use it).
+func (c *Comm) stagingLocked(n int) (uintptr, error) {
+	if c.staging != nil && c.staging.Len() >= n {
+		return c.staging.ptr, nil
+	}
+	size := max(n, 2*c.stagingLen())
+	var p uintptr
+	if err := c.lib.check("cuMemAlloc_v2", call(c.lib.cu.memAlloc, uintptr(unsafe.Pointer(&p)), uintptr(size))); err != nil {
+		return 0, err
+	}
+	if c.staging != nil {
+		c.outgrown = append(c.outgrown, c.staging)
+	}
+	c.staging = &DeviceBuffer{dev: c.dev, ptr: p, dt: comm.Uint8, n: size, owner: true}
+	return p, nil
+}
+
+func (c *Comm) stagingLen() int {
+	if c.staging == nil {
+		return 0
+	}
+	return c.staging.Len()
 }

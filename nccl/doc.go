@@ -43,7 +43,7 @@
 // its stream wait on it, so the call starts after the kernels that produced
 // its input without blocking the CPU; after the call it records a done
 // event. Calls therefore complete in issue order. Handle.Wait polls the done
-// event (a short spin, then sleeps up to 1 ms); StreamWait makes a compute
+// event (a short spin, then sleeps up to 50 µs); StreamWait makes a compute
 // stream wait on it instead, which is the overlap executor's wait → compute
 // edge on a GPU. A Group (or GroupBackend for overlap's bucket sets) issues
 // several calls between ncclGroupStart and ncclGroupEnd; they share one done

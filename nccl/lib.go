@@ -96,7 +96,7 @@ type ncclFuncs struct {
 type cudaFuncs struct {
 	init, driverGetVersion, deviceGetCount, deviceGet, deviceGetName     uintptr
 	primaryCtxRetain, primaryCtxRelease, ctxSetCurrent, getErrorName     uintptr
-	memAlloc, memFree, memcpyHtoD, memcpyDtoH, memsetD8                  uintptr
+	memAlloc, memFree, memcpyHtoD, memcpyDtoH, memsetD8, memcpyDtoDAsync uintptr
 	streamCreate, streamDestroy, streamSynchronize, streamWaitEvent      uintptr
 	eventCreate, eventDestroy, eventRecord, eventQuery, eventSynchronize uintptr
 	moduleLoadData, moduleGetFunction, launchKernel                      uintptr
@@ -182,6 +182,7 @@ func (l *Library) loadCUDA() error {
 		{"cuCtxSetCurrent", &c.ctxSetCurrent}, {"cuGetErrorName", &c.getErrorName},
 		{"cuMemAlloc_v2", &c.memAlloc}, {"cuMemFree_v2", &c.memFree}, {"cuMemcpyHtoD_v2", &c.memcpyHtoD},
 		{"cuMemcpyDtoH_v2", &c.memcpyDtoH}, {"cuMemsetD8_v2", &c.memsetD8},
+		{"cuMemcpyDtoDAsync_v2", &c.memcpyDtoDAsync},
 		{"cuStreamCreate", &c.streamCreate}, {"cuStreamDestroy_v2", &c.streamDestroy},
 		{"cuStreamSynchronize", &c.streamSynchronize}, {"cuStreamWaitEvent", &c.streamWaitEvent},
 		{"cuEventCreate", &c.eventCreate}, {"cuEventDestroy_v2", &c.eventDestroy}, {"cuEventRecord", &c.eventRecord},

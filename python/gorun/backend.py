@@ -177,14 +177,14 @@ class GorunWork(Work):
         self._outputs = outputs
         self._post = post  # runs once on success (copies out of temporaries)
         self._mu = threading.Lock()
-        self._done = threading.Event()
+        self._done = False  # set under _mu, read without it (a bool store is atomic)
         self._exc = None
         self._future = None
 
     # -- completion --
     def _finish(self, exc):
         with self._mu:
-            if self._done.is_set():
+            if self._done:
                 return
             if exc is None and self._post is not None:
                 try:
@@ -197,7 +197,7 @@ class GorunWork(Work):
                 for r in self._reqs:
                     l.gorun_request_free(r)
             self._keep = None
-            self._done.set()
+            self._done = True
             fut = self._future
         self._pg._retire(self)
         if fut is not None:
@@ -205,12 +205,12 @@ class GorunWork(Work):
 
     def _wait_native(self, timeout_ms):
         """Waits for every request; returns False on a timeout."""
-        if self._done.is_set():
+        if self._done:
             return True
         l = _lib.lib()
         for r in self._reqs:
             rc = l.gorun_wait(r, timeout_ms)
-            if self._done.is_set():
+            if self._done:
                 return True  # another thread finished it meanwhile
             if rc == _lib.ERR_TIMEOUT and timeout_ms >= 0:
                 return False
@@ -235,13 +235,13 @@ class GorunWork(Work):
         return True
 
     def is_completed(self):
-        if self._done.is_set():
+        if self._done:
             return True
         l = _lib.lib()
         done = ctypes.c_int()
         for r in self._reqs:
             rc = l.gorun_test(r, ctypes.byref(done))
-            if self._done.is_set():
+            if self._done:
                 return True
             if rc != _lib.OK:
                 self._finish(_lib.error(rc, "gorun %s" % self._what))
@@ -273,7 +273,7 @@ class GorunWork(Work):
         with self._mu:
             if self._future is None:
                 self._future = Future()
-                if self._done.is_set():
+                if self._done:
                     _settle(self._future, self._outputs, self._exc)
                 else:
                     self._pg._completer.q.put(self)
@@ -345,7 +345,8 @@ def _op(opts, what, dt):
 
 
 def _ptr(t):
-    return ctypes.c_void_p(t.data_ptr()) if t.numel() else None
+    # ctypes converts an int for a c_void_p argument itself; None is NULL.
+    return t.data_ptr() if t.numel() else None
 
 
 # ---- the process group ---------------------------------------------------------
@@ -361,7 +362,6 @@ class ProcessGroupGorun(ProcessGroup):
         self._h = handle
         self._ranks = ranks
         self._timeout = timeout
-        self._works_mu = threading.Lock()
         self._pending = {}
         self._recent = collections.deque(maxlen=self._RETAIN)
         self._completer = _Completer("gorun-completer-%d" % handle)
@@ -379,14 +379,13 @@ class ProcessGroupGorun(ProcessGroup):
     # that (for a second wait from C++).
     _RETAIN = 1024
 
+    # dict and deque operations are atomic under the GIL: no lock needed.
     def _adopt(self, w):
-        with self._works_mu:
-            self._pending[id(w)] = w
+        self._pending[id(w)] = w
 
     def _retire(self, w):
-        with self._works_mu:
-            if self._pending.pop(id(w), None) is not None:
-                self._recent.append(w)
+        if self._pending.pop(id(w), None) is not None:
+            self._recent.append(w)
 
     def getBackendName(self):
         return BACKEND

@@ -44,7 +44,7 @@ func requireMPICH(t *testing.T) string {
 }
 
 // mpiJob is gorun running the MPI program on np ranks over hosts of slots
-// ranks each.
+// ranks each; leading "--flag value" pairs in args go to gorun.
 func mpiJob(t *testing.T, np, slots int, args ...string) *job {
 	t.Helper()
 	h := requireHosts(t)
@@ -54,8 +54,14 @@ func mpiJob(t *testing.T, np, slots int, args ...string) *job {
 		t.Fatal(err)
 	}
 	j := &job{t: t, h: h, token: launchertest.NewToken(t.Name())}
-	a := []string{"--launch-agent", strings.Join(h.SSHArgs(), " "), "-hostfile", hf, "-np", fmt.Sprint(np),
-		"--grace", "3s", "--tag-output", "-x", launchertest.TokenEnv + "=" + j.token, prog}
+	// Flags for gorun come first in args, the program's after them.
+	var flags []string
+	for len(args) > 1 && strings.HasPrefix(args[0], "--") {
+		flags, args = append(flags, args[0], args[1]), args[2:]
+	}
+	a := append([]string{"--launch-agent", strings.Join(h.SSHArgs(), " "), "-hostfile", hf, "-np", fmt.Sprint(np),
+		"--grace", "3s", "--tag-output", "-x", launchertest.TokenEnv + "=" + j.token}, flags...)
+	a = append(a, prog)
 	j.cmd = exec.Command(gorunBin, append(a, args...)...)
 	j.cmd.Stdout, j.cmd.Stderr = &j.stdout, &j.stderr
 	return j
@@ -63,9 +69,17 @@ func mpiJob(t *testing.T, np, slots int, args ...string) *job {
 
 // 2 hosts × 2 ranks: the four ranks form one MPI world (job-wide PMI
 // barrier through gorun), MPICH's collectives, split and ring give the
-// values the placement implies, and each rank runs where the plan says.
+// values the placement implies, and each rank runs where the plan says; in
+// both PMI modes (each host's server on a socketpair per rank, or on that
+// host's loopback port).
 func TestMPIWorldTwoHostsTwoRanks(t *testing.T) {
-	j := mpiJob(t, 4, 2, "check")
+	for _, mode := range []string{"fd", "port"} {
+		t.Run(mode, func(t *testing.T) { mpiWorld(t, mode) })
+	}
+}
+
+func mpiWorld(t *testing.T, mode string) {
+	j := mpiJob(t, 4, 2, "--pmi", mode, "check")
 	if code := j.run(); code != 0 {
 		t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", code, j.stdout.String(), j.stderr.String())
 	}

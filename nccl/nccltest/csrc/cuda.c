@@ -255,6 +255,28 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
 	return CUDA_SUCCESS;
 }
 
+struct dtod {
+	void *dst;
+	const void *src;
+	size_t n;
+};
+
+static void run_dtod(void *p) {
+	struct dtod *d = p;
+	memmove(d->dst, d->src, d->n);
+	free(d);
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *stream) {
+	NEED_CTX();
+	struct dtod *d = malloc(sizeof *d);
+	d->dst = (void *)(uintptr_t)dst;
+	d->src = (const void *)(uintptr_t)src;
+	d->n = n;
+	standin_enqueue(standin_stream_of(stream), run_dtod, d);
+	return CUDA_SUCCESS;
+}
+
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
 	NEED_CTX();
 	stream_sync(standin_stream_of(NULL));

@@ -558,6 +558,19 @@ static ncclResult_t launch(void) {
 		free_batch(b);
 		return ncclSuccess;
 	}
+	/* On a GPU the sends and receives of one launch run concurrently, in
+	 * no order: a receive into memory a send still reads corrupts the
+	 * data. Refuse it, as a sanitizer would, so callers cannot rely on
+	 * this stand-in's sequential progress. */
+	for (int i = 0; i < b->nx; i++)
+		for (int j = 0; j < b->nx; j++) {
+			struct xfer *x = &b->x[i], *y = &b->x[j];
+			if (x->send && !y->send && x->buf < y->buf + y->len && y->buf < x->buf + x->len) {
+				free_batch(b);
+				return fail(ncclInvalidUsage, "stand-in: %s",
+					    "a receive of this launch overwrites memory a send of it reads");
+			}
+		}
 	for (int i = 0; i < b->nc; i++)
 		atomic_fetch_add(&b->comms[i]->inflight, 1);
 	standin_enqueue(standin_stream_of(b->stream), run_batch, b);
