@@ -186,7 +186,22 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 	if err != nil {
 		return nil, err
 	}
-	ml, err := memberlist.Create(mc)
+	var bt *boundedTransport
+	if mc.Transport == nil {
+		// memberlist's own transport, with its TCP streams bounded
+		// (gossipnet.go); memberlist.Shutdown shuts it down.
+		bt, err = newBoundedTransport(mc, mc.Logger)
+		if err == nil {
+			mc.Transport = bt
+		}
+	}
+	var ml *memberlist.Memberlist
+	if err == nil {
+		ml, err = memberlist.Create(mc)
+		if err != nil && bt != nil {
+			_ = bt.Shutdown()
+		}
+	}
 	if err != nil {
 		where := cfg.Seed
 		if cfg.Rank != 0 {
@@ -1074,9 +1089,10 @@ func sortedInts(s []int) []int {
 // first field is the Node that every EventDelegate callback receives a
 // pointer to (&state.Node). memberlist records "left" versus "dead" only in
 // nodeState.State: the Node.State a callback sees is never updated, so it
-// cannot tell a graceful leave from a crash (contrary to what
-// notes/dependencies.md says). Reading the enclosing struct is the only
-// exact way; TestLeaveIsNotFailure and TestCrashDetectedWithin2s fail if a
+// cannot tell a graceful leave from a crash, and no exported API says
+// which it was (notes/dependencies.md). Reading the enclosing struct is the
+// only exact way; the world's own goodbye (kindBye) is best-effort and
+// cannot replace it; TestLeaveIsNotFailure and TestCrashDetectedWithin2s fail if a
 // memberlist upgrade changes this layout, and nodeState below refuses to
 // guess on an impossible value.
 type nodeStateMirror struct {
