@@ -210,7 +210,22 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 	if err != nil {
 		return nil, err
 	}
-	ml, err := memberlist.Create(mc)
+	var bt *boundedTransport
+	if mc.Transport == nil {
+		// memberlist's own transport, with its TCP streams bounded
+		// (gossipnet.go); memberlist.Shutdown shuts it down.
+		bt, err = newBoundedTransport(mc, mc.Logger)
+		if err == nil {
+			mc.Transport = bt
+		}
+	}
+	var ml *memberlist.Memberlist
+	if err == nil {
+		ml, err = memberlist.Create(mc)
+		if err != nil && bt != nil {
+			_ = bt.Shutdown()
+		}
+	}
 	if err != nil {
 		where := cfg.Seed
 		if cfg.Rank != 0 {
