@@ -1089,9 +1089,10 @@ func sortedInts(s []int) []int {
 // first field is the Node that every EventDelegate callback receives a
 // pointer to (&state.Node). memberlist records "left" versus "dead" only in
 // nodeState.State: the Node.State a callback sees is never updated, so it
-// cannot tell a graceful leave from a crash (contrary to what
-// notes/dependencies.md says). Reading the enclosing struct is the only
-// exact way; TestLeaveIsNotFailure and TestCrashDetectedWithin2s fail if a
+// cannot tell a graceful leave from a crash, and no exported API says
+// which it was (notes/dependencies.md). Reading the enclosing struct is the
+// only exact way; the world's own goodbye (kindBye) is best-effort and
+// cannot replace it; TestLeaveIsNotFailure and TestCrashDetectedWithin2s fail if a
 // memberlist upgrade changes this layout, and nodeState below refuses to
 // guess on an impossible value.
 type nodeStateMirror struct {
