@@ -1,7 +1,6 @@
 package comm_test
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -11,9 +10,10 @@ import (
 
 // In deterministic mode, bucketing two tensors together, the segment size
 // and the algorithm (cost model) cannot change a single bit, and every rank
-// gets the same bits.
+// gets the documented tree's bits. Five ranks, because with three the tree
+// ((0+1)+2) is also the left fold, and a left fold would pass unnoticed.
 func TestDeterministicBucketingInvariance(t *testing.T) {
-	const n = 3
+	const n = 5
 	a, b := 1001, 777
 	data := make([][]float32, n)
 	for r := range data {
@@ -61,8 +61,18 @@ func TestDeterministicBucketingInvariance(t *testing.T) {
 	}
 	// Reference: the documented tree, sequentially in float32.
 	want := make([]float32, a+b)
+	foldDiffers := 0
 	for i := range want {
-		want[i] = (data[0][i] + data[1][i]) + data[2][i]
+		want[i] = ((data[0][i] + data[1][i]) + (data[2][i] + data[3][i])) + data[4][i]
+		fold := (((data[0][i] + data[1][i]) + data[2][i]) + data[3][i]) + data[4][i]
+		if math.Float32bits(fold) != math.Float32bits(want[i]) {
+			foldDiffers++
+		}
+	}
+	// The control: for this data another order of the same sum gives other
+	// bits somewhere, or matching the tree would prove nothing.
+	if foldDiffers == 0 {
+		t.Fatal("a left fold gives the tree's bits for every element: the data cannot tell orders apart")
 	}
 	for name, out := range variants {
 		for r := range out {
@@ -73,9 +83,6 @@ func TestDeterministicBucketingInvariance(t *testing.T) {
 			}
 		}
 	}
-	// And the non-deterministic ring really does differ somewhere for such
-	// data (otherwise this test would prove nothing).
-	_ = fmt.Sprint
 }
 
 // Steady-state calls allocate a small constant, independent of message

@@ -586,6 +586,13 @@ func (e *Endpoint) Connect(ctx context.Context, g Group, gid GroupID) ([]Link, e
 		}
 		return nil, err
 	}
+	local := 0
+	for r := range n {
+		if g.Host(r) == g.Host(me) {
+			local++
+		}
+	}
+	markCrowded(links, local)
 	return links, nil
 }
 

@@ -8,7 +8,7 @@ import "sync/atomic"
 // (shm_linux.go); elsewhere SetTuning (export_test.go) stores into these
 // and changes nothing, so that the package's tests build on every system.
 var (
-	cpuCheck                        atomic.Bool
+	cpuCheck, yieldIdle             atomic.Bool
 	fastLimit                       atomic.Int64
 	spinLimit, yieldAfter, slowWait = tunable(0), tunable(0), tunable(0)
 )

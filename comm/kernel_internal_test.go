@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"strconv"
 	"testing"
 	"unsafe"
 )
@@ -66,23 +67,66 @@ func TestHalfConversions(t *testing.T) {
 	}
 }
 
-// The fixed tree is the documented pairwise order for every group size.
+// treeReduce sums in the documented pairwise order for every group size.
+// Float32 addition is not associative, so each order of the same values
+// gives other bits: treeReduce itself runs on values chosen so that the
+// documented tree and a plain left fold differ, and its result must be the
+// tree's bit for bit.
 func TestTreeReduceOrder(t *testing.T) {
-	want := map[int]string{1: "0", 2: "(0+1)", 3: "((0+1)+2)", 4: "((0+1)+(2+3))", 5: "(((0+1)+(2+3))+4)", 7: "(((0+1)+(2+3))+((4+5)+6))"}
-	for n, w := range want {
-		s := make([]string, n)
-		for i := range s {
-			s[i] = fmt.Sprint(i)
+	want := map[int]string{1: "0", 2: "(0+1)", 3: "((0+1)+2)", 4: "((0+1)+(2+3))", 5: "(((0+1)+(2+3))+4)",
+		7: "(((0+1)+(2+3))+((4+5)+6))", 8: "(((0+1)+(2+3))+((4+5)+(6+7)))"}
+	for n, expr := range want {
+		// One float32 per slot and per trial; trials differ in their
+		// values so that, for n ≥ 4, some trial tells the tree from a left
+		// fold (for n ≤ 3 they are the same order).
+		const trials = 64
+		vals := make([][]float32, n)
+		slots := make([][]byte, n)
+		for r := range n {
+			vals[r] = make([]float32, trials)
+			for k := range trials {
+				vals[r][k] = float32(math.Ldexp(1+float64((r*37+k*11)%97)/97, (r*7+k*3)%23-11)) * float32(1-2*((r+k)%2))
+			}
+			slots[r] = Float32s(append([]float32(nil), vals[r]...)).(hostBuffer).b
 		}
-		for stride := 1; stride < n; stride *= 2 { // mirrors treeReduce
-			for i := 0; i+stride < n; i += 2 * stride {
-				s[i] = "(" + s[i] + "+" + s[i+stride] + ")"
+		treeReduce(Sum, Float32, slots)
+		got := castBytes[float32](slots[0])
+		foldDiffers := false
+		for k := range trials {
+			pos := 0
+			tree := evalSumTree(expr, &pos, func(r int) float32 { return vals[r][k] })
+			fold := vals[0][k]
+			for r := 1; r < n; r++ {
+				fold += vals[r][k]
+			}
+			foldDiffers = foldDiffers || math.Float32bits(fold) != math.Float32bits(tree)
+			if math.Float32bits(got[k]) != math.Float32bits(tree) {
+				t.Errorf("n=%d trial %d: treeReduce gives %v, the tree %s gives %v (left fold %v)", n, k, got[k], expr, tree, fold)
 			}
 		}
-		if s[0] != w {
-			t.Errorf("n=%d: %s, want %s", n, s[0], w)
+		if n >= 4 && !foldDiffers {
+			t.Errorf("n=%d: no trial tells the tree from a left fold; the check proves nothing", n)
 		}
 	}
+}
+
+// evalSumTree evaluates a parenthesized sum of slot numbers like
+// "((0+1)+2)" in float32, in exactly the order it is written.
+func evalSumTree(expr string, pos *int, val func(int) float32) float32 {
+	if expr[*pos] == '(' {
+		*pos++
+		a := evalSumTree(expr, pos, val)
+		*pos++ // '+'
+		b := evalSumTree(expr, pos, val)
+		*pos++ // ')'
+		return a + b
+	}
+	start := *pos
+	for *pos < len(expr) && expr[*pos] >= '0' && expr[*pos] <= '9' {
+		*pos++
+	}
+	r, _ := strconv.Atoi(expr[start:*pos])
+	return val(r)
 }
 
 // The vector sums give bitwise the results of the portable loop, for every

@@ -176,7 +176,14 @@ func TestCollectivesOverSockets(t *testing.T) {
 }
 
 // Shared-memory segments are unlinked as soon as both sides mapped them.
+// The job must really use shared memory for this to mean anything: while
+// it runs, this process maps a segment per pair of ranks from dir, every
+// one of them already deleted.
 func TestShmSegmentsLeaveNoFiles(t *testing.T) {
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Skipf("no /proc/self/maps to see the mappings: %v", err)
+	}
 	dir := t.TempDir()
 	t.Setenv("GORUN_TEST_SHMDIR", dir)
 	j := newNetJob(t, 3, comm.LocalConfig(), false)
@@ -186,6 +193,22 @@ func TestShmSegmentsLeaveNoFiles(t *testing.T) {
 	ents, _ := os.ReadDir(dir)
 	if len(ents) != 0 {
 		t.Fatalf("left in %s: %v", dir, ents)
+	}
+	maps, _ = os.ReadFile("/proc/self/maps")
+	segments := map[string]bool{}
+	for _, line := range strings.Split(string(maps), "\n") {
+		i := strings.Index(line, dir+"/")
+		if i < 0 {
+			continue
+		}
+		name, deleted := strings.CutSuffix(line[i:], " (deleted)")
+		if !deleted {
+			t.Errorf("segment mapped but not unlinked: %s", name)
+		}
+		segments[name] = true
+	}
+	if len(segments) < 3 {
+		t.Errorf("%d shared-memory segments mapped from %s, want one per pair of 3 ranks (is shared memory in use?)", len(segments), dir)
 	}
 	if m, _ := filepath.Glob("/dev/shm/gorun-*"); len(m) > 0 {
 		t.Logf("note: /dev/shm holds %v (other processes?)", m)

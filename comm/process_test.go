@@ -51,6 +51,7 @@ func childMain() int {
 		d := func(i int) time.Duration { v, _ := time.ParseDuration(f[i]); return v }
 		comm.SetTuning(d(0), d(1), f[2] == "1", d(3), f[4] != "0")
 	}
+	comm.SetYieldIdle(os.Getenv("GORUN_COMM_YIELDIDLE") == "1")
 	if v, err := strconv.Atoi(os.Getenv("GORUN_COMM_FASTLIMIT")); err == nil {
 		comm.SetFastLimit(v) // tuning experiments
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -280,6 +281,14 @@ var spinLimit = tunable(200 * time.Microsecond)
 // (64 KiB 24 → 29 µs); the CPU comparison does not.
 var yieldAfter = tunable(10 * time.Microsecond)
 
+// yieldIdle makes a waiter yield after yieldAfter even when its peer runs
+// on another core and the host has a core per rank (the policy before;
+// benchmarks compare). Off: sched_yield hands the core to any runnable
+// process on it, so on a host that other work loads each yield can turn
+// a microsecond wait into a time slice, and a peer on another core gains
+// nothing from it. notes/shm-latency.md has the measurements.
+var yieldIdle atomic.Bool
+
 // slowWait, when set, also treats a wait this long as a sign that the peer
 // lacks a core. 0 (default): only the CPU comparison counts.
 var slowWait = tunable(0)
@@ -366,13 +375,15 @@ func (l *shmLink) wait(mode int) bool {
 						contended = atomic.LoadUint32(l.peerCPU) == cpu+1
 					}
 				}
-				// The peer is not answering at memory speed: on a busy host
-				// it may be queued behind us on this core, so let other
-				// goroutines and processes run too. A peer on the other core
-				// then waits for us to be scheduled again only if another
-				// process took our core (see yieldAfter).
-				runtime.Gosched()
-				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+				// The peer is not answering at memory speed. If it is
+				// queued behind us on this core, or the host has more
+				// ranks than cores, give the core up now and then. A peer
+				// on another core gains nothing from it, while we would
+				// lose the core to any other process for a time slice
+				// (see yieldIdle): then keep polling until spinLimit.
+				if contended || r.slowPeer || l.crowded || yieldIdle.Load() {
+					_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+				}
 			}
 		}
 	}
@@ -389,6 +400,41 @@ func (l *shmLink) wait(mode int) bool {
 		}
 		futexWait(w, 1, 100*time.Millisecond)
 	}
+}
+
+// markCrowded tells the group's shared-memory links whether the host runs
+// more of its ranks than it has online CPUs (see shmLink.crowded).
+func markCrowded(links []Link, localRanks int) {
+	crowded := localRanks > onlineCPUs()
+	for _, l := range links {
+		if s, ok := l.(*shmLink); ok {
+			s.crowded = crowded
+		}
+	}
+}
+
+// onlineCPUs counts the host's online CPUs (not this process's affinity:
+// ranks bound to a share of the host still have a core each).
+func onlineCPUs() int {
+	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if err != nil {
+		return runtime.NumCPU()
+	}
+	n := 0
+	for _, r := range strings.Split(strings.TrimSpace(string(b)), ",") {
+		lo, hi, ok := strings.Cut(r, "-")
+		a, err1 := strconv.Atoi(lo)
+		z, err2 := strconv.Atoi(hi)
+		switch {
+		case !ok && err1 == nil:
+			n++
+		case ok && err1 == nil && err2 == nil && z >= a:
+			n += z - a + 1
+		default:
+			return runtime.NumCPU()
+		}
+	}
+	return max(n, 1)
 }
 
 // fastDir is one direction's fast slots, seen from one side.
@@ -430,6 +476,10 @@ type shmLink struct {
 	// Where this side publishes its waiting thread's CPU, and where the
 	// peer does (see yieldAfter).
 	myCPU, peerCPU *uint32
+	// crowded: the host runs more of the group's ranks than it has CPUs,
+	// so a waiter yields after yieldAfter whatever the CPU comparison
+	// says (set once by the endpoint, before use).
+	crowded bool
 
 	dead   atomic.Bool // closed locally or peer gone
 	peerGo chan struct{}

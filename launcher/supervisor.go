@@ -70,6 +70,10 @@ type supervisorSpec struct {
 	// PMI, when set, makes the supervisor serve MPI's PMI to its ranks
 	// (pmi.go).
 	PMI *pmiJob `json:"pmi,omitempty"`
+	// RemoveDir, when set, is removed when the supervisor ends after gorun
+	// died: the job's temporary flight-record directory, which must not
+	// outlive a gorun that was SIGKILLed.
+	RemoveDir string `json:"remove_dir,omitempty"`
 }
 
 // supervisorRank is one process to start. Descriptor numbers refer to the
@@ -207,6 +211,16 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	if err := json.Unmarshal(line, &spec); err != nil {
 		return fmt.Errorf("decode spec: %w", err)
 	}
+	if spec.RemoveDir != "" {
+		// gorun removes it after reading the ranks' records; only a gorun
+		// that died first (our parent changed) leaves it to us.
+		parent := os.Getppid()
+		defer func() {
+			if os.Getppid() != parent {
+				_ = os.RemoveAll(spec.RemoveDir)
+			}
+		}()
+	}
 	a := &supervisor{
 		log:   log.Level(spec.LogLevel),
 		out:   bufio.NewWriter(out),
@@ -300,7 +314,14 @@ func (a *supervisor) startAll(ranks []supervisorRank) {
 		}
 		return os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd))
 	}
-	for _, r := range ranks {
+	// Every rank this agent starts runs on its host: local rank i of
+	// len(ranks) (see bind.go).
+	shares := cpuShares(len(ranks))
+	for i, r := range ranks {
+		var cpus []int
+		if shares != nil && bindPolicy(r.Env) == BindAuto {
+			cpus = shares[i]
+		}
 		stdin, stdout, stderr := fileFor(r.Stdin), fileFor(r.Stdout), fileFor(r.Stderr)
 		files, env := []*os.File{stdin, stdout, stderr}, r.Env
 		if a.pmi != nil {
@@ -310,27 +331,29 @@ func (a *supervisor) startAll(ranks []supervisorRank) {
 				files = append(files, pmiEnd) // descriptor pmiRankFD
 			}
 		}
-		p, err := os.StartProcess(r.Path, r.Argv, &os.ProcAttr{
-			Dir:   r.Dir,
-			Env:   env,
-			Files: files,
-			Sys: &syscall.SysProcAttr{
-				// Own session, and so its own process group: SIGTERM and
-				// SIGKILL to the group reach the rank and the children it
-				// did not move elsewhere. A session rather than only a
-				// group (as Hydra does): with the kernel's autogroup
-				// scheduling (sched_autogroup_enabled, on by default in
-				// desktop and Debian kernels) each session is scheduled
-				// as one unit, so ranks sharing gorun's session would
-				// share one CPU share against every other session on a
-				// busy machine — measured here: 16 MPICH ranks took
-				// 1.1-2.4 s to start under gorun against 0.75 s under
-				// Hydra, the same CPU time. No controlling terminal
-				// either: a rank that opens /dev/tty fails at once
-				// instead of stopping on SIGTTIN.
-				Setsid:    true,
-				Pdeathsig: syscall.SIGKILL,
-			},
+		p, err := startBound(cpus, func() (*os.Process, error) {
+			return os.StartProcess(r.Path, r.Argv, &os.ProcAttr{
+				Dir:   r.Dir,
+				Env:   env,
+				Files: files,
+				Sys: &syscall.SysProcAttr{
+					// Own session, and so its own process group: SIGTERM and
+					// SIGKILL to the group reach the rank and the children it
+					// did not move elsewhere. A session rather than only a
+					// group (as Hydra does): with the kernel's autogroup
+					// scheduling (sched_autogroup_enabled, on by default in
+					// desktop and Debian kernels) each session is scheduled
+					// as one unit, so ranks sharing gorun's session would
+					// share one CPU share against every other session on a
+					// busy machine — measured here: 16 MPICH ranks took
+					// 1.1-2.4 s to start under gorun against 0.75 s under
+					// Hydra, the same CPU time. No controlling terminal
+					// either: a rank that opens /dev/tty fails at once
+					// instead of stopping on SIGTTIN.
+					Setsid:    true,
+					Pdeathsig: syscall.SIGKILL,
+				},
+			})
 		})
 		// The rank holds its own copies now; ours would keep gorun's
 		// readers from seeing EOF.

@@ -33,7 +33,7 @@ type Executor struct {
 	// order; a tensor that travels twice fills its first free location.
 	byIn  map[string][]*bucket
 	byOut map[string]*bucket
-	// regionOf lists the buckets issued in each region, for EndRegion.
+	// byRegion lists the buckets issued in each region, for EndRegion.
 	byRegion map[string][]*bucket
 
 	// Per-step state, touched only by the driving goroutine.

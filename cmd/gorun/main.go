@@ -167,6 +167,7 @@ type options struct {
 	hostfile      string
 	oversubscribe bool
 	exports       repeated
+	bindTo        string
 	tagOutput     bool
 	timestamp     bool
 	outputDir     string
@@ -203,6 +204,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.hostfile, "machinefile", "", "same as -hostfile")
 	fs.BoolVar(&o.oversubscribe, "oversubscribe", false, "allow more ranks than slots (up to max_slots)")
 	fs.Var(&o.exports, "x", "export `NAME[=VALUE]` to every rank (repeatable)")
+	fs.StringVar(&o.bindTo, "bind-to", "auto", "CPU binding of ranks: auto (when a host runs no more ranks than CPUs, each rank gets its own equal share of them, as mpirun binds 2 ranks to cores) or none")
 	fs.BoolVar(&o.tagOutput, "tag-output", false, "prefix every output line with [rank] ([rank,host] in multi-host jobs)")
 	fs.BoolVar(&o.timestamp, "timestamp-output", false, "prefix every output line with a timestamp")
 	fs.StringVar(&o.outputDir, "output-dir", "", "write rank.N.log per rank into `DIR` (terminal output is tagged)")
@@ -290,7 +292,14 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if code != 0 {
 		return code
 	}
-	exports, err := launcher.ResolveExports(o.exports, os.LookupEnv)
+	bind, err := launcher.ParseBind(o.bindTo)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun: %v\n", err)
+		return exitUsage
+	}
+	// The agents read the policy from each rank's environment, so it
+	// reaches every host with the job; an explicit -x GORUN_BIND wins.
+	exports, err := launcher.ResolveExports(append(repeated{"GORUN_BIND=" + bind}, o.exports...), os.LookupEnv)
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
 		return exitUsage
@@ -378,8 +387,6 @@ func colorTerminal(w io.Writer) bool {
 	return err == nil
 }
 
-// splitWords splits a command line the way a shell would for simple
-// cases: blanks separate words, single and double quotes group them.
 // resolveHosts checks the options that say where and how agents start
 // (shared by a job and `gorun doctor`) and reads the hosts; a non-zero code
 // means the error is printed, prefixed with prog.
@@ -409,6 +416,8 @@ func resolveHosts(o options, prog string, stderr io.Writer) (hosts []launcher.Ho
 	return hosts, inSlurm, launchAgent, 0
 }
 
+// splitWords splits a command line the way a shell would for simple
+// cases: blanks separate words, single and double quotes group them.
 func splitWords(s string) ([]string, error) {
 	var words []string
 	var cur strings.Builder

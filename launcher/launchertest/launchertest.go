@@ -103,6 +103,14 @@ func runHelper(mode string) int {
 		for _, kv := range os.Environ() {
 			fmt.Fprintln(w, kv)
 		}
+		// Where the rank may run, in the same NAME=VALUE form.
+		if st, err := os.ReadFile("/proc/self/status"); err == nil {
+			for _, line := range strings.Split(string(st), "\n") {
+				if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok {
+					fmt.Fprintf(w, "GORUN_TEST_CPUS=%s\n", strings.TrimSpace(v))
+				}
+			}
+		}
 		w.Flush()
 		return 0
 	case "exit":

@@ -41,11 +41,21 @@ func TestAttacksOnASingleHostJob(t *testing.T) {
 	}
 	waitHeld(t, holds, 2)
 	checkBounded(t, "rank", pids)
+	// Rank 0 is the host leader, the host's only gossip member: its
+	// gossip port gets 3000 connections kept open.
+	seed := envOf(t, pids[0], "GORUN_RDZV_ENDPOINT")
+	churn := attack(t, "", "churn", seed, "3000", "5s")
+	time.Sleep(time.Second)
+	checkGossipBounded(t, pids[0])
 	out := attack(t, "", "read-secrets")()
-	if !strings.Contains(out, "environ-with-secret=0 ") {
-		t.Errorf("the second user read a job secret from /proc: %s", out)
+	if !strings.Contains(out, "environ-with-secret=0 shm-openable=0 tmp-listable=0") {
+		t.Errorf("the second user read a job's secret from /proc, opened its shared memory or listed its temporary files: %s", out)
 	}
 	checkShm(t)
+	checkTempDirs(t)
+	if c := churn(); !regexp.MustCompile(`dials=[1-9]\d{3,}`).MatchString(c) {
+		t.Errorf("gossip churn made fewer than 1000 connections: %s", c)
+	}
 	if a := attach(); !attachRefused(a) {
 		t.Errorf("attach sockets: %s, want connections made and all closed by the leader", a)
 	}
@@ -216,6 +226,41 @@ func checkBounded(t *testing.T, what string, pids []int) {
 	}
 }
 
+// maxGossipFDs bounds a gossip member's descriptors under the churn:
+// memberlist's streams are admitted up to 1024 per source
+// (rendezvous/gossipnet.go), plus the rank's own.
+const maxGossipFDs = 1024 + maxFDs
+
+// checkGossipBounded samples pid's descriptors for two seconds while its
+// gossip port is churned and checks the peak.
+func checkGossipBounded(t *testing.T, pid int) {
+	t.Helper()
+	peak := 0
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		peak = max(peak, fds(pid))
+	}
+	t.Logf("gossip member pid %d under the churn: peak %d descriptors", pid, peak)
+	if peak > maxGossipFDs {
+		t.Errorf("gossip member pid %d peaked at %d descriptors under the churn, want ≤ %d", pid, peak, maxGossipFDs)
+	}
+}
+
+// envOf reads one variable of pid's environment (as root).
+func envOf(t *testing.T, pid int, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range strings.Split(string(b), "\x00") {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			return v
+		}
+	}
+	t.Fatalf("pid %d has no %s", pid, name)
+	return ""
+}
+
 // checkShm: every gorun segment in /dev/shm is 0600.
 func checkShm(t *testing.T) {
 	t.Helper()
@@ -226,6 +271,22 @@ func checkShm(t *testing.T) {
 		}
 		if st, err := os.Stat("/dev/shm/" + e.Name()); err == nil && st.Mode().Perm()&0o077 != 0 {
 			t.Errorf("/dev/shm/%s has mode %04o, want 0600", e.Name(), st.Mode().Perm())
+		}
+	}
+}
+
+// checkTempDirs: gorun's temporary directories of root's are 0700 (the
+// flight-record directory of a single-host job is one).
+func checkTempDirs(t *testing.T) {
+	t.Helper()
+	dirs, _ := filepath.Glob("/tmp/gorun-flight-*")
+	if len(dirs) == 0 {
+		t.Error("no flight-record directory in /tmp during a single-host job")
+	}
+	for _, d := range dirs {
+		st, err := os.Lstat(d)
+		if err == nil && st.Sys().(*syscall.Stat_t).Uid == 0 && st.Mode().Perm() != 0o700 {
+			t.Errorf("%s has mode %04o, want 0700", d, st.Mode().Perm())
 		}
 	}
 }
