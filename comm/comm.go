@@ -173,6 +173,8 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 	if c.flightDir == "" {
 		c.flightDir = os.Getenv(FlightDirEnv)
 	}
+	// Before any program this rank starts can inherit the report pipe.
+	collateral.Claim()
 	c.log = cfg.Logger.With().Int("rank", g.GlobalRank(me)).Str("host", g.Host(me)).Int("world", n).
 		Str("group", fmt.Sprintf("%016x", uint64(c.gid))).Logger()
 	for r := range n {

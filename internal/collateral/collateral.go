@@ -90,6 +90,12 @@ func reportFD() int {
 	return fd
 }
 
+// Claim takes the inherited descriptor for this process's runtime: it
+// is marked close-on-exec at once, so that programs the rank starts later
+// do not inherit it. The runtime calls it when a communicator is made;
+// Tell works without it.
+func Claim() { reportFD() }
+
 // Tell writes r to the supervisor's pipe; a no-op outside gorun. It never
 // blocks: the pipe is non-blocking, and a full pipe (which one line per
 // failing rank cannot fill) loses the report rather than the rank.
