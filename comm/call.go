@@ -3,7 +3,6 @@ package comm
 import (
 	"context"
 	"fmt"
-	"time"
 )
 
 // call is one issued operation; it is also its Handle.
@@ -17,7 +16,7 @@ type call struct {
 	sendCounts []int
 	recvCounts []int
 	invalid    error // set at issue: fails the communicator at its turn
-	issued     time.Time
+	issued     int64 // ticks()
 
 	// res and local: the segment pairAllReduce is reducing into and its
 	// local operand (token holder only).
@@ -137,7 +136,9 @@ func hostBytes(b Buffer, what string) ([]byte, error) {
 // issue queues cl, or fails it at once when the communicator is closed.
 func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 	cl.done = make(chan struct{})
-	cl.issued = time.Now()
+	if !flightOff.Load() {
+		cl.issued = ticks()
+	}
 	if ctx == nil {
 		ctx = context.Background()
 	}

@@ -283,16 +283,27 @@ func (c *Comm) fail(err error) {
 			class = 2
 		case errors.Is(err, ErrInvalidArgument):
 			class = 3
+		case errors.Is(err, ErrStalled):
+			class = 4
 		}
 		text := []byte(err.Error())
 		if len(text) > maxAbortText {
 			text = text[:maxAbortText]
 		}
-		// A desync travels with its fields too (after a NUL), so every
-		// peer can report the same *DesyncError, turned to its side.
+		// A desync or stall travels with its fields too (after a NUL), so
+		// every peer can report the same *DesyncError (turned to its side)
+		// or *StallError.
 		var de *DesyncError
-		if errors.As(err, &de) {
-			if j, jerr := json.Marshal(de); jerr == nil && len(text)+1+len(j) <= maxAbortText {
+		var se *StallError
+		var fields any
+		switch {
+		case errors.As(err, &de):
+			fields = de
+		case errors.As(err, &se):
+			fields = se
+		}
+		if fields != nil {
+			if j, jerr := json.Marshal(fields); jerr == nil && len(text)+1+len(j) <= maxAbortText {
 				text = append(append(text, 0), j...)
 			}
 		}

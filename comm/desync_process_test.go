@@ -111,6 +111,9 @@ func desyncChildMain() int {
 	for r := range hosts {
 		hosts[r] = "localhost"
 	}
+	if os.Getenv("GORUN_DESYNC_BENCH") != "" {
+		return recorderBenchChild(ep, addrs, hosts, rank)
+	}
 	if v := os.Getenv("GORUN_DESYNC_STRAGGLER"); v != "" {
 		return stragglerChild(ep, addrs, hosts, rank, size, v)
 	}
@@ -443,5 +446,69 @@ func TestFlightTable(t *testing.T) {
 	}
 	if ents, _ := filepath.Glob(filepath.Join(dir, "ready.*")); len(ents) != 0 {
 		t.Errorf("signal markers left behind: %v", ents)
+	}
+}
+
+// recorderBenchChild times 8-byte all-reduces with the flight recorder on
+// and off, alternating blocks so both see the same load, and prints the
+// medians (rank 0).
+func recorderBenchChild(ep *comm.Endpoint, addrs, hosts []string, rank int) int {
+	ctx := context.Background()
+	c, err := comm.New(ctx, commtest.NewStaticGroup(rank, addrs, hosts), ep, comm.DefaultConfig())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return exitBad
+	}
+	defer c.Close()
+	buf := comm.Float32s(make([]float32, 2))
+	var on, off []time.Duration
+	for round := range 60 {
+		record := round%2 == 0
+		comm.SetFlightRecorder(record)
+		if err := c.Barrier(ctx).Wait(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return exitBad
+		}
+		for range 500 {
+			t0 := time.Now()
+			if err := c.AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return exitBad
+			}
+			if d := time.Since(t0); record {
+				on = append(on, d)
+			} else {
+				off = append(off, d)
+			}
+		}
+	}
+	comm.SetFlightRecorder(true)
+	slices.Sort(on)
+	slices.Sort(off)
+	if rank == 0 {
+		q := func(s []time.Duration, f float64) float64 {
+			return float64(s[int(f*float64(len(s)-1))].Nanoseconds()) / 1e3
+		}
+		fmt.Printf("8 B all-reduce, %s: recorder off median %.2f us (p10 %.2f, p90 %.2f), on median %.2f us (p10 %.2f, p90 %.2f), on/off %.3f\n",
+			c.LinkKinds()[1-rank], q(off, .5), q(off, .1), q(off, .9), q(on, .5), q(on, .1), q(on, .9), q(on, .5)/q(off, .5))
+	}
+	return 0
+}
+
+// TestRecorderCost prints what the flight recorder adds to an 8-byte
+// all-reduce between two processes (shm and tcp), on and off side by side.
+// Opt in: GORUN_DESYNC_BENCH=1 go test -run TestRecorderCost -v ./comm/
+func TestRecorderCost(t *testing.T) {
+	if os.Getenv("GORUN_DESYNC_BENCH") == "" {
+		t.Skip("set GORUN_DESYNC_BENCH=1 to run")
+	}
+	for _, transport := range []string{"shm", "tcp"} {
+		res, _ := runRanks(t, 2, "", transport, desyncChildEnv+"=1")
+		for r, p := range res {
+			if p.code != 0 {
+				t.Errorf("rank %d: exit %d\n%s", r, p.code, p.stderr)
+			}
+		}
+		t.Log(strings.TrimSpace(res[0].stdout))
 	}
 }

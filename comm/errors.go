@@ -144,15 +144,22 @@ func (e *DesyncError) turnedTo(me int) *DesyncError {
 // StallError: a call waited longer than Config.StallTimeout while no desync
 // was found; Report says which rank is where.
 type StallError struct {
-	Rank   int           // this rank
-	Call   CallInfo      // the call it waited in
-	Waited time.Duration // how long
-	Behind []int         // ranks that had not reached the call (the stragglers)
-	Report string        // the stall diagnosis, as logged
+	Rank   int           `json:"rank"`   // the rank that timed out
+	Call   CallInfo      `json:"call"`   // the call it waited in
+	Waited time.Duration `json:"waited"` // how long
+	Behind []int         `json:"behind"` // ranks that had not reached the call (the stragglers)
+	Report string        `json:"report"` // the stall diagnosis, as logged
+	// ReportedBy names the peer whose abort brought this error, when this
+	// rank did not time out itself.
+	ReportedBy string `json:"-"`
 }
 
 func (e *StallError) Error() string {
-	return fmt.Sprintf("comm: stalled: rank %d waited %v in %v: %s", e.Rank, e.Waited.Round(time.Millisecond), e.Call, e.Report)
+	s := fmt.Sprintf("comm: stalled: rank %d waited %v in %v: %s", e.Rank, e.Waited.Round(time.Millisecond), e.Call, e.Report)
+	if e.ReportedBy != "" {
+		s += "; reported by " + e.ReportedBy
+	}
+	return s
 }
 
 func (e *StallError) Unwrap() error { return ErrStalled }

@@ -22,6 +22,11 @@ func SetSegmentBytes(c *Comm, n int) { c.cfg.SegmentBytes, c.cfg.TCPSegmentBytes
 // that compare the two paths. Safe while calls run.
 func SetFastLimit(n int) { fastLimit.Store(int64(min(n, fastMaxPayload))) }
 
+// SetFlightRecorder turns the flight recorder (and with it desync and
+// stall detection) on or off, so a benchmark can measure its cost. Safe
+// while calls run.
+func SetFlightRecorder(on bool) { flightOff.Store(!on) }
+
 // SetYieldIdle makes shared-memory waiters yield after the yield
 // threshold even when nothing suggests the peer needs their core (the
 // policy before), for benchmarks that compare.

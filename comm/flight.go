@@ -2,8 +2,14 @@ package comm
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
+
+// flightOff turns the recorder off (and with it desync and stall
+// detection), only so that a benchmark can measure what recording costs
+// (SetFlightRecorder in export_test.go).
+var flightOff atomic.Bool
 
 // The flight recorder keeps each communicator's last Config.FlightRecords
 // calls, always on. It is written on the token holder's path (twice per
@@ -36,36 +42,49 @@ type FlightRecord struct {
 	Err     string    `json:"err,omitempty"`
 }
 
-// recorder is the ring of FlightRecords of one communicator.
-type recorder struct {
-	mu   sync.Mutex
-	recs []FlightRecord // ring; recs[i%len] is record number i
-	n    uint64         // records written so far
+// slot is a FlightRecord as the token holder writes it: times in ticks.
+type slot struct {
+	call                   CallInfo
+	p2p                    bool
+	issued, started, ended int64
+	state                  CallState
+	err                    string
 }
 
-func newRecorder(size int) *recorder { return &recorder{recs: make([]FlightRecord, size)} }
+func (s *slot) record(c tickConv) FlightRecord {
+	return FlightRecord{Call: s.call, P2P: s.p2p, Issued: c.time(s.issued), Started: c.time(s.started),
+		Ended: c.time(s.ended), State: s.state, Err: s.err}
+}
+
+// recorder is the ring of records of one communicator.
+type recorder struct {
+	mu   sync.Mutex
+	recs []slot // ring; recs[i%len] is record number i
+	n    uint64 // records written so far
+}
+
+func newRecorder(size int) *recorder { return &recorder{recs: make([]slot, size)} }
 
 // start records cl as running and returns its record number. Token holder.
-func (r *recorder) start(cl *call, seq uint64, now time.Time) uint64 {
+func (r *recorder) start(cl *call, seq uint64, now int64) uint64 {
 	r.mu.Lock()
 	i := r.n
 	r.n++
-	rec := &r.recs[i%uint64(len(r.recs))]
-	*rec = FlightRecord{Call: cl.info(seq), P2P: cl.kind == KindSend || cl.kind == KindRecv,
-		Issued: cl.issued, Started: now, State: StateRunning}
+	r.recs[i%uint64(len(r.recs))] = slot{call: cl.info(seq), p2p: cl.kind == KindSend || cl.kind == KindRecv,
+		issued: cl.issued, started: now, state: StateRunning}
 	r.mu.Unlock()
 	return i
 }
 
 // end records how record i finished. Token holder.
-func (r *recorder) end(i uint64, err error, now time.Time) {
+func (r *recorder) end(i uint64, err error, now int64) {
 	r.mu.Lock()
 	if r.n-i <= uint64(len(r.recs)) {
 		rec := &r.recs[i%uint64(len(r.recs))]
-		rec.Ended = now
-		rec.State = StateDone
+		rec.ended = now
+		rec.state = StateDone
 		if err != nil {
-			rec.State, rec.Err = StateFailed, err.Error()
+			rec.state, rec.err = StateFailed, err.Error()
 		}
 	}
 	r.mu.Unlock()
@@ -73,25 +92,28 @@ func (r *recorder) end(i uint64, err error, now time.Time) {
 
 // last returns up to k of the most recent records, oldest first.
 func (r *recorder) last(k int) []FlightRecord {
+	conv := newTickConv()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	k = min(k, len(r.recs), int(r.n))
 	out := make([]FlightRecord, k)
 	for j := range k {
-		out[j] = r.recs[(r.n-uint64(k)+uint64(j))%uint64(len(r.recs))]
+		out[j] = r.recs[(r.n-uint64(k)+uint64(j))%uint64(len(r.recs))].record(conv)
 	}
 	return out
 }
 
-// running returns the running record and its number, if a call is running.
+// running returns the latest record's number and how long it has been
+// running, if it is.
 func (r *recorder) running() (FlightRecord, uint64, bool) {
+	conv := newTickConv()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.n == 0 {
 		return FlightRecord{}, 0, false
 	}
-	rec := r.recs[(r.n-1)%uint64(len(r.recs))]
-	return rec, r.n - 1, rec.State == StateRunning
+	s := &r.recs[(r.n-1)%uint64(len(r.recs))]
+	return s.record(conv), r.n - 1, s.state == StateRunning
 }
 
 // FlightRecords returns a copy of the communicator's flight recorder,

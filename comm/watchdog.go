@@ -39,9 +39,9 @@ import (
 // No message is sent before a call has waited DesyncCheckAfter.
 
 // StatusTransport is the optional side channel a Transport offers for
-// desync and stall diagnosis (Endpoint implements it; the in-memory
-// transport of commtest does not, so communicators over it detect a
-// desync only from frames).
+// desync and stall diagnosis (Endpoint and commtest's in-memory network
+// implement it; over a Transport without it a desync is found only from
+// frames).
 type StatusTransport interface {
 	// ServeStatus answers queries for group gid with status() until the
 	// returned function is called. Safe for concurrent use; does not block.

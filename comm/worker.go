@@ -110,7 +110,7 @@ func (c *Comm) execute(cl *call) {
 		return
 	}
 	if cl.invalid != nil {
-		c.rec.end(c.rec.start(cl, c.cseq, time.Now()), cl.invalid, time.Now())
+		c.rec.end(c.rec.start(cl, c.cseq, ticks()), cl.invalid, ticks())
 		c.fail(cl.invalid)
 		cl.finish(cl.invalid)
 		return
@@ -126,7 +126,11 @@ func (c *Comm) execute(cl *call) {
 			}
 		}
 	}
-	slot := c.rec.start(cl, c.cseq, time.Now())
+	record := !flightOff.Load()
+	var slot uint64
+	if record {
+		slot = c.rec.start(cl, c.cseq, ticks())
+	}
 	err := c.run(cl)
 	if err == nil {
 		err = c.flushAll(cl)
@@ -137,7 +141,9 @@ func (c *Comm) execute(cl *call) {
 			err = c.failErr
 		}
 	}
-	c.rec.end(slot, err, time.Now())
+	if record {
+		c.rec.end(slot, err, ticks())
+	}
 	cl.finish(err)
 }
 
@@ -354,16 +360,22 @@ func (c *Comm) frameErr(p int, h *Header, before string) error {
 		cause = ErrPeerLost
 	case 3:
 		cause = ErrInvalidArgument
+	case 4:
+		cause = ErrStalled
 	}
-	if cause == ErrDesync {
-		if i := bytes.IndexByte(text, 0); i >= 0 {
-			var de DesyncError
-			if json.Unmarshal(text[i+1:], &de) == nil {
-				d := de.turnedTo(c.me)
-				d.ReportedBy = c.info[p]
-				return d
-			}
-			text = text[:i]
+	if i := bytes.IndexByte(text, 0); i >= 0 {
+		fields := text[i+1:]
+		text = text[:i]
+		var de DesyncError
+		var se StallError
+		switch {
+		case cause == ErrDesync && json.Unmarshal(fields, &de) == nil:
+			d := de.turnedTo(c.me)
+			d.ReportedBy = c.info[p]
+			return d
+		case cause == ErrStalled && json.Unmarshal(fields, &se) == nil:
+			se.ReportedBy = c.info[p]
+			return &se
 		}
 	}
 	e := pe("aborted", cause)

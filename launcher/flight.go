@@ -1,9 +1,13 @@
 package launcher
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -33,6 +37,9 @@ type flightRecords struct {
 	temp   string
 	log    zerolog.Logger
 	stderr *lineSink
+	// printed: the job loop printed the table at --timeout, so RunLocal
+	// does not print it again.
+	printed bool
 }
 
 // prepareFlight makes the job's flight directory. Its env is the variable
@@ -93,4 +100,32 @@ func (f *flightRecords) remove() {
 	if f.temp != "" {
 		_ = os.RemoveAll(f.temp)
 	}
+}
+
+// signalReady sends SIGUSR2 to the processes that said, with a
+// ready.<pid> file, that they dump flight records on it (comm installs the
+// handler), and returns how many it signalled. A pid whose environment does
+// not name this job's flight directory (a rank that died, its pid reused)
+// is skipped: SIGUSR2 kills a process without a handler.
+func (f *flightRecords) signalReady() int {
+	if f == nil || f.dir == "" {
+		return 0
+	}
+	names, _ := filepath.Glob(filepath.Join(f.dir, "ready.*"))
+	want := []byte(f.env() + "\x00")
+	n := 0
+	for _, name := range names {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(name), "ready."))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil || !bytes.Contains(env, want) {
+			continue
+		}
+		if syscall.Kill(pid, syscall.SIGUSR2) == nil {
+			n++
+		}
+	}
+	return n
 }

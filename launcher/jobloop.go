@@ -170,7 +170,8 @@ func (r *jobLoop) run(ctx context.Context) error {
 		}
 	}
 	ctxDone := ctx.Done()
-	var flightTimer <-chan time.Time // SIGUSR2: when to merge the ranks' dumps
+	var flightTimer <-chan time.Time   // SIGUSR2: when to merge the ranks' dumps
+	var timeoutFlight <-chan time.Time // --timeout: when to merge them and stop
 	var flightAsked time.Time
 
 	for !done {
@@ -257,6 +258,17 @@ func (r *jobLoop) run(ctx context.Context) error {
 			}
 		case <-timeout:
 			timeout = nil
+			// Ranks that keep flight records dump them first (a job that
+			// runs into --timeout is usually stuck), then the job stops.
+			if r.flight.signalReady() > 0 {
+				flightAsked = time.Now()
+				timeoutFlight = time.After(flightWait)
+			} else {
+				stop(stopTimeout, syscall.SIGTERM)
+			}
+		case <-timeoutFlight:
+			timeoutFlight = nil
+			r.flight.printed = r.flight.print("--timeout", flightAsked)
 			stop(stopTimeout, syscall.SIGTERM)
 		case <-grace:
 			grace = nil

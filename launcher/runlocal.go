@@ -51,7 +51,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	if err != nil {
 		return err
 	}
-	p := &rankPipes{spec: supervisorSpec{Grace: cfg.Grace, LogLevel: cfg.Logger.GetLevel(), PMI: pj}}
+	p := &rankPipes{spec: supervisorSpec{Grace: cfg.Grace, LogLevel: cfg.Logger.GetLevel(), PMI: pj, RemoveDir: flight.temp}}
 	defer p.closeChildEnds()
 	in := localStdin{src: cfg.Stdin}
 	defer in.close()
@@ -119,7 +119,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 		// must say so (the line was printed when it happened).
 		err = lerr
 	}
-	if err != nil {
+	if err != nil && !flight.printed {
 		flight.print("the job failed", start)
 	}
 	return err

@@ -70,6 +70,10 @@ type supervisorSpec struct {
 	// PMI, when set, makes the supervisor serve MPI's PMI to its ranks
 	// (pmi.go).
 	PMI *pmiJob `json:"pmi,omitempty"`
+	// RemoveDir, when set, is removed when the supervisor ends after gorun
+	// died: the job's temporary flight-record directory, which must not
+	// outlive a gorun that was SIGKILLed.
+	RemoveDir string `json:"remove_dir,omitempty"`
 }
 
 // supervisorRank is one process to start. Descriptor numbers refer to the
@@ -206,6 +210,16 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	var spec supervisorSpec
 	if err := json.Unmarshal(line, &spec); err != nil {
 		return fmt.Errorf("decode spec: %w", err)
+	}
+	if spec.RemoveDir != "" {
+		// gorun removes it after reading the ranks' records; only a gorun
+		// that died first (our parent changed) leaves it to us.
+		parent := os.Getppid()
+		defer func() {
+			if os.Getppid() != parent {
+				_ = os.RemoveAll(spec.RemoveDir)
+			}
+		}()
 	}
 	a := &supervisor{
 		log:   log.Level(spec.LogLevel),

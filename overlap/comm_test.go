@@ -171,8 +171,9 @@ func TestRealPlanMismatch(t *testing.T) {
 // TestRealGraph runs a step graph (an FSDP-shaped step over two blocks) on
 // 2 real ranks through GraphRunner in Native and Grouped modes and checks
 // the gathered parameters and reduced gradients every rank sees.
-func TestRealGraph(t *testing.T) {
-	const text = `group dp 2
+// realGraphText is a two-block step on 2 ranks: gathers in forward,
+// all-reduces in backward.
+const realGraphText = `group dp 2
 region layers.0
 region layers.1
 tensor x 8 input
@@ -191,7 +192,10 @@ start ar0 bwd layers.0 all_reduce dp f32 g0>G0:16
 wait ar1.w opt - of=ar1
 wait ar0.w opt - of=ar0
 compute step opt - 10us reads=G1,G0 writes=done`
-	g, err := stepgraph.Parse(text)
+
+func TestRealGraph(t *testing.T) {
+
+	g, err := stepgraph.Parse(realGraphText)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,12 +204,14 @@ compute step opt - 10us reads=G1,G0 writes=done`
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			comms := startComms(ctx, t, 2)
-			runRanks(t, comms, func(c *comm.Comm) error { return graphRank(ctx, g, c, mode) })
+			runRanks(t, comms, func(c *comm.Comm) error { return graphRank(ctx, g, c, mode, nil) })
 		})
 	}
 }
 
-func graphRank(ctx context.Context, g *stepgraph.Graph, c *comm.Comm, mode Mode) error {
+// graphRank runs one step of g on c and checks the results; before, when
+// set, runs before each compute node (to delay one).
+func graphRank(ctx context.Context, g *stepgraph.Graph, c *comm.Comm, mode Mode, before func(rank int, node string)) error {
 	cfg := DefaultConfig()
 	cfg.Mode = mode
 	gr, err := NewGraphRunner(g, map[string]Comm{"dp": c}, cfg)
@@ -229,6 +235,9 @@ func graphRank(ctx context.Context, g *stepgraph.Graph, c *comm.Comm, mode Mode)
 	}
 	var order []string
 	kernel := func(_ context.Context, n *stepgraph.Node) error {
+		if before != nil {
+			before(c.Rank(), n.Name)
+		}
 		order = append(order, n.Name)
 		switch n.Name {
 		case "b1", "b0":

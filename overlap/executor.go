@@ -33,7 +33,7 @@ type Executor struct {
 	// order; a tensor that travels twice fills its first free location.
 	byIn  map[string][]*bucket
 	byOut map[string]*bucket
-	// regionOf lists the buckets issued in each region, for EndRegion.
+	// byRegion lists the buckets issued in each region, for EndRegion.
 	byRegion map[string][]*bucket
 
 	// Per-step state, touched only by the driving goroutine.
@@ -378,6 +378,11 @@ func (ex *Executor) Ready(ctx context.Context, tensor string, in, out comm.Buffe
 	if !ok {
 		return fmt.Errorf("%w: tensor %q is in no bucket of the plan", ErrUsage, tensor)
 	}
+	// A tensor may travel more than once a step (a forward all-gather
+	// gathered again in backward): it fills its first location, in group
+	// then issue order, that is still open and does not have it yet. A
+	// location whose bucket already started (flushed at EndRegion without
+	// this tensor) is closed to it for the rest of the step.
 	var b *bucket
 	mi := -1
 	for _, l := range locs {
@@ -401,6 +406,11 @@ func (ex *Executor) Ready(ctx context.Context, tensor string, in, out comm.Buffe
 		return err
 	}
 	b.have[mi], b.ins[mi], b.outs[mi] = true, in, out
+	// The filler (package buckets) owns the order rule: a bucket starts
+	// only when it is full and every earlier bucket of its group has
+	// started, so every rank issues a group's collectives in one order
+	// whatever order its tensors arrived in. It returns every bucket that
+	// became startable, this one and later ones that waited for it.
 	sts, err := ex.filler.Ready(tensor)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
@@ -547,6 +557,11 @@ func hostOf(buf comm.Buffer, dt comm.DType, bytes int64, bucket, tensor, what st
 }
 
 // start issues b (or queues it for the next bucket set in Grouped mode).
+// The first start of a step on a group also starts that group's plan-hash
+// all-gather (Config.CheckPlan): issued before any bucket, it is the first
+// collective every rank of the group runs this step, so ranks with other
+// plans or a step apart meet in it, and each learns of the mismatch at its
+// first wait (checkHash), before it uses any result.
 func (ex *Executor) start(ctx context.Context, b *bucket) error {
 	g := b.g
 	if ex.cfg.CheckPlan && g.hashH == nil {
@@ -568,6 +583,8 @@ func (ex *Executor) start(ctx context.Context, b *bucket) error {
 	return nil
 }
 
+// call is b's collective: on the member's own buffers when the bucket has
+// one member (nothing to pack or scatter), else on its fused buffers.
 func (ex *Executor) call(b *bucket) Call {
 	if len(b.b.Members) == 1 && b.have[0] {
 		b.direct = true
@@ -584,6 +601,8 @@ func (ex *Executor) call(b *bucket) Call {
 	return Call{Bucket: b.b.Name, Op: b.b.Op, Reduce: comm.Sum, Send: send, Recv: recv}
 }
 
+// issued hands b to its group's watcher, which records its completion:
+// watchers wait in issue order, which is completion order on one group.
 func (ex *Executor) issued(b *bucket) {
 	b.g.watch <- b
 	ex.log.Debug().Int("step", ex.step).Str("bucket", b.b.Name).Str("group", b.g.name).
@@ -696,7 +715,11 @@ func (ex *Executor) incomplete(b *bucket, why string) error {
 	return &IncompleteError{Step: ex.step, Group: b.g.name, Bucket: b.b.Name, Region: b.b.Region, Missing: miss}
 }
 
-// waitBucket waits for b (already issued) and scatters it.
+// waitBucket waits for b (already issued) and scatters it. The plan check
+// comes first: a mismatch must be reported as such, not as whatever the
+// mismatched collective did. The time blocked here is the step's exposed
+// communication; the fused buffers go back to the free list as soon as the
+// members are scattered, which is what bounds FusedPeakBytes.
 func (ex *Executor) waitBucket(ctx context.Context, b *bucket) error {
 	if b.waited {
 		return nil

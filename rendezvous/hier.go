@@ -15,6 +15,53 @@ import (
 	"github.com/gorun-hpc/gorun/internal/connlimit"
 )
 
+// Host leaders: one gossip member per host.
+//
+// Gossip traffic and CPU grow with the number of members, so when ranks
+// share a host, only that host's local rank 0 (its leader) joins
+// memberlist; the host's other ranks attach to it over an abstract Unix
+// socket (attach.go) and never gossip. The protocol, for one host:
+//
+//	attached rank                              leader
+//	dial attachName(secret, host) ───────────► accept (gate: one user's
+//	                                             connections only, bounded)
+//	handshake: both prove the job secret ◄───► handshake
+//	frameHello{Member}  ───────────────────────► checked against the job, the
+//	                                             world size, and every claim
+//	                                             of that rank seen so far
+//	                                             (frameFatal 'C' on conflict)
+//	frameMsg{dest, msg} ───────────────────────► route: to itself, to another
+//	                                             attached rank, or to dest's
+//	                                             leader (kindRelay)
+//	◄─────────────────────────── frameTable{epoch, every member and its leader}
+//	                                             once the world formed
+//	◄─────────────────────────── frameGone / frameMsg / frameFatal 'F'
+//	frameBye (a leave) or EOF (a loss) ────────► attachedGone
+//
+// Between leaders, the attached ranks travel in memberlist's push-pull
+// state (localStateLocked / mergeStateLocked), so the seed's push at
+// formation hands every leader the whole world; kindRelay carries a
+// message to a rank attached elsewhere, and kindGone announces that an
+// attached rank left or was lost.
+//
+// Who is the authority on what: a leader on its own attached ranks (their
+// hello and their stream's end; news about them from others is ignored,
+// handleGone); memberlist on the leaders themselves; the leader's table on
+// everything, for an attached rank. An attached rank whose leader goes
+// loses every other member with it (leaderGoneLocked): its only path to
+// them is gone.
+//
+// Concurrency: each attached stream has one reader goroutine
+// (serveAttached on the leader, readLeader on the rank) and one writer
+// (link.writer, fed by enqueue so that no reader ever blocks on a slow
+// peer); all of them are World.wg's. Every change to the member table
+// happens under World.mu, in methods named ...Locked; sends (memberlist,
+// enqueue) happen after mu is released, except enqueue, which never
+// blocks. memberlist's callbacks take mu too, so nothing here calls
+// memberlist while holding it.
+// Lock order: World.mu, then a link's own mu (enqueue under mu, as in
+// sendTableLocked); a link never takes World.mu.
+
 // Messages between leaders for attached ranks (collect.go lists the others).
 const (
 	kindRelay byte = 'R' // uvarint destination rank, then a message for that attached rank
@@ -81,7 +128,9 @@ func peerSource(c net.Conn) string {
 }
 
 // serveAttached runs one attached rank's stream on the leader: handshake,
-// hello, then its frames until it closes.
+// hello, then its frames until it closes. The gate's slot (release) is
+// held only until the hello: an attached rank then holds its stream for
+// the whole job, and must not keep a stranger's handshake from a slot.
 func (w *World) serveAttached(c net.Conn, release func()) {
 	key, _ := attachKey(&w.cfg)
 	if err := checkPeer(c); err != nil {
@@ -136,6 +185,8 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 		refuse(ce)
 		return
 	}
+	// Accepted: the rank counts as alive from its hello (the leader is
+	// the authority on it), and the world may form with it.
 	m.Addr = other.Addr
 	ms := &w.members[m.Rank]
 	ms.Member, ms.leader, ms.pending = m, w.cfg.Rank, false
@@ -152,6 +203,8 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 	w.mu.Unlock()
 	w.wg.Go(l.writer)
 
+	// Frames until the stream ends: a goodbye first makes the end a leave,
+	// anything else (EOF, an error) a loss.
 	bye := false
 	for !bye {
 		typ, body, err := readFrame(c)
@@ -250,7 +303,10 @@ func (w *World) handleGone(b []byte) {
 
 // route delivers a message to world rank dest from this leader: locally,
 // over dest's attach stream, or to dest's leader. A failed send is retried
-// while dest is alive, bounded like Group.send.
+// while dest is alive, bounded like Group.send: a leader that is just
+// restarting its stream (or a relay leader whose reliable send timed out
+// under load) gets another chance, a lost one does not stall the caller
+// for longer than five TCP timeouts.
 func (w *World) route(dest int, msg []byte) {
 	if dest < 0 || dest >= len(w.members) {
 		return
@@ -277,7 +333,12 @@ func (w *World) route(dest int, msg []byte) {
 // errDetached: this attached rank's stream to its leader is closed.
 var errDetached = errors.New("rendezvous: not connected to the host leader")
 
-// deliver sends msg to world rank dest once, by whatever path reaches it.
+// deliver sends msg to world rank dest once, by whatever path reaches it:
+// an attached rank sends everything up to its leader; a leader delivers
+// to itself, down an attach stream, straight to a leader over memberlist's
+// reliable (TCP) channel, or wrapped in kindRelay to the leader of an
+// attached rank elsewhere. The paths are read under mu and used after it
+// is released, so a send never holds the lock memberlist's callbacks need.
 func (w *World) deliver(dest int, msg []byte) error {
 	if w.up != nil { // attached: everything goes through the leader
 		if !w.up.enqueue(frameMsg, append(binary.AppendUvarint(nil, uint64(dest)), msg...)) {
@@ -328,7 +389,10 @@ func (w *World) handleRelay(b []byte) {
 	}
 }
 
-// sendTableLocked hands the formed world to the attached ranks.
+// sendTableLocked hands the formed world to the attached ranks. It runs
+// under mu at the moment of formation, so no member change can slip in
+// between forming and the table; enqueue never blocks, so holding mu is
+// safe.
 func (w *World) sendTableLocked() {
 	if len(w.links) == 0 {
 		return
@@ -357,7 +421,12 @@ func (w *World) localStateLocked() []byte {
 	return encodeTable(entries)
 }
 
-// mergeStateLocked takes in another leader's attached ranks.
+// mergeStateLocked takes in another leader's attached ranks. An entry is
+// news only about a rank this member has not seen: one it knows under
+// another leader, pid or host is two processes claiming one rank (both
+// leaders are told, and formation fails); news of this leader's own ranks
+// is stale by construction (their hello is the authority) and ignored. A
+// rank learned this way is pending until its leader is alive here.
 func (w *World) mergeStateLocked(buf []byte) {
 	entries, err := decodeTable(buf)
 	if err != nil {
@@ -435,7 +504,10 @@ func (w *World) claimLocked(r int) Claim {
 }
 
 // joinAttached is Join for a rank that is not its host's leader: attach to
-// the leader and wait for the world table.
+// the leader and wait for the world table. The leader may not be listening
+// yet (ranks start in any order), so dialing retries with jittered backoff
+// until FormationTimeout; a name held by another user is reported at once,
+// since no retry can reach the leader then.
 func (w *World) joinAttached(ctx context.Context) error {
 	cfg := &w.cfg
 	net := cfg.AttachNet
@@ -534,7 +606,11 @@ func (w *World) attachError(ctxErr, last error) error {
 	return e
 }
 
-// readLeader runs an attached rank's side of the stream.
+// readLeader runs an attached rank's side of the stream: the table forms
+// the world (with the leader's epoch), gone and fatal frames update it,
+// messages go to their groups. When the stream ends before formation the
+// rank reports that its leader went; after it, every other member is lost
+// with the leader (leaderGoneLocked).
 func (w *World) readLeader() {
 	c := w.up.conn
 	bye := false

@@ -81,8 +81,13 @@ func decodeMeta(b []byte) (Member, error) {
 
 // DeriveKey returns a 32-byte key for purpose (e.g. "gorun comm hmac v1"),
 // derived from the job secret with HKDF-SHA-256 and the job id as salt, so
-// that every rank of the job, however it was launched (gorun, torch style,
-// srun), gets the same key with no message exchanged. It is a Config method,
+// that ranks whose Configs hold the same Secret and JobID get the same key
+// with no message exchanged; ConfigFromEnv gives every rank of a job those
+// in each launch mode (gorun, torch style, srun). The key is only as secret
+// as Secret: without GORUN_SECRET (torch style or srun outside gorun) the
+// secret is derived from the job id and the seed (Config.SecretDerived),
+// which anyone who can read them can repeat, so the key then authenticates
+// nothing. It is a Config method,
 // not a World one, because the data plane needs its key before Join: the
 // data-plane address a rank advertises in Join must already be listening.
 // Different purposes give independent keys; the gossip key's purpose and the

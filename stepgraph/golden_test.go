@@ -17,7 +17,7 @@ import (
 //	graph                     parse the input as the current graph; print ok or the error
 //	estimate                  simulate the current graph, per region
 //	blocks | overlap          run a bucketing pass on the current graph
-//	reshard                   run Reshard; chunk pattern=P [dirs=fwd,bwd] [accumulate=1] [always=1]: run ChunkWith
+//	reshard [prefetch=N]      run ReshardWith (prefetch 1: Reshard); chunk pattern=P [dirs=fwd,bwd] [accumulate=1] [always=1]: run ChunkWith
 //	plan                      print the bucket plan of the current graph
 //	load                      read the input as a JSON document; json: round-trip the current graph
 //
@@ -140,7 +140,13 @@ func (s *state) run(t *testing.T, sc scenario) string {
 		out, err = BucketOverlap(before, s.cfg)
 	case "reshard":
 		var rep *ReshardReport
-		out, rep, err = Reshard(before, s.cfg.Model)
+		pf := 1
+		if v, ok := sc.Args["prefetch"]; ok {
+			if pf, err = strconv.Atoi(v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out, rep, err = ReshardWith(before, ReshardConfig{Model: s.cfg.Model, Prefetch: pf})
 		if rep != nil {
 			extra = rep.String()
 		}

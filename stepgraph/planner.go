@@ -39,6 +39,8 @@ type PlannerConfig struct {
 	// Chunk configures the chunk pass (its Model is Buckets.Model); an
 	// empty Pattern means "*", every region.
 	Chunk ChunkConfig
+	// ReshardPrefetch is ReshardConfig.Prefetch for the reshard pass.
+	ReshardPrefetch int
 }
 
 // PassResult is one pass's line of the summary.
@@ -131,7 +133,7 @@ func RunPlanner(g *Graph, cfg PlannerConfig) (*PlanSummary, error) {
 		switch p {
 		case PassReshard:
 			var r *ReshardReport
-			cur, r, err = Reshard(cur, cfg.Buckets.Model)
+			cur, r, err = ReshardWith(cur, ReshardConfig{Model: cfg.Buckets.Model, Prefetch: cfg.ReshardPrefetch})
 			rep = r
 		case PassChunk:
 			cc := cfg.Chunk

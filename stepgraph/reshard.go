@@ -54,6 +54,27 @@ const regatherSuffix = "@bwd"
 // in one rewrite per round and there are at most three rounds, so the pass
 // costs a few simulations of the step.
 func Reshard(g *Graph, m buckets.Model) (*Graph, *ReshardReport, error) {
+	return ReshardWith(g, ReshardConfig{Model: m, Prefetch: 1})
+}
+
+// ReshardConfig configures ReshardWith.
+type ReshardConfig struct {
+	// Model prices the plan for the exposure guard.
+	Model buckets.Model
+	// Prefetch is how many backward blocks before its first reader's block
+	// a re-gather starts (FSDP's backward prefetch; Reshard uses 1). Fewer
+	// are used where fewer exist; 0 starts it at the beginning of the
+	// reader's own block, where little hides it but no gathered copy is
+	// held early. Negative is an error.
+	Prefetch int
+}
+
+// ReshardWith is Reshard with the prefetch depth of cfg.
+func ReshardWith(g *Graph, cfg ReshardConfig) (*Graph, *ReshardReport, error) {
+	m := cfg.Model
+	if cfg.Prefetch < 0 {
+		return nil, nil, fmt.Errorf("stepgraph: reshard prefetch %d is negative", cfg.Prefetch)
+	}
 	if err := m.Validate(); err != nil {
 		return nil, nil, err
 	}
@@ -84,7 +105,7 @@ func Reshard(g *Graph, m buckets.Model) (*Graph, *ReshardReport, error) {
 		if s.Kind != Start || s.Op != buckets.AllGather || s.Dir != buckets.Forward {
 			continue
 		}
-		if rp := planRegather(g, ix, bwdReader, i); rp != nil {
+		if rp := planRegather(g, ix, bwdReader, i, cfg.Prefetch); rp != nil {
 			if rp.early < 0 {
 				rep.Kept = append(rep.Kept, s.Name)
 				continue
@@ -176,8 +197,8 @@ type regatherPlan struct {
 }
 
 // planRegather places the re-gather of start si from the first backward
-// readers of its outputs; nil if there are none.
-func planRegather(g *Graph, ix *index, bwdReader map[string]int, si int) *regatherPlan {
+// readers of its outputs, ahead blocks earlier; nil if there are none.
+func planRegather(g *Graph, ix *index, bwdReader map[string]int, si, ahead int) *regatherPlan {
 	s := &g.Nodes[si]
 	rp := &regatherPlan{name: s.Name, start: si, outs: map[string]string{}, first: len(g.Nodes)}
 	for _, mb := range s.Members {
@@ -189,20 +210,28 @@ func planRegather(g *Graph, ix *index, bwdReader map[string]int, si int) *regath
 	if len(rp.outs) == 0 {
 		return nil
 	}
-	// One block earlier: skip back over the reader's block, then over the
-	// block before it, which must also be backward.
+	// ahead blocks earlier: skip back over the reader's block, then over
+	// up to ahead blocks before it, which must also be backward.
 	reader := g.Nodes[rp.first].Region
 	k := rp.first - 1
 	for k >= 0 && g.Nodes[k].Dir == buckets.Backward && g.Nodes[k].Region == reader {
 		k--
 	}
-	if k < 0 || g.Nodes[k].Dir != buckets.Backward {
+	moved := 0
+	for ; moved < ahead; moved++ {
+		if k < 0 || g.Nodes[k].Dir != buckets.Backward {
+			break
+		}
+		prev := g.Nodes[k].Region
+		for k >= 0 && g.Nodes[k].Dir == buckets.Backward && g.Nodes[k].Region == prev {
+			k--
+		}
+	}
+	if ahead > 0 && moved == 0 {
+		// The reader's block runs first in backward: nothing would hide
+		// the re-gather, and the copy would be freed for no time at all.
 		rp.early, rp.at = -1, -1
 		return rp
-	}
-	prev := g.Nodes[k].Region
-	for k >= 0 && g.Nodes[k].Dir == buckets.Backward && g.Nodes[k].Region == prev {
-		k--
 	}
 	rp.early = k + 1
 	// Never before the shards exist.

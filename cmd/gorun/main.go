@@ -387,8 +387,6 @@ func colorTerminal(w io.Writer) bool {
 	return err == nil
 }
 
-// splitWords splits a command line the way a shell would for simple
-// cases: blanks separate words, single and double quotes group them.
 // resolveHosts checks the options that say where and how agents start
 // (shared by a job and `gorun doctor`) and reads the hosts; a non-zero code
 // means the error is printed, prefixed with prog.
@@ -418,6 +416,8 @@ func resolveHosts(o options, prog string, stderr io.Writer) (hosts []launcher.Ho
 	return hosts, inSlurm, launchAgent, 0
 }
 
+// splitWords splits a command line the way a shell would for simple
+// cases: blanks separate words, single and double quotes group them.
 func splitWords(s string) ([]string, error) {
 	var words []string
 	var cur strings.Builder

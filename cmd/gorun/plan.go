@@ -41,6 +41,7 @@ func planMain(args []string, stdout, stderr io.Writer) int {
 	capBytes := fs.Int64("cap", 0, "bucket cap in `BYTES` (0: the cost model's)")
 	regions := fs.String("chunk-regions", "*", "regions the chunk pass splits (a path.Match `PATTERN` over dotted names)")
 	accumulate := fs.Bool("chunk-accumulate", true, "chunk pass: sum the chunks' partial gradients before one collective")
+	reshardAhead := fs.Int("reshard-prefetch", 1, "reshard pass: start each re-gather `N` backward blocks before its reader's block")
 	out := fs.String("o", "", "also write the planned graph as JSON to `FILE`")
 	var files []string
 	// Flags may come before or after the file.
@@ -61,6 +62,7 @@ func planMain(args []string, stdout, stderr io.Writer) int {
 	cfg := stepgraph.PlannerConfig{Passes: []string{}, Buckets: buckets.DefaultConfig()}
 	cfg.Buckets.CapBytes = *capBytes
 	cfg.Chunk = stepgraph.ChunkConfig{Pattern: *regions, Accumulate: *accumulate}
+	cfg.ReshardPrefetch = *reshardAhead
 	for _, p := range strings.Split(*passes, ",") {
 		if p = strings.TrimSpace(p); p != "" {
 			cfg.Passes = append(cfg.Passes, p)

@@ -20,7 +20,17 @@ type Network struct {
 	killed  map[string]bool   // guarded by mu
 	dropped map[string]bool   // guarded by mu
 	delay   time.Duration     // guarded by mu
+	// status answers side-channel queries (comm.StatusTransport) by
+	// address and group; guarded by mu.
+	status map[statusKey]*statusFn
 }
+
+type statusKey struct {
+	addr string
+	gid  comm.GroupID
+}
+
+type statusFn struct{ f func() []byte }
 
 type pipeKey struct {
 	gid  comm.GroupID
@@ -33,7 +43,8 @@ type pipe struct{ q [2]*queue }
 
 // NewNetwork returns an empty network.
 func NewNetwork() *Network {
-	return &Network{pipes: map[pipeKey]*pipe{}, killed: map[string]bool{}, dropped: map[string]bool{}}
+	return &Network{pipes: map[pipeKey]*pipe{}, killed: map[string]bool{}, dropped: map[string]bool{},
+		status: map[statusKey]*statusFn{}}
 }
 
 // Endpoint returns the transport of the member that advertises addr.
@@ -75,6 +86,41 @@ func (nw *Network) SetDelay(d time.Duration) {
 type endpoint struct {
 	nw   *Network
 	addr string
+}
+
+var _ comm.StatusTransport = (*endpoint)(nil)
+
+// ServeStatus implements comm.StatusTransport: a query reaches status
+// unless this address was killed (a dropped one still answers, as a hung
+// process's listener does).
+func (e *endpoint) ServeStatus(gid comm.GroupID, status func() []byte) (withdraw func()) {
+	fn := &statusFn{f: status}
+	k := statusKey{e.addr, gid}
+	e.nw.mu.Lock()
+	e.nw.status[k] = fn
+	e.nw.mu.Unlock()
+	return func() {
+		e.nw.mu.Lock()
+		if e.nw.status[k] == fn {
+			delete(e.nw.status, k)
+		}
+		e.nw.mu.Unlock()
+	}
+}
+
+// QueryStatus implements comm.StatusTransport.
+func (e *endpoint) QueryStatus(ctx context.Context, g comm.Group, gid comm.GroupID, r int) ([]byte, error) {
+	addr := g.DataAddr(r)
+	e.nw.mu.Lock()
+	fn, killed := e.nw.status[statusKey{addr, gid}], e.nw.killed[addr]
+	e.nw.mu.Unlock()
+	switch {
+	case killed:
+		return nil, fmt.Errorf("commtest: %s was killed", addr)
+	case fn == nil:
+		return nil, errors.New("no communicator for this group (closed or not yet created)")
+	}
+	return fn.f(), ctx.Err()
 }
 
 func (e *endpoint) Connect(ctx context.Context, g comm.Group, gid comm.GroupID) ([]comm.Link, error) {

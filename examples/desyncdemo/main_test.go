@@ -26,7 +26,8 @@ func build(t *testing.T) (gorun, demo string) {
 // End to end under gorun: a desync at call #4 fails every rank with a
 // DesyncError naming both calls within seconds, and gorun prints the merged
 // flight records with #4 marked; a rank 5 s late is named by the others,
-// SIGUSR2 to gorun prints the table meanwhile, and the job completes.
+// SIGUSR2 to gorun prints the table meanwhile, and the job completes; a
+// rank stuck until --timeout gets the table printed before the job stops.
 func TestUnderGorun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and launches gorun")
@@ -87,6 +88,24 @@ func TestUnderGorun(t *testing.T) {
 			"gorun: flight records (SIGUSR2)",
 			"first disagreement at #4: ranks 0-2 called AllReduce(float32 sum, count=16) #4; rank 3 never reached it",
 		} {
+			if !strings.Contains(errb.String(), want) {
+				t.Errorf("gorun's stderr lacks %q:\n%s", want, errb.String())
+			}
+		}
+	})
+	t.Run("timeout", func(t *testing.T) {
+		// A rank stuck for good: at --timeout gorun asks the ranks for
+		// their records first, prints the table, then stops the job.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var out, errb bytes.Buffer
+		cmd := exec.CommandContext(ctx, gorun, "-np", "4", "--timeout", "3s", demo, "-mode", "late", "-delay", "30s")
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 124 {
+			t.Fatalf("gorun: %v, want exit 124\n%s%s", err, out.String(), errb.String())
+		}
+		for _, want := range []string{"gorun: flight records (--timeout)", ">>  #4", "rank 3 never reached it", "gorun: job timed out after 3s"} {
 			if !strings.Contains(errb.String(), want) {
 				t.Errorf("gorun's stderr lacks %q:\n%s", want, errb.String())
 			}

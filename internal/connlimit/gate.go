@@ -133,6 +133,34 @@ func (g *Gate) Accept(ln net.Listener) (net.Conn, func(), error) {
 	}
 }
 
+// Admit counts a connection that another loop accepted (a listener the Gate
+// does not own, such as memberlist's). It never blocks: over either bound
+// it returns false and the caller closes the connection. The release
+// function is as Accept's.
+func (g *Gate) Admit(c net.Conn) (func(), bool) {
+	select {
+	case g.slots <- struct{}{}:
+	default:
+		g.mu.Lock()
+		g.refused++
+		g.mu.Unlock()
+		return nil, false
+	}
+	src := g.source(c)
+	g.mu.Lock()
+	if g.closed || g.per[src] >= g.cfg.PerSource {
+		g.refused++
+		g.mu.Unlock()
+		<-g.slots
+		return nil, false
+	}
+	g.per[src]++
+	g.pending[c] = src
+	g.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(func() { g.release(c) }) }, true
+}
+
 func (g *Gate) release(c net.Conn) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -166,7 +194,8 @@ func (g *Gate) Close() {
 type Stats struct {
 	// Pending is how many connections are in their handshake now.
 	Pending int
-	// Refused is how many were closed at once for PerSource so far.
+	// Refused is how many were turned away for a bound so far (Accept:
+	// PerSource; Admit: either).
 	Refused int
 }
 

@@ -184,3 +184,41 @@ func waitFor(t *testing.T, ok func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// Admit counts connections accepted elsewhere against both bounds and
+// never blocks.
+func TestGateAdmit(t *testing.T) {
+	g, err := New(Config{Max: 3, PerSource: 2}, func(c net.Conn) string { return c.(*namedConn).src })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rels []func()
+	for i, tc := range []struct {
+		src string
+		ok  bool
+	}{{"a", true}, {"a", true}, {"a", false}, {"b", true}, {"c", false}} {
+		rel, ok := g.Admit(&namedConn{src: tc.src})
+		if ok != tc.ok {
+			t.Fatalf("admission %d from %s: %v, want %v", i, tc.src, ok, tc.ok)
+		}
+		if ok {
+			rels = append(rels, rel)
+		}
+	}
+	rels[0]()
+	if _, ok := g.Admit(&namedConn{src: "c"}); !ok {
+		t.Error("a released slot was not reused")
+	}
+	if s := g.Stats(); s.Pending != 3 || s.Refused != 2 {
+		t.Errorf("stats %+v, want 3 pending and 2 refused", s)
+	}
+	g.Close()
+}
+
+// namedConn is a connection that only names its source.
+type namedConn struct {
+	net.Conn
+	src string
+}
+
+func (*namedConn) Close() error { return nil }

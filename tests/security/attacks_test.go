@@ -41,12 +41,21 @@ func TestAttacksOnASingleHostJob(t *testing.T) {
 	}
 	waitHeld(t, holds, 2)
 	checkBounded(t, "rank", pids)
+	// Rank 0 is the host leader, the host's only gossip member: its
+	// gossip port gets 3000 connections kept open.
+	seed := envOf(t, pids[0], "GORUN_RDZV_ENDPOINT")
+	churn := attack(t, "", "churn", seed, "3000", "5s")
+	time.Sleep(time.Second)
+	checkGossipBounded(t, pids[0])
 	out := attack(t, "", "read-secrets")()
 	if !strings.Contains(out, "environ-with-secret=0 shm-openable=0 tmp-listable=0") {
 		t.Errorf("the second user read a job's secret from /proc, opened its shared memory or listed its temporary files: %s", out)
 	}
 	checkShm(t)
 	checkTempDirs(t)
+	if c := churn(); !regexp.MustCompile(`dials=[1-9]\d{3,}`).MatchString(c) {
+		t.Errorf("gossip churn made fewer than 1000 connections: %s", c)
+	}
 	if a := attach(); !attachRefused(a) {
 		t.Errorf("attach sockets: %s, want connections made and all closed by the leader", a)
 	}
@@ -215,6 +224,41 @@ func checkBounded(t *testing.T, what string, pids []int) {
 		}
 		t.Logf("%s pid %d under the flood: %d descriptors, %d KiB resident", what, pid, fds(pid), rssKiB(pid))
 	}
+}
+
+// maxGossipFDs bounds a gossip member's descriptors under the churn:
+// memberlist's streams are admitted up to 1024 per source
+// (rendezvous/gossipnet.go), plus the rank's own.
+const maxGossipFDs = 1024 + maxFDs
+
+// checkGossipBounded samples pid's descriptors for two seconds while its
+// gossip port is churned and checks the peak.
+func checkGossipBounded(t *testing.T, pid int) {
+	t.Helper()
+	peak := 0
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		peak = max(peak, fds(pid))
+	}
+	t.Logf("gossip member pid %d under the churn: peak %d descriptors", pid, peak)
+	if peak > maxGossipFDs {
+		t.Errorf("gossip member pid %d peaked at %d descriptors under the churn, want ≤ %d", pid, peak, maxGossipFDs)
+	}
+}
+
+// envOf reads one variable of pid's environment (as root).
+func envOf(t *testing.T, pid int, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range strings.Split(string(b), "\x00") {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			return v
+		}
+	}
+	t.Fatalf("pid %d has no %s", pid, name)
+	return ""
 }
 
 // checkShm: every gorun segment in /dev/shm is 0600.

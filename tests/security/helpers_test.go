@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -117,6 +118,8 @@ func rankMain() int {
 //	attach DUR NAME...      connect 200 times to each named attach socket (a test on
 //	                        the shared host names its own job's, sparing other jobs)
 //	hold ADDR N DUR         open N connections to ADDR and hold them
+//	churn ADDR N DUR        keep N connections to ADDR open, redialing each one the
+//	                        server closes (memberlist closes silent ones after 2 s)
 //	read-secrets            try to read every process's environ; print what was readable
 //	plant DIR...            create each DIR world-writable with a planted "prog.sh"
 //
@@ -137,6 +140,9 @@ func attackMain(args []string) int {
 			only[n] = true
 		}
 		return attackSquat("", dur(args[1]), only)
+	case "churn":
+		n, _ := strconv.Atoi(args[2])
+		return attackChurn(args[1], n, dur(args[3]))
 	case "hold":
 		n, _ := strconv.Atoi(args[2])
 		conns := holdConns(args[1], n)
@@ -234,6 +240,33 @@ func attackAgentPort(d time.Duration, prefix string) int {
 		}
 	}
 	fmt.Printf("ATTACK agent-port hellos=%d held=%d still-open=%d targets=%d\n", hellos, len(held), open, len(seen))
+	return 0
+}
+
+func attackChurn(addr string, n int, d time.Duration) int {
+	end := time.Now().Add(d)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	dials := 0
+	for range n {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				c, err := net.DialTimeout("tcp", addr, time.Second)
+				if err != nil {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				mu.Lock()
+				dials++
+				mu.Unlock()
+				_ = c.SetReadDeadline(end)
+				_, _ = c.Read(make([]byte, 1))
+				c.Close()
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Printf("ATTACK churn %s dials=%d\n", addr, dials)
 	return 0
 }
 

@@ -205,20 +205,25 @@ func startJob(t *testing.T, args ...string) *job {
 }
 
 // ready waits until n ranks reported their data port, and returns each
-// rank's address and pid.
+// rank's address and pid, by rank.
 func (j *job) ready(n int) (addrs []string, pids []int) {
 	j.t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		addrs, pids = nil, nil
+		addrs, pids = make([]string, n), make([]int, n)
+		got := 0
 		for _, line := range strings.Split(j.stdout.String(), "\n") {
 			f := strings.Fields(line)
 			if len(f) == 4 && f[0] == "DATA" {
+				r, _ := strconv.Atoi(f[1])
 				pid, _ := strconv.Atoi(f[3])
-				addrs, pids = append(addrs, f[2]), append(pids, pid)
+				if r >= 0 && r < n && addrs[r] == "" {
+					addrs[r], pids[r] = f[2], pid
+					got++
+				}
 			}
 		}
-		if len(addrs) == n {
+		if got == n {
 			return addrs, pids
 		}
 		select {
@@ -227,7 +232,7 @@ func (j *job) ready(n int) (addrs []string, pids []int) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	j.t.Fatalf("%d of %d ranks ready after 60 s\nstdout:\n%s\nstderr:\n%s", len(addrs), n, j.stdout.String(), j.stderr.String())
+	j.t.Fatalf("not all of %d ranks ready after 60 s\nstdout:\n%s\nstderr:\n%s", n, j.stdout.String(), j.stderr.String())
 	return nil, nil
 }
 
