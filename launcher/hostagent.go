@@ -327,6 +327,14 @@ func prepareHost(o HostAgentOptions, job *remoteJob, c net.Conn, programComing b
 		return h, nil
 	}
 	h.Iface, h.Addr, h.Why = choice.Name, choice.Addr.String(), choice.Why
+	if job.Ranks > 0 {
+		// This host's limits, not the launching machine's, decide
+		// whether its ranks can start (capacity.go).
+		if err := checkLocalCapacity(job.Ranks, readLocalLimits()); err != nil {
+			h.Err, h.ErrKind = strings.TrimPrefix(err.Error(), "launcher: "), "capacity"
+			return h, nil
+		}
+	}
 	prog, err := ResolveProgram(job.Program, rankDir(job.Dir))
 	if programComing && job.Program != "" && filepath.IsAbs(job.Program) {
 		// Preloaded: it arrives before the ranks start.
@@ -368,6 +376,25 @@ func rankDir(dir string) string {
 // relay runs the ranks through a supervisor and forwards everything until
 // the supervisor reports the end (then "done" goes to gorun after the last
 // output) or gorun is gone (then the supervisor is told to kill it all).
+//
+// Goroutines, all waited for before relay returns:
+//   - one per rank stream (outWG): pipe → output frames. They never stop
+//     reading, even when the connection is dead, so a rank never blocks
+//     on a full pipe before the supervisor kills it.
+//   - the connection reader: frames from gorun → commands to the
+//     supervisor, stdin chunks to rank 0's queue; every frame (pings
+//     included) renews lastHeard, the lease's clock.
+//   - the event reader: supervisor events → event frames, holding back
+//     "done" (doneEv) until every output stream reached EOF.
+//   - the pinger: a ping every lease/4 so gorun's lease stays alive while
+//     nothing else flows; it is separate so a write stuck on a dead link
+//     cannot delay the lease check below.
+//   - stdin's queue writer, when rank 0 reads gorun's stdin.
+//
+// relay's own loop decides the end: "done" (finish cleanly), or the
+// connection closing or falling silent for the lease (gorun is gone or
+// cut off: close the supervisor's command pipe, which kills every rank and
+// descendant on this host, and return the reason).
 func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, pj *pmiJob, log zerolog.Logger, stderr io.Writer) error {
 	base := scrubLaunchEnv(filterEnv(os.Environ()))
 	p := &rankPipes{spec: supervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj}}

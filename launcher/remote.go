@@ -321,6 +321,14 @@ func (m *hostAgents) forwardStdin(w *wireConn) func() {
 
 // readHost reads one agent's frames until it reported "done" and hung up
 // (nil) or the connection failed or fell silent (the error says which).
+//
+// It is the only reader of the connection, so it also keeps gorun's side
+// of the lease: every frame, pings included, pushes the read deadline a
+// lease ahead, and a deadline that passes is a host that is silent (a cut
+// link delivers no FIN, so only silence tells). Events from other hosts'
+// ranks are dropped: an agent speaks only for its node's ranks. After
+// "done" the agent half-closes; the read error that follows is the clean
+// end, not a loss.
 func (m *hostAgents) readHost(c *hostConn, n Node, lease time.Duration, events chan<- supervisorEvent, quit <-chan struct{},
 	output func(rank int, stream byte, data []byte)) error {
 	var buf []byte

@@ -13,8 +13,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/internal/connlimit"
 )
 
 // Config describes what one host's server tells its ranks.
@@ -232,7 +235,9 @@ func (s *Server) ServeConn(rank int, c net.Conn) error {
 //
 // IDs are random, not the rank numbers: anyone on the host can dial a TCP
 // port, and a stranger who guessed an ID could read and write the job's
-// key-value space; each ID is also accepted only once.
+// key-value space; each ID is also accepted only once. On Linux a
+// connection from another user's process is refused before it is read
+// (peer_linux.go), and the connections in their first line are bounded.
 func (s *Server) Listen(addr string) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -255,10 +260,20 @@ func (s *Server) Listen(addr string) (string, error) {
 			}
 		}
 	}
+	// Only this host's ranks ever connect, one each; the bound keeps a
+	// stranger's held connections from costing more than that.
+	gate, err := connlimit.New(connlimit.Config{Max: max(len(s.cfg.Ranks), 1) + 16, PerSource: max(len(s.cfg.Ranks), 1) + 16}, nil)
+	if err != nil {
+		ln.Close()
+		return "", err
+	}
 	s.ln = ln
-	s.wg.Go(s.acceptLoop)
+	s.wg.Go(func() { s.acceptLoop(gate) })
 	return ln.Addr().String(), nil
 }
+
+// portHandshakeTimeout bounds a PMI port connection's first line.
+const portHandshakeTimeout = 30 * time.Second
 
 // ID is the PMI_ID rank presents in the PMI_PORT mode; 0 before Listen.
 func (s *Server) ID(rank int) int {
@@ -267,20 +282,34 @@ func (s *Server) ID(rank int) int {
 	return s.idOf[rank]
 }
 
-func (s *Server) acceptLoop() {
+func (s *Server) acceptLoop(gate *connlimit.Gate) {
+	defer gate.Close()
 	for {
-		c, err := s.ln.Accept()
+		c, release, err := gate.Accept(s.ln)
 		if err != nil {
 			return
 		}
+		// Another user's process is refused before it says anything:
+		// it must not get to try PMI ids (peer_linux.go).
+		if err := checkPortPeer(c); err != nil {
+			release()
+			s.log.Warn().Err(err).Msg("PMI port connection refused")
+			c.Close()
+			continue
+		}
 		if !s.track(c) {
+			release()
 			c.Close()
 			return
 		}
 		s.wg.Go(func() {
 			defer s.untrack(c)
 			br := bufio.NewReaderSize(c, MaxLine)
+			// A rank sends its first line as soon as it connects.
+			_ = c.SetReadDeadline(time.Now().Add(portHandshakeTimeout))
 			rank, err := s.handshake(br, c)
+			_ = c.SetReadDeadline(time.Time{})
+			release()
 			if err != nil {
 				s.log.Warn().Err(err).Str("peer", c.RemoteAddr().String()).Msg("PMI port connection refused")
 				return

@@ -44,7 +44,9 @@ type Config struct {
 	// AttachNet is how a host's ranks reach their leader; nil means
 	// Unix-domain sockets in Linux's abstract namespace (no file to clean
 	// up, reachable by name from every process of the host's network
-	// namespace), named from the job id and Host. Tests use
+	// namespace), named by an HMAC of Host under a key derived from
+	// Secret (attach.go: another user cannot take the name first), peers
+	// of another user refused (SO_PEERCRED). Tests use
 	// rendezvoustest.AttachNet. Connections are authenticated with a key
 	// derived from Secret in both directions.
 	AttachNet AttachNet

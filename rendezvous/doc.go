@@ -15,8 +15,10 @@
 // from GORUN_LOCAL_WORLD_SIZE, LOCAL_WORLD_SIZE or SLURM's tasks per node),
 // only local rank 0 of each host is a gossip member; the host's other ranks
 // attach to it over a local stream (a Unix socket in Linux's abstract
-// namespace named from the job id and host, authenticated both ways with a
-// key derived from the job secret), so gossip size is the host count. The
+// namespace whose name is derived from the job secret and the host, so
+// nobody else can know it first; another user's process is refused by its
+// SO_PEERCRED credentials; the stream is authenticated both ways with a key
+// derived from the job secret), so gossip size is the host count. The
 // leader announces its ranks in memberlist's push-pull state, relays the
 // world table, the messages and the membership changes to them, and reports
 // an attached rank whose stream closes (a crash closes it at once) to every
