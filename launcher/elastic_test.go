@@ -16,6 +16,10 @@ import (
 // launchReport runs the job through LaunchReport and checks that nothing of
 // it survives.
 func (j *jobRun) launchReport(ctx context.Context) (*Report, error) {
+	if j.cfg.Timeout == 0 {
+		// A broken restart or a SIGCONT never sent must fail, not hang.
+		j.cfg.Timeout = 30 * time.Second
+	}
 	rep, err := LaunchReport(ctx, j.cfg, j.job)
 	if s := launchertest.Survivors(j.token); len(s) > 0 {
 		j.t.Errorf("processes of the job survive LaunchReport: %v", s)
