@@ -285,6 +285,15 @@ func (e *Endpoint) acceptLoop() {
 
 // serve authenticates one incoming connection and parks it for its group.
 // A connection that fails is logged and dropped; nothing else is affected.
+//
+// Parking: connections arrive before, during or after the communicator
+// that wants them calls Connect, in any order. Each is keyed by (group,
+// dialing rank, connection index) and handed over through a channel of
+// capacity one made by whichever side comes first (waiterLocked): the
+// accept side never blocks, and a second connection for the same key is a
+// duplicate (a confused or hostile peer) and is dropped. The gate's slot
+// is released once the handshake is over, so a parked link does not hold
+// one.
 func (e *Endpoint) serve(conn net.Conn, release func()) {
 	start := time.Now()
 	_ = conn.SetDeadline(start.Add(e.cfg.HandshakeTimeout))
@@ -448,6 +457,32 @@ func mac(secret []byte, role byte, cn, sn []byte, more ...[]byte) []byte {
 	return m.Sum(nil)
 }
 
+// The data-plane handshake, one per connection (a link may have several):
+//
+//	dialer (client)                            listener (server)
+//	"GORUNDP2" ‖ cn (32 random bytes) ───────► within GreetingTimeout, or
+//	                                           the slot goes to another
+//	◄──────── sn (32 random bytes) ‖ HMAC(secret, 'S' ‖ cn ‖ sn)
+//	checks the server knows the secret
+//	HMAC(secret, 'C' ‖ cn ‖ sn ‖ hello ‖ shm name) ‖ hello ‖ shm name ──►
+//	                                           checks the proof (which also
+//	                                           covers the hello, so it cannot
+//	                                           be altered in flight), maps the
+//	                                           offered segment if it can
+//	◄──────── ack: ackTCP, ackShm (the segment is mapped on both sides)
+//	          or ackStatus (a status query, not a link)
+//
+// Both nonces make every proof single-use, and the role byte keeps a
+// server's proof from being replayed as a client's. Nothing about the
+// group is revealed before the client proved the secret: a stranger learns
+// only that the port speaks this protocol. A client that sees the
+// connection close before any byte knows the server had no slot for its
+// source (connlimit) and retries (errBusy); anything else is an ErrAuth.
+// The hello's layout (helloLen bytes, little-endian): group id (8), from,
+// to, size, shm bytes (4 each), streams, stream, shm name length (2 each).
+//
+// serverHandshake is the listener's side; HandshakeTimeout bounds all of
+// it from start.
 func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader, start time.Time) (hello, *shmSegment, error) {
 	var h hello
 	var b [len(handshakeMagic) + nonceLen]byte
@@ -515,6 +550,8 @@ func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader, start time.T
 	return h, seg, nil
 }
 
+// clientHandshake is the dialer's side of the handshake above; it returns
+// the listener's ack.
 func (e *Endpoint) clientHandshake(conn net.Conn, br *bufio.Reader, h hello) (byte, error) {
 	cn := make([]byte, nonceLen)
 	_, _ = rand.Read(cn)
@@ -557,7 +594,11 @@ func (e *Endpoint) clientHandshake(conn net.Conn, br *bufio.Reader, h hello) (by
 
 // Connect dials every higher rank and waits for every lower rank to dial
 // it, then returns one Link per peer: shared memory where both sides are on
-// one host and allow it, TCP otherwise.
+// one host and allow it, TCP otherwise. The direction rule (lower rank
+// listens, higher rank dials) gives every pair exactly one link without
+// any negotiation, and all pairs are set up concurrently, so a world's
+// links take about as long as the slowest pair, not the sum. If any pair
+// fails, every link made so far is closed and the first error returned.
 func (e *Endpoint) Connect(ctx context.Context, g Group, gid GroupID) ([]Link, error) {
 	me, n := g.Rank(), g.Size()
 	links := make([]Link, n)

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"errors"
+	"net"
 	"strings"
 	"testing"
 )
@@ -62,5 +63,30 @@ func TestPlanRefusesAbsurdCounts(t *testing.T) {
 		if !errors.As(err, &ce) || ce.Resource != "ranks" || p != nil {
 			t.Errorf("NewPlan(np %d, hosts %v) = %v, %v; want a ranks CapacityError", c.NP, c.Hosts, p, err)
 		}
+	}
+}
+
+// A host agent refuses, in its hello, a rank count its own host cannot
+// serve, and gorun names the host and the limit before any rank starts.
+func TestHostRefusesRanksItCannotServe(t *testing.T) {
+	c1, c2 := net.Pipe()
+	defer c1.Close()
+	defer c2.Close()
+	job := &remoteJob{Program: "/bin/true", Iface: "127.0.0.0/8", Ranks: MaxRanks + 1}
+	h, ports := prepareHost(HostAgentOptions{Version: "v"}, job, c1, false)
+	ports.Release()
+	if h.ErrKind != "capacity" || !strings.Contains(h.Err, "262145 ranks requested; gorun runs at most 262144") {
+		t.Fatalf("hello %q (%s), want a capacity refusal", h.Err, h.ErrKind)
+	}
+	m := &hostAgents{cfg: Config{Version: "v"}, nodes: []Node{{Name: "h1"}}}
+	err := m.checkHello(0, h)
+	if err == nil || err.Error() != "host h1: check limits: 262145 ranks requested; gorun runs at most 262144 ranks in one job" {
+		t.Fatalf("checkHello = %v", err)
+	}
+	job.Ranks = 4
+	if h, ports := prepareHost(HostAgentOptions{Version: "v"}, job, c1, false); h.Err != "" {
+		t.Fatalf("4 ranks refused: %s", h.Err)
+	} else {
+		ports.Release()
 	}
 }

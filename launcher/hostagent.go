@@ -327,6 +327,14 @@ func prepareHost(o HostAgentOptions, job *remoteJob, c net.Conn, programComing b
 		return h, nil
 	}
 	h.Iface, h.Addr, h.Why = choice.Name, choice.Addr.String(), choice.Why
+	if job.Ranks > 0 {
+		// This host's limits, not the launching machine's, decide
+		// whether its ranks can start (capacity.go).
+		if err := checkLocalCapacity(job.Ranks, readLocalLimits()); err != nil {
+			h.Err, h.ErrKind = strings.TrimPrefix(err.Error(), "launcher: "), "capacity"
+			return h, nil
+		}
+	}
 	prog, err := ResolveProgram(job.Program, rankDir(job.Dir))
 	if programComing && job.Program != "" && filepath.IsAbs(job.Program) {
 		// Preloaded: it arrives before the ranks start.

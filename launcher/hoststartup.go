@@ -448,6 +448,8 @@ func (m *hostAgents) checkHello(node int, h remoteHello) error {
 			return &HostError{Host: host, Op: "check program", Err: &ProgramError{Program: m.prog.Path, Err: errors.New(h.Err)}}
 		case "iface":
 			return &HostError{Host: host, Op: "choose interface", Err: errors.New(h.Err)}
+		case "capacity":
+			return &HostError{Host: host, Op: "check limits", Err: errors.New(h.Err)}
 		}
 		return &HostError{Host: host, Op: "prepare", Err: errors.New(h.Err)}
 	}
@@ -518,6 +520,9 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			}
 			job.Stdin = m.cfg.Stdin != nil
 			job.NoPMI = m.cfg.PMI == PMINone
+			if !m.doctor {
+				job.Ranks = m.nodes[node].Ranks
+			}
 			if err := w.send(wireMsg{T: "job", Job: job}); err != nil {
 				c.Close()
 				results <- setupResult{node: node, err: &HostError{Host: host, Op: "talk to agent", Err: err}}

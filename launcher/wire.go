@@ -121,6 +121,10 @@ type remoteJob struct {
 	// NoPMI says the ranks are not served PMI (--pmi none), so an Open
 	// MPI program is not refused (mpilib.go).
 	NoPMI bool `json:"no_pmi,omitempty"`
+	// Ranks is how many ranks the plan puts on this host (placement is
+	// known before any hello), so the host refuses a count it cannot
+	// serve before anything starts; 0 for doctor.
+	Ranks int `json:"ranks,omitempty"`
 }
 
 // childLaunch is one agent that a host agent starts for gorun.

@@ -378,6 +378,11 @@ func (ex *Executor) Ready(ctx context.Context, tensor string, in, out comm.Buffe
 	if !ok {
 		return fmt.Errorf("%w: tensor %q is in no bucket of the plan", ErrUsage, tensor)
 	}
+	// A tensor may travel more than once a step (a forward all-gather
+	// gathered again in backward): it fills its first location, in group
+	// then issue order, that is still open and does not have it yet. A
+	// location whose bucket already started (flushed at EndRegion without
+	// this tensor) is closed to it for the rest of the step.
 	var b *bucket
 	mi := -1
 	for _, l := range locs {
@@ -401,6 +406,11 @@ func (ex *Executor) Ready(ctx context.Context, tensor string, in, out comm.Buffe
 		return err
 	}
 	b.have[mi], b.ins[mi], b.outs[mi] = true, in, out
+	// The filler (package buckets) owns the order rule: a bucket starts
+	// only when it is full and every earlier bucket of its group has
+	// started, so every rank issues a group's collectives in one order
+	// whatever order its tensors arrived in. It returns every bucket that
+	// became startable, this one and later ones that waited for it.
 	sts, err := ex.filler.Ready(tensor)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
@@ -497,7 +507,12 @@ func (ex *Executor) View(tensor string) (comm.Buffer, error) {
 	return nil, fmt.Errorf("%w: View(%q): not found", ErrUsage, tensor)
 }
 
-// unpack scatters member mi's result to its output.
+// unpack scatters member mi's result to its output, undoing pack's layout:
+// an all-gather's result holds every rank's whole bucket one after the
+// other, so a member's output is its slice of each; a reduce-scatter's
+// holds this rank's block only, where each member has its n-th share at
+// Offset/n; an all-to-all's block p came from rank p in the rank-major
+// layout pack made; an all-reduce's result is the bucket itself.
 func (b *bucket) unpack(mi int) {
 	if !b.have[mi] {
 		return // flushed without it: nobody asked for the result
@@ -547,6 +562,11 @@ func hostOf(buf comm.Buffer, dt comm.DType, bytes int64, bucket, tensor, what st
 }
 
 // start issues b (or queues it for the next bucket set in Grouped mode).
+// The first start of a step on a group also starts that group's plan-hash
+// all-gather (Config.CheckPlan): issued before any bucket, it is the first
+// collective every rank of the group runs this step, so ranks with other
+// plans or a step apart meet in it, and each learns of the mismatch at its
+// first wait (checkHash), before it uses any result.
 func (ex *Executor) start(ctx context.Context, b *bucket) error {
 	g := b.g
 	if ex.cfg.CheckPlan && g.hashH == nil {
@@ -568,6 +588,8 @@ func (ex *Executor) start(ctx context.Context, b *bucket) error {
 	return nil
 }
 
+// call is b's collective: on the member's own buffers when the bucket has
+// one member (nothing to pack or scatter), else on its fused buffers.
 func (ex *Executor) call(b *bucket) Call {
 	if len(b.b.Members) == 1 && b.have[0] {
 		b.direct = true
@@ -584,6 +606,8 @@ func (ex *Executor) call(b *bucket) Call {
 	return Call{Bucket: b.b.Name, Op: b.b.Op, Reduce: comm.Sum, Send: send, Recv: recv}
 }
 
+// issued hands b to its group's watcher, which records its completion:
+// watchers wait in issue order, which is completion order on one group.
 func (ex *Executor) issued(b *bucket) {
 	b.g.watch <- b
 	ex.log.Debug().Int("step", ex.step).Str("bucket", b.b.Name).Str("group", b.g.name).
@@ -696,7 +720,11 @@ func (ex *Executor) incomplete(b *bucket, why string) error {
 	return &IncompleteError{Step: ex.step, Group: b.g.name, Bucket: b.b.Name, Region: b.b.Region, Missing: miss}
 }
 
-// waitBucket waits for b (already issued) and scatters it.
+// waitBucket waits for b (already issued) and scatters it. The plan check
+// comes first: a mismatch must be reported as such, not as whatever the
+// mismatched collective did. The time blocked here is the step's exposed
+// communication; the fused buffers go back to the free list as soon as the
+// members are scattered, which is what bounds FusedPeakBytes.
 func (ex *Executor) waitBucket(ctx context.Context, b *bucket) error {
 	if b.waited {
 		return nil
@@ -753,7 +781,10 @@ func (b *bucket) full() bool {
 	return true
 }
 
-// zeroAbsent zeroes the slots of members not handed in this step.
+// zeroAbsent zeroes the slots of members not handed in this step, so that
+// a flushed bucket's collective still has every rank's full buffer (all
+// ranks must call it with the same size) and a sum over the missing slots
+// adds nothing. Their results are never scattered (unpack skips them).
 func (ex *Executor) zeroAbsent(b *bucket) {
 	b.ensure()
 	for i, m := range b.b.Members {

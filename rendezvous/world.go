@@ -93,6 +93,7 @@ type memberState struct {
 //	hier.go      host leaders: attached ranks and the relay between leaders
 //	collect.go   barriers and all-gathers over the members' messages
 //	group.go     groups (subsets of the world) and their failure state
+//	gossipnet.go memberlist's transport with its accepted streams bounded
 //
 // Lock discipline. One mutex, mu, guards the member table, the formation
 // state, the groups' membership and failure state, the collective slots

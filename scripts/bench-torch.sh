@@ -6,7 +6,8 @@
 #   scripts/bench-torch.sh [OUT_DIR]        (default: bench-results/torch, ignored by git)
 #
 # For NPS (default "2 4") ranks, in ROUNDS (default 3) interleaved rounds
-# whose fastest time per size is kept (sweep -b 8 -e 64M -f 4, SWEEP=...):
+# whose fastest time per size is kept (sweep -b 8 -e 64M -f 4, i.e. 8 B to
+# 32 MiB by factors of 4; SWEEP='-b 16 -e 64M -f 4' ends at 64 MiB):
 #   [1] gorun -np N python3 bench/torch_allreduce.py --backend gloo
 #   [2] gorun -np N python3 bench/torch_allreduce.py --backend gorun
 #   [3] gorun -np N gorun bench allreduce          (native, the same runtime)
@@ -43,7 +44,8 @@ run() { # label file command...
 		return 1
 	fi
 }
-load() { echo "# load average $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"; }
+# getconf, not nproc: nproc obeys the OMP_NUM_THREADS=1 exported above.
+load() { echo "# load average $(cut -d' ' -f1-3 /proc/loadavg) on $(getconf _NPROCESSORS_ONLN) cores"; }
 
 for np in $NPS; do
 	before=$(load)

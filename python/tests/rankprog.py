@@ -174,6 +174,16 @@ def check_others(rank, n):
         for q in reqs:
             q.wait()
         same(r, torch.full((4,), float(peer)), "isend/irecv")
+    # a ring: every rank sends to the next and receives from the previous,
+    # sends first, with messages larger than any transport buffer
+    if n >= 2:
+        big = torch.full((1 << 21,), float(rank))
+        got = torch.empty(1 << 21)
+        ws = dist.batch_isend_irecv([dist.P2POp(dist.isend, big, (rank + 1) % n),
+                                     dist.P2POp(dist.irecv, got, (rank - 1) % n)])
+        for q in ws:
+            q.wait()
+        same(got, torch.full((1 << 21,), float((rank - 1) % n)), "ring isend/irecv")
     dist.barrier()
 
 
@@ -342,6 +352,35 @@ def case_smoke():
     say("smoke ok")
 
 
+def case_fork():
+    """Go's runtime does not survive fork: DataLoader workers (forked, never
+    calling gorun) work; a forked child that calls gorun gets an error."""
+    dist.init_process_group("gorun")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    ds = torch.utils.data.TensorDataset(torch.arange(64.0).reshape(32, 2))
+    total = sum(b[0].sum() for b in torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2))
+    assert float(total) == float(torch.arange(64.0).sum()), total
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            dist.all_reduce(torch.ones(1))
+            msg = b"no error"
+        except gorun.GorunError as e:
+            msg = str(e).encode()
+        os.write(w, msg)
+        os._exit(0)
+    os.close(w)
+    msg = os.read(r, 4096).decode()
+    os.waitpid(pid, 0)
+    assert "forked" in msg and "spawn" in msg, msg
+    t = torch.ones(3)
+    dist.all_reduce(t)  # the parent is unaffected
+    same(t, torch.full((3,), float(n)), "all_reduce after fork")
+    say("fork ok")
+
+
 def case_kill():
     # gorun stops the other ranks with SIGTERM once one dies; the survivors
     # ignore it here to report what the backend told them.
@@ -383,4 +422,4 @@ def case_desync():
 
 
 if __name__ == "__main__":
-    {"all": case_all, "smoke": case_smoke, "det": case_det, "kill": case_kill, "desync": case_desync}[sys.argv[1]]()
+    {"all": case_all, "smoke": case_smoke, "fork": case_fork, "det": case_det, "kill": case_kill, "desync": case_desync}[sys.argv[1]]()

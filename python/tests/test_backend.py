@@ -42,6 +42,12 @@ def test_deterministic_ddp_is_bitwise_the_same_on_every_rank_and_across_runs(lau
     assert hashes[0] == hashes[1], "two runs differ: %s" % hashes
 
 
+def test_fork_children_never_hang(launcher):
+    code, out = launcher.run(2, "fork")
+    assert code == 0, out[-6000:]
+    ranks_ok(out, 2, "fork")
+
+
 def test_killed_rank_raises_on_every_survivor_within_5s_naming_it(launcher):
     code, out = launcher.run(3, "kill")
     assert code == 128 + 9, "gorun should exit with the killed rank's code:\n" + out[-3000:]
