@@ -75,6 +75,12 @@ func NewToken(name string) string {
 //	cat                copy stdin to stdout, then exit 0
 //	wait-usr1          print "ready", wait for SIGUSR1, print "usr1", exit 0
 //	args               print the arguments after argv[0] on one line, exit 0
+//	restart-aware      print "world R torch T job J" from GORUN_RESTART_COUNT,
+//	                   TORCHELASTIC_RESTART_COUNT and GORUN_JOB_ID; in
+//	                   world 0 print "ready" and hang, in later worlds exit 0
+//	ticker:MS          for MS milliseconds wake every 5 ms, then print
+//	                   "maxgap N" (the longest gap between wake-ups, in ms;
+//	                   a stopped rank shows its stop), exit 0
 func MaybeRunHelper() {
 	mode, ok := os.LookupEnv(HelperEnv)
 	if !ok {
@@ -163,6 +169,25 @@ func runHelper(mode string) int {
 		return 0
 	case "args":
 		fmt.Println(strings.Join(os.Args[1:], " "))
+		return 0
+	case "restart-aware":
+		w := os.Getenv("GORUN_RESTART_COUNT")
+		fmt.Printf("world %s torch %s job %s\n", w, os.Getenv("TORCHELASTIC_RESTART_COUNT"), os.Getenv("GORUN_JOB_ID"))
+		if w != "0" {
+			return 0
+		}
+		fmt.Printf("ready %s %d\n", rank, os.Getpid())
+		select {}
+	case "ticker":
+		end := time.Now().Add(time.Duration(atoi(arg)) * time.Millisecond)
+		var maxGap time.Duration
+		for last := time.Now(); last.Before(end); {
+			time.Sleep(5 * time.Millisecond)
+			now := time.Now()
+			maxGap = max(maxGap, now.Sub(last))
+			last = now
+		}
+		fmt.Printf("maxgap %d\n", maxGap.Milliseconds())
 		return 0
 	}
 	fmt.Fprintf(os.Stderr, "launchertest: unknown helper mode %q\n", mode)
