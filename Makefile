@@ -5,7 +5,7 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: help build lib python test-python bench-torch test test-deps vet unit test-desync bench-launch bench-compare bench-multihost bench-mpi bench-gpu clean
+.PHONY: help build lib python test-python bench-torch test test-deps vet unit test-desync bench-launch bench-compare bench-latency bench-multihost bench-mpi bench-gpu clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -55,6 +55,9 @@ bench-torch: build lib ## torch all-reduce busbw: backend gorun vs gloo vs nativ
 
 bench-compare: build ## all-reduce busbw: gorun (tcp, shm) vs Open MPI and torch gloo, ratios + PNG in bench-results/
 	@bash scripts/bench-compare.sh
+
+bench-latency: build ## small/mid collectives on shm: gorun vs Open MPI, 2 and 4 ranks, quiet and under a CPU hog per core, medians
+	@bash scripts/bench-latency.sh
 
 bench-multihost: build ## multi-host launch: gorun vs mpirun --hostfile over 4 namespace hosts with sshd (root)
 	@bash scripts/bench-multihost.sh

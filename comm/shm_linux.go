@@ -347,7 +347,7 @@ func (l *shmLink) wait(mode int) bool {
 		return true
 	}
 	yieldFrom := yieldAfter.get()
-	if r.slowPeer {
+	if r.slowPeer || l.crowded {
 		yieldFrom = 0
 	}
 	start := time.Now()
@@ -377,11 +377,20 @@ func (l *shmLink) wait(mode int) bool {
 				}
 				// The peer is not answering at memory speed. If it is
 				// queued behind us on this core, or the host has more
-				// ranks than cores, give the core up now and then. A peer
-				// on another core gains nothing from it, while we would
-				// lose the core to any other process for a time slice
-				// (see yieldIdle): then keep polling until spinLimit.
-				if contended || r.slowPeer || l.crowded || yieldIdle.Load() {
+				// ranks than cores, give the core up: sleep on the futex
+				// at once. Not sched_yield: every rank leads its own
+				// session (launcher), so with the kernel's autogroup
+				// scheduling each rank is alone in its group and a yield
+				// gives the core to nobody (4 ranks on 2 cores: 8-byte
+				// all-reduce 0.7-1.3 ms yielding, see
+				// notes/shm-latency.md). A peer on another core gains
+				// nothing from either, while we would lose the core to
+				// any other process for a time slice (see yieldIdle):
+				// then keep polling until spinLimit.
+				if contended || r.slowPeer || l.crowded {
+					break
+				}
+				if yieldIdle.Load() {
 					_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 				}
 			}

@@ -128,6 +128,10 @@ type Config struct {
 	// agents start as a tree (host agents run further starters); 0 means
 	// DefaultFanoutThreshold, negative never.
 	FanoutThreshold int
+
+	// world is set by LaunchReport for each world it runs: the faults to
+	// inject and the report to fill (elastic.go); nil otherwise.
+	world *worldRun
 }
 
 // DefaultGrace is the SIGTERM → SIGKILL delay: long enough for a trainer to

@@ -29,6 +29,11 @@
 //   - Edges (local.go, ports.go, gpus.go): which names are this machine,
 //     job identity, two kernel-chosen free ports held until the ranks start,
 //     GPU count from nvidia-smi.
+//   - Limits (capacity.go): a rank count is refused before anything is
+//     allocated for it when it exceeds MaxRanks or a limit of the machine
+//     that would run it (descriptors, processes, the cgroup's pids), on
+//     the launching machine for a local job and in each host's hello for
+//     a multi-host one.
 //   - The job loop (jobloop.go) is the one event loop of every job. It sees
 //     the ranks through a rankHome — "where ranks live": localHome (this
 //     machine's supervisor, runlocal.go), hostsHome (the hosts' supervisors

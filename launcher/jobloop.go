@@ -177,12 +177,42 @@ func (r *jobLoop) run(ctx context.Context) error {
 			r.home.command(supervisorCmd{Op: "kill"})
 		}
 	}
+	// Injected faults (inject.go): the loop owns the clock and asks the
+	// supervisors when one is due; the one that runs the target signals it.
+	world := r.cfg.world
+	var (
+		injTimer *time.Timer
+		injC     <-chan time.Time
+		injNext  injection
+		starts   int // ranks started or failed to start
+	)
+	armInjection := func() {
+		injC = nil
+		in, ok := world.next()
+		if !ok || reason != notStopping {
+			return
+		}
+		injNext = in
+		if injTimer == nil {
+			injTimer = time.NewTimer(world.due(in))
+		} else {
+			injTimer.Reset(world.due(in))
+		}
+		injC = injTimer.C
+	}
+	defer func() {
+		if injTimer != nil {
+			injTimer.Stop()
+		}
+	}()
+	armInjection()
 	ctxDone := ctx.Done()
 	var flightTimer <-chan time.Time   // SIGUSR2: when to merge the ranks' dumps
 	var timeoutFlight <-chan time.Time // --timeout: when to merge them and stop
 	var flightAsked time.Time
 
 	for !done {
+		nfail := len(failures)
 		select {
 		case ev, ok := <-events:
 			if !ok {
@@ -201,7 +231,15 @@ func (r *jobLoop) run(ctx context.Context) error {
 			case "started":
 				ranks[ev.Rank].pid = ev.PID
 				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Msg("rank started")
+				if starts++; starts == len(ranks) {
+					world.ranksStarted(time.Now())
+				}
+			case "injected", "fault-cont":
+				r.logInjection(world, ev)
 			case "failed":
+				if starts++; starts == len(ranks) {
+					world.ranksStarted(time.Now())
+				}
 				ranks[ev.Rank].exited = true
 				failures = append(failures, failure{rank: ev.Rank, startErr: errors.New(ev.Err)})
 				r.log.Debug().Int("rank", ev.Rank).Str("err", ev.Err).Msg("rank could not start")
@@ -285,6 +323,10 @@ func (r *jobLoop) run(ctx context.Context) error {
 			timeoutFlight = nil
 			r.flight.printed = r.flight.print("--timeout", flightAsked)
 			stop(stopTimeout, syscall.SIGTERM)
+		case <-injC:
+			world.sent(injNext)
+			r.home.command(supervisorCmd{Op: "inject", Ranks: injNext.ranks, Signal: int(injNext.sig), For: injNext.cont, Fault: injNext.id})
+			armInjection()
 		case <-grace:
 			grace = nil
 			kill()
@@ -317,6 +359,12 @@ func (r *jobLoop) run(ctx context.Context) error {
 			if !r.flight.print("SIGUSR2", flightAsked) {
 				r.flight.stderr.write([]byte("gorun: SIGUSR2: no rank wrote flight records (no communicator open?)\n"))
 			}
+		}
+		if len(failures) > nfail {
+			world.failed(failures[nfail].String(), time.Now())
+		}
+		if reason != notStopping {
+			injC = nil // no fault goes into a world that is being stopped
 		}
 	}
 
@@ -422,6 +470,53 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 		}
 	}
 	return e
+}
+
+// String says what failed, for the fault report; a collateral failure
+// says whom its runtime blamed.
+func (f failure) String() string {
+	if f.collateral {
+		g := f
+		g.collateral = false
+		if f.blame < 0 {
+			return g.String() + " after its runtime lost a peer"
+		}
+		return fmt.Sprintf("%s after its runtime lost rank %d", g, f.blame)
+	}
+	switch {
+	case f.mpi != nil:
+		return fmt.Sprintf("rank %d failed through MPI (exit %d)", f.rank, f.exitCode())
+	case f.lost != nil:
+		return fmt.Sprintf("host of ranks %d-%d lost: %v", f.rank, f.rank+f.lostRanks-1, f.lost)
+	case f.startErr != nil:
+		return fmt.Sprintf("rank %d could not start: %v", f.rank, f.startErr)
+	case f.signal != 0:
+		return fmt.Sprintf("rank %d killed by %s", f.rank, unixSignalName(f.signal))
+	}
+	return fmt.Sprintf("rank %d exited with code %d", f.rank, f.code)
+}
+
+// logInjection records a supervisor's answer to an injection and logs it
+// (at warn, so that it shows by default: a fault in the output of a job
+// must never be a mystery).
+func (r *jobLoop) logInjection(world *worldRun, ev supervisorEvent) {
+	if world == nil {
+		return
+	}
+	f := world.injected(ev, time.Now())
+	if f == nil {
+		return
+	}
+	l := r.log.Warn().Str("kind", f.Kind).Str("spec", f.Spec).Int("rank", ev.Rank).Str("host", r.plan.Ranks[ev.Rank].Host).
+		Int("pid", ev.PID).Int("restart", world.restart).Float64("at_s", world.rep.since(time.Now()))
+	switch {
+	case ev.Ev == "fault-cont":
+		l.Msg("injected stop ended: SIGCONT sent")
+	case ev.Err != "":
+		l.Str("why", ev.Err).Msg("fault not injected")
+	default:
+		l.Str("signal", f.Signal).Msg("fault injected")
+	}
 }
 
 // alsoFailed counts the ranks other than f's that failed on their own.

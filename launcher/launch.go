@@ -40,30 +40,10 @@ type Job struct {
 	Oversubscribe bool
 	GPUsPerHost   int
 	Export        []string
-}
-
-// Launch plans and runs a job. When every host is this machine it checks
-// that the program can run, reserves ports, plans, and runs the plan under
-// one local supervisor. When a host is another machine (or Config.Starter
-// is StartSrun) it starts one host agent per host and runs the job through
-// them. The error is nil when every rank exited 0; otherwise it is one of
-// *RankExitError, *StartError, *TimeoutError, *InterruptedError,
-// *ProgramError, *SlotsError, *CapacityError, *SupervisorError, *HostError,
-// *VersionError, *HostLostError, *MPIError, *OutputLostError (every rank
-// succeeded but a log file lost output), or a configuration or context
-// error.
-func Launch(ctx context.Context, cfg Config, job Job) error {
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	if len(job.Argv) == 0 {
-		return errors.New("launcher: no program given")
-	}
-	id := DetectLocal()
-	if needsHostAgents(cfg, job.Hosts, id) {
-		return launchOnHosts(ctx, cfg, job, id)
-	}
-	return launchLocal(ctx, cfg, job)
+	// Faults are injected into the job (inject.go); MaxRestarts is how
+	// many times a failed world is started again (elastic.go).
+	Faults      []Fault
+	MaxRestarts int
 }
 
 // needsHostAgents reports whether the job's ranks live behind host agents:
@@ -121,6 +101,9 @@ func launchLocal(ctx context.Context, cfg Config, job Job) error {
 		NoPMI: cfg.PMI == PMINone,
 	})
 	if err != nil {
+		return err
+	}
+	if err := cfg.world.prepare(plan); err != nil {
 		return err
 	}
 	cfg.Logger.Info().Str("job", plan.JobID).Int("world", plan.WorldSize).Int("nodes", len(plan.Nodes)).

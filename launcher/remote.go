@@ -108,6 +108,9 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) e
 			Str("why", c.hello.Why).Msg("host interface")
 	}
 	plan, err := NewPlan(pc)
+	if err == nil {
+		err = cfg.world.prepare(plan)
+	}
 	if err != nil {
 		m.abort()
 		return err

@@ -107,6 +107,12 @@ type supervisorCmd struct {
 	// and KVS holds every host's puts for it (pmi.go).
 	Epoch int               `json:"epoch,omitempty"`
 	KVS   map[string]string `json:"kvs,omitempty"`
+	// "inject" (inject.go) sends Signal to the process group of each of
+	// Ranks that this supervisor runs, answering an "injected" event per
+	// rank, and after For (when set) SIGCONT, answered by "fault-cont".
+	// Fault is the injection's id, echoed in the events.
+	For   time.Duration `json:"for,omitempty"`
+	Fault int           `json:"fault,omitempty"`
 }
 
 // supervisorEvent is a message from the supervisor.
@@ -136,6 +142,9 @@ type supervisorEvent struct {
 	// and Err the runtime's words.
 	Collateral bool `json:"collateral,omitempty"`
 	Blame      int  `json:"blame,omitempty"`
+	// Fault is the injection an "injected" or "fault-cont" event answers;
+	// Err is set on "injected" when the rank was not running.
+	Fault int `json:"fault,omitempty"`
 	// node is the plan node whose host agent relayed the event (multi-host
 	// jobs); set by gorun, never sent. A "lost" event, made by gorun, says
 	// that node's host agent is gone (Err says how).
@@ -196,6 +205,15 @@ type supervisor struct {
 	collR   int
 	collBuf []byte
 	coll    map[int]collateral.Report
+	// conts are the SIGCONTs owed to ranks stopped by an injected fault
+	// with a duration; the ticker sends them when due.
+	conts []faultCont
+}
+
+// faultCont is one SIGCONT an injected stop owes a rank.
+type faultCont struct {
+	rank, pid, fault int
+	due              time.Time
 }
 
 func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
@@ -337,6 +355,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			}
 		case <-tick.C:
 			a.reap()
+			a.sendConts(time.Now())
 			if a.killing {
 				a.killAll()
 			}
@@ -459,11 +478,57 @@ func (a *supervisor) command(c supervisorCmd) {
 		}
 	case "kill":
 		a.killAll()
+	case "inject":
+		a.inject(c)
 	case "pmi-release":
 		a.pmi.release(c, a.log)
 	default:
 		a.log.Warn().Str("op", c.Op).Msg("unknown command")
 	}
+}
+
+// inject sends an injected fault's signal to the process group of each
+// rank of c.Ranks that this supervisor runs: the group, as a real crash
+// of a rank takes its helpers (data loaders, compilers) with it. A rank
+// of another host is not this supervisor's and is skipped without an
+// answer; one of ours that already exited is answered with Err.
+func (a *supervisor) inject(c supervisorCmd) {
+	for _, want := range c.Ranks {
+		for _, r := range a.ranks {
+			if r.rank != want {
+				continue
+			}
+			ev := supervisorEvent{Ev: "injected", Rank: r.rank, PID: r.pid, Signal: c.Signal, Fault: c.Fault}
+			if !r.running {
+				ev.Err = "rank " + strconv.Itoa(r.rank) + " had already exited"
+				a.emit(ev)
+				continue
+			}
+			if err := syscall.Kill(-r.pid, syscall.Signal(c.Signal)); err != nil {
+				ev.Err = err.Error()
+			} else if c.For > 0 {
+				a.conts = append(a.conts, faultCont{rank: r.rank, pid: r.pid, fault: c.Fault, due: time.Now().Add(c.For)})
+			}
+			a.log.Debug().Int("rank", r.rank).Int("pid", r.pid).Int("signal", c.Signal).Msg("fault injected")
+			a.emit(ev)
+		}
+	}
+}
+
+// sendConts sends the SIGCONTs that are due, to ranks still running.
+func (a *supervisor) sendConts(now time.Time) {
+	kept := a.conts[:0]
+	for _, c := range a.conts {
+		if now.Before(c.due) {
+			kept = append(kept, c)
+			continue
+		}
+		if i, ok := a.byPID[c.pid]; ok && a.ranks[i].running {
+			_ = syscall.Kill(-c.pid, syscall.SIGCONT)
+			a.emit(supervisorEvent{Ev: "fault-cont", Rank: c.rank, PID: c.pid, Fault: c.fault})
+		}
+	}
+	a.conts = kept
 }
 
 // killAll SIGKILLs every rank's process group and every descendant. It is

@@ -507,7 +507,12 @@ func (ex *Executor) View(tensor string) (comm.Buffer, error) {
 	return nil, fmt.Errorf("%w: View(%q): not found", ErrUsage, tensor)
 }
 
-// unpack scatters member mi's result to its output.
+// unpack scatters member mi's result to its output, undoing pack's layout:
+// an all-gather's result holds every rank's whole bucket one after the
+// other, so a member's output is its slice of each; a reduce-scatter's
+// holds this rank's block only, where each member has its n-th share at
+// Offset/n; an all-to-all's block p came from rank p in the rank-major
+// layout pack made; an all-reduce's result is the bucket itself.
 func (b *bucket) unpack(mi int) {
 	if !b.have[mi] {
 		return // flushed without it: nobody asked for the result
@@ -776,7 +781,10 @@ func (b *bucket) full() bool {
 	return true
 }
 
-// zeroAbsent zeroes the slots of members not handed in this step.
+// zeroAbsent zeroes the slots of members not handed in this step, so that
+// a flushed bucket's collective still has every rank's full buffer (all
+// ranks must call it with the same size) and a sum over the missing slots
+// adds nothing. Their results are never scattered (unpack skips them).
 func (ex *Executor) zeroAbsent(b *bucket) {
 	b.ensure()
 	for i, m := range b.b.Members {

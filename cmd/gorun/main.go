@@ -191,6 +191,10 @@ type options struct {
 	preloadFiles  string
 	sshMultiplex  time.Duration
 	sshKex        string
+	injects       repeated
+	injectFile    string
+	maxRestarts   int
+	report        string
 }
 
 func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
@@ -228,6 +232,10 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.preloadFiles, "preload-files", "", "copy `FILES` (comma-separated) to the ranks' working directory on every host before starting")
 	fs.DurationVar(&o.sshMultiplex, "ssh-multiplex", 0, "keep ssh master connections to the hosts for `DUR` after the job so the next job skips the handshakes (0: off)")
 	fs.StringVar(&o.sshKex, "ssh-kex", "fast", "ssh key exchange for starting agents: fast (curve25519-sha256 first; ~0.25 s less CPU per host than OpenSSH 9's post-quantum default, which protects nothing that outlives the job here) or default (ssh's own choice)")
+	fs.Var(&o.injects, "inject", "inject a fault: `SPEC` kill:rank=R:at=DUR[:sig=SIG], stop:rank=R:at=DUR[:for=DUR], cont:rank=R:at=DUR, kill-host:host=H:at=DUR[:sig=SIG] or random:mtbf=DUR:seed=N[:sig=SIG] (repeatable; times from the job's start)")
+	fs.StringVar(&o.injectFile, "inject-file", "", "read --inject specs from `FILE`, one per line (# comments)")
+	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "after a rank or host fails, stop every rank and start the job again, up to `N` times (torchrun's --max-restarts; ranks get GORUN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)")
+	fs.StringVar(&o.report, "report", "", "write what was injected, when, and what the job did as JSON to `FILE`")
 	fs.StringVar(&o.launcher, "launcher", "auto", "how agents start on other hosts: auto (srun inside a SLURM allocation, else ssh), ssh or srun")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: gorun [flags] [--] PROGRAM [ARGS...]
@@ -304,6 +312,15 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
 		return exitUsage
 	}
+	faults, err := readFaults(o)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
+		return exitUsage
+	}
+	if o.maxRestarts < 0 {
+		fmt.Fprintf(stderr, "gorun: --max-restarts %d: must not be negative\n", o.maxRestarts)
+		return exitUsage
+	}
 	ctx := context.Background()
 	if o.gpus < 0 {
 		o.gpus = launcher.DetectGPUs(ctx)
@@ -332,11 +349,23 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if inSlurm || o.launcher == "srun" {
 		cfg.Starter = launcher.StartSrun
 	}
-	err = launcher.Launch(ctx, cfg, launcher.Job{
+	rep, err := launcher.LaunchReport(ctx, cfg, launcher.Job{
 		Argv: argv, NP: o.np, Hosts: hosts, Oversubscribe: o.oversubscribe,
-		GPUsPerHost: o.gpus, Export: exports,
+		GPUsPerHost: o.gpus, Export: exports, Faults: faults, MaxRestarts: o.maxRestarts,
 	})
-	return exitCode(err, stderr)
+	code = exitCode(err, stderr)
+	if len(faults) > 0 || rep.Restarts > 0 {
+		writeFaultSummary(stderr, rep)
+	}
+	if o.report != "" {
+		if werr := writeReport(o.report, rep); werr != nil {
+			fmt.Fprintf(stderr, "gorun: --report: %v\n", werr)
+			if code == 0 {
+				code = exitFailure
+			}
+		}
+	}
+	return code
 }
 
 // exitCode prints the one-line verdict and maps an error to gorun's exit

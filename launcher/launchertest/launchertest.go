@@ -83,6 +83,12 @@ func NewToken(name string) string {
 //	                   all-reduces in a loop, printing "ready" after the
 //	                   first; on the first error print it and exit 6 (a
 //	                   rank that gives up when a peer is lost)
+//	restart-aware      print "world R torch T job J" from GORUN_RESTART_COUNT,
+//	                   TORCHELASTIC_RESTART_COUNT and GORUN_JOB_ID; in
+//	                   world 0 print "ready" and hang, in later worlds exit 0
+//	ticker:MS          for MS milliseconds wake every 5 ms, then print
+//	                   "maxgap N" (the longest gap between wake-ups, in ms;
+//	                   a stopped rank shows its stop), exit 0
 func MaybeRunHelper() {
 	mode, ok := os.LookupEnv(HelperEnv)
 	if !ok {
@@ -174,6 +180,25 @@ func runHelper(mode string) int {
 		return 0
 	case "allreduce":
 		return allReduceLoop(rank)
+	case "restart-aware":
+		w := os.Getenv("GORUN_RESTART_COUNT")
+		fmt.Printf("world %s torch %s job %s\n", w, os.Getenv("TORCHELASTIC_RESTART_COUNT"), os.Getenv("GORUN_JOB_ID"))
+		if w != "0" {
+			return 0
+		}
+		fmt.Printf("ready %s %d\n", rank, os.Getpid())
+		select {}
+	case "ticker":
+		end := time.Now().Add(time.Duration(atoi(arg)) * time.Millisecond)
+		var maxGap time.Duration
+		for last := time.Now(); last.Before(end); {
+			time.Sleep(5 * time.Millisecond)
+			now := time.Now()
+			maxGap = max(maxGap, now.Sub(last))
+			last = now
+		}
+		fmt.Printf("maxgap %d\n", maxGap.Milliseconds())
+		return 0
 	}
 	fmt.Fprintf(os.Stderr, "launchertest: unknown helper mode %q\n", mode)
 	return 99

@@ -180,6 +180,7 @@ class GorunWork(Work):
         self._done = False  # set under _mu, read without it (a bool store is atomic)
         self._exc = None
         self._future = None
+        self._issued = None  # a threading.Event while the call waits for its channel (point-to-point)
 
     # -- completion --
     def _finish(self, exc):
@@ -207,6 +208,10 @@ class GorunWork(Work):
         """Waits for every request; returns False on a timeout."""
         if self._done:
             return True
+        if self._issued is not None and not self._issued.wait(None if timeout_ms < 0 else timeout_ms / 1000):
+            return False
+        if self._done:
+            return True  # the channel failed: _finish ran
         l = _lib.lib()
         for r in self._reqs:
             rc = l.gorun_wait(r, timeout_ms)
@@ -237,6 +242,8 @@ class GorunWork(Work):
     def is_completed(self):
         if self._done:
             return True
+        if self._issued is not None and not self._issued.is_set():
+            return False
         l = _lib.lib()
         done = ctypes.c_int()
         for r in self._reqs:
@@ -354,6 +361,59 @@ def _ptr(t):
 _live_groups = weakref.WeakSet()
 
 
+class _Channel:
+    """The two-rank communicator of one direction of point-to-point
+    traffic (src → dst). It connects on a thread of its own, since both ends
+    must take part and each may first be busy with other sends; calls made
+    meanwhile are queued and issued, in order, once it is up."""
+
+    def __init__(self, pg, src, dst):
+        self._mu = threading.Lock()
+        self._h = None
+        self._err = None
+        self._queue = []  # (work, issue) waiting for the connection
+        ranks = [pg._ranks[src], pg._ranks[dst]]
+        tag = "torch-p2p-%d-%d-of-%d" % (src, dst, pg._h)
+        threading.Thread(target=self._connect, args=(ranks, tag), name="gorun-p2p-%d-%d" % (src, dst),
+                         daemon=True).start()
+
+    def _connect(self, ranks, tag):
+        l = _lib.lib()
+        h = ctypes.c_int64()
+        arr = (ctypes.c_int * 2)(*ranks)
+        rc = l.gorun_comm_group(_world, arr, 2, tag.encode(), ctypes.byref(h))
+        err = None if rc == _lib.OK else _lib.error(rc, "gorun point-to-point channel %d→%d" % tuple(ranks))
+        with self._mu:
+            self._h, self._err = (h.value if err is None else None), err
+            for w, issue in self._queue:
+                self._issue_locked(w, issue)
+            self._queue = None
+
+    def _issue_locked(self, w, issue):
+        if self._err is not None:
+            w._issued.set()
+            w._finish(self._err)
+            return
+        r = ctypes.c_int64()
+        rc = issue(_lib.lib(), ctypes.byref(r), self._h)
+        if rc != _lib.OK:
+            w._issued.set()
+            w._finish(_lib.error(rc, "gorun %s" % w._what))
+            return
+        w._reqs.append(r.value)
+        w._issued.set()
+
+    def submit(self, pg, what, issue, t):
+        w = GorunWork(pg, what, [], [t], [t])
+        w._issued = threading.Event()
+        with self._mu:
+            if self._queue is not None:
+                self._queue.append((w, issue))
+            else:
+                self._issue_locked(w, issue)
+        return w
+
+
 class ProcessGroupGorun(ProcessGroup):
     """torch.distributed's ProcessGroup on gorun's runtime (CPU tensors)."""
 
@@ -364,6 +424,7 @@ class ProcessGroupGorun(ProcessGroup):
         self._timeout = timeout
         self._pending = {}
         self._recent = collections.deque(maxlen=self._RETAIN)
+        self._channels = {}
         self._completer = _Completer("gorun-completer-%d" % handle)
         self._completer.start()
         _live_groups.add(self)
@@ -675,18 +736,37 @@ class ProcessGroupGorun(ProcessGroup):
         ms = -1 if timeout is None or timeout.total_seconds() <= 0 else timeout.total_seconds()
         w.wait(datetime.timedelta(seconds=ms) if ms > 0 else datetime.timedelta(0))
 
-    def _p2p(self, tensors, peer, what, fn):
+    def _p2p(self, tensors, peer, what, fn, src, dst):
+        """A send or receive runs on the channel of its direction (src → dst,
+        group ranks): a two-rank communicator of its own, so that sends and
+        receives between different pairs, or in opposite directions, never
+        wait for each other (a ring of isend + irecv on every rank would
+        deadlock in one queue once messages outgrow the transport's
+        buffers). Sends from one rank to another stay in order."""
         t = _one(tensors, what)
         dt = _check(t, what)
         if not 0 <= peer < self.size() or peer == self.rank():
             raise ValueError("gorun %s: peer %d (this is rank %d of %d)" % (what, peer, self.rank(), self.size()))
-        return self._issue(what, lambda l, r: fn(l)(self._h, _ptr(t), t.numel(), dt, peer, r), [t], [t])
+        ch = self._channel(src, dst)
+        other = 1 if src == self.rank() else 0  # the peer's rank in the two-rank channel
+        n = t.numel()
+
+        def issue(l, r, h):
+            return fn(l)(h, _ptr(t), n, dt, other, r)
+        return ch.submit(self, what, issue, t)
+
+    def _channel(self, src, dst):
+        key = (src, dst)
+        ch = self._channels.get(key)
+        if ch is None:
+            ch = self._channels.setdefault(key, _Channel(self, src, dst))
+        return ch
 
     def send(self, tensors, dstRank, tag=0):
-        return self._p2p(tensors, dstRank, "send", lambda l: l.gorun_send)
+        return self._p2p(tensors, dstRank, "send", lambda l: l.gorun_send, self.rank(), dstRank)
 
     def recv(self, tensors, srcRank, tag=0):
-        return self._p2p(tensors, srcRank, "recv", lambda l: l.gorun_recv)
+        return self._p2p(tensors, srcRank, "recv", lambda l: l.gorun_recv, srcRank, self.rank())
 
     def recv_anysource(self, tensors, tag=0):
         raise RuntimeError("gorun recv: receiving from any source is not supported; name the source rank")

@@ -174,6 +174,16 @@ def check_others(rank, n):
         for q in reqs:
             q.wait()
         same(r, torch.full((4,), float(peer)), "isend/irecv")
+    # a ring: every rank sends to the next and receives from the previous,
+    # sends first, with messages larger than any transport buffer
+    if n >= 2:
+        big = torch.full((1 << 21,), float(rank))
+        got = torch.empty(1 << 21)
+        ws = dist.batch_isend_irecv([dist.P2POp(dist.isend, big, (rank + 1) % n),
+                                     dist.P2POp(dist.irecv, got, (rank - 1) % n)])
+        for q in ws:
+            q.wait()
+        same(got, torch.full((1 << 21,), float((rank - 1) % n)), "ring isend/irecv")
     dist.barrier()
 
 

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/gorun-hpc/gorun/launcher"
+)
+
+// readFaults parses --inject and --inject-file; a malformed spec is
+// refused here, before anything starts.
+func readFaults(o options) ([]launcher.Fault, error) {
+	var out []launcher.Fault
+	for _, s := range o.injects {
+		f, err := launcher.ParseFault(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, f)
+	}
+	if o.injectFile != "" {
+		fh, err := os.Open(o.injectFile)
+		if err != nil {
+			return nil, fmt.Errorf("--inject-file: %w", err)
+		}
+		defer fh.Close()
+		fs, err := launcher.ParseFaultFile(fh, o.injectFile)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, fs...)
+	}
+	return out, nil
+}
+
+// writeFaultSummary prints, after the job, one line per injected fault and
+// one per world: what was injected, when, what the job did.
+func writeFaultSummary(w io.Writer, rep *launcher.Report) {
+	fmt.Fprintf(w, "gorun: fault summary: %d %s injected, %d of %d restarts used\n",
+		len(rep.Faults), plural(len(rep.Faults), "fault", "faults"), rep.Restarts, rep.MaxRestarts)
+	for _, f := range rep.Faults {
+		var b strings.Builder
+		fmt.Fprintf(&b, "gorun:   #%d %s (%s to ranks %v", f.ID, f.Spec, f.Signal, f.Ranks)
+		if f.Host != "" {
+			fmt.Fprintf(&b, " on %s", f.Host)
+		}
+		fmt.Fprintf(&b, ", due %.3fs)", f.PlannedAt)
+		switch {
+		case f.InjectedAt != nil:
+			fmt.Fprintf(&b, ": injected at %.3fs in world %d", *f.InjectedAt, *f.Restart)
+		case f.Missed != "":
+			fmt.Fprintf(&b, ": not injected: %s", f.Missed)
+		default:
+			b.WriteString(": not injected: the job ended first")
+		}
+		if f.ContinuedAt != nil {
+			fmt.Fprintf(&b, ", continued at %.3fs", *f.ContinuedAt)
+		}
+		if f.DetectedAt != nil {
+			fmt.Fprintf(&b, "; detected %.3fs later (%s)", *f.TimeToDetect, f.DetectedBy)
+		}
+		if f.Action != "" {
+			fmt.Fprintf(&b, "; %s", f.Action)
+			if f.WorldEndedAt != nil && f.InjectedAt != nil {
+				fmt.Fprintf(&b, " (world gone %.3fs after the injection", *f.WorldEndedAt-*f.InjectedAt)
+				if f.RecoveredAt != nil {
+					fmt.Fprintf(&b, ", every rank of the next world started %.3fs after that", *f.RecoveredAt-*f.WorldEndedAt)
+				}
+				b.WriteString(")")
+			}
+		}
+		fmt.Fprintln(w, b.String())
+	}
+	for _, wr := range rep.Worlds {
+		fmt.Fprintf(w, "gorun:   world %d (job %s): %.3fs-%.3fs: %s\n", wr.Restart, wr.JobID, wr.StartedAt, wr.EndedAt, wr.Result)
+	}
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// writeReport writes rep as indented JSON to path.
+func writeReport(path string, rep *launcher.Report) error {
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}

@@ -1,0 +1,367 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Restarts (--max-restarts, torchrun's semantics) and the record of
+// injected faults. LaunchReport runs the job as a sequence of worlds: when
+// a world fails because a rank or a host failed, the world has already
+// been stopped whole (the job loop's failure rule: every rank and every
+// descendant gone), and, while restarts are left, a new world is launched
+// from scratch: a new job id and secret (so the rendezvous refuses any
+// member of the old world, which knows only the old ones), new ports, and
+// RestartCountEnv/TorchRestartCountEnv set to the restart number so the
+// program can resume from its checkpoint.
+//
+// A world is not restarted after --timeout, a signal to gorun, a canceled
+// context, or an error from before any rank started (a missing program, a
+// bad host list): repeating those cannot help.
+
+// The variables a restarted world's ranks find their restart number in.
+const (
+	// RestartCountEnv is gorun's name: 0 in the first world.
+	RestartCountEnv = "GORUN_RESTART_COUNT"
+	// TorchRestartCountEnv is torchrun's name for the same number, so that
+	// torch programs written for torchrun resume under gorun unchanged.
+	TorchRestartCountEnv = "TORCHELASTIC_RESTART_COUNT"
+	// TorchMaxRestartsEnv is torchrun's name for --max-restarts.
+	TorchMaxRestartsEnv = "TORCHELASTIC_MAX_RESTARTS"
+)
+
+// Report is what LaunchReport saw: every world, every injected fault and
+// what the job did about it. Times are seconds from the start of the first
+// world. It is gorun's --report FILE, as JSON.
+type Report struct {
+	MaxRestarts int `json:"max_restarts"`
+	// Restarts is how many worlds followed the first.
+	Restarts int            `json:"restarts"`
+	Worlds   []WorldReport  `json:"worlds"`
+	Faults   []FaultReport  `json:"faults"`
+	Outcome  string         `json:"outcome"`
+	ExitCode int            `json:"exit_code"`
+	start    time.Time      // the first world's start
+	inj      []injection    // the schedule; nil until the first plan
+	faults   []Fault        // as given
+	horizon  time.Duration  // how far random faults are planned
+	fired    map[int]bool   // injections already sent, by id
+	byID     map[int]int    // injection id → index in Faults
+	world    *WorldReport   // the world running now
+	pending  map[int]string // injections of this world not yet answered
+}
+
+// WorldReport is one world: one launch of every rank.
+type WorldReport struct {
+	Restart int    `json:"restart"`
+	JobID   string `json:"job_id"`
+	// StartedAt is when the world's launch began; RanksStartedAt when the
+	// last of its ranks had started (a rank that could not start counts).
+	StartedAt      float64  `json:"started_at_s"`
+	RanksStartedAt *float64 `json:"ranks_started_at_s,omitempty"`
+	EndedAt        float64  `json:"ended_at_s"`
+	// Result is "succeeded" or the error that ended the world.
+	Result string `json:"result"`
+}
+
+// FaultReport is one injection.
+type FaultReport struct {
+	ID     int    `json:"id"`
+	Spec   string `json:"spec"`
+	Kind   string `json:"kind"`
+	Signal string `json:"signal"`
+	Ranks  []int  `json:"ranks"`
+	Host   string `json:"host,omitempty"`
+	// PlannedAt is when it was due; InjectedAt when the supervisor sent the
+	// signal (in Restart's world); ContinuedAt when a stop with for= ended.
+	PlannedAt   float64  `json:"planned_at_s"`
+	Restart     *int     `json:"restart,omitempty"`
+	InjectedAt  *float64 `json:"injected_at_s,omitempty"`
+	PIDs        []int    `json:"pids,omitempty"`
+	ContinuedAt *float64 `json:"continued_at_s,omitempty"`
+	// Missed says why nothing was signaled: the target had exited, or
+	// the job ended first.
+	Missed string `json:"missed,omitempty"`
+	// DetectedAt is when gorun saw the first failure after the injection
+	// in the same world (DetectedBy says which), TimeToDetect the gap.
+	DetectedAt   *float64 `json:"detected_at_s,omitempty"`
+	DetectedBy   string   `json:"detected_by,omitempty"`
+	TimeToDetect *float64 `json:"time_to_detect_s,omitempty"`
+	// WorldEndedAt is when the world it hit was gone; Action what the job
+	// did then: "restarted", "job ended" or "job succeeded";
+	// RecoveredAt is when every rank of the next world had started.
+	WorldEndedAt *float64 `json:"world_ended_at_s,omitempty"`
+	Action       string   `json:"action,omitempty"`
+	RecoveredAt  *float64 `json:"recovered_at_s,omitempty"`
+}
+
+// worldRun is what one world's launch needs of the job around it; it rides
+// in Config (unexported) from LaunchReport down to the job loop. Only the
+// goroutine running the world touches rep while it runs.
+type worldRun struct {
+	rep     *Report
+	restart int
+}
+
+// prepare is called with the world's plan before any rank starts: on the
+// first world it checks the faults against the plan and schedules them,
+// so that a fault naming a rank or host the job does not have is refused
+// before launch.
+func (w *worldRun) prepare(plan *Plan) error {
+	if w == nil {
+		return nil
+	}
+	rep := w.rep
+	if rep.inj == nil && len(rep.faults) > 0 {
+		inj, err := schedule(rep.faults, plan, rep.horizon)
+		if err != nil {
+			return err
+		}
+		rep.inj = inj
+		for _, in := range inj {
+			rep.byID[in.id] = len(rep.Faults)
+			rep.Faults = append(rep.Faults, FaultReport{
+				ID: in.id, Spec: rep.faults[in.fault].Spec, Kind: string(in.kind), Signal: unixSignalName(in.sig),
+				Ranks: in.ranks, Host: in.host, PlannedAt: in.at.Seconds(),
+			})
+		}
+	}
+	rep.world.JobID = plan.JobID
+	return nil
+}
+
+// since is the report's clock.
+func (rep *Report) since(t time.Time) float64 { return t.Sub(rep.start).Seconds() }
+
+func ptr[T any](v T) *T { return &v }
+
+// next returns the first injection not yet sent, if any.
+func (w *worldRun) next() (injection, bool) {
+	if w == nil {
+		return injection{}, false
+	}
+	for _, in := range w.rep.inj {
+		if !w.rep.fired[in.id] {
+			return in, true
+		}
+	}
+	return injection{}, false
+}
+
+// due is how long until in is due (0 when it is late: a fault whose time
+// passed during a restart fires at the start of the next world).
+func (w *worldRun) due(in injection) time.Duration {
+	return max(0, in.at-time.Since(w.rep.start))
+}
+
+// sent records that the job loop asked the supervisors to inject in.
+func (w *worldRun) sent(in injection) {
+	w.rep.fired[in.id] = true
+	f := &w.rep.Faults[w.rep.byID[in.id]]
+	f.Restart = ptr(w.restart)
+	f.Missed = "no supervisor answered (the world ended first)"
+	w.rep.pending[in.id] = ""
+}
+
+// injected records a supervisor's answer: the signal went to rank's pid at
+// t, or (err set) could not.
+func (w *worldRun) injected(ev supervisorEvent, t time.Time) *FaultReport {
+	i, ok := w.rep.byID[ev.Fault]
+	if !ok {
+		return nil
+	}
+	f := &w.rep.Faults[i]
+	if ev.Ev == "fault-cont" {
+		f.ContinuedAt = ptr(w.rep.since(t))
+		return f
+	}
+	if ev.Err != "" {
+		if f.InjectedAt == nil {
+			f.Missed = ev.Err
+		}
+		return f
+	}
+	f.Missed = ""
+	if f.InjectedAt == nil {
+		f.InjectedAt = ptr(w.rep.since(t))
+	}
+	f.PIDs = append(f.PIDs, ev.PID)
+	return f
+}
+
+// failed records the first failure gorun saw after each injection of this
+// world that has none yet.
+func (w *worldRun) failed(what string, t time.Time) {
+	if w == nil {
+		return
+	}
+	for id := range w.rep.pending {
+		f := &w.rep.Faults[w.rep.byID[id]]
+		if f.InjectedAt == nil || f.DetectedAt != nil {
+			continue
+		}
+		at := w.rep.since(t)
+		f.DetectedAt, f.DetectedBy, f.TimeToDetect = ptr(at), what, ptr(at-*f.InjectedAt)
+	}
+}
+
+// ranksStarted records that every rank of the world has started (or
+// failed to).
+func (w *worldRun) ranksStarted(t time.Time) {
+	if w == nil || w.rep.world.RanksStartedAt != nil {
+		return
+	}
+	at := w.rep.since(t)
+	w.rep.world.RanksStartedAt = ptr(at)
+	// The world before failed and this one runs: its faults' job
+	// recovered now.
+	for i := range w.rep.Faults {
+		f := &w.rep.Faults[i]
+		if f.Action == "restarted" && f.RecoveredAt == nil && f.Restart != nil && *f.Restart == w.restart-1 {
+			f.RecoveredAt = ptr(at)
+		}
+	}
+}
+
+// Launch runs a job (see LaunchReport) and drops the report.
+func Launch(ctx context.Context, cfg Config, job Job) error {
+	_, err := LaunchReport(ctx, cfg, job)
+	return err
+}
+
+// LaunchReport plans and runs a job, restarting it after a rank or host
+// failure up to job.MaxRestarts times, and injecting job.Faults. When every
+// host is this machine it checks that the program can run, reserves ports,
+// plans, and runs the plan under one local supervisor. When a host is
+// another machine (or Config.Starter is StartSrun) it starts one host agent
+// per host and runs the job through them. The error is nil when every rank
+// of the last world exited 0; otherwise it is the last world's: one of
+// *RankExitError, *StartError, *TimeoutError, *InterruptedError,
+// *ProgramError, *SlotsError, *CapacityError, *SupervisorError, *HostError,
+// *VersionError, *HostLostError, *MPIError, *OutputLostError (every rank
+// succeeded but a log file lost output), *FaultSpecError, or a
+// configuration or context error. The report is never nil.
+func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
+	rep := &Report{
+		MaxRestarts: job.MaxRestarts, faults: job.Faults, horizon: randomHorizon,
+		fired: map[int]bool{}, byID: map[int]int{}, Faults: []FaultReport{}, Worlds: []WorldReport{},
+	}
+	err := launchWorlds(ctx, cfg, job, rep)
+	rep.Outcome = "succeeded"
+	if err != nil {
+		rep.Outcome = err.Error()
+		rep.ExitCode = exitCodeOf(err)
+	}
+	return rep, err
+}
+
+func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if len(job.Argv) == 0 {
+		return errors.New("launcher: no program given")
+	}
+	if job.MaxRestarts < 0 {
+		return fmt.Errorf("launcher: max restarts must not be negative, got %d", job.MaxRestarts)
+	}
+	if cfg.Timeout > 0 {
+		rep.horizon = cfg.Timeout
+	}
+	id := DetectLocal()
+	rep.start = time.Now()
+	for restart := 0; ; restart++ {
+		j := job
+		n := strconv.Itoa(restart)
+		// Last, so that they win over a -x of the same name.
+		j.Export = append(slices.Clone(job.Export),
+			RestartCountEnv+"="+n, TorchRestartCountEnv+"="+n,
+			TorchMaxRestartsEnv+"="+strconv.Itoa(job.MaxRestarts))
+		c := cfg
+		w := &worldRun{rep: rep, restart: restart}
+		c.world = w
+		rep.Worlds = append(rep.Worlds, WorldReport{Restart: restart, StartedAt: rep.since(time.Now())})
+		rep.world = &rep.Worlds[len(rep.Worlds)-1]
+		rep.pending = map[int]string{}
+		if cfg.Timeout > 0 && restart > 0 {
+			// --timeout bounds the whole job, restarts included.
+			c.Timeout = cfg.Timeout - time.Since(rep.start)
+			if c.Timeout <= 0 {
+				c.Timeout = time.Nanosecond
+			}
+		}
+		var err error
+		if needsHostAgents(c, j.Hosts, id) {
+			err = launchOnHosts(ctx, c, j, id)
+		} else {
+			err = launchLocal(ctx, c, j)
+		}
+		var te *TimeoutError
+		if errors.As(err, &te) {
+			te.After = cfg.Timeout // the job's, not what was left of it
+		}
+		ended := rep.since(time.Now())
+		rep.world.EndedAt = ended
+		rep.world.Result = "succeeded"
+		if err != nil {
+			rep.world.Result = err.Error()
+		}
+		again := err != nil && restartable(err) && restart < job.MaxRestarts && ctx.Err() == nil
+		action := "job ended"
+		switch {
+		case again:
+			action = "restarted"
+		case err == nil:
+			action = "job succeeded"
+		}
+		for id := range rep.pending {
+			f := &rep.Faults[rep.byID[id]]
+			if f.InjectedAt != nil {
+				f.WorldEndedAt, f.Action = ptr(ended), action
+			}
+		}
+		if !again {
+			return err
+		}
+		rep.Restarts++
+		cfg.Logger.Warn().Int("restart", restart+1).Int("max_restarts", job.MaxRestarts).Err(err).
+			Msg("the world failed; restarting it")
+	}
+}
+
+// restartable reports whether err is a failure of the job's ranks or
+// hosts, which a new world may survive, rather than a decision (timeout,
+// signal) or a failure to launch at all.
+func restartable(err error) bool {
+	var (
+		re *RankExitError
+		se *StartError
+		hl *HostLostError
+		me *MPIError
+	)
+	return errors.As(err, &re) || errors.As(err, &se) || errors.As(err, &hl) || errors.As(err, &me)
+}
+
+// exitCodeOf is the exit code gorun gives err (1 when it carries none).
+func exitCodeOf(err error) int {
+	var coder interface{ ExitCode() int }
+	if errors.As(err, &coder) {
+		return coder.ExitCode()
+	}
+	return 1
+}
+
+// unixSignalName is "SIGKILL" for syscall.SIGKILL.
+func unixSignalName(s syscall.Signal) string {
+	if n := unix.SignalName(s); n != "" {
+		return n
+	}
+	return "signal " + strconv.Itoa(int(s))
+}

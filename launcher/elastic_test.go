@@ -1,0 +1,167 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
+)
+
+// launchReport runs the job through LaunchReport and checks that nothing of
+// it survives.
+func (j *jobRun) launchReport(ctx context.Context) (*Report, error) {
+	if j.cfg.Timeout == 0 {
+		// A broken restart or a SIGCONT never sent must fail, not hang.
+		j.cfg.Timeout = 30 * time.Second
+	}
+	rep, err := LaunchReport(ctx, j.cfg, j.job)
+	if s := launchertest.Survivors(j.token); len(s) > 0 {
+		j.t.Errorf("processes of the job survive LaunchReport: %v", s)
+	}
+	return rep, err
+}
+
+// A kill injected into a rank ends the first world; with a restart left
+// the job runs a new world with a new job id and the restart count, which
+// completes; the report says what happened in order.
+func TestInjectKillRestarts(t *testing.T) {
+	j := newJobRun(t, 3, "restart-aware", nil)
+	j.job.Faults = mustFaults(t, "kill:rank=1:at=300ms")
+	j.job.MaxRestarts = 2
+	rep, err := j.launchReport(context.Background())
+	if err != nil {
+		t.Fatalf("job failed: %v\n%s", err, j.stderr)
+	}
+	out := j.stdout.String()
+	re := regexp.MustCompile(`(?m)^\[(\d)\] world (\d) torch (\d) job (\w+)$`)
+	jobs := map[string]string{} // world → job id
+	perWorld := map[string]int{}
+	for _, m := range re.FindAllStringSubmatch(out, -1) {
+		if m[2] != m[3] {
+			t.Errorf("rank %s: GORUN_RESTART_COUNT %s but TORCHELASTIC_RESTART_COUNT %s", m[1], m[2], m[3])
+		}
+		if id, ok := jobs[m[2]]; ok && id != m[4] {
+			t.Errorf("world %s has two job ids %s and %s", m[2], id, m[4])
+		}
+		jobs[m[2]] = m[4]
+		perWorld[m[2]]++
+	}
+	if perWorld["0"] != 3 || perWorld["1"] != 3 || len(perWorld) != 2 {
+		t.Fatalf("ranks per world %v, want 3 in world 0 and 3 in world 1; output:\n%s", perWorld, out)
+	}
+	if jobs["0"] == jobs["1"] {
+		t.Errorf("the restarted world kept job id %s: members of the old world would be accepted", jobs["0"])
+	}
+	if rep.Restarts != 1 || len(rep.Worlds) != 2 || rep.Outcome != "succeeded" || rep.ExitCode != 0 {
+		t.Fatalf("report: %+v", rep)
+	}
+	w0, w1 := rep.Worlds[0], rep.Worlds[1]
+	if !strings.Contains(w0.Result, "rank 1") || !strings.Contains(w0.Result, "signal 9") || w1.Result != "succeeded" {
+		t.Errorf("world results %q, %q", w0.Result, w1.Result)
+	}
+	if w0.JobID != jobs["0"] || w1.JobID != jobs["1"] {
+		t.Errorf("report job ids %s %s, ranks saw %v", w0.JobID, w1.JobID, jobs)
+	}
+	if len(rep.Faults) != 1 {
+		t.Fatalf("faults: %+v", rep.Faults)
+	}
+	f := rep.Faults[0]
+	if f.InjectedAt == nil || f.DetectedAt == nil || f.WorldEndedAt == nil || f.RecoveredAt == nil || f.Restart == nil || *f.Restart != 0 {
+		t.Fatalf("fault record incomplete: %+v", f)
+	}
+	if *f.InjectedAt < 0.3 || *f.DetectedAt < *f.InjectedAt || *f.WorldEndedAt < *f.DetectedAt || *f.RecoveredAt < *f.WorldEndedAt {
+		t.Errorf("fault times out of order: injected %.3f detected %.3f world gone %.3f recovered %.3f",
+			*f.InjectedAt, *f.DetectedAt, *f.WorldEndedAt, *f.RecoveredAt)
+	}
+	if f.DetectedBy != "rank 1 killed by SIGKILL" || f.Action != "restarted" || f.Missed != "" || len(f.PIDs) != 1 {
+		t.Errorf("fault record: %+v", f)
+	}
+	t.Logf("kill → world gone %.3fs, world gone → every rank restarted %.3fs",
+		*f.WorldEndedAt-*f.InjectedAt, *f.RecoveredAt-*f.WorldEndedAt)
+}
+
+// Without restarts left the injected kill ends the job, naming the rank,
+// and the report says so.
+func TestInjectKillEndsJob(t *testing.T) {
+	j := newJobRun(t, 2, "hang", nil)
+	j.job.Faults = mustFaults(t, "kill:rank=1:at=100ms:sig=TERM")
+	rep, err := j.launchReport(context.Background())
+	var re *RankExitError
+	if !errors.As(err, &re) || re.Rank != 1 || re.Signal != syscall.SIGTERM {
+		t.Fatalf("err = %v, want rank 1 killed by SIGTERM", err)
+	}
+	if rep.Restarts != 0 || rep.ExitCode != 128+int(syscall.SIGTERM) || len(rep.Faults) != 1 || rep.Faults[0].Action != "job ended" {
+		t.Fatalf("report: %+v %+v", rep, rep.Faults)
+	}
+}
+
+// A stop with a duration freezes exactly its rank for that long and then
+// lets it go on: the job completes, rank 0 saw a gap of at least the stop,
+// rank 1 none.
+func TestInjectStopFor(t *testing.T) {
+	j := newJobRun(t, 2, "ticker:1200", nil)
+	j.job.Faults = mustFaults(t, "stop:rank=0:at=200ms:for=500ms")
+	rep, err := j.launchReport(context.Background())
+	if err != nil {
+		t.Fatalf("job failed: %v", err)
+	}
+	gaps := map[string]int{}
+	for _, m := range regexp.MustCompile(`(?m)^\[(\d)\] maxgap (\d+)$`).FindAllStringSubmatch(j.stdout.String(), -1) {
+		gaps[m[1]], _ = strconv.Atoi(m[2])
+	}
+	if len(gaps) != 2 || gaps["0"] < 450 || gaps["1"] >= 450 {
+		t.Errorf("longest gaps per rank %v ms, want rank 0 stopped ~500 ms and rank 1 not", gaps)
+	}
+	f := rep.Faults[0]
+	if f.InjectedAt == nil || f.ContinuedAt == nil || *f.ContinuedAt-*f.InjectedAt < 0.5 || f.Action != "job succeeded" || f.DetectedAt != nil {
+		t.Errorf("fault record: %+v", f)
+	}
+}
+
+// A fault that names a rank the job does not have is refused before any
+// rank starts.
+func TestInjectRefusedBeforeLaunch(t *testing.T) {
+	j := newJobRun(t, 2, "print-env", nil)
+	j.job.Faults = mustFaults(t, "kill:rank=2:at=1s")
+	_, err := j.launchReport(context.Background())
+	var se *FaultSpecError
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), "rank 2 does not exist") {
+		t.Fatalf("err = %v", err)
+	}
+	if j.stdout.String() != "" {
+		t.Errorf("ranks ran: %q", j.stdout.String())
+	}
+}
+
+// Restarts stop after MaxRestarts: a rank that always fails runs 1+N
+// worlds and the job ends with its error.
+func TestMaxRestartsExhausted(t *testing.T) {
+	j := newJobRun(t, 2, "exit:0", map[int]string{1: "exit:3"})
+	j.job.MaxRestarts = 2
+	rep, err := j.launchReport(context.Background())
+	var re *RankExitError
+	if !errors.As(err, &re) || re.Rank != 1 || re.Code != 3 {
+		t.Fatalf("err = %v, want rank 1 exit 3", err)
+	}
+	if rep.Restarts != 2 || len(rep.Worlds) != 3 {
+		t.Fatalf("restarts %d worlds %d, want 2 and 3", rep.Restarts, len(rep.Worlds))
+	}
+}
+
+// A timeout is not a failure to restart from.
+func TestNoRestartAfterTimeout(t *testing.T) {
+	j := newJobRun(t, 1, "hang", nil)
+	j.job.MaxRestarts = 3
+	j.cfg.Timeout = 200 * time.Millisecond
+	rep, err := j.launchReport(context.Background())
+	var te *TimeoutError
+	if !errors.As(err, &te) || rep.Restarts != 0 {
+		t.Fatalf("err = %v restarts %d, want a timeout and no restart", err, rep.Restarts)
+	}
+}

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# bench-latency.sh: small and mid-size collectives over shared memory,
+# gorun next to Open MPI (btl vader) in one run, quiet and under load,
+# medians over interleaved rounds (issue #15).
+#
+#   scripts/bench-latency.sh [OUT_DIR]     (default bench-results/latency)
+#
+# For each NP in $NPS (default "2 4") and each LOAD in $LOADS (default
+# "quiet hog"; hog = a busy loop pinned on every core for the run), ROUNDS
+# (default 5) rounds each run, alternately:
+#   gorun -np NP gorun bench allreduce $SWEEP --transport shm
+#   mpirun -np NP bench/mpi/allreduce $SWEEP          (--mca btl self,vader)
+#   gorun -np NP gorun bench barrier
+#   mpirun -np NP bench/mpi/barrier_lat
+# and prints, per size, the median out-of-place time (µs) and busbw
+# (GB/s) of each, with the ratio gorun/MPI of the times (< 1: gorun
+# faster). SWEEP defaults to "-b 8 -e 4M -f 4 -n 200 -w 50"; the 8-byte row
+# is the latency figure. The machine may be shared: rerun a figure that
+# swings, and read the hog rows against each side's own quiet rows.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-bench-results/latency}
+NPS=${NPS:-2 4}
+LOADS=${LOADS:-quiet hog}
+ROUNDS=${ROUNDS:-5}
+SWEEP=${SWEEP:--b 8 -e 4M -f 4 -n 200 -w 50}
+BITERS=${BITERS:-2000}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+for p in openmpi-bin libopenmpi-dev; do
+	dpkg -s "$p" >/dev/null 2>&1 || { echo "bench-latency: missing $p (scripts/install-test-deps.sh installs it)" >&2; exit 1; }
+done
+go build -o "$OUT/gorun" ./cmd/gorun
+mpicc -O2 -Wall -o "$OUT/mpi_allreduce" bench/mpi/allreduce.c
+mpicc -O2 -Wall -o "$OUT/mpi_barrier" bench/mpi/barrier_lat.c
+G=$OUT/gorun
+MPIRUN=(mpirun --mca btl self,vader)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+
+hogs=()
+start_hogs() { for c in $(seq 0 $(($(nproc) - 1))); do taskset -c "$c" sh -c 'while :; do :; done' & hogs+=($!); done; }
+stop_hogs() { if ((${#hogs[@]})); then kill "${hogs[@]}" 2>/dev/null || true; wait "${hogs[@]}" 2>/dev/null || true; hogs=(); fi; }
+trap stop_hogs EXIT
+
+# rows FILE: "size time busbw" of every data row (out-of-place columns).
+rows() { awk '!/^#/ && NF >= 8 {print $1, $6, $8}' "$1"; }
+
+echo "# bench-latency: $(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $ROUNDS rounds, sweep: $SWEEP"
+for np in $NPS; do
+	over=()
+	[ "$np" -gt "$(nproc)" ] && over=(--oversubscribe)
+	for load in $LOADS; do
+		: >"$OUT/g.$np.$load" && : >"$OUT/m.$np.$load"
+		for r in $(seq "$ROUNDS"); do
+			[ "$load" = hog ] && start_hogs
+			# shellcheck disable=SC2086 # SWEEP is a list of flags
+			"$G" -np "$np" "${over[@]}" "$G" bench allreduce $SWEEP --transport shm >"$OUT/run.txt" && rows "$OUT/run.txt" >>"$OUT/g.$np.$load"
+			# shellcheck disable=SC2086
+			"${MPIRUN[@]}" -np "$np" "${over[@]}" "$OUT/mpi_allreduce" $SWEEP >"$OUT/run.txt" 2>/dev/null && rows "$OUT/run.txt" >>"$OUT/m.$np.$load"
+			"$G" -np "$np" "${over[@]}" "$G" bench barrier -n "$BITERS" -w 100 --transport shm >"$OUT/run.txt" && rows "$OUT/run.txt" | sed 's/^0 /barrier /' >>"$OUT/g.$np.$load"
+			"${MPIRUN[@]}" -np "$np" "${over[@]}" "$OUT/mpi_barrier" -n "$BITERS" -w 100 >"$OUT/run.txt" 2>/dev/null && rows "$OUT/run.txt" | sed 's/^0 /barrier /' >>"$OUT/m.$np.$load"
+			stop_hogs
+		done
+		echo
+		echo "## $np ranks, $load: median of $ROUNDS rounds (time µs, busbw GB/s)"
+		printf "%10s %10s %8s %10s %8s %10s\n" size gorun-us busbw mpi-us busbw gorun/mpi
+		awk '
+			FNR == 1 { f++ }
+			{ k = $1; t[f, k] = t[f, k] " " $2; b[f, k] = b[f, k] " " $3; if (!(k in seen)) { seen[k] = 1; order[++n] = k } }
+			function med(s,   a, m, i, j, x) { m = split(s, a, " "); for (i = 2; i <= m; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > x + 0; j--) a[j + 1] = a[j]; a[j + 1] = x } return m ? (m % 2 ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2) : "nan" }
+			END { for (i = 1; i <= n; i++) { k = order[i]; gt = med(t[1, k]); mt = med(t[2, k]); printf "%10s %10.2f %8.3f %10.2f %8.3f %10.2f\n", k, gt, med(b[1, k]), mt, med(b[2, k]), (mt > 0 ? gt / mt : 0) } }
+		' "$OUT/g.$np.$load" "$OUT/m.$np.$load" | tee "$OUT/table.$np.$load.txt"
+	done
+done
