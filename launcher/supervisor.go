@@ -99,7 +99,9 @@ type supervisorRank struct {
 // supervisorCmd is a later message from gorun.
 type supervisorCmd struct {
 	// Op is "signal" (send Signal to the process groups of Ranks, all
-	// running ranks when empty) or "kill" (SIGKILL everything, now).
+	// running ranks when empty), "kill" (SIGKILL everything, now) or
+	// "bye" (gorun is about to close the pipe alive and cleans up after
+	// the job itself; see supervisorSpec.RemoveDir).
 	Op     string `json:"op"`
 	Signal int    `json:"signal,omitempty"`
 	Ranks  []int  `json:"ranks,omitempty"`
@@ -193,6 +195,9 @@ type supervisor struct {
 	killing bool
 	// gorunGone suppresses events: nobody reads them any more.
 	gorunGone bool
+	// bye: gorun said it closes the command pipe alive and removes the
+	// spec's RemoveDir itself; without it, a closed pipe means gorun died.
+	bye bool
 	// strayDeadline is when strays get SIGKILL; zero until strays are seen.
 	strayDeadline time.Time
 	strays        int
@@ -249,17 +254,23 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	if err := json.Unmarshal(line, &spec); err != nil {
 		return fmt.Errorf("decode spec: %w", err)
 	}
+	var a *supervisor
 	if spec.RemoveDir != "" {
-		// gorun removes it after reading the ranks' records; only a gorun
-		// that died first (our parent changed) leaves it to us.
+		// gorun removes it after reading the ranks' records; a gorun that
+		// died first leaves it to us. Death is told by the command pipe
+		// ending (or the event pipe breaking) without gorun's "bye", not
+		// by our parent changing: the kernel closes a dying process's
+		// descriptors before it reparents its children, so a supervisor
+		// that saw the EOF and finished at once could still read the dead
+		// gorun as its parent and leave the directory behind.
 		parent := os.Getppid()
 		defer func() {
-			if os.Getppid() != parent {
+			if (a != nil && a.gorunGone && !a.bye) || os.Getppid() != parent {
 				_ = os.RemoveAll(spec.RemoveDir)
 			}
 		}()
 	}
-	a := &supervisor{
+	a = &supervisor{
 		log:   log.Level(spec.LogLevel),
 		out:   bufio.NewWriter(out),
 		self:  os.Getpid(),
@@ -478,6 +489,8 @@ func (a *supervisor) command(c supervisorCmd) {
 		}
 	case "kill":
 		a.killAll()
+	case "bye":
+		a.bye = true
 	case "inject":
 		a.inject(c)
 	case "pmi-release":
