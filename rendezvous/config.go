@@ -363,7 +363,7 @@ func (c *Config) memberlistConfig() *memberlist.Config {
 		// memberlist's LAN default. With 2 a leader's death missed one
 		// of 64 leaders in about 1 run of 20 (it then found out by its
 		// own probe round, 11 s later); with 4, in none of 60.
-		mc.RetransmitMult = max(c.RetransmitMult, 4)
+		mc.RetransmitMult = max(mc.RetransmitMult, 4)
 	}
 	mc.IndirectChecks = c.IndirectChecks
 	mc.TCPTimeout = c.TCPTimeout
