@@ -12,6 +12,7 @@ package launchertest
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"os"
@@ -75,8 +76,9 @@ func NewToken(name string) string {
 //	cat                copy stdin to stdout, then exit 0
 //	wait-usr1          print "ready", wait for SIGUSR1, print "usr1", exit 0
 //	args               print the arguments after argv[0] on one line, exit 0
-//	restart-aware      print "world R torch T job J" from GORUN_RESTART_COUNT,
-//	                   TORCHELASTIC_RESTART_COUNT and GORUN_JOB_ID; in
+//	restart-aware      print "world R torch T job J key K" from GORUN_RESTART_COUNT,
+//	                   TORCHELASTIC_RESTART_COUNT, GORUN_JOB_ID and a hash of
+//	                   GORUN_SECRET; in
 //	                   world 0 print "ready" and hang, in later worlds exit 0
 //	ticker:MS          for MS milliseconds wake every 5 ms, then print
 //	                   "maxgap N" (the longest gap between wake-ups, in ms;
@@ -172,7 +174,9 @@ func runHelper(mode string) int {
 		return 0
 	case "restart-aware":
 		w := os.Getenv("GORUN_RESTART_COUNT")
-		fmt.Printf("world %s torch %s job %s\n", w, os.Getenv("TORCHELASTIC_RESTART_COUNT"), os.Getenv("GORUN_JOB_ID"))
+		// The secret's hash, not the secret: a test compares worlds.
+		key := sha256.Sum256([]byte(os.Getenv("GORUN_SECRET")))
+		fmt.Printf("world %s torch %s job %s key %x\n", w, os.Getenv("TORCHELASTIC_RESTART_COUNT"), os.Getenv("GORUN_JOB_ID"), key[:6])
 		if w != "0" {
 			return 0
 		}
