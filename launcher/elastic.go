@@ -256,6 +256,11 @@ func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
 		fired: map[int]bool{}, byID: map[int]int{}, Faults: []FaultReport{}, Worlds: []WorldReport{},
 	}
 	err := launchWorlds(ctx, cfg, job, rep)
+	for i := range rep.Faults {
+		if f := &rep.Faults[i]; f.Restart == nil {
+			f.Missed = "the job ended before it was due"
+		}
+	}
 	rep.Outcome = "succeeded"
 	if err != nil {
 		rep.Outcome = err.Error()
