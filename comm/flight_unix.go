@@ -39,6 +39,12 @@ func dumpOnSignal(dir string) (stop func()) {
 		signal.Stop(ch)
 		close(done)
 		wg.Wait()
-		_ = os.Remove(ready)
+		// A communicator opened meanwhile started a new handler, which
+		// wrote the same file: leave it.
+		live.mu.Lock()
+		if live.stopSig == nil {
+			_ = os.Remove(ready)
+		}
+		live.mu.Unlock()
 	}
 }

@@ -224,11 +224,19 @@ func TestTCPLinkCloseUnblocks(t *testing.T) {
 	if err := <-errc; err == nil {
 		t.Fatal("RecvHeader returned nil after the peer closed")
 	}
+	rx.Close()
+
+	// Our own Close: on a second pair whose peer stays open, so the read
+	// can only end through Close (on the first pair it could end with the
+	// peer's EOF before Close ran, whatever Close does).
+	c, d := tcpPairs(t, 2)
+	peer, own := newTestTCPLink(c, 0), newTestTCPLink(d, time.Millisecond)
+	defer peer.Close()
 	go func() { // waited for through errc
 		var h Header
-		errc <- rx.RecvHeader(&h)
+		errc <- own.RecvHeader(&h)
 	}()
-	rx.Close()
+	own.Close()
 	if err := <-errc; !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("RecvHeader after Close: %v, want net.ErrClosed", err)
 	}

@@ -142,8 +142,15 @@ func (c *Comm) check(st StatusTransport, rec FlightRecord, waited time.Duration)
 		c.fail(d.peerDesync)
 		return
 	}
-	c.log.Warn().Dur("waited", waited).Uint64("seq", rec.Call.Seq).Str("call", rec.Call.String()).
-		Ints("behind", d.behind).Msg("comm: call stalled: " + d.report)
+	// A call every rank is in (a large transfer on a slow link) is slow,
+	// not stalled: say so quietly. A straggler, a silent or failed rank
+	// is a warning.
+	ev, what := c.log.Warn(), "comm: call stalled: "
+	if d.allIn {
+		ev, what = c.log.Info(), "comm: call still running on every rank: "
+	}
+	ev.Dur("waited", waited).Uint64("seq", rec.Call.Seq).Str("call", rec.Call.String()).
+		Ints("behind", d.behind).Msg(what + d.report)
 	if t := c.cfg.StallTimeout; t > 0 && waited >= t {
 		c.fail(&StallError{Rank: c.me, Call: rec.Call, Waited: waited, Behind: d.behind, Report: d.report})
 	}
@@ -196,6 +203,7 @@ type diagnosis struct {
 	peerDesync *DesyncError // a peer already failed with a desync
 	behind     []int        // ranks that have not reached this rank's call
 	report     string       // who is where, one clause per kind of position
+	allIn      bool         // every rank answered and is in (or past) the call
 }
 
 // diagnose compares the ranks' statuses (sts[r] nil: no answer, why[r]
@@ -268,6 +276,12 @@ func diagnose(me int, sts []*rankStatus, why []string) diagnosis {
 		}
 	}
 	d.behind, d.report = stallReport(me, sts, why)
+	d.allIn = len(d.behind) == 0
+	for _, st := range sts {
+		if st == nil || st.Failed != "" {
+			d.allIn = false
+		}
+	}
 	return d
 }
 

@@ -121,6 +121,9 @@ func TestDiagnose(t *testing.T) {
 			case d.desync != nil:
 				t.Fatalf("desync %v, want none", d.desync)
 			}
+			if want := len(tc.behind) == 0 && !slices.Contains(tc.sts, nil); tc.desyncAt == 0 && d.allIn != want {
+				t.Errorf("allIn %v, want %v", d.allIn, want)
+			}
 			if !slices.Equal(d.behind, tc.behind) {
 				t.Errorf("behind %v, want %v", d.behind, tc.behind)
 			}

@@ -41,6 +41,14 @@
 //     loop_test.go — and applies the failure rules: the first failure
 //     stops the others (SIGTERM to each rank's process group, SIGKILL after
 //     Config.Grace), signals are forwarded, --timeout ends the job.
+//     The verdict follows causality, not arrival order: a rank whose
+//     runtime reported, before exiting, that a peer was lost or aborted
+//     (internal/collateral, through a pipe every rank inherits at
+//     $GORUN_COLLATERAL_FD) is collateral — counted apart in the final
+//     line and never named while a rank failed on its own; a SIGKILL
+//     gorun did not send is a cause even during the teardown; when every
+//     failure is collateral, the line names the rank the reports blame
+//     (CollateralError).
 //   - The supervisor's client (supervisorclient.go) is shared by RunLocal
 //     and the host agent: rankPipes builds the spec and one pipe per rank
 //     stream, startSupervisor starts the process, and the client sends the

@@ -352,8 +352,9 @@ func restartable(err error) bool {
 		se *StartError
 		hl *HostLostError
 		me *MPIError
+		ce *CollateralError
 	)
-	return errors.As(err, &re) || errors.As(err, &se) || errors.As(err, &hl) || errors.As(err, &me)
+	return errors.As(err, &re) || errors.As(err, &se) || errors.As(err, &hl) || errors.As(err, &me) || errors.As(err, &ce)
 }
 
 // exitCodeOf is the exit code gorun gives err (1 when it carries none).

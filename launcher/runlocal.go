@@ -95,6 +95,9 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	// every writer of the rank pipes is dead and the streams end on EOF; if
 	// it died instead, a stray holding a pipe could keep a stream open, so
 	// the pipes are closed after the grace period.
+	// "bye" first: a pipe that ends without it tells the supervisor that
+	// gorun died and the flight directory is left to it.
+	_ = sup.send(supervisorCmd{Op: "bye"})
 	sup.closeCommands()
 	in.close()
 	_ = sup.wait()

@@ -61,6 +61,7 @@ func runGorun(t *testing.T, mode string, perRank map[int]string, args ...string)
 	t.Helper()
 	token := launchertest.NewToken(t.Name())
 	cmd := gorunCmd(t, token, mode, perRank, args...)
+	tmp := privateTmp(t, cmd)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -73,7 +74,30 @@ func runGorun(t *testing.T, mode string, perRank map[int]string, args ...string)
 	if s := launchertest.Survivors(token); len(s) > 0 {
 		t.Errorf("processes survive gorun: %v", s)
 	}
+	if left := leftInTmp(tmp); len(left) > 0 {
+		t.Errorf("gorun left %v in its temporary directory", left)
+	}
 	return result{code, stdout.String(), stderr.String()}
+}
+
+// privateTmp gives cmd (and the ranks it starts) a TMPDIR of its own, so
+// that what gorun leaves behind is told apart from other tests' files in
+// /tmp.
+func privateTmp(t *testing.T, cmd *exec.Cmd) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd.Env = append(cmd.Env, "TMPDIR="+dir)
+	return dir
+}
+
+// leftInTmp lists what is in dir.
+func leftInTmp(dir string) []string {
+	ents, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
 }
 
 func TestCommandLine(t *testing.T) {
@@ -181,6 +205,14 @@ func startJob(t *testing.T, want int, mode string, perRank map[int]string, args 
 	t.Helper()
 	token := launchertest.NewToken(t.Name())
 	cmd := gorunCmd(t, token, mode, perRank, args...)
+	tmp := privateTmp(t, cmd)
+	t.Cleanup(func() {
+		// After the survivors are gone (cleanups run last first): a gorun
+		// that was killed leaves its flight directory to its supervisor.
+		if !launchertest.WaitFor(10*time.Second, func() bool { return len(leftInTmp(tmp)) == 0 }) {
+			t.Errorf("gorun's job left %v in its temporary directory", leftInTmp(tmp))
+		}
+	})
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
