@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/internal/collateral"
 )
 
 // Communicator is the collective contract shared by this package's CPU
@@ -171,6 +173,8 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 	if c.flightDir == "" {
 		c.flightDir = os.Getenv(FlightDirEnv)
 	}
+	// Before any program this rank starts can inherit the report pipe.
+	collateral.Claim()
 	c.log = cfg.Logger.With().Int("rank", g.GlobalRank(me)).Str("host", g.Host(me)).Int("world", n).
 		Str("group", fmt.Sprintf("%016x", uint64(c.gid))).Logger()
 	for r := range n {
@@ -275,6 +279,7 @@ func (c *Comm) fail(err error) {
 		c.failErr = err
 		close(c.failed)
 		c.log.Warn().Err(err).Msg("communicator failed")
+		c.tellCollateral(err)
 		var class uint64
 		switch {
 		case errors.Is(err, ErrDesync):
@@ -332,6 +337,25 @@ func (c *Comm) fail(err error) {
 		wg.Wait()
 		c.dumpFlight("failed: " + err.Error())
 	})
+}
+
+// tellCollateral tells the rank's supervisor, when err is another rank's
+// doing (a peer lost, closed or aborted), that this rank fails as a
+// consequence: gorun then names the first cause, not whichever rank exits
+// first (internal/collateral). It runs before the peers are told and
+// before the failed call returns, so the report precedes any exit it
+// explains.
+func (c *Comm) tellCollateral(err error) {
+	var pe *PeerError
+	var lost interface{ LostWorldRank() int } // rendezvous.LostError
+	switch {
+	case errors.As(err, &pe):
+		collateral.Tell(collateral.Report{Rank: c.g.GlobalRank(c.me), Blame: pe.WorldRank, Why: err.Error()})
+	case errors.As(err, &lost):
+		collateral.Tell(collateral.Report{Rank: c.g.GlobalRank(c.me), Blame: lost.LostWorldRank(), Why: err.Error()})
+	case errors.Is(err, ErrPeerLost):
+		collateral.Tell(collateral.Report{Rank: c.g.GlobalRank(c.me), Blame: -1, Why: err.Error()})
+	}
 }
 
 // Abort fails every pending and future call with err and tells the peers.

@@ -41,6 +41,14 @@
 //     loop_test.go — and applies the failure rules: the first failure
 //     stops the others (SIGTERM to each rank's process group, SIGKILL after
 //     Config.Grace), signals are forwarded, --timeout ends the job.
+//     The verdict follows causality, not arrival order: a rank whose
+//     runtime reported, before exiting, that a peer was lost or aborted
+//     (internal/collateral, through a pipe every rank inherits at
+//     $GORUN_COLLATERAL_FD) is collateral — counted apart in the final
+//     line and never named while a rank failed on its own; a SIGKILL
+//     gorun did not send is a cause even during the teardown; when every
+//     failure is collateral, the line names the rank the reports blame
+//     (CollateralError).
 //   - The supervisor's client (supervisorclient.go) is shared by RunLocal
 //     and the host agent: rankPipes builds the spec and one pipe per rank
 //     stream, startSupervisor starts the process, and the client sends the
@@ -61,6 +69,14 @@
 //     on the host and "host lost" in gorun. Above Config.FanoutThreshold
 //     hosts, host agents run further starters (a two-level tree). Inside a
 //     SLURM allocation one srun starts every host agent (Config.Starter).
+//   - Faults and restarts (inject.go, elastic.go): LaunchReport runs a
+//     job as a sequence of worlds, a new one (new job id, secret and
+//     ports) after a rank or host failure while --max-restarts allows.
+//     Parsing --inject specs and scheduling them against the plan is
+//     pure (inject.go); the job loop owns the clock and sends "inject"
+//     when one is due, and the supervisor that runs the target signals
+//     its process group (and sends the SIGCONT that ends a timed stop).
+//     The Report records every world and injection.
 //   - The supervisor (supervisor.go): the same executable re-run with an
 //     internal variable set; a child subreaper that is the parent of every
 //     rank and kills every descendant when its client dies, however it

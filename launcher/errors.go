@@ -29,6 +29,9 @@ type RankExitError struct {
 	// AlsoFailed is the number of other ranks that failed with their own
 	// exit code or signal, not the one gorun's teardown sent them.
 	AlsoFailed int
+	// Collateral is the number of ranks whose runtime reported that they
+	// failed because another rank was lost or aborted.
+	Collateral int
 }
 
 // Error is the one line gorun prints. It claims to have stopped only the
@@ -43,7 +46,8 @@ func (e *RankExitError) Error() string {
 	if e.AlsoFailed > 0 {
 		s += fmt.Sprintf("; %d other %s also failed", e.AlsoFailed, plural(e.AlsoFailed, "rank", "ranks"))
 	}
-	if e.Stopped > 0 || e.AlsoFailed == 0 {
+	s += collateralText(e.Collateral)
+	if e.Stopped > 0 || (e.AlsoFailed == 0 && e.Collateral == 0) {
 		s += fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))
 	}
 	return s
@@ -200,6 +204,9 @@ type HostLostError struct {
 	Err error
 	// Stopped is the number of other ranks gorun had to stop.
 	Stopped int
+	// Collateral is the number of ranks elsewhere whose runtime reported
+	// failing because of the loss.
+	Collateral int
 }
 
 func (e *HostLostError) Error() string {
@@ -207,11 +214,52 @@ func (e *HostLostError) Error() string {
 	if e.Ranks > 1 {
 		ranks = fmt.Sprintf("ranks %d-%d", e.FirstRank, e.FirstRank+e.Ranks-1)
 	}
-	return fmt.Sprintf("lost host %s: %v; its %s counted as failed; stopped %d other %s",
-		e.Host, e.Err, ranks, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+	return fmt.Sprintf("lost host %s: %v; its %s counted as failed%s; stopped %d other %s",
+		e.Host, e.Err, ranks, collateralText(e.Collateral), e.Stopped, plural(e.Stopped, "rank", "ranks"))
 }
 
 func (e *HostLostError) Unwrap() error { return e.Err }
 
 // ExitCode is 255, ssh's code for a lost connection.
 func (e *HostLostError) ExitCode() int { return 255 }
+
+// collateralText is the final line's count of collateral ranks.
+func collateralText(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d %s failed as a consequence (peer lost)", n, plural(n, "rank", "ranks"))
+}
+
+// CollateralError reports a job whose every failed rank said it failed
+// because another rank was lost or aborted, while no rank failed on its own
+// as far as gorun saw: a frozen rank, a cut link. It names the rank the
+// reports point to.
+type CollateralError struct {
+	// Blame is the rank the reports point to, -1 when the runtime could
+	// not tell; BlameHost and BlamePID locate it.
+	Blame     int
+	BlameHost string
+	BlamePID  int
+	// ReportedBy is the rank whose report names Blame, Why its words.
+	ReportedBy int
+	Why        string
+	// Failed is the number of ranks that failed as a consequence.
+	Failed int
+	// Stopped is the number of other ranks gorun had to stop.
+	Stopped int
+	// Code is the first collateral rank's exit status.
+	Code int
+}
+
+func (e *CollateralError) Error() string {
+	s := fmt.Sprintf("rank %d reported a lost peer (%s)", e.ReportedBy, e.Why)
+	if e.Blame >= 0 {
+		s = fmt.Sprintf("rank %d (host %s, pid %d) was lost to its peers: rank %d reported %q", e.Blame, e.BlameHost, e.BlamePID, e.ReportedBy, e.Why)
+	}
+	return s + collateralText(e.Failed) + fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))
+}
+
+// ExitCode is the first collateral rank's exit status: the blamed rank
+// did not fail in a way gorun saw.
+func (e *CollateralError) ExitCode() int { return e.Code }

@@ -80,6 +80,14 @@ type failure struct {
 	// mpi is set when the rank failed through PMI: MPI_Abort, or an exit
 	// 0 without PMI finalize (pmi.go).
 	mpi *MPIError
+	// collateral is set when the rank's runtime reported, before it
+	// exited, that it failed because another rank was lost or aborted:
+	// blame is that rank (-1: unknown), why the runtime's words. A
+	// collateral failure never names the job's cause while a failure of
+	// its own exists, whatever arrived first.
+	collateral bool
+	blame      int
+	why        string
 }
 
 func (f failure) exitCode() int {
@@ -240,7 +248,14 @@ func (r *jobLoop) run(ctx context.Context) error {
 				st := &ranks[ev.Rank]
 				st.exited = true
 				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Msg("rank exited")
-				if (ev.Code != 0 || ev.Signal != 0) && !(st.stopped && causedByStop(ev, sentSig)) {
+				if ev.Collateral && (ev.Code != 0 || ev.Signal != 0) {
+					// A consequence: counted apart, neither stopped by
+					// gorun nor failed on its own.
+					st.stopped = false
+					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal),
+						collateral: true, blame: ev.Blame, why: ev.Err})
+					stop(stopFailure, syscall.SIGTERM)
+				} else if (ev.Code != 0 || ev.Signal != 0) && !(st.stopped && causedByStop(ev, sentSig, killed)) {
 					// Its own failure, even if the teardown had begun: it
 					// does not count as one gorun stopped, or the final
 					// line would claim to have stopped ranks that all
@@ -379,7 +394,19 @@ func (r *jobLoop) run(ctx context.Context) error {
 	case reason == stopContext:
 		return fmt.Errorf("launcher: job canceled; stopped %d %s: %w", stopped, plural(stopped, "rank", "ranks"), ctx.Err())
 	case len(failures) > 0:
-		f := pickFailure(failures, r.cfg.ExitPolicy)
+		collateral := 0
+		own := make([]failure, 0, len(failures))
+		for _, f := range failures {
+			if f.collateral {
+				collateral++
+			} else {
+				own = append(own, f)
+			}
+		}
+		if len(own) == 0 {
+			return r.blamed(failures, ranks, stopped)
+		}
+		f := pickFailure(own, r.cfg.ExitPolicy)
 		host := r.plan.Ranks[f.rank].Host
 		if f.mpi != nil {
 			e := *f.mpi
@@ -392,19 +419,70 @@ func (r *jobLoop) run(ctx context.Context) error {
 			return &e
 		}
 		if f.lost != nil {
-			return &HostLostError{Host: host, FirstRank: f.rank, Ranks: f.lostRanks, Err: f.lost, Stopped: stopped}
+			return &HostLostError{Host: host, FirstRank: f.rank, Ranks: f.lostRanks, Err: f.lost, Stopped: stopped, Collateral: collateral}
 		}
 		if f.startErr != nil {
 			return &StartError{Rank: f.rank, Host: host, Err: f.startErr, Stopped: stopped}
 		}
 		return &RankExitError{Rank: f.rank, Host: host, PID: f.pid, Code: f.code, Signal: f.signal, Stopped: stopped,
-			AlsoFailed: alsoFailed(failures, f)}
+			AlsoFailed: alsoFailed(own, f), Collateral: collateral}
 	}
 	return nil
 }
 
-// String says what failed, for the fault report.
+// blamed names the cause when every failure was collateral: no rank died
+// or failed on its own as far as gorun saw (a frozen rank, a cut link),
+// yet the runtimes reported one lost. Reports chain — rank 0 blames rank
+// 2, which lost rank 3 — and aborts bounce between reporters, so the
+// cause is the first rank, following each report's blame in arrival
+// order, that reported nothing itself.
+func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
+	byRank := map[int]failure{}
+	for _, f := range fs {
+		if _, dup := byRank[f.rank]; !dup {
+			byRank[f.rank] = f
+		}
+	}
+	first := fs[0]
+	reporter, blame := first, -1
+	for _, f := range fs {
+		seen := map[int]bool{}
+		for b := f.blame; b >= 0 && b < len(ranks) && !seen[b]; {
+			next, ok := byRank[b]
+			if !ok {
+				reporter, blame = f, b
+				break
+			}
+			seen[b] = true
+			f, b = next, next.blame
+		}
+		if blame >= 0 {
+			break
+		}
+	}
+	e := &CollateralError{ReportedBy: reporter.rank, Why: reporter.why, Blame: -1, Failed: len(fs),
+		Stopped: stopped, Code: failure{code: first.code, signal: first.signal}.exitCode()}
+	if blame >= 0 {
+		e.Blame, e.BlameHost, e.BlamePID = blame, r.plan.Ranks[blame].Host, ranks[blame].pid
+		if ranks[blame].stopped && ranks[blame].pid > 0 {
+			// The blamed rank is counted by name, not among the others.
+			e.Stopped--
+		}
+	}
+	return e
+}
+
+// String says what failed, for the fault report; a collateral failure
+// says whom its runtime blamed.
 func (f failure) String() string {
+	if f.collateral {
+		g := f
+		g.collateral = false
+		if f.blame < 0 {
+			return g.String() + " after its runtime lost a peer"
+		}
+		return fmt.Sprintf("%s after its runtime lost rank %d", g, f.blame)
+	}
 	switch {
 	case f.mpi != nil:
 		return fmt.Sprintf("rank %d failed through MPI (exit %d)", f.rank, f.exitCode())
@@ -462,8 +540,13 @@ func alsoFailed(fs []failure, f failure) int {
 // 128+signal that shells and many handlers use. Any other failure of a rank
 // that was being stopped is its own and competes under ExitLowest and
 // ExitMax (under ExitFirst the first failure always wins anyway).
-func causedByStop(ev supervisorEvent, sent syscall.Signal) bool {
-	return ev.Signal == int(sent) || ev.Signal == int(syscall.SIGKILL) || (ev.Signal == 0 && ev.Code == 128+int(sent))
+//
+// SIGKILL counts only once gorun sent it (killed, after the grace period):
+// a rank SIGKILLed from outside (the OOM killer, a user) while the
+// teardown's SIGTERM was on its way is the job's cause, and often its
+// peers' collateral exits arrive first and begin the teardown.
+func causedByStop(ev supervisorEvent, sent syscall.Signal, killed bool) bool {
+	return ev.Signal == int(sent) || (killed && ev.Signal == int(syscall.SIGKILL)) || (ev.Signal == 0 && ev.Code == 128+int(sent))
 }
 
 // pickFailure applies the exit policy to the failures in arrival order.

@@ -292,3 +292,49 @@ func TestLoopEveryRankFailsOnItsOwn(t *testing.T) {
 		}
 	})
 }
+
+// The verdict follows causality, not arrival order: ranks whose runtime
+// reported a lost peer (Collateral) never name the job's cause while a
+// rank failed on its own, a SIGKILL gorun did not send is a cause even
+// during the teardown, and when every failure is collateral the line
+// names the rank the reports point to.
+func TestLoopCulprit(t *testing.T) {
+	coll := func(rank, blame int) supervisorEvent {
+		return supervisorEvent{Ev: "exited", Rank: rank, PID: 1000 + rank, Code: 6, Collateral: true, Blame: blame, Err: "comm: peer lost"}
+	}
+	kill3 := supervisorEvent{Ev: "exited", Rank: 3, PID: 1003, Signal: int(syscall.SIGKILL)}
+	term := func(rank int) supervisorEvent {
+		return supervisorEvent{Ev: "exited", Rank: rank, PID: 1000 + rank, Signal: int(syscall.SIGTERM)}
+	}
+	for _, tc := range []struct {
+		name   string
+		events []supervisorEvent
+		want   string
+		code   int
+	}{
+		{"collateral first", []supervisorEvent{coll(2, 3), coll(4, 3), kill3, coll(0, 2), term(1), term(5)},
+			"rank 3 (host localhost, pid 1003) killed by signal 9 (killed); 3 ranks failed as a consequence (peer lost); stopped 2 other ranks", 137},
+		{"culprit first", []supervisorEvent{kill3, coll(2, 3), coll(4, 3), coll(0, 2), coll(1, 0), coll(5, 4)},
+			"rank 3 (host localhost, pid 1003) killed by signal 9 (killed); 5 ranks failed as a consequence (peer lost)", 137},
+		{"all collateral (frozen rank 3)", []supervisorEvent{coll(2, 4), coll(4, 2), coll(0, 3), coll(1, 0), coll(5, 4), term(3)},
+			`rank 3 (host localhost, pid 1003) was lost to its peers: rank 0 reported "comm: peer lost"; 5 ranks failed as a consequence (peer lost); stopped 0 other ranks`, 6},
+		{"blame unknown", []supervisorEvent{coll(2, -1), term(0), term(1), term(3), term(4), term(5)},
+			"rank 2 reported a lost peer (comm: peer lost); 1 rank failed as a consequence (peer lost); stopped 5 other ranks", 6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := startFakeJob(t, 6, testConfig())
+				for _, ev := range tc.events {
+					f.events <- ev
+				}
+				err := f.done()
+				if err == nil || err.Error() != tc.want {
+					t.Fatalf("got  %v\nwant %s", err, tc.want)
+				}
+				if c := err.(interface{ ExitCode() int }).ExitCode(); c != tc.code {
+					t.Fatalf("exit code %d, want %d", c, tc.code)
+				}
+			})
+		})
+	}
+}

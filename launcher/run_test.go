@@ -175,13 +175,13 @@ func TestRunRanksStartWithDefaultSignals(t *testing.T) {
 }
 
 // A rank has exactly stdin, stdout and stderr open, plus its PMI socket at
-// 3 when PMI is served: no other rank's pipes or sockets, nothing gorun
-// inherited.
+// 3 when PMI is served, plus the collateral pipe (rankenv.CollateralFD)
+// after them: no other rank's pipes or sockets, nothing gorun inherited.
 func TestRunRanksInheritOnlyStdio(t *testing.T) {
 	for _, tc := range []struct {
 		pmi  PMIMode
 		want string // ls itself opens the next descriptor to read the directory
-	}{{PMINone, "0 1 2 3 "}, {PMIFD, "0 1 2 3 4 "}, {PMIPort, "0 1 2 3 "}} {
+	}{{PMINone, "0 1 2 3 4 "}, {PMIFD, "0 1 2 3 4 5 "}, {PMIPort, "0 1 2 3 4 "}} {
 		t.Run(string(tc.pmi), func(t *testing.T) {
 			j := newJobRun(t, 3, "", nil)
 			j.cfg.PMI = tc.pmi

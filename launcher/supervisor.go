@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,11 +10,16 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/internal/collateral"
+	"github.com/gorun-hpc/gorun/rankenv"
 )
 
 // Why a separate per-job supervisor process sits between gorun and
@@ -131,6 +137,13 @@ type supervisorEvent struct {
 	Epoch       int               `json:"epoch,omitempty"`
 	KVS         map[string]string `json:"kvs,omitempty"`
 	Unfinalized bool              `json:"unfinalized,omitempty"`
+	// Collateral marks an "exited" rank whose runtime reported, before
+	// it exited, that it failed because another rank was lost or
+	// aborted (internal/collateral): its exit is a consequence, not a
+	// cause. Blame is the world rank it held responsible (-1: unknown)
+	// and Err the runtime's words.
+	Collateral bool `json:"collateral,omitempty"`
+	Blame      int  `json:"blame,omitempty"`
 	// Fault is the injection an "injected" or "fault-cont" event answers;
 	// Err is set on "injected" when the rank was not running.
 	Fault int `json:"fault,omitempty"`
@@ -191,6 +204,12 @@ type supervisor struct {
 	grace         time.Duration
 	// pmi serves MPI's PMI to the ranks; nil when the job has none.
 	pmi *supervisorPMI
+	// collR is the read end of the collateral pipe (non-blocking; -1
+	// when none), collBuf a partial line read from it, and coll the first
+	// report of each rank (internal/collateral).
+	collR   int
+	collBuf []byte
+	coll    map[int]collateral.Report
 	// conts are the SIGCONTs owed to ranks stopped by an injected fault
 	// with a duration; the ticker sends them when due.
 	conts []faultCont
@@ -259,6 +278,21 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		grace: spec.Grace,
 	}
 	a.enc = json.NewEncoder(a.out)
+	a.collR = -1
+	var collW *os.File
+	if len(spec.Ranks) > 0 {
+		// One pipe for the whole job; every rank gets the write end.
+		// Without it the job still runs: only the culprit's naming loses
+		// its certainty.
+		var p [2]int
+		if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC|syscall.O_NONBLOCK); err != nil {
+			a.log.Warn().Err(err).Msg("no collateral pipe; failures are judged by exit order alone")
+		} else {
+			a.collR, a.coll = p[0], map[int]collateral.Report{}
+			collW = os.NewFile(uintptr(p[1]), "collateral")
+			defer syscall.Close(a.collR)
+		}
+	}
 	if spec.PMI != nil && len(spec.Ranks) > 0 {
 		if a.pmi, err = newSupervisorPMI(*spec.PMI, spec.Ranks, a.log); err != nil {
 			return err
@@ -286,7 +320,14 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		}
 	}()
 
-	a.startAll(spec.Ranks)
+	a.startAll(spec.Ranks, collW)
+	if collW != nil {
+		// os.StartProcess made the shared description blocking (File.Fd
+		// does); a rank must never block reporting, so make it
+		// non-blocking again for every holder, then drop our copy.
+		_ = syscall.SetNonblock(int(collW.Fd()), true)
+		collW.Close()
+	}
 	a.reap()
 	a.flush()
 
@@ -334,7 +375,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	}
 }
 
-func (a *supervisor) startAll(ranks []supervisorRank) {
+func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		devnull = nil
@@ -361,6 +402,16 @@ func (a *supervisor) startAll(ranks []supervisorRank) {
 			if pmiEnd != nil {
 				files = append(files, pmiEnd) // descriptor pmiRankFD
 			}
+		}
+		// An inherited value (gorun run from a rank of another gorun)
+		// names a descriptor this rank does not have; C's getenv and Go's
+		// return the first of duplicates, so it is removed, not shadowed.
+		env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+			return strings.HasPrefix(kv, rankenv.CollateralFD+"=")
+		})
+		if collW != nil {
+			env = append(env, rankenv.CollateralFD+"="+strconv.Itoa(len(files)))
+			files = append(files, collW)
 		}
 		p, err := startBound(cpus, func() (*os.Process, error) {
 			return os.StartProcess(r.Path, r.Argv, &os.ProcAttr{
@@ -527,6 +578,12 @@ func (a *supervisor) reap() {
 		a.ranks[i].running = false
 		a.running--
 		ev := supervisorEvent{Ev: "exited", Rank: a.ranks[i].rank, PID: pid}
+		// A report is written before the failing call returns, so before
+		// the exit just reaped: reading now finds it if there is one.
+		a.readCollateral()
+		if c, ok := a.coll[ev.Rank]; ok {
+			ev.Collateral, ev.Blame, ev.Err = true, c.Blame, c.Why
+		}
 		if ws.Signaled() {
 			ev.Signal = int(ws.Signal())
 		} else {
@@ -536,6 +593,41 @@ func (a *supervisor) reap() {
 			ev.Unfinalized = ev.Code == 0 && a.pmi.unfinalized(ev.Rank)
 		}
 		a.emit(ev)
+	}
+}
+
+// readCollateral reads every report waiting on the collateral pipe and
+// keeps each rank's first. It never blocks.
+func (a *supervisor) readCollateral() {
+	if a.collR < 0 {
+		return
+	}
+	var buf [16 << 10]byte
+	for {
+		n, err := syscall.Read(a.collR, buf[:])
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if n <= 0 {
+			return
+		}
+		a.collBuf = append(a.collBuf, buf[:n]...)
+		for {
+			i := bytes.IndexByte(a.collBuf, '\n')
+			if i < 0 {
+				break
+			}
+			if r, ok := collateral.Decode(a.collBuf[:i]); ok {
+				if _, seen := a.coll[r.Rank]; !seen {
+					a.coll[r.Rank] = r
+				}
+			}
+			a.collBuf = a.collBuf[i+1:]
+		}
+		if len(a.collBuf) > 64<<10 {
+			// Not a reporter's output (lines are < 4 KiB): drop it.
+			a.collBuf = nil
+		}
 	}
 }
 

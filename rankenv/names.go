@@ -84,3 +84,12 @@ const (
 	// GlooSocketIfname names the interface torch's gloo backend uses.
 	GlooSocketIfname = "GLOO_SOCKET_IFNAME"
 )
+
+// CollateralFD is the descriptor number of the write end of a pipe to the
+// rank's supervisor, set for every rank gorun starts. The gorun runtime
+// (comm) writes one line there when a communicator fails because a peer was
+// lost or aborted, before the call that failed returns: the supervisor then
+// knows that the rank's exit, whatever its code, is a consequence of
+// another rank's failure, and gorun's final line names the first cause
+// instead of whichever rank happened to exit first (internal/collateral).
+const CollateralFD = "GORUN_COLLATERAL_FD"

@@ -77,6 +77,11 @@ func (e *LostError) Is(target error) bool { return target == ErrLost }
 // Unwrap returns the cause.
 func (e *LostError) Unwrap() error { return e.Cause }
 
+// LostWorldRank returns Rank. Packages that must not depend on this one
+// (comm) find the lost member through this method: comm reports it to the
+// launcher as the rank its own failure is a consequence of.
+func (e *LostError) LostWorldRank() int { return e.Rank }
+
 // ErrDeclaredDead is the Cause of a loss seen by the failure detector: the
 // member stopped answering probes (crash, hang, or unreachable host) and did
 // not refute the suspicion in time.

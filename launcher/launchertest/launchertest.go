@@ -12,6 +12,8 @@ package launchertest
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"os"
@@ -21,6 +23,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gorun-hpc/gorun/comm"
+	grank "github.com/gorun-hpc/gorun/rank"
 )
 
 const (
@@ -75,8 +80,13 @@ func NewToken(name string) string {
 //	cat                copy stdin to stdout, then exit 0
 //	wait-usr1          print "ready", wait for SIGUSR1, print "usr1", exit 0
 //	args               print the arguments after argv[0] on one line, exit 0
-//	restart-aware      print "world R torch T job J" from GORUN_RESTART_COUNT,
-//	                   TORCHELASTIC_RESTART_COUNT and GORUN_JOB_ID; in
+//	allreduce          join the job's world communicator (package rank), run
+//	                   all-reduces in a loop, printing "ready" after the
+//	                   first; on the first error print it and exit 6 (a
+//	                   rank that gives up when a peer is lost)
+//	restart-aware      print "world R torch T job J key K" from GORUN_RESTART_COUNT,
+//	                   TORCHELASTIC_RESTART_COUNT, GORUN_JOB_ID and a hash of
+//	                   GORUN_SECRET; in
 //	                   world 0 print "ready" and hang, in later worlds exit 0
 //	ticker:MS          for MS milliseconds wake every 5 ms, then print
 //	                   "maxgap N" (the longest gap between wake-ups, in ms;
@@ -170,9 +180,13 @@ func runHelper(mode string) int {
 	case "args":
 		fmt.Println(strings.Join(os.Args[1:], " "))
 		return 0
+	case "allreduce":
+		return allReduceLoop(rank)
 	case "restart-aware":
 		w := os.Getenv("GORUN_RESTART_COUNT")
-		fmt.Printf("world %s torch %s job %s\n", w, os.Getenv("TORCHELASTIC_RESTART_COUNT"), os.Getenv("GORUN_JOB_ID"))
+		// The secret's hash, not the secret: a test compares worlds.
+		key := sha256.Sum256([]byte(os.Getenv("GORUN_SECRET")))
+		fmt.Printf("world %s torch %s job %s key %x\n", w, os.Getenv("TORCHELASTIC_RESTART_COUNT"), os.Getenv("GORUN_JOB_ID"), key[:6])
 		if w != "0" {
 			return 0
 		}
@@ -192,6 +206,30 @@ func runHelper(mode string) int {
 	}
 	fmt.Fprintf(os.Stderr, "launchertest: unknown helper mode %q\n", mode)
 	return 99
+}
+
+// allReduceLoop is the "allreduce" mode.
+func allReduceLoop(rankName string) int {
+	ctx := context.Background()
+	r, err := grank.Init(ctx, grank.DefaultOptions())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper: init:", err)
+		return 91
+	}
+	cm := r.Comm()
+	buf := make([]float64, 1<<14)
+	for i := 0; ; i++ {
+		if err = cm.AllReduce(ctx, comm.Float64s(buf), comm.Float64s(buf), comm.Sum).Wait(ctx); err != nil {
+			break
+		}
+		if i == 0 {
+			fmt.Printf("ready %s %d\n", rankName, os.Getpid())
+		}
+	}
+	fmt.Fprintf(os.Stderr, "helper: rank %s: %v\n", rankName, err)
+	r.Abort(err)
+	_ = r.Close()
+	return 6
 }
 
 // Survivors returns the pids of live processes whose environment carries

@@ -1,0 +1,110 @@
+// Package collateral carries one fact from a rank's runtime to its
+// supervisor: "this rank is failing because another rank was lost (or
+// aborted), not on its own". Without it the launcher sees only exit codes,
+// and with N ranks and one killed, the first exit it reaps is as often a
+// peer that gave up as the rank that died; the job's final line then named
+// the wrong rank.
+//
+// The channel is a pipe whose write end every rank inherits at the
+// descriptor named by rankenv.CollateralFD. A pipe rather than a socket or
+// file: it is private to the job's processes, needs no path to clean up,
+// and a write of at most PIPE_BUF bytes is atomic, so lines from ranks
+// writing at once never interleave. The supervisor reads it after each
+// rank it reaps (a report is written before the failing call returns, so
+// before the rank can exit), which makes "reported, then exited" a
+// certainty instead of a race.
+package collateral
+
+import (
+	"encoding/json"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"github.com/gorun-hpc/gorun/rankenv"
+)
+
+// Report is one line on the pipe.
+type Report struct {
+	// Rank is the world rank of the reporting process.
+	Rank int `json:"rank"`
+	// Blame is the world rank the reporter holds responsible (the peer it
+	// lost, or that aborted), -1 when it cannot tell.
+	Blame int `json:"blame"`
+	// Why is the runtime's error text, cut to fit one atomic write.
+	Why string `json:"why"`
+}
+
+// maxLine keeps a line within PIPE_BUF (4096 on Linux), so that concurrent
+// writers never interleave.
+const maxLine = 4096
+
+// Encode returns r as one line of at most maxLine bytes.
+func Encode(r Report) []byte {
+	for {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return nil
+		}
+		if len(b)+1 <= maxLine || r.Why == "" {
+			return append(b, '\n')
+		}
+		r.Why = r.Why[:len(r.Why)/2]
+	}
+}
+
+// Decode parses one line; ok is false for anything that is not a report.
+func Decode(line []byte) (Report, bool) {
+	var r Report
+	if err := json.Unmarshal(line, &r); err != nil || r.Rank < 0 {
+		return Report{}, false
+	}
+	return r, true
+}
+
+var (
+	fdOnce sync.Once
+	fd     = -1
+)
+
+// reportFD returns the inherited descriptor, or -1 when this process was
+// not started by gorun (or the descriptor is not a pipe any more). It is
+// marked close-on-exec on first use: programs the rank execs are not
+// gorun's runtime and must not inherit it.
+func reportFD() int {
+	fdOnce.Do(func() {
+		n, err := strconv.Atoi(os.Getenv(rankenv.CollateralFD))
+		if err != nil || n < 3 {
+			return
+		}
+		var st syscall.Stat_t
+		if syscall.Fstat(n, &st) != nil || st.Mode&syscall.S_IFMT != syscall.S_IFIFO {
+			// Closed, or reused for something else by the program:
+			// writing there would corrupt its file.
+			return
+		}
+		syscall.CloseOnExec(n)
+		fd = n
+	})
+	return fd
+}
+
+// Claim takes the inherited descriptor for this process's runtime: it
+// is marked close-on-exec at once, so that programs the rank starts later
+// do not inherit it. The runtime calls it when a communicator is made;
+// Tell works without it.
+func Claim() { reportFD() }
+
+// Tell writes r to the supervisor's pipe; a no-op outside gorun. It never
+// blocks: the pipe is non-blocking, and a full pipe (which one line per
+// failing rank cannot fill) loses the report rather than the rank.
+func Tell(r Report) {
+	n := reportFD()
+	if n < 0 {
+		return
+	}
+	if b := Encode(r); b != nil {
+		_, _ = syscall.Write(n, b)
+	}
+}
