@@ -69,6 +69,14 @@
 //     on the host and "host lost" in gorun. Above Config.FanoutThreshold
 //     hosts, host agents run further starters (a two-level tree). Inside a
 //     SLURM allocation one srun starts every host agent (Config.Starter).
+//   - Faults and restarts (inject.go, elastic.go): LaunchReport runs a
+//     job as a sequence of worlds, a new one (new job id, secret and
+//     ports) after a rank or host failure while --max-restarts allows.
+//     Parsing --inject specs and scheduling them against the plan is
+//     pure (inject.go); the job loop owns the clock and sends "inject"
+//     when one is due, and the supervisor that runs the target signals
+//     its process group (and sends the SIGCONT that ends a timed stop).
+//     The Report records every world and injection.
 //   - The supervisor (supervisor.go): the same executable re-run with an
 //     internal variable set; a child subreaper that is the parent of every
 //     rank and kills every descendant when its client dies, however it

@@ -41,14 +41,16 @@ const (
 // what the job did about it. Times are seconds from the start of the first
 // world. It is gorun's --report FILE, as JSON.
 type Report struct {
-	MaxRestarts int `json:"max_restarts"`
+	// Start is when the first world's launch began: the zero of every
+	// "_s" time below.
+	Start       time.Time `json:"start"`
+	MaxRestarts int       `json:"max_restarts"`
 	// Restarts is how many worlds followed the first.
 	Restarts int            `json:"restarts"`
 	Worlds   []WorldReport  `json:"worlds"`
 	Faults   []FaultReport  `json:"faults"`
 	Outcome  string         `json:"outcome"`
 	ExitCode int            `json:"exit_code"`
-	start    time.Time      // the first world's start
 	inj      []injection    // the schedule; nil until the first plan
 	faults   []Fault        // as given
 	horizon  time.Duration  // how far random faults are planned
@@ -138,7 +140,7 @@ func (w *worldRun) prepare(plan *Plan) error {
 }
 
 // since is the report's clock.
-func (rep *Report) since(t time.Time) float64 { return t.Sub(rep.start).Seconds() }
+func (rep *Report) since(t time.Time) float64 { return t.Sub(rep.Start).Seconds() }
 
 func ptr[T any](v T) *T { return &v }
 
@@ -158,7 +160,7 @@ func (w *worldRun) next() (injection, bool) {
 // due is how long until in is due (0 when it is late: a fault whose time
 // passed during a restart fires at the start of the next world).
 func (w *worldRun) due(in injection) time.Duration {
-	return max(0, in.at-time.Since(w.rep.start))
+	return max(0, in.at-time.Since(w.rep.Start))
 }
 
 // sent records that the job loop asked the supervisors to inject in.
@@ -254,6 +256,11 @@ func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
 		fired: map[int]bool{}, byID: map[int]int{}, Faults: []FaultReport{}, Worlds: []WorldReport{},
 	}
 	err := launchWorlds(ctx, cfg, job, rep)
+	for i := range rep.Faults {
+		if f := &rep.Faults[i]; f.Restart == nil {
+			f.Missed = "the job ended before it was due"
+		}
+	}
 	rep.Outcome = "succeeded"
 	if err != nil {
 		rep.Outcome = err.Error()
@@ -276,7 +283,7 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		rep.horizon = cfg.Timeout
 	}
 	id := DetectLocal()
-	rep.start = time.Now()
+	rep.Start = time.Now()
 	for restart := 0; ; restart++ {
 		j := job
 		n := strconv.Itoa(restart)
@@ -292,7 +299,7 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		rep.pending = map[int]string{}
 		if cfg.Timeout > 0 && restart > 0 {
 			// --timeout bounds the whole job, restarts included.
-			c.Timeout = cfg.Timeout - time.Since(rep.start)
+			c.Timeout = cfg.Timeout - time.Since(rep.Start)
 			if c.Timeout <= 0 {
 				c.Timeout = time.Nanosecond
 			}
@@ -345,8 +352,9 @@ func restartable(err error) bool {
 		se *StartError
 		hl *HostLostError
 		me *MPIError
+		ce *CollateralError
 	)
-	return errors.As(err, &re) || errors.As(err, &se) || errors.As(err, &hl) || errors.As(err, &me)
+	return errors.As(err, &re) || errors.As(err, &se) || errors.As(err, &hl) || errors.As(err, &me) || errors.As(err, &ce)
 }
 
 // exitCodeOf is the exit code gorun gives err (1 when it carries none).

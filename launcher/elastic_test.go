@@ -39,8 +39,9 @@ func TestInjectKillRestarts(t *testing.T) {
 		t.Fatalf("job failed: %v\n%s", err, j.stderr)
 	}
 	out := j.stdout.String()
-	re := regexp.MustCompile(`(?m)^\[(\d)\] world (\d) torch (\d) job (\w+)$`)
+	re := regexp.MustCompile(`(?m)^\[(\d)\] world (\d) torch (\d) job (\w+) key (\w+)$`)
 	jobs := map[string]string{} // world → job id
+	keys := map[string]string{} // world → hash of the secret
 	perWorld := map[string]int{}
 	for _, m := range re.FindAllStringSubmatch(out, -1) {
 		if m[2] != m[3] {
@@ -50,6 +51,7 @@ func TestInjectKillRestarts(t *testing.T) {
 			t.Errorf("world %s has two job ids %s and %s", m[2], id, m[4])
 		}
 		jobs[m[2]] = m[4]
+		keys[m[2]] = m[5]
 		perWorld[m[2]]++
 	}
 	if perWorld["0"] != 3 || perWorld["1"] != 3 || len(perWorld) != 2 {
@@ -57,6 +59,11 @@ func TestInjectKillRestarts(t *testing.T) {
 	}
 	if jobs["0"] == jobs["1"] {
 		t.Errorf("the restarted world kept job id %s: members of the old world would be accepted", jobs["0"])
+	}
+	// The rendezvous refuses a member with another job id or secret
+	// (rendezvous.TestForeignMemberRefused): both must change.
+	if keys["0"] == keys["1"] || keys["0"] == "" {
+		t.Errorf("the restarted world kept the job secret (hash %s)", keys["0"])
 	}
 	if rep.Restarts != 1 || len(rep.Worlds) != 2 || rep.Outcome != "succeeded" || rep.ExitCode != 0 {
 		t.Fatalf("report: %+v", rep)

@@ -13,6 +13,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"os"
@@ -83,8 +84,9 @@ func NewToken(name string) string {
 //	                   all-reduces in a loop, printing "ready" after the
 //	                   first; on the first error print it and exit 6 (a
 //	                   rank that gives up when a peer is lost)
-//	restart-aware      print "world R torch T job J" from GORUN_RESTART_COUNT,
-//	                   TORCHELASTIC_RESTART_COUNT and GORUN_JOB_ID; in
+//	restart-aware      print "world R torch T job J key K" from GORUN_RESTART_COUNT,
+//	                   TORCHELASTIC_RESTART_COUNT, GORUN_JOB_ID and a hash of
+//	                   GORUN_SECRET; in
 //	                   world 0 print "ready" and hang, in later worlds exit 0
 //	ticker:MS          for MS milliseconds wake every 5 ms, then print
 //	                   "maxgap N" (the longest gap between wake-ups, in ms;
@@ -182,7 +184,9 @@ func runHelper(mode string) int {
 		return allReduceLoop(rank)
 	case "restart-aware":
 		w := os.Getenv("GORUN_RESTART_COUNT")
-		fmt.Printf("world %s torch %s job %s\n", w, os.Getenv("TORCHELASTIC_RESTART_COUNT"), os.Getenv("GORUN_JOB_ID"))
+		// The secret's hash, not the secret: a test compares worlds.
+		key := sha256.Sum256([]byte(os.Getenv("GORUN_SECRET")))
+		fmt.Printf("world %s torch %s job %s key %x\n", w, os.Getenv("TORCHELASTIC_RESTART_COUNT"), os.Getenv("GORUN_JOB_ID"), key[:6])
 		if w != "0" {
 			return 0
 		}
