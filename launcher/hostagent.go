@@ -397,7 +397,12 @@ func rankDir(dir string) string {
 // descendant on this host, and return the reason).
 func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, pj *pmiJob, log zerolog.Logger, stderr io.Writer) error {
 	base := scrubLaunchEnv(filterEnv(os.Environ()))
-	p := &rankPipes{spec: supervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj}}
+	lease := job.Lease
+	if lease <= 0 {
+		lease = DefaultLease
+	}
+	p := &rankPipes{spec: supervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj,
+		ClientLease: lease}}
 	defer p.closeChildEnds()
 	var stdin *stdinQueue
 	for _, rr := range ranks {
@@ -492,10 +497,6 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	// which waits for the last output so gorun has it all when it sees
 	// the host finish.
 	doneEv := make(chan supervisorEvent, 1)
-	lease := job.Lease
-	if lease <= 0 {
-		lease = DefaultLease
-	}
 	// The supervisor's lease: silent (stopped, hung) past it, it is
 	// killed, its event pipe ends and the loop below sees it lost.
 	readerDone := make(chan struct{})
@@ -525,6 +526,20 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	stopPing := make(chan struct{})
 	defer close(stopPing)
 	wg.Go(func() { pinger(w, lease/4, stopPing) })
+	// The supervisor's lease on this agent (ClientLease): a stopped
+	// agent stops pinging, and its ranks die without it.
+	wg.Go(func() {
+		t := time.NewTicker(lease / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopPing:
+				return
+			case <-t.C:
+				_ = sup.send(supervisorCmd{Op: "ping"})
+			}
+		}
+	})
 	check := time.NewTicker(lease / 8)
 	defer check.Stop()
 	var lost error

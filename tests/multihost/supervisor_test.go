@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
 )
 
 // A remote host's supervisor killed (SIGKILL) or frozen (SIGSTOP) while
@@ -68,4 +70,35 @@ func supervisorPid(t *testing.T, agent int) int {
 	}
 	t.Fatalf("no supervisor under host agent %d", agent)
 	return 0
+}
+
+// A host agent frozen (SIGSTOP) ends the job naming its host, and its
+// ranks die without it: the supervisor's lease on the agent runs out.
+// Before, they ran on until the agent was continued.
+func TestHostAgentStopKillsItsRanks(t *testing.T) {
+	h := requireHosts(t)
+	j := newJob(t, h, 2, "setsid-grandchild", nil)
+	if err := j.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, j, 8)
+	victim := h.Hosts[1]
+	agent := agentPid(t, victim)
+	if err := syscall.Kill(agent, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	// However the test ends, the agent is not left stopped.
+	defer syscall.Kill(agent, syscall.SIGCONT)
+	code := j.wait()
+	if code != 255 || !strings.Contains(j.stderr.String(), "gorun: lost host "+victim+": ") {
+		t.Errorf("exit %d, stderr:\n%s", code, j.stderr.String())
+	}
+	// Checked while the agent is still stopped: the ranks and their
+	// children must not wait for it.
+	if !launchertest.WaitFor(30*time.Second, func() bool { return len(launchertest.Survivors(j.token)) == 0 }) {
+		t.Errorf("ranks survive while their host agent is stopped: %v", launchertest.Survivors(j.token))
+	}
+	// Continued, the agent finds its job over and leaves.
+	_ = syscall.Kill(agent, syscall.SIGCONT)
+	j.noSurvivors()
 }
