@@ -3,6 +3,8 @@ package launcher
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -34,9 +36,18 @@ func TestInjectKillRestarts(t *testing.T) {
 	j := newJobRun(t, 3, "restart-aware", nil)
 	j.job.Faults = mustFaults(t, "kill:rank=1:at=300ms")
 	j.job.MaxRestarts = 2
+	j.cfg.OutputDir = t.TempDir()
 	rep, err := j.launchReport(context.Background())
 	if err != nil {
 		t.Fatalf("job failed: %v\n%s", err, j.stderr)
+	}
+	// The logs keep the failed world's output, then the new world's.
+	log1, err := os.ReadFile(filepath.Join(j.cfg.OutputDir, "rank.1.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?s)world 0 torch 0 .*\n--- gorun: restart 1 \(job \w+\) ---\nworld 1 torch 1 `).Match(log1) {
+		t.Errorf("rank.1.log does not hold both worlds:\n%s", log1)
 	}
 	out := j.stdout.String()
 	re := regexp.MustCompile(`(?m)^\[(\d)\] world (\d) torch (\d) job (\w+) key (\w+)$`)
