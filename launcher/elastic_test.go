@@ -183,3 +183,26 @@ func TestNoRestartAfterTimeout(t *testing.T) {
 		t.Fatalf("err = %v restarts %d, want a timeout and no restart", err, rep.Restarts)
 	}
 }
+
+// A rank frozen for good (stop without for=) mid all-reduce: its peers'
+// runtimes notice, the world fails (every failure collateral: a
+// *CollateralError), and the job restarts and completes. Flat gossip:
+// in the default host-leader mode a frozen attached rank is not detected
+// (issue 17's first finding; this test hung 30 s there), which is the
+// runtime's to fix, not the launcher's.
+func TestInjectFrozenRankRestarts(t *testing.T) {
+	j := newJobRun(t, 3, "restart-aware:allreduce", nil)
+	j.cfg.Env = append(j.cfg.Env, "GORUN_RDZV_FLAT=1")
+	j.job.Faults = mustFaults(t, "stop:rank=1:at=500ms")
+	j.job.MaxRestarts = 1
+	start := time.Now()
+	rep, err := j.launchReport(context.Background())
+	if err != nil {
+		t.Fatalf("job failed: %v\n%s", err, j.stderr)
+	}
+	f := rep.Faults[0]
+	if rep.Restarts != 1 || f.InjectedAt == nil || f.DetectedAt == nil || f.Action != "restarted" {
+		t.Fatalf("report %+v, fault %+v", rep, f)
+	}
+	t.Logf("frozen → detected %.3fs (%s), job done in %s; world 0: %s", *f.TimeToDetect, f.DetectedBy, time.Since(start), rep.Worlds[0].Result)
+}
