@@ -135,7 +135,8 @@ type Config struct {
 	// from 16 to 1024 members.
 	SuspicionTimeout time.Duration
 	// RetransmitMult sets how many times a gossip message is retransmitted
-	// (RetransmitMult · log10(size+1)).
+	// (RetransmitMult · ceil(log10(size+1)), raised to at least 6 in small
+	// worlds: see minRetransmits).
 	RetransmitMult int
 	// IndirectChecks is the number of members asked to probe a member that
 	// missed a direct probe.
@@ -192,9 +193,11 @@ func DefaultConfig() Config {
 		// Long enough to survive a short GC or scheduling pause of the
 		// suspected process (it refutes when it hears the suspicion).
 		SuspicionTimeout: 800 * time.Millisecond,
-		// Every receiver relays a message too, so 2 still reaches every
-		// member; 4 (memberlist's LAN default) made the join gossip at
-		// formation cost twice the CPU at 256 members in one process.
+		// Every receiver relays a message too; 4 (memberlist's LAN
+		// default) made the join gossip at formation cost twice the CPU
+		// at 256 members in one process. Below 100 members 2 is too few
+		// for a death to reach everyone: memberlistConfig raises it
+		// there (minRetransmits).
 		RetransmitMult: 2,
 		IndirectChecks: 3,
 		TCPTimeout:     2 * time.Second,
@@ -316,6 +319,26 @@ func (c *Config) suspicionMult(n int) int {
 	return max(m, 1)
 }
 
+// minRetransmits is the fewest times every member passes on a gossip
+// message (a suspicion, a death). memberlist's limit is RetransmitMult ·
+// ceil(log10(n+1)), so RetransmitMult 2 gives 6 at 256 members but only 4 at
+// 10 to 99. Measured at 64 members (fake clock, TestScaleTable, one member
+// cut off): with 4, 7 of 160 runs had a member that heard none of the
+// death's gossip and found the dead member by its own probe round, 3.8 to
+// 24 s after the cut instead of about 1 s; with 6 (RetransmitMult 3), the
+// slowest of 210 runs saw it in 1.9 s. Small worlds gossip little, so the
+// extra sends cost little; from 100 members on RetransmitMult 2 already
+// gives 6, and 4 there doubled the real time of a 256-member test world.
+const minRetransmits = 6
+
+// retransmitMult is memberlist's RetransmitMult for a gossip of n members:
+// c.RetransmitMult, raised where memberlist's limit would stay below
+// minRetransmits.
+func (c *Config) retransmitMult(n int) int {
+	logN := int(math.Ceil(math.Log10(float64(n + 1))))
+	return max(c.RetransmitMult, (minRetransmits+logN-1)/logN)
+}
+
 // nodeName is the memberlist name of a rank: unique per (job, rank), so two
 // processes claiming one rank collide by name and memberlist reports the
 // conflict (see world.NotifyConflict).
@@ -334,13 +357,13 @@ func (c *Config) memberlistConfig() *memberlist.Config {
 	mc.GossipNodes = c.GossipNodes
 	mc.SuspicionMult = c.suspicionMult(c.gossipSize())
 	mc.SuspicionMaxTimeoutMult = 1
-	mc.RetransmitMult = c.RetransmitMult
+	mc.RetransmitMult = c.retransmitMult(c.gossipSize())
 	if c.hierarchical() {
 		// One member per host: the gossip is small, so afford
 		// memberlist's LAN default. With 2 a leader's death missed one
 		// of 64 leaders in about 1 run of 20 (it then found out by its
 		// own probe round, 11 s later); with 4, in none of 60.
-		mc.RetransmitMult = max(c.RetransmitMult, 4)
+		mc.RetransmitMult = max(mc.RetransmitMult, 4)
 	}
 	mc.IndirectChecks = c.IndirectChecks
 	mc.TCPTimeout = c.TCPTimeout
