@@ -134,10 +134,22 @@ func (e *InterruptedError) ExitCode() int { return 128 + int(e.Signal) }
 // protocol; the ranks it watched are lost (they die with it: Pdeathsig).
 type SupervisorError struct {
 	Err error
+	// Ranks is the number of ranks still running when it was lost.
+	Ranks int
+	// Leftovers is the number of processes of the job (ranks' children in
+	// other sessions) that gorun found and killed after the loss.
+	Leftovers int
 }
 
 func (e *SupervisorError) Error() string {
-	return fmt.Sprintf("launcher: job supervisor failed: %v", e.Err)
+	s := fmt.Sprintf("launcher: job supervisor failed: %v", e.Err)
+	if e.Ranks > 0 {
+		s += fmt.Sprintf("; %d running %s killed", e.Ranks, plural(e.Ranks, "rank", "ranks"))
+	}
+	if e.Leftovers > 0 {
+		s += fmt.Sprintf("; %d leftover %s of the job killed", e.Leftovers, plural(e.Leftovers, "process", "processes"))
+	}
+	return s
 }
 
 func (e *SupervisorError) Unwrap() error { return e.Err }

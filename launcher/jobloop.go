@@ -375,18 +375,23 @@ func (r *jobLoop) run(ctx context.Context) error {
 			stopped++
 		}
 	}
+	lostRanks := 0
 	if supErr != nil {
 		// The ranks died with the supervisor (Pdeathsig); their process groups
 		// may still hold children, which nobody else will stop now.
 		for _, st := range ranks {
 			if st.pid > 0 && !st.exited {
+				lostRanks++
 				r.home.killGroup(st.pid)
 			}
 		}
 	}
 	switch {
-	case supErr != nil && reason == notStopping:
-		return &SupervisorError{Err: supErr}
+	case supErr != nil && reason != stopFailure:
+		// Even when gorun was already stopping the job (a signal, the
+		// timeout), losing the supervisor is the news: the ranks did not
+		// end the way gorun asked.
+		return &SupervisorError{Err: supErr, Ranks: lostRanks}
 	case reason == stopTimeout:
 		return &TimeoutError{After: r.cfg.Timeout, Stopped: stopped}
 	case reason == stopSignal:

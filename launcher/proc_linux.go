@@ -2,10 +2,17 @@ package launcher
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"os"
 	"strconv"
+	"sync"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun-hpc/gorun/rankenv"
 )
 
 // setChildSubreaper makes orphaned descendants of the calling process
@@ -94,4 +101,61 @@ func closeOnExecAbove(minFD int) {
 			unix.CloseOnExec(fd)
 		}
 	}
+}
+
+var subreaperOnce sync.Once
+
+// adoptOrphans makes this process a child subreaper, once: when a job's
+// supervisor dies (SIGKILL, the OOM killer), the processes its ranks left
+// in other sessions are orphaned, and they come to the nearest subreaper
+// above them — this process, instead of init, where nothing would find
+// them. killLeftovers then ends them. The setting is process-wide and
+// stays: orphans of anything this process started come here, which is
+// harmless (killLeftovers reaps what it kills; other zombies go with the
+// process).
+func adoptOrphans() {
+	subreaperOnce.Do(func() { _ = setChildSubreaper() })
+}
+
+// killLeftovers SIGKILLs and reaps the descendants of this process that
+// carry job's GORUN_JOB_ID — what survived a supervisor that died before
+// it could kill them — and returns how many it found. It is the backstop
+// behind the supervisor's own descendant scan, so it may rely on the
+// environment marker (a process that cleared its environment escapes it);
+// it gives up after a bounded time.
+func killLeftovers(jobID string) int {
+	needle := []byte(rankenv.JobID + "=" + jobID + "\x00")
+	found := map[int]bool{}
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		var left []int
+		for _, pid := range descendants(os.Getpid()) {
+			env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+			if err == nil && bytes.Contains(append(env, 0), needle) {
+				left = append(left, pid)
+			}
+		}
+		for _, pid := range left {
+			found[pid] = true
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if len(left) == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Reap those that are our children now (adopted orphans), or they
+	// stay zombies as long as this process lives; a pid that is not ours
+	// answers ECHILD.
+	for pid := range found {
+		for time.Now().Before(deadline) {
+			var ws syscall.WaitStatus
+			wpid, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+			if wpid == pid || (err != nil && !errors.Is(err, syscall.EINTR)) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return len(found)
 }

@@ -2,9 +2,13 @@ package launcher
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -69,6 +73,9 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 			return err
 		}
 	}
+	// Before the supervisor starts: should it die, what its ranks left in
+	// other sessions comes here rather than to init (killLeftovers).
+	adoptOrphans()
 	sup, err := startSupervisor(cfg.SupervisorPath, p.extra, cfg.Stderr)
 	if err != nil {
 		p.closeStreams()
@@ -82,7 +89,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	in.start()
 
 	ports.Release()
-	home := newLocalHome(sup, len(plan.Ranks))
+	home := newLocalHome(sup, len(plan.Ranks), cfg.Lease)
 	if err := sup.send(p.spec); err != nil {
 		home.sendErr = err
 	}
@@ -103,6 +110,17 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	_ = sup.wait()
 	home.wg.Wait()
 	sup.closeEvents()
+	// A supervisor that reported "done" left nothing; one that died did
+	// not kill what the ranks started in other sessions (Pdeathsig ends
+	// only the ranks). Those were adopted by this process: end them now,
+	// before waiting on the output pipes they may hold.
+	if n := killLeftovers(plan.JobID); n > 0 {
+		cfg.Logger.Warn().Int("processes", n).Msg("killed processes the job left after its supervisor was lost")
+		var se *SupervisorError
+		if errors.As(err, &se) {
+			se.Leftovers = n
+		}
+	}
 	streamsDone := make(chan struct{})
 	go func() {
 		out.wait()
@@ -135,16 +153,31 @@ type localHome struct {
 	// sendErr is set before the loop starts when the spec could not be
 	// sent: the supervisor is gone, and this says how.
 	sendErr error
-	wg      sync.WaitGroup // the event reader
+	wg      sync.WaitGroup // the event reader and the lease watcher
+	// silent is set by the lease watcher when it killed a silent
+	// supervisor, to how long it had been silent; read after the event
+	// channel closed (the reader closes it after the kill's EOF).
+	silent atomic.Int64
+	lease  time.Duration
 }
 
 var _ rankHome = (*localHome)(nil)
 
-func newLocalHome(sup *supervisorClient, ranks int) *localHome {
-	h := &localHome{sup: sup, ch: make(chan supervisorEvent, 4*ranks+4)}
+func newLocalHome(sup *supervisorClient, ranks int, lease time.Duration) *localHome {
+	if lease <= 0 {
+		lease = DefaultLease
+	}
+	h := &localHome{sup: sup, ch: make(chan supervisorEvent, 4*ranks+4), lease: lease}
+	readerDone := make(chan struct{})
 	h.wg.Go(func() {
 		defer close(h.ch)
+		defer close(readerDone)
 		sup.readEvents(func(ev supervisorEvent) { h.ch <- ev })
+	})
+	h.wg.Go(func() {
+		if d := sup.watchLease(lease, readerDone); d > 0 {
+			h.silent.Store(int64(d))
+		}
 	})
 	return h
 }
@@ -152,7 +185,39 @@ func newLocalHome(sup *supervisorClient, ranks int) *localHome {
 func (h *localHome) events() <-chan supervisorEvent { return h.ch }
 func (h *localHome) supervisors() int               { return 1 }
 func (h *localHome) command(c supervisorCmd)        { _ = h.sup.send(c) }
-func (h *localHome) lostWhy() error                 { return h.sendErr }
+
+// lostWhy names how the supervisor was lost: the spec could not be sent,
+// it was silent past its lease (stopped or hung) and gorun killed it, or
+// it died on its own — by a signal, usually, since it never exits before
+// reporting "done" otherwise.
+func (h *localHome) lostWhy() error {
+	if h.sendErr != nil {
+		return h.sendErr
+	}
+	pid := h.sup.cmd.Process.Pid
+	if d := time.Duration(h.silent.Load()); d > 0 {
+		return fmt.Errorf("supervisor (pid %d) was silent for %s, past its lease of %s (stopped or hung); gorun killed it and its ranks",
+			pid, d.Round(time.Millisecond), h.lease)
+	}
+	// Its event pipe ended, so it exited or is about to: wait briefly
+	// to learn how.
+	waited := make(chan error, 1)
+	h.wg.Go(func() { waited <- h.sup.wait() })
+	select {
+	case err := <-waited:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				return fmt.Errorf("supervisor (pid %d) was killed by signal %d (%s); its ranks died with it", pid, int(ws.Signal()), ws.Signal())
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("supervisor (pid %d) exited before reporting the end of the job: %v", pid, err)
+		}
+	case <-time.After(time.Second):
+	}
+	return fmt.Errorf("supervisor (pid %d) exited before reporting the end of the job", pid)
+}
 
 // killGroup SIGKILLs the group directly: the supervisor that would have
 // is gone, and the group may still hold a rank's children.

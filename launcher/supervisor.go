@@ -54,6 +54,11 @@ import (
 // not go through the supervisor: each rank's stdout and stderr are pipes that gorun created and
 // passed down as inherited descriptors.
 
+// beatEvery is how often a supervisor says it is alive (a "beat" event)
+// when it has nothing else to say; clients kill a supervisor silent for
+// their lease (Config.Lease, seconds): a twentieth of the default.
+const beatEvery = 200 * time.Millisecond
+
 // supervisorEnv marks a process as the per-job supervisor. It is a
 // gorun-internal name, not part of the rank environment contract.
 const supervisorEnv = "GORUN_INTERNAL_SUPERVISOR"
@@ -335,6 +340,10 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	// SIGCHLD; it costs nothing measurable at this rate.
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
+	// The lease: a "beat" at least every beatEvery, so that a client
+	// that hears nothing for its lease knows this process is stopped or
+	// hung, not merely quiet (supervisorClient.watchLease).
+	lastBeat := time.Now()
 	for {
 		if a.running == 0 && a.finishStrays() {
 			a.emit(supervisorEvent{Ev: "done", Strays: a.strays})
@@ -365,6 +374,10 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 				a.killAll()
 			}
 		case <-tick.C:
+			if now := time.Now(); now.Sub(lastBeat) >= beatEvery {
+				lastBeat = now
+				a.emit(supervisorEvent{Ev: "beat"})
+			}
 			a.reap()
 			a.sendConts(time.Now())
 			if a.killing {

@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // The client side of the per-job supervisor (supervisor.go), shared by the
@@ -36,6 +38,12 @@ type supervisorClient struct {
 
 	waitOnce sync.Once
 	waitErr  error
+
+	// lastHeard is when the event reader last read a line (UnixNano);
+	// delivering is set while it hands an event on, which a slow reader
+	// may hold up: neither counts as the supervisor's silence.
+	lastHeard  atomic.Int64
+	delivering atomic.Bool
 }
 
 // errSupervisorClosed is send's answer after closeCommands.
@@ -85,7 +93,36 @@ func startSupervisor(path string, extra []*os.File, stderr io.Writer) (*supervis
 		evR.Close()
 		return nil, &SupervisorError{Err: err}
 	}
-	return &supervisorClient{cmd: cmd, ctrl: ctrlW, evR: evR}, nil
+	s := &supervisorClient{cmd: cmd, ctrl: ctrlW, evR: evR}
+	s.lastHeard.Store(time.Now().UnixNano())
+	return s, nil
+}
+
+// watchLease SIGKILLs the supervisor once it has been silent — no event,
+// not even its beat — for longer than lease, and returns how long it was
+// silent then; it returns 0 when done closes first. A supervisor that is
+// stopped (SIGSTOP, a debugger) or hung would otherwise keep its ranks
+// running and gorun waiting, deaf to the commands a second Ctrl-C sends:
+// SIGKILL ends even a stopped process, its ranks follow (Pdeathsig), and
+// its event pipe closes, which is how the client learns the end.
+func (s *supervisorClient) watchLease(lease time.Duration, done <-chan struct{}) time.Duration {
+	t := time.NewTicker(lease / 8)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return 0
+		case <-t.C:
+		}
+		if s.delivering.Load() {
+			s.lastHeard.Store(time.Now().UnixNano())
+			continue
+		}
+		if silent := time.Since(time.Unix(0, s.lastHeard.Load())); silent > lease {
+			_ = s.cmd.Process.Kill()
+			return silent
+		}
+	}
 }
 
 // send writes one protocol message (the spec, then commands) as a JSON
@@ -120,7 +157,19 @@ func (s *supervisorClient) closeCommands() {
 // readEvents decodes the supervisor's event lines and hands each to f
 // until the event pipe ends (the supervisor exited). Lines that do not
 // decode are skipped: the supervisor writes nothing else on it.
-func (s *supervisorClient) readEvents(f func(supervisorEvent)) { readEvents(s.evR, f) }
+// Beats only feed the lease (watchLease); they are not handed on.
+func (s *supervisorClient) readEvents(f func(supervisorEvent)) {
+	readEvents(s.evR, func(ev supervisorEvent) {
+		s.lastHeard.Store(time.Now().UnixNano())
+		if ev.Ev == "beat" {
+			return
+		}
+		s.delivering.Store(true)
+		f(ev)
+		s.lastHeard.Store(time.Now().UnixNano())
+		s.delivering.Store(false)
+	})
+}
 
 // readEvents decodes event lines from r until EOF.
 func readEvents(r io.Reader, f func(supervisorEvent)) {

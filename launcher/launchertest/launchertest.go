@@ -87,7 +87,8 @@ func NewToken(name string) string {
 //	restart-aware      print "world R torch T job J key K" from GORUN_RESTART_COUNT,
 //	                   TORCHELASTIC_RESTART_COUNT, GORUN_JOB_ID and a hash of
 //	                   GORUN_SECRET; in
-//	                   world 0 print "ready" and hang, in later worlds exit 0
+//	                   world 0 print "ready" and hang (restart-aware:allreduce:
+//	                   run the allreduce mode instead), in later worlds exit 0
 //	ticker:MS          for MS milliseconds wake every 5 ms, then print
 //	                   "maxgap N" (the longest gap between wake-ups, in ms;
 //	                   a stopped rank shows its stop), exit 0
@@ -189,6 +190,9 @@ func runHelper(mode string) int {
 		fmt.Printf("world %s torch %s job %s key %x\n", w, os.Getenv("TORCHELASTIC_RESTART_COUNT"), os.Getenv("GORUN_JOB_ID"), key[:6])
 		if w != "0" {
 			return 0
+		}
+		if arg == "allreduce" {
+			return allReduceLoop(rank)
 		}
 		fmt.Printf("ready %s %d\n", rank, os.Getpid())
 		select {}
