@@ -83,7 +83,9 @@ type FaultReport struct {
 	Host   string `json:"host,omitempty"`
 	// PlannedAt is when it was due; InjectedAt when the supervisor sent the
 	// signal (in Restart's world); ContinuedAt when a stop with for= ended.
-	PlannedAt   float64  `json:"planned_at_s"`
+	PlannedAt float64 `json:"planned_at_s"`
+	// SentAt is when gorun asked the supervisors to inject it.
+	SentAt      *float64 `json:"sent_at_s,omitempty"`
 	Restart     *int     `json:"restart,omitempty"`
 	InjectedAt  *float64 `json:"injected_at_s,omitempty"`
 	PIDs        []int    `json:"pids,omitempty"`
@@ -168,6 +170,7 @@ func (w *worldRun) sent(in injection) {
 	w.rep.fired[in.id] = true
 	f := &w.rep.Faults[w.rep.byID[in.id]]
 	f.Restart = ptr(w.restart)
+	f.SentAt = ptr(w.rep.since(time.Now()))
 	f.Missed = "no supervisor answered (the world ended first)"
 	w.rep.pending[in.id] = ""
 }
@@ -206,11 +209,17 @@ func (w *worldRun) failed(what string, t time.Time) {
 	}
 	for id := range w.rep.pending {
 		f := &w.rep.Faults[w.rep.byID[id]]
-		if f.InjectedAt == nil || f.DetectedAt != nil {
+		if f.DetectedAt != nil {
 			continue
 		}
+		from := f.InjectedAt
+		if from == nil {
+			// A killed host's agent may die before relaying the
+			// supervisor's answer: count from the request.
+			from = f.SentAt
+		}
 		at := w.rep.since(t)
-		f.DetectedAt, f.DetectedBy, f.TimeToDetect = ptr(at), what, ptr(at-*f.InjectedAt)
+		f.DetectedAt, f.DetectedBy, f.TimeToDetect = ptr(at), what, ptr(at-*from)
 	}
 }
 

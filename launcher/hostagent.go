@@ -497,6 +497,14 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 				return
 			}
 			_ = w.send(wireMsg{T: "event", Event: &ev})
+			if ev.Ev == "injected" && ev.KillHost && ev.Err == "" {
+				// An injected kill-host (inject.go): the ranks are
+				// signaled and gorun has the event; now this host's agent
+				// dies as a crashed machine's would, without a word. Its
+				// supervisor sees its command pipe end and kills what is
+				// left; gorun sees the connection drop: "host lost".
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
 		})
 		if last != nil {
 			doneEv <- *last

@@ -30,7 +30,9 @@ import (
 //	kill:rank=2:at=2s[:sig=TERM]     signal one rank (SIGKILL by default)
 //	stop:rank=1:at=1s[:for=5s]       SIGSTOP one rank; SIGCONT after for=
 //	cont:rank=1:at=6s                SIGCONT one rank
-//	kill-host:host=h2:at=3s[:sig=]   signal every rank of one host
+//	kill-host:host=h2:at=3s[:sig=]   signal every rank of one host; in a
+//	                                 multi-host job its host agent then
+//	                                 kills itself (the host is lost)
 //	random:mtbf=10s:seed=7[:sig=]    kill a random rank at exponentially
 //	                                 distributed times, mean mtbf; the same
 //	                                 seed gives the same times and ranks

@@ -325,7 +325,8 @@ func (r *jobLoop) run(ctx context.Context) error {
 			stop(stopTimeout, syscall.SIGTERM)
 		case <-injC:
 			world.sent(injNext)
-			r.home.command(supervisorCmd{Op: "inject", Ranks: injNext.ranks, Signal: int(injNext.sig), For: injNext.cont, Fault: injNext.id})
+			r.home.command(supervisorCmd{Op: "inject", Ranks: injNext.ranks, Signal: int(injNext.sig), For: injNext.cont, Fault: injNext.id,
+				KillHost: injNext.kind == FaultKillHost})
 			armInjection()
 		case <-grace:
 			grace = nil

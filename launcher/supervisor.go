@@ -118,8 +118,13 @@ type supervisorCmd struct {
 	// Ranks that this supervisor runs, answering an "injected" event per
 	// rank, and after For (when set) SIGCONT, answered by "fault-cont".
 	// Fault is the injection's id, echoed in the events.
-	For   time.Duration `json:"for,omitempty"`
-	Fault int           `json:"fault,omitempty"`
+	// KillHost marks a kill-host injection: the supervisor echoes it in
+	// its "injected" events, and a host agent relaying one kills itself,
+	// so that the host is gone whole: ranks, agent, and with the agent's
+	// connection, the host as gorun sees it.
+	For      time.Duration `json:"for,omitempty"`
+	Fault    int           `json:"fault,omitempty"`
+	KillHost bool          `json:"kill_host,omitempty"`
 }
 
 // supervisorEvent is a message from the supervisor.
@@ -151,7 +156,8 @@ type supervisorEvent struct {
 	Blame      int  `json:"blame,omitempty"`
 	// Fault is the injection an "injected" or "fault-cont" event answers;
 	// Err is set on "injected" when the rank was not running.
-	Fault int `json:"fault,omitempty"`
+	Fault    int  `json:"fault,omitempty"`
+	KillHost bool `json:"kill_host,omitempty"`
 	// node is the plan node whose host agent relayed the event (multi-host
 	// jobs); set by gorun, never sent. A "lost" event, made by gorun, says
 	// that node's host agent is gone (Err says how).
@@ -524,7 +530,7 @@ func (a *supervisor) inject(c supervisorCmd) {
 			if r.rank != want {
 				continue
 			}
-			ev := supervisorEvent{Ev: "injected", Rank: r.rank, PID: r.pid, Signal: c.Signal, Fault: c.Fault}
+			ev := supervisorEvent{Ev: "injected", Rank: r.rank, PID: r.pid, Signal: c.Signal, Fault: c.Fault, KillHost: c.KillHost}
 			if !r.running {
 				ev.Err = "rank " + strconv.Itoa(r.rank) + " had already exited"
 				a.emit(ev)
