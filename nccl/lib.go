@@ -155,8 +155,25 @@ func Open(cfg LibraryConfig) (*Library, error) {
 	return l, nil
 }
 
+// dlopen is purego.Dlopen on one OS thread. dlerror's message is per
+// thread and purego reads it in a second call, so a goroutine moved to
+// another thread in between reported an empty reason ("cannot load
+// libcuda.so.1 (...): " and nothing after; seen in TestGPUPathEndToEnd).
+func dlopen(name string) (uintptr, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+}
+
+// dlsym is purego.Dlsym on one OS thread, for dlerror as in dlopen.
+func dlsym(h uintptr, name string) (uintptr, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return purego.Dlsym(h, name)
+}
+
 func sym(h uintptr, lib, what, name string, dst *uintptr) error {
-	p, err := purego.Dlsym(h, name)
+	p, err := dlsym(h, name)
 	if err != nil {
 		return &LoadError{Library: lib, What: what, Symbol: name, Err: err}
 	}
@@ -167,7 +184,7 @@ func sym(h uintptr, lib, what, name string, dst *uintptr) error {
 func (l *Library) loadCUDA() error {
 	const what = "the NVIDIA driver's CUDA library"
 	name := l.cfg.CUDA
-	h, err := purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	h, err := dlopen(name)
 	if err != nil {
 		return &LoadError{Library: name, What: what, Err: err}
 	}
@@ -217,7 +234,7 @@ func (l *Library) loadCUDA() error {
 func (l *Library) loadNCCL() error {
 	const what = "NCCL"
 	name := l.cfg.NCCL
-	h, err := purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+	h, err := dlopen(name)
 	if err != nil {
 		return &LoadError{Library: name, What: what, Err: err}
 	}
