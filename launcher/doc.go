@@ -49,6 +49,11 @@
 //     gorun did not send is a cause even during the teardown; when every
 //     failure is collateral, the line names the rank the reports blame
 //     (CollateralError).
+//     A supervisor beats every 200 ms; its client (gorun, a host agent)
+//     SIGKILLs one silent past Config.Lease (stopped or hung), and gorun
+//     and host agents are child subreapers that kill the job's leftover
+//     processes (by GORUN_JOB_ID) when a supervisor died. A host agent's
+//     supervisor also leases the agent (pings on its command pipe).
 //   - The supervisor's client (supervisorclient.go) is shared by RunLocal
 //     and the host agent: rankPipes builds the spec and one pipe per rank
 //     stream, startSupervisor starts the process, and the client sends the

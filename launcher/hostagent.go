@@ -397,7 +397,12 @@ func rankDir(dir string) string {
 // descendant on this host, and return the reason).
 func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, pj *pmiJob, log zerolog.Logger, stderr io.Writer) error {
 	base := scrubLaunchEnv(filterEnv(os.Environ()))
-	p := &rankPipes{spec: supervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj}}
+	lease := job.Lease
+	if lease <= 0 {
+		lease = DefaultLease
+	}
+	p := &rankPipes{spec: supervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj,
+		ClientLease: lease}}
 	defer p.closeChildEnds()
 	var stdin *stdinQueue
 	for _, rr := range ranks {
@@ -420,6 +425,9 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 			return err
 		}
 	}
+	// What the ranks leave in other sessions when the supervisor dies
+	// comes to this agent, not init; killLeftovers ends it below.
+	adoptOrphans()
 	sup, err := startSupervisor("", p.extra, stderr)
 	p.closeChildEnds()
 	if err != nil {
@@ -489,7 +497,17 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	// which waits for the last output so gorun has it all when it sees
 	// the host finish.
 	doneEv := make(chan supervisorEvent, 1)
+	// The supervisor's lease: silent (stopped, hung) past it, it is
+	// killed, its event pipe ends and the loop below sees it lost.
+	readerDone := make(chan struct{})
+	var supSilent atomic.Int64
 	wg.Go(func() {
+		if d := sup.watchLease(lease, readerDone); d > 0 {
+			supSilent.Store(int64(d))
+		}
+	})
+	wg.Go(func() {
+		defer close(readerDone)
 		var last *supervisorEvent
 		sup.readEvents(func(ev supervisorEvent) {
 			if ev.Ev == "done" {
@@ -512,14 +530,24 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 		close(doneEv)
 	})
 
-	lease := job.Lease
-	if lease <= 0 {
-		lease = DefaultLease
-	}
 	w.writeTimeout = lease
 	stopPing := make(chan struct{})
 	defer close(stopPing)
 	wg.Go(func() { pinger(w, lease/4, stopPing) })
+	// The supervisor's lease on this agent (ClientLease): a stopped
+	// agent stops pinging, and its ranks die without it.
+	wg.Go(func() {
+		t := time.NewTicker(lease / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopPing:
+				return
+			case <-t.C:
+				_ = sup.send(supervisorCmd{Op: "ping"})
+			}
+		}
+	})
 	check := time.NewTicker(lease / 8)
 	defer check.Stop()
 	var lost error
@@ -534,6 +562,16 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 		case ev, ok := <-doneEv:
 			sup.closeCommands()
 			_ = sup.wait()
+			if !ok {
+				// The supervisor died without killing what the ranks
+				// started in other sessions, which may hold output pipes
+				// open: end it, and stop waiting for those pipes after
+				// the grace period rather than forever.
+				if n := killLeftovers(jobIDOf(ranks)); n > 0 {
+					log.Warn().Int("processes", n).Msg("killed processes the job left after its supervisor was lost")
+				}
+				drainOutput(&outWG, p, job.Grace+time.Second)
+			}
 			outWG.Wait()
 			if ok {
 				_ = w.send(wireMsg{T: "event", Event: &ev})
@@ -551,6 +589,9 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 			}
 			w.c.Close()
 			if !ok {
+				if d := time.Duration(supSilent.Load()); d > 0 {
+					return fmt.Errorf("job supervisor was silent for %s, past the lease of %s (stopped or hung); killed it and its ranks", d.Round(time.Millisecond), lease)
+				}
 				return errors.New("job supervisor exited without reporting the end of the job")
 			}
 			return nil
@@ -564,6 +605,34 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	w.c.Close()
 	outWG.Wait()
 	return lost
+}
+
+// jobIDOf returns the job's GORUN_JOB_ID from its ranks' environment.
+func jobIDOf(ranks []remoteRank) string {
+	for _, r := range ranks {
+		for _, kv := range r.Env {
+			if v, ok := strings.CutPrefix(kv, rankenv.JobID+"="); ok {
+				return v
+			}
+		}
+	}
+	return ""
+}
+
+// drainOutput waits up to d for the output readers, then closes their
+// pipes so that readers stuck on a pipe an escaped process holds return.
+func drainOutput(wg *sync.WaitGroup, p *rankPipes, d time.Duration) {
+	done := make(chan struct{})
+	go func() { // owned: ends when wg does, which closing the pipes ensures
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		p.closeStreams()
+		<-done
+	}
 }
 
 // stdinQueue feeds rank 0's stdin pipe from the connection without ever

@@ -124,6 +124,9 @@ func adoptOrphans() {
 // environment marker (a process that cleared its environment escapes it);
 // it gives up after a bounded time.
 func killLeftovers(jobID string) int {
+	if jobID == "" {
+		return 0
+	}
 	needle := []byte(rankenv.JobID + "=" + jobID + "\x00")
 	found := map[int]bool{}
 	deadline := time.Now().Add(2 * time.Second)

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -86,6 +87,13 @@ type supervisorSpec struct {
 	// died: the job's temporary flight-record directory, which must not
 	// outlive a gorun that was SIGKILLed.
 	RemoveDir string `json:"remove_dir,omitempty"`
+	// ClientLease, when set, is how long the supervisor tolerates
+	// silence on its command pipe before it kills the job as if its
+	// client had died: a host agent that is stopped (SIGSTOP) keeps the
+	// pipe open, so EOF alone would let its ranks run on. The client
+	// sends a "ping" every quarter of it. Only host agents set it: a
+	// local gorun stopped with Ctrl-Z must not lose its job.
+	ClientLease time.Duration `json:"client_lease,omitempty"`
 }
 
 // supervisorRank is one process to start. Descriptor numbers refer to the
@@ -317,6 +325,8 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	// The command reader ends when gorun closes the pipe or dies; the supervisor
 	// exits right after, so this goroutine's lifetime is the process's.
 	cmds := make(chan supervisorCmd, 16)
+	var lastCmd atomic.Int64 // UnixNano of the last line read (ClientLease)
+	lastCmd.Store(time.Now().UnixNano())
 	go func() {
 		defer close(cmds)
 		for {
@@ -324,6 +334,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			if err != nil {
 				return
 			}
+			lastCmd.Store(time.Now().UnixNano())
 			var c supervisorCmd
 			if json.Unmarshal(line, &c) == nil {
 				cmds <- c
@@ -380,6 +391,10 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 				a.killAll()
 			}
 		case <-tick.C:
+			if silent := time.Since(time.Unix(0, lastCmd.Load())); spec.ClientLease > 0 && !a.killing && silent > spec.ClientLease {
+				a.log.Warn().Dur("silent", silent).Msg("no word from the host agent past its lease; killing the job")
+				a.killAll()
+			}
 			if now := time.Now(); now.Sub(lastBeat) >= beatEvery {
 				lastBeat = now
 				a.emit(supervisorEvent{Ev: "beat"})
@@ -508,6 +523,7 @@ func (a *supervisor) command(c supervisorCmd) {
 		}
 	case "kill":
 		a.killAll()
+	case "ping": // the client's lease (ClientLease); reading it was enough
 	case "bye":
 		a.bye = true
 	case "inject":
