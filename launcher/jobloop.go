@@ -313,8 +313,12 @@ func (r *jobLoop) run(ctx context.Context) error {
 			timeout = nil
 			// Ranks that keep flight records dump them first (a job that
 			// runs into --timeout is usually stuck), then the job stops.
+			// The time is taken before the signals go out: a rank can
+			// dump before signalReady returns, and print keeps only
+			// dumps written at or after flightAsked.
+			asked := time.Now()
 			if r.flight.signalReady() > 0 {
-				flightAsked = time.Now()
+				flightAsked = asked
 				timeoutFlight = time.After(flightWait)
 			} else {
 				stop(stopTimeout, syscall.SIGTERM)
@@ -347,11 +351,12 @@ func (r *jobLoop) run(ctx context.Context) error {
 				}
 			case 0:
 			default:
+				asked := time.Now() // before any rank can dump (see <-timeout)
 				r.home.command(supervisorCmd{Op: "signal", Signal: int(sig)})
 				if sig == syscall.SIGUSR2 && r.flight.env() != "" {
 					// The ranks dump their flight records (comm); merge them
 					// once they have had time to.
-					flightAsked = time.Now()
+					flightAsked = asked
 					flightTimer = time.After(flightWait)
 				}
 			}
