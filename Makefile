@@ -31,7 +31,8 @@ test: test-deps build vet ## everything CI runs: install test deps, build, vet, 
 test-python: build lib ## the torch backend's pytest suite under gorun on 1-4 ranks (Debian's python3-torch)
 	@if ! $(PYTHON) -c 'import torch, pytest' 2>/dev/null; then \
 	  echo "test-python: SKIP: $(PYTHON) lacks torch or pytest (scripts/install-test-deps.sh installs python3-torch python3-pytest as root)"; \
-	else PYTHONWARNINGS=ignore $(PYTHON) -m pytest -q -p no:cacheprovider python/tests; fi
+	else d=$$(mktemp -d); PYTHONWARNINGS=ignore $(PYTHON) -m pytest -q -p no:cacheprovider --basetemp=$$d python/tests; \
+	  rc=$$?; rm -rf $$d; exit $$rc; fi
 
 test-deps: ## install what the tests need (Debian packages, as root); a no-op when present
 	@bash scripts/install-test-deps.sh
