@@ -449,7 +449,7 @@ func (m *hostAgents) checkHello(node int, h remoteHello) error {
 		case "iface":
 			return &HostError{Host: host, Op: "choose interface", Err: errors.New(h.Err)}
 		case "capacity":
-			return &HostError{Host: host, Op: "check limits", Err: errors.New(h.Err)}
+			return &HostError{Host: host, Op: "check limits", Err: &hostCapacityError{msg: h.Err}}
 		}
 		return &HostError{Host: host, Op: "prepare", Err: errors.New(h.Err)}
 	}
