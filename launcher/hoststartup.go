@@ -64,8 +64,8 @@ type hostAgents struct {
 
 	starters []*starter
 	conns    []*hostConn // by node
-	// doctor asks the agents for checks, not a job.
-	doctor bool
+	// use says what the agents are started for (a job or doctor's checks).
+	use hostsUse
 	// children maps a node to the nodes its agent launches (tree
 	// fan-out); viaParent maps such a child to its stand-in launcher.
 	children  map[int][]childLaunch
@@ -428,6 +428,23 @@ func (m *hostAgents) jobVerdict(node int, c *hostConn, err error) error {
 	return m.checkHello(node, c.hello)
 }
 
+// hostsUse says what a hostAgents starts the host agents for. It decides
+// two things that go together: what the agent does once connected
+// (remoteJob.Doctor on the wire), and whether agents may be started as a
+// tree (starter.go). Doctor never fans out: its agent (doctorAgent) has no
+// child-launch path, and doctor's point is to check each host as reached
+// from this machine, which a parent's ssh would hide.
+type hostsUse uint8
+
+const (
+	// useJob: the agents run ranks; above the fan-out threshold they
+	// start each other. The zero value, so a job needs no setting.
+	useJob hostsUse = iota
+	// useDoctor: the agents run pre-flight checks and probes; every agent
+	// is started directly by gorun.
+	useDoctor
+)
+
 // closeAuthed closes every connection that authenticated during start-up.
 func (m *hostAgents) closeAuthed() {
 	m.mu.Lock()
@@ -512,7 +529,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			lvl := int8(m.cfg.Logger.GetLevel())
 			job := &remoteJob{
 				Version: m.cfg.Version, Program: m.prog.Path, Argv: m.prog.Argv, Dir: m.rankDir(),
-				Grace: m.cfg.Grace, Lease: m.lease(), LogLevel: lvl, Iface: m.cfg.Iface, Doctor: m.doctor,
+				Grace: m.cfg.Grace, Lease: m.lease(), LogLevel: lvl, Iface: m.cfg.Iface, Doctor: m.use == useDoctor,
 				Launch: m.children[node],
 			}
 			for _, s := range m.preload {
@@ -520,7 +537,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			}
 			job.Stdin = m.cfg.Stdin != nil
 			job.NoPMI = m.cfg.PMI == PMINone
-			if !m.doctor {
+			if m.use == useJob {
 				job.Ranks = m.nodes[node].Ranks
 			}
 			if err := w.send(wireMsg{T: "job", Job: job}); err != nil {
