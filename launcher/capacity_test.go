@@ -83,6 +83,14 @@ func TestHostRefusesRanksItCannotServe(t *testing.T) {
 	if err == nil || err.Error() != "host h1: check limits: 262145 ranks requested; gorun runs at most 262144 ranks in one job" {
 		t.Fatalf("checkHello = %v", err)
 	}
+	// Bad input, like the local refusal: exit 1, not 255 (a lost host).
+	if c := err.(interface{ ExitCode() int }).ExitCode(); c != 1 {
+		t.Errorf("exit code of a host's capacity refusal = %d, want 1", c)
+	}
+	// A host that fails otherwise still reads as lost.
+	if c := m.checkHello(0, remoteHello{Version: "v", Err: "boom"}).(interface{ ExitCode() int }).ExitCode(); c != 255 {
+		t.Errorf("exit code of a host's other failure = %d, want 255", c)
+	}
 	job.Ranks = 4
 	if h, ports := prepareHost(HostAgentOptions{Version: "v"}, job, c1, false); h.Err != "" {
 		t.Fatalf("4 ranks refused: %s", h.Err)

@@ -119,7 +119,7 @@ func Doctor(ctx context.Context, cfg Config, hosts []Host) (*DoctorReport, error
 	if err != nil {
 		return nil, err
 	}
-	m.doctor = true
+	m.use = useDoctor
 	id := DetectLocal()
 	if err := m.open(ctx, id); err != nil {
 		return nil, err

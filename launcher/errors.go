@@ -184,15 +184,28 @@ func (e *HostError) Error() string {
 
 func (e *HostError) Unwrap() error { return e.Err }
 
-// ExitCode is 127 for a program missing on the host, like a shell, else
-// 255, ssh's code for a failed connection.
+// ExitCode is 127 for a program missing on the host, like a shell; 1 for a
+// rank count the host's limits refuse, which is bad input like the local
+// refusal (a *CapacityError), not a lost host; else 255, ssh's code for a
+// failed connection.
 func (e *HostError) ExitCode() int {
 	var pe *ProgramError
 	if errors.As(e.Err, &pe) {
 		return 127
 	}
+	var ce *hostCapacityError
+	if errors.As(e.Err, &ce) {
+		return 1
+	}
 	return 255
 }
+
+// hostCapacityError is a host agent's capacity refusal as it arrives in
+// the hello: only the text crosses the wire, so the type is what tells
+// HostError.ExitCode that the input, not the host, was at fault.
+type hostCapacityError struct{ msg string }
+
+func (e *hostCapacityError) Error() string { return e.msg }
 
 // VersionError reports a remote gorun whose version differs from this
 // one's: mixing versions is refused rather than debugged at run time.

@@ -64,8 +64,8 @@ type hostAgents struct {
 
 	starters []*starter
 	conns    []*hostConn // by node
-	// doctor asks the agents for checks, not a job.
-	doctor bool
+	// use says what the agents are started for (a job or doctor's checks).
+	use hostsUse
 	// children maps a node to the nodes its agent launches (tree
 	// fan-out); viaParent maps such a child to its stand-in launcher.
 	children  map[int][]childLaunch
@@ -301,7 +301,12 @@ type hostVerdict func(node int, conn *hostConn, err error) error
 // connection is closed, so the agents end and nothing starts anywhere.
 // The listener is closed either way.
 func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict hostVerdict) (err error) {
+	// One result per host fits without a reader, so a handshake goroutine
+	// finishing after start-up ended (an agent a moment too late) does not
+	// block the accept loop's wait below in the common case.
 	results := make(chan setupResult, len(m.nodes))
+	// index maps a host name to its node; it is read-only once built, so
+	// the handshake goroutines share it without the mutex.
 	index := map[string]int{}
 	for i, n := range m.nodes {
 		index[n.Name] = i
@@ -326,6 +331,12 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 	if err := m.startStarters(id); err != nil {
 		return err
 	}
+	// A host can be reported more than once and from different places
+	// (the deadline, then a late hello; a failed handshake, then its
+	// starter exiting): judge keeps the first outcome
+	// and drops the rest, so verdict sees each host exactly once and
+	// pending counts down to zero. judged and pending belong to this
+	// goroutine alone: every report reaches it through a channel.
 	judged := make([]bool, len(m.nodes))
 	pending, up, started := len(m.nodes), 0, time.Now()
 	judge := func(node int, c *hostConn, err error) error {
@@ -356,7 +367,12 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 	}
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
-	// A starter that exits before its hosts said hello failed them.
+	// A starter that exits before its hosts said hello failed them. Each
+	// starter has its own done channel and select takes a fixed set of
+	// cases, so one watcher per starter funnels them into starterDone
+	// (buffered for all of them, so a watcher never blocks on a loop that
+	// has returned); startupDone releases the watchers whose starter is
+	// still running, as a healthy ssh runs for the whole job.
 	starterDone := make(chan *starter, len(m.starters))
 	startupDone := make(chan struct{})
 	var watchWG sync.WaitGroup
@@ -381,6 +397,9 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 			case r.err != nil:
 				err = judge(r.node, nil, r.err)
 			case m.conns[r.node] != nil:
+				// Two agents authenticated for one host (each knew the
+				// job's secret): which is the real one cannot be told,
+				// so the launch ends rather than guessing.
 				r.conn.w.c.Close()
 				err = verdict(r.node, nil, &HostError{Host: m.nodes[r.node].Name, Op: "connect agent", Err: errors.New("a second agent connected for this host")})
 			default:
@@ -397,6 +416,10 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 				}
 			}
 		case <-deadline.C:
+			// One deadline for the whole start-up, not one per host:
+			// hosts start concurrently, so it bounds the slowest, and
+			// every host not judged by then fails with its starter's
+			// last words (an ssh prompt or error is the usual cause).
 			for i := range m.nodes {
 				if err == nil && !judged[i] {
 					err = judge(i, nil, &HostError{Host: m.nodes[i].Name, Op: "start agent",
@@ -428,6 +451,23 @@ func (m *hostAgents) jobVerdict(node int, c *hostConn, err error) error {
 	return m.checkHello(node, c.hello)
 }
 
+// hostsUse says what a hostAgents starts the host agents for. It decides
+// two things that go together: what the agent does once connected
+// (remoteJob.Doctor on the wire), and whether agents may be started as a
+// tree (starter.go). Doctor never fans out: its agent (doctorAgent) has no
+// child-launch path, and doctor's point is to check each host as reached
+// from this machine, which a parent's ssh would hide.
+type hostsUse uint8
+
+const (
+	// useJob: the agents run ranks; above the fan-out threshold they
+	// start each other. The zero value, so a job needs no setting.
+	useJob hostsUse = iota
+	// useDoctor: the agents run pre-flight checks and probes; every agent
+	// is started directly by gorun.
+	useDoctor
+)
+
 // closeAuthed closes every connection that authenticated during start-up.
 func (m *hostAgents) closeAuthed() {
 	m.mu.Lock()
@@ -449,7 +489,7 @@ func (m *hostAgents) checkHello(node int, h remoteHello) error {
 		case "iface":
 			return &HostError{Host: host, Op: "choose interface", Err: errors.New(h.Err)}
 		case "capacity":
-			return &HostError{Host: host, Op: "check limits", Err: errors.New(h.Err)}
+			return &HostError{Host: host, Op: "check limits", Err: &hostCapacityError{msg: h.Err}}
 		}
 		return &HostError{Host: host, Op: "prepare", Err: errors.New(h.Err)}
 	}
@@ -504,6 +544,9 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 				m.cfg.Logger.WithLevel(lvl).Err(err).Msg("refused a connection to the host-agent port")
 				return
 			}
+			// Authenticated: from here the peer is this job's agent and
+			// gets longer (its hello waits on its program check and its
+			// interface choice), and any failure is that host's.
 			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 			node := index[host]
 			m.mu.Lock()
@@ -512,7 +555,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			lvl := int8(m.cfg.Logger.GetLevel())
 			job := &remoteJob{
 				Version: m.cfg.Version, Program: m.prog.Path, Argv: m.prog.Argv, Dir: m.rankDir(),
-				Grace: m.cfg.Grace, Lease: m.lease(), LogLevel: lvl, Iface: m.cfg.Iface, Doctor: m.doctor,
+				Grace: m.cfg.Grace, Lease: m.lease(), LogLevel: lvl, Iface: m.cfg.Iface, Doctor: m.use == useDoctor,
 				Launch: m.children[node],
 			}
 			for _, s := range m.preload {
@@ -520,7 +563,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			}
 			job.Stdin = m.cfg.Stdin != nil
 			job.NoPMI = m.cfg.PMI == PMINone
-			if !m.doctor {
+			if m.use == useJob {
 				job.Ranks = m.nodes[node].Ranks
 			}
 			if err := w.send(wireMsg{T: "job", Job: job}); err != nil {
@@ -547,6 +590,10 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			}
 			_ = c.SetDeadline(time.Time{})
 			results <- setupResult{node: node, conn: &hostConn{node: node, w: w, hello: *hm.Hello}}
+			// A tree parent keeps talking during start-up: it reports its
+			// children's ssh exits on this same connection, and this
+			// goroutine stays its only reader until "setup-over" is
+			// acknowledged, after which run's reader takes over.
 			if len(m.children[node]) > 0 && hm.Hello.Err == "" {
 				m.readChildExits(w)
 			}

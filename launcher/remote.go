@@ -139,7 +139,12 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 	}
 	defer out.close()
 	// One in-memory pipe per rank stream: the connection reader writes,
-	// a streamer makes lines.
+	// a streamer makes lines. The pipe is what lets one reader per host
+	// serve many ranks without knowing about lines: a rank's bytes may be
+	// split across frames anywhere, and only the streamer on the far end
+	// reassembles them. io.Pipe has no buffer, so a slow terminal slows
+	// that host's reader, which is the back-pressure we want (the agent's
+	// writes then block in TCP instead of growing memory here).
 	type sink struct{ out, err *io.PipeWriter }
 	sinks := make([]sink, len(plan.Ranks))
 	for i, rs := range plan.Ranks {
@@ -149,14 +154,26 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 		out.add(rs.Rank, rs.Host, 2, er)
 		sinks[i] = sink{out: ow, err: ew}
 	}
+	// The event channel is sized for a few events per rank and per host
+	// (start, exit, done, lost) so that readers rarely block on the loop;
+	// they never deadlock on it either, as each send also selects quit.
 	home := &hostsHome{m: m, ch: make(chan supervisorEvent, 4*len(plan.Ranks)+4*len(m.nodes)+4)}
+	// quit closes once the job loop returned: it releases readers blocked
+	// on a send and stops the pingers, and it tells a reader that a read
+	// error after it is our own Close, not a lost host.
 	quit := make(chan struct{})
+	// The lease is both directions' silence limit: gorun's writes time out
+	// after it, the agent gives up on gorun after it, and each side pings
+	// at a quarter of it so that a healthy but idle link never trips it.
 	lease := m.lease()
 	for _, c := range m.conns {
 		c.w.writeTimeout = lease
 	}
 	out.start()
 
+	// Two goroutines per host, both owned by connWG: a pinger (the only
+	// periodic writer besides commands and stdin, all serialised by
+	// wireConn) and the connection's only reader.
 	var connWG sync.WaitGroup
 	for _, c := range m.conns {
 		n := plan.Nodes[c.node]
@@ -181,13 +198,23 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 				case home.ch <- ev:
 				case <-quit:
 				}
-				// Its starter (an ssh on a cut link) would linger.
+				// Its starter (an ssh on a cut link) would linger until
+				// TCP gave up, holding reapStarters for minutes. srun is
+				// left alone: one srun starts every host's agent, so
+				// killing it would take the healthy hosts down with the
+				// lost one; it ends when its tasks do.
 				if l := m.starterOf(c.node); l.cmd != nil && l.what != "srun" {
 					_ = syscall.Kill(-l.cmd.Process.Pid, syscall.SIGKILL)
 				}
 			}
 		})
 	}
+	// The specs go out only after every reader runs: an agent starts its
+	// ranks as soon as its spec arrives, and their first output or an
+	// early exit must find a reader, not fill the socket buffers while
+	// gorun is still sending other hosts' specs. A failed send is only
+	// logged: that host's reader sees the same broken connection and
+	// reports the host lost, which ends the job with its name.
 	for _, c := range m.conns {
 		n := plan.Nodes[c.node]
 		var ranks []remoteRank
@@ -200,6 +227,10 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 	}
 	stopStdin := m.forwardStdin(m.conns[0].w)
 	err = (&jobLoop{cfg: m.cfg, plan: plan, log: m.cfg.Logger, home: home}).run(ctx)
+	// Tear-down order matters: quit first (readers stop treating errors
+	// as losses), then close the connections (which unblocks every reader
+	// and pinger), then wait for them, and only then wait for the output,
+	// whose pipes the readers close on their way out.
 	close(quit)
 	stopStdin()
 	for _, c := range m.conns {

@@ -85,7 +85,7 @@ func (m *hostAgents) startStarters(id LocalIdentity) error {
 	if threshold == 0 {
 		threshold = DefaultFanoutThreshold
 	}
-	if threshold > 0 && len(remote) > threshold && !m.doctor {
+	if threshold > 0 && len(remote) > threshold && m.use == useJob {
 		// √N parents, each launching a contiguous share of the rest: two
 		// levels of ≈√N concurrent handshakes instead of one level of N.
 		width := 1
