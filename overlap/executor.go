@@ -17,6 +17,14 @@ import (
 // Executor runs one bucket plan step after step. It is driven by one
 // goroutine (see the package comment), which also calls Close, after its
 // last step.
+//
+// Concurrency: besides the driver there is one watcher goroutine per
+// group, owned by wg and ended by Close. The driver hands a watcher each
+// issued bucket over the group's watch channel; the watcher writes only
+// that bucket's doneAt and doneErr and then closes its recorded channel,
+// and the driver reads those fields only after receiving from recorded
+// (Finish). That close is the one synchronisation between them, which is
+// why the rest of the executor needs no mutex.
 type Executor struct {
 	plan *buckets.Plan
 	hash uint64
@@ -62,7 +70,11 @@ type group struct {
 	hashH              Handle
 	hashChecked        bool
 
-	watch chan *bucket // to the watcher, in issue order
+	// watch carries the group's issued buckets to its watcher, in issue
+	// order. It has a slot for every bucket of the group, and a bucket is
+	// issued at most once a step, so the driver never blocks on a
+	// watcher that is still parked on an earlier collective.
+	watch chan *bucket
 }
 
 // bucket is one planned collective and its per-step state.
@@ -114,6 +126,10 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 	if err := plan.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrPlan, err)
 	}
+	// FlushPartial is applied to a copy of the plan, not checked at each
+	// EndRegion: the filler (package buckets) then knows which buckets may
+	// start short, and the plan hash every rank compares includes it, so
+	// ranks that disagree on it are told so at the first wait.
 	if cfg.FlushPartial {
 		plan = flushAll(plan)
 	}
@@ -152,6 +168,8 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 	if cfg.Trace {
 		ex.tl = newTimeline(max(rank, 0), cfg.TraceLimit)
 	}
+	// The watchers' context is the executor's, not a step's: a watcher
+	// outlives every step, and only Close may stop it waiting.
 	ex.ctx, ex.cancel = context.WithCancel(context.Background())
 	for _, g := range ex.groups {
 		g.watch = make(chan *bucket, len(g.buckets)+1)
@@ -170,7 +188,12 @@ type fusedMem struct {
 }
 
 // get returns a buffer of n bytes (contents undefined: packing, the
-// collective or a flush writes every byte that is read).
+// collective or a flush writes every byte that is read). It takes the
+// smallest free buffer that fits (best fit), so that a small bucket does
+// not take the large buffer a later large bucket of the step needs; steps
+// repeat the same sizes, so after the first step get rarely allocates.
+// The peak counts the bytes asked for, not the capacity held, as that is
+// what a plan's bucket sizes determine.
 func (m *fusedMem) get(n int64) []byte {
 	m.cur += n
 	m.peak = max(m.peak, m.cur)
@@ -283,6 +306,13 @@ func (ex *Executor) Timeline() *Timeline { return ex.tl }
 // watcher records when each of g's collectives completes. Collectives on a
 // group complete in issue order, so waiting for them in that order records
 // every completion as it happens (within scheduling noise).
+//
+// Waiting here, and not only in the driver's wait, is what gives the
+// timeline and StepMetrics.Comm true completion times: the driver may wait
+// for a bucket long after it finished (compute hid it), and its wait time
+// says nothing of when the network was done. On Close the context is
+// cancelled, so a watcher parked on a collective that will never complete
+// (a failed step) still returns.
 func (ex *Executor) watcher(g *group) {
 	for b := range g.watch {
 		err := b.h.Wait(ex.ctx)
@@ -322,6 +352,8 @@ func (ex *Executor) Begin(step int) error {
 	if ex.broken != nil {
 		return fmt.Errorf("%w: Begin(%d) after step %d failed (%v): close the executor and its communicators", ErrUsage, step, ex.step, ex.broken)
 	}
+	// The peak restarts from what is held now (View's pinned buffers),
+	// so FusedPeakBytes is per step, not a high-water mark of the run.
 	ex.step, ex.inStep = step, true
 	ex.begin = ex.cfg.Clock.Now()
 	ex.exposed, ex.compute = 0, 0
@@ -402,6 +434,9 @@ func (ex *Executor) Ready(ctx context.Context, tensor string, in, out comm.Buffe
 	if b == nil {
 		return fmt.Errorf("%w: tensor %q handed in more often than the plan sends it this step", ErrUsage, tensor)
 	}
+	// Pack now, not when the bucket starts: each member's copy is paid as
+	// it arrives, between the program's computations, instead of all at
+	// once delaying the collective when the last member arrives.
 	if err := b.pack(mi, in, out); err != nil {
 		return err
 	}
@@ -475,6 +510,9 @@ func (b *bucket) pack(mi int, in, out comm.Buffer) error {
 		}
 		return nil
 	}
+	// Pointer identity, not a flag: a program may hand View's slot for
+	// some tensors and its own buffers for others, and only the first
+	// element's address tells which it did this time.
 	if m.Bytes > 0 && &src[0] == &b.send[m.Offset] {
 		return nil // the caller wrote into View: nothing to pack
 	}
@@ -574,7 +612,13 @@ func (ex *Executor) start(ctx context.Context, b *bucket) error {
 		g.hashH = g.cm.AllGather(ctx, comm.Int64s(g.hashSend), comm.Int64s(g.hashRecv))
 	}
 	b.started = true
+	// A fresh channel each step: the watcher closes it once, and Finish
+	// must not read a close from the previous step.
 	b.recorded = make(chan struct{})
+	// Grouped mode only queues: the set goes out as one GroupBackend call
+	// at the next Compute, Wait or Finish (flushGroup), as NCCL's group
+	// semantics want. Native issues now, and Serial also waits now (the
+	// no-overlap baseline the other modes are measured against).
 	if ex.cfg.Mode == Grouped {
 		ex.pendingG = append(ex.pendingG, b)
 		return nil
@@ -589,7 +633,10 @@ func (ex *Executor) start(ctx context.Context, b *bucket) error {
 }
 
 // call is b's collective: on the member's own buffers when the bucket has
-// one member (nothing to pack or scatter), else on its fused buffers.
+// one member (nothing to pack or scatter), else on its fused buffers. A
+// one-member bucket flushed without its member (have[0] false) takes the
+// fused path, whose zeroed buffer stands in for the tensor the program
+// never handed in.
 func (ex *Executor) call(b *bucket) Call {
 	if len(b.b.Members) == 1 && b.have[0] {
 		b.direct = true
@@ -658,7 +705,12 @@ func stepHash(plan uint64, step int) uint64 {
 	return h.Sum64()
 }
 
-// checkHash waits for g's plan-hash exchange and compares.
+// checkHash waits for g's plan-hash exchange and compares. It runs once
+// per group and step (hashChecked), at the first wait on the group: every
+// rank issued the hash all-gather before any bucket, so it completes
+// whatever the buckets do, even when mismatched plans made the buckets'
+// sizes disagree. The error names every rank whose hash differs from
+// this rank's, which is what an operator needs to find the odd one out.
 func (ex *Executor) checkHash(ctx context.Context, g *group) error {
 	if g.hashH == nil || g.hashChecked {
 		return nil
@@ -701,6 +753,10 @@ func (ex *Executor) Wait(ctx context.Context, out string) error {
 	return ex.waitBucket(ctx, b)
 }
 
+// incomplete explains why b has not started: the members it still lacks,
+// or, when it is full, the earliest bucket before it on its group that
+// holds it back (the filler's in-order rule), so that the error names the
+// tensor the program forgot and not a bucket that merely waited.
 func (ex *Executor) incomplete(b *bucket, why string) error {
 	var miss []string
 	for i, h := range b.have {
@@ -807,6 +863,11 @@ func (ex *Executor) zeroAbsent(b *bucket) {
 // Finish ends the step: every bucket must have started (or be flushed, see
 // FlushPartial); every collective is waited for and scattered, and the
 // step's metrics are returned.
+//
+// A failed Finish breaks the executor (Begin refuses): collectives of the
+// failed step may still be in flight on buffers the executor would reuse
+// next step, and ranks may now be at different points of the plan, so
+// the only safe way on is to close the executor and its communicators.
 func (ex *Executor) Finish(ctx context.Context) (StepMetrics, error) {
 	m, err := ex.finish(ctx)
 	if err != nil {
@@ -872,6 +933,10 @@ func (ex *Executor) finish(ctx context.Context) (StepMetrics, error) {
 			case <-ctx.Done():
 				return StepMetrics{}, ctx.Err()
 			}
+			// Every started bucket's own wait above succeeded (or Finish
+			// returned), so context.Canceled here is the watcher being
+			// stopped, not the collective failing; anything else is a
+			// failure the watcher saw and the driver must report.
 			if b.doneErr != nil && !errors.Is(b.doneErr, context.Canceled) {
 				return StepMetrics{}, b.doneErr
 			}
