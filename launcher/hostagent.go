@@ -502,9 +502,7 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	readerDone := make(chan struct{})
 	var supSilent atomic.Int64
 	wg.Go(func() {
-		if d := sup.watchLease(lease, readerDone); d > 0 {
-			supSilent.Store(int64(d))
-		}
+		sup.watchLease(lease, readerDone, &supSilent)
 	})
 	wg.Go(func() {
 		defer close(readerDone)

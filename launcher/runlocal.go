@@ -154,7 +154,7 @@ type localHome struct {
 	// sent: the supervisor is gone, and this says how.
 	sendErr error
 	wg      sync.WaitGroup // the event reader and the lease watcher
-	// silent is set by the lease watcher when it killed a silent
+	// silent is set by the lease watcher, before it kills a silent
 	// supervisor, to how long it had been silent; read after the event
 	// channel closed (the reader closes it after the kill's EOF).
 	silent atomic.Int64
@@ -175,9 +175,7 @@ func newLocalHome(sup *supervisorClient, ranks int, lease time.Duration) *localH
 		sup.readEvents(func(ev supervisorEvent) { h.ch <- ev })
 	})
 	h.wg.Go(func() {
-		if d := sup.watchLease(lease, readerDone); d > 0 {
-			h.silent.Store(int64(d))
-		}
+		sup.watchLease(lease, readerDone, &h.silent)
 	})
 	return h
 }

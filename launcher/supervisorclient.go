@@ -99,28 +99,31 @@ func startSupervisor(path string, extra []*os.File, stderr io.Writer) (*supervis
 }
 
 // watchLease SIGKILLs the supervisor once it has been silent — no event,
-// not even its beat — for longer than lease, and returns how long it was
-// silent then; it returns 0 when done closes first. A supervisor that is
+// not even its beat — for longer than lease, after storing how long it was
+// silent in *silent; it stores nothing when done closes first. The store
+// comes before the kill: the kill ends the event pipe, and whoever reads
+// *silent after seeing that end must find it set. A supervisor that is
 // stopped (SIGSTOP, a debugger) or hung would otherwise keep its ranks
 // running and gorun waiting, deaf to the commands a second Ctrl-C sends:
 // SIGKILL ends even a stopped process, its ranks follow (Pdeathsig), and
 // its event pipe closes, which is how the client learns the end.
-func (s *supervisorClient) watchLease(lease time.Duration, done <-chan struct{}) time.Duration {
+func (s *supervisorClient) watchLease(lease time.Duration, done <-chan struct{}, silent *atomic.Int64) {
 	t := time.NewTicker(lease / 8)
 	defer t.Stop()
 	for {
 		select {
 		case <-done:
-			return 0
+			return
 		case <-t.C:
 		}
 		if s.delivering.Load() {
 			s.lastHeard.Store(time.Now().UnixNano())
 			continue
 		}
-		if silent := time.Since(time.Unix(0, s.lastHeard.Load())); silent > lease {
+		if d := time.Since(time.Unix(0, s.lastHeard.Load())); d > lease {
+			silent.Store(int64(d))
 			_ = s.cmd.Process.Kill()
-			return silent
+			return
 		}
 	}
 }
