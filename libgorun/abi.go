@@ -548,60 +548,54 @@ func checkRoot(e *commEntry, root C.int) error {
 //export gorun_gather
 func gorun_gather(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype, root C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	// A gather is an all-to-all-v in which every rank sends count elements
-	// to root and only root receives: one message per rank, no extra copy.
 	return issue(h, "gather", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
-		dt, _, err := dtypeOp(dtype, 0)
-		if err != nil {
-			return nil, err
-		}
-		if err := checkRoot(e, root); err != nil {
-			return nil, err
-		}
-		n, me, k := e.c.Size(), e.c.Rank(), int(count)
-		s, err := buffer(send, count, dt, "send", false)
-		if err != nil {
-			return nil, err
-		}
-		recvCounts := make([]int, n)
-		r := comm.Alloc(dt, 0)
-		if me == int(root) {
-			if r, err = buffer(recv, count*C.size_t(n), dt, "recv", false); err != nil {
-				return nil, err
-			}
-			recvCounts = fullCounts(n, k)
-		}
-		return e.c.AllToAllV(ctx, s, rootCounts(n, int(root), k), r, recvCounts), nil
+		return rooted(ctx, e, send, recv, count, dtype, root, true)
 	})
 }
 
 //export gorun_scatter
 func gorun_scatter(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype, root C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	// The mirror image of gather: root sends block p to rank p.
 	return issue(h, "scatter", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
-		dt, _, err := dtypeOp(dtype, 0)
-		if err != nil {
-			return nil, err
-		}
-		if err := checkRoot(e, root); err != nil {
-			return nil, err
-		}
-		n, me, k := e.c.Size(), e.c.Rank(), int(count)
-		r, err := buffer(recv, count, dt, "recv", false)
-		if err != nil {
-			return nil, err
-		}
-		sendCounts := make([]int, n)
-		s := comm.Alloc(dt, 0)
-		if me == int(root) {
-			if s, err = buffer(send, count*C.size_t(n), dt, "send", false); err != nil {
-				return nil, err
-			}
-			sendCounts = fullCounts(n, k)
-		}
-		return e.c.AllToAllV(ctx, s, sendCounts, r, rootCounts(n, int(root), k)), nil
+		return rooted(ctx, e, send, recv, count, dtype, root, false)
 	})
+}
+
+// rooted issues a gather (gather true) or a scatter as an all-to-all-v in
+// which only root's side has n blocks: in a gather every rank sends count
+// elements to root and only root receives; a scatter is the mirror image,
+// root sending block p to rank p. One message per rank, no extra copy.
+func rooted(ctx context.Context, e *commEntry, send, recv unsafe.Pointer, count C.size_t, dtype, root C.int, gather bool) (comm.Handle, error) {
+	dt, _, err := dtypeOp(dtype, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkRoot(e, root); err != nil {
+		return nil, err
+	}
+	n, me, k := e.c.Size(), e.c.Rank(), int(count)
+	// The one-block side (every rank's) and the n-block side (root's only).
+	onePtr, oneName, manyPtr, manyName := send, "send", recv, "recv"
+	if !gather {
+		onePtr, oneName, manyPtr, manyName = recv, "recv", send, "send"
+	}
+	one, err := buffer(onePtr, count, dt, oneName, false)
+	if err != nil {
+		return nil, err
+	}
+	manyCounts := make([]int, n)
+	many := comm.Alloc(dt, 0)
+	if me == int(root) {
+		if many, err = buffer(manyPtr, count*C.size_t(n), dt, manyName, false); err != nil {
+			return nil, err
+		}
+		manyCounts = fullCounts(n, k)
+	}
+	oneCounts := rootCounts(n, int(root), k)
+	if gather {
+		return e.c.AllToAllV(ctx, one, oneCounts, many, manyCounts), nil
+	}
+	return e.c.AllToAllV(ctx, many, manyCounts, one, oneCounts), nil
 }
 
 //export gorun_alltoall
