@@ -28,7 +28,6 @@ func PeakBytes(g *Graph) (int64, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
-	n := len(g.Nodes)
 	size := map[string]int64{}
 	for _, t := range g.Tensors {
 		size[t.Name] = t.Bytes
@@ -60,26 +59,7 @@ func PeakBytes(g *Graph) (int64, string, error) {
 			}
 		}
 	}
-	// A sweep over births and deaths: +bytes where a tensor appears,
-	// −bytes after its last reader; the running sum is what is held.
-	delta := make([]int64, n+1)
-	for t, b := range born {
-		end := n
-		if l, ok := last[t]; ok {
-			end = l + 1
-		}
-		delta[b] += size[t]
-		delta[end] -= size[t]
-	}
-	var cur, peak int64
-	at := ""
-	for i := 0; i < n; i++ {
-		cur += delta[i]
-		if cur > peak {
-			peak, at = cur, g.Nodes[i].Name
-		}
-	}
-	return peak, at, nil
+	return g.sweepPeak(born, last, size)
 }
 
 // PeakCollectiveBytes estimates the most bytes of collective outputs (a
@@ -99,7 +79,6 @@ func PeakCollectiveBytes(g *Graph) (int64, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
-	n := len(g.Nodes)
 	born := map[string]int{}
 	size := map[string]int64{}
 	for i := range g.Nodes {
@@ -122,6 +101,16 @@ func PeakCollectiveBytes(g *Graph) (int64, string, error) {
 			}
 		}
 	}
+	return g.sweepPeak(born, last, size)
+}
+
+// sweepPeak is the sweep over births and deaths shared by the two
+// estimates: +bytes at the node where a tensor appears, −bytes after its
+// last reader (at the end of the step when nobody reads it); the running
+// sum is what is held. It returns the peak and the node where it is first
+// reached.
+func (g *Graph) sweepPeak(born, last map[string]int, size map[string]int64) (int64, string, error) {
+	n := len(g.Nodes)
 	delta := make([]int64, n+1)
 	for t, b := range born {
 		end := n
