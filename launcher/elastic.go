@@ -132,7 +132,7 @@ func (w *worldRun) prepare(plan *Plan) error {
 		for _, in := range inj {
 			rep.byID[in.id] = len(rep.Faults)
 			rep.Faults = append(rep.Faults, FaultReport{
-				ID: in.id, Spec: rep.faults[in.fault].Spec, Kind: string(in.kind), Signal: unixSignalName(in.sig),
+				ID: in.id, Spec: rep.faults[in.fault].Spec, Kind: string(in.kind), Signal: injectionAction(in),
 				Ranks: in.ranks, Host: in.host, PlannedAt: in.at.Seconds(),
 			})
 		}
@@ -300,6 +300,8 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		j.Export = append(slices.Clone(job.Export),
 			RestartCountEnv+"="+n, TorchRestartCountEnv+"="+n,
 			TorchMaxRestartsEnv+"="+strconv.Itoa(job.MaxRestarts))
+		// Data-plane faults are armed in the ranks (inject_chaos.go).
+		j.Export = append(j.Export, netFaultEnv(job.Faults, rep.Start, time.Since(rep.Start))...)
 		c := cfg
 		w := &worldRun{rep: rep, restart: restart}
 		c.world = w

@@ -133,6 +133,10 @@ type supervisorCmd struct {
 	For      time.Duration `json:"for,omitempty"`
 	Fault    int           `json:"fault,omitempty"`
 	KillHost bool          `json:"kill_host,omitempty"`
+	// Period set makes an "inject" a slow (inject_chaos.go): the rank is
+	// stopped for Duty of every Period, for For (0: until it exits).
+	Duty   float64       `json:"duty,omitempty"`
+	Period time.Duration `json:"period,omitempty"`
 }
 
 // supervisorEvent is a message from the supervisor.
@@ -232,6 +236,9 @@ type supervisor struct {
 	// conts are the SIGCONTs owed to ranks stopped by an injected fault
 	// with a duration; the ticker sends them when due.
 	conts []faultCont
+	// slows are the ranks an injected slow stops and continues in turn
+	// (inject_chaos.go); the ticker toggles them.
+	slows []slowing
 }
 
 // faultCont is one SIGCONT an injected stop owes a rank.
@@ -401,6 +408,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			}
 			a.reap()
 			a.sendConts(time.Now())
+			a.tickSlows(time.Now())
 			if a.killing {
 				a.killAll()
 			}
@@ -506,6 +514,9 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 func (a *supervisor) command(c supervisorCmd) {
 	switch c.Op {
 	case "signal":
+		if stopping(syscall.Signal(c.Signal)) {
+			a.endSlows() // the job is being stopped: no more SIGSTOPs
+		}
 		want := map[int]bool{}
 		for _, r := range c.Ranks {
 			want[r] = true
@@ -554,6 +565,8 @@ func (a *supervisor) inject(c supervisorCmd) {
 			}
 			if err := syscall.Kill(-r.pid, syscall.Signal(c.Signal)); err != nil {
 				ev.Err = err.Error()
+			} else if c.Period > 0 {
+				a.startSlow(c, r.rank, r.pid, time.Now())
 			} else if c.For > 0 {
 				a.conts = append(a.conts, faultCont{rank: r.rank, pid: r.pid, fault: c.Fault, due: time.Now().Add(c.For)})
 			}
