@@ -124,9 +124,9 @@ type faultLink struct {
 
 	// cut is the error every call returns once the link was cut on
 	// purpose (drop, partition past its lease).
-	cutMu   sync.Mutex
-	cut     error
-	cutC    chan struct{} // closed when cut is set
+	cutMu sync.Mutex
+	cut   error
+	cutC  chan struct{} // closed when cut is set
 
 	// Send side, guarded by smu.
 	smu   sync.Mutex
