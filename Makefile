@@ -5,6 +5,8 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 PYTHON    ?= /usr/bin/python3
 
+
+.PHONY: bench-netfault test-chaos
 .PHONY: help build lib python test-python bench-torch test test-deps vet unit test-desync bench-launch bench-restart bench-compare bench-latency bench-multihost bench-mpi bench-gpu clean
 
 help: ## list the targets
@@ -47,6 +49,9 @@ unit: ## fast tests only (no -race, short mode)
 
 test-desync: ## the full desync split matrix: np 2-8, every k, 4 ops x 2 sizes x shm/tcp (448 cases, ~25 s)
 	GORUN_DESYNC_MATRIX=full $(GO) test -count=1 -run TestSplitMatrix -v ./comm
+
+bench-netfault: ## 8-byte all-reduce latency with the data-plane fault hook compiled out, compiled in, and armed (medians, ratios)
+	flock /tmp/gorun-bench.lock scripts/bench-netfault.sh
 
 bench-restart: build ## kill-and-restart: gorun --max-restarts vs torchrun --max_restarts on one torch gloo program, kill -> first step of the new world
 	flock /tmp/gorun-bench.lock scripts/bench-restart.sh

@@ -80,27 +80,6 @@ const faultTrailer = 4
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// wrapNetFaults wraps links[r] for every peer when a fault is armed in
-// this process; otherwise it returns links unchanged. A malformed
-// GORUN_NETFAULT is an error: a fault test that silently injects nothing
-// would pass for the wrong reason.
-func wrapNetFaults(links []Link, g Group) ([]Link, error) {
-	plan, ok, err := loadNetPlan()
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
-	}
-	if !ok {
-		return links, nil
-	}
-	me := g.GlobalRank(g.Rank())
-	for r, l := range links {
-		if l != nil {
-			links[r] = newFaultLink(l, plan, me, g.GlobalRank(r))
-		}
-	}
-	return links, nil
-}
-
 // unwrapLink returns the transport's own link under a faultLink.
 func unwrapLink(l Link) Link {
 	if f, ok := l.(*faultLink); ok {
