@@ -50,6 +50,9 @@ unit: ## fast tests only (no -race, short mode)
 test-desync: ## the full desync split matrix: np 2-8, every k, 4 ops x 2 sizes x shm/tcp (448 cases, ~25 s)
 	GORUN_DESYNC_MATRIX=full $(GO) test -count=1 -run TestSplitMatrix -v ./comm
 
+test-chaos: ## the full chaos matrix: fault kinds x phases x launch modes (gorun, direct, namespace hosts as root), invariants checked after every row, printed as a table (~4 min)
+	GORUN_CHAOS=full $(GO) test -count=1 -timeout 20m -run TestChaosMatrix ./tests/chaos
+
 bench-netfault: ## 8-byte all-reduce latency with the data-plane fault hook compiled out, compiled in, and armed (medians, ratios)
 	flock /tmp/gorun-bench.lock scripts/bench-netfault.sh
 

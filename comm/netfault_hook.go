@@ -24,4 +24,3 @@ func wrapNetFaults(links []Link, g Group) ([]Link, error) {
 	}
 	return links, nil
 }
-

@@ -125,10 +125,13 @@ func matrix() []row {
 	)
 	// slow: the job completes, no death verdict, the stall diagnosis names
 	// the slowed rank.
-	rows = append(rows, row{mode: "gorun", fault: "slow", phase: "loop", np: 3, victim: 1, run: 3500 * time.Millisecond, complete: true, ci: true,
-		inject: []string{"slow:rank=1:at=300ms:for=3s:duty=0.8:period=1800ms"},
+	rows = append(rows, row{mode: "gorun", fault: "slow", phase: "loop", np: 3, victim: 1, run: 4 * time.Second, complete: true, ci: true,
+		// Stopped 2.7 s of every 3 s: long enough for the stall
+		// diagnosis (after 1 s, then a status query that the stopped rank
+		// cannot answer), short of any death verdict.
+		inject: []string{"slow:rank=1:at=300ms:for=3s:duty=0.9:period=3s"},
 		extra: func(out string) []string {
-			if !regexp.MustCompile(`call stalled: rank 1 `).MatchString(out) {
+			if !regexp.MustCompile(`call stalled: .*rank 1 (does not answer|is)`).MatchString(out) {
 				return []string{"no stall diagnosis named the slowed rank 1"}
 			}
 			return nil
@@ -151,21 +154,36 @@ func matrix() []row {
 	}
 	rows = append(rows, row{mode: "gorun", fault: "corrupt", phase: "loop", np: 3, victim: 1, run: 4 * time.Second, restarts: 1, complete: true,
 		inject: []string{"corrupt:rank=1:at=800ms"}})
+	// Measured, not yet right: gorun's own member (on the bridge) still
+	// reaches the cut host, so gossip neither declares it lost in 8 s (the
+	// data plane stalls and resumes) nor keeps a 1 s cut harmless (a
+	// member across the cut, not the cut host, was declared dead).
+	const iptablesGap = "open: partitions of the data plane across hosts (iptables) are judged by gossip alone"
 	// Across namespace hosts, one rank per host: host faults, a real
 	// partition with iptables, and the transport's faults.
 	rows = append(rows,
-		row{mode: "hosts", fault: "kill", phase: "large", np: 3, victim: 1, cause: killed, names: "rank 1"},
+		row{mode: "hosts", fault: "kill", phase: "large", np: 3, victim: 1, cause: killed, names: "rank 1", ci: true},
 		row{mode: "hosts", fault: "kill-host", phase: "loop", np: 3, victim: 2, run: 5 * time.Second, cause: []string{"rank 2", "lost"}, names: "rank 2",
 			inject: []string{"kill-host:host=HOST2:at=1s"}},
 		row{mode: "hosts", fault: "kill-host", phase: "loop", np: 3, victim: 2, run: 3 * time.Second, restarts: 1, complete: true,
 			inject: []string{"kill-host:host=HOST2:at=1s"}},
-		row{mode: "hosts", fault: "stop", phase: "small", np: 3, victim: 2, cause: frozen, names: "rank 2", bound: 25 * time.Second, owner: freeze},
+		// One rank per host: every rank is its host's leader, so gossip
+		// sees the freeze (unlike the attached ranks of the gorun rows).
+		row{mode: "hosts", fault: "stop", phase: "small", np: 3, victim: 2, cause: frozen, names: "rank 2", bound: 25 * time.Second},
 		row{mode: "hosts", fault: "corrupt", phase: "loop", np: 3, victim: 1, run: 4 * time.Second,
 			inject: []string{"corrupt:rank=1:at=800ms"}, cause: []string{"corrupted on the link 1->"}, names: "corrupted on the link 1->"},
-		row{mode: "hosts", fault: "iptables", phase: "cut", np: 3, victim: 2, run: 12 * time.Second, cause: []string{"2"}, names: "rank ",
-			during: iptablesPartition(0, 2, 1500*time.Millisecond, 8*time.Second), ci: true},
+		// host 1 (rank 0) cut from both others: named within the lease.
+		row{mode: "hosts", fault: "iptables", phase: "cut", np: 3, victim: 0, run: 12 * time.Second, cause: []string{"rank 0"}, names: "rank 0",
+			during: iptablesPartition(0, []int{1, 2}, 1500*time.Millisecond, 8*time.Second), owner: iptablesGap},
+		// the same for 1 s: shorter than the lease, the job goes on.
 		row{mode: "hosts", fault: "iptables", phase: "heal", np: 3, victim: -1, run: 4 * time.Second, complete: true,
-			during: iptablesPartition(0, 2, 1500*time.Millisecond, 1*time.Second)},
+			during: iptablesPartition(0, []int{1, 2}, 1500*time.Millisecond, 1*time.Second), owner: iptablesGap},
+		// One link cut (hosts 1 and 3) while both still reach host 2:
+		// gossip's indirect probes keep both alive and the data plane has
+		// no liveness of its own, so the job stalls until the link returns.
+		row{mode: "hosts", fault: "iptables", phase: "one-link", np: 3, victim: -1, run: 12 * time.Second, names: "rank ",
+			during: iptablesPartition(0, []int{2}, 1500*time.Millisecond, 8*time.Second),
+			owner:  "open: a single cut link between two hosts that both reach a third is not detected (no data-plane liveness)"},
 	)
 	for i := range rows {
 		if rows[i].bound == 0 {
@@ -356,7 +374,7 @@ func runGorunArgs(t *testing.T, r row, env []string, pre []string) (string, bool
 	// The one-line message: gorun's line about the first cause.
 	msg := ""
 	for _, l := range strings.Split(stderr.String(), "\n") {
-		if strings.HasPrefix(l, "gorun: rank ") || strings.HasPrefix(l, "gorun: host ") {
+		if strings.HasPrefix(l, "gorun: rank ") || strings.HasPrefix(l, "gorun: host ") || strings.HasPrefix(l, "gorun: lost host ") {
 			msg = l
 			break
 		}
@@ -429,11 +447,14 @@ func runHosts(t *testing.T, r row, env []string) (string, bool, outcome) {
 	return out, failed, o
 }
 
-// iptablesPartition cuts host a from host b (both directions, in a's
-// namespace) from at for d, then heals it.
-func iptablesPartition(a, b int, at, d time.Duration) func(h *testhosts.Netns) error {
+// iptablesPartition cuts host a from each host of bs (both directions, in
+// a's namespace) from at for d, then heals it.
+func iptablesPartition(a int, bs []int, at, d time.Duration) func(h *testhosts.Netns) error {
 	return func(h *testhosts.Netns) error {
-		rules := [][]string{{"INPUT", "-s", h.Addrs[b]}, {"OUTPUT", "-d", h.Addrs[b]}}
+		var rules [][]string
+		for _, b := range bs {
+			rules = append(rules, []string{"INPUT", "-s", h.Addrs[b]}, []string{"OUTPUT", "-d", h.Addrs[b]})
+		}
 		ipt := func(op string, rule []string) error {
 			args := append([]string{"netns", "exec", h.Hosts[a], "iptables", op}, rule...)
 			args = append(args, "-j", "DROP")
@@ -571,12 +592,17 @@ func shmEntries() map[string]bool {
 }
 
 // newEntries returns the segments in after and not in before whose
-// creator is gone (a segment of another job on the shared machine, still
-// alive, is not this row's leak).
+// creator (the pid in the name, gorun-PID-...) is gone: the machine is
+// shared, and a segment whose creator still runs belongs to a live job
+// (this row's processes are all gone by now), which unlinks it itself.
 func newEntries(before, after map[string]bool) []string {
 	var out []string
 	for n := range after {
 		if before[n] {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(n, "gorun-"), "-", 2)[0])
+		if err == nil && syscall.Kill(pid, 0) == nil {
 			continue
 		}
 		if _, err := os.Stat(filepath.Join("/dev/shm", n)); err == nil {
