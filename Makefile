@@ -26,6 +26,7 @@ python: lib ## the torch backend for /usr/bin/python3: copy libgorun.so into pyt
 
 test: test-deps build vet ## everything CI runs: install test deps, build, vet, all tests with -race, the torch suite
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	GORUN_OVERLOAD_SECS=8 $(GO) test -race -count=1 -run TestNoFalseFreezeUnderLoad ./launcher
 	@$(MAKE) --no-print-directory test-python
 
 test-python: build lib ## the torch backend's pytest suite under gorun on 1-4 ranks (Debian's python3-torch)
