@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun-hpc/gorun/rankenv"
 )
 
 // The host's hardware topology, discovered once per host and handed to
@@ -55,7 +57,7 @@ import (
 
 // topologyEnv in a rank's environment (gorun --topology, or -x) chooses
 // "auto" (the default) or "off".
-const topologyEnv = "GORUN_TOPOLOGY"
+const topologyEnv = rankenv.Topology
 
 // Topology sharing policies (values of GORUN_TOPOLOGY).
 const (
@@ -192,8 +194,8 @@ func (t *topologyShare) close() {
 func topologyForRank(f *os.File, files []*os.File, env []string) ([]*os.File, []string) {
 	fd := len(files)
 	return append(files, f), append(env,
-		"HWLOC_XMLFILE=/proc/self/fd/"+strconv.Itoa(fd),
-		"HWLOC_THISSYSTEM=1")
+		rankenv.HwlocXMLFile+"=/proc/self/fd/"+strconv.Itoa(fd),
+		rankenv.HwlocThisSystem+"=1")
 }
 
 // makeTopologyFile discovers the topology and seals its XML in a memfd.
