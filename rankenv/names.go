@@ -74,6 +74,18 @@ const (
 	RdzvEndpoint = "GORUN_RDZV_ENDPOINT"
 )
 
+// CheckpointSignal names the signal gorun sends every rank to ask for a
+// checkpoint ("SIGUSR1" unless gorun --checkpoint-signal chose another),
+// as SLURM's --signal does before a time limit: gorun sends it
+// --checkpoint-signal-before DUR ahead of its --timeout and of every timed
+// kill it injects (a preemption notice), and whenever gorun itself receives
+// that signal (on demand: kill -USR1 <gorun>). It is set for every rank;
+// a program that checkpoints catches this signal, finishes its step,
+// agrees with the other ranks, and writes its checkpoint (the example
+// trainer's --checkpoint does). A program that does not catch it is killed
+// by it (SIGUSR1's default action), so gorun sends it only when asked to.
+const CheckpointSignal = "GORUN_CHECKPOINT_SIGNAL"
+
 // Interface selection for the communication libraries a rank may use,
 // set by a multi-host gorun to the interface its host reaches the others
 // through (the same one MASTER_ADDR is on for rank 0's host).
