@@ -218,6 +218,7 @@ type supervisorRankState struct {
 // supervisor is the state of one supervisor process; every field is owned by runSupervisor's
 // goroutine (the main loop), so no lock is needed.
 type supervisor struct {
+	topo    *topologyShare // the hwloc topology shared with the ranks
 	log     zerolog.Logger
 	out     *bufio.Writer
 	enc     *json.Encoder
@@ -320,6 +321,9 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	}
 	a.enc = json.NewEncoder(a.out)
 	a.collR = -1
+	// First, so that hwloc's discovery overlaps the rest of the set-up.
+	a.topo = &topologyShare{}
+	a.topo.start(spec.Ranks)
 	var collW *os.File
 	if len(spec.Ranks) > 0 {
 		// One pipe for the whole job; every rank gets the write end.
@@ -447,6 +451,13 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		}
 		return os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd))
 	}
+	// One hwloc topology for the host's ranks (topology.go), made while
+	// the supervisor set up; the ranks keep their copies of its
+	// descriptor, ours goes when all started.
+	topo := a.topo
+	defer topo.close()
+	topoDeadline := time.Now().Add(topologyWait)
+	lastFlush := time.Now()
 	// Every rank this agent starts runs on its host: local rank i of
 	// len(ranks) (see bind.go).
 	shares := cpuShares(len(ranks))
@@ -473,6 +484,20 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		if collW != nil {
 			env = append(env, rankenv.CollateralFD+"="+strconv.Itoa(len(files)))
 			files = append(files, collW)
+		}
+		if topo.wants(r.Path, r.Env) {
+			f, took, err := topo.get(topoDeadline)
+			if !topo.reported {
+				topo.reported = true
+				if err != nil {
+					a.log.Debug().Err(err).Msg("ranks discover the hardware topology themselves")
+				} else {
+					a.log.Debug().Dur("took", took).Msg("ranks read the hardware topology from gorun")
+				}
+			}
+			if err == nil {
+				files, env = topologyForRank(f, files, env)
+			}
 		}
 		p, err := startBound(cpus, func() (*os.Process, error) {
 			return os.StartProcess(r.Path, r.Argv, &os.ProcAttr{
@@ -516,10 +541,12 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		a.ranks = append(a.ranks, supervisorRankState{rank: r.Rank, pid: p.Pid, running: true})
 		a.running++
 		a.emit(supervisorEvent{Ev: "started", Rank: r.Rank, PID: p.Pid})
-		if len(a.ranks)%32 == 0 {
-			// Large jobs take a while to start: let gorun learn pids as
-			// they come rather than all at the end.
+		if len(a.ranks)%32 == 0 || time.Since(lastFlush) >= beatEvery {
+			// Large jobs, and any job on a loaded machine, take a while
+			// to start: let gorun learn pids as they come rather than all
+			// at the end, and hear from us within its lease.
 			a.flush()
+			lastFlush = time.Now()
 		}
 		// Reaping goes through wait4(-1), which also collects adopted
 		// orphans; the pidfd that os keeps is not needed.
