@@ -45,7 +45,7 @@ vet: ## go vet and a gofmt check
 unit: ## fast tests only (no -race, short mode)
 	$(GO) test -short -count=1 ./...
 
-test-desync: ## the full desync split matrix: np 2-8, every k, 4 ops x 2 sizes x shm/tcp (448 cases, ~25 s)
+test-desync: ## the full desync split matrix: np 2-8, every k, 6 collective/point-to-point splits + a Send/Recv size mismatch x 2 sizes x shm/tcp (784 cases, ~45 s)
 	GORUN_DESYNC_MATRIX=full $(GO) test -count=1 -run TestSplitMatrix -v ./comm
 
 bench-restart: build ## kill-and-restart: gorun --max-restarts vs torchrun --max_restarts on one torch gloo program, kill -> first step of the new world
