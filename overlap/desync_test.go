@@ -99,7 +99,9 @@ func TestGroupedDesync(t *testing.T) {
 			continue
 		}
 		kinds := []comm.Kind{de.Mine.Kind, de.Theirs.Kind}
-		if de.Mine == de.Theirs || !slices.ContainsFunc(kinds, func(k comm.Kind) bool { return k == comm.KindAllReduce || k == comm.KindReduceScatter || k == comm.KindAllGather }) {
+		if de.Mine == de.Theirs || !slices.ContainsFunc(kinds, func(k comm.Kind) bool {
+			return k == comm.KindAllReduce || k == comm.KindReduceScatter || k == comm.KindAllGather
+		}) {
 			t.Errorf("rank %d: %v names no two different bucket calls", r, de)
 		}
 		t.Logf("rank %d after %v: %v", r, took[r].Round(time.Millisecond), err)
