@@ -185,6 +185,9 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 type fusedMem struct {
 	cur, peak int64
 	free      [][]byte
+	// copied counts this step's bytes packed and scattered
+	// (StepMetrics.CopiedBytes).
+	copied int64
 }
 
 // get returns a buffer of n bytes (contents undefined: packing, the
@@ -358,6 +361,7 @@ func (ex *Executor) Begin(step int) error {
 	ex.begin = ex.cfg.Clock.Now()
 	ex.exposed, ex.compute = 0, 0
 	ex.mem.peak = ex.mem.cur
+	ex.mem.copied = 0
 	ex.pendingG = ex.pendingG[:0]
 	ex.filler.Reset()
 	for _, g := range ex.groups {
@@ -508,6 +512,7 @@ func (b *bucket) pack(mi int, in, out comm.Buffer) error {
 		for p := int64(0); p < b.n; p++ {
 			copy(b.send[p*blk+off:p*blk+off+sl], src[p*sl:(p+1)*sl])
 		}
+		b.mem.copied += m.Bytes
 		return nil
 	}
 	// Pointer identity, not a flag: a program may hand View's slot for
@@ -517,6 +522,7 @@ func (b *bucket) pack(mi int, in, out comm.Buffer) error {
 		return nil // the caller wrote into View: nothing to pack
 	}
 	copy(b.send[m.Offset:m.Offset+m.Bytes], src)
+	b.mem.copied += m.Bytes
 	return nil
 }
 
@@ -565,9 +571,11 @@ func (b *bucket) unpack(mi int) {
 		for p := int64(0); p < b.n; p++ {
 			copy(dst[p*m.Bytes:(p+1)*m.Bytes], b.recv[p*b.b.Bytes+m.Offset:p*b.b.Bytes+m.Offset+m.Bytes])
 		}
+		b.mem.copied += m.Bytes * b.n
 	case buckets.ReduceScatter:
 		off, sl := m.Offset/b.n, m.Bytes/b.n
 		copy(dst[:sl], b.recv[off:off+sl])
+		b.mem.copied += sl
 	case buckets.AllToAll:
 		// Block p came from rank p, in the layout it was packed in: the
 		// member's slice from rank p is its p-th output slice.
@@ -575,11 +583,13 @@ func (b *bucket) unpack(mi int) {
 		for p := int64(0); p < b.n; p++ {
 			copy(dst[p*sl:(p+1)*sl], b.recv[p*blk+off:p*blk+off+sl])
 		}
+		b.mem.copied += m.Bytes
 	default:
 		if m.Bytes > 0 && &dst[0] == &b.recv[m.Offset] {
 			return // a View: the result is already there
 		}
 		copy(dst[:m.Bytes], b.recv[m.Offset:m.Offset+m.Bytes])
+		b.mem.copied += m.Bytes
 	}
 }
 
@@ -921,7 +931,7 @@ func (ex *Executor) finish(ctx context.Context) (StepMetrics, error) {
 	if incomplete != nil {
 		return StepMetrics{}, incomplete
 	}
-	m := StepMetrics{Step: ex.step, Exposed: ex.exposed, Compute: ex.compute, FusedPeakBytes: ex.mem.peak}
+	m := StepMetrics{Step: ex.step, Exposed: ex.exposed, Compute: ex.compute, FusedPeakBytes: ex.mem.peak, CopiedBytes: ex.mem.copied}
 	for _, g := range ex.groups {
 		var prev time.Time
 		for _, b := range g.buckets {
