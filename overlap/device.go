@@ -231,3 +231,12 @@ func (ex *Executor) closeDevices() error {
 	}
 	return errors.Join(errs...)
 }
+
+// segBytes is the bytes segs copy (StepMetrics.CopiedBytes).
+func segBytes(ss []Segment) int64 {
+	var n int64
+	for _, s := range ss {
+		n += s.Bytes
+	}
+	return n
+}

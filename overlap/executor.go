@@ -207,6 +207,9 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 type fusedMem struct {
 	cur, peak int64
 	free      [][]byte
+	// copied counts this step's bytes packed and scattered
+	// (StepMetrics.CopiedBytes).
+	copied int64
 }
 
 // get returns a buffer of n bytes (contents undefined: packing, the
@@ -421,6 +424,7 @@ func (ex *Executor) Begin(step int) error {
 	ex.begin = ex.cfg.Clock.Now()
 	ex.exposed, ex.compute = 0, 0
 	ex.mem.peak = ex.mem.cur
+	ex.mem.copied = 0
 	ex.pendingG = ex.pendingG[:0]
 	ex.filler.Reset()
 	for _, g := range ex.groups {
@@ -570,7 +574,9 @@ func (b *bucket) pack(ctx context.Context, mi int, in, out comm.Buffer) error {
 		if err := b.ensure(); err != nil {
 			return err
 		}
-		h := dc.CopyDevice(ctx, devSegs(b.packSegs(mi), b.dsend.buf, in, true))
+		segs := devSegs(b.packSegs(mi), b.dsend.buf, in, true)
+		b.mem.copied += segBytes(segs)
+		h := dc.CopyDevice(ctx, segs)
 		b.g.last = h
 		if h.Done() {
 			// A refused copy (the communicator failed) is done at once:
@@ -601,6 +607,7 @@ func (b *bucket) pack(ctx context.Context, mi int, in, out comm.Buffer) error {
 	}
 	for _, s := range b.packSegs(mi) {
 		copy(b.send[s.fused:s.fused+s.n], src[s.member:s.member+s.n])
+		b.mem.copied += s.n
 	}
 	return nil
 }
@@ -665,6 +672,7 @@ func (b *bucket) unpack(mi int) {
 	}
 	for _, s := range b.unpackSegs(mi) {
 		copy(dst[s.member:s.member+s.n], b.recv[s.fused:s.fused+s.n])
+		b.mem.copied += s.n
 	}
 }
 
@@ -975,6 +983,7 @@ func (ex *Executor) waitDevice(ctx context.Context, b *bucket) error {
 			segs = append(segs, devSegs(b.unpackSegs(i), b.drecv.buf, b.outs[i], false)...)
 		}
 		if len(segs) > 0 {
+			b.mem.copied += segBytes(segs)
 			h = g.dev.CopyDevice(ctx, segs)
 			g.last = h
 		}
@@ -1125,7 +1134,7 @@ func (ex *Executor) finish(ctx context.Context) (StepMetrics, error) {
 	if incomplete != nil {
 		return StepMetrics{}, incomplete
 	}
-	m := StepMetrics{Step: ex.step, Exposed: ex.exposed, Compute: ex.compute, FusedPeakBytes: ex.mem.peak}
+	m := StepMetrics{Step: ex.step, Exposed: ex.exposed, Compute: ex.compute, FusedPeakBytes: ex.mem.peak, CopiedBytes: ex.mem.copied}
 	for _, g := range ex.groups {
 		var prev time.Time
 		for _, b := range g.buckets {
