@@ -166,7 +166,9 @@ func hostBytes(b Buffer, what string) ([]byte, error) {
 
 // issue queues cl, or fails it at once when the communicator is closed.
 func (c *Comm) issue(ctx context.Context, cl *call) Handle {
-	if !flightOff.Load() {
+	// The issue time is worth a clock read only when the call will wait
+	// behind another (the recorder uses the start time otherwise).
+	if (len(c.queue) > 0 || c.running.Load()) && !flightOff.Load() {
 		cl.issued = ticks()
 	}
 	if ctx == nil {

@@ -170,7 +170,7 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 		workerExited: make(chan struct{}),
 		peers:        make([]*peer, n),
 		info:         make([]string, n),
-		rec:          newRecorder(cfg.FlightRecords),
+		rec:          newRecorder(cfg.FlightRecords, n),
 		watchStop:    make(chan struct{}),
 		flightDir:    cfg.FlightDir,
 	}
