@@ -20,6 +20,7 @@ import os
 import queue
 import secrets
 import socket
+import sys
 import threading
 import weakref
 
@@ -51,6 +52,8 @@ _OPS = {
     ReduceOp.RedOpType.MAX: _lib.MAX,
     ReduceOp.RedOpType.AVG: _lib.AVG,
 }
+
+_OPS_BY_VALUE = {int(k): v for k, v in _OPS.items()}
 
 ENV_DETERMINISTIC = "GORUN_DETERMINISTIC"
 
@@ -302,6 +305,78 @@ class _DoneWork(GorunWork):
         self._finish(None)
 
 
+class _SyncWork(Work):
+    """A call that already completed on the caller's thread (see
+    _caller_waits): every query answers at once."""
+
+    def __init__(self, outputs):
+        super().__init__()
+        self._outputs = outputs
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._outputs
+
+    def synchronize(self):
+        pass
+
+    def get_future(self):
+        fut = Future()
+        fut.set_result(self._outputs)
+        return fut
+
+
+# ---- synchronous callers ----------------------------------------------------------
+
+# torch.distributed's functions that, with async_op=False, issue one call on
+# the group and wait for it at once (``work = group.allreduce(...);
+# work.wait()``). Called from one of these, a collective runs to completion
+# inside one library call (gorun_* with a NULL request): the caller's thread
+# runs it with no hand-off to gorun's worker thread and back, no request
+# handle and no Work to track — on a small message that is most of the cost
+# of a call (notes/torch-backend.md). Any other caller (async_op=True, DDP's
+# C++ reducer, a direct pg.allreduce) gets an asynchronous call and a Work.
+def _sync_codes():
+    import inspect
+    c10d = dist.distributed_c10d
+    names = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base",
+             "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all_single",
+             "all_to_all", "gather", "scatter", "barrier", "all_reduce_coalesced", "all_gather_coalesced")
+    codes = set()
+    for n in names:
+        f = getattr(c10d, n, None)
+        if f is not None and hasattr(f, "__code__"):
+            f = inspect.unwrap(f)
+            if "async_op" in f.__code__.co_varnames:
+                codes.add(f.__code__)
+    return frozenset(codes)
+
+
+_SYNC_CODES = _sync_codes()
+
+
+def _caller_waits():
+    """Whether the collective method being run (two frames up from here:
+    method → _issue → this) was called by one of torch's functions with
+    async_op=False, which waits for the Work before doing anything else."""
+    try:
+        f = sys._getframe(3)
+    except ValueError:
+        return False
+    return f.f_code in _SYNC_CODES and f.f_locals.get("async_op") is False
+
+
 # ---- argument checks ----------------------------------------------------------
 
 
@@ -314,6 +389,17 @@ def _dtype(t, what):
 
 
 def _check(t, what, name="tensor"):
+    """The gorun dtype of t, a dense contiguous CPU tensor; otherwise a
+    TypeError or ValueError naming the call and the argument."""
+    # The common case in four attribute reads, since it runs on every call;
+    # the error path below says which condition failed.
+    try:
+        if t.is_cpu and t.layout is _STRIDED and t.is_contiguous():
+            dt = _DTYPES.get(t.dtype)
+            if dt is not None:
+                return dt
+    except AttributeError:
+        pass
     if not isinstance(t, torch.Tensor):
         raise TypeError("gorun %s: %s is a %s, not a tensor" % (what, name, type(t).__name__))
     if t.device.type != "cpu":
@@ -324,6 +410,9 @@ def _check(t, what, name="tensor"):
     if not t.is_contiguous():
         raise ValueError("gorun %s: %s is not contiguous (call .contiguous() first)" % (what, name))
     return _dtype(t, what)
+
+
+_STRIDED = torch.strided
 
 
 def _one(tensors, what, name="tensors"):
@@ -341,8 +430,11 @@ def _same(a, b, what, na, nb):
 def _op(opts, what, dt):
     if opts is None:
         return _lib.SUM
-    op = opts.reduceOp.op if hasattr(opts.reduceOp, "op") else opts.reduceOp
-    code = _OPS.get(op)
+    op = opts.reduceOp
+    op = getattr(op, "op", op)  # a ReduceOp wraps its RedOpType
+    # By the enum's integer: hashing a pybind11 enum costs more than the
+    # rest of the lookup.
+    code = _OPS_BY_VALUE.get(int(op))
     if code is None:
         raise ValueError("gorun %s: reduce op %s is not supported (supported: SUM, PRODUCT, MIN, MAX, AVG)"
                          % (what, str(op).split(".")[-1]))
@@ -425,6 +517,7 @@ class ProcessGroupGorun(ProcessGroup):
         self._pending = {}
         self._recent = collections.deque(maxlen=self._RETAIN)
         self._channels = {}
+        self._l = _lib.lib()
         self._completer = _Completer("gorun-completer-%d" % handle)
         self._completer.start()
         _live_groups.add(self)
@@ -464,8 +557,18 @@ class ProcessGroupGorun(ProcessGroup):
     # -- issuing --
     def _issue(self, what, fn, keep, outputs, post=None, calls=None):
         """Issues one library call per entry of calls (or fn once) and returns
-        the Work. fn(req_ptr) issues and returns the status."""
-        l = _lib.lib()
+        the Work. fn(lib, req_ptr) issues and returns the status; with a
+        NULL req_ptr the library runs the call to completion before it
+        returns (synchronous callers, see _caller_waits)."""
+        l = self._l
+        if _caller_waits():
+            for f in (calls if calls is not None else (fn,)):
+                rc = f(l, None)
+                if rc != _lib.OK:
+                    raise _lib.error(rc, "gorun %s" % what)
+            if post is not None:
+                post()
+            return _SyncWork(outputs)
         reqs = []
         for f in (calls if calls is not None else [fn]):
             r = ctypes.c_int64()
@@ -485,8 +588,8 @@ class ProcessGroupGorun(ProcessGroup):
         dt = _check(t, what)
         op = _op(opts, what, dt)
         n = t.numel()
-        return self._issue(what, lambda l, r: l.gorun_allreduce(self._h, _ptr(t), _ptr(t), n, dt, op, r),
-                           [t], [t])
+        p = t.data_ptr() if n else None  # each tensor method call costs: read once
+        return self._issue(what, lambda l, r: l.gorun_allreduce(self._h, p, p, n, dt, op, r), [t], [t])
 
     def allreduce_coalesced(self, tensors, opts=None):
         what = "allreduce_coalesced"
