@@ -86,9 +86,10 @@ class Options:
 _world_lock = threading.Lock()
 _world = None  # world communicator handle
 _world_config = None
+_world_members = None  # the global ranks of gorun's world when it is not all of torch's
 
 
-def _bootstrap_env(store, rank, size):
+def _bootstrap_env(store, rank, size, force=False):
     """Outside gorun (torchrun, or a hand-set RANK/WORLD_SIZE/MASTER_ADDR),
     gorun's rendezvous needs an endpoint and a job secret that every rank
     agrees on. torch's own store is the one thing they already share: rank 0
@@ -97,7 +98,8 @@ def _bootstrap_env(store, rank, size):
     (the library cannot see os.environ changes: Go's runtime reads the
     environment the process started with). torch's store holds MASTER_PORT
     itself, so the rendezvous cannot use it."""
-    if "GORUN_RANK" in os.environ or "GORUN_RDZV_ENDPOINT" in os.environ or size <= 1 or store is None:
+    if not force and ("GORUN_RANK" in os.environ or "GORUN_RDZV_ENDPOINT" in os.environ or size <= 1
+                      or store is None):
         return ""
     if rank == 0:
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
@@ -109,12 +111,18 @@ def _bootstrap_env(store, rank, size):
             s.close()
         store.set("gorun/rdzv", "%s:%d" % (host, port))
         store.set("gorun/secret", secrets.token_hex(32))
+        store.set("gorun/job", "torch-" + secrets.token_hex(8))
     return " env.GORUN_RDZV_ENDPOINT=%s env.GORUN_SECRET=%s" % (
         store.get("gorun/rdzv").decode(), store.get("gorun/secret").decode())
 
 
-def _init_world(store, rank, size, options, timeout):
-    global _world, _world_config
+def _init_world(store, rank, size, options, timeout, members=None):
+    """gorun's world: every rank of torch's default group, or, when members
+    is given (a gorun group made while the default group has another
+    backend, so that only the group's members run this), those global
+    ranks alone, as a world of their own bootstrapped through the group's
+    store."""
+    global _world, _world_config, _world_members
     with _world_lock:
         cfg = options.config(timeout)
         if _world is not None:
@@ -123,25 +131,40 @@ def _init_world(store, rank, size, options, timeout):
                                  "finalize() first to change options to %r" % (_world_config, cfg),
                                  "GORUN_ERR_INVALID")
             return _world
-        extra = _bootstrap_env(store, rank, size)
+        extra = _members_env(store, rank, size, members) if members else _bootstrap_env(store, rank, size)
         l = _lib.lib()
         h = ctypes.c_int64()
         _lib.check(l.gorun_init((cfg + extra).encode(), ctypes.byref(h)), "gorun_init")
-        _world, _world_config = h.value, cfg
+        _world, _world_config, _world_members = h.value, cfg, members
         atexit.register(finalize)
         return _world
+
+
+def _members_env(store, rank, size, members):
+    """The rank environment of a world made of some of torch's ranks:
+    identity, host-local numbering (shared memory pairs ranks by host), a
+    rendezvous endpoint and secret, all agreed through the group's store
+    and handed to the library as overrides of what the launcher set."""
+    host = os.environ.get("GORUN_HOST") or socket.gethostname()
+    store.set("gorun/host/%d" % rank, host)
+    hosts = [store.get("gorun/host/%d" % r).decode() for r in range(size)]
+    local = [r for r in range(size) if hosts[r] == host]
+    env = _bootstrap_env(store, rank, size, force=True)
+    return env + (" env.GORUN_RANK=%d env.GORUN_WORLD_SIZE=%d env.GORUN_LOCAL_RANK=%d "
+                  "env.GORUN_LOCAL_WORLD_SIZE=%d env.GORUN_JOB_ID=%s" % (
+                      rank, size, local.index(rank), len(local), store.get("gorun/job").decode()))
 
 
 def finalize():
     """Closes every gorun communicator and leaves the world (at exit this
     runs by itself). After it, init_process_group("gorun") starts afresh."""
-    global _world, _world_config
+    global _world, _world_config, _world_members
     with _world_lock:
         if _world is None or not _lib.loaded():
             return
         for pg in list(_live_groups):
             pg._stop()
-        _world, _world_config = None, None
+        _world, _world_config, _world_members = None, None, None
         _lib.check(_lib.lib().gorun_finalize(), "gorun_finalize")
 
 
@@ -877,15 +900,22 @@ class ProcessGroupGorun(ProcessGroup):
 
 def _create(opts, pg_options):
     """The backend's creator (torch's extended API): the world for the
-    default group, a subgroup of the given world ranks otherwise."""
+    default group, a subgroup of the given world ranks otherwise.
+
+    torch calls it on a new group's members only. With gorun as the default
+    group, gorun's world already spans every rank and a subgroup is carved
+    out of it. With another default backend (gloo), the first gorun group
+    becomes gorun's world: all of torch's ranks if it has them all,
+    otherwise its members alone; later gorun groups must then lie within
+    it (gorun's world cannot grow, and the ranks outside it never ran this
+    code to join)."""
     options = pg_options if isinstance(pg_options, Options) else Options()
     if pg_options is not None and not isinstance(pg_options, Options):
         raise TypeError("gorun: pg_options must be a gorun.Options, not %s" % type(pg_options).__name__)
     ranks = list(opts.global_ranks_in_group)
-    world = _init_world(opts.store, opts.group_rank if not ranks else -1,
-                        opts.group_size if not ranks else 0, options, opts.timeout)
     l = _lib.lib()
     if not ranks:
+        world = _init_world(opts.store, opts.group_rank, opts.group_size, options, opts.timeout)
         wr, ws = ctypes.c_int(), ctypes.c_int()
         _lib.check(l.gorun_comm_rank(world, ctypes.byref(wr)))
         _lib.check(l.gorun_comm_size(world, ctypes.byref(ws)))
@@ -893,6 +923,25 @@ def _create(opts, pg_options):
             raise GorunError("gorun: torch says rank %d of %d but gorun's environment says rank %d of %d"
                              % (opts.group_rank, opts.group_size, wr.value, ws.value), "GORUN_ERR_INIT")
         return ProcessGroupGorun(world, wr.value, ws.value, list(range(ws.value)), opts.timeout)
+    if _world is None:
+        # The default group has another backend: this group founds gorun's world.
+        everyone = ranks == list(range(dist.get_world_size()))
+        world = _init_world(opts.store, opts.group_rank, opts.group_size, options, opts.timeout,
+                            members=None if everyone else ranks)
+        if not everyone:
+            return ProcessGroupGorun(world, opts.group_rank, opts.group_size, list(range(len(ranks))),
+                                     opts.timeout)
+    world = _init_world(opts.store, -1, 0, options, opts.timeout)
+    members = _world_members
+    if members is not None:
+        outside = [r for r in ranks if r not in members]
+        if outside:
+            raise GorunError("gorun new_group %s: ranks %s are outside gorun's world %s. The default group "
+                             "is not gorun, so the first gorun group (%s) became gorun's world; make the "
+                             "first gorun group span every rank (dist.new_group(backend=\"gorun\")) or "
+                             "init_process_group(\"gorun\")" % (ranks, outside, members, members),
+                             "GORUN_ERR_INVALID")
+        ranks = [members.index(r) for r in ranks]
     arr = (ctypes.c_int * len(ranks))(*ranks)
     h = ctypes.c_int64()
     _lib.check(l.gorun_comm_group(world, arr, len(ranks), ("torch-group-" + str(opts.group_id)).encode(),

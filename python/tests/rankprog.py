@@ -339,6 +339,44 @@ def case_det():
     say("det ok")
 
 
+def case_gloo_default():
+    """gorun groups while the default group is gloo: the first gorun group
+    founds gorun's world (a subset of the ranks when n > 2, every rank
+    otherwise), later gorun groups are carved out of it."""
+    dist.init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    first = [0, n - 1] if n > 2 else list(range(n))
+    g = dist.new_group(first, backend="gorun")
+    if rank in first:
+        assert dist.get_backend(g) == "gorun", dist.get_backend(g)
+        t = torch.full((5,), float(rank))
+        dist.all_reduce(t, group=g)
+        same(t, torch.full((5,), float(sum(first))), "gorun subgroup all_reduce")
+        outs = [torch.empty(1, dtype=torch.int64) for _ in first]
+        dist.all_gather(outs, torch.tensor([rank]), group=g)
+        same(torch.cat(outs), torch.tensor(first), "gorun subgroup all_gather")
+        f = dist.all_reduce(torch.ones(3), group=g, async_op=True).get_future()
+        same(f.wait()[0], torch.full((3,), float(len(first))), "gorun subgroup future")
+        # point-to-point between the group's two ends (group ranks 0 and 1)
+        x = torch.full((4,), float(rank))
+        peer = len(first) - 1 - first.index(rank)
+        if first.index(rank) == 0:
+            dist.send(x, first[peer], group=g)
+        elif first.index(rank) == len(first) - 1:
+            dist.recv(x, first[peer], group=g)
+            same(x, torch.full((4,), float(first[0])), "gorun subgroup send/recv")
+    inner = dist.new_group([n - 1], backend="gorun")  # within gorun's world
+    if rank == n - 1:
+        t = torch.full((2,), 7.0)
+        dist.all_reduce(t, group=inner)
+        same(t, torch.full((2,), 7.0), "gorun group of one")
+    t = torch.ones(2)
+    dist.all_reduce(t)  # the default group is still gloo's
+    same(t, torch.full((2,), float(n)), "gloo default all_reduce")
+    say("gloodefault ok")
+    dist.destroy_process_group()
+
+
 def case_smoke():
     dist.init_process_group("gorun")
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -422,4 +460,4 @@ def case_desync():
 
 
 if __name__ == "__main__":
-    {"all": case_all, "smoke": case_smoke, "fork": case_fork, "det": case_det, "kill": case_kill, "desync": case_desync}[sys.argv[1]]()
+    {"all": case_all, "smoke": case_smoke, "gloodefault": case_gloo_default, "fork": case_fork, "det": case_det, "kill": case_kill, "desync": case_desync}[sys.argv[1]]()

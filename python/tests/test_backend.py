@@ -69,9 +69,20 @@ def test_desync_raises_on_every_rank_naming_both_calls(launcher):
         assert "Broadcast" in msg and "AllReduce" in msg, (rank, msg)
 
 
-def test_torch_style_launch_without_gorun_bootstraps_through_the_store(launcher):
+def test_gorun_groups_with_a_gloo_default_group(launcher):
+    """init_process_group("gloo") then new_group(backend="gorun"): on 3 ranks
+    the first gorun group is [0, 2], a world of its members alone."""
+    code, out = launcher.run(3, "gloodefault")
+    assert code == 0, out[-6000:]
+    ranks_ok(out, 3, "gloodefault")
+
+
+@pytest.mark.parametrize("case", ["smoke", "gloodefault"])
+def test_torch_style_launch_without_gorun_bootstraps_through_the_store(launcher, case):
     """RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT only, as torchrun sets them:
-    the rendezvous endpoint and secret travel through torch's store."""
+    the rendezvous endpoint and secret travel through torch's store (smoke:
+    gorun is the default group; gloodefault: a gorun group of every rank
+    under a gloo default group)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -81,7 +92,7 @@ def test_torch_style_launch_without_gorun_bootstraps_through_the_store(launcher)
         env = {k: v for k, v in os.environ.items() if not k.startswith("GORUN_")}
         env.update(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=PYDIR, GORUN_LIB=launcher.lib, OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, RANKPROG, "smoke"], env=env,
+        procs.append(subprocess.Popen([sys.executable, RANKPROG, case], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     out = ""
     for p in procs:
@@ -91,4 +102,4 @@ def test_torch_style_launch_without_gorun_bootstraps_through_the_store(launcher)
             p.kill()
         out += o.decode(errors="replace")
         assert p.returncode == 0, out[-3000:]
-    ranks_ok(out, 2, "smoke")
+    ranks_ok(out, 2, case)
