@@ -21,6 +21,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gorun
 
+# The suite tests this checkout's package, never one `make python` (a .pth
+# file) or anything else put on the path: conftest.py sets PYTHONPATH.
+_HERE = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gorun"))
+if os.path.dirname(os.path.abspath(gorun.__file__)) != _HERE:
+    raise SystemExit("rankprog: imported gorun from %s, not this checkout's %s" % (gorun.__file__, _HERE))
+
 R = dist.ReduceOp
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64,
           torch.uint8, torch.bool]
