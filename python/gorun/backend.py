@@ -476,6 +476,16 @@ def _ptr(t):
 _live_groups = weakref.WeakSet()
 
 
+def _after_fork_in_child():
+    # Go's runtime does not survive fork: a child that calls a group's
+    # cached library gets lib()'s error instead (see _lib.Forked).
+    for pg in list(_live_groups):
+        pg._l = _lib.Forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class _Channel:
     """The two-rank communicator of one direction of point-to-point
     traffic (src → dst). It connects on a thread of its own, since both ends
