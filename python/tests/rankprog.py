@@ -334,14 +334,65 @@ def case_all():
     dist.destroy_process_group()
 
 
+def fixed_tree(vals):
+    """gorun's deterministic reduction order (comm/doc.go): pairwise in
+    rank order, neighbours (0,1), (2,3)... with the lower rank on the left,
+    an odd one out moving up unchanged: ((r0+r1)+r2) for 3 ranks."""
+    level = list(vals)
+    while len(level) > 1:
+        nxt = [level[i] + level[i + 1] for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]
+
+
+def order_sensitive(rank, count, seed):
+    """float32 inputs whose sum depends on the order of the additions:
+    magnitudes from 1e-4 to 1e8, so that most orders round differently."""
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    mag = torch.randint(-4, 9, (count,), generator=g).to(torch.float64)
+    return (torch.randn(count, generator=g, dtype=torch.float64) * torch.pow(10.0, mag)).to(torch.float32)
+
+
 def case_det():
-    dist.init_process_group("gorun", pg_options=gorun.Options(deterministic=True))
+    """gorun.Options(deterministic=D), D from argv. Every all-reduce's result
+    is compared bit for bit with the fixed tree computed on this rank from
+    every rank's inputs, at sizes that take the small (gather, recursive
+    doubling) and large (direct, ring) algorithms, with ranks arriving in
+    different orders (sleeps). Prints the mismatches per size; the test
+    wants none with D=1 and some with D=0 (proof that the inputs can tell
+    reduction orders apart). With D=1 a DDP run must also be bitwise equal
+    on every rank."""
+    det = sys.argv[2] == "1"
+    dist.init_process_group("gorun", pg_options=gorun.Options(deterministic=det))
     rank, n = dist.get_rank(), dist.get_world_size()
-    p = train(make_model(), dist.group.WORLD, 15, 11)
-    outs = [torch.empty_like(p) for _ in range(n)]
-    dist.all_gather(outs, p)
-    assert all(torch.equal(o, p) for o in outs), "ranks disagree bitwise"
-    say("DETHASH", hashlib.sha256(p.numpy().tobytes()).hexdigest())
+    counts = [1, 7, 1000, 300_001]
+    bad = {}
+    for count in counts:
+        bad[count] = 0
+        for rep in range(3):
+            seed = count + rep
+            x = order_sensitive(rank, count, seed)
+            time.sleep(0.003 * ((rank + rep) % n))  # a different arrival order each rep
+            if rep == 1:
+                dist.all_reduce(x, async_op=True).wait()  # the asynchronous path as well
+            else:
+                dist.all_reduce(x)
+            want = fixed_tree([order_sensitive(r, count, seed) for r in range(n)])
+            bad[count] += int((x.view(torch.int32) != want.view(torch.int32)).sum())
+            # whatever the order, every rank holds the same bits
+            outs = [torch.empty_like(x) for _ in range(n)]
+            dist.all_gather(outs, x)
+            assert all(torch.equal(o.view(torch.int32), x.view(torch.int32)) for o in outs), \
+                "ranks disagree bitwise (count %d)" % count
+    say("TREE det=%d %s" % (det, " ".join("%d:%d" % kv for kv in bad.items())))
+    if det:
+        p = train(make_model(), dist.group.WORLD, 15, 11)
+        outs = [torch.empty_like(p) for _ in range(n)]
+        dist.all_gather(outs, p)
+        assert all(torch.equal(o, p) for o in outs), "DDP: ranks disagree bitwise"
+        say("DETHASH", hashlib.sha256(p.numpy().tobytes()).hexdigest())
     say("det ok")
 
 
