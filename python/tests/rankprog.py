@@ -304,8 +304,7 @@ def make_model():
                                torch.nn.ReLU(), torch.nn.Linear(32, 4))
 
 
-def check_ddp(rank, n):
-    gloo = dist.new_group(list(range(n)), backend="gloo")
+def check_ddp(rank, n, gloo):
     world = dist.group.WORLD
     for name, hook in (("default", None), ("allreduce hook", default_hooks.allreduce_hook),
                        ("fp16 hook", default_hooks.fp16_compress_hook)):
@@ -320,6 +319,90 @@ def check_ddp(rank, n):
         assert all(torch.equal(o, a) for o in outs), "DDP %s: ranks disagree" % name
 
 
+class ShardedMLP:
+    """FSDP-style data parallel training written with the tensor collectives
+    (torch 1.13's FullyShardedDataParallel cannot even be imported on Python
+    3.11, see notes/torch-backend.md): each layer's parameters live as one
+    flat vector sharded over the ranks; a layer is all-gathered
+    (all_gather_into_tensor) just before it runs, the next layer's gather
+    is issued asynchronously meanwhile (FSDP's prefetch), and the flat
+    gradient is reduce-scattered (reduce_scatter_tensor, AVG) so each rank
+    updates only its shard."""
+
+    def __init__(self, model, pg):
+        self.model, self.pg = model, pg
+        self.n, self.rank = dist.get_world_size(pg), dist.get_rank(pg)
+        self.layers = [m for m in model if list(m.parameters())]
+        self.shards = []
+        for layer in self.layers:
+            flat = torch.cat([p.detach().reshape(-1) for p in layer.parameters()])
+            k = -(-flat.numel() // self.n)  # padded to a multiple of the group
+            flat = torch.cat([flat, flat.new_zeros(k * self.n - flat.numel())])
+            self.shards.append(flat[self.rank * k:(self.rank + 1) * k].clone())
+
+    def _gather(self, i, async_op):
+        shard = self.shards[i]
+        full = torch.empty(shard.numel() * self.n)
+        w = dist.all_gather_into_tensor(full, shard, group=self.pg, async_op=async_op)
+        return full, w
+
+    def _params(self, i, full):
+        out, off = {}, 0
+        for name, p in self.layers[i].named_parameters():
+            out[name] = full[off:off + p.numel()].view_as(p)
+            off += p.numel()
+        return out
+
+    def step(self, x, y, lr):
+        fulls = []
+        nxt = self._gather(0, async_op=True)
+        h = x
+        for i, m in enumerate(self.model):
+            if m in self.layers:
+                j = self.layers.index(m)
+                full, w = nxt
+                w.wait()
+                if j + 1 < len(self.layers):
+                    nxt = self._gather(j + 1, async_op=True)  # prefetch while this layer runs
+                full.requires_grad_(True)
+                fulls.append(full)
+                h = torch.nn.utils.stateless.functional_call(m, self._params(j, full), (h,))
+            else:
+                h = m(h)
+        loss = ((h - y) ** 2).mean()
+        loss.backward()
+        for j, full in enumerate(fulls):
+            g = torch.empty_like(self.shards[j])
+            dist.reduce_scatter_tensor(g, full.grad, op=dist.ReduceOp.AVG, group=self.pg)
+            self.shards[j] -= lr * g
+
+    def full_parameters(self):
+        return torch.cat([self._gather(j, False)[0][:sum(p.numel() for p in layer.parameters())]
+                          for j, layer in enumerate(self.layers)])
+
+
+def check_fsdp_style(rank, n, gloo):
+    steps, lr = 6, 0.05
+    sharded = ShardedMLP(make_model(), dist.group.WORLD)
+    g = torch.Generator().manual_seed(23 + rank)
+    batches = [(torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)) for _ in range(steps)]
+    for x, y in batches:
+        sharded.step(x, y, lr)
+    got = sharded.full_parameters()
+    # the reference: DDP over gloo (gradients averaged by all-reduce) on the
+    # same model and batches
+    model = make_model()
+    ddp = DDP(model, process_group=gloo)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    for x, y in batches:
+        opt.zero_grad()
+        ((ddp(x) - y) ** 2).mean().backward()
+        opt.step()
+    want = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    if not torch.allclose(got, want, atol=1e-5, rtol=0):
+        raise AssertionError("FSDP-style training on gorun and DDP on gloo differ by %g" % (got - want).abs().max())
+
+
 def case_all():
     dist.init_process_group("gorun")
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -329,7 +412,9 @@ def case_all():
     check_groups(rank, n)
     check_async(rank, n)
     check_bad_arguments(rank, n)
-    check_ddp(rank, n)
+    gloo = dist.new_group(list(range(n)), backend="gloo")
+    check_ddp(rank, n, gloo)
+    check_fsdp_style(rank, n, gloo)
     say("all ok")
     dist.destroy_process_group()
 
