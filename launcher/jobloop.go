@@ -66,6 +66,9 @@ type rankState struct {
 	// stopped is set when gorun signaled the rank: its exit is then a
 	// consequence of the teardown, not a failure of its own.
 	stopped bool
+	// frozen is the /proc state letter ("T", "t") its supervisor saw when
+	// the teardown reached it; empty if it was running.
+	frozen string
 }
 
 // failure is one rank that failed on its own.
@@ -246,7 +249,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 				stop(stopFailure, syscall.SIGTERM)
 			case "exited":
 				st := &ranks[ev.Rank]
-				st.exited = true
+				st.exited, st.frozen = true, ev.Frozen
 				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Msg("rank exited")
 				if ev.Collateral && (ev.Code != 0 || ev.Signal != 0) {
 					// A consequence: counted apart, neither stopped by
@@ -330,7 +333,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 		case <-injC:
 			world.sent(injNext)
 			r.home.command(supervisorCmd{Op: "inject", Ranks: injNext.ranks, Signal: int(injNext.sig), For: injNext.cont, Fault: injNext.id,
-				KillHost: injNext.kind == FaultKillHost})
+				KillHost: injNext.kind == FaultKillHost, AfterSteps: injNext.afterSteps})
 			armInjection()
 		case <-grace:
 			grace = nil
@@ -475,6 +478,7 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 		Stopped: stopped, Code: failure{code: first.code, signal: first.signal}.exitCode()}
 	if blame >= 0 {
 		e.Blame, e.BlameHost, e.BlamePID = blame, r.plan.Ranks[blame].Host, ranks[blame].pid
+		e.Frozen = ranks[blame].frozen
 		if ranks[blame].stopped && ranks[blame].pid > 0 {
 			// The blamed rank is counted by name, not among the others.
 			e.Stopped--
@@ -520,6 +524,9 @@ func (r *jobLoop) logInjection(world *worldRun, ev supervisorEvent) {
 	}
 	l := r.log.Warn().Str("kind", f.Kind).Str("spec", f.Spec).Int("rank", ev.Rank).Str("host", r.plan.Ranks[ev.Rank].Host).
 		Int("pid", ev.PID).Int("restart", world.restart).Float64("at_s", world.rep.since(time.Now()))
+	if ev.Step > 0 {
+		l = l.Int64("step", ev.Step)
+	}
 	switch {
 	case ev.Ev == "fault-cont":
 		l.Msg("injected stop ended: SIGCONT sent")
