@@ -166,6 +166,11 @@ type supervisorEvent struct {
 	// and Err the runtime's words.
 	Collateral bool `json:"collateral,omitempty"`
 	Blame      int  `json:"blame,omitempty"`
+	// Frozen marks an "exited" rank that was stopped (SIGSTOP, a
+	// debugger: /proc state "T" or "t", the letter given) when the
+	// teardown reached it: frozen, not dead, which its peers cannot tell
+	// apart (their lease only says it fell silent).
+	Frozen string `json:"frozen,omitempty"`
 	// Fault is the injection an "injected" or "fault-cont" event answers;
 	// Err is set on "injected" when the rank was not running.
 	Fault    int  `json:"fault,omitempty"`
@@ -204,11 +209,16 @@ type supervisorRankState struct {
 	rank    int
 	pid     int
 	running bool
+	// frozen is the rank's /proc state ('T' stopped, 't' traced) when the
+	// supervisor was told to end it, 0 if it was running: the evidence
+	// that a rank its peers lost was frozen, not dead (noteFrozen).
+	frozen byte
 }
 
 // supervisor is the state of one supervisor process; every field is owned by runSupervisor's
 // goroutine (the main loop), so no lock is needed.
 type supervisor struct {
+	topo    *topologyShare // the hwloc topology shared with the ranks
 	log     zerolog.Logger
 	out     *bufio.Writer
 	enc     *json.Encoder
@@ -311,6 +321,9 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	}
 	a.enc = json.NewEncoder(a.out)
 	a.collR = -1
+	// First, so that hwloc's discovery overlaps the rest of the set-up.
+	a.topo = &topologyShare{}
+	a.topo.start(spec.Ranks)
 	var collW *os.File
 	if len(spec.Ranks) > 0 {
 		// One pipe for the whole job; every rank gets the write end.
@@ -438,6 +451,13 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		}
 		return os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd))
 	}
+	// One hwloc topology for the host's ranks (topology.go), made while
+	// the supervisor set up; the ranks keep their copies of its
+	// descriptor, ours goes when all started.
+	topo := a.topo
+	defer topo.close()
+	topoDeadline := time.Now().Add(topologyWait)
+	lastFlush := time.Now()
 	// Every rank this agent starts runs on its host: local rank i of
 	// len(ranks) (see bind.go).
 	shares := cpuShares(len(ranks))
@@ -464,6 +484,20 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		if collW != nil {
 			env = append(env, rankenv.CollateralFD+"="+strconv.Itoa(len(files)))
 			files = append(files, collW)
+		}
+		if topo.wants(r.Path, r.Env) {
+			f, took, err := topo.get(topoDeadline)
+			if !topo.reported {
+				topo.reported = true
+				if err != nil {
+					a.log.Debug().Err(err).Msg("ranks discover the hardware topology themselves")
+				} else {
+					a.log.Debug().Dur("took", took).Msg("ranks read the hardware topology from gorun")
+				}
+			}
+			if err == nil {
+				files, env = topologyForRank(f, files, env)
+			}
 		}
 		p, err := startBound(cpus, func() (*os.Process, error) {
 			return os.StartProcess(r.Path, r.Argv, &os.ProcAttr{
@@ -507,10 +541,12 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		a.ranks = append(a.ranks, supervisorRankState{rank: r.Rank, pid: p.Pid, running: true})
 		a.running++
 		a.emit(supervisorEvent{Ev: "started", Rank: r.Rank, PID: p.Pid})
-		if len(a.ranks)%32 == 0 {
-			// Large jobs take a while to start: let gorun learn pids as
-			// they come rather than all at the end.
+		if len(a.ranks)%32 == 0 || time.Since(lastFlush) >= beatEvery {
+			// Large jobs, and any job on a loaded machine, take a while
+			// to start: let gorun learn pids as they come rather than all
+			// at the end, and hear from us within its lease.
 			a.flush()
+			lastFlush = time.Now()
 		}
 		// Reaping goes through wait4(-1), which also collects adopted
 		// orphans; the pidfd that os keeps is not needed.
@@ -527,6 +563,9 @@ func (a *supervisor) command(c supervisorCmd) {
 		want := map[int]bool{}
 		for _, r := range c.Ranks {
 			want[r] = true
+		}
+		if stopping(syscall.Signal(c.Signal)) {
+			a.noteFrozen()
 		}
 		for _, r := range a.ranks {
 			if r.running && (len(want) == 0 || want[r.rank]) {
@@ -634,6 +673,9 @@ func (a *supervisor) sendConts(now time.Time) {
 // repeated (on each tick) while anything is left, because a process can
 // fork between the scan and the kill.
 func (a *supervisor) killAll() {
+	if !a.killing {
+		a.noteFrozen()
+	}
 	a.killing = true
 	for _, r := range a.ranks {
 		if r.running {
@@ -642,6 +684,25 @@ func (a *supervisor) killAll() {
 	}
 	for _, pid := range descendants(a.self) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// noteFrozen records which running ranks are stopped right now, before the
+// teardown's SIGCONT or SIGKILL changes that. It reads the state the
+// kernel keeps for every process: a rank that its peers found silent (the
+// rendezvous lease) and that sits in state T was frozen, and that is the
+// cause gorun's final line gives. One read of /proc/PID/stat per rank, only
+// at the teardown.
+func (a *supervisor) noteFrozen() {
+	for i := range a.ranks {
+		r := &a.ranks[i]
+		if !r.running || r.frozen != 0 {
+			continue
+		}
+		if st := procState(r.pid); st == 'T' || st == 't' {
+			r.frozen = st
+			a.log.Debug().Int("rank", r.rank).Int("pid", r.pid).Str("state", string(st)).Msg("rank is stopped at the teardown")
+		}
 	}
 }
 
@@ -669,6 +730,9 @@ func (a *supervisor) reap() {
 		a.readCollateral()
 		if c, ok := a.coll[ev.Rank]; ok {
 			ev.Collateral, ev.Blame, ev.Err = true, c.Blame, c.Why
+		}
+		if f := a.ranks[i].frozen; f != 0 {
+			ev.Frozen = string(f)
 		}
 		if ws.Signaled() {
 			ev.Signal = int(ws.Signal())

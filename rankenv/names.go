@@ -105,3 +105,21 @@ const (
 // another rank's failure, and gorun's final line names the first cause
 // instead of whichever rank happened to exit first (internal/collateral).
 const CollateralFD = "GORUN_COLLATERAL_FD"
+
+// hwloc's variables, set by a rank's supervisor only for a program that
+// needs libhwloc.so.15 (MPICH's MPI_Init discovers the topology with it),
+// only when the rank's environment does not already steer hwloc, and not
+// with gorun --topology off (launcher/topology.go). hwloc in the rank reads
+// them in hwloc_topology_load.
+const (
+	// HwlocXMLFile is "/proc/self/fd/N": descriptor N is a sealed memfd
+	// holding the host's topology as hwloc XML, discovered once by the
+	// supervisor, so the rank skips its own discovery.
+	HwlocXMLFile = "HWLOC_XMLFILE"
+	// HwlocThisSystem is "1": that XML describes the machine the rank runs
+	// on, so hwloc's binding calls still act on it.
+	HwlocThisSystem = "HWLOC_THISSYSTEM"
+	// Topology (gorun --topology) is "off" to leave every rank to its own
+	// discovery; unset or "auto" otherwise.
+	Topology = "GORUN_TOPOLOGY"
+)
