@@ -49,24 +49,24 @@ type Report struct {
 	Start       time.Time `json:"start"`
 	MaxRestarts int       `json:"max_restarts"`
 	// Restarts is how many worlds followed the first.
-	Restarts int            `json:"restarts"`
-	Worlds   []WorldReport  `json:"worlds"`
-	Faults   []FaultReport  `json:"faults"`
-	Outcome  string         `json:"outcome"`
-	ExitCode int            `json:"exit_code"`
+	Restarts int           `json:"restarts"`
+	Worlds   []WorldReport `json:"worlds"`
+	Faults   []FaultReport `json:"faults"`
+	Outcome  string        `json:"outcome"`
+	ExitCode int           `json:"exit_code"`
 	// CheckpointSignals are the times gorun sent the ranks the checkpoint
 	// signal on its own (Job.CheckpointBefore), and why ("before --timeout",
 	// "before fault N").
 	CheckpointSignals []CheckpointSignalReport `json:"checkpoint_signals,omitempty"`
 	ckptSig           syscall.Signal           // Job.CheckpointSignal, resolved
 	ckptBefore        time.Duration            // Job.CheckpointBefore
-	inj      []injection    // the schedule; nil until the first plan
-	faults   []Fault        // as given
-	horizon  time.Duration  // how far random faults are planned
-	fired    map[int]bool   // injections already sent, by id
-	byID     map[int]int    // injection id → index in Faults
-	world    *WorldReport   // the world running now
-	pending  map[int]string // injections of this world not yet answered
+	inj               []injection              // the schedule; nil until the first plan
+	faults            []Fault                  // as given
+	horizon           time.Duration            // how far random faults are planned
+	fired             map[int]bool             // injections already sent, by id
+	byID              map[int]int              // injection id → index in Faults
+	world             *WorldReport             // the world running now
+	pending           map[int]string           // injections of this world not yet answered
 }
 
 // CheckpointSignalReport is one checkpoint signal gorun sent by itself.

@@ -246,10 +246,10 @@ func TestInjectAfterSteps(t *testing.T) {
 // GORUN_CHECKPOINT_SIGNAL.
 func TestCheckpointSignalBefore(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		faults  []string
-		timeout time.Duration
-		why     string
+		name     string
+		faults   []string
+		timeout  time.Duration
+		why      string
 		earliest float64
 	}{
 		{"before a kill", []string{"kill:rank=1:at=2s"}, 0, "before fault 0 (kill:rank=1:at=2s)", 1.0},
