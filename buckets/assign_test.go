@@ -93,6 +93,7 @@ func TestConfigValidate(t *testing.T) {
 		{Model: Model{BusBandwidth: 0}},
 		{Model: DefaultModel(), CapBytes: 10, MinBytes: 20},
 		{Model: DefaultModel(), SearchLimit: -1},
+		{Model: Model{Latency: 1, BusBandwidth: 1, CopyBandwidth: -1}},
 	} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("case %d: Validate accepted %+v", i, c)
@@ -167,5 +168,37 @@ func TestPlanValidateAndHash(t *testing.T) {
 	loc := good().Index()["b"]
 	if len(loc) != 1 || loc[0] != (Location{Group: "dp", Bucket: 0, Member: 1}) {
 		t.Errorf("Index b = %+v", loc)
+	}
+}
+
+// TestMergePays: a merge pays while packing the input and scattering the
+// output back cost less than the latency it saves; with no copy bandwidth
+// (members are views) it always pays.
+func TestMergePays(t *testing.T) {
+	// 10 µs latency, copies at 1 GB/s: 1 ns per byte copied.
+	m := Model{Latency: 10 * time.Microsecond, BusBandwidth: 1e9, CopyBandwidth: 1e9}
+	for _, tc := range []struct {
+		op    Op
+		bytes int64
+		ranks int
+		want  bool
+	}{
+		{AllReduce, 4_000, 2, true},      // 8 µs of copies < 10 µs
+		{AllReduce, 5_000, 2, false},     // exactly 10 µs: no gain
+		{AllReduce, 40_000, 2, false},    // 80 µs
+		{AllGather, 1_500, 4, true},      // 1.5 KB in + 6 KB out
+		{AllGather, 2_000, 5, false},     // 2 KB in + 10 KB out
+		{ReduceScatter, 7_000, 4, true},  // 7 KB in + 1.75 KB out
+		{ReduceScatter, 9_000, 2, false}, // 9 KB in + 4.5 KB out
+		{AllToAll, 4_000, 4, true},       // 4 KB in + 4 KB out
+		{Broadcast, 6_000, 8, false},     // 12 KB
+	} {
+		if got := m.MergePays(tc.op, tc.bytes, tc.ranks); got != tc.want {
+			t.Errorf("MergePays(%s, %d B, %d ranks) = %v, want %v", tc.op, tc.bytes, tc.ranks, got, tc.want)
+		}
+	}
+	m.CopyBandwidth = 0
+	if !m.MergePays(AllReduce, 1<<30, 2) {
+		t.Error("with views (no copy bandwidth) a merge must always pay")
 	}
 }

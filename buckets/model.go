@@ -84,6 +84,15 @@ type Model struct {
 	// BusBandwidth in bytes per second (1/β). The default, 1 GB/s, is the
 	// TCP loopback busbw measured for Open MPI at ≥ 8 MiB.
 	BusBandwidth float64
+	// CopyBandwidth is the rate, in bytes per second, at which the
+	// executor packs a member into a fused buffer and scatters its result
+	// back out. Zero means members live in their bucket (views, DDP's
+	// gradient_as_bucket_view) and merging copies nothing. When set, a
+	// collective whose copies would cost more than the latency a merge
+	// saves is left alone (MergePays): on a fast fabric with a
+	// microsecond latency, packing a 40 KB gradient costs more than
+	// issuing it on its own.
+	CopyBandwidth float64
 }
 
 // DefaultModel is the model of TCP between hosts, from the anchors in
@@ -110,7 +119,30 @@ func (m Model) Validate() error {
 	if !(m.BusBandwidth > 0) || math.IsInf(m.BusBandwidth, 0) {
 		return fmt.Errorf("%w: bus bandwidth %v must be a positive finite number of bytes/s", ErrBadModel, m.BusBandwidth)
 	}
+	if c := m.CopyBandwidth; c < 0 || math.IsNaN(c) || math.IsInf(c, 0) {
+		return fmt.Errorf("%w: copy bandwidth %v must be zero (views) or a positive finite number of bytes/s", ErrBadModel, c)
+	}
 	return nil
+}
+
+// MergePays reports whether a collective of op over ranks ranks with a
+// per-rank input of bytes gains by joining a bucket: merging saves one
+// latency (α) and costs packing its input into the fused buffer and
+// scattering its output back, at CopyBandwidth. Always true when
+// CopyBandwidth is zero (members are views, nothing is copied).
+func (m Model) MergePays(op Op, bytes int64, ranks int) bool {
+	if m.CopyBandwidth <= 0 {
+		return true
+	}
+	out := bytes // all-reduce, broadcast, all-to-all: output as large as input
+	switch op {
+	case AllGather:
+		out = bytes * int64(max(ranks, 1))
+	case ReduceScatter:
+		out = bytes / int64(max(ranks, 1))
+	}
+	copyTime := time.Duration(math.Round(float64(bytes+out) / m.CopyBandwidth * 1e9))
+	return copyTime < m.Latency
 }
 
 // busBytes is how many bytes cross the bus per rank, following nccl-tests'

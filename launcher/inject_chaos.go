@@ -14,7 +14,7 @@ import (
 // The fault kinds beyond signals (kept apart from inject.go, which parses
 // and schedules the signal kinds):
 //
-//	slow:rank=1:at=1s:for=5s[:duty=0.5][:period=200ms]
+//	slow:rank=1:at=1s:for=5s[:duty=0.5][:period=200ms]  (or after-steps=N)
 //	    the owning supervisor stops the rank (SIGSTOP) for duty of every
 //	    period and lets it run (SIGCONT) for the rest, from at for for= (for
 //	    ever without for=), and leaves it running at the end. This host has
@@ -44,7 +44,7 @@ const (
 )
 
 func init() {
-	faultKeys[FaultSlow] = struct{ required, optional []string }{[]string{"rank", "at"}, []string{"for", "duty", "period"}}
+	faultKeys[FaultSlow] = struct{ required, optional []string }{[]string{"rank", "when"}, []string{"for", "duty", "period"}}
 }
 
 // parseNetFault parses a data-plane kind through internal/netfault,
@@ -118,7 +118,7 @@ func scheduleChaos(i int, f Fault, plan *Plan) (injection, error) {
 		period = defaultSlowPeriod
 	}
 	return injection{fault: i, kind: FaultSlow, at: f.At, ranks: []int{f.Rank}, host: plan.Ranks[f.Rank].Host,
-		sig: syscall.SIGSTOP, cont: f.For, duty: duty, period: period}, nil
+		sig: syscall.SIGSTOP, cont: f.For, duty: duty, period: period, afterSteps: f.AfterSteps}, nil
 }
 
 // injectionAction is what the report says an injection does.

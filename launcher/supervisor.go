@@ -137,6 +137,10 @@ type supervisorCmd struct {
 	// stopped for Duty of every Period, for For (0: until it exits).
 	Duty   float64       `json:"duty,omitempty"`
 	Period time.Duration `json:"period,omitempty"`
+	// AfterSteps, when positive, makes "inject" wait: the supervisor
+	// keeps the fault and fires it on the first of Ranks (of its own) to
+	// report finishing this step (collateral.Step lines).
+	AfterSteps int64 `json:"after_steps,omitempty"`
 }
 
 // supervisorEvent is a message from the supervisor.
@@ -166,10 +170,18 @@ type supervisorEvent struct {
 	// and Err the runtime's words.
 	Collateral bool `json:"collateral,omitempty"`
 	Blame      int  `json:"blame,omitempty"`
+	// Frozen marks an "exited" rank that was stopped (SIGSTOP, a
+	// debugger: /proc state "T" or "t", the letter given) when the
+	// teardown reached it: frozen, not dead, which its peers cannot tell
+	// apart (their lease only says it fell silent).
+	Frozen string `json:"frozen,omitempty"`
 	// Fault is the injection an "injected" or "fault-cont" event answers;
 	// Err is set on "injected" when the rank was not running.
 	Fault    int  `json:"fault,omitempty"`
 	KillHost bool `json:"kill_host,omitempty"`
+	// Step is, on "injected", the last step the target had reported
+	// (0: none).
+	Step int64 `json:"step,omitempty"`
 	// node is the plan node whose host agent relayed the event (multi-host
 	// jobs); set by gorun, never sent. A "lost" event, made by gorun, says
 	// that node's host agent is gone (Err says how).
@@ -201,11 +213,16 @@ type supervisorRankState struct {
 	rank    int
 	pid     int
 	running bool
+	// frozen is the rank's /proc state ('T' stopped, 't' traced) when the
+	// supervisor was told to end it, 0 if it was running: the evidence
+	// that a rank its peers lost was frozen, not dead (noteFrozen).
+	frozen byte
 }
 
 // supervisor is the state of one supervisor process; every field is owned by runSupervisor's
 // goroutine (the main loop), so no lock is needed.
 type supervisor struct {
+	topo    *topologyShare // the hwloc topology shared with the ranks
 	log     zerolog.Logger
 	out     *bufio.Writer
 	enc     *json.Encoder
@@ -239,6 +256,11 @@ type supervisor struct {
 	// slows are the ranks an injected slow stops and continues in turn
 	// (inject_chaos.go); the ticker toggles them.
 	slows []slowing
+	// steps is the last training step each rank reported
+	// (collateral.Step), and armed the after-steps faults waiting for one
+	// of their ranks to get there.
+	steps map[int]int64
+	armed []supervisorCmd
 }
 
 // faultCont is one SIGCONT an injected stop owes a rank.
@@ -302,9 +324,13 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		self:  os.Getpid(),
 		byPID: map[int]int{},
 		grace: spec.Grace,
+		steps: map[int]int64{},
 	}
 	a.enc = json.NewEncoder(a.out)
 	a.collR = -1
+	// First, so that hwloc's discovery overlaps the rest of the set-up.
+	a.topo = &topologyShare{}
+	a.topo.start(spec.Ranks)
 	var collW *os.File
 	if len(spec.Ranks) > 0 {
 		// One pipe for the whole job; every rank gets the write end.
@@ -407,6 +433,11 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 				a.emit(supervisorEvent{Ev: "beat"})
 			}
 			a.reap()
+			// Step reports arrive at the ranks' pace; reading them on the
+			// tick bounds an after-steps fault's lateness by one tick
+			// (the pipe holds 64 KiB, a thousand steps' lines).
+			a.readCollateral()
+			a.fireArmed()
 			a.sendConts(time.Now())
 			a.tickSlows(time.Now())
 			if a.killing {
@@ -428,6 +459,13 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		}
 		return os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd))
 	}
+	// One hwloc topology for the host's ranks (topology.go), made while
+	// the supervisor set up; the ranks keep their copies of its
+	// descriptor, ours goes when all started.
+	topo := a.topo
+	defer topo.close()
+	topoDeadline := time.Now().Add(topologyWait)
+	lastFlush := time.Now()
 	// Every rank this agent starts runs on its host: local rank i of
 	// len(ranks) (see bind.go).
 	shares := cpuShares(len(ranks))
@@ -454,6 +492,20 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		if collW != nil {
 			env = append(env, rankenv.CollateralFD+"="+strconv.Itoa(len(files)))
 			files = append(files, collW)
+		}
+		if topo.wants(r.Path, r.Env) {
+			f, took, err := topo.get(topoDeadline)
+			if !topo.reported {
+				topo.reported = true
+				if err != nil {
+					a.log.Debug().Err(err).Msg("ranks discover the hardware topology themselves")
+				} else {
+					a.log.Debug().Dur("took", took).Msg("ranks read the hardware topology from gorun")
+				}
+			}
+			if err == nil {
+				files, env = topologyForRank(f, files, env)
+			}
 		}
 		p, err := startBound(cpus, func() (*os.Process, error) {
 			return os.StartProcess(r.Path, r.Argv, &os.ProcAttr{
@@ -497,10 +549,12 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		a.ranks = append(a.ranks, supervisorRankState{rank: r.Rank, pid: p.Pid, running: true})
 		a.running++
 		a.emit(supervisorEvent{Ev: "started", Rank: r.Rank, PID: p.Pid})
-		if len(a.ranks)%32 == 0 {
-			// Large jobs take a while to start: let gorun learn pids as
-			// they come rather than all at the end.
+		if len(a.ranks)%32 == 0 || time.Since(lastFlush) >= beatEvery {
+			// Large jobs, and any job on a loaded machine, take a while
+			// to start: let gorun learn pids as they come rather than all
+			// at the end, and hear from us within its lease.
 			a.flush()
+			lastFlush = time.Now()
 		}
 		// Reaping goes through wait4(-1), which also collects adopted
 		// orphans; the pidfd that os keeps is not needed.
@@ -520,6 +574,9 @@ func (a *supervisor) command(c supervisorCmd) {
 		want := map[int]bool{}
 		for _, r := range c.Ranks {
 			want[r] = true
+		}
+		if stopping(syscall.Signal(c.Signal)) {
+			a.noteFrozen()
 		}
 		for _, r := range a.ranks {
 			if r.running && (len(want) == 0 || want[r.rank]) {
@@ -552,12 +609,24 @@ func (a *supervisor) command(c supervisorCmd) {
 // of another host is not this supervisor's and is skipped without an
 // answer; one of ours that already exited is answered with Err.
 func (a *supervisor) inject(c supervisorCmd) {
+	if c.AfterSteps > 0 {
+		// Kept until one of its ranks (ours) reports the step; a fault
+		// whose ranks are all elsewhere is another supervisor's.
+		for _, r := range a.ranks {
+			if slices.Contains(c.Ranks, r.rank) {
+				a.armed = append(a.armed, c)
+				a.fireArmed()
+				return
+			}
+		}
+		return
+	}
 	for _, want := range c.Ranks {
 		for _, r := range a.ranks {
 			if r.rank != want {
 				continue
 			}
-			ev := supervisorEvent{Ev: "injected", Rank: r.rank, PID: r.pid, Signal: c.Signal, Fault: c.Fault, KillHost: c.KillHost}
+			ev := supervisorEvent{Ev: "injected", Rank: r.rank, PID: r.pid, Signal: c.Signal, Fault: c.Fault, KillHost: c.KillHost, Step: a.steps[r.rank]}
 			if !r.running {
 				ev.Err = "rank " + strconv.Itoa(r.rank) + " had already exited"
 				a.emit(ev)
@@ -574,6 +643,27 @@ func (a *supervisor) inject(c supervisorCmd) {
 			a.emit(ev)
 		}
 	}
+}
+
+// fireArmed injects every armed after-steps fault one of whose ranks has
+// reported its step.
+func (a *supervisor) fireArmed() {
+	kept := a.armed[:0]
+	for _, c := range a.armed {
+		reached := false
+		for _, r := range c.Ranks {
+			if a.steps[r] >= c.AfterSteps {
+				reached = true
+			}
+		}
+		if !reached {
+			kept = append(kept, c)
+			continue
+		}
+		c.AfterSteps = 0
+		a.inject(c)
+	}
+	a.armed = kept
 }
 
 // sendConts sends the SIGCONTs that are due, to ranks still running.
@@ -596,6 +686,9 @@ func (a *supervisor) sendConts(now time.Time) {
 // repeated (on each tick) while anything is left, because a process can
 // fork between the scan and the kill.
 func (a *supervisor) killAll() {
+	if !a.killing {
+		a.noteFrozen()
+	}
 	a.killing = true
 	for _, r := range a.ranks {
 		if r.running {
@@ -604,6 +697,25 @@ func (a *supervisor) killAll() {
 	}
 	for _, pid := range descendants(a.self) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// noteFrozen records which running ranks are stopped right now, before the
+// teardown's SIGCONT or SIGKILL changes that. It reads the state the
+// kernel keeps for every process: a rank that its peers found silent (the
+// rendezvous lease) and that sits in state T was frozen, and that is the
+// cause gorun's final line gives. One read of /proc/PID/stat per rank, only
+// at the teardown.
+func (a *supervisor) noteFrozen() {
+	for i := range a.ranks {
+		r := &a.ranks[i]
+		if !r.running || r.frozen != 0 {
+			continue
+		}
+		if st := procState(r.pid); st == 'T' || st == 't' {
+			r.frozen = st
+			a.log.Debug().Int("rank", r.rank).Int("pid", r.pid).Str("state", string(st)).Msg("rank is stopped at the teardown")
+		}
 	}
 }
 
@@ -631,6 +743,9 @@ func (a *supervisor) reap() {
 		a.readCollateral()
 		if c, ok := a.coll[ev.Rank]; ok {
 			ev.Collateral, ev.Blame, ev.Err = true, c.Blame, c.Why
+		}
+		if f := a.ranks[i].frozen; f != 0 {
+			ev.Frozen = string(f)
 		}
 		if ws.Signaled() {
 			ev.Signal = int(ws.Signal())
@@ -665,7 +780,9 @@ func (a *supervisor) readCollateral() {
 			if i < 0 {
 				break
 			}
-			if r, ok := collateral.Decode(a.collBuf[:i]); ok {
+			if st, ok := collateral.DecodeStep(a.collBuf[:i]); ok {
+				a.steps[st.Rank] = max(a.steps[st.Rank], st.Step)
+			} else if r, ok := collateral.Decode(a.collBuf[:i]); ok {
 				if _, seen := a.coll[r.Rank]; !seen {
 					a.coll[r.Rank] = r
 				}

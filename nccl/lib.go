@@ -97,6 +97,7 @@ type cudaFuncs struct {
 	init, driverGetVersion, deviceGetCount, deviceGet, deviceGetName     uintptr
 	primaryCtxRetain, primaryCtxRelease, ctxSetCurrent, getErrorName     uintptr
 	memAlloc, memFree, memcpyHtoD, memcpyDtoH, memsetD8, memcpyDtoDAsync uintptr
+	memsetD8Async                                                        uintptr
 	streamCreate, streamDestroy, streamSynchronize, streamWaitEvent      uintptr
 	eventCreate, eventDestroy, eventRecord, eventQuery, eventSynchronize uintptr
 	moduleLoadData, moduleGetFunction, launchKernel                      uintptr
@@ -199,7 +200,7 @@ func (l *Library) loadCUDA() error {
 		{"cuCtxSetCurrent", &c.ctxSetCurrent}, {"cuGetErrorName", &c.getErrorName},
 		{"cuMemAlloc_v2", &c.memAlloc}, {"cuMemFree_v2", &c.memFree}, {"cuMemcpyHtoD_v2", &c.memcpyHtoD},
 		{"cuMemcpyDtoH_v2", &c.memcpyDtoH}, {"cuMemsetD8_v2", &c.memsetD8},
-		{"cuMemcpyDtoDAsync_v2", &c.memcpyDtoDAsync},
+		{"cuMemcpyDtoDAsync_v2", &c.memcpyDtoDAsync}, {"cuMemsetD8Async", &c.memsetD8Async},
 		{"cuStreamCreate", &c.streamCreate}, {"cuStreamDestroy_v2", &c.streamDestroy},
 		{"cuStreamSynchronize", &c.streamSynchronize}, {"cuStreamWaitEvent", &c.streamWaitEvent},
 		{"cuEventCreate", &c.eventCreate}, {"cuEventDestroy_v2", &c.eventDestroy}, {"cuEventRecord", &c.eventRecord},
@@ -410,4 +411,29 @@ func (d *Device) do(f func() error) error {
 	}
 	defer unbind()
 	return f()
+}
+
+// DeviceNames loads only the CUDA driver (cuda, e.g. "libcuda.so.1") and
+// returns the names of the devices this process can see, in ordinal order,
+// CUDA_VISIBLE_DEVICES applied as for a rank. NCCL is not needed: a host's
+// GPUs are counted (gorun doctor, the default --gpus-per-host) even where
+// NCCL is missing. Errors are Open's: *LoadError, *NoDeviceError.
+func DeviceNames(cuda string) ([]string, error) {
+	l := &Library{cfg: LibraryConfig{CUDA: cuda}}
+	if err := l.loadCUDA(); err != nil {
+		return nil, err
+	}
+	names := make([]string, l.Devices)
+	for i := range names {
+		var dev int32
+		if err := l.check("cuDeviceGet", call(l.cu.deviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(i))); err != nil {
+			return nil, err
+		}
+		var name [256]byte
+		if err := l.check("cuDeviceGetName", call(l.cu.deviceGetName, uintptr(unsafe.Pointer(&name[0])), uintptr(len(name)), uintptr(dev))); err != nil {
+			return nil, err
+		}
+		names[i] = goString(&name[0])
+	}
+	return names, nil
 }

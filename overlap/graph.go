@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/gorun-hpc/gorun/buckets"
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/stepgraph"
 )
@@ -172,6 +173,34 @@ func outputBytes(op stepgraph.Op, in, n int64) int64 {
 		return in / max(n, 1)
 	}
 	return in
+}
+
+// View returns the memory tensor should live in so that bucketing copies
+// nothing: its slot in the fused buffer of its bucket, as DDP's
+// gradient_as_bucket_view gives gradients. ok is false when the tensor
+// needs no view (it travels alone: its collective runs on the program's
+// own buffer) or cannot have one (its bucket is not an all-reduce or
+// broadcast, whose members are contiguous and reduced in place), and
+// when tensor is not the input of any start. A program that computes the
+// tensor into the view, and returns the view from Tensors for both the
+// member's input and its output, is neither packed nor scattered
+// (StepMetrics.CopiedBytes stays 0); the slot is the tensor's for the
+// runner's life and holds the reduced result after the bucket's wait.
+// Ask for views before the first Step.
+func (gr *GraphRunner) View(tensor string) (comm.Buffer, bool) {
+	locs := gr.ex.byIn[tensor]
+	if len(locs) == 0 {
+		return nil, false
+	}
+	b := locs[0]
+	if len(b.b.Members) < 2 || (b.b.Op != buckets.AllReduce && b.b.Op != buckets.Broadcast) {
+		return nil, false
+	}
+	v, err := gr.ex.View(tensor)
+	if err != nil {
+		return nil, false // not reached: the bucket was checked above
+	}
+	return v, true
 }
 
 // Executor is the executor underneath, for its Timeline and Plan.

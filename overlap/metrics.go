@@ -32,6 +32,12 @@ type StepMetrics struct {
 	// member to its wait (buckets of one member use the member's own
 	// memory and have none).
 	FusedPeakBytes int64
+	// CopiedBytes counts the bytes the executor copied between members'
+	// buffers and fused bucket buffers (packing inputs, scattering
+	// results). Buckets whose members live in the bucket (Executor.View,
+	// GraphRunner.View) and buckets of one member copy nothing: a step
+	// with only those has CopiedBytes 0, the zero-copy promise.
+	CopiedBytes int64
 }
 
 // ExposedFraction is Exposed/Comm, 0 when there was no communication. It can
@@ -54,6 +60,7 @@ func (m *StepMetrics) Add(o StepMetrics) {
 	m.Bytes += o.Bytes
 	m.PeakBytes = max(m.PeakBytes, o.PeakBytes)
 	m.FusedPeakBytes = max(m.FusedPeakBytes, o.FusedPeakBytes)
+	m.CopiedBytes += o.CopiedBytes
 }
 
 func (m StepMetrics) String() string {

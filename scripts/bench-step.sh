@@ -13,8 +13,15 @@
 #              ≤ 10% of communication time when compute ≥ communication.
 #   bucketing  200 gradient tensors of 40 KB all-reduced per step: the graph
 #              as written (one collective per tensor) vs the graph after the
-#              bucketing passes; goal ≥ 3×. A reference runs the same
-#              traffic straight on the communicator.
+#              bucketing passes, per cap (0: the cost model's) with the
+#              gradients in the program's own buffers (packed and scattered:
+#              "copies") and living in the buckets (GraphRunner.View, DDP's
+#              gradient_as_bucket_view: "views", nothing copied). The cost
+#              model is measured first (α per extra back-to-back call, bus
+#              bandwidth, copy rate); with copies, a tensor whose copies
+#              cost more than α is not bucketed at all. Goal ≥ 3× where
+#              per-call latency allows; a reference runs the same traffic
+#              straight on the communicator and prints that bound.
 #
 # Every figure is the median over ITERS steps of the slowest rank; the
 # variants of one measurement run alternately, so load from other processes

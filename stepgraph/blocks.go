@@ -13,7 +13,10 @@ import (
 // buckets in block order and backward buckets in reverse block order, the
 // order buckets.Assign gives eager programs.
 //
-// A run is also cut where its next start would come after the first wait of
+// A collective whose copies into and out of a fused buffer would cost more
+// than the latency merging saves (buckets.Model.MergePays, with a measured
+// copy bandwidth) is not merged at all: a bucket that cannot pay is not
+// formed. A run is also cut where its next start would come after the first wait of
 // the run (the bucket could not be started before it is waited). The result
 // is checked like every pass's: a bucket that would expose a collective the
 // input hid, or grow total exposed time, is dissolved.
@@ -48,7 +51,8 @@ func BucketBlocks(g *Graph, cfg buckets.Config) (*Graph, error) {
 				// author said hides it (an edge, not an estimate).
 				var cur *run
 				for _, s := range starts[k+r[0] : k+r[1]] {
-					one := &run{bytes: g.Nodes[s].Bytes(), maxStart: s, minWait: ix.waitOf[s], minHide: len(g.Nodes), maxHide: -1}
+					one := &run{bytes: g.Nodes[s].Bytes(), maxStart: s, minWait: ix.waitOf[s], minHide: len(g.Nodes), maxHide: -1,
+						solo: !g.pays(&g.Nodes[s], cfg.Model)}
 					for _, h := range g.Nodes[s].HiddenBy {
 						one.minHide, one.maxHide = min(one.minHide, ix.pos[h]), max(one.maxHide, ix.pos[h])
 					}

@@ -34,6 +34,10 @@ type run struct {
 	minHide, maxHide int
 	exposed          int64 // sum of members' exposed ns
 	hidden           bool  // every member hidden
+	// solo: a collective whose pack and scatter copies would cost more
+	// than the latency a merge saves (buckets.Model.MergePays); it stays
+	// a bucket of one, running on the program's own buffers.
+	solo bool
 }
 
 func (r *run) absorb(o *run) {
@@ -51,8 +55,16 @@ func (r *run) absorb(o *run) {
 // starting a member after compute that hid it, or waiting for a member before
 // compute it was hidden behind.
 func fits(r, o *run) bool {
+	if r.solo || o.solo {
+		return false
+	}
 	s, w := max(r.maxStart, o.maxStart), min(r.minWait, o.minWait)
 	return s < w && s < min(r.minHide, o.minHide) && w > max(r.maxHide, o.maxHide)
+}
+
+// pays reports whether start node nd gains by joining a bucket under m.
+func (g *Graph) pays(nd *Node, m buckets.Model) bool {
+	return m.MergePays(nd.Op, nd.Bytes(), g.groupSize(nd.Group))
 }
 
 // sameKind reports whether two starts may share a fused buffer and a call.

@@ -25,7 +25,9 @@ import (
 // saves time (one latency each); an exposed bucket grows up to cfg.Cap(), a
 // hidden one only up to cfg.Min() (past that, merging hidden work gains
 // nothing visible). Each collective gets at most cfg.Limit() merge attempts,
-// so the pass costs one simulation, one sort and O(n·limit) checks.
+// so the pass costs one simulation, one sort and O(n·limit) checks. A
+// collective whose copies cost more than the merge saves
+// (buckets.Model.MergePays) joins no bucket.
 //
 // The result is checked against the input (see guard): no hidden collective
 // becomes exposed and the total exposed time does not grow.
@@ -60,7 +62,8 @@ func BucketOverlap(g *Graph, cfg buckets.Config) (*Graph, error) {
 		for k, s := range starts {
 			c := &est.Collectives[est.coll[s]]
 			rs[k] = &run{lo: k, hi: k, bytes: g.Nodes[s].Bytes(), maxStart: s, minWait: ix.waitOf[s],
-				minHide: hlo[s], maxHide: hhi[s], exposed: int64(c.Exposed), hidden: c.Hidden()}
+				minHide: hlo[s], maxHide: hhi[s], exposed: int64(c.Exposed), hidden: c.Hidden(),
+				solo: !g.pays(&g.Nodes[s], cfg.Model)}
 			order = append(order, elem{gr, k, s})
 		}
 		runs[gr] = rs
@@ -81,7 +84,7 @@ func BucketOverlap(g *Graph, cfg buckets.Config) (*Graph, error) {
 			if !r.hidden {
 				target = capBytes
 			}
-			if r.bytes >= target {
+			if r.bytes >= target || r.solo {
 				break
 			}
 			// A neighbour run may join if it is the same kind of bucket,

@@ -374,3 +374,80 @@ func TestDirectionRule(t *testing.T) {
 		})
 	}
 }
+
+// TestCopyCostKeepsLoneCollectives: with a copy bandwidth in the model,
+// both bucketing passes merge the small gradients (their copies cost less
+// than a latency) and leave every large one a bucket of its own (its copies
+// would cost more than the latency saved); with views (no copy bandwidth)
+// the large ones merge too.
+func TestCopyCostKeepsLoneCollectives(t *testing.T) {
+	const small, large = 400, 40_000
+	b := NewBuilder().Group("dp", 2).Region("m")
+	var gs []string
+	for i := range 12 {
+		gs = append(gs, fmt.Sprintf("g%d", i))
+	}
+	b.Compute("bwd", buckets.Backward, "m", time.Microsecond, nil, gs)
+	for i, g := range gs {
+		by := int64(small)
+		if i >= 6 {
+			by = large
+		}
+		b.Start("ar"+g, buckets.Backward, "m", buckets.AllReduce, "dp", "f32", []Member{{In: g, Out: "R" + g, Bytes: by}})
+	}
+	var outs []string
+	for _, g := range gs {
+		b.Wait("ar"+g+".w", "ar"+g, "m")
+		outs = append(outs, "R"+g)
+	}
+	b.Compute("opt", buckets.Optimizer, "m", time.Microsecond, outs, []string{"done"})
+	g, err := b.Graph()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2 µs latency; copies at 1 GB/s: a small member costs 0.8 µs to copy
+	// in and out, a large one 80 µs.
+	cfg := buckets.Config{Model: buckets.Model{Latency: 2 * time.Microsecond, BusBandwidth: 5e9, CopyBandwidth: 1e9},
+		CapBytes: 1 << 20, MinBytes: 1 << 20}
+	passes := map[string]func(*Graph, buckets.Config) (*Graph, error){"blocks": BucketBlocks, "overlap": BucketOverlap}
+	for name, pass := range passes {
+		for _, views := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/views=%v", name, views), func(t *testing.T) {
+				c := cfg
+				if views {
+					c.Model.CopyBandwidth = 0
+				}
+				out, err := pass(g, c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var merged, alone int
+				for _, n := range out.Nodes {
+					if n.Kind != Start {
+						continue
+					}
+					big := false
+					for _, m := range n.Members {
+						big = big || m.Bytes == large
+					}
+					switch {
+					case big && len(n.Members) > 1 && !views:
+						t.Errorf("bucket %q merges a %d-byte member whose copies cost more than a latency", n.Name, large)
+					case len(n.Members) > 1:
+						merged++
+					default:
+						alone++
+					}
+				}
+				if views && (merged != 1 || alone != 0) {
+					t.Errorf("with views: %d merged buckets and %d lone collectives, want everything in one bucket", merged, alone)
+				}
+				// With copies: the six small ones in one bucket, the six
+				// large ones alone.
+				if !views && (merged != 1 || alone != 6) {
+					t.Errorf("with copies: %d merged buckets and %d lone collectives, want 1 and 6", merged, alone)
+				}
+			})
+		}
+	}
+}

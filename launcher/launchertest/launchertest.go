@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -89,6 +90,9 @@ func NewToken(name string) string {
 //	                   GORUN_SECRET; in
 //	                   world 0 print "ready" and hang (restart-aware:allreduce:
 //	                   run the allreduce mode instead), in later worlds exit 0
+//	steps:N            join the world and run N "training steps": an
+//	                   all-reduce, rank.ReportStep(i), print "step i",
+//	                   sleep 20 ms; exit 0 (on an error print it, exit 6)
 //	ticker:MS          for MS milliseconds wake every 5 ms, then print
 //	                   "maxgap N" (the longest gap between wake-ups, in ms;
 //	                   a stopped rank shows its stop), exit 0
@@ -182,7 +186,11 @@ func runHelper(mode string) int {
 		fmt.Println(strings.Join(os.Args[1:], " "))
 		return 0
 	case "allreduce":
-		return allReduceLoop(rank)
+		return allReduceLoop(rank, 0)
+	case "allreduce-for":
+		// All-reduces for arg milliseconds, then a clean exit (0): a job
+		// of these fails only if the runtime loses a rank.
+		return allReduceLoop(rank, time.Duration(atoi(arg))*time.Millisecond)
 	case "restart-aware":
 		w := os.Getenv("GORUN_RESTART_COUNT")
 		// The secret's hash, not the secret: a test compares worlds.
@@ -192,10 +200,12 @@ func runHelper(mode string) int {
 			return 0
 		}
 		if arg == "allreduce" {
-			return allReduceLoop(rank)
+			return allReduceLoop(rank, 0)
 		}
 		fmt.Printf("ready %s %d\n", rank, os.Getpid())
 		select {}
+	case "steps":
+		return stepLoop(rank, atoi(arg))
 	case "ticker":
 		end := time.Now().Add(time.Duration(atoi(arg)) * time.Millisecond)
 		var maxGap time.Duration
@@ -212,8 +222,11 @@ func runHelper(mode string) int {
 	return 99
 }
 
-// allReduceLoop is the "allreduce" mode.
-func allReduceLoop(rankName string) int {
+// allReduceLoop is the "allreduce" mode: all-reduces until one fails (exit
+// 6), or, with a positive d, until d has passed (every rank then closes
+// after the same number of calls, agreed through a final all-reduce of the
+// count, and exits 0).
+func allReduceLoop(rankName string, d time.Duration) int {
 	ctx := context.Background()
 	r, err := grank.Init(ctx, grank.DefaultOptions())
 	if err != nil {
@@ -222,6 +235,7 @@ func allReduceLoop(rankName string) int {
 	}
 	cm := r.Comm()
 	buf := make([]float64, 1<<14)
+	end := time.Now().Add(d)
 	for i := 0; ; i++ {
 		if err = cm.AllReduce(ctx, comm.Float64s(buf), comm.Float64s(buf), comm.Sum).Wait(ctx); err != nil {
 			break
@@ -229,11 +243,58 @@ func allReduceLoop(rankName string) int {
 		if i == 0 {
 			fmt.Printf("ready %s %d\n", rankName, os.Getpid())
 		}
+		if d > 0 && i%16 == 15 {
+			// Ranks decide together whether to stop, so that none
+			// leaves while the others still call.
+			stop := []float64{0}
+			if time.Now().After(end) {
+				stop[0] = 1
+			}
+			if err = cm.AllReduce(ctx, comm.Float64s(stop), comm.Float64s(stop), comm.Max).Wait(ctx); err != nil {
+				break
+			}
+			if stop[0] > 0 {
+				fmt.Printf("done %s %d calls\n", rankName, i+1)
+				if err = r.Close(); err != nil {
+					fmt.Fprintf(os.Stderr, "helper: rank %s: close: %v\n", rankName, err)
+					return 7
+				}
+				return 0
+			}
+		}
 	}
 	fmt.Fprintf(os.Stderr, "helper: rank %s: %v\n", rankName, err)
 	r.Abort(err)
 	_ = r.Close()
 	return 6
+}
+
+// stepLoop is the "steps" mode.
+func stepLoop(rankName string, n int) int {
+	ctx := context.Background()
+	r, err := grank.Init(ctx, grank.DefaultOptions())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper: init:", err)
+		return 91
+	}
+	cm := r.Comm()
+	buf := make([]float64, 64)
+	for i := 1; i <= n; i++ {
+		if err = cm.AllReduce(ctx, comm.Float64s(buf), comm.Float64s(buf), comm.Sum).Wait(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "helper: rank %s: %v\n", rankName, err)
+			r.Abort(err)
+			_ = r.Close()
+			return 6
+		}
+		r.ReportStep(i)
+		fmt.Printf("step %d\n", i)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := r.Close(); err != nil {
+		fmt.Fprintf(os.Stderr, "helper: rank %s: close: %v\n", rankName, err)
+		return 6
+	}
+	return 0
 }
 
 // Survivors returns the pids of live processes whose environment carries
@@ -278,4 +339,31 @@ func WaitFor(deadline time.Duration, cond func() bool) bool {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// SyncBuffer is a bytes.Buffer that a command's output goroutines write
+// while the test reads it.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Len is how many bytes were written so far.
+func (s *SyncBuffer) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Len()
 }

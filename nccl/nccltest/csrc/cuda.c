@@ -225,17 +225,23 @@ CUresult cuCtxSetCurrent(void *ctx) {
 
 /* ---- memory ---- */
 
+static atomic_long live_allocs;  /* cuMemAlloc'd and not yet freed (standinLiveAllocs) */
+static atomic_int copy_delay_us; /* sleep before each async copy (standinSetCopyDelay) */
+
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 	NEED_CTX();
 	void *m = aligned_alloc(256, (n + 255) / 256 * 256 + 256);
 	if (!m)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	atomic_fetch_add(&live_allocs, 1);
 	*p = (CUdeviceptr)(uintptr_t)m;
 	return CUDA_SUCCESS;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
 	NEED_CTX();
+	if (p)
+		atomic_fetch_sub(&live_allocs, 1);
 	free((void *)(uintptr_t)p);
 	return CUDA_SUCCESS;
 }
@@ -261,9 +267,21 @@ struct dtod {
 	size_t n;
 };
 
+static void copy_pause(void) {
+	int us = atomic_load(&copy_delay_us);
+	if (us > 0) {
+		struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000};
+		nanosleep(&ts, NULL);
+	}
+}
+
 static void run_dtod(void *p) {
 	struct dtod *d = p;
-	memmove(d->dst, d->src, d->n);
+	copy_pause();
+	if (d->src)
+		memmove(d->dst, d->src, d->n);
+	else
+		memset(d->dst, 0, d->n);
 	free(d);
 }
 
@@ -272,6 +290,19 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *
 	struct dtod *d = malloc(sizeof *d);
 	d->dst = (void *)(uintptr_t)dst;
 	d->src = (const void *)(uintptr_t)src;
+	d->n = n;
+	standin_enqueue(standin_stream_of(stream), run_dtod, d);
+	return CUDA_SUCCESS;
+}
+
+/* Only the zero fill is modelled (what gorun queues). */
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, void *stream) {
+	NEED_CTX();
+	if (v != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct dtod *d = malloc(sizeof *d);
+	d->dst = (void *)(uintptr_t)dst;
+	d->src = NULL;
 	d->n = n;
 	standin_enqueue(standin_stream_of(stream), run_dtod, d);
 	return CUDA_SUCCESS;
@@ -313,38 +344,66 @@ CUresult cuStreamSynchronize(void *s) {
 	return CUDA_SUCCESS;
 }
 
-struct event {
-	atomic_ullong recorded; /* records issued */
-	atomic_ullong done;     /* records reached by their stream */
+/* An event is its latest record, as in CUDA: a record replaces the one
+ * before it, cuStreamWaitEvent and cuEventSynchronize wait for the record
+ * that was latest when they were called, and cuEventQuery asks about the
+ * latest. Each record is its own object (refcounted by the event and the
+ * stream operations that hold it), so a record reached on one stream never
+ * stands in for an earlier record still pending on another. */
+struct record {
+	atomic_int done;
+	atomic_int refs;
 };
 
-struct mark {
-	struct event *e;
-	unsigned long long n;
+struct event {
+	pthread_mutex_t mu;
+	struct record *latest; /* NULL: never recorded (complete) */
 };
+
+static void record_unref(struct record *r) {
+	if (r && atomic_fetch_sub(&r->refs, 1) == 1)
+		free(r);
+}
+
+/* latest_ref returns e's latest record with a reference taken. */
+static struct record *latest_ref(struct event *e) {
+	pthread_mutex_lock(&e->mu);
+	struct record *r = e->latest;
+	if (r)
+		atomic_fetch_add(&r->refs, 1);
+	pthread_mutex_unlock(&e->mu);
+	return r;
+}
 
 static void mark_done(void *p) {
-	struct mark *m = p;
-	atomic_store(&m->e->done, m->n);
-	free(m);
+	struct record *r = p;
+	atomic_store(&r->done, 1);
+	record_unref(r);
 }
 
 static void mark_wait(void *p) {
-	struct mark *m = p;
-	while (atomic_load(&m->e->done) < m->n)
+	struct record *r = p;
+	while (!atomic_load(&r->done))
 		snooze();
-	free(m);
+	record_unref(r);
 }
 
 CUresult cuEventCreate(void **e, unsigned flags) {
 	(void)flags;
 	NEED_CTX();
-	*e = calloc(1, sizeof(struct event));
+	struct event *ev = calloc(1, sizeof(struct event));
+	pthread_mutex_init(&ev->mu, NULL);
+	*e = ev;
 	return CUDA_SUCCESS;
 }
 
-CUresult cuEventDestroy_v2(void *e) {
+CUresult cuEventDestroy_v2(void *p) {
 	NEED_CTX();
+	struct event *e = p;
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	record_unref(e->latest);
+	pthread_mutex_destroy(&e->mu);
 	free(e);
 	return CUDA_SUCCESS;
 }
@@ -354,10 +413,14 @@ CUresult cuEventRecord(void *ev, void *s) {
 	struct event *e = ev;
 	if (!e)
 		return CUDA_ERROR_INVALID_HANDLE;
-	struct mark *m = malloc(sizeof *m);
-	m->e = e;
-	m->n = atomic_fetch_add(&e->recorded, 1) + 1;
-	standin_enqueue(standin_stream_of(s), mark_done, m);
+	struct record *r = calloc(1, sizeof *r);
+	atomic_store(&r->refs, 2); /* the event's and the stream operation's */
+	pthread_mutex_lock(&e->mu);
+	struct record *old = e->latest;
+	e->latest = r;
+	pthread_mutex_unlock(&e->mu);
+	record_unref(old);
+	standin_enqueue(standin_stream_of(s), mark_done, r);
 	return CUDA_SUCCESS;
 }
 
@@ -366,15 +429,21 @@ CUresult cuEventQuery(void *ev) {
 	struct event *e = ev;
 	if (!e)
 		return CUDA_ERROR_INVALID_HANDLE;
-	return atomic_load(&e->done) >= atomic_load(&e->recorded) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+	struct record *r = latest_ref(e);
+	int done = !r || atomic_load(&r->done);
+	record_unref(r);
+	return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 CUresult cuEventSynchronize(void *ev) {
 	NEED_CTX();
 	struct event *e = ev;
-	unsigned long long want = atomic_load(&e->recorded);
-	while (atomic_load(&e->done) < want)
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	struct record *r = latest_ref(e);
+	while (r && !atomic_load(&r->done))
 		snooze();
+	record_unref(r);
 	return CUDA_SUCCESS;
 }
 
@@ -384,10 +453,9 @@ CUresult cuStreamWaitEvent(void *s, void *ev, unsigned flags) {
 	struct event *e = ev;
 	if (!e)
 		return CUDA_ERROR_INVALID_HANDLE;
-	struct mark *m = malloc(sizeof *m);
-	m->e = e;
-	m->n = atomic_load(&e->recorded);
-	standin_enqueue(standin_stream_of(s), mark_wait, m);
+	struct record *r = latest_ref(e);
+	if (r)
+		standin_enqueue(standin_stream_of(s), mark_wait, r);
 	return CUDA_SUCCESS;
 }
 
@@ -507,5 +575,43 @@ CUresult standinDelayedFill(void *s, CUdeviceptr p, int v, size_t n, int usec) {
 	f->n = n;
 	f->usec = usec;
 	standin_enqueue(standin_stream_of(s), run_fill, f);
+	return CUDA_SUCCESS;
+}
+
+/* standinLiveAllocs is the number of cuMemAlloc_v2 allocations not yet
+ * freed: tests check that what gorun allocates it also frees. */
+long standinLiveAllocs(void) { return atomic_load(&live_allocs); }
+
+/* standinSetCopyDelay makes every asynchronous copy and fill
+ * (cuMemcpyDtoDAsync_v2, cuMemsetD8Async) sleep usec microseconds on its
+ * stream before it runs, so that a consumer not ordered after the copy on
+ * the device reads what was there before. */
+void standinSetCopyDelay(int usec) { atomic_store(&copy_delay_us, usec); }
+
+struct hcopy {
+	unsigned char *dst;
+	size_t n;
+	int usec;
+	unsigned char data[];
+};
+
+static void run_hcopy(void *arg) {
+	struct hcopy *h = arg;
+	struct timespec ts = {h->usec / 1000000, (long)(h->usec % 1000000) * 1000};
+	nanosleep(&ts, NULL);
+	memcpy(h->dst, h->data, h->n);
+	free(h);
+}
+
+/* standinDelayedWrite queues, on stream s, a "kernel" that sleeps usec
+ * microseconds and then writes the n bytes src held when it was queued to
+ * dst: a compute kernel's output, late, which a collective must wait for. */
+CUresult standinDelayedWrite(void *s, CUdeviceptr dst, const void *src, size_t n, int usec) {
+	struct hcopy *h = malloc(sizeof *h + n);
+	h->dst = (unsigned char *)(uintptr_t)dst;
+	h->n = n;
+	h->usec = usec;
+	memcpy(h->data, src, n);
+	standin_enqueue(standin_stream_of(s), run_hcopy, h);
 	return CUDA_SUCCESS;
 }

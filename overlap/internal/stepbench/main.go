@@ -374,26 +374,41 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	for i := range bufs {
 		bufs[i] = make([]float32, o.tensorB/4)
 	}
-	tensors := func(name string) (comm.Buffer, error) {
-		var i int
-		if _, err := fmt.Sscanf(name[1:], "%d", &i); err != nil || i >= len(bufs) {
-			return comm.Float32s(nil), nil // "updated"
-		}
-		return comm.Float32s(bufs[i]), nil // reduced in place
-	}
 	kernel := func(context.Context, *stepgraph.Node) error { return nil }
+	// The cost model from this fabric: α and β fitted to all-reduces
+	// measured here, and the rate of the executor's copies, so that the
+	// cap and whether a bucket pays at all follow what was measured.
+	model, err := measureModel(ctx, c, o.tensors*(o.tensorB/4*4), o.tensors)
+	if err != nil {
+		return err
+	}
 	var names []string
 	nb := map[string]int{}
 	var steps []func(int) (overlap.StepMetrics, error)
-	variants := []int64{-1} // as written: one collective per tensor
-	variants = append(variants, o.caps...)
-	for _, capB := range variants {
+	type variant struct {
+		capB  int64 // -1: as written
+		views bool
+	}
+	variants := []variant{{capB: -1}} // as written: one collective per tensor
+	for _, capB := range o.caps {
+		variants = append(variants, variant{capB, false}, variant{capB, true})
+	}
+	for _, v := range variants {
 		g := authored
 		name := "one collective per tensor (as written)"
-		if capB >= 0 {
-			bc := buckets.DefaultConfig()
-			bc.CapBytes = capB
-			name = fmt.Sprintf("bucketing passes, cap %d B", bc.Cap())
+		bc := buckets.DefaultConfig()
+		bc.Model = model
+		if v.views {
+			// Members live in the bucket: merging copies nothing.
+			bc.Model.CopyBandwidth = 0
+		}
+		if v.capB >= 0 {
+			bc.CapBytes = v.capB
+			how := "copies"
+			if v.views {
+				how = "views"
+			}
+			name = fmt.Sprintf("passes, cap %d B, %s", bc.Cap(), how)
 			if g, err = stepgraph.BucketBlocks(authored, bc); err != nil {
 				return err
 			}
@@ -409,6 +424,22 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		}
 		defer r.Close()
 		nb[name] = len(r.Executor().Plan().Groups[0].Buckets)
+		// The gradients: the program's own buffers, or (views) their
+		// slots in the buckets, as DDP's gradient_as_bucket_view.
+		mine := make([][]float32, len(bufs))
+		for i := range mine {
+			mine[i] = bufs[i]
+			if vb, ok := r.View(fmt.Sprintf("t%d", i)); ok && v.views {
+				mine[i] = comm.AsFloat32(vb)
+			}
+		}
+		tensors := func(name string) (comm.Buffer, error) {
+			var i int
+			if _, err := fmt.Sscanf(name[1:], "%d", &i); err != nil || i >= len(mine) {
+				return comm.Float32s(nil), nil // "updated"
+			}
+			return comm.Float32s(mine[i]), nil // reduced in place
+		}
 		steps = append(steps, func(i int) (overlap.StepMetrics, error) { return r.Step(ctx, i, tensors, kernel) })
 	}
 	// The same traffic straight on the communicator, without the executor:
@@ -436,6 +467,9 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	}
 	pt := res[0].step
 	say("bucketing: %d ranks (%s), %d gradient tensors of %d B all-reduced per step\n", c.Size(), link, o.tensors, o.tensorB)
+	say("  cost model measured here: α (per extra back-to-back call) = %v, bus bandwidth %.2f GB/s, executor copies %.2f GB/s → cap %d B; a %d B member pays to merge with copies: %v\n",
+		model.Latency, model.BusBandwidth/1e9, model.CopyBandwidth/1e9, model.CapBytes(), o.tensorB,
+		model.MergePays(buckets.AllReduce, int64(o.tensorB/4*4), c.Size()))
 	for k, name := range names {
 		line := fmt.Sprintf("  %-40s %4d collectives  %s", name, nb[name], ms(res[k].step))
 		if k > 0 {
@@ -444,7 +478,7 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		say("%s\n", line)
 	}
 	nr := len(names)
-	say("  reference without the executor: %d back-to-back all-reduces %s, one fused all-reduce %s (%.2f×)\n",
+	say("  reference without the executor: %d back-to-back all-reduces %s, one fused all-reduce %s: bound %.2f× (the most any bucketing can gain here)\n",
 		o.tensors, ms(res[nr].step), ms(res[nr+1].step), float64(res[nr].step)/float64(res[nr+1].step))
 	return nil
 }
@@ -507,4 +541,71 @@ func plan(g *stepgraph.Graph) (*stepgraph.Graph, error) {
 		return nil, err
 	}
 	return stepgraph.BucketOverlap(g, cfg)
+}
+
+// measureModel measures the cost model bucketing needs on c: the bus
+// bandwidth fitted (buckets.Fit) to all-reduces from 8 B to fused bytes;
+// as α, the time one more call costs in a stream of back-to-back calls
+// (k calls of fused/k bytes against one fused call, divided by k-1), which
+// is what merging saves and is smaller than a lone call's latency, since
+// back-to-back calls overlap their start-up; and the rate of a plain
+// memory copy of fused bytes, the executor's pack and scatter. Each figure
+// is a median of 9; rank 0's are broadcast, so every rank plans with the
+// same model and the plans agree.
+func measureModel(ctx context.Context, c *comm.Comm, fused, k int) (buckets.Model, error) {
+	med := func(f func() error) (time.Duration, error) {
+		var ts []time.Duration
+		for range 9 {
+			if err := c.Barrier(ctx).Wait(ctx); err != nil {
+				return 0, err
+			}
+			t0 := time.Now()
+			if err := f(); err != nil {
+				return 0, err
+			}
+			ts = append(ts, time.Since(t0))
+		}
+		slices.Sort(ts)
+		return ts[len(ts)/2], nil
+	}
+	var samples []buckets.Sample
+	for sz := 8; sz <= fused; sz *= 8 {
+		buf := comm.Float32s(make([]float32, max(sz/4, 1)))
+		t, err := med(func() error { return c.AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx) })
+		if err != nil {
+			return buckets.Model{}, err
+		}
+		samples = append(samples, buckets.Sample{Op: buckets.AllReduce, Bytes: int64(buf.Len() * 4), Ranks: c.Size(), Time: t})
+	}
+	m, err := buckets.Fit(samples)
+	if err != nil {
+		return m, err
+	}
+	all := make([]float32, fused/4)
+	one, err := med(func() error { return c.AllReduce(ctx, comm.Float32s(all), comm.Float32s(all), comm.Sum).Wait(ctx) })
+	if err != nil {
+		return m, err
+	}
+	part := len(all) / k
+	many, err := med(func() error {
+		var h comm.Handle
+		for i := range k {
+			b := comm.Float32s(all[i*part : (i+1)*part])
+			h = c.AllReduce(ctx, b, b, comm.Sum)
+		}
+		return h.Wait(ctx)
+	})
+	if err != nil {
+		return m, err
+	}
+	m.Latency = max(many-one, 0) / time.Duration(k-1)
+	src, dst := make([]byte, fused), make([]byte, fused)
+	cp, _ := med(func() error { copy(dst, src); return nil })
+	m.CopyBandwidth = float64(fused) / cp.Seconds()
+	v := []float64{float64(m.Latency), m.BusBandwidth, m.CopyBandwidth}
+	if err := c.Broadcast(ctx, comm.Float64s(v), comm.Float64s(v), 0).Wait(ctx); err != nil {
+		return m, err
+	}
+	m = buckets.Model{Latency: time.Duration(v[0]), BusBandwidth: v[1], CopyBandwidth: v[2]}
+	return m, m.Validate()
 }

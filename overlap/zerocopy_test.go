@@ -1,0 +1,153 @@
+package overlap
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/gorun-hpc/gorun/buckets"
+	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/stepgraph"
+)
+
+// zeroCopyGraph is a DDP backward: one compute writes six gradients of
+// different sizes, each all-reduced on its own as written; a lone
+// reduce-scatter on the same group shows which tensors get no view.
+func zeroCopyGraph(t *testing.T, n int) *stepgraph.Graph {
+	t.Helper()
+	b := stepgraph.NewBuilder().Group("dp", n).Region("m")
+	var gs, outs []string
+	for i := range 6 {
+		gs = append(gs, fmt.Sprintf("g%d", i))
+	}
+	b.Compute("bwd", buckets.Backward, "m", time.Millisecond, nil, append(gs, "h"))
+	for i := range 6 {
+		b.Start(fmt.Sprintf("ar%d", i), buckets.Backward, "m", buckets.AllReduce, "dp", "f32",
+			[]stepgraph.Member{{In: gs[i], Out: "G" + gs[i][1:], Bytes: int64(4 * (i + 1))}})
+		outs = append(outs, "G"+gs[i][1:])
+	}
+	b.Start("rs", buckets.Backward, "m", buckets.ReduceScatter, "dp", "i32",
+		[]stepgraph.Member{{In: "h", Out: "H", Bytes: int64(4 * n)}})
+	for i := range 6 {
+		b.Wait(fmt.Sprintf("ar%d.w", i), fmt.Sprintf("ar%d", i), "m")
+	}
+	b.Wait("rs.w", "rs", "m")
+	b.Compute("opt", buckets.Optimizer, "m", 0, append(outs, "H"), []string{"done"})
+	g, err := b.Graph()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := buckets.DefaultConfig()
+	cfg.CapBytes = 1 << 20
+	if g, err = stepgraph.BucketBlocks(g, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// TestZeroCopyBuckets: gradients computed into GraphRunner.View slots are
+// all-reduced without a single byte packed or scattered, give the same
+// results as gradients in the program's own buffers (which are copied in
+// and out: 2 × the bucket's bytes), and only fused in-place buckets hand
+// out views.
+func TestZeroCopyBuckets(t *testing.T) {
+	const n, steps = 2, 3
+	for _, views := range []bool{true, false} {
+		t.Run(fmt.Sprintf("views=%v", views), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			g := zeroCopyGraph(t, n)
+			comms := startComms(ctx, t, n)
+			runRanks(t, comms, func(c *comm.Comm) error { return zeroCopyRank(ctx, g, c, views, steps) })
+		})
+	}
+}
+
+func zeroCopyRank(ctx context.Context, g *stepgraph.Graph, c *comm.Comm, views bool, steps int) error {
+	gr, err := NewGraphRunner(g, map[string]Comm{"dp": c}, DefaultConfig())
+	if err != nil {
+		return err
+	}
+	defer gr.Close()
+	if nb := len(gr.Executor().Plan().Groups[0].Buckets); nb != 2 {
+		return fmt.Errorf("%d buckets, want 2 (the six all-reduces fused, the reduce-scatter)", nb)
+	}
+	n := c.Size()
+	bufs := map[string][]float32{"done": {0}}
+	for _, name := range []string{"h", "H"} {
+		if _, ok := gr.View(name); ok {
+			return fmt.Errorf("View(%q): a reduce-scatter member got a view", name)
+		}
+	}
+	if _, ok := gr.View("nope"); ok {
+		return fmt.Errorf("View of a tensor of no start succeeded")
+	}
+	ints := map[string][]int32{"h": make([]int32, n), "H": make([]int32, 1)}
+	var fused int64
+	for i := range 6 {
+		name := fmt.Sprintf("g%d", i)
+		fused += int64(4 * (i + 1))
+		if v, ok := gr.View(name); views && ok {
+			bufs[name] = comm.AsFloat32(v)
+		} else if views {
+			return fmt.Errorf("View(%q): no view for a member of a fused all-reduce", name)
+		} else {
+			bufs[name] = make([]float32, i+1)
+		}
+		bufs["G"+name[1:]] = bufs[name] // reduced in place
+	}
+	tensors := func(name string) (comm.Buffer, error) {
+		if b, ok := ints[name]; ok {
+			return comm.Int32s(b), nil
+		}
+		b, ok := bufs[name]
+		if !ok {
+			return nil, fmt.Errorf("no tensor %q", name)
+		}
+		return comm.Float32s(b), nil
+	}
+	k := float32(c.Rank())
+	for s := range steps {
+		kernel := func(_ context.Context, nd *stepgraph.Node) error {
+			if nd.Name != "bwd" {
+				return nil
+			}
+			for i := range 6 {
+				gi := bufs[fmt.Sprintf("g%d", i)]
+				for j := range gi {
+					gi[j] = float32(100*s+10*i+j) + k
+				}
+			}
+			for j := range ints["h"] {
+				ints["h"][j] = int32(j + s)
+			}
+			return nil
+		}
+		m, err := gr.Step(ctx, s, tensors, kernel)
+		if err != nil {
+			return err
+		}
+		// Σ over ranks q of (100s + 10i + j + q) = n(100s + 10i + j) + n(n-1)/2.
+		for i := range 6 {
+			for j, got := range bufs[fmt.Sprintf("G%d", i)] {
+				if want := float32(n*(100*s+10*i+j) + n*(n-1)/2); got != want {
+					return fmt.Errorf("step %d: G%d[%d] = %v, want %v", s, i, j, got, want)
+				}
+			}
+		}
+		if want := int32(n * (c.Rank() + s)); ints["H"][0] != want {
+			return fmt.Errorf("step %d: H = %d, want %d", s, ints["H"][0], want)
+		}
+		// The lone reduce-scatter runs on the program's buffers (no copy)
+		// either way; the fused bucket copies in and out unless views.
+		want := 2 * fused
+		if views {
+			want = 0
+		}
+		if m.CopiedBytes != want {
+			return fmt.Errorf("step %d: copied %d bytes, want %d (views %v)", s, m.CopiedBytes, want, views)
+		}
+	}
+	return nil
+}
