@@ -19,6 +19,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/internal/collateral"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
@@ -396,6 +397,13 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	lastBeat := time.Now()
 	for {
 		if a.running == 0 && a.finishStrays() {
+			// A rank killed between creating a shared-memory segment and
+			// its peer's mapping it leaves the segment named; every rank
+			// is gone now, so remove what dead processes left (comm
+			// names each segment after its creator's pid).
+			if n := comm.SweepShm(comm.DefaultEndpointConfig().ShmDir); n > 0 {
+				a.log.Debug().Int("segments", n).Msg("removed shared memory left by dead ranks")
+			}
 			a.emit(supervisorEvent{Ev: "done", Strays: a.strays})
 			a.flush()
 			return nil
