@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,7 +35,7 @@ func TestRealKillRestart(t *testing.T) {
 	cmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", "4", "--tag-output",
 		"--inject", "stop:rank=2:at=0s", "--inject", "kill:rank=2:at=300ms", "--max-restarts", "1", "--report", report, "--timeout", "60s",
 		"/bin/sh", "-c", script, filepath.Join(dir, "trainer"),
-		"--steps", "20", "--model", "small", "--batch", "8", "--deterministic")
+		"--steps", strconv.Itoa(numSteps), "--model", "small", "--batch", "8", "--deterministic")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
