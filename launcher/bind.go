@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -49,15 +48,7 @@ func ParseBind(s string) (string, error) {
 
 // bindPolicy is the GORUN_BIND a rank's environment asks for (the last
 // setting wins, as in exec).
-func bindPolicy(env []string) string {
-	p := BindAuto
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, bindEnv+"="); ok {
-			p = v
-		}
-	}
-	return p
-}
+func bindPolicy(env []string) string { return envValue(env, bindEnv, BindAuto) }
 
 // cpuShares cuts the CPUs this process may run on into n equal
 // consecutive runs, one per local rank, or returns nil when there are

@@ -84,6 +84,11 @@ type FaultReport struct {
 	// PlannedAt is when it was due; InjectedAt when the supervisor sent the
 	// signal (in Restart's world); ContinuedAt when a stop with for= ended.
 	PlannedAt float64 `json:"planned_at_s"`
+	// AfterSteps is the step an after-steps fault waited for, and
+	// InjectedAtStep the last step the target had reported when the
+	// supervisor signaled it.
+	AfterSteps     int64 `json:"after_steps,omitempty"`
+	InjectedAtStep int64 `json:"injected_at_step,omitempty"`
 	// SentAt is when gorun asked the supervisors to inject it.
 	SentAt      *float64 `json:"sent_at_s,omitempty"`
 	Restart     *int     `json:"restart,omitempty"`
@@ -133,7 +138,7 @@ func (w *worldRun) prepare(plan *Plan) error {
 			rep.byID[in.id] = len(rep.Faults)
 			rep.Faults = append(rep.Faults, FaultReport{
 				ID: in.id, Spec: rep.faults[in.fault].Spec, Kind: string(in.kind), Signal: unixSignalName(in.sig),
-				Ranks: in.ranks, Host: in.host, PlannedAt: in.at.Seconds(),
+				Ranks: in.ranks, Host: in.host, PlannedAt: in.at.Seconds(), AfterSteps: in.afterSteps,
 			})
 		}
 	}
@@ -172,6 +177,9 @@ func (w *worldRun) sent(in injection) {
 	f.Restart = ptr(w.restart)
 	f.SentAt = ptr(w.rep.since(time.Now()))
 	f.Missed = "no supervisor answered (the world ended first)"
+	if in.afterSteps > 0 {
+		f.Missed = fmt.Sprintf("the world ended before the target reported step %d", in.afterSteps)
+	}
 	w.rep.pending[in.id] = ""
 }
 
@@ -196,6 +204,7 @@ func (w *worldRun) injected(ev supervisorEvent, t time.Time) *FaultReport {
 	f.Missed = ""
 	if f.InjectedAt == nil {
 		f.InjectedAt = ptr(w.rep.since(t))
+		f.InjectedAtStep = ev.Step
 	}
 	f.PIDs = append(f.PIDs, ev.PID)
 	return f

@@ -206,3 +206,35 @@ func TestInjectFrozenRankRestarts(t *testing.T) {
 	}
 	t.Logf("frozen → detected %.3fs (%s), job done in %s; world 0: %s", *f.TimeToDetect, f.DetectedBy, time.Since(start), rep.Worlds[0].Result)
 }
+
+// An after-steps fault waits for the runtime's step reports: rank 1 of a
+// job whose ranks report every step is killed once it has reported step 5,
+// not before (its output holds step 5) and not much later (the supervisor
+// reads the reports every tick; a step takes at least 20 ms). The report
+// records the step the kill landed at; a fault whose step never comes is
+// reported missed with the step named.
+func TestInjectAfterSteps(t *testing.T) {
+	j := newJobRun(t, 3, "steps:200", nil)
+	j.job.Faults = mustFaults(t, "kill:rank=1:after-steps=5", "kill:rank=0:after-steps=1000")
+	rep, err := j.launchReport(context.Background())
+	var re *RankExitError
+	if !errors.As(err, &re) || re.Rank != 1 || re.Signal != syscall.SIGKILL {
+		t.Fatalf("job ended with %v, want rank 1 killed\n%s", err, j.stderr)
+	}
+	last := 0
+	for _, m := range regexp.MustCompile(`(?m)^\[1\] step (\d+)$`).FindAllStringSubmatch(j.stdout.String(), -1) {
+		last, _ = strconv.Atoi(m[1])
+	}
+	// At least 5: it must not fire early. At most a few steps later: it
+	// must fire on the report, not at some unrelated time.
+	if last < 5 || last > 10 {
+		t.Errorf("rank 1 printed up to step %d, want it killed right after step 5\n%s", last, j.stdout)
+	}
+	f := rep.Faults
+	if len(f) != 2 || f[0].AfterSteps != 5 || f[0].InjectedAt == nil || f[0].InjectedAtStep < 5 || f[0].InjectedAtStep > int64(last) {
+		t.Errorf("report of the kill: %+v", f)
+	}
+	if len(f) == 2 && (f[1].InjectedAt != nil || !strings.Contains(f[1].Missed, "step 1000")) {
+		t.Errorf("the fault for step 1000 was never reached but reads %+v", f[1])
+	}
+}

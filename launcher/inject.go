@@ -39,6 +39,16 @@ import (
 //
 // Times are measured from the start of the job's first world; a fault fires
 // once per job, so a job that restarts does not meet the same fault again.
+//
+// kill, stop, cont and kill-host take after-steps=N instead of at=: the
+// fault fires when the target rank (kill-host: any rank of the host) has
+// reported finishing training step N (rank.ReportStep, one line on the pipe
+// each rank inherits; internal/collateral). The supervisor that runs the
+// target keeps the fault and fires it itself on the report, without a round
+// trip to gorun, so it lands within one supervisor tick (20 ms) of the step
+// whatever the machine's speed. The job loop hands such faults to the
+// supervisors as soon as the world starts; one whose step the world never
+// reaches is reported missed.
 
 // FaultKind names what a fault does.
 type FaultKind string
@@ -64,6 +74,9 @@ type Fault struct {
 	Host string
 	// At is when the fault fires, from the start of the job.
 	At time.Duration
+	// AfterSteps, when positive, replaces At: the fault fires once the
+	// target has reported finishing this training step.
+	AfterSteps int64
 	// For is how long a stop lasts before SIGCONT; 0 means it never ends.
 	For time.Duration
 	// Signal is what kill, kill-host and random send.
@@ -91,18 +104,30 @@ func (e *FaultSpecError) Error() string {
 }
 
 // faultKeys lists, per kind, the keys it requires and the ones it accepts.
+// "when" stands for at= or after-steps=: exactly one of them.
 var faultKeys = map[FaultKind]struct{ required, optional []string }{
-	FaultKill:     {[]string{"rank", "at"}, []string{"sig"}},
-	FaultStop:     {[]string{"rank", "at"}, []string{"for"}},
-	FaultCont:     {[]string{"rank", "at"}, nil},
-	FaultKillHost: {[]string{"host", "at"}, []string{"sig"}},
+	FaultKill:     {[]string{"rank", "when"}, []string{"sig"}},
+	FaultStop:     {[]string{"rank", "when"}, []string{"for"}},
+	FaultCont:     {[]string{"rank", "when"}, nil},
+	FaultKillHost: {[]string{"host", "when"}, []string{"sig"}},
 	FaultRandom:   {[]string{"mtbf", "seed"}, []string{"sig"}},
+}
+
+// keysText lists the keys a kind takes, for messages.
+func keysText(required, optional []string) string {
+	var out []string
+	for _, k := range append(slices.Clone(required), optional...) {
+		if k == "when" {
+			k = "at or after-steps"
+		}
+		out = append(out, k)
+	}
+	return strings.Join(out, ", ")
 }
 
 // ParseFault parses one --inject spec. It refuses, naming the part at
 // fault, an unknown kind or key, a key given twice, a missing required key,
-// a value that does not parse, and after-steps= (which needs the ranks to
-// report their steps to the supervisor; not supported yet).
+// a value that does not parse, and both or neither of at= and after-steps=.
 func ParseFault(spec string) (Fault, error) {
 	bad := func(format string, a ...any) (Fault, error) {
 		return Fault{}, &FaultSpecError{Spec: spec, Why: fmt.Sprintf(format, a...)}
@@ -120,18 +145,20 @@ func ParseFault(spec string) (Fault, error) {
 		if !ok || k == "" {
 			return bad("field %q: expected key=value", p)
 		}
-		if k == "after-steps" {
-			// Steps are known only to the ranks; nothing reports them to
-			// the supervisor yet, so this cannot be honoured.
-			return bad("after-steps= is not supported yet (the ranks do not report their steps to gorun); use at=")
+		key := k
+		if k == "at" || k == "after-steps" {
+			key = "when"
 		}
-		if !slices.Contains(keys.required, k) && !slices.Contains(keys.optional, k) {
-			return bad("key %q does not apply to %s (it takes %s)", k, kind, strings.Join(append(slices.Clone(keys.required), keys.optional...), ", "))
+		if !slices.Contains(keys.required, key) && !slices.Contains(keys.optional, key) {
+			return bad("key %q does not apply to %s (it takes %s)", k, kind, keysText(keys.required, keys.optional))
 		}
 		if seen[k] {
 			return bad("key %q given twice", k)
 		}
-		seen[k] = true
+		if key == "when" && seen[key] {
+			return bad("at= and after-steps= both given: a fault fires at a time or after a step, not both")
+		}
+		seen[k], seen[key] = true, true
 		if v == "" {
 			return bad("%s= has no value", k)
 		}
@@ -146,6 +173,11 @@ func ParseFault(spec string) (Fault, error) {
 			f.Host = v
 		case "at":
 			f.At, err = parseFaultDuration(v)
+		case "after-steps":
+			f.AfterSteps, err = strconv.ParseInt(v, 10, 64)
+			if err == nil && f.AfterSteps < 1 {
+				err = errors.New("must be at least 1 (steps are counted from 1)")
+			}
 		case "for":
 			f.For, err = parseFaultDuration(v)
 			if err == nil && f.For == 0 {
@@ -167,6 +199,9 @@ func ParseFault(spec string) (Fault, error) {
 	}
 	for _, k := range keys.required {
 		if !seen[k] {
+			if k == "when" {
+				return bad("%s needs at= or after-steps=", kind)
+			}
 			return bad("%s needs %s=", kind, k)
 		}
 	}
@@ -253,6 +288,10 @@ type injection struct {
 	sig   syscall.Signal
 	// cont is how long after the stop the supervisor sends SIGCONT; 0 never.
 	cont time.Duration
+	// afterSteps, when positive, makes the injection wait in the
+	// supervisor until a target rank reports this step (at is then 0: the
+	// job loop hands it over as soon as the world runs).
+	afterSteps int64
 }
 
 // maxRandomInjections bounds how many kills a random spec expands to.
@@ -276,7 +315,7 @@ func schedule(faults []Fault, plan *Plan, horizon time.Duration) ([]injection, e
 			if f.Rank >= plan.WorldSize {
 				return bad("rank %d does not exist (the job has ranks 0-%d)", f.Rank, plan.WorldSize-1)
 			}
-			inj := injection{fault: i, kind: f.Kind, at: f.At, ranks: []int{f.Rank}, host: plan.Ranks[f.Rank].Host}
+			inj := injection{fault: i, kind: f.Kind, at: f.At, ranks: []int{f.Rank}, host: plan.Ranks[f.Rank].Host, afterSteps: f.AfterSteps}
 			switch f.Kind {
 			case FaultKill:
 				inj.sig = f.Signal
@@ -293,7 +332,7 @@ func schedule(faults []Fault, plan *Plan, horizon time.Duration) ([]injection, e
 				names = append(names, n.Name)
 				if n.Name == f.Host && n.Ranks > 0 {
 					found = true
-					inj := injection{fault: i, kind: f.Kind, at: f.At, host: n.Name, sig: f.Signal}
+					inj := injection{fault: i, kind: f.Kind, at: f.At, host: n.Name, sig: f.Signal, afterSteps: f.AfterSteps}
 					for r := n.FirstRank; r < n.FirstRank+n.Ranks; r++ {
 						inj.ranks = append(inj.ranks, r)
 					}

@@ -23,6 +23,9 @@ func TestParseFault(t *testing.T) {
 		{"cont:rank=1:at=6s", Fault{Kind: FaultCont, Rank: 1, At: 6 * time.Second, Signal: syscall.SIGKILL}},
 		{"kill-host:host=h2:at=3s", Fault{Kind: FaultKillHost, Host: "h2", At: 3 * time.Second, Signal: syscall.SIGKILL}},
 		{"random:mtbf=10s:seed=7", Fault{Kind: FaultRandom, MTBF: 10 * time.Second, Seed: 7, Signal: syscall.SIGKILL}},
+		{"kill:rank=1:after-steps=5", Fault{Kind: FaultKill, Rank: 1, AfterSteps: 5, Signal: syscall.SIGKILL}},
+		{"stop:rank=0:after-steps=2:for=1s", Fault{Kind: FaultStop, AfterSteps: 2, For: time.Second, Signal: syscall.SIGKILL}},
+		{"kill-host:host=h2:after-steps=7", Fault{Kind: FaultKillHost, Host: "h2", AfterSteps: 7, Signal: syscall.SIGKILL}},
 	} {
 		got, err := ParseFault(tc.spec)
 		if err != nil {
@@ -40,7 +43,11 @@ func TestParseFaultRefuses(t *testing.T) {
 	for _, tc := range []struct{ spec, why string }{
 		{"", `unknown kind ""`},
 		{"explode:rank=1:at=1s", `unknown kind "explode"`},
-		{"kill:rank=2", "kill needs at="},
+		{"kill:rank=2", "kill needs at= or after-steps="},
+		{"kill:rank=1:at=1s:after-steps=5", "at= and after-steps= both given"},
+		{"kill:rank=1:after-steps=0", "after-steps=0: must be at least 1"},
+		{"kill:rank=1:after-steps=x", "after-steps=x: invalid syntax"},
+		{"random:mtbf=1s:seed=1:after-steps=3", `key "after-steps" does not apply to random`},
 		{"kill:at=2s", "kill needs rank="},
 		{"kill-host:at=2s", "kill-host needs host="},
 		{"random:mtbf=10s", "random needs seed="},
@@ -58,7 +65,6 @@ func TestParseFaultRefuses(t *testing.T) {
 		{"kill:rank=1:at=", "at= has no value"},
 		{"random:mtbf=0s:seed=1", "mtbf=0s: must be at least 1ms"},
 		{"random:mtbf=1s:seed=-3", "seed=-3: invalid syntax"},
-		{"kill:rank=1:after-steps=5", "after-steps= is not supported yet"},
 	} {
 		_, err := ParseFault(tc.spec)
 		var se *FaultSpecError

@@ -330,7 +330,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 		case <-injC:
 			world.sent(injNext)
 			r.home.command(supervisorCmd{Op: "inject", Ranks: injNext.ranks, Signal: int(injNext.sig), For: injNext.cont, Fault: injNext.id,
-				KillHost: injNext.kind == FaultKillHost})
+				KillHost: injNext.kind == FaultKillHost, AfterSteps: injNext.afterSteps})
 			armInjection()
 		case <-grace:
 			grace = nil
@@ -520,6 +520,9 @@ func (r *jobLoop) logInjection(world *worldRun, ev supervisorEvent) {
 	}
 	l := r.log.Warn().Str("kind", f.Kind).Str("spec", f.Spec).Int("rank", ev.Rank).Str("host", r.plan.Ranks[ev.Rank].Host).
 		Int("pid", ev.PID).Int("restart", world.restart).Float64("at_s", world.rep.since(time.Now()))
+	if ev.Step > 0 {
+		l = l.Int64("step", ev.Step)
+	}
 	switch {
 	case ev.Ev == "fault-cont":
 		l.Msg("injected stop ended: SIGCONT sent")

@@ -59,9 +59,23 @@ func checkMPILibrary(name, path string) error {
 		"or rebuild it with MPICH (mpicc.mpich) to run it under gorun", ErrOpenMPI, lib, via)}
 }
 
-// findOpenMPI walks the program's needed libraries breadth first and
-// returns the first Open MPI soname met and the libraries that led to it.
+// findOpenMPI returns the first Open MPI soname among the program's
+// libraries and the libraries that led to it.
 func findOpenMPI(path string) (string, []string) {
+	return findNeeded(path, func(soname string) bool {
+		for _, o := range openMPILibs {
+			if strings.HasPrefix(soname, o) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// findNeeded walks the ELF program's needed libraries breadth first and
+// returns the first soname for which match is true, with the libraries
+// that led to it ("", nil when none does or path is not ELF).
+func findNeeded(path string, match func(soname string) bool) (string, []string) {
 	type item struct {
 		path  string
 		chain []string
@@ -91,10 +105,8 @@ func findOpenMPI(path string) (string, []string) {
 		search = append(search, "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64",
 			"/lib", "/usr/lib", "/usr/local/lib", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
 		for _, n := range needed {
-			for _, o := range openMPILibs {
-				if strings.HasPrefix(n, o) {
-					return n, it.chain
-				}
+			if match(n) {
+				return n, it.chain
 			}
 			if seen[n] || strings.HasPrefix(n, "libc.so") || strings.HasPrefix(n, "ld-linux") {
 				continue

@@ -133,6 +133,10 @@ type supervisorCmd struct {
 	For      time.Duration `json:"for,omitempty"`
 	Fault    int           `json:"fault,omitempty"`
 	KillHost bool          `json:"kill_host,omitempty"`
+	// AfterSteps, when positive, makes "inject" wait: the supervisor
+	// keeps the fault and fires it on the first of Ranks (of its own) to
+	// report finishing this step (collateral.Step lines).
+	AfterSteps int64 `json:"after_steps,omitempty"`
 }
 
 // supervisorEvent is a message from the supervisor.
@@ -166,6 +170,9 @@ type supervisorEvent struct {
 	// Err is set on "injected" when the rank was not running.
 	Fault    int  `json:"fault,omitempty"`
 	KillHost bool `json:"kill_host,omitempty"`
+	// Step is, on "injected", the last step the target had reported
+	// (0: none).
+	Step int64 `json:"step,omitempty"`
 	// node is the plan node whose host agent relayed the event (multi-host
 	// jobs); set by gorun, never sent. A "lost" event, made by gorun, says
 	// that node's host agent is gone (Err says how).
@@ -202,6 +209,7 @@ type supervisorRankState struct {
 // supervisor is the state of one supervisor process; every field is owned by runSupervisor's
 // goroutine (the main loop), so no lock is needed.
 type supervisor struct {
+	topo    *topologyShare // the hwloc topology shared with the ranks
 	log     zerolog.Logger
 	out     *bufio.Writer
 	enc     *json.Encoder
@@ -232,6 +240,11 @@ type supervisor struct {
 	// conts are the SIGCONTs owed to ranks stopped by an injected fault
 	// with a duration; the ticker sends them when due.
 	conts []faultCont
+	// steps is the last training step each rank reported
+	// (collateral.Step), and armed the after-steps faults waiting for one
+	// of their ranks to get there.
+	steps map[int]int64
+	armed []supervisorCmd
 }
 
 // faultCont is one SIGCONT an injected stop owes a rank.
@@ -295,9 +308,13 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		self:  os.Getpid(),
 		byPID: map[int]int{},
 		grace: spec.Grace,
+		steps: map[int]int64{},
 	}
 	a.enc = json.NewEncoder(a.out)
 	a.collR = -1
+	// First, so that hwloc's discovery overlaps the rest of the set-up.
+	a.topo = &topologyShare{}
+	a.topo.start(spec.Ranks)
 	var collW *os.File
 	if len(spec.Ranks) > 0 {
 		// One pipe for the whole job; every rank gets the write end.
@@ -400,6 +417,11 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 				a.emit(supervisorEvent{Ev: "beat"})
 			}
 			a.reap()
+			// Step reports arrive at the ranks' pace; reading them on the
+			// tick bounds an after-steps fault's lateness by one tick
+			// (the pipe holds 64 KiB, a thousand steps' lines).
+			a.readCollateral()
+			a.fireArmed()
 			a.sendConts(time.Now())
 			if a.killing {
 				a.killAll()
@@ -420,6 +442,13 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		}
 		return os.NewFile(uintptr(fd), fmt.Sprintf("fd%d", fd))
 	}
+	// One hwloc topology for the host's ranks (topology.go), made while
+	// the supervisor set up; the ranks keep their copies of its
+	// descriptor, ours goes when all started.
+	topo := a.topo
+	defer topo.close()
+	topoDeadline := time.Now().Add(topologyWait)
+	lastFlush := time.Now()
 	// Every rank this agent starts runs on its host: local rank i of
 	// len(ranks) (see bind.go).
 	shares := cpuShares(len(ranks))
@@ -446,6 +475,20 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		if collW != nil {
 			env = append(env, rankenv.CollateralFD+"="+strconv.Itoa(len(files)))
 			files = append(files, collW)
+		}
+		if topo.wants(r.Path, r.Env) {
+			f, took, err := topo.get(topoDeadline)
+			if !topo.reported {
+				topo.reported = true
+				if err != nil {
+					a.log.Debug().Err(err).Msg("ranks discover the hardware topology themselves")
+				} else {
+					a.log.Debug().Dur("took", took).Msg("ranks read the hardware topology from gorun")
+				}
+			}
+			if err == nil {
+				files, env = topologyForRank(f, files, env)
+			}
 		}
 		p, err := startBound(cpus, func() (*os.Process, error) {
 			return os.StartProcess(r.Path, r.Argv, &os.ProcAttr{
@@ -489,10 +532,12 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		a.ranks = append(a.ranks, supervisorRankState{rank: r.Rank, pid: p.Pid, running: true})
 		a.running++
 		a.emit(supervisorEvent{Ev: "started", Rank: r.Rank, PID: p.Pid})
-		if len(a.ranks)%32 == 0 {
-			// Large jobs take a while to start: let gorun learn pids as
-			// they come rather than all at the end.
+		if len(a.ranks)%32 == 0 || time.Since(lastFlush) >= beatEvery {
+			// Large jobs, and any job on a loaded machine, take a while
+			// to start: let gorun learn pids as they come rather than all
+			// at the end, and hear from us within its lease.
 			a.flush()
+			lastFlush = time.Now()
 		}
 		// Reaping goes through wait4(-1), which also collects adopted
 		// orphans; the pidfd that os keeps is not needed.
@@ -541,12 +586,24 @@ func (a *supervisor) command(c supervisorCmd) {
 // of another host is not this supervisor's and is skipped without an
 // answer; one of ours that already exited is answered with Err.
 func (a *supervisor) inject(c supervisorCmd) {
+	if c.AfterSteps > 0 {
+		// Kept until one of its ranks (ours) reports the step; a fault
+		// whose ranks are all elsewhere is another supervisor's.
+		for _, r := range a.ranks {
+			if slices.Contains(c.Ranks, r.rank) {
+				a.armed = append(a.armed, c)
+				a.fireArmed()
+				return
+			}
+		}
+		return
+	}
 	for _, want := range c.Ranks {
 		for _, r := range a.ranks {
 			if r.rank != want {
 				continue
 			}
-			ev := supervisorEvent{Ev: "injected", Rank: r.rank, PID: r.pid, Signal: c.Signal, Fault: c.Fault, KillHost: c.KillHost}
+			ev := supervisorEvent{Ev: "injected", Rank: r.rank, PID: r.pid, Signal: c.Signal, Fault: c.Fault, KillHost: c.KillHost, Step: a.steps[r.rank]}
 			if !r.running {
 				ev.Err = "rank " + strconv.Itoa(r.rank) + " had already exited"
 				a.emit(ev)
@@ -561,6 +618,27 @@ func (a *supervisor) inject(c supervisorCmd) {
 			a.emit(ev)
 		}
 	}
+}
+
+// fireArmed injects every armed after-steps fault one of whose ranks has
+// reported its step.
+func (a *supervisor) fireArmed() {
+	kept := a.armed[:0]
+	for _, c := range a.armed {
+		reached := false
+		for _, r := range c.Ranks {
+			if a.steps[r] >= c.AfterSteps {
+				reached = true
+			}
+		}
+		if !reached {
+			kept = append(kept, c)
+			continue
+		}
+		c.AfterSteps = 0
+		a.inject(c)
+	}
+	a.armed = kept
 }
 
 // sendConts sends the SIGCONTs that are due, to ranks still running.
@@ -652,7 +730,9 @@ func (a *supervisor) readCollateral() {
 			if i < 0 {
 				break
 			}
-			if r, ok := collateral.Decode(a.collBuf[:i]); ok {
+			if st, ok := collateral.DecodeStep(a.collBuf[:i]); ok {
+				a.steps[st.Rank] = max(a.steps[st.Rank], st.Step)
+			} else if r, ok := collateral.Decode(a.collBuf[:i]); ok {
 				if _, seen := a.coll[r.Rank]; !seen {
 					a.coll[r.Rank] = r
 				}

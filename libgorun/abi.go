@@ -209,6 +209,22 @@ func gorun_finalize() (rc C.int) {
 	return ok()
 }
 
+//export gorun_report_step
+func gorun_report_step(step C.longlong) (rc C.int) {
+	defer guard(&rc)
+	reg.mu.Lock()
+	s := reg.sess
+	reg.mu.Unlock()
+	if s == nil {
+		return setErr(fmt.Errorf("%w: gorun_report_step: not initialized (call gorun_init first)", errInvalid), nil)
+	}
+	if step < 0 {
+		return setErr(fmt.Errorf("%w: gorun_report_step: step %d is negative", errInvalid, int64(step)), nil)
+	}
+	s.r.ReportStep(int(step))
+	return ok()
+}
+
 //export gorun_comm_rank
 func gorun_comm_rank(h C.gorun_comm_t, rank *C.int) (rc C.int) {
 	defer guard(&rc)

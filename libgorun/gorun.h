@@ -116,6 +116,13 @@ int gorun_init(const char *config, gorun_comm_t *world);
  * library may be initialized again afterwards. */
 int gorun_finalize(void);
 
+/* gorun_report_step tells the launcher that this rank finished training step
+ * `step` (1-based, the program's numbering): gorun fires its
+ * --inject ...:after-steps=N faults on it. One non-blocking write to a pipe;
+ * a no-op when gorun did not start the process. GORUN_ERR_INVALID before
+ * gorun_init or for a negative step. */
+int gorun_report_step(long long step);
+
 /* ---- communicators ------------------------------------------------------- */
 
 /* Rank and size of this process in comm; world_rank maps a rank of comm to

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/internal/collateral"
 	"github.com/gorun-hpc/gorun/rankenv"
 	"github.com/gorun-hpc/gorun/rendezvous"
 )
@@ -378,6 +379,19 @@ func (r *Rank) NewComm(ctx context.Context, g comm.Group, tag string) (*comm.Com
 	}
 	r.comms = append(r.comms, c)
 	return c, nil
+}
+
+// ReportStep tells the launcher that this rank has finished training step
+// step (the program's numbering, 1-based; a run resumed from a checkpoint
+// goes on with the checkpoint's numbers). gorun fires its
+// `--inject ...:after-steps=N` faults on these reports, so a fault lands at
+// the same step in every run however fast the machine is. It costs one
+// non-blocking write to a pipe the rank inherited (no allocation beyond a
+// small line, no lock) and is a no-op when gorun did not start the process;
+// safe for concurrent use. Call it once per step, after the step's
+// optimizer update.
+func (r *Rank) ReportStep(step int) {
+	collateral.TellStep(collateral.Step{Rank: r.id.Rank, Step: int64(step)})
 }
 
 // Abort fails every pending and future call of every communicator of this

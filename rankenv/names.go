@@ -74,6 +74,18 @@ const (
 	RdzvEndpoint = "GORUN_RDZV_ENDPOINT"
 )
 
+// CheckpointSignal names the signal gorun sends every rank to ask for a
+// checkpoint ("SIGUSR1" unless gorun --checkpoint-signal chose another),
+// as SLURM's --signal does before a time limit: gorun sends it
+// --checkpoint-signal-before DUR ahead of its --timeout and of every timed
+// kill it injects (a preemption notice), and whenever gorun itself receives
+// that signal (on demand: kill -USR1 <gorun>). It is set for every rank;
+// a program that checkpoints catches this signal, finishes its step,
+// agrees with the other ranks, and writes its checkpoint (the example
+// trainer's --checkpoint does). A program that does not catch it is killed
+// by it (SIGUSR1's default action), so gorun sends it only when asked to.
+const CheckpointSignal = "GORUN_CHECKPOINT_SIGNAL"
+
 // Interface selection for the communication libraries a rank may use,
 // set by a multi-host gorun to the interface its host reaches the others
 // through (the same one MASTER_ADDR is on for rank 0's host).
@@ -93,3 +105,21 @@ const (
 // another rank's failure, and gorun's final line names the first cause
 // instead of whichever rank happened to exit first (internal/collateral).
 const CollateralFD = "GORUN_COLLATERAL_FD"
+
+// hwloc's variables, set by a rank's supervisor only for a program that
+// needs libhwloc.so.15 (MPICH's MPI_Init discovers the topology with it),
+// only when the rank's environment does not already steer hwloc, and not
+// with gorun --topology off (launcher/topology.go). hwloc in the rank reads
+// them in hwloc_topology_load.
+const (
+	// HwlocXMLFile is "/proc/self/fd/N": descriptor N is a sealed memfd
+	// holding the host's topology as hwloc XML, discovered once by the
+	// supervisor, so the rank skips its own discovery.
+	HwlocXMLFile = "HWLOC_XMLFILE"
+	// HwlocThisSystem is "1": that XML describes the machine the rank runs
+	// on, so hwloc's binding calls still act on it.
+	HwlocThisSystem = "HWLOC_THISSYSTEM"
+	// Topology (gorun --topology) is "off" to leave every rank to its own
+	// discovery; unset or "auto" otherwise.
+	Topology = "GORUN_TOPOLOGY"
+)

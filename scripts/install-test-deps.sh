@@ -18,7 +18,7 @@ set -euo pipefail
 # TestAttachNameHeldByAnotherUser. python3-torch and python3-pytest run the
 # torch backend's suite (make test-python, python/tests); gcc builds libgorun.
 pkgs=(iproute2 procps util-linux openssh-server openssh-client slurm-wlm slurm-client munge
-  gcc libc6-dev mpich libmpich-dev openmpi-bin libopenmpi-dev libpmi2-0-dev passwd python3 python3-torch python3-pytest)
+  gcc libc6-dev mpich libmpich-dev libhwloc-dev openmpi-bin libopenmpi-dev libpmi2-0-dev passwd python3 python3-torch python3-pytest)
 
 missing=()
 for p in "${pkgs[@]}"; do

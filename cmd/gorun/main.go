@@ -168,6 +168,7 @@ type options struct {
 	oversubscribe bool
 	exports       repeated
 	bindTo        string
+	topology      string
 	tagOutput     bool
 	timestamp     bool
 	outputDir     string
@@ -208,6 +209,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.hostfile, "machinefile", "", "same as -hostfile")
 	fs.BoolVar(&o.oversubscribe, "oversubscribe", false, "allow more ranks than slots (up to max_slots)")
 	fs.Var(&o.exports, "x", "export `NAME[=VALUE]` to every rank (repeatable)")
+	fs.StringVar(&o.topology, "topology", "auto", "hardware topology for ranks that use hwloc (MPICH's MPI_Init): auto (each host discovers it once and hands it to its ranks, which then skip their own discovery) or off")
 	fs.StringVar(&o.bindTo, "bind-to", "auto", "CPU binding of ranks: auto (when a host runs no more ranks than CPUs, each rank gets its own equal share of them, as mpirun binds 2 ranks to cores) or none")
 	fs.BoolVar(&o.tagOutput, "tag-output", false, "prefix every output line with [rank] ([rank,host] in multi-host jobs)")
 	fs.BoolVar(&o.timestamp, "timestamp-output", false, "prefix every output line with a timestamp")
@@ -305,9 +307,19 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gorun: %v\n", err)
 		return exitUsage
 	}
-	// The agents read the policy from each rank's environment, so it
-	// reaches every host with the job; an explicit -x GORUN_BIND wins.
-	exports, err := launcher.ResolveExports(append(repeated{"GORUN_BIND=" + bind}, o.exports...), os.LookupEnv)
+	topology, err := launcher.ParseTopology(o.topology)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun: %v\n", err)
+		return exitUsage
+	}
+	// The agents read the policies from each rank's environment, so they
+	// reach every host with the job; an explicit -x GORUN_BIND or
+	// GORUN_TOPOLOGY wins.
+	policies := repeated{"GORUN_BIND=" + bind}
+	if topology != launcher.TopologyAuto {
+		policies = append(policies, "GORUN_TOPOLOGY="+topology)
+	}
+	exports, err := launcher.ResolveExports(append(policies, o.exports...), os.LookupEnv)
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
 		return exitUsage

@@ -66,6 +66,8 @@ func parseFlags(args []string) (options, bool, error) {
 	fs.IntVar(&o.batch, "batch", o.batch, "global batch (power of two)")
 	fs.StringVar(&o.size, "model", o.size, "model size: default or small")
 	fs.IntVar(&o.workers, "workers", 1, "compute goroutines per rank")
+	fs.StringVar(&o.checkpoint, "checkpoint", "", "write checkpoints to `DIR` (rank 0, atomically) and resume from the one there at start")
+	fs.IntVar(&o.checkpointEvery, "checkpoint-every", 0, "with --checkpoint: write one every `N` steps (0: only when gorun's checkpoint signal arrives)")
 	verbose := fs.Bool("v", false, "debug logging")
 	if err := fs.Parse(args); err != nil {
 		return o, false, err
@@ -92,6 +94,19 @@ func mainErr(args []string) int {
 	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(lvl).With().Timestamp().Logger()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if o.checkpoint != "" {
+		// Caught from the start: gorun may ask before the first step, and
+		// an uncaught SIGUSR1 would kill the rank.
+		sig, err := checkpointSignal()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		asked := make(chan os.Signal, 1)
+		signal.Notify(asked, sig)
+		defer signal.Stop(asked)
+		o.checkpointAsked = asked
+	}
 	opts := rank.DefaultOptions()
 	opts.Logger = log
 	opts.Comm.Deterministic = o.deterministic
@@ -109,6 +124,7 @@ func mainErr(args []string) int {
 		}
 		return r.NewComm(ctx, g, "trainer."+name) // closed by r.Close
 	}
+	o.reportStep = r.ReportStep
 	_, err = run(ctx, o, cm, log, os.Stdout)
 	if err != nil {
 		r.Abort(err) // free the peers now instead of at their timeouts

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,8 +18,8 @@ import (
 // rank of a 4-rank trainer job is frozen from the start and killed 300 ms
 // in; gorun stops the world and starts a new one (--max-restarts 1), and the
 // new world's training ends with the losses and parameters of an
-// uninterrupted run (the trainer does not checkpoint yet, so the new world
-// trains from step 1). No process of the job outlives gorun (the launcher's
+// uninterrupted run (without --checkpoint the new world trains from step 1;
+// TestRealKillResume covers resuming). No process of the job outlives gorun (the launcher's
 // own tests check that with a /proc scan; here gorun's exit after its
 // supervisor reported "no descendant left" is what is relied on).
 func TestRealKillRestart(t *testing.T) {
@@ -42,22 +43,7 @@ func TestRealKillRestart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("gorun: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
 	}
-	// Rank 0's lines of the second world, untagged.
-	var lines []string
-	second := false
-	for _, l := range strings.Split(string(out), "\n") {
-		l, ok := strings.CutPrefix(l, "[0] ")
-		if !ok {
-			continue
-		}
-		if strings.HasPrefix(l, "world ") {
-			second = l == "world 1"
-			continue
-		}
-		if second {
-			lines = append(lines, l)
-		}
-	}
+	lines := worldLines(string(out))["1"]
 	if len(lines) == 0 {
 		t.Fatalf("no output from a second world:\n%s\nstderr:\n%s", out, stderr.String())
 	}
@@ -92,4 +78,110 @@ func TestRealKillRestart(t *testing.T) {
 	if by := rep.Faults[1].DetectedBy; by != "rank 2 killed by SIGKILL" {
 		t.Errorf("the kill was detected as %q", by)
 	}
+}
+
+// worldLines splits rank 0's tagged output by the "world N" marker lines
+// the test's wrapper script prints: world number → its lines, untagged.
+func worldLines(out string) map[string][]string {
+	worlds := map[string][]string{}
+	cur := ""
+	for _, l := range strings.Split(out, "\n") {
+		l, ok := strings.CutPrefix(l, "[0] ")
+		if !ok {
+			continue
+		}
+		if w, ok := strings.CutPrefix(l, "world "); ok {
+			cur = w
+			continue
+		}
+		worlds[cur] = append(worlds[cur], l)
+	}
+	return worlds
+}
+
+// TestRealKillResume: the issue's promise for checkpoints, with real
+// processes. Rank 1 is killed by gorun once it has reported step 7
+// (--inject kill:rank=1:after-steps=7; the trainer checkpoints every 3
+// steps); gorun starts a new world (--max-restarts 1), whose trainer
+// resumes from the checkpoint of step 6 or later — not from scratch — and
+// the steps of the first world before that checkpoint plus those of the
+// second are the losses of an uninterrupted run, bit for bit, as are the
+// final parameters. On 2 and 4 ranks, data parallel and sharded.
+func TestRealKillResume(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	dir := buildBinaries(t)
+	ref := reference(t, smallOptions())
+	for _, tc := range []struct {
+		np   int
+		mode string
+	}{{2, "dp"}, {2, "sharded"}, {4, "dp"}, {4, "sharded"}} {
+		t.Run(fmt.Sprintf("np%d-%s", tc.np, tc.mode), func(t *testing.T) {
+			ckpt := t.TempDir()
+			report := filepath.Join(t.TempDir(), "report.json")
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			script := `echo "world $GORUN_RESTART_COUNT"; exec "$0" "$@"`
+			cmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", strconv.Itoa(tc.np), "--tag-output",
+				"--inject", "kill:rank=1:after-steps=7", "--max-restarts", "1", "--report", report, "--timeout", "60s",
+				"/bin/sh", "-c", script, filepath.Join(dir, "trainer"),
+				"--steps", strconv.Itoa(numSteps), "--model", "small", "--batch", "8", "--deterministic", "--mode", tc.mode,
+				"--checkpoint", ckpt, "--checkpoint-every", "3")
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("gorun: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
+			}
+			w := worldLines(string(out))
+			first, _ := parseSteps(w["0"])
+			second, resumed := parseSteps(w["1"])
+			if resumed < 6 || resumed%3 != 0 || resumed > len(first) {
+				t.Fatalf("the second world resumed from step %d, want a checkpoint of step 6 or later that the first world reached (it printed %d steps)\n%s", resumed, len(first), out)
+			}
+			if len(first) < 7 {
+				t.Fatalf("the first world printed %d steps, but rank 1 was to be killed after step 7\n%s", len(first), out)
+			}
+			losses := append(first[:resumed:resumed], second...)
+			_, params := parseOutput(t, strings.Join(w["1"], "\n"))
+			checkAgainst(t, ref, losses, params)
+
+			b, err := os.ReadFile(report)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rep struct {
+				Restarts int `json:"restarts"`
+				Faults   []struct {
+					InjectedAtStep int64  `json:"injected_at_step"`
+					Action         string `json:"action"`
+				} `json:"faults"`
+			}
+			if err := json.Unmarshal(b, &rep); err != nil {
+				t.Fatal(err)
+			}
+			if rep.Restarts != 1 || len(rep.Faults) != 1 || rep.Faults[0].InjectedAtStep < 7 || rep.Faults[0].Action != "restarted" {
+				t.Fatalf("report:\n%s", b)
+			}
+		})
+	}
+}
+
+// parseSteps reads a world's step lines and its "resumed from step K"
+// line (0 when absent).
+func parseSteps(lines []string) (losses []float32, resumed int) {
+	for _, l := range lines {
+		f := strings.Fields(l)
+		switch {
+		case len(f) == 6 && f[0] == "step" && f[2] == "loss":
+			v, err := strconv.ParseFloat(f[3], 32)
+			if err == nil {
+				losses = append(losses, float32(v))
+			}
+		case len(f) >= 4 && f[0] == "resumed" && f[2] == "step":
+			resumed, _ = strconv.Atoi(f[3])
+		}
+	}
+	return losses, resumed
 }

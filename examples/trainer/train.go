@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -53,6 +54,16 @@ type options struct {
 	batch    int
 	size     string // "default" or "small"
 	workers  int
+	// checkpoint is --checkpoint DIR (empty: no checkpoints, no resume);
+	// checkpointEvery is --checkpoint-every N (0: only on the signal).
+	checkpoint      string
+	checkpointEvery int
+	// checkpointAsked delivers the checkpoint signal (nil: none is
+	// caught); polled once per step, so no goroutine owns it.
+	checkpointAsked <-chan os.Signal
+	// reportStep, when set, is told every finished step (rank.ReportStep:
+	// what gorun's --inject ...:after-steps=N fires on).
+	reportStep func(step int)
 }
 
 func defaultOptions() options {
@@ -80,6 +91,10 @@ func (o options) validate(n int) error {
 		return fmt.Errorf("trainer: hsdp needs subgroup communicators, and none can be made here")
 	case o.size != "default" && o.size != "small":
 		return fmt.Errorf("trainer: --model %q, want default or small", o.size)
+	case o.checkpointEvery < 0:
+		return fmt.Errorf("trainer: --checkpoint-every %d is negative", o.checkpointEvery)
+	case o.checkpointEvery > 0 && o.checkpoint == "":
+		return fmt.Errorf("trainer: --checkpoint-every %d needs --checkpoint DIR", o.checkpointEvery)
 	case o.bucketCap < 0:
 		return fmt.Errorf("trainer: --bucket-cap %d is negative", o.bucketCap)
 	case o.batch < 1 || o.batch&(o.batch-1) != 0 || n&(n-1) != 0 || o.batch%(n*chunks) != 0:
@@ -422,13 +437,32 @@ func run(ctx context.Context, o options, cm overlap.Comm, log zerolog.Logger, ou
 		fmt.Fprintf(out, "trainer: %s; mode %s, %d ranks, global batch %d, %s\n", t.m, o.mode, t.N, o.batch, describe(o, t))
 	}
 	res := &result{}
-	for s := 0; s < o.steps; s++ {
+	first := 0
+	if o.checkpoint != "" {
+		if first, err = t.resume(ctx); err != nil {
+			return nil, err
+		}
+		if lead && first > 0 {
+			fmt.Fprintf(out, "resumed from step %d (%s)\n", first, filepath.Join(o.checkpoint, checkpointFile))
+		}
+	}
+	for s := first; s < o.steps; s++ {
 		loss, met, err := t.step(ctx, s)
 		if err != nil {
 			return nil, fmt.Errorf("trainer: step %d: %w", s+1, err)
 		}
 		res.losses = append(res.losses, loss)
-		if s > 0 || o.steps == 1 {
+		if o.checkpoint != "" {
+			if err := t.maybeCheckpoint(ctx, s+1); err != nil {
+				return nil, fmt.Errorf("trainer: checkpoint after step %d: %w", s+1, err)
+			}
+		}
+		if o.reportStep != nil {
+			// After the checkpoint: a fault gorun fires on this report
+			// finds the step's checkpoint written.
+			o.reportStep(s + 1)
+		}
+		if s > first || o.steps == 1 {
 			res.total.Add(met) // the first step warms caches and connections
 		}
 		log.Debug().Int("step", s+1).Str("metrics", met.String()).Msg("step done")
@@ -446,12 +480,43 @@ func run(ctx context.Context, o options, cm overlap.Comm, log zerolog.Logger, ou
 		}
 	}
 	if lead {
-		tot, steps := res.total, max(o.steps-1, 1)
+		tot, steps := res.total, max(o.steps-first-1, 1)
 		avg := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 / float64(steps) }
 		fmt.Fprintf(out, "summary: %d steps, mean step %.2fms, compute %.2fms, comm %.2fms, exposed comm %.2fms, exposed-communication fraction %.3f, %d collectives/step, peak collective memory %d bytes (plan estimate %d), params %016x\n",
 			o.steps, avg(tot.Time), avg(tot.Compute), avg(tot.Comm), avg(tot.Exposed), tot.ExposedFraction(), tot.Collectives/steps, tot.PeakBytes, t.peakEstimate, res.params)
 	}
 	return res, nil
+}
+
+// maybeCheckpoint writes a checkpoint after step (1-based) when
+// --checkpoint-every says so or any rank has caught the checkpoint signal:
+// the ranks agree on the latter with an all-reduce (max) of one element, so
+// that they all write at the same step.
+func (t *trainer) maybeCheckpoint(ctx context.Context, step int) error {
+	asked := []int64{0}
+	select {
+	case <-t.o.checkpointAsked:
+		asked[0] = 1
+	default:
+	}
+	if err := t.cm.AllReduce(ctx, comm.Int64s(asked), comm.Int64s(asked), comm.Max).Wait(ctx); err != nil {
+		return err
+	}
+	every := t.o.checkpointEvery > 0 && step%t.o.checkpointEvery == 0
+	if !every && asked[0] == 0 {
+		return nil
+	}
+	if err := t.saveCheckpoint(ctx, step); err != nil {
+		return err
+	}
+	if t.k == 0 {
+		why := "every " + strconv.Itoa(t.o.checkpointEvery)
+		if asked[0] != 0 {
+			why = "signal"
+		}
+		t.log.Info().Int("step", step).Str("why", why).Msg("checkpoint written")
+	}
+	return nil
 }
 
 func describe(o options, t *trainer) string {

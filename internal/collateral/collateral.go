@@ -1,6 +1,7 @@
-// Package collateral carries one fact from a rank's runtime to its
+// Package collateral carries two facts from a rank's runtime to its
 // supervisor: "this rank is failing because another rank was lost (or
-// aborted), not on its own". Without it the launcher sees only exit codes,
+// aborted), not on its own" (Report), and "this rank has finished training
+// step N" (Step, what --inject ...:after-steps=N fires on). Without it the launcher sees only exit codes,
 // and with N ranks and one killed, the first exit it reaps is as often a
 // peer that gave up as the rank that died; the job's final line then named
 // the wrong rank.
@@ -54,13 +55,52 @@ func Encode(r Report) []byte {
 	}
 }
 
-// Decode parses one line; ok is false for anything that is not a report.
+// Decode parses one line; ok is false for anything that is not a report
+// (a step line included).
 func Decode(line []byte) (Report, bool) {
-	var r Report
-	if err := json.Unmarshal(line, &r); err != nil || r.Rank < 0 {
+	var r struct {
+		Report
+		Step *int64 `json:"step"`
+	}
+	if err := json.Unmarshal(line, &r); err != nil || r.Rank < 0 || r.Step != nil {
 		return Report{}, false
 	}
-	return r, true
+	return r.Report, true
+}
+
+// Step is a progress line: Rank has finished training step Step (the
+// program's own numbering, 1-based; a resumed run goes on from its
+// checkpoint's number). Lines carry the number, not an increment, so a
+// lost line (a full pipe) costs nothing but latency: the next one says
+// the same and more.
+type Step struct {
+	Rank int   `json:"rank"`
+	Step int64 `json:"step"`
+}
+
+// EncodeStep returns s as one line.
+func EncodeStep(s Step) []byte {
+	// Formatted by hand: this runs once per training step, and a line of
+	// two integers needs no reflection.
+	b := make([]byte, 0, 48)
+	b = append(b, `{"rank":`...)
+	b = strconv.AppendInt(b, int64(s.Rank), 10)
+	b = append(b, `,"step":`...)
+	b = strconv.AppendInt(b, s.Step, 10)
+	return append(b, "}\n"...)
+}
+
+// DecodeStep parses one line; ok is false for anything that is not a
+// step line.
+func DecodeStep(line []byte) (Step, bool) {
+	var s struct {
+		Rank *int   `json:"rank"`
+		Step *int64 `json:"step"`
+	}
+	if err := json.Unmarshal(line, &s); err != nil || s.Rank == nil || s.Step == nil || *s.Rank < 0 || *s.Step < 0 {
+		return Step{}, false
+	}
+	return Step{Rank: *s.Rank, Step: *s.Step}, true
 }
 
 var (
@@ -95,6 +135,17 @@ func reportFD() int {
 // do not inherit it. The runtime calls it when a communicator is made;
 // Tell works without it.
 func Claim() { reportFD() }
+
+// TellStep writes a step line to the supervisor's pipe; a no-op outside
+// gorun. Like Tell it never blocks; a line lost to a full pipe is made up
+// for by the next.
+func TellStep(s Step) {
+	n := reportFD()
+	if n < 0 {
+		return
+	}
+	_, _ = syscall.Write(n, EncodeStep(s))
+}
 
 // Tell writes r to the supervisor's pipe; a no-op outside gorun. It never
 // blocks: the pipe is non-blocking, and a full pipe (which one line per

@@ -33,3 +33,31 @@ func TestEncodeDecode(t *testing.T) {
 		}
 	}
 }
+
+// Step lines and reports share the pipe: each decoder takes its own kind
+// and refuses the other, so a step line is never read as a collateral
+// failure (which would blame a healthy rank).
+func TestStepLines(t *testing.T) {
+	for _, s := range []Step{{Rank: 0, Step: 1}, {Rank: 7, Step: 123456789012}} {
+		b := EncodeStep(s)
+		if b[len(b)-1] != '\n' || strings.Count(string(b), "\n") != 1 {
+			t.Fatalf("EncodeStep(%+v) = %q, want one line", s, b)
+		}
+		got, ok := DecodeStep(b[:len(b)-1])
+		if !ok || got != s {
+			t.Fatalf("DecodeStep(%q) = %+v, %v", b, got, ok)
+		}
+		if r, ok := Decode(b[:len(b)-1]); ok {
+			t.Fatalf("Decode took the step line %q as report %+v", b, r)
+		}
+	}
+	rep := Encode(Report{Rank: 1, Blame: 2, Why: "comm: peer lost"})
+	if s, ok := DecodeStep(rep[:len(rep)-1]); ok {
+		t.Fatalf("DecodeStep took the report %q as %+v", rep, s)
+	}
+	for _, bad := range []string{"", "x", `{"rank":1}`, `{"step":3}`, `{"rank":-1,"step":3}`, `{"rank":1,"step":-3}`} {
+		if s, ok := DecodeStep([]byte(bad)); ok {
+			t.Errorf("DecodeStep(%q) = %+v, accepted", bad, s)
+		}
+	}
+}

@@ -89,6 +89,9 @@ func NewToken(name string) string {
 //	                   GORUN_SECRET; in
 //	                   world 0 print "ready" and hang (restart-aware:allreduce:
 //	                   run the allreduce mode instead), in later worlds exit 0
+//	steps:N            join the world and run N "training steps": an
+//	                   all-reduce, rank.ReportStep(i), print "step i",
+//	                   sleep 20 ms; exit 0 (on an error print it, exit 6)
 //	ticker:MS          for MS milliseconds wake every 5 ms, then print
 //	                   "maxgap N" (the longest gap between wake-ups, in ms;
 //	                   a stopped rank shows its stop), exit 0
@@ -196,6 +199,8 @@ func runHelper(mode string) int {
 		}
 		fmt.Printf("ready %s %d\n", rank, os.Getpid())
 		select {}
+	case "steps":
+		return stepLoop(rank, atoi(arg))
 	case "ticker":
 		end := time.Now().Add(time.Duration(atoi(arg)) * time.Millisecond)
 		var maxGap time.Duration
@@ -234,6 +239,34 @@ func allReduceLoop(rankName string) int {
 	r.Abort(err)
 	_ = r.Close()
 	return 6
+}
+
+// stepLoop is the "steps" mode.
+func stepLoop(rankName string, n int) int {
+	ctx := context.Background()
+	r, err := grank.Init(ctx, grank.DefaultOptions())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper: init:", err)
+		return 91
+	}
+	cm := r.Comm()
+	buf := make([]float64, 64)
+	for i := 1; i <= n; i++ {
+		if err = cm.AllReduce(ctx, comm.Float64s(buf), comm.Float64s(buf), comm.Sum).Wait(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "helper: rank %s: %v\n", rankName, err)
+			r.Abort(err)
+			_ = r.Close()
+			return 6
+		}
+		r.ReportStep(i)
+		fmt.Printf("step %d\n", i)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := r.Close(); err != nil {
+		fmt.Fprintf(os.Stderr, "helper: rank %s: close: %v\n", rankName, err)
+		return 6
+	}
+	return 0
 }
 
 // Survivors returns the pids of live processes whose environment carries

@@ -33,6 +33,14 @@ func setup(m *testing.M) int {
 			setupErr = err
 		}
 		if setupErr == nil {
+			// An MPICH program that also reads the topology through
+			// hwloc itself (libhwloc-dev comes with libmpich-dev).
+			hwlocProg = filepath.Join(dir, "hwlocprog")
+			if out, err := exec.Command("mpicc.mpich", "-O1", "-Wall", "-o", hwlocProg, "testdata/hwlocprog.c", "-lhwloc").CombinedOutput(); err != nil {
+				setupErr = fmt.Errorf("mpicc.mpich hwlocprog.c -lhwloc: %v\n%s", err, out)
+			}
+		}
+		if setupErr == nil {
 			// Slurm's PMI-2 client (Debian libpmi2-0-dev), what
 			// `srun --mpi=pmi2` programs link.
 			out, err := exec.Command("gcc", "-O1", "-Wall", "-o", filepath.Join(dir, "pmi2prog"), "testdata/pmi2prog.c", "-lpmi2").CombinedOutput()

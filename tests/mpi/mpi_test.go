@@ -23,6 +23,7 @@ var (
 	gorunBin, mpichProg, ompiProg string
 	setupErr                      error
 	pmi2Prog                      string
+	hwlocProg                     string
 	pmi2Err                       error
 	missing                       string // a tool the tests need that is not installed
 )
