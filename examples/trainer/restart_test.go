@@ -112,7 +112,11 @@ func TestRealKillResume(t *testing.T) {
 		t.Skip("builds and launches binaries")
 	}
 	dir := buildBinaries(t)
-	ref := reference(t, smallOptions())
+	// Longer than numSteps: the kill comes after step 7.
+	const steps = 12
+	ro := smallOptions()
+	ro.steps = steps
+	ref := reference(t, ro)
 	for _, tc := range []struct {
 		np   int
 		mode string
@@ -126,7 +130,7 @@ func TestRealKillResume(t *testing.T) {
 			cmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", strconv.Itoa(tc.np), "--tag-output",
 				"--inject", "kill:rank=1:after-steps=7", "--max-restarts", "1", "--report", report, "--timeout", "60s",
 				"/bin/sh", "-c", script, filepath.Join(dir, "trainer"),
-				"--steps", strconv.Itoa(numSteps), "--model", "small", "--batch", "8", "--deterministic", "--mode", tc.mode,
+				"--steps", strconv.Itoa(steps), "--model", "small", "--batch", "8", "--deterministic", "--mode", tc.mode,
 				"--checkpoint", ckpt, "--checkpoint-every", "3")
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
