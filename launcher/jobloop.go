@@ -66,6 +66,9 @@ type rankState struct {
 	// stopped is set when gorun signaled the rank: its exit is then a
 	// consequence of the teardown, not a failure of its own.
 	stopped bool
+	// frozen is the /proc state letter ("T", "t") its supervisor saw when
+	// the teardown reached it; empty if it was running.
+	frozen string
 }
 
 // failure is one rank that failed on its own.
@@ -246,7 +249,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 				stop(stopFailure, syscall.SIGTERM)
 			case "exited":
 				st := &ranks[ev.Rank]
-				st.exited = true
+				st.exited, st.frozen = true, ev.Frozen
 				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Msg("rank exited")
 				if ev.Collateral && (ev.Code != 0 || ev.Signal != 0) {
 					// A consequence: counted apart, neither stopped by
@@ -475,6 +478,7 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 		Stopped: stopped, Code: failure{code: first.code, signal: first.signal}.exitCode()}
 	if blame >= 0 {
 		e.Blame, e.BlameHost, e.BlamePID = blame, r.plan.Ranks[blame].Host, ranks[blame].pid
+		e.Frozen = ranks[blame].frozen
 		if ranks[blame].stopped && ranks[blame].pid > 0 {
 			// The blamed rank is counted by name, not among the others.
 			e.Stopped--
