@@ -112,8 +112,10 @@ func TestRealKillResume(t *testing.T) {
 		t.Skip("builds and launches binaries")
 	}
 	dir := buildBinaries(t)
-	// Longer than numSteps: the kill comes after step 7.
-	const steps = 12
+	// Longer than numSteps: the kill comes after step 7, and the first
+	// world must still be training when it lands (with 12 steps it
+	// sometimes finished first).
+	const steps = 20
 	ro := smallOptions()
 	ro.steps = steps
 	ref := reference(t, ro)
