@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -36,7 +37,8 @@ func TestCulpritNamedAfterSIGKILL(t *testing.T) {
 	for i := range runs {
 		j := newJobRun(t, 6, "allreduce", nil)
 		errc := make(chan error, 1)
-		go func() { errc <- j.launch(context.Background()) }()
+		repc := make(chan *Report, 1)
+		go func() { rep, err := j.launchReport(context.Background()); repc <- rep; errc <- err }()
 		if !launchertest.WaitFor(60*time.Second, func() bool { return j.readyCount() == 6 }) {
 			t.Fatalf("run %d: ranks not ready: %s%s", i, j.stdout, j.stderr)
 		}
@@ -45,10 +47,16 @@ func TestCulpritNamedAfterSIGKILL(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		err := <-errc
+		rep, err := <-repc, <-errc
 		var re *RankExitError
 		if errors.As(err, &re) {
 			collateral += re.Collateral
+			// The report's causal record says the same as the line.
+			c := rep.Cause
+			if c == nil || c.Kind != "killed" || c.Rank != 3 || c.PID != pid || c.Signal != "SIGKILL" || c.ExitCode != 137 ||
+				c.At == nil || len(c.CollateralRanks) != re.Collateral || slices.Contains(c.CollateralRanks, 3) || c.Stopped != re.Stopped {
+				t.Errorf("run %d: report cause %+v does not match %v", i, c, err)
+			}
 		}
 		if errors.As(err, &re) && re.Rank == 3 && re.Signal == syscall.SIGKILL && re.PID == pid &&
 			re.Collateral+re.Stopped == 5 && re.AlsoFailed == 0 && re.ExitCode() == 137 {
@@ -83,7 +91,8 @@ func TestCulpritFrozenRank(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			j := newJobRun(t, 4, "allreduce", nil)
 			errc := make(chan error, 1)
-			go func() { errc <- j.launch(context.Background()) }()
+			repc := make(chan *Report, 1)
+			go func() { rep, err := j.launchReport(context.Background()); repc <- rep; errc <- err }()
 			if !launchertest.WaitFor(60*time.Second, func() bool { return j.readyCount() == 4 }) {
 				t.Fatalf("ranks not ready: %s%s", j.stdout, j.stderr)
 			}
@@ -94,8 +103,10 @@ func TestCulpritFrozenRank(t *testing.T) {
 				t.Fatal(err)
 			}
 			var err error
+			var rep *Report
 			select {
-			case err = <-errc:
+			case rep = <-repc:
+				err = <-errc
 			case <-time.After(60 * time.Second):
 				// The hang: end it so that the test reports.
 				_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -108,6 +119,14 @@ func TestCulpritFrozenRank(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), "frozen") || !strings.Contains(ce.Why, "frozen or unresponsive") {
 				t.Errorf("final line %q does not say frozen, or the report %q not why", err, ce.Why)
+			}
+			// --report's causal record: the frozen rank, the others
+			// counted apart, and when the first survivor's report came.
+			c := rep.Cause
+			if c == nil || c.Kind != "frozen" || c.Rank != tc.victim || c.PID != pid || c.State != "T" || c.Host != "localhost" ||
+				c.At != nil || c.DetectedAt == nil || c.ReportedBy == nil || len(c.CollateralRanks) != ce.Failed ||
+				slices.Contains(c.CollateralRanks, tc.victim) {
+				t.Errorf("report cause %+v does not match %v", c, err)
 			}
 			// Each survivor's runtime error, as the helper prints it.
 			named := 0

@@ -370,7 +370,9 @@ func (r *jobLoop) run(ctx context.Context) error {
 			}
 		}
 		if len(failures) > nfail {
-			world.failed(failures[nfail].String(), time.Now())
+			now := time.Now()
+			world.failed(failures[nfail].String(), now)
+			world.saw(failures[nfail:], now)
 		}
 		if reason != notStopping {
 			injC = nil // no fault goes into a world that is being stopped
