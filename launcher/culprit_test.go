@@ -145,3 +145,69 @@ func TestCulpritFrozenRank(t *testing.T) {
 		})
 	}
 }
+
+// pickFailure under ExitFirst orders failures by when each process exited,
+// then a signal death before an exit code within one reap pass, then
+// arrival; the slice is in arrival order.
+func TestPickFailureByExitTime(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ns := func(ms int) int64 { return t0.Add(time.Duration(ms) * time.Millisecond).UnixNano() }
+	kill := syscall.SIGKILL
+	for _, tc := range []struct {
+		name string
+		fs   []failure
+		want int // the rank named
+	}{
+		{"arrived first but exited later", []failure{{rank: 2, code: 1, exitedAt: ns(5)}, {rank: 3, signal: kill, exitedAt: ns(2)}}, 3},
+		{"same reap pass: the killed one", []failure{{rank: 2, code: 1, exitedAt: ns(2)}, {rank: 3, signal: kill, exitedAt: ns(2)}}, 3},
+		{"same reap pass, both codes: arrival", []failure{{rank: 2, code: 1, exitedAt: ns(2)}, {rank: 3, code: 4, exitedAt: ns(2)}}, 2},
+		{"a kill reaped 3 ms after its peer's exit", []failure{{rank: 2, code: 1, exitedAt: ns(2)}, {rank: 3, signal: kill, exitedAt: ns(5)}}, 3},
+		{"an exit code well before a later kill", []failure{{rank: 3, signal: kill, exitedAt: ns(90)}, {rank: 2, code: 1, exitedAt: ns(2)}}, 2},
+		{"two kills: the earlier", []failure{{rank: 4, signal: kill, exitedAt: ns(7)}, {rank: 3, signal: kill, exitedAt: ns(5)}, {rank: 1, code: 1, exitedAt: ns(1)}}, 3},
+		{"no exit time: its arrival", []failure{{rank: 5, lost: errors.New("x"), lostRanks: 2, arrived: t0.Add(400 * time.Millisecond)}, {rank: 1, code: 1, exitedAt: ns(3)}}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := pickFailure(tc.fs, ExitFirst); got.rank != tc.want {
+				t.Errorf("named rank %d, want %d", got.rank, tc.want)
+			}
+		})
+	}
+}
+
+// TestCulpritByExitOrder: a program that does not use gorun's runtime, so
+// no rank reports itself collateral. Rank 3 is SIGKILLed; ranks 0-2 exit 1
+// within about 100 µs of seeing it gone, often before its exit reaches
+// gorun or in the same reap pass, where wait4 hands them over first. The
+// final line must still name rank 3: it exited first.
+func TestCulpritByExitOrder(t *testing.T) {
+	runs := 5
+	if v, err := strconv.Atoi(os.Getenv(culpritRunsEnv)); err == nil && v > 0 {
+		runs = v
+	}
+	right := 0
+	for i := range runs {
+		dir := t.TempDir()
+		j := newJobRun(t, 4, "watch-rank:3:"+dir, nil)
+		errc := make(chan error, 1)
+		go func() { errc <- j.launch(context.Background()) }()
+		if !launchertest.WaitFor(60*time.Second, func() bool { return j.readyCount() == 4 }) {
+			t.Fatalf("ranks not ready: %s%s", j.stdout, j.stderr)
+		}
+		b, err := os.ReadFile(dir + "/victim")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(string(b))
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		err = <-errc
+		var re *RankExitError
+		if errors.As(err, &re) && re.Rank == 3 && re.Signal == syscall.SIGKILL && re.ExitCode() == 137 {
+			right++
+			continue
+		}
+		t.Errorf("run %d: want rank 3 killed by SIGKILL named, got %T: %v\n%s", i, err, err, j.stderr)
+	}
+	t.Logf("rank 3 named in %d of %d runs", right, runs)
+}

@@ -46,21 +46,21 @@ type Report struct {
 	Start       time.Time `json:"start"`
 	MaxRestarts int       `json:"max_restarts"`
 	// Restarts is how many worlds followed the first.
-	Restarts int            `json:"restarts"`
-	Worlds   []WorldReport  `json:"worlds"`
-	Faults   []FaultReport  `json:"faults"`
-	Outcome  string         `json:"outcome"`
-	ExitCode int            `json:"exit_code"`
+	Restarts int           `json:"restarts"`
+	Worlds   []WorldReport `json:"worlds"`
+	Faults   []FaultReport `json:"faults"`
+	Outcome  string        `json:"outcome"`
+	ExitCode int           `json:"exit_code"`
 	// Cause is the last world's causal record when the job failed (the
 	// culprit its final line names); each world keeps its own.
-	Cause *CauseReport `json:"cause,omitempty"`
-	inj      []injection    // the schedule; nil until the first plan
-	faults   []Fault        // as given
-	horizon  time.Duration  // how far random faults are planned
-	fired    map[int]bool   // injections already sent, by id
-	byID     map[int]int    // injection id → index in Faults
-	world    *WorldReport   // the world running now
-	pending  map[int]string // injections of this world not yet answered
+	Cause   *CauseReport   `json:"cause,omitempty"`
+	inj     []injection    // the schedule; nil until the first plan
+	faults  []Fault        // as given
+	horizon time.Duration  // how far random faults are planned
+	fired   map[int]bool   // injections already sent, by id
+	byID    map[int]int    // injection id → index in Faults
+	world   *WorldReport   // the world running now
+	pending map[int]string // injections of this world not yet answered
 }
 
 // WorldReport is one world: one launch of every rank.
