@@ -46,7 +46,7 @@ vet: ## go vet and a gofmt check
 unit: ## fast tests only (no -race, short mode)
 	$(GO) test -short -count=1 ./...
 
-test-desync: ## the full desync split matrix: np 2-8, every k, 4 ops x 2 sizes x shm/tcp (448 cases, ~25 s)
+test-desync: ## the full desync split matrix: np 2-8, every k, 6 collective/point-to-point splits + a Send/Recv size mismatch x 2 sizes x shm/tcp (784 cases, ~45 s)
 	GORUN_DESYNC_MATRIX=full $(GO) test -count=1 -run TestSplitMatrix -v ./comm
 
 test-overload: ## no false freeze detection: 32 ranks all-reduce beside a CPU hog per core for 60 s (make test runs 8 s)

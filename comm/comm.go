@@ -96,6 +96,10 @@ type Comm struct {
 	failed   chan struct{} // closed when failErr is set
 	failErr  error         // written once before failed is closed
 
+	// ctxHook is the cancellation hook of the context last issued with
+	// (ctxhook.go).
+	ctxHook atomic.Pointer[ctxHook]
+
 	closeOnce    sync.Once
 	closeErr     error
 	wg           sync.WaitGroup
@@ -166,7 +170,7 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 		workerExited: make(chan struct{}),
 		peers:        make([]*peer, n),
 		info:         make([]string, n),
-		rec:          newRecorder(cfg.FlightRecords),
+		rec:          newRecorder(cfg.FlightRecords, n),
 		watchStop:    make(chan struct{}),
 		flightDir:    cfg.FlightDir,
 	}
@@ -381,6 +385,7 @@ func (c *Comm) Close() error {
 		c.issueMu.Unlock()
 		c.kick()
 		<-c.workerExited
+		c.dropHook()
 		close(c.watchStop)
 		if c.Err() == nil {
 			for _, p := range c.peers {

@@ -28,14 +28,36 @@ import (
 const desyncChildEnv = "GORUN_DESYNC_CHILD"
 
 // splitCase is one row of the split matrix: the last k ranks call op on
-// count float32 elements while the others call AllReduce on count.
+// count float32 elements while the others call AllReduce on count. For op
+// Send each of the last k ranks r sends to rank r mod (np-k), which is in
+// the AllReduce, and waits for its reply; for Recv it receives from it. With sizes set ("SendRecv"),
+// rank 0 sends count elements to each of the last k ranks in turn, which
+// receive count+1 from it, and the ranks between go on to the next call.
 type splitCase struct {
 	op    comm.Kind
+	sizes bool
 	k     int
 	count int
 }
 
-func (sc splitCase) String() string { return fmt.Sprintf("%v:%d:%d", sc.op, sc.k, sc.count) }
+func (sc splitCase) String() string {
+	if sc.sizes {
+		return fmt.Sprintf("SendRecv:%d:%d", sc.k, sc.count)
+	}
+	return fmt.Sprintf("%v:%d:%d", sc.op, sc.k, sc.count)
+}
+
+// named reports whether a desync error's text names both calls of the case.
+func (sc splitCase) named(text string) bool {
+	if sc.sizes {
+		return strings.Contains(text, "Send(") && strings.Contains(text, "Recv(")
+	}
+	if sc.op == comm.KindSend {
+		// the request or the reply that follows it
+		return (strings.Contains(text, "Send(") || strings.Contains(text, "Recv(")) && strings.Contains(text, "AllReduce(")
+	}
+	return strings.Contains(text, sc.op.String()+"(") && strings.Contains(text, "AllReduce(")
+}
 
 func parseSplitCase(s string) (splitCase, error) {
 	f := strings.Split(s, ":")
@@ -47,6 +69,9 @@ func parseSplitCase(s string) (splitCase, error) {
 		if k.String() == f[0] {
 			sc.op = k
 		}
+	}
+	if f[0] == "SendRecv" {
+		sc.op, sc.sizes = comm.KindSend, true
 	}
 	var err1, err2 error
 	sc.k, err1 = strconv.Atoi(f[1])
@@ -175,9 +200,18 @@ func runSplitCase(c *comm.Comm, sc splitCase, rank, size int, guard time.Duratio
 	}
 	start := time.Now()
 	var h comm.Handle
-	if rank < size-sc.k {
+	switch {
+	case sc.sizes && rank == 0:
+		for r := size - sc.k; r < size; r++ {
+			h = c.Send(ctx, send, r)
+		}
+	case sc.sizes && rank >= size-sc.k:
+		h = c.Recv(ctx, comm.Float32s(make([]float32, sc.count+1)), 0)
+	case sc.sizes:
+		h = c.Barrier(ctx) // the call after the pairs' (below, as on every rank)
+	case rank < size-sc.k:
 		h = c.AllReduce(ctx, send, recv, comm.Sum)
-	} else {
+	default:
 		switch sc.op {
 		case comm.KindBarrier:
 			h = c.Barrier(ctx)
@@ -187,6 +221,14 @@ func runSplitCase(c *comm.Comm, sc splitCase, rank, size int, guard time.Duratio
 			h = c.Reduce(ctx, send, recv, comm.Sum, 0)
 		case comm.KindAllGather:
 			h = c.AllGather(ctx, send, comm.Float32s(make([]float32, sc.count*size)))
+		case comm.KindSend:
+			// A request and its reply: a small Send completes into the
+			// peer's buffer, and the rank then waits for an answer that
+			// a peer in another call never sends.
+			c.Send(ctx, send, rank%(size-sc.k))
+			h = c.Recv(ctx, recv, rank%(size-sc.k))
+		case comm.KindRecv:
+			h = c.Recv(ctx, recv, rank%(size-sc.k))
 		default:
 			return "error", 0, "unsupported op " + sc.op.String()
 		}
@@ -194,7 +236,8 @@ func runSplitCase(c *comm.Comm, sc splitCase, rank, size int, guard time.Duratio
 	wctx, cancel := context.WithTimeout(ctx, guard)
 	defer cancel()
 	err := h.Wait(wctx)
-	if err == nil {
+	p2p := sc.op == comm.KindSend || sc.op == comm.KindRecv
+	if err == nil && !(sc.sizes && rank > 0 && rank < size-sc.k) && !(p2p && !sc.sizes && rank >= size-sc.k) {
 		err = c.Barrier(ctx).Wait(wctx)
 	}
 	ms = time.Since(start).Milliseconds()
@@ -277,16 +320,20 @@ func TestSplitRepro(t *testing.T) {
 	}
 }
 
-// splitMatrix is the matrix: Barrier, Broadcast, Reduce and
-// AllGather against AllReduce, k = 1..np-1 ranks on the minority call, 16
-// floats and 1 MiB, for each np in nps.
+// splitMatrix is the matrix: Barrier, Broadcast, Reduce, AllGather,
+// Send (and its reply) and Recv against AllReduce, and a Send against a
+// Recv of another size, k = 1..np-1 ranks on the minority call, 16 floats
+// and 1 MiB, for each np in nps.
 func splitMatrix(nps []int, ks func(np int) []int) map[int][]splitCase {
 	out := map[int][]splitCase{}
 	for _, np := range nps {
 		for _, k := range ks(np) {
-			for _, op := range []comm.Kind{comm.KindBarrier, comm.KindBroadcast, comm.KindReduce, comm.KindAllGather} {
+			for _, op := range []comm.Kind{comm.KindBarrier, comm.KindBroadcast, comm.KindReduce, comm.KindAllGather, comm.KindSend, comm.KindRecv} {
 				for _, count := range []int{16, 1 << 18} {
 					out[np] = append(out[np], splitCase{op: op, k: k, count: count})
+					if op == comm.KindSend {
+						out[np] = append(out[np], splitCase{op: op, sizes: true, k: k, count: count})
+					}
 				}
 			}
 		}
@@ -330,8 +377,7 @@ func TestSplitMatrix(t *testing.T) {
 				for i, rs := range res {
 					for r, x := range rs {
 						slowest = max(slowest, x.ms)
-						ok := x.kind == "desync" && x.ms <= 3000 &&
-							strings.Contains(x.text, cases[i].op.String()+"(") && strings.Contains(x.text, "AllReduce(")
+						ok := x.kind == "desync" && x.ms <= 3000 && cases[i].named(x.text)
 						if !ok {
 							t.Errorf("%v rank %d: %s after %d ms: %s", cases[i], r, x.kind, x.ms, x.text)
 						}

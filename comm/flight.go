@@ -12,11 +12,27 @@ import (
 var flightOff atomic.Bool
 
 // The flight recorder keeps each communicator's last Config.FlightRecords
-// calls, always on. It is written on the token holder's path (twice per
-// call: at start and at end) under a mutex that only the rare readers (the
-// stuck-call watchdog, a status probe from a peer, a dump) contend for, so
-// an uncontended lock and two clock reads are its whole cost per call.
-// Readers copy what they need under the lock.
+// calls, always on, so it is built to cost the token holder as little as
+// Go allows: per call, two reads of the tick counter (start, end; a third,
+// the issue time, only for a call queued behind another) and two atomic
+// stores, no lock, no allocation, no interface call.
+//
+// The token holder is the only writer. start fills the next slot of a
+// preallocated ring with plain stores, then publishes it by storing the
+// record count n; end stores the end tick into the slot's one atomic
+// field. A record is running while its end tick is older than its start
+// (the slot's end tick from its previous lap; ticks never go back), so a
+// reused slot needs no reset. Readers (the stuck-call watchdog, a status
+// answer, a dump) load n, copy slots, and load n again: a slot the writer
+// may have started to reuse meanwhile is dropped from the copy, not
+// trusted. Every field is a machine word or smaller, so a copy racing with
+// the writer can be stale but not torn into something unsafe (the Go
+// memory model's guarantee for word-sized reads). Under the race detector,
+// which would rightly report that overlap, the writer takes the readers'
+// lock instead (flight_race.go); the logic is otherwise the same.
+//
+// A failed call's error text (a string, not a word) is written under the
+// readers' lock before its end tick is published: failures are rare.
 
 // CallState is where a recorded call is.
 type CallState string
@@ -33,8 +49,15 @@ type FlightRecord struct {
 	// Call is the call's fingerprint. Call.Seq numbers collectives of the
 	// group from 1; a Send or Recv carries the number of the collective
 	// before it (and P2P is set).
-	Call    CallInfo  `json:"call"`
-	P2P     bool      `json:"p2p,omitempty"`
+	Call CallInfo `json:"call"`
+	P2P  bool     `json:"p2p,omitempty"`
+	// PeerSeq, for a Send or Recv, is how many Sends and Recvs this rank
+	// has run with that peer, this one included. Between two ranks the
+	// point-to-point calls pair off in order: a rank's n-th Send to a peer
+	// or Recv from it matches the peer's n-th Recv or Send, between the
+	// same two collectives.
+	PeerSeq uint64 `json:"peer_seq,omitempty"`
+	// Issued equals Started for a call that had nothing ahead of it.
 	Issued  time.Time `json:"issued"`
 	Started time.Time `json:"started"`
 	Ended   time.Time `json:"ended,omitzero"`
@@ -42,80 +65,148 @@ type FlightRecord struct {
 	Err     string    `json:"err,omitempty"`
 }
 
-// slot is a FlightRecord as the token holder writes it: times in ticks.
+// slot is a FlightRecord as the token holder writes it: times in ticks,
+// every field a word or less (see above).
 type slot struct {
-	call                   CallInfo
-	p2p                    bool
-	issued, started, ended int64
-	state                  CallState
-	err                    string
-}
-
-func (s *slot) record(c tickConv) FlightRecord {
-	return FlightRecord{Call: s.call, P2P: s.p2p, Issued: c.time(s.issued), Started: c.time(s.started),
-		Ended: c.time(s.ended), State: s.state, Err: s.err}
+	kind          Kind
+	dtype         DType
+	op            Op
+	failed        bool
+	root          int32
+	count         int64
+	seq           uint64
+	peerSeq       uint64 // Send/Recv only
+	issued, start int64
+	end           atomic.Int64 // < start while running
 }
 
 // recorder is the ring of records of one communicator.
 type recorder struct {
+	recs []slot        // ring; recs[i%len] is record number i
+	n    atomic.Uint64 // records published so far
+	// p2p[r] is how many Sends and Recvs this rank has run with group rank
+	// r (written by the token holder on Send and Recv only).
+	p2p []atomic.Uint64
+
+	// mu orders readers among themselves and guards errs; under the race
+	// detector the writer takes it too.
 	mu   sync.Mutex
-	recs []slot // ring; recs[i%len] is record number i
-	n    uint64 // records written so far
+	errs []string // errs[i%len]: error text of failed record i
 }
 
-func newRecorder(size int) *recorder { return &recorder{recs: make([]slot, size)} }
+// newRecorder keeps the last size records. The ring has one slot more, the
+// one the writer fills next, so that a reader that finds the writer busy
+// can still trust all size.
+func newRecorder(size, group int) *recorder {
+	return &recorder{recs: make([]slot, size+1), errs: make([]string, size+1), p2p: make([]atomic.Uint64, group)}
+}
 
-// start records cl as running and returns its record number. Token holder.
-func (r *recorder) start(cl *call, seq uint64, now int64) uint64 {
-	r.mu.Lock()
-	i := r.n
-	r.n++
-	r.recs[i%uint64(len(r.recs))] = slot{call: cl.info(seq), p2p: cl.kind == KindSend || cl.kind == KindRecv,
-		issued: cl.issued, started: now, state: StateRunning}
-	r.mu.Unlock()
+// start records cl, run as collective number seq (peerSeq: its number among
+// the Send/Recv calls with its peer; 0 for a collective), as running since
+// now, and returns its record number. Token holder only.
+func (r *recorder) start(cl *call, seq, peerSeq uint64, now int64) uint64 {
+	if raceEnabled {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	}
+	i := r.n.Load() // only this goroutine stores n: a plain read in effect
+	s := &r.recs[i%uint64(len(r.recs))]
+	s.kind, s.dtype, s.root, s.count, s.seq, s.peerSeq = cl.kind, cl.dtype, int32(cl.root), int64(cl.count), seq, peerSeq
+	s.op = 0
+	if cl.reduces() {
+		s.op = cl.op
+	}
+	s.failed = false
+	s.start = now
+	s.issued = cl.issued
+	if s.issued == 0 {
+		s.issued = now
+	}
+	if peerSeq != 0 {
+		r.p2p[cl.root].Store(peerSeq)
+	}
+	r.n.Store(i + 1)
 	return i
 }
 
-// end records how record i finished. Token holder.
+// end records how record i finished. Token holder only.
 func (r *recorder) end(i uint64, err error, now int64) {
-	r.mu.Lock()
-	if r.n-i <= uint64(len(r.recs)) {
-		rec := &r.recs[i%uint64(len(r.recs))]
-		rec.ended = now
-		rec.state = StateDone
-		if err != nil {
-			rec.state, rec.err = StateFailed, err.Error()
+	s := &r.recs[i%uint64(len(r.recs))]
+	if err != nil {
+		r.mu.Lock()
+		s.failed = true
+		r.errs[i%uint64(len(r.recs))] = err.Error()
+		r.mu.Unlock()
+	}
+	if raceEnabled {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	}
+	s.end.Store(max(now, s.start+1)) // after start even on a coarse clock
+}
+
+// read copies record i. Caller holds mu; the copy is trusted only if the
+// writer has not begun to reuse the slot meanwhile (see last).
+func (r *recorder) read(i uint64, c tickConv) FlightRecord {
+	s := &r.recs[i%uint64(len(r.recs))]
+	kind, dtype, op, root, count, seq, peerSeq := s.kind, s.dtype, s.op, s.root, s.count, s.seq, s.peerSeq
+	issued, start := s.issued, s.start
+	end := s.end.Load()
+	rec := FlightRecord{Call: CallInfo{Kind: kind, DType: dtype, Op: op, Count: int(count), Root: int(root), Seq: seq},
+		P2P: kind == KindSend || kind == KindRecv, PeerSeq: peerSeq,
+		Issued: c.time(issued), Started: c.time(start), State: StateRunning}
+	if end > start {
+		rec.Ended, rec.State = c.time(end), StateDone
+		if s.failed {
+			rec.State, rec.Err = StateFailed, r.errs[i%uint64(len(r.recs))]
 		}
 	}
-	r.mu.Unlock()
+	return rec
 }
 
-// last returns up to k of the most recent records, oldest first.
-func (r *recorder) last(k int) []FlightRecord {
+// last returns up to k of the most recent records, oldest first, the
+// number of the first of them, and the per-peer Send/Recv counts (read
+// after the records: never behind them).
+func (r *recorder) last(k int) ([]FlightRecord, uint64, []uint64) {
 	conv := newTickConv()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	k = min(k, len(r.recs), int(r.n))
+	n := r.n.Load()
+	k = min(k, len(r.recs)-1, int(n))
+	first := n - uint64(k)
 	out := make([]FlightRecord, k)
 	for j := range k {
-		out[j] = r.recs[(r.n-uint64(k)+uint64(j))%uint64(len(r.recs))].record(conv)
+		out[j] = r.read(first+uint64(j), conv)
 	}
-	return out
+	// Drop what the writer may have overwritten while we copied: record
+	// i's slot is reused by record i+len, which the writer may be filling
+	// while n is i+len.
+	if n2 := r.n.Load(); n2 >= uint64(len(r.recs)) {
+		if gone := n2 - uint64(len(r.recs)) + 1; gone > first {
+			drop := min(gone-first, uint64(k))
+			out, first = out[drop:], first+drop
+		}
+	}
+	p2p := make([]uint64, len(r.p2p))
+	for i := range p2p {
+		p2p[i] = r.p2p[i].Load()
+	}
+	return out, first, p2p
 }
 
-// running returns the latest record's number and how long it has been
-// running, if it is.
+// running returns the latest record, its number, and whether it is still
+// running.
 func (r *recorder) running() (FlightRecord, uint64, bool) {
-	conv := newTickConv()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.n == 0 {
+	recs, first, _ := r.last(1)
+	if len(recs) == 0 {
 		return FlightRecord{}, 0, false
 	}
-	s := &r.recs[(r.n-1)%uint64(len(r.recs))]
-	return s.record(conv), r.n - 1, s.state == StateRunning
+	return recs[0], first, recs[0].State == StateRunning
 }
 
 // FlightRecords returns a copy of the communicator's flight recorder,
 // oldest call first. Safe for concurrent use; does not block on calls.
-func (c *Comm) FlightRecords() []FlightRecord { return c.rec.last(len(c.rec.recs)) }
+func (c *Comm) FlightRecords() []FlightRecord {
+	recs, _, _ := c.rec.last(len(c.rec.recs))
+	return recs
+}

@@ -60,13 +60,18 @@ type rankStatus struct {
 	Records []FlightRecord `json:"records"` // oldest first
 	// AgeNs is how long the last record has been running, or how long ago
 	// it ended (the rank is idle).
-	AgeNs  int64        `json:"age_ns"`
+	AgeNs int64 `json:"age_ns"`
+	// P2P[r] is how many Sends and Recvs this rank has run with rank r
+	// (so that a peer's Send missing from Records can be told apart from
+	// one older than Records).
+	P2P    []uint64     `json:"p2p,omitempty"`
 	Failed string       `json:"failed,omitempty"`
 	Desync *DesyncError `json:"desync,omitempty"`
 }
 
 func (c *Comm) localStatus(now time.Time) *rankStatus {
-	st := &rankStatus{Rank: c.me, Records: c.rec.last(statusRecords)}
+	recs, _, p2p := c.rec.last(statusRecords)
+	st := &rankStatus{Rank: c.me, Records: recs, P2P: p2p}
 	if n := len(st.Records); n > 0 {
 		last := st.Records[n-1]
 		if last.State == StateRunning {
@@ -268,6 +273,14 @@ func diagnose(me int, sts []*rankStatus, why []string) diagnosis {
 		d.desync = &DesyncError{Rank: rank, Mine: a.call, Peer: b.ranks[0], Theirs: b.call,
 			MineRanks: a.ranks, TheirRanks: b.ranks,
 			Detail: fmt.Sprintf("found by rank %d comparing every rank's calls", me)}
+		break
+	}
+	// A Send or Recv after collective #s comes before collective #s+1:
+	// report whichever disagreement comes first.
+	if pd, at := p2pDesync(me, sts); pd != nil && (d.desync == nil || at < d.desync.Mine.Seq) {
+		d.desync = pd
+	}
+	if d.desync != nil {
 		return d
 	}
 	for _, st := range sts {
@@ -283,6 +296,73 @@ func diagnose(me int, sts []*rankStatus, why []string) diagnosis {
 		}
 	}
 	return d
+}
+
+// p2pDesync compares point-to-point calls pair by pair, as frames are
+// checked: rank r's n-th Send to or Recv from p (PeerSeq n) must meet p's
+// n-th Recv from or Send to r, of the same dtype and count, after the same
+// collective. Where p has run fewer than n calls with r but has already
+// run a later collective, p went past the position without the partner
+// call: a desync, whose other side is p's first call past the position.
+// (Where p has run n or more but the n-th is older than its records, there
+// is nothing to compare.)
+// It returns the first such desync by position, and the collective the
+// Send or Recv follows.
+func p2pDesync(me int, sts []*rankStatus) (*DesyncError, uint64) {
+	var first *DesyncError
+	var at uint64
+	found := func(de *DesyncError, seq uint64) {
+		if first == nil || seq < at {
+			first, at = de, seq
+		}
+	}
+	for r, st := range sts {
+		if st == nil {
+			continue
+		}
+		for _, rec := range st.Records {
+			p := rec.Call.Root
+			if !rec.P2P || rec.PeerSeq == 0 || p < 0 || p >= len(sts) || p == r || sts[p] == nil {
+				continue
+			}
+			ps := sts[p]
+			if i := slices.IndexFunc(ps.Records, func(q FlightRecord) bool {
+				return q.P2P && q.Call.Root == r && q.PeerSeq == rec.PeerSeq
+			}); i >= 0 {
+				if q := ps.Records[i].Call; !p2pPartners(rec.Call, q) {
+					found(p2pError(me, r, rec.Call, p, q, fmt.Sprintf("call %d between ranks %d and %d", rec.PeerSeq, r, p)),
+						min(rec.Call.Seq, q.Seq))
+				}
+				continue
+			}
+			if r < len(ps.P2P) && ps.P2P[r] >= rec.PeerSeq {
+				continue // older than p's records
+			}
+			if i := slices.IndexFunc(ps.Records, func(q FlightRecord) bool { return q.Call.Seq > rec.Call.Seq }); i >= 0 {
+				found(p2pError(me, r, rec.Call, p, ps.Records[i].Call,
+					fmt.Sprintf("rank %d went past #%d without its call %d with rank %d", p, rec.Call.Seq, rec.PeerSeq, r)),
+					rec.Call.Seq)
+			}
+		}
+	}
+	return first, at
+}
+
+// p2pPartners reports whether a and b, one rank's Send or Recv and its
+// peer's call at the same place, pair off.
+func p2pPartners(a, b CallInfo) bool {
+	pair := (a.Kind == KindSend && b.Kind == KindRecv) || (a.Kind == KindRecv && b.Kind == KindSend)
+	return pair && a.DType == b.DType && a.Count == b.Count && a.Seq == b.Seq
+}
+
+// p2pError is the desync between rank a's call ca and rank b's cb, as rank
+// me reports it.
+func p2pError(me, a int, ca CallInfo, b int, cb CallInfo, why string) *DesyncError {
+	if me == b {
+		a, ca, b, cb = b, cb, a, ca
+	}
+	return &DesyncError{Rank: a, Mine: ca, Peer: b, Theirs: cb, MineRanks: []int{a}, TheirRanks: []int{b},
+		Detail: fmt.Sprintf("found by rank %d comparing every rank's calls: %s", me, why)}
 }
 
 // stallReport says where every rank is relative to rank me's running call,

@@ -102,7 +102,7 @@ func TestDiagnose(t *testing.T) {
 					continue
 				}
 				for i := range st.Records {
-					st.Records[i].P2P = st.Records[i].Call.Kind == KindSend
+					st.Records[i].P2P = st.Records[i].Call.Kind == KindSend || st.Records[i].Call.Kind == KindRecv
 				}
 			}
 			why := tc.why
@@ -131,6 +131,105 @@ func TestDiagnose(t *testing.T) {
 				if !strings.Contains(d.report, s) {
 					t.Errorf("report %q lacks %q", d.report, s)
 				}
+			}
+		})
+	}
+}
+
+// pt is a Send or Recv record: after collective seq, the n-th point-to-point
+// call with peer.
+func pt(kind Kind, peer int, seq, n uint64, count int, state CallState) FlightRecord {
+	return FlightRecord{Call: CallInfo{Kind: kind, DType: Float32, Count: count, Root: peer, Seq: seq}, P2P: true, PeerSeq: n, State: state}
+}
+
+// Point-to-point calls pair off in order between two ranks: a Send meets
+// the peer's Recv of the same size after the same collective, and a rank
+// that went on to a collective without its partner call desynchronized.
+func TestDiagnoseP2P(t *testing.T) {
+	sent := pt(KindSend, 1, 1, 1, 16, StateRunning) // rank 0's Send to 1 after #1
+	tests := []struct {
+		name   string
+		sts    []*rankStatus
+		me     int
+		mine   CallInfo // zero: no desync
+		theirs CallInfo
+	}{{
+		name: "a Send to a rank in a collective",
+		sts: []*rankStatus{
+			{Rank: 0, Records: append(done(ar(1, 16)), sent)},
+			{Rank: 1, Records: running(done(ar(1, 16), ar(2, 16))), P2P: []uint64{0, 0, 0}},
+			{Rank: 2, Records: running(done(ar(1, 16), ar(2, 16))), P2P: []uint64{0, 0, 0}},
+		},
+		me: 1, mine: ar(2, 16), theirs: sent.Call,
+	}, {
+		name: "seen from the sender",
+		sts: []*rankStatus{
+			{Rank: 0, Records: append(done(ar(1, 16)), sent)},
+			{Rank: 1, Records: running(done(ar(1, 16), ar(2, 16))), P2P: []uint64{0, 0, 0}},
+			nil,
+		},
+		me: 0, mine: sent.Call, theirs: ar(2, 16),
+	}, {
+		name: "a Recv of another size",
+		sts: []*rankStatus{
+			{Rank: 0, Records: append(done(ar(1, 16)), sent)},
+			{Rank: 1, Records: append(done(ar(1, 16)), pt(KindRecv, 0, 1, 1, 17, StateRunning))},
+		},
+		me: 1, mine: pt(KindRecv, 0, 1, 1, 17, "").Call, theirs: sent.Call,
+	}, {
+		name: "two Sends facing each other",
+		sts: []*rankStatus{
+			{Rank: 0, Records: append(done(ar(1, 16)), sent)},
+			{Rank: 1, Records: append(done(ar(1, 16)), pt(KindSend, 0, 1, 1, 16, StateRunning))},
+		},
+		me: 0, mine: sent.Call, theirs: pt(KindSend, 0, 1, 1, 16, "").Call,
+	}, {
+		name: "the Recv comes after the next collective on the peer",
+		sts: []*rankStatus{
+			{Rank: 0, Records: append(done(ar(1, 16)), sent)},
+			{Rank: 1, Records: append(done(ar(1, 16), ar(2, 16)), pt(KindRecv, 0, 2, 1, 16, StateRunning))},
+		},
+		me: 0, mine: sent.Call, theirs: pt(KindRecv, 0, 2, 1, 16, "").Call,
+	}, {
+		name: "a matching pair is only slow",
+		sts: []*rankStatus{
+			{Rank: 0, Records: append(done(ar(1, 16)), sent)},
+			{Rank: 1, Records: append(done(ar(1, 16)), pt(KindRecv, 0, 1, 1, 16, StateRunning)), P2P: []uint64{1, 0}},
+		},
+	}, {
+		name: "a peer that has not reached the Recv yet",
+		sts: []*rankStatus{
+			{Rank: 0, Records: append(done(ar(1, 16)), sent)},
+			{Rank: 1, Records: done(ar(1, 16)), P2P: []uint64{0, 0}},
+		},
+	}, {
+		name: "a peer whose Recv is older than its records",
+		sts: []*rankStatus{
+			{Rank: 0, Records: append(done(ar(1, 16)), sent)},
+			{Rank: 1, Records: running(done(ar(2, 16))), P2P: []uint64{1, 0}},
+		},
+	}, {
+		name: "a peer busy with a third rank",
+		sts: []*rankStatus{
+			{Rank: 0, Records: append(done(ar(1, 16)), sent)},
+			{Rank: 1, Records: append(done(ar(1, 16)), pt(KindRecv, 2, 1, 1, 16, StateRunning)), P2P: []uint64{0, 0, 1}},
+			{Rank: 2, Records: done(ar(1, 16)), P2P: []uint64{0, 0, 0}},
+		},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := diagnose(tc.me, tc.sts, make([]string, len(tc.sts)))
+			if tc.mine == (CallInfo{}) {
+				if d.desync != nil {
+					t.Fatalf("desync %v, want none", d.desync)
+				}
+				return
+			}
+			if d.desync == nil {
+				t.Fatalf("no desync; report %q", d.report)
+			}
+			if d.desync.Rank != tc.me || d.desync.Mine != tc.mine || d.desync.Theirs != tc.theirs {
+				t.Errorf("desync %v\nwant rank %d called %v against %v", d.desync, tc.me, tc.mine, tc.theirs)
 			}
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -110,14 +111,18 @@ func (c *Comm) execute(cl *call) {
 		return
 	}
 	if cl.invalid != nil {
-		c.rec.end(c.rec.start(cl, c.cseq, ticks()), cl.invalid, ticks())
+		c.rec.end(c.rec.start(cl, c.cseq, 0, ticks()), cl.invalid, ticks())
 		c.fail(cl.invalid)
 		cl.finish(cl.invalid)
 		return
 	}
+	var peerSeq uint64 // Send/Recv: their number with this peer (see FlightRecord.PeerSeq)
 	switch cl.kind {
 	case KindSend, KindRecv:
 		c.peers[cl.root].seq++
+		// Every collective counts once on every pair, so what this pair
+		// has run beyond the collectives is its Sends and Recvs.
+		peerSeq = c.peers[cl.root].seq - c.cseq
 	default:
 		c.cseq++
 		for _, p := range c.peers {
@@ -129,7 +134,7 @@ func (c *Comm) execute(cl *call) {
 	record := !flightOff.Load()
 	var slot uint64
 	if record {
-		slot = c.rec.start(cl, c.cseq, ticks())
+		slot = c.rec.start(cl, c.cseq, peerSeq, ticks())
 	}
 	err := c.run(cl)
 	if err == nil {
@@ -213,6 +218,10 @@ func (c *Comm) post(cl *call, p int, payload []byte) {
 	h.Aux = uint64(len(payload))
 	pe.sendq <- sendReq{h: h, payload: payload, seg: c.cfg.SegmentBytes}
 	pe.pending++
+	// Let the sender goroutine start now: on a rank with one P it would
+	// otherwise wait for this goroutine to block or to yield while it
+	// polls for the peer's data (which may wait for this very message).
+	runtime.Gosched()
 }
 
 // flush waits for every posted send to p.

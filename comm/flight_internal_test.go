@@ -1,0 +1,63 @@
+package comm
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// BenchmarkFlightRecorder is what the recorder adds to one call on the
+// token holder's path: the clock reads and the start and end records.
+func BenchmarkFlightRecorder(b *testing.B) {
+	r := newRecorder(256, 2)
+	cl := &call{kind: KindAllReduce, dtype: Float32, op: Sum, count: 2, root: -1}
+	for i := range b.N {
+		r.end(r.start(cl, uint64(i), 0, ticks()), nil, ticks())
+	}
+}
+
+// A reader copying the ring while the writer laps it gets only records
+// that are whole: each is one the writer wrote (its count is its seq
+// times 3), in order, none torn by a slot's reuse, and the failed ones
+// carry their own error text.
+func TestRecorderConcurrentCopy(t *testing.T) {
+	const size, total = 8, 200000
+	r := newRecorder(size, 2)
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer stop.Store(true)
+		for i := range uint64(total) {
+			cl := &call{kind: KindAllReduce, dtype: Float32, op: Sum, count: int(3 * (i + 1)), root: -1}
+			var err error
+			if i%7 == 0 {
+				err = errors.New("e" + string(rune('a'+i%26)))
+			}
+			r.end(r.start(cl, i+1, 0, int64(2*i+1)), err, int64(2*i+2))
+		}
+	})
+	reads := 0
+	for !stop.Load() || reads == 0 {
+		recs, first, _ := r.last(size)
+		reads++
+		for j, rec := range recs {
+			seq := first + uint64(j) + 1
+			if rec.Call.Seq != seq || rec.Call.Count != int(3*seq) {
+				t.Fatalf("read %d: record %d of %d from #%d is %+v", reads, j, len(recs), first+1, rec.Call)
+			}
+			if i := seq - 1; rec.State == StateFailed && (i%7 != 0 || rec.Err != "e"+string(rune('a'+i%26))) {
+				t.Fatalf("record #%d: %s %q", seq, rec.State, rec.Err)
+			}
+		}
+		if len(recs) > size {
+			t.Fatalf("%d records from a recorder of %d", len(recs), size)
+		}
+	}
+	wg.Wait()
+	recs, first, _ := r.last(size)
+	if len(recs) != size || first != total-size || recs[size-1].State == StateRunning {
+		t.Errorf("after the writer: %d records from #%d, last %s", len(recs), first+1, recs[len(recs)-1].State)
+	}
+	t.Logf("%d copies while the writer ran", reads)
+}
