@@ -577,10 +577,10 @@ const sameMoment = 50 * time.Millisecond
 //   - the time each process was reaped (supervisorEvent.At), which its
 //     supervisor does at each SIGCHLD; a failure with no exit (a start
 //     error, a lost host) counts from its arrival at gorun;
-//   - among the failures within sameMoment of the earliest, a death by a
-//     signal gorun did not send comes before an exit with a code: a killed
-//     process did not choose to die, while a peer that exits with an error
-//     at the same moment usually reacts to it;
+//   - among the exits reaped within sameMoment of the earliest failure, a
+//     death by a signal gorun did not send comes before an exit with a
+//     code: a killed process did not choose to die, while a peer that
+//     exits with an error at the same moment usually reacts to it;
 //   - then the earlier time, then arrival order.
 //
 // Times of different hosts compare through their clocks: a skew between
@@ -600,7 +600,10 @@ func firstFailure(fs []failure) failure {
 			continue
 		}
 		b := fs[best]
-		if sig, bsig := f.signal != 0, b.signal != 0; sig != bsig {
+		// Only between two reaped exits: without reap stamps (a start
+		// error, a lost host, events without them) there is no evidence
+		// that they were simultaneous.
+		if sig, bsig := f.signal != 0, b.signal != 0; sig != bsig && f.exitedAt != 0 && b.exitedAt != 0 {
 			if sig {
 				best = i
 			}
