@@ -214,6 +214,16 @@ func (r *jobLoop) run(ctx context.Context) error {
 		}
 	}()
 	armInjection()
+	// Checkpoint signals gorun owes the ranks (Job.CheckpointBefore).
+	cues := world.checkpointCues(time.Now(), r.cfg.Timeout)
+	var cueC <-chan time.Time
+	armCue := func() {
+		cueC = nil
+		if len(cues) > 0 && reason == notStopping {
+			cueC = time.After(time.Until(cues[0].at))
+		}
+	}
+	armCue()
 	ctxDone := ctx.Done()
 	var flightTimer <-chan time.Time   // SIGUSR2: when to merge the ranks' dumps
 	var timeoutFlight <-chan time.Time // --timeout: when to merge them and stop
@@ -340,6 +350,13 @@ func (r *jobLoop) run(ctx context.Context) error {
 			r.home.command(supervisorCmd{Op: "inject", Ranks: injNext.ranks, Signal: int(injNext.sig), For: injNext.cont, Fault: injNext.id,
 				KillHost: injNext.kind == FaultKillHost, AfterSteps: injNext.afterSteps})
 			armInjection()
+		case <-cueC:
+			c := cues[0]
+			cues = cues[1:]
+			r.log.Warn().Str("why", c.why).Stringer("signal", world.rep.ckptSig).Msg("asking the ranks for a checkpoint")
+			r.home.command(supervisorCmd{Op: "signal", Signal: int(world.rep.ckptSig)})
+			world.checkpointSent(c, time.Now())
+			armCue()
 		case <-grace:
 			grace = nil
 			kill()
@@ -384,6 +401,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 		}
 		if reason != notStopping {
 			injC = nil // no fault goes into a world that is being stopped
+			cueC = nil // nor a checkpoint signal
 		}
 	}
 
