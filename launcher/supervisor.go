@@ -171,6 +171,12 @@ type supervisorEvent struct {
 	// teardown reached it: frozen, not dead, which its peers cannot tell
 	// apart (their lease only says it fell silent).
 	Frozen string `json:"frozen,omitempty"`
+	// At is when an "exited" rank was reaped (Unix ns, this host's clock):
+	// the supervisor reaps at each SIGCHLD, so it is the exit time to
+	// within the supervisor's wake-up. Every exit of one reap pass gets
+	// the pass's time: their order within it is not known (jobloop.go's
+	// earlier).
+	At int64 `json:"at,omitempty"`
 	// Fault is the injection an "injected" or "fault-cont" event answers;
 	// Err is set on "injected" when the rank was not running.
 	Fault    int  `json:"fault,omitempty"`
@@ -708,6 +714,7 @@ func (a *supervisor) noteFrozen() {
 
 // reap collects every exited child: ranks and adopted orphans alike.
 func (a *supervisor) reap() {
+	at := time.Now().UnixNano()
 	for {
 		var ws syscall.WaitStatus
 		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
@@ -724,7 +731,7 @@ func (a *supervisor) reap() {
 		delete(a.byPID, pid)
 		a.ranks[i].running = false
 		a.running--
-		ev := supervisorEvent{Ev: "exited", Rank: a.ranks[i].rank, PID: pid}
+		ev := supervisorEvent{Ev: "exited", Rank: a.ranks[i].rank, PID: pid, At: at}
 		// A report is written before the failing call returns, so before
 		// the exit just reaped: reading now finds it if there is one.
 		a.readCollateral()

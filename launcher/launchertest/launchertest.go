@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -185,6 +186,35 @@ func runHelper(mode string) int {
 	case "args":
 		fmt.Println(strings.Join(os.Args[1:], " "))
 		return 0
+	case "watch-rank":
+		// A program that does not use gorun's runtime (so it reports
+		// nothing collateral) whose ranks all depend on one: rank V
+		// writes its pid to DIR/victim and waits; every other rank
+		// exits 1 as soon as V's process is gone, as an MPI program's
+		// ranks do when a peer dies. Spelled watch-rank:V:DIR.
+		v, dir, _ := strings.Cut(arg, ":")
+		file := filepath.Join(dir, "victim")
+		if rank == v {
+			if err := os.WriteFile(file+".tmp", []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+				fmt.Fprintln(os.Stderr, "helper:", err)
+				return 90
+			}
+			_ = os.Rename(file+".tmp", file)
+			fmt.Printf("ready %s %d\n", rank, os.Getpid())
+			select {}
+		}
+		fmt.Printf("ready %s %d\n", rank, os.Getpid())
+		for {
+			b, err := os.ReadFile(file)
+			if err == nil {
+				st, err := os.ReadFile("/proc/" + string(b) + "/stat")
+				if i := bytes.LastIndexByte(st, ')'); err != nil || (i > 0 && i+2 < len(st) && st[i+2] == 'Z') {
+					fmt.Fprintf(os.Stderr, "helper: rank %s: rank %s is gone\n", rank, v)
+					return 1
+				}
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
 	case "allreduce":
 		return allReduceLoop(rank, 0)
 	case "allreduce-for":
