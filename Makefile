@@ -5,7 +5,7 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: help build lib python test-python bench-torch test test-deps vet unit test-desync bench-launch bench-restart bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu clean
+.PHONY: help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -22,10 +22,14 @@ lib: ## build the C ABI: bin/libgorun.so and its header bin/gorun.h (needs cgo a
 
 python: lib ## the torch backend for /usr/bin/python3: copy libgorun.so into python/gorun, put python/ on its path
 	cp $(BIN)/libgorun.so python/gorun/libgorun.so
-	@bash scripts/install-python.sh
+	@PYTHON=$(PYTHON) bash scripts/install-python.sh
+
+uninstall-python: ## undo make python: remove the .pth file (if it points here) and python/gorun/libgorun.so
+	@PYTHON=$(PYTHON) bash scripts/install-python.sh --uninstall
 
 test: test-deps build vet ## everything CI runs: install test deps, build, vet, all tests with -race, the torch suite
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	GORUN_OVERLOAD_SECS=8 $(GO) test -race -count=1 -run TestNoFalseFreezeUnderLoad ./launcher
 	@$(MAKE) --no-print-directory test-python
 
 test-python: build lib ## the torch backend's pytest suite under gorun on 1-4 ranks (Debian's python3-torch)
@@ -47,6 +51,9 @@ unit: ## fast tests only (no -race, short mode)
 
 test-desync: ## the full desync split matrix: np 2-8, every k, 6 collective/point-to-point splits + a Send/Recv size mismatch x 2 sizes x shm/tcp (784 cases, ~45 s)
 	GORUN_DESYNC_MATRIX=full $(GO) test -count=1 -run TestSplitMatrix -v ./comm
+
+test-overload: ## no false freeze detection: 32 ranks all-reduce beside a CPU hog per core for 60 s (make test runs 8 s)
+	GORUN_OVERLOAD_NP=32 GORUN_OVERLOAD_SECS=60 $(GO) test -count=1 -run TestNoFalseFreezeUnderLoad -v ./launcher
 
 bench-restart: build ## kill-and-restart: gorun --max-restarts vs torchrun --max_restarts on one torch gloo program, kill -> first step of the new world
 	flock /tmp/gorun-bench.lock scripts/bench-restart.sh
@@ -76,5 +83,5 @@ bench-mpi: build ## MPICH MPI_Init+Barrier: gorun vs mpiexec.hydra, 16 ranks loc
 bench-gpu: ## GPU all-reduce: gorun --device cuda vs torch.distributed NCCL, side by side (needs a GPU and CUDA torch; not yet run)
 	@bash scripts/bench-gpu.sh
 
-clean: ## remove build outputs
+clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)

@@ -95,3 +95,23 @@ func benchAllReduce(b *testing.B, comms []*comm.Comm, size int) {
 	b.ReportMetric(float64(size)/sec/1e9*2*float64(n-1)/float64(n), "busbw_GB/s")
 	b.ReportMetric(sec*1e6, "us/op")
 }
+
+// BenchmarkCallOverhead measures what issuing and completing a call costs
+// apart from moving data: an 8-byte all-reduce on a group of one, issued
+// with a cancellable context (as `gorun bench` and most programs issue)
+// and waited for at once. Its allocations per call are the steady-state
+// garbage of the latency path.
+//
+//	go test -run '^$' -bench CallOverhead -cpu 1 ./comm/
+func BenchmarkCallOverhead(b *testing.B) {
+	j := newMemJob(b, 1, comm.DefaultConfig())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	buf := comm.Float32s(make([]float32, 2))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := j.comms[0].AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -3,6 +3,8 @@ package comm
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 )
 
 // call is one issued operation; it is also its Handle.
@@ -23,20 +25,32 @@ type call struct {
 	res, local []byte
 
 	ctx  context.Context
-	stop func() bool // unregisters the cancellation hook
+	hook *ctxHook // the cancellation hook of ctx, nil if ctx never ends
 
-	c    *Comm // runs it; Wait may run it itself (see drain)
-	done chan struct{}
-	err  error // written before done is closed
+	c   *Comm // runs it; Wait may run it itself (see drain)
+	err error // written before state's callDone bit is set
+
+	// Completion without a channel per call: state has callDone once the
+	// call has completed and callWaited once a Wait blocks on doneCh,
+	// which only such a Wait makes (under mu). A channel made and closed
+	// per call was a fifth of issuing and completing a small call; most
+	// calls are run by the goroutine that waits for them and never block.
+	state  atomic.Uint32
+	mu     sync.Mutex
+	doneCh chan struct{}
 }
+
+// Bits of call.state.
+const (
+	callDone   = 1
+	callWaited = 2
+)
 
 var _ Handle = (*call)(nil)
 
 func (cl *call) Wait(ctx context.Context) error {
-	select {
-	case <-cl.done:
+	if cl.Done() {
 		return cl.err
-	default:
 	}
 	// If no goroutine is running calls, run this one (and any issued
 	// before it) here rather than hand it to the worker and back. Only when
@@ -44,35 +58,52 @@ func (cl *call) Wait(ctx context.Context) error {
 	// own context (whose end fails the call anyway) or never ends.
 	if d := ctx.Done(); cl.c != nil && (d == nil || d == cl.ctx.Done()) && inlineWait.Load() {
 		cl.c.drain(cl)
-		select {
-		case <-cl.done:
+		if cl.Done() {
 			return cl.err
-		default:
 		}
 	}
+	ch := cl.waitCh()
+	if ch == nil {
+		return cl.err
+	}
 	select {
-	case <-cl.done:
+	case <-ch:
 		return cl.err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-func (cl *call) Done() bool {
-	select {
-	case <-cl.done:
-		return true
-	default:
-		return false
+// waitCh returns the channel finish closes, or nil if the call is done.
+func (cl *call) waitCh() chan struct{} {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.doneCh == nil {
+		cl.doneCh = make(chan struct{})
+	}
+	for {
+		s := cl.state.Load()
+		if s&callDone != 0 {
+			return nil
+		}
+		if cl.state.CompareAndSwap(s, s|callWaited) {
+			return cl.doneCh
+		}
 	}
 }
 
+func (cl *call) Done() bool { return cl.state.Load()&callDone != 0 }
+
 func (cl *call) finish(err error) {
-	if cl.stop != nil {
-		cl.stop()
+	if cl.hook != nil {
+		cl.c.unhook(cl.hook)
 	}
 	cl.err = err
-	close(cl.done)
+	if cl.state.Or(callDone)&callWaited != 0 {
+		cl.mu.Lock()
+		close(cl.doneCh)
+		cl.mu.Unlock()
+	}
 }
 
 func (cl *call) info(seq uint64) CallInfo {
@@ -135,7 +166,6 @@ func hostBytes(b Buffer, what string) ([]byte, error) {
 
 // issue queues cl, or fails it at once when the communicator is closed.
 func (c *Comm) issue(ctx context.Context, cl *call) Handle {
-	cl.done = make(chan struct{})
 	// The issue time is worth a clock read only when the call will wait
 	// behind another (the recorder uses the start time otherwise).
 	if (len(c.queue) > 0 || c.running.Load()) && !flightOff.Load() {
@@ -155,14 +185,10 @@ func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 		cl.finish(err)
 		return cl
 	}
-	if ctx.Done() != nil {
-		// There is no way to skip one collective on one rank, so a cancelled
-		// call fails the communicator (and with it the peers' matching call).
-		cl.stop = context.AfterFunc(ctx, func() {
-			c.fail(fmt.Errorf("comm: %v on rank %d cancelled: %w", cl.kind, c.me, context.Cause(ctx)))
-		})
-	}
 	cl.c = c
+	if ctx.Done() != nil {
+		c.hook(cl)
+	}
 	c.queue <- cl
 	c.kick()
 	return cl

@@ -96,6 +96,10 @@ type Comm struct {
 	failed   chan struct{} // closed when failErr is set
 	failErr  error         // written once before failed is closed
 
+	// ctxHook is the cancellation hook of the context last issued with
+	// (ctxhook.go).
+	ctxHook atomic.Pointer[ctxHook]
+
 	closeOnce    sync.Once
 	closeErr     error
 	wg           sync.WaitGroup
@@ -381,6 +385,7 @@ func (c *Comm) Close() error {
 		c.issueMu.Unlock()
 		c.kick()
 		<-c.workerExited
+		c.dropHook()
 		close(c.watchStop)
 		if c.Err() == nil {
 			for _, p := range c.peers {

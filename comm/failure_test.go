@@ -249,6 +249,93 @@ func TestContextCancellation(t *testing.T) {
 	}
 }
 
+// Calls issued with one context share one cancellation hook (ctxhook.go).
+// A context that ends after its calls completed fails nothing; one that
+// ends while a call issued with it is pending fails the communicator, even
+// after calls with another context have replaced its hook.
+func TestContextCancellationSharedHook(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// pendingA: rank 0's call with context A is still waiting for
+		// rank 1 when A is cancelled; otherwise it completed before.
+		pendingA bool
+		// thenB: rank 0 issues a call with context B after A's.
+		thenB bool
+		fails bool
+	}{
+		{"completed, same hook", false, false, false},
+		{"completed, hook replaced", false, true, false},
+		{"pending, same hook", true, false, true},
+		{"pending, hook replaced", true, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newMemJob(t, 2, comm.LocalConfig())
+			wctx, wcancel := waitCtx(t)
+			defer wcancel()
+			ctxA, cancelA := context.WithCancel(context.Background())
+			defer cancelA()
+			ctxB, cancelB := context.WithCancel(context.Background())
+			defer cancelB()
+			b0, b1 := f32(4, 1), f32(4, 2)
+			// Several calls with A, all complete: the hook counts them
+			// in and out.
+			for range 3 {
+				errs := onEach(t, 2, func(r int) error {
+					b := comm.Float32s([]float32{1})
+					return j.comms[r].AllReduce(ctxA, b, b, comm.Sum).Wait(wctx)
+				})
+				for r, err := range errs {
+					if err != nil {
+						t.Fatalf("rank %d: %v", r, err)
+					}
+				}
+			}
+			var hA, hB comm.Handle
+			if tc.pendingA {
+				hA = j.comms[0].AllReduce(ctxA, comm.Float32s(b0), comm.Float32s(b0), comm.Sum)
+			}
+			if tc.thenB {
+				hB = j.comms[0].Barrier(ctxB)
+			}
+			cancelA()
+			// The hook runs on its own goroutine after the cancel: give it
+			// time to act (or to wrongly act) before rank 1 joins.
+			deadline := time.Now().Add(50 * time.Millisecond)
+			if tc.fails {
+				deadline = time.Now().Add(10 * time.Second)
+			}
+			for j.comms[0].Err() == nil && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			if err := j.comms[0].Err(); tc.fails != (err != nil) || (err != nil && !errors.Is(err, context.Canceled)) {
+				t.Fatalf("rank 0 after cancelling context A: %v (want failure: %v)", err, tc.fails)
+			}
+			if tc.fails {
+				// The peer learns it through the abort, at the latest at
+				// its next call.
+				_ = j.comms[1].AllReduce(wctx, comm.Float32s(b1), comm.Float32s(b1), comm.Sum).Wait(wctx)
+				if err := j.comms[1].Barrier(wctx).Wait(wctx); err == nil || !strings.Contains(err.Error(), "cancelled") {
+					t.Fatalf("peer after cancel: %v", err)
+				}
+				_ = hA.Wait(wctx)
+				return
+			}
+			// Nothing of A pending: the group goes on.
+			errs := onEach(t, 2, func(r int) error {
+				if r == 0 && hB != nil {
+					return hB.Wait(wctx)
+				}
+				return j.comms[r].Barrier(wctx).Wait(wctx)
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Fatalf("rank %d after cancelling a finished context: %v", r, err)
+				}
+			}
+		})
+	}
+}
+
 // Giving up on Wait does not cancel the call.
 func TestWaitTimeoutDoesNotCancel(t *testing.T) {
 	j := newMemJob(t, 2, comm.LocalConfig())

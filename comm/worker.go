@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -217,6 +218,10 @@ func (c *Comm) post(cl *call, p int, payload []byte) {
 	h.Aux = uint64(len(payload))
 	pe.sendq <- sendReq{h: h, payload: payload, seg: c.cfg.SegmentBytes}
 	pe.pending++
+	// Let the sender goroutine start now: on a rank with one P it would
+	// otherwise wait for this goroutine to block or to yield while it
+	// polls for the peer's data (which may wait for this very message).
+	runtime.Gosched()
 }
 
 // flush waits for every posted send to p.

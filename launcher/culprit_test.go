@@ -6,6 +6,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -63,5 +64,65 @@ func TestCulpritNamedAfterSIGKILL(t *testing.T) {
 	// report is not getting through and the verdict above held by luck.
 	if collateral == 0 {
 		t.Errorf("no rank reported itself collateral in %d runs", runs)
+	}
+}
+
+// TestCulpritFrozenRank: four real ranks on one host (the default host
+// leader mode: rank 0 gossips, 1-3 attach to it) run all-reduces; one is
+// SIGSTOPped from outside mid all-reduce. Issue 17 found the job hung for
+// good there, since a stopped process keeps its sockets open. Now the
+// attach lease (rendezvous.Config.AttachLease, default 4 s) names it: the
+// final error blames the frozen rank by rank, host and pid with the
+// supervisor's evidence that it was stopped, every survivor that printed
+// an error names it, and nothing of the job is left.
+func TestCulpritFrozenRank(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		victim int
+	}{{"attached", 2}, {"leader", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newJobRun(t, 4, "allreduce", nil)
+			errc := make(chan error, 1)
+			go func() { errc <- j.launch(context.Background()) }()
+			if !launchertest.WaitFor(60*time.Second, func() bool { return j.readyCount() == 4 }) {
+				t.Fatalf("ranks not ready: %s%s", j.stdout, j.stderr)
+			}
+			m := regexp.MustCompile(`\[` + strconv.Itoa(tc.victim) + `\] ready \d+ (\d+)`).FindStringSubmatch(j.stdout.String())
+			pid, _ := strconv.Atoi(m[1])
+			frozen := time.Now()
+			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			select {
+			case err = <-errc:
+			case <-time.After(60 * time.Second):
+				// The issue's hang: end it so that the test reports.
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				t.Fatalf("job still running 60 s after rank %d froze\n%s", tc.victim, j.stderr)
+			}
+			took := time.Since(frozen)
+			var ce *CollateralError
+			if !errors.As(err, &ce) || ce.Blame != tc.victim || ce.BlamePID != pid || ce.Frozen != "T" || ce.Failed+ce.Stopped != 3 {
+				t.Fatalf("want rank %d (pid %d) blamed as frozen, 3 others collateral or stopped; got %T: %v\nstderr:\n%s", tc.victim, pid, err, err, j.stderr)
+			}
+			if !strings.Contains(err.Error(), "frozen") || !strings.Contains(ce.Why, "frozen or unresponsive") {
+				t.Errorf("final line %q does not say frozen, or the report %q not why", err, ce.Why)
+			}
+			// Each survivor's runtime error, as the helper prints it.
+			named := 0
+			for _, line := range strings.Split(j.stderr.String(), "\n") {
+				if mm := regexp.MustCompile(`helper: rank (\d+): (.*)`).FindStringSubmatch(line); mm != nil {
+					if !strings.Contains(mm[2], "rank "+strconv.Itoa(tc.victim)+" ") {
+						t.Errorf("rank %s's error does not name rank %d: %s", mm[1], tc.victim, mm[2])
+					}
+					named++
+				}
+			}
+			if named == 0 {
+				t.Errorf("no survivor printed its error:\n%s", j.stderr)
+			}
+			t.Logf("SIGSTOP → gorun returned %v; %d survivors printed an error naming rank %d: %v", took, named, tc.victim, err)
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun-hpc/gorun/rankenv"
 )
 
 // Restarts (--max-restarts, torchrun's semantics) and the record of
@@ -46,18 +49,72 @@ type Report struct {
 	Start       time.Time `json:"start"`
 	MaxRestarts int       `json:"max_restarts"`
 	// Restarts is how many worlds followed the first.
-	Restarts int            `json:"restarts"`
-	Worlds   []WorldReport  `json:"worlds"`
-	Faults   []FaultReport  `json:"faults"`
-	Outcome  string         `json:"outcome"`
-	ExitCode int            `json:"exit_code"`
-	inj      []injection    // the schedule; nil until the first plan
-	faults   []Fault        // as given
-	horizon  time.Duration  // how far random faults are planned
-	fired    map[int]bool   // injections already sent, by id
-	byID     map[int]int    // injection id → index in Faults
-	world    *WorldReport   // the world running now
-	pending  map[int]string // injections of this world not yet answered
+	Restarts int           `json:"restarts"`
+	Worlds   []WorldReport `json:"worlds"`
+	Faults   []FaultReport `json:"faults"`
+	Outcome  string        `json:"outcome"`
+	ExitCode int           `json:"exit_code"`
+	// CheckpointSignals are the times gorun sent the ranks the checkpoint
+	// signal on its own (Job.CheckpointBefore), and why ("before --timeout",
+	// "before fault N").
+	CheckpointSignals []CheckpointSignalReport `json:"checkpoint_signals,omitempty"`
+	ckptSig           syscall.Signal           // Job.CheckpointSignal, resolved
+	ckptBefore        time.Duration            // Job.CheckpointBefore
+	inj               []injection              // the schedule; nil until the first plan
+	faults            []Fault                  // as given
+	horizon           time.Duration            // how far random faults are planned
+	fired             map[int]bool             // injections already sent, by id
+	byID              map[int]int              // injection id → index in Faults
+	world             *WorldReport             // the world running now
+	pending           map[int]string           // injections of this world not yet answered
+}
+
+// CheckpointSignalReport is one checkpoint signal gorun sent by itself.
+type CheckpointSignalReport struct {
+	At      float64 `json:"at_s"`
+	Restart int     `json:"restart"`
+	Why     string  `json:"why"`
+}
+
+// checkpointCue is one checkpoint signal a world owes its ranks.
+type checkpointCue struct {
+	at  time.Time
+	why string
+}
+
+// checkpointCues returns, in time order, the checkpoint signals this world
+// owes (Job.CheckpointBefore ahead of each): one before the world's
+// timeout (timeout is what is left of --timeout for it; 0: none), one
+// before each timed kill or kill-host not yet sent — a preemption notice,
+// so that a job that checkpoints on the signal resumes from just before
+// the fault. A cue whose time has passed when the world starts is dropped:
+// a notice after the ranks had no time to act on it helps nobody, and one
+// sent before the ranks run could kill them (SIGUSR1's default action).
+// Faults fired on steps (after-steps) have no time to precede.
+func (w *worldRun) checkpointCues(worldStart time.Time, timeout time.Duration) []checkpointCue {
+	if w == nil || w.rep.ckptBefore <= 0 {
+		return nil
+	}
+	before := w.rep.ckptBefore
+	var out []checkpointCue
+	if timeout > before {
+		out = append(out, checkpointCue{worldStart.Add(timeout - before), "before --timeout"})
+	}
+	for _, in := range w.rep.inj {
+		if w.rep.fired[in.id] || in.afterSteps > 0 || (in.kind != FaultKill && in.kind != FaultKillHost) {
+			continue
+		}
+		if at := w.rep.Start.Add(in.at - before); at.After(worldStart) {
+			out = append(out, checkpointCue{at, fmt.Sprintf("before fault %d (%s)", in.id, w.rep.faults[in.fault].Spec)})
+		}
+	}
+	slices.SortStableFunc(out, func(a, b checkpointCue) int { return a.at.Compare(b.at) })
+	return out
+}
+
+// checkpointSent records a checkpoint signal sent at t.
+func (w *worldRun) checkpointSent(c checkpointCue, t time.Time) {
+	w.rep.CheckpointSignals = append(w.rep.CheckpointSignals, CheckpointSignalReport{At: w.rep.since(t), Restart: w.restart, Why: c.why})
 }
 
 // WorldReport is one world: one launch of every rank.
@@ -271,6 +328,7 @@ func Launch(ctx context.Context, cfg Config, job Job) error {
 func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
 	rep := &Report{
 		MaxRestarts: job.MaxRestarts, faults: job.Faults, horizon: randomHorizon,
+		ckptSig: cmp.Or(job.CheckpointSignal, syscall.SIGUSR1), ckptBefore: job.CheckpointBefore,
 		fired: map[int]bool{}, byID: map[int]int{}, Faults: []FaultReport{}, Worlds: []WorldReport{},
 	}
 	err := launchWorlds(ctx, cfg, job, rep)
@@ -297,6 +355,12 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 	if job.MaxRestarts < 0 {
 		return fmt.Errorf("launcher: max restarts must not be negative, got %d", job.MaxRestarts)
 	}
+	if job.CheckpointBefore < 0 {
+		return fmt.Errorf("launcher: checkpoint signal lead must not be negative, got %s", job.CheckpointBefore)
+	}
+	if s := rep.ckptSig; s == syscall.SIGKILL || s == syscall.SIGSTOP || s < 0 || s > 64 {
+		return fmt.Errorf("launcher: checkpoint signal %s cannot be caught by a program; use e.g. SIGUSR1", unixSignalName(s))
+	}
 	if cfg.Timeout > 0 {
 		rep.horizon = cfg.Timeout
 	}
@@ -308,7 +372,8 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		// Last, so that they win over a -x of the same name.
 		j.Export = append(slices.Clone(job.Export),
 			RestartCountEnv+"="+n, TorchRestartCountEnv+"="+n,
-			TorchMaxRestartsEnv+"="+strconv.Itoa(job.MaxRestarts))
+			TorchMaxRestartsEnv+"="+strconv.Itoa(job.MaxRestarts),
+			rankenv.CheckpointSignal+"="+unixSignalName(rep.ckptSig))
 		c := cfg
 		w := &worldRun{rep: rep, restart: restart}
 		c.world = w
@@ -383,6 +448,10 @@ func exitCodeOf(err error) int {
 	}
 	return 1
 }
+
+// ParseSignal reads a signal as gorun's flags write it: KILL, SIGKILL,
+// kill or a number.
+func ParseSignal(v string) (syscall.Signal, error) { return parseSignal(v) }
 
 // unixSignalName is "SIGKILL" for syscall.SIGKILL.
 func unixSignalName(s syscall.Signal) string {

@@ -186,14 +186,14 @@ func TestNoRestartAfterTimeout(t *testing.T) {
 
 // A rank frozen for good (stop without for=) mid all-reduce: its peers'
 // runtimes notice, the world fails (every failure collateral: a
-// *CollateralError), and the job restarts and completes. Flat gossip:
-// in the default host-leader mode a frozen attached rank is not detected
-// (issue 17's first finding; this test hung 30 s there), which is the
-// runtime's to fix, not the launcher's.
+// *CollateralError), and the job restarts and completes. The default host
+// leader mode: rank 1 is attached to rank 0, and only the attach lease
+// finds it (issue 17's first finding; this test hung 30 s there before).
+// At 1.5 s, so that under -race and load the world has formed: a rank
+// frozen before that is found only by the formation timeout.
 func TestInjectFrozenRankRestarts(t *testing.T) {
 	j := newJobRun(t, 3, "restart-aware:allreduce", nil)
-	j.cfg.Env = append(j.cfg.Env, "GORUN_RDZV_FLAT=1")
-	j.job.Faults = mustFaults(t, "stop:rank=1:at=500ms")
+	j.job.Faults = mustFaults(t, "stop:rank=1:at=1500ms")
 	j.job.MaxRestarts = 1
 	start := time.Now()
 	rep, err := j.launchReport(context.Background())
@@ -236,5 +236,61 @@ func TestInjectAfterSteps(t *testing.T) {
 	}
 	if len(f) == 2 && (f[1].InjectedAt != nil || !strings.Contains(f[1].Missed, "step 1000")) {
 		t.Errorf("the fault for step 1000 was never reached but reads %+v", f[1])
+	}
+}
+
+// Job.CheckpointBefore sends the checkpoint signal that long before a
+// timed kill (a preemption notice) and before --timeout: the ranks (which
+// exit 0 on SIGUSR1) are asked in time, the job ends well before either,
+// and the report says when and why. The ranks find the signal's name in
+// GORUN_CHECKPOINT_SIGNAL.
+func TestCheckpointSignalBefore(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		faults   []string
+		timeout  time.Duration
+		why      string
+		earliest float64
+	}{
+		{"before a kill", []string{"kill:rank=1:at=2s"}, 0, "before fault 0 (kill:rank=1:at=2s)", 1.0},
+		{"before --timeout", nil, 20 * time.Second, "before --timeout", 1.0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newJobRun(t, 2, "wait-usr1", nil)
+			j.job.Faults = mustFaults(t, tc.faults...)
+			j.job.CheckpointBefore = 1 * time.Second
+			if tc.timeout > 0 {
+				j.cfg.Timeout = tc.timeout
+				j.job.CheckpointBefore = tc.timeout - time.Second
+			}
+			rep, err := j.launchReport(context.Background())
+			if err != nil {
+				t.Fatalf("job failed: %v\n%s", err, j.stderr)
+			}
+			if n := strings.Count(j.stdout.String(), "] usr1\n"); n != 2 {
+				t.Errorf("%d ranks got the checkpoint signal, want 2:\n%s", n, j.stdout)
+			}
+			if len(rep.CheckpointSignals) != 1 || rep.CheckpointSignals[0].Why != tc.why || rep.CheckpointSignals[0].At < tc.earliest {
+				t.Errorf("checkpoint signals %+v, want one %q at %.1f s or later", rep.CheckpointSignals, tc.why, tc.earliest)
+			}
+			for _, f := range rep.Faults {
+				if f.InjectedAt != nil {
+					t.Errorf("fault %s was injected after the job should have ended", f.Spec)
+				}
+			}
+		})
+	}
+	j := newJobRun(t, 1, "print-env", nil)
+	j.job.CheckpointSignal = syscall.SIGUSR2
+	if err := j.launch(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if env := rankEnvs(t, j.stdout.String(), 1)[0]; env["GORUN_CHECKPOINT_SIGNAL"] != "SIGUSR2" {
+		t.Errorf("GORUN_CHECKPOINT_SIGNAL=%q, want SIGUSR2", env["GORUN_CHECKPOINT_SIGNAL"])
+	}
+	j = newJobRun(t, 1, "exit:0", nil)
+	j.job.CheckpointSignal = syscall.SIGKILL
+	if err := j.launch(context.Background()); err == nil || !strings.Contains(err.Error(), "cannot be caught") {
+		t.Errorf("a SIGKILL checkpoint signal: %v, want it refused", err)
 	}
 }

@@ -266,6 +266,10 @@ type CollateralError struct {
 	Blame     int
 	BlameHost string
 	BlamePID  int
+	// Frozen is set when Blame was stopped (SIGSTOP, a debugger) when
+	// gorun ended it: the process state letter its supervisor read
+	// ("T" stopped, "t" traced). Its peers only saw it fall silent.
+	Frozen string
 	// ReportedBy is the rank whose report names Blame, Why its words.
 	ReportedBy int
 	Why        string
@@ -279,10 +283,22 @@ type CollateralError struct {
 
 func (e *CollateralError) Error() string {
 	s := fmt.Sprintf("rank %d reported a lost peer (%s)", e.ReportedBy, e.Why)
-	if e.Blame >= 0 {
+	switch {
+	case e.Blame >= 0 && e.Frozen != "":
+		s = fmt.Sprintf("rank %d (host %s, pid %d) was frozen (process state %s: %s) and lost to its peers: rank %d reported %q",
+			e.Blame, e.BlameHost, e.BlamePID, e.Frozen, stateName(e.Frozen), e.ReportedBy, e.Why)
+	case e.Blame >= 0:
 		s = fmt.Sprintf("rank %d (host %s, pid %d) was lost to its peers: rank %d reported %q", e.Blame, e.BlameHost, e.BlamePID, e.ReportedBy, e.Why)
 	}
 	return s + collateralText(e.Failed) + fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))
+}
+
+// stateName says what a /proc state letter of a frozen rank means.
+func stateName(st string) string {
+	if st == "t" {
+		return "stopped by a tracer"
+	}
+	return "stopped by a signal"
 }
 
 // ExitCode is the first collateral rank's exit status: the blamed rank

@@ -66,6 +66,9 @@ type rankState struct {
 	// stopped is set when gorun signaled the rank: its exit is then a
 	// consequence of the teardown, not a failure of its own.
 	stopped bool
+	// frozen is the /proc state letter ("T", "t") its supervisor saw when
+	// the teardown reached it; empty if it was running.
+	frozen string
 }
 
 // failure is one rank that failed on its own.
@@ -206,6 +209,16 @@ func (r *jobLoop) run(ctx context.Context) error {
 		}
 	}()
 	armInjection()
+	// Checkpoint signals gorun owes the ranks (Job.CheckpointBefore).
+	cues := world.checkpointCues(time.Now(), r.cfg.Timeout)
+	var cueC <-chan time.Time
+	armCue := func() {
+		cueC = nil
+		if len(cues) > 0 && reason == notStopping {
+			cueC = time.After(time.Until(cues[0].at))
+		}
+	}
+	armCue()
 	ctxDone := ctx.Done()
 	var flightTimer <-chan time.Time   // SIGUSR2: when to merge the ranks' dumps
 	var timeoutFlight <-chan time.Time // --timeout: when to merge them and stop
@@ -274,7 +287,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 				stop(stopFailure, syscall.SIGTERM)
 			case "exited":
 				st := &ranks[ev.Rank]
-				st.exited = true
+				st.exited, st.frozen = true, ev.Frozen
 				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Msg("rank exited")
 				if ev.Collateral && (ev.Code != 0 || ev.Signal != 0) {
 					// A consequence: counted apart, neither stopped by
@@ -375,6 +388,13 @@ func (r *jobLoop) run(ctx context.Context) error {
 			r.home.command(supervisorCmd{Op: "inject", Ranks: injNext.ranks, Signal: int(injNext.sig), For: injNext.cont, Fault: injNext.id,
 				KillHost: injNext.kind == FaultKillHost, AfterSteps: injNext.afterSteps})
 			armInjection()
+		case <-cueC:
+			c := cues[0]
+			cues = cues[1:]
+			r.log.Warn().Str("why", c.why).Stringer("signal", world.rep.ckptSig).Msg("asking the ranks for a checkpoint")
+			r.home.command(supervisorCmd{Op: "signal", Signal: int(world.rep.ckptSig)})
+			world.checkpointSent(c, time.Now())
+			armCue()
 		case <-grace:
 			grace = nil
 			kill()
@@ -415,6 +435,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 		}
 		if reason != notStopping {
 			injC = nil // no fault goes into a world that is being stopped
+			cueC = nil // nor a checkpoint signal
 		}
 	}
 
@@ -519,6 +540,7 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 		Stopped: stopped, Code: failure{code: first.code, signal: first.signal}.exitCode()}
 	if blame >= 0 {
 		e.Blame, e.BlameHost, e.BlamePID = blame, r.plan.Ranks[blame].Host, ranks[blame].pid
+		e.Frozen = ranks[blame].frozen
 		if ranks[blame].stopped && ranks[blame].pid > 0 {
 			// The blamed rank is counted by name, not among the others.
 			e.Stopped--

@@ -22,6 +22,20 @@ func setChildSubreaper() error {
 	return unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 }
 
+// procState returns a process's state letter from /proc/PID/stat (R, S,
+// D, T stopped, t traced, Z...), or 0 when it cannot be read.
+func procState(pid int) byte {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The command name may hold spaces and ')': the state follows the last ')'.
+	if i := bytes.LastIndexByte(b, ')'); i > 0 && i+2 < len(b) {
+		return b[i+2]
+	}
+	return 0
+}
+
 // procInfo is what descendant scanning needs from /proc/PID/stat.
 type procInfo struct {
 	pid, ppid int

@@ -170,6 +170,11 @@ type supervisorEvent struct {
 	// and Err the runtime's words.
 	Collateral bool `json:"collateral,omitempty"`
 	Blame      int  `json:"blame,omitempty"`
+	// Frozen marks an "exited" rank that was stopped (SIGSTOP, a
+	// debugger: /proc state "T" or "t", the letter given) when the
+	// teardown reached it: frozen, not dead, which its peers cannot tell
+	// apart (their lease only says it fell silent).
+	Frozen string `json:"frozen,omitempty"`
 	// Fault is the injection an "injected" or "fault-cont" event answers;
 	// Err is set on "injected" when the rank was not running.
 	Fault    int  `json:"fault,omitempty"`
@@ -213,6 +218,10 @@ type supervisorRankState struct {
 	rank    int
 	pid     int
 	running bool
+	// frozen is the rank's /proc state ('T' stopped, 't' traced) when the
+	// supervisor was told to end it, 0 if it was running: the evidence
+	// that a rank its peers lost was frozen, not dead (noteFrozen).
+	frozen byte
 }
 
 // supervisor is the state of one supervisor process; every field is owned by runSupervisor's
@@ -564,6 +573,9 @@ func (a *supervisor) command(c supervisorCmd) {
 		for _, r := range c.Ranks {
 			want[r] = true
 		}
+		if stopping(syscall.Signal(c.Signal)) {
+			a.noteFrozen()
+		}
 		for _, r := range a.ranks {
 			if r.running && (len(want) == 0 || want[r.rank]) {
 				// Negative pid: the whole process group.
@@ -670,6 +682,9 @@ func (a *supervisor) sendConts(now time.Time) {
 // repeated (on each tick) while anything is left, because a process can
 // fork between the scan and the kill.
 func (a *supervisor) killAll() {
+	if !a.killing {
+		a.noteFrozen()
+	}
 	a.killing = true
 	for _, r := range a.ranks {
 		if r.running {
@@ -678,6 +693,25 @@ func (a *supervisor) killAll() {
 	}
 	for _, pid := range descendants(a.self) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// noteFrozen records which running ranks are stopped right now, before the
+// teardown's SIGCONT or SIGKILL changes that. It reads the state the
+// kernel keeps for every process: a rank that its peers found silent (the
+// rendezvous lease) and that sits in state T was frozen, and that is the
+// cause gorun's final line gives. One read of /proc/PID/stat per rank, only
+// at the teardown.
+func (a *supervisor) noteFrozen() {
+	for i := range a.ranks {
+		r := &a.ranks[i]
+		if !r.running || r.frozen != 0 {
+			continue
+		}
+		if st := procState(r.pid); st == 'T' || st == 't' {
+			r.frozen = st
+			a.log.Debug().Int("rank", r.rank).Int("pid", r.pid).Str("state", string(st)).Msg("rank is stopped at the teardown")
+		}
 	}
 }
 
@@ -705,6 +739,9 @@ func (a *supervisor) reap() {
 		a.readCollateral()
 		if c, ok := a.coll[ev.Rank]; ok {
 			ev.Collateral, ev.Blame, ev.Err = true, c.Blame, c.Why
+		}
+		if f := a.ranks[i].frozen; f != 0 {
+			ev.Frozen = string(f)
 		}
 		if ws.Signaled() {
 			ev.Signal = int(ws.Signal())

@@ -25,6 +25,13 @@ type launch func(stream uintptr) (string, Result)
 // event behind them and returns a handle per launch. A refused or failed
 // launch fails the communicator, as every rank must make the same calls.
 func (c *Comm) issue(ctx context.Context, ls []launch) []comm.Handle {
+	return c.issueAs(ctx, ls, len(ls) > 1)
+}
+
+// issueAs is issue with the grouping chosen by the caller: device copies
+// (CopyDevice) are never put in an NCCL group, which would defer the NCCL
+// calls to ncclGroupEnd while the copies went on the stream at once.
+func (c *Comm) issueAs(ctx context.Context, ls []launch, group bool) []comm.Handle {
 	hs := make([]comm.Handle, len(ls))
 	fill := func(err error) []comm.Handle {
 		for i := range hs {
@@ -49,7 +56,7 @@ func (c *Comm) issue(ctx context.Context, ls []launch) []comm.Handle {
 		}
 		return fill(err)
 	}
-	ref, err := c.launchLocked(ctx, ls)
+	ref, err := c.launchLocked(ctx, ls, group)
 	c.issueMu.Unlock()
 	if err != nil {
 		c.fail(err)
@@ -65,7 +72,7 @@ func (c *Comm) issue(ctx context.Context, ls []launch) []comm.Handle {
 // thread for the whole sequence, because NCCL's group state and CUDA's
 // current context are both per thread, and a goroutine could otherwise move
 // between ncclGroupStart and ncclGroupEnd.
-func (c *Comm) launchLocked(ctx context.Context, ls []launch) (*doneRef, error) {
+func (c *Comm) launchLocked(ctx context.Context, ls []launch, group bool) (*doneRef, error) {
 	unbind, err := c.dev.bind()
 	if err != nil {
 		return nil, err
@@ -80,7 +87,6 @@ func (c *Comm) launchLocked(ctx context.Context, ls []launch) (*doneRef, error) 
 	if err := c.lib.check("cuStreamWaitEvent", call(cu.streamWaitEvent, uintptr(c.stream), uintptr(c.readyEv), 0)); err != nil {
 		return nil, err
 	}
-	group := len(ls) > 1
 	if group {
 		if r := Result(call(c.lib.nc.groupStart)); r != Success {
 			return nil, c.lib.ncclErr("ncclGroupStart", r, c.nc, c.me)

@@ -49,6 +49,13 @@
 // several calls between ncclGroupStart and ncclGroupEnd; they share one done
 // event.
 //
+// Comm is an overlap.DeviceComm: an overlap executor over it keeps fused
+// bucket buffers in device memory (AllocDevice, freed by FreeDevice after
+// the stream's queued work), packs and scatters with cuMemcpyDtoDAsync and
+// cuMemsetD8Async queued on the communicator's stream behind the compute
+// stream (CopyDevice, never inside an NCCL group), and turns each wait into
+// the compute stream waiting for the scatter's done event (WaitOnDevice).
+//
 // # Failure
 //
 // A communicator fails as a whole, as comm's does: a member lost in the

@@ -2,6 +2,7 @@ package nccl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/gorun-hpc/gorun/buckets"
@@ -42,6 +43,29 @@ func (g *Group) ReduceScatter(send, recv comm.Buffer, op comm.Op) {
 
 // Broadcast adds a broadcast.
 func (g *Group) Broadcast(send, recv comm.Buffer, root int) { g.add(g.c.broadcast(send, recv, root)) }
+
+// AllToAll adds an all-to-all (see Comm.AllToAll); its sends and receives
+// join the group. In place it is refused: its input is staged on the
+// stream when the call is launched, before the group's kernels run, and a
+// second in-place exchange in the same group would overwrite the staging
+// the first one has yet to send from.
+func (g *Group) AllToAll(send, recv comm.Buffer) {
+	if send == nil || recv == nil || send.Len() != recv.Len() || send.Len()%g.c.n != 0 {
+		g.add(nil, fmt.Errorf("AllToAll: send and recv must have equal lengths, a multiple of %d ranks", g.c.n))
+		return
+	}
+	if sb, ok := send.(*DeviceBuffer); ok {
+		if rb, ok := recv.(*DeviceBuffer); ok && sb.ptr < rb.ptr+uintptr(rb.n*rb.dt.Size()) && rb.ptr < sb.ptr+uintptr(sb.n*sb.dt.Size()) {
+			g.add(nil, errors.New("AllToAll: in place inside a group (issue it on its own)"))
+			return
+		}
+	}
+	counts := make([]int, g.c.n)
+	for p := range counts {
+		counts[p] = send.Len() / g.c.n
+	}
+	g.add(g.c.allToAllV(send, counts, recv, counts))
+}
 
 // Send adds a send to peer, which may be this rank (paired with a Recv
 // from it in the same group).
@@ -92,6 +116,8 @@ func (GroupBackend) IssueGroup(ctx context.Context, cm overlap.Comm, set []overl
 			g.ReduceScatter(call.Send, call.Recv, call.Reduce)
 		case buckets.Broadcast:
 			g.Broadcast(call.Send, call.Recv, 0)
+		case buckets.AllToAll:
+			g.AllToAll(call.Send, call.Recv)
 		default:
 			g.add(nil, fmt.Errorf("bucket %q: op %q", call.Bucket, call.Op))
 		}

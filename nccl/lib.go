@@ -97,6 +97,7 @@ type cudaFuncs struct {
 	init, driverGetVersion, deviceGetCount, deviceGet, deviceGetName     uintptr
 	primaryCtxRetain, primaryCtxRelease, ctxSetCurrent, getErrorName     uintptr
 	memAlloc, memFree, memcpyHtoD, memcpyDtoH, memsetD8, memcpyDtoDAsync uintptr
+	memsetD8Async                                                        uintptr
 	streamCreate, streamDestroy, streamSynchronize, streamWaitEvent      uintptr
 	eventCreate, eventDestroy, eventRecord, eventQuery, eventSynchronize uintptr
 	moduleLoadData, moduleGetFunction, launchKernel                      uintptr
@@ -199,7 +200,7 @@ func (l *Library) loadCUDA() error {
 		{"cuCtxSetCurrent", &c.ctxSetCurrent}, {"cuGetErrorName", &c.getErrorName},
 		{"cuMemAlloc_v2", &c.memAlloc}, {"cuMemFree_v2", &c.memFree}, {"cuMemcpyHtoD_v2", &c.memcpyHtoD},
 		{"cuMemcpyDtoH_v2", &c.memcpyDtoH}, {"cuMemsetD8_v2", &c.memsetD8},
-		{"cuMemcpyDtoDAsync_v2", &c.memcpyDtoDAsync},
+		{"cuMemcpyDtoDAsync_v2", &c.memcpyDtoDAsync}, {"cuMemsetD8Async", &c.memsetD8Async},
 		{"cuStreamCreate", &c.streamCreate}, {"cuStreamDestroy_v2", &c.streamDestroy},
 		{"cuStreamSynchronize", &c.streamSynchronize}, {"cuStreamWaitEvent", &c.streamWaitEvent},
 		{"cuEventCreate", &c.eventCreate}, {"cuEventDestroy_v2", &c.eventDestroy}, {"cuEventRecord", &c.eventRecord},

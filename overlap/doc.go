@@ -81,6 +81,17 @@
 // Config.MaxInFlightBytes) and measures the collective outputs held
 // (StepMetrics.PeakBytes).
 //
+// Device groups: when a group's communicator is a DeviceComm (nccl.Comm),
+// its tensors are device buffers and so are its fused buffers, taken from a
+// per-group pool and freed at Close. Packs and scatters are copies queued
+// on the communicator's stream (the layouts above, applied by the same
+// code as on the host), ordered after the kernels queued on the compute
+// stream; a Wait queues the scatter and makes the compute stream wait for
+// it on the device, so the CPU does not block (Serial still does, as its
+// baseline). The plan check reads its result only once it has arrived:
+// at the first wait that finds it complete, else at Finish. Builtins
+// (split, concat, sum) run on host tensors only.
+//
 // What it leaves to others: what is bucketed (buckets, stepgraph), moving
 // bytes (comm, nccl), the model's compute (the caller's callbacks). The
 // Executor is not safe for concurrent use: one goroutine drives a step, as

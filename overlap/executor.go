@@ -54,10 +54,11 @@ type Executor struct {
 	compute  time.Duration
 	mem      *fusedMem
 
-	ctx    context.Context // the watchers' context, cancelled by Close
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	once   sync.Once
+	ctx      context.Context // the watchers' context, cancelled by Close
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	once     sync.Once
+	closeErr error
 }
 
 // group is one process group's buckets and its completion watcher.
@@ -69,6 +70,15 @@ type group struct {
 	hashSend, hashRecv []int64
 	hashH              Handle
 	hashChecked        bool
+
+	// On a device group (the communicator is a DeviceComm) the fused
+	// buffers come from pool, the hash travels through hashDev, and last
+	// is the latest call or copy the executor queued on the
+	// communicator's stream.
+	dev     DeviceComm
+	pool    *devPool
+	hashDev [2]comm.Buffer // send, recv
+	last    Handle
 
 	// watch carries the group's issued buckets to its watcher, in issue
 	// order. It has a slot for every bucket of the group, and a bucket is
@@ -92,6 +102,8 @@ type bucket struct {
 	// a bucket of one member runs on the member's own buffers and never
 	// has them. A View pins them for the executor's life.
 	send, recv       []byte
+	dsend, drecv     fusedDev      // a device group's fused buffers (buf nil: none)
+	views            []comm.Buffer // View's slots on a device group, per member
 	sendLen, recvLen int64
 	inPlace, pinned  bool
 	mem              *fusedMem
@@ -142,15 +154,26 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 	for _, gp := range plan.Groups {
 		cm, ok := comms[gp.Group]
 		if !ok || cm == nil {
+			ex.closeDevices()
 			return nil, fmt.Errorf("%w: no communicator for group %q", ErrPlan, gp.Group)
 		}
 		if rank < 0 {
 			rank = cm.Rank()
 		}
 		g := &group{name: gp.Group, cm: cm, hashSend: make([]int64, 1), hashRecv: make([]int64, cm.Size())}
+		// Listed before its buckets are made, so that closeDevices frees
+		// its device memory should a later bucket or group be refused.
+		ex.groups = append(ex.groups, g)
+		if dc, ok := cm.(DeviceComm); ok {
+			if err := g.openDevice(dc); err != nil {
+				ex.closeDevices()
+				return nil, err
+			}
+		}
 		for i, pb := range gp.Buckets {
 			b, err := newBucket(pb, g, i)
 			if err != nil {
+				ex.closeDevices()
 				return nil, err
 			}
 			b.mem = ex.mem
@@ -161,7 +184,6 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 			}
 			ex.byRegion[pb.Region] = append(ex.byRegion[pb.Region], b)
 		}
-		ex.groups = append(ex.groups, g)
 		ex.byGroup[g.name] = g
 	}
 	ex.log = cfg.Logger.With().Int("rank", rank).Logger()
@@ -220,21 +242,58 @@ func (m *fusedMem) put(b []byte) {
 	m.free = append(m.free, b)
 }
 
-// ensure gives b its fused buffers if it has none.
-func (b *bucket) ensure() {
+// ensure gives b its fused buffers if it has none: host bytes, or device
+// memory from the group's pool on a device group.
+func (b *bucket) ensure() error {
+	if p := b.g.pool; p != nil {
+		if b.dsend.buf != nil {
+			return nil
+		}
+		var err error
+		if b.dsend, err = p.get(b.mem, b.dt, b.sendLen); err != nil {
+			return fmt.Errorf("overlap: bucket %q: fused buffer: %w", b.b.Name, err)
+		}
+		b.drecv = b.dsend
+		if !b.inPlace {
+			if b.drecv, err = p.get(b.mem, b.dt, b.recvLen); err != nil {
+				p.put(b.mem, b.dsend)
+				b.dsend = fusedDev{}
+				return fmt.Errorf("overlap: bucket %q: fused buffer: %w", b.b.Name, err)
+			}
+		}
+		return nil
+	}
 	if b.send != nil {
-		return
+		return nil
 	}
 	b.send = b.mem.get(b.sendLen)
 	b.recv = b.send
 	if !b.inPlace {
 		b.recv = b.mem.get(b.recvLen)
 	}
+	return nil
 }
 
-// drop hands b's fused buffers back for other buckets to use.
+// drop hands b's fused buffers back for other buckets to use. On a device
+// group the scatter queued before it may still read them; the next user
+// is a bucket of the same group, whose pack queues behind that scatter on
+// the same stream.
 func (b *bucket) drop() {
-	if b.send == nil || b.pinned {
+	if b.pinned {
+		return
+	}
+	if p := b.g.pool; p != nil {
+		if b.dsend.buf == nil {
+			return
+		}
+		p.put(b.mem, b.dsend)
+		if !b.inPlace {
+			p.put(b.mem, b.drecv)
+		}
+		b.dsend, b.drecv = fusedDev{}, fusedDev{}
+		return
+	}
+	if b.send == nil {
 		return
 	}
 	b.mem.put(b.send)
@@ -332,10 +391,13 @@ func (ex *Executor) watcher(g *group) {
 // executor then uses that instead of the time its watcher woke up.
 type CompletionTimer interface{ CompletedAt() time.Time }
 
-// Close stops the watchers. Call it from the driving goroutine between
-// steps (a step in flight still hands buckets to them), also after a failed
-// one. It does not wait for collectives still in flight (their
-// communicator's Close or Abort does). Idempotent.
+// Close stops the watchers and frees the device groups' fused buffers.
+// Call it from the driving goroutine between steps (a step in flight still
+// hands buckets to them), also after a failed one, and before closing a
+// device group's communicator (the buffers are freed once its stream has
+// run what was queued on them). It does not wait for host collectives
+// still in flight (their communicator's Close or Abort does). Idempotent;
+// it returns what freeing device memory reported.
 func (ex *Executor) Close() error {
 	ex.once.Do(func() {
 		ex.cancel()
@@ -343,8 +405,9 @@ func (ex *Executor) Close() error {
 			close(g.watch)
 		}
 		ex.wg.Wait()
+		ex.closeErr = ex.closeDevices()
 	})
-	return nil
+	return ex.closeErr
 }
 
 // Begin starts step s. The previous step must have finished.
@@ -441,7 +504,7 @@ func (ex *Executor) Ready(ctx context.Context, tensor string, in, out comm.Buffe
 	// Pack now, not when the bucket starts: each member's copy is paid as
 	// it arrives, between the program's computations, instead of all at
 	// once delaying the collective when the last member arrives.
-	if err := b.pack(mi, in, out); err != nil {
+	if err := b.pack(ctx, mi, in, out); err != nil {
 		return err
 	}
 	b.have[mi], b.ins[mi], b.outs[mi] = true, in, out
@@ -463,7 +526,9 @@ func (ex *Executor) startAll(ctx context.Context, sts []buckets.Startable) error
 	for _, st := range sts {
 		b := ex.byGroup[st.Group].buckets[st.Index]
 		if len(st.Absent) > 0 {
-			ex.zeroAbsent(b)
+			if err := ex.zeroAbsent(ctx, b); err != nil {
+				return err
+			}
 		}
 		if err := ex.start(ctx, b); err != nil {
 			return err
@@ -484,13 +549,11 @@ func flushAll(p *buckets.Plan) *buckets.Plan {
 	return q
 }
 
-// pack copies member mi's input into the fused send buffer.
-func (b *bucket) pack(mi int, in, out comm.Buffer) error {
+// pack copies member mi's input into the fused send buffer (on a device
+// group, a copy queued on the communicator's stream behind the compute
+// stream's work, so it reads what the kernels wrote).
+func (b *bucket) pack(ctx context.Context, mi int, in, out comm.Buffer) error {
 	m := b.b.Members[mi]
-	src, err := hostOf(in, b.dt, m.Bytes, b.b.Name, m.Tensor, "input")
-	if err != nil {
-		return err
-	}
 	want := m.Bytes
 	switch b.b.Op {
 	case buckets.AllGather:
@@ -498,31 +561,54 @@ func (b *bucket) pack(mi int, in, out comm.Buffer) error {
 	case buckets.ReduceScatter:
 		want = m.Bytes / b.n
 	}
+	if dc := b.g.dev; dc != nil {
+		if err := deviceOf(in, b.dt, m.Bytes, b.b.Name, m.Tensor, "input"); err != nil {
+			return err
+		}
+		if err := deviceOf(out, b.dt, want, b.b.Name, m.Out, "output"); err != nil {
+			return err
+		}
+		if len(b.b.Members) == 1 || (b.views != nil && in == b.views[mi]) {
+			return nil // runs directly on in and out, or written into View
+		}
+		if err := b.ensure(); err != nil {
+			return err
+		}
+		segs := devSegs(b.packSegs(mi), b.dsend.buf, in, true)
+		b.mem.copied += segBytes(segs)
+		h := dc.CopyDevice(ctx, segs)
+		b.g.last = h
+		if h.Done() {
+			// A refused copy (the communicator failed) is done at once:
+			// say so here rather than at the wait. A copy that merely
+			// ran already returns nil.
+			return h.Wait(ctx)
+		}
+		return nil
+	}
+	src, err := hostOf(in, b.dt, m.Bytes, b.b.Name, m.Tensor, "input")
+	if err != nil {
+		return err
+	}
 	if _, err := hostOf(out, b.dt, want, b.b.Name, m.Out, "output"); err != nil {
 		return err
 	}
 	if len(b.b.Members) == 1 {
 		return nil // runs directly on in and out (see bucket.direct)
 	}
-	b.ensure()
-	if b.b.Op == buckets.ReduceScatter || b.b.Op == buckets.AllToAll {
-		// Rank-major: block p gets the member's p-th slice at Offset/n
-		// (for all_to_all, block p is what goes to rank p).
-		blk, sl, off := b.b.Bytes/b.n, m.Bytes/b.n, m.Offset/b.n
-		for p := int64(0); p < b.n; p++ {
-			copy(b.send[p*blk+off:p*blk+off+sl], src[p*sl:(p+1)*sl])
-		}
-		b.mem.copied += m.Bytes
-		return nil
+	if err := b.ensure(); err != nil {
+		return err
 	}
 	// Pointer identity, not a flag: a program may hand View's slot for
 	// some tensors and its own buffers for others, and only the first
 	// element's address tells which it did this time.
-	if m.Bytes > 0 && &src[0] == &b.send[m.Offset] {
+	if m.Bytes > 0 && b.b.Op != buckets.ReduceScatter && b.b.Op != buckets.AllToAll && &src[0] == &b.send[m.Offset] {
 		return nil // the caller wrote into View: nothing to pack
 	}
-	copy(b.send[m.Offset:m.Offset+m.Bytes], src)
-	b.mem.copied += m.Bytes
+	for _, s := range b.packSegs(mi) {
+		copy(b.send[s.fused:s.fused+s.n], src[s.member:s.member+s.n])
+		b.mem.copied += s.n
+	}
 	return nil
 }
 
@@ -541,22 +627,36 @@ func (ex *Executor) View(tensor string) (comm.Buffer, error) {
 	if b.b.Op != buckets.AllReduce && b.b.Op != buckets.Broadcast {
 		return nil, fmt.Errorf("%w: View(%q): bucket %q is %s, whose slots are not contiguous", ErrUsage, tensor, b.b.Name, b.b.Op)
 	}
-	for _, m := range b.b.Members {
-		if m.Tensor == tensor {
-			b.ensure()
-			b.pinned = true // the program writes here every step
-			return comm.Bytes(b.dt, b.send[m.Offset:m.Offset+m.Bytes:m.Offset+m.Bytes])
+	for i, m := range b.b.Members {
+		if m.Tensor != tensor {
+			continue
 		}
+		if err := b.ensure(); err != nil {
+			return nil, err
+		}
+		b.pinned = true // the program writes here every step
+		if dc := b.g.dev; dc != nil {
+			if b.views == nil {
+				b.views = make([]comm.Buffer, len(b.b.Members))
+			}
+			if b.views[i] == nil {
+				v, err := dc.ViewDevice(b.dsend.buf, b.dt, m.Offset, m.Bytes)
+				if err != nil {
+					return nil, err
+				}
+				b.views[i] = v
+			}
+			// pack and unpack know the slot by this very buffer
+			return b.views[i], nil
+		}
+		return comm.Bytes(b.dt, b.send[m.Offset:m.Offset+m.Bytes:m.Offset+m.Bytes])
 	}
 	return nil, fmt.Errorf("%w: View(%q): not found", ErrUsage, tensor)
 }
 
-// unpack scatters member mi's result to its output, undoing pack's layout:
-// an all-gather's result holds every rank's whole bucket one after the
-// other, so a member's output is its slice of each; a reduce-scatter's
-// holds this rank's block only, where each member has its n-th share at
-// Offset/n; an all-to-all's block p came from rank p in the rank-major
-// layout pack made; an all-reduce's result is the bucket itself.
+// unpack scatters member mi's result to its output, undoing pack's layout
+// (unpackSegs). Host groups only: a device group queues the same copies on
+// its stream (waitBucket).
 func (b *bucket) unpack(mi int) {
 	if !b.have[mi] {
 		return // flushed without it: nobody asked for the result
@@ -566,30 +666,13 @@ func (b *bucket) unpack(mi int) {
 	}
 	m := b.b.Members[mi]
 	dst, _ := b.outs[mi].Host()
-	switch b.b.Op {
-	case buckets.AllGather:
-		for p := int64(0); p < b.n; p++ {
-			copy(dst[p*m.Bytes:(p+1)*m.Bytes], b.recv[p*b.b.Bytes+m.Offset:p*b.b.Bytes+m.Offset+m.Bytes])
-		}
-		b.mem.copied += m.Bytes * b.n
-	case buckets.ReduceScatter:
-		off, sl := m.Offset/b.n, m.Bytes/b.n
-		copy(dst[:sl], b.recv[off:off+sl])
-		b.mem.copied += sl
-	case buckets.AllToAll:
-		// Block p came from rank p, in the layout it was packed in: the
-		// member's slice from rank p is its p-th output slice.
-		blk, sl, off := b.b.Bytes/b.n, m.Bytes/b.n, m.Offset/b.n
-		for p := int64(0); p < b.n; p++ {
-			copy(dst[p*sl:(p+1)*sl], b.recv[p*blk+off:p*blk+off+sl])
-		}
-		b.mem.copied += m.Bytes
-	default:
-		if m.Bytes > 0 && &dst[0] == &b.recv[m.Offset] {
-			return // a View: the result is already there
-		}
-		copy(dst[:m.Bytes], b.recv[m.Offset:m.Offset+m.Bytes])
-		b.mem.copied += m.Bytes
+	if b.b.Op != buckets.AllGather && b.b.Op != buckets.ReduceScatter && b.b.Op != buckets.AllToAll &&
+		m.Bytes > 0 && &dst[0] == &b.recv[m.Offset] {
+		return // a View: the result is already there
+	}
+	for _, s := range b.unpackSegs(mi) {
+		copy(dst[s.member:s.member+s.n], b.recv[s.fused:s.fused+s.n])
+		b.mem.copied += s.n
 	}
 }
 
@@ -619,7 +702,18 @@ func (ex *Executor) start(ctx context.Context, b *bucket) error {
 	g := b.g
 	if ex.cfg.CheckPlan && g.hashH == nil {
 		g.hashSend[0] = int64(stepHash(ex.hash, ex.step))
-		g.hashH = g.cm.AllGather(ctx, comm.Int64s(g.hashSend), comm.Int64s(g.hashRecv))
+		var send, recv comm.Buffer = comm.Int64s(g.hashSend), comm.Int64s(g.hashRecv)
+		if g.dev != nil {
+			// The previous step's exchange has completed (Finish waited
+			// for it), so a synchronous upload cannot race it.
+			h, _ := send.Host()
+			if err := g.dev.UploadDevice(g.hashDev[0], h); err != nil {
+				return fmt.Errorf("overlap: step %d: plan check on group %s: %w", ex.step, g.name, err)
+			}
+			send, recv = g.hashDev[0], g.hashDev[1]
+		}
+		g.hashH = g.cm.AllGather(ctx, send, recv)
+		g.last = g.hashH
 	}
 	b.started = true
 	// A fresh channel each step: the watcher closes it once, and Finish
@@ -633,8 +727,13 @@ func (ex *Executor) start(ctx context.Context, b *bucket) error {
 		ex.pendingG = append(ex.pendingG, b)
 		return nil
 	}
+	c, err := ex.call(b)
+	if err != nil {
+		return err
+	}
 	b.issued = ex.cfg.Clock.Now()
-	b.h = ex.call(b).Issue(ctx, g.cm)
+	b.h = c.Issue(ctx, g.cm)
+	g.last = b.h
 	ex.issued(b)
 	if ex.cfg.Mode == Serial {
 		return ex.waitBucket(ctx, b)
@@ -647,20 +746,39 @@ func (ex *Executor) start(ctx context.Context, b *bucket) error {
 // one-member bucket flushed without its member (have[0] false) takes the
 // fused path, whose zeroed buffer stands in for the tensor the program
 // never handed in.
-func (ex *Executor) call(b *bucket) Call {
+func (ex *Executor) call(b *bucket) (Call, error) {
+	c := Call{Bucket: b.b.Name, Op: b.b.Op, Reduce: comm.Sum}
+	m := b.b.Members[0]
+	if dc := b.g.dev; dc != nil {
+		if len(b.b.Members) == 1 && b.have[0] {
+			b.direct = true
+			var err error
+			if c.Send, err = dc.ViewDevice(b.ins[0], b.dt, 0, m.Bytes); err != nil {
+				return c, err
+			}
+			c.Recv, err = dc.ViewDevice(b.outs[0], b.dt, 0, b.recvLen)
+			return c, err
+		}
+		if err := b.ensure(); err != nil {
+			return c, err
+		}
+		c.Send, c.Recv = b.dsend.buf, b.drecv.buf
+		return c, nil
+	}
 	if len(b.b.Members) == 1 && b.have[0] {
 		b.direct = true
-		m := b.b.Members[0]
 		in, _ := b.ins[0].Host()
 		out, _ := b.outs[0].Host()
-		send, _ := comm.Bytes(b.dt, in[:m.Bytes])
-		recv, _ := comm.Bytes(b.dt, out[:b.recvLen])
-		return Call{Bucket: b.b.Name, Op: b.b.Op, Reduce: comm.Sum, Send: send, Recv: recv}
+		c.Send, _ = comm.Bytes(b.dt, in[:m.Bytes])
+		c.Recv, _ = comm.Bytes(b.dt, out[:b.recvLen])
+		return c, nil
 	}
-	b.ensure()
-	send, _ := comm.Bytes(b.dt, b.send)
-	recv, _ := comm.Bytes(b.dt, b.recv)
-	return Call{Bucket: b.b.Name, Op: b.b.Op, Reduce: comm.Sum, Send: send, Recv: recv}
+	if err := b.ensure(); err != nil {
+		return c, err
+	}
+	c.Send, _ = comm.Bytes(b.dt, b.send)
+	c.Recv, _ = comm.Bytes(b.dt, b.recv)
+	return c, nil
 }
 
 // issued hands b to its group's watcher, which records its completion:
@@ -683,7 +801,11 @@ func (ex *Executor) flushGroup(ctx context.Context) error {
 		var bs []*bucket
 		for _, b := range ex.pendingG {
 			if b.g == g {
-				set = append(set, ex.call(b))
+				c, err := ex.call(b)
+				if err != nil {
+					return err
+				}
+				set = append(set, c)
 				bs = append(bs, b)
 			}
 		}
@@ -697,6 +819,7 @@ func (ex *Executor) flushGroup(ctx context.Context) error {
 		}
 		for i, b := range bs {
 			b.issued, b.h = now, hs[i]
+			g.last = b.h
 			ex.issued(b)
 		}
 	}
@@ -721,12 +844,26 @@ func stepHash(plan uint64, step int) uint64 {
 // whatever the buckets do, even when mismatched plans made the buckets'
 // sizes disagree. The error names every rank whose hash differs from
 // this rank's, which is what an operator needs to find the odd one out.
-func (ex *Executor) checkHash(ctx context.Context, g *group) error {
+//
+// On a device group a wait must not block the CPU, so the check runs there
+// only when the exchange has already completed, and otherwise at Finish
+// (final): a mismatch is then reported at the end of the step, before its
+// results are handed on, instead of before the first wait.
+func (ex *Executor) checkHash(ctx context.Context, g *group, final bool) error {
 	if g.hashH == nil || g.hashChecked {
+		return nil
+	}
+	if g.dev != nil && !final && !g.hashH.Done() {
 		return nil
 	}
 	if err := g.hashH.Wait(ctx); err != nil {
 		return fmt.Errorf("overlap: step %d: plan check on group %s: %w", ex.step, g.name, err)
+	}
+	if g.dev != nil {
+		h, _ := comm.Int64s(g.hashRecv).Host()
+		if err := g.dev.DownloadDevice(h, g.hashDev[1]); err != nil {
+			return fmt.Errorf("overlap: step %d: plan check on group %s: %w", ex.step, g.name, err)
+		}
 	}
 	g.hashChecked = true
 	me := g.cm.Rank()
@@ -795,8 +932,11 @@ func (ex *Executor) waitBucket(ctx context.Context, b *bucket) error {
 	if b.waited {
 		return nil
 	}
+	if b.g.dev != nil {
+		return ex.waitDevice(ctx, b)
+	}
 	t0 := ex.cfg.Clock.Now()
-	herr := ex.checkHash(ctx, b.g)
+	herr := ex.checkHash(ctx, b.g, false)
 	var err error
 	if herr == nil {
 		err = b.h.Wait(ctx)
@@ -814,6 +954,51 @@ func (ex *Executor) waitBucket(ctx context.Context, b *bucket) error {
 	}
 	for i := range b.b.Members {
 		b.unpack(i)
+	}
+	b.drop()
+	b.waited, b.waitedAt = true, t1
+	return nil
+}
+
+// waitDevice is waitBucket on a device group: the scatter is queued on the
+// communicator's stream behind the collective, and the compute stream is
+// made to wait for it there (the wait → compute edge on a GPU), so the CPU
+// goes on queuing kernels. Exposed time is then only the CPU's (queuing);
+// what the device waited is not seen here. Serial mode also blocks the CPU
+// until the scatter is done: its no-overlap baseline.
+func (ex *Executor) waitDevice(ctx context.Context, b *bucket) error {
+	g := b.g
+	t0 := ex.cfg.Clock.Now()
+	err := ex.checkHash(ctx, g, ex.cfg.Mode == Serial)
+	if err != nil {
+		return err
+	}
+	h := b.h
+	if !b.direct {
+		var segs []Segment
+		for i := range b.b.Members {
+			if !b.have[i] || (b.views != nil && b.outs[i] == b.views[i]) {
+				continue // flushed (nobody wants it), or a View (already there)
+			}
+			segs = append(segs, devSegs(b.unpackSegs(i), b.drecv.buf, b.outs[i], false)...)
+		}
+		if len(segs) > 0 {
+			b.mem.copied += segBytes(segs)
+			h = g.dev.CopyDevice(ctx, segs)
+			g.last = h
+		}
+	}
+	err = g.dev.WaitOnDevice(ctx, h)
+	if err == nil && ex.cfg.Mode == Serial {
+		err = h.Wait(ctx)
+	}
+	t1 := ex.cfg.Clock.Now()
+	ex.exposed += t1.Sub(t0)
+	if ex.tl != nil {
+		ex.tl.complete(tidCompute, "wait "+b.b.Name, "wait", t0, t1, map[string]any{"step": ex.step, "bucket": b.b.Name, "device": true})
+	}
+	if err != nil {
+		return fmt.Errorf("overlap: step %d: bucket %q on group %s: %w", ex.step, b.b.Name, g.name, err)
 	}
 	b.drop()
 	b.waited, b.waitedAt = true, t1
@@ -851,23 +1036,32 @@ func (b *bucket) full() bool {
 // a flushed bucket's collective still has every rank's full buffer (all
 // ranks must call it with the same size) and a sum over the missing slots
 // adds nothing. Their results are never scattered (unpack skips them).
-func (ex *Executor) zeroAbsent(b *bucket) {
-	b.ensure()
+func (ex *Executor) zeroAbsent(ctx context.Context, b *bucket) error {
+	if err := b.ensure(); err != nil {
+		return err
+	}
+	var zs []Segment
 	for i, m := range b.b.Members {
 		if b.have[i] {
 			continue
 		}
-		if b.b.Op == buckets.ReduceScatter || b.b.Op == buckets.AllToAll {
-			blk, sl, off := b.b.Bytes/b.n, m.Bytes/b.n, m.Offset/b.n
-			for p := int64(0); p < b.n; p++ {
-				clear(b.send[p*blk+off : p*blk+off+sl])
+		for _, s := range b.packSegs(i) {
+			if b.g.dev != nil {
+				zs = append(zs, Segment{Dst: b.dsend.buf, DstOff: s.fused, Bytes: s.n})
+			} else {
+				clear(b.send[s.fused : s.fused+s.n])
 			}
-		} else {
-			clear(b.send[m.Offset : m.Offset+m.Bytes])
 		}
 		ex.log.Debug().Int("step", ex.step).Str("bucket", b.b.Name).Str("tensor", m.Tensor).Msg("flushed without member")
 	}
 	b.partial = true
+	if len(zs) > 0 {
+		b.g.last = b.g.dev.CopyDevice(ctx, zs)
+		if b.g.last.Done() {
+			return b.g.last.Wait(ctx) // refused: the communicator failed
+		}
+	}
+	return nil
 }
 
 // Finish ends the step: every bucket must have started (or be flushed, see
@@ -925,6 +1119,15 @@ func (ex *Executor) finish(ctx context.Context) (StepMetrics, error) {
 				}
 			} else if incomplete == nil {
 				incomplete = ex.incomplete(b, "Finish")
+			}
+		}
+	}
+	// Device groups whose plan exchange had not completed by their first
+	// wait are checked now, before the step's results are handed on.
+	for _, g := range ex.groups {
+		if g.dev != nil {
+			if err := ex.checkHash(ctx, g, true); err != nil {
+				return StepMetrics{}, err
 			}
 		}
 	}

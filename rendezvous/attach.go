@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -87,7 +88,11 @@ const (
 	frameTable byte = 'T' // leader → rank: uvarint epoch, the world table (encodeTable)
 	frameGone  byte = 'G' // leader → rank: uvarint rank, byte left, byte cause
 	frameFatal byte = 'F' // leader → rank: byte kind ('C' conflict, 'F' formation), message
+	frameBeat  byte = 'P' // either way, every AttachBeat: the sender is alive (no body)
 )
+
+// beatFrame is a whole frameBeat as it goes on the wire.
+var beatFrame = []byte{0, 0, 0, 1, frameBeat}
 
 // maxFrame bounds a frame: a world table of thousands of members fits.
 const maxFrame = 16 << 20
@@ -185,7 +190,8 @@ func attachKey(c *Config) ([]byte, error) {
 // goodbye still in flight and turn a leave into a loss.
 type link struct {
 	conn net.Conn
-	rank int // the attached rank (on the leader side), or the leader's
+	rank int           // the attached rank (on the leader side), or the leader's
+	beat time.Duration // the writer's beat period (Config.AttachBeat)
 
 	mu     sync.Mutex
 	queue  [][]byte
@@ -194,8 +200,8 @@ type link struct {
 	done   chan struct{} // closed when the writer returns
 }
 
-func newLink(c net.Conn, rank int) *link {
-	return &link{conn: c, rank: rank, wake: make(chan struct{}, 1), done: make(chan struct{})}
+func newLink(c net.Conn, rank int, beat time.Duration) *link {
+	return &link{conn: c, rank: rank, beat: beat, wake: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 // enqueue queues a frame; false once the link is closed. Never blocks.
@@ -218,9 +224,19 @@ func (l *link) enqueue(typ byte, body []byte) bool {
 }
 
 // writer sends queued frames until the link is shut, then flushes what was
-// queued and shuts the connection's write side.
+// queued and shuts the connection's write side. Between frames it beats
+// every l.beat, so that the other end's lease (readLeased) holds as long as
+// this process runs: the beat comes from this goroutine, which a stopped
+// or wedged process cannot schedule, not from the kernel, which keeps a
+// stopped process's socket open and would say nothing.
 func (l *link) writer() {
 	defer close(l.done)
+	var beat <-chan time.Time
+	if l.beat > 0 {
+		t := time.NewTicker(l.beat)
+		defer t.Stop()
+		beat = t.C
+	}
 	for {
 		l.mu.Lock()
 		q, closed := l.queue, l.closed
@@ -241,9 +257,32 @@ func (l *link) writer() {
 			}
 			return
 		}
-		<-l.wake
+		select {
+		case <-l.wake:
+		case <-beat:
+			l.mu.Lock()
+			l.queue = append(l.queue, beatFrame)
+			l.mu.Unlock()
+		}
 	}
 }
+
+// readLeased reads the next frame, waiting at most lease for it: the
+// other end beats every AttachBeat, so a silence this long means it is
+// frozen (SIGSTOP, a debugger) or unresponsive, and isSilence(err) says
+// so. Beats are consumed here.
+func readLeased(c net.Conn, lease time.Duration) (byte, []byte, error) {
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(lease))
+		typ, body, err := readFrame(c)
+		if err != nil || typ != frameBeat {
+			return typ, body, err
+		}
+	}
+}
+
+// isSilence reports whether a read failed because the lease ran out.
+func isSilence(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
 
 // shut stops accepting frames; the writer flushes what is queued (within
 // timeout) and half-closes the connection.
@@ -321,7 +360,15 @@ const (
 	causeClosed                 // its attach stream closed without a goodbye
 	causeLeader                 // its host leader was lost
 	causeLeaderConn             // (attached rank's view of its own leader) the stream closed
+	causeSilent                 // its attach stream stayed silent past the lease: frozen or unresponsive
 )
+
+// ErrSilent is the Cause of a loss found by the attach stream's lease: the
+// other end sent nothing, not even its beat, for Config.AttachLease, while
+// its socket stayed open. A process stopped by SIGSTOP (or a debugger), or
+// one that cannot run at all, looks like this; a process that exits or is
+// killed closes its socket instead (ErrAttachClosed, ErrLeaderClosed).
+var ErrSilent = errors.New("frozen or unresponsive: silent past its lease on the host's attach stream (stopped, e.g. SIGSTOP, or unable to run)")
 
 // ErrAttachClosed is the Cause of an attached rank's loss seen by its host
 // leader: the rank's local stream closed without a goodbye, which the kernel
@@ -335,6 +382,8 @@ func (w *World) causeErrorLocked(cause byte, r int) error {
 		return ErrAttachClosed
 	case causeLeaderConn:
 		return ErrLeaderClosed
+	case causeSilent:
+		return ErrSilent
 	case causeLeader:
 		l := w.members[r].leader
 		return fmt.Errorf("its host leader, rank %d (host %s), was lost: %w", l, w.members[l].Host, ErrDeclaredDead)

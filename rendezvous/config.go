@@ -148,6 +148,17 @@ type Config struct {
 	// state sync (scaled up by memberlist beyond 32 members).
 	PushPullInterval time.Duration
 
+	// AttachBeat is how often each end of an attach stream (a host's
+	// rank and its leader, host leader mode) says it is alive when it has
+	// nothing else to send. AttachLease is how long a silent stream is
+	// trusted: past it the other end is declared lost as frozen or
+	// unresponsive (ErrSilent). A stopped process keeps its socket open,
+	// so without the lease a frozen rank or leader on a one-host job
+	// would never be noticed (no gossip member watches it). The lease is
+	// the freeze detection time; GORUN_RDZV_LEASE overrides it.
+	AttachBeat  time.Duration
+	AttachLease time.Duration
+
 	// Transport replaces memberlist's UDP/TCP transport; tests use the
 	// in-memory network of package rendezvoustest. When set, the transport
 	// decides the bind and advertise addresses and Seed must be an address
@@ -204,6 +215,12 @@ func DefaultConfig() Config {
 		// Anti-entropy is a backstop here (the seed pushes the full table
 		// at formation); every push-pull costs O(size) on both sides.
 		PushPullInterval: 30 * time.Second,
+		// 16 beats per lease: a rank starved of CPU for a few seconds
+		// (32 ranks and a CPU hog on two cores, notes/faults.md) is
+		// not taken for a frozen one, and a frozen one is named in
+		// about 4 s, well within issue 17's 10 s.
+		AttachBeat:  250 * time.Millisecond,
+		AttachLease: 4 * time.Second,
 	}
 }
 
@@ -265,6 +282,7 @@ func (c *Config) Validate() error {
 		{"ProbeInterval", c.ProbeInterval}, {"ProbeTimeout", c.ProbeTimeout},
 		{"GossipInterval", c.GossipInterval}, {"SuspicionTimeout", c.SuspicionTimeout},
 		{"TCPTimeout", c.TCPTimeout}, {"PushPullInterval", c.PushPullInterval},
+		{"AttachBeat", c.AttachBeat}, {"AttachLease", c.AttachLease},
 	} {
 		if d.v <= 0 {
 			return bad(d.name, "%v, must be positive", d.v)
@@ -277,6 +295,10 @@ func (c *Config) Validate() error {
 		// memberlist's probe round must fit the direct and the indirect
 		// probe in one interval.
 		return bad("ProbeTimeout", "%v not below ProbeInterval %v", c.ProbeTimeout, c.ProbeInterval)
+	}
+	if c.AttachLease < 2*c.AttachBeat {
+		// One late beat must not end a healthy rank.
+		return bad("AttachLease", "%v is less than two beats (AttachBeat %v)", c.AttachLease, c.AttachBeat)
 	}
 	if c.PushConcurrency < 1 || c.GossipNodes < 1 || c.RetransmitMult < 1 || c.IndirectChecks < 0 {
 		return bad("PushConcurrency/GossipNodes/RetransmitMult/IndirectChecks", "out of range")

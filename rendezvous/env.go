@@ -29,6 +29,10 @@ const (
 	// EnvRdzvFlat=1 sets Config.Flat: one gossip member per rank even
 	// when ranks share a host (for comparisons and as an escape hatch).
 	EnvRdzvFlat = "GORUN_RDZV_FLAT"
+	// EnvRdzvLease overrides Config.AttachLease (a Go duration): how long
+	// a host leader and its attached ranks wait for a sign of life
+	// before they declare the other frozen or unresponsive.
+	EnvRdzvLease = "GORUN_RDZV_LEASE"
 )
 
 // SLURM's variables for a direct srun launch.
@@ -221,6 +225,15 @@ func configFromEnv(look func(string) (string, bool)) (Config, error) {
 			return c, &ConfigError{Field: EnvRdzvTimeout, Problem: fmt.Sprintf("%q is not a positive duration", v)}
 		}
 		c.FormationTimeout = d
+	}
+	if v := get(EnvRdzvLease); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return c, &ConfigError{Field: EnvRdzvLease, Problem: fmt.Sprintf("%q is not a positive duration", v)}
+		}
+		c.AttachLease = d
+		// Keep 16 beats per lease, and a short lease usable.
+		c.AttachBeat = min(c.AttachBeat, d/16)
 	}
 	return c, c.Validate()
 }

@@ -155,7 +155,7 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 		return
 	}
 	m, err := decodeMeta(body)
-	l := newLink(c, m.Rank)
+	l := newLink(c, m.Rank, w.cfg.AttachBeat)
 	refuse := func(ce *ConflictError) {
 		w.log.Error().Err(ce).Msg("rendezvous: refusing attached rank")
 		_ = writeFrame(c, frameFatal, append([]byte{'C'}, ce.Error()...))
@@ -204,11 +204,18 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 	w.wg.Go(l.writer)
 
 	// Frames until the stream ends: a goodbye first makes the end a leave,
-	// anything else (EOF, an error) a loss.
-	bye := false
+	// anything else a loss: EOF or an error (the process exited or was
+	// killed), or silence past the lease (it is stopped or cannot run, and
+	// its socket stays open: only the missing beats tell).
+	bye, cause := false, causeClosed
 	for !bye {
-		typ, body, err := readFrame(c)
+		typ, body, err := readLeased(c, w.cfg.AttachLease)
 		if err != nil {
+			if isSilence(err) {
+				cause = causeSilent
+				w.log.Warn().Int("rank", m.Rank).Int("pid", m.PID).Dur("lease", w.cfg.AttachLease).
+					Msg("rendezvous: attached rank silent past its lease: declared lost (frozen or unresponsive)")
+			}
 			break
 		}
 		switch typ {
@@ -221,14 +228,14 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 			bye = true
 		}
 	}
-	w.attachedGone(m.Rank, bye)
+	w.attachedGone(m.Rank, bye, cause)
 	l.finish(w.cfg.TCPTimeout)
 }
 
-// attachedGone reports an attached rank whose stream closed: a leave when it
-// said goodbye, else a loss; to this leader's view, its other attached
-// ranks and every other leader.
-func (w *World) attachedGone(r int, left bool) {
+// attachedGone reports an attached rank whose stream ended: a leave when it
+// said goodbye, else a loss for cause (causeClosed or causeSilent); to this
+// leader's view, its other attached ranks and every other leader.
+func (w *World) attachedGone(r int, left bool, cause byte) {
 	w.mu.Lock()
 	delete(w.links, r)
 	if w.members[r].status != statusAlive {
@@ -243,7 +250,7 @@ func (w *World) attachedGone(r int, left bool) {
 		w.mu.Unlock()
 		return
 	}
-	w.goneLocked(r, left, causeClosed)
+	w.goneLocked(r, left, cause)
 	w.signalChangeLocked()
 	var nodes []memberlist.Node
 	if formed && w.ml != nil {
@@ -258,7 +265,7 @@ func (w *World) attachedGone(r int, left bool) {
 	if left {
 		lb = 1
 	}
-	msg = append(msg, lb, causeClosed)
+	msg = append(msg, lb, cause)
 	// Directly to every leader (one packet each, so the news is there at
 	// once), and through gossip as a backstop for a lost packet.
 	for _, n := range nodes {
@@ -538,7 +545,7 @@ func (w *World) joinAttached(ctx context.Context) error {
 				err = writeFrame(c, frameHello, encodeMeta(w.self))
 			}
 			if err == nil {
-				w.up = newLink(c, -1)
+				w.up = newLink(c, -1, w.cfg.AttachBeat)
 				break
 			}
 			_ = c.Close()
@@ -613,10 +620,14 @@ func (w *World) attachError(ctxErr, last error) error {
 // with the leader (leaderGoneLocked).
 func (w *World) readLeader() {
 	c := w.up.conn
-	bye := false
+	bye, silent := false, false
 	for {
-		typ, body, err := readFrame(c)
+		typ, body, err := readLeased(c, w.cfg.AttachLease)
 		if err != nil {
+			// Silence past the lease: the leader is stopped or cannot
+			// run, and its socket stays open; without the lease this
+			// rank would wait on it for ever.
+			silent = isSilence(err)
 			break
 		}
 		switch typ {
@@ -678,6 +689,10 @@ func (w *World) readLeader() {
 	if w.closed {
 		return
 	}
+	if silent {
+		w.log.Warn().Int("leader", w.members[w.cfg.Rank].leader).Dur("lease", w.cfg.AttachLease).
+			Msg("rendezvous: host leader silent past its lease: declared lost (frozen or unresponsive)")
+	}
 	if !w.formed {
 		w.setFatalLocked(&FormationError{
 			Joined: 1, WorldSize: w.cfg.WorldSize, Rank: w.cfg.Rank,
@@ -688,13 +703,14 @@ func (w *World) readLeader() {
 		})
 		return
 	}
-	w.leaderGoneLocked(bye)
+	w.leaderGoneLocked(bye, silent)
 }
 
 // leaderGoneLocked: an attached rank lost its leader, and with it every
 // other member: each group with another member fails (or, after the
-// leader's goodbye, ends as left) naming the leader.
-func (w *World) leaderGoneLocked(left bool) {
+// leader's goodbye, ends as left) naming the leader; silent says the
+// leader's stream stayed open but fell silent past the lease.
+func (w *World) leaderGoneLocked(left, silent bool) {
 	var L int = -1
 	for r := range w.members {
 		if w.members[r].leader == r && w.members[r].Host == w.cfg.Host && w.members[w.cfg.Rank].leader == r {
@@ -704,7 +720,11 @@ func (w *World) leaderGoneLocked(left bool) {
 	if L < 0 {
 		L = w.members[w.cfg.Rank].leader
 	}
-	w.goneLocked(L, left, causeLeaderConn)
+	cause, why := causeLeaderConn, ErrLeaderClosed
+	if silent {
+		cause, why = causeSilent, ErrSilent
+	}
+	w.goneLocked(L, left, cause)
 	lm := &w.members[L]
 	for _, g := range w.groups {
 		if len(g.ranks) < 2 {
@@ -716,7 +736,7 @@ func (w *World) leaderGoneLocked(left bool) {
 				close(g.left)
 			}
 		} else if g.err == nil {
-			g.err = &LostError{Rank: L, Host: lm.Host, Epoch: w.epoch, Cause: ErrLeaderClosed}
+			g.err = &LostError{Rank: L, Host: lm.Host, Epoch: w.epoch, Cause: why}
 			close(g.failed)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -81,3 +82,37 @@ func TestProcessesHierAttachedKilled(t *testing.T) {
 func TestProcessesHierLeaderKilled(t *testing.T) {
 	killHier(t, 6, 3, 3, "rendezvous: rank 3 (host host1) lost")
 }
+
+// freezeHier starts one host of n "wait" ranks (the issue 17 case: every
+// rank on one host, so no gossip member watches the others), SIGSTOPs
+// victim and checks that every survivor names it as frozen within the
+// attach lease (2 s here) plus a generous margin for a shared machine.
+func freezeHier(t *testing.T, n, victim int) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const lease = 2 * time.Second
+	seed := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	job := uniqueJob("hierfreeze")
+	procs := make([]*proc, n)
+	for r := range procs {
+		procs[r] = startRank(t, "wait", append(hierEnv(job, seed, r, n, n), EnvRdzvLease+"="+lease.String()))
+	}
+	want := fmt.Sprintf("rendezvous: rank %d (host host0) lost: frozen or unresponsive", victim)
+	worst := signalRank(t, procs, victim, syscall.SIGSTOP, want)
+	t.Logf("slowest report of SIGSTOPped rank %d: %v (lease %v)", victim, worst, lease)
+	if worst < lease/2 {
+		t.Errorf("a survivor named the frozen rank after %v, before half the %v lease: not the lease that found it", worst, lease)
+	}
+	if worst > 5*lease {
+		t.Errorf("slowest survivor named the frozen rank after %v, lease %v", worst, lease)
+	}
+}
+
+// SIGSTOP an attached rank: its socket stays open; its leader finds it
+// silent past the lease and every other rank names it.
+func TestProcessesHierAttachedFrozen(t *testing.T) { freezeHier(t, 4, 2) }
+
+// SIGSTOP the host leader of a one-host job: no gossip member is left to
+// notice, each attached rank finds it silent past the lease.
+func TestProcessesHierLeaderFrozen(t *testing.T) { freezeHier(t, 4, 0) }

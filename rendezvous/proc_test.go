@@ -271,17 +271,27 @@ func TestProcessKilledIsReported(t *testing.T) {
 // the slowest report's delay.
 func killRank(t *testing.T, procs []*proc, victim int, want string) time.Duration {
 	t.Helper()
+	return signalRank(t, procs, victim, syscall.SIGKILL, want)
+}
+
+// signalRank is killRank with any signal. A victim that sig does not end
+// (SIGSTOP: frozen) is SIGKILLed once every survivor has reported it.
+func signalRank(t *testing.T, procs []*proc, victim int, sig syscall.Signal, want string) time.Duration {
+	t.Helper()
 	for _, p := range procs {
 		p.waitLine(t, "ready")
 	}
 	killed := time.Now()
-	if err := procs[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	if err := procs[victim].cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
+	}
+	if sig != syscall.SIGKILL {
+		// Whatever happens below, the frozen rank does not outlive the test.
+		t.Cleanup(func() { _ = procs[victim].cmd.Process.Kill() })
 	}
 	var worst time.Duration
 	for r, p := range procs {
 		if r == victim {
-			p.wait(t)
 			continue
 		}
 		line := p.waitLine(t, "failed ")
@@ -298,6 +308,10 @@ func killRank(t *testing.T, procs []*proc, victim int, want string) time.Duratio
 			t.Errorf("rank %d exit %d, want 3", r, code)
 		}
 	}
+	if sig != syscall.SIGKILL {
+		_ = procs[victim].cmd.Process.Kill()
+	}
+	procs[victim].wait(t)
 	return worst
 }
 

@@ -22,6 +22,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -192,7 +193,11 @@ func runHelper(mode string) int {
 		fmt.Println(strings.Join(os.Args[1:], " "))
 		return 0
 	case "allreduce":
-		return allReduceLoop(rank)
+		return allReduceLoop(rank, 0)
+	case "allreduce-for":
+		// All-reduces for arg milliseconds, then a clean exit (0): a job
+		// of these fails only if the runtime loses a rank.
+		return allReduceLoop(rank, time.Duration(atoi(arg))*time.Millisecond)
 	case "restart-aware":
 		w := os.Getenv("GORUN_RESTART_COUNT")
 		// The secret's hash, not the secret: a test compares worlds.
@@ -202,7 +207,7 @@ func runHelper(mode string) int {
 			return 0
 		}
 		if arg == "allreduce" {
-			return allReduceLoop(rank)
+			return allReduceLoop(rank, 0)
 		}
 		fmt.Printf("ready %s %d\n", rank, os.Getpid())
 		select {}
@@ -226,8 +231,11 @@ func runHelper(mode string) int {
 	return 99
 }
 
-// allReduceLoop is the "allreduce" mode.
-func allReduceLoop(rankName string) int {
+// allReduceLoop is the "allreduce" mode: all-reduces until one fails (exit
+// 6), or, with a positive d, until d has passed (every rank then closes
+// after the same number of calls, agreed through a final all-reduce of the
+// count, and exits 0).
+func allReduceLoop(rankName string, d time.Duration) int {
 	ctx := context.Background()
 	r, err := grank.Init(ctx, grank.DefaultOptions())
 	if err != nil {
@@ -236,12 +244,32 @@ func allReduceLoop(rankName string) int {
 	}
 	cm := r.Comm()
 	buf := make([]float64, 1<<14)
+	end := time.Now().Add(d)
 	for i := 0; ; i++ {
 		if err = cm.AllReduce(ctx, comm.Float64s(buf), comm.Float64s(buf), comm.Sum).Wait(ctx); err != nil {
 			break
 		}
 		if i == 0 {
 			fmt.Printf("ready %s %d\n", rankName, os.Getpid())
+		}
+		if d > 0 && i%16 == 15 {
+			// Ranks decide together whether to stop, so that none
+			// leaves while the others still call.
+			stop := []float64{0}
+			if time.Now().After(end) {
+				stop[0] = 1
+			}
+			if err = cm.AllReduce(ctx, comm.Float64s(stop), comm.Float64s(stop), comm.Max).Wait(ctx); err != nil {
+				break
+			}
+			if stop[0] > 0 {
+				fmt.Printf("done %s %d calls\n", rankName, i+1)
+				if err = r.Close(); err != nil {
+					fmt.Fprintf(os.Stderr, "helper: rank %s: close: %v\n", rankName, err)
+					return 7
+				}
+				return 0
+			}
 		}
 	}
 	fmt.Fprintf(os.Stderr, "helper: rank %s: %v\n", rankName, err)
@@ -363,4 +391,31 @@ func WaitFor(deadline time.Duration, cond func() bool) bool {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// SyncBuffer is a bytes.Buffer that a command's output goroutines write
+// while the test reads it.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Len is how many bytes were written so far.
+func (s *SyncBuffer) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Len()
 }

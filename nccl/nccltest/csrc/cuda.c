@@ -225,17 +225,23 @@ CUresult cuCtxSetCurrent(void *ctx) {
 
 /* ---- memory ---- */
 
+static atomic_long live_allocs;  /* cuMemAlloc'd and not yet freed (standinLiveAllocs) */
+static atomic_int copy_delay_us; /* sleep before each async copy (standinSetCopyDelay) */
+
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 	NEED_CTX();
 	void *m = aligned_alloc(256, (n + 255) / 256 * 256 + 256);
 	if (!m)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	atomic_fetch_add(&live_allocs, 1);
 	*p = (CUdeviceptr)(uintptr_t)m;
 	return CUDA_SUCCESS;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
 	NEED_CTX();
+	if (p)
+		atomic_fetch_sub(&live_allocs, 1);
 	free((void *)(uintptr_t)p);
 	return CUDA_SUCCESS;
 }
@@ -261,9 +267,21 @@ struct dtod {
 	size_t n;
 };
 
+static void copy_pause(void) {
+	int us = atomic_load(&copy_delay_us);
+	if (us > 0) {
+		struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000};
+		nanosleep(&ts, NULL);
+	}
+}
+
 static void run_dtod(void *p) {
 	struct dtod *d = p;
-	memmove(d->dst, d->src, d->n);
+	copy_pause();
+	if (d->src)
+		memmove(d->dst, d->src, d->n);
+	else
+		memset(d->dst, 0, d->n);
 	free(d);
 }
 
@@ -272,6 +290,19 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *
 	struct dtod *d = malloc(sizeof *d);
 	d->dst = (void *)(uintptr_t)dst;
 	d->src = (const void *)(uintptr_t)src;
+	d->n = n;
+	standin_enqueue(standin_stream_of(stream), run_dtod, d);
+	return CUDA_SUCCESS;
+}
+
+/* Only the zero fill is modelled (what gorun queues). */
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, void *stream) {
+	NEED_CTX();
+	if (v != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct dtod *d = malloc(sizeof *d);
+	d->dst = (void *)(uintptr_t)dst;
+	d->src = NULL;
 	d->n = n;
 	standin_enqueue(standin_stream_of(stream), run_dtod, d);
 	return CUDA_SUCCESS;
@@ -507,5 +538,43 @@ CUresult standinDelayedFill(void *s, CUdeviceptr p, int v, size_t n, int usec) {
 	f->n = n;
 	f->usec = usec;
 	standin_enqueue(standin_stream_of(s), run_fill, f);
+	return CUDA_SUCCESS;
+}
+
+/* standinLiveAllocs is the number of cuMemAlloc_v2 allocations not yet
+ * freed: tests check that what gorun allocates it also frees. */
+long standinLiveAllocs(void) { return atomic_load(&live_allocs); }
+
+/* standinSetCopyDelay makes every asynchronous copy and fill
+ * (cuMemcpyDtoDAsync_v2, cuMemsetD8Async) sleep usec microseconds on its
+ * stream before it runs, so that a consumer not ordered after the copy on
+ * the device reads what was there before. */
+void standinSetCopyDelay(int usec) { atomic_store(&copy_delay_us, usec); }
+
+struct hcopy {
+	unsigned char *dst;
+	size_t n;
+	int usec;
+	unsigned char data[];
+};
+
+static void run_hcopy(void *arg) {
+	struct hcopy *h = arg;
+	struct timespec ts = {h->usec / 1000000, (long)(h->usec % 1000000) * 1000};
+	nanosleep(&ts, NULL);
+	memcpy(h->dst, h->data, h->n);
+	free(h);
+}
+
+/* standinDelayedWrite queues, on stream s, a "kernel" that sleeps usec
+ * microseconds and then writes the n bytes src held when it was queued to
+ * dst: a compute kernel's output, late, which a collective must wait for. */
+CUresult standinDelayedWrite(void *s, CUdeviceptr dst, const void *src, size_t n, int usec) {
+	struct hcopy *h = malloc(sizeof *h + n);
+	h->dst = (unsigned char *)(uintptr_t)dst;
+	h->n = n;
+	h->usec = usec;
+	memcpy(h->data, src, n);
+	standin_enqueue(standin_stream_of(s), run_hcopy, h);
 	return CUDA_SUCCESS;
 }
