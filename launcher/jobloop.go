@@ -51,7 +51,7 @@ type jobLoop struct {
 	log  zerolog.Logger
 	home rankHome
 	// flight, when set, merges the ranks' flight records after SIGUSR2
-	// (flight.go; local jobs only).
+	// and at --timeout (flight.go).
 	flight *flightRecords
 }
 
@@ -228,6 +228,34 @@ func (r *jobLoop) run(ctx context.Context) error {
 	var flightTimer <-chan time.Time   // SIGUSR2: when to merge the ranks' dumps
 	var timeoutFlight <-chan time.Time // --timeout: when to merge them and stop
 	var flightAsked time.Time
+	// A multi-host job collects the dumps from the host agents once the
+	// ranks had time to write them: collect ends when every agent
+	// answered or after flightWait, then prints (and, for --timeout,
+	// stops the job).
+	var collectC <-chan time.Time
+	collecting, collectWhy, collectStop, answered := false, "", false, 0
+	printFlight := func(why string, thenStop bool) {
+		printed := r.flight.print(why, flightAsked)
+		if thenStop {
+			r.flight.printed = printed
+			stop(stopTimeout, syscall.SIGTERM)
+		} else if !printed {
+			r.flight.stderr.write([]byte("gorun: SIGUSR2: no rank wrote flight records (no communicator open?)\n"))
+		}
+	}
+	flightDue := func(why string, thenStop bool) {
+		if !r.flight.isRemote() {
+			printFlight(why, thenStop)
+			return
+		}
+		r.home.command(supervisorCmd{Op: "flight"})
+		collecting, collectWhy, collectStop, answered = true, why, thenStop, 0
+		collectC = time.After(flightWait)
+	}
+	collected := func() {
+		collecting, collectC = false, nil
+		printFlight(collectWhy, collectStop)
+	}
 
 	for !done {
 		nfail := len(failures)
@@ -320,6 +348,13 @@ func (r *jobLoop) run(ctx context.Context) error {
 				stop(stopFailure, syscall.SIGTERM)
 				left--
 				done = left <= 0
+			case "flight":
+				if ev.Flight != nil {
+					r.flight.store(*ev.Flight)
+				}
+				if answered += btoi(ev.FlightEnd); collecting && answered >= r.home.supervisors() {
+					collected()
+				}
 			case "done":
 				if ev.Strays > 0 {
 					r.log.Warn().Int("strays", ev.Strays).Msg("ranks left processes running; they were stopped")
@@ -335,16 +370,24 @@ func (r *jobLoop) run(ctx context.Context) error {
 			// dump before signalReady returns, and print keeps only
 			// dumps written at or after flightAsked.
 			asked := time.Now()
-			if r.flight.signalReady() > 0 {
+			switch {
+			case r.flight.isRemote():
+				// Each agent signals its own ready ranks.
+				r.flight.ask()
+				r.home.command(supervisorCmd{Op: "flight-signal"})
 				flightAsked = asked
 				timeoutFlight = time.After(flightWait)
-			} else {
+			case r.flight.signalReady() > 0:
+				flightAsked = asked
+				timeoutFlight = time.After(flightWait)
+			default:
 				stop(stopTimeout, syscall.SIGTERM)
 			}
 		case <-timeoutFlight:
 			timeoutFlight = nil
-			r.flight.printed = r.flight.print("--timeout", flightAsked)
-			stop(stopTimeout, syscall.SIGTERM)
+			flightDue("--timeout", true)
+		case <-collectC:
+			collected() // an agent that did not answer in time is left out
 		case <-injC:
 			world.sent(injNext)
 			r.home.command(supervisorCmd{Op: "inject", Ranks: injNext.ranks, Signal: int(injNext.sig), For: injNext.cont, Fault: injNext.id,
@@ -377,8 +420,11 @@ func (r *jobLoop) run(ctx context.Context) error {
 			case 0:
 			default:
 				asked := time.Now() // before any rank can dump (see <-timeout)
+				if sig == syscall.SIGUSR2 && r.flight.active() {
+					r.flight.ask()
+				}
 				r.home.command(supervisorCmd{Op: "signal", Signal: int(sig)})
-				if sig == syscall.SIGUSR2 && r.flight.env() != "" {
+				if sig == syscall.SIGUSR2 && r.flight.active() {
 					// The ranks dump their flight records (comm); merge them
 					// once they have had time to.
 					flightAsked = asked
@@ -387,9 +433,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 			}
 		case <-flightTimer:
 			flightTimer = nil
-			if !r.flight.print("SIGUSR2", flightAsked) {
-				r.flight.stderr.write([]byte("gorun: SIGUSR2: no rank wrote flight records (no communicator open?)\n"))
-			}
+			flightDue("SIGUSR2", false)
 		}
 		if len(failures) > nfail {
 			now := time.Now()
@@ -680,4 +724,11 @@ func pickFailure(fs []failure, policy ExitPolicy) failure {
 		}
 	}
 	return best
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/internal/collateral"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
@@ -114,7 +115,10 @@ type supervisorCmd struct {
 	// Op is "signal" (send Signal to the process groups of Ranks, all
 	// running ranks when empty), "kill" (SIGKILL everything, now) or
 	// "bye" (gorun is about to close the pipe alive and cleans up after
-	// the job itself; see supervisorSpec.RemoveDir).
+	// the job itself; see supervisorSpec.RemoveDir). A host agent answers
+	// "flight" (send the flight records written since the last SIGUSR2 or
+	// "flight-signal") and "flight-signal" (SIGUSR2 to the ranks that dump
+	// on it) itself; its supervisor never sees them (flight.go).
 	Op     string `json:"op"`
 	Signal int    `json:"signal,omitempty"`
 	Ranks  []int  `json:"ranks,omitempty"`
@@ -184,6 +188,11 @@ type supervisorEvent struct {
 	// Step is, on "injected", the last step the target had reported
 	// (0: none).
 	Step int64 `json:"step,omitempty"`
+	// Flight, on a host agent's "flight" event, is a flight record dump
+	// one of its ranks wrote; FlightEnd marks the agent's last "flight"
+	// event answering a "flight" command (flight.go).
+	Flight    *comm.FlightDump `json:"flight,omitempty"`
+	FlightEnd bool             `json:"flight_end,omitempty"`
 	// node is the plan node whose host agent relayed the event (multi-host
 	// jobs); set by gorun, never sent. A "lost" event, made by gorun, says
 	// that node's host agent is gone (Err says how).
