@@ -55,6 +55,9 @@ type Report struct {
 	Faults   []FaultReport `json:"faults"`
 	Outcome  string        `json:"outcome"`
 	ExitCode int           `json:"exit_code"`
+	// Cause is the last world's causal record when the job failed (the
+	// culprit its final line names); each world keeps its own.
+	Cause *CauseReport `json:"cause,omitempty"`
 	// CheckpointSignals are the times gorun sent the ranks the checkpoint
 	// signal on its own (Job.CheckpointBefore), and why ("before --timeout",
 	// "before fault N").
@@ -135,6 +138,9 @@ type WorldReport struct {
 	EndedAt        float64  `json:"ended_at_s"`
 	// Result is "succeeded" or the error that ended the world.
 	Result string `json:"result"`
+	// Cause is the causal record of a world that failed: the culprit and
+	// the ranks that failed because of it, counted apart (cause.go).
+	Cause *CauseReport `json:"cause,omitempty"`
 }
 
 // FaultReport is one injection.
@@ -181,6 +187,8 @@ type FaultReport struct {
 type worldRun struct {
 	rep     *Report
 	restart int
+	// seen is every failure the job loop saw, with when (cause.go).
+	seen []seenFailure
 }
 
 // prepare is called with the world's plan before any rank starts: on the
@@ -353,6 +361,9 @@ func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
 	if err != nil {
 		rep.Outcome = err.Error()
 		rep.ExitCode = exitCodeOf(err)
+		if n := len(rep.Worlds); n > 0 {
+			rep.Cause = rep.Worlds[n-1].Cause
+		}
 	}
 	return rep, err
 }
@@ -432,6 +443,7 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		rep.world.Result = "succeeded"
 		if err != nil {
 			rep.world.Result = err.Error()
+			rep.world.Cause = w.cause(err)
 		}
 		if el != nil {
 			if h := el.lostHost(err); h != "" && !slices.Contains(rep.LostHosts, h) {

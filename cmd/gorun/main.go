@@ -219,7 +219,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.outputDir, "output-dir", "", "write rank.N.log per rank into `DIR` (terminal output is tagged)")
 	fs.DurationVar(&o.timeout, "timeout", 0, "end the job after `DUR` with exit code 124 (0: never)")
 	fs.DurationVar(&o.grace, "grace", launcher.DefaultGrace, "delay between SIGTERM and SIGKILL when stopping ranks")
-	fs.IntVar(&o.gpus, "gpus-per-host", -1, "GPUs per host, one per local rank round robin (default: nvidia-smi -L count, else 0)")
+	fs.IntVar(&o.gpus, "gpus-per-host", -1, "GPUs per host, one per local rank round robin (default: the devices the CUDA driver shows, else 0)")
 	fs.StringVar(&o.exitPolicy, "exit-policy", "first", "which failure sets the exit code: first, lowest or max")
 	fs.StringVar(&o.pmi, "pmi", "fd", "how MPICH-family MPI programs reach gorun's PMI-1/PMI-2 server: fd (PMI_FD, as Hydra), port (PMI_PORT and PMI_ID) or none (no PMI_* variables; MPI programs then run as singletons)")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
