@@ -64,16 +64,16 @@ type Report struct {
 	CheckpointSignals []CheckpointSignalReport `json:"checkpoint_signals,omitempty"`
 	// LostHosts are the hosts an elastic job left out after losing them,
 	// in the order they were lost.
-	LostHosts []string `json:"lost_hosts,omitempty"`
-	ckptSig           syscall.Signal           // Job.CheckpointSignal, resolved
-	ckptBefore        time.Duration            // Job.CheckpointBefore
-	inj               []injection              // the schedule; nil until the first plan
-	faults            []Fault                  // as given
-	horizon           time.Duration            // how far random faults are planned
-	fired             map[int]bool             // injections already sent, by id
-	byID              map[int]int              // injection id → index in Faults
-	world             *WorldReport             // the world running now
-	pending           map[int]string           // injections of this world not yet answered
+	LostHosts  []string       `json:"lost_hosts,omitempty"`
+	ckptSig    syscall.Signal // Job.CheckpointSignal, resolved
+	ckptBefore time.Duration  // Job.CheckpointBefore
+	inj        []injection    // the schedule; nil until the first plan
+	faults     []Fault        // as given
+	horizon    time.Duration  // how far random faults are planned
+	fired      map[int]bool   // injections already sent, by id
+	byID       map[int]int    // injection id → index in Faults
+	world      *WorldReport   // the world running now
+	pending    map[int]string // injections of this world not yet answered
 }
 
 // CheckpointSignalReport is one checkpoint signal gorun sent by itself.
