@@ -33,7 +33,8 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
 fi
 make --no-print-directory build lib >/dev/null
 GORUN=bin/gorun
-export GORUN_LIB=$PWD/bin/libgorun.so OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore
+# This checkout's package and library, whatever `make python` installed.
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} GORUN_LIB=$PWD/bin/libgorun.so OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore
 
 run() { # label file command...
 	local label=$1 file=$2
