@@ -307,15 +307,34 @@ func TestRealPlanMismatch(t *testing.T) {
 }
 
 // buildBinaries builds gorun and the trainer into a temporary directory.
+// buildBinaries builds gorun and the trainer once per test process (a
+// link of each costs seconds on a loaded machine) into binDir, which
+// TestMain removes.
 func buildBinaries(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "github.com/gorun-hpc/gorun/cmd/gorun", "github.com/gorun-hpc/gorun/examples/trainer")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "trainer-test-bin-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binDir = dir
+		build := exec.Command("go", "build", "-o", dir+"/", "github.com/gorun-hpc/gorun/cmd/gorun", "github.com/gorun-hpc/gorun/examples/trainer")
+		if out, err := build.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
 	}
-	return dir
+	return binDir
 }
+
+var (
+	binOnce sync.Once
+	binDir  string
+	binErr  error
+)
 
 // parseOutput reads the step lines and the summary's parameter fingerprint.
 func parseOutput(t *testing.T, out string) ([]float32, uint64) {

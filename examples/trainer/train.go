@@ -384,8 +384,12 @@ func run(ctx context.Context, o options, cm overlap.Comm, log zerolog.Logger, ou
 		}
 		res.losses = append(res.losses, loss)
 		if o.checkpoint != "" {
-			if err := t.maybeCheckpoint(ctx, s+1); err != nil {
+			why, err := t.maybeCheckpoint(ctx, s+1)
+			if err != nil {
 				return nil, fmt.Errorf("trainer: checkpoint after step %d: %w", s+1, err)
+			}
+			if lead && why != "" {
+				fmt.Fprintf(out, "checkpoint after step %d (%s)\n", s+1, why)
 			}
 		}
 		if o.reportStep != nil {
@@ -422,8 +426,9 @@ func run(ctx context.Context, o options, cm overlap.Comm, log zerolog.Logger, ou
 // maybeCheckpoint writes a checkpoint after step (1-based) when
 // --checkpoint-every says so or any rank has caught the checkpoint signal:
 // the ranks agree on the latter with an all-reduce (max) of one element, so
-// that they all write at the same step.
-func (t *trainer) maybeCheckpoint(ctx context.Context, step int) error {
+// that they all write at the same step. It returns why it wrote one ("":
+// it did not).
+func (t *trainer) maybeCheckpoint(ctx context.Context, step int) (string, error) {
 	asked := []int64{0}
 	select {
 	case <-t.o.checkpointAsked:
@@ -431,23 +436,19 @@ func (t *trainer) maybeCheckpoint(ctx context.Context, step int) error {
 	default:
 	}
 	if err := t.cm.AllReduce(ctx, comm.Int64s(asked), comm.Int64s(asked), comm.Max).Wait(ctx); err != nil {
-		return err
+		return "", err
 	}
 	every := t.o.checkpointEvery > 0 && step%t.o.checkpointEvery == 0
 	if !every && asked[0] == 0 {
-		return nil
+		return "", nil
 	}
 	if err := t.saveCheckpoint(ctx, step); err != nil {
-		return err
+		return "", err
 	}
-	if t.k == 0 {
-		why := "every " + strconv.Itoa(t.o.checkpointEvery)
-		if asked[0] != 0 {
-			why = "signal"
-		}
-		t.log.Info().Int("step", step).Str("why", why).Msg("checkpoint written")
+	if asked[0] != 0 {
+		return "signal", nil
 	}
-	return nil
+	return "every " + strconv.Itoa(t.o.checkpointEvery), nil
 }
 
 func describe(o options, t *trainer) string {
