@@ -175,31 +175,3 @@ func checkCorrupt(t *testing.T, errs []error, _ time.Duration) {
 		t.Errorf("no rank reported a checksum failure: %v", errs)
 	}
 }
-
-// A malformed GORUN_NETFAULT is refused when the spec cannot be parsed;
-// netfault.Parse's messages name the part.
-func TestNetFaultSpecErrors(t *testing.T) {
-	for _, c := range []struct{ spec, want string }{
-		{"drop:rank=1", "drop needs at="},
-		{"drop:rank=1:at=1s:ms=3", `key "ms" does not apply to drop`},
-		{"delay:rank=1:ms=0:at=1s", "ms=0: must be positive"},
-		{"partition:ranks=2-1:at=1s", "range runs backwards"},
-		{"corrupt:rank=1:peer=1:at=1s", "a rank has no link to itself"},
-		{"flood:rank=1:at=1s", "unknown kind"},
-	} {
-		_, err := netfault.Parse(c.spec)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: %v, want %q", c.spec, err, c.want)
-		}
-	}
-	s, err := netfault.Parse("partition:ranks=0-1,3:at=1s:for=3s")
-	if err != nil || fmt.Sprint(s.Ranks) != "[0 1 3]" || s.Lease != netfault.DefaultLease {
-		t.Fatalf("%+v %v", s, err)
-	}
-	if err := s.Check(4); err != nil {
-		t.Error(err)
-	}
-	if err := s.Check(3); err == nil || !strings.Contains(err.Error(), "rank 3 does not exist") {
-		t.Errorf("Check(3): %v", err)
-	}
-}

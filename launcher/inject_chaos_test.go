@@ -100,10 +100,7 @@ func TestInjectSlow(t *testing.T) {
 	if err != nil {
 		t.Fatalf("job failed: %v", err)
 	}
-	gaps := map[string]int{}
-	for _, m := range regexp.MustCompile(`(?m)^\[(\d)\] maxgap (\d+)$`).FindAllStringSubmatch(j.stdout.String(), -1) {
-		gaps[m[1]], _ = strconv.Atoi(m[2])
-	}
+	gaps := tickerGaps(j.stdout.String())
 	// Stopped 400 ms of each 500 ms: the gap is one slice, not the whole
 	// 1.2 s (the rank was continued between slices).
 	if len(gaps) != 2 || gaps["0"] < 350 || gaps["0"] > 1000 || gaps["1"] >= 350 {
@@ -138,4 +135,14 @@ func TestSupervisorSweepsDeadShm(t *testing.T) {
 	if _, err := os.Stat(seg); err == nil {
 		t.Errorf("%s is still there after the job", seg)
 	}
+}
+
+// tickerGaps reads the "ticker" helpers' tagged "maxgap N" lines: each
+// rank's longest gap between wake-ups, in ms, by rank.
+func tickerGaps(out string) map[string]int {
+	gaps := map[string]int{}
+	for _, m := range regexp.MustCompile(`(?m)^\[(\d)\] maxgap (\d+)$`).FindAllStringSubmatch(out, -1) {
+		gaps[m[1]], _ = strconv.Atoi(m[2])
+	}
+	return gaps
 }
