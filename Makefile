@@ -5,7 +5,7 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-compare bench-latency bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
+.PHONY: help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -69,6 +69,10 @@ bench-compare: build ## all-reduce busbw: gorun (tcp, shm) vs Open MPI and torch
 
 bench-latency: build ## small/mid collectives on shm: gorun vs Open MPI, 2 and 4 ranks, quiet and under a CPU hog per core, medians
 	@bash scripts/bench-latency.sh
+
+bench-recorder: ## flight recorder cost: 8 B all-reduce between 2 processes, recorder on vs off in alternating blocks of one run (shm, tcp), 3 runs, medians; then the recorder alone per call against the previous mutex design (anchor)
+	for i in 1 2 3; do GORUN_DESYNC_BENCH=1 $(GO) test -count=1 -run TestRecorderCost -v ./comm | grep '8 B all-reduce'; done
+	$(GO) test -run XXX -bench BenchmarkFlightRecorder -count 5 ./comm | grep Benchmark
 
 bench-multihost: build ## multi-host launch: gorun vs mpirun --hostfile over 4 namespace hosts with sshd (root)
 	@bash scripts/bench-multihost.sh

@@ -19,6 +19,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/internal/collateral"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
@@ -114,7 +115,10 @@ type supervisorCmd struct {
 	// Op is "signal" (send Signal to the process groups of Ranks, all
 	// running ranks when empty), "kill" (SIGKILL everything, now) or
 	// "bye" (gorun is about to close the pipe alive and cleans up after
-	// the job itself; see supervisorSpec.RemoveDir).
+	// the job itself; see supervisorSpec.RemoveDir). A host agent answers
+	// "flight" (send the flight records written since the last SIGUSR2 or
+	// "flight-signal") and "flight-signal" (SIGUSR2 to the ranks that dump
+	// on it) itself; its supervisor never sees them (flight.go).
 	Op     string `json:"op"`
 	Signal int    `json:"signal,omitempty"`
 	Ranks  []int  `json:"ranks,omitempty"`
@@ -171,6 +175,12 @@ type supervisorEvent struct {
 	// teardown reached it: frozen, not dead, which its peers cannot tell
 	// apart (their lease only says it fell silent).
 	Frozen string `json:"frozen,omitempty"`
+	// At is when an "exited" rank was reaped (Unix ns, this host's clock):
+	// the supervisor reaps at each SIGCHLD, so it is the exit time to
+	// within the supervisor's wake-up. Every exit of one reap pass gets
+	// the pass's time: their order within it is not known (jobloop.go's
+	// earlier).
+	At int64 `json:"at,omitempty"`
 	// Fault is the injection an "injected" or "fault-cont" event answers;
 	// Err is set on "injected" when the rank was not running.
 	Fault    int  `json:"fault,omitempty"`
@@ -178,6 +188,11 @@ type supervisorEvent struct {
 	// Step is, on "injected", the last step the target had reported
 	// (0: none).
 	Step int64 `json:"step,omitempty"`
+	// Flight, on a host agent's "flight" event, is a flight record dump
+	// one of its ranks wrote; FlightEnd marks the agent's last "flight"
+	// event answering a "flight" command (flight.go).
+	Flight    *comm.FlightDump `json:"flight,omitempty"`
+	FlightEnd bool             `json:"flight_end,omitempty"`
 	// node is the plan node whose host agent relayed the event (multi-host
 	// jobs); set by gorun, never sent. A "lost" event, made by gorun, says
 	// that node's host agent is gone (Err says how).
@@ -708,6 +723,7 @@ func (a *supervisor) noteFrozen() {
 
 // reap collects every exited child: ranks and adopted orphans alike.
 func (a *supervisor) reap() {
+	at := time.Now().UnixNano()
 	for {
 		var ws syscall.WaitStatus
 		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
@@ -724,7 +740,7 @@ func (a *supervisor) reap() {
 		delete(a.byPID, pid)
 		a.ranks[i].running = false
 		a.running--
-		ev := supervisorEvent{Ev: "exited", Rank: a.ranks[i].rank, PID: pid}
+		ev := supervisorEvent{Ev: "exited", Rank: a.ranks[i].rank, PID: pid, At: at}
 		// A report is written before the failing call returns, so before
 		// the exit just reaped: reading now finds it if there is one.
 		a.readCollateral()
