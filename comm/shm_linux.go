@@ -129,6 +129,12 @@ func createShm(dir string, gid GroupID, me, peer, ringBytes int) (*shmSegment, e
 	return &shmSegment{path: path, name: name, mem: mem, ringBytes: ringBytes}, nil
 }
 
+// SweepShm removes the shared-memory segments left in dir by processes
+// that no longer exist and reports how many; gorun's supervisor runs it
+// once every rank of a job is gone, so a rank killed mid-handshake leaves
+// nothing behind.
+func SweepShm(dir string) int { return sweepShm(dir) }
+
 // sweepShm removes segments left in dir by processes that no longer exist.
 // A segment has a name only between its creation and the end of the
 // handshake; a dialer that crashed in that window leaves one behind, and the
