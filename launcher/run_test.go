@@ -1,7 +1,6 @@
 package launcher
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,23 +21,8 @@ import (
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
 )
 
-// syncBuffer is a bytes.Buffer safe for Run's writers and the test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is shared with the other process tests.
+type syncBuffer = launchertest.SyncBuffer
 
 // testLogger writes through t.Log.
 func testLogger(t *testing.T) zerolog.Logger {

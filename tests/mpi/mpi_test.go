@@ -1,7 +1,6 @@
 package mpi
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,7 +9,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -396,30 +394,8 @@ func TestPMI2Abort(t *testing.T) {
 	r.noSurvivors()
 }
 
-// syncBuffer is a bytes.Buffer safe for exec's writer goroutines and the
-// test's polling reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func (s *syncBuffer) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Len()
-}
+// syncBuffer is shared with the other process tests.
+type syncBuffer = launchertest.SyncBuffer
 
 // build compiles the test program with an MPI compiler wrapper into dir.
 func build(cc, dir, name string) (string, error) {

@@ -1,7 +1,6 @@
 package multihost
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -10,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -182,21 +180,5 @@ func describe(pids []int) string {
 	return strings.Join(parts, "; ")
 }
 
-// syncBuffer is a bytes.Buffer safe for the writer goroutines of exec and
-// the test's polling reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is shared with the other process tests.
+type syncBuffer = launchertest.SyncBuffer

@@ -1,11 +1,11 @@
 package security
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
 	"io"
 	"os"
 	"os/exec"
@@ -272,19 +272,5 @@ func rssKiB(pid int) int {
 	return 0
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is shared with the other process tests.
+type syncBuffer = launchertest.SyncBuffer
