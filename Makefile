@@ -5,7 +5,7 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: help build lib python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-compare bench-latency bench-multihost bench-mpi bench-gpu clean
+.PHONY: help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -22,7 +22,10 @@ lib: ## build the C ABI: bin/libgorun.so and its header bin/gorun.h (needs cgo a
 
 python: lib ## the torch backend for /usr/bin/python3: copy libgorun.so into python/gorun, put python/ on its path
 	cp $(BIN)/libgorun.so python/gorun/libgorun.so
-	@bash scripts/install-python.sh
+	@PYTHON=$(PYTHON) bash scripts/install-python.sh
+
+uninstall-python: ## undo make python: remove the .pth file (if it points here) and python/gorun/libgorun.so
+	@PYTHON=$(PYTHON) bash scripts/install-python.sh --uninstall
 
 test: test-deps build vet ## everything CI runs: install test deps, build, vet, all tests with -race, the torch suite
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
@@ -49,6 +52,13 @@ unit: ## fast tests only (no -race, short mode)
 test-desync: ## the full desync split matrix: np 2-8, every k, 6 collective/point-to-point splits + a Send/Recv size mismatch x 2 sizes x shm/tcp (784 cases, ~45 s)
 	GORUN_DESYNC_MATRIX=full $(GO) test -count=1 -run TestSplitMatrix -v ./comm
 
+.PHONY: test-chaos bench-netfault
+test-chaos: ## the full chaos matrix: fault kinds x phases x launch modes (gorun, direct, namespace hosts as root), invariants checked after every row, printed as a table (~4 min)
+	GORUN_CHAOS=full $(GO) test -count=1 -timeout 20m -run TestChaosMatrix ./tests/chaos
+
+bench-netfault: ## 8-byte all-reduce latency with the data-plane fault hook compiled out, compiled in, and armed (medians, ratios)
+	flock /tmp/gorun-bench.lock scripts/bench-netfault.sh
+
 test-overload: ## no false freeze detection: 32 ranks all-reduce beside a CPU hog per core for 60 s (make test runs 8 s)
 	GORUN_OVERLOAD_NP=32 GORUN_OVERLOAD_SECS=60 $(GO) test -count=1 -run TestNoFalseFreezeUnderLoad -v ./launcher
 
@@ -67,14 +77,21 @@ bench-compare: build ## all-reduce busbw: gorun (tcp, shm) vs Open MPI and torch
 bench-latency: build ## small/mid collectives on shm: gorun vs Open MPI, 2 and 4 ranks, quiet and under a CPU hog per core, medians
 	@bash scripts/bench-latency.sh
 
+bench-recorder: ## flight recorder cost: 8 B all-reduce between 2 processes, recorder on vs off in alternating blocks of one run (shm, tcp), 3 runs, medians; then the recorder alone per call against the previous mutex design (anchor)
+	for i in 1 2 3; do GORUN_DESYNC_BENCH=1 $(GO) test -count=1 -run TestRecorderCost -v ./comm | grep '8 B all-reduce'; done
+	$(GO) test -run XXX -bench BenchmarkFlightRecorder -count 5 ./comm | grep Benchmark
+
 bench-multihost: build ## multi-host launch: gorun vs mpirun --hostfile over 4 namespace hosts with sshd (root)
 	@bash scripts/bench-multihost.sh
 
 bench-mpi: build ## MPICH MPI_Init+Barrier: gorun vs mpiexec.hydra, 16 ranks locally and 4 namespace hosts x 4 (root)
 	@bash scripts/bench-mpi.sh
 
-bench-gpu: ## GPU all-reduce: gorun --device cuda vs torch.distributed NCCL, side by side (needs a GPU and CUDA torch; not yet run)
+bench-gpu: ## GPU all-reduce: gorun --device cuda vs torch.distributed NCCL, side by side (needs a GPU and CUDA torch; not yet run on one)
 	@bash scripts/bench-gpu.sh
 
-clean: ## remove build outputs
+bench-gpu-standin: ## the bench-gpu pipeline without a GPU: stand-in NCCL vs torch gloo (checks the script, measures nothing)
+	@bash scripts/bench-gpu.sh --standin bench-results/gpu-standin
+
+clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)

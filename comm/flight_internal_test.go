@@ -61,3 +61,52 @@ func TestRecorderConcurrentCopy(t *testing.T) {
 	}
 	t.Logf("%d copies while the writer ran", reads)
 }
+
+// mutexRecorder is the recorder's previous design, kept as the anchor of
+// BenchmarkFlightRecorder: a mutex around each of the two writes, whole
+// CallInfo and string state per slot, and three clock reads per call.
+type mutexRecorder struct {
+	mu   sync.Mutex
+	recs []struct {
+		call                   CallInfo
+		issued, started, ended int64
+		state                  CallState
+		err                    string
+	}
+	n uint64
+}
+
+func (r *mutexRecorder) start(cl *call, seq uint64, now int64) uint64 {
+	r.mu.Lock()
+	i := r.n
+	r.n++
+	s := &r.recs[i%uint64(len(r.recs))]
+	s.call, s.issued, s.started, s.ended, s.state, s.err = cl.info(seq), cl.issued, now, 0, StateRunning, ""
+	r.mu.Unlock()
+	return i
+}
+
+func (r *mutexRecorder) end(i uint64, err error, now int64) {
+	r.mu.Lock()
+	s := &r.recs[i%uint64(len(r.recs))]
+	s.ended, s.state = now, StateDone
+	if err != nil {
+		s.state, s.err = StateFailed, err.Error()
+	}
+	r.mu.Unlock()
+}
+
+func BenchmarkFlightRecorderMutexAnchor(b *testing.B) {
+	r := &mutexRecorder{}
+	r.recs = make([]struct {
+		call                   CallInfo
+		issued, started, ended int64
+		state                  CallState
+		err                    string
+	}, 256)
+	cl := &call{kind: KindAllReduce, dtype: Float32, op: Sum, count: 2, root: -1}
+	for i := range b.N {
+		cl.issued = ticks()
+		r.end(r.start(cl, uint64(i), ticks()), nil, ticks())
+	}
+}

@@ -51,12 +51,15 @@ func (c *Comm) dumpFlight(reason string) {
 	if c.flightDir == "" {
 		return
 	}
-	if err := writeDump(c.flightDir, d); err != nil {
+	if err := WriteFlightDump(c.flightDir, d); err != nil {
 		c.log.Warn().Err(err).Msg("comm: writing flight records")
 	}
 }
 
-func writeDump(dir string, d FlightDump) error {
+// WriteFlightDump writes d to <dir>/flight-<group>-<world rank>.json,
+// replacing an earlier dump of the same communicator and rank (a rank
+// writes its own; gorun writes those its host agents send).
+func WriteFlightDump(dir string, d FlightDump) error {
 	b, err := json.MarshalIndent(d, "", " ")
 	if err != nil {
 		return err

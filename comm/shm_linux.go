@@ -146,6 +146,12 @@ func (s *shmSegment) session(side int) uint32 {
 	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&s.mem[sidCtlOff+side*cacheLine])))
 }
 
+// SweepShm removes the shared-memory segments left in dir by processes
+// that no longer exist and reports how many; gorun's supervisor runs it
+// once every rank of a job is gone, so a rank killed mid-handshake leaves
+// nothing behind.
+func SweepShm(dir string) int { return sweepShm(dir) }
+
 // sweepShm removes segments left in dir by processes that no longer exist.
 // A segment has a name only between its creation and the end of the
 // handshake; a dialer that crashed in that window leaves one behind, and the

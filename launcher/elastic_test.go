@@ -238,3 +238,110 @@ func TestInjectAfterSteps(t *testing.T) {
 		t.Errorf("the fault for step 1000 was never reached but reads %+v", f[1])
 	}
 }
+
+// Job.CheckpointBefore sends the checkpoint signal that long before a
+// timed kill (a preemption notice) and before --timeout: the ranks (which
+// exit 0 on SIGUSR1) are asked in time, the job ends well before either,
+// and the report says when and why. The ranks find the signal's name in
+// GORUN_CHECKPOINT_SIGNAL.
+func TestCheckpointSignalBefore(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		faults   []string
+		timeout  time.Duration
+		why      string
+		earliest float64
+	}{
+		{"before a kill", []string{"kill:rank=1:at=2s"}, 0, "before fault 0 (kill:rank=1:at=2s)", 1.0},
+		{"before --timeout", nil, 20 * time.Second, "before --timeout", 1.0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newJobRun(t, 2, "wait-usr1", nil)
+			j.job.Faults = mustFaults(t, tc.faults...)
+			j.job.CheckpointBefore = 1 * time.Second
+			if tc.timeout > 0 {
+				j.cfg.Timeout = tc.timeout
+				j.job.CheckpointBefore = tc.timeout - time.Second
+			}
+			rep, err := j.launchReport(context.Background())
+			if err != nil {
+				t.Fatalf("job failed: %v\n%s", err, j.stderr)
+			}
+			if n := strings.Count(j.stdout.String(), "] usr1\n"); n != 2 {
+				t.Errorf("%d ranks got the checkpoint signal, want 2:\n%s", n, j.stdout)
+			}
+			if len(rep.CheckpointSignals) != 1 || rep.CheckpointSignals[0].Why != tc.why || rep.CheckpointSignals[0].At < tc.earliest {
+				t.Errorf("checkpoint signals %+v, want one %q at %.1f s or later", rep.CheckpointSignals, tc.why, tc.earliest)
+			}
+			for _, f := range rep.Faults {
+				if f.InjectedAt != nil {
+					t.Errorf("fault %s was injected after the job should have ended", f.Spec)
+				}
+			}
+		})
+	}
+	j := newJobRun(t, 1, "print-env", nil)
+	j.job.CheckpointSignal = syscall.SIGUSR2
+	if err := j.launch(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if env := rankEnvs(t, j.stdout.String(), 1)[0]; env["GORUN_CHECKPOINT_SIGNAL"] != "SIGUSR2" {
+		t.Errorf("GORUN_CHECKPOINT_SIGNAL=%q, want SIGUSR2", env["GORUN_CHECKPOINT_SIGNAL"])
+	}
+	j = newJobRun(t, 1, "exit:0", nil)
+	j.job.CheckpointSignal = syscall.SIGKILL
+	if err := j.launch(context.Background()); err == nil || !strings.Contains(err.Error(), "cannot be caught") {
+		t.Errorf("a SIGKILL checkpoint signal: %v, want it refused", err)
+	}
+}
+
+// The elastic host policy: spares take a lost host's place, then the world
+// shrinks, down to MinNP, after which the job fails naming the lost hosts
+// and the last world's error.
+func TestElasticWorlds(t *testing.T) {
+	hosts := []Host{{Name: "h1", Slots: 2}, {Name: "h2", Slots: 2}, {Name: "h3", Slots: 2}}
+	names := func(hs []Host) string {
+		var out []string
+		for _, h := range hs {
+			out = append(out, h.Name)
+		}
+		return strings.Join(out, ",")
+	}
+	for _, tc := range []struct {
+		name      string
+		job       Job
+		lost      []string
+		wantHosts string
+		wantNP    int
+		wantErr   string
+	}{
+		{"max-np leaves a spare", Job{Hosts: hosts, MinNP: 2, MaxNP: 4}, nil, "h1,h2,h3", 4, ""},
+		{"the spare replaces a lost host", Job{Hosts: hosts, MinNP: 2, MaxNP: 4}, []string{"h2"}, "h1,h3", 4, ""},
+		{"no spare left: fewer ranks", Job{Hosts: hosts, MinNP: 2, MaxNP: 4}, []string{"h2", "h1"}, "h3", 2, ""},
+		{"below min-np", Job{Hosts: hosts, MinNP: 3, MaxNP: 4}, []string{"h2", "h1"}, "", 0, "2 slots left on the hosts not lost, --min-np is 3 (lost: h2, h1)"},
+		{"-np is the maximum", Job{Hosts: hosts, NP: 3, MinNP: 1}, []string{"h3"}, "h1,h2", 3, ""},
+		{"every slot without -np", Job{Hosts: hosts, MinNP: 1}, []string{"h1"}, "h2,h3", 4, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hs, np, err := newElastic(tc.job).world(tc.lost)
+			if tc.wantErr != "" {
+				var ee *ElasticError
+				if !errors.As(err, &ee) || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want an *ElasticError saying %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || names(hs) != tc.wantHosts || np != tc.wantNP {
+				t.Fatalf("world on %s with %d ranks (%v), want %s with %d", names(hs), np, err, tc.wantHosts, tc.wantNP)
+			}
+		})
+	}
+	if newElastic(Job{Hosts: hosts, NP: 4}) != nil {
+		t.Error("a job without --min-np/--max-np is elastic")
+	}
+	j := newJobRun(t, 2, "exit:0", nil)
+	j.job.MinNP = 1
+	if err := j.launch(context.Background()); err == nil || !strings.Contains(err.Error(), "need a host list") {
+		t.Errorf("--min-np without hosts: %v", err)
+	}
+}

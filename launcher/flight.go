@@ -21,8 +21,18 @@ import (
 // then merges what the ranks wrote into one table that marks the first
 // sequence number where the ranks disagree. The directory is
 // <output-dir>/flight with --output-dir, else a temporary directory
-// removed at the end of the job. Single-host runs only: on other hosts the
-// records go to the ranks' logs.
+// removed at the end of the job.
+//
+// Multi-host jobs: every host agent makes a temporary flight directory
+// for its own ranks (removed by the agent at the end, or by its supervisor
+// if the agent dies), and sends what its ranks wrote to gorun as "flight"
+// events: on a "flight" command (after SIGUSR2 or at --timeout, when gorun
+// has given the ranks time to dump), and on its own once its ranks are
+// gone, before "done". gorun keeps what arrived, writes it to its own
+// flight directory, and merges it into the same table. The hosts' clocks
+// never meet: an agent picks the dumps written since it relayed the
+// request, on its own clock, and gorun keeps whatever agents sent since it
+// asked.
 
 // flightWait is how long gorun waits for the ranks' dumps after forwarding
 // SIGUSR2 before printing what arrived.
@@ -40,7 +50,44 @@ type flightRecords struct {
 	// printed: the job loop printed the table at --timeout, so RunLocal
 	// does not print it again.
 	printed bool
+
+	// remote: the dumps come from host agents ("flight" events), not
+	// from ranks writing into dir. got holds every dump received, by
+	// group and world rank (the latest wins, as a file would be
+	// replaced), and asked the keys received since the last ask.
+	remote bool
+	got    map[string]comm.FlightDump
+	asked  map[string]bool
 }
+
+// store keeps dumps a host agent sent (and writes them to dir for
+// --output-dir). Job loop only.
+func (f *flightRecords) store(d comm.FlightDump) {
+	if f == nil {
+		return
+	}
+	if f.got == nil {
+		f.got, f.asked = map[string]comm.FlightDump{}, map[string]bool{}
+	}
+	key := fmt.Sprintf("%s/%d", d.Group, d.WorldRank)
+	f.got[key], f.asked[key] = d, true
+	if f.dir != "" {
+		if err := comm.WriteFlightDump(f.dir, d); err != nil {
+			f.log.Warn().Err(err).Msg("writing a host's flight records")
+		}
+	}
+}
+
+// ask starts a new request for dumps: print(since) then shows only what
+// arrives after it (remote jobs). Job loop only.
+func (f *flightRecords) ask() {
+	if f != nil {
+		f.asked = map[string]bool{}
+	}
+}
+
+// active reports whether the ranks write flight records gorun can merge.
+func (f *flightRecords) active() bool { return f != nil && (f.remote || f.dir != "") }
 
 // prepareFlight makes the job's flight directory. Its env is the variable
 // that names it for the ranks ("" when it cannot be made: records then go
@@ -72,32 +119,79 @@ func (f *flightRecords) env() string {
 	return comm.FlightDirEnv + "=" + f.dir
 }
 
-// printFlight merges the dumps in the flight directory written since `since`
-// and prints the table to gorun's stderr. It reports whether there was any.
+// print merges the dumps and prints the table to gorun's stderr: for a
+// local job those in the flight directory written since `since`; for a
+// multi-host job those its host agents sent since the last ask (every one
+// when since is zero). It reports whether there was any.
 func (f *flightRecords) print(why string, since time.Time) bool {
-	if f == nil || f.dir == "" {
+	if f == nil {
 		return false
 	}
-	dumps, err := comm.ReadFlightDumps(f.dir)
-	if err != nil {
-		f.log.Warn().Err(err).Msg("reading flight records")
-	}
-	fresh := dumps[:0]
-	for _, d := range dumps {
-		if !d.Time.Before(since) {
-			fresh = append(fresh, d)
+	var fresh []comm.FlightDump
+	where := f.dir
+	if f.remote {
+		for k, d := range f.got {
+			if since.IsZero() || f.asked[k] {
+				fresh = append(fresh, d)
+			}
+		}
+		where = "the hosts"
+	} else {
+		if f.dir == "" {
+			return false
+		}
+		dumps, err := comm.ReadFlightDumps(f.dir)
+		if err != nil {
+			f.log.Warn().Err(err).Msg("reading flight records")
+		}
+		for _, d := range dumps {
+			if !d.Time.Before(since) {
+				fresh = append(fresh, d)
+			}
 		}
 	}
 	if len(fresh) == 0 {
 		return false
 	}
-	f.stderr.write(fmt.Appendf(nil, "gorun: flight records (%s), merged from %d dumps in %s:\n%s", why, len(fresh), f.dir, comm.FlightTable(fresh)))
+	f.stderr.write(fmt.Appendf(nil, "gorun: flight records (%s), merged from %d dumps from %s:\n%s", why, len(fresh), where, comm.FlightTable(fresh)))
 	return true
 }
 
-// removeFlight removes the temporary flight directory.
+// sendFlight is a host agent's side: it sends gorun, as "flight" events
+// under rank (one of this host's), every dump in the agent's flight
+// directory written at or after since, then, when end is set, an event
+// that says the answer is complete.
+func sendFlight(f *flightRecords, w *wireConn, rank int, since time.Time, end bool) {
+	if f != nil && f.dir != "" {
+		dumps, err := comm.ReadFlightDumps(f.dir)
+		if err != nil {
+			f.log.Warn().Err(err).Msg("reading the ranks' flight records")
+		}
+		for i := range dumps {
+			if !dumps[i].Time.Before(since) {
+				_ = w.send(wireMsg{T: "event", Event: &supervisorEvent{Ev: "flight", Rank: rank, Flight: &dumps[i]}})
+			}
+		}
+	}
+	if end {
+		_ = w.send(wireMsg{T: "event", Event: &supervisorEvent{Ev: "flight", Rank: rank, FlightEnd: true}})
+	}
+}
+
+// agentFlight makes a host agent's temporary flight directory (nil when
+// it cannot: the ranks' records then go to their logs only).
+func agentFlight(log zerolog.Logger) *flightRecords {
+	dir, err := os.MkdirTemp("", "gorun-flight-")
+	if err != nil {
+		log.Warn().Err(err).Msg("no flight-record directory; records go to the ranks' logs only")
+		return nil
+	}
+	return &flightRecords{dir: dir, temp: dir, log: log}
+}
+
+// remove removes the temporary flight directory.
 func (f *flightRecords) remove() {
-	if f.temp != "" {
+	if f != nil && f.temp != "" {
 		_ = os.RemoveAll(f.temp)
 	}
 }
@@ -129,3 +223,6 @@ func (f *flightRecords) signalReady() int {
 	}
 	return n
 }
+
+// isRemote reports whether the dumps come from host agents.
+func (f *flightRecords) isRemote() bool { return f != nil && f.remote }

@@ -404,6 +404,21 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	p := &rankPipes{spec: supervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj,
 		ClientLease: lease}}
 	defer p.closeChildEnds()
+	// The ranks' flight records: written here, sent to gorun (flight.go).
+	// Removed at the end; should this agent die first, by its supervisor.
+	var flight *flightRecords
+	var flightEnv []string
+	if job.Flight {
+		if flight = agentFlight(log); flight != nil {
+			defer flight.remove()
+			p.spec.RemoveDir = flight.dir
+			flightEnv = []string{flight.env()}
+		}
+	}
+	firstRank := 0
+	if len(ranks) > 0 {
+		firstRank = ranks[0].Rank
+	}
 	var stdin *stdinQueue
 	for _, rr := range ranks {
 		stdinFD := -1
@@ -416,7 +431,7 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 			stdinFD = p.inherit(pr, true)
 			stdin = newStdinQueue(pw)
 		}
-		sr := supervisorRank{Rank: rr.Rank, Path: hello.Program, Argv: job.Argv, Dir: rankDir(job.Dir), Env: mergeEnv(base, rr.Env)}
+		sr := supervisorRank{Rank: rr.Rank, Path: hello.Program, Argv: job.Argv, Dir: rankDir(job.Dir), Env: mergeEnv(base, rr.Env, flightEnv)}
 		if err := p.addRank(sr, stdinFD); err != nil {
 			if stdin != nil {
 				stdin.w.Close()
@@ -472,6 +487,9 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	lastHeard.Store(time.Now().UnixNano())
 	wg.Go(func() {
 		var buf []byte
+		// asked is when this agent last told its ranks to dump their
+		// flight records (its own clock, the ranks' clock).
+		var asked time.Time
 		for {
 			typ, p, err := w.readFrame(buf)
 			if err != nil {
@@ -488,7 +506,19 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 				continue
 			}
 			var m wireMsg
-			if json.Unmarshal(p, &m) == nil && m.T == "cmd" && m.Cmd != nil {
+			if json.Unmarshal(p, &m) != nil || m.T != "cmd" || m.Cmd == nil {
+				continue
+			}
+			switch {
+			case m.Cmd.Op == "flight":
+				sendFlight(flight, w, firstRank, asked, true)
+			case m.Cmd.Op == "flight-signal":
+				asked = time.Now()
+				flight.signalReady()
+			default:
+				if m.Cmd.Op == "signal" && m.Cmd.Signal == int(syscall.SIGUSR2) {
+					asked = time.Now()
+				}
 				_ = sup.send(m.Cmd)
 			}
 		}
@@ -558,6 +588,11 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 				lost = fmt.Errorf("no word from gorun for %s (lease %s)", silent.Round(time.Millisecond), lease)
 			}
 		case ev, ok := <-doneEv:
+			// Every rank is gone: what they dumped goes to gorun before
+			// "done" (ranks dump when their communicator fails), and the
+			// directory stays this agent's to remove.
+			sendFlight(flight, w, firstRank, time.Time{}, false)
+			_ = sup.send(supervisorCmd{Op: "bye"})
 			sup.closeCommands()
 			_ = sup.wait()
 			if !ok {

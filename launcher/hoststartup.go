@@ -565,6 +565,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			job.NoPMI = m.cfg.PMI == PMINone
 			if m.use == useJob {
 				job.Ranks = m.nodes[node].Ranks
+				job.Flight = true
 			}
 			if err := w.send(wireMsg{T: "job", Job: job}); err != nil {
 				c.Close()

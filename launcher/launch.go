@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -44,6 +46,19 @@ type Job struct {
 	// many times a failed world is started again (elastic.go).
 	Faults      []Fault
 	MaxRestarts int
+	// CheckpointSignal is the signal that asks the ranks for a checkpoint
+	// (0: SIGUSR1), exported to them as GORUN_CHECKPOINT_SIGNAL.
+	// CheckpointBefore, when positive, makes gorun send it that long
+	// before the job's --timeout and before every timed kill or kill-host
+	// it injects (a preemption notice; elastic.go).
+	CheckpointSignal syscall.Signal
+	CheckpointBefore time.Duration
+	// MinNP and MaxNP make the job elastic (either positive; elastic.go):
+	// each world runs min(MaxNP, the slots of the hosts not lost) ranks
+	// (MaxNP 0: NP, or every slot), hosts past those needed are spares,
+	// a host lost in one world is left out of the next, and the job fails
+	// once fewer than MinNP ranks can be placed.
+	MinNP, MaxNP int
 }
 
 // needsHostAgents reports whether the job's ranks live behind host agents:

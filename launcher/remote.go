@@ -226,7 +226,14 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 		}
 	}
 	stopStdin := m.forwardStdin(m.conns[0].w)
-	err = (&jobLoop{cfg: m.cfg, plan: plan, log: m.cfg.Logger, home: home}).run(ctx)
+	// The ranks' flight records come from the agents (flight.go) and stay
+	// in memory; with --output-dir they are written there too.
+	flight := &flightRecords{log: m.cfg.Logger, stderr: out.stderr, remote: true}
+	if m.cfg.OutputDir != "" {
+		flight = prepareFlight(m.cfg, out.stderr)
+		flight.remote = true
+	}
+	err = (&jobLoop{cfg: m.cfg, plan: plan, log: m.cfg.Logger, home: home, flight: flight}).run(ctx)
 	// Tear-down order matters: quit first (readers stop treating errors
 	// as losses), then close the connections (which unblocks every reader
 	// and pinger), then wait for them, and only then wait for the output,
@@ -241,6 +248,10 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 	m.reapStarters(m.cfg.Grace + 2*time.Second)
 	if lerr := out.finish(); lerr != nil && err == nil {
 		err = lerr
+	}
+	if err != nil && !flight.printed {
+		// Every agent sent its ranks' dumps before "done".
+		flight.print("the job failed", time.Time{})
 	}
 	return err
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/internal/collateral"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
@@ -114,7 +115,10 @@ type supervisorCmd struct {
 	// Op is "signal" (send Signal to the process groups of Ranks, all
 	// running ranks when empty), "kill" (SIGKILL everything, now) or
 	// "bye" (gorun is about to close the pipe alive and cleans up after
-	// the job itself; see supervisorSpec.RemoveDir).
+	// the job itself; see supervisorSpec.RemoveDir). A host agent answers
+	// "flight" (send the flight records written since the last SIGUSR2 or
+	// "flight-signal") and "flight-signal" (SIGUSR2 to the ranks that dump
+	// on it) itself; its supervisor never sees them (flight.go).
 	Op     string `json:"op"`
 	Signal int    `json:"signal,omitempty"`
 	Ranks  []int  `json:"ranks,omitempty"`
@@ -133,6 +137,10 @@ type supervisorCmd struct {
 	For      time.Duration `json:"for,omitempty"`
 	Fault    int           `json:"fault,omitempty"`
 	KillHost bool          `json:"kill_host,omitempty"`
+	// Period set makes an "inject" a slow (inject_chaos.go): the rank is
+	// stopped for Duty of every Period, for For (0: until it exits).
+	Duty   float64       `json:"duty,omitempty"`
+	Period time.Duration `json:"period,omitempty"`
 	// AfterSteps, when positive, makes "inject" wait: the supervisor
 	// keeps the fault and fires it on the first of Ranks (of its own) to
 	// report finishing this step (collateral.Step lines).
@@ -171,6 +179,12 @@ type supervisorEvent struct {
 	// teardown reached it: frozen, not dead, which its peers cannot tell
 	// apart (their lease only says it fell silent).
 	Frozen string `json:"frozen,omitempty"`
+	// At is when an "exited" rank was reaped (Unix ns, this host's clock):
+	// the supervisor reaps at each SIGCHLD, so it is the exit time to
+	// within the supervisor's wake-up. Every exit of one reap pass gets
+	// the pass's time: their order within it is not known (jobloop.go's
+	// earlier).
+	At int64 `json:"at,omitempty"`
 	// Fault is the injection an "injected" or "fault-cont" event answers;
 	// Err is set on "injected" when the rank was not running.
 	Fault    int  `json:"fault,omitempty"`
@@ -178,6 +192,11 @@ type supervisorEvent struct {
 	// Step is, on "injected", the last step the target had reported
 	// (0: none).
 	Step int64 `json:"step,omitempty"`
+	// Flight, on a host agent's "flight" event, is a flight record dump
+	// one of its ranks wrote; FlightEnd marks the agent's last "flight"
+	// event answering a "flight" command (flight.go).
+	Flight    *comm.FlightDump `json:"flight,omitempty"`
+	FlightEnd bool             `json:"flight_end,omitempty"`
 	// node is the plan node whose host agent relayed the event (multi-host
 	// jobs); set by gorun, never sent. A "lost" event, made by gorun, says
 	// that node's host agent is gone (Err says how).
@@ -249,6 +268,9 @@ type supervisor struct {
 	// conts are the SIGCONTs owed to ranks stopped by an injected fault
 	// with a duration; the ticker sends them when due.
 	conts []faultCont
+	// slows are the ranks an injected slow stops and continues in turn
+	// (inject_chaos.go); the ticker toggles them.
+	slows []slowing
 	// steps is the last training step each rank reported
 	// (collateral.Step), and armed the after-steps faults waiting for one
 	// of their ranks to get there.
@@ -389,6 +411,13 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	lastBeat := time.Now()
 	for {
 		if a.running == 0 && a.finishStrays() {
+			// A rank killed between creating a shared-memory segment and
+			// its peer's mapping it leaves the segment named; every rank
+			// is gone now, so remove what dead processes left (comm
+			// names each segment after its creator's pid).
+			if n := comm.SweepShm(comm.DefaultEndpointConfig().ShmDir); n > 0 {
+				a.log.Debug().Int("segments", n).Msg("removed shared memory left by dead ranks")
+			}
 			a.emit(supervisorEvent{Ev: "done", Strays: a.strays})
 			a.flush()
 			return nil
@@ -432,6 +461,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			a.readCollateral()
 			a.fireArmed()
 			a.sendConts(time.Now())
+			a.tickSlows(time.Now())
 			if a.killing {
 				a.killAll()
 			}
@@ -569,6 +599,9 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 func (a *supervisor) command(c supervisorCmd) {
 	switch c.Op {
 	case "signal":
+		if stopping(syscall.Signal(c.Signal)) {
+			a.endSlows() // the job is being stopped: no more SIGSTOPs
+		}
 		want := map[int]bool{}
 		for _, r := range c.Ranks {
 			want[r] = true
@@ -632,6 +665,8 @@ func (a *supervisor) inject(c supervisorCmd) {
 			}
 			if err := syscall.Kill(-r.pid, syscall.Signal(c.Signal)); err != nil {
 				ev.Err = err.Error()
+			} else if c.Period > 0 {
+				a.startSlow(c, r.rank, r.pid, time.Now())
 			} else if c.For > 0 {
 				a.conts = append(a.conts, faultCont{rank: r.rank, pid: r.pid, fault: c.Fault, due: time.Now().Add(c.For)})
 			}
@@ -717,6 +752,7 @@ func (a *supervisor) noteFrozen() {
 
 // reap collects every exited child: ranks and adopted orphans alike.
 func (a *supervisor) reap() {
+	at := time.Now().UnixNano()
 	for {
 		var ws syscall.WaitStatus
 		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
@@ -733,7 +769,7 @@ func (a *supervisor) reap() {
 		delete(a.byPID, pid)
 		a.ranks[i].running = false
 		a.running--
-		ev := supervisorEvent{Ev: "exited", Rank: a.ranks[i].rank, PID: pid}
+		ev := supervisorEvent{Ev: "exited", Rank: a.ranks[i].rank, PID: pid, At: at}
 		// A report is written before the failing call returns, so before
 		// the exit just reaped: reading now finds it if there is one.
 		a.readCollateral()

@@ -121,6 +121,9 @@ type remoteJob struct {
 	// NoPMI says the ranks are not served PMI (--pmi none), so an Open
 	// MPI program is not refused (mpilib.go).
 	NoPMI bool `json:"no_pmi,omitempty"`
+	// Flight asks the agent to give its ranks a flight-record directory
+	// and send gorun what they write there (flight.go).
+	Flight bool `json:"flight,omitempty"`
 	// Ranks is how many ranks the plan puts on this host (placement is
 	// known before any hello), so the host refuses a count it cannot
 	// serve before anything starts; 0 for doctor.

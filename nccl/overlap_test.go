@@ -362,3 +362,81 @@ func TestGraphRunnerOnDeviceMatchesHost(t *testing.T) {
 		}
 	}
 }
+
+// TestExecutorWaitDoesNotBlockCPU: on a device group, Executor.Wait makes
+// the compute stream wait for the collective and its scatter instead of
+// blocking the CPU. Rank 1 hands its gradients in 400 ms late; rank 0's
+// Wait must return long before that, and a kernel queued on its compute
+// stream right after must still see the sum (it reads after synchronizing
+// that stream, which the stream wait holds back).
+func TestExecutorWaitDoesNotBlockCPU(t *testing.T) {
+	const late = 400 * time.Millisecond
+	b := stepgraph.NewBuilder().Group("dp", 2)
+	b.Tensor("g0", 64, stepgraph.Partial).Tensor("g1", 64, stepgraph.Partial).Tensor("y", 64, stepgraph.Batch).Input("x", 64)
+	b.Compute("fwd", buckets.Forward, "layers.0", time.Millisecond, []string{"x"}, []string{"g0", "g1"})
+	b.Start("ar", buckets.Forward, "layers.0", buckets.AllReduce, "dp", "f32",
+		[]stepgraph.Member{{In: "g0", Out: "G0", Bytes: 64}, {In: "g1", Out: "G1", Bytes: 64}})
+	b.Wait("ar.w", "ar", "layers.0")
+	b.Compute("opt", buckets.Forward, "layers.0", time.Millisecond, []string{"G0", "G1"}, []string{"y"})
+	g, err := b.Graph()
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := stepgraph.Plan(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, _ := startComms(t, 2, testConfig())
+	onAll(t, cs, func(r int, c *Comm) error {
+		dev := c.Device()
+		s, err := dev.NewStream()
+		if err != nil {
+			return err
+		}
+		defer dev.DestroyStream(s)
+		ctx := WithStream(context.Background(), s)
+		ex, err := overlap.New(plan, map[string]overlap.Comm{"dp": c}, overlap.DefaultConfig())
+		if err != nil {
+			return err
+		}
+		defer ex.Close()
+		bufs := map[string]*DeviceBuffer{}
+		for _, name := range []string{"g0", "g1", "G0", "G1"} {
+			v := make([]float64, 16)
+			for i := range v {
+				v[i] = float64((r + 1) * (i + len(name)))
+			}
+			bufs[name] = upload(t, c, comm.Float32, v)
+		}
+		if err := ex.Begin(0); err != nil {
+			return err
+		}
+		if r == 1 {
+			time.Sleep(late)
+		}
+		for _, m := range []string{"0", "1"} {
+			if err := ex.Ready(ctx, "g"+m, bufs["g"+m], bufs["G"+m]); err != nil {
+				return err
+			}
+		}
+		t0 := time.Now()
+		if err := ex.Wait(ctx, "G0"); err != nil {
+			return err
+		}
+		if d := time.Since(t0); r == 0 && d > late/2 {
+			return fmt.Errorf("Wait blocked the CPU for %v while the peer was %v late", d, late)
+		}
+		if err := dev.Synchronize(s); err != nil {
+			return err
+		}
+		for _, m := range []string{"0", "1"} {
+			for i, v := range download(t, bufs["G"+m]) {
+				if want := float64(3 * (i + 2)); v != want {
+					return fmt.Errorf("G%s[%d] = %v after the compute stream's wait, want %v", m, i, v, want)
+				}
+			}
+		}
+		_, err = ex.Finish(ctx)
+		return err
+	})
+}

@@ -47,10 +47,17 @@ func writeFaultSummary(w io.Writer, rep *launcher.Report) {
 		if f.Host != "" {
 			fmt.Fprintf(&b, " on %s", f.Host)
 		}
-		fmt.Fprintf(&b, ", due %.3fs)", f.PlannedAt)
+		if f.AfterSteps > 0 {
+			fmt.Fprintf(&b, ", due after step %d)", f.AfterSteps)
+		} else {
+			fmt.Fprintf(&b, ", due %.3fs)", f.PlannedAt)
+		}
 		switch {
 		case f.InjectedAt != nil:
 			fmt.Fprintf(&b, ": injected at %.3fs in world %d", *f.InjectedAt, *f.Restart)
+			if f.InjectedAtStep > 0 {
+				fmt.Fprintf(&b, " (at step %d)", f.InjectedAtStep)
+			}
 		case f.Missed != "":
 			fmt.Fprintf(&b, ": not injected: %s", f.Missed)
 		default:

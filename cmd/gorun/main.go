@@ -195,6 +195,9 @@ type options struct {
 	injects       repeated
 	injectFile    string
 	maxRestarts   int
+	ckptSignal    string
+	minNP, maxNP  int
+	ckptBefore    time.Duration
 	report        string
 }
 
@@ -216,7 +219,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.outputDir, "output-dir", "", "write rank.N.log per rank into `DIR` (terminal output is tagged)")
 	fs.DurationVar(&o.timeout, "timeout", 0, "end the job after `DUR` with exit code 124 (0: never)")
 	fs.DurationVar(&o.grace, "grace", launcher.DefaultGrace, "delay between SIGTERM and SIGKILL when stopping ranks")
-	fs.IntVar(&o.gpus, "gpus-per-host", -1, "GPUs per host, one per local rank round robin (default: nvidia-smi -L count, else 0)")
+	fs.IntVar(&o.gpus, "gpus-per-host", -1, "GPUs per host, one per local rank round robin (default: the devices the CUDA driver shows, else 0)")
 	fs.StringVar(&o.exitPolicy, "exit-policy", "first", "which failure sets the exit code: first, lowest or max")
 	fs.StringVar(&o.pmi, "pmi", "fd", "how MPICH-family MPI programs reach gorun's PMI-1/PMI-2 server: fd (PMI_FD, as Hydra), port (PMI_PORT and PMI_ID) or none (no PMI_* variables; MPI programs then run as singletons)")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
@@ -234,9 +237,13 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.preloadFiles, "preload-files", "", "copy `FILES` (comma-separated) to the ranks' working directory on every host before starting")
 	fs.DurationVar(&o.sshMultiplex, "ssh-multiplex", 0, "keep ssh master connections to the hosts for `DUR` after the job so the next job skips the handshakes (0: off)")
 	fs.StringVar(&o.sshKex, "ssh-kex", "fast", "ssh key exchange for starting agents: fast (curve25519-sha256 first; ~0.25 s less CPU per host than OpenSSH 9's post-quantum default, which protects nothing that outlives the job here) or default (ssh's own choice)")
-	fs.Var(&o.injects, "inject", "inject a fault: `SPEC` kill:rank=R:at=DUR[:sig=SIG], stop:rank=R:at=DUR[:for=DUR], cont:rank=R:at=DUR, kill-host:host=H:at=DUR[:sig=SIG] or random:mtbf=DUR:seed=N[:sig=SIG] (repeatable; times from the job's start)")
+	fs.Var(&o.injects, "inject", "inject a fault: `SPEC` kill:rank=R:at=DUR[:sig=SIG], stop:rank=R:at=DUR[:for=DUR], cont:rank=R:at=DUR, kill-host:host=H:at=DUR[:sig=SIG] or random:mtbf=DUR:seed=N[:sig=SIG], slow:rank=R:at=DUR[:for=DUR][:duty=F][:period=DUR], drop:rank=R[:peer=P]:at=DUR, delay:rank=R[:peer=P]:ms=N:at=DUR[:for=DUR], corrupt:rank=R[:peer=P]:at=DUR or partition:ranks=A-B:at=DUR[:for=DUR][:lease=DUR]; after-steps=N instead of at= fires when the target rank reports finishing step N (repeatable; times from the job's start)")
 	fs.StringVar(&o.injectFile, "inject-file", "", "read --inject specs from `FILE`, one per line (# comments)")
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "after a rank or host fails, stop every rank and start the job again, up to `N` times (torchrun's --max-restarts; ranks get GORUN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)")
+	fs.IntVar(&o.minNP, "min-np", 0, "elastic: with --max-restarts, a world that lost a host restarts without it, on spare hosts of the host list or on fewer ranks, down to `N`")
+	fs.IntVar(&o.maxNP, "max-np", 0, "elastic: at most `N` ranks per world (default -np, else every slot); hosts past those needed are spares")
+	fs.StringVar(&o.ckptSignal, "checkpoint-signal", "USR1", "the `SIGNAL` that asks the ranks for a checkpoint (ranks find it in GORUN_CHECKPOINT_SIGNAL); gorun forwards it when it receives it")
+	fs.DurationVar(&o.ckptBefore, "checkpoint-signal-before", 0, "send the checkpoint signal `DUR` before --timeout and before every timed kill or kill-host --inject (a preemption notice, as SLURM's --signal; 0: never on its own)")
 	fs.StringVar(&o.report, "report", "", "write what was injected, when, and what the job did as JSON to `FILE`")
 	fs.StringVar(&o.launcher, "launcher", "auto", "how agents start on other hosts: auto (srun inside a SLURM allocation, else ssh), ssh or srun")
 	fs.Usage = func() {
@@ -329,6 +336,15 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
 		return exitUsage
 	}
+	ckptSig, err := launcher.ParseSignal(o.ckptSignal)
+	if err != nil || ckptSig == syscall.SIGKILL || ckptSig == syscall.SIGSTOP {
+		fmt.Fprintf(stderr, "gorun: --checkpoint-signal %s: not a signal a program can catch (write e.g. USR1)\n", o.ckptSignal)
+		return exitUsage
+	}
+	if o.ckptBefore < 0 {
+		fmt.Fprintf(stderr, "gorun: --checkpoint-signal-before %s: must not be negative\n", o.ckptBefore)
+		return exitUsage
+	}
 	if o.maxRestarts < 0 {
 		fmt.Fprintf(stderr, "gorun: --max-restarts %d: must not be negative\n", o.maxRestarts)
 		return exitUsage
@@ -339,7 +355,9 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
+	// The checkpoint signal too, when it is another: gorun forwards what
+	// it catches (on demand: kill -USR1 <gorun>).
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2, ckptSig)
 	defer signal.Stop(sigs)
 
 	cfg := launcher.DefaultConfig()
@@ -364,6 +382,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	rep, err := launcher.LaunchReport(ctx, cfg, launcher.Job{
 		Argv: argv, NP: o.np, Hosts: hosts, Oversubscribe: o.oversubscribe,
 		GPUsPerHost: o.gpus, Export: exports, Faults: faults, MaxRestarts: o.maxRestarts,
+		CheckpointSignal: ckptSig, CheckpointBefore: o.ckptBefore, MinNP: o.minNP, MaxNP: o.maxNP,
 	})
 	code = exitCode(err, stderr)
 	if len(faults) > 0 || rep.Restarts > 0 {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -36,7 +37,7 @@ func TestRealKillRestart(t *testing.T) {
 	cmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", "4", "--tag-output",
 		"--inject", "stop:rank=2:at=0s", "--inject", "kill:rank=2:at=300ms", "--max-restarts", "1", "--report", report, "--timeout", "60s",
 		"/bin/sh", "-c", script, filepath.Join(dir, "trainer"),
-		"--steps", "20", "--model", "small", "--batch", "8", "--deterministic")
+		"--steps", strconv.Itoa(numSteps), "--model", "small", "--batch", "8", "--deterministic")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -112,7 +113,13 @@ func TestRealKillResume(t *testing.T) {
 		t.Skip("builds and launches binaries")
 	}
 	dir := buildBinaries(t)
-	ref := reference(t, smallOptions())
+	// Longer than numSteps: the kill comes after step 7, and the first
+	// world must still be training when it lands (with 12 steps it
+	// sometimes finished first).
+	const steps = 20
+	ro := smallOptions()
+	ro.steps = steps
+	ref := reference(t, ro)
 	for _, tc := range []struct {
 		np   int
 		mode string
@@ -126,7 +133,7 @@ func TestRealKillResume(t *testing.T) {
 			cmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", strconv.Itoa(tc.np), "--tag-output",
 				"--inject", "kill:rank=1:after-steps=7", "--max-restarts", "1", "--report", report, "--timeout", "60s",
 				"/bin/sh", "-c", script, filepath.Join(dir, "trainer"),
-				"--steps", strconv.Itoa(numSteps), "--model", "small", "--batch", "8", "--deterministic", "--mode", tc.mode,
+				"--steps", strconv.Itoa(steps), "--model", "small", "--batch", "8", "--deterministic", "--mode", tc.mode,
 				"--checkpoint", ckpt, "--checkpoint-every", "3")
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
@@ -184,4 +191,75 @@ func parseSteps(lines []string) (losses []float32, resumed int) {
 		}
 	}
 	return losses, resumed
+}
+
+// TestRealPreemptionNotice: gorun's checkpoint signal ahead of a fault.
+// gorun sends SIGUSR1 (GORUN_CHECKPOINT_SIGNAL) 500 ms before the kill it
+// injects at 1 s (--checkpoint-signal-before); the trainer, which
+// checkpoints only on the signal here, agrees on a step and writes its
+// checkpoint there; after the kill the new world resumes from exactly that
+// step, and the run ends with the losses and parameter hash of an
+// uninterrupted run, bit for bit.
+func TestRealPreemptionNotice(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	dir := buildBinaries(t)
+	o := smallOptions()
+	o.steps = 800 // 2-3 s: the kill lands mid-run
+	ckpt := t.TempDir()
+	report := filepath.Join(t.TempDir(), "report.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	script := `echo "world $GORUN_RESTART_COUNT"; exec "$0" "$@"`
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", "2", "--tag-output",
+		"--inject", "kill:rank=1:at=1s", "--checkpoint-signal-before", "500ms", "--max-restarts", "1", "--report", report, "--timeout", "90s",
+		"/bin/sh", "-c", script, filepath.Join(dir, "trainer"),
+		"--steps", strconv.Itoa(o.steps), "--model", "small", "--batch", "8", "--deterministic", "--checkpoint", ckpt)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("gorun: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
+	}
+	w := worldLines(string(out))
+	first, _ := parseSteps(w["0"])
+	second, resumed := parseSteps(w["1"])
+	want := fmt.Sprintf("checkpoint after step %d (signal)", resumed)
+	if resumed == 0 || !slices.Contains(w["0"], want) {
+		t.Fatalf("the second world resumed from step %d; the first world's lines hold no %q\nstderr:\n%s", resumed, want, stderr.String())
+	}
+	if len(first) >= o.steps {
+		t.Fatalf("the first world finished before the kill (%d steps); the test needs a longer run", len(first))
+	}
+	// The reference is an uninterrupted run of the same binaries (an
+	// in-process reference of 800 steps costs a minute under -race).
+	refCmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", "2", filepath.Join(dir, "trainer"),
+		"--steps", strconv.Itoa(o.steps), "--model", "small", "--batch", "8", "--deterministic")
+	refOut, err := refCmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the uninterrupted run: %v\n%s", err, refOut)
+	}
+	refLosses, refParams := parseOutput(t, string(refOut))
+	losses := append(first[:resumed:resumed], second...)
+	_, params := parseOutput(t, strings.Join(w["1"], "\n"))
+	if !sameLosses(losses, refLosses) || params != refParams {
+		t.Fatalf("the resumed run's %d losses and parameters %016x differ from the uninterrupted run's %d and %016x", len(losses), params, len(refLosses), refParams)
+	}
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		CheckpointSignals []struct {
+			At  float64 `json:"at_s"`
+			Why string  `json:"why"`
+		} `json:"checkpoint_signals"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.CheckpointSignals) != 1 || !strings.HasPrefix(rep.CheckpointSignals[0].Why, "before fault 0") || rep.CheckpointSignals[0].At < 0.45 {
+		t.Fatalf("report:\n%s", b)
+	}
 }

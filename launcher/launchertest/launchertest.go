@@ -14,11 +14,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -93,6 +95,12 @@ func NewToken(name string) string {
 //	steps:N            join the world and run N "training steps": an
 //	                   all-reduce, rank.ReportStep(i), print "step i",
 //	                   sleep 20 ms; exit 0 (on an error print it, exit 6)
+//	split:MS           join the world and run five 16-float all-reduces,
+//	                   except call #4: the upper half of the ranks Broadcast
+//	                   (root 0) instead, a desync (MS 0), or the last rank
+//	                   sleeps MS milliseconds before it (a straggler). Print
+//	                   "ready" after call #3; "ok" and exit 0 at the end, or
+//	                   the error and exit 3 for a DesyncError, else 6
 //	ticker:MS          for MS milliseconds wake every 5 ms, then print
 //	                   "maxgap N" (the longest gap between wake-ups, in ms;
 //	                   a stopped rank shows its stop), exit 0
@@ -185,6 +193,35 @@ func runHelper(mode string) int {
 	case "args":
 		fmt.Println(strings.Join(os.Args[1:], " "))
 		return 0
+	case "watch-rank":
+		// A program that does not use gorun's runtime (so it reports
+		// nothing collateral) whose ranks all depend on one: rank V
+		// writes its pid to DIR/victim and waits; every other rank
+		// exits 1 as soon as V's process is gone, as an MPI program's
+		// ranks do when a peer dies. Spelled watch-rank:V:DIR.
+		v, dir, _ := strings.Cut(arg, ":")
+		file := filepath.Join(dir, "victim")
+		if rank == v {
+			if err := os.WriteFile(file+".tmp", []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+				fmt.Fprintln(os.Stderr, "helper:", err)
+				return 90
+			}
+			_ = os.Rename(file+".tmp", file)
+			fmt.Printf("ready %s %d\n", rank, os.Getpid())
+			select {}
+		}
+		fmt.Printf("ready %s %d\n", rank, os.Getpid())
+		for {
+			b, err := os.ReadFile(file)
+			if err == nil {
+				st, err := os.ReadFile("/proc/" + string(b) + "/stat")
+				if i := bytes.LastIndexByte(st, ')'); err != nil || (i > 0 && i+2 < len(st) && st[i+2] == 'Z') {
+					fmt.Fprintf(os.Stderr, "helper: rank %s: rank %s is gone\n", rank, v)
+					return 1
+				}
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
 	case "allreduce":
 		return allReduceLoop(rank, 0)
 	case "allreduce-for":
@@ -206,6 +243,8 @@ func runHelper(mode string) int {
 		select {}
 	case "steps":
 		return stepLoop(rank, atoi(arg))
+	case "split":
+		return splitLoop(rank, time.Duration(atoi(arg))*time.Millisecond)
 	case "ticker":
 		end := time.Now().Add(time.Duration(atoi(arg)) * time.Millisecond)
 		var maxGap time.Duration
@@ -267,6 +306,49 @@ func allReduceLoop(rankName string, d time.Duration) int {
 	r.Abort(err)
 	_ = r.Close()
 	return 6
+}
+
+// splitLoop is the "split" mode.
+func splitLoop(rankName string, late time.Duration) int {
+	ctx := context.Background()
+	r, err := grank.Init(ctx, grank.DefaultOptions())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "helper: init:", err)
+		return 91
+	}
+	cm := r.Comm()
+	me, n := cm.Rank(), cm.Size()
+	b := comm.Float32s(make([]float32, 16))
+	for i := 1; i <= 5 && err == nil; i++ {
+		switch {
+		case i == 4 && late == 0 && me >= n/2:
+			err = cm.Broadcast(ctx, b, b, 0).Wait(ctx)
+		case i == 4 && me == n-1:
+			time.Sleep(late)
+			fallthrough
+		default:
+			err = cm.AllReduce(ctx, b, b, comm.Sum).Wait(ctx)
+		}
+		if i == 3 && err == nil {
+			fmt.Printf("ready %s %d\n", rankName, os.Getpid())
+		}
+	}
+	if err != nil {
+		fmt.Printf("rank %s: %v\n", rankName, err)
+		r.Abort(err)
+		_ = r.Close()
+		var de *comm.DesyncError
+		if errors.As(err, &de) {
+			return 3
+		}
+		return 6
+	}
+	if err := r.Close(); err != nil {
+		fmt.Fprintf(os.Stderr, "helper: rank %s: close: %v\n", rankName, err)
+		return 6
+	}
+	fmt.Println("ok")
+	return 0
 }
 
 // stepLoop is the "steps" mode.

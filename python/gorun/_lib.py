@@ -83,6 +83,20 @@ def _after_fork_in_child():
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
+
+class Forked:
+    """Stands in for the library in a forked child: any call raises the
+    error lib() raises there. Holders of a cached library (process groups
+    keep one to skip lib() on every call) swap it in after fork."""
+
+    def __getattr__(self, name):
+        return self._refuse
+
+    @staticmethod
+    def _refuse(*args):
+        lib()  # raises: this process was forked from one that loaded libgorun
+        raise GorunError("gorun: unreachable: lib() accepted a forked child", "GORUN_ERR_INTERNAL")
+
 _i64 = ctypes.c_int64
 _p = ctypes.c_void_p
 _int = ctypes.c_int

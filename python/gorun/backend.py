@@ -20,6 +20,7 @@ import os
 import queue
 import secrets
 import socket
+import sys
 import threading
 import weakref
 
@@ -52,6 +53,8 @@ _OPS = {
     ReduceOp.RedOpType.AVG: _lib.AVG,
 }
 
+_OPS_BY_VALUE = {int(k): v for k, v in _OPS.items()}
+
 ENV_DETERMINISTIC = "GORUN_DETERMINISTIC"
 
 
@@ -83,9 +86,10 @@ class Options:
 _world_lock = threading.Lock()
 _world = None  # world communicator handle
 _world_config = None
+_world_members = None  # the global ranks of gorun's world when it is not all of torch's
 
 
-def _bootstrap_env(store, rank, size):
+def _bootstrap_env(store, rank, size, force=False):
     """Outside gorun (torchrun, or a hand-set RANK/WORLD_SIZE/MASTER_ADDR),
     gorun's rendezvous needs an endpoint and a job secret that every rank
     agrees on. torch's own store is the one thing they already share: rank 0
@@ -94,7 +98,8 @@ def _bootstrap_env(store, rank, size):
     (the library cannot see os.environ changes: Go's runtime reads the
     environment the process started with). torch's store holds MASTER_PORT
     itself, so the rendezvous cannot use it."""
-    if "GORUN_RANK" in os.environ or "GORUN_RDZV_ENDPOINT" in os.environ or size <= 1 or store is None:
+    if not force and ("GORUN_RANK" in os.environ or "GORUN_RDZV_ENDPOINT" in os.environ or size <= 1
+                      or store is None):
         return ""
     if rank == 0:
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
@@ -106,12 +111,18 @@ def _bootstrap_env(store, rank, size):
             s.close()
         store.set("gorun/rdzv", "%s:%d" % (host, port))
         store.set("gorun/secret", secrets.token_hex(32))
+        store.set("gorun/job", "torch-" + secrets.token_hex(8))
     return " env.GORUN_RDZV_ENDPOINT=%s env.GORUN_SECRET=%s" % (
         store.get("gorun/rdzv").decode(), store.get("gorun/secret").decode())
 
 
-def _init_world(store, rank, size, options, timeout):
-    global _world, _world_config
+def _init_world(store, rank, size, options, timeout, members=None):
+    """gorun's world: every rank of torch's default group, or, when members
+    is given (a gorun group made while the default group has another
+    backend, so that only the group's members run this), those global
+    ranks alone, as a world of their own bootstrapped through the group's
+    store."""
+    global _world, _world_config, _world_members
     with _world_lock:
         cfg = options.config(timeout)
         if _world is not None:
@@ -120,25 +131,40 @@ def _init_world(store, rank, size, options, timeout):
                                  "finalize() first to change options to %r" % (_world_config, cfg),
                                  "GORUN_ERR_INVALID")
             return _world
-        extra = _bootstrap_env(store, rank, size)
+        extra = _members_env(store, rank, size, members) if members else _bootstrap_env(store, rank, size)
         l = _lib.lib()
         h = ctypes.c_int64()
         _lib.check(l.gorun_init((cfg + extra).encode(), ctypes.byref(h)), "gorun_init")
-        _world, _world_config = h.value, cfg
+        _world, _world_config, _world_members = h.value, cfg, members
         atexit.register(finalize)
         return _world
+
+
+def _members_env(store, rank, size, members):
+    """The rank environment of a world made of some of torch's ranks:
+    identity, host-local numbering (shared memory pairs ranks by host), a
+    rendezvous endpoint and secret, all agreed through the group's store
+    and handed to the library as overrides of what the launcher set."""
+    host = os.environ.get("GORUN_HOST") or socket.gethostname()
+    store.set("gorun/host/%d" % rank, host)
+    hosts = [store.get("gorun/host/%d" % r).decode() for r in range(size)]
+    local = [r for r in range(size) if hosts[r] == host]
+    env = _bootstrap_env(store, rank, size, force=True)
+    return env + (" env.GORUN_RANK=%d env.GORUN_WORLD_SIZE=%d env.GORUN_LOCAL_RANK=%d "
+                  "env.GORUN_LOCAL_WORLD_SIZE=%d env.GORUN_JOB_ID=%s" % (
+                      rank, size, local.index(rank), len(local), store.get("gorun/job").decode()))
 
 
 def finalize():
     """Closes every gorun communicator and leaves the world (at exit this
     runs by itself). After it, init_process_group("gorun") starts afresh."""
-    global _world, _world_config
+    global _world, _world_config, _world_members
     with _world_lock:
         if _world is None or not _lib.loaded():
             return
         for pg in list(_live_groups):
             pg._stop()
-        _world, _world_config = None, None
+        _world, _world_config, _world_members = None, None, None
         _lib.check(_lib.lib().gorun_finalize(), "gorun_finalize")
 
 
@@ -302,6 +328,79 @@ class _DoneWork(GorunWork):
         self._finish(None)
 
 
+class _SyncWork(Work):
+    """A call that already completed on the caller's thread (see
+    _caller_waits): every query answers at once."""
+
+    def __init__(self, outputs):
+        super().__init__()
+        self._outputs = outputs
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._outputs
+
+    def synchronize(self):
+        pass
+
+    def get_future(self):
+        fut = Future()
+        fut.set_result(self._outputs)
+        return fut
+
+
+# ---- synchronous callers ----------------------------------------------------------
+
+# torch.distributed's functions that, with async_op=False, issue one call on
+# the group and wait for it at once (``work = group.allreduce(...);
+# work.wait()``). Called from one of these, a collective runs to completion
+# inside one library call (gorun_* with a NULL request): the caller's thread
+# runs it with no hand-off to gorun's worker thread and back, no request
+# handle and no Work to track — on a small message that is most of the cost
+# of a call (notes/torch-backend.md). Any other caller (async_op=True, DDP's
+# C++ reducer, a direct pg.allreduce) gets an asynchronous call and a Work.
+def _sync_codes():
+    import inspect
+    c10d = dist.distributed_c10d
+    names = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base",
+             "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all_single",
+             "all_to_all", "gather", "scatter", "barrier", "all_reduce_coalesced", "all_gather_coalesced")
+    codes = set()
+    for n in names:
+        f = getattr(c10d, n, None)
+        if f is not None and hasattr(f, "__code__"):
+            f = inspect.unwrap(f)
+            if "async_op" in f.__code__.co_varnames:
+                codes.add(f.__code__)
+    return frozenset(codes)
+
+
+_SYNC_CODES = _sync_codes()
+
+
+def _caller_waits(depth=3):
+    """Whether the collective method being run (depth-1 frames up from
+    here: method → _issue → this by default) was called by one of torch's
+    functions with async_op=False, which waits for the Work before doing
+    anything else."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return False
+    return f.f_code in _SYNC_CODES and f.f_locals.get("async_op") is False
+
+
 # ---- argument checks ----------------------------------------------------------
 
 
@@ -314,6 +413,17 @@ def _dtype(t, what):
 
 
 def _check(t, what, name="tensor"):
+    """The gorun dtype of t, a dense contiguous CPU tensor; otherwise a
+    TypeError or ValueError naming the call and the argument."""
+    # The common case in four attribute reads, since it runs on every call;
+    # the error path below says which condition failed.
+    try:
+        if t.is_cpu and t.layout is _STRIDED and t.is_contiguous():
+            dt = _DTYPES.get(t.dtype)
+            if dt is not None:
+                return dt
+    except AttributeError:
+        pass
     if not isinstance(t, torch.Tensor):
         raise TypeError("gorun %s: %s is a %s, not a tensor" % (what, name, type(t).__name__))
     if t.device.type != "cpu":
@@ -324,6 +434,9 @@ def _check(t, what, name="tensor"):
     if not t.is_contiguous():
         raise ValueError("gorun %s: %s is not contiguous (call .contiguous() first)" % (what, name))
     return _dtype(t, what)
+
+
+_STRIDED = torch.strided
 
 
 def _one(tensors, what, name="tensors"):
@@ -341,8 +454,11 @@ def _same(a, b, what, na, nb):
 def _op(opts, what, dt):
     if opts is None:
         return _lib.SUM
-    op = opts.reduceOp.op if hasattr(opts.reduceOp, "op") else opts.reduceOp
-    code = _OPS.get(op)
+    op = opts.reduceOp
+    op = getattr(op, "op", op)  # a ReduceOp wraps its RedOpType
+    # By the enum's integer: hashing a pybind11 enum costs more than the
+    # rest of the lookup.
+    code = _OPS_BY_VALUE.get(int(op))
     if code is None:
         raise ValueError("gorun %s: reduce op %s is not supported (supported: SUM, PRODUCT, MIN, MAX, AVG)"
                          % (what, str(op).split(".")[-1]))
@@ -359,6 +475,16 @@ def _ptr(t):
 # ---- the process group ---------------------------------------------------------
 
 _live_groups = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    # Go's runtime does not survive fork: a child that calls a group's
+    # cached library gets lib()'s error instead (see _lib.Forked).
+    for pg in list(_live_groups):
+        pg._l = _lib.Forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Channel:
@@ -425,6 +551,7 @@ class ProcessGroupGorun(ProcessGroup):
         self._pending = {}
         self._recent = collections.deque(maxlen=self._RETAIN)
         self._channels = {}
+        self._l = _lib.lib()
         self._completer = _Completer("gorun-completer-%d" % handle)
         self._completer.start()
         _live_groups.add(self)
@@ -464,8 +591,18 @@ class ProcessGroupGorun(ProcessGroup):
     # -- issuing --
     def _issue(self, what, fn, keep, outputs, post=None, calls=None):
         """Issues one library call per entry of calls (or fn once) and returns
-        the Work. fn(req_ptr) issues and returns the status."""
-        l = _lib.lib()
+        the Work. fn(lib, req_ptr) issues and returns the status; with a
+        NULL req_ptr the library runs the call to completion before it
+        returns (synchronous callers, see _caller_waits)."""
+        l = self._l
+        if _caller_waits():
+            for f in (calls if calls is not None else (fn,)):
+                rc = f(l, None)
+                if rc != _lib.OK:
+                    raise _lib.error(rc, "gorun %s" % what)
+            if post is not None:
+                post()
+            return _SyncWork(outputs)
         reqs = []
         for f in (calls if calls is not None else [fn]):
             r = ctypes.c_int64()
@@ -485,8 +622,15 @@ class ProcessGroupGorun(ProcessGroup):
         dt = _check(t, what)
         op = _op(opts, what, dt)
         n = t.numel()
-        return self._issue(what, lambda l, r: l.gorun_allreduce(self._h, _ptr(t), _ptr(t), n, dt, op, r),
-                           [t], [t])
+        p = t.data_ptr() if n else None  # each tensor method call costs: read once
+        if _caller_waits(2):
+            # dist.all_reduce(t), the hottest call there is: _issue's
+            # synchronous path without its closure and loop.
+            rc = self._l.gorun_allreduce(self._h, p, p, n, dt, op, None)
+            if rc != _lib.OK:
+                raise _lib.error(rc, "gorun %s" % what)
+            return _SyncWork([t])
+        return self._issue(what, lambda l, r: l.gorun_allreduce(self._h, p, p, n, dt, op, r), [t], [t])
 
     def allreduce_coalesced(self, tensors, opts=None):
         what = "allreduce_coalesced"
@@ -774,15 +918,22 @@ class ProcessGroupGorun(ProcessGroup):
 
 def _create(opts, pg_options):
     """The backend's creator (torch's extended API): the world for the
-    default group, a subgroup of the given world ranks otherwise."""
+    default group, a subgroup of the given world ranks otherwise.
+
+    torch calls it on a new group's members only. With gorun as the default
+    group, gorun's world already spans every rank and a subgroup is carved
+    out of it. With another default backend (gloo), the first gorun group
+    becomes gorun's world: all of torch's ranks if it has them all,
+    otherwise its members alone; later gorun groups must then lie within
+    it (gorun's world cannot grow, and the ranks outside it never ran this
+    code to join)."""
     options = pg_options if isinstance(pg_options, Options) else Options()
     if pg_options is not None and not isinstance(pg_options, Options):
         raise TypeError("gorun: pg_options must be a gorun.Options, not %s" % type(pg_options).__name__)
     ranks = list(opts.global_ranks_in_group)
-    world = _init_world(opts.store, opts.group_rank if not ranks else -1,
-                        opts.group_size if not ranks else 0, options, opts.timeout)
     l = _lib.lib()
     if not ranks:
+        world = _init_world(opts.store, opts.group_rank, opts.group_size, options, opts.timeout)
         wr, ws = ctypes.c_int(), ctypes.c_int()
         _lib.check(l.gorun_comm_rank(world, ctypes.byref(wr)))
         _lib.check(l.gorun_comm_size(world, ctypes.byref(ws)))
@@ -790,6 +941,25 @@ def _create(opts, pg_options):
             raise GorunError("gorun: torch says rank %d of %d but gorun's environment says rank %d of %d"
                              % (opts.group_rank, opts.group_size, wr.value, ws.value), "GORUN_ERR_INIT")
         return ProcessGroupGorun(world, wr.value, ws.value, list(range(ws.value)), opts.timeout)
+    if _world is None:
+        # The default group has another backend: this group founds gorun's world.
+        everyone = ranks == list(range(dist.get_world_size()))
+        world = _init_world(opts.store, opts.group_rank, opts.group_size, options, opts.timeout,
+                            members=None if everyone else ranks)
+        if not everyone:
+            return ProcessGroupGorun(world, opts.group_rank, opts.group_size, list(range(len(ranks))),
+                                     opts.timeout)
+    world = _init_world(opts.store, -1, 0, options, opts.timeout)
+    members = _world_members
+    if members is not None:
+        outside = [r for r in ranks if r not in members]
+        if outside:
+            raise GorunError("gorun new_group %s: ranks %s are outside gorun's world %s. The default group "
+                             "is not gorun, so the first gorun group (%s) became gorun's world; make the "
+                             "first gorun group span every rank (dist.new_group(backend=\"gorun\")) or "
+                             "init_process_group(\"gorun\")" % (ranks, outside, members, members),
+                             "GORUN_ERR_INVALID")
+        ranks = [members.index(r) for r in ranks]
     arr = (ctypes.c_int * len(ranks))(*ranks)
     h = ctypes.c_int64()
     _lib.check(l.gorun_comm_group(world, arr, len(ranks), ("torch-group-" + str(opts.group_id)).encode(),

@@ -21,6 +21,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gorun
 
+# The suite tests this checkout's package, never one `make python` (a .pth
+# file) or anything else put on the path: conftest.py sets PYTHONPATH.
+_HERE = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gorun"))
+if os.path.dirname(os.path.abspath(gorun.__file__)) != _HERE:
+    raise SystemExit("rankprog: imported gorun from %s, not this checkout's %s" % (gorun.__file__, _HERE))
+
 R = dist.ReduceOp
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64,
           torch.uint8, torch.bool]
@@ -298,8 +304,7 @@ def make_model():
                                torch.nn.ReLU(), torch.nn.Linear(32, 4))
 
 
-def check_ddp(rank, n):
-    gloo = dist.new_group(list(range(n)), backend="gloo")
+def check_ddp(rank, n, gloo):
     world = dist.group.WORLD
     for name, hook in (("default", None), ("allreduce hook", default_hooks.allreduce_hook),
                        ("fp16 hook", default_hooks.fp16_compress_hook)):
@@ -314,6 +319,90 @@ def check_ddp(rank, n):
         assert all(torch.equal(o, a) for o in outs), "DDP %s: ranks disagree" % name
 
 
+class ShardedMLP:
+    """FSDP-style data parallel training written with the tensor collectives
+    (torch 1.13's FullyShardedDataParallel cannot even be imported on Python
+    3.11, see notes/torch-backend.md): each layer's parameters live as one
+    flat vector sharded over the ranks; a layer is all-gathered
+    (all_gather_into_tensor) just before it runs, the next layer's gather
+    is issued asynchronously meanwhile (FSDP's prefetch), and the flat
+    gradient is reduce-scattered (reduce_scatter_tensor, AVG) so each rank
+    updates only its shard."""
+
+    def __init__(self, model, pg):
+        self.model, self.pg = model, pg
+        self.n, self.rank = dist.get_world_size(pg), dist.get_rank(pg)
+        self.layers = [m for m in model if list(m.parameters())]
+        self.shards = []
+        for layer in self.layers:
+            flat = torch.cat([p.detach().reshape(-1) for p in layer.parameters()])
+            k = -(-flat.numel() // self.n)  # padded to a multiple of the group
+            flat = torch.cat([flat, flat.new_zeros(k * self.n - flat.numel())])
+            self.shards.append(flat[self.rank * k:(self.rank + 1) * k].clone())
+
+    def _gather(self, i, async_op):
+        shard = self.shards[i]
+        full = torch.empty(shard.numel() * self.n)
+        w = dist.all_gather_into_tensor(full, shard, group=self.pg, async_op=async_op)
+        return full, w
+
+    def _params(self, i, full):
+        out, off = {}, 0
+        for name, p in self.layers[i].named_parameters():
+            out[name] = full[off:off + p.numel()].view_as(p)
+            off += p.numel()
+        return out
+
+    def step(self, x, y, lr):
+        fulls = []
+        nxt = self._gather(0, async_op=True)
+        h = x
+        for i, m in enumerate(self.model):
+            if m in self.layers:
+                j = self.layers.index(m)
+                full, w = nxt
+                w.wait()
+                if j + 1 < len(self.layers):
+                    nxt = self._gather(j + 1, async_op=True)  # prefetch while this layer runs
+                full.requires_grad_(True)
+                fulls.append(full)
+                h = torch.nn.utils.stateless.functional_call(m, self._params(j, full), (h,))
+            else:
+                h = m(h)
+        loss = ((h - y) ** 2).mean()
+        loss.backward()
+        for j, full in enumerate(fulls):
+            g = torch.empty_like(self.shards[j])
+            dist.reduce_scatter_tensor(g, full.grad, op=dist.ReduceOp.AVG, group=self.pg)
+            self.shards[j] -= lr * g
+
+    def full_parameters(self):
+        return torch.cat([self._gather(j, False)[0][:sum(p.numel() for p in layer.parameters())]
+                          for j, layer in enumerate(self.layers)])
+
+
+def check_fsdp_style(rank, n, gloo):
+    steps, lr = 6, 0.05
+    sharded = ShardedMLP(make_model(), dist.group.WORLD)
+    g = torch.Generator().manual_seed(23 + rank)
+    batches = [(torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)) for _ in range(steps)]
+    for x, y in batches:
+        sharded.step(x, y, lr)
+    got = sharded.full_parameters()
+    # the reference: DDP over gloo (gradients averaged by all-reduce) on the
+    # same model and batches
+    model = make_model()
+    ddp = DDP(model, process_group=gloo)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    for x, y in batches:
+        opt.zero_grad()
+        ((ddp(x) - y) ** 2).mean().backward()
+        opt.step()
+    want = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    if not torch.allclose(got, want, atol=1e-5, rtol=0):
+        raise AssertionError("FSDP-style training on gorun and DDP on gloo differ by %g" % (got - want).abs().max())
+
+
 def case_all():
     dist.init_process_group("gorun")
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -323,20 +412,111 @@ def case_all():
     check_groups(rank, n)
     check_async(rank, n)
     check_bad_arguments(rank, n)
-    check_ddp(rank, n)
+    gloo = dist.new_group(list(range(n)), backend="gloo")
+    check_ddp(rank, n, gloo)
+    check_fsdp_style(rank, n, gloo)
     say("all ok")
     dist.destroy_process_group()
 
 
+def fixed_tree(vals):
+    """gorun's deterministic reduction order (comm/doc.go): pairwise in
+    rank order, neighbours (0,1), (2,3)... with the lower rank on the left,
+    an odd one out moving up unchanged: ((r0+r1)+(r2+r3)) for 4 ranks."""
+    level = list(vals)
+    while len(level) > 1:
+        nxt = [level[i] + level[i + 1] for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]
+
+
+def order_sensitive(rank, count, seed):
+    """float32 inputs whose sum depends on the order of the additions:
+    magnitudes from 1e-4 to 1e8, so that most orders round differently."""
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    mag = torch.randint(-4, 9, (count,), generator=g).to(torch.float64)
+    return (torch.randn(count, generator=g, dtype=torch.float64) * torch.pow(10.0, mag)).to(torch.float32)
+
+
 def case_det():
-    dist.init_process_group("gorun", pg_options=gorun.Options(deterministic=True))
+    """gorun.Options(deterministic=D), D from argv. Every all-reduce's result
+    is compared bit for bit with the fixed tree computed on this rank from
+    every rank's inputs, at sizes that take the small (gather, recursive
+    doubling) and large (direct, ring) algorithms, with ranks arriving in
+    different orders (sleeps). Prints the mismatches per size; the test
+    wants none with D=1 and some with D=0 (proof that the inputs can tell
+    reduction orders apart). With D=1 a DDP run must also be bitwise equal
+    on every rank."""
+    det = sys.argv[2] == "1"
+    dist.init_process_group("gorun", pg_options=gorun.Options(deterministic=det))
     rank, n = dist.get_rank(), dist.get_world_size()
-    p = train(make_model(), dist.group.WORLD, 15, 11)
-    outs = [torch.empty_like(p) for _ in range(n)]
-    dist.all_gather(outs, p)
-    assert all(torch.equal(o, p) for o in outs), "ranks disagree bitwise"
-    say("DETHASH", hashlib.sha256(p.numpy().tobytes()).hexdigest())
+    counts = [1, 7, 1000, 300_001]
+    bad = {}
+    for count in counts:
+        bad[count] = 0
+        for rep in range(3):
+            seed = count + rep
+            x = order_sensitive(rank, count, seed)
+            time.sleep(0.003 * ((rank + rep) % n))  # a different arrival order each rep
+            if rep == 1:
+                dist.all_reduce(x, async_op=True).wait()  # the asynchronous path as well
+            else:
+                dist.all_reduce(x)
+            want = fixed_tree([order_sensitive(r, count, seed) for r in range(n)])
+            bad[count] += int((x.view(torch.int32) != want.view(torch.int32)).sum())
+            # whatever the order, every rank holds the same bits
+            outs = [torch.empty_like(x) for _ in range(n)]
+            dist.all_gather(outs, x)
+            assert all(torch.equal(o.view(torch.int32), x.view(torch.int32)) for o in outs), \
+                "ranks disagree bitwise (count %d)" % count
+    say("TREE det=%d %s" % (det, " ".join("%d:%d" % kv for kv in bad.items())))
+    if det:
+        p = train(make_model(), dist.group.WORLD, 15, 11)
+        outs = [torch.empty_like(p) for _ in range(n)]
+        dist.all_gather(outs, p)
+        assert all(torch.equal(o, p) for o in outs), "DDP: ranks disagree bitwise"
+        say("DETHASH", hashlib.sha256(p.numpy().tobytes()).hexdigest())
     say("det ok")
+
+
+def case_gloo_default():
+    """gorun groups while the default group is gloo: the first gorun group
+    founds gorun's world (a subset of the ranks when n > 2, every rank
+    otherwise), later gorun groups are carved out of it."""
+    dist.init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    first = [0, n - 1] if n > 2 else list(range(n))
+    g = dist.new_group(first, backend="gorun")
+    if rank in first:
+        assert dist.get_backend(g) == "gorun", dist.get_backend(g)
+        t = torch.full((5,), float(rank))
+        dist.all_reduce(t, group=g)
+        same(t, torch.full((5,), float(sum(first))), "gorun subgroup all_reduce")
+        outs = [torch.empty(1, dtype=torch.int64) for _ in first]
+        dist.all_gather(outs, torch.tensor([rank]), group=g)
+        same(torch.cat(outs), torch.tensor(first), "gorun subgroup all_gather")
+        f = dist.all_reduce(torch.ones(3), group=g, async_op=True).get_future()
+        same(f.wait()[0], torch.full((3,), float(len(first))), "gorun subgroup future")
+        # point-to-point between the group's two ends (group ranks 0 and 1)
+        x = torch.full((4,), float(rank))
+        peer = len(first) - 1 - first.index(rank)
+        if first.index(rank) == 0:
+            dist.send(x, first[peer], group=g)
+        elif first.index(rank) == len(first) - 1:
+            dist.recv(x, first[peer], group=g)
+            same(x, torch.full((4,), float(first[0])), "gorun subgroup send/recv")
+    inner = dist.new_group([n - 1], backend="gorun")  # within gorun's world
+    if rank == n - 1:
+        t = torch.full((2,), 7.0)
+        dist.all_reduce(t, group=inner)
+        same(t, torch.full((2,), 7.0), "gorun group of one")
+    t = torch.ones(2)
+    dist.all_reduce(t)  # the default group is still gloo's
+    same(t, torch.full((2,), float(n)), "gloo default all_reduce")
+    say("gloodefault ok")
+    dist.destroy_process_group()
 
 
 def case_smoke():
@@ -422,4 +602,4 @@ def case_desync():
 
 
 if __name__ == "__main__":
-    {"all": case_all, "smoke": case_smoke, "fork": case_fork, "det": case_det, "kill": case_kill, "desync": case_desync}[sys.argv[1]]()
+    {"all": case_all, "smoke": case_smoke, "gloodefault": case_gloo_default, "fork": case_fork, "det": case_det, "kill": case_kill, "desync": case_desync}[sys.argv[1]]()

@@ -30,16 +30,24 @@ def test_collectives_groups_async_badargs_ddp(launcher, np):
     ranks_ok(out, np, "all")
 
 
-def test_deterministic_ddp_is_bitwise_the_same_on_every_rank_and_across_runs(launcher):
-    hashes = []
-    for _ in range(2):
-        code, out = launcher.run(3, "det")
+def test_deterministic_mode_follows_the_fixed_tree_and_plain_mode_does_not(launcher):
+    """Deterministic mode: every all-reduce equals, bit for bit, the fixed
+    pairwise tree each rank computes itself, at every size and arrival
+    order; DDP is bitwise the same on every rank. Plain mode on the same
+    inputs must differ from the tree somewhere: otherwise the inputs could
+    not tell a broken deterministic mode from a working one."""
+    got = {}
+    for det in ("1", "0"):
+        # 4 ranks: the fixed tree ((r0+r1)+(r2+r3)) differs from a left
+        # fold (((r0+r1)+r2)+r3) as well as from the ring's orders.
+        code, out = launcher.run(4, "det", det)
         assert code == 0, out[-6000:]
-        ranks_ok(out, 3, "det")
-        hs = set(re.findall(r"DETHASH ([0-9a-f]{64})", out))
-        assert len(hs) == 1, "ranks disagree: %s\n%s" % (hs, out[-3000:])
-        hashes.append(hs.pop())
-    assert hashes[0] == hashes[1], "two runs differ: %s" % hashes
+        ranks_ok(out, 4, "det")
+        lines = set(re.findall(r"TREE det=%s (.*)" % det, out))
+        assert len(lines) == 1, "ranks report different mismatches: %s\n%s" % (lines, out[-3000:])
+        got[det] = {int(k): int(v) for k, v in (kv.split(":") for kv in lines.pop().split())}
+    assert all(v == 0 for v in got["1"].values()), "deterministic mode left the fixed tree: %s" % got["1"]
+    assert sum(got["0"].values()) > 0, "plain mode matched the tree everywhere: the test cannot see order"
 
 
 def test_fork_children_never_hang(launcher):
@@ -69,9 +77,20 @@ def test_desync_raises_on_every_rank_naming_both_calls(launcher):
         assert "Broadcast" in msg and "AllReduce" in msg, (rank, msg)
 
 
-def test_torch_style_launch_without_gorun_bootstraps_through_the_store(launcher):
+def test_gorun_groups_with_a_gloo_default_group(launcher):
+    """init_process_group("gloo") then new_group(backend="gorun"): on 3 ranks
+    the first gorun group is [0, 2], a world of its members alone."""
+    code, out = launcher.run(3, "gloodefault")
+    assert code == 0, out[-6000:]
+    ranks_ok(out, 3, "gloodefault")
+
+
+@pytest.mark.parametrize("case", ["smoke", "gloodefault"])
+def test_torch_style_launch_without_gorun_bootstraps_through_the_store(launcher, case):
     """RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT only, as torchrun sets them:
-    the rendezvous endpoint and secret travel through torch's store."""
+    the rendezvous endpoint and secret travel through torch's store (smoke:
+    gorun is the default group; gloodefault: a gorun group of every rank
+    under a gloo default group)."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -81,7 +100,7 @@ def test_torch_style_launch_without_gorun_bootstraps_through_the_store(launcher)
         env = {k: v for k, v in os.environ.items() if not k.startswith("GORUN_")}
         env.update(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=PYDIR, GORUN_LIB=launcher.lib, OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, RANKPROG, "smoke"], env=env,
+        procs.append(subprocess.Popen([sys.executable, RANKPROG, case], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     out = ""
     for p in procs:
@@ -91,4 +110,4 @@ def test_torch_style_launch_without_gorun_bootstraps_through_the_store(launcher)
             p.kill()
         out += o.decode(errors="replace")
         assert p.returncode == 0, out[-3000:]
-    ranks_ok(out, 2, "smoke")
+    ranks_ok(out, 2, case)
