@@ -5,7 +5,7 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu clean
+.PHONY: help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -87,8 +87,11 @@ bench-multihost: build ## multi-host launch: gorun vs mpirun --hostfile over 4 n
 bench-mpi: build ## MPICH MPI_Init+Barrier: gorun vs mpiexec.hydra, 16 ranks locally and 4 namespace hosts x 4 (root)
 	@bash scripts/bench-mpi.sh
 
-bench-gpu: ## GPU all-reduce: gorun --device cuda vs torch.distributed NCCL, side by side (needs a GPU and CUDA torch; not yet run)
+bench-gpu: ## GPU all-reduce: gorun --device cuda vs torch.distributed NCCL, side by side (needs a GPU and CUDA torch; not yet run on one)
 	@bash scripts/bench-gpu.sh
+
+bench-gpu-standin: ## the bench-gpu pipeline without a GPU: stand-in NCCL vs torch gloo (checks the script, measures nothing)
+	@bash scripts/bench-gpu.sh --standin bench-results/gpu-standin
 
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)
