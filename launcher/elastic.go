@@ -209,7 +209,7 @@ func (w *worldRun) prepare(plan *Plan) error {
 		for _, in := range inj {
 			rep.byID[in.id] = len(rep.Faults)
 			rep.Faults = append(rep.Faults, FaultReport{
-				ID: in.id, Spec: rep.faults[in.fault].Spec, Kind: string(in.kind), Signal: unixSignalName(in.sig),
+				ID: in.id, Spec: rep.faults[in.fault].Spec, Kind: string(in.kind), Signal: injectionAction(in),
 				Ranks: in.ranks, Host: in.host, PlannedAt: in.at.Seconds(), AfterSteps: in.afterSteps,
 			})
 		}
@@ -415,6 +415,8 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 			RestartCountEnv+"="+n, TorchRestartCountEnv+"="+n,
 			TorchMaxRestartsEnv+"="+strconv.Itoa(job.MaxRestarts),
 			rankenv.CheckpointSignal+"="+unixSignalName(rep.ckptSig))
+		// Data-plane faults are armed in the ranks (inject_chaos.go).
+		j.Export = append(j.Export, netFaultEnv(job.Faults, rep.Start, time.Since(rep.Start))...)
 		c := cfg
 		w := &worldRun{rep: rep, restart: restart}
 		c.world = w
