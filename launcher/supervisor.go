@@ -491,6 +491,7 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 	// Every rank this agent starts runs on its host: local rank i of
 	// len(ranks) (see bind.go).
 	shares := cpuShares(len(ranks))
+	crowded := shares == nil && oversubscribed(len(ranks))
 	for i, r := range ranks {
 		var cpus []int
 		if shares != nil && bindPolicy(r.Env) == BindAuto {
@@ -498,6 +499,11 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		}
 		stdin, stdout, stderr := fileFor(r.Stdin), fileFor(r.Stdout), fileFor(r.Stderr)
 		files, env := []*os.File{stdin, stdout, stderr}, r.Env
+		// Oversubscribed ranks share this process's session (ownSession).
+		own := !crowded || bindPolicy(r.Env) != BindAuto
+		if crowded {
+			env = goMaxProcsEnv(env)
+		}
 		if a.pmi != nil {
 			var pmiEnd *os.File
 			pmiEnd, env = a.pmi.rankSetup(r.Rank, env)
@@ -547,8 +553,11 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 					// 1.1-2.4 s to start under gorun against 0.75 s under
 					// Hydra, the same CPU time. No controlling terminal
 					// either: a rank that opens /dev/tty fails at once
-					// instead of stopping on SIGTTIN.
-					Setsid:    true,
+					// instead of stopping on SIGTTIN. Except when the host
+					// is oversubscribed: then the ranks lead their own
+					// process groups in one session (see bind.go).
+					Setsid:    own,
+					Setpgid:   !own,
 					Pdeathsig: syscall.SIGKILL,
 				},
 			})
