@@ -546,11 +546,28 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 			break
 		}
 	}
-	e := &CollateralError{ReportedBy: reporter.rank, Why: reporter.why, Blame: -1, Failed: len(fs),
+	if blame < 0 {
+		// Every chain is a cycle: two ranks that each reported the
+		// other lost, both running until then.
+		for _, f := range fs {
+			if g, ok := byRank[f.blame]; ok && g.blame == f.rank && g.rank != f.rank {
+				reporter, blame = f, f.blame
+				break
+			}
+		}
+	}
+	e := &CollateralError{ReportedBy: reporter.rank, ReporterHost: r.plan.Ranks[reporter.rank].Host, Why: reporter.why, Blame: -1, Failed: len(fs),
 		Stopped: stopped, Code: failure{code: first.code, signal: first.signal}.exitCode()}
 	if blame >= 0 {
 		e.Blame, e.BlameHost, e.BlamePID = blame, r.plan.Ranks[blame].Host, ranks[blame].pid
 		e.Frozen = ranks[blame].frozen
+		_, reported := byRank[blame]
+		// The blamed rank ran on until gorun stopped it (not frozen) or
+		// failed itself only because of a peer, its host's supervisor
+		// answered throughout (else the host is the lost one), and its
+		// reporter is on another host: what they lost was the network
+		// between their hosts, not a process.
+		e.Link = e.Frozen == "" && e.BlameHost != e.ReporterHost && (reported || (ranks[blame].stopped && ranks[blame].pid > 0))
 		if ranks[blame].stopped && ranks[blame].pid > 0 {
 			// The blamed rank is counted by name, not among the others.
 			e.Stopped--
