@@ -535,20 +535,26 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 	}
 	first := fs[0]
 	reporter, blame := first, -1
-	// First-hand evidence first: the first report (in arrival order) of
-	// a rank that saw the loss itself (a connection closed or timed out,
-	// a lease ran out), not one relaying a peer's abort. An abort
-	// travels from peer to peer, so the relays of a ring blame each other
-	// in a cycle that hides where it began.
-	for _, f := range fs {
-		if !f.relay && f.blame >= 0 && f.blame < len(ranks) && f.blame != f.rank {
-			reporter, blame = f, f.blame
-			break
+	// First-hand evidence first: a report (in arrival order) of a rank
+	// that saw the loss itself (a connection closed or timed out, a lease
+	// ran out), not one relaying a peer's abort: an abort travels from
+	// peer to peer, so the relays of a ring blame each other in a cycle
+	// that hides where it began. A first-hand report blaming a rank that
+	// never reported (it died, froze or stopped answering) beats one
+	// blaming a rank that failed only because of a peer itself (then the
+	// two lost each other: a link).
+	firstHand := func(silent bool) {
+		for _, f := range fs {
+			if _, reported := byRank[f.blame]; blame < 0 && !f.relay && f.blame >= 0 && f.blame < len(ranks) && f.blame != f.rank && reported != silent {
+				reporter, blame = f, f.blame
+			}
 		}
 	}
-	// Only relays (the first-hand reporter was stopped before it could
-	// report): follow each report's blame to a rank that reported
-	// nothing itself.
+	firstHand(true)
+	firstHand(false)
+	// Only relays reached gorun (the first-hand reporter was stopped
+	// before it could report): follow each report's blame to a rank that
+	// reported nothing itself.
 	for _, f := range fs {
 		if blame >= 0 {
 			break
