@@ -281,6 +281,10 @@ func allReduceLoop(rankName string, d time.Duration) int {
 		}
 		if i == 0 {
 			fmt.Printf("ready %s %d\n", rankName, os.Getpid())
+			// Step 1 is the first all-reduce, which every rank has
+			// joined: a fault after-steps=1 fires only once every rank
+			// is up and has printed what it printed before.
+			r.ReportStep(1)
 		}
 		if d > 0 && i%16 == 15 {
 			// Ranks decide together whether to stop, so that none

@@ -389,12 +389,13 @@ def _sync_codes():
 _SYNC_CODES = _sync_codes()
 
 
-def _caller_waits():
-    """Whether the collective method being run (two frames up from here:
-    method → _issue → this) was called by one of torch's functions with
-    async_op=False, which waits for the Work before doing anything else."""
+def _caller_waits(depth=3):
+    """Whether the collective method being run (depth-1 frames up from
+    here: method → _issue → this by default) was called by one of torch's
+    functions with async_op=False, which waits for the Work before doing
+    anything else."""
     try:
-        f = sys._getframe(3)
+        f = sys._getframe(depth)
     except ValueError:
         return False
     return f.f_code in _SYNC_CODES and f.f_locals.get("async_op") is False
@@ -622,6 +623,13 @@ class ProcessGroupGorun(ProcessGroup):
         op = _op(opts, what, dt)
         n = t.numel()
         p = t.data_ptr() if n else None  # each tensor method call costs: read once
+        if _caller_waits(2):
+            # dist.all_reduce(t), the hottest call there is: _issue's
+            # synchronous path without its closure and loop.
+            rc = self._l.gorun_allreduce(self._h, p, p, n, dt, op, None)
+            if rc != _lib.OK:
+                raise _lib.error(rc, "gorun %s" % what)
+            return _SyncWork([t])
         return self._issue(what, lambda l, r: l.gorun_allreduce(self._h, p, p, n, dt, op, r), [t], [t])
 
     def allreduce_coalesced(self, tensors, opts=None):
