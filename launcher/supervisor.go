@@ -495,6 +495,15 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 	// len(ranks) (see bind.go).
 	shares := cpuShares(len(ranks))
 	crowded := shares == nil && oversubscribed(len(ranks))
+	runtimeOf := map[string]bool{}
+	onRuntime := func(path string) bool {
+		v, ok := runtimeOf[path]
+		if !ok {
+			v = gorunRuntime(path)
+			runtimeOf[path] = v
+		}
+		return v
+	}
 	for i, r := range ranks {
 		var cpus []int
 		if shares != nil && bindPolicy(r.Env) == BindAuto {
@@ -502,8 +511,9 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		}
 		stdin, stdout, stderr := fileFor(r.Stdin), fileFor(r.Stdout), fileFor(r.Stderr)
 		files, env := []*os.File{stdin, stdout, stderr}, r.Env
-		// Oversubscribed ranks share this process's session (ownSession).
-		own := !crowded || bindPolicy(r.Env) != BindAuto
+		// Oversubscribed ranks on gorun's runtime share this process's
+		// session (bind.go).
+		own := !crowded || bindPolicy(r.Env) != BindAuto || !onRuntime(r.Path)
 		if crowded {
 			env = goMaxProcsEnv(env)
 		}

@@ -44,6 +44,9 @@ type row struct {
 	// rank (gorun mode); names: what every survivor's error must name.
 	cause []string
 	names string
+	// alsoBlame lists ranks gorun may name first besides victim (the
+	// other end of a dropped link).
+	alsoBlame []int
 	// bound is the row's time limit: past it the row is a hang.
 	bound time.Duration
 	// ci marks the covering subset that make test runs.
@@ -143,7 +146,7 @@ func matrix() []row {
 			row{mode: mode, fault: "corrupt", phase: "loop", np: 3, victim: 1, run: 4 * time.Second, ci: ci,
 				inject: []string{"corrupt:rank=1:at=800ms"}, cause: []string{"corrupted on the link 1->"}, names: "corrupted on the link 1->"},
 			row{mode: mode, fault: "drop", phase: "loop", np: 3, victim: 1, run: 4 * time.Second, ci: !ci,
-				inject: []string{"drop:rank=1:peer=2:at=800ms"}, cause: []string{"rank "}, names: "rank "},
+				inject: []string{"drop:rank=1:peer=2:at=800ms"}, cause: []string{"dropped"}, names: "rank ", alsoBlame: []int{2}},
 			row{mode: mode, fault: "partition", phase: "loop", np: 3, victim: -1, run: 6 * time.Second, ci: ci,
 				inject: []string{"partition:ranks=0:at=800ms:lease=1500ms"}, cause: []string{"lease"}, names: "rank "},
 			row{mode: mode, fault: "partition", phase: "heal", np: 3, victim: -1, run: 3 * time.Second, complete: true,
@@ -392,6 +395,13 @@ func runGorunArgs(t *testing.T, r row, env []string, pre []string) (string, bool
 		}
 		if r.victim >= 0 && !strings.Contains(msg, "rank "+strconv.Itoa(r.victim)) && !strings.Contains(msg, "world rank "+strconv.Itoa(r.victim)) {
 			o.violations = append(o.violations, fmt.Sprintf("gorun's message does not name rank %d: %s", r.victim, msg))
+		}
+		// A line about one rank ("rank N (host ...) ...") must be about
+		// the culprit, not a bystander the fault made fail.
+		if m := regexp.MustCompile(`^gorun: rank (\d+) \(host `).FindStringSubmatch(msg); m != nil && r.victim >= 0 {
+			if n, _ := strconv.Atoi(m[1]); n != r.victim && !slices.Contains(r.alsoBlame, n) {
+				o.violations = append(o.violations, fmt.Sprintf("gorun blames rank %d, not the culprit rank %d: %s", n, r.victim, msg))
+			}
 		}
 	}
 	return out, failed, o
