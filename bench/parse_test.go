@@ -198,16 +198,19 @@ func TestPlot(t *testing.T) {
 
 func TestComparison(t *testing.T) {
 	g := &Report{Source: "gorun", Label: "gorun tcp", Op: "allreduce", Ranks: 2, Rows: []Row{
-		{Bytes: 1024, OutOfPlace: &Measure{BusBW: 1}, InPlace: &Measure{BusBW: 2}},
+		{Bytes: 1024, OutOfPlace: &Measure{BusBW: 1}, InPlace: &Measure{BusBW: 2, TimeUs: 10}},
 		{Bytes: 4096, OutOfPlace: &Measure{BusBW: 3}},
 	}}
 	m := &Report{Source: "nccl-tests", Label: "mpi", Op: "allreduce", Ranks: 2, Rows: []Row{
-		{Bytes: 1024, OutOfPlace: &Measure{BusBW: 4}},
+		{Bytes: 1024, OutOfPlace: &Measure{BusBW: 4, TimeUs: 7.5}},
 	}}
 	var b strings.Builder
 	WriteComparison(&b, []*Report{g, m}, DefaultRatios([]*Report{g, m}))
 	out := b.String()
-	for _, want := range []string{"(a) gorun tcp / mpi", "1K      2.0000      4.0000     0.50", "4K      3.0000           -        -"} {
+	// The time table's ratio column is the microseconds the first series
+	// adds per call over the second.
+	for _, want := range []string{"(a) gorun tcp / mpi", "1K      2.0000      4.0000     0.50", "4K      3.0000           -        -",
+		"(x): us added per call", "1K        10.0         7.5      +2.5", "4K         0.0           -         -"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in\n%s", want, out)
 		}

@@ -1,6 +1,10 @@
 package comm
 
-import "time"
+import (
+	"time"
+
+	"github.com/gorun-hpc/gorun/internal/netfault"
+)
 
 // SetTuning overrides the shared-memory waiter's spin and yield thresholds
 // and whether Wait may run calls itself (benchmark experiments; safe while
@@ -44,3 +48,7 @@ func SideQueries(c *Comm) (checks, queries, bytes int64) {
 
 // RaceEnabled reports whether the race detector is on.
 const RaceEnabled = raceEnabled
+
+// SetNetFaults arms plan in this process instead of GORUN_NETFAULT for
+// communicators created after the call; nil goes back to the environment.
+func SetNetFaults(plan *netfault.Plan) { netPlanOverride.Store(plan) }

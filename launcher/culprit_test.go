@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -36,7 +37,8 @@ func TestCulpritNamedAfterSIGKILL(t *testing.T) {
 	for i := range runs {
 		j := newJobRun(t, 6, "allreduce", nil)
 		errc := make(chan error, 1)
-		go func() { errc <- j.launch(context.Background()) }()
+		repc := make(chan *Report, 1)
+		go func() { rep, err := j.launchReport(context.Background()); repc <- rep; errc <- err }()
 		if !launchertest.WaitFor(60*time.Second, func() bool { return j.readyCount() == 6 }) {
 			t.Fatalf("run %d: ranks not ready: %s%s", i, j.stdout, j.stderr)
 		}
@@ -45,10 +47,16 @@ func TestCulpritNamedAfterSIGKILL(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		err := <-errc
+		rep, err := <-repc, <-errc
 		var re *RankExitError
 		if errors.As(err, &re) {
 			collateral += re.Collateral
+			// The report's causal record says the same as the line.
+			c := rep.Cause
+			if c == nil || c.Kind != "killed" || c.Rank != 3 || c.PID != pid || c.Signal != "SIGKILL" || c.ExitCode != 137 ||
+				c.At == nil || len(c.CollateralRanks) != re.Collateral || slices.Contains(c.CollateralRanks, 3) || c.Stopped != re.Stopped {
+				t.Errorf("run %d: report cause %+v does not match %v", i, c, err)
+			}
 		}
 		if errors.As(err, &re) && re.Rank == 3 && re.Signal == syscall.SIGKILL && re.PID == pid &&
 			re.Collateral+re.Stopped == 5 && re.AlsoFailed == 0 && re.ExitCode() == 137 {
@@ -83,7 +91,8 @@ func TestCulpritFrozenRank(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			j := newJobRun(t, 4, "allreduce", nil)
 			errc := make(chan error, 1)
-			go func() { errc <- j.launch(context.Background()) }()
+			repc := make(chan *Report, 1)
+			go func() { rep, err := j.launchReport(context.Background()); repc <- rep; errc <- err }()
 			if !launchertest.WaitFor(60*time.Second, func() bool { return j.readyCount() == 4 }) {
 				t.Fatalf("ranks not ready: %s%s", j.stdout, j.stderr)
 			}
@@ -94,8 +103,10 @@ func TestCulpritFrozenRank(t *testing.T) {
 				t.Fatal(err)
 			}
 			var err error
+			var rep *Report
 			select {
-			case err = <-errc:
+			case rep = <-repc:
+				err = <-errc
 			case <-time.After(60 * time.Second):
 				// The hang: end it so that the test reports.
 				_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -108,6 +119,14 @@ func TestCulpritFrozenRank(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), "frozen") || !strings.Contains(ce.Why, "frozen or unresponsive") {
 				t.Errorf("final line %q does not say frozen, or the report %q not why", err, ce.Why)
+			}
+			// --report's causal record: the frozen rank, the others
+			// counted apart, and when the first survivor's report came.
+			c := rep.Cause
+			if c == nil || c.Kind != "frozen" || c.Rank != tc.victim || c.PID != pid || c.State != "T" || c.Host != "localhost" ||
+				c.At != nil || c.DetectedAt == nil || c.ReportedBy == nil || len(c.CollateralRanks) != ce.Failed ||
+				slices.Contains(c.CollateralRanks, tc.victim) {
+				t.Errorf("report cause %+v does not match %v", c, err)
 			}
 			// Each survivor's runtime error, as the helper prints it.
 			named := 0
@@ -125,4 +144,70 @@ func TestCulpritFrozenRank(t *testing.T) {
 			t.Logf("SIGSTOP → gorun returned %v; %d survivors printed an error naming rank %d: %v", took, named, tc.victim, err)
 		})
 	}
+}
+
+// pickFailure under ExitFirst orders failures by when each process exited,
+// then a signal death before an exit code within one reap pass, then
+// arrival; the slice is in arrival order.
+func TestPickFailureByExitTime(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ns := func(ms int) int64 { return t0.Add(time.Duration(ms) * time.Millisecond).UnixNano() }
+	kill := syscall.SIGKILL
+	for _, tc := range []struct {
+		name string
+		fs   []failure
+		want int // the rank named
+	}{
+		{"arrived first but exited later", []failure{{rank: 2, code: 1, exitedAt: ns(5)}, {rank: 3, signal: kill, exitedAt: ns(2)}}, 3},
+		{"same reap pass: the killed one", []failure{{rank: 2, code: 1, exitedAt: ns(2)}, {rank: 3, signal: kill, exitedAt: ns(2)}}, 3},
+		{"same reap pass, both codes: arrival", []failure{{rank: 2, code: 1, exitedAt: ns(2)}, {rank: 3, code: 4, exitedAt: ns(2)}}, 2},
+		{"a kill reaped 3 ms after its peer's exit", []failure{{rank: 2, code: 1, exitedAt: ns(2)}, {rank: 3, signal: kill, exitedAt: ns(5)}}, 3},
+		{"an exit code well before a later kill", []failure{{rank: 3, signal: kill, exitedAt: ns(90)}, {rank: 2, code: 1, exitedAt: ns(2)}}, 2},
+		{"two kills: the earlier", []failure{{rank: 4, signal: kill, exitedAt: ns(7)}, {rank: 3, signal: kill, exitedAt: ns(5)}, {rank: 1, code: 1, exitedAt: ns(1)}}, 3},
+		{"no exit time: its arrival", []failure{{rank: 5, lost: errors.New("x"), lostRanks: 2, arrived: t0.Add(400 * time.Millisecond)}, {rank: 1, code: 1, exitedAt: ns(3)}}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := pickFailure(tc.fs, ExitFirst); got.rank != tc.want {
+				t.Errorf("named rank %d, want %d", got.rank, tc.want)
+			}
+		})
+	}
+}
+
+// TestCulpritByExitOrder: a program that does not use gorun's runtime, so
+// no rank reports itself collateral. Rank 3 is SIGKILLed; ranks 0-2 exit 1
+// within about 100 µs of seeing it gone, often before its exit reaches
+// gorun or in the same reap pass, where wait4 hands them over first. The
+// final line must still name rank 3: it exited first.
+func TestCulpritByExitOrder(t *testing.T) {
+	runs := 5
+	if v, err := strconv.Atoi(os.Getenv(culpritRunsEnv)); err == nil && v > 0 {
+		runs = v
+	}
+	right := 0
+	for i := range runs {
+		dir := t.TempDir()
+		j := newJobRun(t, 4, "watch-rank:3:"+dir, nil)
+		errc := make(chan error, 1)
+		go func() { errc <- j.launch(context.Background()) }()
+		if !launchertest.WaitFor(60*time.Second, func() bool { return j.readyCount() == 4 }) {
+			t.Fatalf("ranks not ready: %s%s", j.stdout, j.stderr)
+		}
+		b, err := os.ReadFile(dir + "/victim")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(string(b))
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		err = <-errc
+		var re *RankExitError
+		if errors.As(err, &re) && re.Rank == 3 && re.Signal == syscall.SIGKILL && re.ExitCode() == 137 {
+			right++
+			continue
+		}
+		t.Errorf("run %d: want rank 3 killed by SIGKILL named, got %T: %v\n%s", i, err, err, j.stderr)
+	}
+	t.Logf("rank 3 named in %d of %d runs", right, runs)
 }

@@ -28,7 +28,7 @@
 //     hostfile.go; ResolveExports turns -x values into NAME=VALUE.
 //   - Edges (local.go, ports.go, gpus.go): which names are this machine,
 //     job identity, two kernel-chosen free ports held until the ranks start,
-//     GPU count from nvidia-smi.
+//     GPU count from launcher.GPUProbe (the CUDA driver in gorun).
 //   - Limits (capacity.go): a rank count is refused before anything is
 //     allocated for it when it exceeds MaxRanks or a limit of the machine
 //     that would run it (descriptors, processes, the cgroup's pids), on

@@ -38,7 +38,8 @@ type HostCheck struct {
 	Reached   int
 	Peers     int
 	Unreached []string
-	// GPUs is the count nvidia-smi reports on the host.
+	// GPUs is the count GPUProbe reports on the host (the CUDA driver
+	// through nccl/ in a gorun with the GPU side, else nvidia-smi).
 	GPUs int
 	// Problems lists everything wrong; empty means the host is ready.
 	Problems []string

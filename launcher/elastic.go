@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -32,10 +33,10 @@ import (
 // The variables a restarted world's ranks find their restart number in.
 const (
 	// RestartCountEnv is gorun's name: 0 in the first world.
-	RestartCountEnv = "GORUN_RESTART_COUNT"
+	RestartCountEnv = rankenv.RestartCount
 	// TorchRestartCountEnv is torchrun's name for the same number, so that
 	// torch programs written for torchrun resume under gorun unchanged.
-	TorchRestartCountEnv = "TORCHELASTIC_RESTART_COUNT"
+	TorchRestartCountEnv = rankenv.TorchRestartCount
 	// TorchMaxRestartsEnv is torchrun's name for --max-restarts.
 	TorchMaxRestartsEnv = "TORCHELASTIC_MAX_RESTARTS"
 )
@@ -54,19 +55,25 @@ type Report struct {
 	Faults   []FaultReport `json:"faults"`
 	Outcome  string        `json:"outcome"`
 	ExitCode int           `json:"exit_code"`
+	// Cause is the last world's causal record when the job failed (the
+	// culprit its final line names); each world keeps its own.
+	Cause *CauseReport `json:"cause,omitempty"`
 	// CheckpointSignals are the times gorun sent the ranks the checkpoint
 	// signal on its own (Job.CheckpointBefore), and why ("before --timeout",
 	// "before fault N").
 	CheckpointSignals []CheckpointSignalReport `json:"checkpoint_signals,omitempty"`
-	ckptSig           syscall.Signal           // Job.CheckpointSignal, resolved
-	ckptBefore        time.Duration            // Job.CheckpointBefore
-	inj               []injection              // the schedule; nil until the first plan
-	faults            []Fault                  // as given
-	horizon           time.Duration            // how far random faults are planned
-	fired             map[int]bool             // injections already sent, by id
-	byID              map[int]int              // injection id → index in Faults
-	world             *WorldReport             // the world running now
-	pending           map[int]string           // injections of this world not yet answered
+	// LostHosts are the hosts an elastic job left out after losing them,
+	// in the order they were lost.
+	LostHosts  []string       `json:"lost_hosts,omitempty"`
+	ckptSig    syscall.Signal // Job.CheckpointSignal, resolved
+	ckptBefore time.Duration  // Job.CheckpointBefore
+	inj        []injection    // the schedule; nil until the first plan
+	faults     []Fault        // as given
+	horizon    time.Duration  // how far random faults are planned
+	fired      map[int]bool   // injections already sent, by id
+	byID       map[int]int    // injection id → index in Faults
+	world      *WorldReport   // the world running now
+	pending    map[int]string // injections of this world not yet answered
 }
 
 // CheckpointSignalReport is one checkpoint signal gorun sent by itself.
@@ -121,6 +128,9 @@ func (w *worldRun) checkpointSent(c checkpointCue, t time.Time) {
 type WorldReport struct {
 	Restart int    `json:"restart"`
 	JobID   string `json:"job_id"`
+	// NP and Hosts are the world's size and the hosts its ranks ran on.
+	NP    int      `json:"np"`
+	Hosts []string `json:"hosts,omitempty"`
 	// StartedAt is when the world's launch began; RanksStartedAt when the
 	// last of its ranks had started (a rank that could not start counts).
 	StartedAt      float64  `json:"started_at_s"`
@@ -128,6 +138,9 @@ type WorldReport struct {
 	EndedAt        float64  `json:"ended_at_s"`
 	// Result is "succeeded" or the error that ended the world.
 	Result string `json:"result"`
+	// Cause is the causal record of a world that failed: the culprit and
+	// the ranks that failed because of it, counted apart (cause.go).
+	Cause *CauseReport `json:"cause,omitempty"`
 }
 
 // FaultReport is one injection.
@@ -174,6 +187,8 @@ type FaultReport struct {
 type worldRun struct {
 	rep     *Report
 	restart int
+	// seen is every failure the job loop saw, with when (cause.go).
+	seen []seenFailure
 }
 
 // prepare is called with the world's plan before any rank starts: on the
@@ -194,12 +209,17 @@ func (w *worldRun) prepare(plan *Plan) error {
 		for _, in := range inj {
 			rep.byID[in.id] = len(rep.Faults)
 			rep.Faults = append(rep.Faults, FaultReport{
-				ID: in.id, Spec: rep.faults[in.fault].Spec, Kind: string(in.kind), Signal: unixSignalName(in.sig),
+				ID: in.id, Spec: rep.faults[in.fault].Spec, Kind: string(in.kind), Signal: injectionAction(in),
 				Ranks: in.ranks, Host: in.host, PlannedAt: in.at.Seconds(), AfterSteps: in.afterSteps,
 			})
 		}
 	}
 	rep.world.JobID = plan.JobID
+	rep.world.NP = plan.WorldSize
+	rep.world.Hosts = nil
+	for _, n := range plan.Nodes {
+		rep.world.Hosts = append(rep.world.Hosts, n.Name)
+	}
 	return nil
 }
 
@@ -341,6 +361,9 @@ func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
 	if err != nil {
 		rep.Outcome = err.Error()
 		rep.ExitCode = exitCodeOf(err)
+		if n := len(rep.Worlds); n > 0 {
+			rep.Cause = rep.Worlds[n-1].Cause
+		}
 	}
 	return rep, err
 }
@@ -355,6 +378,12 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 	if job.MaxRestarts < 0 {
 		return fmt.Errorf("launcher: max restarts must not be negative, got %d", job.MaxRestarts)
 	}
+	if job.MinNP < 0 || job.MaxNP < 0 || (job.MaxNP > 0 && job.MinNP > job.MaxNP) {
+		return fmt.Errorf("launcher: --min-np %d / --max-np %d: both must be positive and min ≤ max", job.MinNP, job.MaxNP)
+	}
+	if (job.MinNP > 0 || job.MaxNP > 0) && len(job.Hosts) == 0 {
+		return errors.New("launcher: --min-np/--max-np need a host list (-H or -hostfile): an elastic job replaces and drops hosts")
+	}
 	if job.CheckpointBefore < 0 {
 		return fmt.Errorf("launcher: checkpoint signal lead must not be negative, got %s", job.CheckpointBefore)
 	}
@@ -366,14 +395,28 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 	}
 	id := DetectLocal()
 	rep.Start = time.Now()
+	el := newElastic(job)
+	var prev error // the last world's error
 	for restart := 0; ; restart++ {
 		j := job
+		if el != nil {
+			var err error
+			if j.Hosts, j.NP, err = el.world(rep.LostHosts); err != nil {
+				var ee *ElasticError
+				if errors.As(err, &ee) {
+					ee.Last = prev
+				}
+				return err
+			}
+		}
 		n := strconv.Itoa(restart)
 		// Last, so that they win over a -x of the same name.
 		j.Export = append(slices.Clone(job.Export),
 			RestartCountEnv+"="+n, TorchRestartCountEnv+"="+n,
 			TorchMaxRestartsEnv+"="+strconv.Itoa(job.MaxRestarts),
 			rankenv.CheckpointSignal+"="+unixSignalName(rep.ckptSig))
+		// Data-plane faults are armed in the ranks (inject_chaos.go).
+		j.Export = append(j.Export, netFaultEnv(job.Faults, rep.Start, time.Since(rep.Start))...)
 		c := cfg
 		w := &worldRun{rep: rep, restart: restart}
 		c.world = w
@@ -402,8 +445,14 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		rep.world.Result = "succeeded"
 		if err != nil {
 			rep.world.Result = err.Error()
+			rep.world.Cause = w.cause(err)
 		}
-		again := err != nil && restartable(err) && restart < job.MaxRestarts && ctx.Err() == nil
+		if el != nil {
+			if h := el.lostHost(err); h != "" && !slices.Contains(rep.LostHosts, h) {
+				rep.LostHosts = append(rep.LostHosts, h)
+			}
+		}
+		again := err != nil && (restartable(err) || (el != nil && el.lostHost(err) != "")) && restart < job.MaxRestarts && ctx.Err() == nil
 		action := "job ended"
 		switch {
 		case again:
@@ -420,10 +469,106 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		if !again {
 			return err
 		}
+		prev = err
 		rep.Restarts++
 		cfg.Logger.Warn().Int("restart", restart+1).Int("max_restarts", job.MaxRestarts).Err(err).
 			Msg("the world failed; restarting it")
 	}
+}
+
+// elastic is the host policy of a job with --min-np/--max-np.
+//
+// Hosts are taken in the order given, each with its slots, until the
+// world's size is reached; the rest are spares. When a world ends with a
+// host lost (its agent's connection dropped, or, at a restart, its agent
+// could not be started), that host is left out of every later world: a
+// machine that fell over is not trusted again within the job, as
+// torchrun's elastic agent drops a node whose agent stopped answering.
+// The next world then takes its slots from the spares, or, when there are
+// not enough, runs on fewer ranks, down to MinNP. Every world is a new
+// rendezvous with a new job id and secret (and GORUN_RESTART_COUNT as its
+// generation, rendezvous.Config.Generation), so no member of an older world
+// can join it.
+type elastic struct {
+	hosts    []Host
+	min, max int
+}
+
+// newElastic returns the policy, or nil when the job is not elastic.
+func newElastic(job Job) *elastic {
+	if job.MinNP <= 0 && job.MaxNP <= 0 {
+		return nil
+	}
+	e := &elastic{hosts: job.Hosts, min: max(job.MinNP, 1), max: job.MaxNP}
+	if e.max == 0 {
+		e.max = job.NP
+	}
+	if e.max == 0 {
+		for _, h := range job.Hosts {
+			e.max += h.Slots
+		}
+	}
+	return e
+}
+
+// world returns the hosts and size of the next world, leaving out lost.
+func (e *elastic) world(lost []string) ([]Host, int, error) {
+	var hosts []Host
+	slots := 0
+	for _, h := range e.hosts {
+		if slices.Contains(lost, h.Name) {
+			continue
+		}
+		hosts = append(hosts, h)
+		slots += h.Slots
+	}
+	np := min(e.max, slots)
+	if np < e.min {
+		return nil, 0, &ElasticError{MinNP: e.min, Available: slots, Lost: slices.Clone(lost)}
+	}
+	return hosts, np, nil
+}
+
+// lostHost names the host whose loss ended a world ("" for any other end).
+func (e *elastic) lostHost(err error) string {
+	var hl *HostLostError
+	if errors.As(err, &hl) {
+		return hl.Host
+	}
+	var he *HostError
+	if errors.As(err, &he) {
+		return he.Host
+	}
+	return ""
+}
+
+// ElasticError is an elastic job that lost so many hosts that fewer than
+// MinNP ranks can be placed on the rest.
+type ElasticError struct {
+	MinNP, Available int
+	Lost             []string
+	// Last is the error that ended the last world.
+	Last error
+}
+
+func (e *ElasticError) Error() string {
+	s := fmt.Sprintf("launcher: elastic job: %d slots left on the hosts not lost, --min-np is %d (lost: %s)",
+		e.Available, e.MinNP, strings.Join(e.Lost, ", "))
+	if e.Last != nil {
+		s += "; the last world ended with: " + e.Last.Error()
+	}
+	return s
+}
+
+// Unwrap is the last world's error.
+func (e *ElasticError) Unwrap() error { return e.Last }
+
+// ExitCode is the last world's, else 1.
+func (e *ElasticError) ExitCode() int {
+	if e.Last != nil {
+		return exitCodeOf(e.Last)
+	}
+	return 1
 }
 
 // restartable reports whether err is a failure of the job's ranks or

@@ -129,10 +129,7 @@ func TestInjectStopFor(t *testing.T) {
 	if err != nil {
 		t.Fatalf("job failed: %v", err)
 	}
-	gaps := map[string]int{}
-	for _, m := range regexp.MustCompile(`(?m)^\[(\d)\] maxgap (\d+)$`).FindAllStringSubmatch(j.stdout.String(), -1) {
-		gaps[m[1]], _ = strconv.Atoi(m[2])
-	}
+	gaps := tickerGaps(j.stdout.String())
 	if len(gaps) != 2 || gaps["0"] < 450 || gaps["1"] >= 450 {
 		t.Errorf("longest gaps per rank %v ms, want rank 0 stopped ~500 ms and rank 1 not", gaps)
 	}
@@ -292,5 +289,56 @@ func TestCheckpointSignalBefore(t *testing.T) {
 	j.job.CheckpointSignal = syscall.SIGKILL
 	if err := j.launch(context.Background()); err == nil || !strings.Contains(err.Error(), "cannot be caught") {
 		t.Errorf("a SIGKILL checkpoint signal: %v, want it refused", err)
+	}
+}
+
+// The elastic host policy: spares take a lost host's place, then the world
+// shrinks, down to MinNP, after which the job fails naming the lost hosts
+// and the last world's error.
+func TestElasticWorlds(t *testing.T) {
+	hosts := []Host{{Name: "h1", Slots: 2}, {Name: "h2", Slots: 2}, {Name: "h3", Slots: 2}}
+	names := func(hs []Host) string {
+		var out []string
+		for _, h := range hs {
+			out = append(out, h.Name)
+		}
+		return strings.Join(out, ",")
+	}
+	for _, tc := range []struct {
+		name      string
+		job       Job
+		lost      []string
+		wantHosts string
+		wantNP    int
+		wantErr   string
+	}{
+		{"max-np leaves a spare", Job{Hosts: hosts, MinNP: 2, MaxNP: 4}, nil, "h1,h2,h3", 4, ""},
+		{"the spare replaces a lost host", Job{Hosts: hosts, MinNP: 2, MaxNP: 4}, []string{"h2"}, "h1,h3", 4, ""},
+		{"no spare left: fewer ranks", Job{Hosts: hosts, MinNP: 2, MaxNP: 4}, []string{"h2", "h1"}, "h3", 2, ""},
+		{"below min-np", Job{Hosts: hosts, MinNP: 3, MaxNP: 4}, []string{"h2", "h1"}, "", 0, "2 slots left on the hosts not lost, --min-np is 3 (lost: h2, h1)"},
+		{"-np is the maximum", Job{Hosts: hosts, NP: 3, MinNP: 1}, []string{"h3"}, "h1,h2", 3, ""},
+		{"every slot without -np", Job{Hosts: hosts, MinNP: 1}, []string{"h1"}, "h2,h3", 4, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hs, np, err := newElastic(tc.job).world(tc.lost)
+			if tc.wantErr != "" {
+				var ee *ElasticError
+				if !errors.As(err, &ee) || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want an *ElasticError saying %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || names(hs) != tc.wantHosts || np != tc.wantNP {
+				t.Fatalf("world on %s with %d ranks (%v), want %s with %d", names(hs), np, err, tc.wantHosts, tc.wantNP)
+			}
+		})
+	}
+	if newElastic(Job{Hosts: hosts, NP: 4}) != nil {
+		t.Error("a job without --min-np/--max-np is elastic")
+	}
+	j := newJobRun(t, 2, "exit:0", nil)
+	j.job.MinNP = 1
+	if err := j.launch(context.Background()); err == nil || !strings.Contains(err.Error(), "need a host list") {
+		t.Errorf("--min-np without hosts: %v", err)
 	}
 }

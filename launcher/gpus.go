@@ -9,11 +9,21 @@ import (
 	"time"
 )
 
-// DetectGPUs counts this machine's GPUs with `nvidia-smi -L` (one "GPU n:"
-// line each) and returns 0 when nvidia-smi is absent or fails: no GPU is a
-// normal machine, not an error. The probe is bounded to a few seconds since
-// a wedged driver can make nvidia-smi hang.
-func DetectGPUs(ctx context.Context) int {
+// GPUProbe counts this machine's GPUs. The default asks nvidia-smi;
+// cmd/gorun replaces it, in builds with the GPU side, by the CUDA driver
+// through nccl/ (the devices a rank will see, CUDA_VISIBLE_DEVICES
+// applied), so that the default --gpus-per-host, doctor's GPUS column and
+// what nccl opens are one count. It returns 0 where there is no GPU: no GPU
+// is a normal machine, not an error.
+var GPUProbe = nvidiaSMIGPUs
+
+// DetectGPUs is GPUProbe: the default GPUs per host, and doctor's column.
+func DetectGPUs(ctx context.Context) int { return GPUProbe(ctx) }
+
+// nvidiaSMIGPUs counts `nvidia-smi -L` lines ("GPU n: ..."), 0 when
+// nvidia-smi is absent or fails. The probe is bounded to a few seconds
+// since a wedged driver can make nvidia-smi hang.
+func nvidiaSMIGPUs(ctx context.Context) int {
 	path, err := exec.LookPath("nvidia-smi")
 	if err != nil {
 		return 0

@@ -89,8 +89,13 @@ type failure struct {
 	// collateral failure never names the job's cause while a failure of
 	// its own exists, whatever arrived first.
 	collateral bool
-	blame      int
-	why        string
+	// exitedAt is when the rank's supervisor reaped it (Unix ns; 0 when
+	// it did not exit: a start error, a lost host), arrived when the
+	// failure reached the job loop. They order the failures (earlier).
+	exitedAt int64
+	arrived  time.Time
+	blame    int
+	why      string
 }
 
 func (f failure) exitCode() int {
@@ -288,13 +293,13 @@ func (r *jobLoop) run(ctx context.Context) error {
 			case "exited":
 				st := &ranks[ev.Rank]
 				st.exited, st.frozen = true, ev.Frozen
-				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Msg("rank exited")
+				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Int64("reaped_at_ns", ev.At).Msg("rank exited")
 				if ev.Collateral && (ev.Code != 0 || ev.Signal != 0) {
 					// A consequence: counted apart, neither stopped by
 					// gorun nor failed on its own.
 					st.stopped = false
 					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal),
-						collateral: true, blame: ev.Blame, why: ev.Err})
+						collateral: true, blame: ev.Blame, why: ev.Err, exitedAt: ev.At})
 					stop(stopFailure, syscall.SIGTERM)
 				} else if (ev.Code != 0 || ev.Signal != 0) && !(st.stopped && causedByStop(ev, sentSig, killed)) {
 					// Its own failure, even if the teardown had begun: it
@@ -302,7 +307,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 					// line would claim to have stopped ranks that all
 					// failed on their own.
 					st.stopped = false
-					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal)})
+					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal), exitedAt: ev.At})
 					stop(stopFailure, syscall.SIGTERM)
 				} else if ev.Unfinalized && !st.stopped {
 					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: 1, mpi: &MPIError{Rank: ev.Rank, PID: ev.PID}})
@@ -386,6 +391,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 		case <-injC:
 			world.sent(injNext)
 			r.home.command(supervisorCmd{Op: "inject", Ranks: injNext.ranks, Signal: int(injNext.sig), For: injNext.cont, Fault: injNext.id,
+				Duty: injNext.duty, Period: injNext.period,
 				KillHost: injNext.kind == FaultKillHost, AfterSteps: injNext.afterSteps})
 			armInjection()
 		case <-cueC:
@@ -431,7 +437,12 @@ func (r *jobLoop) run(ctx context.Context) error {
 			flightDue("SIGUSR2", false)
 		}
 		if len(failures) > nfail {
-			world.failed(failures[nfail].String(), time.Now())
+			now := time.Now()
+			for i := nfail; i < len(failures); i++ {
+				failures[i].arrived = now
+			}
+			world.failed(failures[nfail].String(), now)
+			world.saw(failures[nfail:], now)
 		}
 		if reason != notStopping {
 			injC = nil // no fault goes into a world that is being stopped
@@ -615,6 +626,67 @@ func alsoFailed(fs []failure, f failure) int {
 	return n
 }
 
+// sameMoment is how close two failures' times must be for firstFailure to
+// call them simultaneous. A reap time is not the moment of death: a killed
+// multithreaded process is reapable only once every thread has died, which
+// on a loaded host takes milliseconds, and its sockets close (and its peers
+// react) before that. Measured here (TestCulpritByExitOrder, 2 cores, load
+// ~20): peers that exit 1 on seeing a SIGKILLed rank gone were reaped up to
+// 2.7 ms before it.
+const sameMoment = 50 * time.Millisecond
+
+// firstFailure is ExitFirst's verdict: the failure that happened first, by
+// the best evidence there is, for failures in arrival order:
+//   - the time each process was reaped (supervisorEvent.At), which its
+//     supervisor does at each SIGCHLD; a failure with no exit (a start
+//     error, a lost host) counts from its arrival at gorun;
+//   - among the exits reaped within sameMoment of the earliest failure, a
+//     death by a signal gorun did not send comes before an exit with a
+//     code: a killed process did not choose to die, while a peer that
+//     exits with an error at the same moment usually reacts to it;
+//   - then the earlier time, then arrival order.
+//
+// Times of different hosts compare through their clocks: a skew between
+// hosts larger than the gap between two exits can misorder them.
+func firstFailure(fs []failure) failure {
+	first := fs[0].when()
+	for _, f := range fs[1:] {
+		first = min(first, f.when())
+	}
+	best := -1
+	for i, f := range fs {
+		if f.when()-first > int64(sameMoment) {
+			continue
+		}
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := fs[best]
+		// Only between two reaped exits: without reap stamps (a start
+		// error, a lost host, events without them) there is no evidence
+		// that they were simultaneous.
+		if sig, bsig := f.signal != 0, b.signal != 0; sig != bsig && f.exitedAt != 0 && b.exitedAt != 0 {
+			if sig {
+				best = i
+			}
+			continue
+		}
+		if f.when() < b.when() {
+			best = i
+		}
+	}
+	return fs[best]
+}
+
+// when is the failure's time for earlier: its exit, else its arrival.
+func (f failure) when() int64 {
+	if f.exitedAt != 0 {
+		return f.exitedAt
+	}
+	return f.arrived.UnixNano()
+}
+
 // causedByStop reports whether a stopped rank's exit is the teardown's
 // doing: death by the signal gorun sent or by SIGKILL, or the exit code
 // 128+signal that shells and many handlers use. Any other failure of a rank
@@ -629,8 +701,16 @@ func causedByStop(ev supervisorEvent, sent syscall.Signal, killed bool) bool {
 	return ev.Signal == int(sent) || (killed && ev.Signal == int(syscall.SIGKILL)) || (ev.Signal == 0 && ev.Code == 128+int(sent))
 }
 
-// pickFailure applies the exit policy to the failures in arrival order.
+// pickFailure applies the exit policy to the failures of their own. Under
+// ExitFirst "first" is by when each process exited, not by when its news
+// arrived (earlier): for programs that do not use gorun's runtime, and so
+// cannot report themselves collateral, the exit order is the causal
+// evidence left, and arrival order is not it (two hosts' events race over
+// the network; one supervisor's reap pass reports in wait4's order).
 func pickFailure(fs []failure, policy ExitPolicy) failure {
+	if policy == ExitFirst {
+		return firstFailure(fs)
+	}
 	best := fs[0]
 	for _, f := range fs[1:] {
 		switch policy {

@@ -53,6 +53,12 @@ type Job struct {
 	// it injects (a preemption notice; elastic.go).
 	CheckpointSignal syscall.Signal
 	CheckpointBefore time.Duration
+	// MinNP and MaxNP make the job elastic (either positive; elastic.go):
+	// each world runs min(MaxNP, the slots of the hosts not lost) ranks
+	// (MaxNP 0: NP, or every slot), hosts past those needed are spares,
+	// a host lost in one world is left out of the next, and the job fails
+	// once fewer than MinNP ranks can be placed.
+	MinNP, MaxNP int
 }
 
 // needsHostAgents reports whether the job's ranks live behind host agents:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"runtime"
 	"sync"
 	"time"
@@ -38,6 +39,20 @@ func BootstrapFor(g comm.Group) (Bootstrap, error) {
 	return nil, fmt.Errorf("%w: nccl: a %T of %d ranks cannot share a unique id (use the rendezvous World or a Group from it)",
 		comm.ErrInvalidArgument, g, g.Size())
 }
+
+// Notifier is what a Bootstrap may offer so that an abort on a live rank
+// reaches its peers at once (*rendezvous.World and *rendezvous.Group do):
+// Notify sends text on topic to every other member, Noticed reports the
+// first notice on topic from another member. Without it a peer learns of
+// the abort only when this rank's process ends or its own NCCL call fails.
+type Notifier interface {
+	Notify(ctx context.Context, topic, text string) error
+	Noticed(topic string) (<-chan struct{}, func() (from int, text string))
+}
+
+// NotifyTimeout bounds how long a failed communicator spends telling its
+// peers (Notifier.Notify) before it gives up on the slow ones.
+const NotifyTimeout = 3 * time.Second
 
 // alone is the Bootstrap of a group of one.
 type alone struct{ comm.Group }
@@ -85,6 +100,15 @@ type Comm struct {
 	failOnce sync.Once
 	failed   chan struct{} // closed once failErr is set
 	failErr  error
+
+	// topic names this communicator among its group's notices (from the
+	// unique id, which every member shares and no other communicator
+	// has); peerAborted is closed by a notice, fromPeer is set when the
+	// failure was one (so it is not sent back).
+	topic       string
+	peerAborted <-chan struct{}
+	peerNotice  func() (int, string)
+	fromPeer    bool
 
 	stop      chan struct{} // closed by Close: the watcher returns
 	wg        sync.WaitGroup
@@ -167,6 +191,12 @@ func New(ctx context.Context, boot Bootstrap, cfg Config) (*Comm, error) {
 
 	c := &Comm{lib: lib, dev: dev, cfg: cfg, boot: boot, log: log, me: me, n: n,
 		failed: make(chan struct{}), stop: make(chan struct{})}
+	if nt, ok := boot.(Notifier); ok {
+		h := fnv.New64a()
+		h.Write(id.Internal[:])
+		c.topic = fmt.Sprintf("nccl-abort/%016x", h.Sum64())
+		c.peerAborted, c.peerNotice = nt.Noticed(c.topic)
+	}
 	if err := c.setup(); err != nil {
 		c.teardown()
 		return nil, err
@@ -324,6 +354,10 @@ func (c *Comm) watch() {
 		select {
 		case <-c.boot.Failed():
 			c.fail(c.lostError())
+		case <-c.peerAborted:
+			from, text := c.peerNotice()
+			c.fromPeer = c.fail(fmt.Errorf("%w: nccl: rank %d (host %s) aborted the communicator: %s",
+				comm.ErrAborted, c.boot.GlobalRank(from), c.boot.Host(from), text))
 		case <-c.failed:
 		case <-tick.C:
 			c.issueMu.Lock()
@@ -341,10 +375,31 @@ func (c *Comm) watch() {
 			}
 			continue
 		case <-c.stop:
-			return
+			if c.Err() == nil {
+				return // closed without a failure
+			}
+			// Failed as Close began: still abort and tell.
 		}
 		c.release(true)
+		c.tell()
 		return
+	}
+}
+
+// tell sends the communicator's failure to its peers through the
+// bootstrap's notices (Notifier), so that a rank that aborted while alive
+// fails its peers' pending and future calls at once, naming it, instead of
+// leaving them to their own timeouts. Not for a lost peer (the rendezvous
+// tells everyone) nor for a failure that was itself a peer's notice.
+func (c *Comm) tell() {
+	nt, ok := c.boot.(Notifier)
+	if !ok || c.topic == "" || c.fromPeer || errors.Is(c.failErr, comm.ErrPeerLost) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), NotifyTimeout)
+	defer cancel()
+	if err := nt.Notify(ctx, c.topic, c.failErr.Error()); err != nil {
+		c.log.Warn().Err(err).Msg("nccl: telling the peers of the abort")
 	}
 }
 
@@ -359,9 +414,11 @@ func (c *Comm) lostError() error {
 
 // fail records err as the communicator's failure (the first wins) and fails
 // every pending call with it. The watcher then aborts the NCCL
-// communicator. Must not be called with pendMu held.
-func (c *Comm) fail(err error) {
+// communicator. Must not be called with pendMu held. It reports whether
+// err was the first (the failure that counts).
+func (c *Comm) fail(err error) (first bool) {
 	c.failOnce.Do(func() {
+		first = true
 		c.failErr = err
 		c.pendMu.Lock()
 		c.pendFailed = err
@@ -380,6 +437,7 @@ func (c *Comm) fail(err error) {
 		close(c.failed)
 		c.log.Warn().Err(err).Msg("nccl communicator failed")
 	})
+	return first
 }
 
 // release aborts (abort) or destroys the NCCL communicator once.
@@ -400,9 +458,8 @@ func (c *Comm) release(abort bool) {
 }
 
 // Abort fails every pending and future call with err (comm.ErrAborted if
-// nil) and aborts the NCCL communicator. It does not wait. Live peers are
-// not told; they fail when this rank's process ends (the rendezvous) or
-// their own calls do.
+// nil) and aborts the NCCL communicator. It does not wait. The watcher then
+// tells the peers (Notifier), whose calls fail naming this rank.
 func (c *Comm) Abort(err error) {
 	if err == nil {
 		err = comm.ErrAborted

@@ -313,3 +313,8 @@ func (d *Device) CountWrong(s Stream, got, want, counter *DeviceBuffer) error {
 			uintptr(blocks), 1, 1, kernelThreadsPerBloc, 1, 1, 0, uintptr(s), uintptr(unsafe.Pointer(&params[0])), 0))
 	})
 }
+
+// CountWrongPTX is the PTX text of the device-side check that `gorun bench
+// --device cuda` loads (cuModuleLoadData), for assembling it offline with
+// ptxas (scripts/bench-gpu.sh).
+func CountWrongPTX() string { return countWrongPTX }

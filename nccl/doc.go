@@ -65,9 +65,12 @@
 // every future call with one error, and a watcher goroutine aborts the NCCL
 // communicator (ncclCommAbort), which ends the kernels stuck waiting for the
 // peer. The communicator is non-blocking (ncclConfig_t.blocking = 0), so a
-// peer lost while it is still connecting aborts that too. Unlike comm, an
-// Abort on a live rank is not sent to its peers: they fail when its process
-// ends (the rendezvous loses it) or their own NCCL reports the broken link.
+// peer lost while it is still connecting aborts that too. A rank that
+// fails for a reason of its own (Abort, a cancelled call, an asynchronous
+// error, a refused call) while staying alive tells its peers through the
+// rendezvous' notices (Notifier, on the topic the unique id names): their
+// pending and future calls fail within milliseconds, naming the rank, its
+// host and its reason, instead of waiting for their own NCCL to notice.
 //
 // # Tests
 //

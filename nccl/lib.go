@@ -412,3 +412,28 @@ func (d *Device) do(f func() error) error {
 	defer unbind()
 	return f()
 }
+
+// DeviceNames loads only the CUDA driver (cuda, e.g. "libcuda.so.1") and
+// returns the names of the devices this process can see, in ordinal order,
+// CUDA_VISIBLE_DEVICES applied as for a rank. NCCL is not needed: a host's
+// GPUs are counted (gorun doctor, the default --gpus-per-host) even where
+// NCCL is missing. Errors are Open's: *LoadError, *NoDeviceError.
+func DeviceNames(cuda string) ([]string, error) {
+	l := &Library{cfg: LibraryConfig{CUDA: cuda}}
+	if err := l.loadCUDA(); err != nil {
+		return nil, err
+	}
+	names := make([]string, l.Devices)
+	for i := range names {
+		var dev int32
+		if err := l.check("cuDeviceGet", call(l.cu.deviceGet, uintptr(unsafe.Pointer(&dev)), uintptr(i))); err != nil {
+			return nil, err
+		}
+		var name [256]byte
+		if err := l.check("cuDeviceGetName", call(l.cu.deviceGetName, uintptr(unsafe.Pointer(&name[0])), uintptr(len(name)), uintptr(dev))); err != nil {
+			return nil, err
+		}
+		names[i] = goString(&name[0])
+	}
+	return names, nil
+}

@@ -3,6 +3,7 @@ package nccl
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -86,6 +87,21 @@ func rankMain() int {
 		}
 	}
 	fmt.Printf("allreduce ok rank=%d\n", me)
+	if aborter, err := strconv.Atoi(os.Getenv("HELPER_ABORTER")); err == nil {
+		if me == aborter {
+			fmt.Println("ready")
+			time.Sleep(300 * time.Millisecond) // the peers' call is in flight
+			c.Abort(errors.New("gave up in the test"))
+			fmt.Printf("aborted at=%d\n", time.Now().UnixNano())
+			select {} // alive: the peers must learn of it from the notice
+		}
+		h := c.AllReduce(ctx, b, b, comm.Sum)
+		fmt.Println("ready")
+		err = h.Wait(ctx)
+		fmt.Printf("failed at=%d err=%v\n", time.Now().UnixNano(), err)
+		fmt.Printf("future err=%v\n", c.AllReduce(ctx, b, b, comm.Sum).Wait(ctx))
+		return 3
+	}
 	victim, err := strconv.Atoi(os.Getenv("HELPER_VICTIM"))
 	if err != nil {
 		return 0
@@ -247,6 +263,55 @@ func TestProcessesBootstrapAndLoseARank(t *testing.T) {
 				if d > 20*time.Second { // generous: the machine is shared
 					t.Errorf("rank %d failed %v after the kill", r, d)
 				}
+			}
+		})
+	}
+}
+
+// A rank that aborts its communicator while staying alive tells its peers
+// through the rendezvous (gossip streams, or the host leader's socket for
+// attached ranks): their pending call and the next one fail within
+// seconds, naming the rank and its reason, not as a lost peer and not
+// after their own timeouts.
+func TestProcessesAbortTellsPeers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	for _, leaders := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hostleaders=%v", leaders), func(t *testing.T) {
+			const n, aborter = 3, 1
+			seed := freeSeed(t)
+			procs := make([]*rankProc, n)
+			for r := range n {
+				procs[r] = startRank(t, append(rankEnv(seed, r, n, leaders), "HELPER_ABORTER="+strconv.Itoa(aborter)))
+			}
+			for _, p := range procs {
+				p.waitLine(t, "ready")
+			}
+			line := procs[aborter].waitLine(t, "aborted ")
+			at, _ := strconv.ParseInt(strings.TrimPrefix(strings.Fields(line)[1], "at="), 10, 64)
+			aborted := time.Unix(0, at)
+			for r, p := range procs {
+				if r == aborter {
+					continue
+				}
+				line := p.waitLine(t, "failed ")
+				if !strings.Contains(line, "rank 1 (host host0) aborted the communicator") || !strings.Contains(line, "gave up in the test") ||
+					strings.Contains(line, "peer lost") {
+					t.Errorf("rank %d: %q, want rank 1's abort and its reason", r, line)
+				}
+				at, _ := strconv.ParseInt(strings.TrimPrefix(strings.Fields(line)[1], "at="), 10, 64)
+				d := time.Unix(0, at).Sub(aborted)
+				t.Logf("rank %d failed %v after the abort", r, d)
+				if d > 10*time.Second { // generous: the machine is shared
+					t.Errorf("rank %d failed %v after the abort", r, d)
+				}
+				if future := p.waitLine(t, "future "); !strings.Contains(future, "rank 1 (host host0) aborted the communicator") {
+					t.Errorf("rank %d: next call: %q", r, future)
+				}
+			}
+			if err := procs[aborter].cmd.Process.Signal(syscall.Signal(0)); err != nil {
+				t.Errorf("the aborting rank is gone (%v): the test proves nothing about notices", err)
 			}
 		})
 	}

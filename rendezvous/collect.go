@@ -302,6 +302,8 @@ func (w *World) handleMsg(b []byte) {
 		w.handleRelay(b[1:])
 	case kindGone:
 		w.handleGone(b[1:])
+	case kindNotice:
+		w.handleNotice(b[1:])
 	case kindFatal:
 		ce := new(ConflictError)
 		if err := json.Unmarshal(b[1:], ce); err != nil {

@@ -158,6 +158,8 @@ type World struct {
 	// changed is closed and replaced whenever alive changes.
 	changed chan struct{}
 	seqs    map[uint64]uint64 // group key → next collective sequence number
+	// notices holds the first notice per group and topic (notice.go).
+	notices map[noticeKey]*noticeBox
 
 	// Host leaders (hier.go). links are the attached ranks' streams, by
 	// world rank, on a leader; attachedN counts hellos; localsReady is
@@ -315,6 +317,7 @@ func newWorld(cfg Config) *World {
 		closedCh: make(chan struct{}),
 		slots:    make(map[slotKey]*slot),
 		seqs:     make(map[uint64]uint64),
+		notices:  make(map[noticeKey]*noticeBox),
 		links:    make(map[int]*link),
 
 		localsReady: make(chan struct{}),

@@ -14,7 +14,9 @@
 # `gorun bench report` prints busbw per size with the ratios torch-gorun/gloo
 # (goal: >= 2 at >= 64 KiB, >= 10 at 8 B) and torch-gorun/native (the cost
 # of the Python/C boundary; goal: >= 0.9 at >= 1 MiB). Then
-# examples/torch/ddp.py times a DDP step with each backend (median step).
+# examples/torch/ddp.py times a DDP step with each backend (medians over
+# ROUNDS interleaved rounds, wall and CPU per rank, with the ratio). First,
+# bench/torch_overhead.py prints the per-call cost of each layer on one rank.
 # Needs python3-torch for /usr/bin/python3 (scripts/install-test-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +50,10 @@ run() { # label file command...
 # getconf, not nproc: nproc obeys the OMP_NUM_THREADS=1 exported above.
 load() { echo "# load average $(cut -d' ' -f1-3 /proc/loadavg) on $(getconf _NPROCESSORS_ONLN) cores"; }
 
+# The per-call cost of each layer on one rank (torch's floor for a Python
+# backend, the library call, the backend's sync and async paths, gloo).
+"$GORUN" -np 1 "$PY" bench/torch_overhead.py | tee "$OUT/overhead.txt"
+
 for np in $NPS; do
 	before=$(load)
 	files=()
@@ -68,11 +74,41 @@ for np in $NPS; do
 	} | tee "$OUT/compare.$np.txt"
 done
 
-echo "# DDP step (examples/torch/ddp.py --width 1024 --steps 40), median of the steady steps" | tee "$OUT/ddp.txt"
-for np in $NPS; do
-	for b in gloo gorun; do
-		"$GORUN" -np "$np" "$PY" examples/torch/ddp.py --backend "$b" --width 1024 --steps 40 | grep '^backend' | tee -a "$OUT/ddp.txt"
+# DDP: ROUNDS interleaved rounds per rank count, medians across rounds of
+# each run's median step (wall) and CPU per step per rank (every thread).
+DDP_STEPS=${DDP_STEPS:-40}
+: >"$OUT/ddp.runs.txt"
+for round in $(seq "$ROUNDS"); do
+	for np in $NPS; do
+		for b in gloo gorun; do
+			echo "bench-torch: DDP np $np $b ($round/$ROUNDS)" >&2
+			"$GORUN" -np "$np" "$PY" examples/torch/ddp.py --backend "$b" --width 1024 --steps "$DDP_STEPS" |
+				grep '^backend' >>"$OUT/ddp.runs.txt"
+		done
 	done
 done
-echo "# The machine may be shared: rerun before trusting one number." | tee -a "$OUT/ddp.txt"
+{
+	echo "# DDP step (examples/torch/ddp.py --width 1024 --steps $DDP_STEPS), $ROUNDS interleaved rounds"
+	echo "$(load)"
+	"$PY" - "$OUT/ddp.runs.txt" <<'PYEOF'
+import re, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"backend (\w+) ranks (\d+): median step ([\d.]+) ms, cpu ([\d.]+) ms", line)
+    if m:
+        runs.setdefault((int(m[2]), m[1]), []).append((float(m[3]), float(m[4])))
+print("# %5s  %-24s  %-24s  %s" % ("ranks", "gloo step ms (cpu/rank)", "gorun step ms (cpu/rank)",
+                                   "gloo/gorun step (>1: gorun faster)"))
+for np in sorted({k[0] for k in runs}):
+    med = {}
+    for b in ("gloo", "gorun"):
+        r = runs.get((np, b), [])
+        med[b] = (statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)) if r else (float("nan"),) * 2
+    print("  %5d  %8.1f (%6.1f)         %8.1f (%6.1f)         %.2f   (all: gloo %s | gorun %s)" % (
+        np, *med["gloo"], *med["gorun"], med["gloo"][0] / med["gorun"][0],
+        " ".join("%.0f" % x[0] for x in runs.get((np, "gloo"), [])),
+        " ".join("%.0f" % x[0] for x in runs.get((np, "gorun"), []))))
+PYEOF
+	echo "# The machine may be shared: rerun before trusting one number."
+} | tee "$OUT/ddp.txt"
 echo "bench-torch: results in $OUT/" >&2

@@ -38,7 +38,8 @@ Checks every host before a big job, the way a job would use it: the agent
 starts over ssh (or srun) and authenticates, gorun's version matches, the
 interface gorun would choose, two free ports, every host reaching every
 other host's address over TCP and UDP (the gossip layer's protocols), and
-the GPUs nvidia-smi sees. Prints one line per host and a verdict.
+the GPUs the CUDA driver shows gorun (nvidia-smi in a -tags nogpu build).
+Prints one line per host and a verdict.
 
 Flags:
 `)

@@ -170,14 +170,17 @@ func TestGPUPathEndToEnd(t *testing.T) {
 	t.Run("launcher GPU assignment and nccl agree", func(t *testing.T) {
 		// Two GPUs per host, four ranks: local rank l runs on physical
 		// GPU l mod 2, whether the launcher narrows CUDA_VISIBLE_DEVICES
-		// (--gpus-per-host; each rank then sees one device, ordinal 0)
-		// or every rank sees both and nccl picks LOCAL_RANK mod 2.
+		// (--gpus-per-host, or by default the driver's count, which the
+		// launcher now reads through nccl/; each rank then sees one
+		// device, ordinal 0) or every rank sees both (--gpus-per-host 0)
+		// and nccl picks LOCAL_RANK mod 2.
 		for _, tc := range []struct {
 			flags   []string
 			ordinal func(r int) int
 		}{
 			{[]string{"--gpus-per-host", "2"}, func(int) int { return 0 }},
-			{nil, func(r int) int { return r % 2 }},
+			{nil, func(int) int { return 0 }},
+			{[]string{"--gpus-per-host", "0"}, func(r int) int { return r % 2 }},
 		} {
 			args := append(append([]string{"-np", "4"}, tc.flags...), bin, "bench", "allreduce", "--device", "cuda", "-b", "8", "-e", "8")
 			code, stdout, stderr := run(t, 60*time.Second, standin, args...)
@@ -189,6 +192,30 @@ func TestGPUPathEndToEnd(t *testing.T) {
 				if !want.MatchString(stdout) {
 					t.Errorf("%v: rank %d not on physical GPU %d:\n%s", tc.flags, r, r%2, stdout)
 				}
+			}
+		}
+	})
+
+	t.Run("doctor's GPUS column is what the driver shows nccl", func(t *testing.T) {
+		// The stand-in driver with N devices, narrowed or not by
+		// CUDA_VISIBLE_DEVICES as the real driver narrows them.
+		for _, tc := range []struct {
+			env  []string
+			want string
+		}{
+			{[]string{"STANDIN_CUDA_DEVICES=3"}, "3"},
+			{[]string{"STANDIN_CUDA_DEVICES=3", "CUDA_VISIBLE_DEVICES=2"}, "1"},
+			{[]string{"STANDIN_CUDA_DEVICES=0"}, "0"},
+			{[]string{"LD_LIBRARY_PATH=" + empty}, "0"}, // no driver at all
+		} {
+			env := append([]string{"LD_LIBRARY_PATH=" + libs.Dir}, tc.env...)
+			code, stdout, stderr := run(t, 60*time.Second, env, "doctor", "-H", "localhost", "--launch-agent", "env")
+			if code != 0 {
+				t.Fatalf("%v: doctor exit %d:\n%s%s", tc.env, code, stdout, stderr)
+			}
+			m := regexp.MustCompile(`(?m)^localhost\s+ok\s+\S+\s+\S+ \S+\s+ok\s+\S+\s+(\d+)\s+ok$`).FindStringSubmatch(stdout)
+			if m == nil || m[1] != tc.want {
+				t.Errorf("%v: GPUS column %v, want %s:\n%s", tc.env, m, tc.want, stdout)
 			}
 		}
 	})

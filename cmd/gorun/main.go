@@ -196,6 +196,7 @@ type options struct {
 	injectFile    string
 	maxRestarts   int
 	ckptSignal    string
+	minNP, maxNP  int
 	ckptBefore    time.Duration
 	report        string
 }
@@ -218,7 +219,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.outputDir, "output-dir", "", "write rank.N.log per rank into `DIR` (terminal output is tagged)")
 	fs.DurationVar(&o.timeout, "timeout", 0, "end the job after `DUR` with exit code 124 (0: never)")
 	fs.DurationVar(&o.grace, "grace", launcher.DefaultGrace, "delay between SIGTERM and SIGKILL when stopping ranks")
-	fs.IntVar(&o.gpus, "gpus-per-host", -1, "GPUs per host, one per local rank round robin (default: nvidia-smi -L count, else 0)")
+	fs.IntVar(&o.gpus, "gpus-per-host", -1, "GPUs per host, one per local rank round robin (default: the devices the CUDA driver shows, else 0)")
 	fs.StringVar(&o.exitPolicy, "exit-policy", "first", "which failure sets the exit code: first, lowest or max")
 	fs.StringVar(&o.pmi, "pmi", "fd", "how MPICH-family MPI programs reach gorun's PMI-1/PMI-2 server: fd (PMI_FD, as Hydra), port (PMI_PORT and PMI_ID) or none (no PMI_* variables; MPI programs then run as singletons)")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
@@ -236,9 +237,11 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.preloadFiles, "preload-files", "", "copy `FILES` (comma-separated) to the ranks' working directory on every host before starting")
 	fs.DurationVar(&o.sshMultiplex, "ssh-multiplex", 0, "keep ssh master connections to the hosts for `DUR` after the job so the next job skips the handshakes (0: off)")
 	fs.StringVar(&o.sshKex, "ssh-kex", "fast", "ssh key exchange for starting agents: fast (curve25519-sha256 first; ~0.25 s less CPU per host than OpenSSH 9's post-quantum default, which protects nothing that outlives the job here) or default (ssh's own choice)")
-	fs.Var(&o.injects, "inject", "inject a fault: `SPEC` kill:rank=R:at=DUR[:sig=SIG], stop:rank=R:at=DUR[:for=DUR], cont:rank=R:at=DUR, kill-host:host=H:at=DUR[:sig=SIG] or random:mtbf=DUR:seed=N[:sig=SIG]; after-steps=N instead of at= fires when the target rank reports finishing step N (repeatable; times from the job's start)")
+	fs.Var(&o.injects, "inject", "inject a fault: `SPEC` kill:rank=R:at=DUR[:sig=SIG], stop:rank=R:at=DUR[:for=DUR], cont:rank=R:at=DUR, kill-host:host=H:at=DUR[:sig=SIG] or random:mtbf=DUR:seed=N[:sig=SIG], slow:rank=R:at=DUR[:for=DUR][:duty=F][:period=DUR], drop:rank=R[:peer=P]:at=DUR, delay:rank=R[:peer=P]:ms=N:at=DUR[:for=DUR], corrupt:rank=R[:peer=P]:at=DUR or partition:ranks=A-B:at=DUR[:for=DUR][:lease=DUR]; after-steps=N instead of at= fires when the target rank reports finishing step N (repeatable; times from the job's start)")
 	fs.StringVar(&o.injectFile, "inject-file", "", "read --inject specs from `FILE`, one per line (# comments)")
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "after a rank or host fails, stop every rank and start the job again, up to `N` times (torchrun's --max-restarts; ranks get GORUN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)")
+	fs.IntVar(&o.minNP, "min-np", 0, "elastic: with --max-restarts, a world that lost a host restarts without it, on spare hosts of the host list or on fewer ranks, down to `N`")
+	fs.IntVar(&o.maxNP, "max-np", 0, "elastic: at most `N` ranks per world (default -np, else every slot); hosts past those needed are spares")
 	fs.StringVar(&o.ckptSignal, "checkpoint-signal", "USR1", "the `SIGNAL` that asks the ranks for a checkpoint (ranks find it in GORUN_CHECKPOINT_SIGNAL); gorun forwards it when it receives it")
 	fs.DurationVar(&o.ckptBefore, "checkpoint-signal-before", 0, "send the checkpoint signal `DUR` before --timeout and before every timed kill or kill-host --inject (a preemption notice, as SLURM's --signal; 0: never on its own)")
 	fs.StringVar(&o.report, "report", "", "write what was injected, when, and what the job did as JSON to `FILE`")
@@ -379,7 +382,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	rep, err := launcher.LaunchReport(ctx, cfg, launcher.Job{
 		Argv: argv, NP: o.np, Hosts: hosts, Oversubscribe: o.oversubscribe,
 		GPUsPerHost: o.gpus, Export: exports, Faults: faults, MaxRestarts: o.maxRestarts,
-		CheckpointSignal: ckptSig, CheckpointBefore: o.ckptBefore,
+		CheckpointSignal: ckptSig, CheckpointBefore: o.ckptBefore, MinNP: o.minNP, MaxNP: o.maxNP,
 	})
 	code = exitCode(err, stderr)
 	if len(faults) > 0 || rep.Restarts > 0 {

@@ -86,8 +86,10 @@ func (t *trainer) gatherState(ctx context.Context, steps int) (*checkpointState,
 			}
 			full := p
 			if t.sharded {
-				full = make([]float32, reg.PaddedSize(t.N))
-				if err := t.cm.AllGather(ctx, f32(p), f32(full)).Wait(ctx); err != nil {
+				// Over the shard group: in hsdp every replica holds the
+				// whole state in its group's shards.
+				full = make([]float32, reg.PaddedSize(t.S))
+				if err := t.comms[t.shardGroup].AllGather(ctx, f32(p), f32(full)).Wait(ctx); err != nil {
 					return nil, err
 				}
 			}
@@ -281,9 +283,9 @@ func (t *trainer) resume(ctx context.Context) (int, error) {
 			if len(d) == 0 {
 				continue
 			}
-			// The whole region, padded to split into N shards (zeros:
+			// The whole region, padded to split into S shards (zeros:
 			// padding holds zero parameters and moments).
-			full := make([]float32, reg.PaddedSize(t.N))
+			full := make([]float32, reg.PaddedSize(t.S))
 			if t.k == 0 {
 				copy(full, [][]float32{st.params[r], st.m[r], st.vs[r]}[i])
 			}
@@ -293,7 +295,7 @@ func (t *trainer) resume(ctx context.Context) (int, error) {
 			src := full
 			if t.sharded {
 				var err error
-				if src, err = reg.Shard(full, t.N, t.k); err != nil {
+				if src, err = reg.Shard(full, t.S, t.sk); err != nil {
 					return 0, err
 				}
 			}

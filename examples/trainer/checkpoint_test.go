@@ -15,7 +15,12 @@ import (
 // state (what a job shrunk by --min-np needs). The same rank count and
 // mode on both sides is TestRealKillResume's.
 func TestCheckpointResume(t *testing.T) {
-	ref := reference(t, smallOptions())
+	// 10 steps with a checkpoint every 4, then a resume after step 8 to
+	// step 12: longer than numSteps, which the other comparisons use.
+	const steps = 12
+	ro := smallOptions()
+	ro.steps = steps
+	ref := reference(t, ro)
 	for _, tc := range []struct {
 		name         string
 		n1, n2       int
@@ -23,6 +28,8 @@ func TestCheckpointResume(t *testing.T) {
 	}{
 		{"sharded 4 → dp 2", 4, 2, "sharded", "dp"},
 		{"dp 2 → sharded 4", 2, 4, "dp", "sharded"},
+		{"hsdp 4 → sharded 2", 4, 2, "hsdp", "sharded"},
+		{"dp 2 → hsdp 4", 2, 4, "dp", "hsdp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -32,10 +39,10 @@ func TestCheckpointResume(t *testing.T) {
 			if len(first.losses) != 10 || !sameLosses(first.losses, ref.Losses[:10]) {
 				t.Fatalf("the first run's losses differ from the reference")
 			}
-			o.steps, o.mode = numSteps, tc.mode2
+			o.steps, o.mode = steps, tc.mode2
 			second := runInProcess(t, o, tc.n2)
-			if len(second.losses) != numSteps-8 {
-				t.Fatalf("the second run trained %d steps, want %d (resumed after step 8)", len(second.losses), numSteps-8)
+			if len(second.losses) != steps-8 {
+				t.Fatalf("the second run trained %d steps, want %d (resumed after step 8)", len(second.losses), steps-8)
 			}
 			checkAgainst(t, ref, append(slices8(ref.Losses), second.losses...), second.params)
 			// Only the checkpoint: every temporary file was renamed.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/buckets"
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/model"
 	"github.com/gorun-hpc/gorun/stepgraph"
 )
 
@@ -23,7 +24,9 @@ import (
 //	            these names carry order and chunking, not bytes
 //	g.T / G.T   dp: gradient of parameter tensor T before / after its
 //	            all-reduce (the same memory: reduced in place)
-//	g.R / gs.R  sharded: region R's gradient and its reduce-scattered shard
+//	g.R / gs.R  sharded, hsdp: region R's gradient and its reduce-scattered
+//	            shard (over the shard group in hsdp)
+//	gr.R        hsdp: gs.R all-reduced over the replica group (in place)
 //	loss.local  the rank's loss sum; loss its all-reduced value (in place)
 //	upd.R       marks the optimizer's update of region R
 //
@@ -44,6 +47,9 @@ const flopsPerNs = 1
 // buildGraph describes one step of t's configuration.
 func (t *trainer) buildGraph() (*stepgraph.Graph, error) {
 	b := stepgraph.NewBuilder().Group(world, t.N)
+	if t.hsdp {
+		b.Group("shard", t.S).Group("replica", t.N/t.S)
+	}
 	T := t.m.Config().SeqLen
 	b.Input("batch", int64(t.n*T*4))
 	regs := t.lay.Regions
@@ -52,12 +58,12 @@ func (t *trainer) buildGraph() (*stepgraph.Graph, error) {
 	}
 	for r, reg := range regs {
 		if t.sharded {
-			b.Input("p."+reg.Name+".shard", int64(reg.ShardSize(t.N))*4)
+			b.Input("p."+reg.Name+".shard", int64(reg.ShardSize(t.S))*4)
 		} else {
 			b.Input("p."+reg.Name, int64(reg.Size)*4)
 		}
 		if t.sharded {
-			b.Tensor("g."+reg.Name, int64(reg.PaddedSize(t.N))*4, stepgraph.Partial)
+			b.Tensor("g."+reg.Name, int64(reg.PaddedSize(t.S))*4, stepgraph.Partial)
 		} else {
 			for _, ten := range reg.Tensors {
 				b.Tensor("g."+ten.Name, int64(ten.Len)*4, stepgraph.Partial)
@@ -68,8 +74,8 @@ func (t *trainer) buildGraph() (*stepgraph.Graph, error) {
 	b.Tensor("loss.local", 4, stepgraph.Partial)
 	gather := func(r int, region string) {
 		reg := regs[r]
-		b.Start("ag."+reg.Name, buckets.Forward, region, buckets.AllGather, world, "f32",
-			[]stepgraph.Member{{In: "p." + reg.Name + ".shard", Out: "p." + reg.Name, Bytes: int64(reg.ShardSize(t.N)) * 4}})
+		b.Start("ag."+reg.Name, buckets.Forward, region, buckets.AllGather, t.shardGroup, "f32",
+			[]stepgraph.Member{{In: "p." + reg.Name + ".shard", Out: "p." + reg.Name, Bytes: int64(reg.ShardSize(t.S)) * 4}})
 	}
 	// Forward. Sharded, the gather of block r+1 is started before block r
 	// runs (FSDP's forward prefetch of one), block 0's first.
@@ -113,8 +119,8 @@ func (t *trainer) buildGraph() (*stepgraph.Graph, error) {
 		}
 		b.Compute("bwd."+reg.Name, buckets.Backward, reg.Name, cost(bwd), []string{in, "p." + reg.Name}, writes)
 		if t.sharded {
-			b.Start("rs."+reg.Name, buckets.Backward, reg.Name, buckets.ReduceScatter, world, "f32",
-				[]stepgraph.Member{{In: "g." + reg.Name, Out: "gs." + reg.Name, Bytes: int64(reg.PaddedSize(t.N)) * 4}})
+			b.Start("rs."+reg.Name, buckets.Backward, reg.Name, buckets.ReduceScatter, t.shardGroup, "f32",
+				[]stepgraph.Member{{In: "g." + reg.Name, Out: "gs." + reg.Name, Bytes: int64(reg.PaddedSize(t.S)) * 4}})
 		} else {
 			for _, ten := range reg.Tensors {
 				b.Start("ar."+ten.Name, buckets.Backward, reg.Name, buckets.AllReduce, world, "f32",
@@ -125,19 +131,45 @@ func (t *trainer) buildGraph() (*stepgraph.Graph, error) {
 	// Optimizer, in the order the gradients were reduced, each block
 	// waiting for its own gradients right before it reads them: the last
 	// reductions hide behind the first updates.
+	//
+	// Hybrid sharding sums each shard's gradient over the shard group
+	// (reduce-scatter) and then over the replicas (all-reduce of that
+	// output, on the replica group): the all-reduce reads another
+	// collective's result, so it starts after the reduce-scatter's wait,
+	// and is waited for one block later, so that it hides behind the
+	// previous block's update.
+	opt := func(reg model.Region, reads []string) {
+		b.Compute("opt."+reg.Name, buckets.Optimizer, reg.Name, cost(int64(3*reg.Size)/int64(t.n)), reads, []string{"upd." + reg.Name})
+	}
+	var prev *model.Region // hsdp: the block whose replica all-reduce is in flight
 	for r := len(regs) - 1; r >= 0; r-- {
 		reg := regs[r]
 		var reads []string
-		if t.sharded {
+		switch {
+		case t.hsdp:
+			b.Wait("rs."+reg.Name+".wait", "rs."+reg.Name, reg.Name)
+			b.Start("ar."+reg.Name, buckets.Optimizer, reg.Name, buckets.AllReduce, "replica", "f32",
+				[]stepgraph.Member{{In: "gs." + reg.Name, Out: "gr." + reg.Name, Bytes: int64(reg.ShardSize(t.S)) * 4}})
+			if prev != nil {
+				b.Wait("ar."+prev.Name+".wait", "ar."+prev.Name, prev.Name)
+				opt(*prev, []string{"gr." + prev.Name})
+			}
+			prev = &regs[r]
+			continue
+		case t.sharded:
 			b.Wait("rs."+reg.Name+".wait", "rs."+reg.Name, reg.Name)
 			reads = []string{"gs." + reg.Name}
-		} else {
+		default:
 			for _, ten := range reg.Tensors {
 				b.Wait("ar."+ten.Name+".wait", "ar."+ten.Name, reg.Name)
 				reads = append(reads, "G."+ten.Name)
 			}
 		}
-		b.Compute("opt."+reg.Name, buckets.Optimizer, reg.Name, cost(int64(3*reg.Size)/int64(t.n)), reads, []string{"upd." + reg.Name})
+		opt(reg, reads)
+	}
+	if prev != nil {
+		b.Wait("ar."+prev.Name+".wait", "ar."+prev.Name, prev.Name)
+		opt(*prev, []string{"gr." + prev.Name})
 	}
 	b.Wait("ar.loss.wait", "ar.loss", "")
 	g, err := b.Graph()
@@ -276,8 +308,10 @@ func (t *trainer) tensor(name string) (comm.Buffer, error) {
 		if r, off, n, ok := t.tensorAt(rest); ok && !t.sharded {
 			return comm.Float32s(grad(r)[off : off+n]), nil
 		}
-	case "gs":
-		if r, ok := t.regionIdx[rest]; ok && t.sharded {
+	case "gs", "gr":
+		// gr (hsdp): the shard's gradient all-reduced over the replicas,
+		// in place.
+		if r, ok := t.regionIdx[rest]; ok && t.sharded && (kind == "gs" || t.hsdp) {
 			if c < 0 {
 				return comm.Float32s(t.gshWhole[r]), nil
 			}
@@ -303,7 +337,7 @@ func (t *trainer) tensorAt(name string) (r, off, n int, ok bool) {
 // buffer of zeros, not the old values.
 func (t *trainer) gathered(bufs [][]float32, r int) []float32 {
 	if bufs[r] == nil {
-		bufs[r] = make([]float32, t.lay.Regions[r].PaddedSize(t.N))
+		bufs[r] = make([]float32, t.lay.Regions[r].PaddedSize(t.S))
 	}
 	return bufs[r]
 }

@@ -1,6 +1,7 @@
 // Command trainer is gorun's main job: a small decoder-only transformer
 // (package model) trained on a synthetic task in pure Go on the CPU, data
-// parallel or sharded over the ranks gorun starts. The step is described
+// parallel, sharded, or hybrid-sharded (hsdp: sharded within groups of
+// --shard-size ranks, replicated across them) over the ranks gorun starts. The step is described
 // once as a stepgraph.Graph (graph.go), the stepgraph passes the flags ask
 // for rewrite it (--reshard, --chunk, and the two bucketing passes unless
 // --no-bucketing), and overlap's GraphRunner executes the result every step:
@@ -10,6 +11,7 @@
 //
 //	gorun -np 4 bin/trainer --steps 20
 //	gorun -np 4 bin/trainer --mode sharded --reshard --deterministic --trace /tmp/t.json
+//	gorun -np 4 bin/trainer --mode hsdp --shard-size 2 --deterministic
 //
 // Rank 0 prints one line per step, "step N loss X time Yms" (X with full
 // float32 precision, so runs compare bit for bit), and a summary with the
@@ -47,7 +49,8 @@ func parseFlags(args []string) (options, bool, error) {
 	o := defaultOptions()
 	fs := flag.NewFlagSet("trainer", flag.ContinueOnError)
 	fs.IntVar(&o.steps, "steps", o.steps, "training steps")
-	fs.StringVar(&o.mode, "mode", o.mode, "dp (gradient all-reduce) or sharded (parameter all-gather, gradient reduce-scatter)")
+	fs.StringVar(&o.mode, "mode", o.mode, "dp (gradient all-reduce), sharded (parameter all-gather, gradient reduce-scatter) or hsdp (sharded within groups of --shard-size ranks, gradient shards all-reduced across the groups)")
+	fs.IntVar(&o.shardSize, "shard-size", 0, "hsdp: ranks per shard group, consecutive (0: 2)")
 	fs.BoolVar(&o.deterministic, "deterministic", false, "reduce along one fixed tree: bitwise the same losses for any rank count and option")
 	fs.Int64Var(&o.bucketCap, "bucket-cap", 0, "bucket size cap in bytes (0: from the cost model)")
 	fs.BoolVar(&o.noBucketing, "no-bucketing", false, "skip the bucketing passes (block, then overlap-preserving): one collective per tensor")
@@ -114,6 +117,13 @@ func mainErr(args []string) int {
 	}
 	cm := r.Comm()
 	log = log.With().Int("rank", cm.Rank()).Logger()
+	o.subgroup = func(ctx context.Context, name string, ranks []int) (overlap.Comm, error) {
+		g, err := r.Group(ranks)
+		if err != nil {
+			return nil, err
+		}
+		return r.NewComm(ctx, g, "trainer."+name) // closed by r.Close
+	}
 	o.reportStep = r.ReportStep
 	_, err = run(ctx, o, cm, log, os.Stdout)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,7 +25,13 @@ import (
 	"github.com/rs/zerolog"
 )
 
-const numSteps = 20
+// numSteps is how long every bitwise comparison trains. Each step's loss
+// and the final parameters are compared bit for bit, and a wrong bit in
+// any step's gradient or update changes every later loss and the final
+// parameters, so a few steps catch what twenty did (each step still reads
+// a new batch and advances the optimizer's step count); under -race the
+// matrix costs a quarter of what it did with 20.
+const numSteps = 5
 
 // reference is the one-rank simulation every run must reproduce bit for bit.
 func reference(t *testing.T, o options) *modeltest.Result {
@@ -73,30 +80,55 @@ func runRanks(t *testing.T, n int, opts func(r int) options) ([]*result, []error
 	}
 	ccfg := comm.LocalConfig()
 	ccfg.Deterministic = opts(0).deterministic
-	comms := make([]*comm.Comm, n)
+	comms := make([][]*comm.Comm, n) // per rank: the world's, then hsdp's subgroups'
 	results := make([]*result, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for r := range n {
 		wg.Go(func() {
-			c, err := comm.New(ctx, commtest.NewStaticGroup(r, addrs, nil), nw.Endpoint(addrs[r]), ccfg)
+			ep := nw.Endpoint(addrs[r])
+			c, err := comm.New(ctx, commtest.NewStaticGroup(r, addrs, nil), ep, ccfg)
 			if err != nil {
 				errs[r] = err
 				return
 			}
-			comms[r] = c
+			comms[r] = append(comms[r], c)
+			o := opts(r)
+			// Subgroups over the same endpoint, told apart by their tag,
+			// as rank.NewComm makes them under gorun.
+			o.subgroup = func(ctx context.Context, name string, ranks []int) (overlap.Comm, error) {
+				var sub []string
+				me := -1
+				for i, q := range ranks {
+					sub = append(sub, addrs[q])
+					if q == r {
+						me = i
+					}
+				}
+				cfg := ccfg
+				cfg.Tag = name
+				sc, err := comm.New(ctx, commtest.NewStaticGroup(me, sub, nil), ep, cfg)
+				if err == nil {
+					comms[r] = append(comms[r], sc)
+				}
+				return sc, err
+			}
 			var out bytes.Buffer
-			results[r], errs[r] = run(ctx, opts(r), c, zerolog.Nop(), &out)
+			results[r], errs[r] = run(ctx, o, c, zerolog.Nop(), &out)
 			if errs[r] != nil {
-				c.Abort(errs[r])
+				for _, c := range comms[r] {
+					c.Abort(errs[r])
+				}
 			}
 		})
 	}
 	wg.Wait()
-	for _, c := range comms {
-		if c != nil {
-			wg.Go(func() { _ = c.Close() })
-		}
+	for _, cs := range comms {
+		wg.Go(func() {
+			for i := len(cs) - 1; i >= 0; i-- {
+				_ = cs[i].Close()
+			}
+		})
 	}
 	wg.Wait()
 	return results, errs
@@ -156,7 +188,7 @@ func fmtLoss(f float32) string { return strconv.FormatFloat(float64(f), 'g', -1,
 
 // TestNumericsMatrix: with --deterministic, every rank count, mode and
 // option gives the losses and final parameters of the one-rank reference,
-// bit for bit, over 20 steps.
+// bit for bit, over numSteps steps.
 func TestNumericsMatrix(t *testing.T) {
 	base := smallOptions()
 	ref := reference(t, base)
@@ -177,13 +209,24 @@ func TestNumericsMatrix(t *testing.T) {
 		{"reshard+chunk+no-overlap", func(o *options) { o.reshard, o.chunk, o.chunkForce, o.noOverlap = true, true, true, true }},
 		{"reshard+chunk-per-chunk+grouped", func(o *options) { o.reshard, o.chunk, o.chunkAccumulate, o.grouped = true, true, false, true }},
 	}
-	for _, mode := range []string{"dp", "sharded"} {
+	hsdpOnly := []variant{
+		{"shard-size-1", func(o *options) { o.shardSize = 1 }},
+		{"shard-size-4", func(o *options) { o.shardSize = 4 }},
+	}
+	for _, mode := range []string{"dp", "sharded", "hsdp"} {
 		for _, n := range []int{1, 2, 4} {
-			for _, v := range variants {
+			vs := variants
+			if mode == "hsdp" && n == 4 {
+				vs = append(slices.Clone(variants), hsdpOnly...)
+			}
+			for _, v := range vs {
 				// Every variant on 4 ranks; 1 and 2 ranks with the plain
 				// run and the most different one, to keep -race short.
 				if n < 4 && v.name != "plain" && v.name != "reshard+chunk+no-overlap" && v.name != "reshard+chunk-per-chunk+grouped" {
 					continue
+				}
+				if mode == "hsdp" && strings.Contains(v.name, "per-chunk") {
+					continue // refused (options.validate; TestHSDPRefusals)
 				}
 				t.Run(fmt.Sprintf("%s/np%d/%s", mode, n, v.name), func(t *testing.T) {
 					o := base
@@ -266,6 +309,7 @@ func TestRealProcesses(t *testing.T) {
 		{4, ""},
 		{4, "--mode sharded --reshard --no-bucketing"},
 		{4, "--chunk --no-overlap --bucket-cap 1024"},
+		{4, "--mode hsdp --shard-size 2 --reshard --chunk"},
 	} {
 		t.Run(fmt.Sprintf("np%d %s", tc.np, tc.args), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -427,5 +471,36 @@ func TestReshardFreesMemory(t *testing.T) {
 	}
 	if peak[true] >= peak[false] {
 		t.Errorf("resharding did not lower the measured peak: %d with, %d without", peak[true], peak[false])
+	}
+}
+
+// TestHSDPRefusals: hybrid sharding options that cannot work are refused
+// before anything is sent, with the reason.
+func TestHSDPRefusals(t *testing.T) {
+	sub := func(context.Context, string, []int) (overlap.Comm, error) { return nil, nil }
+	for _, tc := range []struct {
+		name string
+		set  func(*options)
+		want string
+	}{
+		{"shard size not dividing", func(o *options) { o.shardSize = 3 }, "divides the rank count"},
+		{"negative shard size", func(o *options) { o.shardSize = -1 }, "divides the rank count"},
+		{"per-chunk reduction", func(o *options) { o.chunk, o.chunkAccumulate = true, false }, "per-chunk reduction"},
+		{"no subgroups", func(o *options) { o.subgroup = nil }, "subgroup communicators"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := smallOptions()
+			o.mode, o.subgroup = "hsdp", sub
+			tc.set(&o)
+			err := o.validate(4)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("validate: %v, want an error saying %q", err, tc.want)
+			}
+		})
+	}
+	o := smallOptions()
+	o.mode, o.subgroup, o.shardSize = "hsdp", sub, 2
+	if err := o.validate(4); err != nil {
+		t.Fatalf("a valid hsdp configuration refused: %v", err)
 	}
 }

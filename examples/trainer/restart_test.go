@@ -37,7 +37,7 @@ func TestRealKillRestart(t *testing.T) {
 	cmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", "4", "--tag-output",
 		"--inject", "stop:rank=2:at=0s", "--inject", "kill:rank=2:at=300ms", "--max-restarts", "1", "--report", report, "--timeout", "60s",
 		"/bin/sh", "-c", script, filepath.Join(dir, "trainer"),
-		"--steps", "20", "--model", "small", "--batch", "8", "--deterministic")
+		"--steps", strconv.Itoa(numSteps), "--model", "small", "--batch", "8", "--deterministic")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -113,7 +113,13 @@ func TestRealKillResume(t *testing.T) {
 		t.Skip("builds and launches binaries")
 	}
 	dir := buildBinaries(t)
-	ref := reference(t, smallOptions())
+	// Longer than numSteps: the kill comes after step 7, and the first
+	// world must still be training when it lands (with 12 steps it
+	// sometimes finished first).
+	const steps = 20
+	ro := smallOptions()
+	ro.steps = steps
+	ref := reference(t, ro)
 	for _, tc := range []struct {
 		np   int
 		mode string
@@ -127,7 +133,7 @@ func TestRealKillResume(t *testing.T) {
 			cmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", strconv.Itoa(tc.np), "--tag-output",
 				"--inject", "kill:rank=1:after-steps=7", "--max-restarts", "1", "--report", report, "--timeout", "60s",
 				"/bin/sh", "-c", script, filepath.Join(dir, "trainer"),
-				"--steps", strconv.Itoa(numSteps), "--model", "small", "--batch", "8", "--deterministic", "--mode", tc.mode,
+				"--steps", strconv.Itoa(steps), "--model", "small", "--batch", "8", "--deterministic", "--mode", tc.mode,
 				"--checkpoint", ckpt, "--checkpoint-every", "3")
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr

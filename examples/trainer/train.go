@@ -21,8 +21,17 @@ import (
 // options are the trainer's flags, separated from flag parsing so tests can
 // run the same training in-process over an in-memory network.
 type options struct {
-	steps         int
-	mode          string // "dp" or "sharded"
+	steps int
+	mode  string // "dp", "sharded" or "hsdp"
+	// shardSize is hsdp's shard degree S: parameters are sharded over
+	// groups of S consecutive ranks and replicated over the N/S groups.
+	// 0: 2 (1 when running alone).
+	shardSize int
+	// subgroup connects a communicator over the given world ranks (in
+	// that order) for process group name; hsdp needs it for its shard
+	// and replica groups. main makes it from rank.Group and NewComm,
+	// tests over their in-memory network.
+	subgroup      func(ctx context.Context, name string, ranks []int) (overlap.Comm, error)
 	deterministic bool
 	bucketCap     int64
 	noBucketing   bool
@@ -69,8 +78,17 @@ func (o options) validate(n int) error {
 	switch {
 	case o.steps < 1:
 		return fmt.Errorf("trainer: --steps %d, need at least 1", o.steps)
-	case o.mode != "dp" && o.mode != "sharded":
-		return fmt.Errorf("trainer: --mode %q, want dp or sharded", o.mode)
+	case o.mode != "dp" && o.mode != "sharded" && o.mode != "hsdp":
+		return fmt.Errorf("trainer: --mode %q, want dp, sharded or hsdp", o.mode)
+	case o.mode == "hsdp" && (o.shardSize < 0 || o.shardSize > 0 && n%o.shardSize != 0):
+		return fmt.Errorf("trainer: --shard-size %d with %d ranks: hsdp needs a shard size that divides the rank count", o.shardSize, n)
+	case o.mode == "hsdp" && o.chunk && !o.chunkAccumulate:
+		// Per-chunk reduction is bitwise the reference only when the
+		// chunk is the top of the summation tree; hsdp's replica
+		// all-reduce runs once on the chunks' sum, one level too high.
+		return fmt.Errorf("trainer: --mode hsdp with per-chunk reduction (--chunk-accumulate=false) is not supported: the replica all-reduce runs on the sum of the chunks")
+	case o.mode == "hsdp" && o.subgroup == nil:
+		return fmt.Errorf("trainer: hsdp needs subgroup communicators, and none can be made here")
 	case o.size != "default" && o.size != "small":
 		return fmt.Errorf("trainer: --model %q, want default or small", o.size)
 	case o.checkpointEvery < 0:
@@ -104,19 +122,28 @@ type result struct {
 
 // trainer is one rank's state.
 type trainer struct {
-	o       options
-	cm      overlap.Comm
-	log     zerolog.Logger
-	m       *model.Model
-	lay     *model.Layout
-	ws      *model.Workspace
-	opt     *model.Optimizer
-	data    model.Dataset
-	N, k    int
-	R       int
-	chunks  int // 2 with --chunk: buffers exist for both chunks
-	n       int // local samples
-	sharded bool
+	o    options
+	cm   overlap.Comm
+	log  zerolog.Logger
+	m    *model.Model
+	lay  *model.Layout
+	ws   *model.Workspace
+	opt  *model.Optimizer
+	data model.Dataset
+	N, k int
+	// S is the shard degree and sk this rank's shard index: N and k
+	// sharded, the shard group's size and this rank's place in it (hsdp),
+	// 1 and 0 in dp. shardGroup names the process group of the parameter
+	// gathers and gradient reduce-scatters; hsdp adds "replica", over
+	// which the reduce-scattered gradient shards are all-reduced.
+	S, sk      int
+	shardGroup string
+	hsdp       bool
+	comms      map[string]overlap.Comm
+	R          int
+	chunks     int // 2 with --chunk: buffers exist for both chunks
+	n          int // local samples
+	sharded    bool
 	// chunkMajor: chunk c of every rank is the c-th half of the global
 	// batch (per-chunk reduction); otherwise each rank holds one
 	// contiguous slice (see model.SampleRange).
@@ -159,7 +186,16 @@ func newTrainer(o options, cm overlap.Comm, log zerolog.Logger) (*trainer, error
 		return nil, err
 	}
 	t := &trainer{o: o, cm: cm, log: log, m: m, lay: m.Layout(), opt: opt, data: model.NewDataset(m.Config()),
-		N: N, k: k, R: m.NumRegions(), chunks: 1, sharded: o.mode == "sharded", regionIdx: map[string]int{}}
+		N: N, k: k, R: m.NumRegions(), chunks: 1, sharded: o.mode != "dp", hsdp: o.mode == "hsdp",
+		S: 1, shardGroup: world, comms: map[string]overlap.Comm{world: cm}, regionIdx: map[string]int{}}
+	switch {
+	case t.hsdp:
+		if err := t.connectHSDP(context.Background()); err != nil {
+			return nil, err
+		}
+	case t.sharded:
+		t.S, t.sk = N, k
+	}
 	if o.chunk {
 		t.chunks = 2
 		t.chunkMajor = !o.chunkAccumulate
@@ -174,14 +210,14 @@ func newTrainer(o options, cm overlap.Comm, log zerolog.Logger) (*trainer, error
 	t.ws.SetWorkers(o.workers)
 	shards := 1
 	if t.sharded {
-		shards = N
-		if t.own, err = m.InitShards(N, k); err != nil {
+		shards = t.S
+		if t.own, err = m.InitShards(t.S, t.sk); err != nil {
 			return nil, err
 		}
 		// Allocated when first gathered, dropped after their last reader.
 		t.full = make([][]float32, t.R)
 		t.fullBwd = make([][]float32, t.R)
-		t.gshWhole = t.lay.AllocShards(N)
+		t.gshWhole = t.lay.AllocShards(t.S)
 	} else {
 		t.own = m.Init()
 	}
@@ -193,7 +229,7 @@ func newTrainer(o options, cm overlap.Comm, log zerolog.Logger) (*trainer, error
 	for c := 0; c < t.chunks; c++ {
 		t.grads = append(t.grads, t.lay.Alloc(shards))
 		if t.sharded {
-			t.gsh = append(t.gsh, t.lay.AllocShards(N))
+			t.gsh = append(t.gsh, t.lay.AllocShards(t.S))
 		}
 	}
 	t.loss = make([]float32, t.chunks)
@@ -216,7 +252,7 @@ func newTrainer(o options, cm overlap.Comm, log zerolog.Logger) (*trainer, error
 		ocfg.Mode = overlap.Grouped
 	}
 	ocfg.PrefetchStarts = o.prefetch
-	if t.runner, err = overlap.NewGraphRunner(t.graph, map[string]overlap.Comm{world: cm}, ocfg); err != nil {
+	if t.runner, err = overlap.NewGraphRunner(t.graph, t.comms, ocfg); err != nil {
 		return nil, err
 	}
 	t.runner.SetRelease(t.release)
@@ -334,6 +370,39 @@ func (t *trainer) step(ctx context.Context, step int) (float32, overlap.StepMetr
 	return t.lossWhole[0] / float32(t.o.batch), met, nil
 }
 
+// connectHSDP makes the two communicators of hybrid sharding: the shard
+// group of S consecutive ranks (k/S·S …) and the replica group of the ranks
+// at the same place in every shard group (k mod S, + S, …). Consecutive
+// shard groups are what keeps the deterministic sums bitwise those of the
+// reference: the shard reduce-scatter sums a contiguous run of ranks'
+// samples and the replica all-reduce sums those runs in order, the same
+// tree the flat reduction builds over all ranks.
+func (t *trainer) connectHSDP(ctx context.Context) error {
+	S := t.o.shardSize
+	if S == 0 {
+		S = min(2, t.N)
+	}
+	t.S, t.sk, t.shardGroup = S, t.k%S, "shard"
+	var shard, replica []int
+	for i := range S {
+		shard = append(shard, t.k/S*S+i)
+	}
+	for i := t.k % S; i < t.N; i += S {
+		replica = append(replica, i)
+	}
+	for _, g := range []struct {
+		name  string
+		ranks []int
+	}{{"shard", shard}, {"replica", replica}} {
+		c, err := t.o.subgroup(ctx, g.name, g.ranks)
+		if err != nil {
+			return fmt.Errorf("trainer: hsdp %s group %v: %w", g.name, g.ranks, err)
+		}
+		t.comms[g.name] = c
+	}
+	return nil
+}
+
 // fingerprint gathers the full parameters (sharded) and hashes them.
 func (t *trainer) fingerprint(ctx context.Context) (uint64, error) {
 	var bufs [][]float32
@@ -341,7 +410,7 @@ func (t *trainer) fingerprint(ctx context.Context) (uint64, error) {
 		p := t.own[r]
 		if t.sharded {
 			full := t.gathered(t.full, r)
-			if err := t.cm.AllGather(ctx, f32(t.own[r]), f32(full)).Wait(ctx); err != nil {
+			if err := t.comms[t.shardGroup].AllGather(ctx, f32(t.own[r]), f32(full)).Wait(ctx); err != nil {
 				return 0, err
 			}
 			p = full

@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -179,6 +180,15 @@ func runHelper(mode string) int {
 	case "partial":
 		fmt.Print("partial-line")
 		return 0
+	case "stat":
+		// The rank's /proc/self/stat line: its process group and session.
+		b, err := os.ReadFile("/proc/self/stat")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 90
+		}
+		fmt.Printf("%s\n", bytes.TrimSpace(b))
+		return 0
 	case "cat":
 		io.Copy(os.Stdout, os.Stdin)
 		return 0
@@ -192,6 +202,35 @@ func runHelper(mode string) int {
 	case "args":
 		fmt.Println(strings.Join(os.Args[1:], " "))
 		return 0
+	case "watch-rank":
+		// A program that does not use gorun's runtime (so it reports
+		// nothing collateral) whose ranks all depend on one: rank V
+		// writes its pid to DIR/victim and waits; every other rank
+		// exits 1 as soon as V's process is gone, as an MPI program's
+		// ranks do when a peer dies. Spelled watch-rank:V:DIR.
+		v, dir, _ := strings.Cut(arg, ":")
+		file := filepath.Join(dir, "victim")
+		if rank == v {
+			if err := os.WriteFile(file+".tmp", []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+				fmt.Fprintln(os.Stderr, "helper:", err)
+				return 90
+			}
+			_ = os.Rename(file+".tmp", file)
+			fmt.Printf("ready %s %d\n", rank, os.Getpid())
+			select {}
+		}
+		fmt.Printf("ready %s %d\n", rank, os.Getpid())
+		for {
+			b, err := os.ReadFile(file)
+			if err == nil {
+				st, err := os.ReadFile("/proc/" + string(b) + "/stat")
+				if i := bytes.LastIndexByte(st, ')'); err != nil || (i > 0 && i+2 < len(st) && st[i+2] == 'Z') {
+					fmt.Fprintf(os.Stderr, "helper: rank %s: rank %s is gone\n", rank, v)
+					return 1
+				}
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
 	case "allreduce":
 		return allReduceLoop(rank, 0)
 	case "allreduce-for":
@@ -250,6 +289,10 @@ func allReduceLoop(rankName string, d time.Duration) int {
 		}
 		if i == 0 {
 			fmt.Printf("ready %s %d\n", rankName, os.Getpid())
+			// Step 1 is the first all-reduce, which every rank has
+			// joined: a fault after-steps=1 fires only once every rank
+			// is up and has printed what it printed before.
+			r.ReportStep(1)
 		}
 		if d > 0 && i%16 == 15 {
 			// Ranks decide together whether to stop, so that none

@@ -422,7 +422,7 @@ def case_all():
 def fixed_tree(vals):
     """gorun's deterministic reduction order (comm/doc.go): pairwise in
     rank order, neighbours (0,1), (2,3)... with the lower rank on the left,
-    an odd one out moving up unchanged: ((r0+r1)+r2) for 3 ranks."""
+    an odd one out moving up unchanged: ((r0+r1)+(r2+r3)) for 4 ranks."""
     level = list(vals)
     while len(level) > 1:
         nxt = [level[i] + level[i + 1] for i in range(0, len(level) - 1, 2)]

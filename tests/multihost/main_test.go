@@ -94,6 +94,12 @@ func newJob(t *testing.T, h *testhosts.Netns, slots int, mode string, perRank ma
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newJobOn(t, h, hf, mode, perRank, args...)
+}
+
+// newJobOn is newJob with the hostfile hf.
+func newJobOn(t *testing.T, h *testhosts.Netns, hf string, mode string, perRank map[int]string, args ...string) *job {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)

@@ -344,38 +344,66 @@ CUresult cuStreamSynchronize(void *s) {
 	return CUDA_SUCCESS;
 }
 
-struct event {
-	atomic_ullong recorded; /* records issued */
-	atomic_ullong done;     /* records reached by their stream */
+/* An event is its latest record, as in CUDA: a record replaces the one
+ * before it, cuStreamWaitEvent and cuEventSynchronize wait for the record
+ * that was latest when they were called, and cuEventQuery asks about the
+ * latest. Each record is its own object (refcounted by the event and the
+ * stream operations that hold it), so a record reached on one stream never
+ * stands in for an earlier record still pending on another. */
+struct record {
+	atomic_int done;
+	atomic_int refs;
 };
 
-struct mark {
-	struct event *e;
-	unsigned long long n;
+struct event {
+	pthread_mutex_t mu;
+	struct record *latest; /* NULL: never recorded (complete) */
 };
+
+static void record_unref(struct record *r) {
+	if (r && atomic_fetch_sub(&r->refs, 1) == 1)
+		free(r);
+}
+
+/* latest_ref returns e's latest record with a reference taken. */
+static struct record *latest_ref(struct event *e) {
+	pthread_mutex_lock(&e->mu);
+	struct record *r = e->latest;
+	if (r)
+		atomic_fetch_add(&r->refs, 1);
+	pthread_mutex_unlock(&e->mu);
+	return r;
+}
 
 static void mark_done(void *p) {
-	struct mark *m = p;
-	atomic_store(&m->e->done, m->n);
-	free(m);
+	struct record *r = p;
+	atomic_store(&r->done, 1);
+	record_unref(r);
 }
 
 static void mark_wait(void *p) {
-	struct mark *m = p;
-	while (atomic_load(&m->e->done) < m->n)
+	struct record *r = p;
+	while (!atomic_load(&r->done))
 		snooze();
-	free(m);
+	record_unref(r);
 }
 
 CUresult cuEventCreate(void **e, unsigned flags) {
 	(void)flags;
 	NEED_CTX();
-	*e = calloc(1, sizeof(struct event));
+	struct event *ev = calloc(1, sizeof(struct event));
+	pthread_mutex_init(&ev->mu, NULL);
+	*e = ev;
 	return CUDA_SUCCESS;
 }
 
-CUresult cuEventDestroy_v2(void *e) {
+CUresult cuEventDestroy_v2(void *p) {
 	NEED_CTX();
+	struct event *e = p;
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	record_unref(e->latest);
+	pthread_mutex_destroy(&e->mu);
 	free(e);
 	return CUDA_SUCCESS;
 }
@@ -385,10 +413,14 @@ CUresult cuEventRecord(void *ev, void *s) {
 	struct event *e = ev;
 	if (!e)
 		return CUDA_ERROR_INVALID_HANDLE;
-	struct mark *m = malloc(sizeof *m);
-	m->e = e;
-	m->n = atomic_fetch_add(&e->recorded, 1) + 1;
-	standin_enqueue(standin_stream_of(s), mark_done, m);
+	struct record *r = calloc(1, sizeof *r);
+	atomic_store(&r->refs, 2); /* the event's and the stream operation's */
+	pthread_mutex_lock(&e->mu);
+	struct record *old = e->latest;
+	e->latest = r;
+	pthread_mutex_unlock(&e->mu);
+	record_unref(old);
+	standin_enqueue(standin_stream_of(s), mark_done, r);
 	return CUDA_SUCCESS;
 }
 
@@ -397,15 +429,21 @@ CUresult cuEventQuery(void *ev) {
 	struct event *e = ev;
 	if (!e)
 		return CUDA_ERROR_INVALID_HANDLE;
-	return atomic_load(&e->done) >= atomic_load(&e->recorded) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+	struct record *r = latest_ref(e);
+	int done = !r || atomic_load(&r->done);
+	record_unref(r);
+	return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 CUresult cuEventSynchronize(void *ev) {
 	NEED_CTX();
 	struct event *e = ev;
-	unsigned long long want = atomic_load(&e->recorded);
-	while (atomic_load(&e->done) < want)
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	struct record *r = latest_ref(e);
+	while (r && !atomic_load(&r->done))
 		snooze();
+	record_unref(r);
 	return CUDA_SUCCESS;
 }
 
@@ -415,10 +453,9 @@ CUresult cuStreamWaitEvent(void *s, void *ev, unsigned flags) {
 	struct event *e = ev;
 	if (!e)
 		return CUDA_ERROR_INVALID_HANDLE;
-	struct mark *m = malloc(sizeof *m);
-	m->e = e;
-	m->n = atomic_load(&e->recorded);
-	standin_enqueue(standin_stream_of(s), mark_wait, m);
+	struct record *r = latest_ref(e);
+	if (r)
+		standin_enqueue(standin_stream_of(s), mark_wait, r);
 	return CUDA_SUCCESS;
 }
 

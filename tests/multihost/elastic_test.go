@@ -1,0 +1,114 @@
+package multihost
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// elasticReport is the part of gorun's --report an elastic test reads.
+type elasticReport struct {
+	Restarts  int      `json:"restarts"`
+	LostHosts []string `json:"lost_hosts"`
+	Worlds    []struct {
+		NP     int      `json:"np"`
+		Hosts  []string `json:"hosts"`
+		Result string   `json:"result"`
+	} `json:"worlds"`
+	Outcome string `json:"outcome"`
+}
+
+func readElasticReport(t *testing.T, path string) (elasticReport, string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep elasticReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep, string(b)
+}
+
+// worldHosts maps each world to the hosts its ranks printed their
+// "world N" line from (restart-aware helper, --tag-output).
+func worldHosts(out string) map[string][]string {
+	m := map[string][]string{}
+	for _, g := range regexp.MustCompile(`(?m)^\[\d+,([^\]]+)\] world (\d) `).FindAllStringSubmatch(out, -1) {
+		if !slices.Contains(m[g[2]], g[1]) {
+			m[g[2]] = append(m[g[2]], g[1])
+		}
+		slices.Sort(m[g[2]])
+	}
+	return m
+}
+
+// Elastic (--min-np/--max-np) across namespace hosts, with a host killed
+// whole (its agent and ranks: gorun sees it lost):
+//   - spare: 4 hosts of 1 slot, --max-np 2: the world runs on h1,h2; h2 is
+//     killed; the next world runs 2 ranks on h1,h3 (the spare took over);
+//   - shrink: hosts h1,h2 of 2 slots, -np 4 --min-np 2: h2 is killed; the
+//     next world runs 2 ranks on h1;
+//   - below the minimum: the same with --min-np 3: the job fails naming
+//     the lost host and what ended the last world.
+//
+// Every case leaves no process on any host.
+func TestElasticKillHost(t *testing.T) {
+	h := requireHosts(t)
+	h1, h2, h3 := h.Hosts[0], h.Hosts[1], h.Hosts[2]
+	for _, tc := range []struct {
+		name      string
+		hostfile  string
+		args      []string
+		wantCode  int
+		wantNP    int
+		wantHosts []string
+	}{
+		{"spare", fmt.Sprintf("%s slots=1\n%s slots=1\n%s slots=1\n%s slots=1\n", h1, h2, h3, h.Hosts[3]),
+			[]string{"--max-np", "2", "--min-np", "1"}, 0, 2, []string{h1, h3}},
+		{"shrink", fmt.Sprintf("%s slots=2\n%s slots=2\n", h1, h2),
+			[]string{"-np", "4", "--min-np", "2"}, 0, 2, []string{h1}},
+		{"below min-np", fmt.Sprintf("%s slots=2\n%s slots=2\n", h1, h2),
+			[]string{"-np", "4", "--min-np", "3"}, 255, 0, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			hf := filepath.Join(dir, "hostfile")
+			if err := os.WriteFile(hf, []byte(tc.hostfile), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			report := filepath.Join(dir, "report.json")
+			args := append([]string{"--tag-output", "--inject", "kill-host:host=" + h2 + ":at=1s", "--max-restarts", "2", "--report", report}, tc.args...)
+			j := newJobOn(t, h, hf, "restart-aware", nil, args...)
+			code := j.run()
+			j.noSurvivors()
+			rep, raw := readElasticReport(t, report)
+			if code != tc.wantCode {
+				t.Fatalf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s\nreport:\n%s", code, tc.wantCode, j.stdout.String(), j.stderr.String(), raw)
+			}
+			if !slices.Equal(rep.LostHosts, []string{h2}) || !strings.Contains(rep.Worlds[0].Result, "lost host "+h2) {
+				t.Fatalf("report:\n%s", raw)
+			}
+			if tc.wantCode != 0 {
+				if len(rep.Worlds) != 1 || !strings.Contains(rep.Outcome, "--min-np is 3 (lost: "+h2+")") || !strings.Contains(rep.Outcome, "lost host "+h2) {
+					t.Fatalf("report:\n%s", raw)
+				}
+				return
+			}
+			w1 := rep.Worlds[len(rep.Worlds)-1]
+			if rep.Restarts != 1 || w1.NP != tc.wantNP || !slices.Equal(w1.Hosts, tc.wantHosts) || w1.Result != "succeeded" {
+				t.Fatalf("the last world: %+v, want %d ranks on %v\nreport:\n%s", w1, tc.wantNP, tc.wantHosts, raw)
+			}
+			// The ranks' own word: where world 1 ran.
+			if got := worldHosts(j.stdout.String())["1"]; !slices.Equal(got, tc.wantHosts) {
+				t.Fatalf("world 1's ranks printed from %v, want %v\n%s", got, tc.wantHosts, j.stdout.String())
+			}
+		})
+	}
+}
