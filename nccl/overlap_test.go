@@ -40,6 +40,9 @@ var devHooks struct {
 	liveAllocs   func() int64
 	setCopyDelay func(usec int32)
 	delayedWrite func(s uintptr, dst uintptr, src unsafe.Pointer, n uintptr, usec int32) int32
+	// groupedLaunches counts NCCL launches of several collectives (one
+	// ncclGroupStart/End around them).
+	groupedLaunches func() int64
 }
 
 func loadDevHooks(t *testing.T) {
@@ -51,6 +54,11 @@ func loadDevHooks(t *testing.T) {
 		purego.RegisterLibFunc(&devHooks.liveAllocs, cu, "standinLiveAllocs")
 		purego.RegisterLibFunc(&devHooks.setCopyDelay, cu, "standinSetCopyDelay")
 		purego.RegisterLibFunc(&devHooks.delayedWrite, cu, "standinDelayedWrite")
+		nc, err := purego.Dlopen(standins.NCCL, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		purego.RegisterLibFunc(&devHooks.groupedLaunches, nc, "standinGroupedLaunches")
 	})
 }
 
@@ -333,9 +341,18 @@ func TestGraphRunnerOnDeviceMatchesHost(t *testing.T) {
 				if mode == overlap.Grouped {
 					cfg.Backend = GroupBackend{}
 				}
+				grouped := devHooks.groupedLaunches()
 				got := ovDevice(t, g, n, 2, cfg)
 				if t.Failed() {
 					return
+				}
+				// Grouped mode brackets each bucket set in one
+				// ncclGroupStart/End; the others issue call by call.
+				switch k := devHooks.groupedLaunches() - grouped; {
+				case mode == overlap.Grouped && k == 0:
+					t.Errorf("grouped mode: no launch carried several collectives")
+				case mode != overlap.Grouped && k != 0:
+					t.Errorf("%v mode: %d launches carried several collectives", mode, k)
 				}
 				for r := range n {
 					names := make([]string, 0, len(want[r]))
