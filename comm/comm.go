@@ -381,7 +381,7 @@ func (c *Comm) tellCollateral(err error) {
 	case errors.As(err, &fce):
 		collateral.Tell(collateral.Report{Rank: c.g.GlobalRank(c.me), Blame: fce.From, Why: err.Error()})
 	case errors.As(err, &pe):
-		collateral.Tell(collateral.Report{Rank: c.g.GlobalRank(c.me), Blame: pe.WorldRank, Why: err.Error()})
+		collateral.Tell(collateral.Report{Rank: c.g.GlobalRank(c.me), Blame: pe.WorldRank, Why: err.Error(), Relay: pe.aborted()})
 	case errors.As(err, &lost):
 		collateral.Tell(collateral.Report{Rank: c.g.GlobalRank(c.me), Blame: lost.LostWorldRank(), Why: err.Error()})
 	case errors.Is(err, ErrPeerLost):

@@ -179,6 +179,9 @@ type supervisorEvent struct {
 	// teardown reached it: frozen, not dead, which its peers cannot tell
 	// apart (their lease only says it fell silent).
 	Frozen string `json:"frozen,omitempty"`
+	// Relay marks a collateral report whose rank learned of the loss from
+	// Blame's abort, not by seeing it (collateral.Report.Relay).
+	Relay bool `json:"relay,omitempty"`
 	// At is when an "exited" rank was reaped (Unix ns, this host's clock):
 	// the supervisor reaps at each SIGCHLD, so it is the exit time to
 	// within the supervisor's wake-up. Every exit of one reap pass gets
@@ -784,7 +787,7 @@ func (a *supervisor) reap() {
 		// the exit just reaped: reading now finds it if there is one.
 		a.readCollateral()
 		if c, ok := a.coll[ev.Rank]; ok {
-			ev.Collateral, ev.Blame, ev.Err = true, c.Blame, c.Why
+			ev.Collateral, ev.Blame, ev.Err, ev.Relay = true, c.Blame, c.Why, c.Relay
 		}
 		if f := a.ranks[i].frozen; f != 0 {
 			ev.Frozen = string(f)
