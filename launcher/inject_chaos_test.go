@@ -3,6 +3,10 @@ package launcher
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -96,10 +100,7 @@ func TestInjectSlow(t *testing.T) {
 	if err != nil {
 		t.Fatalf("job failed: %v", err)
 	}
-	gaps := map[string]int{}
-	for _, m := range regexp.MustCompile(`(?m)^\[(\d)\] maxgap (\d+)$`).FindAllStringSubmatch(j.stdout.String(), -1) {
-		gaps[m[1]], _ = strconv.Atoi(m[2])
-	}
+	gaps := tickerGaps(j.stdout.String())
 	// Stopped 400 ms of each 500 ms: the gap is one slice, not the whole
 	// 1.2 s (the rank was continued between slices).
 	if len(gaps) != 2 || gaps["0"] < 350 || gaps["0"] > 1000 || gaps["1"] >= 350 {
@@ -112,4 +113,36 @@ func TestInjectSlow(t *testing.T) {
 	if !strings.Contains(f.Signal, "SIGSTOP 80% of every 500ms") {
 		t.Errorf("fault record says %q", f.Signal)
 	}
+}
+
+// A shared-memory segment left by a dead rank (killed between creating it
+// and its peer's mapping it) is removed when the job's supervisor is done,
+// not left for the next job on the host to find.
+func TestSupervisorSweepsDeadShm(t *testing.T) {
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	seg := filepath.Join("/dev/shm", fmt.Sprintf("gorun-%d-0000000000000000-0-1-sweeptest", dead.Process.Pid))
+	if err := os.WriteFile(seg, nil, 0o600); err != nil {
+		t.Skipf("no /dev/shm here: %v", err)
+	}
+	t.Cleanup(func() { _ = os.Remove(seg) })
+	j := newJobRun(t, 1, "exit:0", nil)
+	if err := j.launch(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(seg); err == nil {
+		t.Errorf("%s is still there after the job", seg)
+	}
+}
+
+// tickerGaps reads the "ticker" helpers' tagged "maxgap N" lines: each
+// rank's longest gap between wake-ups, in ms, by rank.
+func tickerGaps(out string) map[string]int {
+	gaps := map[string]int{}
+	for _, m := range regexp.MustCompile(`(?m)^\[(\d)\] maxgap (\d+)$`).FindAllStringSubmatch(out, -1) {
+		gaps[m[1]], _ = strconv.Atoi(m[2])
+	}
+	return gaps
 }

@@ -609,8 +609,10 @@ func TestGorunSIGKILLLeavesNoOrphans(t *testing.T) {
 // Every rank leads its own session (and so its own process group): the
 // teardown signals the group, and the kernel's autogroup scheduler gives
 // each session its own CPU share, as Hydra's ranks get (supervisor.go).
-// Oversubscribed ranks lead their own process groups in one session,
-// where sched_yield can hand a core from one to another (bind.go).
+// Oversubscribed ranks of a program on gorun's runtime (this test binary)
+// lead their own process groups in one session, where sched_yield can hand
+// a core from one to another; other programs (a shell here, MPICH ranks in
+// practice) keep their own sessions (bind.go).
 func TestRunRanksOwnSession(t *testing.T) {
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
@@ -622,14 +624,18 @@ func TestRunRanksOwnSession(t *testing.T) {
 		np         int
 		export     []string
 		ownSession bool
+		shell      bool // the rank is /bin/sh, not a program on gorun's runtime
 	}{
-		{"one CPU each", min(2, ncpu), nil, true},
-		{"oversubscribed", ncpu + 1, nil, false},
-		{"oversubscribed, --bind-to none", ncpu + 1, []string{"GORUN_BIND=none"}, true},
+		{"one CPU each", min(2, ncpu), nil, true, false},
+		{"oversubscribed", ncpu + 1, nil, false, false},
+		{"oversubscribed, not on gorun's runtime", ncpu + 1, nil, true, true},
+		{"oversubscribed, --bind-to none", ncpu + 1, []string{"GORUN_BIND=none"}, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			j := newJobRun(t, tc.np, "", nil)
-			j.job.Argv = []string{"/bin/sh", "-c", "exec cat /proc/self/stat"}
+			j := newJobRun(t, tc.np, "stat", nil)
+			if tc.shell {
+				j.job.Argv = []string{"/bin/sh", "-c", "exec cat /proc/self/stat"}
+			}
 			j.job.Export = tc.export
 			j.job.Oversubscribe = tc.np > ncpu
 			if err := j.launch(context.Background()); err != nil {

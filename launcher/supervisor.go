@@ -179,6 +179,9 @@ type supervisorEvent struct {
 	// teardown reached it: frozen, not dead, which its peers cannot tell
 	// apart (their lease only says it fell silent).
 	Frozen string `json:"frozen,omitempty"`
+	// Relay marks a collateral report whose rank learned of the loss from
+	// Blame's abort, not by seeing it (collateral.Report.Relay).
+	Relay bool `json:"relay,omitempty"`
 	// At is when an "exited" rank was reaped (Unix ns, this host's clock):
 	// the supervisor reaps at each SIGCHLD, so it is the exit time to
 	// within the supervisor's wake-up. Every exit of one reap pass gets
@@ -492,6 +495,15 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 	// len(ranks) (see bind.go).
 	shares := cpuShares(len(ranks))
 	crowded := shares == nil && oversubscribed(len(ranks))
+	runtimeOf := map[string]bool{}
+	onRuntime := func(path string) bool {
+		v, ok := runtimeOf[path]
+		if !ok {
+			v = gorunRuntime(path)
+			runtimeOf[path] = v
+		}
+		return v
+	}
 	for i, r := range ranks {
 		var cpus []int
 		if shares != nil && bindPolicy(r.Env) == BindAuto {
@@ -499,8 +511,9 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		}
 		stdin, stdout, stderr := fileFor(r.Stdin), fileFor(r.Stdout), fileFor(r.Stderr)
 		files, env := []*os.File{stdin, stdout, stderr}, r.Env
-		// Oversubscribed ranks share this process's session (ownSession).
-		own := !crowded || bindPolicy(r.Env) != BindAuto
+		// Oversubscribed ranks on gorun's runtime share this process's
+		// session (bind.go).
+		own := !crowded || bindPolicy(r.Env) != BindAuto || !onRuntime(r.Path)
 		if crowded {
 			env = goMaxProcsEnv(env)
 		}
@@ -774,7 +787,7 @@ func (a *supervisor) reap() {
 		// the exit just reaped: reading now finds it if there is one.
 		a.readCollateral()
 		if c, ok := a.coll[ev.Rank]; ok {
-			ev.Collateral, ev.Blame, ev.Err = true, c.Blame, c.Why
+			ev.Collateral, ev.Blame, ev.Err, ev.Relay = true, c.Blame, c.Why, c.Relay
 		}
 		if f := a.ranks[i].frozen; f != 0 {
 			ev.Frozen = string(f)
