@@ -2,6 +2,7 @@ package comm
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -429,7 +430,38 @@ func (c *Comm) sendErr(cl *call, p int, err error) error {
 	if why != nil {
 		return why
 	}
+	if why := c.askWhy(p); why != nil {
+		return why
+	}
 	return c.linkErr(p, err)
+}
+
+// askWhy asks peer p over the side channel why it broke the link, for a
+// send that failed without an abort frame to read: a peer that failed
+// while this rank was blocked writing to it may have reset the connection
+// before its abort could be sent (its sender was blocked on this rank the
+// same way). While p's communicator is open, its status carries the
+// failure; a DesyncError is returned as if the abort had arrived,
+// anything else is left to linkErr.
+func (c *Comm) askWhy(p int) error {
+	if c.statusT == nil || c.cfg.DesyncCheckAfter <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.queryTimeout())
+	defer cancel()
+	b, err := c.statusT.QueryStatus(ctx, c.g, c.gid, p)
+	c.queries.Add(1)
+	c.queryBytes.Add(int64(len(b)))
+	var st rankStatus
+	if err != nil || json.Unmarshal(b, &st) != nil || st.Rank != p || st.Failed == "" {
+		return nil
+	}
+	if st.Desync != nil {
+		d := st.Desync.turnedTo(c.me)
+		d.ReportedBy = c.info[p] + " (asked over the side channel after it reset the link)"
+		return d
+	}
+	return nil
 }
 
 // recvFrom receives exactly len(dst) bytes of the current call from p.
