@@ -190,6 +190,18 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("comm: connecting group of %d as rank %d: %w", n, me, err)
 	}
+	// Injected data-plane faults (netfault.go): links are wrapped only
+	// when GORUN_NETFAULT arms one, so the hot path is untouched otherwise.
+	wrapped, err := wrapNetFaults(links, g)
+	if err != nil {
+		for _, l := range links {
+			if l != nil {
+				_ = l.Close()
+			}
+		}
+		return nil, err
+	}
+	links = wrapped
 	for r := range n {
 		if r == me {
 			continue
@@ -243,7 +255,7 @@ func (c *Comm) Err() error {
 
 // sender runs one peer's asynchronous sends in post order.
 func (c *Comm) sender(p *peer) {
-	_, tcp := p.link.(*tcpLink)
+	_, tcp := unwrapLink(p.link).(*tcpLink)
 	for req := range p.sendq {
 		seg := req.seg
 		if tcp && c.cfg.TCPSegmentBytes > 0 {
@@ -352,7 +364,10 @@ func (c *Comm) fail(err error) {
 func (c *Comm) tellCollateral(err error) {
 	var pe *PeerError
 	var lost interface{ LostWorldRank() int } // rendezvous.LostError
+	var fce *FrameCheckError                  // the link from fce.From corrupted a frame
 	switch {
+	case errors.As(err, &fce):
+		collateral.Tell(collateral.Report{Rank: c.g.GlobalRank(c.me), Blame: fce.From, Why: err.Error()})
 	case errors.As(err, &pe):
 		collateral.Tell(collateral.Report{Rank: c.g.GlobalRank(c.me), Blame: pe.WorldRank, Why: err.Error()})
 	case errors.As(err, &lost):

@@ -1,6 +1,10 @@
 package comm
 
-import "time"
+import (
+	"time"
+
+	"github.com/gorun-hpc/gorun/internal/netfault"
+)
 
 // SetTuning overrides the shared-memory waiter's spin and yield thresholds
 // and whether Wait may run calls itself (benchmark experiments; safe while
@@ -31,3 +35,7 @@ func SetFlightRecorder(on bool) { flightOff.Store(!on) }
 // threshold even when nothing suggests the peer needs their core (the
 // policy before), for benchmarks that compare.
 func SetYieldIdle(b bool) { yieldIdle.Store(b) }
+
+// SetNetFaults arms plan in this process instead of GORUN_NETFAULT for
+// communicators created after the call; nil goes back to the environment.
+func SetNetFaults(plan *netfault.Plan) { netPlanOverride.Store(plan) }

@@ -66,8 +66,11 @@ const (
 	// producer-waiting, each on its own line.
 	dirCtlBytes = 4 * cacheLine
 	// Per side (0 dialer, 1 acceptor), at cpuCtlOff + side·cacheLine: the
-	// CPU (plus one; 0 unknown) its waiting thread last ran on.
+	// CPU (plus one; 0 unknown) its waiting thread last ran on; at
+	// sidCtlOff + side·cacheLine its session id (getsid), written when
+	// the side maps the segment, before its handshake message.
 	cpuCtlOff = 1024
+	sidCtlOff = cpuCtlOff + 8
 	// shmFrameSkip marks a header-sized record after which the consumer
 	// skips to the ring's beginning. Never seen outside the link.
 	shmFrameSkip = 0xff
@@ -126,8 +129,28 @@ func createShm(dir string, gid GroupID, me, peer, ringBytes int) (*shmSegment, e
 		_ = unix.Unlink(path)
 		return nil, fmt.Errorf("comm: mapping %s: %w", path, err)
 	}
-	return &shmSegment{path: path, name: name, mem: mem, ringBytes: ringBytes}, nil
+	seg := &shmSegment{path: path, name: name, mem: mem, ringBytes: ringBytes}
+	seg.publishSession(0)
+	return seg, nil
 }
+
+// publishSession writes this process's session id into side's line of
+// the control page (see sidCtlOff).
+func (s *shmSegment) publishSession(side int) {
+	sid, _ := unix.Getsid(0)
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&s.mem[sidCtlOff+side*cacheLine])), uint32(sid))
+}
+
+// session is the session id side published (0: none).
+func (s *shmSegment) session(side int) uint32 {
+	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&s.mem[sidCtlOff+side*cacheLine])))
+}
+
+// SweepShm removes the shared-memory segments left in dir by processes
+// that no longer exist and reports how many; gorun's supervisor runs it
+// once every rank of a job is gone, so a rank killed mid-handshake leaves
+// nothing behind.
+func SweepShm(dir string) int { return sweepShm(dir) }
 
 // sweepShm removes segments left in dir by processes that no longer exist.
 // A segment has a name only between its creation and the end of the
@@ -179,7 +202,9 @@ func openShm(dir, name string, ringBytes int) (*shmSegment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("comm: mapping %s: %w", path, err)
 	}
-	return &shmSegment{path: path, name: name, mem: mem, ringBytes: ringBytes}, nil
+	seg := &shmSegment{path: path, name: name, mem: mem, ringBytes: ringBytes}
+	seg.publishSession(1)
+	return seg, nil
 }
 
 func (s *shmSegment) unlink() {
@@ -406,20 +431,28 @@ func (l *shmLink) wait(mode int) bool {
 				}
 				// The peer is not answering at memory speed. If it is
 				// queued behind us on this core, or the host has more
-				// ranks than cores, give the core up: sleep on the futex
-				// at once. Not sched_yield: every rank leads its own
-				// session (launcher), so with the kernel's autogroup
-				// scheduling each rank is alone in its group and a yield
-				// gives the core to nobody (4 ranks on 2 cores: 8-byte
-				// all-reduce 0.7-1.3 ms yielding, see
-				// notes/shm-latency.md). A peer on another core gains
-				// nothing from either, while we would lose the core to
-				// any other process for a time slice (see yieldIdle):
-				// then keep polling until spinLimit.
+				// ranks than cores, give the core up. When both ranks are
+				// in one session (gorun starts oversubscribed ranks in
+				// its own, launcher/bind.go), sched_yield hands the core
+				// to the peer queued behind us and keep polling: a
+				// switch, where a futex sleep costs the peer a wake-up
+				// and us a place in the run queue (4 ranks on 2 cores,
+				// 8-byte all-reduce: 8-17 µs yielding, 20-90 µs
+				// sleeping, notes/shm-latency.md). In sessions of their
+				// own, with the kernel's autogroup scheduling each rank
+				// is alone in its group and a yield gives the core to
+				// nobody (0.3-1.3 ms): sleep on the futex at once. A
+				// peer on another core gains nothing from either, while
+				// we would lose the core to any other process for a
+				// time slice (see yieldIdle): then keep polling until
+				// spinLimit.
 				if contended || r.slowPeer || l.crowded {
-					break
+					if !l.yieldOK {
+						break
+					}
+					_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 				}
-				if yieldIdle.Load() {
+				if yieldIdle.Load() && !contended && !r.slowPeer && !l.crowded {
 					_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 				}
 			}
@@ -447,6 +480,8 @@ func markCrowded(links []Link, localRanks int) {
 	for _, l := range links {
 		if s, ok := l.(*shmLink); ok {
 			s.crowded = crowded
+			mine, theirs := s.seg.session(s.side), s.seg.session(1-s.side)
+			s.yieldOK = mine != 0 && mine == theirs
 		}
 	}
 }
@@ -521,6 +556,12 @@ type shmLink struct {
 	// so a waiter yields after yieldAfter whatever the CPU comparison
 	// says (set once by the endpoint, before use).
 	crowded bool
+	// yieldOK: both sides run in one session, so with the kernel's
+	// autogroup scheduling in one scheduling group, where sched_yield
+	// hands the core to the other if it is queued behind us (see wait).
+	// Set with crowded. side: 0 for the dialer, 1 for the acceptor.
+	yieldOK bool
+	side    int
 
 	dead   atomic.Bool // closed locally or peer gone
 	peerGo chan struct{}
@@ -553,6 +594,7 @@ func newShmLink(conn net.Conn, br *bufio.Reader, seg *shmSegment, gid GroupID, d
 		ftx: newFastDir(seg.mem, tx), frx: newFastDir(seg.mem, rx),
 		peerGo: make(chan struct{})}
 	side := tx // 0 for the dialer, 1 for the acceptor
+	l.side = side
 	l.myCPU = (*uint32)(unsafe.Pointer(&seg.mem[cpuCtlOff+side*cacheLine]))
 	l.peerCPU = (*uint32)(unsafe.Pointer(&seg.mem[cpuCtlOff+(1-side)*cacheLine]))
 	l.wg.Go(l.watch)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // The waiter turns to yielding at once after one wait that found the peer
@@ -133,5 +134,43 @@ func TestShmRingRestartsWhenEmpty(t *testing.T) {
 		}
 		recv(i, sizes[i%len(sizes)])
 		recv(i+1, sizes[(i+1)%len(sizes)])
+	}
+}
+
+// A crowded link yields the core only to a peer in its own session (one
+// autogroup), and sleeps otherwise: markCrowded reads both sides' session
+// ids from the segment, where each side wrote its own when it mapped it.
+func TestShmYieldsOnlyWithinOneSession(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		ranks     int    // ranks on the host
+		peerSid   uint32 // 0: as published (this process's session)
+		crowded   bool
+		wantYield bool
+	}{
+		{"crowded, one session", 1 << 20, 0, true, true},
+		{"crowded, peer in another session", 1 << 20, 1, true, false},
+		{"peer published nothing", 1 << 20, ^uint32(0), true, false},
+		{"one rank per CPU", 1, 0, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := newShmPair(t, 1<<16)
+			if a.seg.session(0) == 0 || a.seg.session(0) != a.seg.session(1) {
+				t.Fatalf("sessions published %d and %d, want this process's twice", a.seg.session(0), a.seg.session(1))
+			}
+			switch tc.peerSid {
+			case 0:
+			case ^uint32(0):
+				*(*uint32)(unsafe.Pointer(&a.seg.mem[sidCtlOff+cacheLine])) = 0
+			default:
+				*(*uint32)(unsafe.Pointer(&a.seg.mem[sidCtlOff+cacheLine])) = a.seg.session(0) + tc.peerSid
+			}
+			markCrowded([]Link{a, b}, tc.ranks)
+			for _, l := range []*shmLink{a, b} {
+				if l.crowded != tc.crowded || l.yieldOK != tc.wantYield {
+					t.Errorf("side %d: crowded %v, yields %v; want %v, %v", l.side, l.crowded, l.yieldOK, tc.crowded, tc.wantYield)
+				}
+			}
+		})
 	}
 }

@@ -167,7 +167,7 @@ func (c *Comm) linkErr(p int, err error) error {
 	}
 	reason := "connection lost: " + err.Error()
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		reason = "connection closed (process exited or crashed)"
+		reason = "connection closed (the process exited or crashed, or the link was dropped)"
 	}
 	return &PeerError{Rank: p, WorldRank: c.g.GlobalRank(p), Host: c.g.Host(p), Reason: reason, Err: ErrPeerLost}
 }

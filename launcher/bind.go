@@ -1,9 +1,11 @@
 package launcher
 
 import (
+	"debug/buildinfo"
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 
 	"golang.org/x/sys/unix"
 )
@@ -75,6 +77,56 @@ func cpuShares(n int) [][]int {
 	return out
 }
 
+// goMaxProcsEnv is the environment of a rank started unbound on a host
+// where bindAuto found more ranks than CPUs (oversubscribed): it adds
+// GOMAXPROCS=1 unless env sets GOMAXPROCS, giving a Go rank the one P it
+// would get bound to a share of one CPU. Each such rank has less than a
+// CPU to itself, and a Go runtime with a P per CPU wakes idle threads to
+// run the goroutines a call readies, on the cores the other ranks need.
+// Measured on the 2-core reference host, 4 ranks, 8-byte all-reduce over
+// shared memory (`gorun bench`, 3 rounds): 49-188 µs with GOMAXPROCS 2,
+// 19-42 µs with 1 (notes/shm-latency.md). Programs other than Go ignore
+// the variable; --bind-to none, or -x GOMAXPROCS=N, leaves the choice to
+// the program.
+func goMaxProcsEnv(env []string) []string {
+	if bindPolicy(env) != BindAuto || envValue(env, "GOMAXPROCS", "") != "" {
+		return env
+	}
+	return append(slices.Clip(env), "GOMAXPROCS=1")
+}
+
+// Sessions of oversubscribed ranks. Every rank normally leads its own
+// session (supervisor.go: with the kernel's autogroup scheduling each
+// session is one scheduling unit, so a job's ranks get a CPU share each
+// against the other sessions on a busy machine). With more ranks than
+// CPUs and bindAuto, the ranks instead lead their own process groups in
+// the supervisor's session, as mpirun's do: they then share one
+// autogroup, in which sched_yield hands the core to a rank queued behind
+// the caller. Across autogroups a yield hands it to nobody, and a rank
+// waiting for a peer that shares its core can only sleep and be woken.
+// comm yields when its peer is in its session (comm/shm_linux.go, wait).
+// Measured on the 2-core reference host, 4 ranks, 8-byte all-reduce
+// (`gorun bench`, ranks at high priority against a load average of 20,
+// 3 rounds of 3 sizes): own sessions, futex sleep 18-158 µs; one
+// session, sched_yield 8-17 µs; Open MPI 4.4-5.8 µs (notes/shm-latency.md).
+// The job as a whole then has one share against other sessions, which a
+// job that asks for more ranks than CPUs competes for anyway.
+//
+// Only ranks whose program is built on gorun's runtime share the session
+// (gorunRuntime): others do not yield to their session's peers, and one
+// CPU share for all of them costs them dearly. MPICH's MPI_Init waits in
+// a shared-memory barrier that spins without yielding, so 16 MPICH ranks
+// on the 2 cores, measured alternately under a load average of 27, took
+// 1.7-10.3 s to init, barrier and finalize in one session against
+// 0.9-2.7 s in their own sessions (Hydra, own sessions: 0.9-2.2 s).
+
+// oversubscribed reports whether n ranks are more than the CPUs this
+// process may run on (false if they cannot be read).
+func oversubscribed(n int) bool {
+	var set unix.CPUSet
+	return unix.SchedGetaffinity(0, &set) == nil && n > set.Count()
+}
+
 // startBound runs start (which forks) on a thread bound to cpus, so the
 // child and every thread it makes start with that affinity, then gives
 // the thread its old affinity back. An empty cpus runs start as is.
@@ -102,4 +154,24 @@ func startBound(cpus []int, start func() (*os.Process, error)) (*os.Process, err
 		runtime.LockOSThread()
 	}
 	return p, err
+}
+
+// gorunRuntime reports whether the program at path is a Go program built
+// with gorun's module, i.e. one whose collectives run on comm and yield to
+// session peers; false for anything else, or when it cannot be read.
+func gorunRuntime(path string) bool {
+	bi, err := buildinfo.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	const module = "github.com/gorun-hpc/gorun"
+	if bi.Main.Path == module {
+		return true
+	}
+	for _, d := range bi.Deps {
+		if d.Path == module {
+			return true
+		}
+	}
+	return false
 }

@@ -1,8 +1,10 @@
 package launcher
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"os"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -53,15 +55,22 @@ func TestRunBindsRanksToCPUShares(t *testing.T) {
 		t.Skipf("needs 2 CPUs, has %d", ncpu)
 	}
 	shares := cpuShares(2)
+	// Oversubscribed ranks get GOMAXPROCS=1 unless the environment (the
+	// test's own, or -x) sets it.
+	inherited := os.Getenv("GOMAXPROCS")
+	crowdedProcs := cmp.Or(inherited, "1")
 	for _, tc := range []struct {
 		name   string
 		np     int
 		export []string
 		want   func(r int) string
+		procs  string // GOMAXPROCS in the rank's environment
 	}{
-		{"auto", 2, nil, func(r int) string { return cpuList(shares[r]) }},
-		{"none", 2, []string{"GORUN_BIND=none"}, func(int) string { return cpuList(all) }},
-		{"oversubscribed", ncpu + 1, nil, func(int) string { return cpuList(all) }},
+		{"auto", 2, nil, func(r int) string { return cpuList(shares[r]) }, inherited},
+		{"none", 2, []string{"GORUN_BIND=none"}, func(int) string { return cpuList(all) }, inherited},
+		{"oversubscribed", ncpu + 1, nil, func(int) string { return cpuList(all) }, crowdedProcs},
+		{"oversubscribed, none", ncpu + 1, []string{"GORUN_BIND=none"}, func(int) string { return cpuList(all) }, inherited},
+		{"oversubscribed, GOMAXPROCS set", ncpu + 1, []string{"GOMAXPROCS=3"}, func(int) string { return cpuList(all) }, "3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := newJobRun(t, tc.np, "print-env", nil)
@@ -73,6 +82,9 @@ func TestRunBindsRanksToCPUShares(t *testing.T) {
 			for r, env := range rankEnvs(t, j.stdout.String(), tc.np) {
 				if got := env["GORUN_TEST_CPUS"]; got != tc.want(r) {
 					t.Errorf("rank %d runs on CPUs %q, want %q", r, got, tc.want(r))
+				}
+				if got := env["GOMAXPROCS"]; got != tc.procs {
+					t.Errorf("rank %d has GOMAXPROCS=%q, want %q", r, got, tc.procs)
 				}
 			}
 		})

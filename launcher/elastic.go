@@ -33,10 +33,10 @@ import (
 // The variables a restarted world's ranks find their restart number in.
 const (
 	// RestartCountEnv is gorun's name: 0 in the first world.
-	RestartCountEnv = "GORUN_RESTART_COUNT"
+	RestartCountEnv = rankenv.RestartCount
 	// TorchRestartCountEnv is torchrun's name for the same number, so that
 	// torch programs written for torchrun resume under gorun unchanged.
-	TorchRestartCountEnv = "TORCHELASTIC_RESTART_COUNT"
+	TorchRestartCountEnv = rankenv.TorchRestartCount
 	// TorchMaxRestartsEnv is torchrun's name for --max-restarts.
 	TorchMaxRestartsEnv = "TORCHELASTIC_MAX_RESTARTS"
 )
@@ -209,7 +209,7 @@ func (w *worldRun) prepare(plan *Plan) error {
 		for _, in := range inj {
 			rep.byID[in.id] = len(rep.Faults)
 			rep.Faults = append(rep.Faults, FaultReport{
-				ID: in.id, Spec: rep.faults[in.fault].Spec, Kind: string(in.kind), Signal: unixSignalName(in.sig),
+				ID: in.id, Spec: rep.faults[in.fault].Spec, Kind: string(in.kind), Signal: injectionAction(in),
 				Ranks: in.ranks, Host: in.host, PlannedAt: in.at.Seconds(), AfterSteps: in.afterSteps,
 			})
 		}
@@ -415,6 +415,8 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 			RestartCountEnv+"="+n, TorchRestartCountEnv+"="+n,
 			TorchMaxRestartsEnv+"="+strconv.Itoa(job.MaxRestarts),
 			rankenv.CheckpointSignal+"="+unixSignalName(rep.ckptSig))
+		// Data-plane faults are armed in the ranks (inject_chaos.go).
+		j.Export = append(j.Export, netFaultEnv(job.Faults, rep.Start, time.Since(rep.Start))...)
 		c := cfg
 		w := &worldRun{rep: rep, restart: restart}
 		c.world = w
@@ -485,7 +487,8 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 // The next world then takes its slots from the spares, or, when there are
 // not enough, runs on fewer ranks, down to MinNP. Every world is a new
 // rendezvous with a new job id and secret (and GORUN_RESTART_COUNT as its
-// epoch), so no member of an older world can join it.
+// generation, rendezvous.Config.Generation), so no member of an older world
+// can join it.
 type elastic struct {
 	hosts    []Host
 	min, max int

@@ -129,10 +129,7 @@ func TestInjectStopFor(t *testing.T) {
 	if err != nil {
 		t.Fatalf("job failed: %v", err)
 	}
-	gaps := map[string]int{}
-	for _, m := range regexp.MustCompile(`(?m)^\[(\d)\] maxgap (\d+)$`).FindAllStringSubmatch(j.stdout.String(), -1) {
-		gaps[m[1]], _ = strconv.Atoi(m[2])
-	}
+	gaps := tickerGaps(j.stdout.String())
 	if len(gaps) != 2 || gaps["0"] < 450 || gaps["1"] >= 450 {
 		t.Errorf("longest gaps per rank %v ms, want rank 0 stopped ~500 ms and rank 1 not", gaps)
 	}

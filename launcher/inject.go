@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun-hpc/gorun/internal/netfault"
 )
 
 // Fault injection (gorun --inject SPEC). This file is pure: it parses the
@@ -85,6 +87,13 @@ type Fault struct {
 	// seed of the generator that picks times and ranks.
 	MTBF time.Duration
 	Seed uint64
+	// Duty and Period drive slow (inject_chaos.go): the fraction of each
+	// period the rank is stopped; 0 means the default.
+	Duty   float64
+	Period time.Duration
+	// Net is the data-plane fault (drop, delay, corrupt, partition) that
+	// the ranks' transport acts out (inject_chaos.go); nil for the others.
+	Net *netfault.Spec
 }
 
 // FaultSpecError is a spec that cannot be injected; Why names the part that
@@ -132,11 +141,14 @@ func ParseFault(spec string) (Fault, error) {
 	bad := func(format string, a ...any) (Fault, error) {
 		return Fault{}, &FaultSpecError{Spec: spec, Why: fmt.Sprintf(format, a...)}
 	}
+	if isNetKind(spec) {
+		return parseNetFault(spec)
+	}
 	parts := strings.Split(spec, ":")
 	kind := FaultKind(strings.TrimSpace(parts[0]))
 	keys, ok := faultKeys[kind]
 	if !ok {
-		return bad("unknown kind %q: expected kill, stop, cont, kill-host or random", kind)
+		return bad("unknown kind %q: expected kill, stop, cont, kill-host, random, slow, drop, delay, corrupt or partition", kind)
 	}
 	f := Fault{Spec: spec, Kind: kind, Signal: syscall.SIGKILL}
 	seen := map[string]bool{}
@@ -192,6 +204,8 @@ func ParseFault(spec string) (Fault, error) {
 			f.Seed, err = strconv.ParseUint(v, 10, 64)
 		case "sig":
 			f.Signal, err = parseSignal(v)
+		default:
+			err = parseChaosKey(&f, k, v)
 		}
 		if err != nil {
 			return bad("%s=%s: %v", k, v, unwrapNum(err))
@@ -287,7 +301,11 @@ type injection struct {
 	host  string
 	sig   syscall.Signal
 	// cont is how long after the stop the supervisor sends SIGCONT; 0 never.
+	// For slow, how long the slowing lasts.
 	cont time.Duration
+	// duty and period drive slow (inject_chaos.go).
+	duty   float64
+	period time.Duration
 	// afterSteps, when positive, makes the injection wait in the
 	// supervisor until a target rank reports this step (at is then 0: the
 	// job loop hands it over as soon as the world runs).
@@ -343,6 +361,12 @@ func schedule(faults []Fault, plan *Plan, horizon time.Duration) ([]injection, e
 			if !found {
 				return bad("host %q runs no rank of this job (its hosts: %s)", f.Host, strings.Join(names, ", "))
 			}
+		case FaultSlow, FaultKind(netfault.Drop), FaultKind(netfault.Delay), FaultKind(netfault.Corrupt), FaultKind(netfault.Partition):
+			inj, err := scheduleChaos(i, f, plan)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, inj)
 		case FaultRandom:
 			rng := rand.New(rand.NewPCG(f.Seed, 0x9e3779b97f4a7c15))
 			at := time.Duration(0)

@@ -391,6 +391,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 		case <-injC:
 			world.sent(injNext)
 			r.home.command(supervisorCmd{Op: "inject", Ranks: injNext.ranks, Signal: int(injNext.sig), For: injNext.cont, Fault: injNext.id,
+				Duty: injNext.duty, Period: injNext.period,
 				KillHost: injNext.kind == FaultKillHost, AfterSteps: injNext.afterSteps})
 			armInjection()
 		case <-cueC:

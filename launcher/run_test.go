@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -608,23 +609,56 @@ func TestGorunSIGKILLLeavesNoOrphans(t *testing.T) {
 // Every rank leads its own session (and so its own process group): the
 // teardown signals the group, and the kernel's autogroup scheduler gives
 // each session its own CPU share, as Hydra's ranks get (supervisor.go).
+// Oversubscribed ranks of a program on gorun's runtime (this test binary)
+// lead their own process groups in one session, where sched_yield can hand
+// a core from one to another; other programs (a shell here, MPICH ranks in
+// practice) keep their own sessions (bind.go).
 func TestRunRanksOwnSession(t *testing.T) {
-	j := newJobRun(t, 2, "", nil)
-	j.job.Argv = []string{"/bin/sh", "-c", "exec cat /proc/self/stat"}
-	if err := j.launch(context.Background()); err != nil {
-		t.Fatal(err)
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Skip(err)
 	}
-	lines := strings.Split(strings.TrimSpace(j.stdout.String()), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("want 2 stat lines, got %q", j.stdout.String())
-	}
-	for _, l := range lines {
-		_, stat, _ := strings.Cut(l, "] ")
-		pid, rest, _ := strings.Cut(stat, " (")
-		_, after, _ := strings.Cut(rest, ") ")
-		f := strings.Fields(after) // state ppid pgrp session ...
-		if len(f) < 4 || f[2] != pid || f[3] != pid {
-			t.Errorf("rank %q: pid %s, pgrp and session %v, want both the pid", l, pid, f[2:4])
-		}
+	ncpu := set.Count()
+	for _, tc := range []struct {
+		name       string
+		np         int
+		export     []string
+		ownSession bool
+		shell      bool // the rank is /bin/sh, not a program on gorun's runtime
+	}{
+		{"one CPU each", min(2, ncpu), nil, true, false},
+		{"oversubscribed", ncpu + 1, nil, false, false},
+		{"oversubscribed, not on gorun's runtime", ncpu + 1, nil, true, true},
+		{"oversubscribed, --bind-to none", ncpu + 1, []string{"GORUN_BIND=none"}, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newJobRun(t, tc.np, "stat", nil)
+			if tc.shell {
+				j.job.Argv = []string{"/bin/sh", "-c", "exec cat /proc/self/stat"}
+			}
+			j.job.Export = tc.export
+			j.job.Oversubscribe = tc.np > ncpu
+			if err := j.launch(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			lines := strings.Split(strings.TrimSpace(j.stdout.String()), "\n")
+			if len(lines) != tc.np {
+				t.Fatalf("want %d stat lines, got %q", tc.np, j.stdout.String())
+			}
+			sessions := map[string]bool{}
+			for _, l := range lines {
+				_, stat, _ := strings.Cut(l, "] ")
+				pid, rest, _ := strings.Cut(stat, " (")
+				_, after, _ := strings.Cut(rest, ") ")
+				f := strings.Fields(after) // state ppid pgrp session ...
+				if len(f) < 4 || f[2] != pid || (f[3] == pid) != tc.ownSession {
+					t.Errorf("rank %q: pid %s, pgrp and session %v; want the pid as pgrp, and as session: %v", l, pid, f[2:4], tc.ownSession)
+				}
+				sessions[f[3]] = true
+			}
+			if !tc.ownSession && len(sessions) != 1 {
+				t.Errorf("oversubscribed ranks in sessions %v, want one", sessions)
+			}
+		})
 	}
 }

@@ -137,6 +137,10 @@ type supervisorCmd struct {
 	For      time.Duration `json:"for,omitempty"`
 	Fault    int           `json:"fault,omitempty"`
 	KillHost bool          `json:"kill_host,omitempty"`
+	// Period set makes an "inject" a slow (inject_chaos.go): the rank is
+	// stopped for Duty of every Period, for For (0: until it exits).
+	Duty   float64       `json:"duty,omitempty"`
+	Period time.Duration `json:"period,omitempty"`
 	// AfterSteps, when positive, makes "inject" wait: the supervisor
 	// keeps the fault and fires it on the first of Ranks (of its own) to
 	// report finishing this step (collateral.Step lines).
@@ -264,6 +268,9 @@ type supervisor struct {
 	// conts are the SIGCONTs owed to ranks stopped by an injected fault
 	// with a duration; the ticker sends them when due.
 	conts []faultCont
+	// slows are the ranks an injected slow stops and continues in turn
+	// (inject_chaos.go); the ticker toggles them.
+	slows []slowing
 	// steps is the last training step each rank reported
 	// (collateral.Step), and armed the after-steps faults waiting for one
 	// of their ranks to get there.
@@ -404,6 +411,13 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	lastBeat := time.Now()
 	for {
 		if a.running == 0 && a.finishStrays() {
+			// A rank killed between creating a shared-memory segment and
+			// its peer's mapping it leaves the segment named; every rank
+			// is gone now, so remove what dead processes left (comm
+			// names each segment after its creator's pid).
+			if n := comm.SweepShm(comm.DefaultEndpointConfig().ShmDir); n > 0 {
+				a.log.Debug().Int("segments", n).Msg("removed shared memory left by dead ranks")
+			}
 			a.emit(supervisorEvent{Ev: "done", Strays: a.strays})
 			a.flush()
 			return nil
@@ -447,6 +461,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			a.readCollateral()
 			a.fireArmed()
 			a.sendConts(time.Now())
+			a.tickSlows(time.Now())
 			if a.killing {
 				a.killAll()
 			}
@@ -476,6 +491,16 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 	// Every rank this agent starts runs on its host: local rank i of
 	// len(ranks) (see bind.go).
 	shares := cpuShares(len(ranks))
+	crowded := shares == nil && oversubscribed(len(ranks))
+	runtimeOf := map[string]bool{}
+	onRuntime := func(path string) bool {
+		v, ok := runtimeOf[path]
+		if !ok {
+			v = gorunRuntime(path)
+			runtimeOf[path] = v
+		}
+		return v
+	}
 	for i, r := range ranks {
 		var cpus []int
 		if shares != nil && bindPolicy(r.Env) == BindAuto {
@@ -483,6 +508,12 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		}
 		stdin, stdout, stderr := fileFor(r.Stdin), fileFor(r.Stdout), fileFor(r.Stderr)
 		files, env := []*os.File{stdin, stdout, stderr}, r.Env
+		// Oversubscribed ranks on gorun's runtime share this process's
+		// session (bind.go).
+		own := !crowded || bindPolicy(r.Env) != BindAuto || !onRuntime(r.Path)
+		if crowded {
+			env = goMaxProcsEnv(env)
+		}
 		if a.pmi != nil {
 			var pmiEnd *os.File
 			pmiEnd, env = a.pmi.rankSetup(r.Rank, env)
@@ -532,8 +563,11 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 					// 1.1-2.4 s to start under gorun against 0.75 s under
 					// Hydra, the same CPU time. No controlling terminal
 					// either: a rank that opens /dev/tty fails at once
-					// instead of stopping on SIGTTIN.
-					Setsid:    true,
+					// instead of stopping on SIGTTIN. Except when the host
+					// is oversubscribed: then the ranks lead their own
+					// process groups in one session (see bind.go).
+					Setsid:    own,
+					Setpgid:   !own,
 					Pdeathsig: syscall.SIGKILL,
 				},
 			})
@@ -575,6 +609,9 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 func (a *supervisor) command(c supervisorCmd) {
 	switch c.Op {
 	case "signal":
+		if stopping(syscall.Signal(c.Signal)) {
+			a.endSlows() // the job is being stopped: no more SIGSTOPs
+		}
 		want := map[int]bool{}
 		for _, r := range c.Ranks {
 			want[r] = true
@@ -638,6 +675,8 @@ func (a *supervisor) inject(c supervisorCmd) {
 			}
 			if err := syscall.Kill(-r.pid, syscall.Signal(c.Signal)); err != nil {
 				ev.Err = err.Error()
+			} else if c.Period > 0 {
+				a.startSlow(c, r.rank, r.pid, time.Now())
 			} else if c.For > 0 {
 				a.conts = append(a.conts, faultCont{rank: r.rank, pid: r.pid, fault: c.Fault, due: time.Now().Add(c.For)})
 			}

@@ -40,6 +40,9 @@ var devHooks struct {
 	liveAllocs   func() int64
 	setCopyDelay func(usec int32)
 	delayedWrite func(s uintptr, dst uintptr, src unsafe.Pointer, n uintptr, usec int32) int32
+	// groupedLaunches counts NCCL launches of several collectives (one
+	// ncclGroupStart/End around them).
+	groupedLaunches func() int64
 }
 
 func loadDevHooks(t *testing.T) {
@@ -51,6 +54,11 @@ func loadDevHooks(t *testing.T) {
 		purego.RegisterLibFunc(&devHooks.liveAllocs, cu, "standinLiveAllocs")
 		purego.RegisterLibFunc(&devHooks.setCopyDelay, cu, "standinSetCopyDelay")
 		purego.RegisterLibFunc(&devHooks.delayedWrite, cu, "standinDelayedWrite")
+		nc, err := purego.Dlopen(standins.NCCL, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		purego.RegisterLibFunc(&devHooks.groupedLaunches, nc, "standinGroupedLaunches")
 	})
 }
 
@@ -235,82 +243,77 @@ func ovDevice(t *testing.T, g *stepgraph.Graph, n, steps int, cfg overlap.Config
 	}()
 	out := make([]map[string][]float32, n)
 	onAll(t, cs, func(r int, c *Comm) error {
-		dev := c.Device()
-		s, err := dev.NewStream()
-		if err != nil {
-			return err
-		}
-		defer dev.DestroyStream(s)
-		ctx := WithStream(context.Background(), s)
-		bufs := map[string]*DeviceBuffer{}
-		defer func() {
-			for _, b := range bufs {
-				b.Free()
+		return onComputeStream(c, func(ctx context.Context, dev *Device, s Stream) error {
+			bufs := map[string]*DeviceBuffer{}
+			defer func() {
+				for _, b := range bufs {
+					b.Free()
+				}
+			}()
+			for name, k := range ovSizes(g, n) {
+				b, err := dev.Alloc(comm.Float32, k)
+				if err != nil {
+					return err
+				}
+				bufs[name] = b
+				v := make([]float32, k)
+				for i := range v {
+					v[i] = ovInput(name, r, i)
+				}
+				if err := b.CopyFrom(f32bytes(v)); err != nil {
+					return err
+				}
 			}
-		}()
-		for name, k := range ovSizes(g, n) {
-			b, err := dev.Alloc(comm.Float32, k)
+			gr, err := overlap.NewGraphRunner(g, map[string]overlap.Comm{"dp": c}, cfg)
 			if err != nil {
 				return err
 			}
-			bufs[name] = b
-			v := make([]float32, k)
-			for i := range v {
-				v[i] = ovInput(name, r, i)
-			}
-			if err := b.CopyFrom(f32bytes(v)); err != nil {
-				return err
-			}
-		}
-		gr, err := overlap.NewGraphRunner(g, map[string]overlap.Comm{"dp": c}, cfg)
-		if err != nil {
-			return err
-		}
-		tensors := func(name string) (comm.Buffer, error) { return bufs[name], nil }
-		var kerr error
-		for step := range steps {
-			kernel := func(_ context.Context, nd *stepgraph.Node) error {
-				if err := dev.Synchronize(s); err != nil {
+			tensors := func(name string) (comm.Buffer, error) { return bufs[name], nil }
+			var kerr error
+			for step := range steps {
+				kernel := func(_ context.Context, nd *stepgraph.Node) error {
+					if err := dev.Synchronize(s); err != nil {
+						return err
+					}
+					read := func(name string) []float32 {
+						v := make([]float32, bufs[name].Len())
+						if err := bufs[name].CopyTo(f32bytes(v)); err != nil {
+							kerr = err
+						}
+						return v
+					}
+					write := func(name string, v []float32) {
+						p := f32bytes(v)
+						hooks := devHooks.delayedWrite(uintptr(s), bufs[name].Ptr(), unsafe.Pointer(&p[0]), uintptr(len(p)), 3000)
+						if hooks != 0 {
+							kerr = fmt.Errorf("standinDelayedWrite: %d", hooks)
+						}
+					}
+					ovKernel(nd, step, read, write)
+					return kerr
+				}
+				if _, err := gr.Step(ctx, step, tensors, kernel); err != nil {
+					gr.Close()
 					return err
 				}
-				read := func(name string) []float32 {
-					v := make([]float32, bufs[name].Len())
-					if err := bufs[name].CopyTo(f32bytes(v)); err != nil {
-						kerr = err
-					}
-					return v
-				}
-				write := func(name string, v []float32) {
-					p := f32bytes(v)
-					hooks := devHooks.delayedWrite(uintptr(s), bufs[name].Ptr(), unsafe.Pointer(&p[0]), uintptr(len(p)), 3000)
-					if hooks != 0 {
-						kerr = fmt.Errorf("standinDelayedWrite: %d", hooks)
-					}
-				}
-				ovKernel(nd, step, read, write)
-				return kerr
 			}
-			if _, err := gr.Step(ctx, step, tensors, kernel); err != nil {
-				gr.Close()
+			if err := gr.Close(); err != nil {
 				return err
 			}
-		}
-		if err := gr.Close(); err != nil {
-			return err
-		}
-		if err := dev.Synchronize(s); err != nil {
-			return err
-		}
-		res := map[string][]float32{}
-		for name, b := range bufs {
-			v := make([]float32, b.Len())
-			if err := b.CopyTo(f32bytes(v)); err != nil {
+			if err := dev.Synchronize(s); err != nil {
 				return err
 			}
-			res[name] = v
-		}
-		out[r] = res
-		return nil
+			res := map[string][]float32{}
+			for name, b := range bufs {
+				v := make([]float32, b.Len())
+				if err := b.CopyTo(f32bytes(v)); err != nil {
+					return err
+				}
+				res[name] = v
+			}
+			out[r] = res
+			return nil
+		})
 	})
 	return out
 }
@@ -338,9 +341,18 @@ func TestGraphRunnerOnDeviceMatchesHost(t *testing.T) {
 				if mode == overlap.Grouped {
 					cfg.Backend = GroupBackend{}
 				}
+				grouped := devHooks.groupedLaunches()
 				got := ovDevice(t, g, n, 2, cfg)
 				if t.Failed() {
 					return
+				}
+				// Grouped mode brackets each bucket set in one
+				// ncclGroupStart/End; the others issue call by call.
+				switch k := devHooks.groupedLaunches() - grouped; {
+				case mode == overlap.Grouped && k == 0:
+					t.Errorf("grouped mode: no launch carried several collectives")
+				case mode != overlap.Grouped && k != 0:
+					t.Errorf("%v mode: %d launches carried several collectives", mode, k)
 				}
 				for r := range n {
 					names := make([]string, 0, len(want[r]))
@@ -388,55 +400,63 @@ func TestExecutorWaitDoesNotBlockCPU(t *testing.T) {
 	}
 	cs, _ := startComms(t, 2, testConfig())
 	onAll(t, cs, func(r int, c *Comm) error {
-		dev := c.Device()
-		s, err := dev.NewStream()
-		if err != nil {
-			return err
-		}
-		defer dev.DestroyStream(s)
-		ctx := WithStream(context.Background(), s)
-		ex, err := overlap.New(plan, map[string]overlap.Comm{"dp": c}, overlap.DefaultConfig())
-		if err != nil {
-			return err
-		}
-		defer ex.Close()
-		bufs := map[string]*DeviceBuffer{}
-		for _, name := range []string{"g0", "g1", "G0", "G1"} {
-			v := make([]float64, 16)
-			for i := range v {
-				v[i] = float64((r + 1) * (i + len(name)))
-			}
-			bufs[name] = upload(t, c, comm.Float32, v)
-		}
-		if err := ex.Begin(0); err != nil {
-			return err
-		}
-		if r == 1 {
-			time.Sleep(late)
-		}
-		for _, m := range []string{"0", "1"} {
-			if err := ex.Ready(ctx, "g"+m, bufs["g"+m], bufs["G"+m]); err != nil {
+		return onComputeStream(c, func(ctx context.Context, dev *Device, s Stream) error {
+			ex, err := overlap.New(plan, map[string]overlap.Comm{"dp": c}, overlap.DefaultConfig())
+			if err != nil {
 				return err
 			}
-		}
-		t0 := time.Now()
-		if err := ex.Wait(ctx, "G0"); err != nil {
-			return err
-		}
-		if d := time.Since(t0); r == 0 && d > late/2 {
-			return fmt.Errorf("Wait blocked the CPU for %v while the peer was %v late", d, late)
-		}
-		if err := dev.Synchronize(s); err != nil {
-			return err
-		}
-		for _, m := range []string{"0", "1"} {
-			for i, v := range download(t, bufs["G"+m]) {
-				if want := float64(3 * (i + 2)); v != want {
-					return fmt.Errorf("G%s[%d] = %v after the compute stream's wait, want %v", m, i, v, want)
+			defer ex.Close()
+			bufs := map[string]*DeviceBuffer{}
+			for _, name := range []string{"g0", "g1", "G0", "G1"} {
+				v := make([]float64, 16)
+				for i := range v {
+					v[i] = float64((r + 1) * (i + len(name)))
+				}
+				bufs[name] = upload(t, c, comm.Float32, v)
+			}
+			if err := ex.Begin(0); err != nil {
+				return err
+			}
+			if r == 1 {
+				time.Sleep(late)
+			}
+			for _, m := range []string{"0", "1"} {
+				if err := ex.Ready(ctx, "g"+m, bufs["g"+m], bufs["G"+m]); err != nil {
+					return err
 				}
 			}
-		}
-		_, err = ex.Finish(ctx)
-		return err
+			t0 := time.Now()
+			if err := ex.Wait(ctx, "G0"); err != nil {
+				return err
+			}
+			if d := time.Since(t0); r == 0 && d > late/2 {
+				return fmt.Errorf("Wait blocked the CPU for %v while the peer was %v late", d, late)
+			}
+			if err := dev.Synchronize(s); err != nil {
+				return err
+			}
+			for _, m := range []string{"0", "1"} {
+				for i, v := range download(t, bufs["G"+m]) {
+					if want := float64(3 * (i + 2)); v != want {
+						return fmt.Errorf("G%s[%d] = %v after the compute stream's wait, want %v", m, i, v, want)
+					}
+				}
+			}
+			_, err = ex.Finish(ctx)
+			return err
+		})
 	})
+}
+
+// onComputeStream runs f with a fresh compute stream on c's device and a
+// context whose calls are ordered after it (WithStream), and destroys the
+// stream afterwards.
+func onComputeStream(c *Comm, f func(ctx context.Context, dev *Device, s Stream) error) error {
+	dev := c.Device()
+	s, err := dev.NewStream()
+	if err != nil {
+		return err
+	}
+	defer dev.DestroyStream(s)
+	return f(WithStream(context.Background(), s), dev, s)
 }

@@ -95,12 +95,9 @@ func (b *bucket) unpackSegs(mi int) []seg {
 	case buckets.ReduceScatter:
 		return []seg{{fused: m.Offset / b.n, member: 0, n: m.Bytes / b.n}}
 	case buckets.AllToAll:
-		blk, sl, off := b.b.Bytes/b.n, m.Bytes/b.n, m.Offset/b.n
-		s := make([]seg, b.n)
-		for p := range b.n {
-			s[p] = seg{fused: p*blk + off, member: p * sl, n: sl}
-		}
-		return s
+		// Block p came from rank p in the layout pack wrote block p in:
+		// the member's p-th slice goes back where pack took it from.
+		return b.packSegs(mi)
 	}
 	return []seg{{fused: m.Offset, member: 0, n: m.Bytes}}
 }

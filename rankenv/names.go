@@ -72,6 +72,13 @@ const (
 	// listener there; every other rank joins through it. The port was free on
 	// that host at launch and differs from MASTER_PORT.
 	RdzvEndpoint = "GORUN_RDZV_ENDPOINT"
+	// RestartCount is the world's restart number under gorun --max-restarts
+	// (0 in the first world): the rendezvous takes it as the world's
+	// generation and refuses members of older ones (TorchRestartCount when
+	// it is unset).
+	RestartCount = "GORUN_RESTART_COUNT"
+	// TorchRestartCount is torchrun's name for the same number.
+	TorchRestartCount = "TORCHELASTIC_RESTART_COUNT"
 )
 
 // CheckpointSignal names the signal gorun sends every rank to ask for a

@@ -19,6 +19,18 @@ type Config struct {
 	// jobs are refused before decryption) and is part of every node name.
 	// It must not contain '/' (memberlist's "name/addr" join syntax).
 	JobID string
+	// Generation is the world's number within its job — the epoch of the
+	// job's rendezvous, not to be confused with World.Epoch, which counts
+	// membership changes inside one world: the restart count under
+	// gorun --max-restarts or torchrun (GORUN_RESTART_COUNT,
+	// TORCHELASTIC_RESTART_COUNT), 0 in the first world. A member of an
+	// older generation — a rank of a world that was torn down but lives on, say
+	// behind a partition — is refused and the new world forms without it;
+	// a member that meets a newer generation learns it is stale and fails
+	// with ErrStale. Under gorun every world also has its own JobID and
+	// secret; launchers that keep one job id across restarts (torchrun,
+	// srun) rely on the generation alone.
+	Generation uint64
 	// Rank is this process's world rank, 0 ≤ Rank < WorldSize. Rank 0 binds
 	// the seed address.
 	Rank int
@@ -364,14 +376,20 @@ func (c *Config) retransmitMult(n int) int {
 // nodeName is the memberlist name of a rank: unique per (job, rank), so two
 // processes claiming one rank collide by name and memberlist reports the
 // conflict (see world.NotifyConflict).
-func nodeName(job string, rank int) string {
-	return fmt.Sprintf("%d@%s", rank, job)
+func nodeName(job string, gen uint64, rank int) string {
+	if gen == 0 {
+		return fmt.Sprintf("%d@%s", rank, job)
+	}
+	// The generation in the name: a stale rank r and the new world's rank r are
+	// two nodes to memberlist, not one name claimed twice (which it would
+	// settle for whichever came first).
+	return fmt.Sprintf("%d@%s#%d", rank, job, gen)
 }
 
 // memberlistConfig maps c onto memberlist's configuration.
 func (c *Config) memberlistConfig() *memberlist.Config {
 	mc := memberlist.DefaultLANConfig()
-	mc.Name = nodeName(c.JobID, c.Rank)
+	mc.Name = nodeName(c.JobID, c.Generation, c.Rank)
 	mc.Label = c.JobID
 	mc.ProbeInterval = c.ProbeInterval
 	mc.ProbeTimeout = c.ProbeTimeout

@@ -2,6 +2,7 @@ package rendezvous
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -162,6 +163,32 @@ func TestConfigFromEnv(t *testing.T) {
 				}
 				return ""
 			},
+		},
+		{
+			name: "generation from gorun's restart count",
+			env: env("GORUN_RANK", "0", "GORUN_WORLD_SIZE", "2", "GORUN_JOB_ID", "j", "GORUN_RDZV_ENDPOINT", "h:1", "GORUN_SECRET", sec,
+				"GORUN_RESTART_COUNT", "3", "TORCHELASTIC_RESTART_COUNT", "9"),
+			check: func(c Config) string {
+				if c.Generation != 3 {
+					return fmt.Sprintf("generation %d, want 3", c.Generation)
+				}
+				return ""
+			},
+		},
+		{
+			name: "generation from torchrun's restart count",
+			env:  env("RANK", "0", "WORLD_SIZE", "2", "MASTER_ADDR", "10.0.0.5", "MASTER_PORT", "29500", "TORCHELASTIC_RESTART_COUNT", "2"),
+			check: func(c Config) string {
+				if c.Generation != 2 {
+					return fmt.Sprintf("generation %d, want 2", c.Generation)
+				}
+				return ""
+			},
+		},
+		{
+			name:    "bad restart count",
+			env:     env("RANK", "0", "WORLD_SIZE", "2", "MASTER_ADDR", "10.0.0.5", "MASTER_PORT", "29500", "TORCHELASTIC_RESTART_COUNT", "x"),
+			wantErr: "TORCHELASTIC_RESTART_COUNT",
 		},
 		{
 			name:    "gorun without secret",

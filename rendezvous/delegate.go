@@ -88,6 +88,19 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	self := Claim{Rank: w.cfg.Rank, Host: w.cfg.Host, JobID: w.cfg.JobID, Size: w.cfg.WorldSize, Addr: "(this process)"}
+	if err == nil && m.JobID == w.cfg.JobID && m.Generation != w.cfg.Generation {
+		if m.Generation < w.cfg.Generation {
+			// A rank of a torn-down world: refused, and the world forms
+			// without it (it learns it is stale from our side's join).
+			w.log.Warn().Int("member", m.Rank).Str("member_host", m.Host).Uint64("stale_generation", m.Generation).Uint64("generation", w.cfg.Generation).
+				Msg("rendezvous: refusing a member of an older world of this job")
+			return
+		}
+		se := &StaleError{Generation: w.cfg.Generation, Newer: m.Generation, Seen: claimOf(n)}
+		w.log.Error().Err(se).Msg("rendezvous: this rank is stale")
+		w.setFatalLocked(se) // nobody to tell: the newer world is right
+		return
+	}
 	var conflict *ConflictError
 	switch {
 	case err != nil:
@@ -96,7 +109,7 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) {
 		conflict = &ConflictError{What: "member of another job", A: self, B: claimOf(n)}
 	case m.WorldSize != w.cfg.WorldSize:
 		conflict = &ConflictError{What: "member started with another world size", A: self, B: claimOf(n)}
-	case m.Rank < 0 || m.Rank >= w.cfg.WorldSize || n.Name != nodeName(m.JobID, m.Rank):
+	case m.Rank < 0 || m.Rank >= w.cfg.WorldSize || n.Name != nodeName(m.JobID, m.Generation, m.Rank):
 		conflict = &ConflictError{What: "member with an inconsistent rank", A: self, B: claimOf(n)}
 	}
 	if conflict != nil {

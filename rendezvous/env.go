@@ -195,6 +195,16 @@ func configFromEnv(look func(string) (string, bool)) (Config, error) {
 		return c, ErrNoRankEnv
 	}
 
+	// The world's generation: gorun's restart count, else torchrun's.
+	for _, k := range []string{rankenv.RestartCount, rankenv.TorchRestartCount} {
+		if v := strings.TrimSpace(get(k)); v != "" {
+			if c.Generation, err = strconv.ParseUint(v, 10, 64); err != nil {
+				return c, &ConfigError{Field: k, Problem: fmt.Sprintf("%q is not a restart count", v)}
+			}
+			break
+		}
+	}
+
 	if s := get(rankenv.Secret); s != "" {
 		c.Secret, err = hex.DecodeString(strings.TrimSpace(s))
 		if err != nil {

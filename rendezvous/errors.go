@@ -21,6 +21,8 @@ var (
 	ErrFormation = errors.New("rendezvous: world did not form")
 	// ErrConflict matches every *ConflictError.
 	ErrConflict = errors.New("rendezvous: conflicting members")
+	// ErrStale matches every *StaleError.
+	ErrStale = errors.New("rendezvous: stale member of an older world")
 	// ErrNoRankEnv: ConfigFromEnv found none of the supported launchers'
 	// variables.
 	ErrNoRankEnv = errors.New("rendezvous: no rank environment (set GORUN_RANK/GORUN_WORLD_SIZE, " +
@@ -180,3 +182,19 @@ func (e *ConflictError) Error() string {
 
 // Is makes errors.Is(err, ErrConflict) true.
 func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
+
+// StaleError: this process belongs to an older world of its job (Config.Generation)
+// than a member it met, which belongs to generation Newer: the job has restarted
+// without it, and it must not take part.
+type StaleError struct {
+	Generation, Newer uint64
+	// Seen is the member of the newer world.
+	Seen Claim
+}
+
+func (e *StaleError) Error() string {
+	return fmt.Sprintf("rendezvous: this rank belongs to generation %d of its job's world (its restart count), which has restarted as generation %d (met %s): it is stale and must exit", e.Generation, e.Newer, e.Seen)
+}
+
+// Is makes errors.Is(err, ErrStale) true.
+func (e *StaleError) Is(target error) bool { return target == ErrStale }

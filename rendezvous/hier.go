@@ -172,6 +172,10 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 		ce = &ConflictError{What: "member of another job", A: self, B: other}
 	case m.WorldSize != w.cfg.WorldSize:
 		ce = &ConflictError{What: "member started with another world size", A: self, B: other}
+	case m.Generation != w.cfg.Generation:
+		// Refused without harm to this world: only the attaching rank
+		// fails (a stale one, or one that is ahead and will be met again).
+		ce = &ConflictError{What: fmt.Sprintf("member of generation %d of this job's world (this world is generation %d)", m.Generation, w.cfg.Generation), A: self, B: other}
 	case m.Rank < 0 || m.Rank >= w.cfg.WorldSize:
 		ce = &ConflictError{What: "member with an inconsistent rank", A: self, B: other}
 	case w.formed || w.closed:
@@ -442,7 +446,7 @@ func (w *World) mergeStateLocked(buf []byte) {
 	}
 	for _, e := range entries {
 		r := e.Rank
-		if e.JobID != w.cfg.JobID || e.WorldSize != w.cfg.WorldSize || r < 0 || r >= len(w.members) ||
+		if e.JobID != w.cfg.JobID || e.Generation != w.cfg.Generation || e.WorldSize != w.cfg.WorldSize || r < 0 || r >= len(w.members) ||
 			e.leader < 0 || e.leader >= len(w.members) || e.leader == r {
 			w.log.Warn().Int("member", r).Msg("rendezvous: ignoring an inconsistent table entry")
 			continue

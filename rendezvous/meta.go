@@ -12,29 +12,31 @@ import (
 // it. It travels in memberlist's node metadata (≤ 512 bytes), so it holds
 // only small fixed facts; anything larger would go through our own messages.
 type Member struct {
-	Rank      int
-	WorldSize int // the size this member was started with (checked equal)
-	LocalRank int
-	JobID     string
-	Host      string // host label (Config.Host)
-	DataAddr  string // data-plane host:port (Config.DataAddr)
-	PID       int    // process id on Host, for error messages
-	Addr      string // gossip address host:port (filled from memberlist, not meta)
+	Rank       int
+	WorldSize  int // the size this member was started with (checked equal)
+	LocalRank  int
+	JobID      string
+	Generation uint64 // the world's generation (Config.Generation)
+	Host       string // host label (Config.Host)
+	DataAddr   string // data-plane host:port (Config.DataAddr)
+	PID        int    // process id on Host, for error messages
+	Addr       string // gossip address host:port (filled from memberlist, not meta)
 }
 
 // metaVersion is the first byte of the metadata: a member speaking another
 // layout is refused with a clear error instead of being misread.
-const metaVersion = 1
+const metaVersion = 2
 
 func (c *Config) meta() Member {
 	return Member{
 		Rank: c.Rank, WorldSize: c.WorldSize, LocalRank: c.LocalRank,
-		JobID: c.JobID, Host: c.Host, DataAddr: c.DataAddr, PID: pid,
+		JobID: c.JobID, Generation: c.Generation, Host: c.Host, DataAddr: c.DataAddr, PID: pid,
 	}
 }
 
 // encodeMeta lays out version, then uvarints rank, size, local rank, pid,
-// then length-prefixed job id, host and data address.
+// then length-prefixed job id, host and data address, then the uvarint
+// generation.
 func encodeMeta(m Member) []byte {
 	b := []byte{metaVersion}
 	for _, v := range []int{m.Rank, m.WorldSize, m.LocalRank, m.PID} {
@@ -44,7 +46,7 @@ func encodeMeta(m Member) []byte {
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
 	}
-	return b
+	return binary.AppendUvarint(b, m.Generation)
 }
 
 var errBadMeta = errors.New("rendezvous: malformed member metadata")
@@ -76,6 +78,11 @@ func decodeMeta(b []byte) (Member, error) {
 	}
 	m.Rank, m.WorldSize, m.LocalRank, m.PID = ints[0], ints[1], ints[2], ints[3]
 	m.JobID, m.Host, m.DataAddr = strs[0], strs[1], strs[2]
+	e, n := binary.Uvarint(b)
+	if n <= 0 {
+		return m, errBadMeta
+	}
+	m.Generation = e
 	return m, nil
 }
 

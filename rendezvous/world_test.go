@@ -535,3 +535,82 @@ func TestAllGatherBootstrapPayloads(t *testing.T) {
 		})
 	})
 }
+
+// A rank of an older world of the same job (a restart left it alive, say
+// behind a partition) that tries to join the new world is refused, and the
+// new world (generation 1) forms with its own ranks: a stale gossip member
+// (generation 0, claiming rank 1) learns it is stale (*StaleError naming both
+// generations); a stale rank attaching to the new world's host leader (host
+// leaders, claiming rank 3) is refused with the generations named.
+func TestStaleGenerationRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		world func(t *testing.T) ([]Config, Config)
+		check func(t *testing.T, err error)
+	}{
+		{"gossip member", func(t *testing.T) ([]Config, Config) {
+			nw := &rendezvoustest.Network{}
+			cfgs := []Config{memConfig(t, nw, "job1", 0, 2), memConfig(t, nw, "job1", 1, 2)}
+			tr, err := nw.NewTransport("")
+			if err != nil {
+				t.Fatal(err)
+			}
+			stale := memConfigOn(t, tr, "job1", 1, 2)
+			stale.Host = "old"
+			return cfgs, stale
+		}, func(t *testing.T, err error) {
+			var se *StaleError
+			if !errors.As(err, &se) || !errors.Is(err, ErrStale) || se.Generation != 0 || se.Newer != 1 {
+				t.Fatalf("the stale member's Join: %v, want a *StaleError (generation 0, newer 1)", err)
+			}
+		}},
+		{"attached to a host leader", func(t *testing.T) ([]Config, Config) {
+			hn := &hierNet{nw: &rendezvoustest.Network{}, attach: &rendezvoustest.AttachNet{}, per: 2}
+			var cfgs []Config
+			for r := range 4 {
+				cfgs = append(cfgs, hn.config(t, "job1", r, 4))
+			}
+			return cfgs, hn.config(t, "job1", 3, 4)
+		}, func(t *testing.T, err error) {
+			if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "generation 0 of this job's world (this world is generation 1)") {
+				t.Fatalf("the stale rank's Join: %v, want it refused naming both generations", err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				cfgs, stale := tc.world(t)
+				for i := range cfgs {
+					cfgs[i].Generation = 1
+				}
+				stale.FormationTimeout = 10 * time.Second
+				var sw *World
+				var serr error
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					sw, serr = Join(context.Background(), stale)
+				}()
+				ws, errs := joinAll(context.Background(), cfgs)
+				defer closeAll(ws)
+				<-done
+				if sw != nil {
+					sw.Close()
+				}
+				for r, err := range errs {
+					if err != nil || ws[r].Alive() != len(cfgs) {
+						t.Fatalf("new world rank %d: %v", r, err)
+					}
+				}
+				tc.check(t, serr)
+				for r, w := range ws {
+					for _, m := range w.Members() {
+						if m.Generation != 1 || m.Host == "old" {
+							t.Errorf("rank %d counts %+v as a member", r, m)
+						}
+					}
+				}
+			})
+		})
+	}
+}

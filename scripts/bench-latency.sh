@@ -10,13 +10,27 @@
 # (default 5) rounds each run, alternately:
 #   gorun -np NP gorun bench allreduce $SWEEP --transport shm
 #   mpirun -np NP bench/mpi/allreduce $SWEEP          (--mca btl self,vader)
+#   the same two with $BIGSWEEP (large sizes), then for each of its sizes
+#   bench/copybound -p NP -s SIZE                     (the copy bound)
 #   gorun -np NP gorun bench barrier
 #   mpirun -np NP bench/mpi/barrier_lat
 # and prints, per size, the median out-of-place time (µs) and busbw
 # (GB/s) of each, with the ratio gorun/MPI of the times (< 1: gorun
 # faster). SWEEP defaults to "-b 8 -e 4M -f 4 -n 200 -w 50"; the 8-byte row
-# is the latency figure. The machine may be shared: rerun a figure that
-# swings, and read the hog rows against each side's own quiet rows.
+# is the latency figure. BIGSWEEP defaults to "-b 32M -e 64M -f 2 -n 10
+# -w 2" ("" skips it).
+#
+# The copy bound of a large all-reduce: every rank must at least read its
+# S input bytes and write its S result bytes, which is what a memcpy of S
+# bytes does; copybound times NP processes, bound one per CPU as the ranks
+# are, each copying S bytes at the same time, and the slowest one's rate
+# (S over its median copy time, GB/s) is the bound on busbw (for 2 ranks
+# busbw = algbw = S over the all-reduce's time). The table prints it as
+# "bound" and gorun's busbw over it as "g/bound". The peer's bytes cross
+# between the cores on top of that, so no all-reduce reaches the bound.
+#
+# The machine may be shared: rerun a figure that swings, and read the hog
+# rows against each side's own quiet rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-results/latency}
@@ -24,6 +38,7 @@ NPS=${NPS:-2 4}
 LOADS=${LOADS:-quiet hog}
 ROUNDS=${ROUNDS:-5}
 SWEEP=${SWEEP:--b 8 -e 4M -f 4 -n 200 -w 50}
+BIGSWEEP=${BIGSWEEP--b 32M -e 64M -f 2 -n 10 -w 2}
 BITERS=${BITERS:-2000}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -33,6 +48,7 @@ done
 go build -o "$OUT/gorun" ./cmd/gorun
 mpicc -O2 -Wall -o "$OUT/mpi_allreduce" bench/mpi/allreduce.c
 mpicc -O2 -Wall -o "$OUT/mpi_barrier" bench/mpi/barrier_lat.c
+cc -O2 -Wall -o "$OUT/copybound" bench/copybound/copybound.c
 G=$OUT/gorun
 MPIRUN=(mpirun --mca btl self,vader)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
@@ -50,25 +66,43 @@ for np in $NPS; do
 	over=()
 	[ "$np" -gt "$(nproc)" ] && over=(--oversubscribe)
 	for load in $LOADS; do
-		: >"$OUT/g.$np.$load" && : >"$OUT/m.$np.$load"
+		: >"$OUT/g.$np.$load" && : >"$OUT/m.$np.$load" && : >"$OUT/c.$np.$load"
 		for r in $(seq "$ROUNDS"); do
 			[ "$load" = hog ] && start_hogs
-			# shellcheck disable=SC2086 # SWEEP is a list of flags
-			"$G" -np "$np" "${over[@]}" "$G" bench allreduce $SWEEP --transport shm >"$OUT/run.txt" && rows "$OUT/run.txt" >>"$OUT/g.$np.$load"
-			# shellcheck disable=SC2086
-			"${MPIRUN[@]}" -np "$np" "${over[@]}" "$OUT/mpi_allreduce" $SWEEP >"$OUT/run.txt" 2>/dev/null && rows "$OUT/run.txt" >>"$OUT/m.$np.$load"
+			for sweep in "$SWEEP" "$BIGSWEEP"; do
+				[ -n "$sweep" ] || continue
+				# shellcheck disable=SC2086 # a sweep is a list of flags
+				"$G" -np "$np" "${over[@]}" "$G" bench allreduce $sweep --transport shm >"$OUT/run.txt" && rows "$OUT/run.txt" >>"$OUT/g.$np.$load"
+				cp "$OUT/run.txt" "$OUT/sizes.txt"
+				# shellcheck disable=SC2086
+				"${MPIRUN[@]}" -np "$np" "${over[@]}" "$OUT/mpi_allreduce" $sweep >"$OUT/run.txt" 2>/dev/null && rows "$OUT/run.txt" >>"$OUT/m.$np.$load"
+			done
+			if [ -n "$BIGSWEEP" ]; then
+				# The bound of each large size, in the same round and load.
+				for size in $(rows "$OUT/sizes.txt" | awk '{print $1}'); do
+					"$OUT/copybound" -p "$np" -s "$size" -n 10 | awk '{print $1, $3}' >>"$OUT/c.$np.$load"
+				done
+			fi
 			"$G" -np "$np" "${over[@]}" "$G" bench barrier -n "$BITERS" -w 100 --transport shm >"$OUT/run.txt" && rows "$OUT/run.txt" | sed 's/^0 /barrier /' >>"$OUT/g.$np.$load"
 			"${MPIRUN[@]}" -np "$np" "${over[@]}" "$OUT/mpi_barrier" -n "$BITERS" -w 100 >"$OUT/run.txt" 2>/dev/null && rows "$OUT/run.txt" | sed 's/^0 /barrier /' >>"$OUT/m.$np.$load"
 			stop_hogs
 		done
 		echo
-		echo "## $np ranks, $load: median of $ROUNDS rounds (time µs, busbw GB/s)"
-		printf "%10s %10s %8s %10s %8s %10s\n" size gorun-us busbw mpi-us busbw gorun/mpi
+		echo "## $np ranks, $load: median of $ROUNDS rounds (time µs, busbw GB/s; bound: copy bound busbw, see above)"
+		printf "%10s %10s %8s %10s %8s %10s %8s %8s\n" size gorun-us busbw mpi-us busbw gorun/mpi bound g/bound
 		awk '
 			FNR == 1 { f++ }
+			f == 3 { c[$1] = c[$1] " " $2; next }
 			{ k = $1; t[f, k] = t[f, k] " " $2; b[f, k] = b[f, k] " " $3; if (!(k in seen)) { seen[k] = 1; order[++n] = k } }
 			function med(s,   a, m, i, j, x) { m = split(s, a, " "); for (i = 2; i <= m; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > x + 0; j--) a[j + 1] = a[j]; a[j + 1] = x } return m ? (m % 2 ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2) : "nan" }
-			END { for (i = 1; i <= n; i++) { k = order[i]; gt = med(t[1, k]); mt = med(t[2, k]); printf "%10s %10.2f %8.3f %10.2f %8.3f %10.2f\n", k, gt, med(b[1, k]), mt, med(b[2, k]), (mt > 0 ? gt / mt : 0) } }
-		' "$OUT/g.$np.$load" "$OUT/m.$np.$load" | tee "$OUT/table.$np.$load.txt"
+			END {
+				for (i = 1; i <= n; i++) {
+					k = order[i]; gt = med(t[1, k]); mt = med(t[2, k]); gb = med(b[1, k])
+					printf "%10s %10.2f %8.3f %10.2f %8.3f %10.2f", k, gt, gb, mt, med(b[2, k]), (mt > 0 ? gt / mt : 0)
+					if (k in c) { cb = med(c[k]); printf " %8.3f %8.2f", cb, (cb > 0 ? gb / cb : 0) }
+					printf "\n"
+				}
+			}
+		' "$OUT/g.$np.$load" "$OUT/m.$np.$load" "$OUT/c.$np.$load" | tee "$OUT/table.$np.$load.txt"
 	done
 done

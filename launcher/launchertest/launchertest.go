@@ -180,6 +180,15 @@ func runHelper(mode string) int {
 	case "partial":
 		fmt.Print("partial-line")
 		return 0
+	case "stat":
+		// The rank's /proc/self/stat line: its process group and session.
+		b, err := os.ReadFile("/proc/self/stat")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 90
+		}
+		fmt.Printf("%s\n", bytes.TrimSpace(b))
+		return 0
 	case "cat":
 		io.Copy(os.Stdout, os.Stdin)
 		return 0
@@ -281,6 +290,10 @@ func allReduceLoop(rankName string, d time.Duration) int {
 		}
 		if i == 0 {
 			fmt.Printf("ready %s %d\n", rankName, os.Getpid())
+			// Step 1 is the first all-reduce, which every rank has
+			// joined: a fault after-steps=1 fires only once every rank
+			// is up and has printed what it printed before.
+			r.ReportStep(1)
 		}
 		if d > 0 && i%16 == 15 {
 			// Ranks decide together whether to stop, so that none

@@ -387,6 +387,7 @@ def _sync_codes():
 
 
 _SYNC_CODES = _sync_codes()
+_ALL_REDUCE_CODE = next((c for c in _SYNC_CODES if c.co_name == "all_reduce"), None)
 
 
 def _caller_waits(depth=3):
@@ -618,18 +619,32 @@ class ProcessGroupGorun(ProcessGroup):
     # -- collectives --
     def allreduce(self, tensors, opts=None):
         what = "allreduce"
+        # dist.all_reduce(t), the hottest call there is: with async_op=False
+        # it runs in one library call, reading the op from torch's frame
+        # (the ReduceOp it put into opts) — reading opts.reduceOp back
+        # through pybind11 and hashing the enum cost 2 us of the 10 us call
+        # (bench/torch_overhead.py). Anything unusual takes the general path
+        # below, which checks and raises.
+        f = sys._getframe(1)
+        if f.f_code is _ALL_REDUCE_CODE and len(tensors) == 1:
+            loc = f.f_locals
+            if loc.get("async_op") is False:
+                t = tensors[0]
+                dt = _check(t, what)
+                op = loc.get("op")
+                op = _OPS_BY_VALUE.get(int(getattr(op, "op", op)))
+                if op is not None and not (op == _lib.AVG and dt == _lib.BOOL):
+                    n = t.numel()
+                    p = t.data_ptr() if n else None
+                    rc = self._l.gorun_allreduce(self._h, p, p, n, dt, op, None)
+                    if rc != _lib.OK:
+                        raise _lib.error(rc, "gorun %s" % what)
+                    return _SyncWork(tensors)
         t = _one(tensors, what)
         dt = _check(t, what)
         op = _op(opts, what, dt)
         n = t.numel()
         p = t.data_ptr() if n else None  # each tensor method call costs: read once
-        if _caller_waits(2):
-            # dist.all_reduce(t), the hottest call there is: _issue's
-            # synchronous path without its closure and loop.
-            rc = self._l.gorun_allreduce(self._h, p, p, n, dt, op, None)
-            if rc != _lib.OK:
-                raise _lib.error(rc, "gorun %s" % what)
-            return _SyncWork([t])
         return self._issue(what, lambda l, r: l.gorun_allreduce(self._h, p, p, n, dt, op, r), [t], [t])
 
     def allreduce_coalesced(self, tensors, opts=None):

@@ -17,8 +17,10 @@ func TestInjectKillHostRestarts(t *testing.T) {
 	h := requireHosts(t)
 	victim := h.Hosts[2]
 	report := filepath.Join(t.TempDir(), "report.json")
-	j := newJob(t, h, 2, "restart-aware", nil, "--tag-output",
-		"--inject", "kill-host:host="+victim+":at=1s", "--max-restarts", "1", "--report", report)
+	// After step 1 (the first all-reduce every rank joined), not at a
+	// time: on a loaded machine world 0 may not be up by any fixed time.
+	j := newJob(t, h, 2, "restart-aware:allreduce", nil, "--tag-output",
+		"--inject", "kill-host:host="+victim+":after-steps=1", "--max-restarts", "1", "--report", report)
 	if code := j.run(); code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, j.stdout.String(), j.stderr.String())
 	}

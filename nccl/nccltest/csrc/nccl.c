@@ -313,6 +313,7 @@ struct post {
 };
 
 struct batch {
+	int colls; /* collective calls (not sends or receives) in this launch */
 	struct xfer *x;
 	int nx, capx;
 	struct post *p;
@@ -544,11 +545,15 @@ static ncclResult_t begin(ncclComm_t c, int dt, int op, void *stream) {
 	return ncclSuccess;
 }
 
+static atomic_long grouped_launches; /* launches of several collectives (standinGroupedLaunches) */
+
 static ncclResult_t launch(void) {
 	struct batch *b = pending;
 	pending = NULL;
 	if (!b)
 		return ncclSuccess;
+	if (b->colls > 1)
+		atomic_fetch_add(&grouped_launches, 1);
 	if (b->err) {
 		ncclResult_t e = b->err;
 		free_batch(b);
@@ -610,6 +615,7 @@ ncclResult_t ncclAllReduce(const void *s, void *r, size_t count, int dt, int op,
 	if (e)
 		return end_op(e);
 	struct batch *b = cur();
+	b->colls++;
 	size_t len = count * elem_size(dt);
 	struct post *p = add_post(b, c, 1);
 	p->dt = dt, p->op = op, p->dst = r, p->len = len, p->tmp = blocks_tmp(len, c->n);
@@ -631,6 +637,7 @@ ncclResult_t ncclReduce(const void *s, void *r, size_t count, int dt, int op, in
 	if (e)
 		return end_op(e);
 	struct batch *b = cur();
+	b->colls++;
 	size_t len = count * elem_size(dt);
 	if (c->rank != root) {
 		add_xfer(b, c, 1, root, s, len);
@@ -651,6 +658,7 @@ ncclResult_t ncclReduceScatter(const void *s, void *r, size_t count, int dt, int
 	if (e)
 		return end_op(e);
 	struct batch *b = cur();
+	b->colls++;
 	size_t len = count * elem_size(dt);
 	struct post *p = add_post(b, c, 1);
 	p->dt = dt, p->op = op, p->dst = r, p->len = len, p->tmp = blocks_tmp(len, c->n);
@@ -670,6 +678,7 @@ ncclResult_t ncclAllGather(const void *s, void *r, size_t count, int dt, ncclCom
 	if (e)
 		return end_op(e);
 	struct batch *b = cur();
+	b->colls++;
 	size_t len = count * elem_size(dt);
 	for (int q = 0; q < c->n; q++) {
 		if (q == c->rank)
@@ -689,6 +698,7 @@ ncclResult_t ncclBroadcast(const void *s, void *r, size_t count, int dt, int roo
 	if (e)
 		return end_op(e);
 	struct batch *b = cur();
+	b->colls++;
 	size_t len = count * elem_size(dt);
 	if (c->rank == root) {
 		for (int q = 0; q < c->n; q++)
@@ -721,3 +731,8 @@ ncclResult_t ncclRecv(void *r, size_t count, int dt, int peer, ncclComm_t c, voi
 	add_xfer(cur(), c, 0, peer, r, count * elem_size(dt));
 	return end_op(ncclSuccess);
 }
+
+/* standinGroupedLaunches counts the launches that carried more than one
+ * collective call (several calls between ncclGroupStart and ncclGroupEnd),
+ * so that tests can tell a grouped issue from calls made one by one. */
+long standinGroupedLaunches(void) { return atomic_load(&grouped_launches); }

@@ -1,0 +1,207 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/comm"
+	grank "github.com/gorun-hpc/gorun/rank"
+)
+
+// The rank program. A process started with rankEnv set runs it instead of
+// the tests. Every iteration runs the phases in order, checking every
+// result element:
+//
+//	small    an 8-byte all-reduce (which also carries the "go on" vote)
+//	large    a 1 MiB all-reduce
+//	barrier  a barrier
+//	bucket   eight 32 KiB all-reduces issued at once, then waited (a flush)
+//
+// The victim (chaosVictim) injects its own fault (chaosFault: kill or
+// stop) at chaosPhase, in the first world only, so that a phase is hit
+// exactly rather than by timing:
+//
+//	launch     before Init
+//	formation  20 ms into Init (while it joins the rendezvous)
+//	small, barrier        just before the victim's call of iteration 3
+//	large, bucket         1 ms after the victim issued it (mid-transfer)
+//	shutdown   after the last call, before Close
+//
+// Faults gorun injects by time (slow, drop, delay, corrupt, partition)
+// use phase "loop": the ranks go on until chaosRun has passed.
+//
+// Output: "chaos-result rank R iters N sum S" on success, "chaos-error
+// rank R: ERR" (exit 6) on a failed call.
+const (
+	rankEnv     = "GORUN_CHAOS_RANK"
+	chaosVictim = "GORUN_CHAOS_VICTIM"
+	chaosFault  = "GORUN_CHAOS_FAULT"
+	chaosPhase  = "GORUN_CHAOS_PHASE"
+	chaosRun    = "GORUN_CHAOS_RUN" // a duration: how long the loop lasts at least
+	chaosIters  = 6                 // iterations at least
+	faultIter   = 3
+)
+
+func maybeRank() {
+	if os.Getenv(rankEnv) == "" {
+		return
+	}
+	os.Exit(runRank())
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+func runRank() int {
+	me := envInt("RANK", -1)
+	victim := envInt(chaosVictim, -1)
+	world := os.Getenv("GORUN_RESTART_COUNT")
+	armed := me == victim && (world == "" || world == "0")
+	phase := os.Getenv(chaosPhase)
+	fault := func() {
+		switch os.Getenv(chaosFault) {
+		case "kill":
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		case "stop":
+			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		}
+	}
+	at := func(p string) bool { return armed && phase == p }
+	if at("launch") {
+		fault()
+	}
+	if at("formation") {
+		go func() { // ends with the process
+			time.Sleep(20 * time.Millisecond)
+			fault()
+		}()
+	}
+	run, _ := time.ParseDuration(os.Getenv(chaosRun))
+	start := time.Now()
+	ctx := context.Background()
+	opts := grank.DefaultOptions()
+	// Warnings (the stall diagnosis, the flight recorder) go to stderr,
+	// where a row looks for them.
+	opts.Logger = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true, TimeFormat: "15:04:05.000"}).
+		Level(zerolog.WarnLevel).With().Timestamp().Logger()
+	r, err := grank.Init(ctx, opts)
+	if err != nil {
+		fmt.Printf("chaos-error rank %d: init: %v\n", me, err)
+		return 6
+	}
+	c := r.Comm()
+	n := c.Size()
+	fail := func(err error) int {
+		fmt.Printf("chaos-error rank %d: %v\n", me, err)
+		r.Abort(err)
+		_ = r.Close()
+		return 6
+	}
+	tri := float64(n * (n - 1) / 2) // sum of the ranks
+	check := func(what string, got []float64, base float64) error {
+		for i, v := range got {
+			if want := tri + float64(n)*(base+float64(i%7)); v != want {
+				return fmt.Errorf("WRONG RESULT in %s: element %d = %v, want %v", what, i, v, want)
+			}
+		}
+		return nil
+	}
+	fill := func(b []float64, base float64) {
+		for i := range b {
+			b[i] = float64(me) + base + float64(i%7)
+		}
+	}
+	small := make([]float64, 1)
+	vote := make([]float64, 1)
+	large := make([]float64, 1<<17)
+	buckets := make([][]float64, 8)
+	for i := range buckets {
+		buckets[i] = make([]float64, 4096)
+	}
+	var sum float64
+	it := 0
+	for ; ; it++ {
+		base := float64(it)
+		// small, with the vote on going on folded in as a second call of
+		// the same size class.
+		if it == faultIter && at("small") {
+			fault()
+		}
+		fill(small, base)
+		if err := c.AllReduce(ctx, comm.Float64s(small), comm.Float64s(small), comm.Sum).Wait(ctx); err != nil {
+			return fail(err)
+		}
+		if err := check("small", small, base); err != nil {
+			return fail(err)
+		}
+		// large
+		fill(large, base)
+		h := c.AllReduce(ctx, comm.Float64s(large), comm.Float64s(large), comm.Sum)
+		if it == faultIter && at("large") {
+			time.Sleep(time.Millisecond)
+			fault()
+		}
+		if err := h.Wait(ctx); err != nil {
+			return fail(err)
+		}
+		if err := check("large", large, base); err != nil {
+			return fail(err)
+		}
+		sum += large[len(large)-1]
+		// barrier
+		if it == faultIter && at("barrier") {
+			fault()
+		}
+		if err := c.Barrier(ctx).Wait(ctx); err != nil {
+			return fail(err)
+		}
+		// bucket flush
+		hs := make([]comm.Handle, len(buckets))
+		for i, b := range buckets {
+			fill(b, base+float64(i))
+			hs[i] = c.AllReduce(ctx, comm.Float64s(b), comm.Float64s(b), comm.Sum)
+		}
+		if it == faultIter && at("bucket") {
+			time.Sleep(time.Millisecond)
+			fault()
+		}
+		for i, h := range hs {
+			if err := h.Wait(ctx); err != nil {
+				return fail(err)
+			}
+			if err := check("bucket", buckets[i], base+float64(i)); err != nil {
+				return fail(err)
+			}
+		}
+		// Go on while any rank wants to: the ranks agree through the sum.
+		vote[0] = 0
+		if it+1 < chaosIters || time.Since(start) < run {
+			vote[0] = 1
+		}
+		if err := c.AllReduce(ctx, comm.Float64s(vote), comm.Float64s(vote), comm.Sum).Wait(ctx); err != nil {
+			return fail(err)
+		}
+		if vote[0] == 0 {
+			break
+		}
+	}
+	if at("shutdown") {
+		fault()
+	}
+	if err := r.Close(); err != nil {
+		fmt.Printf("chaos-error rank %d: close: %v\n", me, err)
+		return 6
+	}
+	fmt.Printf("chaos-result rank %d iters %d sum %v\n", me, it+1, sum)
+	return 0
+}
