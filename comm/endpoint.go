@@ -75,6 +75,16 @@ type EndpointConfig struct {
 	// measured as fast as 1 and 4 MiB fixed buffers; set it for links whose
 	// bandwidth-delay product exceeds what autotuning reaches.
 	TCPBufferBytes int
+	// TCPUserTimeout bounds how long data sent on a data connection may go
+	// unacknowledged (TCP_USER_TIMEOUT), and, with keepalive probes after
+	// half of it idle, how long a silent peer host is trusted: past it the
+	// connection fails and the link's call fails naming the peer. The peer's
+	// kernel acknowledges whatever its process does (a busy, starved or
+	// stopped rank still acks), so this fires only when the network or the
+	// host is gone: a cut link, a partition, a blackholed host, where TCP's
+	// own retransmissions would wait about 15 minutes. Zero means the
+	// default, 10 s; negative leaves the kernel's behaviour. Linux only.
+	TCPUserTimeout time.Duration
 	// TCPStreams is how many TCP connections a link to a peer uses; large
 	// frames are striped across them (headers and small frames use the
 	// first). Each connection is authenticated like the first. The dialing
@@ -98,6 +108,7 @@ func DefaultEndpointConfig() EndpointConfig {
 		ShmDir:           "/dev/shm",
 		ShmRingBytes:     4 << 20,
 		TCPSpin:          20 * time.Microsecond,
+		TCPUserTimeout:   10 * time.Second,
 		Logger:           zerolog.Nop(),
 	}
 }
@@ -187,6 +198,9 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 	if cfg.TCPSpin == 0 {
 		cfg.TCPSpin = d.TCPSpin
 	}
+	if cfg.TCPUserTimeout == 0 {
+		cfg.TCPUserTimeout = d.TCPUserTimeout
+	}
 	if cfg.TCPStreams == 0 {
 		cfg.TCPStreams = 1
 		if v := os.Getenv("GORUN_TCP_STREAMS"); v != "" {
@@ -227,7 +241,7 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 }
 
 func (e *Endpoint) tcpOptions() tcpOptions {
-	return tcpOptions{spin: e.cfg.TCPSpin, bufBytes: e.cfg.TCPBufferBytes}
+	return tcpOptions{spin: e.cfg.TCPSpin, bufBytes: e.cfg.TCPBufferBytes, userTimeout: e.cfg.TCPUserTimeout}
 }
 
 // Addr is the address peers dial: host:port. Safe for concurrent use.

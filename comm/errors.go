@@ -54,6 +54,11 @@ func (e *PeerError) Error() string {
 
 func (e *PeerError) Unwrap() error { return e.Err }
 
+// aborted reports whether the peer sent an abort frame: this rank learned
+// of the failure from it, second hand (the cause travels in Err, so that a
+// relayed loss is still ErrPeerLost).
+func (e *PeerError) aborted() bool { return strings.HasPrefix(e.Reason, "aborted") }
+
 // CallInfo describes one collective call, as a desync error reports it.
 // Seq is the call's position: on frames, the number of calls this pair of
 // ranks has run; from the side-channel comparison and in flight records,

@@ -206,3 +206,20 @@ func (s *tcpStream) advance(n int) {
 		s.niv--
 	}
 }
+
+// setUserTimeout sets TCP_USER_TIMEOUT: unacknowledged data (or
+// unanswered keepalive probes) older than d fail the connection with
+// ETIMEDOUT.
+func setUserTimeout(c *net.TCPConn, d time.Duration) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d.Milliseconds()))
+	}); err != nil {
+		return err
+	}
+	return serr
+}

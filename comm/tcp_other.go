@@ -52,3 +52,6 @@ func (s *tcpStream) write(bool) (int, error) {
 	s.b = s.b[m:]
 	return n + m, err
 }
+
+// setUserTimeout: TCP_USER_TIMEOUT is Linux's; elsewhere keepalive alone.
+func setUserTimeout(*net.TCPConn, time.Duration) error { return nil }

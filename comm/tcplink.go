@@ -71,6 +71,8 @@ type recvPiece struct {
 type tcpOptions struct {
 	spin     time.Duration // TCPSpin; <= 0: park at once
 	bufBytes int           // TCPBufferBytes; 0: kernel autotuning
+	// userTimeout is TCPUserTimeout; <= 0: the kernel's defaults.
+	userTimeout time.Duration
 }
 
 // newTCPLink takes over conns (stream 0 first) after their handshakes;
@@ -90,6 +92,11 @@ func newTCPLink(conns []net.Conn, pre [][]byte, o tcpOptions) *tcpLink {
 				// Best effort: the kernel caps these at net.core.[rw]mem_max.
 				_ = tc.SetWriteBuffer(o.bufBytes)
 				_ = tc.SetReadBuffer(o.bufBytes)
+			}
+			if o.userTimeout > 0 {
+				// A lost network, not a slow peer: see TCPUserTimeout.
+				_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: o.userTimeout / 2, Interval: o.userTimeout / 10, Count: 5})
+				_ = setUserTimeout(tc, o.userTimeout)
 			}
 		}
 		l.st[i] = newTCPStream(c, o.spin, pre[i])

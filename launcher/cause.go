@@ -15,8 +15,10 @@ type CauseReport struct {
 	// Kind is what happened to the culprit: "killed" (by a signal),
 	// "exited" (nonzero code), "frozen" (stopped while its peers lost
 	// it), "lost to peers" (its peers' runtimes lost it; it did not fail
-	// in a way gorun saw: a cut link, an unresponsive process), "host
-	// lost", "could not start", "mpi abort", "mpi no finalize".
+	// in a way gorun saw: an unresponsive process), "link lost" (a rank
+	// on another host lost it while it ran on: the network between
+	// Host and ReporterHost failed), "host lost", "could not start", "mpi
+	// abort", "mpi no finalize".
 	Kind string `json:"kind"`
 	// Rank, Host and PID locate the culprit; Rank is the first rank of a
 	// lost host. Ranks is how many ranks it took down with it (a host's).
@@ -32,8 +34,9 @@ type CauseReport struct {
 	ExitCode int    `json:"exit_code"`
 	// Why is the evidence in words: the lost host's error, the report of
 	// the rank whose runtime named a frozen or lost culprit.
-	Why        string `json:"why,omitempty"`
-	ReportedBy *int   `json:"reported_by,omitempty"`
+	Why          string `json:"why,omitempty"`
+	ReportedBy   *int   `json:"reported_by,omitempty"`
+	ReporterHost string `json:"reporter_host,omitempty"`
 	// At is when gorun saw the culprit fail (its exit, its host's loss),
 	// in seconds from the job's start; nil for a frozen or lost rank, which
 	// never failed visibly: DetectedAt is then when its peers' first report
@@ -93,10 +96,13 @@ func (w *worldRun) cause(err error) *CauseReport {
 			return nil // the runtimes could not say whom they lost
 		}
 		c.Kind, c.Rank, c.Host, c.PID, c.ExitCode = "lost to peers", ce.Blame, ce.BlameHost, ce.BlamePID, ce.ExitCode()
-		if ce.Frozen != "" {
+		switch {
+		case ce.Frozen != "":
 			c.Kind, c.State = "frozen", ce.Frozen
+		case ce.Link:
+			c.Kind = "link lost"
 		}
-		c.Why, c.ReportedBy, c.Stopped = ce.Why, ptr(ce.ReportedBy), ce.Stopped
+		c.Why, c.ReportedBy, c.ReporterHost, c.Stopped = ce.Why, ptr(ce.ReportedBy), ce.ReporterHost, ce.Stopped
 	case errors.As(err, &he):
 		c.Kind, c.Rank, c.Host, c.Ranks, c.ExitCode = "host lost", he.FirstRank, he.Host, he.Ranks, he.ExitCode()
 		c.Why, c.Stopped = he.Err.Error(), he.Stopped

@@ -270,9 +270,16 @@ type CollateralError struct {
 	// gorun ended it: the process state letter its supervisor read
 	// ("T" stopped, "t" traced). Its peers only saw it fall silent.
 	Frozen string
-	// ReportedBy is the rank whose report names Blame, Why its words.
-	ReportedBy int
-	Why        string
+	// ReportedBy is the rank whose report names Blame (on ReporterHost),
+	// Why its words.
+	ReportedBy   int
+	ReporterHost string
+	Why          string
+	// Link is set when no process failed but the network did: Blame ran
+	// on (or failed only because of a peer) on another host than its
+	// reporter, not frozen, while both hosts' supervisors answered. A cut
+	// link or a partition between the two hosts looks like this.
+	Link bool
 	// Failed is the number of ranks that failed as a consequence.
 	Failed int
 	// Stopped is the number of other ranks gorun had to stop.
@@ -284,6 +291,9 @@ type CollateralError struct {
 func (e *CollateralError) Error() string {
 	s := fmt.Sprintf("rank %d reported a lost peer (%s)", e.ReportedBy, e.Why)
 	switch {
+	case e.Blame >= 0 && e.Link:
+		s = fmt.Sprintf("the network between host %s and host %s failed: rank %d (host %s) lost rank %d (host %s, pid %d), which was still running: %q",
+			e.ReporterHost, e.BlameHost, e.ReportedBy, e.ReporterHost, e.Blame, e.BlameHost, e.BlamePID, e.Why)
 	case e.Blame >= 0 && e.Frozen != "":
 		s = fmt.Sprintf("rank %d (host %s, pid %d) was frozen (process state %s: %s) and lost to its peers: rank %d reported %q",
 			e.Blame, e.BlameHost, e.BlamePID, e.Frozen, stateName(e.Frozen), e.ReportedBy, e.Why)
@@ -301,6 +311,13 @@ func stateName(st string) string {
 	return "stopped by a signal"
 }
 
-// ExitCode is the first collateral rank's exit status: the blamed rank
-// did not fail in a way gorun saw.
-func (e *CollateralError) ExitCode() int { return e.Code }
+// ExitCode is 255 for a lost link (the network between two hosts failed:
+// ssh's code for a lost connection, as for a lost host), else the first
+// collateral rank's exit status: the blamed rank did not fail in a way
+// gorun saw.
+func (e *CollateralError) ExitCode() int {
+	if e.Link {
+		return 255
+	}
+	return e.Code
+}

@@ -94,8 +94,10 @@ type failure struct {
 	// failure reached the job loop. They order the failures (earlier).
 	exitedAt int64
 	arrived  time.Time
-	blame    int
-	why      string
+	// relay: the collateral report was second-hand (collateral.Report.Relay).
+	relay bool
+	blame int
+	why   string
 }
 
 func (f failure) exitCode() int {
@@ -299,7 +301,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 					// gorun nor failed on its own.
 					st.stopped = false
 					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal),
-						collateral: true, blame: ev.Blame, why: ev.Err, exitedAt: ev.At})
+						collateral: true, blame: ev.Blame, why: ev.Err, relay: ev.Relay, exitedAt: ev.At})
 					stop(stopFailure, syscall.SIGTERM)
 				} else if (ev.Code != 0 || ev.Signal != 0) && !(st.stopped && causedByStop(ev, sentSig, killed)) {
 					// Its own failure, even if the teardown had begun: it
@@ -519,10 +521,12 @@ func (r *jobLoop) run(ctx context.Context) error {
 
 // blamed names the cause when every failure was collateral: no rank died
 // or failed on its own as far as gorun saw (a frozen rank, a cut link),
-// yet the runtimes reported one lost. Reports chain — rank 0 blames rank
-// 2, which lost rank 3 — and aborts bounce between reporters, so the
-// cause is the first rank, following each report's blame in arrival
-// order, that reported nothing itself.
+// yet the runtimes reported one lost. The cause is the rank the first
+// first-hand report blames; without one (only relayed aborts reached
+// gorun), the first rank that reported nothing itself, following each
+// report's blame in arrival order (rank 0 blames rank 2, which relayed
+// rank 3's abort). When that rank ran on, on another host than its
+// reporter, the network between them is the cause (CollateralError.Link).
 func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 	byRank := map[int]failure{}
 	for _, f := range fs {
@@ -532,7 +536,30 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 	}
 	first := fs[0]
 	reporter, blame := first, -1
+	// First-hand evidence first: a report (in arrival order) of a rank
+	// that saw the loss itself (a connection closed or timed out, a lease
+	// ran out), not one relaying a peer's abort: an abort travels from
+	// peer to peer, so the relays of a ring blame each other in a cycle
+	// that hides where it began. A first-hand report blaming a rank that
+	// never reported (it died, froze or stopped answering) beats one
+	// blaming a rank that failed only because of a peer itself (then the
+	// two lost each other: a link).
+	firstHand := func(silent bool) {
+		for _, f := range fs {
+			if _, reported := byRank[f.blame]; blame < 0 && !f.relay && f.blame >= 0 && f.blame < len(ranks) && f.blame != f.rank && reported != silent {
+				reporter, blame = f, f.blame
+			}
+		}
+	}
+	firstHand(true)
+	firstHand(false)
+	// Only relays reached gorun (the first-hand reporter was stopped
+	// before it could report): follow each report's blame to a rank that
+	// reported nothing itself.
 	for _, f := range fs {
+		if blame >= 0 {
+			break
+		}
 		seen := map[int]bool{}
 		for b := f.blame; b >= 0 && b < len(ranks) && !seen[b]; {
 			next, ok := byRank[b]
@@ -543,15 +570,19 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 			seen[b] = true
 			f, b = next, next.blame
 		}
-		if blame >= 0 {
-			break
-		}
 	}
-	e := &CollateralError{ReportedBy: reporter.rank, Why: reporter.why, Blame: -1, Failed: len(fs),
+	e := &CollateralError{ReportedBy: reporter.rank, ReporterHost: r.plan.Ranks[reporter.rank].Host, Why: reporter.why, Blame: -1, Failed: len(fs),
 		Stopped: stopped, Code: failure{code: first.code, signal: first.signal}.exitCode()}
 	if blame >= 0 {
 		e.Blame, e.BlameHost, e.BlamePID = blame, r.plan.Ranks[blame].Host, ranks[blame].pid
 		e.Frozen = ranks[blame].frozen
+		_, reported := byRank[blame]
+		// The blamed rank ran on until gorun stopped it (not frozen) or
+		// failed itself only because of a peer, its host's supervisor
+		// answered throughout (else the host is the lost one), and its
+		// reporter is on another host: what they lost was the network
+		// between their hosts, not a process.
+		e.Link = e.Frozen == "" && e.BlameHost != e.ReporterHost && (reported || (ranks[blame].stopped && ranks[blame].pid > 0))
 		if ranks[blame].stopped && ranks[blame].pid > 0 {
 			// The blamed rank is counted by name, not among the others.
 			e.Stopped--

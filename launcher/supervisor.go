@@ -108,6 +108,11 @@ type supervisorRank struct {
 	Stdin  int      `json:"stdin"`
 	Stdout int      `json:"stdout"`
 	Stderr int      `json:"stderr"`
+	// GPU is the index gorun assigned the rank among the GPUs the host
+	// shows (its CUDA_VISIBLE_DEVICES says the index), nil for none; the
+	// supervisor turns it into the device the index stands for
+	// (visibleDevice).
+	GPU *int `json:"gpu,omitempty"`
 }
 
 // supervisorCmd is a later message from gorun.
@@ -179,6 +184,9 @@ type supervisorEvent struct {
 	// teardown reached it: frozen, not dead, which its peers cannot tell
 	// apart (their lease only says it fell silent).
 	Frozen string `json:"frozen,omitempty"`
+	// Relay marks a collateral report whose rank learned of the loss from
+	// Blame's abort, not by seeing it (collateral.Report.Relay).
+	Relay bool `json:"relay,omitempty"`
 	// At is when an "exited" rank was reaped (Unix ns, this host's clock):
 	// the supervisor reaps at each SIGCHLD, so it is the exit time to
 	// within the supervisor's wake-up. Every exit of one reap pass gets
@@ -508,6 +516,9 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		}
 		stdin, stdout, stderr := fileFor(r.Stdin), fileFor(r.Stdout), fileFor(r.Stderr)
 		files, env := []*os.File{stdin, stdout, stderr}, r.Env
+		if r.GPU != nil {
+			env = visibleDevice(env, *r.GPU, os.Getenv(rankenv.CUDAVisibleDevices))
+		}
 		// Oversubscribed ranks on gorun's runtime share this process's
 		// session (bind.go).
 		own := !crowded || bindPolicy(r.Env) != BindAuto || !onRuntime(r.Path)
@@ -784,7 +795,7 @@ func (a *supervisor) reap() {
 		// the exit just reaped: reading now finds it if there is one.
 		a.readCollateral()
 		if c, ok := a.coll[ev.Rank]; ok {
-			ev.Collateral, ev.Blame, ev.Err = true, c.Blame, c.Why
+			ev.Collateral, ev.Blame, ev.Err, ev.Relay = true, c.Blame, c.Why, c.Relay
 		}
 		if f := a.ranks[i].frozen; f != 0 {
 			ev.Frozen = string(f)

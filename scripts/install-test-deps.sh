@@ -17,7 +17,8 @@ set -euo pipefail
 # second user; python3 is the other user's squatter in rendezvous's
 # TestAttachNameHeldByAnotherUser. python3-torch and python3-pytest run the
 # torch backend's suite (make test-python, python/tests); gcc builds libgorun.
-pkgs=(iproute2 procps util-linux openssh-server openssh-client slurm-wlm slurm-client munge
+# iptables blackholes and partitions the namespace hosts (tests/multihost).
+pkgs=(iproute2 iptables procps util-linux openssh-server openssh-client slurm-wlm slurm-client munge
   gcc libc6-dev mpich libmpich-dev libhwloc-dev openmpi-bin libopenmpi-dev libpmi2-0-dev passwd python3 python3-torch python3-pytest)
 
 missing=()

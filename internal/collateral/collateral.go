@@ -35,6 +35,11 @@ type Report struct {
 	Blame int `json:"blame"`
 	// Why is the runtime's error text, cut to fit one atomic write.
 	Why string `json:"why"`
+	// Relay is set when the reporter did not see the loss itself: Blame
+	// aborted and told it (an abort travels from peer to peer, so the
+	// reports of a whole ring can blame each other in a cycle; the one
+	// report without Relay is where it began).
+	Relay bool `json:"relay,omitempty"`
 }
 
 // maxLine keeps a line within PIPE_BUF (4096 on Linux), so that concurrent

@@ -84,6 +84,10 @@ type job struct {
 	cmd    *exec.Cmd
 	stdout syncBuffer
 	stderr syncBuffer
+	// tmp is gorun's TMPDIR when a test gives it one, and before what
+	// leftoverNames saw there and in /dev/shm before the job.
+	tmp    string
+	before map[string]bool
 }
 
 // newJob prepares `gorun --launch-agent 'ssh -F …' -hostfile H args... TESTBIN`

@@ -1,6 +1,7 @@
 package testhosts
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -175,6 +176,53 @@ func (h *Netns) RestoreLink(host string) error {
 		return err
 	}
 	return h.ip("-n", host, "route", "replace", "default", "via", h.BridgeAddr)
+}
+
+// Blackhole drops every packet into and out of host with iptables inside
+// its namespace: the link stays up and nothing is refused, so connections
+// stall (no reset, no ICMP), as with a host that hangs or a firewall that
+// drops. Unblock undoes it (and Partition).
+func (h *Netns) Blackhole(host string) error {
+	if h.Addr(host) == "" {
+		return fmt.Errorf("testhosts: %q is not a host of set %s", host, h.Set)
+	}
+	for _, chain := range []string{"INPUT", "OUTPUT"} {
+		if err := h.iptables(host, "-A", chain, "-j", "DROP"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Partition drops every packet between hosts a and b (rules in a's
+// namespace, both directions); each still reaches every other host and
+// the machine that runs the test. Unblock(a) undoes it.
+func (h *Netns) Partition(a, b string) error {
+	ab := h.Addr(b)
+	if h.Addr(a) == "" || ab == "" {
+		return fmt.Errorf("testhosts: %q or %q is not a host of set %s", a, b, h.Set)
+	}
+	if err := h.iptables(a, "-A", "INPUT", "-s", ab, "-j", "DROP"); err != nil {
+		return err
+	}
+	return h.iptables(a, "-A", "OUTPUT", "-d", ab, "-j", "DROP")
+}
+
+// Unblock removes every iptables rule of host's namespace (Blackhole,
+// Partition).
+func (h *Netns) Unblock(host string) error {
+	if h.Addr(host) == "" {
+		return fmt.Errorf("testhosts: %q is not a host of set %s", host, h.Set)
+	}
+	return h.iptables(host, "-F")
+}
+
+func (h *Netns) iptables(host string, args ...string) error {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", host, "iptables", "-w"}, args...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("testhosts: iptables %s in %s: %w: %s", strings.Join(args, " "), host, exitDetail(err), bytes.TrimSpace(out))
+	}
+	return nil
 }
 
 // Shape replaces the root qdisc of host's link (the bridge side, so
