@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // call is one issued operation; it is also its Handle.
@@ -24,6 +25,10 @@ type call struct {
 
 	c   *Comm // runs it; Wait may run it itself (see drain)
 	err error // written before state's callDone bit is set
+	// doneAt is when the call completed, written with err. It lets a
+	// caller that waits late (overlap's executor) know when the network
+	// finished without a goroutine parked on every call to stamp it.
+	doneAt time.Time
 
 	// Completion without a channel per call: state has callDone once the
 	// call has completed and callWaited once a Wait blocks on doneCh,
@@ -95,11 +100,21 @@ func (cl *call) waitCh() chan struct{} {
 
 func (cl *call) Done() bool { return cl.state.Load()&callDone != 0 }
 
+// CompletedAt returns when the call completed; the zero time until Done
+// (or Wait) has reported it complete. Safe for concurrent use after that.
+func (cl *call) CompletedAt() time.Time {
+	if !cl.Done() {
+		return time.Time{}
+	}
+	return cl.doneAt
+}
+
 func (cl *call) finish(err error) {
 	if cl.hook != nil {
 		cl.c.unhook(cl.hook)
 	}
 	cl.err = err
+	cl.doneAt = time.Now()
 	if cl.state.Or(callDone)&callWaited != 0 {
 		cl.mu.Lock()
 		close(cl.doneCh)
