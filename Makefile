@@ -49,8 +49,8 @@ vet: ## go vet and a gofmt check
 unit: ## fast tests only (no -race, short mode)
 	$(GO) test -short -count=1 ./...
 
-test-desync: ## the full desync split matrix: np 2-8, every k, 6 collective/point-to-point splits + a Send/Recv size mismatch x 2 sizes x shm/tcp (784 cases, ~45 s)
-	GORUN_DESYNC_MATRIX=full $(GO) test -count=1 -run TestSplitMatrix -v ./comm
+test-desync: ## the full desync split matrix: np 2-8, every k, 6 collective/point-to-point splits + a Send/Recv size mismatch x 2 sizes x shm/tcp (784 cases, ~45 s), and the check's cost at 64 ranks
+	GORUN_DESYNC_MATRIX=full $(GO) test -count=1 -run 'TestSplitMatrix|TestCheckCostAt64' -v ./comm
 
 .PHONY: test-chaos bench-netfault
 test-chaos: ## the full chaos matrix: fault kinds x phases x launch modes (gorun, direct, namespace hosts as root), invariants checked after every row, printed as a table (~4 min)

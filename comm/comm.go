@@ -112,9 +112,28 @@ type Comm struct {
 	watchStop chan struct{}
 	unserve   func()
 	flightDir string
+	// statusT is the transport's side channel; nil without one.
+	statusT StatusTransport
+	// view is group rank 0's gathered view of every rank's status, which
+	// it answers the other ranks' checks with (watchdog.go).
+	view viewCache
+	// checks, queries and queryBytes count this communicator's desync
+	// checks, side-channel queries and the bytes the answers brought (the
+	// check's cost, for tests).
+	checks, queries, queryBytes atomic.Int64
 
 	// Worker-only state (no lock: only the worker goroutine touches it).
-	scr   [4][]byte
+	scr [4][]byte
+	// rr is the reduction recvReduce hands to the link, with its operands
+	// (set per receive); rrFn is c.reduceRecvd, bound once so that a
+	// receive allocates no closure.
+	rr struct {
+		base  uintptr
+		local []byte
+		op    Op
+		ct    DType
+	}
+	rrFn  func(dst, src []byte)
 	slots [][]byte
 	cseq  uint64 // collectives run so far (the flight recorder's Seq)
 }
@@ -210,10 +229,14 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 		c.peers[r] = p
 		c.wg.Go(func() { c.sender(p) })
 	}
+	c.rrFn = c.reduceRecvd
 	c.wg.Go(c.worker)
 	c.wg.Go(c.watchGroup)
 	if st, ok := t.(StatusTransport); ok {
-		c.unserve = st.ServeStatus(c.gid, c.status)
+		c.statusT = st
+		unStatus := st.ServeStatus(c.gid, c.status)
+		unView := st.ServeStatus(viewGID(c.gid), func() []byte { return c.groupView(st) })
+		c.unserve = func() { unView(); unStatus() }
 		if c.cfg.DesyncCheckAfter > 0 {
 			c.wg.Go(func() { c.watchdog(st) })
 		}
@@ -433,7 +456,15 @@ func (c *Comm) Close() error {
 		}
 		c.wg.Wait()
 		if c.unserve != nil {
-			c.unserve()
+			if errors.Is(c.failErr, ErrClosed) {
+				c.unserve()
+			} else {
+				// A failed communicator keeps answering status queries for
+				// AbortTimeout: a peer whose link it reset before the
+				// abort got through asks it why (askWhy in worker.go),
+				// and a program closes right after the error.
+				time.AfterFunc(c.cfg.AbortTimeout, c.unserve)
+			}
 		}
 		unregister(c)
 		if err := c.failErr; !errors.Is(err, ErrClosed) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/comm/commtest"
 )
 
 // In-process checks of the side-channel detection over real loopback
@@ -153,5 +154,72 @@ func TestFlightRecords(t *testing.T) {
 			time.Since(rec.Ended) > time.Minute || time.Since(rec.Ended) < 0 {
 			t.Errorf("record %d: %+v", i, rec)
 		}
+	}
+}
+
+// The check's cost at 64 ranks: 63 ranks wait in AllReduce #2 while rank
+// 63 is 1.2 s late. Coordinated (every waiting rank asks group rank 0,
+// which gathers once per round), a round of checks costs about 2(n-1)
+// side-channel queries, one connection each over Endpoint; asking every
+// peer from every waiting rank costs n-1 per rank, (n-1)² a round. Both run
+// here side by side; the stall is named either way.
+func TestCheckCostAt64(t *testing.T) {
+	if testing.Short() {
+		t.Skip("64 communicators, 2 stalls of 1.2 s")
+	}
+	if comm.RaceEnabled {
+		// 64 ranks' goroutines under the detector on a small host starve
+		// rank 0's gather past the askers' wait, and they fall back to
+		// asking everyone: the figure would measure the host.
+		t.Skip("a cost measurement; run without -race (make test-desync)")
+	}
+	const n, late = 64, 63
+	perRound, perCheck := map[bool]float64{}, map[bool]float64{}
+	for _, direct := range []bool{true, false} {
+		comm.SetDirectCheck(direct)
+		cfg := comm.LocalConfig()
+		cfg.DesyncCheckAfter = 300 * time.Millisecond
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		comms := commtest.StartComms(ctx, t, n, cfg)
+		errs := onEach(t, n, func(r int) error {
+			buf := comm.Float32s(make([]float32, 2))
+			for i := range 2 {
+				if i == 1 && r == late {
+					time.Sleep(1200 * time.Millisecond)
+				}
+				if err := comms[r].AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		cancel()
+		var checks, queries, bytes int64
+		for r, c := range comms {
+			if errs[r] != nil {
+				t.Errorf("rank %d: %v", r, errs[r])
+			}
+			_ = c.Close() // waits for its watchdog: no check half counted
+			ck, q, b := comm.SideQueries(c)
+			checks, queries, bytes = checks+ck, queries+q, bytes+b
+		}
+		// A round is one check by each of the 63 waiting ranks.
+		rounds := float64(checks) / float64(n-1)
+		if checks == 0 {
+			t.Fatalf("direct=%v: no rank checked during a 1.2 s stall", direct)
+		}
+		perRound[direct] = float64(queries) / rounds
+		perCheck[direct] = float64(queries) / float64(checks)
+		t.Logf("direct=%v: %d checks (%.1f rounds), %d queries (%.0f a round), %.1f MB answered (%.2f MB a round)",
+			direct, checks, rounds, queries, perRound[direct], float64(bytes)/1e6, float64(bytes)/1e6/rounds)
+	}
+	comm.SetDirectCheck(false)
+	// Direct: every check asks the n-1 others. Coordinated: one query per
+	// check, plus rank 0's gathers of n-1, a few per round at most.
+	if perCheck[true] != n-1 {
+		t.Errorf("direct: %.1f queries a check, want n-1 = %d", perCheck[true], n-1)
+	}
+	if perCheck[false] > perCheck[true]/5 {
+		t.Errorf("coordinated: %.1f queries a check, want at most a fifth of direct's %.1f", perCheck[false], perCheck[true])
 	}
 }

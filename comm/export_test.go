@@ -36,6 +36,19 @@ func SetFlightRecorder(on bool) { flightOff.Store(!on) }
 // policy before), for benchmarks that compare.
 func SetYieldIdle(b bool) { yieldIdle.Store(b) }
 
+// SetDirectCheck makes stuck ranks ask every peer themselves instead of
+// group rank 0's view (to measure the coordinated check against it).
+func SetDirectCheck(on bool) { directCheck.Store(on) }
+
+// SideQueries returns how many desync checks c ran, the side-channel
+// queries it made and the bytes their answers carried.
+func SideQueries(c *Comm) (checks, queries, bytes int64) {
+	return c.checks.Load(), c.queries.Load(), c.queryBytes.Load()
+}
+
+// RaceEnabled reports whether the race detector is on.
+const RaceEnabled = raceEnabled
+
 // SetNetFaults arms plan in this process instead of GORUN_NETFAULT for
 // communicators created after the call; nil goes back to the environment.
 func SetNetFaults(plan *netfault.Plan) { netPlanOverride.Store(plan) }

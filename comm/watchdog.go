@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -37,6 +38,18 @@ import (
 // Cost when nothing is stuck: the flight recorder's two records per call
 // (see recorder) and a timer tick a few times per second that reads them.
 // No message is sent before a call has waited DesyncCheckAfter.
+//
+// Cost when stuck: asking every peer from every waiting rank would take
+// n(n-1) side-channel connections per round (4032 at 64 ranks). Instead a
+// waiting rank asks group rank 0 for its view of the group (one
+// connection); rank 0 gathers every rank's status once (n-1 connections)
+// and answers every asker from that one gather for a short while, so a
+// round costs about 2(n-1) connections. Rank 0 answers from its listener
+// like any status query, so a rank 0 stuck in a call still coordinates.
+// Where rank 0 does not answer (dead, or its communicator closed), the
+// waiting rank gathers from every peer itself, as before. The facts rank 0
+// passes on are as good as the asker's own gather: records only grow, so
+// a slightly older snapshot can delay a finding, never invent one.
 
 // StatusTransport is the optional side channel a Transport offers for
 // desync and stall diagnosis (Endpoint and commtest's in-memory network
@@ -136,7 +149,8 @@ func (c *Comm) watchdog(st StatusTransport) {
 // fails the communicator, a stall is logged (and fails it after
 // StallTimeout).
 func (c *Comm) check(st StatusTransport, rec FlightRecord, waited time.Duration) {
-	sts, why := c.gather(st)
+	c.checks.Add(1)
+	sts, why := c.collect(st)
 	d := diagnose(c.me, sts, why)
 	if d.desync != nil {
 		c.log.Error().Err(d.desync).Msg("comm: desync found by comparing every rank's calls")
@@ -161,13 +175,153 @@ func (c *Comm) check(st StatusTransport, rec FlightRecord, waited time.Duration)
 	}
 }
 
-// gather asks every peer for its status, in parallel, each bounded by
-// DesyncCheckAfter (at least 200 ms, at most 2 s). sts[r] is nil where
-// rank r did not answer, and why[r] says why.
+// directCheck makes every rank gather from every peer itself, only so that
+// a test can measure what the coordinated check saves (SetDirectCheck in
+// export_test.go).
+var directCheck atomic.Bool
+
+// viewGID is the side-channel name under which a communicator answers
+// with its view of the whole group (groupView) rather than its own status.
+func viewGID(gid GroupID) GroupID { return gid ^ 0x9e3779b97f4a7c15 }
+
+// groupStatus is a coordinator's answer: every rank's status as it
+// gathered them (nil where a rank did not answer, Why saying why).
+type groupStatus struct {
+	Statuses []*rankStatus `json:"statuses"`
+	Why      []string      `json:"why"`
+}
+
+// viewCache is the coordinator's latest gathered view, shared by the
+// askers of one round.
+type viewCache struct {
+	mu   sync.Mutex
+	at   time.Time     // when b was gathered
+	b    []byte        // the encoded groupStatus
+	busy chan struct{} // closed when the gather under way ends; nil if none
+}
+
+// queryTimeout bounds one side-channel query: DesyncCheckAfter, at least
+// 200 ms, at most 2 s.
+func (c *Comm) queryTimeout() time.Duration {
+	return min(max(c.cfg.DesyncCheckAfter, 200*time.Millisecond), 2*time.Second)
+}
+
+// collect returns every rank's status: from group rank 0's view (one
+// query; on rank 0, the view itself), or, in a group of two or where rank 0
+// does not answer, by asking every peer.
+func (c *Comm) collect(st StatusTransport) ([]*rankStatus, []string) {
+	if c.n <= 2 || directCheck.Load() {
+		return c.gather(st)
+	}
+	if c.me == 0 {
+		// Rank 0's own check shares the view it serves the others.
+		var gs groupStatus
+		if err := json.Unmarshal(c.groupView(st), &gs); err != nil || len(gs.Statuses) != c.n || len(gs.Why) != c.n {
+			return c.gather(st)
+		}
+		gs.Statuses[0], gs.Why[0] = c.localStatus(time.Now()), ""
+		c.fill(st, gs.Statuses, gs.Why)
+		return gs.Statuses, gs.Why
+	}
+	// Rank 0 gathers within queryTimeout; allow for that and the answer.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*c.queryTimeout())
+	defer cancel()
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	wg.Go(func() { // ends the query early when the communicator closes
+		select {
+		case <-c.watchStop:
+			cancel()
+		case <-done:
+		}
+	})
+	b, err := st.QueryStatus(ctx, c.g, viewGID(c.gid), 0)
+	close(done)
+	wg.Wait()
+	c.queries.Add(1)
+	c.queryBytes.Add(int64(len(b)))
+	var gs groupStatus
+	if err == nil {
+		err = json.Unmarshal(b, &gs)
+	}
+	if err == nil && (len(gs.Statuses) != c.n || len(gs.Why) != c.n) {
+		err = fmt.Errorf("a view of %d ranks for a group of %d", len(gs.Statuses), c.n)
+	}
+	if err != nil {
+		c.log.Debug().Err(err).Msg("comm: rank 0 gave no view of the group; asking every rank")
+		return c.gather(st)
+	}
+	for r, s := range gs.Statuses {
+		if s != nil && s.Rank != r {
+			gs.Statuses[r], gs.Why[r] = nil, fmt.Sprintf("rank 0 has rank %d's status in its place", s.Rank)
+		}
+	}
+	gs.Statuses[c.me], gs.Why[c.me] = c.localStatus(time.Now()), ""
+	// Ranks rank 0 could not reach in time (a loaded host): ask them here,
+	// so that one slow gather does not blind every rank for a round.
+	c.fill(st, gs.Statuses, gs.Why)
+	return gs.Statuses, gs.Why
+}
+
+// groupView is the side channel's answer under viewGID: every rank's
+// status, gathered at most once per half DesyncCheckAfter however many
+// ranks ask (one gather at a time; askers during it get its result).
+// Each rank's records are cut to the newest 4096/n (at least 8), so that
+// the answer stays near 1 MB at any size. Called by the transport's
+// listener.
+func (c *Comm) groupView(st StatusTransport) []byte {
+	// The waiting ranks' watchdogs tick a quarter DesyncCheckAfter apart
+	// at most, so half of it lets one gather serve a round.
+	fresh := max(c.cfg.DesyncCheckAfter/2, 10*time.Millisecond)
+	v := &c.view
+	for {
+		v.mu.Lock()
+		if v.b != nil && time.Since(v.at) < fresh {
+			b := v.b
+			v.mu.Unlock()
+			return b
+		}
+		if busy := v.busy; busy != nil {
+			v.mu.Unlock()
+			<-busy
+			continue
+		}
+		busy := make(chan struct{})
+		v.busy, v.b = busy, nil
+		v.mu.Unlock()
+
+		sts, why := c.gather(st)
+		keep := max(4096/c.n, 8)
+		for _, s := range sts {
+			if s != nil && len(s.Records) > keep {
+				s.Records = s.Records[len(s.Records)-keep:]
+			}
+		}
+		b, _ := json.Marshal(groupStatus{Statuses: sts, Why: why})
+
+		v.mu.Lock()
+		// Fresh from when it is ready: a gather slow to finish (many
+		// ranks on a loaded host) still serves the round that waited.
+		v.b, v.at, v.busy = b, time.Now(), nil
+		v.mu.Unlock()
+		close(busy)
+		return b
+	}
+}
+
+// gather asks every peer for its status (fill). sts[r] is nil where rank
+// r did not answer, and why[r] says why.
 func (c *Comm) gather(st StatusTransport) (sts []*rankStatus, why []string) {
 	sts, why = make([]*rankStatus, c.n), make([]string, c.n)
 	sts[c.me] = c.localStatus(time.Now())
-	ctx, cancel := context.WithTimeout(context.Background(), min(max(c.cfg.DesyncCheckAfter, 200*time.Millisecond), 2*time.Second))
+	c.fill(st, sts, why)
+	return sts, why
+}
+
+// fill asks every rank whose status is missing from sts, in parallel, each
+// bounded by queryTimeout, and records the answer or why there is none.
+func (c *Comm) fill(st StatusTransport, sts []*rankStatus, why []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.queryTimeout())
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { // ends the queries early when the communicator closes
@@ -179,11 +333,13 @@ func (c *Comm) gather(st StatusTransport) (sts []*rankStatus, why []string) {
 	})
 	var qwg sync.WaitGroup
 	for r := range c.n {
-		if r == c.me {
+		if sts[r] != nil {
 			continue
 		}
 		qwg.Go(func() {
 			b, err := st.QueryStatus(ctx, c.g, c.gid, r)
+			c.queries.Add(1)
+			c.queryBytes.Add(int64(len(b)))
 			if err != nil {
 				why[r] = err.Error()
 				return
@@ -193,13 +349,12 @@ func (c *Comm) gather(st StatusTransport) (sts []*rankStatus, why []string) {
 				why[r] = fmt.Sprintf("unreadable status (%v)", err)
 				return
 			}
-			sts[r] = &s
+			sts[r], why[r] = &s, ""
 		})
 	}
 	qwg.Wait()
 	cancel()
 	wg.Wait()
-	return sts, why
 }
 
 // diagnosis is the outcome of comparing every rank's status.

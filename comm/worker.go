@@ -2,6 +2,7 @@ package comm
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -268,6 +269,21 @@ func (c *Comm) sendTo(cl *call, p int, payload []byte) error {
 	return c.flush(cl, p)
 }
 
+// reduceRecvd is the reduction recvReduce hands to the link (as c.rrFn):
+// the link hands out pieces of the destination, and the matching piece of
+// the local operand is at the same offset.
+func (c *Comm) reduceRecvd(d, s []byte) {
+	o := int(uintptr(unsafe.Pointer(unsafe.SliceData(d))) - c.rr.base)
+	reduce3(c.rr.op, c.rr.ct, d, c.rr.local[o:o+len(d)], s)
+}
+
+// eager reports whether sendRecv sends n bytes to p inline: the send is
+// complete, its buffer free to overwrite, before the receive starts.
+func (c *Comm) eager(p, n int) bool {
+	pe := c.peers[p]
+	return pe.pending == 0 && n <= pe.link.EagerLimit() && n <= c.cfg.SegmentBytes
+}
+
 // sendRecv sends sbuf to `to` while receiving rbuf from `from`. With reduce
 // set, the received data b is combined as rbuf = local op b over compute type
 // ct (local nil: rbuf itself; otherwise the same length as rbuf, and rbuf
@@ -275,9 +291,7 @@ func (c *Comm) sendTo(cl *call, p int, payload []byte) error {
 // that the two directions overlap and no pair of ranks can block each other
 // on full buffers.
 func (c *Comm) sendRecv(cl *call, to int, sbuf []byte, from int, rbuf []byte, reduce bool, local []byte, ct DType) error {
-	pe := c.peers[to]
-	eager := pe.pending == 0 && len(sbuf) <= pe.link.EagerLimit() && len(sbuf) <= c.cfg.SegmentBytes
-	if eager {
+	if c.eager(to, len(sbuf)) {
 		if err := c.sendTo(cl, to, sbuf); err != nil {
 			return err
 		}
@@ -429,7 +443,38 @@ func (c *Comm) sendErr(cl *call, p int, err error) error {
 	if why != nil {
 		return why
 	}
+	if why := c.askWhy(p); why != nil {
+		return why
+	}
 	return c.linkErr(p, err)
+}
+
+// askWhy asks peer p over the side channel why it broke the link, for a
+// send that failed without an abort frame to read: a peer that failed
+// while this rank was blocked writing to it may have reset the connection
+// before its abort could be sent (its sender was blocked on this rank the
+// same way). While p's communicator is open, its status carries the
+// failure; a DesyncError is returned as if the abort had arrived,
+// anything else is left to linkErr.
+func (c *Comm) askWhy(p int) error {
+	if c.statusT == nil || c.cfg.DesyncCheckAfter <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.queryTimeout())
+	defer cancel()
+	b, err := c.statusT.QueryStatus(ctx, c.g, c.gid, p)
+	c.queries.Add(1)
+	c.queryBytes.Add(int64(len(b)))
+	var st rankStatus
+	if err != nil || json.Unmarshal(b, &st) != nil || st.Rank != p || st.Failed == "" {
+		return nil
+	}
+	if st.Desync != nil {
+		d := st.Desync.turnedTo(c.me)
+		d.ReportedBy = c.info[p] + " (asked over the side channel after it reset the link)"
+		return d
+	}
+	return nil
 }
 
 // recvFrom receives exactly len(dst) bytes of the current call from p.
@@ -457,13 +502,9 @@ func (c *Comm) recvReduce(cl *call, p int, dst, local []byte, ct DType) error {
 	l := c.peers[p].link
 	rr, direct := l.(ReduceReceiver)
 	op := cl.op
-	base := uintptr(unsafe.Pointer(unsafe.SliceData(dst)))
-	// The link hands out pieces of dst; the matching piece of local is at
-	// the same offset.
-	f := func(d, s []byte) {
-		o := int(uintptr(unsafe.Pointer(unsafe.SliceData(d))) - base)
-		reduce3(op, ct, d, local[o:o+len(d)], s)
-	}
+	c.rr.base, c.rr.local, c.rr.op, c.rr.ct = uintptr(unsafe.Pointer(unsafe.SliceData(dst))), local, op, ct
+	defer func() { c.rr.local = nil }()
+	f := c.rrFn
 	for off := 0; ; {
 		if err := c.recvHeader(cl, p, h, len(dst), len(dst)-off); err != nil {
 			return err

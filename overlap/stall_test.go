@@ -34,67 +34,64 @@ func (l *lockedBuf) String() string {
 	return l.b.String()
 }
 
-// A rank that is slow inside a step (its backward compute before the last
-// all-reduce) is named by the rank waiting for it, through the
-// communicator's stall diagnosis, in both executor modes; the step then
-// completes with correct results.
-func TestGraphStallDiagnosed(t *testing.T) {
+// stallStep runs the two-rank graph step in mode with rank 1 asleep for
+// sleep before its backward compute b0 (so inside the step, before the
+// last all-reduce), under a 100 ms desync check and stallTimeout, and
+// returns the ranks' warnings and errors.
+func stallStep(t *testing.T, mode Mode, sleep, stallTimeout time.Duration) (string, []error) {
+	t.Helper()
 	g, err := stepgraph.Parse(realGraphText)
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	logs := &lockedBuf{}
+	cfg := comm.LocalConfig()
+	cfg.Deterministic = true
+	cfg.DesyncCheckAfter = 100 * time.Millisecond
+	cfg.StallTimeout = stallTimeout
+	cfg.Logger = zerolog.New(logs).Level(zerolog.WarnLevel)
+	comms := commtest.StartComms(ctx, t, 2, cfg)
+	slow := func(rank int, node string) {
+		if rank == 1 && node == "b0" {
+			time.Sleep(sleep)
+		}
+	}
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r, c := range comms {
+		wg.Go(func() {
+			if errs[r] = graphRank(ctx, g, c, mode, slow); errs[r] != nil {
+				c.Abort(errs[r]) // release the peer rather than leave it waiting
+			}
+		})
+	}
+	wg.Wait()
+	return logs.String(), errs
+}
+
+// A rank that is slow inside a step is named by the rank waiting for it,
+// through the communicator's stall diagnosis, in both executor modes; the
+// step then completes with correct results. With Config.StallTimeout set,
+// the same stall fails the step on the waiting rank with a
+// *comm.StallError naming the straggler (and the straggler, arriving late,
+// learns it from the abort).
+func TestGraphStall(t *testing.T) {
 	for _, mode := range []Mode{Native, Grouped} {
-		t.Run(mode.String(), func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			logs := &lockedBuf{}
-			cfg := comm.LocalConfig()
-			cfg.Deterministic = true
-			cfg.DesyncCheckAfter = 100 * time.Millisecond
-			cfg.Logger = zerolog.New(logs).Level(zerolog.WarnLevel)
-			comms := commtest.StartComms(ctx, t, 2, cfg)
-			slow := func(rank int, node string) {
-				if rank == 1 && node == "b0" {
-					time.Sleep(600 * time.Millisecond)
+		t.Run(mode.String()+"/diagnosed", func(t *testing.T) {
+			out, errs := stallStep(t, mode, 600*time.Millisecond, 0)
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
 				}
 			}
-			runRanks(t, comms, func(c *comm.Comm) error { return graphRank(ctx, g, c, mode, slow) })
-			out := logs.String()
 			if !strings.Contains(out, "call stalled: rank 1 is idle since AllReduce") || !strings.Contains(out, `"behind":[1]`) {
 				t.Errorf("the waiting rank did not name rank 1:\n%s", out)
 			}
 		})
-	}
-}
-
-// With Config.StallTimeout set, the same stall inside a step fails the step
-// on the waiting rank with a *comm.StallError naming the straggler (and the
-// straggler, arriving late, learns it from the abort), in both modes.
-func TestGraphStallTimeout(t *testing.T) {
-	g, err := stepgraph.Parse(realGraphText)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mode := range []Mode{Native, Grouped} {
-		t.Run(mode.String(), func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			cfg := comm.LocalConfig()
-			cfg.Deterministic = true
-			cfg.DesyncCheckAfter = 100 * time.Millisecond
-			cfg.StallTimeout = 300 * time.Millisecond
-			comms := commtest.StartComms(ctx, t, 2, cfg)
-			slow := func(rank int, node string) {
-				if rank == 1 && node == "b0" {
-					time.Sleep(1500 * time.Millisecond)
-				}
-			}
-			errs := make([]error, 2)
-			var wg sync.WaitGroup
-			for r, c := range comms {
-				wg.Go(func() { errs[r] = graphRank(ctx, g, c, mode, slow) })
-			}
-			wg.Wait()
+		t.Run(mode.String()+"/timeout", func(t *testing.T) {
+			_, errs := stallStep(t, mode, 1500*time.Millisecond, 300*time.Millisecond)
 			var se *comm.StallError
 			if !errors.As(errs[0], &se) || !slices.Equal(se.Behind, []int{1}) {
 				t.Errorf("waiting rank: %v, want a StallError naming rank 1 behind", errs[0])

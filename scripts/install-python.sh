@@ -16,6 +16,10 @@
 set -euo pipefail
 PYTHON=${PYTHON:-/usr/bin/python3}
 dir=$(cd "$(dirname "$0")/../python" && pwd)
+if [ "${1:-}" = "--uninstall" ] && ! command -v "$PYTHON" >/dev/null; then
+  rm -f "$dir/gorun/libgorun.so" # no interpreter, so no .pth of ours to find (make clean must not fail)
+  exit 0
+fi
 if [ "$(id -u)" -eq 0 ]; then
   site=$("$PYTHON" -c 'import site; print(site.getsitepackages()[0])')
 else

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestRealKillRestart: the whole path of a restart with real processes. A
@@ -30,23 +28,12 @@ func TestRealKillRestart(t *testing.T) {
 	dir := buildBinaries(t)
 	ref := reference(t, smallOptions())
 	report := filepath.Join(t.TempDir(), "report.json")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	// The marker line tells the worlds apart in rank 0's output.
-	script := `echo "world $GORUN_RESTART_COUNT"; exec "$0" "$@"`
-	cmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", "4", "--tag-output",
-		"--inject", "stop:rank=2:at=0s", "--inject", "kill:rank=2:at=300ms", "--max-restarts", "1", "--report", report, "--timeout", "60s",
-		"/bin/sh", "-c", script, filepath.Join(dir, "trainer"),
+	out, stderr := runWorlds(t, dir,
+		[]string{"-np", "4", "--inject", "stop:rank=2:at=0s", "--inject", "kill:rank=2:at=300ms", "--max-restarts", "1", "--report", report},
 		"--steps", strconv.Itoa(numSteps), "--model", "small", "--batch", "8", "--deterministic")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("gorun: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
-	}
 	lines := worldLines(string(out))["1"]
 	if len(lines) == 0 {
-		t.Fatalf("no output from a second world:\n%s\nstderr:\n%s", out, stderr.String())
+		t.Fatalf("no output from a second world:\n%s\nstderr:\n%s", out, stderr)
 	}
 	losses, params := parseOutput(t, strings.Join(lines, "\n"))
 	checkAgainst(t, ref, losses, params)
@@ -127,20 +114,10 @@ func TestRealKillResume(t *testing.T) {
 		t.Run(fmt.Sprintf("np%d-%s", tc.np, tc.mode), func(t *testing.T) {
 			ckpt := t.TempDir()
 			report := filepath.Join(t.TempDir(), "report.json")
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			script := `echo "world $GORUN_RESTART_COUNT"; exec "$0" "$@"`
-			cmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", strconv.Itoa(tc.np), "--tag-output",
-				"--inject", "kill:rank=1:after-steps=7", "--max-restarts", "1", "--report", report, "--timeout", "60s",
-				"/bin/sh", "-c", script, filepath.Join(dir, "trainer"),
+			out, _ := runWorlds(t, dir,
+				[]string{"-np", strconv.Itoa(tc.np), "--inject", "kill:rank=1:after-steps=7", "--max-restarts", "1", "--report", report},
 				"--steps", strconv.Itoa(steps), "--model", "small", "--batch", "8", "--deterministic", "--mode", tc.mode,
 				"--checkpoint", ckpt, "--checkpoint-every", "3")
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			out, err := cmd.Output()
-			if err != nil {
-				t.Fatalf("gorun: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
-			}
 			w := worldLines(string(out))
 			first, _ := parseSteps(w["0"])
 			second, resumed := parseSteps(w["1"])
@@ -209,32 +186,22 @@ func TestRealPreemptionNotice(t *testing.T) {
 	o.steps = 800 // 2-3 s: the kill lands mid-run
 	ckpt := t.TempDir()
 	report := filepath.Join(t.TempDir(), "report.json")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	script := `echo "world $GORUN_RESTART_COUNT"; exec "$0" "$@"`
-	cmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", "2", "--tag-output",
-		"--inject", "kill:rank=1:at=1s", "--checkpoint-signal-before", "500ms", "--max-restarts", "1", "--report", report, "--timeout", "90s",
-		"/bin/sh", "-c", script, filepath.Join(dir, "trainer"),
+	out, stderr := runWorlds(t, dir,
+		[]string{"-np", "2", "--inject", "kill:rank=1:at=1s", "--checkpoint-signal-before", "500ms", "--max-restarts", "1", "--report", report},
 		"--steps", strconv.Itoa(o.steps), "--model", "small", "--batch", "8", "--deterministic", "--checkpoint", ckpt)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("gorun: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
-	}
 	w := worldLines(string(out))
 	first, _ := parseSteps(w["0"])
 	second, resumed := parseSteps(w["1"])
 	want := fmt.Sprintf("checkpoint after step %d (signal)", resumed)
 	if resumed == 0 || !slices.Contains(w["0"], want) {
-		t.Fatalf("the second world resumed from step %d; the first world's lines hold no %q\nstderr:\n%s", resumed, want, stderr.String())
+		t.Fatalf("the second world resumed from step %d; the first world's lines hold no %q\nstderr:\n%s", resumed, want, stderr)
 	}
 	if len(first) >= o.steps {
 		t.Fatalf("the first world finished before the kill (%d steps); the test needs a longer run", len(first))
 	}
 	// The reference is an uninterrupted run of the same binaries (an
 	// in-process reference of 800 steps costs a minute under -race).
-	refCmd := exec.CommandContext(ctx, filepath.Join(dir, "gorun"), "-np", "2", filepath.Join(dir, "trainer"),
+	refCmd := exec.Command(filepath.Join(dir, "gorun"), "-np", "2", "--timeout", "90s", filepath.Join(dir, "trainer"),
 		"--steps", strconv.Itoa(o.steps), "--model", "small", "--batch", "8", "--deterministic")
 	refOut, err := refCmd.CombinedOutput()
 	if err != nil {
@@ -262,4 +229,23 @@ func TestRealPreemptionNotice(t *testing.T) {
 	if len(rep.CheckpointSignals) != 1 || !strings.HasPrefix(rep.CheckpointSignals[0].Why, "before fault 0") || rep.CheckpointSignals[0].At < 0.45 {
 		t.Fatalf("report:\n%s", b)
 	}
+}
+
+// runWorlds runs `gorun --tag-output --timeout 90s GORUNARGS... sh -c MARK
+// trainer TRAINERARGS...`, where MARK prints "world N" (the restart
+// count) before each world's trainer starts, so that worldLines can tell
+// the worlds apart. It fails the test unless gorun exits 0 and returns
+// gorun's stdout and stderr.
+func runWorlds(t *testing.T, dir string, gorunArgs []string, trainerArgs ...string) ([]byte, string) {
+	t.Helper()
+	args := append([]string{"--tag-output", "--timeout", "90s"}, gorunArgs...)
+	args = append(args, "/bin/sh", "-c", `echo "world $GORUN_RESTART_COUNT"; exec "$0" "$@"`, filepath.Join(dir, "trainer"))
+	cmd := exec.Command(filepath.Join(dir, "gorun"), append(args, trainerArgs...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("gorun: %v\nstdout:\n%s\nstderr:\n%s", err, out, stderr.String())
+	}
+	return out, stderr.String()
 }

@@ -276,12 +276,11 @@ func runHelper(mode string) int {
 // count, and exits 0).
 func allReduceLoop(rankName string, d time.Duration) int {
 	ctx := context.Background()
-	r, err := grank.Init(ctx, grank.DefaultOptions())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "helper: init:", err)
-		return 91
+	r, cm, code := joinWorld(ctx)
+	if r == nil {
+		return code
 	}
-	cm := r.Comm()
+	var err error
 	buf := make([]float64, 1<<14)
 	end := time.Now().Add(d)
 	for i := 0; ; i++ {
@@ -321,15 +320,25 @@ func allReduceLoop(rankName string, d time.Duration) int {
 	return 6
 }
 
-// splitLoop is the "split" mode.
-func splitLoop(rankName string, late time.Duration) int {
-	ctx := context.Background()
+// joinWorld joins the job's world (package rank) for the modes that
+// communicate; on failure it prints why and returns the exit code 91.
+func joinWorld(ctx context.Context) (*grank.Rank, *comm.Comm, int) {
 	r, err := grank.Init(ctx, grank.DefaultOptions())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper: init:", err)
-		return 91
+		return nil, nil, 91
 	}
-	cm := r.Comm()
+	return r, r.Comm(), 0
+}
+
+// splitLoop is the "split" mode.
+func splitLoop(rankName string, late time.Duration) int {
+	ctx := context.Background()
+	r, cm, code := joinWorld(ctx)
+	if r == nil {
+		return code
+	}
+	var err error
 	me, n := cm.Rank(), cm.Size()
 	b := comm.Float32s(make([]float32, 16))
 	for i := 1; i <= 5 && err == nil; i++ {
@@ -367,12 +376,11 @@ func splitLoop(rankName string, late time.Duration) int {
 // stepLoop is the "steps" mode.
 func stepLoop(rankName string, n int) int {
 	ctx := context.Background()
-	r, err := grank.Init(ctx, grank.DefaultOptions())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "helper: init:", err)
-		return 91
+	r, cm, code := joinWorld(ctx)
+	if r == nil {
+		return code
 	}
-	cm := r.Comm()
+	var err error
 	buf := make([]float64, 64)
 	for i := 1; i <= n; i++ {
 		if err = cm.AllReduce(ctx, comm.Float64s(buf), comm.Float64s(buf), comm.Sum).Wait(ctx); err != nil {

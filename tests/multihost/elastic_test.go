@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -110,5 +111,99 @@ func TestElasticKillHost(t *testing.T) {
 				t.Fatalf("world 1's ranks printed from %v, want %v\n%s", got, tc.wantHosts, j.stdout.String())
 			}
 		})
+	}
+}
+
+// The whole elastic promise with the example trainer: 2 hosts × 2 ranks,
+// sharded, checkpointing every 3 steps; the second host is killed whole
+// once its ranks have reported step 7. The job continues on the first host
+// alone (2 ranks, --min-np 2), resumes from the checkpoint, and ends with
+// the losses and parameters of an uninterrupted run on 4 ranks, bit for
+// bit (--deterministic makes them independent of the rank count).
+func TestElasticTrainerResumesOnFewerHosts(t *testing.T) {
+	h := requireHosts(t)
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-o", dir+"/", "github.com/gorun-hpc/gorun/examples/trainer")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the trainer: %v\n%s", err, out)
+	}
+	trainer := filepath.Join(dir, "trainer")
+	common := []string{"--steps", "20", "--model", "small", "--batch", "8", "--deterministic", "--mode", "sharded"}
+	ref, err := exec.Command(gorunBin, append([]string{"-np", "4", trainer}, common...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the uninterrupted run: %v\n%s", err, ref)
+	}
+	hf := filepath.Join(dir, "hostfile")
+	if err := os.WriteFile(hf, []byte(fmt.Sprintf("%s slots=2\n%s slots=2\n", h.Hosts[0], h.Hosts[1])), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	report := filepath.Join(dir, "report.json")
+	args := []string{"--launch-agent", strings.Join(h.SSHArgs(), " "), "-hostfile", hf, "-np", "4", "--min-np", "2",
+		"--max-restarts", "1", "--report", report, "--inject", "kill-host:host=" + h.Hosts[1] + ":after-steps=7",
+		"/bin/sh", "-c", `echo "world $GORUN_RESTART_COUNT"; exec "$0" "$@"`, trainer}
+	args = append(args, common...)
+	args = append(args, "--checkpoint", filepath.Join(dir, "ckpt"), "--checkpoint-every", "3")
+	cmd := exec.Command(gorunBin, args...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("gorun: %v\n%s", err, out)
+	}
+	// Rank 0's lines per world (untagged output: only rank 0 prints).
+	worlds := map[string][]string{}
+	cur := ""
+	for _, l := range strings.Split(string(out), "\n") {
+		if w, ok := strings.CutPrefix(l, "world "); ok {
+			cur = w
+			continue
+		}
+		worlds[cur] = append(worlds[cur], l)
+	}
+	resumed := -1
+	var losses []string
+	for _, w := range []string{"0", "1"} {
+		var own []string
+		for _, l := range worlds[w] {
+			f := strings.Fields(l)
+			switch {
+			case len(f) == 6 && f[0] == "step" && f[2] == "loss":
+				own = append(own, f[1]+" "+f[3])
+			case len(f) >= 4 && f[0] == "resumed" && w == "1":
+				fmt.Sscan(f[3], &resumed)
+			}
+		}
+		if w == "0" {
+			if len(own) < 7 {
+				t.Fatalf("the first world printed %d steps, want at least 7\n%s", len(own), out)
+			}
+			losses = own
+			continue
+		}
+		if resumed < 6 || resumed > len(losses) {
+			t.Fatalf("the second world resumed from step %d\n%s", resumed, out)
+		}
+		losses = append(losses[:resumed], own...)
+	}
+	var want []string
+	var wantParams, gotParams string
+	for _, l := range strings.Split(string(ref), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 6 && f[0] == "step" && f[2] == "loss" {
+			want = append(want, f[1]+" "+f[3])
+		}
+		if i := strings.LastIndex(l, "params "); strings.HasPrefix(l, "summary:") && i > 0 {
+			wantParams = l[i:]
+		}
+	}
+	for _, l := range worlds["1"] {
+		if i := strings.LastIndex(l, "params "); strings.HasPrefix(l, "summary:") && i > 0 {
+			gotParams = l[i:]
+		}
+	}
+	if !slices.Equal(losses, want) || gotParams == "" || gotParams != wantParams {
+		t.Fatalf("losses %v %s\nwant %v %s\n%s", losses, gotParams, want, wantParams, out)
+	}
+	rep, raw := readElasticReport(t, report)
+	if len(rep.Worlds) != 2 || rep.Worlds[1].NP != 2 || !slices.Equal(rep.Worlds[1].Hosts, []string{h.Hosts[0]}) || !slices.Equal(rep.LostHosts, []string{h.Hosts[1]}) {
+		t.Fatalf("report:\n%s", raw)
 	}
 }

@@ -433,12 +433,18 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 				mine[i] = comm.AsFloat32(vb)
 			}
 		}
+		// By name, looked up rather than parsed: the lookup runs twice per
+		// collective per step, inside the timed step.
+		byName := map[string]comm.Buffer{}
+		for i := range mine {
+			byName[fmt.Sprintf("t%d", i)] = comm.Float32s(mine[i])
+			byName[fmt.Sprintf("T%d", i)] = comm.Float32s(mine[i]) // reduced in place
+		}
 		tensors := func(name string) (comm.Buffer, error) {
-			var i int
-			if _, err := fmt.Sscanf(name[1:], "%d", &i); err != nil || i >= len(mine) {
-				return comm.Float32s(nil), nil // "updated"
+			if b, ok := byName[name]; ok {
+				return b, nil
 			}
-			return comm.Float32s(mine[i]), nil // reduced in place
+			return comm.Float32s(nil), nil // "updated"
 		}
 		steps = append(steps, func(i int) (overlap.StepMetrics, error) { return r.Step(ctx, i, tensors, kernel) })
 	}
