@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // call is one issued operation; it is also its Handle.
@@ -15,20 +16,19 @@ type call struct {
 	count      int // elements of the call as fingerprinted
 	root       int // root, or peer for Send/Recv; -1 otherwise
 	send, recv []byte
-	sendCounts []int
-	recvCounts []int
-	invalid    error // set at issue: fails the communicator at its turn
-	issued     int64 // ticks()
-
-	// res and local: the segment pairAllReduce is reducing into and its
-	// local operand (token holder only).
-	res, local []byte
+	counts     *vCounts // AllToAllV only
+	invalid    error    // set at issue: fails the communicator at its turn
+	issued     int64    // ticks()
 
 	ctx  context.Context
 	hook *ctxHook // the cancellation hook of ctx, nil if ctx never ends
 
 	c   *Comm // runs it; Wait may run it itself (see drain)
 	err error // written before state's callDone bit is set
+	// doneAt is when the call completed, written with err. It lets a
+	// caller that waits late (overlap's executor) know when the network
+	// finished without a goroutine parked on every call to stamp it.
+	doneAt time.Time
 
 	// Completion without a channel per call: state has callDone once the
 	// call has completed and callWaited once a Wait blocks on doneCh,
@@ -39,6 +39,12 @@ type call struct {
 	mu     sync.Mutex
 	doneCh chan struct{}
 }
+
+// vCounts are an AllToAllV's per-peer element counts. Behind a pointer:
+// every call is allocated, and its size decides how often the allocator
+// needs fresh pages (each a page fault of a few microseconds on the
+// latency path until the first garbage collection recycles memory).
+type vCounts struct{ send, recv []int }
 
 // Bits of call.state.
 const (
@@ -94,11 +100,21 @@ func (cl *call) waitCh() chan struct{} {
 
 func (cl *call) Done() bool { return cl.state.Load()&callDone != 0 }
 
+// CompletedAt returns when the call completed; the zero time until Done
+// (or Wait) has reported it complete. Safe for concurrent use after that.
+func (cl *call) CompletedAt() time.Time {
+	if !cl.Done() {
+		return time.Time{}
+	}
+	return cl.doneAt
+}
+
 func (cl *call) finish(err error) {
 	if cl.hook != nil {
 		cl.c.unhook(cl.hook)
 	}
 	cl.err = err
+	cl.doneAt = time.Now()
 	if cl.state.Or(callDone)&callWaited != 0 {
 		cl.mu.Lock()
 		close(cl.doneCh)
@@ -127,7 +143,7 @@ func (c *Comm) headerTo(cl *call, p int) Header {
 	}
 	switch cl.kind {
 	case KindAllToAllV:
-		h.Count = uint64(cl.sendCounts[p])
+		h.Count = uint64(cl.counts.send[p])
 	case KindSend:
 		h.Root = int32(p)
 	}
@@ -139,7 +155,7 @@ func (c *Comm) expectFrom(cl *call, p int) Header {
 	h := c.headerTo(cl, p)
 	switch cl.kind {
 	case KindAllToAllV:
-		h.Count = uint64(cl.recvCounts[p])
+		h.Count = uint64(cl.counts.recv[p])
 	case KindRecv:
 		h.Kind = KindSend
 		h.Root = int32(c.me)
@@ -337,10 +353,9 @@ func (c *Comm) AllToAllV(ctx context.Context, send Buffer, sendCounts []int, rec
 		sum(recvCounts, "recvCounts", recv.Len())
 	}
 	if cl.invalid == nil {
-		cl.sendCounts = append([]int(nil), sendCounts...)
-		cl.recvCounts = append([]int(nil), recvCounts...)
-		if cl.sendCounts[c.me] != cl.recvCounts[c.me] {
-			c.invalidf(cl, "sends %d elements to itself but receives %d", cl.sendCounts[c.me], cl.recvCounts[c.me])
+		cl.counts = &vCounts{send: append([]int(nil), sendCounts...), recv: append([]int(nil), recvCounts...)}
+		if cl.counts.send[c.me] != cl.counts.recv[c.me] {
+			c.invalidf(cl, "sends %d elements to itself but receives %d", cl.counts.send[c.me], cl.counts.recv[c.me])
 		}
 	}
 	return c.issue(ctx, cl)

@@ -123,7 +123,17 @@ type Comm struct {
 	checks, queries, queryBytes atomic.Int64
 
 	// Worker-only state (no lock: only the worker goroutine touches it).
-	scr   [4][]byte
+	scr [4][]byte
+	// rr is the reduction recvReduce hands to the link, with its operands
+	// (set per receive); rrFn is c.reduceRecvd, bound once so that a
+	// receive allocates no closure.
+	rr struct {
+		base  uintptr
+		local []byte
+		op    Op
+		ct    DType
+	}
+	rrFn  func(dst, src []byte)
 	slots [][]byte
 	cseq  uint64 // collectives run so far (the flight recorder's Seq)
 }
@@ -219,6 +229,7 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 		c.peers[r] = p
 		c.wg.Go(func() { c.sender(p) })
 	}
+	c.rrFn = c.reduceRecvd
 	c.wg.Go(c.worker)
 	c.wg.Go(c.watchGroup)
 	if st, ok := t.(StatusTransport); ok {

@@ -44,20 +44,24 @@
 // Some pairs of algorithms never send a frame of the wrong call to a rank
 // that would read it (a binomial broadcast against recursive doubling), so
 // frames alone cannot end every desync. Once a call has waited
-// Config.DesyncCheckAfter (1 s), a watchdog asks every rank of the group for
-// its recent calls over the transport's side channel (StatusTransport: a
+// Config.DesyncCheckAfter (1 s), a watchdog compares every rank's recent
+// calls, fetched over the transport's side channel (StatusTransport: a
 // separate authenticated connection to the peer's Endpoint, answered even
-// while that peer is stuck in a call). Calls that differ at one sequence
-// number fail the group with a *DesyncError naming both calls and the ranks
-// on each side, on every rank; ranks that have not reached the call are
+// while that peer is stuck in a call) through group rank 0, which gathers
+// them once for every asker of a round (about 3n connections a round, not
+// n²). Collectives that differ at one sequence number, and Sends and
+// Recvs that do not pair off in order between two ranks (another kind,
+// size or position, or a peer that went on to a collective without its
+// partner call), fail the group with a *DesyncError naming both calls and
+// the ranks on each side, on every rank; ranks that have not reached the call are
 // logged as stragglers ("rank 3 is idle since AllReduce(...) #40 (has not
 // issued #41) (2.1 s); ranks 0-2,4-7 wait in AllReduce(...) #41"), at once and
 // then at doubling intervals, and Config.StallTimeout turns that into a
 // *StallError. Nothing is sent while no call waits that long.
 //
 // Each communicator keeps its last Config.FlightRecords calls (kind, dtype,
-// count, root, sequence number, issue/start/end times, state): always on, at
-// about 50 ns per call. They are written to the log and, as JSON, to
+// count, root, sequence number, issue/start/end times, state): always on,
+// for two clock reads and two atomic stores per call (flight.go). They are written to the log and, as JSON, to
 // Config.FlightDir ($GORUN_FLIGHT_DIR under gorun) when the communicator
 // fails, and on DumpFlightRecords, which SIGUSR2 triggers under gorun.
 // FlightTable merges the ranks' dumps into one table marking the first

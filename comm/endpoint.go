@@ -82,8 +82,9 @@ type EndpointConfig struct {
 	// kernel acknowledges whatever its process does (a busy, starved or
 	// stopped rank still acks), so this fires only when the network or the
 	// host is gone: a cut link, a partition, a blackholed host, where TCP's
-	// own retransmissions would wait about 15 minutes. Zero means the
-	// default, 10 s; negative leaves the kernel's behaviour. Linux only.
+	// own retransmissions would wait about 15 minutes. Zero means
+	// $GORUN_TCP_USER_TIMEOUT (a Go duration), else 10 s; negative leaves
+	// the kernel's behaviour. Linux only.
 	TCPUserTimeout time.Duration
 	// TCPStreams is how many TCP connections a link to a peer uses; large
 	// frames are striped across them (headers and small frames use the
@@ -98,6 +99,10 @@ type EndpointConfig struct {
 	Logger zerolog.Logger
 }
 
+// defaultTCPUserTimeout is TCPUserTimeout's default: a lost network ends a
+// call within the 10 s issue 17 asks of a frozen rank.
+const defaultTCPUserTimeout = 10 * time.Second
+
 // DefaultEndpointConfig returns the production settings, listening on ":0".
 func DefaultEndpointConfig() EndpointConfig {
 	return EndpointConfig{
@@ -108,7 +113,6 @@ func DefaultEndpointConfig() EndpointConfig {
 		ShmDir:           "/dev/shm",
 		ShmRingBytes:     4 << 20,
 		TCPSpin:          20 * time.Microsecond,
-		TCPUserTimeout:   10 * time.Second,
 		Logger:           zerolog.Nop(),
 	}
 }
@@ -199,7 +203,14 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 		cfg.TCPSpin = d.TCPSpin
 	}
 	if cfg.TCPUserTimeout == 0 {
-		cfg.TCPUserTimeout = d.TCPUserTimeout
+		cfg.TCPUserTimeout = defaultTCPUserTimeout
+		if v := os.Getenv("GORUN_TCP_USER_TIMEOUT"); v != "" {
+			t, err := time.ParseDuration(v)
+			if err != nil || t <= 0 {
+				return nil, fmt.Errorf("%w: GORUN_TCP_USER_TIMEOUT=%q is not a positive duration", ErrInvalidArgument, v)
+			}
+			cfg.TCPUserTimeout = t
+		}
 	}
 	if cfg.TCPStreams == 0 {
 		cfg.TCPStreams = 1

@@ -130,8 +130,30 @@ func createShm(dir string, gid GroupID, me, peer, ringBytes int) (*shmSegment, e
 		return nil, fmt.Errorf("comm: mapping %s: %w", path, err)
 	}
 	seg := &shmSegment{path: path, name: name, mem: mem, ringBytes: ringBytes}
+	seg.prefault()
 	seg.publishSession(0)
 	return seg, nil
+}
+
+// prefaultRing is how much of each ring prefault maps: the part light
+// traffic keeps reusing (a skip to the beginning comes after wrapFrom,
+// about a sixteenth of the ring), with room to spare.
+func prefaultRing(ringBytes int) int { return min(ringBytes, ringBytes/8+64<<10) }
+
+// prefault maps this process's pages of the control page, the fast slots
+// and the start of each ring now (allocating them in the segment if the
+// peer has not), rather than at the first message that touches each: a
+// sweep's first 16 small calls each took 3-80 µs instead of 0.5 µs, one
+// page fault per fast slot on each side (2 ranks, 8-byte all-reduce,
+// 2-core VM), the "first size needs ~50 warm-up calls" of issue #15. An
+// older kernel without MADV_POPULATE_WRITE leaves the faults to first use.
+func (s *shmSegment) prefault() {
+	head := shmCtlBytes + 2*shmFastBytes
+	_ = unix.Madvise(s.mem[:head], unix.MADV_POPULATE_WRITE)
+	for dir := range 2 {
+		o := head + dir*s.ringBytes
+		_ = unix.Madvise(s.mem[o:o+prefaultRing(s.ringBytes)], unix.MADV_POPULATE_WRITE)
+	}
 }
 
 // publishSession writes this process's session id into side's line of
@@ -203,6 +225,7 @@ func openShm(dir, name string, ringBytes int) (*shmSegment, error) {
 		return nil, fmt.Errorf("comm: mapping %s: %w", path, err)
 	}
 	seg := &shmSegment{path: path, name: name, mem: mem, ringBytes: ringBytes}
+	seg.prefault()
 	seg.publishSession(1)
 	return seg, nil
 }

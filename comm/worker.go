@@ -269,6 +269,21 @@ func (c *Comm) sendTo(cl *call, p int, payload []byte) error {
 	return c.flush(cl, p)
 }
 
+// reduceRecvd is the reduction recvReduce hands to the link (as c.rrFn):
+// the link hands out pieces of the destination, and the matching piece of
+// the local operand is at the same offset.
+func (c *Comm) reduceRecvd(d, s []byte) {
+	o := int(uintptr(unsafe.Pointer(unsafe.SliceData(d))) - c.rr.base)
+	reduce3(c.rr.op, c.rr.ct, d, c.rr.local[o:o+len(d)], s)
+}
+
+// eager reports whether sendRecv sends n bytes to p inline: the send is
+// complete, its buffer free to overwrite, before the receive starts.
+func (c *Comm) eager(p, n int) bool {
+	pe := c.peers[p]
+	return pe.pending == 0 && n <= pe.link.EagerLimit() && n <= c.cfg.SegmentBytes
+}
+
 // sendRecv sends sbuf to `to` while receiving rbuf from `from`. With reduce
 // set, the received data b is combined as rbuf = local op b over compute type
 // ct (local nil: rbuf itself; otherwise the same length as rbuf, and rbuf
@@ -276,9 +291,7 @@ func (c *Comm) sendTo(cl *call, p int, payload []byte) error {
 // that the two directions overlap and no pair of ranks can block each other
 // on full buffers.
 func (c *Comm) sendRecv(cl *call, to int, sbuf []byte, from int, rbuf []byte, reduce bool, local []byte, ct DType) error {
-	pe := c.peers[to]
-	eager := pe.pending == 0 && len(sbuf) <= pe.link.EagerLimit() && len(sbuf) <= c.cfg.SegmentBytes
-	if eager {
+	if c.eager(to, len(sbuf)) {
 		if err := c.sendTo(cl, to, sbuf); err != nil {
 			return err
 		}
@@ -489,13 +502,9 @@ func (c *Comm) recvReduce(cl *call, p int, dst, local []byte, ct DType) error {
 	l := c.peers[p].link
 	rr, direct := l.(ReduceReceiver)
 	op := cl.op
-	base := uintptr(unsafe.Pointer(unsafe.SliceData(dst)))
-	// The link hands out pieces of dst; the matching piece of local is at
-	// the same offset.
-	f := func(d, s []byte) {
-		o := int(uintptr(unsafe.Pointer(unsafe.SliceData(d))) - base)
-		reduce3(op, ct, d, local[o:o+len(d)], s)
-	}
+	c.rr.base, c.rr.local, c.rr.op, c.rr.ct = uintptr(unsafe.Pointer(unsafe.SliceData(dst))), local, op, ct
+	defer func() { c.rr.local = nil }()
+	f := c.rrFn
 	for off := 0; ; {
 		if err := c.recvHeader(cl, p, h, len(dst), len(dst)-off); err != nil {
 			return err

@@ -87,9 +87,13 @@ func TestCulpritFrozenRank(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		victim int
-	}{{"attached", 2}, {"leader", 0}} {
+		lease  string // GORUN_RDZV_LEASE; "" the default (4 s)
+	}{{"attached", 2, ""}, {"leader", 0, "2s"}} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := newJobRun(t, 4, "allreduce", nil)
+			if tc.lease != "" {
+				j.cfg.Env = append(j.cfg.Env, "GORUN_RDZV_LEASE="+tc.lease)
+			}
 			errc := make(chan error, 1)
 			repc := make(chan *Report, 1)
 			go func() { rep, err := j.launchReport(context.Background()); repc <- rep; errc <- err }()

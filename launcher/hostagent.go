@@ -431,7 +431,7 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 			stdinFD = p.inherit(pr, true)
 			stdin = newStdinQueue(pw)
 		}
-		sr := supervisorRank{Rank: rr.Rank, Path: hello.Program, Argv: job.Argv, Dir: rankDir(job.Dir), Env: mergeEnv(base, rr.Env, flightEnv)}
+		sr := supervisorRank{Rank: rr.Rank, Path: hello.Program, Argv: job.Argv, Dir: rankDir(job.Dir), Env: mergeEnv(base, rr.Env, flightEnv), GPU: rr.GPU}
 		if err := p.addRank(sr, stdinFD); err != nil {
 			if stdin != nil {
 				stdin.w.Close()

@@ -219,7 +219,7 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 		n := plan.Nodes[c.node]
 		var ranks []remoteRank
 		for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
-			ranks = append(ranks, remoteRank{Rank: rk, Env: withoutSecret(plan.Ranks[rk].Env)})
+			ranks = append(ranks, remoteRank{Rank: rk, Env: withoutSecret(plan.Ranks[rk].Env), GPU: gpuOf(plan.Ranks[rk])})
 		}
 		if err := c.w.send(wireMsg{T: "spec", Ranks: ranks, PMI: pj}); err != nil {
 			m.cfg.Logger.Debug().Err(err).Str("host", n.Name).Msg("sending the spec failed")

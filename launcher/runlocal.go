@@ -67,7 +67,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 				return err
 			}
 		}
-		sr := supervisorRank{Rank: rs.Rank, Path: prog.Path, Argv: prog.Argv, Dir: cfg.Dir, Env: mergeEnv(base, rs.Env)}
+		sr := supervisorRank{Rank: rs.Rank, Path: prog.Path, Argv: prog.Argv, Dir: cfg.Dir, Env: mergeEnv(base, rs.Env), GPU: gpuOf(rs)}
 		if err := p.addRank(sr, stdinFD); err != nil {
 			p.closeStreams()
 			return err

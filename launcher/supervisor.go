@@ -108,6 +108,11 @@ type supervisorRank struct {
 	Stdin  int      `json:"stdin"`
 	Stdout int      `json:"stdout"`
 	Stderr int      `json:"stderr"`
+	// GPU is the index gorun assigned the rank among the GPUs the host
+	// shows (its CUDA_VISIBLE_DEVICES says the index), nil for none; the
+	// supervisor turns it into the device the index stands for
+	// (visibleDevice).
+	GPU *int `json:"gpu,omitempty"`
 }
 
 // supervisorCmd is a later message from gorun.
@@ -511,6 +516,9 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		}
 		stdin, stdout, stderr := fileFor(r.Stdin), fileFor(r.Stdout), fileFor(r.Stderr)
 		files, env := []*os.File{stdin, stdout, stderr}, r.Env
+		if r.GPU != nil {
+			env = visibleDevice(env, *r.GPU, os.Getenv(rankenv.CUDAVisibleDevices))
+		}
 		// Oversubscribed ranks on gorun's runtime share this process's
 		// session (bind.go).
 		own := !crowded || bindPolicy(r.Env) != BindAuto || !onRuntime(r.Path)

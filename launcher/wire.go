@@ -180,6 +180,9 @@ type peerAddr struct {
 type remoteRank struct {
 	Rank int      `json:"rank"`
 	Env  []string `json:"env"`
+	// GPU is the index gorun assigned the rank among the GPUs its host
+	// shows, nil for none (supervisorRank.GPU).
+	GPU *int `json:"gpu,omitempty"`
 }
 
 // wireConn frames messages over one connection. Writes are safe for

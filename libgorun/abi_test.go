@@ -107,6 +107,24 @@ func TestABIFromC(t *testing.T) {
 		}
 	})
 
+	// Step reports from C: gorun kills rank 1 once it has reported step
+	// 3 (--inject kill:rank=1:after-steps=3), not before and not much
+	// later.
+	t.Run("report-step", func(t *testing.T) {
+		cmd := exec.Command(b.gorun, "-np", "2", "--timeout", "60s", "--inject", "kill:rank=1:after-steps=3", b.prog, "steps")
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 128+9 {
+			t.Fatalf("gorun: %v, want rank 1's SIGKILL\n%s", err, out)
+		}
+		last := 0
+		for _, m := range regexp.MustCompile(`(?m)^abi_test rank 1: step (\d+)$`).FindAllStringSubmatch(string(out), -1) {
+			last, _ = strconv.Atoi(m[1])
+		}
+		if last < 3 || last > 8 {
+			t.Fatalf("rank 1 printed up to step %d, want it killed right after step 3:\n%s", last, out)
+		}
+	})
+
 	// A desync: every rank gets GORUN_ERR_DESYNC naming both calls.
 	t.Run("desync", func(t *testing.T) {
 		out, code := b.launch(t, 3, "desync")

@@ -121,6 +121,10 @@ type bucket struct {
 	doneAt   time.Time     // written by the watcher before recorded closes
 	doneErr  error         // likewise
 	recorded chan struct{} // closed by the watcher
+	// timed: the handle knows when it completed (CompletionTimer), so no
+	// watcher waits on it; waitBucket reads the time after the driver's
+	// own wait.
+	timed bool
 }
 
 // New prepares plan for execution over comms (one communicator per group of
@@ -365,7 +369,8 @@ func (ex *Executor) Plan() *buckets.Plan { return ex.plan }
 // Read it between steps.
 func (ex *Executor) Timeline() *Timeline { return ex.tl }
 
-// watcher records when each of g's collectives completes. Collectives on a
+// watcher records when each of g's collectives completes, for handles that
+// cannot say themselves (no CompletionTimer; see issued). Collectives on a
 // group complete in issue order, so waiting for them in that order records
 // every completion as it happens (within scheduling noise).
 //
@@ -440,7 +445,7 @@ func (b *bucket) reset() {
 	for i := range b.have {
 		b.have[i], b.ins[i], b.outs[i] = false, nil, nil
 	}
-	b.started, b.waited, b.partial, b.direct, b.h = false, false, false, false, nil
+	b.started, b.waited, b.partial, b.direct, b.timed, b.h = false, false, false, false, false, nil
 	b.doneAt, b.doneErr, b.recorded = time.Time{}, nil, nil
 }
 
@@ -783,8 +788,20 @@ func (ex *Executor) call(b *bucket) (Call, error) {
 
 // issued hands b to its group's watcher, which records its completion:
 // watchers wait in issue order, which is completion order on one group.
+//
+// A handle that knows its completion time (CompletionTimer: comm's calls
+// do) skips the watcher. A watcher parked on every collective costs a
+// goroutine wake-up per collective on top of the driver's, and on comm
+// it also defeats the inline wait (a waiter whose context is not the
+// call's cannot run the call itself, so the call's completion must close
+// a channel and wake it).
 func (ex *Executor) issued(b *bucket) {
-	b.g.watch <- b
+	if _, ok := b.h.(CompletionTimer); ok {
+		b.timed = true
+		close(b.recorded) // doneAt comes from the handle, in waitBucket
+	} else {
+		b.g.watch <- b
+	}
 	ex.log.Debug().Int("step", ex.step).Str("bucket", b.b.Name).Str("group", b.g.name).
 		Int64("bytes", b.b.Bytes).Bool("partial", b.partial).Msg("collective started")
 }
@@ -951,6 +968,9 @@ func (ex *Executor) waitBucket(ctx context.Context, b *bucket) error {
 	}
 	if err != nil {
 		return fmt.Errorf("overlap: step %d: bucket %q on group %s: %w", ex.step, b.b.Name, b.g.name, err)
+	}
+	if b.timed {
+		b.doneAt = b.h.(CompletionTimer).CompletedAt()
 	}
 	for i := range b.b.Members {
 		b.unpack(i)

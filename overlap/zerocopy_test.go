@@ -151,3 +151,52 @@ func zeroCopyRank(ctx context.Context, g *stepgraph.Graph, c *comm.Comm, views b
 	}
 	return nil
 }
+
+// TestRealCompletionTimes: over real communicators (whose handles say
+// when they completed, so no watcher goroutine waits on them), a small
+// all-reduce issued before 40 ms of compute and waited for after it is
+// timed as the collective took, not as the wait came: StepMetrics.Comm is
+// above zero and well below the compute, and the wait finds it done.
+func TestRealCompletionTimes(t *testing.T) {
+	const compute = 40 * time.Millisecond
+	b := stepgraph.NewBuilder().Group("dp", 2).Region("m")
+	b.Compute("bwd", buckets.Backward, "m", time.Millisecond, nil, []string{"g"})
+	b.Start("ar", buckets.Backward, "m", buckets.AllReduce, "dp", "f32", []stepgraph.Member{{In: "g", Out: "G", Bytes: 16}})
+	b.Compute("other", buckets.Backward, "m", compute, nil, []string{"o"})
+	b.Wait("ar.w", "ar", "m")
+	b.Compute("opt", buckets.Optimizer, "m", time.Millisecond, []string{"G", "o"}, []string{"done"})
+	g, err := b.Graph()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	comms := startComms(ctx, t, 2)
+	runRanks(t, comms, func(c *comm.Comm) error {
+		gr, err := NewGraphRunner(g, map[string]Comm{"dp": c}, DefaultConfig())
+		if err != nil {
+			return err
+		}
+		defer gr.Close()
+		bufs := map[string][]float32{"g": {1, 2, 3, 4}, "o": nil, "done": nil}
+		bufs["G"] = bufs["g"]
+		tensors := func(name string) (comm.Buffer, error) { return comm.Float32s(bufs[name]), nil }
+		kernel := func(_ context.Context, nd *stepgraph.Node) error {
+			if nd.Name == "other" {
+				time.Sleep(compute)
+			}
+			return nil
+		}
+		m, err := gr.Step(ctx, 0, tensors, kernel)
+		if err != nil {
+			return err
+		}
+		if m.Comm <= 0 || m.Comm >= compute/2 || m.Time < compute {
+			return fmt.Errorf("comm %v, step %v: want the collective's own time, above 0 and far below the %v of compute it hid behind", m.Comm, m.Time, compute)
+		}
+		if got := fmt.Sprint(bufs["G"]); got != "[2 4 6 8]" {
+			return fmt.Errorf("reduced %s", got)
+		}
+		return nil
+	})
+}

@@ -40,6 +40,11 @@
 #   tcp 2.28× / 2.80× — the executor-free reference gives 5.35×, 3.01×,
 #   16.5×, 2.40×: on TCP the per-call latency bounds the gain below 3×.
 #
+# Session 4 (load 9-20, figures swing 2×; bounds from the same runs): np 2
+# shm bucketing bound 0.5-3.4× (quiet: 1.22-1.24×); views 1.05-2.50×,
+# copies (the cost model leaves 40 KB gradients alone) 0.65-1.50×; the
+# np 2 shm synthetic step 1.01× ideal, exposed 1.0% (notes/step-path.md).
+#
 # Usage: scripts/bench-step.sh [NP...]   (default: 2 4)
 #   ITERS=15 BLOCKS=16 SHARD=1048576 RATIO=1.5 CAPS=0,25000000 PREFETCH=2 \
 #   TRANSPORTS="shm tcp" scripts/bench-step.sh 4

@@ -196,6 +196,24 @@ func TestGPUPathEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("GPUs narrowed by the launcher's environment", func(t *testing.T) {
+		// Four devices, of which the launcher's CUDA_VISIBLE_DEVICES (as
+		// SLURM's gres sets it) leaves 2 and 3: the driver counts 2, so
+		// local rank l gets index l mod 2, and that index must become
+		// device 2 or 3, not 0 or 1.
+		env := append(slices.Clone(standin), "STANDIN_CUDA_DEVICES=4", "CUDA_VISIBLE_DEVICES=2,3")
+		code, stdout, stderr := run(t, 60*time.Second, env, "-np", "4", bin, "bench", "allreduce", "--device", "cuda", "-b", "8", "-e", "8")
+		if code != 0 {
+			t.Fatalf("exit %d:\n%s%s", code, stdout, stderr)
+		}
+		for r := range 4 {
+			want := regexp.MustCompile(fmt.Sprintf(`(?m)^#  Rank  %d Pid .* device 0 \[gorun stand-in device %d\] transport nccl$`, r, 2+r%2))
+			if !want.MatchString(stdout) {
+				t.Errorf("rank %d not on physical GPU %d:\n%s", r, 2+r%2, stdout)
+			}
+		}
+	})
+
 	t.Run("doctor's GPUS column is what the driver shows nccl", func(t *testing.T) {
 		// The stand-in driver with N devices, narrowed or not by
 		// CUDA_VISIBLE_DEVICES as the real driver narrows them.

@@ -213,7 +213,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.oversubscribe, "oversubscribe", false, "allow more ranks than slots (up to max_slots)")
 	fs.Var(&o.exports, "x", "export `NAME[=VALUE]` to every rank (repeatable)")
 	fs.StringVar(&o.topology, "topology", "auto", "hardware topology for ranks that use hwloc (MPICH's MPI_Init): auto (each host discovers it once and hands it to its ranks, which then skip their own discovery) or off")
-	fs.StringVar(&o.bindTo, "bind-to", "auto", "CPU binding of ranks: auto (when a host runs no more ranks than CPUs, each rank gets its own equal share of them, as mpirun binds 2 ranks to cores) or none")
+	fs.StringVar(&o.bindTo, "bind-to", "auto", "CPU binding of ranks: auto (when a host runs no more ranks than CPUs, each rank gets its own equal share of them, as mpirun binds 2 ranks to cores; with more, ranks share one session and get GOMAXPROCS=1) or none")
 	fs.BoolVar(&o.tagOutput, "tag-output", false, "prefix every output line with [rank] ([rank,host] in multi-host jobs)")
 	fs.BoolVar(&o.timestamp, "timestamp-output", false, "prefix every output line with a timestamp")
 	fs.StringVar(&o.outputDir, "output-dir", "", "write rank.N.log per rank into `DIR` (terminal output is tagged)")

@@ -5,7 +5,10 @@
  * compute alone, async requests, subgroups, bad arguments. MODE "kill": the
  * last rank dies in the middle; the others print the error they get and
  * exit 0 once they got one naming it. MODE "desync": rank 0 calls a
- * different collective; every rank prints its error.
+ * different collective; every rank prints its error. MODE "steps": 200
+ * all-reduces 20 ms apart, each reported with gorun_report_step and printed
+ * as "abi_test rank R: step N" (gorun's --inject ...:after-steps=N fires
+ * on the reports).
  * Prints "abi_test rank R: ok" on success; any failure prints "FAIL ..." and
  * exits 1.
  */
@@ -254,6 +257,20 @@ int main(int argc, char **argv) {
                gorun_status_name(rc), gorun_last_error_rank(), gorun_last_error());
         fflush(stdout);
         return rc == GORUN_OK ? 1 : 0;
+    } else if (strcmp(mode, "steps") == 0) {
+        float x[8] = {0};
+        EXPECT(gorun_report_step(-1) == GORUN_ERR_INVALID, "a negative step was accepted");
+        for (int i = 1; i <= 200; i++) {
+            int rc = gorun_allreduce(w, x, x, 8, GORUN_FLOAT32, GORUN_SUM, NULL);
+            if (rc != GORUN_OK) {
+                printf("abi_test rank %d: step %d: %s\n", rank, i, gorun_status_name(rc));
+                return 1;
+            }
+            CHECK(gorun_report_step(i));
+            printf("abi_test rank %d: step %d\n", rank, i);
+            fflush(stdout);
+            usleep(20 * 1000);
+        }
     } else if (strcmp(mode, "desync") == 0) {
         float x[8] = {0};
         int rc;

@@ -433,12 +433,18 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 				mine[i] = comm.AsFloat32(vb)
 			}
 		}
+		// By name, looked up rather than parsed: the lookup runs twice per
+		// collective per step, inside the timed step.
+		byName := map[string]comm.Buffer{}
+		for i := range mine {
+			byName[fmt.Sprintf("t%d", i)] = comm.Float32s(mine[i])
+			byName[fmt.Sprintf("T%d", i)] = comm.Float32s(mine[i]) // reduced in place
+		}
 		tensors := func(name string) (comm.Buffer, error) {
-			var i int
-			if _, err := fmt.Sscanf(name[1:], "%d", &i); err != nil || i >= len(mine) {
-				return comm.Float32s(nil), nil // "updated"
+			if b, ok := byName[name]; ok {
+				return b, nil
 			}
-			return comm.Float32s(mine[i]), nil // reduced in place
+			return comm.Float32s(nil), nil // "updated"
 		}
 		steps = append(steps, func(i int) (overlap.StepMetrics, error) { return r.Step(ctx, i, tensors, kernel) })
 	}
@@ -548,7 +554,8 @@ func plan(g *stepgraph.Graph) (*stepgraph.Graph, error) {
 // as α, the time one more call costs in a stream of back-to-back calls
 // (k calls of fused/k bytes against one fused call, divided by k-1), which
 // is what merging saves and is smaller than a lone call's latency, since
-// back-to-back calls overlap their start-up; and the rate of a plain
+// back-to-back calls overlap their start-up (the fitted latency when that
+// difference is not positive); and the rate of a plain
 // memory copy of fused bytes, the executor's pack and scatter. Each figure
 // is a median of 9; rank 0's are broadcast, so every rank plans with the
 // same model and the plans agree.
@@ -598,7 +605,12 @@ func measureModel(ctx context.Context, c *comm.Comm, fused, k int) (buckets.Mode
 	if err != nil {
 		return m, err
 	}
-	m.Latency = max(many-one, 0) / time.Duration(k-1)
+	// Under load the difference can come out at or below zero (the fused
+	// call was the one slowed); a zero α would forbid every merge, so the
+	// fitted latency of a lone call stands in then.
+	if many > one {
+		m.Latency = (many - one) / time.Duration(k-1)
+	}
 	src, dst := make([]byte, fused), make([]byte, fused)
 	cp, _ := med(func() error { copy(dst, src); return nil })
 	m.CopyBandwidth = float64(fused) / cp.Seconds()
