@@ -554,7 +554,8 @@ func plan(g *stepgraph.Graph) (*stepgraph.Graph, error) {
 // as α, the time one more call costs in a stream of back-to-back calls
 // (k calls of fused/k bytes against one fused call, divided by k-1), which
 // is what merging saves and is smaller than a lone call's latency, since
-// back-to-back calls overlap their start-up; and the rate of a plain
+// back-to-back calls overlap their start-up (the fitted latency, or an
+// 8-byte call's time, when that difference is not positive); and the rate of a plain
 // memory copy of fused bytes, the executor's pack and scatter. Each figure
 // is a median of 9; rank 0's are broadcast, so every rank plans with the
 // same model and the plans agree.
@@ -604,7 +605,15 @@ func measureModel(ctx context.Context, c *comm.Comm, fused, k int) (buckets.Mode
 	if err != nil {
 		return m, err
 	}
-	m.Latency = max(many-one, 0) / time.Duration(k-1)
+	// Under load the difference can come out at or below zero (the fused
+	// call was the one slowed); a zero α would forbid every merge, so the
+	// fitted latency of a lone call stands in then.
+	if many > one {
+		m.Latency = (many - one) / time.Duration(k-1)
+	}
+	if m.Latency <= 0 {
+		m.Latency = samples[0].Time // the fit's intercept can clamp to 0 too: an 8-byte call's time
+	}
 	src, dst := make([]byte, fused), make([]byte, fused)
 	cp, _ := med(func() error { copy(dst, src); return nil })
 	m.CopyBandwidth = float64(fused) / cp.Seconds()
