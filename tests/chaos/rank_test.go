@@ -36,7 +36,7 @@ import (
 // Faults gorun injects by time (slow, drop, delay, corrupt, partition)
 // use phase "loop": the ranks go on until chaosRun has passed.
 //
-// Output: "chaos-result rank R iters N sum S" on success, "chaos-error
+// Output: "chaos-result rank R iters N sum S longest MS ms" on success, "chaos-error
 // rank R: ERR" (exit 6) on a failed call.
 const (
 	rankEnv     = "GORUN_CHAOS_RANK"
@@ -129,8 +129,10 @@ func runRank() int {
 		buckets[i] = make([]float64, 4096)
 	}
 	var sum float64
+	var longest time.Duration // the longest iteration: how long a slowed peer held this rank
 	it := 0
 	for ; ; it++ {
+		t0 := time.Now()
 		base := float64(it)
 		// small, with the vote on going on folded in as a second call of
 		// the same size class.
@@ -191,6 +193,7 @@ func runRank() int {
 		if err := c.AllReduce(ctx, comm.Float64s(vote), comm.Float64s(vote), comm.Sum).Wait(ctx); err != nil {
 			return fail(err)
 		}
+		longest = max(longest, time.Since(t0))
 		if vote[0] == 0 {
 			break
 		}
@@ -202,6 +205,6 @@ func runRank() int {
 		fmt.Printf("chaos-error rank %d: close: %v\n", me, err)
 		return 6
 	}
-	fmt.Printf("chaos-result rank %d iters %d sum %v\n", me, it+1, sum)
+	fmt.Printf("chaos-result rank %d iters %d sum %v longest %d ms\n", me, it+1, sum, longest.Milliseconds())
 	return 0
 }
