@@ -24,3 +24,7 @@ func sweepShm(string) int                                                 { retu
 // SweepShm removes leftover shared-memory segments; none exist here.
 func SweepShm(string) int     { return 0 }
 func markCrowded([]Link, int) {}
+
+// SetForeignCallers has nothing to tune without shared-memory links (see
+// shm_linux.go).
+func SetForeignCallers(bool) {}

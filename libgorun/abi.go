@@ -43,6 +43,8 @@ func init() {
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(min(2, runtime.NumCPU()))
 	}
+	// Calls come from the host program's threads (comm.SetForeignCallers).
+	comm.SetForeignCallers(true)
 }
 
 // setErr records err as the calling thread's error text and returns its
