@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/internal/collateral"
 	grank "github.com/gorun-hpc/gorun/rank"
 )
 
@@ -256,6 +257,9 @@ func runHelper(mode string) int {
 		return splitLoop(rank, time.Duration(atoi(arg))*time.Millisecond)
 	case "ticker":
 		end := time.Now().Add(time.Duration(atoi(arg)) * time.Millisecond)
+		// Step 1 is the ticker's start: a fault after-steps=1 lands
+		// inside the measured window however late the rank started.
+		collateral.TellStep(collateral.Step{Rank: atoi(rank), Step: 1})
 		var maxGap time.Duration
 		for last := time.Now(); last.Before(end); {
 			time.Sleep(5 * time.Millisecond)
