@@ -38,6 +38,34 @@ import (
 // SIGUSR2 before printing what arrived.
 const flightWait = time.Second
 
+// flightBeforeStop bounds how long a failed local job waits, before its
+// teardown signal, for the ranks it asked with SIGUSR2 to write their flight
+// records: a rank that gorun's SIGTERM reaches before its own communicator
+// has failed (a desync or a lost peer noticed a moment later) would
+// otherwise leave nothing for the merged table, which then cannot show
+// where the ranks disagree. Dumping takes milliseconds; the wait ends as
+// soon as every signalled rank has written.
+const flightBeforeStop = 500 * time.Millisecond
+
+// dumpedSince counts the world ranks with a flight dump in dir written at
+// or after since (by file time: one dump per group and rank).
+func (f *flightRecords) dumpedSince(since time.Time) int {
+	if f == nil || f.dir == "" {
+		return 0
+	}
+	names, _ := filepath.Glob(filepath.Join(f.dir, "flight-*.json"))
+	ranks := map[string]bool{}
+	for _, name := range names {
+		st, err := os.Stat(name)
+		if err != nil || st.ModTime().Before(since) {
+			continue
+		}
+		base := strings.TrimSuffix(filepath.Base(name), ".json")
+		ranks[base[strings.LastIndexByte(base, '-')+1:]] = true
+	}
+	return len(ranks)
+}
+
 // flightRecords is a local job's flight directory. Owned by RunLocal and,
 // while it runs, the job loop.
 type flightRecords struct {

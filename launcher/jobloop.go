@@ -163,8 +163,29 @@ func (r *jobLoop) run(ctx context.Context) error {
 		}
 	}()
 
-	// stop begins the teardown: sig to every running rank's group, SIGKILL
-	// after the grace period.
+	// signalStop sends the teardown signal to every running rank's group,
+	// SIGKILL after the grace period.
+	signalStop := func(sig syscall.Signal) {
+		r.log.Debug().Stringer("signal", sig).Msg("stopping the job")
+		r.home.command(supervisorCmd{Op: "signal", Signal: int(sig)})
+		graceTimer = time.NewTimer(r.cfg.Grace)
+		grace = graceTimer.C
+	}
+	// A failed local job first has its ranks dump their flight records
+	// (flightBeforeStop): dumpC ticks until dumpWant ranks wrote one since
+	// dumpAsked, or until dumpUntil, then the signal goes out.
+	var (
+		dumpTick             *time.Ticker
+		dumpC                <-chan time.Time
+		dumpAsked, dumpUntil time.Time
+		dumpWant             int
+	)
+	defer func() {
+		if dumpTick != nil {
+			dumpTick.Stop()
+		}
+	}()
+	// stop begins the teardown.
 	stop := func(why stopReason, sig syscall.Signal) {
 		if reason != notStopping {
 			return
@@ -176,10 +197,17 @@ func (r *jobLoop) run(ctx context.Context) error {
 				ranks[i].stopped = true
 			}
 		}
-		r.log.Debug().Stringer("signal", sig).Msg("stopping the job")
-		r.home.command(supervisorCmd{Op: "signal", Signal: int(sig)})
-		graceTimer = time.NewTimer(r.cfg.Grace)
-		grace = graceTimer.C
+		if why == stopFailure && r.flight.active() && !r.flight.isRemote() {
+			// Taken before the signals, as at --timeout.
+			asked := time.Now()
+			if n := r.flight.signalReady(); n > 0 {
+				dumpAsked, dumpUntil, dumpWant = asked, asked.Add(flightBeforeStop), n
+				dumpTick = time.NewTicker(5 * time.Millisecond)
+				dumpC = dumpTick.C
+				return
+			}
+		}
+		signalStop(sig)
 	}
 	kill := func() {
 		if !killed {
@@ -403,6 +431,14 @@ func (r *jobLoop) run(ctx context.Context) error {
 			r.home.command(supervisorCmd{Op: "signal", Signal: int(world.rep.ckptSig)})
 			world.checkpointSent(c, time.Now())
 			armCue()
+		case now := <-dumpC:
+			if r.flight.dumpedSince(dumpAsked) >= dumpWant || now.After(dumpUntil) {
+				dumpTick.Stop()
+				dumpC = nil
+				if !killed {
+					signalStop(sentSig)
+				}
+			}
 		case <-grace:
 			grace = nil
 			kill()
