@@ -183,7 +183,10 @@ func TestRealPreemptionNotice(t *testing.T) {
 	}
 	dir := buildBinaries(t)
 	o := smallOptions()
-	o.steps = 800 // 2-3 s: the kill lands mid-run
+	// The kill is due at 1 s and must land mid-run: 800 steps took 2-3 s
+	// on a loaded machine but 0.34 s on a quiet one; 5000 take about 2 s
+	// quiet (0.4 ms a step, 2 ranks, small model).
+	o.steps = 5000
 	ckpt := t.TempDir()
 	report := filepath.Join(t.TempDir(), "report.json")
 	out, stderr := runWorlds(t, dir,
