@@ -580,15 +580,31 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 	// never reported (it died, froze or stopped answering) beats one
 	// blaming a rank that failed only because of a peer itself (then the
 	// two lost each other: a link).
+	//
+	// Among several such reports the earliest exit wins, not the first
+	// arrival: reports from different hosts reach gorun through their
+	// agents in no causal order. Measured in a partition between two
+	// hosts (TestPartitionBetweenHosts): the rank across the cut reported
+	// its peer's connection timed out, and the abort that followed went
+	// round the ring until the peer's host leader exited, whereupon the
+	// leader's other rank reported "connection to its host leader
+	// closed"; that later report sometimes arrived first and named the
+	// leader. Exit times come from the supervisors' reaps (exitedAt, 0
+	// when unknown: then arrival order decides).
 	firstHand := func(silent bool) {
+		var at int64
 		for _, f := range fs {
-			if _, reported := byRank[f.blame]; blame < 0 && !f.relay && f.blame >= 0 && f.blame < len(ranks) && f.blame != f.rank && reported != silent {
-				reporter, blame = f, f.blame
+			if _, reported := byRank[f.blame]; !f.relay && f.blame >= 0 && f.blame < len(ranks) && f.blame != f.rank && reported != silent {
+				if blame < 0 || (f.exitedAt > 0 && (at == 0 || f.exitedAt < at)) {
+					reporter, blame, at = f, f.blame, f.exitedAt
+				}
 			}
 		}
 	}
 	firstHand(true)
-	firstHand(false)
+	if blame < 0 {
+		firstHand(false)
+	}
 	// Only relays reached gorun (the first-hand reporter was stopped
 	// before it could report): follow each report's blame to a rank that
 	// reported nothing itself.
