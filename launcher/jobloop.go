@@ -323,6 +323,13 @@ func (r *jobLoop) run(ctx context.Context) error {
 			case "exited":
 				st := &ranks[ev.Rank]
 				st.exited, st.frozen = true, ev.Frozen
+				if i := slices.IndexFunc(failures, func(f failure) bool { return f.rank == ev.Rank && f.mpi != nil && f.mpi.Aborted }); i >= 0 {
+					// Its MPI_Abort was told first and is the cause; the
+					// exit that follows it is the same failure, now with
+					// its reap time.
+					failures[i].exitedAt = ev.At
+					break
+				}
 				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Int64("reaped_at_ns", ev.At).Msg("rank exited")
 				if ev.Collateral && (ev.Code != 0 || ev.Signal != 0) {
 					// A consequence: counted apart, neither stopped by

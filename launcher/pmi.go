@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -114,8 +115,10 @@ type supervisorPMI struct {
 	first int // the lowest rank served, named in fence events
 	// ends are the ranks' ends of their socketpairs until they started.
 	ends map[int]*os.File
-	addr string // port mode: the listener's address
-	wg   sync.WaitGroup
+	// served closes when the rank's connection server returns (fd mode).
+	served map[int]chan struct{}
+	addr   string // port mode: the listener's address
+	wg     sync.WaitGroup
 }
 
 // newSupervisorPMI starts serving PMI for ranks. In the fd mode every
@@ -133,7 +136,7 @@ func newSupervisorPMI(job pmiJob, ranks []supervisorRank, log zerolog.Logger) (*
 	if err != nil {
 		return nil, err
 	}
-	sp := &supervisorPMI{srv: srv, job: job, first: nums[0], ends: map[int]*os.File{}}
+	sp := &supervisorPMI{srv: srv, job: job, first: nums[0], ends: map[int]*os.File{}, served: map[int]chan struct{}{}}
 	for _, r := range nums {
 		sp.first = min(sp.first, r)
 	}
@@ -160,7 +163,10 @@ func newSupervisorPMI(job pmiJob, ranks []supervisorRank, log zerolog.Logger) (*
 			sp.close()
 			return nil, fmt.Errorf("launcher: PMI socket: %w", err)
 		}
+		served := make(chan struct{})
+		sp.served[r] = served
 		sp.wg.Go(func() {
+			defer close(served)
 			if err := srv.ServeConn(r, c); err != nil {
 				log.Warn().Err(err).Int("rank", r).Msg("PMI connection ended with an error")
 			}
@@ -223,6 +229,22 @@ func (sp *supervisorPMI) started(rank int) {
 	if f := sp.ends[rank]; f != nil {
 		f.Close()
 		delete(sp.ends, rank)
+	}
+}
+
+// settle waits, at most d, until the server has read all that rank sent
+// before it exited (its connection's EOF; fd mode only). A client that
+// aborts and exits at once (Slurm's libpmi2) can be reaped before its abort
+// is read; settled first, the abort is queued before the exit is told.
+func (sp *supervisorPMI) settle(rank int, d time.Duration) {
+	if sp == nil {
+		return
+	}
+	if ch := sp.served[rank]; ch != nil {
+		select {
+		case <-ch:
+		case <-time.After(d):
+		}
 	}
 }
 

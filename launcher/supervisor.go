@@ -772,6 +772,21 @@ func (a *supervisor) noteFrozen() {
 }
 
 // reap collects every exited child: ranks and adopted orphans alike.
+// drainPMI emits the PMI requests already queued.
+func (a *supervisor) drainPMI() {
+	for {
+		select {
+		case req, ok := <-a.pmi.requests():
+			if !ok {
+				return
+			}
+			a.emit(a.pmi.event(req))
+		default:
+			return
+		}
+	}
+}
+
 func (a *supervisor) reap() {
 	at := time.Now().UnixNano()
 	for {
@@ -791,6 +806,12 @@ func (a *supervisor) reap() {
 		a.ranks[i].running = false
 		a.running--
 		ev := supervisorEvent{Ev: "exited", Rank: a.ranks[i].rank, PID: pid, At: at}
+		if a.pmi != nil {
+			// What the rank told PMI before it exited (an abort) is told
+			// before its exit (pmi.go, settle).
+			a.pmi.settle(ev.Rank, 100*time.Millisecond)
+			a.drainPMI()
+		}
 		// A report is written before the failing call returns, so before
 		// the exit just reaped: reading now finds it if there is one.
 		a.readCollateral()
