@@ -47,23 +47,22 @@ const flightWait = time.Second
 // soon as every signalled rank has written.
 const flightBeforeStop = 500 * time.Millisecond
 
-// dumpedSince counts the world ranks with a flight dump in dir written at
-// or after since (by file time: one dump per group and rank).
+// dumpedSince counts the processes that finished a flight dump at or after
+// since: comm writes dumped.<pid> in dir after each dump it makes on
+// SIGUSR2 (comm/flight_unix.go), one marker per process as signalReady
+// counts them.
 func (f *flightRecords) dumpedSince(since time.Time) int {
 	if f == nil || f.dir == "" {
 		return 0
 	}
-	names, _ := filepath.Glob(filepath.Join(f.dir, "flight-*.json"))
-	ranks := map[string]bool{}
+	names, _ := filepath.Glob(filepath.Join(f.dir, "dumped.*"))
+	n := 0
 	for _, name := range names {
-		st, err := os.Stat(name)
-		if err != nil || st.ModTime().Before(since) {
-			continue
+		if st, err := os.Stat(name); err == nil && !st.ModTime().Before(since) {
+			n++
 		}
-		base := strings.TrimSuffix(filepath.Base(name), ".json")
-		ranks[base[strings.LastIndexByte(base, '-')+1:]] = true
 	}
-	return len(ranks)
+	return n
 }
 
 // flightRecords is a local job's flight directory. Owned by RunLocal and,
