@@ -100,10 +100,10 @@ func TestRealKillResume(t *testing.T) {
 		t.Skip("builds and launches binaries")
 	}
 	dir := buildBinaries(t)
-	// Longer than numSteps: the kill comes after step 7, and the first
-	// world must still be training when it lands (with 12 steps it
-	// sometimes finished first).
-	const steps = 20
+	// The kill comes after step 7, and the first world must still be
+	// training when it lands: the supervisor fires it on its next 20 ms
+	// tick, and on a quiet machine 20 steps (0.6 ms each) ended first.
+	const steps = 120
 	ro := smallOptions()
 	ro.steps = steps
 	ref := reference(t, ro)
