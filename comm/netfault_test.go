@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -111,8 +112,11 @@ func TestNetFaults(t *testing.T) {
 					t.Errorf("rank %d: %v, want world rank 0 (across the cut) named", r, errs[r])
 				}
 			}
-			if !strings.Contains(errs[0].Error(), "lease") {
-				t.Errorf("rank 0: %v, want the partition's lease named", errs[0])
+			// Rank 0 is cut from every other rank: it names the lease, or
+			// a peer across the cut whose own lease closed the link first
+			// (both ends close at the lease; which is first is a race).
+			if e := errs[0].Error(); !strings.Contains(e, "lease") && !(strings.Contains(e, "connection closed") && regexp.MustCompile(`world rank [1-9]`).MatchString(e)) {
+				t.Errorf("rank 0: %v, want the partition's lease or a peer across the cut named", errs[0])
 			}
 			if took > 100*time.Millisecond+500*time.Millisecond+3*time.Second {
 				t.Errorf("took %v: not detected within the lease", took)
