@@ -156,11 +156,42 @@ func (s *shmSegment) prefault() {
 	}
 }
 
-// publishSession writes this process's session id into side's line of
-// the control page (see sidCtlOff).
+// publishSession writes this process's scheduling-group tag into side's
+// line of the control page (see sidCtlOff).
 func (s *shmSegment) publishSession(side int) {
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&s.mem[sidCtlOff+side*cacheLine])), schedGroup())
+}
+
+// schedGroup is this process's tag, read once.
+var schedGroup = sync.OnceValue(func() uint32 {
+	enabled, _ := os.ReadFile("/proc/sys/kernel/sched_autogroup_enabled")
+	group, _ := os.ReadFile("/proc/self/autogroup")
 	sid, _ := unix.Getsid(0)
-	atomic.StoreUint32((*uint32)(unsafe.Pointer(&s.mem[sidCtlOff+side*cacheLine])), uint32(sid))
+	return schedGroupTag(string(enabled), string(group), sid)
+})
+
+// schedGroupTag names the CFS group whose threads share a core's time,
+// which is what decides whether yielding to a peer helps it (0: unknown).
+// With autogroup on, that is the session's autogroup ("/autogroup-N nice
+// 0" in /proc/self/autogroup), tagged N+1 so the root group is not 0;
+// with it off, every process shares one group (tag 1). Without the proc
+// files, the session id stands in for the autogroup; it is 0 when the
+// session leader lives outside this PID namespace (a container entered
+// with exec), which is why the autogroup comes first.
+func schedGroupTag(enabled, autogroup string, sid int) uint32 {
+	if strings.TrimSpace(enabled) == "0" {
+		return 1
+	}
+	if rest, ok := strings.CutPrefix(autogroup, "/autogroup-"); ok {
+		num, _, _ := strings.Cut(rest, " ")
+		if n, err := strconv.ParseUint(num, 10, 31); err == nil {
+			return uint32(n) + 1
+		}
+	}
+	if sid > 0 {
+		return uint32(sid) | 1<<31
+	}
+	return 0
 }
 
 // session is the session id side published (0: none).

@@ -137,34 +137,31 @@ func TestShmRingRestartsWhenEmpty(t *testing.T) {
 	}
 }
 
-// A crowded link yields the core only to a peer in its own session (one
-// autogroup), and sleeps otherwise: markCrowded reads both sides' session
-// ids from the segment, where each side wrote its own when it mapped it.
+// A crowded link yields the core only to a peer in its own scheduling
+// group (one autogroup), and sleeps otherwise: markCrowded reads both
+// sides' tags from the segment, where each side wrote its own when it
+// mapped it.
 func TestShmYieldsOnlyWithinOneSession(t *testing.T) {
+	const mine = 77
 	for _, tc := range []struct {
 		name      string
 		ranks     int    // ranks on the host
-		peerSid   uint32 // 0: as published (this process's session)
+		peerSid   uint32 // the peer's tag
 		crowded   bool
 		wantYield bool
 	}{
-		{"crowded, one session", 1 << 20, 0, true, true},
-		{"crowded, peer in another session", 1 << 20, 1, true, false},
-		{"peer published nothing", 1 << 20, ^uint32(0), true, false},
-		{"one rank per CPU", 1, 0, false, true},
+		{"crowded, one group", 1 << 20, mine, true, true},
+		{"crowded, peer in another group", 1 << 20, mine + 1, true, false},
+		{"peer published nothing", 1 << 20, 0, true, false},
+		{"one rank per CPU", 1, mine, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := newShmPair(t, 1<<16)
-			if a.seg.session(0) == 0 || a.seg.session(0) != a.seg.session(1) {
-				t.Fatalf("sessions published %d and %d, want this process's twice", a.seg.session(0), a.seg.session(1))
+			if a.seg.session(0) != schedGroup() || a.seg.session(1) != schedGroup() {
+				t.Fatalf("tags published %d and %d, want this process's (%d) twice", a.seg.session(0), a.seg.session(1), schedGroup())
 			}
-			switch tc.peerSid {
-			case 0:
-			case ^uint32(0):
-				*(*uint32)(unsafe.Pointer(&a.seg.mem[sidCtlOff+cacheLine])) = 0
-			default:
-				*(*uint32)(unsafe.Pointer(&a.seg.mem[sidCtlOff+cacheLine])) = a.seg.session(0) + tc.peerSid
-			}
+			*(*uint32)(unsafe.Pointer(&a.seg.mem[sidCtlOff])) = mine
+			*(*uint32)(unsafe.Pointer(&a.seg.mem[sidCtlOff+cacheLine])) = tc.peerSid
 			markCrowded([]Link{a, b}, tc.ranks)
 			for _, l := range []*shmLink{a, b} {
 				if l.crowded != tc.crowded || l.yieldOK != tc.wantYield {
@@ -172,5 +169,31 @@ func TestShmYieldsOnlyWithinOneSession(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The tag follows the scheduler: the autogroup when it is on, one group
+// when it is off, the session id only without the proc files, and
+// nothing when even that is hidden (a session leader outside this PID
+// namespace, as in a container entered with exec).
+func TestSchedGroupTag(t *testing.T) {
+	for _, tc := range []struct {
+		enabled, autogroup string
+		sid                int
+		want               uint32
+	}{
+		{"1\n", "/autogroup-66899 nice 0\n", 30712, 66900},
+		{"1\n", "/autogroup-66899 nice 0\n", 0, 66900},
+		{"0\n", "/autogroup-66899 nice 0\n", 0, 1},
+		{"", "", 30712, 30712 | 1<<31},
+		{"1\n", "garbage", 30712, 30712 | 1<<31},
+		{"", "", 0, 0},
+	} {
+		if got := schedGroupTag(tc.enabled, tc.autogroup, tc.sid); got != tc.want {
+			t.Errorf("schedGroupTag(%q, %q, %d) = %d, want %d", tc.enabled, tc.autogroup, tc.sid, got, tc.want)
+		}
+	}
+	if schedGroup() == 0 {
+		t.Log("this machine tells no scheduling group: crowded links sleep instead of yielding")
 	}
 }
