@@ -124,7 +124,7 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) e
 			ea.run.launch(c)
 		}
 	}
-	m.cfg.Logger.Debug().Int("early", ea.early).Int("hosts", len(m.conns)).Msg("hosts whose ranks started before every host was up")
+	m.cfg.Logger.Info().Int("early", ea.early).Int("hosts", len(m.conns)).Msg("hosts whose ranks started before every host was up")
 	return ea.run.wait(ctx)
 }
 
@@ -140,7 +140,8 @@ type earlyStart struct {
 	up map[int]*hostConn
 	// run is the job, once planned.
 	run *hostsRun
-	// early counts the hosts whose ranks started before every host was up.
+	// early counts the hosts whose ranks started while another host was
+	// still coming up (for the log).
 	early int
 }
 
@@ -180,7 +181,9 @@ func (e *earlyStart) verdict(node int, c *hostConn, err error) error {
 	for n, hc := range e.up {
 		if !e.run.launched[n] && len(m.children[n]) == 0 {
 			e.run.launch(hc)
-			e.early++
+			if len(e.up) < len(m.nodes) {
+				e.early++
+			}
 		}
 	}
 	return nil
