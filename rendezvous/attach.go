@@ -82,13 +82,14 @@ const attachPurpose = "gorun rendezvous attach v1"
 // Frame types on an attach stream. Each frame is a 4-byte big-endian length,
 // then the type byte and its body.
 const (
-	frameHello byte = 'H' // rank → leader: encodeMeta(Member)
-	frameMsg   byte = 'M' // either way: uvarint destination rank, then a message (collect.go kinds)
-	frameBye   byte = 'B' // either way: the sender leaves gracefully
-	frameTable byte = 'T' // leader → rank: uvarint epoch, the world table (encodeTable)
-	frameGone  byte = 'G' // leader → rank: uvarint rank, byte left, byte cause
-	frameFatal byte = 'F' // leader → rank: byte kind ('C' conflict, 'F' formation), message
-	frameBeat  byte = 'P' // either way, every AttachBeat: the sender is alive (no body)
+	frameHello  byte = 'H' // rank → leader: encodeMeta(Member)
+	frameMsg    byte = 'M' // either way: uvarint destination rank, then a message (collect.go kinds)
+	frameBye    byte = 'B' // either way: the sender leaves gracefully
+	frameTable  byte = 'T' // leader → rank: uvarint epoch, the world table (encodeTable)
+	frameGone   byte = 'G' // leader → rank: uvarint rank, byte left, byte cause
+	frameFatal  byte = 'F' // leader → rank: byte kind ('C' conflict, 'F' formation, 'L' lost: uvarint rank first), message
+	frameLeader byte = 'I' // leader → rank, once accepted: uvarint the leader's world rank
+	frameBeat   byte = 'P' // either way, every AttachBeat: the sender is alive (no body)
 )
 
 // beatFrame is a whole frameBeat as it goes on the wire.
@@ -444,3 +445,15 @@ type relayedError struct {
 
 func (e *relayedError) Error() string        { return e.msg }
 func (e *relayedError) Is(target error) bool { return target == e.kind }
+
+// relayedLostError is a loss before formation that a leader reported to
+// its attached rank (frameFatal kind 'L'): it keeps the lost rank, so that
+// the rank's runtime reports its own failure as that rank's doing
+// (LostWorldRank, as LostError).
+type relayedLostError struct {
+	relayedError
+	rank int
+}
+
+// LostWorldRank returns the rank whose loss ended formation.
+func (e *relayedLostError) LostWorldRank() int { return e.rank }

@@ -233,6 +233,16 @@ func (w *World) goneLocked(r int, left bool, cause byte) {
 	}
 	ms.status = statusDead
 	lerr := &LostError{Rank: r, Host: ms.Host, Epoch: w.epoch, Cause: w.causeErrorLocked(cause, r)}
+	if !w.formed && cause == causeSilent {
+		// Silent past the attach lease (its own goroutine beats, so a
+		// starved process still beats): frozen or unable to run. Unlike
+		// a gossip death, which a starved member refutes, this does not
+		// heal in time to matter, so formation fails now naming it,
+		// instead of at the formation timeout.
+		w.log.Error().Err(lerr).Msg("rendezvous: member frozen before the world formed")
+		w.setFatalLocked(lerr)
+		return
+	}
 	if !w.formed {
 		// Not fatal yet: under a heavy start-up load a live member can be
 		// declared dead and then refute it. A member that is really gone

@@ -126,6 +126,23 @@ func matrix() []row {
 		row{mode: "gorun", fault: "stop", phase: "barrier", np: 3, victim: 2, restarts: 1, complete: true, bound: 25 * time.Second},
 		row{mode: "direct", fault: "stop", phase: "small", np: 3, victim: 2, names: "rank 2", bound: 25 * time.Second},
 	)
+	// stop before the world formed (issue 17): named within the lease,
+	// or restarted, not left to the formation timeout (120 s).
+	//   - attached: the victim froze once attached to its host leader,
+	//     while rank 1 holds formation back; the attach lease finds it
+	//     and the survivors name it ("lost to its peers": the runtime's
+	//     verdict, at the lease, not the supervisor's backstop);
+	//   - launch: the victim froze before Init, so no peer ever saw it;
+	//     its supervisor finds it stopped (state T) past its lease.
+	rows = append(rows,
+		row{mode: "gorun", fault: "stop", phase: "attached", np: 3, victim: 2, cause: []string{"rank 2", "frozen", "lost to its peers"}, names: "rank 2",
+			bound: 25 * time.Second, ci: true},
+		row{mode: "gorun", fault: "stop", phase: "attached", np: 3, victim: 0, cause: []string{"rank 0", "frozen", "lost to its peers"}, names: "rank 0",
+			bound: 25 * time.Second},
+		row{mode: "gorun", fault: "stop", phase: "attached", np: 3, victim: 2, restarts: 1, complete: true, bound: 25 * time.Second},
+		row{mode: "gorun", fault: "stop", phase: "launch", np: 3, victim: 2, cause: []string{"rank 2", "frozen", "past its lease"}, bound: 25 * time.Second},
+		row{mode: "gorun", fault: "stop", phase: "launch", np: 3, victim: 2, restarts: 1, complete: true, bound: 25 * time.Second, ci: true},
+	)
 	// slow: the job completes, no death verdict, the stall diagnosis names
 	// the slowed rank.
 	rows = append(rows, row{mode: "gorun", fault: "slow", phase: "loop", np: 3, victim: 1, run: 4 * time.Second, complete: true, ci: true,
@@ -181,6 +198,9 @@ func matrix() []row {
 		// One rank per host: every rank is its host's leader, and gossip
 		// sees the freeze.
 		row{mode: "hosts", fault: "stop", phase: "small", np: 3, victim: 2, cause: frozen, names: "rank 2", bound: 25 * time.Second},
+		// Frozen before Init on another host: its host's supervisor
+		// reports it through the agent.
+		row{mode: "hosts", fault: "stop", phase: "launch", np: 3, victim: 2, cause: []string{"rank 2", "frozen", "past its lease"}, bound: 25 * time.Second},
 		row{mode: "hosts", fault: "corrupt", phase: "loop", np: 3, victim: 1, run: 4 * time.Second,
 			inject: []string{"corrupt:rank=1:at=800ms"}, cause: []string{"corrupted on the link 1->"}, names: "corrupted on the link 1->"},
 		// host 1 (rank 0) cut from everything, gorun included, for 8 s:
