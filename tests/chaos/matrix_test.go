@@ -198,9 +198,22 @@ func matrix() []row {
 		row{mode: "hosts", fault: "iptables", phase: "cut", np: 3, victim: 0, run: 12 * time.Second,
 			cause: []string{"the network between host", "HOST0", "rank 0"}, names: "rank ",
 			during: iptablesPartition(0, []int{1, 2}, 8*time.Second), namedInCut: true, code: 255},
-		// the same for 1 s: shorter than the lease, the job goes on.
+		// the same for 500 ms: shorter than gossip's own detection, the
+		// job goes on.
 		row{mode: "hosts", fault: "iptables", phase: "heal", np: 3, victim: -1, run: 4 * time.Second, complete: true,
-			during: iptablesPartition(0, []int{1, 2}, 1*time.Second)},
+			during: iptablesPartition(0, []int{1, 2}, 500*time.Millisecond)},
+		// the same for 1 s: shorter than the 4 s lease, yet gossip (SWIM:
+		// probe, indirect probes, an 800 ms suspicion) declares the cut
+		// host dead after about 1.2 s, and the job ends named as the
+		// network. Gossip's detection, not the lease, bounds a host cut
+		// from all its peers.
+		row{mode: "hosts", fault: "iptables", phase: "heal-1s", np: 3, victim: -1, run: 4 * time.Second, complete: true,
+			during: iptablesPartition(0, []int{1, 2}, 1*time.Second),
+			owner:  "open: gossip declares a host cut from all its peers dead in about 1.2 s, below the 4 s lease"},
+		// One link cut for 2 s, half the lease: gossip sees nothing, the
+		// link's lease tolerates it, the job goes on.
+		row{mode: "hosts", fault: "iptables", phase: "one-link-heal", np: 3, victim: -1, run: 5 * time.Second, complete: true,
+			during: iptablesPartition(0, []int{2}, 2*time.Second)},
 		// One link cut (hosts 1 and 3) while both still reach host 2:
 		// gossip's indirect probes keep both alive, so only the data
 		// plane's own lease on the link (comm's linkwatch.go) names it.
