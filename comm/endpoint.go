@@ -625,7 +625,7 @@ func (e *Endpoint) clientHandshake(conn net.Conn, br *bufio.Reader, h hello) (by
 			// source (connlimit); worth another try.
 			return 0, fmt.Errorf("%w: %w", errBusy, err)
 		}
-		return 0, fmt.Errorf("%w: reading the server's proof: %w", ErrAuth, err)
+		return 0, handshakeReadErr("the server's proof", err)
 	}
 	sn := b[:nonceLen]
 	if !hmac.Equal(b[nonceLen:], mac(e.cfg.Secret, 'S', cn, sn)) {
@@ -647,9 +647,21 @@ func (e *Endpoint) clientHandshake(conn net.Conn, br *bufio.Reader, h hello) (by
 	}
 	var ack [1]byte
 	if _, err := io.ReadFull(br, ack[:]); err != nil {
-		return 0, fmt.Errorf("%w: peer refused the connection: %w", ErrAuth, err)
+		return 0, handshakeReadErr("the server's acceptance", err)
 	}
 	return ack[0], nil
+}
+
+// handshakeReadErr says why the dialer did not read what the listener
+// owed it. A listener that accepted but said nothing before the deadline
+// is stopped or starved (the stall diagnosis queries frozen ranks), which
+// is not an authentication failure; a listener that closed or reset the
+// connection after reading our proof refused it, which is.
+func handshakeReadErr(what string, err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("comm: the peer accepted the connection but sent no %s in time (stopped or starved?): %w", what, err)
+	}
+	return fmt.Errorf("%w: reading %s: %w", ErrAuth, what, err)
 }
 
 // Connect dials every higher rank and waits for every lower rank to dial

@@ -246,6 +246,7 @@ type supervisorRankState struct {
 // goroutine (the main loop), so no lock is needed.
 type supervisor struct {
 	topo    *topologyShare // the hwloc topology shared with the ranks
+	progs   programs       // what the ranks' executables are
 	log     zerolog.Logger
 	out     *bufio.Writer
 	enc     *json.Encoder
@@ -348,12 +349,13 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		byPID: map[int]int{},
 		grace: spec.Grace,
 		steps: map[int]int64{},
+		progs: programs{},
 	}
 	a.enc = json.NewEncoder(a.out)
 	a.collR = -1
 	// First, so that hwloc's discovery overlaps the rest of the set-up.
 	a.topo = &topologyShare{}
-	a.topo.start(spec.Ranks)
+	a.topo.start(a.progs, spec.Ranks)
 	var collW *os.File
 	if len(spec.Ranks) > 0 {
 		// One pipe for the whole job; every rank gets the write end.
@@ -500,15 +502,6 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 	// len(ranks) (see bind.go).
 	shares := cpuShares(len(ranks))
 	crowded := shares == nil && oversubscribed(len(ranks))
-	runtimeOf := map[string]bool{}
-	onRuntime := func(path string) bool {
-		v, ok := runtimeOf[path]
-		if !ok {
-			v = gorunRuntime(path)
-			runtimeOf[path] = v
-		}
-		return v
-	}
 	for i, r := range ranks {
 		var cpus []int
 		if shares != nil && bindPolicy(r.Env) == BindAuto {
@@ -521,7 +514,7 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		}
 		// Oversubscribed ranks on gorun's runtime share this process's
 		// session (bind.go).
-		own := !crowded || bindPolicy(r.Env) != BindAuto || !onRuntime(r.Path)
+		own := !crowded || bindPolicy(r.Env) != BindAuto || !a.progs.of(r.Path).onRuntime()
 		if crowded {
 			env = goMaxProcsEnv(env)
 		}
@@ -542,7 +535,7 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 			env = append(env, rankenv.CollateralFD+"="+strconv.Itoa(len(files)))
 			files = append(files, collW)
 		}
-		if topo.wants(r.Path, r.Env) {
+		if topo.wants(a.progs.of(r.Path), r.Env) {
 			f, took, err := topo.get(topoDeadline)
 			if !topo.reported {
 				topo.reported = true
