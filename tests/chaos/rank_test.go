@@ -228,6 +228,8 @@ func runRank() int {
 			return fail(err)
 		}
 		longest = max(longest, time.Since(t0))
+		// Faults keyed to progress (after-steps) count iterations.
+		r.ReportStep(it + 1)
 		if vote[0] == 0 {
 			break
 		}
