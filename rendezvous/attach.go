@@ -199,14 +199,28 @@ type link struct {
 	closed bool
 	wake   chan struct{}
 	done   chan struct{} // closed when the writer returns
+	// queued counts the frames ever queued, written those the writer has
+	// handed to the kernel; wrote is closed and replaced each time written
+	// grows. A leader waits on them (waitWritten) so that news of a loss
+	// is in its attached ranks' sockets before the leader's own process
+	// can act on that loss, and perhaps exit (see World.publishLocked).
+	queued, written uint64
+	wrote           chan struct{}
 }
 
 func newLink(c net.Conn, rank int, beat time.Duration) *link {
-	return &link{conn: c, rank: rank, beat: beat, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	return &link{conn: c, rank: rank, beat: beat, wake: make(chan struct{}, 1), done: make(chan struct{}), wrote: make(chan struct{})}
 }
 
 // enqueue queues a frame; false once the link is closed. Never blocks.
 func (l *link) enqueue(typ byte, body []byte) bool {
+	_, ok := l.enqueueSeq(typ, body)
+	return ok
+}
+
+// enqueueSeq is enqueue that also returns the frame's position: once
+// written reaches it, the frame is in the kernel (waitWritten).
+func (l *link) enqueueSeq(typ byte, body []byte) (uint64, bool) {
 	b := make([]byte, 5, 5+len(body))
 	binary.BigEndian.PutUint32(b, uint32(1+len(body)))
 	b[4] = typ
@@ -214,14 +228,36 @@ func (l *link) enqueue(typ byte, body []byte) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return false
+		return 0, false
 	}
 	l.queue = append(l.queue, b)
+	l.queued++
 	select {
 	case l.wake <- struct{}{}:
 	default:
 	}
-	return true
+	return l.queued, true
+}
+
+// waitWritten waits until the frame at position seq has been written to
+// the connection, the writer has stopped (the stream is gone: nothing more
+// can be delivered), or expire fires.
+func (l *link) waitWritten(seq uint64, expire <-chan time.Time) {
+	for {
+		l.mu.Lock()
+		n, ch := l.written, l.wrote
+		l.mu.Unlock()
+		if n >= seq {
+			return
+		}
+		select {
+		case <-ch:
+		case <-l.done:
+			return
+		case <-expire:
+			return
+		}
+	}
 }
 
 // writer sends queued frames until the link is shut, then flushes what was
@@ -250,6 +286,13 @@ func (l *link) writer() {
 				return
 			}
 		}
+		if len(q) > 0 {
+			l.mu.Lock()
+			l.written += uint64(len(q))
+			close(l.wrote)
+			l.wrote = make(chan struct{})
+			l.mu.Unlock()
+		}
 		if closed {
 			if cw, ok := l.conn.(interface{ CloseWrite() error }); ok {
 				_ = cw.CloseWrite()
@@ -263,6 +306,7 @@ func (l *link) writer() {
 		case <-beat:
 			l.mu.Lock()
 			l.queue = append(l.queue, beatFrame)
+			l.queued++
 			l.mu.Unlock()
 		}
 	}

@@ -776,7 +776,7 @@ func (w *World) leaderGoneLocked(left, silent bool) {
 				g.leaver = &LeftError{Rank: L, Host: lm.Host}
 				close(g.left)
 			}
-		} else if g.err == nil {
+		} else if g.err == nil && g.pending == nil {
 			g.err = &LostError{Rank: L, Host: lm.Host, Epoch: w.epoch, Cause: why}
 			close(g.failed)
 		}

@@ -163,6 +163,9 @@ type World struct {
 	seqs    map[uint64]uint64 // group key → next collective sequence number
 	// notices holds the first notice per group and topic (notice.go).
 	notices map[noticeKey]*noticeBox
+	// lastPub is closed when the latest deferred publication of a loss
+	// (publishLocked) is done; nil before the first.
+	lastPub chan struct{}
 
 	// Host leaders (hier.go). links are the attached ranks' streams, by
 	// world rank, on a leader; attachedN counts hellos; localsReady is
