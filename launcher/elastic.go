@@ -149,9 +149,11 @@ type WorldReport struct {
 	NP    int      `json:"np"`
 	Hosts []string `json:"hosts,omitempty"`
 	// StartedAt is when the world's launch began; RanksStartedAt when the
-	// last of its ranks had started (a rank that could not start counts).
+	// last of its ranks had started (a rank that could not start counts);
+	// FirstStepAt when a rank first reported a finished step.
 	StartedAt      float64  `json:"started_at_s"`
 	RanksStartedAt *float64 `json:"ranks_started_at_s,omitempty"`
+	FirstStepAt    *float64 `json:"first_step_at_s,omitempty"`
 	EndedAt        float64  `json:"ended_at_s"`
 	// Result is "succeeded" or the error that ended the world.
 	Result string `json:"result"`
@@ -190,12 +192,35 @@ type FaultReport struct {
 	DetectedAt   *float64 `json:"detected_at_s,omitempty"`
 	DetectedBy   string   `json:"detected_by,omitempty"`
 	TimeToDetect *float64 `json:"time_to_detect_s,omitempty"`
+	// Noticed is, for each rank whose runtime reported failing because
+	// of a lost peer after the injection (in its world), when gorun had
+	// its report (At) and how long after the injection (After), whom it
+	// blamed and in its words; ranks gorun stopped before they noticed
+	// are not listed (WorldReport.Cause counts them).
+	Noticed []NoticeReport `json:"noticed,omitempty"`
 	// WorldEndedAt is when the world it hit was gone; Action what the job
 	// did then: "restarted", "job ended" or "job succeeded";
-	// RecoveredAt is when every rank of the next world had started.
-	WorldEndedAt *float64 `json:"world_ended_at_s,omitempty"`
-	Action       string   `json:"action,omitempty"`
-	RecoveredAt  *float64 `json:"recovered_at_s,omitempty"`
+	// RecoveredAt is when every rank of the next world had started, and
+	// ResumedAt when the first rank of the next world reported a step
+	// (programs that report steps: gorun's runtime's ReportStep, the
+	// trainer); TimeToRecover is ResumedAt less InjectedAt.
+	WorldEndedAt  *float64 `json:"world_ended_at_s,omitempty"`
+	Action        string   `json:"action,omitempty"`
+	RecoveredAt   *float64 `json:"recovered_at_s,omitempty"`
+	ResumedAt     *float64 `json:"resumed_at_s,omitempty"`
+	TimeToRecover *float64 `json:"time_to_recover_s,omitempty"`
+}
+
+// NoticeReport is one rank that noticed an injected fault.
+type NoticeReport struct {
+	Rank  int     `json:"rank"`
+	At    float64 `json:"at_s"`
+	After float64 `json:"after_s"`
+	Blame int     `json:"blame"`
+	// Relay: the rank learned of the loss from Blame's abort, not by
+	// seeing it itself.
+	Relay bool   `json:"relay,omitempty"`
+	Why   string `json:"why,omitempty"`
 }
 
 // worldRun is what one world's launch needs of the job around it; it rides
@@ -323,6 +348,46 @@ func (w *worldRun) failed(what string, t time.Time) {
 		}
 		at := w.rep.since(t)
 		f.DetectedAt, f.DetectedBy, f.TimeToDetect = ptr(at), what, ptr(at-*from)
+	}
+}
+
+// firstStep records a rank's first step report in this world: the world's
+// first one is when the faults of the world before recovered for good.
+func (w *worldRun) firstStep(rank int, step int64, t time.Time) {
+	if w == nil || w.rep.world.FirstStepAt != nil {
+		return
+	}
+	at := w.rep.since(t)
+	w.rep.world.FirstStepAt = ptr(at)
+	for i := range w.rep.Faults {
+		f := &w.rep.Faults[i]
+		if f.Action == "restarted" && f.ResumedAt == nil && f.Restart != nil && *f.Restart == w.restart-1 && f.InjectedAt != nil {
+			f.ResumedAt, f.TimeToRecover = ptr(at), ptr(at-*f.InjectedAt)
+		}
+	}
+}
+
+// noticed records the ranks among fs whose runtime reported a lost peer,
+// against each injection of this world that was injected.
+func (w *worldRun) noticed(fs []failure, t time.Time) {
+	if w == nil {
+		return
+	}
+	at := w.rep.since(t)
+	for id := range w.rep.pending {
+		f := &w.rep.Faults[w.rep.byID[id]]
+		if f.InjectedAt == nil {
+			continue
+		}
+		for _, x := range fs {
+			if x.collateral {
+				why := x.why
+				if len(why) > 300 {
+					why = why[:300] + "..."
+				}
+				f.Noticed = append(f.Noticed, NoticeReport{Rank: x.rank, At: at, After: at - *f.InjectedAt, Blame: x.blame, Relay: x.relay, Why: why})
+			}
+		}
 	}
 }
 
