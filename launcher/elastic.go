@@ -479,12 +479,16 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 	id := DetectLocal()
 	rep.Start = time.Now()
 	el := newElastic(job)
+	if job.ReadmitEvery < 0 || (job.ReadmitEvery > 0 && el == nil) {
+		return fmt.Errorf("launcher: --readmit-every %s: must not be negative, and needs an elastic job (--min-np/--max-np)", job.ReadmitEvery)
+	}
 	var prev error // the last world's error
+	grown := 0     // restarts made to grow back, not counted against MaxRestarts
 	for restart := 0; ; restart++ {
 		j := job
 		if el != nil {
 			if restart > 0 {
-				readmit(ctx, cfg, rep, restart)
+				readmit(ctx, cfg, rep, restart, nil)
 			}
 			var err error
 			if j.Hosts, j.NP, err = el.world(rep.out); err != nil {
@@ -516,11 +520,19 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 				c.Timeout = time.Nanosecond
 			}
 		}
+		// A world without some lost host asks for them while it runs
+		// (ReadmitEvery); when one answers, wctx ends with errGrow.
+		wctx, stopAsking := watchLostHosts(ctx, cfg, job, rep, restart)
 		var err error
 		if needsHostAgents(c, j.Hosts, id) {
-			err = launchOnHosts(ctx, c, j, id)
+			err = launchOnHosts(wctx, c, j, id)
 		} else {
-			err = launchLocal(ctx, c, j)
+			err = launchLocal(wctx, c, j)
+		}
+		answered := stopAsking()
+		growing := len(answered) > 0 && ctx.Err() == nil && err != nil
+		if growing {
+			err = &GrowError{Hosts: answered, Err: err}
 		}
 		var te *TimeoutError
 		if errors.As(err, &te) {
@@ -542,9 +554,13 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 				}
 			}
 		}
-		again := err != nil && (restartable(err) || (el != nil && el.lostHost(err) != "")) && restart < job.MaxRestarts && ctx.Err() == nil
+		again := err != nil && (restartable(err) || (el != nil && el.lostHost(err) != "")) && restart-grown < job.MaxRestarts && ctx.Err() == nil
 		action := "job ended"
 		switch {
+		case growing:
+			again, action = true, "restarted to grow"
+			grown++
+			readmit(ctx, cfg, rep, restart+1, answered)
 		case again:
 			action = "restarted"
 		case err == nil:
@@ -567,6 +583,10 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		}
 		prev = err
 		rep.Restarts++
+		if growing {
+			cfg.Logger.Warn().Int("restart", restart+1).Strs("hosts", answered).Msg("lost hosts answer again; restarting the world to grow back")
+			continue
+		}
 		cfg.Logger.Warn().Int("restart", restart+1).Int("max_restarts", job.MaxRestarts).Err(err).
 			Msg("the world failed; restarting it")
 	}
@@ -588,36 +608,113 @@ const readmitWait = 10 * time.Second
 // gorun doctor checks) and takes back those that do, so that the world
 // grows back toward --max-np at a restart boundary, as torchrun's elastic
 // agent re-forms its rendezvous with a node that comes back.
-func readmit(ctx context.Context, cfg Config, rep *Report, restart int) {
-	var ask []Host
-	for _, h := range rep.out {
-		if restart-rep.lostIn[h] >= readmitAfter {
-			ask = append(ask, Host{Name: h, Slots: 1})
+//
+// answered, when not nil, are hosts that answered already (while the last
+// world ran: watchLostHosts); they are taken back without asking again.
+func readmit(ctx context.Context, cfg Config, rep *Report, restart int, answered []string) {
+	if answered == nil {
+		var ask []string
+		for _, h := range rep.out {
+			if restart-rep.lostIn[h] >= readmitAfter {
+				ask = append(ask, h)
+			}
 		}
+		answered = askHosts(ctx, cfg, ask)
 	}
+	for _, h := range answered {
+		rep.out = slices.DeleteFunc(rep.out, func(o string) bool { return o == h })
+		delete(rep.lostIn, h)
+		rep.Readmitted = append(rep.Readmitted, ReadmitReport{Host: h, Restart: restart, At: rep.since(time.Now())})
+		cfg.Logger.Warn().Str("host", h).Int("restart", restart).Msg("lost host answers again; taken back into the world")
+	}
+}
+
+// askHosts returns the hosts among ask whose agent starts and
+// authenticates within readmitWait (gorun doctor's start-up).
+func askHosts(ctx context.Context, cfg Config, ask []string) []string {
 	if len(ask) == 0 {
-		return
+		return nil
+	}
+	hosts := make([]Host, len(ask))
+	for i, h := range ask {
+		hosts[i] = Host{Name: h, Slots: 1}
 	}
 	qctx, cancel := context.WithTimeout(ctx, readmitWait)
 	defer cancel()
 	dcfg := cfg
 	dcfg.Stdout, dcfg.Stderr = io.Discard, io.Discard
-	d, err := Doctor(qctx, dcfg, ask)
+	d, err := Doctor(qctx, dcfg, hosts)
 	if d == nil {
 		cfg.Logger.Warn().Err(err).Msg("could not ask the lost hosts whether they answer again")
-		return
+		return nil
 	}
+	var ok []string
 	for _, c := range d.Hosts {
-		if !c.OK() {
+		if c.OK() {
+			ok = append(ok, c.Host)
+		} else {
 			cfg.Logger.Info().Str("host", c.Host).Strs("problems", c.Problems).Msg("lost host still does not answer; left out")
-			continue
 		}
-		rep.out = slices.DeleteFunc(rep.out, func(h string) bool { return h == c.Host })
-		delete(rep.lostIn, c.Host)
-		rep.Readmitted = append(rep.Readmitted, ReadmitReport{Host: c.Host, Restart: restart, At: rep.since(time.Now())})
-		cfg.Logger.Warn().Str("host", c.Host).Int("restart", restart).Msg("lost host answers again; taken back into the world")
+	}
+	return ok
+}
+
+// errGrow ends a world whose lost hosts answer again (watchLostHosts).
+var errGrow = errors.New("lost hosts answer again: the world restarts to grow back")
+
+// watchLostHosts returns the context a world runs under and a function
+// that ends the watch and returns the hosts that answered. With
+// Job.ReadmitEvery set and hosts left out of this world, a goroutine asks
+// them every ReadmitEvery (the first time one interval into the world: a
+// host lost at the restart just made is not asked at once, see
+// readmitAfter); when any answers, the world's context ends with errGrow,
+// which stops the world as a canceled job is stopped.
+func watchLostHosts(ctx context.Context, cfg Config, job Job, rep *Report, restart int) (context.Context, func() []string) {
+	if job.ReadmitEvery <= 0 || len(rep.out) == 0 {
+		return ctx, func() []string { return nil }
+	}
+	wctx, cancel := context.WithCancelCause(ctx)
+	ask := slices.Clone(rep.out)
+	var answered []string
+	done := make(chan struct{})
+	go func() { // owned: the returned function waits for it
+		defer close(done)
+		t := time.NewTicker(job.ReadmitEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+			}
+			if ok := askHosts(wctx, cfg, ask); len(ok) > 0 && wctx.Err() == nil {
+				answered = ok
+				cfg.Logger.Warn().Strs("hosts", ok).Int("restart", restart).Msg("lost hosts answer again; stopping the world to grow back")
+				cancel(errGrow)
+				return
+			}
+		}
+	}()
+	return wctx, func() []string {
+		cancel(nil)
+		<-done
+		return answered
 	}
 }
+
+// GrowError ends a world that gorun stopped because lost hosts answered
+// again: the next world grows back with them. It is never a job's error.
+type GrowError struct {
+	Hosts []string
+	// Err is how the stopped world ended.
+	Err error
+}
+
+func (e *GrowError) Error() string {
+	return fmt.Sprintf("launcher: stopped to grow back: host %s answered again (%v)", strings.Join(e.Hosts, ", "), e.Err)
+}
+
+func (e *GrowError) Unwrap() error { return e.Err }
 
 // elastic is the host policy of a job with --min-np/--max-np.
 //
