@@ -95,6 +95,11 @@ type supervisorSpec struct {
 	// sends a "ping" every quarter of it. Only host agents set it: a
 	// local gorun stopped with Ctrl-Z must not lose its job.
 	ClientLease time.Duration `json:"client_lease,omitempty"`
+	// Cgroup, when set, is the job cgroup the client made and moved this
+	// supervisor into (cgroup_linux.go). The client removes it once the
+	// supervisor exited; a supervisor whose client died removes it on
+	// its way out, after killing every descendant.
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 // supervisorRank is one process to start. Descriptor numbers refer to the
@@ -352,6 +357,15 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		defer func() {
 			if (a != nil && a.gorunGone && !a.bye) || os.Getppid() != parent {
 				_ = os.RemoveAll(spec.RemoveDir)
+			}
+		}()
+	}
+	if spec.Cgroup != "" {
+		defer func() {
+			if a != nil && a.gorunGone && !a.bye {
+				if err := removeOwnCgroup(spec.Cgroup); err != nil {
+					log.Warn().Err(err).Msg("could not remove the job's cgroup")
+				}
 			}
 		}()
 	}
