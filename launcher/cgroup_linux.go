@@ -360,16 +360,26 @@ func reapPids(pids []int, deadline time.Time) {
 	}
 }
 
+// CgroupSupport says where this host's jobs get their cgroups ("cgroup
+// v2 (cgroup.kill) under DIR" or "cgroup v1 freezer under DIR"), or why
+// they get none.
+func CgroupSupport() (string, error) {
+	m, err := findCgroupMount()
+	if err != nil {
+		return "", err
+	}
+	if m.v2 {
+		return "cgroup v2 (cgroup.kill) under " + m.parent, nil
+	}
+	return "cgroup v1 freezer under " + m.parent, nil
+}
+
 // cgroupStatus is gorun doctor's line: where job cgroups go on this
 // host, or why there are none.
 func cgroupStatus() string {
-	m, err := findCgroupMount()
+	where, err := CgroupSupport()
 	if err != nil {
 		return "off: " + err.Error() + "; a process that leaves its session and clears its environment can outlive a SIGKILLed supervisor"
 	}
-	kind := "cgroup v1 freezer"
-	if m.v2 {
-		kind = "cgroup v2 (cgroup.kill)"
-	}
-	return fmt.Sprintf("on: %s, job cgroups under %s", kind, m.parent)
+	return "on: " + where
 }
