@@ -48,8 +48,12 @@ import (
 // Alternatives weighed: a PID namespace gives the same guarantee from the
 // kernel but needs privileges; cgroup.kill needs a writable cgroup tree and
 // still needs a survivor to trigger it; scanning /proc for a job env marker
-// misses processes that clear their environment. A host agent (hostagent.go)
-// runs the same supervisor on every other host of a multi-host job.
+// misses processes that clear their environment. So the subreaper design is
+// the one that works everywhere, and a job cgroup is added where the host
+// allows it (cgroup_linux.go): it covers the supervisor's own SIGKILL, with
+// the supervisor's client as the survivor that triggers the kill. A host
+// agent (hostagent.go) runs the same supervisor on every other host of a
+// multi-host job.
 //
 // The protocol is newline-delimited JSON: gorun writes one supervisorSpec,
 // then supervisorCmds; the supervisor writes supervisorEvents. Output does
