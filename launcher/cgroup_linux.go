@@ -368,6 +368,16 @@ func CgroupSupport() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// Writable by the mount's flags and permissions is not yet proof (a
+	// security module, a full cgroup.max.descendants): make one and
+	// remove it, as a job would.
+	probe := filepath.Join(m.parent, fmt.Sprintf("gorun-probe-%d", os.Getpid()))
+	if err := os.Mkdir(probe, 0o755); err != nil {
+		return "", fmt.Errorf("cannot make a cgroup under %s: %w", m.parent, err)
+	}
+	if err := os.Remove(probe); err != nil {
+		return "", fmt.Errorf("cannot remove the probe cgroup %s: %w", probe, err)
+	}
 	if m.v2 {
 		return "cgroup v2 (cgroup.kill) under " + m.parent, nil
 	}

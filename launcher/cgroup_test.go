@@ -27,9 +27,12 @@ func TestCgroupKillsEscapedDescendants(t *testing.T) {
 	for _, v := range []string{"v2", "v1"} {
 		t.Run(v, func(t *testing.T) {
 			t.Setenv(cgroupEnv, v)
+			if _, err := CgroupSupport(); err != nil {
+				t.Skipf("no writable cgroup %s hierarchy on this host (%v): job cgroups are off here", v, err)
+			}
 			m, err := findCgroupMount()
 			if err != nil {
-				t.Skipf("no writable cgroup %s hierarchy on this host (%v): job cgroups are off here", v, err)
+				t.Fatal(err)
 			}
 			j := newJobRun(t, 3, "setsid-clearenv", nil)
 			errc := make(chan error, 1)
@@ -99,4 +102,47 @@ func ownCgroupOf(t *testing.T, pid int, v2 bool) string {
 		}
 	}
 	return ""
+}
+
+// Where a job cgroup goes: below this process's own cgroup of the
+// hierarchy, found from /proc/self/cgroup relative to the mount's root;
+// the mount point when the path is not visible there.
+func TestOwnCgroupDir(t *testing.T) {
+	point := t.TempDir()
+	for _, d := range []string{"a/b", "b", "slurm/job_1/step_0"} {
+		if err := os.MkdirAll(filepath.Join(point, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name, root, procCgroup, controller, want string
+	}{
+		{"v2", "/", "0::/a/b\n", "", "a/b"},
+		{"v2 root", "/", "0::/\n", "", ""},
+		{"v2 mount of a subtree", "/a", "0::/a/b\n", "", "b"},
+		{"v2 path outside the mount", "/x", "0::/a/b\n", "", ""},
+		{"v2 path not there", "/", "0::/gone\n", "", ""},
+		{"v1 freezer under slurm", "/", "6:freezer:/slurm/job_1/step_0\n4:memory:/other\n0::/\n", "freezer", "slurm/job_1/step_0"},
+		{"v1 co-mounted", "/", "3:cpu,cpuacct,freezer:/a/b\n", "freezer", "a/b"},
+		{"v1 not v2's line", "/", "0::/a/b\n", "freezer", ""},
+		{"v2 not a v1 line", "/", "6:freezer:/a/b\n", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := ownCgroupDir(point, tc.root, []byte(tc.procCgroup), tc.controller)
+			if want := filepath.Join(point, tc.want); got != want {
+				t.Errorf("ownCgroupDir = %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+func TestCgroupSafeAndMountUnescape(t *testing.T) {
+	for in, want := range map[string]string{"3f7f3d05": "3f7f3d05", "a/b c": "a_b_c", "": "job", strings.Repeat("x", 80): strings.Repeat("x", 64)} {
+		if got := cgroupSafe(in); got != want {
+			t.Errorf("cgroupSafe(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := unescapeMount(`/sys/fs/cgroup/with\040space`); got != "/sys/fs/cgroup/with space" {
+		t.Errorf("unescapeMount = %q", got)
+	}
 }
