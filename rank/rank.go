@@ -185,6 +185,11 @@ func Init(ctx context.Context, opts Options) (_ *Rank, err error) {
 	}
 	ecfg := opts.Endpoint
 	ecfg.Addr, ecfg.Secret, ecfg.Logger = addr, key, opts.Logger
+	if ecfg.LinkLease == 0 {
+		// A cut link is named at the same lease as a silent member
+		// (GORUN_RDZV_LEASE): comm's link lease.
+		ecfg.LinkLease = id.AttachLease
+	}
 	if r.ep, err = comm.Listen(ecfg); err != nil {
 		return nil, fmt.Errorf("rank %d: data plane: %w", id.Rank, err)
 	}
