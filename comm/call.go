@@ -19,6 +19,9 @@ type call struct {
 	counts     *vCounts // AllToAllV only
 	invalid    error    // set at issue: fails the communicator at its turn
 	issued     int64    // ticks()
+	// unkicked: issued with IssuerWaits, so the worker was not woken for
+	// it; a Wait that cannot run it inline wakes the worker instead.
+	unkicked bool
 
 	ctx  context.Context
 	hook *ctxHook // the cancellation hook of ctx, nil if ctx never ends
@@ -67,6 +70,10 @@ func (cl *call) Wait(ctx context.Context) error {
 		if cl.Done() {
 			return cl.err
 		}
+	} else if cl.unkicked {
+		// Issued for an inline wait that this one cannot be: hand it to
+		// the worker now (a spare wake-up is harmless).
+		cl.c.kick()
 	}
 	ch := cl.waitCh()
 	if ch == nil {
@@ -205,10 +212,30 @@ func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 	if ctx.Done() != nil {
 		c.hook(cl)
 	}
+	_, cl.unkicked = ctx.(issuerWaits)
 	c.queue <- cl
-	c.kick()
+	if !cl.unkicked {
+		c.kick()
+	}
 	return cl
 }
+
+// IssuerWaits returns a context, otherwise parent's, for calls whose
+// issuer waits for them at once: issue, then Wait with the same context
+// (or one that never ends), as a blocking call does. Such a call is not
+// handed to the communicator's worker goroutine: the Wait runs it on the
+// issuer's goroutine. Handing it over anyway wakes the worker for nothing,
+// and with more than one P that wake-up is a futex wake of another thread
+// and a second thread on the cores: 2 µs of a 3 µs 8-byte all-reduce
+// issued from a C thread (libgorun; notes/torch-backend.md). A call issued
+// with it progresses only once it is waited for, or once the worker wakes
+// for another call: an issuer that does not Wait at once, or polls Done,
+// must not use it.
+func IssuerWaits(parent context.Context) context.Context { return issuerWaits{parent} }
+
+// issuerWaits marks a context made by IssuerWaits; it is parent in every
+// other respect.
+type issuerWaits struct{ context.Context }
 
 func (c *Comm) invalidf(cl *call, format string, args ...any) {
 	if cl.invalid == nil {
