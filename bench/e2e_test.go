@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
 	"github.com/gorun-hpc/gorun/tests/testhosts"
 )
 
@@ -30,12 +31,10 @@ var gorunBinary = sync.OnceValues(func() (string, error) {
 		return "", err
 	}
 	e2eDir = dir
-	bin := filepath.Join(dir, "gorun")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/gorun-hpc/gorun/cmd/gorun").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	if err := launchertest.GoBuild(dir, "cmd/gorun"); err != nil {
+		return "", err
 	}
-	return bin, nil
+	return filepath.Join(dir, "gorun"), nil
 })
 
 type e2eResult struct {

@@ -234,6 +234,7 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 	c.rrFn = c.reduceRecvd
 	c.wg.Go(c.worker)
 	c.wg.Go(c.watchGroup)
+	c.wg.Go(c.watchLinks)
 	if st, ok := t.(StatusTransport); ok {
 		c.statusT = st
 		unStatus := st.ServeStatus(c.gid, c.status)

@@ -83,9 +83,33 @@ type EndpointConfig struct {
 	// stopped rank still acks), so this fires only when the network or the
 	// host is gone: a cut link, a partition, a blackholed host, where TCP's
 	// own retransmissions would wait about 15 minutes. Zero means
-	// $GORUN_TCP_USER_TIMEOUT (a Go duration), else 10 s; negative leaves
-	// the kernel's behaviour. Linux only.
+	// $GORUN_TCP_USER_TIMEOUT (a Go duration), else none while LinkLease
+	// is on (the default: the lease judges a cut sooner and rightly),
+	// else 10 s; negative leaves the kernel's behaviour. Linux only.
+	//
+	// Why not both by default: since Linux 5.11 TCP_USER_TIMEOUT also
+	// aborts a connection whose peer keeps its receive window closed that
+	// long while answering every probe — a healthy rank that does not
+	// read for 10 s (a long step, a checkpoint) while a peer's large send
+	// waits. Measured here (Linux 6.18, loopback, 4 s): the write failed
+	// with "connection timed out" after 4.27 s, the reader alive. The
+	// lease tells the two apart (linkwatch.go).
 	TCPUserTimeout time.Duration
+	// LinkLease is the data plane's own liveness check on TCP links (the
+	// links between hosts): a link whose peer host has acknowledged
+	// nothing for LinkLease while something awaited its acknowledgement
+	// (data in flight, a zero-window probe, or a keepalive probe, which
+	// the kernel sends on a link idle for a quarter of the lease) counts
+	// as cut, and every communicator using it fails naming the peer and
+	// the network between the two hosts (linkwatch.go). It is the
+	// partition lease: what gossip and the attach streams allow a silent
+	// member, so that a cut link is named as soon as a cut host would be,
+	// while a shorter cut heals. The peer's kernel acknowledges whatever
+	// its process does (busy, starved, stopped), so an overloaded or
+	// frozen rank never trips it. Zero means 4 s (package rank passes the
+	// rendezvous lease, GORUN_RDZV_LEASE); negative turns the check off,
+	// leaving TCPUserTimeout alone. Linux only.
+	LinkLease time.Duration
 	// TCPStreams is how many TCP connections a link to a peer uses; large
 	// frames are striped across them (headers and small frames use the
 	// first). Each connection is authenticated like the first. The dialing
@@ -99,9 +123,13 @@ type EndpointConfig struct {
 	Logger zerolog.Logger
 }
 
-// defaultTCPUserTimeout is TCPUserTimeout's default: a lost network ends a
-// call within the 10 s issue 17 asks of a frozen rank.
+// defaultTCPUserTimeout is TCPUserTimeout's default without a link lease:
+// a lost network ends a call within the 10 s issue 17 asks of a frozen
+// rank.
 const defaultTCPUserTimeout = 10 * time.Second
+
+// defaultLinkLease is LinkLease's default: the rendezvous' lease.
+const defaultLinkLease = 4 * time.Second
 
 // DefaultEndpointConfig returns the production settings, listening on ":0".
 func DefaultEndpointConfig() EndpointConfig {
@@ -202,14 +230,21 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 	if cfg.TCPSpin == 0 {
 		cfg.TCPSpin = d.TCPSpin
 	}
+	if cfg.LinkLease == 0 {
+		cfg.LinkLease = defaultLinkLease
+	}
 	if cfg.TCPUserTimeout == 0 {
-		cfg.TCPUserTimeout = defaultTCPUserTimeout
-		if v := os.Getenv("GORUN_TCP_USER_TIMEOUT"); v != "" {
+		switch v := os.Getenv("GORUN_TCP_USER_TIMEOUT"); {
+		case v != "":
 			t, err := time.ParseDuration(v)
 			if err != nil || t <= 0 {
 				return nil, fmt.Errorf("%w: GORUN_TCP_USER_TIMEOUT=%q is not a positive duration", ErrInvalidArgument, v)
 			}
 			cfg.TCPUserTimeout = t
+		case cfg.LinkLease > 0 && tcpInfoWorks:
+			cfg.TCPUserTimeout = -1 // the lease judges (see TCPUserTimeout)
+		default:
+			cfg.TCPUserTimeout = defaultTCPUserTimeout
 		}
 	}
 	if cfg.TCPStreams == 0 {
@@ -252,7 +287,7 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 }
 
 func (e *Endpoint) tcpOptions() tcpOptions {
-	return tcpOptions{spin: e.cfg.TCPSpin, bufBytes: e.cfg.TCPBufferBytes, userTimeout: e.cfg.TCPUserTimeout}
+	return tcpOptions{spin: e.cfg.TCPSpin, bufBytes: e.cfg.TCPBufferBytes, userTimeout: e.cfg.TCPUserTimeout, lease: max(e.cfg.LinkLease, 0)}
 }
 
 // Addr is the address peers dial: host:port. Safe for concurrent use.
@@ -590,7 +625,7 @@ func (e *Endpoint) clientHandshake(conn net.Conn, br *bufio.Reader, h hello) (by
 			// source (connlimit); worth another try.
 			return 0, fmt.Errorf("%w: %w", errBusy, err)
 		}
-		return 0, fmt.Errorf("%w: reading the server's proof: %w", ErrAuth, err)
+		return 0, handshakeReadErr("the server's proof", err)
 	}
 	sn := b[:nonceLen]
 	if !hmac.Equal(b[nonceLen:], mac(e.cfg.Secret, 'S', cn, sn)) {
@@ -612,9 +647,21 @@ func (e *Endpoint) clientHandshake(conn net.Conn, br *bufio.Reader, h hello) (by
 	}
 	var ack [1]byte
 	if _, err := io.ReadFull(br, ack[:]); err != nil {
-		return 0, fmt.Errorf("%w: peer refused the connection: %w", ErrAuth, err)
+		return 0, handshakeReadErr("the server's acceptance", err)
 	}
 	return ack[0], nil
+}
+
+// handshakeReadErr says why the dialer did not read what the listener
+// owed it. A listener that accepted but said nothing before the deadline
+// is stopped or starved (the stall diagnosis queries frozen ranks), which
+// is not an authentication failure; a listener that closed or reset the
+// connection after reading our proof refused it, which is.
+func handshakeReadErr(what string, err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("comm: the peer accepted the connection but sent no %s in time (stopped or starved?): %w", what, err)
+	}
+	return fmt.Errorf("%w: reading %s: %w", ErrAuth, what, err)
 }
 
 // Connect dials every higher rank and waits for every lower rank to dial

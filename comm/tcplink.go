@@ -51,6 +51,9 @@ type tcpLink struct {
 	wbuf []byte
 
 	once sync.Once
+
+	// lease is EndpointConfig.LinkLease (0: unwatched); see linkwatch.go.
+	lease time.Duration
 }
 
 var (
@@ -73,6 +76,8 @@ type tcpOptions struct {
 	bufBytes int           // TCPBufferBytes; 0: kernel autotuning
 	// userTimeout is TCPUserTimeout; <= 0: the kernel's defaults.
 	userTimeout time.Duration
+	// lease is LinkLease; 0: no liveness check of the link (linkwatch.go).
+	lease time.Duration
 }
 
 // newTCPLink takes over conns (stream 0 first) after their handshakes;
@@ -80,11 +85,13 @@ type tcpOptions struct {
 // already be sending).
 func newTCPLink(conns []net.Conn, pre [][]byte, o tcpOptions) *tcpLink {
 	l := &tcpLink{
-		st:   make([]*tcpStream, len(conns)),
-		rx:   make([]recvPiece, len(conns)),
-		rbuf: make([]byte, HeaderSize+tcpEager),
-		wbuf: make([]byte, HeaderSize+tcpEager),
+		st:    make([]*tcpStream, len(conns)),
+		rx:    make([]recvPiece, len(conns)),
+		rbuf:  make([]byte, HeaderSize+tcpEager),
+		wbuf:  make([]byte, HeaderSize+tcpEager),
+		lease: o.lease,
 	}
+	ka := keepAlive(o)
 	for i, c := range conns {
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true) // frames are whole messages; Nagle only adds latency
@@ -93,15 +100,44 @@ func newTCPLink(conns []net.Conn, pre [][]byte, o tcpOptions) *tcpLink {
 				_ = tc.SetWriteBuffer(o.bufBytes)
 				_ = tc.SetReadBuffer(o.bufBytes)
 			}
+			if ka.Enable {
+				_ = tc.SetKeepAliveConfig(ka)
+			}
 			if o.userTimeout > 0 {
 				// A lost network, not a slow peer: see TCPUserTimeout.
-				_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: o.userTimeout / 2, Interval: o.userTimeout / 10, Count: 5})
 				_ = setUserTimeout(tc, o.userTimeout)
 			}
 		}
 		l.st[i] = newTCPStream(c, o.spin, pre[i])
 	}
 	return l
+}
+
+// keepAlive is the keepalive of a data connection. Keepalive probes are
+// how a link with nothing in flight is still judged: the kernel probes a
+// connection idle for Idle, and an unanswered probe is what the link
+// lease (linkwatch.go) and TCPUserTimeout act on. With a lease, a probe
+// leaves after a quarter of it, so that an idle link cut is named within
+// the lease; the kernel counts these in whole seconds (Go rounds up), so
+// a lease under 2 s is judged no sooner than about 1 s of idleness. A
+// healthy busy link sends no probe at all: keepalive costs nothing on
+// the fast path.
+func keepAlive(o tcpOptions) net.KeepAliveConfig {
+	ka := net.KeepAliveConfig{Count: 5}
+	if o.userTimeout > 0 {
+		ka.Enable, ka.Idle, ka.Interval = true, o.userTimeout/2, o.userTimeout/10
+	}
+	if o.lease > 0 {
+		idle, intv := max(o.lease/4, time.Second), max(o.lease/8, time.Second)
+		if !ka.Enable || idle < ka.Idle {
+			ka.Idle = idle
+		}
+		if !ka.Enable || intv < ka.Interval {
+			ka.Interval = intv
+		}
+		ka.Enable = true
+	}
+	return ka
 }
 
 // stripe returns piece i of k of an n-byte payload: [lo, hi), cut at

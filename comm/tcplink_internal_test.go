@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -361,5 +362,39 @@ func TestEndpointRefusesBadStreams(t *testing.T) {
 	ack, err := client.clientHandshake(conn, bufio.NewReader(conn), hello{gid: 1, from: 1, size: 2, streams: 2, stream: 1})
 	if err != nil || ack != ackTCP {
 		t.Fatalf("sound extra stream: ack %d, %v", ack, err)
+	}
+}
+
+// A listener that accepts but never answers (a stopped process whose
+// kernel still completes the TCP handshake) is reported as silent, not as
+// an authentication failure: the stall diagnosis queries frozen ranks, and
+// "authentication failed" sent users looking for a wrong secret.
+func TestHandshakeSilentPeerIsNotAuth(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(100 * time.Millisecond))
+	client := &Endpoint{cfg: EndpointConfig{Secret: []byte("silent peer")}}
+	_, err = client.clientHandshake(conn, bufio.NewReader(conn), hello{gid: 1, from: 1, size: 2, streams: 1})
+	if c := <-accepted; c != nil {
+		c.Close()
+	}
+	if err == nil || errors.Is(err, ErrAuth) || !strings.Contains(err.Error(), "sent no") {
+		t.Fatalf("silent listener: %v, want a timeout that is not ErrAuth", err)
 	}
 }

@@ -342,7 +342,7 @@ func Launch(ctx context.Context, cfg Config, job Job) error {
 // of the last world exited 0; otherwise it is the last world's: one of
 // *RankExitError, *StartError, *TimeoutError, *InterruptedError,
 // *ProgramError, *SlotsError, *CapacityError, *SupervisorError, *HostError,
-// *VersionError, *HostLostError, *MPIError, *OutputLostError (every rank
+// *VersionError, *HostLostError, *MPIError, *FrozenError, *OutputLostError (every rank
 // succeeded but a log file lost output), *FaultSpecError, or a
 // configuration or context error. The report is never nil.
 func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
@@ -581,8 +581,9 @@ func restartable(err error) bool {
 		hl *HostLostError
 		me *MPIError
 		ce *CollateralError
+		fe *FrozenError
 	)
-	return errors.As(err, &re) || errors.As(err, &se) || errors.As(err, &hl) || errors.As(err, &me) || errors.As(err, &ce)
+	return errors.As(err, &re) || errors.As(err, &se) || errors.As(err, &hl) || errors.As(err, &me) || errors.As(err, &ce) || errors.As(err, &fe)
 }
 
 // exitCodeOf is the exit code gorun gives err (1 when it carries none).

@@ -155,7 +155,9 @@ type supervisorCmd struct {
 // supervisorEvent is a message from the supervisor.
 type supervisorEvent struct {
 	// Ev is "started", "failed" (could not start; Err says why), "exited"
-	// (Code or Signal set) or "done" (every rank and stray is gone; last).
+	// (Code or Signal set), "frozen" (stopped past its lease: Frozen is
+	// the state letter, Err says for how long; freeze.go) or "done" (every
+	// rank and stray is gone; last).
 	Ev     string `json:"ev"`
 	Rank   int    `json:"rank"`
 	PID    int    `json:"pid,omitempty"`
@@ -240,12 +242,20 @@ type supervisorRankState struct {
 	// supervisor was told to end it, 0 if it was running: the evidence
 	// that a rank its peers lost was frozen, not dead (noteFrozen).
 	frozen byte
+	// freezeAfter is how long the rank may stay stopped (state T) before
+	// the supervisor reports it frozen (freeze.go); stoppedSince is when
+	// a check first found it stopped (zero while it runs), frozenTold
+	// that the report went out.
+	freezeAfter  time.Duration
+	stoppedSince time.Time
+	frozenTold   bool
 }
 
 // supervisor is the state of one supervisor process; every field is owned by runSupervisor's
 // goroutine (the main loop), so no lock is needed.
 type supervisor struct {
 	topo    *topologyShare // the hwloc topology shared with the ranks
+	progs   programs       // what the ranks' executables are
 	log     zerolog.Logger
 	out     *bufio.Writer
 	enc     *json.Encoder
@@ -284,6 +294,10 @@ type supervisor struct {
 	// of their ranks to get there.
 	steps map[int]int64
 	armed []supervisorCmd
+	// tearing is set once gorun sent the teardown signal: a rank stopped
+	// then is no news (freeze.go); lastFreezeCheck paces the checks.
+	tearing         bool
+	lastFreezeCheck time.Time
 }
 
 // faultCont is one SIGCONT an injected stop owes a rank.
@@ -348,12 +362,13 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		byPID: map[int]int{},
 		grace: spec.Grace,
 		steps: map[int]int64{},
+		progs: programs{},
 	}
 	a.enc = json.NewEncoder(a.out)
 	a.collR = -1
 	// First, so that hwloc's discovery overlaps the rest of the set-up.
 	a.topo = &topologyShare{}
-	a.topo.start(spec.Ranks)
+	a.topo.start(a.progs, spec.Ranks)
 	var collW *os.File
 	if len(spec.Ranks) > 0 {
 		// One pipe for the whole job; every rank gets the write end.
@@ -470,6 +485,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			a.fireArmed()
 			a.sendConts(time.Now())
 			a.tickSlows(time.Now())
+			a.watchFrozen(time.Now())
 			if a.killing {
 				a.killAll()
 			}
@@ -500,15 +516,6 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 	// len(ranks) (see bind.go).
 	shares := cpuShares(len(ranks))
 	crowded := shares == nil && oversubscribed(len(ranks))
-	runtimeOf := map[string]bool{}
-	onRuntime := func(path string) bool {
-		v, ok := runtimeOf[path]
-		if !ok {
-			v = gorunRuntime(path)
-			runtimeOf[path] = v
-		}
-		return v
-	}
 	for i, r := range ranks {
 		var cpus []int
 		if shares != nil && bindPolicy(r.Env) == BindAuto {
@@ -521,7 +528,7 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		}
 		// Oversubscribed ranks on gorun's runtime (or all, or none, as
 		// GORUN_SESSION says) share this process's session (bind.go).
-		own := ownSession(crowded, r.Env, func() bool { return onRuntime(r.Path) })
+		own := ownSession(crowded, r.Env, func() bool { return a.progs.of(r.Path).onRuntime() })
 		if crowded {
 			env = goMaxProcsEnv(env)
 		}
@@ -542,7 +549,7 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 			env = append(env, rankenv.CollateralFD+"="+strconv.Itoa(len(files)))
 			files = append(files, collW)
 		}
-		if topo.wants(r.Path, r.Env) {
+		if topo.wants(a.progs.of(r.Path), r.Env) {
 			f, took, err := topo.get(topoDeadline)
 			if !topo.reported {
 				topo.reported = true
@@ -598,7 +605,7 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 			continue
 		}
 		a.byPID[p.Pid] = len(a.ranks)
-		a.ranks = append(a.ranks, supervisorRankState{rank: r.Rank, pid: p.Pid, running: true})
+		a.ranks = append(a.ranks, supervisorRankState{rank: r.Rank, pid: p.Pid, running: true, freezeAfter: freezeAfter(r.Env)})
 		a.running++
 		a.emit(supervisorEvent{Ev: "started", Rank: r.Rank, PID: p.Pid})
 		if len(a.ranks)%32 == 0 || time.Since(lastFlush) >= beatEvery {
@@ -629,6 +636,7 @@ func (a *supervisor) command(c supervisorCmd) {
 		}
 		if stopping(syscall.Signal(c.Signal)) {
 			a.noteFrozen()
+			a.tearing = true
 		}
 		for _, r := range a.ranks {
 			if r.running && (len(want) == 0 || want[r.rank]) {

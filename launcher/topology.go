@@ -91,9 +91,8 @@ func ParseTopology(s string) (string, error) {
 // heavy load) must not hold back the ranks or the supervisor's lease
 // beats, and the ranks then discover the topology themselves.
 type topologyShare struct {
-	links    map[string]bool // program path → needs libhwloc.so.15
-	done     chan struct{}   // closed by make's goroutine; nil if none was started
-	reported bool            // the supervisor logged the outcome
+	done     chan struct{} // closed by make's goroutine; nil if none was started
+	reported bool          // the supervisor logged the outcome
 
 	mu        sync.Mutex
 	file      *os.File // sealed memfd with the XML; nil if it could not be made
@@ -110,10 +109,10 @@ const topologyWait = time.Second
 // start begins making the topology if any of the ranks wants it. The
 // goroutine's owner is t: close waits for nothing, and a goroutine that
 // finishes after close releases what it made.
-func (t *topologyShare) start(ranks []supervisorRank) {
+func (t *topologyShare) start(progs programs, ranks []supervisorRank) {
 	want := false
 	for _, r := range ranks {
-		if t.wants(r.Path, r.Env) {
+		if t.wants(progs.of(r.Path), r.Env) {
 			want = true
 			break
 		}
@@ -140,7 +139,7 @@ func (t *topologyShare) start(ranks []supervisorRank) {
 
 // wants reports whether the rank with this program and environment should
 // be given the shared topology.
-func (t *topologyShare) wants(path string, env []string) bool {
+func (t *topologyShare) wants(prog *program, env []string) bool {
 	if envValue(env, topologyEnv, TopologyAuto) == TopologyOff {
 		return false
 	}
@@ -149,16 +148,7 @@ func (t *topologyShare) wants(path string, env []string) bool {
 			return false
 		}
 	}
-	if t.links == nil {
-		t.links = map[string]bool{}
-	}
-	links, ok := t.links[path]
-	if !ok {
-		soname, _ := findNeeded(path, func(s string) bool { return s == hwlocSoname })
-		links = soname != ""
-		t.links[path] = links
-	}
-	return links
+	return prog.needsHwloc()
 }
 
 // get returns the memfd with the XML once it is made, waiting at most

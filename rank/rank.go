@@ -185,6 +185,11 @@ func Init(ctx context.Context, opts Options) (_ *Rank, err error) {
 	}
 	ecfg := opts.Endpoint
 	ecfg.Addr, ecfg.Secret, ecfg.Logger = addr, key, opts.Logger
+	if ecfg.LinkLease == 0 {
+		// A cut link is named at the same lease as a silent member
+		// (GORUN_RDZV_LEASE): comm's link lease.
+		ecfg.LinkLease = id.AttachLease
+	}
 	if r.ep, err = comm.Listen(ecfg); err != nil {
 		return nil, fmt.Errorf("rank %d: data plane: %w", id.Rank, err)
 	}
@@ -201,6 +206,14 @@ func Init(ctx context.Context, opts Options) (_ *Rank, err error) {
 			opts.Rendezvous(&rc)
 		}
 		if r.world, err = rendezvous.Join(ctx, rc); err != nil {
+			// A member frozen before the world formed ends formation
+			// for everyone: this rank fails because of it, and tells
+			// its launcher so (as comm does after formation), or gorun
+			// would name this rank's exit as the cause.
+			var lost interface{ LostWorldRank() int }
+			if errors.As(err, &lost) && lost.LostWorldRank() != id.Rank {
+				collateral.Tell(collateral.Report{Rank: id.Rank, Blame: lost.LostWorldRank(), Why: err.Error()})
+			}
 			return nil, fmt.Errorf("rank %d: %w", id.Rank, err)
 		}
 		r.group = r.world

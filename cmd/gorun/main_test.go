@@ -261,11 +261,7 @@ func TestRankInfoExample(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds examples/rankinfo")
 	}
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/rankinfo", "github.com/gorun-hpc/gorun/examples/rankinfo")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build rankinfo: %v\n%s", err, out)
-	}
+	dir := launchertest.Build(t, "examples/rankinfo")
 	r := runGorun(t, "", nil, "-np", "4", dir+"/rankinfo")
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	if r.code != 0 || len(lines) != 4 {

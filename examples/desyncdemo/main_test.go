@@ -9,17 +9,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
 )
 
 // build compiles gorun and this demo into a temporary directory.
 func build(t *testing.T) (gorun, demo string) {
 	t.Helper()
-	dir := t.TempDir()
-	for _, pkg := range []string{"github.com/gorun-hpc/gorun/cmd/gorun", "github.com/gorun-hpc/gorun/examples/desyncdemo"} {
-		if out, err := exec.Command("go", "build", "-o", dir+"/", pkg).CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-		}
-	}
+	dir := launchertest.Build(t, "cmd/gorun", "examples/desyncdemo")
 	return filepath.Join(dir, "gorun"), filepath.Join(dir, "desyncdemo")
 }
 

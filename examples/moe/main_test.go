@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
 )
 
 // TestUnderGorun runs the expert-parallel layer as a user does, gorun
@@ -24,11 +26,7 @@ func TestUnderGorun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and launches binaries")
 	}
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "github.com/gorun-hpc/gorun/cmd/gorun", "github.com/gorun-hpc/gorun/examples/moe")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	dir := launchertest.Build(t, "cmd/gorun", "examples/moe")
 	const tokens = 96
 	split := regexp.MustCompile(`tokens per expert \[([0-9 ]+)\]`)
 	for _, tc := range []struct{ np, chunks int }{{2, 1}, {2, 3}, {4, 1}, {4, 2}} {

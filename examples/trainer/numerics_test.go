@@ -18,6 +18,7 @@ import (
 	"github.com/gorun-hpc/gorun/buckets"
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/comm/commtest"
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
 	"github.com/gorun-hpc/gorun/model"
 	"github.com/gorun-hpc/gorun/model/modeltest"
 	"github.com/gorun-hpc/gorun/overlap"
@@ -363,10 +364,7 @@ func buildBinaries(t *testing.T) string {
 			return
 		}
 		binDir = dir
-		build := exec.Command("go", "build", "-o", dir+"/", "github.com/gorun-hpc/gorun/cmd/gorun", "github.com/gorun-hpc/gorun/examples/trainer")
-		if out, err := build.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("build: %v\n%s", err, out)
-		}
+		binErr = launchertest.GoBuild(dir, "cmd/gorun", "examples/trainer")
 	})
 	if binErr != nil {
 		t.Fatal(binErr)

@@ -474,3 +474,36 @@ func (s *SyncBuffer) Len() int {
 	defer s.mu.Unlock()
 	return s.b.Len()
 }
+
+// Module is gorun's module path; GoBuild takes packages relative to it.
+const Module = "github.com/gorun-hpc/gorun"
+
+// GoBuild compiles gorun's packages (paths relative to Module, such as
+// "cmd/gorun" or "examples/trainer") into dir, one binary each, named as
+// go names them. It is for TestMain, where there is no *testing.T; the
+// error carries the compiler's output.
+func GoBuild(dir string, pkgs ...string) error {
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	for _, p := range pkgs {
+		args = append(args, Module+"/"+p)
+	}
+	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %v\n%s", strings.Join(pkgs, " "), err, out)
+	}
+	return nil
+}
+
+// Build compiles gorun's packages into a directory of the test's and
+// returns it; a build that fails ends the test.
+func Build(t interface {
+	Helper()
+	TempDir() string
+	Fatal(...any)
+}, pkgs ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := GoBuild(dir, pkgs...); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}

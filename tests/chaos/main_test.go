@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -39,8 +38,8 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	gorunBin = filepath.Join(dir, "gorun")
-	if out, err := exec.Command("go", "build", "-o", gorunBin, "github.com/gorun-hpc/gorun/cmd/gorun").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "go build gorun: %v\n%s", err, out)
+	if err := launchertest.GoBuild(dir, "cmd/gorun"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	if selfBin, err = os.Executable(); err != nil {

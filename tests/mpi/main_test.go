@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
 )
 
 func TestMain(m *testing.M) {
@@ -27,8 +29,8 @@ func setup(m *testing.M) int {
 		missing = "mpicc.mpich (Debian mpich, libmpich-dev)"
 	} else {
 		gorunBin = filepath.Join(dir, "gorun")
-		if out, err := exec.Command("go", "build", "-o", gorunBin, "github.com/gorun-hpc/gorun/cmd/gorun").CombinedOutput(); err != nil {
-			setupErr = fmt.Errorf("go build gorun: %v\n%s", err, out)
+		if err := launchertest.GoBuild(dir, "cmd/gorun"); err != nil {
+			setupErr = err
 		} else if mpichProg, err = build("mpicc.mpich", dir, "mpiprog-mpich"); err != nil {
 			setupErr = err
 		}

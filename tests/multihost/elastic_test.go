@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
 )
 
 // elasticReport is the part of gorun's --report an elastic test reads.
@@ -122,11 +124,7 @@ func TestElasticKillHost(t *testing.T) {
 // bit (--deterministic makes them independent of the rank count).
 func TestElasticTrainerResumesOnFewerHosts(t *testing.T) {
 	h := requireHosts(t)
-	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "github.com/gorun-hpc/gorun/examples/trainer")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the trainer: %v\n%s", err, out)
-	}
+	dir := launchertest.Build(t, "examples/trainer")
 	trainer := filepath.Join(dir, "trainer")
 	common := []string{"--steps", "20", "--model", "small", "--batch", "8", "--deterministic", "--mode", "sharded"}
 	ref, err := exec.Command(gorunBin, append([]string{"-np", "4", trainer}, common...)...).CombinedOutput()

@@ -44,10 +44,7 @@ func run(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	if !testing.Short() && os.Geteuid() == 0 {
 		gorunBin = filepath.Join(dir, "gorun")
-		out, err := exec.Command("go", "build", "-o", gorunBin, "github.com/gorun-hpc/gorun/cmd/gorun").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build gorun: %v\n%s", err, out)
-		}
+		buildErr = launchertest.GoBuild(dir, "cmd/gorun")
 		hosts, hostsErr = testhosts.StartNetns(context.Background(), numHosts)
 		if hosts != nil {
 			defer hosts.Close()

@@ -75,8 +75,8 @@ func setUp(dir string) error {
 		}
 	}
 	gorunBin = filepath.Join(binDir, "gorun")
-	if out, err := exec.Command("go", "build", "-o", gorunBin, "github.com/gorun-hpc/gorun/cmd/gorun").CombinedOutput(); err != nil {
-		return fmt.Errorf("go build gorun: %v\n%s", err, out)
+	if err := launchertest.GoBuild(binDir, "cmd/gorun"); err != nil {
+		return err
 	}
 	self, err := os.Executable()
 	if err != nil {
