@@ -35,6 +35,8 @@ type row struct {
 	// GORUN_NETFAULT of a direct launch.
 	inject   []string
 	netfault string
+	// args are more gorun arguments (e.g. --min-np).
+	args     []string
 	restarts int
 	run      time.Duration // the rank loop's length (GORUN_CHAOS_RUN)
 	env      []string      // more environment for every rank
@@ -204,6 +206,13 @@ func matrix() []row {
 		// One rank per host: every rank is its host's leader, and gossip
 		// sees the freeze.
 		row{mode: "hosts", fault: "stop", phase: "small", np: 3, victim: 2, cause: frozen, names: "rank 2", bound: 25 * time.Second},
+		// Elastic grow-back (--min-np 2): host 3 is killed whole once
+		// its rank finished iteration 2, world 1 runs 2 ranks; its rank 1
+		// is killed at its iteration 6, and at that restart gorun asks
+		// host 3 again: it answers, and world 2 completes on 3 ranks
+		// (rank 2's checked result exists only if it ran).
+		row{mode: "hosts", fault: "kill-host", phase: "regrow", np: 3, victim: 2, run: 2 * time.Second, restarts: 2, complete: true,
+			args: []string{"--min-np", "2"}, inject: []string{"kill-host:host=HOST2:after-steps=2", "kill:rank=1:after-steps=6"}},
 		// Frozen before Init on another host: its host's supervisor
 		// reports it through the agent.
 		row{mode: "hosts", fault: "stop", phase: "launch", np: 3, victim: 2, cause: []string{"rank 2", "frozen", "past its lease"}, bound: 25 * time.Second},
@@ -421,6 +430,7 @@ func runGorunArgs(t *testing.T, r row, env []string, pre []string, also io.Write
 	if r.restarts > 0 {
 		args = append(args, "--max-restarts", strconv.Itoa(r.restarts))
 	}
+	args = append(args, r.args...)
 	args = append(args, selfBin)
 	ctx, cancel := context.WithTimeout(context.Background(), r.bound)
 	defer cancel()

@@ -228,6 +228,8 @@ func runRank() int {
 			return fail(err)
 		}
 		longest = max(longest, time.Since(t0))
+		// Faults keyed to progress (after-steps) count iterations.
+		r.ReportStep(it + 1)
 		if it == 0 {
 			// The harness keys faults made from outside (iptables) to
 			// this line from every rank: the world is formed and running.
