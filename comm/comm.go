@@ -243,12 +243,6 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 		return nil, err
 	}
 	links = wrapped
-	for _, l := range links {
-		if l != nil && l.Kind() == "shm" {
-			quietSysmon(cfg.SysmonNice)
-			break
-		}
-	}
 	for r := range n {
 		if r == me {
 			continue
