@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -195,18 +196,24 @@ func unescapeMount(s string) string {
 	return b.String()
 }
 
+// cgroupSeq numbers the job cgroups this process makes.
+var cgroupSeq atomic.Int64
+
 // newJobCgroup makes the cgroup for one supervisor's job: gorun-<job>-<pid
-// of this client>, so that two jobs, or two agents of one job on one
-// machine (namespace test hosts), never share one. A nil cgroup and the
-// reason when this host offers none.
+// of this client>-<n>, so that two jobs, two agents of one job on one
+// machine (namespace test hosts), or two supervisors of one client never
+// share one. A nil cgroup and the reason when this host offers none.
 func newJobCgroup(jobID string) (*jobCgroup, error) {
 	m, err := findCgroupMount()
 	if err != nil {
 		return nil, err
 	}
-	name := fmt.Sprintf("gorun-%s-%d", cgroupSafe(jobID), os.Getpid())
+	// The sequence number keeps two supervisors of one client apart
+	// (a world restarted under the same job id): releasing one must never
+	// kill the other's processes, so an existing directory is refused.
+	name := fmt.Sprintf("gorun-%s-%d-%d", cgroupSafe(jobID), os.Getpid(), cgroupSeq.Add(1))
 	dir := filepath.Join(m.parent, name)
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+	if err := os.Mkdir(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", dir, err)
 	}
 	g := &jobCgroup{dir: dir, v2: m.v2}

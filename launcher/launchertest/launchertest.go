@@ -434,16 +434,21 @@ func Survivors(token string) []int {
 		if err != nil || !bytes.Contains(append(env, 0), needle) {
 			continue
 		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
+		if running(pid) {
+			out = append(out, pid)
 		}
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			continue
-		}
-		out = append(out, pid)
 	}
 	return out
+}
+
+// running reports whether pid exists and is not a zombie.
+func running(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return !(i > 0 && i+2 < len(stat) && stat[i+2] == 'Z')
 }
 
 // Alive returns those of pids that still run (exist and are not zombies):
@@ -452,14 +457,9 @@ func Survivors(token string) []int {
 func Alive(pids []int) []int {
 	var out []int
 	for _, pid := range pids {
-		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			continue
+		if running(pid) {
+			out = append(out, pid)
 		}
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			continue
-		}
-		out = append(out, pid)
 	}
 	return out
 }
