@@ -185,7 +185,7 @@ func Init(ctx context.Context, opts Options) (_ *Rank, err error) {
 	}
 	ecfg := opts.Endpoint
 	ecfg.Addr, ecfg.Secret, ecfg.Logger = addr, key, opts.Logger
-	if ecfg.LinkLease == 0 {
+	if ecfg.LinkLease == 0 && os.Getenv(comm.LinkLeaseEnv) == "" {
 		// A cut link is named at the same lease as a silent member
 		// (GORUN_RDZV_LEASE): comm's link lease.
 		ecfg.LinkLease = id.AttachLease
