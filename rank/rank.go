@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/internal/collateral"
+	"github.com/gorun-hpc/gorun/internal/netfault"
 	"github.com/gorun-hpc/gorun/rankenv"
 	"github.com/gorun-hpc/gorun/rendezvous"
 )
@@ -397,6 +398,9 @@ func (r *Rank) NewComm(ctx context.Context, g comm.Group, tag string) (*comm.Com
 // optimizer update.
 func (r *Rank) ReportStep(step int) {
 	collateral.TellStep(collateral.Step{Rank: r.id.Rank, Step: int64(step)})
+	// Data-plane faults armed with after-steps= start in this process's
+	// transport at this step (internal/netfault).
+	netfault.ReportStep(int64(step))
 }
 
 // Abort fails every pending and future call of every communicator of this
