@@ -161,13 +161,18 @@ func injectionAction(in injection) string {
 }
 
 // netFaultEnv is the environment that arms the job's data-plane faults in
-// a world that starts elapsed after the job did: the faults not yet due
-// (a fault fires once per job, so a restarted world does not meet it
-// again), their times counted from the job's start.
-func netFaultEnv(faults []Fault, start time.Time, elapsed time.Duration) []string {
+// world number restart, which starts elapsed after the job did: the faults
+// not yet due (a fault fires once per job, so a restarted world does not
+// meet it again), their times counted from the job's start. An
+// after-steps fault is armed in the first world only: a restarted world
+// counts its steps anew (or from a checkpoint) and would meet it again.
+func netFaultEnv(faults []Fault, start time.Time, elapsed time.Duration, restart int) []string {
 	var specs []netfault.Spec
 	for _, f := range faults {
-		if f.Net != nil && f.At >= elapsed {
+		if f.Net == nil {
+			continue
+		}
+		if (f.AfterSteps > 0 && restart == 0) || (f.AfterSteps == 0 && f.At >= elapsed) {
 			specs = append(specs, *f.Net)
 		}
 	}
