@@ -94,23 +94,10 @@ func childEndpoint(rank, size int, dir string) (*comm.Endpoint, []string, error)
 	if err != nil {
 		return nil, nil, err
 	}
-	tmp := filepath.Join(dir, fmt.Sprintf(".addr.%d", rank))
-	_ = os.WriteFile(tmp, []byte(ep.Addr()), 0o600)
-	_ = os.Rename(tmp, filepath.Join(dir, fmt.Sprintf("addr.%d", rank)))
-	addrs := make([]string, size)
-	deadline := time.Now().Add(30 * time.Second)
-	for r := 0; r < size; {
-		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("addr.%d", r)))
-		if err == nil {
-			addrs[r] = string(b)
-			r++
-			continue
-		}
-		if time.Now().After(deadline) {
-			_ = ep.Close()
-			return nil, nil, errors.New("peers did not appear")
-		}
-		time.Sleep(5 * time.Millisecond)
+	addrs, err := exchangeAddrs(dir, rank, size, ep.Addr())
+	if err != nil {
+		_ = ep.Close()
+		return nil, nil, err
 	}
 	return ep, addrs, nil
 }

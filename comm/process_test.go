@@ -61,23 +61,10 @@ func childMain() int {
 		return exitBad
 	}
 	defer ep.Close()
-	tmp := filepath.Join(dir, fmt.Sprintf(".addr.%d", rank))
-	_ = os.WriteFile(tmp, []byte(ep.Addr()), 0o600)
-	_ = os.Rename(tmp, filepath.Join(dir, fmt.Sprintf("addr.%d", rank)))
-	addrs := make([]string, size)
-	deadline := time.Now().Add(30 * time.Second)
-	for r := 0; r < size; {
-		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("addr.%d", r)))
-		if err == nil {
-			addrs[r] = string(b)
-			r++
-			continue
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintln(os.Stderr, "peers did not appear")
-			return exitBad
-		}
-		time.Sleep(5 * time.Millisecond)
+	addrs, err := exchangeAddrs(dir, rank, size, ep.Addr())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return exitBad
 	}
 	hosts := make([]string, size)
 	for r := range hosts {
@@ -431,4 +418,29 @@ func TestMultiProcessBench(t *testing.T) {
 			t.Logf("all-reduce float32 sum, 2 processes, %s, deterministic=%s:\n%s", transport, det, res[0].stdout)
 		}
 	}
+}
+
+// exchangeAddrs publishes this child's endpoint address in dir (written
+// aside and renamed, so a reader never sees half of it) and waits up to
+// 30 s for every rank's: the process tests' stand-in for the rendezvous,
+// which comm does not depend on.
+func exchangeAddrs(dir string, rank, size int, addr string) ([]string, error) {
+	tmp := filepath.Join(dir, fmt.Sprintf(".addr.%d", rank))
+	_ = os.WriteFile(tmp, []byte(addr), 0o600)
+	_ = os.Rename(tmp, filepath.Join(dir, fmt.Sprintf("addr.%d", rank)))
+	addrs := make([]string, size)
+	deadline := time.Now().Add(30 * time.Second)
+	for r := 0; r < size; {
+		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("addr.%d", r)))
+		if err == nil {
+			addrs[r] = string(b)
+			r++
+			continue
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("peers did not appear in %s within 30 s (%d of %d did)", dir, r, size)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return addrs, nil
 }

@@ -303,6 +303,32 @@ func (e *CollateralError) Error() string {
 	return s + collateralText(e.Failed) + fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))
 }
 
+// FrozenError reports a rank that its supervisor found stopped (process
+// state T) for longer than its lease, and that nothing else had ended
+// first: most often a rank frozen before the world formed, which its
+// peers cannot tell from one that is slow to start (freeze.go). gorun
+// ended it with the rest.
+type FrozenError struct {
+	Rank int
+	Host string
+	PID  int
+	// State is the /proc state letter ("T"); Why says for how long.
+	State string
+	Why   string
+	// Stopped is the number of other ranks gorun had to stop; Collateral
+	// those whose runtime reported failing because of a lost peer.
+	Stopped, Collateral int
+}
+
+func (e *FrozenError) Error() string {
+	return fmt.Sprintf("rank %d (host %s, pid %d) was frozen (process state %s: %s): %s",
+		e.Rank, e.Host, e.PID, e.State, stateName(e.State), e.Why) +
+		collateralText(e.Collateral) + fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))
+}
+
+// ExitCode is 1: a frozen rank has no exit status of its own.
+func (e *FrozenError) ExitCode() int { return 1 }
+
 // stateName says what a /proc state letter of a frozen rank means.
 func stateName(st string) string {
 	if st == "t" {

@@ -98,6 +98,9 @@ type failure struct {
 	relay bool
 	blame int
 	why   string
+	// frozen is set (the /proc state letter) when the rank's supervisor
+	// found it stopped past its lease (freeze.go); why says for how long.
+	frozen string
 }
 
 func (f failure) exitCode() int {
@@ -310,6 +313,18 @@ func (r *jobLoop) run(ctx context.Context) error {
 				if starts++; starts == len(ranks) {
 					world.ranksStarted(time.Now())
 				}
+			case "frozen":
+				// Stopped past its lease, most often before the world
+				// formed (freeze.go): a failure of its own. The teardown
+				// that follows continues and ends it.
+				st := &ranks[ev.Rank]
+				st.frozen = ev.Frozen
+				if st.exited || reason != notStopping {
+					break
+				}
+				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Str("why", ev.Err).Msg("rank frozen")
+				failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: 1, frozen: ev.Frozen, why: ev.Err, blame: -1})
+				stop(stopFailure, syscall.SIGTERM)
 			case "injected", "fault-cont":
 				r.logInjection(world, ev)
 			case "failed":
@@ -550,6 +565,13 @@ func (r *jobLoop) run(ctx context.Context) error {
 			}
 			return &e
 		}
+		if f.frozen != "" {
+			e := &FrozenError{Rank: f.rank, Host: host, PID: f.pid, State: f.frozen, Why: f.why, Stopped: stopped, Collateral: collateral}
+			if ranks[f.rank].stopped && ranks[f.rank].pid > 0 {
+				e.Stopped-- // named, not one of the others
+			}
+			return e
+		}
 		if f.lost != nil {
 			return &HostLostError{Host: host, FirstRank: f.rank, Ranks: f.lostRanks, Err: f.lost, Stopped: stopped, Collateral: collateral}
 		}
@@ -664,6 +686,8 @@ func (f failure) String() string {
 	switch {
 	case f.mpi != nil:
 		return fmt.Sprintf("rank %d failed through MPI (exit %d)", f.rank, f.exitCode())
+	case f.frozen != "":
+		return fmt.Sprintf("rank %d frozen: %s", f.rank, f.why)
 	case f.lost != nil:
 		return fmt.Sprintf("host of ranks %d-%d lost: %v", f.rank, f.rank+f.lostRanks-1, f.lost)
 	case f.startErr != nil:

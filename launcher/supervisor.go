@@ -155,7 +155,9 @@ type supervisorCmd struct {
 // supervisorEvent is a message from the supervisor.
 type supervisorEvent struct {
 	// Ev is "started", "failed" (could not start; Err says why), "exited"
-	// (Code or Signal set) or "done" (every rank and stray is gone; last).
+	// (Code or Signal set), "frozen" (stopped past its lease: Frozen is
+	// the state letter, Err says for how long; freeze.go) or "done" (every
+	// rank and stray is gone; last).
 	Ev     string `json:"ev"`
 	Rank   int    `json:"rank"`
 	PID    int    `json:"pid,omitempty"`
@@ -240,6 +242,13 @@ type supervisorRankState struct {
 	// supervisor was told to end it, 0 if it was running: the evidence
 	// that a rank its peers lost was frozen, not dead (noteFrozen).
 	frozen byte
+	// freezeAfter is how long the rank may stay stopped (state T) before
+	// the supervisor reports it frozen (freeze.go); stoppedSince is when
+	// a check first found it stopped (zero while it runs), frozenTold
+	// that the report went out.
+	freezeAfter  time.Duration
+	stoppedSince time.Time
+	frozenTold   bool
 }
 
 // supervisor is the state of one supervisor process; every field is owned by runSupervisor's
@@ -285,6 +294,10 @@ type supervisor struct {
 	// of their ranks to get there.
 	steps map[int]int64
 	armed []supervisorCmd
+	// tearing is set once gorun sent the teardown signal: a rank stopped
+	// then is no news (freeze.go); lastFreezeCheck paces the checks.
+	tearing         bool
+	lastFreezeCheck time.Time
 }
 
 // faultCont is one SIGCONT an injected stop owes a rank.
@@ -472,6 +485,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			a.fireArmed()
 			a.sendConts(time.Now())
 			a.tickSlows(time.Now())
+			a.watchFrozen(time.Now())
 			if a.killing {
 				a.killAll()
 			}
@@ -591,7 +605,7 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 			continue
 		}
 		a.byPID[p.Pid] = len(a.ranks)
-		a.ranks = append(a.ranks, supervisorRankState{rank: r.Rank, pid: p.Pid, running: true})
+		a.ranks = append(a.ranks, supervisorRankState{rank: r.Rank, pid: p.Pid, running: true, freezeAfter: freezeAfter(r.Env)})
 		a.running++
 		a.emit(supervisorEvent{Ev: "started", Rank: r.Rank, PID: p.Pid})
 		if len(a.ranks)%32 == 0 || time.Since(lastFlush) >= beatEvery {
@@ -622,6 +636,7 @@ func (a *supervisor) command(c supervisorCmd) {
 		}
 		if stopping(syscall.Signal(c.Signal)) {
 			a.noteFrozen()
+			a.tearing = true
 		}
 		for _, r := range a.ranks {
 			if r.running && (len(want) == 0 || want[r.rank]) {

@@ -80,6 +80,15 @@ type Config struct {
 	// it waits until earlier ones are waited for, or until the plan reaches
 	// it (a start at its plan position always goes out). 0: no bound.
 	MaxInFlightBytes int64
+	// MinProcs is the least GOMAXPROCS the process runs with while the
+	// executor is open (default 2): one P for the program's compute and one
+	// for the communicator's worker, without which a collective issued
+	// before a compute waits for that compute to block or be preempted
+	// (procs.go has the measurements). Never more than the CPUs the process
+	// may run on: a rank bound to one core keeps its one P. The setting
+	// before is put back when the last executor closes. 0 leaves
+	// GOMAXPROCS alone, for a program that sets it itself.
+	MinProcs int
 	// Clock times spans and metrics; default WallClock.
 	Clock Clock
 	// Logger gets one debug line per collective; fields rank, step, bucket.
@@ -87,9 +96,9 @@ type Config struct {
 }
 
 // DefaultConfig: native mode, plan checked, no trace, starts issued as
-// early as data allows.
+// early as data allows, at least two Ps.
 func DefaultConfig() Config {
-	return Config{Mode: Native, CheckPlan: true, TraceLimit: 1 << 20, Clock: WallClock, Logger: zerolog.Nop(), PrefetchStarts: -1}
+	return Config{Mode: Native, CheckPlan: true, TraceLimit: 1 << 20, Clock: WallClock, Logger: zerolog.Nop(), PrefetchStarts: -1, MinProcs: 2}
 }
 
 // Validate reports the first unusable field.
@@ -99,6 +108,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: unknown mode %d", ErrConfig, int(c.Mode))
 	case c.TraceLimit < 0:
 		return fmt.Errorf("%w: negative TraceLimit %d", ErrConfig, c.TraceLimit)
+	case c.MinProcs < 0:
+		return fmt.Errorf("%w: negative MinProcs %d", ErrConfig, c.MinProcs)
 	case c.MaxInFlightBytes < 0:
 		return fmt.Errorf("%w: negative MaxInFlightBytes %d", ErrConfig, c.MaxInFlightBytes)
 	case c.Clock == nil:

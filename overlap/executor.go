@@ -54,6 +54,10 @@ type Executor struct {
 	compute  time.Duration
 	mem      *fusedMem
 
+	// procs: this executor holds a raise of GOMAXPROCS (Config.MinProcs),
+	// released by Close.
+	procs bool
+
 	ctx      context.Context // the watchers' context, cancelled by Close
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -201,6 +205,7 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 		g.watch = make(chan *bucket, len(g.buckets)+1)
 		ex.wg.Go(func() { ex.watcher(g) })
 	}
+	ex.procs = raiseProcs(cfg.MinProcs)
 	return ex, nil
 }
 
@@ -411,6 +416,9 @@ func (ex *Executor) Close() error {
 		}
 		ex.wg.Wait()
 		ex.closeErr = ex.closeDevices()
+		if ex.procs {
+			releaseProcs()
+		}
 	})
 	return ex.closeErr
 }

@@ -166,6 +166,7 @@ func TestConfigValidate(t *testing.T) {
 		func(c *Config) { c.Mode = 9 },
 		func(c *Config) { c.TraceLimit = -1 },
 		func(c *Config) { c.Clock = nil },
+		func(c *Config) { c.MinProcs = -1 },
 	} {
 		cfg := DefaultConfig()
 		c(&cfg)

@@ -82,13 +82,14 @@ const attachPurpose = "gorun rendezvous attach v1"
 // Frame types on an attach stream. Each frame is a 4-byte big-endian length,
 // then the type byte and its body.
 const (
-	frameHello byte = 'H' // rank → leader: encodeMeta(Member)
-	frameMsg   byte = 'M' // either way: uvarint destination rank, then a message (collect.go kinds)
-	frameBye   byte = 'B' // either way: the sender leaves gracefully
-	frameTable byte = 'T' // leader → rank: uvarint epoch, the world table (encodeTable)
-	frameGone  byte = 'G' // leader → rank: uvarint rank, byte left, byte cause
-	frameFatal byte = 'F' // leader → rank: byte kind ('C' conflict, 'F' formation), message
-	frameBeat  byte = 'P' // either way, every AttachBeat: the sender is alive (no body)
+	frameHello  byte = 'H' // rank → leader: encodeMeta(Member)
+	frameMsg    byte = 'M' // either way: uvarint destination rank, then a message (collect.go kinds)
+	frameBye    byte = 'B' // either way: the sender leaves gracefully
+	frameTable  byte = 'T' // leader → rank: uvarint epoch, the world table (encodeTable)
+	frameGone   byte = 'G' // leader → rank: uvarint rank, byte left, byte cause
+	frameFatal  byte = 'F' // leader → rank: byte kind ('C' conflict, 'F' formation, 'L' lost: uvarint rank first), message
+	frameLeader byte = 'I' // leader → rank, once accepted: uvarint the leader's world rank
+	frameBeat   byte = 'P' // either way, every AttachBeat: the sender is alive (no body)
 )
 
 // beatFrame is a whole frameBeat as it goes on the wire.
@@ -198,14 +199,28 @@ type link struct {
 	closed bool
 	wake   chan struct{}
 	done   chan struct{} // closed when the writer returns
+	// queued counts the frames ever queued, written those the writer has
+	// handed to the kernel; wrote is closed and replaced each time written
+	// grows. A leader waits on them (waitWritten) so that news of a loss
+	// is in its attached ranks' sockets before the leader's own process
+	// can act on that loss, and perhaps exit (see World.publishLocked).
+	queued, written uint64
+	wrote           chan struct{}
 }
 
 func newLink(c net.Conn, rank int, beat time.Duration) *link {
-	return &link{conn: c, rank: rank, beat: beat, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	return &link{conn: c, rank: rank, beat: beat, wake: make(chan struct{}, 1), done: make(chan struct{}), wrote: make(chan struct{})}
 }
 
 // enqueue queues a frame; false once the link is closed. Never blocks.
 func (l *link) enqueue(typ byte, body []byte) bool {
+	_, ok := l.enqueueSeq(typ, body)
+	return ok
+}
+
+// enqueueSeq is enqueue that also returns the frame's position: once
+// written reaches it, the frame is in the kernel (waitWritten).
+func (l *link) enqueueSeq(typ byte, body []byte) (uint64, bool) {
 	b := make([]byte, 5, 5+len(body))
 	binary.BigEndian.PutUint32(b, uint32(1+len(body)))
 	b[4] = typ
@@ -213,14 +228,36 @@ func (l *link) enqueue(typ byte, body []byte) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return false
+		return 0, false
 	}
 	l.queue = append(l.queue, b)
+	l.queued++
 	select {
 	case l.wake <- struct{}{}:
 	default:
 	}
-	return true
+	return l.queued, true
+}
+
+// waitWritten waits until the frame at position seq has been written to
+// the connection, the writer has stopped (the stream is gone: nothing more
+// can be delivered), or expire fires.
+func (l *link) waitWritten(seq uint64, expire <-chan time.Time) {
+	for {
+		l.mu.Lock()
+		n, ch := l.written, l.wrote
+		l.mu.Unlock()
+		if n >= seq {
+			return
+		}
+		select {
+		case <-ch:
+		case <-l.done:
+			return
+		case <-expire:
+			return
+		}
+	}
 }
 
 // writer sends queued frames until the link is shut, then flushes what was
@@ -249,6 +286,13 @@ func (l *link) writer() {
 				return
 			}
 		}
+		if len(q) > 0 {
+			l.mu.Lock()
+			l.written += uint64(len(q))
+			close(l.wrote)
+			l.wrote = make(chan struct{})
+			l.mu.Unlock()
+		}
 		if closed {
 			if cw, ok := l.conn.(interface{ CloseWrite() error }); ok {
 				_ = cw.CloseWrite()
@@ -262,6 +306,7 @@ func (l *link) writer() {
 		case <-beat:
 			l.mu.Lock()
 			l.queue = append(l.queue, beatFrame)
+			l.queued++
 			l.mu.Unlock()
 		}
 	}
@@ -400,3 +445,15 @@ type relayedError struct {
 
 func (e *relayedError) Error() string        { return e.msg }
 func (e *relayedError) Is(target error) bool { return target == e.kind }
+
+// relayedLostError is a loss before formation that a leader reported to
+// its attached rank (frameFatal kind 'L'): it keeps the lost rank, so that
+// the rank's runtime reports its own failure as that rank's doing
+// (LostWorldRank, as LostError).
+type relayedLostError struct {
+	relayedError
+	rank int
+}
+
+// LostWorldRank returns the rank whose loss ended formation.
+func (e *relayedLostError) LostWorldRank() int { return e.rank }

@@ -179,6 +179,12 @@ type Config struct {
 	// Logger receives this package's log lines and memberlist's (debug
 	// and above mapped onto zerolog levels). The zero value discards.
 	Logger zerolog.Logger
+	// Attached, when set, is called once by Join in a rank that attaches
+	// to its host leader (host leader mode), right after its hello went
+	// out: from then on the leader counts it, and watches it under the
+	// lease, though the world may not have formed. For progress
+	// reporting, and for fault tests that must act at exactly that point.
+	Attached func()
 }
 
 // DefaultConfig returns the settings for real jobs on a LAN or one host:

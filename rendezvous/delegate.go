@@ -199,6 +199,7 @@ func (w *World) goneLocked(r int, left bool, cause byte) {
 		ms.status = statusLeft
 		return
 	}
+	var told []linkPos
 	if w.formed {
 		w.epoch++
 		var lb byte
@@ -207,7 +208,9 @@ func (w *World) goneLocked(r int, left bool, cause byte) {
 		}
 		for q, l := range w.links {
 			if q != r {
-				l.enqueue(frameGone, append(binary.AppendUvarint(nil, uint64(r)), lb, cause))
+				if seq, ok := l.enqueueSeq(frameGone, append(binary.AppendUvarint(nil, uint64(r)), lb, cause)); ok {
+					told = append(told, linkPos{l, seq})
+				}
 			}
 		}
 	}
@@ -230,6 +233,16 @@ func (w *World) goneLocked(r int, left bool, cause byte) {
 	}
 	ms.status = statusDead
 	lerr := &LostError{Rank: r, Host: ms.Host, Epoch: w.epoch, Cause: w.causeErrorLocked(cause, r)}
+	if !w.formed && cause == causeSilent {
+		// Silent past the attach lease (its own goroutine beats, so a
+		// starved process still beats): frozen or unable to run. Unlike
+		// a gossip death, which a starved member refutes, this does not
+		// heal in time to matter, so formation fails now naming it,
+		// instead of at the formation timeout.
+		w.log.Error().Err(lerr).Msg("rendezvous: member frozen before the world formed")
+		w.setFatalLocked(lerr)
+		return
+	}
 	if !w.formed {
 		// Not fatal yet: under a heavy start-up load a live member can be
 		// declared dead and then refute it. A member that is really gone
@@ -245,13 +258,90 @@ func (w *World) goneLocked(r int, left bool, cause byte) {
 		ev = w.log.Debug()
 	}
 	ev.Err(lerr).Uint64("epoch", w.epoch).Msg("rendezvous: member lost")
+	var fail []*Group
 	for _, g := range w.groups {
-		if _, in := g.pos[r]; in && g.err == nil {
-			g.err = lerr
+		if _, in := g.pos[r]; in && g.err == nil && g.pending == nil {
+			g.pending = lerr
+			fail = append(fail, g)
+		}
+	}
+	w.publishLocked(told, fail, Event{Kind: MemberLost, Rank: r, Host: ms.Host, Epoch: w.epoch, Err: lerr, Time: time.Now()})
+}
+
+// linkPos is a frame's position on a link (link.enqueueSeq).
+type linkPos struct {
+	l   *link
+	seq uint64
+}
+
+// publishLocked makes a loss visible in this process: it fails the groups
+// in fail (each holding the loss in pending) and queues ev. On a host
+// leader that has just queued the loss for its attached ranks (told), it
+// first waits, off the lock, until those frames are written: a leader's
+// own program acts on a loss (returns an error, aborts its peers, often
+// exits, which closes its attach streams without a goodbye), and an
+// attached rank that saw its leader's stream close before the news would
+// blame the leader, not the lost rank (seen in CI: libgorun's
+// TestABIFromC/killed-rank, rank 1 naming its leader rank 0 for rank 2's
+// SIGKILL). Written means in the kernel's socket buffer, which outlives
+// the leader's exit; the attached rank reads it before the end of stream.
+//
+// The wait is bounded by newsWait: an attached rank that cannot take a
+// few bytes for that long is frozen or wedged (its own lease ends it),
+// and must not delay the leader's verdict. Publications stay in order: one
+// waits for the one before it, so the first loss is still the one a
+// group names.
+func (w *World) publishLocked(told []linkPos, fail []*Group, ev Event) {
+	prev := w.lastPub
+	inFlight := false
+	if prev != nil {
+		select {
+		case <-prev:
+		default:
+			inFlight = true
+		}
+	}
+	if w.closed || (len(told) == 0 && !inFlight) {
+		w.failGroupsLocked(fail, ev)
+		return
+	}
+	done := make(chan struct{})
+	w.lastPub = done
+	w.wg.Go(func() {
+		defer close(done)
+		t := time.NewTimer(newsWait(&w.cfg))
+		defer t.Stop()
+		for _, p := range told {
+			p.l.waitWritten(p.seq, t.C)
+		}
+		if prev != nil {
+			<-prev
+		}
+		w.mu.Lock()
+		w.failGroupsLocked(fail, ev)
+		w.mu.Unlock()
+	})
+}
+
+// failGroupsLocked fails each group with the loss it holds in pending and
+// queues ev.
+func (w *World) failGroupsLocked(fail []*Group, ev Event) {
+	for _, g := range fail {
+		if g.err == nil {
+			g.err = g.pending
 			close(g.failed)
 		}
 	}
-	w.queueEventLocked(Event{Kind: MemberLost, Rank: r, Host: ms.Host, Epoch: w.epoch, Err: lerr, Time: time.Now()})
+	w.queueEventLocked(ev)
+}
+
+// newsWait bounds publishLocked's wait for the attach streams: one beat
+// period (the streams' own liveness unit), 100 ms if beats are off.
+func newsWait(c *Config) time.Duration {
+	if c.AttachBeat > 0 {
+		return c.AttachBeat
+	}
+	return 100 * time.Millisecond
 }
 
 func (d *delegate) NotifyUpdate(n *memberlist.Node) {

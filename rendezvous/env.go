@@ -32,7 +32,7 @@ const (
 	// EnvRdzvLease overrides Config.AttachLease (a Go duration): how long
 	// a host leader and its attached ranks wait for a sign of life
 	// before they declare the other frozen or unresponsive.
-	EnvRdzvLease = "GORUN_RDZV_LEASE"
+	EnvRdzvLease = rankenv.RdzvLease
 )
 
 // SLURM's variables for a direct srun launch.

@@ -33,8 +33,11 @@ type Group struct {
 	opMu sync.Mutex
 
 	// failed is closed, and err set, under World.mu when a member is lost.
-	failed chan struct{}
-	err    error
+	// pending holds the loss from the moment it is known until it is
+	// published (World.publishLocked): the first loss wins either way.
+	failed  chan struct{}
+	err     error
+	pending error
 	// left is closed, and leaver set, under World.mu when a member leaves
 	// gracefully: no collective can complete on the group after that, but
 	// one in progress may (the leaver may have done its part first).

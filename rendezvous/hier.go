@@ -205,6 +205,10 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 		}
 	}
 	w.mu.Unlock()
+	// The rank learns whom it attached to: before the world table
+	// arrives it knows its leader only as "local rank 0 on this host",
+	// and a leader that freezes before formation must be named.
+	l.enqueue(frameLeader, binary.AppendUvarint(nil, uint64(w.cfg.Rank)))
 	w.wg.Go(l.writer)
 
 	// Frames until the stream ends: a goodbye first makes the end a leave,
@@ -247,6 +251,9 @@ func (w *World) attachedGone(r int, left bool, cause byte) {
 		return
 	}
 	formed := w.formed
+	// Silent before formation is fatal (goneLocked): the other leaders
+	// are told as after formation, so that their ranks fail naming it.
+	tell := formed || cause == causeSilent
 	if w.closed && !left {
 		// This leader is shutting down without leaving (Join failed,
 		// or a test's crash): closing its streams is not news, and a
@@ -257,7 +264,7 @@ func (w *World) attachedGone(r int, left bool, cause byte) {
 	w.goneLocked(r, left, cause)
 	w.signalChangeLocked()
 	var nodes []memberlist.Node
-	if formed && w.ml != nil {
+	if tell && w.ml != nil {
 		nodes = w.nodesLocked()
 	}
 	w.mu.Unlock()
@@ -306,6 +313,14 @@ func (w *World) handleGone(b []byte) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if !w.formed && b[n+1] == causeSilent && int(r) != w.cfg.Rank && w.members[r].leader != w.cfg.Rank {
+		// Another leader's rank froze before the world formed: that
+		// leader fails formation (goneLocked), and so does this one,
+		// naming it, rather than waiting for the formation timeout.
+		// Before formation this leader may not know the rank at all.
+		w.setFatalLocked(&LostError{Rank: int(r), Host: w.members[r].Host, Cause: ErrSilent})
+		return
+	}
 	if int(r) == w.cfg.Rank || w.members[r].leader == w.cfg.Rank || w.members[r].leader == int(r) {
 		return // this leader is the authority on its own ranks; nodes are gossip's
 	}
@@ -550,6 +565,9 @@ func (w *World) joinAttached(ctx context.Context) error {
 			}
 			if err == nil {
 				w.up = newLink(c, -1, w.cfg.AttachBeat)
+				if cfg.Attached != nil {
+					cfg.Attached()
+				}
 				break
 			}
 			_ = c.Close()
@@ -672,16 +690,27 @@ func (w *World) readLeader() {
 			if _, n := binary.Uvarint(body); n > 0 {
 				w.handleMsg(body[n:])
 			}
+		case frameLeader:
+			if r, n := binary.Uvarint(body); n > 0 && r < uint64(len(w.members)) {
+				w.mu.Lock()
+				w.leaderRank = int(r)
+				w.mu.Unlock()
+			}
 		case frameFatal:
 			if len(body) < 1 {
 				continue
 			}
-			kind := ErrFormation
-			if body[0] == 'C' {
-				kind = ErrConflict
+			var err error = &relayedError{msg: string(body[1:]), kind: ErrFormation}
+			switch body[0] {
+			case 'C':
+				err = &relayedError{msg: string(body[1:]), kind: ErrConflict}
+			case 'L':
+				if r, n := binary.Uvarint(body[1:]); n > 0 && r < uint64(len(w.members)) {
+					err = &relayedLostError{relayedError{msg: string(body[1+n:]), kind: ErrFormation}, int(r)}
+				}
 			}
 			w.mu.Lock()
-			w.setFatalLocked(&relayedError{msg: string(body[1:]), kind: kind})
+			w.setFatalLocked(err)
 			w.mu.Unlock()
 		case frameBye:
 			bye = true
@@ -696,6 +725,14 @@ func (w *World) readLeader() {
 	if silent {
 		w.log.Warn().Int("leader", w.members[w.cfg.Rank].leader).Dur("lease", w.cfg.AttachLease).
 			Msg("rendezvous: host leader silent past its lease: declared lost (frozen or unresponsive)")
+	}
+	if !w.formed && silent && w.leaderRank >= 0 {
+		// Frozen before the world formed: it will not come back in
+		// time to matter, and waiting for the formation timeout would
+		// hang the job for minutes. Named, so that this rank reports
+		// its failure as the leader's doing.
+		w.setFatalLocked(&LostError{Rank: w.leaderRank, Host: w.cfg.Host, Cause: ErrSilent})
+		return
 	}
 	if !w.formed {
 		w.setFatalLocked(&FormationError{
@@ -739,7 +776,7 @@ func (w *World) leaderGoneLocked(left, silent bool) {
 				g.leaver = &LeftError{Rank: L, Host: lm.Host}
 				close(g.left)
 			}
-		} else if g.err == nil {
+		} else if g.err == nil && g.pending == nil {
 			g.err = &LostError{Rank: L, Host: lm.Host, Epoch: w.epoch, Cause: why}
 			close(g.failed)
 		}

@@ -83,6 +83,34 @@ func TestProcessesHierLeaderKilled(t *testing.T) {
 	killHier(t, 6, 3, 3, "rendezvous: rank 3 (host host1) lost")
 }
 
+// SIGKILL an attached rank of a host whose leader exits the moment it
+// learns of the loss, without closing its World (as a C rank returning
+// from main on the error does): the host's other attached ranks must
+// still name the killed rank, not their leader. The leader's news of the
+// loss is written to their streams before the loss is visible to the
+// leader's own program (World.publishLocked); without that, the leader's
+// exit often closed the stream before its writer ran, and rank 1 named
+// rank 0 (seen in CI as libgorun's TestABIFromC/killed-rank). Several
+// rounds, since each is a race the fix must win every time.
+func TestProcessesHierLeaderExitsOnLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	const n, victim, rounds = 4, 3, 5
+	for round := range rounds {
+		seed := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		job := uniqueJob("hierexit")
+		procs := make([]*proc, n)
+		for r := range procs {
+			procs[r] = startRank(t, "wait-exit", hierEnv(job, seed, r, n, n))
+		}
+		killRank(t, procs, victim, fmt.Sprintf("rendezvous: rank %d (host host0) lost", victim))
+		if t.Failed() {
+			t.Fatalf("round %d of %d: a survivor did not name the killed rank", round+1, rounds)
+		}
+	}
+}
+
 // freezeHier starts one host of n "wait" ranks (the issue 17 case: every
 // rank on one host, so no gossip member watches the others), SIGSTOPs
 // victim and checks that every survivor names it as frozen within the

@@ -39,6 +39,13 @@ func TestNotifyReachesTheGroup(t *testing.T) {
 		if err := gs[2].Notify(ctx, "topic", "first"); err != nil {
 			t.Fatal(err)
 		}
+		// Notify returns once the notice is on its way, not delivered:
+		// the second is sent once the first has arrived everywhere, or
+		// two ranks' notices race (their paths through the host leader
+		// are separate streams) and "first" is not first.
+		arrive(t, early, "world rank 0, asked early")
+		on4, _ := gs[4].Noticed("topic")
+		arrive(t, on4, "world rank 4")
 		if err := gs[4].Notify(ctx, "topic", "second"); err != nil {
 			t.Fatal(err)
 		}

@@ -33,6 +33,10 @@ const envHelper = "GORUN_RDZV_TEST_HELPER"
 //	barrier: join, print the world, barrier, leave, exit 0
 //	wait:    join, print "ready", block until the world fails, print the
 //	         error and exit 3
+//	wait-exit: as wait, but exit at once without closing the World, as a
+//	         program that ends on an error does (a C rank returning from
+//	         main, a Go one calling os.Exit): its goroutines get no
+//	         chance to run after the exit
 func helperMain() bool {
 	action, ok := os.LookupEnv(envHelper)
 	if !ok {
@@ -70,10 +74,13 @@ func runHelper(action string) int {
 		// show that it learns of the loss by itself.
 		signal.Ignore(syscall.SIGTERM)
 		fallthrough
-	case "wait":
+	case "wait", "wait-exit":
 		fmt.Printf("ready rank=%d pid=%d\n", w.Rank(), os.Getpid())
 		<-w.Failed()
 		fmt.Printf("failed at=%d err=%v\n", time.Now().UnixNano(), w.Err())
+		if action == "wait-exit" {
+			return 3 // helperMain's os.Exit
+		}
 		_ = w.Close()
 		return 3
 	default:

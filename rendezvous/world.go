@@ -149,17 +149,23 @@ type World struct {
 	fatal     error
 	fatalCh   chan struct{}
 	fatalTell []memberlist.Node
-	epoch     uint64
-	closed    bool
-	closedCh  chan struct{}
-	groups    []*Group
-	pending   []Event
-	slots     map[slotKey]*slot
+	// leaderRank is an attached rank's host leader's world rank, from
+	// its frameLeader (-1 until then).
+	leaderRank int
+	epoch      uint64
+	closed     bool
+	closedCh   chan struct{}
+	groups     []*Group
+	pending    []Event
+	slots      map[slotKey]*slot
 	// changed is closed and replaced whenever alive changes.
 	changed chan struct{}
 	seqs    map[uint64]uint64 // group key → next collective sequence number
 	// notices holds the first notice per group and topic (notice.go).
 	notices map[noticeKey]*noticeBox
+	// lastPub is closed when the latest deferred publication of a loss
+	// (publishLocked) is done; nil before the first.
+	lastPub chan struct{}
 
 	// Host leaders (hier.go). links are the attached ranks' streams, by
 	// world rank, on a leader; attachedN counts hellos; localsReady is
@@ -290,14 +296,21 @@ func (w *World) waitLocals(ctx context.Context) error {
 
 // tellLinksFatal passes the error that ends formation to the attached ranks.
 func (w *World) tellLinksFatal(err error) {
-	kind := byte('F')
-	if errors.Is(err, ErrConflict) {
-		kind = 'C'
+	body := []byte{'F'}
+	var lost interface{ LostWorldRank() int }
+	switch {
+	case errors.Is(err, ErrConflict):
+		body[0] = 'C'
+	case errors.As(err, &lost):
+		// A loss before formation: the attached ranks fail because of
+		// that rank, and say so to their launcher.
+		body = binary.AppendUvarint([]byte{'L'}, uint64(lost.LostWorldRank()))
 	}
+	body = append(body, err.Error()...)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, l := range w.links {
-		l.enqueue(frameFatal, append([]byte{kind}, err.Error()...))
+		l.enqueue(frameFatal, body)
 	}
 }
 
@@ -321,6 +334,7 @@ func newWorld(cfg Config) *World {
 		links:    make(map[int]*link),
 
 		localsReady: make(chan struct{}),
+		leaderRank:  -1,
 	}
 	w.log = cfg.Logger.With().Int("rank", cfg.Rank).Str("host", cfg.Host).Int("world", cfg.WorldSize).Logger()
 	for r := range w.members {

@@ -45,9 +45,20 @@
 # copies (the cost model leaves 40 KB gradients alone) 0.65-1.50×; the
 # np 2 shm synthetic step 1.01× ideal, exposed 1.0% (notes/step-path.md).
 #
+# Session 5: each synthetic run also prints the schedule bound (the graph
+# run on a clock with every compute and every collective at its time
+# alone, so the dependencies' cost counts) and the bound the cores allow
+# (the job's CPU time per step, computing alone plus communicating alone,
+# over its cores; and each rank's own over its own cores) and the
+# overlapped step against it, next to the issue's max(P, C).
+# COMPUTE=cpu replaces the sleeps by fixed arithmetic (a CPU trainer's
+# compute, which shares the cores with communication); MIN_PROCS=0 runs
+# with GOMAXPROCS as gorun sets it (1), the runtime before session 5
+# (overlap.Config.MinProcs, notes/step-path.md).
+#
 # Usage: scripts/bench-step.sh [NP...]   (default: 2 4)
 #   ITERS=15 BLOCKS=16 SHARD=1048576 RATIO=1.5 CAPS=0,25000000 PREFETCH=2 \
-#   TRANSPORTS="shm tcp" scripts/bench-step.sh 4
+#   COMPUTE=sleep MIN_PROCS=2 TRANSPORTS="shm tcp" scripts/bench-step.sh 4
 # (tcp forces TCP loopback between ranks of one host, the inter-host path.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,7 +71,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 go build -o "$tmp/" ./cmd/gorun ./overlap/internal/stepbench
 
-args=(--iters "$iters" --blocks "${BLOCKS:-16}" --shard "${SHARD:-1048576}" --ratio "${RATIO:-1.5}" --caps "${CAPS:-0,25000000}" --prefetch "${PREFETCH:-2}")
+args=(--iters "$iters" --blocks "${BLOCKS:-16}" --shard "${SHARD:-1048576}" --ratio "${RATIO:-1.5}" --caps "${CAPS:-0,25000000}" --prefetch "${PREFETCH:-2}" --compute "${COMPUTE:-sleep}" --min-procs "${MIN_PROCS:-2}")
 read -r -a transports <<<"${TRANSPORTS:-shm tcp}"
 
 echo "# bench-step: $(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -35,6 +35,8 @@ type row struct {
 	// GORUN_NETFAULT of a direct launch.
 	inject   []string
 	netfault string
+	// args are more gorun arguments (e.g. --min-np).
+	args     []string
 	restarts int
 	run      time.Duration // the rank loop's length (GORUN_CHAOS_RUN)
 	env      []string      // more environment for every rank
@@ -153,6 +155,23 @@ func matrix() []row {
 		row{mode: "gorun", fault: "stop", phase: "barrier", np: 3, victim: 2, restarts: 1, complete: true, bound: 25 * time.Second},
 		row{mode: "direct", fault: "stop", phase: "small", np: 3, victim: 2, names: "rank 2", bound: 25 * time.Second},
 	)
+	// stop before the world formed (issue 17): named within the lease,
+	// or restarted, not left to the formation timeout (120 s).
+	//   - attached: the victim froze once attached to its host leader,
+	//     while rank 1 holds formation back; the attach lease finds it
+	//     and the survivors name it ("lost to its peers": the runtime's
+	//     verdict, at the lease, not the supervisor's backstop);
+	//   - launch: the victim froze before Init, so no peer ever saw it;
+	//     its supervisor finds it stopped (state T) past its lease.
+	rows = append(rows,
+		row{mode: "gorun", fault: "stop", phase: "attached", np: 3, victim: 2, cause: []string{"rank 2", "frozen", "lost to its peers"}, names: "rank 2",
+			bound: 25 * time.Second, ci: true},
+		row{mode: "gorun", fault: "stop", phase: "attached", np: 3, victim: 0, cause: []string{"rank 0", "frozen", "lost to its peers"}, names: "rank 0",
+			bound: 25 * time.Second},
+		row{mode: "gorun", fault: "stop", phase: "attached", np: 3, victim: 2, restarts: 1, complete: true, bound: 25 * time.Second},
+		row{mode: "gorun", fault: "stop", phase: "launch", np: 3, victim: 2, cause: []string{"rank 2", "frozen", "past its lease"}, bound: 25 * time.Second},
+		row{mode: "gorun", fault: "stop", phase: "launch", np: 3, victim: 2, restarts: 1, complete: true, bound: 25 * time.Second, ci: true},
+	)
 	// slow: the job completes, no death verdict, the stall diagnosis names
 	// the slowed rank.
 	rows = append(rows, row{mode: "gorun", fault: "slow", phase: "loop", np: 3, victim: 1, run: 4 * time.Second, complete: true, ci: true,
@@ -209,6 +228,16 @@ func matrix() []row {
 		// One rank per host: every rank is its host's leader, and gossip
 		// sees the freeze.
 		row{mode: "hosts", fault: "stop", phase: "small", np: 3, victim: 2, cause: frozen, names: "rank 2", bound: 25 * time.Second},
+		// Elastic grow-back (--min-np 2): host 3 is killed whole once
+		// its rank finished iteration 2, world 1 runs 2 ranks; its rank 1
+		// is killed at its iteration 6, and at that restart gorun asks
+		// host 3 again: it answers, and world 2 completes on 3 ranks
+		// (rank 2's checked result exists only if it ran).
+		row{mode: "hosts", fault: "kill-host", phase: "regrow", np: 3, victim: 2, run: 2 * time.Second, restarts: 2, complete: true,
+			args: []string{"--min-np", "2"}, inject: []string{"kill-host:host=HOST2:after-steps=2", "kill:rank=1:after-steps=6"}},
+		// Frozen before Init on another host: its host's supervisor
+		// reports it through the agent.
+		row{mode: "hosts", fault: "stop", phase: "launch", np: 3, victim: 2, cause: []string{"rank 2", "frozen", "past its lease"}, bound: 25 * time.Second},
 		row{mode: "hosts", fault: "corrupt", phase: "loop", np: 3, victim: 1, run: 4 * time.Second,
 			inject: []string{"corrupt:rank=1:at=800ms"}, cause: []string{"corrupted on the link 1->"}, names: "corrupted on the link 1->"},
 		// A partition of a host from the others inside the transport,
@@ -428,6 +457,7 @@ func runGorunArgs(t *testing.T, r row, env []string, pre []string, also io.Write
 	if r.restarts > 0 {
 		args = append(args, "--max-restarts", strconv.Itoa(r.restarts))
 	}
+	args = append(args, r.args...)
 	args = append(args, selfBin)
 	ctx, cancel := context.WithTimeout(context.Background(), r.bound)
 	defer cancel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/comm"
 	grank "github.com/gorun-hpc/gorun/rank"
+	"github.com/gorun-hpc/gorun/rendezvous"
 )
 
 // The rank program. A process started with rankEnv set runs it instead of
@@ -29,6 +31,8 @@ import (
 //
 //	launch     before Init
 //	formation  20 ms into Init (while it joins the rendezvous)
+//	attached   once attached to its host leader, before the world formed
+//	           (rank 1 holds formation back; see runRank)
 //	small, barrier        just before the victim's call of iteration 3
 //	large, bucket         1 ms after the victim issued it (mid-transfer)
 //	shutdown   after the last call, before Close
@@ -87,10 +91,40 @@ func runRank() int {
 			fault()
 		}()
 	}
+	// attached: the world must not form while the victim is attached
+	// and frozen, so rank 1 (the holder, never the victim) does not join
+	// in the first world: it waits to be ended, as a rank hung before
+	// Init would. The victim freezes on the event of its attaching (the
+	// rendezvous's Attached hook); a victim that is the host leader
+	// (rank 0) freezes when rank 2 attached to it, told by a marker file
+	// rank 2 writes from its hook.
+	marker := filepath.Join(os.TempDir(), "chaos-attached")
+	firstWorld := world == "" || world == "0"
+	if phase == "attached" && firstWorld && me == 1 {
+		select {} // ended by the job's teardown
+	}
+	var attached func()
+	switch {
+	case at("attached") && me != 0:
+		attached = fault
+	case phase == "attached" && firstWorld && me == 2 && victim == 0:
+		attached = func() { _ = os.WriteFile(marker, nil, 0o600) }
+	case at("attached"):
+		go func() { // ends with the process
+			for {
+				if os.Remove(marker) == nil {
+					fault()
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
 	run, _ := time.ParseDuration(os.Getenv(chaosRun))
 	start := time.Now()
 	ctx := context.Background()
 	opts := grank.DefaultOptions()
+	opts.Rendezvous = func(c *rendezvous.Config) { c.Attached = attached }
 	// Warnings (the stall diagnosis, the flight recorder) go to stderr,
 	// where a row looks for them.
 	opts.Logger = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true, TimeFormat: "15:04:05.000"}).
@@ -195,7 +229,8 @@ func runRank() int {
 			return fail(err)
 		}
 		longest = max(longest, time.Since(t0))
-		// One step per iteration: after-steps= faults key to it.
+		// One step per iteration: after-steps= faults (signals and the
+		// data plane's) key to it.
 		r.ReportStep(it + 1)
 		if it == 0 {
 			// The harness keys faults made from outside (iptables) to

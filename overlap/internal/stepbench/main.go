@@ -13,6 +13,11 @@
 //     (time blocked in waits) as a fraction of C. Compute is sized to
 //     ratio × C; after backward an optimizer updates block by block, each
 //     update waiting for its own gradient right before reading it.
+//     --compute cpu replaces the sleeps by fixed arithmetic (compute.go),
+//     and every run prints the bound the cores allow next to max(P, C):
+//     compute and communication share the job's cores, so no schedule
+//     beats the CPU time both need (measured per step with getrusage,
+//     summed over ranks) spread over those cores.
 //   - bucketing: 200 gradient tensors of 40 KB all-reduced per step, the
 //     graph as written (one collective per tensor) against the graph the
 //     bucketing passes make of it.
@@ -27,6 +32,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	rtrace "runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,18 +47,21 @@ import (
 )
 
 type opts struct {
-	blocks   int
-	shard    int // bytes per rank per block
-	ratio    float64
-	iters    int
-	tensors  int
-	tensorB  int
-	forceTCP bool
-	caps     []int64
-	what     string
-	trace    string
-	prefetch int
-	opt      float64
+	blocks    int
+	shard     int // bytes per rank per block
+	ratio     float64
+	iters     int
+	tensors   int
+	tensorB   int
+	forceTCP  bool
+	caps      []int64
+	what      string
+	trace     string
+	exectrace string
+	compute   string
+	minProcs  int
+	prefetch  int
+	opt       float64
 }
 
 func main() {
@@ -70,8 +79,19 @@ func main() {
 	flag.IntVar(&o.prefetch, "prefetch", 2, "synthetic: forward gathers in flight ahead of compute (FSDP's limit; ≥ 1)")
 	flag.StringVar(&o.trace, "trace", "", "synthetic: write rank 0's timeline of the native overlapped runs here (Chrome trace JSON)")
 	prof := flag.String("cpuprofile", "", "write rank 0's CPU profile here")
+	flag.StringVar(&o.compute, "compute", computeSleep, "synthetic: the modelled compute, sleep (an accelerator's: the CPU idles) or cpu (fixed arithmetic: compute and communication share the cores)")
+	flag.IntVar(&o.minProcs, "min-procs", overlap.DefaultConfig().MinProcs, "overlap.Config.MinProcs of every runner (0: GOMAXPROCS as the launcher set it, 1 under gorun)")
+	flag.StringVar(&o.exectrace, "exectrace", "", "synthetic: write a Go execution trace of rank 0's extra native overlapped steps here (go tool trace)")
 	flag.Parse()
 	o.prefetch = max(o.prefetch, 1)
+	if o.compute != computeSleep && o.compute != computeCPU {
+		fmt.Fprintf(os.Stderr, "stepbench: --compute %q: expected %s or %s\n", o.compute, computeSleep, computeCPU)
+		os.Exit(2)
+	}
+	if o.minProcs < 0 {
+		fmt.Fprintf(os.Stderr, "stepbench: --min-procs %d: expected ≥ 0\n", o.minProcs)
+		os.Exit(2)
+	}
 	for _, f := range strings.Split(*capList, ",") {
 		v, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
 		if err != nil || v < 0 {
@@ -112,8 +132,13 @@ func mainErr(o opts) error {
 
 // slowest returns the maximum of d over ranks.
 func slowest(ctx context.Context, c *comm.Comm, d time.Duration) (time.Duration, error) {
+	return reduced(ctx, c, d, comm.Max)
+}
+
+// reduced returns d reduced over ranks with op.
+func reduced(ctx context.Context, c *comm.Comm, d time.Duration, op comm.Op) (time.Duration, error) {
 	v := []float64{float64(d)}
-	if err := c.AllReduce(ctx, comm.Float64s(v), comm.Float64s(v), comm.Max).Wait(ctx); err != nil {
+	if err := c.AllReduce(ctx, comm.Float64s(v), comm.Float64s(v), op).Wait(ctx); err != nil {
 		return 0, err
 	}
 	return time.Duration(v[0]), nil
@@ -121,7 +146,12 @@ func slowest(ctx context.Context, c *comm.Comm, d time.Duration) (time.Duration,
 
 type sample struct {
 	step, comm, exposed, compute time.Duration
-	collectives                  int
+	// cpu is the CPU time the step cost the job: every thread of every
+	// rank, summed (0 where it cannot be read).
+	cpu time.Duration
+	// mine is this rank's own CPU time per step (its threads only).
+	mine        time.Duration
+	collectives int
 }
 
 // measure runs each of steps 2 warm-up + iters times, alternating between
@@ -133,13 +163,21 @@ func measure(ctx context.Context, c *comm.Comm, iters int, steps ...func(i int) 
 	cm := make([][]time.Duration, len(steps))
 	ex := make([][]time.Duration, len(steps))
 	cp := make([][]time.Duration, len(steps))
+	cu := make([][]time.Duration, len(steps))
+	mi := make([][]time.Duration, len(steps))
 	nc := make([]int, len(steps))
 	for i := range iters + 2 {
 		for k, step := range steps {
 			if err := c.Barrier(ctx).Wait(ctx); err != nil {
 				return nil, err
 			}
+			cpu0 := processCPU()
 			m, err := step(i)
+			if err != nil {
+				return nil, err
+			}
+			mine := processCPU() - cpu0
+			cpu, err := reduced(ctx, c, mine, comm.Sum)
 			if err != nil {
 				return nil, err
 			}
@@ -150,13 +188,14 @@ func measure(ctx context.Context, c *comm.Comm, iters int, steps ...func(i int) 
 			nc[k] = m.Collectives
 			if i >= 2 {
 				st[k], cm[k], ex[k], cp[k] = append(st[k], s), append(cm[k], m.Comm), append(ex[k], m.Exposed), append(cp[k], m.Compute)
+				cu[k], mi[k] = append(cu[k], cpu), append(mi[k], mine)
 			}
 		}
 	}
 	med := func(d []time.Duration) time.Duration { slices.Sort(d); return d[len(d)/2] }
 	out := make([]sample, len(steps))
 	for k := range steps {
-		out[k] = sample{med(st[k]), med(cm[k]), med(ex[k]), med(cp[k]), nc[k]}
+		out[k] = sample{med(st[k]), med(cm[k]), med(ex[k]), med(cp[k]), med(cu[k]), med(mi[k]), nc[k]}
 	}
 	return out, nil
 }
@@ -228,15 +267,26 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		return comm.Float32s(bufs[strings.TrimSuffix(name, "@bwd")]), nil // activations: empty, the sleeps hold none
 	}
 	var fwd, bwd, opt time.Duration // per block
+	// work runs one block's compute of d: a sleep, or (--compute cpu)
+	// d's worth of arithmetic at the rate of a core to itself, the same
+	// rate on every rank (rank 0's), so every rank has the same work.
+	work := sleep
+	if o.compute == computeCPU {
+		r := []float64{spinRate()}
+		if err := c.Broadcast(ctx, comm.Float64s(r), comm.Float64s(r), 0).Wait(ctx); err != nil {
+			return err
+		}
+		work = func(d time.Duration) { spin(int(float64(d) * r[0])) }
+	}
 	withComm := true
 	kernel := func(_ context.Context, nd *stepgraph.Node) error {
 		switch nd.Dir {
 		case buckets.Forward:
-			sleep(fwd)
+			work(fwd)
 		case buckets.Backward:
-			sleep(bwd)
+			work(bwd)
 		case buckets.Optimizer:
-			sleep(opt)
+			work(opt)
 		}
 		return nil
 	}
@@ -244,6 +294,7 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	for _, mode := range []overlap.Mode{overlap.Native, overlap.Grouped, overlap.Serial} {
 		cfg := overlap.DefaultConfig()
 		cfg.Mode = mode
+		cfg.MinProcs = o.minProcs
 		cfg.PrefetchStarts = 0 // the graph places each gather --prefetch blocks ahead
 		cfg.Trace = mode == overlap.Native && o.trace != "" && c.Rank() == 0
 		r, err := overlap.NewGraphRunner(g, map[string]overlap.Comm{"world": c}, cfg)
@@ -270,26 +321,31 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	C := commOnly[0].step
 	// Size the compute to ratio × C. A sleep overshoots by a roughly fixed
 	// wake-up latency, which on a loaded machine is not small next to a
-	// sub-millisecond block: measure it once and correct for it.
+	// sub-millisecond block: measure it once and correct for it. Fixed
+	// arithmetic takes longer than a core's rate says when ranks share
+	// cores: scale it by what was measured.
 	target := time.Duration(float64(C) * o.ratio)
 	withComm = false
-	computeAlone := func() (time.Duration, error) {
-		var pt []time.Duration
-		for range o.iters {
+	// Compute alone runs on every rank at once, as in the step, so that
+	// ranks sharing cores slow each other down as they will there.
+	computeAlone := func() (sample, error) {
+		s, err := measure(ctx, c, o.iters, func(int) (overlap.StepMetrics, error) {
 			t0 := time.Now()
 			for range L {
-				sleep(fwd)
+				work(fwd)
 			}
 			for range L {
-				sleep(bwd)
+				work(bwd)
 			}
 			for range L {
-				sleep(opt)
+				work(opt)
 			}
-			pt = append(pt, time.Since(t0))
+			return overlap.StepMetrics{Time: time.Since(t0)}, nil
+		})
+		if err != nil {
+			return sample{}, err
 		}
-		slices.Sort(pt)
-		return slowest(ctx, c, pt[len(pt)/2])
+		return s[0], nil
 	}
 	// Per block: forward 1 unit, backward 2, optimizer o.opt.
 	units := 3 + o.opt
@@ -301,16 +357,56 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		fwd, bwd, opt = u, 2*u, time.Duration(float64(u)*o.opt)
 	}
 	setUnit(time.Duration(float64(target) / (float64(L) * units)))
-	P0, err := computeAlone()
+	alone0, err := computeAlone()
 	if err != nil {
 		return err
 	}
+	P0 := alone0.step
 	over := (P0 - time.Duration(float64(L)*units*float64(fwd))) / time.Duration(sleeps*L) // per sleep
-	setUnit(max(time.Duration(float64(target-time.Duration(sleeps*L)*over)/(float64(L)*units)), 50*time.Microsecond))
-	P, err := computeAlone()
+	if o.compute == computeCPU {
+		setUnit(max(time.Duration(float64(fwd)*float64(target)/float64(P0)), 10*time.Microsecond))
+	} else {
+		setUnit(max(time.Duration(float64(target-time.Duration(sleeps*L)*over)/(float64(L)*units)), 50*time.Microsecond))
+	}
+	alone, err := computeAlone()
 	if err != nil {
 		return err
 	}
+	P := alone.step
+	// Each collective alone, for the schedule bound: the graph's
+	// dependencies (the first gather before any compute, forward
+	// gathers that take longer than the forward they hide behind, the
+	// last reduce-scatter after the last backward) cost time that
+	// max(P, C) does not count.
+	alone1 := func(f func() comm.Handle) (time.Duration, error) {
+		s, err := measure(ctx, c, o.iters, func(int) (overlap.StepMetrics, error) {
+			t0 := time.Now()
+			err := f().Wait(ctx)
+			return overlap.StepMetrics{Time: time.Since(t0)}, err
+		})
+		if err != nil {
+			return 0, err
+		}
+		return s[0].step, nil
+	}
+	tAG, err := alone1(func() comm.Handle { return c.AllGather(ctx, comm.Float32s(w[0]), comm.Float32s(W[0])) })
+	if err != nil {
+		return err
+	}
+	tRS, err := alone1(func() comm.Handle { return c.ReduceScatter(ctx, comm.Float32s(gr[0]), comm.Float32s(G[0]), comm.Sum) })
+	if err != nil {
+		return err
+	}
+	nominal := float64(L) * float64(fwd+bwd+opt)
+	sched := scheduleBound(g, func(nd *stepgraph.Node) time.Duration {
+		d := map[buckets.Direction]time.Duration{buckets.Forward: fwd, buckets.Backward: bwd, buckets.Optimizer: opt}[nd.Dir]
+		return time.Duration(float64(d) * float64(P) / nominal) // the measured P, spread as the sleeps are
+	}, func(nd *stepgraph.Node) time.Duration {
+		if nd.Op == buckets.AllGather {
+			return tAG
+		}
+		return tRS
+	})
 	withComm = true
 	all, err := measure(ctx, c, o.iters, stepOf(overlap.Serial), stepOf(overlap.Native), stepOf(overlap.Grouped))
 	if err != nil {
@@ -330,20 +426,120 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 			return err
 		}
 	}
+	if o.exectrace != "" {
+		var f *os.File
+		if c.Rank() == 0 {
+			if f, err = os.Create(o.exectrace); err != nil {
+				return err
+			}
+			if err := rtrace.Start(f); err != nil {
+				return err
+			}
+		}
+		_, err := measure(ctx, c, 3, stepOf(overlap.Native))
+		if f != nil {
+			rtrace.Stop()
+			_ = f.Close()
+		}
+		if err != nil {
+			return err
+		}
+	}
 	ideal := max(P, C)
 	say("synthetic step (step graph → blocks + overlap passes → graph runner): %d ranks (%s), %d blocks, %d KiB parameter shard per block per rank, all-gather (%d ahead) + reduce-scatter per block; %d nodes as written, %d after the passes, %d collectives/step\n",
 		n, link, L, shardEl*es>>10, o.prefetch, authored, len(g.Nodes), ov.collectives)
 	say("  communication alone   C = %s\n", ms(C))
-	say("  compute alone         P = %s  (%.2f × C; sleeps of %v forward, %v backward, %v optimizer per block, each overshooting by ≈ %v)\n", ms(P), float64(P)/float64(C), fwd, bwd, opt, over)
+	if o.compute == computeCPU {
+		say("  compute alone         P = %s  (%.2f × C, all ranks at once; arithmetic of %v forward, %v backward, %v optimizer per block at a core's rate)\n", ms(P), float64(P)/float64(C), fwd, bwd, opt)
+	} else {
+		say("  compute alone         P = %s  (%.2f × C; sleeps of %v forward, %v backward, %v optimizer per block, each overshooting by ≈ %v)\n", ms(P), float64(P)/float64(C), fwd, bwd, opt, over)
+	}
 	say("  serial step             = %s  (C + P = %s)\n", ms(serial.step), ms(C+P))
 	exp := ov.step - P
 	say("  overlapped step (native) = %s  ideal max(P, C) = %s → %.3f × ideal, %.3f × serial\n", ms(ov.step), ms(ideal), float64(ov.step)/float64(ideal), float64(ov.step)/float64(serial.step))
 	say("  overlapped step (grouped)= %s  → %.3f × ideal\n", ms(grouped.step), float64(grouped.step)/float64(ideal))
 	say("  exposed communication (time blocked in waits, rank 0) = %s = %.1f%% of C  (goal ≤ 10%% when P ≥ C)\n",
 		ms(ov.exposed), 100*float64(ov.exposed)/float64(C))
-	say("  overlapped step − P = %s = %.1f%% of C; rank 0's step: compute spans %s (vs %s alone: sleeps wake later while communication runs), blocked %s, rest %s\n",
+	say("  schedule bound: the graph run with each compute at its time alone and each collective at its time alone (all-gather %s, reduce-scatter %s), one at a time in issue order, never slowing each other = %s (%.3f × max(P, C)) → native %.3f × that, grouped %.3f ×\n",
+		ms(tAG), ms(tRS), ms(sched), float64(sched)/float64(ideal), float64(ov.step)/float64(sched), float64(grouped.step)/float64(sched))
+	say("  overlapped step − P = %s = %.1f%% of C; rank 0's step: compute spans %s (vs %s alone), blocked %s, rest %s\n",
 		ms(exp), 100*float64(exp)/float64(C), ms(ov.compute), ms(P), ms(ov.exposed), ms(ov.step-ov.compute-ov.exposed))
+	// The bound the cores allow. max(P, C) assumes compute and
+	// communication each run as fast as alone, side by side; they share
+	// the job's cores, so the step also takes at least the CPU time both
+	// need, spread over every core the job has.
+	if alone.cpu > 0 && commOnly[0].cpu > 0 {
+		cores, err := jobCores(ctx, c)
+		if err != nil {
+			return err
+		}
+		W := alone.cpu + commOnly[0].cpu
+		// A rank bound to fewer cores than the job has runs its own
+		// compute and communication on those: its CPU over its cores
+		// bounds its step too.
+		own, err := slowest(ctx, c, (alone.mine+commOnly[0].mine)/time.Duration(count(cpuMask())))
+		if err != nil {
+			return err
+		}
+		bound := max(sched, W/time.Duration(cores), own)
+		say("  the cores' bound: %d cores for the job; CPU per step (all ranks, all threads) %s computing alone + %s communicating alone = %s, / %d cores = %s; the busiest rank's own CPU over its own cores %s → bound max(schedule bound, those) = %s\n",
+			cores, ms(alone.cpu), ms(commOnly[0].cpu), ms(W), cores, ms(W/time.Duration(cores)), ms(own), ms(bound))
+		say("  overlapped step (native) = %.3f × the bound, grouped %.3f × (the overlapped step used %s of CPU, %.2f × computing + communicating alone)\n",
+			float64(ov.step)/float64(bound), float64(grouped.step)/float64(bound), ms(ov.cpu), float64(ov.cpu)/float64(W))
+	}
 	return nil
+}
+
+// scheduleBound runs g the way the graph runner does with starts at their
+// plan positions (compute in plan order, a group's collectives one at a
+// time in issue order, a wait blocking until its collective is done), on
+// a clock, with each compute taking compute(node) and each collective
+// coll(node): the best step the graph's dependencies allow when compute
+// and communication never slow each other down. stepgraph.Simulate does
+// the same with a cost model; here every time is a measured one.
+func scheduleBound(g *stepgraph.Graph, compute, coll func(*stepgraph.Node) time.Duration) time.Duration {
+	var now time.Duration
+	free := map[string]time.Duration{} // per group: when its stream is done
+	end := map[string]time.Duration{}  // per start: when its collective is done
+	for i := range g.Nodes {
+		nd := &g.Nodes[i]
+		switch nd.Kind {
+		case stepgraph.Compute:
+			now += compute(nd)
+		case stepgraph.Start:
+			free[nd.Group] = max(now, free[nd.Group]) + coll(nd)
+			end[nd.Name] = free[nd.Group]
+		case stepgraph.Wait:
+			now = max(now, end[nd.Of])
+		}
+	}
+	return now
+}
+
+// jobCores counts the CPUs any rank of the job may run on (the union of
+// their affinities): ranks bound to a core each, or unbound and sharing
+// them, have those cores between them.
+func jobCores(ctx context.Context, c *comm.Comm) (int, error) {
+	m := cpuMask()
+	if m == nil {
+		m = make([]float64, maxCPUs)
+	}
+	if err := c.AllReduce(ctx, comm.Float64s(m), comm.Float64s(m), comm.Max).Wait(ctx); err != nil {
+		return 0, err
+	}
+	return count(m), nil
+}
+
+// count counts a CPU mask's CPUs (at least 1: a mask that could not be
+// read stands for one).
+func count(m []float64) int {
+	n := 0
+	for _, v := range m {
+		if v > 0 {
+			n++
+		}
+	}
+	return max(n, 1)
 }
 
 // bucketing all-reduces tensors per step, per tensor against bucketed: the
@@ -418,6 +614,7 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		}
 		names = append(names, name)
 		cfg := overlap.DefaultConfig()
+		cfg.MinProcs = o.minProcs
 		r, err := overlap.NewGraphRunner(g, map[string]overlap.Comm{"world": c}, cfg)
 		if err != nil {
 			return err

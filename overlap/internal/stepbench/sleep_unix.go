@@ -5,6 +5,7 @@ package main
 import (
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // sleep is the modelled compute: this thread idles for d, as the CPU does
@@ -25,4 +26,27 @@ func sleep(d time.Duration) {
 	ts := syscall.NsecToTimespec(int64(d))
 	for syscall.Nanosleep(&ts, &ts) == syscall.EINTR {
 	}
+}
+
+// processCPU is the CPU time every thread of this process has used (user
+// and system): what a step really costs the host's cores, as against its
+// wall time.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// threadCPU is the CPU time of the calling thread (0 where it cannot be
+// read): spin's calibration counts iterations per CPU second, which time
+// slices lost to other ranks do not change.
+func threadCPU() time.Duration {
+	var ts syscall.Timespec
+	const clockThreadCPUTime = 3 // CLOCK_THREAD_CPUTIME_ID
+	if _, _, e := syscall.RawSyscall(syscall.SYS_CLOCK_GETTIME, clockThreadCPUTime, uintptr(unsafe.Pointer(&ts)), 0); e != 0 {
+		return 0
+	}
+	return time.Duration(ts.Nano())
 }
