@@ -245,6 +245,11 @@ func matrix() []row {
 		row{mode: "hosts", fault: "partition", phase: "hosts-steps", np: 3, victim: -1, run: 8 * time.Second,
 			inject: []string{"partition:hosts=HOST0:after-steps=3:lease=1500ms"},
 			cause:  []string{"the network between host", "HOST0", "lease"}, names: "rank ", code: 255},
+		// Gossip's packets (UDP) between host 1 and the others dropped
+		// for 6 s, its TCP and the data plane untouched: memberlist's
+		// TCP fallback probes answer for host 1, the job goes on.
+		row{mode: "hosts", fault: "gossip", phase: "udp-cut", np: 3, victim: -1, run: 9 * time.Second, complete: true,
+			during: iptablesCut(0, []int{1, 2}, "udp", 6*time.Second)},
 		// host 1 (rank 0) cut from everything, gorun included, for 8 s:
 		// named within the lease.
 		row{mode: "hosts", fault: "iptables", phase: "isolate", np: 3, victim: 0, run: 12 * time.Second, cause: []string{"rank 0"}, names: "rank 0",
@@ -597,6 +602,13 @@ type cutSpan struct{ start, end time.Time }
 // a from everything but its loopback: gorun and its agent connection
 // included.
 func iptablesPartition(a int, bs []int, d time.Duration) func(h *testhosts.Netns, ready <-chan struct{}) (cutSpan, error) {
+	return iptablesCut(a, bs, "", d)
+}
+
+// iptablesCut is iptablesPartition for the packets of one protocol (proto
+// "udp": gossip's probes and messages, not its TCP streams nor the data
+// plane; "": every packet).
+func iptablesCut(a int, bs []int, proto string, d time.Duration) func(h *testhosts.Netns, ready <-chan struct{}) (cutSpan, error) {
 	return func(h *testhosts.Netns, ready <-chan struct{}) (cutSpan, error) {
 		var span cutSpan
 		var rules [][]string
@@ -605,6 +617,11 @@ func iptablesPartition(a int, bs []int, d time.Duration) func(h *testhosts.Netns
 		}
 		if bs == nil {
 			rules = [][]string{{"INPUT", "!", "-i", "lo"}, {"OUTPUT", "!", "-o", "lo"}}
+		}
+		if proto != "" {
+			for i := range rules {
+				rules[i] = append(rules[i], "-p", proto)
+			}
 		}
 		ipt := func(op string, rule []string) error {
 			args := append([]string{"netns", "exec", h.Hosts[a], "iptables", op}, rule...)
