@@ -526,9 +526,9 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		if r.GPU != nil {
 			env = visibleDevice(env, *r.GPU, os.Getenv(rankenv.CUDAVisibleDevices))
 		}
-		// Oversubscribed ranks on gorun's runtime share this process's
-		// session (bind.go).
-		own := !crowded || bindPolicy(r.Env) != BindAuto || !a.progs.of(r.Path).onRuntime()
+		// Oversubscribed ranks on gorun's runtime (or all, or none, as
+		// GORUN_SESSION says) share this process's session (bind.go).
+		own := ownSession(crowded, r.Env, func() bool { return a.progs.of(r.Path).onRuntime() })
 		if crowded {
 			env = goMaxProcsEnv(env)
 		}

@@ -58,7 +58,9 @@ state=$BASE/$set
 mkdir -p "$state"
 chmod 700 "$state"
 # No --owner: made by hand, so --stale must leave it alone.
-if [ -n "$owner" ]; then echo "$owner" >"$state/owner"; else rm -f "$state/owner"; fi
+# The owner's PID namespace goes with its pid: a pid means nothing in
+# another namespace (a test run under unshare --pid beside one outside it).
+if [ -n "$owner" ]; then echo "$owner $(pidns)" >"$state/owner"; else rm -f "$state/owner"; fi
 
 # Subnet: keep the set's own, else the lowest 198.18.X.0/24 no other set
 # holds and no interface of this machine uses.
