@@ -118,6 +118,10 @@ type handlePage struct {
 	// ends), written at issue; Wait runs the call itself only when its own
 	// context could not end sooner (see Wait).
 	ctxDone [pageCalls]<-chan struct{}
+	// unkicked[i]: call i was issued with IssuerWaits, so the worker was
+	// not woken for it; a Wait that cannot run it itself wakes the worker.
+	// Written at issue.
+	unkicked [pageCalls]bool
 }
 
 func newHandlePage(c *Comm, first uint64) *handlePage {
@@ -170,6 +174,10 @@ func (m *handleMark) Wait(ctx context.Context) error {
 		if p.done(i) {
 			return p.err(i)
 		}
+	} else if p.unkicked[i] {
+		// Issued for an inline wait that this one cannot be: hand it to
+		// the worker now (a spare wake-up is harmless).
+		c.kick()
 	}
 	for {
 		ch := c.waitCh(seq)
@@ -339,6 +347,7 @@ func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 	}
 	// Issue numbers follow the queue's order, which is the order calls
 	// complete in (see handlePage): numbering and queueing under one lock.
+	_, unkicked := ctx.(issuerWaits)
 	c.seqMu.Lock()
 	seq := c.issued
 	c.issued++
@@ -349,12 +358,32 @@ func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 	}
 	i := int(seq - p.first)
 	p.ctxDone[i] = ctx.Done()
+	p.unkicked[i] = unkicked
 	cl.seq, cl.page, cl.slot = seq, p, i
 	c.queue <- cl
 	c.seqMu.Unlock()
-	c.kick()
+	if !unkicked {
+		c.kick()
+	}
 	return &p.marks[i]
 }
+
+// IssuerWaits returns a context, otherwise parent's, for calls whose
+// issuer waits for them at once: issue, then Wait with the same context
+// (or one that never ends), as a blocking call does. Such a call is not
+// handed to the communicator's worker goroutine: the Wait runs it on the
+// issuer's goroutine. Handing it over anyway wakes the worker for nothing,
+// and with more than one P that wake-up is a futex wake of another thread
+// and a second thread on the cores: 2 µs of a 3 µs 8-byte all-reduce
+// issued from a C thread (libgorun; notes/torch-backend.md). A call issued
+// with it progresses only once it is waited for, or once the worker wakes
+// for another call: an issuer that does not Wait at once, or polls Done,
+// must not use it.
+func IssuerWaits(parent context.Context) context.Context { return issuerWaits{parent} }
+
+// issuerWaits marks a context made by IssuerWaits; it is parent in every
+// other respect.
+type issuerWaits struct{ context.Context }
 
 func (c *Comm) invalidf(cl *call, format string, args ...any) {
 	if cl.invalid == nil {

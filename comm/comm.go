@@ -121,6 +121,8 @@ type Comm struct {
 	closeErr     error
 	wg           sync.WaitGroup
 	workerExited chan struct{}
+	// kicks counts the wake-ups sent to the worker (kick), for tests.
+	kicks atomic.Int64
 
 	// rec is the flight recorder; watchStop ends the stuck-call watchdog
 	// (closed by Close once the worker has exited); unserve withdraws this

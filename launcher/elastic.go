@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,8 +64,16 @@ type Report struct {
 	// "before fault N").
 	CheckpointSignals []CheckpointSignalReport `json:"checkpoint_signals,omitempty"`
 	// LostHosts are the hosts an elastic job left out after losing them,
-	// in the order they were lost.
-	LostHosts  []string       `json:"lost_hosts,omitempty"`
+	// in the order they were lost (a host re-admitted later stays here;
+	// Readmitted says when it came back).
+	LostHosts []string `json:"lost_hosts,omitempty"`
+	// Readmitted are the lost hosts that answered again at a later
+	// restart and were taken back (elastic grow-back).
+	Readmitted []ReadmitReport `json:"readmitted,omitempty"`
+	// out are the hosts left out of the next world now; lostIn is the
+	// restart whose world lost each.
+	out        []string
+	lostIn     map[string]int
 	ckptSig    syscall.Signal // Job.CheckpointSignal, resolved
 	ckptBefore time.Duration  // Job.CheckpointBefore
 	inj        []injection    // the schedule; nil until the first plan
@@ -74,6 +83,14 @@ type Report struct {
 	byID       map[int]int    // injection id → index in Faults
 	world      *WorldReport   // the world running now
 	pending    map[int]string // injections of this world not yet answered
+}
+
+// ReadmitReport is a lost host taken back: at the start of world Restart,
+// its agent answered again (At, seconds from the job's start).
+type ReadmitReport struct {
+	Host    string  `json:"host"`
+	Restart int     `json:"restart"`
+	At      float64 `json:"at_s"`
 }
 
 // CheckpointSignalReport is one checkpoint signal gorun sent by itself.
@@ -350,6 +367,7 @@ func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
 		MaxRestarts: job.MaxRestarts, faults: job.Faults, horizon: randomHorizon,
 		ckptSig: cmp.Or(job.CheckpointSignal, syscall.SIGUSR1), ckptBefore: job.CheckpointBefore,
 		fired: map[int]bool{}, byID: map[int]int{}, Faults: []FaultReport{}, Worlds: []WorldReport{},
+		lostIn: map[string]int{},
 	}
 	err := launchWorlds(ctx, cfg, job, rep)
 	for i := range rep.Faults {
@@ -400,8 +418,11 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 	for restart := 0; ; restart++ {
 		j := job
 		if el != nil {
+			if restart > 0 {
+				readmit(ctx, cfg, rep, restart)
+			}
 			var err error
-			if j.Hosts, j.NP, err = el.world(rep.LostHosts); err != nil {
+			if j.Hosts, j.NP, err = el.world(rep.out); err != nil {
 				var ee *ElasticError
 				if errors.As(err, &ee) {
 					ee.Last = prev
@@ -416,7 +437,7 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 			TorchMaxRestartsEnv+"="+strconv.Itoa(job.MaxRestarts),
 			rankenv.CheckpointSignal+"="+unixSignalName(rep.ckptSig))
 		// Data-plane faults are armed in the ranks (inject_chaos.go).
-		j.Export = append(j.Export, netFaultEnv(job.Faults, rep.Start, time.Since(rep.Start))...)
+		j.Export = append(j.Export, netFaultEnv(job.Faults, rep.Start, time.Since(rep.Start), restart)...)
 		c := cfg
 		w := &worldRun{rep: rep, restart: restart}
 		c.world = w
@@ -448,8 +469,12 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 			rep.world.Cause = w.cause(err)
 		}
 		if el != nil {
-			if h := el.lostHost(err); h != "" && !slices.Contains(rep.LostHosts, h) {
-				rep.LostHosts = append(rep.LostHosts, h)
+			if h := el.lostHost(err); h != "" && !slices.Contains(rep.out, h) {
+				rep.out = append(rep.out, h)
+				rep.lostIn[h] = restart
+				if !slices.Contains(rep.LostHosts, h) {
+					rep.LostHosts = append(rep.LostHosts, h)
+				}
 			}
 		}
 		again := err != nil && (restartable(err) || (el != nil && el.lostHost(err) != "")) && restart < job.MaxRestarts && ctx.Err() == nil
@@ -464,6 +489,12 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 			f := &rep.Faults[rep.byID[id]]
 			if f.InjectedAt != nil {
 				f.WorldEndedAt, f.Action = ptr(ended), action
+			} else if again && f.AfterSteps > 0 {
+				// Keyed to the program's step, which a resuming
+				// program carries into the next world: armed again
+				// there, rather than lost with a world that ended
+				// before the target got that far.
+				rep.fired[id] = false
 			}
 		}
 		if !again {
@@ -476,16 +507,64 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 	}
 }
 
+// readmitAfter is how many restarts a lost host stays out before gorun
+// asks it again: the world right after its loss runs without it (a host
+// that just fell over is not retried at once: its agent would most often
+// fail again, costing the restart), later worlds ask.
+const readmitAfter = 2
+
+// readmitWait bounds one restart's questions to lost hosts: an agent
+// start over ssh takes 0.3-3 s on the test hosts under load; a host that
+// does not answer in this time stays out.
+const readmitWait = 10 * time.Second
+
+// readmit asks each host left out for readmitAfter restarts or more
+// whether it answers again (an agent starts there and authenticates, as
+// gorun doctor checks) and takes back those that do, so that the world
+// grows back toward --max-np at a restart boundary, as torchrun's elastic
+// agent re-forms its rendezvous with a node that comes back.
+func readmit(ctx context.Context, cfg Config, rep *Report, restart int) {
+	var ask []Host
+	for _, h := range rep.out {
+		if restart-rep.lostIn[h] >= readmitAfter {
+			ask = append(ask, Host{Name: h, Slots: 1})
+		}
+	}
+	if len(ask) == 0 {
+		return
+	}
+	qctx, cancel := context.WithTimeout(ctx, readmitWait)
+	defer cancel()
+	dcfg := cfg
+	dcfg.Stdout, dcfg.Stderr = io.Discard, io.Discard
+	d, err := Doctor(qctx, dcfg, ask)
+	if d == nil {
+		cfg.Logger.Warn().Err(err).Msg("could not ask the lost hosts whether they answer again")
+		return
+	}
+	for _, c := range d.Hosts {
+		if !c.OK() {
+			cfg.Logger.Info().Str("host", c.Host).Strs("problems", c.Problems).Msg("lost host still does not answer; left out")
+			continue
+		}
+		rep.out = slices.DeleteFunc(rep.out, func(h string) bool { return h == c.Host })
+		delete(rep.lostIn, c.Host)
+		rep.Readmitted = append(rep.Readmitted, ReadmitReport{Host: c.Host, Restart: restart, At: rep.since(time.Now())})
+		cfg.Logger.Warn().Str("host", c.Host).Int("restart", restart).Msg("lost host answers again; taken back into the world")
+	}
+}
+
 // elastic is the host policy of a job with --min-np/--max-np.
 //
 // Hosts are taken in the order given, each with its slots, until the
 // world's size is reached; the rest are spares. When a world ends with a
 // host lost (its agent's connection dropped, or, at a restart, its agent
-// could not be started), that host is left out of every later world: a
-// machine that fell over is not trusted again within the job, as
+// could not be started), that host is left out of the next world, as
 // torchrun's elastic agent drops a node whose agent stopped answering.
 // The next world then takes its slots from the spares, or, when there are
-// not enough, runs on fewer ranks, down to MinNP. Every world is a new
+// not enough, runs on fewer ranks, down to MinNP. At each later restart
+// gorun asks the hosts left out whether they answer again (readmit) and
+// takes back those that do: the world grows back toward MaxNP. Every world is a new
 // rendezvous with a new job id and secret (and GORUN_RESTART_COUNT as its
 // generation, rendezvous.Config.Generation), so no member of an older world
 // can join it.
