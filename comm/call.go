@@ -3,12 +3,15 @@ package comm
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
-// call is one issued operation; it is also its Handle.
+// call is one issued operation, from its issue to its completion. Call
+// objects are recycled (Comm.newCall): a caller holds a Handle, which names the
+// call by its issue number in the communicator (see handlePage), never the
+// call object itself.
 type call struct {
 	kind       Kind
 	dtype      DType
@@ -23,104 +26,241 @@ type call struct {
 	ctx  context.Context
 	hook *ctxHook // the cancellation hook of ctx, nil if ctx never ends
 
-	c   *Comm // runs it; Wait may run it itself (see drain)
-	err error // written before state's callDone bit is set
-	// doneAt is when the call completed, written with err. It lets a
-	// caller that waits late (overlap's executor) know when the network
-	// finished without a goroutine parked on every call to stamp it.
-	doneAt time.Time
-
-	// Completion without a channel per call: state has callDone once the
-	// call has completed and callWaited once a Wait blocks on doneCh,
-	// which only such a Wait makes (under mu). A channel made and closed
-	// per call was a fifth of issuing and completing a small call; most
-	// calls are run by the goroutine that waits for them and never block.
-	state  atomic.Uint32
-	mu     sync.Mutex
-	doneCh chan struct{}
+	c *Comm // runs it; Wait may run it itself (see drain)
+	// seq is the call's issue number in c (0 for the first), page and
+	// slot where its Handle and its result live.
+	seq  uint64
+	page *handlePage
+	slot int
 }
 
-// vCounts are an AllToAllV's per-peer element counts. Behind a pointer:
-// every call is allocated, and its size decides how often the allocator
-// needs fresh pages (each a page fault of a few microseconds on the
-// latency path until the first garbage collection recycles memory).
+// vCounts are an AllToAllV's per-peer element counts. Behind a pointer: it
+// keeps the call object small.
 type vCounts struct{ send, recv []int }
 
-// Bits of call.state.
-const (
-	callDone   = 1
-	callWaited = 2
-)
+// Call objects are recycled through each communicator's free list. A
+// call used to be its own Handle, one heap object of 176 bytes per call,
+// and until the process's first garbage collection (4 MiB of heap, some
+// 23,000 small calls) every new span of them landed on pages the process
+// had never touched: a page fault of 1-15 µs on this 2-core VM every 23
+// calls on each rank, which the peer waited out too. It was the slow
+// tail of the first sizes of a sweep (`perf record -e page-faults`: pairs
+// of faults in mallocgc and memclrNoHeapPointers under AllReduce, one pair
+// per span; 2 ranks, 8-byte all-reduce, notes/shm-latency.md). Recycled,
+// a call touches the same few cache lines every time. The list starts
+// with freeCalls objects, touched in New, so that a burst of calls issued
+// before any completes (`gorun bench` issues 200, then waits) takes no
+// fresh memory either; it keeps at most QueueDepth.
+const freeCalls = 256
 
-var _ Handle = (*call)(nil)
-
-func (cl *call) Wait(ctx context.Context) error {
-	if cl.Done() {
-		return cl.err
+// newCall takes a call object from the free list (or the heap).
+func (c *Comm) newCall(kind Kind, root int) *call {
+	var cl *call
+	c.freeMu.Lock()
+	if n := len(c.free); n > 0 {
+		cl = c.free[n-1]
+		c.free = c.free[:n-1]
 	}
+	c.freeMu.Unlock()
+	if cl == nil {
+		cl = new(call)
+	}
+	cl.kind, cl.root = kind, root
+	return cl
+}
+
+// recycle returns a completed call to the free list. Nothing refers to it
+// any more: handles name the call by its page and slot.
+func (c *Comm) recycle(cl *call) {
+	*cl = call{}
+	c.freeMu.Lock()
+	if len(c.free) < cap(c.free) {
+		c.free = append(c.free, cl)
+	}
+	c.freeMu.Unlock()
+}
+
+// fillFree gives c its first freeCalls call objects, one slab, touched now.
+func (c *Comm) fillFree() {
+	c.free = make([]*call, 0, max(c.cfg.QueueDepth, freeCalls))
+	slab := make([]call, freeCalls)
+	for i := range slab {
+		slab[i].root = -1 // touch it: fresh pages fault here, not in a call
+		c.free = append(c.free, &slab[i])
+	}
+}
+
+// pageCalls is how many consecutive calls of a communicator share a
+// handlePage.
+const pageCalls = 256
+
+// handlePage holds the Handles and the results of pageCalls consecutive
+// calls of one communicator (issue numbers first .. first+pageCalls-1).
+// A Handle is a pointer to the call's mark, marks[i], whose value is i: a
+// Handle finds its page and slot without any per-call object, so issuing
+// allocates nothing but a page every pageCalls calls (about 17 bytes per
+// call instead of 176; see Comm.newCall), and a Handle stays exact however
+// long it is kept: its page, kept alive by the Handle, is never reused.
+//
+// Calls complete in issue order, so whether call first+i is done is
+// whether the communicator's completed count has passed it.
+type handlePage struct {
+	c     *Comm
+	first uint64
+	marks [pageCalls]handleMark
+	// doneAt[i]: when call i completed, in nanoseconds since c.epoch;
+	// written before the completed count passes the call.
+	doneAt [pageCalls]int64
+	// errs[i]: the error of call i, if it failed; allocated at the page's
+	// first failure, stored before the completed count passes the call.
+	errs atomic.Pointer[[pageCalls]error]
+	// ctxDone[i]: the Done channel of call i's context (nil if it never
+	// ends), written at issue; Wait runs the call itself only when its own
+	// context could not end sooner (see Wait).
+	ctxDone [pageCalls]<-chan struct{}
+	// unkicked[i]: call i was issued with IssuerWaits, so the worker was
+	// not woken for it; a Wait that cannot run it itself wakes the worker.
+	// Written at issue.
+	unkicked [pageCalls]bool
+}
+
+func newHandlePage(c *Comm, first uint64) *handlePage {
+	p := &handlePage{c: c, first: first}
+	for i := range p.marks {
+		p.marks[i] = handleMark(i)
+	}
+	return p
+}
+
+// handleMark is what a Handle points to: the mark of its call in its page.
+type handleMark uint8
+
+var _ Handle = (*handleMark)(nil)
+
+// at returns the mark's page and slot: the mark's value is its index in
+// marks, so the page starts that many marks before it, at marks' offset.
+func (m *handleMark) at() (*handlePage, int) {
+	i := int(*m)
+	base := unsafe.Add(unsafe.Pointer(m), -i-int(unsafe.Offsetof(handlePage{}.marks)))
+	return (*handlePage)(base), i
+}
+
+func (p *handlePage) done(i int) bool { return p.c.completed.Load() > p.first+uint64(i) }
+
+func (p *handlePage) err(i int) error {
+	if e := p.errs.Load(); e != nil {
+		return e[i]
+	}
+	return nil
+}
+
+func (m *handleMark) Done() bool {
+	p, i := m.at()
+	return p.done(i)
+}
+
+func (m *handleMark) Wait(ctx context.Context) error {
+	p, i := m.at()
+	if p.done(i) {
+		return p.err(i)
+	}
+	c, seq := p.c, p.first+uint64(i)
 	// If no goroutine is running calls, run this one (and any issued
 	// before it) here rather than hand it to the worker and back. Only when
 	// giving up on ctx could not come sooner that way: ctx is the call's
 	// own context (whose end fails the call anyway) or never ends.
-	if d := ctx.Done(); cl.c != nil && (d == nil || d == cl.ctx.Done()) && inlineWait.Load() {
-		cl.c.drain(cl)
-		if cl.Done() {
-			return cl.err
+	if d := ctx.Done(); (d == nil || d == p.ctxDone[i]) && inlineWait.Load() {
+		c.drain(seq)
+		if p.done(i) {
+			return p.err(i)
 		}
-	}
-	ch := cl.waitCh()
-	if ch == nil {
-		return cl.err
-	}
-	select {
-	case <-ch:
-		return cl.err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// waitCh returns the channel finish closes, or nil if the call is done.
-func (cl *call) waitCh() chan struct{} {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
-	if cl.doneCh == nil {
-		cl.doneCh = make(chan struct{})
+	} else if p.unkicked[i] {
+		// Issued for an inline wait that this one cannot be: hand it to
+		// the worker now (a spare wake-up is harmless).
+		c.kick()
 	}
 	for {
-		s := cl.state.Load()
-		if s&callDone != 0 {
-			return nil
+		ch := c.waitCh(seq)
+		if ch == nil {
+			return p.err(i)
 		}
-		if cl.state.CompareAndSwap(s, s|callWaited) {
-			return cl.doneCh
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			c.waiters.Add(-1)
+			return ctx.Err()
 		}
+		c.waiters.Add(-1)
 	}
 }
-
-func (cl *call) Done() bool { return cl.state.Load()&callDone != 0 }
 
 // CompletedAt returns when the call completed; the zero time until Done
 // (or Wait) has reported it complete. Safe for concurrent use after that.
-func (cl *call) CompletedAt() time.Time {
-	if !cl.Done() {
+func (m *handleMark) CompletedAt() time.Time {
+	p, i := m.at()
+	if !p.done(i) {
 		return time.Time{}
 	}
-	return cl.doneAt
+	return p.c.epoch.Add(time.Duration(p.doneAt[i]))
 }
 
-func (cl *call) finish(err error) {
-	if cl.hook != nil {
-		cl.c.unhook(cl.hook)
+// waitCh returns a channel closed at the next completion, counting the
+// caller in c.waiters (the caller uncounts itself when it stops waiting),
+// or nil, uncounted, once call seq is done.
+func (c *Comm) waitCh(seq uint64) <-chan struct{} {
+	c.waiters.Add(1)
+	c.doneMu.Lock()
+	if c.doneCh == nil {
+		c.doneCh = make(chan struct{})
 	}
-	cl.err = err
-	cl.doneAt = time.Now()
-	if cl.state.Or(callDone)&callWaited != 0 {
-		cl.mu.Lock()
-		close(cl.doneCh)
-		cl.mu.Unlock()
+	ch := c.doneCh
+	c.doneMu.Unlock()
+	// Counted before this check, so a completion stored after it sees a
+	// waiter and closes ch.
+	if c.completed.Load() > seq {
+		c.waiters.Add(-1)
+		return nil
 	}
+	return ch
 }
+
+// finish completes cl with err, the next call in issue order, and
+// recycles it.
+func (c *Comm) finish(cl *call, err error) {
+	if cl.hook != nil {
+		c.unhook(cl.hook)
+	}
+	p, i := cl.page, cl.slot
+	p.doneAt[i] = int64(time.Since(c.epoch))
+	if err != nil {
+		e := p.errs.Load()
+		if e == nil {
+			e = new([pageCalls]error)
+			p.errs.Store(e)
+		}
+		e[i] = err
+	}
+	c.completed.Store(cl.seq + 1)
+	if c.waiters.Load() > 0 {
+		c.doneMu.Lock()
+		if c.doneCh != nil {
+			close(c.doneCh)
+			c.doneCh = nil
+		}
+		c.doneMu.Unlock()
+	}
+	c.recycle(cl)
+}
+
+// doneHandle is a call that failed at issue (a closed communicator).
+type doneHandle struct {
+	err error
+	at  time.Time
+}
+
+func (h *doneHandle) Wait(context.Context) error { return h.err }
+func (h *doneHandle) Done() bool                 { return true }
+func (h *doneHandle) CompletedAt() time.Time     { return h.at }
 
 func (cl *call) info(seq uint64) CallInfo {
 	ci := CallInfo{Kind: cl.kind, DType: cl.dtype, Count: cl.count, Root: cl.root, Seq: seq}
@@ -198,17 +338,52 @@ func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 		if err == nil {
 			err = ErrClosed
 		}
-		cl.finish(err)
-		return cl
+		c.recycle(cl)
+		return &doneHandle{err: err, at: time.Now()}
 	}
 	cl.c = c
 	if ctx.Done() != nil {
 		c.hook(cl)
 	}
+	// Issue numbers follow the queue's order, which is the order calls
+	// complete in (see handlePage): numbering and queueing under one lock.
+	_, unkicked := ctx.(issuerWaits)
+	c.seqMu.Lock()
+	seq := c.issued
+	c.issued++
+	p := c.page
+	if p == nil || seq-p.first >= pageCalls {
+		p = newHandlePage(c, seq)
+		c.page = p
+	}
+	i := int(seq - p.first)
+	p.ctxDone[i] = ctx.Done()
+	p.unkicked[i] = unkicked
+	cl.seq, cl.page, cl.slot = seq, p, i
 	c.queue <- cl
-	c.kick()
-	return cl
+	c.seqMu.Unlock()
+	if !unkicked {
+		c.kick()
+	}
+	return &p.marks[i]
 }
+
+// IssuerWaits returns a context, otherwise parent's, for calls whose
+// issuer waits for them at once: issue, then Wait with the same context
+// (or one that never ends), as a blocking call does. Such a call is not
+// handed to the communicator's worker goroutine: the Wait runs it on the
+// issuer's goroutine. Handing it over anyway wakes the worker for nothing,
+// and with more than one P that wake-up is a futex wake of another thread
+// and a second thread on the cores: 2 µs of a 3 µs 8-byte all-reduce
+// issued from a C thread (libgorun; notes/torch-backend.md). A call issued
+// with it progresses only once it is waited for, or once the worker wakes
+// for another call: an issuer that does not Wait at once, or polls Done,
+// must not use it.
+func IssuerWaits(parent context.Context) context.Context { return issuerWaits{parent} }
+
+// issuerWaits marks a context made by IssuerWaits; it is parent in every
+// other respect.
+type issuerWaits struct{ context.Context }
 
 func (c *Comm) invalidf(cl *call, format string, args ...any) {
 	if cl.invalid == nil {
@@ -257,7 +432,7 @@ func always(int, int) bool { return true }
 
 // AllReduce issues recv = op over ranks of send.
 func (c *Comm) AllReduce(ctx context.Context, send, recv Buffer, op Op) Handle {
-	cl := &call{kind: KindAllReduce, root: -1}
+	cl := c.newCall(KindAllReduce, -1)
 	c.prepare(cl, send, recv, func(s, r int) bool { return s == r }, always)
 	c.checkOp(cl, op)
 	if send != nil {
@@ -268,7 +443,7 @@ func (c *Comm) AllReduce(ctx context.Context, send, recv Buffer, op Op) Handle {
 
 // AllGather issues recv = concatenation over ranks of send.
 func (c *Comm) AllGather(ctx context.Context, send, recv Buffer) Handle {
-	cl := &call{kind: KindAllGather, root: -1}
+	cl := c.newCall(KindAllGather, -1)
 	c.prepare(cl, send, recv, func(s, r int) bool { return r == s*c.n }, always)
 	if send != nil {
 		cl.count = send.Len()
@@ -278,7 +453,7 @@ func (c *Comm) AllGather(ctx context.Context, send, recv Buffer) Handle {
 
 // ReduceScatter issues recv = block Rank() of op over ranks of send.
 func (c *Comm) ReduceScatter(ctx context.Context, send, recv Buffer, op Op) Handle {
-	cl := &call{kind: KindReduceScatter, root: -1}
+	cl := c.newCall(KindReduceScatter, -1)
 	c.prepare(cl, send, recv, func(s, r int) bool { return s == r*c.n }, always)
 	c.checkOp(cl, op)
 	if recv != nil {
@@ -289,7 +464,7 @@ func (c *Comm) ReduceScatter(ctx context.Context, send, recv Buffer, op Op) Hand
 
 // Broadcast issues recv = send of root.
 func (c *Comm) Broadcast(ctx context.Context, send, recv Buffer, root int) Handle {
-	cl := &call{kind: KindBroadcast}
+	cl := c.newCall(KindBroadcast, 0)
 	if send == nil {
 		send = recv // send is only read at root; non-roots may pass nil
 	}
@@ -303,7 +478,7 @@ func (c *Comm) Broadcast(ctx context.Context, send, recv Buffer, root int) Handl
 
 // Reduce issues recv at root = op over ranks of send.
 func (c *Comm) Reduce(ctx context.Context, send, recv Buffer, op Op, root int) Handle {
-	cl := &call{kind: KindReduce}
+	cl := c.newCall(KindReduce, 0)
 	if recv == nil && root != c.me {
 		recv = send // recv is only written at root
 	}
@@ -318,7 +493,7 @@ func (c *Comm) Reduce(ctx context.Context, send, recv Buffer, op Op, root int) H
 
 // AllToAll issues an exchange of equal blocks between every pair of ranks.
 func (c *Comm) AllToAll(ctx context.Context, send, recv Buffer) Handle {
-	cl := &call{kind: KindAllToAll, root: -1}
+	cl := c.newCall(KindAllToAll, -1)
 	c.prepare(cl, send, recv, func(s, r int) bool { return s == r && s%c.n == 0 }, always)
 	if send != nil {
 		cl.count = send.Len()
@@ -328,7 +503,7 @@ func (c *Comm) AllToAll(ctx context.Context, send, recv Buffer) Handle {
 
 // AllToAllV issues an exchange with per-peer element counts.
 func (c *Comm) AllToAllV(ctx context.Context, send Buffer, sendCounts []int, recv Buffer, recvCounts []int) Handle {
-	cl := &call{kind: KindAllToAllV, root: -1}
+	cl := c.newCall(KindAllToAllV, -1)
 	c.prepare(cl, send, recv, always, always)
 	sum := func(counts []int, what string, limit int) int {
 		if len(counts) != c.n {
@@ -363,12 +538,14 @@ func (c *Comm) AllToAllV(ctx context.Context, send Buffer, sendCounts []int, rec
 
 // Barrier issues a call that completes once every rank has issued it.
 func (c *Comm) Barrier(ctx context.Context) Handle {
-	return c.issue(ctx, &call{kind: KindBarrier, dtype: Uint8, root: -1})
+	cl := c.newCall(KindBarrier, -1)
+	cl.dtype = Uint8
+	return c.issue(ctx, cl)
 }
 
 // Send issues a send of buf to peer.
 func (c *Comm) Send(ctx context.Context, buf Buffer, peer int) Handle {
-	cl := &call{kind: KindSend}
+	cl := c.newCall(KindSend, 0)
 	c.prepare(cl, buf, buf, always, always)
 	c.checkRank(cl, peer, "peer")
 	if peer == c.me {
@@ -382,7 +559,7 @@ func (c *Comm) Send(ctx context.Context, buf Buffer, peer int) Handle {
 
 // Recv issues a receive into buf from peer; the sizes must match.
 func (c *Comm) Recv(ctx context.Context, buf Buffer, peer int) Handle {
-	cl := &call{kind: KindRecv}
+	cl := c.newCall(KindRecv, 0)
 	c.prepare(cl, buf, buf, always, always)
 	c.checkRank(cl, peer, "peer")
 	if peer == c.me {

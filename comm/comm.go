@@ -85,6 +85,23 @@ type Comm struct {
 	issueMu sync.RWMutex
 	closed  bool // guarded by issueMu
 	queue   chan *call
+
+	// Issue numbers and completion (see handlePage): seqMu orders numbering
+	// with queueing; issued and page are under it. completed counts the
+	// calls completed (they complete in issue order); epoch is the origin
+	// of handlePage.doneAt. A Wait that blocks counts itself in waiters and
+	// waits for doneCh, which the next completion closes.
+	seqMu     sync.Mutex
+	issued    uint64
+	page      *handlePage
+	completed atomic.Uint64
+	epoch     time.Time
+	waiters   atomic.Int32
+	doneMu    sync.Mutex
+	doneCh    chan struct{}
+	// free holds recycled call objects (see Comm.newCall).
+	freeMu sync.Mutex
+	free   []*call
 	// running is the run token (see drain): held by the goroutine running
 	// calls. wake (capacity 1) tells the worker there may be work; closing
 	// is set by Close before it closes queue.
@@ -104,6 +121,8 @@ type Comm struct {
 	closeErr     error
 	wg           sync.WaitGroup
 	workerExited chan struct{}
+	// kicks counts the wake-ups sent to the worker (kick), for tests.
+	kicks atomic.Int64
 
 	// rec is the flight recorder; watchStop ends the stuck-call watchdog
 	// (closed by Close once the worker has exited); unserve withdraws this
@@ -183,6 +202,7 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 		g: g, cfg: cfg, me: me, n: n,
 		gid:    groupID(g, cfg.Tag),
 		queue:  make(chan *call, cfg.QueueDepth),
+		epoch:  time.Now(),
 		wake:   make(chan struct{}, 1),
 		failed: make(chan struct{}),
 
@@ -196,6 +216,10 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 	if c.flightDir == "" {
 		c.flightDir = os.Getenv(FlightDirEnv)
 	}
+	// The first calls' handle page and call objects now, not on the first
+	// calls' path.
+	c.page = newHandlePage(c, 0)
+	c.fillFree()
 	// Before any program this rank starts can inherit the report pipe.
 	collateral.Claim()
 	c.log = cfg.Logger.With().Int("rank", g.GlobalRank(me)).Str("host", g.Host(me)).Int("world", n).

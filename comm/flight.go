@@ -98,7 +98,15 @@ type recorder struct {
 // one the writer fills next, so that a reader that finds the writer busy
 // can still trust all size.
 func newRecorder(size, group int) *recorder {
-	return &recorder{recs: make([]slot, size+1), errs: make([]string, size+1), p2p: make([]atomic.Uint64, group)}
+	r := &recorder{recs: make([]slot, size+1), errs: make([]string, size+1), p2p: make([]atomic.Uint64, group)}
+	// Touch every slot now: the ring (256 records, 20 KiB by default) is
+	// fresh memory, and each of its pages would otherwise fault on the
+	// first call that reaches it, a few microseconds each inside the
+	// first sizes of a sweep (notes/shm-latency.md).
+	for i := range r.recs {
+		r.recs[i].end.Store(0)
+	}
+	return r
 }
 
 // start records cl, run as collective number seq (peerSeq: its number among

@@ -52,7 +52,7 @@ func init() { inlineWait.Store(true) }
 func (c *Comm) worker() {
 	defer close(c.workerExited)
 	for range c.wake {
-		if c.drain(nil) {
+		if c.drain(noTarget) {
 			return
 		}
 	}
@@ -62,20 +62,25 @@ func (c *Comm) worker() {
 func (c *Comm) kick() {
 	select {
 	case c.wake <- struct{}{}:
+		c.kicks.Add(1)
 	default:
 	}
 }
 
+// noTarget is drain's target when it runs whatever is queued (the worker).
+const noTarget = ^uint64(0)
+
 // drain takes the run token if it is free and runs queued calls in order,
-// stopping after target if target is set (a Wait running its own call and
-// the ones issued before it). It reports whether it found the queue closed
-// and empty. Whoever lets go of the token with calls still queued (or with
-// the queue closing) kicks the worker, so no call is left behind.
-func (c *Comm) drain(target *call) (closed bool) {
+// stopping after call number target (a Wait running its own call and the
+// ones issued before it; noTarget: until the queue is empty). It reports
+// whether it found the queue closed and empty. Whoever lets go of the
+// token with calls still queued (or with the queue closing) kicks the
+// worker, so no call is left behind.
+func (c *Comm) drain(target uint64) (closed bool) {
 	if !c.running.CompareAndSwap(false, true) {
 		return false
 	}
-	for target == nil || !target.Done() {
+	for target == noTarget || c.completed.Load() <= target {
 		var cl *call
 		var ok bool
 		select {
@@ -90,8 +95,9 @@ func (c *Comm) drain(target *call) (closed bool) {
 		if cl == nil {
 			break
 		}
+		seq := cl.seq // cl is recycled once executed
 		c.execute(cl)
-		if cl == target {
+		if seq == target {
 			break
 		}
 	}
@@ -108,13 +114,13 @@ func (c *Comm) drain(target *call) (closed bool) {
 // execute runs one call and completes it. Token holder only.
 func (c *Comm) execute(cl *call) {
 	if err := c.Err(); err != nil {
-		cl.finish(err)
+		c.finish(cl, err)
 		return
 	}
-	if cl.invalid != nil {
-		c.rec.end(c.rec.start(cl, c.cseq, 0, ticks()), cl.invalid, ticks())
-		c.fail(cl.invalid)
-		cl.finish(cl.invalid)
+	if err := cl.invalid; err != nil {
+		c.rec.end(c.rec.start(cl, c.cseq, 0, ticks()), err, ticks())
+		c.fail(err)
+		c.finish(cl, err)
 		return
 	}
 	var peerSeq uint64 // Send/Recv: their number with this peer (see FlightRecord.PeerSeq)
@@ -150,7 +156,7 @@ func (c *Comm) execute(cl *call) {
 	if record {
 		c.rec.end(slot, err, ticks())
 	}
-	cl.finish(err)
+	c.finish(cl, err)
 }
 
 // errLinkDown marks an error from a link that was closed because the

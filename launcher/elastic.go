@@ -506,7 +506,7 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 			TorchMaxRestartsEnv+"="+strconv.Itoa(job.MaxRestarts),
 			rankenv.CheckpointSignal+"="+unixSignalName(rep.ckptSig))
 		// Data-plane faults are armed in the ranks (inject_chaos.go).
-		j.Export = append(j.Export, netFaultEnv(job.Faults, rep.Start, time.Since(rep.Start))...)
+		j.Export = append(j.Export, netFaultEnv(job.Faults, rep.Start, time.Since(rep.Start), restart)...)
 		c := cfg
 		w := &worldRun{rep: rep, restart: restart}
 		c.world = w

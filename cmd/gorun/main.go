@@ -168,6 +168,7 @@ type options struct {
 	oversubscribe bool
 	exports       repeated
 	bindTo        string
+	session       string
 	topology      string
 	tagOutput     bool
 	timestamp     bool
@@ -215,6 +216,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.Var(&o.exports, "x", "export `NAME[=VALUE]` to every rank (repeatable)")
 	fs.StringVar(&o.topology, "topology", "auto", "hardware topology for ranks that use hwloc (MPICH's MPI_Init): auto (each host discovers it once and hands it to its ranks, which then skip their own discovery) or off")
 	fs.StringVar(&o.bindTo, "bind-to", "auto", "CPU binding of ranks: auto (when a host runs no more ranks than CPUs, each rank gets its own equal share of them, as mpirun binds 2 ranks to cores; with more, ranks share one session and get GOMAXPROCS=1) or none")
+	fs.StringVar(&o.session, "session", "auto", "sessions of oversubscribed ranks (more ranks than CPUs, --bind-to auto): auto (ranks of Go programs on gorun's runtime share one session, where a waiting rank can yield its core to a peer; other programs' ranks lead their own), shared (every program's: e.g. Python ranks on the torch backend gorun) or own")
 	fs.BoolVar(&o.tagOutput, "tag-output", false, "prefix every output line with [rank] ([rank,host] in multi-host jobs)")
 	fs.BoolVar(&o.timestamp, "timestamp-output", false, "prefix every output line with a timestamp")
 	fs.StringVar(&o.outputDir, "output-dir", "", "write rank.N.log per rank into `DIR` (terminal output is tagged)")
@@ -321,10 +323,18 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gorun: %v\n", err)
 		return exitUsage
 	}
+	session, err := launcher.ParseSession(o.session)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun: %v\n", err)
+		return exitUsage
+	}
 	// The agents read the policies from each rank's environment, so they
-	// reach every host with the job; an explicit -x GORUN_BIND or
-	// GORUN_TOPOLOGY wins.
+	// reach every host with the job; an explicit -x GORUN_BIND,
+	// GORUN_SESSION or GORUN_TOPOLOGY wins.
 	policies := repeated{"GORUN_BIND=" + bind}
+	if session != launcher.SessionAuto {
+		policies = append(policies, "GORUN_SESSION="+session)
+	}
 	if topology != launcher.TopologyAuto {
 		policies = append(policies, "GORUN_TOPOLOGY="+topology)
 	}
@@ -332,6 +342,14 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
 		return exitUsage
+	}
+	for _, kv := range exports {
+		if v, ok := strings.CutPrefix(kv, "GORUN_SESSION="); ok {
+			if _, err := launcher.ParseSession(v); err != nil {
+				fmt.Fprintf(stderr, "gorun: -x GORUN_SESSION=%s: expected auto, shared or own\n", v)
+				return exitUsage
+			}
+		}
 	}
 	faults, err := readFaults(o)
 	if err != nil {

@@ -79,6 +79,10 @@ func NewToken(name string) string {
 //	spawn-grandchild   start a hanging child, print "ready", then hang
 //	setsid-grandchild  start a hanging child in a new session, print "ready", hang
 //	setsid-orphan      start a hanging child in a new session, print "ready", exit 0
+//	setsid-clearenv    start "sleep 3600" in a new session with an empty
+//	                   environment (nothing marks it as the job's: Survivors
+//	                   cannot find it; scan its pid with Alive), print
+//	                   "ready R PID child CPID", hang
 //	flood:N            print N numbered lines quickly, then exit 0
 //	partial            print "partial-line" without a newline, then exit 0
 //	cat                copy stdin to stdout, then exit 0
@@ -171,6 +175,16 @@ func runHelper(mode string) int {
 		if name == "setsid-orphan" {
 			return 0
 		}
+		select {}
+	case "setsid-clearenv":
+		cmd := exec.Command("sleep", "3600")
+		cmd.Env = []string{}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 90
+		}
+		fmt.Printf("ready %s %d child %d\n", rank, os.Getpid(), cmd.Process.Pid)
 		select {}
 	case "flood":
 		w := bufio.NewWriterSize(os.Stdout, 4096)
@@ -431,14 +445,32 @@ func Survivors(token string) []int {
 		if err != nil || !bytes.Contains(append(env, 0), needle) {
 			continue
 		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
+		if running(pid) {
+			out = append(out, pid)
 		}
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			continue
+	}
+	return out
+}
+
+// running reports whether pid exists and is not a zombie.
+func running(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return !(i > 0 && i+2 < len(stat) && stat[i+2] == 'Z')
+}
+
+// Alive returns those of pids that still run (exist and are not zombies):
+// the survivor scan for processes that Survivors cannot recognise, such
+// as one that cleared its environment.
+func Alive(pids []int) []int {
+	var out []int
+	for _, pid := range pids {
+		if running(pid) {
+			out = append(out, pid)
 		}
-		out = append(out, pid)
 	}
 	return out
 }
