@@ -99,7 +99,9 @@ func NewToken(name string) string {
 //	                   TORCHELASTIC_RESTART_COUNT, GORUN_JOB_ID and a hash of
 //	                   GORUN_SECRET; in
 //	                   world 0 print "ready" and hang (restart-aware:allreduce:
-//	                   run the allreduce mode instead), in later worlds exit 0
+//	                   run the allreduce mode instead), in later worlds report
+//	                   step 1 and exit 0 (restart-aware:grow: as allreduce,
+//	                   but world 1 prints "ready" and hangs)
 //	steps:N            join the world and run N "training steps": an
 //	                   all-reduce, rank.ReportStep(i), print "step i",
 //	                   sleep 20 ms; exit 0 (on an error print it, exit 6)
@@ -267,10 +269,19 @@ func runHelper(mode string) int {
 		// The secret's hash, not the secret: a test compares worlds.
 		key := sha256.Sum256([]byte(os.Getenv("GORUN_SECRET")))
 		fmt.Printf("world %s torch %s job %s key %x\n", w, os.Getenv("TORCHELASTIC_RESTART_COUNT"), os.Getenv("GORUN_JOB_ID"), key[:6])
+		if w == "1" && arg == "grow" {
+			// Until gorun stops this world to grow back: a world
+			// that can end no other way keys the test to that event.
+			fmt.Printf("ready %s %d\n", rank, os.Getpid())
+			select {}
+		}
 		if w != "0" {
+			// A restarted world's first step (gorun's report times
+			// the recovery by it), then done.
+			collateral.TellStep(collateral.Step{Rank: atoi(rank), Step: 1})
 			return 0
 		}
-		if arg == "allreduce" {
+		if arg == "allreduce" || arg == "grow" {
 			return allReduceLoop(rank, 0)
 		}
 		fmt.Printf("ready %s %d\n", rank, os.Getpid())
