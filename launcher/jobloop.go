@@ -53,6 +53,11 @@ type jobLoop struct {
 	// flight, when set, merges the ranks' flight records after SIGUSR2
 	// and at --timeout (flight.go).
 	flight *flightRecords
+	// fenceHosts is how many supervisors a PMI barrier waits for; 0 means
+	// every supervisor of home. An abandoned multi-host launch
+	// (hostsRun.abandon) sets the whole world's host count, so that the
+	// hosts it did start can never complete a barrier on their own.
+	fenceHosts int
 }
 
 // rankState is what the job loop knows of one rank. A rank counts as live
@@ -143,6 +148,9 @@ func (r *jobLoop) run(ctx context.Context) error {
 	var supErr error
 	// fences gathers the supervisors' PMI barriers (pmi.go).
 	fences := pmiFences{hosts: left}
+	if r.fenceHosts > 0 {
+		fences.hosts = r.fenceHosts
+	}
 	var (
 		failures []failure
 		reason   stopReason

@@ -86,6 +86,9 @@ func NewToken(name string) string {
 //	flood:N            print N numbered lines quickly, then exit 0
 //	partial            print "partial-line" without a newline, then exit 0
 //	cat                copy stdin to stdout, then exit 0
+//	note-sigterm       print "ready RANK PID", wait for SIGTERM, then print
+//	                   "sigterm RANK" and exit 0 (shows that gorun's teardown,
+//	                   not a kill, ended the rank)
 //	wait-usr1          print "ready", wait for SIGUSR1, print "usr1", exit 0
 //	args               print the arguments after argv[0] on one line, exit 0
 //	allreduce          join the job's world communicator (package rank), run
@@ -208,6 +211,13 @@ func runHelper(mode string) int {
 		return 0
 	case "cat":
 		io.Copy(os.Stdout, os.Stdin)
+		return 0
+	case "note-sigterm":
+		c := make(chan os.Signal, 1)
+		signal.Notify(c, syscall.SIGTERM)
+		fmt.Printf("ready %s %d\n", rank, os.Getpid())
+		<-c
+		fmt.Printf("sigterm %s\n", rank)
 		return 0
 	case "wait-usr1":
 		c := make(chan os.Signal, 1)
