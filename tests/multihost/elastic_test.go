@@ -148,58 +148,13 @@ func TestElasticTrainerResumesOnFewerHosts(t *testing.T) {
 		t.Fatalf("gorun: %v\n%s", err, out)
 	}
 	// Rank 0's lines per world (untagged output: only rank 0 prints).
-	worlds := map[string][]string{}
-	cur := ""
-	for _, l := range strings.Split(string(out), "\n") {
-		if w, ok := strings.CutPrefix(l, "world "); ok {
-			cur = w
-			continue
-		}
-		worlds[cur] = append(worlds[cur], l)
+	losses, params, resumed := trainerLosses(t, string(out), 2)
+	if resumed[1] < 6 {
+		t.Fatalf("the second world resumed from step %d\n%s", resumed[1], out)
 	}
-	resumed := -1
-	var losses []string
-	for _, w := range []string{"0", "1"} {
-		var own []string
-		for _, l := range worlds[w] {
-			f := strings.Fields(l)
-			switch {
-			case len(f) == 6 && f[0] == "step" && f[2] == "loss":
-				own = append(own, f[1]+" "+f[3])
-			case len(f) >= 4 && f[0] == "resumed" && w == "1":
-				fmt.Sscan(f[3], &resumed)
-			}
-		}
-		if w == "0" {
-			if len(own) < 7 {
-				t.Fatalf("the first world printed %d steps, want at least 7\n%s", len(own), out)
-			}
-			losses = own
-			continue
-		}
-		if resumed < 6 || resumed > len(losses) {
-			t.Fatalf("the second world resumed from step %d\n%s", resumed, out)
-		}
-		losses = append(losses[:resumed], own...)
-	}
-	var want []string
-	var wantParams, gotParams string
-	for _, l := range strings.Split(string(ref), "\n") {
-		f := strings.Fields(l)
-		if len(f) == 6 && f[0] == "step" && f[2] == "loss" {
-			want = append(want, f[1]+" "+f[3])
-		}
-		if i := strings.LastIndex(l, "params "); strings.HasPrefix(l, "summary:") && i > 0 {
-			wantParams = l[i:]
-		}
-	}
-	for _, l := range worlds["1"] {
-		if i := strings.LastIndex(l, "params "); strings.HasPrefix(l, "summary:") && i > 0 {
-			gotParams = l[i:]
-		}
-	}
-	if !slices.Equal(losses, want) || gotParams == "" || gotParams != wantParams {
-		t.Fatalf("losses %v %s\nwant %v %s\n%s", losses, gotParams, want, wantParams, out)
+	want, wantParams, _ := trainerLosses(t, "world 0\n"+string(ref), 1)
+	if !slices.Equal(losses, want) || params == "" || params != wantParams {
+		t.Fatalf("losses %v %s\nwant %v %s\n%s", losses, params, want, wantParams, out)
 	}
 	rep, raw := readElasticReport(t, report)
 	if len(rep.Worlds) != 2 || rep.Worlds[1].NP != 2 || !slices.Equal(rep.Worlds[1].Hosts, []string{h.Hosts[0]}) || !slices.Equal(rep.LostHosts, []string{h.Hosts[1]}) {
