@@ -208,6 +208,7 @@ func newJobCgroup(jobID string) (*jobCgroup, error) {
 	if err != nil {
 		return nil, err
 	}
+	sweepStaleCgroups(m.parent)
 	// The sequence number keeps two supervisors of one client apart
 	// (a world restarted under the same job id): releasing one must never
 	// kill the other's processes, so an existing directory is refused.
@@ -225,6 +226,43 @@ func newJobCgroup(jobID string) (*jobCgroup, error) {
 		}
 	}
 	return g, nil
+}
+
+// sweepStaleCgroups removes the empty job cgroups under parent whose
+// client is gone: a client and its supervisor killed together (a host's
+// processes SIGKILLed at once, as the chaos tests' kill-host does) leave
+// their cgroup behind, and nothing else would ever remove it. Only empty
+// ones: the kernel refuses to remove a cgroup with members, and a
+// non-empty one may belong to a live job whose client runs in another PID
+// namespace, where its pid means nothing here; for the same reason a
+// directory younger than a minute is left alone (a live client moves its
+// supervisor in within milliseconds of making it).
+func sweepStaleCgroups(parent string) {
+	ents, err := os.ReadDir(parent)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		name := e.Name()
+		if !e.IsDir() || !strings.HasPrefix(name, "gorun-") {
+			continue
+		}
+		f := strings.Split(name, "-")
+		if len(f) < 4 {
+			continue
+		}
+		pid, err := strconv.Atoi(f[len(f)-2])
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
+			continue
+		}
+		if info, err := e.Info(); err != nil || time.Since(info.ModTime()) < time.Minute {
+			continue
+		}
+		_ = os.Remove(filepath.Join(parent, name)) // fails, harmlessly, unless empty
+	}
 }
 
 // cgroupSafe keeps a job id usable as one path element.

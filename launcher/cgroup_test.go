@@ -3,6 +3,7 @@ package launcher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -144,5 +145,39 @@ func TestCgroupSafeAndMountUnescape(t *testing.T) {
 	}
 	if got := unescapeMount(`/sys/fs/cgroup/with\040space`); got != "/sys/fs/cgroup/with space" {
 		t.Errorf("unescapeMount = %q", got)
+	}
+}
+
+// Empty job cgroups whose client is gone are removed when the next job
+// cgroup is made; a live client's, a non-empty one and a young one stay.
+func TestSweepStaleCgroups(t *testing.T) {
+	parent := t.TempDir()
+	old := time.Now().Add(-2 * time.Minute)
+	mk := func(name string, age time.Time, file bool) string {
+		d := filepath.Join(parent, name)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if file { // stands in for members: a non-empty directory cannot be removed
+			if err := os.WriteFile(filepath.Join(d, "member"), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chtimes(d, age, age); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	const deadPid = 1 << 30 // above pid_max: never a live process
+	stale := mk(fmt.Sprintf("gorun-job-%d-1", deadPid), old, false)
+	live := mk(fmt.Sprintf("gorun-job-%d-1", os.Getpid()), old, false)
+	busy := mk(fmt.Sprintf("gorun-job-%d-2", deadPid), old, true)
+	young := mk(fmt.Sprintf("gorun-job-%d-3", deadPid), time.Now(), false)
+	other := mk("someone-else", old, false)
+	sweepStaleCgroups(parent)
+	for d, want := range map[string]bool{stale: false, live: true, busy: true, young: true, other: true} {
+		if _, err := os.Stat(d); (err == nil) != want {
+			t.Errorf("%s: exists %v, want %v", filepath.Base(d), err == nil, want)
+		}
 	}
 }

@@ -165,8 +165,9 @@ type supervisorCmd struct {
 type supervisorEvent struct {
 	// Ev is "started", "failed" (could not start; Err says why), "exited"
 	// (Code or Signal set), "frozen" (stopped past its lease: Frozen is
-	// the state letter, Err says for how long; freeze.go) or "done" (every
-	// rank and stray is gone; last).
+	// the state letter, Err says for how long; freeze.go), "step" (the
+	// rank's first step report, Step its number) or "done" (every rank
+	// and stray is gone; last).
 	Ev     string `json:"ev"`
 	Rank   int    `json:"rank"`
 	PID    int    `json:"pid,omitempty"`
@@ -881,6 +882,11 @@ func (a *supervisor) readCollateral() {
 				break
 			}
 			if st, ok := collateral.DecodeStep(a.collBuf[:i]); ok {
+				if _, seen := a.steps[st.Rank]; !seen {
+					// A rank's first step: gorun's report times the
+					// recovery of a restarted world by it.
+					a.emit(supervisorEvent{Ev: "step", Rank: st.Rank, Step: st.Step})
+				}
 				a.steps[st.Rank] = max(a.steps[st.Rank], st.Step)
 			} else if r, ok := collateral.Decode(a.collBuf[:i]); ok {
 				if _, seen := a.coll[r.Rank]; !seen {

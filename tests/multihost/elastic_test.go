@@ -344,3 +344,38 @@ func TestElasticGrowBack(t *testing.T) {
 		})
 	}
 }
+
+// Grow-back while the world runs (--readmit-every, torchrun's restart on a
+// membership change): hosts h1, h2 of 2 slots, -np 4 --min-np 2
+// --max-restarts 1. h2 is killed whole once its ranks did their first
+// all-reduce; world 1 runs 2 ranks on h1 and can end in no other way
+// than being stopped to grow (its ranks wait for ever); gorun asks h2
+// every second, it answers, world 1 is stopped, and world 2 runs 4 ranks
+// on both hosts and succeeds. The grow restart is not counted against
+// --max-restarts (1, spent on the kill).
+func TestElasticGrowsWhileRunning(t *testing.T) {
+	h := requireHosts(t)
+	h1, h2 := h.Hosts[0], h.Hosts[1]
+	dir := t.TempDir()
+	hf := filepath.Join(dir, "hostfile")
+	if err := os.WriteFile(hf, []byte(fmt.Sprintf("%s slots=2\n%s slots=2\n", h1, h2)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	report := filepath.Join(dir, "report.json")
+	j := newJobOn(t, h, hf, "restart-aware:grow", nil, "--tag-output", "-np", "4", "--min-np", "2", "--max-restarts", "1",
+		"--readmit-every", "1s", "--report", report, "--inject", "kill-host:host="+h2+":after-steps=1")
+	code := j.run()
+	j.noSurvivors()
+	rep, raw := readElasticReport(t, report)
+	if code != 0 || len(rep.Worlds) != 3 || rep.Restarts != 2 {
+		t.Fatalf("exit %d, want 0 after 3 worlds\nstdout:\n%s\nstderr:\n%s\nreport:\n%s", code, j.stdout.String(), j.stderr.String(), raw)
+	}
+	nps := []int{rep.Worlds[0].NP, rep.Worlds[1].NP, rep.Worlds[2].NP}
+	if !slices.Equal(nps, []int{4, 2, 4}) || !slices.Equal(rep.Worlds[2].Hosts, []string{h1, h2}) ||
+		!strings.Contains(rep.Worlds[1].Result, "grow back") || rep.Worlds[2].Result != "succeeded" {
+		t.Fatalf("worlds of %v ranks, want 4, 2, 4\nreport:\n%s", nps, raw)
+	}
+	if got := worldHosts(j.stdout.String())["2"]; !slices.Equal(got, []string{h1, h2}) {
+		t.Fatalf("world 2's ranks printed from %v\n%s", got, j.stdout.String())
+	}
+}

@@ -279,7 +279,11 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		work = func(d time.Duration) { spin(int(float64(d) * r[0])) }
 	}
 	withComm := true
+	noCompute := false // communication alone: the runner's compute does nothing
 	kernel := func(_ context.Context, nd *stepgraph.Node) error {
+		if noCompute {
+			return nil
+		}
 		switch nd.Dir {
 		case buckets.Forward:
 			work(fwd)
@@ -328,20 +332,21 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	withComm = false
 	// Compute alone runs on every rank at once, as in the step, so that
 	// ranks sharing cores slow each other down as they will there.
+	computeStep := func(int) (overlap.StepMetrics, error) {
+		t0 := time.Now()
+		for range L {
+			work(fwd)
+		}
+		for range L {
+			work(bwd)
+		}
+		for range L {
+			work(opt)
+		}
+		return overlap.StepMetrics{Time: time.Since(t0)}, nil
+	}
 	computeAlone := func() (sample, error) {
-		s, err := measure(ctx, c, o.iters, func(int) (overlap.StepMetrics, error) {
-			t0 := time.Now()
-			for range L {
-				work(fwd)
-			}
-			for range L {
-				work(bwd)
-			}
-			for range L {
-				work(opt)
-			}
-			return overlap.StepMetrics{Time: time.Since(t0)}, nil
-		})
+		s, err := measure(ctx, c, o.iters, computeStep)
 		if err != nil {
 			return sample{}, err
 		}
@@ -406,6 +411,23 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	if err != nil {
 		return err
 	}
+	withComm = true
+	// Communication alone and compute alone again, interleaved with the
+	// steps they are compared with, so that load from other processes on
+	// a shared machine hits every figure of the ratios alike (the ones
+	// above only sized the compute).
+	commStep := func(i int) (overlap.StepMetrics, error) {
+		noCompute = true
+		defer func() { noCompute = false }()
+		return runners[overlap.Serial].Step(ctx, i, tensors, kernel)
+	}
+	all, err := measure(ctx, c, o.iters, commStep, computeStep, stepOf(overlap.Serial), stepOf(overlap.Native), stepOf(overlap.Grouped))
+	if err != nil {
+		return err
+	}
+	commOnly, alone = all[:1], all[1]
+	C, P = commOnly[0].step, alone.step
+	serial, ov, grouped := all[2], all[3], all[4]
 	// Compute: the measured P, spread over the blocks as the work is.
 	// Collectives: C, spread in the proportion of their times alone (back
 	// to back they take longer than one at a time after a barrier, and
@@ -422,12 +444,6 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		}
 		return time.Duration(float64(tRS) * share)
 	})
-	withComm = true
-	all, err := measure(ctx, c, o.iters, stepOf(overlap.Serial), stepOf(overlap.Native), stepOf(overlap.Grouped))
-	if err != nil {
-		return err
-	}
-	serial, ov, grouped := all[0], all[1], all[2]
 	if tl := runners[overlap.Native].Executor().Timeline(); tl != nil {
 		f, err := os.Create(o.trace)
 		if err != nil {
@@ -463,7 +479,7 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	ideal := max(P, C)
 	say("synthetic step (step graph → blocks + overlap passes → graph runner): %d ranks (%s), %d blocks, %d KiB parameter shard per block per rank, all-gather (%d ahead) + reduce-scatter per block; %d nodes as written, %d after the passes, %d collectives/step\n",
 		n, link, L, shardEl*es>>10, o.prefetch, authored, len(g.Nodes), ov.collectives)
-	say("  communication alone   C = %s\n", ms(C))
+	say("  communication alone   C = %s  (C and P below measured interleaved with the serial and overlapped steps)\n", ms(C))
 	if o.compute == computeCPU {
 		say("  compute alone         P = %s  (%.2f × C, all ranks at once; arithmetic of %v forward, %v backward, %v optimizer per block at a core's rate)\n", ms(P), float64(P)/float64(C), fwd, bwd, opt)
 	} else {
