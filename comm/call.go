@@ -3,14 +3,13 @@ package comm
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 )
 
 // call is one issued operation, from its issue to its completion. Call
-// objects are recycled (callPool): a caller holds a Handle, which names the
+// objects are recycled (Comm.newCall): a caller holds a Handle, which names the
 // call by its issue number in the communicator (see handlePage), never the
 // call object itself.
 type call struct {
@@ -39,29 +38,56 @@ type call struct {
 // keeps the call object small.
 type vCounts struct{ send, recv []int }
 
-// callPool recycles call objects. A call used to be its own Handle, one
-// heap object of 176 bytes per call, and until the process's first garbage
-// collection (4 MiB of heap, some 23,000 small calls) every new span of
-// them landed on pages the process had never touched: a page fault of
-// 1-15 µs on this 2-core VM every 23 calls on each rank, which the peer
-// waited out too. It was the slow tail of the first sizes of a sweep
-// (`perf record -e page-faults`: pairs of faults in mallocgc and
-// memclrNoHeapPointers under AllReduce, one pair per span; 2 ranks, 8-byte
-// all-reduce, notes/shm-latency.md). Recycled, a call touches the same few
-// cache lines every time.
-var callPool = sync.Pool{New: func() any { return new(call) }}
+// Call objects are recycled through each communicator's free list. A
+// call used to be its own Handle, one heap object of 176 bytes per call,
+// and until the process's first garbage collection (4 MiB of heap, some
+// 23,000 small calls) every new span of them landed on pages the process
+// had never touched: a page fault of 1-15 µs on this 2-core VM every 23
+// calls on each rank, which the peer waited out too. It was the slow
+// tail of the first sizes of a sweep (`perf record -e page-faults`: pairs
+// of faults in mallocgc and memclrNoHeapPointers under AllReduce, one pair
+// per span; 2 ranks, 8-byte all-reduce, notes/shm-latency.md). Recycled,
+// a call touches the same few cache lines every time. The list starts
+// with freeCalls objects, touched in New, so that a burst of calls issued
+// before any completes (`gorun bench` issues 200, then waits) takes no
+// fresh memory either; it keeps at most QueueDepth.
+const freeCalls = 256
 
-func newCall(kind Kind, root int) *call {
-	cl := callPool.Get().(*call)
+// newCall takes a call object from the free list (or the heap).
+func (c *Comm) newCall(kind Kind, root int) *call {
+	var cl *call
+	c.freeMu.Lock()
+	if n := len(c.free); n > 0 {
+		cl = c.free[n-1]
+		c.free = c.free[:n-1]
+	}
+	c.freeMu.Unlock()
+	if cl == nil {
+		cl = new(call)
+	}
 	cl.kind, cl.root = kind, root
 	return cl
 }
 
-// recycle returns a completed call to the pool. Nothing refers to it any
-// more: handles name the call by its page and slot.
-func (cl *call) recycle() {
+// recycle returns a completed call to the free list. Nothing refers to it
+// any more: handles name the call by its page and slot.
+func (c *Comm) recycle(cl *call) {
 	*cl = call{}
-	callPool.Put(cl)
+	c.freeMu.Lock()
+	if len(c.free) < cap(c.free) {
+		c.free = append(c.free, cl)
+	}
+	c.freeMu.Unlock()
+}
+
+// fillFree gives c its first freeCalls call objects, one slab, touched now.
+func (c *Comm) fillFree() {
+	c.free = make([]*call, 0, max(c.cfg.QueueDepth, freeCalls))
+	slab := make([]call, freeCalls)
+	for i := range slab {
+		slab[i].root = -1 // touch it: fresh pages fault here, not in a call
+		c.free = append(c.free, &slab[i])
+	}
 }
 
 // pageCalls is how many consecutive calls of a communicator share a
@@ -73,7 +99,7 @@ const pageCalls = 256
 // A Handle is a pointer to the call's mark, marks[i], whose value is i: a
 // Handle finds its page and slot without any per-call object, so issuing
 // allocates nothing but a page every pageCalls calls (about 17 bytes per
-// call instead of 176; see callPool), and a Handle stays exact however
+// call instead of 176; see Comm.newCall), and a Handle stays exact however
 // long it is kept: its page, kept alive by the Handle, is never reused.
 //
 // Calls complete in issue order, so whether call first+i is done is
@@ -223,7 +249,7 @@ func (c *Comm) finish(cl *call, err error) {
 		}
 		c.doneMu.Unlock()
 	}
-	cl.recycle()
+	c.recycle(cl)
 }
 
 // doneHandle is a call that failed at issue (a closed communicator).
@@ -312,7 +338,7 @@ func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 		if err == nil {
 			err = ErrClosed
 		}
-		cl.recycle()
+		c.recycle(cl)
 		return &doneHandle{err: err, at: time.Now()}
 	}
 	cl.c = c
@@ -406,7 +432,7 @@ func always(int, int) bool { return true }
 
 // AllReduce issues recv = op over ranks of send.
 func (c *Comm) AllReduce(ctx context.Context, send, recv Buffer, op Op) Handle {
-	cl := newCall(KindAllReduce, -1)
+	cl := c.newCall(KindAllReduce, -1)
 	c.prepare(cl, send, recv, func(s, r int) bool { return s == r }, always)
 	c.checkOp(cl, op)
 	if send != nil {
@@ -417,7 +443,7 @@ func (c *Comm) AllReduce(ctx context.Context, send, recv Buffer, op Op) Handle {
 
 // AllGather issues recv = concatenation over ranks of send.
 func (c *Comm) AllGather(ctx context.Context, send, recv Buffer) Handle {
-	cl := newCall(KindAllGather, -1)
+	cl := c.newCall(KindAllGather, -1)
 	c.prepare(cl, send, recv, func(s, r int) bool { return r == s*c.n }, always)
 	if send != nil {
 		cl.count = send.Len()
@@ -427,7 +453,7 @@ func (c *Comm) AllGather(ctx context.Context, send, recv Buffer) Handle {
 
 // ReduceScatter issues recv = block Rank() of op over ranks of send.
 func (c *Comm) ReduceScatter(ctx context.Context, send, recv Buffer, op Op) Handle {
-	cl := newCall(KindReduceScatter, -1)
+	cl := c.newCall(KindReduceScatter, -1)
 	c.prepare(cl, send, recv, func(s, r int) bool { return s == r*c.n }, always)
 	c.checkOp(cl, op)
 	if recv != nil {
@@ -438,7 +464,7 @@ func (c *Comm) ReduceScatter(ctx context.Context, send, recv Buffer, op Op) Hand
 
 // Broadcast issues recv = send of root.
 func (c *Comm) Broadcast(ctx context.Context, send, recv Buffer, root int) Handle {
-	cl := newCall(KindBroadcast, 0)
+	cl := c.newCall(KindBroadcast, 0)
 	if send == nil {
 		send = recv // send is only read at root; non-roots may pass nil
 	}
@@ -452,7 +478,7 @@ func (c *Comm) Broadcast(ctx context.Context, send, recv Buffer, root int) Handl
 
 // Reduce issues recv at root = op over ranks of send.
 func (c *Comm) Reduce(ctx context.Context, send, recv Buffer, op Op, root int) Handle {
-	cl := newCall(KindReduce, 0)
+	cl := c.newCall(KindReduce, 0)
 	if recv == nil && root != c.me {
 		recv = send // recv is only written at root
 	}
@@ -467,7 +493,7 @@ func (c *Comm) Reduce(ctx context.Context, send, recv Buffer, op Op, root int) H
 
 // AllToAll issues an exchange of equal blocks between every pair of ranks.
 func (c *Comm) AllToAll(ctx context.Context, send, recv Buffer) Handle {
-	cl := newCall(KindAllToAll, -1)
+	cl := c.newCall(KindAllToAll, -1)
 	c.prepare(cl, send, recv, func(s, r int) bool { return s == r && s%c.n == 0 }, always)
 	if send != nil {
 		cl.count = send.Len()
@@ -477,7 +503,7 @@ func (c *Comm) AllToAll(ctx context.Context, send, recv Buffer) Handle {
 
 // AllToAllV issues an exchange with per-peer element counts.
 func (c *Comm) AllToAllV(ctx context.Context, send Buffer, sendCounts []int, recv Buffer, recvCounts []int) Handle {
-	cl := newCall(KindAllToAllV, -1)
+	cl := c.newCall(KindAllToAllV, -1)
 	c.prepare(cl, send, recv, always, always)
 	sum := func(counts []int, what string, limit int) int {
 		if len(counts) != c.n {
@@ -512,14 +538,14 @@ func (c *Comm) AllToAllV(ctx context.Context, send Buffer, sendCounts []int, rec
 
 // Barrier issues a call that completes once every rank has issued it.
 func (c *Comm) Barrier(ctx context.Context) Handle {
-	cl := newCall(KindBarrier, -1)
+	cl := c.newCall(KindBarrier, -1)
 	cl.dtype = Uint8
 	return c.issue(ctx, cl)
 }
 
 // Send issues a send of buf to peer.
 func (c *Comm) Send(ctx context.Context, buf Buffer, peer int) Handle {
-	cl := newCall(KindSend, 0)
+	cl := c.newCall(KindSend, 0)
 	c.prepare(cl, buf, buf, always, always)
 	c.checkRank(cl, peer, "peer")
 	if peer == c.me {
@@ -533,7 +559,7 @@ func (c *Comm) Send(ctx context.Context, buf Buffer, peer int) Handle {
 
 // Recv issues a receive into buf from peer; the sizes must match.
 func (c *Comm) Recv(ctx context.Context, buf Buffer, peer int) Handle {
-	cl := newCall(KindRecv, 0)
+	cl := c.newCall(KindRecv, 0)
 	c.prepare(cl, buf, buf, always, always)
 	c.checkRank(cl, peer, "peer")
 	if peer == c.me {

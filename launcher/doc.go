@@ -53,7 +53,11 @@
 //     SIGKILLs one silent past Config.Lease (stopped or hung), and gorun
 //     and host agents are child subreapers that kill the job's leftover
 //     processes (by GORUN_JOB_ID) when a supervisor died. A host agent's
-//     supervisor also leases the agent (pings on its command pipe).
+//     supervisor also leases the agent (pings on its command pipe). Where
+//     the host lets gorun write cgroups, the client moves the supervisor
+//     into a job cgroup before its spec, and kills and removes that cgroup
+//     once the supervisor exited (cgroup_linux.go): a descendant that left
+//     its session and cleared its environment is found there.
 //   - The supervisor's client (supervisorclient.go) is shared by RunLocal
 //     and the host agent: rankPipes builds the spec and one pipe per rank
 //     stream, startSupervisor starts the process, and the client sends the
@@ -91,13 +95,17 @@
 //
 // # A multi-host launch's ordering obligations
 //
-// No rank starts anywhere until every host's agent has authenticated, said
-// hello (version, interface, ports, program present) and received its
-// preloaded files: any host failing before that ends the launch with an
-// error naming it. The plan is made only then, because rank 0's host
-// supplies MASTER_ADDR and the ports. A host agent sends "done" only after
-// the last byte of its ranks' output, so gorun has all output of a host
-// when it counts that host finished.
+// A host's ranks start once its agent has authenticated, said hello
+// (version, interface, ports, program present) and received its preloaded
+// files, and rank 0's host's agent has too: rank 0's host supplies
+// MASTER_ADDR and the ports, so the plan is made then, and each later
+// host joins it as it comes up (a tree parent only once every host is
+// up). Any host failing before every host is up ends the launch with an
+// error naming it; ranks already started elsewhere are stopped and waited
+// for first. The job loop runs only once every host is up; until then
+// the started hosts' events queue, and no PMI barrier can complete. A
+// host agent sends "done" only after the last byte of its ranks' output,
+// so gorun has all output of a host when it counts that host finished.
 //
 // # RunLocal's ordering obligations
 //

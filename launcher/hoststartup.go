@@ -84,6 +84,11 @@ type hostAgents struct {
 	// authed is every connection that authenticated during setup, closed
 	// when the launch is abandoned.
 	authed []net.Conn
+	// running marks the authenticated connections whose host already
+	// runs its ranks (hostsRun.launch): a failed start-up leaves them
+	// open, so that the job's teardown can stop those ranks and wait for
+	// them before the connections close.
+	running map[net.Conn]bool
 	// claims holds, per claimed host, the last unauthenticated connection
 	// that claimed another protocol: only ever quoted in the error of a
 	// host that failed on its own (an old gorun's agent cannot
@@ -298,7 +303,8 @@ type hostVerdict func(node int, conn *hostConn, err error) error
 // judged, at the first error verdict returns, on a stopping signal or when
 // ctx ends. Accepted connections are in m.conns. On success the tree
 // parents are told that start-up is over; on failure every authenticated
-// connection is closed, so the agents end and nothing starts anywhere.
+// connection is closed, so the agents end, except those of hosts whose
+// ranks the verdict already started (markRunning): their job stops them.
 // The listener is closed either way.
 func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict hostVerdict) (err error) {
 	// One result per host fits without a reader, so a handshake goroutine
@@ -468,13 +474,27 @@ const (
 	useDoctor
 )
 
-// closeAuthed closes every connection that authenticated during start-up.
+// closeAuthed closes every connection that authenticated during start-up,
+// except those of hosts already running ranks (markRunning).
 func (m *hostAgents) closeAuthed() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, c := range m.authed {
-		c.Close()
+		if !m.running[c] {
+			c.Close()
+		}
 	}
+}
+
+// markRunning exempts c from closeAuthed: its host runs ranks now, and
+// whoever started them closes it after stopping them.
+func (m *hostAgents) markRunning(c net.Conn) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.running == nil {
+		m.running = map[net.Conn]bool{}
+	}
+	m.running[c] = true
 }
 
 func (m *hostAgents) checkHello(node int, h remoteHello) error {
@@ -669,7 +689,8 @@ func (m *hostAgents) claimHint(host string) string {
 	return ""
 }
 
-// abort ends a launch that failed before any rank started: agents that
+// abort ends a launch that failed before any rank started, or whose
+// started ranks were already stopped (hostsRun.abandon): agents that
 // connected see the connection close and exit; launchers get a moment,
 // then SIGKILL.
 func (m *hostAgents) abort() {

@@ -53,6 +53,11 @@ type jobLoop struct {
 	// flight, when set, merges the ranks' flight records after SIGUSR2
 	// and at --timeout (flight.go).
 	flight *flightRecords
+	// fenceHosts is how many supervisors a PMI barrier waits for; 0 means
+	// every supervisor of home. An abandoned multi-host launch
+	// (hostsRun.abandon) sets the whole world's host count, so that the
+	// hosts it did start can never complete a barrier on their own.
+	fenceHosts int
 }
 
 // rankState is what the job loop knows of one rank. A rank counts as live
@@ -143,6 +148,9 @@ func (r *jobLoop) run(ctx context.Context) error {
 	var supErr error
 	// fences gathers the supervisors' PMI barriers (pmi.go).
 	fences := pmiFences{hosts: left}
+	if r.fenceHosts > 0 {
+		fences.hosts = r.fenceHosts
+	}
 	var (
 		failures []failure
 		reason   stopReason
@@ -325,6 +333,8 @@ func (r *jobLoop) run(ctx context.Context) error {
 				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Str("why", ev.Err).Msg("rank frozen")
 				failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: 1, frozen: ev.Frozen, why: ev.Err, blame: -1})
 				stop(stopFailure, syscall.SIGTERM)
+			case "step":
+				world.firstStep(ev.Rank, ev.Step, time.Now())
 			case "injected", "fault-cont":
 				r.logInjection(world, ev)
 			case "failed":
@@ -503,6 +513,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 			}
 			world.failed(failures[nfail].String(), now)
 			world.saw(failures[nfail:], now)
+			world.noticed(failures[nfail:], now)
 		}
 		if reason != notStopping {
 			injC = nil // no fault goes into a world that is being stopped

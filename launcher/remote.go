@@ -18,14 +18,18 @@ import (
 )
 
 // Multi-host jobs: host start-up (hoststartup.go) brings up one host agent
-// per host (hostagent.go) and waits until every agent connected,
-// authenticated and said hello. Only then does launchOnHosts plan — rank
-// 0's host supplies MASTER_ADDR and the free ports, every host its
-// interface — and send each agent its ranks. Any host failing before that
-// ends the launch with an error naming it, and no rank has started
-// anywhere.
+// per host (hostagent.go); each agent connects, authenticates and says
+// hello. Placement is fixed before any host is reached (the host list
+// decides it), so a host's ranks can start as soon as its own hello and
+// rank 0's host's hello arrived — rank 0's host supplies MASTER_ADDR and
+// the free ports, every host its own interface — without waiting for the
+// slowest ssh (earlyStart). A host failing after others' ranks started
+// ends the launch with an error naming it, after those ranks were stopped
+// and waited for (hostsRun.abandon): nothing of the job survives, as when
+// a running job fails.
 //
-// From there the job runs through the same job loop as a single-host job,
+// Once every host is up, the job runs through the same job loop as a
+// single-host job, the job runs through the same job loop as a single-host job,
 // with hostsHome as its rankHome: the agents' events arrive on one
 // channel, commands go to every agent, and a host whose connection drops
 // or falls silent for the lease is "lost": its ranks count as failed and
@@ -94,50 +98,141 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) e
 	cfg.Logger.Info().Str("iface", m.choice.Name).Str("addr", m.addr.String()).Str("why", m.choice.Why).
 		Int("hosts", len(m.nodes)).Msg("gorun listens for host agents")
 
-	if err := m.startHosts(ctx, id, m.jobVerdict); err != nil {
-		m.abort()
-		return err
-	}
-	// Every host is ready: plan for real.
-	h0 := m.conns[0].hello
-	pc.MasterAddr, pc.MasterPort, pc.RdzvPort = h0.Addr, h0.MasterPort, h0.RdzvPort
-	pc.Interfaces = map[string]string{}
-	for i, c := range m.conns {
-		pc.Interfaces[m.nodes[i].Name] = c.hello.Iface
-		cfg.Logger.Info().Str("host", m.nodes[i].Name).Str("iface", c.hello.Iface).Str("addr", c.hello.Addr).
-			Str("why", c.hello.Why).Msg("host interface")
-	}
-	plan, err := NewPlan(pc)
-	if err == nil {
-		err = cfg.world.prepare(plan)
+	// Each host's ranks start as soon as that host's agent said hello and
+	// rank 0's host did (its hello names MASTER_ADDR and the ports every
+	// rank's environment carries): placement is fixed by the host list
+	// above, so nothing a host's ranks are told depends on the hosts still
+	// connecting. This overlaps the slowest hosts' ssh with the first
+	// hosts' start-up, as Hydra does. A tree parent (starter.go) starts its
+	// ranks only when every host is up: until then its connection carries
+	// its children's launch reports, read by host start-up.
+	ea := &earlyStart{m: m, pc: pc, ctx: ctx}
+	err = m.startHosts(ctx, id, ea.verdict)
+	if err == nil && ea.run == nil {
+		// Unreachable: start-up succeeded, so host 0 said hello.
+		err = errors.New("launcher: every host is up but rank 0's host was never planned")
 	}
 	if err != nil {
-		m.abort()
-		return err
+		if ea.run == nil {
+			m.abort()
+			return err
+		}
+		return ea.run.abandon(ctx, err)
 	}
-	cfg.Logger.Info().Str("job", plan.JobID).Int("world", plan.WorldSize).Int("nodes", len(plan.Nodes)).
-		Str("master", joinHostPort(plan.MasterAddr, plan.MasterPort)).Str("rdzv", plan.RdzvEndpoint).
-		Str("program", prog.Path).Msg("launching")
-	return m.run(ctx, plan)
+	for node, c := range m.conns {
+		if !ea.run.launched[node] {
+			ea.run.launch(c)
+		}
+	}
+	m.cfg.Logger.Info().Int("early", ea.early).Int("hosts", len(m.conns)).Msg("hosts whose ranks started before every host was up")
+	return ea.run.wait(ctx)
 }
 
-// run executes the plan over the connected host agents: each agent's
-// output frames feed the job's output, its events the job loop (through a
-// hostsHome), and the loop's commands go to every agent. It returns after
-// the loop ended, every connection reader and pinger exited, the output
-// drained and the starters were reaped.
-func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
+// earlyStart is a job's host verdict during start-up (hostVerdict): it
+// checks each hello (jobVerdict), plans the job once rank 0's host is up,
+// and from then on starts each host's ranks as soon as the host is up.
+// Called only from startHosts' goroutine, so it needs no lock.
+type earlyStart struct {
+	m   *hostAgents
+	pc  PlanConfig
+	ctx context.Context
+	// up holds every host that said a good hello, by node.
+	up map[int]*hostConn
+	// run is the job, once planned.
+	run *hostsRun
+	// early counts the hosts whose ranks started while another host was
+	// still coming up (for the log).
+	early int
+}
+
+func (e *earlyStart) verdict(node int, c *hostConn, err error) error {
+	if err := e.m.jobVerdict(node, c, err); err != nil {
+		return err
+	}
+	m := e.m
+	if e.up == nil {
+		e.up = map[int]*hostConn{}
+		e.pc.Interfaces = map[string]string{}
+	}
+	e.up[node] = c
+	e.pc.Interfaces[m.nodes[node].Name] = c.hello.Iface
+	m.cfg.Logger.Info().Str("host", m.nodes[node].Name).Str("iface", c.hello.Iface).Str("addr", c.hello.Addr).
+		Str("why", c.hello.Why).Msg("host interface")
+	if e.run == nil {
+		h0, ok := e.up[0]
+		if !ok {
+			return nil
+		}
+		e.pc.MasterAddr, e.pc.MasterPort, e.pc.RdzvPort = h0.hello.Addr, h0.hello.MasterPort, h0.hello.RdzvPort
+		plan, err := NewPlan(e.pc)
+		if err == nil {
+			err = m.cfg.world.prepare(plan)
+		}
+		if err != nil {
+			return err
+		}
+		m.cfg.Logger.Info().Str("job", plan.JobID).Int("world", plan.WorldSize).Int("nodes", len(plan.Nodes)).
+			Str("master", joinHostPort(plan.MasterAddr, plan.MasterPort)).Str("rdzv", plan.RdzvEndpoint).
+			Str("program", m.prog.Path).Msg("launching")
+		if e.run, err = m.newRun(plan, e.pc); err != nil {
+			return err
+		}
+	}
+	for n, hc := range e.up {
+		if !e.run.launched[n] && len(m.children[n]) == 0 {
+			e.run.launch(hc)
+			if len(e.up) < len(m.nodes) {
+				e.early++
+			}
+		}
+	}
+	return nil
+}
+
+// hostsRun is a multi-host job from its plan on. Hosts join it one by one
+// (launch) as they come up; once every host is up, wait runs the job loop
+// over all of them. A launch that fails after some hosts joined ends in
+// abandon, which stops their ranks before returning.
+//
+// Its fields are set by newRun and launch, both on start-up's goroutine,
+// before wait or abandon runs on the caller's; the connection goroutines
+// read only the plan's nodes and the sinks of their own host's ranks.
+type hostsRun struct {
+	m    *hostAgents
+	plan *Plan
+	pc   PlanConfig
+	pj   *pmiJob
+	out  *jobOutput
+	// sinks are one in-memory pipe pair per rank (see newRun).
+	sinks []rankSink
+	home  *hostsHome
+	// quit closes once the job loop returned: it releases readers blocked
+	// on a send and stops the pingers, and it tells a reader that a read
+	// error after it is our own Close, not a lost host.
+	quit  chan struct{}
+	lease time.Duration
+	// launched marks the nodes whose spec went out.
+	launched []bool
+	// connWG owns two goroutines per launched host: its pinger and its
+	// connection's reader.
+	connWG sync.WaitGroup
+}
+
+// rankSink is where a rank's output frames go: the connection reader
+// writes, a streamer makes lines.
+type rankSink struct{ out, err *io.PipeWriter }
+
+// newRun prepares the job's output and its event channel for plan; no
+// host has its ranks yet.
+func (m *hostAgents) newRun(plan *Plan, pc PlanConfig) (*hostsRun, error) {
 	pj, err := pmiJobFor(plan, m.cfg.PMI)
 	if err != nil {
-		m.abort()
-		return err
+		return nil, err
 	}
 	out, err := openJobOutput(m.cfg, plan)
 	if err != nil {
-		m.abort()
-		return err
+		return nil, err
 	}
-	defer out.close()
 	// One in-memory pipe per rank stream: the connection reader writes,
 	// a streamer makes lines. The pipe is what lets one reader per host
 	// serve many ranks without knowing about lines: a rank's bytes may be
@@ -145,108 +240,102 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 	// reassembles them. io.Pipe has no buffer, so a slow terminal slows
 	// that host's reader, which is the back-pressure we want (the agent's
 	// writes then block in TCP instead of growing memory here).
-	type sink struct{ out, err *io.PipeWriter }
-	sinks := make([]sink, len(plan.Ranks))
+	r := &hostsRun{m: m, plan: plan, pc: pc, pj: pj, out: out, quit: make(chan struct{}), lease: m.lease(),
+		launched: make([]bool, len(plan.Nodes))}
+	r.sinks = make([]rankSink, len(plan.Ranks))
 	for i, rs := range plan.Ranks {
 		or, ow := io.Pipe()
 		er, ew := io.Pipe()
 		out.add(rs.Rank, rs.Host, 1, or)
 		out.add(rs.Rank, rs.Host, 2, er)
-		sinks[i] = sink{out: ow, err: ew}
+		r.sinks[i] = rankSink{out: ow, err: ew}
 	}
 	// The event channel is sized for a few events per rank and per host
 	// (start, exit, done, lost) so that readers rarely block on the loop;
 	// they never deadlock on it either, as each send also selects quit.
-	home := &hostsHome{m: m, ch: make(chan supervisorEvent, 4*len(plan.Ranks)+4*len(m.nodes)+4)}
-	// quit closes once the job loop returned: it releases readers blocked
-	// on a send and stops the pingers, and it tells a reader that a read
-	// error after it is our own Close, not a lost host.
-	quit := make(chan struct{})
-	// The lease is both directions' silence limit: gorun's writes time out
-	// after it, the agent gives up on gorun after it, and each side pings
-	// at a quarter of it so that a healthy but idle link never trips it.
-	lease := m.lease()
-	for _, c := range m.conns {
-		c.w.writeTimeout = lease
-	}
+	// Hosts that start early queue their events here until every host is
+	// up and the loop runs: a PMI barrier cannot complete before then
+	// anyway, so each host has at most one fence waiting.
+	r.home = &hostsHome{ch: make(chan supervisorEvent, 4*len(plan.Ranks)+4*len(plan.Nodes)+4)}
 	out.start()
+	return r, nil
+}
 
-	// Two goroutines per host, both owned by connWG: a pinger (the only
-	// periodic writer besides commands and stdin, all serialised by
-	// wireConn) and the connection's only reader.
-	var connWG sync.WaitGroup
-	for _, c := range m.conns {
-		n := plan.Nodes[c.node]
-		connWG.Go(func() { pinger(c.w, lease/4, quit) })
-		connWG.Go(func() {
-			defer func() {
-				for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
-					sinks[rk].out.Close()
-					sinks[rk].err.Close()
-				}
-			}()
-			err := m.readHost(c, n, lease, home.ch, quit, func(rank int, stream byte, data []byte) {
-				s := sinks[rank].out
-				if stream == 2 {
-					s = sinks[rank].err
-				}
-				_, _ = s.Write(data)
-			})
-			if err != nil {
-				ev := supervisorEvent{Ev: "lost", Rank: n.FirstRank, Err: err.Error(), node: c.node}
-				select {
-				case home.ch <- ev:
-				case <-quit:
-				}
-				// Its starter (an ssh on a cut link) would linger until
-				// TCP gave up, holding reapStarters for minutes. srun is
-				// left alone: one srun starts every host's agent, so
-				// killing it would take the healthy hosts down with the
-				// lost one; it ends when its tasks do.
-				if l := m.starterOf(c.node); l.cmd != nil && l.what != "srun" {
-					_ = syscall.Kill(-l.cmd.Process.Pid, syscall.SIGKILL)
-				}
+// launch starts host c's ranks: it starts the connection's pinger and
+// only reader (an agent starts its ranks as soon as its spec arrives, and
+// their first output or an early exit must find a reader), then sends the
+// spec. The host's ranks learn their interface from its own hello, so
+// their environment is made here. A failed send is only logged: the
+// host's reader sees the same broken connection and reports the host
+// lost, which ends the job with its name.
+func (r *hostsRun) launch(c *hostConn) {
+	m, plan := r.m, r.plan
+	n := plan.Nodes[c.node]
+	r.launched[c.node] = true
+	r.home.conns = append(r.home.conns, c)
+	m.markRunning(c.w.c)
+	c.w.writeTimeout = r.lease
+	r.connWG.Go(func() { pinger(c.w, r.lease/4, r.quit) })
+	r.connWG.Go(func() {
+		defer func() {
+			for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
+				r.sinks[rk].out.Close()
+				r.sinks[rk].err.Close()
 			}
+		}()
+		err := m.readHost(c, n, r.lease, r.home.ch, r.quit, func(rank int, stream byte, data []byte) {
+			s := r.sinks[rank].out
+			if stream == 2 {
+				s = r.sinks[rank].err
+			}
+			_, _ = s.Write(data)
 		})
-	}
-	// The specs go out only after every reader runs: an agent starts its
-	// ranks as soon as its spec arrives, and their first output or an
-	// early exit must find a reader, not fill the socket buffers while
-	// gorun is still sending other hosts' specs. A failed send is only
-	// logged: that host's reader sees the same broken connection and
-	// reports the host lost, which ends the job with its name.
-	for _, c := range m.conns {
-		n := plan.Nodes[c.node]
-		var ranks []remoteRank
-		for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
-			ranks = append(ranks, remoteRank{Rank: rk, Env: withoutSecret(plan.Ranks[rk].Env), GPU: gpuOf(plan.Ranks[rk])})
+		if err != nil {
+			ev := supervisorEvent{Ev: "lost", Rank: n.FirstRank, Err: err.Error(), node: c.node}
+			select {
+			case r.home.ch <- ev:
+			case <-r.quit:
+			}
+			// Its starter (an ssh on a cut link) would linger until
+			// TCP gave up, holding reapStarters for minutes. srun is
+			// left alone: one srun starts every host's agent, so
+			// killing it would take the healthy hosts down with the
+			// lost one; it ends when its tasks do.
+			if l := m.starterOf(c.node); l.cmd != nil && l.what != "srun" {
+				_ = syscall.Kill(-l.cmd.Process.Pid, syscall.SIGKILL)
+			}
 		}
-		if err := c.w.send(wireMsg{T: "spec", Ranks: ranks, PMI: pj}); err != nil {
-			m.cfg.Logger.Debug().Err(err).Str("host", n.Name).Msg("sending the spec failed")
-		}
+	})
+	var ranks []remoteRank
+	for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
+		// The plan was made when rank 0's host was up, perhaps before
+		// this one: its interface is known now (r.pc is start-up's).
+		plan.Ranks[rk].Env = rankEnv(plan, plan.Ranks[rk], r.pc)
+		ranks = append(ranks, remoteRank{Rank: rk, Env: withoutSecret(plan.Ranks[rk].Env), GPU: gpuOf(plan.Ranks[rk])})
 	}
+	if err := c.w.send(wireMsg{T: "spec", Ranks: ranks, PMI: r.pj}); err != nil {
+		m.cfg.Logger.Debug().Err(err).Str("host", n.Name).Msg("sending the spec failed")
+	}
+}
+
+// wait runs the job loop once every host has its ranks: each agent's
+// output frames feed the job's output, its events the loop, and the
+// loop's commands go to every agent. It returns after the loop ended,
+// every connection reader and pinger exited, the output drained and the
+// starters were reaped.
+func (r *hostsRun) wait(ctx context.Context) error {
+	m := r.m
 	stopStdin := m.forwardStdin(m.conns[0].w)
 	// The ranks' flight records come from the agents (flight.go) and stay
 	// in memory; with --output-dir they are written there too.
-	flight := &flightRecords{log: m.cfg.Logger, stderr: out.stderr, remote: true}
+	flight := &flightRecords{log: m.cfg.Logger, stderr: r.out.stderr, remote: true}
 	if m.cfg.OutputDir != "" {
-		flight = prepareFlight(m.cfg, out.stderr)
+		flight = prepareFlight(m.cfg, r.out.stderr)
 		flight.remote = true
 	}
-	err = (&jobLoop{cfg: m.cfg, plan: plan, log: m.cfg.Logger, home: home, flight: flight}).run(ctx)
-	// Tear-down order matters: quit first (readers stop treating errors
-	// as losses), then close the connections (which unblocks every reader
-	// and pinger), then wait for them, and only then wait for the output,
-	// whose pipes the readers close on their way out.
-	close(quit)
+	err := (&jobLoop{cfg: m.cfg, plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight}).run(ctx)
 	stopStdin()
-	for _, c := range m.conns {
-		c.w.c.Close()
-	}
-	connWG.Wait()
-	out.wait()
-	m.reapStarters(m.cfg.Grace + 2*time.Second)
-	if lerr := out.finish(); lerr != nil && err == nil {
+	if lerr := r.teardown(true); lerr != nil && err == nil {
 		err = lerr
 	}
 	if err != nil && !flight.printed {
@@ -254,6 +343,65 @@ func (m *hostAgents) run(ctx context.Context, plan *Plan) error {
 		flight.print("the job failed", time.Time{})
 	}
 	return err
+}
+
+// abandon ends a launch in which a host failed to come up (cause) after
+// other hosts' ranks had started: those ranks are stopped as any job's
+// are — SIGTERM, SIGKILL after the grace period, every launched agent's
+// "done" (its ranks and their descendants gone) or its loss awaited —
+// then every other agent is dropped. It returns cause, which names the
+// host that failed: the job never ran whole, and the stopped ranks are
+// its consequence, not its cause.
+func (r *hostsRun) abandon(ctx context.Context, cause error) error {
+	m := r.m
+	if len(r.home.conns) > 0 {
+		// The job loop's own teardown, entered through a canceled
+		// context: the same signals, grace and waiting as any stopped
+		// job, over the launched hosts only. No timeout, faults or
+		// checkpoint cues: this world never ran.
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		cfg := m.cfg
+		cfg.Timeout, cfg.world = 0, nil
+		flight := &flightRecords{log: m.cfg.Logger, stderr: r.out.stderr, remote: true}
+		err := (&jobLoop{cfg: cfg, plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight,
+			fenceHosts: len(r.plan.Nodes)}).run(cctx)
+		m.cfg.Logger.Warn().Int("hosts", len(r.home.conns)).Err(err).AnErr("cause", cause).
+			Msg("a host failed to come up after other hosts' ranks started; they were stopped")
+	}
+	_ = r.teardown(false)
+	m.abort()
+	return cause
+}
+
+// teardown ends the connections after the job loop returned and waits
+// for their goroutines and the output. Order matters: quit first (readers
+// stop treating errors as losses), then close the connections (which
+// unblocks every reader and pinger), then wait for them, and only then
+// wait for the output, whose pipes the readers close on their way out
+// (the pipes of hosts never launched are closed here). reap: wait for the
+// starters too (abandon leaves that to hostAgents.abort).
+func (r *hostsRun) teardown(reap bool) error {
+	defer r.out.close()
+	close(r.quit)
+	for _, c := range r.home.conns {
+		c.w.c.Close()
+	}
+	r.connWG.Wait()
+	for node, n := range r.plan.Nodes {
+		if r.launched[node] {
+			continue
+		}
+		for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
+			r.sinks[rk].out.Close()
+			r.sinks[rk].err.Close()
+		}
+	}
+	r.out.wait()
+	if reap {
+		r.m.reapStarters(r.m.cfg.Grace + 2*time.Second)
+	}
+	return r.out.finish()
 }
 
 // withoutSecret drops the job secret from a rank's environment before it
@@ -306,7 +454,10 @@ func watchStopSignals(ctx context.Context, sigs <-chan os.Signal) (context.Conte
 // hostsHome is the supervisors of a multi-host job's hosts, reached
 // through their host agents' connections, as the job loop's rankHome.
 type hostsHome struct {
-	m *hostAgents
+	// conns are the launched hosts' connections (hostsRun.launch): every
+	// host's once the job runs whole, the hosts already started when a
+	// launch is abandoned.
+	conns []*hostConn
 	// ch carries every host's events, and "lost" for a host whose
 	// connection failed; never closed (the connection readers stop
 	// sending when run's quit closes).
@@ -316,12 +467,13 @@ type hostsHome struct {
 var _ rankHome = (*hostsHome)(nil)
 
 func (h *hostsHome) events() <-chan supervisorEvent { return h.ch }
-func (h *hostsHome) supervisors() int               { return len(h.m.conns) }
+func (h *hostsHome) supervisors() int               { return len(h.conns) }
 
-// command sends c to every host agent. A lost host's write fails at once
-// or within the lease (the write timeout); its agent ends on its own.
+// command sends c to every launched host agent. A lost host's write fails
+// at once or within the lease (the write timeout); its agent ends on its
+// own.
 func (h *hostsHome) command(c supervisorCmd) {
-	for _, hc := range h.m.conns {
+	for _, hc := range h.conns {
 		_ = hc.w.send(wireMsg{T: "cmd", Cmd: &c})
 	}
 }

@@ -15,6 +15,9 @@
 #
 # Usage: scripts/bench-mpi.sh [RUNS]   (default 10; `make bench-mpi` builds
 # bin/gorun first). NP overrides 16; HOSTS and SLOTS override 4 and 4;
+# GORUN names another gorun binary; BASE_GORUN adds a third launcher to
+# every round, another gorun build (say main's), with the ratio gorun/base,
+# so that a change is compared under the same load;
 # LOCAL_ONLY=1 skips the hosts (which need root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +26,9 @@ runs=${1:-10}
 np=${NP:-16}
 nhosts=${HOSTS:-4}
 slots=${SLOTS:-4}
-gorun=$PWD/bin/gorun
+gorun=${GORUN:-$PWD/bin/gorun}
+base=${BASE_GORUN:-}
+[ -z "$base" ] || [ -x "$base" ] || { echo "bench-mpi: BASE_GORUN $base is not executable" >&2; exit 1; }
 [ -x "$gorun" ] || { echo "bench-mpi: $gorun missing; run make build" >&2; exit 1; }
 for tool in mpicc.mpich mpiexec.hydra; do
   command -v "$tool" >/dev/null || { echo "bench-mpi: $tool missing; install Debian's mpich and libmpich-dev (scripts/install-test-deps.sh)" >&2; exit 1; }
@@ -39,33 +44,61 @@ trap cleanup EXIT
 prog=$work/mpi_barrier
 mpicc.mpich -O2 -o "$prog" tests/mpi/testdata/mpiprog.c
 
+# elapsed times one run. A run whose MPI_Init failed in UCX with "No such
+# device" is run again (at most twice, said on stderr): UCX lists the
+# network interfaces while it starts, and on a machine where other jobs
+# create and delete network namespaces (the test hosts) an interface can
+# vanish between the listing and its opening, under either launcher.
 elapsed() {
-  local t0 t1
-  t0=$(date +%s%N)
-  "$@" >"$work/out" 2>"$work/err" || { echo "bench-mpi: failed: $*" >&2; cat "$work/err" >&2; exit 1; }
+  local t0 t1 try
+  for try in 1 2 3; do
+    t0=$(date +%s%N)
+    if "$@" >"$work/out" 2>"$work/err"; then
+      break
+    fi
+    if [ "$try" -lt 3 ] && grep -q 'init_worker No such device' "$work/err"; then
+      echo "bench-mpi: UCX lost a network device while starting (another job's namespaces?); running again: $*" >&2
+      continue
+    fi
+    echo "bench-mpi: failed: $*" >&2
+    cat "$work/err" >&2
+    exit 1
+  done
   t1=$(date +%s%N)
   [ ! -s "$work/out" ] || { echo "bench-mpi: unexpected output from $*:" >&2; cat "$work/out" >&2; exit 1; }
   awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.4f\n", (b - a) / 1e9}'
 }
 median() { sort -n | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.4f\n", (a[NR/2]+a[NR/2+1])/2}'; }
 stats() { printf 'median %.4f s  (min %.4f, max %.4f)' "$(median <<<"$1")" "$(sort -n <<<"$1" | head -1)" "$(sort -n <<<"$1" | tail -1)"; }
+# base_line prints the base build's median and both ratios (after a loop
+# that filled b).
+base_line() {
+  [ -n "$base" ] || return 0
+  local bs
+  bs=$(printf '%s\n' "${b[@]}")
+  printf '  base %s  %s\n' "$base" "$(stats "$bs")"
+  printf '  ratio base/hydra      %s; gorun/base %s\n' "$(ratio "$bs" "$hs")" "$(ratio "$gs" "$bs")"
+}
 ratio() { awk -v g="$(median <<<"$1")" -v m="$(median <<<"$2")" 'BEGIN {printf "%.3f", g / m}'; }
 
 # Local: the same binary, the same rank count.
 gl=("$gorun" -np "$np" "$prog" barrier)
 hl=(mpiexec.hydra -np "$np" "$prog" barrier)
 "${gl[@]}" >/dev/null 2>&1 || true
+[ -z "$base" ] || "$base" "${gl[@]:1}" >/dev/null 2>&1 || true
 "${hl[@]}" >/dev/null 2>&1 || true
-g=() h=()
+g=() h=() b=()
 for ((i = 0; i < runs; i++)); do
   g+=("$(elapsed "${gl[@]}")")
   h+=("$(elapsed "${hl[@]}")")
+  [ -z "$base" ] || b+=("$(elapsed "$base" "${gl[@]:1}")")
 done
 gs=$(printf '%s\n' "${g[@]}") hs=$(printf '%s\n' "${h[@]}")
 printf 'MPI_Init + MPI_Barrier + MPI_Finalize, %d ranks on this machine, %d runs each, alternating\n' "$np" "$runs"
 printf '  gorun -np %d          %s\n' "$np" "$(stats "$gs")"
 printf '  mpiexec.hydra -np %d  %s\n' "$np" "$(stats "$hs")"
 printf '  ratio gorun/hydra     %s  (goal <= 0.5)\n' "$(ratio "$gs" "$hs")"
+base_line
 
 if [ "${LOCAL_ONLY:-0}" = 1 ]; then
   exit 0
@@ -95,14 +128,17 @@ gm=("$gorun" --launch-agent "ssh -F $ssh_config" -hostfile "$work/hosts.gorun" "
 hm=(mpiexec.hydra -localhost "$bridge_addr" -launcher ssh -launcher-exec "$work/ssh" -f "$work/hosts.hydra"
   -np $((nhosts * slots)) "$prog" barrier)
 "${gm[@]}" >/dev/null 2>&1 || true
+[ -z "$base" ] || "$base" "${gm[@]:1}" >/dev/null 2>&1 || true
 "${hm[@]}" >/dev/null 2>&1 || true
-g=() h=()
+g=() h=() b=()
 for ((i = 0; i < runs; i++)); do
   g+=("$(elapsed "${gm[@]}")")
   h+=("$(elapsed "${hm[@]}")")
+  [ -z "$base" ] || b+=("$(elapsed "$base" "${gm[@]:1}")")
 done
 gs=$(printf '%s\n' "${g[@]}") hs=$(printf '%s\n' "${h[@]}")
 printf 'the same, %d namespace hosts x %d ranks over ssh, %d runs each, alternating\n' "$nhosts" "$slots" "$runs"
 printf '  gorun -hostfile       %s\n' "$(stats "$gs")"
 printf '  mpiexec.hydra -f      %s\n' "$(stats "$hs")"
 printf '  ratio gorun/hydra     %s  (goal <= 1)\n' "$(ratio "$gs" "$hs")"
+base_line

@@ -148,58 +148,13 @@ func TestElasticTrainerResumesOnFewerHosts(t *testing.T) {
 		t.Fatalf("gorun: %v\n%s", err, out)
 	}
 	// Rank 0's lines per world (untagged output: only rank 0 prints).
-	worlds := map[string][]string{}
-	cur := ""
-	for _, l := range strings.Split(string(out), "\n") {
-		if w, ok := strings.CutPrefix(l, "world "); ok {
-			cur = w
-			continue
-		}
-		worlds[cur] = append(worlds[cur], l)
+	losses, params, resumed := trainerLosses(t, string(out), 2)
+	if resumed[1] < 6 {
+		t.Fatalf("the second world resumed from step %d\n%s", resumed[1], out)
 	}
-	resumed := -1
-	var losses []string
-	for _, w := range []string{"0", "1"} {
-		var own []string
-		for _, l := range worlds[w] {
-			f := strings.Fields(l)
-			switch {
-			case len(f) == 6 && f[0] == "step" && f[2] == "loss":
-				own = append(own, f[1]+" "+f[3])
-			case len(f) >= 4 && f[0] == "resumed" && w == "1":
-				fmt.Sscan(f[3], &resumed)
-			}
-		}
-		if w == "0" {
-			if len(own) < 7 {
-				t.Fatalf("the first world printed %d steps, want at least 7\n%s", len(own), out)
-			}
-			losses = own
-			continue
-		}
-		if resumed < 6 || resumed > len(losses) {
-			t.Fatalf("the second world resumed from step %d\n%s", resumed, out)
-		}
-		losses = append(losses[:resumed], own...)
-	}
-	var want []string
-	var wantParams, gotParams string
-	for _, l := range strings.Split(string(ref), "\n") {
-		f := strings.Fields(l)
-		if len(f) == 6 && f[0] == "step" && f[2] == "loss" {
-			want = append(want, f[1]+" "+f[3])
-		}
-		if i := strings.LastIndex(l, "params "); strings.HasPrefix(l, "summary:") && i > 0 {
-			wantParams = l[i:]
-		}
-	}
-	for _, l := range worlds["1"] {
-		if i := strings.LastIndex(l, "params "); strings.HasPrefix(l, "summary:") && i > 0 {
-			gotParams = l[i:]
-		}
-	}
-	if !slices.Equal(losses, want) || gotParams == "" || gotParams != wantParams {
-		t.Fatalf("losses %v %s\nwant %v %s\n%s", losses, gotParams, want, wantParams, out)
+	want, wantParams, _ := trainerLosses(t, "world 0\n"+string(ref), 1)
+	if !slices.Equal(losses, want) || params == "" || params != wantParams {
+		t.Fatalf("losses %v %s\nwant %v %s\n%s", losses, params, want, wantParams, out)
 	}
 	rep, raw := readElasticReport(t, report)
 	if len(rep.Worlds) != 2 || rep.Worlds[1].NP != 2 || !slices.Equal(rep.Worlds[1].Hosts, []string{h.Hosts[0]}) || !slices.Equal(rep.LostHosts, []string{h.Hosts[1]}) {
@@ -342,5 +297,40 @@ func TestElasticGrowBack(t *testing.T) {
 			}
 			t.Logf("worlds of %d, %d, %d ranks; resumed from steps %v", rep.Worlds[0].NP, rep.Worlds[1].NP, rep.Worlds[2].NP, resumed[1:])
 		})
+	}
+}
+
+// Grow-back while the world runs (--readmit-every, torchrun's restart on a
+// membership change): hosts h1, h2 of 2 slots, -np 4 --min-np 2
+// --max-restarts 1. h2 is killed whole once its ranks did their first
+// all-reduce; world 1 runs 2 ranks on h1 and can end in no other way
+// than being stopped to grow (its ranks wait for ever); gorun asks h2
+// every second, it answers, world 1 is stopped, and world 2 runs 4 ranks
+// on both hosts and succeeds. The grow restart is not counted against
+// --max-restarts (1, spent on the kill).
+func TestElasticGrowsWhileRunning(t *testing.T) {
+	h := requireHosts(t)
+	h1, h2 := h.Hosts[0], h.Hosts[1]
+	dir := t.TempDir()
+	hf := filepath.Join(dir, "hostfile")
+	if err := os.WriteFile(hf, []byte(fmt.Sprintf("%s slots=2\n%s slots=2\n", h1, h2)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	report := filepath.Join(dir, "report.json")
+	j := newJobOn(t, h, hf, "restart-aware:grow", nil, "--tag-output", "-np", "4", "--min-np", "2", "--max-restarts", "1",
+		"--readmit-every", "1s", "--report", report, "--inject", "kill-host:host="+h2+":after-steps=1")
+	code := j.run()
+	j.noSurvivors()
+	rep, raw := readElasticReport(t, report)
+	if code != 0 || len(rep.Worlds) != 3 || rep.Restarts != 2 {
+		t.Fatalf("exit %d, want 0 after 3 worlds\nstdout:\n%s\nstderr:\n%s\nreport:\n%s", code, j.stdout.String(), j.stderr.String(), raw)
+	}
+	nps := []int{rep.Worlds[0].NP, rep.Worlds[1].NP, rep.Worlds[2].NP}
+	if !slices.Equal(nps, []int{4, 2, 4}) || !slices.Equal(rep.Worlds[2].Hosts, []string{h1, h2}) ||
+		!strings.Contains(rep.Worlds[1].Result, "grow back") || rep.Worlds[2].Result != "succeeded" {
+		t.Fatalf("worlds of %v ranks, want 4, 2, 4\nreport:\n%s", nps, raw)
+	}
+	if got := worldHosts(j.stdout.String())["2"]; !slices.Equal(got, []string{h1, h2}) {
+		t.Fatalf("world 2's ranks printed from %v\n%s", got, j.stdout.String())
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun-hpc/gorun/launcher"
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
 )
 
@@ -120,8 +121,9 @@ func TestOldRemoteGorunIsAVersionError(t *testing.T) {
 	j.noSurvivors()
 }
 
-// A host that does not answer ssh fails the launch, naming the host; no
-// rank starts anywhere.
+// A host that does not answer ssh fails the launch, naming the host. The
+// other hosts' ranks may have started meanwhile (each host's ranks start
+// as soon as it is up); they are stopped, and nothing survives.
 func TestUnreachableHostIsNamed(t *testing.T) {
 	h := requireHosts(t)
 	down := h.Hosts[3]
@@ -134,8 +136,65 @@ func TestUnreachableHostIsNamed(t *testing.T) {
 	if code != 255 || !strings.Contains(j.stderr.String(), "gorun: host "+down+": ssh: ") {
 		t.Errorf("exit %d, stderr:\n%s\nwant 255 and an ssh error naming %s", code, j.stderr.String(), down)
 	}
-	if strings.Contains(j.stdout.String(), "ready") {
-		t.Errorf("ranks started although a host was down:\n%s", j.stdout.String())
+	if s := launchertest.Survivors(j.token); len(s) > 0 {
+		t.Errorf("ranks %v outlived gorun", s)
+	}
+	j.noSurvivors()
+}
+
+// Each host's ranks start as soon as that host is up, and a host that
+// fails after them ends the launch naming it, with the started ranks
+// stopped before gorun returns. The last host's launcher is held until the
+// other hosts' ranks said ready — which they can only do if they started
+// before every host was up — and then fails.
+func TestLaterHostFailureStopsStartedRanks(t *testing.T) {
+	h := requireHosts(t)
+	victim := h.Hosts[len(h.Hosts)-1]
+	dir := t.TempDir()
+	flag := filepath.Join(dir, "others-ready")
+	wrap := filepath.Join(dir, "launch")
+	script := fmt.Sprintf(`#!/bin/sh
+for a in "$@"; do
+  if [ "$a" = %q ]; then
+    while [ ! -e %q ]; do sleep 0.05; done
+    echo "test launcher: refusing %s on purpose" >&2
+    exit 255
+  fi
+done
+exec %s "$@"
+`, victim, flag, victim, strings.Join(h.SSHArgs(), " "))
+	if err := os.WriteFile(wrap, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	j := newJob(t, h, 2, "note-sigterm", nil)
+	for i, a := range j.cmd.Args {
+		if a == "--launch-agent" {
+			j.cmd.Args[i+1] = wrap
+		}
+	}
+	if err := j.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	started := 2 * (len(h.Hosts) - 1)
+	waitReady(t, j, started)
+	if err := os.WriteFile(flag, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code := j.wait()
+	if code != 255 || !strings.Contains(j.stderr.String(), "gorun: host "+victim+": ") ||
+		!strings.Contains(j.stderr.String(), "refusing "+victim+" on purpose") {
+		t.Errorf("exit %d, stderr:\n%s\nwant 255 and an error naming %s with its launcher's words", code, j.stderr.String(), victim)
+	}
+	// Stopped by the job's teardown (SIGTERM, their last words delivered
+	// before their host counted as done), not killed by agents that lost
+	// gorun.
+	if n := strings.Count(j.stdout.String(), "sigterm "); n != started {
+		t.Errorf("%d ranks reported SIGTERM, want %d\nstdout:\n%s", n, started, j.stdout.String())
+	}
+	// Checked at once, not polled: gorun returns only after the started
+	// ranks' supervisors reported them gone.
+	if s := launchertest.Survivors(j.token); len(s) > 0 {
+		t.Errorf("ranks %v outlived gorun", s)
 	}
 	j.noSurvivors()
 }
@@ -243,6 +302,18 @@ func TestDoctor(t *testing.T) {
 		want := fmt.Sprintf("eth0 %s", h.Addrs[i])
 		if !strings.Contains(out, want) || !strings.Contains(out, "3/3") {
 			t.Errorf("no ready line for %s with %q and 3/3 peers:\n%s", host, want, out)
+		}
+	}
+	// Whether jobs get a cgroup, said for every host: on where this
+	// machine allows it (the test hosts share its cgroup tree), off with
+	// the reason otherwise.
+	state := "off: "
+	if _, err := launcher.CgroupSupport(); err == nil {
+		state = "on: "
+	}
+	for _, host := range append([]string{"the launching host"}, h.Hosts...) {
+		if !strings.Contains(out, "job cgroups on "+host+": "+state) {
+			t.Errorf("doctor does not say %q for %s:\n%s", "job cgroups on "+host+": "+state, host, out)
 		}
 	}
 
