@@ -620,7 +620,7 @@ func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader, start time.T
 	if h.shmName != "" && !e.cfg.ForceTCP {
 		s, err := openShm(e.cfg.ShmDir, h.shmName, h.shmBytes)
 		if err != nil {
-			e.log.Info().Err(err).Msg("comm: shared memory offered but not usable; using TCP")
+			e.log.Warn().Err(err).Msg("comm: shared memory offered but not usable; using TCP")
 		} else {
 			seg, ack = s, ackShm
 		}
@@ -777,7 +777,7 @@ func (e *Endpoint) dialed(ctx context.Context, conn net.Conn, g Group, gid Group
 	if !e.cfg.ForceTCP && g.Host(r) == g.Host(me) {
 		s, err := createShm(e.cfg.ShmDir, gid, me, r, e.cfg.ShmRingBytes)
 		if err != nil {
-			e.log.Info().Err(err).Msg("comm: cannot create shared memory; using TCP")
+			e.log.Warn().Err(err).Msg("comm: cannot create shared memory; using TCP")
 		} else {
 			seg = s
 			h.shmName, h.shmBytes = s.name, e.cfg.ShmRingBytes

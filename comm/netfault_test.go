@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/comm"
-	"github.com/gorun-hpc/gorun/comm/commtest"
 	"github.com/gorun-hpc/gorun/internal/netfault"
 )
 
@@ -209,7 +208,7 @@ func TestNetFaultsAfterSteps(t *testing.T) {
 			stepBase += 1 << 20
 			base := stepBase
 			armNetFaults(t, fmt.Sprintf(c.spec, base+c.at))
-			j := newNetJobHosts(t, np, c.hosts)
+			j := newNetJobOn(t, np, comm.DefaultConfig(), true, c.hosts)
 			done := make([]int64, np) // iterations each rank completed
 			errs := onEach(t, np, func(r int) error {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -260,42 +259,4 @@ func TestNetFaultsAfterSteps(t *testing.T) {
 			}
 		})
 	}
-}
-
-// newNetJobHosts is newNetJob over TCP with the ranks' hosts named (nil:
-// every rank on 127.0.0.1).
-func newNetJobHosts(t *testing.T, n int, hosts []string) *netJob {
-	t.Helper()
-	if hosts == nil {
-		return newNetJob(t, n, comm.DefaultConfig(), true)
-	}
-	j := &netJob{logs: &syncBuf{}}
-	var addrs []string
-	for range n {
-		ep := listen(t, true, testSecret, j.logs, t.TempDir())
-		j.eps = append(j.eps, ep)
-		addrs = append(addrs, ep.Addr())
-	}
-	j.comms = make([]*comm.Comm, n)
-	errs := onEach(t, n, func(r int) error {
-		ctx, cancel := waitCtx(t)
-		defer cancel()
-		cfg := comm.DefaultConfig()
-		cfg.Logger = testLogger(t)
-		c, err := comm.New(ctx, commtest.NewStaticGroup(r, addrs, hosts), j.eps[r], cfg)
-		j.comms[r] = c
-		return err
-	})
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		for r := range n {
-			_ = j.comms[r].Close()
-			_ = j.eps[r].Close()
-		}
-	})
-	return j
 }

@@ -246,10 +246,15 @@ func matrix() []row {
 			inject: []string{"partition:hosts=HOST0:after-steps=3:lease=1500ms"},
 			cause:  []string{"the network between host", "HOST0", "lease"}, names: "rank ", code: 255},
 		// Gossip's packets (UDP) between host 1 and the others dropped
-		// for 6 s, its TCP and the data plane untouched: memberlist's
-		// TCP fallback probes answer for host 1, the job goes on.
+		// for 6 s, its TCP and the data plane untouched: the job should
+		// go on. It does while memberlist's TCP fallback probe lands
+		// within the probe interval every round; under load one missed
+		// and host 1 declared host 2 dead 3.8 s into the cut (its
+		// suspicion cannot be refuted over UDP): a healthy data plane
+		// does not keep a member alive.
 		row{mode: "hosts", fault: "gossip", phase: "udp-cut", np: 3, victim: -1, run: 9 * time.Second, complete: true,
-			during: iptablesCut(0, []int{1, 2}, "udp", 6*time.Second)},
+			during: iptablesCut(0, []int{1, 2}, "udp", 6*time.Second),
+			owner:  "open: a gossip (UDP) cut with a healthy data plane is survived only while every TCP fallback probe lands in time"},
 		// host 1 (rank 0) cut from everything, gorun included, for 8 s:
 		// named within the lease.
 		row{mode: "hosts", fault: "iptables", phase: "isolate", np: 3, victim: 0, run: 12 * time.Second, cause: []string{"rank 0"}, names: "rank 0",
