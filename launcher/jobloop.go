@@ -577,7 +577,8 @@ func (r *jobLoop) run(ctx context.Context) error {
 			return &e
 		}
 		if f.frozen != "" {
-			e := &FrozenError{Rank: f.rank, Host: host, PID: f.pid, State: f.frozen, Why: f.why, Stopped: stopped, Collateral: collateral}
+			e := &FrozenError{Rank: f.rank, Host: host, PID: f.pid, State: f.frozen, Why: f.why, Stopped: stopped, Collateral: collateral,
+				AlsoFailed: alsoFailed(own, f)}
 			if ranks[f.rank].stopped && ranks[f.rank].pid > 0 {
 				e.Stopped-- // named, not one of the others
 			}

@@ -66,7 +66,7 @@ run() { # run NAME ARGS...: one gorun, which must end as the scenario says
 : >"$tmp/det"; : >"$tmp/rec"
 for i in $(seq "$runs"); do
   run frozen -np 4 --inject stop:rank=2:at=0s "$trainer" "${targs[@]}"
-  field "$tmp/det" 'r["faults"][0]["time_to_detect_s"] if r["cause"]["kind"] == "frozen" and r["cause"]["rank"] == 2 else sys.exit("not named: " + r["outcome"])'
+  field "$tmp/det" 'r["faults"][0]["time_to_detect_s"] if (r.get("cause") or {}).get("kind") == "frozen" and r["cause"]["rank"] == 2 else sys.exit("not named: " + r["outcome"])'
   run frozen-restart -np 4 --max-restarts 1 --inject stop:rank=2:at=0s "$trainer" "${targs[@]}" --checkpoint "$tmp/ck"
   field "$tmp/rec" 'r["faults"][0]["time_to_recover_s"] if r["outcome"] == "succeeded" else sys.exit(r["outcome"])'
 done
