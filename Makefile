@@ -5,7 +5,7 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
+.PHONY: help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-elastic bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -52,18 +52,25 @@ unit: ## fast tests only (no -race, short mode)
 test-desync: ## the full desync split matrix: np 2-8, every k, 6 collective/point-to-point splits + a Send/Recv size mismatch x 2 sizes x shm/tcp (784 cases, ~45 s), and the check's cost at 64 ranks
 	GORUN_DESYNC_MATRIX=full $(GO) test -count=1 -run 'TestSplitMatrix|TestCheckCostAt64' -v ./comm
 
-.PHONY: test-chaos bench-netfault
+.PHONY: test-chaos bench-netfault bench-linklease
 test-chaos: ## the full chaos matrix: fault kinds x phases x launch modes (gorun, direct, namespace hosts as root), invariants checked after every row, printed as a table (~4 min)
 	GORUN_CHAOS=full $(GO) test -count=1 -timeout 20m -run TestChaosMatrix ./tests/chaos
+	GORUN_CHAOS=full $(GO) test -count=1 -timeout 10m -run TestElasticGrowBack ./tests/multihost
 
 bench-netfault: ## 8-byte all-reduce latency with the data-plane fault hook compiled out, compiled in, and armed (medians, ratios)
 	flock /tmp/gorun-bench.lock scripts/bench-netfault.sh
+
+bench-linklease: ## 8-byte all-reduce latency over TCP: before the link lease, lease off, lease on (interleaved rounds, medians, ratios)
+	flock /tmp/gorun-bench.lock scripts/bench-linklease.sh
 
 test-overload: ## no false freeze detection: 32 ranks all-reduce beside a CPU hog per core for 60 s (make test runs 8 s)
 	GORUN_OVERLOAD_NP=32 GORUN_OVERLOAD_SECS=60 $(GO) test -count=1 -run TestNoFalseFreezeUnderLoad -v ./launcher
 
 bench-restart: build ## kill-and-restart: gorun --max-restarts vs torchrun --max_restarts on one torch gloo program, kill -> first step of the new world
 	flock /tmp/gorun-bench.lock scripts/bench-restart.sh
+
+bench-elastic: build ## issue 17's elastic figures from --report: a rank frozen before it joined (detect, recover), grow-back across 2 namespace hosts (root)
+	flock /tmp/gorun-bench.lock scripts/bench-elastic.sh
 
 bench-restart-trainer: build ## restart time of the Go trainer, kill -> first step of the new world: one host, 4 namespace hosts (root), and a kill-host with a spare host taking over
 	flock /tmp/gorun-bench.lock scripts/bench-restart-trainer.sh
@@ -77,7 +84,7 @@ bench-torch: build lib ## torch all-reduce busbw: backend gorun vs gloo vs nativ
 bench-compare: build ## all-reduce busbw: gorun (tcp, shm) vs Open MPI and torch gloo, ratios + PNG in bench-results/
 	@bash scripts/bench-compare.sh
 
-bench-latency: build ## small/mid collectives on shm: gorun vs Open MPI, 2 and 4 ranks, quiet and under a CPU hog per core, medians
+bench-latency: build ## small/mid collectives: gorun vs Open MPI on shm (vader) and tcp (btl tcp), 2 and 4 ranks, quiet and under a CPU hog per core, medians
 	@bash scripts/bench-latency.sh
 
 bench-recorder: ## flight recorder cost: 8 B all-reduce between 2 processes, recorder on vs off in alternating blocks of one run (shm, tcp), 3 runs, medians; then the recorder alone per call against the previous mutex design (anchor)

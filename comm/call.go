@@ -3,14 +3,13 @@ package comm
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 )
 
 // call is one issued operation, from its issue to its completion. Call
-// objects are recycled (callPool): a caller holds a Handle, which names the
+// objects are recycled (Comm.newCall): a caller holds a Handle, which names the
 // call by its issue number in the communicator (see handlePage), never the
 // call object itself.
 type call struct {
@@ -39,29 +38,56 @@ type call struct {
 // keeps the call object small.
 type vCounts struct{ send, recv []int }
 
-// callPool recycles call objects. A call used to be its own Handle, one
-// heap object of 176 bytes per call, and until the process's first garbage
-// collection (4 MiB of heap, some 23,000 small calls) every new span of
-// them landed on pages the process had never touched: a page fault of
-// 1-15 µs on this 2-core VM every 23 calls on each rank, which the peer
-// waited out too. It was the slow tail of the first sizes of a sweep
-// (`perf record -e page-faults`: pairs of faults in mallocgc and
-// memclrNoHeapPointers under AllReduce, one pair per span; 2 ranks, 8-byte
-// all-reduce, notes/shm-latency.md). Recycled, a call touches the same few
-// cache lines every time.
-var callPool = sync.Pool{New: func() any { return new(call) }}
+// Call objects are recycled through each communicator's free list. A
+// call used to be its own Handle, one heap object of 176 bytes per call,
+// and until the process's first garbage collection (4 MiB of heap, some
+// 23,000 small calls) every new span of them landed on pages the process
+// had never touched: a page fault of 1-15 µs on this 2-core VM every 23
+// calls on each rank, which the peer waited out too. It was the slow
+// tail of the first sizes of a sweep (`perf record -e page-faults`: pairs
+// of faults in mallocgc and memclrNoHeapPointers under AllReduce, one pair
+// per span; 2 ranks, 8-byte all-reduce, notes/shm-latency.md). Recycled,
+// a call touches the same few cache lines every time. The list starts
+// with freeCalls objects, touched in New, so that a burst of calls issued
+// before any completes (`gorun bench` issues 200, then waits) takes no
+// fresh memory either; it keeps at most QueueDepth.
+const freeCalls = 256
 
-func newCall(kind Kind, root int) *call {
-	cl := callPool.Get().(*call)
+// newCall takes a call object from the free list (or the heap).
+func (c *Comm) newCall(kind Kind, root int) *call {
+	var cl *call
+	c.freeMu.Lock()
+	if n := len(c.free); n > 0 {
+		cl = c.free[n-1]
+		c.free = c.free[:n-1]
+	}
+	c.freeMu.Unlock()
+	if cl == nil {
+		cl = new(call)
+	}
 	cl.kind, cl.root = kind, root
 	return cl
 }
 
-// recycle returns a completed call to the pool. Nothing refers to it any
-// more: handles name the call by its page and slot.
-func (cl *call) recycle() {
+// recycle returns a completed call to the free list. Nothing refers to it
+// any more: handles name the call by its page and slot.
+func (c *Comm) recycle(cl *call) {
 	*cl = call{}
-	callPool.Put(cl)
+	c.freeMu.Lock()
+	if len(c.free) < cap(c.free) {
+		c.free = append(c.free, cl)
+	}
+	c.freeMu.Unlock()
+}
+
+// fillFree gives c its first freeCalls call objects, one slab, touched now.
+func (c *Comm) fillFree() {
+	c.free = make([]*call, 0, max(c.cfg.QueueDepth, freeCalls))
+	slab := make([]call, freeCalls)
+	for i := range slab {
+		slab[i].root = -1 // touch it: fresh pages fault here, not in a call
+		c.free = append(c.free, &slab[i])
+	}
 }
 
 // pageCalls is how many consecutive calls of a communicator share a
@@ -73,7 +99,7 @@ const pageCalls = 256
 // A Handle is a pointer to the call's mark, marks[i], whose value is i: a
 // Handle finds its page and slot without any per-call object, so issuing
 // allocates nothing but a page every pageCalls calls (about 17 bytes per
-// call instead of 176; see callPool), and a Handle stays exact however
+// call instead of 176; see Comm.newCall), and a Handle stays exact however
 // long it is kept: its page, kept alive by the Handle, is never reused.
 //
 // Calls complete in issue order, so whether call first+i is done is
@@ -92,6 +118,10 @@ type handlePage struct {
 	// ends), written at issue; Wait runs the call itself only when its own
 	// context could not end sooner (see Wait).
 	ctxDone [pageCalls]<-chan struct{}
+	// unkicked[i]: call i was issued with IssuerWaits, so the worker was
+	// not woken for it; a Wait that cannot run it itself wakes the worker.
+	// Written at issue.
+	unkicked [pageCalls]bool
 }
 
 func newHandlePage(c *Comm, first uint64) *handlePage {
@@ -144,6 +174,10 @@ func (m *handleMark) Wait(ctx context.Context) error {
 		if p.done(i) {
 			return p.err(i)
 		}
+	} else if p.unkicked[i] {
+		// Issued for an inline wait that this one cannot be: hand it to
+		// the worker now (a spare wake-up is harmless).
+		c.kick()
 	}
 	for {
 		ch := c.waitCh(seq)
@@ -215,7 +249,7 @@ func (c *Comm) finish(cl *call, err error) {
 		}
 		c.doneMu.Unlock()
 	}
-	cl.recycle()
+	c.recycle(cl)
 }
 
 // doneHandle is a call that failed at issue (a closed communicator).
@@ -304,7 +338,7 @@ func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 		if err == nil {
 			err = ErrClosed
 		}
-		cl.recycle()
+		c.recycle(cl)
 		return &doneHandle{err: err, at: time.Now()}
 	}
 	cl.c = c
@@ -313,6 +347,7 @@ func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 	}
 	// Issue numbers follow the queue's order, which is the order calls
 	// complete in (see handlePage): numbering and queueing under one lock.
+	_, unkicked := ctx.(issuerWaits)
 	c.seqMu.Lock()
 	seq := c.issued
 	c.issued++
@@ -323,12 +358,32 @@ func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 	}
 	i := int(seq - p.first)
 	p.ctxDone[i] = ctx.Done()
+	p.unkicked[i] = unkicked
 	cl.seq, cl.page, cl.slot = seq, p, i
 	c.queue <- cl
 	c.seqMu.Unlock()
-	c.kick()
+	if !unkicked {
+		c.kick()
+	}
 	return &p.marks[i]
 }
+
+// IssuerWaits returns a context, otherwise parent's, for calls whose
+// issuer waits for them at once: issue, then Wait with the same context
+// (or one that never ends), as a blocking call does. Such a call is not
+// handed to the communicator's worker goroutine: the Wait runs it on the
+// issuer's goroutine. Handing it over anyway wakes the worker for nothing,
+// and with more than one P that wake-up is a futex wake of another thread
+// and a second thread on the cores: 2 µs of a 3 µs 8-byte all-reduce
+// issued from a C thread (libgorun; notes/torch-backend.md). A call issued
+// with it progresses only once it is waited for, or once the worker wakes
+// for another call: an issuer that does not Wait at once, or polls Done,
+// must not use it.
+func IssuerWaits(parent context.Context) context.Context { return issuerWaits{parent} }
+
+// issuerWaits marks a context made by IssuerWaits; it is parent in every
+// other respect.
+type issuerWaits struct{ context.Context }
 
 func (c *Comm) invalidf(cl *call, format string, args ...any) {
 	if cl.invalid == nil {
@@ -377,7 +432,7 @@ func always(int, int) bool { return true }
 
 // AllReduce issues recv = op over ranks of send.
 func (c *Comm) AllReduce(ctx context.Context, send, recv Buffer, op Op) Handle {
-	cl := newCall(KindAllReduce, -1)
+	cl := c.newCall(KindAllReduce, -1)
 	c.prepare(cl, send, recv, func(s, r int) bool { return s == r }, always)
 	c.checkOp(cl, op)
 	if send != nil {
@@ -388,7 +443,7 @@ func (c *Comm) AllReduce(ctx context.Context, send, recv Buffer, op Op) Handle {
 
 // AllGather issues recv = concatenation over ranks of send.
 func (c *Comm) AllGather(ctx context.Context, send, recv Buffer) Handle {
-	cl := newCall(KindAllGather, -1)
+	cl := c.newCall(KindAllGather, -1)
 	c.prepare(cl, send, recv, func(s, r int) bool { return r == s*c.n }, always)
 	if send != nil {
 		cl.count = send.Len()
@@ -398,7 +453,7 @@ func (c *Comm) AllGather(ctx context.Context, send, recv Buffer) Handle {
 
 // ReduceScatter issues recv = block Rank() of op over ranks of send.
 func (c *Comm) ReduceScatter(ctx context.Context, send, recv Buffer, op Op) Handle {
-	cl := newCall(KindReduceScatter, -1)
+	cl := c.newCall(KindReduceScatter, -1)
 	c.prepare(cl, send, recv, func(s, r int) bool { return s == r*c.n }, always)
 	c.checkOp(cl, op)
 	if recv != nil {
@@ -409,7 +464,7 @@ func (c *Comm) ReduceScatter(ctx context.Context, send, recv Buffer, op Op) Hand
 
 // Broadcast issues recv = send of root.
 func (c *Comm) Broadcast(ctx context.Context, send, recv Buffer, root int) Handle {
-	cl := newCall(KindBroadcast, 0)
+	cl := c.newCall(KindBroadcast, 0)
 	if send == nil {
 		send = recv // send is only read at root; non-roots may pass nil
 	}
@@ -423,7 +478,7 @@ func (c *Comm) Broadcast(ctx context.Context, send, recv Buffer, root int) Handl
 
 // Reduce issues recv at root = op over ranks of send.
 func (c *Comm) Reduce(ctx context.Context, send, recv Buffer, op Op, root int) Handle {
-	cl := newCall(KindReduce, 0)
+	cl := c.newCall(KindReduce, 0)
 	if recv == nil && root != c.me {
 		recv = send // recv is only written at root
 	}
@@ -438,7 +493,7 @@ func (c *Comm) Reduce(ctx context.Context, send, recv Buffer, op Op, root int) H
 
 // AllToAll issues an exchange of equal blocks between every pair of ranks.
 func (c *Comm) AllToAll(ctx context.Context, send, recv Buffer) Handle {
-	cl := newCall(KindAllToAll, -1)
+	cl := c.newCall(KindAllToAll, -1)
 	c.prepare(cl, send, recv, func(s, r int) bool { return s == r && s%c.n == 0 }, always)
 	if send != nil {
 		cl.count = send.Len()
@@ -448,7 +503,7 @@ func (c *Comm) AllToAll(ctx context.Context, send, recv Buffer) Handle {
 
 // AllToAllV issues an exchange with per-peer element counts.
 func (c *Comm) AllToAllV(ctx context.Context, send Buffer, sendCounts []int, recv Buffer, recvCounts []int) Handle {
-	cl := newCall(KindAllToAllV, -1)
+	cl := c.newCall(KindAllToAllV, -1)
 	c.prepare(cl, send, recv, always, always)
 	sum := func(counts []int, what string, limit int) int {
 		if len(counts) != c.n {
@@ -483,14 +538,14 @@ func (c *Comm) AllToAllV(ctx context.Context, send Buffer, sendCounts []int, rec
 
 // Barrier issues a call that completes once every rank has issued it.
 func (c *Comm) Barrier(ctx context.Context) Handle {
-	cl := newCall(KindBarrier, -1)
+	cl := c.newCall(KindBarrier, -1)
 	cl.dtype = Uint8
 	return c.issue(ctx, cl)
 }
 
 // Send issues a send of buf to peer.
 func (c *Comm) Send(ctx context.Context, buf Buffer, peer int) Handle {
-	cl := newCall(KindSend, 0)
+	cl := c.newCall(KindSend, 0)
 	c.prepare(cl, buf, buf, always, always)
 	c.checkRank(cl, peer, "peer")
 	if peer == c.me {
@@ -504,7 +559,7 @@ func (c *Comm) Send(ctx context.Context, buf Buffer, peer int) Handle {
 
 // Recv issues a receive into buf from peer; the sizes must match.
 func (c *Comm) Recv(ctx context.Context, buf Buffer, peer int) Handle {
-	cl := newCall(KindRecv, 0)
+	cl := c.newCall(KindRecv, 0)
 	c.prepare(cl, buf, buf, always, always)
 	c.checkRank(cl, peer, "peer")
 	if peer == c.me {

@@ -99,6 +99,9 @@ type Comm struct {
 	waiters   atomic.Int32
 	doneMu    sync.Mutex
 	doneCh    chan struct{}
+	// free holds recycled call objects (see Comm.newCall).
+	freeMu sync.Mutex
+	free   []*call
 	// running is the run token (see drain): held by the goroutine running
 	// calls. wake (capacity 1) tells the worker there may be work; closing
 	// is set by Close before it closes queue.
@@ -118,6 +121,8 @@ type Comm struct {
 	closeErr     error
 	wg           sync.WaitGroup
 	workerExited chan struct{}
+	// kicks counts the wake-ups sent to the worker (kick), for tests.
+	kicks atomic.Int64
 
 	// rec is the flight recorder; watchStop ends the stuck-call watchdog
 	// (closed by Close once the worker has exited); unserve withdraws this
@@ -211,8 +216,10 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 	if c.flightDir == "" {
 		c.flightDir = os.Getenv(FlightDirEnv)
 	}
-	// The first calls' handle page now, not on the first call's path.
+	// The first calls' handle page and call objects now, not on the first
+	// calls' path.
 	c.page = newHandlePage(c, 0)
+	c.fillFree()
 	// Before any program this rank starts can inherit the report pipe.
 	collateral.Claim()
 	c.log = cfg.Logger.With().Int("rank", g.GlobalRank(me)).Str("host", g.Host(me)).Int("world", n).
@@ -238,12 +245,6 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 		return nil, err
 	}
 	links = wrapped
-	for _, l := range links {
-		if l != nil && l.Kind() == "shm" {
-			quietSysmon(cfg.SysmonNice)
-			break
-		}
-	}
 	for r := range n {
 		if r == me {
 			continue

@@ -88,14 +88,6 @@ type Config struct {
 	// log only.
 	FlightDir string
 
-	// SysmonNice is the nice value given to the Go runtime's system
-	// monitor thread when the communicator has a shared-memory link (once
-	// per process; 0 leaves it). 19: at its default priority sysmon took
-	// the core from a spinning rank bound to one CPU for about 10 µs every
-	// 90 µs, a third of the time of a stream of small calls (see
-	// sysmon_linux.go).
-	SysmonNice int
-
 	// Logger receives connection and failure events; fields rank, world and
 	// group are added. The zero value logs nothing.
 	Logger zerolog.Logger
@@ -113,7 +105,6 @@ func DefaultConfig() Config {
 		AbortTimeout:     2 * time.Second,
 		DesyncCheckAfter: time.Second,
 		FlightRecords:    256,
-		SysmonNice:       19,
 		Logger:           zerolog.Nop(),
 	}
 }
@@ -143,8 +134,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: StallTimeout %v is negative", ErrInvalidArgument, c.StallTimeout)
 	case c.FlightRecords < 1:
 		return fmt.Errorf("%w: FlightRecords %d < 1", ErrInvalidArgument, c.FlightRecords)
-	case c.SysmonNice < 0 || c.SysmonNice > 19:
-		return fmt.Errorf("%w: SysmonNice %d outside 0..19", ErrInvalidArgument, c.SysmonNice)
 	}
 	return nil
 }

@@ -351,8 +351,13 @@ func TestSplitMatrix(t *testing.T) {
 		t.Skip("multi-process matrix")
 	}
 	par := 4 // cases at once per process group; -race on 2 cores makes more too slow for 3 s
+	// The 3 s is #18's goal, checked where nothing else runs (make
+	// test-desync); inside make test, beside every other package's tests
+	// on 2 cores, the check is that each case ends in a DesyncError well
+	// before the 10 s guard, and the slowest time is logged.
+	bound := int64(8000)
 	if os.Getenv("GORUN_DESYNC_MATRIX") == "full" {
-		par = 8
+		par, bound = 8, 3000
 	}
 	m := splitMatrix(nps, ks)
 	for _, transport := range []string{"shm", "tcp"} {
@@ -364,7 +369,7 @@ func TestSplitMatrix(t *testing.T) {
 				for i, rs := range res {
 					for r, x := range rs {
 						slowest = max(slowest, x.ms)
-						ok := x.kind == "desync" && x.ms <= 3000 && cases[i].named(x.text)
+						ok := x.kind == "desync" && x.ms <= bound && cases[i].named(x.text)
 						if !ok {
 							t.Errorf("%v rank %d: %s after %d ms: %s", cases[i], r, x.kind, x.ms, x.text)
 						}

@@ -106,9 +106,11 @@ type EndpointConfig struct {
 	// member, so that a cut link is named as soon as a cut host would be,
 	// while a shorter cut heals. The peer's kernel acknowledges whatever
 	// its process does (busy, starved, stopped), so an overloaded or
-	// frozen rank never trips it. Zero means 4 s (package rank passes the
-	// rendezvous lease, GORUN_RDZV_LEASE); negative turns the check off,
-	// leaving TCPUserTimeout alone. Linux only.
+	// frozen rank never trips it. Zero means $GORUN_LINK_LEASE (a Go
+	// duration, or "off"), else 4 s (package rank passes the rendezvous
+	// lease, GORUN_RDZV_LEASE, unless GORUN_LINK_LEASE is set); negative
+	// turns the check off, and TCPUserTimeout then defaults to 10 s.
+	// Linux only.
 	LinkLease time.Duration
 	// TCPStreams is how many TCP connections a link to a peer uses; large
 	// frames are striped across them (headers and small frames use the
@@ -130,6 +132,21 @@ const defaultTCPUserTimeout = 10 * time.Second
 
 // defaultLinkLease is LinkLease's default: the rendezvous' lease.
 const defaultLinkLease = 4 * time.Second
+
+// LinkLeaseEnv overrides EndpointConfig.LinkLease when the field is zero:
+// a positive Go duration, or "off".
+const LinkLeaseEnv = "GORUN_LINK_LEASE"
+
+func parseLinkLease(v string) (time.Duration, error) {
+	if v == "off" {
+		return -1, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%w: %s=%q is neither a positive duration nor \"off\"", ErrInvalidArgument, LinkLeaseEnv, v)
+	}
+	return d, nil
+}
 
 // DefaultEndpointConfig returns the production settings, listening on ":0".
 func DefaultEndpointConfig() EndpointConfig {
@@ -232,6 +249,13 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 	}
 	if cfg.LinkLease == 0 {
 		cfg.LinkLease = defaultLinkLease
+		if v := os.Getenv(LinkLeaseEnv); v != "" {
+			d, err := parseLinkLease(v)
+			if err != nil {
+				return nil, err
+			}
+			cfg.LinkLease = d
+		}
 	}
 	if cfg.TCPUserTimeout == 0 {
 		switch v := os.Getenv("GORUN_TCP_USER_TIMEOUT"); {
@@ -596,7 +620,7 @@ func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader, start time.T
 	if h.shmName != "" && !e.cfg.ForceTCP {
 		s, err := openShm(e.cfg.ShmDir, h.shmName, h.shmBytes)
 		if err != nil {
-			e.log.Info().Err(err).Msg("comm: shared memory offered but not usable; using TCP")
+			e.log.Warn().Err(err).Msg("comm: shared memory offered but not usable; using TCP")
 		} else {
 			seg, ack = s, ackShm
 		}
@@ -753,7 +777,7 @@ func (e *Endpoint) dialed(ctx context.Context, conn net.Conn, g Group, gid Group
 	if !e.cfg.ForceTCP && g.Host(r) == g.Host(me) {
 		s, err := createShm(e.cfg.ShmDir, gid, me, r, e.cfg.ShmRingBytes)
 		if err != nil {
-			e.log.Info().Err(err).Msg("comm: cannot create shared memory; using TCP")
+			e.log.Warn().Err(err).Msg("comm: cannot create shared memory; using TCP")
 		} else {
 			seg = s
 			h.shmName, h.shmBytes = s.name, e.cfg.ShmRingBytes

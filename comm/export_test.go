@@ -52,3 +52,6 @@ const RaceEnabled = raceEnabled
 // SetNetFaults arms plan in this process instead of GORUN_NETFAULT for
 // communicators created after the call; nil goes back to the environment.
 func SetNetFaults(plan *netfault.Plan) { netPlanOverride.Store(plan) }
+
+// Kicks is how many wake-ups c has sent its worker goroutine.
+func Kicks(c *Comm) int64 { return c.kicks.Load() }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/comm"
-	"github.com/gorun-hpc/gorun/comm/commtest"
 )
 
 // A healthy peer that does not read for several leases — its receive
@@ -19,34 +18,11 @@ func TestLinkLeaseSparesSlowReader(t *testing.T) {
 		t.Skip("waits three leases")
 	}
 	const lease = time.Second
-	var eps []*comm.Endpoint
-	var addrs []string
-	for range 2 {
-		ecfg := comm.DefaultEndpointConfig()
-		ecfg.Addr, ecfg.Secret, ecfg.ForceTCP, ecfg.Logger = "127.0.0.1:0", testSecret, true, testLogger(t)
-		ecfg.LinkLease = lease
-		ep, err := comm.Listen(ecfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = ep.Close() })
-		eps, addrs = append(eps, ep), append(addrs, ep.Addr())
-	}
-	comms := make([]*comm.Comm, 2)
-	errs := onEach(t, 2, func(r int) error {
-		ctx, cancel := waitCtx(t)
-		defer cancel()
-		c, err := comm.New(ctx, commtest.NewStaticGroup(r, addrs, nil), eps[r], comm.LocalConfig())
-		comms[r] = c
-		return err
-	})
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	testLinkLease = lease
+	defer func() { testLinkLease = 0 }()
+	comms := newNetJob(t, 2, comm.LocalConfig(), true).comms
 	const count = 16 << 20 // 64 MiB of float32: more than both sockets' buffers
-	errs = onEach(t, 2, func(r int) error {
+	errs := onEach(t, 2, func(r int) error {
 		ctx := context.Background()
 		buf := make([]float32, count)
 		if r == 0 {
@@ -76,11 +52,6 @@ func TestLinkLeaseSparesSlowReader(t *testing.T) {
 	for r, err := range errs {
 		if err != nil {
 			t.Fatalf("rank %d after 3 idle leases: %v", r, err)
-		}
-	}
-	for _, c := range comms {
-		if err := c.Close(); err != nil {
-			t.Error(err)
 		}
 	}
 }

@@ -52,6 +52,9 @@ var testRingBytes int
 // testTCPStreams, when set, is the TCPStreams of endpoints made by listen.
 var testTCPStreams int
 
+// testLinkLease, when set, is the LinkLease of endpoints made by listen.
+var testLinkLease time.Duration
+
 func listen(t testing.TB, forceTCP bool, secret []byte, logs io.Writer, shmDir string) *comm.Endpoint {
 	t.Helper()
 	ecfg := comm.DefaultEndpointConfig()
@@ -59,6 +62,7 @@ func listen(t testing.TB, forceTCP bool, secret []byte, logs io.Writer, shmDir s
 		ecfg.ShmRingBytes = testRingBytes
 	}
 	ecfg.TCPStreams = testTCPStreams
+	ecfg.LinkLease = testLinkLease
 	ecfg.Addr = "127.0.0.1:0"
 	ecfg.Secret = secret
 	ecfg.ForceTCP = forceTCP
@@ -78,6 +82,13 @@ func listen(t testing.TB, forceTCP bool, secret []byte, logs io.Writer, shmDir s
 // memory unless forceTCP) in this process.
 func newNetJob(t testing.TB, n int, cfg comm.Config, forceTCP bool) *netJob {
 	t.Helper()
+	return newNetJobOn(t, n, cfg, forceTCP, nil)
+}
+
+// newNetJobOn is newNetJob with the ranks' hosts named (nil: every rank
+// on its address's host).
+func newNetJobOn(t testing.TB, n int, cfg comm.Config, forceTCP bool, hosts []string) *netJob {
+	t.Helper()
 	j := &netJob{logs: &syncBuf{}}
 	var addrs []string
 	shmDir := t.TempDir()
@@ -94,7 +105,7 @@ func newNetJob(t testing.TB, n int, cfg comm.Config, forceTCP bool) *netJob {
 	errs := onEach(t, n, func(r int) error {
 		ctx, cancel := waitCtx(t)
 		defer cancel()
-		c, err := comm.New(ctx, commtest.NewStaticGroup(r, addrs, nil), j.eps[r], cfg)
+		c, err := comm.New(ctx, commtest.NewStaticGroup(r, addrs, hosts), j.eps[r], cfg)
 		j.comms[r] = c
 		return err
 	})

@@ -96,6 +96,8 @@ type faultLink struct {
 	me, peer int // world ranks
 	epoch    time.Time
 	specs    []netfault.Spec // those that touch this link, from me
+	// gates[i] is spec i's step gate (after-steps=), nil for a timed one.
+	gates []*netfault.StepGate
 
 	closed    chan struct{} // closed by Close: wakes held senders and the timer
 	closeOnce sync.Once
@@ -124,47 +126,84 @@ var (
 	_ ReduceReceiver = (*faultLink)(nil)
 )
 
-func newFaultLink(inner Link, plan netfault.Plan, me, peer int) *faultLink {
+func newFaultLink(inner Link, plan netfault.Plan, me, peer int, meHost, peerHost string) *faultLink {
 	l := &faultLink{inner: inner, me: me, peer: peer, epoch: plan.Epoch, closed: make(chan struct{}), cutC: make(chan struct{})}
 	for _, s := range plan.Specs {
-		if s.Touches(me, peer) {
+		if s.Touches(me, peer, meHost, peerHost) {
 			l.specs = append(l.specs, s)
+			var g *netfault.StepGate
+			if s.AfterSteps > 0 {
+				g = netfault.Gate(s.AfterSteps)
+			}
+			l.gates = append(l.gates, g)
 		}
 	}
 	l.fired = make([]bool, len(l.specs))
 	// The cuts are timed, not triggered by traffic: a rank blocked in a
-	// receive must see its link go at the fault's time.
-	type cutAt struct {
-		at  time.Duration
-		err error
-	}
-	var cuts []cutAt
-	for _, s := range l.specs {
+	// receive must see its link go at the fault's time. One goroutine per
+	// cut: it waits for the fault's start (a time, or a step gate), then
+	// for its offset (0 for drop, the lease for a partition).
+	for i, s := range l.specs {
+		var after time.Duration
+		var err error
 		switch {
 		case s.Kind == netfault.Drop:
-			cuts = append(cuts, cutAt{s.At, fmt.Errorf("%w: dropped by injected fault %q", ErrLinkFault, s.Text)})
+			err = fmt.Errorf("%w: dropped by injected fault %q", ErrLinkFault, s.Text)
 		case s.Kind == netfault.Partition && (s.For == 0 || s.For >= s.Lease):
-			cuts = append(cuts, cutAt{s.At + s.Lease, fmt.Errorf("%w: no frame could cross it for %s, the lease (injected partition %q)", ErrLinkFault, s.Lease, s.Text)})
+			after = s.Lease
+			err = fmt.Errorf("%w: no frame could cross it for %s, the lease (injected partition %q)", ErrLinkFault, s.Lease, s.Text)
+		default:
+			continue
 		}
-	}
-	if len(cuts) > 0 {
-		first := cuts[0]
-		for _, c := range cuts[1:] {
-			if c.at < first.at {
-				first = c
-			}
-		}
+		g := l.gates[i]
 		l.wg.Go(func() {
-			t := time.NewTimer(time.Until(l.epoch.Add(first.at)))
+			start := l.epoch.Add(s.At)
+			if g != nil {
+				select {
+				case <-g.Done():
+					start = g.At()
+				case <-l.closed:
+					return
+				}
+			}
+			t := time.NewTimer(time.Until(start.Add(after)))
 			defer t.Stop()
 			select {
 			case <-t.C:
-				l.cutLink(first.err)
+				l.cutLink(err)
 			case <-l.closed:
 			}
 		})
 	}
 	return l
+}
+
+// elapsed reports how long spec i has been under way (negative: not yet
+// due); ok is false while an after-steps fault waits for its step.
+func (l *faultLink) elapsed(i int) (d time.Duration, ok bool) {
+	if g := l.gates[i]; g != nil {
+		select {
+		case <-g.Done():
+			return time.Since(g.At()), true
+		default:
+			return 0, false
+		}
+	}
+	return time.Since(l.epoch) - l.specs[i].At, true
+}
+
+// active reports whether spec i acts now, and for how much longer (0: for
+// ever).
+func (l *faultLink) active(i int) (bool, time.Duration) {
+	el, ok := l.elapsed(i)
+	s := l.specs[i]
+	if !ok || el < 0 || (s.For > 0 && el >= s.For) {
+		return false, 0
+	}
+	if s.For == 0 {
+		return true, 0
+	}
+	return true, s.For - el
 }
 
 // cutLink makes err the answer of every call and closes the transport's
@@ -193,12 +232,11 @@ func (l *faultLink) cutErr(err error) error {
 // reports false if the link was closed meanwhile.
 func (l *faultLink) hold() bool {
 	for {
-		since := time.Since(l.epoch)
 		var wait time.Duration
-		for _, s := range l.specs {
-			active := since >= s.At && (s.For == 0 || since < s.At+s.For)
+		for i, s := range l.specs {
+			on, left := l.active(i)
 			switch {
-			case !active:
+			case !on:
 			case s.Kind == netfault.Delay:
 				wait = max(wait, s.Delay)
 			case s.Kind == netfault.Partition && (s.For == 0 || s.For >= s.Lease):
@@ -206,7 +244,7 @@ func (l *faultLink) hold() bool {
 				// (cutC): no frame crosses the cut in between.
 				wait = max(wait, 1<<62)
 			case s.Kind == netfault.Partition:
-				wait = max(wait, s.At+s.For-since)
+				wait = max(wait, left)
 			}
 		}
 		if wait <= 0 {
@@ -231,9 +269,8 @@ func (l *faultLink) hold() bool {
 
 // partitioned reports whether a partition holds the link now.
 func (l *faultLink) partitioned() bool {
-	since := time.Since(l.epoch)
-	for _, s := range l.specs {
-		if s.Kind == netfault.Partition && since >= s.At && (s.For == 0 || since < s.At+s.For) {
+	for i, s := range l.specs {
+		if on, _ := l.active(i); on && s.Kind == netfault.Partition {
 			return true
 		}
 	}
@@ -269,9 +306,11 @@ func (l *faultLink) Send(h *Header, payload []byte) error {
 	b := l.sbuf[:n+faultTrailer]
 	copy(b, payload)
 	binary.LittleEndian.PutUint32(b[n:], frameSum(h, payload))
-	since := time.Since(l.epoch)
 	for i, s := range l.specs {
-		if s.Kind == netfault.Corrupt && !l.fired[i] && since >= s.At {
+		if s.Kind != netfault.Corrupt || l.fired[i] {
+			continue
+		}
+		if el, ok := l.elapsed(i); ok && el >= 0 {
 			l.fired[i] = true
 			b[0] ^= 0x10 // the first payload byte, or the trailer of an empty frame
 		}

@@ -19,7 +19,7 @@ func wrapNetFaults(links []Link, g Group) ([]Link, error) {
 	me := g.GlobalRank(g.Rank())
 	for r, l := range links {
 		if l != nil {
-			links[r] = newFaultLink(l, plan, me, g.GlobalRank(r))
+			links[r] = newFaultLink(l, plan, me, g.GlobalRank(r), g.Host(g.Rank()), g.Host(r))
 		}
 	}
 	return links, nil

@@ -179,3 +179,84 @@ func checkCorrupt(t *testing.T, errs []error, _ time.Duration) {
 		t.Errorf("no rank reported a checksum failure: %v", errs)
 	}
 }
+
+// stepBase keeps each after-steps test's steps above every step reported
+// before in this process: step gates are process-wide and steps only grow.
+var stepBase int64
+
+// An after-steps fault starts at its step, not before: a drop armed for
+// step 5 lets every rank run its first four iterations, then fails the
+// job naming the drop; one armed for a step never reached does nothing.
+// Both ends of a partition by hosts hold frames from the step and cut the
+// link at the lease, naming the host across the cut.
+func TestNetFaultsAfterSteps(t *testing.T) {
+	const np = 3
+	for _, c := range []struct {
+		name, spec string
+		at         int64 // the spec's step, from stepBase
+		iters      int   // how many iterations the loop runs
+		hosts      []string
+		fails      bool
+		want       []string // in every rank's error
+	}{
+		{name: "drop at step 5", spec: "drop:rank=1:peer=2:after-steps=%d", at: 5, iters: 1000, fails: true, want: []string{"world rank "}},
+		{name: "not reached", spec: "drop:rank=1:peer=2:after-steps=%d", at: 50, iters: 10},
+		{name: "partition by hosts at step 3", spec: "partition:hosts=b:after-steps=%d:lease=500ms", at: 3, iters: 1 << 20,
+			hosts: []string{"a", "a", "b"}, fails: true, want: []string{"world rank "}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			stepBase += 1 << 20
+			base := stepBase
+			armNetFaults(t, fmt.Sprintf(c.spec, base+c.at))
+			j := newNetJobOn(t, np, comm.DefaultConfig(), true, c.hosts)
+			done := make([]int64, np) // iterations each rank completed
+			errs := onEach(t, np, func(r int) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				buf := make([]float64, 1024)
+				for it := range c.iters {
+					for i := range buf {
+						buf[i] = float64(r + it)
+					}
+					if err := j.comms[r].AllReduce(ctx, comm.Float64s(buf), comm.Float64s(buf), comm.Sum).Wait(ctx); err != nil {
+						return err
+					}
+					if want := float64(np*(np-1)/2 + np*it); buf[7] != want {
+						return fmt.Errorf("iteration %d: %v, want %v", it, buf[7], want)
+					}
+					done[r]++
+					if r == 0 {
+						// rank.ReportStep's part for the transport; the
+						// gates are process-wide, as a rank's are.
+						netfault.ReportStep(base + int64(it) + 1)
+					}
+				}
+				return nil
+			})
+			for r, err := range errs {
+				switch {
+				case !c.fails && err != nil:
+					t.Errorf("rank %d: %v (the fault's step never came)", r, err)
+				case c.fails && err == nil:
+					t.Errorf("rank %d completed every iteration: the fault never started", r)
+				case c.fails && errors.Is(err, context.DeadlineExceeded):
+					t.Errorf("rank %d: %v: not detected", r, err)
+				case c.fails:
+					for _, w := range c.want {
+						if !strings.Contains(err.Error(), w) {
+							t.Errorf("rank %d: %v, want %q", r, err, w)
+						}
+					}
+				}
+				// Rank 0 reports step at after its iteration at: no
+				// rank fails before iteration at-1 completed everywhere.
+				if min := c.at - 1; c.fails && done[r] < min {
+					t.Errorf("rank %d failed after %d iterations: the fault started before step %d", r, done[r], c.at)
+				}
+			}
+			if c.fails && done[0] < c.at {
+				t.Errorf("rank 0 completed %d iterations, want at least %d", done[0], c.at)
+			}
+		})
+	}
+}

@@ -112,7 +112,7 @@ type shmSegment struct {
 func createShm(dir string, gid GroupID, me, peer, ringBytes int) (*shmSegment, error) {
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
-	name := fmt.Sprintf("%s%d-%016x-%d-%d-%s", shmPrefix, os.Getpid(), uint64(gid), me, peer, hex.EncodeToString(rnd[:]))
+	name := fmt.Sprintf("%s%d.%d-%016x-%d-%d-%s", shmPrefix, os.Getpid(), pidNamespace(), uint64(gid), me, peer, hex.EncodeToString(rnd[:]))
 	path := filepath.Join(dir, name)
 	size := shmSize(ringBytes)
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
@@ -220,9 +220,9 @@ func sweepShm(dir string) int {
 		if !strings.HasPrefix(name, shmPrefix) {
 			continue
 		}
-		var pid int
-		if _, err := fmt.Sscanf(name[len(shmPrefix):], "%d-", &pid); err != nil || pid <= 0 {
-			continue
+		pid, ns, ok := shmOwner(name[len(shmPrefix):])
+		if !ok || ns != 0 && ns != pidNamespace() {
+			continue // not ours to judge: its pid means nothing here
 		}
 		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
 			if unix.Unlink(filepath.Join(dir, name)) == nil {
@@ -232,6 +232,42 @@ func sweepShm(dir string) int {
 	}
 	return removed
 }
+
+// shmOwner reads the creator's pid and PID namespace (0: not recorded)
+// from a segment's name after the prefix: "PID.NS-…", or "PID-…" as
+// segments made before the namespace was recorded are named.
+func shmOwner(rest string) (pid int, ns uint64, ok bool) {
+	head, _, found := strings.Cut(rest, "-")
+	if !found {
+		return 0, 0, false
+	}
+	p, n, dotted := strings.Cut(head, ".")
+	pid, err := strconv.Atoi(p)
+	if err != nil || pid <= 0 {
+		return 0, 0, false
+	}
+	if dotted {
+		if ns, err = strconv.ParseUint(n, 10, 64); err != nil || ns == 0 {
+			return 0, 0, false
+		}
+	}
+	return pid, ns, true
+}
+
+// pidNamespace is the inode of this process's PID namespace (0 if it
+// cannot be read). A segment's name records its creator's, because
+// /dev/shm may be shared by processes in different PID namespaces
+// (containers run with the host's IPC namespace, as NCCL's container
+// guides ask): a pid from another namespace names some other process
+// here, or none, and a sweep that judged it would remove another job's
+// live segments.
+var pidNamespace = sync.OnceValue(func() uint64 {
+	var st unix.Stat_t
+	if unix.Stat("/proc/self/ns/pid", &st) != nil {
+		return 0
+	}
+	return st.Ino
+})
 
 func openShm(dir, name string, ringBytes int) (*shmSegment, error) {
 	if !strings.HasPrefix(name, shmPrefix) || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {

@@ -62,6 +62,7 @@ func (c *Comm) worker() {
 func (c *Comm) kick() {
 	select {
 	case c.wake <- struct{}{}:
+		c.kicks.Add(1)
 	default:
 	}
 }

@@ -120,6 +120,56 @@ func goMaxProcsEnv(env []string) []string {
 // 1.7-10.3 s to init, barrier and finalize in one session against
 // 0.9-2.7 s in their own sessions (Hydra, own sessions: 0.9-2.2 s).
 
+// GORUN_SESSION in a rank's environment (gorun --session, or -x) overrides
+// that choice for oversubscribed ranks: "auto" or unset as above,
+// "shared" for any program, "own" for none. The launcher cannot tell a
+// program that waits on gorun's runtime when that runtime is a library it
+// loads: Python ranks on the torch backend "gorun" (libgorun) wait the way
+// gorun's Go programs do, yet the interpreter is no Go program. Measured on
+// the 2-core reference host, 4 torch ranks, all-reduce through the torch
+// backend, 3 interleaved rounds under a load average of 5-17: in their
+// own sessions 160 µs at 8 B and 0.53-0.84 of native `gorun bench` busbw
+// at 2-32 MiB; sharing the session 52 µs and 0.97-1.53
+// (notes/torch-backend.md).
+const sessionEnv = "GORUN_SESSION"
+
+// Session policies (values of GORUN_SESSION).
+const (
+	SessionAuto   = "auto"
+	SessionShared = "shared"
+	SessionOwn    = "own"
+)
+
+// ParseSession checks a --session value (or a GORUN_SESSION setting).
+func ParseSession(s string) (string, error) {
+	switch s {
+	case "", SessionAuto:
+		return SessionAuto, nil
+	case SessionShared, SessionOwn:
+		return s, nil
+	}
+	return "", fmt.Errorf("--session %q: expected auto, shared or own", s)
+}
+
+// ownSession reports whether a rank leads its own session: always unless
+// its host is crowded (more ranks than CPUs); then as GORUN_SESSION in
+// env says, and by default only ranks of programs not on gorun's runtime
+// (onRuntime is asked only then) or started with GORUN_BIND other than
+// auto do. An unknown GORUN_SESSION counts as auto (gorun refuses one at
+// start).
+func ownSession(crowded bool, env []string, onRuntime func() bool) bool {
+	if !crowded {
+		return true
+	}
+	switch envValue(env, sessionEnv, SessionAuto) {
+	case SessionShared:
+		return false
+	case SessionOwn:
+		return true
+	}
+	return bindPolicy(env) != BindAuto || !onRuntime()
+}
+
 // oversubscribed reports whether n ranks are more than the CPUs this
 // process may run on (false if they cannot be read).
 func oversubscribed(n int) bool {

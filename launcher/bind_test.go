@@ -32,6 +32,41 @@ func TestBindPolicyAndParse(t *testing.T) {
 	}
 }
 
+func TestOwnSessionAndParse(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		crowded   bool
+		env       []string
+		onRuntime bool
+		want      bool
+	}{
+		{"a CPU each", false, []string{"GORUN_SESSION=shared"}, true, true},
+		{"crowded, gorun's runtime", true, nil, true, false},
+		{"crowded, another program", true, nil, false, true},
+		{"crowded, another program, shared", true, []string{"GORUN_SESSION=shared"}, false, false},
+		{"crowded, gorun's runtime, own", true, []string{"GORUN_SESSION=own"}, true, true},
+		{"crowded, shared, then auto", true, []string{"GORUN_SESSION=shared", "GORUN_SESSION=auto"}, false, true},
+		{"crowded, --bind-to none", true, []string{"GORUN_BIND=none"}, true, true},
+		{"crowded, --bind-to none, shared", true, []string{"GORUN_BIND=none", "GORUN_SESSION=shared"}, false, false},
+		{"crowded, unknown value", true, []string{"GORUN_SESSION=bogus"}, true, false},
+	} {
+		asked := false
+		got := ownSession(tc.crowded, tc.env, func() bool { asked = true; return tc.onRuntime })
+		if got != tc.want {
+			t.Errorf("%s: ownSession = %v, want %v", tc.name, got, tc.want)
+		}
+		if asked && !tc.crowded {
+			t.Errorf("%s: read the program's build info for a rank with a CPU of its own", tc.name)
+		}
+	}
+	for in, want := range map[string]string{"": SessionAuto, "auto": SessionAuto, "shared": SessionShared, "own": SessionOwn, "none": ""} {
+		got, err := ParseSession(in)
+		if got != want || (want == "") != (err != nil) {
+			t.Errorf("ParseSession(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+}
+
 // cpuList formats CPUs as the kernel's Cpus_allowed_list does for the
 // cases here (single CPUs and one range).
 func cpuList(cpus []int) string {

@@ -106,7 +106,7 @@ func (w *worldRun) cause(err error) *CauseReport {
 		c.Why, c.ReportedBy, c.ReporterHost, c.Stopped = ce.Why, ptr(ce.ReportedBy), ce.ReporterHost, ce.Stopped
 	case errors.As(err, &fe):
 		c.Kind, c.Rank, c.Host, c.PID, c.State, c.ExitCode = "frozen", fe.Rank, fe.Host, fe.PID, fe.State, fe.ExitCode()
-		c.Why, c.Stopped = fe.Why, fe.Stopped
+		c.Why, c.Stopped, c.AlsoFailed = fe.Why, fe.Stopped, fe.AlsoFailed
 	case errors.As(err, &he):
 		c.Kind, c.Rank, c.Host, c.Ranks, c.ExitCode = "host lost", he.FirstRank, he.Host, he.Ranks, he.ExitCode()
 		c.Why, c.Stopped = he.Err.Error(), he.Stopped

@@ -53,7 +53,11 @@
 //     SIGKILLs one silent past Config.Lease (stopped or hung), and gorun
 //     and host agents are child subreapers that kill the job's leftover
 //     processes (by GORUN_JOB_ID) when a supervisor died. A host agent's
-//     supervisor also leases the agent (pings on its command pipe).
+//     supervisor also leases the agent (pings on its command pipe). Where
+//     the host lets gorun write cgroups, the client moves the supervisor
+//     into a job cgroup before its spec, and kills and removes that cgroup
+//     once the supervisor exited (cgroup_linux.go): a descendant that left
+//     its session and cleared its environment is found there.
 //   - The supervisor's client (supervisorclient.go) is shared by RunLocal
 //     and the host agent: rankPipes builds the spec and one pipe per rank
 //     stream, startSupervisor starts the process, and the client sends the

@@ -41,6 +41,11 @@ type HostCheck struct {
 	// GPUs is the count GPUProbe reports on the host (the CUDA driver
 	// through nccl/ in a gorun with the GPU side, else nvidia-smi).
 	GPUs int
+	// Cgroup says whether jobs get a cgroup on the host, which contains
+	// descendants that escape every other scan when a supervisor is
+	// SIGKILLed, or why not (cgroup_linux.go). Off is not a problem: jobs
+	// run, with that one gap.
+	Cgroup string
 	// Problems lists everything wrong; empty means the host is ready.
 	Problems []string
 }
@@ -53,6 +58,9 @@ type DoctorReport struct {
 	Hosts []HostCheck
 	// Gorun is where gorun itself listened (interface and address).
 	Gorun string
+	// GorunCgroup is Cgroup for the launching host, whose supervisor gorun
+	// starts itself in a single-host job.
+	GorunCgroup string
 }
 
 // OK reports whether every host passed.
@@ -88,6 +96,12 @@ func (r *DoctorReport) WriteTable(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", h.Host, agent, orDefault(h.Version, "-"), iface, ports, peers, h.GPUs, verdict)
 	}
 	tw.Flush()
+	fmt.Fprintf(w, "job cgroups on the launching host: %s\n", r.GorunCgroup)
+	for _, h := range r.Hosts {
+		if h.Cgroup != "" {
+			fmt.Fprintf(w, "job cgroups on %s: %s\n", h.Host, h.Cgroup)
+		}
+	}
 	bad := 0
 	for _, h := range r.Hosts {
 		if !h.OK() {
@@ -127,7 +141,7 @@ func Doctor(ctx context.Context, cfg Config, hosts []Host) (*DoctorReport, error
 	}
 	defer m.ln.Close()
 	defer m.abort()
-	rep := &DoctorReport{Gorun: m.choice.Name + " " + m.addr.Addr().String()}
+	rep := &DoctorReport{Gorun: m.choice.Name + " " + m.addr.Addr().String(), GorunCgroup: cgroupStatus()}
 	checks := make([]HostCheck, len(nodes))
 	for i, n := range nodes {
 		checks[i].Host = n.Name
@@ -144,7 +158,7 @@ func Doctor(ctx context.Context, cfg Config, hosts []Host) (*DoctorReport, error
 			return nil
 		}
 		h := c.hello
-		ck.Version, ck.Iface, ck.Addr, ck.GPUs = h.Version, h.Iface, h.Addr, h.GPUs
+		ck.Version, ck.Iface, ck.Addr, ck.GPUs, ck.Cgroup = h.Version, h.Iface, h.Addr, h.GPUs, h.Cgroup
 		if h.ErrKind == "ports" {
 			ck.Ports = h.Err
 		} else if h.Err != "" {
@@ -223,6 +237,7 @@ func doctorAgent(o HostAgentOptions, job *remoteJob, w *wireConn) error {
 	ports.Release()
 	h.Program = ""
 	h.GPUs = DetectGPUs(context.Background())
+	h.Cgroup = cgroupStatus()
 	var tl net.Listener
 	var ul net.PacketConn
 	if h.Err == "" {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,8 +64,16 @@ type Report struct {
 	// "before fault N").
 	CheckpointSignals []CheckpointSignalReport `json:"checkpoint_signals,omitempty"`
 	// LostHosts are the hosts an elastic job left out after losing them,
-	// in the order they were lost.
-	LostHosts  []string       `json:"lost_hosts,omitempty"`
+	// in the order they were lost (a host re-admitted later stays here;
+	// Readmitted says when it came back).
+	LostHosts []string `json:"lost_hosts,omitempty"`
+	// Readmitted are the lost hosts that answered again at a later
+	// restart and were taken back (elastic grow-back).
+	Readmitted []ReadmitReport `json:"readmitted,omitempty"`
+	// out are the hosts left out of the next world now; lostIn is the
+	// restart whose world lost each.
+	out        []string
+	lostIn     map[string]int
 	ckptSig    syscall.Signal // Job.CheckpointSignal, resolved
 	ckptBefore time.Duration  // Job.CheckpointBefore
 	inj        []injection    // the schedule; nil until the first plan
@@ -74,6 +83,14 @@ type Report struct {
 	byID       map[int]int    // injection id → index in Faults
 	world      *WorldReport   // the world running now
 	pending    map[int]string // injections of this world not yet answered
+}
+
+// ReadmitReport is a lost host taken back: at the start of world Restart,
+// its agent answered again (At, seconds from the job's start).
+type ReadmitReport struct {
+	Host    string  `json:"host"`
+	Restart int     `json:"restart"`
+	At      float64 `json:"at_s"`
 }
 
 // CheckpointSignalReport is one checkpoint signal gorun sent by itself.
@@ -132,9 +149,11 @@ type WorldReport struct {
 	NP    int      `json:"np"`
 	Hosts []string `json:"hosts,omitempty"`
 	// StartedAt is when the world's launch began; RanksStartedAt when the
-	// last of its ranks had started (a rank that could not start counts).
+	// last of its ranks had started (a rank that could not start counts);
+	// FirstStepAt when a rank first reported a finished step.
 	StartedAt      float64  `json:"started_at_s"`
 	RanksStartedAt *float64 `json:"ranks_started_at_s,omitempty"`
+	FirstStepAt    *float64 `json:"first_step_at_s,omitempty"`
 	EndedAt        float64  `json:"ended_at_s"`
 	// Result is "succeeded" or the error that ended the world.
 	Result string `json:"result"`
@@ -173,12 +192,35 @@ type FaultReport struct {
 	DetectedAt   *float64 `json:"detected_at_s,omitempty"`
 	DetectedBy   string   `json:"detected_by,omitempty"`
 	TimeToDetect *float64 `json:"time_to_detect_s,omitempty"`
+	// Noticed is, for each rank whose runtime reported failing because
+	// of a lost peer after the injection (in its world), when gorun had
+	// its report (At) and how long after the injection (After), whom it
+	// blamed and in its words; ranks gorun stopped before they noticed
+	// are not listed (WorldReport.Cause counts them).
+	Noticed []NoticeReport `json:"noticed,omitempty"`
 	// WorldEndedAt is when the world it hit was gone; Action what the job
 	// did then: "restarted", "job ended" or "job succeeded";
-	// RecoveredAt is when every rank of the next world had started.
-	WorldEndedAt *float64 `json:"world_ended_at_s,omitempty"`
-	Action       string   `json:"action,omitempty"`
-	RecoveredAt  *float64 `json:"recovered_at_s,omitempty"`
+	// RecoveredAt is when every rank of the next world had started, and
+	// ResumedAt when the first rank of the next world reported a step
+	// (programs that report steps: gorun's runtime's ReportStep, the
+	// trainer); TimeToRecover is ResumedAt less InjectedAt.
+	WorldEndedAt  *float64 `json:"world_ended_at_s,omitempty"`
+	Action        string   `json:"action,omitempty"`
+	RecoveredAt   *float64 `json:"recovered_at_s,omitempty"`
+	ResumedAt     *float64 `json:"resumed_at_s,omitempty"`
+	TimeToRecover *float64 `json:"time_to_recover_s,omitempty"`
+}
+
+// NoticeReport is one rank that noticed an injected fault.
+type NoticeReport struct {
+	Rank  int     `json:"rank"`
+	At    float64 `json:"at_s"`
+	After float64 `json:"after_s"`
+	Blame int     `json:"blame"`
+	// Relay: the rank learned of the loss from Blame's abort, not by
+	// seeing it itself.
+	Relay bool   `json:"relay,omitempty"`
+	Why   string `json:"why,omitempty"`
 }
 
 // worldRun is what one world's launch needs of the job around it; it rides
@@ -309,6 +351,46 @@ func (w *worldRun) failed(what string, t time.Time) {
 	}
 }
 
+// firstStep records a rank's first step report in this world: the world's
+// first one is when the faults of the world before recovered for good.
+func (w *worldRun) firstStep(rank int, step int64, t time.Time) {
+	if w == nil || w.rep.world.FirstStepAt != nil {
+		return
+	}
+	at := w.rep.since(t)
+	w.rep.world.FirstStepAt = ptr(at)
+	for i := range w.rep.Faults {
+		f := &w.rep.Faults[i]
+		if f.Action == "restarted" && f.ResumedAt == nil && f.Restart != nil && *f.Restart == w.restart-1 && f.InjectedAt != nil {
+			f.ResumedAt, f.TimeToRecover = ptr(at), ptr(at-*f.InjectedAt)
+		}
+	}
+}
+
+// noticed records the ranks among fs whose runtime reported a lost peer,
+// against each injection of this world that was injected.
+func (w *worldRun) noticed(fs []failure, t time.Time) {
+	if w == nil {
+		return
+	}
+	at := w.rep.since(t)
+	for id := range w.rep.pending {
+		f := &w.rep.Faults[w.rep.byID[id]]
+		if f.InjectedAt == nil {
+			continue
+		}
+		for _, x := range fs {
+			if x.collateral {
+				why := x.why
+				if len(why) > 300 {
+					why = why[:300] + "..."
+				}
+				f.Noticed = append(f.Noticed, NoticeReport{Rank: x.rank, At: at, After: at - *f.InjectedAt, Blame: x.blame, Relay: x.relay, Why: why})
+			}
+		}
+	}
+}
+
 // ranksStarted records that every rank of the world has started (or
 // failed to).
 func (w *worldRun) ranksStarted(t time.Time) {
@@ -350,6 +432,7 @@ func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
 		MaxRestarts: job.MaxRestarts, faults: job.Faults, horizon: randomHorizon,
 		ckptSig: cmp.Or(job.CheckpointSignal, syscall.SIGUSR1), ckptBefore: job.CheckpointBefore,
 		fired: map[int]bool{}, byID: map[int]int{}, Faults: []FaultReport{}, Worlds: []WorldReport{},
+		lostIn: map[string]int{},
 	}
 	err := launchWorlds(ctx, cfg, job, rep)
 	for i := range rep.Faults {
@@ -396,12 +479,19 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 	id := DetectLocal()
 	rep.Start = time.Now()
 	el := newElastic(job)
+	if job.ReadmitEvery < 0 || (job.ReadmitEvery > 0 && el == nil) {
+		return fmt.Errorf("launcher: --readmit-every %s: must not be negative, and needs an elastic job (--min-np/--max-np)", job.ReadmitEvery)
+	}
 	var prev error // the last world's error
+	grown := 0     // restarts made to grow back, not counted against MaxRestarts
 	for restart := 0; ; restart++ {
 		j := job
 		if el != nil {
+			if restart > 0 {
+				readmit(ctx, cfg, rep, restart, nil)
+			}
 			var err error
-			if j.Hosts, j.NP, err = el.world(rep.LostHosts); err != nil {
+			if j.Hosts, j.NP, err = el.world(rep.out); err != nil {
 				var ee *ElasticError
 				if errors.As(err, &ee) {
 					ee.Last = prev
@@ -416,7 +506,7 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 			TorchMaxRestartsEnv+"="+strconv.Itoa(job.MaxRestarts),
 			rankenv.CheckpointSignal+"="+unixSignalName(rep.ckptSig))
 		// Data-plane faults are armed in the ranks (inject_chaos.go).
-		j.Export = append(j.Export, netFaultEnv(job.Faults, rep.Start, time.Since(rep.Start))...)
+		j.Export = append(j.Export, netFaultEnv(job.Faults, rep.Start, time.Since(rep.Start), restart)...)
 		c := cfg
 		w := &worldRun{rep: rep, restart: restart}
 		c.world = w
@@ -430,11 +520,19 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 				c.Timeout = time.Nanosecond
 			}
 		}
+		// A world without some lost host asks for them while it runs
+		// (ReadmitEvery); when one answers, wctx ends with errGrow.
+		wctx, stopAsking := watchLostHosts(ctx, cfg, job, rep, restart)
 		var err error
 		if needsHostAgents(c, j.Hosts, id) {
-			err = launchOnHosts(ctx, c, j, id)
+			err = launchOnHosts(wctx, c, j, id)
 		} else {
-			err = launchLocal(ctx, c, j)
+			err = launchLocal(wctx, c, j)
+		}
+		answered := stopAsking()
+		growing := len(answered) > 0 && ctx.Err() == nil && err != nil
+		if growing {
+			err = &GrowError{Hosts: answered, Err: err}
 		}
 		var te *TimeoutError
 		if errors.As(err, &te) {
@@ -448,13 +546,21 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 			rep.world.Cause = w.cause(err)
 		}
 		if el != nil {
-			if h := el.lostHost(err); h != "" && !slices.Contains(rep.LostHosts, h) {
-				rep.LostHosts = append(rep.LostHosts, h)
+			if h := el.lostHost(err); h != "" && !slices.Contains(rep.out, h) {
+				rep.out = append(rep.out, h)
+				rep.lostIn[h] = restart
+				if !slices.Contains(rep.LostHosts, h) {
+					rep.LostHosts = append(rep.LostHosts, h)
+				}
 			}
 		}
-		again := err != nil && (restartable(err) || (el != nil && el.lostHost(err) != "")) && restart < job.MaxRestarts && ctx.Err() == nil
+		again := err != nil && (restartable(err) || (el != nil && el.lostHost(err) != "")) && restart-grown < job.MaxRestarts && ctx.Err() == nil
 		action := "job ended"
 		switch {
+		case growing:
+			again, action = true, "restarted to grow"
+			grown++
+			readmit(ctx, cfg, rep, restart+1, answered)
 		case again:
 			action = "restarted"
 		case err == nil:
@@ -464,6 +570,12 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 			f := &rep.Faults[rep.byID[id]]
 			if f.InjectedAt != nil {
 				f.WorldEndedAt, f.Action = ptr(ended), action
+			} else if again && f.AfterSteps > 0 {
+				// Keyed to the program's step, which a resuming
+				// program carries into the next world: armed again
+				// there, rather than lost with a world that ended
+				// before the target got that far.
+				rep.fired[id] = false
 			}
 		}
 		if !again {
@@ -471,21 +583,150 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		}
 		prev = err
 		rep.Restarts++
+		if growing {
+			cfg.Logger.Warn().Int("restart", restart+1).Strs("hosts", answered).Msg("lost hosts answer again; restarting the world to grow back")
+			continue
+		}
 		cfg.Logger.Warn().Int("restart", restart+1).Int("max_restarts", job.MaxRestarts).Err(err).
 			Msg("the world failed; restarting it")
 	}
 }
+
+// readmitAfter is how many restarts a lost host stays out before gorun
+// asks it again: the world right after its loss runs without it (a host
+// that just fell over is not retried at once: its agent would most often
+// fail again, costing the restart), later worlds ask.
+const readmitAfter = 2
+
+// readmitWait bounds one restart's questions to lost hosts: an agent
+// start over ssh takes 0.3-3 s on the test hosts under load; a host that
+// does not answer in this time stays out.
+const readmitWait = 10 * time.Second
+
+// readmit asks each host left out for readmitAfter restarts or more
+// whether it answers again (an agent starts there and authenticates, as
+// gorun doctor checks) and takes back those that do, so that the world
+// grows back toward --max-np at a restart boundary, as torchrun's elastic
+// agent re-forms its rendezvous with a node that comes back.
+//
+// answered, when not nil, are hosts that answered already (while the last
+// world ran: watchLostHosts); they are taken back without asking again.
+func readmit(ctx context.Context, cfg Config, rep *Report, restart int, answered []string) {
+	if answered == nil {
+		var ask []string
+		for _, h := range rep.out {
+			if restart-rep.lostIn[h] >= readmitAfter {
+				ask = append(ask, h)
+			}
+		}
+		answered = askHosts(ctx, cfg, ask)
+	}
+	for _, h := range answered {
+		rep.out = slices.DeleteFunc(rep.out, func(o string) bool { return o == h })
+		delete(rep.lostIn, h)
+		rep.Readmitted = append(rep.Readmitted, ReadmitReport{Host: h, Restart: restart, At: rep.since(time.Now())})
+		cfg.Logger.Warn().Str("host", h).Int("restart", restart).Msg("lost host answers again; taken back into the world")
+	}
+}
+
+// askHosts returns the hosts among ask whose agent starts and
+// authenticates within readmitWait (gorun doctor's start-up).
+func askHosts(ctx context.Context, cfg Config, ask []string) []string {
+	if len(ask) == 0 {
+		return nil
+	}
+	hosts := make([]Host, len(ask))
+	for i, h := range ask {
+		hosts[i] = Host{Name: h, Slots: 1}
+	}
+	qctx, cancel := context.WithTimeout(ctx, readmitWait)
+	defer cancel()
+	dcfg := cfg
+	dcfg.Stdout, dcfg.Stderr = io.Discard, io.Discard
+	d, err := Doctor(qctx, dcfg, hosts)
+	if d == nil {
+		cfg.Logger.Warn().Err(err).Msg("could not ask the lost hosts whether they answer again")
+		return nil
+	}
+	var ok []string
+	for _, c := range d.Hosts {
+		if c.OK() {
+			ok = append(ok, c.Host)
+		} else {
+			cfg.Logger.Info().Str("host", c.Host).Strs("problems", c.Problems).Msg("lost host still does not answer; left out")
+		}
+	}
+	return ok
+}
+
+// errGrow ends a world whose lost hosts answer again (watchLostHosts).
+var errGrow = errors.New("lost hosts answer again: the world restarts to grow back")
+
+// watchLostHosts returns the context a world runs under and a function
+// that ends the watch and returns the hosts that answered. With
+// Job.ReadmitEvery set and hosts left out of this world, a goroutine asks
+// them every ReadmitEvery (the first time one interval into the world: a
+// host lost at the restart just made is not asked at once, see
+// readmitAfter); when any answers, the world's context ends with errGrow,
+// which stops the world as a canceled job is stopped.
+func watchLostHosts(ctx context.Context, cfg Config, job Job, rep *Report, restart int) (context.Context, func() []string) {
+	if job.ReadmitEvery <= 0 || len(rep.out) == 0 {
+		return ctx, func() []string { return nil }
+	}
+	wctx, cancel := context.WithCancelCause(ctx)
+	ask := slices.Clone(rep.out)
+	var answered []string
+	done := make(chan struct{})
+	go func() { // owned: the returned function waits for it
+		defer close(done)
+		t := time.NewTicker(job.ReadmitEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case <-t.C:
+			}
+			if ok := askHosts(wctx, cfg, ask); len(ok) > 0 && wctx.Err() == nil {
+				answered = ok
+				cfg.Logger.Warn().Strs("hosts", ok).Int("restart", restart).Msg("lost hosts answer again; stopping the world to grow back")
+				cancel(errGrow)
+				return
+			}
+		}
+	}()
+	return wctx, func() []string {
+		cancel(nil)
+		<-done
+		return answered
+	}
+}
+
+// GrowError ends a world that gorun stopped because lost hosts answered
+// again: the next world grows back with them. It is never a job's error.
+type GrowError struct {
+	Hosts []string
+	// Err is how the stopped world ended.
+	Err error
+}
+
+func (e *GrowError) Error() string {
+	return fmt.Sprintf("launcher: stopped to grow back: host %s answered again (%v)", strings.Join(e.Hosts, ", "), e.Err)
+}
+
+func (e *GrowError) Unwrap() error { return e.Err }
 
 // elastic is the host policy of a job with --min-np/--max-np.
 //
 // Hosts are taken in the order given, each with its slots, until the
 // world's size is reached; the rest are spares. When a world ends with a
 // host lost (its agent's connection dropped, or, at a restart, its agent
-// could not be started), that host is left out of every later world: a
-// machine that fell over is not trusted again within the job, as
+// could not be started), that host is left out of the next world, as
 // torchrun's elastic agent drops a node whose agent stopped answering.
 // The next world then takes its slots from the spares, or, when there are
-// not enough, runs on fewer ranks, down to MinNP. Every world is a new
+// not enough, runs on fewer ranks, down to MinNP. At each later restart
+// gorun asks the hosts left out whether they answer again (readmit) and
+// takes back those that do: the world grows back toward MaxNP. Every world is a new
 // rendezvous with a new job id and secret (and GORUN_RESTART_COUNT as its
 // generation, rendezvous.Config.Generation), so no member of an older world
 // can join it.

@@ -103,8 +103,48 @@ func TestInjectKillRestarts(t *testing.T) {
 	if f.DetectedBy != "rank 1 killed by SIGKILL" || f.Action != "restarted" || f.Missed != "" || len(f.PIDs) != 1 {
 		t.Errorf("fault record: %+v", f)
 	}
+	// The helpers report step 1 after their first all-reduce: the new
+	// world's first one is when the job had recovered.
+	if f.ResumedAt == nil || f.TimeToRecover == nil || *f.ResumedAt < *f.RecoveredAt || w1.FirstStepAt == nil || *w1.FirstStepAt != *f.ResumedAt ||
+		*f.TimeToRecover != *f.ResumedAt-*f.InjectedAt {
+		t.Errorf("recovery not recorded: resumed %v, time to recover %v, world 1's first step %v", f.ResumedAt, f.TimeToRecover, w1.FirstStepAt)
+	}
 	t.Logf("kill → world gone %.3fs, world gone → every rank restarted %.3fs",
 		*f.WorldEndedAt-*f.InjectedAt, *f.RecoveredAt-*f.WorldEndedAt)
+}
+
+// A frozen rank: the report lists which ranks noticed it, when, and whom
+// they blamed. gorun tears the job down at the first report, so at least
+// that one is there; with a 1 s lease it comes at about 1 s.
+func TestInjectStopReportsWhoNoticed(t *testing.T) {
+	j := newJobRun(t, 3, "allreduce", nil)
+	j.cfg.Env = append(j.cfg.Env, "GORUN_RDZV_LEASE=1s")
+	j.job.Faults = mustFaults(t, "stop:rank=2:after-steps=1")
+	rep, err := j.launchReport(context.Background())
+	var ce *CollateralError
+	if !errors.As(err, &ce) || ce.Blame != 2 || ce.Frozen != "T" {
+		t.Fatalf("err = %v, want rank 2 frozen", err)
+	}
+	f := rep.Faults[0]
+	if len(f.Noticed) == 0 || f.TimeToDetect == nil {
+		t.Fatalf("no rank noticed the frozen rank: %+v", f)
+	}
+	firstHand := 0
+	for _, n := range f.Noticed {
+		// A survivor that saw it (blaming rank 2), or one that was told
+		// by such a survivor's abort (relay, blaming that survivor);
+		// both about a lease after the stop and naming rank 2.
+		if n.Rank == 2 || (n.Blame != 2 && !n.Relay) || n.After < 0.9 || n.After > 20 || !strings.Contains(n.Why, "rank 2") {
+			t.Errorf("notice %+v: want a survivor blaming rank 2 about a lease after the stop", n)
+		}
+		if !n.Relay {
+			firstHand++
+		}
+	}
+	if firstHand == 0 {
+		t.Errorf("no survivor noticed rank 2 itself: %+v", f.Noticed)
+	}
+	t.Logf("noticed: %+v; time to detect %.3fs", f.Noticed, *f.TimeToDetect)
 }
 
 // Without restarts left the injected kill ends the job, naming the rank,

@@ -316,14 +316,23 @@ type FrozenError struct {
 	State string
 	Why   string
 	// Stopped is the number of other ranks gorun had to stop; Collateral
-	// those whose runtime reported failing because of a lost peer.
-	Stopped, Collateral int
+	// those whose runtime reported failing because of a lost peer;
+	// AlsoFailed those that failed on their own (a program that exits 1
+	// on gorun's SIGTERM counts here: its exit was not the signal's).
+	Stopped, Collateral, AlsoFailed int
 }
 
 func (e *FrozenError) Error() string {
-	return fmt.Sprintf("rank %d (host %s, pid %d) was frozen (process state %s: %s): %s",
-		e.Rank, e.Host, e.PID, e.State, stateName(e.State), e.Why) +
-		collateralText(e.Collateral) + fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))
+	s := fmt.Sprintf("rank %d (host %s, pid %d) was frozen (process state %s: %s): %s",
+		e.Rank, e.Host, e.PID, e.State, stateName(e.State), e.Why)
+	if e.AlsoFailed > 0 {
+		s += fmt.Sprintf("; %d other %s also failed", e.AlsoFailed, plural(e.AlsoFailed, "rank", "ranks"))
+	}
+	s += collateralText(e.Collateral)
+	if e.Stopped > 0 || (e.AlsoFailed == 0 && e.Collateral == 0) {
+		s += fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))
+	}
+	return s
 }
 
 // ExitCode is 1: a frozen rank has no exit status of its own.

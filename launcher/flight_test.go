@@ -35,7 +35,7 @@ func TestSupervisorRemovesFlightDirUnlessBye(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "ready.1"), nil, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			sup, err := startSupervisor("", nil, os.Stderr)
+			sup, err := startSupervisor("", nil, os.Stderr, "")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -443,7 +443,7 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	// What the ranks leave in other sessions when the supervisor dies
 	// comes to this agent, not init; killLeftovers ends it below.
 	adoptOrphans()
-	sup, err := startSupervisor("", p.extra, stderr)
+	sup, err := startSupervisor("", p.extra, stderr, jobIDOf(ranks))
 	p.closeChildEnds()
 	if err != nil {
 		if stdin != nil {
@@ -452,8 +452,20 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 		p.closeStreams()
 		return err
 	}
+	if p.spec.Cgroup = sup.cgroupDir(); sup.cgWhy != nil {
+		log.Debug().Err(sup.cgWhy).Msg("no job cgroup: a SIGKILLed supervisor's escaped descendants are found by their environment only")
+	}
 	defer p.closeStreams()
 	defer sup.closeEvents()
+	// After closeCommands (defers run last first): the supervisor exits
+	// once its command pipe is closed, and only then is its cgroup
+	// emptied and removed, on every way out of this function.
+	defer func() {
+		_ = sup.wait()
+		if _, err := sup.releaseCgroup(); err != nil {
+			log.Warn().Err(err).Msg("job cgroup")
+		}
+	}()
 	defer sup.closeCommands()
 	_ = sup.send(p.spec)
 
@@ -600,7 +612,11 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 				// started in other sessions, which may hold output pipes
 				// open: end it, and stop waiting for those pipes after
 				// the grace period rather than forever.
-				if n := killLeftovers(jobIDOf(ranks)); n > 0 {
+				n, cgErr := sup.releaseCgroup()
+				if cgErr != nil {
+					log.Warn().Err(cgErr).Msg("job cgroup")
+				}
+				if n += killLeftovers(jobIDOf(ranks)); n > 0 {
 					log.Warn().Int("processes", n).Msg("killed processes the job left after its supervisor was lost")
 				}
 				drainOutput(&outWG, p, job.Grace+time.Second)
@@ -635,6 +651,9 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	log.Warn().Err(lost).Msg("lost gorun; killing this host's ranks")
 	sup.closeCommands()
 	_ = sup.wait()
+	if _, err := sup.releaseCgroup(); err != nil {
+		log.Warn().Err(err).Msg("job cgroup")
+	}
 	w.c.Close()
 	outWG.Wait()
 	return lost

@@ -3,6 +3,7 @@ package launcher
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -24,6 +25,9 @@ import (
 //	delay:rank=1[:peer=2]:ms=50:at=1s[:for=2s]
 //	corrupt:rank=1[:peer=2]:at=1s
 //	partition:ranks=0-1:at=1s[:for=3s][:lease=4s]
+//	partition:hosts=h2,h3:at=1s[:for=3s][:lease=4s]
+//	    (each also with after-steps=N instead of at=: the fault starts in
+//	    each rank it acts in once that rank reported step N)
 //	    data-plane faults: they act inside gorun's transport in the ranks
 //	    (internal/netfault, comm/netfault.go), armed through the environment
 //	    (GORUN_NETFAULT, GORUN_NETFAULT_EPOCH = the job's start), so they
@@ -58,7 +62,7 @@ func parseNetFault(spec string) (Fault, error) {
 		}
 		return Fault{}, &FaultSpecError{Spec: spec, Why: err.Error()}
 	}
-	return Fault{Spec: spec, Kind: FaultKind(s.Kind), Rank: max(s.Rank, 0), At: s.At, For: s.For, Net: &s}, nil
+	return Fault{Spec: spec, Kind: FaultKind(s.Kind), Rank: max(s.Rank, 0), At: s.At, AfterSteps: s.AfterSteps, For: s.For, Net: &s}, nil
 }
 
 // parseChaosKey parses the keys only slow takes.
@@ -101,11 +105,35 @@ func scheduleChaos(i int, f Fault, plan *Plan) (injection, error) {
 			}
 			return bad("%v", err)
 		}
+		hosts := make([]string, len(plan.Ranks))
+		for r, pr := range plan.Ranks {
+			hosts[r] = pr.Host
+		}
+		if err := f.Net.CheckHosts(hosts); err != nil {
+			var se *netfault.SpecError
+			if errors.As(err, &se) {
+				return bad("%s", se.Why)
+			}
+			return bad("%v", err)
+		}
 		ranks := f.Net.Ranks
-		if f.Net.Kind != netfault.Partition {
+		switch {
+		case f.Net.Kind == netfault.Partition && len(f.Net.Hosts) > 0:
+			// The ranks of those hosts in this world (the report's
+			// targets; the ranks themselves match by host).
+			ranks = nil
+			for r, h := range hosts {
+				if slices.Contains(f.Net.Hosts, h) {
+					ranks = append(ranks, r)
+				}
+			}
+		case f.Net.Kind != netfault.Partition:
 			ranks = []int{f.Net.Rank}
 		}
-		return injection{fault: i, kind: f.Kind, at: f.At, ranks: ranks, host: plan.Ranks[ranks[0]].Host}, nil
+		// The supervisors answer at the fault's time, or once one of its
+		// ranks reports the step (signal 0: nothing is sent), so the
+		// report says when it began.
+		return injection{fault: i, kind: f.Kind, at: f.At, ranks: ranks, host: plan.Ranks[ranks[0]].Host, afterSteps: f.AfterSteps}, nil
 	}
 	if f.Rank >= plan.WorldSize {
 		return bad("rank %d does not exist (the job has ranks 0-%d)", f.Rank, plan.WorldSize-1)
@@ -133,13 +161,18 @@ func injectionAction(in injection) string {
 }
 
 // netFaultEnv is the environment that arms the job's data-plane faults in
-// a world that starts elapsed after the job did: the faults not yet due
-// (a fault fires once per job, so a restarted world does not meet it
-// again), their times counted from the job's start.
-func netFaultEnv(faults []Fault, start time.Time, elapsed time.Duration) []string {
+// world number restart, which starts elapsed after the job did: the faults
+// not yet due (a fault fires once per job, so a restarted world does not
+// meet it again), their times counted from the job's start. An
+// after-steps fault is armed in the first world only: a restarted world
+// counts its steps anew (or from a checkpoint) and would meet it again.
+func netFaultEnv(faults []Fault, start time.Time, elapsed time.Duration, restart int) []string {
 	var specs []netfault.Spec
 	for _, f := range faults {
-		if f.Net != nil && f.At >= elapsed {
+		if f.Net == nil {
+			continue
+		}
+		if (f.AfterSteps > 0 && restart == 0) || (f.AfterSteps == 0 && f.At >= elapsed) {
 			specs = append(specs, *f.Net)
 		}
 	}

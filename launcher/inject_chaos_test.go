@@ -37,6 +37,15 @@ func TestParseChaosFaults(t *testing.T) {
 		{spec: "slow:rank=1:at=1s:ms=4", refuse: `key "ms" does not apply to slow`},
 		{spec: "delay:rank=1:at=1s", refuse: "delay needs ms="},
 		{spec: "partition:ranks=x:at=1s", refuse: `ranks=x: "x": not a whole number`},
+		{spec: "corrupt:rank=1:after-steps=5", check: func(f Fault) bool {
+			return f.Net != nil && f.AfterSteps == 5 && f.Net.AfterSteps == 5 && f.At == 0
+		}},
+		{spec: "partition:hosts=h2,h3:after-steps=3:for=2s", check: func(f Fault) bool {
+			return f.Net != nil && strings.Join(f.Net.Hosts, ",") == "h2,h3" && f.AfterSteps == 3
+		}},
+		{spec: "drop:rank=1:at=1s:after-steps=2", refuse: "at= and after-steps= both given"},
+		{spec: "partition:ranks=0:hosts=h2:at=1s", refuse: "ranks= and hosts= both given"},
+		{spec: "partition:after-steps=2", refuse: "partition needs ranks= or hosts="},
 	} {
 		f, err := ParseFault(tc.spec)
 		if tc.refuse != "" {
@@ -52,7 +61,8 @@ func TestParseChaosFaults(t *testing.T) {
 	}
 	// Ranks the job does not have are refused before launch.
 	plan := &Plan{WorldSize: 2, Ranks: []RankSpec{{Host: "a"}, {Host: "a"}}}
-	for _, spec := range []string{"drop:rank=0:peer=2:at=1s", "partition:ranks=0-1:at=1s", "slow:rank=2:at=1s"} {
+	for _, spec := range []string{"drop:rank=0:peer=2:at=1s", "partition:ranks=0-1:at=1s", "slow:rank=2:at=1s",
+		"partition:hosts=a:after-steps=2", "partition:hosts=b:at=1s"} {
 		if _, err := schedule(mustFaults(t, spec), plan, time.Hour); err == nil {
 			t.Errorf("schedule(%q) accepted", spec)
 		}
@@ -63,17 +73,19 @@ func TestParseChaosFaults(t *testing.T) {
 // the job's start; a fault that already fired is not armed again in a
 // restarted world.
 func TestNetFaultEnv(t *testing.T) {
-	faults := mustFaults(t, "drop:rank=1:at=1s", "corrupt:rank=0:at=3s", "kill:rank=1:at=2s")
+	faults := mustFaults(t, "drop:rank=1:at=1s", "corrupt:rank=0:at=3s", "kill:rank=1:at=2s", "delay:rank=0:ms=5:after-steps=4")
 	start := time.Unix(100, 0)
-	env := netFaultEnv(faults, start, 0)
-	want := []string{netfault.Env + "=drop:rank=1:at=1s;corrupt:rank=0:at=3s", netfault.EpochEnv + "=100000000000"}
+	env := netFaultEnv(faults, start, 10*time.Millisecond, 0)
+	want := []string{netfault.Env + "=drop:rank=1:at=1s;corrupt:rank=0:at=3s;delay:rank=0:ms=5:after-steps=4", netfault.EpochEnv + "=100000000000"}
 	if strings.Join(env, " ") != strings.Join(want, " ") {
 		t.Errorf("env %q, want %q", env, want)
 	}
-	if env := netFaultEnv(faults, start, 2*time.Second); len(env) != 2 || !strings.HasSuffix(env[0], "=corrupt:rank=0:at=3s") {
+	// A restarted world: the timed faults not yet due; no after-steps one
+	// (it counts steps anew and would meet its step again).
+	if env := netFaultEnv(faults, start, 2*time.Second, 1); len(env) != 2 || !strings.HasSuffix(env[0], "=corrupt:rank=0:at=3s") {
 		t.Errorf("after 2s: %q, want only the corrupt", env)
 	}
-	if env := netFaultEnv(faults, start, 4*time.Second); env != nil {
+	if env := netFaultEnv(faults, start, 4*time.Second, 1); env != nil {
 		t.Errorf("after 4s: %q, want nothing armed", env)
 	}
 

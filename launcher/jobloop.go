@@ -333,6 +333,8 @@ func (r *jobLoop) run(ctx context.Context) error {
 				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Str("why", ev.Err).Msg("rank frozen")
 				failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: 1, frozen: ev.Frozen, why: ev.Err, blame: -1})
 				stop(stopFailure, syscall.SIGTERM)
+			case "step":
+				world.firstStep(ev.Rank, ev.Step, time.Now())
 			case "injected", "fault-cont":
 				r.logInjection(world, ev)
 			case "failed":
@@ -511,6 +513,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 			}
 			world.failed(failures[nfail].String(), now)
 			world.saw(failures[nfail:], now)
+			world.noticed(failures[nfail:], now)
 		}
 		if reason != notStopping {
 			injC = nil // no fault goes into a world that is being stopped
@@ -574,7 +577,8 @@ func (r *jobLoop) run(ctx context.Context) error {
 			return &e
 		}
 		if f.frozen != "" {
-			e := &FrozenError{Rank: f.rank, Host: host, PID: f.pid, State: f.frozen, Why: f.why, Stopped: stopped, Collateral: collateral}
+			e := &FrozenError{Rank: f.rank, Host: host, PID: f.pid, State: f.frozen, Why: f.why, Stopped: stopped, Collateral: collateral,
+				AlsoFailed: alsoFailed(own, f)}
 			if ranks[f.rank].stopped && ranks[f.rank].pid > 0 {
 				e.Stopped-- // named, not one of the others
 			}

@@ -57,8 +57,16 @@ type Job struct {
 	// each world runs min(MaxNP, the slots of the hosts not lost) ranks
 	// (MaxNP 0: NP, or every slot), hosts past those needed are spares,
 	// a host lost in one world is left out of the next, and the job fails
-	// once fewer than MinNP ranks can be placed.
+	// once fewer than MinNP ranks can be placed. At each later restart
+	// gorun asks the lost hosts whether they answer again and takes back
+	// those that do.
 	MinNP, MaxNP int
+	// ReadmitEvery, when positive, makes a world that runs without some
+	// lost host ask those hosts that often whether they answer again;
+	// when one does, the world is stopped and the next one grows back
+	// with it (torchrun's restart on a membership change). Such a
+	// restart does not count against MaxRestarts.
+	ReadmitEvery time.Duration
 }
 
 // needsHostAgents reports whether the job's ranks live behind host agents:

@@ -2,7 +2,6 @@ package launcher
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -164,15 +163,10 @@ func killLeftovers(jobID string) int {
 	// Reap those that are our children now (adopted orphans), or they
 	// stay zombies as long as this process lives; a pid that is not ours
 	// answers ECHILD.
+	pids := make([]int, 0, len(found))
 	for pid := range found {
-		for time.Now().Before(deadline) {
-			var ws syscall.WaitStatus
-			wpid, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
-			if wpid == pid || (err != nil && !errors.Is(err, syscall.EINTR)) {
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		pids = append(pids, pid)
 	}
+	reapPids(pids, deadline)
 	return len(found)
 }

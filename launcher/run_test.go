@@ -612,7 +612,8 @@ func TestGorunSIGKILLLeavesNoOrphans(t *testing.T) {
 // Oversubscribed ranks of a program on gorun's runtime (this test binary)
 // lead their own process groups in one session, where sched_yield can hand
 // a core from one to another; other programs (a shell here, MPICH ranks in
-// practice) keep their own sessions (bind.go).
+// practice) keep their own sessions (bind.go), unless GORUN_SESSION says
+// otherwise.
 func TestRunRanksOwnSession(t *testing.T) {
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
@@ -630,6 +631,8 @@ func TestRunRanksOwnSession(t *testing.T) {
 		{"oversubscribed", ncpu + 1, nil, false, false},
 		{"oversubscribed, not on gorun's runtime", ncpu + 1, nil, true, true},
 		{"oversubscribed, --bind-to none", ncpu + 1, []string{"GORUN_BIND=none"}, true, false},
+		{"oversubscribed, not on gorun's runtime, --session shared", ncpu + 1, []string{"GORUN_SESSION=shared"}, false, true},
+		{"oversubscribed, --session own", ncpu + 1, []string{"GORUN_SESSION=own"}, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := newJobRun(t, tc.np, "stat", nil)

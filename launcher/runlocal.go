@@ -76,10 +76,13 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	// Before the supervisor starts: should it die, what its ranks left in
 	// other sessions comes here rather than to init (killLeftovers).
 	adoptOrphans()
-	sup, err := startSupervisor(cfg.SupervisorPath, p.extra, cfg.Stderr)
+	sup, err := startSupervisor(cfg.SupervisorPath, p.extra, cfg.Stderr, plan.JobID)
 	if err != nil {
 		p.closeStreams()
 		return err
+	}
+	if p.spec.Cgroup = sup.cgroupDir(); sup.cgWhy != nil {
+		cfg.Logger.Debug().Err(sup.cgWhy).Msg("no job cgroup: a SIGKILLed supervisor's escaped descendants are found by their environment only")
 	}
 	p.closeChildEnds()
 	for _, s := range p.streams {
@@ -114,7 +117,14 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	// not kill what the ranks started in other sessions (Pdeathsig ends
 	// only the ranks). Those were adopted by this process: end them now,
 	// before waiting on the output pipes they may hold.
-	if n := killLeftovers(plan.JobID); n > 0 {
+	// The job's cgroup, where there is one, holds every process the job
+	// started, whatever it did to its session and environment; the
+	// environment scan then finds what a cgroup-less host leaves.
+	n, cgErr := sup.releaseCgroup()
+	if cgErr != nil {
+		cfg.Logger.Warn().Err(cgErr).Msg("job cgroup")
+	}
+	if n += killLeftovers(plan.JobID); n > 0 {
 		cfg.Logger.Warn().Int("processes", n).Msg("killed processes the job left after its supervisor was lost")
 		var se *SupervisorError
 		if errors.As(err, &se) {

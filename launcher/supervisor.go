@@ -48,8 +48,12 @@ import (
 // Alternatives weighed: a PID namespace gives the same guarantee from the
 // kernel but needs privileges; cgroup.kill needs a writable cgroup tree and
 // still needs a survivor to trigger it; scanning /proc for a job env marker
-// misses processes that clear their environment. A host agent (hostagent.go)
-// runs the same supervisor on every other host of a multi-host job.
+// misses processes that clear their environment. So the subreaper design is
+// the one that works everywhere, and a job cgroup is added where the host
+// allows it (cgroup_linux.go): it covers the supervisor's own SIGKILL, with
+// the supervisor's client as the survivor that triggers the kill. A host
+// agent (hostagent.go) runs the same supervisor on every other host of a
+// multi-host job.
 //
 // The protocol is newline-delimited JSON: gorun writes one supervisorSpec,
 // then supervisorCmds; the supervisor writes supervisorEvents. Output does
@@ -95,6 +99,11 @@ type supervisorSpec struct {
 	// sends a "ping" every quarter of it. Only host agents set it: a
 	// local gorun stopped with Ctrl-Z must not lose its job.
 	ClientLease time.Duration `json:"client_lease,omitempty"`
+	// Cgroup, when set, is the job cgroup the client made and moved this
+	// supervisor into (cgroup_linux.go). The client removes it once the
+	// supervisor exited; a supervisor whose client died removes it on
+	// its way out, after killing every descendant.
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 // supervisorRank is one process to start. Descriptor numbers refer to the
@@ -156,8 +165,9 @@ type supervisorCmd struct {
 type supervisorEvent struct {
 	// Ev is "started", "failed" (could not start; Err says why), "exited"
 	// (Code or Signal set), "frozen" (stopped past its lease: Frozen is
-	// the state letter, Err says for how long; freeze.go) or "done" (every
-	// rank and stray is gone; last).
+	// the state letter, Err says for how long; freeze.go), "step" (the
+	// rank's first step report, Step its number) or "done" (every rank
+	// and stray is gone; last).
 	Ev     string `json:"ev"`
 	Rank   int    `json:"rank"`
 	PID    int    `json:"pid,omitempty"`
@@ -355,6 +365,15 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			}
 		}()
 	}
+	if spec.Cgroup != "" {
+		defer func() {
+			if a != nil && a.gorunGone && !a.bye {
+				if err := removeOwnCgroup(spec.Cgroup); err != nil {
+					log.Warn().Err(err).Msg("could not remove the job's cgroup")
+				}
+			}
+		}()
+	}
 	a = &supervisor{
 		log:   log.Level(spec.LogLevel),
 		out:   bufio.NewWriter(out),
@@ -526,9 +545,9 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 		if r.GPU != nil {
 			env = visibleDevice(env, *r.GPU, os.Getenv(rankenv.CUDAVisibleDevices))
 		}
-		// Oversubscribed ranks on gorun's runtime share this process's
-		// session (bind.go).
-		own := !crowded || bindPolicy(r.Env) != BindAuto || !a.progs.of(r.Path).onRuntime()
+		// Oversubscribed ranks on gorun's runtime (or all, or none, as
+		// GORUN_SESSION says) share this process's session (bind.go).
+		own := ownSession(crowded, r.Env, func() bool { return a.progs.of(r.Path).onRuntime() })
 		if crowded {
 			env = goMaxProcsEnv(env)
 		}
@@ -863,6 +882,11 @@ func (a *supervisor) readCollateral() {
 				break
 			}
 			if st, ok := collateral.DecodeStep(a.collBuf[:i]); ok {
+				if _, seen := a.steps[st.Rank]; !seen {
+					// A rank's first step: gorun's report times the
+					// recovery of a restarted world by it.
+					a.emit(supervisorEvent{Ev: "step", Rank: st.Rank, Step: st.Step})
+				}
 				a.steps[st.Rank] = max(a.steps[st.Rank], st.Step)
 			} else if r, ok := collateral.Decode(a.collBuf[:i]); ok {
 				if _, seen := a.coll[r.Rank]; !seen {

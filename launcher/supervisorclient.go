@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -39,6 +40,11 @@ type supervisorClient struct {
 	waitOnce sync.Once
 	waitErr  error
 
+	// cg is the job cgroup the supervisor runs in (cgroup_linux.go); nil
+	// where this host offers none, and cgWhy then says why.
+	cg    *jobCgroup
+	cgWhy error
+
 	// lastHeard is when the event reader last read a line (UnixNano);
 	// delivering is set while it hands an event on, which a slow reader
 	// may hold up: neither counts as the supervisor's silence.
@@ -50,10 +56,13 @@ type supervisorClient struct {
 var errSupervisorClosed = errors.New("launcher: supervisor command pipe closed")
 
 // startSupervisor starts the per-job supervisor process (path, "" for this
-// executable) with extra as its descriptors from 3 on. The caller closes
-// its copies of the descriptors meant for the supervisor alone once this
-// returns, and eventually calls closeCommands, wait and closeEvents.
-func startSupervisor(path string, extra []*os.File, stderr io.Writer) (*supervisorClient, error) {
+// executable) with extra as its descriptors from 3 on, and, where this
+// host allows, moves it into a new cgroup for job jobID before it can
+// start anything (its spec is not sent yet). The caller closes its copies
+// of the descriptors meant for the supervisor alone once this returns,
+// puts cgroupDir in the spec, and eventually calls closeCommands, wait,
+// releaseCgroup and closeEvents.
+func startSupervisor(path string, extra []*os.File, stderr io.Writer, jobID string) (*supervisorClient, error) {
 	// /proc/self/exe is the running binary even when its file was replaced
 	// or deleted since (a `make build` during a long job).
 	argv0 := path
@@ -95,7 +104,46 @@ func startSupervisor(path string, extra []*os.File, stderr io.Writer) (*supervis
 	}
 	s := &supervisorClient{cmd: cmd, ctrl: ctrlW, evR: evR}
 	s.lastHeard.Store(time.Now().UnixNano())
+	if jobID == "" {
+		s.cgWhy = errors.New("no job id")
+	} else if s.cg, s.cgWhy = newJobCgroup(jobID); s.cg != nil {
+		if err := s.cg.add(cmd.Process.Pid); err != nil {
+			dir := s.cg.dir
+			_, _ = s.cg.remove()
+			s.cg, s.cgWhy = nil, fmt.Errorf("moving the supervisor into %s: %w", dir, err)
+		}
+	}
 	return s, nil
+}
+
+// cgroupDir is the job cgroup's directory, "" without one.
+func (s *supervisorClient) cgroupDir() string {
+	if s.cg == nil {
+		return ""
+	}
+	return s.cg.dir
+}
+
+// releaseCgroup is called once the supervisor has exited (wait returned):
+// it SIGKILLs whatever is left in the job's cgroup — nothing after a
+// supervisor that finished its job; after one that was killed or stopped,
+// every descendant of its ranks, whatever session and environment it gave
+// itself — reaps those it adopted, removes the cgroup and returns how many
+// it killed. A no-op without a cgroup.
+func (s *supervisorClient) releaseCgroup() (int, error) {
+	if s.cg == nil {
+		return 0, nil
+	}
+	killed, err := s.cg.remove()
+	s.cg = nil
+	n := 0
+	for _, p := range killed {
+		if p != s.cmd.Process.Pid {
+			n++
+		}
+	}
+	reapPids(slices.DeleteFunc(killed, func(p int) bool { return p == s.cmd.Process.Pid }), time.Now().Add(2*time.Second))
+	return n, err
 }
 
 // watchLease SIGKILLs the supervisor once it has been silent — no event,

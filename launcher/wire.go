@@ -165,6 +165,9 @@ type remoteHello struct {
 	// and UDP, on Addr) and the GPUs it sees.
 	ProbePort int `json:"probe_port,omitempty"`
 	GPUs      int `json:"gpus,omitempty"`
+	// Cgroup (doctor only) says whether jobs on the host get a job
+	// cgroup, and where, or why not (cgroupStatus).
+	Cgroup string `json:"cgroup,omitempty"`
 	// Need lists the SHA-256s of offered files this host lacks.
 	Need []string `json:"need,omitempty"`
 }

@@ -99,7 +99,9 @@ int gorun_abi_version(void);
  * config is NULL or space-separated key=value settings:
  *   deterministic=0|1  every reduction follows one fixed tree over the ranks,
  *                      so results are bitwise the same for any size/algorithm
- *   timeout_ms=N       a call not complete after N ms fails its communicator
+ *   timeout_ms=N       a call that has run N ms without completing fails its
+ *                      communicator on every rank (GORUN_ERR_TIMEOUT, naming
+ *                      a rank that had not reached the call)
  *                      (0: no limit; default 0)
  *   tcp=0|1            1: no shared memory between ranks on one host
  *   env.NAME=VALUE     read VALUE for the environment variable NAME (VALUE

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -36,8 +35,6 @@ type commEntry struct {
 	id    int64
 	c     *comm.Comm
 	world bool // the world communicator: closed only by finalize
-	// opTimeout bounds each call (0: none); see gorun_init's timeout_ms.
-	opTimeout int64
 	// close releases the communicator (and, for the world, the rank's
 	// start-up); run once, by free or finalize.
 	close func() error
@@ -46,8 +43,6 @@ type commEntry struct {
 // reqEntry is an issued call a C handle names.
 type reqEntry struct {
 	h    comm.Handle
-	ctx  context.Context // the call's own context: waiting on it runs the call inline
-	stop context.CancelFunc
 	c    *commEntry
 	what string // e.g. "allreduce", for error text
 }

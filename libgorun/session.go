@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/rank"
@@ -100,6 +101,17 @@ type session struct {
 func start(ctx context.Context, st settings) (*session, error) {
 	opts := rank.DefaultOptions()
 	opts.Comm.Deterministic = st.deterministic
+	if st.timeoutMs > 0 {
+		// timeout_ms: a call that has run this long fails its
+		// communicator on every rank, by comm's watchdog (which checks a
+		// waiting call first after DesyncCheckAfter, so that may not be
+		// longer).
+		t := time.Duration(st.timeoutMs) * time.Millisecond
+		opts.Comm.StallTimeout = t
+		if opts.Comm.DesyncCheckAfter <= 0 || opts.Comm.DesyncCheckAfter > t {
+			opts.Comm.DesyncCheckAfter = t
+		}
+	}
 	opts.Endpoint.ForceTCP = st.forceTCP
 	opts.Lookup = st.lookup
 	r, err := rank.Init(ctx, opts)

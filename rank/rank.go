@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/internal/collateral"
+	"github.com/gorun-hpc/gorun/internal/netfault"
 	"github.com/gorun-hpc/gorun/rankenv"
 	"github.com/gorun-hpc/gorun/rendezvous"
 )
@@ -185,7 +186,7 @@ func Init(ctx context.Context, opts Options) (_ *Rank, err error) {
 	}
 	ecfg := opts.Endpoint
 	ecfg.Addr, ecfg.Secret, ecfg.Logger = addr, key, opts.Logger
-	if ecfg.LinkLease == 0 {
+	if ecfg.LinkLease == 0 && os.Getenv(comm.LinkLeaseEnv) == "" {
 		// A cut link is named at the same lease as a silent member
 		// (GORUN_RDZV_LEASE): comm's link lease.
 		ecfg.LinkLease = id.AttachLease
@@ -405,6 +406,9 @@ func (r *Rank) NewComm(ctx context.Context, g comm.Group, tag string) (*comm.Com
 // optimizer update.
 func (r *Rank) ReportStep(step int) {
 	collateral.TellStep(collateral.Step{Rank: r.id.Rank, Step: int64(step)})
+	// Data-plane faults armed with after-steps= start in this process's
+	// transport at this step (internal/netfault).
+	netfault.ReportStep(int64(step))
 }
 
 // Abort fails every pending and future call of every communicator of this

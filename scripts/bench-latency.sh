@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# bench-latency.sh: small and mid-size collectives over shared memory,
-# gorun next to Open MPI (btl vader) in one run, quiet and under load,
-# medians over interleaved rounds (issue #15).
+# bench-latency.sh: small and mid-size collectives over shared memory
+# and over TCP, gorun next to Open MPI (btl vader, btl tcp) in one run,
+# quiet and under load, medians over interleaved rounds (issue #15).
 #
 #   scripts/bench-latency.sh [OUT_DIR]     (default bench-results/latency)
 #
-# For each NP in $NPS (default "2 4") and each LOAD in $LOADS (default
-# "quiet hog"; hog = a busy loop pinned on every core for the run), ROUNDS
-# (default 5) rounds each run, alternately:
-#   gorun -np NP gorun bench allreduce $SWEEP --transport shm
-#   mpirun -np NP bench/mpi/allreduce $SWEEP          (--mca btl self,vader)
-#   the same two with $BIGSWEEP (large sizes), then for each of its sizes
-#   bench/copybound -p NP -s SIZE                     (the copy bound)
-#   gorun -np NP gorun bench barrier
+# For each TRANSPORT in $TRANSPORTS (default "shm tcp"), each NP in $NPS
+# (default "2 4") and each LOAD in $LOADS (default "quiet hog"; hog = a
+# busy loop pinned on every core for the run), ROUNDS (default 5) rounds
+# each run, alternately:
+#   gorun -np NP gorun bench allreduce $SWEEP --transport T
+#   mpirun -np NP bench/mpi/allreduce $SWEEP   (--mca btl self,vader | self,tcp)
+#   on shm: the same two with $BIGSWEEP (large sizes), then for each of
+#   its sizes bench/copybound -p NP -s SIZE     (the copy bound)
+#   gorun -np NP gorun bench barrier --transport T
 #   mpirun -np NP bench/mpi/barrier_lat
 # and prints, per size, the median out-of-place time (µs) and busbw
 # (GB/s) of each, with the ratio gorun/MPI of the times (< 1: gorun
-# faster). SWEEP defaults to "-b 8 -e 4M -f 4 -n 200 -w 50"; the 8-byte row
-# is the latency figure. BIGSWEEP defaults to "-b 32M -e 64M -f 2 -n 10
-# -w 2" ("" skips it).
+# faster). SWEEP defaults to "-b 8 -e 4M -f 2 -n 200 -w 50" (every power
+# of two, 4 KiB included); the 8-byte row, the first of the sweep as a
+# program's first calls are, is the latency figure. BIGSWEEP defaults to
+# "-b 32M -e 64M -f 2 -n 10 -w 2" ("" skips it). Over TCP the sweep is
+# the same and the goal is from 64 KiB up; Open MPI's TCP transport is
+# told to use loopback (btl_tcp_if_include lo), as gorun does between
+# ranks on one host with --transport tcp.
 #
 # The copy bound of a large all-reduce: every rank must at least read its
 # S input bytes and write its S result bytes, which is what a memcpy of S
@@ -36,8 +41,9 @@ cd "$(dirname "$0")/.."
 OUT=${1:-bench-results/latency}
 NPS=${NPS:-2 4}
 LOADS=${LOADS:-quiet hog}
+TRANSPORTS=${TRANSPORTS:-shm tcp}
 ROUNDS=${ROUNDS:-5}
-SWEEP=${SWEEP:--b 8 -e 4M -f 4 -n 200 -w 50}
+SWEEP=${SWEEP:--b 8 -e 4M -f 2 -n 200 -w 50}
 BIGSWEEP=${BIGSWEEP--b 32M -e 64M -f 2 -n 10 -w 2}
 BITERS=${BITERS:-2000}
 mkdir -p "$OUT"
@@ -50,8 +56,8 @@ mpicc -O2 -Wall -o "$OUT/mpi_allreduce" bench/mpi/allreduce.c
 mpicc -O2 -Wall -o "$OUT/mpi_barrier" bench/mpi/barrier_lat.c
 cc -O2 -Wall -o "$OUT/copybound" bench/copybound/copybound.c
 G=$OUT/gorun
-MPIRUN=(mpirun --mca btl self,vader)
-[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+ROOT=()
+[ "$(id -u)" = 0 ] && ROOT=(--allow-run-as-root)
 
 hogs=()
 start_hogs() { for c in $(seq 0 $(($(nproc) - 1))); do taskset -c "$c" sh -c 'while :; do :; done' & hogs+=($!); done; }
@@ -62,33 +68,40 @@ trap stop_hogs EXIT
 rows() { awk '!/^#/ && NF >= 8 {print $1, $6, $8}' "$1"; }
 
 echo "# bench-latency: $(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $ROUNDS rounds, sweep: $SWEEP"
+for tr in $TRANSPORTS; do
+	case $tr in
+	shm) MPIRUN=(mpirun "${ROOT[@]}" --mca btl self,vader) big=$BIGSWEEP ;;
+	tcp) MPIRUN=(mpirun "${ROOT[@]}" --mca btl self,tcp --mca btl_tcp_if_include lo) big="" ;;
+	*) echo "bench-latency: unknown transport $tr (shm or tcp)" >&2; exit 2 ;;
+	esac
 for np in $NPS; do
 	over=()
 	[ "$np" -gt "$(nproc)" ] && over=(--oversubscribe)
 	for load in $LOADS; do
-		: >"$OUT/g.$np.$load" && : >"$OUT/m.$np.$load" && : >"$OUT/c.$np.$load"
+		tag=$tr.$np.$load
+		: >"$OUT/g.$tag" && : >"$OUT/m.$tag" && : >"$OUT/c.$tag"
 		for r in $(seq "$ROUNDS"); do
 			[ "$load" = hog ] && start_hogs
-			for sweep in "$SWEEP" "$BIGSWEEP"; do
+			for sweep in "$SWEEP" "$big"; do
 				[ -n "$sweep" ] || continue
 				# shellcheck disable=SC2086 # a sweep is a list of flags
-				"$G" -np "$np" "${over[@]}" "$G" bench allreduce $sweep --transport shm >"$OUT/run.txt" && rows "$OUT/run.txt" >>"$OUT/g.$np.$load"
+				"$G" -np "$np" "${over[@]}" "$G" bench allreduce $sweep --transport "$tr" >"$OUT/run.txt" && rows "$OUT/run.txt" >>"$OUT/g.$tag"
 				cp "$OUT/run.txt" "$OUT/sizes.txt"
 				# shellcheck disable=SC2086
-				"${MPIRUN[@]}" -np "$np" "${over[@]}" "$OUT/mpi_allreduce" $sweep >"$OUT/run.txt" 2>/dev/null && rows "$OUT/run.txt" >>"$OUT/m.$np.$load"
+				"${MPIRUN[@]}" -np "$np" "${over[@]}" "$OUT/mpi_allreduce" $sweep >"$OUT/run.txt" 2>/dev/null && rows "$OUT/run.txt" >>"$OUT/m.$tag"
 			done
-			if [ -n "$BIGSWEEP" ]; then
+			if [ -n "$big" ]; then
 				# The bound of each large size, in the same round and load.
 				for size in $(rows "$OUT/sizes.txt" | awk '{print $1}'); do
-					"$OUT/copybound" -p "$np" -s "$size" -n 10 | awk '{print $1, $3}' >>"$OUT/c.$np.$load"
+					"$OUT/copybound" -p "$np" -s "$size" -n 10 | awk '{print $1, $3}' >>"$OUT/c.$tag"
 				done
 			fi
-			"$G" -np "$np" "${over[@]}" "$G" bench barrier -n "$BITERS" -w 100 --transport shm >"$OUT/run.txt" && rows "$OUT/run.txt" | sed 's/^0 /barrier /' >>"$OUT/g.$np.$load"
-			"${MPIRUN[@]}" -np "$np" "${over[@]}" "$OUT/mpi_barrier" -n "$BITERS" -w 100 >"$OUT/run.txt" 2>/dev/null && rows "$OUT/run.txt" | sed 's/^0 /barrier /' >>"$OUT/m.$np.$load"
+			"$G" -np "$np" "${over[@]}" "$G" bench barrier -n "$BITERS" -w 100 --transport "$tr" >"$OUT/run.txt" && rows "$OUT/run.txt" | sed 's/^0 /barrier /' >>"$OUT/g.$tag"
+			"${MPIRUN[@]}" -np "$np" "${over[@]}" "$OUT/mpi_barrier" -n "$BITERS" -w 100 >"$OUT/run.txt" 2>/dev/null && rows "$OUT/run.txt" | sed 's/^0 /barrier /' >>"$OUT/m.$tag"
 			stop_hogs
 		done
 		echo
-		echo "## $np ranks, $load: median of $ROUNDS rounds (time µs, busbw GB/s; bound: copy bound busbw, see above)"
+		echo "## $tr, $np ranks, $load: median of $ROUNDS rounds (time µs, busbw GB/s; bound: copy bound busbw, see above)"
 		printf "%10s %10s %8s %10s %8s %10s %8s %8s\n" size gorun-us busbw mpi-us busbw gorun/mpi bound g/bound
 		awk '
 			FNR == 1 { f++ }
@@ -103,6 +116,7 @@ for np in $NPS; do
 					printf "\n"
 				}
 			}
-		' "$OUT/g.$np.$load" "$OUT/m.$np.$load" "$OUT/c.$np.$load" | tee "$OUT/table.$np.$load.txt"
+		' "$OUT/g.$tag" "$OUT/m.$tag" "$OUT/c.$tag" | tee "$OUT/table.$tag.txt"
 	done
+done
 done

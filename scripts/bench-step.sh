@@ -45,7 +45,9 @@
 # copies (the cost model leaves 40 KB gradients alone) 0.65-1.50×; the
 # np 2 shm synthetic step 1.01× ideal, exposed 1.0% (notes/step-path.md).
 #
-# Session 5: each synthetic run also prints the bound the cores allow
+# Session 5: each synthetic run also prints the schedule bound (the graph
+# run on a clock with every compute and every collective at its time
+# alone, so the dependencies' cost counts) and the bound the cores allow
 # (the job's CPU time per step, computing alone plus communicating alone,
 # over its cores; and each rank's own over its own cores) and the
 # overlapped step against it, next to the issue's max(P, C).

@@ -17,6 +17,11 @@
 # examples/torch/ddp.py times a DDP step with each backend (medians over
 # ROUNDS interleaved rounds, wall and CPU per rank, with the ratio). First,
 # bench/torch_overhead.py prints the per-call cost of each layer on one rank.
+# With more ranks than cores, the gorun backend's ranks run with
+# `gorun --session shared` (TORCH_GORUN_FLAGS), as the package's README
+# advises: they wait on gorun's runtime like native ranks, which share a
+# session by default; gloo's ranks run as gorun starts them by default
+# (GLOO_FLAGS; own sessions).
 # Needs python3-torch for /usr/bin/python3 (scripts/install-test-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +31,8 @@ NPS=${NPS:-2 4}
 ROUNDS=${ROUNDS:-3}
 ITERS=${ITERS:--w 3 -n 10}
 PY=/usr/bin/python3 # Debian's python, the one with python3-torch
+TORCH_GORUN_FLAGS=${TORCH_GORUN_FLAGS---session shared}
+GLOO_FLAGS=${GLOO_FLAGS-}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
@@ -60,14 +67,14 @@ for np in $NPS; do
 	for round in $(seq "$ROUNDS"); do
 		# shellcheck disable=SC2086 # SWEEP and ITERS are lists of flags
 		{
-			run "np $np gloo ($round/$ROUNDS)" gloo.$np.$round.txt "$GORUN" -np "$np" "$PY" bench/torch_allreduce.py --backend gloo $SWEEP $ITERS
-			run "np $np torch-gorun ($round/$ROUNDS)" torch-gorun.$np.$round.txt "$GORUN" -np "$np" "$PY" bench/torch_allreduce.py --backend gorun $SWEEP $ITERS
+			run "np $np gloo ($round/$ROUNDS)" gloo.$np.$round.txt "$GORUN" -np "$np" $GLOO_FLAGS "$PY" bench/torch_allreduce.py --backend gloo $SWEEP $ITERS
+			run "np $np torch-gorun ($round/$ROUNDS)" torch-gorun.$np.$round.txt "$GORUN" -np "$np" $TORCH_GORUN_FLAGS "$PY" bench/torch_allreduce.py --backend gorun $SWEEP $ITERS
 			run "np $np native ($round/$ROUNDS)" native.$np.$round.txt "$GORUN" -np "$np" "$GORUN" bench allreduce $SWEEP $ITERS --json "$OUT/native.$np.$round.json"
 		}
 		files+=("gloo=$OUT/gloo.$np.$round.txt" "torch-gorun=$OUT/torch-gorun.$np.$round.txt" "native=$OUT/native.$np.$round.json")
 	done
 	{
-		echo "# torch all-reduce, $np ranks, sweep $SWEEP, best of $ROUNDS interleaved rounds"
+		echo "# torch all-reduce, $np ranks, sweep $SWEEP, best of $ROUNDS interleaved rounds; gorun flags: gloo '$GLOO_FLAGS', torch-gorun '$TORCH_GORUN_FLAGS'"
 		echo "$before (before)"
 		echo "$(load) (after)"
 		"$GORUN" bench report --plot "$OUT/allreduce.$np.png" --ratio 2/1 --ratio 2/3 "${files[@]}"
@@ -82,7 +89,10 @@ for round in $(seq "$ROUNDS"); do
 	for np in $NPS; do
 		for b in gloo gorun; do
 			echo "bench-torch: DDP np $np $b ($round/$ROUNDS)" >&2
-			"$GORUN" -np "$np" "$PY" examples/torch/ddp.py --backend "$b" --width 1024 --steps "$DDP_STEPS" |
+			flags=$GLOO_FLAGS
+			[ "$b" = gorun ] && flags=$TORCH_GORUN_FLAGS
+			# shellcheck disable=SC2086 # flags is a list
+			"$GORUN" -np "$np" $flags "$PY" examples/torch/ddp.py --backend "$b" --width 1024 --steps "$DDP_STEPS" |
 				grep '^backend' >>"$OUT/ddp.runs.txt"
 		done
 	done

@@ -69,6 +69,9 @@ func writeFaultSummary(w io.Writer, rep *launcher.Report) {
 		if f.DetectedAt != nil {
 			fmt.Fprintf(&b, "; detected %.3fs later (%s)", *f.TimeToDetect, f.DetectedBy)
 		}
+		if n := len(f.Noticed); n > 0 {
+			fmt.Fprintf(&b, "; %d %s noticed, the first %.3fs after the injection", n, plural(n, "rank", "ranks"), f.Noticed[0].After)
+		}
 		if f.Action != "" {
 			fmt.Fprintf(&b, "; %s", f.Action)
 			if f.WorldEndedAt != nil && f.InjectedAt != nil {
@@ -76,13 +79,19 @@ func writeFaultSummary(w io.Writer, rep *launcher.Report) {
 				if f.RecoveredAt != nil {
 					fmt.Fprintf(&b, ", every rank of the next world started %.3fs after that", *f.RecoveredAt-*f.WorldEndedAt)
 				}
+				if f.TimeToRecover != nil {
+					fmt.Fprintf(&b, ", its first step %.3fs after the injection", *f.TimeToRecover)
+				}
 				b.WriteString(")")
 			}
 		}
 		fmt.Fprintln(w, b.String())
 	}
 	for _, wr := range rep.Worlds {
-		fmt.Fprintf(w, "gorun:   world %d (job %s): %.3fs-%.3fs: %s\n", wr.Restart, wr.JobID, wr.StartedAt, wr.EndedAt, wr.Result)
+		fmt.Fprintf(w, "gorun:   world %d (job %s, %d ranks): %.3fs-%.3fs: %s\n", wr.Restart, wr.JobID, wr.NP, wr.StartedAt, wr.EndedAt, wr.Result)
+	}
+	for _, r := range rep.Readmitted {
+		fmt.Fprintf(w, "gorun:   host %s, lost before, answered again and was taken back into world %d at %.3fs\n", r.Host, r.Restart, r.At)
 	}
 }
 

@@ -168,6 +168,7 @@ type options struct {
 	oversubscribe bool
 	exports       repeated
 	bindTo        string
+	session       string
 	topology      string
 	tagOutput     bool
 	timestamp     bool
@@ -197,6 +198,7 @@ type options struct {
 	maxRestarts   int
 	ckptSignal    string
 	minNP, maxNP  int
+	readmitEvery  time.Duration
 	ckptBefore    time.Duration
 	report        string
 }
@@ -214,6 +216,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.Var(&o.exports, "x", "export `NAME[=VALUE]` to every rank (repeatable)")
 	fs.StringVar(&o.topology, "topology", "auto", "hardware topology for ranks that use hwloc (MPICH's MPI_Init): auto (each host discovers it once and hands it to its ranks, which then skip their own discovery) or off")
 	fs.StringVar(&o.bindTo, "bind-to", "auto", "CPU binding of ranks: auto (when a host runs no more ranks than CPUs, each rank gets its own equal share of them, as mpirun binds 2 ranks to cores; with more, ranks share one session and get GOMAXPROCS=1) or none")
+	fs.StringVar(&o.session, "session", "auto", "sessions of oversubscribed ranks (more ranks than CPUs, --bind-to auto): auto (ranks of Go programs on gorun's runtime share one session, where a waiting rank can yield its core to a peer; other programs' ranks lead their own), shared (every program's: e.g. Python ranks on the torch backend gorun) or own")
 	fs.BoolVar(&o.tagOutput, "tag-output", false, "prefix every output line with [rank] ([rank,host] in multi-host jobs)")
 	fs.BoolVar(&o.timestamp, "timestamp-output", false, "prefix every output line with a timestamp")
 	fs.StringVar(&o.outputDir, "output-dir", "", "write rank.N.log per rank into `DIR` (terminal output is tagged)")
@@ -241,6 +244,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.injectFile, "inject-file", "", "read --inject specs from `FILE`, one per line (# comments)")
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "after a rank or host fails, stop every rank and start the job again, up to `N` times (torchrun's --max-restarts; ranks get GORUN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)")
 	fs.IntVar(&o.minNP, "min-np", 0, "elastic: with --max-restarts, a world that lost a host restarts without it, on spare hosts of the host list or on fewer ranks, down to `N`")
+	fs.DurationVar(&o.readmitEvery, "readmit-every", 0, "elastic: while a world runs without a lost host, ask it every `DUR` whether it answers again, and when it does, restart the world to grow back with it (not counted against --max-restarts; 0: only at restarts)")
 	fs.IntVar(&o.maxNP, "max-np", 0, "elastic: at most `N` ranks per world (default -np, else every slot); hosts past those needed are spares")
 	fs.StringVar(&o.ckptSignal, "checkpoint-signal", "USR1", "the `SIGNAL` that asks the ranks for a checkpoint (ranks find it in GORUN_CHECKPOINT_SIGNAL); gorun forwards it when it receives it")
 	fs.DurationVar(&o.ckptBefore, "checkpoint-signal-before", 0, "send the checkpoint signal `DUR` before --timeout and before every timed kill or kill-host --inject (a preemption notice, as SLURM's --signal; 0: never on its own)")
@@ -319,10 +323,18 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gorun: %v\n", err)
 		return exitUsage
 	}
+	session, err := launcher.ParseSession(o.session)
+	if err != nil {
+		fmt.Fprintf(stderr, "gorun: %v\n", err)
+		return exitUsage
+	}
 	// The agents read the policies from each rank's environment, so they
-	// reach every host with the job; an explicit -x GORUN_BIND or
-	// GORUN_TOPOLOGY wins.
+	// reach every host with the job; an explicit -x GORUN_BIND,
+	// GORUN_SESSION or GORUN_TOPOLOGY wins.
 	policies := repeated{"GORUN_BIND=" + bind}
+	if session != launcher.SessionAuto {
+		policies = append(policies, "GORUN_SESSION="+session)
+	}
 	if topology != launcher.TopologyAuto {
 		policies = append(policies, "GORUN_TOPOLOGY="+topology)
 	}
@@ -330,6 +342,14 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
 		return exitUsage
+	}
+	for _, kv := range exports {
+		if v, ok := strings.CutPrefix(kv, "GORUN_SESSION="); ok {
+			if _, err := launcher.ParseSession(v); err != nil {
+				fmt.Fprintf(stderr, "gorun: -x GORUN_SESSION=%s: expected auto, shared or own\n", v)
+				return exitUsage
+			}
+		}
 	}
 	faults, err := readFaults(o)
 	if err != nil {
@@ -382,7 +402,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	rep, err := launcher.LaunchReport(ctx, cfg, launcher.Job{
 		Argv: argv, NP: o.np, Hosts: hosts, Oversubscribe: o.oversubscribe,
 		GPUsPerHost: o.gpus, Export: exports, Faults: faults, MaxRestarts: o.maxRestarts,
-		CheckpointSignal: ckptSig, CheckpointBefore: o.ckptBefore, MinNP: o.minNP, MaxNP: o.maxNP,
+		CheckpointSignal: ckptSig, CheckpointBefore: o.ckptBefore, MinNP: o.minNP, MaxNP: o.maxNP, ReadmitEvery: o.readmitEvery,
 	})
 	code = exitCode(err, stderr)
 	if len(faults) > 0 || rep.Restarts > 0 {

@@ -291,6 +291,8 @@ func TestUsageErrorsAreOneLine(t *testing.T) {
 		{[]string{"-np", "four", "true"}, "gorun: invalid value \"four\" for flag -np: parse error; see gorun --help\n"},
 		{[]string{"doctor", "--hostfle", "h"}, "gorun doctor: unknown flag -hostfle (did you mean -hostfile?); see gorun doctor --help\n"},
 		{[]string{"plan", "--pases", "x"}, "gorun plan: unknown flag -pases (did you mean -passes?); see gorun plan --help\n"},
+		{[]string{"--session", "shard", "true"}, "gorun: --session \"shard\": expected auto, shared or own\n"},
+		{[]string{"-x", "GORUN_SESSION=shard", "true"}, "gorun: -x GORUN_SESSION=shard: expected auto, shared or own\n"},
 	}
 	for _, tc := range tests {
 		var stdout, stderr bytes.Buffer

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -25,8 +26,8 @@ const (
 	// any peer) at or after At, after its checksum was computed: the
 	// receiver must refuse it.
 	Corrupt Kind = "corrupt"
-	// Partition cuts every link between a rank of Ranks and a rank not in
-	// Ranks from At for For. Frames are held while it lasts (as TCP keeps
+	// Partition cuts every link between a rank of Ranks (or a rank on a
+	// host of Hosts) and a rank not in it from At for For. Frames are held while it lasts (as TCP keeps
 	// retransmitting), so a partition shorter than Lease heals with nothing
 	// lost; at Lease into it (For 0 or For >= Lease) both ends of every cut
 	// link close it and report the peer across the cut.
@@ -64,11 +65,20 @@ type Spec struct {
 	// Peer restricts drop, delay and corrupt to the link to this world
 	// rank; -1 means every link of Rank.
 	Peer int
-	// Ranks is one side of a partition (sorted, distinct).
+	// Ranks is one side of a partition (sorted, distinct); Hosts, when
+	// set instead, is that side as the hosts its ranks run on (names as
+	// the job's hostfile and the ranks' Group.Host give them).
 	Ranks []int
+	Hosts []string
 	// At is when the fault starts, from the epoch; For how long it lasts
 	// (0: for ever) for delay and partition.
 	At, For time.Duration
+	// AfterSteps, when positive, replaces At: the fault starts on each
+	// rank it acts in once that rank has reported this many steps
+	// (ReportStep; rank.ReportStep, gorun_report_step). Ranks running one
+	// collective loop reach step N within a step of each other, so both
+	// ends of a partitioned link start holding within that step.
+	AfterSteps int64
 	// Delay is how long delay holds each frame.
 	Delay time.Duration
 	// Lease is how long a partition lasts before its links are lost.
@@ -84,18 +94,44 @@ type SpecError struct {
 func (e *SpecError) Error() string { return fmt.Sprintf("netfault: %q: %s", e.Spec, e.Why) }
 
 // keys lists, per kind, the keys it requires and those it accepts.
+// "when" stands for at= or after-steps= (exactly one); "side" for ranks=
+// or hosts= (exactly one).
 var keys = map[Kind]struct{ required, optional []string }{
-	Drop:      {[]string{"rank", "at"}, []string{"peer"}},
-	Delay:     {[]string{"rank", "ms", "at"}, []string{"peer", "for"}},
-	Corrupt:   {[]string{"rank", "at"}, []string{"peer"}},
-	Partition: {[]string{"ranks", "at"}, []string{"for", "lease"}},
+	Drop:      {[]string{"rank", "when"}, []string{"peer"}},
+	Delay:     {[]string{"rank", "ms", "when"}, []string{"peer", "for"}},
+	Corrupt:   {[]string{"rank", "when"}, []string{"peer"}},
+	Partition: {[]string{"side", "when"}, []string{"for", "lease"}},
+}
+
+// pseudo maps a key to the pseudo-key it stands for in keys.
+func pseudo(k string) string {
+	switch k {
+	case "at", "after-steps":
+		return "when"
+	case "ranks", "hosts":
+		return "side"
+	}
+	return k
+}
+
+// spelled says a pseudo-key as the user writes it.
+func spelled(k string) string {
+	switch k {
+	case "when":
+		return "at= or after-steps="
+	case "side":
+		return "ranks= or hosts="
+	}
+	return k + "="
 }
 
 // Parse parses one spec, e.g. "drop:rank=1:peer=2:at=1s",
-// "delay:rank=1:ms=50:at=1s:for=2s", "corrupt:rank=1:at=1s" or
-// "partition:ranks=0-1:at=1s:for=3s". It refuses an unknown kind or key, a
-// key given twice, a missing key and a value that does not parse, naming
-// the part; world-size checks are Check's.
+// "delay:rank=1:ms=50:after-steps=5:for=2s", "corrupt:rank=1:at=1s",
+// "partition:ranks=0-1:at=1s:for=3s" or "partition:hosts=h2,h3:after-steps=10".
+// It refuses an unknown kind or key, a key given twice, a missing key, both
+// at= and after-steps= (or ranks= and hosts=), and a value that does not
+// parse, naming the part; world-size and host checks are Check's and
+// CheckHosts'.
 func Parse(text string) (Spec, error) {
 	bad := func(format string, a ...any) (Spec, error) {
 		return Spec{}, &SpecError{Spec: text, Why: fmt.Sprintf(format, a...)}
@@ -110,19 +146,30 @@ func Parse(text string) (Spec, error) {
 	if kind == Partition {
 		s.Lease = DefaultLease
 	}
-	seen := map[string]bool{}
+	seen := map[string]string{} // pseudo-key -> the key given
 	for _, p := range parts[1:] {
 		k, v, ok := strings.Cut(p, "=")
 		if !ok || k == "" {
 			return bad("field %q: expected key=value", p)
 		}
-		if !slices.Contains(ks.required, k) && !slices.Contains(ks.optional, k) {
-			return bad("key %q does not apply to %s (it takes %s)", k, kind, strings.Join(append(slices.Clone(ks.required), ks.optional...), ", "))
+		pk := pseudo(k)
+		if !slices.Contains(ks.required, pk) && !slices.Contains(ks.optional, pk) {
+			var takes []string
+			for _, t := range append(slices.Clone(ks.required), ks.optional...) {
+				takes = append(takes, strings.TrimSuffix(spelled(t), "="))
+			}
+			return bad("key %q does not apply to %s (it takes %s)", k, kind, strings.Join(takes, ", "))
 		}
-		if seen[k] {
-			return bad("key %q given twice", k)
+		if prev, dup := seen[pk]; dup {
+			if prev == k {
+				return bad("key %q given twice", k)
+			}
+			if pk == "when" {
+				return bad("at= and after-steps= both given: a fault starts at a time or after a step, not both")
+			}
+			return bad("ranks= and hosts= both given: a partition's side is a set of ranks or of hosts, not both")
 		}
-		seen[k] = true
+		seen[pk] = k
 		if v == "" {
 			return bad("%s= has no value", k)
 		}
@@ -134,8 +181,17 @@ func Parse(text string) (Spec, error) {
 			s.Peer, err = nonNegative(v)
 		case "ranks":
 			s.Ranks, err = parseRanks(v)
+		case "hosts":
+			s.Hosts, err = parseHosts(v)
 		case "at":
 			s.At, err = duration(v)
+		case "after-steps":
+			var n int
+			n, err = nonNegative(v)
+			if err == nil && n == 0 {
+				err = errors.New("must be at least 1 (use at=0s for a fault from the start)")
+			}
+			s.AfterSteps = int64(n)
 		case "for":
 			s.For, err = duration(v)
 			if err == nil && s.For == 0 {
@@ -159,14 +215,31 @@ func Parse(text string) (Spec, error) {
 		}
 	}
 	for _, k := range ks.required {
-		if !seen[k] {
-			return bad("%s needs %s=", kind, k)
+		if _, ok := seen[k]; !ok {
+			return bad("%s needs %s", kind, spelled(k))
 		}
 	}
 	if s.Peer >= 0 && s.Peer == s.Rank {
 		return bad("peer=%d is rank= itself: a rank has no link to itself", s.Peer)
 	}
 	return s, nil
+}
+
+// parseHosts reads "h2" or "h2,h3": a set of host names.
+func parseHosts(v string) ([]string, error) {
+	var out []string
+	for _, h := range strings.Split(v, ",") {
+		h = strings.TrimSpace(h)
+		if h == "" {
+			return nil, errors.New("an empty host name (write hosts=h2,h3)")
+		}
+		if strings.ContainsAny(h, ";= ") {
+			return nil, fmt.Errorf("%q is not a host name", h)
+		}
+		out = append(out, h)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
 }
 
 func nonNegative(v string) (int, error) {
@@ -231,17 +304,39 @@ func (s Spec) Check(worldSize int) error {
 			return bad("rank %d does not exist (the job has ranks 0-%d)", r, worldSize-1)
 		}
 	}
-	if s.Kind == Partition && len(s.Ranks) >= worldSize {
+	if s.Kind == Partition && len(s.Hosts) == 0 && len(s.Ranks) >= worldSize {
 		return bad("ranks=%s leaves no rank on the other side", strings.Split(strings.SplitN(s.Text, "ranks=", 2)[1], ":")[0])
 	}
 	return nil
 }
 
+// CheckHosts refuses a partition by hosts that names a host the job does
+// not run on, or that puts every host of the job on one side. hosts are
+// the job's hosts (a rank's host each, repeats allowed).
+func (s Spec) CheckHosts(hosts []string) error {
+	if len(s.Hosts) == 0 {
+		return nil
+	}
+	have := slices.Compact(slices.Sorted(slices.Values(hosts)))
+	for _, h := range s.Hosts {
+		if !slices.Contains(have, h) {
+			return &SpecError{Spec: s.Text, Why: fmt.Sprintf("host %q runs no rank of the job (its hosts: %s)", h, strings.Join(have, ", "))}
+		}
+	}
+	if len(s.Hosts) >= len(have) {
+		return &SpecError{Spec: s.Text, Why: "hosts= names every host of the job: no rank is left on the other side"}
+	}
+	return nil
+}
+
 // Touches reports whether the spec acts on the link between world ranks
-// me and peer, as seen from me.
-func (s Spec) Touches(me, peer int) bool {
-	switch s.Kind {
-	case Partition:
+// me and peer, as seen from me; meHost and peerHost are where they run
+// (only a partition by hosts looks at them).
+func (s Spec) Touches(me, peer int, meHost, peerHost string) bool {
+	switch {
+	case s.Kind == Partition && len(s.Hosts) > 0:
+		return slices.Contains(s.Hosts, meHost) != slices.Contains(s.Hosts, peerHost)
+	case s.Kind == Partition:
 		return slices.Contains(s.Ranks, me) != slices.Contains(s.Ranks, peer)
 	default:
 		return s.Rank == me && (s.Peer < 0 || s.Peer == peer)
@@ -300,4 +395,71 @@ func FromEnv() (p Plan, ok bool, err error) {
 		p.Epoch = time.Unix(0, ns)
 	}
 	return p, len(p.Specs) > 0, nil
+}
+
+// Steps: after-steps=N faults start when this process has reported N
+// steps. The rank runtime calls ReportStep with each step it reports to
+// its supervisor; the transport waits on a StepGate per N.
+
+// StepGate opens once this process has reported step N.
+type StepGate struct {
+	n    int64
+	done chan struct{}
+	at   time.Time // when it opened; written before done is closed
+}
+
+// Done is closed once the step was reported.
+func (g *StepGate) Done() <-chan struct{} { return g.done }
+
+// At is when the step was reported (valid once Done is closed).
+func (g *StepGate) At() time.Time { return g.at }
+
+var steps struct {
+	mu    sync.Mutex
+	last  int64 // the highest step reported
+	gates map[int64]*StepGate
+}
+
+// Gate returns the process's gate for step n (one per n). A gate asked
+// for after the step was reported opens at once, dated now: the faults
+// that use it are made with the communicators, before their steps.
+func Gate(n int64) *StepGate {
+	steps.mu.Lock()
+	defer steps.mu.Unlock()
+	if g, ok := steps.gates[n]; ok {
+		return g
+	}
+	if steps.gates == nil {
+		steps.gates = map[int64]*StepGate{}
+	}
+	g := &StepGate{n: n, done: make(chan struct{})}
+	steps.gates[n] = g
+	if steps.last >= n {
+		g.at = time.Now()
+		close(g.done)
+	}
+	return g
+}
+
+// ReportStep records that this process finished step n and opens the
+// gates it reaches. Cheap when no gate exists: once per training step,
+// never per frame.
+func ReportStep(n int64) {
+	steps.mu.Lock()
+	defer steps.mu.Unlock()
+	if n <= steps.last {
+		return
+	}
+	steps.last = n
+	now := time.Now()
+	for k, g := range steps.gates {
+		if k <= n {
+			select {
+			case <-g.done:
+			default:
+				g.at = now
+				close(g.done)
+			}
+		}
+	}
 }

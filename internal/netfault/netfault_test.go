@@ -10,7 +10,15 @@ import (
 // Malformed specs are refused naming the part at fault.
 func TestParseRefuses(t *testing.T) {
 	for _, c := range []struct{ spec, want string }{
-		{"drop:rank=1", "drop needs at="},
+		{"drop:rank=1", "drop needs at= or after-steps="},
+		{"drop:rank=1:at=1s:after-steps=3", "at= and after-steps= both given"},
+		{"delay:rank=1:ms=5:after-steps=0", "after-steps=0: must be at least 1"},
+		{"corrupt:rank=1:after-steps=x", "after-steps=x: not a whole number"},
+		{"corrupt:rank=1:after-steps=3:after-steps=4", `key "after-steps" given twice`},
+		{"partition:at=1s", "partition needs ranks= or hosts="},
+		{"partition:ranks=0:hosts=h1:at=1s", "ranks= and hosts= both given"},
+		{"partition:hosts=h1,,h2:at=1s", "an empty host name"},
+		{"partition:hosts=h1:after-steps=2:peer=3", `key "peer" does not apply to partition`},
 		{"drop:rank=1:at=1s:ms=3", `key "ms" does not apply to drop`},
 		{"delay:rank=1:ms=0:at=1s", "ms=0: must be positive"},
 		{"delay:rank=1:ms=5:at=1s:for=0s", "for=0s: must be positive"},
@@ -63,7 +71,7 @@ func TestTouches(t *testing.T) {
 		{all, 1, 0, true}, {all, 1, 3, true}, {all, 0, 1, false},
 		{part, 0, 2, true}, {part, 2, 1, true}, {part, 0, 1, false}, {part, 2, 3, false},
 	} {
-		if got := c.s.Touches(c.me, c.peer); got != c.want {
+		if got := c.s.Touches(c.me, c.peer, "h", "h"); got != c.want {
 			t.Errorf("%s: Touches(%d, %d) = %v, want %v", c.s.Text, c.me, c.peer, got, c.want)
 		}
 	}
@@ -92,5 +100,70 @@ func TestEnv(t *testing.T) {
 	t.Setenv(Env, "drop:rank=1")
 	if _, _, err := FromEnv(); err == nil || !strings.Contains(err.Error(), Env) {
 		t.Errorf("bad spec: %v", err)
+	}
+}
+
+// A partition by hosts: parsed, checked against the job's hosts, and
+// touching the links between its hosts and the others.
+func TestPartitionByHosts(t *testing.T) {
+	s, err := Parse("partition:hosts=h3,h2,h2:after-steps=5:for=2s")
+	if err != nil || fmt.Sprint(s.Hosts) != "[h2 h3]" || s.AfterSteps != 5 || s.At != 0 || s.For != 2*time.Second {
+		t.Fatalf("%+v %v", s, err)
+	}
+	job := []string{"h1", "h1", "h2", "h3"}
+	if err := s.CheckHosts(job); err != nil {
+		t.Error(err)
+	}
+	if err := s.CheckHosts([]string{"h1", "h2"}); err == nil || !strings.Contains(err.Error(), `host "h3" runs no rank of the job (its hosts: h1, h2)`) {
+		t.Errorf("unknown host: %v", err)
+	}
+	if err := s.CheckHosts([]string{"h2", "h3", "h3"}); err == nil || !strings.Contains(err.Error(), "names every host") {
+		t.Errorf("every host: %v", err)
+	}
+	for _, c := range []struct {
+		me, peer int
+		mh, ph   string
+		want     bool
+	}{
+		{0, 2, "h1", "h2", true}, {2, 0, "h2", "h1", true}, {2, 3, "h2", "h3", false}, {0, 1, "h1", "h1", false},
+	} {
+		if got := s.Touches(c.me, c.peer, c.mh, c.ph); got != c.want {
+			t.Errorf("Touches(%d@%s, %d@%s) = %v, want %v", c.me, c.mh, c.peer, c.ph, got, c.want)
+		}
+	}
+}
+
+// Step gates open at the step, whether asked for before or after it.
+func TestStepGates(t *testing.T) {
+	g := Gate(1 << 40) // far from any other test's steps
+	select {
+	case <-g.Done():
+		t.Fatal("open before its step")
+	default:
+	}
+	if Gate(1<<40) != g {
+		t.Error("two gates for one step")
+	}
+	ReportStep(1<<40 - 1)
+	select {
+	case <-g.Done():
+		t.Fatal("open a step early")
+	default:
+	}
+	before := time.Now()
+	ReportStep(1<<40 + 2)
+	select {
+	case <-g.Done():
+	default:
+		t.Fatal("not open at a later step")
+	}
+	if g.At().Before(before) {
+		t.Errorf("opened at %v, before the step's report %v", g.At(), before)
+	}
+	late := Gate(1<<40 + 1)
+	select {
+	case <-late.Done():
+	default:
+		t.Error("a gate asked for after its step is not open")
 	}
 }

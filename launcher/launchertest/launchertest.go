@@ -79,6 +79,10 @@ func NewToken(name string) string {
 //	spawn-grandchild   start a hanging child, print "ready", then hang
 //	setsid-grandchild  start a hanging child in a new session, print "ready", hang
 //	setsid-orphan      start a hanging child in a new session, print "ready", exit 0
+//	setsid-clearenv    start "sleep 3600" in a new session with an empty
+//	                   environment (nothing marks it as the job's: Survivors
+//	                   cannot find it; scan its pid with Alive), print
+//	                   "ready R PID child CPID", hang
 //	flood:N            print N numbered lines quickly, then exit 0
 //	partial            print "partial-line" without a newline, then exit 0
 //	cat                copy stdin to stdout, then exit 0
@@ -95,7 +99,9 @@ func NewToken(name string) string {
 //	                   TORCHELASTIC_RESTART_COUNT, GORUN_JOB_ID and a hash of
 //	                   GORUN_SECRET; in
 //	                   world 0 print "ready" and hang (restart-aware:allreduce:
-//	                   run the allreduce mode instead), in later worlds exit 0
+//	                   run the allreduce mode instead), in later worlds report
+//	                   step 1 and exit 0 (restart-aware:grow: as allreduce,
+//	                   but world 1 prints "ready" and hangs)
 //	steps:N            join the world and run N "training steps": an
 //	                   all-reduce, rank.ReportStep(i), print "step i",
 //	                   sleep 20 ms; exit 0 (on an error print it, exit 6)
@@ -172,6 +178,16 @@ func runHelper(mode string) int {
 		if name == "setsid-orphan" {
 			return 0
 		}
+		select {}
+	case "setsid-clearenv":
+		cmd := exec.Command("sleep", "3600")
+		cmd.Env = []string{}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 90
+		}
+		fmt.Printf("ready %s %d child %d\n", rank, os.Getpid(), cmd.Process.Pid)
 		select {}
 	case "flood":
 		w := bufio.NewWriterSize(os.Stdout, 4096)
@@ -253,10 +269,19 @@ func runHelper(mode string) int {
 		// The secret's hash, not the secret: a test compares worlds.
 		key := sha256.Sum256([]byte(os.Getenv("GORUN_SECRET")))
 		fmt.Printf("world %s torch %s job %s key %x\n", w, os.Getenv("TORCHELASTIC_RESTART_COUNT"), os.Getenv("GORUN_JOB_ID"), key[:6])
+		if w == "1" && arg == "grow" {
+			// Until gorun stops this world to grow back: a world
+			// that can end no other way keys the test to that event.
+			fmt.Printf("ready %s %d\n", rank, os.Getpid())
+			select {}
+		}
 		if w != "0" {
+			// A restarted world's first step (gorun's report times
+			// the recovery by it), then done.
+			collateral.TellStep(collateral.Step{Rank: atoi(rank), Step: 1})
 			return 0
 		}
-		if arg == "allreduce" {
+		if arg == "allreduce" || arg == "grow" {
 			return allReduceLoop(rank, 0)
 		}
 		fmt.Printf("ready %s %d\n", rank, os.Getpid())
@@ -430,14 +455,32 @@ func Survivors(token string) []int {
 		if err != nil || !bytes.Contains(append(env, 0), needle) {
 			continue
 		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
+		if running(pid) {
+			out = append(out, pid)
 		}
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			continue
+	}
+	return out
+}
+
+// running reports whether pid exists and is not a zombie.
+func running(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return !(i > 0 && i+2 < len(stat) && stat[i+2] == 'Z')
+}
+
+// Alive returns those of pids that still run (exist and are not zombies):
+// the survivor scan for processes that Survivors cannot recognise, such
+// as one that cleared its environment.
+func Alive(pids []int) []int {
+	var out []int
+	for _, pid := range pids {
+		if running(pid) {
+			out = append(out, pid)
 		}
-		out = append(out, pid)
 	}
 	return out
 }

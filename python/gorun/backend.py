@@ -55,6 +55,9 @@ _OPS = {
 
 _OPS_BY_VALUE = {int(k): v for k, v in _OPS.items()}
 
+# dist.all_reduce's default op, one object for the whole process.
+_SUM = dist.ReduceOp.SUM
+
 ENV_DETERMINISTIC = "GORUN_DETERMINISTIC"
 
 
@@ -330,11 +333,11 @@ class _DoneWork(GorunWork):
 
 class _SyncWork(Work):
     """A call that already completed on the caller's thread (see
-    _caller_waits): every query answers at once."""
-
-    def __init__(self, outputs):
-        super().__init__()
-        self._outputs = outputs
+    _caller_waits): every query answers at once. One instance, _SYNC_DONE,
+    serves every such call: the torch function that called the group
+    (async_op=False) only waits on it and drops it, and building a Work
+    through pybind11 costs about as much as the rest of a small call's
+    Python (notes/torch-backend.md)."""
 
     def wait(self, timeout=None):
         return True
@@ -349,15 +352,18 @@ class _SyncWork(Work):
         return None
 
     def result(self):
-        return self._outputs
+        # Never reached through torch's functions (they only wait); a
+        # result it does not have must not pass for an empty one.
+        raise RuntimeError("gorun: result() of a synchronous call's Work: the outputs are the call's own tensors")
 
     def synchronize(self):
         pass
 
     def get_future(self):
-        fut = Future()
-        fut.set_result(self._outputs)
-        return fut
+        raise RuntimeError("gorun: get_future() of a synchronous call's Work (call with async_op=True for a future)")
+
+
+_SYNC_DONE = _SyncWork()
 
 
 # ---- synchronous callers ----------------------------------------------------------
@@ -483,6 +489,7 @@ def _after_fork_in_child():
     # cached library gets lib()'s error instead (see _lib.Forked).
     for pg in list(_live_groups):
         pg._l = _lib.Forked()
+        pg._ar = pg._l.gorun_allreduce
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -553,6 +560,7 @@ class ProcessGroupGorun(ProcessGroup):
         self._recent = collections.deque(maxlen=self._RETAIN)
         self._channels = {}
         self._l = _lib.lib()
+        self._ar = self._l.gorun_allreduce  # one attribute read less per call
         self._completer = _Completer("gorun-completer-%d" % handle)
         self._completer.start()
         _live_groups.add(self)
@@ -603,7 +611,7 @@ class ProcessGroupGorun(ProcessGroup):
                     raise _lib.error(rc, "gorun %s" % what)
             if post is not None:
                 post()
-            return _SyncWork(outputs)
+            return _SYNC_DONE
         reqs = []
         for f in (calls if calls is not None else [fn]):
             r = ctypes.c_int64()
@@ -621,10 +629,10 @@ class ProcessGroupGorun(ProcessGroup):
         what = "allreduce"
         # dist.all_reduce(t), the hottest call there is: with async_op=False
         # it runs in one library call, reading the op from torch's frame
-        # (the ReduceOp it put into opts) — reading opts.reduceOp back
-        # through pybind11 and hashing the enum cost 2 us of the 10 us call
-        # (bench/torch_overhead.py). Anything unusual takes the general path
-        # below, which checks and raises.
+        # (the ReduceOp object it put into opts): reading opts.reduceOp back
+        # through pybind11 costs 0.6 us, its .op as much again, and the
+        # default op is one object, compared by identity. Anything unusual
+        # takes the general path below, which checks and raises.
         f = sys._getframe(1)
         if f.f_code is _ALL_REDUCE_CODE and len(tensors) == 1:
             loc = f.f_locals
@@ -632,14 +640,14 @@ class ProcessGroupGorun(ProcessGroup):
                 t = tensors[0]
                 dt = _check(t, what)
                 op = loc.get("op")
-                op = _OPS_BY_VALUE.get(int(getattr(op, "op", op)))
+                op = _lib.SUM if op is _SUM else _OPS_BY_VALUE.get(int(getattr(op, "op", op)))
                 if op is not None and not (op == _lib.AVG and dt == _lib.BOOL):
                     n = t.numel()
                     p = t.data_ptr() if n else None
-                    rc = self._l.gorun_allreduce(self._h, p, p, n, dt, op, None)
-                    if rc != _lib.OK:
+                    rc = self._ar(self._h, p, p, n, dt, op, None)
+                    if rc:
                         raise _lib.error(rc, "gorun %s" % what)
-                    return _SyncWork(tensors)
+                    return _SYNC_DONE
         t = _one(tensors, what)
         dt = _check(t, what)
         op = _op(opts, what, dt)

@@ -601,5 +601,43 @@ def case_desync():
     os._exit(0)
 
 
+def case_timeout():
+    # A group's timeout bounds every call: ranks 0 and 1 wait in an
+    # all_reduce that the last rank never joins; it only waits, through the
+    # store, until they have raised, then finds its own group failed. (The
+    # default group is gloo with the default timeout: torch's store
+    # connection at start-up obeys init_process_group's timeout too, and 1 s
+    # is not enough for it on a loaded machine.)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    dist.init_process_group("gloo")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    g = dist.new_group(backend="gorun", timeout=datetime.timedelta(seconds=1))
+    store = dist.distributed_c10d._get_default_store()
+    t = torch.ones(4)
+    try:
+        if rank < n - 1:
+            start = time.monotonic()
+            try:
+                dist.all_reduce(t, group=g)
+                say("TIMEOUTERR none")
+            except gorun.GorunError as e:
+                say("TIMEOUTERR after=%.2f status=%s rank=%d msg=%s" % (time.monotonic() - start, e.status, e.rank, e))
+            store.set("raised%d" % rank, "1")
+            store.wait(["late"])  # rank 0 serves the store: stay for the last rank
+        else:
+            store.wait(["raised%d" % r for r in range(n - 1)])
+            try:
+                dist.all_reduce(t, group=g)
+                say("LATEERR none")
+            except gorun.GorunError as e:
+                say("LATEERR status=%s msg=%s" % (e.status, e))
+            store.set("late", "1")
+    except Exception as e:
+        say("UNEXPECTED %r" % e)
+    finally:
+        sys.stdout.flush()
+        os._exit(0)  # the world is broken; do not wait at exit for a goodbye
+
+
 if __name__ == "__main__":
-    {"all": case_all, "smoke": case_smoke, "gloodefault": case_gloo_default, "fork": case_fork, "det": case_det, "kill": case_kill, "desync": case_desync}[sys.argv[1]]()
+    {"timeout": case_timeout, "all": case_all, "smoke": case_smoke, "gloodefault": case_gloo_default, "fork": case_fork, "det": case_det, "kill": case_kill, "desync": case_desync}[sys.argv[1]]()

@@ -77,6 +77,20 @@ def test_desync_raises_on_every_rank_naming_both_calls(launcher):
         assert "Broadcast" in msg and "AllReduce" in msg, (rank, msg)
 
 
+def test_timeout_fails_a_call_a_rank_never_joins_naming_that_rank(launcher):
+    code, out = launcher.run(3, "timeout")
+    assert code == 0, out[-3000:]
+    got = re.findall(r"RANK (\d): TIMEOUTERR after=([0-9.]+) status=(\S+) rank=(-?\d+) msg=(.*)", out)
+    assert sorted(int(g[0]) for g in got) == [0, 1], "both waiting ranks must raise:\n" + out[-3000:]
+    for rank, after, status, behind, msg in got:
+        # Not before the timeout (1 s); how long after is the machine's business.
+        assert float(after) >= 1.0, "rank %s raised after %ss, before the 1 s timeout" % (rank, after)
+        assert status == "GORUN_ERR_TIMEOUT", (rank, status, msg)
+        assert behind == "2" and "rank 2" in msg, (rank, behind, msg)
+    late = re.findall(r"RANK 2: LATEERR status=(\S+) msg=(.*)", out)
+    assert late and late[0][0] == "GORUN_ERR_TIMEOUT", "the late rank must find its group failed:\n" + out[-3000:]
+
+
 def test_gorun_groups_with_a_gloo_default_group(launcher):
     """init_process_group("gloo") then new_group(backend="gorun"): on 3 ranks
     the first gorun group is [0, 2], a world of its members alone."""

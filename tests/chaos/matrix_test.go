@@ -35,6 +35,8 @@ type row struct {
 	// GORUN_NETFAULT of a direct launch.
 	inject   []string
 	netfault string
+	// args are more gorun arguments (e.g. --min-np).
+	args     []string
 	restarts int
 	run      time.Duration // the rank loop's length (GORUN_CHAOS_RUN)
 	env      []string      // more environment for every rank
@@ -69,6 +71,22 @@ type row struct {
 	// extra checks the output further (e.g. the stall diagnosis naming a
 	// slowed rank); it returns violations.
 	extra func(out string) []string
+}
+
+// heldUp checks that rank 0's longest iteration lasted at least d: the
+// fault of a row that completes had its effect (why says what it means
+// if not).
+func heldUp(d time.Duration, why string) func(out string) []string {
+	return func(out string) []string {
+		m := regexp.MustCompile(`(?m)^chaos-result rank 0 .* longest (\d+) ms$`).FindStringSubmatch(out)
+		if m == nil {
+			return []string{"rank 0 reported no result"}
+		}
+		if ms, _ := strconv.Atoi(m[1]); time.Duration(ms)*time.Millisecond < d {
+			return []string{fmt.Sprintf("rank 0's longest iteration was %d ms (want at least %v): %s", ms, d, why)}
+		}
+		return nil
+	}
 }
 
 func (r row) name() string {
@@ -165,16 +183,7 @@ func matrix() []row {
 		// 0 lasted at least 1.5 s). The stall diagnosis usually names it
 		// too ("rank 1 does not answer"), but its status query races the
 		// slice on a loaded machine, so the row does not require it.
-		extra: func(out string) []string {
-			m := regexp.MustCompile(`(?m)^chaos-result rank 0 .* longest (\d+) ms$`).FindStringSubmatch(out)
-			if m == nil {
-				return []string{"rank 0 reported no result"}
-			}
-			if ms, _ := strconv.Atoi(m[1]); ms < 1500 {
-				return []string{fmt.Sprintf("rank 0's longest iteration was %d ms: the slowed rank 1 held nobody up", ms)}
-			}
-			return nil
-		}})
+		extra: heldUp(1500*time.Millisecond, "the slowed rank 1 held nobody up")})
 	// data-plane faults inside gorun's transport.
 	for _, mode := range []string{"gorun", "direct"} {
 		ci := mode == "gorun"
@@ -193,6 +202,21 @@ func matrix() []row {
 	}
 	rows = append(rows, row{mode: "gorun", fault: "corrupt", phase: "loop", np: 3, victim: 1, run: 4 * time.Second, restarts: 1, complete: true,
 		inject: []string{"corrupt:rank=1:at=800ms"}})
+	// The same faults keyed to a step (after-steps=N: the fault starts in
+	// each rank it acts in once that rank reported step N; the chaos rank
+	// reports one step per iteration), under gorun and without it.
+	rows = append(rows,
+		row{mode: "gorun", fault: "corrupt", phase: "steps", np: 3, victim: 1, run: 4 * time.Second, ci: true,
+			inject: []string{"corrupt:rank=1:after-steps=3"}, cause: []string{"corrupted on the link 1->"}, names: "corrupted on the link 1->"},
+		row{mode: "direct", fault: "drop", phase: "steps", np: 3, victim: 1, run: 4 * time.Second,
+			inject: []string{"drop:rank=1:peer=2:after-steps=3"}, names: "rank "},
+		row{mode: "gorun", fault: "delay", phase: "steps", np: 3, victim: 1, run: 2 * time.Second, complete: true,
+			inject: []string{"delay:rank=1:ms=300:after-steps=2:for=1s"}, extra: heldUp(280*time.Millisecond, "the delay held no frame")},
+		row{mode: "gorun", fault: "partition", phase: "heal-steps", np: 3, victim: -1, run: 3 * time.Second, complete: true,
+			inject: []string{"partition:ranks=0:after-steps=3:for=1s"}, extra: heldUp(700*time.Millisecond, "the partition held no frame")},
+		row{mode: "direct", fault: "partition", phase: "steps", np: 3, victim: -1, run: 6 * time.Second,
+			inject: []string{"partition:ranks=0:after-steps=3:lease=1500ms"}, names: "rank "},
+	)
 	// Across namespace hosts, one rank per host: host faults, a real
 	// partition with iptables, and the transport's faults.
 	rows = append(rows,
@@ -204,11 +228,33 @@ func matrix() []row {
 		// One rank per host: every rank is its host's leader, and gossip
 		// sees the freeze.
 		row{mode: "hosts", fault: "stop", phase: "small", np: 3, victim: 2, cause: frozen, names: "rank 2", bound: 25 * time.Second},
+		// Elastic grow-back (--min-np 2): host 3 is killed whole once
+		// its rank finished iteration 2, world 1 runs 2 ranks; its rank 1
+		// is killed at its iteration 6, and at that restart gorun asks
+		// host 3 again: it answers, and world 2 completes on 3 ranks
+		// (rank 2's checked result exists only if it ran).
+		row{mode: "hosts", fault: "kill-host", phase: "regrow", np: 3, victim: 2, run: 2 * time.Second, restarts: 2, complete: true,
+			args: []string{"--min-np", "2"}, inject: []string{"kill-host:host=HOST2:after-steps=2", "kill:rank=1:after-steps=6"}},
 		// Frozen before Init on another host: its host's supervisor
 		// reports it through the agent.
 		row{mode: "hosts", fault: "stop", phase: "launch", np: 3, victim: 2, cause: []string{"rank 2", "frozen", "past its lease"}, bound: 25 * time.Second},
 		row{mode: "hosts", fault: "corrupt", phase: "loop", np: 3, victim: 1, run: 4 * time.Second,
 			inject: []string{"corrupt:rank=1:at=800ms"}, cause: []string{"corrupted on the link 1->"}, names: "corrupted on the link 1->"},
+		// A partition of a host from the others inside the transport,
+		// from a step: named at its lease as the network around it.
+		row{mode: "hosts", fault: "partition", phase: "hosts-steps", np: 3, victim: -1, run: 8 * time.Second,
+			inject: []string{"partition:hosts=HOST0:after-steps=3:lease=1500ms"},
+			cause:  []string{"the network between host", "HOST0", "lease"}, names: "rank ", code: 255},
+		// Gossip's packets (UDP) between host 1 and the others dropped
+		// for 6 s, its TCP and the data plane untouched: the job should
+		// go on. It does while memberlist's TCP fallback probe lands
+		// within the probe interval every round; under load one missed
+		// and host 1 declared host 2 dead 3.8 s into the cut (its
+		// suspicion cannot be refuted over UDP): a healthy data plane
+		// does not keep a member alive.
+		row{mode: "hosts", fault: "gossip", phase: "udp-cut", np: 3, victim: -1, run: 9 * time.Second, complete: true,
+			during: iptablesCut(0, []int{1, 2}, "udp", 6*time.Second),
+			owner:  "open: a gossip (UDP) cut with a healthy data plane is survived only while every TCP fallback probe lands in time"},
 		// host 1 (rank 0) cut from everything, gorun included, for 8 s:
 		// named within the lease.
 		row{mode: "hosts", fault: "iptables", phase: "isolate", np: 3, victim: 0, run: 12 * time.Second, cause: []string{"rank 0"}, names: "rank 0",
@@ -421,6 +467,7 @@ func runGorunArgs(t *testing.T, r row, env []string, pre []string, also io.Write
 	if r.restarts > 0 {
 		args = append(args, "--max-restarts", strconv.Itoa(r.restarts))
 	}
+	args = append(args, r.args...)
 	args = append(args, selfBin)
 	ctx, cancel := context.WithTimeout(context.Background(), r.bound)
 	defer cancel()
@@ -560,6 +607,13 @@ type cutSpan struct{ start, end time.Time }
 // a from everything but its loopback: gorun and its agent connection
 // included.
 func iptablesPartition(a int, bs []int, d time.Duration) func(h *testhosts.Netns, ready <-chan struct{}) (cutSpan, error) {
+	return iptablesCut(a, bs, "", d)
+}
+
+// iptablesCut is iptablesPartition for the packets of one protocol (proto
+// "udp": gossip's probes and messages, not its TCP streams nor the data
+// plane; "": every packet).
+func iptablesCut(a int, bs []int, proto string, d time.Duration) func(h *testhosts.Netns, ready <-chan struct{}) (cutSpan, error) {
 	return func(h *testhosts.Netns, ready <-chan struct{}) (cutSpan, error) {
 		var span cutSpan
 		var rules [][]string
@@ -568,6 +622,11 @@ func iptablesPartition(a int, bs []int, d time.Duration) func(h *testhosts.Netns
 		}
 		if bs == nil {
 			rules = [][]string{{"INPUT", "!", "-i", "lo"}, {"OUTPUT", "!", "-o", "lo"}}
+		}
+		if proto != "" {
+			for i := range rules {
+				rules[i] = append(rules[i], "-p", proto)
+			}
 		}
 		ipt := func(op string, rule []string) error {
 			args := append([]string{"netns", "exec", h.Hosts[a], "iptables", op}, rule...)

@@ -38,7 +38,8 @@ import (
 //	shutdown   after the last call, before Close
 //
 // Faults gorun injects by time (slow, drop, delay, corrupt, partition)
-// use phase "loop": the ranks go on until chaosRun has passed.
+// use phase "loop", and by step (after-steps=) "steps": the ranks go on
+// until chaosRun has passed, reporting one step per iteration.
 //
 // Output: "chaos-result rank R iters N sum S longest MS ms" on success, "chaos-error
 // rank R: ERR" (exit 6) on a failed call.
@@ -228,6 +229,9 @@ func runRank() int {
 			return fail(err)
 		}
 		longest = max(longest, time.Since(t0))
+		// One step per iteration: after-steps= faults (signals and the
+		// data plane's) key to it.
+		r.ReportStep(it + 1)
 		if it == 0 {
 			// The harness keys faults made from outside (iptables) to
 			// this line from every rank: the world is formed and running.

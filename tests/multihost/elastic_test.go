@@ -1,6 +1,7 @@
 package multihost
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -147,61 +148,189 @@ func TestElasticTrainerResumesOnFewerHosts(t *testing.T) {
 		t.Fatalf("gorun: %v\n%s", err, out)
 	}
 	// Rank 0's lines per world (untagged output: only rank 0 prints).
-	worlds := map[string][]string{}
-	cur := ""
-	for _, l := range strings.Split(string(out), "\n") {
-		if w, ok := strings.CutPrefix(l, "world "); ok {
-			cur = w
-			continue
-		}
-		worlds[cur] = append(worlds[cur], l)
+	losses, params, resumed := trainerLosses(t, string(out), 2)
+	if resumed[1] < 6 {
+		t.Fatalf("the second world resumed from step %d\n%s", resumed[1], out)
 	}
-	resumed := -1
-	var losses []string
-	for _, w := range []string{"0", "1"} {
-		var own []string
-		for _, l := range worlds[w] {
-			f := strings.Fields(l)
-			switch {
-			case len(f) == 6 && f[0] == "step" && f[2] == "loss":
-				own = append(own, f[1]+" "+f[3])
-			case len(f) >= 4 && f[0] == "resumed" && w == "1":
-				fmt.Sscan(f[3], &resumed)
-			}
-		}
-		if w == "0" {
-			if len(own) < 7 {
-				t.Fatalf("the first world printed %d steps, want at least 7\n%s", len(own), out)
-			}
-			losses = own
-			continue
-		}
-		if resumed < 6 || resumed > len(losses) {
-			t.Fatalf("the second world resumed from step %d\n%s", resumed, out)
-		}
-		losses = append(losses[:resumed], own...)
-	}
-	var want []string
-	var wantParams, gotParams string
-	for _, l := range strings.Split(string(ref), "\n") {
-		f := strings.Fields(l)
-		if len(f) == 6 && f[0] == "step" && f[2] == "loss" {
-			want = append(want, f[1]+" "+f[3])
-		}
-		if i := strings.LastIndex(l, "params "); strings.HasPrefix(l, "summary:") && i > 0 {
-			wantParams = l[i:]
-		}
-	}
-	for _, l := range worlds["1"] {
-		if i := strings.LastIndex(l, "params "); strings.HasPrefix(l, "summary:") && i > 0 {
-			gotParams = l[i:]
-		}
-	}
-	if !slices.Equal(losses, want) || gotParams == "" || gotParams != wantParams {
-		t.Fatalf("losses %v %s\nwant %v %s\n%s", losses, gotParams, want, wantParams, out)
+	want, wantParams, _ := trainerLosses(t, "world 0\n"+string(ref), 1)
+	if !slices.Equal(losses, want) || params == "" || params != wantParams {
+		t.Fatalf("losses %v %s\nwant %v %s\n%s", losses, params, want, wantParams, out)
 	}
 	rep, raw := readElasticReport(t, report)
 	if len(rep.Worlds) != 2 || rep.Worlds[1].NP != 2 || !slices.Equal(rep.Worlds[1].Hosts, []string{h.Hosts[0]}) || !slices.Equal(rep.LostHosts, []string{h.Hosts[1]}) {
 		t.Fatalf("report:\n%s", raw)
+	}
+}
+
+// trainerLosses joins the "step N loss L" lines of rank 0 across worlds
+// (each world's output follows its "world N" line): a world that resumed
+// from step k replaces what came after k. It returns the losses, the last
+// world's parameter summary and the step each world resumed from.
+func trainerLosses(t *testing.T, out string, worlds int) (losses []string, params string, resumed []int) {
+	t.Helper()
+	byWorld := map[string][]string{}
+	cur := ""
+	for _, l := range strings.Split(out, "\n") {
+		if w, ok := strings.CutPrefix(l, "world "); ok {
+			cur = w
+			continue
+		}
+		byWorld[cur] = append(byWorld[cur], l)
+	}
+	for w := range worlds {
+		from := -1
+		var own []string
+		for _, l := range byWorld[fmt.Sprint(w)] {
+			f := strings.Fields(l)
+			switch {
+			case len(f) == 6 && f[0] == "step" && f[2] == "loss":
+				own = append(own, f[1]+" "+f[3])
+			case len(f) >= 4 && f[0] == "resumed" && w > 0:
+				fmt.Sscan(f[3], &from)
+			case strings.HasPrefix(l, "summary:") && strings.LastIndex(l, "params ") > 0:
+				params = l[strings.LastIndex(l, "params "):]
+			}
+		}
+		if w > 0 {
+			if from < 0 || from > len(losses) {
+				t.Fatalf("world %d resumed from step %d after %d steps\n%s", w, from, len(losses), out)
+			}
+			losses = losses[:from]
+		}
+		resumed = append(resumed, from)
+		losses = append(losses, own...)
+	}
+	return losses, params, resumed
+}
+
+// Grow-back (issue 17): 2 hosts × 2 ranks, -np 4 --min-np 2. The second
+// host is killed whole once its ranks reported step 5: world 1 runs on
+// the first host alone (2 ranks). Once world 1's rank 1 reported step 12
+// it is killed: at that restart gorun asks the lost host again, it
+// answers (its sshd never went away; only gorun's agent and ranks were
+// killed), and world 2 runs 4 ranks on both hosts again, resuming from
+// the checkpoint. The losses and parameters equal an uninterrupted run's
+// on 4 ranks, bit for bit. A variant with the lost host blackholed
+// before world 2 shows it left out: world 2 runs on 2 ranks.
+func TestElasticGrowBack(t *testing.T) {
+	h := requireHosts(t)
+	dir := launchertest.Build(t, "examples/trainer")
+	trainer := filepath.Join(dir, "trainer")
+	common := []string{"--steps", "20", "--model", "small", "--batch", "8", "--deterministic", "--mode", "sharded"}
+	ref, err := exec.Command(gorunBin, append([]string{"-np", "4", trainer}, common...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the uninterrupted run: %v\n%s", err, ref)
+	}
+	want, wantParams, _ := trainerLosses(t, "world 0\n"+string(ref), 1)
+	for _, tc := range []struct {
+		name      string
+		blackhole bool
+		wantNP    int
+	}{
+		{"answers again", false, 4},
+		{"still lost", true, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.blackhole && os.Getenv("GORUN_CHAOS") != "full" {
+				// ~10 s, most of it the unanswered question: in the
+				// full matrix (make test-chaos), not in make test.
+				t.Skip("GORUN_CHAOS=full runs it (make test-chaos)")
+			}
+			dir := t.TempDir()
+			hf := filepath.Join(dir, "hostfile")
+			if err := os.WriteFile(hf, []byte(fmt.Sprintf("%s slots=2\n%s slots=2\n", h.Hosts[0], h.Hosts[1])), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			report := filepath.Join(dir, "report.json")
+			args := []string{"--launch-agent", strings.Join(h.SSHArgs(), " "), "-hostfile", hf, "-np", "4", "--min-np", "2",
+				"--max-restarts", "2", "--report", report,
+				"--inject", "kill-host:host=" + h.Hosts[1] + ":after-steps=5",
+				"--inject", "kill:rank=1:after-steps=12",
+				"/bin/sh", "-c", `echo "world $GORUN_RESTART_COUNT"; exec "$0" "$@"`, trainer}
+			args = append(args, common...)
+			args = append(args, "--checkpoint", filepath.Join(dir, "ckpt"), "--checkpoint-every", "3")
+			cmd := exec.Command(gorunBin, args...)
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stdout, cmd.Stderr = pw, pw
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			pw.Close()
+			var buf strings.Builder
+			sc := bufio.NewScanner(pr)
+			blocked := false
+			for sc.Scan() {
+				buf.WriteString(sc.Text() + "\n")
+				if tc.blackhole && !blocked && sc.Text() == "world 1" {
+					// An event, not a time: world 1 runs, so the lost
+					// host is cut off before world 2 asks for it, as a
+					// host that stays down looks.
+					if err := h.Blackhole(h.Hosts[1]); err != nil {
+						t.Error(err)
+					}
+					blocked = true
+				}
+			}
+			err = cmd.Wait()
+			pr.Close()
+			if blocked {
+				_ = h.Unblock(h.Hosts[1])
+			}
+			out := buf.String()
+			if err != nil {
+				t.Fatalf("gorun: %v\n%s", err, out)
+			}
+			rep, raw := readElasticReport(t, report)
+			if len(rep.Worlds) != 3 || rep.Worlds[1].NP != 2 || !slices.Equal(rep.Worlds[1].Hosts, []string{h.Hosts[0]}) ||
+				rep.Worlds[2].NP != tc.wantNP || !slices.Equal(rep.LostHosts, []string{h.Hosts[1]}) {
+				t.Fatalf("worlds: want 4, 2, then %d ranks\nreport:\n%s\n%s", tc.wantNP, raw, out)
+			}
+			if got := strings.Contains(raw, `"readmitted"`); got == tc.blackhole {
+				t.Fatalf("readmitted in the report: %v, want %v\n%s", got, !tc.blackhole, raw)
+			}
+			losses, params, resumed := trainerLosses(t, out, 3)
+			if !slices.Equal(losses, want) || params == "" || params != wantParams {
+				t.Fatalf("losses %v %s\nwant %v %s\n%s", losses, params, want, wantParams, out)
+			}
+			t.Logf("worlds of %d, %d, %d ranks; resumed from steps %v", rep.Worlds[0].NP, rep.Worlds[1].NP, rep.Worlds[2].NP, resumed[1:])
+		})
+	}
+}
+
+// Grow-back while the world runs (--readmit-every, torchrun's restart on a
+// membership change): hosts h1, h2 of 2 slots, -np 4 --min-np 2
+// --max-restarts 1. h2 is killed whole once its ranks did their first
+// all-reduce; world 1 runs 2 ranks on h1 and can end in no other way
+// than being stopped to grow (its ranks wait for ever); gorun asks h2
+// every second, it answers, world 1 is stopped, and world 2 runs 4 ranks
+// on both hosts and succeeds. The grow restart is not counted against
+// --max-restarts (1, spent on the kill).
+func TestElasticGrowsWhileRunning(t *testing.T) {
+	h := requireHosts(t)
+	h1, h2 := h.Hosts[0], h.Hosts[1]
+	dir := t.TempDir()
+	hf := filepath.Join(dir, "hostfile")
+	if err := os.WriteFile(hf, []byte(fmt.Sprintf("%s slots=2\n%s slots=2\n", h1, h2)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	report := filepath.Join(dir, "report.json")
+	j := newJobOn(t, h, hf, "restart-aware:grow", nil, "--tag-output", "-np", "4", "--min-np", "2", "--max-restarts", "1",
+		"--readmit-every", "1s", "--report", report, "--inject", "kill-host:host="+h2+":after-steps=1")
+	code := j.run()
+	j.noSurvivors()
+	rep, raw := readElasticReport(t, report)
+	if code != 0 || len(rep.Worlds) != 3 || rep.Restarts != 2 {
+		t.Fatalf("exit %d, want 0 after 3 worlds\nstdout:\n%s\nstderr:\n%s\nreport:\n%s", code, j.stdout.String(), j.stderr.String(), raw)
+	}
+	nps := []int{rep.Worlds[0].NP, rep.Worlds[1].NP, rep.Worlds[2].NP}
+	if !slices.Equal(nps, []int{4, 2, 4}) || !slices.Equal(rep.Worlds[2].Hosts, []string{h1, h2}) ||
+		!strings.Contains(rep.Worlds[1].Result, "grow back") || rep.Worlds[2].Result != "succeeded" {
+		t.Fatalf("worlds of %v ranks, want 4, 2, 4\nreport:\n%s", nps, raw)
+	}
+	if got := worldHosts(j.stdout.String())["2"]; !slices.Equal(got, []string{h1, h2}) {
+		t.Fatalf("world 2's ranks printed from %v\n%s", got, j.stdout.String())
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun-hpc/gorun/launcher"
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
 )
 
@@ -301,6 +302,18 @@ func TestDoctor(t *testing.T) {
 		want := fmt.Sprintf("eth0 %s", h.Addrs[i])
 		if !strings.Contains(out, want) || !strings.Contains(out, "3/3") {
 			t.Errorf("no ready line for %s with %q and 3/3 peers:\n%s", host, want, out)
+		}
+	}
+	// Whether jobs get a cgroup, said for every host: on where this
+	// machine allows it (the test hosts share its cgroup tree), off with
+	// the reason otherwise.
+	state := "off: "
+	if _, err := launcher.CgroupSupport(); err == nil {
+		state = "on: "
+	}
+	for _, host := range append([]string{"the launching host"}, h.Hosts...) {
+		if !strings.Contains(out, "job cgroups on "+host+": "+state) {
+			t.Errorf("doctor does not say %q for %s:\n%s", "job cgroups on "+host+": "+state, host, out)
 		}
 	}
 

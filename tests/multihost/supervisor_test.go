@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gorun-hpc/gorun/launcher"
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
 )
 
@@ -43,6 +45,49 @@ func TestHostSupervisorLossEndsJob(t *testing.T) {
 			j.noSurvivors()
 		})
 	}
+}
+
+// A remote host's supervisor SIGKILLed while each rank there has started
+// a child that left its session and cleared its environment: nothing but
+// the job's cgroup marks those children, so only the host agent's kill of
+// that cgroup ends them. Exit 255 naming the host, and no survivor on any
+// host (noSurvivors scans every host's processes, whatever their
+// environment). Skipped, naming why, where gorun cannot write cgroups.
+func TestHostSupervisorKilledCgroup(t *testing.T) {
+	h := requireHosts(t)
+	if _, err := launcher.CgroupSupport(); err != nil {
+		t.Skipf("no job cgroups on this host (%v): the escaped children would survive, as gorun doctor says", err)
+	}
+	j := newJob(t, h, 2, "setsid-clearenv", nil)
+	if err := j.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, j, 8)
+	var children []int
+	for _, c := range regexp.MustCompile(`ready \d+ \d+ child (\d+)`).FindAllStringSubmatch(j.stdout.String(), -1) {
+		pid, _ := strconv.Atoi(c[1])
+		children = append(children, pid)
+	}
+	if len(children) != 8 {
+		t.Fatalf("want 8 children, got %v:\n%s", children, j.stdout.String())
+	}
+	// Whatever happens below, none outlives the test.
+	t.Cleanup(func() {
+		for _, pid := range launchertest.Alive(children) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	victim := h.Hosts[2]
+	if err := syscall.Kill(supervisorPid(t, agentPid(t, victim)), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if code := j.wait(); code != 255 || !strings.Contains(j.stderr.String(), "gorun: lost host "+victim+": ") {
+		t.Errorf("exit %d, stderr:\n%s", code, j.stderr.String())
+	}
+	if alive := launchertest.Alive(children); len(alive) > 0 {
+		t.Errorf("children that left their session and cleared their environment survive: %v (%s)\nstderr:\n%s", alive, describe(alive), j.stderr.String())
+	}
+	j.noSurvivors()
 }
 
 // supervisorPid finds the job supervisor among the children of a host

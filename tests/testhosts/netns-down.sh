@@ -53,9 +53,11 @@ case $mode in
 	;;
 --stale)
 	for s in $(sets_known); do
-		owner=$(cat "$BASE/$s/owner" 2>/dev/null || true)
-		# A set without an owner was made by hand: only --all or its name removes it.
-		[ -n "$owner" ] && [ ! -d "/proc/$owner" ] && down_set "$s"
+		read -r owner ns <"$BASE/$s/owner" 2>/dev/null || true
+		# A set without an owner was made by hand: only --all or its name
+		# removes it; one owned from another PID namespace cannot be judged
+		# from here.
+		[ -n "$owner" ] && [ "${ns:-$(pidns)}" = "$(pidns)" ] && [ ! -d "/proc/$owner" ] && down_set "$s"
 	done
 	;;
 *)

@@ -58,7 +58,9 @@ state=$BASE/$set
 mkdir -p "$state"
 chmod 700 "$state"
 # No --owner: made by hand, so --stale must leave it alone.
-if [ -n "$owner" ]; then echo "$owner" >"$state/owner"; else rm -f "$state/owner"; fi
+# The owner's PID namespace goes with its pid: a pid means nothing in
+# another namespace (a test run under unshare --pid beside one outside it).
+if [ -n "$owner" ]; then echo "$owner $(pidns)" >"$state/owner"; else rm -f "$state/owner"; fi
 
 # Subnet: keep the set's own, else the lowest 198.18.X.0/24 no other set
 # holds and no interface of this machine uses.
@@ -92,6 +94,10 @@ ip link set "$br" up
 [ -s "$state/ssh_host_ed25519_key" ] || ssh-keygen -q -t ed25519 -N '' -C "gorun-testhosts $set host" -f "$state/ssh_host_ed25519_key"
 [ -s "$state/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C "gorun-testhosts $set client" -f "$state/id_ed25519"
 cp "$state/id_ed25519.pub" "$state/authorized_keys"
+# This machine's cgroup mounts (target fstype options, ';'-separated),
+# given to each host's sshd below.
+cgmounts=$(findmnt -rn -R -o TARGET,FSTYPE,OPTIONS /sys/fs/cgroup 2>/dev/null | tr '\n' ';' || true)
+
 # sshd's privilege separation directory.
 mkdir -p /run/sshd
 chmod 755 /run/sshd
@@ -155,8 +161,20 @@ EOF
 	if ! pid_alive "$state/$ns/sshd.pid" "$state/$ns/sshd_config"; then
 		rm -f "$state/$ns/sshd.pid"
 		# sshd daemonizes; the UTS namespace gives the host its own name.
-		ip netns exec "$ns" unshare --uts sh -c 'hostname "$1" && exec /usr/sbin/sshd -f "$2" -E "$3"' 9>&- \
-			sh "$ns" "$state/$ns/sshd_config" "$state/$ns/sshd.log"
+		# ip netns exec remounts /sys in a mount namespace of its own,
+		# which hides the cgroup tree a real host has: mount this
+		# machine's cgroup hierarchies again there (best effort, the same
+		# hierarchies), so that a gorun agent on the host finds them as it
+		# would on a real machine (job cgroups, gorun doctor).
+		ip netns exec "$ns" unshare --uts sh -c '
+			hostname "$1" || exit 1
+			printf "%s" "$4" | tr ";" "\n" | while read -r target fstype opts; do
+				[ -n "$target" ] || continue
+				mkdir -p "$target" 2>/dev/null
+				mount -t "$fstype" -o "$opts" "$fstype" "$target" 2>/dev/null || true
+			done
+			exec /usr/sbin/sshd -f "$2" -E "$3"' 9>&- \
+			sh "$ns" "$state/$ns/sshd_config" "$state/$ns/sshd.log" "$cgmounts"
 	fi
 done
 

@@ -33,7 +33,8 @@ if [ -n "$owner" ]; then
 		[ -e "$f" ] || continue
 		o=$(basename "$f")
 		o=${o%%.*}
-		[[ $o =~ ^[0-9]+$ ]] && [ ! -d "/proc/$o" ] && rm -f "$f"
+		ns=$(cat "$f" 2>/dev/null || true)
+		[[ $o =~ ^[0-9]+$ ]] && [ "${ns:-$(pidns)}" = "$(pidns)" ] && [ ! -d "/proc/$o" ] && rm -f "$f"
 	done
 	left=$(ls "$state/owners" 2>/dev/null | tr '\n' ' ')
 	if [ -n "$left" ]; then

@@ -41,7 +41,7 @@ ensure_pkgs slurmctld:slurm-wlm slurmd:slurm-wlm srun:slurm-client sinfo:slurm-c
 state=$BASE/slurm
 conf=$state/slurm.conf
 mkdir -p "$state/owners" "$state/ctld" "$state/spool"
-touch "$state/owners/$owner"
+pidns >"$state/owners/$owner" # see pidns in lib.sh
 
 # munge: the key and directories the package normally prepares, then the
 # daemon unless one already answers.

@@ -1,6 +1,0 @@
-//go:build !linux
-
-package comm
-
-// quietSysmon is Linux only (sysmon_linux.go).
-func quietSysmon(int) {}
