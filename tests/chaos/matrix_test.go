@@ -174,11 +174,13 @@ func matrix() []row {
 	)
 	// slow: the job completes, no death verdict, the stall diagnosis names
 	// the slowed rank.
-	rows = append(rows, row{mode: "gorun", fault: "slow", phase: "loop", np: 3, victim: 1, run: 4 * time.Second, complete: true, ci: true,
+	rows = append(rows, row{mode: "gorun", fault: "slow", phase: "steps", np: 3, victim: 1, run: 4 * time.Second, complete: true, ci: true,
 		// Stopped 2.7 s of every 3 s: long enough for the stall
 		// diagnosis (after 1 s, then a status query that the stopped rank
-		// cannot answer), short of any death verdict.
-		inject: []string{"slow:rank=1:at=300ms:for=3s:duty=0.9:period=3s"},
+		// cannot answer), short of any death verdict. Keyed to a step: at
+		// a fixed time (300 ms) a loaded CI run stopped rank 1 before the
+		// ranks had started iterating, and no iteration waited for it.
+		inject: []string{"slow:rank=1:after-steps=1:for=3s:duty=0.9:period=3s"},
 		// Visible: the other ranks waited for it (an iteration of rank
 		// 0 lasted at least 1.5 s). The stall diagnosis usually names it
 		// too ("rank 1 does not answer"), but its status query races the
