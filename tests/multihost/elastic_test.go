@@ -125,13 +125,7 @@ func TestElasticKillHost(t *testing.T) {
 // bit (--deterministic makes them independent of the rank count).
 func TestElasticTrainerResumesOnFewerHosts(t *testing.T) {
 	h := requireHosts(t)
-	dir := launchertest.Build(t, "examples/trainer")
-	trainer := filepath.Join(dir, "trainer")
-	common := []string{"--steps", "20", "--model", "small", "--batch", "8", "--deterministic", "--mode", "sharded"}
-	ref, err := exec.Command(gorunBin, append([]string{"-np", "4", trainer}, common...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("the uninterrupted run: %v\n%s", err, ref)
-	}
+	dir, trainer, common, ref := uninterruptedTrainer(t)
 	hf := filepath.Join(dir, "hostfile")
 	if err := os.WriteFile(hf, []byte(fmt.Sprintf("%s slots=2\n%s slots=2\n", h.Hosts[0], h.Hosts[1])), 0o644); err != nil {
 		t.Fatal(err)
@@ -214,13 +208,7 @@ func trainerLosses(t *testing.T, out string, worlds int) (losses []string, param
 // before world 2 shows it left out: world 2 runs on 2 ranks.
 func TestElasticGrowBack(t *testing.T) {
 	h := requireHosts(t)
-	dir := launchertest.Build(t, "examples/trainer")
-	trainer := filepath.Join(dir, "trainer")
-	common := []string{"--steps", "20", "--model", "small", "--batch", "8", "--deterministic", "--mode", "sharded"}
-	ref, err := exec.Command(gorunBin, append([]string{"-np", "4", trainer}, common...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("the uninterrupted run: %v\n%s", err, ref)
-	}
+	_, trainer, common, ref := uninterruptedTrainer(t)
 	want, wantParams, _ := trainerLosses(t, "world 0\n"+string(ref), 1)
 	for _, tc := range []struct {
 		name      string
@@ -333,4 +321,20 @@ func TestElasticGrowsWhileRunning(t *testing.T) {
 	if got := worldHosts(j.stdout.String())["2"]; !slices.Equal(got, []string{h1, h2}) {
 		t.Fatalf("world 2's ranks printed from %v\n%s", got, j.stdout.String())
 	}
+}
+
+// uninterruptedTrainer builds the example trainer and runs it on 4 local
+// ranks with the elastic tests' common flags: the run every elastic world
+// sequence must equal bit for bit. It returns the build directory, the
+// trainer, those flags and the run's output.
+func uninterruptedTrainer(t *testing.T) (dir, trainer string, common []string, ref []byte) {
+	t.Helper()
+	dir = launchertest.Build(t, "examples/trainer")
+	trainer = filepath.Join(dir, "trainer")
+	common = []string{"--steps", "20", "--model", "small", "--batch", "8", "--deterministic", "--mode", "sharded"}
+	ref, err := exec.Command(gorunBin, append([]string{"-np", "4", trainer}, common...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the uninterrupted run: %v\n%s", err, ref)
+	}
+	return dir, trainer, common, ref
 }
