@@ -564,6 +564,7 @@ func (l *shmLink) wait(mode int) bool {
 			}
 		}
 	}
+	unbatch()
 	for {
 		atomic.StoreUint32(w, 1)
 		if l.ready(mode) {
