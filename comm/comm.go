@@ -154,7 +154,11 @@ type Comm struct {
 	}
 	rrFn  func(dst, src []byte)
 	slots [][]byte
-	cseq  uint64 // collectives run so far (the flight recorder's Seq)
+	// readTx and readRx carry the single-copy path's address messages
+	// (peerread.go): here rather than on the stack, as a payload handed to
+	// a link escapes.
+	readTx, readRx [peerReadAddrs]byte
+	cseq           uint64 // collectives run so far (the flight recorder's Seq)
 }
 
 var _ Communicator = (*Comm)(nil)
@@ -182,6 +186,9 @@ type peer struct {
 	sendq   chan sendReq
 	sendErr chan error
 	pending int
+	// noPeerRead: an address exchange showed that this rank or the peer
+	// cannot read the other's memory (peerread.go); worker only.
+	noPeerRead bool
 }
 
 // New connects to every other member of g over t and starts the
