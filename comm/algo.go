@@ -95,14 +95,8 @@ func (c *Comm) allReduce(cl *call, send, recv []byte) error {
 	case c.n == 2 && ring:
 		// With two ranks the fixed tree is r0 op r1, and every op here is
 		// commutative bit for bit (IEEE sum and product; min and max as the
-		// builtins define them), so the single copy, the ring and the pair
-		// exchange compute exactly the tree.
-		if c.readsPeer(len(work)) {
-			var done bool
-			if done, err = c.readAllReduce(cl, ct, src, work); done {
-				break
-			}
-		}
+		// builtins define them), so the ring and the pair exchange compute
+		// exactly the tree.
 		if k := c.pairSegments(ct, len(work)); k > 0 {
 			err = c.pairAllReduce(cl, ct, src, work, k)
 		} else {

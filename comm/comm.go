@@ -154,11 +154,7 @@ type Comm struct {
 	}
 	rrFn  func(dst, src []byte)
 	slots [][]byte
-	// readTx and readRx carry the single-copy path's address messages
-	// (peerread.go): here rather than on the stack, as a payload handed to
-	// a link escapes.
-	readTx, readRx [peerReadAddrs]byte
-	cseq           uint64 // collectives run so far (the flight recorder's Seq)
+	cseq  uint64 // collectives run so far (the flight recorder's Seq)
 }
 
 var _ Communicator = (*Comm)(nil)
@@ -186,9 +182,6 @@ type peer struct {
 	sendq   chan sendReq
 	sendErr chan error
 	pending int
-	// noPeerRead: an address exchange showed that this rank or the peer
-	// cannot read the other's memory (peerread.go); worker only.
-	noPeerRead bool
 }
 
 // New connects to every other member of g over t and starts the

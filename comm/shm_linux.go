@@ -71,10 +71,6 @@ const (
 	// the side maps the segment, before its handshake message.
 	cpuCtlOff = 1024
 	sidCtlOff = cpuCtlOff + 8
-	// At readCtlOff + side·cacheLine: the side's pid, the address of its
-	// probe word and the word's value (see peerReadable), written when the
-	// side maps the segment.
-	readCtlOff = cpuCtlOff + 16
 	// shmFrameSkip marks a header-sized record after which the consumer
 	// skips to the ring's beginning. Never seen outside the link.
 	shmFrameSkip = 0xff
@@ -136,7 +132,6 @@ func createShm(dir string, gid GroupID, me, peer, ringBytes int) (*shmSegment, e
 	seg := &shmSegment{path: path, name: name, mem: mem, ringBytes: ringBytes}
 	seg.prefault()
 	seg.publishSession(0)
-	seg.publishProbe(0)
 	return seg, nil
 }
 
@@ -198,38 +193,6 @@ func schedGroupTag(enabled, autogroup string, sid int) uint32 {
 	}
 	return 0
 }
-
-// readProbe is the word a peer reads through process_vm_readv to learn
-// whether it can read this process's memory: a random value, published in
-// the segment next to this process's pid and the word's address. A read
-// that returns the published value proves the pid names this process in
-// the reader's PID namespace and that the kernel allows the read (ptrace
-// access: same user, no Yama restriction or seccomp filter in the way).
-var readProbe = func() *uint64 {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	v := binary.LittleEndian.Uint64(b[:]) | 1 // never 0, the unpublished value
-	return &v
-}()
-
-// publishProbe writes this process's pid, readProbe's address and its
-// value into side's line (see readCtlOff).
-func (s *shmSegment) publishProbe(side int) {
-	if os.Getenv(PeerReadEnv) == "0" {
-		return // the peer then finds no pid and does not try
-	}
-	o := readCtlOff + side*cacheLine
-	atomic.StoreUint64((*uint64)(unsafe.Pointer(&s.mem[o+8])), uint64(uintptr(unsafe.Pointer(readProbe))))
-	atomic.StoreUint64((*uint64)(unsafe.Pointer(&s.mem[o+16])), *readProbe)
-	atomic.StoreUint64((*uint64)(unsafe.Pointer(&s.mem[o])), uint64(os.Getpid()))
-}
-
-// PeerReadEnv, set to 0 in a rank's environment, keeps its peers on the
-// same host from reading its memory directly (the single-copy all-reduce
-// of peerread.go); both sides of a link then move every byte through the
-// shared segment. For hosts where cross-process reads are unwanted, and
-// for benchmarks that compare the two.
-const PeerReadEnv = "GORUN_SHM_PEER_READ"
 
 // session is the session id side published (0: none).
 func (s *shmSegment) session(side int) uint32 {
@@ -331,7 +294,6 @@ func openShm(dir, name string, ringBytes int) (*shmSegment, error) {
 	seg := &shmSegment{path: path, name: name, mem: mem, ringBytes: ringBytes}
 	seg.prefault()
 	seg.publishSession(1)
-	seg.publishProbe(1)
 	return seg, nil
 }
 
@@ -715,15 +677,6 @@ type shmLink struct {
 	zeros  [8]byte
 	wg     sync.WaitGroup
 
-	// The single-copy path (peerread.go), worker only: whether the peer's
-	// memory can be read (0 not probed yet, 1 yes, -1 no), its pid, and
-	// the vectors handed to process_vm_readv (here so that a read
-	// allocates nothing).
-	readOK  int8
-	peerPID int
-	lvec    [1]unix.Iovec
-	rvec    [1]unix.RemoteIovec
-
 	// Frame numbers across both paths: sent (under wmu) and received.
 	sent, recvd uint64
 	// Receive side: the current frame's payload when it is in a fast slot
@@ -737,56 +690,6 @@ type shmLink struct {
 
 var _ Link = (*shmLink)(nil)
 var _ ReduceReceiver = (*shmLink)(nil)
-var _ peerReader = (*shmLink)(nil)
-
-// peerReadable probes once whether this process can read the peer's
-// memory: it reads the peer's probe word at the published address and
-// compares it with the published value (see readProbe).
-func (l *shmLink) peerReadable() bool {
-	if l.readOK != 0 {
-		return l.readOK > 0
-	}
-	l.readOK = -1
-	if !l.enter() {
-		return false
-	}
-	defer l.exit()
-	o := readCtlOff + (1-l.side)*cacheLine
-	pid := int(atomic.LoadUint64((*uint64)(unsafe.Pointer(&l.seg.mem[o]))))
-	addr := uintptr(atomic.LoadUint64((*uint64)(unsafe.Pointer(&l.seg.mem[o+8]))))
-	want := atomic.LoadUint64((*uint64)(unsafe.Pointer(&l.seg.mem[o+16])))
-	if pid <= 0 || addr == 0 || want == 0 || os.Getenv(PeerReadEnv) == "0" {
-		return false
-	}
-	l.peerPID = pid
-	var got [8]byte
-	if l.readPeer(got[:], addr) != nil || binary.LittleEndian.Uint64(got[:]) != want {
-		return false
-	}
-	l.readOK = 1
-	return true
-}
-
-// readPeer copies len(dst) bytes at the peer's address addr into dst with
-// process_vm_readv, which may copy less than asked (a fault part way):
-// it goes on from there, and fails only if a read copies nothing.
-func (l *shmLink) readPeer(dst []byte, addr uintptr) error {
-	for len(dst) > 0 {
-		l.lvec[0].Base = unsafe.SliceData(dst)
-		l.lvec[0].SetLen(len(dst))
-		l.rvec[0] = unix.RemoteIovec{Base: addr, Len: len(dst)}
-		n, err := unix.ProcessVMReadv(l.peerPID, l.lvec[:], l.rvec[:], 0)
-		if err != nil {
-			return err
-		}
-		if n <= 0 {
-			return io.ErrUnexpectedEOF
-		}
-		dst, addr = dst[n:], addr+uintptr(n)
-	}
-	l.lvec[0].Base = nil // keep no caller's buffer alive
-	return nil
-}
 
 func newShmLink(conn net.Conn, br *bufio.Reader, seg *shmSegment, gid GroupID, dialer bool) *shmLink {
 	tx, rx := 0, 1
