@@ -430,7 +430,9 @@ func TestElasticReloadsHostfile(t *testing.T) {
 	}
 }
 
-func slicesEq(got []string, want ...string) bool { return strings.Join(got, ",") == strings.Join(want, ",") }
+func slicesEq(got []string, want ...string) bool {
+	return strings.Join(got, ",") == strings.Join(want, ",")
+}
 
 // End to end on this host: the job starts on the host list it was given
 // (2 slots); the hostfile says 3; after a kill the restarted world runs 3
