@@ -350,7 +350,12 @@ func uninterruptedTrainer(t *testing.T) (dir, trainer string, common []string, r
 	t.Helper()
 	dir = launchertest.Build(t, "examples/trainer")
 	trainer = filepath.Join(dir, "trainer")
-	common = []string{"--steps", "20", "--model", "small", "--batch", "8", "--deterministic", "--mode", "sharded"}
+	// 200 steps: an after-steps kill lands a supervisor tick (20 ms) or
+	// so after the step; the world must still be running then. With 20
+	// steps a quiet machine ran world 1 of TestElasticGrowBack (steps 7
+	// to 20, 0.3 ms each) to its end before the kill at step 12 landed,
+	// and the job finished in 2 worlds instead of 3.
+	common = []string{"--steps", "200", "--model", "small", "--batch", "8", "--deterministic", "--mode", "sharded"}
 	ref, err := exec.Command(gorunBin, append([]string{"-np", "4", trainer}, common...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("the uninterrupted run: %v\n%s", err, ref)
