@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/netfault"
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
+	"github.com/gorun-hpc/gorun/rendezvous/rendezvoustest"
 	"github.com/gorun-hpc/gorun/tests/testhosts"
 )
 
@@ -713,7 +713,7 @@ func (p *progress) stop() {
 // victim of a stop), as the outer launcher would.
 func runDirect(t *testing.T, r row, env []string) (string, bool, outcome) {
 	var o outcome
-	port := freePort(t)
+	port := rendezvoustest.FreePort(t)
 	if r.netfault != "" {
 		env = append(env, netfault.Env+"="+r.netfault, netfault.EpochEnv+"="+strconv.FormatInt(time.Now().UnixNano(), 10))
 	}
@@ -794,15 +794,6 @@ func runDirect(t *testing.T, r row, env []string) (string, bool, outcome) {
 		o.culprit = line
 	}
 	return out.String(), failed, o
-}
-
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // shmEntries lists gorun's shared-memory segments in /dev/shm.
