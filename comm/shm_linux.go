@@ -438,10 +438,29 @@ var foreignCallers atomic.Bool
 // and waits to get one back, instead of running another goroutine on the
 // spot: measured from Python through libgorun (2 ranks, 2 MiB all-reduce,
 // alternating pairs, notes/torch-backend.md) 2.2-3.5 ms per call with the
-// Gosched calls of the shared-memory waits, 1.2-1.3 ms without. The
-// process's other goroutines still run, on its other P (libgorun starts
-// with GOMAXPROCS 2).
+// Gosched calls of the shared-memory waits, 1.2-1.3 ms without. So such
+// a process's waiters yield the P only where one of its goroutines must
+// run for the call to progress (see goschedOK).
 func SetForeignCallers(on bool) { foreignCallers.Store(on) }
+
+// goschedOK reports whether a shared-memory waiter in mode may let this
+// process's other goroutines run (runtime.Gosched) while it polls, given
+// whether calls come from foreign threads (SetForeignCallers) and how many
+// of our goroutines are inside a ring write. Go's own threads always may.
+// With foreign callers a waiter may only where the hand-over is needed:
+// while it waits for ring room (it is a writer, usually the sender
+// goroutine, and the call's runner may be waiting for the P to drain the
+// ring the peer's writer fills) or while a goroutine of ours is writing a
+// ring frame (the peer may be waiting for it). A process with one P — a
+// rank bound to one CPU, or given GOMAXPROCS=1 on a crowded host
+// (launcher/bind.go) — otherwise runs the two in turns only when a waiter
+// sleeps on the futex and sysmon takes its P: 4 ranks on 2 cores, 32 MiB
+// in-place ring all-reduce from C through libgorun, 5 interleaved rounds,
+// medians 21.4 ms without these hand-overs, 14.0 ms with, native `gorun
+// bench` 13.7 ms (notes/torch-backend.md).
+func goschedOK(foreign bool, mode int, writers int32) bool {
+	return !foreign || mode == waitTxRing || writers > 0
+}
 
 // ringWriters counts the goroutines of this process inside a ring write
 // (Send of a frame too large for a fast slot): while one is, a waiter
@@ -505,9 +524,11 @@ func (l *shmLink) wait(mode int) bool {
 	// writing a ring frame (it may be what the peer waits for before it
 	// answers), or when the peer is slow anyway.
 	schedFrom := goschedAfter.get()
-	if mode >= waitTxRing || ringWriters.Load() > 0 || yieldFrom == 0 {
+	writers := ringWriters.Load()
+	if mode >= waitTxRing || writers > 0 || yieldFrom == 0 {
 		schedFrom = 0
 	}
+	gosched := goschedOK(foreignCallers.Load(), mode, writers)
 	start := time.Now()
 	contended, checked := false, false
 	for i := 0; ; i++ {
@@ -523,7 +544,7 @@ func (l *shmLink) wait(mode int) bool {
 			if spun > spinLimit.get() {
 				break
 			}
-			if spun >= schedFrom && !foreignCallers.Load() {
+			if spun >= schedFrom && gosched {
 				runtime.Gosched()
 			}
 			if spun > yieldFrom {
@@ -564,6 +585,7 @@ func (l *shmLink) wait(mode int) bool {
 			}
 		}
 	}
+	unbatch()
 	for {
 		atomic.StoreUint32(w, 1)
 		if l.ready(mode) {

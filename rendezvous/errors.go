@@ -85,9 +85,15 @@ func (e *LostError) Unwrap() error { return e.Cause }
 func (e *LostError) LostWorldRank() int { return e.Rank }
 
 // ErrDeclaredDead is the Cause of a loss seen by the failure detector: the
-// member stopped answering probes (crash, hang, or unreachable host) and did
-// not refute the suspicion in time.
-var ErrDeclaredDead = errors.New("stopped answering probes and was declared dead")
+// member answered no probe and no TCP connection for its lease
+// (Config.GossipLease): it is frozen or cannot run, its host is down, or
+// the network to it is cut.
+var ErrDeclaredDead = errors.New("answered no probe (UDP) and no connection (TCP) for its lease: frozen, its host down, or the network to it cut")
+
+// ErrRefused is the Cause of a loss proved by a refused connection: the
+// member's host answered that nothing listens at its gossip port any more,
+// so the process exited or was killed while its host is up.
+var ErrRefused = errors.New("its host refused a connection to its gossip port: the process exited or was killed")
 
 // LeftError: a member left gracefully while an operation still needed it.
 type LeftError struct {

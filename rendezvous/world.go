@@ -78,6 +78,13 @@ type memberState struct {
 	// pending: the rank's Member is known from a table but its leader has
 	// not been seen alive yet.
 	pending bool
+	// doubted is non-nil while memberlist has declared this gossip member
+	// dead and the World still tries to reach it (doubt.go); it is closed
+	// when the member answers again or is counted lost.
+	doubted chan struct{}
+	// refused: a connection to its gossip port was refused, and its
+	// verdict waits RefusedGrace for a goodbye (doubt.go).
+	refused bool
 }
 
 // World is this rank's view of the whole job: who is which rank, where, and
@@ -227,6 +234,11 @@ func Join(ctx context.Context, cfg Config) (*World, error) {
 		if err == nil {
 			mc.Transport = bt
 		}
+	}
+	if nt, ok := mc.Transport.(memberlist.NodeAwareTransport); ok && err == nil {
+		// Refused connections are proof that a member is gone (doubt.go).
+		// Both transports (ours, Config.Transport) are node-aware.
+		mc.Transport = &watchedTransport{NodeAwareTransport: nt, refused: w.refused}
 	}
 	var ml *memberlist.Memberlist
 	if err == nil {
