@@ -299,11 +299,21 @@ func (w *World) waitLocals(ctx context.Context) error {
 			w.mu.Unlock()
 			w.log.Info().Msgf("rendezvous: %d/%d local ranks attached", n+1, w.cfg.LocalWorldSize)
 		case <-deadline.C:
-			return w.formationError(nil, nil)
+			return w.localsError(nil)
 		case <-ctx.Done():
-			return w.formationError(ctx.Err(), nil)
+			return w.localsError(ctx.Err())
 		}
 	}
+}
+
+// localsError is waitLocals' formation error: this leader never joined
+// the gossip, so all it can say is how many of its host's ranks attached.
+func (w *World) localsError(ctxErr error) error {
+	e := w.formationError(ctxErr, nil).(*FormationError)
+	w.mu.Lock()
+	e.LocalsAttached, e.LocalSize, e.Host = w.attachedN+1, w.cfg.LocalWorldSize, w.cfg.Host
+	w.mu.Unlock()
+	return e
 }
 
 // tellLinksFatal passes the error that ends formation to the attached ranks.
@@ -313,7 +323,7 @@ func (w *World) tellLinksFatal(err error) {
 	switch {
 	case errors.Is(err, ErrConflict):
 		body[0] = 'C'
-	case errors.As(err, &lost):
+	case errors.As(err, &lost) && lost.LostWorldRank() >= 0:
 		// A loss before formation: the attached ranks fail because of
 		// that rank, and say so to their launcher.
 		body = binary.AppendUvarint([]byte{'L'}, uint64(lost.LostWorldRank()))
