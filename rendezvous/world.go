@@ -306,10 +306,16 @@ func (w *World) waitLocals(ctx context.Context) error {
 	}
 }
 
-// localsError is waitLocals' formation error: this leader never joined
-// the gossip, so all it can say is how many of its host's ranks attached.
+// localsError is waitLocals' formation error. When every rank of the job
+// is on this host, the ranks that did not attach are exactly the missing
+// ones. Otherwise this leader, which never joined the gossip, can say only
+// how many of its host's ranks attached: a rank attaches with its world
+// rank, and one that never did could be any of the host's others.
 func (w *World) localsError(ctxErr error) error {
 	e := w.formationError(ctxErr, nil).(*FormationError)
+	if w.cfg.LocalWorldSize >= w.cfg.WorldSize {
+		return e
+	}
 	w.mu.Lock()
 	e.LocalsAttached, e.LocalSize, e.Host = w.attachedN+1, w.cfg.LocalWorldSize, w.cfg.Host
 	w.mu.Unlock()
