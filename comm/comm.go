@@ -245,6 +245,12 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 		return nil, err
 	}
 	links = wrapped
+	for _, l := range links {
+		if l != nil && l.Kind() == "shm" {
+			quietSysmon() // a waiter spins on this CPU (sysmon_linux.go)
+			break
+		}
+	}
 	for r := range n {
 		if r == me {
 			continue

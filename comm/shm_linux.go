@@ -592,6 +592,7 @@ func (l *shmLink) wait(mode int) bool {
 			}
 		}
 	}
+	unbatch()
 	for {
 		atomic.StoreUint32(w, 1)
 		if l.ready(mode) {
@@ -607,11 +608,15 @@ func (l *shmLink) wait(mode int) bool {
 	}
 }
 
-// markCrowded tells the group's shared-memory links whether the host runs
-// more of its ranks than it has online CPUs (see shmLink.crowded).
+// markCrowded tells the group's shared-memory and TCP links whether the
+// host runs more of its ranks than it has online CPUs (see shmLink.crowded
+// and tcpYieldSpin).
 func markCrowded(links []Link, localRanks int) {
 	crowded := localRanks > onlineCPUs()
 	for _, l := range links {
+		if t, ok := l.(*tcpLink); ok {
+			t.setCrowded(crowded)
+		}
 		if s, ok := l.(*shmLink); ok {
 			s.crowded = crowded
 			mine, theirs := s.seg.session(s.side), s.seg.session(1-s.side)
