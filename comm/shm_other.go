@@ -32,3 +32,10 @@ func onlineCPUs() int { return runtime.NumCPU() }
 // SetForeignCallers has nothing to tune without shared-memory links (see
 // shm_linux.go).
 func SetForeignCallers(bool) {}
+
+// JoinSchedGroup has no scheduling group to join here (see
+// schedgroup_linux.go).
+func JoinSchedGroup(string, int) (string, func(), error) { return "", func() {}, nil }
+
+// RemoveSchedGroup has nothing to remove here.
+func RemoveSchedGroup(string) error { return nil }
