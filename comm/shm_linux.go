@@ -167,18 +167,25 @@ var schedGroup = sync.OnceValue(func() uint32 {
 	enabled, _ := os.ReadFile("/proc/sys/kernel/sched_autogroup_enabled")
 	group, _ := os.ReadFile("/proc/self/autogroup")
 	sid, _ := unix.Getsid(0)
-	return schedGroupTag(string(enabled), string(group), sid)
+	return schedGroupTag(string(enabled), string(group), ownCPUCgroup(), sid)
 })
 
 // schedGroupTag names the CFS group whose threads share a core's time,
 // which is what decides whether yielding to a peer helps it (0: unknown).
-// With autogroup on, that is the session's autogroup ("/autogroup-N nice
-// 0" in /proc/self/autogroup), tagged N+1 so the root group is not 0;
-// with it off, every process shares one group (tag 1). Without the proc
-// files, the session id stands in for the autogroup; it is 0 when the
-// session leader lives outside this PID namespace (a container entered
-// with exec), which is why the autogroup comes first.
-func schedGroupTag(enabled, autogroup string, sid int) uint32 {
+// Below the root of the cpu controller's hierarchy (cpuCgroup, see
+// cpuCgroupOf: a container, a systemd slice with cpu accounting, a job's
+// scheduling group) that is the cgroup, whatever the session, tagged by a
+// hash of its path (cgroupTag). At the root, with autogroup on, it is the
+// session's autogroup ("/autogroup-N nice 0" in /proc/self/autogroup),
+// tagged N+1 so the root group is not 0; with it off, every process shares
+// one group (tag 1). Without the proc files, the session id stands in for
+// the autogroup; it is 0 when the session leader lives outside this PID
+// namespace (a container entered with exec), which is why the autogroup
+// comes first.
+func schedGroupTag(enabled, autogroup, cpuCgroup string, sid int) uint32 {
+	if cpuCgroup != "" {
+		return cgroupTag(cpuCgroup)
+	}
 	if strings.TrimSpace(enabled) == "0" {
 		return 1
 	}

@@ -189,9 +189,17 @@ func TestSchedGroupTag(t *testing.T) {
 		{"1\n", "garbage", 30712, 30712 | 1<<31},
 		{"", "", 0, 0},
 	} {
-		if got := schedGroupTag(tc.enabled, tc.autogroup, tc.sid); got != tc.want {
+		if got := schedGroupTag(tc.enabled, tc.autogroup, "", tc.sid); got != tc.want {
 			t.Errorf("schedGroupTag(%q, %q, %d) = %d, want %d", tc.enabled, tc.autogroup, tc.sid, got, tc.want)
 		}
+	}
+	// Below the root of the cpu hierarchy the cgroup is the group, whatever
+	// the session or autogroup: one tag for one cgroup, another for another.
+	a := schedGroupTag("1\n", "/autogroup-66899 nice 0\n", "v1:/gorun-sched-job1", 30712)
+	b := schedGroupTag("1\n", "/autogroup-7 nice 0\n", "v1:/gorun-sched-job1", 99)
+	c := schedGroupTag("0\n", "", "v1:/gorun-sched-job2", 0)
+	if a != b || a == c || a == 0 || c == 0 || a == 66900 || a&(1<<31) != 0 {
+		t.Errorf("cgroup tags: same cgroup %d and %d, other %d", a, b, c)
 	}
 	if schedGroup() == 0 {
 		t.Log("this machine tells no scheduling group: crowded links sleep instead of yielding")
