@@ -2,7 +2,10 @@
 
 package comm
 
-import "sync/atomic"
+import (
+	"runtime"
+	"sync/atomic"
+)
 
 // The shared-memory waiter and its settings exist only on Linux
 // (shm_linux.go); elsewhere SetTuning (export_test.go) stores into these
@@ -14,3 +17,9 @@ var (
 )
 
 const fastMaxPayload = 0
+
+// SchedGroupTag has no meaning without shared memory.
+func SchedGroupTag() uint32 { return 0 }
+
+// OnlineCPUs is the host's CPU count.
+func OnlineCPUs() int { return runtime.NumCPU() }

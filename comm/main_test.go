@@ -12,6 +12,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(desyncChildEnv) != "" {
 		os.Exit(desyncChildMain())
 	}
+	if os.Getenv(schedChildEnv) != "" {
+		os.Exit(schedChildMain())
+	}
 	if os.Getenv("GORUN_COMM_CHILD") != "" {
 		os.Exit(childMain())
 	}

@@ -167,18 +167,25 @@ var schedGroup = sync.OnceValue(func() uint32 {
 	enabled, _ := os.ReadFile("/proc/sys/kernel/sched_autogroup_enabled")
 	group, _ := os.ReadFile("/proc/self/autogroup")
 	sid, _ := unix.Getsid(0)
-	return schedGroupTag(string(enabled), string(group), sid)
+	return schedGroupTag(string(enabled), string(group), ownCPUCgroup(), sid)
 })
 
 // schedGroupTag names the CFS group whose threads share a core's time,
 // which is what decides whether yielding to a peer helps it (0: unknown).
-// With autogroup on, that is the session's autogroup ("/autogroup-N nice
-// 0" in /proc/self/autogroup), tagged N+1 so the root group is not 0;
-// with it off, every process shares one group (tag 1). Without the proc
-// files, the session id stands in for the autogroup; it is 0 when the
-// session leader lives outside this PID namespace (a container entered
-// with exec), which is why the autogroup comes first.
-func schedGroupTag(enabled, autogroup string, sid int) uint32 {
+// Below the root of the cpu controller's hierarchy (cpuCgroup, see
+// cpuCgroupOf: a container, a systemd slice with cpu accounting, a job's
+// scheduling group) that is the cgroup, whatever the session, tagged by a
+// hash of its path (cgroupTag). At the root, with autogroup on, it is the
+// session's autogroup ("/autogroup-N nice 0" in /proc/self/autogroup),
+// tagged N+1 so the root group is not 0; with it off, every process shares
+// one group (tag 1). Without the proc files, the session id stands in for
+// the autogroup; it is 0 when the session leader lives outside this PID
+// namespace (a container entered with exec), which is why the autogroup
+// comes first.
+func schedGroupTag(enabled, autogroup, cpuCgroup string, sid int) uint32 {
+	if cpuCgroup != "" {
+		return cgroupTag(cpuCgroup)
+	}
 	if strings.TrimSpace(enabled) == "0" {
 		return 1
 	}
@@ -438,10 +445,29 @@ var foreignCallers atomic.Bool
 // and waits to get one back, instead of running another goroutine on the
 // spot: measured from Python through libgorun (2 ranks, 2 MiB all-reduce,
 // alternating pairs, notes/torch-backend.md) 2.2-3.5 ms per call with the
-// Gosched calls of the shared-memory waits, 1.2-1.3 ms without. The
-// process's other goroutines still run, on its other P (libgorun starts
-// with GOMAXPROCS 2).
+// Gosched calls of the shared-memory waits, 1.2-1.3 ms without. So such
+// a process's waiters yield the P only where one of its goroutines must
+// run for the call to progress (see goschedOK).
 func SetForeignCallers(on bool) { foreignCallers.Store(on) }
+
+// goschedOK reports whether a shared-memory waiter in mode may let this
+// process's other goroutines run (runtime.Gosched) while it polls, given
+// whether calls come from foreign threads (SetForeignCallers) and how many
+// of our goroutines are inside a ring write. Go's own threads always may.
+// With foreign callers a waiter may only where the hand-over is needed:
+// while it waits for ring room (it is a writer, usually the sender
+// goroutine, and the call's runner may be waiting for the P to drain the
+// ring the peer's writer fills) or while a goroutine of ours is writing a
+// ring frame (the peer may be waiting for it). A process with one P — a
+// rank bound to one CPU, or given GOMAXPROCS=1 on a crowded host
+// (launcher/bind.go) — otherwise runs the two in turns only when a waiter
+// sleeps on the futex and sysmon takes its P: 4 ranks on 2 cores, 32 MiB
+// in-place ring all-reduce from C through libgorun, 5 interleaved rounds,
+// medians 21.4 ms without these hand-overs, 14.0 ms with, native `gorun
+// bench` 13.7 ms (notes/torch-backend.md).
+func goschedOK(foreign bool, mode int, writers int32) bool {
+	return !foreign || mode == waitTxRing || writers > 0
+}
 
 // ringWriters counts the goroutines of this process inside a ring write
 // (Send of a frame too large for a fast slot): while one is, a waiter
@@ -505,9 +531,11 @@ func (l *shmLink) wait(mode int) bool {
 	// writing a ring frame (it may be what the peer waits for before it
 	// answers), or when the peer is slow anyway.
 	schedFrom := goschedAfter.get()
-	if mode >= waitTxRing || ringWriters.Load() > 0 || yieldFrom == 0 {
+	writers := ringWriters.Load()
+	if mode >= waitTxRing || writers > 0 || yieldFrom == 0 {
 		schedFrom = 0
 	}
+	gosched := goschedOK(foreignCallers.Load(), mode, writers)
 	start := time.Now()
 	contended, checked := false, false
 	for i := 0; ; i++ {
@@ -523,7 +551,7 @@ func (l *shmLink) wait(mode int) bool {
 			if spun > spinLimit.get() {
 				break
 			}
-			if spun >= schedFrom && !foreignCallers.Load() {
+			if spun >= schedFrom && gosched {
 				runtime.Gosched()
 			}
 			if spun > yieldFrom {
@@ -564,6 +592,7 @@ func (l *shmLink) wait(mode int) bool {
 			}
 		}
 	}
+	unbatch()
 	for {
 		atomic.StoreUint32(w, 1)
 		if l.ready(mode) {
@@ -579,11 +608,15 @@ func (l *shmLink) wait(mode int) bool {
 	}
 }
 
-// markCrowded tells the group's shared-memory links whether the host runs
-// more of its ranks than it has online CPUs (see shmLink.crowded).
+// markCrowded tells the group's shared-memory and TCP links whether the
+// host runs more of its ranks than it has online CPUs (see shmLink.crowded
+// and tcpYieldSpin).
 func markCrowded(links []Link, localRanks int) {
 	crowded := localRanks > onlineCPUs()
 	for _, l := range links {
+		if t, ok := l.(*tcpLink); ok {
+			t.setCrowded(crowded)
+		}
 		if s, ok := l.(*shmLink); ok {
 			s.crowded = crowded
 			mine, theirs := s.seg.session(s.side), s.seg.session(1-s.side)

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"errors"
 	"net"
+	"runtime"
 )
 
 // Shared memory is implemented for Linux only; elsewhere every link is TCP.
@@ -25,6 +26,16 @@ func sweepShm(string) int                                                 { retu
 func SweepShm(string) int     { return 0 }
 func markCrowded([]Link, int) {}
 
+// onlineCPUs is the number of CPUs (Linux reads the host's online set).
+func onlineCPUs() int { return runtime.NumCPU() }
+
 // SetForeignCallers has nothing to tune without shared-memory links (see
 // shm_linux.go).
 func SetForeignCallers(bool) {}
+
+// JoinSchedGroup has no scheduling group to join here (see
+// schedgroup_linux.go).
+func JoinSchedGroup(string, int) (string, func(), error) { return "", func() {}, nil }
+
+// RemoveSchedGroup has nothing to remove here.
+func RemoveSchedGroup(string) error { return nil }

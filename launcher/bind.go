@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 
+	"github.com/gorun-hpc/gorun/rankenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -131,7 +132,7 @@ func goMaxProcsEnv(env []string) []string {
 // own sessions 160 µs at 8 B and 0.53-0.84 of native `gorun bench` busbw
 // at 2-32 MiB; sharing the session 52 µs and 0.97-1.53
 // (notes/torch-backend.md).
-const sessionEnv = "GORUN_SESSION"
+const sessionEnv = rankenv.Session
 
 // Session policies (values of GORUN_SESSION).
 const (

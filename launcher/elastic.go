@@ -70,6 +70,9 @@ type Report struct {
 	// Readmitted are the lost hosts that answered again at a later
 	// restart and were taken back (elastic grow-back).
 	Readmitted []ReadmitReport `json:"readmitted,omitempty"`
+	// HostfileChanges are the changes found when the hostfile was read
+	// again before a restart (Job.Hostfile), and reads that failed.
+	HostfileChanges []HostfileChange `json:"hostfile_changes,omitempty"`
 	// out are the hosts left out of the next world now; lostIn is the
 	// restart whose world lost each.
 	out        []string
@@ -91,6 +94,17 @@ type ReadmitReport struct {
 	Host    string  `json:"host"`
 	Restart int     `json:"restart"`
 	At      float64 `json:"at_s"`
+}
+
+// HostfileChange is what one reading of the hostfile before world Restart
+// changed: hosts added, hosts removed, hosts whose slots changed; or Error,
+// when the file could not be read and the host list stayed as it was.
+type HostfileChange struct {
+	Restart int      `json:"restart"`
+	Added   []string `json:"added,omitempty"`
+	Removed []string `json:"removed,omitempty"`
+	Resized []string `json:"resized,omitempty"`
+	Error   string   `json:"error,omitempty"`
 }
 
 // CheckpointSignalReport is one checkpoint signal gorun sent by itself.
@@ -231,6 +245,18 @@ type worldRun struct {
 	restart int
 	// seen is every failure the job loop saw, with when (cause.go).
 	seen []seenFailure
+	// cueNow carries checkpoint signals due at once, decided outside the
+	// job loop (watchLostHosts, before a world is stopped to grow back);
+	// the job loop sends them. Capacity 1; nil for a world nobody cues.
+	cueNow chan checkpointCue
+}
+
+// cues returns the channel of checkpoint signals due at once (nil: none).
+func (w *worldRun) cues() <-chan checkpointCue {
+	if w == nil {
+		return nil
+	}
+	return w.cueNow
 }
 
 // prepare is called with the world's plan before any rank starts: on the
@@ -487,6 +513,9 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 	for restart := 0; ; restart++ {
 		j := job
 		if el != nil {
+			if restart > 0 && job.Hostfile != "" {
+				reloadHosts(cfg, el, job.Hostfile, rep, restart)
+			}
 			if restart > 0 {
 				readmit(ctx, cfg, rep, restart, nil)
 			}
@@ -508,7 +537,7 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		// Data-plane faults are armed in the ranks (inject_chaos.go).
 		j.Export = append(j.Export, netFaultEnv(job.Faults, rep.Start, time.Since(rep.Start), restart)...)
 		c := cfg
-		w := &worldRun{rep: rep, restart: restart}
+		w := &worldRun{rep: rep, restart: restart, cueNow: make(chan checkpointCue, 1)}
 		c.world = w
 		rep.Worlds = append(rep.Worlds, WorldReport{Restart: restart, StartedAt: rep.since(time.Now())})
 		rep.world = &rep.Worlds[len(rep.Worlds)-1]
@@ -522,7 +551,7 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		}
 		// A world without some lost host asks for them while it runs
 		// (ReadmitEvery); when one answers, wctx ends with errGrow.
-		wctx, stopAsking := watchLostHosts(ctx, cfg, job, rep, restart)
+		wctx, stopAsking := watchLostHosts(ctx, cfg, job, w)
 		var err error
 		if needsHostAgents(c, j.Hosts, id) {
 			err = launchOnHosts(wctx, c, j, id)
@@ -662,14 +691,19 @@ func askHosts(ctx context.Context, cfg Config, ask []string) []string {
 // errGrow ends a world whose lost hosts answer again (watchLostHosts).
 var errGrow = errors.New("lost hosts answer again: the world restarts to grow back")
 
-// watchLostHosts returns the context a world runs under and a function
+// watchLostHosts returns the context world w runs under and a function
 // that ends the watch and returns the hosts that answered. With
 // Job.ReadmitEvery set and hosts left out of this world, a goroutine asks
 // them every ReadmitEvery (the first time one interval into the world: a
 // host lost at the restart just made is not asked at once, see
 // readmitAfter); when any answers, the world's context ends with errGrow,
-// which stops the world as a canceled job is stopped.
-func watchLostHosts(ctx context.Context, cfg Config, job Job, rep *Report, restart int) (context.Context, func() []string) {
+// which stops the world as a canceled job is stopped. With
+// Job.CheckpointBefore set, the ranks first get the checkpoint signal
+// (through w's cues) and that long to act on it, so that the grown world
+// resumes from a checkpoint taken just before the stop rather than from
+// the last periodic one: the same notice a timed kill gets.
+func watchLostHosts(ctx context.Context, cfg Config, job Job, w *worldRun) (context.Context, func() []string) {
+	rep, restart := w.rep, w.restart
 	if job.ReadmitEvery <= 0 || len(rep.out) == 0 {
 		return ctx, func() []string { return nil }
 	}
@@ -689,6 +723,18 @@ func watchLostHosts(ctx context.Context, cfg Config, job Job, rep *Report, resta
 			}
 			if ok := askHosts(wctx, cfg, ask); len(ok) > 0 && wctx.Err() == nil {
 				answered = ok
+				if lead := rep.ckptBefore; lead > 0 {
+					w.cueNow <- checkpointCue{at: time.Now(), why: "before growing back (" + strings.Join(ok, ", ") + " answered again)"}
+					t := time.NewTimer(lead)
+					select {
+					case <-t.C:
+					case <-wctx.Done():
+						// The world ended on its own meanwhile: its
+						// error decides, and the hosts are taken
+						// back at the restart all the same.
+					}
+					t.Stop()
+				}
 				cfg.Logger.Warn().Strs("hosts", ok).Int("restart", restart).Msg("lost hosts answer again; stopping the world to grow back")
 				cancel(errGrow)
 				return
@@ -716,6 +762,32 @@ func (e *GrowError) Error() string {
 
 func (e *GrowError) Unwrap() error { return e.Err }
 
+// reloadHosts reads the hostfile again before world restart and applies it
+// to el (elastic.reload); hosts removed from it are dropped from the lost
+// hosts too: nobody asks them back. A failure keeps the list and is
+// reported, not fatal: a file being edited may be caught half-written, and
+// the job has a working host list.
+func reloadHosts(cfg Config, el *elastic, path string, rep *Report, restart int) {
+	hosts, err := ParseHostfile(path)
+	if err != nil {
+		rep.HostfileChanges = append(rep.HostfileChanges, HostfileChange{Restart: restart, Error: err.Error()})
+		cfg.Logger.Warn().Err(err).Str("hostfile", path).Msg("could not read the hostfile again; the next world uses the hosts it had")
+		return
+	}
+	ch := el.reload(hosts)
+	if len(ch.Added)+len(ch.Removed)+len(ch.Resized) == 0 {
+		return
+	}
+	ch.Restart = restart
+	rep.HostfileChanges = append(rep.HostfileChanges, ch)
+	for _, h := range ch.Removed {
+		rep.out = slices.DeleteFunc(rep.out, func(o string) bool { return o == h })
+		delete(rep.lostIn, h)
+	}
+	cfg.Logger.Warn().Strs("added", ch.Added).Strs("removed", ch.Removed).Strs("resized", ch.Resized).Int("restart", restart).
+		Msg("the hostfile changed; the next world uses it")
+}
+
 // elastic is the host policy of a job with --min-np/--max-np.
 //
 // Hosts are taken in the order given, each with its slots, until the
@@ -733,6 +805,9 @@ func (e *GrowError) Unwrap() error { return e.Err }
 type elastic struct {
 	hosts    []Host
 	min, max int
+	// everySlot: neither --max-np nor -np was given, so the maximum is
+	// every slot of the host list, and follows it when it changes.
+	everySlot bool
 }
 
 // newElastic returns the policy, or nil when the job is not elastic.
@@ -740,16 +815,51 @@ func newElastic(job Job) *elastic {
 	if job.MinNP <= 0 && job.MaxNP <= 0 {
 		return nil
 	}
-	e := &elastic{hosts: job.Hosts, min: max(job.MinNP, 1), max: job.MaxNP}
+	e := &elastic{hosts: job.Hosts, min: max(job.MinNP, 1), max: cmp.Or(job.MaxNP, job.NP)}
 	if e.max == 0 {
-		e.max = job.NP
-	}
-	if e.max == 0 {
-		for _, h := range job.Hosts {
-			e.max += h.Slots
-		}
+		e.everySlot = true
+		e.max = slotsOf(job.Hosts)
 	}
 	return e
+}
+
+func slotsOf(hosts []Host) int {
+	n := 0
+	for _, h := range hosts {
+		n += h.Slots
+	}
+	return n
+}
+
+// reload replaces the host list with hosts (the hostfile read again) and
+// says what changed. The order of hosts is the file's: hosts earlier in it
+// are taken first, the rest are spares, as at the start.
+func (e *elastic) reload(hosts []Host) HostfileChange {
+	var ch HostfileChange
+	old := make(map[string]Host, len(e.hosts))
+	for _, h := range e.hosts {
+		old[h.Name] = h
+	}
+	for _, h := range hosts {
+		o, had := old[h.Name]
+		switch {
+		case !had:
+			ch.Added = append(ch.Added, h.Name)
+		case o.Slots != h.Slots || o.MaxSlots != h.MaxSlots:
+			ch.Resized = append(ch.Resized, h.Name)
+		}
+		delete(old, h.Name)
+	}
+	for _, h := range e.hosts {
+		if _, gone := old[h.Name]; gone {
+			ch.Removed = append(ch.Removed, h.Name)
+		}
+	}
+	e.hosts = hosts
+	if e.everySlot {
+		e.max = slotsOf(hosts)
+	}
+	return ch
 }
 
 // world returns the hosts and size of the next world, leaving out lost.

@@ -385,3 +385,78 @@ func TestElasticWorlds(t *testing.T) {
 		t.Errorf("--min-np without hosts: %v", err)
 	}
 }
+
+// An elastic job reads its hostfile again before each restart: added hosts
+// serve the next world (as spares, in file order), removed ones neither
+// serve nor are asked back, a changed slot count counts, and without -np
+// or --max-np the maximum follows the slots. A file that does not parse
+// keeps the list (reloadHosts reports the error).
+func TestElasticReloadsHostfile(t *testing.T) {
+	e := newElastic(Job{Hosts: []Host{{Name: "h1", Slots: 2}, {Name: "h2", Slots: 2}}, MinNP: 1})
+	ch := e.reload([]Host{{Name: "h2", Slots: 3}, {Name: "h3", Slots: 1}})
+	if !slicesEq(ch.Added, "h3") || !slicesEq(ch.Removed, "h1") || !slicesEq(ch.Resized, "h2") {
+		t.Fatalf("change %+v, want h3 added, h1 removed, h2 resized", ch)
+	}
+	hs, np, err := e.world(nil)
+	if err != nil || len(hs) != 2 || hs[0].Name != "h2" || hs[1].Name != "h3" || np != 4 {
+		t.Fatalf("world %v with %d ranks (%v), want h2,h3 with 4", hs, np, err)
+	}
+	capped := newElastic(Job{Hosts: []Host{{Name: "h1", Slots: 2}}, MinNP: 1, MaxNP: 2})
+	capped.reload([]Host{{Name: "h1", Slots: 2}, {Name: "h2", Slots: 2}})
+	if _, np, _ := capped.world(nil); np != 2 {
+		t.Fatalf("--max-np 2 after a reload: %d ranks", np)
+	}
+
+	dir := t.TempDir()
+	path := filepath.Join(dir, "hosts")
+	if err := os.WriteFile(path, []byte("h1 slots=2\nh4 slots=2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep := &Report{out: []string{"h2"}, lostIn: map[string]int{"h2": 0}}
+	e = newElastic(Job{Hosts: []Host{{Name: "h1", Slots: 2}, {Name: "h2", Slots: 2}}, MinNP: 1})
+	cfg := DefaultConfig()
+	cfg.Logger = testLogger(t)
+	reloadHosts(cfg, e, path, rep, 1)
+	if len(rep.HostfileChanges) != 1 || !slicesEq(rep.HostfileChanges[0].Added, "h4") || !slicesEq(rep.HostfileChanges[0].Removed, "h2") ||
+		rep.HostfileChanges[0].Restart != 1 || len(rep.out) != 0 {
+		t.Fatalf("report %+v, lost hosts %v: want h4 added, h2 removed and no longer lost", rep.HostfileChanges, rep.out)
+	}
+	if err := os.WriteFile(path, []byte("h1 slots=two\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reloadHosts(cfg, e, path, rep, 2)
+	if hs, _, _ := e.world(nil); len(rep.HostfileChanges) != 2 || rep.HostfileChanges[1].Error == "" || len(hs) != 2 || hs[1].Name != "h4" {
+		t.Fatalf("after a bad file: report %+v, hosts %v; want the error and the list kept", rep.HostfileChanges, hs)
+	}
+}
+
+func slicesEq(got []string, want ...string) bool {
+	return strings.Join(got, ",") == strings.Join(want, ",")
+}
+
+// End to end on this host: the job starts on the host list it was given
+// (2 slots); the hostfile says 3; after a kill the restarted world runs 3
+// ranks.
+func TestElasticRestartUsesHostfileAgain(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(path, []byte("localhost slots=3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	j := newJobRun(t, 0, "restart-aware:allreduce", nil)
+	j.job.Hosts = []Host{{Name: "localhost", Slots: 2}}
+	j.job.Hostfile = path
+	j.job.MinNP = 1
+	j.job.MaxRestarts = 1
+	j.job.Faults = mustFaults(t, "kill:rank=1:after-steps=1")
+	rep, err := j.launchReport(context.Background())
+	if err != nil {
+		t.Fatalf("job failed: %v\n%s", err, j.stderr)
+	}
+	if len(rep.Worlds) != 2 || rep.Worlds[0].NP != 2 || rep.Worlds[1].NP != 3 || len(rep.HostfileChanges) != 1 ||
+		!slicesEq(rep.HostfileChanges[0].Resized, "localhost") {
+		t.Fatalf("worlds %+v, hostfile changes %+v: want 2 then 3 ranks, localhost resized", rep.Worlds, rep.HostfileChanges)
+	}
+	if n := strings.Count(j.stdout.String(), "] world 1 "); n != 3 {
+		t.Fatalf("%d ranks printed world 1, want 3\n%s", n, j.stdout.String())
+	}
+}

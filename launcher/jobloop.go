@@ -463,6 +463,13 @@ func (r *jobLoop) run(ctx context.Context) error {
 			r.home.command(supervisorCmd{Op: "signal", Signal: int(world.rep.ckptSig)})
 			world.checkpointSent(c, time.Now())
 			armCue()
+		case c := <-world.cues():
+			if reason != notStopping {
+				break // the world is ending anyway: no notice to act on
+			}
+			r.log.Warn().Str("why", c.why).Stringer("signal", world.rep.ckptSig).Msg("asking the ranks for a checkpoint")
+			r.home.command(supervisorCmd{Op: "signal", Signal: int(world.rep.ckptSig)})
+			world.checkpointSent(c, time.Now())
 		case now := <-dumpC:
 			if r.flight.dumpedSince(dumpAsked) >= dumpWant || now.After(dumpUntil) {
 				dumpTick.Stop()

@@ -49,8 +49,10 @@ type Job struct {
 	// CheckpointSignal is the signal that asks the ranks for a checkpoint
 	// (0: SIGUSR1), exported to them as GORUN_CHECKPOINT_SIGNAL.
 	// CheckpointBefore, when positive, makes gorun send it that long
-	// before the job's --timeout and before every timed kill or kill-host
-	// it injects (a preemption notice; elastic.go).
+	// before the job's --timeout, before every timed kill or kill-host
+	// it injects (a preemption notice; elastic.go), and before it stops a
+	// world to grow back (ReadmitEvery). The ranks must handle the signal:
+	// SIGUSR1's default action ends a process.
 	CheckpointSignal syscall.Signal
 	CheckpointBefore time.Duration
 	// MinNP and MaxNP make the job elastic (either positive; elastic.go):
@@ -67,6 +69,13 @@ type Job struct {
 	// with it (torchrun's restart on a membership change). Such a
 	// restart does not count against MaxRestarts.
 	ReadmitEvery time.Duration
+	// Hostfile is the file Hosts were read from, if any. In an elastic
+	// job gorun reads it again before every restart, so that hosts added
+	// to it (spares, or more slots) serve the next world and hosts
+	// removed from it are no longer used nor asked to come back; a world
+	// already running is not touched. A file that cannot be read or
+	// parsed then keeps the list it had (the report says why).
+	Hostfile string
 }
 
 // needsHostAgents reports whether the job's ranks live behind host agents:

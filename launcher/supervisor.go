@@ -460,6 +460,15 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			if n := comm.SweepShm(comm.DefaultEndpointConfig().ShmDir); n > 0 {
 				a.log.Debug().Int("segments", n).Msg("removed shared memory left by dead ranks")
 			}
+			// Likewise the scheduling cgroup crowded ranks on libgorun
+			// join (comm.JoinSchedGroup), if the last one out died in it.
+			if len(spec.Ranks) > 0 {
+				if job := envValue(spec.Ranks[0].Env, rankenv.JobID, ""); job != "" {
+					if err := comm.RemoveSchedGroup(job); err != nil {
+						a.log.Warn().Err(err).Msg("could not remove the job's scheduling cgroup")
+					}
+				}
+			}
 			a.emit(supervisorEvent{Ev: "done", Strays: a.strays})
 			a.flush()
 			return nil

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -20,6 +19,7 @@ import (
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/rankenv"
 	"github.com/gorun-hpc/gorun/rendezvous"
+	"github.com/gorun-hpc/gorun/rendezvous/rendezvoustest"
 )
 
 var (
@@ -177,25 +177,6 @@ func (p *rankProc) waitLine(t *testing.T, prefix string) string {
 	}
 }
 
-func freeSeed(t *testing.T) string {
-	t.Helper()
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return fmt.Sprintf("127.0.0.1:%d", port)
-		}
-	}
-	t.Fatal("no free port")
-	return ""
-}
-
 func rankEnv(seed string, r, n int, leaders bool) []string {
 	env := []string{
 		rankenv.JobID + "=nccljob", rankenv.Secret + "=" + strings.Repeat("5a", 32), rankenv.RdzvEndpoint + "=" + seed,
@@ -221,7 +202,7 @@ func TestProcessesBootstrapAndLoseARank(t *testing.T) {
 	for _, leaders := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hostleaders=%v", leaders), func(t *testing.T) {
 			const n, victim = 3, 2
-			seed := freeSeed(t)
+			seed := rendezvoustest.FreeSeed(t)
 			procs := make([]*rankProc, n)
 			for r := range n {
 				env := rankEnv(seed, r, n, leaders)
@@ -280,7 +261,7 @@ func TestProcessesAbortTellsPeers(t *testing.T) {
 	for _, leaders := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hostleaders=%v", leaders), func(t *testing.T) {
 			const n, aborter = 3, 1
-			seed := freeSeed(t)
+			seed := rendezvoustest.FreeSeed(t)
 			procs := make([]*rankProc, n)
 			for r := range n {
 				procs[r] = startRank(t, append(rankEnv(seed, r, n, leaders), "HELPER_ABORTER="+strconv.Itoa(aborter)))

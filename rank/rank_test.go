@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/rendezvous"
+	"github.com/gorun-hpc/gorun/rendezvous/rendezvoustest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -23,18 +23,6 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type env map[string]string
 
 func (e env) look(k string) (string, bool) { v, ok := e[k]; return v, ok }
-
-// freePort returns a TCP port that was free a moment ago (the rendezvous
-// seed binds it, UDP and TCP).
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 func testOptions(t *testing.T, e env) Options {
 	o := DefaultOptions()
@@ -236,14 +224,14 @@ func TestWorld(t *testing.T) {
 		env    func(t *testing.T) func(r int) env
 	}{
 		{"gorun", SourceGorun, func(t *testing.T) func(int) env {
-			seed := "127.0.0.1:" + strconv.Itoa(freePort(t))
+			seed := rendezvoustest.FreeSeed(t)
 			return func(r int) env {
 				return env{"GORUN_RANK": strconv.Itoa(r), "GORUN_WORLD_SIZE": strconv.Itoa(n), "GORUN_JOB_ID": "rank-test-gorun",
 					"GORUN_RDZV_ENDPOINT": seed, "GORUN_SECRET": secret, "GORUN_RDZV_FLAT": "1"}
 			}
 		}},
 		{"gorun host leaders", SourceGorun, func(t *testing.T) func(int) env {
-			seed := "127.0.0.1:" + strconv.Itoa(freePort(t))
+			seed := rendezvoustest.FreeSeed(t)
 			job := fmt.Sprintf("rank-hl-%d", time.Now().UnixNano())
 			return func(r int) env {
 				return env{"GORUN_RANK": strconv.Itoa(r), "GORUN_WORLD_SIZE": strconv.Itoa(n), "GORUN_JOB_ID": job,
@@ -252,13 +240,13 @@ func TestWorld(t *testing.T) {
 			}
 		}},
 		{"torch", SourceTorch, func(t *testing.T) func(int) env {
-			port := strconv.Itoa(freePort(t))
+			port := strconv.Itoa(rendezvoustest.FreePort(t))
 			return func(r int) env {
 				return env{"RANK": strconv.Itoa(r), "WORLD_SIZE": strconv.Itoa(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
 			}
 		}},
 		{"srun", SourceSlurm, func(t *testing.T) func(int) env {
-			port := strconv.Itoa(freePort(t))
+			port := strconv.Itoa(rendezvoustest.FreePort(t))
 			job := strconv.FormatInt(time.Now().UnixNano()%1e9, 10)
 			return func(r int) env {
 				return env{"SLURM_PROCID": strconv.Itoa(r), "SLURM_NTASKS": strconv.Itoa(n), "SLURM_JOB_ID": job,

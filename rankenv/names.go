@@ -64,6 +64,9 @@ const (
 	GorunLocalSize = "GORUN_LOCAL_WORLD_SIZE"
 	GorunNodeRank  = "GORUN_NODE_RANK"
 	GorunHost      = "GORUN_HOST"
+	// Session is the session policy of oversubscribed ranks (gorun
+	// --session: auto, shared or own; unset means auto).
+	Session = "GORUN_SESSION"
 	// Secret is the job secret: 32 random bytes, hex encoded. Gossip is
 	// encrypted with a key derived from it and every data-plane connection
 	// is authenticated with it.

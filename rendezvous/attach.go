@@ -406,6 +406,7 @@ const (
 	causeLeader                 // its host leader was lost
 	causeLeaderConn             // (attached rank's view of its own leader) the stream closed
 	causeSilent                 // its attach stream stayed silent past the lease: frozen or unresponsive
+	causeRefused                // its gossip port refused a connection: the process is gone (doubt.go)
 )
 
 // ErrSilent is the Cause of a loss found by the attach stream's lease: the
@@ -429,6 +430,8 @@ func (w *World) causeErrorLocked(cause byte, r int) error {
 		return ErrLeaderClosed
 	case causeSilent:
 		return ErrSilent
+	case causeRefused:
+		return ErrRefused
 	case causeLeader:
 		l := w.members[r].leader
 		return fmt.Errorf("its host leader, rank %d (host %s), was lost: %w", l, w.members[l].Host, ErrDeclaredDead)

@@ -55,7 +55,7 @@ func TestValidate(t *testing.T) {
 // multiplier chosen keeps it at or below SuspicionTimeout at any size.
 func TestSuspicionMult(t *testing.T) {
 	c := DefaultConfig()
-	for _, tc := range []struct{ n, want int }{{2, 4}, {16, 3}, {64, 2}, {256, 1}, {1024, 1}, {100000, 1}} {
+	for _, tc := range []struct{ n, want int }{{2, 10}, {16, 8}, {64, 5}, {256, 4}, {1024, 3}, {100000, 2}} {
 		if got := c.suspicionMult(tc.n); got != tc.want {
 			t.Errorf("n=%d: mult %d, want %d", tc.n, got, tc.want)
 		}

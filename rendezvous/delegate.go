@@ -130,6 +130,15 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) {
 		// it alive twice means two identities for one rank.
 		if ms.node.Address() != n.Address() {
 			w.setFatalLocked(&ConflictError{What: "two processes claim one rank", A: claimOf(&ms.node), B: claimOf(n)}, *n)
+			return
+		}
+		if ms.doubted != nil {
+			// Declared dead by gossip, and it refuted within its lease
+			// (doubt.go): it was cut off or starved, not gone.
+			close(ms.doubted)
+			ms.doubted = nil
+			w.log.Warn().Int("member", m.Rank).Str("member_host", m.Host).
+				Msg("rendezvous: member declared dead by gossip answered again within its lease; it stays in the world")
 		}
 		return
 	case statusLeft, statusDead:
@@ -167,20 +176,24 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 	if r < 0 {
 		return
 	}
-	if w.members[r].status != statusAlive {
+	ms := &w.members[r]
+	if ms.status != statusAlive {
 		return
 	}
-	left := nodeState(n) == memberlist.StateLeft || w.members[r].leaving
-	w.goneLocked(r, left, causeDead)
-	if r == w.cfg.Rank {
-		return
-	}
-	// A leader takes its host's attached ranks with it.
-	for q := range w.members {
-		if q != r && w.members[q].leader == r {
-			w.goneLocked(q, left, causeLeader)
+	left := nodeState(n) == memberlist.StateLeft || ms.leaving
+	if !left && w.formed && !w.closed && r != w.cfg.Rank {
+		// Silence, not proof: doubt the verdict until the member's lease
+		// ends (doubt.go).
+		if ms.doubted == nil {
+			w.doubtLocked(r)
 		}
+		return
 	}
+	if ms.doubted != nil {
+		close(ms.doubted)
+		ms.doubted = nil
+	}
+	w.memberGoneLocked(r, left, causeDead)
 }
 
 // goneLocked records that rank r left (left) or was lost (with cause),
@@ -233,13 +246,14 @@ func (w *World) goneLocked(r int, left bool, cause byte) {
 	}
 	ms.status = statusDead
 	lerr := &LostError{Rank: r, Host: ms.Host, Epoch: w.epoch, Cause: w.causeErrorLocked(cause, r)}
-	if !w.formed && cause == causeSilent {
+	if !w.formed && (cause == causeSilent || cause == causeRefused) {
 		// Silent past the attach lease (its own goroutine beats, so a
-		// starved process still beats): frozen or unable to run. Unlike
-		// a gossip death, which a starved member refutes, this does not
-		// heal in time to matter, so formation fails now naming it,
-		// instead of at the formation timeout.
-		w.log.Error().Err(lerr).Msg("rendezvous: member frozen before the world formed")
+		// starved process still beats): frozen or unable to run. Or its
+		// gossip port refused a connection: the process is gone. Unlike
+		// a gossip death, which a starved member refutes, neither heals
+		// in time to matter, so formation fails now naming it, instead
+		// of at the formation timeout.
+		w.log.Error().Err(lerr).Msg("rendezvous: member lost before the world formed")
 		w.setFatalLocked(lerr)
 		return
 	}

@@ -29,9 +29,10 @@ const (
 	// EnvRdzvFlat=1 sets Config.Flat: one gossip member per rank even
 	// when ranks share a host (for comparisons and as an escape hatch).
 	EnvRdzvFlat = "GORUN_RDZV_FLAT"
-	// EnvRdzvLease overrides Config.AttachLease (a Go duration): how long
-	// a host leader and its attached ranks wait for a sign of life
-	// before they declare the other frozen or unresponsive.
+	// EnvRdzvLease overrides Config.AttachLease and Config.GossipLease (a
+	// Go duration): how long a member that gives no sign of life is
+	// trusted before it is declared frozen, cut off or unresponsive (a
+	// host leader and its attached ranks; gossip members; comm's links).
 	EnvRdzvLease = rankenv.RdzvLease
 )
 
@@ -241,9 +242,11 @@ func configFromEnv(look func(string) (string, bool)) (Config, error) {
 		if err != nil || d <= 0 {
 			return c, &ConfigError{Field: EnvRdzvLease, Problem: fmt.Sprintf("%q is not a positive duration", v)}
 		}
-		c.AttachLease = d
-		// Keep 16 beats per lease, and a short lease usable.
+		c.AttachLease, c.GossipLease = d, d
+		// Keep 16 beats per lease, and a short lease usable: memberlist's
+		// suspicion takes at most half of it (Config.GossipLease).
 		c.AttachBeat = min(c.AttachBeat, d/16)
+		c.SuspicionTimeout = min(c.SuspicionTimeout, d/2)
 	}
 	return c, c.Validate()
 }

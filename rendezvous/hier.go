@@ -313,18 +313,28 @@ func (w *World) handleGone(b []byte) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.formed && b[n+1] == causeSilent && int(r) != w.cfg.Rank && w.members[r].leader != w.cfg.Rank {
-		// Another leader's rank froze before the world formed: that
-		// leader fails formation (goneLocked), and so does this one,
-		// naming it, rather than waiting for the formation timeout.
-		// Before formation this leader may not know the rank at all.
-		w.setFatalLocked(&LostError{Rank: int(r), Host: w.members[r].Host, Cause: ErrSilent})
+	cause := b[n+1]
+	if !w.formed && (cause == causeSilent || cause == causeRefused) && int(r) != w.cfg.Rank && w.members[r].leader != w.cfg.Rank {
+		// Another leader's rank froze before the world formed, or a
+		// member's gossip port refused a connection: the member that saw
+		// it fails formation (goneLocked), and so does this one, naming
+		// it, rather than waiting for the formation timeout. Before
+		// formation this leader may not know the rank at all.
+		w.setFatalLocked(&LostError{Rank: int(r), Host: w.members[r].Host, Cause: w.causeErrorLocked(cause, int(r))})
 		return
 	}
-	if int(r) == w.cfg.Rank || w.members[r].leader == w.cfg.Rank || w.members[r].leader == int(r) {
-		return // this leader is the authority on its own ranks; nodes are gossip's
+	if int(r) == w.cfg.Rank || w.members[r].leader == w.cfg.Rank {
+		return // this leader is the authority on its own ranks
 	}
-	w.goneLocked(int(r), b[n] == 1, b[n+1])
+	if w.members[r].leader == int(r) {
+		// A gossip member: memberlist's to judge, except for a refusal,
+		// which is proof wherever it was seen (doubt.go).
+		if cause == causeRefused && b[n] == 0 && w.members[r].status == statusAlive {
+			w.verdictLocked(int(r), causeRefused)
+		}
+		return
+	}
+	w.goneLocked(int(r), b[n] == 1, cause)
 }
 
 // route delivers a message to world rank dest from this leader: locally,

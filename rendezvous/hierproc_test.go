@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/rankenv"
+	"github.com/gorun-hpc/gorun/rendezvous/rendezvoustest"
 )
 
 // hierEnv is what gorun gives rank r of n with per ranks on each host
@@ -32,7 +33,7 @@ func TestProcessesHierAttachDetach(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	const n, per = 8, 4
-	seed := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	seed := rendezvoustest.FreeSeed(t)
 	job := uniqueJob("hier")
 	procs := make([]*proc, n)
 	for r := range procs {
@@ -61,7 +62,7 @@ func killHier(t *testing.T, n, per, victim int, want string) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	seed := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	seed := rendezvoustest.FreeSeed(t)
 	job := uniqueJob("hierkill")
 	procs := make([]*proc, n)
 	for r := range procs {
@@ -98,7 +99,7 @@ func TestProcessesHierLeaderExitsOnLoss(t *testing.T) {
 	}
 	const n, victim, rounds = 4, 3, 5
 	for round := range rounds {
-		seed := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		seed := rendezvoustest.FreeSeed(t)
 		job := uniqueJob("hierexit")
 		procs := make([]*proc, n)
 		for r := range procs {
@@ -120,7 +121,7 @@ func freezeHier(t *testing.T, n, victim int) {
 		t.Skip("starts processes")
 	}
 	const lease = 2 * time.Second
-	seed := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	seed := rendezvoustest.FreeSeed(t)
 	job := uniqueJob("hierfreeze")
 	procs := make([]*proc, n)
 	for r := range procs {

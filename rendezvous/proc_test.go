@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -20,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/rankenv"
+	"github.com/gorun-hpc/gorun/rendezvous/rendezvoustest"
 )
 
 // The test binary is the rank program: with envHelper set it runs one rank
@@ -96,27 +96,6 @@ func runHelper(action string) int {
 		}
 		return 0
 	}
-}
-
-// freePort returns a port that was free for both TCP and UDP on 127.0.0.1
-// (memberlist binds both).
-func freePort(t testing.TB) int {
-	t.Helper()
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port")
-	return 0
 }
 
 // rankEnv is what gorun gives rank r (the GORUN_* subset this package reads).
@@ -231,7 +210,7 @@ func TestProcessesFormAndBarrier(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	const n = 8
-	seed := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	seed := rendezvoustest.FreeSeed(t)
 	procs := make([]*proc, n)
 	for r := range procs {
 		procs[r] = startRank(t, "barrier", rankEnv("procjob", seed, hexSecret, r, n))
@@ -263,7 +242,7 @@ func TestProcessKilledIsReported(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	const n, victim = 6, 4
-	seed := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	seed := rendezvoustest.FreeSeed(t)
 	procs := make([]*proc, n)
 	for r := range procs {
 		procs[r] = startRank(t, "wait", rankEnv("killjob", seed, hexSecret, r, n))
@@ -328,7 +307,7 @@ func TestForeignProcessRefused(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	seed := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	seed := rendezvoustest.FreeSeed(t)
 	cfgs := make([]Config, 2)
 	for r := range cfgs {
 		c := LocalConfig()
@@ -371,7 +350,7 @@ func TestProcessesTorchStyle(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	const n = 4
-	port := freePort(t)
+	port := rendezvoustest.FreePort(t)
 	var base []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "GORUN_") && !strings.HasPrefix(kv, "SLURM_") {

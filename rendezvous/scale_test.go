@@ -23,8 +23,27 @@ type scaleResult struct {
 	wall                 time.Duration // real time for the whole run
 }
 
-// runScale forms a world of n members, cuts one off, and measures.
-func runScale(t *testing.T, n int) scaleResult {
+// A fault a scale run applies to its victim.
+type scaleFault int
+
+const (
+	faultCrash scaleFault = iota // the victim's process is gone: refused
+	faultCut                     // the victim's host is cut off: silence
+)
+
+// bound is the longest detection a fault may take at scale: a crash is
+// proved by a refused connection and told to everyone at once; silence
+// waits the lease (GossipLease, 4 s) before it is a loss.
+func (f scaleFault) bound() time.Duration {
+	if f == faultCrash {
+		return 2 * time.Second
+	}
+	return DefaultConfig().GossipLease + time.Second
+}
+
+// runScale forms a world of n members, crashes one or cuts it off, and
+// measures.
+func runScale(t *testing.T, n int, fault scaleFault) scaleResult {
 	var res scaleResult
 	wallStart := time.Now()
 	bubble(t, func(t *testing.T) {
@@ -45,16 +64,21 @@ func runScale(t *testing.T, n int) scaleResult {
 		time.Sleep(500 * time.Millisecond) // the seed's pushes and first probes done
 		victim := n / 2
 		cut := time.Now()
-		nw.Isolate(memAddr(victim))
+		if fault == faultCrash {
+			crash(ws[victim])
+		} else {
+			nw.Isolate(memAddr(victim))
+		}
 		measureDetection(t, ws, victim, cut, &res, func(r int) bool { return r == victim })
 	})
 	res.wall = time.Since(wallStart)
 	return res
 }
 
-// A 256-member world forms, and a member cut off is seen by every other
-// member within 2 s, with no false reports. Under the race detector it runs
-// with 64 members (256 take three minutes there, over the package budget).
+// A 256-member world forms; a crashed member is seen by every other member
+// within 2 s, one cut off within its lease and not before it, with no false
+// reports. Under the race detector it runs with 64 members (256 take three
+// minutes there, over the package budget).
 func TestScale256(t *testing.T) {
 	if testing.Short() {
 		t.Skip("256 members")
@@ -63,13 +87,32 @@ func TestScale256(t *testing.T) {
 	if raceEnabled {
 		n = 64
 	}
-	res := runScale(t, n)
-	t.Logf("%d members: formation %v, detection %v..%v (fake clock); %v real", n, res.formation, res.detectMin, res.detectMax, res.wall)
-	if res.formation > 2*time.Second {
-		t.Errorf("formation took %v", res.formation)
+	for _, f := range []scaleFault{faultCrash, faultCut} {
+		res := runScale(t, n, f)
+		t.Logf("%d members, %s: formation %v, detection %v..%v (fake clock); %v real", n, f, res.formation, res.detectMin, res.detectMax, res.wall)
+		res.check(t, f)
 	}
-	if res.detectMax > 2*time.Second {
-		t.Errorf("detection took up to %v", res.detectMax)
+}
+
+func (f scaleFault) String() string {
+	if f == faultCrash {
+		return "crash"
+	}
+	return "cut"
+}
+
+// check applies the bounds: formation within 2 s, detection within the
+// fault's bound and, for silence, not before the lease less a probe round.
+func (res scaleResult) check(t *testing.T, f scaleFault) {
+	t.Helper()
+	if res.formation > 2*time.Second {
+		t.Errorf("%s: formation took %v", f, res.formation)
+	}
+	if res.detectMax > f.bound() {
+		t.Errorf("%s: detection took up to %v, want at most %v", f, res.detectMax, f.bound())
+	}
+	if lease := DefaultConfig().GossipLease; f == faultCut && res.detectMin < lease-500*time.Millisecond {
+		t.Errorf("%s: a member lost the cut-off one after %v, before its lease (%v)", f, res.detectMin, lease)
 	}
 }
 
@@ -80,22 +123,24 @@ func TestScaleTable(t *testing.T) {
 		t.Skip("set GORUN_RDZV_SCALE=64,256,1024 to run")
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%-6s %12s %12s %12s %10s\n", "size", "formation", "detect-min", "detect-max", "real")
+	fmt.Fprintf(&b, "\n%-6s %-6s %12s %12s %12s %10s\n", "size", "fault", "formation", "detect-min", "detect-max", "real")
 	for _, s := range strings.Split(sizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := runScale(t, n)
-		fmt.Fprintf(&b, "%-6d %11.3fs %11.3fs %11.3fs %9.1fs\n", n, r.formation.Seconds(), r.detectMin.Seconds(), r.detectMax.Seconds(), r.wall.Seconds())
+		for _, f := range []scaleFault{faultCrash, faultCut} {
+			r := runScale(t, n, f)
+			fmt.Fprintf(&b, "%-6d %-6s %11.3fs %11.3fs %11.3fs %9.1fs\n", n, f, r.formation.Seconds(), r.detectMin.Seconds(), r.detectMax.Seconds(), r.wall.Seconds())
+		}
 	}
 	t.Log(b.String())
 }
 
-// runScaleHier forms hosts × per ranks with host leaders, cuts one leader
-// (and its host's streams, as a lost host would) and measures formation and
-// how long the other hosts' ranks take to see it.
-func runScaleHier(t *testing.T, hosts, per int) scaleResult {
+// runScaleHier forms hosts × per ranks with host leaders, crashes one
+// leader or cuts it off, and measures formation and how long the other
+// hosts' ranks take to see it.
+func runScaleHier(t *testing.T, hosts, per int, fault scaleFault) scaleResult {
 	var res scaleResult
 	wallStart := time.Now()
 	bubble(t, func(t *testing.T) {
@@ -110,15 +155,20 @@ func runScaleHier(t *testing.T, hosts, per int) scaleResult {
 		time.Sleep(500 * time.Millisecond)
 		victim := hosts / 2 * per
 		cut := time.Now()
-		hn.nw.Isolate(memAddr(victim))
+		if fault == faultCrash {
+			crash(ws[victim])
+		} else {
+			hn.nw.Isolate(memAddr(victim))
+		}
 		measureDetection(t, ws, victim, cut, &res, func(r int) bool { return r/per == victim/per })
 	})
 	res.wall = time.Since(wallStart)
 	return res
 }
 
-// 1024 ranks as 64 hosts of 16 form within 2 s and lose a host within 2 s
-// (fake clock). Under the race detector: 16 hosts of 16.
+// 1024 ranks as 64 hosts of 16 form within 2 s and lose a crashed leader
+// within 2 s, a cut-off one within its lease (fake clock). Under the race
+// detector: 16 hosts of 16.
 func TestScaleHier1024(t *testing.T) {
 	if testing.Short() {
 		t.Skip("1024 members")
@@ -127,13 +177,10 @@ func TestScaleHier1024(t *testing.T) {
 	if raceEnabled {
 		hosts = 16
 	}
-	res := runScaleHier(t, hosts, per)
-	t.Logf("%dx%d ranks: formation %v, host loss seen in %v..%v (fake clock); %v real", hosts, per, res.formation, res.detectMin, res.detectMax, res.wall)
-	if res.formation > 2*time.Second {
-		t.Errorf("formation took %v", res.formation)
-	}
-	if res.detectMax > 2*time.Second {
-		t.Errorf("detection took up to %v", res.detectMax)
+	for _, f := range []scaleFault{faultCrash, faultCut} {
+		res := runScaleHier(t, hosts, per, f)
+		t.Logf("%dx%d ranks, %s: formation %v, host loss seen in %v..%v (fake clock); %v real", hosts, per, f, res.formation, res.detectMin, res.detectMax, res.wall)
+		res.check(t, f)
 	}
 }
 

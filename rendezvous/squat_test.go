@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -12,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun-hpc/gorun/rendezvous/rendezvoustest"
 )
 
 // The attach socket's name comes from the job secret, so nobody can take
@@ -48,7 +49,7 @@ func TestAttachNameHeldByAnotherUser(t *testing.T) {
 	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "bound\n" {
 		t.Fatalf("squatter: %q %v", line, err)
 	}
-	seed := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	seed := rendezvoustest.FreeSeed(t)
 
 	// The attached rank: a *PeerError naming the squatter within moments,
 	// although formation would wait 30 s.

@@ -129,7 +129,12 @@ func TestCrashDetectedWithin2s(t *testing.T) {
 		synctest.Wait()
 		crashed := time.Now()
 		crash(ws[victim])
-		awaitLost(t, ws, victim, "h1", crashed, func(r int, w *World, _ *LostError) {
+		awaitLost(t, ws, victim, "h1", crashed, func(r int, w *World, le *LostError) {
+			// Found by the refused connection, not by waiting out the
+			// lease as for silence.
+			if !errors.Is(le, ErrRefused) {
+				t.Errorf("rank %d: cause %v, want ErrRefused", r, le.Cause)
+			}
 			if !strings.Contains(w.Err().Error(), "rendezvous: rank 5 (host h1) lost") {
 				t.Errorf("message %q", w.Err())
 			}
@@ -163,17 +168,101 @@ func TestCrashDetectedWithin2s(t *testing.T) {
 
 func hostRanks(h int) []int { return []int{4 * h, 4*h + 1, 4*h + 2, 4*h + 3} }
 
-// A host whose link goes down is a loss like a crash.
+// A host whose link goes down for good is lost at its lease, not before:
+// silence may be a cut that heals (TestShortCutHeals).
 func TestIsolatedMemberLost(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		const n, victim = 8, 3
 		ws, nw := formMem(t, n, nil)
 		defer closeAll(ws)
 		cut := time.Now()
+		lease := ws[0].cfg.GossipLease
 		nw.Isolate(memAddr(victim))
-		awaitLost(t, ws, victim, "", cut, func(int, *World, *LostError) {})
+		awaitLostWithin(t, ws, victim, "", cut, lease+time.Second, func(r int, w *World, le *LostError) {
+			if d := time.Since(cut); d < lease-500*time.Millisecond {
+				t.Errorf("rank %d lost the cut-off member after %v, before its lease (%v)", r, d, lease)
+			}
+			if !errors.Is(le, ErrDeclaredDead) {
+				t.Errorf("rank %d: cause %v, want ErrDeclaredDead", r, le.Cause)
+			}
+		})
 		// The isolated member sees everyone else as lost.
 		<-ws[victim].Failed()
+	})
+}
+
+// A cut shorter than the lease heals with nobody lost: 1 s (memberlist's
+// own suspicion is refuted after the heal) and 3 s (memberlist declares
+// the member dead at about 2.2 s; the World's push-pulls after the heal
+// bring its refutation back within the lease). Before the lease, gossip
+// declared a member cut off for 1 s dead at 1.2 s (notes/faults.md,
+// hosts/iptables/heal-1s).
+func TestShortCutHeals(t *testing.T) {
+	for _, d := range []time.Duration{time.Second, 3 * time.Second} {
+		t.Run(d.String(), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				const n, victim = 6, 2
+				ws, nw := formMem(t, n, nil)
+				defer closeAll(ws)
+				nw.Isolate(memAddr(victim))
+				time.Sleep(d)
+				nw.Heal(memAddr(victim))
+				time.Sleep(3 * ws[0].cfg.GossipLease)
+				for r, w := range ws {
+					if err := w.Err(); err != nil {
+						t.Errorf("rank %d after a %v cut: %v", r, d, err)
+					}
+				}
+				// And the world still works.
+				eachRank(t, ws, func(w *World) error { return w.Barrier(context.Background()) })
+			})
+		})
+	}
+}
+
+// A member whose gossip packets (UDP) are all lost while its streams (TCP)
+// work stays in the world: its streams open too slowly for memberlist's TCP
+// fallback probe (due within a probe interval), as on a loaded host, so
+// memberlist suspects it and declares it dead, and the suspicion could only
+// be refuted over UDP. The World's push-pulls within the lease carry it over
+// TCP. Before: declared dead 3.8 s into a UDP cut (hosts/gossip/udp-cut).
+func TestPacketCutIsNotDeath(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		const n, victim = 4, 1
+		ws, nw := formMem(t, n, nil)
+		defer closeAll(ws)
+		nw.CutPackets(memAddr(victim))
+		nw.SlowStreams(memAddr(victim), 300*time.Millisecond)
+		time.Sleep(4 * ws[0].cfg.GossipLease)
+		nw.Heal(memAddr(victim))
+		time.Sleep(ws[0].cfg.GossipLease)
+		for r, w := range ws {
+			if err := w.Err(); err != nil {
+				t.Errorf("rank %d after a UDP cut: %v", r, err)
+			}
+		}
+		eachRank(t, ws, func(w *World) error { return w.Barrier(context.Background()) })
+	})
+}
+
+// A frozen member (its process stopped: it answers nothing, and its host
+// accepts TCP connections that nobody serves) is lost at the lease like a
+// cut-off one; modelled as a cut with streams slower than TCPTimeout.
+func TestFrozenMemberLostAtLease(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		const n, victim = 4, 3
+		ws, nw := formMem(t, n, nil)
+		defer closeAll(ws)
+		lease := ws[0].cfg.GossipLease
+		cut := time.Now()
+		nw.CutPackets(memAddr(victim))
+		nw.SlowStreams(memAddr(victim), time.Hour)
+		awaitLostWithin(t, ws, victim, "", cut, lease+time.Second, func(r int, w *World, le *LostError) {
+			if d := time.Since(cut); d < lease-500*time.Millisecond {
+				t.Errorf("rank %d lost the frozen member after %v, before its lease (%v)", r, d, lease)
+			}
+		})
+		nw.Heal(memAddr(victim))
 	})
 }
 
@@ -270,6 +359,12 @@ func TestFormationTimeoutListsMissing(t *testing.T) {
 			if !errors.Is(err, ErrFormation) {
 				t.Errorf("not ErrFormation: %v", err)
 			}
+			// The rank whose absence ended formation, for the
+			// collateral report that makes gorun name it.
+			var lost interface{ LostWorldRank() int }
+			if !errors.As(err, &lost) || lost.LostWorldRank() != 3 {
+				t.Errorf("config %d: %v does not name rank 3 as the one that never joined", i, err)
+			}
 		}
 		if d := time.Since(start); d > 31*time.Second {
 			t.Errorf("took %v", d)
@@ -286,6 +381,12 @@ func TestSeedUnreachable(t *testing.T) {
 		_, err := Join(context.Background(), c)
 		if err == nil || !strings.Contains(err.Error(), "rank 1 could not join the seed 10.0.0.1:7946 after 5s") {
 			t.Fatalf("got %v", err)
+		}
+		// Not the seed's fault for sure (this rank's network may be
+		// the problem): nobody is named.
+		var lost interface{ LostWorldRank() int }
+		if errors.As(err, &lost) && lost.LostWorldRank() >= 0 {
+			t.Errorf("an unreachable seed names rank %d", lost.LostWorldRank())
 		}
 	})
 }
@@ -481,12 +582,18 @@ func barriersAndSplit(ctx context.Context, w *World, n int) (*Group, error) {
 // each survivor and the LostError it reports.
 func awaitLost(t *testing.T, ws []*World, victim int, host string, since time.Time, check func(r int, w *World, le *LostError)) {
 	t.Helper()
+	awaitLostWithin(t, ws, victim, host, since, 2*time.Second, check)
+}
+
+// awaitLostWithin is awaitLost with another bound than 2 s.
+func awaitLostWithin(t *testing.T, ws []*World, victim int, host string, since time.Time, within time.Duration, check func(r int, w *World, le *LostError)) {
+	t.Helper()
 	for r, w := range ws {
 		if r == victim {
 			continue
 		}
 		<-w.Failed()
-		if d := time.Since(since); d > 2*time.Second {
+		if d := time.Since(since); d > within {
 			t.Errorf("rank %d saw the loss after %v", r, d)
 		}
 		var le *LostError

@@ -199,6 +199,7 @@ type options struct {
 	ckptSignal    string
 	minNP, maxNP  int
 	readmitEvery  time.Duration
+	rdzvTimeout   time.Duration
 	ckptBefore    time.Duration
 	report        string
 }
@@ -243,11 +244,12 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.Var(&o.injects, "inject", "inject a fault: `SPEC` kill:rank=R:at=DUR[:sig=SIG], stop:rank=R:at=DUR[:for=DUR], cont:rank=R:at=DUR, kill-host:host=H:at=DUR[:sig=SIG] or random:mtbf=DUR:seed=N[:sig=SIG], slow:rank=R:at=DUR[:for=DUR][:duty=F][:period=DUR], drop:rank=R[:peer=P]:at=DUR, delay:rank=R[:peer=P]:ms=N:at=DUR[:for=DUR], corrupt:rank=R[:peer=P]:at=DUR or partition:ranks=A-B:at=DUR[:for=DUR][:lease=DUR]; after-steps=N instead of at= fires when the target rank reports finishing step N (repeatable; times from the job's start)")
 	fs.StringVar(&o.injectFile, "inject-file", "", "read --inject specs from `FILE`, one per line (# comments)")
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "after a rank or host fails, stop every rank and start the job again, up to `N` times (torchrun's --max-restarts; ranks get GORUN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)")
-	fs.IntVar(&o.minNP, "min-np", 0, "elastic: with --max-restarts, a world that lost a host restarts without it, on spare hosts of the host list or on fewer ranks, down to `N`")
+	fs.IntVar(&o.minNP, "min-np", 0, "elastic: with --max-restarts, a world that lost a host restarts without it, on spare hosts of the host list or on fewer ranks, down to `N`; a -hostfile is read again before each restart, so hosts added to it or removed from it count from the next world")
 	fs.DurationVar(&o.readmitEvery, "readmit-every", 0, "elastic: while a world runs without a lost host, ask it every `DUR` whether it answers again, and when it does, restart the world to grow back with it (not counted against --max-restarts; 0: only at restarts)")
+	fs.DurationVar(&o.rdzvTimeout, "rdzv-timeout", 0, "how long the ranks wait for every rank to join the world (`DUR`; GORUN_RDZV_TIMEOUT, default 2m): a rank that hangs before it calls Init is named when this runs out, as nothing tells it from one slow to start")
 	fs.IntVar(&o.maxNP, "max-np", 0, "elastic: at most `N` ranks per world (default -np, else every slot); hosts past those needed are spares")
 	fs.StringVar(&o.ckptSignal, "checkpoint-signal", "USR1", "the `SIGNAL` that asks the ranks for a checkpoint (ranks find it in GORUN_CHECKPOINT_SIGNAL); gorun forwards it when it receives it")
-	fs.DurationVar(&o.ckptBefore, "checkpoint-signal-before", 0, "send the checkpoint signal `DUR` before --timeout and before every timed kill or kill-host --inject (a preemption notice, as SLURM's --signal; 0: never on its own)")
+	fs.DurationVar(&o.ckptBefore, "checkpoint-signal-before", 0, "send the checkpoint signal `DUR` before --timeout, before every timed kill or kill-host --inject (a preemption notice, as SLURM's --signal) and before a world is stopped to grow back (--readmit-every); 0: never on its own")
 	fs.StringVar(&o.report, "report", "", "write what was injected, when, and what the job did as JSON to `FILE`")
 	fs.StringVar(&o.launcher, "launcher", "auto", "how agents start on other hosts: auto (srun inside a SLURM allocation, else ssh), ssh or srun")
 	fs.Usage = func() {
@@ -338,6 +340,13 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if topology != launcher.TopologyAuto {
 		policies = append(policies, "GORUN_TOPOLOGY="+topology)
 	}
+	if o.rdzvTimeout < 0 {
+		fmt.Fprintf(stderr, "gorun: --rdzv-timeout %s: must not be negative\n", o.rdzvTimeout)
+		return exitUsage
+	}
+	if o.rdzvTimeout > 0 {
+		policies = append(policies, "GORUN_RDZV_TIMEOUT="+o.rdzvTimeout.String())
+	}
 	exports, err := launcher.ResolveExports(append(policies, o.exports...), os.LookupEnv)
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
@@ -403,6 +412,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		Argv: argv, NP: o.np, Hosts: hosts, Oversubscribe: o.oversubscribe,
 		GPUsPerHost: o.gpus, Export: exports, Faults: faults, MaxRestarts: o.maxRestarts,
 		CheckpointSignal: ckptSig, CheckpointBefore: o.ckptBefore, MinNP: o.minNP, MaxNP: o.maxNP, ReadmitEvery: o.readmitEvery,
+		Hostfile: o.hostfile, // read again before each elastic restart
 	})
 	code = exitCode(err, stderr)
 	if len(faults) > 0 || rep.Restarts > 0 {

@@ -101,7 +101,8 @@ func NewToken(name string) string {
 //	                   world 0 print "ready" and hang (restart-aware:allreduce:
 //	                   run the allreduce mode instead), in later worlds report
 //	                   step 1 and exit 0 (restart-aware:grow: as allreduce,
-//	                   but world 1 prints "ready" and hangs)
+//	                   but world 1 prints "ready" and hangs, printing
+//	                   "checkpoint signal at NS" for each SIGUSR1)
 //	steps:N            join the world and run N "training steps": an
 //	                   all-reduce, rank.ReportStep(i), print "step i",
 //	                   sleep 20 ms; exit 0 (on an error print it, exit 6)
@@ -272,8 +273,14 @@ func runHelper(mode string) int {
 		if w == "1" && arg == "grow" {
 			// Until gorun stops this world to grow back: a world
 			// that can end no other way keys the test to that event.
+			// The checkpoint signal gorun may send first is printed
+			// with when it came (Unix ns).
+			ck := make(chan os.Signal, 1)
+			signal.Notify(ck, syscall.SIGUSR1)
 			fmt.Printf("ready %s %d\n", rank, os.Getpid())
-			select {}
+			for range ck {
+				fmt.Printf("checkpoint signal at %d\n", time.Now().UnixNano())
+			}
 		}
 		if w != "0" {
 			// A restarted world's first step (gorun's report times

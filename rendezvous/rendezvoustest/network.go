@@ -19,6 +19,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -28,15 +29,21 @@ import (
 // all methods are safe for concurrent use.
 type Network struct {
 	mu       sync.Mutex
-	nodes    map[string]*Transport // by "ip:port"; removed on Shutdown
-	isolated map[string]bool       // addresses cut off from everyone
-	next     int                   // for NewTransport's automatic addresses
+	nodes    map[string]*Transport    // by "ip:port"; removed on Shutdown
+	isolated map[string]bool          // addresses cut off from everyone
+	udpCut   map[string]bool          // addresses whose packets are lost (CutPackets)
+	slow     map[string]time.Duration // addresses whose new streams are slow to open (SlowStreams)
+	next     int                      // for NewTransport's automatic addresses
 }
 
-// Errors a dial returns, as a real network would report them.
+// Errors a dial returns, as a real network would report them. ErrRefused
+// matches syscall.ECONNREFUSED with errors.Is, as a real refused dial does:
+// nothing listens at a live host's address. A full listen queue is not a
+// refusal (the kernel drops the SYN): ErrBacklog, a timeout.
 var (
-	ErrRefused     = errors.New("rendezvoustest: connection refused")
+	ErrRefused     = fmt.Errorf("rendezvoustest: connection refused (%w)", syscall.ECONNREFUSED)
 	ErrUnreachable = errors.New("rendezvoustest: network unreachable")
+	ErrBacklog     = errors.New("rendezvoustest: connection timed out (listen queue full)")
 )
 
 // packetQueue is a member's receive buffer, like a UDP socket's: beyond it
@@ -90,11 +97,53 @@ func (n *Network) Isolate(addr string) {
 	n.isolated[addr] = true
 }
 
-// Heal undoes Isolate.
+// Heal undoes Isolate, CutPackets and SlowStreams.
 func (n *Network) Heal(addr string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	delete(n.isolated, addr)
+	delete(n.udpCut, addr)
+	delete(n.slow, addr)
+}
+
+// CutPackets drops every packet to and from addr while streams still work,
+// as a firewall that drops a host's UDP does: memberlist's probes and gossip
+// are lost, its TCP fallback probes and push-pulls are not.
+func (n *Network) CutPackets(addr string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.udpCut == nil {
+		n.udpCut = make(map[string]bool)
+	}
+	n.udpCut[addr] = true
+}
+
+// SlowStreams makes every new stream to or from addr take d to open, as on
+// a host too loaded to accept in time: memberlist's TCP fallback probe, due
+// within one probe interval, then misses, while a push-pull (TCPTimeout)
+// still gets through.
+func (n *Network) SlowStreams(addr string, d time.Duration) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.slow == nil {
+		n.slow = make(map[string]time.Duration)
+	}
+	n.slow[addr] = d
+}
+
+// packetLost reports whether a packet from src to dst is dropped by
+// CutPackets.
+func (n *Network) packetLost(src, dst string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.udpCut[src] || n.udpCut[dst]
+}
+
+// streamDelay is how long a new stream from src to dst takes to open.
+func (n *Network) streamDelay(src, dst string) time.Duration {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return max(n.slow[src], n.slow[dst])
 }
 
 // route returns the destination for a message from src to dst, or an error.
@@ -143,7 +192,7 @@ func (t *Transport) WriteTo(b []byte, addr string) (time.Time, error) {
 func (t *Transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
 	now := time.Now()
 	dst, err := t.net.route(t.addr, a.Addr)
-	if err != nil {
+	if err != nil || t.net.packetLost(t.addr, a.Addr) {
 		return now, nil // lost, as UDP would lose it
 	}
 	p := &memberlist.Packet{Buf: append([]byte(nil), b...), From: addr(t.addr), Timestamp: now}
@@ -165,34 +214,41 @@ func (t *Transport) DialTimeout(a string, timeout time.Duration) (net.Conn, erro
 // DialAddressTimeout opens a stream to a.Addr: an in-memory pipe whose far
 // end the destination's memberlist accepts.
 func (t *Transport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+	if d := t.net.streamDelay(t.addr, a.Addr); d > 0 {
+		if d >= timeout {
+			time.Sleep(timeout)
+			return nil, fmt.Errorf("%w: %s (opening takes %v)", ErrBacklog, a.Addr, d)
+		}
+		time.Sleep(d)
+	}
 	dst, err := t.net.route(t.addr, a.Addr)
 	if err != nil {
 		return nil, err
 	}
 	local, remote := net.Pipe()
-	if !t.net.enqueue(dst, conn{remote, addr(t.addr), addr(dst.addr)}) {
+	if err := t.net.enqueue(dst, conn{remote, addr(t.addr), addr(dst.addr)}); err != nil {
 		local.Close()
 		remote.Close()
-		return nil, fmt.Errorf("%w: %s", ErrRefused, a.Addr)
+		return nil, fmt.Errorf("%w: %s", err, a.Addr)
 	}
 	return conn{local, addr(dst.addr), addr(t.addr)}, nil
 }
 
-// enqueue hands a stream to dst's listener unless dst has shut down or its
-// backlog is full. Under the network lock, so that Shutdown cannot leave a
-// stream queued that nobody will ever accept (its dialer would block
-// forever on the synchronous pipe).
-func (n *Network) enqueue(dst *Transport, c net.Conn) bool {
+// enqueue hands a stream to dst's listener unless dst has shut down
+// (ErrRefused) or its backlog is full (ErrBacklog). Under the network lock,
+// so that Shutdown cannot leave a stream queued that nobody will ever
+// accept (its dialer would block forever on the synchronous pipe).
+func (n *Network) enqueue(dst *Transport, c net.Conn) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.nodes[dst.addr] != dst {
-		return false
+		return ErrRefused
 	}
 	select {
 	case dst.streamCh <- c:
-		return true
+		return nil
 	default:
-		return false
+		return ErrBacklog
 	}
 }
 

@@ -20,11 +20,17 @@ type elasticReport struct {
 	Restarts  int      `json:"restarts"`
 	LostHosts []string `json:"lost_hosts"`
 	Worlds    []struct {
-		NP     int      `json:"np"`
-		Hosts  []string `json:"hosts"`
-		Result string   `json:"result"`
+		NP      int      `json:"np"`
+		Hosts   []string `json:"hosts"`
+		Result  string   `json:"result"`
+		EndedAt float64  `json:"ended_at_s"`
 	} `json:"worlds"`
-	Outcome string `json:"outcome"`
+	Outcome           string `json:"outcome"`
+	CheckpointSignals []struct {
+		At      float64 `json:"at_s"`
+		Restart int     `json:"restart"`
+		Why     string  `json:"why"`
+	} `json:"checkpoint_signals"`
 }
 
 func readElasticReport(t *testing.T, path string) (elasticReport, string) {
@@ -295,7 +301,10 @@ func TestElasticGrowBack(t *testing.T) {
 // than being stopped to grow (its ranks wait for ever); gorun asks h2
 // every second, it answers, world 1 is stopped, and world 2 runs 4 ranks
 // on both hosts and succeeds. The grow restart is not counted against
-// --max-restarts (1, spent on the kill).
+// --max-restarts (1, spent on the kill). With --checkpoint-signal-before
+// 500ms, world 1's ranks get the checkpoint signal (SIGUSR1) at least that
+// long before gorun stops them, so a program resumes from a checkpoint
+// taken then, not from its last periodic one.
 func TestElasticGrowsWhileRunning(t *testing.T) {
 	h := requireHosts(t)
 	h1, h2 := h.Hosts[0], h.Hosts[1]
@@ -306,7 +315,8 @@ func TestElasticGrowsWhileRunning(t *testing.T) {
 	}
 	report := filepath.Join(dir, "report.json")
 	j := newJobOn(t, h, hf, "restart-aware:grow", nil, "--tag-output", "-np", "4", "--min-np", "2", "--max-restarts", "1",
-		"--readmit-every", "1s", "--report", report, "--inject", "kill-host:host="+h2+":after-steps=1")
+		"--readmit-every", "1s", "--report", report, "--inject", "kill-host:host="+h2+":after-steps=1",
+		"--checkpoint-signal-before", "500ms")
 	code := j.run()
 	j.noSurvivors()
 	rep, raw := readElasticReport(t, report)
@@ -321,6 +331,15 @@ func TestElasticGrowsWhileRunning(t *testing.T) {
 	if got := worldHosts(j.stdout.String())["2"]; !slices.Equal(got, []string{h1, h2}) {
 		t.Fatalf("world 2's ranks printed from %v\n%s", got, j.stdout.String())
 	}
+	// The notice before the stop: sent once, in world 1, 500 ms or more
+	// before it ended, and received by both of its ranks.
+	cs := rep.CheckpointSignals
+	if len(cs) != 1 || cs[0].Restart != 1 || !strings.HasPrefix(cs[0].Why, "before growing back ("+h2) || rep.Worlds[1].EndedAt-cs[0].At < 0.5 {
+		t.Fatalf("checkpoint signals %+v, want one in world 1 at least 0.5 s before it ended (%.3f s)\nreport:\n%s", cs, rep.Worlds[1].EndedAt, raw)
+	}
+	if n := strings.Count(j.stdout.String(), "checkpoint signal at "); n != 2 {
+		t.Fatalf("%d ranks printed the checkpoint signal, want world 1's 2\n%s", n, j.stdout.String())
+	}
 }
 
 // uninterruptedTrainer builds the example trainer and runs it on 4 local
@@ -331,7 +350,12 @@ func uninterruptedTrainer(t *testing.T) (dir, trainer string, common []string, r
 	t.Helper()
 	dir = launchertest.Build(t, "examples/trainer")
 	trainer = filepath.Join(dir, "trainer")
-	common = []string{"--steps", "20", "--model", "small", "--batch", "8", "--deterministic", "--mode", "sharded"}
+	// 200 steps: an after-steps kill lands a supervisor tick (20 ms) or
+	// so after the step; the world must still be running then. With 20
+	// steps a quiet machine ran world 1 of TestElasticGrowBack (steps 7
+	// to 20, 0.3 ms each) to its end before the kill at step 12 landed,
+	// and the job finished in 2 worlds instead of 3.
+	common = []string{"--steps", "200", "--model", "small", "--batch", "8", "--deterministic", "--mode", "sharded"}
 	ref, err := exec.Command(gorunBin, append([]string{"-np", "4", trainer}, common...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("the uninterrupted run: %v\n%s", err, ref)
