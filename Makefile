@@ -5,7 +5,7 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-elastic bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
+.PHONY: help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-detect bench-elastic bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -54,7 +54,9 @@ test-desync: ## the full desync split matrix: np 2-8, every k, 6 collective/poin
 
 .PHONY: test-chaos bench-netfault bench-linklease
 test-chaos: ## the full chaos matrix: fault kinds x phases x launch modes (gorun, direct, namespace hosts as root), invariants checked after every row, printed as a table (~4 min)
-	GORUN_CHAOS=full $(GO) test -count=1 -timeout 20m -run TestChaosMatrix ./tests/chaos
+	@rm -f /tmp/gorun-chaos-table.txt
+	GORUN_CHAOS=full GORUN_CHAOS_TABLE=/tmp/gorun-chaos-table.txt $(GO) test -count=1 -timeout 20m -run TestChaosMatrix ./tests/chaos; \
+		rc=$$?; cat /tmp/gorun-chaos-table.txt 2>/dev/null; rm -f /tmp/gorun-chaos-table.txt; exit $$rc
 	GORUN_CHAOS=full $(GO) test -count=1 -timeout 10m -run TestElasticGrowBack ./tests/multihost
 
 bench-netfault: ## 8-byte all-reduce latency with the data-plane fault hook compiled out, compiled in, and armed (medians, ratios)
@@ -68,6 +70,9 @@ test-overload: ## no false freeze detection: 32 ranks all-reduce beside a CPU ho
 
 bench-restart: build ## kill-and-restart: gorun --max-restarts vs torchrun --max_restarts on one torch gloo program, kill -> first step of the new world
 	flock /tmp/gorun-bench.lock scripts/bench-restart.sh
+
+bench-detect: build ## issue 17's detection promises: SIGKILL / SIGSTOP of a rank mid all-reduce -> every survivor's error, under gorun (host leaders, flat), without gorun, across namespace hosts (root)
+	flock /tmp/gorun-bench.lock scripts/bench-detect.sh
 
 bench-elastic: build ## issue 17's elastic figures from --report: a rank frozen before it joined (detect, recover), grow-back across 2 namespace hosts (root)
 	flock /tmp/gorun-bench.lock scripts/bench-elastic.sh

@@ -69,6 +69,39 @@ func (c *Comm) preferRing(size int) bool {
 	return ring < rd
 }
 
+// crowdedRingFrom is the size above which an all-reduce on a crowded host
+// (see Comm.crowded) takes the ring rather than recursive doubling.
+// Measured on the 2-core reference host, 3, 4 and 7 ranks over shared
+// memory, each algorithm forced (`gorun bench`, medians of 3 interleaved
+// rounds, out-of-place µs, ring / recursive doubling; notes/shm-latency.md,
+// session 6): 4 ranks 16 KiB 21.6 / 10.2, 64 KiB 43.6 / 22.3, 256 KiB
+// 105 / 90, 1 MiB 305 / 368, 4 MiB 1365 / 3994; 7 ranks 64 KiB 94 / 75,
+// 256 KiB 199 / 206, 1 MiB 684 / 905; 3 ranks 16 KiB 19.7 / 14.0, 256
+// KiB 59 / 60. On a crowded host every step that waits for a rank that
+// is not running costs a switch of a few microseconds or more, whatever
+// it carries, so the ring's 2(n-1) steps lose to recursive doubling's
+// log2(n) far beyond where the cost model (tuned on TCP, where a step
+// costs the same whether or not the peer runs) puts the crossover.
+const crowdedRingFrom = 256 << 10
+
+// allReduceRing decides whether an all-reduce of size bytes takes a
+// bandwidth-optimal algorithm (ring, pair exchange, direct reduce-scatter
+// + all-gather) rather than a latency-optimal one (recursive doubling,
+// gather-to-all). Every rank decides alike: the inputs are the size, the
+// Config and the group's placement.
+//
+// With two ranks over shared memory, recursive doubling up to the eager
+// limit (one exchange of the whole vector) was tried against the pair
+// exchange from 16 KiB to 1 MiB and was not faster (notes/shm-latency.md,
+// session 6), so two ranks keep the cost model.
+func (c *Comm) allReduceRing(size int) bool {
+	switch {
+	case c.crowded && !c.cfg.Deterministic:
+		return size > crowdedRingFrom
+	}
+	return c.preferRing(size)
+}
+
 func (c *Comm) allReduce(cl *call, send, recv []byte) error {
 	dt := cl.dtype
 	ct := computeType(dt)
@@ -90,7 +123,7 @@ func (c *Comm) allReduce(cl *call, send, recv []byte) error {
 	// combine an element with the local contribution and write recv then,
 	// instead of copying send into recv first: one pass over the vector less.
 	var err error
-	switch ring := c.preferRing(len(work)); {
+	switch ring := c.allReduceRing(len(work)); {
 	case c.n == 1:
 	case c.n == 2 && ring:
 		// With two ranks the fixed tree is r0 op r1, and every op here is

@@ -141,6 +141,11 @@ type Comm struct {
 	// check's cost, for tests).
 	checks, queries, queryBytes atomic.Int64
 
+	// crowded: every rank of the group runs on one host, which has fewer
+	// online CPUs than the group has ranks (set once by New; every rank
+	// computes the same, so algorithm choices that read it agree).
+	crowded bool
+
 	// Worker-only state (no lock: only the worker goroutine touches it).
 	scr [4][]byte
 	// rr is the reduction recvReduce hands to the link, with its operands
@@ -222,6 +227,12 @@ func New(ctx context.Context, g Group, t Transport, cfg Config) (*Comm, error) {
 	c.fillFree()
 	// Before any program this rank starts can inherit the report pipe.
 	collateral.Claim()
+	c.crowded = n > onlineCPUs()
+	for r := range n {
+		if g.Host(r) != g.Host(me) {
+			c.crowded = false
+		}
+	}
 	c.log = cfg.Logger.With().Int("rank", g.GlobalRank(me)).Str("host", g.Host(me)).Int("world", n).
 		Str("group", fmt.Sprintf("%016x", uint64(c.gid))).Logger()
 	for r := range n {

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"errors"
 	"net"
+	"runtime"
 )
 
 // Shared memory is implemented for Linux only; elsewhere every link is TCP.
@@ -24,6 +25,9 @@ func sweepShm(string) int                                                 { retu
 // SweepShm removes leftover shared-memory segments; none exist here.
 func SweepShm(string) int     { return 0 }
 func markCrowded([]Link, int) {}
+
+// onlineCPUs is the number of CPUs (Linux reads the host's online set).
+func onlineCPUs() int { return runtime.NumCPU() }
 
 // SetForeignCallers has nothing to tune without shared-memory links (see
 // shm_linux.go).

@@ -84,14 +84,16 @@ type Config struct {
 	// executor is open (default 2): one P for the program's compute and one
 	// for the communicator's worker, without which a collective issued
 	// before a compute waits for that compute to block or be preempted
-	// (procs.go has the measurements). Never more than the CPUs the process
-	// may run on: a rank bound to one core keeps its one P, since there the
-	// worker's polling would take the core from a CPU compute. A program
-	// whose compute leaves the core idle (an accelerator's synchronising
-	// calls) and is bound to one core starts with GOMAXPROCS=2 in its
-	// environment (gorun -x GOMAXPROCS=2): the executor never lowers it.
-	// The setting before is put back when the last executor closes. 0
-	// leaves GOMAXPROCS alone, for a program that sets it itself.
+	// (procs.go has the measurements). Within the CPUs the process may run
+	// on while its compute runs on the CPU: a rank bound to one core keeps
+	// its one P, since there the worker's polling would take the core from
+	// the compute. Past them once a step's compute spent a quarter of its
+	// time blocked off the CPU (an accelerator's synchronising calls, cgo
+	// calls that wait), and back within them after a step where that
+	// share fell under 1/16: Executor.Compute measures it on Linux. The
+	// setting before is put back when the last executor closes, and one
+	// the program makes meanwhile stands. 0 leaves GOMAXPROCS alone, for a
+	// program that sets it itself.
 	MinProcs int
 	// Clock times spans and metrics; default WallClock.
 	Clock Clock

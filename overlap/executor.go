@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"runtime"
 	"sync"
 	"time"
 
@@ -55,8 +56,11 @@ type Executor struct {
 	mem      *fusedMem
 
 	// procs: this executor holds a raise of GOMAXPROCS (Config.MinProcs),
-	// released by Close.
+	// released by Close. wide: it also holds a widening past the CPUs,
+	// since its compute blocks (procs.go); watch measures that per step.
 	procs bool
+	wide  bool
+	watch blockedWatch
 
 	ctx      context.Context // the watchers' context, cancelled by Close
 	cancel   context.CancelFunc
@@ -416,6 +420,9 @@ func (ex *Executor) Close() error {
 		}
 		ex.wg.Wait()
 		ex.closeErr = ex.closeDevices()
+		if ex.wide {
+			narrowProcs()
+		}
 		if ex.procs {
 			releaseProcs()
 		}
@@ -440,6 +447,9 @@ func (ex *Executor) Begin(step int) error {
 	ex.mem.copied = 0
 	ex.pendingG = ex.pendingG[:0]
 	ex.filler.Reset()
+	// Watch the compute only while the CPUs keep GOMAXPROCS under
+	// MinProcs, or to narrow it back once widened.
+	ex.watch = blockedWatch{on: ex.procs && (ex.wide || runtime.GOMAXPROCS(0) < ex.cfg.MinProcs)}
 	for _, g := range ex.groups {
 		g.hashH, g.hashChecked = nil, false
 		for _, b := range g.buckets {
@@ -457,6 +467,27 @@ func (b *bucket) reset() {
 	b.doneAt, b.doneErr, b.recorded = time.Time{}, nil, nil
 }
 
+// adjustProcs widens GOMAXPROCS past the CPUs after a step whose compute
+// blocked for widenShare of its time or more, and narrows it back after
+// one under narrowShare (procs.go says why).
+func (ex *Executor) adjustProcs() {
+	w := ex.watch
+	if !w.on || w.wall <= 0 {
+		return
+	}
+	share := float64(w.blocked) / float64(w.wall)
+	switch {
+	case !ex.wide && share >= widenShare:
+		widenProcs(ex.cfg.MinProcs)
+		ex.wide = true
+		ex.log.Debug().Int("step", ex.step).Float64("blocked", share).Int("gomaxprocs", runtime.GOMAXPROCS(0)).Msg("compute blocks: widened GOMAXPROCS past the CPUs")
+	case ex.wide && share < narrowShare:
+		narrowProcs()
+		ex.wide = false
+		ex.log.Debug().Int("step", ex.step).Float64("blocked", share).Int("gomaxprocs", runtime.GOMAXPROCS(0)).Msg("compute runs on the CPU: narrowed GOMAXPROCS to the CPUs")
+	}
+}
+
 // Compute runs fn as the compute named name (in region) and records it on
 // the timeline. In Grouped mode the bucket set that became startable before
 // it is issued first, so that fn hides it.
@@ -465,7 +496,7 @@ func (ex *Executor) Compute(ctx context.Context, name, region string, fn func() 
 		return err
 	}
 	t0 := ex.cfg.Clock.Now()
-	err := fn()
+	err := ex.watch.run(fn)
 	t1 := ex.cfg.Clock.Now()
 	ex.compute += t1.Sub(t0)
 	if ex.tl != nil {
@@ -1113,6 +1144,7 @@ func (ex *Executor) finish(ctx context.Context) (StepMetrics, error) {
 		return StepMetrics{}, fmt.Errorf("%w: Finish outside a step", ErrUsage)
 	}
 	ex.inStep = false
+	ex.adjustProcs()
 	// Flushable buckets still missing members are flushed at the end of
 	// the step, as if their regions had ended.
 	for _, g := range ex.groups {

@@ -207,12 +207,13 @@ func Init(ctx context.Context, opts Options) (_ *Rank, err error) {
 			opts.Rendezvous(&rc)
 		}
 		if r.world, err = rendezvous.Join(ctx, rc); err != nil {
-			// A member frozen before the world formed ends formation
+			// A member frozen before the world formed, or one that
+			// never joined by the formation timeout, ends formation
 			// for everyone: this rank fails because of it, and tells
 			// its launcher so (as comm does after formation), or gorun
 			// would name this rank's exit as the cause.
 			var lost interface{ LostWorldRank() int }
-			if errors.As(err, &lost) && lost.LostWorldRank() != id.Rank {
+			if errors.As(err, &lost) && lost.LostWorldRank() >= 0 && lost.LostWorldRank() != id.Rank {
 				collateral.Tell(collateral.Report{Rank: id.Rank, Blame: lost.LostWorldRank(), Why: err.Error()})
 			}
 			return nil, fmt.Errorf("rank %d: %w", id.Rank, err)

@@ -35,10 +35,14 @@
 // all-gather, enough for World.Barrier and World.Split before comm/ exists.
 //
 // Failure model: a member that crashes, hangs or becomes unreachable is
-// declared dead by memberlist's failure detector; every World and Group that
-// contains it fails with a *LostError naming its rank and host, the epoch
-// increases and everything blocked here is released. A member that leaves
-// gracefully (World.Close) is not a failure. Gossip is encrypted with a key
+// lost; every World and Group that contains it fails with a *LostError
+// naming its rank and host, the epoch increases and everything blocked here
+// is released. A member that leaves gracefully (World.Close) is not a
+// failure. Proof that a process is gone (its attach stream closed, its
+// gossip port refused a connection) is acted on at once; silence (a freeze,
+// a dead host, a cut) only after the lease, so that a cut shorter than the
+// lease heals and a cut of gossip's UDP alone is survived over TCP
+// (doubt.go, Config's failure-detection fields). Gossip is encrypted with a key
 // derived from the job secret and labelled with the job id, so a process
 // without the secret can neither join nor read member data.
 package rendezvous

@@ -126,12 +126,29 @@ type FormationError struct {
 	Cause     error     // the context's error, when that ended the wait
 	Seed      string    // the seed address
 	Rank      int       // this rank
+	// LocalSize is set when this rank is a host leader that gave up
+	// waiting for its own host's ranks to attach (it never joined the
+	// gossip, so Missing lists every other rank): LocalsAttached of
+	// LocalSize had, on Host.
+	LocalsAttached, LocalSize int
+	Host                      string
 }
 
 func (e *FormationError) Error() string {
 	var b strings.Builder
 	if e.SeedErr != nil {
 		fmt.Fprintf(&b, "rendezvous: rank %d could not join the seed %s after %s: %v", e.Rank, e.Seed, e.After, e.SeedErr)
+		return b.String()
+	}
+	if e.LocalSize > 0 {
+		// Which of the host's ranks are missing is not known here: a
+		// rank attaches with its world rank, and one that never did
+		// could be any of the host's others.
+		fmt.Fprintf(&b, "rendezvous: host leader rank %d (host %s): %d/%d of its host's ranks attached after %s; the world cannot form without the others",
+			e.Rank, e.Host, e.LocalsAttached, e.LocalSize, e.After)
+		if e.Cause != nil {
+			fmt.Fprintf(&b, " (%v)", e.Cause)
+		}
 		return b.String()
 	}
 	fmt.Fprintf(&b, "rendezvous: %d/%d ranks after %s; missing ", e.Joined, e.WorldSize, e.After)
@@ -157,6 +174,21 @@ func (e *FormationError) Error() string {
 
 // Is makes errors.Is(err, ErrFormation) true.
 func (e *FormationError) Is(target error) bool { return target == ErrFormation }
+
+// LostWorldRank returns the first rank that never joined: the one whose
+// absence ended formation, so that the ranks that gave up waiting report
+// their failure as its doing and gorun names it (a rank hung before it
+// called Init looks like this; only the formation timeout ends that wait,
+// since nothing tells it from a rank that is slow to start). It is -1
+// when formation ended for another reason: the seed was never reached,
+// the context ended, nobody is missing, or this is a host leader whose own
+// host's ranks did not all attach (it cannot tell which).
+func (e *FormationError) LostWorldRank() int {
+	if e.SeedErr != nil || e.Cause != nil || e.LocalSize > 0 || len(e.Missing) == 0 {
+		return -1
+	}
+	return e.Missing[0].Rank
+}
 
 // Unwrap returns the context error, if that ended the wait.
 func (e *FormationError) Unwrap() error { return e.Cause }

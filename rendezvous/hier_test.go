@@ -277,6 +277,21 @@ func TestHierFormationTimeoutListsMissing(t *testing.T) {
 		if errs[1] == nil || errs[1].Error() != errs[0].Error() {
 			t.Errorf("attached rank: %v, want the leader's verdict", errs[1])
 		}
+		// Leader and attached rank alike name rank 2 as the one that
+		// never joined (the leader relays it with its verdict).
+		for i, err := range errs[:2] {
+			var lost interface{ LostWorldRank() int }
+			if !errors.As(err, &lost) || lost.LostWorldRank() != 2 {
+				t.Errorf("config %d: %v does not name rank 2 as the one that never joined", i, err)
+			}
+		}
+		// Rank 2, h1's leader, waited for its host's other rank and says
+		// so, naming nobody: it cannot tell which rank did not come.
+		var lost interface{ LostWorldRank() int }
+		if want := "rendezvous: host leader rank 2 (host h1): 1/2 of its host's ranks attached after 30s; the world cannot form without the others"; errs[2] == nil || errs[2].Error() != want ||
+			!errors.As(errs[2], &lost) || lost.LostWorldRank() != -1 {
+			t.Errorf("h1's leader: %v, want %q naming nobody", errs[2], want)
+		}
 	})
 }
 

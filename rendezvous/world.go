@@ -299,11 +299,27 @@ func (w *World) waitLocals(ctx context.Context) error {
 			w.mu.Unlock()
 			w.log.Info().Msgf("rendezvous: %d/%d local ranks attached", n+1, w.cfg.LocalWorldSize)
 		case <-deadline.C:
-			return w.formationError(nil, nil)
+			return w.localsError(nil)
 		case <-ctx.Done():
-			return w.formationError(ctx.Err(), nil)
+			return w.localsError(ctx.Err())
 		}
 	}
+}
+
+// localsError is waitLocals' formation error. When every rank of the job
+// is on this host, the ranks that did not attach are exactly the missing
+// ones. Otherwise this leader, which never joined the gossip, can say only
+// how many of its host's ranks attached: a rank attaches with its world
+// rank, and one that never did could be any of the host's others.
+func (w *World) localsError(ctxErr error) error {
+	e := w.formationError(ctxErr, nil).(*FormationError)
+	if w.cfg.LocalWorldSize >= w.cfg.WorldSize {
+		return e
+	}
+	w.mu.Lock()
+	e.LocalsAttached, e.LocalSize, e.Host = w.attachedN+1, w.cfg.LocalWorldSize, w.cfg.Host
+	w.mu.Unlock()
+	return e
 }
 
 // tellLinksFatal passes the error that ends formation to the attached ranks.
@@ -313,7 +329,7 @@ func (w *World) tellLinksFatal(err error) {
 	switch {
 	case errors.Is(err, ErrConflict):
 		body[0] = 'C'
-	case errors.As(err, &lost):
+	case errors.As(err, &lost) && lost.LostWorldRank() >= 0:
 		// A loss before formation: the attached ranks fail because of
 		// that rank, and say so to their launcher.
 		body = binary.AppendUvarint([]byte{'L'}, uint64(lost.LostWorldRank()))

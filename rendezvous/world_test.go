@@ -359,6 +359,12 @@ func TestFormationTimeoutListsMissing(t *testing.T) {
 			if !errors.Is(err, ErrFormation) {
 				t.Errorf("not ErrFormation: %v", err)
 			}
+			// The rank whose absence ended formation, for the
+			// collateral report that makes gorun name it.
+			var lost interface{ LostWorldRank() int }
+			if !errors.As(err, &lost) || lost.LostWorldRank() != 3 {
+				t.Errorf("config %d: %v does not name rank 3 as the one that never joined", i, err)
+			}
 		}
 		if d := time.Since(start); d > 31*time.Second {
 			t.Errorf("took %v", d)
@@ -375,6 +381,12 @@ func TestSeedUnreachable(t *testing.T) {
 		_, err := Join(context.Background(), c)
 		if err == nil || !strings.Contains(err.Error(), "rank 1 could not join the seed 10.0.0.1:7946 after 5s") {
 			t.Fatalf("got %v", err)
+		}
+		// Not the seed's fault for sure (this rank's network may be
+		// the problem): nobody is named.
+		var lost interface{ LostWorldRank() int }
+		if errors.As(err, &lost) && lost.LostWorldRank() >= 0 {
+			t.Errorf("an unreachable seed names rank %d", lost.LostWorldRank())
 		}
 	})
 }

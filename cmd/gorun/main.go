@@ -199,6 +199,7 @@ type options struct {
 	ckptSignal    string
 	minNP, maxNP  int
 	readmitEvery  time.Duration
+	rdzvTimeout   time.Duration
 	ckptBefore    time.Duration
 	report        string
 }
@@ -245,6 +246,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "after a rank or host fails, stop every rank and start the job again, up to `N` times (torchrun's --max-restarts; ranks get GORUN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)")
 	fs.IntVar(&o.minNP, "min-np", 0, "elastic: with --max-restarts, a world that lost a host restarts without it, on spare hosts of the host list or on fewer ranks, down to `N`; a -hostfile is read again before each restart, so hosts added to it or removed from it count from the next world")
 	fs.DurationVar(&o.readmitEvery, "readmit-every", 0, "elastic: while a world runs without a lost host, ask it every `DUR` whether it answers again, and when it does, restart the world to grow back with it (not counted against --max-restarts; 0: only at restarts)")
+	fs.DurationVar(&o.rdzvTimeout, "rdzv-timeout", 0, "how long the ranks wait for every rank to join the world (`DUR`; GORUN_RDZV_TIMEOUT, default 2m): a rank that hangs before it calls Init is named when this runs out, as nothing tells it from one slow to start")
 	fs.IntVar(&o.maxNP, "max-np", 0, "elastic: at most `N` ranks per world (default -np, else every slot); hosts past those needed are spares")
 	fs.StringVar(&o.ckptSignal, "checkpoint-signal", "USR1", "the `SIGNAL` that asks the ranks for a checkpoint (ranks find it in GORUN_CHECKPOINT_SIGNAL); gorun forwards it when it receives it")
 	fs.DurationVar(&o.ckptBefore, "checkpoint-signal-before", 0, "send the checkpoint signal `DUR` before --timeout, before every timed kill or kill-host --inject (a preemption notice, as SLURM's --signal) and before a world is stopped to grow back (--readmit-every); 0: never on its own")
@@ -337,6 +339,13 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	if topology != launcher.TopologyAuto {
 		policies = append(policies, "GORUN_TOPOLOGY="+topology)
+	}
+	if o.rdzvTimeout < 0 {
+		fmt.Fprintf(stderr, "gorun: --rdzv-timeout %s: must not be negative\n", o.rdzvTimeout)
+		return exitUsage
+	}
+	if o.rdzvTimeout > 0 {
+		policies = append(policies, "GORUN_RDZV_TIMEOUT="+o.rdzvTimeout.String())
 	}
 	exports, err := launcher.ResolveExports(append(policies, o.exports...), os.LookupEnv)
 	if err != nil {

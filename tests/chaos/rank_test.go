@@ -25,8 +25,8 @@ import (
 //	barrier  a barrier
 //	bucket   eight 32 KiB all-reduces issued at once, then waited (a flush)
 //
-// The victim (chaosVictim) injects its own fault (chaosFault: kill or
-// stop) at chaosPhase, in the first world only, so that a phase is hit
+// The victim (chaosVictim) injects its own fault (chaosFault: kill, stop,
+// or hang: block for ever without being stopped) at chaosPhase, in the first world only, so that a phase is hit
 // exactly rather than by timing:
 //
 //	launch     before Init
@@ -79,6 +79,8 @@ func runRank() int {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		case "stop":
 			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		case "hang":
+			select {} // running, not stopped: ended by the job's teardown
 		}
 	}
 	at := func(p string) bool { return armed && phase == p }

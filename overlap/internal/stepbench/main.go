@@ -31,6 +31,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	rtrace "runtime/trace"
 	"slices"
@@ -479,6 +480,7 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	ideal := max(P, C)
 	say("synthetic step (step graph → blocks + overlap passes → graph runner): %d ranks (%s), %d blocks, %d KiB parameter shard per block per rank, all-gather (%d ahead) + reduce-scatter per block; %d nodes as written, %d after the passes, %d collectives/step\n",
 		n, link, L, shardEl*es>>10, o.prefetch, authored, len(g.Nodes), ov.collectives)
+	say("  GOMAXPROCS %d on rank 0 after the steps (%d CPUs it may run on, --min-procs %d; a compute that blocks widens it past the CPUs)\n", runtime.GOMAXPROCS(0), runtime.NumCPU(), o.minProcs)
 	say("  communication alone   C = %s  (C and P below measured interleaved with the serial and overlapped steps)\n", ms(C))
 	if o.compute == computeCPU {
 		say("  compute alone         P = %s  (%.2f × C, all ranks at once; arithmetic of %v forward, %v backward, %v optimizer per block at a core's rate)\n", ms(P), float64(P)/float64(C), fwd, bwd, opt)
