@@ -1,6 +1,7 @@
 package comm
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -267,4 +268,27 @@ func setUserTimeout(c *net.TCPConn, d time.Duration) error {
 		return err
 	}
 	return serr
+}
+
+// setCongestion sets the TCP congestion control of c (TCP_CONGESTION);
+// a connection that is not a socket is left alone.
+func setCongestion(c net.Conn, name string) error {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, name)
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("TCP_CONGESTION %q: %w", name, serr)
+	}
+	return nil
 }

@@ -55,3 +55,6 @@ func (s *tcpStream) write(bool) (int, error) {
 
 // setUserTimeout: TCP_USER_TIMEOUT is Linux's; elsewhere keepalive alone.
 func setUserTimeout(*net.TCPConn, time.Duration) error { return nil }
+
+// setCongestion has nothing to set here (TCP_CONGESTION is Linux's).
+func setCongestion(net.Conn, string) error { return nil }

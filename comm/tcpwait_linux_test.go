@@ -2,9 +2,11 @@ package comm
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,4 +100,87 @@ func cpuTime(t *testing.T) time.Duration {
 		t.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// A TCP link between two ranks on one host runs the congestion control
+// TCPLocalCongestion names (reno by default), and a link to another host,
+// or with "system", keeps the host's default; a name the kernel refuses
+// leaves the link working on the default.
+func TestTCPLocalCongestion(t *testing.T) {
+	def, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
+	if err != nil {
+		t.Skip("no tcp_congestion_control to compare with:", err)
+	}
+	system := strings.TrimSpace(string(def))
+	for _, tc := range []struct {
+		name    string
+		hosts   []string
+		setting string
+		want    string
+	}{
+		{"one host", []string{"h", "h"}, "", "reno"},
+		{"one host, system", []string{"h", "h"}, "system", system},
+		{"two hosts", []string{"h", "k"}, "", system},
+		{"one host, refused", []string{"h", "h"}, "no-such-algorithm", system},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			secret := []byte("congestion test secret")
+			var eps []*Endpoint
+			var addrs []string
+			for range 2 {
+				cfg := DefaultEndpointConfig()
+				cfg.Addr, cfg.Secret, cfg.ForceTCP, cfg.TCPStreams = "127.0.0.1:0", secret, true, 2
+				cfg.TCPLocalCongestion = tc.setting
+				ep, err := Listen(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ep.Close()
+				eps, addrs = append(eps, ep), append(addrs, ep.Addr())
+			}
+			links := make([][]Link, 2)
+			errs := make(chan error, 2)
+			for r := range 2 {
+				go func() { // waited for through errs
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					var err error
+					links[r], err = eps[r].Connect(ctx, NewStaticGroup(r, addrs, tc.hosts), 7)
+					errs <- err
+				}()
+			}
+			for range 2 {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			for r := range 2 {
+				l := links[r][1-r].(*tcpLink)
+				defer l.Close()
+				for i, s := range l.st {
+					if got := congestionOf(t, s.conn); got != tc.want {
+						t.Errorf("rank %d, connection %d: congestion control %q, want %q", r, i, got, tc.want)
+					}
+				}
+			}
+		})
+	}
+}
+
+func congestionOf(t *testing.T, c net.Conn) string {
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var name string
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		name, serr = unix.GetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	return strings.TrimRight(name, "\x00")
 }

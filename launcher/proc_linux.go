@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -82,7 +83,17 @@ func readProcs() []procInfo {
 // descendants returns the live (non-zombie) descendants of root. Because the
 // supervisor is a child subreaper, every process its ranks ever started is in
 // this tree, whatever session or process group it moved to.
+//
+// For the calling process itself it first asks the kernel whether it has
+// any child at all (noChildren): every descendant's chain of parents runs
+// through a child of root, so with none there is nothing to find, and the
+// /proc scan — one open and read per process on the host, 2.5-3 ms for
+// the 118 processes of the reference VM, measured at the end of every job
+// in the supervisor and again in gorun — is skipped.
 func descendants(root int) []int {
+	if root == os.Getpid() && noChildren() {
+		return nil
+	}
 	procs := readProcs()
 	children := map[int][]procInfo{}
 	for _, p := range procs {
@@ -101,6 +112,22 @@ func descendants(root int) []int {
 		}
 	}
 	return out
+}
+
+// noChildren reports whether the calling process has no child process,
+// alive or zombie, by any exit signal (__WALL). WNOWAIT leaves an exited
+// child waitable, so the probe never reaps a child that another goroutine
+// (an exec.Cmd's Wait) is about to collect; any answer but ECHILD, an error
+// included, says "maybe" and the caller scans.
+func noChildren() bool {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT|unix.WALL, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return errors.Is(err, unix.ECHILD)
+	}
 }
 
 // closeOnExecAbove marks every open descriptor above minFD close-on-exec.
