@@ -192,7 +192,7 @@ func (gr *GraphRunner) View(tensor string) (comm.Buffer, bool) {
 	if len(locs) == 0 {
 		return nil, false
 	}
-	b := locs[0]
+	b := locs[0].b
 	if len(b.b.Members) < 2 || (b.b.Op != buckets.AllReduce && b.b.Op != buckets.Broadcast) {
 		return nil, false
 	}
