@@ -54,7 +54,9 @@ test-desync: ## the full desync split matrix: np 2-8, every k, 6 collective/poin
 
 .PHONY: test-chaos bench-netfault bench-linklease
 test-chaos: ## the full chaos matrix: fault kinds x phases x launch modes (gorun, direct, namespace hosts as root), invariants checked after every row, printed as a table (~4 min)
-	GORUN_CHAOS=full $(GO) test -count=1 -timeout 20m -run TestChaosMatrix ./tests/chaos
+	@rm -f /tmp/gorun-chaos-table.txt
+	GORUN_CHAOS=full GORUN_CHAOS_TABLE=/tmp/gorun-chaos-table.txt $(GO) test -count=1 -timeout 20m -run TestChaosMatrix ./tests/chaos; \
+		rc=$$?; cat /tmp/gorun-chaos-table.txt 2>/dev/null; rm -f /tmp/gorun-chaos-table.txt; exit $$rc
 	GORUN_CHAOS=full $(GO) test -count=1 -timeout 10m -run TestElasticGrowBack ./tests/multihost
 
 bench-netfault: ## 8-byte all-reduce latency with the data-plane fault hook compiled out, compiled in, and armed (medians, ratios)

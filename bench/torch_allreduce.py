@@ -72,6 +72,8 @@ def main():
     p.add_argument("-w", type=int, default=5)
     p.add_argument("-c", type=int, default=1)
     p.add_argument("--backend", default="gloo", choices=["gloo", "gorun", "nccl"])
+    p.add_argument("--max-seconds", type=float, default=0.5,
+                   help="below 1 MiB, time at most about this long per placement and size (never fewer than -n calls)")
     a = p.parse_args()
     minb, maxb = parse_size(a.b), parse_size(a.e)
 
@@ -124,12 +126,21 @@ def main():
         # Small messages take microseconds: -n calls of them last less than
         # one time slice of a busy machine, and one preemption decides the
         # figure. Below 1 MiB the counts grow as the size shrinks, up to
-        # 50x -n at 20 KiB and under, the same for every backend.
+        # 50x -n at 20 KiB and under, but never past what --max-seconds
+        # of calls at the warm-up's pace hold (gloo's small calls take a
+        # millisecond), so that a sweep stays short; every rank takes the
+        # smallest count any rank chose.
         iters = max(a.n, min(50 * a.n, a.n * (1 << 20) // max(count * 4, 1)))
         warm = max(a.w, iters // 10)
+        dist.barrier()
+        w0 = time.perf_counter()
         for _ in range(warm):
             recv.copy_(send)
             dist.all_reduce(recv)
+        per = (time.perf_counter() - w0) / warm
+        c = torch.tensor([max(a.n, min(iters, int(a.max_seconds / max(per, 1e-9))))], dtype=torch.int64, device=dev)
+        dist.all_reduce(c, op=dist.ReduceOp.MIN)
+        iters = int(c[0])
         dist.barrier()
         sync()
         t0 = time.perf_counter()

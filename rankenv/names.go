@@ -76,9 +76,11 @@ const (
 	// that host at launch and differs from MASTER_PORT.
 	RdzvEndpoint = "GORUN_RDZV_ENDPOINT"
 	// RdzvLease is a Go duration overriding the rendezvous lease (default
-	// 4 s): how long a host's attach stream may stay silent before its
-	// rank is declared frozen. gorun's supervisors read it from each
-	// rank's environment to judge a rank stopped before the world formed.
+	// 4 s): how long a member that gives no sign of life is trusted before
+	// it is declared frozen, cut off or unresponsive — a host's attach
+	// stream, a gossip member (rendezvous.Config.GossipLease) and comm's
+	// links. gorun's supervisors read it from each rank's environment to
+	// judge a rank stopped before the world formed.
 	RdzvLease = "GORUN_RDZV_LEASE"
 	// RestartCount is the world's restart number under gorun --max-restarts
 	// (0 in the first world): the rendezvous takes it as the world's

@@ -34,6 +34,14 @@
 # "bound" and gorun's busbw over it as "g/bound". The peer's bytes cross
 # between the cores on top of that, so no all-reduce reaches the bound.
 #
+# Each round first runs bench/copybound/corelat (the round trip of a cache
+# line between the first two CPUs, and the rate at which one reads a 1 MiB
+# buffer the other just wrote), and each table's header lists it per
+# round: on a virtual machine the two CPUs may sit on nearby or distant
+# physical cores, and on the 2-core reference VM that alone moved gorun's
+# 1 MiB all-reduce between 60 and 250 us from one minute to the next
+# (notes/shm-latency.md, session 6).
+#
 # The machine may be shared: rerun a figure that swings, and read the hog
 # rows against each side's own quiet rows.
 set -euo pipefail
@@ -55,6 +63,7 @@ go build -o "$OUT/gorun" ./cmd/gorun
 mpicc -O2 -Wall -o "$OUT/mpi_allreduce" bench/mpi/allreduce.c
 mpicc -O2 -Wall -o "$OUT/mpi_barrier" bench/mpi/barrier_lat.c
 cc -O2 -Wall -o "$OUT/copybound" bench/copybound/copybound.c
+cc -O2 -Wall -o "$OUT/corelat" bench/copybound/corelat.c
 G=$OUT/gorun
 ROOT=()
 [ "$(id -u)" = 0 ] && ROOT=(--allow-run-as-root)
@@ -79,8 +88,9 @@ for np in $NPS; do
 	[ "$np" -gt "$(nproc)" ] && over=(--oversubscribe)
 	for load in $LOADS; do
 		tag=$tr.$np.$load
-		: >"$OUT/g.$tag" && : >"$OUT/m.$tag" && : >"$OUT/c.$tag"
+		: >"$OUT/g.$tag" && : >"$OUT/m.$tag" && : >"$OUT/c.$tag" && : >"$OUT/l.$tag"
 		for r in $(seq "$ROUNDS"); do
+			"$OUT/corelat" | awk '{printf " %s ns (%s GB/s)", $1, $2}' >>"$OUT/l.$tag"
 			[ "$load" = hog ] && start_hogs
 			for sweep in "$SWEEP" "$big"; do
 				[ -n "$sweep" ] || continue
@@ -102,6 +112,7 @@ for np in $NPS; do
 		done
 		echo
 		echo "## $tr, $np ranks, $load: median of $ROUNDS rounds (time µs, busbw GB/s; bound: copy bound busbw, see above)"
+		echo "# cross-core round trip, per round:$(cat "$OUT/l.$tag")"
 		printf "%10s %10s %8s %10s %8s %10s %8s %8s\n" size gorun-us busbw mpi-us busbw gorun/mpi bound g/bound
 		awk '
 			FNR == 1 { f++ }

@@ -17,11 +17,10 @@
 # examples/torch/ddp.py times a DDP step with each backend (medians over
 # ROUNDS interleaved rounds, wall and CPU per rank, with the ratio). First,
 # bench/torch_overhead.py prints the per-call cost of each layer on one rank.
-# With more ranks than cores, the gorun backend's ranks run with
-# `gorun --session shared` (TORCH_GORUN_FLAGS), as the package's README
-# advises: they wait on gorun's runtime like native ranks, which share a
-# session by default; gloo's ranks run as gorun starts them by default
-# (GLOO_FLAGS; own sessions).
+# Every program runs as a user would start it, with no extra flags
+# (TORCH_GORUN_FLAGS and GLOO_FLAGS add some, e.g. --session shared).
+# PARTS (default "overhead allreduce ddp") picks the parts to run, so that
+# each can be run on its own on a shared machine.
 # Needs python3-torch for /usr/bin/python3 (scripts/install-test-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +28,11 @@ OUT=${1:-bench-results/torch}
 SWEEP=${SWEEP:--b 8 -e 64M -f 4}
 NPS=${NPS:-2 4}
 ROUNDS=${ROUNDS:-3}
-ITERS=${ITERS:--w 3 -n 10}
+ITERS=${ITERS:--w 5 -n 40}
 PY=/usr/bin/python3 # Debian's python, the one with python3-torch
-TORCH_GORUN_FLAGS=${TORCH_GORUN_FLAGS---session shared}
+TORCH_GORUN_FLAGS=${TORCH_GORUN_FLAGS-}
+PARTS=${PARTS:-overhead allreduce ddp}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 GLOO_FLAGS=${GLOO_FLAGS-}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -59,9 +60,11 @@ load() { echo "# load average $(cut -d' ' -f1-3 /proc/loadavg) on $(getconf _NPR
 
 # The per-call cost of each layer on one rank (torch's floor for a Python
 # backend, the library call, the backend's sync and async paths, gloo).
-"$GORUN" -np 1 "$PY" bench/torch_overhead.py | tee "$OUT/overhead.txt"
+if part overhead; then
+	"$GORUN" -np 1 "$PY" bench/torch_overhead.py | tee "$OUT/overhead.txt"
+fi
 
-for np in $NPS; do
+part allreduce && for np in $NPS; do
 	before=$(load)
 	files=()
 	for round in $(seq "$ROUNDS"); do
@@ -78,11 +81,35 @@ for np in $NPS; do
 		echo "$before (before)"
 		echo "$(load) (after)"
 		"$GORUN" bench report --plot "$OUT/allreduce.$np.png" --ratio 2/1 --ratio 2/3 "${files[@]}"
+		# The same rounds, by median: one run's best is one quiet moment,
+		# the median what a run usually gets.
+		"$PY" - "$OUT" "$np" "$ROUNDS" <<'PYEOF'
+import statistics, sys
+out, np_, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def times(path):  # size -> the faster placement's time (us), from the nccl-tests table
+    t = {}
+    for line in open(path):
+        f = line.split()
+        if line.startswith("#") or len(f) < 13 or not f[0].isdigit():
+            continue
+        t[int(f[0])] = min(float(f[5]), float(f[9]))
+    return t
+med = {}
+for lab in ("gloo", "torch-gorun", "native"):
+    per = [times("%s/%s.%s.%d.txt" % (out, lab, np_, r)) for r in range(1, rounds + 1)]
+    med[lab] = {s: statistics.median(p[s] for p in per if s in p) for s in per[0]}
+print("# medians of %d rounds (us per call, the faster placement); busbw ratios are time ratios" % rounds)
+print("# %10s  %10s  %12s  %10s  %16s  %18s" % ("size", "gloo", "torch-gorun", "native", "torch-gorun/gloo", "torch-gorun/native"))
+for s in sorted(med["torch-gorun"]):
+    g, t, n = med["gloo"].get(s), med["torch-gorun"][s], med["native"].get(s)
+    print("  %10d  %10.1f  %12.1f  %10.1f  %16.2f  %18.2f" % (s, g or 0, t, n or 0, g / t if g else 0, n / t if n else 0))
+PYEOF
 	} | tee "$OUT/compare.$np.txt"
 done
 
 # DDP: ROUNDS interleaved rounds per rank count, medians across rounds of
 # each run's median step (wall) and CPU per step per rank (every thread).
+part ddp || exit 0
 DDP_STEPS=${DDP_STEPS:-40}
 : >"$OUT/ddp.runs.txt"
 for round in $(seq "$ROUNDS"); do

@@ -138,7 +138,7 @@ def check_others(rank, n):
         same(out, torch.cat([value(p * n + rank, 2, dtype) for p in range(n)]), "all_to_all_single %s" % dtype)
         if dtype == torch.bool:
             continue
-        for op in (R.SUM, R.MAX):
+        for op in OPS:
             # reduce_scatter (list) and reduce_scatter_tensor
             ins = [value(rank, k, dtype, salt=p) for p in range(n)]
             o = torch.empty(k, dtype=dtype)
@@ -250,6 +250,17 @@ def check_async(rank, n):
                 assert "not complete" in str(e), e
         w.wait()
         same(x, torch.full((1,), float(n)), "late all_reduce")
+    # futures of other collectives, as FSDP-style code chains on them
+    b = torch.full((6,), float(rank))
+    fb = dist.broadcast(b, src=n - 1, async_op=True).get_future()
+    g = torch.empty(3 * n)
+    fg = dist.all_gather_into_tensor(g, torch.full((3,), float(rank)), async_op=True).get_future()
+    o = torch.empty(2)
+    fr = dist.reduce_scatter_tensor(o, torch.arange(2.0 * n) + rank, async_op=True).get_future()
+    fb.wait(), fg.wait(), fr.wait()
+    same(b, torch.full((6,), float(n - 1)), "broadcast future")
+    same(g, torch.arange(float(n)).repeat_interleave(3), "all_gather_into_tensor future")
+    same(o, n * (torch.arange(2.0) + 2 * rank) + n * (n - 1) / 2, "reduce_scatter_tensor future")
 
 
 def check_bad_arguments(rank, n):
