@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/gorun-hpc/gorun/buckets"
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/stepgraph"
 )
 
 // BenchmarkExecutorStep measures the executor's own cost per step of 200
@@ -75,4 +77,63 @@ type noopComm struct{ *fakeComm }
 
 func (n *noopComm) AllReduce(context.Context, comm.Buffer, comm.Buffer, comm.Op) Handle {
 	return n.handle(func() {})
+}
+
+// BenchmarkGraphRunnerStep measures what the graph runner adds per step
+// on top of the executor (BenchmarkExecutorStep): the bucketing step of
+// scripts/bench-step.sh, 200 gradients of 40 KB all-reduced, written one
+// collective per tensor and bucketed by the passes into one bucket, its
+// members computed into their slots (views), over a communicator that
+// completes every call at once.
+func BenchmarkGraphRunnerStep(b *testing.B) {
+	const tensors, bytes = 200, 40_000
+	gb := stepgraph.NewBuilder().Group("g", 2).Region("m")
+	var ins, outs []string
+	for i := range tensors {
+		ins, outs = append(ins, fmt.Sprintf("t%d", i)), append(outs, fmt.Sprintf("T%d", i))
+	}
+	gb.Compute("backward", buckets.Backward, "m", time.Millisecond, nil, ins)
+	for i := range tensors {
+		gb.Start(fmt.Sprintf("ar%d", i), buckets.Backward, "m", buckets.AllReduce, "g", "f32",
+			[]stepgraph.Member{{In: ins[i], Out: outs[i], Bytes: bytes}})
+	}
+	for i := range tensors {
+		gb.Wait(fmt.Sprintf("ar%d.w", i), fmt.Sprintf("ar%d", i), "m")
+	}
+	gb.Compute("optimizer", buckets.Optimizer, "m", 0, outs, []string{"updated"})
+	g, err := gb.Graph()
+	if err != nil {
+		b.Fatal(err)
+	}
+	bc := buckets.DefaultConfig()
+	bc.CapBytes = 25_000_000
+	if g, err = stepgraph.BucketBlocks(g, bc); err != nil {
+		b.Fatal(err)
+	}
+	if g, err = stepgraph.BucketOverlap(g, bc); err != nil {
+		b.Fatal(err)
+	}
+	r, err := NewGraphRunner(g, map[string]Comm{"g": &noopComm{newFakeComm(0, 2, newFakeClock(), nil)}}, DefaultConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	byName := map[string]comm.Buffer{"updated": comm.Float32s(nil)}
+	for i := range tensors {
+		v, ok := r.View(ins[i])
+		if !ok {
+			b.Fatalf("no view of %s", ins[i])
+		}
+		byName[ins[i]], byName[outs[i]] = v, v
+	}
+	tens := func(name string) (comm.Buffer, error) { return byName[name], nil }
+	kernel := func(context.Context, *stepgraph.Node) error { return nil }
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := range b.N {
+		if _, err := r.Step(ctx, i, tens, kernel); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/tensors, "ns/tensor")
 }

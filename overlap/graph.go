@@ -73,6 +73,10 @@ type GraphRunner struct {
 	startsBefore []int // startsBefore[i]: number of starts at plan positions < i
 
 	release func(tensor string)
+	// st is the step's state, its maps kept from step to step: made
+	// afresh, the live map grew and rehashed through 200 outputs every
+	// step (BenchmarkGraphRunnerStep).
+	st stepState
 }
 
 // SetRelease registers f, called (from the goroutine running Step) when a
@@ -192,7 +196,7 @@ func (gr *GraphRunner) View(tensor string) (comm.Buffer, bool) {
 	if len(locs) == 0 {
 		return nil, false
 	}
-	b := locs[0]
+	b := locs[0].b
 	if len(b.b.Members) < 2 || (b.b.Op != buckets.AllReduce && b.b.Op != buckets.Broadcast) {
 		return nil, false
 	}
@@ -230,7 +234,13 @@ func (gr *GraphRunner) Step(ctx context.Context, step int, tensors Tensors, kern
 		ex.broken = err
 		return StepMetrics{}, err
 	}
-	st := &stepState{inflight: map[int]bool{}, live: map[string]bool{}}
+	st := &gr.st
+	if st.live == nil {
+		st.inflight, st.live = make(map[int]bool, len(gr.ord)), make(map[string]bool, len(gr.outSize))
+	}
+	clear(st.inflight)
+	clear(st.live)
+	st.pending, st.inBytes, st.liveB, st.peak = st.pending[:0], 0, 0, 0
 	record := func() {
 		if ex.tl != nil {
 			ex.tl.counter("collective memory", ex.cfg.Clock.Now(), map[string]any{"bytes": st.liveB})

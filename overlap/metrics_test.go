@@ -3,6 +3,7 @@ package overlap
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -179,5 +180,34 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if _, err := New(twoBucketPlan(t), map[string]Comm{}, DefaultConfig()); err == nil {
 		t.Fatal("New without the group's communicator: no error")
+	}
+}
+
+// TestReadyTwice: a tensor handed in again in a step where the plan sends
+// it once is refused, naming the tensor, and its first place keeps the
+// first buffer handed in.
+func TestReadyTwice(t *testing.T) {
+	fc := newFakeComm(0, 2, newFakeClock(), nil)
+	fc.hold = true
+	cfg := DefaultConfig()
+	cfg.CheckPlan = false
+	// Bucket a waits for nothing; b is held so that a second Ready of b
+	// finds b's bucket open.
+	ex, err := New(twoBucketPlan(t), map[string]Comm{"g": fc}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ex.Close()
+	ctx := context.Background()
+	b1, b2 := make([]float32, 2), make([]float32, 2)
+	if err := ex.Begin(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := ex.Ready(ctx, "b", comm.Float32s(b1), comm.Float32s(b1)); err != nil {
+		t.Fatal(err)
+	}
+	err = ex.Ready(ctx, "b", comm.Float32s(b2), comm.Float32s(b2))
+	if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), `"b" handed in more often`) {
+		t.Fatalf("second Ready of b: %v, want a usage error naming b", err)
 	}
 }

@@ -46,7 +46,9 @@ import (
 //
 // Who is the authority on what: a leader on its own attached ranks (their
 // hello and their stream's end; news about them from others is ignored,
-// handleGone); memberlist on the leaders themselves; the leader's table on
+// handleGone); memberlist on the leaders themselves, except that any
+// member's refused connection proves a leader gone (doubt.go); the
+// leader's table on
 // everything, for an attached rank. An attached rank whose leader goes
 // loses every other member with it (leaderGoneLocked): its only path to
 // them is gone.
