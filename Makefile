@@ -99,7 +99,7 @@ bench-recorder: ## flight recorder cost: 8 B all-reduce between 2 processes, rec
 bench-multihost: build ## multi-host launch: gorun vs mpirun --hostfile over 4 namespace hosts with sshd (root)
 	@bash scripts/bench-multihost.sh
 
-bench-mpi: build ## MPICH MPI_Init+Barrier: gorun vs mpiexec.hydra, 16 ranks locally and 4 namespace hosts x 4 (root)
+bench-mpi: build ## MPICH MPI_Init+Barrier: gorun vs mpiexec.hydra (and an ideal launcher locally), 16 ranks locally and 4 namespace hosts x 4 (root)
 	@bash scripts/bench-mpi.sh
 
 bench-gpu: ## GPU all-reduce: gorun --device cuda vs torch.distributed NCCL, side by side (needs a GPU and CUDA torch; not yet run on one)

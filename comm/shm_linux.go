@@ -695,9 +695,10 @@ type shmLink struct {
 	// so a waiter yields after yieldAfter whatever the CPU comparison
 	// says (set once by the endpoint, before use).
 	crowded bool
-	// yieldOK: both sides run in one session, so with the kernel's
-	// autogroup scheduling in one scheduling group, where sched_yield
-	// hands the core to the other if it is queued behind us (see wait).
+	// yieldOK: both sides published one scheduling-group tag (one
+	// session's autogroup, or one cpu cgroup: schedGroupTag), where
+	// sched_yield hands the core to the other if it is queued behind us
+	// (see wait).
 	// Set with crowded. side: 0 for the dialer, 1 for the acceptor.
 	yieldOK bool
 	side    int

@@ -172,10 +172,11 @@ func TestShmYieldsOnlyWithinOneSession(t *testing.T) {
 	}
 }
 
-// The tag follows the scheduler: the autogroup when it is on, one group
-// when it is off, the session id only without the proc files, and
-// nothing when even that is hidden (a session leader outside this PID
-// namespace, as in a container entered with exec).
+// The tag follows the scheduler: the cpu cgroup below the hierarchy's
+// root, else the autogroup when it is on, one group when it is off, the
+// session id only without the proc files, and nothing when even that is
+// hidden (a session leader outside this PID namespace, as in a container
+// entered with exec).
 func TestSchedGroupTag(t *testing.T) {
 	for _, tc := range []struct {
 		enabled, autogroup string

@@ -530,6 +530,19 @@ def case_gloo_default():
     dist.destroy_process_group()
 
 
+def case_schedgroup():
+    """Prints the rank's cpu cgroup (cgroup v1) after init and before
+    finalize, and checks the collective still works."""
+    dist.init_process_group("gorun")
+    cg = [l.split(":", 2)[2] for l in open("/proc/self/cgroup").read().splitlines() if l.split(":")[1:2] == ["cpu"]]
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    same(t, torch.full((3,), float(dist.get_world_size())), "all_reduce in the scheduling group")
+    say("CPUCGROUP %s job=%s" % (cg[0] if cg else "none", os.environ.get("GORUN_JOB_ID")))
+    say("schedgroup ok")
+    dist.destroy_process_group()
+
+
 def case_smoke():
     dist.init_process_group("gorun")
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -651,4 +664,4 @@ def case_timeout():
 
 
 if __name__ == "__main__":
-    {"timeout": case_timeout, "all": case_all, "smoke": case_smoke, "gloodefault": case_gloo_default, "fork": case_fork, "det": case_det, "kill": case_kill, "desync": case_desync}[sys.argv[1]]()
+    {"schedgroup": case_schedgroup, "timeout": case_timeout, "all": case_all, "smoke": case_smoke, "gloodefault": case_gloo_default, "fork": case_fork, "det": case_det, "kill": case_kill, "desync": case_desync}[sys.argv[1]]()

@@ -125,3 +125,45 @@ def test_torch_style_launch_without_gorun_bootstraps_through_the_store(launcher,
         out += o.decode(errors="replace")
         assert p.returncode == 0, out[-3000:]
     ranks_ok(out, 2, case)
+
+
+def _sched_group_host():
+    """Why ranks could not join a job's cpu cgroup here ("" if they can):
+    root, autogroup on, a cgroup v1 cpu hierarchy with this process at its
+    root, and fewer CPUs than the 4 ranks the test starts."""
+    try:
+        autogroup = open("/proc/sys/kernel/sched_autogroup_enabled").read().strip()
+        cg = [l.split(":", 2)[2] for l in open("/proc/self/cgroup").read().splitlines() if l.split(":")[1:2] == ["cpu"]]
+    except OSError as e:
+        return str(e)
+    if os.geteuid() != 0:
+        return "not root"
+    if autogroup != "1":
+        return "autogroup is off"
+    if cg != ["/"]:
+        return "no cgroup v1 cpu hierarchy with this process at its root (%s)" % cg
+    if os.cpu_count() >= 4:
+        return "%d CPUs: 4 ranks are not crowded" % os.cpu_count()
+    return ""
+
+
+def test_crowded_ranks_share_the_jobs_cpu_cgroup_unless_told_otherwise(launcher):
+    """4 ranks on fewer CPUs, each in a session of its own (gorun's default
+    for a Python interpreter): the library moves every rank into the job's
+    cpu cgroup, one CFS group in which a waiting rank can yield its core to
+    a peer; with --session own they stay where they are."""
+    why = _sched_group_host()
+    if why:
+        pytest.skip(why)
+    code, out = launcher.run(4, "schedgroup")
+    assert code == 0, out[-3000:]
+    ranks_ok(out, 4, "schedgroup")
+    got = re.findall(r"RANK (\d): CPUCGROUP (\S+) job=(\S+)", out)
+    assert len(got) == 4, out[-3000:]
+    for rank, cg, job in got:
+        assert cg == "/gorun-sched-" + job, "rank %s is in cpu cgroup %s" % (rank, cg)
+    assert not os.path.exists("/sys/fs/cgroup/cpu/gorun-sched-" + got[0][2]), "the job's cgroup outlived it"
+    code, out = launcher.run(4, "schedgroup", gorun_flags=("--session", "own"))
+    assert code == 0, out[-3000:]
+    got = re.findall(r"RANK (\d): CPUCGROUP (\S+) job=", out)
+    assert [g[1] for g in got] == ["/"] * 4, got

@@ -15,8 +15,9 @@
  *                 inside MPI_Init for it
  *                 (both print "rank N pid P entering MPI_Init" or "rank N
  *                 pid P sleeping" first)
- *   collective R  every rank inits; rank R prints "pid P in collective";
- *                 all loop over MPI_Allreduce for 60 s
+ *   collective R  every rank inits and runs one MPI_Allreduce; then rank R
+ *                 prints "pid P in collective" (every rank is past
+ *                 MPI_Init by then); all loop over MPI_Allreduce for 60 s
  *   no-finalize R rank R returns 0 right after MPI_Init without
  *                 MPI_Finalize; the others wait in MPI_Barrier
  */
@@ -138,11 +139,16 @@ int main(int argc, char **argv) {
         }
         MPI_Barrier(MPI_COMM_WORLD);
     } else if (!strcmp(mode, "collective")) {
+        double end = now() + 60;
+        long x = 1, y;
+        /* The first all-reduce returns only once every rank is past
+         * MPI_Init: a kill after the line below finds all of them in the
+         * loop, none still inside MPI_Init (where losing a peer fails
+         * that rank's own init, a second failure of its own). */
+        MPI_Allreduce(&x, &y, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
         if (rank == target) {
             printf("pid %d in collective\n", (int)getpid());
         }
-        double end = now() + 60;
-        long x = 1, y;
         while (now() < end) {
             MPI_Allreduce(&x, &y, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
         }
