@@ -707,7 +707,7 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		model.Latency, model.BusBandwidth/1e9, model.CopyBandwidth/1e9, model.CapBytes(), o.tensorB,
 		model.MergePays(buckets.AllReduce, int64(o.tensorB/4*4), c.Size()))
 	for k, name := range names {
-		line := fmt.Sprintf("  %-40s %4d collectives  %s", name, nb[name], ms(res[k].step))
+		line := fmt.Sprintf("  %-40s %4d collectives  %s (rank 0: collectives %s of it)", name, nb[name], ms(res[k].step), ms(res[k].comm))
 		if k > 0 {
 			line += fmt.Sprintf("  speed-up %.2f×  (goal ≥ 3×)", float64(pt)/float64(res[k].step))
 		}
