@@ -38,8 +38,13 @@ type tcpStream struct {
 	spin time.Duration   // how long a waiting read polls before parking
 	pre  []byte          // bytes the handshake read past its end; read first
 	// yield: a waiting read yields the CPU between polls and polls for
-	// tcpYieldSpin (set once by setCrowded, before use).
-	yield bool
+	// tcpYieldSpin (set once by setCrowded, before use). yielding: this
+	// read does (receiver only); yieldSkip waits poll without yielding
+	// after a slow yield, and yieldBack is the next such skip (see
+	// tcpYieldSlow).
+	yield                bool
+	yielding             bool
+	yieldSkip, yieldBack int
 
 	// Read in progress (receiver only).
 	rp    []byte
@@ -85,6 +90,10 @@ func (s *tcpStream) read(p []byte, wait bool) (int, error) {
 		return s.conn.Read(p)
 	}
 	s.rp, s.rn, s.rerr, s.rwait = p, 0, nil, wait
+	s.yielding = s.yield && s.yieldSkip == 0
+	if wait && s.yieldSkip > 0 {
+		s.yieldSkip--
+	}
 	err := s.rc.Read(s.rfn)
 	s.rp = nil
 	if err != nil {
@@ -104,6 +113,9 @@ func (s *tcpStream) doRead(fd uintptr) bool {
 			if n == 0 {
 				s.rerr = io.EOF
 			}
+			if s.yielding && !deadline.IsZero() {
+				s.yieldBack = 0 // yielding answered: no slow yield this wait
+			}
 			return true
 		case unix.EINTR:
 			continue
@@ -121,10 +133,19 @@ func (s *tcpStream) doRead(fd uintptr) bool {
 			return false
 		}
 		spin := s.spin
-		if s.yield {
+		if s.yielding {
 			// The rank we wait for may be queued behind us on this
 			// core: let it run (see tcpYieldSpin).
-			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			t0 := time.Now()
+			schedYield()
+			if time.Since(t0) > tcpYieldSlow {
+				// The core went to something that kept it, not to a
+				// rank that answers: park, and poll without yielding
+				// for the next waits (see tcpYieldSlow).
+				s.yieldBack = min(max(2*s.yieldBack, 256), 8192)
+				s.yieldSkip, s.yielding = s.yieldBack, false
+				return false
+			}
 			spin = tcpYieldSpin
 		}
 		now := time.Now()
@@ -150,6 +171,25 @@ func (s *tcpStream) doRead(fd uintptr) bool {
 // and 126 µs, for 1 ms 54 and 114 µs; Open MPI (which yields when
 // oversubscribed) 40 and 95-117 µs.
 const tcpYieldSpin = 200 * time.Microsecond
+
+// tcpYieldSlow: a sched_yield that kept this rank off the core longer than
+// this handed it to something other than a rank that answers, most likely
+// a CPU-bound process of the same session (a program's own helper
+// processes, or a benchmark's load). Such a process keeps the core for
+// its whole time slice at every yield: with a busy loop pinned on each
+// core in the ranks' session (scripts/bench-latency.sh's hog), 4 ranks
+// over TCP took 2.1-2.3 ms per small all-reduce yielding against
+// 0.17-0.23 ms polling then parking (where the woken rank preempts the
+// loop). So after a slow yield the wait parks, and the next waits poll
+// without yielding, 256 at first, twice as many after each further slow
+// yield (at most 8192); a yielding wait that ends without one starts the
+// count again. Same hogs, 3 interleaved rounds: 16 waits at first gave
+// 0.41-0.48 ms, 256 gave 0.24-0.32 ms; quiet, both as without the
+// skip (notes/tcp-latency.md).
+const tcpYieldSlow = time.Millisecond
+
+// schedYield gives up the CPU (a variable so that tests can slow it).
+var schedYield = func() { _, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // sharedSession reports whether this process is not its session's leader:
 // it then shares the session, and with the kernel's autogroup scheduling

@@ -184,3 +184,58 @@ func congestionOf(t *testing.T, c net.Conn) string {
 	}
 	return strings.TrimRight(name, "\x00")
 }
+
+// A yield that keeps the rank off the core longer than tcpYieldSlow (here
+// a stand-in that sleeps) makes the wait park, and the next waits poll
+// without yielding, twice as many after each further slow yield.
+func TestTCPSlowYieldBacksOff(t *testing.T) {
+	var calls int
+	defer func(f func()) { schedYield = f }(schedYield)
+	schedYield = func() { calls++; time.Sleep(2 * tcpYieldSlow) }
+	a, b := tcpPairs(t, 1)
+	tx, rx := newTestTCPLink(a, 20*time.Microsecond), newTestTCPLink(b, 20*time.Microsecond)
+	defer tx.Close()
+	defer rx.Close()
+	s := rx.st[0]
+	s.yield = true
+	frame := func(i int, delay time.Duration) {
+		t.Helper()
+		want := []byte{byte(i), byte(i >> 8)}
+		sent := make(chan error, 1)
+		go func() { // waited for through sent
+			time.Sleep(delay)
+			h := Header{Frame: frameData, Kind: KindAllReduce, Len: uint64(len(want))}
+			sent <- tx.Send(&h, want)
+		}()
+		var h Header
+		got := make([]byte, len(want))
+		if err := rx.RecvHeader(&h); err != nil {
+			t.Fatal(err)
+		}
+		if err := rx.RecvPayload(got); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-sent; err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("frame %d: got %x, want %x", i, got, want)
+		}
+	}
+	frame(0, 5*time.Millisecond)
+	if calls != 1 || s.yieldBack != 256 {
+		t.Fatalf("after one slow yield: %d yields, next skip %d; want 1 and 256", calls, s.yieldBack)
+	}
+	for i := 1; i <= 100; i++ {
+		frame(i, 100*time.Microsecond)
+	}
+	if calls != 1 {
+		t.Fatalf("the 100 waits after a slow yield yielded %d more times, want none", calls-1)
+	}
+	for i := 101; i <= 400 && calls < 2; i++ {
+		frame(i, 100*time.Microsecond)
+	}
+	if calls != 2 || s.yieldBack != 512 {
+		t.Fatalf("after the skip: %d yields, next skip %d; want 2 and 512", calls, s.yieldBack)
+	}
+}

@@ -102,19 +102,24 @@ func TestPrefetchBounds(t *testing.T) {
 				log = append(log, n.Name)
 				return nil
 			}
-			m, err := gr.Step(ctx, 1, tensors, kernel)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := strings.Join(log, " "); got != tc.want {
-				t.Errorf("order %q, want %q", got, tc.want)
-			}
-			if m.PeakBytes != tc.peak {
-				t.Errorf("measured peak %d bytes, want %d (plan estimate %d)", m.PeakBytes, tc.peak, est)
-			}
-			// Each gathered parameter is released after its reader ran.
-			if got := strings.Join(released, " "); got != "W0 W1 W2 W3" {
-				t.Errorf("released %q", got)
+			// Two steps: the bounds hold on every step, not only on the
+			// first (the runner keeps its step state from step to step).
+			for step := 1; step <= 2; step++ {
+				log, released = nil, nil
+				m, err := gr.Step(ctx, step, tensors, kernel)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := strings.Join(log, " "); got != tc.want {
+					t.Errorf("step %d: order %q, want %q", step, got, tc.want)
+				}
+				if m.PeakBytes != tc.peak {
+					t.Errorf("step %d: measured peak %d bytes, want %d (plan estimate %d)", step, m.PeakBytes, tc.peak, est)
+				}
+				// Each gathered parameter is released after its reader ran.
+				if got := strings.Join(released, " "); got != "W0 W1 W2 W3" {
+					t.Errorf("step %d: released %q", step, got)
+				}
 			}
 		})
 	}

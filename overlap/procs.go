@@ -51,16 +51,17 @@ import (
 // about 1 ms of finding none it backs off to 10 ms, and a compute that
 // blocks for less than its period is then never taken back. Measured
 // (2 ranks, one core each, the step benchmark over shared memory, 16
-// blocks of 100-300 µs sleeps): a run whose monitor stayed fast hid all
-// but 5-15 % of the communication; a run whose monitor had backed off hid
-// none of it (exposed 90-114 % of C), with no code change between them,
+// blocks of 100-300 µs sleeps): a run whose monitor stayed fast left 1-23 %
+// of the communication exposed; a run whose monitor had backed off hid
+// none of it (exposed 83-114 % of C), with no code change between them,
 // and a Go execution trace of rank 0 showed why: 200-247 of the 277-309
 // compute syscalls of 3 steps returned without their P in the good runs,
 // 0 of 250-264 in the bad ones. So the executor watches its compute
 // (Executor.Compute): a step whose compute spent a quarter of its time
 // blocked off the CPU widens GOMAXPROCS to MinProcs past the CPUs
 // (widenProcs), and a step where that share fell under 1/16 narrows it
-// back (narrowProcs).
+// back (narrowProcs). Widened, every run overlapped: exposed 2.4-4.8 % of
+// C over shared memory, 3.6-5.3 % over TCP (notes/step-path.md).
 var procsCap = runtime.NumCPU
 var procs struct {
 	mu   sync.Mutex

@@ -56,6 +56,14 @@
 # with GOMAXPROCS as gorun sets it (1), the runtime before session 5
 # (overlap.Config.MinProcs, notes/step-path.md).
 #
+# Session 6 (quiet, 4 rounds, medians; notes/step-path.md): × ideal /
+# exposed % of C: np 2 shm 1.105 / 2.95 %, np 2 tcp 1.155 / 5.05 %, np 4 shm
+# 1.062 / 3.75 %, np 4 tcp 1.081 / 4.05 %. np 2 ranks (one core each) now
+# overlap every run: the executors widen GOMAXPROCS when the compute blocks
+# (overlap/procs.go); before, a run overlapped or not (exposed 3-114 %)
+# depending on the runtime monitor's polling period. Each run prints
+# GOMAXPROCS after the steps.
+#
 # Usage: scripts/bench-step.sh [NP...]   (default: 2 4)
 #   ITERS=15 BLOCKS=16 SHARD=1048576 RATIO=1.5 CAPS=0,25000000 PREFETCH=2 \
 #   COMPUTE=sleep MIN_PROCS=2 TRANSPORTS="shm tcp" scripts/bench-step.sh 4
