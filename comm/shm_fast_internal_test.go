@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -228,5 +229,68 @@ func TestShmFastFrameOvertakenOnTheRing(t *testing.T) {
 		if h != want || !bytes.Equal(got, testPayload(int(want.Seq), 8)) {
 			t.Fatalf("got %+v, want %+v", h, want)
 		}
+	}
+}
+
+// A producer that finds the ring empty near its end skips to the beginning
+// with a skip record (see Send). Where the record itself would not fit
+// before the end, writing it wrapped the producer into the next lap, and the
+// skip then put it a whole ring (and more) ahead of the consumer: free space
+// underflowed and the next large frame overwrote unread bytes, the skip
+// record among them, so the consumer read payload as a header ("ring frame
+// 1073741824 while frame 1368 is not in its fast slot", once in about 200
+// runs of TestLargeMessagesDoNotDeadlock). Every position that leaves less
+// than a header before the end (and the one that leaves exactly one) is
+// tried: a frame of three rings must wait for the reader, and arrive intact.
+func TestShmSkipRecordNeverWraps(t *testing.T) {
+	const ring = 64 << 10
+	for left := 8; left <= HeaderSize+8; left += 8 {
+		a, b := newShmPair(t, ring)
+		// One ring frame that leaves the producer `left` bytes before the
+		// ring's end, read whole, so the ring is empty there.
+		first := testPayload(1, ring-left-HeaderSize)
+		h := Header{Frame: frameData, Kind: 1, DType: Uint8, Op: Sum, Group: 7, Seq: 1, Len: uint64(len(first)), Aux: uint64(len(first))}
+		if err := a.Send(&h, first); err != nil {
+			t.Fatal(err)
+		}
+		var got Header
+		if err := b.RecvHeader(&got); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.RecvPayload(make([]byte, len(first))); err != nil {
+			t.Fatal(err)
+		}
+		if pos, tail := a.tx.pos, atomic.LoadUint64(a.tx.tail); pos != tail || pos&a.tx.mask != uint64(ring-left) {
+			t.Fatalf("left %d: set-up put the producer at %d (tail %d), want %d", left, pos&a.tx.mask, tail, ring-left)
+		}
+		big := testPayload(2, 3*ring)
+		sent := make(chan error, 1)
+		go func() {
+			h := Header{Frame: frameData, Kind: 1, DType: Uint8, Op: Sum, Group: 7, Seq: 2, Len: uint64(len(big)), Aux: uint64(len(big))}
+			sent <- a.Send(&h, big)
+		}()
+		select {
+		case err := <-sent:
+			t.Fatalf("left %d: a frame of three rings was sent before the reader read any of it (err %v): the producer overran the ring", left, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if err := b.RecvHeader(&got); err != nil {
+			t.Fatalf("left %d: %v", left, err)
+		}
+		if got.Seq != 2 || got.Len != uint64(len(big)) {
+			t.Fatalf("left %d: header seq %d len %d, want seq 2 len %d", left, got.Seq, got.Len, len(big))
+		}
+		buf := make([]byte, len(big))
+		if err := b.RecvPayload(buf); err != nil {
+			t.Fatalf("left %d: %v", left, err)
+		}
+		if !bytes.Equal(buf, big) {
+			t.Fatalf("left %d: payload corrupted", left)
+		}
+		if err := <-sent; err != nil {
+			t.Fatal(err)
+		}
+		_ = a.Close()
+		_ = b.Close()
 	}
 }

@@ -850,7 +850,12 @@ func (l *shmLink) Send(h *Header, payload []byte) error {
 	}
 	ringWriters.Add(1)
 	defer ringWriters.Add(-1)
-	if r := l.tx; r.pos&r.mask >= l.wrapFrom() && atomic.LoadUint64(r.tail) == r.pos {
+	// The skip record itself must fit before the ring's end: written across
+	// the end, it would carry the producer into the next lap, and the skip
+	// would then put it more than a ring ahead of the consumer (free space
+	// underflows and the next frame overwrites unread bytes, the record
+	// among them). That close to the end there is nothing to skip anyway.
+	if r := l.tx; r.pos&r.mask >= l.wrapFrom() && r.pos&r.mask+HeaderSize < r.size && atomic.LoadUint64(r.tail) == r.pos {
 		// The peer has read everything: rather than go on through the
 		// rest of the ring, whose lines have left both cores' caches since
 		// the last lap, start again at the beginning, which the last
