@@ -195,10 +195,12 @@ var schedYield = func() { _, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 
 // it then shares the session, and with the kernel's autogroup scheduling
 // the scheduling group, with its launcher's other children, so a
 // sched_yield can hand the core to one of them. A session leader is alone
-// in its group, where a yield hands the core to nobody.
+// in its group, where a yield hands the core to nobody. A session id of 0
+// means the leader lives outside this PID namespace (a container entered
+// with exec): this process is not the leader, so it shares the session.
 var sharedSession = sync.OnceValue(func() bool {
 	sid, err := unix.Getsid(0)
-	return err == nil && sid > 0 && sid != os.Getpid()
+	return err == nil && sid != os.Getpid()
 })
 
 // setCrowded tells the link whether the host runs more of the group's
