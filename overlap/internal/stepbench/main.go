@@ -232,6 +232,7 @@ func bench(ctx context.Context, c *comm.Comm, o opts) error {
 
 // synthetic runs the transformer-shaped step.
 func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...any), link string) error {
+	startProcs := runtime.GOMAXPROCS(0)
 	n, L := c.Size(), o.blocks
 	es := 4
 	shardEl := o.shard / es / n * n // keep the gradient divisible by n
@@ -318,19 +319,12 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	stepOf := func(mode overlap.Mode) func(int) (overlap.StepMetrics, error) {
 		return func(i int) (overlap.StepMetrics, error) { return step(mode, i) }
 	}
-	// Communication alone: the serial runner with zero compute.
-	commOnly, err := measure(ctx, c, o.iters, stepOf(overlap.Serial))
-	if err != nil {
-		return err
+	// Communication alone: the serial runner, its compute doing nothing.
+	commStep := func(i int) (overlap.StepMetrics, error) {
+		noCompute = true
+		defer func() { noCompute = false }()
+		return runners[overlap.Serial].Step(ctx, i, tensors, kernel)
 	}
-	C := commOnly[0].step
-	// Size the compute to ratio × C. A sleep overshoots by a roughly fixed
-	// wake-up latency, which on a loaded machine is not small next to a
-	// sub-millisecond block: measure it once and correct for it. Fixed
-	// arithmetic takes longer than a core's rate says when ranks share
-	// cores: scale it by what was measured.
-	target := time.Duration(float64(C) * o.ratio)
-	withComm = false
 	// Compute alone runs on every rank at once, as in the step, so that
 	// ranks sharing cores slow each other down as they will there.
 	computeStep := func(int) (overlap.StepMetrics, error) {
@@ -362,6 +356,37 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	setUnit := func(u time.Duration) {
 		fwd, bwd, opt = u, 2*u, time.Duration(float64(u)*o.opt)
 	}
+	// Size the compute to ratio × C, C measured under the conditions of
+	// the loop below that the ratios come from. Those differ from a cold
+	// start: once an executor's compute blocks (the sleeps), it widens
+	// GOMAXPROCS on a one-CPU rank (overlap/procs.go), and with two Ps on
+	// one core the communicator's worker and sender goroutines run on
+	// threads that take turns on the core, so communication alone takes
+	// longer there than at start-up with one P (np 2, 1 MiB shards:
+	// shared memory 4.6 → 6.0 ms, TCP 7.3 → 9.8 ms, notes/step-path.md).
+	// Sized from the cold figure, P came out 1.05-1.25 × the loop's C
+	// instead of --ratio ×. So: a first guess of C as things stand, then
+	// one short pass of the loop's own steps with compute sized from it
+	// (which settles GOMAXPROCS as the loop has it), whose communication
+	// alone sizes the compute.
+	first, err := measure(ctx, c, max(o.iters/3, 3), commStep)
+	if err != nil {
+		return err
+	}
+	setUnit(time.Duration(float64(first[0].step) * o.ratio / (float64(L) * units)))
+	settle, err := measure(ctx, c, max(o.iters/3, 3), commStep, computeStep, stepOf(overlap.Serial), stepOf(overlap.Native), stepOf(overlap.Grouped))
+	if err != nil {
+		return err
+	}
+	C := settle[0].step
+	sizedC := C
+	// A sleep overshoots by a roughly fixed wake-up latency, which on a
+	// loaded machine is not small next to a sub-millisecond block:
+	// measure it once and correct for it. Fixed arithmetic takes longer
+	// than a core's rate says when ranks share cores: scale it by what
+	// was measured.
+	target := time.Duration(float64(C) * o.ratio)
+	withComm = false
 	setUnit(time.Duration(float64(target) / (float64(L) * units)))
 	alone0, err := computeAlone()
 	if err != nil {
@@ -417,16 +442,11 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	// steps they are compared with, so that load from other processes on
 	// a shared machine hits every figure of the ratios alike (the ones
 	// above only sized the compute).
-	commStep := func(i int) (overlap.StepMetrics, error) {
-		noCompute = true
-		defer func() { noCompute = false }()
-		return runners[overlap.Serial].Step(ctx, i, tensors, kernel)
-	}
 	all, err := measure(ctx, c, o.iters, commStep, computeStep, stepOf(overlap.Serial), stepOf(overlap.Native), stepOf(overlap.Grouped))
 	if err != nil {
 		return err
 	}
-	commOnly, alone = all[:1], all[1]
+	commOnly, alone := all[:1], all[1]
 	C, P = commOnly[0].step, alone.step
 	serial, ov, grouped := all[2], all[3], all[4]
 	// Compute: the measured P, spread over the blocks as the work is.
@@ -481,7 +501,7 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	say("synthetic step (step graph → blocks + overlap passes → graph runner): %d ranks (%s), %d blocks, %d KiB parameter shard per block per rank, all-gather (%d ahead) + reduce-scatter per block; %d nodes as written, %d after the passes, %d collectives/step\n",
 		n, link, L, shardEl*es>>10, o.prefetch, authored, len(g.Nodes), ov.collectives)
 	say("  GOMAXPROCS %d on rank 0 after the steps (%d CPUs it may run on, --min-procs %d; a compute that blocks widens it past the CPUs)\n", runtime.GOMAXPROCS(0), runtime.NumCPU(), o.minProcs)
-	say("  communication alone   C = %s  (C and P below measured interleaved with the serial and overlapped steps)\n", ms(C))
+	say("  communication alone   C = %s  (C and P below measured interleaved with the serial and overlapped steps; the compute was sized from C = %s, measured the same way in a shorter pass; GOMAXPROCS %d at start)\n", ms(C), ms(sizedC), startProcs)
 	if o.compute == computeCPU {
 		say("  compute alone         P = %s  (%.2f × C, all ranks at once; arithmetic of %v forward, %v backward, %v optimizer per block at a core's rate)\n", ms(P), float64(P)/float64(C), fwd, bwd, opt)
 	} else {
