@@ -123,6 +123,9 @@ type Comm struct {
 	workerExited chan struct{}
 	// kicks counts the wake-ups sent to the worker (kick), for tests.
 	kicks atomic.Int64
+	// posts counts the messages handed to sender goroutines (post), for
+	// tests.
+	posts atomic.Int64
 
 	// rec is the flight recorder; watchStop ends the stuck-call watchdog
 	// (closed by Close once the worker has exited); unserve withdraws this

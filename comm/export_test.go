@@ -55,3 +55,10 @@ func SetNetFaults(plan *netfault.Plan) { netPlanOverride.Store(plan) }
 
 // Kicks is how many wake-ups c has sent its worker goroutine.
 func Kicks(c *Comm) int64 { return c.kicks.Load() }
+
+// Posts is how many messages c has handed to its sender goroutines.
+func Posts(c *Comm) int64 { return c.posts.Load() }
+
+// SetCallerStepMinEager sets the smallest EagerLimit for which foreign
+// callers run large steps themselves (callerFrame) and returns the old one.
+func SetCallerStepMinEager(n int) int { return int(callerStepMinEager.Swap(int64(n))) }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gorun-hpc/gorun/internal/cgroupfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -56,53 +57,15 @@ func schedGroupName(job string) (string, error) {
 // point of cgroup v1's cpu hierarchy and of the cgroup v2 hierarchy ("" for
 // one that is not mounted); the first of each wins.
 func cgroupMounts(mountinfo string) (v1CPU, v2 string) {
-	for _, line := range strings.Split(mountinfo, "\n") {
-		// id parent major:minor root mountpoint options [optional...] - fstype source superoptions
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
-		}
-		f, g := strings.Fields(pre), strings.Fields(post)
-		if len(f) < 5 || len(g) < 1 {
-			continue
-		}
-		point := unescapeMountPath(f[4])
+	for _, m := range cgroupfs.Mounts(mountinfo) {
 		switch {
-		case g[0] == "cgroup2" && v2 == "":
-			v2 = point
-		case g[0] == "cgroup" && v1CPU == "" && len(g) >= 3 && hasOption(g[2], "cpu"):
-			v1CPU = point
+		case m.FSType == "cgroup2" && v2 == "":
+			v2 = m.Point
+		case m.FSType == "cgroup" && v1CPU == "" && cgroupfs.HasOption(m.Super, "cpu"):
+			v1CPU = m.Point
 		}
 	}
 	return v1CPU, v2
-}
-
-func hasOption(opts, o string) bool {
-	for _, x := range strings.Split(opts, ",") {
-		if x == o {
-			return true
-		}
-	}
-	return false
-}
-
-// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // cpuCgroupOf returns the cgroup whose CFS group this process runs in, as
@@ -124,7 +87,7 @@ func cpuCgroupOf(procCgroup string, v2CPU func(path string) bool) string {
 		switch {
 		case f[0] == "0" && f[1] == "":
 			v2Path = f[2]
-		case hasOption(f[1], "cpu"):
+		case cgroupfs.HasOption(f[1], "cpu"):
 			if f[2] == "/" {
 				return ""
 			}

@@ -434,22 +434,6 @@ const fastWaitsToSpin = 32
 // the peer runs; after that, other goroutines get their turn.
 var goschedAfter = tunable(3 * time.Microsecond)
 
-// foreignCallers is set by a process whose collectives are called from
-// threads Go does not own (C and Python through libgorun; see
-// SetForeignCallers): there a waiter never calls runtime.Gosched.
-var foreignCallers atomic.Bool
-
-// SetForeignCallers tells comm that its calls come from threads Go does
-// not own, as in libgorun, where a C caller's thread runs Go locked to
-// itself. runtime.Gosched on such a thread hands its P to another thread
-// and waits to get one back, instead of running another goroutine on the
-// spot: measured from Python through libgorun (2 ranks, 2 MiB all-reduce,
-// alternating pairs, notes/torch-backend.md) 2.2-3.5 ms per call with the
-// Gosched calls of the shared-memory waits, 1.2-1.3 ms without. So such
-// a process's waiters yield the P only where one of its goroutines must
-// run for the call to progress (see goschedOK).
-func SetForeignCallers(on bool) { foreignCallers.Store(on) }
-
 // goschedOK reports whether a shared-memory waiter in mode may let this
 // process's other goroutines run (runtime.Gosched) while it polls, given
 // whether calls come from foreign threads (SetForeignCallers) and how many

@@ -29,10 +29,6 @@ func markCrowded([]Link, int) {}
 // onlineCPUs is the number of CPUs (Linux reads the host's online set).
 func onlineCPUs() int { return runtime.NumCPU() }
 
-// SetForeignCallers has nothing to tune without shared-memory links (see
-// shm_linux.go).
-func SetForeignCallers(bool) {}
-
 // JoinSchedGroup has no scheduling group to join here (see
 // schedgroup_linux.go).
 func JoinSchedGroup(string, int) (string, func(), error) { return "", func() {}, nil }

@@ -52,22 +52,9 @@ func TestTCPYieldingWaitDelivers(t *testing.T) {
 	}
 	for i, delay := range []time.Duration{0, 50 * time.Microsecond, 3 * tcpYieldSpin, 5 * time.Millisecond} {
 		want := bytes.Repeat([]byte{byte(i + 1)}, 100+i)
-		sent := make(chan error, 1)
-		go func() { // waited for through sent
-			time.Sleep(delay)
-			h := Header{Frame: frameData, Kind: KindAllReduce, Len: uint64(len(want))}
-			sent <- tx.Send(&h, want)
-		}()
-		var h Header
-		if err := rx.RecvHeader(&h); err != nil {
-			t.Fatalf("frame %d (sent after %v): header: %v", i, delay, err)
-		}
-		got := make([]byte, h.Len)
-		if err := rx.RecvPayload(got); err != nil {
-			t.Fatalf("frame %d: payload: %v", i, err)
-		}
-		if err := <-sent; err != nil {
-			t.Fatal(err)
+		got, err := sendAndReceive(tx, rx, delay, want)
+		if err != nil {
+			t.Fatalf("frame %d (sent after %v): %v", i, delay, err)
 		}
 		if !bytes.Equal(got, want) {
 			t.Fatalf("frame %d (sent after %v): got %d bytes %x..., want %d bytes of %x", i, delay, len(got), got[:1], len(want), want[0])
@@ -201,22 +188,9 @@ func TestTCPSlowYieldBacksOff(t *testing.T) {
 	frame := func(i int, delay time.Duration) {
 		t.Helper()
 		want := []byte{byte(i), byte(i >> 8)}
-		sent := make(chan error, 1)
-		go func() { // waited for through sent
-			time.Sleep(delay)
-			h := Header{Frame: frameData, Kind: KindAllReduce, Len: uint64(len(want))}
-			sent <- tx.Send(&h, want)
-		}()
-		var h Header
-		got := make([]byte, len(want))
-		if err := rx.RecvHeader(&h); err != nil {
-			t.Fatal(err)
-		}
-		if err := rx.RecvPayload(got); err != nil {
-			t.Fatal(err)
-		}
-		if err := <-sent; err != nil {
-			t.Fatal(err)
+		got, err := sendAndReceive(tx, rx, delay, want)
+		if err != nil {
+			t.Fatalf("frame %d: %v", i, err)
 		}
 		if !bytes.Equal(got, want) {
 			t.Fatalf("frame %d: got %x, want %x", i, got, want)
@@ -238,4 +212,26 @@ func TestTCPSlowYieldBacksOff(t *testing.T) {
 	if calls != 2 || s.yieldBack != 512 {
 		t.Fatalf("after the skip: %d yields, next skip %d; want 2 and 512", calls, s.yieldBack)
 	}
+}
+
+// sendAndReceive sends p from tx after delay, on a goroutine it waits for,
+// while rx waits for the frame, and returns what rx received.
+func sendAndReceive(tx, rx *tcpLink, delay time.Duration, p []byte) ([]byte, error) {
+	sent := make(chan error, 1)
+	go func() { // waited for through sent
+		time.Sleep(delay)
+		h := Header{Frame: frameData, Kind: KindAllReduce, Len: uint64(len(p))}
+		sent <- tx.Send(&h, p)
+	}()
+	var h Header
+	err := rx.RecvHeader(&h)
+	var got []byte
+	if err == nil {
+		got = make([]byte, h.Len)
+		err = rx.RecvPayload(got)
+	}
+	if serr := <-sent; err == nil {
+		err = serr
+	}
+	return got, err
 }

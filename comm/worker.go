@@ -225,6 +225,7 @@ func (c *Comm) post(cl *call, p int, payload []byte) {
 	h.Aux = uint64(len(payload))
 	pe.sendq <- sendReq{h: h, payload: payload, seg: c.cfg.SegmentBytes}
 	pe.pending++
+	c.posts.Add(1)
 	// Let the sender goroutine start now: on a rank with one P it would
 	// otherwise wait for this goroutine to block or to yield while it
 	// polls for the peer's data (which may wait for this very message).
@@ -295,20 +296,23 @@ func (c *Comm) eager(p, n int) bool {
 // ct (local nil: rbuf itself; otherwise the same length as rbuf, and rbuf
 // itself or not overlapping it). Large sends run on the sender goroutine so
 // that the two directions overlap and no pair of ranks can block each other
-// on full buffers.
+// on full buffers, except where the calling thread interleaves them itself
+// (callerFrame, sendRecvOnCaller).
 func (c *Comm) sendRecv(cl *call, to int, sbuf []byte, from int, rbuf []byte, reduce bool, local []byte, ct DType) error {
+	if reduce && local == nil {
+		local = rbuf
+	}
 	if c.eager(to, len(sbuf)) {
 		if err := c.sendTo(cl, to, sbuf); err != nil {
 			return err
 		}
+	} else if f := c.callerFrame(to, sbuf, rbuf); f > 0 {
+		return c.sendRecvOnCaller(cl, to, sbuf, f, from, rbuf, reduce, local, ct)
 	} else {
 		c.post(cl, to, sbuf)
 	}
 	var err error
 	if reduce {
-		if local == nil {
-			local = rbuf
-		}
 		err = c.recvReduce(cl, from, rbuf, local, ct)
 	} else {
 		err = c.recvFrom(cl, from, rbuf)
@@ -317,6 +321,115 @@ func (c *Comm) sendRecv(cl *call, to int, sbuf []byte, from int, rbuf []byte, re
 		return err
 	}
 	return c.flush(cl, to)
+}
+
+// foreignCallers is set by a process whose collectives are called from
+// threads Go does not own (C and Python through libgorun; see
+// SetForeignCallers).
+var foreignCallers atomic.Bool
+
+// SetForeignCallers tells comm that its calls come from threads Go does
+// not own, as in libgorun, where a C caller's thread runs Go locked to
+// itself. Whenever such a thread lets another goroutine run (a blocking
+// channel receive, runtime.Gosched), Go hands its P to another thread and
+// puts the caller's thread to sleep until the P comes back: two thread
+// switches at least, where a Go program switches goroutines on one thread.
+// So such a process's shared-memory waiters yield the P only where one of
+// its goroutines must run for the call to progress (see goschedOK): from
+// Python through libgorun (2 ranks, 2 MiB all-reduce, alternating pairs,
+// notes/torch-backend.md) 2.2-3.5 ms per call with the Gosched calls of
+// the shared-memory waits, 1.2-1.3 ms without. And large ring steps run on
+// the calling thread alone, not handed to the sender goroutines
+// (callerFrame).
+func SetForeignCallers(on bool) { foreignCallers.Store(on) }
+
+// callerStepMinEager is the smallest EagerLimit of the link to the next
+// rank for which a foreign caller interleaves a large send with its receive
+// itself (callerFrame): 64 KiB, so that shared memory (128 KiB with the
+// default ring) and in-memory links qualify, while TCP (tcpEager, 16 KiB)
+// keeps the sender goroutine, whose frames of TCPSegmentBytes let the
+// kernel's copies overlap the receive (from foreign callers over TCP: not
+// measured). A variable only so that tests can run steps on tiny rings.
+var callerStepMinEager = func() *atomic.Int64 { v := new(atomic.Int64); v.Store(64 << 10); return v }()
+
+// callerFrame returns the frame size in which the calling thread sends sbuf
+// to p itself, interleaved with receiving rbuf (sendRecvOnCaller), or 0
+// where sendRecv hands the send to p's sender goroutine instead.
+//
+// Only for foreign callers (SetForeignCallers): there every hand-off to the
+// sender goroutine and back (post's Gosched, flush's channel receive, the
+// P the two pass between the caller's locked thread and the sender's
+// thread) costs thread switches. 4 ranks on 2 cores, 2 MiB ring
+// all-reduce from C: 92 context switches per call against a Go program's
+// 35 (notes/torch-backend.md). A frame is at most the link's EagerLimit,
+// which is what makes the interleaving deadlock-free (sendRecvOnCaller),
+// and at most SegmentBytes, a multiple of 8 so frames end on element
+// bounds. Not when the send has posted frames still queued before it, nor
+// when the buffers overlap (a reduction into rbuf must not reach bytes not
+// sent yet, and the peer may frame its message differently).
+func (c *Comm) callerFrame(p int, sbuf, rbuf []byte) int {
+	if !foreignCallers.Load() {
+		return 0
+	}
+	pe := c.peers[p]
+	el := pe.link.EagerLimit()
+	if pe.pending > 0 || int64(el) < callerStepMinEager.Load() || overlaps(sbuf, rbuf) {
+		return 0
+	}
+	return min(el, c.cfg.SegmentBytes) &^ 7
+}
+
+// sendRecvOnCaller is sendRecv on the calling goroutine alone: it sends
+// sbuf to `to` in frames of at most frame bytes and, after each frame,
+// receives one frame of rbuf's message from `from` (then the rest once all
+// of sbuf is sent).
+//
+// Deadlock freedom, for any framing of the incoming message and any mix
+// of ranks that do this and ranks that use their sender goroutine (which
+// never stop receiving): every rank has one outgoing and one incoming
+// message in a step (a ring, a pair exchange, a staggered all-to-all
+// step: cycles). Let s_r be the frames rank r has sent and g_r those it
+// has received. A Send blocks only while the next rank has at least two
+// of r's frames unread (EagerLimit: two frames of at most that size are
+// delivered without the peer reading), s_r - g_{r+1} >= 2; a receive only
+// while the previous rank has sent nothing more, s_{r-1} = g_r, and has
+// more to send. If one rank is blocked in Send, the next is not in a
+// receive (that would need s_r = g_{r+1}), so it is also blocked in Send,
+// and so on around the cycle; each is about to send its next frame, so
+// each has received after every frame it sent (g_r = s_r) unless its
+// incoming message is complete, in which case its previous rank has
+// finished sending and is not blocked in Send. Summing s_r - g_{r+1} >= 2
+// around the cycle then gives 0 >= 2n. If no rank is blocked in Send, a
+// rank blocked in a receive has a previous rank blocked in a receive too,
+// each with g_r < s_r = g_{r+1}: around the cycle g_r < g_r. So some rank
+// always progresses.
+func (c *Comm) sendRecvOnCaller(cl *call, to int, sbuf []byte, frame int, from int, rbuf []byte, reduce bool, local []byte, ct DType) error {
+	pe := c.peers[to]
+	l := pe.link
+	var sent, got, soff, roff int
+	sdone, rdone := false, false
+	for !sdone || !rdone {
+		if !sdone {
+			end := min(soff+frame, len(sbuf))
+			pe.inlHdr = c.headerTo(cl, to)
+			pe.inlHdr.Aux = uint64(len(sbuf))
+			pe.inlHdr.Len = uint64(end - soff)
+			if err := l.Send(&pe.inlHdr, sbuf[soff:end]); err != nil {
+				return c.sendErr(cl, to, err)
+			}
+			soff, sent = end, sent+1
+			sdone = soff == len(sbuf)
+		}
+		if !rdone && (got < sent || sdone) {
+			n, err := c.recvPiece(cl, from, rbuf, roff, reduce, local, ct)
+			if err != nil {
+				return err
+			}
+			roff, got = roff+n, got+1
+			rdone = roff == len(rbuf)
+		}
+	}
+	return nil
 }
 
 // recvHeader reads the next frame header from p and checks it against the
@@ -485,51 +598,56 @@ func (c *Comm) askWhy(p int) error {
 
 // recvFrom receives exactly len(dst) bytes of the current call from p.
 func (c *Comm) recvFrom(cl *call, p int, dst []byte) error {
-	h := &c.peers[p].recvHdr
 	for off := 0; ; {
-		if err := c.recvHeader(cl, p, h, len(dst), len(dst)-off); err != nil {
+		n, err := c.recvPiece(cl, p, dst, off, false, nil, 0)
+		if err != nil {
 			return err
 		}
-		n := int(h.Len)
-		if err := c.peers[p].link.RecvPayload(dst[off : off+n]); err != nil {
-			return c.linkErr(p, err)
-		}
-		off += n
-		if off == len(dst) {
+		if off += n; off == len(dst) {
 			return nil
 		}
 	}
 }
 
+// recvPiece receives the next frame of a message of len(dst) bytes from p,
+// of which off have arrived, into dst[off:] (with reduce, folded in as
+// dst = local op b, local as in recvReduce), and returns its length.
+func (c *Comm) recvPiece(cl *call, p int, dst []byte, off int, reduce bool, local []byte, ct DType) (int, error) {
+	h := &c.peers[p].recvHdr
+	l := c.peers[p].link
+	if err := c.recvHeader(cl, p, h, len(dst), len(dst)-off); err != nil {
+		return 0, err
+	}
+	n := int(h.Len)
+	var err error
+	switch rr, direct := l.(ReduceReceiver); {
+	case !reduce:
+		err = l.RecvPayload(dst[off : off+n])
+	case direct:
+		c.rr.base, c.rr.local, c.rr.op, c.rr.ct = uintptr(unsafe.Pointer(unsafe.SliceData(dst))), local, cl.op, ct
+		err = rr.RecvReduce(dst[off:off+n], c.rrFn)
+		c.rr.local = nil
+	default:
+		tmp := c.scratch(1, n)
+		if err = l.RecvPayload(tmp); err == nil {
+			reduce3(cl.op, ct, dst[off:off+n], local[off:off+n], tmp)
+		}
+	}
+	if err != nil {
+		return 0, c.linkErr(p, err)
+	}
+	return n, nil
+}
+
 // recvReduce receives len(dst) bytes b from p and stores dst = local op b
 // (local is dst itself, or the same length and not overlapping it).
 func (c *Comm) recvReduce(cl *call, p int, dst, local []byte, ct DType) error {
-	h := &c.peers[p].recvHdr
-	l := c.peers[p].link
-	rr, direct := l.(ReduceReceiver)
-	op := cl.op
-	c.rr.base, c.rr.local, c.rr.op, c.rr.ct = uintptr(unsafe.Pointer(unsafe.SliceData(dst))), local, op, ct
-	defer func() { c.rr.local = nil }()
-	f := c.rrFn
 	for off := 0; ; {
-		if err := c.recvHeader(cl, p, h, len(dst), len(dst)-off); err != nil {
+		n, err := c.recvPiece(cl, p, dst, off, true, local, ct)
+		if err != nil {
 			return err
 		}
-		n := int(h.Len)
-		var err error
-		if direct {
-			err = rr.RecvReduce(dst[off:off+n], f)
-		} else {
-			tmp := c.scratch(1, n)
-			if err = l.RecvPayload(tmp); err == nil {
-				reduce3(op, ct, dst[off:off+n], local[off:off+n], tmp)
-			}
-		}
-		if err != nil {
-			return c.linkErr(p, err)
-		}
-		off += n
-		if off == len(dst) {
+		if off += n; off == len(dst) {
 			return nil
 		}
 	}

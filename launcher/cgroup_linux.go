@@ -1,8 +1,6 @@
 package launcher
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/gorun-hpc/gorun/internal/cgroupfs"
 )
 
 // Job cgroups: containment that does not depend on a supervisor surviving.
@@ -82,21 +82,8 @@ func findCgroupMount() (cgroupMount, error) {
 	own, _ := os.ReadFile("/proc/self/cgroup")
 	var v2, v1 *cgroupMount
 	var why []string
-	sc := bufio.NewScanner(bytes.NewReader(mi))
-	for sc.Scan() {
-		// id parent maj:min root mountpoint options ... - fstype source superoptions
-		f := strings.Fields(sc.Text())
-		sep := -1
-		for i, s := range f {
-			if s == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 5 || sep+3 > len(f) {
-			continue
-		}
-		root, point, opts, fstype, super := f[3], unescapeMount(f[4]), f[5], f[sep+1], f[sep+3]
+	for _, mt := range cgroupfs.Mounts(string(mi)) {
+		root, point, opts, fstype, super := mt.Root, mt.Point, mt.Options, mt.FSType, mt.Super
 		switch {
 		case fstype == "cgroup2" && v2 == nil && only != "v1":
 			m := cgroupMount{v2: true, parent: ownCgroupDir(point, root, own, "")}
@@ -105,7 +92,7 @@ func findCgroupMount() (cgroupMount, error) {
 				continue
 			}
 			v2 = &m
-		case fstype == "cgroup" && v1 == nil && only != "v2" && hasOpt(super, "freezer"):
+		case fstype == "cgroup" && v1 == nil && only != "v2" && cgroupfs.HasOption(super, "freezer"):
 			// Below this process's own freezer cgroup, never at the
 			// root: under a resource manager (SLURM's step cgroup) the
 			// job must stay inside what the manager freezes and kills.
@@ -137,7 +124,7 @@ func findCgroupMount() (cgroupMount, error) {
 func ownCgroupDir(point, root string, procCgroup []byte, controller string) string {
 	for _, line := range strings.Split(string(procCgroup), "\n") {
 		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 || (controller == "" && (parts[0] != "0" || parts[1] != "")) || (controller != "" && !hasOpt(parts[1], controller)) {
+		if len(parts) != 3 || (controller == "" && (parts[0] != "0" || parts[1] != "")) || (controller != "" && !cgroupfs.HasOption(parts[1], controller)) {
 			continue
 		}
 		p := parts[2]
@@ -159,41 +146,13 @@ func ownCgroupDir(point, root string, procCgroup []byte, controller string) stri
 // writableMount reports why cgroups cannot be made under dir: a read-only
 // mount, or no write permission (not root, nothing delegated).
 func writableMount(opts, dir string) error {
-	if hasOpt(opts, "ro") {
+	if cgroupfs.HasOption(opts, "ro") {
 		return errors.New("mounted read-only")
 	}
 	if err := syscall.Access(dir, 2 /* W_OK */); err != nil {
 		return fmt.Errorf("%s is not writable: %w", dir, err)
 	}
 	return nil
-}
-
-func hasOpt(opts, o string) bool {
-	for _, s := range strings.Split(opts, ",") {
-		if s == o {
-			return true
-		}
-	}
-	return false
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // cgroupSeq numbers the job cgroups this process makes.

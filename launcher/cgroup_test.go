@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun-hpc/gorun/internal/cgroupfs"
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
 )
 
@@ -98,7 +99,7 @@ func ownCgroupOf(t *testing.T, pid int, v2 bool) string {
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		parts := strings.SplitN(line, ":", 3)
-		if len(parts) == 3 && ((v2 && parts[0] == "0") || (!v2 && hasOpt(parts[1], "freezer"))) {
+		if len(parts) == 3 && ((v2 && parts[0] == "0") || (!v2 && cgroupfs.HasOption(parts[1], "freezer"))) {
 			return parts[2]
 		}
 	}
@@ -137,14 +138,11 @@ func TestOwnCgroupDir(t *testing.T) {
 	}
 }
 
-func TestCgroupSafeAndMountUnescape(t *testing.T) {
+func TestCgroupSafe(t *testing.T) {
 	for in, want := range map[string]string{"3f7f3d05": "3f7f3d05", "a/b c": "a_b_c", "": "job", strings.Repeat("x", 80): strings.Repeat("x", 64)} {
 		if got := cgroupSafe(in); got != want {
 			t.Errorf("cgroupSafe(%q) = %q, want %q", in, got, want)
 		}
-	}
-	if got := unescapeMount(`/sys/fs/cgroup/with\040space`); got != "/sys/fs/cgroup/with space" {
-		t.Errorf("unescapeMount = %q", got)
 	}
 }
 
