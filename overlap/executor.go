@@ -81,6 +81,7 @@ type memberLoc struct {
 // group is one process group's buckets and its completion watcher.
 type group struct {
 	name    string
+	idx     int // position in the plan's groups (and ex.groups)
 	cm      Comm
 	buckets []*bucket
 
@@ -181,7 +182,7 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 		if rank < 0 {
 			rank = cm.Rank()
 		}
-		g := &group{name: gp.Group, cm: cm, hashSend: make([]int64, 1), hashRecv: make([]int64, cm.Size())}
+		g := &group{name: gp.Group, idx: len(ex.groups), cm: cm, hashSend: make([]int64, 1), hashRecv: make([]int64, cm.Size())}
 		// Listed before its buckets are made, so that closeDevices frees
 		// its device memory should a later bucket or group be refused.
 		ex.groups = append(ex.groups, g)
@@ -561,7 +562,7 @@ func (ex *Executor) Ready(ctx context.Context, tensor string, in, out comm.Buffe
 	// started, so every rank issues a group's collectives in one order
 	// whatever order its tensors arrived in. It returns every bucket that
 	// became startable, this one and later ones that waited for it.
-	sts, err := ex.filler.Ready(tensor)
+	sts, err := ex.filler.ReadyAt(b.g.idx, b.idx, mi)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
 	}
