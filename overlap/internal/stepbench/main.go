@@ -799,14 +799,50 @@ func plan(g *stepgraph.Graph) (*stepgraph.Graph, error) {
 	return stepgraph.BucketOverlap(g, cfg)
 }
 
+// copyRate measures the executor's copies as a step makes them: k
+// members of fused/k bytes each, every one in its own buffer, packed into
+// one fused buffer and scattered back out, starting from memory the cache
+// does not hold (a step's compute and collectives have been through it;
+// here a scratch buffer twice the size of this host's 32 MiB L3 is
+// written first). Bytes packed plus bytes scattered over the time, median
+// of 9. A hot copy of the fused buffer repeated, the rate used before,
+// said 38-48 GB/s on this host while a step's pack and scatter of 16 MB
+// ran at 12.8 GB/s (notes/step-path.md), so merging with copies looked
+// cheaper than it is.
+func copyRate(fused, k int) float64 {
+	part := fused / k
+	srcs := make([][]byte, k)
+	for i := range srcs {
+		srcs[i] = make([]byte, part)
+	}
+	dst := make([]byte, part*k)
+	scratch := make([]byte, 64<<20)
+	var ts []time.Duration
+	for r := range 9 {
+		for i := 0; i < len(scratch); i += 64 {
+			scratch[i] = byte(r)
+		}
+		t0 := time.Now()
+		for i, b := range srcs {
+			copy(dst[i*part:], b)
+		}
+		for i, b := range srcs {
+			copy(b, dst[i*part:(i+1)*part])
+		}
+		ts = append(ts, time.Since(t0))
+	}
+	slices.Sort(ts)
+	return float64(2*part*k) / ts[len(ts)/2].Seconds()
+}
+
 // measureModel measures the cost model bucketing needs on c: the bus
 // bandwidth fitted (buckets.Fit) to all-reduces from 8 B to fused bytes;
 // as α, the time one more call costs in a stream of back-to-back calls
 // (k calls of fused/k bytes against one fused call, divided by k-1), which
 // is what merging saves and is smaller than a lone call's latency, since
 // back-to-back calls overlap their start-up (the fitted latency, or an
-// 8-byte call's time, when that difference is not positive); and the rate of a plain
-// memory copy of fused bytes, the executor's pack and scatter. Each figure
+// 8-byte call's time, when that difference is not positive); and the rate
+// of the executor's pack and scatter (copyRate). Each figure
 // is a median of 9; rank 0's are broadcast, so every rank plans with the
 // same model and the plans agree.
 func measureModel(ctx context.Context, c *comm.Comm, fused, k int) (buckets.Model, error) {
@@ -864,9 +900,7 @@ func measureModel(ctx context.Context, c *comm.Comm, fused, k int) (buckets.Mode
 	if m.Latency <= 0 {
 		m.Latency = samples[0].Time // the fit's intercept can clamp to 0 too: an 8-byte call's time
 	}
-	src, dst := make([]byte, fused), make([]byte, fused)
-	cp, _ := med(func() error { copy(dst, src); return nil })
-	m.CopyBandwidth = float64(fused) / cp.Seconds()
+	m.CopyBandwidth = copyRate(fused, k)
 	v := []float64{float64(m.Latency), m.BusBandwidth, m.CopyBandwidth}
 	if err := c.Broadcast(ctx, comm.Float64s(v), comm.Float64s(v), 0).Wait(ctx); err != nil {
 		return m, err
