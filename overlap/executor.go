@@ -550,6 +550,19 @@ func (ex *Executor) Ready(ctx context.Context, tensor string, in, out comm.Buffe
 	if b == nil {
 		return fmt.Errorf("%w: tensor %q handed in more often than the plan sends it this step", ErrUsage, tensor)
 	}
+	return ex.readyAt(ctx, b, mi, in, out)
+}
+
+// readyAt is Ready for member mi of b, the place Ready would choose for
+// its tensor (GraphRunner knows it from the graph: a start node is one
+// bucket, a member one place, so it saves Ready's lookup by name).
+func (ex *Executor) readyAt(ctx context.Context, b *bucket, mi int, in, out comm.Buffer) error {
+	if !ex.inStep {
+		return fmt.Errorf("%w: Ready(%q) outside a step (call Begin)", ErrUsage, b.b.Members[mi].Tensor)
+	}
+	if b.started || b.have[mi] {
+		return fmt.Errorf("%w: tensor %q handed in more often than the plan sends it this step", ErrUsage, b.b.Members[mi].Tensor)
+	}
 	// Pack now, not when the bucket starts: each member's copy is paid as
 	// it arrives, between the program's computations, instead of all at
 	// once delaying the collective when the last member arrives.

@@ -74,11 +74,14 @@ type GraphRunner struct {
 	// most of a 200-member bucket's bookkeeping): name and size, the
 	// outputs of each start in member order, the compute node after
 	// which an output dies, or the start whose wait it dies at.
-	outIx        map[string]int32
-	outName      []string
-	outSize      []int64
-	outsOf       map[int][]int32
-	outStart     map[string]int // output → its start node
+	outIx    map[string]int32
+	outName  []string
+	outSize  []int64
+	outsOf   map[int][]int32
+	outStart map[string]int // output → its start node
+	// bucketOf[s] is start node s's bucket in the executor: the runner
+	// hands members in by place (Executor.readyAt), not by name.
+	bucketOf     map[int]*bucket
 	diesAfter    map[int][]int32
 	diesAtWaitOf map[int][]int32
 	startsBefore []int // startsBefore[i]: number of starts at plan positions < i
@@ -109,7 +112,7 @@ func NewGraphRunner(g *stepgraph.Graph, comms map[string]Comm, cfg Config) (*Gra
 		return nil, err
 	}
 	gr := &GraphRunner{g: g, ex: ex, cfg: cfg, after: map[int][]int{}, waitsBefore: map[int][]string{}, deps: map[int][]string{},
-		ord: map[int]int{}, bytes: map[int]int64{}, outIx: map[string]int32{}, outsOf: map[int][]int32{}, outStart: map[string]int{},
+		ord: map[int]int{}, bytes: map[int]int64{}, outIx: map[string]int32{}, outsOf: map[int][]int32{}, outStart: map[string]int{}, bucketOf: map[int]*bucket{},
 		diesAfter: map[int][]int32{}, diesAtWaitOf: map[int][]int32{}, startsBefore: make([]int, len(g.Nodes)+1)}
 	writer := map[string]int{}
 	outOf := map[string]bool{}
@@ -145,6 +148,15 @@ func NewGraphRunner(g *stepgraph.Graph, comms map[string]Comm, cfg Config) (*Gra
 			}
 		case stepgraph.Start:
 			startAt[nd.Name] = i
+			for _, b := range ex.byGroup[nd.Group].buckets {
+				if b.b.Name == nd.Name {
+					gr.bucketOf[i] = b
+				}
+			}
+			if gr.bucketOf[i] == nil || len(gr.bucketOf[i].b.Members) != len(nd.Members) {
+				ex.Close()
+				return nil, fmt.Errorf("%w: start %q has no bucket of its members in the plan", ErrPlan, nd.Name)
+			}
 			gr.ord[i] = gr.startsBefore[i]
 			gr.startsBefore[i+1]++
 			cm := comms[nd.Group] // New checked it exists
@@ -305,7 +317,7 @@ func (gr *GraphRunner) Step(ctx context.Context, step int, tensors Tensors, kern
 			}
 		}
 		nd := &gr.g.Nodes[si]
-		outs := gr.outsOf[si]
+		outs, bk := gr.outsOf[si], gr.bucketOf[si]
 		for k, m := range nd.Members {
 			in, err := tensors(m.In)
 			if err != nil {
@@ -321,7 +333,7 @@ func (gr *GraphRunner) Step(ctx context.Context, step int, tensors Tensors, kern
 				st.peak = max(st.peak, st.liveB)
 				record()
 			}
-			if err := ex.Ready(ctx, m.In, in, out); err != nil {
+			if err := ex.readyAt(ctx, bk, k, in, out); err != nil {
 				return err
 			}
 		}
