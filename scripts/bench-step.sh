@@ -74,7 +74,7 @@
 # 9.8 ms): P came out 1.05-1.25 × the loop's C instead of RATIO ×. Each
 # run prints both Cs. The bucketing cost model's copy rate is measured as
 # the executor copies (members from their own buffers, packed and
-# scattered, caches cold): 12-29 GB/s here, against 38-48 GB/s for the
+# scattered, caches cold): 4-29 GB/s here (np 2 and 4), against 38-48 GB/s for the
 # hot 8 MB copy used before.
 #
 # Usage: scripts/bench-step.sh [NP...]   (default: 2 4)
