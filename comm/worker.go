@@ -80,6 +80,7 @@ func (c *Comm) drain(target uint64) (closed bool) {
 	if !c.running.CompareAndSwap(false, true) {
 		return false
 	}
+	c.waiterRuns = target != noTarget
 	for target == noTarget || c.completed.Load() <= target {
 		var cl *call
 		var ok bool
@@ -356,10 +357,13 @@ var callerStepMinEager = func() *atomic.Int64 { v := new(atomic.Int64); v.Store(
 // to p itself, interleaved with receiving rbuf (sendRecvOnCaller), or 0
 // where sendRecv hands the send to p's sender goroutine instead.
 //
-// Only for foreign callers (SetForeignCallers): there every hand-off to the
-// sender goroutine and back (post's Gosched, flush's channel receive, the
-// P the two pass between the caller's locked thread and the sender's
-// thread) costs thread switches. 4 ranks on 2 cores, 2 MiB ring
+// Only for calls a foreign caller runs on its own thread, in Wait
+// (SetForeignCallers): there every hand-off to the sender goroutine and
+// back (post's Gosched, flush's channel receive, the P the two pass between
+// the caller's locked thread and the sender's thread) costs thread
+// switches. Calls the worker goroutine runs, which nobody waits for yet,
+// keep the sender goroutine, which on a host with cores to spare sends
+// while the worker receives. 4 ranks on 2 cores, 2 MiB ring
 // all-reduce from C: 92 context switches per call against a Go program's
 // 35 (notes/torch-backend.md). A frame is at most the link's EagerLimit,
 // which is what makes the interleaving deadlock-free (sendRecvOnCaller),
@@ -368,7 +372,7 @@ var callerStepMinEager = func() *atomic.Int64 { v := new(atomic.Int64); v.Store(
 // when the buffers overlap (a reduction into rbuf must not reach bytes not
 // sent yet, and the peer may frame its message differently).
 func (c *Comm) callerFrame(p int, sbuf, rbuf []byte) int {
-	if !foreignCallers.Load() {
+	if !c.waiterRuns || !foreignCallers.Load() {
 		return 0
 	}
 	pe := c.peers[p]
