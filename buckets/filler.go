@@ -90,6 +90,23 @@ func (f *Filler) Ready(tensor string) ([]Startable, error) {
 	return nil, fmt.Errorf("%w: %q", ErrTwice, tensor)
 }
 
+// ReadyAt is Ready for a tensor whose place the caller has already found:
+// member mi of bucket bi of group gi (indices in the plan's order), which
+// must be the place Ready would fill (its first unfilled one). It saves
+// Ready's lookups by name, which an executor handing in hundreds of
+// gradients a step pays for each (BenchmarkGraphRunnerStep in overlap).
+func (f *Filler) ReadyAt(gi, bi, mi int) ([]Startable, error) {
+	if gi < 0 || gi >= len(f.filled) || bi < 0 || bi >= len(f.filled[gi]) || mi < 0 || mi >= len(f.filled[gi][bi]) {
+		return nil, fmt.Errorf("%w: no member %d of bucket %d of group %d", ErrUnknownTensor, mi, bi, gi)
+	}
+	if f.filled[gi][bi][mi] {
+		return nil, fmt.Errorf("%w: %q", ErrTwice, f.plan.Groups[gi].Buckets[bi].Members[mi].Tensor)
+	}
+	f.filled[gi][bi][mi] = true
+	f.missing[gi][bi]--
+	return f.advance(gi), nil
+}
+
 // EndRegion is called when the program leaves a region. Buckets of that
 // region marked Flush start with their missing members zero-filled; a
 // missing member of any other bucket of the region is an error naming the

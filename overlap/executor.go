@@ -81,6 +81,7 @@ type memberLoc struct {
 // group is one process group's buckets and its completion watcher.
 type group struct {
 	name    string
+	idx     int // position in the plan's groups (and ex.groups)
 	cm      Comm
 	buckets []*bucket
 
@@ -181,7 +182,7 @@ func New(plan *buckets.Plan, comms map[string]Comm, cfg Config) (*Executor, erro
 		if rank < 0 {
 			rank = cm.Rank()
 		}
-		g := &group{name: gp.Group, cm: cm, hashSend: make([]int64, 1), hashRecv: make([]int64, cm.Size())}
+		g := &group{name: gp.Group, idx: len(ex.groups), cm: cm, hashSend: make([]int64, 1), hashRecv: make([]int64, cm.Size())}
 		// Listed before its buckets are made, so that closeDevices frees
 		// its device memory should a later bucket or group be refused.
 		ex.groups = append(ex.groups, g)
@@ -549,6 +550,19 @@ func (ex *Executor) Ready(ctx context.Context, tensor string, in, out comm.Buffe
 	if b == nil {
 		return fmt.Errorf("%w: tensor %q handed in more often than the plan sends it this step", ErrUsage, tensor)
 	}
+	return ex.readyAt(ctx, b, mi, in, out)
+}
+
+// readyAt is Ready for member mi of b, the place Ready would choose for
+// its tensor (GraphRunner knows it from the graph: a start node is one
+// bucket, a member one place, so it saves Ready's lookup by name).
+func (ex *Executor) readyAt(ctx context.Context, b *bucket, mi int, in, out comm.Buffer) error {
+	if !ex.inStep {
+		return fmt.Errorf("%w: Ready(%q) outside a step (call Begin)", ErrUsage, b.b.Members[mi].Tensor)
+	}
+	if b.started || b.have[mi] {
+		return fmt.Errorf("%w: tensor %q handed in more often than the plan sends it this step", ErrUsage, b.b.Members[mi].Tensor)
+	}
 	// Pack now, not when the bucket starts: each member's copy is paid as
 	// it arrives, between the program's computations, instead of all at
 	// once delaying the collective when the last member arrives.
@@ -561,7 +575,7 @@ func (ex *Executor) Ready(ctx context.Context, tensor string, in, out comm.Buffe
 	// started, so every rank issues a group's collectives in one order
 	// whatever order its tensors arrived in. It returns every bucket that
 	// became startable, this one and later ones that waited for it.
-	sts, err := ex.filler.Ready(tensor)
+	sts, err := ex.filler.ReadyAt(b.g.idx, b.idx, mi)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrUsage, err)
 	}

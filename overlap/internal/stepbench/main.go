@@ -232,6 +232,7 @@ func bench(ctx context.Context, c *comm.Comm, o opts) error {
 
 // synthetic runs the transformer-shaped step.
 func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...any), link string) error {
+	startProcs := runtime.GOMAXPROCS(0)
 	n, L := c.Size(), o.blocks
 	es := 4
 	shardEl := o.shard / es / n * n // keep the gradient divisible by n
@@ -318,19 +319,12 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	stepOf := func(mode overlap.Mode) func(int) (overlap.StepMetrics, error) {
 		return func(i int) (overlap.StepMetrics, error) { return step(mode, i) }
 	}
-	// Communication alone: the serial runner with zero compute.
-	commOnly, err := measure(ctx, c, o.iters, stepOf(overlap.Serial))
-	if err != nil {
-		return err
+	// Communication alone: the serial runner, its compute doing nothing.
+	commStep := func(i int) (overlap.StepMetrics, error) {
+		noCompute = true
+		defer func() { noCompute = false }()
+		return runners[overlap.Serial].Step(ctx, i, tensors, kernel)
 	}
-	C := commOnly[0].step
-	// Size the compute to ratio × C. A sleep overshoots by a roughly fixed
-	// wake-up latency, which on a loaded machine is not small next to a
-	// sub-millisecond block: measure it once and correct for it. Fixed
-	// arithmetic takes longer than a core's rate says when ranks share
-	// cores: scale it by what was measured.
-	target := time.Duration(float64(C) * o.ratio)
-	withComm = false
 	// Compute alone runs on every rank at once, as in the step, so that
 	// ranks sharing cores slow each other down as they will there.
 	computeStep := func(int) (overlap.StepMetrics, error) {
@@ -362,6 +356,37 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	setUnit := func(u time.Duration) {
 		fwd, bwd, opt = u, 2*u, time.Duration(float64(u)*o.opt)
 	}
+	// Size the compute to ratio × C, C measured under the conditions of
+	// the loop below that the ratios come from. Those differ from a cold
+	// start: once an executor's compute blocks (the sleeps), it widens
+	// GOMAXPROCS on a one-CPU rank (overlap/procs.go), and with two Ps on
+	// one core the communicator's worker and sender goroutines run on
+	// threads that take turns on the core, so communication alone takes
+	// longer there than at start-up with one P (np 2, 1 MiB shards:
+	// shared memory 4.6 → 6.0 ms, TCP 7.3 → 9.8 ms, notes/step-path.md).
+	// Sized from the cold figure, P came out 1.05-1.25 × the loop's C
+	// instead of --ratio ×. So: a first guess of C as things stand, then
+	// one short pass of the loop's own steps with compute sized from it
+	// (which settles GOMAXPROCS as the loop has it), whose communication
+	// alone sizes the compute.
+	first, err := measure(ctx, c, max(o.iters/3, 3), commStep)
+	if err != nil {
+		return err
+	}
+	setUnit(time.Duration(float64(first[0].step) * o.ratio / (float64(L) * units)))
+	settle, err := measure(ctx, c, max(o.iters/3, 3), commStep, computeStep, stepOf(overlap.Serial), stepOf(overlap.Native), stepOf(overlap.Grouped))
+	if err != nil {
+		return err
+	}
+	C := settle[0].step
+	sizedC := C
+	// A sleep overshoots by a roughly fixed wake-up latency, which on a
+	// loaded machine is not small next to a sub-millisecond block:
+	// measure it once and correct for it. Fixed arithmetic takes longer
+	// than a core's rate says when ranks share cores: scale it by what
+	// was measured.
+	target := time.Duration(float64(C) * o.ratio)
+	withComm = false
 	setUnit(time.Duration(float64(target) / (float64(L) * units)))
 	alone0, err := computeAlone()
 	if err != nil {
@@ -417,16 +442,11 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	// steps they are compared with, so that load from other processes on
 	// a shared machine hits every figure of the ratios alike (the ones
 	// above only sized the compute).
-	commStep := func(i int) (overlap.StepMetrics, error) {
-		noCompute = true
-		defer func() { noCompute = false }()
-		return runners[overlap.Serial].Step(ctx, i, tensors, kernel)
-	}
 	all, err := measure(ctx, c, o.iters, commStep, computeStep, stepOf(overlap.Serial), stepOf(overlap.Native), stepOf(overlap.Grouped))
 	if err != nil {
 		return err
 	}
-	commOnly, alone = all[:1], all[1]
+	commOnly, alone := all[:1], all[1]
 	C, P = commOnly[0].step, alone.step
 	serial, ov, grouped := all[2], all[3], all[4]
 	// Compute: the measured P, spread over the blocks as the work is.
@@ -481,7 +501,7 @@ func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	say("synthetic step (step graph → blocks + overlap passes → graph runner): %d ranks (%s), %d blocks, %d KiB parameter shard per block per rank, all-gather (%d ahead) + reduce-scatter per block; %d nodes as written, %d after the passes, %d collectives/step\n",
 		n, link, L, shardEl*es>>10, o.prefetch, authored, len(g.Nodes), ov.collectives)
 	say("  GOMAXPROCS %d on rank 0 after the steps (%d CPUs it may run on, --min-procs %d; a compute that blocks widens it past the CPUs)\n", runtime.GOMAXPROCS(0), runtime.NumCPU(), o.minProcs)
-	say("  communication alone   C = %s  (C and P below measured interleaved with the serial and overlapped steps)\n", ms(C))
+	say("  communication alone   C = %s  (C and P below measured interleaved with the serial and overlapped steps; the compute was sized from C = %s, measured the same way in a shorter pass; GOMAXPROCS %d at start)\n", ms(C), ms(sizedC), startProcs)
 	if o.compute == computeCPU {
 		say("  compute alone         P = %s  (%.2f × C, all ranks at once; arithmetic of %v forward, %v backward, %v optimizer per block at a core's rate)\n", ms(P), float64(P)/float64(C), fwd, bwd, opt)
 	} else {
@@ -779,14 +799,50 @@ func plan(g *stepgraph.Graph) (*stepgraph.Graph, error) {
 	return stepgraph.BucketOverlap(g, cfg)
 }
 
+// copyRate measures the executor's copies as a step makes them: k
+// members of fused/k bytes each, every one in its own buffer, packed into
+// one fused buffer and scattered back out, starting from memory the cache
+// does not hold (a step's compute and collectives have been through it;
+// here a scratch buffer twice the size of this host's 32 MiB L3 is
+// written first). Bytes packed plus bytes scattered over the time, median
+// of 9. A hot copy of the fused buffer repeated, the rate used before,
+// said 38-48 GB/s on this host while a step's pack and scatter of 16 MB
+// ran at 12.8 GB/s (notes/step-path.md), so merging with copies looked
+// cheaper than it is.
+func copyRate(fused, k int) float64 {
+	part := fused / k
+	srcs := make([][]byte, k)
+	for i := range srcs {
+		srcs[i] = make([]byte, part)
+	}
+	dst := make([]byte, part*k)
+	scratch := make([]byte, 64<<20)
+	var ts []time.Duration
+	for r := range 9 {
+		for i := 0; i < len(scratch); i += 64 {
+			scratch[i] = byte(r)
+		}
+		t0 := time.Now()
+		for i, b := range srcs {
+			copy(dst[i*part:], b)
+		}
+		for i, b := range srcs {
+			copy(b, dst[i*part:(i+1)*part])
+		}
+		ts = append(ts, time.Since(t0))
+	}
+	slices.Sort(ts)
+	return float64(2*part*k) / ts[len(ts)/2].Seconds()
+}
+
 // measureModel measures the cost model bucketing needs on c: the bus
 // bandwidth fitted (buckets.Fit) to all-reduces from 8 B to fused bytes;
 // as α, the time one more call costs in a stream of back-to-back calls
 // (k calls of fused/k bytes against one fused call, divided by k-1), which
 // is what merging saves and is smaller than a lone call's latency, since
 // back-to-back calls overlap their start-up (the fitted latency, or an
-// 8-byte call's time, when that difference is not positive); and the rate of a plain
-// memory copy of fused bytes, the executor's pack and scatter. Each figure
+// 8-byte call's time, when that difference is not positive); and the rate
+// of the executor's pack and scatter (copyRate). Each figure
 // is a median of 9; rank 0's are broadcast, so every rank plans with the
 // same model and the plans agree.
 func measureModel(ctx context.Context, c *comm.Comm, fused, k int) (buckets.Model, error) {
@@ -844,9 +900,7 @@ func measureModel(ctx context.Context, c *comm.Comm, fused, k int) (buckets.Mode
 	if m.Latency <= 0 {
 		m.Latency = samples[0].Time // the fit's intercept can clamp to 0 too: an 8-byte call's time
 	}
-	src, dst := make([]byte, fused), make([]byte, fused)
-	cp, _ := med(func() error { copy(dst, src); return nil })
-	m.CopyBandwidth = float64(fused) / cp.Seconds()
+	m.CopyBandwidth = copyRate(fused, k)
 	v := []float64{float64(m.Latency), m.BusBandwidth, m.CopyBandwidth}
 	if err := c.Broadcast(ctx, comm.Float64s(v), comm.Float64s(v), 0).Wait(ctx); err != nil {
 		return m, err
