@@ -1,32 +1,36 @@
 package comm_test
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/gorun-hpc/gorun/comm"
 )
 
 // With foreign callers (libgorun: collectives called from C threads), the
-// large steps of the ring and of the staggered exchanges run on the calling
-// goroutine, sending and receiving in turns, instead of handing every send
-// to a sender goroutine (comm's callerFrame): no message is posted, the
-// results are the reference's, and steps whose messages are several times a
-// ring's size complete, which needs the turns (a rank that sent its whole
-// message before receiving would wait forever for room in its full ring
-// while its neighbour does the same). The same calls from Go's own threads
-// post their large sends, which shows the count can see a post.
+// large steps of the ring and of the staggered exchanges of a call run by
+// its waiter run on the waiting goroutine, sending and receiving in turns,
+// instead of handing every send to a sender goroutine (comm's callerFrame):
+// no message is posted, the results are the reference's, and steps whose
+// messages are several times a ring's size complete, which needs the turns
+// (a rank that sent its whole message before receiving would wait forever
+// for room in its full ring while its neighbour does the same). Calls the
+// worker goroutine runs, and calls from Go's own threads, post their large
+// sends, which also shows that the count sees a post.
 func TestForeignCallersRunLargeStepsThemselves(t *testing.T) {
 	// Rings of 64 KiB carry frames of at most 2 KiB (EagerLimit), so a
-	// step of 100 KB is many frames and more than the ring holds.
+	// step of 160 KB is many frames and more than the ring holds.
 	old := comm.SetCallerStepMinEager(0)
 	t.Cleanup(func() { comm.SetCallerStepMinEager(old) })
 	testRingBytes = 64 << 10
 	t.Cleanup(func() { testRingBytes = 0 })
 	const count = 40_000 // float32: 160 KB per block, 2.5 rings
 	for _, n := range []int{3, 4} {
-		for _, foreign := range []bool{true, false} {
-			t.Run(fmt.Sprintf("n=%d/foreign=%v", n, foreign), func(t *testing.T) {
+		for _, mode := range []string{"foreign/waited", "foreign/worker", "go/waited"} {
+			t.Run(fmt.Sprintf("n=%d/%s", n, mode), func(t *testing.T) {
+				foreign, waited := strings.HasPrefix(mode, "foreign"), strings.HasSuffix(mode, "waited")
 				comm.SetForeignCallers(foreign)
 				t.Cleanup(func() { comm.SetForeignCallers(false) })
 				cfg := comm.LocalConfig()
@@ -45,13 +49,47 @@ func TestForeignCallersRunLargeStepsThemselves(t *testing.T) {
 				add(comm.KindReduceScatter, comm.Float32, count)
 				add(comm.KindAllGather, comm.Int64, count)
 				add(comm.KindAllToAll, comm.Float32, count)
-				runCases(t, j.comms, tcs, true)
+				errs := onEach(t, n, func(r int) error {
+					wctx, cancel := waitCtx(t)
+					defer cancel()
+					hs := make([]comm.Handle, len(tcs))
+					checks := make([]func() error, len(tcs))
+					for i, tc := range tcs {
+						if waited {
+							// Wait runs the call itself: its context
+							// never ends, and the worker is not woken.
+							ctx := comm.IssuerWaits(context.Background())
+							hs[i], checks[i] = issue(ctx, j.comms[r], tc, true)
+							if err := hs[i].Wait(ctx); err != nil {
+								return fmt.Errorf("%v: %w", tc, err)
+							}
+							continue
+						}
+						hs[i], checks[i] = issue(context.Background(), j.comms[r], tc, true)
+					}
+					for i, h := range hs {
+						// A Wait whose context may end first leaves the
+						// call to the worker.
+						if err := h.Wait(wctx); err != nil {
+							return fmt.Errorf("%v: %w", tcs[i], err)
+						}
+						if err := checks[i](); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				for r, err := range errs {
+					if err != nil {
+						t.Errorf("rank %d: %v", r, err)
+					}
+				}
 				for r, c := range j.comms {
 					switch posts := comm.Posts(c); {
-					case foreign && posts != 0:
+					case mode == "foreign/waited" && posts != 0:
 						t.Errorf("rank %d posted %d messages to its sender goroutines, want 0", r, posts)
-					case !foreign && posts == 0:
-						t.Errorf("rank %d posted no message from Go's threads: the count sees nothing", r)
+					case mode != "foreign/waited" && posts == 0:
+						t.Errorf("rank %d posted no message: want its large sends posted", r)
 					}
 				}
 			})

@@ -106,8 +106,12 @@ type Comm struct {
 	// calls. wake (capacity 1) tells the worker there may be work; closing
 	// is set by Close before it closes queue.
 	running atomic.Bool
-	wake    chan struct{}
-	closing atomic.Bool
+	// waiterRuns: the token holder is a goroutine blocked in Wait (the
+	// caller's thread in libgorun), not the worker goroutine. Token holder
+	// only.
+	waiterRuns bool
+	wake       chan struct{}
+	closing    atomic.Bool
 
 	failOnce sync.Once
 	failed   chan struct{} // closed when failErr is set

@@ -80,6 +80,7 @@ func (c *Comm) drain(target uint64) (closed bool) {
 	if !c.running.CompareAndSwap(false, true) {
 		return false
 	}
+	c.waiterRuns = target != noTarget
 	for target == noTarget || c.completed.Load() <= target {
 		var cl *call
 		var ok bool
@@ -356,10 +357,13 @@ var callerStepMinEager = func() *atomic.Int64 { v := new(atomic.Int64); v.Store(
 // to p itself, interleaved with receiving rbuf (sendRecvOnCaller), or 0
 // where sendRecv hands the send to p's sender goroutine instead.
 //
-// Only for foreign callers (SetForeignCallers): there every hand-off to the
-// sender goroutine and back (post's Gosched, flush's channel receive, the
-// P the two pass between the caller's locked thread and the sender's
-// thread) costs thread switches. 4 ranks on 2 cores, 2 MiB ring
+// Only for calls a foreign caller runs on its own thread, in Wait
+// (SetForeignCallers): there every hand-off to the sender goroutine and
+// back (post's Gosched, flush's channel receive, the P the two pass between
+// the caller's locked thread and the sender's thread) costs thread
+// switches. Calls the worker goroutine runs, which nobody waits for yet,
+// keep the sender goroutine, which on a host with cores to spare sends
+// while the worker receives. 4 ranks on 2 cores, 2 MiB ring
 // all-reduce from C: 92 context switches per call against a Go program's
 // 35 (notes/torch-backend.md). A frame is at most the link's EagerLimit,
 // which is what makes the interleaving deadlock-free (sendRecvOnCaller),
@@ -368,7 +372,7 @@ var callerStepMinEager = func() *atomic.Int64 { v := new(atomic.Int64); v.Store(
 // when the buffers overlap (a reduction into rbuf must not reach bytes not
 // sent yet, and the peer may frame its message differently).
 func (c *Comm) callerFrame(p int, sbuf, rbuf []byte) int {
-	if !foreignCallers.Load() {
+	if !c.waiterRuns || !foreignCallers.Load() {
 		return 0
 	}
 	pe := c.peers[p]
@@ -380,9 +384,13 @@ func (c *Comm) callerFrame(p int, sbuf, rbuf []byte) int {
 }
 
 // sendRecvOnCaller is sendRecv on the calling goroutine alone: it sends
-// sbuf to `to` in frames of at most frame bytes and, after each frame,
-// receives one frame of rbuf's message from `from` (then the rest once all
-// of sbuf is sent).
+// sbuf to `to` in frames of at most frame bytes, and from the second frame
+// on receives one frame of rbuf's message from `from` after each frame it
+// sends (then the rest once all of sbuf is sent). Running two frames ahead
+// rather than one lets a chunk of two frames (1 MiB on 4 ranks) go out
+// whole before the caller waits, as the sender goroutine sends it: 4 ranks
+// on 2 cores, 5 interleaved rounds, from torch 1 MiB 0.70 -> 1.01 of
+// native, 2 MiB 0.83 -> 0.85, 8 MiB 1.00 -> 1.04 (notes/torch-backend.md).
 //
 // Deadlock freedom, for any framing of the incoming message and any mix
 // of ranks that do this and ranks that use their sender goroutine (which
@@ -395,14 +403,15 @@ func (c *Comm) callerFrame(p int, sbuf, rbuf []byte) int {
 // while the previous rank has sent nothing more, s_{r-1} = g_r, and has
 // more to send. If one rank is blocked in Send, the next is not in a
 // receive (that would need s_r = g_{r+1}), so it is also blocked in Send,
-// and so on around the cycle; each is about to send its next frame, so
-// each has received after every frame it sent (g_r = s_r) unless its
+// and so on around the cycle. Each is about to send a frame, so each has
+// s_r - g_r <= 1 (it receives whenever it is two ahead) unless its
 // incoming message is complete, in which case its previous rank has
 // finished sending and is not blocked in Send. Summing s_r - g_{r+1} >= 2
-// around the cycle then gives 0 >= 2n. If no rank is blocked in Send, a
-// rank blocked in a receive has a previous rank blocked in a receive too,
-// each with g_r < s_r = g_{r+1}: around the cycle g_r < g_r. So some rank
-// always progresses.
+// around the cycle gives sum(s_r - g_r) >= 2n against <= n. If no rank is
+// blocked in Send, a rank blocked in a receive has a previous rank blocked
+// in a receive too, each with g_r + 2 <= s_r = g_{r+1} (it receives only
+// when two ahead or done sending, and the previous one is not done):
+// around the cycle g_r < g_r. So some rank always progresses.
 func (c *Comm) sendRecvOnCaller(cl *call, to int, sbuf []byte, frame int, from int, rbuf []byte, reduce bool, local []byte, ct DType) error {
 	pe := c.peers[to]
 	l := pe.link
@@ -420,7 +429,7 @@ func (c *Comm) sendRecvOnCaller(cl *call, to int, sbuf []byte, frame int, from i
 			soff, sent = end, sent+1
 			sdone = soff == len(sbuf)
 		}
-		if !rdone && (got < sent || sdone) {
+		if !rdone && (got < sent-1 || sdone) {
 			n, err := c.recvPiece(cl, from, rbuf, roff, reduce, local, ct)
 			if err != nil {
 				return err

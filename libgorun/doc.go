@@ -16,12 +16,17 @@
 //
 // Exported functions run on the caller's OS thread; collectives progress on
 // goroutines of the communicator, so an asynchronous call moves while the
-// caller computes. GOMAXPROCS defaults to 2 here (unless the GOMAXPROCS
-// environment variable is set) because the host program — Python with torch's
-// own thread pools — owns the cores; the runtime adds a handful of OS
-// threads. Go installs handlers only for the synchronous signals it needs
-// (SIGSEGV, SIGBUS, SIGFPE, SIGPIPE, SIGURG) and leaves SIGINT and SIGTERM to
-// the host program. Every exported function recovers a panic into
+// caller computes. A call the caller waits for (a NULL request) runs on the
+// caller's thread (with any earlier calls still queued), large steps
+// included: comm sends and receives their frames in turns there rather than
+// handing the sends to its sender goroutines (comm.SetForeignCallers), since
+// every hand-off between a C thread and Go's threads costs thread switches.
+// GOMAXPROCS defaults to 2 here (unless the GOMAXPROCS environment variable
+// is set) because the host program — Python with torch's own thread pools —
+// owns the cores; the runtime adds a handful of OS threads. Go installs
+// handlers only for the synchronous signals it needs (SIGSEGV, SIGBUS,
+// SIGFPE, SIGPIPE, SIGURG) and leaves SIGINT and SIGTERM to the host
+// program. Every exported function recovers a panic into
 // GORUN_ERR_INTERNAL; nothing here calls os.Exit.
 //
 // # Fork
