@@ -64,6 +64,19 @@
 # depending on the runtime monitor's polling period. Each run prints
 # GOMAXPROCS after the steps.
 #
+# Session 7: the compute is sized from C measured under the loop's own
+# conditions: a first guess of C, then a short pass of the loop's steps
+# (communication alone, compute alone, serial, native, grouped) whose
+# communication alone gives the C that RATIO multiplies. Before, C came
+# from a cold start with one P, and the overlapped steps then widened a
+# one-CPU rank to two Ps (see above), under which communication alone
+# takes 25-40 % longer (np 2, 1 MiB shards: shm 4.6 → 6.0 ms, tcp 7.3 →
+# 9.8 ms): P came out 1.05-1.25 × the loop's C instead of RATIO ×. Each
+# run prints both Cs. The bucketing cost model's copy rate is measured as
+# the executor copies (members from their own buffers, packed and
+# scattered, caches cold): 4-29 GB/s here (np 2 and 4), against 38-48 GB/s for the
+# hot 8 MB copy used before.
+#
 # Usage: scripts/bench-step.sh [NP...]   (default: 2 4)
 #   ITERS=15 BLOCKS=16 SHARD=1048576 RATIO=1.5 CAPS=0,25000000 PREFETCH=2 \
 #   COMPUTE=sleep MIN_PROCS=2 TRANSPORTS="shm tcp" scripts/bench-step.sh 4
