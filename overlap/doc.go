@@ -71,7 +71,9 @@
 // fused layout is the member's layout), and a program that computes a
 // tensor into its slot (Executor.View, DDP's gradient_as_bucket_view) has
 // nothing packed or scattered; otherwise each member is copied in at Ready
-// and out before its wait returns.
+// and out before its wait returns. A GraphRunner asks the program for each
+// member's buffers by name every step (Tensors), unless the program bound
+// them once (GraphRunner.Bind: buffers that persist, such as those slots).
 //
 // Memory: a bucket's fused buffers are taken when its first member is
 // packed and handed back at its wait, for the next bucket to reuse, so an

@@ -87,6 +87,11 @@ type GraphRunner struct {
 	startsBefore []int // startsBefore[i]: number of starts at plan positions < i
 
 	release func(tensor string)
+	// bound: tensors whose buffers the program bound (Bind); boundAt[s]
+	// their buffers per member of start s (input, output; nil: ask
+	// Tensors), rebuilt by Bind, so a step looks nothing up by name.
+	bound   map[string]comm.Buffer
+	boundAt map[int][]memberBufs
 	// st is the step's state, its maps kept from step to step: made
 	// afresh, the live map grew and rehashed through 200 outputs every
 	// step (BenchmarkGraphRunnerStep).
@@ -241,6 +246,70 @@ func (gr *GraphRunner) View(tensor string) (comm.Buffer, bool) {
 	return v, true
 }
 
+// memberBufs are a member's bound input and output (nil: not bound).
+type memberBufs struct{ in, out comm.Buffer }
+
+// Bind makes buf tensor's buffer for every step from now on: the runner
+// hands it to the collectives that read or write tensor without asking
+// Tensors for it. It is for buffers that persist from step to step, as
+// DDP's gradients living in their bucket do (View's slots, which a
+// program binds as both the member's input and its output) or parameter
+// shards: looking each up by name every step is the program's cost, twice
+// per member, and with 200 gradients of 40 KB on 2 ranks over shared
+// memory it was 20-40 µs of a 0.57 ms step (notes/step-path.md). A nil
+// buf unbinds tensor (Tensors is asked again). tensor must be a
+// collective's input or output. Call it between steps. A released output
+// (SetRelease) that is bound stays bound: the program must keep its
+// buffer or unbind it.
+func (gr *GraphRunner) Bind(tensor string, buf comm.Buffer) error {
+	if gr.ex.inStep {
+		return fmt.Errorf("%w: Bind(%q) during a step", ErrUsage, tensor)
+	}
+	known := false
+	for i := range gr.g.Nodes {
+		nd := &gr.g.Nodes[i]
+		if nd.Kind != stepgraph.Start {
+			continue
+		}
+		for _, m := range nd.Members {
+			known = known || m.In == tensor || m.Out == tensor
+		}
+	}
+	if !known {
+		return fmt.Errorf("%w: Bind(%q): no collective of the graph reads or writes it", ErrUsage, tensor)
+	}
+	if gr.bound == nil {
+		gr.bound = map[string]comm.Buffer{}
+	}
+	if buf == nil {
+		delete(gr.bound, tensor)
+	} else {
+		gr.bound[tensor] = buf
+	}
+	gr.boundAt = map[int][]memberBufs{}
+	for i := range gr.g.Nodes {
+		nd := &gr.g.Nodes[i]
+		if nd.Kind != stepgraph.Start {
+			continue
+		}
+		var bs []memberBufs
+		for k, m := range nd.Members {
+			in, out := gr.bound[m.In], gr.bound[m.Out]
+			if in == nil && out == nil {
+				continue
+			}
+			if bs == nil {
+				bs = make([]memberBufs, len(nd.Members))
+			}
+			bs[k] = memberBufs{in, out}
+		}
+		if bs != nil {
+			gr.boundAt[i] = bs
+		}
+	}
+	return nil
+}
+
 // Executor is the executor underneath, for its Timeline and Plan.
 func (gr *GraphRunner) Executor() *Executor { return gr.ex }
 
@@ -267,6 +336,16 @@ func (gr *GraphRunner) Step(ctx context.Context, step int, tensors Tensors, kern
 		ex.inStep = false
 		ex.broken = err
 		return StepMetrics{}, err
+	}
+	// Builtin computes find bound tensors as collectives do.
+	look := tensors
+	if len(gr.bound) > 0 {
+		look = func(name string) (comm.Buffer, error) {
+			if b, ok := gr.bound[name]; ok {
+				return b, nil
+			}
+			return tensors(name)
+		}
 	}
 	st := &gr.st
 	if st.live == nil {
@@ -317,15 +396,22 @@ func (gr *GraphRunner) Step(ctx context.Context, step int, tensors Tensors, kern
 			}
 		}
 		nd := &gr.g.Nodes[si]
-		outs, bk := gr.outsOf[si], gr.bucketOf[si]
+		outs, bk, bound := gr.outsOf[si], gr.bucketOf[si], gr.boundAt[si]
 		for k, m := range nd.Members {
-			in, err := tensors(m.In)
-			if err != nil {
-				return fmt.Errorf("overlap: start %q: %w", nd.Name, err)
+			var in, out comm.Buffer
+			if bound != nil {
+				in, out = bound[k].in, bound[k].out
 			}
-			out, err := tensors(m.Out)
-			if err != nil {
-				return fmt.Errorf("overlap: start %q: %w", nd.Name, err)
+			var err error
+			if in == nil {
+				if in, err = tensors(m.In); err != nil {
+					return fmt.Errorf("overlap: start %q: %w", nd.Name, err)
+				}
+			}
+			if out == nil {
+				if out, err = tensors(m.Out); err != nil {
+					return fmt.Errorf("overlap: start %q: %w", nd.Name, err)
+				}
 			}
 			if x := outs[k]; !st.live[x] {
 				st.live[x] = true
@@ -387,7 +473,7 @@ func (gr *GraphRunner) Step(ctx context.Context, step int, tensors Tensors, kern
 		}
 		err := ex.Compute(ctx, nd.Name, nd.Region, func() error {
 			if nd.Builtin != "" {
-				return builtin(nd, tensors)
+				return builtin(nd, look)
 			}
 			return kernel(ctx, nd)
 		})

@@ -2,8 +2,11 @@ package overlap
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -160,4 +163,86 @@ func runTwoRanks(t *testing.T, g *stepgraph.Graph, check func(*GraphRunner)) {
 		}
 	}
 	check(runners[0])
+}
+
+// TestBindSparesTensors: members whose buffers the program bound (here
+// View's slots, as DDP's gradient_as_bucket_view) are never asked of
+// Tensors, and the step's results are right; unbinding asks again; only
+// a collective's tensors may be bound.
+func TestBindSparesTensors(t *testing.T) {
+	const n, bytes = 12, 400
+	g := gradsGraph(t, n, bytes, 1<<20)
+	comms := eqComms(context.Background(), t, g, 2)
+	errs := make([][]error, 2)
+	var wg sync.WaitGroup
+	for rk := range 2 {
+		r, err := NewGraphRunner(g, comms[rk], DefaultConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if err := r.Bind("updated", comm.Float32s(nil)); !errors.Is(err, ErrUsage) {
+			t.Errorf("Bind of a compute's output: %v, want ErrUsage", err)
+		}
+		views := map[string]comm.Buffer{}
+		for i := range n {
+			v, ok := r.View(fmt.Sprintf("t%d", i))
+			if !ok {
+				t.Fatalf("no view of t%d", i)
+			}
+			views[fmt.Sprintf("t%d", i)], views[fmt.Sprintf("T%d", i)] = v, v
+			for _, name := range []string{fmt.Sprintf("t%d", i), fmt.Sprintf("T%d", i)} {
+				if err := r.Bind(name, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		tens := func(name string) (comm.Buffer, error) {
+			if name == "updated" {
+				return comm.Float32s(nil), nil
+			}
+			return nil, fmt.Errorf("Tensors asked for %s", name)
+		}
+		kernel := func(_ context.Context, nd *stepgraph.Node) error {
+			for _, name := range append(append([]string(nil), nd.Reads...), nd.Writes...) {
+				v, ok := views[name]
+				if !ok {
+					continue
+				}
+				for i := range comm.AsFloat32(v) {
+					switch {
+					case nd.Name == "backward":
+						comm.AsFloat32(v)[i] = float32(rk + 1)
+					case comm.AsFloat32(v)[i] != 3:
+						return fmt.Errorf("rank %d: %s[%d] = %v, want 3", rk, name, i, comm.AsFloat32(v)[i])
+					}
+				}
+			}
+			return nil
+		}
+		wg.Go(func() {
+			for step := range 2 {
+				_, err := r.Step(context.Background(), step, tens, kernel)
+				errs[rk] = append(errs[rk], err)
+			}
+			// Unbound, T0 is asked of Tensors again (both ranks fail
+			// there, before anything is issued).
+			if err := r.Bind("T0", nil); err != nil {
+				errs[rk] = append(errs[rk], err)
+				return
+			}
+			_, err := r.Step(context.Background(), 2, tens, kernel)
+			errs[rk] = append(errs[rk], err)
+		})
+	}
+	wg.Wait()
+	for rk, es := range errs {
+		if len(es) != 3 || es[0] != nil || es[1] != nil {
+			t.Errorf("rank %d: steps returned %v, want nil, nil, then Tensors' error for T0", rk, es)
+			continue
+		}
+		if es[2] == nil || !strings.Contains(es[2].Error(), "Tensors asked for T0") {
+			t.Errorf("rank %d: step after unbinding T0: %v, want Tensors asked for T0", rk, es[2])
+		}
+	}
 }

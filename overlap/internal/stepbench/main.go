@@ -676,11 +676,19 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 		nb[name] = len(r.Executor().Plan().Groups[0].Buckets)
 		// The gradients: the program's own buffers, or (views) their
 		// slots in the buckets, as DDP's gradient_as_bucket_view.
+		// The views persist from step to step, so they are bound once
+		// (GraphRunner.Bind): the runner then looks nothing up by name
+		// for them, as DDP's hooks hand in the bucket's own gradient.
 		mine := make([][]float32, len(bufs))
 		for i := range mine {
 			mine[i] = bufs[i]
 			if vb, ok := r.View(fmt.Sprintf("t%d", i)); ok && v.views {
 				mine[i] = comm.AsFloat32(vb)
+				for _, name := range []string{fmt.Sprintf("t%d", i), fmt.Sprintf("T%d", i)} {
+					if err := r.Bind(name, vb); err != nil {
+						return err
+					}
+				}
 			}
 		}
 		// By name, looked up rather than parsed: the lookup runs twice per
