@@ -75,7 +75,10 @@
 # run prints both Cs. The bucketing cost model's copy rate is measured as
 # the executor copies (members from their own buffers, packed and
 # scattered, caches cold): 4-29 GB/s here (np 2 and 4), against 38-48 GB/s for the
-# hot 8 MB copy used before.
+# hot 8 MB copy used before. Quiet, 6 rounds, medians: × ideal / exposed
+# np 2 shm 1.075 / 2.4 %, np 2 tcp 1.096 / 3.7 %, np 4 shm 1.060 / 3.5 %,
+# np 4 tcp 1.062 / 3.6 %; views bucket × one fused call 1.029, 1.041,
+# 1.080, 1.045 (the views variant binds its slots, GraphRunner.Bind).
 #
 # Usage: scripts/bench-step.sh [NP...]   (default: 2 4)
 #   ITERS=15 BLOCKS=16 SHARD=1048576 RATIO=1.5 CAPS=0,25000000 PREFETCH=2 \
