@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/gorun-hpc/gorun/buckets"
 	"github.com/gorun-hpc/gorun/comm"
@@ -87,31 +86,10 @@ func (n *noopComm) AllReduce(context.Context, comm.Buffer, comm.Buffer, comm.Op)
 // completes every call at once.
 func BenchmarkGraphRunnerStep(b *testing.B) {
 	const tensors, bytes = 200, 40_000
-	gb := stepgraph.NewBuilder().Group("g", 2).Region("m")
-	var ins, outs []string
-	for i := range tensors {
-		ins, outs = append(ins, fmt.Sprintf("t%d", i)), append(outs, fmt.Sprintf("T%d", i))
-	}
-	gb.Compute("backward", buckets.Backward, "m", time.Millisecond, nil, ins)
-	for i := range tensors {
-		gb.Start(fmt.Sprintf("ar%d", i), buckets.Backward, "m", buckets.AllReduce, "g", "f32",
-			[]stepgraph.Member{{In: ins[i], Out: outs[i], Bytes: bytes}})
-	}
-	for i := range tensors {
-		gb.Wait(fmt.Sprintf("ar%d.w", i), fmt.Sprintf("ar%d", i), "m")
-	}
-	gb.Compute("optimizer", buckets.Optimizer, "m", 0, outs, []string{"updated"})
-	g, err := gb.Graph()
-	if err != nil {
-		b.Fatal(err)
-	}
-	bc := buckets.DefaultConfig()
-	bc.CapBytes = 25_000_000
-	if g, err = stepgraph.BucketBlocks(g, bc); err != nil {
-		b.Fatal(err)
-	}
-	if g, err = stepgraph.BucketOverlap(g, bc); err != nil {
-		b.Fatal(err)
+	g := gradsGraph(b, tensors, bytes, 25_000_000)
+	ins := make([]string, tensors)
+	for i := range ins {
+		ins[i] = fmt.Sprintf("t%d", i)
 	}
 	r, err := NewGraphRunner(g, map[string]Comm{"g": &noopComm{newFakeComm(0, 2, newFakeClock(), nil)}}, DefaultConfig())
 	if err != nil {
@@ -124,7 +102,7 @@ func BenchmarkGraphRunnerStep(b *testing.B) {
 		if !ok {
 			b.Fatalf("no view of %s", ins[i])
 		}
-		byName[ins[i]], byName[outs[i]] = v, v
+		byName[ins[i]], byName[fmt.Sprintf("T%d", i)] = v, v
 	}
 	tens := func(name string) (comm.Buffer, error) { return byName[name], nil }
 	kernel := func(context.Context, *stepgraph.Node) error { return nil }

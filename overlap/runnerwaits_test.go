@@ -17,7 +17,7 @@ import (
 
 // gradsGraph: n gradients, each all-reduced by its own start, waited, and
 // read by one optimizer; capB ≥ 0 buckets them (passes) under that cap.
-func gradsGraph(t *testing.T, n int, bytes int64, capB int64) *stepgraph.Graph {
+func gradsGraph(t testing.TB, n int, bytes int64, capB int64) *stepgraph.Graph {
 	t.Helper()
 	gb := stepgraph.NewBuilder().Group("g", 2).Region("m")
 	var ins, outs []string
