@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/gorun-hpc/gorun/internal/cgroupfs"
-	"golang.org/x/sys/unix"
 )
 
 // Scheduling groups of crowded ranks.
@@ -130,11 +129,15 @@ func cgroupTag(path string) uint32 {
 // this host (below the root of cgroup v1's cpu hierarchy), where every rank
 // of the job that calls it shares one CFS group, when all of these hold:
 // the host runs more of the job's ranks than it has online CPUs
-// (localRanks), autogroup is on, this process leads its own session, and
-// the cpu controller puts it at its hierarchy's root, so that its session's
-// autogroup is its group and its peers' are theirs. Otherwise it does
-// nothing (joined "", nil error): nothing would be gained. Call it before
-// any communicator is made, since a process's tag is read once.
+// (localRanks), autogroup is on, and the cpu controller puts it at its
+// hierarchy's root, so that its session's autogroup is its group.
+// Otherwise it does nothing (joined "", nil error): nothing would be
+// gained. The caller decides that this process's session holds no other
+// rank of the job (gorun gave it one of its own: it leads it, or a wrapper
+// of it such as a shell or a profiler does); ranks that share a session
+// share its autogroup already, and a move of some of them would split
+// them. Call it before any communicator is made, since a process's tag is
+// read once.
 //
 // Only cgroup v1's cpu hierarchy is used: on cgroup v2 the rank's cgroup is
 // also the job's containment cgroup (the launcher kills a job through it),
@@ -152,9 +155,6 @@ func JoinSchedGroup(job string, localRanks int) (joined string, leave func(), er
 		return "", leave, nil
 	}
 	if en, _ := os.ReadFile("/proc/sys/kernel/sched_autogroup_enabled"); strings.TrimSpace(string(en)) != "1" {
-		return "", leave, nil
-	}
-	if sid, err := unix.Getsid(0); err != nil || sid != os.Getpid() {
 		return "", leave, nil
 	}
 	if ownCPUCgroup() != "" {

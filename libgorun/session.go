@@ -14,6 +14,7 @@ import (
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/rank"
 	"github.com/gorun-hpc/gorun/rankenv"
+	"golang.org/x/sys/unix"
 )
 
 // settings are gorun_init's config string, parsed.
@@ -131,6 +132,9 @@ func joinSchedGroup(lookup func(string) (string, bool)) func() {
 			}
 		}
 	}
+	if !ownSession(job, lookup) {
+		return noop // its session holds the job's other ranks: one group already
+	}
 	_, leave, err := comm.JoinSchedGroup(job, local)
 	if err != nil {
 		if lr, _ := lookup(rankenv.GorunLocalRank); lr == "0" {
@@ -140,6 +144,53 @@ func joinSchedGroup(lookup func(string) (string, bool)) func() {
 		return noop
 	}
 	return leave
+}
+
+// ownSession reports whether gorun gave this rank a session of its own:
+// it leads its session, or the session's leader is a wrapper of this same
+// rank (a shell script that runs python3, perf, strace), which gorun
+// started with this rank's environment. When gorun shares one session
+// among a host's ranks (--session shared, or programs on its runtime) the
+// leader is gorun's supervisor, whose environment names no rank of this
+// job. A leader outside this PID namespace (session id 0) or whose
+// environment cannot be read is not taken for this rank's own.
+func ownSession(job string, lookup func(string) (string, bool)) bool {
+	sid, err := unix.Getsid(0)
+	if err != nil {
+		return false
+	}
+	rank, _ := lookup(rankenv.GorunRank)
+	return sessionIsRanks(sid, os.Getpid(), func() ([]byte, error) {
+		return os.ReadFile(fmt.Sprintf("/proc/%d/environ", sid))
+	}, job, rank)
+}
+
+// sessionIsRanks is ownSession's judgement for a process pid in session
+// sid whose leader's environment (NUL-separated) leaderEnv reads.
+func sessionIsRanks(sid, pid int, leaderEnv func() ([]byte, error), job, rank string) bool {
+	switch {
+	case sid <= 0:
+		return false
+	case sid == pid:
+		return true
+	case rank == "":
+		return false
+	}
+	env, err := leaderEnv()
+	if err != nil {
+		return false
+	}
+	var sameJob, sameRank bool
+	for _, kv := range strings.Split(string(env), "\x00") {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case rankenv.JobID:
+			sameJob = v == job
+		case rankenv.GorunRank:
+			sameRank = v == rank
+		}
+	}
+	return sameJob && sameRank
 }
 
 // start joins the world.

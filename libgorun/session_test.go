@@ -42,3 +42,35 @@ func TestParseSettings(t *testing.T) {
 		t.Error("lookup invented a variable")
 	}
 }
+
+// A rank has a session of its own when it leads it, or when its leader is
+// a wrapper of the same rank of the same job (gorun started the wrapper
+// with the rank's environment); not when the leader is gorun's supervisor
+// (a shared session), a rank of an outer job (gorun run from a rank), or
+// unknown.
+func TestSessionIsRanks(t *testing.T) {
+	env := func(kv ...string) func() ([]byte, error) {
+		return func() ([]byte, error) { return []byte(strings.Join(kv, "\x00") + "\x00"), nil }
+	}
+	unreadable := func() ([]byte, error) { return nil, errors.New("permission denied") }
+	for _, tc := range []struct {
+		name     string
+		sid, pid int
+		leader   func() ([]byte, error)
+		rank     string
+		want     bool
+	}{
+		{"leads its session", 40, 40, unreadable, "2", true},
+		{"wrapper of this rank", 39, 40, env("PATH=/bin", "GORUN_JOB_ID=j1", "GORUN_RANK=2"), "2", true},
+		{"supervisor (shared session)", 30, 40, env("PATH=/bin", "GORUN_JOB_ID=j1"), "2", false},
+		{"another rank's process", 39, 40, env("GORUN_JOB_ID=j1", "GORUN_RANK=3"), "2", false},
+		{"outer job's rank", 39, 40, env("GORUN_JOB_ID=outer", "GORUN_RANK=2"), "2", false},
+		{"leader outside the PID namespace", 0, 40, env("GORUN_JOB_ID=j1", "GORUN_RANK=2"), "2", false},
+		{"leader unreadable", 39, 40, unreadable, "2", false},
+		{"no rank of its own", 39, 40, env("GORUN_JOB_ID=j1", "GORUN_RANK="), "", false},
+	} {
+		if got := sessionIsRanks(tc.sid, tc.pid, tc.leader, "j1", tc.rank); got != tc.want {
+			t.Errorf("%s: sessionIsRanks = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

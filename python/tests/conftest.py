@@ -22,8 +22,8 @@ class Launcher:
         self.gorun = gorun
         self.lib = lib
 
-    def run(self, np, case, *args, timeout=180, extra_env=None, gorun_flags=()):
-        """gorun -np NP python3 rankprog.py CASE ARGS...; returns (exit code, output)."""
+    def run(self, np, case, *args, timeout=180, extra_env=None, gorun_flags=(), wrapper=()):
+        """gorun -np NP [WRAPPER...] python3 rankprog.py CASE ARGS...; returns (exit code, output)."""
         env = dict(os.environ)
         env["PYTHONPATH"] = PYDIR + os.pathsep + env.get("PYTHONPATH", "")
         env["GORUN_LIB"] = self.lib
@@ -31,7 +31,7 @@ class Launcher:
         if extra_env:
             env.update(extra_env)
         cmd = [self.gorun, "-np", str(np), "--timeout", "%ds" % timeout, *gorun_flags,
-               sys.executable, RANKPROG, case, *args]
+               *wrapper, sys.executable, RANKPROG, case, *args]
         p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            timeout=timeout + 30, cwd=ROOT)
         return p.returncode, p.stdout.decode(errors="replace")

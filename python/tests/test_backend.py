@@ -163,6 +163,16 @@ def test_crowded_ranks_share_the_jobs_cpu_cgroup_unless_told_otherwise(launcher)
     for rank, cg, job in got:
         assert cg == "/gorun-sched-" + job, "rank %s is in cpu cgroup %s" % (rank, cg)
     assert not os.path.exists("/sys/fs/cgroup/cpu/gorun-sched-" + got[0][2]), "the job's cgroup outlived it"
+    # Behind a wrapper that leads the session gorun gave the rank (a shell
+    # script that runs python3, a profiler), the interpreter is no session
+    # leader, yet alone in its session's group: it joins too.
+    code, out = launcher.run(4, "schedgroup", wrapper=("/bin/sh", "-c", '"$0" "$@"; exit $?'))
+    assert code == 0, out[-3000:]
+    got = re.findall(r"RANK (\d): CPUCGROUP (\S+) job=(\S+)", out)
+    assert len(got) == 4, out[-3000:]
+    for rank, cg, job in got:
+        assert cg == "/gorun-sched-" + job, "wrapped rank %s is in cpu cgroup %s" % (rank, cg)
+    assert not os.path.exists("/sys/fs/cgroup/cpu/gorun-sched-" + got[0][2]), "the wrapped job's cgroup outlived it"
     code, out = launcher.run(4, "schedgroup", gorun_flags=("--session", "own"))
     assert code == 0, out[-3000:]
     got = re.findall(r"RANK (\d): CPUCGROUP (\S+) job=", out)
