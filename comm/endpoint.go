@@ -744,13 +744,19 @@ func (e *Endpoint) Connect(ctx context.Context, g Group, gid GroupID) ([]Link, e
 		}
 		return nil, err
 	}
-	local := 0
+	local, idx := 0, 0
 	for r := range n {
 		if g.Host(r) == g.Host(me) {
+			if r < me {
+				idx++
+			}
 			local++
 		}
 	}
 	markCrowded(links, local)
+	if local > onlineCPUs() {
+		spreadOnce(idx, local)
+	}
 	return links, nil
 }
 

@@ -1,0 +1,92 @@
+//go:build linux
+
+package comm
+
+import (
+	"runtime"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Consecutive blocks of the host's ranks per CPU, over the CPUs allowed.
+func TestSpreadCPU(t *testing.T) {
+	for _, tc := range []struct {
+		local int
+		cpus  []int
+		want  []int
+	}{
+		{4, []int{0, 1}, []int{0, 0, 1, 1}},
+		{3, []int{0, 1}, []int{0, 0, 1}},
+		{7, []int{0, 1}, []int{0, 0, 0, 0, 1, 1, 1}},
+		{4, []int{2, 5}, []int{2, 2, 5, 5}},
+		{6, []int{0, 1, 2, 3}, []int{0, 0, 1, 2, 2, 3}},
+	} {
+		for idx, w := range tc.want {
+			if got := spreadCPU(idx, tc.local, tc.cpus); got != w {
+				t.Errorf("spreadCPU(%d, %d, %v) = %d, want %d", idx, tc.local, tc.cpus, got, w)
+			}
+		}
+	}
+	if got := spreadCPU(0, 4, nil); got != -1 {
+		t.Errorf("spreadCPU with no CPUs = %d, want -1", got)
+	}
+}
+
+// spreadTo moves the calling thread (every thread of the process) to its
+// CPU and leaves each thread's affinity as it was: a start, not a binding.
+func TestSpreadToMovesAndUnbinds(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var old unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		t.Skip("sched_getaffinity:", err)
+	}
+	var cpus []int
+	for c := range 8 * int(unsafe.Sizeof(old)) {
+		if old.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	if len(cpus) < 2 {
+		t.Skip("needs two CPUs, has", cpus)
+	}
+	getcpu := func() int {
+		var cpu uint32
+		if _, _, e := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), 0, 0); e != 0 {
+			t.Fatal("getcpu:", e)
+		}
+		return int(cpu)
+	}
+	// Aim each round at a CPU other than the one the thread is on, so
+	// that only a move can make the check pass.
+	for round := range 4 {
+		now := getcpu()
+		idx := 0
+		for i, c := range cpus {
+			if c != now {
+				idx = i
+				break
+			}
+		}
+		want := cpus[idx]
+		got := spreadTo(idx, len(cpus))
+		at := getcpu()
+		if got != want {
+			t.Fatalf("round %d: spreadTo(%d, %d) = %d, want %d", round, idx, len(cpus), got, want)
+		}
+		// The kernel may move the thread again once its affinity is
+		// wide, but not within the few instructions since.
+		if at != want {
+			t.Fatalf("round %d: thread on CPU %d after spreadTo, want %d (was on %d)", round, at, want, now)
+		}
+		var after unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &after); err != nil {
+			t.Fatal(err)
+		}
+		if after != old {
+			t.Fatalf("round %d: affinity after spreadTo is %v, want the old %v back", round, after, old)
+		}
+	}
+}

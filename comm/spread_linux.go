@@ -1,0 +1,93 @@
+//go:build linux
+
+package comm
+
+import (
+	"os"
+	"strconv"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Where crowded ranks start (notes/shm-latency.md, "Session 7: the first
+// row at 4 ranks").
+//
+// Ranks that wait for each other by polling and sched_yield look to the
+// kernel's load balancer like tasks that are always cache hot (each ran a
+// few microseconds ago), so it hardly ever moves one: 4 ranks on 2 cores
+// were seen (perf sched) all on one CPU for the first tens of milliseconds,
+// or 3 on one and 1 on the other for a whole run, and the small all-reduce
+// ran at 25 µs (4 on one), 18 µs (3+1), 11 µs (2+2, ranks 0 and 3 together)
+// or 6.8 µs (2+2, ranks 0 and 1 together) per call depending on where the
+// start left them. spreadOnce moves the process, once, to the CPU its
+// place among the host's ranks gives it, in consecutive blocks (ranks 0
+// and 1 on the first CPU, 2 and 3 on the second, so the first exchange of
+// recursive doubling is a hand-over on one core), then gives every thread
+// its affinity back: nothing is bound, the balancer may move the ranks
+// later as it would anyway. Threads the Go runtime starts later are not
+// moved, and a rank's goroutines may move to one of them (a P handed to
+// another M after a futex sleep), so the start holds in most runs, not
+// all: 10 of 15 runs in the 4-5 µs mode against 3 of 15 before.
+
+// spreadCPU is the CPU the idx-th of local ranks on a host starts on, from
+// the CPUs the process may run on (in increasing order).
+func spreadCPU(idx, local int, cpus []int) int {
+	if len(cpus) == 0 || local <= 0 {
+		return -1
+	}
+	return cpus[idx*len(cpus)/local%len(cpus)]
+}
+
+var spreadDone sync.Once
+
+// spreadOnce moves every thread of this process to spreadCPU(idx, local)
+// and back to its old affinity, the first time a crowded group is set up
+// in this process; later groups (a process makes several) leave the
+// placement to the kernel. Failures leave the placement as it was.
+func spreadOnce(idx, local int) {
+	spreadDone.Do(func() { _ = spreadTo(idx, local) })
+}
+
+// spreadTo does spreadOnce's work and reports the CPU it moved the threads
+// to (-1 for none).
+func spreadTo(idx, local int) int {
+	var old unix.CPUSet
+	if unix.SchedGetaffinity(0, &old) != nil {
+		return -1
+	}
+	var cpus []int
+	for c := range 8 * int(unsafe.Sizeof(old)) {
+		if old.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	if len(cpus) < 2 {
+		return -1
+	}
+	cpu := spreadCPU(idx, local, cpus)
+	var one unix.CPUSet
+	one.Set(cpu)
+	tids, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return -1
+	}
+	for _, t := range tids {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue
+		}
+		// Each thread keeps the affinity it had: the kernel moves a
+		// thread when its CPU leaves the set and leaves it where it is
+		// when the set widens again.
+		var own unix.CPUSet
+		if unix.SchedGetaffinity(tid, &own) != nil {
+			continue
+		}
+		if unix.SchedSetaffinity(tid, &one) == nil {
+			_ = unix.SchedSetaffinity(tid, &own)
+		}
+	}
+	return cpu
+}
