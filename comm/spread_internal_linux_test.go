@@ -71,10 +71,11 @@ func TestSpreadToMovesAndUnbinds(t *testing.T) {
 			}
 		}
 		want := cpus[idx]
-		got := spreadTo(idx, len(cpus))
+		// Two ranks per CPU: the first two on cpus[0], and so on.
+		got := spreadTo(2*idx, 2*len(cpus))
 		at := getcpu()
 		if got != want {
-			t.Fatalf("round %d: spreadTo(%d, %d) = %d, want %d", round, idx, len(cpus), got, want)
+			t.Fatalf("round %d: spreadTo(%d, %d) = %d, want %d", round, 2*idx, 2*len(cpus), got, want)
 		}
 		// The kernel may move the thread again once its affinity is
 		// wide, but not within the few instructions since.
@@ -88,5 +89,17 @@ func TestSpreadToMovesAndUnbinds(t *testing.T) {
 		if after != old {
 			t.Fatalf("round %d: affinity after spreadTo is %v, want the old %v back", round, after, old)
 		}
+	}
+}
+
+// Fewer than two ranks per CPU: no move (3 ranks on 2 CPUs measured slower
+// spread).
+func TestSpreadToLeavesFewRanks(t *testing.T) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil || set.Count() < 2 {
+		t.Skip("needs two CPUs")
+	}
+	if got := spreadTo(2*set.Count()-1, 2*set.Count()-1); got != -1 {
+		t.Fatalf("spreadTo with %d ranks on %d CPUs moved to CPU %d, want no move", 2*set.Count()-1, set.Count(), got)
 	}
 }
