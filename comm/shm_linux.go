@@ -545,6 +545,9 @@ func (l *shmLink) wait(mode int) bool {
 					if _, _, e := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), 0, 0); e == 0 {
 						atomic.StoreUint32(l.myCPU, cpu+1)
 						contended = atomic.LoadUint32(l.peerCPU) == cpu+1
+						if l.crowded {
+							rehome(cpu)
+						}
 					}
 				}
 				// The peer is not answering at memory speed. If it is

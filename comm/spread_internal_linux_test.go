@@ -103,3 +103,62 @@ func TestSpreadToLeavesFewRanks(t *testing.T) {
 		t.Fatalf("spreadTo with %d ranks on %d CPUs moved to CPU %d, want no move", 2*set.Count()-1, set.Count(), got)
 	}
 }
+
+// rehome moves a crowded waiter's thread to the home CPU, unbound, once per
+// thread: the same thread found elsewhere again stays where the kernel put
+// it.
+func TestRehomeOncePerThread(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var old unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil || old.Count() < 2 {
+		t.Skip("needs two CPUs")
+	}
+	saveHome, saveTID := homeCPU.Load(), homedTID.Load()
+	defer func() { homeCPU.Store(saveHome); homedTID.Store(saveTID) }()
+	getcpu := func() uint32 {
+		var cpu uint32
+		if _, _, e := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), 0, 0); e != 0 {
+			t.Fatal("getcpu:", e)
+		}
+		return cpu
+	}
+	moveTo := func(cpu int) {
+		var one unix.CPUSet
+		one.Set(cpu)
+		if err := unix.SchedSetaffinity(0, &one); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.SchedSetaffinity(0, &old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := getcpu()
+	home := -1
+	for c := range 8 * int(unsafe.Sizeof(old)) {
+		if old.IsSet(c) && c != int(now) {
+			home = c
+			break
+		}
+	}
+	homeCPU.Store(0)
+	homedTID.Store(0)
+	rehome(now)
+	if at := getcpu(); at != now {
+		t.Fatalf("no home: rehome moved the thread from %d to %d", now, at)
+	}
+	homeCPU.Store(int32(home + 1))
+	rehome(now)
+	if at := getcpu(); at != uint32(home) {
+		t.Fatalf("thread on CPU %d after rehome, want home %d (was on %d)", at, home, now)
+	}
+	var after unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &after); err != nil || after != old {
+		t.Fatalf("affinity after rehome %v (%v), want the old %v", after, err, old)
+	}
+	moveTo(int(now))
+	rehome(now)
+	if at := getcpu(); at != now {
+		t.Fatalf("second rehome of the same thread moved it from %d to %d, want once per thread", now, at)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -26,10 +27,18 @@ import (
 // and 1 on the first CPU, 2 and 3 on the second, so the first exchange of
 // recursive doubling is a hand-over on one core), then gives every thread
 // its affinity back: nothing is bound, the balancer may move the ranks
-// later as it would anyway. Threads the Go runtime starts later are not
-// moved, and a rank's goroutines may move to one of them (a P handed to
-// another M after a futex sleep), so the start holds in most runs, not
-// all: 16 of 25 runs in the 4-6 µs mode against 8 of 25 before.
+// later as it would anyway.
+//
+// That alone did not hold: the Go runtime starts threads later, a rank's
+// goroutines move to them (a P handed to another M after a futex sleep),
+// and the kernel puts them anywhere; perf saw runs end 3+1 anyway, and in
+// interleaved runs the spread start was no better than none (28 of 73 in
+// the fast mode, 64 B under 7 µs, against 21 of 57). So a
+// crowded waiter that finds itself off its home CPU moves its thread there
+// too (rehome, from shmLink.wait where it reads its CPU anyway), once per
+// thread, again unbound. With both, 27 of 34 runs were in the fast mode
+// against 9 of 34 before, 64 B medians 5.3-6.0 µs against 7.5-10.4
+// (notes/shm-latency.md, session 7).
 
 // spreadCPU is the CPU the idx-th of local ranks on a host starts on, from
 // the CPUs the process may run on (in increasing order).
@@ -47,7 +56,35 @@ var spreadDone sync.Once
 // in this process; later groups (a process makes several) leave the
 // placement to the kernel. Failures leave the placement as it was.
 func spreadOnce(idx, local int) {
-	spreadDone.Do(func() { _ = spreadTo(idx, local) })
+	spreadDone.Do(func() { homeCPU.Store(int32(spreadTo(idx, local) + 1)) })
+}
+
+// homeCPU is the CPU spreadOnce chose, plus one (0: none); homedTID the
+// last thread rehome moved there.
+var homeCPU, homedTID atomic.Int32
+
+// rehome moves the calling thread to the home CPU, once per thread in a
+// row, when a crowded waiter finds itself elsewhere (cpu: where it runs):
+// the goroutines of a rank move to threads the runtime starts after
+// spreadOnce, which start wherever the kernel puts them.
+func rehome(cpu uint32) {
+	h := homeCPU.Load()
+	if h == 0 || int32(cpu)+1 == h {
+		return
+	}
+	tid := int32(unix.Gettid())
+	if homedTID.Load() == tid {
+		return
+	}
+	homedTID.Store(tid)
+	var own, one unix.CPUSet
+	if unix.SchedGetaffinity(0, &own) != nil {
+		return
+	}
+	one.Set(int(h - 1))
+	if unix.SchedSetaffinity(0, &one) == nil {
+		_ = unix.SchedSetaffinity(0, &own)
+	}
 }
 
 // spreadTo does spreadOnce's work and reports the CPU it moved the threads

@@ -2,5 +2,8 @@
 
 package comm
 
-// spreadOnce places crowded ranks on Linux only (see spread_linux.go).
+// spreadOnce and rehome place crowded ranks on Linux only (see
+// spread_linux.go).
 func spreadOnce(idx, local int) {}
+
+func rehome(cpu uint32) {}
