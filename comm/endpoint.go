@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -328,8 +329,15 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 		}
 	}
 	e.wg.Go(e.acceptLoop)
+	liveEndpoints.Add(1)
 	return e, nil
 }
+
+// liveEndpoints counts this process's endpoints not yet closed. Where there
+// are several, the process holds several ranks (in-process groups, tests),
+// and a placement per process (spreadOnce, rehome) would put them all on
+// one CPU: it is then not made.
+var liveEndpoints atomic.Int32
 
 func (e *Endpoint) tcpOptions() tcpOptions {
 	return tcpOptions{spin: e.cfg.TCPSpin, bufBytes: e.cfg.TCPBufferBytes, userTimeout: e.cfg.TCPUserTimeout, lease: max(e.cfg.LinkLease, 0)}
@@ -347,6 +355,7 @@ func (e *Endpoint) Close() error {
 		return nil
 	}
 	e.closed = true
+	liveEndpoints.Add(-1)
 	err := e.ln.Close()
 	// Connections still in their handshake (a stranger's, held open) are
 	// closed now rather than waited for until their deadline.
@@ -754,7 +763,7 @@ func (e *Endpoint) Connect(ctx context.Context, g Group, gid GroupID) ([]Link, e
 		}
 	}
 	markCrowded(links, local)
-	if local > onlineCPUs() {
+	if local > onlineCPUs() && liveEndpoints.Load() == 1 {
 		spreadOnce(idx, local)
 	}
 	return links, nil

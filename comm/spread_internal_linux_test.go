@@ -148,6 +148,16 @@ func TestRehomeOncePerThread(t *testing.T) {
 		t.Fatalf("no home: rehome moved the thread from %d to %d", now, at)
 	}
 	homeCPU.Store(int32(home + 1))
+	// A process that holds several ranks (several live endpoints) is
+	// not one rank's: no thread of it is moved.
+	saveLive := liveEndpoints.Load()
+	liveEndpoints.Store(2)
+	rehome(now)
+	liveEndpoints.Store(saveLive)
+	if at := getcpu(); at != now {
+		t.Fatalf("with two endpoints in the process rehome moved the thread from %d to %d", now, at)
+	}
+	homedTID.Store(0)
 	rehome(now)
 	if at := getcpu(); at != uint32(home) {
 		t.Fatalf("thread on CPU %d after rehome, want home %d (was on %d)", at, home, now)

@@ -64,12 +64,13 @@ func spreadOnce(idx, local int) {
 var homeCPU, homedTID atomic.Int32
 
 // rehome moves the calling thread to the home CPU, once per thread in a
-// row, when a crowded waiter finds itself elsewhere (cpu: where it runs):
+// row, when a crowded waiter finds itself elsewhere (cpu: where it runs),
+// unless the process holds several ranks (liveEndpoints):
 // the goroutines of a rank move to threads the runtime starts after
 // spreadOnce, which start wherever the kernel puts them.
 func rehome(cpu uint32) {
 	h := homeCPU.Load()
-	if h == 0 || int32(cpu)+1 == h {
+	if h == 0 || int32(cpu)+1 == h || liveEndpoints.Load() > 1 {
 		return
 	}
 	tid := int32(unix.Gettid())
