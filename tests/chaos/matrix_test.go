@@ -825,16 +825,24 @@ func shmEntries() map[string]bool {
 }
 
 // newEntries returns the segments in after and not in before whose
-// creator (the pid in the name, gorun-PID-...) is gone: the machine is
-// shared, and a segment whose creator still runs belongs to a live job
-// (this row's processes are all gone by now), which unlinks it itself.
+// creator (the pid in the name, gorun-PID.NS-... with NS its PID
+// namespace's inode, or gorun-PID-...) is gone: the machine is shared, and
+// a segment whose creator still runs belongs to a live job (this row's
+// processes are all gone by now; other test packages run beside this one),
+// which unlinks it itself. A creator in another PID namespace is not ours
+// to judge.
 func newEntries(before, after map[string]bool) []string {
 	var out []string
 	for n := range after {
 		if before[n] {
 			continue
 		}
-		pid, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(n, "gorun-"), "-", 2)[0])
+		head := strings.SplitN(strings.TrimPrefix(n, "gorun-"), "-", 2)[0]
+		p, ns, dotted := strings.Cut(head, ".")
+		if dotted && ns != pidNamespace() {
+			continue
+		}
+		pid, err := strconv.Atoi(p)
 		if err == nil && syscall.Kill(pid, 0) == nil {
 			continue
 		}
@@ -858,4 +866,14 @@ func firstLine(s, sub string) string {
 func lastLines(s string, n int) string {
 	ls := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(ls[max(0, len(ls)-n):], "\n")
+}
+
+// pidNamespace is the inode of this process's PID namespace, as segment
+// names record it ("" if unreadable).
+func pidNamespace() string {
+	l, err := os.Readlink("/proc/self/ns/pid") // pid:[4026531836]
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(l, "pid:["), "]")
 }
