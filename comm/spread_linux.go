@@ -78,13 +78,21 @@ func rehome(cpu uint32) {
 		return
 	}
 	homedTID.Store(tid)
+	nudge(0, int(h-1))
+}
+
+// nudge moves thread tid (0: the calling thread) to cpu and gives it its
+// affinity back at once: the kernel moves a thread when its CPU leaves the
+// set and leaves it where it is when the set widens again, so the thread
+// ends up on cpu, unbound. A thread whose affinity cannot be read stays.
+func nudge(tid, cpu int) {
 	var own, one unix.CPUSet
-	if unix.SchedGetaffinity(0, &own) != nil {
+	if unix.SchedGetaffinity(tid, &own) != nil {
 		return
 	}
-	one.Set(int(h - 1))
-	if unix.SchedSetaffinity(0, &one) == nil {
-		_ = unix.SchedSetaffinity(0, &own)
+	one.Set(cpu)
+	if unix.SchedSetaffinity(tid, &one) == nil {
+		_ = unix.SchedSetaffinity(tid, &own)
 	}
 }
 
@@ -109,26 +117,13 @@ func spreadTo(idx, local int) int {
 		return -1
 	}
 	cpu := spreadCPU(idx, local, cpus)
-	var one unix.CPUSet
-	one.Set(cpu)
 	tids, err := os.ReadDir("/proc/self/task")
 	if err != nil {
 		return -1
 	}
 	for _, t := range tids {
-		tid, err := strconv.Atoi(t.Name())
-		if err != nil {
-			continue
-		}
-		// Each thread keeps the affinity it had: the kernel moves a
-		// thread when its CPU leaves the set and leaves it where it is
-		// when the set widens again.
-		var own unix.CPUSet
-		if unix.SchedGetaffinity(tid, &own) != nil {
-			continue
-		}
-		if unix.SchedSetaffinity(tid, &one) == nil {
-			_ = unix.SchedSetaffinity(tid, &own)
+		if tid, err := strconv.Atoi(t.Name()); err == nil {
+			nudge(tid, cpu) // each thread keeps the affinity it had
 		}
 	}
 	return cpu

@@ -133,12 +133,13 @@ func (s *tcpStream) doRead(fd uintptr) bool {
 			return false
 		}
 		spin := s.spin
+		now := time.Now()
 		if s.yielding {
 			// The rank we wait for may be queued behind us on this
 			// core: let it run (see tcpYieldSpin).
-			t0 := time.Now()
+			t0 := now
 			schedYield()
-			if time.Since(t0) > tcpYieldSlow {
+			if now = time.Now(); now.Sub(t0) > tcpYieldSlow {
 				// The core went to something that kept it, not to a
 				// rank that answers: park, and poll without yielding
 				// for the next waits (see tcpYieldSlow).
@@ -148,7 +149,6 @@ func (s *tcpStream) doRead(fd uintptr) bool {
 			}
 			spin = tcpYieldSpin
 		}
-		now := time.Now()
 		if deadline.IsZero() {
 			deadline = now.Add(spin)
 		} else if now.After(deadline) {

@@ -312,13 +312,7 @@ func (c *Comm) sendRecv(cl *call, to int, sbuf []byte, from int, rbuf []byte, re
 	} else {
 		c.post(cl, to, sbuf)
 	}
-	var err error
-	if reduce {
-		err = c.recvReduce(cl, from, rbuf, local, ct)
-	} else {
-		err = c.recvFrom(cl, from, rbuf)
-	}
-	if err != nil {
+	if err := c.recvAll(cl, from, rbuf, reduce, local, ct); err != nil {
 		return err
 	}
 	return c.flush(cl, to)
@@ -607,8 +601,15 @@ func (c *Comm) askWhy(p int) error {
 
 // recvFrom receives exactly len(dst) bytes of the current call from p.
 func (c *Comm) recvFrom(cl *call, p int, dst []byte) error {
+	return c.recvAll(cl, p, dst, false, nil, 0)
+}
+
+// recvAll receives the len(dst) bytes of the current call's message from p
+// frame by frame (recvPiece): stored, or with reduce folded in as in
+// recvReduce.
+func (c *Comm) recvAll(cl *call, p int, dst []byte, reduce bool, local []byte, ct DType) error {
 	for off := 0; ; {
-		n, err := c.recvPiece(cl, p, dst, off, false, nil, 0)
+		n, err := c.recvPiece(cl, p, dst, off, reduce, local, ct)
 		if err != nil {
 			return err
 		}
@@ -651,13 +652,5 @@ func (c *Comm) recvPiece(cl *call, p int, dst []byte, off int, reduce bool, loca
 // recvReduce receives len(dst) bytes b from p and stores dst = local op b
 // (local is dst itself, or the same length and not overlapping it).
 func (c *Comm) recvReduce(cl *call, p int, dst, local []byte, ct DType) error {
-	for off := 0; ; {
-		n, err := c.recvPiece(cl, p, dst, off, true, local, ct)
-		if err != nil {
-			return err
-		}
-		if off += n; off == len(dst) {
-			return nil
-		}
-	}
+	return c.recvAll(cl, p, dst, true, local, ct)
 }
