@@ -385,6 +385,14 @@ func (c *Comm) callerFrame(p int, sbuf, rbuf []byte) int {
 // whole before the caller waits, as the sender goroutine sends it: 4 ranks
 // on 2 cores, 5 interleaved rounds, from torch 1 MiB 0.70 -> 1.01 of
 // native, 2 MiB 0.83 -> 0.85, 8 MiB 1.00 -> 1.04 (notes/torch-backend.md).
+// Not more than two: EagerLimit promises room for two frames and no more,
+// and on shared memory that is all there is right after the producer
+// skipped back to the ring's beginning (wrapFrom), until the peer reads
+// the skip record. Eight or sixteen frames ahead (session 8) left all four
+// torch ranks of an 8 MiB all-reduce waiting for room on full rings in 3
+// of 12 runs at sixteen, and gained nothing where they did not hang (with
+// skips turned off so that they could not: 8 MiB 0.87 of native against
+// 0.96 at two; notes/torch-backend.md).
 //
 // Deadlock freedom, for any framing of the incoming message and any mix
 // of ranks that do this and ranks that use their sender goroutine (which
