@@ -842,14 +842,15 @@ func (l *shmLink) Send(h *Header, payload []byte) error {
 	// would then put it more than a ring ahead of the consumer (free space
 	// underflows and the next frame overwrites unread bytes, the record
 	// among them). That close to the end there is nothing to skip anyway.
-	if r := l.tx; r.pos&r.mask >= l.wrapFrom() && r.pos&r.mask+HeaderSize < r.size && atomic.LoadUint64(r.tail) == r.pos {
+	if r := l.tx; !l.lapsRing(h) && r.pos&r.mask >= l.wrapFrom() && r.pos&r.mask+HeaderSize < r.size && atomic.LoadUint64(r.tail) == r.pos {
 		// The peer has read everything: rather than go on through the
 		// rest of the ring, whose lines have left both cores' caches since
 		// the last lap, start again at the beginning, which the last
 		// frames used. Light traffic then keeps reusing the same cached
 		// lines (on the 2-core reference host a 4 MiB ring used end to end
 		// cost 256 KiB all-reduces ~30% against a 1 MiB one); streams that
-		// keep the ring non-empty still use all of it.
+		// keep the ring non-empty still use all of it. Frames of a message
+		// that laps the ring anyway go on (see lapsRing).
 		l.whdr = [HeaderSize]byte{0: headerMagic, 1: shmFrameSkip}
 		if !l.write(l.whdr[:]) {
 			return errShmDead
@@ -868,6 +869,22 @@ func (l *shmLink) Send(h *Header, payload []byte) error {
 	}
 	l.publish()
 	return nil
+}
+
+// lapsRing reports whether h is a frame of a data message at least as long
+// as the ring (Aux holds a data frame's message length). Such a message
+// cycles through every line of the ring whatever the producer does, so
+// going back to the ring's beginning whenever the peer has caught up only
+// shortens the distance between the lines we write and the lines the peer
+// has just read: the pair exchange (algo.go), which drains the ring at
+// every segment, then rewrote the same few hundred KiB over and over, each
+// line still held by the other core. Going on through the ring measured
+// faster on the 2-core reference VM where its two vCPUs sit far apart
+// (2-rank all-reduce, 16 MiB 3.19 -> 2.59 ms, 32 MiB 7.13 -> 5.12 ms) and
+// the same where they sit near (notes/shm-latency.md, session 8); smaller
+// messages keep skipping back, which is what keeps them in cache.
+func (l *shmLink) lapsRing(h *Header) bool {
+	return h.Frame == frameData && h.Aux >= l.tx.size
 }
 
 // sendFast writes a frame into the next fast slot: header and payload

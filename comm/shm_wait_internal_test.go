@@ -137,6 +137,54 @@ func TestShmRingRestartsWhenEmpty(t *testing.T) {
 	}
 }
 
+// Frames of a message at least as long as the ring go on through the ring
+// even when the peer has read everything, so a long message laps all of it
+// rather than rewriting the lines at the ring's beginning that the peer has
+// just read; frames of shorter messages still skip back (lapsRing).
+func TestShmRingLongMessageGoesOn(t *testing.T) {
+	const ringBytes = 1 << 20
+	a, b := newShmPair(t, ringBytes)
+	seg := a.EagerLimit()
+	frame := uint64(HeaderSize + seg) // seg is a multiple of 8: no padding
+	for _, tc := range []struct {
+		total int
+		skips bool
+	}{
+		{total: ringBytes - 1, skips: true},
+		{total: ringBytes, skips: false},
+		{total: 64 << 20, skips: false},
+	} {
+		start := a.tx.pos
+		skipped := false
+		for i := range 3 * ringBytes / seg { // three laps' worth
+			p := testPayload(i, seg)
+			if err := a.Send(&Header{Frame: frameData, Seq: uint64(i), Aux: uint64(tc.total), Len: uint64(seg)}, p); err != nil {
+				t.Fatal(err)
+			}
+			// Each frame follows the last one unless the link skipped
+			// back to the ring's beginning.
+			if a.tx.pos-start != uint64(i+1)*frame {
+				skipped = true
+				start = a.tx.pos - uint64(i+1)*frame
+			}
+			var h Header
+			if err := b.RecvHeader(&h); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, h.Len)
+			if err := b.RecvPayload(got); err != nil {
+				t.Fatal(err)
+			}
+			if h.Seq != uint64(i) || h.Aux != uint64(tc.total) || !bytes.Equal(got, p) {
+				t.Fatalf("message of %d bytes, frame %d: got seq %d aux %d, payload equal %v", tc.total, i, h.Seq, h.Aux, bytes.Equal(got, p))
+			}
+		}
+		if skipped != tc.skips {
+			t.Errorf("frames of a %d-byte message on a %d-byte ring: skipped back %v, want %v", tc.total, ringBytes, skipped, tc.skips)
+		}
+	}
+}
+
 // A crowded link yields the core only to a peer in its own scheduling
 // group (one autogroup), and sleeps otherwise: markCrowded reads both
 // sides' tags from the segment, where each side wrote its own when it

@@ -4,6 +4,7 @@ package comm
 
 import (
 	"bytes"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -141,4 +142,75 @@ func threadPolicy(t *testing.T, tid int) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// findSysmon must find sysmon when it starts from sysmon's idle sleep on a
+// rank bound to one CPU: at a rank's first group, the rank has just waited
+// on the network with every P idle, so sysmon sleeps on a futex; the looks'
+// own system calls wake it, but it runs only when this thread leaves the
+// CPU, which the kernel need not do for it (on the 2-core reference VM,
+// 400 looks back to back ended with sysmon still runnable in 6 of 10
+// tries). Each try is a fresh copy of the test binary, bound to one CPU
+// with GOMAXPROCS 1, that blocks in the network poller until the parent
+// writes (its sysmon goes idle meanwhile) and then calls findSysmon.
+func TestFindSysmonFromIdleSleep(t *testing.T) {
+	if os.Getenv("GORUN_TEST_SYSMON_IDLE") != "" {
+		findSysmonFromIdleSleep(t)
+		return
+	}
+	for try := range 5 {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mine, theirs := os.NewFile(uintptr(fds[0]), "parent"), os.NewFile(uintptr(fds[1]), "child")
+		cmd := exec.Command(os.Args[0], "-test.run=^TestFindSysmonFromIdleSleep$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "GORUN_TEST_SYSMON_IDLE=1")
+		cmd.ExtraFiles = []*os.File{theirs} // fd 3 in the child
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err = cmd.Start()
+		_ = theirs.Close()
+		if err != nil {
+			_ = mine.Close()
+			t.Fatal(err)
+		}
+		time.Sleep(150 * time.Millisecond) // the child blocks in its read, its sysmon goes idle
+		_, werr := mine.Write([]byte{1})
+		err = cmd.Wait()
+		_ = mine.Close()
+		if werr != nil || err != nil || !bytes.Contains(out.Bytes(), []byte("--- PASS: TestFindSysmonFromIdleSleep")) {
+			t.Fatalf("try %d: write %v, child %v\n%s", try, werr, err, out.Bytes())
+		}
+	}
+}
+
+// findSysmonFromIdleSleep is the child's side of TestFindSysmonFromIdleSleep.
+func findSysmonFromIdleSleep(t *testing.T) {
+	var one unix.CPUSet
+	var c uint32
+	if _, _, e := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&c)), 0, 0); e != 0 {
+		t.Fatal(e)
+	}
+	one.Set(int(c))
+	for _, id := range threadIDs(t) {
+		if err := unix.SchedSetaffinity(id, &one); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	ids := threadIDs(t)
+	f := os.NewFile(3, "parent")
+	conn, err := net.FileConn(f) // a pollable socket: the read below parks in the network poller
+	_ = f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Read(make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if tid := findSysmon(); tid != ids[1] {
+		t.Fatalf("findSysmon = %d, want %d (the first thread after main, threads %v)", tid, ids[1], ids)
+	}
 }

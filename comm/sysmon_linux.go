@@ -106,11 +106,26 @@ func findSysmon() int {
 	if err != nil || tid == unix.Gettid() {
 		return 0
 	}
-	// sysmon wakes for microseconds and sleeps for 20 µs to 10 ms; this
-	// goroutine keeps a P busy while it looks, so sysmon is not in its
-	// idle (futex) sleep. A few hundred looks take a few milliseconds.
+	// sysmon wakes for microseconds and sleeps for 20 µs to 10 ms between
+	// rounds. When it found every P idle (as at a rank's first group,
+	// after waiting on the network) it sleeps on a futex instead, until a
+	// system call of ours wakes it (the reads below do). It then needs a
+	// CPU to get back to its rounds, and on a rank bound to one CPU that
+	// CPU is this thread's: the kernel need not preempt us for it, and
+	// looking back to back for 3.4 ms (400 looks) ended with sysmon still
+	// runnable in 6 of 10 tries on the 2-core reference VM; 2 of 16 ranks
+	// of `gorun bench` kept sysmon at SCHED_OTHER, and a trace of such a
+	// rank showed sysmon preempting it every 87 µs (notes/shm-latency.md,
+	// session 8). So each look after the first sleeps 20 µs first, in a
+	// system call (the P is not parked, so this is not an idle process
+	// to sysmon), which hands the CPU over: sysmon was then seen in
+	// nanosleep at the first or second look in 10 tries of 10.
 	path := "/proc/self/task/" + names[1] + "/syscall"
-	for range 400 {
+	pause := unix.Timespec{Nsec: 20_000}
+	for i := range 400 {
+		if i > 0 {
+			_ = unix.Nanosleep(&pause, nil)
+		}
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return 0
