@@ -89,7 +89,7 @@ bench-torch: build lib ## torch all-reduce busbw: backend gorun vs gloo vs nativ
 bench-compare: build ## all-reduce busbw: gorun (tcp, shm) vs Open MPI and torch gloo, ratios + PNG in bench-results/
 	@bash scripts/bench-compare.sh
 
-bench-latency: build ## small/mid collectives: gorun vs Open MPI on shm (vader) and tcp (btl tcp), 2 and 4 ranks, quiet and under a CPU hog per core, medians
+bench-latency: build ## small/mid collectives: gorun vs Open MPI on shm (vader) and tcp (btl tcp), 2 and 4 ranks, quiet and under a CPU hog per core, medians, each side's hog/quiet ratio
 	@bash scripts/bench-latency.sh
 
 bench-recorder: ## flight recorder cost: 8 B all-reduce between 2 processes, recorder on vs off in alternating blocks of one run (shm, tcp), 3 runs, medians; then the recorder alone per call against the previous mutex design (anchor)
