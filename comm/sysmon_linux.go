@@ -116,15 +116,16 @@ func findSysmon() int {
 	// runnable in 6 of 10 tries on the 2-core reference VM; 2 of 16 ranks
 	// of `gorun bench` kept sysmon at SCHED_OTHER, and a trace of such a
 	// rank showed sysmon preempting it every 87 µs (notes/shm-latency.md,
-	// session 8). So each look after the first sleeps 20 µs first, in a
-	// system call (the P is not parked, so this is not an idle process
-	// to sysmon), which hands the CPU over: sysmon was then seen in
-	// nanosleep at the first or second look in 10 tries of 10.
+	// session 8). So each look after the first yields the CPU first
+	// (sched_yield: sysmon is a thread of this process, so it is what the
+	// kernel runs next here), and sysmon was then seen in nanosleep at the
+	// second look in 10 tries of 10. A raw system call: the P stays with
+	// this thread, so sysmon has no P to take over and hand to a new
+	// thread (a 20 µs nanosleep between looks, tried first, let it).
 	path := "/proc/self/task/" + names[1] + "/syscall"
-	pause := unix.Timespec{Nsec: 20_000}
 	for i := range 400 {
 		if i > 0 {
-			_ = unix.Nanosleep(&pause, nil)
+			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 		}
 		b, err := os.ReadFile(path)
 		if err != nil {
