@@ -11,6 +11,20 @@ import (
 	"time"
 )
 
+// recvFrame receives the next frame on l: its header and its payload.
+func recvFrame(t *testing.T, l *shmLink) (Header, []byte) {
+	t.Helper()
+	var h Header
+	if err := l.RecvHeader(&h); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, h.Len)
+	if err := l.RecvPayload(got); err != nil {
+		t.Fatal(err)
+	}
+	return h, got
+}
+
 // newShmPair maps one segment from both sides, as a dialer and an
 // acceptor would, with the handshake's connection replaced by a pipe.
 func newShmPair(t *testing.T, ringBytes int) (a, b *shmLink) {
@@ -218,14 +232,7 @@ func TestShmFastFrameOvertakenOnTheRing(t *testing.T) {
 	testBeforeRingHeader = func(*shmLink) { *flag = saved }
 	defer func() { testBeforeRingHeader = nil }()
 	for _, want := range []Header{fast, ring} {
-		var h Header
-		if err := b.RecvHeader(&h); err != nil {
-			t.Fatal(err)
-		}
-		got := make([]byte, h.Len)
-		if err := b.RecvPayload(got); err != nil {
-			t.Fatal(err)
-		}
+		h, got := recvFrame(t, b)
 		if h != want || !bytes.Equal(got, testPayload(int(want.Seq), 8)) {
 			t.Fatalf("got %+v, want %+v", h, want)
 		}

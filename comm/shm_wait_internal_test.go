@@ -79,14 +79,7 @@ func TestShmRingRestartsWhenEmpty(t *testing.T) {
 	}
 	recv := func(seq, n int) {
 		t.Helper()
-		var h Header
-		if err := b.RecvHeader(&h); err != nil {
-			t.Fatal(err)
-		}
-		got := make([]byte, h.Len)
-		if err := b.RecvPayload(got); err != nil {
-			t.Fatal(err)
-		}
+		h, got := recvFrame(t, b)
 		if h.Seq != uint64(seq) || !bytes.Equal(got, payload(seq, n)) {
 			t.Fatalf("frame %d: got seq %d, %d bytes (want %d), payload equal %v", seq, h.Seq, h.Len, n, bytes.Equal(got, payload(seq, n)))
 		}
@@ -167,14 +160,7 @@ func TestShmRingLongMessageGoesOn(t *testing.T) {
 				skipped = true
 				start = a.tx.pos - uint64(i+1)*frame
 			}
-			var h Header
-			if err := b.RecvHeader(&h); err != nil {
-				t.Fatal(err)
-			}
-			got := make([]byte, h.Len)
-			if err := b.RecvPayload(got); err != nil {
-				t.Fatal(err)
-			}
+			h, got := recvFrame(t, b)
 			if h.Seq != uint64(i) || h.Aux != uint64(tc.total) || !bytes.Equal(got, p) {
 				t.Fatalf("message of %d bytes, frame %d: got seq %d aux %d, payload equal %v", tc.total, i, h.Seq, h.Aux, bytes.Equal(got, p))
 			}
