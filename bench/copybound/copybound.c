@@ -28,24 +28,12 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now(void) {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b) {
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
+#define PROBE_NAME "copybound"
+#include "probe.h"
 
 /* child copies and writes its median rate (GB/s) to out. */
 static void child(int cpu, size_t size, int iters, int ready, int go, int out) {
-	cpu_set_t set;
-	CPU_ZERO(&set);
-	CPU_SET(cpu, &set);
-	if (sched_setaffinity(0, sizeof set, &set) != 0)
-		perror("copybound: sched_setaffinity (running unbound)");
+	bind_to(cpu);
 	char *a, *b;
 	if (posix_memalign((void **)&a, 4096, size) || posix_memalign((void **)&b, 4096, size)) {
 		fprintf(stderr, "copybound: cannot allocate 2 x %zu bytes\n", size);

@@ -29,19 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now(void) {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void bind_to(int cpu) {
-	cpu_set_t set;
-	CPU_ZERO(&set);
-	CPU_SET(cpu, &set);
-	if (sched_setaffinity(0, sizeof set, &set) != 0)
-		perror("corelat: sched_setaffinity (running unbound)");
-}
+#define PROBE_NAME "corelat"
+#include "probe.h"
 
 enum { BUF = 1 << 20, READS = 20 };
 
@@ -54,19 +43,9 @@ int main(int argc, char **argv) {
 			return 2;
 		}
 	}
-	cpu_set_t allowed;
-	int cpus[2], k = 0;
-	if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
-		perror("corelat: sched_getaffinity");
+	int cpus[2];
+	if (first_two_cpus(cpus) != 0)
 		return 1;
-	}
-	for (int c = 0; c < CPU_SETSIZE && k < 2; c++)
-		if (CPU_ISSET(c, &allowed))
-			cpus[k++] = c;
-	if (k < 2) {
-		fprintf(stderr, "corelat: needs two CPUs\n");
-		return 1;
-	}
 	/* Line 0: the ping-pong counter; line 2: the buffer hand-over; the
 	 * buffer starts on its own page. */
 	char *shm = mmap(NULL, 4096 + BUF, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

@@ -63,24 +63,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now(void) {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b) {
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-static void bind_to(int cpu) {
-	cpu_set_t set;
-	CPU_ZERO(&set);
-	CPU_SET(cpu, &set);
-	if (sched_setaffinity(0, sizeof set, &set) != 0)
-		perror("pairbound: sched_setaffinity (running unbound)");
-}
+#define PROBE_NAME "pairbound"
+#include "probe.h"
 
 /* One counter per direction and purpose, each on its own line. */
 struct ctl {
@@ -198,19 +182,9 @@ int main(int argc, char **argv) {
 	}
 	if (seg && nchunk < ringslots)
 		ringslots = nchunk;
-	cpu_set_t allowed;
-	int cpus[2], k = 0;
-	if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
-		perror("pairbound: sched_getaffinity");
+	int cpus[2];
+	if (first_two_cpus(cpus) != 0)
 		return 1;
-	}
-	for (int c = 0; c < CPU_SETSIZE && k < 2; c++)
-		if (CPU_ISSET(c, &allowed))
-			cpus[k++] = c;
-	if (k < 2) {
-		fprintf(stderr, "pairbound: needs two CPUs\n");
-		return 1;
-	}
 	/* Shared: the control lines, then for direct mode each rank's input and
 	 * result, for segment mode each rank's ring (two slots per step: its
 	 * contribution and its reduced chunk). */
