@@ -128,8 +128,10 @@ type Comm struct {
 	// kicks counts the wake-ups sent to the worker (kick), for tests.
 	kicks atomic.Int64
 	// posts counts the messages handed to sender goroutines (post), for
-	// tests.
-	posts atomic.Int64
+	// tests. Only the call's runner (the token holder) posts, so a plain
+	// count: no locked add on the large-message path; a test reads it after
+	// waiting for the calls.
+	posts int64
 
 	// rec is the flight recorder; watchStop ends the stuck-call watchdog
 	// (closed by Close once the worker has exited); unserve withdraws this

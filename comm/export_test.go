@@ -57,7 +57,7 @@ func SetNetFaults(plan *netfault.Plan) { netPlanOverride.Store(plan) }
 func Kicks(c *Comm) int64 { return c.kicks.Load() }
 
 // Posts is how many messages c has handed to its sender goroutines.
-func Posts(c *Comm) int64 { return c.posts.Load() }
+func Posts(c *Comm) int64 { return c.posts }
 
 // SetCallerStepMinEager sets the smallest EagerLimit for which foreign
 // callers run large steps themselves (callerFrame) and returns the old one.

@@ -226,7 +226,7 @@ func (c *Comm) post(cl *call, p int, payload []byte) {
 	h.Aux = uint64(len(payload))
 	pe.sendq <- sendReq{h: h, payload: payload, seg: c.cfg.SegmentBytes}
 	pe.pending++
-	c.posts.Add(1)
+	c.posts++
 	// Let the sender goroutine start now: on a rank with one P it would
 	// otherwise wait for this goroutine to block or to yield while it
 	// polls for the peer's data (which may wait for this very message).
