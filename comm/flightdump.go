@@ -248,6 +248,9 @@ func writeGroupTable(b *strings.Builder, group string, ds []FlightDump) {
 				parts[j] = fmt.Sprintf("%s called %v", rankList(sides[j]), calls[j])
 			}
 			first, why = s, strings.Join(parts, ", ")
+			if len(missing) > 0 {
+				why += fmt.Sprintf("; %s never reached it", rankList(missing))
+			}
 		case len(missing) > 0:
 			first, why = s, fmt.Sprintf("%s called %v; %s never reached it", rankList(sides[0]), calls[0], rankList(missing))
 		}

@@ -284,6 +284,11 @@ func TestFlightTableUnit(t *testing.T) {
 		dumps: []FlightDump{dump(0, ar(1, 16), ar(2, 16)), dump(1, ar(1, 16)), dump(2, ar(1, 16), ar(2, 16))},
 		want:  []string{">>  #2", "first disagreement at #2: ranks 0,2 called AllReduce(float32 sum, count=16) #2; rank 1 never reached it"},
 	}, {
+		name: "different calls, and a rank that never got there",
+		dumps: []FlightDump{dump(0, ar(1, 16)), dump(1, ar(1, 16), ar(2, 16)), dump(2, ar(1, 16), bc(2)),
+			{Group: "g", Rank: 3, Size: 4, Host: "h", Records: done(ar(1, 16), bc(2))}},
+		want: []string{">>  #2", "first disagreement at #2: rank 1 called AllReduce(float32 sum, count=16) #2, ranks 2-3 called Broadcast(float32, count=16, root=0) #2; rank 0 never reached it"},
+	}, {
 		name:  "agreement",
 		dumps: []FlightDump{dump(0, ar(1, 16)), dump(1, ar(1, 16)), dump(2, ar(1, 16))},
 		want:  []string{"the ranks agree on every recorded call"},

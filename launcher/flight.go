@@ -38,9 +38,10 @@ import (
 // SIGUSR2 before printing what arrived.
 const flightWait = time.Second
 
-// flightBeforeStop bounds how long a failed local job waits, before its
-// teardown signal, for the ranks it asked with SIGUSR2 to write their flight
-// records: a rank that gorun's SIGTERM reaches before its own communicator
+// flightBeforeStop bounds how long a failed job waits, before its teardown
+// signal, for the ranks it asked with SIGUSR2 to write their flight records
+// (gorun for a local job, each host agent for its own ranks in a multi-host
+// one): a rank that gorun's SIGTERM reaches before its own communicator
 // has failed (a desync or a lost peer noticed a moment later) would
 // otherwise leave nothing for the merged table, which then cannot show
 // where the ranks disagree. Dumping takes milliseconds; the wait ends as
@@ -249,6 +250,17 @@ func (f *flightRecords) signalReady() int {
 		}
 	}
 	return n
+}
+
+// dumpBeforeStop has the ranks that dump on SIGUSR2 write their flight
+// records and waits until each has, or flightBeforeStop passed: a host
+// agent's part of a failed job's teardown (supervisorCmd.DumpFirst).
+func (f *flightRecords) dumpBeforeStop() {
+	asked := time.Now()
+	n := f.signalReady()
+	for until := asked.Add(flightBeforeStop); n > 0 && f.dumpedSince(asked) < n && time.Now().Before(until); {
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // isRemote reports whether the dumps come from host agents.

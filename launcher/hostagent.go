@@ -528,6 +528,12 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 				asked = time.Now()
 				flight.signalReady()
 			default:
+				if m.Cmd.Op == "signal" && m.Cmd.DumpFirst {
+					// Blocks this reader for at most
+					// flightBeforeStop; gorun's grace runs
+					// meanwhile and its kill queues behind.
+					flight.dumpBeforeStop()
+				}
 				if m.Cmd.Op == "signal" && m.Cmd.Signal == int(syscall.SIGUSR2) {
 					asked = time.Now()
 				}

@@ -176,15 +176,16 @@ func (r *jobLoop) run(ctx context.Context) error {
 
 	// signalStop sends the teardown signal to every running rank's group,
 	// SIGKILL after the grace period.
-	signalStop := func(sig syscall.Signal) {
+	signalStop := func(sig syscall.Signal, dumpFirst bool) {
 		r.log.Debug().Stringer("signal", sig).Msg("stopping the job")
-		r.home.command(supervisorCmd{Op: "signal", Signal: int(sig)})
+		r.home.command(supervisorCmd{Op: "signal", Signal: int(sig), DumpFirst: dumpFirst})
 		graceTimer = time.NewTimer(r.cfg.Grace)
 		grace = graceTimer.C
 	}
 	// A failed local job first has its ranks dump their flight records
 	// (flightBeforeStop): dumpC ticks until dumpWant ranks wrote one since
-	// dumpAsked, or until dumpUntil, then the signal goes out.
+	// dumpAsked, or until dumpUntil, then the signal goes out. A failed
+	// multi-host job leaves that wait to each host's agent (DumpFirst).
 	var (
 		dumpTick             *time.Ticker
 		dumpC                <-chan time.Time
@@ -208,7 +209,11 @@ func (r *jobLoop) run(ctx context.Context) error {
 				ranks[i].stopped = true
 			}
 		}
-		if why == stopFailure && r.flight.active() && !r.flight.isRemote() {
+		if why == stopFailure && r.flight.isRemote() {
+			signalStop(sig, true)
+			return
+		}
+		if why == stopFailure && r.flight.active() {
 			// Taken before the signals, as at --timeout.
 			asked := time.Now()
 			if n := r.flight.signalReady(); n > 0 {
@@ -218,7 +223,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 				return
 			}
 		}
-		signalStop(sig)
+		signalStop(sig, false)
 	}
 	kill := func() {
 		if !killed {
@@ -475,7 +480,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 				dumpTick.Stop()
 				dumpC = nil
 				if !killed {
-					signalStop(sentSig)
+					signalStop(sentSig, false)
 				}
 			}
 		case <-grace:

@@ -112,6 +112,9 @@ func NewToken(name string) string {
 //	                   sleeps MS milliseconds before it (a straggler). Print
 //	                   "ready" after call #3; "ok" and exit 0 at the end, or
 //	                   the error and exit 3 for a DesyncError, else 6
+//	split-busy:MS      split:0 (the desync), but this rank is busy for MS
+//	                   milliseconds before call #4 (for one rank, through
+//	                   RankHelperEnv): the others fail the job meanwhile
 //	ticker:MS          for MS milliseconds wake every 5 ms, then print
 //	                   "maxgap N" (the longest gap between wake-ups, in ms;
 //	                   a stopped rank shows its stop), exit 0
@@ -296,7 +299,9 @@ func runHelper(mode string) int {
 	case "steps":
 		return stepLoop(rank, atoi(arg))
 	case "split":
-		return splitLoop(rank, time.Duration(atoi(arg))*time.Millisecond)
+		return splitLoop(rank, time.Duration(atoi(arg))*time.Millisecond, 0)
+	case "split-busy":
+		return splitLoop(rank, 0, time.Duration(atoi(arg))*time.Millisecond)
 	case "ticker":
 		end := time.Now().Add(time.Duration(atoi(arg)) * time.Millisecond)
 		// Step 1 is the ticker's start: a fault after-steps=1 lands
@@ -377,8 +382,8 @@ func joinWorld(ctx context.Context) (*grank.Rank, *comm.Comm, int) {
 	return r, r.Comm(), 0
 }
 
-// splitLoop is the "split" mode.
-func splitLoop(rankName string, late time.Duration) int {
+// splitLoop is the "split" and "split-busy" mode.
+func splitLoop(rankName string, late, busy time.Duration) int {
 	ctx := context.Background()
 	r, cm, code := joinWorld(ctx)
 	if r == nil {
@@ -388,6 +393,9 @@ func splitLoop(rankName string, late time.Duration) int {
 	me, n := cm.Rank(), cm.Size()
 	b := comm.Float32s(make([]float32, 16))
 	for i := 1; i <= 5 && err == nil; i++ {
+		if i == 4 {
+			time.Sleep(busy)
+		}
 		switch {
 		case i == 4 && late == 0 && me >= n/2:
 			err = cm.Broadcast(ctx, b, b, 0).Wait(ctx)
