@@ -146,6 +146,9 @@ func ParseArgs(args []string, stderr io.Writer) (*Options, error) {
 	fs.IntVar(&check, "c", 1, "check every result element: 1 on, 0 off")
 	fs.IntVar(&check, "check", 1, "same as -c")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the check values")
+	blocking := 0
+	fs.IntVar(&blocking, "z", 0, "blocking: 1 waits for each call before the next, 0 issues them back to back")
+	fs.IntVar(&blocking, "blocking", 0, "same as -z")
 	transport := string(cfg.Transport)
 	fs.StringVar(&transport, "transport", transport, "data plane inside a host: auto, tcp or shm (shm fails if any link is not shared memory)")
 	device := string(cfg.Device)
@@ -205,6 +208,12 @@ func ParseArgs(args []string, stderr io.Writer) (*Options, error) {
 		cfg.Check = check == 1
 	default:
 		return nil, &UsageError{Problem: fmt.Sprintf("-c %d: expected 0 or 1", check)}
+	}
+	switch blocking {
+	case 0, 1:
+		cfg.Blocking = blocking == 1
+	default:
+		return nil, &UsageError{Problem: fmt.Sprintf("-z %d: expected 0 or 1", blocking)}
 	}
 	cfg.Transport = Transport(transport)
 	cfg.Device = Device(device)

@@ -116,6 +116,9 @@ func TestParseArgs(t *testing.T) {
 	if err == nil && (o.Config.Op != Broadcast || o.Config.StepBytes != 100) {
 		t.Errorf("op after flags: %+v", o.Config)
 	}
+	if o, err := ParseArgs([]string{"allreduce", "-z", "1"}, io.Discard); err != nil || !o.Config.Blocking {
+		t.Errorf("-z 1: %+v %v", o, err)
+	}
 	o, err = ParseArgs([]string{"report", "--plot", "p.png", "a.json", "b.txt"}, io.Discard)
 	if err != nil || !o.Report || len(o.Compare) != 2 {
 		t.Errorf("report: %+v %v", o, err)
@@ -125,7 +128,7 @@ func TestParseArgs(t *testing.T) {
 	}
 	for _, bad := range [][]string{
 		{}, {"frobnicate"}, {"allreduce", "-b", "1X"}, {"allreduce", "-b", "1M", "-e", "1K"},
-		{"allreduce", "-d", "complex"}, {"allreduce", "-o", "xor"}, {"allreduce", "-c", "2"},
+		{"allreduce", "-d", "complex"}, {"allreduce", "-o", "xor"}, {"allreduce", "-c", "2"}, {"allreduce", "-z", "2"},
 		{"allreduce", "--transport", "rdma"}, {"allreduce", "-n", "0"}, {"allreduce", "-f", "1"},
 		{"allreduce", "--bogus"}, {"report"}, {"allreduce", "-i", "1", "-e", "1G"},
 	} {

@@ -69,6 +69,13 @@ type Config struct {
 	// benchmark of wrong answers is worthless, and the check runs outside
 	// the timed loop.
 	Check bool
+	// Blocking waits for each timed call before issuing the next (-z 1,
+	// as nccl-tests' --blocking), issued with comm.IssuerWaits so the
+	// caller runs it, as a blocking call from C or Python through
+	// libgorun does. Off by default: calls are issued back to back and
+	// waited for at the end, so the communicator's worker runs the next
+	// as soon as one ends.
+	Blocking bool
 	// Seed varies the check values between runs; 1.
 	Seed uint64
 	// Transport is the data plane choice (--transport).

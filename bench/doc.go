@@ -20,7 +20,9 @@
 // Warmup untimed calls, a barrier, then Iters calls issued back to back and
 // waits for the last one (calls on one communicator complete in issue order,
 // so this times Iters complete collectives, as nccl-tests times a stream of
-// launches). The reported time is the maximum over ranks of the mean per
+// launches). With Blocking (-z 1, nccl-tests' --blocking) each call is
+// waited for before the next is issued, and run by the waiting goroutine
+// (comm.IssuerWaits), as a blocking call from C or Python runs. The reported time is the maximum over ranks of the mean per
 // iteration, reduced with a collective, so one slow rank shows. Bandwidths
 // follow nccl-tests: algbw = bytes/time with the bytes nccl-tests counts for
 // the operation, busbw = algbw · factor (BusFactor), in GB/s of 1e9 bytes.

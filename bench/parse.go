@@ -115,6 +115,7 @@ var (
 	rankLine  = regexp.MustCompile(`^#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)(?:.*transport (\S+))?`)
 	ncclParam = regexp.MustCompile(`minBytes (\d+) maxBytes (\d+) step: (\d+)\((factor|bytes)\) warmup iters: (\d+) iters: (\d+)(?: agg iters: \d+)? validation: (\d+)`)
 	transp    = regexp.MustCompile(`transport: (\S+)`)
+	blockingL = regexp.MustCompile(`blocking: 1\b`)
 	footerAvg = regexp.MustCompile(`^# Avg bus bandwidth\s*:\s*(\S+)`)
 )
 
@@ -186,6 +187,9 @@ func ParseText(rd io.Reader, opts ParseOptions) (*Report, error) {
 		}
 		if m := transp.FindStringSubmatch(l); m != nil {
 			rep.Transport = m[1]
+		}
+		if strings.HasPrefix(l, "#") && blockingL.MatchString(l) {
+			rep.Blocking = true
 		}
 		if m := footerAvg.FindStringSubmatch(l); m != nil {
 			rep.AvgBusBW, _ = strconv.ParseFloat(m[1], 64)

@@ -68,6 +68,28 @@ func TestOutputParsesBack(t *testing.T) {
 	}
 }
 
+// A blocking run (-z 1) waits for each call; its results are checked like
+// any other, and its text says so and reads back.
+func TestBlockingRunParsesBack(t *testing.T) {
+	cfg := smallConfig(AllReduce)
+	cfg.MaxBytes = 64 << 10
+	cfg.Blocking = true
+	text, reps, errs := memRun(t, 3, cfg, nil)
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if reps[0].Wrong != 0 || len(reps[0].Rows) == 0 {
+		t.Errorf("%d wrong elements in %d rows", reps[0].Wrong, len(reps[0].Rows))
+	}
+	tb, err := Parse(strings.NewReader(text), ParseOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tb.Blocking || !strings.Contains(text, " blocking: 1\n") {
+		t.Errorf("blocking not in the text, or not read back:\n%s", text)
+	}
+}
+
 func TestParseNCCLTests(t *testing.T) {
 	rep, err := ReadFile("testdata/nccl-tests-all_reduce_perf.txt", ParseOptions{})
 	if err != nil {

@@ -39,6 +39,7 @@ type Report struct {
 	Iters      int    `json:"iters,omitempty"`
 	Warmup     int    `json:"warmup,omitempty"`
 	Check      bool   `json:"check"`
+	Blocking   bool   `json:"blocking,omitempty"`
 
 	Rows []Row `json:"rows"`
 	// Wrong is the total of wrong elements; AvgBusBW the mean bus bandwidth
@@ -101,7 +102,7 @@ func newReport(cfg *Config, n int, ranks []RankInfo, kinds []string) *Report {
 		Op:   cfg.Op.String(), Ranks: n, Transport: string(cfg.Transport),
 		DType: ncclTypeName(cfg.DType), RedOp: "none", Root: -1,
 		MinBytes: cfg.MinBytes, MaxBytes: cfg.MaxBytes, StepFactor: cfg.StepFactor, StepBytes: cfg.StepBytes,
-		Iters: cfg.Iters, Warmup: cfg.Warmup, Check: cfg.Check,
+		Iters: cfg.Iters, Warmup: cfg.Warmup, Check: cfg.Check, Blocking: cfg.Blocking,
 	}
 	if cfg.StepBytes > 0 {
 		rep.StepFactor = 0

@@ -307,6 +307,15 @@ func (r *runner) timed(ctx context.Context, send, recv []byte) (float64, error) 
 		return 0, err
 	}
 	start := time.Now()
+	if r.cfg.Blocking {
+		wctx := comm.IssuerWaits(ctx)
+		for range r.cfg.Iters {
+			if err := r.issue(wctx, send, recv).Wait(wctx); err != nil {
+				return 0, err
+			}
+		}
+		return time.Since(start).Seconds() / float64(r.cfg.Iters), nil
+	}
 	for range r.cfg.Iters {
 		hs = append(hs, r.issue(ctx, send, recv))
 	}

@@ -21,8 +21,12 @@ func writeHeader(w io.Writer, r *Report) {
 	if r.Check {
 		check = 1
 	}
-	fmt.Fprintf(w, "# nRanks %d minBytes %d maxBytes %d step: %s warmup iters: %d iters: %d validation: %d transport: %s\n",
-		r.Ranks, r.MinBytes, r.MaxBytes, step, r.Warmup, r.Iters, check, r.Transport)
+	blocking := ""
+	if r.Blocking {
+		blocking = " blocking: 1"
+	}
+	fmt.Fprintf(w, "# nRanks %d minBytes %d maxBytes %d step: %s warmup iters: %d iters: %d validation: %d transport: %s%s\n",
+		r.Ranks, r.MinBytes, r.MaxBytes, step, r.Warmup, r.Iters, check, r.Transport, blocking)
 	fmt.Fprintln(w, "#")
 	fmt.Fprintln(w, "# Using ranks")
 	for _, h := range r.Hosts {

@@ -13,8 +13,13 @@
 #   [3] gorun -np N gorun bench allreduce          (native, the same runtime)
 # `gorun bench report` prints busbw per size with the ratios torch-gorun/gloo
 # (goal: >= 2 at >= 64 KiB, >= 10 at 8 B) and torch-gorun/native (the cost
-# of the Python/C boundary; goal: >= 0.9 at >= 1 MiB). Then
-# examples/torch/ddp.py times a DDP step with each backend (medians over
+# of the Python/C boundary, with rows of 40 calls; goal: >= 0.9 at >= 1 MiB).
+# Rows that short swing up to 2x at >= 1 MiB on a crowded host, so the
+# boundary part then measures that goal alone: native and torch-gorun in
+# BOUNDARY_ROUNDS (default 6) interleaved rounds in alternating order, both
+# in place (torch's all-reduce is), 1-4 MiB in rows of 300 calls and
+# 8-32 MiB in rows of 60, medians and the median of the per-round ratios.
+# Then examples/torch/ddp.py times a DDP step with each backend (medians over
 # ROUNDS interleaved rounds, wall and CPU per rank, with the ratio). First,
 # bench/torch_overhead.py prints the per-call cost of each layer on one rank.
 # Every program runs as a user would start it, with no extra flags
@@ -31,7 +36,8 @@ ROUNDS=${ROUNDS:-3}
 ITERS=${ITERS:--w 5 -n 40}
 PY=/usr/bin/python3 # Debian's python, the one with python3-torch
 TORCH_GORUN_FLAGS=${TORCH_GORUN_FLAGS-}
-PARTS=${PARTS:-overhead allreduce ddp}
+PARTS=${PARTS:-overhead allreduce boundary ddp}
+BOUNDARY_ROUNDS=${BOUNDARY_ROUNDS:-6}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 GLOO_FLAGS=${GLOO_FLAGS-}
 mkdir -p "$OUT"
@@ -105,6 +111,59 @@ for s in sorted(med["torch-gorun"]):
     print("  %10d  %10.1f  %12.1f  %10.1f  %16.2f  %18.2f" % (s, g or 0, t, n or 0, g / t if g else 0, n / t if n else 0))
 PYEOF
 	} | tee "$OUT/compare.$np.txt"
+done
+
+# The boundary at >= 1 MiB with rows long enough to mean something.
+part boundary && for np in $NPS; do
+	before=$(load)
+	for round in $(seq "$BOUNDARY_ROUNDS"); do
+		order="native torch-gorun"
+		[ $((round % 2)) = 0 ] && order="torch-gorun native"
+		for side in $order; do
+			for half in a b; do
+				sweep="-b 1M -e 4M -f 2 -n 300 -w 20"
+				[ "$half" = b ] && sweep="-b 8M -e 32M -f 2 -n 60 -w 5"
+				f=boundary.$side$half.$np.$round.txt
+				# shellcheck disable=SC2086 # sweep and the flags are lists of flags
+				if [ "$side" = native ]; then
+					run "boundary np $np native $half ($round/$BOUNDARY_ROUNDS)" "$f" "$GORUN" -np "$np" "$GORUN" bench allreduce $sweep
+				else
+					run "boundary np $np torch-gorun $half ($round/$BOUNDARY_ROUNDS)" "$f" "$GORUN" -np "$np" $TORCH_GORUN_FLAGS "$PY" bench/torch_allreduce.py --backend gorun $sweep
+				fi
+			done
+		done
+	done
+	{
+		echo "# the Python/C boundary, $np ranks, $BOUNDARY_ROUNDS interleaved rounds, in place; gorun flags: torch-gorun '$TORCH_GORUN_FLAGS'"
+		echo "$before (before)"
+		echo "$(load) (after)"
+		"$PY" - "$OUT" "$np" "$BOUNDARY_ROUNDS" <<'PYEOF'
+import statistics, sys
+out, np_, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def times(path):  # size -> in-place time (us), from the nccl-tests table
+    t = {}
+    for line in open(path):
+        f = line.split()
+        if line.startswith("#") or len(f) < 13 or not f[0].isdigit():
+            continue
+        t[int(f[0])] = float(f[9])
+    return t
+per = {}
+for side in ("native", "torch-gorun"):
+    per[side] = []
+    for r in range(1, rounds + 1):
+        t = times("%s/boundary.%sa.%s.%d.txt" % (out, side, np_, r))
+        t.update(times("%s/boundary.%sb.%s.%d.txt" % (out, side, np_, r)))
+        per[side].append(t)
+print("# us per call: medians of the rounds; native/torch-gorun is the busbw ratio (goal >= 0.9)")
+print("# %10s  %10s  %12s  %18s  %22s  %s" % ("size", "native", "torch-gorun", "native/torch-gorun", "median of round ratios", "round ratios"))
+for s in sorted(per["native"][0]):
+    n = statistics.median(p[s] for p in per["native"])
+    t = statistics.median(p[s] for p in per["torch-gorun"])
+    rs = [a[s] / b[s] for a, b in zip(per["native"], per["torch-gorun"])]
+    print("  %10d  %10.1f  %12.1f  %18.2f  %22.2f  %s" % (s, n, t, n / t, statistics.median(rs), " ".join("%.2f" % x for x in rs)))
+PYEOF
+	} | tee "$OUT/boundary.$np.txt"
 done
 
 # DDP: ROUNDS interleaved rounds per rank count, medians across rounds of
