@@ -122,6 +122,10 @@ type handlePage struct {
 	// not woken for it; a Wait that cannot run it itself wakes the worker.
 	// Written at issue.
 	unkicked [pageCalls]bool
+	// toWorker[i]: call i was issued with IssuerWaits but is the
+	// worker's to run all the same (Comm.handsOff); Wait never runs it.
+	// Written at issue.
+	toWorker [pageCalls]bool
 }
 
 func newHandlePage(c *Comm, first uint64) *handlePage {
@@ -169,7 +173,7 @@ func (m *handleMark) Wait(ctx context.Context) error {
 	// before it) here rather than hand it to the worker and back. Only when
 	// giving up on ctx could not come sooner that way: ctx is the call's
 	// own context (whose end fails the call anyway) or never ends.
-	if d := ctx.Done(); (d == nil || d == p.ctxDone[i]) && inlineWait.Load() {
+	if d := ctx.Done(); (d == nil || d == p.ctxDone[i]) && inlineWait.Load() && !p.toWorker[i] {
 		c.drain(seq)
 		if p.done(i) {
 			return p.err(i)
@@ -348,6 +352,8 @@ func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 	// Issue numbers follow the queue's order, which is the order calls
 	// complete in (see handlePage): numbering and queueing under one lock.
 	_, unkicked := ctx.(issuerWaits)
+	toWorker := unkicked && c.handsOff(cl)
+	unkicked = unkicked && !toWorker
 	c.seqMu.Lock()
 	seq := c.issued
 	c.issued++
@@ -359,6 +365,7 @@ func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 	i := int(seq - p.first)
 	p.ctxDone[i] = ctx.Done()
 	p.unkicked[i] = unkicked
+	p.toWorker[i] = toWorker
 	cl.seq, cl.page, cl.slot = seq, p, i
 	c.queue <- cl
 	c.seqMu.Unlock()

@@ -28,11 +28,21 @@ func TestForeignCallersRunLargeStepsThemselves(t *testing.T) {
 	t.Cleanup(func() { testRingBytes = 0 })
 	const count = 40_000 // float32: 160 KB per block, 2.5 rings
 	for _, n := range []int{3, 4} {
-		for _, mode := range []string{"foreign/waited", "foreign/worker", "go/waited"} {
+		for _, mode := range []string{"foreign/waited", "foreign/handed/waited", "foreign/worker", "go/waited"} {
 			t.Run(fmt.Sprintf("n=%d/%s", n, mode), func(t *testing.T) {
 				foreign, waited := strings.HasPrefix(mode, "foreign"), strings.HasSuffix(mode, "waited")
 				comm.SetForeignCallers(foreign)
 				t.Cleanup(func() { comm.SetForeignCallers(false) })
+				// Steps of 78-156 EagerLimits: "foreign/waited" keeps
+				// them on the caller (no hand-over below 1000), the
+				// handed mode gives them to the worker (from 16, the
+				// default).
+				hand := 1000
+				if strings.Contains(mode, "handed") {
+					hand = 16
+				}
+				oldHand := comm.SetHandsOffMin(hand)
+				t.Cleanup(func() { comm.SetHandsOffMin(oldHand) })
 				cfg := comm.LocalConfig()
 				cfg.LatencyNs = 1e-3 // the ring wherever the host is not crowded
 				j := newNetJob(t, n, cfg, false)
@@ -89,7 +99,7 @@ func TestForeignCallersRunLargeStepsThemselves(t *testing.T) {
 					case mode == "foreign/waited" && posts != 0:
 						t.Errorf("rank %d posted %d messages to its sender goroutines, want 0", r, posts)
 					case mode != "foreign/waited" && posts == 0:
-						t.Errorf("rank %d posted no message: want its large sends posted", r)
+						t.Errorf("rank %d posted no message: want its large sends posted (%s)", r, mode)
 					}
 				}
 			})

@@ -62,3 +62,6 @@ func Posts(c *Comm) int64 { return c.posts }
 // SetCallerStepMinEager sets the smallest EagerLimit for which foreign
 // callers run large steps themselves (callerFrame) and returns the old one.
 func SetCallerStepMinEager(n int) int { return int(callerStepMinEager.Swap(int64(n))) }
+
+// SetHandsOffMin sets handsOffMin and returns the old value.
+func SetHandsOffMin(n int) int { return int(handsOffMin.Swap(int64(n))) }

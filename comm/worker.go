@@ -347,6 +347,44 @@ func SetForeignCallers(on bool) { foreignCallers.Store(on) }
 // measured). A variable only so that tests can run steps on tiny rings.
 var callerStepMinEager = func() *atomic.Int64 { v := new(atomic.Int64); v.Store(64 << 10); return v }()
 
+// handsOffMin is the smallest share of a call's largest buffer per rank,
+// in EagerLimits of the link to the next rank, from which a foreign
+// caller's blocking call goes to the worker goroutine (handsOff): 16, half
+// the ring on shared memory (2 MiB of the default 4 MiB, so 8 MiB
+// all-reduces on 4 ranks). A variable for tests.
+var handsOffMin = func() *atomic.Int64 { v := new(atomic.Int64); v.Store(16); return v }()
+
+// handsOff reports whether cl, issued with IssuerWaits by a foreign
+// caller, goes to the worker goroutine anyway, which then runs it as a Go
+// program's worker does, sending through the per-peer sender goroutines,
+// while the caller's thread sleeps in Wait. That costs the caller two
+// thread switches (its locked thread gives up the P and gets it back), and
+// saves, on ring steps of at least half the ring, what the caller's own
+// steps (callerFrame, two frames ahead at most) lose to the sender
+// goroutine that keeps the ring full: the producer that finds the ring
+// empty skips back to its beginning, and where the VM places its two vCPUs
+// far apart (notes/shm-latency.md) those re-used lines cross between the
+// cores' caches on every lap. 4 ranks on 2 cores, in-place all-reduce from
+// torch, native time / torch time, median of per-round ratios over the
+// runs of 2026-11-27 15:00-15:45 (n rounds): 8 MiB far 0.76 (22) on the
+// caller, 0.98 (16) handed over; near 0.96 (14) and 0.95 (15); 16 MiB far
+// 0.92 and 0.97, near 1.03 and 0.97; 32 MiB 0.96 / 0.95 and 0.99 / 1.00.
+// Below that the hand-over loses: 4 MiB near 0.99 on the caller against
+// 0.83 handed over, 2 MiB 0.98 against 0.72 (notes/torch-backend.md).
+// Only where callerFrame would apply: more than two ranks (the pair
+// exchange never used the sender goroutines) over links that qualify.
+func (c *Comm) handsOff(cl *call) bool {
+	if !foreignCallers.Load() || c.n <= 2 || cl.invalid != nil {
+		return false
+	}
+	pe := c.peers[(c.me+1)%c.n]
+	if pe == nil || pe.link == nil {
+		return false
+	}
+	el := int64(pe.link.EagerLimit())
+	return el >= callerStepMinEager.Load() && int64(max(len(cl.send), len(cl.recv))/c.n) >= handsOffMin.Load()*el
+}
+
 // callerFrame returns the frame size in which the calling thread sends sbuf
 // to p itself, interleaved with receiving rbuf (sendRecvOnCaller), or 0
 // where sendRecv hands the send to p's sender goroutine instead.

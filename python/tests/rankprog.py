@@ -98,6 +98,13 @@ def check_allreduce(rank, n):
     t = value(rank, 300_001, torch.float32)
     dist.all_reduce(t)
     same(t, reference(R.SUM, torch.float32, [value(r, 300_001, torch.float32) for r in range(n)]), "big all_reduce")
+    if n > 2:
+        # a share of at least half a shared-memory ring per rank: gorun's
+        # worker runs it, not this thread (comm's handsOff)
+        c = n * (1 << 19) + 3
+        t = value(rank, c, torch.float32)
+        dist.all_reduce(t)
+        same(t, reference(R.SUM, torch.float32, [value(r, c, torch.float32) for r in range(n)]), "handed-over all_reduce")
     # coalesced
     ts = [value(rank, c, torch.float64, salt=c) for c in (3, 50, 1)]
     dist.all_reduce_coalesced(ts, op=R.MAX)
