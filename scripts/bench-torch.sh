@@ -18,7 +18,13 @@
 # boundary part then measures that goal alone: native and torch-gorun in
 # BOUNDARY_ROUNDS (default 6) interleaved rounds in alternating order, both
 # in place (torch's all-reduce is), 1-4 MiB in rows of 300 calls and
-# 8-32 MiB in rows of 60, medians and the median of the per-round ratios.
+# 8-32 MiB in rows of 60 (1000 and 200 on 2 ranks, whose calls take a
+# third of the time), medians and the median of the per-round ratios.
+# Before each run bench/copybound/corelat measures the round trip of a
+# cache line between the two CPUs, which says where the VM put them (on the
+# 2-core reference VM about 100 ns "near" or 400 ns "far"; the boundary
+# differs between the two, notes/torch-backend.md): the table is printed
+# for all rounds and for the rounds whose both runs were near and far.
 # Then examples/torch/ddp.py times a DDP step with each backend (medians over
 # ROUNDS interleaved rounds, wall and CPU per rank, with the ratio). First,
 # bench/torch_overhead.py prints the per-call cost of each layer on one rank.
@@ -114,16 +120,20 @@ PYEOF
 done
 
 # The boundary at >= 1 MiB with rows long enough to mean something.
+part boundary && cc -O2 -Wall -o "$OUT/corelat" bench/copybound/corelat.c
 part boundary && for np in $NPS; do
 	before=$(load)
+	: >"$OUT/boundary.placement.$np.txt"
 	for round in $(seq "$BOUNDARY_ROUNDS"); do
 		order="native torch-gorun"
 		[ $((round % 2)) = 0 ] && order="torch-gorun native"
 		for side in $order; do
 			for half in a b; do
-				sweep="-b 1M -e 4M -f 2 -n 300 -w 20"
-				[ "$half" = b ] && sweep="-b 8M -e 32M -f 2 -n 60 -w 5"
+				# Rows of a few hundred ms: 2 ranks take a third of 4's time.
+				sweep="-b 1M -e 4M -f 2 -n $((np > 2 ? 300 : 1000)) -w 20"
+				[ "$half" = b ] && sweep="-b 8M -e 32M -f 2 -n $((np > 2 ? 60 : 200)) -w 5"
 				f=boundary.$side$half.$np.$round.txt
+				echo "$side$half $round $("$OUT/corelat" | cut -d' ' -f1)" >>"$OUT/boundary.placement.$np.txt"
 				# shellcheck disable=SC2086 # sweep and the flags are lists of flags
 				if [ "$side" = native ]; then
 					run "boundary np $np native $half ($round/$BOUNDARY_ROUNDS)" "$f" "$GORUN" -np "$np" "$GORUN" bench allreduce $sweep
@@ -148,20 +158,34 @@ def times(path):  # size -> in-place time (us), from the nccl-tests table
             continue
         t[int(f[0])] = float(f[9])
     return t
-per = {}
-for side in ("native", "torch-gorun"):
-    per[side] = []
-    for r in range(1, rounds + 1):
-        t = times("%s/boundary.%sa.%s.%d.txt" % (out, side, np_, r))
-        t.update(times("%s/boundary.%sb.%s.%d.txt" % (out, side, np_, r)))
-        per[side].append(t)
+trip = {}  # (side+half, round) -> the cache line's round trip before the run, ns
+for line in open("%s/boundary.placement.%s.txt" % (out, np_)):
+    f = line.split()
+    trip[(f[0], int(f[1]))] = float(f[2])
+def place(half, r):  # "near", "far" or "mixed" for both runs of a half-round
+    ts = [trip[(side + half, r)] for side in ("native", "torch-gorun")]
+    return "near" if max(ts) < 250 else "far" if min(ts) >= 250 else "mixed"
+rows = {}  # size -> [(placement, native us, torch-gorun us)]
+for r in range(1, rounds + 1):
+    for half in "ab":
+        nat = times("%s/boundary.native%s.%s.%d.txt" % (out, half, np_, r))
+        tor = times("%s/boundary.torch-gorun%s.%s.%d.txt" % (out, half, np_, r))
+        for s in nat:
+            rows.setdefault(s, []).append((place(half, r), nat[s], tor[s]))
 print("# us per call: medians of the rounds; native/torch-gorun is the busbw ratio (goal >= 0.9)")
-print("# %10s  %10s  %12s  %18s  %22s  %s" % ("size", "native", "torch-gorun", "native/torch-gorun", "median of round ratios", "round ratios"))
-for s in sorted(per["native"][0]):
-    n = statistics.median(p[s] for p in per["native"])
-    t = statistics.median(p[s] for p in per["torch-gorun"])
-    rs = [a[s] / b[s] for a, b in zip(per["native"], per["torch-gorun"])]
-    print("  %10d  %10.1f  %12.1f  %18.2f  %22.2f  %s" % (s, n, t, n / t, statistics.median(rs), " ".join("%.2f" % x for x in rs)))
+print("# placement: the cache line's round trip before each run (near < 250 ns <= far); ratio medians per placement")
+print("# %10s  %10s  %12s  %18s  %22s  %-18s  %-18s  %s" % ("size", "native", "torch-gorun", "native/torch-gorun",
+      "median of round ratios", "near: rounds, med", "far: rounds, med", "round ratios"))
+for s in sorted(rows):
+    n = statistics.median(x[1] for x in rows[s])
+    t = statistics.median(x[2] for x in rows[s])
+    rs = [x[1] / x[2] for x in rows[s]]
+    by = []
+    for pl in ("near", "far"):
+        q = [x[1] / x[2] for x in rows[s] if x[0] == pl]
+        by.append("%2d, %.2f" % (len(q), statistics.median(q)) if q else " 0, -")
+    print("  %10d  %10.1f  %12.1f  %18.2f  %22.2f  %-18s  %-18s  %s" % (s, n, t, n / t, statistics.median(rs), by[0], by[1],
+          " ".join("%.2f" % x for x in rs)))
 PYEOF
 	} | tee "$OUT/boundary.$np.txt"
 done
