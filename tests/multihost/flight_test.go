@@ -26,20 +26,17 @@ func TestFlightRecordsAcrossHosts(t *testing.T) {
 			}
 		}
 	}
-	t.Run("desync", func(t *testing.T) {
-		j := newJob(t, h, 2, "split:0", nil, "-np", "4")
+	// failed runs a job that fails with a rank's DesyncError and checks
+	// gorun's merged table: every rank dumps, the ones whose communicator
+	// failed on their own, the rest on the SIGUSR2 their host agent sends
+	// before it relays gorun's SIGTERM (supervisorCmd.DumpFirst).
+	failed := func(t *testing.T, perRank map[int]string, disagreement string) {
+		j := newJob(t, h, 2, "split:0", perRank, "-np", "4")
 		if code := j.run(); code != 3 {
 			t.Errorf("exit %d, want 3 (a rank's DesyncError)", code)
 		}
-		// Every rank dumps: the ones whose communicator failed on their
-		// own, the rest on the SIGUSR2 their host agent sends before it
-		// relays gorun's SIGTERM (supervisorCmd.DumpFirst).
 		stderr := j.stderr.String()
-		for _, want := range []string{
-			"flight records (the job failed), merged from 4 dumps from the hosts",
-			">>  #4",
-			"first disagreement at #4: ranks 0-1 called AllReduce(float32 sum, count=16) #4, ranks 2-3 called Broadcast(float32, count=16, root=0) #4",
-		} {
+		for _, want := range []string{"flight records (the job failed), merged from 4 dumps from the hosts", ">>  #4", disagreement} {
 			if !strings.Contains(stderr, want) {
 				t.Errorf("stderr lacks %q", want)
 			}
@@ -49,29 +46,17 @@ func TestFlightRecordsAcrossHosts(t *testing.T) {
 			t.Logf("stdout:\n%s\nstderr:\n%s", j.stdout.String(), stderr)
 		}
 		j.noSurvivors()
+	}
+	t.Run("desync", func(t *testing.T) {
+		failed(t, nil, "first disagreement at #4: ranks 0-1 called AllReduce(float32 sum, count=16) #4, "+
+			"ranks 2-3 called Broadcast(float32, count=16, root=0) #4")
 	})
 	t.Run("busy", func(t *testing.T) {
 		// Rank 0 is busy outside any call when ranks 2-3 fail the job:
 		// its communicator has not failed, so only its host agent's
 		// SIGUSR2 before the teardown gets its records into the table.
-		j := newJob(t, h, 2, "split:0", map[int]string{0: "split-busy:20000"}, "-np", "4")
-		if code := j.run(); code != 3 {
-			t.Errorf("exit %d, want 3 (a rank's DesyncError)", code)
-		}
-		stderr := j.stderr.String()
-		for _, want := range []string{
-			"flight records (the job failed), merged from 4 dumps from the hosts",
-			"first disagreement at #4: rank 1 called AllReduce(float32 sum, count=16) #4, ranks 2-3 called Broadcast(float32, count=16, root=0) #4; rank 0 never reached it",
-		} {
-			if !strings.Contains(stderr, want) {
-				t.Errorf("stderr lacks %q", want)
-			}
-		}
-		columns(t, stderr, 4)
-		if t.Failed() {
-			t.Logf("stdout:\n%s\nstderr:\n%s", j.stdout.String(), stderr)
-		}
-		j.noSurvivors()
+		failed(t, map[int]string{0: "split-busy:20000"}, "first disagreement at #4: rank 1 called AllReduce(float32 sum, count=16) #4, "+
+			"ranks 2-3 called Broadcast(float32, count=16, root=0) #4; rank 0 never reached it")
 	})
 	t.Run("SIGUSR2", func(t *testing.T) {
 		j := newJob(t, h, 2, "split:5000", nil, "-np", "4")
