@@ -139,7 +139,7 @@ def _init_world(store, rank, size, options, timeout, members=None):
         h = ctypes.c_int64()
         _lib.check(l.gorun_init((cfg + extra).encode(), ctypes.byref(h)), "gorun_init")
         _world, _world_config, _world_members = h.value, cfg, members
-        atexit.register(finalize)
+        atexit.register(_finalize_at_exit)
         return _world
 
 
@@ -169,6 +169,18 @@ def finalize():
             pg._stop()
         _world, _world_config, _world_members = None, None, None
         _lib.check(_lib.lib().gorun_finalize(), "gorun_finalize")
+
+
+def _finalize_at_exit():
+    """finalize() as the interpreter exits. A world that failed (a lost
+    peer, a desync) fails finalize too, with what the program's own calls
+    most likely raised already: one line on stderr then, not a second
+    traceback (Python's "Error in atexit._run_exitfuncs") after the
+    program's own. The exit status is Python's either way."""
+    try:
+        finalize()
+    except GorunError as e:
+        sys.stderr.write("gorun: at exit: %s\n" % e)
 
 
 # ---- Work ------------------------------------------------------------------------

@@ -67,6 +67,15 @@ def test_killed_rank_raises_on_every_survivor_within_5s_naming_it(launcher):
         assert lost == "2" and "rank 2" in msg, (rank, lost, msg)
 
 
+def test_a_survivor_that_exits_gets_one_line_from_finalize_not_a_traceback(launcher):
+    code, out = launcher.run(3, "kill", "exit")
+    assert code == 128 + 9, out[-3000:]
+    assert len(re.findall(r"RANK \d: KILLERR", out)) == 2, out[-3000:]
+    assert "Traceback" not in out and "Error in atexit" not in out, out[-3000:]
+    lines = re.findall(r"gorun: at exit: .*", out)
+    assert lines and all("rank 2" in l for l in lines), out[-3000:]
+
+
 def test_desync_raises_on_every_rank_naming_both_calls(launcher):
     code, out = launcher.run(3, "desync")
     assert code == 0, out[-3000:]
