@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -71,9 +72,20 @@ func TestDescendantsOfSelf(t *testing.T) {
 		t.Errorf("descendants = %v, want child %d and grandchild %d among them", d, child, grandchild)
 	}
 
-	// The grandchild first, so that it dies as the helper's child and
-	// does not outlive the test; then the helper, left unreaped.
+	// The grandchild first, and until it is dead, so that it dies as the
+	// helper's child and does not outlive the test; then the helper, left
+	// unreaped. SIGKILL takes effect asynchronously: killed together, a
+	// grandchild still dying when the helper is gone is reparented (to
+	// this process, if a test made it a subreaper) and listed alive by
+	// the last scan below (clean-clone CI under a PID namespace, session 9).
 	_ = syscall.Kill(grandchild, syscall.SIGKILL)
+	if !launchertest.WaitFor(10*time.Second, func() bool {
+		ps := readProcs()
+		i := slices.IndexFunc(ps, func(p procInfo) bool { return p.pid == grandchild })
+		return i < 0 || ps[i].zombie
+	}) {
+		t.Fatalf("grandchild %d still alive 10 s after SIGKILL", grandchild)
+	}
 	_ = syscall.Kill(child, syscall.SIGKILL)
 	// Until it can be waited for, without collecting it: a thread-group
 	// leader shows as a zombie in /proc before its last thread is gone,
