@@ -374,15 +374,29 @@ var handsOffMin = func() *atomic.Int64 { v := new(atomic.Int64); v.Store(16); re
 // Only where callerFrame would apply: more than two ranks (the pair
 // exchange never used the sender goroutines) over links that qualify.
 func (c *Comm) handsOff(cl *call) bool {
-	if !foreignCallers.Load() || c.n <= 2 || cl.invalid != nil {
+	if c.n <= 2 || cl.invalid != nil {
 		return false
 	}
-	pe := c.peers[(c.me+1)%c.n]
+	el := int64(c.callerStepEager((c.me + 1) % c.n))
+	return el > 0 && int64(max(len(cl.send), len(cl.recv))/c.n) >= handsOffMin.Load()*el
+}
+
+// callerStepEager is the EagerLimit of the link to p where a foreign
+// caller runs its ring steps to p itself (callerFrame) and may hand large
+// calls over (handsOff): with foreign callers, over a link whose
+// EagerLimit is at least callerStepMinEager. Else 0.
+func (c *Comm) callerStepEager(p int) int {
+	if !foreignCallers.Load() {
+		return 0
+	}
+	pe := c.peers[p]
 	if pe == nil || pe.link == nil {
-		return false
+		return 0
 	}
-	el := int64(pe.link.EagerLimit())
-	return el >= callerStepMinEager.Load() && int64(max(len(cl.send), len(cl.recv))/c.n) >= handsOffMin.Load()*el
+	if el := pe.link.EagerLimit(); int64(el) >= callerStepMinEager.Load() {
+		return el
+	}
+	return 0
 }
 
 // callerFrame returns the frame size in which the calling thread sends sbuf
@@ -404,12 +418,11 @@ func (c *Comm) handsOff(cl *call) bool {
 // when the buffers overlap (a reduction into rbuf must not reach bytes not
 // sent yet, and the peer may frame its message differently).
 func (c *Comm) callerFrame(p int, sbuf, rbuf []byte) int {
-	if !c.waiterRuns || !foreignCallers.Load() {
+	if !c.waiterRuns {
 		return 0
 	}
-	pe := c.peers[p]
-	el := pe.link.EagerLimit()
-	if pe.pending > 0 || int64(el) < callerStepMinEager.Load() || overlaps(sbuf, rbuf) {
+	el := c.callerStepEager(p)
+	if el == 0 || c.peers[p].pending > 0 || overlaps(sbuf, rbuf) {
 		return 0
 	}
 	return min(el, c.cfg.SegmentBytes) &^ 7
