@@ -20,11 +20,13 @@
 # in place (torch's all-reduce is), 1-4 MiB in rows of 300 calls and
 # 8-32 MiB in rows of 60 (1000 and 200 on 2 ranks, whose calls take a
 # third of the time), medians and the median of the per-round ratios.
-# Before each run bench/copybound/corelat measures the round trip of a
-# cache line between the two CPUs, which says where the VM put them (on the
-# 2-core reference VM about 100 ns "near" or 400 ns "far"; the boundary
-# differs between the two, notes/torch-backend.md): the table is printed
-# for all rounds and for the rounds whose both runs were near and far.
+# During each run bench/copybound/placewatch measures the round trip of a
+# cache line between the two CPUs every 250 ms, which says where the VM
+# keeps them (on the 2-core reference VM about 50-120 ns "near" or 300 ns
+# "far", flipping every few seconds under load; corelat's one reading on
+# the idle host before a run did not predict it, notes/torch-backend.md):
+# the table is printed for all rounds and for the rounds whose both runs
+# spent at least three quarters of their probes near, or far.
 # Then examples/torch/ddp.py times a DDP step with each backend (medians over
 # ROUNDS interleaved rounds, wall and CPU per rank, with the ratio). First,
 # bench/torch_overhead.py prints the per-call cost of each layer on one rank.
@@ -120,7 +122,7 @@ PYEOF
 done
 
 # The boundary at >= 1 MiB with rows long enough to mean something.
-part boundary && cc -O2 -Wall -o "$OUT/corelat" bench/copybound/corelat.c
+part boundary && cc -O2 -Wall -pthread -o "$OUT/placewatch" bench/copybound/placewatch.c
 part boundary && for np in $NPS; do
 	before=$(load)
 	: >"$OUT/boundary.placement.$np.txt"
@@ -133,13 +135,18 @@ part boundary && for np in $NPS; do
 				sweep="-b 1M -e 4M -f 2 -n $((np > 2 ? 300 : 1000)) -w 20"
 				[ "$half" = b ] && sweep="-b 8M -e 32M -f 2 -n $((np > 2 ? 60 : 200)) -w 5"
 				f=boundary.$side$half.$np.$round.txt
-				echo "$side$half $round $("$OUT/corelat" | cut -d' ' -f1)" >>"$OUT/boundary.placement.$np.txt"
+				"$OUT/placewatch" >"$OUT/placewatch.out" &
+				watch=$! rc=0
 				# shellcheck disable=SC2086 # sweep and the flags are lists of flags
 				if [ "$side" = native ]; then
-					run "boundary np $np native $half ($round/$BOUNDARY_ROUNDS)" "$f" "$GORUN" -np "$np" "$GORUN" bench allreduce $sweep
+					run "boundary np $np native $half ($round/$BOUNDARY_ROUNDS)" "$f" "$GORUN" -np "$np" "$GORUN" bench allreduce $sweep || rc=1
 				else
-					run "boundary np $np torch-gorun $half ($round/$BOUNDARY_ROUNDS)" "$f" "$GORUN" -np "$np" $TORCH_GORUN_FLAGS "$PY" bench/torch_allreduce.py --backend gorun $sweep
+					run "boundary np $np torch-gorun $half ($round/$BOUNDARY_ROUNDS)" "$f" "$GORUN" -np "$np" $TORCH_GORUN_FLAGS "$PY" bench/torch_allreduce.py --backend gorun $sweep || rc=1
 				fi
+				kill -TERM "$watch"
+				wait "$watch"
+				echo "$side$half $round $(cat "$OUT/placewatch.out")" >>"$OUT/boundary.placement.$np.txt"
+				[ "$rc" = 0 ] || exit 1
 			done
 		done
 	done
@@ -158,13 +165,13 @@ def times(path):  # size -> in-place time (us), from the nccl-tests table
             continue
         t[int(f[0])] = float(f[9])
     return t
-trip = {}  # (side+half, round) -> the cache line's round trip before the run, ns
+farshare = {}  # (side+half, round) -> the share of placewatch's probes during the run that were far
 for line in open("%s/boundary.placement.%s.txt" % (out, np_)):
-    f = line.split()
-    trip[(f[0], int(f[1]))] = float(f[2])
+    f = line.split()  # side+half round probes N far F median-ns M
+    farshare[(f[0], int(f[1]))] = int(f[5]) / max(1, int(f[3]))
 def place(half, r):  # "near", "far" or "mixed" for both runs of a half-round
-    ts = [trip[(side + half, r)] for side in ("native", "torch-gorun")]
-    return "near" if max(ts) < 250 else "far" if min(ts) >= 250 else "mixed"
+    fs = [farshare[(side + half, r)] for side in ("native", "torch-gorun")]
+    return "near" if max(fs) <= 0.25 else "far" if min(fs) >= 0.75 else "mixed"
 rows = {}  # size -> [(placement, native us, torch-gorun us)]
 for r in range(1, rounds + 1):
     for half in "ab":
@@ -173,7 +180,7 @@ for r in range(1, rounds + 1):
         for s in nat:
             rows.setdefault(s, []).append((place(half, r), nat[s], tor[s]))
 print("# us per call: medians of the rounds; native/torch-gorun is the busbw ratio (goal >= 0.9)")
-print("# placement: the cache line's round trip before each run (near < 250 ns <= far); ratio medians per placement")
+print("# placement: placewatch's probes during each run (near: both runs at most a quarter far; far: both at least three quarters); ratio medians per placement")
 print("# %10s  %10s  %12s  %18s  %22s  %-18s  %-18s  %s" % ("size", "native", "torch-gorun", "native/torch-gorun",
       "median of round ratios", "near: rounds, med", "far: rounds, med", "round ratios"))
 for s in sorted(rows):
