@@ -97,27 +97,7 @@ part allreduce && for np in $NPS; do
 		"$GORUN" bench report --plot "$OUT/allreduce.$np.png" --ratio 2/1 --ratio 2/3 "${files[@]}"
 		# The same rounds, by median: one run's best is one quiet moment,
 		# the median what a run usually gets.
-		"$PY" - "$OUT" "$np" "$ROUNDS" <<'PYEOF'
-import statistics, sys
-out, np_, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
-def times(path):  # size -> the faster placement's time (us), from the nccl-tests table
-    t = {}
-    for line in open(path):
-        f = line.split()
-        if line.startswith("#") or len(f) < 13 or not f[0].isdigit():
-            continue
-        t[int(f[0])] = min(float(f[5]), float(f[9]))
-    return t
-med = {}
-for lab in ("gloo", "torch-gorun", "native"):
-    per = [times("%s/%s.%s.%d.txt" % (out, lab, np_, r)) for r in range(1, rounds + 1)]
-    med[lab] = {s: statistics.median(p[s] for p in per if s in p) for s in per[0]}
-print("# medians of %d rounds (us per call, the faster placement); busbw ratios are time ratios" % rounds)
-print("# %10s  %10s  %12s  %10s  %16s  %18s" % ("size", "gloo", "torch-gorun", "native", "torch-gorun/gloo", "torch-gorun/native"))
-for s in sorted(med["torch-gorun"]):
-    g, t, n = med["gloo"].get(s), med["torch-gorun"][s], med["native"].get(s)
-    print("  %10d  %10.1f  %12.1f  %10.1f  %16.2f  %18.2f" % (s, g or 0, t, n or 0, g / t if g else 0, n / t if n else 0))
-PYEOF
+		"$PY" scripts/bench_torch_tables.py medians "$OUT" "$np" "$ROUNDS"
 	} | tee "$OUT/compare.$np.txt"
 done
 
@@ -154,46 +134,7 @@ part boundary && for np in $NPS; do
 		echo "# the Python/C boundary, $np ranks, $BOUNDARY_ROUNDS interleaved rounds, in place; gorun flags: torch-gorun '$TORCH_GORUN_FLAGS'"
 		echo "$before (before)"
 		echo "$(load) (after)"
-		"$PY" - "$OUT" "$np" "$BOUNDARY_ROUNDS" <<'PYEOF'
-import statistics, sys
-out, np_, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
-def times(path):  # size -> in-place time (us), from the nccl-tests table
-    t = {}
-    for line in open(path):
-        f = line.split()
-        if line.startswith("#") or len(f) < 13 or not f[0].isdigit():
-            continue
-        t[int(f[0])] = float(f[9])
-    return t
-farshare = {}  # (side+half, round) -> the share of placewatch's probes during the run that were far
-for line in open("%s/boundary.placement.%s.txt" % (out, np_)):
-    f = line.split()  # side+half round probes N far F median-ns M
-    farshare[(f[0], int(f[1]))] = int(f[5]) / max(1, int(f[3]))
-def place(half, r):  # "near", "far" or "mixed" for both runs of a half-round
-    fs = [farshare[(side + half, r)] for side in ("native", "torch-gorun")]
-    return "near" if max(fs) <= 0.25 else "far" if min(fs) >= 0.75 else "mixed"
-rows = {}  # size -> [(placement, native us, torch-gorun us)]
-for r in range(1, rounds + 1):
-    for half in "ab":
-        nat = times("%s/boundary.native%s.%s.%d.txt" % (out, half, np_, r))
-        tor = times("%s/boundary.torch-gorun%s.%s.%d.txt" % (out, half, np_, r))
-        for s in nat:
-            rows.setdefault(s, []).append((place(half, r), nat[s], tor[s]))
-print("# us per call: medians of the rounds; native/torch-gorun is the busbw ratio (goal >= 0.9)")
-print("# placement: placewatch's probes during each run (near: both runs at most a quarter far; far: both at least three quarters); ratio medians per placement")
-print("# %10s  %10s  %12s  %18s  %22s  %-18s  %-18s  %s" % ("size", "native", "torch-gorun", "native/torch-gorun",
-      "median of round ratios", "near: rounds, med", "far: rounds, med", "round ratios"))
-for s in sorted(rows):
-    n = statistics.median(x[1] for x in rows[s])
-    t = statistics.median(x[2] for x in rows[s])
-    rs = [x[1] / x[2] for x in rows[s]]
-    by = []
-    for pl in ("near", "far"):
-        q = [x[1] / x[2] for x in rows[s] if x[0] == pl]
-        by.append("%2d, %.2f" % (len(q), statistics.median(q)) if q else " 0, -")
-    print("  %10d  %10.1f  %12.1f  %18.2f  %22.2f  %-18s  %-18s  %s" % (s, n, t, n / t, statistics.median(rs), by[0], by[1],
-          " ".join("%.2f" % x for x in rs)))
-PYEOF
+		"$PY" scripts/bench_torch_tables.py boundary "$OUT" "$np" "$BOUNDARY_ROUNDS"
 	} | tee "$OUT/boundary.$np.txt"
 done
 
@@ -217,25 +158,7 @@ done
 {
 	echo "# DDP step (examples/torch/ddp.py --width 1024 --steps $DDP_STEPS), $ROUNDS interleaved rounds"
 	echo "$(load)"
-	"$PY" - "$OUT/ddp.runs.txt" <<'PYEOF'
-import re, statistics, sys
-runs = {}
-for line in open(sys.argv[1]):
-    m = re.match(r"backend (\w+) ranks (\d+): median step ([\d.]+) ms, cpu ([\d.]+) ms", line)
-    if m:
-        runs.setdefault((int(m[2]), m[1]), []).append((float(m[3]), float(m[4])))
-print("# %5s  %-24s  %-24s  %s" % ("ranks", "gloo step ms (cpu/rank)", "gorun step ms (cpu/rank)",
-                                   "gloo/gorun step (>1: gorun faster)"))
-for np in sorted({k[0] for k in runs}):
-    med = {}
-    for b in ("gloo", "gorun"):
-        r = runs.get((np, b), [])
-        med[b] = (statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)) if r else (float("nan"),) * 2
-    print("  %5d  %8.1f (%6.1f)         %8.1f (%6.1f)         %.2f   (all: gloo %s | gorun %s)" % (
-        np, *med["gloo"], *med["gorun"], med["gloo"][0] / med["gorun"][0],
-        " ".join("%.0f" % x[0] for x in runs.get((np, "gloo"), [])),
-        " ".join("%.0f" % x[0] for x in runs.get((np, "gorun"), []))))
-PYEOF
+	"$PY" scripts/bench_torch_tables.py ddp "$OUT/ddp.runs.txt"
 	echo "# The machine may be shared: rerun before trusting one number."
 } | tee "$OUT/ddp.txt"
 echo "bench-torch: results in $OUT/" >&2
