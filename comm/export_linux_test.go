@@ -29,3 +29,6 @@ func SchedGroupHost() string {
 
 // OnlineCPUs is the host's online CPU count.
 func OnlineCPUs() int { return onlineCPUs() }
+
+// HomeCPU is the CPU spreadOnce moved this process to (-1: none).
+func HomeCPU() int { return int(homeCPU.Load()) - 1 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/comm/commtest"
+	"golang.org/x/sys/unix"
 )
 
 // Multi-process tests re-execute the test binary as ranks. Peers find each
@@ -27,7 +28,7 @@ import (
 // addr.<rank>, and waits for the others' files (a tiny static address list,
 // standing in for the rendezvous).
 const (
-	childEnv = "GORUN_COMM_CHILD" // the mode: allreduce, crash, bench
+	childEnv = "GORUN_COMM_CHILD" // the mode: allreduce, crash, desync, home, bench
 	exitLost = 3                  // crash mode: error named the victim
 	exitBad  = 4
 )
@@ -137,6 +138,9 @@ func childMain() int {
 			return exitLost
 		}
 		return exitBad
+	case "home":
+		fmt.Println("home", comm.HomeCPU())
+		return 0
 	case "bench":
 		if p := os.Getenv("GORUN_COMM_CPUPROFILE"); p != "" && rank == 0 {
 			f, err := os.Create(p)
@@ -358,6 +362,42 @@ func TestMultiProcessAllReduce(t *testing.T) {
 			}
 			if ents, _ := os.ReadDir(shmDir); len(ents) != 0 {
 				t.Errorf("shared memory left behind: %v", ents)
+			}
+		})
+	}
+}
+
+// Ranks of a host with at least two per CPU start on the CPU their place
+// among the host's ranks gives them, in consecutive blocks (ranks 0 and 1
+// on the first CPU of two), when they connect (spreadOnce, from the
+// endpoint's connect: comm/spread_linux.go); ranks that fit the CPUs are
+// left where the kernel put them.
+func TestCrowdedRanksStartSpread(t *testing.T) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	var cpus []int
+	for c := range 1024 {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	online := comm.OnlineCPUs()
+	if len(cpus) < 2 || online > 4 {
+		t.Skipf("%d CPUs allowed of %d online: the test wants 2 to 4", len(cpus), online)
+	}
+	for _, n := range []int{2 * online, len(cpus)} {
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+			res, _ := runRanks(t, n, "home", "shm")
+			for r, p := range res {
+				want := -1 // not crowded
+				if n > online {
+					want = cpus[r*len(cpus)/n%len(cpus)]
+				}
+				if p.code != 0 || strings.TrimSpace(p.stdout) != fmt.Sprintf("home %d", want) {
+					t.Errorf("rank %d of %d: exit %d, %q, want \"home %d\"\n%s", r, n, p.code, p.stdout, want, p.stderr)
+				}
 			}
 		})
 	}
