@@ -359,20 +359,17 @@ var handsOffMin = func() *atomic.Int64 { v := new(atomic.Int64); v.Store(16); re
 // program's worker does, sending through the per-peer sender goroutines,
 // while the caller's thread sleeps in Wait. That costs the caller two
 // thread switches (its locked thread gives up the P and gets it back), and
-// saves, on ring steps of at least half the ring, what the caller's own
-// steps (callerFrame, two frames ahead at most) lose to the sender
-// goroutine that keeps the ring full: the producer that finds the ring
-// empty skips back to its beginning, and where the VM places its two vCPUs
-// far apart (notes/shm-latency.md) those re-used lines cross between the
-// cores' caches on every lap. 4 ranks on 2 cores, in-place all-reduce from
-// torch, native time / torch time, median of per-round ratios over the
-// runs of 2026-11-27 15:00-15:45 (n rounds): 8 MiB far 0.76 (22) on the
-// caller, 0.98 (16) handed over; near 0.96 (14) and 0.95 (15); 16 MiB far
-// 0.92 and 0.97, near 1.03 and 0.97; 32 MiB 0.96 / 0.95 and 0.99 / 1.00.
-// Below that the hand-over loses: 4 MiB near 0.99 on the caller against
-// 0.83 handed over, 2 MiB 0.98 against 0.72 (notes/torch-backend.md).
-// Only where callerFrame would apply: more than two ranks (the pair
-// exchange never used the sender goroutines) over links that qualify.
+// from ring steps of half the ring on gains what the caller's own steps
+// (callerFrame, two frames ahead at most) lose to a sender goroutine that
+// keeps the ring full. 4 ranks on 2 cores, in-place all-reduce from torch,
+// native time / torch time pooled over the rounds of session 9: 8 MiB
+// 0.76-0.96 on the caller against 0.95-0.98 handed over; below half the
+// ring the hand-over lost (4 MiB 0.83-0.96 against 0.88-0.99, 2 MiB
+// 0.72-0.95 against 0.93-0.98), and handing 2-4 MiB over only while the
+// CPUs were far apart did not gain either (notes/torch-backend.md,
+// sessions 9 and 10). Only where callerFrame would apply: more than two
+// ranks (the pair exchange never used the sender goroutines) over links
+// that qualify.
 func (c *Comm) handsOff(cl *call) bool {
 	if c.n <= 2 || cl.invalid != nil {
 		return false
