@@ -21,6 +21,10 @@
 // included: comm sends and receives their frames in turns there rather than
 // handing the sends to its sender goroutines (comm.SetForeignCallers), since
 // every hand-off between a C thread and Go's threads costs thread switches.
+// The exception is a call on more than two ranks over shared memory whose
+// ring steps are at least half the ring (an all-reduce of 8 MiB on 4 ranks):
+// it goes to the communicator's worker goroutine while the caller's thread
+// sleeps in the wait (comm's handsOff).
 // GOMAXPROCS defaults to 2 here (unless the GOMAXPROCS environment variable
 // is set) because the host program — Python with torch's own thread pools —
 // owns the cores; the runtime adds a handful of OS threads. Go installs
