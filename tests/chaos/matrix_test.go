@@ -130,8 +130,10 @@ func matrix() []row {
 				// A rank that dies before it joined is, to the others,
 				// one that has not come yet: without a launcher that saw
 				// it die, only the formation timeout ends the wait (as
-				// torch's store timeout does). Shortened from 120 s.
+				// torch's store timeout does), and its error names the
+				// rank that never came. Shortened from 120 s.
 				d.env = []string{"GORUN_RDZV_TIMEOUT=4s"}
+				d.names = "missing 1"
 			}
 			rows = append(rows, d)
 		}

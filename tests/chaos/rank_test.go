@@ -93,6 +93,13 @@ func runRank() int {
 			fault()
 		}()
 	}
+	if phase == "formation" && me != victim && (world == "" || world == "0") {
+		// The others join 200 ms late, so the world cannot form before
+		// the victim's fault: a job that formed, ran and ended within
+		// 20 ms (seen under a PID namespace) would otherwise complete
+		// before it.
+		time.Sleep(200 * time.Millisecond)
+	}
 	// attached: the world must not form while the victim is attached
 	// and frozen, so rank 1 (the holder, never the victim) does not join
 	// in the first world: it waits to be ended, as a rank hung before
