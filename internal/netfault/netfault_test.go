@@ -135,23 +135,28 @@ func TestPartitionByHosts(t *testing.T) {
 
 // Step gates open at the step, whether asked for before or after it.
 func TestStepGates(t *testing.T) {
-	g := Gate(1 << 40) // far from any other test's steps
+	// Far above any step reported in this process so far (steps are
+	// process-wide, so a second run, -count=2, starts above the first's).
+	steps.mu.Lock()
+	n := steps.last + 1<<40
+	steps.mu.Unlock()
+	g := Gate(n)
 	select {
 	case <-g.Done():
 		t.Fatal("open before its step")
 	default:
 	}
-	if Gate(1<<40) != g {
+	if Gate(n) != g {
 		t.Error("two gates for one step")
 	}
-	ReportStep(1<<40 - 1)
+	ReportStep(n - 1)
 	select {
 	case <-g.Done():
 		t.Fatal("open a step early")
 	default:
 	}
 	before := time.Now()
-	ReportStep(1<<40 + 2)
+	ReportStep(n + 2)
 	select {
 	case <-g.Done():
 	default:
@@ -160,7 +165,7 @@ func TestStepGates(t *testing.T) {
 	if g.At().Before(before) {
 		t.Errorf("opened at %v, before the step's report %v", g.At(), before)
 	}
-	late := Gate(1<<40 + 1)
+	late := Gate(n + 1)
 	select {
 	case <-late.Done():
 	default:
