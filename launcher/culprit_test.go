@@ -178,6 +178,25 @@ func TestPickFailureByExitTime(t *testing.T) {
 	}
 }
 
+// A collateral failure says whom its runtime blamed: a rank it lost, or,
+// when its report was relayed, the rank whose abort reached it, which did
+// not fail itself (a fault report once said rank 7 "lost rank 6" when rank
+// 6 had only passed on its own loss of rank 5).
+func TestCollateralFailureString(t *testing.T) {
+	for _, tc := range []struct {
+		f    failure
+		want string
+	}{
+		{failure{rank: 6, code: 6, collateral: true, blame: 5}, "rank 6 exited with code 6 after its runtime lost rank 5"},
+		{failure{rank: 7, code: 6, collateral: true, blame: 6, relay: true}, "rank 7 exited with code 6 after rank 6's abort reached its runtime"},
+		{failure{rank: 7, code: 6, collateral: true, blame: -1}, "rank 7 exited with code 6 after its runtime lost a peer"},
+	} {
+		if got := tc.f.String(); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.f, got, tc.want)
+		}
+	}
+}
+
 // TestCulpritByExitOrder: a program that does not use gorun's runtime, so
 // no rank reports itself collateral. Rank 3 is SIGKILLed; ranks 0-2 exit 1
 // within about 100 µs of seeing it gone, often before its exit reaches

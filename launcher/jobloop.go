@@ -697,13 +697,17 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 }
 
 // String says what failed, for the fault report; a collateral failure
-// says whom its runtime blamed.
+// says whom its runtime blamed, and a relayed one whose abort reached it
+// (that rank did not fail: it passed on a loss it saw or heard of).
 func (f failure) String() string {
 	if f.collateral {
 		g := f
 		g.collateral = false
-		if f.blame < 0 {
+		switch {
+		case f.blame < 0:
 			return g.String() + " after its runtime lost a peer"
+		case f.relay:
+			return fmt.Sprintf("%s after rank %d's abort reached its runtime", g, f.blame)
 		}
 		return fmt.Sprintf("%s after its runtime lost rank %d", g, f.blame)
 	}

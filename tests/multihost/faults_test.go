@@ -56,9 +56,13 @@ func TestInjectKillHostRestarts(t *testing.T) {
 		t.Fatalf("report:\n%s", b)
 	}
 	f := rep.Faults[0]
-	if f.Host != victim || len(f.Ranks) != 2 || f.Ranks[0] != 4 || f.Action != "restarted" ||
-		!strings.Contains(f.DetectedBy, "host of ranks 4-5 lost") {
-		t.Errorf("fault: %+v", f)
+	// Detected by the host's loss, or by a rank of another host that
+	// failed first because of it: one that lost rank 4 or 5 itself, or
+	// one that a peer's abort reached (1 in 25 runs alone: rank 7 after
+	// rank 6's, which had lost rank 5).
+	detected := regexp.MustCompile(`^host of ranks 4-5 lost|^rank \d+ exited with code \d+ after (its runtime lost rank [45]$|rank \d+'s abort reached its runtime$)`)
+	if f.Host != victim || len(f.Ranks) != 2 || f.Ranks[0] != 4 || f.Action != "restarted" || !detected.MatchString(f.DetectedBy) {
+		t.Errorf("fault: %+v\nstderr:\n%s", f, j.stderr.String())
 	}
 	if !strings.Contains(rep.Worlds[0].Result, "lost host "+victim) {
 		t.Errorf("world 0 ended with %q, want host %s lost", rep.Worlds[0].Result, victim)
