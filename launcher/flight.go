@@ -21,7 +21,7 @@ import (
 // then merges what the ranks wrote into one table that marks the first
 // sequence number where the ranks disagree. The directory is
 // <output-dir>/flight with --output-dir, else a temporary directory
-// removed at the end of the job.
+// removed at the end of the job (flighttemp.go).
 //
 // Multi-host jobs: every host agent makes a temporary flight directory
 // for its own ranks (removed by the agent at the end, or by its supervisor
@@ -128,7 +128,7 @@ func prepareFlight(cfg Config, stderr *lineSink) *flightRecords {
 		dir = filepath.Join(cfg.OutputDir, "flight")
 		err = os.MkdirAll(dir, 0o755)
 	} else {
-		dir, err = os.MkdirTemp("", "gorun-flight-")
+		dir, err = makeFlightTemp()
 		f.temp = dir
 	}
 	if err != nil {
@@ -209,7 +209,7 @@ func sendFlight(f *flightRecords, w *wireConn, rank int, since time.Time, end bo
 // agentFlight makes a host agent's temporary flight directory (nil when
 // it cannot: the ranks' records then go to their logs only).
 func agentFlight(log zerolog.Logger) *flightRecords {
-	dir, err := os.MkdirTemp("", "gorun-flight-")
+	dir, err := makeFlightTemp()
 	if err != nil {
 		log.Warn().Err(err).Msg("no flight-record directory; records go to the ranks' logs only")
 		return nil
