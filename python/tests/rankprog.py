@@ -654,7 +654,9 @@ def case_timeout():
                 dist.all_reduce(t, group=g)
                 say("TIMEOUTERR none")
             except gorun.GorunError as e:
-                say("TIMEOUTERR after=%.2f status=%s rank=%d msg=%s" % (time.monotonic() - start, e.status, e.rank, e))
+                end = time.monotonic()  # CLOCK_MONOTONIC: one clock for every rank on the host
+                say("TIMEOUTERR after=%.2f start=%.6f end=%.6f status=%s rank=%d msg=%s"
+                    % (end - start, start, end, e.status, e.rank, e))
             store.set("raised%d" % rank, "1")
             store.wait(["late"])  # rank 0 serves the store: stay for the last rank
         else:
