@@ -8,6 +8,7 @@ gloo.
 """
 
 import os
+import random
 import re
 import socket
 import subprocess
@@ -114,16 +115,36 @@ def test_gorun_groups_with_a_gloo_default_group(launcher):
     ranks_ok(out, 3, "gloodefault")
 
 
+def free_port():
+    """A port free a moment ago, picked below the kernel's ephemeral range:
+    one from a bind to port 0 comes from that range, from which the kernel
+    also hands out other processes' outgoing connections, and may be taken
+    before torch's store binds it (as rendezvoustest.FreePort, in Go)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            hi = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        hi = 32768
+    for _ in range(50):
+        port = random.randrange(20000, hi) if hi - 20000 >= 1000 else 0
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            return s.getsockname()[1]
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise RuntimeError("no free port in 50 tries")
+
+
 @pytest.mark.parametrize("case", ["smoke", "gloodefault"])
 def test_torch_style_launch_without_gorun_bootstraps_through_the_store(launcher, case):
     """RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT only, as torchrun sets them:
     the rendezvous endpoint and secret travel through torch's store (smoke:
     gorun is the default group; gloodefault: a gorun group of every rank
     under a gloo default group)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    port = free_port()
     procs = []
     for r in range(2):
         env = {k: v for k, v in os.environ.items() if not k.startswith("GORUN_")}
