@@ -2,6 +2,7 @@ package comm
 
 import (
 	"bufio"
+	"cmp"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
@@ -20,6 +21,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun-hpc/gorun/internal/owner"
 )
 
 // Shared memory between two ranks on one host: a segment in /dev/shm with
@@ -112,7 +115,7 @@ type shmSegment struct {
 func createShm(dir string, gid GroupID, me, peer, ringBytes int) (*shmSegment, error) {
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
-	name := fmt.Sprintf("%s%d.%d-%016x-%d-%d-%s", shmPrefix, os.Getpid(), pidNamespace(), uint64(gid), me, peer, hex.EncodeToString(rnd[:]))
+	name := fmt.Sprintf("%s%d.%d-%016x-%d-%d-%s", shmPrefix, os.Getpid(), owner.PIDNamespace(), uint64(gid), me, peer, hex.EncodeToString(rnd[:]))
 	path := filepath.Join(dir, name)
 	size := shmSize(ringBytes)
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
@@ -228,10 +231,9 @@ func sweepShm(dir string) int {
 			continue
 		}
 		pid, ns, ok := shmOwner(name[len(shmPrefix):])
-		if !ok || ns != 0 && ns != pidNamespace() {
-			continue // not ours to judge: its pid means nothing here
-		}
-		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+		// A name without a namespace (made before it was recorded) is
+		// judged as this namespace's; one of another is not ours to judge.
+		if ok && owner.Gone(pid, cmp.Or(ns, owner.PIDNamespace())) {
 			if unix.Unlink(filepath.Join(dir, name)) == nil {
 				removed++
 			}
@@ -260,21 +262,6 @@ func shmOwner(rest string) (pid int, ns uint64, ok bool) {
 	}
 	return pid, ns, true
 }
-
-// pidNamespace is the inode of this process's PID namespace (0 if it
-// cannot be read). A segment's name records its creator's, because
-// /dev/shm may be shared by processes in different PID namespaces
-// (containers run with the host's IPC namespace, as NCCL's container
-// guides ask): a pid from another namespace names some other process
-// here, or none, and a sweep that judged it would remove another job's
-// live segments.
-var pidNamespace = sync.OnceValue(func() uint64 {
-	var st unix.Stat_t
-	if unix.Stat("/proc/self/ns/pid", &st) != nil {
-		return 0
-	}
-	return st.Ino
-})
 
 func openShm(dir, name string, ringBytes int) (*shmSegment, error) {
 	if !strings.HasPrefix(name, shmPrefix) || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {

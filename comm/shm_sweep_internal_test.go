@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/gorun-hpc/gorun/internal/owner"
 )
 
 // The sweep removes a segment only when its creator is gone from this PID
@@ -15,14 +17,14 @@ import (
 // /dev/shm) is never judged, whatever its pid means here; names made
 // before the namespace was recorded are judged as before.
 func TestSweepShmJudgesOnlyItsNamespace(t *testing.T) {
-	if pidNamespace() == 0 {
+	if owner.PIDNamespace() == 0 {
 		t.Skip("/proc/self/ns/pid cannot be read here")
 	}
 	dead := exec.Command("true")
 	if err := dead.Run(); err != nil {
 		t.Fatal(err)
 	}
-	pid, ns := dead.Process.Pid, pidNamespace()
+	pid, ns := dead.Process.Pid, owner.PIDNamespace()
 	dir := t.TempDir()
 	for _, tc := range []struct {
 		name string

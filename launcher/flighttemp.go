@@ -1,51 +1,33 @@
 package launcher
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/gorun-hpc/gorun/internal/owner"
 )
 
 // Temporary flight directories are named gorun-flight-<pidns>-<pid>-<random>
-// after the process that made them: its PID namespace (the inode of
-// /proc/self/ns/pid) and its pid. A process removes its own at the end, and
-// a host agent's supervisor removes the agent's if the agent dies; what
-// neither can remove is the directory of a process killed with everything
-// around it (a host taken down whole: kill-host injections do that to a
-// host's agent, supervisor and ranks at once). So each new one first
-// removes those of dead processes: in this PID namespace (a pid means
-// nothing in another), owned by this user, whose process no longer exists.
+// after the process that made them, as shared-memory segments are (package
+// internal/owner). A process removes its own at the end, and a host
+// agent's supervisor removes the agent's if the agent dies; what neither
+// can remove is the directory of a process killed with everything around
+// it (a host taken down whole: kill-host injections do that to a host's
+// agent, supervisor and ranks at once). So each new one first removes
+// those of dead processes: in this PID namespace (a pid means nothing in
+// another), owned by this user, whose process no longer exists.
 
 const flightTempPrefix = "gorun-flight-"
 
 // makeFlightTemp sweeps stale flight directories, then makes a new one.
 func makeFlightTemp() (string, error) {
-	ns := pidNamespace()
-	sweepFlightTemps(os.TempDir(), ns, processGone)
+	ns := owner.PIDNamespace()
+	sweepFlightTemps(os.TempDir(), ns, func(pid int) bool { return owner.Gone(pid, ns) })
 	return os.MkdirTemp("", fmt.Sprintf("%s%d-%d-", flightTempPrefix, ns, os.Getpid()))
-}
-
-// pidNamespace is the inode number of this process's PID namespace, or 0
-// where it cannot be read (then nothing is swept: no name can be matched).
-func pidNamespace() uint64 {
-	l, err := os.Readlink("/proc/self/ns/pid") // "pid:[4026531836]"
-	if err != nil {
-		return 0
-	}
-	ino, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(l, "pid:["), "]"), 10, 64)
-	if err != nil {
-		return 0
-	}
-	return ino
-}
-
-// processGone reports whether no process has this pid (in this namespace).
-func processGone(pid int) bool {
-	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 }
 
 // sweepFlightTemps removes the flight directories in dir made in PID

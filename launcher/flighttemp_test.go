@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gorun-hpc/gorun/internal/owner"
 )
 
 // A new flight directory removes those of processes that are gone in this
@@ -56,7 +58,7 @@ func TestSweepFlightTemps(t *testing.T) {
 }
 
 // makeFlightTemp names its directory after this process, so that a later
-// one can tell when it is stale, and processGone tells a live pid from a
+// one can tell when it is stale, and owner.Gone tells a live pid from a
 // reaped one.
 func TestMakeFlightTemp(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir())
@@ -64,11 +66,11 @@ func TestMakeFlightTemp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("gorun-flight-%d-%d-", pidNamespace(), os.Getpid())
-	if pidNamespace() == 0 || !strings.HasPrefix(filepath.Base(d), want) {
+	want := fmt.Sprintf("gorun-flight-%d-%d-", owner.PIDNamespace(), os.Getpid())
+	if owner.PIDNamespace() == 0 || !strings.HasPrefix(filepath.Base(d), want) {
 		t.Errorf("made %s, want a name starting %s", d, want)
 	}
-	if processGone(os.Getpid()) {
+	if owner.Gone(os.Getpid(), owner.PIDNamespace()) {
 		t.Error("this process counted as gone")
 	}
 }
