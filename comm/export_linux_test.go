@@ -32,3 +32,6 @@ func OnlineCPUs() int { return onlineCPUs() }
 
 // HomeCPU is the CPU spreadOnce moved this process to (-1: none).
 func HomeCPU() int { return int(homeCPU.Load()) - 1 }
+
+// AllowedCPUs lists the CPUs this thread may run on (spreadTo's list).
+func AllowedCPUs() []int { return allowedCPUs() }

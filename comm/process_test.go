@@ -20,7 +20,6 @@ import (
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/comm/commtest"
-	"golang.org/x/sys/unix"
 )
 
 // Multi-process tests re-execute the test binary as ranks. Peers find each
@@ -373,16 +372,7 @@ func TestMultiProcessAllReduce(t *testing.T) {
 // endpoint's connect: comm/spread_linux.go); ranks that fit the CPUs are
 // left where the kernel put them.
 func TestCrowdedRanksStartSpread(t *testing.T) {
-	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err != nil {
-		t.Fatal(err)
-	}
-	var cpus []int
-	for c := range 1024 {
-		if set.IsSet(c) {
-			cpus = append(cpus, c)
-		}
-	}
+	cpus := comm.AllowedCPUs()
 	online := comm.OnlineCPUs()
 	if len(cpus) < 2 || online > 4 {
 		t.Skipf("%d CPUs allowed of %d online: the test wants 2 to 4", len(cpus), online)
