@@ -1,0 +1,563 @@
+package comm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"slices"
+	"unsafe"
+)
+
+// Fusion on the fly: small all-reduces queued behind one another on a
+// communicator travel as one message (see "Fusion" in the package comment
+// for the rule and its proof obligations; notes/fusion.md for the
+// measurements). This file holds the token holder's side of it: what it
+// takes from the queue (offer), the recursive doubling that agrees, in
+// the messages it exchanges anyway, on how many of the offered calls every
+// rank runs (fusedRD), and the bookkeeping that completes them in issue
+// order (runFused).
+
+// maxFuseCalls bounds the calls one fused message carries, and so the list
+// of counts at its front (fuseListBytes). It also bounds the aliasing check
+// of offer, which is quadratic in the calls taken.
+const maxFuseCalls = 128
+
+// fuseListBytes is the room in front of the packed data for the list of
+// counts a fused message starts with: one uint32 per call, padded to 8.
+const fuseListBytes = 4 * maxFuseCalls
+
+// listBytes is the length of the count list of a message of k > 1 calls.
+func listBytes(k int) int { return (4*k + 7) &^ 7 }
+
+// fusion is the token holder's state for fused all-reduces (no lock: only
+// the token holder touches it, like the rest of the per-call state).
+type fusion struct {
+	// calls are the calls offered in the current fused all-reduce, the
+	// lead first, in issue order; off[i] is where call i's data starts in
+	// the packed vector (compute-type bytes) and off[len(calls)] its end.
+	calls []*call
+	off   []int
+	// held are calls taken from the queue and not run yet, in issue order
+	// from heldAt: a call that ended an offer, and offered calls that the
+	// ranks did not agree on. They run before anything still queued.
+	held   []*call
+	heldAt int
+	// buf is fuseListBytes of room for the count list, then the packed
+	// data of the offered calls; in receives a peer's fused message.
+	buf, in []byte
+}
+
+// take returns the next call in issue order without blocking: a held one,
+// else one from the queue; nil when there is none, with closed set when
+// the queue is closed and drained.
+func (c *Comm) take() (cl *call, closed bool) {
+	f := &c.fz
+	if f.heldAt < len(f.held) {
+		cl = f.held[f.heldAt]
+		f.held[f.heldAt] = nil
+		f.heldAt++
+		if f.heldAt == len(f.held) {
+			f.held, f.heldAt = f.held[:0], 0
+		}
+		return cl, false
+	}
+	select {
+	case cl, ok := <-c.queue:
+		return cl, !ok
+	default:
+		return nil, false
+	}
+}
+
+// unshift puts cl back in front of the held calls: it runs next.
+func (c *Comm) unshift(cl *call) {
+	f := &c.fz
+	if f.heldAt > 0 {
+		f.heldAt--
+		f.held[f.heldAt] = cl
+		return
+	}
+	f.held = slices.Insert(f.held, 0, cl)
+}
+
+// heldCalls is how many calls are held (token holder only).
+func (c *Comm) heldCalls() int { return len(c.fz.held) - c.fz.heldAt }
+
+// fusable reports whether cl may lead or join a fused all-reduce: a valid
+// all-reduce on two ranks or more, at most Config.FuseBytes in the compute
+// type, that on its own would take the latency path (recursive doubling),
+// which is what a fused message runs. Every rank decides alike for the same
+// call (the inputs are the call's fingerprint, the Config and the group's
+// placement), and a lone fusable call sends exactly the frames it sends
+// unfused, so a rank that decides otherwise for a call of another size
+// still gets a desync error from the frames, not wrong data. Not in
+// deterministic mode on more than two ranks, whose latency path is the
+// gather of every rank's vector (gatherAllReduce), not fused here.
+func (c *Comm) fusable(cl *call) bool {
+	if cl.kind != KindAllReduce || cl.invalid != nil || c.n < 2 || c.cfg.Deterministic && c.n > 2 {
+		return false
+	}
+	size := cl.count * computeType(cl.dtype).Size()
+	return size <= c.cfg.fuseLimit() && !c.allReduceRing(size)
+}
+
+// offer offers lead and the calls queued right behind it that may join
+// it (joins), in issue order, into c.fz.calls; the first call that may not
+// join is held to run next. It never waits for a call: what is queued now
+// is the offer.
+func (c *Comm) offer(lead *call) {
+	f := &c.fz
+	f.calls = append(f.calls[:0], lead)
+	es := computeType(lead.dtype).Size()
+	total := lead.count * es
+	for len(f.calls) < maxFuseCalls {
+		nx, _ := c.take()
+		if nx == nil {
+			return
+		}
+		if !c.joins(nx, lead, total) {
+			c.unshift(nx)
+			return
+		}
+		f.calls = append(f.calls, nx)
+		total += nx.count * es
+	}
+}
+
+// joins reports whether nx may join the offer led by lead, whose calls
+// hold total bytes so far: the same kind, dtype and op, fusable, within
+// FuseBytes, and reading no memory that an earlier call of the offer
+// writes (run alone, nx would read that call's result; fused, every send
+// buffer is read before any result is written).
+func (c *Comm) joins(nx, lead *call, total int) bool {
+	if nx.kind != lead.kind || nx.dtype != lead.dtype || nx.op != lead.op || !c.fusable(nx) ||
+		total+nx.count*computeType(nx.dtype).Size() > c.cfg.fuseLimit() {
+		return false
+	}
+	for _, cl := range c.fz.calls {
+		if overlaps(nx.send, cl.recv) {
+			return false
+		}
+	}
+	return true
+}
+
+// runFused runs lead, a fusable call, with the calls queued behind it that
+// may join it, and completes the calls every rank agreed to run with it
+// (at least lead) in issue order; the others are held and run next. It
+// returns the issue number of the last call it completed. Token holder
+// only.
+func (c *Comm) runFused(lead *call) uint64 {
+	if err := c.Err(); err != nil {
+		seq := lead.seq
+		c.finish(lead, err)
+		return seq
+	}
+	c.offer(lead)
+	f := &c.fz
+	k := len(f.calls)
+	// The lead is numbered now (its frames carry its number on each
+	// pair); the calls that join it once the ranks have agreed on them.
+	c.cseq++
+	for _, p := range c.peers {
+		if p != nil {
+			p.seq++
+		}
+	}
+	record := !flightOff.Load()
+	var first uint64
+	var began int64
+	if record {
+		began = ticks()
+		first = c.rec.start(lead, c.cseq, 0, began)
+	}
+	m, err := c.fusedAllReduce()
+	if err != nil {
+		c.fail(err)
+		if isLinkDown(err) {
+			err = c.failErr
+		}
+		if record {
+			c.rec.end(first, err, ticks())
+		}
+		// The other offered calls fail at their turn (the communicator
+		// has failed).
+		for i := k - 1; i >= 1; i-- {
+			c.unshift(f.calls[i])
+		}
+		seq := lead.seq
+		c.finish(lead, err)
+		return seq
+	}
+	for i := k - 1; i >= m; i-- {
+		c.unshift(f.calls[i])
+	}
+	if m > 1 {
+		c.fusedRuns++
+	}
+	if m < k {
+		c.fuseShrunk++
+	}
+	if record {
+		c.rec.fused(first, m)
+		for _, cl := range f.calls[1:m] {
+			c.cseq++
+			c.rec.fused(c.rec.start(cl, c.cseq, 0, began), m)
+		}
+		now := ticks()
+		for i := range m {
+			c.rec.end(first+uint64(i), nil, now)
+		}
+	} else {
+		c.cseq += uint64(m - 1)
+	}
+	for _, p := range c.peers {
+		if p != nil {
+			p.seq += uint64(m - 1)
+		}
+	}
+	last := lead.seq + uint64(m-1)
+	for i, cl := range f.calls[:m] {
+		c.finish(cl, nil) // recycles cl
+		f.calls[i] = nil
+	}
+	return last
+}
+
+// fusedAllReduce runs the offered calls c.fz.calls as one all-reduce and
+// returns how many of them, from the first, every rank ran (their results
+// are in their receive buffers). One call alone runs on its own buffers
+// exactly as allReduce runs it; several are packed into one vector.
+func (c *Comm) fusedAllReduce() (int, error) {
+	f := &c.fz
+	lead := f.calls[0]
+	k := len(f.calls)
+	dt := lead.dtype
+	ct := computeType(dt)
+	es := ct.Size()
+	f.off = f.off[:0]
+	total := 0
+	for _, cl := range f.calls {
+		f.off = append(f.off, total)
+		total += cl.count * es
+	}
+	f.off = append(f.off, total)
+	var src, data []byte
+	if k == 1 {
+		src, data = lead.send, lead.recv
+		switch {
+		case dt.isHalf():
+			data = c.scratch(0, total)
+			widen(dt, data, lead.send)
+			src = data
+		case overlaps(lead.send, lead.recv):
+			if !sameMem(lead.send, lead.recv) {
+				copyData(lead.recv, lead.send)
+			}
+			src = data
+		}
+	} else {
+		if cap(f.buf) < fuseListBytes+total {
+			f.buf = make([]byte, fuseListBytes+c.cfg.fuseLimit())
+		}
+		data = f.buf[fuseListBytes : fuseListBytes+total]
+		for i, cl := range f.calls {
+			part := data[f.off[i]:f.off[i+1]]
+			if dt.isHalf() {
+				widen(dt, part, cl.send)
+			} else {
+				copyData(part, cl.send)
+			}
+		}
+		src = data
+	}
+	m, err := c.fusedRD(lead, ct, src, data)
+	if err != nil {
+		return 0, err
+	}
+	for i, cl := range f.calls[:m] {
+		part := data[f.off[i]:f.off[i+1]]
+		if cl.op == Avg {
+			finishAvg(ct, part, c.n)
+		}
+		switch {
+		case dt.isHalf():
+			narrow(dt, cl.recv, part)
+		case k > 1:
+			copyData(cl.recv, part)
+		}
+	}
+	return m, nil
+}
+
+// fusedRD is recursiveDoubling over a prefix of the offered calls that
+// shrinks to what every rank offers. Each message carries how many calls
+// its data holds (m); a rank that receives a message of mt calls goes on
+// with min(m, mt), the calls both hold, reduced over both sides. After the
+// exchange with the partner at distance 2^j, a rank's m is the least
+// offer among the 2^(j+1) ranks whose data its vector holds (by induction:
+// both partners take the minimum of their halves' minima), so after the
+// last exchange every rank has the same m, the least offer of all, and
+// the first m calls reduced over all ranks. For n not a power of two the
+// absorbed ranks' offers enter through their partners, and the result
+// they get back carries the final m. A rank never runs a call it did not
+// offer, so no rank waits for a call another has not issued.
+//
+// With one call on every rank the frames are exactly recursiveDoubling's
+// (the count is carried in the header's Root, -1 for one call), and every
+// element of every call is combined in the same order as unfused, so
+// fused or not, the results are the same bits.
+func (c *Comm) fusedRD(lead *call, ct DType, src, data []byte) (int, error) {
+	n, me := c.n, c.me
+	pof2 := 1 << (bits.Len(uint(n)) - 1)
+	rem := n - pof2
+	m := len(c.fz.calls)
+	cur := src
+	newRank := -1
+	var err error
+	switch {
+	case me < 2*rem && me%2 == 0:
+		if err := c.fuseSend(lead, me+1, cur, m); err != nil {
+			return 0, err
+		}
+		if err := c.flush(lead, me+1); err != nil {
+			return 0, err
+		}
+	case me < 2*rem:
+		if m, err = c.fuseStep(lead, ct, -1, me-1, m, cur, data); err != nil {
+			return 0, err
+		}
+		cur = data
+		newRank = me / 2
+	default:
+		newRank = me - rem
+	}
+	if newRank >= 0 {
+		for mask := 1; mask < pof2; mask <<= 1 {
+			np := newRank ^ mask
+			p := np + rem
+			if np < rem {
+				p = np*2 + 1
+			}
+			if m, err = c.fuseStep(lead, ct, p, p, m, cur, data); err != nil {
+				return 0, err
+			}
+			cur = data
+		}
+	}
+	if me < 2*rem {
+		if me%2 == 0 {
+			return c.fuseResult(lead, me+1, m, data)
+		}
+		if err := c.fuseSend(lead, me-1, data, m); err != nil {
+			return 0, err
+		}
+		if err := c.flush(lead, me-1); err != nil {
+			return 0, err
+		}
+	}
+	return m, nil
+}
+
+// fuseMsg is the message of the first m offered calls of vector v (the
+// packed data, or for one call its own vector): v's first call alone for
+// m = 1; else the count list, then the data, written in front of v in
+// c.fz.buf.
+func (c *Comm) fuseMsg(v []byte, m int) []byte {
+	f := &c.fz
+	if m == 1 {
+		return v[:f.off[1]]
+	}
+	lb := listBytes(m)
+	list := f.buf[fuseListBytes-lb : fuseListBytes]
+	for i, cl := range f.calls[:m] {
+		binary.LittleEndian.PutUint32(list[4*i:], uint32(cl.count))
+	}
+	clear(list[4*m:])
+	return f.buf[fuseListBytes-lb : fuseListBytes+f.off[m]]
+}
+
+// fuseLen is the length of fuseMsg's message of m calls.
+func (c *Comm) fuseLen(m int) int {
+	if m == 1 {
+		return c.fz.off[1]
+	}
+	return listBytes(m) + c.fz.off[m]
+}
+
+// fuseSend sends the message of the first m calls of v to p: inline when
+// it is eager, else through p's sender goroutine (flush waits for it).
+// Its header is the lead's, with Root -m.
+func (c *Comm) fuseSend(lead *call, p int, v []byte, m int) error {
+	msg := c.fuseMsg(v, m)
+	pe := c.peers[p]
+	h := c.headerTo(lead, p)
+	h.Root = -int32(m)
+	h.Aux = uint64(len(msg))
+	h.Len = h.Aux
+	if c.eager(p, len(msg)) {
+		pe.inlHdr = h
+		if err := pe.link.Send(&pe.inlHdr, msg); err != nil {
+			return c.sendErr(lead, p, err)
+		}
+		return nil
+	}
+	c.postHdr(p, h, msg)
+	return nil
+}
+
+// fuseStep sends the first m calls of cur to `to` (none when to < 0),
+// receives the message of `from` and folds the calls both carry into data
+// (data = cur op theirs, this rank on the left as in recursiveDoubling),
+// and returns how many that is.
+func (c *Comm) fuseStep(lead *call, ct DType, to, from, m int, cur, data []byte) (int, error) {
+	f := &c.fz
+	// Fold a lone message straight from the link when our send is complete
+	// before the receive begins, or does not read data (as recursiveDoubling).
+	direct := to < 0 || c.eager(to, c.fuseLen(m)) || !overlaps(cur, data)
+	if to >= 0 {
+		if err := c.fuseSend(lead, to, cur, m); err != nil {
+			return 0, err
+		}
+	}
+	mt, theirs, err := c.fuseRecv(lead, ct, from, m, cur, data, direct, false)
+	if err != nil {
+		return 0, err
+	}
+	if to >= 0 {
+		if err := c.flush(lead, to); err != nil {
+			return 0, err
+		}
+	}
+	if theirs != nil {
+		end := f.off[mt]
+		reduce3(lead.op, ct, data[:end], cur[:end], theirs[:end])
+	}
+	return mt, nil
+}
+
+// fuseResult receives the final result of the partner that absorbed this
+// rank's offer (n not a power of two) into data, and returns how many
+// calls it holds.
+func (c *Comm) fuseResult(lead *call, p, m int, data []byte) (int, error) {
+	mt, _, err := c.fuseRecv(lead, 0, p, m, nil, data, false, true)
+	return mt, err
+}
+
+// fuseRecv receives p's next message of the lead's call and checks it:
+// its header must be the lead's fingerprint (a frame of another call is
+// a desync, as in recvHeader), and for several calls each of the calls
+// both ranks carry must have the same count (another count is a desync
+// naming the two calls). It returns how many calls both carry, mt. With
+// result, the message is the final result (it may not carry more calls
+// than this rank offered) and is copied into data. Otherwise, a lone
+// message is folded into data straight from the link when direct, and
+// any other is returned as theirs, to be folded once the send is flushed.
+func (c *Comm) fuseRecv(lead *call, ct DType, p, m int, cur, data []byte, direct, result bool) (mt int, theirs []byte, err error) {
+	f := &c.fz
+	pe := c.peers[p]
+	l := pe.link
+	h := &pe.recvHdr
+	if err := l.RecvHeader(h); err != nil {
+		if isProtocol(err) {
+			return 0, nil, fmt.Errorf("comm: from %s: %w", c.info[p], err)
+		}
+		return 0, nil, c.linkErr(p, err)
+	}
+	if h.Frame != frameData {
+		return 0, nil, c.frameErr(p, h, lead.info(pe.seq).String())
+	}
+	kt := int(-int64(h.Root))
+	want := c.headerTo(lead, p)
+	theirsInfo := func(i int, count uint64) CallInfo {
+		ci := CallInfo{Kind: h.Kind, DType: h.DType, Op: h.Op, Count: int(count), Root: int(h.Root), Seq: h.Seq + uint64(i)}
+		if h.Kind == KindAllReduce && h.Root < 0 {
+			ci.Root = -1
+		}
+		if h.Kind != KindAllReduce && h.Kind != KindReduceScatter && h.Kind != KindReduce {
+			ci.Op = 0
+		}
+		return ci
+	}
+	desync := func(i int, count uint64, detail string) error {
+		return &DesyncError{Rank: c.me, Mine: f.calls[i].info(pe.seq + uint64(i)), Peer: p, Theirs: theirsInfo(i, count), Detail: detail}
+	}
+	switch {
+	case h.Group != want.Group:
+		return 0, nil, desync(0, h.Count, "frame of another group")
+	case h.Kind != want.Kind || h.DType != want.DType || h.Op != want.Op || h.Count != want.Count || h.Seq != want.Seq || kt < 1:
+		detail := ""
+		if h.Kind == KindAllReduce && kt > 1 {
+			detail = fmt.Sprintf("rank %d sent #%d-#%d fused", p, h.Seq, h.Seq+uint64(kt-1))
+		}
+		return 0, nil, desync(0, h.Count, detail)
+	case h.Len != h.Aux:
+		return 0, nil, fmt.Errorf("%w: rank %d sent an all-reduce message of %d bytes in a frame of %d", ErrProtocol, p, h.Aux, h.Len)
+	}
+	one := f.off[1]
+	if kt == 1 {
+		if h.Aux != uint64(one) {
+			return 0, nil, desync(0, h.Count, fmt.Sprintf("rank %d sends %d bytes, rank %d expects %d", p, h.Aux, c.me, one))
+		}
+		switch rr, ok := l.(ReduceReceiver); {
+		case result:
+			err = l.RecvPayload(data[:one])
+		case direct && ok:
+			c.rr.base, c.rr.local, c.rr.op, c.rr.ct = uintptr(unsafe.Pointer(unsafe.SliceData(data))), cur, lead.op, ct
+			err = rr.RecvReduce(data[:one], c.rrFn)
+			c.rr.local = nil
+		default:
+			theirs = c.scratch(2, one)
+			err = l.RecvPayload(theirs)
+			if err == nil && direct {
+				reduce3(lead.op, ct, data[:one], cur[:one], theirs)
+				theirs = nil
+			}
+		}
+		if err != nil {
+			return 0, nil, c.linkErr(p, err)
+		}
+		return 1, theirs, nil
+	}
+	if kt > maxFuseCalls || h.Aux < uint64(listBytes(kt)) || h.Aux > uint64(fuseListBytes+max(c.cfg.fuseLimit(), 0)) {
+		return 0, nil, fmt.Errorf("%w: rank %d sent a fused all-reduce of %d calls in %d bytes (this rank fuses at most %d calls, %d bytes: is Config.FuseBytes the same on every rank?)",
+			ErrProtocol, p, kt, h.Aux, maxFuseCalls, c.cfg.fuseLimit())
+	}
+	if cap(f.in) < int(h.Aux) {
+		f.in = make([]byte, h.Aux)
+	}
+	in := f.in[:h.Aux]
+	if err := l.RecvPayload(in); err != nil {
+		return 0, nil, c.linkErr(p, err)
+	}
+	es := uint64(computeType(lead.dtype).Size())
+	sum := uint64(listBytes(kt))
+	counts := func(i int) uint64 { return uint64(binary.LittleEndian.Uint32(in[4*i:])) }
+	for i := range kt {
+		sum += counts(i) * es
+	}
+	if counts(0) != h.Count || sum != h.Aux {
+		return 0, nil, fmt.Errorf("%w: rank %d sent a fused all-reduce whose counts do not match its %d bytes", ErrProtocol, p, h.Aux)
+	}
+	if result && kt > m {
+		return 0, nil, fmt.Errorf("%w: rank %d returned %d fused calls where this rank offered %d", ErrProtocol, p, kt, m)
+	}
+	mt = min(m, kt)
+	for i := 1; i < mt; i++ {
+		if counts(i) != uint64(f.calls[i].count) {
+			return 0, nil, desync(i, counts(i), fmt.Sprintf("rank %d fused #%d-#%d into one message, rank %d #%d-#%d",
+				p, h.Seq, h.Seq+uint64(kt-1), c.me, pe.seq, pe.seq+uint64(m-1)))
+		}
+	}
+	theirs = in[listBytes(kt):]
+	if result {
+		copyData(data[:f.off[mt]], theirs[:f.off[mt]])
+		return mt, nil, nil
+	}
+	return mt, theirs, nil
+}
+
+func isLinkDown(err error) bool { return errors.Is(err, errLinkDown) }
+
+func isProtocol(err error) bool { return errors.Is(err, ErrProtocol) }

@@ -1,0 +1,552 @@
+package comm_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/comm/commtest"
+)
+
+// Fusion on the fly: calls queued behind one another run as one fused
+// message, and however the ranks' timing differs (what each had queued
+// when), every rank runs the same calls together and gets the same bits as
+// without fusion.
+
+// fcall is one call of a fusion test script. An all-reduce either has its
+// own send and receive buffers or (onto >= 0) runs in place on the receive
+// buffer of an earlier call, which it must then read after that call wrote
+// it.
+type fcall struct {
+	kind  comm.Kind // KindAllReduce or KindBroadcast
+	dt    comm.DType
+	op    comm.Op
+	count int
+	onto  int
+}
+
+func (fc fcall) String() string {
+	return fmt.Sprintf("%v(%v %v, %d, onto %d)", fc.kind, fc.dt, fc.op, fc.count, fc.onto)
+}
+
+// fuseScript draws a script: runs of small all-reduces of one dtype and op
+// (the case fusion is for), broken by changes of dtype or op, in-place
+// chains, broadcasts, all-reduces too large to fuse, and empty ones.
+func fuseScript(rng *rand.Rand, calls int) []fcall {
+	dts := []comm.DType{comm.Float32, comm.Float64, comm.BFloat16, comm.Float16, comm.Int32, comm.Uint8}
+	var out []fcall
+	dt, op := comm.Float32, comm.Sum
+	for i := range calls {
+		if rng.IntN(6) == 0 {
+			dt = dts[rng.IntN(len(dts))]
+		}
+		if rng.IntN(6) == 0 {
+			op = comm.Ops[rng.IntN(len(comm.Ops))]
+		}
+		fc := fcall{kind: comm.KindAllReduce, dt: dt, op: op, count: 1 + rng.IntN(300), onto: -1}
+		switch x := rng.IntN(20); {
+		case x == 0:
+			fc.kind, fc.op = comm.KindBroadcast, 0
+		case x == 1:
+			fc.count = 20000 // 80 KiB of float32: above FuseBytes
+		case x == 2:
+			fc.count = 0
+		case x < 6 && i > 0:
+			// In place on an earlier all-reduce's result (same dtype).
+			for j := i - 1; j >= 0 && j >= i-4; j-- {
+				if p := out[j]; p.kind == comm.KindAllReduce && p.dt == dt {
+					fc.onto, fc.count = j, p.count
+					break
+				}
+			}
+		}
+		out = append(out, fc)
+	}
+	return out
+}
+
+// fuseInput fills b (count elements of dt) with values of rank r for call
+// i: floats spread over magnitudes so that the order of a sum shows in
+// its bits, small integers so that products stay defined.
+func fuseInput(dt comm.DType, b []byte, seed uint64, i, r int) {
+	rng := rand.New(rand.NewPCG(seed, uint64(i)<<8|uint64(r)))
+	es := dt.Size()
+	for k := 0; k < len(b)/es; k++ {
+		f := rng.NormFloat64() * math.Pow(10, float64(rng.IntN(7)-3))
+		e := b[k*es : (k+1)*es]
+		switch dt {
+		case comm.Float32:
+			binary.LittleEndian.PutUint32(e, math.Float32bits(float32(f)))
+		case comm.Float64:
+			binary.LittleEndian.PutUint64(e, math.Float64bits(f))
+		case comm.BFloat16:
+			binary.LittleEndian.PutUint16(e, uint16(comm.BF16(float32(f))))
+		case comm.Float16:
+			binary.LittleEndian.PutUint16(e, uint16(comm.F16(float32(f)/1000)))
+		case comm.Int32:
+			binary.LittleEndian.PutUint32(e, uint32(int32(rng.IntN(7)-3)))
+		case comm.Uint8:
+			e[0] = uint8(rng.IntN(4))
+		}
+	}
+}
+
+// How a rank issues the script.
+const (
+	patLockstep = iota // issue and wait each call: every call alone
+	patBurst           // issue all (IssuerWaits: nothing runs), then wait: offers as long as allowed
+	patEager           // issue all at once to the worker, then wait
+	patJitter          // issue with random yields, pauses and waits between calls
+	patCount
+)
+
+var patNames = [...]string{"lockstep", "burst", "eager", "jitter"}
+
+// runScript runs script on every rank of comms, rank r issuing it the way
+// pats[r] says, and returns every rank's receive buffers in call order.
+func runScript(t *testing.T, comms []*comm.Comm, script []fcall, seed uint64, pats []int) [][][]byte {
+	t.Helper()
+	n := len(comms)
+	out := make([][][]byte, n)
+	errs := onEach(t, n, func(r int) error {
+		ctx, cancel := waitCtx(t)
+		defer cancel()
+		rng := rand.New(rand.NewPCG(seed^0x5eed, uint64(r)))
+		recv := make([][]byte, len(script))
+		out[r] = recv
+		var hs []comm.Handle
+		issueCtx := context.Background()
+		if pats[r] == patBurst {
+			issueCtx = comm.IssuerWaits(ctx)
+		}
+		for i, fc := range script {
+			size := fc.count * fc.dt.Size()
+			var send []byte
+			if fc.onto >= 0 {
+				recv[i] = recv[fc.onto]
+				send = recv[i]
+			} else {
+				send, recv[i] = make([]byte, size), make([]byte, size)
+				fuseInput(fc.dt, send, seed, i, r)
+			}
+			sb, err := comm.Bytes(fc.dt, send)
+			if err != nil {
+				return err
+			}
+			rb, err := comm.Bytes(fc.dt, recv[i])
+			if err != nil {
+				return err
+			}
+			var h comm.Handle
+			if fc.kind == comm.KindBroadcast {
+				h = comms[r].Broadcast(issueCtx, sb, rb, i%n)
+			} else {
+				h = comms[r].AllReduce(issueCtx, sb, rb, fc.op)
+			}
+			hs = append(hs, h)
+			switch pats[r] {
+			case patLockstep:
+				if err := h.Wait(ctx); err != nil {
+					return fmt.Errorf("call %d %v: %w", i, fc, err)
+				}
+			case patJitter:
+				switch rng.IntN(8) {
+				case 0:
+					runtime.Gosched()
+				case 1:
+					time.Sleep(time.Duration(rng.IntN(200)) * time.Microsecond)
+				case 2:
+					if err := h.Wait(ctx); err != nil {
+						return fmt.Errorf("call %d %v: %w", i, fc, err)
+					}
+				}
+			}
+		}
+		for i, h := range hs {
+			if err := h.Wait(ctx); err != nil {
+				return fmt.Errorf("call %d %v: %w", i, script[i], err)
+			}
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d (%s): %v", r, patNames[pats[r]], err)
+		}
+	}
+	return out
+}
+
+// checkFusedRecords checks a rank's flight records: calls in issue order,
+// and the calls of each fused message consecutive, of one kind, dtype and
+// op, and within FuseBytes.
+func checkFusedRecords(t *testing.T, r int, recs []comm.FlightRecord, fuseBytes int) {
+	t.Helper()
+	for i := 0; i < len(recs); {
+		rec := recs[i]
+		if i > 0 && rec.Call.Seq != recs[i-1].Call.Seq+1 {
+			t.Fatalf("rank %d: record %d is call #%d after #%d", r, i, rec.Call.Seq, recs[i-1].Call.Seq)
+		}
+		m := max(rec.Fused, 1)
+		if i+m > len(recs) {
+			t.Fatalf("rank %d: record %d says %d calls fused, %d records left", r, i, m, len(recs)-i)
+		}
+		bytes := 0
+		for _, o := range recs[i : i+m] {
+			if o.Fused != rec.Fused || o.Call.Kind != comm.KindAllReduce && m > 1 || o.Call.Kind != rec.Call.Kind || o.Call.DType != rec.Call.DType || o.Call.Op != rec.Call.Op {
+				t.Fatalf("rank %d: fused message of %d calls from #%d mixes %v and %v", r, m, rec.Call.Seq, rec.Call, o.Call)
+			}
+			es := o.Call.DType.Size()
+			if es == 2 {
+				es = 4 // 16-bit floats fuse as float32
+			}
+			bytes += o.Call.Count * es
+		}
+		if m > 1 && bytes > fuseBytes {
+			t.Fatalf("rank %d: fused message from #%d holds %d bytes, more than FuseBytes %d", r, rec.Call.Seq, bytes, fuseBytes)
+		}
+		i += m
+	}
+}
+
+// Timing-randomised: every rank issues the same script in its own way
+// (each call alone, all queued before any runs, to the worker as fast as
+// it can, or with random pauses), so the ranks offer different numbers of
+// calls to each fused message; every rank must get bitwise what it gets
+// with fusion off. Over the in-memory network at 2, 4, 5 and 6 ranks (5 and 6
+// exercise the ranks that recursive doubling absorbs), and over shared
+// memory and TCP.
+func TestFusionMatchesUnfusedBitwise(t *testing.T) {
+	type setup struct {
+		name string
+		n    int
+		net  string // "mem", "shm", "tcp"
+	}
+	setups := []setup{{"mem2", 2, "mem"}, {"mem4", 4, "mem"}, {"mem5", 5, "mem"}, {"mem6", 6, "mem"}, {"shm4", 4, "shm"}, {"tcp2", 2, "tcp"}}
+	trials := 6
+	if testing.Short() {
+		trials = 2
+	}
+	var fusedAll, shrunkAll int64
+	for _, su := range setups {
+		t.Run(su.name, func(t *testing.T) {
+			mk := func(fuse int) []*comm.Comm {
+				cfg := comm.LocalConfig()
+				cfg.FuseBytes = fuse
+				cfg.FlightRecords = 4096
+				if su.n&(su.n-1) != 0 {
+					// Off a crowded host the cost model sends all but the
+					// tiniest all-reduces of a group of 5 or 6 over the
+					// ring, which does not fuse; a dear message makes
+					// recursive doubling (and so fusion, with ranks
+					// absorbed by others) the choice.
+					cfg.LatencyNs = 1e6
+				}
+				switch su.net {
+				case "mem":
+					return newMemJob(t, su.n, cfg).comms
+				default:
+					return newNetJob(t, su.n, cfg, su.net == "tcp").comms
+				}
+			}
+			plain, fused := mk(0), mk(comm.DefaultConfig().FuseBytes)
+			for trial := range trials {
+				seed := uint64(trial*100 + su.n)
+				rng := rand.New(rand.NewPCG(seed, 1))
+				script := fuseScript(rng, 120)
+				pats := make([]int, su.n)
+				for r := range pats {
+					pats[r] = rng.IntN(patCount)
+				}
+				if trial == 0 {
+					// One rank offers everything, the others one call at
+					// a time: every offer but the lone ones is cut short.
+					for r := range pats {
+						pats[r] = patLockstep
+					}
+					pats[0] = patBurst
+				}
+				want := runScript(t, plain, script, seed, make([]int, su.n))
+				got := runScript(t, fused, script, seed, pats)
+				for r := range got {
+					for i := range script {
+						if !bytes.Equal(got[r][i], want[r][i]) {
+							t.Fatalf("trial %d rank %d (%s): call %d %v differs from unfused:\n got %x\nwant %x",
+								trial, r, patNames[pats[r]], i, script[i], head(got[r][i]), head(want[r][i]))
+						}
+					}
+				}
+			}
+			for r, c := range fused {
+				checkFusedRecords(t, r, c.FlightRecords(), comm.DefaultConfig().FuseBytes)
+				f, s := comm.FuseCounts(c)
+				fusedAll += f
+				shrunkAll += s
+			}
+			for r, c := range plain {
+				if f, _ := comm.FuseCounts(c); f != 0 {
+					t.Fatalf("rank %d fused %d messages with FuseBytes 0", r, f)
+				}
+			}
+		})
+	}
+	// The controls: the runs fused, and ranks disagreed on offers, or the
+	// comparison above proved nothing about fusion.
+	if fusedAll == 0 || shrunkAll == 0 {
+		t.Fatalf("fused messages %d, offers cut short %d: the scripts did not exercise fusion", fusedAll, shrunkAll)
+	}
+	t.Logf("fused messages %d, offers cut short %d", fusedAll, shrunkAll)
+}
+
+// A call queued with nothing behind it runs at once: each rank issues one
+// all-reduce and waits for it, and issues the next only once it completed.
+// Were fusion to hold a call for company, no rank would ever issue the
+// call it waits for, and this would hang (and fail on the hang guard)
+// instead of passing. No timer decides the outcome. Also checks that the
+// frames of a lone fusable call are exactly those of an unfused one: a
+// rank with fusion off runs alongside ranks with it on.
+func TestFusionNeverHoldsALoneCall(t *testing.T) {
+	for _, n := range []int{2, 3} {
+		for _, mixed := range []bool{false, true} {
+			cfg := comm.LocalConfig()
+			// Mixed: rank 0 has fusion off.
+			j := newMixedMemJob(t, n, func(r int) comm.Config {
+				c := cfg
+				if mixed && r == 0 {
+					c.FuseBytes = 0
+				}
+				return c
+			})
+			errs := onEach(t, n, func(r int) error {
+				ctx, cancel := waitCtx(t)
+				defer cancel()
+				for i := range 20 {
+					buf := []float32{float32(r + i)}
+					if err := j.comms[r].AllReduce(context.Background(), comm.Float32s(buf), comm.Float32s(buf), comm.Sum).Wait(ctx); err != nil {
+						return err
+					}
+					want := float32(n*(n-1)/2 + n*i)
+					if buf[0] != want {
+						return fmt.Errorf("call %d: %v, want %v", i, buf[0], want)
+					}
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Fatalf("n=%d mixed=%v rank %d: %v", n, mixed, r, err)
+				}
+			}
+			for r, c := range j.comms {
+				for _, rec := range c.FlightRecords() {
+					if rec.Fused != 0 {
+						t.Fatalf("n=%d rank %d: lone call %v ran fused with %d", n, r, rec.Call, rec.Fused)
+					}
+				}
+			}
+		}
+	}
+}
+
+// newMixedMemJob is newMemJob with a Config per rank.
+func newMixedMemJob(t *testing.T, n int, cfgOf func(r int) comm.Config) *memJob {
+	t.Helper()
+	j := newMemJob(t, 0, comm.LocalConfig())
+	for r := range n {
+		j.addrs = append(j.addrs, fmt.Sprintf("mem%d:1", r))
+	}
+	j.comms = make([]*comm.Comm, n)
+	errs := onEach(t, n, func(r int) error {
+		ctx, cancel := waitCtx(t)
+		defer cancel()
+		cfg := cfgOf(r)
+		cfg.Logger = testLogger(t)
+		c, err := comm.New(ctx, commtest.NewStaticGroup(r, j.addrs, nil), j.nw.Endpoint(j.addrs[r]), cfg)
+		j.comms[r] = c
+		return err
+	})
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return j
+}
+
+// Calls of different kinds, dtypes or ops never share a message, and
+// calls run in issue order: every rank queues a mix before any runs, so
+// each offers as much as the rule allows.
+func TestFusionNeverMixes(t *testing.T) {
+	const n = 4
+	cfg := comm.LocalConfig()
+	cfg.FlightRecords = 1024
+	j := newMemJob(t, n, cfg)
+	type spec struct {
+		kind comm.Kind
+		dt   comm.DType
+		op   comm.Op
+	}
+	mix := []spec{
+		{comm.KindAllReduce, comm.Float32, comm.Sum}, {comm.KindAllReduce, comm.Float32, comm.Sum},
+		{comm.KindAllReduce, comm.Float32, comm.Max}, {comm.KindAllReduce, comm.Float32, comm.Max},
+		{comm.KindAllReduce, comm.Float64, comm.Max}, {comm.KindBroadcast, comm.Float64, 0},
+		{comm.KindAllReduce, comm.Float64, comm.Max}, {comm.KindAllReduce, comm.Int32, comm.Max},
+		{comm.KindAllReduce, comm.Int32, comm.Max}, {comm.KindAllReduce, comm.Int32, comm.Max},
+	}
+	errs := onEach(t, n, func(r int) error {
+		ctx, cancel := waitCtx(t)
+		defer cancel()
+		ictx := comm.IssuerWaits(ctx)
+		var hs []comm.Handle
+		for round := range 3 {
+			for i, s := range mix {
+				b := make([]byte, 16*s.dt.Size())
+				fuseInput(s.dt, b, 9, round*100+i, r)
+				buf, _ := comm.Bytes(s.dt, b)
+				if s.kind == comm.KindBroadcast {
+					hs = append(hs, j.comms[r].Broadcast(ictx, buf, buf, 1))
+				} else {
+					hs = append(hs, j.comms[r].AllReduce(ictx, buf, buf, s.op))
+				}
+			}
+		}
+		for _, h := range hs {
+			if err := h.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	for r, c := range j.comms {
+		recs := c.FlightRecords()
+		checkFusedRecords(t, r, recs, cfg.FuseBytes)
+		// Every run of equal all-reduces ran as one message: the rule
+		// allows it and every rank had all of them queued.
+		var got []int
+		for i := 0; i < len(recs); i += max(recs[i].Fused, 1) {
+			got = append(got, max(recs[i].Fused, 1))
+		}
+		want := []int{2, 2, 1, 1, 1, 3, 2, 2, 1, 1, 1, 3, 2, 2, 1, 1, 1, 3}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("rank %d: messages of %v calls, want %v", r, got, want)
+		}
+	}
+}
+
+// A rank whose call differs from the others' inside a fused message gets
+// a DesyncError naming both calls, never wrong data: another count at the
+// third call of a message (found in the message's count list), another
+// op or kind there (which ends the offer, and the frames of the next
+// message differ), and a rank with fusion off against ranks that fuse.
+func TestFusionDesync(t *testing.T) {
+	type tc struct {
+		name   string
+		change func(i int, count *int, op *comm.Op, bcast *bool)
+		off0   bool // rank 0 does not fuse
+		mine   string
+		theirs string
+		seq    uint64
+	}
+	tcs := []tc{
+		{name: "count", change: func(i int, count *int, _ *comm.Op, _ *bool) {
+			if i == 2 {
+				*count = 32
+			}
+		}, mine: "AllReduce(float32 sum, count=64) #3", theirs: "AllReduce(float32 sum, count=32) #3", seq: 3},
+		{name: "op", change: func(i int, _ *int, op *comm.Op, _ *bool) {
+			if i == 2 {
+				*op = comm.Max
+			}
+		}, mine: "AllReduce(float32 sum, count=64) #3", theirs: "AllReduce(float32 max, count=64) #3", seq: 3},
+		{name: "kind", change: func(i int, _ *int, _ *comm.Op, b *bool) {
+			if i == 2 {
+				*b = true
+			}
+		}, mine: "AllReduce(float32 sum, count=64) #3", theirs: "Broadcast(float32, count=64, root=0) #3", seq: 3},
+		{name: "fusebytes", off0: true, mine: "AllReduce(float32 sum, count=64) #1", theirs: "AllReduce(float32 sum, count=64) #1", seq: 1},
+	}
+	for _, tc := range tcs {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 2
+			cfg := comm.LocalConfig()
+			j := newMixedMemJob(t, n, func(r int) comm.Config {
+				c := cfg
+				if tc.off0 && r == 0 {
+					c.FuseBytes = 0
+				}
+				return c
+			})
+			for _, c := range j.comms {
+				t.Cleanup(func() { c.Abort(nil); _ = c.Close() })
+			}
+			bufs := make([][]float32, n)
+			errs := onEach(t, n, func(r int) error {
+				ctx, cancel := waitCtx(t)
+				defer cancel()
+				ictx := comm.IssuerWaits(ctx)
+				var hs []comm.Handle
+				for i := range 5 {
+					count, op, bcast := 64, comm.Sum, false
+					if r == 1 && tc.change != nil {
+						tc.change(i, &count, &op, &bcast)
+					}
+					buf := make([]float32, count)
+					for k := range buf {
+						buf[k] = 1e9 // a sum that lands in the buffer would show
+					}
+					if i == 2 {
+						bufs[r] = buf
+					}
+					if bcast {
+						hs = append(hs, j.comms[r].Broadcast(ictx, comm.Float32s(buf), comm.Float32s(buf), 0))
+					} else {
+						hs = append(hs, j.comms[r].AllReduce(ictx, comm.Float32s(buf), comm.Float32s(buf), op))
+					}
+				}
+				var first error
+				for _, h := range hs {
+					if err := h.Wait(ctx); err != nil && first == nil {
+						first = err
+					}
+				}
+				return first
+			})
+			for r, err := range errs {
+				var de *comm.DesyncError
+				if !errors.As(err, &de) {
+					t.Fatalf("rank %d: %v, want a DesyncError", r, err)
+				}
+				t.Logf("rank %d: %v", r, err)
+				// The error names both calls, the detecting rank's (de.Rank)
+				// as Mine: this rank's own, or the peer's when its abort
+				// brought the error.
+				mine, theirs := tc.mine, tc.theirs
+				if de.Rank == 1 {
+					mine, theirs = theirs, mine
+				}
+				if de.Mine.String() != mine || de.Theirs.String() != theirs {
+					t.Errorf("rank %d: %v names %s against %s, want %s against %s", r, err, de.Mine, de.Theirs, mine, theirs)
+				}
+			}
+			// No sum of the mismatched call reached its buffer.
+			for r, b := range bufs {
+				if len(b) > 0 && b[0] != 1e9 {
+					t.Errorf("rank %d: the mismatched call's buffer holds %v", r, b[0])
+				}
+			}
+		})
+	}
+}
