@@ -110,3 +110,7 @@ bench-gpu-standin: ## the bench-gpu pipeline without a GPU: stand-in NCCL vs tor
 
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)
+
+.PHONY: bench-fusion
+bench-fusion: build ## fusion on the fly, native: 64 x 1 KiB all-reduces (async, and issued for one wait) vs one 64 KiB, and a lone 8 B all-reduce, this checkout vs BEFORE (default main), medians, ratios
+	flock /tmp/gorun-bench.lock scripts/bench-fusion.sh

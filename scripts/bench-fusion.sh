@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# bench-fusion.sh: fusion on the fly, native, before and after, side by side.
+#
+#   scripts/bench-fusion.sh [OUT_DIR]     (default: bench-results/fusion)
+#
+# Builds bench/fusion twice: against this checkout, and against BEFORE
+# (default main; a ref without fusion gives the "before" figures), then
+# runs `gorun -np N` of each in ROUNDS (default 5) rounds, alternating
+# which goes first. Each run prints the median over its blocks of every
+# row (see bench/fusion/main.go); this prints, per build, the median over
+# rounds, and the ratios: each 64 × 1 KiB row over the one 64 KiB
+# all-reduce of the same build (goal: at most 2), and the lone 8-byte
+# all-reduce after over before (goal: not above 1 beyond noise).
+# NPS (default "2") sets the rank counts. Run it under
+# flock /tmp/gorun-bench.lock on a shared machine (make bench-fusion does).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-bench-results/fusion}
+BEFORE=${BEFORE:-main}
+ROUNDS=${ROUNDS:-5}
+NPS=${NPS:-2}
+ARGS=${ARGS:--blocks 30 -per 40}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+GO=${GO:-go}
+make --no-print-directory build >/dev/null
+$GO build -o "$OUT/after" ./bench/fusion
+tmp=$(mktemp -d)
+trap 'git worktree remove --force "$tmp/src" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
+git worktree add --detach "$tmp/src" "$BEFORE" >/dev/null 2>&1
+mkdir -p "$tmp/src/bench/fusion"
+cp bench/fusion/main.go "$tmp/src/bench/fusion/"
+(cd "$tmp/src" && $GO build -o "$OUT/before" ./bench/fusion)
+echo "# before: $BEFORE ($(git rev-parse --short "$BEFORE")), after: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' + uncommitted')"
+echo "# load average $(cut -d' ' -f1-3 /proc/loadavg) on $(getconf _NPROCESSORS_ONLN) cores; $ROUNDS rounds, bench/fusion $ARGS"
+for np in $NPS; do
+	: >"$OUT/np$np.txt"
+	for round in $(seq "$ROUNDS"); do
+		order="before after"
+		[ $((round % 2)) -eq 0 ] && order="after before"
+		for b in $order; do
+			bin/gorun -np "$np" "$OUT/$b" $ARGS | sed "s/^row /$b /" >>"$OUT/np$np.txt"
+		done
+	done
+	python3 - "$OUT/np$np.txt" "$np" <<'PY'
+import sys, statistics
+rows = {}
+for line in open(sys.argv[1]):
+    build, name, us, _ = line.split()
+    rows.setdefault((build, name), []).append(float(us))
+med = {k: statistics.median(v) for k, v in rows.items()}
+names = ["lone-8B", "single-64K", "async-64x1K", "burst-64x1K"]
+print(f"\n{sys.argv[2]} ranks: median us per row iteration over rounds (min-max)")
+print(f"{'row':<14}{'before':>22}{'after':>22}{'after/before':>14}")
+for n in names:
+    b, a = rows.get(("before", n), [0]), rows.get(("after", n), [0])
+    print(f"{n:<14}{med[('before', n)]:>10.2f} ({min(b):.1f}-{max(b):.1f}){med[('after', n)]:>10.2f} ({min(a):.1f}-{max(a):.1f}){med[('after', n)]/med[('before', n)]:>14.2f}")
+print("\n64 x 1 KiB over one 64 KiB all-reduce of the same build (goal <= 2):")
+for n in ["async-64x1K", "burst-64x1K"]:
+    print(f"  {n:<14} before {med[('before', n)]/med[('before', 'single-64K')]:6.2f}   after {med[('after', n)]/med[('after', 'single-64K')]:6.2f}")
+print(f"\nlone 8 B all-reduce, after/before: {med[('after', 'lone-8B')]/med[('before', 'lone-8B')]:.3f}")
+PY
+done
