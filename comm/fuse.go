@@ -19,12 +19,12 @@ import (
 // order (runFused).
 
 // maxFuseCalls bounds the calls one fused message carries, and so the list
-// of counts at its front (fuseListBytes). It also bounds the aliasing check
+// of counts at its end (fuseListBytes). It also bounds the aliasing check
 // of offer, which is quadratic in the calls taken.
 const maxFuseCalls = 128
 
-// fuseListBytes is the room in front of the packed data for the list of
-// counts a fused message starts with: one uint32 per call, padded to 8.
+// fuseListBytes is the room after the packed data for the list of counts
+// a fused message ends with: one uint32 per call, padded to 8.
 const fuseListBytes = 4 * maxFuseCalls
 
 // listBytes is the length of the count list of a message of k > 1 calls.
@@ -43,9 +43,19 @@ type fusion struct {
 	// ranks did not agree on. They run before anything still queued.
 	held   []*call
 	heldAt int
-	// buf is fuseListBytes of room for the count list, then the packed
-	// data of the offered calls; in receives a peer's fused message.
-	buf, in []byte
+	// buf holds the packed data of the offered calls, with room for a
+	// count list after the longest message (FuseBytes + fuseListBytes);
+	// in receives a peer's fused message when it cannot be folded into
+	// buf as it arrives, and list a count list when it can.
+	buf, in, list []byte
+	// rdata, rop and rct parametrise foldRecvd (see fuseRecv); rdata is
+	// how many bytes of the message being folded are data.
+	rdata int
+	rop   Op
+	rct   DType
+	// foldFn is c.foldRecvd, bound once so that a receive allocates no
+	// closure.
+	foldFn func(dst, src []byte)
 }
 
 // take returns the next call in issue order without blocking: a held one,
@@ -258,10 +268,10 @@ func (c *Comm) fusedAllReduce() (int, error) {
 			src = data
 		}
 	} else {
-		if cap(f.buf) < fuseListBytes+total {
-			f.buf = make([]byte, fuseListBytes+c.cfg.fuseLimit())
+		if cap(f.buf) < c.cfg.fuseLimit()+fuseListBytes {
+			f.buf = make([]byte, c.cfg.fuseLimit()+fuseListBytes)
 		}
-		data = f.buf[fuseListBytes : fuseListBytes+total]
+		data = f.buf[:total]
 		for i, cl := range f.calls {
 			part := data[f.off[i]:f.off[i+1]]
 			if dt.isHalf() {
@@ -362,20 +372,36 @@ func (c *Comm) fusedRD(lead *call, ct DType, src, data []byte) (int, error) {
 
 // fuseMsg is the message of the first m offered calls of vector v (the
 // packed data, or for one call its own vector): v's first call alone for
-// m = 1; else the count list, then the data, written in front of v in
-// c.fz.buf.
+// m = 1; else their data, then the count list, written after it in
+// c.fz.buf (over the data of calls the ranks no longer run, if any).
 func (c *Comm) fuseMsg(v []byte, m int) []byte {
 	f := &c.fz
 	if m == 1 {
 		return v[:f.off[1]]
 	}
+	end := f.off[m]
 	lb := listBytes(m)
-	list := f.buf[fuseListBytes-lb : fuseListBytes]
+	list := f.buf[end : end+lb]
 	for i, cl := range f.calls[:m] {
 		binary.LittleEndian.PutUint32(list[4*i:], uint32(cl.count))
 	}
 	clear(list[4*m:])
-	return f.buf[fuseListBytes-lb : fuseListBytes+f.off[m]]
+	return f.buf[:end+lb]
+}
+
+// foldRecvd is the reduction fuseRecv hands the link for a fused message
+// folded into c.fz.buf as it arrives: the data part is combined in place
+// (buf = buf op received), the count list is copied into c.fz.list.
+func (c *Comm) foldRecvd(d, s []byte) {
+	f := &c.fz
+	o := int(uintptr(unsafe.Pointer(unsafe.SliceData(d))) - uintptr(unsafe.Pointer(unsafe.SliceData(f.buf))))
+	x := min(max(f.rdata-o, 0), len(d))
+	if x > 0 {
+		reduce3(f.rop, f.rct, d[:x], d[:x], s[:x])
+	}
+	if x < len(d) {
+		copy(f.list[o+x-f.rdata:], s[x:])
+	}
 }
 
 // fuseLen is the length of fuseMsg's message of m calls.
@@ -415,7 +441,7 @@ func (c *Comm) fuseStep(lead *call, ct DType, to, from, m int, cur, data []byte)
 	f := &c.fz
 	// Fold a lone message straight from the link when our send is complete
 	// before the receive begins, or does not read data (as recursiveDoubling).
-	direct := to < 0 || c.eager(to, c.fuseLen(m)) || !overlaps(cur, data)
+	direct := to < 0 || c.eager(to, c.fuseLen(m)) || !overlaps(cur, data) && len(c.fz.calls) == 1
 	if to >= 0 {
 		if err := c.fuseSend(lead, to, cur, m); err != nil {
 			return 0, err
@@ -470,35 +496,22 @@ func (c *Comm) fuseRecv(lead *call, ct DType, p, m int, cur, data []byte, direct
 	}
 	kt := int(-int64(h.Root))
 	want := c.headerTo(lead, p)
-	theirsInfo := func(i int, count uint64) CallInfo {
-		ci := CallInfo{Kind: h.Kind, DType: h.DType, Op: h.Op, Count: int(count), Root: int(h.Root), Seq: h.Seq + uint64(i)}
-		if h.Kind == KindAllReduce && h.Root < 0 {
-			ci.Root = -1
-		}
-		if h.Kind != KindAllReduce && h.Kind != KindReduceScatter && h.Kind != KindReduce {
-			ci.Op = 0
-		}
-		return ci
-	}
-	desync := func(i int, count uint64, detail string) error {
-		return &DesyncError{Rank: c.me, Mine: f.calls[i].info(pe.seq + uint64(i)), Peer: p, Theirs: theirsInfo(i, count), Detail: detail}
-	}
 	switch {
 	case h.Group != want.Group:
-		return 0, nil, desync(0, h.Count, "frame of another group")
+		return 0, nil, c.fuseDesync(lead, p, h, 0, h.Count, "frame of another group")
 	case h.Kind != want.Kind || h.DType != want.DType || h.Op != want.Op || h.Count != want.Count || h.Seq != want.Seq || kt < 1:
 		detail := ""
 		if h.Kind == KindAllReduce && kt > 1 {
 			detail = fmt.Sprintf("rank %d sent #%d-#%d fused", p, h.Seq, h.Seq+uint64(kt-1))
 		}
-		return 0, nil, desync(0, h.Count, detail)
+		return 0, nil, c.fuseDesync(lead, p, h, 0, h.Count, detail)
 	case h.Len != h.Aux:
 		return 0, nil, fmt.Errorf("%w: rank %d sent an all-reduce message of %d bytes in a frame of %d", ErrProtocol, p, h.Aux, h.Len)
 	}
 	one := f.off[1]
 	if kt == 1 {
 		if h.Aux != uint64(one) {
-			return 0, nil, desync(0, h.Count, fmt.Sprintf("rank %d sends %d bytes, rank %d expects %d", p, h.Aux, c.me, one))
+			return 0, nil, c.fuseDesync(lead, p, h, 0, h.Count, fmt.Sprintf("rank %d sends %d bytes, rank %d expects %d", p, h.Aux, c.me, one))
 		}
 		switch rr, ok := l.(ReduceReceiver); {
 		case result:
@@ -524,20 +537,44 @@ func (c *Comm) fuseRecv(lead *call, ct DType, p, m int, cur, data []byte, direct
 		return 0, nil, fmt.Errorf("%w: rank %d sent a fused all-reduce of %d calls in %d bytes (this rank fuses at most %d calls, %d bytes: is Config.FuseBytes the same on every rank?)",
 			ErrProtocol, p, kt, h.Aux, maxFuseCalls, c.cfg.fuseLimit())
 	}
-	if cap(f.in) < int(h.Aux) {
-		f.in = make([]byte, h.Aux)
-	}
-	in := f.in[:h.Aux]
-	if err := l.RecvPayload(in); err != nil {
-		return 0, nil, c.linkErr(p, err)
+	lb := listBytes(kt)
+	dataLen := int(h.Aux) - lb
+	var list []byte
+	if rr, ok := l.(ReduceReceiver); ok && direct && !result && len(f.calls) > 1 {
+		// Our vector is the packed one in buf, which has room for any
+		// message this rank accepts: fold the data into it as it arrives
+		// and keep the list aside. Folding the calls that turn out not to
+		// be run by every rank only changes buf beyond them, and a desync
+		// found in the list fails the calls before anything reaches their
+		// receive buffers.
+		if cap(f.list) < fuseListBytes {
+			f.list = make([]byte, fuseListBytes)
+		}
+		if f.foldFn == nil {
+			f.foldFn = c.foldRecvd
+		}
+		f.rdata, f.rop, f.rct = dataLen, lead.op, ct
+		if err := rr.RecvReduce(f.buf[:h.Aux], f.foldFn); err != nil {
+			return 0, nil, c.linkErr(p, err)
+		}
+		list = f.list[:lb]
+	} else {
+		if cap(f.in) < int(h.Aux) {
+			f.in = make([]byte, fuseListBytes+max(c.cfg.fuseLimit(), 0))
+		}
+		in := f.in[:h.Aux]
+		if err := l.RecvPayload(in); err != nil {
+			return 0, nil, c.linkErr(p, err)
+		}
+		list, theirs = in[dataLen:], in[:dataLen]
 	}
 	es := uint64(computeType(lead.dtype).Size())
-	sum := uint64(listBytes(kt))
-	counts := func(i int) uint64 { return uint64(binary.LittleEndian.Uint32(in[4*i:])) }
+	var sum uint64
+	counts := func(i int) uint64 { return uint64(binary.LittleEndian.Uint32(list[4*i:])) }
 	for i := range kt {
 		sum += counts(i) * es
 	}
-	if counts(0) != h.Count || sum != h.Aux {
+	if counts(0) != h.Count || sum != uint64(dataLen) {
 		return 0, nil, fmt.Errorf("%w: rank %d sent a fused all-reduce whose counts do not match its %d bytes", ErrProtocol, p, h.Aux)
 	}
 	if result && kt > m {
@@ -546,16 +583,28 @@ func (c *Comm) fuseRecv(lead *call, ct DType, p, m int, cur, data []byte, direct
 	mt = min(m, kt)
 	for i := 1; i < mt; i++ {
 		if counts(i) != uint64(f.calls[i].count) {
-			return 0, nil, desync(i, counts(i), fmt.Sprintf("rank %d fused #%d-#%d into one message, rank %d #%d-#%d",
+			return 0, nil, c.fuseDesync(lead, p, h, i, counts(i), fmt.Sprintf("rank %d fused #%d-#%d into one message, rank %d #%d-#%d",
 				p, h.Seq, h.Seq+uint64(kt-1), c.me, pe.seq, pe.seq+uint64(m-1)))
 		}
 	}
-	theirs = in[listBytes(kt):]
 	if result {
 		copyData(data[:f.off[mt]], theirs[:f.off[mt]])
 		return mt, nil, nil
 	}
 	return mt, theirs, nil
+}
+
+// fuseDesync is the DesyncError of a fused message from p (header h) that
+// does not match this rank's offered call i: theirs has count.
+func (c *Comm) fuseDesync(lead *call, p int, h *Header, i int, count uint64, detail string) error {
+	theirs := CallInfo{Kind: h.Kind, DType: h.DType, Op: h.Op, Count: int(count), Root: int(h.Root), Seq: h.Seq + uint64(i)}
+	if h.Kind == KindAllReduce && h.Root < 0 {
+		theirs.Root = -1
+	}
+	if h.Kind != KindAllReduce && h.Kind != KindReduceScatter && h.Kind != KindReduce {
+		theirs.Op = 0
+	}
+	return &DesyncError{Rank: c.me, Mine: c.fz.calls[i].info(c.peers[p].seq + uint64(i)), Peer: p, Theirs: theirs, Detail: detail}
 }
 
 func isLinkDown(err error) bool { return errors.Is(err, errLinkDown) }

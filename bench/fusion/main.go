@@ -26,7 +26,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gorun-hpc/gorun/comm"
@@ -36,12 +38,28 @@ import (
 func main() {
 	blocks := flag.Int("blocks", 30, "blocks per row")
 	per := flag.Int("per", 40, "row iterations per block")
+	only := flag.String("rows", "", "comma-separated rows to run (default all)")
+	prof := flag.String("cpuprofile", "", "write rank 0's CPU profile here")
 	flag.Parse()
+	if *prof != "" && os.Getenv("RANK") == "0" {
+		f, err := os.Create(*prof)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fusion-bench:", err)
+			os.Exit(1)
+		}
+		_ = pprof.StartCPUProfile(f)
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
+	rowFilter = *only
 	if err := run(*blocks, *per); err != nil {
 		fmt.Fprintln(os.Stderr, "fusion-bench:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
+
+// rowFilter is the -rows flag.
+var rowFilter string
 
 type row struct {
 	name string
@@ -99,6 +117,9 @@ func run(blocks, per int) error {
 			return waitAll(ctx)
 		}},
 	}
+	if rowFilter != "" {
+		rows = slices.DeleteFunc(rows, func(rw row) bool { return !slices.Contains(strings.Split(rowFilter, ","), rw.name) })
+	}
 	times := make([][]float64, len(rows))
 	for b := -1; b < blocks; b++ { // block -1 warms up
 		for i, rw := range rows {
@@ -117,6 +138,7 @@ func run(blocks, per int) error {
 		}
 	}
 	if c.Rank() == 0 {
+		fmt.Printf("# %d ranks, links %v\n", c.Size(), c.LinkKinds())
 		for i, rw := range rows {
 			slices.Sort(times[i])
 			fmt.Printf("row %s %.2f %d\n", rw.name, times[i][len(times[i])/2], len(times[i]))
