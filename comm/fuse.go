@@ -30,20 +30,33 @@ const fuseListBytes = 4 * maxFuseCalls
 // listBytes is the length of the count list of a message of k > 1 calls.
 func listBytes(k int) int { return (4*k + 7) &^ 7 }
 
+// unit is one vector of a fused message: an all-reduce, or one part of a
+// coalesced all-reduce (AllReduceCoalesced).
+type unit struct {
+	cl         *call
+	send, recv []byte
+	count      int
+	call       int // index of cl in fusion.calls
+	part       int // index in cl.parts (0 for a call of one buffer)
+}
+
 // fusion is the token holder's state for fused all-reduces (no lock: only
 // the token holder touches it, like the rest of the per-call state).
 type fusion struct {
 	// calls are the calls offered in the current fused all-reduce, the
-	// lead first, in issue order; off[i] is where call i's data starts in
-	// the packed vector (compute-type bytes) and off[len(calls)] its end.
+	// lead first, in issue order, and units their vectors, in order; off[i]
+	// is where unit i's data starts in the packed vector (compute-type
+	// bytes) and off[len(units)] its end.
 	calls []*call
+	units []unit
 	off   []int
 	// held are calls taken from the queue and not run yet, in issue order
 	// from heldAt: a call that ended an offer, and offered calls that the
-	// ranks did not agree on. They run before anything still queued.
+	// ranks did not agree on (a coalesced call possibly in part). They run
+	// before anything still queued.
 	held   []*call
 	heldAt int
-	// buf holds the packed data of the offered calls, with room for a
+	// buf holds the packed data of the offered units, with room for a
 	// count list after the longest message (FuseBytes + fuseListBytes);
 	// in receives a peer's fused message when it cannot be folded into
 	// buf as it arrives, and list a count list when it can.
@@ -56,6 +69,19 @@ type fusion struct {
 	// foldFn is c.foldRecvd, bound once so that a receive allocates no
 	// closure.
 	foldFn func(dst, src []byte)
+}
+
+// units returns how many units cl has: its parts, or 1.
+func (cl *call) units() int { return max(len(cl.parts), 1) }
+
+// unitOf returns part j of cl as a unit (the call itself for j = 0 when
+// it has no parts).
+func (cl *call) unitOf(j, ci int) unit {
+	if cl.parts == nil {
+		return unit{cl: cl, send: cl.send, recv: cl.recv, count: cl.count, call: ci}
+	}
+	p := &cl.parts[j]
+	return unit{cl: cl, send: p.send, recv: p.recv, count: p.count, call: ci, part: j}
 }
 
 // take returns the next call in issue order without blocking: a held one,
@@ -95,33 +121,56 @@ func (c *Comm) unshift(cl *call) {
 func (c *Comm) heldCalls() int { return len(c.fz.held) - c.fz.heldAt }
 
 // fusable reports whether cl may lead or join a fused all-reduce: a valid
-// all-reduce on two ranks or more, at most Config.FuseBytes in the compute
-// type, that on its own would take the latency path (recursive doubling),
-// which is what a fused message runs. Every rank decides alike for the same
-// call (the inputs are the call's fingerprint, the Config and the group's
-// placement), and a lone fusable call sends exactly the frames it sends
-// unfused, so a rank that decides otherwise for a call of another size
-// still gets a desync error from the frames, not wrong data. Not in
+// all-reduce on two ranks or more whose vectors (its parts, for a
+// coalesced one) are each at most Config.FuseBytes in the compute type
+// and would each take the latency path (recursive doubling) on their own,
+// which is what a fused message runs. Every rank decides alike for the
+// same call (the inputs are the call's fingerprint, the Config and the
+// group's placement), and a lone fusable call sends exactly the frames it
+// sends unfused, so a rank that decides otherwise for a call of another
+// size still gets a desync error from the frames, not wrong data. Not in
 // deterministic mode on more than two ranks, whose latency path is the
 // gather of every rank's vector (gatherAllReduce), not fused here.
 func (c *Comm) fusable(cl *call) bool {
 	if cl.kind != KindAllReduce || cl.invalid != nil || c.n < 2 || c.cfg.Deterministic && c.n > 2 {
 		return false
 	}
-	size := cl.count * computeType(cl.dtype).Size()
+	es := computeType(cl.dtype).Size()
+	if cl.parts == nil {
+		return c.fusableSize(cl.count * es)
+	}
+	for i := range cl.parts {
+		if !c.fusableSize(cl.parts[i].count * es) {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *Comm) fusableSize(size int) bool {
 	return size <= c.cfg.fuseLimit() && !c.allReduceRing(size)
 }
 
-// offer offers lead and the calls queued right behind it that may join
-// it (joins), in issue order, into c.fz.calls; the first call that may not
-// join is held to run next. It never waits for a call: what is queued now
-// is the offer.
+// offer offers the units of lead not run yet and the calls queued right
+// behind it that may join it (joins), in issue order, into c.fz; the
+// first call that may not join is held to run next. It never waits for a
+// call: what is queued now is the offer. Of the lead it offers as many
+// units as the limits allow (at least one); a call that joins comes whole.
 func (c *Comm) offer(lead *call) {
 	f := &c.fz
 	f.calls = append(f.calls[:0], lead)
+	f.units = f.units[:0]
 	es := computeType(lead.dtype).Size()
-	total := lead.count * es
-	for len(f.calls) < maxFuseCalls {
+	total := 0
+	for j := lead.partsDone; j < lead.units(); j++ {
+		u := lead.unitOf(j, 0)
+		if len(f.units) > 0 && (len(f.units) == maxFuseCalls || total+u.count*es > c.cfg.fuseLimit() || c.aliased(u.send)) {
+			return
+		}
+		f.units = append(f.units, u)
+		total += u.count * es
+	}
+	for len(f.units) < maxFuseCalls {
 		nx, _ := c.take()
 		if nx == nil {
 			return
@@ -131,23 +180,44 @@ func (c *Comm) offer(lead *call) {
 			return
 		}
 		f.calls = append(f.calls, nx)
-		total += nx.count * es
+		for j := range nx.units() {
+			u := nx.unitOf(j, len(f.calls)-1)
+			f.units = append(f.units, u)
+			total += u.count * es
+		}
 	}
 }
 
-// joins reports whether nx may join the offer led by lead, whose calls
-// hold total bytes so far: the same kind, dtype and op, fusable, within
-// FuseBytes, and reading no memory that an earlier call of the offer
-// writes (run alone, nx would read that call's result; fused, every send
-// buffer is read before any result is written).
+// aliased reports whether send overlaps the receive buffer of a unit
+// offered so far: run in turn, it would read that unit's result; fused,
+// every send buffer is read before any result is written.
+func (c *Comm) aliased(send []byte) bool {
+	for i := range c.fz.units {
+		if overlaps(send, c.fz.units[i].recv) {
+			return true
+		}
+	}
+	return false
+}
+
+// joins reports whether nx may join, whole, the offer led by lead, whose
+// units hold total bytes so far: the same kind, dtype and op, fusable,
+// within FuseBytes and maxFuseCalls, and reading no memory that an
+// earlier unit of the offer (or of nx) writes.
 func (c *Comm) joins(nx, lead *call, total int) bool {
-	if nx.kind != lead.kind || nx.dtype != lead.dtype || nx.op != lead.op || !c.fusable(nx) ||
-		total+nx.count*computeType(nx.dtype).Size() > c.cfg.fuseLimit() {
+	if nx.kind != lead.kind || nx.dtype != lead.dtype || nx.op != lead.op || len(c.fz.units)+nx.units() > maxFuseCalls || !c.fusable(nx) {
 		return false
 	}
-	for _, cl := range c.fz.calls {
-		if overlaps(nx.send, cl.recv) {
+	es := computeType(nx.dtype).Size()
+	for j := range nx.units() {
+		u := nx.unitOf(j, 0)
+		if total += u.count * es; total > c.cfg.fuseLimit() || c.aliased(u.send) {
 			return false
+		}
+		for i := range j {
+			if overlaps(u.send, nx.unitOf(i, 0).recv) {
+				return false
+			}
 		}
 	}
 	return true
@@ -155,32 +225,26 @@ func (c *Comm) joins(nx, lead *call, total int) bool {
 
 // runFused runs lead, a fusable call, with the calls queued behind it that
 // may join it, and completes the calls every rank agreed to run with it
-// (at least lead) in issue order; the others are held and run next. It
-// returns the issue number of the last call it completed. Token holder
+// in issue order; the others are held and run next (a coalesced call cut
+// short first, with the units it has left). It returns the issue number of
+// the last call it completed, and false if it completed none. Token holder
 // only.
-func (c *Comm) runFused(lead *call) uint64 {
+func (c *Comm) runFused(lead *call) (uint64, bool) {
 	if err := c.Err(); err != nil {
 		seq := lead.seq
 		c.finish(lead, err)
-		return seq
+		return seq, true
 	}
 	c.offer(lead)
 	f := &c.fz
-	k := len(f.calls)
-	// The lead is numbered now (its frames carry its number on each
-	// pair); the calls that join it once the ranks have agreed on them.
-	c.cseq++
-	for _, p := range c.peers {
-		if p != nil {
-			p.seq++
-		}
-	}
+	k := len(f.units)
 	record := !flightOff.Load()
-	var first uint64
-	var began int64
-	if record {
-		began = ticks()
-		first = c.rec.start(lead, c.cseq, 0, began)
+	began := ticks()
+	// The lead is numbered when it first runs (its frames carry its
+	// number on each pair); the calls that join it once the ranks have
+	// agreed on them.
+	if lead.partsDone == 0 {
+		c.number(lead, record, began)
 	}
 	m, err := c.fusedAllReduce()
 	if err != nil {
@@ -189,19 +253,16 @@ func (c *Comm) runFused(lead *call) uint64 {
 			err = c.failErr
 		}
 		if record {
-			c.rec.end(first, err, ticks())
+			c.rec.end(lead.recSlot, err, ticks())
 		}
 		// The other offered calls fail at their turn (the communicator
 		// has failed).
-		for i := k - 1; i >= 1; i-- {
+		for i := len(f.calls) - 1; i >= 1; i-- {
 			c.unshift(f.calls[i])
 		}
 		seq := lead.seq
 		c.finish(lead, err)
-		return seq
-	}
-	for i := k - 1; i >= m; i-- {
-		c.unshift(f.calls[i])
+		return seq, true
 	}
 	if m > 1 {
 		c.fusedRuns++
@@ -209,61 +270,84 @@ func (c *Comm) runFused(lead *call) uint64 {
 	if m < k {
 		c.fuseShrunk++
 	}
-	if record {
-		c.rec.fused(first, m)
-		for _, cl := range f.calls[1:m] {
-			c.cseq++
-			c.rec.fused(c.rec.start(cl, c.cseq, 0, began), m)
-		}
-		now := ticks()
-		for i := range m {
-			c.rec.end(first+uint64(i), nil, now)
-		}
-	} else {
-		c.cseq += uint64(m - 1)
+	// The agreed units are a prefix: whole calls, then at most one call
+	// in part (a coalesced one), then calls with none of their units run.
+	ran := f.units[m-1].call + 1 // calls with units run
+	for _, cl := range f.calls[1:ran] {
+		c.number(cl, record, began)
 	}
-	for _, p := range c.peers {
-		if p != nil {
-			p.seq += uint64(m - 1)
-		}
+	for i := range f.units[:m] {
+		f.units[i].cl.partsDone++
 	}
-	last := lead.seq + uint64(m-1)
-	for i, cl := range f.calls[:m] {
+	for i := len(f.calls) - 1; i >= ran; i-- {
+		c.unshift(f.calls[i])
+	}
+	done := ran
+	if cl := f.calls[ran-1]; cl.partsDone < cl.units() {
+		c.unshift(cl)
+		done--
+	}
+	now := ticks()
+	var last uint64
+	for i, cl := range f.calls[:done] {
+		if record {
+			c.rec.fused(cl.recSlot, ran)
+			c.rec.end(cl.recSlot, nil, now)
+		}
+		last = cl.seq
 		c.finish(cl, nil) // recycles cl
 		f.calls[i] = nil
 	}
-	return last
+	for i := range f.units {
+		f.units[i] = unit{}
+	}
+	return last, done > 0
 }
 
-// fusedAllReduce runs the offered calls c.fz.calls as one all-reduce and
+// number counts cl as the next collective of the group (and of every
+// pair), and records it as running since began.
+func (c *Comm) number(cl *call, record bool, began int64) {
+	c.cseq++
+	for _, p := range c.peers {
+		if p != nil {
+			p.seq++
+		}
+	}
+	if record {
+		cl.recSlot = c.rec.start(cl, c.cseq, 0, began)
+	}
+}
+
+// fusedAllReduce runs the offered units c.fz.units as one all-reduce and
 // returns how many of them, from the first, every rank ran (their results
-// are in their receive buffers). One call alone runs on its own buffers
+// are in their receive buffers). One unit alone runs on its own buffers
 // exactly as allReduce runs it; several are packed into one vector.
 func (c *Comm) fusedAllReduce() (int, error) {
 	f := &c.fz
 	lead := f.calls[0]
-	k := len(f.calls)
+	k := len(f.units)
 	dt := lead.dtype
 	ct := computeType(dt)
 	es := ct.Size()
 	f.off = f.off[:0]
 	total := 0
-	for _, cl := range f.calls {
+	for i := range f.units {
 		f.off = append(f.off, total)
-		total += cl.count * es
+		total += f.units[i].count * es
 	}
 	f.off = append(f.off, total)
 	var src, data []byte
 	if k == 1 {
-		src, data = lead.send, lead.recv
+		u := &f.units[0]
+		src, data = u.send, u.recv
 		switch {
 		case dt.isHalf():
 			data = c.scratch(0, total)
-			widen(dt, data, lead.send)
+			widen(dt, data, u.send)
 			src = data
-		case overlaps(lead.send, lead.recv):
-			if !sameMem(lead.send, lead.recv) {
-				copyData(lead.recv, lead.send)
+		case overlaps(u.send, u.recv):
+			if !sameMem(u.send, u.recv) {
+				copyData(u.recv, u.send)
 			}
 			src = data
 		}
@@ -272,12 +356,12 @@ func (c *Comm) fusedAllReduce() (int, error) {
 			f.buf = make([]byte, c.cfg.fuseLimit()+fuseListBytes)
 		}
 		data = f.buf[:total]
-		for i, cl := range f.calls {
+		for i := range f.units {
 			part := data[f.off[i]:f.off[i+1]]
 			if dt.isHalf() {
-				widen(dt, part, cl.send)
+				widen(dt, part, f.units[i].send)
 			} else {
-				copyData(part, cl.send)
+				copyData(part, f.units[i].send)
 			}
 		}
 		src = data
@@ -286,16 +370,16 @@ func (c *Comm) fusedAllReduce() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	for i, cl := range f.calls[:m] {
+	for i := range f.units[:m] {
 		part := data[f.off[i]:f.off[i+1]]
-		if cl.op == Avg {
+		if lead.op == Avg {
 			finishAvg(ct, part, c.n)
 		}
 		switch {
 		case dt.isHalf():
-			narrow(dt, cl.recv, part)
+			narrow(dt, f.units[i].recv, part)
 		case k > 1:
-			copyData(cl.recv, part)
+			copyData(f.units[i].recv, part)
 		}
 	}
 	return m, nil
@@ -322,7 +406,7 @@ func (c *Comm) fusedRD(lead *call, ct DType, src, data []byte) (int, error) {
 	n, me := c.n, c.me
 	pof2 := 1 << (bits.Len(uint(n)) - 1)
 	rem := n - pof2
-	m := len(c.fz.calls)
+	m := len(c.fz.units)
 	cur := src
 	newRank := -1
 	var err error
@@ -382,8 +466,8 @@ func (c *Comm) fuseMsg(v []byte, m int) []byte {
 	end := f.off[m]
 	lb := listBytes(m)
 	list := f.buf[end : end+lb]
-	for i, cl := range f.calls[:m] {
-		binary.LittleEndian.PutUint32(list[4*i:], uint32(cl.count))
+	for i := range f.units[:m] {
+		binary.LittleEndian.PutUint32(list[4*i:], f.units[i].listed())
 	}
 	clear(list[4*m:])
 	return f.buf[:end+lb]
@@ -404,6 +488,19 @@ func (c *Comm) foldRecvd(d, s []byte) {
 	}
 }
 
+// callStart marks, in a count list, a unit that begins its call: two
+// ranks that split the same vectors into calls differently disagree.
+const callStart = 1 << 31
+
+// listed is u's entry in a count list: its count, with callStart if it
+// is its call's first unit.
+func (u *unit) listed() uint32 {
+	if u.part == 0 {
+		return uint32(u.count) | callStart
+	}
+	return uint32(u.count)
+}
+
 // fuseLen is the length of fuseMsg's message of m calls.
 func (c *Comm) fuseLen(m int) int {
 	if m == 1 {
@@ -419,6 +516,7 @@ func (c *Comm) fuseSend(lead *call, p int, v []byte, m int) error {
 	msg := c.fuseMsg(v, m)
 	pe := c.peers[p]
 	h := c.headerTo(lead, p)
+	h.Count = uint64(c.fz.units[0].count)
 	h.Root = -int32(m)
 	h.Aux = uint64(len(msg))
 	h.Len = h.Aux
@@ -441,7 +539,7 @@ func (c *Comm) fuseStep(lead *call, ct DType, to, from, m int, cur, data []byte)
 	f := &c.fz
 	// Fold a lone message straight from the link when our send is complete
 	// before the receive begins, or does not read data (as recursiveDoubling).
-	direct := to < 0 || c.eager(to, c.fuseLen(m)) || !overlaps(cur, data) && len(c.fz.calls) == 1
+	direct := to < 0 || c.eager(to, c.fuseLen(m)) || !overlaps(cur, data) && len(c.fz.units) == 1
 	if to >= 0 {
 		if err := c.fuseSend(lead, to, cur, m); err != nil {
 			return 0, err
@@ -496,6 +594,7 @@ func (c *Comm) fuseRecv(lead *call, ct DType, p, m int, cur, data []byte, direct
 	}
 	kt := int(-int64(h.Root))
 	want := c.headerTo(lead, p)
+	want.Count = uint64(f.units[0].count)
 	switch {
 	case h.Group != want.Group:
 		return 0, nil, c.fuseDesync(lead, p, h, 0, h.Count, "frame of another group")
@@ -540,7 +639,7 @@ func (c *Comm) fuseRecv(lead *call, ct DType, p, m int, cur, data []byte, direct
 	lb := listBytes(kt)
 	dataLen := int(h.Aux) - lb
 	var list []byte
-	if rr, ok := l.(ReduceReceiver); ok && direct && !result && len(f.calls) > 1 {
+	if rr, ok := l.(ReduceReceiver); ok && direct && !result && len(f.units) > 1 {
 		// Our vector is the packed one in buf, which has room for any
 		// message this rank accepts: fold the data into it as it arrives
 		// and keep the list aside. Folding the calls that turn out not to
@@ -570,7 +669,8 @@ func (c *Comm) fuseRecv(lead *call, ct DType, p, m int, cur, data []byte, direct
 	}
 	es := uint64(computeType(lead.dtype).Size())
 	var sum uint64
-	counts := func(i int) uint64 { return uint64(binary.LittleEndian.Uint32(list[4*i:])) }
+	listed := func(i int) uint32 { return binary.LittleEndian.Uint32(list[4*i:]) }
+	counts := func(i int) uint64 { return uint64(listed(i) &^ callStart) }
 	for i := range kt {
 		sum += counts(i) * es
 	}
@@ -582,9 +682,12 @@ func (c *Comm) fuseRecv(lead *call, ct DType, p, m int, cur, data []byte, direct
 	}
 	mt = min(m, kt)
 	for i := 1; i < mt; i++ {
-		if counts(i) != uint64(f.calls[i].count) {
-			return 0, nil, c.fuseDesync(lead, p, h, i, counts(i), fmt.Sprintf("rank %d fused #%d-#%d into one message, rank %d #%d-#%d",
-				p, h.Seq, h.Seq+uint64(kt-1), c.me, pe.seq, pe.seq+uint64(m-1)))
+		if listed(i) != f.units[i].listed() {
+			detail := fmt.Sprintf("vector %d of a fused message (%d vectors from rank %d, %d offered by rank %d)", i+1, kt, p, m, c.me)
+			if counts(i) == uint64(f.units[i].count) {
+				detail = fmt.Sprintf("vector %d of a fused message begins a call on one rank and not on the other (coalesced calls split differently)", i+1)
+			}
+			return 0, nil, c.fuseDesync(lead, p, h, i, counts(i), detail)
 		}
 	}
 	if result {
@@ -595,16 +698,20 @@ func (c *Comm) fuseRecv(lead *call, ct DType, p, m int, cur, data []byte, direct
 }
 
 // fuseDesync is the DesyncError of a fused message from p (header h) that
-// does not match this rank's offered call i: theirs has count.
+// does not match this rank's offered unit i: theirs has count.
 func (c *Comm) fuseDesync(lead *call, p int, h *Header, i int, count uint64, detail string) error {
-	theirs := CallInfo{Kind: h.Kind, DType: h.DType, Op: h.Op, Count: int(count), Root: int(h.Root), Seq: h.Seq + uint64(i)}
+	u := &c.fz.units[i]
+	seq := c.peers[p].seq + uint64(u.call)
+	theirs := CallInfo{Kind: h.Kind, DType: h.DType, Op: h.Op, Count: int(count), Root: int(h.Root), Seq: h.Seq + uint64(u.call)}
 	if h.Kind == KindAllReduce && h.Root < 0 {
 		theirs.Root = -1
 	}
 	if h.Kind != KindAllReduce && h.Kind != KindReduceScatter && h.Kind != KindReduce {
 		theirs.Op = 0
 	}
-	return &DesyncError{Rank: c.me, Mine: c.fz.calls[i].info(c.peers[p].seq + uint64(i)), Peer: p, Theirs: theirs, Detail: detail}
+	mine := u.cl.info(seq)
+	mine.Count = u.count
+	return &DesyncError{Rank: c.me, Mine: mine, Peer: p, Theirs: theirs, Detail: detail}
 }
 
 func isLinkDown(err error) bool { return errors.Is(err, errLinkDown) }

@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,10 +32,15 @@ type fcall struct {
 	op    comm.Op
 	count int
 	onto  int
+	// parts, when set, make it one AllReduceCoalesced of vectors of these
+	// counts (count is their sum); with chain, vector 1 runs in place on
+	// vector 0's result.
+	parts []int
+	chain bool
 }
 
 func (fc fcall) String() string {
-	return fmt.Sprintf("%v(%v %v, %d, onto %d)", fc.kind, fc.dt, fc.op, fc.count, fc.onto)
+	return fmt.Sprintf("%v(%v %v, %d, onto %d, parts %v chain %v)", fc.kind, fc.dt, fc.op, fc.count, fc.onto, fc.parts, fc.chain)
 }
 
 // fuseScript draws a script: runs of small all-reduces of one dtype and op
@@ -59,7 +65,27 @@ func fuseScript(rng *rand.Rand, calls int) []fcall {
 			fc.count = 20000 // 80 KiB of float32: above FuseBytes
 		case x == 2:
 			fc.count = 0
-		case x < 6 && i > 0:
+		case x == 3 || x == 4:
+			// Coalesced: a few vectors, sometimes one too large to
+			// fuse, sometimes chained.
+			fc.count = 0
+			for range 1 + rng.IntN(12) {
+				c := 1 + rng.IntN(200)
+				if rng.IntN(30) == 0 {
+					c = 20000
+				}
+				fc.parts = append(fc.parts, c)
+				fc.count += c
+			}
+			if len(fc.parts) > 1 && fc.parts[0] == fc.parts[1] || len(fc.parts) > 1 && rng.IntN(4) == 0 {
+				fc.parts[1] = fc.parts[0]
+				fc.count = 0
+				for _, c := range fc.parts {
+					fc.count += c
+				}
+				fc.chain = true
+			}
+		case x < 8 && i > 0:
 			// In place on an earlier all-reduce's result (same dtype).
 			for j := i - 1; j >= 0 && j >= i-4; j-- {
 				if p := out[j]; p.kind == comm.KindAllReduce && p.dt == dt {
@@ -146,7 +172,21 @@ func runScript(t *testing.T, comms []*comm.Comm, script []fcall, seed uint64, pa
 				return err
 			}
 			var h comm.Handle
-			if fc.kind == comm.KindBroadcast {
+			if fc.parts != nil {
+				var sends, recvs []comm.Buffer
+				off := 0
+				for j, c := range fc.parts {
+					s, r := send[off:off+c*fc.dt.Size()], recv[i][off:off+c*fc.dt.Size()]
+					if j == 1 && fc.chain {
+						s = recv[i][:c*fc.dt.Size()]
+					}
+					off += c * fc.dt.Size()
+					sb, _ := comm.Bytes(fc.dt, s)
+					rb, _ := comm.Bytes(fc.dt, r)
+					sends, recvs = append(sends, sb), append(recvs, rb)
+				}
+				h = comms[r].AllReduceCoalesced(issueCtx, sends, recvs, fc.op)
+			} else if fc.kind == comm.KindBroadcast {
 				h = comms[r].Broadcast(issueCtx, sb, rb, i%n)
 			} else {
 				h = comms[r].AllReduce(issueCtx, sb, rb, fc.op)
@@ -186,34 +226,20 @@ func runScript(t *testing.T, comms []*comm.Comm, script []fcall, seed uint64, pa
 }
 
 // checkFusedRecords checks a rank's flight records: calls in issue order,
-// and the calls of each fused message consecutive, of one kind, dtype and
-// op, and within FuseBytes.
-func checkFusedRecords(t *testing.T, r int, recs []comm.FlightRecord, fuseBytes int) {
+// and the calls of each fused message (the records that started with it)
+// all all-reduces of one dtype and op.
+func checkFusedRecords(t *testing.T, r int, recs []comm.FlightRecord) {
 	t.Helper()
-	for i := 0; i < len(recs); {
-		rec := recs[i]
+	for i, rec := range recs {
 		if i > 0 && rec.Call.Seq != recs[i-1].Call.Seq+1 {
 			t.Fatalf("rank %d: record %d is call #%d after #%d", r, i, rec.Call.Seq, recs[i-1].Call.Seq)
 		}
-		m := max(rec.Fused, 1)
-		if i+m > len(recs) {
-			t.Fatalf("rank %d: record %d says %d calls fused, %d records left", r, i, m, len(recs)-i)
-		}
-		bytes := 0
-		for _, o := range recs[i : i+m] {
-			if o.Fused != rec.Fused || o.Call.Kind != comm.KindAllReduce && m > 1 || o.Call.Kind != rec.Call.Kind || o.Call.DType != rec.Call.DType || o.Call.Op != rec.Call.Op {
-				t.Fatalf("rank %d: fused message of %d calls from #%d mixes %v and %v", r, m, rec.Call.Seq, rec.Call, o.Call)
+		if i > 0 && rec.Fused > 1 && rec.Started.Equal(recs[i-1].Started) {
+			o := recs[i-1]
+			if o.Call.Kind != comm.KindAllReduce || rec.Call.Kind != comm.KindAllReduce || o.Call.DType != rec.Call.DType || o.Call.Op != rec.Call.Op {
+				t.Fatalf("rank %d: a fused message mixes %v and %v", r, o.Call, rec.Call)
 			}
-			es := o.Call.DType.Size()
-			if es == 2 {
-				es = 4 // 16-bit floats fuse as float32
-			}
-			bytes += o.Call.Count * es
 		}
-		if m > 1 && bytes > fuseBytes {
-			t.Fatalf("rank %d: fused message from #%d holds %d bytes, more than FuseBytes %d", r, rec.Call.Seq, bytes, fuseBytes)
-		}
-		i += m
 	}
 }
 
@@ -286,7 +312,7 @@ func TestFusionMatchesUnfusedBitwise(t *testing.T) {
 				}
 			}
 			for r, c := range fused {
-				checkFusedRecords(t, r, c.FlightRecords(), comm.DefaultConfig().FuseBytes)
+				checkFusedRecords(t, r, c.FlightRecords())
 				f, s := comm.FuseCounts(c)
 				fusedAll += f
 				shrunkAll += s
@@ -432,7 +458,7 @@ func TestFusionNeverMixes(t *testing.T) {
 	}
 	for r, c := range j.comms {
 		recs := c.FlightRecords()
-		checkFusedRecords(t, r, recs, cfg.FuseBytes)
+		checkFusedRecords(t, r, recs)
 		// Every run of equal all-reduces ran as one message: the rule
 		// allows it and every rank had all of them queued.
 		var got []int
@@ -546,6 +572,132 @@ func TestFusionDesync(t *testing.T) {
 				if len(b) > 0 && b[0] != 1e9 {
 					t.Errorf("rank %d: the mismatched call's buffer holds %v", r, b[0])
 				}
+			}
+		})
+	}
+}
+
+// AllReduceCoalesced: one call, one record, every vector reduced (fused
+// where small, in turn where large), over 2 and 4 ranks, issued alone or
+// queued with plain all-reduces of the same dtype and op.
+func TestAllReduceCoalesced(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		j := newMemJob(t, n, comm.LocalConfig())
+		counts := []int{3, 250, 1, 20000, 64, 64}
+		errs := onEach(t, n, func(r int) error {
+			ctx, cancel := waitCtx(t)
+			defer cancel()
+			for round := range 4 {
+				var sends, recvs []comm.Buffer
+				var outs [][]int32
+				for i, c := range counts {
+					s, o := make([]int32, c), make([]int32, c)
+					for k := range s {
+						s[k] = int32((r + 1) * (i + k + round))
+					}
+					sends, recvs, outs = append(sends, comm.Int32s(s)), append(recvs, comm.Int32s(o)), append(outs, o)
+				}
+				ictx := ctx
+				if round%2 == 1 {
+					ictx = comm.IssuerWaits(ctx) // queued with the plain calls below before any runs
+				}
+				h := j.comms[r].AllReduceCoalesced(ictx, sends, recvs, comm.Sum)
+				plain := []int32{int32(r)}
+				h2 := j.comms[r].AllReduce(ictx, comm.Int32s(plain), comm.Int32s(plain), comm.Sum)
+				if err := h.Wait(ctx); err != nil {
+					return err
+				}
+				if err := h2.Wait(ctx); err != nil {
+					return err
+				}
+				tri := int32(n * (n + 1) / 2)
+				for i, o := range outs {
+					for k, v := range o {
+						if want := tri * int32(i+k+round); v != want {
+							return fmt.Errorf("round %d vector %d element %d: %d, want %d", round, i, k, v, want)
+						}
+					}
+				}
+				if want := int32(n * (n - 1) / 2); plain[0] != want {
+					return fmt.Errorf("round %d: plain all-reduce %d, want %d", round, plain[0], want)
+				}
+			}
+			return nil
+		})
+		for r, err := range errs {
+			if err != nil {
+				t.Fatalf("n=%d rank %d: %v", n, r, err)
+			}
+		}
+		total := 0
+		for _, c := range counts {
+			total += c
+		}
+		for r, c := range j.comms {
+			recs := c.FlightRecords()
+			checkFusedRecords(t, r, recs)
+			if len(recs) != 8 || recs[0].Call.Count != total || recs[1].Call.Count != 1 {
+				t.Fatalf("n=%d rank %d: %d records, first %v: want 8, the coalesced call of %d elements then the plain one", n, r, len(recs), recs[0].Call, total)
+			}
+		}
+	}
+	// Bad input: a clear error naming the vector.
+	j := newMemJob(t, 1, comm.LocalConfig())
+	ctx, cancel := waitCtx(t)
+	defer cancel()
+	err := j.comms[0].AllReduceCoalesced(ctx, []comm.Buffer{comm.Int32s(make([]int32, 2)), comm.Int32s(make([]int32, 3))},
+		[]comm.Buffer{comm.Int32s(make([]int32, 2)), comm.Int32s(make([]int32, 2))}, comm.Sum).Wait(ctx)
+	if !errors.Is(err, comm.ErrInvalidArgument) || !strings.Contains(err.Error(), "send 1 has 3 elements and recv 1 has 2") {
+		t.Fatalf("mismatched vector: %v", err)
+	}
+}
+
+// Ranks whose coalesced calls differ get a DesyncError naming both, from
+// the fused message: another length of one vector, and the same vectors
+// split into calls differently (one coalesced call against two plain ones).
+func TestAllReduceCoalescedDesync(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		split bool
+		want  string
+	}{
+		{"length", false, "count=32"},
+		{"split", true, "coalesced calls split differently"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newMemJob(t, 2, comm.LocalConfig())
+			for _, c := range j.comms {
+				t.Cleanup(func() { c.Abort(nil); _ = c.Close() })
+			}
+			errs := onEach(t, 2, func(r int) error {
+				ctx, cancel := waitCtx(t)
+				defer cancel()
+				ictx := comm.IssuerWaits(ctx)
+				b := func(c int) comm.Buffer { return comm.Float32s(make([]float32, c)) }
+				var hs []comm.Handle
+				switch {
+				case r == 1 && tc.split:
+					hs = append(hs, j.comms[r].AllReduce(ictx, b(64), b(64), comm.Sum), j.comms[r].AllReduce(ictx, b(64), b(64), comm.Sum))
+				case r == 1:
+					hs = append(hs, j.comms[r].AllReduceCoalesced(ictx, []comm.Buffer{b(64), b(32)}, []comm.Buffer{b(64), b(32)}, comm.Sum))
+				default:
+					x, y := b(64), b(64)
+					hs = append(hs, j.comms[r].AllReduceCoalesced(ictx, []comm.Buffer{x, y}, []comm.Buffer{x, y}, comm.Sum))
+				}
+				var first error
+				for _, h := range hs {
+					if err := h.Wait(ctx); err != nil && first == nil {
+						first = err
+					}
+				}
+				return first
+			})
+			for r, err := range errs {
+				var de *comm.DesyncError
+				if !errors.As(err, &de) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("rank %d: %v, want a DesyncError with %q", r, err, tc.want)
+				}
+				t.Logf("rank %d: %v", r, err)
 			}
 		})
 	}

@@ -90,13 +90,13 @@ func (c *Comm) drain(target uint64) (closed bool) {
 		if cl == nil {
 			break
 		}
-		first, last := cl.seq, cl.seq // cl is recycled once executed
+		first, last, done := cl.seq, cl.seq, true // cl is recycled once executed
 		if c.fusable(cl) {
-			last = c.runFused(cl)
+			last, done = c.runFused(cl)
 		} else {
 			c.execute(cl)
 		}
-		if first <= target && target <= last {
+		if done && first <= target && target <= last {
 			break
 		}
 	}
@@ -183,6 +183,16 @@ func (c *Comm) linkErr(p int, err error) error {
 func (c *Comm) run(cl *call) error {
 	switch cl.kind {
 	case KindAllReduce:
+		for i := range cl.parts {
+			// A coalesced all-reduce that does not fuse: its vectors
+			// one after another.
+			if err := c.allReduce(cl, cl.parts[i].send, cl.parts[i].recv); err != nil {
+				return err
+			}
+		}
+		if cl.parts != nil {
+			return nil
+		}
 		return c.allReduce(cl, cl.send, cl.recv)
 	case KindReduce:
 		return c.reduce(cl)
