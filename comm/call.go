@@ -26,8 +26,8 @@ type call struct {
 	parts     []part
 	partsDone int
 	recSlot   uint64
-	invalid    error    // set at issue: fails the communicator at its turn
-	issued     int64    // ticks()
+	invalid   error // set at issue: fails the communicator at its turn
+	issued    int64 // ticks()
 
 	ctx  context.Context
 	hook *ctxHook // the cancellation hook of ctx, nil if ctx never ends
