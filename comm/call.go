@@ -482,12 +482,12 @@ func (c *Comm) AllReduceCoalesced(ctx context.Context, sends, recvs []Buffer, op
 		for i := range sends {
 			var err error
 			pt := &cl.parts[i]
-			if pt.send, err = hostBytes(sends[i], fmt.Sprintf("send %d", i)); err != nil {
-				cl.invalid = err
+			if pt.send, err = hostBytes(sends[i], "send"); err != nil {
+				cl.invalid = fmt.Errorf("vector %d: %w", i, err)
 				break
 			}
-			if pt.recv, err = hostBytes(recvs[i], fmt.Sprintf("recv %d", i)); err != nil {
-				cl.invalid = err
+			if pt.recv, err = hostBytes(recvs[i], "recv"); err != nil {
+				cl.invalid = fmt.Errorf("vector %d: %w", i, err)
 				break
 			}
 			if i == 0 {

@@ -51,17 +51,22 @@ for line in open(sys.argv[1]):
     build, name, us, _ = line.split()
     rows.setdefault((build, name), []).append(float(us))
 med = {k: statistics.median(v) for k, v in rows.items()}
-names = [n for n in ["lone-8B", "single-64K", "async-64x1K", "burst-64x1K"] if ("before", n) in med and ("after", n) in med]
+order = ["lone-8B", "single-64K", "async-64x1K", "burst-64x1K", "coalesced-64x1K"]
+names = [n for n in order if ("after", n) in med]
 print(f"\n{sys.argv[2]} ranks: median us per row iteration over rounds (min-max)")
-print(f"{'row':<14}{'before':>22}{'after':>22}{'after/before':>14}")
+print(f"{'row':<16}{'before':>22}{'after':>22}{'after/before':>14}")
+def cell(build, n):
+    v = rows.get((build, n))
+    return f"{med[(build, n)]:>10.2f} ({min(v):.1f}-{max(v):.1f})" if v else f"{'-':>22}"
 for n in names:
-    b, a = rows.get(("before", n), [0]), rows.get(("after", n), [0])
-    print(f"{n:<14}{med[('before', n)]:>10.2f} ({min(b):.1f}-{max(b):.1f}){med[('after', n)]:>10.2f} ({min(a):.1f}-{max(a):.1f}){med[('after', n)]/med[('before', n)]:>14.2f}")
+    ratio = f"{med[('after', n)]/med[('before', n)]:>14.2f}" if ("before", n) in med else f"{'-':>14}"
+    print(f"{n:<16}{cell('before', n)}{cell('after', n)}{ratio}")
 if "single-64K" in names:
     print("\n64 x 1 KiB over one 64 KiB all-reduce of the same build (goal <= 2):")
-    for n in ["async-64x1K", "burst-64x1K"]:
+    for n in ["async-64x1K", "burst-64x1K", "coalesced-64x1K"]:
         if n in names:
-            print(f"  {n:<14} before {med[('before', n)]/med[('before', 'single-64K')]:6.2f}   after {med[('after', n)]/med[('after', 'single-64K')]:6.2f}")
+            b = f"{med[('before', n)]/med[('before', 'single-64K')]:6.2f}" if ("before", n) in med else "     -"
+            print(f"  {n:<16} before {b}   after {med[('after', n)]/med[('after', 'single-64K')]:6.2f}")
 if "lone-8B" in names:
     print(f"\nlone 8 B all-reduce, after/before: {med[('after', 'lone-8B')]/med[('before', 'lone-8B')]:.3f}")
 PY

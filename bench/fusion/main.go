@@ -11,7 +11,9 @@
 //	async-64x1K  64 all-reduces of 1 KiB issued to the worker one after
 //	             another, then waited for, as an async loop does
 //	burst-64x1K  the same 64 issued with comm.IssuerWaits (nothing runs
-//	             until the first Wait), as a coalesced call can issue them
+//	             until the first Wait), as a program that waits at once can
+//	coalesced-64x1K  the same 64 vectors as one AllReduceCoalesced call
+//	             (coalesced.go; only in builds that have it)
 //
 // The rows run in interleaved blocks of -per iterations (every rank runs
 // the same blocks; a barrier starts each); rank 0 prints each row's median
@@ -60,6 +62,10 @@ func main() {
 
 // rowFilter is the -rows flag.
 var rowFilter string
+
+// extraRows add rows that need API a "before" build lacks (coalesced.go,
+// which scripts/bench-fusion.sh does not copy there).
+var extraRows []func(c *comm.Comm, smalls [][]float32) row
 
 type row struct {
 	name string
@@ -116,6 +122,9 @@ func run(blocks, per int) error {
 			}
 			return waitAll(ctx)
 		}},
+	}
+	for _, extra := range extraRows {
+		rows = append(rows, extra(c, smalls))
 	}
 	if rowFilter != "" {
 		rows = slices.DeleteFunc(rows, func(rw row) bool { return !slices.Contains(strings.Split(rowFilter, ","), rw.name) })
