@@ -239,7 +239,10 @@ func (c *Comm) runFused(lead *call) (uint64, bool) {
 	f := &c.fz
 	k := len(f.units)
 	record := !flightOff.Load()
-	began := ticks()
+	var began int64
+	if record {
+		began = ticks()
+	}
 	// The lead is numbered when it first runs (its frames carry its
 	// number on each pair); the calls that join it once the ranks have
 	// agreed on them.
@@ -287,7 +290,10 @@ func (c *Comm) runFused(lead *call) (uint64, bool) {
 		c.unshift(cl)
 		done--
 	}
-	now := ticks()
+	var now int64
+	if record {
+		now = ticks()
+	}
 	var last uint64
 	for i, cl := range f.calls[:done] {
 		if record {
