@@ -44,27 +44,31 @@
 //
 // Small all-reduces queued on a communicator behind one another travel as
 // one message (fuse.go): an async loop of small all-reduces, or the calls
-// of a coalesced call issued back to back, cost about one all-reduce of
-// their total size instead of one each. The rule:
+// of a coalesced call issued back to back, cost one exchange of their
+// total size instead of one each. AllReduceCoalesced is such a call in
+// one: its vectors are the units of the message, with one Handle and one
+// flight record for the lot. The rule:
 //
 //   - When the goroutine running calls takes a fusable all-reduce (valid,
-//     at most Config.FuseBytes, and taking the latency path, recursive
-//     doubling, on its own), it also takes the calls queued right behind
-//     it while they are all-reduces of the same dtype and op, fusable,
-//     within FuseBytes together (and 128 calls), and read no buffer an
-//     earlier one of them writes. That is its offer. It never waits for a
-//     call: a call alone is offered alone and starts at once, and its
-//     frames are exactly the unfused ones.
+//     each vector at most Config.FuseBytes and taking the latency path,
+//     recursive doubling, on its own), it also takes the calls queued
+//     right behind it while they are all-reduces of the same dtype and
+//     op, fusable, within FuseBytes together (and 128 vectors), and read
+//     no buffer an earlier one of them writes. That is its offer. It
+//     never waits for a call: a call alone is offered alone and starts at
+//     once, and its frames are exactly the unfused ones.
 //   - Any other call ends the offer and runs next, after it: nothing is
 //     reordered, and kinds, dtypes and ops never share a message.
 //   - The ranks' offers may differ, since what is queued when depends on
 //     timing. Every message of the recursive doubling carries how many
-//     calls it holds (in the header's Root, and their counts in front of
-//     the data); a rank that receives m' calls while holding m goes on with
-//     min(m, m'). After the last exchange every rank holds the same number
-//     of calls, the least offer, reduced over all ranks (the proof is on
-//     fusedRD); the calls it offered beyond that run next, as the lead of a
-//     new offer. No rank ever waits for a call another has not issued.
+//     vectors it holds (in the header's Root, and their counts, each
+//     marked where a call begins, after the data); a rank that receives m'
+//     vectors while holding m goes on with min(m, m'). After the last
+//     exchange every rank holds the same number of vectors, the least
+//     offer, reduced over all ranks (the proof is on fusedRD); what it
+//     offered beyond that runs next, as the lead of a new offer (a
+//     coalesced call cut short goes on with its remaining vectors). No
+//     rank ever waits for a call another has not issued.
 //
 // Proof obligations, and the tests that hold the code to them
 // (fuse_test.go): every rank runs the same calls in each fused message
@@ -78,7 +82,8 @@
 // records of every test); a rank whose call differs inside a fused message
 // still gets a *DesyncError naming both calls, from the header (kind,
 // dtype, op, the first call's count) or the count list (any later call's
-// count), before any data of the message is combined (TestFusionDesync).
+// count, or where a call begins), before any data of the message reaches a
+// receive buffer (TestFusionDesync, TestAllReduceCoalescedDesync).
 // Each call keeps its own sequence number, flight record (FlightRecord.Fused
 // says how many ran together) and Handle, so the side-channel desync check
 // sees the same calls fused or not.
