@@ -223,3 +223,38 @@ func TestCheckCostAt64(t *testing.T) {
 		t.Errorf("coordinated: %.1f queries a check, want at most a fifth of direct's %.1f", perCheck[false], perCheck[true])
 	}
 }
+
+// A call whose frames look alike on the wire is still a desync when the
+// kinds differ: AllReduce of m elements on one rank against ReduceScatter
+// of 2m into m on the other carries the same dtype, op, count and byte
+// totals in every frame, so only the kind in the header tells them apart.
+// Both ranks must get a DesyncError naming both kinds, not a result.
+func TestDesyncKindOnly(t *testing.T) {
+	const m = 64
+	for _, tcp := range []bool{false, true} {
+		cfg := comm.LocalConfig()
+		j := newNetJob(t, 2, cfg, tcp)
+		abortAll(t, j)
+		errs := onEach(t, 2, func(r int) error {
+			ctx := context.Background()
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if r == 0 {
+				buf := comm.Float32s(make([]float32, m))
+				return j.comms[r].AllReduce(ctx, buf, buf, comm.Sum).Wait(wctx)
+			}
+			send, recv := comm.Float32s(make([]float32, 2*m)), comm.Float32s(make([]float32, m))
+			return j.comms[r].ReduceScatter(ctx, send, recv, comm.Sum).Wait(wctx)
+		})
+		for r, err := range errs {
+			var de *comm.DesyncError
+			if !errors.As(err, &de) {
+				t.Fatalf("tcp=%v rank %d: %v, want a DesyncError", tcp, r, err)
+			}
+			kinds := []comm.Kind{de.Mine.Kind, de.Theirs.Kind}
+			if !slices.Contains(kinds, comm.KindAllReduce) || !slices.Contains(kinds, comm.KindReduceScatter) {
+				t.Errorf("tcp=%v rank %d: %v, want AllReduce against ReduceScatter", tcp, r, err)
+			}
+		}
+	}
+}
