@@ -81,8 +81,9 @@ const (
 	// the receiver has read (and so handed back).
 	fastCtlOff = 2048
 
-	// fastSlots slots of fastSlotBytes per direction: a 48-byte header
-	// (flag, fingerprint, length) and up to fastMaxPayload bytes, so that
+	// fastSlots slots of fastSlotBytes per direction: a 40-byte header
+	// (flag, the frame's call fields, payload length; the layout is at
+	// sendFast) and up to fastMaxPayload bytes, so that
 	// 4 KiB, a whole power-of-two message, still fits. 16 slots: far more
 	// than the two unread frames EagerLimit promises, so a sender finds a
 	// free slot without reading the receiver's counter for 16 messages.

@@ -31,7 +31,7 @@ import (
 // of a multi-host job by ssh, srun or a plain exec (the launching host).
 //
 // It is a relay around the same per-job supervisor a single-host job uses
-// (agent.go): it dials gorun, proves it holds the job secret, reports the
+// (supervisor.go): it dials gorun, proves it holds the job secret, reports the
 // interface and ports peers reach this host through, then starts the
 // supervisor with one pipe per rank stream and forwards output, events and
 // commands over the one connection. The supervisor keeps its guarantees —

@@ -15,7 +15,8 @@
 //
 // Rank 0 prints one line per step, "step N loss X time Yms" (X with full
 // float32 precision, so runs compare bit for bit), and a summary with the
-// exposed-communication fraction. With --deterministic every reduction
+// mean step time and exposed-communication fraction over every step but the
+// first (which warms caches and connections; the summary names the steps). With --deterministic every reduction
 // follows one pairwise tree over the global batch, so the losses do not
 // depend on the rank count, bucketing, overlap, resharding or chunking.
 //
