@@ -3,10 +3,13 @@ package comm_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/comm/commtest"
@@ -255,6 +258,42 @@ func TestDesyncKindOnly(t *testing.T) {
 			if !slices.Contains(kinds, comm.KindAllReduce) || !slices.Contains(kinds, comm.KindReduceScatter) {
 				t.Errorf("tcp=%v rank %d: %v, want AllReduce against ReduceScatter", tcp, r, err)
 			}
+		}
+	}
+}
+
+// A failed communicator's flight records go to the log as a warning only
+// when the log is their one copy. With a flight directory (gorun sets one
+// and prints a table merged from every rank's file) the file is written and
+// the log gets them at debug level: one injected kill must not print each
+// survivor's records before gorun's table.
+func TestFlightDumpLogOnlyWithoutFile(t *testing.T) {
+	for _, withDir := range []bool{false, true} {
+		var logs syncBuf
+		cfg := comm.LocalConfig()
+		cfg.Logger = zerolog.New(&logs).Level(zerolog.WarnLevel)
+		dir := ""
+		if withDir {
+			dir = t.TempDir()
+			cfg.FlightDir = dir
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		comms := commtest.StartComms(ctx, t, 2, cfg)
+		onEach(t, 2, func(r int) error {
+			buf := comm.Float32s(make([]float32, 4))
+			return comms[r].AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx)
+		})
+		comms[0].Abort(errors.New("test: rank 0 gives up"))
+		cancel()
+		files, _ := filepath.Glob(filepath.Join(dir, "flight-*.json"))
+		logged := strings.Contains(logs.String(), "flight recorder (latest last)")
+		switch {
+		case withDir && len(files) == 0:
+			t.Errorf("flight dir set: no dump file written")
+		case withDir && logged:
+			t.Errorf("flight dir set: the records were also logged as a warning:\n%s", logs.String())
+		case !withDir && !logged:
+			t.Errorf("no flight dir: the records were not logged:\n%s", logs.String())
 		}
 	}
 }
