@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/launcher"
 )
 
@@ -454,7 +455,7 @@ func newLogger(o options, stderr io.Writer) (zerolog.Logger, error) {
 	var w io.Writer
 	switch o.logFormat {
 	case "console":
-		w = zerolog.ConsoleWriter{Out: stderr, TimeFormat: "15:04:05.000", NoColor: !colorTerminal(stderr)}
+		w = zerolog.ConsoleWriter{Out: stderr, TimeFormat: consolelog.TimeFormat, NoColor: !colorTerminal(stderr)}
 	case "json":
 		w = stderr
 	default:

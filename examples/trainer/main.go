@@ -37,6 +37,7 @@ import (
 	"syscall"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/overlap"
 	"github.com/gorun-hpc/gorun/rank"
 	"github.com/rs/zerolog"
@@ -92,7 +93,7 @@ func mainErr(args []string) int {
 	if verbose {
 		lvl = zerolog.DebugLevel
 	}
-	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(lvl).With().Timestamp().Logger()
+	log := consolelog.New(os.Stderr, lvl)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if o.checkpoint != "" {
