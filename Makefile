@@ -10,9 +10,13 @@ PYTHON    ?= /usr/bin/python3
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
+# The commit gorun --version names, with -modified for uncommitted changes
+# (Go's own VCS stamp is off under GOFLAGS=-buildvcs=false).
+COMMIT    := $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -modified)
+
 build: ## build gorun and the example programs into bin/
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/... ./examples/...
+	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o $(BIN)/ ./cmd/... ./examples/...
 
 lib: ## build the C ABI: bin/libgorun.so and its header bin/gorun.h (needs cgo and gcc)
 	@mkdir -p $(BIN)

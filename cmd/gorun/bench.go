@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/rs/zerolog"
@@ -25,7 +26,7 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "gorun bench: %v\n", err)
+		fmt.Fprintf(stderr, "gorun bench: %s; see gorun bench --help\n", strings.TrimPrefix(err.Error(), "bench: "))
 		return exitUsage
 	}
 	o.Config.Version = version
