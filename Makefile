@@ -75,10 +75,10 @@ test-overload: ## no false freeze detection: 32 ranks all-reduce beside a CPU ho
 bench-restart: build ## kill-and-restart: gorun --max-restarts vs torchrun --max_restarts on one torch gloo program, kill -> first step of the new world
 	flock /tmp/gorun-bench.lock scripts/bench-restart.sh
 
-bench-detect: build ## issue 17's detection promises: SIGKILL / SIGSTOP of a rank mid all-reduce -> every survivor's error, under gorun (host leaders, flat), without gorun, across namespace hosts (root)
+bench-detect: build ## the fault-detection promises: SIGKILL / SIGSTOP of a rank mid all-reduce -> every survivor's error, under gorun (host leaders, flat), without gorun, across namespace hosts (root)
 	flock /tmp/gorun-bench.lock scripts/bench-detect.sh
 
-bench-elastic: build ## issue 17's elastic figures from --report: a rank frozen before it joined (detect, recover), grow-back across 2 namespace hosts (root)
+bench-elastic: build ## the elastic-restart figures from --report: a rank frozen before it joined (detect, recover), grow-back across 2 namespace hosts (root)
 	flock /tmp/gorun-bench.lock scripts/bench-elastic.sh
 
 bench-restart-trainer: build ## restart time of the Go trainer, kill -> first step of the new world: one host, 4 namespace hosts (root), and a kill-host with a spare host taking over

@@ -149,7 +149,7 @@ func prefaultRing(ringBytes int) int { return min(ringBytes, ringBytes/8+64<<10)
 // peer has not), rather than at the first message that touches each: a
 // sweep's first 16 small calls each took 3-80 µs instead of 0.5 µs, one
 // page fault per fast slot on each side (2 ranks, 8-byte all-reduce,
-// 2-core VM), the "first size needs ~50 warm-up calls" of issue #15. An
+// 2-core VM): the first size of a sweep needed ~50 warm-up calls. An
 // older kernel without MADV_POPULATE_WRITE leaves the faults to first use.
 func (s *shmSegment) prefault() {
 	head := shmCtlBytes + 2*shmFastBytes
@@ -869,7 +869,7 @@ func (l *shmLink) Send(h *Header, payload []byte) error {
 // line still held by the other core. Going on through the ring measured
 // faster on the 2-core reference VM where its two vCPUs sit far apart
 // (2-rank all-reduce, 16 MiB 3.19 -> 2.59 ms, 32 MiB 7.13 -> 5.12 ms) and
-// the same where they sit near (notes/shm-latency.md, session 8); smaller
+// the same where they sit near (notes/shm-latency.md); smaller
 // messages keep skipping back, which is what keeps them in cache.
 func (l *shmLink) lapsRing(h *Header) bool {
 	return h.Frame == frameData && h.Aux >= l.tx.size

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17's elastic figures, from gorun's own --report (medians of RUNS):
+# The elastic-restart figures, from gorun's own --report (medians of RUNS):
 #
 #   frozen-before-init  -np 4 on this host, the Go trainer; rank 2 is
 #                       SIGSTOPped as the world starts (--inject

@@ -127,7 +127,7 @@ func benchPass(b *testing.B, g *Graph, pass func(*Graph) (*Graph, error)) {
 	}
 }
 
-// BenchmarkBucketOverlap10k is the planning goal of issue 6: overlap-
+// BenchmarkBucketOverlap10k is the planning goal: overlap-
 // preserving bucketing of a 10k-node step well under a second.
 func BenchmarkBucketOverlap10k(b *testing.B) {
 	g := transformerStep(208, 8)

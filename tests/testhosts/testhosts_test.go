@@ -155,7 +155,7 @@ func TestNetns(t *testing.T) {
 	}
 }
 
-// TestSlurm runs the two ways issue 7 uses SLURM: a direct srun and a batch
+// TestSlurm runs the two ways gorun uses SLURM: a direct srun and a batch
 // job, and checks the variables gorun will read with the hostlist parsers.
 func TestSlurm(t *testing.T) {
 	s := RequireSlurm(t)
