@@ -23,18 +23,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 runs=${1:-5}
-py=/usr/bin/python3
-gorun=$PWD/bin/gorun
-trainer=$PWD/bin/trainer
-[ -x "$gorun" ] && [ -x "$trainer" ] || { echo "bench-elastic: bin/gorun or bin/trainer missing; run make build" >&2; exit 1; }
-tmp=$(mktemp -d)
-set_name=bel$$
-set_name=${set_name:0:8}
-cleanup() {
-  tests/testhosts/netns-down.sh "$set_name" >/dev/null 2>&1 || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+bench=bench-elastic set_prefix=bel
+. scripts/trainer-bench-lib.sh
 
 targs=(--model small --batch 8 --steps 40 --deterministic --checkpoint-every 3)
 
