@@ -307,7 +307,7 @@ func TestSplitRepro(t *testing.T) {
 	}
 }
 
-// splitMatrix is the matrix: Barrier, Broadcast, Reduce, AllGather,
+// splitMatrix is the desync matrix: Barrier, Broadcast, Reduce, AllGather,
 // Send (and its reply) and Recv against AllReduce, and a Send against a
 // Recv of another size, k = 1..np-1 ranks on the minority call, 16 floats
 // and 1 MiB, for each np in nps.

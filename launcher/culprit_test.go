@@ -112,7 +112,7 @@ func TestCulpritFrozenRank(t *testing.T) {
 			case rep = <-repc:
 				err = <-errc
 			case <-time.After(60 * time.Second):
-				// The hang: end it so that the test reports.
+				// The hang the lease prevents: end it so that the test reports.
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 				t.Fatalf("job still running 60 s after rank %d froze\n%s", tc.victim, j.stderr)
 			}
