@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `gorun plan` on a 10,000-node step graph (issue 11's goal: under 1 s),
+# `gorun plan` on a 10,000-node step graph (the goal: under 1 s),
 # the real command on a real file: an FSDP-shaped step of 208 blocks with
 # per-parameter all-gathers and reduce-scatters (stepgraph's planning
 # benchmark input, 9,984 nodes), planned with the default passes (block,
