@@ -148,13 +148,9 @@ func ChunkWith(g *Graph, cfg ChunkConfig) (*Graph, *ChunkReport, error) {
 	// Each segment is judged against the plan as it stands, so a segment
 	// kept whole does not make a later one look better or worse than it is.
 	rep := &ChunkReport{}
-	cur, curEst := g, before
+	cur, curEst, cix := g, before, ix
 	// Last segment first: rewriting one leaves the nodes before it in place.
 	for k := len(segs) - 1; k >= 0; k-- {
-		cix, err := cur.index()
-		if err != nil {
-			return nil, nil, err
-		}
 		label := segs[k].first + ".." + segs[k].last
 		next, changed, err := cur.chunkSegment(cix, cix.pos[segs[k].first], cix.pos[segs[k].last]+1, cfg.Accumulate)
 		if err != nil {
@@ -172,7 +168,7 @@ func ChunkWith(g *Graph, cfg ChunkConfig) (*Graph, *ChunkReport, error) {
 			rep.Kept = append([]string{label}, rep.Kept...)
 			continue
 		}
-		cur, curEst = next, est
+		cur, curEst, cix = next, est, nix
 		rep.Chunked = append([]string{label}, rep.Chunked...)
 	}
 	if cur == g {
@@ -198,7 +194,7 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int, accumulate bool) (*Graph, bo
 		if d, ok := decl[t]; ok && d.Chunk != "" {
 			return d.Chunk
 		}
-		if w, ok := ix.writer[t]; ok && g.Nodes[w].Kind == Compute {
+		if w, ok := ix.writer[t]; ok && w >= 0 && g.Nodes[w].Kind == Compute { // -1: an input
 			return Batch
 		}
 		return Replicated
@@ -384,6 +380,9 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int, accumulate bool) (*Graph, bo
 	}
 
 	out := &Graph{Groups: slices.Clone(g.Groups), Regions: slices.Clone(g.Regions), Tensors: slices.Clone(g.Tensors)}
+	// Room for every segment node twice plus the splits and joins: one
+	// allocation instead of a doubling copy of a large step.
+	out.Nodes = make([]Node, 0, len(g.Nodes)+(hi-lo)+2*len(per)+8)
 	for t, md := range per {
 		if d, ok := decl[t]; ok && d.Bytes > 0 {
 			b := d.Bytes
