@@ -20,6 +20,7 @@ import (
 //	reshard [prefetch=N]      run ReshardWith (prefetch 1: Reshard); chunk pattern=P [dirs=fwd,bwd] [accumulate=1] [always=1]: run ChunkWith
 //	plan                      print the bucket plan of the current graph
 //	load                      read the input as a JSON document; json: round-trip the current graph
+//	peak                      print PeakBytes of the current graph and where it is first reached
 //	planner passes=P,... [budget=B] [pattern=P] [prefetch=N]
 //	                          run RunPlanner; print each pass's line, the peak before and after, and the
 //	                          planned graph (which becomes the current graph) when it changed
@@ -116,6 +117,13 @@ func (s *state) run(t *testing.T, sc scenario) string {
 		}
 		s.g = g
 		return Format(g)
+	case "peak":
+		need()
+		p, at, err := PeakBytes(s.g)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return fmt.Sprintf("peak %d bytes, first at %s", p, at)
 	case "planner":
 		need()
 		return s.planner(t, sc)
