@@ -5,7 +5,7 @@ GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-detect bench-elastic bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
+.PHONY: bench-plan help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-detect bench-elastic bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -107,6 +107,10 @@ bench-gpu: ## GPU all-reduce: gorun --device cuda vs torch.distributed NCCL, sid
 
 bench-gpu-standin: ## the bench-gpu pipeline without a GPU: stand-in NCCL vs torch gloo (checks the script, measures nothing)
 	@bash scripts/bench-gpu.sh --standin bench-results/gpu-standin
+
+# ---- planner (stepgraph passes, gorun_plan) ----
+bench-plan: ## gorun plan on ~10k/30k/100k-node steps, default and all four passes, medians of wall and CPU time (ANCHOR=REV runs that revision side by side; RUNS, SIZES)
+	@bash scripts/bench-plan.sh
 
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)
