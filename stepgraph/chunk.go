@@ -116,17 +116,28 @@ type ChunkConfig struct {
 
 // ChunkWith is Chunk with the options of ChunkConfig.
 func ChunkWith(g *Graph, cfg ChunkConfig) (*Graph, *ChunkReport, error) {
-	pattern, dirs, m := cfg.Pattern, cfg.Dirs, cfg.Model
-	if _, err := path.Match(pattern, ""); err != nil || pattern == "" {
-		return nil, nil, fmt.Errorf("%w: bad region pattern %q", ErrChunk, pattern)
-	}
-	if err := m.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, nil, err
 	}
 	ix, err := g.index()
 	if err != nil {
 		return nil, nil, err
 	}
+	out, _, rep, err := g.chunk(ix, cfg)
+	return out, rep, err
+}
+
+func (cfg ChunkConfig) validate() error {
+	if _, err := path.Match(cfg.Pattern, ""); err != nil || cfg.Pattern == "" {
+		return fmt.Errorf("%w: bad region pattern %q", ErrChunk, cfg.Pattern)
+	}
+	return cfg.Model.Validate()
+}
+
+// chunk is ChunkWith of a graph already indexed (ix) under a valid config;
+// it also returns its result's index.
+func (g *Graph) chunk(ix *index, cfg ChunkConfig) (*Graph, *index, *ChunkReport, error) {
+	pattern, dirs, m := cfg.Pattern, cfg.Dirs, cfg.Model
 	before := g.simulate(ix, m)
 	in := func(n *Node) bool {
 		return matchRegion(pattern, n.Region) && (len(dirs) == 0 || slices.Contains(dirs, n.Dir))
@@ -154,14 +165,14 @@ func ChunkWith(g *Graph, cfg ChunkConfig) (*Graph, *ChunkReport, error) {
 		label := segs[k].first + ".." + segs[k].last
 		next, changed, err := cur.chunkSegment(cix, cix.pos[segs[k].first], cix.pos[segs[k].last]+1, cfg.Accumulate)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if !changed {
 			continue
 		}
 		nix, err := next.index()
 		if err != nil {
-			return nil, nil, fmt.Errorf("stepgraph: chunking %s made an invalid plan: %w", label, err)
+			return nil, nil, nil, fmt.Errorf("stepgraph: chunking %s made an invalid plan: %w", label, err)
 		}
 		est := next.simulate(nix, m)
 		if !cfg.Always && (firstExposed(before, est) != nil || est.Exposed > curEst.Exposed) {
@@ -172,9 +183,9 @@ func ChunkWith(g *Graph, cfg ChunkConfig) (*Graph, *ChunkReport, error) {
 		rep.Chunked = append([]string{label}, rep.Chunked...)
 	}
 	if cur == g {
-		cur = g.Clone()
+		cur = g.Clone() // a clone has the same index
 	}
-	return cur, rep, nil
+	return cur, cix, rep, nil
 }
 
 func chunkName(name string, c int) string { return fmt.Sprintf("%s#%d", name, c) }

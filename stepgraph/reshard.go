@@ -73,17 +73,28 @@ type ReshardConfig struct {
 
 // ReshardWith is Reshard with the prefetch depth of cfg.
 func ReshardWith(g *Graph, cfg ReshardConfig) (*Graph, *ReshardReport, error) {
-	m := cfg.Model
-	if cfg.Prefetch < 0 {
-		return nil, nil, fmt.Errorf("stepgraph: reshard prefetch %d is negative", cfg.Prefetch)
-	}
-	if err := m.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, nil, err
 	}
 	ix, err := g.index()
 	if err != nil {
 		return nil, nil, err
 	}
+	out, _, rep, err := g.reshard(ix, cfg)
+	return out, rep, err
+}
+
+func (cfg ReshardConfig) validate() error {
+	if cfg.Prefetch < 0 {
+		return fmt.Errorf("stepgraph: reshard prefetch %d is negative", cfg.Prefetch)
+	}
+	return cfg.Model.Validate()
+}
+
+// reshard is ReshardWith of a graph already indexed (ix) under a valid
+// config; it also returns its result's index.
+func (g *Graph) reshard(ix *index, cfg ReshardConfig) (*Graph, *index, *ReshardReport, error) {
+	m := cfg.Model
 	before := g.simulate(ix, m)
 	rep := &ReshardReport{}
 	rep.PeakBefore, _ = g.peakBytes() // g is valid: indexed above
@@ -116,17 +127,18 @@ func ReshardWith(g *Graph, cfg ReshardConfig) (*Graph, *ReshardReport, error) {
 	// Round 0 places every re-gather early; rounds 1 and 2 move or drop the
 	// ones blamed for exposing something. Three rounds bound the cost and
 	// are enough: each round only moves blamed re-gathers one step further.
-	out := g.Clone()
+	var out *Graph
+	var oix *index
 	for round := 0; round < 3 && len(cands) > 0; round++ {
 		next := g.applyRegathers(ix, cands)
 		nix, err := next.index()
 		if err != nil {
-			return nil, nil, fmt.Errorf("stepgraph: reshard made an invalid plan: %w", err)
+			return nil, nil, nil, fmt.Errorf("stepgraph: reshard made an invalid plan: %w", err)
 		}
 		after := next.simulate(nix, m)
 		bad := exposedNow(before, after, false)
 		if len(bad) == 0 {
-			out = next
+			out, oix = next, nix
 			break
 		}
 		if round == 2 {
@@ -163,11 +175,11 @@ func ReshardWith(g *Graph, cfg ReshardConfig) (*Graph, *ReshardReport, error) {
 		rep.Regathered = append(rep.Regathered, rp.name)
 	}
 	slices.Sort(rep.Kept)
-	if len(cands) == 0 {
-		out = g.Clone()
+	if len(cands) == 0 || out == nil {
+		out, oix = g.Clone(), ix // a clone has the same index
 	}
 	rep.PeakAfter, _ = out.peakBytes() // out is g or a re-indexed rewrite
-	return out, rep, nil
+	return out, oix, rep, nil
 }
 
 // blameRegathers returns the re-gathers issued on the group of a

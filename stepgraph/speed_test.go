@@ -1,6 +1,7 @@
 package stepgraph
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -124,5 +125,62 @@ func TestBlameRegathersMatchesReference(t *testing.T) {
 				t.Fatalf("trial %d: %s not blamed; the reference blames it", trial, rp.name)
 			}
 		}
+	}
+}
+
+// The planner hands each pass the index of its input instead of validating
+// it again; its plan must be what the exported passes give one after the
+// other, each validating its own input.
+func TestPlannerMatchesExportedPasses(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 17))
+	cfg := buckets.DefaultConfig()
+	compared := 0
+	for trial := range 100 {
+		g := randomGraph(r, 20+r.IntN(200))
+		passes := []string{PassReshard, PassChunk, PassBlocks, PassOverlap}
+		r.Shuffle(len(passes), func(i, j int) { passes[i], passes[j] = passes[j], passes[i] })
+		pc := PlannerConfig{Passes: passes, Buckets: cfg, Chunk: ChunkConfig{Pattern: "*", Accumulate: true}, ReshardPrefetch: r.IntN(2)}
+		s, perr := RunPlanner(g, pc)
+		cur, err := g, error(nil)
+		for _, p := range passes {
+			switch p {
+			case PassReshard:
+				cur, _, err = ReshardWith(cur, ReshardConfig{Model: cfg.Model, Prefetch: pc.ReshardPrefetch})
+			case PassChunk:
+				cur, _, err = ChunkWith(cur, ChunkConfig{Pattern: "*", Accumulate: true, Model: cfg.Model})
+			case PassBlocks:
+				cur, err = BucketBlocks(cur, cfg)
+			case PassOverlap:
+				cur, err = BucketOverlap(cur, cfg)
+			}
+			if err != nil {
+				err = fmt.Errorf("pass %s: %w", p, err)
+				break
+			}
+		}
+		if perr != nil || err != nil {
+			if fmt.Sprint(perr) != fmt.Sprint(err) {
+				t.Fatalf("trial %d: planner's error %v, exported passes' %v", trial, perr, err)
+			}
+			continue
+		}
+		if got, want := Format(s.Graph()), Format(cur); got != want {
+			t.Fatalf("trial %d (%v): planner's graph\n%s\nexported passes' graph\n%s", trial, passes, got, want)
+		}
+		est, err := Simulate(cur, cfg.Model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.After.String() != est.String() {
+			t.Fatalf("trial %d: planner's estimate\n%s\nfresh estimate\n%s", trial, s.After, est)
+		}
+		peak, at, _ := PeakBytes(cur)
+		if s.PeakAfter != peak || s.PeakAt != at {
+			t.Fatalf("trial %d: planner's peak %d at %s, fresh %d at %s", trial, s.PeakAfter, s.PeakAt, peak, at)
+		}
+		compared++
+	}
+	if compared < 30 {
+		t.Errorf("only %d of 100 random steps planned without an error: the comparison says little", compared)
 	}
 }
