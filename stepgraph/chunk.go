@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/gorun-hpc/gorun/buckets"
@@ -188,7 +189,7 @@ func (g *Graph) chunk(ix *index, cfg ChunkConfig) (*Graph, *index, *ChunkReport,
 	return cur, cix, rep, nil
 }
 
-func chunkName(name string, c int) string { return fmt.Sprintf("%s#%d", name, c) }
+func chunkName(name string, c int) string { return name + "#" + strconv.Itoa(c) }
 
 // chunkSegment splits nodes [lo, hi) of g; see Chunk.
 func (g *Graph) chunkSegment(ix *index, lo, hi int, accumulate bool) (*Graph, bool, error) {
