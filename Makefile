@@ -119,5 +119,10 @@ bench-gpu: ## GPU all-reduce: gorun --device cuda vs torch.distributed NCCL, sid
 bench-gpu-standin: ## the bench-gpu pipeline without a GPU: stand-in NCCL vs torch gloo (checks the script, measures nothing)
 	@bash scripts/bench-gpu.sh --standin bench-results/gpu-standin
 
+# ---- planner (stepgraph passes, gorun_plan) ----
+.PHONY: bench-plan
+bench-plan: ## gorun plan on ~10k/30k/100k-node steps, default and all four passes, medians of wall and CPU time (ANCHOR=REV runs that revision side by side; RUNS, SIZES)
+	@bash scripts/bench-plan.sh
+
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)
