@@ -124,6 +124,9 @@ type InterruptedError struct {
 }
 
 func (e *InterruptedError) Error() string {
+	if e.Stopped == 0 {
+		return fmt.Sprintf("received signal %d (%s); no rank was running", int(e.Signal), e.Signal)
+	}
 	return fmt.Sprintf("received signal %d (%s); stopped %d %s", int(e.Signal), e.Signal, e.Stopped, plural(e.Stopped, "rank", "ranks"))
 }
 
