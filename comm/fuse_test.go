@@ -257,7 +257,7 @@ func TestFusionMatchesUnfusedBitwise(t *testing.T) {
 		net  string // "mem", "shm", "tcp"
 	}
 	setups := []setup{{"mem2", 2, "mem"}, {"mem4", 4, "mem"}, {"mem5", 5, "mem"}, {"mem6", 6, "mem"}, {"shm4", 4, "shm"}, {"tcp2", 2, "tcp"}}
-	trials := 6
+	trials := 4
 	if testing.Short() {
 		trials = 2
 	}
