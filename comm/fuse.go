@@ -19,12 +19,12 @@ import (
 // order (runFused).
 
 // maxFuseCalls bounds the calls one fused message carries, and so the list
-// of counts at its end (fuseListBytes). It also bounds the aliasing check
+// of counts at its front (fuseListBytes). It also bounds the aliasing check
 // of offer, which is quadratic in the calls taken.
 const maxFuseCalls = 128
 
-// fuseListBytes is the room after the packed data for the list of counts
-// a fused message ends with: one uint32 per call, padded to 8.
+// fuseListBytes is the room in front of the packed data for the list of
+// counts a fused message starts with: one uint32 per call, padded to 8.
 const fuseListBytes = 4 * maxFuseCalls
 
 // listBytes is the length of the count list of a message of k > 1 calls.
@@ -56,16 +56,26 @@ type fusion struct {
 	// before anything still queued.
 	held   []*call
 	heldAt int
-	// buf holds the packed data of the offered units, with room for a
-	// count list after the longest message (FuseBytes + fuseListBytes);
-	// in receives a peer's fused message when it cannot be folded into
-	// buf as it arrives, and list a count list when it can.
+	// buf holds fuseListBytes of room for a count list, then the packed
+	// data of the offered units (up to FuseBytes); in receives a peer's
+	// fused message when it cannot be folded into buf as it arrives, and
+	// list a count list when it can.
 	buf, in, list []byte
-	// rdata, rop and rct parametrise foldRecvd (see fuseRecv); rdata is
-	// how many bytes of the message being folded are data.
-	rdata int
-	rop   Op
-	rct   DType
+	// The message being folded (foldRecvd): its header, sender, count
+	// list length and vectors; this rank's offer m; the reduction; toRecv:
+	// the agreed vectors go straight into their receive buffers (the
+	// last exchange); parsed, mt and err: the list's verdict once read;
+	// ru: the unit the fold has reached.
+	rh              *Header
+	rp, rlist, rkt  int
+	rm, rmt, ru     int
+	rop             Op
+	rct             DType
+	toRecv, rparsed bool
+	rerr            error
+	// wrote is how many units' results are already in their receive
+	// buffers (folded there by the last exchange).
+	wrote int
 	// foldFn is c.foldRecvd, bound once so that a receive allocates no
 	// closure.
 	foldFn func(dst, src []byte)
@@ -342,6 +352,7 @@ func (c *Comm) fusedAllReduce() (int, error) {
 		total += f.units[i].count * es
 	}
 	f.off = append(f.off, total)
+	f.wrote = 0
 	var src, data []byte
 	if k == 1 {
 		u := &f.units[0]
@@ -358,10 +369,10 @@ func (c *Comm) fusedAllReduce() (int, error) {
 			src = data
 		}
 	} else {
-		if cap(f.buf) < c.cfg.fuseLimit()+fuseListBytes {
-			f.buf = make([]byte, c.cfg.fuseLimit()+fuseListBytes)
+		if cap(f.buf) < fuseListBytes+c.cfg.fuseLimit() {
+			f.buf = make([]byte, fuseListBytes+c.cfg.fuseLimit())
 		}
-		data = f.buf[:total]
+		data = f.buf[fuseListBytes : fuseListBytes+total]
 		for i := range f.units {
 			part := data[f.off[i]:f.off[i+1]]
 			if dt.isHalf() {
@@ -376,7 +387,7 @@ func (c *Comm) fusedAllReduce() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	for i := range f.units[:m] {
+	for i := f.wrote; i < m; i++ {
 		part := data[f.off[i]:f.off[i+1]]
 		if lead.op == Avg {
 			finishAvg(ct, part, c.n)
@@ -425,7 +436,7 @@ func (c *Comm) fusedRD(lead *call, ct DType, src, data []byte) (int, error) {
 			return 0, err
 		}
 	case me < 2*rem:
-		if m, err = c.fuseStep(lead, ct, -1, me-1, m, cur, data); err != nil {
+		if m, err = c.fuseStep(lead, ct, -1, me-1, m, cur, data, false); err != nil {
 			return 0, err
 		}
 		cur = data
@@ -440,7 +451,11 @@ func (c *Comm) fusedRD(lead *call, ct DType, src, data []byte) (int, error) {
 			if np < rem {
 				p = np*2 + 1
 			}
-			if m, err = c.fuseStep(lead, ct, p, p, m, cur, data); err != nil {
+			// The last exchange of a power-of-two group (nothing is sent
+			// after it) may fold the result straight into the receive
+			// buffers (foldRecvd).
+			last := mask<<1 == pof2 && rem == 0 && !lead.dtype.isHalf()
+			if m, err = c.fuseStep(lead, ct, p, p, m, cur, data, last); err != nil {
 				return 0, err
 			}
 			cur = data
@@ -460,37 +475,72 @@ func (c *Comm) fusedRD(lead *call, ct DType, src, data []byte) (int, error) {
 	return m, nil
 }
 
-// fuseMsg is the message of the first m offered calls of vector v (the
-// packed data, or for one call its own vector): v's first call alone for
-// m = 1; else their data, then the count list, written after it in
-// c.fz.buf (over the data of calls the ranks no longer run, if any).
+// fuseMsg is the message of the first m offered units of vector v (the
+// packed data, or for one unit its own vector): v's first unit alone for
+// m = 1; else the count list, written in front of the packed data in
+// c.fz.buf, then their data.
 func (c *Comm) fuseMsg(v []byte, m int) []byte {
 	f := &c.fz
 	if m == 1 {
 		return v[:f.off[1]]
 	}
-	end := f.off[m]
 	lb := listBytes(m)
-	list := f.buf[end : end+lb]
+	list := f.buf[fuseListBytes-lb : fuseListBytes]
 	for i := range f.units[:m] {
 		binary.LittleEndian.PutUint32(list[4*i:], f.units[i].listed())
 	}
 	clear(list[4*m:])
-	return f.buf[:end+lb]
+	return f.buf[fuseListBytes-lb : fuseListBytes+f.off[m]]
 }
 
 // foldRecvd is the reduction fuseRecv hands the link for a fused message
-// folded into c.fz.buf as it arrives: the data part is combined in place
-// (buf = buf op received), the count list is copied into c.fz.list.
+// folded as it arrives (the message lands over buf so that its data lines
+// up with the packed data): the count list is copied into c.fz.list and
+// checked before the first data byte (checkList); then the data of the
+// agreed units is combined with the packed data, in place, or with toRecv
+// straight into their receive buffers (finished for Avg). Nothing is
+// combined once the list has failed the check.
 func (c *Comm) foldRecvd(d, s []byte) {
 	f := &c.fz
-	o := int(uintptr(unsafe.Pointer(unsafe.SliceData(d))) - uintptr(unsafe.Pointer(unsafe.SliceData(f.buf))))
-	x := min(max(f.rdata-o, 0), len(d))
-	if x > 0 {
-		reduce3(f.rop, f.rct, d[:x], d[:x], s[:x])
+	o := int(uintptr(unsafe.Pointer(unsafe.SliceData(d))) - uintptr(unsafe.Pointer(unsafe.SliceData(f.buf)))) - (fuseListBytes - f.rlist)
+	if o < f.rlist {
+		n := copy(f.list[o:f.rlist], s)
+		d, s, o = d[n:], s[n:], o+n
+		if len(d) == 0 {
+			return
+		}
 	}
-	if x < len(d) {
-		copy(f.list[o+x-f.rdata:], s[x:])
+	if !f.rparsed {
+		f.rparsed = true
+		f.rmt, f.rerr = c.checkList(f.rp, f.rh, f.rkt, f.list[:f.rlist], f.rm, false)
+	}
+	if f.rerr != nil {
+		return
+	}
+	a := o - f.rlist // data offset of d
+	end := min(a+len(d), f.off[f.rmt])
+	if a >= end {
+		return
+	}
+	d, s = d[:end-a], s[:end-a]
+	if !f.toRecv {
+		reduce3(f.rop, f.rct, d, d, s)
+		return
+	}
+	local := f.buf[fuseListBytes+a : fuseListBytes+end]
+	for a < end {
+		for f.off[f.ru+1] <= a {
+			f.ru++
+		}
+		u := &f.units[f.ru]
+		b := min(end, f.off[f.ru+1])
+		lo := a - f.off[f.ru]
+		dst := u.recv[lo : lo+b-a]
+		reduce3(f.rop, f.rct, dst, local[:b-a], s[:b-a])
+		if f.rop == Avg {
+			finishAvg(f.rct, dst, c.n)
+		}
+		local, s, a = local[b-a:], s[b-a:], b
 	}
 }
 
@@ -541,7 +591,7 @@ func (c *Comm) fuseSend(lead *call, p int, v []byte, m int) error {
 // receives the message of `from` and folds the calls both carry into data
 // (data = cur op theirs, this rank on the left as in recursiveDoubling),
 // and returns how many that is.
-func (c *Comm) fuseStep(lead *call, ct DType, to, from, m int, cur, data []byte) (int, error) {
+func (c *Comm) fuseStep(lead *call, ct DType, to, from, m int, cur, data []byte, toRecv bool) (int, error) {
 	f := &c.fz
 	// Fold a lone message straight from the link when our send is complete
 	// before the receive begins, or does not read data (as recursiveDoubling).
@@ -551,7 +601,9 @@ func (c *Comm) fuseStep(lead *call, ct DType, to, from, m int, cur, data []byte)
 			return 0, err
 		}
 	}
+	f.toRecv = toRecv
 	mt, theirs, err := c.fuseRecv(lead, ct, from, m, cur, data, direct, false)
+	f.toRecv = false
 	if err != nil {
 		return 0, err
 	}
@@ -644,63 +696,85 @@ func (c *Comm) fuseRecv(lead *call, ct DType, p, m int, cur, data []byte, direct
 	}
 	lb := listBytes(kt)
 	dataLen := int(h.Aux) - lb
-	var list []byte
 	if rr, ok := l.(ReduceReceiver); ok && direct && !result && len(f.units) > 1 {
 		// Our vector is the packed one in buf, which has room for any
-		// message this rank accepts: fold the data into it as it arrives
-		// and keep the list aside. Folding the calls that turn out not to
-		// be run by every rank only changes buf beyond them, and a desync
-		// found in the list fails the calls before anything reaches their
-		// receive buffers.
+		// message this rank accepts in front of and after it: fold the
+		// message into it as it arrives (foldRecvd), the list checked
+		// before any data is combined.
 		if cap(f.list) < fuseListBytes {
 			f.list = make([]byte, fuseListBytes)
 		}
 		if f.foldFn == nil {
 			f.foldFn = c.foldRecvd
 		}
-		f.rdata, f.rop, f.rct = dataLen, lead.op, ct
-		if err := rr.RecvReduce(f.buf[:h.Aux], f.foldFn); err != nil {
+		f.rh, f.rp, f.rlist, f.rkt, f.rm, f.rop, f.rct = h, p, lb, kt, m, lead.op, ct
+		f.rparsed, f.rerr, f.ru = false, nil, 0
+		err := rr.RecvReduce(f.buf[fuseListBytes-lb:fuseListBytes+dataLen], f.foldFn)
+		f.rh = nil
+		if err != nil {
 			return 0, nil, c.linkErr(p, err)
 		}
-		list = f.list[:lb]
-	} else {
-		if cap(f.in) < int(h.Aux) {
-			f.in = make([]byte, fuseListBytes+max(c.cfg.fuseLimit(), 0))
+		if !f.rparsed { // no data: the fold never reached the check
+			f.rmt, f.rerr = c.checkList(p, h, kt, f.list[:lb], m, false)
 		}
-		in := f.in[:h.Aux]
-		if err := l.RecvPayload(in); err != nil {
-			return 0, nil, c.linkErr(p, err)
+		if f.rerr != nil {
+			return 0, nil, f.rerr
 		}
-		list, theirs = in[dataLen:], in[:dataLen]
-	}
-	es := uint64(computeType(lead.dtype).Size())
-	var sum uint64
-	listed := func(i int) uint32 { return binary.LittleEndian.Uint32(list[4*i:]) }
-	counts := func(i int) uint64 { return uint64(listed(i) &^ callStart) }
-	for i := range kt {
-		sum += counts(i) * es
-	}
-	if counts(0) != h.Count || sum != uint64(dataLen) {
-		return 0, nil, fmt.Errorf("%w: rank %d sent a fused all-reduce whose counts do not match its %d bytes", ErrProtocol, p, h.Aux)
-	}
-	if result && kt > m {
-		return 0, nil, fmt.Errorf("%w: rank %d returned %d fused calls where this rank offered %d", ErrProtocol, p, kt, m)
-	}
-	mt = min(m, kt)
-	for i := 1; i < mt; i++ {
-		if listed(i) != f.units[i].listed() {
-			detail := fmt.Sprintf("vector %d of a fused message (%d vectors from rank %d, %d offered by rank %d)", i+1, kt, p, m, c.me)
-			if counts(i) == uint64(f.units[i].count) {
-				detail = fmt.Sprintf("vector %d of a fused message begins a call on one rank and not on the other (coalesced calls split differently)", i+1)
-			}
-			return 0, nil, c.fuseDesync(lead, p, h, i, counts(i), detail)
+		if f.toRecv {
+			f.wrote = f.rmt
 		}
+		return f.rmt, nil, nil
+	}
+	if cap(f.in) < int(h.Aux) {
+		f.in = make([]byte, fuseListBytes+max(c.cfg.fuseLimit(), 0))
+	}
+	in := f.in[:h.Aux]
+	if err := l.RecvPayload(in); err != nil {
+		return 0, nil, c.linkErr(p, err)
+	}
+	theirs = in[lb:]
+	if mt, err = c.checkList(p, h, kt, in[:lb], m, result); err != nil {
+		return 0, nil, err
 	}
 	if result {
 		copyData(data[:f.off[mt]], theirs[:f.off[mt]])
 		return mt, nil, nil
 	}
 	return mt, theirs, nil
+}
+
+// checkList checks the count list of p's fused message of kt units
+// (header h) against the message's length and this rank's offer of m
+// units, and returns how many units both carry: another count, or
+// another call boundary, among those is a desync naming the two calls. A
+// result (the final one from the rank that absorbed this one's offer) may
+// not carry more units than offered.
+func (c *Comm) checkList(p int, h *Header, kt int, list []byte, m int, result bool) (int, error) {
+	f := &c.fz
+	es := uint64(computeType(f.calls[0].dtype).Size())
+	sum := uint64(listBytes(kt))
+	listed := func(i int) uint32 { return binary.LittleEndian.Uint32(list[4*i:]) }
+	counts := func(i int) uint64 { return uint64(listed(i) &^ callStart) }
+	for i := range kt {
+		sum += counts(i) * es
+	}
+	if counts(0) != h.Count || sum != h.Aux {
+		return 0, fmt.Errorf("%w: rank %d sent a fused all-reduce whose counts do not match its %d bytes", ErrProtocol, p, h.Aux)
+	}
+	if result && kt > m {
+		return 0, fmt.Errorf("%w: rank %d returned %d fused calls where this rank offered %d", ErrProtocol, p, kt, m)
+	}
+	mt := min(m, kt)
+	for i := 1; i < mt; i++ {
+		if listed(i) != f.units[i].listed() {
+			detail := fmt.Sprintf("vector %d of a fused message (%d vectors from rank %d, %d offered by rank %d)", i+1, kt, p, m, c.me)
+			if counts(i) == uint64(f.units[i].count) {
+				detail = fmt.Sprintf("vector %d of a fused message begins a call on one rank and not on the other (coalesced calls split differently)", i+1)
+			}
+			return 0, c.fuseDesync(f.calls[0], p, h, i, counts(i), detail)
+		}
+	}
+	return mt, nil
 }
 
 // fuseDesync is the DesyncError of a fused message from p (header h) that
