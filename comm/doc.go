@@ -62,8 +62,8 @@
 //   - The ranks' offers may differ, since what is queued when depends on
 //     timing. Every message of the recursive doubling carries how many
 //     vectors it holds (in the header's Root, and their counts, each
-//     marked where a call begins, after the data); a rank that receives m'
-//     vectors while holding m goes on with min(m, m'). After the last
+//     marked where a call begins, before the data); a rank that receives
+//     m' vectors while holding m goes on with min(m, m'). After the last
 //     exchange every rank holds the same number of vectors, the least
 //     offer, reduced over all ranks (the proof is on fusedRD); what it
 //     offered beyond that runs next, as the lead of a new offer (a
