@@ -502,7 +502,7 @@ func (c *Comm) fuseMsg(v []byte, m int) []byte {
 // combined once the list has failed the check.
 func (c *Comm) foldRecvd(d, s []byte) {
 	f := &c.fz
-	o := int(uintptr(unsafe.Pointer(unsafe.SliceData(d))) - uintptr(unsafe.Pointer(unsafe.SliceData(f.buf)))) - (fuseListBytes - f.rlist)
+	o := int(uintptr(unsafe.Pointer(unsafe.SliceData(d)))-uintptr(unsafe.Pointer(unsafe.SliceData(f.buf)))) - (fuseListBytes - f.rlist)
 	if o < f.rlist {
 		n := copy(f.list[o:f.rlist], s)
 		d, s, o = d[n:], s[n:], o+n
