@@ -633,9 +633,11 @@ func (c *Comm) fuseResult(lead *call, p, m int, data []byte) (int, error) {
 // both ranks carry must have the same count (another count is a desync
 // naming the two calls). It returns how many calls both carry, mt. With
 // result, the message is the final result (it may not carry more calls
-// than this rank offered) and is copied into data. Otherwise, a lone
-// message is folded into data straight from the link when direct, and
-// any other is returned as theirs, to be folded once the send is flushed.
+// than this rank offered) and is copied into data. Otherwise, when direct
+// (our send is complete, or reads no data) the message is folded into
+// data straight from the link (a fused one through foldRecvd, into the
+// receive buffers with c.fz.toRecv), and else returned as theirs, to be
+// folded once the send is flushed.
 func (c *Comm) fuseRecv(lead *call, ct DType, p, m int, cur, data []byte, direct, result bool) (mt int, theirs []byte, err error) {
 	f := &c.fz
 	pe := c.peers[p]
