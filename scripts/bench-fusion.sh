@@ -71,3 +71,17 @@ if "lone-8B" in names:
     print(f"\nlone 8 B all-reduce, after/before: {med[('after', 'lone-8B')]/med[('before', 'lone-8B')]:.3f}")
 PY
 done
+
+# The token holder's own work on a lone 8-byte all-reduce, unfused path
+# against the fused one, in one test binary over an echoing link (no peer,
+# no wire: what stays when the wall-clock rows above drown in a busy
+# host's noise): LONE_RUNS interleaved runs, medians and the median of the
+# per-run ratios.
+$GO test -c -o "$OUT/comm.test" ./comm
+for i in $(seq "${LONE_RUNS:-10}"); do
+	"$OUT/comm.test" -test.run '^$' -test.bench LonePath -test.cpu 1 -test.benchtime 300000x | awk '/^Benchmark/ {printf "%s ", $3} END {print ""}'
+done | python3 -c '
+import sys, statistics
+rows = [list(map(float, l.split())) for l in sys.stdin if len(l.split()) == 2]
+a, b = [r[0] for r in rows], [r[1] for r in rows]
+print(f"\nlone 8 B all-reduce, token holder only (echo link), {len(rows)} runs: unfused path {statistics.median(a):.0f} ns, fused path {statistics.median(b):.0f} ns, fused/unfused {statistics.median([y / x for x, y in rows]):.3f}")'
