@@ -20,12 +20,10 @@ type call struct {
 	root       int // root, or peer for Send/Recv; -1 otherwise
 	send, recv []byte
 	counts     *vCounts // AllToAllV only
-	// parts are the vectors of a coalesced all-reduce (send and recv are
-	// then nil, count their total); partsDone counts those run (token
-	// holder), and recSlot is its flight record once it has started.
-	parts     []part
-	partsDone int
-	recSlot   uint64
+	// co holds the vectors of a coalesced all-reduce (send and recv are
+	// then nil, count their total); behind a pointer, which keeps the
+	// call object small.
+	co *coalesced
 	invalid   error // set at issue: fails the communicator at its turn
 	issued    int64 // ticks()
 
@@ -38,6 +36,15 @@ type call struct {
 	seq  uint64
 	page *handlePage
 	slot int
+}
+
+// coalesced is what a coalesced all-reduce adds to a call: its vectors,
+// how many of them have run (token holder), and its flight record once
+// it has started (it may run over several fused messages).
+type coalesced struct {
+	parts []part
+	done  int
+	slot  uint64
 }
 
 // part is one vector of a coalesced all-reduce.
@@ -478,10 +485,10 @@ func (c *Comm) AllReduceCoalesced(ctx context.Context, sends, recvs []Buffer, op
 		c.invalidf(cl, "no buffers")
 	}
 	if cl.invalid == nil {
-		cl.parts = make([]part, len(sends))
+		cl.co = &coalesced{parts: make([]part, len(sends))}
 		for i := range sends {
 			var err error
-			pt := &cl.parts[i]
+			pt := &cl.co.parts[i]
 			if pt.send, err = hostBytes(sends[i], "send"); err != nil {
 				cl.invalid = fmt.Errorf("vector %d: %w", i, err)
 				break

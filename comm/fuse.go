@@ -37,7 +37,7 @@ type unit struct {
 	send, recv []byte
 	count      int
 	call       int // index of cl in fusion.calls
-	part       int // index in cl.parts (0 for a call of one buffer)
+	part       int // index in cl.co.parts (0 for a call of one buffer)
 }
 
 // fusion is the token holder's state for fused all-reduces (no lock: only
@@ -48,6 +48,7 @@ type fusion struct {
 	// is where unit i's data starts in the packed vector (compute-type
 	// bytes) and off[len(units)] its end.
 	calls []*call
+	slots []uint64 // slots[i]: the flight record of calls[i], once numbered
 	units []unit
 	off   []int
 	// held are calls taken from the queue and not run yet, in issue order
@@ -82,15 +83,29 @@ type fusion struct {
 }
 
 // units returns how many units cl has: its parts, or 1.
-func (cl *call) units() int { return max(len(cl.parts), 1) }
+func (cl *call) units() int {
+	if cl.co == nil {
+		return 1
+	}
+	return len(cl.co.parts)
+}
+
+// unitsDone is how many of cl's units have run (0 or, for a coalesced
+// call cut short, how far it got).
+func (cl *call) unitsDone() int {
+	if cl.co == nil {
+		return 0
+	}
+	return cl.co.done
+}
 
 // unitOf returns part j of cl as a unit (the call itself for j = 0 when
 // it has no parts).
 func (cl *call) unitOf(j, ci int) unit {
-	if cl.parts == nil {
+	if cl.co == nil {
 		return unit{cl: cl, send: cl.send, recv: cl.recv, count: cl.count, call: ci}
 	}
-	p := &cl.parts[j]
+	p := &cl.co.parts[j]
 	return unit{cl: cl, send: p.send, recv: p.recv, count: p.count, call: ci, part: j}
 }
 
@@ -146,11 +161,11 @@ func (c *Comm) fusable(cl *call) bool {
 		return false
 	}
 	es := computeType(cl.dtype).Size()
-	if cl.parts == nil {
+	if cl.co == nil {
 		return c.fusableSize(cl.count * es)
 	}
-	for i := range cl.parts {
-		if !c.fusableSize(cl.parts[i].count * es) {
+	for i := range cl.co.parts {
+		if !c.fusableSize(cl.co.parts[i].count * es) {
 			return false
 		}
 	}
@@ -172,7 +187,7 @@ func (c *Comm) offer(lead *call) {
 	f.units = f.units[:0]
 	es := computeType(lead.dtype).Size()
 	total := 0
-	for j := lead.partsDone; j < lead.units(); j++ {
+	for j := lead.unitsDone(); j < lead.units(); j++ {
 		u := lead.unitOf(j, 0)
 		if len(f.units) > 0 && (len(f.units) == maxFuseCalls || total+u.count*es > c.cfg.fuseLimit() || c.aliased(u.send)) {
 			return
@@ -256,8 +271,11 @@ func (c *Comm) runFused(lead *call) (uint64, bool) {
 	// The lead is numbered when it first runs (its frames carry its
 	// number on each pair); the calls that join it once the ranks have
 	// agreed on them.
-	if lead.partsDone == 0 {
-		c.number(lead, record, began)
+	f.slots = append(f.slots[:0], 0)
+	if lead.unitsDone() == 0 {
+		f.slots[0] = c.number(lead, record, began)
+	} else {
+		f.slots[0] = lead.co.slot
 	}
 	m, err := c.fusedAllReduce()
 	if err != nil {
@@ -266,7 +284,7 @@ func (c *Comm) runFused(lead *call) (uint64, bool) {
 			err = c.failErr
 		}
 		if record {
-			c.rec.end(lead.recSlot, err, ticks())
+			c.rec.end(f.slots[0], err, ticks())
 		}
 		// The other offered calls fail at their turn (the communicator
 		// has failed).
@@ -287,18 +305,24 @@ func (c *Comm) runFused(lead *call) (uint64, bool) {
 	// in part (a coalesced one), then calls with none of their units run.
 	ran := f.units[m-1].call + 1 // calls with units run
 	for _, cl := range f.calls[1:ran] {
-		c.number(cl, record, began)
-	}
-	for i := range f.units[:m] {
-		f.units[i].cl.partsDone++
+		f.slots = append(f.slots, c.number(cl, record, began))
 	}
 	for i := len(f.calls) - 1; i >= ran; i-- {
 		c.unshift(f.calls[i])
 	}
 	done := ran
-	if cl := f.calls[ran-1]; cl.partsDone < cl.units() {
-		c.unshift(cl)
-		done--
+	if cl := f.calls[ran-1]; cl.co != nil {
+		// A coalesced call: how far the agreed units took it.
+		n := 0
+		for i := m - 1; i >= 0 && f.units[i].call == ran-1; i-- {
+			n++
+		}
+		cl.co.done += n
+		cl.co.slot = f.slots[ran-1]
+		if cl.co.done < cl.units() {
+			c.unshift(cl)
+			done--
+		}
 	}
 	var now int64
 	if record {
@@ -307,8 +331,8 @@ func (c *Comm) runFused(lead *call) (uint64, bool) {
 	var last uint64
 	for i, cl := range f.calls[:done] {
 		if record {
-			c.rec.fused(cl.recSlot, ran)
-			c.rec.end(cl.recSlot, nil, now)
+			c.rec.fused(f.slots[i], ran)
+			c.rec.end(f.slots[i], nil, now)
 		}
 		last = cl.seq
 		c.finish(cl, nil) // recycles cl
@@ -321,8 +345,8 @@ func (c *Comm) runFused(lead *call) (uint64, bool) {
 }
 
 // number counts cl as the next collective of the group (and of every
-// pair), and records it as running since began.
-func (c *Comm) number(cl *call, record bool, began int64) {
+// pair), and records it as running since began; it returns the record.
+func (c *Comm) number(cl *call, record bool, began int64) uint64 {
 	c.cseq++
 	for _, p := range c.peers {
 		if p != nil {
@@ -330,8 +354,9 @@ func (c *Comm) number(cl *call, record bool, began int64) {
 		}
 	}
 	if record {
-		cl.recSlot = c.rec.start(cl, c.cseq, 0, began)
+		return c.rec.start(cl, c.cseq, 0, began)
 	}
+	return 0
 }
 
 // fusedAllReduce runs the offered units c.fz.units as one all-reduce and

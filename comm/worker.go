@@ -183,17 +183,17 @@ func (c *Comm) linkErr(p int, err error) error {
 func (c *Comm) run(cl *call) error {
 	switch cl.kind {
 	case KindAllReduce:
-		for i := range cl.parts {
-			// A coalesced all-reduce that does not fuse: its vectors
-			// one after another.
-			if err := c.allReduce(cl, cl.parts[i].send, cl.parts[i].recv); err != nil {
+		if cl.co == nil {
+			return c.allReduce(cl, cl.send, cl.recv)
+		}
+		// A coalesced all-reduce that does not fuse: its vectors one
+		// after another.
+		for i := range cl.co.parts {
+			if err := c.allReduce(cl, cl.co.parts[i].send, cl.co.parts[i].recv); err != nil {
 				return err
 			}
 		}
-		if cl.parts != nil {
-			return nil
-		}
-		return c.allReduce(cl, cl.send, cl.recv)
+		return nil
 	case KindReduce:
 		return c.reduce(cl)
 	case KindAllGather:
