@@ -23,9 +23,9 @@ type call struct {
 	// co holds the vectors of a coalesced all-reduce (send and recv are
 	// then nil, count their total); behind a pointer, which keeps the
 	// call object small.
-	co *coalesced
-	invalid   error // set at issue: fails the communicator at its turn
-	issued    int64 // ticks()
+	co      *coalesced
+	invalid error // set at issue: fails the communicator at its turn
+	issued  int64 // ticks()
 
 	ctx  context.Context
 	hook *ctxHook // the cancellation hook of ctx, nil if ctx never ends
