@@ -270,11 +270,12 @@ def trace_joint(fsdp, batch, lr=0.01, blocks=None):
         if loss.dim() != 0:
             raise FxError("gorun.fx: the model returned a tensor of shape %s; want a scalar loss"
                           % tuple(loss.shape))
+        value = loss.detach()  # a forward node: the step's reported loss
         _mark_backward(loss)
         grads = torch.autograd.grad(loss, list(shards))
         with fx_traceback.annotate({"gorun_direction": "optimizer"}):
             new = [s.detach() - lr * g for s, g in zip(shards, grads)]
-        return [loss.detach(), *new]
+        return [value, *new]
 
     from torch.fx.experimental.proxy_tensor import make_fx
     with fx_traceback.preserve_node_meta():
