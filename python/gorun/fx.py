@@ -105,6 +105,19 @@ class _Gather(torch.autograd.Function):
         return r, None, None, None, None
 
 
+class _Replicate(torch.autograd.Function):
+    """DDP-style: the parameter as it is; its gradient all-reduced (summed)."""
+
+    @staticmethod
+    def forward(ctx, flat, world, group, numel, shape):
+        ctx.group = group
+        return flat.view(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _c10d.wait_tensor(_c10d.all_reduce(grad.reshape(-1), "sum", ctx.group)), None, None, None, None
+
+
 class SimpleFSDP(nn.Module):
     """Shards every parameter of ``module`` SimpleFSDP-style: each unique
     parameter becomes a flat shard of ceil(numel / world_size) elements
@@ -114,13 +127,21 @@ class SimpleFSDP(nn.Module):
     others. The gradient reaches the shard through a reduce-scatter.
 
     ``names[i]`` is the fqn of ``shards[i]``; ``aliases`` maps each
-    other fqn of a tied parameter to its first fqn."""
+    other fqn of a tied parameter to its first fqn.
 
-    def __init__(self, module, world_size, rank, group_name):
+    ``mode="replicate"`` is the DDP-style variant: every rank holds the
+    whole parameter, and its gradient is all-reduced instead."""
+
+    def __init__(self, module, world_size, rank, group_name, mode="shard"):
         super().__init__()
         if world_size < 1 or not 0 <= rank < world_size:
             raise FxError("gorun.fx: rank %d of world %d" % (rank, world_size))
+        if mode not in ("shard", "replicate"):
+            raise FxError("gorun.fx: SimpleFSDP mode %r: want 'shard' or 'replicate'" % mode)
         self.module, self.world, self.rank, self.group = module, world_size, rank, group_name
+        self._fn = _Gather if mode == "shard" else _Replicate
+        if mode == "replicate":
+            world_size, rank = 1, 0  # the "shard" is the whole parameter
         self.names, self.meta, self.aliases = [], {}, {}
         shards, first = [], {}
         owners = collections.defaultdict(list)  # module -> [(attr, fqn of shard)]
@@ -154,7 +175,7 @@ class SimpleFSDP(nn.Module):
                 if fqn not in self._gathered:
                     numel, shape = self.meta[fqn]
                     shards = self.shards if self._bound is None else self._bound
-                    self._gathered[fqn] = _Gather.apply(shards[self._index[fqn]], self.world, self.group,
+                    self._gathered[fqn] = self._fn.apply(shards[self._index[fqn]], self.world, self.group,
                                                         numel, shape)
                 setattr(mod, pname, self._gathered[fqn])
         return hook
@@ -165,12 +186,6 @@ class SimpleFSDP(nn.Module):
             return self.module(*args, **kwargs)
         finally:
             self._gathered = None
-
-    def full_parameter(self, fqn, shards):
-        """The full parameter ``fqn`` from every rank's shard (in rank order)."""
-        fqn = self.aliases.get(fqn, fqn)
-        numel, shape = self.meta[fqn]
-        return torch.cat([s[self._index[fqn]] for s in shards])[:numel].view(shape)
 
 
 # ---------------------------------------------------------------------------
@@ -474,7 +489,7 @@ def gathered_views(graph):
     return root
 
 
-def to_step_graph(joint, costs=None, prefetch=1):
+def to_step_graph(joint, costs=None, prefetch=1, group=None):
     """The step graph (gorun.stepgraph/v1, as a dict) of a traced joint
     graph. ``costs`` maps FX node names to ns (profile_costs); without it
     every compute node costs 1 ns.
@@ -486,7 +501,10 @@ def to_step_graph(joint, costs=None, prefetch=1):
     ``prefetch`` blocks before its own (0: its own block), or once its
     shard exists if later; every other collective as soon as its input
     exists; every wait right before the first reader of its result (or
-    the end of the step). gorun's passes then bucket and move them."""
+    the end of the step). gorun's passes then bucket and move them.
+
+    Collectives keep the FX graph's process-group name unless ``group``
+    renames them (graphs with one group only)."""
     g = joint.gm.graph
     costs = costs or {}
     dirs, regs = directions(g), regions(g, joint.blocks)
@@ -525,7 +543,7 @@ def to_step_graph(joint, costs=None, prefetch=1):
                               % (nd.name, dirn, joint.blocks))
             inp = nd.args[0]
             st = {"name": nd.name, "kind": "start", "direction": dirn, "op": _COLLECTIVES[nd.target],
-                  "group": nd.args[-1], "dtype": _dtype(inp.meta.get("val"), nd),
+                  "group": nd.args[-1] if group is None else group, "dtype": _dtype(inp.meta.get("val"), nd),
                   "members": [{"in": name_of(inp), "out": w.name, "bytes": _bytes(inp.meta.get("val"))}]}
             wt = {"name": w.name + ".wait", "kind": "wait", "direction": dirn, "of": nd.name}
             if reg is not None:
@@ -679,7 +697,7 @@ def apply_plan(joint, planned):
             of = sn["of"]
             if of not in pending:
                 raise FxError("gorun.fx: wait %s: its start %s has not run" % (name, of))
-            _emit_wait(out, pending.pop(of), env)
+            _emit_wait(out, pending.pop(of), env, by_name)
         else:
             raise FxError("gorun.fx: planned node %s: unknown kind %r" % (name, kind))
     outn = [n for n in src.nodes if n.op == "output"][0]
@@ -689,7 +707,7 @@ def apply_plan(joint, planned):
 
 
 def _emit_start(out, sn, env, by_name):
-    op, group, members = sn["op"], sn["group"], sn["members"]
+    op, members = sn["op"], sn["members"]
     ins = []
     for m in members:
         if m["in"] not in env:
@@ -701,7 +719,7 @@ def _emit_start(out, sn, env, by_name):
     orig = by_name.get(src_name)
     if orig is None or orig.target not in _COLLECTIVES:
         raise FxError("gorun.fx: start %s: no FX collective named %s" % (sn["name"], src_name))
-    world = orig.args[-2]
+    world, group = orig.args[-2], orig.args[-1]  # the FX graph's own group, whatever the step graph calls it
     if op == "all_gather":
         buf = ins[0] if len(ins) == 1 else out.call_function(torch.ops.aten.cat.default, (ins,))
         coll = out.call_function(ALL_GATHER, (buf, world, group))
@@ -714,14 +732,17 @@ def _emit_start(out, sn, env, by_name):
             buf = out.call_function(torch.ops.aten.view.default,
                                     (out.call_function(torch.ops.aten.cat.default, (rows, 1)), [-1]))
         coll = out.call_function(REDUCE_SCATTER, (buf, orig.args[1], world, group))
-    elif op == "all_reduce" and len(ins) == 1:
-        coll = out.call_function(ALL_REDUCE, (ins[0], orig.args[1], group))
+    elif op == "all_reduce":
+        buf = ins[0] if len(ins) == 1 else out.call_function(
+            torch.ops.aten.cat.default, ([out.call_function(torch.ops.aten.view.default, (x, [-1])) for x in ins],))
+        coll = out.call_function(ALL_REDUCE, (buf, orig.args[1], group))
+        world = 1
     else:
-        raise FxError("gorun.fx: start %s: %s of %d members is not supported" % (sn["name"], op, len(ins)))
+        raise FxError("gorun.fx: start %s: op %s is not supported" % (sn["name"], op))
     return coll, sn, world
 
 
-def _emit_wait(out, pending, env):
+def _emit_wait(out, pending, env, by_name):
     coll, sn, world = pending
     w = out.call_function(WAIT, (coll,))
     members, op = sn["members"], sn["op"]
@@ -739,10 +760,16 @@ def _emit_wait(out, pending, env):
             env[m["out"]] = out.call_function(torch.ops.aten.view.default,
                                               (out.call_function(torch.ops.aten.clone.default, (p,),
                                                                  {"memory_format": torch.contiguous_format}), [-1]))
-    else:  # reduce_scatter: this rank's row holds every member's shard in turn
+    elif op == "reduce_scatter":  # this rank's row holds every member's shard in turn
         parts = out.call_function(torch.ops.aten.split_with_sizes.default, (w, [s // world for s in sizes]))
         for i, m in enumerate(members):
             env[m["out"]] = out.call_function(_getitem, (parts, i))
+    else:  # all_reduce: members back to their shapes
+        parts = out.call_function(torch.ops.aten.split_with_sizes.default, (w, sizes))
+        for i, m in enumerate(members):
+            shape = list(by_name[m["out"].split(REGATHER)[0]].meta["val"].shape)
+            env[m["out"]] = out.call_function(torch.ops.aten.view.default,
+                                              (out.call_function(_getitem, (parts, i)), shape))
 
 
 def _getitem(x, i):
