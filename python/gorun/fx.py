@@ -53,11 +53,6 @@ re-gathered parameter dies with its last forward reader.
 
 import collections
 import contextlib
-import json
-import os
-import shutil
-import subprocess
-import tempfile
 import time
 
 import torch
@@ -603,35 +598,19 @@ def to_step_graph(joint, costs=None, prefetch=1, group=None):
 # gorun's planner
 
 
-def _gorun_bin():
-    b = os.environ.get("GORUN_BIN")
-    if b:
-        return b
-    here = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bin", "gorun"))
-    if os.path.isfile(here):
-        return here
-    b = shutil.which("gorun")
-    if b is None:
-        raise FxError("gorun.fx: no gorun binary (set GORUN_BIN or run `make build`)")
-    return b
-
-
-def plan(step, passes="blocks,overlap", cap_bytes=0, reshard_prefetch=1):
-    """Runs gorun's passes on a step graph; returns (planned graph, summary),
-    both dicts (the planned graph in the step-graph schema, the summary as
-    ``gorun plan --json`` prints it)."""
-    with tempfile.TemporaryDirectory(prefix="gorun-fx-") as d:
-        src, out = os.path.join(d, "step.json"), os.path.join(d, "planned.json")
-        with open(src, "w") as f:
-            json.dump(step, f)
-        p = subprocess.run([_gorun_bin(), "plan", "--json", "--passes", passes, "--cap", str(cap_bytes),
-                            "--reshard-prefetch", str(reshard_prefetch), "-o", out, src],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if p.returncode != 0:
-            raise FxError("gorun.fx: gorun plan --passes %s failed: %s" % (passes, p.stderr.decode().strip()))
-        with open(out) as f:
-            planned = json.load(f)
-        return planned, json.loads(p.stdout)
+def plan(step, passes="blocks,overlap", **options):
+    """Runs gorun's passes on a step graph through libgorun's gorun_plan
+    (the planner of ``gorun plan``, in process); returns (planned graph,
+    summary), both dicts: the planned graph in the step-graph schema (the
+    input itself when no pass rewrote it), the summary as ``gorun plan
+    --json`` prints it. ``options`` are gorun_plan's (cap_bytes,
+    latency_ns, bus_bandwidth, reshard_prefetch, peak_budget_bytes, ...)."""
+    from gorun import _lib, _planner
+    try:
+        r = _planner.plan(step, passes, **options)
+    except _lib.GorunError as e:
+        raise FxError("gorun.fx: gorun_plan --passes %r: %s" % (passes, e)) from e
+    return r.get("graph") or step, r["plan"]
 
 
 # ---------------------------------------------------------------------------

@@ -86,7 +86,7 @@ def rank_main(spec_path, out_path):
     inputs = gfx.Joint.inputs(fsdp, batch)
     base, base_peak = gfx.run_graph(joint.gm, inputs)
     ref_ok = reference_check(fsdp, ref, batch, base, spec.get("lr", 0.01), world)
-    results = []
+    built = []
     for side in spec["sides"]:
         est = side.get("exposed_ns")
         kind = side["kind"]
@@ -102,18 +102,24 @@ def rank_main(spec_path, out_path):
             raise SystemExit("fxrank: unknown side kind %r" % kind)
         outs, peak = gfx.run_graph(gm, inputs)
         equal = len(outs) == len(base) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(outs, base))
-        times = []
-        for _ in range(spec.get("repeats", 5)):
+        built.append((side, gm, est, peak, equal))
+    # Timing: the sides interleaved round by round, so load on a shared
+    # machine falls on all of them alike; the slowest rank's time counts.
+    times = [[] for _ in built]
+    for _ in range(spec.get("repeats", 5)):
+        for k, (_, gm, _, _, _) in enumerate(built):
             dist.barrier()
             t0 = time.perf_counter()
             gm(*inputs)
-            times.append(time.perf_counter() - t0)
+            times[k].append(time.perf_counter() - t0)
+    results = []
+    for k, (side, gm, est, peak, equal) in enumerate(built):
         flags = torch.tensor([0.0 if equal else 1.0, float(peak)])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        t = torch.tensor(times, dtype=torch.float64)
+        t = torch.tensor(times[k], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         results.append({"name": side["name"], "collectives": gfx.count_collectives(gm), "peak_bytes": int(flags[1]),
-                        "equal": flags[0].item() == 0.0, "step_s": sorted(t.tolist())[len(times) // 2],
+                        "equal": flags[0].item() == 0.0, "step_s": sorted(t.tolist())[len(times[k]) // 2],
                         "exposed_ns": est})
     okt = torch.tensor([0.0 if ref_ok else 1.0])
     dist.all_reduce(okt, op=dist.ReduceOp.MAX)
