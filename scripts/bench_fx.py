@@ -5,8 +5,10 @@ over gloo on CPU.
 One line per graph, rank count and side:
   colls      collectives the rewritten graph issues (all-gather/reduce-scatter)
   exposed    exposed communication by the side's own estimate: gorun's cost
-             model (`gorun plan`), Inductor's overlap scheduler's analytical
-             model; "-" where the side has no model
+             model (gorun_plan; its default constants, or "@gloo": latency,
+             bus and copy bandwidth measured on this machine's gloo first),
+             Inductor's overlap scheduler's analytical model; "-" where the
+             side has no model
   step ms    measured step time, median over rounds of the slowest rank;
              sides interleaved round by round
   x anchor   step time / the unbucketed graph's (same run)
@@ -42,17 +44,25 @@ def main():
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--graphs", default=",".join(GRAPHS))
     a = ap.parse_args()
-    rows = []
+    rows, measured = [], {}
     for gname in a.graphs.split(","):
         for world in [int(w) for w in a.worlds.split(",")]:
             spec = {"model": GRAPHS[gname], "repeats": a.rounds, "batch": 4, "seq": 32}
             t0 = time.time()
+            if world not in measured:
+                measured[world] = fxrank.run_ranks(world, {"calibrate": True})
+                print("# %d ranks, gloo measured: latency %.0f us, busbw %.2f GB/s, copy %.2f GB/s" % (
+                    world, measured[world]["latency_ns"] / 1e3, measured[world]["bus_bandwidth"] / 1e9,
+                    measured[world]["copy_bandwidth"] / 1e9), file=sys.stderr)
             joint, costs, step = fxrank.prepare(spec, world)
             sides = [{"name": "unbucketed (anchor)", "kind": "unbucketed"}]
             for name, passes in GORUN:
-                planned, summary = gfx.plan(step, passes)
-                sides.append({"name": name, "kind": "gorun", "planned": planned,
-                              "exposed_ns": summary["estimate"]["After"]["exposed_ns"]})
+                for model, opts in (("", {}), (" @gloo", measured[world])):
+                    if passes == "" and model:
+                        continue
+                    planned, summary = gfx.plan(step, passes, **opts)
+                    sides.append({"name": name + model, "kind": "gorun", "planned": planned,
+                                  "exposed_ns": summary["estimate"]["After"]["exposed_ns"]})
             sides.append({"name": "inductor bucketing", "kind": "inductor-bucketing"})
             sides.append({"name": "inductor overlap+bucketing", "kind": "inductor-overlap", "costs": costs})
             spec["sides"] = sides
@@ -60,7 +70,7 @@ def main():
             print("# %s, %d ranks: traced and run in %.0f s; joint graph = autograd on the unsharded model: %s"
                   % (gname, world, time.time() - t0, "yes" if r["reference_ok"] else "NO"), file=sys.stderr)
             rows.append((gname, world, r))
-    print("%-12s %5s  %-29s %9s %11s %8s %8s %9s %6s" % ("graph", "ranks", "side", "colls", "exposed us",
+    print("%-12s %5s  %-35s %9s %11s %8s %8s %9s %6s" % ("graph", "ranks", "side", "colls", "exposed us",
                                                         "step ms", "x anchor", "peak KiB", "equal"))
     verdicts = []
     for gname, world, r in rows:
@@ -68,7 +78,7 @@ def main():
         for s in r["sides"]:
             c = s["collectives"]
             e = "-" if s["exposed_ns"] is None else "%.1f" % (s["exposed_ns"] / 1e3)
-            print("%-12s %5d  %-29s %4d/%-4d %11s %8.1f %8.2f %9.0f %6s" % (
+            print("%-12s %5d  %-35s %4d/%-4d %11s %8.1f %8.2f %9.0f %6s" % (
                 gname, world, s["name"], c.get("all_gather", 0), c.get("reduce_scatter", 0), e,
                 s["step_s"] * 1e3, s["step_s"] / anchor, s["peak_bytes"] / 1024, "yes" if s["equal"] else "NO"))
         g = [s for s in r["sides"] if s["name"].startswith("gorun")]

@@ -68,6 +68,33 @@ def reference_check(fsdp, ref, batch, outs, lr, world):
     return bool(ok)
 
 
+def calibrate(world_group, world, reps=30):
+    """gorun's α-β model measured on this group: the latency of an 8-byte
+    all-gather, the bus bandwidth of 1 MiB ones (busbw: (n-1)/n of the
+    output per rank), and the copy rate of a 1 MiB clone (the copy-in and
+    copy-out of a bucket). Medians; every rank measures, rank 0's count."""
+    import torch
+    import torch.distributed as dist
+    from gorun.fx import _c10d
+
+    def med(fn):
+        ts = []
+        for _ in range(reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return sorted(ts)[len(ts) // 2]
+
+    small, big = torch.zeros(2), torch.zeros(1 << 18)
+    ag = lambda x: _c10d.wait_tensor(_c10d.all_gather_into_tensor(x, world, world_group))  # noqa: E731
+    t_small, t_big = med(lambda: ag(small)), med(lambda: ag(big))
+    t_copy = med(lambda: big.clone())
+    bus = (world - 1) / world * big.numel() * 4 * world
+    return {"latency_ns": int(t_small * 1e9), "bus_bandwidth": bus / max(t_big - t_small, 1e-9),
+            "copy_bandwidth": big.numel() * 4 / max(t_copy, 1e-9)}
+
+
 def rank_main(spec_path, out_path):
     import torch
     import torch.distributed as dist
@@ -78,6 +105,13 @@ def rank_main(spec_path, out_path):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
     group = dist.group.WORLD.group_name
+    if spec.get("calibrate"):
+        m = calibrate(group, world)
+        if rank == 0:
+            with open(out_path, "w") as f:
+                json.dump(m, f)
+        dist.destroy_process_group()
+        return
     fsdp, ref, batch, joint = build(spec, rank, world, group)
     names = [n.name for n in joint.gm.graph.nodes]
     if names != spec["fx_nodes"]:
