@@ -7,7 +7,7 @@ that runs.
     joint = gfx.trace_joint(fsdp, (tokens, labels))        # forward+loss+backward+SGD, one FX graph
     costs = gfx.profile_costs(joint, (tokens, labels))      # ns per FX node, measured
     step = gfx.to_step_graph(joint, costs)                  # the JSON `gorun plan` reads
-    planned = gfx.plan(step, passes="reshard,blocks,overlap")
+    planned, summary = gfx.plan(step, "reshard,blocks,overlap")  # libgorun's gorun_plan
     gm = gfx.apply_plan(joint, planned)                     # bucketed, reordered, re-gathered
     outs = gm(*joint.inputs(fsdp, (tokens, labels)))
 
@@ -133,7 +133,7 @@ class SimpleFSDP(nn.Module):
             raise FxError("gorun.fx: rank %d of world %d" % (rank, world_size))
         if mode not in ("shard", "replicate"):
             raise FxError("gorun.fx: SimpleFSDP mode %r: want 'shard' or 'replicate'" % mode)
-        self.module, self.world, self.rank, self.group = module, world_size, rank, group_name
+        self.module, self.world, self.rank, self.group, self.mode = module, world_size, rank, group_name, mode
         self._fn = _Gather if mode == "shard" else _Replicate
         if mode == "replicate":
             world_size, rank = 1, 0  # the "shard" is the whole parameter

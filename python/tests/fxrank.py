@@ -42,7 +42,7 @@ def build(spec, rank, world, group):
     ref = copy.deepcopy(m)
     mk = spec["model"]
     batch = batch_for(rank, mk.get("vocab", 128), spec.get("batch", 4), spec.get("seq", 32))
-    fsdp = gfx.SimpleFSDP(m, world, rank, group)
+    fsdp = gfx.SimpleFSDP(m, world, rank, group, mode=spec.get("mode", "shard"))
     joint = gfx.trace_joint(fsdp, batch, lr=spec.get("lr", 0.01))
     return fsdp, ref, batch, joint
 
@@ -62,8 +62,10 @@ def reference_check(fsdp, ref, batch, outs, lr, world):
         dist.all_reduce(g)
         numel = g.numel()
         k = fsdp.shards[i].numel()
-        full = torch.nn.functional.pad(params[n].detach().reshape(-1) - lr * g, (0, k * world - numel))
-        want = full[fsdp.rank * k:(fsdp.rank + 1) * k]
+        full = params[n].detach().reshape(-1) - lr * g
+        full = torch.nn.functional.pad(full, (0, max(0, k * world - numel)))
+        r = 0 if fsdp.mode == "replicate" else fsdp.rank  # a replica holds the whole parameter
+        want = full[r * k:(r + 1) * k]
         ok = ok and torch.allclose(outs[1 + i], want, rtol=1e-4, atol=1e-6)
     return bool(ok)
 

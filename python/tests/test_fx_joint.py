@@ -85,8 +85,15 @@ def test_collectives_are_simplefsdp_gathers_and_reduce_scatters(traced):
         fqn = shard_of[m["in"]]
         assert s["direction"] == "forward" and s["region"] == _block_of(fqn, BLOCKS), (s["name"], fqn)
         assert m["bytes"] == 4 * fsdp.shards[fsdp.names.index(fqn)].numel()
+    # a reduce-scatter differentiates one gather (same autograd sequence
+    # number) and sits in the gather's region: the gradient of a block's
+    # parameters is reduced in that block's backward
+    fx = {n.name: n for n in joint.gm.graph.nodes}
+    ag_by_seq = {fx[s["name"]].meta["seq_nr"]: s for s in ag}
+    assert len(ag_by_seq) == len(ag)
     for s in rs:
         (m,) = s["members"]
+        assert s["region"] == ag_by_seq[fx[s["name"]].meta["seq_nr"]]["region"], s["name"]
         assert s["direction"] == "backward" and s["dtype"] == "f32"
         assert m["bytes"] % (4 * WORLD) == 0
     # every reduce-scatter's shard feeds exactly one SGD update
@@ -152,3 +159,21 @@ def test_bad_plans_are_refused_clearly(traced):
     bad = dict(planned, nodes=[dict(n, name="nosuch") if n["kind"] == "compute" else n for n in planned["nodes"]])
     with pytest.raises(gfx.FxError, match="planned compute nosuch has no FX node"):
         gfx.apply_plan(joint, bad)
+
+
+def test_ddp_style_all_reduce_buckets_run_bitwise_equal_on_2_ranks(launcher):
+    # Replicated parameters: one all-reduce per gradient. Priced at gloo's
+    # latency (~0.3 ms here) the planner merges them into a few buckets.
+    spec = {"model": {"layers": 2}, "repeats": 1, "mode": "replicate"}
+    joint, _, step = fxrank.prepare(spec, WORLD, profile=False)
+    starts = [n for n in step["nodes"] if n["kind"] == "start"]
+    assert starts and all(s["op"] == "all_reduce" and s["direction"] == "backward" for s in starts)
+    planned, _ = gfx.plan(step, "blocks,overlap", latency_ns=300000)
+    merged = sum(1 for n in planned["nodes"] if n["kind"] == "start")
+    assert merged < len(starts) and any(len(n["members"]) > 1 for n in planned["nodes"] if n["kind"] == "start")
+    spec["sides"] = [{"name": "unbucketed", "kind": "unbucketed"},
+                     {"name": "ddp buckets", "kind": "gorun", "planned": planned}]
+    r = fxrank.run_ranks(WORLD, spec, timeout=150)
+    assert r["reference_ok"]
+    assert r["sides"][1]["collectives"] == {"all_reduce": merged}
+    assert all(s["equal"] for s in r["sides"]), r["sides"]
