@@ -1,6 +1,11 @@
 package main
 
-import "testing"
+import (
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
 
 // The summary's means leave out the run's first step; the summary says so
 // and names the steps it measured.
@@ -18,5 +23,28 @@ func TestMeasuredSteps(t *testing.T) {
 		if got := measuredSteps(c.first, c.steps); got != c.want {
 			t.Errorf("measuredSteps(%d, %d) = %q, want %q", c.first, c.steps, got, c.want)
 		}
+	}
+}
+
+// One injected kill under gorun prints one merged table of the survivors'
+// flight records, and each survivor's log does not repeat its own records
+// (three ranks times sixteen records before the table).
+func TestKillPrintsOneFlightTable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	dir := buildBinaries(t)
+	cmd := exec.Command(filepath.Join(dir, "gorun"), "-np", "4", "--timeout", "90s",
+		"--inject", "kill:rank=2:after-steps=3", filepath.Join(dir, "trainer"), "--steps", "200", "--model", "small", "--batch", "8")
+	cmd.Dir = t.TempDir()
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 137 {
+		t.Fatalf("gorun: %v, want exit 137 (rank 2 SIGKILLed)\n%s", err, out)
+	}
+	if n := strings.Count(string(out), "gorun: flight records"); n != 1 {
+		t.Errorf("%d merged flight tables, want 1:\n%s", n, out)
+	}
+	if n := strings.Count(string(out), "flight recorder (latest last)"); n != 0 {
+		t.Errorf("the ranks logged their own flight records %d times besides gorun's table:\n%s", n, out)
 	}
 }
