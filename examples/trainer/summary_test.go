@@ -3,6 +3,7 @@ package main
 import (
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -46,5 +47,20 @@ func TestKillPrintsOneFlightTable(t *testing.T) {
 	}
 	if n := strings.Count(string(out), "flight recorder (latest last)"); n != 0 {
 		t.Errorf("the ranks logged their own flight records %d times besides gorun's table:\n%s", n, out)
+	}
+	// gorun's log lines and the ranks' carry one clock: 00:20:22.568.
+	logLine := regexp.MustCompile(`^(\S+) (WRN|ERR) `)
+	clock := regexp.MustCompile(`^\d\d:\d\d:\d\d\.\d{3}$`)
+	logged := 0
+	for _, l := range strings.Split(string(out), "\n") {
+		if m := logLine.FindStringSubmatch(l); m != nil {
+			logged++
+			if !clock.MatchString(m[1]) {
+				t.Errorf("log line without the shared clock format: %q", l)
+			}
+		}
+	}
+	if logged < 2 {
+		t.Errorf("%d log lines, want gorun's and the ranks' warnings:\n%s", logged, out)
 	}
 }
