@@ -29,7 +29,9 @@ def plan(launcher, graph, tmp_path, passes):
 def test_dp_step_graph_has_blocks_and_one_all_reduce_per_gradient(launcher, tmp_path):
     model, x = transformer()
     params = {n: p.numel() for n, p in model.named_parameters()}
-    g = ex.step_graph(model, x, world_size=4, mode="dp")
+    # Without the profile every op costs 1 ns: the planner's choices below
+    # do not move with the machine's load.
+    g = ex.step_graph(model, x, world_size=4, mode="dp", profile=False)
     assert g["schema"] == "gorun.stepgraph/v1"
     assert g["regions"] == ["embed", "layers.0", "layers.1", "layers.2", "head"]
     by = {(n["kind"], n.get("direction"), n.get("region")) for n in g["nodes"] if n["kind"] == "compute"}
@@ -48,8 +50,6 @@ def test_dp_step_graph_has_blocks_and_one_all_reduce_per_gradient(launcher, tmp_
     # a block's gradients are reduced in its own region
     assert {s["region"] for s in starts} == set(g["regions"])
     assert sum(1 for s in starts if s["region"] == "layers.1") == sum(1 for n in params if n.startswith("layers.1."))
-    # costs are measured, not guessed: some op took more than a nanosecond
-    assert max(n["cost_ns"] for n in g["nodes"] if n["kind"] == "compute") > 1
     out = plan(launcher, g, tmp_path, "blocks,overlap")
     assert 0 < len(out["buckets"]) < len(starts), "bucketing should merge per-parameter collectives"
     assert out["estimate"]["After"]["collectives"] == len(out["buckets"])
@@ -60,6 +60,9 @@ def test_sharded_step_graph_gathers_ahead_and_reduce_scatters(launcher, tmp_path
     nparams = len(list(model.parameters()))
     n = 4
     g = ex.step_graph(model, x, world_size=n, mode="sharded")
+    # costs are measured, not guessed: the matmuls took more than a nanosecond
+    assert max(nd["cost_ns"] for nd in g["nodes"] if nd["kind"] == "compute") > 1
+    g = ex.step_graph(model, x, world_size=n, mode="sharded", profile=False)
     ag = [s for s in g["nodes"] if s["kind"] == "start" and s["op"] == "all_gather"]
     rs = [s for s in g["nodes"] if s["kind"] == "start" and s["op"] == "reduce_scatter"]
     assert len(ag) == len(rs) == nparams
