@@ -128,7 +128,7 @@ func benchPass(b *testing.B, g *Graph, pass func(*Graph) (*Graph, error)) {
 	}
 }
 
-// BenchmarkBucketOverlap10k is the planning goal of issue 6: overlap-
+// BenchmarkBucketOverlap10k is the planning goal: overlap-
 // preserving bucketing of a 10k-node step well under a second.
 func BenchmarkBucketOverlap10k(b *testing.B) {
 	g := transformerStep(208, 8)
@@ -163,7 +163,7 @@ func BenchmarkValidateSimulate10k(b *testing.B) {
 // BenchmarkPlanner10k is `gorun plan` on a 10k-node step without the
 // process: parse the JSON document, validate, run the default passes
 // (block then overlap-preserving bucketing) and print the text summary.
-// The issue's goal: under a second.
+// The goal: under a second.
 func BenchmarkPlanner10k(b *testing.B) {
 	var doc bytes.Buffer
 	if err := Save(&doc, transformerStep(208, 8)); err != nil {
