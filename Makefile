@@ -4,7 +4,7 @@ BIN       := bin
 GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 # The project's Python: a venv with torch 2.x (scripts/install-torch.sh makes it).
-GORUN_VENV ?= $(HOME)/.cache/gorun/venv
+GORUN_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gorun/venv
 export GORUN_VENV
 PYTHON    ?= $(GORUN_VENV)/bin/python
 
