@@ -1,0 +1,188 @@
+"""The plan from the model the runtime sees: regions, members, costs → a
+step graph (stepgraph/SCHEMA.md) → gorun's planner → the planned graph the
+executor runs.
+
+Regions are module paths: the root's children, with block lists (ModuleList,
+Sequential, ModuleDict, and any module holding one) opened so that each
+block is a region of its own. Members are the trainable parameters, one per
+tensor: a tied parameter (one tensor under several names) is one member,
+read by every region that holds one of its names. Its gradient is complete
+only after the last of those regions has run backward, so its collective
+belongs to the reader that comes first in forward order.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+
+import torch.nn as nn
+
+from .. import _lib
+
+ROOT = "<root>"  # the region of parameters registered on the root module itself
+
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+
+DTYPES = {"torch.float32": "f32", "torch.float64": "f64", "torch.bfloat16": "bf16", "torch.float16": "f16"}
+
+
+def _holds_container(m):
+    return any(isinstance(c, _CONTAINERS) for c in m.modules() if c is not m)
+
+
+def find_regions(model):
+    """[(fqn, module)] in registration order; ROOT first if the root holds
+    parameters of its own."""
+    out = []
+    if any(True for _ in model.named_parameters(recurse=False)):
+        out.append((ROOT, model))
+
+    def walk(prefix, m):
+        for name, c in m.named_children():
+            fqn = prefix + name
+            if isinstance(c, _CONTAINERS):
+                for bn, b in c.named_children():
+                    if _holds_container(b):
+                        walk(fqn + "." + bn + ".", b)
+                    else:
+                        out.append((fqn + "." + bn, b))
+            elif _holds_container(c):
+                if any(True for _ in c.named_parameters(recurse=False)):
+                    out.append((fqn, c))
+                walk(fqn + ".", c)
+            else:
+                out.append((fqn, c))
+
+    walk("", model)
+    return out
+
+
+def region_of(name, regions):
+    """The region a parameter name belongs to: the longest region path that
+    is a module prefix of it (ROOT when none is)."""
+    best, blen = ROOT, -1
+    for r in regions:
+        if r != ROOT and name.startswith(r + ".") and len(r) > blen:
+            best, blen = r, len(r)
+    return best
+
+
+class Member:
+    """One trainable tensor: its first name, every region that reads it."""
+
+    def __init__(self, name, param, readers):
+        self.name = name
+        self.param = param
+        self.readers = readers  # region names, registration order
+        self.bytes = param.numel() * param.element_size()
+        self.dtype = DTYPES.get(str(param.dtype))
+        if self.dtype is None:
+            raise TypeError("gorun.torch: parameter %r is %s; float32, float64, bfloat16 and float16 are supported"
+                            % (name, param.dtype))
+
+
+def find_members(model, region_names):
+    """Trainable parameters as members, tied ones once (named_parameters
+    with remove_duplicate=False gives every alias)."""
+    by_id = {}
+    order = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if not p.requires_grad:
+            continue
+        m = by_id.get(id(p))
+        r = region_of(name, region_names)
+        if m is None:
+            m = by_id[id(p)] = Member(name, p, [r])
+            order.append(m)
+        elif r not in m.readers:
+            m.readers.append(r)
+    return order
+
+
+def fingerprint(model):
+    """A hash of what every rank must share before a plan exists: parameter
+    and buffer names, shapes, dtypes, which ones train, and which are tied."""
+    h = hashlib.blake2b(digest_size=8)
+    ids = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        alias = ids.setdefault(id(p), len(ids))
+        h.update(("%s|%s|%s|%s|%d\n" % (name, tuple(p.shape), p.dtype, p.requires_grad, alias)).encode())
+    for name, b in model.named_buffers():
+        h.update(("%s|%s|%s\n" % (name, tuple(b.shape), b.dtype)).encode())
+    return int.from_bytes(h.digest(), "little")
+
+
+def ddp_graph(order, members, fwd_ns, bwd_ns, world):
+    """The step graph of one data-parallel step: forward and backward
+    compute per region (measured costs), one all-reduce per gradient, issued
+    in the region whose backward completes it, waited before the optimizer."""
+    pos = {r: i for i, r in enumerate(order)}
+    owned = {r: [] for r in order}
+    tensors = [{"name": "x", "input": True}]
+    for m in members:
+        owner = min(m.readers, key=lambda r: pos[r])
+        owned[owner].append(m)
+        tensors.append({"name": "p/" + m.name, "bytes": m.bytes, "input": True})
+    reads = {r: [] for r in order}
+    for m in members:
+        for r in m.readers:
+            reads[r].append("p/" + m.name)
+    nodes = []
+    prev = "x"
+    for r in order:
+        nodes.append({"name": "fwd/" + r, "kind": "compute", "direction": "forward", "region": r,
+                      "cost_ns": max(int(fwd_ns.get(r, 0)), 1000), "reads": [prev] + reads[r], "writes": ["a/" + r]})
+        prev = "a/" + r
+    nodes.append({"name": "loss", "kind": "compute", "cost_ns": 1000, "reads": [prev], "writes": ["d/loss"]})
+    dprev = "d/loss"
+    starts = []
+    for i in range(len(order) - 1, -1, -1):
+        r = order[i]
+        act = "a/" + order[i - 1] if i > 0 else "x"
+        # Autograd finishes a region's gradients roughly in reverse
+        # registration order; the bucket starts when its last one is in.
+        mine = list(reversed(owned[r]))
+        nodes.append({"name": "bwd/" + r, "kind": "compute", "direction": "backward", "region": r,
+                      "cost_ns": max(int(bwd_ns.get(r, 0)), 1000), "reads": [dprev, act] + reads[r],
+                      "writes": ["d/" + r] + ["g/" + m.name for m in mine]})
+        dprev = "d/" + r
+        for m in mine:
+            s = "ar/" + m.name
+            starts.append(s)
+            nodes.append({"name": s, "kind": "start", "direction": "backward", "region": r, "op": "all_reduce",
+                          "group": "dp", "dtype": m.dtype,
+                          "members": [{"in": "g/" + m.name, "out": "G/" + m.name, "bytes": m.bytes}]})
+    for s in starts:
+        nodes.append({"name": s + ".w", "kind": "wait", "direction": "optimizer", "of": s})
+    nodes.append({"name": "opt", "kind": "compute", "direction": "optimizer", "cost_ns": 1000,
+                  "reads": ["G/" + m.name for m in members] + [dprev], "writes": ["done"]})
+    return {"schema": "gorun.stepgraph/v1", "groups": [{"name": "dp", "size": world}], "regions": list(order),
+            "tensors": tensors, "nodes": nodes}
+
+
+def gorun_binary():
+    """bin/gorun: $GORUN_BIN, else next to the library."""
+    p = os.environ.get("GORUN_BIN")
+    if p:
+        return p
+    return os.path.join(os.path.dirname(_lib.library_path()), "gorun")
+
+
+def run_planner(graph, passes="blocks,overlap"):
+    """Plans graph (a dict) with gorun's passes; returns (planned graph as
+    JSON text, summary dict: estimates, peak bytes). The one place the
+    planner is reached, so that moving it in-process is one change."""
+    with tempfile.TemporaryDirectory(prefix="gorun-plan-") as d:
+        src, dst = os.path.join(d, "step.json"), os.path.join(d, "planned.json")
+        with open(src, "w") as f:
+            json.dump(graph, f)
+        p = subprocess.run([gorun_binary(), "plan", "--json", "--passes", passes, "-o", dst, src],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if p.returncode != 0:
+            raise _lib.GorunError("gorun.torch: planning the step failed: %s" % p.stderr.decode(errors="replace").strip(),
+                                  "GORUN_ERR_INVALID")
+        with open(dst) as f:
+            planned = f.read()
+    return planned, json.loads(p.stdout)
