@@ -240,7 +240,7 @@ func gorun_executor_enter(h C.gorun_executor_t, region *C.char) (rc C.int) {
 		}
 		return setErr(fmt.Errorf("%w: region %q entered out of the plan's order: it is region %d of %d, and %s came before it "+
 			"(a module called twice in one step, or a forward that differs from the planned one)",
-			errInvalid, r, i, len(e.regions), after), nil)
+			errInvalid, r, i+1, len(e.regions), after), nil)
 	}
 	e.next, e.last = i+1, r
 	return ok()
