@@ -126,12 +126,12 @@ def train(kind, model, steps, accumulate):
     return model
 
 
-def compare(kind, steps, exact):
-    """gorun.torch ddp vs torch DDP over gloo, from one init on the same data."""
+def compare(kind, steps, exact, mode="ddp"):
+    """gorun.torch vs torch DDP over gloo, from one init on the same data."""
     ref = nn.parallel.DistributedDataParallel(make(kind), find_unused_parameters=(kind == "mlp"))
-    ours = gt.distribute(make(kind), mode="ddp")
-    for accumulate in (False, True):
-        a = train(kind, ours, steps, accumulate).module.state_dict()
+    ours = gt.distribute(make(kind), mode=mode)
+    for accumulate in ((False, True) if mode == "ddp" else (False,)):
+        a = train(kind, ours, steps, accumulate).full_state_dict()
         b = train(kind, ref, steps, accumulate).module.state_dict()
         worst, differ = 0.0, []
         for k in b:
@@ -143,17 +143,18 @@ def compare(kind, steps, exact):
         elif worst > 1e-6:
             say("FAIL %s accumulate=%s: relative difference %.3g > 1e-6 in %s" % (kind, accumulate, worst, differ))
         else:
-            say("EQUAL %s accumulate=%s exact=%s differing=%d worst=%.3g" % (kind, accumulate, exact, len(differ), worst))
+            say("EQUAL %s %s accumulate=%s exact=%s differing=%d worst=%.3g" % (mode, kind, accumulate, exact, len(differ), worst))
     m = ours.metrics()
-    say("METRICS %s buckets=%d steps=%d exposed=%.6f step=%.6f" % (kind, m["buckets"], m["steps"],
-                                                                   m["exposed_communication"], m["step_time"]))
+    say("METRICS %s %s buckets=%d steps=%d exposed=%.6f step=%.6f peak=%d planpeak=%d full=%d" % (
+        mode, kind, m["buckets"], m["steps"], m["exposed_communication"], m["step_time"],
+        m["peak_gathered_bytes"], m.get("plan_peak_gathered_bytes", 0), m.get("full_parameter_bytes", 0)))
     # Parameters the plan must keep apart: the frozen layer was not touched,
     # the unused one stayed where the init put it.
     if kind == "mlp":
         init = make(kind)
         for name in ("inp.weight", "unused.weight"):
-            same = torch.equal(ours.module.state_dict()[name], init.state_dict()[name])
-            say("UNCHANGED %s %s" % (name, same))
+            same = torch.equal(ours.full_state_dict()[name], init.state_dict()[name])
+            say("UNCHANGED %s %s %s" % (mode, name, same))
     return ours
 
 
@@ -161,8 +162,10 @@ def case_equal():
     n = int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
     exact = n <= 2
-    for kind in ("gpt", "mlp"):
-        compare(kind, 7, exact)
+    modes = sys.argv[2].split(",") if len(sys.argv) > 2 else ["ddp", "fsdp"]
+    for mode in modes:
+        for kind in ("gpt", "mlp"):
+            compare(kind, 7, exact, mode)
     dist.destroy_process_group()
     say("DONE")
 

@@ -209,3 +209,15 @@ class Executor:
         if self.h:
             h, self.h = self.h, 0
             check(self._l.gorun_executor_free(h), "gorun_executor_free")
+
+
+def allgather_tensor(comm, shard, full):
+    """full = every rank's shard, in rank order (contiguous CPU tensors)."""
+    _lib.check(lib().gorun_allgather(comm, shard.data_ptr(), full.data_ptr(), shard.numel(), dtype_code(shard.dtype),
+                                     None), "gorun.torch: all-gather")
+
+
+def reduce_scatter_tensor(comm, full, shard):
+    """shard = this rank's block of full summed over comm."""
+    _lib.check(lib().gorun_reduce_scatter(comm, full.data_ptr(), shard.data_ptr(), shard.numel(),
+                                          dtype_code(shard.dtype), _lib.SUM, None), "gorun.torch: reduce-scatter")

@@ -42,8 +42,6 @@ class DistributedModel(nn.Module):
         super().__init__()
         if mode not in MODES:
             raise ValueError("gorun.torch.distribute: mode %r: want one of %s" % (mode, ", ".join(MODES)))
-        if mode != "ddp":
-            raise NotImplementedError("gorun.torch.distribute: mode %r is not built yet; mode='ddp' is" % mode)
         for name, t in list(module.named_parameters()) + list(module.named_buffers()):
             if t.device.type != "cpu":
                 raise RuntimeError(
@@ -75,6 +73,7 @@ class DistributedModel(nn.Module):
         self._members = _plan.find_members(module, self._region_names)
         self._codes = {m.name: _abi.dtype_code(m.param.dtype) for m in self._members}
         self._scale = 1.0 / self.world_size
+        self._setup()
         self._hooks = []
         for r, m in regions:
             if r == _plan.ROOT:
@@ -109,9 +108,30 @@ class DistributedModel(nn.Module):
                     "forward with gradients (outside no_sync and torch.no_grad) needs its backward" % self._step)
             self._begin()
         out = self.module(*args, **kwargs)
-        if sync and isinstance(out, torch.Tensor) and out.requires_grad:
-            out.register_hook(self._backward_started)
+        if sync:
+            self._forward_done(out)
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(self._backward_started)
         return out
+
+    def _forward_done(self, out):
+        pass
+
+    # What a mode adds around the step (ddp: nothing).
+    def _setup(self):
+        pass
+
+    def _entered(self, region):
+        pass
+
+    def _left(self, region, out):
+        pass
+
+    def _before_finish(self):
+        pass
+
+    def _after_finish(self, m):
+        pass
 
     def _begin(self):
         self._in_step = True
@@ -145,6 +165,7 @@ class DistributedModel(nn.Module):
                     "per step (call a shared module through one region, or wrap its callers instead)" % region)
             self._fwd_t0[region] = time.perf_counter_ns()
             self._order.append(region)
+            self._entered(region)
             return None
         return hook
 
@@ -153,6 +174,7 @@ class DistributedModel(nn.Module):
             t0 = self._fwd_t0.get(region)
             if self._in_step and t0 is not None:
                 self._fwd_ns[region] = time.perf_counter_ns() - t0
+                self._left(region, out)
             return None
         return hook
 
@@ -194,7 +216,9 @@ class DistributedModel(nn.Module):
                 self._reduce_measured()
                 self._replan()
             else:
+                self._before_finish()
                 m = self._exec.finish()
+                self._after_finish(m)
                 self._history.append((time.perf_counter_ns() - self._t_begin, m))
                 del self._history[:-100]
                 if self._refresh and self._step % self._refresh == self._refresh - 1:
@@ -254,7 +278,7 @@ class DistributedModel(nn.Module):
 
     def _replan(self):
         order, fwd, bwd = self._costs()
-        graph = _plan.ddp_graph(order, self._members, fwd, bwd, self.world_size)
+        graph = self._step_graph(order, fwd, bwd)
         if self._fixed_plan is not None:
             planned, summary = self._fixed_plan, {}
         else:
@@ -273,7 +297,13 @@ class DistributedModel(nn.Module):
             self._write_trace()
             self._exec.close()
             self._views = {}
-        self._exec, self._summary, self._graph = ex, summary, graph
+        self._exec, self._summary, self._graph, self._planned = ex, summary, graph, planned
+        self._adopt()
+
+    def _step_graph(self, order, fwd, bwd):
+        return _plan.ddp_graph(order, self._members, fwd, bwd, self.world_size)
+
+    def _adopt(self):
         if self._bucket_view:
             self._make_views()
 
@@ -377,5 +407,10 @@ def distribute(model, mode="ddp", reshard_after_forward=True, shard_size=None, p
     Options: refresh_every (replan from measured costs every K steps, 0
     never), bucket_view (gradients live in the buckets, default True),
     passes (the planner's passes)."""
-    return DistributedModel(model, mode=mode, reshard_after_forward=reshard_after_forward, shard_size=shard_size,
+    if mode in ("fsdp", "hsdp"):
+        from ._fsdp import ShardedModel
+        cls = ShardedModel
+    else:
+        cls = DistributedModel
+    return cls(model, mode=mode, reshard_after_forward=reshard_after_forward, shard_size=shard_size,
                             plan=plan, group=group, deterministic=deterministic, trace=trace, **options)

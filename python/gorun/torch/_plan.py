@@ -186,3 +186,153 @@ def run_planner(graph, passes="blocks,overlap"):
         with open(dst) as f:
             planned = f.read()
     return planned, json.loads(p.stdout)
+
+
+class Unit:
+    """One flat shard: the trainable members owned by one region (their
+    gradients complete in its backward), concatenated and padded to a
+    multiple of the group size; each rank holds 1/size of it."""
+
+    def __init__(self, region, members, world):
+        self.region = region
+        self.members = members
+        dts = {m.param.dtype for m in members}
+        if len(dts) != 1:
+            raise TypeError("gorun.torch: region %r mixes parameter dtypes %s; fsdp mode flattens a region's "
+                            "parameters into one shard of one dtype" % (region, sorted(map(str, dts))))
+        self.dtype = members[0].param.dtype
+        self.dtype_name = members[0].dtype
+        self.es = members[0].param.element_size()
+        self.numel = sum(m.param.numel() for m in members)
+        self.padded = -(-self.numel // world) * world
+        self.shard_numel = self.padded // world
+        self.readers = []
+        for m in members:
+            for r in m.readers:
+                if r not in self.readers:
+                    self.readers.append(r)
+        self.name = region
+
+
+def units_of(order, members, world, replicated=(ROOT,)):
+    """Members grouped into units by owner region (the first reader in
+    forward order). Members owned by a region in replicated stay whole and
+    are all-reduced (the root's own parameters are read all through the
+    root's forward, so no module hook can free them)."""
+    pos = {r: i for i, r in enumerate(order)}
+    owned, rest = {}, []
+    for m in members:
+        owner = min(m.readers, key=lambda r: pos[r])
+        if owner in replicated:
+            rest.append(m)
+        else:
+            owned.setdefault(owner, []).append(m)
+    return [Unit(r, owned[r], world) for r in order if r in owned], rest
+
+
+def fsdp_graph(order, units, replicated, fwd_ns, bwd_ns, world):
+    """The step graph of one fully sharded step: before a region's forward,
+    an all-gather of every unit it reads that is not gathered yet; after its
+    backward, a reduce-scatter of every unit whose gradients it completes.
+    The reshard pass decides what is gathered again for backward."""
+    pos = {r: i for i, r in enumerate(order)}
+    tensors = [{"name": "x", "input": True}]
+    for u in units:
+        tensors.append({"name": "s/" + u.name, "bytes": u.shard_numel * u.es, "input": True})
+    for m in replicated:
+        tensors.append({"name": "p/" + m.name, "bytes": m.bytes, "input": True})
+    reads = {r: [] for r in order}
+    for u in units:
+        for r in u.readers:
+            reads[r].append("F/" + u.name)
+    for m in replicated:
+        for r in m.readers:
+            reads[r].append("p/" + m.name)
+    nodes, starts = [], []
+    gathered = set()
+    prev = "x"
+    for r in order:
+        for u in units:
+            if r in u.readers and u.name not in gathered:
+                gathered.add(u.name)
+                s = "ag/" + u.name
+                nodes.append({"name": s, "kind": "start", "direction": "forward", "region": r, "op": "all_gather",
+                              "group": "dp", "dtype": u.dtype_name,
+                              "members": [{"in": "s/" + u.name, "out": "F/" + u.name, "bytes": u.shard_numel * u.es}]})
+                nodes.append({"name": s + ".w", "kind": "wait", "direction": "forward", "region": r, "of": s})
+        nodes.append({"name": "fwd/" + r, "kind": "compute", "direction": "forward", "region": r,
+                      "cost_ns": max(int(fwd_ns.get(r, 0)), 1000), "reads": [prev] + reads[r], "writes": ["a/" + r]})
+        prev = "a/" + r
+    nodes.append({"name": "loss", "kind": "compute", "cost_ns": 1000, "reads": [prev], "writes": ["d/loss"]})
+    dprev = "d/loss"
+    for i in range(len(order) - 1, -1, -1):
+        r = order[i]
+        act = "a/" + order[i - 1] if i > 0 else "x"
+        mine_u = [u for u in units if u.region == r]
+        mine_m = [m for m in replicated if min(m.readers, key=lambda q: pos[q]) == r]
+        nodes.append({"name": "bwd/" + r, "kind": "compute", "direction": "backward", "region": r,
+                      "cost_ns": max(int(bwd_ns.get(r, 0)), 1000), "reads": [dprev, act] + reads[r],
+                      "writes": ["d/" + r] + ["g/" + u.name for u in mine_u] + ["g/" + m.name for m in mine_m]})
+        dprev = "d/" + r
+        for u in mine_u:
+            s = "rs/" + u.name
+            starts.append(s)
+            nodes.append({"name": s, "kind": "start", "direction": "backward", "region": r, "op": "reduce_scatter",
+                          "group": "dp", "dtype": u.dtype_name,
+                          "members": [{"in": "g/" + u.name, "out": "G/" + u.name, "bytes": u.padded * u.es}]})
+        for m in mine_m:
+            s = "ar/" + m.name
+            starts.append(s)
+            nodes.append({"name": s, "kind": "start", "direction": "backward", "region": r, "op": "all_reduce",
+                          "group": "dp", "dtype": m.dtype,
+                          "members": [{"in": "g/" + m.name, "out": "G/" + m.name, "bytes": m.bytes}]})
+    for s in starts:
+        nodes.append({"name": s + ".w", "kind": "wait", "direction": "optimizer", "of": s})
+    nodes.append({"name": "opt", "kind": "compute", "direction": "optimizer", "cost_ns": 1000,
+                  "reads": ["G/" + u.name for u in units] + ["G/" + m.name for m in replicated] + [dprev],
+                  "writes": ["done"]})
+    return {"schema": "gorun.stepgraph/v1", "groups": [{"name": "dp", "size": world}], "regions": list(order),
+            "tensors": tensors, "nodes": nodes}
+
+
+REGATHER = "@bwd"  # the reshard pass's suffix on re-gathered outputs
+
+
+def gather_schedule(planned):
+    """What the runtime does around each compute of a planned graph, for the
+    all-gathers (the collectives the program, not autograd, decides on):
+    before[compute] lists ("start", [member ins]) and ("wait", out) actions
+    in plan order; free_after[compute] the gathered outputs whose last
+    reader it is; and the plan's peak of gathered bytes held at once (from
+    a start to the last reader of its output)."""
+    g = json.loads(planned) if isinstance(planned, str) else planned
+    before, free_after, pending = {}, {}, []
+    gathers = {}
+    out_bytes = {}
+    size = g["groups"][0]["size"]
+    for n in g["nodes"]:
+        if n["kind"] == "start" and n["op"] == "all_gather":
+            gathers[n["name"]] = n
+            for mb in n["members"]:
+                out_bytes[mb["out"]] = mb["bytes"] * size
+    last = {}
+    for i, n in enumerate(g["nodes"]):
+        if n["kind"] == "compute":
+            for t in n.get("reads", []):
+                if t in out_bytes:
+                    last[t] = n["name"]
+    held, peak = 0, 0
+    for n in g["nodes"]:
+        if n["kind"] == "start" and n["name"] in gathers:
+            pending.append(("start", [(mb["in"], mb["out"]) for mb in n["members"]]))
+            held += sum(out_bytes[mb["out"]] for mb in n["members"])
+            peak = max(peak, held)
+        elif n["kind"] == "wait" and n["of"] in gathers:
+            pending.append(("wait", gathers[n["of"]]["members"][0]["out"]))
+        elif n["kind"] == "compute":
+            before[n["name"]] = pending
+            pending = []
+            frees = [t for t, c in last.items() if c == n["name"]]
+            free_after[n["name"]] = frees
+            held -= sum(out_bytes[t] for t in frees)
+    return before, free_after, peak
