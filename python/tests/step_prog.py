@@ -186,16 +186,17 @@ def case_bad():
         say("PLANMISMATCH none")
     except gt.PlanMismatchError as e:
         say("PLANMISMATCH ranks=%s msg=%s" % (e.ranks, e))
-    m = gt.distribute(make("gpt"))
-    for s in range(3):
-        loss_of("gpt", m, batch("gpt", s)).backward()
-    m.module.reverse = True
-    t0 = time.monotonic()
-    try:
-        loss_of("gpt", m, batch("gpt", 3)).backward()
-        say("ORDER none")
-    except GorunError as e:
-        say("ORDER after=%.2f msg=%s" % (time.monotonic() - t0, e))
+    for mode in ("ddp", "fsdp"):
+        m = gt.distribute(make("gpt"), mode=mode)
+        for s in range(3):
+            loss_of("gpt", m, batch("gpt", s)).backward()
+        m.module.reverse = True
+        t0 = time.monotonic()
+        try:
+            loss_of("gpt", m, batch("gpt", 3)).backward()
+            say("ORDER %s none" % mode)
+        except GorunError as e:
+            say("ORDER %s after=%.2f msg=%s" % (mode, time.monotonic() - t0, e))
     say("DONE")
     os._exit(0)  # the step that was refused is still open: nothing to finish
 

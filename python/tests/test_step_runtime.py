@@ -1,8 +1,9 @@
-"""gorun.torch's ddp mode under the gorun launcher: parameters equal to
-torch's DDP over gloo (bitwise on 1 and 2 ranks, within 1e-6 relative on 4),
-for a GPT-like model with a tied embedding and a residual MLP with frozen and
-unused parameters, with and without no_sync accumulation; and its bad-input
-errors. The rank program is step_prog.py."""
+"""gorun.torch under the gorun launcher: in ddp and fsdp mode, parameters
+equal to torch's DDP over gloo (bitwise on 1 and 2 ranks, within 1e-6
+relative on 4) for a GPT-like model with a tied embedding and a residual MLP
+with frozen and unused parameters (ddp also with no_sync accumulation); fsdp's
+peak of gathered parameters within the plan's estimate and below the whole
+model; and the bad-input errors. The rank program is step_prog.py."""
 
 import os
 import re
@@ -29,18 +30,29 @@ def run(launcher, np, case, timeout=150):
 
 
 @pytest.mark.parametrize("np", [1, 2, 4])
-def test_ddp_mode_matches_torch_ddp(launcher, np):
+def test_modes_match_torch_ddp(launcher, np):
     code, out = run(launcher, np, "equal")
     assert code == 0, out[-4000:]
     assert "FAIL" not in out, out[-4000:]
+    want = [("ddp", k, a, str(np <= 2)) for k in ("gpt", "mlp") for a in ("False", "True")]
+    want += [("fsdp", k, "False", str(np <= 2)) for k in ("gpt", "mlp")]
     for rank in range(np):
-        got = re.findall(r"RANK %d: EQUAL (\w+) accumulate=(\w+) exact=(\w+)" % rank, out)
-        assert sorted(got) == sorted([(k, a, str(np <= 2)) for k in ("gpt", "mlp") for a in ("False", "True")]), out[-4000:]
-        # The frozen layer never moved; the unused one kept its init.
-        assert "RANK %d: UNCHANGED inp.weight True" % rank in out, out[-4000:]
-        assert "RANK %d: UNCHANGED unused.weight True" % rank in out, out[-4000:]
-        m = re.search(r"RANK %d: METRICS gpt buckets=(\d+) steps=(\d+)" % rank, out)
+        got = re.findall(r"RANK %d: EQUAL (\w+) (\w+) accumulate=(\w+) exact=(\w+)" % rank, out)
+        assert sorted(got) == sorted(want), out[-4000:]
+        for mode in ("ddp", "fsdp"):
+            # The frozen layer never moved; the unused one kept its init.
+            assert "RANK %d: UNCHANGED %s inp.weight True" % (rank, mode) in out, out[-4000:]
+            assert "RANK %d: UNCHANGED %s unused.weight True" % (rank, mode) in out, out[-4000:]
+        m = re.search(r"RANK %d: METRICS ddp gpt buckets=(\d+) steps=(\d+)" % rank, out)
         assert m and int(m.group(1)) >= 1 and int(m.group(2)) == 14, out[-4000:]
+        for kind in ("gpt", "mlp"):
+            m = re.search(r"RANK %d: METRICS fsdp %s buckets=\d+ steps=7 .* peak=(\d+) planpeak=(\d+) full=(\d+)"
+                          % (rank, kind), out)
+            assert m, out[-4000:]
+            peak, plan, full = map(int, m.groups())
+            # Gathered parameters at peak: within the plan's estimate, and
+            # (reshard after forward) well under the whole model.
+            assert 0 < peak <= plan < full, (kind, peak, plan, full)
 
 
 def test_bad_input_is_refused_naming_ranks_and_regions(launcher):
@@ -51,11 +63,12 @@ def test_bad_input_is_refused_naming_ranks_and_regions(launcher):
         assert m and int(m.group(1)) == other and "rank %d has" % other in m.group(2), out[-4000:]
         m = re.search(r"RANK %d: PLANMISMATCH ranks=\[(\d)\] msg=(.*)" % rank, out)
         assert m and int(m.group(1)) == other and "disagree on the plan" in m.group(2), out[-4000:]
-        m = re.search(r"RANK %d: ORDER after=([0-9.]+) msg=(.*)" % rank, out)
-        assert m, out[-4000:]
-        assert float(m.group(1)) < 5.0
-        assert 'region "blocks.2" entered out of the plan\'s order' in m.group(2), m.group(2)
-        assert 'region "blocks.3" came before it' in m.group(2), m.group(2)
+        for mode in ("ddp", "fsdp"):
+            m = re.search(r"RANK %d: ORDER %s after=([0-9.]+) msg=(.*)" % (rank, mode), out)
+            assert m, out[-4000:]
+            assert float(m.group(1)) < 5.0
+            assert 'region "blocks.2" entered out of the plan\'s order' in m.group(2), m.group(2)
+            assert 'region "blocks.3" came before it' in m.group(2), m.group(2)
 
 
 def test_killed_rank_raises_on_every_survivor_naming_it(launcher):
