@@ -38,7 +38,8 @@ class DistributedModel(nn.Module):
     opt.step()``."""
 
     def __init__(self, module, mode="ddp", reshard_after_forward=True, shard_size=None, plan=None, group=None,
-                 deterministic=False, trace=None, refresh_every=50, bucket_view=True, passes="blocks,overlap"):
+                 deterministic=False, trace=None, refresh_every=50, bucket_view=True, passes="blocks,overlap",
+                 regather_ahead=1):
         super().__init__()
         if mode not in MODES:
             raise ValueError("gorun.torch.distribute: mode %r: want one of %s" % (mode, ", ".join(MODES)))
@@ -55,6 +56,7 @@ class DistributedModel(nn.Module):
         self._refresh = max(int(refresh_every or 0), 0)
         self._bucket_view = bucket_view
         self._passes = passes
+        self._regather_ahead = regather_ahead
         self._fixed_plan = plan
         # Ranks must wrap the same model before anything is exchanged.
         _mismatch("model (parameter names, shapes, dtypes, ties)",
@@ -282,7 +284,7 @@ class DistributedModel(nn.Module):
         if self._fixed_plan is not None:
             planned, summary = self._fixed_plan, {}
         else:
-            planned, summary = _plan.run_planner(graph, self._passes)
+            planned, summary = _plan.run_planner(graph, self._passes, self._regather_ahead)
         config = "flush=1" + (" trace=1" if self._trace else "")
         ex = _abi.Executor(planned, {"dp": self._comm}, config)
         try:
@@ -406,7 +408,9 @@ def distribute(model, mode="ddp", reshard_after_forward=True, shard_size=None, p
     ("{rank}" is replaced) for a Perfetto timeline of the executor.
     Options: refresh_every (replan from measured costs every K steps, 0
     never), bucket_view (gradients live in the buckets, default True),
-    passes (the planner's passes)."""
+    passes (the planner's passes), regather_ahead (fsdp: how many backward
+    blocks ahead of its reader a re-gather starts; 0 holds the fewest
+    parameters, 1 hides the re-gather behind a block's backward)."""
     if mode in ("fsdp", "hsdp"):
         from ._fsdp import ShardedModel
         cls = ShardedModel

@@ -170,7 +170,7 @@ def gorun_binary():
     return os.path.join(os.path.dirname(_lib.library_path()), "gorun")
 
 
-def run_planner(graph, passes="blocks,overlap"):
+def run_planner(graph, passes="blocks,overlap", regather_ahead=1):
     """Plans graph (a dict) with gorun's passes; returns (planned graph as
     JSON text, summary dict: estimates, peak bytes). The one place the
     planner is reached, so that moving it in-process is one change."""
@@ -178,7 +178,8 @@ def run_planner(graph, passes="blocks,overlap"):
         src, dst = os.path.join(d, "step.json"), os.path.join(d, "planned.json")
         with open(src, "w") as f:
             json.dump(graph, f)
-        p = subprocess.run([gorun_binary(), "plan", "--json", "--passes", passes, "-o", dst, src],
+        p = subprocess.run([gorun_binary(), "plan", "--json", "--passes", passes, "--reshard-prefetch",
+                            str(regather_ahead), "-o", dst, src],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         if p.returncode != 0:
             raise _lib.GorunError("gorun.torch: planning the step failed: %s" % p.stderr.decode(errors="replace").strip(),
