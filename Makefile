@@ -110,3 +110,8 @@ bench-gpu-standin: ## the bench-gpu pipeline without a GPU: stand-in NCCL vs tor
 
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)
+
+# gorun.torch (the step runtime for PyTorch training)
+.PHONY: bench-torch-step
+bench-torch-step: build lib ## gorun.torch step on CPU, 2 and 4 ranks: ddp vs torch DDP, fsdp vs torch FSDP2 (gloo), paired rotated rounds, medians, peak gathered bytes, Perfetto trace
+	flock /tmp/gorun-bench.lock scripts/bench-torch-step.sh
