@@ -226,24 +226,32 @@ func gorun_executor_enter(h C.gorun_executor_t, region *C.char) (rc C.int) {
 	if region == nil {
 		return setErr(fmt.Errorf("%w: gorun_executor_enter: region is NULL", errInvalid), nil)
 	}
-	r := C.GoString(region)
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if err := e.enterLocked(C.GoString(region)); err != nil {
+		return setErr(err, nil)
+	}
+	return ok()
+}
+
+// enterLocked is the region-order rule: regions run in the plan's forward
+// order; one may be skipped (not run this step), none revisited.
+func (e *execEntry) enterLocked(r string) error {
 	i, known := e.pos[r]
 	switch {
 	case !known:
-		return setErr(fmt.Errorf("%w: region %q is not in the plan (its regions: %s)", errInvalid, r, strings.Join(e.regions, ", ")), nil)
+		return fmt.Errorf("%w: region %q is not in the plan (its regions: %s)", errInvalid, r, strings.Join(e.regions, ", "))
 	case i < e.next:
 		after := "the step's start"
 		if e.last != "" {
 			after = fmt.Sprintf("region %q", e.last)
 		}
-		return setErr(fmt.Errorf("%w: region %q entered out of the plan's order: it is region %d of %d, and %s came before it "+
+		return fmt.Errorf("%w: region %q entered out of the plan's order: it is region %d of %d, and %s came before it "+
 			"(a module called twice in one step, or a forward that differs from the planned one)",
-			errInvalid, r, i+1, len(e.regions), after), nil)
+			errInvalid, r, i+1, len(e.regions), after)
 	}
 	e.next, e.last = i+1, r
-	return ok()
+	return nil
 }
 
 // bufOf views n bytes at p as a comm buffer of dtype dt.
