@@ -43,6 +43,10 @@ def test_modes_match_torch_ddp(launcher, np):
             # The frozen layer never moved; the unused one kept its init.
             assert "RANK %d: UNCHANGED %s inp.weight True" % (rank, mode) in out, out[-4000:]
             assert "RANK %d: UNCHANGED %s unused.weight True" % (rank, mode) in out, out[-4000:]
+        # Costs were measured again (every 4 steps) and planned from.
+        for mode in ("ddp", "fsdp"):
+            m = re.search(r"RANK %d: REPLANNED %s gpt measured=(\d+) made=(\d+)" % (rank, mode), out)
+            assert m and int(m.group(1)) >= 2 and int(m.group(2)) >= 1, out[-4000:]
         m = re.search(r"RANK %d: METRICS ddp gpt buckets=(\d+) steps=(\d+)" % rank, out)
         assert m and int(m.group(1)) >= 1 and int(m.group(2)) == 14, out[-4000:]
         for kind in ("gpt", "mlp"):

@@ -85,6 +85,8 @@ class DistributedModel(nn.Module):
         for m in self._members:
             self._hooks.append(m.param.register_post_accumulate_grad_hook(self._grad_hook(m)))
         self._exec = None
+        self._measured = 0  # steps whose costs were measured and planned from
+        self._plans = 0  # executors made (a changed plan makes a new one)
         self._views = {}
         self._summary = None
         self._step = 0
@@ -279,6 +281,7 @@ class DistributedModel(nn.Module):
         return order, dict(zip(order, t[:n].tolist())), dict(zip(order, t[n:].tolist()))
 
     def _replan(self):
+        self._measured += 1
         order, fwd, bwd = self._costs()
         graph = self._step_graph(order, fwd, bwd)
         if self._fixed_plan is not None:
@@ -297,8 +300,9 @@ class DistributedModel(nn.Module):
                 ex.close()  # the same plan: keep the views the gradients live in
                 return
             self._write_trace()
+            self._unview()
             self._exec.close()
-            self._views = {}
+        self._plans += 1
         self._exec, self._summary, self._graph, self._planned = ex, summary, graph, planned
         self._adopt()
 
@@ -308,6 +312,14 @@ class DistributedModel(nn.Module):
     def _adopt(self):
         if self._bucket_view:
             self._make_views()
+
+    def _unview(self):
+        """Gradients that live in the executor's buckets move out, before
+        the executor (and its buffers) goes."""
+        for m in self._members:
+            if m.name in self._views and m.param.grad is self._views[m.name]:
+                m.param.grad = m.param.grad.clone()
+        self._views = {}
 
     def _make_views(self):
         """Gradients live in their buckets' fused buffers (DDP's
@@ -362,6 +374,8 @@ class DistributedModel(nn.Module):
             "copied_bytes": med([m["copied_bytes"] for _, m in h]),
             "buckets": h[-1][1]["buckets"] if h else 0,
             "plan_hash": "%016x" % self._exec.hash() if self._exec is not None else None,
+            "plans_measured": self._measured,
+            "plans_made": self._plans,
             "estimate": (self._summary or {}).get("estimate"),
         }
         if self._trace:
@@ -382,10 +396,7 @@ class DistributedModel(nn.Module):
             h.remove()
         self._hooks = []
         if self._exec is not None:
-            for m in self._members:
-                if m.name in self._views and m.param.grad is self._views[m.name]:
-                    m.param.grad = m.param.grad.clone()
-            self._views = {}
+            self._unview()
             self._write_trace()
             self._exec.close()
             self._exec = None
