@@ -18,7 +18,7 @@ def test_regions_are_blocks_and_top_level_modules():
     names = [r for r, _ in _plan.find_regions(GPT(blocks=4))]
     assert names == ["<root>", "tok", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "ln", "head"]
     names = [r for r, _ in _plan.find_regions(ResMLP(blocks=3))]
-    assert names == ["inp", "layers.0", "layers.1", "layers.2", "unused", "outp"]
+    assert names == ["inp", "layers.0", "layers.1", "layers.2", "unused", "side", "outp"]
 
 
 def test_tied_parameter_is_one_member_read_by_both_regions():

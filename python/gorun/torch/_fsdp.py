@@ -42,6 +42,7 @@ class ShardedModel(DistributedModel):
     def _setup(self):
         order = self._region_names
         self._units, self._replicated = _plan.units_of(order, self._members, self.world_size)
+        self._allreduced = self._replicated
         self._unit_of = {}
         self._full = {}  # unit name -> flat full tensor (storage freed when not held)
         self._shards = {}
@@ -267,17 +268,19 @@ class ShardedModel(DistributedModel):
     def _end_backward(self):
         """The region whose backward ran last is over: what the plan read
         last there is freed, and its gradients go out even if some of its
-        parameters got none this step (zeros in their place; a region with
-        none at all is flushed by the executor, its shards' gradients left
-        alone)."""
+        parameters got none this step (zeros in their place)."""
         for r in self._deferred:
             self._release("bwd/" + r)
             for u in self._owned.get(r, ()):
                 c = self._gcount.get(u.name, 0)
-                if 0 < c < len(u.members):
+                if c < len(u.members):
+                    # Some (or all) of its parameters got no gradient on
+                    # this rank: zeros stand in, so that the ranks that
+                    # did use them still get every shard's gradient.
                     self._gcount[u.name] = len(u.members)
+                    if u.name not in self._gflat:
+                        self._gflat[u.name] = torch.zeros(u.padded, dtype=u.dtype)
                     self._reduce(u)
-            self._exec.end_region(r)
         self._deferred = []
 
     def _grad_hook(self, m):
@@ -322,6 +325,7 @@ class ShardedModel(DistributedModel):
             if r not in self._bwd_done:
                 self._backward_actions(r)
         self._end_backward()
+        super()._before_finish()  # the root's own parameters
 
     def _after_finish(self, m):
         for name, out in self._rs_out.items():
@@ -355,14 +359,12 @@ class ShardedModel(DistributedModel):
                     out.copy_(flat)
                 s = self._shards[u.name]
                 s.grad = out if s.grad is None else s.grad + out
-            rep = [m for m in self._replicated if m.param.grad is not None]
             if self.world_size > 1:
                 for m in self._replicated:
                     g = m.param.grad if m.param.grad is not None else torch.zeros_like(m.param)
                     g = g.contiguous().mul_(self._scale)
                     _abi.allreduce_tensor(self._comm, g)
-                    if m in rep:
-                        m.param.grad = g
+                    m.param.grad = g
 
     def metrics(self):
         out = super().metrics()

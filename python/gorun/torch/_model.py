@@ -123,7 +123,7 @@ class DistributedModel(nn.Module):
 
     # What a mode adds around the step (ddp: nothing).
     def _setup(self):
-        pass
+        self._allreduced = self._members
 
     def _entered(self, region):
         pass
@@ -132,7 +132,21 @@ class DistributedModel(nn.Module):
         pass
 
     def _before_finish(self):
-        pass
+        # A parameter that got no gradient on this rank this step (unused
+        # here, perhaps used on another rank) takes part with zeros, so
+        # every replica gets the same average and none drifts. A parameter
+        # unused on every rank thus gets a zero gradient, where DDP leaves
+        # None.
+        for m in self._allreduced:
+            if m.name not in self._grad_t:
+                with torch.no_grad():
+                    v = self._views.get(m.name)
+                    if v is not None:
+                        v.zero_()
+                        m.param.grad = v
+                    else:
+                        m.param.grad = torch.zeros_like(m.param)
+                self._exec.ready("g/" + m.name, m.param.grad, m.param.grad, self._codes[m.name])
 
     def _after_finish(self, m):
         pass
@@ -247,8 +261,12 @@ class DistributedModel(nn.Module):
                 off = 0
                 for m in ms:
                     n = m.param.numel()
+                    # Every rank takes the average, also where the parameter
+                    # got no gradient (see _before_finish).
                     if m.param.grad is not None:
                         m.param.grad.copy_(flat[off:off + n].view_as(m.param))
+                    else:
+                        m.param.grad = flat[off:off + n].view_as(m.param).clone()
                     off += n
 
     # ---- planning --------------------------------------------------------
@@ -274,11 +292,15 @@ class DistributedModel(nn.Module):
             if r in done:
                 bwd[pos[r]] = float(max(done[r] - prev, 0))
                 prev = done[r]
-        t = torch.tensor(fwd + bwd, dtype=torch.float64)
+        # The order too: a region another rank skipped this step (a branch
+        # taken on rank 0 only) must sit where rank 0 ran it.
+        idx = [float(self._region_names.index(r)) for r in order]
+        t = torch.tensor(idx + fwd + bwd, dtype=torch.float64)
         if self.world_size > 1:
             _abi.broadcast_tensor(self._comm, t)
         n = len(order)
-        return order, dict(zip(order, t[:n].tolist())), dict(zip(order, t[n:].tolist()))
+        order = [self._region_names[int(i)] for i in t[:n].tolist()]
+        return order, dict(zip(order, t[n:2 * n].tolist())), dict(zip(order, t[2 * n:].tolist()))
 
     def _replan(self):
         self._measured += 1
