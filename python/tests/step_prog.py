@@ -136,7 +136,8 @@ def compare(kind, steps, exact, mode="ddp"):
     ref = nn.parallel.DistributedDataParallel(make(kind), find_unused_parameters=(kind == "mlp"))
     # Costs are measured again every 4 steps; a plan that changes replaces
     # the executor mid-run, which must not change a bit.
-    ours = gt.distribute(make(kind), mode=mode, refresh_every=4)
+    opts = {"shard_size": max(int(os.environ["WORLD_SIZE"]) // 2, 1)} if mode == "hsdp" else {}
+    ours = gt.distribute(make(kind), mode=mode, refresh_every=4, **opts)
     for accumulate in ((False, True) if mode == "ddp" else (False,)):
         a = train(kind, ours, steps, accumulate).full_state_dict()
         b = train(kind, ref, steps, accumulate).module.state_dict()
@@ -170,7 +171,7 @@ def case_equal():
     n = int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
     exact = n <= 2
-    modes = sys.argv[2].split(",") if len(sys.argv) > 2 else ["ddp", "fsdp"]
+    modes = sys.argv[2].split(",") if len(sys.argv) > 2 else ["ddp", "fsdp"] + (["hsdp"] if n > 1 else [])
     for mode in modes:
         for kind in ("gpt", "mlp"):
             compare(kind, 7, exact, mode)

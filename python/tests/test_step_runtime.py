@@ -1,4 +1,5 @@
-"""gorun.torch under the gorun launcher: in ddp and fsdp mode, parameters
+"""gorun.torch under the gorun launcher: in ddp, fsdp and hsdp mode (hsdp:
+shard groups of half the ranks), parameters
 equal to torch's DDP over gloo (bitwise on 1 and 2 ranks, within 1e-6
 relative on 4) for a GPT-like model with a tied embedding and a residual MLP
 with frozen and unused parameters (ddp also with no_sync accumulation); fsdp's
@@ -35,28 +36,30 @@ def test_modes_match_torch_ddp(launcher, np):
     assert code == 0, out[-4000:]
     assert "FAIL" not in out, out[-4000:]
     want = [("ddp", k, a, str(np <= 2)) for k in ("gpt", "mlp") for a in ("False", "True")]
-    want += [("fsdp", k, "False", str(np <= 2)) for k in ("gpt", "mlp")]
+    sharded = ("fsdp", "hsdp") if np > 1 else ("fsdp",)
+    want += [(mode, k, "False", str(np <= 2)) for mode in sharded for k in ("gpt", "mlp")]
     for rank in range(np):
         got = re.findall(r"RANK %d: EQUAL (\w+) (\w+) accumulate=(\w+) exact=(\w+)" % rank, out)
         assert sorted(got) == sorted(want), out[-4000:]
-        for mode in ("ddp", "fsdp"):
+        for mode in ("ddp",) + sharded:
             # The frozen layer never moved; the unused one kept its init.
             assert "RANK %d: UNCHANGED %s inp.weight True" % (rank, mode) in out, out[-4000:]
             assert "RANK %d: UNCHANGED %s unused.weight True" % (rank, mode) in out, out[-4000:]
         # Costs were measured again (every 4 steps) and planned from.
-        for mode in ("ddp", "fsdp"):
+        for mode in ("ddp",) + sharded:
             m = re.search(r"RANK %d: REPLANNED %s gpt measured=(\d+) made=(\d+)" % (rank, mode), out)
             assert m and int(m.group(1)) >= 2 and int(m.group(2)) >= 1, out[-4000:]
         m = re.search(r"RANK %d: METRICS ddp gpt buckets=(\d+) steps=(\d+)" % rank, out)
         assert m and int(m.group(1)) >= 1 and int(m.group(2)) == 14, out[-4000:]
-        for kind in ("gpt", "mlp"):
-            m = re.search(r"RANK %d: METRICS fsdp %s buckets=\d+ steps=7 .* peak=(\d+) planpeak=(\d+) full=(\d+)"
-                          % (rank, kind), out)
-            assert m, out[-4000:]
-            peak, plan, full = map(int, m.groups())
-            # Gathered parameters at peak: within the plan's estimate, and
-            # (reshard after forward) well under the whole model.
-            assert 0 < peak <= plan < full, (kind, peak, plan, full)
+        for mode in sharded:
+            for kind in ("gpt", "mlp"):
+                m = re.search(r"RANK %d: METRICS %s %s buckets=\d+ steps=7 .* peak=(\d+) planpeak=(\d+) full=(\d+)"
+                              % (rank, mode, kind), out)
+                assert m, out[-4000:]
+                peak, plan, full = map(int, m.groups())
+                # Gathered parameters at peak: within the plan's estimate,
+                # and (reshard after forward) well under the whole model.
+                assert 0 < peak <= plan < full, (mode, kind, peak, plan, full)
 
 
 def test_bad_input_is_refused_naming_ranks_and_regions(launcher):

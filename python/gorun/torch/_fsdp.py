@@ -27,11 +27,16 @@ class ShardedModel(DistributedModel):
     """distribute(mode="fsdp"): see the module comment."""
 
     def __init__(self, module, mode="fsdp", reshard_after_forward=True, shard_size=None, **kw):
-        if mode == "hsdp":
-            raise NotImplementedError("gorun.torch.distribute: mode 'hsdp' is not built yet; 'ddp' and 'fsdp' are")
-        if shard_size not in (None, 0):
-            raise NotImplementedError("gorun.torch.distribute: shard_size=%r: fsdp mode shards over the whole group; "
-                                      "a smaller shard group is hsdp, not built yet" % shard_size)
+        if mode == "fsdp" and shard_size not in (None, 0):
+            raise ValueError("gorun.torch.distribute: shard_size=%r: fsdp mode shards over the whole group; "
+                             "shard within groups and replicate across them with mode='hsdp'" % shard_size)
+        if mode == "hsdp" and (not isinstance(shard_size, int) or shard_size < 1):
+            raise ValueError("gorun.torch.distribute: mode 'hsdp' needs shard_size, the ranks of one shard group "
+                             "(a divisor of the world size), got %r" % (shard_size,))
+        if mode == "hsdp" and kw.get("group") is not None:
+            raise ValueError("gorun.torch.distribute: mode 'hsdp' makes its groups from the world; group= is for "
+                             "ddp and fsdp")
+        self._shard_size = shard_size if mode == "hsdp" else None
         self._reshard = reshard_after_forward
         kw.setdefault("passes", "reshard,blocks,overlap" if reshard_after_forward else "blocks,overlap")
         kw["bucket_view"] = False
@@ -41,7 +46,19 @@ class ShardedModel(DistributedModel):
 
     def _setup(self):
         order = self._region_names
-        self._units, self._replicated = _plan.units_of(order, self._members, self.world_size)
+        w = self.world_size
+        s = self._shard_size or w
+        if w % s != 0:
+            raise ValueError("gorun.torch.distribute: shard_size=%d does not divide the world of %d ranks" % (s, w))
+        self._ssize, self._srank = s, self.rank % s
+        self._shard_comm, self._rep_comm = self._comm, None
+        if s < w:
+            # Shard groups are runs of shard_size ranks; a replica group
+            # holds the ranks with the same place in every shard group.
+            base = self.rank - self._srank
+            self._shard_comm = _abi.new_group([base + i for i in range(s)], "gorun.torch.shard")
+            self._rep_comm = _abi.new_group([self._srank + k * s for k in range(w // s)], "gorun.torch.replica")
+        self._units, self._replicated = _plan.units_of(order, self._members, s)
         self._allreduced = self._replicated
         self._unit_of = {}
         self._full = {}  # unit name -> flat full tensor (storage freed when not held)
@@ -57,7 +74,7 @@ class ShardedModel(DistributedModel):
                     self._unit_of[m.name] = u
                     self._slot[m.name] = (u, off)
                     off += n
-                lo = self.rank * u.shard_numel
+                lo = self._srank * u.shard_numel
                 shard = torch.nn.Parameter(full[lo:lo + u.shard_numel].clone())
                 off = 0
                 for m in u.members:
@@ -99,7 +116,7 @@ class ShardedModel(DistributedModel):
         """A blocking all-gather outside the plan (before the first step is
         measured, and for full_state_dict)."""
         self._alloc(u)
-        _abi.allgather_tensor(self._comm, self._shards[u.name].detach(), self._full[u.name])
+        _abi.allgather_tensor(self._shard_comm, self._shards[u.name].detach(), self._full[u.name])
 
     # ---- what the optimizer and users see ---------------------------------
 
@@ -143,7 +160,7 @@ class ShardedModel(DistributedModel):
             out = {}
             for u in self._units:
                 full = torch.empty(u.padded, dtype=u.dtype)
-                _abi.allgather_tensor(self._comm, self._shards[u.name].detach(), full)
+                _abi.allgather_tensor(self._shard_comm, self._shards[u.name].detach(), full)
                 off = 0
                 for m in u.members:
                     n = m.param.numel()
@@ -159,7 +176,13 @@ class ShardedModel(DistributedModel):
     # ---- the plan ---------------------------------------------------------
 
     def _step_graph(self, order, fwd, bwd):
-        return _plan.fsdp_graph(order, self._units, self._replicated, fwd, bwd, self.world_size)
+        return _plan.fsdp_graph(order, self._units, self._replicated, fwd, bwd, self.world_size, self._ssize)
+
+    def _exec_groups(self):
+        g = {"dp": self._comm}
+        if self._rep_comm is not None:
+            g["shard"], g["replica"] = self._shard_comm, self._rep_comm
+        return g
 
     def _adopt(self):
         self._before, self._free_after, self._plan_peak = _plan.gather_schedule(self._planned)
@@ -189,6 +212,11 @@ class ShardedModel(DistributedModel):
                     u = self._by_tensor[tin]
                     self._alloc(u)
                     ex.ready(tin, self._shards[u.name].detach(), self._full[u.name], _abi.dtype_code(u.dtype))
+            elif kind == "replicate":
+                # hsdp: the reduced shard, all-reduced across replicas in place.
+                for tin, tout in arg:
+                    out = self._rs_out[tin[2:]]
+                    ex.ready(tin, out, out, _abi.dtype_code(out.dtype))
             else:
                 ex.wait(arg)
 
@@ -325,6 +353,7 @@ class ShardedModel(DistributedModel):
             if r not in self._bwd_done:
                 self._backward_actions(r)
         self._end_backward()
+        self._run("opt")  # hsdp: the first region's replica all-reduce
         super()._before_finish()  # the root's own parameters
 
     def _after_finish(self, m):
@@ -353,10 +382,12 @@ class ShardedModel(DistributedModel):
                     off += n
                 flat.mul_(self._scale)
                 out = torch.empty(u.shard_numel, dtype=u.dtype)
-                if self.world_size > 1:
-                    _abi.reduce_scatter_tensor(self._comm, flat, out)
+                if self._ssize > 1:
+                    _abi.reduce_scatter_tensor(self._shard_comm, flat, out)
                 else:
                     out.copy_(flat)
+                if self._rep_comm is not None:
+                    _abi.allreduce_tensor(self._rep_comm, out)
                 s = self._shards[u.name]
                 s.grad = out if s.grad is None else s.grad + out
             if self.world_size > 1:

@@ -311,7 +311,7 @@ class DistributedModel(nn.Module):
         else:
             planned, summary = _plan.run_planner(graph, self._passes, self._regather_ahead)
         config = "flush=1" + (" trace=1" if self._trace else "")
-        ex = _abi.Executor(planned, {"dp": self._comm}, config)
+        ex = _abi.Executor(planned, self._exec_groups(), config)
         try:
             _mismatch("plan", _abi.allgather_u64(self._comm, ex.hash()), self.rank)
         except BaseException:
@@ -327,6 +327,9 @@ class DistributedModel(nn.Module):
         self._plans += 1
         self._exec, self._summary, self._graph, self._planned = ex, summary, graph, planned
         self._adopt()
+
+    def _exec_groups(self):
+        return {"dp": self._comm}
 
     def _step_graph(self, order, fwd, bwd):
         return _plan.ddp_graph(order, self._members, fwd, bwd, self.world_size)
@@ -434,7 +437,9 @@ def distribute(model, mode="ddp", reshard_after_forward=True, shard_size=None, p
                deterministic=False, trace=None, **options):
     """Wraps model for data-parallel training on gorun's plan and executor.
 
-    mode: "ddp" (replicated parameters, gradients all-reduced in buckets).
+    mode: "ddp" (replicated parameters, gradients all-reduced in buckets),
+    "fsdp" (per-region flat shards, gathered as the plan says), "hsdp"
+    (fsdp within groups of shard_size ranks, replicated across them).
     plan: a planned step graph (JSON text) to run instead of planning from
     the measured first step. group: a gorun communicator handle (default:
     the world). deterministic: reduce along one fixed order. trace: a path

@@ -231,11 +231,20 @@ def units_of(order, members, world, replicated=(ROOT,)):
     return [Unit(r, owned[r], world) for r in order if r in owned], rest
 
 
-def fsdp_graph(order, units, replicated, fwd_ns, bwd_ns, world):
+def fsdp_graph(order, units, replicated, fwd_ns, bwd_ns, world, shard=None):
     """The step graph of one fully sharded step: before a region's forward,
     an all-gather of every unit it reads that is not gathered yet; after its
     backward, a reduce-scatter of every unit whose gradients it completes.
-    The reshard pass decides what is gathered again for backward."""
+    The reshard pass decides what is gathered again for backward.
+
+    Hybrid (shard < world): gathers and reduce-scatters run on group
+    "shard" (shard ranks), and each reduced shard is then all-reduced on
+    group "replica" (world/shard ranks): its wait comes before the next
+    region's backward and the all-reduce starts right after it, since it
+    reads the reduce-scatter's output. Parameters kept whole are
+    all-reduced on group "dp" (every rank)."""
+    shard = shard or world
+    sg = "shard" if shard < world else "dp"
     pos = {r: i for i, r in enumerate(order)}
     tensors = [{"name": "x", "input": True}]
     for u in units:
@@ -258,7 +267,7 @@ def fsdp_graph(order, units, replicated, fwd_ns, bwd_ns, world):
                 gathered.add(u.name)
                 s = "ag/" + u.name
                 nodes.append({"name": s, "kind": "start", "direction": "forward", "region": r, "op": "all_gather",
-                              "group": "dp", "dtype": u.dtype_name,
+                              "group": sg, "dtype": u.dtype_name,
                               "members": [{"in": "s/" + u.name, "out": "F/" + u.name, "bytes": u.shard_numel * u.es}]})
                 nodes.append({"name": s + ".w", "kind": "wait", "direction": "forward", "region": r, "of": s})
         nodes.append({"name": "fwd/" + r, "kind": "compute", "direction": "forward", "region": r,
@@ -266,9 +275,18 @@ def fsdp_graph(order, units, replicated, fwd_ns, bwd_ns, world):
         prev = "a/" + r
     nodes.append({"name": "loss", "kind": "compute", "cost_ns": 1000, "reads": [prev], "writes": ["d/loss"]})
     dprev = "d/loss"
+    replicate = []  # reduce-scatters whose replica all-reduce follows the next backward region
     for i in range(len(order) - 1, -1, -1):
         r = order[i]
         act = "a/" + order[i - 1] if i > 0 else "x"
+        for u in replicate:
+            s = "rs/" + u.name
+            nodes.append({"name": s + ".w", "kind": "wait", "direction": "backward", "region": r, "of": s})
+            starts.append("ar/" + u.name)
+            nodes.append({"name": "ar/" + u.name, "kind": "start", "direction": "backward", "region": r,
+                          "op": "all_reduce", "group": "replica", "dtype": u.dtype_name,
+                          "members": [{"in": "G/" + u.name, "out": "R/" + u.name, "bytes": u.shard_numel * u.es}]})
+        replicate = []
         mine_u = [u for u in units if u.region == r]
         mine_m = [m for m in replicated if min(m.readers, key=lambda q: pos[q]) == r]
         nodes.append({"name": "bwd/" + r, "kind": "compute", "direction": "backward", "region": r,
@@ -277,22 +295,35 @@ def fsdp_graph(order, units, replicated, fwd_ns, bwd_ns, world):
         dprev = "d/" + r
         for u in mine_u:
             s = "rs/" + u.name
-            starts.append(s)
             nodes.append({"name": s, "kind": "start", "direction": "backward", "region": r, "op": "reduce_scatter",
-                          "group": "dp", "dtype": u.dtype_name,
+                          "group": sg, "dtype": u.dtype_name,
                           "members": [{"in": "g/" + u.name, "out": "G/" + u.name, "bytes": u.padded * u.es}]})
+            if shard < world:
+                replicate.append(u)
+            else:
+                starts.append(s)
         for m in mine_m:
             s = "ar/" + m.name
             starts.append(s)
             nodes.append({"name": s, "kind": "start", "direction": "backward", "region": r, "op": "all_reduce",
                           "group": "dp", "dtype": m.dtype,
                           "members": [{"in": "g/" + m.name, "out": "G/" + m.name, "bytes": m.bytes}]})
+    for u in replicate:  # the first region's: after its backward, before the optimizer
+        nodes.append({"name": "rs/" + u.name + ".w", "kind": "wait", "direction": "optimizer", "of": "rs/" + u.name})
+        starts.append("ar/" + u.name)
+        nodes.append({"name": "ar/" + u.name, "kind": "start", "direction": "optimizer", "op": "all_reduce",
+                      "group": "replica", "dtype": u.dtype_name,
+                      "members": [{"in": "G/" + u.name, "out": "R/" + u.name, "bytes": u.shard_numel * u.es}]})
     for s in starts:
         nodes.append({"name": s + ".w", "kind": "wait", "direction": "optimizer", "of": s})
+    final = "R/" if shard < world else "G/"
     nodes.append({"name": "opt", "kind": "compute", "direction": "optimizer", "cost_ns": 1000,
-                  "reads": ["G/" + u.name for u in units] + ["G/" + m.name for m in replicated] + [dprev],
+                  "reads": [final + u.name for u in units] + ["G/" + m.name for m in replicated] + [dprev],
                   "writes": ["done"]})
-    return {"schema": "gorun.stepgraph/v1", "groups": [{"name": "dp", "size": world}], "regions": list(order),
+    groups = [{"name": "dp", "size": world}]
+    if shard < world:
+        groups += [{"name": "replica", "size": world // shard}, {"name": "shard", "size": shard}]
+    return {"schema": "gorun.stepgraph/v1", "groups": groups, "regions": list(order),
             "tensors": tensors, "nodes": nodes}
 
 
@@ -310,12 +341,12 @@ def gather_schedule(planned):
     before, free_after, pending = {}, {}, []
     gathers = {}
     out_bytes = {}
-    size = g["groups"][0]["size"]
+    size = {gr["name"]: gr["size"] for gr in g["groups"]}
     for n in g["nodes"]:
         if n["kind"] == "start" and n["op"] == "all_gather":
             gathers[n["name"]] = n
             for mb in n["members"]:
-                out_bytes[mb["out"]] = mb["bytes"] * size
+                out_bytes[mb["out"]] = mb["bytes"] * size[n["group"]]
     last = {}
     for i, n in enumerate(g["nodes"]):
         if n["kind"] == "compute":
@@ -323,6 +354,7 @@ def gather_schedule(planned):
                 if t in out_bytes:
                     last[t] = n["name"]
     held, peak = 0, 0
+    scatters = {n["name"]: n for n in g["nodes"] if n["kind"] == "start" and n["op"] == "reduce_scatter"}
     for n in g["nodes"]:
         if n["kind"] == "start" and n["name"] in gathers:
             pending.append(("start", [(mb["in"], mb["out"]) for mb in n["members"]]))
@@ -330,6 +362,10 @@ def gather_schedule(planned):
             peak = max(peak, held)
         elif n["kind"] == "wait" and n["of"] in gathers:
             pending.append(("wait", gathers[n["of"]]["members"][0]["out"]))
+        elif n["kind"] == "wait" and n["of"] in scatters:
+            pending.append(("wait", scatters[n["of"]]["members"][0]["out"]))
+        elif n["kind"] == "start" and n["op"] == "all_reduce" and n["group"] == "replica":
+            pending.append(("replicate", [(mb["in"], mb["out"]) for mb in n["members"]]))
         elif n["kind"] == "compute":
             before[n["name"]] = pending
             pending = []
