@@ -21,6 +21,27 @@ def test_regions_are_blocks_and_top_level_modules():
     assert names == ["inp", "layers.0", "layers.1", "layers.2", "unused", "side", "outp"]
 
 
+def test_a_block_list_below_a_module_is_opened_and_blocks_stay_whole():
+    nn = torch.nn
+
+    class Attn(nn.Module):  # a block holding its own Sequential
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(4, 12)
+            self.mlp = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+
+    class GPT2(nn.Module):  # transformer.h, GPT-2's layout
+        def __init__(self):
+            super().__init__()
+            self.transformer = nn.Module()
+            self.transformer.wte = nn.Embedding(8, 4)
+            self.transformer.h = nn.ModuleList([Attn(), Attn()])
+            self.lm_head = nn.Linear(4, 8)
+
+    names = [r for r, _ in _plan.find_regions(GPT2())]
+    assert names == ["transformer.wte", "transformer.h.0", "transformer.h.1", "lm_head"]
+
+
 def test_tied_parameter_is_one_member_read_by_both_regions():
     model = GPT(blocks=4)
     regions = [r for r, _ in _plan.find_regions(model)]

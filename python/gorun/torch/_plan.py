@@ -28,27 +28,35 @@ _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 DTYPES = {"torch.float32": "f32", "torch.float64": "f64", "torch.bfloat16": "bf16", "torch.float16": "f16"}
 
 
-def _holds_container(m):
-    return any(isinstance(c, _CONTAINERS) for c in m.modules() if c is not m)
+_LISTS = (nn.ModuleList, nn.ModuleDict)
+
+
+def _holds_list(m):
+    return any(isinstance(c, _LISTS) for c in m.modules() if c is not m)
 
 
 def find_regions(model):
     """[(fqn, module)] in registration order; ROOT first if the root holds
-    parameters of its own."""
+    parameters of its own. A block list's children are regions whatever
+    they hold (a block's own Sequential MLP stays inside it); a module
+    above a block list (a `transformer` holding `h`) is opened."""
     out = []
     if any(True for _ in model.named_parameters(recurse=False)):
         out.append((ROOT, model))
+
+    def blocks(prefix, c):
+        for bn, b in c.named_children():
+            if isinstance(b, _LISTS):
+                blocks(prefix + bn + ".", b)
+            else:
+                out.append((prefix + bn, b))
 
     def walk(prefix, m):
         for name, c in m.named_children():
             fqn = prefix + name
             if isinstance(c, _CONTAINERS):
-                for bn, b in c.named_children():
-                    if _holds_container(b):
-                        walk(fqn + "." + bn + ".", b)
-                    else:
-                        out.append((fqn + "." + bn, b))
-            elif _holds_container(c):
+                blocks(fqn + ".", c)
+            elif _holds_list(c):
                 if any(True for _ in c.named_parameters(recurse=False)):
                     out.append((fqn, c))
                 walk(fqn + ".", c)
