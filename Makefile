@@ -3,9 +3,12 @@ GO        ?= go
 BIN       := bin
 GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
-PYTHON    ?= /usr/bin/python3
+# The project's Python: a venv with torch 2.x (scripts/install-torch.sh makes it).
+GORUN_VENV ?= $(HOME)/.cache/gorun/venv
+export GORUN_VENV
+PYTHON    ?= $(GORUN_VENV)/bin/python
 
-.PHONY: help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-detect bench-elastic bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
+.PHONY: help build lib venv python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-detect bench-elastic bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -20,11 +23,14 @@ lib: ## build the C ABI: bin/libgorun.so and its header bin/gorun.h (needs cgo a
 	@rm -f $(BIN)/libgorun.h   # cgo's own header; gorun.h is the documented one
 	cp libgorun/gorun.h $(BIN)/gorun.h
 
-python: lib ## the torch backend for /usr/bin/python3: copy libgorun.so into python/gorun, put python/ on its path
+venv: ## the project's Python venv ($(GORUN_VENV)): torch 2.15.0, pytest, numpy; a no-op when it is there
+	@bash scripts/install-torch.sh >/dev/null
+
+python: lib venv ## pip-install the torch backend (editable, python/) into $(PYTHON) with libgorun.so copied into it
 	cp $(BIN)/libgorun.so python/gorun/libgorun.so
 	@PYTHON=$(PYTHON) bash scripts/install-python.sh
 
-uninstall-python: ## undo make python: remove the .pth file (if it points here) and python/gorun/libgorun.so
+uninstall-python: ## undo make python: pip-uninstall gorun from $(PYTHON) (if it is this checkout's) and remove python/gorun/libgorun.so
 	@PYTHON=$(PYTHON) bash scripts/install-python.sh --uninstall
 
 test: test-deps build vet ## everything CI runs: install test deps, build, vet, all tests with -race, the torch suite
@@ -32,14 +38,15 @@ test: test-deps build vet ## everything CI runs: install test deps, build, vet, 
 	GORUN_OVERLOAD_SECS=8 $(GO) test -race -count=1 -run TestNoFalseFreezeUnderLoad ./launcher
 	@$(MAKE) --no-print-directory test-python
 
-test-python: build lib ## the torch backend's pytest suite under gorun on 1-4 ranks (Debian's python3-torch)
+test-python: build lib ## the torch backend's pytest suite (torch 2.x from $(PYTHON)) under gorun on 1-4 ranks
 	@if ! $(PYTHON) -c 'import torch, pytest' 2>/dev/null; then \
-	  echo "test-python: SKIP: $(PYTHON) lacks torch or pytest (scripts/install-test-deps.sh installs python3-torch python3-pytest as root)"; \
+	  echo "test-python: $(PYTHON) lacks torch or pytest: run make venv (make test does)"; exit 1; \
 	else d=$$(mktemp -d); PYTHONWARNINGS=ignore $(PYTHON) -m pytest -q -p no:cacheprovider --basetemp=$$d python/tests; \
 	  rc=$$?; rm -rf $$d; exit $$rc; fi
 
-test-deps: ## install what the tests need (Debian packages, as root); a no-op when present
+test-deps: ## install what the tests need (Debian packages as root, the Python venv); a no-op when present
 	@bash scripts/install-test-deps.sh
+	@bash scripts/install-torch.sh >/dev/null
 
 vet: ## go vet and a gofmt check
 	$(GO) vet ./...
