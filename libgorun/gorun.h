@@ -270,6 +270,7 @@ int gorun_plan(const char *graph, size_t graph_len, const char *options,
 
 /* gorun_plan_free releases a result of gorun_plan; NULL is ignored. */
 void gorun_plan_free(char *out);
+#endif /* GORUN_NO_PROTOTYPES */
 
 
 /* ==== executor: overlap's eager executor, driven from a framework's hooks ====
