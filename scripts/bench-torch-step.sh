@@ -6,7 +6,7 @@
 # the Perfetto trace of rank 0 (open it at https://ui.perfetto.dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-/root/.cache/gorun/venv/bin/python}
+PYTHON=${PYTHON:-${GORUN_VENV:-$HOME/.cache/gorun/venv}/bin/python}
 ROUNDS=${ROUNDS:-7}
 STEPS=${STEPS:-8}
 NPS=${NPS:-"2 4"}

@@ -13,13 +13,10 @@ belongs to the reader that comes first in forward order.
 
 import hashlib
 import json
-import os
-import subprocess
-import tempfile
 
 import torch.nn as nn
 
-from .. import _lib
+from .. import _planner
 
 ROOT = "<root>"  # the region of parameters registered on the root module itself
 
@@ -170,31 +167,19 @@ def ddp_graph(order, members, fwd_ns, bwd_ns, world):
             "tensors": tensors, "nodes": nodes}
 
 
-def gorun_binary():
-    """bin/gorun: $GORUN_BIN, else next to the library."""
-    p = os.environ.get("GORUN_BIN")
-    if p:
-        return p
-    return os.path.join(os.path.dirname(_lib.library_path()), "gorun")
-
-
 def run_planner(graph, passes="blocks,overlap", regather_ahead=1):
-    """Plans graph (a dict) with gorun's passes; returns (planned graph as
-    JSON text, summary dict: estimates, peak bytes). The one place the
-    planner is reached, so that moving it in-process is one change."""
-    with tempfile.TemporaryDirectory(prefix="gorun-plan-") as d:
-        src, dst = os.path.join(d, "step.json"), os.path.join(d, "planned.json")
-        with open(src, "w") as f:
-            json.dump(graph, f)
-        p = subprocess.run([gorun_binary(), "plan", "--json", "--passes", passes, "--reshard-prefetch",
-                            str(regather_ahead), "-o", dst, src],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if p.returncode != 0:
-            raise _lib.GorunError("gorun.torch: planning the step failed: %s" % p.stderr.decode(errors="replace").strip(),
-                                  "GORUN_ERR_INVALID")
-        with open(dst) as f:
-            planned = f.read()
-    return planned, json.loads(p.stdout)
+    """Plans graph (a dict) with gorun's passes, in process (libgorun's
+    gorun_plan, with the GIL released); returns (the planned graph as JSON
+    text, the planner's summary: buckets, estimates, peak bytes). The one
+    place the planner is reached."""
+    res = _planner.plan(graph, passes=passes, reshard_prefetch=regather_ahead)
+    planned = res.get("graph", graph)
+    if not isinstance(planned, str):
+        planned = json.dumps(planned)
+    summary = res["plan"]
+    summary["buckets_hash"] = res.get("buckets_hash")
+    summary["hash"] = res.get("hash")
+    return planned, summary
 
 
 class Unit:
