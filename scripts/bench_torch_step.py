@@ -1,8 +1,9 @@
-"""One training step, four ways, side by side in one job (run under gorun by
-scripts/bench-torch-step.sh):
+"""One training step, several ways, side by side in one job (run under gorun
+by scripts/bench-torch-step.sh):
 
-    gorun.torch ddp   vs  torch DDP over gloo
-    gorun.torch fsdp  vs  torch FSDP2 (fully_shard) over gloo
+    gorun.torch ddp   vs  torch DDP over gloo, and over gorun's backend
+    gorun.torch fsdp  vs  torch FSDP2 (fully_shard) over gloo (re-gathers one
+                          block ahead, and at their reader: regather_ahead=0)
 
 Every variant trains its own copy of one GPT-like model (tied embedding) on
 the same batches. Rounds are paired and rotated: each round runs every
@@ -76,6 +77,11 @@ class FullBytes:
 def make_variants(args):
     from torch.distributed.fsdp import fully_shard
     v = {}
+    # torch DDP over gorun's own backend (its process group joins the world
+    # first; gorun.torch then shares the world communicator).
+    pg = dist.new_group(backend="gorun")
+    m = nn.parallel.DistributedDataParallel(model(args), process_group=pg)
+    v["torch-ddp-gorun"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
     m = gt.distribute(model(args), mode="ddp", trace=args.trace_dir and os.path.join(args.trace_dir, "ddp-{rank}.json"))
     v["gorun-ddp"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
     m = nn.parallel.DistributedDataParallel(model(args))
@@ -150,6 +156,8 @@ def main():
             print("  %-12s step %8.2f ms (median of round medians; rounds: %s)"
                   % (k, 1e3 * med[k], " ".join("%.1f" % (1e3 * x) for x in per[k])))
         print("RATIO ddp  gorun/torch-DDP-gloo   %.3f (goal <= 1.0)" % ratio("gorun-ddp", "torch-ddp"))
+        print("RATIO ddp  gorun/torch-DDP-gorun  %.3f (goal <= 1.0; torch DDP over gorun's backend)"
+              % ratio("gorun-ddp", "torch-ddp-gorun"))
         print("RATIO fsdp gorun/torch-FSDP2-gloo %.3f (goal <= 1.1; re-gathers one block ahead)"
               % ratio("gorun-fsdp", "torch-fsdp2"))
         print("RATIO fsdp gorun/torch-FSDP2-gloo %.3f (goal <= 1.1; re-gathers at their reader, regather_ahead=0)"

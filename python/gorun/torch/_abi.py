@@ -80,6 +80,14 @@ def world(deterministic=False):
     settings = "deterministic=1" if deterministic else ""
     if _world is not None and _world_settings == settings:
         return _world
+    # A torch process group on the "gorun" backend joined the world
+    # already (with its own settings): share its world communicator.
+    from .. import backend
+    if backend._world is not None and _lib.loaded():
+        if deterministic and "deterministic=1" not in (backend._world_config or ""):
+            raise _lib.GorunError("gorun.torch: deterministic=True, but the gorun process group joined the world "
+                                  "without it: pass the backend's deterministic option too", "GORUN_ERR_INVALID")
+        return backend._world
     h = _i64()
     _lib.check(lib().gorun_init(settings.encode(), ctypes.byref(h)), "gorun.torch: joining the world")
     _world, _world_settings = h.value, settings
