@@ -3,6 +3,8 @@ members (tied parameters once, read by every region that reads them), the
 step graph and its planning; device tensors refused."""
 
 import json
+import os
+import subprocess
 
 import pytest
 
@@ -11,6 +13,7 @@ torch = pytest.importorskip("torch")
 import gorun.torch as gt  # noqa: E402
 from gorun.torch import _plan  # noqa: E402
 
+from conftest import ROOT  # noqa: E402
 from step_prog import GPT, ResMLP  # noqa: E402
 
 
@@ -67,6 +70,13 @@ def test_graph_reduces_the_tied_gradient_after_its_first_reader(tmp_path):
     assert names.index("bwd/head") < names.index("bwd/tok") < names.index("ar/tok.weight")
     planned, summary = _plan.run_planner(g)
     assert json.loads(planned)["schema"] == "gorun.stepgraph/v1"
+    # What gorun plan prints from the dumped plan is the same plan.
+    path = tmp_path / "plan.json"
+    path.write_text(planned)
+    out = subprocess.run([os.environ.get("GORUN_BIN", os.path.join(ROOT, "bin", "gorun")), "plan", "--json",
+                          "--passes", "", str(path)], stdout=subprocess.PIPE, check=True).stdout
+    again = json.loads(out)
+    assert [b["members"] for b in again["buckets"]] == [b["members"] for b in summary["buckets"]]
     got = sorted(m for b in summary["buckets"] for m in b["members"])
     assert got == sorted("g/" + m.name for m in members)
     assert len(summary["buckets"]) < len(members)  # the passes merged something

@@ -39,7 +39,7 @@ class DistributedModel(nn.Module):
 
     def __init__(self, module, mode="ddp", reshard_after_forward=True, shard_size=None, plan=None, group=None,
                  deterministic=False, trace=None, refresh_every=50, bucket_view=True, passes="blocks,overlap",
-                 regather_ahead=1):
+                 regather_ahead=1, dump_plan=None):
         super().__init__()
         if mode not in MODES:
             raise ValueError("gorun.torch.distribute: mode %r: want one of %s" % (mode, ", ".join(MODES)))
@@ -57,6 +57,7 @@ class DistributedModel(nn.Module):
         self._bucket_view = bucket_view
         self._passes = passes
         self._regather_ahead = regather_ahead
+        self._dump_plan = dump_plan
         self._fixed_plan = plan
         # Ranks must wrap the same model before anything is exchanged.
         _mismatch("model (parameter names, shapes, dtypes, ties)",
@@ -325,6 +326,10 @@ class DistributedModel(nn.Module):
             self._unview()
             self._exec.close()
         self._plans += 1
+        if self._dump_plan and self.rank == 0:
+            # The step graph as planned, for `gorun plan` to print again.
+            with open(self._dump_plan, "w") as f:
+                f.write(planned)
         self._exec, self._summary, self._graph, self._planned = ex, summary, graph, planned
         self._adopt()
 
@@ -448,7 +453,9 @@ def distribute(model, mode="ddp", reshard_after_forward=True, shard_size=None, p
     never), bucket_view (gradients live in the buckets, default True),
     passes (the planner's passes), regather_ahead (fsdp: how many backward
     blocks ahead of its reader a re-gather starts; 0 holds the fewest
-    parameters, 1 hides the re-gather behind a block's backward)."""
+    parameters, 1 hides the re-gather behind a block's backward), dump_plan
+    (a path: rank 0 writes the planned step graph there, which `gorun plan
+    FILE` prints)."""
     if mode in ("fsdp", "hsdp"):
         from ._fsdp import ShardedModel
         cls = ShardedModel
