@@ -98,9 +98,12 @@ class ResMLP(nn.Module):
         return self.outp(h)
 
 
+DTYPE = torch.float32
+
+
 def make(kind, **kw):
     torch.manual_seed(0)
-    return GPT(**kw) if kind == "gpt" else ResMLP(**kw)
+    return (GPT(**kw) if kind == "gpt" else ResMLP(**kw)).to(DTYPE)
 
 
 def batch(kind, step, micro=0):
@@ -108,7 +111,7 @@ def batch(kind, step, micro=0):
     if kind == "gpt":
         idx = torch.randint(0, 64, (4, 16), generator=g)
         return (idx, torch.roll(idx, -1, 1))
-    return (torch.randn(8, 16, generator=g),)
+    return (torch.randn(8, 16, generator=g).to(DTYPE),)
 
 
 def loss_of(kind, model, data):
@@ -146,12 +149,16 @@ def compare(kind, steps, exact, mode="ddp"):
             if not torch.equal(a[k], b[k]):
                 differ.append(k)
                 worst = max(worst, ((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-30)).item())
-        if exact and differ:
+        # bf16 flat shards: the optimizer's vectorised update of one flat
+        # shard rounds some elements other than per-parameter updates do.
+        tol = 1e-2 if DTYPE == torch.bfloat16 and mode != "ddp" else 1e-6
+        if exact and differ and tol < 1e-2:
             say("FAIL %s accumulate=%s: not bitwise equal to torch DDP: %s (worst rel %.3g)" % (kind, accumulate, differ, worst))
-        elif worst > 1e-6:
-            say("FAIL %s accumulate=%s: relative difference %.3g > 1e-6 in %s" % (kind, accumulate, worst, differ))
+        elif worst > tol:
+            say("FAIL %s accumulate=%s: relative difference %.3g > %g in %s" % (kind, accumulate, worst, tol, differ))
         else:
-            say("EQUAL %s %s accumulate=%s exact=%s differing=%d worst=%.3g" % (mode, kind, accumulate, exact, len(differ), worst))
+            say("EQUAL %s %s accumulate=%s exact=%s differing=%d worst=%.3g" % (
+                mode, kind, accumulate, exact and tol < 1e-2, len(differ), worst))
     m = ours.metrics()
     say("REPLANNED %s %s measured=%d made=%d" % (mode, kind, m["plans_measured"], m["plans_made"]))
     say("METRICS %s %s buckets=%d steps=%d exposed=%.6f step=%.6f peak=%d planpeak=%d full=%d" % (
@@ -175,6 +182,18 @@ def case_equal():
     for mode in modes:
         for kind in ("gpt", "mlp"):
             compare(kind, 7, exact, mode)
+    dist.destroy_process_group()
+    say("DONE")
+
+
+def case_bf16():
+    """bf16 parameters in every mode, against torch DDP over gloo."""
+    global DTYPE
+    DTYPE = torch.bfloat16
+    n = int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    for mode in ["ddp", "fsdp"] + (["hsdp"] if n > 1 else []):
+        compare("mlp", 5, n <= 2, mode)
     dist.destroy_process_group()
     say("DONE")
 
@@ -231,4 +250,4 @@ def case_kill():
 
 
 if __name__ == "__main__":
-    {"equal": case_equal, "bad": case_bad, "kill": case_kill}[sys.argv[1]]()
+    {"equal": case_equal, "bf16": case_bf16, "bad": case_bad, "kill": case_kill}[sys.argv[1]]()

@@ -62,6 +62,17 @@ def test_modes_match_torch_ddp(launcher, np):
                 assert 0 < peak <= plan < full, (mode, kind, peak, plan, full)
 
 
+def test_bf16_parameters(launcher):
+    code, out = run(launcher, 2, "bf16")
+    assert code == 0, out[-4000:]
+    assert "FAIL" not in out, out[-4000:]
+    for rank in range(2):
+        got = re.findall(r"RANK %d: EQUAL (\w+) mlp accumulate=(\w+) exact=(\w+)" % rank, out)
+        # ddp: bitwise; the sharded modes within 1e-2 relative (bf16).
+        assert sorted(got) == sorted([("ddp", "False", "True"), ("ddp", "True", "True"), ("fsdp", "False", "False"),
+                                      ("hsdp", "False", "False")]), out[-4000:]
+
+
 def test_bad_input_is_refused_naming_ranks_and_regions(launcher):
     code, out = run(launcher, 2, "bad", timeout=90)
     assert code == 0, out[-4000:]
