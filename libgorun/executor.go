@@ -7,6 +7,7 @@ package main
 #include <stdlib.h>
 #define GORUN_NO_PROTOTYPES
 #include "gorun.h"
+void gorunSetError(const char *text, size_t n, int rank);
 */
 import "C"
 
@@ -43,9 +44,10 @@ import (
 // the host program's threads (torch runs backward hooks on its own
 // threads); the Executor itself is driven by one caller at a time.
 type execEntry struct {
-	mu sync.Mutex
-	ex *overlap.Executor
-	ce *commEntry // the first group's communicator, to name lost ranks
+	mu     sync.Mutex
+	ex     *overlap.Executor
+	ce     *commEntry            // the first group's communicator, to name lost ranks
+	groups map[string]*commEntry // by the plan's group names
 	// regions is the plan's forward order; next is the index the next
 	// entered region may not precede (regions may be skipped, not revisited).
 	regions []string
@@ -75,8 +77,9 @@ func execOf(h C.gorun_executor_t) (*execEntry, error) {
 }
 
 // execErr records err for the caller. A plan mismatch becomes
-// GORUN_ERR_DESYNC with the first disagreeing rank, and its text starts
-// with "gorun: plan mismatch:", which bindings map to their own error type.
+// GORUN_ERR_DESYNC naming, as the error's rank, the first world rank whose
+// plan differs from this rank's; its text starts with "gorun: plan
+// mismatch:", which bindings map to their own error type.
 func execErr(err error, e *execEntry) C.int {
 	var pm *overlap.PlanMismatchError
 	var ce *commEntry
@@ -84,7 +87,13 @@ func execErr(err error, e *execEntry) C.int {
 		ce = e.ce
 	}
 	if errors.As(err, &pm) {
-		return setErr(fmt.Errorf("gorun: plan mismatch: %w: %w", comm.ErrDesync, err), nil)
+		rank := -1
+		if g := e.groups[pm.Group]; g != nil && len(pm.Others) > 0 && pm.Others[0] < g.c.Size() {
+			rank = g.c.Group().GlobalRank(pm.Others[0])
+		}
+		text := fmt.Sprintf("gorun: plan mismatch: %v", err)
+		C.gorunSetError((*C.char)(unsafe.Pointer(unsafe.StringData(text))), C.size_t(len(text)), C.int(rank))
+		return statusDesync
 	}
 	return setErr(err, ce)
 }
@@ -160,6 +169,7 @@ func gorun_executor_new(graph *C.char, n C.size_t, groups **C.char, comms *C.gor
 		return setErr(err, nil)
 	}
 	cs := map[string]overlap.Comm{}
+	byName := map[string]*commEntry{}
 	var first *commEntry
 	names := unsafe.Slice(groups, int(ngroups))
 	hs := unsafe.Slice(comms, int(ngroups))
@@ -169,6 +179,7 @@ func gorun_executor_new(graph *C.char, n C.size_t, groups **C.char, comms *C.gor
 			return setErr(fmt.Errorf("gorun_executor_new: group %d: %w", i, err), nil)
 		}
 		cs[C.GoString(names[i])] = ce.c
+		byName[C.GoString(names[i])] = ce
 		if first == nil {
 			first = ce
 		}
@@ -177,7 +188,7 @@ func gorun_executor_new(graph *C.char, n C.size_t, groups **C.char, comms *C.gor
 	if err != nil {
 		return setErr(fmt.Errorf("%w: gorun_executor_new: %w", errInvalid, err), nil)
 	}
-	e := &execEntry{ex: ex, ce: first, regions: g.Regions, pos: map[string]int{}}
+	e := &execEntry{ex: ex, ce: first, groups: byName, regions: g.Regions, pos: map[string]int{}}
 	for i, r := range g.Regions {
 		e.pos[r] = i
 	}

@@ -205,7 +205,7 @@ class Executor:
         return p.value, n.value
 
     def finish(self):
-        buf = ctypes.create_string_buffer(512)
+        buf = ctypes.create_string_buffer(4096)
         n = _sz()
         check(self._l.gorun_executor_finish(self.h, buf, len(buf), ctypes.byref(n)), "gorun.torch: finishing the step")
         return json.loads(buf.value.decode())
