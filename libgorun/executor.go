@@ -21,6 +21,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/gorun-hpc/gorun/comm"
@@ -262,7 +263,28 @@ func (e *execEntry) enterLocked(r string) error {
 			errInvalid, r, i+1, len(e.regions), after)
 	}
 	e.next, e.last = i+1, r
+	if tl := e.ex.Timeline(); tl != nil {
+		tl.Mark("forward "+r, time.Now(), nil)
+	}
 	return nil
+}
+
+//export gorun_executor_mark
+func gorun_executor_mark(h C.gorun_executor_t, name *C.char) (rc C.int) {
+	defer guard(&rc)
+	e, err := execOf(h)
+	if err != nil {
+		return setErr(err, nil)
+	}
+	if name == nil {
+		return setErr(fmt.Errorf("%w: gorun_executor_mark: name is NULL", errInvalid), nil)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if tl := e.ex.Timeline(); tl != nil {
+		tl.Mark(C.GoString(name), time.Now(), nil)
+	}
+	return ok()
 }
 
 // bufOf views n bytes at p as a comm buffer of dtype dt.

@@ -327,6 +327,9 @@ int gorun_executor_view(gorun_executor_t ex, const char *tensor, void **ptr, siz
  * copied_bytes, buckets}; *len its length. A failed finish leaves the
  * executor unusable: free it. */
 int gorun_executor_finish(gorun_executor_t ex, char *metrics, size_t cap, size_t *len);
+/* an instant named name on the timeline (a no-op without trace=1); every
+ * entered region gets one ("forward REGION") by itself. */
+int gorun_executor_mark(gorun_executor_t ex, const char *name);
 /* writes the recorded timeline (Chrome/Perfetto JSON) to path. */
 int gorun_executor_trace(gorun_executor_t ex, const char *path);
 int gorun_executor_free(gorun_executor_t ex);

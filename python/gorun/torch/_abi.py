@@ -27,6 +27,7 @@ _SIGNATURES = {
     "gorun_executor_view": [_i64, ctypes.c_char_p, ctypes.POINTER(_p), ctypes.POINTER(_sz)],
     "gorun_executor_finish": [_i64, ctypes.c_char_p, _sz, ctypes.POINTER(_sz)],
     "gorun_executor_trace": [_i64, ctypes.c_char_p],
+    "gorun_executor_mark": [_i64, ctypes.c_char_p],
     "gorun_executor_free": [_i64],
 }
 
@@ -209,6 +210,9 @@ class Executor:
         n = _sz()
         check(self._l.gorun_executor_finish(self.h, buf, len(buf), ctypes.byref(n)), "gorun.torch: finishing the step")
         return json.loads(buf.value.decode())
+
+    def mark(self, name):
+        check(self._l.gorun_executor_mark(self.h, name.encode()), "gorun.torch: mark")
 
     def trace(self, path):
         check(self._l.gorun_executor_trace(self.h, path.encode()), "gorun.torch: writing the trace")

@@ -289,6 +289,8 @@ class ShardedModel(DistributedModel):
 
     def _backward_actions(self, region):
         self._end_backward()
+        if self._trace:
+            self._exec.mark("backward " + region)
         self._bwd_done.add(region)
         self._deferred = [region]
         self._run("bwd/" + region)
