@@ -132,13 +132,13 @@ func RunPlanner(g *Graph, cfg PlannerConfig) (*PlanSummary, error) {
 		passes = DefaultPasses
 	}
 	s := &PlanSummary{}
-	var err error
-	if s.PeakBefore, _, err = PeakBytes(g); err != nil {
+	ix, err := g.index()
+	if err != nil {
 		return nil, err
 	}
-	if s.Before, err = Simulate(g, cfg.Buckets.Model); err != nil {
-		return nil, err
-	}
+	var peakAt string
+	s.PeakBefore, peakAt = g.peakBytes()
+	s.Before = g.simulate(ix, cfg.Buckets.Model)
 	if cfg.PeakBudget < 0 {
 		return nil, fmt.Errorf("stepgraph: peak-memory budget %d bytes is negative (0: no budget)", cfg.PeakBudget)
 	}
@@ -148,10 +148,16 @@ func RunPlanner(g *Graph, cfg PlannerConfig) (*PlanSummary, error) {
 			rep  fmt.Stringer
 			next *Graph
 		)
+		// The passes' inner forms take the index of their input and return
+		// their result's: each graph of the chain is validated once.
+		var nix *index
 		switch p {
 		case PassReshard:
 			var r *ReshardReport
-			next, r, err = ReshardWith(cur, ReshardConfig{Model: cfg.Buckets.Model, Prefetch: cfg.ReshardPrefetch})
+			rc := ReshardConfig{Model: cfg.Buckets.Model, Prefetch: cfg.ReshardPrefetch}
+			if err = rc.validate(); err == nil {
+				next, nix, r, err = cur.reshard(ix, rc)
+			}
 			rep = r
 		case PassChunk:
 			cc := cfg.Chunk
@@ -160,12 +166,14 @@ func RunPlanner(g *Graph, cfg PlannerConfig) (*PlanSummary, error) {
 				cc.Pattern = "*"
 			}
 			var r *ChunkReport
-			next, r, err = ChunkWith(cur, cc)
+			if err = cc.validate(); err == nil {
+				next, nix, r, err = cur.chunk(ix, cc)
+			}
 			rep = r
 		case PassBlocks:
-			next, err = BucketBlocks(cur, cfg.Buckets)
+			next, nix, err = cur.bucketBlocks(ix, cfg.Buckets)
 		case PassOverlap:
-			next, err = BucketOverlap(cur, cfg.Buckets)
+			next, nix, err = cur.bucketOverlap(ix, cfg.Buckets)
 		default:
 			return nil, fmt.Errorf("%w %q (known: %s, %s, %s, %s)", ErrPass, p, PassReshard, PassChunk, PassBlocks, PassOverlap)
 		}
@@ -176,28 +184,22 @@ func RunPlanner(g *Graph, cfg PlannerConfig) (*PlanSummary, error) {
 		if rep != nil && !isNilStringer(rep) {
 			pr.Report = strings.TrimSpace(rep.String())
 		}
-		peak, at, err := PeakBytes(next)
-		if err != nil {
-			return nil, fmt.Errorf("pass %s: %w", p, err)
-		}
+		// Every pass checks (and so validates) its own result.
+		peak, at := next.peakBytes()
 		if cfg.PeakBudget > 0 && peak > cfg.PeakBudget && peak > curPeak {
 			// Refuse the rewrite, not the plan: the graph before the pass
 			// is a valid plan within (or no further over) the budget.
 			pr.Refused = fmt.Sprintf("refused: the peak-memory estimate would rise from %d to %d bytes (at %s), over the budget of %d bytes; kept the graph before the pass",
 				curPeak, peak, at, cfg.PeakBudget)
-			next, peak = cur, curPeak
+			next, nix, peak, at = cur, ix, curPeak, peakAt
 		}
-		cur, curPeak = next, peak
+		cur, ix, curPeak, peakAt = next, nix, peak, at
 		pr.Nodes, pr.PeakBytes = len(cur.Nodes), curPeak
 		s.Passes = append(s.Passes, pr)
 	}
 	s.graph = cur
-	if s.After, err = Simulate(cur, cfg.Buckets.Model); err != nil {
-		return nil, err
-	}
-	if s.PeakAfter, s.PeakAt, err = PeakBytes(cur); err != nil {
-		return nil, err
-	}
+	s.After = cur.simulate(ix, cfg.Buckets.Model)
+	s.PeakAfter, s.PeakAt = curPeak, peakAt
 	s.Estimate.Before, s.Estimate.After = summarize(s.Before), summarize(s.After)
 	// Buckets in plan order, with their simulated times.
 	byStart := map[string]*Collective{}
