@@ -96,6 +96,12 @@ def test_device_tensors_are_refused_clearly():
         gt.distribute(model)
 
 
-def test_unknown_mode_is_refused():
+def test_unknown_mode_and_misplaced_options_are_refused():
     with pytest.raises(ValueError, match="mode 'zero3'"):
         gt.distribute(GPT(), mode="zero3")
+    with pytest.raises(ValueError, match="shard_size=2 means nothing in ddp mode"):
+        gt.distribute(GPT(), mode="ddp", shard_size=2)
+    with pytest.raises(ValueError, match="mode 'hsdp' needs shard_size"):
+        gt.distribute(GPT(), mode="hsdp")
+    with pytest.raises(TypeError, match="group must be a libgorun communicator handle"):
+        gt.distribute(GPT(), group=object())

@@ -43,6 +43,12 @@ class DistributedModel(nn.Module):
         super().__init__()
         if mode not in MODES:
             raise ValueError("gorun.torch.distribute: mode %r: want one of %s" % (mode, ", ".join(MODES)))
+        if mode == "ddp" and shard_size not in (None, 0):
+            raise ValueError("gorun.torch.distribute: shard_size=%r means nothing in ddp mode (every rank holds "
+                             "every parameter); use mode='hsdp'" % (shard_size,))
+        if group is not None and not isinstance(group, int):
+            raise TypeError("gorun.torch.distribute: group must be a libgorun communicator handle (an int), got %s"
+                            % type(group).__name__)
         for name, t in list(module.named_parameters()) + list(module.named_buffers()):
             if t.device.type != "cpu":
                 raise RuntimeError(
