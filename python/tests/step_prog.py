@@ -161,9 +161,10 @@ def compare(kind, steps, exact, mode="ddp"):
                 mode, kind, accumulate, exact and tol < 1e-2, len(differ), worst))
     m = ours.metrics()
     say("REPLANNED %s %s measured=%d made=%d" % (mode, kind, m["plans_measured"], m["plans_made"]))
-    say("METRICS %s %s buckets=%d steps=%d exposed=%.6f step=%.6f peak=%d planpeak=%d full=%d" % (
+    say("METRICS %s %s buckets=%d steps=%d exposed=%.6f step=%.6f peak=%d planpeak=%d full=%d copies=%d" % (
         mode, kind, m["buckets"], m["steps"], m["exposed_communication"], m["step_time"],
-        m["peak_gathered_bytes"], m.get("plan_peak_gathered_bytes", 0), m.get("full_parameter_bytes", 0)))
+        m["peak_gathered_bytes"], m.get("plan_peak_gathered_bytes", 0), m.get("full_parameter_bytes", 0),
+        m.get("gradient_copies", 0)))
     # Parameters the plan must keep apart: the frozen layer was not touched,
     # the unused one stayed where the init put it.
     if kind == "mlp":

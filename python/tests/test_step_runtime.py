@@ -53,13 +53,15 @@ def test_modes_match_torch_ddp(launcher, np):
         assert m and int(m.group(1)) >= 1 and int(m.group(2)) == 14, out[-4000:]
         for mode in sharded:
             for kind in ("gpt", "mlp"):
-                m = re.search(r"RANK %d: METRICS %s %s buckets=\d+ steps=7 .* peak=(\d+) planpeak=(\d+) full=(\d+)"
-                              % (rank, mode, kind), out)
+                m = re.search(r"RANK %d: METRICS %s %s buckets=\d+ steps=7 .* peak=(\d+) planpeak=(\d+) full=(\d+) "
+                              r"copies=(\d+)" % (rank, mode, kind), out)
                 assert m, out[-4000:]
-                peak, plan, full = map(int, m.groups())
+                peak, plan, full, copies = map(int, m.groups())
                 # Gathered parameters at peak: within the plan's estimate,
                 # and (reshard after forward) well under the whole model.
                 assert 0 < peak <= plan < full, (mode, kind, peak, plan, full)
+                # Every gradient landed in its view of the flat gradient.
+                assert copies == 0, (mode, kind, copies)
 
 
 def test_bf16_parameters(launcher):

@@ -8,10 +8,10 @@ region's forward pre-hook runs the plan's actions before its compute (start
 the all-gathers the plan issues there, wait for the ones it waits for),
 its post-forward hook frees what the plan reads last there, and the first
 gradient of a region's output runs the plan's actions before that region's
-backward (the re-gathers the reshard pass added). Gradient hooks copy each
-gradient into its region's flat gradient; when the region's last one is in,
-the flat gradient goes to the executor, whose reduce-scatter writes the
-shard's gradient. Parameters on the root module itself stay whole and are
+backward (the re-gathers the reshard pass added) and makes the region's
+parameters' gradients views into its flat gradient, so autograd accumulates
+there; when the region's last gradient is in, the hook hands the flat
+gradient to the executor, whose reduce-scatter writes the shard's gradient. Parameters on the root module itself stay whole and are
 all-reduced, as in ddp mode.
 """
 
@@ -84,6 +84,7 @@ class ShardedModel(DistributedModel):
                 self._full[u.name] = full
                 self._shards[u.name] = shard
         self._held = 0
+        self._grad_copies = 0  # gradients that missed their view (copied)
         self._peak = 0
         self._peaks = []
         self._gflat = {}
@@ -293,7 +294,22 @@ class ShardedModel(DistributedModel):
             self._exec.mark("backward " + region)
         self._bwd_done.add(region)
         self._deferred = [region]
+        self._view_grads(region)
         self._run("bwd/" + region)
+
+    def _view_grads(self, region):
+        """The region's parameters get their gradients as views into its
+        flat gradient before its backward runs, so autograd accumulates
+        into the buffer the reduce-scatter reads: nothing to copy in the
+        hooks (DDP's gradient_as_bucket_view, for a flat shard)."""
+        for u in self._owned.get(region, ()):
+            if u.name in self._gflat:
+                continue
+            flat = self._gflat[u.name] = torch.zeros(u.padded, dtype=u.dtype)
+            for m in u.members:
+                _, off = self._slot[m.name]
+                if m.param.grad is None:
+                    m.param.grad = flat[off:off + m.param.numel()].view(m.param.shape)
 
     def _end_backward(self):
         """The region whose backward ran last is over: what the plan read
@@ -333,8 +349,12 @@ class ShardedModel(DistributedModel):
             flat = self._gflat.get(u.name)
             if flat is None:
                 flat = self._gflat[u.name] = torch.zeros(u.padded, dtype=u.dtype)
-            flat[off:off + n].copy_(p.grad.reshape(-1))
-            p.grad = None
+            g = p.grad
+            if g.data_ptr() != flat.data_ptr() + off * u.es:
+                # Not in its view (its region's backward did not announce
+                # itself first): copied in.
+                flat[off:off + n].copy_(g.reshape(-1))
+                self._grad_copies += 1
             c = self._gcount[u.name] = self._gcount.get(u.name, 0) + 1
             if c == total:
                 self._reduce(u)
@@ -359,6 +379,9 @@ class ShardedModel(DistributedModel):
         super()._before_finish()  # the root's own parameters
 
     def _after_finish(self, m):
+        for u in self._units:
+            for mm in u.members:
+                mm.param.grad = None  # views of the flat gradients, done with
         for name, out in self._rs_out.items():
             s = self._shards[name]
             s.grad = out.view_as(s) if s.grad is None else s.grad + out
@@ -404,4 +427,5 @@ class ShardedModel(DistributedModel):
         out["peak_gathered_bytes"] = max(self._peaks[-20:], default=0)
         out["plan_peak_gathered_bytes"] = self._plan_peak
         out["full_parameter_bytes"] = sum(self._nbytes(u) for u in self._units)
+        out["gradient_copies"] = self._grad_copies
         return out
