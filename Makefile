@@ -130,3 +130,8 @@ clean: uninstall-python ## remove build outputs (and what make python installed)
 .PHONY: bench-fx
 bench-fx: build lib ## gorun's passes vs Inductor's on the same traced SimpleFSDP GPT joint graphs: collectives, exposed comm (each side's model), step time over gloo at 2 and 4 ranks, peak memory, bitwise numerics (one table)
 	flock /tmp/gorun-bench.lock env PYTHONWARNINGS=ignore TORCH_CPP_LOG_LEVEL=ERROR $(PYTHON) scripts/bench_fx.py $(BENCH_FX_ARGS) 2>&1 | grep -v '^\[rank[0-9]*\]:\|No accelerator\|UserWarning\|register()'
+
+# gorun.torch (the step runtime for PyTorch training)
+.PHONY: bench-torch-step
+bench-torch-step: build lib ## gorun.torch step on CPU, 2 and 4 ranks: ddp vs torch DDP, fsdp vs torch FSDP2 (gloo), paired rotated rounds, medians, peak gathered bytes, Perfetto trace
+	flock /tmp/gorun-bench.lock scripts/bench-torch-step.sh
