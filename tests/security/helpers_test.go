@@ -117,6 +117,9 @@ func rankMain() int {
 //	                        ends a second after connecting, or after DUR
 //	attach DUR NAME...      connect 200 times to each named attach socket (a test on
 //	                        the shared host names its own job's, sparing other jobs)
+//	agent-flood PREFIX N DUR  wait for the first host agent's command line (hosts named
+//	                        PREFIX*) and keep N connections to the gorun address it
+//	                        names open for DUR, redialing each one gorun closes
 //	hold ADDR N DUR         open N connections to ADDR and hold them
 //	churn ADDR N DUR        keep N connections to ADDR open, redialing each one the
 //	                        server closes (memberlist closes silent ones after 2 s)
@@ -132,6 +135,9 @@ func attackMain(args []string) int {
 	switch args[0] {
 	case "agent-port":
 		return attackAgentPort(dur(args[1]), args[2])
+	case "agent-flood":
+		n, _ := strconv.Atoi(args[2])
+		return attackAgentFlood(args[1], n, dur(args[3]))
 	case "squat-watch":
 		return attackSquat(args[1], dur(args[2]), nil)
 	case "attach":
@@ -240,6 +246,57 @@ func attackAgentPort(d time.Duration, prefix string) int {
 		}
 	}
 	fmt.Printf("ATTACK agent-port hellos=%d held=%d still-open=%d targets=%d\n", hellos, len(held), open, len(seen))
+	return 0
+}
+
+// attackAgentFlood is an outsider on a job host, where it shares the
+// address the host's agent connects from: it reads gorun's address from
+// the first agent's command line and keeps n silent connections open to
+// it, redialing each one gorun closes, so that gorun's port is as full as
+// one user can make it when the next agent connects.
+func attackAgentFlood(prefix string, n int, d time.Duration) int {
+	end := time.Now().Add(d)
+	addr := ""
+	for addr == "" && time.Now().Before(end) {
+		for _, c := range agentCmdlines() {
+			if strings.HasPrefix(c[2], prefix) {
+				addr = c[0]
+				break
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if addr == "" {
+		fmt.Println("ATTACK agent-flood no agent seen")
+		return 1
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	dials, peak, open := 0, 0, 0
+	for range n {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				c, err := net.DialTimeout("tcp", addr, time.Second)
+				if err != nil {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				mu.Lock()
+				dials++
+				open++
+				peak = max(peak, open)
+				mu.Unlock()
+				_ = c.SetReadDeadline(end)
+				_, _ = c.Read(make([]byte, 1))
+				c.Close()
+				mu.Lock()
+				open--
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Printf("ATTACK agent-flood %s dials=%d peak-open=%d\n", addr, dials, peak)
 	return 0
 }
 
