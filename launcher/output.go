@@ -198,23 +198,27 @@ func openJobOutput(cfg Config, plan *Plan) (*jobOutput, error) {
 	if err := os.MkdirAll(cfg.OutputDir, 0o755); err != nil {
 		return nil, fmt.Errorf("launcher: output dir: %w", err)
 	}
+	if err := checkOutputDir(cfg.OutputDir); err != nil {
+		return nil, err
+	}
 	// A restarted world (--max-restarts) appends to the logs of the worlds
 	// before it, after a line saying where it begins: the output of the
 	// world that failed is what a user reads to learn why.
-	flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
 	restart := 0
 	if cfg.world != nil && cfg.world.restart > 0 {
 		restart = cfg.world.restart
-		flags = os.O_WRONLY | os.O_CREATE | os.O_APPEND
 	}
 	for _, rs := range plan.Ranks {
-		f, err := os.OpenFile(filepath.Join(cfg.OutputDir, "rank."+strconv.Itoa(rs.Rank)+".log"), flags, 0o666)
+		f, err := openRankLog(filepath.Join(cfg.OutputDir, "rank."+strconv.Itoa(rs.Rank)+".log"), restart > 0)
 		if err == nil && restart > 0 {
-			_, err = fmt.Fprintf(f, "--- gorun: restart %d (job %s) ---\n", restart, plan.JobID)
+			if _, err = fmt.Fprintf(f, "--- gorun: restart %d (job %s) ---\n", restart, plan.JobID); err != nil {
+				f.Close()
+				err = fmt.Errorf("launcher: output dir: %w", err)
+			}
 		}
 		if err != nil {
 			o.close()
-			return nil, fmt.Errorf("launcher: output dir: %w", err)
+			return nil, err
 		}
 		o.files = append(o.files, f)
 		o.logs = append(o.logs, &lineSink{w: f, name: f.Name(), failed: o.fileFailed})

@@ -34,6 +34,15 @@ func maybeHelper() {
 		os.Exit(rankMain())
 	case "attack":
 		os.Exit(attackMain(os.Args[1:]))
+	case "show":
+		// A rank that prints who it runs as and each file named in its
+		// arguments, so a test sees what the rank read.
+		fmt.Printf("RANK uid=%d\n", os.Getuid())
+		for _, f := range os.Args[1:] {
+			b, err := os.ReadFile(f)
+			fmt.Printf("FILE %s %q %v\n", f, b, err)
+		}
+		os.Exit(0)
 	}
 }
 
@@ -125,6 +134,8 @@ func rankMain() int {
 //	                        server closes (memberlist closes silent ones after 2 s)
 //	read-secrets            try to read every process's environ; print what was readable
 //	plant DIR...            create each DIR world-writable with a planted "prog.sh"
+//	link DIR NAME TARGET    create DIR (mode 0777) with NAME a symlink to TARGET
+//	put DIR NAME TEXT       create DIR (mode 0777) with NAME a 0666 file holding TEXT
 //
 // Each prints one "ATTACK <mode> <result>" line.
 func attackMain(args []string) int {
@@ -157,6 +168,25 @@ func attackMain(args []string) int {
 		return 0
 	case "read-secrets":
 		return attackReadSecrets()
+	case "link", "put":
+		if err := os.MkdirAll(args[1], 0o777); err != nil {
+			fmt.Println("ATTACK", args[0], err)
+			return 1
+		}
+		_ = os.Chmod(args[1], 0o777)
+		p := filepath.Join(args[1], args[2])
+		var err error
+		if args[0] == "link" {
+			err = os.Symlink(args[3], p)
+		} else if err = os.WriteFile(p, []byte(args[3]), 0o666); err == nil {
+			err = os.Chmod(p, 0o666)
+		}
+		if err != nil {
+			fmt.Println("ATTACK", args[0], err)
+			return 1
+		}
+		fmt.Println("ATTACK", args[0], "done")
+		return 0
 	case "plant":
 		for _, d := range args[1:] {
 			_ = os.MkdirAll(d, 0o777)
