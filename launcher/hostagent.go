@@ -647,7 +647,17 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 			sendFlight(flight, w, firstRank, time.Time{}, false)
 			_ = sup.send(supervisorCmd{Op: "bye"})
 			sup.closeCommands()
-			_ = sup.wait()
+			supErr := sup.wait()
+			var supLost error
+			if !ok {
+				supLost = errors.New("its job supervisor exited without reporting the end of the job")
+				if supErr != nil {
+					supLost = fmt.Errorf("its job supervisor died (%v) without reporting the end of the job", supErr)
+				}
+				if d := time.Duration(supSilent.Load()); d > 0 {
+					supLost = fmt.Errorf("its job supervisor was silent for %s, past the lease of %s (stopped or hung), and was killed", d.Round(time.Millisecond), lease)
+				}
+			}
 			if !ok {
 				// The supervisor died without killing what the ranks
 				// started in other sessions, which may hold output pipes
@@ -665,6 +675,11 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 			outWG.Wait()
 			if ok {
 				_ = w.send(wireMsg{T: "event", Event: &ev})
+			} else {
+				// Say why before hanging up: gorun would otherwise see
+				// only a closed connection, which reads as a killed
+				// agent or a rebooted host.
+				_ = w.send(wireMsg{T: "supervisor-lost", Err: supLost.Error() + "; the host agent ended its ranks"})
 			}
 			// Half-close and wait for gorun to hang up (it does once every
 			// host is done): closing outright while gorun's pings sit
@@ -679,10 +694,7 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 			}
 			w.c.Close()
 			if !ok {
-				if d := time.Duration(supSilent.Load()); d > 0 {
-					return fmt.Errorf("job supervisor was silent for %s, past the lease of %s (stopped or hung); killed it and its ranks", d.Round(time.Millisecond), lease)
-				}
-				return errors.New("job supervisor exited without reporting the end of the job")
+				return supLost
 			}
 			return nil
 		}
