@@ -185,10 +185,15 @@ type jobOutput struct {
 
 // openJobOutput creates the sinks and, with OutputDir, the per-rank logs.
 func openJobOutput(cfg Config, plan *Plan) (*jobOutput, error) {
-	o := &jobOutput{
-		stdout: &lineSink{w: cfg.Stdout}, stderr: &lineSink{w: cfg.Stderr},
-		tag: cfg.TagOutput || cfg.OutputDir != "",
-	}
+	o := &jobOutput{tag: cfg.TagOutput || cfg.OutputDir != ""}
+	// A terminal stream that fails (its reader exited: `gorun ... | head`)
+	// is given up on, not retried per line; the job runs on. Ending it
+	// instead would cost a long job its work for a pager the user closed,
+	// and the ranks' exit status stays gorun's (mpirun and srun likewise
+	// keep the job running). A failed stdout is said once on stderr; a
+	// failed stderr has nowhere to say it.
+	o.stdout = &lineSink{w: cfg.Stdout, name: "stdout", failed: o.terminalFailed}
+	o.stderr = &lineSink{w: cfg.Stderr, name: "stderr", failed: o.terminalFailed}
 	if cfg.TimestampOutput {
 		o.now = time.Now
 	}
@@ -224,6 +229,13 @@ func openJobOutput(cfg Config, plan *Plan) (*jobOutput, error) {
 		o.logs = append(o.logs, &lineSink{w: f, name: f.Name(), failed: o.fileFailed})
 	}
 	return o, nil
+}
+
+// terminalFailed reports gorun's stdout failing, once, on its stderr.
+func (o *jobOutput) terminalFailed(name string, err error) {
+	if name == "stdout" {
+		o.stderr.write(fmt.Appendf(nil, "gorun: writing stdout: %v (its reader exited?); the job runs on and its stdout is discarded\n", err))
+	}
 }
 
 // fileFailed reports a log file's first write error, once, on gorun's
