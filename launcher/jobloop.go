@@ -103,8 +103,8 @@ type failure struct {
 	relay bool
 	// desync: the collateral report was of a desync (collateral.Report.Desync).
 	desync bool
-	blame int
-	why   string
+	blame  int
+	why    string
 	// frozen is set (the /proc state letter) when the rank's supervisor
 	// found it stopped past its lease (freeze.go); why says for how long.
 	frozen string
