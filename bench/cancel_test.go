@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
 )
 
 // sweep is a `gorun -np 2 gorun bench` job whose sweep would run for hours
@@ -16,7 +18,7 @@ import (
 // that ignores its SIGTERM shows.
 type sweep struct {
 	cmd            *exec.Cmd
-	stdout, stderr bytes.Buffer
+	stdout, stderr launchertest.SyncBuffer
 	done           chan struct{}
 	err            error
 	ranks          []int
