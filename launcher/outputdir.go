@@ -23,7 +23,9 @@ import (
 //
 // and opens each log without following a symlink, then checks what it
 // opened: a regular file of this user with one link (a hard link of
-// another file would write into that file). Only then is it truncated. The
+// another file would write into that file). Only then is it truncated. A
+// symlink of the user's own is followed (openOwnLink); another user's is
+// refused. The
 // flight directory inside it is made the same way (ownSubdir).
 
 // OutputDirError says why gorun will not write rank logs at Path.
@@ -87,10 +89,10 @@ func openRankLog(path string, appending bool) (*os.File, error) {
 		flags |= os.O_APPEND
 	}
 	f, err := os.OpenFile(path, flags, 0o666)
+	if errors.Is(err, syscall.ELOOP) {
+		return openOwnLink(path, flags&^syscall.O_NOFOLLOW, appending)
+	}
 	if err != nil {
-		if errors.Is(err, syscall.ELOOP) {
-			return nil, &OutputDirError{path, "is a symbolic link"}
-		}
 		return nil, fmt.Errorf("launcher: output dir: %w", err)
 	}
 	st, err := f.Stat()
@@ -113,6 +115,36 @@ func openRankLog(path string, appending bool) (*os.File, error) {
 	if err != nil {
 		f.Close()
 		return nil, err
+	}
+	return f, nil
+}
+
+// openOwnLink opens the log at path through a symlink of this user's own
+// (a log pointed at /dev/null, or elsewhere, on purpose): where it points
+// is the user's choice, so what it opens is not checked, only that the
+// link is this user's before and after the open (another user's link is
+// refused: following it would write where they chose).
+func openOwnLink(path string, flags int, appending bool) (*os.File, error) {
+	before, err := os.Lstat(path)
+	if err != nil {
+		return nil, fmt.Errorf("launcher: output dir: %w", err)
+	}
+	if uid := int(before.Sys().(*syscall.Stat_t).Uid); uid != os.Getuid() {
+		return nil, &OutputDirError{path, "is a symbolic link of uid " + strconv.Itoa(uid)}
+	}
+	f, err := os.OpenFile(path, flags, 0o666)
+	if err != nil {
+		return nil, fmt.Errorf("launcher: output dir: %w", err)
+	}
+	after, err := os.Lstat(path)
+	if err != nil || !os.SameFile(before, after) {
+		f.Close()
+		return nil, &OutputDirError{path, "was replaced while it was opened"}
+	}
+	if !appending {
+		if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
+			_ = f.Truncate(0)
+		}
 	}
 	return f, nil
 }
