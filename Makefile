@@ -126,3 +126,7 @@ bench-plan: ## gorun plan on ~10k/30k/100k-node steps, default and all four pass
 
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)
+
+.PHONY: bench-fx
+bench-fx: build lib ## gorun's passes vs Inductor's on the same traced SimpleFSDP GPT joint graphs: collectives, exposed comm (each side's model), step time over gloo at 2 and 4 ranks, peak memory, bitwise numerics (one table)
+	flock /tmp/gorun-bench.lock env PYTHONWARNINGS=ignore TORCH_CPP_LOG_LEVEL=ERROR $(PYTHON) scripts/bench_fx.py $(BENCH_FX_ARGS) 2>&1 | grep -v '^\[rank[0-9]*\]:\|No accelerator\|UserWarning\|register()'
