@@ -5,14 +5,15 @@ import (
 	"testing"
 )
 
-// A signal that arrives when no rank runs any more (or none has started)
-// says so, instead of "stopped 0 ranks".
+// A signal that finds no rank to stop (each ended, some on the forwarded
+// signal itself, or none had started) says so, instead of "stopped 0
+// ranks".
 func TestInterruptedErrorText(t *testing.T) {
 	for _, c := range []struct {
 		stopped int
 		want    string
 	}{
-		{0, "received signal 2 (interrupt); no rank was running"},
+		{0, "received signal 2 (interrupt); no rank was left to stop (each had ended, or none had started)"},
 		{1, "received signal 2 (interrupt); stopped 1 rank"},
 		{3, "received signal 2 (interrupt); stopped 3 ranks"},
 	} {
