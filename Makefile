@@ -137,5 +137,5 @@ bench-torch-step: build lib ## gorun.torch step on CPU, 2 and 4 ranks: ddp vs to
 	flock /tmp/gorun-bench.lock scripts/bench-torch-step.sh
 
 .PHONY: bench-fusion
-bench-fusion: build ## fusion on the fly, native: 64 x 1 KiB all-reduces (async, and issued for one wait) vs one 64 KiB, and a lone 8 B all-reduce, this checkout vs BEFORE (default main), medians, ratios
+bench-fusion: build ## fusion on the fly, native: 64 x 1 KiB all-reduces (async, issued for one wait, one coalesced call) vs one 64 KiB, and a lone 8 B all-reduce, this checkout vs BEFORE (default main), medians, ratios
 	flock /tmp/gorun-bench.lock scripts/bench-fusion.sh
