@@ -91,6 +91,10 @@ _world = None  # world communicator handle
 _world_config = None  # the options part of gorun_init's config (options.config(timeout))
 _world_timeout_ms = 0  # the world's timeout (0: none): subgroups with another enforce theirs
 _world_members = None  # the global ranks of gorun's world when it is not all of torch's
+# How many gorun worlds this process has begun: the store keys of each are
+# its own, since a store may outlive a world (destroy_process_group, then
+# init_process_group again on the same MASTER_PORT).
+_world_count = 0
 
 
 def _env_identity():
@@ -110,11 +114,12 @@ def _agree(store, key, mine, size):
     """Whether mine (a bool) holds on every one of the size ranks that call
     this with the same store and key: one counter of dissenters and one of
     arrivals, so each rank makes O(1) store calls."""
-    store.add("gorun/%s/no" % key, 0 if mine else 1)
-    if store.add("gorun/%s/arrived" % key, 1) == size:
-        store.set("gorun/%s/done" % key, "1")
-    store.wait(["gorun/%s/done" % key])
-    return store.add("gorun/%s/no" % key, 0) == 0
+    key = "gorun/%d/%s" % (_world_count, key)
+    store.add(key + "/no", 0 if mine else 1)
+    if store.add(key + "/arrived", 1) == size:
+        store.set(key + "/done", "1")
+    store.wait([key + "/done"])
+    return store.add(key + "/no", 0) == 0
 
 
 def _identity_env(store, rank, size):
@@ -149,10 +154,11 @@ def _identity_env(store, rank, size):
         local, nlocal = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     else:
         host = os.environ.get("GORUN_HOST") or socket.gethostname()
-        store.set("gorun/host/%d" % rank, host)
-        hosts = [store.get("gorun/host/%d" % r).decode() for r in range(size)]
+        store.set("gorun/%d/host/%d" % (_world_count, rank), host)
+        hosts = [store.get("gorun/%d/host/%d" % (_world_count, r)).decode() for r in range(size)]
         mates = [r for r in range(size) if hosts[r] == host]
         local, nlocal = mates.index(rank), len(mates)
+    w = "gorun/%d/" % _world_count
     if rank == 0:
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -161,13 +167,13 @@ def _identity_env(store, rank, size):
             port = s.getsockname()[1]
         finally:
             s.close()
-        store.set("gorun/rdzv", "%s:%d" % (host, port))
-        store.set("gorun/secret", secrets.token_hex(32))
-        store.set("gorun/job", "torch-" + secrets.token_hex(8))
+        store.set(w + "rdzv", "%s:%d" % (host, port))
+        store.set(w + "secret", secrets.token_hex(32))
+        store.set(w + "job", "torch-" + secrets.token_hex(8))
     return (" env.GORUN_RDZV_ENDPOINT=%s env.GORUN_SECRET=%s env.GORUN_JOB_ID=%s env.GORUN_RANK=%d "
             "env.GORUN_WORLD_SIZE=%d env.GORUN_LOCAL_RANK=%d env.GORUN_LOCAL_WORLD_SIZE=%d" % (
-                store.get("gorun/rdzv").decode(), store.get("gorun/secret").decode(),
-                store.get("gorun/job").decode(), rank, size, local, nlocal))
+                store.get(w + "rdzv").decode(), store.get(w + "secret").decode(),
+                store.get(w + "job").decode(), rank, size, local, nlocal))
 
 
 def _timeout_ms(timeout):
@@ -183,7 +189,7 @@ def _init_world(store, rank, size, options, timeout, members=None):
     members run this), those global ranks alone, as a world of their own
     bootstrapped through the group's store. One world per process at a
     time: destroy_process_group (or finalize()) ends it."""
-    global _world, _world_config, _world_members, _world_timeout_ms
+    global _world, _world_config, _world_members, _world_timeout_ms, _world_count
     with _world_lock:
         cfg = options.config(timeout)
         if _world is not None:
@@ -195,6 +201,7 @@ def _init_world(store, rank, size, options, timeout, members=None):
         _lib.check(l.gorun_init((cfg + extra).encode(), ctypes.byref(h)), "gorun_init")
         _world, _world_config, _world_members = h.value, cfg, members
         _world_timeout_ms = _timeout_ms(timeout)
+        _world_count += 1
         return _world
 
 
@@ -774,12 +781,12 @@ class _Gorun:
         return w
 
     # -- coalescing (torch's _coalescing_manager with a device) --
-    def start_coalescing(self):
+    def start_coalescing(self, device=None):
         if self._coalescing is not None:
             raise RuntimeError("gorun start_coalescing: already coalescing on this group")
         self._coalescing = []
 
-    def end_coalescing(self):
+    def end_coalescing(self, device=None):
         """One Work for every call issued since start_coalescing: they went
         to the library back to back as they came, asynchronously."""
         if self._coalescing is None:
@@ -1182,7 +1189,7 @@ class ProcessGroupGorun(_Gorun, ProcessGroup):
     def __init__(self, handle, rank, size, ranks, timeout, store=None, wait_ms=0, world=False):
         ProcessGroup.__init__(self, rank, size)
         self._setup(handle, ranks, timeout, store, wait_ms, world)
-        self._backend = GorunBackend(handle, rank, size, ranks, timeout, store, wait_ms, world, owner=self)
+        self._backend = GorunBackend(handle, rank, size, ranks, timeout, None, wait_ms, world, owner=self)
         self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.CUSTOM, self._backend)
         self._set_default_backend(ProcessGroup.BackendType.CUSTOM)
 
