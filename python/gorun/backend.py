@@ -538,6 +538,19 @@ def _check(t, what, name="tensor"):
 _STRIDED = torch.strided
 
 
+def _bytes(t):
+    """t, or for a dtype the library cannot reduce but any call that only
+    moves data can carry (int8, int16, complex, float8, ...), t's bytes: a
+    uint8 view of the same memory, rows kept (the last dimension scaled)."""
+    if isinstance(t, torch.Tensor) and t.dtype not in _DTYPES and t.is_cpu and t.layout is _STRIDED \
+            and t.is_contiguous():
+        try:
+            return (t if t.dim() else t.reshape(1)).view(torch.uint8)
+        except RuntimeError:
+            return t
+    return t
+
+
 def _one(tensors, what, name="tensors"):
     if len(tensors) != 1:
         raise ValueError("gorun %s: %s has %d tensors; the gorun backend takes exactly one "
@@ -841,14 +854,15 @@ class _Gorun:
 
     def broadcast(self, tensors, opts=None):
         what = "broadcast"
-        t = _one(tensors, what)
+        orig = _one(tensors, what)
+        t = _bytes(orig)
         dt = _check(t, what)
         root = opts.rootRank if opts is not None else 0
         if opts is not None and opts.rootTensor != 0:
             raise ValueError("gorun %s: rootTensor %d; one tensor per process" % (what, opts.rootTensor))
         self._root(root, what)
         return self._issue(what, lambda l, r: l.gorun_broadcast(self._h, _ptr(t), _ptr(t), t.numel(), dt, root, r),
-                           [t], [t])
+                           [t], [orig])
 
     def reduce(self, tensors, opts=None):
         what = "reduce"
@@ -890,17 +904,19 @@ class _Gorun:
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         what = "allgather"
-        inp = _one(input_tensors, what, "input_tensors")
-        outs = _one(output_tensors, what, "output_tensors")
+        inp = _bytes(_one(input_tensors, what, "input_tensors"))
+        orig = _one(output_tensors, what, "output_tensors")
+        outs = [_bytes(o) for o in orig]
         dt = _check(inp, what, "input")
         flat, post, ptr = self._gather_out(outs, inp, what)
         k = inp.numel()
         return self._issue(what, lambda l, r: l.gorun_allgather(self._h, _ptr(inp), ctypes.c_void_p(ptr) if k else None,
                                                                 k, dt, r),
-                           [inp, flat] + list(outs), [outs], post)
+                           [inp, flat] + list(outs), [orig], post)
 
     def all_gather_single(self, output, input, opts=None):
         what = "all_gather_into_tensor"
+        orig, input, output = output, _bytes(input), _bytes(output)
         dt = _check(input, what, "input")
         _check(output, what, "output")
         _same(input, output, what, "input", "output")
@@ -909,7 +925,7 @@ class _Gorun:
                              % (what, output.numel(), input.numel() * self.size(), input.numel(), self.size()))
         return self._issue(what, lambda l, r: l.gorun_allgather(self._h, _ptr(input), _ptr(output), input.numel(),
                                                                 dt, r),
-                           [input, output], [output])
+                           [input, output], [orig])
 
     _allgather_base = all_gather_single  # older torch's name
 
@@ -1067,6 +1083,7 @@ class _Gorun:
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         what = "all_to_all_single"
+        orig, input, output = output, _bytes(input), _bytes(output)
         dt = _check(input, what, "input")
         _check(output, what, "output")
         _same(input, output, what, "input", "output")
@@ -1093,10 +1110,10 @@ class _Gorun:
                 raise ValueError("gorun %s: input has %d elements but output %d" % (what, input.numel(), output.numel()))
             return self._issue(what, lambda l, r: l.gorun_alltoall(self._h, _ptr(input), _ptr(output), input.numel(),
                                                                    dt, r),
-                               [input, output], [output])
+                               [input, output], [orig])
         sca, rca = (ctypes.c_size_t * n)(*sc), (ctypes.c_size_t * n)(*rcs)
         return self._issue(what, lambda l, r: l.gorun_alltoallv(self._h, _ptr(input), sca, _ptr(output), rca, dt, r),
-                           [input, output, sca, rca], [output])
+                           [input, output, sca, rca], [orig])
 
     alltoall_base = all_to_all_single  # older torch's name
 
@@ -1137,7 +1154,7 @@ class _Gorun:
         wait for each other (a ring of isend + irecv on every rank would
         deadlock in one queue once messages outgrow the transport's
         buffers). Sends from one rank to another stay in order."""
-        t = _one(tensors, what)
+        t = _bytes(_one(tensors, what))
         dt = _check(t, what)
         if not 0 <= peer < self.size() or peer == self.rank():
             raise ValueError("gorun %s: peer %d (this is rank %d of %d)" % (what, peer, self.rank(), self.size()))
