@@ -526,8 +526,8 @@ def _check(t, what, name="tensor"):
     if not isinstance(t, torch.Tensor):
         raise TypeError("gorun %s: %s is a %s, not a tensor" % (what, name, type(t).__name__))
     if t.device.type != "cpu":
-        raise ValueError("gorun %s: %s is on %s; the gorun backend moves CPU tensors "
-                         "(use nccl for CUDA tensors)" % (what, name, t.device))
+        raise ValueError("gorun %s: %s is on %s; the gorun backend moves CPU tensors (for CUDA tensors "
+                         "init_process_group(\"cpu:gorun,cuda:nccl\") gives them to NCCL)" % (what, name, t.device))
     if t.layout != torch.strided:
         raise ValueError("gorun %s: %s has layout %s; only dense tensors are supported" % (what, name, t.layout))
     if not t.is_contiguous():

@@ -105,6 +105,13 @@ def surface(rank, n, backend="gorun"):
 
 def case_surface():
     dist.init_process_group("gorun")
+    # a tensor not on the CPU (meta here, CUDA on a GPU machine) gets an
+    # error naming the call before anything is sent
+    try:
+        dist.all_reduce(torch.ones(2, device="meta"))
+        raise AssertionError("all_reduce of a meta tensor returned")
+    except ValueError as e:
+        assert "allreduce" in str(e) and "cpu:gorun,cuda:nccl" in str(e), e
     surface(dist.get_rank(), dist.get_world_size())
     say("surface ok")
     dist.destroy_process_group()
