@@ -109,3 +109,32 @@ def test_a_backend_per_device_gives_gorun_the_cpu_tensors(launcher):
     code, out = run_gorun(launcher, 2, "mixed")
     assert code == 0, out[-6000:]
     ranks_ok(out, 2, "mixed")
+
+
+def _params(out, np):
+    got = {}
+    for line in out.splitlines():
+        if "PARAMS " in line and line.startswith("RANK "):
+            r = int(line.split(":")[0].split()[1])
+            got[r] = [float(v) for v in line.split("PARAMS ", 1)[1].split()]
+    assert sorted(got) == list(range(np)), out[-3000:]
+    return got
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_dtensor_and_fsdp2_train_to_gloos_parameters(launcher, np):
+    """distribute_tensor, redistribute and fully_shard training over gorun
+    and over gloo (the same program, the same seeds): the same parameters
+    on every rank, and gorun's equal to gloo's."""
+    runs = {}
+    for backend in ("gorun", "gloo"):
+        code, out = run_gorun(launcher, np, "train", backend)
+        assert code == 0, out[-6000:]
+        ranks_ok(out, np, "train")
+        runs[backend] = _params(out, np)
+    for b, got in runs.items():
+        assert all(got[r] == got[0] for r in range(np)), "%s: ranks hold different parameters" % b
+    a, b = runs["gorun"][0], runs["gloo"][0]
+    assert len(a) == len(b) == 8 * 16 + 16 + 16 * 16 + 16 + 16 * 4 + 4, (len(a), len(b))
+    worst = max(abs(x - y) for x, y in zip(a, b))
+    assert worst <= 1e-5, "gorun and gloo parameters differ by %g" % worst

@@ -198,6 +198,50 @@ def case_mixed():
     dist.destroy_process_group()
 
 
+def case_train():
+    """DTensor and FSDP2 on CPU over argv[2]'s backend (gorun or gloo):
+    distribute_tensor and redistribute checked against the full tensor,
+    then an MLP trained with fully_shard; prints the trained parameters for
+    the test to compare across backends."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    backend = sys.argv[2]
+    dist.init_process_group(backend)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (n,))
+    torch.manual_seed(0)
+    full = torch.randn(4 * n, 6)
+    d = distribute_tensor(full, mesh, [Shard(0)])
+    check(d.to_local(), full[4 * rank:4 * rank + 4], "distribute_tensor Shard(0) local")
+    check(d.redistribute(mesh, [Replicate()]).to_local(), full, "redistribute Shard(0) -> Replicate")
+    s1 = d.redistribute(mesh, [Shard(1)]) if 6 % n == 0 else None
+    if s1 is not None:
+        check(s1.full_tensor(), full, "redistribute Shard(0) -> Shard(1)")
+    y = (d @ distribute_tensor(torch.ones(6, 3), mesh, [Replicate()])).full_tensor()
+    if not torch.allclose(y, full @ torch.ones(6, 3), atol=1e-5):
+        raise AssertionError("DTensor matmul")
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 4))
+    for layer in (model[0], model[2], model[4]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(7 + rank)
+    for _ in range(5):
+        x, t = torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)
+        loss = ((model(x) - t) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    flat = torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()])
+    say("PARAMS " + " ".join("%.8e" % v for v in flat.tolist()))
+    say("train ok")
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     {"surface": case_surface, "timeoutgroup": case_timeout_group, "reinit": case_reinit, "spawn": case_spawn,
-     "mixed": case_mixed}[sys.argv[1]]()
+     "mixed": case_mixed, "train": case_train}[sys.argv[1]]()
