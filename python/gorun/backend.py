@@ -817,7 +817,7 @@ class _Gorun:
         # default op is one object, compared by identity. Anything unusual
         # takes the general path below, which checks and raises.
         f = sys._getframe(1)
-        if f.f_code is _ALL_REDUCE_CODE and len(tensors) == 1:
+        if f.f_code is _ALL_REDUCE_CODE and len(tensors) == 1 and not self._wait_ms:
             loc = f.f_locals
             if loc.get("async_op") is False:
                 t = tensors[0]

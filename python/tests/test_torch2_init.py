@@ -4,6 +4,7 @@ coalescing manager, object collectives, batch_isend_irecv), each checked by
 torch2prog.py on every rank against values each rank computes alone."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -138,3 +139,14 @@ def test_dtensor_and_fsdp2_train_to_gloos_parameters(launcher, np):
     assert len(a) == len(b) == 8 * 16 + 16 + 16 * 16 + 16 + 16 * 4 + 4, (len(a), len(b))
     worst = max(abs(x - y) for x, y in zip(a, b))
     assert worst <= 1e-5, "gorun and gloo parameters differ by %g" % worst
+
+
+def test_a_groups_own_shorter_timeout_fails_a_call_naming_it(launcher):
+    code, out = run_gorun(launcher, 2, "grouptimeout")
+    assert code == 0, out[-6000:]
+    ranks_ok(out, 2, "grouptimeout")
+    m = re.search(r"RANK 0: GROUPTIMEOUT after=([0-9.]+) msg=(.*)", out)
+    assert m, out[-3000:]
+    after, msg = float(m.group(1)), m.group(2)
+    assert 2.0 <= after < 60, "raised after %.2f s; the group's timeout is 2 s, the world's 120 s" % after
+    assert "allreduce" in msg and "group's timeout" in msg, msg

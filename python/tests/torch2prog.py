@@ -135,6 +135,32 @@ def case_timeout_group():
     dist.destroy_process_group()
 
 
+def case_group_timeout():
+    """A group whose timeout (2 s) is shorter than the world's (120 s): a
+    call that rank 1 never joins fails on rank 0 after the group's timeout,
+    naming the call."""
+    import time
+    dist.init_process_group("gorun", timeout=datetime.timedelta(seconds=120))
+    rank = dist.get_rank()
+    g = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=2))
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(3), group=g)
+            say("GROUPTIMEOUT none")
+        except gorun.GorunTimeout as e:
+            say("GROUPTIMEOUT after=%.2f msg=%s" % (time.monotonic() - start, e))
+        store.set("raised", "1")
+        store.wait(["seen"])  # rank 0 serves the store: stay until rank 1 has read it
+    else:
+        store.wait(["raised"])
+        store.set("seen", "1")
+    say("grouptimeout ok")
+    sys.stdout.flush()
+    os._exit(0)  # the group is aborted: no goodbye to wait for
+
+
 def case_reinit():
     """destroy_process_group, then init again, in one process, three times.
     Each world has a store of its own (file://): with env:// every world's
@@ -244,4 +270,4 @@ def case_train():
 
 if __name__ == "__main__":
     {"surface": case_surface, "timeoutgroup": case_timeout_group, "reinit": case_reinit, "spawn": case_spawn,
-     "mixed": case_mixed, "train": case_train}[sys.argv[1]]()
+     "mixed": case_mixed, "train": case_train, "grouptimeout": case_group_timeout}[sys.argv[1]]()
