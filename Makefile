@@ -13,9 +13,13 @@ PYTHON    ?= $(GORUN_VENV)/bin/python
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
+# The commit gorun --version names, with -modified for uncommitted changes
+# (Go's own VCS stamp is off under GOFLAGS=-buildvcs=false).
+COMMIT    := $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -modified)
+
 build: ## build gorun and the example programs into bin/
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/... ./examples/...
+	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o $(BIN)/ ./cmd/... ./examples/...
 
 lib: ## build the C ABI: bin/libgorun.so and its header bin/gorun.h (needs cgo and gcc)
 	@mkdir -p $(BIN)
@@ -82,10 +86,10 @@ test-overload: ## no false freeze detection: 32 ranks all-reduce beside a CPU ho
 bench-restart: build ## kill-and-restart: gorun --max-restarts vs torchrun --max_restarts on one torch gloo program, kill -> first step of the new world
 	flock /tmp/gorun-bench.lock scripts/bench-restart.sh
 
-bench-detect: build ## issue 17's detection promises: SIGKILL / SIGSTOP of a rank mid all-reduce -> every survivor's error, under gorun (host leaders, flat), without gorun, across namespace hosts (root)
+bench-detect: build ## the fault-detection promises: SIGKILL / SIGSTOP of a rank mid all-reduce -> every survivor's error, under gorun (host leaders, flat), without gorun, across namespace hosts (root)
 	flock /tmp/gorun-bench.lock scripts/bench-detect.sh
 
-bench-elastic: build ## issue 17's elastic figures from --report: a rank frozen before it joined (detect, recover), grow-back across 2 namespace hosts (root)
+bench-elastic: build ## the elastic-restart figures from --report: a rank frozen before it joined (detect, recover), grow-back across 2 namespace hosts (root)
 	flock /tmp/gorun-bench.lock scripts/bench-elastic.sh
 
 bench-restart-trainer: build ## restart time of the Go trainer, kill -> first step of the new world: one host, 4 namespace hosts (root), and a kill-host with a spare host taking over
@@ -119,5 +123,14 @@ bench-gpu: ## GPU all-reduce: gorun --device cuda vs torch.distributed NCCL, sid
 bench-gpu-standin: ## the bench-gpu pipeline without a GPU: stand-in NCCL vs torch gloo (checks the script, measures nothing)
 	@bash scripts/bench-gpu.sh --standin bench-results/gpu-standin
 
+# ---- planner (stepgraph passes, gorun_plan) ----
+.PHONY: bench-plan
+bench-plan: ## gorun plan on ~10k/30k/100k-node steps, default and all four passes, medians of wall and CPU time (ANCHOR=REV runs that revision side by side; RUNS, SIZES)
+	@bash scripts/bench-plan.sh
+
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)
+
+.PHONY: bench-fx
+bench-fx: build lib ## gorun's passes vs Inductor's on the same traced SimpleFSDP GPT joint graphs: collectives, exposed comm (each side's model), step time over gloo at 2 and 4 ranks, peak memory, bitwise numerics (one table)
+	flock /tmp/gorun-bench.lock env PYTHONWARNINGS=ignore TORCH_CPP_LOG_LEVEL=ERROR $(PYTHON) scripts/bench_fx.py $(BENCH_FX_ARGS) 2>&1 | grep -v '^\[rank[0-9]*\]:\|No accelerator\|UserWarning\|register()'
