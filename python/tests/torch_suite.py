@@ -42,7 +42,9 @@ if __name__ == "__main__":
     if ARGS.backend:
         os.environ["BACKEND"] = ARGS.backend
         os.environ["WORLD_SIZE"] = str(ARGS.world_size)
-        os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="gorun-torch-suite-")
+        # the suite's setUp replaces it with a directory per test (and
+        # removes that); this one is only for the import, removed at the end
+        os.environ["TEMP_DIR"] = TEMP_DIR = tempfile.mkdtemp(prefix="gorun-torch-suite-")
 else:
     ARGS = None
 
@@ -93,7 +95,7 @@ def run_one(pattern):
     try:
         runner.run(suite)
     finally:
-        shutil.rmtree(os.environ["TEMP_DIR"], ignore_errors=True)
+        shutil.rmtree(TEMP_DIR, ignore_errors=True)
 
 
 def compare(backends, sizes, pattern, timeout):
