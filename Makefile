@@ -8,7 +8,7 @@ GORUN_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gorun/venv
 export GORUN_VENV
 PYTHON    ?= $(GORUN_VENV)/bin/python
 
-.PHONY: help build lib venv python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-detect bench-elastic bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
+.PHONY: help build lib venv python uninstall-python test-python test-torch-suite bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-detect bench-elastic bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -47,6 +47,10 @@ test-python: build lib ## the torch backend's pytest suite (torch 2.x from $(PYT
 	  echo "test-python: $(PYTHON) lacks torch or pytest: run make venv (make test does)"; exit 1; \
 	else d=$$(mktemp -d); PYTHONWARNINGS=ignore $(PYTHON) -m pytest -q -p no:cacheprovider --basetemp=$$d python/tests; \
 	  rc=$$?; rm -rf $$d; exit $$rc; fi
+
+test-torch-suite: build lib venv ## torch's own distributed suite (DistributedTest._DistTestBase) on gloo and on gorun, world sizes 2 and 3: counts side by side and every test gloo passes and gorun does not
+	GORUN_LIB=$(CURDIR)/$(BIN)/libgorun.so PYTHONPATH=$(CURDIR)/python OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore \
+	  $(PYTHON) python/tests/torch_suite.py --compare gloo,gorun --world-sizes 2,3 $(if $(K),-k '$(K)')
 
 test-deps: ## install what the tests need (Debian packages as root, the Python venv); a no-op when present
 	@bash scripts/install-test-deps.sh
