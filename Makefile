@@ -110,3 +110,10 @@ bench-gpu-standin: ## the bench-gpu pipeline without a GPU: stand-in NCCL vs tor
 
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)
+
+# Supervision and verdicts: watchers killed together, no false verdicts under load.
+.PHONY: test-watchers
+test-watchers: ## gorun, supervisor and host agent SIGKILLed in every pair and triple (and pkill -f), locally and across namespace hosts (root), ranks that fork/setsid/clear env, 50 runs a row: survivors and leftover cgroups (~10 min)
+	@rm -f /tmp/gorun-watchers-table.txt
+	GORUN_WATCHERS_RUNS=$${GORUN_WATCHERS_RUNS:-50} GORUN_WATCHERS_TABLE=/tmp/gorun-watchers-table.txt $(GO) test -count=1 -timeout 60m -run TestKillWatchers ./tests/chaos; \
+		rc=$$?; cat /tmp/gorun-watchers-table.txt 2>/dev/null; rm -f /tmp/gorun-watchers-table.txt; exit $$rc

@@ -51,7 +51,8 @@ import (
 // misses processes that clear their environment. So the subreaper design is
 // the one that works everywhere, and a job cgroup is added where the host
 // allows it (cgroup_linux.go): it covers the supervisor's own SIGKILL, with
-// the supervisor's client as the survivor that triggers the kill. A host
+// the supervisor's client as the survivor that triggers the kill, and
+// the cgroup's reaper (reaper_linux.go) when both are killed at once. A host
 // agent (hostagent.go) runs the same supervisor on every other host of a
 // multi-host job.
 //
@@ -233,11 +234,18 @@ type supervisorEvent struct {
 // supervisor. Programs
 // that embed the launcher (cmd/gorun, test binaries) check it first thing in
 // main or TestMain and then call SupervisorMain.
-func IsSupervisor() bool { return os.Getenv(supervisorEnv) == supervisorProtocol }
+// A job reaper (reaper_linux.go) is dispatched the same way.
+func IsSupervisor() bool {
+	v := os.Getenv(supervisorEnv)
+	return v == supervisorProtocol || v == reaperProtocol
+}
 
 // SupervisorMain runs the supervisor on stdin/stdout and returns the process exit
 // code. Call it only when IsSupervisor is true.
 func SupervisorMain() int {
+	if os.Getenv(supervisorEnv) == reaperProtocol {
+		return reaperMain()
+	}
 	// Pdeathsig fires when the thread that forked the child exits, not the
 	// process. Locking main to its thread makes every rank's parent thread
 	// live exactly as long as the supervisor.

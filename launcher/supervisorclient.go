@@ -44,6 +44,11 @@ type supervisorClient struct {
 	// where this host offers none, and cgWhy then says why.
 	cg    *jobCgroup
 	cgWhy error
+	// reaper ends the cgroup should this client and the supervisor
+	// die together (reaper_linux.go); nil without a cgroup, and
+	// reaperWhy then says why there is none despite one.
+	reaper    *reaperClient
+	reaperWhy error
 
 	// lastHeard is when the event reader last read a line (UnixNano);
 	// delivering is set while it hands an event on, which a slow reader
@@ -111,6 +116,8 @@ func startSupervisor(path string, extra []*os.File, stderr io.Writer, jobID stri
 			dir := s.cg.dir
 			_, _ = s.cg.remove()
 			s.cg, s.cgWhy = nil, fmt.Errorf("moving the supervisor into %s: %w", dir, err)
+		} else {
+			s.reaper, s.reaperWhy = startReaper(path, s.cg, cmd.Process.Pid, stderr)
 		}
 	}
 	return s, nil
@@ -136,6 +143,8 @@ func (s *supervisorClient) releaseCgroup() (int, error) {
 	}
 	killed, err := s.cg.remove()
 	s.cg = nil
+	s.reaper.done()
+	s.reaper = nil
 	n := 0
 	for _, p := range killed {
 		if p != s.cmd.Process.Pid {
