@@ -21,6 +21,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/internal/collateral"
+	"github.com/gorun-hpc/gorun/internal/liveness"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
 
@@ -465,6 +466,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	// that hears nothing for its lease knows this process is stopped or
 	// hung, not merely quiet (supervisorClient.watchLease).
 	lastBeat := time.Now()
+	clientJudge := liveness.Judge{PID: os.Getppid(), Lease: spec.ClientLease, Recheck: spec.ClientLease / 4, Limit: starvedLimitX * spec.ClientLease}
 	for {
 		if a.running == 0 && a.finishStrays() {
 			// A rank killed between creating a shared-memory segment and
@@ -512,8 +514,15 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			}
 		case <-tick.C:
 			if silent := time.Since(time.Unix(0, lastCmd.Load())); spec.ClientLease > 0 && !a.killing && silent > spec.ClientLease {
-				a.log.Warn().Dur("silent", silent).Msg("no word from the host agent past its lease; killing the job")
-				a.killAll()
+				// The agent is this process's parent, on this host: the
+				// kernel tells a stopped or hung one from a starved one
+				// (internal/liveness); a starved one's ping will come.
+				if v, why := clientJudge.Expired(silent); v != liveness.Wait {
+					a.log.Warn().Dur("silent", silent).Str("evidence", why).Msg("no word from the host agent past its lease; killing the job")
+					a.killAll()
+				}
+			} else {
+				clientJudge.Heard()
 			}
 			if now := time.Now(); now.Sub(lastBeat) >= beatEvery {
 				lastBeat = now

@@ -147,7 +147,9 @@ type Judge struct {
 	// Lease is how long a silence is judged by the lease alone: shorter
 	// silences are never judged.
 	Lease time.Duration
-	// Recheck is how long after a Wait the judge looks again.
+	// Recheck is how long after a Wait the judge looks again; a look
+	// sooner than that after the last one waits (Expired may be called
+	// on every tick of a faster clock).
 	Recheck time.Duration
 	// Limit is the longest silence of a peer that runs: past it the
 	// peer is Silent whatever /proc says (a process whose runtime runs
@@ -156,6 +158,7 @@ type Judge struct {
 	Limit time.Duration
 
 	last    Sample
+	lastAt  time.Duration // the silence at the last look
 	sampled bool
 }
 
@@ -183,8 +186,13 @@ func (j *Judge) Expired(silent time.Duration) (Verdict, string) {
 	case j.Limit > 0 && silent >= j.Limit:
 		return Silent, fmt.Sprintf("silent for %s although its process runs (state %c): unresponsive", silent.Round(time.Millisecond), s.State)
 	}
-	prev, had := j.last, j.sampled
-	j.last, j.sampled = s, true
+	if j.sampled && silent-j.lastAt < j.Recheck {
+		// Too soon after the last look to say it did not run: a
+		// healthy idle process wakes only for its timers.
+		return Wait, "looked again too soon to judge"
+	}
+	prev, prevAt, had := j.last, j.lastAt, j.sampled
+	j.last, j.sampled, j.lastAt = s, true, silent
 	switch {
 	case !had:
 		// First look: one sample says nothing about progress. Alive
@@ -195,5 +203,5 @@ func (j *Judge) Expired(silent time.Duration) (Verdict, string) {
 	case s.State == 'R' || s.State == 'D':
 		return Wait, fmt.Sprintf("its process waits for the CPU or the disk (state %c): starved, not frozen", s.State)
 	}
-	return Silent, fmt.Sprintf("its process neither ran nor spoke for %s (state %c): unresponsive", j.Recheck, s.State)
+	return Silent, fmt.Sprintf("its process neither ran nor spoke for %s (state %c): unresponsive", (silent - prevAt).Round(time.Millisecond), s.State)
 }
