@@ -117,3 +117,7 @@ test-watchers: ## gorun, supervisor and host agent SIGKILLed in every pair and t
 	@rm -f /tmp/gorun-watchers-table.txt
 	GORUN_WATCHERS_RUNS=$${GORUN_WATCHERS_RUNS:-50} GORUN_WATCHERS_TABLE=/tmp/gorun-watchers-table.txt $(GO) test -count=1 -timeout 60m -run TestKillWatchers ./tests/chaos; \
 		rc=$$?; cat /tmp/gorun-watchers-table.txt 2>/dev/null; rm -f /tmp/gorun-watchers-table.txt; exit $$rc
+
+.PHONY: soak-verdicts
+soak-verdicts: build lib ## no false frozen/lost verdict in 10 min at load >= 40 on 2 cores (40 CPU hogs, a memory churner): trainer 4-16 ranks, torch DDP, MPICH; SIGSTOP/SIGKILL probes named within 10 s / 2 s (SOAK_SECS to change)
+	flock /tmp/gorun-bench.lock bash scripts/soak-verdicts.sh

@@ -205,3 +205,51 @@ func (j *Judge) Expired(silent time.Duration) (Verdict, string) {
 	}
 	return Silent, fmt.Sprintf("its process neither ran nor spoke for %s (state %c): unresponsive", (silent - prevAt).Round(time.Millisecond), s.State)
 }
+
+// StallMeter measures the observer's own scheduling delay, the evidence
+// a judge has about a peer on another host, whose process it cannot see:
+// a lease is a claim that the peer would have spoken within it, and that
+// holds only for time during which the observer itself could run and
+// read. Tick is called from a ticker of Period; whatever a tick is late
+// beyond the period (plus Slack) is time the observer could not run — a
+// stall — and Since says how much of it fell after a moment. A judge then
+// counts a silence as its length less the stalls within it: a starved
+// observer does not call its peer silent for its own lost time, while a
+// peer that is silent as the observer runs on schedule is named at the
+// lease. Not safe for concurrent use: one goroutine ticks and judges.
+type StallMeter struct {
+	Period, Slack time.Duration
+	last          time.Time
+	stalls        []stall // oldest first, pruned by Since's callers' horizon
+}
+
+type stall struct {
+	end time.Time // when the late tick came
+	d   time.Duration
+}
+
+// Tick records a tick at now.
+func (m *StallMeter) Tick(now time.Time) {
+	if !m.last.IsZero() {
+		if late := now.Sub(m.last) - m.Period - m.Slack; late > 0 {
+			m.stalls = append(m.stalls, stall{end: now, d: late})
+		}
+	}
+	m.last = now
+}
+
+// Since is the observer's stalled time after t, and forgets stalls that
+// ended before t (callers ask about ever later moments).
+func (m *StallMeter) Since(t time.Time) time.Duration {
+	i := 0
+	for i < len(m.stalls) && !m.stalls[i].end.After(t) {
+		i++
+	}
+	m.stalls = m.stalls[i:]
+	var sum time.Duration
+	for _, s := range m.stalls {
+		// A stall that began before t counts only from t.
+		sum += min(s.d, s.end.Sub(t))
+	}
+	return sum
+}

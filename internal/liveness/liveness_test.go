@@ -110,3 +110,26 @@ func TestReadProc(t *testing.T) {
 		t.Errorf("reaped child: %+v ok=%v, want gone", s, ok)
 	}
 }
+
+// The observer's stalls: late ticks are stalls, on-time ticks are not,
+// and Since counts only what fell after its moment.
+func TestStallMeter(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	m := StallMeter{Period: 100 * time.Millisecond, Slack: 50 * time.Millisecond}
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	m.Tick(ms(0))
+	m.Tick(ms(100))  // on time
+	m.Tick(ms(240))  // 40 ms late: within the slack
+	m.Tick(ms(3340)) // 3 s stall (3100 − 100 period; the slack not counted)
+	m.Tick(ms(3440))
+	if got, want := m.Since(ms(0)), 2950*time.Millisecond; got != want {
+		t.Errorf("Since(0) = %v, want %v", got, want)
+	}
+	// A moment inside the stall counts only the part after it.
+	if got, want := m.Since(ms(2340)), time.Second; got != want {
+		t.Errorf("Since(2340) = %v, want %v", got, want)
+	}
+	if got := m.Since(ms(3400)); got != 0 {
+		t.Errorf("Since(3400) = %v, want 0: no stall after it", got)
+	}
+}
