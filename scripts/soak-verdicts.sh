@@ -93,18 +93,26 @@ loop() {
 	done
 }
 
-# stamp prefixes each line with the time it was read (Unix seconds).
+# stamp prefixes each line with the time it was read (Unix seconds): one
+# process, no fork per line, so a loaded machine delays it little (and
+# only ever makes a detection look later than it was).
 stamp() {
-	local l
-	while IFS= read -r l; do printf '%s %s\n' "$(date +%s.%N)" "$l"; done
+	"$PY" -u -c '
+import sys, time
+for l in sys.stdin:
+    sys.stdout.write("%.6f %s" % (time.time(), l))
+'
 }
 
 # probe SIG: a 4-rank trainer, rank 2 signaled once every rank stepped;
 # records "probe SIG SECS NAMED" (time from the signal to gorun's exit).
 probe() {
-	local sig=$1 g sup r2 t0 named
-	rm -f "$out/probe.err"
-	"$GORUN" -np 4 bin/trainer -steps 1000000 >"$out/probe.out" 2> >(stamp >"$out/probe.err") &
+	local sig=$1 g sp sup r2 t0 named
+	rm -f "$out/probe.err" "$out/fifo"
+	mkfifo "$out/fifo"
+	stamp <"$out/fifo" >"$out/probe.err" &
+	sp=$!
+	"$GORUN" -np 4 bin/trainer -steps 1000000 >"$out/probe.out" 2>"$out/fifo" &
 	g=$!
 	while [ "$(date +%s)" -lt "$end" ]; do
 		grep -q '^step 3 ' "$out/probe.out" 2>/dev/null && break
@@ -119,14 +127,15 @@ probe() {
 	if [ -z "$r2" ]; then
 		echo "probe $sig - no-rank-2" >>"$out/results"
 		kill -9 "$g" 2>/dev/null
-		wait "$g" 2>/dev/null
+		wait "$g" "$sp" 2>/dev/null
 		return
 	fi
 	t0=$(date +%s.%N)
 	kill -"$sig" "$r2"
-	wait "$g"
-	sleep 1 # the stamper's last lines
-	named=$(awk -v t0="$t0" '$1 >= t0 && / rank 2[ :(]/ && /lost|frozen|stopped|killed|signal/ {print $1 - t0; exit}' "$out/probe.err")
+	wait "$g" "$sp"
+	# The verdict, not a stall diagnosis ("rank 2 does not answer"): a
+	# survivor's "rank 2 (host H) lost: ..." or gorun's line on rank 2.
+	named=$(awk -v t0="$t0" '$1 >= t0 && (/ rank 2 \(host [^)]*\) lost/ || /gorun: rank 2 \(host /) {print $1 - t0; exit}' "$out/probe.err")
 	if [ -n "$named" ]; then
 		echo "probe $sig $named yes" >>"$out/results"
 	else
