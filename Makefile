@@ -3,16 +3,23 @@ GO        ?= go
 BIN       := bin
 GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
-PYTHON    ?= /usr/bin/python3
+# The project's Python: a venv with torch 2.x (scripts/install-torch.sh makes it).
+GORUN_VENV ?= $(HOME)/.cache/gorun/venv
+export GORUN_VENV
+PYTHON    ?= $(GORUN_VENV)/bin/python
 
-.PHONY: help build lib python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-detect bench-elastic bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
+.PHONY: help build lib venv python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-detect bench-elastic bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
+# The commit gorun --version names, with -modified for uncommitted changes
+# (Go's own VCS stamp is off under GOFLAGS=-buildvcs=false).
+COMMIT    := $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -modified)
+
 build: ## build gorun and the example programs into bin/
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/... ./examples/...
+	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o $(BIN)/ ./cmd/... ./examples/...
 
 lib: ## build the C ABI: bin/libgorun.so and its header bin/gorun.h (needs cgo and gcc)
 	@mkdir -p $(BIN)
@@ -20,11 +27,14 @@ lib: ## build the C ABI: bin/libgorun.so and its header bin/gorun.h (needs cgo a
 	@rm -f $(BIN)/libgorun.h   # cgo's own header; gorun.h is the documented one
 	cp libgorun/gorun.h $(BIN)/gorun.h
 
-python: lib ## the torch backend for /usr/bin/python3: copy libgorun.so into python/gorun, put python/ on its path
+venv: ## the project's Python venv ($(GORUN_VENV)): torch 2.15.0, pytest, numpy; a no-op when it is there
+	@bash scripts/install-torch.sh >/dev/null
+
+python: lib venv ## pip-install the torch backend (editable, python/) into $(PYTHON) with libgorun.so copied into it
 	cp $(BIN)/libgorun.so python/gorun/libgorun.so
 	@PYTHON=$(PYTHON) bash scripts/install-python.sh
 
-uninstall-python: ## undo make python: remove the .pth file (if it points here) and python/gorun/libgorun.so
+uninstall-python: ## undo make python: pip-uninstall gorun from $(PYTHON) (if it is this checkout's) and remove python/gorun/libgorun.so
 	@PYTHON=$(PYTHON) bash scripts/install-python.sh --uninstall
 
 test: test-deps build vet ## everything CI runs: install test deps, build, vet, all tests with -race, the torch suite
@@ -32,14 +42,15 @@ test: test-deps build vet ## everything CI runs: install test deps, build, vet, 
 	GORUN_OVERLOAD_SECS=8 $(GO) test -race -count=1 -run TestNoFalseFreezeUnderLoad ./launcher
 	@$(MAKE) --no-print-directory test-python
 
-test-python: build lib ## the torch backend's pytest suite under gorun on 1-4 ranks (Debian's python3-torch)
+test-python: build lib ## the torch backend's pytest suite (torch 2.x from $(PYTHON)) under gorun on 1-4 ranks
 	@if ! $(PYTHON) -c 'import torch, pytest' 2>/dev/null; then \
-	  echo "test-python: SKIP: $(PYTHON) lacks torch or pytest (scripts/install-test-deps.sh installs python3-torch python3-pytest as root)"; \
+	  echo "test-python: $(PYTHON) lacks torch or pytest: run make venv (make test does)"; exit 1; \
 	else d=$$(mktemp -d); PYTHONWARNINGS=ignore $(PYTHON) -m pytest -q -p no:cacheprovider --basetemp=$$d python/tests; \
 	  rc=$$?; rm -rf $$d; exit $$rc; fi
 
-test-deps: ## install what the tests need (Debian packages, as root); a no-op when present
+test-deps: ## install what the tests need (Debian packages as root, the Python venv); a no-op when present
 	@bash scripts/install-test-deps.sh
+	@bash scripts/install-torch.sh >/dev/null
 
 vet: ## go vet and a gofmt check
 	$(GO) vet ./...
@@ -71,10 +82,10 @@ test-overload: ## no false freeze detection: 32 ranks all-reduce beside a CPU ho
 bench-restart: build ## kill-and-restart: gorun --max-restarts vs torchrun --max_restarts on one torch gloo program, kill -> first step of the new world
 	flock /tmp/gorun-bench.lock scripts/bench-restart.sh
 
-bench-detect: build ## issue 17's detection promises: SIGKILL / SIGSTOP of a rank mid all-reduce -> every survivor's error, under gorun (host leaders, flat), without gorun, across namespace hosts (root)
+bench-detect: build ## the fault-detection promises: SIGKILL / SIGSTOP of a rank mid all-reduce -> every survivor's error, under gorun (host leaders, flat), without gorun, across namespace hosts (root)
 	flock /tmp/gorun-bench.lock scripts/bench-detect.sh
 
-bench-elastic: build ## issue 17's elastic figures from --report: a rank frozen before it joined (detect, recover), grow-back across 2 namespace hosts (root)
+bench-elastic: build ## the elastic-restart figures from --report: a rank frozen before it joined (detect, recover), grow-back across 2 namespace hosts (root)
 	flock /tmp/gorun-bench.lock scripts/bench-elastic.sh
 
 bench-restart-trainer: build ## restart time of the Go trainer, kill -> first step of the new world: one host, 4 namespace hosts (root), and a kill-host with a spare host taking over
@@ -107,6 +118,11 @@ bench-gpu: ## GPU all-reduce: gorun --device cuda vs torch.distributed NCCL, sid
 
 bench-gpu-standin: ## the bench-gpu pipeline without a GPU: stand-in NCCL vs torch gloo (checks the script, measures nothing)
 	@bash scripts/bench-gpu.sh --standin bench-results/gpu-standin
+
+# ---- planner (stepgraph passes, gorun_plan) ----
+.PHONY: bench-plan
+bench-plan: ## gorun plan on ~10k/30k/100k-node steps, default and all four passes, medians of wall and CPU time (ANCHOR=REV runs that revision side by side; RUNS, SIZES)
+	@bash scripts/bench-plan.sh
 
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)

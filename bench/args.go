@@ -7,6 +7,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+
+	"github.com/gorun-hpc/gorun/internal/cliflag"
 )
 
 // Options is a parsed `gorun bench` command line.
@@ -170,7 +172,7 @@ func ParseArgs(args []string, stderr io.Writer) (*Options, error) {
 	if !strings.HasPrefix(args[0], "-") {
 		opName, rest = args[0], args[1:]
 	}
-	if err := fs.Parse(rest); err != nil {
+	if err := cliflag.Parse(fs, rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
 		}

@@ -62,63 +62,52 @@ func WriteComparison(w io.Writer, reps []*Report, ratios []Ratio) {
 	for k, q := range ratios {
 		fmt.Fprintf(w, "# (%c) %s\n", 'a'+k, ratioName(q))
 	}
+	writeColumns(w, sizes, idx, ratios, 7, func(m *Measure) string { return fmt.Sprintf("%10.4f", m.BusBW) },
+		func(a, b *Measure) (string, bool) {
+			return fmt.Sprintf("%7.2f", a.BusBW/b.BusBW), b.BusBW > 0
+		})
+	fmt.Fprintln(w, "#")
+	// The ratios' columns here are differences: the microseconds the first
+	// series adds to each call over the second (negative: it saves them),
+	// the figure a per-call overhead goal is stated in.
+	fmt.Fprintln(w, "# time per call (us), max over ranks of the mean; (x): us added per call, first minus second")
+	writeColumns(w, sizes, idx, ratios, 8, func(m *Measure) string { return fmt.Sprintf("%10.1f", m.TimeUs) },
+		func(a, b *Measure) (string, bool) { return fmt.Sprintf("%+8.1f", a.TimeUs-b.TimeUs), true })
+}
+
+// writeColumns prints one table of WriteComparison: a header, then per size
+// each series' value (10 wide) and each ratio column (ratioW wide), "-"
+// where a series lacks the size or ratio says its value does not exist.
+func writeColumns(w io.Writer, sizes []int64, idx []map[int64]*Measure, ratios []Ratio, ratioW int,
+	value func(*Measure) string, ratio func(a, b *Measure) (string, bool)) {
 	var hdr strings.Builder
 	fmt.Fprintf(&hdr, "# %10s", "size")
-	for i := range reps {
+	for i := range idx {
 		fmt.Fprintf(&hdr, "  %10s", fmt.Sprintf("[%d]", i+1))
 	}
 	for k := range ratios {
-		fmt.Fprintf(&hdr, "  %7s", fmt.Sprintf("(%c)", 'a'+k))
+		fmt.Fprintf(&hdr, "  %*s", ratioW, fmt.Sprintf("(%c)", 'a'+k))
 	}
 	fmt.Fprintln(w, hdr.String())
 	for _, s := range sizes {
 		fmt.Fprintf(w, "%12s", FormatSize(s))
-		for i := range reps {
+		for i := range idx {
 			if m := idx[i][s]; m != nil {
-				fmt.Fprintf(w, "  %10.4f", m.BusBW)
+				fmt.Fprintf(w, "  %s", value(m))
 			} else {
 				fmt.Fprintf(w, "  %10s", "-")
 			}
 		}
 		for _, q := range ratios {
 			a, b := idx[q.Num][s], idx[q.Den][s]
-			if a != nil && b != nil && b.BusBW > 0 {
-				fmt.Fprintf(w, "  %7.2f", a.BusBW/b.BusBW)
-			} else {
-				fmt.Fprintf(w, "  %7s", "-")
+			text, ok := "", a != nil && b != nil
+			if ok {
+				text, ok = ratio(a, b)
 			}
-		}
-		fmt.Fprintln(w)
-	}
-	fmt.Fprintln(w, "#")
-	// The ratios' columns here are differences: the microseconds the first
-	// series adds to each call over the second (negative: it saves them),
-	// the figure a per-call overhead goal is stated in.
-	fmt.Fprintln(w, "# time per call (us), max over ranks of the mean; (x): us added per call, first minus second")
-	hdr.Reset()
-	fmt.Fprintf(&hdr, "# %10s", "size")
-	for i := range reps {
-		fmt.Fprintf(&hdr, "  %10s", fmt.Sprintf("[%d]", i+1))
-	}
-	for k := range ratios {
-		fmt.Fprintf(&hdr, "  %8s", fmt.Sprintf("(%c)", 'a'+k))
-	}
-	fmt.Fprintln(w, hdr.String())
-	for _, s := range sizes {
-		fmt.Fprintf(w, "%12s", FormatSize(s))
-		for i := range reps {
-			if m := idx[i][s]; m != nil {
-				fmt.Fprintf(w, "  %10.1f", m.TimeUs)
-			} else {
-				fmt.Fprintf(w, "  %10s", "-")
+			if !ok {
+				text = fmt.Sprintf("%*s", ratioW, "-")
 			}
-		}
-		for _, q := range ratios {
-			if a, b := idx[q.Num][s], idx[q.Den][s]; a != nil && b != nil {
-				fmt.Fprintf(w, "  %+8.1f", a.TimeUs-b.TimeUs)
-			} else {
-				fmt.Fprintf(w, "  %8s", "-")
-			}
+			fmt.Fprintf(w, "  %s", text)
 		}
 		fmt.Fprintln(w)
 	}

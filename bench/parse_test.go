@@ -262,3 +262,28 @@ func TestMergeBest(t *testing.T) {
 		t.Errorf("merged times %v (inputs must stay untouched: %v)", times, a.Rows[1].OutOfPlace.TimeUs)
 	}
 }
+
+// One rank (the benchmark started without gorun) has a busbw of 0 for the
+// collectives whose bus factor is 0 at one rank; its header says why and
+// how to run it, and the text still reads back. More ranks get no hint.
+func TestOneRankHint(t *testing.T) {
+	const hint = "# one rank: busbw is 0 (no data crosses a link); run it under gorun"
+	for _, c := range []struct {
+		ranks int
+		op    Collective
+		want  bool
+	}{{1, AllReduce, true}, {1, AllGather, true}, {1, Broadcast, false}, {2, AllReduce, false}} {
+		cfg := smallConfig(c.op)
+		cfg.MaxBytes = 64
+		text, _, errs := memRun(t, c.ranks, cfg, nil)
+		if errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		if got := strings.Contains(text, hint); got != c.want {
+			t.Errorf("%d ranks %s: hint shown = %v, want %v:\n%s", c.ranks, c.op, got, c.want, text)
+		}
+		if _, err := Parse(strings.NewReader(text), ParseOptions{}); err != nil {
+			t.Errorf("%d ranks %s: text does not read back: %v", c.ranks, c.op, err)
+		}
+	}
+}

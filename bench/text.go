@@ -27,6 +27,11 @@ func writeHeader(w io.Writer, r *Report) {
 	}
 	fmt.Fprintf(w, "# nRanks %d minBytes %d maxBytes %d step: %s warmup iters: %d iters: %d validation: %d transport: %s%s\n",
 		r.Ranks, r.MinBytes, r.MaxBytes, step, r.Warmup, r.Iters, check, r.Transport, blocking)
+	if op, err := ParseCollective(r.Op); err == nil && r.Ranks == 1 && op.BusFactor(1) == 0 {
+		// Started without gorun, the benchmark is one rank: nothing
+		// crosses a link, and a column of zeros would read as a fault.
+		fmt.Fprintf(w, "# one rank: busbw is 0 (no data crosses a link); run it under gorun, e.g. gorun -np 4 gorun bench %s\n", r.Op)
+	}
 	fmt.Fprintln(w, "#")
 	fmt.Fprintln(w, "# Using ranks")
 	for _, h := range r.Hosts {

@@ -73,8 +73,8 @@ func (c *Comm) preferRing(size int) bool {
 // (see Comm.crowded) takes the ring rather than recursive doubling.
 // Measured on the 2-core reference host, 3, 4 and 7 ranks over shared
 // memory, each algorithm forced (`gorun bench`, medians of 3 interleaved
-// rounds, out-of-place µs, ring / recursive doubling; notes/shm-latency.md,
-// session 6): 4 ranks 16 KiB 21.6 / 10.2, 64 KiB 43.6 / 22.3, 256 KiB
+// rounds, out-of-place µs, ring / recursive doubling;
+// notes/shm-latency.md): 4 ranks 16 KiB 21.6 / 10.2, 64 KiB 43.6 / 22.3, 256 KiB
 // 105 / 90, 1 MiB 305 / 368, 4 MiB 1365 / 3994; 7 ranks 64 KiB 94 / 75,
 // 256 KiB 199 / 206, 1 MiB 684 / 905; 3 ranks 16 KiB 19.7 / 14.0, 256
 // KiB 59 / 60. On a crowded host every step that waits for a rank that
@@ -92,8 +92,8 @@ const crowdedRingFrom = 256 << 10
 //
 // With two ranks over shared memory, recursive doubling up to the eager
 // limit (one exchange of the whole vector) was tried against the pair
-// exchange from 16 KiB to 1 MiB and was not faster (notes/shm-latency.md,
-// session 6), so two ranks keep the cost model.
+// exchange from 16 KiB to 1 MiB and was not faster
+// (notes/shm-latency.md), so two ranks keep the cost model.
 func (c *Comm) allReduceRing(size int) bool {
 	switch {
 	case c.crowded && !c.cfg.Deterministic:

@@ -12,7 +12,7 @@ type eagerLink struct {
 func (l eagerLink) EagerLimit() int { return l.eager }
 
 // allReduceRing picks the algorithm family from the size and whether the
-// group crowds one host, as measured in notes/shm-latency.md (session 6);
+// group crowds one host, as measured in notes/shm-latency.md;
 // uncrowded groups keep the cost model.
 func TestAllReduceAlgorithmChoice(t *testing.T) {
 	const shmEager, tcpEager = 128 << 10, 16 << 10

@@ -78,9 +78,12 @@ type Config struct {
 
 	// FlightRecords is how many recent calls the flight recorder keeps
 	// (kind, dtype, count, root, sequence number, issue/start/end times,
-	// state). It is always on; it is written to the log and to FlightDir
-	// when the communicator fails, and on DumpFlightRecords (SIGUSR2 under
-	// gorun). 256: a few training steps' worth of buckets.
+	// state). It is always on; it is written to FlightDir when the
+	// communicator fails and on DumpFlightRecords (SIGUSR2 under gorun), and
+	// its latest records to the log: as a warning when there is no FlightDir
+	// (the log is then the only copy), at debug level when the file was
+	// written (gorun merges the files into one table). 256: a few training
+	// steps' worth of buckets.
 	FlightRecords int
 
 	// FlightDir is where flight records are written as JSON, one file per

@@ -307,7 +307,7 @@ func TestSplitRepro(t *testing.T) {
 	}
 }
 
-// splitMatrix is the matrix: Barrier, Broadcast, Reduce, AllGather,
+// splitMatrix is the desync matrix: Barrier, Broadcast, Reduce, AllGather,
 // Send (and its reply) and Recv against AllReduce, and a Send against a
 // Recv of another size, k = 1..np-1 ranks on the minority call, 16 floats
 // and 1 MiB, for each np in nps.
@@ -329,6 +329,7 @@ func splitMatrix(nps []int, ks func(np int) []int) map[int][]splitCase {
 }
 
 // TestSplitMatrix: ranks split between two collectives all end within 3 s
+// (4.5 s inside make test)
 // with a *DesyncError naming both calls, whatever the pair of algorithms
 // (some pairs never send the rank that would notice a wrong frame, and
 // only the side-channel comparison ends them). make test runs a covering
@@ -351,11 +352,14 @@ func TestSplitMatrix(t *testing.T) {
 		t.Skip("multi-process matrix")
 	}
 	par := 4 // cases at once per process group; -race on 2 cores makes more too slow for 3 s
-	// The 3 s is #18's goal, checked where nothing else runs (make
-	// test-desync); inside make test, beside every other package's tests
-	// on 2 cores, the check is that each case ends in a DesyncError well
-	// before the 10 s guard, and the slowest time is logged.
-	bound := int64(8000)
+	// The cases that only the side channel ends take DesyncCheckAfter (1 s)
+	// plus one comparison. Where nothing else runs (make test-desync) the
+	// bound is 3 s. Inside make test, beside every other package's tests
+	// on 2 cores, it is 4.5 s: the slowest case measured 1.3 s on 2 shared
+	// cores and 1.7 s pinned to one core, both under -race, so the margin
+	// is over 2.5x, and a check slowed to 5 s or more still fails, since no
+	// side-channel query leaves before a call has waited DesyncCheckAfter.
+	bound := int64(4500)
 	if os.Getenv("GORUN_DESYNC_MATRIX") == "full" {
 		par, bound = 8, 3000
 	}

@@ -3,10 +3,13 @@ package comm_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/comm/commtest"
@@ -221,5 +224,76 @@ func TestCheckCostAt64(t *testing.T) {
 	}
 	if perCheck[false] > perCheck[true]/5 {
 		t.Errorf("coordinated: %.1f queries a check, want at most a fifth of direct's %.1f", perCheck[false], perCheck[true])
+	}
+}
+
+// A call whose frames look alike on the wire is still a desync when the
+// kinds differ: AllReduce of m elements on one rank against ReduceScatter
+// of 2m into m on the other carries the same dtype, op, count and byte
+// totals in every frame, so only the kind in the header tells them apart.
+// Both ranks must get a DesyncError naming both kinds, not a result.
+func TestDesyncKindOnly(t *testing.T) {
+	const m = 64
+	for _, tcp := range []bool{false, true} {
+		cfg := comm.LocalConfig()
+		j := newNetJob(t, 2, cfg, tcp)
+		abortAll(t, j)
+		errs := onEach(t, 2, func(r int) error {
+			ctx := context.Background()
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if r == 0 {
+				buf := comm.Float32s(make([]float32, m))
+				return j.comms[r].AllReduce(ctx, buf, buf, comm.Sum).Wait(wctx)
+			}
+			send, recv := comm.Float32s(make([]float32, 2*m)), comm.Float32s(make([]float32, m))
+			return j.comms[r].ReduceScatter(ctx, send, recv, comm.Sum).Wait(wctx)
+		})
+		for r, err := range errs {
+			var de *comm.DesyncError
+			if !errors.As(err, &de) {
+				t.Fatalf("tcp=%v rank %d: %v, want a DesyncError", tcp, r, err)
+			}
+			kinds := []comm.Kind{de.Mine.Kind, de.Theirs.Kind}
+			if !slices.Contains(kinds, comm.KindAllReduce) || !slices.Contains(kinds, comm.KindReduceScatter) {
+				t.Errorf("tcp=%v rank %d: %v, want AllReduce against ReduceScatter", tcp, r, err)
+			}
+		}
+	}
+}
+
+// A failed communicator's flight records go to the log as a warning only
+// when the log is their one copy. With a flight directory (gorun sets one
+// and prints a table merged from every rank's file) the file is written and
+// the log gets them at debug level: one injected kill must not print each
+// survivor's records before gorun's table.
+func TestFlightDumpLogOnlyWithoutFile(t *testing.T) {
+	for _, withDir := range []bool{false, true} {
+		var logs syncBuf
+		cfg := comm.LocalConfig()
+		cfg.Logger = zerolog.New(&logs).Level(zerolog.WarnLevel)
+		dir := ""
+		if withDir {
+			dir = t.TempDir()
+			cfg.FlightDir = dir
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		comms := commtest.StartComms(ctx, t, 2, cfg)
+		onEach(t, 2, func(r int) error {
+			buf := comm.Float32s(make([]float32, 4))
+			return comms[r].AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx)
+		})
+		comms[0].Abort(errors.New("test: rank 0 gives up"))
+		cancel()
+		files, _ := filepath.Glob(filepath.Join(dir, "flight-*.json"))
+		logged := strings.Contains(logs.String(), "flight recorder (latest last)")
+		switch {
+		case withDir && len(files) == 0:
+			t.Errorf("flight dir set: no dump file written")
+		case withDir && logged:
+			t.Errorf("flight dir set: the records were also logged as a warning:\n%s", logs.String())
+		case !withDir && !logged:
+			t.Errorf("no flight dir: the records were not logged:\n%s", logs.String())
+		}
 	}
 }

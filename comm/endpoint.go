@@ -144,8 +144,8 @@ type EndpointConfig struct {
 const systemCongestion = "system"
 
 // defaultTCPUserTimeout is TCPUserTimeout's default without a link lease:
-// a lost network ends a call within the 10 s issue 17 asks of a frozen
-// rank.
+// a lost network ends a call within the 10 s gorun promises for naming a
+// frozen rank.
 const defaultTCPUserTimeout = 10 * time.Second
 
 // defaultLinkLease is LinkLease's default: the rendezvous' lease.

@@ -36,24 +36,38 @@ type FlightDump struct {
 // (the file gets all).
 const flightLogRecords = 16
 
-// dumpFlight writes the flight recorder to the log and, when a flight
-// directory is set, to <dir>/flight-<group>-<world rank>.json (replacing an
-// earlier dump of the same communicator). Safe for concurrent use.
+// dumpFlight writes the flight recorder to <dir>/flight-<group>-<world
+// rank>.json when a flight directory is set (replacing an earlier dump of
+// the same communicator), and its latest records to the log. Under gorun
+// the directory is set and gorun prints one table merged from every rank's
+// file, so a written dump goes to the log at debug level only: a warning
+// per rank would repeat that table once per survivor. Without a directory,
+// or when writing fails, the log is the only copy and gets a warning.
+// Safe for concurrent use.
 func (c *Comm) dumpFlight(reason string) {
 	d := FlightDump{Group: fmt.Sprintf("%016x", uint64(c.gid)), Rank: c.me, WorldRank: c.g.GlobalRank(c.me),
 		Host: c.g.Host(c.me), Size: c.n, PID: os.Getpid(), Reason: reason, Time: time.Now(), Records: c.FlightRecords()}
+	written := false
+	if c.flightDir != "" {
+		if err := WriteFlightDump(c.flightDir, d); err != nil {
+			c.log.Warn().Err(err).Msg("comm: writing flight records")
+		} else {
+			written = true
+		}
+	}
+	ev := c.log.Warn()
+	if written {
+		ev = c.log.Debug().Str("file", flightDumpName(c.flightDir, d))
+	}
+	if !ev.Enabled() {
+		return
+	}
 	recs := d.Records[max(0, len(d.Records)-flightLogRecords):]
 	var b strings.Builder
 	for _, r := range recs {
 		b.WriteString("\n  " + r.line())
 	}
-	c.log.Warn().Str("reason", reason).Int("records", len(d.Records)).Msg("comm: flight recorder (latest last):" + b.String())
-	if c.flightDir == "" {
-		return
-	}
-	if err := WriteFlightDump(c.flightDir, d); err != nil {
-		c.log.Warn().Err(err).Msg("comm: writing flight records")
-	}
+	ev.Str("reason", reason).Int("records", len(d.Records)).Msg("comm: flight recorder (latest last):" + b.String())
 }
 
 // WriteFlightDump writes d to <dir>/flight-<group>-<world rank>.json,
@@ -64,7 +78,7 @@ func WriteFlightDump(dir string, d FlightDump) error {
 	if err != nil {
 		return err
 	}
-	name := filepath.Join(dir, fmt.Sprintf("flight-%s-%d.json", d.Group, d.WorldRank))
+	name := flightDumpName(dir, d)
 	tmp := fmt.Sprintf("%s.%d.tmp", name, os.Getpid())
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err
@@ -74,6 +88,11 @@ func WriteFlightDump(dir string, d FlightDump) error {
 		return err
 	}
 	return nil
+}
+
+// flightDumpName is the file WriteFlightDump writes d to.
+func flightDumpName(dir string, d FlightDump) string {
+	return filepath.Join(dir, fmt.Sprintf("flight-%s-%d.json", d.Group, d.WorldRank))
 }
 
 // line renders a record for logs: "#41 AllReduce(float32 sum, count=16) running 2.1s".

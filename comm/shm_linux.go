@@ -81,8 +81,9 @@ const (
 	// the receiver has read (and so handed back).
 	fastCtlOff = 2048
 
-	// fastSlots slots of fastSlotBytes per direction: a 48-byte header
-	// (flag, fingerprint, length) and up to fastMaxPayload bytes, so that
+	// fastSlots slots of fastSlotBytes per direction: a 40-byte header
+	// (flag, the frame's call fields, payload length; the layout is at
+	// sendFast) and up to fastMaxPayload bytes, so that
 	// 4 KiB, a whole power-of-two message, still fits. 16 slots: far more
 	// than the two unread frames EagerLimit promises, so a sender finds a
 	// free slot without reading the receiver's counter for 16 messages.
@@ -148,7 +149,7 @@ func prefaultRing(ringBytes int) int { return min(ringBytes, ringBytes/8+64<<10)
 // peer has not), rather than at the first message that touches each: a
 // sweep's first 16 small calls each took 3-80 µs instead of 0.5 µs, one
 // page fault per fast slot on each side (2 ranks, 8-byte all-reduce,
-// 2-core VM), the "first size needs ~50 warm-up calls" of issue #15. An
+// 2-core VM): the first size of a sweep needed ~50 warm-up calls. An
 // older kernel without MADV_POPULATE_WRITE leaves the faults to first use.
 func (s *shmSegment) prefault() {
 	head := shmCtlBytes + 2*shmFastBytes
@@ -868,7 +869,7 @@ func (l *shmLink) Send(h *Header, payload []byte) error {
 // line still held by the other core. Going on through the ring measured
 // faster on the 2-core reference VM where its two vCPUs sit far apart
 // (2-rank all-reduce, 16 MiB 3.19 -> 2.59 ms, 32 MiB 7.13 -> 5.12 ms) and
-// the same where they sit near (notes/shm-latency.md, session 8); smaller
+// the same where they sit near (notes/shm-latency.md); smaller
 // messages keep skipping back, which is what keeps them in cache.
 func (l *shmLink) lapsRing(h *Header) bool {
 	return h.Frame == frameData && h.Aux >= l.tx.size

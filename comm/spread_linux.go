@@ -12,8 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Where crowded ranks start (notes/shm-latency.md, "Session 7: the first
-// row at 4 ranks").
+// Where crowded ranks start (notes/shm-latency.md, "The first row at 4
+// ranks").
 //
 // Ranks that wait for each other by polling and sched_yield look to the
 // kernel's load balancer like tasks that are always cache hot (each ran a
@@ -38,7 +38,7 @@ import (
 // too (rehome, from shmLink.wait where it reads its CPU anyway), once per
 // thread, again unbound. With both, 27 of 34 runs were in the fast mode
 // against 9 of 34 before, 64 B medians 5.3-6.0 µs against 7.5-10.4
-// (notes/shm-latency.md, session 7).
+// (notes/shm-latency.md).
 
 // spreadCPU is the CPU the idx-th of local ranks on a host starts on, from
 // the CPUs the process may run on (in increasing order).

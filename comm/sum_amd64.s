@@ -6,64 +6,44 @@
 // operand a is the first source, so results are bitwise the same as the
 // portable loop.
 
+// ADD3 is the body both kernels share: dst (DI) = a (SI) + b (DX) for CX
+// elements, 128 bytes (PER elements) at a time, with MOVU to load and
+// store and VADD to add; CX is a multiple of PER.
+#define ADD3(MOVU, VADD, PER, loop, done) \
+	MOVQ dst+0(FP), DI; \
+	MOVQ a+8(FP), SI; \
+	MOVQ b+16(FP), DX; \
+	MOVQ n+24(FP), CX; \
+loop: \
+	CMPQ CX, $0; \
+	JLE  done; \
+	MOVU 0(SI), Y0; \
+	MOVU 32(SI), Y1; \
+	MOVU 64(SI), Y2; \
+	MOVU 96(SI), Y3; \
+	VADD 0(DX), Y0, Y0; \
+	VADD 32(DX), Y1, Y1; \
+	VADD 64(DX), Y2, Y2; \
+	VADD 96(DX), Y3, Y3; \
+	MOVU Y0, 0(DI); \
+	MOVU Y1, 32(DI); \
+	MOVU Y2, 64(DI); \
+	MOVU Y3, 96(DI); \
+	ADDQ $128, DI; \
+	ADDQ $128, SI; \
+	ADDQ $128, DX; \
+	SUBQ $PER, CX; \
+	JMP  loop; \
+done: \
+	VZEROUPPER; \
+	RET
+
 // func addF32x3AVX2(dst, a, b *float32, n int)
 // dst[i] = a[i] + b[i] for i < n; n is a multiple of 32. dst may be a or b.
 TEXT ·addF32x3AVX2(SB), NOSPLIT, $0-32
-	MOVQ dst+0(FP), DI
-	MOVQ a+8(FP), SI
-	MOVQ b+16(FP), DX
-	MOVQ n+24(FP), CX
-f32loop:
-	CMPQ CX, $0
-	JLE  f32done
-	VMOVUPS 0(SI), Y0
-	VMOVUPS 32(SI), Y1
-	VMOVUPS 64(SI), Y2
-	VMOVUPS 96(SI), Y3
-	VADDPS  0(DX), Y0, Y0
-	VADDPS  32(DX), Y1, Y1
-	VADDPS  64(DX), Y2, Y2
-	VADDPS  96(DX), Y3, Y3
-	VMOVUPS Y0, 0(DI)
-	VMOVUPS Y1, 32(DI)
-	VMOVUPS Y2, 64(DI)
-	VMOVUPS Y3, 96(DI)
-	ADDQ $128, DI
-	ADDQ $128, SI
-	ADDQ $128, DX
-	SUBQ $32, CX
-	JMP  f32loop
-f32done:
-	VZEROUPPER
-	RET
+	ADD3(VMOVUPS, VADDPS, 32, f32loop, f32done)
 
 // func addF64x3AVX2(dst, a, b *float64, n int)
 // Same for float64; n is a multiple of 16.
 TEXT ·addF64x3AVX2(SB), NOSPLIT, $0-32
-	MOVQ dst+0(FP), DI
-	MOVQ a+8(FP), SI
-	MOVQ b+16(FP), DX
-	MOVQ n+24(FP), CX
-f64loop:
-	CMPQ CX, $0
-	JLE  f64done
-	VMOVUPD 0(SI), Y0
-	VMOVUPD 32(SI), Y1
-	VMOVUPD 64(SI), Y2
-	VMOVUPD 96(SI), Y3
-	VADDPD  0(DX), Y0, Y0
-	VADDPD  32(DX), Y1, Y1
-	VADDPD  64(DX), Y2, Y2
-	VADDPD  96(DX), Y3, Y3
-	VMOVUPD Y0, 0(DI)
-	VMOVUPD Y1, 32(DI)
-	VMOVUPD Y2, 64(DI)
-	VMOVUPD Y3, 96(DI)
-	ADDQ $128, DI
-	ADDQ $128, SI
-	ADDQ $128, DX
-	SUBQ $16, CX
-	JMP  f64loop
-f64done:
-	VZEROUPPER
-	RET
+	ADD3(VMOVUPD, VADDPD, 16, f64loop, f64done)

@@ -34,7 +34,7 @@ import (
 // then wait for the tick or for the core to free up when they wake, rather
 // than preempting, and keep their CPU share. A shared-memory waiter about
 // to sleep on its futex, whose wake-up is the latency path, first puts its
-// own thread back to the normal policy if it was one of them (unbatch). Session 5 lowered sysmon to
+// own thread back to the normal policy if it was one of them (unbatch). An earlier version lowered sysmon to
 // nice 19 instead, which those threads inherited as well, with a fiftieth
 // of the CPU share, and a loaded host starved them (supervisors' leases
 // ran out); that change was withdrawn.
@@ -115,8 +115,8 @@ func findSysmon() int {
 	// looking back to back for 3.4 ms (400 looks) ended with sysmon still
 	// runnable in 6 of 10 tries on the 2-core reference VM; 2 of 16 ranks
 	// of `gorun bench` kept sysmon at SCHED_OTHER, and a trace of such a
-	// rank showed sysmon preempting it every 87 µs (notes/shm-latency.md,
-	// session 8). So each look after the first yields the CPU first
+	// rank showed sysmon preempting it every 87 µs
+	// (notes/shm-latency.md). So each look after the first yields the CPU first
 	// (sched_yield: sysmon is a thread of this process, so it is what the
 	// kernel runs next here), and sysmon was then seen in nanosleep at the
 	// second look in 10 tries of 10. A raw system call: the P stays with

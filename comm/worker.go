@@ -362,12 +362,12 @@ var handsOffMin = func() *atomic.Int64 { v := new(atomic.Int64); v.Store(16); re
 // from ring steps of half the ring on gains what the caller's own steps
 // (callerFrame, two frames ahead at most) lose to a sender goroutine that
 // keeps the ring full. 4 ranks on 2 cores, in-place all-reduce from torch,
-// native time / torch time pooled over the rounds of session 9: 8 MiB
+// native time / torch time pooled over several rounds: 8 MiB
 // 0.76-0.96 on the caller against 0.95-0.98 handed over; below half the
 // ring the hand-over lost (4 MiB 0.83-0.96 against 0.88-0.99, 2 MiB
 // 0.72-0.95 against 0.93-0.98), and handing 2-4 MiB over only while the
-// CPUs were far apart did not gain either (notes/torch-backend.md,
-// sessions 9 and 10). Only where callerFrame would apply: more than two
+// CPUs were far apart did not gain either (notes/torch-backend.md).
+// Only where callerFrame would apply: more than two
 // ranks (the pair exchange never used the sender goroutines) over links
 // that qualify.
 func (c *Comm) handsOff(cl *call) bool {
@@ -436,7 +436,7 @@ func (c *Comm) callerFrame(p int, sbuf, rbuf []byte) int {
 // Not more than two: EagerLimit promises room for two frames and no more,
 // and on shared memory that is all there is right after the producer
 // skipped back to the ring's beginning (wrapFrom), until the peer reads
-// the skip record. Eight or sixteen frames ahead (session 8) left all four
+// the skip record. Eight or sixteen frames ahead (tried and measured) left all four
 // torch ranks of an 8 MiB all-reduce waiting for room on full rings in 3
 // of 12 runs at sixteen, and gained nothing where they did not hang (with
 // skips turned off so that they could not: 8 MiB 0.87 of native against

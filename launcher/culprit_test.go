@@ -77,8 +77,8 @@ func TestCulpritNamedAfterSIGKILL(t *testing.T) {
 
 // TestCulpritFrozenRank: four real ranks on one host (the default host
 // leader mode: rank 0 gossips, 1-3 attach to it) run all-reduces; one is
-// SIGSTOPped from outside mid all-reduce. Issue 17 found the job hung for
-// good there, since a stopped process keeps its sockets open. Now the
+// SIGSTOPped from outside mid all-reduce. Without a lease the job would
+// hang for good there, since a stopped process keeps its sockets open. The
 // attach lease (rendezvous.Config.AttachLease, default 4 s) names it: the
 // final error blames the frozen rank by rank, host and pid with the
 // supervisor's evidence that it was stopped, every survivor that printed
@@ -112,7 +112,7 @@ func TestCulpritFrozenRank(t *testing.T) {
 			case rep = <-repc:
 				err = <-errc
 			case <-time.After(60 * time.Second):
-				// The issue's hang: end it so that the test reports.
+				// The hang the lease prevents: end it so that the test reports.
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 				t.Fatalf("job still running 60 s after rank %d froze\n%s", tc.victim, j.stderr)
 			}

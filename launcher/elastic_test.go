@@ -228,7 +228,7 @@ func TestNoRestartAfterTimeout(t *testing.T) {
 // runtimes notice, the world fails (every failure collateral: a
 // *CollateralError), and the job restarts and completes. The default host
 // leader mode: rank 1 is attached to rank 0, and only the attach lease
-// finds it (issue 17's first finding; this test hung 30 s there before).
+// finds it (without that lease this test hangs 30 s).
 // At 1.5 s, so that under -race and load the world has formed: a rank
 // frozen before that is found only by the formation timeout.
 func TestInjectFrozenRankRestarts(t *testing.T) {

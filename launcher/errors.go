@@ -124,6 +124,12 @@ type InterruptedError struct {
 }
 
 func (e *InterruptedError) Error() string {
+	if e.Stopped == 0 {
+		// Before any rank started, or after every rank ended, some on the
+		// forwarded signal itself (a program that catches SIGINT and exits
+		// with its own code is not one gorun stopped).
+		return fmt.Sprintf("received signal %d (%s); no rank was left to stop (each had ended, or none had started)", int(e.Signal), e.Signal)
+	}
 	return fmt.Sprintf("received signal %d (%s); stopped %d %s", int(e.Signal), e.Signal, e.Stopped, plural(e.Stopped, "rank", "ranks"))
 }
 

@@ -23,6 +23,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/internal/liveness"
 	"github.com/gorun-hpc/gorun/netif"
 	"github.com/gorun-hpc/gorun/rankenv"
@@ -32,7 +33,7 @@ import (
 // of a multi-host job by ssh, srun or a plain exec (the launching host).
 //
 // It is a relay around the same per-job supervisor a single-host job uses
-// (agent.go): it dials gorun, proves it holds the job secret, reports the
+// (supervisor.go): it dials gorun, proves it holds the job secret, reports the
 // interface and ports peers reach this host through, then starts the
 // supervisor with one pipe per rank stream and forwards output, events and
 // commands over the one connection. The supervisor keeps its guarantees —
@@ -90,8 +91,7 @@ func ParseHostAgentArgs(args []string, stderr io.Writer) (HostAgentOptions, erro
 // HostAgentMain runs a host agent and returns its exit code: 0 when the
 // job ended normally, 1 when it could not join or lost gorun.
 func HostAgentMain(o HostAgentOptions, stdin io.Reader, stderr io.Writer) int {
-	log := zerolog.New(zerolog.ConsoleWriter{Out: stderr, NoColor: true}).With().Timestamp().
-		Str("role", "host-agent").Logger().Level(zerolog.WarnLevel)
+	log := consolelog.New(stderr, zerolog.WarnLevel).With().Str("role", "host-agent").Logger()
 	if o.Host == "" {
 		o.Host = os.Getenv("SLURMD_NODENAME")
 	}

@@ -25,7 +25,7 @@ import (
 // (jobloop.go), and the supervisor that owns the target rank, which sends
 // the signal to the rank's process group and, for a stop with a duration,
 // the SIGCONT after it (supervisor.go). Everything that happened is kept in
-// a Report (report.go).
+// a Report (elastic.go).
 //
 // A spec is a kind and key=value fields separated by colons:
 //

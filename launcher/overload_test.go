@@ -16,7 +16,7 @@ import (
 // duration is set: it loads every core on purpose, and beside the other
 // packages that `go test ./...` runs at once it would starve their timing
 // tests. `make test` runs it alone after the suite for 8 s; `make
-// test-overload` runs issue 17's 32 ranks for 60 s.
+// test-overload` runs its 32 ranks for 60 s.
 const (
 	overloadNPEnv   = "GORUN_OVERLOAD_NP"
 	overloadSecsEnv = "GORUN_OVERLOAD_SECS"

@@ -77,7 +77,7 @@ func TestDescendantsOfSelf(t *testing.T) {
 	// unreaped. SIGKILL takes effect asynchronously: killed together, a
 	// grandchild still dying when the helper is gone is reparented (to
 	// this process, if a test made it a subreaper) and listed alive by
-	// the last scan below (clean-clone CI under a PID namespace, session 9).
+	// the last scan below (seen in clean-clone CI under a PID namespace).
 	_ = syscall.Kill(grandchild, syscall.SIGKILL)
 	if !launchertest.WaitFor(10*time.Second, func() bool {
 		ps := readProcs()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/internal/collateral"
+	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/internal/liveness"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
@@ -251,7 +252,7 @@ func SupervisorMain() int {
 	// process. Locking main to its thread makes every rank's parent thread
 	// live exactly as long as the supervisor.
 	runtime.LockOSThread()
-	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).With().Timestamp().Str("role", "supervisor").Logger()
+	log := consolelog.New(os.Stderr, zerolog.TraceLevel).With().Str("role", "supervisor").Logger()
 	if err := runSupervisor(os.Stdin, os.Stdout, log); err != nil {
 		log.Error().Err(err).Msg("supervisor failed")
 		return 1

@@ -12,6 +12,14 @@
 // text. Joining the world belongs to the rank start-up shared with gorun's
 // Go programs, collectives to comm.
 //
+// # The planner
+//
+// gorun_plan (planner.go) is `gorun plan` as a call: a step graph and
+// options as JSON in, the plan, the planned graph and their hashes as JSON
+// out, in a buffer the caller frees with gorun_plan_free. It needs no
+// gorun_init and talks to no other rank: planning is a pure function of its
+// input, so ranks that plan alike get the same hash.
+//
 // # Threads and signals
 //
 // Exported functions run on the caller's OS thread; collectives progress on

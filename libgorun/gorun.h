@@ -222,6 +222,57 @@ int gorun_last_error_rank(void);
 /* A fixed name for a status, e.g. "GORUN_ERR_PEER_LOST". */
 const char *gorun_status_name(int status);
 
+/* ---- planner -------------------------------------------------------------
+ * The offline planner of `gorun plan` as a call: no gorun_init needed, no
+ * communication, pure (the same graph, options and library give the same
+ * bytes on every rank), safe from any thread.                               */
+#ifndef GORUN_NO_PROTOTYPES
+
+/* gorun_plan runs stepgraph's passes on a step graph and returns the plan.
+ *
+ * graph, graph_len: a step-graph JSON document (schema gorun.stepgraph/v1,
+ *   stepgraph/SCHEMA.md), the format `gorun plan` reads.
+ * options: NULL, "" or a JSON object; every key is optional, unknown keys are
+ *   GORUN_ERR_INVALID:
+ *     "passes"            "reshard,chunk,blocks,overlap" or a list of names,
+ *                         run in that order; absent: "blocks,overlap";
+ *                         "" or []: none
+ *     "cap_bytes"         bucket cap (0: the cost model's)
+ *     "min_bytes"         latency-bound bucket size (0: the cost model's)
+ *     "search_limit"      merge attempts per collective (0: 16)
+ *     "latency_ns", "bus_bandwidth" (bytes/s), "copy_bandwidth" (bytes/s,
+ *                         0: members are views): the cost model; absent:
+ *                         gorun's TCP defaults (20 us, 1e9)
+ *     "chunk_regions"     regions the chunk pass splits (path.Match, "*")
+ *     "chunk_accumulate"  sum the chunks' gradients before one collective
+ *                         (true)
+ *     "reshard_prefetch"  re-gather N backward blocks ahead (1)
+ *     "peak_budget_bytes" refuse any pass whose result raises the
+ *                         peak-memory estimate above this (0: no budget);
+ *                         the refusal is in plan.passes[i].refused
+ * *out, *out_len: on success a malloc'd, NUL-terminated JSON object of
+ *   out_len bytes (without the NUL), to be released with gorun_plan_free:
+ *     "plan"          what `gorun plan --json` prints (passes, buckets,
+ *                     estimates, peak memory, schedule)
+ *     "graph"         the planned step-graph document (what `gorun plan -o`
+ *                     writes); absent when the passes left the graph as it
+ *                     was
+ *     "text"          what `gorun plan` prints
+ *     "buckets_hash"  the bucket plan's fingerprint, 16 hex digits (what
+ *                     executors compare every step)
+ *     "hash"          "sha256:<hex>" of the planned graph and the plan:
+ *                     ranks compare it to know they planned alike
+ *   On failure *out is NULL and gorun_last_error names what was wrong (a
+ *   schema error, an invalid graph and where, an unknown pass or option):
+ *   GORUN_ERR_INVALID for bad input, GORUN_ERR_INTERNAL for a bug. */
+int gorun_plan(const char *graph, size_t graph_len, const char *options,
+               char **out, size_t *out_len);
+
+/* gorun_plan_free releases a result of gorun_plan; NULL is ignored. */
+void gorun_plan_free(char *out);
+
+#endif /* GORUN_NO_PROTOTYPES */
+
 #ifdef __cplusplus
 }
 #endif

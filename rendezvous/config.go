@@ -238,7 +238,7 @@ func DefaultConfig() Config {
 		// seconds; a silent wait is avoided by the progress log, not by a
 		// short timeout.
 		FormationTimeout: 120 * time.Second,
-		// "At most every few seconds" (issue 3): readable, not a flood.
+		// "At most every few seconds": readable, not a flood.
 		ProgressInterval: 3 * time.Second,
 		// Long enough that the seed's push normally arrives first.
 		RejoinInterval: 2 * time.Second,
@@ -269,8 +269,8 @@ func DefaultConfig() Config {
 		// The lease every silence is judged by (attach streams below,
 		// comm's links): a crash is found sooner by a refused
 		// connection or a closed socket, so the lease only bounds
-		// freezes, cuts and dead hosts, where issue 17 asks for a named
-		// verdict within 10 s and for cuts shorter than the lease to heal.
+		// freezes, cuts and dead hosts, where gorun promises a named
+		// verdict within 10 s and that cuts shorter than the lease heal.
 		GossipLease: 4 * time.Second,
 		// Two probe intervals after a refusal: a leaving member's
 		// goodbye went out LeaveLinger before its listener closed.
@@ -289,7 +289,7 @@ func DefaultConfig() Config {
 		// 16 beats per lease: a rank starved of CPU for a few seconds
 		// (32 ranks and a CPU hog on two cores, notes/faults.md) is
 		// not taken for a frozen one, and a frozen one is named in
-		// about 4 s, well within issue 17's 10 s.
+		// about 4 s, well within the promised 10 s.
 		AttachBeat:  250 * time.Millisecond,
 		AttachLease: 4 * time.Second,
 		// A minute: starvation on a machine loaded 20-50 times over its

@@ -101,24 +101,30 @@ func configFromEnv(look func(string) (string, bool)) (Config, error) {
 		}
 		return v, nil
 	}
+	// place reads the rank and world size from the variables named rank
+	// and size, and the local rank and size from theirs when they are set.
+	place := func(rank, size, local, localSize string) error {
+		for _, f := range []struct {
+			name     string
+			dst      *int
+			optional bool
+		}{{rank, &c.Rank, false}, {size, &c.WorldSize, false}, {local, &c.LocalRank, true}, {localSize, &c.LocalWorldSize, true}} {
+			if f.optional && !has(f.name) {
+				continue
+			}
+			v, err := atoi(f.name)
+			if err != nil {
+				return err
+			}
+			*f.dst = v
+		}
+		return nil
+	}
 	var err error
 	switch {
 	case has(rankenv.GorunRank) && has(rankenv.GorunWorldSize):
-		if c.Rank, err = atoi(rankenv.GorunRank); err != nil {
+		if err := place(rankenv.GorunRank, rankenv.GorunWorldSize, rankenv.GorunLocalRank, rankenv.GorunLocalSize); err != nil {
 			return c, err
-		}
-		if c.WorldSize, err = atoi(rankenv.GorunWorldSize); err != nil {
-			return c, err
-		}
-		if has(rankenv.GorunLocalRank) {
-			if c.LocalRank, err = atoi(rankenv.GorunLocalRank); err != nil {
-				return c, err
-			}
-		}
-		if has(rankenv.GorunLocalSize) {
-			if c.LocalWorldSize, err = atoi(rankenv.GorunLocalSize); err != nil {
-				return c, err
-			}
 		}
 		c.JobID = get(rankenv.JobID)
 		c.Seed = get(rankenv.RdzvEndpoint)
@@ -126,21 +132,8 @@ func configFromEnv(look func(string) (string, bool)) (Config, error) {
 			return c, &ConfigError{Field: rankenv.Secret, Problem: "not set (gorun always sets it)"}
 		}
 	case has(rankenv.Rank) && has(rankenv.WorldSize):
-		if c.Rank, err = atoi(rankenv.Rank); err != nil {
+		if err := place(rankenv.Rank, rankenv.WorldSize, rankenv.LocalRank, rankenv.LocalWorldSize); err != nil {
 			return c, err
-		}
-		if c.WorldSize, err = atoi(rankenv.WorldSize); err != nil {
-			return c, err
-		}
-		if has(rankenv.LocalRank) {
-			if c.LocalRank, err = atoi(rankenv.LocalRank); err != nil {
-				return c, err
-			}
-		}
-		if has(rankenv.LocalWorldSize) {
-			if c.LocalWorldSize, err = atoi(rankenv.LocalWorldSize); err != nil {
-				return c, err
-			}
 		}
 		c.Seed = get(rankenv.RdzvEndpoint)
 		if c.Seed == "" && get(rankenv.MasterAddr) != "" && get(rankenv.MasterPort) != "" {

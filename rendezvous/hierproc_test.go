@@ -112,7 +112,7 @@ func TestProcessesHierLeaderExitsOnLoss(t *testing.T) {
 	}
 }
 
-// freezeHier starts one host of n "wait" ranks (the issue 17 case: every
+// freezeHier starts one host of n "wait" ranks (the hard case: every
 // rank on one host, so no gossip member watches the others), SIGSTOPs
 // victim and checks that every survivor names it as frozen within the
 // attach lease (2 s here) plus a generous margin for a shared machine.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17's detection promises, measured: a rank SIGKILLed mid all-reduce
+# The fault-detection promises, measured: a rank SIGKILLed mid all-reduce
 # -> every survivor's error (goal <= 2 s, with and without gorun), and a rank
 # SIGSTOPped -> every survivor's error naming it (goal <= 10 s; the lease is
 # 4 s). Modes: gorun (host leaders), flat (GORUN_RDZV_FLAT=1), direct

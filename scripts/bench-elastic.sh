@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17's elastic figures, from gorun's own --report (medians of RUNS):
+# The elastic-restart figures, from gorun's own --report (medians of RUNS):
 #
 #   frozen-before-init  -np 4 on this host, the Go trainer; rank 2 is
 #                       SIGSTOPped as the world starts (--inject
@@ -23,18 +23,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 runs=${1:-5}
-py=/usr/bin/python3
-gorun=$PWD/bin/gorun
-trainer=$PWD/bin/trainer
-[ -x "$gorun" ] && [ -x "$trainer" ] || { echo "bench-elastic: bin/gorun or bin/trainer missing; run make build" >&2; exit 1; }
-tmp=$(mktemp -d)
-set_name=bel$$
-set_name=${set_name:0:8}
-cleanup() {
-  tests/testhosts/netns-down.sh "$set_name" >/dev/null 2>&1 || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+bench=bench-elastic set_prefix=bel
+. scripts/trainer-bench-lib.sh
 
 targs=(--model small --batch 8 --steps 40 --deterministic --checkpoint-every 3)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench-latency.sh: small and mid-size collectives over shared memory
 # and over TCP, gorun next to Open MPI (btl vader, btl tcp) in one run,
-# quiet and under load, medians over interleaved rounds (issue #15).
+# quiet and under load, medians over interleaved rounds.
 #
 #   scripts/bench-latency.sh [OUT_DIR]     (default bench-results/latency)
 #
@@ -24,8 +24,8 @@
 # row of 200 small calls lasts less than one scheduler tick, so it loses
 # either nothing or a whole tick to the hog, and which rows do depends on
 # how long the ranks have run since they last slept, not on the size:
-# read the hog rows with many rounds, or with -n 3000 (notes/shm-latency.md,
-# session 8). SWEEP defaults to "-b 8 -e 4M -f 2 -n 200 -w 50" (every power
+# read the hog rows with many rounds, or with -n 3000 (notes/shm-latency.md).
+# SWEEP defaults to "-b 8 -e 4M -f 2 -n 200 -w 50" (every power
 # of two, 4 KiB included); the 8-byte row, the first of the sweep as a
 # program's first calls are, is the latency figure. BIGSWEEP defaults to
 # "-b 32M -e 64M -f 2 -n 10 -w 2" ("" skips it). Over TCP the sweep is
@@ -51,7 +51,7 @@
 # against the copy's 2 S, and no copy through a segment, which no library
 # can avoid with a user's private buffers), and gorun's busbw over it as
 # "g/floor". Where the VM's two CPUs sit far apart the floor is 0.6-0.75
-# of the bound (notes/shm-latency.md, session 8).
+# of the bound (notes/shm-latency.md).
 #
 # Each round first runs bench/copybound/corelat (the round trip of a cache
 # line between the first two CPUs, and the rate at which one reads a 1 MiB
@@ -59,7 +59,7 @@
 # round: on a virtual machine the two CPUs may sit on nearby or distant
 # physical cores, and on the 2-core reference VM that alone moved gorun's
 # 1 MiB all-reduce between 60 and 250 us from one minute to the next
-# (notes/shm-latency.md, session 6).
+# (notes/shm-latency.md).
 #
 # The machine may be shared: rerun a figure that swings, and read the hog
 # rows against each side's own quiet rows.

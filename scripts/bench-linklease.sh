@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench-linklease.sh: what the data plane's link lease costs (issue #17).
+# bench-linklease.sh: what the data plane's link lease costs.
 #
 #   scripts/bench-linklease.sh [ROUNDS]      (default 7)
 #

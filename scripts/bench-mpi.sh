@@ -9,7 +9,7 @@
 #                 and ssh config for both)
 #
 # alternately in one go, so both see the same load; prints each median and
-# the ratio gorun/hydra. Goals (issue #14): at most 0.5 locally, at most 1
+# the ratio gorun/hydra. Goals: at most 0.5 locally, at most 1
 # across hosts. Every run must exit 0 and print nothing unexpected: a failing
 # launcher would otherwise look fast.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench-netfault.sh: what the data-plane fault hook costs (issue #17).
+# bench-netfault.sh: what the data-plane fault hook costs.
 #
 #   scripts/bench-netfault.sh [ROUNDS]      (default 7)
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Formation benchmark (issue 3): start N ranks, form the world, one barrier,
+# Formation benchmark: start N ranks, form the world, one barrier,
 # leave — `gorun -np N bin/rdzvbarrier` against `mpirun -np N` of the same
 # thing in MPI (bench/mpi/barrier.c: MPI_Init + MPI_Barrier + MPI_Finalize).
 # Runs alternate (gorun, mpirun, gorun, ...) so both see the same machine

@@ -11,7 +11,7 @@
 # step line in the new world (--timestamp-output): detection, teardown,
 # relaunch (ssh to every host across hosts), rendezvous, resume, one step.
 #
-# Scenarios (the issue's goals: <= 2 s on one host, <= 5 s on 4 hosts):
+# Scenarios (the goals: <= 2 s on one host, <= 5 s on 4 hosts):
 #   1host-kill      -np 4 on this host, kill:rank=1
 #   4hosts-kill     4 hosts x 1 slot, kill:rank=1
 #   4hosts-killhost 5 hosts x 1 slot, --max-np 4 --min-np 2: kill-host of the
@@ -23,18 +23,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 runs=${1:-5}
-py=/usr/bin/python3
-gorun=$PWD/bin/gorun
-trainer=$PWD/bin/trainer
-[ -x "$gorun" ] && [ -x "$trainer" ] || { echo "bench-restart-trainer: bin/gorun or bin/trainer missing; run make build" >&2; exit 1; }
-tmp=$(mktemp -d)
-set_name=brs$$
-set_name=${set_name:0:8}
-cleanup() {
-  tests/testhosts/netns-down.sh "$set_name" >/dev/null 2>&1 || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+bench=bench-restart-trainer set_prefix=brs
+. scripts/trainer-bench-lib.sh
 
 hosts=()
 if [ "$(id -u)" = 0 ] && tests/testhosts/netns-up.sh 5 "$set_name" --owner $$ >"$tmp/env" 2>"$tmp/netns.err"; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Step-runtime benchmarks over real processes (issues 6 and 11), printed side
+# Step-runtime benchmarks over real processes, printed side
 # by side with their goals. Both go through the path a program takes: the
 # step written as a stepgraph.Graph, the bucketing passes the trainer runs
 # (block, then overlap-preserving), and overlap's GraphRunner.
@@ -40,23 +40,23 @@
 #   tcp 2.28× / 2.80× — the executor-free reference gives 5.35×, 3.01×,
 #   16.5×, 2.40×: on TCP the per-call latency bounds the gain below 3×.
 #
-# Session 4 (load 9-20, figures swing 2×; bounds from the same runs): np 2
+# Under load (9-20, figures swing 2×; bounds from the same runs): np 2
 # shm bucketing bound 0.5-3.4× (quiet: 1.22-1.24×); views 1.05-2.50×,
 # copies (the cost model leaves 40 KB gradients alone) 0.65-1.50×; the
 # np 2 shm synthetic step 1.01× ideal, exposed 1.0% (notes/step-path.md).
 #
-# Session 5: each synthetic run also prints the schedule bound (the graph
+# Each synthetic run also prints the schedule bound (the graph
 # run on a clock with every compute and every collective at its time
 # alone, so the dependencies' cost counts) and the bound the cores allow
 # (the job's CPU time per step, computing alone plus communicating alone,
 # over its cores; and each rank's own over its own cores) and the
-# overlapped step against it, next to the issue's max(P, C).
+# overlapped step against it, next to the goal max(P, C).
 # COMPUTE=cpu replaces the sleeps by fixed arithmetic (a CPU trainer's
 # compute, which shares the cores with communication); MIN_PROCS=0 runs
-# with GOMAXPROCS as gorun sets it (1), the runtime before session 5
+# with GOMAXPROCS as gorun sets it (1), the runtime without MinProcs
 # (overlap.Config.MinProcs, notes/step-path.md).
 #
-# Session 6 (quiet, 4 rounds, medians; notes/step-path.md): × ideal /
+# Quiet (4 rounds, medians; notes/step-path.md): × ideal /
 # exposed % of C: np 2 shm 1.105 / 2.95 %, np 2 tcp 1.155 / 5.05 %, np 4 shm
 # 1.062 / 3.75 %, np 4 tcp 1.081 / 4.05 %. np 2 ranks (one core each) now
 # overlap every run: the executors widen GOMAXPROCS when the compute blocks
@@ -64,7 +64,7 @@
 # depending on the runtime monitor's polling period. Each run prints
 # GOMAXPROCS after the steps.
 #
-# Session 7: the compute is sized from C measured under the loop's own
+# The compute is sized from C measured under the loop's own
 # conditions: a first guess of C, then a short pass of the loop's steps
 # (communication alone, compute alone, serial, native, grouped) whose
 # communication alone gives the C that RATIO multiplies. Before, C came

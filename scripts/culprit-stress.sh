@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs the 6-rank "rank 3 SIGKILLed mid all-reduce" job many times and
 # prints how often gorun's final line named rank 3 with its signal and
-# counted the other five as collateral or stopped (issue #20).
+# counted the other five as collateral or stopped.
 #   scripts/culprit-stress.sh [runs]   (default 20)
 set -eu
 cd "$(dirname "$0")/.."

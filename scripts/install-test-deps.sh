@@ -15,11 +15,13 @@ set -euo pipefail
 # (nccl/nccltest), which the nccl, bench and cmd/gorun tests load.
 # passwd (useradd, userdel) and util-linux (runuser) give tests/security its
 # second user; python3 is the other user's squatter in rendezvous's
-# TestAttachNameHeldByAnotherUser. python3-torch and python3-pytest run the
-# torch backend's suite (make test-python, python/tests); gcc builds libgorun.
+# TestAttachNameHeldByAnotherUser. python3-venv makes the project's Python
+# venv, into which scripts/install-torch.sh puts torch 2.x and pytest from
+# PyPI for the torch backend's suite (make test-python, python/tests);
+# Debian's python3-torch (torch 1.13) is no longer supported. gcc builds libgorun.
 # iptables blackholes and partitions the namespace hosts (tests/multihost).
 pkgs=(iproute2 iptables procps util-linux openssh-server openssh-client slurm-wlm slurm-client munge
-  gcc libc6-dev mpich libmpich-dev libhwloc-dev openmpi-bin libopenmpi-dev libpmi2-0-dev passwd python3 python3-torch python3-pytest)
+  gcc libc6-dev mpich libmpich-dev libhwloc-dev openmpi-bin libopenmpi-dev libpmi2-0-dev passwd python3 python3-venv)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,5 +1,5 @@
 /* pmifloor: the least any launcher can do to start an MPICH program on this
- * machine, as a yardstick for scripts/bench-mpi.sh (issue #14's local goal).
+ * machine, as a yardstick for scripts/bench-mpi.sh's local goal.
  *
  *   pmifloor NP PROGRAM [ARGS...]
  *

@@ -28,6 +28,13 @@ func BucketBlocks(g *Graph, cfg buckets.Config) (*Graph, error) {
 	if err != nil {
 		return nil, err
 	}
+	out, _, err := g.bucketBlocks(ix, cfg)
+	return out, err
+}
+
+// bucketBlocks is BucketBlocks of a graph already indexed (ix) under a
+// valid config; it also returns its result's index.
+func (g *Graph) bucketBlocks(ix *index, cfg buckets.Config) (*Graph, *index, error) {
 	// The estimate of the input is what the guard holds the result to.
 	est := g.simulate(ix, cfg.Model)
 	capBytes := cfg.Cap()

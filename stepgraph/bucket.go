@@ -94,15 +94,17 @@ func (g *Graph) materialize(ix *index, bkts [][]int) *Graph {
 	out.Groups, out.Regions, out.Tensors = slices.Clone(g.Groups), slices.Clone(g.Regions), slices.Clone(g.Tensors)
 	drop := make([]bool, len(g.Nodes))
 	repl := map[int]Node{}
-	names := make(map[string]bool, len(g.Nodes))
-	for i := range g.Nodes {
-		names[g.Nodes[i].Name] = true
-	}
+	// Names in use: the input's (its index has them all) and those made
+	// here.
+	made := map[string]bool{}
 	unique := func(n string) string {
-		for names[n] {
+		for {
+			if _, old := ix.pos[n]; !old && !made[n] {
+				break
+			}
 			n += "'"
 		}
-		names[n] = true
+		made[n] = true
 		return n
 	}
 	for _, b := range bkts {
@@ -201,7 +203,10 @@ func (g *Graph) hiding(ix *index, est *Estimate) (lo, hi []int) {
 // second-order effects of the simulation, e.g. a shifted FIFO queue); for
 // BucketBlocks, which merges by block whatever the overlap, it is what keeps
 // hidden collectives hidden. In the worst case it returns the input.
-func (g *Graph) guard(ix *index, m buckets.Model, before *Estimate, bkts [][]int) (*Graph, error) {
+//
+// It also returns the index of its result, so that the planner's next pass
+// does not validate the same graph again.
+func (g *Graph) guard(ix *index, m buckets.Model, before *Estimate, bkts [][]int) (*Graph, *index, error) {
 	// What each author's start blocked before, to spot buckets that block
 	// longer than their members did.
 	was := map[string]int64{}
@@ -214,12 +219,12 @@ func (g *Graph) guard(ix *index, m buckets.Model, before *Estimate, bkts [][]int
 		out := g.materialize(ix, bkts)
 		oix, err := out.index()
 		if err != nil {
-			return nil, err // a bug: merges are legal by construction
+			return nil, nil, err // a bug: merges are legal by construction
 		}
 		after := out.simulate(oix, m)
 		exposed := exposedNow(before, after, false)
 		if len(exposed) == 0 && after.Exposed <= before.Exposed {
-			return out, nil
+			return out, oix, nil
 		}
 		// Dissolve every offending bucket at once: one round per cascade,
 		// not one per bucket, keeps the guard cheap.
@@ -269,7 +274,7 @@ func (g *Graph) guard(ix *index, m buckets.Model, before *Estimate, bkts [][]int
 			}
 		}
 		if !dissolved {
-			return g.Clone(), nil
+			return g.Clone(), ix, nil // a clone has the same index
 		}
 		bkts = keep
 	}

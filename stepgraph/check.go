@@ -72,6 +72,11 @@ func Simulate(g *Graph, m buckets.Model) (*Estimate, error) {
 
 func (g *Graph) simulate(ix *index, m buckets.Model) *Estimate {
 	est := &Estimate{busy: make([]span, len(g.Nodes)), coll: make([]int, len(g.Nodes))}
+	starts := 0
+	for _, ss := range ix.byGroup {
+		starts += len(ss)
+	}
+	est.Collectives = make([]Collective, 0, starts)
 	regions := map[string]*RegionCost{}
 	region := func(r string) *RegionCost {
 		rc, ok := regions[r]

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/gorun-hpc/gorun/buckets"
@@ -116,17 +117,28 @@ type ChunkConfig struct {
 
 // ChunkWith is Chunk with the options of ChunkConfig.
 func ChunkWith(g *Graph, cfg ChunkConfig) (*Graph, *ChunkReport, error) {
-	pattern, dirs, m := cfg.Pattern, cfg.Dirs, cfg.Model
-	if _, err := path.Match(pattern, ""); err != nil || pattern == "" {
-		return nil, nil, fmt.Errorf("%w: bad region pattern %q", ErrChunk, pattern)
-	}
-	if err := m.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, nil, err
 	}
 	ix, err := g.index()
 	if err != nil {
 		return nil, nil, err
 	}
+	out, _, rep, err := g.chunk(ix, cfg)
+	return out, rep, err
+}
+
+func (cfg ChunkConfig) validate() error {
+	if _, err := path.Match(cfg.Pattern, ""); err != nil || cfg.Pattern == "" {
+		return fmt.Errorf("%w: bad region pattern %q", ErrChunk, cfg.Pattern)
+	}
+	return cfg.Model.Validate()
+}
+
+// chunk is ChunkWith of a graph already indexed (ix) under a valid config;
+// it also returns its result's index.
+func (g *Graph) chunk(ix *index, cfg ChunkConfig) (*Graph, *index, *ChunkReport, error) {
+	pattern, dirs, m := cfg.Pattern, cfg.Dirs, cfg.Model
 	before := g.simulate(ix, m)
 	in := func(n *Node) bool {
 		return matchRegion(pattern, n.Region) && (len(dirs) == 0 || slices.Contains(dirs, n.Dir))
@@ -148,40 +160,36 @@ func ChunkWith(g *Graph, cfg ChunkConfig) (*Graph, *ChunkReport, error) {
 	// Each segment is judged against the plan as it stands, so a segment
 	// kept whole does not make a later one look better or worse than it is.
 	rep := &ChunkReport{}
-	cur, curEst := g, before
+	cur, curEst, cix := g, before, ix
 	// Last segment first: rewriting one leaves the nodes before it in place.
 	for k := len(segs) - 1; k >= 0; k-- {
-		cix, err := cur.index()
-		if err != nil {
-			return nil, nil, err
-		}
 		label := segs[k].first + ".." + segs[k].last
 		next, changed, err := cur.chunkSegment(cix, cix.pos[segs[k].first], cix.pos[segs[k].last]+1, cfg.Accumulate)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if !changed {
 			continue
 		}
 		nix, err := next.index()
 		if err != nil {
-			return nil, nil, fmt.Errorf("stepgraph: chunking %s made an invalid plan: %w", label, err)
+			return nil, nil, nil, fmt.Errorf("stepgraph: chunking %s made an invalid plan: %w", label, err)
 		}
 		est := next.simulate(nix, m)
 		if !cfg.Always && (firstExposed(before, est) != nil || est.Exposed > curEst.Exposed) {
 			rep.Kept = append([]string{label}, rep.Kept...)
 			continue
 		}
-		cur, curEst = next, est
+		cur, curEst, cix = next, est, nix
 		rep.Chunked = append([]string{label}, rep.Chunked...)
 	}
 	if cur == g {
-		cur = g.Clone()
+		cur = g.Clone() // a clone has the same index
 	}
-	return cur, rep, nil
+	return cur, cix, rep, nil
 }
 
-func chunkName(name string, c int) string { return fmt.Sprintf("%s#%d", name, c) }
+func chunkName(name string, c int) string { return name + "#" + strconv.Itoa(c) }
 
 // chunkSegment splits nodes [lo, hi) of g; see Chunk.
 func (g *Graph) chunkSegment(ix *index, lo, hi int, accumulate bool) (*Graph, bool, error) {
@@ -198,7 +206,7 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int, accumulate bool) (*Graph, bo
 		if d, ok := decl[t]; ok && d.Chunk != "" {
 			return d.Chunk
 		}
-		if w, ok := ix.writer[t]; ok && g.Nodes[w].Kind == Compute {
+		if w, ok := ix.writer[t]; ok && w >= 0 && g.Nodes[w].Kind == Compute { // -1: an input
 			return Batch
 		}
 		return Replicated
@@ -384,6 +392,9 @@ func (g *Graph) chunkSegment(ix *index, lo, hi int, accumulate bool) (*Graph, bo
 	}
 
 	out := &Graph{Groups: slices.Clone(g.Groups), Regions: slices.Clone(g.Regions), Tensors: slices.Clone(g.Tensors)}
+	// Room for every segment node twice plus the splits and joins: one
+	// allocation instead of a doubling copy of a large step.
+	out.Nodes = make([]Node, 0, len(g.Nodes)+(hi-lo)+2*len(per)+8)
 	for t, md := range per {
 		if d, ok := decl[t]; ok && d.Bytes > 0 {
 			b := d.Bytes

@@ -20,6 +20,10 @@ import (
 //	reshard [prefetch=N]      run ReshardWith (prefetch 1: Reshard); chunk pattern=P [dirs=fwd,bwd] [accumulate=1] [always=1]: run ChunkWith
 //	plan                      print the bucket plan of the current graph
 //	load                      read the input as a JSON document; json: round-trip the current graph
+//	peak                      print PeakBytes of the current graph and where it is first reached
+//	planner passes=P,... [budget=B] [pattern=P] [prefetch=N]
+//	                          run RunPlanner; print each pass's line, the peak before and after, and the
+//	                          planned graph (which becomes the current graph) when it changed
 //
 // A pass replaces the current graph with its result and prints the result,
 // then the estimates before and after.
@@ -113,6 +117,16 @@ func (s *state) run(t *testing.T, sc scenario) string {
 		}
 		s.g = g
 		return Format(g)
+	case "peak":
+		need()
+		p, at, err := PeakBytes(s.g)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		return fmt.Sprintf("peak %d bytes, first at %s", p, at)
+	case "planner":
+		need()
+		return s.planner(t, sc)
 	case "json":
 		need()
 		var buf bytes.Buffer
@@ -184,4 +198,54 @@ func (s *state) run(t *testing.T, sc scenario) string {
 		res += "check: " + cerr.Error() + "\n"
 	}
 	return res
+}
+
+// planner runs the offline planner, peak-memory budget included, on the
+// current graph.
+func (s *state) planner(t *testing.T, sc scenario) string {
+	cfg := PlannerConfig{Passes: []string{}, Buckets: s.cfg, Chunk: ChunkConfig{Pattern: "*", Accumulate: true}, ReshardPrefetch: 1}
+	for _, p := range strings.Split(sc.Args["passes"], ",") {
+		if p != "" {
+			cfg.Passes = append(cfg.Passes, p)
+		}
+	}
+	if v, ok := sc.Args["pattern"]; ok {
+		cfg.Chunk.Pattern = v
+	}
+	for k, dst := range map[string]*int64{"budget": &cfg.PeakBudget} {
+		if v, ok := sc.Args[k]; ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %s=%q: %v", sc.Pos, k, v, err)
+			}
+			*dst = n
+		}
+	}
+	if v, ok := sc.Args["prefetch"]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("%s: prefetch=%q: %v", sc.Pos, v, err)
+		}
+		cfg.ReshardPrefetch = n
+	}
+	sum, err := RunPlanner(s.g, cfg)
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	var sb strings.Builder
+	for _, p := range sum.Passes {
+		fmt.Fprintf(&sb, "%s → %d nodes, peak %d", p.Pass, p.Nodes, p.PeakBytes)
+		if p.Refused != "" {
+			fmt.Fprintf(&sb, "; %s", p.Refused)
+		}
+		sb.WriteByte('\n')
+	}
+	fmt.Fprintf(&sb, "peak %d before, %d after (at %s)\n", sum.PeakBefore, sum.PeakAfter, sum.PeakAt)
+	if out := Format(sum.Graph()); out == Format(s.g) {
+		sb.WriteString("graph unchanged\n")
+	} else {
+		sb.WriteString(out)
+		s.g = sum.Graph()
+	}
+	return sb.String()
 }

@@ -24,42 +24,85 @@ func outBytes(op Op, in int64, ranks int) int64 {
 // the members (an all-gather's output is the group size times the shard).
 // It also names the node at which the peak is first reached.
 func PeakBytes(g *Graph) (int64, string, error) {
-	ix, err := g.index()
-	if err != nil {
+	if err := g.Validate(); err != nil {
 		return 0, "", err
 	}
-	size := map[string]int64{}
-	for _, t := range g.Tensors {
-		size[t.Name] = t.Bytes
+	peak, at := g.peakBytes()
+	return peak, at, nil
+}
+
+// peakBytes is PeakBytes of a graph known to be valid (a pass's checked
+// result). One map gives every tensor a number; births, last readers and
+// sizes live in a slice, so each mention of a tensor costs one lookup.
+// The last readers are the data edges validation builds: a compute reads
+// its Reads, a start its members' inputs, a wait nothing; a tensor with no
+// writer (an input) is not counted.
+func (g *Graph) peakBytes() (int64, string) {
+	type life struct {
+		born, last int
+		size       int64
+		declared   bool
 	}
-	born := map[string]int{}
+	id := make(map[string]int, len(g.Tensors)+2*len(g.Nodes))
+	lives := make([]life, 0, len(g.Tensors)+2*len(g.Nodes))
+	for _, t := range g.Tensors {
+		if _, ok := id[t.Name]; !ok {
+			id[t.Name] = len(lives)
+			lives = append(lives, life{born: -1, last: -1, size: t.Bytes, declared: true})
+		}
+	}
+	birth := func(t string, at int) *life {
+		k, ok := id[t]
+		if !ok {
+			k = len(lives)
+			id[t] = k
+			lives = append(lives, life{born: -1, last: -1})
+		}
+		l := &lives[k]
+		l.born = at
+		return l
+	}
+	read := func(t string, at int) {
+		if k, ok := id[t]; ok && lives[k].born >= 0 {
+			lives[k].last = at
+		}
+	}
 	for i := range g.Nodes {
 		nd := &g.Nodes[i]
 		switch nd.Kind {
 		case Compute:
+			for _, t := range nd.Reads {
+				read(t, i)
+			}
 			for _, t := range nd.Writes {
-				born[t] = i
+				birth(t, i)
 			}
 		case Start:
 			for _, m := range nd.Members {
-				born[m.Out] = i
-				if _, ok := size[m.Out]; !ok {
-					size[m.Out] = outBytes(nd.Op, m.Bytes, g.groupSize(nd.Group))
+				read(m.In, i)
+			}
+			ranks := g.groupSize(nd.Group)
+			for _, m := range nd.Members {
+				if l := birth(m.Out, i); !l.declared {
+					l.size = outBytes(nd.Op, m.Bytes, ranks)
 				}
 			}
 		}
 	}
-	// Last reader from the data edges: the same edges validation built, so
-	// memory and dependencies cannot disagree about who reads what.
-	last := map[string]int{}
-	for i := range g.Nodes {
-		for _, e := range ix.preds[i] {
-			if e.kind == dataEdge {
-				last[e.tensor] = max(last[e.tensor], i)
-			}
+	n := len(g.Nodes)
+	delta := make([]int64, n+1)
+	for _, l := range lives {
+		if l.born < 0 {
+			continue
 		}
+		end := n
+		if l.last >= 0 {
+			end = l.last + 1
+		}
+		delta[l.born] += l.size
+		delta[end] -= l.size
 	}
-	return g.sweepPeak(born, last, size)
+	return sweep(g, delta)
 }
 
 // PeakCollectiveBytes estimates the most bytes of collective outputs (a
@@ -120,13 +163,20 @@ func (g *Graph) sweepPeak(born, last map[string]int, size map[string]int64) (int
 		delta[b] += size[t]
 		delta[end] -= size[t]
 	}
+	peak, at := sweep(g, delta)
+	return peak, at, nil
+}
+
+// sweep runs the prefix sum of delta over the plan and returns its maximum
+// and the node where it is first reached.
+func sweep(g *Graph, delta []int64) (int64, string) {
 	var cur, peak int64
 	at := ""
-	for i := 0; i < n; i++ {
+	for i := range g.Nodes {
 		cur += delta[i]
 		if cur > peak {
 			peak, at = cur, g.Nodes[i].Name
 		}
 	}
-	return peak, at, nil
+	return peak, at
 }

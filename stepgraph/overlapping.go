@@ -39,6 +39,13 @@ func BucketOverlap(g *Graph, cfg buckets.Config) (*Graph, error) {
 	if err != nil {
 		return nil, err
 	}
+	out, _, err := g.bucketOverlap(ix, cfg)
+	return out, err
+}
+
+// bucketOverlap is BucketOverlap of a graph already indexed (ix) under a
+// valid config; it also returns its result's index.
+func (g *Graph) bucketOverlap(ix *index, cfg buckets.Config) (*Graph, *index, error) {
 	// One simulation of the input decides everything below: hiding sets
 	// and exposure are properties of the plan the author wrote, and merges
 	// are judged against it, not against a moving target.

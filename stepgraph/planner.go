@@ -41,6 +41,11 @@ type PlannerConfig struct {
 	Chunk ChunkConfig
 	// ReshardPrefetch is ReshardConfig.Prefetch for the reshard pass.
 	ReshardPrefetch int
+	// PeakBudget, when positive, bounds the peak-memory estimate (PeakBytes)
+	// of the plan in bytes: a pass whose result would raise the estimate
+	// above it is refused, the graph before it kept, and its PassResult
+	// says why. Zero: no budget.
+	PeakBudget int64
 }
 
 // PassResult is one pass's line of the summary.
@@ -48,6 +53,13 @@ type PassResult struct {
 	Pass   string `json:"pass"`
 	Nodes  int    `json:"nodes"`
 	Report string `json:"report,omitempty"`
+	// PeakBytes is the peak-memory estimate after the pass (after the
+	// refusal, if it was refused).
+	PeakBytes int64 `json:"peak_bytes"`
+	// Refused, when set, says why the pass's rewrite was thrown away (it
+	// would have exceeded PlannerConfig.PeakBudget); Nodes and PeakBytes are
+	// then those of the graph kept.
+	Refused string `json:"refused,omitempty"`
 }
 
 // PlanBucket is one collective of the final plan.
@@ -120,20 +132,32 @@ func RunPlanner(g *Graph, cfg PlannerConfig) (*PlanSummary, error) {
 		passes = DefaultPasses
 	}
 	s := &PlanSummary{}
-	var err error
-	if s.PeakBefore, _, err = PeakBytes(g); err != nil {
+	ix, err := g.index()
+	if err != nil {
 		return nil, err
 	}
-	if s.Before, err = Simulate(g, cfg.Buckets.Model); err != nil {
-		return nil, err
+	var peakAt string
+	s.PeakBefore, peakAt = g.peakBytes()
+	s.Before = g.simulate(ix, cfg.Buckets.Model)
+	if cfg.PeakBudget < 0 {
+		return nil, fmt.Errorf("stepgraph: peak-memory budget %d bytes is negative (0: no budget)", cfg.PeakBudget)
 	}
-	cur := g
+	cur, curPeak := g, s.PeakBefore
 	for _, p := range passes {
-		var rep fmt.Stringer
+		var (
+			rep  fmt.Stringer
+			next *Graph
+		)
+		// The passes' inner forms take the index of their input and return
+		// their result's: each graph of the chain is validated once.
+		var nix *index
 		switch p {
 		case PassReshard:
 			var r *ReshardReport
-			cur, r, err = ReshardWith(cur, ReshardConfig{Model: cfg.Buckets.Model, Prefetch: cfg.ReshardPrefetch})
+			rc := ReshardConfig{Model: cfg.Buckets.Model, Prefetch: cfg.ReshardPrefetch}
+			if err = rc.validate(); err == nil {
+				next, nix, r, err = cur.reshard(ix, rc)
+			}
 			rep = r
 		case PassChunk:
 			cc := cfg.Chunk
@@ -142,31 +166,40 @@ func RunPlanner(g *Graph, cfg PlannerConfig) (*PlanSummary, error) {
 				cc.Pattern = "*"
 			}
 			var r *ChunkReport
-			cur, r, err = ChunkWith(cur, cc)
+			if err = cc.validate(); err == nil {
+				next, nix, r, err = cur.chunk(ix, cc)
+			}
 			rep = r
 		case PassBlocks:
-			cur, err = BucketBlocks(cur, cfg.Buckets)
+			next, nix, err = cur.bucketBlocks(ix, cfg.Buckets)
 		case PassOverlap:
-			cur, err = BucketOverlap(cur, cfg.Buckets)
+			next, nix, err = cur.bucketOverlap(ix, cfg.Buckets)
 		default:
 			return nil, fmt.Errorf("%w %q (known: %s, %s, %s, %s)", ErrPass, p, PassReshard, PassChunk, PassBlocks, PassOverlap)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("pass %s: %w", p, err)
 		}
-		pr := PassResult{Pass: p, Nodes: len(cur.Nodes)}
+		pr := PassResult{Pass: p}
 		if rep != nil && !isNilStringer(rep) {
 			pr.Report = strings.TrimSpace(rep.String())
 		}
+		// Every pass checks (and so validates) its own result.
+		peak, at := next.peakBytes()
+		if cfg.PeakBudget > 0 && peak > cfg.PeakBudget && peak > curPeak {
+			// Refuse the rewrite, not the plan: the graph before the pass
+			// is a valid plan within (or no further over) the budget.
+			pr.Refused = fmt.Sprintf("refused: the peak-memory estimate would rise from %d to %d bytes (at %s), over the budget of %d bytes; kept the graph before the pass",
+				curPeak, peak, at, cfg.PeakBudget)
+			next, nix, peak, at = cur, ix, curPeak, peakAt
+		}
+		cur, ix, curPeak, peakAt = next, nix, peak, at
+		pr.Nodes, pr.PeakBytes = len(cur.Nodes), curPeak
 		s.Passes = append(s.Passes, pr)
 	}
 	s.graph = cur
-	if s.After, err = Simulate(cur, cfg.Buckets.Model); err != nil {
-		return nil, err
-	}
-	if s.PeakAfter, s.PeakAt, err = PeakBytes(cur); err != nil {
-		return nil, err
-	}
+	s.After = cur.simulate(ix, cfg.Buckets.Model)
+	s.PeakAfter, s.PeakAt = curPeak, peakAt
 	s.Estimate.Before, s.Estimate.After = summarize(s.Before), summarize(s.After)
 	// Buckets in plan order, with their simulated times.
 	byStart := map[string]*Collective{}
@@ -221,6 +254,9 @@ func (s *PlanSummary) WriteText(w io.Writer) error {
 		fmt.Fprintf(&sb, "  %-8s → %d nodes", p.Pass, p.Nodes)
 		if p.Report != "" {
 			fmt.Fprintf(&sb, "; %s", strings.ReplaceAll(p.Report, "\n", "; "))
+		}
+		if p.Refused != "" {
+			fmt.Fprintf(&sb, "; %s", p.Refused)
 		}
 		sb.WriteByte('\n')
 	}

@@ -1,9 +1,11 @@
 package stepgraph
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gorun-hpc/gorun/buckets"
 )
@@ -71,22 +73,31 @@ type ReshardConfig struct {
 
 // ReshardWith is Reshard with the prefetch depth of cfg.
 func ReshardWith(g *Graph, cfg ReshardConfig) (*Graph, *ReshardReport, error) {
-	m := cfg.Model
-	if cfg.Prefetch < 0 {
-		return nil, nil, fmt.Errorf("stepgraph: reshard prefetch %d is negative", cfg.Prefetch)
-	}
-	if err := m.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, nil, err
 	}
 	ix, err := g.index()
 	if err != nil {
 		return nil, nil, err
 	}
+	out, _, rep, err := g.reshard(ix, cfg)
+	return out, rep, err
+}
+
+func (cfg ReshardConfig) validate() error {
+	if cfg.Prefetch < 0 {
+		return fmt.Errorf("stepgraph: reshard prefetch %d is negative", cfg.Prefetch)
+	}
+	return cfg.Model.Validate()
+}
+
+// reshard is ReshardWith of a graph already indexed (ix) under a valid
+// config; it also returns its result's index.
+func (g *Graph) reshard(ix *index, cfg ReshardConfig) (*Graph, *index, *ReshardReport, error) {
+	m := cfg.Model
 	before := g.simulate(ix, m)
 	rep := &ReshardReport{}
-	if rep.PeakBefore, _, err = PeakBytes(g); err != nil {
-		return nil, nil, err
-	}
+	rep.PeakBefore, _ = g.peakBytes() // g is valid: indexed above
 	// First backward reader of every tensor, found once for all starts.
 	bwdReader := map[string]int{}
 	for j := len(g.Nodes) - 1; j >= 0; j-- {
@@ -116,17 +127,18 @@ func ReshardWith(g *Graph, cfg ReshardConfig) (*Graph, *ReshardReport, error) {
 	// Round 0 places every re-gather early; rounds 1 and 2 move or drop the
 	// ones blamed for exposing something. Three rounds bound the cost and
 	// are enough: each round only moves blamed re-gathers one step further.
-	out := g.Clone()
+	var out *Graph
+	var oix *index
 	for round := 0; round < 3 && len(cands) > 0; round++ {
 		next := g.applyRegathers(ix, cands)
 		nix, err := next.index()
 		if err != nil {
-			return nil, nil, fmt.Errorf("stepgraph: reshard made an invalid plan: %w", err)
+			return nil, nil, nil, fmt.Errorf("stepgraph: reshard made an invalid plan: %w", err)
 		}
 		after := next.simulate(nix, m)
 		bad := exposedNow(before, after, false)
 		if len(bad) == 0 {
-			out = next
+			out, oix = next, nix
 			break
 		}
 		if round == 2 {
@@ -139,20 +151,7 @@ func ReshardWith(g *Graph, cfg ReshardConfig) (*Graph, *ReshardReport, error) {
 		// Blame the re-gathers queued on the same group just before a
 		// collective that became exposed: move them late, or drop them if
 		// already late.
-		byStart := map[string]*Collective{}
-		for k := range after.Collectives {
-			byStart[after.Collectives[k].Start] = &after.Collectives[k]
-		}
-		blamed := map[*regatherPlan]bool{}
-		for _, e := range bad {
-			c := byStart[e.Bucket]
-			for _, rp := range cands {
-				r := byStart[rp.name+regatherSuffix]
-				if r != nil && r.Group == c.Group && r.Issue <= c.Issue && r.End >= c.Begin {
-					blamed[rp] = true
-				}
-			}
-		}
+		blamed := blameRegathers(after, bad, cands)
 		if len(blamed) == 0 { // nothing to blame directly: fall back on all
 			for _, rp := range cands {
 				blamed[rp] = true
@@ -176,13 +175,69 @@ func ReshardWith(g *Graph, cfg ReshardConfig) (*Graph, *ReshardReport, error) {
 		rep.Regathered = append(rep.Regathered, rp.name)
 	}
 	slices.Sort(rep.Kept)
-	if len(cands) == 0 {
-		out = g.Clone()
+	if len(cands) == 0 || out == nil {
+		out, oix = g.Clone(), ix // a clone has the same index
 	}
-	if rep.PeakAfter, _, err = PeakBytes(out); err != nil {
-		return nil, nil, err
+	rep.PeakAfter, _ = out.peakBytes() // out is g or a re-indexed rewrite
+	return out, oix, rep, nil
+}
+
+// blameRegathers returns the re-gathers issued on the group of a
+// collective in bad no later than it and still running when it began: those
+// that queued in front of it. Each group's re-gathers and exposed
+// collectives are swept once in decreasing issue order, keeping the earliest
+// begin among the exposed collectives issued at or after the sweep, so the
+// cost is a sort, not a comparison of every pair.
+func blameRegathers(after *Estimate, bad []*ExposedError, cands []*regatherPlan) map[*regatherPlan]bool {
+	type point struct {
+		issue, end time.Duration // the re-gather's; for an exposed collective, issue and begin
+		rp         *regatherPlan // nil for an exposed collective
 	}
-	return out, rep, nil
+	byStart := make(map[string]*Collective, len(after.Collectives))
+	for k := range after.Collectives {
+		byStart[after.Collectives[k].Start] = &after.Collectives[k]
+	}
+	groups := map[string][]point{}
+	for _, rp := range cands {
+		if r := byStart[rp.name+regatherSuffix]; r != nil {
+			groups[r.Group] = append(groups[r.Group], point{issue: r.Issue, end: r.End, rp: rp})
+		}
+	}
+	for _, e := range bad {
+		if c := byStart[e.Bucket]; c != nil {
+			groups[c.Group] = append(groups[c.Group], point{issue: c.Issue, end: c.Begin})
+		}
+	}
+	blamed := map[*regatherPlan]bool{}
+	for _, pts := range groups {
+		// Decreasing issue; at equal issue the exposed collective first,
+		// so that it counts for re-gathers issued at the same time.
+		slices.SortStableFunc(pts, func(a, b point) int {
+			if c := cmp.Compare(b.issue, a.issue); c != 0 {
+				return c
+			}
+			return cmp.Compare(boolInt(a.rp != nil), boolInt(b.rp != nil))
+		})
+		seen, minBegin := false, time.Duration(0)
+		for _, p := range pts {
+			switch {
+			case p.rp == nil:
+				if !seen || p.end < minBegin {
+					seen, minBegin = true, p.end
+				}
+			case seen && p.end >= minBegin:
+				blamed[p.rp] = true
+			}
+		}
+	}
+	return blamed
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // regatherPlan is one re-gather: the forward start it repeats, the outputs
@@ -236,7 +291,7 @@ func planRegather(g *Graph, ix *index, bwdReader map[string]int, si, ahead int) 
 	rp.early = k + 1
 	// Never before the shards exist.
 	for _, mb := range s.Members {
-		if w, ok := ix.writer[mb.In]; ok {
+		if w, ok := ix.writer[mb.In]; ok && w >= 0 {
 			rp.early = max(rp.early, w+1)
 		}
 	}

@@ -50,7 +50,7 @@ type edge struct {
 // index is the derived structure of a valid graph that passes share.
 type index struct {
 	pos     map[string]int
-	writer  map[string]int // tensor → writing node
+	writer  map[string]int // tensor → writing node, -1 for an input
 	waitOf  []int          // start → its wait, else -1
 	startOf []int          // wait → its start, else -1
 	preds   [][]edge
@@ -96,7 +96,7 @@ func (g *Graph) regionSet() func(string) bool {
 func (g *Graph) index() (*index, error) {
 	n := len(g.Nodes)
 	ix := &index{
-		pos: make(map[string]int, n), writer: map[string]int{},
+		pos:    make(map[string]int, n),
 		waitOf: make([]int, n), startOf: make([]int, n),
 		preds: make([][]edge, n), byGroup: map[string][]int{},
 	}
@@ -107,10 +107,14 @@ func (g *Graph) index() (*index, error) {
 		}
 	}
 	regionKnown := g.regionSet()
-	inputs := map[string]bool{}
+	// writer maps every tensor to its writer, or to -1 for an input: one
+	// lookup answers "input, written, or unknown" (validation is a map
+	// lookup per tensor mention, the planner's largest fixed cost).
+	ix.writer = make(map[string]int, len(g.Tensors)+2*n)
+	owner := ix.writer
 	for _, t := range g.Tensors {
 		if t.Input {
-			inputs[t.Name] = true
+			owner[t.Name] = -1
 		}
 		switch t.Chunk {
 		case "", Batch, Partial, Replicated:
@@ -128,10 +132,12 @@ func (g *Graph) index() (*index, error) {
 		if nd.Name == "" {
 			return nil, fmt.Errorf("%w: node %d has no name", ErrInvalid, i)
 		}
-		if _, dup := ix.pos[nd.Name]; dup {
+		// One map operation: a name seen before leaves the map's size as
+		// it was.
+		had := len(ix.pos)
+		if ix.pos[nd.Name] = i; len(ix.pos) == had {
 			return nil, nodeErr(nd, ErrInvalid, "name used twice")
 		}
-		ix.pos[nd.Name] = i
 		if !nd.Dir.Valid() {
 			return nil, nodeErr(nd, ErrInvalid, "unknown direction %q", nd.Dir)
 		}
@@ -217,13 +223,10 @@ func (g *Graph) index() (*index, error) {
 			return nil, nodeErr(nd, ErrInvalid, "unknown kind %q", nd.Kind)
 		}
 		for _, t := range writes {
-			if inputs[t] {
-				return nil, nodeErr(nd, ErrInvalid, "writes input tensor %q (tensors are written once; write a new name)", t)
+			had := len(owner)
+			if owner[t] = i; len(owner) == had {
+				return nil, g.rewriteErr(i, t)
 			}
-			if w, dup := ix.writer[t]; dup {
-				return nil, nodeErr(nd, ErrInvalid, "writes tensor %q, already written by %q", t, g.Nodes[w].Name)
-			}
-			ix.writer[t] = i
 		}
 	}
 	// Pass 2: edges. Every edge is stored on its head (preds), which is what
@@ -253,12 +256,12 @@ func (g *Graph) index() (*index, error) {
 			}
 		}
 		for _, t := range reads {
-			w, ok := ix.writer[t]
+			w, ok := owner[t]
 			if !ok {
-				if !inputs[t] {
-					return nil, nodeErr(nd, ErrReadBeforeWrite, "reads tensor %q, which no node writes and is not an input", t)
-				}
-				continue
+				return nil, nodeErr(nd, ErrReadBeforeWrite, "reads tensor %q, which no node writes and is not an input", t)
+			}
+			if w < 0 {
+				continue // an input
 			}
 			ix.preds[i] = append(ix.preds[i], edge{from: int32(w), kind: dataEdge, tensor: t})
 		}
@@ -271,9 +274,13 @@ func (g *Graph) index() (*index, error) {
 		}
 	}
 	// Cycles are reported before order errors: a cycle has no valid order,
-	// and naming it tells the author what to break.
-	if err := g.findCycle(ix); err != nil {
-		return nil, err
+	// and naming it tells the author what to break. A plan order in which
+	// every edge points back is a topological order, so there is no cycle
+	// to look for.
+	if !ix.ordered() {
+		if err := g.findCycle(ix); err != nil {
+			return nil, err
+		}
 	}
 	// Plan order must be a topological order of the edges: the executor runs
 	// nodes in plan order and never reorders them, so an edge pointing
@@ -295,6 +302,36 @@ func (g *Graph) index() (*index, error) {
 		}
 	}
 	return ix, nil
+}
+
+// ordered reports whether every edge runs from an earlier node to a later
+// one in plan order.
+func (ix *index) ordered() bool {
+	for i, ps := range ix.preds {
+		for _, e := range ps {
+			if int(e.from) >= i {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// rewriteErr is the error of node i writing tensor t a second time: t is an
+// input, or an earlier node wrote it. Only the error path searches.
+func (g *Graph) rewriteErr(i int, t string) error {
+	nd := &g.Nodes[i]
+	for _, d := range g.Tensors {
+		if d.Input && d.Name == t {
+			return nodeErr(nd, ErrInvalid, "writes input tensor %q (tensors are written once; write a new name)", t)
+		}
+	}
+	for j := range g.Nodes[:i] {
+		if slices.Contains(g.Nodes[j].writes(g), t) {
+			return nodeErr(nd, ErrInvalid, "writes tensor %q, already written by %q", t, g.Nodes[j].Name)
+		}
+	}
+	return nodeErr(nd, ErrInvalid, "writes tensor %q twice", t)
 }
 
 // findCycle runs Kahn's algorithm on the dependency edges, ignoring plan
@@ -351,4 +388,24 @@ func (g *Graph) findCycle(ix *index) error {
 	}
 	names = append(names, names[0])
 	return nodeErr(&g.Nodes[path[len(path)-1]], ErrCycle, "%s", strings.Join(names, " → "))
+}
+
+// writes lists the tensors node n writes: a compute's Writes, a wait's
+// start's outputs (nil for a wait whose start is not a node).
+func (n *Node) writes(g *Graph) []string {
+	switch n.Kind {
+	case Compute:
+		return n.Writes
+	case Wait:
+		for j := range g.Nodes {
+			if s := &g.Nodes[j]; s.Name == n.Of && s.Kind == Start {
+				out := make([]string, len(s.Members))
+				for k, m := range s.Members {
+					out[k] = m.Out
+				}
+				return out
+			}
+		}
+	}
+	return nil
 }

@@ -1,7 +1,7 @@
 /*
  * copybound.c: the memory-copy rate of this host's cores when they all copy
  * at once, the anchor of scripts/bench-latency.sh for large all-reduces
- * (issue #15: >= 32 MiB at >= 90% of the two-core memory-copy bound).
+ * (the goal: >= 32 MiB at >= 90% of the two-core memory-copy bound).
  *
  * Starts -p processes (default 2), process i bound to the i-th CPU this
  * process may run on, as `gorun --bind-to auto` and mpirun bind 2 ranks.

@@ -1,6 +1,6 @@
 /*
  * corelat.c: how far apart two CPUs of this host are, as a cache line sees
- * it, for scripts/bench-latency.sh (issue #15).
+ * it, for scripts/bench-latency.sh.
  *
  * Two processes, bound to the first two CPUs this process may run on, pass
  * a counter back and forth through one shared cache line (-n round trips,
@@ -14,7 +14,7 @@
  * the two virtual CPUs on nearby or distant physical cores. Every
  * algorithm that moves freshly written bytes between the ranks follows
  * it: gorun's 2-rank 1 MiB all-reduce took 60-70 us in the first placement
- * and 200-250 us in the second (notes/shm-latency.md, session 6), so
+ * and 200-250 us in the second (notes/shm-latency.md, "The 3x swing is the VM's CPU placement"), so
  * bench-latency prints it with each round.
  *
  * usage: corelat [-n ROUNDTRIPS]

@@ -1,8 +1,8 @@
 /*
  * pairbound.c: what the fastest movement of a 2-rank float32 sum all-reduce's
  * bytes between the first two CPUs costs on this host, beside
- * bench/copybound's copy bound (issue #15, ">= 32 MiB at >= 90% of the
- * two-core memory-copy bound"; notes/shm-latency.md, session 8).
+ * bench/copybound's copy bound (the goal: ">= 32 MiB at >= 90% of the
+ * two-core memory-copy bound"; notes/shm-latency.md).
  *
  * Two processes, bound to the first two CPUs this process may run on (as
  * `gorun --bind-to auto` binds 2 ranks), each own an input and a result of

@@ -1,12 +1,12 @@
 /*
  * placewatch.c: where the VM keeps its two CPUs while a benchmark runs, for
- * scripts/bench-torch.sh (issue #12).
+ * scripts/bench-torch.sh.
  *
  * corelat measures the cache line's round trip once, on an idle host. The
  * placement during a run can differ: on the 2-core reference VM, with four
  * ranks keeping both vCPUs busy, the round trip flips between about 50 and
  * about 300 ns every few seconds, whatever corelat said just before
- * (notes/torch-backend.md, session 10). So this runs beside the benchmark:
+ * (notes/torch-backend.md). So this runs beside the benchmark:
  * every -i milliseconds (default 250) two threads, bound to the first two
  * CPUs this process may run on, pass a counter back and forth in batches of
  * 16 round trips for at most 1 ms, and the shortest batch is the round trip

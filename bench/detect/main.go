@@ -1,4 +1,4 @@
-// Command detect measures issue 17's detection promises: how long after a
+// Command detect measures the fault-detection promises: how long after a
 // rank dies (SIGKILL) or freezes (SIGSTOP) in the middle of all-reduces
 // every other rank has an error naming it, under gorun and without it.
 //

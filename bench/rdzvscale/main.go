@@ -14,7 +14,7 @@
 // Members talk over rendezvoustest's in-memory network (real UDP/TCP
 // sockets with -net udp): packets, encryption, probes and gossip are real,
 // and every member competes for the same cores, which is harsher than N
-// hosts. Goals (issue 3): formation < 2 s at 1024, detection < 2 s at
+// hosts. Goals: formation < 2 s at 1024, detection < 2 s at
 // every size.
 package main
 

@@ -8,11 +8,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/bench"
+	"github.com/gorun-hpc/gorun/internal/consolelog"
 )
 
 // benchMain is `gorun bench ...`: one rank of the collective benchmark (or,
@@ -24,15 +26,14 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "gorun bench: %v\n", err)
+		fmt.Fprintf(stderr, "gorun bench: %s; see gorun bench --help\n", strings.TrimPrefix(err.Error(), "bench: "))
 		return exitUsage
 	}
 	o.Config.Version = version
 	// Warnings of the runtime underneath (an unprotected job secret, a
 	// shared-memory fallback) go to the rank's stderr, which the launcher
 	// forwards; routine events stay quiet so the table is what one reads.
-	o.Config.Logger = zerolog.New(zerolog.ConsoleWriter{Out: stderr, NoColor: true}).
-		Level(zerolog.WarnLevel).With().Timestamp().Logger()
+	o.Config.Logger = consolelog.New(stderr, zerolog.WarnLevel)
 	// SIGTERM from the launcher (another rank failed) or Ctrl-C ends the
 	// sweep through the collectives' context: comm then fails the calls of
 	// every rank instead of leaving peers waiting.

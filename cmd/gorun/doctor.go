@@ -34,7 +34,7 @@ func doctorMain(args []string, stdout, stderr io.Writer) int {
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: gorun doctor [-H hosts | -hostfile FILE] [flags]
 
-Checks every host before a big job, the way a job would use it: the agent
+Checks every host (this one when no hosts are given) before a big job, the way a job would use it: the agent
 starts over ssh (or srun) and authenticates, gorun's version matches, the
 interface gorun would choose, two free ports, every host reaching every
 other host's address over TCP and UDP (the gossip layer's protocols), and
@@ -57,6 +57,11 @@ Flags:
 	hosts, inSlurm, launchAgent, code := resolveHosts(o, "gorun doctor", stderr)
 	if code != 0 {
 		return code
+	}
+	if len(hosts) == 0 {
+		// No host list and no allocation: check this host, as a job
+		// without -H runs here.
+		hosts = []launcher.Host{{Name: "localhost", Slots: 1}}
 	}
 	cfg := launcher.DefaultConfig()
 	cfg.Logger = log

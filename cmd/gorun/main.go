@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"syscall"
@@ -16,11 +17,52 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/gorun-hpc/gorun/internal/cliflag"
+	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/launcher"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
+// version is set at build time with -ldflags "-X main.version=..."; it is
+// what hosts of one job must agree on.
 var version = "dev"
+
+// commit is the commit the binary was built from, set by make build with
+// -ldflags "-X main.commit=..."; empty means the one Go stamped into the
+// build (vcs.revision, absent with -buildvcs=false or outside a checkout).
+var commit = ""
+
+// versionText is what --version prints: the version and the commit, so
+// that two builds can be told apart.
+func versionText() string {
+	var settings []debug.BuildSetting
+	if info, ok := debug.ReadBuildInfo(); ok {
+		settings = info.Settings
+	}
+	return describeVersion(version, commit, settings)
+}
+
+// describeVersion renders "dev (commit 573a5c1d2e4f)", with ", modified"
+// when Go recorded uncommitted changes; a commit given at link time wins
+// over the stamped one (make build marks changes with a -modified suffix).
+func describeVersion(version, commit string, settings []debug.BuildSetting) string {
+	modified := false
+	for _, s := range settings {
+		switch {
+		case s.Key == "vcs.revision" && commit == "":
+			commit = s.Value[:min(12, len(s.Value))]
+			for _, m := range settings {
+				modified = modified || m.Key == "vcs.modified" && m.Value == "true"
+			}
+		}
+	}
+	if commit == "" {
+		return version + " (commit unknown: built without make build or VCS stamping)"
+	}
+	if modified {
+		return version + " (commit " + commit + ", modified)"
+	}
+	return version + " (commit " + commit + ")"
+}
 
 // Exit codes of gorun itself; a job's own code passes through otherwise.
 const (
@@ -86,73 +128,16 @@ func writeSubcommands(w io.Writer) {
 // it was mistyped, and where to read more. -h and --help print the usage
 // (to stderr) and return done with code 0.
 func parseFlags(fs *flag.FlagSet, args []string, prog string, stderr io.Writer) (code int, done bool) {
-	usage := fs.Usage
-	fs.Usage = func() {}
-	fs.SetOutput(io.Discard)
-	err := fs.Parse(args)
 	fs.SetOutput(stderr)
-	fs.Usage = usage
-	switch {
+	switch err := cliflag.Parse(fs, args); {
 	case err == nil:
 		return 0, false
 	case errors.Is(err, flag.ErrHelp):
-		usage()
 		return 0, true
+	default:
+		fmt.Fprintf(stderr, "%s: %s; see %s --help\n", prog, err, prog)
+		return exitUsage, true
 	}
-	msg := err.Error()
-	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
-		msg = "unknown flag -" + name
-		if best := closestFlag(fs, name); best != "" {
-			msg += " (did you mean -" + best + "?)"
-		}
-	}
-	fmt.Fprintf(stderr, "%s: %s; see %s --help\n", prog, msg, prog)
-	return exitUsage, true
-}
-
-// closestFlag returns the defined flag nearest to name in edit distance,
-// or "" when none is near enough to be a likely typo (more than a third
-// of the name would have to change). A flag that name abbreviates counts
-// as near: --time for --timeout. Ties go
-// to the shorter name (VisitAll is in name order, so the result is
-// deterministic).
-func closestFlag(fs *flag.FlagSet, name string) string {
-	name = strings.TrimLeft(name, "-")
-	if i := strings.IndexByte(name, '='); i >= 0 {
-		name = name[:i]
-	}
-	best, bestDist := "", len(name)/3+1
-	fs.VisitAll(func(f *flag.Flag) {
-		d := editDistance(name, f.Name)
-		if len(name) >= 3 && strings.HasPrefix(f.Name, name) {
-			d = min(d, 1)
-		}
-		if d < bestDist || d == bestDist && best != "" && len(f.Name) < len(best) {
-			best, bestDist = f.Name, d
-		}
-	})
-	return best
-}
-
-// editDistance is the Levenshtein distance between a and b.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // repeated is a flag.Value collecting every occurrence (-x A -x B=1).
@@ -288,8 +273,18 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return code
 	}
 	if o.version {
-		fmt.Fprintf(stdout, "gorun %s\n", version)
+		fmt.Fprintf(stdout, "gorun %s\n", versionText())
 		return 0
+	}
+	npSet := ""
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "np" || f.Name == "n" {
+			npSet = f.Name
+		}
+	})
+	if npSet != "" && o.np < 1 {
+		fmt.Fprintf(stderr, "gorun: -%s %d: the number of ranks must be at least 1 (leave -np out for one rank per slot)\n", npSet, o.np)
+		return exitUsage
 	}
 	argv := fs.Args()
 	if len(argv) == 0 {
@@ -454,7 +449,7 @@ func newLogger(o options, stderr io.Writer) (zerolog.Logger, error) {
 	var w io.Writer
 	switch o.logFormat {
 	case "console":
-		w = zerolog.ConsoleWriter{Out: stderr, TimeFormat: "15:04:05.000", NoColor: !colorTerminal(stderr)}
+		w = zerolog.ConsoleWriter{Out: stderr, TimeFormat: consolelog.TimeFormat, NoColor: !colorTerminal(stderr)}
 	case "json":
 		w = stderr
 	default:

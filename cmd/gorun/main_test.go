@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"testing"
@@ -133,9 +134,11 @@ func TestCommandLine(t *testing.T) {
 		{name: "exit policy flag", args: []string{"--exit-policy", "worst", "RANK"}, code: 2, stderr: "expected first, lowest or max"},
 		{name: "unknown flag", args: []string{"--frobnicate", "RANK"}, code: 2, stderr: "gorun: unknown flag -frobnicate; see gorun --help\n"},
 		{name: "no program", args: []string{"-np", "2"}, code: 2, stderr: "no program given"},
-		{name: "version", args: []string{"--version"}, stdout: "gorun dev\n"},
+		{name: "version", args: []string{"--version"}, stdout: "gorun dev (commit "},
+		{name: "zero ranks", args: []string{"-np", "0", "RANK"}, code: 2,
+			stderr: "gorun: -np 0: the number of ranks must be at least 1 (leave -np out for one rank per slot)\n"},
+		{name: "negative ranks", args: []string{"-n", "-1", "RANK"}, code: 2, stderr: "gorun: -n -1: the number of ranks must be at least 1"},
 		{name: "help", args: []string{"--help"}, stderr: "Examples:"},
-		{name: "doctor without hosts", args: []string{"doctor"}, code: 1, stderr: "doctor needs hosts"},
 		{name: "doctor bad launcher", args: []string{"doctor", "-H", "n1", "--launcher", "rsh"}, code: 2, stderr: `gorun doctor: --launcher "rsh": expected auto, ssh or srun`},
 		{name: "doctor bad ssh-kex", args: []string{"doctor", "-H", "n1", "--ssh-kex", "pq"}, code: 2, stderr: `gorun doctor: --ssh-kex "pq": expected fast or default`},
 		{name: "bad ssh-kex", args: []string{"--ssh-kex", "pq", "-np", "1", "true"}, code: 2, stderr: `gorun: --ssh-kex "pq": expected fast or default`},
@@ -291,6 +294,8 @@ func TestUsageErrorsAreOneLine(t *testing.T) {
 		{[]string{"-np", "four", "true"}, "gorun: invalid value \"four\" for flag -np: parse error; see gorun --help\n"},
 		{[]string{"doctor", "--hostfle", "h"}, "gorun doctor: unknown flag -hostfle (did you mean -hostfile?); see gorun doctor --help\n"},
 		{[]string{"plan", "--pases", "x"}, "gorun plan: unknown flag -pases (did you mean -passes?); see gorun plan --help\n"},
+		{[]string{"bench", "allreduce", "--bogus"}, "gorun bench: unknown flag -bogus; see gorun bench --help\n"},
+		{[]string{"bench", "allreduce", "--iter", "3"}, "gorun bench: unknown flag -iter (did you mean -iters?); see gorun bench --help\n"},
 		{[]string{"--session", "shard", "true"}, "gorun: --session \"shard\": expected auto, shared or own\n"},
 		{[]string{"-x", "GORUN_SESSION=shard", "true"}, "gorun: -x GORUN_SESSION=shard: expected auto, shared or own\n"},
 	}
@@ -400,5 +405,40 @@ func TestMillionHostHostfileRefused(t *testing.T) {
 	}
 	if d := time.Since(start); d > 60*time.Second {
 		t.Errorf("refusal took %v", d)
+	}
+}
+
+// --version names the commit: the one make build passes at link time, else
+// the one Go stamped into the build.
+func TestDescribeVersion(t *testing.T) {
+	stamped := []debug.BuildSetting{{Key: "vcs.revision", Value: "573a5c1d2e4f0123456789abcdef0123456789ab"}, {Key: "vcs.modified", Value: "true"}}
+	for _, c := range []struct {
+		commit   string
+		settings []debug.BuildSetting
+		want     string
+	}{
+		{"", nil, "dev (commit unknown: built without make build or VCS stamping)"},
+		{"", stamped[:1], "dev (commit 573a5c1d2e4f)"},
+		{"", stamped, "dev (commit 573a5c1d2e4f, modified)"},
+		{"0123456789ab-modified", stamped, "dev (commit 0123456789ab-modified)"},
+	} {
+		if got := describeVersion("dev", c.commit, c.settings); got != c.want {
+			t.Errorf("describeVersion(dev, %q, %v) = %q, want %q", c.commit, c.settings, got, c.want)
+		}
+	}
+}
+
+// gorun doctor without hosts checks this host, as a job without -H runs
+// here. It needs the real binary: the host agent is gorun re-executed.
+func TestDoctorWithoutHostsChecksThisHost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds cmd/gorun")
+	}
+	dir := launchertest.Build(t, "cmd/gorun")
+	cmd := exec.Command(dir+"/gorun", "doctor")
+	cmd.Dir = t.TempDir()
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "\nlocalhost ") || !strings.Contains(string(out), "all 1 host ready") {
+		t.Fatalf("gorun doctor: %v\n%s", err, out)
 	}
 }

@@ -42,6 +42,7 @@ func planMain(args []string, stdout, stderr io.Writer) int {
 	regions := fs.String("chunk-regions", "*", "regions the chunk pass splits (a path.Match `PATTERN` over dotted names)")
 	accumulate := fs.Bool("chunk-accumulate", true, "chunk pass: sum the chunks' partial gradients before one collective")
 	reshardAhead := fs.Int("reshard-prefetch", 1, "reshard pass: start each re-gather `N` backward blocks before its reader's block")
+	budget := fs.Int64("peak-budget", 0, "refuse any pass that would raise the peak-memory estimate above `BYTES` (0: no budget)")
 	out := fs.String("o", "", "also write the planned graph as JSON to `FILE`")
 	var files []string
 	// Flags may come before or after the file.
@@ -63,6 +64,7 @@ func planMain(args []string, stdout, stderr io.Writer) int {
 	cfg.Buckets.CapBytes = *capBytes
 	cfg.Chunk = stepgraph.ChunkConfig{Pattern: *regions, Accumulate: *accumulate}
 	cfg.ReshardPrefetch = *reshardAhead
+	cfg.PeakBudget = *budget
 	for _, p := range strings.Split(*passes, ",") {
 		if p = strings.TrimSpace(p); p != "" {
 			cfg.Passes = append(cfg.Passes, p)

@@ -128,3 +128,22 @@ func TestPlanErrors(t *testing.T) {
 		})
 	}
 }
+
+// --peak-budget reaches the planner: on the trainer's sharded step the chunk
+// pass raises the peak estimate (266756 → 478212 bytes), so a budget
+// between the two refuses it and the text says so; a budget above accepts.
+func TestPlanPeakBudget(t *testing.T) {
+	f := filepath.Join("..", "..", "libgorun", "testdata", "trainer-step.json")
+	for _, tc := range []struct {
+		budget  string
+		refused bool
+	}{{"300000", true}, {"500000", false}} {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"plan", "--passes", "chunk", "--peak-budget", tc.budget, f}, nil, &stdout, &stderr); code != 0 {
+			t.Fatalf("budget %s: exit %d: %s", tc.budget, code, stderr.String())
+		}
+		if got := strings.Contains(stdout.String(), "refused: the peak-memory estimate would rise"); got != tc.refused {
+			t.Errorf("budget %s: refused=%v, want %v:\n%s", tc.budget, got, tc.refused, stdout.String())
+		}
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/rank"
 )
 
@@ -34,7 +35,7 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "desyncdemo: -mode %q: want desync or late\n", *mode)
 		return 2
 	}
-	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(zerolog.WarnLevel)
+	log := consolelog.New(os.Stderr, zerolog.WarnLevel)
 	opts := rank.DefaultOptions()
 	opts.Logger = log
 	ctx := context.Background()

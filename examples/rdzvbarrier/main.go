@@ -21,6 +21,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/rendezvous"
 )
 
@@ -41,8 +42,7 @@ func run() int {
 	if *verbose {
 		lvl = zerolog.InfoLevel
 	}
-	cfg.Logger = zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: "15:04:05.000"}).
-		Level(lvl).With().Timestamp().Logger()
+	cfg.Logger = consolelog.New(os.Stderr, lvl)
 
 	// SIGTERM from the launcher (another rank failed) ends the wait cleanly.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -15,7 +15,8 @@
 //
 // Rank 0 prints one line per step, "step N loss X time Yms" (X with full
 // float32 precision, so runs compare bit for bit), and a summary with the
-// exposed-communication fraction. With --deterministic every reduction
+// mean step time and exposed-communication fraction over every step but the
+// first (which warms caches and connections; the summary names the steps). With --deterministic every reduction
 // follows one pairwise tree over the global batch, so the losses do not
 // depend on the rank count, bucketing, overlap, resharding or chunking.
 //
@@ -36,6 +37,7 @@ import (
 	"syscall"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/overlap"
 	"github.com/gorun-hpc/gorun/rank"
 	"github.com/rs/zerolog"
@@ -91,7 +93,7 @@ func mainErr(args []string) int {
 	if verbose {
 		lvl = zerolog.DebugLevel
 	}
-	log := zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr, NoColor: true}).Level(lvl).With().Timestamp().Logger()
+	log := consolelog.New(os.Stderr, lvl)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if o.checkpoint != "" {

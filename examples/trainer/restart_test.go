@@ -87,7 +87,7 @@ func worldLines(out string) map[string][]string {
 	return worlds
 }
 
-// TestRealKillResume: the promise for checkpoints, with real
+// TestRealKillResume: the checkpoint promise (a bit-exact resume), with real
 // processes. Rank 1 is killed by gorun once it has reported step 7
 // (--inject kill:rank=1:after-steps=7; the trainer checkpoints every 3
 // steps); gorun starts a new world (--max-restarts 1), whose trainer

@@ -486,10 +486,27 @@ func run(ctx context.Context, o options, cm overlap.Comm, log zerolog.Logger, ou
 	if lead {
 		tot, steps := res.total, max(o.steps-first-1, 1)
 		avg := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 / float64(steps) }
-		fmt.Fprintf(out, "summary: %d steps, mean step %.2fms, compute %.2fms, comm %.2fms, exposed comm %.2fms, exposed-communication fraction %.3f, %d collectives/step, peak collective memory %d bytes (plan estimate %d), params %016x\n",
-			o.steps, avg(tot.Time), avg(tot.Compute), avg(tot.Comm), avg(tot.Exposed), tot.ExposedFraction(), tot.Collectives/steps, tot.PeakBytes, t.peakEstimate, res.params)
+		fmt.Fprintf(out, "summary: %d steps, mean step %.2fms (%s), compute %.2fms, comm %.2fms, exposed comm %.2fms, exposed-communication fraction %.3f, %d collectives/step, peak collective memory %d bytes (plan estimate %d), params %016x\n",
+			o.steps, avg(tot.Time), measuredSteps(first, o.steps), avg(tot.Compute), avg(tot.Comm), avg(tot.Exposed), tot.ExposedFraction(), tot.Collectives/steps, tot.PeakBytes, t.peakEstimate, res.params)
 	}
 	return res, nil
+}
+
+// measuredSteps names the steps the summary's means are taken over, 1-based:
+// every step run after the first of this run (first is the 0-based step it
+// resumed at), which warms caches and connections; a one-step run measures
+// its only step.
+func measuredSteps(first, steps int) string {
+	switch lo := first + 2; {
+	case steps == 1 && first == 0:
+		return "step 1"
+	case lo > steps:
+		return fmt.Sprintf("no step measured: step %d warms up", first+1)
+	case lo == steps:
+		return fmt.Sprintf("step %d; step %d warms up", lo, first+1)
+	default:
+		return fmt.Sprintf("steps %d-%d; step %d warms up", lo, steps, first+1)
+	}
 }
 
 // maybeCheckpoint writes a checkpoint after step (1-based) when

@@ -9,9 +9,9 @@ the python3 that has torch. See python/README.md for what is supported.
 """
 
 from ._lib import GorunError, GorunTimeout, library_path
-from .backend import BACKEND, Options, ProcessGroupGorun, finalize, register
+from .backend import BACKEND, GorunBackend, Options, ProcessGroupGorun, finalize, register
 
 register()
 
-__all__ = ["BACKEND", "GorunError", "GorunTimeout", "Options", "ProcessGroupGorun", "finalize",
+__all__ = ["BACKEND", "GorunBackend", "GorunError", "GorunTimeout", "Options", "ProcessGroupGorun", "finalize",
            "library_path", "register"]

@@ -26,7 +26,7 @@ import weakref
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup, ReduceOp, Work
+from torch._C._distributed_c10d import Backend as _C10dBackend, ProcessGroup, ReduceOp, Work
 from torch.futures import Future
 
 from . import _lib
@@ -88,22 +88,71 @@ class Options:
 
 _world_lock = threading.Lock()
 _world = None  # world communicator handle
-_world_config = None
+_world_config = None  # the options part of gorun_init's config (options.config(timeout))
+_world_timeout_ms = 0  # the world's timeout (0: none): subgroups with another enforce theirs
 _world_members = None  # the global ranks of gorun's world when it is not all of torch's
 
 
-def _bootstrap_env(store, rank, size, force=False):
-    """Outside gorun (torchrun, or a hand-set RANK/WORLD_SIZE/MASTER_ADDR),
-    gorun's rendezvous needs an endpoint and a job secret that every rank
-    agrees on. torch's own store is the one thing they already share: rank 0
-    picks a free port next to the store and a random secret and publishes
-    them, and every rank hands them to the library as environment overrides
-    (the library cannot see os.environ changes: Go's runtime reads the
-    environment the process started with). torch's store holds MASTER_PORT
-    itself, so the rendezvous cannot use it."""
-    if not force and ("GORUN_RANK" in os.environ or "GORUN_RDZV_ENDPOINT" in os.environ or size <= 1
-                      or store is None):
+def _env_identity():
+    """(rank, size) as the environment the process started with says:
+    gorun's own variables, else torch's; None where it says nothing."""
+    for rk, sk in (("GORUN_RANK", "GORUN_WORLD_SIZE"), ("RANK", "WORLD_SIZE")):
+        r, n = os.environ.get(rk), os.environ.get(sk)
+        if r is not None and n is not None:
+            try:
+                return int(r), int(n)
+            except ValueError:
+                return None
+    return None
+
+
+def _agree(store, key, mine, size):
+    """Whether mine (a bool) holds on every one of the size ranks that call
+    this with the same store and key: one counter of dissenters and one of
+    arrivals, so each rank makes O(1) store calls."""
+    store.add("gorun/%s/no" % key, 0 if mine else 1)
+    if store.add("gorun/%s/arrived" % key, 1) == size:
+        store.set("gorun/%s/done" % key, "1")
+    store.wait(["gorun/%s/done" % key])
+    return store.add("gorun/%s/no" % key, 0) == 0
+
+
+def _identity_env(store, rank, size):
+    """gorun_init's env.NAME=VALUE overrides that make the library's rank
+    the one torch passed (init_process_group's rank and world_size, or a
+    group's), whatever the environment the process started with says:
+    Go's runtime reads that environment, not later os.environ changes.
+
+    When every rank was started by gorun as exactly this rank of this world
+    (gorun -np N with env:// or any init_method), gorun's own rendezvous is
+    used as it is: no overrides. Otherwise (torchrun, mp.spawn with tcp:// or
+    file://, WORLD_SIZE without RANK, children of a gorun rank, a gorun
+    group of some of torch's ranks) the rendezvous is bootstrapped through
+    torch's store: rank 0 picks a free port next to MASTER_ADDR, a random
+    secret and a job id, and every rank takes its identity from torch, its
+    host-local numbering from torch's LOCAL_RANK/LOCAL_WORLD_SIZE when the
+    environment's RANK/WORLD_SIZE are torch's too (torchrun) or else from
+    the hosts the ranks publish in the store. The decision is taken by all
+    ranks together, so that none joins gorun's rendezvous while another
+    bootstraps its own."""
+    launched = "GORUN_RDZV_ENDPOINT" in os.environ and "GORUN_SECRET" in os.environ
+    env = _env_identity()
+    if store is None:
+        if size == 1 and env in (None, (0, 1)):
+            return ""  # a world of one needs nobody
+        raise GorunError("gorun: torch gave no store to agree on a rendezvous through (rank %d of %d)"
+                         % (rank, size), "GORUN_ERR_INIT")
+    if _agree(store, "launch", launched and env == (rank, size), size):
         return ""
+    torchrun = env == (rank, size) and "LOCAL_RANK" in os.environ and "LOCAL_WORLD_SIZE" in os.environ
+    if _agree(store, "torchrun", torchrun, size):
+        local, nlocal = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    else:
+        host = os.environ.get("GORUN_HOST") or socket.gethostname()
+        store.set("gorun/host/%d" % rank, host)
+        hosts = [store.get("gorun/host/%d" % r).decode() for r in range(size)]
+        mates = [r for r in range(size) if hosts[r] == host]
+        local, nlocal = mates.index(rank), len(mates)
     if rank == 0:
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -115,59 +164,53 @@ def _bootstrap_env(store, rank, size, force=False):
         store.set("gorun/rdzv", "%s:%d" % (host, port))
         store.set("gorun/secret", secrets.token_hex(32))
         store.set("gorun/job", "torch-" + secrets.token_hex(8))
-    return " env.GORUN_RDZV_ENDPOINT=%s env.GORUN_SECRET=%s" % (
-        store.get("gorun/rdzv").decode(), store.get("gorun/secret").decode())
+    return (" env.GORUN_RDZV_ENDPOINT=%s env.GORUN_SECRET=%s env.GORUN_JOB_ID=%s env.GORUN_RANK=%d "
+            "env.GORUN_WORLD_SIZE=%d env.GORUN_LOCAL_RANK=%d env.GORUN_LOCAL_WORLD_SIZE=%d" % (
+                store.get("gorun/rdzv").decode(), store.get("gorun/secret").decode(),
+                store.get("gorun/job").decode(), rank, size, local, nlocal))
+
+
+def _timeout_ms(timeout):
+    if timeout is None or timeout.total_seconds() <= 0:
+        return 0
+    return int(timeout.total_seconds() * 1000)
 
 
 def _init_world(store, rank, size, options, timeout, members=None):
-    """gorun's world: every rank of torch's default group, or, when members
-    is given (a gorun group made while the default group has another
-    backend, so that only the group's members run this), those global
-    ranks alone, as a world of their own bootstrapped through the group's
-    store."""
-    global _world, _world_config, _world_members
+    """gorun's world: every rank of torch's default group (rank and size as
+    torch passed them), or, when members is given (a gorun group made while
+    the default group has another backend, so that only the group's
+    members run this), those global ranks alone, as a world of their own
+    bootstrapped through the group's store. One world per process at a
+    time: destroy_process_group (or finalize()) ends it."""
+    global _world, _world_config, _world_members, _world_timeout_ms
     with _world_lock:
         cfg = options.config(timeout)
         if _world is not None:
-            if cfg != _world_config:
-                raise GorunError("gorun: already initialized with %r; destroy_process_group and "
-                                 "finalize() first to change options to %r" % (_world_config, cfg),
-                                 "GORUN_ERR_INVALID")
-            return _world
-        extra = _members_env(store, rank, size, members) if members else _bootstrap_env(store, rank, size)
+            raise GorunError("gorun: a gorun world already exists in this process (%s); destroy_process_group() "
+                             "ends it before another init_process_group" % _world_config, "GORUN_ERR_INVALID")
+        extra = _identity_env(store, rank, size)
         l = _lib.lib()
         h = ctypes.c_int64()
         _lib.check(l.gorun_init((cfg + extra).encode(), ctypes.byref(h)), "gorun_init")
         _world, _world_config, _world_members = h.value, cfg, members
-        atexit.register(_finalize_at_exit)
+        _world_timeout_ms = _timeout_ms(timeout)
         return _world
 
 
-def _members_env(store, rank, size, members):
-    """The rank environment of a world made of some of torch's ranks:
-    identity, host-local numbering (shared memory pairs ranks by host), a
-    rendezvous endpoint and secret, all agreed through the group's store
-    and handed to the library as overrides of what the launcher set."""
-    host = os.environ.get("GORUN_HOST") or socket.gethostname()
-    store.set("gorun/host/%d" % rank, host)
-    hosts = [store.get("gorun/host/%d" % r).decode() for r in range(size)]
-    local = [r for r in range(size) if hosts[r] == host]
-    env = _bootstrap_env(store, rank, size, force=True)
-    return env + (" env.GORUN_RANK=%d env.GORUN_WORLD_SIZE=%d env.GORUN_LOCAL_RANK=%d "
-                  "env.GORUN_LOCAL_WORLD_SIZE=%d env.GORUN_JOB_ID=%s" % (
-                      rank, size, local.index(rank), len(local), store.get("gorun/job").decode()))
+atexit.register(lambda: _finalize_at_exit())
 
 
 def finalize():
     """Closes every gorun communicator and leaves the world (at exit this
     runs by itself). After it, init_process_group("gorun") starts afresh."""
-    global _world, _world_config, _world_members
+    global _world, _world_config, _world_members, _world_timeout_ms
     with _world_lock:
         if _world is None or not _lib.loaded():
             return
         for pg in list(_live_groups):
             pg._stop()
-        _world, _world_config, _world_members = None, None, None
+        _world, _world_config, _world_members, _world_timeout_ms = None, None, None, 0
         _lib.check(_lib.lib().gorun_finalize(), "gorun_finalize")
 
 
@@ -273,7 +316,16 @@ class GorunWork(Work):
             ms = int(timeout.total_seconds() * 1000)
         elif isinstance(timeout, (int, float)) and timeout > 0:
             ms = int(timeout * 1000)
+        bounded = ms < 0 and self._pg._wait_ms > 0
+        if bounded:
+            ms = self._pg._wait_ms
         if not self._wait_native(ms):
+            if bounded:
+                msg = "gorun %s: not complete after the group's timeout of %d ms; the group is aborted" % (
+                    self._what, ms)
+                self._pg.abort(msg)
+                self._wait_native(-1)
+                raise _lib.GorunTimeout(msg, "GORUN_ERR_TIMEOUT", -1)
             raise _lib.GorunTimeout("gorun %s: not complete after %d ms (the call goes on)" % (self._what, ms),
                                     "GORUN_ERR_TIMEOUT", -1)
         if self._exc is not None:
@@ -324,7 +376,7 @@ class GorunWork(Work):
                 if self._done:
                     _settle(self._future, self._outputs, self._exc)
                 else:
-                    self._pg._completer.q.put(self)
+                    self._pg._complete_in_order(self)
             return self._future
 
 
@@ -341,6 +393,27 @@ class _DoneWork(GorunWork):
     def __init__(self, pg, what, outputs, post=None):
         super().__init__(pg, what, [], None, outputs, post)
         self._finish(None)
+
+
+class _WorkList(GorunWork):
+    """The Work of several calls issued separately (end_coalescing): it
+    completes when they all have, with the first failure."""
+
+    def __init__(self, pg, what, works):
+        super().__init__(pg, what, [], None, [o for w in works for o in (w._outputs or [])])
+        self._works = works
+
+    def _wait_native(self, timeout_ms):
+        for w in self._works:
+            if not w._wait_native(timeout_ms):
+                return False
+        self._finish(next((w._exc for w in self._works if w._exc is not None), None))
+        return True
+
+    def is_completed(self):
+        if all(w.is_completed() for w in self._works):
+            return self._wait_native(-1)
+        return False
 
 
 class _SyncWork(Work):
@@ -549,6 +622,12 @@ class _Channel:
         w._reqs.append(r.value)
         w._issued.set()
 
+    def free(self):
+        with self._mu:
+            h, self._h = self._h, None
+        if h:
+            _lib.lib().gorun_comm_free(h)
+
     def submit(self, pg, what, issue, t):
         w = GorunWork(pg, what, [], [t], [t])
         w._issued = threading.Event()
@@ -560,25 +639,74 @@ class _Channel:
         return w
 
 
-class ProcessGroupGorun(ProcessGroup):
-    """torch.distributed's ProcessGroup on gorun's runtime (CPU tensors)."""
+class _Gorun:
+    """The collectives of a gorun group on one communicator (CPU tensors),
+    shared by the two shapes torch takes a backend in (below).
 
-    def __init__(self, handle, rank, size, ranks, timeout):
-        super().__init__(rank, size)
+    wait_ms: the group's own timeout when it differs from the world's (the
+    library's watchdog enforces the world's): its calls are then issued
+    asynchronously and waited for that long, after which the group is
+    aborted on every rank and the call raises GorunTimeout naming it."""
+
+    def _setup(self, handle, ranks, timeout, store, wait_ms, world, owner=None):
         self._h = handle
         self._ranks = ranks
         self._timeout = timeout
+        self._store = store
+        self._wait_ms = wait_ms
+        self._is_world = world
+        self._owner = owner  # the ProcessGroupGorun this backend serves, if any
+        self._coalescing = None  # the Works issued between start_coalescing and end_coalescing
         self._pending = {}
         self._recent = collections.deque(maxlen=self._RETAIN)
         self._channels = {}
         self._l = _lib.lib()
         self._ar = self._l.gorun_allreduce  # one attribute read less per call
-        self._completer = _Completer("gorun-completer-%d" % handle)
-        self._completer.start()
+        self._completer = None
+        self._shut = False
         _live_groups.add(self)
 
+    def _complete_in_order(self, w):
+        if self._completer is None:
+            self._completer = _Completer("gorun-completer-%d" % self._h)
+            self._completer.start()
+        self._completer.q.put(w)
+
+    # torch reads these through attribute lookup on the Python object; a
+    # subclass that does not define them sends torch's lookup back into
+    # itself (RecursionError in batch_isend_irecv). Coalescing: calls issued
+    # between start_coalescing and end_coalescing are ordinary asynchronous
+    # calls on the group, so torch's NCCL-style coalescing of
+    # point-to-point calls (which would then wait on end_coalescing's Work
+    # alone) is not offered.
+    supports_coalescing = property(lambda self: False)
+    supports_splitting = property(lambda self: False)
+    supports_shrinking = property(lambda self: False)
+    supports_reconfigure = property(lambda self: False)
+    supports_window = property(lambda self: False)
+    _supports_time_estimate = property(lambda self: False)
+
+    def shutdown(self):
+        """destroy_process_group: the group's communicator is freed and, for
+        the group that founded gorun's world, the world is finalized, so that
+        init_process_group can start another in this process."""
+        if self._owner is not None:
+            return self._owner.shutdown()
+        if self._shut:
+            return
+        self._shut = True
+        self._stop()
+        self._store = None
+        if self._is_world:
+            finalize()
+        elif _world is not None and _lib.loaded():
+            for ch in list(self._channels.values()):
+                ch.free()
+            self._l.gorun_comm_free(self._h)
+
     def _stop(self):
-        self._completer.q.put(None)
+        if self._completer is not None:
+            self._completer.q.put(None)
 
     # A Work that C++ holds (DDP, verify_params_across_processes) is reached
     # through torch's trampoline only while its Python object lives: once the
@@ -614,9 +742,12 @@ class ProcessGroupGorun(ProcessGroup):
         """Issues one library call per entry of calls (or fn once) and returns
         the Work. fn(lib, req_ptr) issues and returns the status; with a
         NULL req_ptr the library runs the call to completion before it
-        returns (synchronous callers, see _caller_waits)."""
+        returns (synchronous callers, see _caller_waits). Several calls
+        (a coalesced call) are issued back to back on this group's
+        communicator, where the library may fuse them."""
         l = self._l
-        if _caller_waits():
+        sync = _caller_waits()
+        if sync and not self._wait_ms and self._coalescing is None:
             for f in (calls if calls is not None else (fn,)):
                 rc = f(l, None)
                 if rc != _lib.OK:
@@ -634,7 +765,27 @@ class ProcessGroupGorun(ProcessGroup):
                     l.gorun_request_free(q)
                 raise exc
             reqs.append(r.value)
-        return GorunWork(self, what, reqs, keep, outputs, post)
+        w = GorunWork(self, what, reqs, keep, outputs, post)
+        if self._coalescing is not None:
+            self._coalescing.append(w)
+        elif sync:
+            w.wait()  # bounded by the group's own timeout
+            return _SYNC_DONE
+        return w
+
+    # -- coalescing (torch's _coalescing_manager with a device) --
+    def start_coalescing(self):
+        if self._coalescing is not None:
+            raise RuntimeError("gorun start_coalescing: already coalescing on this group")
+        self._coalescing = []
+
+    def end_coalescing(self):
+        """One Work for every call issued since start_coalescing: they went
+        to the library back to back as they came, asynchronously."""
+        if self._coalescing is None:
+            raise RuntimeError("gorun end_coalescing: start_coalescing was not called on this group")
+        ws, self._coalescing = self._coalescing, None
+        return _WorkList(self, "coalesced calls", ws)
 
     # -- collectives --
     def allreduce(self, tensors, opts=None):
@@ -741,7 +892,7 @@ class ProcessGroupGorun(ProcessGroup):
                                                                 k, dt, r),
                            [inp, flat] + list(outs), [outs], post)
 
-    def _allgather_base(self, output, input, opts=None):
+    def all_gather_single(self, output, input, opts=None):
         what = "all_gather_into_tensor"
         dt = _check(input, what, "input")
         _check(output, what, "output")
@@ -753,13 +904,71 @@ class ProcessGroupGorun(ProcessGroup):
                                                                 dt, r),
                            [input, output], [output])
 
+    _allgather_base = all_gather_single  # older torch's name
+
+    def _coalesced_calls(self, what, pairs, issue):
+        """calls for _issue: issue(inp, out, dt) per (input, output) pair,
+        each checked first (same dtype, sizes as one call of its kind)."""
+        calls, keep = [], []
+        for i, (inp, out) in enumerate(pairs):
+            dt = _check(inp, what, "inputs[%d]" % i)
+            _check(out, what, "outputs[%d]" % i)
+            _same(inp, out, what, "inputs[%d]" % i, "outputs[%d]" % i)
+            calls.append(issue(inp, out, dt, i))
+            keep += [inp, out]
+        return calls, keep
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        """all_gather_into_tensor for each (output, input) pair, issued back
+        to back (functional collectives' all_gather_into_tensor_coalesced,
+        _coalescing_manager)."""
+        what = "all_gather_into_tensor_coalesced"
+        if len(outputs) != len(inputs):
+            raise ValueError("gorun %s: %d outputs for %d inputs" % (what, len(outputs), len(inputs)))
+        n = self.size()
+
+        def issue(inp, out, dt, i):
+            if out.numel() != inp.numel() * n:
+                raise ValueError("gorun %s: outputs[%d] has %d elements, want %d (input %d × group of %d)"
+                                 % (what, i, out.numel(), inp.numel() * n, inp.numel(), n))
+            return lambda l, r: l.gorun_allgather(self._h, _ptr(inp), _ptr(out), inp.numel(), dt, r)
+        calls, keep = self._coalesced_calls(what, list(zip(inputs, outputs)), issue)
+        return self._issue(what, None, keep, list(outputs), calls=calls)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        """reduce_scatter_tensor for each (output, input) pair, issued back
+        to back (functional collectives' reduce_scatter_tensor_coalesced,
+        _coalescing_manager)."""
+        what = "reduce_scatter_tensor_coalesced"
+        if len(outputs) != len(inputs):
+            raise ValueError("gorun %s: %d outputs for %d inputs" % (what, len(outputs), len(inputs)))
+        n = self.size()
+
+        def issue(inp, out, dt, i):
+            op = _op(opts, what, dt)
+            if inp.numel() != out.numel() * n:
+                raise ValueError("gorun %s: inputs[%d] has %d elements, want %d (output %d × group of %d)"
+                                 % (what, i, inp.numel(), out.numel() * n, out.numel(), n))
+            return lambda l, r: l.gorun_reduce_scatter(self._h, _ptr(inp), _ptr(out), out.numel(), dt, op, r)
+        calls, keep = self._coalesced_calls(what, list(zip(inputs, outputs)), issue)
+        return self._issue(what, None, keep, list(outputs), calls=calls)
+
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        what = "allgather_coalesced"
-        if len(output_lists) != len(input_list):
-            raise ValueError("gorun %s: %d output lists for %d inputs" % (what, len(output_lists), len(input_list)))
+        """dist.all_gather_coalesced: output_lists[r][j] receives input j of
+        group rank r (torch's layout: one list per rank, as gloo fills it)."""
+        what = "all_gather_coalesced"
+        n = self.size()
+        if len(output_lists) != n:
+            raise ValueError("gorun %s: %d output lists for a group of %d (one list per rank)"
+                             % (what, len(output_lists), n))
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(input_list):
+                raise ValueError("gorun %s: output list %d has %d tensors for %d inputs"
+                                 % (what, r, len(outs), len(input_list)))
         calls, keep, posts = [], [], []
-        for inp, outs in zip(input_list, output_lists):
-            dt = _check(inp, what, "input")
+        for j, inp in enumerate(input_list):
+            dt = _check(inp, what, "input[%d]" % j)
+            outs = [output_lists[r][j] for r in range(n)]
             flat, post, ptr = self._gather_out(outs, inp, what)
             k = inp.numel()
             calls.append((lambda inp, ptr, k, dt: lambda l, r: l.gorun_allgather(
@@ -788,7 +997,7 @@ class ProcessGroupGorun(ProcessGroup):
         return self._issue(what, lambda l, r: l.gorun_reduce_scatter(self._h, _ptr(flat), _ptr(out), k, dt, op, r),
                            [flat, out], [out])
 
-    def _reduce_scatter_base(self, output, input, opts=None):
+    def reduce_scatter_single(self, output, input, opts=None):
         what = "reduce_scatter_tensor"
         dt = _check(output, what, "output")
         _check(input, what, "input")
@@ -800,6 +1009,8 @@ class ProcessGroupGorun(ProcessGroup):
         return self._issue(what, lambda l, r: l.gorun_reduce_scatter(self._h, _ptr(input), _ptr(output),
                                                                      output.numel(), dt, op, r),
                            [input, output], [output])
+
+    _reduce_scatter_base = reduce_scatter_single  # older torch's name
 
     def gather(self, output_tensors, input_tensors, opts=None):
         what = "gather"
@@ -847,7 +1058,7 @@ class ProcessGroupGorun(ProcessGroup):
         return self._issue(what, lambda l, r: l.gorun_scatter(self._h, send, _ptr(out), k, dt, root, r),
                            keep, [out])
 
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         what = "all_to_all_single"
         dt = _check(input, what, "input")
         _check(output, what, "output")
@@ -880,6 +1091,8 @@ class ProcessGroupGorun(ProcessGroup):
         return self._issue(what, lambda l, r: l.gorun_alltoallv(self._h, _ptr(input), sca, _ptr(output), rca, dt, r),
                            [input, output, sca, rca], [output])
 
+    alltoall_base = all_to_all_single  # older torch's name
+
     def alltoall(self, output_tensors, input_tensors, opts=None):
         what = "all_to_all"
         n = self.size()
@@ -909,11 +1122,6 @@ class ProcessGroupGorun(ProcessGroup):
 
     def barrier(self, opts=None):
         return self._issue("barrier", lambda l, r: l.gorun_barrier(self._h, r), [], [])
-
-    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        w = self.barrier()
-        ms = -1 if timeout is None or timeout.total_seconds() <= 0 else timeout.total_seconds()
-        w.wait(datetime.timedelta(seconds=ms) if ms > 0 else datetime.timedelta(0))
 
     def _p2p(self, tensors, peer, what, fn, src, dst):
         """A send or receive runs on the channel of its direction (src → dst,
@@ -951,40 +1159,78 @@ class ProcessGroupGorun(ProcessGroup):
         raise RuntimeError("gorun recv: receiving from any source is not supported; name the source rank")
 
 
-def _create(opts, pg_options):
-    """The backend's creator (torch's extended API): the world for the
-    default group, a subgroup of the given world ranks otherwise.
+class GorunBackend(_Gorun, _C10dBackend):
+    """gorun as a c10d Backend: torch puts it into a ProcessGroup of its own
+    for the CPU device, which is what "cpu:gorun,cuda:nccl" needs (CUDA
+    tensors go to NCCL's backend in the same group). torch 2.15 hands
+    the Works of a Python Backend to the caller wrapped in a holder that
+    forwards wait() and get_future() only, so is_completed() stays False:
+    wait() or the future is how to learn that a call is done."""
 
-    torch calls it on a new group's members only. With gorun as the default
-    group, gorun's world already spans every rank and a subgroup is carved
-    out of it. With another default backend (gloo), the first gorun group
-    becomes gorun's world: all of torch's ranks if it has them all,
-    otherwise its members alone; later gorun groups must then lie within
-    it (gorun's world cannot grow, and the ranks outside it never ran this
-    code to join)."""
-    options = pg_options if isinstance(pg_options, Options) else Options()
+    def __init__(self, handle, rank, size, ranks, timeout, store=None, wait_ms=0, world=False, owner=None):
+        _C10dBackend.__init__(self, rank, size)
+        self._setup(handle, ranks, timeout, store, wait_ms, world, owner)
+
+
+class ProcessGroupGorun(_Gorun, ProcessGroup):
+    """gorun as the whole ProcessGroup ("gorun" alone): torch calls its
+    methods directly, so every Work is gorun's own (wait, is_completed,
+    is_success, exception, get_future). A GorunBackend on the same
+    communicator is registered for the CPU device, for torch code that asks
+    the group for its backend."""
+
+    def __init__(self, handle, rank, size, ranks, timeout, store=None, wait_ms=0, world=False):
+        ProcessGroup.__init__(self, rank, size)
+        self._setup(handle, ranks, timeout, store, wait_ms, world)
+        self._backend = GorunBackend(handle, rank, size, ranks, timeout, store, wait_ms, world, owner=self)
+        self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.CUSTOM, self._backend)
+        self._set_default_backend(ProcessGroup.BackendType.CUSTOM)
+
+    def getBackendName(self):
+        return BACKEND
+
+    def _get_backend_name(self):
+        return BACKEND
+
+    def name(self):
+        return BACKEND
+
+
+def _create(opts, pg_options):
+    """The backend's creator (torch's extended API), called on a new
+    group's members only: the world for the default group, a subgroup of
+    the given world ranks otherwise.
+
+    With gorun as the default group, gorun's world spans every rank (rank
+    and size as torch passed them) and subgroups are carved out of it. With
+    another default backend (gloo), the first gorun group becomes gorun's
+    world: all of torch's ranks if it has them all, otherwise its members
+    alone; later gorun groups must then lie within it (gorun's world cannot
+    grow, and the ranks outside it never ran this code to join).
+
+    deterministic and tcp are the world's settings; a subgroup may have a
+    timeout of its own (ProcessGroupGorun's wait_ms)."""
     if pg_options is not None and not isinstance(pg_options, Options):
         raise TypeError("gorun: pg_options must be a gorun.Options, not %s" % type(pg_options).__name__)
+    options = pg_options if pg_options is not None else Options()
+    cls = _shape(sys._getframe(1))
     ranks = list(opts.global_ranks_in_group)
     l = _lib.lib()
     if not ranks:
         world = _init_world(opts.store, opts.group_rank, opts.group_size, options, opts.timeout)
-        wr, ws = ctypes.c_int(), ctypes.c_int()
-        _lib.check(l.gorun_comm_rank(world, ctypes.byref(wr)))
-        _lib.check(l.gorun_comm_size(world, ctypes.byref(ws)))
-        if (wr.value, ws.value) != (opts.group_rank, opts.group_size):
-            raise GorunError("gorun: torch says rank %d of %d but gorun's environment says rank %d of %d"
-                             % (opts.group_rank, opts.group_size, wr.value, ws.value), "GORUN_ERR_INIT")
-        return ProcessGroupGorun(world, wr.value, ws.value, list(range(ws.value)), opts.timeout)
+        return _world_backend(cls, world, opts)
     if _world is None:
         # The default group has another backend: this group founds gorun's world.
         everyone = ranks == list(range(dist.get_world_size()))
         world = _init_world(opts.store, opts.group_rank, opts.group_size, options, opts.timeout,
                             members=None if everyone else ranks)
-        if not everyone:
-            return ProcessGroupGorun(world, opts.group_rank, opts.group_size, list(range(len(ranks))),
-                                     opts.timeout)
-    world = _init_world(opts.store, -1, 0, options, opts.timeout)
+        return _world_backend(cls, world, opts)
+    want = options.config(None)
+    have = _world_config.rsplit(" timeout_ms=", 1)[0]
+    if want.rsplit(" timeout_ms=", 1)[0] != have:
+        raise GorunError("gorun new_group %s: options %r differ from gorun's world's (%s); deterministic and tcp "
+                         "are set once for the world (the first gorun group), only the timeout may differ"
+                         % (ranks, want.rsplit(" timeout_ms=", 1)[0], have), "GORUN_ERR_INVALID")
     members = _world_members
     if members is not None:
         outside = [r for r in ranks if r not in members]
@@ -997,12 +1243,41 @@ def _create(opts, pg_options):
         ranks = [members.index(r) for r in ranks]
     arr = (ctypes.c_int * len(ranks))(*ranks)
     h = ctypes.c_int64()
-    _lib.check(l.gorun_comm_group(world, arr, len(ranks), ("torch-group-" + str(opts.group_id)).encode(),
+    _lib.check(l.gorun_comm_group(_world, arr, len(ranks), ("torch-group-" + str(opts.group_id)).encode(),
                                   ctypes.byref(h)), "gorun new_group %s" % ranks)
-    return ProcessGroupGorun(h.value, opts.group_rank, opts.group_size, ranks, opts.timeout)
+    ms = _timeout_ms(opts.timeout)
+    return cls(h.value, opts.group_rank, opts.group_size, ranks, opts.timeout, opts.store,
+               wait_ms=ms if ms and ms != _world_timeout_ms else 0)
+
+
+def _shape(frame):
+    """ProcessGroupGorun when the group being made has gorun for every
+    device ("gorun"), GorunBackend when it has other backends for other
+    devices ("cpu:gorun,cuda:nccl"): a Python ProcessGroup would replace
+    the whole group. The device map is torch's _new_process_group_helper's
+    backend_config (the frame that calls the creator)."""
+    cfg = frame.f_locals.get("backend_config") if frame is not None else None
+    try:
+        backends = set(cfg.get_device_backend_map().values())
+    except AttributeError:
+        return ProcessGroupGorun
+    return ProcessGroupGorun if backends == {BACKEND} else GorunBackend
+
+
+def _world_backend(cls, world, opts):
+    """The backend of the group that founded gorun's world."""
+    l = _lib.lib()
+    wr, ws = ctypes.c_int(), ctypes.c_int()
+    _lib.check(l.gorun_comm_rank(world, ctypes.byref(wr)))
+    _lib.check(l.gorun_comm_size(world, ctypes.byref(ws)))
+    if (wr.value, ws.value) != (opts.group_rank, opts.group_size):
+        raise GorunError("gorun: torch says rank %d of %d but gorun's world has this process as rank %d of %d"
+                         % (opts.group_rank, opts.group_size, wr.value, ws.value), "GORUN_ERR_INIT")
+    return cls(world, wr.value, ws.value, list(range(ws.value)), opts.timeout, opts.store, world=True)
 
 
 def register():
-    """Registers the "gorun" backend with torch.distributed (idempotent)."""
+    """Registers the "gorun" backend with torch.distributed (idempotent)
+    for CPU tensors: "gorun" alone, or "cpu:gorun,cuda:nccl"."""
     if BACKEND.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True)
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

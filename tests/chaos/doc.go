@@ -1,4 +1,4 @@
-// Package chaos is the chaos matrix of issue #17: fault kinds (kill, stop,
+// Package chaos is the chaos matrix: fault kinds (kill, stop,
 // slow, drop, delay, corrupt, partition) x phases (launch, rendezvous
 // formation, mid-collective small and large, barrier, bucket flush,
 // shutdown) x launch modes (gorun on one host; a direct torch-style launch

@@ -158,7 +158,7 @@ func matrix() []row {
 		row{mode: "gorun", fault: "stop", phase: "barrier", np: 3, victim: 2, restarts: 1, complete: true, bound: 25 * time.Second},
 		row{mode: "direct", fault: "stop", phase: "small", np: 3, victim: 2, names: "rank 2", bound: 25 * time.Second},
 	)
-	// stop before the world formed (issue 17): named within the lease,
+	// stop before the world formed: named within the lease,
 	// or restarted, not left to the formation timeout (120 s).
 	//   - attached: the victim froze once attached to its host leader,
 	//     while rank 1 holds formation back; the attach lease finds it
@@ -179,7 +179,7 @@ func matrix() []row {
 	// rank slow to start, so only the formation timeout (--rdzv-timeout,
 	// here 3 s; 2 minutes by default) ends the wait; then gorun names the
 	// rank that never joined, not the ranks that gave up waiting (it
-	// named rank 0, "exited with code 6", before session 6).
+	// once named rank 0, "exited with code 6").
 	rows = append(rows,
 		row{mode: "gorun", fault: "hang", phase: "launch", np: 3, victim: 2, args: []string{"--rdzv-timeout", "3s"},
 			cause: []string{"rank 2", "missing 2"}, names: "missing 2", bound: 25 * time.Second, ci: true},

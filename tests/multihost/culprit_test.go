@@ -15,7 +15,7 @@ import (
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
 )
 
-// Issue 20's "culprit, named right" across hosts: 4 namespace hosts with
+// The culprit, named right, across hosts: 4 namespace hosts with
 // 2 ranks each run all-reduces through gorun's runtime (so the survivors
 // report themselves collateral); a fault hits one rank, one host, or the
 // link between two hosts. The final line and exit code must name the

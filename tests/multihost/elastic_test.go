@@ -203,7 +203,7 @@ func trainerLosses(t *testing.T, out string, worlds int) (losses []string, param
 	return losses, params, resumed
 }
 
-// Grow-back (issue 17): 2 hosts × 2 ranks, -np 4 --min-np 2. The second
+// Grow-back: 2 hosts × 2 ranks, -np 4 --min-np 2. The second
 // host is killed whole once its ranks reported step 5: world 1 runs on
 // the first host alone (2 ranks). Once world 1's rank 1 reported step 12
 // it is killed: at that restart gorun asks the lost host again, it

@@ -53,11 +53,16 @@ case $mode in
 	;;
 --stale)
 	for s in $(sets_known); do
-		read -r owner ns <"$BASE/$s/owner" 2>/dev/null || true
-		# A set without an owner was made by hand: only --all or its name
-		# removes it; one owned from another PID namespace cannot be judged
-		# from here.
-		[ -n "$owner" ] && [ "${ns:-$(pidns)}" = "$(pidns)" ] && [ ! -d "/proc/$owner" ] && down_set "$s"
+		# A set without an owner file was made by hand: only --all or its
+		# name removes it. One owned from another PID namespace cannot be
+		# judged from here. owner and ns are reset for every set, so that
+		# one set's owner never stands for the next one's missing file.
+		owner="" ns=""
+		[ -r "$BASE/$s/owner" ] || continue
+		read -r owner ns <"$BASE/$s/owner" || true
+		[ -n "$owner" ] || continue
+		[ "${ns:-$(pidns)}" = "$(pidns)" ] || continue
+		[ -d "/proc/$owner" ] || down_set "$s"
 	done
 	;;
 *)

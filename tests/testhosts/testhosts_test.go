@@ -155,7 +155,7 @@ func TestNetns(t *testing.T) {
 	}
 }
 
-// TestSlurm runs the two ways issue 7 uses SLURM: a direct srun and a batch
+// TestSlurm runs the two ways gorun uses SLURM: a direct srun and a batch
 // job, and checks the variables gorun will read with the hostlist parsers.
 func TestSlurm(t *testing.T) {
 	s := RequireSlurm(t)
@@ -240,4 +240,62 @@ func etcHostsLines(t *testing.T, marker string) []string {
 		}
 	}
 	return lines
+}
+
+// TestStaleSweep checks whom netns-down.sh --stale removes: a set whose
+// recorded owner is gone, and nothing else. A set made by hand has no
+// owner file and must be left alone, whether it is listed first or after
+// a set that has an owner (reading a missing owner under set -u kills the
+// script, and every test that asks for hosts fails with it). The sets here are state
+// directories only, with no namespaces, so the sweep is cheap and touches
+// nothing real.
+func TestStaleSweep(t *testing.T) {
+	base := t.TempDir()
+	t.Setenv("GORUN_TESTHOSTS_DIR", base)
+
+	// A pid that is surely gone: a child that has exited and been reaped.
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	deadPID := gone.Process.Pid
+
+	// Names sort in creation order, so the owner-less set "hand" is
+	// swept between two sets that have owners.
+	dead, hand, live := newSetName(), newSetName(), newSetName()
+	handFirst := "a" + hand[1:] // sorts before every t... set
+	pidns, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		pidns = "unknown"
+	}
+	mk := func(set, owner string) {
+		dir := filepath.Join(base, set)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "subnet_index"), []byte("200\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if owner != "" {
+			if err := os.WriteFile(filepath.Join(dir, "owner"), []byte(owner+" "+pidns+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mk(handFirst, "")
+	mk(dead, strconv.Itoa(deadPID))
+	mk(hand, "")
+	mk(live, strconv.Itoa(os.Getpid()))
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := runScript(ctx, "netns", "netns-down.sh", "--stale"); err != nil {
+		skipOrFatal(t, err)
+	}
+	for set, want := range map[string]bool{handFirst: true, dead: false, hand: true, live: true} {
+		_, err := os.Stat(filepath.Join(base, set))
+		if got := err == nil; got != want {
+			t.Errorf("after --stale, set %s exists = %v, want %v (stat: %v)", set, got, want, err)
+		}
+	}
 }

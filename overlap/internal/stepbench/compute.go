@@ -9,7 +9,7 @@ import (
 //
 //   - sleep (default): the thread idles for the block's time, as the CPU
 //     does while an accelerator runs the block's kernels; only the
-//     communicator needs the cores. This is the setting of the issue's
+//     communicator needs the cores. This is the setting of the step runtime's
 //     goal (overlapped step ≤ 1.1 × max(P, C)).
 //   - cpu: a fixed amount of arithmetic per block (spin), as a CPU
 //     trainer's compute: it and the communicator's copies share the
