@@ -70,8 +70,16 @@ job() {
 	rc=$?
 	echo "$kind $np $rc $(echo "$(date +%s.%N) - $t0" | bc)" >>"$out/results"
 	if [ "$rc" != 0 ]; then
+		# A verdict is gorun's or a survivor's word that a rank was
+		# lost, frozen or silent; anything else (the program's own
+		# error, the 300 s bound) is a failure of another kind.
+		local what="OTHER FAILURE (not a verdict)"
+		if grep -qE 'lost|frozen|silent|unresponsive|no word from' "$out/$kind.err"; then
+			what="FALSE VERDICT"
+			echo "$kind" >>"$out/verdicts"
+		fi
 		{
-			echo "== FALSE VERDICT? $kind np=$np exit $rc at $(date +%T)"
+			echo "== $what: $kind np=$np exit $rc at $(date +%T)"
 			tail -5 "$out/$kind.err"
 		} >>"$out/failures"
 	fi
@@ -174,7 +182,8 @@ bad=0
 echo "soak-verdicts: $SECS s, $HOGS CPU hogs + ${MEM_MB} MiB churner on $(nproc) cores"
 sort -n "$out/load" | awk '{a[NR]=$1} END {if (NR) printf "load average (1 min): median %s, min %s, max %s (%d samples)\n", a[int((NR+1)/2)], a[1], a[NR], NR}'
 for k in $kinds; do
-	awk -v k="$k" '$1==k {n++; if ($3!=0) f++; s[n]=$4} END {printf "%-8s %3d jobs, %d failed (false verdicts)\n", k, n, f+0}' "$out/results"
+	v=$(grep -cx "$k" "$out/verdicts" 2>/dev/null)
+	awk -v k="$k" -v v="${v:-0}" '$1==k {n++; if ($3!=0) f++} END {printf "%-8s %3d jobs, %d failed: %d false verdicts, %d other failures\n", k, n, f+0, v, f-v}' "$out/results"
 	f=$(awk -v k="$k" '$1==k && $3!=0' "$out/results" | wc -l)
 	bad=$((bad + f))
 done
