@@ -143,3 +143,14 @@ bench-torch-step: build lib ## gorun.torch step on CPU, 2 and 4 ranks: ddp vs to
 .PHONY: bench-fusion
 bench-fusion: build ## fusion on the fly, native: 64 x 1 KiB all-reduces (async, issued for one wait, one coalesced call) vs one 64 KiB, and a lone 8 B all-reduce, this checkout vs BEFORE (default main), medians, ratios
 	flock /tmp/gorun-bench.lock scripts/bench-fusion.sh
+
+# Supervision and verdicts: watchers killed together, no false verdicts under load.
+.PHONY: test-watchers
+test-watchers: ## gorun, supervisor and host agent SIGKILLed in every pair and triple (and pkill -f), locally and across namespace hosts (root), ranks that fork/setsid/clear env, 50 runs a row: survivors and leftover cgroups (~10 min)
+	@rm -f /tmp/gorun-watchers-table.txt
+	GORUN_WATCHERS_RUNS=$${GORUN_WATCHERS_RUNS:-50} GORUN_WATCHERS_TABLE=/tmp/gorun-watchers-table.txt $(GO) test -count=1 -timeout 60m -run TestKillWatchers ./tests/chaos; \
+		rc=$$?; cat /tmp/gorun-watchers-table.txt 2>/dev/null; rm -f /tmp/gorun-watchers-table.txt; exit $$rc
+
+.PHONY: soak-verdicts
+soak-verdicts: build lib ## no false frozen/lost verdict in 10 min at load >= 40 on 2 cores (40 CPU hogs, a memory churner): trainer 4-16 ranks, torch DDP, MPICH; SIGSTOP/SIGKILL probes named within 10 s / 2 s (SOAK_SECS to change)
+	flock /tmp/gorun-bench.lock bash scripts/soak-verdicts.sh
