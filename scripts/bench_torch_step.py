@@ -162,6 +162,8 @@ def main():
               % ratio("gorun-fsdp", "torch-fsdp2"))
         print("RATIO fsdp gorun/torch-FSDP2-gloo %.3f (goal <= 1.1; re-gathers at their reader, regather_ahead=0)"
               % ratio("gorun-fsdp-0", "torch-fsdp2"))
+        print("RATIO fsdp regather_ahead=0 / regather_ahead=1 %.3f (the default's choice: step time of each, paired)"
+              % ratio("gorun-fsdp-0", "gorun-fsdp"))
         for k in ("gorun-ddp", "gorun-fsdp", "gorun-fsdp-0"):
             mt = v[k][0].metrics()
             print("  %-12s exposed communication %.2f ms of %.2f ms communication per step, %d buckets%s"

@@ -99,3 +99,30 @@ def test_killed_rank_raises_on_every_survivor_naming_it(launcher):
     for rank, after, status, lost, msg in got:
         assert float(after) <= 5.0, (rank, after)
         assert status == "GORUN_ERR_PEER_LOST" and lost == "2" and "rank 2" in msg, (rank, status, lost, msg)
+
+
+def test_deterministic_is_bitwise_equal_across_world_sizes(launcher):
+    digests = {}
+    for np in (1, 2, 4):
+        code, out = run(launcher, np, "det", timeout=120)
+        assert code == 0, out[-4000:]
+        got = re.findall(r"RANK (\d): DIGEST (\w+)", out)
+        assert sorted(int(r) for r, _ in got) == list(range(np)), out[-4000:]
+        digests[np] = {d for _, d in got}
+        if np > 1:
+            # Forward outside no_sync on the first of 2 micro-batches: refused.
+            for rank in range(np if np == 2 else 0):
+                assert re.search(r"RANK %d: SPLITERR .*micro_batches=4 on 2 ranks.*micro-batch 1 of the step, "
+                                 r"outside no_sync" % rank, out), out[-4000:]
+    assert digests[1] == digests[2] == digests[4] and len(digests[1]) == 1, digests
+
+
+def test_parameter_unused_on_every_rank_keeps_no_gradient(launcher):
+    code, out = run(launcher, 2, "unused", timeout=90)
+    assert code == 0, out[-4000:]
+    for rank in range(2):
+        # As in DDP: no gradient where no rank made one (side: rank 0 only).
+        assert "RANK %d: GRADS ours unused=False side=True" % rank in out, out[-4000:]
+        assert "RANK %d: GRADS ddp unused=False side=True" % rank in out, out[-4000:]
+        # AdamW's weight decay left it alone; every bit equals DDP's.
+        assert "RANK %d: UNUSED differ=[] moved=False" % rank in out, out[-4000:]
