@@ -126,3 +126,11 @@ def test_parameter_unused_on_every_rank_keeps_no_gradient(launcher):
         assert "RANK %d: GRADS ddp unused=False side=True" % rank in out, out[-4000:]
         # AdamW's weight decay left it alone; every bit equals DDP's.
         assert "RANK %d: UNUSED differ=[] moved=False" % rank in out, out[-4000:]
+
+
+def test_load_state_dict_reaches_the_shards(launcher):
+    code, out = run(launcher, 2, "load", timeout=90)
+    assert code == 0, out[-4000:]
+    for rank in range(2):
+        for mode in ("fsdp", "hsdp"):
+            assert "RANK %d: LOADED %s loaded=True trained=True" % (rank, mode) in out, out[-4000:]

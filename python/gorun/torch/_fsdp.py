@@ -174,6 +174,33 @@ class ShardedModel(DistributedModel):
                     out[k] = v.clone()
             return out
 
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """Loads a whole-model state dict (full_state_dict()'s keys, or the
+        wrapper's own "module."-prefixed ones) into the model and its
+        shards: each unit is gathered, loaded, and this rank's slice copied
+        into its shard. Collective: every rank must call it, with the same
+        dict. The optimizer's state is not touched."""
+        if assign:
+            raise ValueError("gorun.torch: load_state_dict(assign=True) in %s mode would replace the parameters "
+                             "that are views of the flat buffers; load with assign=False" % self.mode)
+        sd = self._module_keys(state_dict)
+        with torch.no_grad():
+            gathered, peak = [], self._peak
+            for u in self._units:
+                if self._full[u.name].untyped_storage().nbytes() == 0:
+                    self._gather_now(u)  # parameters the dict leaves out keep their values
+                    gathered.append(u)
+            try:
+                res = self.module.load_state_dict(sd, strict=strict)
+                for u in self._units:
+                    lo = self._srank * u.shard_numel
+                    self._shards[u.name].copy_(self._full[u.name][lo:lo + u.shard_numel])
+            finally:
+                for u in gathered:
+                    self._free(u)
+                self._peak = peak
+        return res
+
     # ---- the plan ---------------------------------------------------------
 
     def _step_graph(self, order, fwd, bwd):

@@ -39,7 +39,7 @@ class DistributedModel(nn.Module):
 
     def __init__(self, module, mode="ddp", reshard_after_forward=True, shard_size=None, plan=None, group=None,
                  deterministic=False, trace=None, refresh_every=50, bucket_view=True, passes="blocks,overlap",
-                 regather_ahead=1, dump_plan=None, micro_batches=None):
+                 regather_ahead=0, dump_plan=None, micro_batches=None):
         super().__init__()
         if mode not in MODES:
             raise ValueError("gorun.torch.distribute: mode %r: want one of %s" % (mode, ", ".join(MODES)))
@@ -506,6 +506,18 @@ class DistributedModel(nn.Module):
         mode)."""
         return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
 
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """Loads a whole-model state dict: full_state_dict()'s keys, or the
+        wrapper's own ("module."-prefixed) ones."""
+        return self.module.load_state_dict(self._module_keys(state_dict), strict=strict, assign=assign)
+
+    def _module_keys(self, state_dict):
+        keys = list(state_dict)
+        own = self.module.state_dict().keys()
+        if keys and not all(k in own for k in keys) and all(k.startswith("module.") for k in keys):
+            return {k[len("module."):]: v for k, v in state_dict.items()}
+        return state_dict
+
     def plan(self):
         """The bucket plan the executor runs (buckets.Plan as a dict), or None
         before the first step has been measured."""
@@ -569,13 +581,16 @@ def distribute(model, mode="ddp", reshard_after_forward=True, shard_size=None, p
     (fsdp within groups of shard_size ranks, replicated across them).
     plan: a planned step graph (JSON text) to run instead of planning from
     the measured first step. group: a gorun communicator handle (default:
-    the world). deterministic: reduce along one fixed order. trace: a path
+    the world). deterministic: reduce along one fixed tree. trace: a path
     ("{rank}" is replaced) for a Perfetto timeline of the executor.
     Options: refresh_every (replan from measured costs every K steps, 0
     never), bucket_view (gradients live in the buckets, default True),
     passes (the planner's passes), regather_ahead (fsdp: how many backward
-    blocks ahead of its reader a re-gather starts; 0 holds the fewest
-    parameters, 1 hides the re-gather behind a block's backward), dump_plan
+    blocks ahead of its reader a re-gather starts; 0, the default, holds the
+    fewest parameters, 1 hides the re-gather behind a block's backward),
+    micro_batches (with deterministic=True: the global batch's micro-batches,
+    see docs/torch-step.md; results are then the same bits at any world
+    size), dump_plan
     (a path: rank 0 writes the planned step graph there, which `gorun plan
     FILE` prints)."""
     if mode in ("fsdp", "hsdp"):
