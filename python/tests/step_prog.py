@@ -208,9 +208,9 @@ def case_det():
     n = int(os.environ["WORLD_SIZE"])
     micro = 4
     per = micro // n
-    ours = gt.distribute(make("gpt"), mode="ddp", deterministic=True, micro_batches=micro, refresh_every=3)
+    ours = gt.distribute(make("gpt"), mode="ddp", deterministic=True, micro_batches=micro, refresh_every=2)
     opt = torch.optim.AdamW(ours.parameters(), lr=0.01, weight_decay=0.1)
-    for s in range(7):
+    for s in range(5):
         mine = [RANK * per + j for j in range(per)]
         with ours.no_sync():
             for i in mine[:-1]:
