@@ -5,8 +5,9 @@ over gloo on CPU.
 One line per graph, rank count and side:
   colls      collectives the rewritten graph issues (all-gather/reduce-scatter)
   exposed    exposed communication by the side's own estimate: gorun's cost
-             model (gorun_plan; its default constants, or "@gloo": latency,
-             bus and copy bandwidth measured on this machine's gloo first),
+             model (gorun_plan priced by gorun.fx.calibrate_comm: latency,
+             bus and copy bandwidth measured on the same gloo group first,
+             the default; "@defaults": gorun_plan's built-in constants),
              Inductor's overlap scheduler's analytical model; "-" where the
              side has no model
   step ms    measured step time, median over rounds of the slowest rank;
@@ -51,16 +52,16 @@ def main():
             t0 = time.time()
             if world not in measured:
                 measured[world] = fxrank.run_ranks(world, {"calibrate": True})
-                print("# %d ranks, gloo measured: latency %.0f us, busbw %.2f GB/s, copy %.2f GB/s" % (
+                print("# %d ranks, calibrate_comm on gloo: latency %.0f us, busbw %.2f GB/s, copy %.2f GB/s" % (
                     world, measured[world]["latency_ns"] / 1e3, measured[world]["bus_bandwidth"] / 1e9,
                     measured[world]["copy_bandwidth"] / 1e9), file=sys.stderr)
             joint, costs, step = fxrank.prepare(spec, world)
             sides = [{"name": "unbucketed (anchor)", "kind": "unbucketed"}]
             for name, passes in GORUN:
-                for model, opts in (("", {}), (" @gloo", measured[world])):
+                for model, comm in (("", measured[world]), (" @defaults", False)):
                     if passes == "" and model:
                         continue
-                    planned, summary = gfx.plan(step, passes, **opts)
+                    planned, summary = gfx.plan(step, passes, comm=comm)
                     sides.append({"name": name + model, "kind": "gorun", "planned": planned,
                                   "exposed_ns": summary["estimate"]["After"]["exposed_ns"]})
             sides.append({"name": "inductor bucketing", "kind": "inductor-bucketing"})
