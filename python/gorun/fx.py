@@ -342,11 +342,13 @@ def region(nd, blocks):
     return None
 
 
-def regions(graph, blocks):
+def regions(graph, blocks, join=True):
     """Node -> block. A node outside every block (the loss at the model's
     top level, its gradient, autograd's accumulations) joins the block of
-    the node before it: the block that was running. Optimizer nodes and
-    placeholders have none."""
+    the node before it, the block that was running, so its time and
+    memory are accounted to that block; with ``join=False`` it has no
+    region (gorun's passes handle region-less compute too). Optimizer
+    nodes and placeholders have none."""
     out, cur = {}, None
     dirs = directions(graph)
     for nd in graph.nodes:
@@ -355,7 +357,7 @@ def regions(graph, blocks):
             continue
         r = region(nd, blocks)
         cur = r if r is not None else cur
-        out[nd] = cur
+        out[nd] = cur if join else r
     return out
 
 
@@ -485,7 +487,7 @@ def gathered_views(graph):
     return root
 
 
-def to_step_graph(joint, costs=None, prefetch=1, group=None):
+def to_step_graph(joint, costs=None, prefetch=1, group=None, join_regions=True):
     """The step graph (gorun.stepgraph/v1, as a dict) of a traced joint
     graph. ``costs`` maps FX node names to ns (profile_costs); without it
     every compute node costs 1 ns.
@@ -500,10 +502,11 @@ def to_step_graph(joint, costs=None, prefetch=1, group=None):
     the end of the step). gorun's passes then bucket and move them.
 
     Collectives keep the FX graph's process-group name unless ``group``
-    renames them (graphs with one group only)."""
+    renames them (graphs with one group only). ``join_regions``: see
+    regions."""
     g = joint.gm.graph
     costs = costs or {}
-    dirs, regs = directions(g), regions(g, joint.blocks)
+    dirs, regs = directions(g), regions(g, joint.blocks, join_regions)
     view_root = gathered_views(g)
     waits = {}  # collective node -> its wait
     for nd in g.nodes:

@@ -79,3 +79,25 @@ def traced_flat():
     with fxrank.fake_group(WORLD) as group:
         _, _, _, joint = fxrank.build(spec, 0, WORLD, group)
         return gfx.to_step_graph(joint)
+
+
+def test_region_less_loss_nodes_plan_with_reshard(traced_flat_unjoined):
+    # The loss and its gradient outside every block, as the trace has them:
+    # reshard's re-gathers must still land in declared regions.
+    joint, step = traced_flat_unjoined
+    loose = [n["name"] for n in step["nodes"] if n["kind"] == "compute" and "region" not in n
+             and n["direction"] != "optimizer"]
+    assert loose, "the trace should leave the top-level loss outside every block"
+    planned, summary = gfx.plan(step, "reshard,blocks,overlap", comm=False)
+    regathers = [n for n in planned["nodes"] if n["kind"] in ("start", "wait") and gfx.REGATHER in n["name"]]
+    assert regathers and all(n.get("region") in planned["regions"] for n in regathers), regathers
+    gm = gfx.apply_plan(joint, planned)
+    assert sum(gfx.count_collectives(gm).values()) == sum(1 for n in planned["nodes"] if n["kind"] == "start")
+
+
+@pytest.fixture(scope="module")
+def traced_flat_unjoined():
+    spec = {"model": {}, "repeats": 1}
+    with fxrank.fake_group(WORLD) as group:
+        _, _, _, joint = fxrank.build(spec, 0, WORLD, group)
+        return joint, gfx.to_step_graph(joint, join_regions=False)
