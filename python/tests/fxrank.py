@@ -106,7 +106,7 @@ def rank_main(spec_path, out_path):
                 plans[side["name"]] = {"hash": summ["hash"], "comm": summ["comm"]}
         plans["measured"] = comm
     ref_ok = reference_check(fsdp, ref, batch, base, spec.get("lr", 0.01), world)
-    built = []
+    built, side_outs = [], []
     for side in spec["sides"]:
         est = side.get("exposed_ns")
         kind = side["kind"]
@@ -120,8 +120,20 @@ def rank_main(spec_path, out_path):
             gm, est = gfx.inductor_overlap(copy.deepcopy(joint.gm), side.get("costs"))
         else:
             raise SystemExit("fxrank: unknown side kind %r" % kind)
-        outs, peak = gfx.run_graph(gm, inputs)
-        equal = len(outs) == len(base) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(outs, base))
+        if side.get("compile"):
+            # torch.compile of the rewritten graph (backend named by the side);
+            # run_graph walks FX nodes, so a compiled side is run as a callable.
+            compiled = torch.compile(gm, backend=side["compile"], fullgraph=True)
+            outs, peak = list(compiled(*inputs)), 0
+            gm = _Compiled(gm, compiled)
+        else:
+            outs, peak = gfx.run_graph(gm, inputs)
+        # "equal_to": compare with an earlier side's outputs (a compiled
+        # graph with the compiled unbucketed one) instead of the unbucketed graph's
+        ref = base if side.get("equal_to") is None else side_outs[side["equal_to"]]
+        side_outs.append(outs)
+        equal = len(outs) == len(ref) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(outs, ref))
+        side["max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(outs, base))
         built.append((side, gm, est, peak, equal))
     # Timing: the sides interleaved round by round, so load on a shared
     # machine falls on all of them alike; the slowest rank's time counts.
@@ -140,7 +152,7 @@ def rank_main(spec_path, out_path):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         results.append({"name": side["name"], "collectives": gfx.count_collectives(gm), "peak_bytes": int(flags[1]),
                         "equal": flags[0].item() == 0.0, "step_s": sorted(t.tolist())[len(times[k]) // 2],
-                        "exposed_ns": est})
+                        "exposed_ns": est, "max_abs_diff": side["max_abs_diff"]})
     okt = torch.tensor([0.0 if ref_ok else 1.0])
     dist.all_reduce(okt, op=dist.ReduceOp.MAX)
     every = [None] * world  # every rank's plans, to check that they agree
@@ -150,6 +162,16 @@ def rank_main(spec_path, out_path):
             json.dump({"world": world, "reference_ok": okt.item() == 0.0, "base_peak_bytes": base_peak,
                        "sides": results, "plans": every}, f)
     dist.destroy_process_group()
+
+
+class _Compiled:
+    """A compiled side: called like its GraphModule, counted by its graph."""
+
+    def __init__(self, gm, fn):
+        self.graph, self._fn = gm.graph, fn
+
+    def __call__(self, *args):
+        return self._fn(*args)
 
 
 def free_port():
