@@ -22,6 +22,7 @@ import (
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/internal/collateral"
 	"github.com/gorun-hpc/gorun/internal/consolelog"
+	"github.com/gorun-hpc/gorun/internal/liveness"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
 
@@ -52,7 +53,8 @@ import (
 // misses processes that clear their environment. So the subreaper design is
 // the one that works everywhere, and a job cgroup is added where the host
 // allows it (cgroup_linux.go): it covers the supervisor's own SIGKILL, with
-// the supervisor's client as the survivor that triggers the kill. A host
+// the supervisor's client as the survivor that triggers the kill, and
+// the cgroup's reaper (reaper_linux.go) when both are killed at once. A host
 // agent (hostagent.go) runs the same supervisor on every other host of a
 // multi-host job.
 //
@@ -206,6 +208,8 @@ type supervisorEvent struct {
 	// Relay marks a collateral report whose rank learned of the loss from
 	// Blame's abort, not by seeing it (collateral.Report.Relay).
 	Relay bool `json:"relay,omitempty"`
+	// Desync marks a collateral report of a desync (collateral.Report.Desync).
+	Desync bool `json:"desync,omitempty"`
 	// At is when an "exited" rank was reaped (Unix ns, this host's clock):
 	// the supervisor reaps at each SIGCHLD, so it is the exit time to
 	// within the supervisor's wake-up. Every exit of one reap pass gets
@@ -234,11 +238,18 @@ type supervisorEvent struct {
 // supervisor. Programs
 // that embed the launcher (cmd/gorun, test binaries) check it first thing in
 // main or TestMain and then call SupervisorMain.
-func IsSupervisor() bool { return os.Getenv(supervisorEnv) == supervisorProtocol }
+// A job reaper (reaper_linux.go) is dispatched the same way.
+func IsSupervisor() bool {
+	v := os.Getenv(supervisorEnv)
+	return v == supervisorProtocol || v == reaperProtocol
+}
 
 // SupervisorMain runs the supervisor on stdin/stdout and returns the process exit
 // code. Call it only when IsSupervisor is true.
 func SupervisorMain() int {
+	if os.Getenv(supervisorEnv) == reaperProtocol {
+		return reaperMain()
+	}
 	// Pdeathsig fires when the thread that forked the child exits, not the
 	// process. Locking main to its thread makes every rank's parent thread
 	// live exactly as long as the supervisor.
@@ -458,6 +469,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	// that hears nothing for its lease knows this process is stopped or
 	// hung, not merely quiet (supervisorClient.watchLease).
 	lastBeat := time.Now()
+	clientJudge := liveness.Judge{PID: os.Getppid(), Lease: spec.ClientLease, Recheck: spec.ClientLease / 4, Limit: starvedLimitX * spec.ClientLease}
 	for {
 		if a.running == 0 && a.finishStrays() {
 			// A rank killed between creating a shared-memory segment and
@@ -505,8 +517,15 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			}
 		case <-tick.C:
 			if silent := time.Since(time.Unix(0, lastCmd.Load())); spec.ClientLease > 0 && !a.killing && silent > spec.ClientLease {
-				a.log.Warn().Dur("silent", silent).Msg("no word from the host agent past its lease; killing the job")
-				a.killAll()
+				// The agent is this process's parent, on this host: the
+				// kernel tells a stopped or hung one from a starved one
+				// (internal/liveness); a starved one's ping will come.
+				if v, why := clientJudge.Expired(silent); v != liveness.Wait {
+					a.log.Warn().Dur("silent", silent).Str("evidence", why).Msg("no word from the host agent past its lease; killing the job")
+					a.killAll()
+				}
+			} else {
+				clientJudge.Heard()
 			}
 			if now := time.Now(); now.Sub(lastBeat) >= beatEvery {
 				lastBeat = now
@@ -859,7 +878,7 @@ func (a *supervisor) reap() {
 		// the exit just reaped: reading now finds it if there is one.
 		a.readCollateral()
 		if c, ok := a.coll[ev.Rank]; ok {
-			ev.Collateral, ev.Blame, ev.Err, ev.Relay = true, c.Blame, c.Why, c.Relay
+			ev.Collateral, ev.Blame, ev.Err, ev.Relay, ev.Desync = true, c.Blame, c.Why, c.Relay, c.Desync
 		}
 		if f := a.ranks[i].frozen; f != 0 {
 			ev.Frozen = string(f)
