@@ -30,7 +30,7 @@ IFS=, read -ra sizes <<<"$SIZES"
 for n in "${sizes[@]}"; do
 	for ((i = 1; i <= ROUNDS; i++)); do
 		for b in "${bins[@]}"; do
-			out=$( { /usr/bin/time -f 'RSS %M' "$tmp/$b" -sizes "$n" -mode hier -per "$PER" -form-only 2>&1 || true; } | tail -2)
+			out=$( { /usr/bin/time -f 'RSS %M' "$tmp/$b" -sizes "$n" -mode hier -per "$PER" -form-only 2>&1 || true; } | tail -3)
 			load=$(cut -d' ' -f1 /proc/loadavg)
 			rss=$(sed -n 's/^RSS \([0-9]*\)$/\1/p' <<<"$out")
 			row=$(grep -E "^$n " <<<"$out" || true)
