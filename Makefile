@@ -4,7 +4,7 @@ BIN       := bin
 GOFLAGS   ?=
 TEST_TIMEOUT ?= 25m
 # The project's Python: a venv with torch 2.x (scripts/install-torch.sh makes it).
-GORUN_VENV ?= $(HOME)/.cache/gorun/venv
+GORUN_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gorun/venv
 export GORUN_VENV
 PYTHON    ?= $(GORUN_VENV)/bin/python
 
@@ -129,3 +129,12 @@ bench-rdzvscale: ## in-process host-leader formation at 64, 256, 1,024 and 4,096
 
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)
+
+.PHONY: bench-fx
+bench-fx: build lib ## gorun's passes vs Inductor's on the same traced SimpleFSDP GPT joint graphs: collectives, exposed comm (each side's model), step time over gloo at 2 and 4 ranks, peak memory, bitwise numerics (one table)
+	flock /tmp/gorun-bench.lock env PYTHONWARNINGS=ignore TORCH_CPP_LOG_LEVEL=ERROR $(PYTHON) scripts/bench_fx.py $(BENCH_FX_ARGS) 2>&1 | grep -v '^\[rank[0-9]*\]:\|No accelerator\|UserWarning\|register()'
+
+# gorun.torch (the step runtime for PyTorch training)
+.PHONY: bench-torch-step
+bench-torch-step: build lib ## gorun.torch step on CPU, 2 and 4 ranks: ddp vs torch DDP, fsdp vs torch FSDP2 (gloo), paired rotated rounds, medians, peak gathered bytes, Perfetto trace
+	flock /tmp/gorun-bench.lock scripts/bench-torch-step.sh

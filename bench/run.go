@@ -284,8 +284,17 @@ func (r *runner) issue(ctx context.Context, send, recv []byte) comm.Handle {
 }
 
 // timed runs Warmup then Iters calls and returns the mean seconds per call.
+//
+// Every iteration looks at ctx and at the call it just issued: calls of a
+// healthy world complete without consulting the context, and a failed
+// communicator fails each new call at once, so without these checks a
+// SIGTERMed rank (ctx cancelled) or a rank whose peer was lost would issue
+// every remaining iteration of the sweep before noticing.
 func (r *runner) timed(ctx context.Context, send, recv []byte) (float64, error) {
-	hs := make([]comm.Handle, 0, max(r.cfg.Warmup, r.cfg.Iters))
+	// Handles are waited for in batches of at most maxOutstanding, so a
+	// sweep of a billion iterations does not hold a billion handles.
+	const maxOutstanding = 1 << 14
+	hs := make([]comm.Handle, 0, min(max(r.cfg.Warmup, r.cfg.Iters), maxOutstanding))
 	waitAll := func() error {
 		for _, h := range hs {
 			if err := h.Wait(ctx); err != nil {
@@ -295,8 +304,24 @@ func (r *runner) timed(ctx context.Context, send, recv []byte) (float64, error) 
 		hs = hs[:0]
 		return nil
 	}
+	// issueNext issues one call, after checking that the sweep should go
+	// on, and waits for the batch when it is full.
+	issueNext := func() error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		h := r.issue(ctx, send, recv)
+		hs = append(hs, h)
+		if h.Done() || len(hs) == maxOutstanding {
+			// A call that completed at issue may have failed: say so now.
+			return waitAll()
+		}
+		return nil
+	}
 	for range r.cfg.Warmup {
-		hs = append(hs, r.issue(ctx, send, recv))
+		if err := issueNext(); err != nil {
+			return 0, err
+		}
 	}
 	if err := waitAll(); err != nil {
 		return 0, err
@@ -310,6 +335,9 @@ func (r *runner) timed(ctx context.Context, send, recv []byte) (float64, error) 
 	if r.cfg.Blocking {
 		wctx := comm.IssuerWaits(ctx)
 		for range r.cfg.Iters {
+			if err := ctx.Err(); err != nil {
+				return 0, err
+			}
 			if err := r.issue(wctx, send, recv).Wait(wctx); err != nil {
 				return 0, err
 			}
@@ -317,7 +345,9 @@ func (r *runner) timed(ctx context.Context, send, recv []byte) (float64, error) 
 		return time.Since(start).Seconds() / float64(r.cfg.Iters), nil
 	}
 	for range r.cfg.Iters {
-		hs = append(hs, r.issue(ctx, send, recv))
+		if err := issueNext(); err != nil {
+			return 0, err
+		}
 	}
 	if err := waitAll(); err != nil {
 		return 0, err

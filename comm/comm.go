@@ -439,7 +439,11 @@ func (c *Comm) tellCollateral(err error) {
 	var pe *PeerError
 	var lost interface{ LostWorldRank() int } // rendezvous.LostError
 	var fce *FrameCheckError                  // the link from fce.From corrupted a frame
+	var de *DesyncError
 	switch {
+	case errors.As(err, &de):
+		collateral.Tell(collateral.Report{Rank: c.g.GlobalRank(c.me), Blame: de.minority(), Why: err.Error(),
+			Relay: de.ReportedBy != "", Desync: true})
 	case errors.As(err, &fce):
 		collateral.Tell(collateral.Report{Rank: c.g.GlobalRank(c.me), Blame: fce.From, Why: err.Error()})
 	case errors.As(err, &pe):

@@ -713,7 +713,7 @@ func (e *Endpoint) clientHandshake(conn net.Conn, br *bufio.Reader, h hello) (by
 // connection after reading our proof refused it, which is.
 func handshakeReadErr(what string, err error) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return fmt.Errorf("comm: the peer accepted the connection but sent no %s in time (stopped or starved?): %w", what, err)
+		return fmt.Errorf("comm: the peer accepted the connection but did not send %s in time (stopped or starved?): %w", what, err)
 	}
 	return fmt.Errorf("%w: reading %s: %w", ErrAuth, what, err)
 }

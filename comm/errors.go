@@ -135,6 +135,21 @@ func (e *DesyncError) Error() string {
 	return s
 }
 
+// minority is the lowest rank of the strictly smaller side of the desync,
+// -1 when the sides are not known or equal: the ranks that issued the
+// call fewer ranks issued are the likelier culprits, and with equal sides
+// no rank can be named alone.
+func (e *DesyncError) minority() int {
+	mine, theirs := len(e.MineRanks), len(e.TheirRanks)
+	switch {
+	case mine == 0 || theirs == 0 || mine == theirs:
+		return -1
+	case mine < theirs:
+		return slices.Min(e.MineRanks)
+	}
+	return slices.Min(e.TheirRanks)
+}
+
 // turnedTo returns e as seen from rank me: swapped when me issued Theirs.
 func (e *DesyncError) turnedTo(me int) *DesyncError {
 	d := *e

@@ -18,7 +18,8 @@ type CauseReport struct {
 	// in a way gorun saw: an unresponsive process), "link lost" (a rank
 	// on another host lost it while it ran on: the network between
 	// Host and ReporterHost failed), "host lost", "could not start", "mpi
-	// abort", "mpi no finalize".
+	// abort", "mpi no finalize", "desync" (the ranks issued different
+	// calls; Rank is the smaller side's, -1 when none can be named).
 	Kind string `json:"kind"`
 	// Rank, Host and PID locate the culprit; Rank is the first rank of a
 	// lost host. Ranks is how many ranks it took down with it (a host's).
@@ -92,6 +93,10 @@ func (w *worldRun) cause(err error) *CauseReport {
 			c.Kind, c.Signal = "killed", unixSignalName(re.Signal)
 		}
 		c.Stopped, c.AlsoFailed = re.Stopped, re.AlsoFailed
+	case errors.As(err, &ce) && ce.Desync:
+		// Rank is the smaller side's, -1 when no rank can be named alone.
+		c.Kind, c.Rank, c.Host, c.PID, c.ExitCode = "desync", ce.Blame, ce.BlameHost, ce.BlamePID, ce.ExitCode()
+		c.Why, c.ReportedBy, c.ReporterHost, c.Stopped = ce.Why, ptr(ce.ReportedBy), ce.ReporterHost, ce.Stopped
 	case errors.As(err, &ce):
 		if ce.Blame < 0 {
 			return nil // the runtimes could not say whom they lost

@@ -460,3 +460,23 @@ func TestElasticRestartUsesHostfileAgain(t *testing.T) {
 		t.Fatalf("%d ranks printed world 1, want 3\n%s", n, j.stdout.String())
 	}
 }
+
+// A random: fault is planned up to the job's timeout (a week without one:
+// thousands of kills at a short MTBF), but the report lists the faults
+// that happened or were due, and counts the planned kills it left out.
+func TestReportListsOnlyRandomFaultsThatHappened(t *testing.T) {
+	j := newJobRun(t, 2, "exit:0", nil)
+	j.job.Faults = mustFaults(t, "random:mtbf=10ms:seed=3")
+	j.cfg.Timeout = 60 * time.Second // plans about 6000 kills
+	start := time.Now()
+	rep, _ := j.launchReport(context.Background())
+	ran := time.Since(start)
+	// At most the kills due while the job ran (10 ms apart on average).
+	if limit := int(ran/(10*time.Millisecond))*3 + 10; len(rep.Faults) > limit {
+		t.Errorf("report lists %d faults for a job of %v, want at most %d (those due)", len(rep.Faults), ran, limit)
+	}
+	if rep.RandomNotDue < 1000 {
+		t.Errorf("report says %d planned random kills were left out, want the plan's thousands", rep.RandomNotDue)
+	}
+	t.Logf("job of %v: %d faults listed, %d planned kills left out", ran, len(rep.Faults), rep.RandomNotDue)
+}

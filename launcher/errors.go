@@ -292,11 +292,21 @@ type CollateralError struct {
 	Stopped int
 	// Code is the first collateral rank's exit status.
 	Code int
+	// Desync is set when the ranks failed because they issued different
+	// calls: Why names both calls and both sides, Blame the rank of the
+	// smaller side (-1 when the sides are equal).
+	Desync bool
 }
 
 func (e *CollateralError) Error() string {
 	s := fmt.Sprintf("rank %d reported a lost peer (%s)", e.ReportedBy, e.Why)
 	switch {
+	case e.Desync && e.Blame >= 0:
+		s = fmt.Sprintf("desync: rank %d (host %s, pid %d) issued a call the other ranks did not: rank %d reported %q",
+			e.Blame, e.BlameHost, e.BlamePID, e.ReportedBy, e.Why)
+	case e.Desync:
+		// No side known to be smaller: no rank is named alone.
+		s = fmt.Sprintf("desync: the ranks issued different calls: rank %d reported %q", e.ReportedBy, e.Why)
 	case e.Blame >= 0 && e.Link:
 		s = fmt.Sprintf("the network between host %s and host %s failed: rank %d (host %s) lost rank %d (host %s, pid %d), which was still running: %q",
 			e.ReporterHost, e.BlameHost, e.ReportedBy, e.ReporterHost, e.Blame, e.BlameHost, e.BlamePID, e.Why)
@@ -305,6 +315,9 @@ func (e *CollateralError) Error() string {
 			e.Blame, e.BlameHost, e.BlamePID, e.Frozen, stateName(e.Frozen), e.ReportedBy, e.Why)
 	case e.Blame >= 0:
 		s = fmt.Sprintf("rank %d (host %s, pid %d) was lost to its peers: rank %d reported %q", e.Blame, e.BlameHost, e.BlamePID, e.ReportedBy, e.Why)
+	}
+	if e.Desync {
+		return s + fmt.Sprintf("; %d %s failed with it; stopped %d other %s", e.Failed, plural(e.Failed, "rank", "ranks"), e.Stopped, plural(e.Stopped, "rank", "ranks"))
 	}
 	return s + collateralText(e.Failed) + fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))
 }

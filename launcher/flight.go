@@ -126,7 +126,7 @@ func prepareFlight(cfg Config, stderr *lineSink) *flightRecords {
 	var err error
 	if cfg.OutputDir != "" {
 		dir = filepath.Join(cfg.OutputDir, "flight")
-		err = os.MkdirAll(dir, 0o755)
+		err = ownSubdir(dir)
 	} else {
 		dir, err = makeFlightTemp()
 		f.temp = dir

@@ -136,17 +136,52 @@ func HostAgentMain(o HostAgentOptions, stdin io.Reader, stderr io.Writer) int {
 	return 0
 }
 
-func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr io.Writer) error {
-	c, err := net.DialTimeout("tcp", o.Connect, 30*time.Second)
-	if err != nil {
-		return fmt.Errorf("connect to gorun at %s: %w", o.Connect, err)
+// agentConnectBudget bounds how long an agent tries to reach gorun and
+// prove itself, over every attempt.
+const agentConnectBudget = 30 * time.Second
+
+// connectAuth dials gorun and proves the job secret. gorun closes an
+// unproven connection to make room when its port is flooded
+// (agentPortBounds), so a connection that gorun's side closed or reset
+// before the handshake ended is dialed again, after a short backoff (20 ms,
+// doubling to 500 ms), within agentConnectBudget; a refusal or a wrong
+// secret is final.
+func connectAuth(addr string, key []byte, job, host string, log zerolog.Logger) (net.Conn, *wireConn, error) {
+	deadline := time.Now().Add(agentConnectBudget)
+	backoff := 20 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		c, err := net.DialTimeout("tcp", addr, time.Until(deadline))
+		if err != nil {
+			return nil, nil, fmt.Errorf("connect to gorun at %s: %w", addr, err)
+		}
+		_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+		w, err := dialAuth(c, key, job, host)
+		if err == nil {
+			return c, w, nil
+		}
+		c.Close()
+		if !handshakeCut(err) || time.Now().Add(backoff).After(deadline) {
+			return nil, nil, fmt.Errorf("handshake with gorun at %s (attempt %d): %w", addr, attempt, err)
+		}
+		log.Debug().Err(err).Int("attempt", attempt).Msg("gorun closed the connection during the handshake; reconnecting")
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 500*time.Millisecond)
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
-	w, err := dialAuth(c, key, o.Job, o.Host)
+}
+
+// handshakeCut reports whether a handshake failed because the connection
+// was closed or reset under it (gorun evicting it), not by an answer.
+func handshakeCut(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr io.Writer) error {
+	c, w, err := connectAuth(o.Connect, key, o.Job, o.Host, log)
 	if err != nil {
 		return err
 	}
+	defer c.Close()
 	m, err := w.readMsg()
 	if err != nil || m.T != "job" || m.Job == nil {
 		return fmt.Errorf("expected the job description: %v", err)
@@ -612,7 +647,17 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 			sendFlight(flight, w, firstRank, time.Time{}, false)
 			_ = sup.send(supervisorCmd{Op: "bye"})
 			sup.closeCommands()
-			_ = sup.wait()
+			supErr := sup.wait()
+			var supLost error
+			if !ok {
+				supLost = errors.New("its job supervisor exited without reporting the end of the job")
+				if supErr != nil {
+					supLost = fmt.Errorf("its job supervisor died (%v) without reporting the end of the job", supErr)
+				}
+				if d := time.Duration(supSilent.Load()); d > 0 {
+					supLost = fmt.Errorf("its job supervisor was silent for %s, past the lease of %s (stopped or hung), and was killed", d.Round(time.Millisecond), lease)
+				}
+			}
 			if !ok {
 				// The supervisor died without killing what the ranks
 				// started in other sessions, which may hold output pipes
@@ -630,6 +675,11 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 			outWG.Wait()
 			if ok {
 				_ = w.send(wireMsg{T: "event", Event: &ev})
+			} else {
+				// Say why before hanging up: gorun would otherwise see
+				// only a closed connection, which reads as a killed
+				// agent or a rebooted host.
+				_ = w.send(wireMsg{T: "supervisor-lost", Err: supLost.Error() + "; the host agent ended its ranks"})
 			}
 			// Half-close and wait for gorun to hang up (it does once every
 			// host is done): closing outright while gorun's pings sit
@@ -644,10 +694,7 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 			}
 			w.c.Close()
 			if !ok {
-				if d := time.Duration(supSilent.Load()); d > 0 {
-					return fmt.Errorf("job supervisor was silent for %s, past the lease of %s (stopped or hung); killed it and its ranks", d.Round(time.Millisecond), lease)
-				}
-				return errors.New("job supervisor exited without reporting the end of the job")
+				return supLost
 			}
 			return nil
 		}

@@ -96,6 +96,20 @@ type hostAgents struct {
 	claims map[string]*HandshakeError
 }
 
+// agentPortBounds bound the connections to the host-agent port that have
+// not proved the job secret yet. Anyone on a job host shares the address
+// the agent connects from and can read the port from ps, so a bound that
+// refuses newcomers (per source) or leaves them in the backlog (in all) is
+// a bound an outsider can spend to keep the agent out. Instead a full gate
+// evicts the oldest unproven connection: an agent proves itself within a
+// round trip of connecting, so what gives way is what the outsider holds
+// open, and the agent is evicted only if over a thousand connections
+// arrive during its own handshake, in which case it reconnects
+// (connectAuth). No per-source bound: the job's hosts may share one
+// address (NAT, namespaces on one machine), and the bound in all keeps
+// gorun's descriptors and memory bounded (about 12 MiB at 1024).
+var agentPortBounds = connlimit.Config{Max: 1024, PerSource: 1024, Evict: true}
+
 // agentHandshakeTimeout bounds an agent connection's greeting and proof.
 const agentHandshakeTimeout = 10 * time.Second
 
@@ -148,10 +162,7 @@ func (m *hostAgents) listen(ctx context.Context, id LocalIdentity) error {
 	}
 	m.ln = ln
 	m.addr = netip.MustParseAddrPort(ln.Addr().String())
-	// Agents are one per host and each connects once; PerSource stays at
-	// its default so hosts behind one address (NAT, this machine's
-	// namespaces) still fit.
-	m.gate, err = connlimit.New(connlimit.Config{}, nil)
+	m.gate, err = connlimit.New(agentPortBounds, nil)
 	return err
 }
 

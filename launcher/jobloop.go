@@ -104,8 +104,10 @@ type failure struct {
 	arrived  time.Time
 	// relay: the collateral report was second-hand (collateral.Report.Relay).
 	relay bool
-	blame int
-	why   string
+	// desync: the collateral report was of a desync (collateral.Report.Desync).
+	desync bool
+	blame  int
+	why    string
 	// frozen is set (the /proc state letter) when the rank's supervisor
 	// found it stopped past its lease (freeze.go); why says for how long.
 	frozen string
@@ -369,7 +371,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 					// gorun nor failed on its own.
 					st.stopped = false
 					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal),
-						collateral: true, blame: ev.Blame, why: ev.Err, relay: ev.Relay, exitedAt: ev.At})
+						collateral: true, blame: ev.Blame, why: ev.Err, relay: ev.Relay, desync: ev.Desync, exitedAt: ev.At})
 					stop(stopFailure, syscall.SIGTERM)
 				} else if (ev.Code != 0 || ev.Signal != 0) && !(st.stopped && causedByStop(ev, sentSig, killed)) {
 					// Its own failure, even if the teardown had begun: it
@@ -622,6 +624,9 @@ func (r *jobLoop) run(ctx context.Context) error {
 // rank 3's abort). When that rank ran on, on another host than its
 // reporter, the network between them is the cause (CollateralError.Link).
 func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
+	if e := r.desynced(fs, ranks, stopped); e != nil {
+		return e
+	}
 	byRank := map[int]failure{}
 	for _, f := range fs {
 		if _, dup := byRank[f.rank]; !dup {
@@ -697,6 +702,38 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 			// The blamed rank is counted by name, not among the others.
 			e.Stopped--
 		}
+	}
+	return e
+}
+
+// desynced is the verdict when the runtimes reported a desync: a report's
+// words (both calls, and both sides when a comparison of every rank's
+// calls found them), blaming the rank it names (the smaller side's) or
+// none. The report chosen is the first that knows the sides, else the
+// first first-hand one. Nil when no report was of a desync.
+func (r *jobLoop) desynced(fs []failure, ranks []rankState, stopped int) *CollateralError {
+	var rep *failure
+	better := func(f *failure) bool {
+		switch {
+		case rep == nil:
+			return true
+		case (f.blame >= 0) != (rep.blame >= 0):
+			return f.blame >= 0
+		}
+		return rep.relay && !f.relay
+	}
+	for i := range fs {
+		if f := &fs[i]; f.desync && better(f) {
+			rep = f
+		}
+	}
+	if rep == nil {
+		return nil
+	}
+	e := &CollateralError{Desync: true, ReportedBy: rep.rank, ReporterHost: r.plan.Ranks[rep.rank].Host, Why: rep.why, Blame: -1,
+		Failed: len(fs), Stopped: stopped, Code: failure{code: fs[0].code, signal: fs[0].signal}.exitCode()}
+	if b := rep.blame; b >= 0 && b < len(ranks) {
+		e.Blame, e.BlameHost, e.BlamePID = b, r.plan.Ranks[b].Host, ranks[b].pid
 	}
 	return e
 }

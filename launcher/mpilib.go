@@ -29,7 +29,9 @@ import (
 // turn (resolved through its RPATH/RUNPATH, LD_LIBRARY_PATH and the
 // standard directories). What it cannot see: an interpreter that loads MPI
 // at run time (python3 with mpi4py built against Open MPI), or a library
-// opened with dlopen. Those still run as singletons; docs/mpi.md says so.
+// opened with dlopen. Those are stopped in MPI_Init instead, by the MCA
+// parameters every rank gets (openMPIRefusalVars in pmi.go): each rank exits 1
+// with Open MPI's error naming gorun, never as a singleton.
 
 // ErrOpenMPI is wrapped by the error for a program linked against Open MPI.
 var ErrOpenMPI = errors.New("linked against Open MPI, which forms its world through a PMIx server that gorun does not run")

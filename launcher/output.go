@@ -12,10 +12,18 @@ import (
 )
 
 // maxLine bounds how much of one unterminated line is held back to keep it
-// whole. A longer line is written in pieces, each ended with a newline, so
-// that a program printing a huge blob without newlines neither exhausts
-// memory nor blocks other ranks' output behind it.
+// whole in one write. A longer line is written in pieces as it comes, with
+// no newline added: its streamer holds the sink until the line's newline
+// (lineSink.holder), so the line stays whole on the terminal while memory
+// stays bounded. Other ranks' lines wait meanwhile, at most holdStall
+// without a new piece: a rank that stops mid-line (a prompt, a blob and a
+// long pause) then has its line ended for them, and its next piece starts
+// a tagged line of its own.
 const maxLine = 1 << 20
+
+// holdStall is how long other writers wait for the newline of a long line
+// whose rank has gone quiet mid-line.
+const holdStall = time.Second
 
 // readChunk is the size of one read from a rank's pipe; it matches the
 // pipe buffer (pipeSize) so one read drains a full pipe.
@@ -35,12 +43,76 @@ type lineSink struct {
 	name   string
 	failed func(name string, err error)
 	err    error // guarded by mu: the first write error
+	// holder is the streamer in the middle of a line longer than maxLine
+	// (nil when none); other writers wait for it (see maxLine). lastPiece
+	// is when it last wrote; moved is closed and replaced whenever the
+	// holder writes or lets go, to wake the waiters. Guarded by mu.
+	holder    *streamer
+	lastPiece time.Time
+	moved     chan struct{}
 }
 
-func (s *lineSink) write(b []byte) {
+// write writes complete lines (gorun's own, or a rank's).
+func (s *lineSink) write(b []byte) { s.put(nil, nil, nil, b, false) }
+
+// put writes for streamer who: cont, the rest of who's open long line
+// (prefixed with contPrefix if who lost its hold meanwhile), then lines;
+// open says that lines (or cont) ends in the middle of a long line, which
+// who then holds. It waits while another streamer holds the sink (see
+// maxLine).
+func (s *lineSink) put(who *streamer, cont, contPrefix, lines []byte, open bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.err != nil {
+	for s.holder != nil && s.holder != who {
+		wait := holdStall - time.Since(s.lastPiece)
+		if wait <= 0 {
+			// The holder went quiet mid-line: end its line for the
+			// others; its next piece starts a line of its own.
+			s.writeLocked([]byte{'\n'})
+			s.release()
+			break
+		}
+		moved := s.moved
+		s.mu.Unlock()
+		t := time.NewTimer(wait)
+		select {
+		case <-moved:
+		case <-t.C:
+		}
+		t.Stop()
+		s.mu.Lock()
+	}
+	if cont != nil {
+		if s.holder != who {
+			s.writeLocked(contPrefix)
+		}
+		s.writeLocked(cont)
+	}
+	s.writeLocked(lines)
+	switch {
+	case open:
+		s.holder, s.lastPiece = who, time.Now()
+		if s.moved == nil {
+			s.moved = make(chan struct{})
+		}
+		close(s.moved)
+		s.moved = make(chan struct{})
+	case s.holder == who && who != nil:
+		s.release()
+	}
+}
+
+// release ends the hold and wakes the waiters; mu is held.
+func (s *lineSink) release() {
+	s.holder = nil
+	if s.moved != nil {
+		close(s.moved)
+		s.moved = nil
+	}
+}
+
+func (s *lineSink) writeLocked(b []byte) {
+	if s.err != nil || len(b) == 0 {
 		return
 	}
 	// A write error must not stop draining the rank: it would block on a
@@ -89,6 +161,9 @@ type streamer struct {
 	file *lineSink
 	// now, when set, prefixes each line with a timestamp.
 	now func() time.Time
+	// midLine is set while a line longer than maxLine is being written
+	// in pieces (only run's goroutine touches it).
+	midLine bool
 }
 
 // run copies until EOF or a read error (the pipe closed under it). Complete
@@ -113,7 +188,7 @@ func (s *streamer) run() {
 			s.emit(buf[:i+1])
 			buf = buf[:copy(buf, buf[i+1:])]
 		} else if len(buf) >= maxLine {
-			s.emit(append(buf, '\n'))
+			s.emitOpen(buf)
 			buf = buf[:0]
 		}
 		if full && cap(buf) < readChunk+maxLine {
@@ -123,7 +198,7 @@ func (s *streamer) run() {
 			buf = nb
 		}
 		if err != nil {
-			if len(buf) > 0 {
+			if len(buf) > 0 || s.midLine {
 				s.emit(append(buf, '\n'))
 			}
 			return
@@ -131,14 +206,38 @@ func (s *streamer) run() {
 	}
 }
 
-// emit writes complete lines (lines ends in '\n') to every sink.
+// emit writes complete lines (lines ends in '\n') to every sink; while a
+// long line is open, the first of them is its end.
 func (s *streamer) emit(lines []byte) {
+	var cont []byte
+	if s.midLine {
+		i := bytes.IndexByte(lines, '\n')
+		cont, lines = lines[:i+1], lines[i+1:]
+		s.midLine = false
+	}
+	s.put(cont, lines, false)
+}
+
+// emitOpen writes piece, a part of a line longer than maxLine, without a
+// newline; the sinks are held for this rank until the line ends.
+func (s *streamer) emitOpen(piece []byte) {
+	if s.midLine {
+		s.put(piece, nil, true)
+		return
+	}
+	s.midLine = true
+	s.put(nil, piece, true)
+}
+
+// put writes cont (the end of, or more of, the open long line) and lines
+// (whole lines, or with open the start of a long line) to every sink.
+func (s *streamer) put(cont, lines []byte, open bool) {
 	var ts []byte
 	if s.now != nil {
 		ts = s.now().UTC().AppendFormat(nil, "2006-01-02T15:04:05.000000Z07:00 ")
 	}
 	if s.file != nil {
-		s.file.write(prefixLines(lines, ts))
+		s.file.put(s, cont, ts, prefixLines(lines, ts, open), open)
 	}
 	if s.tag {
 		tag := append([]byte{'['}, strconv.Itoa(s.rank)...)
@@ -147,19 +246,23 @@ func (s *streamer) emit(lines []byte) {
 		}
 		ts = append(append(tag, "] "...), ts...)
 	}
-	s.term.write(prefixLines(lines, ts))
+	s.term.put(s, cont, ts, prefixLines(lines, ts, open), open)
 }
 
 // prefixLines returns lines with prefix before each line; lines itself when
-// there is no prefix.
-func prefixLines(lines, prefix []byte) []byte {
-	if len(prefix) == 0 {
+// there is no prefix. With open, the last line has no newline (the start
+// of a long line).
+func prefixLines(lines, prefix []byte, open bool) []byte {
+	if len(prefix) == 0 || len(lines) == 0 {
 		return lines
 	}
 	n := bytes.Count(lines, []byte{'\n'})
-	out := make([]byte, 0, len(lines)+n*len(prefix))
+	out := make([]byte, 0, len(lines)+(n+1)*len(prefix))
 	for len(lines) > 0 {
 		i := bytes.IndexByte(lines, '\n')
+		if i < 0 && open {
+			i = len(lines) - 1
+		}
 		out = append(out, prefix...)
 		out = append(out, lines[:i+1]...)
 		lines = lines[i+1:]
@@ -185,10 +288,15 @@ type jobOutput struct {
 
 // openJobOutput creates the sinks and, with OutputDir, the per-rank logs.
 func openJobOutput(cfg Config, plan *Plan) (*jobOutput, error) {
-	o := &jobOutput{
-		stdout: &lineSink{w: cfg.Stdout}, stderr: &lineSink{w: cfg.Stderr},
-		tag: cfg.TagOutput || cfg.OutputDir != "",
-	}
+	o := &jobOutput{tag: cfg.TagOutput || cfg.OutputDir != ""}
+	// A terminal stream that fails (its reader exited: `gorun ... | head`)
+	// is given up on, not retried per line; the job runs on. Ending it
+	// instead would cost a long job its work for a pager the user closed,
+	// and the ranks' exit status stays gorun's (mpirun and srun likewise
+	// keep the job running). A failed stdout is said once on stderr; a
+	// failed stderr has nowhere to say it.
+	o.stdout = &lineSink{w: cfg.Stdout, name: "stdout", failed: o.terminalFailed}
+	o.stderr = &lineSink{w: cfg.Stderr, name: "stderr", failed: o.terminalFailed}
 	if cfg.TimestampOutput {
 		o.now = time.Now
 	}
@@ -198,28 +306,39 @@ func openJobOutput(cfg Config, plan *Plan) (*jobOutput, error) {
 	if err := os.MkdirAll(cfg.OutputDir, 0o755); err != nil {
 		return nil, fmt.Errorf("launcher: output dir: %w", err)
 	}
+	if err := checkOutputDir(cfg.OutputDir); err != nil {
+		return nil, err
+	}
 	// A restarted world (--max-restarts) appends to the logs of the worlds
 	// before it, after a line saying where it begins: the output of the
 	// world that failed is what a user reads to learn why.
-	flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
 	restart := 0
 	if cfg.world != nil && cfg.world.restart > 0 {
 		restart = cfg.world.restart
-		flags = os.O_WRONLY | os.O_CREATE | os.O_APPEND
 	}
 	for _, rs := range plan.Ranks {
-		f, err := os.OpenFile(filepath.Join(cfg.OutputDir, "rank."+strconv.Itoa(rs.Rank)+".log"), flags, 0o666)
+		f, err := openRankLog(filepath.Join(cfg.OutputDir, "rank."+strconv.Itoa(rs.Rank)+".log"), restart > 0)
 		if err == nil && restart > 0 {
-			_, err = fmt.Fprintf(f, "--- gorun: restart %d (job %s) ---\n", restart, plan.JobID)
+			if _, err = fmt.Fprintf(f, "--- gorun: restart %d (job %s) ---\n", restart, plan.JobID); err != nil {
+				f.Close()
+				err = fmt.Errorf("launcher: output dir: %w", err)
+			}
 		}
 		if err != nil {
 			o.close()
-			return nil, fmt.Errorf("launcher: output dir: %w", err)
+			return nil, err
 		}
 		o.files = append(o.files, f)
 		o.logs = append(o.logs, &lineSink{w: f, name: f.Name(), failed: o.fileFailed})
 	}
 	return o, nil
+}
+
+// terminalFailed reports gorun's stdout failing, once, on its stderr.
+func (o *jobOutput) terminalFailed(name string, err error) {
+	if name == "stdout" {
+		o.stderr.write(fmt.Appendf(nil, "gorun: writing stdout: %v (its reader exited?); the job runs on and its stdout is discarded\n", err))
+	}
 }
 
 // fileFailed reports a log file's first write error, once, on gorun's

@@ -191,13 +191,46 @@ func newSupervisorPMI(job pmiJob, ranks []supervisorRank, log zerolog.Logger) (*
 // under another process manager) never pass through: they would point a
 // rank at the wrong server, and an empty value is not the same as unset
 // (MPICH reads an empty PMI_FD as descriptor 0).
+//
+// Every rank served PMI also gets openMPIRefusal, in place of any value the
+// user set, so that an Open MPI rank fails in MPI_Init however Open MPI was
+// loaded (see openMPIRefusal).
 func (sp *supervisorPMI) rankSetup(rank int, env []string) (*os.File, []string) {
-	env = withoutVars(env, rankenv.PMIFD, rankenv.PMIPort, rankenv.PMIID)
+	env = withoutVars(env, append([]string{rankenv.PMIFD, rankenv.PMIPort, rankenv.PMIID}, openMPIRefusalVars...)...)
+	for _, v := range openMPIRefusalVars {
+		env = append(env, v+"="+openMPIRefusal)
+	}
 	if sp.job.Port {
 		return nil, append(env, rankenv.PMIPort+"="+sp.addr, rankenv.PMIID+"="+strconv.Itoa(sp.srv.ID(rank)))
 	}
 	return sp.ends[rank], append(env, rankenv.PMIFD+"="+strconv.Itoa(pmiRankFD))
 }
+
+// openMPIRefusalVars make every Open MPI rank that gorun serves PMI fail
+// in its start-up with an error naming gorun, instead of running as a
+// silent one-rank singleton: the check of the program's libraries
+// (mpilib.go) cannot see Open MPI loaded at run time (python3 with an
+// mpi4py built for Open MPI, a dlopen). Open MPI reads its MCA parameters
+// from OMPI_MCA_<name>; told to use a component that does not exist, it
+// stops, prints "A requested component was not found ... Framework: F,
+// Component: <openMPIRefusal>" and the rank exits 1. Two frameworks, for
+// two generations:
+//
+//   - schizo, opened first thing in orte_init (Open MPI 3 and 4), before
+//     a singleton forks its helper daemon: a later failure (pml) is
+//     printed through that daemon, which loses the message (seen with
+//     Debian's Open MPI 4.1 under gorun: "ORTE_ERROR_LOG: Out of
+//     resource in show_help.c" and no text);
+//   - pml, opened by every MPI_Init (Open MPI 3 to 5; Open MPI 5's
+//     start-up moved to PRRTE and ignores an OMPI_MCA_schizo).
+//
+// MPICH and every non-MPI program ignore both. A comma would split the
+// text into a list of components, so there is none. With --pmi none no
+// rank gets them, and an Open MPI program runs as the singletons the user
+// asked for.
+var openMPIRefusalVars = []string{"OMPI_MCA_schizo", "OMPI_MCA_pml"}
+
+const openMPIRefusal = "gorun_does_not_serve_Open_MPI:run_it_with_Open_MPI's_mpirun_or_build_it_with_MPICH"
 
 // withoutVars returns env without the variables named.
 func withoutVars(env []string, names ...string) []string {

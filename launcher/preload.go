@@ -32,7 +32,11 @@ import (
 //     nobody else can write in the directory either, the bytes executed are
 //     the bytes checked;
 //   - files go to the ranks' working directory on the host, as mpirun's
-//     --preload-files does, replaced atomically (write, then rename).
+//     --preload-files does, replaced atomically (write, then rename). A
+//     file already there is kept only when it passes the cached program's
+//     checks (this user's, nobody else can write it, not a symlink); a
+//     working directory of another user's, or one every user may write
+//     that is not sticky, is refused, since they could swap the files.
 
 // preloadFile describes one file gorun offers.
 type preloadFile struct {
@@ -157,10 +161,33 @@ func preloadPlace(f preloadFile, dir string) (path string, present bool, err err
 		}
 		path = filepath.Join(d, f.Name)
 	} else {
+		if err := checkPreloadDir(dir); err != nil {
+			return "", false, err
+		}
 		path = filepath.Join(dir, f.Name)
 	}
-	got, err := fileSHA256(path, f.Program)
+	// A file already there counts only when it is this user's own (see
+	// fileSHA256): another user's copy with the right hash could be
+	// rewritten by its owner once checked, so it is replaced instead.
+	got, err := fileSHA256(path, true)
 	return path, err == nil && got == f.SHA256, nil
+}
+
+// checkPreloadDir refuses a ranks' working directory where another user
+// could replace the preloaded files after they were placed: one that
+// belongs to another user, or that every user may write and is not sticky.
+func checkPreloadDir(dir string) error {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if uid := int(st.Sys().(*syscall.Stat_t).Uid); uid != 0 && uid != os.Getuid() {
+		return &PrivateDirError{dir, fmt.Sprintf("it belongs to uid %d, who could replace the preloaded files (run from a directory of your own)", uid)}
+	}
+	if st.Mode().Perm()&0o002 != 0 && st.Mode()&os.ModeSticky == 0 {
+		return &PrivateDirError{dir, fmt.Sprintf("every user may write it (mode %04o, not sticky) and replace the preloaded files", st.Mode().Perm())}
+	}
+	return nil
 }
 
 // fileSHA256 hashes path through one descriptor. For a cached program

@@ -547,6 +547,9 @@ func (m *hostAgents) readHost(c *hostConn, n Node, lease time.Duration, events c
 	output func(rank int, stream byte, data []byte)) error {
 	var buf []byte
 	doneSeen := false
+	// supLost is the agent's word that its job supervisor died, sent
+	// just before it hangs up.
+	supLost := ""
 	for {
 		_ = c.w.c.SetReadDeadline(time.Now().Add(lease))
 		typ, p, err := c.w.readFrame(buf)
@@ -563,6 +566,9 @@ func (m *hostAgents) readHost(c *hostConn, n Node, lease time.Duration, events c
 				return nil
 			default:
 			}
+			if supLost != "" {
+				return errors.New(supLost)
+			}
 			return fmt.Errorf("the connection to its agent closed (agent killed, or host rebooted): %v", err)
 		}
 		buf = p[:0]
@@ -578,6 +584,10 @@ func (m *hostAgents) readHost(c *hostConn, n Node, lease time.Duration, events c
 			output(rank, p[4], p[5:])
 		case frameMsg:
 			var msg wireMsg
+			if err := json.Unmarshal(p, &msg); err == nil && msg.T == "supervisor-lost" && msg.Err != "" {
+				supLost = msg.Err
+				continue
+			}
 			if err := json.Unmarshal(p, &msg); err != nil || msg.T != "event" || msg.Event == nil {
 				continue
 			}

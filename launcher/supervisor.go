@@ -213,6 +213,8 @@ type supervisorEvent struct {
 	// Relay marks a collateral report whose rank learned of the loss from
 	// Blame's abort, not by seeing it (collateral.Report.Relay).
 	Relay bool `json:"relay,omitempty"`
+	// Desync marks a collateral report of a desync (collateral.Report.Desync).
+	Desync bool `json:"desync,omitempty"`
 	// At is when an "exited" rank was reaped (Unix ns, this host's clock):
 	// the supervisor reaps at each SIGCHLD, so it is the exit time to
 	// within the supervisor's wake-up. Every exit of one reap pass gets
@@ -868,7 +870,7 @@ func (a *supervisor) reap() {
 		// the exit just reaped: reading now finds it if there is one.
 		a.readCollateral()
 		if c, ok := a.coll[ev.Rank]; ok {
-			ev.Collateral, ev.Blame, ev.Err, ev.Relay = true, c.Blame, c.Why, c.Relay
+			ev.Collateral, ev.Blame, ev.Err, ev.Relay, ev.Desync = true, c.Blame, c.Why, c.Relay, c.Desync
 		}
 		if f := a.ranks[i].frozen; f != 0 {
 			ev.Frozen = string(f)

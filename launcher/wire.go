@@ -59,7 +59,9 @@ const maxFrame = 8 << 20
 type wireMsg struct {
 	// T is "job" (gorun: what the agent must check), "hello" (agent: what
 	// it found), "spec" (gorun: the ranks to start), "cmd" (gorun: an
-	// supervisorCmd), "event" (agent: a supervisorEvent).
+	// supervisorCmd), "event" (agent: a supervisorEvent),
+	// "supervisor-lost" (agent, Err: how its job supervisor died, just
+	// before it hangs up).
 	T     string           `json:"t"`
 	Job   *remoteJob       `json:"job,omitempty"`
 	Hello *remoteHello     `json:"hello,omitempty"`

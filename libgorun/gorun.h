@@ -270,7 +270,69 @@ int gorun_plan(const char *graph, size_t graph_len, const char *options,
 
 /* gorun_plan_free releases a result of gorun_plan; NULL is ignored. */
 void gorun_plan_free(char *out);
+#endif /* GORUN_NO_PROTOTYPES */
 
+
+/* ==== executor: overlap's eager executor, driven from a framework's hooks ====
+ *
+ * A framework (gorun.torch) plans its step once as a step graph
+ * (stepgraph/SCHEMA.md, already through the planner's passes) and hands it
+ * here. Every step: begin; enter each region (module path) as its forward
+ * starts; ready each tensor a collective reads as it is produced (a
+ * gradient, a parameter shard); wait for a result before using it; finish.
+ * Packing into fused buckets, issue in plan order, the per-step plan-hash
+ * exchange and scattering run here, on Go threads; the caller's thread
+ * blocks only in wait and finish. One executor is driven by one thread at a
+ * time (calls from several are serialised). */
+typedef int64_t gorun_executor_t; /* > 0 when valid */
+
+#ifndef GORUN_NO_PROTOTYPES
+/* graph: n bytes of step-graph JSON. groups[i] names the graph's group that
+ * runs on comms[i]. config: "" or "key=value ...": trace=0|1 (record a
+ * timeline for gorun_executor_trace), flush=0|1 (buckets whose members were
+ * not produced start zero-filled at finish, their results dropped: unused
+ * parameters), check=0|1 (the plan-hash exchange, default 1),
+ * mode=native|serial (serial waits for each bucket at once: the baseline). */
+int gorun_executor_new(const char *graph, size_t n, const char **groups,
+                       const gorun_comm_t *comms, int ngroups, const char *config,
+                       gorun_executor_t *out);
+/* the plan's hash: equal on every rank that will run the same collectives. */
+int gorun_executor_hash(gorun_executor_t ex, uint64_t *hash);
+/* the bucket plan as JSON (buckets.Plan); *len gets its length; buf may be
+ * NULL to ask the length; at most cap-1 bytes and a NUL are written. */
+int gorun_executor_plan(gorun_executor_t ex, char *buf, size_t cap, size_t *len);
+int gorun_executor_begin(gorun_executor_t ex, int64_t step);
+/* region's forward starts. A region that comes before one already entered
+ * this step (in the graph's region order), or one not in the graph, is
+ * GORUN_ERR_INVALID naming both: ranks must not drift from the plan. */
+int gorun_executor_enter(gorun_executor_t ex, const char *region);
+/* tensor (a member's input name) is produced: in (in_bytes) is copied into
+ * its bucket, out (out_bytes) receives the result before the wait on the
+ * member's output returns. Both stay valid and unchanged until then. When a
+ * bucket is full and every earlier bucket of its group started, it starts. */
+int gorun_executor_ready(gorun_executor_t ex, const char *tensor, void *in, size_t in_bytes,
+                         void *out, size_t out_bytes, int dtype);
+/* blocks until the collective writing out (a member's output name) is done
+ * and its results are scattered. A plan mismatch between ranks is
+ * GORUN_ERR_DESYNC whose text starts "gorun: plan mismatch:". */
+int gorun_executor_wait(gorun_executor_t ex, const char *out);
+/* region produced all it will this step: its flushable buckets start. */
+int gorun_executor_end_region(gorun_executor_t ex, const char *region);
+/* tensor's slot inside its all-reduce bucket (zero copy, like DDP's
+ * gradient_as_bucket_view): write the tensor there and hand the slot to ready
+ * as in and out. Valid until gorun_executor_free. */
+int gorun_executor_view(gorun_executor_t ex, const char *tensor, void **ptr, size_t *n);
+/* ends the step: waits for every collective. metrics (may be NULL) gets JSON
+ * {step, time_ns, comm_ns, exposed_ns, collectives, bytes, fused_peak_bytes,
+ * copied_bytes, buckets}; *len its length. A failed finish leaves the
+ * executor unusable: free it. */
+int gorun_executor_finish(gorun_executor_t ex, char *metrics, size_t cap, size_t *len);
+/* an instant named name on the timeline (a no-op without trace=1); every
+ * entered region gets one ("forward REGION") by itself. */
+int gorun_executor_mark(gorun_executor_t ex, const char *name);
+/* writes the recorded timeline (Chrome/Perfetto JSON) to path. */
+int gorun_executor_trace(gorun_executor_t ex, const char *path);
+int gorun_executor_free(gorun_executor_t ex);
 #endif /* GORUN_NO_PROTOTYPES */
 
 #ifdef __cplusplus

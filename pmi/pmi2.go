@@ -122,10 +122,17 @@ func lookup2(ps []pair, k string) (string, bool) {
 func (s *Server) serve2(rank int, resolve func(id string) (int, error), br *bufio.Reader, w io.Writer) error {
 	log := s.log.With().Int("rank", rank).Logger()
 	for {
-		ps, err := readFrame2(br)
+		var ps []pair
+		err := s.readRequest(br, w, func() (err error) { ps, err = readFrame2(br); return err })
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
 				return nil
+			}
+			if errors.Is(err, ErrProtocol) {
+				// Junk: one framed error reply, then the connection
+				// closes (see serve).
+				_, _ = io.WriteString(w, formatFrame2("cmd", "error", "rc", "-1", "errmsg", errorReply(err)))
+				return fmt.Errorf("pmi: rank %d: %w", rank, err)
 			}
 			return err
 		}

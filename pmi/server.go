@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,7 +48,17 @@ type Config struct {
 	// Logger receives protocol errors and per-request debug lines (field
 	// "rank").
 	Logger zerolog.Logger
+	// RequestTimeout bounds how long a request may take to arrive once its
+	// first byte did; 0 means DefaultRequestTimeout. A real client writes
+	// each request at once, so a request still unfinished after it is junk
+	// (the rank gets an error and its connection is closed). The time
+	// between requests is not bounded: a rank may compute for hours.
+	RequestTimeout time.Duration
 }
+
+// DefaultRequestTimeout is RequestTimeout's default: generous for a loaded
+// host, short next to what a user waits before calling a job stuck.
+const DefaultRequestTimeout = 10 * time.Second
 
 // DefaultConfig returns a Config for a one-rank job with a placeholder KVS
 // name; callers set KVSName, Size, Ranks and ProcessMapping.
@@ -478,66 +489,133 @@ func readLine(br *bufio.Reader) (string, error) {
 	}
 }
 
+// readDeadliner is the part of a connection readRequest needs.
+type readDeadliner interface{ SetReadDeadline(time.Time) error }
+
+// readRequest waits, without a bound, for the first byte of the next
+// request (a rank may compute for hours between calls), then runs read
+// with RequestTimeout armed on conn (when conn takes a deadline). A read
+// that ends in the deadline is a request that never finished: a protocol
+// error the rank is told about.
+func (s *Server) readRequest(br *bufio.Reader, conn any, read func() error) error {
+	if _, err := br.Peek(1); err != nil {
+		return err
+	}
+	d, ok := conn.(readDeadliner)
+	if !ok {
+		return read()
+	}
+	timeout := s.cfg.RequestTimeout
+	if timeout <= 0 {
+		timeout = DefaultRequestTimeout
+	}
+	_ = d.SetReadDeadline(time.Now().Add(timeout))
+	err := read()
+	_ = d.SetReadDeadline(time.Time{})
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("%w: request unfinished %v after its first byte (junk, or a client that stopped mid-request)", ErrProtocol, timeout)
+	}
+	return err
+}
+
+// errorReply is the message of the error reply to a malformed request,
+// within one client line and without spaces (PMI-1 values have none).
+func errorReply(err error) string {
+	msg := strings.Map(func(r rune) rune {
+		if r == ' ' || r == '\n' || r == '\t' || r == ';' {
+			return '_'
+		}
+		return r
+	}, "gorun: malformed PMI request, connection closed: "+err.Error())
+	if len(msg) > MaxLine/2 {
+		msg = msg[:MaxLine/2]
+	}
+	return msg
+}
+
 // serve answers rank's requests until EOF or Close. The first request must
-// be init (MPICH sends it right after connecting).
+// be init (MPICH sends it right after connecting). A malformed request
+// (junk, an overlong line, a line that never ends) gets one error reply and
+// ends the connection with an error naming the rank: the rank's next PMI
+// call fails at once instead of waiting on a server that cannot follow it.
 func (s *Server) serve(rank int, br *bufio.Reader, w io.Writer) error {
 	log := s.log.With().Int("rank", rank).Logger()
 	send := func(line string) error {
 		_, err := io.WriteString(w, line)
 		return err
 	}
+	malformed := func(err error) error {
+		_ = send(formatLine("error", "rc", "-1", "msg", errorReply(err)))
+		return fmt.Errorf("pmi: rank %d: %w", rank, err)
+	}
 	for {
-		line, err := readLine(br)
-		if err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
-				return nil
+		var line string
+		err := s.readRequest(br, w, func() (err error) { line, err = readLine(br); return err })
+		if err == nil {
+			if strings.TrimSpace(line) == "" {
+				continue // a blank line is harmless
 			}
+			if err = s.serveLine(rank, line, br, send, log); err == nil {
+				continue
+			}
+			if errors.Is(err, errPMI2) {
+				return s.serve2(rank, nil, br, w)
+			}
+		}
+		switch {
+		case errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed):
+			return nil
+		case errors.Is(err, ErrProtocol):
+			return malformed(err)
+		}
+		return err
+	}
+}
+
+// errPMI2 tells serve that the client switched to PMI-2.
+var errPMI2 = errors.New("pmi: client switched to PMI-2")
+
+// serveLine answers one PMI-1 request line. It returns errPMI2 once a
+// PMI-2 client was answered, an ErrProtocol error for a malformed request
+// (not yet answered), or a write error.
+func (s *Server) serveLine(rank int, line string, br *bufio.Reader, send func(string) error, log zerolog.Logger) error {
+	if strings.HasPrefix(line, "mcmd=") {
+		// A multi-line spawn request: read to its end and refuse.
+		if err := s.skipMulti(br); err != nil {
 			return err
 		}
-		if strings.HasPrefix(line, "mcmd=") {
-			// A multi-line spawn request: read to its end and refuse.
-			if err := s.skipMulti(br); err != nil {
-				return err
-			}
-			if err := send(formatLine("spawn_result", "rc", "-1", "errmsg", "gorun_does_not_spawn")); err != nil {
-				return err
-			}
-			continue
+		return send(formatLine("spawn_result", "rc", "-1", "errmsg", "gorun_does_not_spawn"))
+	}
+	m, err := parseLine(line)
+	if err != nil {
+		return err
+	}
+	log.Trace().Str("line", line).Msg("pmi request")
+	if m.cmd == "init" && m.fields["pmi_version"] == "2" {
+		// A PMI-2 client: answer in PMI-1 form, then framed
+		// commands for the rest of the connection (pmi2.go).
+		if err := send(formatLine("response_to_init", "pmi_version", "2", "pmi_subversion", "0", "rc", "0")); err != nil {
+			return err
 		}
-		m, err := parseLine(line)
-		if err != nil {
-			log.Warn().Err(err).Msg("bad PMI request")
-			if err := send(formatLine("error", "rc", "-1", "msg", "malformed_request")); err != nil {
-				return err
-			}
-			continue
-		}
-		log.Trace().Str("line", line).Msg("pmi request")
-		if m.cmd == "init" && m.fields["pmi_version"] == "2" {
-			// A PMI-2 client: answer in PMI-1 form, then framed
-			// commands for the rest of the connection (pmi2.go).
-			if err := send(formatLine("response_to_init", "pmi_version", "2", "pmi_subversion", "0", "rc", "0")); err != nil {
-				return err
-			}
-			return s.serve2(rank, nil, br, w)
-		}
-		reply, wait, err := s.handle(rank, m)
-		if err != nil {
-			log.Warn().Err(err).Str("line", line).Msg("PMI request refused")
-		}
-		if wait != nil {
-			select {
-			case <-wait:
-			case <-s.done:
-				return nil
-			}
-		}
-		if reply != "" {
-			if err := send(reply); err != nil {
-				return err
-			}
+		return errPMI2
+	}
+	reply, wait, err := s.handle(rank, m)
+	if err != nil {
+		log.Warn().Err(err).Str("line", line).Msg("PMI request refused")
+	}
+	if wait != nil {
+		select {
+		case <-wait:
+		case <-s.done:
+			return net.ErrClosed
 		}
 	}
+	if reply != "" {
+		if err := send(reply); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // skipMulti reads the lines of a multi-line command up to "endcmd".

@@ -9,7 +9,8 @@ set -euo pipefail
 # sshd and SLURM serve tests/testhosts (namespace hosts, single-node SLURM);
 # MPICH (mpich, libmpich-dev, gcc for mpicc.mpich) serves tests/mpi and the
 # MPI tests in tests/multihost, and Open MPI's compiler (libopenmpi-dev,
-# openmpi-bin) the test that gorun refuses Open MPI programs; Slurm's PMI-2
+# openmpi-bin) the test that gorun refuses Open MPI programs, and python3-mpi4py
+# (built for Open MPI) the one that refuses Open MPI loaded at run time; Slurm's PMI-2
 # client (libpmi2-0-dev) the PMI-2 tests in tests/mpi; gcc and
 # libc6-dev also build nccl's stand-in libnccl.so.2 and libcuda.so.1
 # (nccl/nccltest), which the nccl, bench and cmd/gorun tests load.
@@ -21,7 +22,7 @@ set -euo pipefail
 # Debian's python3-torch (torch 1.13) is no longer supported. gcc builds libgorun.
 # iptables blackholes and partitions the namespace hosts (tests/multihost).
 pkgs=(iproute2 iptables procps util-linux openssh-server openssh-client slurm-wlm slurm-client munge
-  gcc libc6-dev mpich libmpich-dev libhwloc-dev openmpi-bin libopenmpi-dev libpmi2-0-dev passwd python3 python3-venv)
+  gcc libc6-dev mpich libmpich-dev libhwloc-dev openmpi-bin libopenmpi-dev libpmi2-0-dev passwd python3 python3-mpi4py python3-venv)
 
 missing=()
 for p in "${pkgs[@]}"; do

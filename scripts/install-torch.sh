@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes the project's Python environment: a venv at
-# ${GORUN_VENV:-$HOME/.cache/gorun/venv} holding torch (pinned below), pytest,
+# ${GORUN_VENV:-$HOME/.cache/gorun/venv} ($XDG_CACHE_HOME for ~/.cache) holding torch (pinned below), pytest,
 # numpy and what torch's own test helpers import (expecttest). The Python
 # tests, `make python` and the torch benchmarks run its interpreter.
 #
@@ -23,8 +23,23 @@ set -euo pipefail
 TORCH_VERSION=2.15.0
 PACKAGES=("torch==$TORCH_VERSION" pytest numpy expecttest)
 
-venv=${GORUN_VENV:-$HOME/.cache/gorun/venv}
+gorun_cache=${XDG_CACHE_HOME:-$HOME/.cache}/gorun
+venv=${GORUN_VENV:-$gorun_cache/venv}
 py=$venv/bin/python
+
+# The default venv sits in gorun's per-user cache directory, which the
+# launcher also keeps its private state in (the preload cache) and so wants
+# owned by this user with mode 0700 (launcher/private.go); a directory that
+# is group- or world-accessible makes it fall back to $TMPDIR. Make it (or
+# keep it) private before anything else.
+private_cache() {
+  [ -n "${GORUN_VENV:-}" ] && return 0
+  mkdir -p -m 0700 "$gorun_cache"
+  if [ -O "$gorun_cache" ] && [ "$(stat -c %a "$gorun_cache")" != 700 ]; then
+    echo "install-torch: $gorun_cache had mode $(stat -c %a "$gorun_cache"); making it 0700 (gorun keeps private state there)" >&2
+    chmod 0700 "$gorun_cache"
+  fi
+}
 
 complete() {
   [ -x "$py" ] && "$py" - "$TORCH_VERSION" <<'EOF' 2>/dev/null
@@ -40,6 +55,7 @@ case "${1:-}" in
   *) echo "install-torch: unknown argument $1 (want --check or nothing)" >&2; exit 2 ;;
 esac
 
+private_cache
 if complete; then
   echo "$py"
   exit 0

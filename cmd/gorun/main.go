@@ -383,6 +383,14 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// it catches (on demand: kill -USR1 <gorun>).
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2, ckptSig)
 	defer signal.Stop(sigs)
+	// A closed stdout (`gorun ... | head`) must not kill gorun with
+	// SIGPIPE, which Go's runtime does for a write to fd 1 or 2 unless the
+	// program asked for the signal: the launcher then sees EPIPE, says so
+	// once and discards the rest (launcher/output.go). A handler, unlike
+	// ignoring it, is not inherited by the ranks.
+	pipes := make(chan os.Signal, 1)
+	signal.Notify(pipes, syscall.SIGPIPE)
+	defer signal.Stop(pipes)
 
 	cfg := launcher.DefaultConfig()
 	cfg.Logger = log

@@ -40,6 +40,11 @@ type Report struct {
 	// reports of a whole ring can blame each other in a cycle; the one
 	// report without Relay is where it began).
 	Relay bool `json:"relay,omitempty"`
+	// Desync is set when the failure is a desync (ranks issued different
+	// calls): Why then names both calls and the ranks on each side, and
+	// Blame is the lowest rank of the strictly smaller side, -1 when the
+	// sides are equal (no rank can be said to be the one that differed).
+	Desync bool `json:"desync,omitempty"`
 }
 
 // maxLine keeps a line within PIPE_BUF (4096 on Linux), so that concurrent

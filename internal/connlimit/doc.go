@@ -15,6 +15,10 @@
 //   - at most Config.PerSource of them come from one source (an IP address,
 //     or a user id on a Unix socket); more from that source are closed at
 //     once, so one source cannot take every slot from the others;
+//   - with Config.Evict, a full gate closes its oldest pending connection
+//     instead, so connections held open by an outsider give way to a
+//     newcomer (the host-agent port, whose agents share their address with
+//     anyone on their host);
 //   - Close closes every connection still in its handshake, so a listener
 //     that shuts down never waits for a stranger's deadline.
 //

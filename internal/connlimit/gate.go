@@ -18,6 +18,16 @@ type Config struct {
 	// PerSource is how many of them one source may hold. 128: every rank
 	// of one host dials from that host's address, several streams each.
 	PerSource int
+	// Evict makes a full gate close its oldest pending connection (of the
+	// newcomer's source when PerSource is what is full) to admit the new
+	// one, instead of refusing the newcomer (PerSource) or leaving it in
+	// the backlog (Max). For a listener whose genuine clients finish their
+	// handshake within a round trip of connecting while an outsider can
+	// share their address: the outsider's held connections are then what
+	// gives way, never a newcomer, and the newcomer is evicted only if
+	// more than a bound's worth of connections arrive during its own
+	// handshake (its client retries). Accept then never blocks on a slot.
+	Evict bool
 }
 
 // DefaultConfig returns the bounds the listeners use unless told otherwise.
@@ -67,6 +77,10 @@ type Gate struct {
 	pending map[net.Conn]string // guarded by mu: connection → its source
 	per     map[string]int      // guarded by mu: connections per source
 	refused int                 // guarded by mu: closed for PerSource
+	// order is the pending connections oldest first, for Evict; entries
+	// no longer pending are skipped and dropped lazily. Guarded by mu.
+	order   []net.Conn
+	evicted int // guarded by mu: closed to make room (Evict)
 }
 
 // New returns a Gate; a zero Config field takes its default, and source
@@ -97,6 +111,9 @@ func New(cfg Config, source Source) (*Gate, error) {
 // connection). It blocks; it returns the listener's error, or ErrClosed
 // after Close.
 func (g *Gate) Accept(ln net.Listener) (net.Conn, func(), error) {
+	if g.cfg.Evict {
+		return g.acceptEvicting(ln)
+	}
 	for {
 		select {
 		case g.slots <- struct{}{}:
@@ -133,11 +150,90 @@ func (g *Gate) Accept(ln net.Listener) (net.Conn, func(), error) {
 	}
 }
 
+// acceptEvicting is Accept under Config.Evict: it accepts at once and
+// makes room by closing the oldest pending connections.
+func (g *Gate) acceptEvicting(ln net.Listener) (net.Conn, func(), error) {
+	select {
+	case <-g.done:
+		return nil, nil, ErrClosed
+	default:
+	}
+	c, err := ln.Accept()
+	if err != nil {
+		return nil, nil, err
+	}
+	release, ok := g.admitEvicting(c)
+	if !ok {
+		_ = c.Close()
+		return nil, nil, ErrClosed
+	}
+	return c, release, nil
+}
+
+// admitEvicting admits c under Config.Evict, making room first; false
+// only when the gate is closed.
+func (g *Gate) admitEvicting(c net.Conn) (func(), bool) {
+	src := g.source(c)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, false
+	}
+	for g.per[src] >= g.cfg.PerSource {
+		g.evictOldestLocked(src)
+	}
+	for len(g.pending) >= g.cfg.Max {
+		g.evictOldestLocked("")
+	}
+	g.per[src]++
+	g.pending[c] = src
+	g.order = append(g.order, c)
+	var once sync.Once
+	return func() { once.Do(func() { g.release(c) }) }, true
+}
+
+// evictOldestLocked closes the oldest pending connection, of source src
+// when src is not "", and forgets it (its owner's release is then a no-op).
+// The caller holds mu and knows such a connection exists.
+func (g *Gate) evictOldestLocked(src string) {
+	live := g.order[:0]
+	done := false
+	for _, c := range g.order {
+		s, ok := g.pending[c]
+		if !ok {
+			continue // released earlier
+		}
+		if !done && (src == "" || s == src) {
+			done = true
+			g.forgetLocked(c)
+			g.evicted++
+			_ = c.Close()
+			continue
+		}
+		live = append(live, c)
+	}
+	clear(g.order[len(live):])
+	g.order = live
+}
+
+// forgetLocked drops c from the pending counts. The caller holds mu.
+func (g *Gate) forgetLocked(c net.Conn) {
+	src := g.pending[c]
+	delete(g.pending, c)
+	if g.per[src]--; g.per[src] == 0 {
+		delete(g.per, src)
+	}
+}
+
 // Admit counts a connection that another loop accepted (a listener the Gate
 // does not own, such as memberlist's). It never blocks: over either bound
-// it returns false and the caller closes the connection. The release
+// it returns false and the caller closes the connection (under
+// Config.Evict it makes room instead, and returns false only once closed). The release
 // function is as Accept's.
 func (g *Gate) Admit(c net.Conn) (func(), bool) {
+	if g.cfg.Evict {
+		return g.admitEvicting(c)
+	}
 	select {
 	case g.slots <- struct{}{}:
 	default:
@@ -164,13 +260,24 @@ func (g *Gate) Admit(c net.Conn) (func(), bool) {
 func (g *Gate) release(c net.Conn) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	src, ok := g.pending[c]
-	if !ok {
-		return
+	if _, ok := g.pending[c]; !ok {
+		return // evicted
 	}
-	delete(g.pending, c)
-	if g.per[src]--; g.per[src] == 0 {
-		delete(g.per, src)
+	g.forgetLocked(c)
+	if g.cfg.Evict {
+		// Keep order from growing with released entries: compact when
+		// most of it is stale (amortised O(1) per connection).
+		if len(g.order) > 2*len(g.pending)+64 {
+			live := g.order[:0]
+			for _, o := range g.order {
+				if _, ok := g.pending[o]; ok {
+					live = append(live, o)
+				}
+			}
+			clear(g.order[len(live):])
+			g.order = live
+		}
+		return
 	}
 	<-g.slots
 }
@@ -197,11 +304,14 @@ type Stats struct {
 	// Refused is how many were turned away for a bound so far (Accept:
 	// PerSource; Admit: either).
 	Refused int
+	// Evicted is how many pending connections were closed to admit newer
+	// ones (Config.Evict).
+	Evicted int
 }
 
 // Stats returns the current counts.
 func (g *Gate) Stats() Stats {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return Stats{Pending: len(g.pending), Refused: g.refused}
+	return Stats{Pending: len(g.pending), Refused: g.refused, Evicted: g.evicted}
 }

@@ -222,3 +222,104 @@ type namedConn struct {
 }
 
 func (*namedConn) Close() error { return nil }
+
+// Under Evict, held connections give way: a newcomer over PerSource closes
+// the oldest pending connection of its own source (not another source's),
+// a newcomer over Max the oldest of all, and the newcomer is admitted at
+// once in both cases, never refused or left in the backlog.
+func TestGateEvict(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var mu sync.Mutex
+	srcOf := map[string]string{}
+	g, err := New(Config{Max: 4, PerSource: 3, Evict: true}, func(c net.Conn) string {
+		mu.Lock()
+		defer mu.Unlock()
+		return srcOf[c.RemoteAddr().String()]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type acc struct {
+		c   net.Conn
+		rel func()
+	}
+	got := make(chan acc, 16)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, rel, err := g.Accept(ln)
+			if err != nil {
+				return
+			}
+			got <- acc{c, rel}
+		}
+	})
+	next := func() acc {
+		t.Helper()
+		select {
+		case a := <-got:
+			return a
+		case <-time.After(5 * time.Second):
+			t.Fatal("a newcomer was not admitted within 5 s")
+			return acc{}
+		}
+	}
+	// closedByGate reports whether the client's end sees EOF.
+	closedByGate := func(c net.Conn) bool {
+		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		_, err := c.Read(make([]byte, 1))
+		return errors.Is(err, io.EOF)
+	}
+	var clients []net.Conn
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+	dial := func(src string) net.Conn {
+		c := mustDialAs(t, ln, &mu, srcOf, src)
+		clients = append(clients, c)
+		return c
+	}
+	b1 := dial("b")
+	next()
+	a1, a2, a3 := dial("a"), dial("a"), dial("a")
+	next()
+	next()
+	next()
+	// a's fourth: over PerSource, so a's oldest (a1) goes, not b's b1.
+	a4 := dial("a")
+	a4s := next()
+	if !closedByGate(a1) || closedByGate(b1) {
+		t.Errorf("over PerSource: a1 closed %v, b1 closed %v; want a1 evicted, b1 kept", closedByGate(a1), closedByGate(b1))
+	}
+	// Released connections are no longer pending and are never evicted.
+	a4s.rel()
+	// c's first: Max (4) is full (b1, a2, a3 and c1 would be 4 with a4
+	// released: room), so nothing goes; c's second evicts the oldest, b1.
+	c1 := dial("c")
+	next()
+	if closedByGate(b1) || closedByGate(a4) {
+		t.Error("a connection was evicted while the gate had room")
+	}
+	dial("c")
+	next()
+	if !closedByGate(b1) || closedByGate(a2) || closedByGate(c1) {
+		t.Errorf("over Max: want the oldest of all (b1) evicted, and a2, c1 kept")
+	}
+	if s := g.Stats(); s.Pending != 4 || s.Evicted != 2 || s.Refused != 0 {
+		t.Errorf("stats %+v, want 4 pending, 2 evicted, none refused", s)
+	}
+	_, _ = a3, a4
+	g.Close()
+	ln.Close()
+	wg.Wait()
+	close(got)
+	for a := range got {
+		a.c.Close()
+	}
+}

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,7 +27,8 @@ import (
 //	bucket   eight 32 KiB all-reduces issued at once, then waited (a flush)
 //
 // The victim (chaosVictim) injects its own fault (chaosFault: kill, stop,
-// or hang: block for ever without being stopped) at chaosPhase, in the first world only, so that a phase is hit
+// hang: block for ever without being stopped, or desync: at phase small
+// only, call a barrier where the others all-reduce) at chaosPhase, in the first world only, so that a phase is hit
 // exactly rather than by timing:
 //
 //	launch     before Init
@@ -181,6 +183,13 @@ func runRank() int {
 		// small, with the vote on going on folded in as a second call of
 		// the same size class.
 		if it == faultIter && at("small") {
+			if os.Getenv(chaosFault) == "desync" {
+				// A different call where the others all-reduce.
+				if err := c.Barrier(ctx).Wait(ctx); err != nil {
+					return fail(err)
+				}
+				return fail(errors.New("the desynced barrier succeeded"))
+			}
 			fault()
 		}
 		fill(small, base)

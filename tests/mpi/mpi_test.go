@@ -308,16 +308,51 @@ func TestOpenMPIRefused(t *testing.T) {
 	}
 }
 
-// TestEnvironmentHonest: with PMI served a rank sees PMI_FD and no OMPI_*
-// variable; with --pmi none it sees no PMI_* variable at all.
+// TestOpenMPILoadedAtRunTimeRefused: python3 with Debian's mpi4py (built
+// for Open MPI) passes the library check, since the interpreter does not
+// link MPI. Under gorun every rank must still fail with an error that
+// names gorun, never print "rank 0 of 1" as a singleton and exit 0.
+func TestOpenMPILoadedAtRunTimeRefused(t *testing.T) {
+	requireMPI(t)
+	const py = "/usr/bin/python3"
+	out, err := exec.Command(py, "-c", "from mpi4py import MPI; print(MPI.Get_library_version())").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Open MPI") {
+		t.Skipf("skipping: %s has no mpi4py built for Open MPI (Debian python3-mpi4py): %v %.200s", py, err, out)
+	}
+	script := filepath.Join(t.TempDir(), "hello.py")
+	if err := os.WriteFile(script, []byte("from mpi4py import MPI\nc = MPI.COMM_WORLD\nprint('rank %d of %d' % (c.Get_rank(), c.Get_size()), flush=True)\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := newRun(t, "-np", "2", py, script)
+	r.start()
+	code := r.wait()
+	if code == 0 || strings.Contains(r.stdout.String(), "rank 0 of 1") {
+		t.Fatalf("gorun exited %d with the ranks run as singletons\nstdout:\n%s\nstderr:\n%s", code, r.stdout.String(), r.stderr.String())
+	}
+	if !strings.Contains(r.stderr.String(), "gorun_does_not_serve_Open_MPI") {
+		t.Errorf("the ranks' error does not name gorun:\n%s", r.stderr.String())
+	}
+	r.noSurvivors()
+	// --pmi none: run as asked, singletons.
+	r = newRun(t, "-np", "2", "--pmi", "none", py, script)
+	r.start()
+	if code := r.wait(); code != 0 || strings.Count(r.stdout.String(), "rank 0 of 1") != 2 {
+		t.Errorf("--pmi none: exit %d, stdout %q, want two singletons", code, r.stdout.String())
+	}
+}
+
+// TestEnvironmentHonest: with PMI served a rank sees PMI_FD and, of Open
+// MPI's variables, only the parameter that makes its MPI_Init refuse
+// (OMPI_MCA_pml naming gorun); with --pmi none it sees no PMI_* and no
+// OMPI_* variable at all.
 func TestEnvironmentHonest(t *testing.T) {
 	requireMPI(t)
 	for _, tc := range []struct {
 		pmi        string
 		want, none []string
 	}{
-		{"fd", []string{"PMI_RANK=1", "PMI_SIZE=2", "PMI_FD=3"}, []string{"PMI_PORT", "PMI_ID", "OMPI_"}},
-		{"port", []string{"PMI_RANK=1", "PMI_SIZE=2", "PMI_PORT=127.0.0.1:", "PMI_ID="}, []string{"PMI_FD", "OMPI_"}},
+		{"fd", []string{"PMI_RANK=1", "PMI_SIZE=2", "PMI_FD=3", "OMPI_MCA_pml=gorun_does_not_serve_Open_MPI"}, []string{"PMI_PORT", "PMI_ID", "OMPI_COMM"}},
+		{"port", []string{"PMI_RANK=1", "PMI_SIZE=2", "PMI_PORT=127.0.0.1:", "PMI_ID=", "OMPI_MCA_pml=gorun_does_not_serve_Open_MPI"}, []string{"PMI_FD", "OMPI_COMM"}},
 		{"none", nil, []string{"PMI_", "OMPI_"}},
 	} {
 		t.Run(tc.pmi, func(t *testing.T) {

@@ -41,7 +41,13 @@ func TestHostSupervisorLossEndsJob(t *testing.T) {
 			if code != 255 || !strings.Contains(j.stderr.String(), "gorun: lost host "+victim+": ") || took > 30*time.Second {
 				t.Errorf("exit %d after %v, stderr:\n%s", code, took, j.stderr.String())
 			}
-			t.Logf("%v: gorun ended after %v", sig, took.Round(time.Millisecond))
+			// The last line says what died: the supervisor, not the
+			// agent or the host.
+			last := lastLine(j.stderr.String())
+			if !strings.Contains(last, "job supervisor") || strings.Contains(last, "host rebooted") {
+				t.Errorf("last line %q, want it to name the job supervisor's death", last)
+			}
+			t.Logf("%v: gorun ended after %v: %s", sig, took.Round(time.Millisecond), last)
 			j.noSurvivors()
 		})
 	}
@@ -146,4 +152,10 @@ func TestHostAgentStopKillsItsRanks(t *testing.T) {
 	// Continued, the agent finds its job over and leaves.
 	_ = syscall.Kill(agent, syscall.SIGCONT)
 	j.noSurvivors()
+}
+
+// lastLine is the last non-empty line of s.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
 }

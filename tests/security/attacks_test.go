@@ -117,6 +117,52 @@ func TestAttacksAcrossHosts(t *testing.T) {
 	}
 }
 
+// The second user, on the second job host (so with the address that host's
+// agent connects from), reads gorun's host-agent port from the first
+// agent's command line and keeps 1100 silent connections to it open,
+// redialing each one gorun closes, before the second agent connects: more
+// than the port's bound in all and than any per-source share. The launch
+// must succeed every time and take at most about a second longer than the
+// same launch without the flood.
+func TestAgentPortFloodFromAJobHost(t *testing.T) {
+	h := requireHosts(t)
+	// The second host's agent starts 2 s after the first's, so the
+	// flood is in place when it connects.
+	template := fmt.Sprintf(`--launch-agent=sh -c 'sleep 0.5; case "$*" in *%s*) sleep 2;; esac; exec "$0" "$@"' %s`,
+		h.Hosts[1], strings.Join(h.SSHArgs(), " "))
+	hostsArg := h.Hosts[0] + ":2," + h.Hosts[1] + ":2"
+	launch := func(flood bool) time.Duration {
+		t.Helper()
+		var out func() string
+		if flood {
+			out = attack(t, h.Hosts[1], "agent-flood", h.Set, "1100", "6s")
+		}
+		start := time.Now()
+		j := startJob(t, template, "-H", hostsArg)
+		j.ready(4)
+		took := time.Since(start)
+		j.finish(4)
+		if flood {
+			o := out()
+			if !regexp.MustCompile(`dials=\d+ peak-open=(1[01]\d\d)`).MatchString(o) {
+				t.Errorf("the flood did not hold over 1000 connections at once: %s", o)
+			}
+			t.Log(strings.TrimSpace(o))
+		}
+		return took
+	}
+	clean := launch(false)
+	for i := range 2 {
+		flooded := launch(true)
+		t.Logf("launch to 4 ranks ready: %v clean, %v flooded (run %d)", clean, flooded, i+1)
+		// The bound the promise makes is 1 s; the machine is shared and
+		// two launches differ by more than that in noise alone at times.
+		if flooded > clean+2*time.Second {
+			t.Errorf("the flood delayed the launch by %v (clean %v, flooded %v)", flooded-clean, clean, flooded)
+		}
+	}
+}
+
 // --preload-binary while the second user has created the preload trees a
 // job once used in the shared /tmp (world-writable, a planted prog.sh with
 // the program's hash as directory name): the genuine program runs on every
@@ -162,6 +208,85 @@ func TestPreloadTreePlanted(t *testing.T) {
 			t.Errorf("cache directory %s: %v %v, want root's 0700 directory", d, st.Mode(), err)
 		}
 	}
+}
+
+// --output-dir naming a directory in which the second user made
+// rank.0.log a symlink to a file of root's (mode 0600): a directory of the
+// second user's, and one of root's that the second user's group may write.
+// The root job must not write through the link: gorun refuses with an
+// error that names the directory or the file, and root's file keeps its
+// content.
+func TestOutputDirForeignSymlink(t *testing.T) {
+	requireSetUp(t)
+	for _, shared := range []bool{false, true} {
+		victim := filepath.Join(t.TempDir(), "root-only")
+		if err := os.WriteFile(victim, []byte("ROOT SECRET\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		dir := fmt.Sprintf("/tmp/gorun-sec-out-%d-%v", os.Getpid(), shared)
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		if shared {
+			// root's, group-writable by the second user's group.
+			if err := os.Mkdir(dir, 0o770); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command("chgrp", attacker, dir).CombinedOutput(); err != nil {
+				t.Fatalf("chgrp: %v %s", err, out)
+			}
+			_ = os.Chmod(dir, 0o770)
+		}
+		if out := attack(t, "", "link", dir, "rank.0.log", victim)(); !strings.Contains(out, "link done") {
+			t.Fatalf("planting the link failed: %s", out)
+		}
+		cmd := exec.Command(gorunBin, "-np", "1", "--output-dir", dir, "-x", modeEnv+"=show", selfBin)
+		out, err := cmd.CombinedOutput()
+		if b, _ := os.ReadFile(victim); string(b) != "ROOT SECRET\n" {
+			t.Fatalf("root's 0600 file was overwritten through the second user's symlink in %s: now %q\ngorun: %v\n%s", dir, b, err, out)
+		}
+		want := dir + " belongs to uid"
+		if shared {
+			want = "rank.0.log is a symbolic link"
+		}
+		if err == nil || !strings.Contains(string(out), want) {
+			t.Errorf("gorun: %v\n%s\nwant a refusal saying %q", err, out, want)
+		}
+		t.Logf("gorun: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+}
+
+// --preload-files into a working directory of the second user's, where it
+// already put a file of the same content (so the same hash), mode 0666: the
+// root job must not keep that file, which its owner can rewrite before or
+// while the ranks read it. gorun either refuses the directory with a clear
+// error or replaces the file with root's own copy.
+func TestPreloadFilesForeignCopy(t *testing.T) {
+	h := requireHosts(t)
+	src := t.TempDir()
+	const content = "genuine input\n"
+	if err := os.WriteFile(filepath.Join(src, "input.txt"), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	work := fmt.Sprintf("/tmp/gorun-sec-work-%d", os.Getpid())
+	t.Cleanup(func() { os.RemoveAll(work) })
+	if out := attack(t, "", "put", work, "input.txt", content)(); !strings.Contains(out, "put done") {
+		t.Fatalf("planting the copy failed: %s", out)
+	}
+	cmd := exec.Command(gorunBin, "--launch-agent", strings.Join(h.SSHArgs(), " "), "-H", h.Hosts[0],
+		"--preload-files", filepath.Join(src, "input.txt"), "-x", modeEnv+"=show", selfBin, "input.txt")
+	cmd.Dir = work
+	out, err := cmd.CombinedOutput()
+	st, serr := os.Lstat(filepath.Join(work, "input.txt"))
+	foreign := serr == nil && st.Sys().(*syscall.Stat_t).Uid != 0
+	switch {
+	case err == nil && foreign:
+		t.Fatalf("the rank ran with the second user's copy of input.txt (uid %d, mode %v) kept:\n%s",
+			st.Sys().(*syscall.Stat_t).Uid, st.Mode(), out)
+	case err == nil && st.Mode().Perm()&0o022 != 0:
+		t.Fatalf("input.txt is root's now but writable by others (%v):\n%s", st.Mode(), out)
+	case err != nil && !strings.Contains(string(out), work):
+		t.Fatalf("gorun: %v\n%s\nwant the refusal to name the directory %s", err, out, work)
+	}
+	t.Logf("gorun: %v: %s", err, strings.TrimSpace(string(out)))
 }
 
 // attachNames finds the abstract attach sockets the given processes

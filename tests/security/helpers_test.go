@@ -34,6 +34,15 @@ func maybeHelper() {
 		os.Exit(rankMain())
 	case "attack":
 		os.Exit(attackMain(os.Args[1:]))
+	case "show":
+		// A rank that prints who it runs as and each file named in its
+		// arguments, so a test sees what the rank read.
+		fmt.Printf("RANK uid=%d\n", os.Getuid())
+		for _, f := range os.Args[1:] {
+			b, err := os.ReadFile(f)
+			fmt.Printf("FILE %s %q %v\n", f, b, err)
+		}
+		os.Exit(0)
 	}
 }
 
@@ -117,11 +126,16 @@ func rankMain() int {
 //	                        ends a second after connecting, or after DUR
 //	attach DUR NAME...      connect 200 times to each named attach socket (a test on
 //	                        the shared host names its own job's, sparing other jobs)
+//	agent-flood PREFIX N DUR  wait for the first host agent's command line (hosts named
+//	                        PREFIX*) and keep N connections to the gorun address it
+//	                        names open for DUR, redialing each one gorun closes
 //	hold ADDR N DUR         open N connections to ADDR and hold them
 //	churn ADDR N DUR        keep N connections to ADDR open, redialing each one the
 //	                        server closes (memberlist closes silent ones after 2 s)
 //	read-secrets            try to read every process's environ; print what was readable
 //	plant DIR...            create each DIR world-writable with a planted "prog.sh"
+//	link DIR NAME TARGET    create DIR (mode 0777) with NAME a symlink to TARGET
+//	put DIR NAME TEXT       create DIR (mode 0777) with NAME a 0666 file holding TEXT
 //
 // Each prints one "ATTACK <mode> <result>" line.
 func attackMain(args []string) int {
@@ -132,6 +146,9 @@ func attackMain(args []string) int {
 	switch args[0] {
 	case "agent-port":
 		return attackAgentPort(dur(args[1]), args[2])
+	case "agent-flood":
+		n, _ := strconv.Atoi(args[2])
+		return attackAgentFlood(args[1], n, dur(args[3]))
 	case "squat-watch":
 		return attackSquat(args[1], dur(args[2]), nil)
 	case "attach":
@@ -151,6 +168,25 @@ func attackMain(args []string) int {
 		return 0
 	case "read-secrets":
 		return attackReadSecrets()
+	case "link", "put":
+		if err := os.MkdirAll(args[1], 0o777); err != nil {
+			fmt.Println("ATTACK", args[0], err)
+			return 1
+		}
+		_ = os.Chmod(args[1], 0o777)
+		p := filepath.Join(args[1], args[2])
+		var err error
+		if args[0] == "link" {
+			err = os.Symlink(args[3], p)
+		} else if err = os.WriteFile(p, []byte(args[3]), 0o666); err == nil {
+			err = os.Chmod(p, 0o666)
+		}
+		if err != nil {
+			fmt.Println("ATTACK", args[0], err)
+			return 1
+		}
+		fmt.Println("ATTACK", args[0], "done")
+		return 0
 	case "plant":
 		for _, d := range args[1:] {
 			_ = os.MkdirAll(d, 0o777)
@@ -240,6 +276,57 @@ func attackAgentPort(d time.Duration, prefix string) int {
 		}
 	}
 	fmt.Printf("ATTACK agent-port hellos=%d held=%d still-open=%d targets=%d\n", hellos, len(held), open, len(seen))
+	return 0
+}
+
+// attackAgentFlood is an outsider on a job host, where it shares the
+// address the host's agent connects from: it reads gorun's address from
+// the first agent's command line and keeps n silent connections open to
+// it, redialing each one gorun closes, so that gorun's port is as full as
+// one user can make it when the next agent connects.
+func attackAgentFlood(prefix string, n int, d time.Duration) int {
+	end := time.Now().Add(d)
+	addr := ""
+	for addr == "" && time.Now().Before(end) {
+		for _, c := range agentCmdlines() {
+			if strings.HasPrefix(c[2], prefix) {
+				addr = c[0]
+				break
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if addr == "" {
+		fmt.Println("ATTACK agent-flood no agent seen")
+		return 1
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	dials, peak, open := 0, 0, 0
+	for range n {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				c, err := net.DialTimeout("tcp", addr, time.Second)
+				if err != nil {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				mu.Lock()
+				dials++
+				open++
+				peak = max(peak, open)
+				mu.Unlock()
+				_ = c.SetReadDeadline(end)
+				_, _ = c.Read(make([]byte, 1))
+				c.Close()
+				mu.Lock()
+				open--
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Printf("ATTACK agent-flood %s dials=%d peak-open=%d\n", addr, dials, peak)
 	return 0
 }
 

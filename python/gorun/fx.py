@@ -1,0 +1,811 @@
+"""gorun's planner on torch joint graphs: from a traced training step to a
+step graph (stepgraph/SCHEMA.md), and from gorun's plan back to an FX graph
+that runs.
+
+    import gorun.fx as gfx
+    fsdp = gfx.SimpleFSDP(model, world_size=2, rank=r, group_name="0")
+    joint = gfx.trace_joint(fsdp, (tokens, labels))        # forward+loss+backward+SGD, one FX graph
+    costs = gfx.profile_costs(joint, (tokens, labels))      # ns per FX node, measured
+    step = gfx.to_step_graph(joint, costs)                  # the JSON `gorun plan` reads
+    planned, summary = gfx.plan(step, "reshard,blocks,overlap")  # libgorun's gorun_plan
+    gm = gfx.apply_plan(joint, planned)                     # bucketed, reordered, re-gathered
+    outs = gm(*joint.inputs(fsdp, (tokens, labels)))
+
+The joint graph. ``trace_joint`` runs ``make_fx`` over one training step
+(the model's loss, ``torch.autograd.grad`` of it with respect to the
+parameter shards, and an SGD update), so forward, loss, backward and the
+optimizer are one graph of aten ops, as torchtitan's graph_trainer traces
+them. The parameters are SimpleFSDP-style: each is a flat shard of
+1/world_size; the forward all-gathers it with
+``_c10d_functional.all_gather_into_tensor`` + ``wait_tensor`` and the
+backward reduce-scatters its gradient with ``reduce_scatter_tensor`` +
+``wait_tensor``, so the collectives are nodes of the graph.
+
+Metadata. While tracing, module hooks keep ``nn_module_stack`` (the form
+Dynamo writes: fqn -> (fqn, type)) in the tracer's current meta, so every
+forward node carries the module path it ran under. Backward nodes are
+traced by the autograd engine with no module active; hooks on every
+autograd node mark them ``autograd_backward`` and give them the sequence
+number of the forward op they differentiate (what aot_autograd does), and
+the forward op's module stack is copied to them. The optimizer's nodes are
+annotated ``custom: {"gorun_direction": "optimizer"}``.
+
+The step graph. Every FX node that computes becomes a compute node of the
+same name (cost: the profiled time of that node; size: its fake tensor's
+bytes, 0 for views, which share their base's storage); every collective
+becomes a start (the collective node) and a wait (its ``wait_tensor``);
+regions are the blocks (children of a ModuleList/Sequential, else the
+model's direct children) read from ``nn_module_stack``; directions come from
+the metadata above. Views of a gathered parameter are read as the gathered
+tensor itself, so a backward reader of ``t(weight)`` reads the gathered
+weight and reshard can gather it again; the applied plan re-derives the
+views from the re-gathered copy. A tied weight is one shard, one member,
+gathered once, and read by every region that uses it.
+
+Back. ``apply_plan`` walks the planned graph in order and emits: compute
+nodes as the original FX nodes; a start of several members as one
+collective on a concatenated buffer (copy-in) and its wait followed by
+the copy-out, with the layout Inductor's bucketing uses; re-gathers
+(``OUT@bwd``) as new all-gathers whose outputs replace the forward copy in
+backward. FX frees a value after its last reader, so the forward copy of a
+re-gathered parameter dies with its last forward reader.
+"""
+
+import collections
+import contextlib
+import time
+
+import torch
+import torch.fx
+import torch.fx.traceback as fx_traceback
+import torch.nn as nn
+
+from gorun.export import SCHEMA, _DTYPES, _blocks, _block_of
+
+_c10d = torch.ops._c10d_functional
+ALL_GATHER = _c10d.all_gather_into_tensor.default
+ALL_GATHER_OUT = _c10d.all_gather_into_tensor_out.default  # what Inductor's bucketing emits
+REDUCE_SCATTER = _c10d.reduce_scatter_tensor.default
+ALL_REDUCE = _c10d.all_reduce.default
+WAIT = _c10d.wait_tensor.default
+_COLLECTIVES = {ALL_GATHER: "all_gather", REDUCE_SCATTER: "reduce_scatter", ALL_REDUCE: "all_reduce"}
+REGATHER = "@bwd"  # stepgraph's suffix for a re-gathered copy
+
+
+class FxError(ValueError):
+    """A graph, plan or argument gorun.fx cannot handle; the text says which node and why."""
+
+
+# ---------------------------------------------------------------------------
+# SimpleFSDP-style parameters
+
+
+class _Gather(torch.autograd.Function):
+    """All-gather a flat shard into the full parameter; the gradient is
+    reduce-scattered back to the shard (summed over ranks)."""
+
+    @staticmethod
+    def forward(ctx, shard, world, group, numel, shape):
+        ctx.world, ctx.group, ctx.numel = world, group, numel
+        full = _c10d.wait_tensor(_c10d.all_gather_into_tensor(shard, world, group))
+        return full[:numel].view(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = grad.reshape(-1)
+        pad = ctx.world * ((ctx.numel + ctx.world - 1) // ctx.world) - ctx.numel
+        if pad:
+            g = torch.nn.functional.pad(g, (0, pad))
+        r = _c10d.wait_tensor(_c10d.reduce_scatter_tensor(g, "sum", ctx.world, ctx.group))
+        return r, None, None, None, None
+
+
+class _Replicate(torch.autograd.Function):
+    """DDP-style: the parameter as it is; its gradient all-reduced (summed)."""
+
+    @staticmethod
+    def forward(ctx, flat, world, group, numel, shape):
+        ctx.group = group
+        return flat.view(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _c10d.wait_tensor(_c10d.all_reduce(grad.reshape(-1), "sum", ctx.group)), None, None, None, None
+
+
+class SimpleFSDP(nn.Module):
+    """Shards every parameter of ``module`` SimpleFSDP-style: each unique
+    parameter becomes a flat shard of ceil(numel / world_size) elements
+    (zero-padded), and the module that uses it all-gathers it on entry.
+    A parameter used by several modules (a tied embedding) is one shard,
+    gathered once per step by the first module that runs, and read by the
+    others. The gradient reaches the shard through a reduce-scatter.
+
+    ``names[i]`` is the fqn of ``shards[i]``; ``aliases`` maps each
+    other fqn of a tied parameter to its first fqn.
+
+    ``mode="replicate"`` is the DDP-style variant: every rank holds the
+    whole parameter, and its gradient is all-reduced instead."""
+
+    def __init__(self, module, world_size, rank, group_name, mode="shard"):
+        super().__init__()
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise FxError("gorun.fx: rank %d of world %d" % (rank, world_size))
+        if mode not in ("shard", "replicate"):
+            raise FxError("gorun.fx: SimpleFSDP mode %r: want 'shard' or 'replicate'" % mode)
+        self.module, self.world, self.rank, self.group, self.mode = module, world_size, rank, group_name, mode
+        self._fn = _Gather if mode == "shard" else _Replicate
+        if mode == "replicate":
+            world_size, rank = 1, 0  # the "shard" is the whole parameter
+        self.names, self.meta, self.aliases = [], {}, {}
+        shards, first = [], {}
+        owners = collections.defaultdict(list)  # module -> [(attr, fqn of shard)]
+        for mname, m in module.named_modules(remove_duplicate=False):
+            for pname, p in list(m._parameters.items()):
+                if p is None:
+                    continue
+                fqn = (mname + "." if mname else "") + pname
+                if id(p) not in first:
+                    first[id(p)] = fqn
+                    n = (p.numel() + world_size - 1) // world_size
+                    flat = torch.nn.functional.pad(p.detach().reshape(-1), (0, n * world_size - p.numel()))
+                    shards.append(nn.Parameter(flat[rank * n:(rank + 1) * n].clone()))
+                    self.names.append(fqn)
+                    self.meta[fqn] = (p.numel(), tuple(p.shape))
+                elif first[id(p)] != fqn:
+                    self.aliases[fqn] = first[id(p)]
+                owners[m].append((pname, first[id(p)]))
+        self.shards = nn.ParameterList(shards)
+        self._index = {n: i for i, n in enumerate(self.names)}
+        self._gathered = None  # fqn -> full tensor, live during one forward
+        self._bound = None  # tensors standing in for the shards while tracing
+        for m, attrs in owners.items():
+            for pname, _ in attrs:
+                del m._parameters[pname]
+            m.register_forward_pre_hook(self._gather_hook(attrs))
+
+    def _gather_hook(self, attrs):
+        def hook(mod, args):
+            for pname, fqn in attrs:
+                if fqn not in self._gathered:
+                    numel, shape = self.meta[fqn]
+                    shards = self.shards if self._bound is None else self._bound
+                    self._gathered[fqn] = self._fn.apply(shards[self._index[fqn]], self.world, self.group,
+                                                        numel, shape)
+                setattr(mod, pname, self._gathered[fqn])
+        return hook
+
+    def forward(self, *args, **kwargs):
+        self._gathered = {}
+        try:
+            return self.module(*args, **kwargs)
+        finally:
+            self._gathered = None
+
+
+# ---------------------------------------------------------------------------
+# Tracing the joint graph
+
+
+class Joint:
+    """A traced training step: ``gm(*shards, *batch)`` returns
+    ``[loss, *new_shards]``. ``blocks`` are the region names in forward
+    order; ``shard_names[i]`` is the fqn of placeholder i."""
+
+    def __init__(self, gm, shard_names, n_batch, blocks, world, group, aliases):
+        self.gm, self.shard_names, self.n_batch, self.blocks = gm, shard_names, n_batch, blocks
+        self.world, self.group, self.aliases = world, group, aliases
+
+    @staticmethod
+    def inputs(fsdp, batch):
+        return [p.detach() for p in fsdp.shards] + list(batch)
+
+
+@contextlib.contextmanager
+def _module_stack_hooks(root):
+    """Keeps fx_traceback's current meta["nn_module_stack"] equal to the
+    stack of modules running now (fqn -> (fqn, type), outermost first)."""
+    handles = []
+
+    def push(fqn, m):
+        def pre(mod, args):
+            cur = fx_traceback.current_meta
+            st = collections.OrderedDict(cur.get("nn_module_stack", {}))
+            st[fqn] = (fqn, type(m).__qualname__)
+            cur["nn_module_stack"] = st
+        return pre
+
+    def pop(fqn):
+        def post(mod, args, out):
+            cur = fx_traceback.current_meta
+            st = collections.OrderedDict(cur.get("nn_module_stack", {}))
+            st.pop(fqn, None)
+            cur["nn_module_stack"] = st
+        return post
+
+    try:
+        for fqn, m in root.named_modules():
+            if fqn:
+                # prepend: the region is set before SimpleFSDP's gather hook runs
+                handles.append(m.register_forward_pre_hook(push(fqn, m), prepend=True))
+                handles.append(m.register_forward_hook(pop(fqn)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        fx_traceback.current_meta.pop("nn_module_stack", None)
+
+
+def _mark_backward(loss):
+    """Hooks on every autograd node reachable from loss: while a node's
+    backward is traced, the created FX nodes get its forward sequence number
+    and autograd_backward=True (aot_autograd's stack-trace preservation)."""
+    seen, q = set(), collections.deque([loss.grad_fn])
+    while q:
+        n = q.popleft()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        q.extend(f for f, _ in n.next_functions)
+
+        def pre(grad_out, seq=n._sequence_nr()):
+            fx_traceback.set_grad_fn_seq_nr(seq)
+            fx_traceback._mark_autograd_backward()
+
+        def post(grad_in, grad_out):
+            fx_traceback.reset_grad_fn_seq_nr()
+            fx_traceback._reset_autograd_backward()
+
+        n.register_prehook(pre)
+        n.register_hook(post)
+
+
+def trace_joint(fsdp, batch, lr=0.01, blocks=None):
+    """Traces one training step of ``fsdp`` (a SimpleFSDP whose module
+    returns a scalar loss for ``fsdp(*batch)``) with make_fx on fake
+    tensors. The process group ``fsdp.group`` must exist (a gloo group, or
+    torch's fake group for tracing alone)."""
+    inner = fsdp.module
+    blocks = list(blocks) if blocks is not None else _blocks(inner)
+    n = len(fsdp.shards)
+
+    def step(*flat):
+        shards, args = flat[:n], flat[n:]
+        fsdp._bound = shards
+        try:
+            with _module_stack_hooks(inner):
+                loss = fsdp(*args)
+        finally:
+            fsdp._bound = None
+        if loss.dim() != 0:
+            raise FxError("gorun.fx: the model returned a tensor of shape %s; want a scalar loss"
+                          % tuple(loss.shape))
+        value = loss.detach()  # a forward node: the step's reported loss
+        _mark_backward(loss)
+        grads = torch.autograd.grad(loss, list(shards))
+        with fx_traceback.annotate({"gorun_direction": "optimizer"}):
+            new = [s.detach() - lr * g for s, g in zip(shards, grads)]
+        return [value, *new]
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+    with fx_traceback.preserve_node_meta():
+        gm = make_fx(step, tracing_mode="fake")(*[p.detach().requires_grad_(True) for p in fsdp.shards], *batch)
+    _copy_forward_meta(gm.graph)
+    return Joint(gm, list(fsdp.names), len(batch), blocks, fsdp.world, fsdp.group, dict(fsdp.aliases))
+
+
+def _copy_forward_meta(graph):
+    """Backward nodes take the module stack of the forward node with their
+    sequence number (the op they differentiate)."""
+    fwd = {}
+    for nd in graph.nodes:
+        if not nd.meta.get("autograd_backward") and "nn_module_stack" in nd.meta and "seq_nr" in nd.meta:
+            fwd.setdefault(nd.meta["seq_nr"], nd.meta["nn_module_stack"])
+    for nd in graph.nodes:
+        if nd.meta.get("autograd_backward") and not nd.meta.get("nn_module_stack"):
+            st = fwd.get(nd.meta.get("seq_nr"))
+            if st is not None:
+                nd.meta["nn_module_stack"] = st
+
+
+def direction(nd):
+    """forward, backward or optimizer of one node, from its metadata alone
+    (see directions, which also places autograd's gradient accumulation)."""
+    if nd.meta.get("custom", {}).get("gorun_direction") == "optimizer":
+        return "optimizer"
+    if nd.meta.get("autograd_backward"):
+        return "backward"
+    return "forward"
+
+
+def directions(graph):
+    """Node -> forward, backward or optimizer. make_fx records ops in the
+    order they ran and the forward ends before autograd starts, so every
+    non-optimizer node after the first backward one is backward too: the
+    gradient accumulations autograd's engine runs between nodes (the
+    residual stream's adds) carry no hook of their own."""
+    out, seen_bwd = {}, False
+    for nd in graph.nodes:
+        d = direction(nd)
+        seen_bwd = seen_bwd or d == "backward"
+        out[nd] = "backward" if d == "forward" and seen_bwd else d
+    return out
+
+
+def region(nd, blocks):
+    """The innermost block on the node's nn_module_stack, or None."""
+    for fqn, _ in reversed(list(nd.meta.get("nn_module_stack", {}).values())):
+        b = _block_of(fqn, blocks)
+        if b is not None:
+            return b
+    return None
+
+
+def regions(graph, blocks):
+    """Node -> block. A node outside every block (the loss at the model's
+    top level, its gradient, autograd's accumulations) joins the block of
+    the node before it: the block that was running. Optimizer nodes and
+    placeholders have none."""
+    out, cur = {}, None
+    dirs = directions(graph)
+    for nd in graph.nodes:
+        if nd.op != "call_function" or dirs[nd] == "optimizer":
+            out[nd] = None
+            continue
+        r = region(nd, blocks)
+        cur = r if r is not None else cur
+        out[nd] = cur
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Costs
+
+
+def run_graph(gm, args, on_node=None):
+    """Runs an FX graph node by node (freeing each value after its last
+    reader, as FX's generated code does) and returns (outputs, peak), peak
+    being the most bytes of tensor storage held at once that the step
+    allocated (inputs excluded). ``on_node(node, seconds)`` is called after
+    each compute node."""
+    nodes = list(gm.graph.nodes)
+    last = {}
+    for i, nd in enumerate(nodes):
+        for a in nd.all_input_nodes:
+            last[a] = i
+    frees = collections.defaultdict(list)
+    for a, i in last.items():
+        frees[i].append(a)
+    env, it = {}, iter(args)
+    inputs = {t.untyped_storage().data_ptr() for t in args if isinstance(t, torch.Tensor)}
+    held = collections.Counter()  # storage ptr -> live values referencing it
+    size = {}
+    cur = peak = 0
+
+    def tensors(v):
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                yield from tensors(x)
+
+    def hold(v, d):
+        nonlocal cur
+        for t in tensors(v):
+            p = t.untyped_storage().data_ptr()
+            if p in inputs:
+                continue
+            if d > 0 and held[p] == 0:
+                size[p] = t.untyped_storage().nbytes()
+                cur += size[p]
+            held[p] += d
+            if d < 0 and held[p] == 0:
+                cur -= size.pop(p)
+                del held[p]
+
+    for i, nd in enumerate(nodes):
+        if nd.op == "placeholder":
+            env[nd] = next(it)
+            continue
+        a = torch.fx.node.map_arg(nd.args, env.__getitem__)
+        k = torch.fx.node.map_arg(nd.kwargs, env.__getitem__)
+        if nd.op == "output":
+            return a[0], peak
+        if nd.op != "call_function":
+            raise FxError("gorun.fx: node %s: op %s is not supported (want call_function)" % (nd.name, nd.op))
+        t0 = time.perf_counter()
+        env[nd] = nd.target(*a, **k)
+        if on_node is not None:
+            on_node(nd, time.perf_counter() - t0)
+        hold(env[nd], 1)
+        peak = max(peak, cur)
+        for f in frees.get(i, ()):
+            if f.op != "placeholder":
+                hold(env[f], -1)
+            del env[f]
+    raise FxError("gorun.fx: graph has no output node")
+
+
+def profile_costs(joint, batch, fsdp=None, repeats=3):
+    """Median measured time (ns) of every FX node over ``repeats`` runs on
+    real tensors (random shards of the traced shapes unless ``fsdp`` gives
+    them). Collectives run on whatever group the graph names; their times
+    are not used (gorun's cost model prices communication)."""
+    ph = [n for n in joint.gm.graph.nodes if n.op == "placeholder"]
+    if fsdp is not None:
+        args = Joint.inputs(fsdp, batch)
+    else:
+        args = [torch.randn(n.meta["val"].shape, dtype=n.meta["val"].dtype) for n in ph[:len(ph) - len(batch)]]
+        args += list(batch)
+    times = collections.defaultdict(list)
+    run_graph(joint.gm, args)  # warm up
+    for _ in range(repeats):
+        run_graph(joint.gm, args, lambda nd, s: times[nd.name].append(s))
+    return {k: int(sorted(v)[len(v) // 2] * 1e9) for k, v in times.items()}
+
+
+# ---------------------------------------------------------------------------
+# Joint graph -> step graph
+
+
+def _is_view(nd):
+    s = getattr(nd.target, "_schema", None)
+    if s is None or not s.returns:
+        return False
+    a = s.returns[0].alias_info
+    return a is not None and not a.is_write
+
+
+def _bytes(val):
+    if isinstance(val, torch.Tensor):
+        return val.numel() * val.element_size()
+    if isinstance(val, (list, tuple)):
+        return sum(_bytes(v) for v in val)
+    return 0
+
+
+def _dtype(val, nd):
+    if not isinstance(val, torch.Tensor) or val.dtype not in _DTYPES:
+        raise FxError("gorun.fx: collective %s: dtype %s has no step-graph dtype"
+                      % (nd.name, getattr(val, "dtype", type(val).__name__)))
+    return _DTYPES[val.dtype]
+
+
+def gathered_views(graph):
+    """Maps each view of an all-gather's result (slice, view, t, ...,
+    transitively) to that result: the wait_tensor node."""
+    root = {}
+    for nd in graph.nodes:
+        if nd.op == "call_function" and nd.target is WAIT and nd.args[0].target is ALL_GATHER:
+            root[nd] = nd
+        elif nd.op == "call_function" and _is_view(nd) and nd.args and isinstance(nd.args[0], torch.fx.Node) \
+                and nd.args[0] in root:
+            root[nd] = root[nd.args[0]]
+    return root
+
+
+def to_step_graph(joint, costs=None, prefetch=1, group=None):
+    """The step graph (gorun.stepgraph/v1, as a dict) of a traced joint
+    graph. ``costs`` maps FX node names to ns (profile_costs); without it
+    every compute node costs 1 ns.
+
+    Issue order. The traced graph waits on each collective right after
+    issuing it (the autograd function's order); a step graph says where
+    the runtime issues and waits, so this places them as FSDP does: a
+    forward all-gather is issued at the start of the forward of the block
+    ``prefetch`` blocks before its own (0: its own block), or once its
+    shard exists if later; every other collective as soon as its input
+    exists; every wait right before the first reader of its result (or
+    the end of the step). gorun's passes then bucket and move them.
+
+    Collectives keep the FX graph's process-group name unless ``group``
+    renames them (graphs with one group only)."""
+    g = joint.gm.graph
+    costs = costs or {}
+    dirs, regs = directions(g), regions(g, joint.blocks)
+    view_root = gathered_views(g)
+    waits = {}  # collective node -> its wait
+    for nd in g.nodes:
+        if nd.op == "call_function" and nd.target is WAIT:
+            c = nd.args[0]
+            if c.target not in _COLLECTIVES:
+                raise FxError("gorun.fx: wait %s waits on %s, not a collective" % (nd.name, c.name))
+            if c in waits:
+                raise FxError("gorun.fx: collective %s has two waits (%s, %s)" % (c.name, waits[c].name, nd.name))
+            waits[c] = nd
+
+    def name_of(a):
+        # A read of a view of a gathered parameter is a read of the gathered tensor.
+        return view_root[a].name if a in view_root and a is not view_root[a] else a.name
+
+    tensors, body, colls = [], [], []
+    for nd in g.nodes:
+        val = nd.meta.get("val")
+        if nd.op == "placeholder":
+            tensors.append({"name": nd.name, "bytes": _bytes(val), "input": True})
+            continue
+        if nd.op == "output" or (nd.op == "call_function" and nd.target is WAIT):
+            continue
+        if nd.op != "call_function":
+            raise FxError("gorun.fx: node %s: op %s is not supported" % (nd.name, nd.op))
+        dirn, reg = dirs[nd], regs[nd]
+        if nd.target in _COLLECTIVES:
+            w = waits.get(nd)
+            if w is None:
+                raise FxError("gorun.fx: collective %s has no wait_tensor" % nd.name)
+            if reg is None and dirn != "optimizer":
+                raise FxError("gorun.fx: collective %s (%s) ran outside every block %s"
+                              % (nd.name, dirn, joint.blocks))
+            inp = nd.args[0]
+            st = {"name": nd.name, "kind": "start", "direction": dirn, "op": _COLLECTIVES[nd.target],
+                  "group": nd.args[-1] if group is None else group, "dtype": _dtype(inp.meta.get("val"), nd),
+                  "members": [{"in": name_of(inp), "out": w.name, "bytes": _bytes(inp.meta.get("val"))}]}
+            wt = {"name": w.name + ".wait", "kind": "wait", "direction": dirn, "of": nd.name}
+            if reg is not None:
+                st["region"] = wt["region"] = reg
+            colls.append((st, wt))
+            tensors.append({"name": w.name, "bytes": _bytes(w.meta.get("val"))})
+            continue
+        reads = []
+        for a in nd.all_input_nodes:
+            r = name_of(a)
+            if r not in reads:
+                reads.append(r)
+        cn = {"name": nd.name, "kind": "compute", "direction": dirn, "cost_ns": max(1, int(costs.get(nd.name, 1))),
+              "reads": reads, "writes": [nd.name]}
+        if reg is not None:
+            cn["region"] = reg
+        body.append(cn)
+        tensors.append({"name": nd.name, "bytes": 0 if _is_view(nd) else _bytes(val)})
+
+    # Place starts and waits among the compute nodes (positions: "before body[i]").
+    writer = {t: i for i, c in enumerate(body) for t in c["writes"]}
+    first_reader = {}
+    for i, c in enumerate(body):
+        for t in c["reads"]:
+            first_reader.setdefault(t, i)
+    fwd_first = {}
+    for i, c in enumerate(body):
+        if c["direction"] == "forward" and c.get("region") is not None:
+            fwd_first.setdefault(c["region"], i)
+    order = [b for b in joint.blocks if b in fwd_first]
+    before = collections.defaultdict(list)
+    for st, wt in colls:
+        m = st["members"][0]
+        at = writer[m["in"]] + 1 if m["in"] in writer else 0
+        if st["op"] == "all_gather" and st["direction"] == "forward":
+            k = order.index(st["region"]) if st["region"] in order else 0
+            at = max(at, fwd_first[order[max(0, k - prefetch)]] if order else 0)
+        w_at = first_reader.get(m["out"], len(body))
+        if w_at < at:
+            raise FxError("gorun.fx: collective %s: its result is read (by %s) before its input %s exists"
+                          % (st["name"], body[w_at]["name"], m["in"]))
+        before[at].append((0, st))
+        before[w_at].append((1, wt))
+    nodes = []
+    for i in range(len(body) + 1):
+        # at one position, starts before waits, each in traced order
+        nodes.extend(x for _, x in sorted(before.get(i, ()), key=lambda p: p[0]))
+        if i < len(body):
+            nodes.append(body[i])
+    used = {n.get("region") for n in nodes}
+    groups = sorted({n["group"] for n in nodes if n["kind"] == "start"})
+    return {"schema": SCHEMA, "groups": [{"name": gr, "size": joint.world} for gr in groups],
+            "regions": [b for b in joint.blocks if b in used], "tensors": tensors, "nodes": nodes}
+
+
+# ---------------------------------------------------------------------------
+# gorun's planner
+
+
+def plan(step, passes="blocks,overlap", **options):
+    """Runs gorun's passes on a step graph through libgorun's gorun_plan
+    (the planner of ``gorun plan``, in process); returns (planned graph,
+    summary), both dicts: the planned graph in the step-graph schema (the
+    input itself when no pass rewrote it), the summary as ``gorun plan
+    --json`` prints it. ``options`` are gorun_plan's (cap_bytes,
+    latency_ns, bus_bandwidth, reshard_prefetch, peak_budget_bytes, ...)."""
+    from gorun import _lib, _planner
+    try:
+        r = _planner.plan(step, passes, **options)
+    except _lib.GorunError as e:
+        raise FxError("gorun.fx: gorun_plan --passes %r: %s" % (passes, e)) from e
+    return r.get("graph") or step, r["plan"]
+
+
+# ---------------------------------------------------------------------------
+# Step graph -> FX graph
+
+
+def apply_plan(joint, planned):
+    """An FX GraphModule that runs ``joint``'s step in the order and with
+    the collectives of ``planned`` (a step graph that gorun's passes made
+    from ``to_step_graph(joint)``). Its outputs equal the joint graph's."""
+    src = joint.gm.graph
+    by_name = {n.name: n for n in src.nodes}
+    view_root = gathered_views(src)
+    out = torch.fx.Graph()
+    env = {}  # step-graph tensor name -> node of the new graph
+    for nd in src.nodes:
+        if nd.op == "placeholder":
+            env[nd.name] = out.node_copy(nd)
+            env[nd.name].meta = dict(nd.meta)
+    pending = {}
+    rederived = {}
+
+    def value(a, reads, where):
+        """The new graph's value for FX arg ``a`` of a node that reads ``reads``."""
+        base = view_root[a].name if a in view_root else None
+        if base is not None:
+            again = base + REGATHER
+            if again in reads:
+                return rederive(a, again)
+        if a.name in env:
+            return env[a.name]
+        raise FxError("gorun.fx: node %s reads %s, which the plan has not produced by then" % (where, a.name))
+
+    def rederive(a, again):
+        """View chain a <- ... <- gathered, replayed on the re-gathered copy."""
+        key = (a.name, again)
+        if key not in rederived:
+            if a is view_root[a]:
+                rederived[key] = env[again]
+            else:
+                base = rederive(a.args[0], again)
+                rest = torch.fx.node.map_arg(a.args[1:], lambda x: env[x.name])
+                rederived[key] = out.call_function(a.target, (base, *rest), dict(a.kwargs))
+                rederived[key].meta = dict(a.meta)
+        return rederived[key]
+
+    for sn in planned["nodes"]:
+        kind, name = sn["kind"], sn["name"]
+        if kind == "compute":
+            if sn.get("builtin") or sn.get("chunk"):
+                raise FxError("gorun.fx: node %s: chunked compute is not supported by apply_plan "
+                              "(plan without the chunk pass)" % name)
+            nd = by_name.get(name)
+            if nd is None:
+                raise FxError("gorun.fx: planned compute %s has no FX node in the joint graph" % name)
+            reads = set(sn.get("reads", ()))
+            new = out.node_copy(nd, lambda a: value(a, reads, name))
+            new.meta = dict(nd.meta)
+            env[name] = new
+        elif kind == "start":
+            pending[name] = _emit_start(out, sn, env, by_name)
+        elif kind == "wait":
+            of = sn["of"]
+            if of not in pending:
+                raise FxError("gorun.fx: wait %s: its start %s has not run" % (name, of))
+            _emit_wait(out, pending.pop(of), env, by_name)
+        else:
+            raise FxError("gorun.fx: planned node %s: unknown kind %r" % (name, kind))
+    outn = [n for n in src.nodes if n.op == "output"][0]
+    out.output(torch.fx.node.map_arg(outn.args[0], lambda a: value(a, (), "output")))
+    out.lint()
+    return torch.fx.GraphModule(joint.gm, out)
+
+
+def _emit_start(out, sn, env, by_name):
+    op, members = sn["op"], sn["members"]
+    ins = []
+    for m in members:
+        if m["in"] not in env:
+            raise FxError("gorun.fx: start %s reads %s before anything wrote it" % (sn["name"], m["in"]))
+        ins.append(env[m["in"]])
+    # The author's collective of the first member gives the world size and
+    # the reduce op (a re-gather is named after the gather it repeats).
+    src_name = (members[0].get("from") or sn["name"]).split(REGATHER)[0]
+    orig = by_name.get(src_name)
+    if orig is None or orig.target not in _COLLECTIVES:
+        raise FxError("gorun.fx: start %s: no FX collective named %s" % (sn["name"], src_name))
+    world, group = orig.args[-2], orig.args[-1]  # the FX graph's own group, whatever the step graph calls it
+    if op == "all_gather":
+        buf = ins[0] if len(ins) == 1 else out.call_function(torch.ops.aten.cat.default, (ins,))
+        coll = out.call_function(ALL_GATHER, (buf, world, group))
+    elif op == "reduce_scatter":
+        if len(ins) == 1:
+            buf = ins[0]
+        else:
+            # rank-major: row r of the buffer is every member's r-th chunk
+            rows = [out.call_function(torch.ops.aten.view.default, (x, [world, -1])) for x in ins]
+            buf = out.call_function(torch.ops.aten.view.default,
+                                    (out.call_function(torch.ops.aten.cat.default, (rows, 1)), [-1]))
+        coll = out.call_function(REDUCE_SCATTER, (buf, orig.args[1], world, group))
+    elif op == "all_reduce":
+        buf = ins[0] if len(ins) == 1 else out.call_function(
+            torch.ops.aten.cat.default, ([out.call_function(torch.ops.aten.view.default, (x, [-1])) for x in ins],))
+        coll = out.call_function(ALL_REDUCE, (buf, orig.args[1], group))
+        world = 1
+    else:
+        raise FxError("gorun.fx: start %s: op %s is not supported" % (sn["name"], op))
+    return coll, sn, world
+
+
+def _emit_wait(out, pending, env, by_name):
+    coll, sn, world = pending
+    w = out.call_function(WAIT, (coll,))
+    members, op = sn["members"], sn["op"]
+    if len(members) == 1:
+        env[members[0]["out"]] = w
+        return
+    # Copy-out: per member, elements (bytes / itemsize) of each rank's row.
+    es = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2, "i32": 4, "i64": 8, "u8": 1}[sn["dtype"]]
+    sizes = [m["bytes"] // es for m in members]
+    if op == "all_gather":
+        rows = out.call_function(torch.ops.aten.view.default, (w, [world, -1]))
+        parts = out.call_function(torch.ops.aten.split_with_sizes.default, (rows, sizes, 1))
+        for i, m in enumerate(members):
+            p = out.call_function(_getitem, (parts, i))
+            env[m["out"]] = out.call_function(torch.ops.aten.view.default,
+                                              (out.call_function(torch.ops.aten.clone.default, (p,),
+                                                                 {"memory_format": torch.contiguous_format}), [-1]))
+    elif op == "reduce_scatter":  # this rank's row holds every member's shard in turn
+        parts = out.call_function(torch.ops.aten.split_with_sizes.default, (w, [s // world for s in sizes]))
+        for i, m in enumerate(members):
+            env[m["out"]] = out.call_function(_getitem, (parts, i))
+    else:  # all_reduce: members back to their shapes
+        parts = out.call_function(torch.ops.aten.split_with_sizes.default, (w, sizes))
+        for i, m in enumerate(members):
+            shape = list(by_name[m["out"].split(REGATHER)[0]].meta["val"].shape)
+            env[m["out"]] = out.call_function(torch.ops.aten.view.default,
+                                              (out.call_function(_getitem, (parts, i)), shape))
+
+
+def _getitem(x, i):
+    return x[i]
+
+
+def count_collectives(gm):
+    """{"all_gather": n, "reduce_scatter": n, "all_reduce": n} issued by an FX graph."""
+    c = collections.Counter()
+    for nd in gm.graph.nodes:
+        if nd.op == "call_function" and (nd.target in _COLLECTIVES or nd.target is ALL_GATHER_OUT):
+            c["all_gather" if nd.target is ALL_GATHER_OUT else _COLLECTIVES[nd.target]] += 1
+    return dict(c)
+
+
+# ---------------------------------------------------------------------------
+# Inductor's own passes on the same joint graph, for comparison
+
+
+def inductor_bucketing(gm):
+    """torch._inductor.fx_passes.bucketing as Inductor's post-grad pass
+    runs it: every all-gather and reduce-scatter bucketed by size (its
+    default cap), then a stable topological sort. Mutates and returns gm."""
+    from torch._inductor.fx_passes import bucketing
+    from torch._inductor.pattern_matcher import stable_topological_sort
+    bucketing.bucket_all_gather(gm)
+    bucketing.bucket_reduce_scatter(gm)
+    stable_topological_sort(gm.graph)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+def inductor_overlap(gm, costs=None):
+    """torch._inductor.fx_passes.overlap_scheduling as
+    schedule_overlap_bucketing runs it (FSDP pre-bucketing, the overlap
+    scheduler, overlap-preserving bucketing), with compute times from
+    ``costs`` (ns per node name, the same profile gorun's graph carries)
+    and Inductor's own analytical model for collectives. Returns (gm, its
+    estimate of exposed communication in ns)."""
+    from torch._inductor.fx_passes.fsdp import pre_bucket_fsdp_collectives
+    from torch._inductor.fx_passes.overlap_scheduling import OverlapScheduler
+    costs = costs or {}
+
+    def estimate(nd, override):
+        if nd.target in _COLLECTIVES or nd.name not in costs:
+            return None
+        return costs[nd.name] / 1e6  # ms
+
+    pre_bucket_fsdp_collectives(gm)
+    s = OverlapScheduler(gm, max_in_flight_gb=5, max_compute_pre_fetch=200, collective_bucketing=True,
+                         insert_overlap_deps=False, compute_overlap_multipler=1.0, max_coll_distance=200,
+                         custom_runtime_estimation=estimate, compute_estimator="analytical")
+    exposed = 0.0
+    gm = s.run()
+    for ci in s.collective_info.values():
+        exposed += ci.exposed_time_ms
+    gm.graph.lint()
+    gm.recompile()
+    return gm, int(exposed * 1e6)

@@ -1,0 +1,431 @@
+"""fsdp mode: flat per-region shards, gathered as the plan says.
+
+Each region's trainable parameters (those whose gradients its backward
+completes) become one flat shard per rank, the parameter the optimizer
+sees. The module's own parameters become views into one full buffer per
+region, whose memory exists only while the plan holds the gathered copy: a
+region's forward pre-hook runs the plan's actions before its compute (start
+the all-gathers the plan issues there, wait for the ones it waits for),
+its post-forward hook frees what the plan reads last there, and the first
+gradient of a region's output runs the plan's actions before that region's
+backward (the re-gathers the reshard pass added) and makes the region's
+parameters' gradients views into its flat gradient, so autograd accumulates
+there; when the region's last gradient is in, the hook hands the flat
+gradient to the executor, whose reduce-scatter writes the shard's gradient. Parameters on the root module itself stay whole and are
+all-reduced, as in ddp mode.
+"""
+
+import time
+
+import torch
+
+from . import _abi, _plan
+from ._model import DistributedModel
+
+
+class ShardedModel(DistributedModel):
+    """distribute(mode="fsdp"): see the module comment."""
+
+    def __init__(self, module, mode="fsdp", reshard_after_forward=True, shard_size=None, **kw):
+        if mode == "fsdp" and shard_size not in (None, 0):
+            raise ValueError("gorun.torch.distribute: shard_size=%r: fsdp mode shards over the whole group; "
+                             "shard within groups and replicate across them with mode='hsdp'" % shard_size)
+        if mode == "hsdp" and (not isinstance(shard_size, int) or shard_size < 1):
+            raise ValueError("gorun.torch.distribute: mode 'hsdp' needs shard_size, the ranks of one shard group "
+                             "(a divisor of the world size), got %r" % (shard_size,))
+        if mode == "hsdp" and kw.get("group") is not None:
+            raise ValueError("gorun.torch.distribute: mode 'hsdp' makes its groups from the world; group= is for "
+                             "ddp and fsdp")
+        self._shard_size = shard_size if mode == "hsdp" else None
+        self._reshard = reshard_after_forward
+        kw.setdefault("passes", "reshard,blocks,overlap" if reshard_after_forward else "blocks,overlap")
+        kw["bucket_view"] = False
+        super().__init__(module, mode=mode, **kw)
+
+    # ---- set-up: shards, views, the full buffers -------------------------
+
+    def _setup(self):
+        order = self._region_names
+        w = self.world_size
+        s = self._shard_size or w
+        if w % s != 0:
+            raise ValueError("gorun.torch.distribute: shard_size=%d does not divide the world of %d ranks" % (s, w))
+        self._ssize, self._srank = s, self.rank % s
+        self._shard_comm, self._rep_comm = self._comm, None
+        if s < w:
+            # Shard groups are runs of shard_size ranks; a replica group
+            # holds the ranks with the same place in every shard group.
+            base = self.rank - self._srank
+            self._shard_comm = _abi.new_group([base + i for i in range(s)], "gorun.torch.shard")
+            self._rep_comm = _abi.new_group([self._srank + k * s for k in range(w // s)], "gorun.torch.replica")
+        self._units, self._replicated = _plan.units_of(order, self._members, s)
+        self._allreduced = self._replicated
+        self._unit_of = {}
+        self._full = {}  # unit name -> flat full tensor (storage freed when not held)
+        self._shards = {}
+        self._slot = {}  # member name -> (unit, offset)
+        with torch.no_grad():
+            for u in self._units:
+                full = torch.zeros(u.padded, dtype=u.dtype)
+                off = 0
+                for m in u.members:
+                    n = m.param.numel()
+                    full[off:off + n].copy_(m.param.detach().reshape(-1))
+                    self._unit_of[m.name] = u
+                    self._slot[m.name] = (u, off)
+                    off += n
+                lo = self._srank * u.shard_numel
+                shard = torch.nn.Parameter(full[lo:lo + u.shard_numel].clone())
+                off = 0
+                for m in u.members:
+                    n = m.param.numel()
+                    m.param.data = full[off:off + n].view(m.param.shape)
+                    off += n
+                self._full[u.name] = full
+                self._shards[u.name] = shard
+        self._held = 0
+        self._grad_copies = 0  # gradients that missed their view (copied)
+        self._peak = 0
+        self._peaks = []
+        self._gflat = {}
+        self._gcount = {}
+        self._rs_out = {}
+        self._deferred = []
+        self._bwd_done = set()
+        self._before, self._free_after, self._plan_peak = {}, {}, 0
+        # Until the first step has been measured every unit stays gathered
+        # (the full buffers hold the broadcast parameters).
+        self._held = sum(self._nbytes(u) for u in self._units)
+
+    def _nbytes(self, u):
+        return u.padded * u.es
+
+    def _alloc(self, u):
+        st = self._full[u.name].untyped_storage()
+        if st.nbytes() == 0:
+            st.resize_(self._nbytes(u))
+            self._held += self._nbytes(u)
+            self._peak = max(self._peak, self._held)
+
+    def _free(self, u):
+        st = self._full[u.name].untyped_storage()
+        if st.nbytes() != 0:
+            st.resize_(0)
+            self._held -= self._nbytes(u)
+
+    def _gather_now(self, u):
+        """A blocking all-gather outside the plan (before the first step is
+        measured, and for full_state_dict)."""
+        self._alloc(u)
+        _abi.allgather_tensor(self._shard_comm, self._shards[u.name].detach(), self._full[u.name])
+
+    # ---- what the optimizer and users see ---------------------------------
+
+    def forward(self, *args, **kwargs):
+        if self._exec is not None and not torch.is_grad_enabled():
+            # Evaluation: no plan runs; every unit is gathered for the call.
+            for u in self._units:
+                self._gather_now(u)
+            try:
+                return self.module(*args, **kwargs)
+            finally:
+                for u in self._units:
+                    self._free(u)
+        return super().forward(*args, **kwargs)
+
+    def no_sync(self):
+        raise NotImplementedError("gorun.torch: no_sync in fsdp mode is not built (the gathered parameters would "
+                                  "have to outlive the plan); accumulate in ddp mode, or scale the loss")
+
+    def parameters(self, recurse=True):
+        """The shards, and the parameters kept whole (the root's own)."""
+        for u in self._units:
+            yield self._shards[u.name]
+        for m in self._replicated:
+            yield m.param
+
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        for u in self._units:
+            yield prefix + "shard:" + u.name, self._shards[u.name]
+        for m in self._replicated:
+            yield prefix + m.name, m.param
+
+    def full_state_dict(self):
+        """The whole model's state dict, gathered from the shards on every
+        rank (collective: every rank must call it)."""
+        with torch.no_grad():
+            sd = {k: v.detach() for k, v in self.module.state_dict(keep_vars=True).items()}
+            names = {}
+            for name, p in self.module.named_parameters(remove_duplicate=False):
+                names.setdefault(id(p), []).append(name)
+            out = {}
+            for u in self._units:
+                full = torch.empty(u.padded, dtype=u.dtype)
+                _abi.allgather_tensor(self._shard_comm, self._shards[u.name].detach(), full)
+                off = 0
+                for m in u.members:
+                    n = m.param.numel()
+                    v = full[off:off + n].view(m.param.shape).clone()
+                    for k in names[id(m.param)]:
+                        out[k] = v
+                    off += n
+            for k, v in sd.items():
+                if k not in out:
+                    out[k] = v.clone()
+            return out
+
+    # ---- the plan ---------------------------------------------------------
+
+    def _step_graph(self, order, fwd, bwd):
+        return _plan.fsdp_graph(order, self._units, self._replicated, fwd, bwd, self.world_size, self._ssize)
+
+    def _exec_groups(self):
+        g = {"dp": self._comm}
+        if self._rep_comm is not None:
+            g["shard"], g["replica"] = self._shard_comm, self._rep_comm
+        return g
+
+    def _adopt(self):
+        self._before, self._free_after, self._plan_peak = _plan.gather_schedule(self._planned)
+        self._plan_order = list(self._graph["regions"])
+        self._pos = {r: i for i, r in enumerate(self._plan_order)}
+        self._owned = {}
+        for u in self._units:
+            self._owned.setdefault(u.region, []).append(u)
+        by = {u.name: u for u in self._units}
+        self._by_tensor = {"s/" + u.name: u for u in self._units}
+        self._by_out = {}
+        for u in by.values():
+            self._by_out["F/" + u.name] = u
+            self._by_out["F/" + u.name + _plan.REGATHER] = u
+        # From now on the plan decides what is held.
+        for u in self._units:
+            self._free(u)
+
+    # ---- the step ---------------------------------------------------------
+
+    def _run(self, compute):
+        """The plan's gather actions before compute."""
+        ex = self._exec
+        for kind, arg in self._before.get(compute, ()):
+            if kind == "start":
+                for tin, tout in arg:
+                    u = self._by_tensor[tin]
+                    self._alloc(u)
+                    ex.ready(tin, self._shards[u.name].detach(), self._full[u.name], _abi.dtype_code(u.dtype))
+            elif kind == "replicate":
+                # hsdp: the reduced shard, all-reduced across replicas in place.
+                for tin, tout in arg:
+                    out = self._rs_out[tin[2:]]
+                    ex.ready(tin, out, out, _abi.dtype_code(out.dtype))
+            else:
+                ex.wait(arg)
+
+    def _release(self, compute):
+        for t in self._free_after.get(compute, ()):
+            self._free(self._by_out[t])
+
+    def _begin(self):
+        super()._begin()
+        if self._exec is None:
+            return
+        self._peak = self._held
+        self._deferred = []
+        self._bwd_done = set()
+        self._fwd_done = set()
+        self._gflat, self._gcount, self._rs_out = {}, {}, {}
+        if self._region_names and self._region_names[0] == _plan.ROOT:
+            self._fwd_done.add(_plan.ROOT)
+            self._run("fwd/" + _plan.ROOT)
+
+    def _entered(self, region):
+        if self._exec is not None:
+            self._catch_up_forward(self._pos[region])
+            self._fwd_done.add(region)
+            self._run("fwd/" + region)
+
+    def _catch_up_forward(self, upto):
+        """Regions before position upto that did not run this step still
+        take their collectives, so that every rank issues the same ones
+        (a region one rank skips may run on another)."""
+        for r in self._plan_order[:upto]:
+            if r not in self._fwd_done:
+                self._fwd_done.add(r)
+                self._run("fwd/" + r)
+                self._release("fwd/" + r)
+
+    def _left(self, region, out):
+        if self._exec is None:
+            return
+        self._release("fwd/" + region)
+        outs = [out] if isinstance(out, torch.Tensor) else [t for t in (out if isinstance(out, (tuple, list)) else ())
+                                                             if isinstance(t, torch.Tensor)]
+        for t in outs:
+            if t.requires_grad:
+                t.register_hook(self._backward_of(region))
+
+    def _forward_done(self, out):
+        if self._exec is None:
+            return
+        if self._region_names and self._region_names[0] == _plan.ROOT:
+            self._release("fwd/" + _plan.ROOT)
+        self._catch_up_forward(len(self._plan_order))
+        self._run("loss")
+        self._release("loss")
+
+    def _backward_of(self, region):
+        def hook(g):
+            if self._exec is not None and self._in_step and region not in self._bwd_done:
+                self._enter_backward(region)
+            return None
+        return hook
+
+    def _enter_backward(self, region):
+        # Regions whose backward comes first but did not announce itself
+        # (not run this step) go first, in plan order.
+        for r in reversed(self._plan_order[self._pos[region] + 1:]):
+            if r not in self._bwd_done:
+                self._backward_actions(r)
+        self._backward_actions(region)
+
+    def _backward_actions(self, region):
+        self._end_backward()
+        if self._trace:
+            self._exec.mark("backward " + region)
+        self._bwd_done.add(region)
+        self._deferred = [region]
+        self._view_grads(region)
+        self._run("bwd/" + region)
+
+    def _view_grads(self, region):
+        """The region's parameters get their gradients as views into its
+        flat gradient before its backward runs, so autograd accumulates
+        into the buffer the reduce-scatter reads: nothing to copy in the
+        hooks (DDP's gradient_as_bucket_view, for a flat shard)."""
+        for u in self._owned.get(region, ()):
+            if u.name in self._gflat:
+                continue
+            flat = self._gflat[u.name] = torch.zeros(u.padded, dtype=u.dtype)
+            for m in u.members:
+                _, off = self._slot[m.name]
+                if m.param.grad is None:
+                    m.param.grad = flat[off:off + m.param.numel()].view(m.param.shape)
+
+    def _end_backward(self):
+        """The region whose backward ran last is over: what the plan read
+        last there is freed, and its gradients go out even if some of its
+        parameters got none this step (zeros in their place)."""
+        for r in self._deferred:
+            self._release("bwd/" + r)
+            for u in self._owned.get(r, ()):
+                c = self._gcount.get(u.name, 0)
+                if c < len(u.members):
+                    # Some (or all) of its parameters got no gradient on
+                    # this rank: zeros stand in, so that the ranks that
+                    # did use them still get every shard's gradient.
+                    self._gcount[u.name] = len(u.members)
+                    if u.name not in self._gflat:
+                        self._gflat[u.name] = torch.zeros(u.padded, dtype=u.dtype)
+                    self._reduce(u)
+        self._deferred = []
+
+    def _grad_hook(self, m):
+        u = self._unit_of.get(m.name)
+        if u is None:
+            return super()._grad_hook(m)  # kept whole: all-reduced as in ddp mode
+        _, off = self._slot[m.name]
+        n = m.param.numel()
+        total = len(u.members)
+
+        def hook(p):
+            if not self._in_step:
+                return
+            if not self._queued:
+                self._queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self._grad_t[m.name] = time.perf_counter_ns()
+            if self._exec is None:
+                return  # the measured step: reduced at its end
+            flat = self._gflat.get(u.name)
+            if flat is None:
+                flat = self._gflat[u.name] = torch.zeros(u.padded, dtype=u.dtype)
+            g = p.grad
+            if g.data_ptr() != flat.data_ptr() + off * u.es:
+                # Not in its view (its region's backward did not announce
+                # itself first): copied in.
+                flat[off:off + n].copy_(g.reshape(-1))
+                self._grad_copies += 1
+            c = self._gcount[u.name] = self._gcount.get(u.name, 0) + 1
+            if c == total:
+                self._reduce(u)
+        return hook
+
+    def _reduce(self, u):
+        flat = self._gflat[u.name]
+        if self.world_size > 1:
+            flat.mul_(self._scale)
+        out = self._rs_out[u.name] = torch.empty(u.shard_numel, dtype=u.dtype)
+        self._exec.ready("g/" + u.name, flat, out, _abi.dtype_code(u.dtype))
+
+    def _before_finish(self):
+        # Regions whose backward never announced itself (an input layer
+        # whose output needs no gradient): their actions still run, in plan
+        # order, so that every rank issues the same collectives.
+        for r in reversed(self._plan_order):
+            if r not in self._bwd_done:
+                self._backward_actions(r)
+        self._end_backward()
+        self._run("opt")  # hsdp: the first region's replica all-reduce
+        super()._before_finish()  # the root's own parameters
+
+    def _after_finish(self, m):
+        for u in self._units:
+            for mm in u.members:
+                mm.param.grad = None  # views of the flat gradients, done with
+        for name, out in self._rs_out.items():
+            s = self._shards[name]
+            s.grad = out.view_as(s) if s.grad is None else s.grad + out
+        self._gflat, self._rs_out = {}, {}
+        for u in self._units:
+            self._free(u)  # nothing is held between steps
+        self._peaks.append(self._peak)
+        del self._peaks[:-100]
+
+    def _reduce_measured(self):
+        """The measured first step: every unit was gathered; its gradients
+        are reduce-scattered (blocking) into the shards, the root's
+        all-reduced."""
+        with torch.no_grad():
+            for u in self._units:
+                flat = torch.zeros(u.padded, dtype=u.dtype)
+                off = 0
+                for m in u.members:
+                    n = m.param.numel()
+                    if m.param.grad is not None:
+                        flat[off:off + n].copy_(m.param.grad.reshape(-1))
+                        m.param.grad = None
+                    off += n
+                flat.mul_(self._scale)
+                out = torch.empty(u.shard_numel, dtype=u.dtype)
+                if self._ssize > 1:
+                    _abi.reduce_scatter_tensor(self._shard_comm, flat, out)
+                else:
+                    out.copy_(flat)
+                if self._rep_comm is not None:
+                    _abi.allreduce_tensor(self._rep_comm, out)
+                s = self._shards[u.name]
+                s.grad = out if s.grad is None else s.grad + out
+            if self.world_size > 1:
+                for m in self._replicated:
+                    g = m.param.grad if m.param.grad is not None else torch.zeros_like(m.param)
+                    g = g.contiguous().mul_(self._scale)
+                    _abi.allreduce_tensor(self._comm, g)
+                    m.param.grad = g
+
+    def metrics(self):
+        out = super().metrics()
+        out["peak_gathered_bytes"] = max(self._peaks[-20:], default=0)
+        out["plan_peak_gathered_bytes"] = self._plan_peak
+        out["full_parameter_bytes"] = sum(self._nbytes(u) for u in self._units)
+        out["gradient_copies"] = self._grad_copies
+        return out

@@ -1,0 +1,471 @@
+"""distribute(): a torch module trained on gorun's plan and executor.
+
+The wrapper translates; it does not schedule. Module hooks tell the
+executor which region runs (gorun_executor_enter), gradient hooks hand it
+each finished gradient (ready), and the end of backward waits for the step
+(finish). Which gradients share a bucket, the order buckets go out, the
+plan-hash exchange and the packing happen in Go (libgorun, overlap).
+"""
+
+import ctypes
+import os
+import statistics
+import time
+from contextlib import contextmanager
+
+import torch
+import torch.nn as nn
+
+from . import _abi, _plan
+from ._abi import PlanMismatchError
+
+MODES = ("ddp", "fsdp", "hsdp")
+
+
+def _mismatch(what, values, me):
+    """PlanMismatchError if values (one per rank) are not all equal."""
+    if all(v == values[0] for v in values):
+        return
+    others = [r for r, v in enumerate(values) if v != values[me]]
+    desc = "; ".join("rank %d has %016x" % (r, v) for r, v in enumerate(values))
+    raise PlanMismatchError("gorun.torch: ranks disagree on the %s: %s (ranks %s differ from this rank, %d): "
+                            "every rank must wrap the same model" % (what, desc, others, me), others)
+
+
+class DistributedModel(nn.Module):
+    """A module whose gradients are reduced on gorun's plan. Made by
+    distribute(); use it like DDP: ``loss = model(x); loss.backward();
+    opt.step()``."""
+
+    def __init__(self, module, mode="ddp", reshard_after_forward=True, shard_size=None, plan=None, group=None,
+                 deterministic=False, trace=None, refresh_every=50, bucket_view=True, passes="blocks,overlap",
+                 regather_ahead=1, dump_plan=None):
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError("gorun.torch.distribute: mode %r: want one of %s" % (mode, ", ".join(MODES)))
+        if mode == "ddp" and shard_size not in (None, 0):
+            raise ValueError("gorun.torch.distribute: shard_size=%r means nothing in ddp mode (every rank holds "
+                             "every parameter); use mode='hsdp'" % (shard_size,))
+        if group is not None and not isinstance(group, int):
+            raise TypeError("gorun.torch.distribute: group must be a libgorun communicator handle (an int), got %s"
+                            % type(group).__name__)
+        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+            if t.device.type != "cpu":
+                raise RuntimeError(
+                    "gorun.torch.distribute: %r is on %s; gorun.torch runs host (CPU) tensors only here: "
+                    "move the model to the CPU (there is no silent CPU fallback for device tensors)" % (name, t.device))
+        self.module = module
+        self.mode = mode
+        self._comm = group if group is not None else _abi.world(deterministic)
+        self.rank, self.world_size = _abi.rank_size(self._comm)
+        self._trace = trace
+        self._refresh = max(int(refresh_every or 0), 0)
+        self._bucket_view = bucket_view
+        self._passes = passes
+        self._regather_ahead = regather_ahead
+        self._dump_plan = dump_plan
+        self._fixed_plan = plan
+        # Ranks must wrap the same model before anything is exchanged.
+        _mismatch("model (parameter names, shapes, dtypes, ties)",
+                  _abi.allgather_u64(self._comm, _plan.fingerprint(module)), self.rank)
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                if t.numel() and self.world_size > 1:
+                    if t.is_contiguous():
+                        _abi.broadcast_tensor(self._comm, t)
+                    else:
+                        c = t.contiguous()
+                        _abi.broadcast_tensor(self._comm, c)
+                        t.copy_(c)
+        regions = _plan.find_regions(module)
+        self._region_names = [r for r, _ in regions]
+        self._members = _plan.find_members(module, self._region_names)
+        self._codes = {m.name: _abi.dtype_code(m.param.dtype) for m in self._members}
+        self._scale = 1.0 / self.world_size
+        self._setup()
+        self._hooks = []
+        for r, m in regions:
+            if r == _plan.ROOT:
+                continue
+            self._hooks.append(m.register_forward_pre_hook(self._pre_hook(r)))
+            self._hooks.append(m.register_forward_hook(self._post_hook(r)))
+        for m in self._members:
+            self._hooks.append(m.param.register_post_accumulate_grad_hook(self._grad_hook(m)))
+        self._exec = None
+        self._measured = 0  # steps whose costs were measured and planned from
+        self._plans = 0  # executors made (a changed plan makes a new one)
+        self._views = {}
+        self._summary = None
+        self._step = 0
+        self._sync = True
+        self._in_step = False
+        self._queued = False
+        self._order = []  # regions entered this step, forward order
+        self._fwd_t0 = {}
+        self._fwd_ns = {}
+        self._grad_t = {}
+        self._back_t0 = None
+        self._t_begin = 0
+        self._history = []
+
+    # ---- the step --------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        sync = self._sync and torch.is_grad_enabled()
+        if sync:
+            if self._in_step:
+                raise RuntimeError(
+                    "gorun.torch: forward of step %d began before the backward of the previous one ran; every "
+                    "forward with gradients (outside no_sync and torch.no_grad) needs its backward" % self._step)
+            self._begin()
+        out = self.module(*args, **kwargs)
+        if sync:
+            self._forward_done(out)
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(self._backward_started)
+        return out
+
+    def _forward_done(self, out):
+        pass
+
+    # What a mode adds around the step (ddp: nothing).
+    def _setup(self):
+        self._allreduced = self._members
+
+    def _entered(self, region):
+        pass
+
+    def _left(self, region, out):
+        pass
+
+    def _before_finish(self):
+        # A parameter that got no gradient on this rank this step (unused
+        # here, perhaps used on another rank) takes part with zeros, so
+        # every replica gets the same average and none drifts. A parameter
+        # unused on every rank thus gets a zero gradient, where DDP leaves
+        # None.
+        for m in self._allreduced:
+            if m.name not in self._grad_t:
+                with torch.no_grad():
+                    v = self._views.get(m.name)
+                    if v is not None:
+                        v.zero_()
+                        m.param.grad = v
+                    else:
+                        m.param.grad = torch.zeros_like(m.param)
+                self._exec.ready("g/" + m.name, m.param.grad, m.param.grad, self._codes[m.name])
+
+    def _after_finish(self, m):
+        pass
+
+    def _begin(self):
+        self._in_step = True
+        self._t_begin = time.perf_counter_ns()
+        self._order = []
+        self._fwd_t0.clear()
+        self._fwd_ns = {}
+        self._grad_t = {}
+        self._back_t0 = None
+        if self._exec is not None:
+            self._exec.begin(self._step)
+            if self._region_names and self._region_names[0] == _plan.ROOT:
+                self._exec.enter(_plan.ROOT)
+        if self._region_names and self._region_names[0] == _plan.ROOT:
+            self._order.append(_plan.ROOT)
+
+    def _backward_started(self, g):
+        if self._back_t0 is None:
+            self._back_t0 = time.perf_counter_ns()
+        return None
+
+    def _pre_hook(self, region):
+        def hook(mod, args):
+            if not self._in_step:
+                return None
+            if self._exec is not None:
+                self._exec.enter(region)  # refuses a region out of the plan's order
+            elif region in self._fwd_t0:
+                raise RuntimeError(
+                    "gorun.torch: region %r ran twice in one forward; gorun.torch plans each module region once "
+                    "per step (call a shared module through one region, or wrap its callers instead)" % region)
+            self._fwd_t0[region] = time.perf_counter_ns()
+            self._order.append(region)
+            self._entered(region)
+            return None
+        return hook
+
+    def _post_hook(self, region):
+        def hook(mod, args, out):
+            t0 = self._fwd_t0.get(region)
+            if self._in_step and t0 is not None:
+                self._fwd_ns[region] = time.perf_counter_ns() - t0
+                self._left(region, out)
+            return None
+        return hook
+
+    def _grad_hook(self, m):
+        name = "g/" + m.name
+        code = self._codes[m.name]
+
+        def hook(p):
+            if not self._in_step:
+                return
+            if not self._queued:
+                self._queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self._grad_t[m.name] = time.perf_counter_ns()
+            ex = self._exec
+            if ex is None:
+                return  # the measured step: reduced at its end
+            g = p.grad
+            v = self._views.get(m.name)
+            if v is not None:
+                if g is not v:
+                    torch.mul(g, self._scale, out=v)
+                    p.grad = v
+                elif self.world_size > 1:
+                    v.mul_(self._scale)
+                ex.ready(name, v, v, code)
+                return
+            if not g.is_contiguous():
+                g = p.grad = g.contiguous()
+            if self.world_size > 1:
+                g.mul_(self._scale)
+            ex.ready(name, g, g, code)
+        return hook
+
+    def _finish(self):
+        self._queued = False
+        try:
+            if self._exec is None:
+                self._reduce_measured()
+                self._replan()
+            else:
+                self._before_finish()
+                m = self._exec.finish()
+                self._after_finish(m)
+                self._history.append((time.perf_counter_ns() - self._t_begin, m))
+                del self._history[:-100]
+                if self._refresh and self._step % self._refresh == self._refresh - 1:
+                    self._replan()
+        finally:
+            self._in_step = False
+            self._step += 1
+
+    def _reduce_measured(self):
+        """The first step's gradients, reduced in one flat all-reduce (the
+        plan needs this step's timings, so there is none yet)."""
+        if self.world_size == 1:
+            return
+        by_dtype = {}
+        for m in self._members:
+            by_dtype.setdefault(m.param.dtype, []).append(m)
+        with torch.no_grad():
+            for ms in by_dtype.values():
+                flat = torch.cat([(m.param.grad if m.param.grad is not None else torch.zeros_like(m.param))
+                                  .reshape(-1) * self._scale for m in ms])
+                _abi.allreduce_tensor(self._comm, flat)
+                off = 0
+                for m in ms:
+                    n = m.param.numel()
+                    # Every rank takes the average, also where the parameter
+                    # got no gradient (see _before_finish).
+                    if m.param.grad is not None:
+                        m.param.grad.copy_(flat[off:off + n].view_as(m.param))
+                    else:
+                        m.param.grad = flat[off:off + n].view_as(m.param).clone()
+                    off += n
+
+    # ---- planning --------------------------------------------------------
+
+    def _costs(self):
+        """This step's region order and costs, as rank 0 measured them (every
+        rank plans from the same numbers, so the plans are equal)."""
+        order = list(self._order)
+        for r in self._region_names:  # regions not run this step go last
+            if r not in order:
+                order.append(r)
+        fwd = [float(self._fwd_ns.get(r, 0)) for r in order]
+        bwd = [0.0] * len(order)
+        prev = self._back_t0 or (min(self._grad_t.values()) if self._grad_t else 0)
+        pos = {r: i for i, r in enumerate(order)}
+        done = {}
+        for m in self._members:
+            t = self._grad_t.get(m.name)
+            if t is not None:
+                owner = min(m.readers, key=lambda r: pos[r])
+                done[owner] = max(done.get(owner, 0), t)
+        for r in reversed(order):
+            if r in done:
+                bwd[pos[r]] = float(max(done[r] - prev, 0))
+                prev = done[r]
+        # The order too: a region another rank skipped this step (a branch
+        # taken on rank 0 only) must sit where rank 0 ran it.
+        idx = [float(self._region_names.index(r)) for r in order]
+        t = torch.tensor(idx + fwd + bwd, dtype=torch.float64)
+        if self.world_size > 1:
+            _abi.broadcast_tensor(self._comm, t)
+        n = len(order)
+        order = [self._region_names[int(i)] for i in t[:n].tolist()]
+        return order, dict(zip(order, t[n:2 * n].tolist())), dict(zip(order, t[2 * n:].tolist()))
+
+    def _replan(self):
+        self._measured += 1
+        order, fwd, bwd = self._costs()
+        graph = self._step_graph(order, fwd, bwd)
+        if self._fixed_plan is not None:
+            planned, summary = self._fixed_plan, {}
+        else:
+            planned, summary = _plan.run_planner(graph, self._passes, self._regather_ahead)
+        config = "flush=1" + (" trace=1" if self._trace else "")
+        ex = _abi.Executor(planned, self._exec_groups(), config)
+        try:
+            _mismatch("plan", _abi.allgather_u64(self._comm, ex.hash()), self.rank)
+        except BaseException:
+            ex.close()
+            raise
+        if self._exec is not None:
+            if self._exec.hash() == ex.hash():
+                ex.close()  # the same plan: keep the views the gradients live in
+                return
+            self._write_trace()
+            self._unview()
+            self._exec.close()
+        self._plans += 1
+        if self._dump_plan and self.rank == 0:
+            # The step graph as planned, for `gorun plan` to print again.
+            with open(self._dump_plan, "w") as f:
+                f.write(planned)
+        self._exec, self._summary, self._graph, self._planned = ex, summary, graph, planned
+        self._adopt()
+
+    def _exec_groups(self):
+        return {"dp": self._comm}
+
+    def _step_graph(self, order, fwd, bwd):
+        return _plan.ddp_graph(order, self._members, fwd, bwd, self.world_size)
+
+    def _adopt(self):
+        if self._bucket_view:
+            self._make_views()
+
+    def _unview(self):
+        """Gradients that live in the executor's buckets move out, before
+        the executor (and its buffers) goes."""
+        for m in self._members:
+            if m.name in self._views and m.param.grad is self._views[m.name]:
+                m.param.grad = m.param.grad.clone()
+        self._views = {}
+
+    def _make_views(self):
+        """Gradients live in their buckets' fused buffers (DDP's
+        gradient_as_bucket_view): nothing is packed or scattered."""
+        for m in self._members:
+            ptr, n = self._exec.view("g/" + m.name)
+            if not ptr:
+                continue
+            buf = (ctypes.c_char * n).from_address(ptr)
+            v = torch.frombuffer(buf, dtype=m.param.dtype).view(m.param.shape)
+            if m.param.grad is not None:
+                v.copy_(m.param.grad)
+                m.param.grad = v
+            else:
+                v.zero_()
+            self._views[m.name] = v
+
+    # ---- what users call -------------------------------------------------
+
+    @contextmanager
+    def no_sync(self):
+        """Gradients accumulate locally; the first backward after the block
+        reduces the sum (DDP's no_sync)."""
+        old, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = old
+
+    def full_state_dict(self):
+        """The whole model's state dict (every rank holds all of it in ddp
+        mode)."""
+        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+
+    def plan(self):
+        """The bucket plan the executor runs (buckets.Plan as a dict), or None
+        before the first step has been measured."""
+        return self._exec.plan() if self._exec is not None else None
+
+    def metrics(self):
+        """Medians over the recent steps (seconds, bytes) and the plan."""
+        h = self._history[-20:]
+        med = (lambda xs: statistics.median(xs) if xs else 0.0)
+        out = {
+            "mode": self.mode,
+            "steps": self._step,
+            "step_time": med([t / 1e9 for t, _ in h]),
+            "exposed_communication": med([m["exposed_ns"] / 1e9 for _, m in h]),
+            "communication": med([m["comm_ns"] / 1e9 for _, m in h]),
+            "peak_gathered_bytes": 0,  # ddp gathers no parameters
+            "fused_peak_bytes": max([m["fused_peak_bytes"] for _, m in h], default=0),
+            "copied_bytes": med([m["copied_bytes"] for _, m in h]),
+            "buckets": h[-1][1]["buckets"] if h else 0,
+            "plan_hash": "%016x" % self._exec.hash() if self._exec is not None else None,
+            "plans_measured": self._measured,
+            "plans_made": self._plans,
+            "estimate": (self._summary or {}).get("estimate"),
+        }
+        if self._trace:
+            out["trace"] = self._write_trace()
+        return out
+
+    def _write_trace(self):
+        if not self._trace or self._exec is None:
+            return None
+        path = self._trace.format(rank=self.rank) if "{rank}" in self._trace else "%s.rank%d.json" % (self._trace, self.rank)
+        self._exec.trace(os.path.abspath(path))
+        return os.path.abspath(path)
+
+    def close(self):
+        """Frees the executor (its fused buffers, gradients viewed in them
+        are copied out first) and removes the hooks."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self._exec is not None:
+            self._unview()
+            self._write_trace()
+            self._exec.close()
+            self._exec = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def distribute(model, mode="ddp", reshard_after_forward=True, shard_size=None, plan=None, group=None,
+               deterministic=False, trace=None, **options):
+    """Wraps model for data-parallel training on gorun's plan and executor.
+
+    mode: "ddp" (replicated parameters, gradients all-reduced in buckets),
+    "fsdp" (per-region flat shards, gathered as the plan says), "hsdp"
+    (fsdp within groups of shard_size ranks, replicated across them).
+    plan: a planned step graph (JSON text) to run instead of planning from
+    the measured first step. group: a gorun communicator handle (default:
+    the world). deterministic: reduce along one fixed order. trace: a path
+    ("{rank}" is replaced) for a Perfetto timeline of the executor.
+    Options: refresh_every (replan from measured costs every K steps, 0
+    never), bucket_view (gradients live in the buckets, default True),
+    passes (the planner's passes), regather_ahead (fsdp: how many backward
+    blocks ahead of its reader a re-gather starts; 0 holds the fewest
+    parameters, 1 hides the re-gather behind a block's backward), dump_plan
+    (a path: rank 0 writes the planned step graph there, which `gorun plan
+    FILE` prints)."""
+    if mode in ("fsdp", "hsdp"):
+        from ._fsdp import ShardedModel
+        cls = ShardedModel
+    else:
+        cls = DistributedModel
+    return cls(model, mode=mode, reshard_after_forward=reshard_after_forward, shard_size=shard_size,
+                            plan=plan, group=group, deterministic=deterministic, trace=trace, **options)

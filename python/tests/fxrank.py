@@ -1,0 +1,252 @@
+"""One rank of gorun.fx's checks, and the parent that starts them.
+
+Each rank (torchrun-style environment: RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT) joins a gloo group, builds the same GPT and SimpleFSDP shards,
+traces the joint graph itself (same code, same node names as the parent's
+trace, which it checks), runs the unbucketed graph and every side of the
+spec on its own batch, and reports per side: collectives, peak bytes, step
+time (median over repeats of the slowest rank), and whether every output
+is bitwise equal to the unbucketed graph's on every rank. It also checks
+the unbucketed graph against plain autograd on the unsharded model (loss
+and the SGD update, to float tolerance), so the joint graph itself is
+known to be a training step.
+
+    python3 fxrank.py SPEC.json OUT.json      # one rank (env as above)
+"""
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYDIR = os.path.normpath(os.path.join(HERE, ".."))
+
+
+def batch_for(rank, vocab, batch, seq):
+    import torch
+    g = torch.Generator().manual_seed(1000 + rank)
+    tokens = torch.randint(0, vocab, (batch, seq), generator=g)
+    return tokens, torch.roll(tokens, -1, dims=1)
+
+
+def build(spec, rank, world, group):
+    """(fsdp, model copy before sharding, batch, joint) for one rank."""
+    import gorun.fx as gfx
+    from tinymodels import gpt
+    m, _ = gpt(**spec["model"])
+    ref = copy.deepcopy(m)
+    mk = spec["model"]
+    batch = batch_for(rank, mk.get("vocab", 128), spec.get("batch", 4), spec.get("seq", 32))
+    fsdp = gfx.SimpleFSDP(m, world, rank, group, mode=spec.get("mode", "shard"))
+    joint = gfx.trace_joint(fsdp, batch, lr=spec.get("lr", 0.01))
+    return fsdp, ref, batch, joint
+
+
+def reference_check(fsdp, ref, batch, outs, lr, world):
+    """The joint graph's loss and updated shards against autograd on the
+    unsharded model with gradients summed over ranks."""
+    import torch
+    import torch.distributed as dist
+    loss = ref(*batch)
+    names = fsdp.names
+    params = dict(ref.named_parameters())
+    grads = torch.autograd.grad(loss, [params[n] for n in names])
+    ok = torch.allclose(outs[0], loss.detach(), rtol=1e-5, atol=1e-6)
+    for i, (n, g) in enumerate(zip(names, grads)):
+        g = g.detach().reshape(-1).clone()
+        dist.all_reduce(g)
+        numel = g.numel()
+        k = fsdp.shards[i].numel()
+        full = params[n].detach().reshape(-1) - lr * g
+        full = torch.nn.functional.pad(full, (0, max(0, k * world - numel)))
+        r = 0 if fsdp.mode == "replicate" else fsdp.rank  # a replica holds the whole parameter
+        want = full[r * k:(r + 1) * k]
+        ok = ok and torch.allclose(outs[1 + i], want, rtol=1e-4, atol=1e-6)
+    return bool(ok)
+
+
+def calibrate(world_group, world, reps=30):
+    """gorun's α-β model measured on this group: the latency of an 8-byte
+    all-gather, the bus bandwidth of 1 MiB ones (busbw: (n-1)/n of the
+    output per rank), and the copy rate of a 1 MiB clone (the copy-in and
+    copy-out of a bucket). Medians; every rank measures, rank 0's count."""
+    import torch
+    import torch.distributed as dist
+    from gorun.fx import _c10d
+
+    def med(fn):
+        ts = []
+        for _ in range(reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return sorted(ts)[len(ts) // 2]
+
+    small, big = torch.zeros(2), torch.zeros(1 << 18)
+    ag = lambda x: _c10d.wait_tensor(_c10d.all_gather_into_tensor(x, world, world_group))  # noqa: E731
+    t_small, t_big = med(lambda: ag(small)), med(lambda: ag(big))
+    t_copy = med(lambda: big.clone())
+    bus = (world - 1) / world * big.numel() * 4 * world
+    return {"latency_ns": int(t_small * 1e9), "bus_bandwidth": bus / max(t_big - t_small, 1e-9),
+            "copy_bandwidth": big.numel() * 4 / max(t_copy, 1e-9)}
+
+
+def rank_main(spec_path, out_path):
+    import torch
+    import torch.distributed as dist
+    import gorun.fx as gfx
+    torch.set_num_threads(1)
+    with open(spec_path) as f:
+        spec = json.load(f)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    group = dist.group.WORLD.group_name
+    if spec.get("calibrate"):
+        m = calibrate(group, world)
+        if rank == 0:
+            with open(out_path, "w") as f:
+                json.dump(m, f)
+        dist.destroy_process_group()
+        return
+    fsdp, ref, batch, joint = build(spec, rank, world, group)
+    names = [n.name for n in joint.gm.graph.nodes]
+    if names != spec["fx_nodes"]:
+        raise SystemExit("fxrank: rank %d traced a different graph than the parent (%d vs %d nodes)"
+                         % (rank, len(names), len(spec["fx_nodes"])))
+    inputs = gfx.Joint.inputs(fsdp, batch)
+    base, base_peak = gfx.run_graph(joint.gm, inputs)
+    ref_ok = reference_check(fsdp, ref, batch, base, spec.get("lr", 0.01), world)
+    built = []
+    for side in spec["sides"]:
+        est = side.get("exposed_ns")
+        kind = side["kind"]
+        if kind == "unbucketed":
+            gm = joint.gm
+        elif kind == "gorun":
+            gm = gfx.apply_plan(joint, side["planned"])
+        elif kind == "inductor-bucketing":
+            gm = gfx.inductor_bucketing(copy.deepcopy(joint.gm))
+        elif kind == "inductor-overlap":
+            gm, est = gfx.inductor_overlap(copy.deepcopy(joint.gm), side.get("costs"))
+        else:
+            raise SystemExit("fxrank: unknown side kind %r" % kind)
+        outs, peak = gfx.run_graph(gm, inputs)
+        equal = len(outs) == len(base) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(outs, base))
+        built.append((side, gm, est, peak, equal))
+    # Timing: the sides interleaved round by round, so load on a shared
+    # machine falls on all of them alike; the slowest rank's time counts.
+    times = [[] for _ in built]
+    for _ in range(spec.get("repeats", 5)):
+        for k, (_, gm, _, _, _) in enumerate(built):
+            dist.barrier()
+            t0 = time.perf_counter()
+            gm(*inputs)
+            times[k].append(time.perf_counter() - t0)
+    results = []
+    for k, (side, gm, est, peak, equal) in enumerate(built):
+        flags = torch.tensor([0.0 if equal else 1.0, float(peak)])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        t = torch.tensor(times[k], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        results.append({"name": side["name"], "collectives": gfx.count_collectives(gm), "peak_bytes": int(flags[1]),
+                        "equal": flags[0].item() == 0.0, "step_s": sorted(t.tolist())[len(times[k]) // 2],
+                        "exposed_ns": est})
+    okt = torch.tensor([0.0 if ref_ok else 1.0])
+    dist.all_reduce(okt, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"world": world, "reference_ok": okt.item() == 0.0, "base_peak_bytes": base_peak,
+                       "sides": results}, f)
+    dist.destroy_process_group()
+
+
+def free_port():
+    # Below the kernel's ephemeral range, as the other torchrun-style tests pick.
+    for _ in range(50):
+        port = 20000 + (os.getpid() * 7919 + int(time.time() * 1000)) % 10000
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                time.sleep(0.01)
+    raise RuntimeError("fxrank: no free port")
+
+
+def run_ranks(world, spec, timeout=300):
+    """Starts ``world`` ranks as plain subprocesses with a torchrun-style
+    environment, waits for all of them (killing all on timeout or on the
+    first failure), and returns rank 0's report."""
+    with tempfile.TemporaryDirectory(prefix="gorun-fxrank-") as d:
+        sp, op = os.path.join(d, "spec.json"), os.path.join(d, "out.json")
+        with open(sp, "w") as f:
+            json.dump(spec, f)
+        port = free_port()
+        procs = []
+        try:
+            for r in range(world):
+                env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                           PYTHONWARNINGS="ignore", TORCH_CPP_LOG_LEVEL="ERROR",
+                           PYTHONPATH=PYDIR + os.pathsep + HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+                procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), sp, op], env=env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+            deadline = time.monotonic() + timeout
+            outs = [b""] * world
+            while any(p.poll() is None for p in procs):
+                if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                    break
+                time.sleep(0.05)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for i, p in enumerate(procs):
+                outs[i] = p.communicate()[0]
+        codes = [p.returncode for p in procs]
+        if any(c != 0 for c in codes):
+            raise RuntimeError("fxrank: ranks exited %s; rank outputs:\n%s" % (codes, "\n".join(
+                "--- rank %d ---\n%s" % (i, o.decode(errors="replace")[-3000:]) for i, o in enumerate(outs))))
+        with open(op) as f:
+            return json.load(f)
+
+
+if __name__ == "__main__":
+    sys.path[:0] = [PYDIR, HERE]
+    rank_main(sys.argv[1], sys.argv[2])
+
+
+def fake_group(world):
+    """A context in which torch's fake process group of ``world`` ranks is
+    the default group (tracing and planning need no peers)."""
+    import contextlib
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    @contextlib.contextmanager
+    def ctx():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+        try:
+            yield dist.group.WORLD.group_name
+        finally:
+            dist.destroy_process_group()
+    return ctx()
+
+
+def prepare(spec, world, profile=True):
+    """In the parent: trace rank 0's joint graph on the fake group, profile
+    it, and return (joint, costs, step graph); records the FX node names
+    in spec["fx_nodes"] for the ranks to check."""
+    import gorun.fx as gfx
+    with fake_group(world) as group:
+        fsdp, _, batch, joint = build(spec, 0, world, group)
+        costs = gfx.profile_costs(joint, batch, fsdp) if profile else None
+        step = gfx.to_step_graph(joint, costs)
+    spec["fx_nodes"] = [n.name for n in joint.gm.graph.nodes]
+    return joint, costs, step

@@ -1,0 +1,107 @@
+"""gorun.torch's plan from the module, in process (no ranks): regions,
+members (tied parameters once, read by every region that reads them), the
+step graph and its planning; device tensors refused."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import gorun.torch as gt  # noqa: E402
+from gorun.torch import _plan  # noqa: E402
+
+from conftest import ROOT  # noqa: E402
+from step_prog import GPT, ResMLP  # noqa: E402
+
+
+def test_regions_are_blocks_and_top_level_modules():
+    names = [r for r, _ in _plan.find_regions(GPT(blocks=4))]
+    assert names == ["<root>", "tok", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "ln", "head"]
+    names = [r for r, _ in _plan.find_regions(ResMLP(blocks=3))]
+    assert names == ["inp", "layers.0", "layers.1", "layers.2", "unused", "side", "outp"]
+
+
+def test_a_block_list_below_a_module_is_opened_and_blocks_stay_whole():
+    nn = torch.nn
+
+    class Attn(nn.Module):  # a block holding its own Sequential
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(4, 12)
+            self.mlp = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+
+    class GPT2(nn.Module):  # transformer.h, GPT-2's layout
+        def __init__(self):
+            super().__init__()
+            self.transformer = nn.Module()
+            self.transformer.wte = nn.Embedding(8, 4)
+            self.transformer.h = nn.ModuleList([Attn(), Attn()])
+            self.lm_head = nn.Linear(4, 8)
+
+    names = [r for r, _ in _plan.find_regions(GPT2())]
+    assert names == ["transformer.wte", "transformer.h.0", "transformer.h.1", "lm_head"]
+
+
+def test_tied_parameter_is_one_member_read_by_both_regions():
+    model = GPT(blocks=4)
+    regions = [r for r, _ in _plan.find_regions(model)]
+    members = _plan.find_members(model, regions)
+    tied = [m for m in members if m.param is model.tok.weight]
+    assert len(tied) == 1, [m.name for m in tied]
+    assert tied[0].name == "tok.weight" and tied[0].readers == ["tok", "head"]
+    # Every trainable tensor once, nothing frozen.
+    assert len(members) == len(list(model.parameters()))
+    mlp = ResMLP()
+    names = {m.name for m in _plan.find_members(mlp, [r for r, _ in _plan.find_regions(mlp)])}
+    assert "inp.weight" not in names and "unused.weight" in names
+
+
+def test_graph_reduces_the_tied_gradient_after_its_first_reader(tmp_path):
+    model = GPT(blocks=4)
+    regions = [r for r, _ in _plan.find_regions(model)]
+    members = _plan.find_members(model, regions)
+    g = _plan.ddp_graph(regions, members, {r: 10000 for r in regions}, {r: 20000 for r in regions}, 2)
+    starts = {n["name"]: n for n in g["nodes"] if n["kind"] == "start"}
+    assert starts["ar/tok.weight"]["region"] == "tok"  # complete only after tok's backward
+    names = [n["name"] for n in g["nodes"]]
+    assert names.index("bwd/head") < names.index("bwd/tok") < names.index("ar/tok.weight")
+    planned, summary = _plan.run_planner(g)
+    assert json.loads(planned)["schema"] == "gorun.stepgraph/v1"
+    # What gorun plan prints from the dumped plan is the same plan.
+    path = tmp_path / "plan.json"
+    path.write_text(planned)
+    out = subprocess.run([os.environ.get("GORUN_BIN", os.path.join(ROOT, "bin", "gorun")), "plan", "--json",
+                          "--passes", "", str(path)], stdout=subprocess.PIPE, check=True).stdout
+    again = json.loads(out)
+    assert [b["members"] for b in again["buckets"]] == [b["members"] for b in summary["buckets"]]
+    got = sorted(m for b in summary["buckets"] for m in b["members"])
+    assert got == sorted("g/" + m.name for m in members)
+    assert len(summary["buckets"]) < len(members)  # the passes merged something
+
+
+def test_fingerprint_sees_ties_and_shapes():
+    a, b = GPT(), GPT()
+    assert _plan.fingerprint(a) == _plan.fingerprint(b)
+    b.head.weight = torch.nn.Parameter(b.tok.weight.detach().clone())  # untied
+    assert _plan.fingerprint(a) != _plan.fingerprint(b)
+    assert _plan.fingerprint(GPT(d=32)) != _plan.fingerprint(GPT(d=64))
+
+
+def test_device_tensors_are_refused_clearly():
+    model = GPT().to("meta")
+    with pytest.raises(RuntimeError, match=r"'pos' is on meta; gorun.torch runs host \(CPU\) tensors only"):
+        gt.distribute(model)
+
+
+def test_unknown_mode_and_misplaced_options_are_refused():
+    with pytest.raises(ValueError, match="mode 'zero3'"):
+        gt.distribute(GPT(), mode="zero3")
+    with pytest.raises(ValueError, match="shard_size=2 means nothing in ddp mode"):
+        gt.distribute(GPT(), mode="ddp", shard_size=2)
+    with pytest.raises(ValueError, match="mode 'hsdp' needs shard_size"):
+        gt.distribute(GPT(), mode="hsdp")
+    with pytest.raises(TypeError, match="group must be a libgorun communicator handle"):
+        gt.distribute(GPT(), group=object())
