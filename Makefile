@@ -8,7 +8,7 @@ GORUN_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gorun/venv
 export GORUN_VENV
 PYTHON    ?= $(GORUN_VENV)/bin/python
 
-.PHONY: help build lib venv python uninstall-python test-python bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-detect bench-elastic bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
+.PHONY: help build lib venv python uninstall-python test-python test-torch-suite bench-torch test test-deps vet unit test-desync test-overload bench-launch bench-restart bench-detect bench-elastic bench-restart-trainer bench-compare bench-latency bench-recorder bench-multihost bench-mpi bench-gpu bench-gpu-standin clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -47,6 +47,10 @@ test-python: build lib ## the torch backend's pytest suite (torch 2.x from $(PYT
 	  echo "test-python: $(PYTHON) lacks torch or pytest: run make venv (make test does)"; exit 1; \
 	else d=$$(mktemp -d); PYTHONWARNINGS=ignore $(PYTHON) -m pytest -q -p no:cacheprovider --basetemp=$$d python/tests; \
 	  rc=$$?; rm -rf $$d; exit $$rc; fi
+
+test-torch-suite: build lib venv ## torch's own distributed suite (DistributedTest._DistTestBase) on gloo and on gorun, world sizes 2 and 3: counts side by side and every test gloo passes and gorun does not
+	GORUN_LIB=$(CURDIR)/$(BIN)/libgorun.so PYTHONPATH=$(CURDIR)/python OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore \
+	  $(PYTHON) python/tests/torch_suite.py --compare gloo,gorun --world-sizes 2,3 $(if $(K),-k '$(K)')
 
 test-deps: ## install what the tests need (Debian packages as root, the Python venv); a no-op when present
 	@bash scripts/install-test-deps.sh
@@ -138,3 +142,18 @@ bench-fx: build lib ## gorun's passes vs Inductor's on the same traced SimpleFSD
 .PHONY: bench-torch-step
 bench-torch-step: build lib ## gorun.torch step on CPU, 2 and 4 ranks: ddp vs torch DDP, fsdp vs torch FSDP2 (gloo), paired rotated rounds, medians, peak gathered bytes, Perfetto trace
 	flock /tmp/gorun-bench.lock scripts/bench-torch-step.sh
+
+.PHONY: bench-fusion
+bench-fusion: build ## fusion on the fly, native: 64 x 1 KiB all-reduces (async, issued for one wait, one coalesced call) vs one 64 KiB, and a lone 8 B all-reduce, this checkout vs BEFORE (default main), medians, ratios
+	flock /tmp/gorun-bench.lock scripts/bench-fusion.sh
+
+# Supervision and verdicts: watchers killed together, no false verdicts under load.
+.PHONY: test-watchers
+test-watchers: ## gorun, supervisor and host agent SIGKILLed in every pair and triple (and pkill -f), locally and across namespace hosts (root), ranks that fork/setsid/clear env, 50 runs a row: survivors and leftover cgroups (~10 min)
+	@rm -f /tmp/gorun-watchers-table.txt
+	GORUN_WATCHERS_RUNS=$${GORUN_WATCHERS_RUNS:-50} GORUN_WATCHERS_TABLE=/tmp/gorun-watchers-table.txt $(GO) test -count=1 -timeout 60m -run TestKillWatchers ./tests/chaos; \
+		rc=$$?; cat /tmp/gorun-watchers-table.txt 2>/dev/null; rm -f /tmp/gorun-watchers-table.txt; exit $$rc
+
+.PHONY: soak-verdicts
+soak-verdicts: build lib ## no false frozen/lost verdict in 10 min at load >= 40 on 2 cores (40 CPU hogs, a memory churner): trainer 4-16 ranks, torch DDP, MPICH; SIGSTOP/SIGKILL probes named within 10 s / 2 s (SOAK_SECS to change)
+	flock /tmp/gorun-bench.lock bash scripts/soak-verdicts.sh

@@ -20,8 +20,12 @@ type call struct {
 	root       int // root, or peer for Send/Recv; -1 otherwise
 	send, recv []byte
 	counts     *vCounts // AllToAllV only
-	invalid    error    // set at issue: fails the communicator at its turn
-	issued     int64    // ticks()
+	// co holds the vectors of a coalesced all-reduce (send and recv are
+	// then nil, count their total); behind a pointer, which keeps the
+	// call object small.
+	co      *coalesced
+	invalid error // set at issue: fails the communicator at its turn
+	issued  int64 // ticks()
 
 	ctx  context.Context
 	hook *ctxHook // the cancellation hook of ctx, nil if ctx never ends
@@ -32,6 +36,21 @@ type call struct {
 	seq  uint64
 	page *handlePage
 	slot int
+}
+
+// coalesced is what a coalesced all-reduce adds to a call: its vectors,
+// how many of them have run (token holder), and its flight record once
+// it has started (it may run over several fused messages).
+type coalesced struct {
+	parts []part
+	done  int
+	slot  uint64
+}
+
+// part is one vector of a coalesced all-reduce.
+type part struct {
+	send, recv []byte
+	count      int
 }
 
 // vCounts are an AllToAllV's per-peer element counts. Behind a pointer: it
@@ -444,6 +463,54 @@ func (c *Comm) AllReduce(ctx context.Context, send, recv Buffer, op Op) Handle {
 	c.checkOp(cl, op)
 	if send != nil {
 		cl.count = send.Len()
+	}
+	return c.issue(ctx, cl)
+}
+
+// AllReduceCoalesced issues one all-reduce of several vectors: recvs[i] =
+// op over ranks of sends[i], for every i, with one Handle and one flight
+// record, as if each pair had been issued in turn (so sends[j] may be
+// recvs[i] for i < j, and then reads its result). Every buffer has one
+// dtype; each pair has one length. Its vectors travel fused (see Fusion in
+// the package comment) when they are small, with each other and with
+// all-reduces queued next to it; large ones run one after another. Every
+// rank must issue it with the same vectors' lengths, as one call.
+func (c *Comm) AllReduceCoalesced(ctx context.Context, sends, recvs []Buffer, op Op) Handle {
+	cl := c.newCall(KindAllReduce, -1)
+	c.checkOp(cl, op)
+	switch {
+	case len(sends) != len(recvs):
+		c.invalidf(cl, "%d send buffers and %d recv buffers", len(sends), len(recvs))
+	case len(sends) == 0:
+		c.invalidf(cl, "no buffers")
+	}
+	if cl.invalid == nil {
+		cl.co = &coalesced{parts: make([]part, len(sends))}
+		for i := range sends {
+			var err error
+			pt := &cl.co.parts[i]
+			if pt.send, err = hostBytes(sends[i], "send"); err != nil {
+				cl.invalid = fmt.Errorf("vector %d: %w", i, err)
+				break
+			}
+			if pt.recv, err = hostBytes(recvs[i], "recv"); err != nil {
+				cl.invalid = fmt.Errorf("vector %d: %w", i, err)
+				break
+			}
+			if i == 0 {
+				cl.dtype = sends[0].DType()
+			}
+			if sends[i].DType() != cl.dtype || recvs[i].DType() != cl.dtype {
+				c.invalidf(cl, "buffers %d are %v and %v, buffers 0 %v", i, sends[i].DType(), recvs[i].DType(), cl.dtype)
+				break
+			}
+			if sends[i].Len() != recvs[i].Len() {
+				c.invalidf(cl, "send %d has %d elements and recv %d has %d", i, sends[i].Len(), i, recvs[i].Len())
+				break
+			}
+			pt.count = sends[i].Len()
+			cl.count += pt.count
+		}
 	}
 	return c.issue(ctx, cl)
 }

@@ -132,6 +132,10 @@ type Comm struct {
 	// count: no locked add on the large-message path; a test reads it after
 	// waiting for the calls.
 	posts int64
+	// fusedRuns counts fused all-reduces that ran more than one call, and
+	// fuseShrunk those where the ranks agreed on fewer calls than this
+	// rank offered (fuse.go); like posts, for tests, read after waiting.
+	fusedRuns, fuseShrunk int64
 
 	// rec is the flight recorder; watchStop ends the stuck-call watchdog
 	// (closed by Close once the worker has exited); unserve withdraws this
@@ -168,6 +172,7 @@ type Comm struct {
 	}
 	rrFn  func(dst, src []byte)
 	slots [][]byte
+	fz    fusion // fused all-reduces and the calls held for them (fuse.go)
 	cseq  uint64 // collectives run so far (the flight recorder's Seq)
 }
 

@@ -27,8 +27,9 @@
 // # Ordering
 //
 // Every call returns a Handle at once. Calls on one Communicator run one at a
-// time in the order they were issued, so they complete in issue order on every
-// rank; the overlap runtime relies on this. A call runs on the communicator's
+// time in the order they were issued (small all-reduces queued together may
+// run as one; see Fusion), so they complete in issue order on every rank;
+// the overlap runtime relies on this. A call runs on the communicator's
 // worker goroutine, so it progresses while its issuer computes, or, when no
 // call is running, on the goroutine that waits for it (saving two goroutine
 // hand-offs on the latency path). Every rank of a group must issue the
@@ -38,6 +39,60 @@
 // mismatched frame is ever read into a buffer. A rank whose own part of the
 // call completed before a peer noticed (its result is then correct) gets the
 // error at its next call.
+//
+// # Fusion
+//
+// Small all-reduces queued on a communicator behind one another travel as
+// one message (fuse.go): an async loop of small all-reduces, or the calls
+// of a coalesced call issued back to back, cost one exchange of their
+// total size instead of one each. AllReduceCoalesced is such a call in
+// one: its vectors are the units of the message, with one Handle and one
+// flight record for the lot. The rule:
+//
+//   - When the goroutine running calls takes a fusable all-reduce (valid,
+//     each vector at most Config.FuseBytes and taking the latency path,
+//     recursive doubling, on its own), it also takes the calls queued
+//     right behind it while they are all-reduces of the same dtype and
+//     op, fusable, within FuseBytes together (and 128 vectors), and read
+//     no buffer an earlier one of them writes. That is its offer. It
+//     never waits for a call: a call alone is offered alone and starts at
+//     once, and its frames are exactly the unfused ones.
+//   - Any other call ends the offer and runs next, after it: nothing is
+//     reordered, and kinds, dtypes and ops never share a message.
+//   - The ranks' offers may differ, since what is queued when depends on
+//     timing. Every message of the recursive doubling carries how many
+//     vectors it holds (in the header's Root, and their counts, each
+//     marked where a call begins, before the data); a rank that receives
+//     m' vectors while holding m goes on with min(m, m'). After the last
+//     exchange every rank holds the same number of vectors, the least
+//     offer, reduced over all ranks (the proof is on fusedRD); what it
+//     offered beyond that runs next, as the lead of a new offer (a
+//     coalesced call cut short goes on with its remaining vectors). No
+//     rank ever waits for a call another has not issued.
+//
+// Proof obligations, and the tests that hold the code to them
+// (fuse_test.go): every rank runs the same calls in each fused message
+// whatever the interleaving, and gets bitwise what it gets unfused (every
+// element is combined in the same order; TestFusionMatchesUnfusedBitwise,
+// ranks issuing with random timing, at 2 to 6 ranks, over memory, shared
+// memory and TCP); a lone call is never held
+// (TestFusionNeverHoldsALoneCall, which would deadlock otherwise, and runs
+// a rank with fusion off beside ranks with it on); kinds, dtypes and ops
+// never mix and order is kept (TestFusionNeverMixes, and the flight
+// records of every test); a rank whose call differs inside a fused message
+// still gets a *DesyncError naming both calls, from the header (kind,
+// dtype, op, the first call's count) or the count list (any later call's
+// count, or where a call begins), before any data of the message reaches a
+// receive buffer (TestFusionDesync, TestAllReduceCoalescedDesync).
+// Each call keeps its own sequence number, flight record (FlightRecord.Fused
+// says how many ran together) and Handle, so the side-channel desync check
+// sees the same calls fused or not.
+//
+// Not fused: calls the cost model sends over the ring (on 3 ranks off a
+// crowded host that is every all-reduce above a few bytes, since recursive
+// doubling needs two extra messages there), all-reduces in deterministic
+// mode on more than two ranks, and other kinds. Measurements:
+// notes/fusion.md.
 //
 // # Desync, stalls and the flight recorder
 //

@@ -65,3 +65,7 @@ func SetCallerStepMinEager(n int) int { return int(callerStepMinEager.Swap(int64
 
 // SetHandsOffMin sets handsOffMin and returns the old value.
 func SetHandsOffMin(n int) int { return int(handsOffMin.Swap(int64(n))) }
+
+// FuseCounts is how many fused all-reduces of several calls c ran, and
+// how many of its offers the ranks cut short.
+func FuseCounts(c *Comm) (fused, shrunk int64) { return c.fusedRuns, c.fuseShrunk }

@@ -63,6 +63,9 @@ type FlightRecord struct {
 	Ended   time.Time `json:"ended,omitzero"`
 	State   CallState `json:"state"`
 	Err     string    `json:"err,omitempty"`
+	// Fused, when above 1, is how many calls (this one among them) ran
+	// as one fused message (see "Fusion" in the package comment).
+	Fused int `json:"fused,omitempty"`
 }
 
 // slot is a FlightRecord as the token holder writes it: times in ticks,
@@ -73,6 +76,7 @@ type slot struct {
 	op            Op
 	failed        bool
 	root          int32
+	fused         int32 // calls of the fused message it ran in; 0: alone
 	count         int64
 	seq           uint64
 	peerSeq       uint64 // Send/Recv only
@@ -125,6 +129,7 @@ func (r *recorder) start(cl *call, seq, peerSeq uint64, now int64) uint64 {
 		s.op = cl.op
 	}
 	s.failed = false
+	s.fused = 0
 	s.start = now
 	s.issued = cl.issued
 	if s.issued == 0 {
@@ -135,6 +140,19 @@ func (r *recorder) start(cl *call, seq, peerSeq uint64, now int64) uint64 {
 	}
 	r.n.Store(i + 1)
 	return i
+}
+
+// fused records that record i ran in a fused message of m calls. Token
+// holder only, before end.
+func (r *recorder) fused(i uint64, m int) {
+	if m < 2 {
+		return
+	}
+	if raceEnabled {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+	}
+	r.recs[i%uint64(len(r.recs))].fused = int32(m)
 }
 
 // end records how record i finished. Token holder only.
@@ -157,12 +175,12 @@ func (r *recorder) end(i uint64, err error, now int64) {
 // writer has not begun to reuse the slot meanwhile (see last).
 func (r *recorder) read(i uint64, c tickConv) FlightRecord {
 	s := &r.recs[i%uint64(len(r.recs))]
-	kind, dtype, op, root, count, seq, peerSeq := s.kind, s.dtype, s.op, s.root, s.count, s.seq, s.peerSeq
+	kind, dtype, op, root, count, seq, peerSeq, fused := s.kind, s.dtype, s.op, s.root, s.count, s.seq, s.peerSeq, s.fused
 	issued, start := s.issued, s.start
 	end := s.end.Load()
 	rec := FlightRecord{Call: CallInfo{Kind: kind, DType: dtype, Op: op, Count: int(count), Root: int(root), Seq: seq},
 		P2P: kind == KindSend || kind == KindRecv, PeerSeq: peerSeq,
-		Issued: c.time(issued), Started: c.time(start), State: StateRunning}
+		Issued: c.time(issued), Started: c.time(start), State: StateRunning, Fused: int(fused)}
 	if end > start {
 		rec.Ended, rec.State = c.time(end), StateDone
 		if s.failed {

@@ -59,7 +59,7 @@ type Header struct {
 	Kind  Kind
 	DType DType
 	Op    Op
-	Root  int32
+	Root  int32 // for an all-reduce: minus the calls the message carries (-1: one; see fuse.go)
 	Group GroupID
 	Seq   uint64
 	Count uint64

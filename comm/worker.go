@@ -82,31 +82,31 @@ func (c *Comm) drain(target uint64) (closed bool) {
 	}
 	c.waiterRuns = target != noTarget
 	for target == noTarget || c.completed.Load() <= target {
-		var cl *call
-		var ok bool
-		select {
-		case cl, ok = <-c.queue:
-		default:
-			ok = true
-		}
-		if !ok {
+		cl, end := c.take()
+		if end {
 			closed = true
 			break
 		}
 		if cl == nil {
 			break
 		}
-		seq := cl.seq // cl is recycled once executed
-		c.execute(cl)
-		if seq == target {
+		first, last, done := cl.seq, cl.seq, true // cl is recycled once executed
+		if c.fusable(cl) {
+			last, done = c.runFused(cl)
+		} else {
+			c.execute(cl)
+		}
+		if done && first <= target && target <= last {
 			break
 		}
 	}
+	held := c.heldCalls() > 0
 	c.running.Store(false)
-	if len(c.queue) > 0 || c.closing.Load() {
-		// Calls issued while we held the token, or a closed queue that
-		// only the worker may act on (it exits): the worker may have
-		// found the token taken and gone back to sleep.
+	if held || len(c.queue) > 0 || c.closing.Load() {
+		// Calls issued while we held the token (or taken from the queue
+		// and held, see fuse.go), or a closed queue that only the worker
+		// may act on (it exits): the worker may have found the token
+		// taken and gone back to sleep.
 		c.kick()
 	}
 	return closed
@@ -183,7 +183,17 @@ func (c *Comm) linkErr(p int, err error) error {
 func (c *Comm) run(cl *call) error {
 	switch cl.kind {
 	case KindAllReduce:
-		return c.allReduce(cl, cl.send, cl.recv)
+		if cl.co == nil {
+			return c.allReduce(cl, cl.send, cl.recv)
+		}
+		// A coalesced all-reduce that does not fuse: its vectors one
+		// after another.
+		for i := range cl.co.parts {
+			if err := c.allReduce(cl, cl.co.parts[i].send, cl.co.parts[i].recv); err != nil {
+				return err
+			}
+		}
+		return nil
 	case KindReduce:
 		return c.reduce(cl)
 	case KindAllGather:
@@ -221,9 +231,14 @@ func (c *Comm) scratch(i, n int) []byte {
 // large messages.) The worker never has more than a few messages per peer
 // in flight, far below the queue's capacity, so post never blocks.
 func (c *Comm) post(cl *call, p int, payload []byte) {
-	pe := c.peers[p]
 	h := c.headerTo(cl, p)
 	h.Aux = uint64(len(payload))
+	c.postHdr(p, h, payload)
+}
+
+// postHdr is post with the message's header given.
+func (c *Comm) postHdr(p int, h Header, payload []byte) {
+	pe := c.peers[p]
 	pe.sendq <- sendReq{h: h, payload: payload, seg: c.cfg.SegmentBytes}
 	pe.pending++
 	c.posts++
@@ -507,6 +522,9 @@ func (c *Comm) recvHeader(cl *call, p int, h *Header, total, remaining int) erro
 	}
 	want := c.expectFrom(cl, p)
 	theirs := CallInfo{Kind: h.Kind, DType: h.DType, Op: h.Op, Count: int(h.Count), Root: int(h.Root), Seq: h.Seq}
+	if h.Kind == KindAllReduce && h.Root < 0 {
+		theirs.Root = -1 // minus the calls of a fused message
+	}
 	if h.Kind != KindAllReduce && h.Kind != KindReduceScatter && h.Kind != KindReduce {
 		theirs.Op = 0
 	}
@@ -524,6 +542,11 @@ func (c *Comm) recvHeader(cl *call, p int, h *Header, total, remaining int) erro
 	switch {
 	case h.Group != want.Group:
 		return desync("frame of another group")
+	case h.Kind == KindAllReduce && h.Root < -1 && cl.kind == KindAllReduce:
+		// A fused message (fuse.go) where this rank runs the call alone:
+		// this rank does not take the call as fusable.
+		return desync(fmt.Sprintf("rank %d sent #%d-#%d fused into one message, which rank %d does not fuse (is Config.FuseBytes the same on every rank?)",
+			p, h.Seq, h.Seq+uint64(-h.Root-1), c.me))
 	case h.Kind != want.Kind || h.DType != want.DType || h.Op != want.Op || h.Root != want.Root || h.Count != want.Count || h.Seq != want.Seq:
 		return desync("")
 	case h.Aux != uint64(total):

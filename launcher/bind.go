@@ -130,7 +130,7 @@ func goMaxProcsEnv(env []string) []string {
 // the 2-core reference host, 4 torch ranks, all-reduce through the torch
 // backend, 3 interleaved rounds under a load average of 5-17: in their
 // own sessions 160 µs at 8 B and 0.53-0.84 of native `gorun bench` busbw
-// at 2-32 MiB; sharing the session 52 µs and 0.97-1.53
+// at 2-32 MiB; sharing the session, 52 µs and 0.97-1.53
 // (notes/torch-backend.md). So libgorun moves such a rank, leading its own
 // session on a crowded host, into one cpu cgroup with the job's other
 // ranks there (comm.JoinSchedGroup, where cgroup v1 and root allow it),

@@ -39,9 +39,9 @@ import (
 // lease), already reaps what it kills (it is a subreaper too), and a
 // further process would be one more thing to be killed. A client that is
 // itself SIGKILLed is covered by the supervisor, which then kills its
-// subtree and removes the cgroup on its way out (removeOwnCgroup); both
-// killed at once leaves the cgroup to the operator (`gorun doctor` says
-// where they live).
+// subtree and removes the cgroup on its way out (removeOwnCgroup). Both
+// killed at once are covered by the cgroup's reaper (reaper_linux.go), a
+// sleeping third watcher that ends the cgroup once neither is left.
 //
 // Which hierarchy: cgroup v2 where one is mounted writable (its
 // cgroup.kill kills every member in one kernel step), else cgroup v1's

@@ -24,6 +24,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/internal/consolelog"
+	"github.com/gorun-hpc/gorun/internal/liveness"
 	"github.com/gorun-hpc/gorun/netif"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
@@ -631,13 +632,22 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	})
 	check := time.NewTicker(lease / 8)
 	defer check.Stop()
+	// gorun is on another host: no process of its to read. What this
+	// agent knows is its own lateness: time it could not run (its check
+	// ticks came late) is not gorun's silence (internal/liveness,
+	// notes/verdicts.md).
+	stalls := liveness.StallMeter{Period: lease / 8, Slack: lease / 16}
+	stalls.Tick(time.Now())
 	var lost error
 	for lost == nil {
 		select {
 		case err := <-gone:
 			lost = fmt.Errorf("connection to gorun closed: %w", err)
 		case <-check.C:
-			if silent := time.Since(time.Unix(0, lastHeard.Load())); silent > lease {
+			now := time.Now()
+			stalls.Tick(now)
+			heard := time.Unix(0, lastHeard.Load())
+			if silent := now.Sub(heard); silent-stalls.Since(heard) > lease {
 				lost = fmt.Errorf("no word from gorun for %s (lease %s)", silent.Round(time.Millisecond), lease)
 			}
 		case ev, ok := <-doneEv:

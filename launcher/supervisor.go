@@ -22,6 +22,7 @@ import (
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/internal/collateral"
 	"github.com/gorun-hpc/gorun/internal/consolelog"
+	"github.com/gorun-hpc/gorun/internal/liveness"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
 
@@ -52,7 +53,8 @@ import (
 // misses processes that clear their environment. So the subreaper design is
 // the one that works everywhere, and a job cgroup is added where the host
 // allows it (cgroup_linux.go): it covers the supervisor's own SIGKILL, with
-// the supervisor's client as the survivor that triggers the kill. A host
+// the supervisor's client as the survivor that triggers the kill, and
+// the cgroup's reaper (reaper_linux.go) when both are killed at once. A host
 // agent (hostagent.go) runs the same supervisor on every other host of a
 // multi-host job.
 //
@@ -243,11 +245,18 @@ type supervisorEvent struct {
 // supervisor. Programs
 // that embed the launcher (cmd/gorun, test binaries) check it first thing in
 // main or TestMain and then call SupervisorMain.
-func IsSupervisor() bool { return os.Getenv(supervisorEnv) == supervisorProtocol }
+// A job reaper (reaper_linux.go) is dispatched the same way.
+func IsSupervisor() bool {
+	v := os.Getenv(supervisorEnv)
+	return v == supervisorProtocol || v == reaperProtocol
+}
 
 // SupervisorMain runs the supervisor on stdin/stdout and returns the process exit
 // code. Call it only when IsSupervisor is true.
 func SupervisorMain() int {
+	if os.Getenv(supervisorEnv) == reaperProtocol {
+		return reaperMain()
+	}
 	// Pdeathsig fires when the thread that forked the child exits, not the
 	// process. Locking main to its thread makes every rank's parent thread
 	// live exactly as long as the supervisor.
@@ -467,6 +476,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	// that hears nothing for its lease knows this process is stopped or
 	// hung, not merely quiet (supervisorClient.watchLease).
 	lastBeat := time.Now()
+	clientJudge := liveness.Judge{PID: os.Getppid(), Lease: spec.ClientLease, Recheck: spec.ClientLease / 4, Limit: starvedLimitX * spec.ClientLease}
 	for {
 		if a.running == 0 && a.finishStrays() {
 			// A rank killed between creating a shared-memory segment and
@@ -514,8 +524,15 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 			}
 		case <-tick.C:
 			if silent := time.Since(time.Unix(0, lastCmd.Load())); spec.ClientLease > 0 && !a.killing && silent > spec.ClientLease {
-				a.log.Warn().Dur("silent", silent).Msg("no word from the host agent past its lease; killing the job")
-				a.killAll()
+				// The agent is this process's parent, on this host: the
+				// kernel tells a stopped or hung one from a starved one
+				// (internal/liveness); a starved one's ping will come.
+				if v, why := clientJudge.Expired(silent); v != liveness.Wait {
+					a.log.Warn().Dur("silent", silent).Str("evidence", why).Msg("no word from the host agent past its lease; killing the job")
+					a.killAll()
+				}
+			} else {
+				clientJudge.Heard()
 			}
 			if now := time.Now(); now.Sub(lastBeat) >= beatEvery {
 				lastBeat = now

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/gorun-hpc/gorun/internal/liveness"
 )
 
 // The client side of the per-job supervisor (supervisor.go), shared by the
@@ -44,12 +46,20 @@ type supervisorClient struct {
 	// where this host offers none, and cgWhy then says why.
 	cg    *jobCgroup
 	cgWhy error
+	// reaper ends the cgroup should this client and the supervisor
+	// die together (reaper_linux.go); nil without a cgroup, and
+	// reaperWhy then says why there is none despite one.
+	reaper    *reaperClient
+	reaperWhy error
 
 	// lastHeard is when the event reader last read a line (UnixNano);
 	// delivering is set while it hands an event on, which a slow reader
 	// may hold up: neither counts as the supervisor's silence.
 	lastHeard  atomic.Int64
 	delivering atomic.Bool
+	// sample, when set, replaces the kernel as watchLease's evidence
+	// (tests).
+	sample liveness.Sampler
 }
 
 // errSupervisorClosed is send's answer after closeCommands.
@@ -111,6 +121,8 @@ func startSupervisor(path string, extra []*os.File, stderr io.Writer, jobID stri
 			dir := s.cg.dir
 			_, _ = s.cg.remove()
 			s.cg, s.cgWhy = nil, fmt.Errorf("moving the supervisor into %s: %w", dir, err)
+		} else {
+			s.reaper, s.reaperWhy = startReaper(path, s.cg, cmd.Process.Pid, stderr)
 		}
 	}
 	return s, nil
@@ -136,6 +148,8 @@ func (s *supervisorClient) releaseCgroup() (int, error) {
 	}
 	killed, err := s.cg.remove()
 	s.cg = nil
+	s.reaper.done()
+	s.reaper = nil
 	n := 0
 	for _, p := range killed {
 		if p != s.cmd.Process.Pid {
@@ -147,17 +161,22 @@ func (s *supervisorClient) releaseCgroup() (int, error) {
 }
 
 // watchLease SIGKILLs the supervisor once it has been silent — no event,
-// not even its beat — for longer than lease, after storing how long it was
-// silent in *silent; it stores nothing when done closes first. The store
-// comes before the kill: the kill ends the event pipe, and whoever reads
-// *silent after seeing that end must find it set. A supervisor that is
-// stopped (SIGSTOP, a debugger) or hung would otherwise keep its ranks
-// running and gorun waiting, deaf to the commands a second Ctrl-C sends:
-// SIGKILL ends even a stopped process, its ranks follow (Pdeathsig), and
-// its event pipe closes, which is how the client learns the end.
+// not even its beat — for longer than lease and the kernel says it is
+// stopped or neither ran nor waited to (internal/liveness: a supervisor
+// starved of CPU on a loaded host is silent too, and alive), after storing
+// how long it was silent in *silent; it stores nothing when done closes
+// first. A supervisor that runs but stays silent for lease×starvedLimitX
+// is killed as hung. The store comes before the kill: the kill ends the
+// event pipe, and whoever reads *silent after seeing that end must find
+// it set. A supervisor that is stopped (SIGSTOP, a debugger) or hung
+// would otherwise keep its ranks running and gorun waiting, deaf to the
+// commands a second Ctrl-C sends: SIGKILL ends even a stopped process, its
+// ranks follow (Pdeathsig), and its event pipe closes, which is how the
+// client learns the end.
 func (s *supervisorClient) watchLease(lease time.Duration, done <-chan struct{}, silent *atomic.Int64) {
 	t := time.NewTicker(lease / 8)
 	defer t.Stop()
+	judge := liveness.Judge{PID: s.cmd.Process.Pid, Sample: s.sample, Lease: lease, Recheck: lease / 4, Limit: starvedLimitX * lease}
 	for {
 		select {
 		case <-done:
@@ -168,13 +187,27 @@ func (s *supervisorClient) watchLease(lease time.Duration, done <-chan struct{},
 			s.lastHeard.Store(time.Now().UnixNano())
 			continue
 		}
-		if d := time.Since(time.Unix(0, s.lastHeard.Load())); d > lease {
-			silent.Store(int64(d))
-			_ = s.cmd.Process.Kill()
-			return
+		d := time.Since(time.Unix(0, s.lastHeard.Load()))
+		if d <= lease {
+			judge.Heard()
+			continue
 		}
+		switch v, _ := judge.Expired(d); v {
+		case liveness.Wait:
+			continue // starved, not stopped: its beat will come
+		case liveness.Gone:
+			return // exited: its event pipe ends, which says so
+		}
+		silent.Store(int64(d))
+		_ = s.cmd.Process.Kill()
+		return
 	}
 }
+
+// starvedLimitX is how many leases a process may stay silent while the
+// kernel shows it alive before it is judged hung anyway: 15, a minute at
+// the default 4 s lease (as rendezvous.Config.StarvedLimit).
+const starvedLimitX = 15
 
 // send writes one protocol message (the spec, then commands) as a JSON
 // line. It blocks only while the pipe is full, which the supervisor's

@@ -209,6 +209,18 @@ int gorun_wait(gorun_request_t req, int64_t timeout_ms);
  * its buffers must stay valid until then. */
 int gorun_request_free(gorun_request_t req);
 
+/* ---- fusion: coalesced all-reduce ------------------------------------------
+ * recvs[i] = op over ranks of sends[i] (counts[i] elements of dtype each),
+ * for i in 0..n-1, as one call: one request, one flight record, as if the
+ * n all-reduces were issued in turn. Small vectors travel fused in one
+ * message (with each other and with all-reduces queued next to the call),
+ * large ones one after another. The arrays are read during the call only;
+ * the buffers must stay valid until it completes. Every rank passes the
+ * same n and counts. Small all-reduces issued one by one (req != NULL,
+ * back to back) are fused as well while earlier ones run. */
+int gorun_allreduce_coalesced(gorun_comm_t comm, void *const *sends, void *const *recvs,
+                              const size_t *counts, int n, int dtype, int op, gorun_request_t *req);
+
 #endif /* GORUN_NO_PROTOTYPES */
 
 /* ---- errors (defined in C, always declared) ------------------------------- */

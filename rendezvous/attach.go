@@ -1,6 +1,7 @@
 package rendezvous
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/hkdf"
@@ -17,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/gorun-hpc/gorun/internal/liveness"
 )
 
 // Host leaders (Config.LocalWorldSize > 1): local rank 0 of every host is the
@@ -312,22 +315,142 @@ func (l *link) writer() {
 	}
 }
 
-// readLeased reads the next frame, waiting at most lease for it: the
-// other end beats every AttachBeat, so a silence this long means it is
-// frozen (SIGSTOP, a debugger) or unresponsive, and isSilence(err) says
-// so. Beats are consumed here.
-func readLeased(c net.Conn, lease time.Duration) (byte, []byte, error) {
+// leasedReader reads an attach stream's frames under its lease. The
+// other end beats every AttachBeat, so a silence of AttachLease means it
+// is frozen (SIGSTOP, a debugger), unresponsive, or starved of CPU on a
+// loaded host: which one, the judge (internal/liveness) asks the kernel
+// about the peer's process (the stream is a Unix socket, whose peer pid
+// the kernel recorded): a stopped process is named at once, one that ran
+// or waits for the CPU is given another AttachLease/4, up to
+// StarvedLimit; without evidence the lease alone decides, as before
+// (notes/verdicts.md). Bytes read but not yet a whole frame are kept,
+// so a judged pause in the middle of a frame loses nothing. Beats are
+// consumed here. One goroutine reads.
+type leasedReader struct {
+	c     net.Conn
+	lease time.Duration
+	judge liveness.Judge
+	buf   []byte // read, not yet returned: the start of a frame
+	chunk []byte
+	heard time.Time // the last byte read
+	// starved is set while the peer is judged starved (logged once a
+	// silence).
+	starved bool
+	log     func(silent time.Duration, why string)
+	// closing is closed when this end shuts down: a deadline then ends
+	// the read at once (the closer set it to bound the wait), judged
+	// as before by the lease alone.
+	closing <-chan struct{}
+}
+
+// claimed is the pid the peer said it has (its hello), used only where
+// the stream carries no credentials and a test's fake evidence stands in
+// for the kernel (Config.procSample).
+func newLeasedReader(c net.Conn, cfg *Config, closing <-chan struct{}, claimed int) *leasedReader {
+	r := &leasedReader{c: c, lease: cfg.AttachLease, heard: time.Now(), chunk: make([]byte, 32<<10), closing: closing}
+	r.judge = liveness.Judge{Sample: cfg.procSample, Lease: cfg.AttachLease,
+		Recheck: max(cfg.AttachLease/4, cfg.AttachBeat), Limit: cfg.StarvedLimit}
+	if _, pid, ok := peerCred(c); ok {
+		r.judge.PID = pid
+	} else if cfg.procSample != nil {
+		r.judge.PID = claimed
+	}
+	return r
+}
+
+// next returns the next frame that is not a beat; a silence the judge
+// holds against the peer ends it with a *SilenceError (isSilence).
+func (r *leasedReader) next() (byte, []byte, error) {
+	deadline := r.heard.Add(r.lease)
 	for {
-		_ = c.SetReadDeadline(time.Now().Add(lease))
-		typ, body, err := readFrame(c)
-		if err != nil || typ != frameBeat {
-			return typ, body, err
+		if typ, body, ok, err := r.frame(); err != nil {
+			return 0, nil, err
+		} else if ok && typ != frameBeat {
+			return typ, body, nil
+		} else if ok {
+			continue
 		}
+		_ = r.c.SetReadDeadline(deadline)
+		n, err := r.c.Read(r.chunk)
+		if n > 0 {
+			r.buf = append(r.buf, r.chunk[:n]...)
+			r.heard, r.starved = time.Now(), false
+			r.judge.Heard()
+			deadline = r.heard.Add(r.lease)
+		}
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return 0, nil, err
+		}
+		silent := time.Since(r.heard)
+		select {
+		case <-r.closing:
+			return 0, nil, err
+		default:
+		}
+		if silent < r.lease {
+			// The deadline was a recheck's or set before the last
+			// bytes: the lease itself has not run out.
+			deadline = r.heard.Add(r.lease)
+			continue
+		}
+		v, why := r.judge.Expired(silent)
+		if v != liveness.Wait {
+			return 0, nil, &SilenceError{Verdict: v, Why: why, Silent: silent}
+		}
+		if !r.starved && r.log != nil {
+			r.log(silent, why)
+		}
+		r.starved = true
+		deadline = time.Now().Add(r.judge.Recheck)
 	}
 }
 
-// isSilence reports whether a read failed because the lease ran out.
-func isSilence(err error) bool { return errors.Is(err, os.ErrDeadlineExceeded) }
+// frame takes one whole frame off buf, if there is one.
+func (r *leasedReader) frame() (typ byte, body []byte, ok bool, err error) {
+	if len(r.buf) < 4 {
+		return 0, nil, false, nil
+	}
+	n := binary.BigEndian.Uint32(r.buf[:4])
+	if n == 0 || n > maxFrame {
+		return 0, nil, false, fmt.Errorf("rendezvous: attach frame of %d bytes", n)
+	}
+	if uint32(len(r.buf)-4) < n {
+		return 0, nil, false, nil
+	}
+	f := bytes.Clone(r.buf[4 : 4+n])
+	r.buf = r.buf[4+n:]
+	if len(r.buf) == 0 {
+		r.buf = r.buf[:0:0] // let a large frame's array go
+	}
+	return f[0], f[1:], true, nil
+}
+
+// SilenceError ends an attach stream whose peer the judge found frozen,
+// gone or unresponsive after its lease (internal/liveness).
+type SilenceError struct {
+	Verdict liveness.Verdict
+	Why     string
+	Silent  time.Duration
+}
+
+func (e *SilenceError) Error() string {
+	return fmt.Sprintf("rendezvous: attach stream silent for %s: %s", e.Silent.Round(time.Millisecond), e.Why)
+}
+
+// isSilence reports whether a read ended because the peer was judged
+// after its lease.
+// A deadline that ended a read while this end shut down counts too, as
+// the lease's did before there was a judge.
+func isSilence(err error) bool {
+	var se *SilenceError
+	if errors.As(err, &se) {
+		return se.Verdict != liveness.Gone
+	}
+	return errors.Is(err, os.ErrDeadlineExceeded)
+}
 
 // shut stops accepting frames; the writer flushes what is queued (within
 // timeout) and half-closes the connection.

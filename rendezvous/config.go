@@ -9,6 +9,8 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/internal/liveness"
 )
 
 // Config says who this rank is and how the world is formed. Build it with
@@ -196,6 +198,19 @@ type Config struct {
 	// the freeze detection time; GORUN_RDZV_LEASE overrides it.
 	AttachBeat  time.Duration
 	AttachLease time.Duration
+	// StarvedLimit is how long a peer on this host may stay silent on its
+	// attach stream while the kernel shows its process alive (running,
+	// waiting for the CPU or the disk, or having run since the last
+	// look): past AttachLease such a peer is starved, not frozen, and is
+	// judged again every AttachLease/4 (internal/liveness,
+	// notes/verdicts.md). Past StarvedLimit it is lost as unresponsive
+	// whatever the kernel says. A stopped peer is named at AttachLease,
+	// a dead one at its stream's end. 0: no limit.
+	StarvedLimit time.Duration
+
+	// procSample, when set, replaces the kernel as the attach streams'
+	// judge's evidence (internal/liveness): tests fake a peer's process.
+	procSample liveness.Sampler
 
 	// Transport replaces memberlist's UDP/TCP transport; tests use the
 	// in-memory network of package rendezvoustest. When set, the transport
@@ -277,6 +292,10 @@ func DefaultConfig() Config {
 		// about 4 s, well within the promised 10 s.
 		AttachBeat:  250 * time.Millisecond,
 		AttachLease: 4 * time.Second,
+		// A minute: starvation on a machine loaded 20-50 times over its
+		// cores silences a healthy rank for seconds, not a minute; a
+		// process that runs but says nothing for a minute is broken.
+		StarvedLimit: time.Minute,
 	}
 }
 
@@ -357,6 +376,9 @@ func (c *Config) Validate() error {
 		// The World's own attempts to reach a member declared dead need
 		// some of the lease (doubt.go).
 		return bad("GossipLease", "%v not above SuspicionTimeout %v", c.GossipLease, c.SuspicionTimeout)
+	}
+	if c.StarvedLimit != 0 && c.StarvedLimit < c.AttachLease {
+		return bad("StarvedLimit", "%v is below AttachLease %v (0 for no limit)", c.StarvedLimit, c.AttachLease)
 	}
 	if c.AttachLease < 2*c.AttachBeat {
 		// One late beat must not end a healthy rank.

@@ -240,6 +240,9 @@ func configFromEnv(look func(string) (string, bool)) (Config, error) {
 		// suspicion takes at most half of it (Config.GossipLease).
 		c.AttachBeat = min(c.AttachBeat, d/16)
 		c.SuspicionTimeout = min(c.SuspicionTimeout, d/2)
+		if c.StarvedLimit != 0 {
+			c.StarvedLimit = max(c.StarvedLimit, d)
+		}
 	}
 	return c, c.Validate()
 }

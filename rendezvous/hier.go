@@ -218,12 +218,17 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 	// killed), or silence past the lease (it is stopped or cannot run, and
 	// its socket stays open: only the missing beats tell).
 	bye, cause := false, causeClosed
+	lr := newLeasedReader(c, &w.cfg, w.closedCh, m.PID)
+	lr.log = func(silent time.Duration, why string) {
+		w.log.Info().Int("rank", m.Rank).Int("pid", m.PID).Dur("silent", silent).Str("evidence", why).
+			Msg("rendezvous: attached rank silent past its lease but alive: starved, not frozen; waiting")
+	}
 	for !bye {
-		typ, body, err := readLeased(c, w.cfg.AttachLease)
+		typ, body, err := lr.next()
 		if err != nil {
 			if isSilence(err) {
 				cause = causeSilent
-				w.log.Warn().Int("rank", m.Rank).Int("pid", m.PID).Dur("lease", w.cfg.AttachLease).
+				w.log.Warn().Int("rank", m.Rank).Int("pid", m.PID).Dur("lease", w.cfg.AttachLease).Err(err).
 					Msg("rendezvous: attached rank silent past its lease: declared lost (frozen or unresponsive)")
 			}
 			break
@@ -668,9 +673,16 @@ func (w *World) attachError(ctxErr, last error) error {
 func (w *World) readLeader() {
 	c := w.up.conn
 	bye, silent := false, false
+	lr := newLeasedReader(c, &w.cfg, w.closedCh, 0)
+	var silenceErr error
+	lr.log = func(silent time.Duration, why string) {
+		w.log.Info().Dur("silent", silent).Str("evidence", why).
+			Msg("rendezvous: host leader silent past its lease but alive: starved, not frozen; waiting")
+	}
 	for {
-		typ, body, err := readLeased(c, w.cfg.AttachLease)
+		typ, body, err := lr.next()
 		if err != nil {
+			silenceErr = err
 			// Silence past the lease: the leader is stopped or cannot
 			// run, and its socket stays open; without the lease this
 			// rank would wait on it for ever.
@@ -748,7 +760,7 @@ func (w *World) readLeader() {
 		return
 	}
 	if silent {
-		w.log.Warn().Int("leader", w.members[w.cfg.Rank].leader).Dur("lease", w.cfg.AttachLease).
+		w.log.Warn().Int("leader", w.members[w.cfg.Rank].leader).Dur("lease", w.cfg.AttachLease).Err(silenceErr).
 			Msg("rendezvous: host leader silent past its lease: declared lost (frozen or unresponsive)")
 	}
 	if !w.formed && silent && w.leaderRank >= 0 {

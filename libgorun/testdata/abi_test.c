@@ -230,6 +230,37 @@ static void check_bad_arguments(gorun_comm_t w) {
     CHECK(gorun_allreduce(w, x, x, 4, GORUN_FLOAT32, GORUN_SUM, NULL));
 }
 
+/* gorun_allreduce_coalesced: vectors of several sizes (one too large to
+ * fuse), blocking and async, then bad arguments. */
+static void check_coalesced(gorun_comm_t w) {
+    enum { K = 5 };
+    static float bufs[K][20000];
+    size_t counts[K] = {1, 300, 64, 20000, 7};
+    void *ptrs[K];
+    for (int round = 0; round < 2; round++) {
+        for (int k = 0; k < K; k++) {
+            ptrs[k] = bufs[k];
+            for (size_t i = 0; i < counts[k]; i++) bufs[k][i] = (float)(rank + 1) * (float)(k + i % 5 + round);
+        }
+        gorun_request_t req;
+        CHECK(gorun_allreduce_coalesced(w, ptrs, ptrs, counts, K, GORUN_FLOAT32, GORUN_SUM, round ? &req : NULL));
+        if (round) {
+            CHECK(gorun_wait(req, -1));
+            CHECK(gorun_request_free(req));
+        }
+        for (int k = 0; k < K; k++)
+            for (size_t i = 0; i < counts[k]; i++) {
+                float want = (float)(size * (size + 1) / 2) * (float)(k + i % 5 + round);
+                EXPECT(bufs[k][i] == want, "coalesced vector %d [%zu] = %g, want %g", k, i, bufs[k][i], want);
+            }
+    }
+    int rc = gorun_allreduce_coalesced(w, ptrs, ptrs, counts, 0, GORUN_FLOAT32, GORUN_SUM, NULL);
+    EXPECT(rc == GORUN_ERR_INVALID && strstr(gorun_last_error(), "n is 0"), "n = 0: %s", gorun_last_error());
+    ptrs[2] = NULL;
+    rc = gorun_allreduce_coalesced(w, ptrs, ptrs, counts, K, GORUN_FLOAT32, GORUN_SUM, NULL);
+    EXPECT(rc == GORUN_ERR_INVALID && strstr(gorun_last_error(), "sends[2]"), "NULL vector: %s", gorun_last_error());
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "all";
     /* gorun stops the other ranks with SIGTERM once one fails; the failure
@@ -244,6 +275,7 @@ int main(int argc, char **argv) {
         check_collectives(w);
         check_async(w);
         check_groups(w);
+        check_coalesced(w);
         check_bad_arguments(w);
     } else if (strcmp(mode, "kill") == 0) {
         float x[256] = {0};

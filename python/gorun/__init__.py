@@ -2,10 +2,11 @@
 collective runtime (libgorun, loaded with ctypes; no C++ extension).
 
     import gorun                      # registers the backend
-    dist.init_process_group("gorun")  # env:// (gorun, torchrun) or a store
+    dist.init_process_group("gorun")  # env://, tcp://, file://; or "cpu:gorun,cuda:nccl"
 
-Run the program under gorun (``gorun -np 4 /usr/bin/python3 train.py``) with
-the python3 that has torch. See python/README.md for what is supported.
+Run the program under gorun (``gorun -np 4 python train.py``), torchrun or
+mp.spawn, with a Python that has torch 2.x. See python/README.md for what is
+supported.
 """
 
 from ._lib import GorunError, GorunTimeout, library_path

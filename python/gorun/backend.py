@@ -91,6 +91,10 @@ _world = None  # world communicator handle
 _world_config = None  # the options part of gorun_init's config (options.config(timeout))
 _world_timeout_ms = 0  # the world's timeout (0: none): subgroups with another enforce theirs
 _world_members = None  # the global ranks of gorun's world when it is not all of torch's
+# How many gorun worlds this process has begun: the store keys of each are
+# its own, since a store may outlive a world (destroy_process_group, then
+# init_process_group again on the same MASTER_PORT).
+_world_count = 0
 
 
 def _env_identity():
@@ -110,11 +114,12 @@ def _agree(store, key, mine, size):
     """Whether mine (a bool) holds on every one of the size ranks that call
     this with the same store and key: one counter of dissenters and one of
     arrivals, so each rank makes O(1) store calls."""
-    store.add("gorun/%s/no" % key, 0 if mine else 1)
-    if store.add("gorun/%s/arrived" % key, 1) == size:
-        store.set("gorun/%s/done" % key, "1")
-    store.wait(["gorun/%s/done" % key])
-    return store.add("gorun/%s/no" % key, 0) == 0
+    key = "gorun/%d/%s" % (_world_count, key)
+    store.add(key + "/no", 0 if mine else 1)
+    if store.add(key + "/arrived", 1) == size:
+        store.set(key + "/done", "1")
+    store.wait([key + "/done"])
+    return store.add(key + "/no", 0) == 0
 
 
 def _identity_env(store, rank, size):
@@ -149,10 +154,11 @@ def _identity_env(store, rank, size):
         local, nlocal = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     else:
         host = os.environ.get("GORUN_HOST") or socket.gethostname()
-        store.set("gorun/host/%d" % rank, host)
-        hosts = [store.get("gorun/host/%d" % r).decode() for r in range(size)]
+        store.set("gorun/%d/host/%d" % (_world_count, rank), host)
+        hosts = [store.get("gorun/%d/host/%d" % (_world_count, r)).decode() for r in range(size)]
         mates = [r for r in range(size) if hosts[r] == host]
         local, nlocal = mates.index(rank), len(mates)
+    w = "gorun/%d/" % _world_count
     if rank == 0:
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -161,13 +167,13 @@ def _identity_env(store, rank, size):
             port = s.getsockname()[1]
         finally:
             s.close()
-        store.set("gorun/rdzv", "%s:%d" % (host, port))
-        store.set("gorun/secret", secrets.token_hex(32))
-        store.set("gorun/job", "torch-" + secrets.token_hex(8))
+        store.set(w + "rdzv", "%s:%d" % (host, port))
+        store.set(w + "secret", secrets.token_hex(32))
+        store.set(w + "job", "torch-" + secrets.token_hex(8))
     return (" env.GORUN_RDZV_ENDPOINT=%s env.GORUN_SECRET=%s env.GORUN_JOB_ID=%s env.GORUN_RANK=%d "
             "env.GORUN_WORLD_SIZE=%d env.GORUN_LOCAL_RANK=%d env.GORUN_LOCAL_WORLD_SIZE=%d" % (
-                store.get("gorun/rdzv").decode(), store.get("gorun/secret").decode(),
-                store.get("gorun/job").decode(), rank, size, local, nlocal))
+                store.get(w + "rdzv").decode(), store.get(w + "secret").decode(),
+                store.get(w + "job").decode(), rank, size, local, nlocal))
 
 
 def _timeout_ms(timeout):
@@ -183,7 +189,7 @@ def _init_world(store, rank, size, options, timeout, members=None):
     members run this), those global ranks alone, as a world of their own
     bootstrapped through the group's store. One world per process at a
     time: destroy_process_group (or finalize()) ends it."""
-    global _world, _world_config, _world_members, _world_timeout_ms
+    global _world, _world_config, _world_members, _world_timeout_ms, _world_count
     with _world_lock:
         cfg = options.config(timeout)
         if _world is not None:
@@ -195,6 +201,7 @@ def _init_world(store, rank, size, options, timeout, members=None):
         _lib.check(l.gorun_init((cfg + extra).encode(), ctypes.byref(h)), "gorun_init")
         _world, _world_config, _world_members = h.value, cfg, members
         _world_timeout_ms = _timeout_ms(timeout)
+        _world_count += 1
         return _world
 
 
@@ -519,8 +526,8 @@ def _check(t, what, name="tensor"):
     if not isinstance(t, torch.Tensor):
         raise TypeError("gorun %s: %s is a %s, not a tensor" % (what, name, type(t).__name__))
     if t.device.type != "cpu":
-        raise ValueError("gorun %s: %s is on %s; the gorun backend moves CPU tensors "
-                         "(use nccl for CUDA tensors)" % (what, name, t.device))
+        raise ValueError("gorun %s: %s is on %s; the gorun backend moves CPU tensors (for CUDA tensors "
+                         "init_process_group(\"cpu:gorun,cuda:nccl\") gives them to NCCL)" % (what, name, t.device))
     if t.layout != torch.strided:
         raise ValueError("gorun %s: %s has layout %s; only dense tensors are supported" % (what, name, t.layout))
     if not t.is_contiguous():
@@ -529,6 +536,19 @@ def _check(t, what, name="tensor"):
 
 
 _STRIDED = torch.strided
+
+
+def _bytes(t):
+    """t, or for a dtype the library cannot reduce but any call that only
+    moves data can carry (int8, int16, complex, float8, ...), t's bytes: a
+    uint8 view of the same memory, rows kept (the last dimension scaled)."""
+    if isinstance(t, torch.Tensor) and t.dtype not in _DTYPES and t.is_cpu and t.layout is _STRIDED \
+            and t.is_contiguous():
+        try:
+            return (t if t.dim() else t.reshape(1)).view(torch.uint8)
+        except RuntimeError:
+            return t
+    return t
 
 
 def _one(tensors, what, name="tensors"):
@@ -774,12 +794,12 @@ class _Gorun:
         return w
 
     # -- coalescing (torch's _coalescing_manager with a device) --
-    def start_coalescing(self):
+    def start_coalescing(self, device=None):
         if self._coalescing is not None:
             raise RuntimeError("gorun start_coalescing: already coalescing on this group")
         self._coalescing = []
 
-    def end_coalescing(self):
+    def end_coalescing(self, device=None):
         """One Work for every call issued since start_coalescing: they went
         to the library back to back as they came, asynchronously."""
         if self._coalescing is None:
@@ -797,7 +817,7 @@ class _Gorun:
         # default op is one object, compared by identity. Anything unusual
         # takes the general path below, which checks and raises.
         f = sys._getframe(1)
-        if f.f_code is _ALL_REDUCE_CODE and len(tensors) == 1:
+        if f.f_code is _ALL_REDUCE_CODE and len(tensors) == 1 and not self._wait_ms:
             loc = f.f_locals
             if loc.get("async_op") is False:
                 t = tensors[0]
@@ -834,14 +854,15 @@ class _Gorun:
 
     def broadcast(self, tensors, opts=None):
         what = "broadcast"
-        t = _one(tensors, what)
+        orig = _one(tensors, what)
+        t = _bytes(orig)
         dt = _check(t, what)
         root = opts.rootRank if opts is not None else 0
         if opts is not None and opts.rootTensor != 0:
             raise ValueError("gorun %s: rootTensor %d; one tensor per process" % (what, opts.rootTensor))
         self._root(root, what)
         return self._issue(what, lambda l, r: l.gorun_broadcast(self._h, _ptr(t), _ptr(t), t.numel(), dt, root, r),
-                           [t], [t])
+                           [t], [orig])
 
     def reduce(self, tensors, opts=None):
         what = "reduce"
@@ -883,17 +904,19 @@ class _Gorun:
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         what = "allgather"
-        inp = _one(input_tensors, what, "input_tensors")
-        outs = _one(output_tensors, what, "output_tensors")
+        inp = _bytes(_one(input_tensors, what, "input_tensors"))
+        orig = _one(output_tensors, what, "output_tensors")
+        outs = [_bytes(o) for o in orig]
         dt = _check(inp, what, "input")
         flat, post, ptr = self._gather_out(outs, inp, what)
         k = inp.numel()
         return self._issue(what, lambda l, r: l.gorun_allgather(self._h, _ptr(inp), ctypes.c_void_p(ptr) if k else None,
                                                                 k, dt, r),
-                           [inp, flat] + list(outs), [outs], post)
+                           [inp, flat] + list(outs), [orig], post)
 
     def all_gather_single(self, output, input, opts=None):
         what = "all_gather_into_tensor"
+        orig, input, output = output, _bytes(input), _bytes(output)
         dt = _check(input, what, "input")
         _check(output, what, "output")
         _same(input, output, what, "input", "output")
@@ -902,7 +925,7 @@ class _Gorun:
                              % (what, output.numel(), input.numel() * self.size(), input.numel(), self.size()))
         return self._issue(what, lambda l, r: l.gorun_allgather(self._h, _ptr(input), _ptr(output), input.numel(),
                                                                 dt, r),
-                           [input, output], [output])
+                           [input, output], [orig])
 
     _allgather_base = all_gather_single  # older torch's name
 
@@ -1060,6 +1083,7 @@ class _Gorun:
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         what = "all_to_all_single"
+        orig, input, output = output, _bytes(input), _bytes(output)
         dt = _check(input, what, "input")
         _check(output, what, "output")
         _same(input, output, what, "input", "output")
@@ -1086,10 +1110,10 @@ class _Gorun:
                 raise ValueError("gorun %s: input has %d elements but output %d" % (what, input.numel(), output.numel()))
             return self._issue(what, lambda l, r: l.gorun_alltoall(self._h, _ptr(input), _ptr(output), input.numel(),
                                                                    dt, r),
-                               [input, output], [output])
+                               [input, output], [orig])
         sca, rca = (ctypes.c_size_t * n)(*sc), (ctypes.c_size_t * n)(*rcs)
         return self._issue(what, lambda l, r: l.gorun_alltoallv(self._h, _ptr(input), sca, _ptr(output), rca, dt, r),
-                           [input, output, sca, rca], [output])
+                           [input, output, sca, rca], [orig])
 
     alltoall_base = all_to_all_single  # older torch's name
 
@@ -1130,7 +1154,7 @@ class _Gorun:
         wait for each other (a ring of isend + irecv on every rank would
         deadlock in one queue once messages outgrow the transport's
         buffers). Sends from one rank to another stay in order."""
-        t = _one(tensors, what)
+        t = _bytes(_one(tensors, what))
         dt = _check(t, what)
         if not 0 <= peer < self.size() or peer == self.rank():
             raise ValueError("gorun %s: peer %d (this is rank %d of %d)" % (what, peer, self.rank(), self.size()))
@@ -1182,7 +1206,7 @@ class ProcessGroupGorun(_Gorun, ProcessGroup):
     def __init__(self, handle, rank, size, ranks, timeout, store=None, wait_ms=0, world=False):
         ProcessGroup.__init__(self, rank, size)
         self._setup(handle, ranks, timeout, store, wait_ms, world)
-        self._backend = GorunBackend(handle, rank, size, ranks, timeout, store, wait_ms, world, owner=self)
+        self._backend = GorunBackend(handle, rank, size, ranks, timeout, None, wait_ms, world, owner=self)
         self._register_backend(torch.device("cpu"), ProcessGroup.BackendType.CUSTOM, self._backend)
         self._set_default_backend(ProcessGroup.BackendType.CUSTOM)
 

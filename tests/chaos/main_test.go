@@ -26,6 +26,7 @@ const numHosts = 3
 
 func TestMain(m *testing.M) {
 	maybeRank()
+	maybeSpawner()
 	launchertest.FastRaceExit()
 	os.Exit(run(m))
 }
