@@ -62,6 +62,7 @@ class DistributedModel(nn.Module):
         self._micro_done = 0  # micro-batches run (forward with gradients) this step
         self._micro_grads = {}  # member -> its scaled gradient per micro-batch of this step
         self._kept = {}  # gradients of members no rank used this step, as they were before it
+        self._flag_unused = True  # exchange used-flags this step (see _unused_everywhere)
         self._trace = trace
         self._refresh = max(int(refresh_every or 0), 0)
         self._bucket_view = bucket_view
@@ -160,14 +161,23 @@ class DistributedModel(nn.Module):
     def _unused_everywhere(self, members):
         """The members no rank produced a gradient for this step (DDP's
         globally unused parameters): one small all-reduce of flags, which
-        every rank issues whatever it saw."""
+        every rank issues whatever it saw. It runs on measured and refresh
+        steps, and on every step after one where some rank left a member
+        unused; a model whose every parameter got a gradient on every rank
+        skips it until the next refresh (the same decision on every rank:
+        the flags are reduced)."""
         if not members:
             return set()
         if self.world_size == 1:
             return {m.name for m in members if m.name not in self._grad_t}
+        refresh = self._exec is None or (self._refresh and self._step % self._refresh == self._refresh - 1)
+        if not (self._flag_unused or refresh):
+            return set()
         used = torch.tensor([1.0 if m.name in self._grad_t else 0.0 for m in members], dtype=torch.float32)
         _abi.allreduce_tensor(self._comm, used)
-        return {m.name for m, u in zip(members, used.tolist()) if u == 0.0}
+        counts = used.tolist()
+        self._flag_unused = any(u < self.world_size for u in counts)
+        return {m.name for m, u in zip(members, counts) if u == 0.0}
 
     def _before_finish(self):
         # A parameter that got no gradient on this rank this step (unused
