@@ -846,11 +846,15 @@ class _Gorun:
         op = _op(opts, what, dts[0])
         for i, t in enumerate(tensors):
             _same(tensors[0], t, what, "tensors[0]", "tensors[%d]" % i)
-        # One call per tensor: they are queued back to back and complete in
-        # order, and no flattening copy is made.
-        calls = [(lambda t: lambda l, r: l.gorun_allreduce(self._h, _ptr(t), _ptr(t), t.numel(), dts[0], op, r))(t)
-                 for t in tensors]
-        return self._issue(what, None, list(tensors), list(tensors), calls=calls)
+        # One library call for all of them (gorun_allreduce_coalesced): one
+        # request and one Work; the library fuses the small ones into one
+        # message and reduces each tensor in place, so no flattening copy
+        # is made here. The arrays are read during the call only.
+        n = len(tensors)
+        ptrs = (ctypes.c_void_p * n)(*[_ptr(t) for t in tensors])
+        counts = (ctypes.c_size_t * n)(*[t.numel() for t in tensors])
+        return self._issue(what, lambda l, r: l.gorun_allreduce_coalesced(self._h, ptrs, ptrs, counts, n, dts[0], op, r),
+                           list(tensors), list(tensors))
 
     def broadcast(self, tensors, opts=None):
         what = "broadcast"
