@@ -34,7 +34,8 @@
 # (TORCH_GORUN_FLAGS and GLOO_FLAGS add some, e.g. --session shared).
 # PARTS (default "overhead allreduce ddp") picks the parts to run, so that
 # each can be run on its own on a shared machine.
-# Needs python3-torch for /usr/bin/python3 (scripts/install-test-deps.sh).
+# Runs the project's Python (PYTHON, default the venv scripts/install-torch.sh
+# makes and `make venv` names; scripts/bench-python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-results/torch}
@@ -42,7 +43,6 @@ SWEEP=${SWEEP:--b 8 -e 64M -f 4}
 NPS=${NPS:-2 4}
 ROUNDS=${ROUNDS:-3}
 ITERS=${ITERS:--w 5 -n 40}
-PY=/usr/bin/python3 # Debian's python, the one with python3-torch
 TORCH_GORUN_FLAGS=${TORCH_GORUN_FLAGS-}
 PARTS=${PARTS:-overhead allreduce boundary ddp}
 BOUNDARY_ROUNDS=${BOUNDARY_ROUNDS:-6}
@@ -51,10 +51,9 @@ GLOO_FLAGS=${GLOO_FLAGS-}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
-if ! "$PY" -c 'import torch' 2>/dev/null; then
-	echo "bench-torch: $PY has no torch (install python3-torch)" >&2
-	exit 1
-fi
+source scripts/bench-python.sh
+bench_python bench-torch
+echo "bench-torch: $PY, torch $("$PY" -c 'import torch; print(torch.__version__)')" >&2
 make --no-print-directory build lib >/dev/null
 GORUN=bin/gorun
 # This checkout's package and library, whatever `make python` installed.
