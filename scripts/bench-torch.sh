@@ -27,6 +27,10 @@
 # the idle host before a run did not predict it, notes/torch-backend.md):
 # the table is printed for all rounds and for the rounds whose both runs
 # spent at least three quarters of their probes near, or far.
+# Then bench/torch_fused.py times 64 x 1 KiB all-reduced as one
+# all_reduce_coalesced and as 64 async all_reduces then waits, against one
+# 64 KiB all_reduce (goal: within 2x), on gorun and on gloo (FUSED_ROUNDS
+# rotated rounds, default 9, of FUSED_STEPS steps, default 100; medians).
 # Then examples/torch/ddp.py times a DDP step with each backend (medians over
 # ROUNDS interleaved rounds, wall and CPU per rank, with the ratio). First,
 # bench/torch_overhead.py prints the per-call cost of each layer on one rank.
@@ -44,7 +48,7 @@ NPS=${NPS:-2 4}
 ROUNDS=${ROUNDS:-3}
 ITERS=${ITERS:--w 5 -n 40}
 TORCH_GORUN_FLAGS=${TORCH_GORUN_FLAGS-}
-PARTS=${PARTS:-overhead allreduce boundary ddp}
+PARTS=${PARTS:-overhead allreduce boundary fused ddp}
 BOUNDARY_ROUNDS=${BOUNDARY_ROUNDS:-6}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 GLOO_FLAGS=${GLOO_FLAGS-}
@@ -135,6 +139,24 @@ part boundary && for np in $NPS; do
 		echo "$(load) (after)"
 		"$PY" scripts/bench_torch_tables.py boundary "$OUT" "$np" "$BOUNDARY_ROUNDS"
 	} | tee "$OUT/boundary.$np.txt"
+done
+
+# Many small all-reduces against one large one (fusion through torch).
+part fused && for np in $NPS; do
+	before=$(load)
+	for b in gorun gloo; do
+		flags=$GLOO_FLAGS
+		[ "$b" = gorun ] && flags=$TORCH_GORUN_FLAGS
+		# shellcheck disable=SC2086 # flags is a list
+		run "fused np $np $b" fused.$b.$np.txt "$GORUN" -np "$np" $flags "$PY" bench/torch_fused.py --backend "$b" \
+			--rounds "${FUSED_ROUNDS:-9}" --steps "${FUSED_STEPS:-100}"
+	done
+	{
+		echo "# 64 x 1 KiB vs one 64 KiB all_reduce, $np ranks; gorun flags: gloo '$GLOO_FLAGS', torch-gorun '$TORCH_GORUN_FLAGS'"
+		echo "$before (before)"
+		echo "$(load) (after)"
+		cat "$OUT/fused.gorun.$np.txt" "$OUT/fused.gloo.$np.txt"
+	} | tee "$OUT/fused.$np.txt"
 done
 
 # DDP: ROUNDS interleaved rounds per rank count, medians across rounds of
