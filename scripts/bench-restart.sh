@@ -20,6 +20,8 @@ runs=${1:-5}
 np=${NP:-4}
 gorun=bin/gorun
 prog=bench/restart/gloo_restart.py
+# Rank 2 is the one that kills itself: with fewer ranks nothing would die.
+[ "$np" -ge 3 ] 2>/dev/null || { echo "bench-restart: NP=$np: want at least 3 ranks (rank 2 kills itself)" >&2; exit 2; }
 [ -x "$gorun" ] || { echo "bench-restart: $gorun missing; run make build" >&2; exit 1; }
 source scripts/bench-python.sh
 bench_python bench-restart
