@@ -30,7 +30,8 @@
 # Then bench/torch_fused.py times 64 x 1 KiB all-reduced as one
 # all_reduce_coalesced and as 64 async all_reduces then waits, against one
 # 64 KiB all_reduce (goal: within 2x), on gorun and on gloo (FUSED_ROUNDS
-# rotated rounds, default 9, of FUSED_STEPS steps, default 100; medians).
+# rotated rounds, default 9, of FUSED_STEPS steps, default 100; medians;
+# FUSED_BACKENDS="gorun" leaves gloo's long rows out).
 # Then examples/torch/ddp.py times a DDP step with each backend (medians over
 # ROUNDS interleaved rounds, wall and CPU per rank, with the ratio). First,
 # bench/torch_overhead.py prints the per-call cost of each layer on one rank.
@@ -144,7 +145,7 @@ done
 # Many small all-reduces against one large one (fusion through torch).
 part fused && for np in $NPS; do
 	before=$(load)
-	for b in gorun gloo; do
+	for b in ${FUSED_BACKENDS:-gorun gloo}; do
 		flags=$GLOO_FLAGS
 		[ "$b" = gorun ] && flags=$TORCH_GORUN_FLAGS
 		# shellcheck disable=SC2086 # flags is a list
@@ -155,7 +156,7 @@ part fused && for np in $NPS; do
 		echo "# 64 x 1 KiB vs one 64 KiB all_reduce, $np ranks; gorun flags: gloo '$GLOO_FLAGS', torch-gorun '$TORCH_GORUN_FLAGS'"
 		echo "$before (before)"
 		echo "$(load) (after)"
-		cat "$OUT/fused.gorun.$np.txt" "$OUT/fused.gloo.$np.txt"
+		for b in ${FUSED_BACKENDS:-gorun gloo}; do cat "$OUT/fused.$b.$np.txt"; done
 	} | tee "$OUT/fused.$np.txt"
 done
 
