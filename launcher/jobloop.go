@@ -34,6 +34,9 @@ type rankHome interface {
 	// command delivers c to every supervisor. It does not block for long;
 	// a supervisor that is gone drops it.
 	command(c supervisorCmd)
+	// commandNode delivers c to the supervisor of plan node node alone
+	// (the one whose events carry it), as command does.
+	commandNode(node int, c supervisorCmd)
 	// killGroup SIGKILLs a rank's process group when its supervisor died
 	// without reporting the end. A home that cannot reach the group (a
 	// remote host: its host agent's supervisor does that) does nothing.
@@ -388,9 +391,11 @@ func (r *jobLoop) run(ctx context.Context) error {
 					failures = append(failures, failure{rank: ev.Rank, startErr: fmt.Errorf("%w: %v", errPMIProtocol, err)})
 					stop(stopFailure, syscall.SIGTERM)
 				} else if ok {
-					r.log.Debug().Int("epoch", cmd.Epoch).Int("keys", len(cmd.KVS)).Msg("PMI barrier released")
+					r.log.Debug().Int("epoch", cmd.Epoch).Int("keys", len(fences.kvs)).Msg("PMI barrier released")
 					r.home.command(cmd)
 				}
+			case "pmi-get":
+				r.home.commandNode(ev.node, fences.get(ev))
 			case "pmi-abort":
 				pid := ranks[ev.Rank].pid
 				abort := &MPIError{Rank: ev.Rank, PID: pid, Aborted: true, Code: ev.Code, Message: ev.Err}
