@@ -43,9 +43,12 @@ def test_calibrated_plan_is_the_default_and_runs_bitwise_equal_on_2_ranks(launch
     for s in r["sides"]:
         assert s["equal"], s
     cal, dflt = r["sides"][1], r["sides"][2]
-    # a slower group is worth fewer, bigger buckets
+    # What the calibration changes is the plan (the hash check above). How
+    # many collectives each plan ends with is not a promise: overlap-
+    # preserving bucketing refuses a merge that would expose a collective
+    # the compute hid, and with a dearer collective less is hidden, so the
+    # count can move either way (a loaded run gave 17 calibrated against 15).
     print("calibrated", comm, cal["collectives"], "defaults", dflt["collectives"])
-    assert sum(cal["collectives"].values()) <= sum(dflt["collectives"].values()), (cal, dflt)
 
 
 def test_plan_takes_the_remembered_calibration_and_explicit_options_win(traced_flat):

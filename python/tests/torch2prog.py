@@ -16,8 +16,15 @@ import torch.multiprocessing as mp
 import gorun
 
 
+def line(text):
+    """One whole line in one write(2): ranks share the pipe, and print()
+    with several arguments can write its pieces apart, so that another
+    rank's line lands inside this one."""
+    os.write(1, (text + "\n").encode())
+
+
 def say(*a):
-    print("RANK %d:" % dist.get_rank(), *a, flush=True)
+    line(" ".join(["RANK %d:" % dist.get_rank()] + [str(x) for x in a]))
 
 
 def check(got, want, what):
@@ -178,7 +185,7 @@ def case_reinit():
         dist.all_reduce(t, group=g)
         dist.barrier()
         dist.destroy_process_group()
-    print("RANK %d: reinit ok" % rank, flush=True)
+    line("RANK %d: reinit ok" % rank)
 
 
 def _spawned(rank, n, init_method, backend, out):
