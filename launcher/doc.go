@@ -25,7 +25,7 @@
 //   - Planning (plan.go, pure): NewPlan maps PlanConfig — hosts, -np, GPUs,
 //     exports, job id, secret, ports — to a Plan with one RankSpec per rank
 //     and its full environment (rankenv names). Host lists come from
-//     hostfile.go; ResolveExports turns -x values into NAME=VALUE.
+//     launcher/hostfile; ResolveExports turns -x values into NAME=VALUE.
 //   - Edges (local.go, ports.go, gpus.go): which names are this machine,
 //     job identity, two kernel-chosen free ports held until the ranks start,
 //     GPU count from launcher.GPUProbe (the CUDA driver in gorun).

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gorun-hpc/gorun/launcher/hostfile"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
 
@@ -733,7 +734,7 @@ func (e *GrowError) Unwrap() error { return e.Err }
 // reported, not fatal: a file being edited may be caught half-written, and
 // the job has a working host list.
 func reloadHosts(cfg Config, el *elastic, path string, rep *Report, restart int) {
-	hosts, err := ParseHostfile(path)
+	hosts, err := hostfile.Parse(path)
 	if err != nil {
 		rep.HostfileChanges = append(rep.HostfileChanges, HostfileChange{Restart: restart, Error: err.Error()})
 		cfg.Logger.Warn().Err(err).Str("hostfile", path).Msg("could not read the hostfile again; the next world uses the hosts it had")
