@@ -124,9 +124,12 @@ bench-gpu-standin: ## the bench-gpu pipeline without a GPU: stand-in NCCL vs tor
 	@bash scripts/bench-gpu.sh --standin bench-results/gpu-standin
 
 # ---- planner (stepgraph passes, gorun_plan) ----
-.PHONY: bench-plan
+.PHONY: bench-plan bench-rdzvscale
 bench-plan: ## gorun plan on ~10k/30k/100k-node steps, default and all four passes, medians of wall and CPU time (ANCHOR=REV runs that revision side by side; RUNS, SIZES)
 	@bash scripts/bench-plan.sh
+
+bench-rdzvscale: ## in-process host-leader formation at 64, 256, 1,024 and 4,096 ranks (16 per host): medians, load average, peak memory (ANCHOR=REV runs that revision interleaved; SIZES, ROUNDS, PER)
+	flock /tmp/gorun-bench.lock scripts/bench-rdzvscale.sh
 
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)

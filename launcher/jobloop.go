@@ -35,6 +35,9 @@ type rankHome interface {
 	// command delivers c to every supervisor. It does not block for long;
 	// a supervisor that is gone drops it.
 	command(c supervisorCmd)
+	// commandNode delivers c to the supervisor of plan node node alone
+	// (the one whose events carry it), as command does.
+	commandNode(node int, c supervisorCmd)
 	// killGroup SIGKILLs a rank's process group when its supervisor died
 	// without reporting the end. A home that cannot reach the group (a
 	// remote host: its host agent's supervisor does that) does nothing.
@@ -545,6 +548,8 @@ func (j *liveJob) onEvent(ev supervisorEvent, ok bool) {
 		j.logInjection(j.world, ev)
 	case "pmi-fence":
 		j.pmiFence(ev)
+	case "pmi-get":
+		j.home.commandNode(ev.node, j.fences.get(ev))
 	case "pmi-abort":
 		j.pmiAbort(ev)
 	case "lost":
@@ -631,7 +636,7 @@ func (j *liveJob) pmiFence(ev supervisorEvent) {
 		j.log.Error().Err(err).Msg("PMI barrier")
 		j.fail(failure{rank: ev.Rank, startErr: fmt.Errorf("%w: %v", errPMIProtocol, err)})
 	} else if ok {
-		j.log.Debug().Int("epoch", cmd.Epoch).Int("keys", len(cmd.KVS)).Msg("PMI barrier released")
+		j.log.Debug().Int("epoch", cmd.Epoch).Int("keys", len(j.fences.kvs)).Msg("PMI barrier released")
 		j.home.command(cmd)
 	}
 }

@@ -52,11 +52,12 @@ type fakeHome struct {
 
 var _ rankHome = (*fakeHome)(nil)
 
-func (h *fakeHome) events() <-chan supervisorEvent { return h.f.events }
-func (h *fakeHome) supervisors() int               { return h.n }
-func (h *fakeHome) command(c supervisorCmd)        { h.f.cmds <- c }
-func (h *fakeHome) killGroup(pgid int)             { h.f.killed <- pgid }
-func (h *fakeHome) lostWhy() error                 { return nil }
+func (h *fakeHome) events() <-chan supervisorEvent     { return h.f.events }
+func (h *fakeHome) supervisors() int                   { return h.n }
+func (h *fakeHome) command(c supervisorCmd)            { h.f.cmds <- c }
+func (h *fakeHome) commandNode(_ int, c supervisorCmd) { h.f.cmds <- c }
+func (h *fakeHome) killGroup(pgid int)                 { h.f.killed <- pgid }
+func (h *fakeHome) lostWhy() error                     { return nil }
 
 // exit reports rank's exit with a code (sig 0) or a signal.
 func (f *fakeJob) exit(rank, code int, sig syscall.Signal) {

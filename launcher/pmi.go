@@ -33,10 +33,19 @@ import (
 //     the host since the previous barrier. The event travels the way every
 //     supervisor event does (over the host agent's connection for other
 //     hosts), and gorun's event loop counts one fence per supervisor. With
-//     all of them in, gorun sends one "pmi-release" command with the union
-//     of the puts to every supervisor, which lets its ranks out. gorun is
-//     the only place that sees every host, so no host waits on another
-//     host's agent directly.
+//     all of them in, gorun keeps the puts and sends every supervisor a
+//     "pmi-release" command that carries no values, which lets its ranks
+//     out. gorun is the only place that sees every host, so no host waits
+//     on another host's agent directly.
+//   - A rank's get of a key its host does not hold becomes a "pmi-get"
+//     event; gorun answers that supervisor alone with "pmi-value", and the
+//     supervisor keeps the value for its other ranks. So what a host
+//     receives per barrier is what its ranks read, once per host, not the
+//     whole job's keys: at 1,000 hosts of 8 ranks, sending the union to
+//     every host would be ~8,000 business cards to each host per barrier
+//     (~800 MB from gorun). A program that reads every rank's key (MPICH
+//     ch4's address exchange does, from one rank per host) still pulls
+//     them all, one round trip each.
 //   - An MPI_Abort reaches the supervisor as cmd=abort and gorun as a
 //     "pmi-abort" event: the job ends with the aborting rank named and its
 //     code, through the same teardown as any rank failure. A rank that
@@ -131,6 +140,7 @@ func newSupervisorPMI(job pmiJob, ranks []supervisorRank, log zerolog.Logger) (*
 	}
 	srv, err := pmi.NewServer(pmi.Config{
 		KVSName: job.KVSName, Size: job.Size, Ranks: nums, ProcessMapping: job.Mapping,
+		Fetch:  true,
 		Logger: log.With().Str("part", "pmi").Logger(),
 	})
 	if err != nil {
@@ -292,8 +302,11 @@ func (sp *supervisorPMI) requests() <-chan pmi.Request {
 
 // event turns a server request into the supervisor event gorun acts on.
 func (sp *supervisorPMI) event(req pmi.Request) supervisorEvent {
-	if req.Kind == pmi.Abort {
+	switch req.Kind {
+	case pmi.Abort:
 		return supervisorEvent{Ev: "pmi-abort", Rank: req.Rank, Code: req.Code, Err: req.Message}
+	case pmi.Get:
+		return supervisorEvent{Ev: "pmi-get", Rank: sp.first, Key: req.Key}
 	}
 	return supervisorEvent{Ev: "pmi-fence", Rank: sp.first, Epoch: req.Epoch, KVS: req.Puts}
 }
@@ -305,6 +318,16 @@ func (sp *supervisorPMI) release(c supervisorCmd, log zerolog.Logger) {
 	}
 	if err := sp.srv.Release(c.Epoch, c.KVS); err != nil {
 		log.Warn().Err(err).Msg("PMI release refused")
+	}
+}
+
+// answer applies gorun's "pmi-value" command: the answer to a "pmi-get".
+func (sp *supervisorPMI) answer(c supervisorCmd, log zerolog.Logger) {
+	if sp == nil {
+		return
+	}
+	if err := sp.srv.Answer(c.Key, c.Value, c.Found); err != nil {
+		log.Warn().Err(err).Msg("PMI value refused")
 	}
 }
 
@@ -332,13 +355,24 @@ func (sp *supervisorPMI) close() {
 }
 
 // pmiFences is gorun's side of a job-wide barrier: one fence per
-// supervisor per epoch, then one release to all. Owned by the event loop.
+// supervisor per epoch, then one release to all, and the answers to the
+// supervisors' gets. Owned by the event loop.
 type pmiFences struct {
 	// hosts is the number of supervisors that fence.
 	hosts int
 	epoch int
 	seen  int
-	puts  map[string]string
+	// puts gathers the open barrier's puts; kvs holds those of every
+	// released barrier, which are all a get may see.
+	puts map[string]string
+	kvs  map[string]string
+}
+
+// get answers a supervisor's "pmi-get": the key's value if a host put it
+// before the last released barrier.
+func (f *pmiFences) get(ev supervisorEvent) supervisorCmd {
+	v, ok := f.kvs[ev.Key]
+	return supervisorCmd{Op: "pmi-value", Key: ev.Key, Value: v, Found: ok}
 }
 
 // add counts one supervisor's fence and returns the release command once
@@ -357,7 +391,11 @@ func (f *pmiFences) add(ev supervisorEvent) (cmd supervisorCmd, ok bool, err err
 	if f.seen < max(f.hosts, 1) {
 		return supervisorCmd{}, false, nil
 	}
-	cmd = supervisorCmd{Op: "pmi-release", Epoch: f.epoch, KVS: f.puts}
+	if f.kvs == nil {
+		f.kvs = map[string]string{}
+	}
+	maps.Copy(f.kvs, f.puts)
+	cmd = supervisorCmd{Op: "pmi-release", Epoch: f.epoch}
 	f.epoch, f.seen, f.puts = f.epoch+1, 0, nil
 	return cmd, true, nil
 }

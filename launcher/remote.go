@@ -462,6 +462,9 @@ type hostsHome struct {
 	// connection failed; never closed (the connection readers stop
 	// sending when run's quit closes).
 	ch chan supervisorEvent
+	// byNode indexes conns by plan node; made on first use (the job
+	// loop's goroutine only).
+	byNode map[int]*hostConn
 }
 
 var _ rankHome = (*hostsHome)(nil)
@@ -474,6 +477,20 @@ func (h *hostsHome) supervisors() int               { return len(h.conns) }
 // own.
 func (h *hostsHome) command(c supervisorCmd) {
 	for _, hc := range h.conns {
+		_ = hc.w.send(wireMsg{T: "cmd", Cmd: &c})
+	}
+}
+
+// commandNode sends c to node's host agent alone (nothing when that host
+// was not launched).
+func (h *hostsHome) commandNode(node int, c supervisorCmd) {
+	if h.byNode == nil {
+		h.byNode = make(map[int]*hostConn, len(h.conns))
+		for _, hc := range h.conns {
+			h.byNode[hc.node] = hc
+		}
+	}
+	if hc := h.byNode[node]; hc != nil {
 		_ = hc.w.send(wireMsg{T: "cmd", Cmd: &c})
 	}
 }

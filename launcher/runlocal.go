@@ -194,6 +194,9 @@ func (h *localHome) events() <-chan supervisorEvent { return h.ch }
 func (h *localHome) supervisors() int               { return 1 }
 func (h *localHome) command(c supervisorCmd)        { _ = h.sup.send(c) }
 
+// commandNode sends c to the one supervisor there is.
+func (h *localHome) commandNode(_ int, c supervisorCmd) { _ = h.sup.send(c) }
+
 // lostWhy names how the supervisor was lost: the spec could not be sent,
 // it was silent past its lease (stopped or hung) and gorun killed it, or
 // it died on its own — by a signal, usually, since it never exits before

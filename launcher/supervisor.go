@@ -140,9 +140,14 @@ type supervisorCmd struct {
 	Signal int    `json:"signal,omitempty"`
 	Ranks  []int  `json:"ranks,omitempty"`
 	// Epoch and KVS belong to "pmi-release": PMI barrier Epoch is over
-	// and KVS holds every host's puts for it (pmi.go).
+	// (KVS, kept for older hosts' sake, is no longer filled: values go
+	// out one key at a time). Key, Value and Found are "pmi-value", the
+	// answer to a "pmi-get" (pmi.go).
 	Epoch int               `json:"epoch,omitempty"`
 	KVS   map[string]string `json:"kvs,omitempty"`
+	Key   string            `json:"key,omitempty"`
+	Value string            `json:"value,omitempty"`
+	Found bool              `json:"found,omitempty"`
 	// "inject" (inject.go) sends Signal to the process group of each of
 	// Ranks that this supervisor runs, answering an "injected" event per
 	// rank, and after For (when set) SIGCONT, answered by "fault-cont".
@@ -187,11 +192,13 @@ type supervisorEvent struct {
 	// (on "done").
 	Strays int `json:"strays,omitempty"`
 	// PMI events (pmi.go): "pmi-fence" (every rank of this supervisor
-	// entered PMI barrier Epoch; KVS holds its puts) and "pmi-abort" (Rank
+	// entered PMI barrier Epoch; KVS holds its puts), "pmi-get" (a rank
+	// asked for Key, which this host does not hold) and "pmi-abort" (Rank
 	// called PMI_Abort with Code; Err holds its message). Unfinalized marks
 	// an "exited" rank that had started PMI but not finalized it.
 	Epoch       int               `json:"epoch,omitempty"`
 	KVS         map[string]string `json:"kvs,omitempty"`
+	Key         string            `json:"key,omitempty"`
 	Unfinalized bool              `json:"unfinalized,omitempty"`
 	// Collateral marks an "exited" rank whose runtime reported, before
 	// it exited, that it failed because another rank was lost or
@@ -712,6 +719,8 @@ func (a *supervisor) command(c supervisorCmd) {
 		a.inject(c)
 	case "pmi-release":
 		a.pmi.release(c, a.log)
+	case "pmi-value":
+		a.pmi.answer(c, a.log)
 	default:
 		a.log.Warn().Str("op", c.Op).Msg("unknown command")
 	}

@@ -24,7 +24,12 @@
 // What it leaves to others: making the barrier job-wide. A job spread over
 // hosts runs one Server per host; each reports its fence with the puts made
 // since the previous one, and the owner (gorun's launcher) releases every
-// host with the union once all hosts have fenced. Starting ranks, passing
+// host once all hosts have fenced. With Config.Fetch (gorun's way) the
+// release carries no values: a get of a key the host does not hold is
+// asked of the owner (a Get request, answered with Answer), once per host
+// and key, so a host receives what its ranks read rather than every
+// host's keys at every barrier. Without it, the owner releases with the
+// union of the puts. Starting ranks, passing
 // them their descriptors and ending the job on an abort are the launcher's
 // business too: the server only reports (Requests) and never kills.
 //

@@ -192,7 +192,9 @@ func (s *Server) serve2(rank int, resolve func(id string) (int, error), br *bufi
 			}
 			out = ok()
 		case "kvs-get":
-			if v, err := s.get(s.cfg.KVSName, arg("key")); err != nil {
+			if v, err := s.get(s.cfg.KVSName, arg("key")); errors.Is(err, errServerClosed) {
+				return nil
+			} else if err != nil {
 				out = ok("found", "FALSE")
 			} else {
 				out = ok("found", "TRUE", "value", v)

@@ -35,6 +35,13 @@ type Config struct {
 	// AppNum is the application number MPI reports as MPI_APPNUM; gorun
 	// runs one program, so it is 0.
 	AppNum int
+	// Fetch makes the server ask its owner for a key it does not hold
+	// (a Get request, answered with Answer) instead of replying "not
+	// found". An owner that sets it releases barriers with no values and
+	// keeps every host's puts itself; each host then receives only the
+	// values its ranks read, once per host, rather than the whole job's
+	// keys at every barrier.
+	Fetch bool
 	// ProcessMapping is the value of the reserved key PMI_process_mapping
 	// (see ProcessMapping); "" makes gets of it fail as an unknown key.
 	ProcessMapping string
@@ -96,6 +103,9 @@ const (
 	// not recover from) with Code and Message. The owner ends the job;
 	// the rank waits for that and gets no reply.
 	Abort
+	// Get: a local rank asked for Key, which this host does not hold
+	// (Config.Fetch). The owner answers with Answer; the rank waits.
+	Get
 )
 
 // Request is something only the owner can do.
@@ -106,6 +116,8 @@ type Request struct {
 	// Puts are the key/value pairs put on this host since the previous
 	// fence (Fence). The map is the owner's.
 	Puts map[string]string
+	// Key is the key a Get asks for.
+	Key string
 	// Rank, Code and Message describe an Abort.
 	Rank    int
 	Code    int
@@ -155,6 +167,17 @@ type Server struct {
 	// value is added (ranks may wait for one).
 	nodeAttrs   map[string]string
 	attrChanged chan struct{}
+	// fetching holds the keys asked of the owner and not yet answered
+	// (Config.Fetch): ranks asking for one of them wait on the same
+	// fetch, so a host asks for each key once.
+	fetching map[string]*fetch
+}
+
+// fetch is one key asked of the owner; done closes when Answer came.
+type fetch struct {
+	done  chan struct{}
+	value string
+	found bool
 }
 
 // NewServer returns a server for cfg; nothing is served until ServeConn or
@@ -167,8 +190,9 @@ func NewServer(cfg Config) (*Server, error) {
 		cfg: cfg,
 		log: cfg.Logger,
 		// Each local rank can have at most one request outstanding (an
-		// abort, after which it waits) and the host at most one fence:
-		// this capacity means the server never blocks on a slow owner.
+		// abort, after which it waits, or a get it waits for) and the
+		// host at most one fence: this capacity means the server never
+		// blocks on a slow owner.
 		reqs:     make(chan Request, len(cfg.Ranks)+1),
 		done:     make(chan struct{}),
 		ranks:    map[int]*rankState{},
@@ -176,6 +200,7 @@ func NewServer(cfg Config) (*Server, error) {
 		pending:  map[string]string{},
 		released: make(chan struct{}),
 		conns:    map[net.Conn]struct{}{},
+		fetching: map[string]*fetch{},
 	}
 	for _, r := range cfg.Ranks {
 		s.ranks[r] = &rankState{}
@@ -186,9 +211,10 @@ func NewServer(cfg Config) (*Server, error) {
 // Requests delivers fences and aborts to the owner. It is closed by Close.
 func (s *Server) Requests() <-chan Request { return s.reqs }
 
-// Release ends barrier epoch on this host: puts (the union of every host's
-// fence for that epoch) become readable and every waiting rank gets
-// barrier_out. A release for any other epoch is an error and changes
+// Release ends barrier epoch on this host: puts become readable and every
+// waiting rank gets barrier_out. Without Config.Fetch, puts must be the
+// union of every host's fence for that epoch; with it, puts may be nil
+// (the owner answers gets instead). A release for any other epoch is an error and changes
 // nothing.
 func (s *Server) Release(epoch int, puts map[string]string) error {
 	s.mu.Lock()
@@ -638,6 +664,9 @@ func (s *Server) handle(rank int, m message) (reply string, wait <-chan struct{}
 		return rc("put_result", s.put(m.fields["kvsname"], m.fields["key"], m.fields["value"]))
 	case "get":
 		v, err := s.get(m.fields["kvsname"], m.fields["key"])
+		if errors.Is(err, errServerClosed) {
+			return "", nil, nil // the connection is closing; no reply
+		}
 		if err != nil {
 			return rc("get_result", err)
 		}
@@ -697,11 +726,59 @@ func (s *Server) get(kvs, key string) (string, error) {
 		return s.cfg.ProcessMapping, nil
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if v, ok := s.kvs[key]; ok {
+		s.mu.Unlock()
 		return v, nil
 	}
-	return "", fmt.Errorf("key %s not found", key)
+	// Before the first release nothing of another host is readable, so
+	// there is nothing to ask for.
+	if !s.cfg.Fetch || s.epoch == 0 || s.closed {
+		s.mu.Unlock()
+		return "", fmt.Errorf("key %s not found", key)
+	}
+	f := s.fetching[key]
+	if f == nil {
+		f = &fetch{done: make(chan struct{})}
+		if !s.requestLocked(Request{Kind: Get, Key: key}) {
+			s.mu.Unlock()
+			return "", fmt.Errorf("key %s not found (its owner was not asked: requests queue full)", key)
+		}
+		s.fetching[key] = f
+	}
+	s.mu.Unlock()
+	select {
+	case <-f.done:
+	case <-s.done:
+		return "", errServerClosed
+	}
+	if !f.found {
+		return "", fmt.Errorf("key %s not found", key)
+	}
+	return f.value, nil
+}
+
+// errServerClosed ends a connection whose rank waited on the owner when
+// the server closed.
+var errServerClosed = errors.New("pmi: server closed")
+
+// Answer gives the owner's answer to a Get for key: its value, or found
+// false when no host put it before the last barrier. A found value is kept
+// for the host's other ranks. An answer for a key nobody asked for is an
+// error and changes nothing.
+func (s *Server) Answer(key, value string, found bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.fetching[key]
+	if f == nil {
+		return fmt.Errorf("pmi: answer for key %q, which was not asked for", key)
+	}
+	delete(s.fetching, key)
+	f.value, f.found = value, found
+	if found {
+		s.kvs[key] = value
+	}
+	close(f.done)
+	return nil
 }
 
 // enterBarrier counts rank in and returns the channel that closes when the
@@ -734,14 +811,16 @@ func (s *Server) request(r Request) {
 // channel's capacity covers every request that can be outstanding (see
 // NewServer), so this never blocks with mu held; if a misbehaving client
 // aborts twice, the extra request is dropped rather than blocking.
-func (s *Server) requestLocked(r Request) {
+func (s *Server) requestLocked(r Request) bool {
 	if s.closed {
-		return
+		return false
 	}
 	select {
 	case s.reqs <- r:
+		return true
 	default:
 		s.log.Warn().Int("rank", r.Rank).Int("kind", int(r.Kind)).Msg("PMI request dropped: owner not keeping up")
+		return false
 	}
 }
 

@@ -502,6 +502,7 @@ func decodeTable(b []byte) ([]tableEntry, error) {
 	}
 	b = b[k:]
 	out := make([]tableEntry, 0, n)
+	intern := map[string]string{}
 	for range n {
 		l, k := binary.Uvarint(b)
 		if k <= 0 {
@@ -512,7 +513,7 @@ func decodeTable(b []byte) ([]tableEntry, error) {
 		if k <= 0 || ml > uint64(len(b)-k) {
 			return nil, errBadMsg
 		}
-		m, err := decodeMeta(b[k : k+int(ml)])
+		m, err := decodeMetaIn(b[k:k+int(ml)], intern)
 		if err != nil {
 			return nil, err
 		}

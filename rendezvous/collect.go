@@ -117,7 +117,7 @@ func (g *Group) send(ctx context.Context, op string, to int, msg []byte) error {
 	w := g.w
 	wr := g.ranks[to]
 	w.mu.Lock()
-	gone := w.members[wr].gone
+	gone := w.goneChanLocked(wr)
 	w.mu.Unlock()
 	backoff := 20 * time.Millisecond
 	var giveUp <-chan time.Time

@@ -151,7 +151,7 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) {
 		// Before formation nothing depends on it yet: a member that was
 		// only starved of CPU while hundreds of processes start is simply
 		// counted again.
-		ms.gone = make(chan struct{})
+		ms.gone = nil // made again, open, on the next wait
 	}
 	m.Addr = n.Address()
 	ms.Member = m
@@ -205,7 +205,9 @@ func (w *World) goneLocked(r int, left bool, cause byte) {
 		return
 	}
 	w.alive--
-	close(ms.gone)
+	if ms.gone != nil {
+		close(ms.gone)
+	}
 	w.signalChangeLocked()
 	if r == w.cfg.Rank {
 		// Our own leave, echoed by memberlist: not news to anyone here.
@@ -236,7 +238,7 @@ func (w *World) goneLocked(r int, left bool, cause byte) {
 			return
 		}
 		for _, g := range w.groups {
-			if _, in := g.pos[r]; in && g.leaver == nil {
+			if _, in := g.position(r); in && g.leaver == nil {
 				g.leaver = &LeftError{Rank: r, Host: ms.Host}
 				close(g.left)
 			}
@@ -274,7 +276,7 @@ func (w *World) goneLocked(r int, left bool, cause byte) {
 	ev.Err(lerr).Uint64("epoch", w.epoch).Msg("rendezvous: member lost")
 	var fail []*Group
 	for _, g := range w.groups {
-		if _, in := g.pos[r]; in && g.err == nil && g.pending == nil {
+		if _, in := g.position(r); in && g.err == nil && g.pending == nil {
 			g.pending = lerr
 			fail = append(fail, g)
 		}

@@ -34,8 +34,22 @@ func (w *World) dispatch() {
 
 // signalChangeLocked wakes everyone waiting for a change of alive.
 func (w *World) signalChangeLocked() {
-	close(w.changed)
-	w.changed = make(chan struct{})
+	// Made only when someone waits (changedLocked): forming a world of N
+	// changes the count N times, and a channel each was N² channels across
+	// a host's ranks.
+	if w.changed != nil {
+		close(w.changed)
+		w.changed = nil
+	}
+}
+
+// changedLocked returns the channel the next change of the member count
+// closes.
+func (w *World) changedLocked() <-chan struct{} {
+	if w.changed == nil {
+		w.changed = make(chan struct{})
+	}
+	return w.changed
 }
 
 // queueEventLocked hands an event to the dispatcher.

@@ -21,7 +21,7 @@ const Undefined = -1
 type Group struct {
 	w     *World
 	ranks []int       // group rank → world rank
-	pos   map[int]int // world rank → group rank
+	pos   map[int]int // world rank → group rank; nil for the whole world (identity)
 	rank  int         // the caller's group rank
 	// key identifies the member list on the wire: groups with the same
 	// members in the same order share collective sequence numbers, so their
@@ -45,17 +45,38 @@ type Group struct {
 	leaver *LeftError
 }
 
+// position returns world rank r's group rank, and whether r is in g.
+func (g *Group) position(r int) (int, bool) {
+	if g.pos == nil {
+		return r, r >= 0 && r < len(g.ranks)
+	}
+	i, ok := g.pos[r]
+	return i, ok
+}
+
 // newGroupLocked builds and registers a group; the caller holds w.mu (or is
 // building the World).
 func (w *World) newGroupLocked(ranks []int) *Group {
 	g := &Group{
-		w: w, ranks: ranks, pos: make(map[int]int, len(ranks)), rank: -1,
+		w: w, ranks: ranks, rank: -1,
 		failed: make(chan struct{}), left: make(chan struct{}),
+	}
+	// The whole world (ranks 0..N-1 in order) is its own position map; a
+	// map of N entries in each of N ranks was most of a large world's
+	// memory.
+	identity := len(ranks) == w.cfg.WorldSize
+	for i, r := range ranks {
+		identity = identity && r == i
+	}
+	if !identity {
+		g.pos = make(map[int]int, len(ranks))
 	}
 	h := fnv.New64a()
 	var b [binary.MaxVarintLen64]byte
 	for i, r := range ranks {
-		g.pos[r] = i
+		if g.pos != nil {
+			g.pos[r] = i
+		}
 		if r == w.cfg.Rank {
 			g.rank = i
 		}

@@ -509,6 +509,19 @@ func (w *World) mergeStateLocked(buf []byte) {
 	}
 }
 
+// goneChanLocked returns the channel that closes when member r leaves or
+// dies: closed already when it has.
+func (w *World) goneChanLocked(r int) <-chan struct{} {
+	ms := &w.members[r]
+	if ms.gone == nil {
+		ms.gone = make(chan struct{})
+		if ms.status == statusDead || ms.status == statusLeft {
+			close(ms.gone)
+		}
+	}
+	return ms.gone
+}
+
 // markAliveLocked counts rank r in and forms the world when it completes.
 func (w *World) markAliveLocked(r int) {
 	ms := &w.members[r]
@@ -516,7 +529,7 @@ func (w *World) markAliveLocked(r int) {
 		return
 	}
 	if ms.status == statusDead || ms.status == statusLeft {
-		ms.gone = make(chan struct{})
+		ms.gone = nil // made again, open, on the next wait
 	}
 	ms.status, ms.pending = statusAlive, false
 	w.alive++

@@ -51,7 +51,12 @@ func encodeMeta(m Member) []byte {
 
 var errBadMeta = errors.New("rendezvous: malformed member metadata")
 
-func decodeMeta(b []byte) (Member, error) {
+func decodeMeta(b []byte) (Member, error) { return decodeMetaIn(b, nil) }
+
+// decodeMetaIn is decodeMeta sharing the job id and host strings through
+// intern (when not nil): a world table repeats them in every entry, and a
+// copy each was most of an attached rank's table in memory.
+func decodeMetaIn(b []byte, intern map[string]string) (Member, error) {
 	var m Member
 	if len(b) == 0 || b[0] != metaVersion {
 		if len(b) == 0 {
@@ -74,7 +79,16 @@ func decodeMeta(b []byte) (Member, error) {
 		if n <= 0 || l > uint64(len(b)-n) {
 			return m, errBadMeta
 		}
-		strs[i], b = string(b[n:n+int(l)]), b[n+int(l):]
+		raw := b[n : n+int(l)]
+		if s, ok := intern[string(raw)]; ok && i < 2 {
+			strs[i] = s
+		} else {
+			strs[i] = string(raw)
+			if intern != nil && i < 2 {
+				intern[strs[i]] = strs[i]
+			}
+		}
+		b = b[n+int(l):]
 	}
 	m.Rank, m.WorldSize, m.LocalRank, m.PID = ints[0], ints[1], ints[2], ints[3]
 	m.JobID, m.Host, m.DataAddr = strs[0], strs[1], strs[2]

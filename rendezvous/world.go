@@ -67,7 +67,9 @@ type memberState struct {
 	status memberStatus
 	node   memberlist.Node // a copy: name and address, for sending
 	// gone is closed when the member leaves or dies; waiters on a message
-	// from it select on it.
+	// from it select on it. Made on first wait (goneLocked's counterpart
+	// goneChanLocked): every rank holds a state per member of the world,
+	// and a channel in each was N² channels per host at formation.
 	gone chan struct{}
 	// leaving: the member said goodbye (kindBye), so its death is a leave.
 	leaving bool
@@ -165,7 +167,8 @@ type World struct {
 	groups     []*Group
 	pending    []Event
 	slots      map[slotKey]*slot
-	// changed is closed and replaced whenever alive changes.
+	// changed is closed and dropped whenever alive changes; nil until
+	// someone waits for a change (changedLocked).
 	changed chan struct{}
 	seqs    map[uint64]uint64 // group key → next collective sequence number
 	// notices holds the first notice per group and topic (notice.go).
@@ -353,7 +356,6 @@ func newWorld(cfg Config) *World {
 		wake:     make(chan struct{}, 1),
 		members:  make([]memberState, cfg.WorldSize),
 		formedCh: make(chan struct{}),
-		changed:  make(chan struct{}),
 		fatalCh:  make(chan struct{}),
 		closedCh: make(chan struct{}),
 		slots:    make(map[slotKey]*slot),
@@ -367,7 +369,6 @@ func newWorld(cfg Config) *World {
 	w.log = cfg.Logger.With().Int("rank", cfg.Rank).Str("host", cfg.Host).Int("world", cfg.WorldSize).Logger()
 	for r := range w.members {
 		w.members[r].Rank = r
-		w.members[r].gone = make(chan struct{})
 		w.members[r].leader = r
 	}
 	if cfg.hierarchical() && !cfg.leader() {
@@ -786,7 +787,7 @@ func (w *World) shutdown(leave bool) error {
 	linger:
 		for {
 			w.mu.Lock()
-			others, changed := w.alive, w.changed
+			others, changed := w.alive, w.changedLocked()
 			if w.members[w.cfg.Rank].status == statusAlive {
 				others--
 			}
@@ -832,7 +833,7 @@ func (w *World) waitLinks(d time.Duration) {
 	defer t.Stop()
 	for {
 		w.mu.Lock()
-		n, changed := len(w.links), w.changed
+		n, changed := len(w.links), w.changedLocked()
 		w.mu.Unlock()
 		if n == 0 {
 			return

@@ -5,8 +5,9 @@ over gloo on CPU.
 One line per graph, rank count and side:
   colls      collectives the rewritten graph issues (all-gather/reduce-scatter)
   exposed    exposed communication by the side's own estimate: gorun's cost
-             model (gorun_plan; its default constants, or "@gloo": latency,
-             bus and copy bandwidth measured on this machine's gloo first),
+             model (gorun_plan priced by gorun.fx.calibrate_comm: latency,
+             bus and copy bandwidth measured on the same gloo group first,
+             the default; "@defaults": gorun_plan's built-in constants),
              Inductor's overlap scheduler's analytical model; "-" where the
              side has no model
   step ms    measured step time, median over rounds of the slowest rank;
@@ -16,7 +17,9 @@ One line per graph, rank count and side:
              (inputs excluded), walking the graph and freeing at last use
   equal      every output bitwise equal to the unbucketed graph's, on every rank
 
-    python3 scripts/bench_fx.py [--worlds 2,4] [--rounds 15]
+  diff       largest |output - unbucketed eager output|
+
+    python3 scripts/bench_fx.py [--worlds 2,4] [--rounds 15] [--compile aot_eager,inductor]
 """
 
 import argparse
@@ -43,6 +46,7 @@ def main():
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--graphs", default=",".join(GRAPHS))
+    ap.add_argument("--compile", default="", help="torch.compile backends to add sides for (aot_eager,inductor)")
     a = ap.parse_args()
     rows, measured = [], {}
     for gname in a.graphs.split(","):
@@ -51,18 +55,28 @@ def main():
             t0 = time.time()
             if world not in measured:
                 measured[world] = fxrank.run_ranks(world, {"calibrate": True})
-                print("# %d ranks, gloo measured: latency %.0f us, busbw %.2f GB/s, copy %.2f GB/s" % (
+                print("# %d ranks, calibrate_comm on gloo: latency %.0f us, busbw %.2f GB/s, copy %.2f GB/s" % (
                     world, measured[world]["latency_ns"] / 1e3, measured[world]["bus_bandwidth"] / 1e9,
                     measured[world]["copy_bandwidth"] / 1e9), file=sys.stderr)
             joint, costs, step = fxrank.prepare(spec, world)
             sides = [{"name": "unbucketed (anchor)", "kind": "unbucketed"}]
             for name, passes in GORUN:
-                for model, opts in (("", {}), (" @gloo", measured[world])):
+                for model, comm in (("", measured[world]), (" @defaults", False)):
                     if passes == "" and model:
                         continue
-                    planned, summary = gfx.plan(step, passes, **opts)
+                    planned, summary = gfx.plan(step, passes, comm=comm)
                     sides.append({"name": name + model, "kind": "gorun", "planned": planned,
                                   "exposed_ns": summary["estimate"]["After"]["exposed_ns"]})
+            for backend in [b for b in a.compile.split(",") if b]:
+                # torch.compile of the unbucketed graph and of gorun's
+                # calibrated blocks,overlap plan; "equal" then compares the
+                # two compiled graphs (a compiler may round differently from eager)
+                k = len(sides)
+                sides.append({"name": "unbucketed compiled:" + backend, "kind": "unbucketed", "compile": backend})
+                planned, summary = gfx.plan(step, "blocks,overlap", comm=measured[world])
+                sides.append({"name": "gorun blocks,overlap compiled:" + backend, "kind": "gorun", "planned": planned,
+                              "compile": backend, "equal_to": k,
+                              "exposed_ns": summary["estimate"]["After"]["exposed_ns"]})
             sides.append({"name": "inductor bucketing", "kind": "inductor-bucketing"})
             sides.append({"name": "inductor overlap+bucketing", "kind": "inductor-overlap", "costs": costs})
             spec["sides"] = sides
@@ -70,18 +84,19 @@ def main():
             print("# %s, %d ranks: traced and run in %.0f s; joint graph = autograd on the unsharded model: %s"
                   % (gname, world, time.time() - t0, "yes" if r["reference_ok"] else "NO"), file=sys.stderr)
             rows.append((gname, world, r))
-    print("%-12s %5s  %-35s %9s %11s %8s %8s %9s %6s" % ("graph", "ranks", "side", "colls", "exposed us",
-                                                        "step ms", "x anchor", "peak KiB", "equal"))
+    print("%-12s %5s  %-44s %9s %11s %8s %8s %9s %6s %8s" % ("graph", "ranks", "side", "colls", "exposed us",
+                                                             "step ms", "x anchor", "peak KiB", "equal", "diff"))
     verdicts = []
     for gname, world, r in rows:
         anchor = r["sides"][0]["step_s"]
         for s in r["sides"]:
             c = s["collectives"]
             e = "-" if s["exposed_ns"] is None else "%.1f" % (s["exposed_ns"] / 1e3)
-            print("%-12s %5d  %-35s %4d/%-4d %11s %8.1f %8.2f %9.0f %6s" % (
+            print("%-12s %5d  %-44s %4d/%-4d %11s %8.1f %8.2f %9s %6s %8.1e" % (
                 gname, world, s["name"], c.get("all_gather", 0), c.get("reduce_scatter", 0), e,
-                s["step_s"] * 1e3, s["step_s"] / anchor, s["peak_bytes"] / 1024, "yes" if s["equal"] else "NO"))
-        g = [s for s in r["sides"] if s["name"].startswith("gorun")]
+                s["step_s"] * 1e3, s["step_s"] / anchor, "%.0f" % (s["peak_bytes"] / 1024) if s["peak_bytes"] else "-",
+                "yes" if s["equal"] else "NO", s["max_abs_diff"]))
+        g = [s for s in r["sides"] if s["name"].startswith("gorun") and "compiled" not in s["name"]]
         i = [s for s in r["sides"] if s["name"].startswith("inductor")]
         for what, key in (("step time", "step_s"), ("peak memory", "peak_bytes")):
             bg, bi = min(g, key=lambda s: s[key]), min(i, key=lambda s: s[key])

@@ -266,19 +266,29 @@ func planRegather(g *Graph, ix *index, bwdReader map[string]int, si, ahead int) 
 		return nil
 	}
 	// ahead blocks earlier: skip back over the reader's block, then over
-	// up to ahead blocks before it, which must also be backward.
+	// up to ahead blocks before it, which must also be backward. Nodes
+	// outside every block (region "": a top-level loss's gradient, an
+	// accumulation between blocks) are not a block: they are skipped with
+	// the block they follow and never counted as one, so a re-gather is
+	// not placed "one block ahead" at a loss gradient that runs first.
+	bwd := func(k int) bool { return k >= 0 && g.Nodes[k].Dir == buckets.Backward }
 	reader := g.Nodes[rp.first].Region
 	k := rp.first - 1
-	for k >= 0 && g.Nodes[k].Dir == buckets.Backward && g.Nodes[k].Region == reader {
+	for bwd(k) && (g.Nodes[k].Region == reader || g.Nodes[k].Region == "") {
 		k--
 	}
 	moved := 0
 	for ; moved < ahead; moved++ {
-		if k < 0 || g.Nodes[k].Dir != buckets.Backward {
+		j := k
+		for bwd(j) && g.Nodes[j].Region == "" {
+			j--
+		}
+		if !bwd(j) {
 			break
 		}
+		k = j
 		prev := g.Nodes[k].Region
-		for k >= 0 && g.Nodes[k].Dir == buckets.Backward && g.Nodes[k].Region == prev {
+		for bwd(k) && g.Nodes[k].Region == prev {
 			k--
 		}
 	}
@@ -308,7 +318,7 @@ func (g *Graph) applyRegathers(ix *index, rps []*regatherPlan) *Graph {
 	outs := map[string]string{}
 	for _, rp := range rps {
 		s := &g.Nodes[rp.start]
-		st := Node{Name: s.Name + regatherSuffix, Kind: Start, Dir: buckets.Backward, Region: g.Nodes[rp.at].Region,
+		st := Node{Name: s.Name + regatherSuffix, Kind: Start, Dir: buckets.Backward, Region: regionOr(g.Nodes[rp.at].Region, s.Region),
 			Op: s.Op, Group: s.Group, DType: s.DType}
 		for _, mb := range s.Members {
 			if c, ok := rp.outs[mb.Out]; ok {
@@ -316,7 +326,7 @@ func (g *Graph) applyRegathers(ix *index, rps []*regatherPlan) *Graph {
 				outs[mb.Out] = c
 			}
 		}
-		reader := g.Nodes[rp.first].Region
+		reader := regionOr(g.Nodes[rp.first].Region, s.Region)
 		wt := Node{Name: g.Nodes[ix.waitOf[rp.start]].Name + regatherSuffix, Kind: Wait, Dir: buckets.Backward, Region: reader, Of: st.Name}
 		starts[rp.at] = append(starts[rp.at], st)
 		waits[rp.first] = append(waits[rp.first], wt)
@@ -342,4 +352,15 @@ func (g *Graph) applyRegathers(ix *index, rps []*regatherPlan) *Graph {
 		out.Nodes = append(out.Nodes, nd)
 	}
 	return out
+}
+
+// regionOr is region, or, for a node outside every block, fallback: the
+// block of the forward gather a re-gather repeats (the block whose
+// parameters it brings back), so its start and wait are accounted to a
+// declared region.
+func regionOr(region, fallback string) string {
+	if region == "" {
+		return fallback
+	}
+	return region
 }

@@ -42,6 +42,9 @@ import (
 // logLevel is the -log flag.
 var logLevel string
 
+// formOnly is the -form-only flag: the largest sizes are about formation.
+var formOnly bool
+
 // tune holds the failure-detection settings under test (flags).
 var tune rendezvous.Config
 
@@ -60,6 +63,7 @@ func main() {
 	flag.IntVar(&tune.RetransmitMult, "retransmit", def.RetransmitMult, "Config.RetransmitMult")
 	flag.IntVar(&tune.GossipNodes, "gossip-nodes", def.GossipNodes, "Config.GossipNodes")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile to this file")
+	flag.BoolVar(&formOnly, "form-only", false, "measure formation only (no detection)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -233,7 +237,7 @@ func measure(n, per int, network string, verbose bool) (result, error) {
 			return res, fmt.Errorf("rank %d: %w", r, err)
 		}
 	}
-	if network != "mem" {
+	if network != "mem" || formOnly {
 		return res, nil // no way to cut a loopback member off from here
 	}
 	// Let the world settle (the seed's pushes, first probes) before the cut.

@@ -7,7 +7,8 @@ that runs.
     joint = gfx.trace_joint(fsdp, (tokens, labels))        # forward+loss+backward+SGD, one FX graph
     costs = gfx.profile_costs(joint, (tokens, labels))      # ns per FX node, measured
     step = gfx.to_step_graph(joint, costs)                  # the JSON `gorun plan` reads
-    planned, summary = gfx.plan(step, "reshard,blocks,overlap")  # libgorun's gorun_plan
+    gfx.calibrate_comm("0", 2)                              # α-β of the real group (every rank)
+    planned, summary = gfx.plan(step, "reshard,blocks,overlap")  # libgorun's gorun_plan, priced by it
     gm = gfx.apply_plan(joint, planned)                     # bucketed, reordered, re-gathered
     outs = gm(*joint.inputs(fsdp, (tokens, labels)))
 
@@ -341,11 +342,13 @@ def region(nd, blocks):
     return None
 
 
-def regions(graph, blocks):
+def regions(graph, blocks, join=True):
     """Node -> block. A node outside every block (the loss at the model's
     top level, its gradient, autograd's accumulations) joins the block of
-    the node before it: the block that was running. Optimizer nodes and
-    placeholders have none."""
+    the node before it, the block that was running, so its time and
+    memory are accounted to that block; with ``join=False`` it has no
+    region (gorun's passes handle region-less compute too). Optimizer
+    nodes and placeholders have none."""
     out, cur = {}, None
     dirs = directions(graph)
     for nd in graph.nodes:
@@ -354,7 +357,7 @@ def regions(graph, blocks):
             continue
         r = region(nd, blocks)
         cur = r if r is not None else cur
-        out[nd] = cur
+        out[nd] = cur if join else r
     return out
 
 
@@ -484,7 +487,7 @@ def gathered_views(graph):
     return root
 
 
-def to_step_graph(joint, costs=None, prefetch=1, group=None):
+def to_step_graph(joint, costs=None, prefetch=1, group=None, join_regions=True):
     """The step graph (gorun.stepgraph/v1, as a dict) of a traced joint
     graph. ``costs`` maps FX node names to ns (profile_costs); without it
     every compute node costs 1 ns.
@@ -499,10 +502,11 @@ def to_step_graph(joint, costs=None, prefetch=1, group=None):
     the end of the step). gorun's passes then bucket and move them.
 
     Collectives keep the FX graph's process-group name unless ``group``
-    renames them (graphs with one group only)."""
+    renames them (graphs with one group only). ``join_regions``: see
+    regions."""
     g = joint.gm.graph
     costs = costs or {}
-    dirs, regs = directions(g), regions(g, joint.blocks)
+    dirs, regs = directions(g), regions(g, joint.blocks, join_regions)
     view_root = gathered_views(g)
     waits = {}  # collective node -> its wait
     for nd in g.nodes:
@@ -598,19 +602,110 @@ def to_step_graph(joint, costs=None, prefetch=1, group=None):
 # gorun's planner
 
 
-def plan(step, passes="blocks,overlap", **options):
+_CALIBRATED = {}  # process-group name -> calibrate_comm's figures, in this process
+
+
+def calibrate_comm(group, world, reps=9, small=8, big=1 << 16):
+    """Measures gorun's α-β communication model on the process group named
+    ``group`` (``world`` ranks; every rank must call it, as a collective):
+    all-gathers and reduce-scatters of ``small`` and ``big`` f32 elements
+    per rank, each timed ``reps`` times between barriers (median), fitted
+    as latency + bus bytes / bus bandwidth (bus bytes: (world-1)/world of
+    the gathered buffer, as gorun's model counts them), plus the copy rate
+    of a ``big``·world clone (a bucket's copy-in and copy-out). Every rank
+    measures; the figures are agreed by a MAX over ranks of latency and of
+    1/bandwidth (the slowest rank's link prices the step), so every rank
+    gets the same dict and plans the same graph. The result
+    ({"latency_ns", "bus_bandwidth", "copy_bandwidth"}, gorun_plan's keys)
+    is also remembered for ``group`` in this process: ``plan`` uses it by
+    default for a step graph on that group."""
+    import torch.distributed as dist
+    if world < 2:
+        raise FxError("gorun.fx: calibrate_comm: group %r has %d rank(s); a collective needs 2 or more"
+                      % (group, world))
+    if small < 1 or big <= small or reps < 1:
+        raise FxError("gorun.fx: calibrate_comm: want 1 <= small < big and reps >= 1 (got small=%d big=%d reps=%d)"
+                      % (small, big, reps))
+
+    def med(fn):
+        fn()  # warm up: first use of a size allocates and connects
+        ts = []
+        for _ in range(reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return sorted(ts)[len(ts) // 2]
+
+    def fit(t_small, t_big):
+        bus = lambda n: (world - 1) / world * n * 4 * world  # noqa: E731 (bytes of the gathered buffer)
+        inv_bw = max(t_big - t_small, 1e-9) / (bus(big) - bus(small))  # s per bus byte
+        return max(t_small - bus(small) * inv_bw, 1e-7), inv_bw
+
+    fits = []
+    for op in ("all_gather", "reduce_scatter"):
+        def run(n, op=op):
+            if op == "all_gather":
+                x = torch.zeros(n)
+                return _c10d.wait_tensor(_c10d.all_gather_into_tensor(x, world, group))
+            x = torch.zeros(n * world)
+            return _c10d.wait_tensor(_c10d.reduce_scatter_tensor(x, "sum", world, group))
+        fits.append(fit(med(lambda: run(small)), med(lambda: run(big))))
+    buf = torch.zeros(big * world)
+    t_copy = med(buf.clone)
+    mine = torch.tensor([max(f[0] for f in fits), max(f[1] for f in fits), t_copy / buf.nbytes],
+                        dtype=torch.float64)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=_group_by_name(group))
+    lat, inv_bw, inv_copy = mine.tolist()
+    out = {"latency_ns": int(round(lat * 1e9)), "bus_bandwidth": 1.0 / inv_bw, "copy_bandwidth": 1.0 / inv_copy}
+    _CALIBRATED[group] = out
+    return out
+
+
+def _group_by_name(name):
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    try:
+        return _resolve_process_group(name)
+    except Exception as e:
+        raise FxError("gorun.fx: no process group named %r in this process (%s)" % (name, e)) from e
+
+
+def calibration(step):
+    """The calibrate_comm figures remembered for the one group of step
+    graph ``step``, or None (no calibration in this process, or several
+    groups)."""
+    names = {g["name"] for g in step.get("groups", ())}
+    return _CALIBRATED.get(names.pop()) if len(names) == 1 else None
+
+
+def plan(step, passes="blocks,overlap", comm=None, **options):
     """Runs gorun's passes on a step graph through libgorun's gorun_plan
     (the planner of ``gorun plan``, in process); returns (planned graph,
     summary), both dicts: the planned graph in the step-graph schema (the
     input itself when no pass rewrote it), the summary as ``gorun plan
-    --json`` prints it. ``options`` are gorun_plan's (cap_bytes,
-    latency_ns, bus_bandwidth, reshard_prefetch, peak_budget_bytes, ...)."""
+    --json`` prints it, plus "comm": the communication constants used
+    (None: gorun_plan's defaults).
+
+    Communication is priced by measurement, not by constants: ``comm`` is
+    calibrate_comm's dict; None (the default) takes the one calibrate_comm
+    measured in this process for the step graph's group, if any; False
+    plans with gorun_plan's default constants. Explicit ``options``
+    (cap_bytes, latency_ns, bus_bandwidth, copy_bandwidth,
+    reshard_prefetch, peak_budget_bytes, ...) win over ``comm``."""
     from gorun import _lib, _planner
+    if comm is None:
+        comm = calibration(step)
+    if comm:
+        bad = set(comm) - {"latency_ns", "bus_bandwidth", "copy_bandwidth"}
+        if bad:
+            raise FxError("gorun.fx: plan: comm has unknown keys %s (want calibrate_comm's)" % sorted(bad))
+        options = dict(comm, **options)
     try:
         r = _planner.plan(step, passes, **options)
     except _lib.GorunError as e:
         raise FxError("gorun.fx: gorun_plan --passes %r: %s" % (passes, e)) from e
-    return r.get("graph") or step, r["plan"]
+    summary = dict(r["plan"], comm=dict(comm) if comm else None, hash=r["hash"])
+    return r.get("graph") or step, summary
 
 
 # ---------------------------------------------------------------------------

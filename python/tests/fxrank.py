@@ -70,33 +70,6 @@ def reference_check(fsdp, ref, batch, outs, lr, world):
     return bool(ok)
 
 
-def calibrate(world_group, world, reps=30):
-    """gorun's α-β model measured on this group: the latency of an 8-byte
-    all-gather, the bus bandwidth of 1 MiB ones (busbw: (n-1)/n of the
-    output per rank), and the copy rate of a 1 MiB clone (the copy-in and
-    copy-out of a bucket). Medians; every rank measures, rank 0's count."""
-    import torch
-    import torch.distributed as dist
-    from gorun.fx import _c10d
-
-    def med(fn):
-        ts = []
-        for _ in range(reps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return sorted(ts)[len(ts) // 2]
-
-    small, big = torch.zeros(2), torch.zeros(1 << 18)
-    ag = lambda x: _c10d.wait_tensor(_c10d.all_gather_into_tensor(x, world, world_group))  # noqa: E731
-    t_small, t_big = med(lambda: ag(small)), med(lambda: ag(big))
-    t_copy = med(lambda: big.clone())
-    bus = (world - 1) / world * big.numel() * 4 * world
-    return {"latency_ns": int(t_small * 1e9), "bus_bandwidth": bus / max(t_big - t_small, 1e-9),
-            "copy_bandwidth": big.numel() * 4 / max(t_copy, 1e-9)}
-
-
 def rank_main(spec_path, out_path):
     import torch
     import torch.distributed as dist
@@ -108,7 +81,7 @@ def rank_main(spec_path, out_path):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     group = dist.group.WORLD.group_name
     if spec.get("calibrate"):
-        m = calibrate(group, world)
+        m = gfx.calibrate_comm(group, world)
         if rank == 0:
             with open(out_path, "w") as f:
                 json.dump(m, f)
@@ -121,8 +94,19 @@ def rank_main(spec_path, out_path):
                          % (rank, len(names), len(spec["fx_nodes"])))
     inputs = gfx.Joint.inputs(fsdp, batch)
     base, base_peak = gfx.run_graph(joint.gm, inputs)
+    plans = {}
+    if spec.get("plan_on_rank"):
+        # Each rank calibrates on the real group and plans its own trace:
+        # by default with the calibration, and with gorun_plan's defaults.
+        comm = gfx.calibrate_comm(group, world)
+        step = spec.get("step") or gfx.to_step_graph(joint)  # the parent's profiled one: the same on every rank
+        for side in spec["sides"]:
+            if side["kind"] == "gorun" and "planned" not in side:
+                side["planned"], summ = gfx.plan(step, side["passes"], comm=side.get("comm"))
+                plans[side["name"]] = {"hash": summ["hash"], "comm": summ["comm"]}
+        plans["measured"] = comm
     ref_ok = reference_check(fsdp, ref, batch, base, spec.get("lr", 0.01), world)
-    built = []
+    built, side_outs = [], []
     for side in spec["sides"]:
         est = side.get("exposed_ns")
         kind = side["kind"]
@@ -136,8 +120,20 @@ def rank_main(spec_path, out_path):
             gm, est = gfx.inductor_overlap(copy.deepcopy(joint.gm), side.get("costs"))
         else:
             raise SystemExit("fxrank: unknown side kind %r" % kind)
-        outs, peak = gfx.run_graph(gm, inputs)
-        equal = len(outs) == len(base) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(outs, base))
+        if side.get("compile"):
+            # torch.compile of the rewritten graph (backend named by the side);
+            # run_graph walks FX nodes, so a compiled side is run as a callable.
+            compiled = torch.compile(gm, backend=side["compile"], fullgraph=True)
+            outs, peak = list(compiled(*inputs)), 0
+            gm = _Compiled(gm, compiled)
+        else:
+            outs, peak = gfx.run_graph(gm, inputs)
+        # "equal_to": compare with an earlier side's outputs (a compiled
+        # graph with the compiled unbucketed one) instead of the unbucketed graph's
+        ref = base if side.get("equal_to") is None else side_outs[side["equal_to"]]
+        side_outs.append(outs)
+        equal = len(outs) == len(ref) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(outs, ref))
+        side["max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(outs, base))
         built.append((side, gm, est, peak, equal))
     # Timing: the sides interleaved round by round, so load on a shared
     # machine falls on all of them alike; the slowest rank's time counts.
@@ -156,14 +152,26 @@ def rank_main(spec_path, out_path):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         results.append({"name": side["name"], "collectives": gfx.count_collectives(gm), "peak_bytes": int(flags[1]),
                         "equal": flags[0].item() == 0.0, "step_s": sorted(t.tolist())[len(times[k]) // 2],
-                        "exposed_ns": est})
+                        "exposed_ns": est, "max_abs_diff": side["max_abs_diff"]})
     okt = torch.tensor([0.0 if ref_ok else 1.0])
     dist.all_reduce(okt, op=dist.ReduceOp.MAX)
+    every = [None] * world  # every rank's plans, to check that they agree
+    dist.all_gather_object(every, plans)
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump({"world": world, "reference_ok": okt.item() == 0.0, "base_peak_bytes": base_peak,
-                       "sides": results}, f)
+                       "sides": results, "plans": every}, f)
     dist.destroy_process_group()
+
+
+class _Compiled:
+    """A compiled side: called like its GraphModule, counted by its graph."""
+
+    def __init__(self, gm, fn):
+        self.graph, self._fn = gm.graph, fn
+
+    def __call__(self, *args):
+        return self._fn(*args)
 
 
 def free_port():
@@ -246,7 +254,7 @@ def prepare(spec, world, profile=True):
     import gorun.fx as gfx
     with fake_group(world) as group:
         fsdp, _, batch, joint = build(spec, 0, world, group)
-        costs = gfx.profile_costs(joint, batch, fsdp) if profile else None
+        costs = gfx.profile_costs(joint, batch, fsdp, repeats=spec.get("profile_repeats", 3)) if profile else None
         step = gfx.to_step_graph(joint, costs)
     spec["fx_nodes"] = [n.name for n in joint.gm.graph.nodes]
     return joint, costs, step

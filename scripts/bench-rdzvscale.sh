@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# In-process formation of host-leader worlds (bench/rdzvscale -form-only):
+# medians of ROUNDS runs per size, with the 1-minute load average and peak
+# memory of each run, and, when ANCHOR names a revision, that revision's
+# rendezvous package built the same way and run interleaved with this tree,
+# with the ratio of the medians. The machine may be shared: the load column
+# says how much; a run that fails prints its error (at 4,096 ranks in one
+# process, a stream silent past its lease when the cores are starved).
+#
+#   SIZES=1024,4096 ROUNDS=3 PER=16 ANCHOR=main scripts/bench-rdzvscale.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SIZES=${SIZES:-64,256,1024,4096}
+ROUNDS=${ROUNDS:-3}
+PER=${PER:-16}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+go build -o "$tmp/new" ./bench/rdzvscale
+bins=(new)
+if [[ -n "${ANCHOR:-}" ]]; then
+	mkdir "$tmp/anchor-src"
+	git archive "$ANCHOR" | tar -x -C "$tmp/anchor-src"
+	# The anchor's library under this tree's driver (which has -form-only).
+	cp bench/rdzvscale/main.go "$tmp/anchor-src/bench/rdzvscale/main.go"
+	(cd "$tmp/anchor-src" && go build -o "$tmp/anchor" ./bench/rdzvscale)
+	bins=(anchor new)
+fi
+printf '%-6s %-7s %-6s %10s %8s %10s  %s\n' size build round formation load1 maxrss_MB note
+IFS=, read -ra sizes <<<"$SIZES"
+for n in "${sizes[@]}"; do
+	for ((i = 1; i <= ROUNDS; i++)); do
+		for b in "${bins[@]}"; do
+			out=$( { /usr/bin/time -f 'RSS %M' "$tmp/$b" -sizes "$n" -mode hier -per "$PER" -form-only 2>&1 || true; } | tail -3)
+			load=$(cut -d' ' -f1 /proc/loadavg)
+			rss=$(sed -n 's/^RSS \([0-9]*\)$/\1/p' <<<"$out")
+			row=$(grep -E "^$n " <<<"$out" || true)
+			f=$(awk '{print $4}' <<<"$row")
+			note=""
+			[[ "$f" == "-" || -z "$f" ]] && note=$(cut -c40- <<<"$row")
+			printf '%-6s %-7s %-6s %10s %8s %10s  %s\n' "$n" "$b" "$i" "${f:--}" "$load" "$(( ${rss:-0} / 1024 ))" "$note" | tee -a "$tmp/rows"
+		done
+	done
+done
+echo
+echo "medians (failed runs excluded; n = runs that formed):"
+for n in "${sizes[@]}"; do
+	line="$n:"
+	declare -A med=()
+	for b in "${bins[@]}"; do
+		vals=$(awk -v n="$n" -v b="$b" '$1==n && $2==b && $4!="-" {sub("s","",$4); print $4}' "$tmp/rows" | sort -g)
+		k=$(grep -c . <<<"$vals" || true)
+		m=-
+		if ((k > 0)); then m=$(sed -n "$(((k + 1) / 2))p" <<<"$vals"); fi
+		med[$b]=$m
+		line+=" $b ${m}s (n=$k/$ROUNDS)"
+	done
+	if [[ -n "${ANCHOR:-}" && ${med[anchor]} != - && ${med[new]} != - ]]; then
+		line+=" new/anchor $(awk -v a="${med[anchor]}" -v b="${med[new]}" 'BEGIN{printf "%.2f", b/a}')"
+	fi
+	echo "$line"
+	unset med
+done
