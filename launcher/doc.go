@@ -18,14 +18,15 @@
 //
 // # Pieces, from the top
 //
-//   - Launch (launch.go) decides where the ranks live and hands over:
-//     every host is this machine → launchLocal and RunLocal; otherwise
-//     launchOnHosts (remote.go). SLURM allocations are read here too
-//     (SlurmHosts).
+//   - Launch and LaunchReport (launch.go) are every job's entry point:
+//     LaunchReport runs the job's worlds (launchWorlds, elastic.go), and
+//     each world decides where the ranks live and hands over: every host
+//     is this machine → launchLocal and RunLocal; otherwise launchOnHosts
+//     (remote.go). SLURM allocations are read here too (SlurmHosts).
 //   - Planning (plan.go, pure): NewPlan maps PlanConfig — hosts, -np, GPUs,
 //     exports, job id, secret, ports — to a Plan with one RankSpec per rank
 //     and its full environment (rankenv names). Host lists come from
-//     hostfile.go; ResolveExports turns -x values into NAME=VALUE.
+//     launcher/hostfile; ResolveExports turns -x values into NAME=VALUE.
 //   - Edges (local.go, ports.go, gpus.go): which names are this machine,
 //     job identity, two kernel-chosen free ports held until the ranks start,
 //     GPU count from launcher.GPUProbe (the CUDA driver in gorun).
@@ -34,7 +35,10 @@
 //     that would run it (descriptors, processes, the cgroup's pids), on
 //     the launching machine for a local job and in each host's hello for
 //     a multi-host one.
-//   - The job loop (jobloop.go) is the one event loop of every job. It sees
+//   - The job loop (jobloop.go) is the one event loop of every job:
+//     jobLoop.run is begin, a loop of next, and verdict over a liveJob,
+//     the job's state, whose methods are the named steps (onEvent and one
+//     method per event kind, onTimeout, inject, onSignal, stop, kill). It sees
 //     the ranks through a rankHome — "where ranks live": localHome (this
 //     machine's supervisor, runlocal.go), hostsHome (the hosts' supervisors
 //     through their host agents, remote.go), or the scripted fakeHome of
@@ -92,6 +96,39 @@
 //     died. supervisor.go explains why this design was chosen over the
 //     alternatives. Programs embedding the launcher call
 //     IsSupervisor/SupervisorMain first thing in main.
+//
+// # Packages
+//
+// The launcher is being split along these lines into packages of one
+// noun each, leaves first, so that the job loop imports the rooms and no
+// room imports the loop. So far:
+//
+//   - launcher/hostfile: Host and the host list's two spellings (a
+//     hostfile, an -H value); pure. Host stays here as an alias.
+//   - launcher/launchertest: test support (helper rank modes, a scan for
+//     a test's surviving processes).
+//
+// Still in this package, in the order a later split would take them: the
+// fault specs (inject.go, inject_chaos.go: pure, but their kinds are
+// named across the report and the supervisor), the plan (plan.go, with
+// the rank environment and ports), output (output.go, outputdir.go,
+// stdin.go), the supervisor and its client, the host agent and host
+// start-up, and elastic restarts.
+//
+// # Walking `gorun -np 2 ./prog`
+//
+// cmd/gorun's main parses the flags and calls launch (cmd/gorun/main.go),
+// which builds a Config and a Job and calls LaunchReport (launch.go). Its
+// launchWorlds (elastic.go) runs one world; every host is this machine, so
+// launchLocal (launch.go) resolves the program, reserves the ports, plans
+// (NewPlan, plan.go) and calls RunLocal (runlocal.go), which starts the
+// supervisor (supervisorclient.go: rankPipes, startSupervisor) and sends it
+// the spec. The supervisor, gorun's own executable re-run
+// (IsSupervisor/SupervisorMain, supervisor.go: runSupervisor, startAll),
+// starts the two ranks, each in its own process group. RunLocal then runs
+// the job loop (jobloop.go: jobLoop.run) over a localHome until the
+// supervisor reports "done", and its verdict is the error main maps to an
+// exit code.
 //
 // # A multi-host launch's ordering obligations
 //

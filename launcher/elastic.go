@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gorun-hpc/gorun/launcher/hostfile"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
 
@@ -439,58 +440,9 @@ func (w *worldRun) ranksStarted(t time.Time) {
 	}
 }
 
-// Launch runs a job (see LaunchReport) and drops the report.
-func Launch(ctx context.Context, cfg Config, job Job) error {
-	_, err := LaunchReport(ctx, cfg, job)
-	return err
-}
-
-// LaunchReport plans and runs a job, restarting it after a rank or host
-// failure up to job.MaxRestarts times, and injecting job.Faults. When every
-// host is this machine it checks that the program can run, reserves ports,
-// plans, and runs the plan under one local supervisor. When a host is
-// another machine (or Config.Starter is StartSrun) it starts one host agent
-// per host and runs the job through them. The error is nil when every rank
-// of the last world exited 0; otherwise it is the last world's: one of
-// *RankExitError, *StartError, *TimeoutError, *InterruptedError,
-// *ProgramError, *SlotsError, *CapacityError, *SupervisorError, *HostError,
-// *VersionError, *HostLostError, *MPIError, *FrozenError, *OutputLostError (every rank
-// succeeded but a log file lost output), *FaultSpecError, or a
-// configuration or context error. The report is never nil.
-func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
-	rep := &Report{
-		MaxRestarts: job.MaxRestarts, faults: job.Faults, horizon: randomHorizon,
-		ckptSig: cmp.Or(job.CheckpointSignal, syscall.SIGUSR1), ckptBefore: job.CheckpointBefore,
-		fired: map[int]bool{}, byID: map[int]int{}, Faults: []FaultReport{}, Worlds: []WorldReport{},
-		lostIn: map[string]int{},
-	}
-	err := launchWorlds(ctx, cfg, job, rep)
-	kept := rep.Faults[:0]
-	for i, f := range rep.Faults {
-		if f.Restart == nil {
-			if i < len(rep.inj) && rep.faults[rep.inj[i].fault].Kind == FaultRandom {
-				// One of a random fault's week of planned kills: only
-				// those that were due belong in the report.
-				rep.RandomNotDue++
-				continue
-			}
-			f.Missed = "the job ended before it was due"
-		}
-		kept = append(kept, f)
-	}
-	rep.Faults = kept
-	clear(rep.byID) // indexes into the list before it was cut
-	rep.Outcome = "succeeded"
-	if err != nil {
-		rep.Outcome = err.Error()
-		rep.ExitCode = exitCodeOf(err)
-		if n := len(rep.Worlds); n > 0 {
-			rep.Cause = rep.Worlds[n-1].Cause
-		}
-	}
-	return rep, err
-}
-
+// launchWorlds runs the job's worlds in turn (LaunchReport): each a new
+// plan over the hosts not lost, until one succeeds, a failure is not
+// restartable, or the restarts allowed are spent.
 func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -782,7 +734,7 @@ func (e *GrowError) Unwrap() error { return e.Err }
 // reported, not fatal: a file being edited may be caught half-written, and
 // the job has a working host list.
 func reloadHosts(cfg Config, el *elastic, path string, rep *Report, restart int) {
-	hosts, err := ParseHostfile(path)
+	hosts, err := hostfile.Parse(path)
 	if err != nil {
 		rep.HostfileChanges = append(rep.HostfileChanges, HostfileChange{Restart: restart, Error: err.Error()})
 		cfg.Logger.Warn().Err(err).Str("hostfile", path).Msg("could not read the hostfile again; the next world uses the hosts it had")

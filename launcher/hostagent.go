@@ -414,312 +414,373 @@ func rankDir(dir string) string {
 // output) or gorun is gone (then the supervisor is told to kill it all).
 //
 // Goroutines, all waited for before relay returns:
-//   - one per rank stream (outWG): pipe → output frames. They never stop
-//     reading, even when the connection is dead, so a rank never blocks
-//     on a full pipe before the supervisor kills it.
-//   - the connection reader: frames from gorun → commands to the
-//     supervisor, stdin chunks to rank 0's queue; every frame (pings
-//     included) renews lastHeard, the lease's clock.
-//   - the event reader: supervisor events → event frames, holding back
-//     "done" (doneEv) until every output stream reached EOF.
+//   - one per rank stream (outWG, pumpOutput): pipe → output frames.
+//     They never stop reading, even when the connection is dead, so a
+//     rank never blocks on a full pipe before the supervisor kills it.
+//   - the connection reader (readCommands): frames from gorun → commands
+//     to the supervisor, stdin chunks to rank 0's queue; every frame
+//     (pings included) renews lastHeard, the lease's clock.
+//   - the event reader (forwardEvents): supervisor events → event frames,
+//     holding back "done" (doneEv) until every output stream reached EOF.
 //   - the pinger: a ping every lease/4 so gorun's lease stays alive while
 //     nothing else flows; it is separate so a write stuck on a dead link
 //     cannot delay the lease check below.
+//   - pingSupervisor: a ping to the supervisor every lease/4, its lease on
+//     this agent; and the supervisor's lease on its events (watchLease).
 //   - stdin's queue writer, when rank 0 reads gorun's stdin.
 //
-// relay's own loop decides the end: "done" (finish cleanly), or the
+// relay's own loop (watch) decides the end: "done" (finish), or the
 // connection closing or falling silent for the lease (gorun is gone or
 // cut off: close the supervisor's command pipe, which kills every rank and
 // descendant on this host, and return the reason).
 func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, pj *pmiJob, log zerolog.Logger, stderr io.Writer) error {
-	base := scrubLaunchEnv(filterEnv(os.Environ()))
 	lease := job.Lease
 	if lease <= 0 {
 		lease = DefaultLease
 	}
-	p := &rankPipes{spec: supervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj,
+	r := &agentRelay{w: w, job: job, ranks: ranks, log: log, lease: lease,
+		gone: make(chan error, 1), doneEv: make(chan supervisorEvent, 1), readerDone: make(chan struct{}), stopPing: make(chan struct{})}
+	r.p = &rankPipes{spec: supervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj,
 		ClientLease: lease}}
-	defer p.closeChildEnds()
+	defer r.p.closeChildEnds()
 	// The ranks' flight records: written here, sent to gorun (flight.go).
 	// Removed at the end; should this agent die first, by its supervisor.
-	var flight *flightRecords
 	var flightEnv []string
 	if job.Flight {
-		if flight = agentFlight(log); flight != nil {
-			defer flight.remove()
-			p.spec.RemoveDir = flight.dir
-			flightEnv = []string{flight.env()}
+		if r.flight = agentFlight(log); r.flight != nil {
+			defer r.flight.remove()
+			r.p.spec.RemoveDir = r.flight.dir
+			flightEnv = []string{r.flight.env()}
 		}
 	}
-	firstRank := 0
 	if len(ranks) > 0 {
-		firstRank = ranks[0].Rank
+		r.firstRank = ranks[0].Rank
 	}
-	var stdin *stdinQueue
-	for _, rr := range ranks {
-		stdinFD := -1
-		if rr.Rank == 0 && job.Stdin {
-			pr, pw, err := os.Pipe()
-			if err != nil {
-				p.closeStreams()
-				return fmt.Errorf("pipe: %w", err)
-			}
-			stdinFD = p.inherit(pr, true)
-			stdin = newStdinQueue(pw)
-		}
-		sr := supervisorRank{Rank: rr.Rank, Path: hello.Program, Argv: job.Argv, Dir: rankDir(job.Dir), Env: mergeEnv(base, rr.Env, flightEnv), GPU: rr.GPU}
-		if err := p.addRank(sr, stdinFD); err != nil {
-			if stdin != nil {
-				stdin.w.Close()
-			}
-			p.closeStreams()
-			return err
-		}
+	if err := r.addRanks(hello, flightEnv); err != nil {
+		return err
 	}
 	// What the ranks leave in other sessions when the supervisor dies
 	// comes to this agent, not init; killLeftovers ends it below.
 	adoptOrphans()
-	sup, err := startSupervisor("", p.extra, stderr, jobIDOf(ranks))
-	p.closeChildEnds()
+	sup, err := startSupervisor("", r.p.extra, stderr, jobIDOf(ranks))
+	r.p.closeChildEnds()
 	if err != nil {
-		if stdin != nil {
-			stdin.w.Close()
+		if r.stdin != nil {
+			r.stdin.w.Close()
 		}
-		p.closeStreams()
+		r.p.closeStreams()
 		return err
 	}
-	if p.spec.Cgroup = sup.cgroupDir(); sup.cgWhy != nil {
+	r.sup = sup
+	if r.p.spec.Cgroup = sup.cgroupDir(); sup.cgWhy != nil {
 		log.Debug().Err(sup.cgWhy).Msg("no job cgroup: a SIGKILLed supervisor's escaped descendants are found by their environment only")
 	}
-	defer p.closeStreams()
+	defer r.p.closeStreams()
 	defer sup.closeEvents()
 	// After closeCommands (defers run last first): the supervisor exits
 	// once its command pipe is closed, and only then is its cgroup
 	// emptied and removed, on every way out of this function.
 	defer func() {
 		_ = sup.wait()
-		if _, err := sup.releaseCgroup(); err != nil {
-			log.Warn().Err(err).Msg("job cgroup")
-		}
+		r.releaseCgroup()
 	}()
 	defer sup.closeCommands()
-	_ = sup.send(p.spec)
+	_ = sup.send(r.p.spec)
 
-	var outWG, wg sync.WaitGroup
+	var wg sync.WaitGroup
 	defer wg.Wait()
-	if stdin != nil {
-		wg.Go(stdin.run)
-		defer stdin.close()
+	if r.stdin != nil {
+		wg.Go(r.stdin.run)
+		defer r.stdin.close()
 	}
-	for _, s := range p.streams {
-		outWG.Go(func() {
-			buf := make([]byte, 64<<10)
-			for {
-				n, err := s.r.Read(buf)
-				if n > 0 {
-					// A failed write means gorun is gone; keep draining so
-					// the ranks never block on a full pipe before the
-					// supervisor kills them.
-					_ = w.sendOutput(s.rank, s.kind, buf[:n])
-				}
-				if err != nil {
-					return
-				}
-			}
-		})
+	for _, s := range r.p.streams {
+		r.outWG.Go(func() { r.pumpOutput(s) })
 	}
-
-	// gone closes when gorun hung up, broke the protocol or fell silent.
-	gone := make(chan error, 1)
-	var lastHeard atomic.Int64
-	lastHeard.Store(time.Now().UnixNano())
-	wg.Go(func() {
-		var buf []byte
-		// asked is when this agent last told its ranks to dump their
-		// flight records (its own clock, the ranks' clock).
-		var asked time.Time
-		for {
-			typ, p, err := w.readFrame(buf)
-			if err != nil {
-				gone <- err
-				return
-			}
-			buf = p[:0]
-			lastHeard.Store(time.Now().UnixNano())
-			if typ == frameStdin && stdin != nil {
-				stdin.push(p)
-				continue
-			}
-			if typ != frameMsg {
-				continue
-			}
-			var m wireMsg
-			if json.Unmarshal(p, &m) != nil || m.T != "cmd" || m.Cmd == nil {
-				continue
-			}
-			switch {
-			case m.Cmd.Op == "flight":
-				sendFlight(flight, w, firstRank, asked, true)
-			case m.Cmd.Op == "flight-signal":
-				asked = time.Now()
-				flight.signalReady()
-			default:
-				if m.Cmd.Op == "signal" && m.Cmd.DumpFirst {
-					// Blocks this reader for at most
-					// flightBeforeStop; gorun's grace runs
-					// meanwhile and its kill queues behind.
-					flight.dumpBeforeStop()
-				}
-				if m.Cmd.Op == "signal" && m.Cmd.Signal == int(syscall.SIGUSR2) {
-					asked = time.Now()
-				}
-				_ = sup.send(m.Cmd)
-			}
-		}
-	})
-	// The supervisor's events go to gorun as they come, except "done",
-	// which waits for the last output so gorun has it all when it sees
-	// the host finish.
-	doneEv := make(chan supervisorEvent, 1)
+	r.lastHeard.Store(time.Now().UnixNano())
+	wg.Go(r.readCommands)
 	// The supervisor's lease: silent (stopped, hung) past it, it is
 	// killed, its event pipe ends and the loop below sees it lost.
-	readerDone := make(chan struct{})
-	var supSilent atomic.Int64
-	wg.Go(func() {
-		sup.watchLease(lease, readerDone, &supSilent)
-	})
-	wg.Go(func() {
-		defer close(readerDone)
-		var last *supervisorEvent
-		sup.readEvents(func(ev supervisorEvent) {
-			if ev.Ev == "done" {
-				last = &ev
-				return
-			}
-			_ = w.send(wireMsg{T: "event", Event: &ev})
-			if ev.Ev == "injected" && ev.KillHost && ev.Err == "" {
-				// An injected kill-host (inject.go): the ranks are
-				// signaled and gorun has the event; now this host's agent
-				// dies as a crashed machine's would, without a word. Its
-				// supervisor sees its command pipe end and kills what is
-				// left; gorun sees the connection drop: "host lost".
-				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			}
-		})
-		if last != nil {
-			doneEv <- *last
-		}
-		close(doneEv)
-	})
-
+	wg.Go(func() { sup.watchLease(lease, r.readerDone, &r.supSilent) })
+	wg.Go(r.forwardEvents)
 	w.writeTimeout = lease
-	stopPing := make(chan struct{})
-	defer close(stopPing)
-	wg.Go(func() { pinger(w, lease/4, stopPing) })
-	// The supervisor's lease on this agent (ClientLease): a stopped
-	// agent stops pinging, and its ranks die without it.
-	wg.Go(func() {
-		t := time.NewTicker(lease / 4)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopPing:
-				return
-			case <-t.C:
-				_ = sup.send(supervisorCmd{Op: "ping"})
-			}
-		}
-	})
-	check := time.NewTicker(lease / 8)
-	defer check.Stop()
-	// gorun is on another host: no process of its to read. What this
-	// agent knows is its own lateness: time it could not run (its check
-	// ticks came late) is not gorun's silence (internal/liveness,
-	// notes/verdicts.md).
-	stalls := liveness.StallMeter{Period: lease / 8, Slack: lease / 16}
-	stalls.Tick(time.Now())
-	var lost error
-	for lost == nil {
-		select {
-		case err := <-gone:
-			lost = fmt.Errorf("connection to gorun closed: %w", err)
-		case <-check.C:
-			now := time.Now()
-			stalls.Tick(now)
-			heard := time.Unix(0, lastHeard.Load())
-			if silent := now.Sub(heard); silent-stalls.Since(heard) > lease {
-				lost = fmt.Errorf("no word from gorun for %s (lease %s)", silent.Round(time.Millisecond), lease)
-			}
-		case ev, ok := <-doneEv:
-			// Every rank is gone: what they dumped goes to gorun before
-			// "done" (ranks dump when their communicator fails), and the
-			// directory stays this agent's to remove.
-			sendFlight(flight, w, firstRank, time.Time{}, false)
-			_ = sup.send(supervisorCmd{Op: "bye"})
-			sup.closeCommands()
-			supErr := sup.wait()
-			var supLost error
-			if !ok {
-				supLost = errors.New("its job supervisor exited without reporting the end of the job")
-				if supErr != nil {
-					supLost = fmt.Errorf("its job supervisor died (%v) without reporting the end of the job", supErr)
-				}
-				if d := time.Duration(supSilent.Load()); d > 0 {
-					supLost = fmt.Errorf("its job supervisor was silent for %s, past the lease of %s (stopped or hung), and was killed", d.Round(time.Millisecond), lease)
-				}
-			}
-			if !ok {
-				// The supervisor died without killing what the ranks
-				// started in other sessions, which may hold output pipes
-				// open: end it, and stop waiting for those pipes after
-				// the grace period rather than forever.
-				n, cgErr := sup.releaseCgroup()
-				if cgErr != nil {
-					log.Warn().Err(cgErr).Msg("job cgroup")
-				}
-				if n += killLeftovers(jobIDOf(ranks)); n > 0 {
-					log.Warn().Int("processes", n).Msg("killed processes the job left after its supervisor was lost")
-				}
-				drainOutput(&outWG, p, job.Grace+time.Second)
-			}
-			outWG.Wait()
-			if ok {
-				_ = w.send(wireMsg{T: "event", Event: &ev})
-			} else {
-				// Say why before hanging up: gorun would otherwise see
-				// only a closed connection, which reads as a killed
-				// agent or a rebooted host.
-				_ = w.send(wireMsg{T: "supervisor-lost", Err: supLost.Error() + "; the host agent ended its ranks"})
-			}
-			// Half-close and wait for gorun to hang up (it does once every
-			// host is done): closing outright while gorun's pings sit
-			// unread would reset the connection, and a reset discards
-			// whatever of ours was still in flight — "done" included.
-			if tc, isTCP := w.c.(*net.TCPConn); isTCP {
-				_ = tc.CloseWrite()
-				select {
-				case <-gone:
-				case <-time.After(2 * lease):
-				}
-			}
-			w.c.Close()
-			if !ok {
-				return supLost
-			}
-			return nil
-		}
+	defer close(r.stopPing)
+	wg.Go(func() { pinger(w, lease/4, r.stopPing) })
+	wg.Go(r.pingSupervisor)
+
+	lost, ev, ok := r.watch()
+	if lost == nil {
+		return r.finish(ev, ok)
 	}
 	// gorun is gone: the supervisor kills every rank and descendant when
 	// its command pipe closes.
 	log.Warn().Err(lost).Msg("lost gorun; killing this host's ranks")
 	sup.closeCommands()
 	_ = sup.wait()
-	if _, err := sup.releaseCgroup(); err != nil {
-		log.Warn().Err(err).Msg("job cgroup")
-	}
+	r.releaseCgroup()
 	w.c.Close()
-	outWG.Wait()
+	r.outWG.Wait()
 	return lost
+}
+
+// agentRelay is what relay shares with the goroutines it starts and the
+// steps it takes; relay owns it and waits for every goroutine before it
+// returns.
+type agentRelay struct {
+	w         *wireConn
+	job       *remoteJob
+	ranks     []remoteRank
+	log       zerolog.Logger
+	lease     time.Duration
+	p         *rankPipes
+	sup       *supervisorClient
+	flight    *flightRecords
+	firstRank int
+	stdin     *stdinQueue // nil unless rank 0 is here and reads gorun's stdin
+
+	// outWG counts the rank streams still being read (pumpOutput).
+	outWG sync.WaitGroup
+	// gone receives why the connection failed (gorun hung up or broke
+	// the protocol; readCommands); lastHeard is when any frame last came from gorun (Unix ns).
+	gone      chan error
+	lastHeard atomic.Int64
+	// doneEv carries the supervisor's "done", held back until every output
+	// stream reached EOF, and closes after it (or without it, when the
+	// supervisor's events ended first); readerDone closes when the
+	// supervisor's events end; supSilent is how long the supervisor was
+	// silent when its lease killed it.
+	doneEv     chan supervisorEvent
+	readerDone chan struct{}
+	supSilent  atomic.Int64
+	stopPing   chan struct{}
+}
+
+// addRanks adds every rank to the supervisor's spec, with a pipe for
+// rank 0's stdin when gorun forwards it.
+func (r *agentRelay) addRanks(hello remoteHello, flightEnv []string) error {
+	base := scrubLaunchEnv(filterEnv(os.Environ()))
+	for _, rr := range r.ranks {
+		stdinFD := -1
+		if rr.Rank == 0 && r.job.Stdin {
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				r.p.closeStreams()
+				return fmt.Errorf("pipe: %w", err)
+			}
+			stdinFD = r.p.inherit(pr, true)
+			r.stdin = newStdinQueue(pw)
+		}
+		sr := supervisorRank{Rank: rr.Rank, Path: hello.Program, Argv: r.job.Argv, Dir: rankDir(r.job.Dir), Env: mergeEnv(base, rr.Env, flightEnv), GPU: rr.GPU}
+		if err := r.p.addRank(sr, stdinFD); err != nil {
+			if r.stdin != nil {
+				r.stdin.w.Close()
+			}
+			r.p.closeStreams()
+			return err
+		}
+	}
+	return nil
+}
+
+// releaseCgroup empties and removes the job cgroup, if there is one.
+func (r *agentRelay) releaseCgroup() {
+	if _, err := r.sup.releaseCgroup(); err != nil {
+		r.log.Warn().Err(err).Msg("job cgroup")
+	}
+}
+
+// pumpOutput sends one rank stream to gorun as output frames until EOF.
+func (r *agentRelay) pumpOutput(s rankStream) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := s.r.Read(buf)
+		if n > 0 {
+			// A failed write means gorun is gone; keep draining so the
+			// ranks never block on a full pipe before the supervisor
+			// kills them.
+			_ = r.w.sendOutput(s.rank, s.kind, buf[:n])
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// readCommands reads gorun's frames until the connection fails: commands
+// go to the supervisor, stdin chunks to rank 0's queue, and every frame
+// (pings included) renews lastHeard.
+func (r *agentRelay) readCommands() {
+	var buf []byte
+	// asked is when this agent last told its ranks to dump their
+	// flight records (its own clock, the ranks' clock).
+	var asked time.Time
+	for {
+		typ, p, err := r.w.readFrame(buf)
+		if err != nil {
+			r.gone <- err
+			return
+		}
+		buf = p[:0]
+		r.lastHeard.Store(time.Now().UnixNano())
+		if typ == frameStdin && r.stdin != nil {
+			r.stdin.push(p)
+			continue
+		}
+		if typ != frameMsg {
+			continue
+		}
+		var m wireMsg
+		if json.Unmarshal(p, &m) != nil || m.T != "cmd" || m.Cmd == nil {
+			continue
+		}
+		switch {
+		case m.Cmd.Op == "flight":
+			sendFlight(r.flight, r.w, r.firstRank, asked, true)
+		case m.Cmd.Op == "flight-signal":
+			asked = time.Now()
+			r.flight.signalReady()
+		default:
+			if m.Cmd.Op == "signal" && m.Cmd.DumpFirst {
+				// Blocks this reader for at most flightBeforeStop;
+				// gorun's grace runs meanwhile and its kill queues
+				// behind.
+				r.flight.dumpBeforeStop()
+			}
+			if m.Cmd.Op == "signal" && m.Cmd.Signal == int(syscall.SIGUSR2) {
+				asked = time.Now()
+			}
+			_ = r.sup.send(m.Cmd)
+		}
+	}
+}
+
+// forwardEvents sends the supervisor's events to gorun as they come,
+// except "done", which goes to doneEv to wait for the last output so that
+// gorun has it all when it sees the host finish.
+func (r *agentRelay) forwardEvents() {
+	defer close(r.readerDone)
+	var last *supervisorEvent
+	r.sup.readEvents(func(ev supervisorEvent) {
+		if ev.Ev == "done" {
+			last = &ev
+			return
+		}
+		_ = r.w.send(wireMsg{T: "event", Event: &ev})
+		if ev.Ev == "injected" && ev.KillHost && ev.Err == "" {
+			// An injected kill-host (inject.go): the ranks are signaled
+			// and gorun has the event; now this host's agent dies as a
+			// crashed machine's would, without a word. Its supervisor
+			// sees its command pipe end and kills what is left; gorun
+			// sees the connection drop: "host lost".
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+	})
+	if last != nil {
+		r.doneEv <- *last
+	}
+	close(r.doneEv)
+}
+
+// pingSupervisor renews the supervisor's lease on this agent
+// (ClientLease): a stopped agent stops pinging, and its ranks die
+// without it.
+func (r *agentRelay) pingSupervisor() {
+	t := time.NewTicker(r.lease / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stopPing:
+			return
+		case <-t.C:
+			_ = r.sup.send(supervisorCmd{Op: "ping"})
+		}
+	}
+}
+
+// watch waits for the end: the supervisor's "done" (or its event stream
+// ending: ok false), or gorun lost — the connection closed or silent past
+// the lease — with the reason.
+func (r *agentRelay) watch() (lost error, ev supervisorEvent, ok bool) {
+	check := time.NewTicker(r.lease / 8)
+	defer check.Stop()
+	// gorun is on another host: no process of its to read. What this
+	// agent knows is its own lateness: time it could not run (its check
+	// ticks came late) is not gorun's silence (internal/liveness,
+	// notes/verdicts.md).
+	stalls := liveness.StallMeter{Period: r.lease / 8, Slack: r.lease / 16}
+	stalls.Tick(time.Now())
+	for {
+		select {
+		case err := <-r.gone:
+			return fmt.Errorf("connection to gorun closed: %w", err), ev, false
+		case <-check.C:
+			now := time.Now()
+			stalls.Tick(now)
+			heard := time.Unix(0, r.lastHeard.Load())
+			if silent := now.Sub(heard); silent-stalls.Since(heard) > r.lease {
+				return fmt.Errorf("no word from gorun for %s (lease %s)", silent.Round(time.Millisecond), r.lease), ev, false
+			}
+		case ev, ok = <-r.doneEv:
+			return nil, ev, ok
+		}
+	}
+}
+
+// finish ends a job whose ranks are all gone: their flight records and
+// then "done" go to gorun after the last output — or, when the supervisor
+// was lost (!ok), what is left is killed and gorun is told why — and the
+// connection is closed once gorun hung up.
+func (r *agentRelay) finish(ev supervisorEvent, ok bool) error {
+	// Every rank is gone: what they dumped goes to gorun before "done"
+	// (ranks dump when their communicator fails), and the directory stays
+	// this agent's to remove.
+	sendFlight(r.flight, r.w, r.firstRank, time.Time{}, false)
+	_ = r.sup.send(supervisorCmd{Op: "bye"})
+	r.sup.closeCommands()
+	supErr := r.sup.wait()
+	var supLost error
+	if !ok {
+		supLost = errors.New("its job supervisor exited without reporting the end of the job")
+		if supErr != nil {
+			supLost = fmt.Errorf("its job supervisor died (%v) without reporting the end of the job", supErr)
+		}
+		if d := time.Duration(r.supSilent.Load()); d > 0 {
+			supLost = fmt.Errorf("its job supervisor was silent for %s, past the lease of %s (stopped or hung), and was killed", d.Round(time.Millisecond), r.lease)
+		}
+		// The supervisor died without killing what the ranks started in
+		// other sessions, which may hold output pipes open: end it, and
+		// stop waiting for those pipes after the grace period rather
+		// than forever.
+		n, cgErr := r.sup.releaseCgroup()
+		if cgErr != nil {
+			r.log.Warn().Err(cgErr).Msg("job cgroup")
+		}
+		if n += killLeftovers(jobIDOf(r.ranks)); n > 0 {
+			r.log.Warn().Int("processes", n).Msg("killed processes the job left after its supervisor was lost")
+		}
+		drainOutput(&r.outWG, r.p, r.job.Grace+time.Second)
+	}
+	r.outWG.Wait()
+	if ok {
+		_ = r.w.send(wireMsg{T: "event", Event: &ev})
+	} else {
+		// Say why before hanging up: gorun would otherwise see only a
+		// closed connection, which reads as a killed agent or a
+		// rebooted host.
+		_ = r.w.send(wireMsg{T: "supervisor-lost", Err: supLost.Error() + "; the host agent ended its ranks"})
+	}
+	// Half-close and wait for gorun to hang up (it does once every host
+	// is done): closing outright while gorun's pings sit unread would
+	// reset the connection, and a reset discards whatever of ours was
+	// still in flight — "done" included.
+	if tc, isTCP := r.w.c.(*net.TCPConn); isTCP {
+		_ = tc.CloseWrite()
+		select {
+		case <-r.gone:
+		case <-time.After(2 * r.lease):
+		}
+	}
+	r.w.c.Close()
+	return supLost
 }
 
 // jobIDOf returns the job's GORUN_JOB_ID from its ranks' environment.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"syscall"
 	"time"
@@ -142,477 +143,611 @@ const (
 
 // run handles the supervisors' events, signals and timers until every
 // supervisor reported that its ranks and their descendants are gone, or
-// was lost.
+// was lost, and returns the job's verdict. It is the story of a job: the
+// ranks start (the spec went out before run), the loop waits for one
+// thing at a time and applies the failure rules to it, and once the last
+// supervisor is done the verdict names what ended the job.
 func (r *jobLoop) run(ctx context.Context) error {
-	ranks := make([]rankState, len(r.plan.Ranks))
-	events := r.home.events()
-	// left counts the supervisors that have not yet reported "done" or
-	// been lost.
-	left := r.home.supervisors()
-	// supErr is set when the event stream ended before every "done".
-	var supErr error
-	// fences gathers the supervisors' PMI barriers (pmi.go).
-	fences := pmiFences{hosts: left}
-	if r.fenceHosts > 0 {
-		fences.hosts = r.fenceHosts
+	j := r.begin(ctx)
+	defer j.stopTimers()
+	for !j.done {
+		j.next()
 	}
-	var (
-		failures []failure
-		reason   stopReason
-		stopSig  syscall.Signal // the signal gorun received, for stopSignal
-		sentSig  syscall.Signal // the signal the teardown sent the ranks
-		stopped  int            // ranks gorun signaled that were running
-		grace    <-chan time.Time
-		timeout  <-chan time.Time
-		killed   bool
-		done     bool
-	)
-	if r.cfg.Timeout > 0 {
-		t := time.NewTimer(r.cfg.Timeout)
-		defer t.Stop()
-		timeout = t.C
-	}
-	var graceTimer *time.Timer
-	defer func() {
-		if graceTimer != nil {
-			graceTimer.Stop()
-		}
-	}()
+	return j.verdict()
+}
 
-	// signalStop sends the teardown signal to every running rank's group,
-	// SIGKILL after the grace period.
-	signalStop := func(sig syscall.Signal, dumpFirst bool) {
-		r.log.Debug().Stringer("signal", sig).Msg("stopping the job")
-		r.home.command(supervisorCmd{Op: "signal", Signal: int(sig), DumpFirst: dumpFirst})
-		graceTimer = time.NewTimer(r.cfg.Grace)
-		grace = graceTimer.C
-	}
+// liveJob is what the job loop knows while a job runs: the ranks, the
+// failures so far, the teardown once it began, and the timers it owns.
+// run creates it and every method runs on run's goroutine.
+type liveJob struct {
+	*jobLoop
+	ctx   context.Context
+	world *worldRun // nil outside LaunchReport (tests)
+	ranks []rankState
+	// events is home's event stream; left counts the supervisors that
+	// have not yet reported "done" or been lost; supErr is set when the
+	// stream ended before every "done".
+	events <-chan supervisorEvent
+	left   int
+	supErr error
+	// fences gathers the supervisors' PMI barriers (pmi.go).
+	fences pmiFences
+	// starts counts the ranks started or failed to start.
+	starts   int
+	failures []failure
+	done     bool
+
+	// The teardown: why it began, the signal gorun received (for
+	// stopSignal), the signal it sent the ranks, and whether the SIGKILL
+	// after the grace period went out.
+	reason  stopReason
+	stopSig syscall.Signal
+	sentSig syscall.Signal
+	killed  bool
+
+	timeoutTimer *time.Timer
+	timeout      <-chan time.Time // --timeout
+	graceTimer   *time.Timer
+	grace        <-chan time.Time // SIGKILL due
+	ctxDone      <-chan struct{}
+
 	// A failed local job first has its ranks dump their flight records
 	// (flightBeforeStop): dumpC ticks until dumpWant ranks wrote one since
 	// dumpAsked, or until dumpUntil, then the signal goes out. A failed
 	// multi-host job leaves that wait to each host's agent (DumpFirst).
-	var (
-		dumpTick             *time.Ticker
-		dumpC                <-chan time.Time
-		dumpAsked, dumpUntil time.Time
-		dumpWant             int
-	)
-	defer func() {
-		if dumpTick != nil {
-			dumpTick.Stop()
-		}
-	}()
-	// stop begins the teardown.
-	stop := func(why stopReason, sig syscall.Signal) {
-		if reason != notStopping {
-			return
-		}
-		reason = why
-		sentSig = sig
-		for i := range ranks {
-			if !ranks[i].exited {
-				ranks[i].stopped = true
-			}
-		}
-		if why == stopFailure && r.flight.isRemote() {
-			signalStop(sig, true)
-			return
-		}
-		if why == stopFailure && r.flight.active() {
-			// Taken before the signals, as at --timeout.
-			asked := time.Now()
-			if n := r.flight.signalReady(); n > 0 {
-				dumpAsked, dumpUntil, dumpWant = asked, asked.Add(flightBeforeStop), n
-				dumpTick = time.NewTicker(5 * time.Millisecond)
-				dumpC = dumpTick.C
-				return
-			}
-		}
-		signalStop(sig, false)
-	}
-	kill := func() {
-		if !killed {
-			killed = true
-			r.home.command(supervisorCmd{Op: "kill"})
-		}
-	}
+	dumpTick             *time.Ticker
+	dumpC                <-chan time.Time
+	dumpAsked, dumpUntil time.Time
+	dumpWant             int
+
 	// Injected faults (inject.go): the loop owns the clock and asks the
 	// supervisors when one is due; the one that runs the target signals it.
-	world := r.cfg.world
-	var (
-		injTimer *time.Timer
-		injC     <-chan time.Time
-		injNext  injection
-		starts   int // ranks started or failed to start
-	)
-	armInjection := func() {
-		injC = nil
-		in, ok := world.next()
-		if !ok || reason != notStopping {
-			return
-		}
-		injNext = in
-		if injTimer == nil {
-			injTimer = time.NewTimer(world.due(in))
-		} else {
-			injTimer.Reset(world.due(in))
-		}
-		injC = injTimer.C
-	}
-	defer func() {
-		if injTimer != nil {
-			injTimer.Stop()
-		}
-	}()
-	armInjection()
+	injTimer *time.Timer
+	injC     <-chan time.Time
+	injNext  injection
 	// Checkpoint signals gorun owes the ranks (Job.CheckpointBefore).
-	cues := world.checkpointCues(time.Now(), r.cfg.Timeout)
-	var cueC <-chan time.Time
-	armCue := func() {
-		cueC = nil
-		if len(cues) > 0 && reason == notStopping {
-			cueC = time.After(time.Until(cues[0].at))
-		}
-	}
-	armCue()
-	ctxDone := ctx.Done()
-	var flightTimer <-chan time.Time   // SIGUSR2: when to merge the ranks' dumps
-	var timeoutFlight <-chan time.Time // --timeout: when to merge them and stop
-	var flightAsked time.Time
+	cues []checkpointCue
+	cueC <-chan time.Time
+
+	flightTimer   <-chan time.Time // SIGUSR2: when to merge the ranks' dumps
+	timeoutFlight <-chan time.Time // --timeout: when to merge them and stop
+	flightAsked   time.Time
 	// A multi-host job collects the dumps from the host agents once the
-	// ranks had time to write them: collect ends when every agent
-	// answered or after flightWait, then prints (and, for --timeout,
-	// stops the job).
-	var collectC <-chan time.Time
-	collecting, collectWhy, collectStop, answered := false, "", false, 0
-	printFlight := func(why string, thenStop bool) {
-		printed := r.flight.print(why, flightAsked)
-		if thenStop {
-			r.flight.printed = printed
-			stop(stopTimeout, syscall.SIGTERM)
-		} else if !printed {
-			r.flight.stderr.write([]byte("gorun: SIGUSR2: no rank wrote flight records (no communicator open?)\n"))
+	// ranks had time to write them: collecting ends when every agent
+	// answered or at collectC (flightWait), then prints (and, for
+	// --timeout, stops the job).
+	collectC    <-chan time.Time
+	collecting  bool
+	collectWhy  string
+	collectStop bool
+	answered    int
+}
+
+// begin sets up a job's run: every rank live, the --timeout running, the
+// first injection and checkpoint cue armed.
+func (r *jobLoop) begin(ctx context.Context) *liveJob {
+	j := &liveJob{
+		jobLoop: r,
+		ctx:     ctx,
+		world:   r.cfg.world,
+		ranks:   make([]rankState, len(r.plan.Ranks)),
+		events:  r.home.events(),
+		left:    r.home.supervisors(),
+		ctxDone: ctx.Done(),
+	}
+	j.fences = pmiFences{hosts: j.left}
+	if r.fenceHosts > 0 {
+		j.fences.hosts = r.fenceHosts
+	}
+	if r.cfg.Timeout > 0 {
+		j.timeoutTimer = time.NewTimer(r.cfg.Timeout)
+		j.timeout = j.timeoutTimer.C
+	}
+	j.armInjection()
+	j.cues = j.world.checkpointCues(time.Now(), r.cfg.Timeout)
+	j.armCue()
+	return j
+}
+
+// stopTimers releases the timers run owns.
+func (j *liveJob) stopTimers() {
+	for _, t := range []*time.Timer{j.timeoutTimer, j.graceTimer, j.injTimer} {
+		if t != nil {
+			t.Stop()
 		}
 	}
-	flightDue := func(why string, thenStop bool) {
-		if !r.flight.isRemote() {
-			printFlight(why, thenStop)
+	if j.dumpTick != nil {
+		j.dumpTick.Stop()
+	}
+}
+
+// next waits for one thing to happen — an event, a timer, a signal, the
+// context — and handles it.
+func (j *liveJob) next() {
+	nfail := len(j.failures)
+	select {
+	case ev, ok := <-j.events:
+		j.onEvent(ev, ok)
+	case <-j.timeout:
+		j.onTimeout()
+	case <-j.timeoutFlight:
+		j.timeoutFlight = nil
+		j.flightDue("--timeout", true)
+	case <-j.collectC:
+		j.collected() // an agent that did not answer in time is left out
+	case <-j.injC:
+		j.inject()
+	case <-j.cueC:
+		c := j.cues[0]
+		j.cues = j.cues[1:]
+		j.askCheckpoint(c)
+		j.armCue()
+	case c := <-j.world.cues():
+		if j.reason == notStopping { // else the world is ending anyway: no notice to act on
+			j.askCheckpoint(c)
+		}
+	case now := <-j.dumpC:
+		j.dumpWait(now)
+	case <-j.grace:
+		j.grace = nil
+		j.kill()
+	case <-j.ctxDone:
+		j.ctxDone = nil
+		j.stop(stopContext, syscall.SIGTERM)
+	case s := <-j.cfg.Signals:
+		j.onSignal(s)
+	case <-j.flightTimer:
+		j.flightTimer = nil
+		j.flightDue("SIGUSR2", false)
+	}
+	j.noteFailures(nfail)
+	if j.reason != notStopping {
+		j.injC = nil // no fault goes into a world that is being stopped
+		j.cueC = nil // nor a checkpoint signal
+	}
+}
+
+// noteFailures stamps the failures that arrived since the first nfail
+// with their arrival and tells the world (the fault report).
+func (j *liveJob) noteFailures(nfail int) {
+	if len(j.failures) <= nfail {
+		return
+	}
+	now := time.Now()
+	for i := nfail; i < len(j.failures); i++ {
+		j.failures[i].arrived = now
+	}
+	j.world.failed(j.failures[nfail].String(), now)
+	j.world.saw(j.failures[nfail:], now)
+	j.world.noticed(j.failures[nfail:], now)
+}
+
+// fail records a failure and begins the teardown.
+func (j *liveJob) fail(f failure) {
+	j.failures = append(j.failures, f)
+	j.stop(stopFailure, syscall.SIGTERM)
+}
+
+// stop begins the teardown (once): every rank still running counts as
+// stopped by gorun, and the signal goes out, after the ranks dumped their
+// flight records when the job failed.
+func (j *liveJob) stop(why stopReason, sig syscall.Signal) {
+	if j.reason != notStopping {
+		return
+	}
+	j.reason = why
+	j.sentSig = sig
+	for i := range j.ranks {
+		if !j.ranks[i].exited {
+			j.ranks[i].stopped = true
+		}
+	}
+	if why == stopFailure && j.flight.isRemote() {
+		j.signalStop(sig, true)
+		return
+	}
+	if why == stopFailure && j.flight.active() {
+		// Taken before the signals, as at --timeout.
+		asked := time.Now()
+		if n := j.flight.signalReady(); n > 0 {
+			j.dumpAsked, j.dumpUntil, j.dumpWant = asked, asked.Add(flightBeforeStop), n
+			j.dumpTick = time.NewTicker(5 * time.Millisecond)
+			j.dumpC = j.dumpTick.C
 			return
 		}
-		r.home.command(supervisorCmd{Op: "flight"})
-		collecting, collectWhy, collectStop, answered = true, why, thenStop, 0
-		collectC = time.After(flightWait)
 	}
-	collected := func() {
-		collecting, collectC = false, nil
-		printFlight(collectWhy, collectStop)
-	}
+	j.signalStop(sig, false)
+}
 
-	for !done {
-		nfail := len(failures)
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				supErr = r.home.lostWhy()
-				if supErr == nil {
-					supErr = errors.New("supervisor exited before reporting the end of the job")
-				}
-				done = true
-				break
-			}
-			if ev.Ev != "done" && ev.Ev != "lost" && (ev.Rank < 0 || ev.Rank >= len(ranks)) {
-				r.log.Warn().Int("rank", ev.Rank).Str("ev", ev.Ev).Msg("supervisor reported an unknown rank; ignored")
-				continue
-			}
-			switch ev.Ev {
-			case "started":
-				ranks[ev.Rank].pid = ev.PID
-				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Msg("rank started")
-				if starts++; starts == len(ranks) {
-					world.ranksStarted(time.Now())
-				}
-			case "frozen":
-				// Stopped past its lease, most often before the world
-				// formed (freeze.go): a failure of its own. The teardown
-				// that follows continues and ends it.
-				st := &ranks[ev.Rank]
-				st.frozen = ev.Frozen
-				if st.exited || reason != notStopping {
-					break
-				}
-				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Str("why", ev.Err).Msg("rank frozen")
-				failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: 1, frozen: ev.Frozen, why: ev.Err, blame: -1})
-				stop(stopFailure, syscall.SIGTERM)
-			case "step":
-				world.firstStep(ev.Rank, ev.Step, time.Now())
-			case "injected", "fault-cont":
-				r.logInjection(world, ev)
-			case "failed":
-				if starts++; starts == len(ranks) {
-					world.ranksStarted(time.Now())
-				}
-				ranks[ev.Rank].exited = true
-				failures = append(failures, failure{rank: ev.Rank, startErr: errors.New(ev.Err)})
-				r.log.Debug().Int("rank", ev.Rank).Str("err", ev.Err).Msg("rank could not start")
-				stop(stopFailure, syscall.SIGTERM)
-			case "exited":
-				st := &ranks[ev.Rank]
-				st.exited, st.frozen = true, ev.Frozen
-				if i := slices.IndexFunc(failures, func(f failure) bool { return f.rank == ev.Rank && f.mpi != nil && f.mpi.Aborted }); i >= 0 {
-					// Its MPI_Abort was told first and is the cause; the
-					// exit that follows it is the same failure, now with
-					// its reap time.
-					failures[i].exitedAt = ev.At
-					break
-				}
-				r.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Int64("reaped_at_ns", ev.At).Msg("rank exited")
-				if ev.Collateral && (ev.Code != 0 || ev.Signal != 0) {
-					// A consequence: counted apart, neither stopped by
-					// gorun nor failed on its own.
-					st.stopped = false
-					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal),
-						collateral: true, blame: ev.Blame, why: ev.Err, relay: ev.Relay, desync: ev.Desync, exitedAt: ev.At})
-					stop(stopFailure, syscall.SIGTERM)
-				} else if (ev.Code != 0 || ev.Signal != 0) && !(st.stopped && causedByStop(ev, sentSig, killed)) {
-					// Its own failure, even if the teardown had begun: it
-					// does not count as one gorun stopped, or the final
-					// line would claim to have stopped ranks that all
-					// failed on their own.
-					st.stopped = false
-					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal), exitedAt: ev.At})
-					stop(stopFailure, syscall.SIGTERM)
-				} else if ev.Unfinalized && !st.stopped {
-					failures = append(failures, failure{rank: ev.Rank, pid: ev.PID, code: 1, mpi: &MPIError{Rank: ev.Rank, PID: ev.PID}})
-					stop(stopFailure, syscall.SIGTERM)
-				}
-			case "pmi-fence":
-				if cmd, ok, err := fences.add(ev); err != nil {
-					r.log.Error().Err(err).Msg("PMI barrier")
-					failures = append(failures, failure{rank: ev.Rank, startErr: fmt.Errorf("%w: %v", errPMIProtocol, err)})
-					stop(stopFailure, syscall.SIGTERM)
-				} else if ok {
-					r.log.Debug().Int("epoch", cmd.Epoch).Int("keys", len(fences.kvs)).Msg("PMI barrier released")
-					r.home.command(cmd)
-				}
-			case "pmi-get":
-				r.home.commandNode(ev.node, fences.get(ev))
-			case "pmi-abort":
-				pid := ranks[ev.Rank].pid
-				abort := &MPIError{Rank: ev.Rank, PID: pid, Aborted: true, Code: ev.Code, Message: ev.Err}
-				if reason == notStopping {
-					failures = append(failures, failure{rank: ev.Rank, pid: pid, code: ev.Code, mpi: abort})
-					stop(stopFailure, syscall.SIGTERM)
-				} else if i := slices.IndexFunc(failures, func(f failure) bool { return f.rank == ev.Rank }); i >= 0 && failures[i].mpi == nil && failures[i].signal == 0 {
-					// A client that exits right after sending its abort
-					// (Slurm's libpmi2 does) can be reaped before the
-					// abort is read: the abort is the cause.
-					failures[i].mpi = abort
-				}
-			case "lost":
-				// A host agent is gone; its ranks are, or soon will be (its
-				// host agent kills them when the lease runs out): count them
-				// as failed.
-				n := r.plan.Nodes[ev.node]
-				r.log.Debug().Str("host", n.Name).Str("err", ev.Err).Msg("host lost")
-				for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
-					ranks[rk].exited = true
-					ranks[rk].stopped = false
-				}
-				failures = append(failures, failure{rank: n.FirstRank, lost: errors.New(ev.Err), lostRanks: n.Ranks})
-				stop(stopFailure, syscall.SIGTERM)
-				left--
-				done = left <= 0
-			case "flight":
-				if ev.Flight != nil {
-					r.flight.store(*ev.Flight)
-				}
-				if answered += btoi(ev.FlightEnd); collecting && answered >= r.home.supervisors() {
-					collected()
-				}
-			case "done":
-				if ev.Strays > 0 {
-					r.log.Warn().Int("strays", ev.Strays).Msg("ranks left processes running; they were stopped")
-				}
-				left--
-				done = left <= 0
-			}
-		case <-timeout:
-			timeout = nil
-			// Ranks that keep flight records dump them first (a job that
-			// runs into --timeout is usually stuck), then the job stops.
-			// The time is taken before the signals go out: a rank can
-			// dump before signalReady returns, and print keeps only
-			// dumps written at or after flightAsked.
-			asked := time.Now()
-			switch {
-			case r.flight.isRemote():
-				// Each agent signals its own ready ranks.
-				r.flight.ask()
-				r.home.command(supervisorCmd{Op: "flight-signal"})
-				flightAsked = asked
-				timeoutFlight = time.After(flightWait)
-			case r.flight.signalReady() > 0:
-				flightAsked = asked
-				timeoutFlight = time.After(flightWait)
-			default:
-				stop(stopTimeout, syscall.SIGTERM)
-			}
-		case <-timeoutFlight:
-			timeoutFlight = nil
-			flightDue("--timeout", true)
-		case <-collectC:
-			collected() // an agent that did not answer in time is left out
-		case <-injC:
-			world.sent(injNext)
-			r.home.command(supervisorCmd{Op: "inject", Ranks: injNext.ranks, Signal: int(injNext.sig), For: injNext.cont, Fault: injNext.id,
-				Duty: injNext.duty, Period: injNext.period,
-				KillHost: injNext.kind == FaultKillHost, AfterSteps: injNext.afterSteps})
-			armInjection()
-		case <-cueC:
-			c := cues[0]
-			cues = cues[1:]
-			r.log.Warn().Str("why", c.why).Stringer("signal", world.rep.ckptSig).Msg("asking the ranks for a checkpoint")
-			r.home.command(supervisorCmd{Op: "signal", Signal: int(world.rep.ckptSig)})
-			world.checkpointSent(c, time.Now())
-			armCue()
-		case c := <-world.cues():
-			if reason != notStopping {
-				break // the world is ending anyway: no notice to act on
-			}
-			r.log.Warn().Str("why", c.why).Stringer("signal", world.rep.ckptSig).Msg("asking the ranks for a checkpoint")
-			r.home.command(supervisorCmd{Op: "signal", Signal: int(world.rep.ckptSig)})
-			world.checkpointSent(c, time.Now())
-		case now := <-dumpC:
-			if r.flight.dumpedSince(dumpAsked) >= dumpWant || now.After(dumpUntil) {
-				dumpTick.Stop()
-				dumpC = nil
-				if !killed {
-					signalStop(sentSig, false)
-				}
-			}
-		case <-grace:
-			grace = nil
-			kill()
-		case <-ctxDone:
-			ctxDone = nil
-			stop(stopContext, syscall.SIGTERM)
-		case s := <-r.cfg.Signals:
-			sig, _ := s.(syscall.Signal)
-			switch sig {
-			case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP:
-				if reason == notStopping {
-					stopSig = sig
-					stop(stopSignal, sig)
-				} else if sig == syscall.SIGINT {
-					// The user insists: no more grace.
-					kill()
-				}
-			case 0:
-			default:
-				asked := time.Now() // before any rank can dump (see <-timeout)
-				if sig == syscall.SIGUSR2 && r.flight.active() {
-					r.flight.ask()
-				}
-				r.home.command(supervisorCmd{Op: "signal", Signal: int(sig)})
-				if sig == syscall.SIGUSR2 && r.flight.active() {
-					// The ranks dump their flight records (comm); merge them
-					// once they have had time to.
-					flightAsked = asked
-					flightTimer = time.After(flightWait)
-				}
-			}
-		case <-flightTimer:
-			flightTimer = nil
-			flightDue("SIGUSR2", false)
-		}
-		if len(failures) > nfail {
-			now := time.Now()
-			for i := nfail; i < len(failures); i++ {
-				failures[i].arrived = now
-			}
-			world.failed(failures[nfail].String(), now)
-			world.saw(failures[nfail:], now)
-			world.noticed(failures[nfail:], now)
-		}
-		if reason != notStopping {
-			injC = nil // no fault goes into a world that is being stopped
-			cueC = nil // nor a checkpoint signal
+// signalStop sends the teardown signal to every running rank's group,
+// SIGKILL after the grace period.
+func (j *liveJob) signalStop(sig syscall.Signal, dumpFirst bool) {
+	j.log.Debug().Stringer("signal", sig).Msg("stopping the job")
+	j.home.command(supervisorCmd{Op: "signal", Signal: int(sig), DumpFirst: dumpFirst})
+	j.graceTimer = time.NewTimer(j.cfg.Grace)
+	j.grace = j.graceTimer.C
+}
+
+// dumpWait sends the teardown signal once the ranks asked to dump their
+// flight records before it did, or were given long enough.
+func (j *liveJob) dumpWait(now time.Time) {
+	if j.flight.dumpedSince(j.dumpAsked) >= j.dumpWant || now.After(j.dumpUntil) {
+		j.dumpTick.Stop()
+		j.dumpC = nil
+		if !j.killed {
+			j.signalStop(j.sentSig, false)
 		}
 	}
+}
 
+// kill SIGKILLs every rank's group (once).
+func (j *liveJob) kill() {
+	if !j.killed {
+		j.killed = true
+		j.home.command(supervisorCmd{Op: "kill"})
+	}
+}
+
+// armInjection sets the timer for the next injected fault, if any is left
+// and the world is not being stopped.
+func (j *liveJob) armInjection() {
+	j.injC = nil
+	in, ok := j.world.next()
+	if !ok || j.reason != notStopping {
+		return
+	}
+	j.injNext = in
+	if j.injTimer == nil {
+		j.injTimer = time.NewTimer(j.world.due(in))
+	} else {
+		j.injTimer.Reset(j.world.due(in))
+	}
+	j.injC = j.injTimer.C
+}
+
+// inject asks the supervisors to inject the fault that is due.
+func (j *liveJob) inject() {
+	in := j.injNext
+	j.world.sent(in)
+	j.home.command(supervisorCmd{Op: "inject", Ranks: in.ranks, Signal: int(in.sig), For: in.cont, Fault: in.id,
+		Duty: in.duty, Period: in.period,
+		KillHost: in.kind == FaultKillHost, AfterSteps: in.afterSteps})
+	j.armInjection()
+}
+
+// armCue sets the timer for the next checkpoint cue.
+func (j *liveJob) armCue() {
+	j.cueC = nil
+	if len(j.cues) > 0 && j.reason == notStopping {
+		j.cueC = time.After(time.Until(j.cues[0].at))
+	}
+}
+
+// askCheckpoint signals the ranks to checkpoint.
+func (j *liveJob) askCheckpoint(c checkpointCue) {
+	j.log.Warn().Str("why", c.why).Stringer("signal", j.world.rep.ckptSig).Msg("asking the ranks for a checkpoint")
+	j.home.command(supervisorCmd{Op: "signal", Signal: int(j.world.rep.ckptSig)})
+	j.world.checkpointSent(c, time.Now())
+}
+
+// onTimeout handles --timeout: ranks that keep flight records dump them
+// first (a job that runs into --timeout is usually stuck), then the job
+// stops. The time is taken before the signals go out: a rank can dump
+// before signalReady returns, and print keeps only dumps written at or
+// after flightAsked.
+func (j *liveJob) onTimeout() {
+	j.timeout = nil
+	asked := time.Now()
+	switch {
+	case j.flight.isRemote():
+		// Each agent signals its own ready ranks.
+		j.flight.ask()
+		j.home.command(supervisorCmd{Op: "flight-signal"})
+		j.flightAsked = asked
+		j.timeoutFlight = time.After(flightWait)
+	case j.flight.signalReady() > 0:
+		j.flightAsked = asked
+		j.timeoutFlight = time.After(flightWait)
+	default:
+		j.stop(stopTimeout, syscall.SIGTERM)
+	}
+}
+
+// onSignal handles a signal gorun received: SIGINT, SIGTERM and SIGHUP
+// stop the job (a second SIGINT kills it), any other is forwarded to the
+// ranks, and SIGUSR2 then merges their flight records.
+func (j *liveJob) onSignal(s os.Signal) {
+	sig, _ := s.(syscall.Signal)
+	switch sig {
+	case syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP:
+		if j.reason == notStopping {
+			j.stopSig = sig
+			j.stop(stopSignal, sig)
+		} else if sig == syscall.SIGINT {
+			// The user insists: no more grace.
+			j.kill()
+		}
+	case 0:
+	default:
+		asked := time.Now() // before any rank can dump (see onTimeout)
+		if sig == syscall.SIGUSR2 && j.flight.active() {
+			j.flight.ask()
+		}
+		j.home.command(supervisorCmd{Op: "signal", Signal: int(sig)})
+		if sig == syscall.SIGUSR2 && j.flight.active() {
+			// The ranks dump their flight records (comm); merge them
+			// once they have had time to.
+			j.flightAsked = asked
+			j.flightTimer = time.After(flightWait)
+		}
+	}
+}
+
+// flightDue merges and prints the ranks' flight records, after collecting
+// them from the host agents for a multi-host job; thenStop stops the job
+// after (--timeout).
+func (j *liveJob) flightDue(why string, thenStop bool) {
+	if !j.flight.isRemote() {
+		j.printFlight(why, thenStop)
+		return
+	}
+	j.home.command(supervisorCmd{Op: "flight"})
+	j.collecting, j.collectWhy, j.collectStop, j.answered = true, why, thenStop, 0
+	j.collectC = time.After(flightWait)
+}
+
+// collected ends a collection of the host agents' flight records.
+func (j *liveJob) collected() {
+	j.collecting, j.collectC = false, nil
+	j.printFlight(j.collectWhy, j.collectStop)
+}
+
+// printFlight prints the merged flight records, or says that no rank
+// wrote any after a SIGUSR2; thenStop stops the job after (--timeout).
+func (j *liveJob) printFlight(why string, thenStop bool) {
+	printed := j.flight.print(why, j.flightAsked)
+	if thenStop {
+		j.flight.printed = printed
+		j.stop(stopTimeout, syscall.SIGTERM)
+	} else if !printed {
+		j.flight.stderr.write([]byte("gorun: SIGUSR2: no rank wrote flight records (no communicator open?)\n"))
+	}
+}
+
+// onEvent handles one supervisor event; !ok when the event stream ended.
+func (j *liveJob) onEvent(ev supervisorEvent, ok bool) {
+	if !ok {
+		j.supErr = j.home.lostWhy()
+		if j.supErr == nil {
+			j.supErr = errors.New("supervisor exited before reporting the end of the job")
+		}
+		j.done = true
+		return
+	}
+	if ev.Ev != "done" && ev.Ev != "lost" && (ev.Rank < 0 || ev.Rank >= len(j.ranks)) {
+		j.log.Warn().Int("rank", ev.Rank).Str("ev", ev.Ev).Msg("supervisor reported an unknown rank; ignored")
+		return
+	}
+	switch ev.Ev {
+	case "started":
+		j.ranks[ev.Rank].pid = ev.PID
+		j.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Msg("rank started")
+		j.countStart()
+	case "failed":
+		j.countStart()
+		j.ranks[ev.Rank].exited = true
+		j.log.Debug().Int("rank", ev.Rank).Str("err", ev.Err).Msg("rank could not start")
+		j.fail(failure{rank: ev.Rank, startErr: errors.New(ev.Err)})
+	case "frozen":
+		j.rankFrozen(ev)
+	case "exited":
+		j.rankExited(ev)
+	case "step":
+		j.world.firstStep(ev.Rank, ev.Step, time.Now())
+	case "injected", "fault-cont":
+		j.logInjection(j.world, ev)
+	case "pmi-fence":
+		j.pmiFence(ev)
+	case "pmi-get":
+		j.home.commandNode(ev.node, j.fences.get(ev))
+	case "pmi-abort":
+		j.pmiAbort(ev)
+	case "lost":
+		j.hostLost(ev)
+	case "flight":
+		if ev.Flight != nil {
+			j.flight.store(*ev.Flight)
+		}
+		if j.answered += btoi(ev.FlightEnd); j.collecting && j.answered >= j.home.supervisors() {
+			j.collected()
+		}
+	case "done":
+		if ev.Strays > 0 {
+			j.log.Warn().Int("strays", ev.Strays).Msg("ranks left processes running; they were stopped")
+		}
+		j.supervisorGone()
+	}
+}
+
+// countStart counts a rank started or failed to start; the world's start
+// time is when the last one did.
+func (j *liveJob) countStart() {
+	if j.starts++; j.starts == len(j.ranks) {
+		j.world.ranksStarted(time.Now())
+	}
+}
+
+// supervisorGone counts a supervisor done or lost; the job ends with the
+// last.
+func (j *liveJob) supervisorGone() {
+	j.left--
+	j.done = j.left <= 0
+}
+
+// rankFrozen handles a rank stopped past its lease, most often before the
+// world formed (freeze.go): a failure of its own. The teardown that
+// follows continues and ends it.
+func (j *liveJob) rankFrozen(ev supervisorEvent) {
+	st := &j.ranks[ev.Rank]
+	st.frozen = ev.Frozen
+	if st.exited || j.reason != notStopping {
+		return
+	}
+	j.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Str("why", ev.Err).Msg("rank frozen")
+	j.fail(failure{rank: ev.Rank, pid: ev.PID, code: 1, frozen: ev.Frozen, why: ev.Err, blame: -1})
+}
+
+// rankExited judges a rank's exit: the reap of a rank that told its
+// MPI_Abort first, a collateral failure, a failure of its own, an exit 0
+// without PMI finalize, or the teardown's doing (or success).
+func (j *liveJob) rankExited(ev supervisorEvent) {
+	st := &j.ranks[ev.Rank]
+	st.exited, st.frozen = true, ev.Frozen
+	if i := slices.IndexFunc(j.failures, func(f failure) bool { return f.rank == ev.Rank && f.mpi != nil && f.mpi.Aborted }); i >= 0 {
+		// Its MPI_Abort was told first and is the cause; the exit that
+		// follows it is the same failure, now with its reap time.
+		j.failures[i].exitedAt = ev.At
+		return
+	}
+	j.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Int64("reaped_at_ns", ev.At).Msg("rank exited")
+	failed := ev.Code != 0 || ev.Signal != 0
+	switch {
+	case ev.Collateral && failed:
+		// A consequence: counted apart, neither stopped by gorun nor
+		// failed on its own.
+		st.stopped = false
+		j.fail(failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal),
+			collateral: true, blame: ev.Blame, why: ev.Err, relay: ev.Relay, desync: ev.Desync, exitedAt: ev.At})
+	case failed && !(st.stopped && causedByStop(ev, j.sentSig, j.killed)):
+		// Its own failure, even if the teardown had begun: it does not
+		// count as one gorun stopped, or the final line would claim to
+		// have stopped ranks that all failed on their own.
+		st.stopped = false
+		j.fail(failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal), exitedAt: ev.At})
+	case ev.Unfinalized && !st.stopped:
+		j.fail(failure{rank: ev.Rank, pid: ev.PID, code: 1, mpi: &MPIError{Rank: ev.Rank, PID: ev.PID}})
+	}
+}
+
+// pmiFence adds a supervisor's PMI barrier and releases it once every
+// supervisor reached it.
+func (j *liveJob) pmiFence(ev supervisorEvent) {
+	if cmd, ok, err := j.fences.add(ev); err != nil {
+		j.log.Error().Err(err).Msg("PMI barrier")
+		j.fail(failure{rank: ev.Rank, startErr: fmt.Errorf("%w: %v", errPMIProtocol, err)})
+	} else if ok {
+		j.log.Debug().Int("epoch", cmd.Epoch).Int("keys", len(j.fences.kvs)).Msg("PMI barrier released")
+		j.home.command(cmd)
+	}
+}
+
+// pmiAbort handles a rank's MPI_Abort: the cause, unless the teardown had
+// begun.
+func (j *liveJob) pmiAbort(ev supervisorEvent) {
+	pid := j.ranks[ev.Rank].pid
+	abort := &MPIError{Rank: ev.Rank, PID: pid, Aborted: true, Code: ev.Code, Message: ev.Err}
+	if j.reason == notStopping {
+		j.fail(failure{rank: ev.Rank, pid: pid, code: ev.Code, mpi: abort})
+	} else if i := slices.IndexFunc(j.failures, func(f failure) bool { return f.rank == ev.Rank }); i >= 0 && j.failures[i].mpi == nil && j.failures[i].signal == 0 {
+		// A client that exits right after sending its abort (Slurm's
+		// libpmi2 does) can be reaped before the abort is read: the
+		// abort is the cause.
+		j.failures[i].mpi = abort
+	}
+}
+
+// hostLost handles a host agent that is gone: its ranks are, or soon will
+// be (its host agent kills them when the lease runs out), so they count
+// as failed.
+func (j *liveJob) hostLost(ev supervisorEvent) {
+	n := j.plan.Nodes[ev.node]
+	j.log.Debug().Str("host", n.Name).Str("err", ev.Err).Msg("host lost")
+	for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
+		j.ranks[rk].exited = true
+		j.ranks[rk].stopped = false
+	}
+	j.fail(failure{rank: n.FirstRank, lost: errors.New(ev.Err), lostRanks: n.Ranks})
+	j.supervisorGone()
+}
+
+// verdict is the job's error once the loop ended: nil when every rank
+// exited 0 and no supervisor was lost.
+func (j *liveJob) verdict() error {
 	// Counted at the end: a rank whose start failure was still in flight
 	// when the teardown began was never running, so it was not stopped.
-	for _, st := range ranks {
+	stopped := 0
+	for _, st := range j.ranks {
 		if st.stopped && st.pid > 0 {
 			stopped++
 		}
 	}
 	lostRanks := 0
-	if supErr != nil {
+	if j.supErr != nil {
 		// The ranks died with the supervisor (Pdeathsig); their process groups
 		// may still hold children, which nobody else will stop now.
-		for _, st := range ranks {
+		for _, st := range j.ranks {
 			if st.pid > 0 && !st.exited {
 				lostRanks++
-				r.home.killGroup(st.pid)
+				j.home.killGroup(st.pid)
 			}
 		}
 	}
 	switch {
-	case supErr != nil && reason != stopFailure:
+	case j.supErr != nil && j.reason != stopFailure:
 		// Even when gorun was already stopping the job (a signal, the
 		// timeout), losing the supervisor is the news: the ranks did not
 		// end the way gorun asked.
-		return &SupervisorError{Err: supErr, Ranks: lostRanks}
-	case reason == stopTimeout:
-		return &TimeoutError{After: r.cfg.Timeout, Stopped: stopped}
-	case reason == stopSignal:
-		return &InterruptedError{Signal: stopSig, Stopped: stopped}
-	case reason == stopContext:
-		return fmt.Errorf("launcher: job canceled; stopped %d %s: %w", stopped, plural(stopped, "rank", "ranks"), ctx.Err())
-	case len(failures) > 0:
-		collateral := 0
-		own := make([]failure, 0, len(failures))
-		for _, f := range failures {
-			if f.collateral {
-				collateral++
-			} else {
-				own = append(own, f)
-			}
-		}
-		if len(own) == 0 {
-			return r.blamed(failures, ranks, stopped)
-		}
-		f := pickFailure(own, r.cfg.ExitPolicy)
-		host := r.plan.Ranks[f.rank].Host
-		if f.mpi != nil {
-			e := *f.mpi
-			e.Host, e.Stopped = host, stopped
-			if ranks[f.rank].stopped && ranks[f.rank].pid > 0 {
-				// An aborting rank waits to be ended: the teardown
-				// stops it too, but it is not one of the "other" ranks.
-				e.Stopped--
-			}
-			return &e
-		}
-		if f.frozen != "" {
-			e := &FrozenError{Rank: f.rank, Host: host, PID: f.pid, State: f.frozen, Why: f.why, Stopped: stopped, Collateral: collateral,
-				AlsoFailed: alsoFailed(own, f)}
-			if ranks[f.rank].stopped && ranks[f.rank].pid > 0 {
-				e.Stopped-- // named, not one of the others
-			}
-			return e
-		}
-		if f.lost != nil {
-			return &HostLostError{Host: host, FirstRank: f.rank, Ranks: f.lostRanks, Err: f.lost, Stopped: stopped, Collateral: collateral}
-		}
-		if f.startErr != nil {
-			return &StartError{Rank: f.rank, Host: host, Err: f.startErr, Stopped: stopped}
-		}
-		return &RankExitError{Rank: f.rank, Host: host, PID: f.pid, Code: f.code, Signal: f.signal, Stopped: stopped,
-			AlsoFailed: alsoFailed(own, f), Collateral: collateral}
+		return &SupervisorError{Err: j.supErr, Ranks: lostRanks}
+	case j.reason == stopTimeout:
+		return &TimeoutError{After: j.cfg.Timeout, Stopped: stopped}
+	case j.reason == stopSignal:
+		return &InterruptedError{Signal: j.stopSig, Stopped: stopped}
+	case j.reason == stopContext:
+		return fmt.Errorf("launcher: job canceled; stopped %d %s: %w", stopped, plural(stopped, "rank", "ranks"), j.ctx.Err())
+	case len(j.failures) > 0:
+		return j.failureError(stopped)
 	}
 	return nil
+}
+
+// failureError names the failure the exit policy picks among those of
+// their own, or, when every failure was collateral, the rank they blame.
+func (j *liveJob) failureError(stopped int) error {
+	collateral := 0
+	own := make([]failure, 0, len(j.failures))
+	for _, f := range j.failures {
+		if f.collateral {
+			collateral++
+		} else {
+			own = append(own, f)
+		}
+	}
+	if len(own) == 0 {
+		return j.blamed(j.failures, j.ranks, stopped)
+	}
+	f := pickFailure(own, j.cfg.ExitPolicy)
+	host := j.plan.Ranks[f.rank].Host
+	// A named rank that the teardown stopped too (an aborting or frozen
+	// rank waits to be ended) is not one of the "other" ranks.
+	named := 0
+	if j.ranks[f.rank].stopped && j.ranks[f.rank].pid > 0 {
+		named = 1
+	}
+	switch {
+	case f.mpi != nil:
+		e := *f.mpi
+		e.Host, e.Stopped = host, stopped-named
+		return &e
+	case f.frozen != "":
+		return &FrozenError{Rank: f.rank, Host: host, PID: f.pid, State: f.frozen, Why: f.why, Stopped: stopped - named, Collateral: collateral,
+			AlsoFailed: alsoFailed(own, f)}
+	case f.lost != nil:
+		return &HostLostError{Host: host, FirstRank: f.rank, Ranks: f.lostRanks, Err: f.lost, Stopped: stopped, Collateral: collateral}
+	case f.startErr != nil:
+		return &StartError{Rank: f.rank, Host: host, Err: f.startErr, Stopped: stopped}
+	}
+	return &RankExitError{Rank: f.rank, Host: host, PID: f.pid, Code: f.code, Signal: f.signal, Stopped: stopped,
+		AlsoFailed: alsoFailed(own, f), Collateral: collateral}
 }
 
 // blamed names the cause when every failure was collateral: no rank died

@@ -1,7 +1,9 @@
 package launcher
 
 import (
+	"context"
 	"os/exec"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -52,4 +54,18 @@ func TestSupervisorLeaseSparesStarved(t *testing.T) {
 		t.Errorf("killed after a silence of %v, below the lease %v", d, lease)
 	}
 	t.Logf("stopped supervisor killed %v after it was stopped", time.Since(t0).Round(time.Millisecond))
+}
+
+// TestQuietJobKeepsItsLease runs a job whose ranks say nothing for longer
+// than the lease allows even a supervisor the kernel shows alive
+// (starvedLimitX leases): the supervisor's beats alone must keep its
+// client from killing it, so the job succeeds.
+func TestQuietJobKeepsItsLease(t *testing.T) {
+	const lease = 200 * time.Millisecond
+	quiet := starvedLimitX*lease + time.Second
+	j := newJobRun(t, 1, "ticker:"+strconv.Itoa(int(quiet.Milliseconds())), nil)
+	j.cfg.Lease = lease
+	if err := j.launch(context.Background()); err != nil {
+		t.Fatalf("a job quiet for %v under a lease of %v failed: %v", quiet, lease, err)
+	}
 }

@@ -333,6 +333,9 @@ type supervisor struct {
 	// then is no news (freeze.go); lastFreezeCheck paces the checks.
 	tearing         bool
 	lastFreezeCheck time.Time
+	// lastBeat is when the last "beat" went out (the client's lease on
+	// this process).
+	lastBeat time.Time
 }
 
 // faultCont is one SIGCONT an injected stop owes a rank.
@@ -341,6 +344,10 @@ type faultCont struct {
 	due              time.Time
 }
 
+// runSupervisor is the supervisor process: it makes itself a subreaper,
+// reads the spec from in, sets up what the ranks share (topology, the
+// collateral pipe, PMI), starts every rank, then runs its loop (run),
+// writing events to out, until no rank and no descendant is left.
 func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	// A write to a closed event pipe must return EPIPE, not kill the supervisor
 	// before it cleaned up. Notify rather than Ignore: an ignored signal
@@ -366,13 +373,9 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	defer signal.Stop(sigs)
 
 	br := bufio.NewReader(in)
-	line, err := br.ReadBytes('\n')
+	spec, err := readSpec(br)
 	if err != nil {
-		return fmt.Errorf("read spec: %w", err)
-	}
-	var spec supervisorSpec
-	if err := json.Unmarshal(line, &spec); err != nil {
-		return fmt.Errorf("decode spec: %w", err)
+		return err
 	}
 	var a *supervisor
 	if spec.RemoveDir != "" {
@@ -437,25 +440,11 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		defer a.pmi.close()
 	}
 
-	// The command reader ends when gorun closes the pipe or dies; the supervisor
-	// exits right after, so this goroutine's lifetime is the process's.
+	// The command reader ends when gorun closes the pipe or dies.
 	cmds := make(chan supervisorCmd, 16)
 	var lastCmd atomic.Int64 // UnixNano of the last line read (ClientLease)
 	lastCmd.Store(time.Now().UnixNano())
-	go func() {
-		defer close(cmds)
-		for {
-			line, err := br.ReadBytes('\n')
-			if err != nil {
-				return
-			}
-			lastCmd.Store(time.Now().UnixNano())
-			var c supervisorCmd
-			if json.Unmarshal(line, &c) == nil {
-				cmds <- c
-			}
-		}
-	}()
+	go readCommands(br, cmds, &lastCmd)
 
 	a.startAll(spec.Ranks, collW)
 	if collW != nil {
@@ -468,6 +457,45 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	a.reap()
 	a.flush()
 
+	return a.run(spec, cmds, sigs, &lastCmd)
+}
+
+// readSpec reads the job's spec, the first line gorun sends.
+func readSpec(br *bufio.Reader) (supervisorSpec, error) {
+	var spec supervisorSpec
+	line, err := br.ReadBytes('\n')
+	if err != nil {
+		return spec, fmt.Errorf("read spec: %w", err)
+	}
+	if err := json.Unmarshal(line, &spec); err != nil {
+		return spec, fmt.Errorf("decode spec: %w", err)
+	}
+	return spec, nil
+}
+
+// readCommands reads gorun's commands, one JSON line each, into cmds and
+// stamps lastCmd (ClientLease) at every line; it closes cmds when gorun
+// closes the pipe or dies. The supervisor exits right after, so this
+// goroutine's lifetime is the process's.
+func readCommands(br *bufio.Reader, cmds chan<- supervisorCmd, lastCmd *atomic.Int64) {
+	defer close(cmds)
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			return
+		}
+		lastCmd.Store(time.Now().UnixNano())
+		var c supervisorCmd
+		if json.Unmarshal(line, &c) == nil {
+			cmds <- c
+		}
+	}
+}
+
+// run is the supervisor's loop once its ranks started: commands, PMI
+// requests, signals and its 20 ms tick, until no rank and no stray is
+// left; then it reports "done".
+func (a *supervisor) run(spec supervisorSpec, cmds chan supervisorCmd, sigs <-chan os.Signal, lastCmd *atomic.Int64) error {
 	// The ticker drives stray scanning and is a backstop for a coalesced
 	// SIGCHLD; it costs nothing measurable at this rate.
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -475,28 +503,11 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	// The lease: a "beat" at least every beatEvery, so that a client
 	// that hears nothing for its lease knows this process is stopped or
 	// hung, not merely quiet (supervisorClient.watchLease).
-	lastBeat := time.Now()
+	a.lastBeat = time.Now()
 	clientJudge := liveness.Judge{PID: os.Getppid(), Lease: spec.ClientLease, Recheck: spec.ClientLease / 4, Limit: starvedLimitX * spec.ClientLease}
 	for {
 		if a.running == 0 && a.finishStrays() {
-			// A rank killed between creating a shared-memory segment and
-			// its peer's mapping it leaves the segment named; every rank
-			// is gone now, so remove what dead processes left (comm
-			// names each segment after its creator's pid).
-			if n := comm.SweepShm(comm.DefaultEndpointConfig().ShmDir); n > 0 {
-				a.log.Debug().Int("segments", n).Msg("removed shared memory left by dead ranks")
-			}
-			// Likewise the scheduling cgroup crowded ranks on libgorun
-			// join (comm.JoinSchedGroup), if the last one out died in it.
-			if len(spec.Ranks) > 0 {
-				if job := envValue(spec.Ranks[0].Env, rankenv.JobID, ""); job != "" {
-					if err := comm.RemoveSchedGroup(job); err != nil {
-						a.log.Warn().Err(err).Msg("could not remove the job's scheduling cgroup")
-					}
-				}
-			}
-			a.emit(supervisorEvent{Ev: "done", Strays: a.strays})
-			a.flush()
+			a.finish(spec)
 			return nil
 		}
 		select {
@@ -523,36 +534,66 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 				a.killAll()
 			}
 		case <-tick.C:
-			if silent := time.Since(time.Unix(0, lastCmd.Load())); spec.ClientLease > 0 && !a.killing && silent > spec.ClientLease {
-				// The agent is this process's parent, on this host: the
-				// kernel tells a stopped or hung one from a starved one
-				// (internal/liveness); a starved one's ping will come.
-				if v, why := clientJudge.Expired(silent); v != liveness.Wait {
-					a.log.Warn().Dur("silent", silent).Str("evidence", why).Msg("no word from the host agent past its lease; killing the job")
-					a.killAll()
-				}
-			} else {
-				clientJudge.Heard()
-			}
-			if now := time.Now(); now.Sub(lastBeat) >= beatEvery {
-				lastBeat = now
-				a.emit(supervisorEvent{Ev: "beat"})
-			}
-			a.reap()
-			// Step reports arrive at the ranks' pace; reading them on the
-			// tick bounds an after-steps fault's lateness by one tick
-			// (the pipe holds 64 KiB, a thousand steps' lines).
-			a.readCollateral()
-			a.fireArmed()
-			a.sendConts(time.Now())
-			a.tickSlows(time.Now())
-			a.watchFrozen(time.Now())
-			if a.killing {
-				a.killAll()
-			}
+			a.tick(spec.ClientLease, &clientJudge, time.Since(time.Unix(0, lastCmd.Load())))
 		}
 		a.flush()
 	}
+}
+
+// tick is the supervisor's periodic work: the host agent's lease on
+// gorun's side (silent: since its last command), the beat, reaping,
+// step reports, due faults and SIGCONTs, and the freeze check.
+func (a *supervisor) tick(clientLease time.Duration, clientJudge *liveness.Judge, silent time.Duration) {
+	if clientLease > 0 && !a.killing && silent > clientLease {
+		// The agent is this process's parent, on this host: the kernel
+		// tells a stopped or hung one from a starved one
+		// (internal/liveness); a starved one's ping will come.
+		if v, why := clientJudge.Expired(silent); v != liveness.Wait {
+			a.log.Warn().Dur("silent", silent).Str("evidence", why).Msg("no word from the host agent past its lease; killing the job")
+			a.killAll()
+		}
+	} else {
+		clientJudge.Heard()
+	}
+	if now := time.Now(); now.Sub(a.lastBeat) >= beatEvery {
+		a.lastBeat = now
+		a.emit(supervisorEvent{Ev: "beat"})
+	}
+	a.reap()
+	// Step reports arrive at the ranks' pace; reading them on the tick
+	// bounds an after-steps fault's lateness by one tick (the pipe holds
+	// 64 KiB, a thousand steps' lines).
+	a.readCollateral()
+	a.fireArmed()
+	a.sendConts(time.Now())
+	a.tickSlows(time.Now())
+	a.watchFrozen(time.Now())
+	if a.killing {
+		a.killAll()
+	}
+}
+
+// finish reports the end once every rank and stray is gone, after
+// removing what dead ranks can leave behind.
+func (a *supervisor) finish(spec supervisorSpec) {
+	// A rank killed between creating a shared-memory segment and its
+	// peer's mapping it leaves the segment named; every rank is gone
+	// now, so remove what dead processes left (comm names each segment
+	// after its creator's pid).
+	if n := comm.SweepShm(comm.DefaultEndpointConfig().ShmDir); n > 0 {
+		a.log.Debug().Int("segments", n).Msg("removed shared memory left by dead ranks")
+	}
+	// Likewise the scheduling cgroup crowded ranks on libgorun join
+	// (comm.JoinSchedGroup), if the last one out died in it.
+	if len(spec.Ranks) > 0 {
+		if job := envValue(spec.Ranks[0].Env, rankenv.JobID, ""); job != "" {
+			if err := comm.RemoveSchedGroup(job); err != nil {
+				a.log.Warn().Err(err).Msg("could not remove the job's scheduling cgroup")
+			}
+		}
+	}
+	a.emit(supervisorEvent{Ev: "done", Strays: a.strays})
+	a.flush()
 }
 
 func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"github.com/gorun-hpc/gorun/launcher"
+	"github.com/gorun-hpc/gorun/launcher/hostfile"
 )
 
 // readHosts turns -H or -hostfile into a host list; nil means "this
@@ -12,10 +13,10 @@ import (
 func readHosts(o options, getenv func(string) string) (hosts []launcher.Host, slurm bool, err error) {
 	switch {
 	case o.hostfile != "":
-		h, err := launcher.ParseHostfile(o.hostfile)
+		h, err := hostfile.Parse(o.hostfile)
 		return h, false, err
 	case o.hostList != "":
-		h, err := launcher.ParseHostList(o.hostList)
+		h, err := hostfile.ParseList(o.hostList)
 		return h, false, err
 	case getenv("SLURM_JOB_ID") != "" && o.launcher != "ssh":
 		h, err := launcher.SlurmHosts(getenv)

@@ -1,4 +1,4 @@
-package launcher
+package hostfile
 
 import (
 	"errors"
@@ -43,7 +43,7 @@ func TestParseHostfileReader(t *testing.T) {
 		{"ipv6 literal", "::1 slots=2\nfe80::1%eth0\n", []Host{{"::1", 2, 0}, {"fe80::1%eth0", 1, 0}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseHostfileReader("hosts", strings.NewReader(tc.in))
+			got, err := ParseReader("hosts", strings.NewReader(tc.in))
 			if err != nil {
 				t.Fatalf("parse %q: %v", tc.in, err)
 			}
@@ -89,7 +89,7 @@ func TestParseHostfileReaderErrors(t *testing.T) {
 		{"long line", strings.Repeat("a", maxLineBytes+1), `hosts:1: line longer than 1048576 bytes; is this a hostfile?`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseHostfileReader("hosts", strings.NewReader(tc.in))
+			got, err := ParseReader("hosts", strings.NewReader(tc.in))
 			if err == nil {
 				t.Fatalf("parse %q = %v, want error %s", tc.in, got, tc.want)
 			}
@@ -108,10 +108,10 @@ func TestParseHostfileReaderErrors(t *testing.T) {
 // lines, with a small cap so the test allocates little.
 func TestHostfileNameCap(t *testing.T) {
 	in := "n[1-3]\nm[1-2]\nx\n"
-	if _, err := parseHostfile("hosts", strings.NewReader(in), 6); err != nil {
+	if _, err := parse("hosts", strings.NewReader(in), 6); err != nil {
 		t.Errorf("6 names under a cap of 6: %v", err)
 	}
-	_, err := parseHostfile("hosts", strings.NewReader(in), 5)
+	_, err := parse("hosts", strings.NewReader(in), 5)
 	if want := "hosts:3: more than 5 host names in total"; err == nil || err.Error() != want || !errors.Is(err, hostlist.ErrTooLarge) {
 		t.Errorf("6 names under a cap of 5: got %v, want %s wrapping hostlist.ErrTooLarge", err, want)
 	}
@@ -120,7 +120,7 @@ func TestHostfileNameCap(t *testing.T) {
 // TestParseErrorUnwrap checks that the cause stays reachable, so callers can
 // tell an oversized hostlist from a typo.
 func TestParseErrorUnwrap(t *testing.T) {
-	_, err := ParseHostfileReader("hosts", strings.NewReader("n[0-99999999]\n"))
+	_, err := ParseReader("hosts", strings.NewReader("n[0-99999999]\n"))
 	if !errors.Is(err, hostlist.ErrTooLarge) {
 		t.Errorf("error %v does not wrap hostlist.ErrTooLarge", err)
 	}
@@ -147,7 +147,7 @@ func TestParseHostfileFixtures(t *testing.T) {
 		{file: "hostfile_missing", wantErr: "launcher: hostfile: open testdata/hostfile_missing: no such file or directory"},
 	} {
 		t.Run(tc.file, func(t *testing.T) {
-			got, err := ParseHostfile(filepath.Join("testdata", tc.file))
+			got, err := Parse(filepath.Join("testdata", tc.file))
 			if tc.wantErr != "" {
 				if err == nil || !strings.HasPrefix(err.Error(), tc.wantErr) {
 					t.Fatalf("got %v, %v; want error starting %s", got, err, tc.wantErr)
@@ -162,7 +162,7 @@ func TestParseHostfileFixtures(t *testing.T) {
 			}
 		})
 	}
-	_, err := ParseHostfile(filepath.Join("testdata", "hostfile_missing"))
+	_, err := Parse(filepath.Join("testdata", "hostfile_missing"))
 	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing hostfile: %v does not wrap fs.ErrNotExist", err)
 	}
@@ -170,7 +170,7 @@ func TestParseHostfileFixtures(t *testing.T) {
 
 // TestHostfileExample keeps the documented example valid.
 func TestHostfileExample(t *testing.T) {
-	hosts, err := ParseHostfile(filepath.Join("..", "hostfile.example"))
+	hosts, err := Parse(filepath.Join("..", "..", "hostfile.example"))
 	if err != nil {
 		t.Fatalf("hostfile.example does not parse: %v", err)
 	}
@@ -196,12 +196,12 @@ func TestParseHostList(t *testing.T) {
 		{"::1,localhost:2", []Host{{"::1", 1, 0}, {"localhost", 2, 0}}},
 	} {
 		t.Run(tc.spec, func(t *testing.T) {
-			got, err := ParseHostList(tc.spec)
+			got, err := ParseList(tc.spec)
 			if err != nil {
-				t.Fatalf("ParseHostList(%q): %v", tc.spec, err)
+				t.Fatalf("ParseList(%q): %v", tc.spec, err)
 			}
 			if !slices.Equal(got, tc.want) {
-				t.Errorf("ParseHostList(%q) = %v, want %v", tc.spec, got, tc.want)
+				t.Errorf("ParseList(%q) = %v, want %v", tc.spec, got, tc.want)
 			}
 		})
 	}
@@ -227,16 +227,16 @@ func TestParseHostListErrors(t *testing.T) {
 		{"-oProxyCommand=x", `-H: element 1 ("-oProxyCommand=x"): host name "-oProxyCommand=x" must not start with '-'`},
 	} {
 		t.Run(tc.spec, func(t *testing.T) {
-			got, err := ParseHostList(tc.spec)
+			got, err := ParseList(tc.spec)
 			if err == nil {
-				t.Fatalf("ParseHostList(%q) = %v, want error", tc.spec, got)
+				t.Fatalf("ParseList(%q) = %v, want error", tc.spec, got)
 			}
 			var pe *ParseError
 			if !errors.As(err, &pe) || pe.File != HostListSource {
 				t.Fatalf("error %T %v, want *ParseError from -H", err, err)
 			}
 			if err.Error() != tc.want {
-				t.Errorf("ParseHostList(%q):\n got  %s\n want %s", tc.spec, err, tc.want)
+				t.Errorf("ParseList(%q):\n got  %s\n want %s", tc.spec, err, tc.want)
 			}
 		})
 	}
@@ -248,7 +248,7 @@ func FuzzParseHostfileReader(f *testing.F) {
 	f.Add("a slots=2 max_slots=4\nn[1-3]\n")
 	f.Add("# c\nb count = 3 # x\n")
 	f.Fuzz(func(t *testing.T, in string) {
-		hosts, err := ParseHostfileReader("f", strings.NewReader(in))
+		hosts, err := ParseReader("f", strings.NewReader(in))
 		if err != nil {
 			var pe *ParseError
 			if !errors.As(err, &pe) {
@@ -263,7 +263,7 @@ func FuzzParseHostfileReader(f *testing.F) {
 func FuzzParseHostList(f *testing.F) {
 	f.Add("a:2,b,node[01-04]:4")
 	f.Fuzz(func(t *testing.T, spec string) {
-		hosts, err := ParseHostList(spec)
+		hosts, err := ParseList(spec)
 		if err == nil {
 			checkHosts(t, hosts)
 		}

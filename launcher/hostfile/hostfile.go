@@ -1,4 +1,4 @@
-package launcher
+package hostfile
 
 import (
 	"bufio"
@@ -37,7 +37,7 @@ const maxSlotsValue = 1 << 20
 // fails with a line number instead of exhausting memory.
 const maxLineBytes = 1 << 20
 
-// HostListSource is the ParseError.File of errors from ParseHostList.
+// HostListSource is the ParseError.File of errors from ParseList.
 const HostListSource = "-H"
 
 // ParseError reports a malformed hostfile or -H value: where, what was
@@ -65,18 +65,18 @@ func (e *ParseError) Error() string {
 // Unwrap returns the underlying error, if any.
 func (e *ParseError) Unwrap() error { return e.Err }
 
-// ParseHostfile reads an Open MPI style hostfile; see ParseHostfileReader.
+// Parse reads an Open MPI style hostfile; see ParseReader.
 // A file that cannot be opened returns the *os.PathError, which names it.
-func ParseHostfile(path string) ([]Host, error) {
+func Parse(path string) ([]Host, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("launcher: hostfile: %w", err)
 	}
 	defer f.Close()
-	return ParseHostfileReader(path, f)
+	return ParseReader(path, f)
 }
 
-// ParseHostfileReader parses a hostfile read from r; name is used in error
+// ParseReader parses a hostfile read from r; name is used in error
 // messages. The syntax, one host per line:
 //
 //	name [slots=N] [max_slots=M]    # trailing comment
@@ -102,13 +102,13 @@ func ParseHostfile(path string) ([]Host, error) {
 // '#' starts a comment anywhere on a line; blank lines are skipped; CRLF line
 // ends are accepted. A file with no hosts is an error naming the file.
 // Every syntax error is a *ParseError with the line number.
-func ParseHostfileReader(name string, r io.Reader) ([]Host, error) {
-	return parseHostfile(name, r, hostlist.MaxNames)
+func ParseReader(name string, r io.Reader) ([]Host, error) {
+	return parse(name, r, hostlist.MaxNames)
 }
 
-// parseHostfile is ParseHostfileReader with the cap on the total number of
+// parse is ParseReader with the cap on the total number of
 // names as a parameter, so tests can reach it without a million names.
-func parseHostfile(name string, r io.Reader, maxNames int) ([]Host, error) {
+func parse(name string, r io.Reader, maxNames int) ([]Host, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), maxLineBytes)
 	m := hostMerger{maxNames: maxNames}
@@ -265,7 +265,7 @@ func parseSlotCount(key, val, after string) (int, *ParseError) {
 	return n, nil
 }
 
-// ParseHostList parses mpirun's -H value: comma-separated elements, each a
+// ParseList parses mpirun's -H value: comma-separated elements, each a
 // host name or hostlist expression with an optional ":slots" suffix, e.g.
 // "a:2,b,node[01-04]:4". Commas inside brackets belong to the expression.
 // Every name an element expands to gets its slots (default 1, mpirun's rule);
@@ -275,7 +275,7 @@ func parseSlotCount(key, val, after string) (int, *ParseError) {
 // An element that is an IPv6 address as a whole ("::1") is a name without
 // slots; give an IPv6 host slots in a hostfile, where ':' is unambiguous.
 // Every error is a *ParseError with File HostListSource.
-func ParseHostList(spec string) ([]Host, error) {
+func ParseList(spec string) ([]Host, error) {
 	fail := func(format string, args ...any) error {
 		return &ParseError{File: HostListSource, Msg: fmt.Sprintf(format, args...)}
 	}
