@@ -110,15 +110,7 @@ func parseExecConfig(s string) (overlap.Config, error) {
 		if !ok {
 			return cfg, fmt.Errorf("%w: executor config %q: want key=value", errInvalid, f)
 		}
-		flag := func() (bool, error) {
-			switch v {
-			case "1", "true":
-				return true, nil
-			case "0", "false":
-				return false, nil
-			}
-			return false, fmt.Errorf("%w: executor config %s=%q: want 0 or 1", errInvalid, k, v)
-		}
+		flag := func() (bool, error) { return boolSetting("executor config", k, v) }
 		var err error
 		switch k {
 		case "trace":
@@ -334,34 +326,32 @@ func gorun_executor_ready(h C.gorun_executor_t, tensor *C.char, in unsafe.Pointe
 //export gorun_executor_wait
 func gorun_executor_wait(h C.gorun_executor_t, out *C.char) (rc C.int) {
 	defer guard(&rc)
-	e, err := execOf(h)
-	if err != nil {
-		return setErr(err, nil)
-	}
-	if out == nil {
-		return setErr(fmt.Errorf("%w: gorun_executor_wait: out is NULL", errInvalid), nil)
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if err := e.ex.Wait(context.Background(), C.GoString(out)); err != nil {
-		return execErr(err, e)
-	}
-	return ok()
+	return onNamed(h, "gorun_executor_wait", "out", out, func(e *execEntry, name string) error {
+		return e.ex.Wait(context.Background(), name)
+	})
 }
 
 //export gorun_executor_end_region
 func gorun_executor_end_region(h C.gorun_executor_t, region *C.char) (rc C.int) {
 	defer guard(&rc)
+	return onNamed(h, "gorun_executor_end_region", "region", region, func(e *execEntry, name string) error {
+		return e.ex.EndRegion(context.Background(), name)
+	})
+}
+
+// onNamed runs f under the executor's lock for a call that takes one name
+// (call names the C function and arg its argument in a NULL error).
+func onNamed(h C.gorun_executor_t, call, arg string, name *C.char, f func(e *execEntry, name string) error) C.int {
 	e, err := execOf(h)
 	if err != nil {
 		return setErr(err, nil)
 	}
-	if region == nil {
-		return setErr(fmt.Errorf("%w: gorun_executor_end_region: region is NULL", errInvalid), nil)
+	if name == nil {
+		return setErr(fmt.Errorf("%w: %s: %s is NULL", errInvalid, call, arg), nil)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if err := e.ex.EndRegion(context.Background(), C.GoString(region)); err != nil {
+	if err := f(e, C.GoString(name)); err != nil {
 		return execErr(err, e)
 	}
 	return ok()

@@ -41,6 +41,18 @@ func (st settings) lookup(name string) (string, bool) {
 	return os.LookupEnv(name)
 }
 
+// boolSetting reads a 0|1 (or false|true) setting of a "key=value"
+// string; what names the string in the error ("config", "executor config").
+func boolSetting(what, k, v string) (bool, error) {
+	switch v {
+	case "1", "true":
+		return true, nil
+	case "0", "false":
+		return false, nil
+	}
+	return false, fmt.Errorf("%w: %s %s=%q: want 0 or 1", errInvalid, what, k, v)
+}
+
 // parseSettings reads "key=value key=value"; an unknown key or bad value is
 // an error naming it.
 func parseSettings(s string) (settings, error) {
@@ -51,15 +63,7 @@ func parseSettings(s string) (settings, error) {
 		if !ok {
 			return st, fmt.Errorf("%w: config %q: want key=value", errInvalid, f)
 		}
-		flag := func() (bool, error) {
-			switch v {
-			case "1", "true":
-				return true, nil
-			case "0", "false":
-				return false, nil
-			}
-			return false, fmt.Errorf("%w: config %s=%q: want 0 or 1", errInvalid, k, v)
-		}
+		flag := func() (bool, error) { return boolSetting("config", k, v) }
 		var err error
 		switch {
 		case strings.HasPrefix(k, "env."):
