@@ -24,7 +24,6 @@ var pending = map[string]int{
 	"tests/chaos/matrix_test.go matrix":               201,
 	"tests/chaos/rank_test.go runRank":                200,
 	"launcher/launchertest/launchertest.go runHelper": 183,
-	"overlap/graph.go GraphRunner.Step":               180,
 	"cmd/gorun/main.go launch":                        165,
 	"examples/trainer/graph.go trainer.buildGraph":    157,
 	"rendezvous/env.go configFromEnv":                 156,
