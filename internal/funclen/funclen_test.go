@@ -26,7 +26,6 @@ var pending = map[string]int{
 	"launcher/launchertest/launchertest.go runHelper": 183,
 	"cmd/gorun/main.go launch":                        165,
 	"examples/trainer/graph.go trainer.buildGraph":    157,
-	"rendezvous/env.go configFromEnv":                 156,
 	"overlap/internal/stepbench/main.go bucketing":    148,
 	"launcher/pmi_fence_test.go fenceBytes":           147,
 	"launcher/elastic.go launchWorlds":                143,
