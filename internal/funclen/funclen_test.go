@@ -18,7 +18,6 @@ var pending = map[string]int{
 	"launcher/jobloop.go jobLoop.run":                 471,
 	"overlap/internal/stepbench/main.go synthetic":    311,
 	"launcher/hostagent.go relay":                     290,
-	"model/modeltest/modeltest.go Run":                255,
 	"cmd/gorun/gpu_test.go TestGPUPathEndToEnd":       235,
 	"launcher/supervisor.go runSupervisor":            213,
 	"tests/chaos/matrix_test.go matrix":               201,
