@@ -3,7 +3,7 @@
 runtime, on one rank (no peer to wait for, so only software is timed).
 Part of scripts/bench-torch.sh; run as
 
-    gorun -np 1 /usr/bin/python3 bench/torch_overhead.py
+    gorun -np 1 PYTHON bench/torch_overhead.py   (PYTHON: the project venv's python)
 
 Layers, fastest first (8-byte float32 sum; best of ROUNDS interleaved rounds
 of N calls each, so that a busy machine inflates them all alike):
@@ -12,8 +12,8 @@ of N calls each, so that a busy machine inflates them all alike):
   ctypes all-reduce      gorun_allreduce with a NULL request: the collective
                          runs to completion inside one library call
   noop backend           dist.all_reduce on a ProcessGroup written in Python
-                         whose allreduce returns a finished Work: torch
-                         1.13's own floor for any Python backend
+                         whose allreduce returns a finished Work: torch's
+                         own floor for any Python backend
   gorun sync             dist.all_reduce(t) with backend gorun
   gorun async+wait       dist.all_reduce(t, async_op=True).wait()
   gloo                   dist.all_reduce(t) on a one-rank gloo group

@@ -10,11 +10,12 @@
 #   [2] gorun -np 2 gorun bench allreduce --transport shm
 #   [3] mpirun -np 2 bench/mpi/allreduce   (btl self,vader: shared memory)
 #   [4] mpirun -np 2 bench/mpi/allreduce   (btl self,tcp over loopback)
-#   [5] gorun -np 2 python3 bench/torch_allreduce.py   (torch gloo, TCP)
+#   [5] gorun -np 2 PYTHON bench/torch_allreduce.py    (torch gloo, TCP)
 # then `gorun bench report` prints busbw per size with the ratios
 # gorun-tcp/MPI-tcp, gorun-shm/MPI-shm, gorun-tcp/gloo, gorun-shm/gloo and
-# draws OUT_DIR/allreduce.png. As root, installs Debian's openmpi-bin,
-# libopenmpi-dev and python3-torch when missing.
+# draws OUT_DIR/allreduce.png. As root, installs Debian's openmpi-bin and
+# libopenmpi-dev when missing. PYTHON is the project's venv python unless
+# set (scripts/bench-python.sh; the venv is made when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-results}
@@ -25,7 +26,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd) # absolute: ranks and mpirun may start elsewhere
 
 need=()
-for p in openmpi-bin libopenmpi-dev python3-torch; do
+for p in openmpi-bin libopenmpi-dev; do
 	dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if ((${#need[@]})); then
@@ -42,8 +43,8 @@ fi
 go build -o "$OUT/gorun" ./cmd/gorun
 mpicc -O2 -Wall -o "$OUT/mpi_allreduce" bench/mpi/allreduce.c
 GORUN=$OUT/gorun
-# Debian's torch is for Debian's python, not a pyenv or venv one first on PATH.
-PY=/usr/bin/python3
+source scripts/bench-python.sh
+bench_python bench-compare
 # No --oversubscribe unless needed: it makes Open MPI yield while polling,
 # which is not how its bandwidth anchors were measured.
 MPIRUN=(mpirun -np "$NP")

@@ -5,7 +5,8 @@
 #   scripts/bench-gpu.sh [--standin] [OUT_DIR]   (default: bench-results/gpu)
 #
 # One command on a GPU machine with a CUDA build of PyTorch (PY, default
-# python3, must import torch with CUDA): it builds gorun, checks the
+# $PYTHON or the project's venv python, whose PyPI torch is a CUDA build,
+# must import torch with CUDA): it builds gorun, checks the
 # device-side kernel's PTX with ptxas when the CUDA toolkit is installed,
 # and runs, in ROUNDS (3) interleaved rounds whose fastest time per size is
 # kept, NP (default: the GPU count) ranks over the sweep -b 8 -e 1G -f 2
@@ -23,7 +24,7 @@
 # --standin checks the pipeline on a machine without a GPU: it builds the
 # stand-in libcuda.so.1 and libnccl.so.2 the tests use (host memory, no
 # GPU) and runs the same steps with torch's CPU gloo backend standing in
-# for torch's NCCL (/usr/bin/python3, torch without CUDA). Its figures say
+# for torch's NCCL (the project's venv python, on the CPU). Its figures say
 # nothing about GPUs: it proves the script, the builds, the device-side
 # check and the report run, and nothing more.
 #
@@ -53,7 +54,7 @@ fi
 if [ "$STANDIN" = 1 ]; then
 	SWEEP=${SWEEP:--b 8 -e 1M -f 4}
 	ROUNDS=${ROUNDS:-1}
-	PY=${PY:-/usr/bin/python3}
+	[ -n "${PY:-}" ] || { source scripts/bench-python.sh; bench_python bench-gpu; }
 	NP=${NP:-2}
 	TORCH_BACKEND=gloo
 	export LD_LIBRARY_PATH="$OUT/standin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -62,7 +63,7 @@ if [ "$STANDIN" = 1 ]; then
 else
 	SWEEP=${SWEEP:--b 8 -e 1G -f 2}
 	ROUNDS=${ROUNDS:-3}
-	PY=${PY:-python3}
+	[ -n "${PY:-}" ] || { source scripts/bench-python.sh; bench_python bench-gpu; }
 	TORCH_BACKEND=nccl
 	if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
 		echo "bench-gpu: $PY has no CUDA torch (or no GPU is visible); --standin checks the pipeline without one" >&2

@@ -11,16 +11,21 @@
 # Usage: scripts/bench-restart.sh [RUNS]   (default 5; `make bench-restart`
 # builds bin/gorun first). NP sets the rank count (default 4);
 # TORCH_MONITOR torchrun's --monitor_interval (default: torchrun's own, 5 s).
+# PYTHON: the python both run (default the project's venv, made when missing;
+# scripts/bench-python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 runs=${1:-5}
 np=${NP:-4}
-py=/usr/bin/python3
 gorun=bin/gorun
 prog=bench/restart/gloo_restart.py
+# Rank 2 is the one that kills itself: with fewer ranks nothing would die.
+[ "$np" -ge 3 ] 2>/dev/null || { echo "bench-restart: NP=$np: want at least 3 ranks (rank 2 kills itself)" >&2; exit 2; }
 [ -x "$gorun" ] || { echo "bench-restart: $gorun missing; run make build" >&2; exit 1; }
-"$py" -c 'import torch.distributed' 2>/dev/null || { echo "bench-restart: $py has no torch (apt-get install python3-torch)" >&2; exit 1; }
+source scripts/bench-python.sh
+bench_python bench-restart
+py=$PY
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -47,8 +52,7 @@ start = datetime.datetime.fromisoformat(rep["start"][:26].rstrip("Z")).replace(t
 kill = float(re.search(r"kill t=([0-9.]+)", open(sys.argv[2]).read()).group(1))
 print(f"{start + rep['worlds'][0]['ended_at_s'] - kill:.3f}")
 PY
-  # torch 1.13 with Python 3.11 fails in torchrun's default redirects (0);
-  # 1 (stdout) with tee works and leaves the output unchanged.
+  # Ranks' stdout through torchrun's tee, so the output reads as gorun's.
   "$py" -m torch.distributed.run --standalone --nproc_per_node "$np" --max_restarts 1 "${mon[@]}" \
     --redirects 1 --tee 1 "$prog" >"$tmp/t.out" 2>&1 ||
     { cat "$tmp/t.out" >&2; echo "bench-restart: torchrun run failed" >&2; exit 1; }

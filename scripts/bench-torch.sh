@@ -27,6 +27,11 @@
 # the idle host before a run did not predict it, notes/torch-backend.md):
 # the table is printed for all rounds and for the rounds whose both runs
 # spent at least three quarters of their probes near, or far.
+# Then bench/torch_fused.py times 64 x 1 KiB all-reduced as one
+# all_reduce_coalesced and as 64 async all_reduces then waits, against one
+# 64 KiB all_reduce (goal: within 2x), on gorun and on gloo (FUSED_ROUNDS
+# rotated rounds, default 9, of FUSED_STEPS steps, default 100; medians;
+# FUSED_BACKENDS="gorun" leaves gloo's long rows out).
 # Then examples/torch/ddp.py times a DDP step with each backend (medians over
 # ROUNDS interleaved rounds, wall and CPU per rank, with the ratio). First,
 # bench/torch_overhead.py prints the per-call cost of each layer on one rank.
@@ -34,7 +39,8 @@
 # (TORCH_GORUN_FLAGS and GLOO_FLAGS add some, e.g. --session shared).
 # PARTS (default "overhead allreduce ddp") picks the parts to run, so that
 # each can be run on its own on a shared machine.
-# Needs python3-torch for /usr/bin/python3 (scripts/install-test-deps.sh).
+# Runs the project's Python (PYTHON, default the venv scripts/install-torch.sh
+# makes and `make venv` names; scripts/bench-python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench-results/torch}
@@ -42,19 +48,17 @@ SWEEP=${SWEEP:--b 8 -e 64M -f 4}
 NPS=${NPS:-2 4}
 ROUNDS=${ROUNDS:-3}
 ITERS=${ITERS:--w 5 -n 40}
-PY=/usr/bin/python3 # Debian's python, the one with python3-torch
 TORCH_GORUN_FLAGS=${TORCH_GORUN_FLAGS-}
-PARTS=${PARTS:-overhead allreduce boundary ddp}
+PARTS=${PARTS:-overhead allreduce boundary fused ddp}
 BOUNDARY_ROUNDS=${BOUNDARY_ROUNDS:-6}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 GLOO_FLAGS=${GLOO_FLAGS-}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
-if ! "$PY" -c 'import torch' 2>/dev/null; then
-	echo "bench-torch: $PY has no torch (install python3-torch)" >&2
-	exit 1
-fi
+source scripts/bench-python.sh
+bench_python bench-torch
+echo "bench-torch: $PY, torch $("$PY" -c 'import torch; print(torch.__version__)')" >&2
 make --no-print-directory build lib >/dev/null
 GORUN=bin/gorun
 # This checkout's package and library, whatever `make python` installed.
@@ -136,6 +140,24 @@ part boundary && for np in $NPS; do
 		echo "$(load) (after)"
 		"$PY" scripts/bench_torch_tables.py boundary "$OUT" "$np" "$BOUNDARY_ROUNDS"
 	} | tee "$OUT/boundary.$np.txt"
+done
+
+# Many small all-reduces against one large one (fusion through torch).
+part fused && for np in $NPS; do
+	before=$(load)
+	for b in ${FUSED_BACKENDS:-gorun gloo}; do
+		flags=$GLOO_FLAGS
+		[ "$b" = gorun ] && flags=$TORCH_GORUN_FLAGS
+		# shellcheck disable=SC2086 # flags is a list
+		run "fused np $np $b" fused.$b.$np.txt "$GORUN" -np "$np" $flags "$PY" bench/torch_fused.py --backend "$b" \
+			--rounds "${FUSED_ROUNDS:-9}" --steps "${FUSED_STEPS:-100}"
+	done
+	{
+		echo "# 64 x 1 KiB vs one 64 KiB all_reduce, $np ranks; gorun flags: gloo '$GLOO_FLAGS', torch-gorun '$TORCH_GORUN_FLAGS'"
+		echo "$before (before)"
+		echo "$(load) (after)"
+		for b in ${FUSED_BACKENDS:-gorun gloo}; do cat "$OUT/fused.$b.$np.txt"; done
+	} | tee "$OUT/fused.$np.txt"
 done
 
 # DDP: ROUNDS interleaved rounds per rank count, medians across rounds of

@@ -2,8 +2,9 @@
 by scripts/bench-torch-step.sh):
 
     gorun.torch ddp   vs  torch DDP over gloo, and over gorun's backend
-    gorun.torch fsdp  vs  torch FSDP2 (fully_shard) over gloo (re-gathers one
-                          block ahead, and at their reader: regather_ahead=0)
+    gorun.torch fsdp  vs  torch FSDP2 (fully_shard) over gloo (re-gathers at
+                          their reader, the default regather_ahead=0, and one
+                          block ahead, regather_ahead=1)
 
 Every variant trains its own copy of one GPT-like model (tied embedding) on
 the same batches. Rounds are paired and rotated: each round runs every
@@ -89,7 +90,7 @@ def make_variants(args):
     m = gt.distribute(model(args), mode="fsdp", trace=args.trace_dir and os.path.join(args.trace_dir, "fsdp-{rank}.json"),
                       passes=args.fsdp_passes, regather_ahead=1)
     v["gorun-fsdp"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
-    m = gt.distribute(model(args), mode="fsdp", passes=args.fsdp_passes, regather_ahead=0)
+    m = gt.distribute(model(args), mode="fsdp", passes=args.fsdp_passes)  # the default: regather_ahead=0
     v["gorun-fsdp-0"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
     m = model(args)
     for b in m.blocks:
@@ -158,17 +159,19 @@ def main():
         print("RATIO ddp  gorun/torch-DDP-gloo   %.3f (goal <= 1.0)" % ratio("gorun-ddp", "torch-ddp"))
         print("RATIO ddp  gorun/torch-DDP-gorun  %.3f (goal <= 1.0; torch DDP over gorun's backend)"
               % ratio("gorun-ddp", "torch-ddp-gorun"))
-        print("RATIO fsdp gorun/torch-FSDP2-gloo %.3f (goal <= 1.1; re-gathers one block ahead)"
+        print("RATIO fsdp gorun/torch-FSDP2-gloo %.3f (goal <= 1.1; re-gathers one block ahead, regather_ahead=1)"
               % ratio("gorun-fsdp", "torch-fsdp2"))
-        print("RATIO fsdp gorun/torch-FSDP2-gloo %.3f (goal <= 1.1; re-gathers at their reader, regather_ahead=0)"
+        print("RATIO fsdp gorun/torch-FSDP2-gloo %.3f (goal <= 1.1; the default: re-gathers at their reader, regather_ahead=0)"
               % ratio("gorun-fsdp-0", "torch-fsdp2"))
+        print("RATIO fsdp regather_ahead=0 / regather_ahead=1 %.3f (the default's choice: step time of each, paired)"
+              % ratio("gorun-fsdp-0", "gorun-fsdp"))
         for k in ("gorun-ddp", "gorun-fsdp", "gorun-fsdp-0"):
             mt = v[k][0].metrics()
             print("  %-12s exposed communication %.2f ms of %.2f ms communication per step, %d buckets%s"
                   % (k, 1e3 * mt["exposed_communication"], 1e3 * mt["communication"], mt["buckets"],
                      ("; trace: " + mt["trace"]) if mt.get("trace") else ""))
         m1, m0 = fs.metrics(), v["gorun-fsdp-0"][0].metrics()
-        print("PEAK full parameters: gorun fsdp %d bytes (plan's estimate %d), with regather_ahead=0 %d (estimate %d); "
+        print("PEAK full parameters: gorun fsdp regather_ahead=1 %d bytes (plan's estimate %d), the default regather_ahead=0 %d (estimate %d); "
               "FSDP2 %d bytes (its gathered outputs, sampled at module boundaries); whole model %d bytes"
               % (m1["peak_gathered_bytes"], m1["plan_peak_gathered_bytes"], m0["peak_gathered_bytes"],
                  m0["plan_peak_gathered_bytes"], mem.peak, m1["full_parameter_bytes"]))

@@ -4,7 +4,11 @@
 # letters naming its namespace-host set). This checks bin/gorun and
 # bin/trainer and makes $tmp and $set_name, which the EXIT trap removes,
 # the namespace hosts with them.
-py=/usr/bin/python3
+# py reads the benchmarks' JSON reports: the standard library is enough, so
+# $PYTHON, else the project's venv when there, else python3 (no install).
+source scripts/bench-python.sh
+bench_python "$bench" stdlib
+py=$PY
 gorun=$PWD/bin/gorun
 trainer=$PWD/bin/trainer
 [ -x "$gorun" ] && [ -x "$trainer" ] || { echo "$bench: bin/gorun or bin/trainer missing; run make build" >&2; exit 1; }

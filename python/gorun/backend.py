@@ -842,15 +842,35 @@ class _Gorun:
         what = "allreduce_coalesced"
         if not tensors:
             raise ValueError("gorun %s: no tensors" % what)
-        dts = [_check(t, what, "tensors[%d]" % i) for i, t in enumerate(tensors)]
-        op = _op(opts, what, dts[0])
+        t0 = tensors[0]
+        dt = _check(t0, what, "tensors[0]")
+        op = _op(opts, what, dt)
+        dtype = t0.dtype
+        # One pass over the tensors (a call may carry hundreds): a tensor
+        # like the first (CPU, dense, contiguous, its dtype) passes in four
+        # attribute reads; any other gets the full checks, which raise
+        # naming the call and the tensor.
+        ptrs, counts = [], []
         for i, t in enumerate(tensors):
-            _same(tensors[0], t, what, "tensors[0]", "tensors[%d]" % i)
-        # One call per tensor: they are queued back to back and complete in
-        # order, and no flattening copy is made.
-        calls = [(lambda t: lambda l, r: l.gorun_allreduce(self._h, _ptr(t), _ptr(t), t.numel(), dts[0], op, r))(t)
-                 for t in tensors]
-        return self._issue(what, None, list(tensors), list(tensors), calls=calls)
+            try:
+                ok = t.is_cpu and t.layout is _STRIDED and t.is_contiguous() and t.dtype is dtype
+            except AttributeError:
+                ok = False
+            if not ok:
+                _check(t, what, "tensors[%d]" % i)
+                _same(t0, t, what, "tensors[0]", "tensors[%d]" % i)
+            k = t.numel()
+            ptrs.append(t.data_ptr() if k else None)
+            counts.append(k)
+        # One library call for all of them (gorun_allreduce_coalesced): one
+        # request and one Work; the library fuses the small ones into one
+        # message and reduces each tensor in place, so no flattening copy
+        # is made here. The arrays are read during the call only.
+        n = len(tensors)
+        ptrs = (ctypes.c_void_p * n)(*ptrs)
+        counts = (ctypes.c_size_t * n)(*counts)
+        return self._issue(what, lambda l, r: l.gorun_allreduce_coalesced(self._h, ptrs, ptrs, counts, n, dt, op, r),
+                           list(tensors), list(tensors))
 
     def broadcast(self, tensors, opts=None):
         what = "broadcast"

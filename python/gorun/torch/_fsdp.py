@@ -84,6 +84,7 @@ class ShardedModel(DistributedModel):
                 self._full[u.name] = full
                 self._shards[u.name] = shard
         self._held = 0
+        self._unsynced = set()  # units gathered for no_sync micro-batches
         self._grad_copies = 0  # gradients that missed their view (copied)
         self._peak = 0
         self._peaks = []
@@ -131,11 +132,27 @@ class ShardedModel(DistributedModel):
             finally:
                 for u in self._units:
                     self._free(u)
+        if self._exec is not None and not self._sync:
+            # no_sync: no plan runs; the units stay gathered through this
+            # backward and the next micro-batch's (the shards do not change
+            # before the next step).
+            for u in self._units:
+                if self._full[u.name].untyped_storage().nbytes() == 0:
+                    self._gather_now(u)
+                    self._unsynced.add(u.name)
+        elif self._unsynced:
+            for u in self._units:
+                if u.name in self._unsynced:
+                    self._free(u)
+            self._unsynced = set()
         return super().forward(*args, **kwargs)
 
     def no_sync(self):
-        raise NotImplementedError("gorun.torch: no_sync in fsdp mode is not built (the gathered parameters would "
-                                  "have to outlive the plan); accumulate in ddp mode, or scale the loss")
+        """Gradients accumulate locally, whole; the first backward after the
+        block reduce-scatters the sum (FSDP1's no_sync: inside the block
+        every unit stays gathered, and each parameter's gradient is held in
+        full, until the next forward outside it)."""
+        return super().no_sync()
 
     def parameters(self, recurse=True):
         """The shards, and the parameters kept whole (the root's own)."""
@@ -173,6 +190,33 @@ class ShardedModel(DistributedModel):
                 if k not in out:
                     out[k] = v.clone()
             return out
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """Loads a whole-model state dict (full_state_dict()'s keys, or the
+        wrapper's own "module."-prefixed ones) into the model and its
+        shards: each unit is gathered, loaded, and this rank's slice copied
+        into its shard. Collective: every rank must call it, with the same
+        dict. The optimizer's state is not touched."""
+        if assign:
+            raise ValueError("gorun.torch: load_state_dict(assign=True) in %s mode would replace the parameters "
+                             "that are views of the flat buffers; load with assign=False" % self.mode)
+        sd = self._module_keys(state_dict)
+        with torch.no_grad():
+            gathered, peak = [], self._peak
+            for u in self._units:
+                if self._full[u.name].untyped_storage().nbytes() == 0:
+                    self._gather_now(u)  # parameters the dict leaves out keep their values
+                    gathered.append(u)
+            try:
+                res = self.module.load_state_dict(sd, strict=strict)
+                for u in self._units:
+                    lo = self._srank * u.shard_numel
+                    self._shards[u.name].copy_(self._full[u.name][lo:lo + u.shard_numel])
+            finally:
+                for u in gathered:
+                    self._free(u)
+                self._peak = peak
+        return res
 
     # ---- the plan ---------------------------------------------------------
 
@@ -308,8 +352,10 @@ class ShardedModel(DistributedModel):
             flat = self._gflat[u.name] = torch.zeros(u.padded, dtype=u.dtype)
             for m in u.members:
                 _, off = self._slot[m.name]
-                if m.param.grad is None:
-                    m.param.grad = flat[off:off + m.param.numel()].view(m.param.shape)
+                v = flat[off:off + m.param.numel()].view(m.param.shape)
+                if m.param.grad is not None:
+                    v.copy_(m.param.grad)  # accumulated under no_sync
+                m.param.grad = v
 
     def _end_backward(self):
         """The region whose backward ran last is over: what the plan read

@@ -39,7 +39,7 @@ class DistributedModel(nn.Module):
 
     def __init__(self, module, mode="ddp", reshard_after_forward=True, shard_size=None, plan=None, group=None,
                  deterministic=False, trace=None, refresh_every=50, bucket_view=True, passes="blocks,overlap",
-                 regather_ahead=1, dump_plan=None):
+                 regather_ahead=0, dump_plan=None, micro_batches=None):
         super().__init__()
         if mode not in MODES:
             raise ValueError("gorun.torch.distribute: mode %r: want one of %s" % (mode, ", ".join(MODES)))
@@ -58,6 +58,11 @@ class DistributedModel(nn.Module):
         self.mode = mode
         self._comm = group if group is not None else _abi.world(deterministic)
         self.rank, self.world_size = _abi.rank_size(self._comm)
+        self._micro = self._check_micro(micro_batches, deterministic)
+        self._micro_done = 0  # micro-batches run (forward with gradients) this step
+        self._micro_grads = {}  # member -> its scaled gradient per micro-batch of this step
+        self._kept = {}  # gradients of members no rank used this step, as they were before it
+        self._flag_unused = True  # exchange used-flags this step (see _unused_everywhere)
         self._trace = trace
         self._refresh = max(int(refresh_every or 0), 0)
         self._bucket_view = bucket_view
@@ -81,7 +86,10 @@ class DistributedModel(nn.Module):
         self._region_names = [r for r, _ in regions]
         self._members = _plan.find_members(module, self._region_names)
         self._codes = {m.name: _abi.dtype_code(m.param.dtype) for m in self._members}
-        self._scale = 1.0 / self.world_size
+        # deterministic micro-batches: each micro-batch's gradient is
+        # scaled by 1/micro_batches (the same numbers at every world size)
+        # and nothing is scaled again.
+        self._scale = 1.0 if self._micro else 1.0 / self.world_size
         self._setup()
         self._hooks = []
         for r, m in regions:
@@ -89,8 +97,10 @@ class DistributedModel(nn.Module):
                 continue
             self._hooks.append(m.register_forward_pre_hook(self._pre_hook(r)))
             self._hooks.append(m.register_forward_hook(self._post_hook(r)))
+        self._hook_fns = {}
         for m in self._members:
-            self._hooks.append(m.param.register_post_accumulate_grad_hook(self._grad_hook(m)))
+            self._hook_fns[m.name] = self._grad_hook(m)
+            self._hooks.append(m.param.register_post_accumulate_grad_hook(self._hook_fns[m.name]))
         self._exec = None
         self._measured = 0  # steps whose costs were measured and planned from
         self._plans = 0  # executors made (a changed plan makes a new one)
@@ -112,6 +122,16 @@ class DistributedModel(nn.Module):
 
     def forward(self, *args, **kwargs):
         sync = self._sync and torch.is_grad_enabled()
+        if self._micro and torch.is_grad_enabled():
+            per = self._micro // self.world_size
+            if sync != (self._micro_done == per - 1):
+                raise RuntimeError(
+                    "gorun.torch: deterministic=True with micro_batches=%d on %d ranks: each step is %d "
+                    "micro-batches per rank, the first %d under no_sync() and the last outside it; this is "
+                    "micro-batch %d of the step, %s no_sync()" % (
+                        self._micro, self.world_size, per, per - 1, self._micro_done + 1,
+                        "outside" if sync else "inside"))
+            self._micro_done += 1
         if sync:
             if self._in_step:
                 raise RuntimeError(
@@ -138,15 +158,42 @@ class DistributedModel(nn.Module):
     def _left(self, region, out):
         pass
 
+    def _unused_everywhere(self, members):
+        """The members no rank produced a gradient for this step (DDP's
+        globally unused parameters): one small all-reduce of flags, which
+        every rank issues whatever it saw. It runs on measured and refresh
+        steps, and on every step after one where some rank left a member
+        unused; a model whose every parameter got a gradient on every rank
+        skips it until the next refresh (the same decision on every rank:
+        the flags are reduced)."""
+        if not members:
+            return set()
+        if self.world_size == 1:
+            return {m.name for m in members if m.name not in self._grad_t}
+        refresh = self._exec is None or (self._refresh and self._step % self._refresh == self._refresh - 1)
+        if not (self._flag_unused or refresh):
+            return set()
+        used = torch.tensor([1.0 if m.name in self._grad_t else 0.0 for m in members], dtype=torch.float32)
+        _abi.allreduce_tensor(self._comm, used)
+        counts = used.tolist()
+        self._flag_unused = any(u < self.world_size for u in counts)
+        return {m.name for m, u in zip(members, counts) if u == 0.0}
+
     def _before_finish(self):
         # A parameter that got no gradient on this rank this step (unused
         # here, perhaps used on another rank) takes part with zeros, so
-        # every replica gets the same average and none drifts. A parameter
-        # unused on every rank thus gets a zero gradient, where DDP leaves
-        # None.
+        # every replica gets the same average and none drifts. One that no
+        # rank used keeps the gradient it had before the step (None after
+        # zero_grad), as in DDP: _restore_unused puts it back after the
+        # collectives, so an optimizer's weight decay leaves it alone.
+        self._kept = {}
+        nowhere = self._unused_everywhere(self._allreduced)
         for m in self._allreduced:
             if m.name not in self._grad_t:
                 with torch.no_grad():
+                    if m.name in nowhere:
+                        g = m.param.grad
+                        self._kept[m.name] = None if g is None else g.detach().clone()
                     v = self._views.get(m.name)
                     if v is not None:
                         v.zero_()
@@ -157,6 +204,21 @@ class DistributedModel(nn.Module):
 
     def _after_finish(self, m):
         pass
+
+    def _restore_unused(self):
+        with torch.no_grad():
+            for m in self._allreduced:
+                if m.name not in self._kept:
+                    continue
+                old, v = self._kept[m.name], self._views.get(m.name)
+                if old is None:
+                    m.param.grad = None
+                elif v is not None:
+                    v.copy_(old)
+                    m.param.grad = v
+                else:
+                    m.param.grad = old
+        self._kept = {}
 
     def _begin(self):
         self._in_step = True
@@ -208,6 +270,16 @@ class DistributedModel(nn.Module):
         code = self._codes[m.name]
 
         def hook(p):
+            if self._micro and self._micro_done:
+                # Keep this micro-batch's gradient apart; the step's is the
+                # fixed tree over all of them (see _micro_sum).
+                i = self._micro_done - 1
+                if p.grad is not None:
+                    self._micro_grads.setdefault(m.name, {})[i] = p.grad * self._micro_scale
+                if not self._in_step:
+                    p.grad = None
+                    return
+                p.grad = self._micro_sum(m.name)
             if not self._in_step:
                 return
             if not self._queued:
@@ -235,7 +307,18 @@ class DistributedModel(nn.Module):
         return hook
 
     def _finish(self):
-        self._queued = False
+        try:
+            if self._micro:
+                # Members whose last gradient came in an earlier micro-batch
+                # of this step: their hooks did not run in this backward.
+                for m in self._members:
+                    if m.name in self._micro_grads and m.name not in self._grad_t:
+                        m.param.grad = None
+                        self._hook_fns[m.name](m.param)
+        finally:
+            self._queued = False
+            self._micro_done = 0
+            self._micro_grads = {}
         try:
             if self._exec is None:
                 self._reduce_measured()
@@ -243,6 +326,7 @@ class DistributedModel(nn.Module):
             else:
                 self._before_finish()
                 m = self._exec.finish()
+                self._restore_unused()
                 self._after_finish(m)
                 self._history.append((time.perf_counter_ns() - self._t_begin, m))
                 del self._history[:-100]
@@ -255,6 +339,7 @@ class DistributedModel(nn.Module):
     def _reduce_measured(self):
         """The first step's gradients, reduced in one flat all-reduce (the
         plan needs this step's timings, so there is none yet)."""
+        nowhere = self._unused_everywhere(self._members)
         if self.world_size == 1:
             return
         by_dtype = {}
@@ -270,11 +355,52 @@ class DistributedModel(nn.Module):
                     n = m.param.numel()
                     # Every rank takes the average, also where the parameter
                     # got no gradient (see _before_finish).
-                    if m.param.grad is not None:
+                    if m.name in nowhere:
+                        pass  # no rank used it: its gradient stays as it was (DDP)
+                    elif m.param.grad is not None:
                         m.param.grad.copy_(flat[off:off + n].view_as(m.param))
                     else:
                         m.param.grad = flat[off:off + n].view_as(m.param).clone()
                     off += n
+
+    # ---- deterministic micro-batches -------------------------------------
+
+    def _check_micro(self, micro, deterministic):
+        """micro_batches: the global batch's micro-batches (None: not split)."""
+        if micro is None:
+            return 0
+        where = "gorun.torch.distribute: micro_batches=%r" % (micro,)
+        if not deterministic:
+            raise ValueError(where + " is the deterministic mode's global batch split; pass deterministic=True too")
+        if self.mode != "ddp":
+            raise ValueError(where + ": world-size-independent results are built for mode='ddp' only, not %r"
+                             % self.mode)
+        if not isinstance(micro, int) or micro < 1 or micro % self.world_size:
+            raise ValueError(where + ": want a positive multiple of the world size (%d)" % self.world_size)
+        per = micro // self.world_size
+        if per & (per - 1):
+            raise ValueError(where + " on %d ranks is %d per rank: the per-rank count must be a power of two, so "
+                             "that each rank's sum is one subtree of the fixed tree" % (self.world_size, per))
+        self._micro_scale = 1.0 / micro
+        return micro
+
+    def _micro_sum(self, name):
+        """This step's gradient of one member on this rank: its micro-batch
+        gradients summed along the fixed tree (at stride 1, 2, 4, ... entry i
+        absorbs entry i+stride, i a multiple of 2*stride; a micro-batch that
+        gave none counts as zero). libgorun's deterministic all-reduce
+        continues the same tree over ranks, whose micro-batches are
+        consecutive runs of equal power-of-two length, so the reduced
+        gradient is the one tree over all micro-batches at any world size."""
+        got = self._micro_grads.get(name, {})
+        slots = [got.get(i) for i in range(self._micro // self.world_size)]
+        stride = 1
+        while stride < len(slots):
+            for i in range(0, len(slots) - stride, 2 * stride):
+                a, b = slots[i], slots[i + stride]
+                slots[i] = b if a is None else (a if b is None else a + b)
+            stride *= 2
+        return slots[0]
 
     # ---- planning --------------------------------------------------------
 
@@ -390,6 +516,18 @@ class DistributedModel(nn.Module):
         mode)."""
         return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
 
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """Loads a whole-model state dict: full_state_dict()'s keys, or the
+        wrapper's own ("module."-prefixed) ones."""
+        return self.module.load_state_dict(self._module_keys(state_dict), strict=strict, assign=assign)
+
+    def _module_keys(self, state_dict):
+        keys = list(state_dict)
+        own = self.module.state_dict().keys()
+        if keys and not all(k in own for k in keys) and all(k.startswith("module.") for k in keys):
+            return {k[len("module."):]: v for k, v in state_dict.items()}
+        return state_dict
+
     def plan(self):
         """The bucket plan the executor runs (buckets.Plan as a dict), or None
         before the first step has been measured."""
@@ -453,13 +591,16 @@ def distribute(model, mode="ddp", reshard_after_forward=True, shard_size=None, p
     (fsdp within groups of shard_size ranks, replicated across them).
     plan: a planned step graph (JSON text) to run instead of planning from
     the measured first step. group: a gorun communicator handle (default:
-    the world). deterministic: reduce along one fixed order. trace: a path
+    the world). deterministic: reduce along one fixed tree. trace: a path
     ("{rank}" is replaced) for a Perfetto timeline of the executor.
     Options: refresh_every (replan from measured costs every K steps, 0
     never), bucket_view (gradients live in the buckets, default True),
     passes (the planner's passes), regather_ahead (fsdp: how many backward
-    blocks ahead of its reader a re-gather starts; 0 holds the fewest
-    parameters, 1 hides the re-gather behind a block's backward), dump_plan
+    blocks ahead of its reader a re-gather starts; 0, the default, holds the
+    fewest parameters, 1 hides the re-gather behind a block's backward),
+    micro_batches (with deterministic=True: the global batch's micro-batches,
+    see docs/torch-step.md; results are then the same bits at any world
+    size), dump_plan
     (a path: rank 0 writes the planned step graph there, which `gorun plan
     FILE` prints)."""
     if mode in ("fsdp", "hsdp"):

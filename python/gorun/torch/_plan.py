@@ -167,7 +167,7 @@ def ddp_graph(order, members, fwd_ns, bwd_ns, world):
             "tensors": tensors, "nodes": nodes}
 
 
-def run_planner(graph, passes="blocks,overlap", regather_ahead=1):
+def run_planner(graph, passes="blocks,overlap", regather_ahead=0):
     """Plans graph (a dict) with gorun's passes, in process (libgorun's
     gorun_plan, with the GIL released); returns (the planned graph as JSON
     text, the planner's summary: buckets, estimates, peak bytes). The one

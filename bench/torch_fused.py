@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Many small all-reduces against one large one: the part of
+scripts/bench-torch.sh that measures fusion through torch. Run as
+
+    gorun -np N PYTHON bench/torch_fused.py --backend gorun|gloo
+
+Each row moves PIECES x PIECE bytes (float32 sum, default 64 x 1 KiB) per
+step, in one of these shapes:
+  one             dist.all_reduce of one tensor of PIECES x PIECE bytes (the anchor)
+  coalesced       dist.all_reduce_coalesced of the PIECES tensors (one call)
+  async+wait      PIECES dist.all_reduce(async_op=True), then wait on each Work
+  sync            PIECES dist.all_reduce one after another (no overlap: a
+                  call returns when done, so nothing can be fused)
+ROUNDS rounds of STEPS steps per shape, the shapes in rotated order so that
+a busy machine slows them alike. A round's time per step is the slowest
+rank's mean. Prints per shape the median over rounds (us per step) and its
+ratio to the anchor's median (goal for coalesced and async+wait: <= 2).
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def parse_size(s):
+    mult = {"K": 1 << 10, "M": 1 << 20}
+    s = s.strip().upper()
+    return int(s[:-1]) * mult[s[-1]] if s[-1] in mult else int(s)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--backend", default="gorun", choices=["gloo", "gorun"])
+    p.add_argument("--pieces", type=int, default=64)
+    p.add_argument("--piece", default="1K", help="bytes per small tensor (float32)")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--steps", type=int, default=100)
+    a = p.parse_args()
+    if a.backend == "gorun":
+        try:
+            import gorun  # noqa: F401  (registers the backend)
+        except ImportError:  # a checkout without `make python`
+            sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+            import gorun  # noqa: F401
+    dist.init_process_group(a.backend)
+    torch.set_num_threads(1)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    k = parse_size(a.piece) // 4
+    big = torch.zeros(a.pieces * k)  # zeros: sums stay finite however many steps
+    pieces = [torch.zeros(k) for _ in range(a.pieces)]
+
+    def one():
+        dist.all_reduce(big)
+
+    def coalesced():
+        dist.all_reduce_coalesced(pieces)
+
+    def async_wait():
+        ws = [dist.all_reduce(t, async_op=True) for t in pieces]
+        for w in ws:
+            w.wait()
+
+    def sync():
+        for t in pieces:
+            dist.all_reduce(t)
+
+    shapes = [("one", one), ("coalesced", coalesced), ("async+wait", async_wait), ("sync", sync)]
+    for _, f in shapes:  # warm-up
+        for _ in range(max(3, a.steps // 10)):
+            f()
+    times = {name: [] for name, _ in shapes}
+    slowest = torch.zeros(1, dtype=torch.float64)
+    for r in range(a.rounds):
+        for name, f in shapes[r % len(shapes):] + shapes[:r % len(shapes)]:
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                f()
+            slowest[0] = (time.perf_counter() - t0) / a.steps
+            dist.all_reduce(slowest, dist.ReduceOp.MAX)
+            times[name].append(slowest.item() * 1e6)
+    if rank == 0:
+        anchor = statistics.median(times["one"])
+        print("# torch %s %s, %d ranks: %d x %d B per step vs one all_reduce of %d B; median of %d rounds x %d steps"
+              % (torch.__version__, a.backend, n, a.pieces, k * 4, a.pieces * k * 4, a.rounds, a.steps))
+        print("# %-11s %10s %8s   %s" % ("shape", "us/step", "/one", "rounds (us/step)"))
+        for name, _ in shapes:
+            m = statistics.median(times[name])
+            print("  %-11s %10.1f %8.2f   %s" % (name, m, m / anchor, " ".join("%.0f" % t for t in times[name])),
+                  flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
