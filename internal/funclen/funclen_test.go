@@ -20,7 +20,6 @@ var pending = map[string]int{
 	"launcher/hostagent.go relay":                     290,
 	"cmd/gorun/gpu_test.go TestGPUPathEndToEnd":       235,
 	"launcher/supervisor.go runSupervisor":            213,
-	"tests/chaos/matrix_test.go matrix":               201,
 	"tests/chaos/rank_test.go runRank":                200,
 	"launcher/launchertest/launchertest.go runHelper": 183,
 	"cmd/gorun/main.go launch":                        165,
