@@ -326,186 +326,238 @@ type stepState struct {
 	peak     int64
 }
 
-// Step runs the graph once.
+// Step runs the graph once: collectives are issued as early as the
+// prefetch bounds allow, compute runs in plan order after the waits it
+// needs, and collective outputs are freed after their last reader.
 func (gr *GraphRunner) Step(ctx context.Context, step int, tensors Tensors, kernel Kernel) (StepMetrics, error) {
 	ex := gr.ex
 	if err := ex.Begin(step); err != nil {
 		return StepMetrics{}, err
 	}
-	fail := func(err error) (StepMetrics, error) {
+	r := gr.newStepRun(ctx, tensors)
+	if err := r.run(step, kernel); err != nil {
 		ex.inStep = false
 		ex.broken = err
 		return StepMetrics{}, err
 	}
+	m, err := ex.Finish(ctx)
+	if err != nil {
+		return m, err
+	}
+	r.freeAll()
+	m.PeakBytes = gr.st.peak
+	return m, nil
+}
+
+// stepRun is one Step's call: its context, its tensors, and the runner's
+// step state.
+type stepRun struct {
+	gr      *GraphRunner
+	ex      *Executor
+	st      *stepState
+	ctx     context.Context
+	tensors Tensors
+	look    Tensors // tensors, with bound buffers first: what builtins read
+}
+
+func (gr *GraphRunner) newStepRun(ctx context.Context, tensors Tensors) *stepRun {
+	r := &stepRun{gr: gr, ex: gr.ex, st: &gr.st, ctx: ctx, tensors: tensors, look: tensors}
 	// Builtin computes find bound tensors as collectives do.
-	look := tensors
 	if len(gr.bound) > 0 {
-		look = func(name string) (comm.Buffer, error) {
+		r.look = func(name string) (comm.Buffer, error) {
 			if b, ok := gr.bound[name]; ok {
 				return b, nil
 			}
 			return tensors(name)
 		}
 	}
-	st := &gr.st
+	st := r.st
 	if st.live == nil {
 		st.inflight, st.live = make(map[int]bool, len(gr.ord)), make([]bool, len(gr.outName))
 	}
 	clear(st.inflight)
 	clear(st.live)
 	st.pending, st.inBytes, st.liveB, st.peak = st.pending[:0], 0, 0, 0
-	record := func() {
-		if ex.tl != nil {
-			ex.tl.counter("collective memory", ex.cfg.Clock.Now(), map[string]any{"bytes": st.liveB})
-		}
-	}
-	free := func(x int32, hook bool) {
-		if !st.live[x] {
-			return
-		}
-		st.live[x] = false
-		st.liveB -= gr.outSize[x]
-		record()
-		if hook && gr.release != nil {
-			gr.release(gr.outName[x])
-		}
-	}
-	// waited marks what the runner has waited for: the start is no longer
-	// in flight, and outputs whose last reader it was die.
-	waited := func(out string) {
-		s := gr.outStart[out]
-		if st.inflight[s] {
-			delete(st.inflight, s)
-			st.inBytes -= gr.bytes[s]
-		}
-		for _, t := range gr.diesAtWaitOf[s] {
-			free(t, true)
-		}
-	}
-	wait := func(out string) error {
-		if err := ex.Wait(ctx, out); err != nil {
-			return err
-		}
-		waited(out)
-		return nil
-	}
-	issue := func(si int) error {
-		for _, d := range gr.deps[si] {
-			if err := wait(d); err != nil {
-				return err
-			}
-		}
-		nd := &gr.g.Nodes[si]
-		outs, bk, bound := gr.outsOf[si], gr.bucketOf[si], gr.boundAt[si]
-		for k, m := range nd.Members {
-			var in, out comm.Buffer
-			if bound != nil {
-				in, out = bound[k].in, bound[k].out
-			}
-			var err error
-			if in == nil {
-				if in, err = tensors(m.In); err != nil {
-					return fmt.Errorf("overlap: start %q: %w", nd.Name, err)
-				}
-			}
-			if out == nil {
-				if out, err = tensors(m.Out); err != nil {
-					return fmt.Errorf("overlap: start %q: %w", nd.Name, err)
-				}
-			}
-			if x := outs[k]; !st.live[x] {
-				st.live[x] = true
-				st.liveB += gr.outSize[x]
-				st.peak = max(st.peak, st.liveB)
-				record()
-			}
-			if err := ex.readyAt(ctx, bk, k, in, out); err != nil {
-				return err
-			}
-		}
-		st.inflight[si] = true
-		st.inBytes += gr.bytes[si]
-		return nil
-	}
-	// pump issues pending starts, in plan order, while the plan has reached
-	// them (pos is the next node to run) or the prefetch bounds allow them
-	// out early.
-	pump := func(pos int) error {
-		for len(st.pending) > 0 {
-			si := st.pending[0]
-			if si >= pos {
-				ahead := gr.ord[si] - gr.startsBefore[pos] // 0: the next start the plan reaches
-				if gr.cfg.PrefetchStarts >= 0 && ahead >= gr.cfg.PrefetchStarts {
-					return nil
-				}
-				if gr.cfg.MaxInFlightBytes > 0 && st.inBytes > 0 && st.inBytes+gr.bytes[si] > gr.cfg.MaxInFlightBytes {
-					return nil
-				}
-			}
-			if err := issue(si); err != nil {
-				return err
-			}
-			st.pending = st.pending[1:]
-		}
-		return nil
-	}
-	ready := func(starts []int) {
-		st.pending = append(st.pending, starts...)
-		slices.Sort(st.pending)
-	}
-	ready(gr.after[-1])
+	return r
+}
+
+// run walks the plan: at each node it first issues the starts that may go,
+// then waits make later starts ready, and compute runs after the waits it
+// needs, freeing what it read last.
+func (r *stepRun) run(step int, kernel Kernel) error {
+	gr := r.gr
+	r.ready(gr.after[-1])
 	for i := range gr.g.Nodes {
-		if err := pump(i); err != nil {
-			return fail(err)
+		if err := r.pump(i); err != nil {
+			return err
 		}
 		nd := &gr.g.Nodes[i]
 		switch nd.Kind {
 		case stepgraph.Wait:
-			ready(gr.after[i])
+			r.ready(gr.after[i])
 			continue
 		case stepgraph.Start:
 			continue // issued by pump, at this position at the latest
 		}
 		for _, out := range gr.waitsBefore[i] {
-			if err := wait(out); err != nil {
-				return fail(err)
+			if err := r.wait(out); err != nil {
+				return err
 			}
 		}
-		err := ex.Compute(ctx, nd.Name, nd.Region, func() error {
+		err := r.ex.Compute(r.ctx, nd.Name, nd.Region, func() error {
 			if nd.Builtin != "" {
-				return builtin(nd, look)
+				return builtin(nd, r.look)
 			}
-			return kernel(ctx, nd)
+			return kernel(r.ctx, nd)
 		})
 		if err != nil {
-			return fail(fmt.Errorf("overlap: step %d: compute %q: %w", step, nd.Name, err))
+			return fmt.Errorf("overlap: step %d: compute %q: %w", step, nd.Name, err)
 		}
 		for _, t := range gr.diesAfter[i] {
-			free(t, true)
+			r.free(t, true)
 		}
-		ready(gr.after[i])
+		r.ready(gr.after[i])
 	}
-	if err := pump(len(gr.g.Nodes)); err != nil {
-		return fail(err)
+	return r.pump(len(gr.g.Nodes))
+}
+
+// record adds the collective memory held now to the timeline.
+func (r *stepRun) record() {
+	if r.ex.tl != nil {
+		r.ex.tl.counter("collective memory", r.ex.cfg.Clock.Now(), map[string]any{"bytes": r.st.liveB})
 	}
-	m, err := ex.Finish(ctx)
-	if err != nil {
-		return m, err
+}
+
+// hold counts collective output x as live.
+func (r *stepRun) hold(x int32) {
+	st := r.st
+	if st.live[x] {
+		return
 	}
-	// Every collective has completed: what a collective read last can go;
-	// results of the step stay with the program.
-	for s := range st.inflight {
-		for _, t := range gr.diesAtWaitOf[s] {
-			free(t, true)
+	st.live[x] = true
+	st.liveB += r.gr.outSize[x]
+	st.peak = max(st.peak, st.liveB)
+	r.record()
+}
+
+// free drops collective output x, telling the program (hook) when it may
+// reuse the memory.
+func (r *stepRun) free(x int32, hook bool) {
+	st := r.st
+	if !st.live[x] {
+		return
+	}
+	st.live[x] = false
+	st.liveB -= r.gr.outSize[x]
+	r.record()
+	if hook && r.gr.release != nil {
+		r.gr.release(r.gr.outName[x])
+	}
+}
+
+// waited marks what the runner has waited for: the start is no longer in
+// flight, and outputs whose last reader it was die.
+func (r *stepRun) waited(out string) {
+	s := r.gr.outStart[out]
+	if r.st.inflight[s] {
+		delete(r.st.inflight, s)
+		r.st.inBytes -= r.gr.bytes[s]
+	}
+	for _, t := range r.gr.diesAtWaitOf[s] {
+		r.free(t, true)
+	}
+}
+
+func (r *stepRun) wait(out string) error {
+	if err := r.ex.Wait(r.ctx, out); err != nil {
+		return err
+	}
+	r.waited(out)
+	return nil
+}
+
+// issue starts collective si once the collectives it depends on are
+// waited: each member's buffers are found (bound, or from tensors) and
+// handed to the executor.
+func (r *stepRun) issue(si int) error {
+	gr := r.gr
+	for _, d := range gr.deps[si] {
+		if err := r.wait(d); err != nil {
+			return err
 		}
 	}
-	for x, l := range st.live {
+	nd := &gr.g.Nodes[si]
+	outs, bk, bound := gr.outsOf[si], gr.bucketOf[si], gr.boundAt[si]
+	for k, m := range nd.Members {
+		var in, out comm.Buffer
+		if bound != nil {
+			in, out = bound[k].in, bound[k].out
+		}
+		var err error
+		if in == nil {
+			if in, err = r.tensors(m.In); err != nil {
+				return fmt.Errorf("overlap: start %q: %w", nd.Name, err)
+			}
+		}
+		if out == nil {
+			if out, err = r.tensors(m.Out); err != nil {
+				return fmt.Errorf("overlap: start %q: %w", nd.Name, err)
+			}
+		}
+		r.hold(outs[k])
+		if err := r.ex.readyAt(r.ctx, bk, k, in, out); err != nil {
+			return err
+		}
+	}
+	r.st.inflight[si] = true
+	r.st.inBytes += gr.bytes[si]
+	return nil
+}
+
+// pump issues pending starts, in plan order, while the plan has reached
+// them (pos is the next node to run) or the prefetch bounds allow them out
+// early.
+func (r *stepRun) pump(pos int) error {
+	gr, st := r.gr, r.st
+	for len(st.pending) > 0 {
+		si := st.pending[0]
+		if si >= pos {
+			ahead := gr.ord[si] - gr.startsBefore[pos] // 0: the next start the plan reaches
+			if gr.cfg.PrefetchStarts >= 0 && ahead >= gr.cfg.PrefetchStarts {
+				return nil
+			}
+			if gr.cfg.MaxInFlightBytes > 0 && st.inBytes > 0 && st.inBytes+gr.bytes[si] > gr.cfg.MaxInFlightBytes {
+				return nil
+			}
+		}
+		if err := r.issue(si); err != nil {
+			return err
+		}
+		st.pending = st.pending[1:]
+	}
+	return nil
+}
+
+// ready queues starts whose dependencies are now met.
+func (r *stepRun) ready(starts []int) {
+	r.st.pending = append(r.st.pending, starts...)
+	slices.Sort(r.st.pending)
+}
+
+// freeAll ends the step's memory accounting once every collective has
+// completed: what a collective read last can go; results of the step stay
+// with the program.
+func (r *stepRun) freeAll() {
+	for s := range r.st.inflight {
+		for _, t := range r.gr.diesAtWaitOf[s] {
+			r.free(t, true)
+		}
+	}
+	for x, l := range r.st.live {
 		if l {
-			free(int32(x), false)
+			r.free(int32(x), false)
 		}
 	}
-	m.PeakBytes = st.peak
-	return m, nil
 }
 
 // builtin runs split, concat or sum on host buffers of any dtype (sum on

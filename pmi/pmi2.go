@@ -119,6 +119,10 @@ func lookup2(ps []pair, k string) (string, bool) {
 // serve2 answers a PMI-2 client until EOF or Close. rank is the client's
 // rank, or -1 when only the fullinit's pmirank (a PMI_ID, port mode) can
 // tell; resolve maps that id to the rank and binds it.
+//
+// long: one switch over the PMI-2 wire commands, each case a few lines
+// that build its reply; split up, a reader would hop between a dozen
+// functions to see what one connection can be asked.
 func (s *Server) serve2(rank int, resolve func(id string) (int, error), br *bufio.Reader, w io.Writer) error {
 	log := s.log.With().Int("rank", rank).Logger()
 	for {

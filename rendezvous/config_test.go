@@ -143,6 +143,8 @@ func env(kv ...string) func(string) (string, bool) {
 	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 }
 
+// long: a flat table of environments, one case per launcher convention
+// and refusal.
 func TestConfigFromEnv(t *testing.T) {
 	sec := strings.Repeat("ab", 32)
 	for _, tc := range []struct {

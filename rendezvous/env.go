@@ -89,151 +89,212 @@ func ConfigFromLookup(look func(string) (string, bool)) (Config, error) {
 	return configFromEnv(look)
 }
 
-// configFromEnv is ConfigFromEnv over any lookup function.
+// configFromEnv is ConfigFromEnv over any lookup function: the rank's
+// place from the first convention whose variables are set (gorun's,
+// torchrun's, Slurm's), then what every convention shares.
 func configFromEnv(look func(string) (string, bool)) (Config, error) {
-	get := func(k string) string { v, _ := look(k); return v }
-	has := func(k string) bool { _, ok := look(k); return ok }
+	e := envReader(look)
 	c := DefaultConfig()
-	atoi := func(k string) (int, error) {
-		v, err := strconv.Atoi(strings.TrimSpace(get(k)))
-		if err != nil {
-			return 0, &ConfigError{Field: k, Problem: fmt.Sprintf("%q is not an integer", get(k))}
-		}
-		return v, nil
-	}
-	// place reads the rank and world size from the variables named rank
-	// and size, and the local rank and size from theirs when they are set.
-	place := func(rank, size, local, localSize string) error {
-		for _, f := range []struct {
-			name     string
-			dst      *int
-			optional bool
-		}{{rank, &c.Rank, false}, {size, &c.WorldSize, false}, {local, &c.LocalRank, true}, {localSize, &c.LocalWorldSize, true}} {
-			if f.optional && !has(f.name) {
-				continue
-			}
-			v, err := atoi(f.name)
-			if err != nil {
-				return err
-			}
-			*f.dst = v
-		}
-		return nil
-	}
 	var err error
 	switch {
-	case has(rankenv.GorunRank) && has(rankenv.GorunWorldSize):
-		if err := place(rankenv.GorunRank, rankenv.GorunWorldSize, rankenv.GorunLocalRank, rankenv.GorunLocalSize); err != nil {
-			return c, err
-		}
-		c.JobID = get(rankenv.JobID)
-		c.Seed = get(rankenv.RdzvEndpoint)
-		if !has(rankenv.Secret) {
-			return c, &ConfigError{Field: rankenv.Secret, Problem: "not set (gorun always sets it)"}
-		}
-	case has(rankenv.Rank) && has(rankenv.WorldSize):
-		if err := place(rankenv.Rank, rankenv.WorldSize, rankenv.LocalRank, rankenv.LocalWorldSize); err != nil {
-			return c, err
-		}
-		c.Seed = get(rankenv.RdzvEndpoint)
-		if c.Seed == "" && get(rankenv.MasterAddr) != "" && get(rankenv.MasterPort) != "" {
-			c.Seed = net.JoinHostPort(get(rankenv.MasterAddr), get(rankenv.MasterPort))
-		}
-		c.JobID = firstNonEmpty(get(rankenv.JobID), get(torchRunID))
-		if c.JobID == "" {
-			c.JobID = "torch-" + strings.NewReplacer(":", "-", "/", "-").Replace(c.Seed)
-		}
-	case has(slurmProcID) && has(slurmNTasks):
-		if c.Rank, err = atoi(slurmProcID); err != nil {
-			return c, err
-		}
-		if c.WorldSize, err = atoi(slurmNTasks); err != nil {
-			return c, err
-		}
-		if has(slurmLocalID) {
-			if c.LocalRank, err = atoi(slurmLocalID); err != nil {
-				return c, err
-			}
-		}
-		job := get(slurmJobID)
-		if job == "" {
-			return c, &ConfigError{Field: slurmJobID, Problem: "not set under srun"}
-		}
-		// Two steps of one allocation may run at once: the step id keeps
-		// their gossip apart (label, key and port).
-		c.JobID = "slurm-" + job + "." + firstNonEmpty(get(slurmStepID), "0")
-		nodes := firstNonEmpty(get(slurmStepNodes), get(slurmNodeList))
-		c.Seed = get(rankenv.RdzvEndpoint)
-		hosts, herr := hostlist.Expand(nodes)
-		if c.Seed == "" {
-			if herr != nil {
-				return c, &ConfigError{Field: slurmNodeList, Problem: herr.Error()}
-			}
-			port := slurmPort(c.JobID)
-			if p := get(EnvRdzvPort); p != "" {
-				if port, err = atoi(EnvRdzvPort); err != nil {
-					return c, err
-				}
-			}
-			c.Seed = net.JoinHostPort(hosts[0], strconv.Itoa(port))
-		}
-		c.RankHosts = slurmRankHosts(hosts, get(slurmTasksPer), get(slurmDist), c.WorldSize)
-		// The node's task count: SLURM_STEP_TASKS_PER_NODE at this node's
-		// index (SLURM_NODEID) gives the host leaders' local world size.
-		if counts, err := hostlist.ParseTasksPerNode(get(slurmTasksPer)); err == nil {
-			if id, err := strconv.Atoi(get(slurmNodeID)); err == nil && id >= 0 && id < len(counts) {
-				c.LocalWorldSize = counts[id]
-			}
-		}
+	case e.has(rankenv.GorunRank) && e.has(rankenv.GorunWorldSize):
+		err = e.placeGorun(&c)
+	case e.has(rankenv.Rank) && e.has(rankenv.WorldSize):
+		err = e.placeTorch(&c)
+	case e.has(slurmProcID) && e.has(slurmNTasks):
+		err = e.placeSlurm(&c)
 	default:
 		return c, ErrNoRankEnv
 	}
-
-	// The world's generation: gorun's restart count, else torchrun's.
-	for _, k := range []string{rankenv.RestartCount, rankenv.TorchRestartCount} {
-		if v := strings.TrimSpace(get(k)); v != "" {
-			if c.Generation, err = strconv.ParseUint(v, 10, 64); err != nil {
-				return c, &ConfigError{Field: k, Problem: fmt.Sprintf("%q is not a restart count", v)}
-			}
-			break
-		}
+	if err != nil {
+		return c, err
 	}
-
-	if s := get(rankenv.Secret); s != "" {
-		c.Secret, err = hex.DecodeString(strings.TrimSpace(s))
-		if err != nil {
-			return c, &ConfigError{Field: rankenv.Secret, Problem: "not hex: " + err.Error()}
-		}
-	} else {
-		sum := sha256.Sum256([]byte("gorun insecure secret\x00" + c.JobID + "\x00" + c.Seed))
-		c.Secret, c.SecretDerived = sum[:], true
+	if err := e.generation(&c); err != nil {
+		return c, err
 	}
-	c.Host = get(rankenv.GorunHost)
-	if c.Host == "" {
-		c.Host = get(slurmNodeName)
+	if err := e.secret(&c); err != nil {
+		return c, err
 	}
+	c.Host = firstNonEmpty(e.get(rankenv.GorunHost), e.get(slurmNodeName))
 	if c.Host == "" {
 		c.Host, _ = os.Hostname()
 	}
-	c.DataAddr = get(EnvDataAddr)
-	if v := get(EnvRdzvFlat); v != "" {
+	c.DataAddr = e.get(EnvDataAddr)
+	if err := e.tuning(&c); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// envReader reads the environment through a lookup function with
+// os.LookupEnv's contract.
+type envReader func(string) (string, bool)
+
+func (e envReader) get(k string) string { v, _ := e(k); return v }
+func (e envReader) has(k string) bool   { _, ok := e(k); return ok }
+
+// atoi reads variable k as an integer.
+func (e envReader) atoi(k string) (int, error) {
+	v, err := strconv.Atoi(strings.TrimSpace(e.get(k)))
+	if err != nil {
+		return 0, &ConfigError{Field: k, Problem: fmt.Sprintf("%q is not an integer", e.get(k))}
+	}
+	return v, nil
+}
+
+// place reads the rank and world size from the variables named rank and
+// size, and the local rank and size from theirs when they are set.
+func (e envReader) place(c *Config, rank, size, local, localSize string) error {
+	for _, f := range []struct {
+		name     string
+		dst      *int
+		optional bool
+	}{{rank, &c.Rank, false}, {size, &c.WorldSize, false}, {local, &c.LocalRank, true}, {localSize, &c.LocalWorldSize, true}} {
+		if f.optional && !e.has(f.name) {
+			continue
+		}
+		v, err := e.atoi(f.name)
+		if err != nil {
+			return err
+		}
+		*f.dst = v
+	}
+	return nil
+}
+
+// placeGorun reads the place gorun gives a rank, and refuses a gorun
+// environment without its secret.
+func (e envReader) placeGorun(c *Config) error {
+	if err := e.place(c, rankenv.GorunRank, rankenv.GorunWorldSize, rankenv.GorunLocalRank, rankenv.GorunLocalSize); err != nil {
+		return err
+	}
+	c.JobID = e.get(rankenv.JobID)
+	c.Seed = e.get(rankenv.RdzvEndpoint)
+	if !e.has(rankenv.Secret) {
+		return &ConfigError{Field: rankenv.Secret, Problem: "not set (gorun always sets it)"}
+	}
+	return nil
+}
+
+// placeTorch reads torchrun's variables: the seed is the rendezvous
+// endpoint or MASTER_ADDR:MASTER_PORT, the job its run id or one named
+// after the seed.
+func (e envReader) placeTorch(c *Config) error {
+	if err := e.place(c, rankenv.Rank, rankenv.WorldSize, rankenv.LocalRank, rankenv.LocalWorldSize); err != nil {
+		return err
+	}
+	c.Seed = e.get(rankenv.RdzvEndpoint)
+	if c.Seed == "" && e.get(rankenv.MasterAddr) != "" && e.get(rankenv.MasterPort) != "" {
+		c.Seed = net.JoinHostPort(e.get(rankenv.MasterAddr), e.get(rankenv.MasterPort))
+	}
+	c.JobID = firstNonEmpty(e.get(rankenv.JobID), e.get(torchRunID))
+	if c.JobID == "" {
+		c.JobID = "torch-" + strings.NewReplacer(":", "-", "/", "-").Replace(c.Seed)
+	}
+	return nil
+}
+
+// placeSlurm reads srun's variables: the job is the step, the seed the
+// step's first node on a port derived from the job, and the ranks' hosts
+// follow the step's distribution.
+func (e envReader) placeSlurm(c *Config) error {
+	var err error
+	if c.Rank, err = e.atoi(slurmProcID); err != nil {
+		return err
+	}
+	if c.WorldSize, err = e.atoi(slurmNTasks); err != nil {
+		return err
+	}
+	if e.has(slurmLocalID) {
+		if c.LocalRank, err = e.atoi(slurmLocalID); err != nil {
+			return err
+		}
+	}
+	job := e.get(slurmJobID)
+	if job == "" {
+		return &ConfigError{Field: slurmJobID, Problem: "not set under srun"}
+	}
+	// Two steps of one allocation may run at once: the step id keeps their
+	// gossip apart (label, key and port).
+	c.JobID = "slurm-" + job + "." + firstNonEmpty(e.get(slurmStepID), "0")
+	nodes := firstNonEmpty(e.get(slurmStepNodes), e.get(slurmNodeList))
+	c.Seed = e.get(rankenv.RdzvEndpoint)
+	hosts, herr := hostlist.Expand(nodes)
+	if c.Seed == "" {
+		if herr != nil {
+			return &ConfigError{Field: slurmNodeList, Problem: herr.Error()}
+		}
+		port := slurmPort(c.JobID)
+		if p := e.get(EnvRdzvPort); p != "" {
+			if port, err = e.atoi(EnvRdzvPort); err != nil {
+				return err
+			}
+		}
+		c.Seed = net.JoinHostPort(hosts[0], strconv.Itoa(port))
+	}
+	c.RankHosts = slurmRankHosts(hosts, e.get(slurmTasksPer), e.get(slurmDist), c.WorldSize)
+	// The node's task count: SLURM_STEP_TASKS_PER_NODE at this node's index
+	// (SLURM_NODEID) gives the host leaders' local world size.
+	if counts, err := hostlist.ParseTasksPerNode(e.get(slurmTasksPer)); err == nil {
+		if id, err := strconv.Atoi(e.get(slurmNodeID)); err == nil && id >= 0 && id < len(counts) {
+			c.LocalWorldSize = counts[id]
+		}
+	}
+	return nil
+}
+
+// generation reads the world's generation: gorun's restart count, else
+// torchrun's.
+func (e envReader) generation(c *Config) error {
+	for _, k := range []string{rankenv.RestartCount, rankenv.TorchRestartCount} {
+		if v := strings.TrimSpace(e.get(k)); v != "" {
+			var err error
+			if c.Generation, err = strconv.ParseUint(v, 10, 64); err != nil {
+				return &ConfigError{Field: k, Problem: fmt.Sprintf("%q is not a restart count", v)}
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// secret reads the job's secret, or derives an insecure one from the job
+// and seed when none is set (marked SecretDerived).
+func (e envReader) secret(c *Config) error {
+	if s := e.get(rankenv.Secret); s != "" {
+		var err error
+		c.Secret, err = hex.DecodeString(strings.TrimSpace(s))
+		if err != nil {
+			return &ConfigError{Field: rankenv.Secret, Problem: "not hex: " + err.Error()}
+		}
+		return nil
+	}
+	sum := sha256.Sum256([]byte("gorun insecure secret\x00" + c.JobID + "\x00" + c.Seed))
+	c.Secret, c.SecretDerived = sum[:], true
+	return nil
+}
+
+// tuning reads the optional GORUN_RDZV_* settings: flat, the formation
+// timeout and the lease (with the beats and suspicion that follow it).
+func (e envReader) tuning(c *Config) error {
+	if v := e.get(EnvRdzvFlat); v != "" {
 		flat, err := strconv.ParseBool(v)
 		if err != nil {
-			return c, &ConfigError{Field: EnvRdzvFlat, Problem: fmt.Sprintf("%q is not a boolean", v)}
+			return &ConfigError{Field: EnvRdzvFlat, Problem: fmt.Sprintf("%q is not a boolean", v)}
 		}
 		c.Flat = flat
 	}
-	if v := get(EnvRdzvTimeout); v != "" {
+	if v := e.get(EnvRdzvTimeout); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
-			return c, &ConfigError{Field: EnvRdzvTimeout, Problem: fmt.Sprintf("%q is not a positive duration", v)}
+			return &ConfigError{Field: EnvRdzvTimeout, Problem: fmt.Sprintf("%q is not a positive duration", v)}
 		}
 		c.FormationTimeout = d
 	}
-	if v := get(EnvRdzvLease); v != "" {
+	if v := e.get(EnvRdzvLease); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
-			return c, &ConfigError{Field: EnvRdzvLease, Problem: fmt.Sprintf("%q is not a positive duration", v)}
+			return &ConfigError{Field: EnvRdzvLease, Problem: fmt.Sprintf("%q is not a positive duration", v)}
 		}
 		c.AttachLease, c.GossipLease = d, d
 		// Keep 16 beats per lease, and a short lease usable: memberlist's
@@ -244,7 +305,7 @@ func configFromEnv(look func(string) (string, bool)) (Config, error) {
 			c.StarvedLimit = max(c.StarvedLimit, d)
 		}
 	}
-	return c, c.Validate()
+	return nil
 }
 
 // slurmPort derives the seed port from the job id: every rank of the step

@@ -191,352 +191,458 @@ func (g *Graph) chunk(ix *index, cfg ChunkConfig) (*Graph, *index, *ChunkReport,
 
 func chunkName(name string, c int) string { return name + "#" + strconv.Itoa(c) }
 
-// chunkSegment splits nodes [lo, hi) of g; see Chunk.
+// chunkSegment splits nodes [lo, hi) of g; see Chunk. It decides which
+// nodes run per chunk, and then writes the new plan in order: the nodes
+// before the segment, the splits of batch inputs, the segment phase by
+// phase, the recombined results, and the nodes after it.
 func (g *Graph) chunkSegment(ix *index, lo, hi int, accumulate bool) (*Graph, bool, error) {
-	decl := map[string]Tensor{}
-	for _, t := range g.Tensors {
-		decl[t.Name] = t
+	s := newSegment(g, ix, lo, hi)
+	if err := s.decide(accumulate); err != nil {
+		return nil, false, err
 	}
-	// The default modes follow what tensors usually are: compute writes
-	// activations (batch-major), inputs are parameters or the batch itself
-	// (declare the batch as Batch), and collectives mostly deliver
-	// parameters. Weight gradients are the case defaults cannot guess: they
-	// must be declared Partial.
-	mode := func(t string) ChunkMode {
-		if d, ok := decl[t]; ok && d.Chunk != "" {
-			return d.Chunk
-		}
-		if w, ok := ix.writer[t]; ok && w >= 0 && g.Nodes[w].Kind == Compute { // -1: an input
-			return Batch
-		}
-		return Replicated
+	if err := s.checkAccumulatedReads(); err != nil {
+		return nil, false, err
 	}
-	inSeg := func(p int) bool { return p >= lo && p < hi }
-	per := map[string]ChunkMode{} // per-chunk tensors → how they recombine
-	var splits, written []string
-	// perChunk decides, at a node's read, whether the tensor exists per
-	// chunk; a batch tensor from outside is split once, at its first read.
-	perChunk := func(t string) bool {
-		if _, ok := per[t]; ok {
-			return true
-		}
-		if w, ok := ix.writer[t]; ok && inSeg(w) {
-			return false // written in the segment by a node that runs once
-		}
-		if mode(t) == Batch {
-			per[t] = Batch
-			splits = append(splits, t)
-			return true
-		}
-		return false
+	if !slices.Contains(s.chunked, true) {
+		return g, false, nil // nothing here reads a per-chunk tensor
 	}
+	out := s.newGraph()
+	s.emitBefore(out)
+	s.emitSplits(out)
+	s.emitPhases(out)
+	s.emitRecombined(out)
+	s.emitAfter(out)
+	return out, true, nil
+}
+
+// segment is the state of one chunkSegment call: the plan, the segment's
+// bounds, and what has been decided about its tensors and nodes.
+type segment struct {
+	g      *Graph
+	ix     *index
+	lo, hi int
+	decl   map[string]Tensor
+
+	per     map[string]ChunkMode // per-chunk tensors → how they recombine
+	splits  []string             // batch tensors from outside, split at their first read
+	written []string             // per-chunk tensors written in the segment
 	// chunked[i]: node i runs once per chunk. Decided in plan order, since
 	// whether a node is per chunk depends on what earlier nodes wrote.
-	chunked := make([]bool, len(g.Nodes))
+	chunked []bool
 	// late[i]: node i runs once, after the last chunk's part of its phase:
 	// an accumulated collective's start (after the Sum of its inputs) and
 	// its wait when that is in the segment.
-	late := make([]bool, len(g.Nodes))
-	for i := lo; i < hi; i++ {
-		nd := &g.Nodes[i]
+	late  []bool
+	names map[string][chunkCount]string // see name
+}
+
+func newSegment(g *Graph, ix *index, lo, hi int) *segment {
+	s := &segment{
+		g: g, ix: ix, lo: lo, hi: hi,
+		decl:    map[string]Tensor{},
+		per:     map[string]ChunkMode{},
+		chunked: make([]bool, len(g.Nodes)),
+		late:    make([]bool, len(g.Nodes)),
+		names:   map[string][chunkCount]string{},
+	}
+	for _, t := range g.Tensors {
+		s.decl[t.Name] = t
+	}
+	return s
+}
+
+func (s *segment) inSeg(p int) bool { return p >= s.lo && p < s.hi }
+
+// mode is how tensor t splits. The default modes follow what tensors
+// usually are: compute writes activations (batch-major), inputs are
+// parameters or the batch itself (declare the batch as Batch), and
+// collectives mostly deliver parameters. Weight gradients are the case
+// defaults cannot guess: they must be declared Partial.
+func (s *segment) mode(t string) ChunkMode {
+	if d, ok := s.decl[t]; ok && d.Chunk != "" {
+		return d.Chunk
+	}
+	if w, ok := s.ix.writer[t]; ok && w >= 0 && s.g.Nodes[w].Kind == Compute { // -1: an input
+		return Batch
+	}
+	return Replicated
+}
+
+// perChunk decides, at a node's read, whether the tensor exists per
+// chunk; a batch tensor from outside is split once, at its first read.
+func (s *segment) perChunk(t string) bool {
+	if _, ok := s.per[t]; ok {
+		return true
+	}
+	if w, ok := s.ix.writer[t]; ok && s.inSeg(w) {
+		return false // written in the segment by a node that runs once
+	}
+	if s.mode(t) == Batch {
+		s.per[t] = Batch
+		s.splits = append(s.splits, t)
+		return true
+	}
+	return false
+}
+
+// decide walks the segment in plan order and marks which nodes run per
+// chunk, which run late, and which tensors exist per chunk.
+func (s *segment) decide(accumulate bool) error {
+	for i := s.lo; i < s.hi; i++ {
+		nd := &s.g.Nodes[i]
 		if nd.Chunk != nil || nd.Builtin != "" {
-			return nil, false, nodeErr(nd, ErrChunk, "already chunked")
+			return nodeErr(nd, ErrChunk, "already chunked")
 		}
+		var err error
 		switch nd.Kind {
 		case Compute:
-			for _, r := range nd.Reads {
-				if perChunk(r) {
-					chunked[i] = true
-				}
-			}
-			if !chunked[i] {
-				continue
-			}
-			for _, w := range nd.Writes {
-				md := mode(w)
-				if md == Replicated {
-					return nil, false, nodeErr(nd, ErrChunk, "runs per chunk but writes %q, declared replicated", w)
-				}
-				per[w] = md
-				written = append(written, w)
-			}
+			err = s.decideCompute(i)
 		case Start:
-			n := 0
-			for _, mb := range nd.Members {
-				if perChunk(mb.In) {
-					n++
-				}
-			}
-			if n == 0 {
-				continue
-			}
-			if n != len(nd.Members) {
-				return nil, false, nodeErr(nd, ErrChunk, "mixes per-chunk and replicated members")
-			}
-			if accumulate && allPartial(nd, per) {
-				// Early accumulation: the members' inputs are summed in
-				// front of the start (see placement below), which then
-				// reads them whole, once.
-				late[i] = true
-				if w := ix.waitOf[i]; inSeg(w) {
-					late[w] = true
-				}
-				continue
-			}
-			es := buckets.DTypeSize(nd.DType)
-			later := !inSeg(ix.waitOf[i]) // waited after the segment
-			for _, mb := range nd.Members {
-				if per[mb.In] == Batch && (mb.Bytes/chunkCount)%es != 0 {
-					return nil, false, nodeErr(nd, ErrChunk, "member %q of %d bytes does not split into two whole halves of %s", mb.In, mb.Bytes, nd.DType)
-				}
-				per[mb.Out] = per[mb.In]
-				if !later {
-					written = append(written, mb.Out)
-				}
-			}
-			chunked[i] = true
-			if later {
-				// Both chunks' waits stay where the wait was, and the
-				// outputs are recombined right after them.
-				chunked[ix.waitOf[i]] = true
-			}
+			err = s.decideStart(i, accumulate)
 		case Wait:
-			chunked[i] = chunked[ix.startOf[i]]
+			s.chunked[i] = s.chunked[s.ix.startOf[i]]
+		}
+		if err != nil {
+			return err
 		}
 	}
-	// A node placed with chunk 0 that reads an accumulated collective's
-	// output would run before that collective starts.
-	for i := lo; i < hi; i++ {
-		if g.Nodes[i].Kind != Wait || !late[i] {
+	return nil
+}
+
+// decideCompute: compute runs per chunk when it reads a per-chunk tensor,
+// and then everything it writes is per chunk too.
+func (s *segment) decideCompute(i int) error {
+	nd := &s.g.Nodes[i]
+	for _, r := range nd.Reads {
+		if s.perChunk(r) {
+			s.chunked[i] = true
+		}
+	}
+	if !s.chunked[i] {
+		return nil
+	}
+	for _, w := range nd.Writes {
+		md := s.mode(w)
+		if md == Replicated {
+			return nodeErr(nd, ErrChunk, "runs per chunk but writes %q, declared replicated", w)
+		}
+		s.per[w] = md
+		s.written = append(s.written, w)
+	}
+	return nil
+}
+
+// decideStart: a collective runs per chunk when all its members read
+// per-chunk tensors, or once, late, when accumulating Partial inputs.
+func (s *segment) decideStart(i int, accumulate bool) error {
+	nd := &s.g.Nodes[i]
+	n := 0
+	for _, mb := range nd.Members {
+		if s.perChunk(mb.In) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	if n != len(nd.Members) {
+		return nodeErr(nd, ErrChunk, "mixes per-chunk and replicated members")
+	}
+	if accumulate && allPartial(nd, s.per) {
+		// Early accumulation: the members' inputs are summed in front of
+		// the start (see emitPhases), which then reads them whole, once.
+		s.late[i] = true
+		if w := s.ix.waitOf[i]; s.inSeg(w) {
+			s.late[w] = true
+		}
+		return nil
+	}
+	es := buckets.DTypeSize(nd.DType)
+	later := !s.inSeg(s.ix.waitOf[i]) // waited after the segment
+	for _, mb := range nd.Members {
+		if s.per[mb.In] == Batch && (mb.Bytes/chunkCount)%es != 0 {
+			return nodeErr(nd, ErrChunk, "member %q of %d bytes does not split into two whole halves of %s", mb.In, mb.Bytes, nd.DType)
+		}
+		s.per[mb.Out] = s.per[mb.In]
+		if !later {
+			s.written = append(s.written, mb.Out)
+		}
+	}
+	s.chunked[i] = true
+	if later {
+		// Both chunks' waits stay where the wait was, and the outputs are
+		// recombined right after them.
+		s.chunked[s.ix.waitOf[i]] = true
+	}
+	return nil
+}
+
+// checkAccumulatedReads refuses a segment where a node placed with chunk 0
+// reads an accumulated collective's output: it would run before that
+// collective starts.
+func (s *segment) checkAccumulatedReads() error {
+	for i := s.lo; i < s.hi; i++ {
+		if s.g.Nodes[i].Kind != Wait || !s.late[i] {
 			continue
 		}
-		for _, mb := range g.Nodes[ix.startOf[i]].Members {
-			for j := i + 1; j < hi; j++ {
-				if !late[j] && slices.Contains(g.Nodes[j].Reads, mb.Out) {
-					return nil, false, nodeErr(&g.Nodes[j], ErrChunk, "reads %q, the output of accumulated collective %q, inside the chunked segment", mb.Out, g.Nodes[ix.startOf[i]].Name)
+		start := &s.g.Nodes[s.ix.startOf[i]]
+		for _, mb := range start.Members {
+			for j := i + 1; j < s.hi; j++ {
+				if !s.late[j] && slices.Contains(s.g.Nodes[j].Reads, mb.Out) {
+					return nodeErr(&s.g.Nodes[j], ErrChunk, "reads %q, the output of accumulated collective %q, inside the chunked segment", mb.Out, start.Name)
 				}
 			}
 		}
 	}
-	if !slices.Contains(chunked, true) {
-		return g, false, nil // nothing here reads a per-chunk tensor
-	}
-	// Tensor names per chunk: T#0 and T#1, primed when an earlier segment
-	// already split T under those names.
-	names := map[string][chunkCount]string{}
-	taken := func(n string) bool {
-		_, w := ix.writer[n]
-		_, d := decl[n]
-		return w || d
-	}
-	name := func(t string, c int) string {
-		if _, ok := per[t]; !ok {
-			return t
-		}
-		ns, ok := names[t]
-		if !ok {
-			suffix := ""
-			for taken(chunkName(t, 0)+suffix) || taken(chunkName(t, 1)+suffix) {
-				suffix += "'"
-			}
-			for k := range ns {
-				ns[k] = chunkName(t, k) + suffix
-			}
-			names[t] = ns
-		}
-		return ns[c]
-	}
-	copyNode := func(nd *Node, c int) Node {
-		n := nd.clone()
-		n.Name = chunkName(nd.Name, c)
-		for k, r := range n.Reads {
-			n.Reads[k] = name(r, c)
-		}
-		for k, w := range n.Writes {
-			n.Writes[k] = name(w, c)
-		}
-		switch nd.Kind {
-		case Compute:
-			n.Chunk = &ChunkRef{Of: nd.Name, Index: c, Count: chunkCount}
-			// Halves that add up to the whole, so totals stay exact.
-			n.Cost = nd.Cost / chunkCount
-			if c == chunkCount-1 {
-				n.Cost = nd.Cost - nd.Cost/chunkCount*(chunkCount-1)
-			}
-		case Start:
-			for k, mb := range n.Members {
-				n.Members[k].In, n.Members[k].Out = name(mb.In, c), name(mb.Out, c)
-				if per[mb.In] == Batch {
-					n.Members[k].Bytes = mb.Bytes / chunkCount
-				}
-				if mb.From == "" {
-					n.Members[k].From = nd.Name
-				}
-			}
-			// Per-chunk hiding compute hides the same chunk's copy; compute
-			// that runs once is placed with chunk 0, before chunk 1's copy
-			// is started, so it can only hide chunk 0's.
-			n.HiddenBy = n.HiddenBy[:0]
-			for _, h := range nd.HiddenBy {
-				switch p := ix.pos[h]; {
-				case inSeg(p) && chunked[p]:
-					n.HiddenBy = append(n.HiddenBy, chunkName(h, c))
-				case c == 0 || !inSeg(p):
-					n.HiddenBy = append(n.HiddenBy, h)
-				}
-			}
-		case Wait:
-			n.Of = chunkName(nd.Of, c)
-		}
-		return n
-	}
+	return nil
+}
 
+// taken reports whether n already names a tensor of the plan.
+func (s *segment) taken(n string) bool {
+	_, w := s.ix.writer[n]
+	_, d := s.decl[n]
+	return w || d
+}
+
+// name is tensor t's name in chunk c: T#0 and T#1, primed when an earlier
+// segment already split T under those names; t itself when t is not per
+// chunk.
+func (s *segment) name(t string, c int) string {
+	if _, ok := s.per[t]; !ok {
+		return t
+	}
+	ns, ok := s.names[t]
+	if !ok {
+		suffix := ""
+		for s.taken(chunkName(t, 0)+suffix) || s.taken(chunkName(t, 1)+suffix) {
+			suffix += "'"
+		}
+		for k := range ns {
+			ns[k] = chunkName(t, k) + suffix
+		}
+		s.names[t] = ns
+	}
+	return ns[c]
+}
+
+// copyNode is chunk c's copy of a per-chunk node.
+func (s *segment) copyNode(nd *Node, c int) Node {
+	n := nd.clone()
+	n.Name = chunkName(nd.Name, c)
+	for k, r := range n.Reads {
+		n.Reads[k] = s.name(r, c)
+	}
+	for k, w := range n.Writes {
+		n.Writes[k] = s.name(w, c)
+	}
+	switch nd.Kind {
+	case Compute:
+		n.Chunk = &ChunkRef{Of: nd.Name, Index: c, Count: chunkCount}
+		// Halves that add up to the whole, so totals stay exact.
+		n.Cost = nd.Cost / chunkCount
+		if c == chunkCount-1 {
+			n.Cost = nd.Cost - nd.Cost/chunkCount*(chunkCount-1)
+		}
+	case Start:
+		for k, mb := range n.Members {
+			n.Members[k].In, n.Members[k].Out = s.name(mb.In, c), s.name(mb.Out, c)
+			if s.per[mb.In] == Batch {
+				n.Members[k].Bytes = mb.Bytes / chunkCount
+			}
+			if mb.From == "" {
+				n.Members[k].From = nd.Name
+			}
+		}
+		// Per-chunk hiding compute hides the same chunk's copy; compute
+		// that runs once is placed with chunk 0, before chunk 1's copy
+		// is started, so it can only hide chunk 0's.
+		n.HiddenBy = n.HiddenBy[:0]
+		for _, h := range nd.HiddenBy {
+			switch p := s.ix.pos[h]; {
+			case s.inSeg(p) && s.chunked[p]:
+				n.HiddenBy = append(n.HiddenBy, chunkName(h, c))
+			case c == 0 || !s.inSeg(p):
+				n.HiddenBy = append(n.HiddenBy, h)
+			}
+		}
+	case Wait:
+		n.Of = chunkName(nd.Of, c)
+	}
+	return n
+}
+
+// onceNode is a clone of a node that runs once, hidden by the copies of
+// the per-chunk compute that hid it. A start that runs once but is hidden
+// by per-chunk compute is hidden by both copies, unless its wait runs
+// inside the segment: that wait is placed in chunk 0's part of its phase,
+// so only chunk 0's copy is sure to come before it.
+func (s *segment) onceNode(nd *Node) Node {
+	n := nd.clone()
+	var hs []string
+	copies := chunkCount
+	if n.Kind == Start && s.inSeg(s.ix.waitOf[s.ix.pos[n.Name]]) {
+		copies = 1
+	}
+	for _, h := range n.HiddenBy {
+		if p, ok := s.ix.pos[h]; ok && s.inSeg(p) && s.chunked[p] {
+			for c := 0; c < copies; c++ {
+				hs = append(hs, chunkName(h, c))
+			}
+		} else {
+			hs = append(hs, h)
+		}
+	}
+	n.HiddenBy = hs
+	return n
+}
+
+// newGraph is the new plan without nodes: g's groups, regions and tensors,
+// plus the per-chunk declarations of declared tensors.
+func (s *segment) newGraph() *Graph {
+	g := s.g
 	out := &Graph{Groups: slices.Clone(g.Groups), Regions: slices.Clone(g.Regions), Tensors: slices.Clone(g.Tensors)}
 	// Room for every segment node twice plus the splits and joins: one
 	// allocation instead of a doubling copy of a large step.
-	out.Nodes = make([]Node, 0, len(g.Nodes)+(hi-lo)+2*len(per)+8)
-	for t, md := range per {
-		if d, ok := decl[t]; ok && d.Bytes > 0 {
+	out.Nodes = make([]Node, 0, len(g.Nodes)+(s.hi-s.lo)+2*len(s.per)+8)
+	for t, md := range s.per {
+		if d, ok := s.decl[t]; ok && d.Bytes > 0 {
 			b := d.Bytes
 			if md == Batch {
 				b /= chunkCount
 			}
 			for c := 0; c < chunkCount; c++ {
-				out.Tensors = append(out.Tensors, Tensor{Name: name(t, c), Bytes: b})
+				out.Tensors = append(out.Tensors, Tensor{Name: s.name(t, c), Bytes: b})
 			}
 		}
 	}
 	// Keep declarations in a deterministic order (map iteration is not).
 	slices.SortStableFunc(out.Tensors[len(g.Tensors):], func(a, b Tensor) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
 
-	// A start that runs once but is hidden by per-chunk compute is hidden by
-	// both copies, unless its wait runs inside the segment: that wait is
-	// placed in chunk 0's part of its phase, so only chunk 0's copy is sure
-	// to come before it.
-	fixHidden := func(n *Node) {
-		var hs []string
-		copies := chunkCount
-		if n.Kind == Start && inSeg(ix.waitOf[ix.pos[n.Name]]) {
-			copies = 1
-		}
-		for _, h := range n.HiddenBy {
-			if p, ok := ix.pos[h]; ok && inSeg(p) && chunked[p] {
-				for c := 0; c < copies; c++ {
-					hs = append(hs, chunkName(h, c))
-				}
-			} else {
-				hs = append(hs, h)
-			}
-		}
-		n.HiddenBy = hs
+// emitBefore writes the nodes before the segment.
+func (s *segment) emitBefore(out *Graph) {
+	for i := 0; i < s.lo; i++ {
+		out.Nodes = append(out.Nodes, s.onceNode(&s.g.Nodes[i]))
 	}
-	for i := 0; i < lo; i++ {
-		n := g.Nodes[i].clone()
-		fixHidden(&n)
-		out.Nodes = append(out.Nodes, n)
-	}
-	first, last := &g.Nodes[lo], &g.Nodes[hi-1]
-	for _, t := range splits {
+}
+
+// emitSplits writes a Split of each batch tensor from outside the
+// segment, in front of it.
+func (s *segment) emitSplits(out *Graph) {
+	first := &s.g.Nodes[s.lo]
+	for _, t := range s.splits {
 		sp := Node{Name: "split(" + t + ")@" + first.Name, Kind: Compute, Dir: first.Dir, Region: first.Region, Builtin: Split, Reads: []string{t}}
 		for c := 0; c < chunkCount; c++ {
-			sp.Writes = append(sp.Writes, name(t, c))
+			sp.Writes = append(sp.Writes, s.name(t, c))
 		}
 		out.Nodes = append(out.Nodes, sp)
 	}
-	// Phases end before each wait of a per-chunk collective. The order is
-	// valid because inside a phase each chunk keeps the plan's own order,
-	// chunk 1 only reads chunk 1 tensors or tensors written once (placed
-	// with chunk 0, earlier), and a phase's waits come after both chunks'
-	// starts of the previous phases. It overlaps because chunk 1's compute
-	// of a phase sits between chunk 0's start and chunk 0's wait.
-	for p := lo; p < hi; {
+}
+
+// emitPhases writes the segment phase by phase. Phases end before each
+// wait of a per-chunk collective. The order is valid because inside a
+// phase each chunk keeps the plan's own order, chunk 1 only reads chunk 1
+// tensors or tensors written once (placed with chunk 0, earlier), and a
+// phase's waits come after both chunks' starts of the previous phases. It
+// overlaps because chunk 1's compute of a phase sits between chunk 0's
+// start and chunk 0's wait.
+func (s *segment) emitPhases(out *Graph) {
+	for p := s.lo; p < s.hi; {
 		q := p + 1
-		for q < hi && !(g.Nodes[q].Kind == Wait && chunked[q]) {
+		for q < s.hi && !(s.g.Nodes[q].Kind == Wait && s.chunked[q]) {
 			q++
 		}
 		for c := 0; c < chunkCount; c++ {
 			for i := p; i < q; i++ {
+				nd := &s.g.Nodes[i]
 				switch {
-				case chunked[i]:
-					out.Nodes = append(out.Nodes, copyNode(&g.Nodes[i], c))
-				case late[i] && c == chunkCount-1:
-					nd := &g.Nodes[i]
+				case s.chunked[i]:
+					out.Nodes = append(out.Nodes, s.copyNode(nd, c))
+				case s.late[i] && c == chunkCount-1:
 					if nd.Kind == Start {
-						for _, mb := range nd.Members {
-							sum := Node{Name: "sum(" + mb.In + ")", Kind: Compute, Dir: nd.Dir, Region: nd.Region, Builtin: Sum, Writes: []string{mb.In}}
-							for k := 0; k < chunkCount; k++ {
-								sum.Reads = append(sum.Reads, name(mb.In, k))
-							}
-							out.Nodes = append(out.Nodes, sum)
-						}
+						s.emitAccumulate(out, nd)
 					}
-					n := nd.clone()
-					fixHidden(&n)
-					out.Nodes = append(out.Nodes, n)
-				case late[i]:
+					out.Nodes = append(out.Nodes, s.onceNode(nd))
+				case s.late[i]:
 				case c == 0:
-					n := g.Nodes[i].clone()
-					fixHidden(&n)
-					out.Nodes = append(out.Nodes, n)
+					out.Nodes = append(out.Nodes, s.onceNode(nd))
 				}
 			}
 		}
 		p = q
 	}
-	recombine := func(out *Graph, t string, at *Node) {
-		op, b := Concat, "concat("
-		if per[t] == Partial {
-			op, b = Sum, "sum("
+}
+
+// emitAccumulate writes the Sum of each member's per-chunk inputs, in
+// front of accumulated start nd.
+func (s *segment) emitAccumulate(out *Graph, nd *Node) {
+	for _, mb := range nd.Members {
+		sum := Node{Name: "sum(" + mb.In + ")", Kind: Compute, Dir: nd.Dir, Region: nd.Region, Builtin: Sum, Writes: []string{mb.In}}
+		for k := 0; k < chunkCount; k++ {
+			sum.Reads = append(sum.Reads, s.name(mb.In, k))
 		}
-		rc := Node{Name: b + t + ")", Kind: Compute, Dir: at.Dir, Region: at.Region, Builtin: op, Writes: []string{t}}
-		for c := 0; c < chunkCount; c++ {
-			rc.Reads = append(rc.Reads, name(t, c))
-		}
-		out.Nodes = append(out.Nodes, rc)
+		out.Nodes = append(out.Nodes, sum)
 	}
-	// Recombine what is read after the segment, or by nobody (a result of
-	// the step must exist under its own name for whoever consumes it).
-	// Tensors only read inside the segment never exist whole.
-	read := map[string]bool{}
-	for i := range g.Nodes {
-		if inSeg(i) {
-			continue
-		}
-		for _, e := range ix.preds[i] {
-			if e.kind == dataEdge {
+}
+
+// recombine writes the Concat (or, for a Partial tensor, the Sum) that
+// makes t whole again, placed with node at.
+func (s *segment) recombine(out *Graph, t string, at *Node) {
+	op, b := Concat, "concat("
+	if s.per[t] == Partial {
+		op, b = Sum, "sum("
+	}
+	rc := Node{Name: b + t + ")", Kind: Compute, Dir: at.Dir, Region: at.Region, Builtin: op, Writes: []string{t}}
+	for c := 0; c < chunkCount; c++ {
+		rc.Reads = append(rc.Reads, s.name(t, c))
+	}
+	out.Nodes = append(out.Nodes, rc)
+}
+
+// emitRecombined recombines, at the end of the segment, what is read after
+// it or by nobody (a result of the step must exist under its own name for
+// whoever consumes it). Tensors only read inside the segment never exist
+// whole.
+func (s *segment) emitRecombined(out *Graph) {
+	read, readAny := map[string]bool{}, map[string]bool{}
+	for i := range s.g.Nodes {
+		for _, e := range s.ix.preds[i] {
+			if e.kind != dataEdge {
+				continue
+			}
+			readAny[e.tensor] = true
+			if !s.inSeg(i) {
 				read[e.tensor] = true
 			}
 		}
 	}
-	readAny := map[string]bool{}
-	for i := range g.Nodes {
-		for _, e := range ix.preds[i] {
-			if e.kind == dataEdge {
-				readAny[e.tensor] = true
-			}
-		}
-	}
-	for _, t := range written {
+	last := &s.g.Nodes[s.hi-1]
+	for _, t := range s.written {
 		if !read[t] && readAny[t] {
 			continue
 		}
-		recombine(out, t, last)
+		s.recombine(out, t, last)
 	}
-	for i := hi; i < len(g.Nodes); i++ {
-		if chunked[i] { // the wait of a per-chunk collective started inside
-			for c := 0; c < chunkCount; c++ {
-				out.Nodes = append(out.Nodes, copyNode(&g.Nodes[i], c))
-			}
-			for _, mb := range g.Nodes[ix.startOf[i]].Members {
-				recombine(out, mb.Out, &g.Nodes[i])
-			}
+}
+
+// emitAfter writes the nodes after the segment: the waits of per-chunk
+// collectives started inside it (both copies, then the recombined outputs)
+// and the rest once.
+func (s *segment) emitAfter(out *Graph) {
+	for i := s.hi; i < len(s.g.Nodes); i++ {
+		nd := &s.g.Nodes[i]
+		if !s.chunked[i] {
+			out.Nodes = append(out.Nodes, s.onceNode(nd))
 			continue
 		}
-		n := g.Nodes[i].clone()
-		fixHidden(&n)
-		out.Nodes = append(out.Nodes, n)
+		for c := 0; c < chunkCount; c++ {
+			out.Nodes = append(out.Nodes, s.copyNode(nd, c))
+		}
+		for _, mb := range s.g.Nodes[s.ix.startOf[i]].Members {
+			s.recombine(out, mb.Out, nd)
+		}
 	}
-	return out, true, nil
 }
 
 // allPartial reports whether every member of start nd reads a per-chunk

@@ -51,6 +51,10 @@ func scenarioState(t *testing.T) *state {
 	return s
 }
 
+// run executes one scenario command and returns its output.
+//
+// long: one switch over the golden scripts' commands, each case the
+// parsing of its own arguments; the switch is the scripts' grammar.
 func (s *state) run(t *testing.T, sc scenario) string {
 	need := func() {
 		if s.g == nil {

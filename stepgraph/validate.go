@@ -93,6 +93,9 @@ func (g *Graph) regionSet() func(string) bool {
 	}
 }
 
+// index validates g and builds its index: the declarations, then each
+// node's own fields and writes (pass 1), then the edges (pass 2), and
+// last the checks over the whole graph, cycles before order.
 func (g *Graph) index() (*index, error) {
 	n := len(g.Nodes)
 	ix := &index{
@@ -101,178 +104,27 @@ func (g *Graph) index() (*index, error) {
 		preds: make([][]edge, n), byGroup: map[string][]int{},
 	}
 	// Declarations first: nodes are checked against them.
-	for _, gr := range g.Groups {
-		if gr.Name == "" || gr.Size < 1 {
-			return nil, fmt.Errorf("%w: group %q of size %d", ErrInvalid, gr.Name, gr.Size)
-		}
+	if err := g.indexDecls(ix); err != nil {
+		return nil, err
 	}
 	regionKnown := g.regionSet()
-	// writer maps every tensor to its writer, or to -1 for an input: one
-	// lookup answers "input, written, or unknown" (validation is a map
-	// lookup per tensor mention, the planner's largest fixed cost).
-	ix.writer = make(map[string]int, len(g.Tensors)+2*n)
-	owner := ix.writer
-	for _, t := range g.Tensors {
-		if t.Input {
-			owner[t.Name] = -1
-		}
-		switch t.Chunk {
-		case "", Batch, Partial, Replicated:
-		default:
-			return nil, fmt.Errorf("%w: tensor %q has chunk mode %q", ErrInvalid, t.Name, t.Chunk)
-		}
-	}
 	// Pass 1: names, per-kind fields, writers. Writers must all be known
 	// before any read is resolved, because a read that precedes its writer
 	// in plan order is an order error (reported with both names), not a
 	// missing tensor.
 	for i := range g.Nodes {
-		nd := &g.Nodes[i]
-		ix.waitOf[i], ix.startOf[i] = -1, -1
-		if nd.Name == "" {
-			return nil, fmt.Errorf("%w: node %d has no name", ErrInvalid, i)
-		}
-		// One map operation: a name seen before leaves the map's size as
-		// it was.
-		had := len(ix.pos)
-		if ix.pos[nd.Name] = i; len(ix.pos) == had {
-			return nil, nodeErr(nd, ErrInvalid, "name used twice")
-		}
-		if !nd.Dir.Valid() {
-			return nil, nodeErr(nd, ErrInvalid, "unknown direction %q", nd.Dir)
-		}
-		var writes []string
-		switch nd.Kind {
-		case Compute:
-			if nd.Cost < 0 {
-				return nil, nodeErr(nd, ErrInvalid, "negative cost %v", nd.Cost)
-			}
-			// Built-ins are run by the executor from their reads and
-			// writes alone, so their shape must be exact.
-			switch nd.Builtin {
-			case "":
-			case Split:
-				if len(nd.Reads) != 1 || len(nd.Writes) < 2 {
-					return nil, nodeErr(nd, ErrInvalid, "split reads one tensor and writes one per chunk")
-				}
-			case Concat, Sum:
-				if len(nd.Reads) < 2 || len(nd.Writes) != 1 {
-					return nil, nodeErr(nd, ErrInvalid, "%s reads one tensor per chunk and writes one", nd.Builtin)
-				}
-			default:
-				return nil, nodeErr(nd, ErrInvalid, "unknown builtin %q", nd.Builtin)
-			}
-			if c := nd.Chunk; c != nil && (c.Of == "" || c.Count < 2 || c.Index < 0 || c.Index >= c.Count) {
-				return nil, nodeErr(nd, ErrInvalid, "chunk %d of %d of %q", c.Index, c.Count, c.Of)
-			}
-			writes = nd.Writes
-		case Start:
-			if !nd.Op.Valid() {
-				return nil, nodeErr(nd, ErrInvalid, "unknown op %q", nd.Op)
-			}
-			if g.groupSize(nd.Group) == 0 {
-				return nil, nodeErr(nd, ErrInvalid, "undeclared group %q", nd.Group)
-			}
-			es := buckets.DTypeSize(nd.DType)
-			if es == 0 {
-				return nil, nodeErr(nd, ErrInvalid, "unknown dtype %q", nd.DType)
-			}
-			if len(nd.Members) == 0 {
-				return nil, nodeErr(nd, ErrInvalid, "collective without members")
-			}
-			for _, m := range nd.Members {
-				if m.In == "" || m.Out == "" || m.In == m.Out {
-					return nil, nodeErr(nd, ErrInvalid, "member %q→%q: in and out must be named and differ (tensors are written once)", m.In, m.Out)
-				}
-				if m.Bytes <= 0 || m.Bytes%es != 0 {
-					return nil, nodeErr(nd, ErrInvalid, "member %q has %d bytes, not a positive multiple of %s", m.In, m.Bytes, nd.DType)
-				}
-			}
-			if (nd.Dir == buckets.Forward || nd.Dir == buckets.Backward) && !regionKnown(nd.Region) {
-				return nil, nodeErr(nd, ErrUnknownRegion, "%s collective in region %q, which is not among the declared regions %v", nd.Dir, nd.Region, g.Regions)
-			}
-			ix.byGroup[nd.Group] = append(ix.byGroup[nd.Group], i)
-		case Wait:
-			// pos only holds nodes seen so far, so a start scheduled after
-			// its wait is told apart from a start that does not exist.
-			s, ok := ix.pos[nd.Of]
-			if !ok {
-				if j := slices.IndexFunc(g.Nodes, func(o Node) bool { return o.Name == nd.Of }); j > i {
-					return nil, nodeErr(nd, ErrOrder, "waits for %q, which is scheduled after it", nd.Of)
-				}
-				return nil, nodeErr(nd, ErrWaitWithoutStart, "waits for %q, which is not a node", nd.Of)
-			}
-			if g.Nodes[s].Kind != Start {
-				return nil, nodeErr(nd, ErrWaitWithoutStart, "waits for %q, a %s node", nd.Of, g.Nodes[s].Kind)
-			}
-			if ix.waitOf[s] >= 0 {
-				return nil, nodeErr(nd, ErrInvalid, "start %q already waited by %q", nd.Of, g.Nodes[ix.waitOf[s]].Name)
-			}
-			// One wait per start: a second wait would have nothing left to
-			// complete, and the executor frees the handle at the first.
-			ix.waitOf[s], ix.startOf[i] = i, s
-			if (nd.Dir == buckets.Forward || nd.Dir == buckets.Backward) && !regionKnown(nd.Region) {
-				return nil, nodeErr(nd, ErrUnknownRegion, "%s wait in region %q, which is not among the declared regions %v", nd.Dir, nd.Region, g.Regions)
-			}
-			// A collective's outputs are written by its wait: that is the
-			// moment readers may use them.
-			for _, m := range g.Nodes[s].Members {
-				writes = append(writes, m.Out)
-			}
-		default:
-			return nil, nodeErr(nd, ErrInvalid, "unknown kind %q", nd.Kind)
-		}
-		for _, t := range writes {
-			had := len(owner)
-			if owner[t] = i; len(owner) == had {
-				return nil, g.rewriteErr(i, t)
-			}
+		if err := g.indexNode(ix, i, regionKnown); err != nil {
+			return nil, err
 		}
 	}
 	// Pass 2: edges. Every edge is stored on its head (preds), which is what
 	// the order check, the simulator and the passes walk.
 	for i := range g.Nodes {
-		nd := &g.Nodes[i]
-		var reads []string
-		switch nd.Kind {
-		case Compute:
-			reads = nd.Reads
-		case Start:
-			if ix.waitOf[i] < 0 {
-				return nil, nodeErr(nd, ErrStartWithoutWait, "no wait completes it")
-			}
-			for _, m := range nd.Members {
-				reads = append(reads, m.In)
-			}
-			w := ix.waitOf[i]
-			ix.preds[w] = append(ix.preds[w], edge{from: int32(i), kind: waitEdge})
-			for _, h := range nd.HiddenBy {
-				c, ok := ix.pos[h]
-				if !ok || g.Nodes[c].Kind != Compute {
-					return nil, nodeErr(nd, ErrInvalid, "hidden by %q, which is not a compute node", h)
-				}
-				ix.preds[c] = append(ix.preds[c], edge{from: int32(i), kind: hideEdge})
-				ix.preds[w] = append(ix.preds[w], edge{from: int32(c), kind: hideEdge})
-			}
-		}
-		for _, t := range reads {
-			w, ok := owner[t]
-			if !ok {
-				return nil, nodeErr(nd, ErrReadBeforeWrite, "reads tensor %q, which no node writes and is not an input", t)
-			}
-			if w < 0 {
-				continue // an input
-			}
-			ix.preds[i] = append(ix.preds[i], edge{from: int32(w), kind: dataEdge, tensor: t})
+		if err := g.indexEdges(ix, i); err != nil {
+			return nil, err
 		}
 	}
-	// The FIFO chain: a group runs its collectives in issue order, so each
-	// start depends on the previous start of its group.
-	for _, starts := range ix.byGroup {
-		for k := 1; k < len(starts); k++ {
-			ix.preds[starts[k]] = append(ix.preds[starts[k]], edge{from: int32(starts[k-1]), kind: fifoEdge})
-		}
-	}
+	ix.chainGroups()
 	// Cycles are reported before order errors: a cycle has no valid order,
 	// and naming it tells the author what to break. A plan order in which
 	// every edge points back is a topological order, so there is no cycle
@@ -282,9 +134,223 @@ func (g *Graph) index() (*index, error) {
 			return nil, err
 		}
 	}
-	// Plan order must be a topological order of the edges: the executor runs
-	// nodes in plan order and never reorders them, so an edge pointing
-	// backwards would deadlock (a wait before its start) or read garbage.
+	if err := g.checkOrder(ix); err != nil {
+		return nil, err
+	}
+	return ix, nil
+}
+
+// indexDecls checks the declared groups and tensors and records the
+// inputs as written by -1.
+func (g *Graph) indexDecls(ix *index) error {
+	for _, gr := range g.Groups {
+		if gr.Name == "" || gr.Size < 1 {
+			return fmt.Errorf("%w: group %q of size %d", ErrInvalid, gr.Name, gr.Size)
+		}
+	}
+	// writer maps every tensor to its writer, or to -1 for an input: one
+	// lookup answers "input, written, or unknown" (validation is a map
+	// lookup per tensor mention, the planner's largest fixed cost).
+	ix.writer = make(map[string]int, len(g.Tensors)+2*len(g.Nodes))
+	for _, t := range g.Tensors {
+		if t.Input {
+			ix.writer[t.Name] = -1
+		}
+		switch t.Chunk {
+		case "", Batch, Partial, Replicated:
+		default:
+			return fmt.Errorf("%w: tensor %q has chunk mode %q", ErrInvalid, t.Name, t.Chunk)
+		}
+	}
+	return nil
+}
+
+// indexNode is pass 1 for node i: its name, its kind's own fields, and the
+// tensors it writes.
+func (g *Graph) indexNode(ix *index, i int, regionKnown func(string) bool) error {
+	nd := &g.Nodes[i]
+	ix.waitOf[i], ix.startOf[i] = -1, -1
+	if nd.Name == "" {
+		return fmt.Errorf("%w: node %d has no name", ErrInvalid, i)
+	}
+	// One map operation: a name seen before leaves the map's size as it
+	// was.
+	had := len(ix.pos)
+	if ix.pos[nd.Name] = i; len(ix.pos) == had {
+		return nodeErr(nd, ErrInvalid, "name used twice")
+	}
+	if !nd.Dir.Valid() {
+		return nodeErr(nd, ErrInvalid, "unknown direction %q", nd.Dir)
+	}
+	var writes []string
+	var err error
+	switch nd.Kind {
+	case Compute:
+		err, writes = checkCompute(nd), nd.Writes
+	case Start:
+		err = g.checkStart(nd, regionKnown)
+		ix.byGroup[nd.Group] = append(ix.byGroup[nd.Group], i)
+	case Wait:
+		writes, err = g.indexWait(ix, i, regionKnown)
+	default:
+		err = nodeErr(nd, ErrInvalid, "unknown kind %q", nd.Kind)
+	}
+	if err != nil {
+		return err
+	}
+	for _, t := range writes {
+		had := len(ix.writer)
+		if ix.writer[t] = i; len(ix.writer) == had {
+			return g.rewriteErr(i, t)
+		}
+	}
+	return nil
+}
+
+// checkCompute checks a compute node's cost, built-in and chunk.
+func checkCompute(nd *Node) error {
+	if nd.Cost < 0 {
+		return nodeErr(nd, ErrInvalid, "negative cost %v", nd.Cost)
+	}
+	// Built-ins are run by the executor from their reads and writes alone,
+	// so their shape must be exact.
+	switch nd.Builtin {
+	case "":
+	case Split:
+		if len(nd.Reads) != 1 || len(nd.Writes) < 2 {
+			return nodeErr(nd, ErrInvalid, "split reads one tensor and writes one per chunk")
+		}
+	case Concat, Sum:
+		if len(nd.Reads) < 2 || len(nd.Writes) != 1 {
+			return nodeErr(nd, ErrInvalid, "%s reads one tensor per chunk and writes one", nd.Builtin)
+		}
+	default:
+		return nodeErr(nd, ErrInvalid, "unknown builtin %q", nd.Builtin)
+	}
+	if c := nd.Chunk; c != nil && (c.Of == "" || c.Count < 2 || c.Index < 0 || c.Index >= c.Count) {
+		return nodeErr(nd, ErrInvalid, "chunk %d of %d of %q", c.Index, c.Count, c.Of)
+	}
+	return nil
+}
+
+// checkStart checks a collective's op, group, dtype, members and region.
+func (g *Graph) checkStart(nd *Node, regionKnown func(string) bool) error {
+	if !nd.Op.Valid() {
+		return nodeErr(nd, ErrInvalid, "unknown op %q", nd.Op)
+	}
+	if g.groupSize(nd.Group) == 0 {
+		return nodeErr(nd, ErrInvalid, "undeclared group %q", nd.Group)
+	}
+	es := buckets.DTypeSize(nd.DType)
+	if es == 0 {
+		return nodeErr(nd, ErrInvalid, "unknown dtype %q", nd.DType)
+	}
+	if len(nd.Members) == 0 {
+		return nodeErr(nd, ErrInvalid, "collective without members")
+	}
+	for _, m := range nd.Members {
+		if m.In == "" || m.Out == "" || m.In == m.Out {
+			return nodeErr(nd, ErrInvalid, "member %q→%q: in and out must be named and differ (tensors are written once)", m.In, m.Out)
+		}
+		if m.Bytes <= 0 || m.Bytes%es != 0 {
+			return nodeErr(nd, ErrInvalid, "member %q has %d bytes, not a positive multiple of %s", m.In, m.Bytes, nd.DType)
+		}
+	}
+	if (nd.Dir == buckets.Forward || nd.Dir == buckets.Backward) && !regionKnown(nd.Region) {
+		return nodeErr(nd, ErrUnknownRegion, "%s collective in region %q, which is not among the declared regions %v", nd.Dir, nd.Region, g.Regions)
+	}
+	return nil
+}
+
+// indexWait pairs wait i with its start and returns what it writes: the
+// collective's outputs.
+func (g *Graph) indexWait(ix *index, i int, regionKnown func(string) bool) ([]string, error) {
+	nd := &g.Nodes[i]
+	// pos only holds nodes seen so far, so a start scheduled after its
+	// wait is told apart from a start that does not exist.
+	s, ok := ix.pos[nd.Of]
+	if !ok {
+		if j := slices.IndexFunc(g.Nodes, func(o Node) bool { return o.Name == nd.Of }); j > i {
+			return nil, nodeErr(nd, ErrOrder, "waits for %q, which is scheduled after it", nd.Of)
+		}
+		return nil, nodeErr(nd, ErrWaitWithoutStart, "waits for %q, which is not a node", nd.Of)
+	}
+	if g.Nodes[s].Kind != Start {
+		return nil, nodeErr(nd, ErrWaitWithoutStart, "waits for %q, a %s node", nd.Of, g.Nodes[s].Kind)
+	}
+	if ix.waitOf[s] >= 0 {
+		return nil, nodeErr(nd, ErrInvalid, "start %q already waited by %q", nd.Of, g.Nodes[ix.waitOf[s]].Name)
+	}
+	// One wait per start: a second wait would have nothing left to
+	// complete, and the executor frees the handle at the first.
+	ix.waitOf[s], ix.startOf[i] = i, s
+	if (nd.Dir == buckets.Forward || nd.Dir == buckets.Backward) && !regionKnown(nd.Region) {
+		return nil, nodeErr(nd, ErrUnknownRegion, "%s wait in region %q, which is not among the declared regions %v", nd.Dir, nd.Region, g.Regions)
+	}
+	// A collective's outputs are written by its wait: that is the moment
+	// readers may use them.
+	var writes []string
+	for _, m := range g.Nodes[s].Members {
+		writes = append(writes, m.Out)
+	}
+	return writes, nil
+}
+
+// indexEdges is pass 2 for node i: the edges into it from the writers of
+// what it reads, and for a start the edges into its wait and its hiding
+// compute.
+func (g *Graph) indexEdges(ix *index, i int) error {
+	nd := &g.Nodes[i]
+	var reads []string
+	switch nd.Kind {
+	case Compute:
+		reads = nd.Reads
+	case Start:
+		if ix.waitOf[i] < 0 {
+			return nodeErr(nd, ErrStartWithoutWait, "no wait completes it")
+		}
+		for _, m := range nd.Members {
+			reads = append(reads, m.In)
+		}
+		w := ix.waitOf[i]
+		ix.preds[w] = append(ix.preds[w], edge{from: int32(i), kind: waitEdge})
+		for _, h := range nd.HiddenBy {
+			c, ok := ix.pos[h]
+			if !ok || g.Nodes[c].Kind != Compute {
+				return nodeErr(nd, ErrInvalid, "hidden by %q, which is not a compute node", h)
+			}
+			ix.preds[c] = append(ix.preds[c], edge{from: int32(i), kind: hideEdge})
+			ix.preds[w] = append(ix.preds[w], edge{from: int32(c), kind: hideEdge})
+		}
+	}
+	for _, t := range reads {
+		w, ok := ix.writer[t]
+		if !ok {
+			return nodeErr(nd, ErrReadBeforeWrite, "reads tensor %q, which no node writes and is not an input", t)
+		}
+		if w < 0 {
+			continue // an input
+		}
+		ix.preds[i] = append(ix.preds[i], edge{from: int32(w), kind: dataEdge, tensor: t})
+	}
+	return nil
+}
+
+// chainGroups adds the FIFO chain: a group runs its collectives in issue
+// order, so each start depends on the previous start of its group.
+func (ix *index) chainGroups() {
+	for _, starts := range ix.byGroup {
+		for k := 1; k < len(starts); k++ {
+			ix.preds[starts[k]] = append(ix.preds[starts[k]], edge{from: int32(starts[k-1]), kind: fifoEdge})
+		}
+	}
+}
+
+// checkOrder: plan order must be a topological order of the edges. The
+// executor runs nodes in plan order and never reorders them, so an edge
+// pointing backwards would deadlock (a wait before its start) or read
+// garbage.
+func (g *Graph) checkOrder(ix *index) error {
 	for i := range g.Nodes {
 		for _, e := range ix.preds[i] {
 			if int(e.from) < i {
@@ -293,15 +359,15 @@ func (g *Graph) index() (*index, error) {
 			nd, from := &g.Nodes[i], g.Nodes[e.from].Name
 			switch e.kind {
 			case dataEdge:
-				return nil, nodeErr(nd, ErrReadBeforeWrite, "reads tensor %q before node %q writes it", e.tensor, from)
+				return nodeErr(nd, ErrReadBeforeWrite, "reads tensor %q before node %q writes it", e.tensor, from)
 			case hideEdge:
-				return nil, nodeErr(nd, ErrOrder, "must follow %q (a collective it hides, or compute hiding its collective)", from)
+				return nodeErr(nd, ErrOrder, "must follow %q (a collective it hides, or compute hiding its collective)", from)
 			default:
-				return nil, nodeErr(nd, ErrOrder, "scheduled before %q, which it depends on", from)
+				return nodeErr(nd, ErrOrder, "scheduled before %q, which it depends on", from)
 			}
 		}
 	}
-	return ix, nil
+	return nil
 }
 
 // ordered reports whether every edge runs from an earlier node to a later

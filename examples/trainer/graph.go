@@ -44,49 +44,79 @@ const world = "world"
 // computes the same numbers, so the plan is the same on every rank.
 const flopsPerNs = 1
 
-// buildGraph describes one step of t's configuration.
+// buildGraph describes one step of t's configuration: the declarations,
+// then forward, backward and the optimizer in plan order.
 func (t *trainer) buildGraph() (*stepgraph.Graph, error) {
 	b := stepgraph.NewBuilder().Group(world, t.N)
 	if t.hsdp {
 		b.Group("shard", t.S).Group("replica", t.N/t.S)
 	}
+	t.declareTensors(b)
+	t.addForward(b)
+	t.addBackward(b)
+	t.addOptimizer(b)
+	g, err := b.Graph()
+	if err != nil {
+		return nil, err
+	}
+	waitsAfterBackwardToOptimizer(g)
+	if err := g.Validate(); err != nil {
+		return nil, err
+	}
+	// The batch is split along its samples when a region is chunked
+	// (inputs default to replicated: most are parameters).
+	for i := range g.Tensors {
+		if g.Tensors[i].Name == "batch" {
+			g.Tensors[i].Chunk = stepgraph.Batch
+		}
+	}
+	return g, nil
+}
+
+// cost prices compute of flops per sample for the passes' cost model.
+func (t *trainer) cost(flops int64) time.Duration {
+	return time.Duration(flops * int64(t.n) / int64(flopsPerNs*max(t.o.workers, 1)))
+}
+
+// declareTensors declares the batch, the parameters (shards, when
+// sharded) and the gradients, which are partial sums over chunks.
+func (t *trainer) declareTensors(b *stepgraph.Builder) {
 	T := t.m.Config().SeqLen
 	b.Input("batch", int64(t.n*T*4))
-	regs := t.lay.Regions
-	cost := func(flops int64) time.Duration {
-		return time.Duration(flops * int64(t.n) / int64(flopsPerNs*max(t.o.workers, 1)))
-	}
-	for r, reg := range regs {
+	for _, reg := range t.lay.Regions {
 		if t.sharded {
 			b.Input("p."+reg.Name+".shard", int64(reg.ShardSize(t.S))*4)
-		} else {
-			b.Input("p."+reg.Name, int64(reg.Size)*4)
-		}
-		if t.sharded {
 			b.Tensor("g."+reg.Name, int64(reg.PaddedSize(t.S))*4, stepgraph.Partial)
-		} else {
-			for _, ten := range reg.Tensors {
-				b.Tensor("g."+ten.Name, int64(ten.Len)*4, stepgraph.Partial)
-			}
+			continue
 		}
-		_ = r
+		b.Input("p."+reg.Name, int64(reg.Size)*4)
+		for _, ten := range reg.Tensors {
+			b.Tensor("g."+ten.Name, int64(ten.Len)*4, stepgraph.Partial)
+		}
 	}
 	b.Tensor("loss.local", 4, stepgraph.Partial)
-	gather := func(r int, region string) {
-		reg := regs[r]
-		b.Start("ag."+reg.Name, buckets.Forward, region, buckets.AllGather, t.shardGroup, "f32",
-			[]stepgraph.Member{{In: "p." + reg.Name + ".shard", Out: "p." + reg.Name, Bytes: int64(reg.ShardSize(t.S)) * 4}})
-	}
-	// Forward. Sharded, the gather of block r+1 is started before block r
-	// runs (FSDP's forward prefetch of one), block 0's first.
+}
+
+// gather starts the all-gather of region r's parameters, in region.
+func (t *trainer) gather(b *stepgraph.Builder, r int, region string) {
+	reg := t.lay.Regions[r]
+	b.Start("ag."+reg.Name, buckets.Forward, region, buckets.AllGather, t.shardGroup, "f32",
+		[]stepgraph.Member{{In: "p." + reg.Name + ".shard", Out: "p." + reg.Name, Bytes: int64(reg.ShardSize(t.S)) * 4}})
+}
+
+// addForward adds forward and the loss. Sharded, the gather of block r+1
+// is started before block r runs (FSDP's forward prefetch of one), block
+// 0's first.
+func (t *trainer) addForward(b *stepgraph.Builder) {
+	regs := t.lay.Regions
 	for r, reg := range regs {
 		fwd, _ := t.m.FLOPs(r)
 		if t.sharded {
 			if r == 0 {
-				gather(0, reg.Name)
+				t.gather(b, 0, reg.Name)
 			}
 			if r+1 < len(regs) {
-				gather(r+1, reg.Name)
+				t.gather(b, r+1, reg.Name)
 			}
 			b.Wait("ag."+reg.Name+".wait", "ag."+reg.Name, reg.Name)
 		}
@@ -94,14 +124,20 @@ func (t *trainer) buildGraph() (*stepgraph.Graph, error) {
 		if r > 0 {
 			in = "act." + regs[r-1].Name
 		}
-		b.Compute("fwd."+reg.Name, buckets.Forward, reg.Name, cost(fwd), []string{in, "p." + reg.Name}, []string{"act." + reg.Name})
+		b.Compute("fwd."+reg.Name, buckets.Forward, reg.Name, t.cost(fwd), []string{in, "p." + reg.Name}, []string{"act." + reg.Name})
 	}
 	head := regs[len(regs)-1].Name
-	b.Compute("loss", buckets.Forward, head, cost(int64(T)), []string{"act." + head}, []string{"loss.local"})
+	T := t.m.Config().SeqLen
+	b.Compute("loss", buckets.Forward, head, t.cost(int64(T)), []string{"act." + head}, []string{"loss.local"})
 	b.Start("ar.loss", buckets.Forward, head, buckets.AllReduce, world, "f32",
 		[]stepgraph.Member{{In: "loss.local", Out: "loss", Bytes: 4}})
-	// Backward, last block first; each block's gradient collectives start
-	// as soon as its backward has written them.
+}
+
+// addBackward adds backward, last block first; each block's gradient
+// collectives start as soon as its backward has written them.
+func (t *trainer) addBackward(b *stepgraph.Builder) {
+	regs := t.lay.Regions
+	head := regs[len(regs)-1].Name
 	for r := len(regs) - 1; r >= 0; r-- {
 		reg := regs[r]
 		_, bwd := t.m.FLOPs(r)
@@ -117,30 +153,36 @@ func (t *trainer) buildGraph() (*stepgraph.Graph, error) {
 				writes = append(writes, "g."+ten.Name)
 			}
 		}
-		b.Compute("bwd."+reg.Name, buckets.Backward, reg.Name, cost(bwd), []string{in, "p." + reg.Name}, writes)
+		b.Compute("bwd."+reg.Name, buckets.Backward, reg.Name, t.cost(bwd), []string{in, "p." + reg.Name}, writes)
 		if t.sharded {
 			b.Start("rs."+reg.Name, buckets.Backward, reg.Name, buckets.ReduceScatter, t.shardGroup, "f32",
 				[]stepgraph.Member{{In: "g." + reg.Name, Out: "gs." + reg.Name, Bytes: int64(reg.PaddedSize(t.S)) * 4}})
-		} else {
-			for _, ten := range reg.Tensors {
-				b.Start("ar."+ten.Name, buckets.Backward, reg.Name, buckets.AllReduce, world, "f32",
-					[]stepgraph.Member{{In: "g." + ten.Name, Out: "G." + ten.Name, Bytes: int64(ten.Len) * 4}})
-			}
+			continue
+		}
+		for _, ten := range reg.Tensors {
+			b.Start("ar."+ten.Name, buckets.Backward, reg.Name, buckets.AllReduce, world, "f32",
+				[]stepgraph.Member{{In: "g." + ten.Name, Out: "G." + ten.Name, Bytes: int64(ten.Len) * 4}})
 		}
 	}
-	// Optimizer, in the order the gradients were reduced, each block
-	// waiting for its own gradients right before it reads them: the last
-	// reductions hide behind the first updates.
-	//
-	// Hybrid sharding sums each shard's gradient over the shard group
-	// (reduce-scatter) and then over the replicas (all-reduce of that
-	// output, on the replica group): the all-reduce reads another
-	// collective's result, so it starts after the reduce-scatter's wait,
-	// and is waited for one block later, so that it hides behind the
-	// previous block's update.
-	opt := func(reg model.Region, reads []string) {
-		b.Compute("opt."+reg.Name, buckets.Optimizer, reg.Name, cost(int64(3*reg.Size)/int64(t.n)), reads, []string{"upd." + reg.Name})
-	}
+}
+
+// addUpdate adds region reg's optimizer update, reading its reduced gradients.
+func (t *trainer) addUpdate(b *stepgraph.Builder, reg model.Region, reads []string) {
+	b.Compute("opt."+reg.Name, buckets.Optimizer, reg.Name, t.cost(int64(3*reg.Size)/int64(t.n)), reads, []string{"upd." + reg.Name})
+}
+
+// addOptimizer adds the updates, in the order the gradients were reduced,
+// each block waiting for its own gradients right before it reads them:
+// the last reductions hide behind the first updates. Last, the loss's
+// wait.
+//
+// Hybrid sharding sums each shard's gradient over the shard group
+// (reduce-scatter) and then over the replicas (all-reduce of that output,
+// on the replica group): the all-reduce reads another collective's result,
+// so it starts after the reduce-scatter's wait, and is waited for one
+// block later, so that it hides behind the previous block's update.
+func (t *trainer) addOptimizer(b *stepgraph.Builder) {
+	regs := t.lay.Regions
 	var prev *model.Region // hsdp: the block whose replica all-reduce is in flight
 	for r := len(regs) - 1; r >= 0; r-- {
 		reg := regs[r]
@@ -152,7 +194,7 @@ func (t *trainer) buildGraph() (*stepgraph.Graph, error) {
 				[]stepgraph.Member{{In: "gs." + reg.Name, Out: "gr." + reg.Name, Bytes: int64(reg.ShardSize(t.S)) * 4}})
 			if prev != nil {
 				b.Wait("ar."+prev.Name+".wait", "ar."+prev.Name, prev.Name)
-				opt(*prev, []string{"gr." + prev.Name})
+				t.addUpdate(b, *prev, []string{"gr." + prev.Name})
 			}
 			prev = &regs[r]
 			continue
@@ -165,20 +207,19 @@ func (t *trainer) buildGraph() (*stepgraph.Graph, error) {
 				reads = append(reads, "G."+ten.Name)
 			}
 		}
-		opt(reg, reads)
+		t.addUpdate(b, reg, reads)
 	}
 	if prev != nil {
 		b.Wait("ar."+prev.Name+".wait", "ar."+prev.Name, prev.Name)
-		opt(*prev, []string{"gr." + prev.Name})
+		t.addUpdate(b, *prev, []string{"gr." + prev.Name})
 	}
 	b.Wait("ar.loss.wait", "ar.loss", "")
-	g, err := b.Graph()
-	if err != nil {
-		return nil, err
-	}
-	// The waits after backward belong to the optimizer, which blocks on
-	// them (Builder.Wait gives a wait its start's direction): a chunked
-	// backward segment must end before them.
+}
+
+// waitsAfterBackwardToOptimizer gives the waits after backward to the
+// optimizer, which blocks on them (Builder.Wait gives a wait its start's
+// direction): a chunked backward segment must end before them.
+func waitsAfterBackwardToOptimizer(g *stepgraph.Graph) {
 	lastBwd := 0
 	for i := range g.Nodes {
 		if g.Nodes[i].Kind == stepgraph.Compute && g.Nodes[i].Dir == buckets.Backward {
@@ -190,17 +231,6 @@ func (t *trainer) buildGraph() (*stepgraph.Graph, error) {
 			g.Nodes[i].Dir = buckets.Optimizer
 		}
 	}
-	if err := g.Validate(); err != nil {
-		return nil, err
-	}
-	// The batch is split along its samples when a region is chunked
-	// (inputs default to replicated: most are parameters).
-	for i := range g.Tensors {
-		if g.Tensors[i].Name == "batch" {
-			g.Tensors[i].Chunk = stepgraph.Batch
-		}
-	}
-	return g, nil
 }
 
 // passes runs the passes the flags ask for, in the order a compiler would:

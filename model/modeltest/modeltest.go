@@ -64,6 +64,70 @@ func isPow2(x int) bool { return x > 0 && x&(x-1) == 0 }
 // Run simulates the training run. In data-parallel mode it also checks that
 // every rank ends with the same parameters, as the all-reduce promises.
 func Run(o Options) (*Result, error) {
+	s, err := newSim(o)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{}
+	for step := 0; step < o.Steps; step++ {
+		if err := s.loadBatch(step); err != nil {
+			return nil, err
+		}
+		if err := s.forward(); err != nil {
+			return nil, err
+		}
+		loss, err := s.loss()
+		if err != nil {
+			return nil, err
+		}
+		res.Losses = append(res.Losses, loss/float32(o.Batch))
+		// Backward in reverse region order; after each region, the
+		// cross-rank reduction and the update of that region.
+		for r := s.m.NumRegions() - 1; r >= 0; r-- {
+			if err := s.backward(r); err != nil {
+				return nil, err
+			}
+			sum, err := s.reduce(r)
+			if err != nil {
+				return nil, err
+			}
+			if err := s.update(step, r, sum); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if res.Params, err = s.params(); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// sim is one simulated run: the model, the optimizer, and every rank.
+type sim struct {
+	o         Options
+	m         *model.Model
+	opt       *model.Optimizer
+	lay       *model.Layout
+	ranks     []*simRank
+	n, cs     int // samples per rank, per chunk
+	maxPadded int // the largest region's padded size
+	crossRank func(dst []float32, parts ...[]float32) error
+}
+
+// simRank is one simulated rank's buffers.
+type simRank struct {
+	ws     *model.Workspace
+	params [][]float32 // full (dp) or shard (sharded)
+	state  []*model.OptState
+	grads  [][]float32 // padded to N shards
+	chunk  [][]float32 // per-chunk gradient partial sums of one region
+	gather []float32   // gathered region parameters (sharded)
+	in, tg []int32
+}
+
+// newSim checks the options and sets every rank up with the model's
+// initial parameters (its shard of them, in sharded mode).
+func newSim(o Options) (*sim, error) {
 	if o.Chunks == 0 {
 		o.Chunks = 1
 	}
@@ -83,30 +147,22 @@ func Run(o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	lay := m.Layout()
-	R := m.NumRegions()
-	n := B / N
-	T := o.Model.SeqLen
-
-	type rank struct {
-		ws     *model.Workspace
-		params [][]float32 // full (dp) or shard (sharded)
-		state  []*model.OptState
-		grads  [][]float32 // padded to N shards
-		chunk  [][]float32 // per-chunk gradient partial sums of one region
-		gather []float32   // gathered region parameters (sharded)
-		in, tg []int32
+	s := &sim{o: o, m: m, opt: opt, lay: m.Layout(), n: B / N, crossRank: o.crossRank}
+	s.cs = s.n / C
+	if s.crossRank == nil {
+		s.crossRank = model.TreeSum
 	}
+	T := o.Model.SeqLen
 	init := m.Init()
-	ranks := make([]*rank, N)
-	for k := range ranks {
-		ws, err := m.NewWorkspace(n)
+	s.ranks = make([]*simRank, N)
+	for k := range s.ranks {
+		ws, err := m.NewWorkspace(s.n)
 		if err != nil {
 			return nil, err
 		}
 		ws.SetWorkers(o.Workers)
-		rk := &rank{ws: ws, grads: lay.Alloc(N), in: make([]int32, n*T), tg: make([]int32, n*T)}
-		for r, reg := range lay.Regions {
+		rk := &simRank{ws: ws, grads: s.lay.Alloc(N), in: make([]int32, s.n*T), tg: make([]int32, s.n*T)}
+		for r, reg := range s.lay.Regions {
 			var p []float32
 			if o.Sharded {
 				full := make([]float32, reg.PaddedSize(N))
@@ -122,201 +178,231 @@ func Run(o Options) (*Result, error) {
 			rk.params = append(rk.params, p)
 			rk.state = append(rk.state, opt.NewState(len(p)))
 		}
-		for c := 0; c < C; c++ {
-			rk.chunk = append(rk.chunk, nil)
-		}
-		ranks[k] = rk
+		rk.chunk = make([][]float32, C)
+		s.ranks[k] = rk
 	}
-	maxPadded := 0
-	for _, reg := range lay.Regions {
-		maxPadded = max(maxPadded, reg.PaddedSize(N))
+	for _, reg := range s.lay.Regions {
+		s.maxPadded = max(s.maxPadded, reg.PaddedSize(N))
 	}
+	return s, nil
+}
 
-	// regionParams returns the parameters rank k computes region r with: its
-	// own copy, or in sharded mode a fresh all-gather of every rank's shard
-	// (done again before backward, as reshard-after-forward does).
-	regionParams := func(k, r int) []float32 {
-		rk := ranks[k]
-		if !o.Sharded {
-			return rk.params[r]
-		}
-		if rk.gather == nil {
-			rk.gather = make([]float32, maxPadded)
-		}
-		reg := lay.Regions[r]
-		s := reg.ShardSize(N)
-		g := rk.gather[:reg.PaddedSize(N)]
-		for j := range ranks {
-			copy(g[j*s:(j+1)*s], ranks[j].params[r])
-		}
-		return g
+// regionParams returns the parameters rank k computes region r with: its
+// own copy, or in sharded mode a fresh all-gather of every rank's shard
+// (done again before backward, as reshard-after-forward does).
+func (s *sim) regionParams(k, r int) []float32 {
+	rk := s.ranks[k]
+	if !s.o.Sharded {
+		return rk.params[r]
 	}
+	if rk.gather == nil {
+		rk.gather = make([]float32, s.maxPadded)
+	}
+	N := s.o.Ranks
+	reg := s.lay.Regions[r]
+	sz := reg.ShardSize(N)
+	g := rk.gather[:reg.PaddedSize(N)]
+	for j := range s.ranks {
+		copy(g[j*sz:(j+1)*sz], s.ranks[j].params[r])
+	}
+	return g
+}
 
-	crossRank := o.crossRank
-	if crossRank == nil {
-		crossRank = model.TreeSum
+// loadBatch gives every rank its samples of step's global batch, chunk by
+// chunk.
+func (s *sim) loadBatch(step int) error {
+	o, T, cs := s.o, s.o.Model.SeqLen, s.cs
+	for k, rk := range s.ranks {
+		for c := 0; c < o.Chunks; c++ {
+			lo, hi, err := model.SampleRange(o.Batch, o.Ranks, k, o.Chunks, c, o.ChunkMajor)
+			if err != nil {
+				return err
+			}
+			if err := o.Data.Batch(step, o.Batch, lo, hi, rk.in[c*cs*T:(c+1)*cs*T], rk.tg[c*cs*T:(c+1)*cs*T]); err != nil {
+				return err
+			}
+		}
+		if err := rk.ws.SetBatch(rk.in, rk.tg); err != nil {
+			return err
+		}
 	}
-	res := &Result{}
-	cs := n / C
-	for step := 0; step < o.Steps; step++ {
-		for k, rk := range ranks {
-			for c := 0; c < C; c++ {
-				lo, hi, err := model.SampleRange(B, N, k, C, c, o.ChunkMajor)
-				if err != nil {
-					return nil, err
-				}
-				if err := o.Data.Batch(step, B, lo, hi, rk.in[c*cs*T:(c+1)*cs*T], rk.tg[c*cs*T:(c+1)*cs*T]); err != nil {
-					return nil, err
+	return nil
+}
+
+// forward runs the model forward, region by region, chunk by chunk.
+func (s *sim) forward() error {
+	for r := 0; r < s.m.NumRegions(); r++ {
+		for k, rk := range s.ranks {
+			p := s.regionParams(k, r)
+			for c := 0; c < s.o.Chunks; c++ {
+				if err := rk.ws.Forward(r, p, c*s.cs, (c+1)*s.cs); err != nil {
+					return err
 				}
 			}
-			if err := rk.ws.SetBatch(rk.in, rk.tg); err != nil {
+		}
+	}
+	return nil
+}
+
+// loss is the global batch's summed loss: across ranks, or in chunk-major
+// mode per chunk across ranks and then across chunks.
+func (s *sim) loss() (float32, error) {
+	N, cs := s.o.Ranks, s.cs
+	var err error
+	if !s.o.ChunkMajor {
+		losses := make([]float32, N)
+		for k, rk := range s.ranks {
+			if losses[k], err = rk.ws.LossSum(0, s.n); err != nil {
+				return 0, err
+			}
+		}
+		return model.TreeSumScalars(losses...), nil
+	}
+	chunkSums := make([]float32, s.o.Chunks)
+	for c := range chunkSums {
+		losses := make([]float32, N)
+		for k, rk := range s.ranks {
+			if losses[k], err = rk.ws.LossSum(c*cs, (c+1)*cs); err != nil {
+				return 0, err
+			}
+		}
+		chunkSums[c] = model.TreeSumScalars(losses...)
+	}
+	return model.TreeSumScalars(chunkSums...), nil
+}
+
+// backwardChunks runs region r backward per chunk on rank k, into the
+// rank's chunk partial sums, each len(g) long.
+func (s *sim) backwardChunks(k, r int, p, g []float32) error {
+	rk := s.ranks[k]
+	for c := 0; c < s.o.Chunks; c++ {
+		if len(rk.chunk[c]) < len(g) {
+			rk.chunk[c] = make([]float32, s.maxPadded)
+		}
+		if err := rk.ws.Backward(r, p, rk.chunk[c][:len(g)], c*s.cs, (c+1)*s.cs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// backward runs region r backward on every rank: into its gradient, or per
+// chunk with the chunks' partial sums combined by TreeSum, or in
+// chunk-major mode per chunk with the partial sums kept apart for the
+// per-chunk cross-rank reduction.
+func (s *sim) backward(r int) error {
+	C := s.o.Chunks
+	for k, rk := range s.ranks {
+		p := s.regionParams(k, r)
+		g := rk.grads[r]
+		switch {
+		case s.o.ChunkMajor:
+			if err := s.backwardChunks(k, r, p, g); err != nil {
+				return err
+			}
+		case C == 1:
+			if err := rk.ws.Backward(r, p, g, 0, s.n); err != nil {
+				return err
+			}
+		default:
+			if err := s.backwardChunks(k, r, p, g); err != nil {
+				return err
+			}
+			parts := make([][]float32, C)
+			for c := range parts {
+				parts[c] = rk.chunk[c][:len(g)]
+			}
+			if err := model.TreeSum(g, parts...); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// reduce is region r's cross-rank reduction, as the mean gradient over the
+// global batch.
+func (s *sim) reduce(r int) ([]float32, error) {
+	N := s.o.Ranks
+	sum := make([]float32, s.lay.Regions[r].PaddedSize(N))
+	parts := make([][]float32, N)
+	if s.o.ChunkMajor {
+		// One cross-rank reduction per chunk, then the chunk sums
+		// combined. (In sharded mode a trainer would combine its shards
+		// of the chunk sums; elementwise that is the same.)
+		chunkSums := make([][]float32, s.o.Chunks)
+		for c := range chunkSums {
+			for k := range s.ranks {
+				parts[k] = s.ranks[k].chunk[c][:len(sum)]
+			}
+			chunkSums[c] = make([]float32, len(sum))
+			if err := s.crossRank(chunkSums[c], parts...); err != nil {
 				return nil, err
 			}
 		}
-		// Forward, region by region, chunk by chunk.
-		for r := 0; r < R; r++ {
-			for k, rk := range ranks {
-				p := regionParams(k, r)
-				for c := 0; c < C; c++ {
-					if err := rk.ws.Forward(r, p, c*cs, (c+1)*cs); err != nil {
-						return nil, err
-					}
-				}
-			}
+		if err := model.TreeSum(sum, chunkSums...); err != nil {
+			return nil, err
 		}
-		var loss float32
-		if o.ChunkMajor {
-			// Per chunk across ranks, then across chunks.
-			chunkSums := make([]float32, C)
-			for c := range chunkSums {
-				losses := make([]float32, N)
-				for k, rk := range ranks {
-					if losses[k], err = rk.ws.LossSum(c*cs, (c+1)*cs); err != nil {
-						return nil, err
-					}
-				}
-				chunkSums[c] = model.TreeSumScalars(losses...)
-			}
-			loss = model.TreeSumScalars(chunkSums...)
-		} else {
-			losses := make([]float32, N)
-			for k, rk := range ranks {
-				if losses[k], err = rk.ws.LossSum(0, n); err != nil {
-					return nil, err
-				}
-			}
-			loss = model.TreeSumScalars(losses...)
+	} else {
+		for k := range s.ranks {
+			parts[k] = s.ranks[k].grads[r]
 		}
-		res.Losses = append(res.Losses, loss/float32(B))
-
-		// Backward in reverse region order; after each region, the
-		// cross-rank reduction and the update of that region.
-		for r := R - 1; r >= 0; r-- {
-			reg := lay.Regions[r]
-			for k, rk := range ranks {
-				p := regionParams(k, r)
-				g := rk.grads[r]
-				if o.ChunkMajor {
-					// Keep the chunk partial sums apart for the per-chunk
-					// cross-rank reduction below.
-					for c := 0; c < C; c++ {
-						if len(rk.chunk[c]) < len(g) {
-							rk.chunk[c] = make([]float32, maxPadded)
-						}
-						if err := rk.ws.Backward(r, p, rk.chunk[c][:len(g)], c*cs, (c+1)*cs); err != nil {
-							return nil, err
-						}
-					}
-					continue
-				}
-				if C == 1 {
-					if err := rk.ws.Backward(r, p, g, 0, n); err != nil {
-						return nil, err
-					}
-					continue
-				}
-				for c := 0; c < C; c++ {
-					if len(rk.chunk[c]) < len(g) {
-						rk.chunk[c] = make([]float32, maxPadded)
-					}
-					if err := rk.ws.Backward(r, p, rk.chunk[c][:len(g)], c*cs, (c+1)*cs); err != nil {
-						return nil, err
-					}
-				}
-				parts := make([][]float32, C)
-				for c := range parts {
-					parts[c] = rk.chunk[c][:len(g)]
-				}
-				if err := model.TreeSum(g, parts...); err != nil {
-					return nil, err
-				}
-			}
-			sum := make([]float32, reg.PaddedSize(N))
-			parts := make([][]float32, N)
-			if o.ChunkMajor {
-				// One cross-rank reduction per chunk, then the chunk sums
-				// combined. (In sharded mode a trainer would combine its
-				// shards of the chunk sums; elementwise that is the same.)
-				chunkSums := make([][]float32, C)
-				for c := range chunkSums {
-					for k := range ranks {
-						parts[k] = ranks[k].chunk[c][:len(sum)]
-					}
-					chunkSums[c] = make([]float32, len(sum))
-					if err := crossRank(chunkSums[c], parts...); err != nil {
-						return nil, err
-					}
-				}
-				if err := model.TreeSum(sum, chunkSums...); err != nil {
-					return nil, err
-				}
-			} else {
-				for k := range ranks {
-					parts[k] = ranks[k].grads[r]
-				}
-				if err := crossRank(sum, parts...); err != nil {
-					return nil, err
-				}
-			}
-			if err := model.Mean(sum, B); err != nil {
-				return nil, err
-			}
-			for k, rk := range ranks {
-				g := sum
-				if o.Sharded {
-					if g, err = reg.Shard(sum, N, k); err != nil {
-						return nil, err
-					}
-				}
-				// Update every element, padding included, exactly as a
-				// trainer updating its shard would.
-				p := rk.params[r]
-				if err := opt.Update(step+1, p, g[:len(p)], rk.state[r]); err != nil {
-					return nil, err
-				}
-			}
+		if err := s.crossRank(sum, parts...); err != nil {
+			return nil, err
 		}
 	}
+	if err := model.Mean(sum, s.o.Batch); err != nil {
+		return nil, err
+	}
+	return sum, nil
+}
 
-	res.Params = make([][]float32, R)
-	for r, reg := range lay.Regions {
+// update applies step's optimizer update of region r on every rank, from
+// the mean gradient (its shard of it, in sharded mode).
+func (s *sim) update(step, r int, sum []float32) error {
+	reg := s.lay.Regions[r]
+	for k, rk := range s.ranks {
+		g := sum
+		if s.o.Sharded {
+			var err error
+			if g, err = reg.Shard(sum, s.o.Ranks, k); err != nil {
+				return err
+			}
+		}
+		// Update every element, padding included, exactly as a trainer
+		// updating its shard would.
+		p := rk.params[r]
+		if err := s.opt.Update(step+1, p, g[:len(p)], rk.state[r]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// params are the final parameters, one exact-size buffer per region:
+// reassembled from the shards, or rank 0's after checking that every rank
+// holds the same.
+func (s *sim) params() ([][]float32, error) {
+	N := s.o.Ranks
+	out := make([][]float32, s.m.NumRegions())
+	for r, reg := range s.lay.Regions {
 		full := make([]float32, reg.PaddedSize(N))
-		if o.Sharded {
-			s := reg.ShardSize(N)
-			for k := range ranks {
-				copy(full[k*s:(k+1)*s], ranks[k].params[r])
+		if s.o.Sharded {
+			sz := reg.ShardSize(N)
+			for k := range s.ranks {
+				copy(full[k*sz:(k+1)*sz], s.ranks[k].params[r])
 			}
 		} else {
-			copy(full, ranks[0].params[r])
+			copy(full, s.ranks[0].params[r])
 			for k := 1; k < N; k++ {
-				if !Equal(ranks[k].params[r], ranks[0].params[r]) {
+				if !Equal(s.ranks[k].params[r], s.ranks[0].params[r]) {
 					return nil, fmt.Errorf("modeltest: rank %d's %s differs from rank 0's after the all-reduce", k, reg.Name)
 				}
 			}
 		}
-		res.Params[r] = full[:reg.Size]
+		out[r] = full[:reg.Size]
 	}
-	return res, nil
+	return out, nil
 }
 
 // Equal reports whether a and b hold the same bits (so NaN equals NaN and

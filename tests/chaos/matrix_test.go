@@ -117,6 +117,11 @@ type outcome struct {
 
 const defaultBound = 40 * time.Second
 
+// matrix is the chaos matrix: every fault at every phase it applies to.
+//
+// long: a table, built in loops where rows share a shape; each row's
+// comment says why it differs from its neighbours, so it reads best as
+// one list.
 func matrix() []row {
 	killed := []string{"rank 1", "killed by signal 9"}
 	var rows []row
