@@ -79,11 +79,23 @@ func WriteFlightDump(dir string, d FlightDump) error {
 		return err
 	}
 	name := flightDumpName(dir, d)
-	tmp := fmt.Sprintf("%s.%d.tmp", name, os.Getpid())
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	// A temporary file of its own for each call: one process can dump the
+	// same communicator twice at once (its failure and gorun's SIGUSR2), and
+	// with one name per process the second rename found the file the first
+	// had already renamed away ("no such file or directory").
+	f, err := os.CreateTemp(dir, filepath.Base(name)+".*.tmp")
+	if err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, name); err != nil {
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, name)
+	}
+	if err != nil {
 		_ = os.Remove(tmp)
 		return err
 	}
