@@ -426,11 +426,7 @@ func (c *Comm) recursiveDoubling(cl *call, ct DType, src, data []byte) error {
 	}
 	if newRank >= 0 {
 		for mask := 1; mask < pof2; mask <<= 1 {
-			np := newRank ^ mask
-			p := np + rem
-			if np < rem {
-				p = np*2 + 1
-			}
+			p := rdPeer(newRank^mask, rem)
 			// Fold the peer's vector into data straight from the link
 			// (a fast slot or the ring) when our send is done before the
 			// receive begins or does not read data: one pass over the
@@ -640,4 +636,15 @@ func (c *Comm) allToAll(cl *call) error {
 	return c.exchangeAll(cl,
 		func(p int) []byte { return send[soff[p]:soff[p+1]] },
 		func(p int) []byte { return cl.recv[roff[p]:roff[p+1]] })
+}
+
+// rdPeer is the group rank behind newRank in recursive doubling's
+// power-of-two subgroup, when the first 2*rem ranks were folded in pairs
+// (the odd rank of each pair carries on) and the rest were shifted down by
+// rem. Both the plain all-reduce and the fused one pair ranks this way.
+func rdPeer(newRank, rem int) int {
+	if newRank < rem {
+		return newRank*2 + 1
+	}
+	return newRank + rem
 }

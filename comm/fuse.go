@@ -471,11 +471,7 @@ func (c *Comm) fusedRD(lead *call, ct DType, src, data []byte) (int, error) {
 	}
 	if newRank >= 0 {
 		for mask := 1; mask < pof2; mask <<= 1 {
-			np := newRank ^ mask
-			p := np + rem
-			if np < rem {
-				p = np*2 + 1
-			}
+			p := rdPeer(newRank^mask, rem)
 			// The last exchange of a power-of-two group (nothing is sent
 			// after it) may fold the result straight into the receive
 			// buffers (foldRecvd).
