@@ -344,3 +344,12 @@ def case_kill():
 
 if __name__ == "__main__":
     {"equal": case_equal, "det": case_det, "unused": case_unused, "load": case_load, "bf16": case_bf16, "bad": case_bad, "kill": case_kill}[sys.argv[1]]()
+    if sys.argv[1] in ("equal", "bf16", "unused"):
+        # torch 2.15 over gloo aborts now and then at interpreter exit after a
+        # finished run ("terminate called without an active exception": gloo's
+        # worker threads are torn down after the interpreter). These cases ran
+        # torch's DDP over gloo, destroyed the group and wrote their output, so
+        # they leave past teardown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
