@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -182,7 +185,11 @@ func runFT(ctx context.Context, o options, log zerolog.Logger, out io.Writer) er
 	if err != nil {
 		return err
 	}
-	mgr.SetState(t)
+	cr, err := parseCrashes(o.crash, mgr.Replica(), mgr.Incarnation())
+	if err != nil {
+		return err
+	}
+	mgr.SetState(crashingState{t, cr})
 	if mgr.Replica() == 0 && mgr.Incarnation() == 0 {
 		fmt.Fprintf(out, "trainer: %s; fault-tolerant dp, %d replicas, global batch %d\n", t.m, mgr.Replicas(), o.batch)
 	}
@@ -206,6 +213,7 @@ func runFT(ctx context.Context, o options, log zerolog.Logger, out io.Writer) er
 		if err := mgr.AllReduce(ctx, t.flat, comm.Sum); err != nil {
 			log.Warn().Err(err).Int("step", s+1).Msg("all-reduce failed; the step will not commit")
 		}
+		cr.at("reduce", int64(s+1))
 		ok, err := mgr.ShouldCommit(ctx)
 		if err != nil {
 			return err
@@ -226,3 +234,90 @@ func runFT(ctx context.Context, o options, log zerolog.Logger, out io.Writer) er
 	fmt.Fprintf(out, "replica %d incarnation %d steps %d state %016x\n", mgr.Replica(), mgr.Incarnation(), mgr.Step(), t.digest())
 	return mgr.Close()
 }
+
+// crash is --crash: where this replica kills itself (SIGKILL), to test
+// and measure what the fault-tolerant path does with a death at a point
+// no outside fault can reach precisely. WHERE:rank=R[:incarnation=I][:step=N]
+// with WHERE one of reduce (after step N's all-reduce, before the vote: a
+// death inside a step), load (receiving a heal) or save (serving a heal).
+// Incarnation defaults to 0, so the replacement does not crash again.
+// Several, comma-separated, make a list (crashes).
+type crash struct {
+	where       string
+	rank, inc   int
+	step        int64
+	replica, me int // this process's replica id and incarnation
+}
+
+// crashes are every --crash point of this process.
+type crashes []*crash
+
+func parseCrashes(list string, replica, inc int) (crashes, error) {
+	var out crashes
+	for _, spec := range strings.Split(list, ",") {
+		if spec == "" {
+			continue
+		}
+		c, err := parseCrash(spec)
+		if err != nil {
+			return nil, err
+		}
+		c.replica, c.me = replica, inc
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func (cs crashes) at(where string, step int64) {
+	for _, c := range cs {
+		c.at(where, step)
+	}
+}
+
+func parseCrash(spec string) (*crash, error) {
+	parts := strings.Split(spec, ":")
+	c := &crash{where: parts[0], rank: -1}
+	if c.where != "reduce" && c.where != "load" && c.where != "save" {
+		return nil, fmt.Errorf("trainer: --crash %q: want reduce, load or save first", spec)
+	}
+	for _, p := range parts[1:] {
+		k, v, _ := strings.Cut(p, "=")
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("trainer: --crash %q: %q is not KEY=N", spec, p)
+		}
+		switch k {
+		case "rank":
+			c.rank = n
+		case "incarnation":
+			c.inc = n
+		case "step":
+			c.step = int64(n)
+		default:
+			return nil, fmt.Errorf("trainer: --crash %q: unknown key %q (rank, incarnation, step)", spec, k)
+		}
+	}
+	if c.rank < 0 || (c.where == "reduce" && c.step < 1) {
+		return nil, fmt.Errorf("trainer: --crash %q: needs rank=R (and step=N ≥ 1 for reduce)", spec)
+	}
+	return c, nil
+}
+
+// at kills this process when the crash is due at where (step: the step
+// being computed, 1-based).
+func (c *crash) at(where string, step int64) {
+	if c == nil || c.where != where || c.rank != c.replica || c.inc != c.me || (where == "reduce" && step != c.step) {
+		return
+	}
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // the signal is on its way
+}
+
+// crashingState is t as an ft.State with the load and save crash points.
+type crashingState struct {
+	t *ftTrainer
+	c crashes
+}
+
+func (s crashingState) Save() ([]byte, error) { s.c.at("save", 0); return s.t.Save() }
+func (s crashingState) Load(b []byte) error   { s.c.at("load", 0); return s.t.Load(b) }

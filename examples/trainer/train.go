@@ -69,6 +69,7 @@ type options struct {
 	// time to arrive).
 	faultTolerant bool
 	stepSleep     time.Duration
+	crash         string
 }
 
 func defaultOptions() options {
