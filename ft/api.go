@@ -204,6 +204,9 @@ type Record struct {
 	Losses   []LossRecord   `json:"losses,omitempty"`
 	Joins    []JoinRecord   `json:"joins,omitempty"`
 	Heals    []HealRecord   `json:"heals,omitempty"`
+	// Served are the heal sources' own accounts of what they sent: one
+	// per source per heal, so a heal's sharding can be seen.
+	Served []ServedRecord `json:"served,omitempty"`
 	// Uncommitted are the steps a quorum did not commit.
 	Uncommitted []UncommittedRecord `json:"uncommitted,omitempty"`
 	// Commits counts committed steps (one per quorum round that
@@ -251,6 +254,15 @@ type HealRecord struct {
 	// is from the incarnation's connection to the end of its heal.
 	Took      float64 `json:"took_s"`
 	SinceJoin float64 `json:"since_join_s"`
+}
+
+// ServedRecord is what one heal source sent in one quorum: Bytes of the
+// state (its slice), to each of the healing replicas.
+type ServedRecord struct {
+	Replica int     `json:"replica"`
+	Quorum  int64   `json:"quorum"`
+	Bytes   int64   `json:"bytes"`
+	At      float64 `json:"at_s"`
 }
 
 // UncommittedRecord is one step a quorum did not commit.

@@ -447,6 +447,7 @@ func (m *Manager) serveHeal(ctx context.Context, q Quorum, sources, healers []in
 			return retry{fmt.Errorf("%w: serving a heal: %w", ErrQuorumFailed, err)}
 		}
 	}
+	_ = m.svc.send(message{T: "served", ID: q.ID, Bytes: hi - lo})
 	m.log.Debug().Int64("quorum", q.ID).Int64("bytes", hi-lo).Ints("healing", q.Healed).Msg("served a heal")
 	return nil
 }

@@ -280,6 +280,8 @@ func (s *Server) handle(m *member, msg message) {
 		if len(r.votes) == len(r.members) {
 			s.decideLocked(true, "")
 		}
+	case "served":
+		s.rec.Served = append(s.rec.Served, ServedRecord{Replica: m.replica, Quorum: msg.ID, Bytes: msg.Bytes, At: s.since()})
 	case "healed":
 		s.rec.Heals = append(s.rec.Heals, HealRecord{
 			Replica: m.replica, Incarnation: m.inc, Quorum: msg.ID, Step: msg.Step, Sources: msg.Sources,
@@ -449,6 +451,7 @@ func (s *Server) Record() Record {
 	r.Losses = slices.Clone(r.Losses)
 	r.Joins = slices.Clone(r.Joins)
 	r.Heals = slices.Clone(r.Heals)
+	r.Served = slices.Clone(r.Served)
 	r.Uncommitted = slices.Clone(r.Uncommitted)
 	return r
 }

@@ -42,11 +42,13 @@ const maxLine = 4 << 20
 // fields are set.
 type message struct {
 	// T is, from a replica: "hello" (Addr, Host), "quorum" (asks for
-	// the next quorum at Step), "vote" (Round, OK, Why), "healed" (Round,
-	// Step, Bytes, Took, Sources), "bye" (leaving for good). From the
-	// service: "quorum" (Round, ID, Step, Participants), "commit" (Round,
-	// OK, Why) and "fail" (Round, ID, Why: the quorum failed; its
-	// communicator must be aborted).
+	// the next quorum at Step), "vote" (Round, OK, Why), "healed" (ID,
+	// Step, Bytes, Took, Sources), "served" (ID, Bytes: a heal source's
+	// slice), "bye" (leaving for good). From the service: "quorum"
+	// (Round, ID, Step, Participants), "commit" (Round, OK, Why), "fail"
+	// (Round, ID, Why: the quorum failed; its communicator must be
+	// aborted) and "finished" (Step: nobody holds the job's last step any
+	// more; a replica behind it cannot heal).
 	T            string        `json:"t"`
 	Addr         string        `json:"addr,omitempty"`
 	Host         string        `json:"host,omitempty"`
