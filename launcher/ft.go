@@ -165,6 +165,19 @@ func (f *ftRun) exited(j *liveJob, ev supervisorEvent) bool {
 	return true
 }
 
+// frozen handles a rank stopped past its lease in a fault-tolerant job:
+// the others wait for it at their next quorum, so it is killed (its
+// process group), and its exit is then a failure like any other: it is
+// replaced. It returns false when the job is not fault-tolerant.
+func (f *ftRun) frozen(j *liveJob, ev supervisorEvent) bool {
+	if f == nil {
+		return false
+	}
+	j.log.Warn().Int("rank", ev.Rank).Str("why", ev.Err).Msg("fault-tolerant: rank frozen; killing it so that it is replaced")
+	j.home.command(supervisorCmd{Op: "signal", Signal: int(syscall.SIGKILL), Ranks: []int{ev.Rank}})
+	return true
+}
+
 // finish stops the quorum service, fills rep's fault-tolerant section and
 // names a spent budget in err.
 func (f *ftRun) finish(rep *Report, err error) error {

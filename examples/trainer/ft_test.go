@@ -263,3 +263,17 @@ func TestFTBudgetSpent(t *testing.T) {
 		t.Errorf("the report does not say the budget was spent")
 	}
 }
+
+// TestFTFrozenRankReplaced: a rank stopped (SIGSTOP) past its lease holds
+// the others at their next quorum; gorun kills it and replaces it, and the
+// job completes healed instead of failing.
+func TestFTFrozenRankReplaced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, []string{"-x", "GORUN_RDZV_LEASE=500ms", "--inject", "stop:rank=1:after-steps=5"})
+	checkHealed(t, r, 0, 2)
+	if f := r.report.FaultTolerance.Failures; len(f) != 1 || f[0].Rank != 1 || f[0].Action != "replaced" {
+		t.Errorf("report's failures: %+v, want rank 1 replaced", f)
+	}
+}
