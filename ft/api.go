@@ -172,8 +172,9 @@ type Participant struct {
 
 // Quorum is the answer to Manager.Quorum: who participates in this step.
 type Quorum struct {
-	// ID numbers the membership: it changes exactly when Participants
-	// change (and the communicator is rebuilt), and grows.
+	// ID numbers the communicator: it changes exactly when Participants
+	// change or the previous quorum failed (the communicator is then
+	// rebuilt), and grows.
 	ID int64
 	// Step is the quorum's step: the highest committed step among the
 	// participants, which every participant holds once Quorum returns
