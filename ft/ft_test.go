@@ -355,3 +355,79 @@ func worker() int {
 	}
 	return 0
 }
+
+// TestFirstQuorumWaitsForEveryReplica: the first quorum holds the whole
+// job, not whoever connected first; a replica reported dead before it
+// connected is not waited for.
+func TestFirstQuorumWaitsForEveryReplica(t *testing.T) {
+	s := newServer(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type res struct {
+		q   ft.Quorum
+		err error
+	}
+	got := make(chan res, 2)
+	var ms []*ft.Manager
+	for r := range 2 {
+		m, err := ft.Join(ctx, testConfig(replicaEnv(s, r, 3, 0)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+	}
+	defer func() {
+		for _, m := range ms {
+			m.Close()
+		}
+	}()
+	for _, m := range ms {
+		go func() { q, err := m.Quorum(ctx); got <- res{q, err} }() // owned: drained below
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("a quorum of %d was answered before replica 2 joined or was lost (err %v)", r.q.Size(), r.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	s.Lost(2, 0, "never started")
+	for range 2 {
+		r := <-got
+		if r.err != nil || r.q.Size() != 2 || r.q.Step != 0 {
+			t.Fatalf("quorum %+v, %v; want replicas 0 and 1 at step 0", r.q, r.err)
+		}
+	}
+	if rec := s.Record(); len(rec.Losses) != 1 || rec.Losses[0].Replica != 2 {
+		t.Errorf("losses %+v, want replica 2", rec.Losses)
+	}
+}
+
+// TestCallsOutOfOrder: ShouldCommit and AllReduce outside a quorum are
+// refused, not silently run.
+func TestCallsOutOfOrder(t *testing.T) {
+	s := newServer(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := ft.Join(ctx, testConfig(replicaEnv(s, 0, 1, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.ShouldCommit(ctx); !errors.Is(err, ft.ErrPhase) {
+		t.Errorf("ShouldCommit before Quorum: %v, want ErrPhase", err)
+	}
+	if err := m.AllReduce(ctx, []float32{1}, comm.Sum); !errors.Is(err, ft.ErrPhase) {
+		t.Errorf("AllReduce before Quorum: %v, want ErrPhase", err)
+	}
+	if _, err := m.Quorum(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := m.ShouldCommit(ctx); !ok || err != nil {
+		t.Fatalf("a lone replica's commit: %v, %v", ok, err)
+	}
+	if _, err := m.ShouldCommit(ctx); !errors.Is(err, ft.ErrPhase) {
+		t.Errorf("a second ShouldCommit: %v, want ErrPhase", err)
+	}
+	if m.Step() != 1 {
+		t.Errorf("step %d after one commit", m.Step())
+	}
+}
