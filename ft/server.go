@@ -91,7 +91,7 @@ type Server struct {
 	// quorum holds the whole job rather than whoever connected first.
 	seen    map[int]bool
 	started bool
-	timer   *time.Timer
+	done    chan struct{} // closed by Close: ends the start timer's goroutine
 }
 
 // member is one live replica incarnation.
@@ -131,13 +131,20 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{
 		cfg: cfg, key: key, ln: ln, log: cfg.Logger, start: time.Now(),
 		live: map[int]*member{}, conns: map[*conn]bool{},
-		rec: Record{Replicas: cfg.Replicas}, seen: map[int]bool{},
+		rec: Record{Replicas: cfg.Replicas}, seen: map[int]bool{}, done: make(chan struct{}),
 	}
 	wait := cfg.StartTimeout
 	if wait == 0 {
 		wait = 5 * time.Minute
 	}
-	s.timer = time.AfterFunc(wait, func() {
+	s.wg.Go(func() {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-s.done:
+			return
+		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if !s.started {
@@ -303,7 +310,6 @@ func (s *Server) settleLocked() {
 			return
 		}
 		s.started = true
-		s.timer.Stop()
 	}
 	for _, m := range s.live {
 		if !m.asked {
@@ -459,8 +465,10 @@ func (s *Server) Record() Record {
 // Close stops the service, closing every replica's connection, and
 // returns once its goroutines have exited. Idempotent.
 func (s *Server) Close() error {
-	s.timer.Stop()
 	s.mu.Lock()
+	if !s.closed {
+		close(s.done)
+	}
 	s.closed = true
 	for c := range s.conns {
 		c.c.Close()

@@ -86,7 +86,7 @@ func startFT(job Job, jobID, secretHex string, start time.Time, cfg Config) (*ft
 	if err != nil {
 		return nil, fmt.Errorf("launcher: job secret: %w", err)
 	}
-	f := &ftRun{maxFailures: job.MaxFailures, start: start, inc: map[int]int{}, srvStart: time.Now()}
+	f := &ftRun{maxFailures: job.MaxFailures, start: start, inc: map[int]int{}, srvStart: time.Now(), failures: []FTFailure{}}
 	if f.start.IsZero() {
 		f.start = f.srvStart
 	}

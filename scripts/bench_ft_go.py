@@ -38,7 +38,7 @@ def ft_run(a, tmp, kills):
     cmd += [a.trainer, "--mode", "dp", "--fault-tolerant", "--steps", str(a.steps), "--batch", str(a.batch)]
     wall, out = run(cmd)
     r = json.load(open(rep))["fault_tolerance"]
-    heal = [f["time_to_heal_s"] for f in r["failures"] if f.get("time_to_heal_s") is not None]
+    heal = [f["time_to_heal_s"] for f in (r["failures"] or []) if f.get("time_to_heal_s") is not None]
     if len(heal) != len(kills):
         sys.exit("ft: %d of %d failures healed:\n%s" % (len(heal), len(kills), json.dumps(r, indent=1)))
     states = {l.split()[-1] for l in out.splitlines() if " state " in l}
