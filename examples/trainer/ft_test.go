@@ -71,7 +71,7 @@ func runFTJob(t *testing.T, gorunArgs []string, trainerArgs ...string) ftRun {
 	token := launchertest.NewToken(t.Name())
 	args := append([]string{"-np", "3", "--fault-tolerant", "--tag-output", "--report", report}, gorunArgs...)
 	args = append(args, filepath.Join(dir, "trainer"), "--fault-tolerant", "--model", "small", "--batch", "12",
-		"--steps", strconv.Itoa(ftSteps), "--step-sleep", "30ms")
+		"--steps", strconv.Itoa(ftSteps), "--step-sleep", "40ms")
 	args = append(args, trainerArgs...)
 	cmd := exec.Command(filepath.Join(dir, "gorun"), args...)
 	cmd.Env = append(os.Environ(), launchertest.TokenEnv+"="+token)

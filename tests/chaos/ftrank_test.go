@@ -64,9 +64,13 @@ func runFTRank() int {
 	small := make([]float64, 1)
 	large := make([]float64, 1<<17)
 	var longest time.Duration
-	// A count of committed steps, not a time: every replica must stop at
-	// the same step, and a replacement starts later.
-	for st.iters < ftIters {
+	// A count of committed steps, not a time, and only with every replica
+	// taking part: the replicas must stop at the same step, the
+	// replacement starts later, and the row wants it back (a replacement
+	// that never joins holds the row to its time bound).
+	whole := false
+	np := envInt("WORLD_SIZE", 0)
+	for st.iters < ftIters || !whole {
 		t0 := time.Now()
 		q, err := m.Quorum(ctx)
 		if errors.Is(err, ft.ErrFinished) {
@@ -128,6 +132,7 @@ func runFTRank() int {
 		if committed {
 			st.iters++
 			st.sum += large[len(large)-1]
+			whole = q.Size() == np
 		}
 		longest = max(longest, time.Since(t0))
 	}
@@ -139,9 +144,9 @@ func runFTRank() int {
 	return 0
 }
 
-// ftIters is how many steps a fault-tolerant row commits: enough for a
-// replacement to heal and step with the others (a few hundred ms).
-const ftIters = 300
+// ftIters is how many steps a fault-tolerant row commits at least (then
+// until a step every replica took part in).
+const ftIters = 100
 
 // equalResults checks that every replica of a fault-tolerant row ended
 // with the same committed iterations and sum.
@@ -153,7 +158,7 @@ func equalResults(out string) []string {
 			bad = append(bad, fmt.Sprintf("rank %s ended with %s iterations, sum %s; rank %s with %s, %s: the replicas differ", m[1], m[2], m[3], ms[0][1], ms[0][2], ms[0][3]))
 		}
 	}
-	if n, _ := strconv.Atoi(firstField(ms)); len(ms) > 0 && n != ftIters {
+	if n, _ := strconv.Atoi(firstField(ms)); len(ms) > 0 && n < ftIters {
 		bad = append(bad, fmt.Sprintf("only %d iterations committed", n))
 	}
 	return bad
