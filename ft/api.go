@@ -173,8 +173,8 @@ type Participant struct {
 // Quorum is the answer to Manager.Quorum: who participates in this step.
 type Quorum struct {
 	// ID numbers the communicator: it changes exactly when Participants
-	// change or the previous quorum failed (the communicator is then
-	// rebuilt), and grows.
+	// change or the previous quorum failed or did not commit (the
+	// communicator is then rebuilt on every participant), and grows.
 	ID int64
 	// Step is the quorum's step: the highest committed step among the
 	// participants, which every participant holds once Quorum returns
@@ -216,7 +216,8 @@ type Record struct {
 	MaxStep int64 `json:"max_step"`
 }
 
-// QuorumRecord is one change of membership.
+// QuorumRecord is one new quorum id: a change of membership, or the same
+// members again after a quorum that failed or did not commit.
 type QuorumRecord struct {
 	ID           int64   `json:"id"`
 	Step         int64   `json:"step"`

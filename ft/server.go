@@ -367,6 +367,9 @@ func (s *Server) decideLocked(ok bool, why string) {
 		s.rec.Commits++
 		s.rec.MaxStep = max(s.rec.MaxStep, r.step+1)
 	} else {
+		// A communicator may have failed on some participant only (its
+		// own vote said so): every participant builds a new one.
+		s.lastFailed = true
 		s.rec.Uncommitted = append(s.rec.Uncommitted, UncommittedRecord{Quorum: r.id, Step: r.step, At: s.since(), Why: why})
 		s.log.Info().Int64("quorum", r.id).Int64("step", r.step).Str("why", why).Msg("step not committed")
 	}
