@@ -2,9 +2,7 @@ package launcher
 
 import (
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"net"
 	"syscall"
 	"time"
 
@@ -23,8 +21,10 @@ import (
 // failed job does (the other ranks are stopped), the error naming the
 // budget.
 //
-// The quorum service listens on this machine (loopback): fault-tolerant
-// jobs run on one host for now. The job's one world keeps its job id,
+// The quorum service listens on loopback for a job on this machine, and
+// beside the host agents' listener (the interface that routes to the
+// hosts) for a multi-host job; the respawn and release commands go to the
+// rank's host alone. The job's one world keeps its job id,
 // secret and ports: a replacement is the same rank of the same job, and
 // does not join the gossip world (package ft's doc says why).
 
@@ -81,7 +81,11 @@ type ftRun struct {
 }
 
 // startFT starts the quorum service of a job with the given identity.
-func startFT(job Job, jobID, secretHex string, start time.Time, cfg Config) (*ftRun, error) {
+func startFT(job Job, jobID, secretHex, addr string, cfg Config) (*ftRun, error) {
+	var start time.Time
+	if cfg.world != nil {
+		start = cfg.world.rep.Start
+	}
 	secret, err := hex.DecodeString(secretHex)
 	if err != nil {
 		return nil, fmt.Errorf("launcher: job secret: %w", err)
@@ -95,7 +99,7 @@ func startFT(job Job, jobID, secretHex string, start time.Time, cfg Config) (*ft
 		np = localRanks(job)
 	}
 	srv, err := ft.NewServer(ft.ServerConfig{
-		Addr: net.JoinHostPort("127.0.0.1", "0"), JobID: jobID, Secret: secret, Replicas: np,
+		Addr: addr, JobID: jobID, Secret: secret, Replicas: np,
 		Logger: cfg.Logger.With().Str("role", "quorum").Logger(),
 	})
 	if err != nil {
@@ -134,9 +138,10 @@ func (f *ftRun) exited(j *liveJob, ev supervisorEvent) bool {
 		return false
 	}
 	inc := f.inc[ev.Rank]
+	node := j.plan.Ranks[ev.Rank].NodeRank
 	if ev.Code == 0 && ev.Signal == 0 {
 		f.srv.Left(ev.Rank, inc)
-		j.home.command(supervisorCmd{Op: "release", Ranks: []int{ev.Rank}})
+		j.home.commandNode(node, supervisorCmd{Op: "release", Ranks: []int{ev.Rank}})
 		return false
 	}
 	if j.reason != notStopping {
@@ -161,7 +166,7 @@ func (f *ftRun) exited(j *liveJob, ev supervisorEvent) bool {
 	f.inc[ev.Rank] = inc + 1
 	j.ranks[ev.Rank].exited = false
 	j.log.Warn().Int("rank", ev.Rank).Str("why", why).Int("incarnation", inc+1).Msg("fault-tolerant: rank failed; starting its replacement")
-	j.home.command(supervisorCmd{Op: "respawn", Ranks: []int{ev.Rank}, Incarnation: inc + 1})
+	j.home.commandNode(node, supervisorCmd{Op: "respawn", Ranks: []int{ev.Rank}, Incarnation: inc + 1})
 	return true
 }
 
@@ -174,7 +179,7 @@ func (f *ftRun) frozen(j *liveJob, ev supervisorEvent) bool {
 		return false
 	}
 	j.log.Warn().Int("rank", ev.Rank).Str("why", ev.Err).Msg("fault-tolerant: rank frozen; killing it so that it is replaced")
-	j.home.command(supervisorCmd{Op: "signal", Signal: int(syscall.SIGKILL), Ranks: []int{ev.Rank}})
+	j.home.commandNode(j.plan.Ranks[ev.Rank].NodeRank, supervisorCmd{Op: "signal", Signal: int(syscall.SIGKILL), Ranks: []int{ev.Rank}})
 	return true
 }
 
@@ -224,6 +229,3 @@ func (e *FTBudgetError) Error() string {
 }
 
 func (e *FTBudgetError) Unwrap() error { return e.Err }
-
-// errFTHosts refuses a fault-tolerant job across hosts.
-var errFTHosts = errors.New("launcher: --fault-tolerant runs on this machine only for now (its quorum service listens on loopback); drop -H/-hostfile or use --max-restarts")

@@ -164,6 +164,17 @@ func equalResults(out string) []string {
 	return bad
 }
 
+// healedOnce is equalResults plus gorun's summary: one failure, its rank
+// replaced and healed.
+func healedOnce(out string) []string {
+	bad := equalResults(out)
+	if !regexp.MustCompile(`(?m)^gorun: fault-tolerant: 1 failure .* 1 heal$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^gorun:   rank \d+ .*: replaced, .*, healed `).MatchString(out) {
+		bad = append(bad, "gorun's summary does not show one failure replaced and healed")
+	}
+	return bad
+}
+
 func firstField(ms [][]string) string {
 	if len(ms) == 0 {
 		return "0"
