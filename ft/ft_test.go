@@ -8,7 +8,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -429,5 +431,42 @@ func TestCallsOutOfOrder(t *testing.T) {
 	}
 	if m.Step() != 1 {
 		t.Errorf("step %d after one commit", m.Step())
+	}
+}
+
+// TestStrangerRefused: a connection that does not speak the handshake
+// (an endless line, a forged proof) is dropped, and the service goes on
+// serving the job's replicas.
+func TestStrangerRefused(t *testing.T) {
+	s := newServer(t, 1)
+	for _, junk := range []string{
+		strings.Repeat("x", 64<<10),
+		"GORUN-FT/1 ftjob 0 0 abcd\n" + strings.Repeat("0", 64) + "\n",
+	} {
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = c.Write([]byte(junk))
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err = io.ReadAll(c) // EOF or a reset: dropped either way
+		c.Close()
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("the service kept a stranger's connection open: %v", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := ft.Join(ctx, testConfig(replicaEnv(s, 0, 1, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.Quorum(ctx); err != nil {
+		t.Fatalf("a real replica after the strangers: %v", err)
+	}
+	if rec := s.Record(); len(rec.Joins) != 1 {
+		t.Errorf("joins %+v: a stranger was counted", rec.Joins)
 	}
 }

@@ -35,6 +35,11 @@ import (
 // wireProto is bumped on an incompatible change of the messages.
 const wireProto = "1"
 
+// handshakeMax bounds what either side reads before the other proved it
+// holds the key: the handshake's lines, and what follows them in the same
+// reads (the hello), carried over to the message reader.
+const handshakeMax = 4096
+
 // maxLine bounds one message line (a quorum of thousands of replicas fits).
 const maxLine = 4 << 20
 
@@ -125,7 +130,7 @@ func (c *conn) recv() (message, error) {
 
 // dialAuth is the replica's side of the handshake over c.
 func dialAuth(c net.Conn, key []byte, job string, replica, inc int) (*conn, error) {
-	br := bufio.NewReaderSize(c, 64<<10)
+	br := bufio.NewReaderSize(io.LimitReader(c, handshakeMax), 4096)
 	nA := nonce()
 	if _, err := fmt.Fprintf(c, "GORUN-FT/%s %s %d %d %s\n", wireProto, job, replica, inc, nA); err != nil {
 		return nil, err
@@ -153,7 +158,8 @@ func dialAuth(c net.Conn, key []byte, job string, replica, inc int) (*conn, erro
 // acceptAuth is the service's side: the replica and incarnation once the
 // peer proved it holds the key. Nothing the peer says counts before.
 func acceptAuth(c net.Conn, key []byte, job string, replicas int) (*conn, int, int, error) {
-	br := bufio.NewReaderSize(c, 4096)
+	// Bounded: a stranger's endless line costs at most this much.
+	br := bufio.NewReaderSize(io.LimitReader(c, handshakeMax), 4096)
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	defer c.SetReadDeadline(time.Time{})
 	line, err := br.ReadString('\n')
