@@ -20,6 +20,11 @@ const (
 	// IncarnationEnv is the replica's incarnation: 0 for the process gorun
 	// started first, n for the n-th replacement of that replica.
 	IncarnationEnv = "GORUN_FT_INCARNATION"
+	// GroupSizeEnv is the size of a replica group (gorun
+	// --fault-tolerant-group): HSDP's shard group of consecutive ranks
+	// is one replica, replaced whole. Unset or 1: every rank is a
+	// replica.
+	GroupSizeEnv = "GORUN_FT_GROUP_SIZE"
 )
 
 // KeyPurpose is the HKDF purpose of the quorum service's key, derived from
@@ -192,6 +197,9 @@ type Quorum struct {
 	Changed bool
 	// Rank is this replica's index in Participants.
 	Rank int
+	// Group lists the ranks of this rank's replica group (HSDP; nil
+	// without groups): GroupComm's members, in this order.
+	Group []Participant
 }
 
 // Size is the number of participants.

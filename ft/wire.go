@@ -63,6 +63,7 @@ type message struct {
 	OK           bool          `json:"ok,omitempty"`
 	Why          string        `json:"why,omitempty"`
 	Participants []Participant `json:"participants,omitempty"`
+	Group        []Participant `json:"group,omitempty"`
 	Bytes        int64         `json:"bytes,omitempty"`
 	Took         float64       `json:"took,omitempty"`
 	Sources      []int         `json:"sources,omitempty"`

@@ -85,6 +85,10 @@ type Job struct {
 	// MaxRestarts or MinNP/MaxNP.
 	FaultTolerant bool
 	MaxFailures   int
+	// FTGroupSize makes replica groups of that many consecutive ranks
+	// (HSDP: a shard group is one replica): a rank's failure replaces
+	// its whole group. 0 or 1: every rank is a replica.
+	FTGroupSize int
 }
 
 // Launch runs a job (see LaunchReport) and drops the report.
