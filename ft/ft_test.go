@@ -12,6 +12,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -468,5 +469,75 @@ func TestStrangerRefused(t *testing.T) {
 	}
 	if rec := s.Record(); len(rec.Joins) != 1 {
 		t.Errorf("joins %+v: a stranger was counted", rec.Joins)
+	}
+}
+
+// TestReplicaGroups: with groups of 2, each rank's participants are the
+// ranks at its place in every group, its Group its own group; the loss of
+// one rank takes its whole group out of the next quorum.
+func TestReplicaGroups(t *testing.T) {
+	sec, _ := hex.DecodeString(secretHex())
+	s, err := ft.NewServer(ft.ServerConfig{Addr: "127.0.0.1:0", JobID: "ftjob", Secret: sec, Replicas: 4, GroupSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ms := make([]*ft.Manager, 4)
+	for r := range ms {
+		env := replicaEnv(s, r, 4, 0)
+		env[ft.GroupSizeEnv] = "2"
+		if ms[r], err = ft.Join(ctx, testConfig(env)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer func() {
+		for _, m := range ms {
+			if m != nil {
+				m.Close()
+			}
+		}
+	}()
+	ids := func(ps []ft.Participant) []int {
+		var out []int
+		for _, p := range ps {
+			out = append(out, p.Replica)
+		}
+		return out
+	}
+	qs := make([]ft.Quorum, 4)
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for r, m := range ms {
+		wg.Go(func() {
+			if qs[r], errs[r] = m.Quorum(ctx); errs[r] == nil {
+				_, errs[r] = m.ShouldCommit(ctx)
+			}
+		})
+	}
+	wg.Wait()
+	for r := range ms {
+		if errs[r] != nil {
+			t.Fatalf("rank %d: %v", r, errs[r])
+		}
+		wantParts, wantGroup := []int{r % 2, r%2 + 2}, []int{r / 2 * 2, r/2*2 + 1}
+		if !slices.Equal(ids(qs[r].Participants), wantParts) || !slices.Equal(ids(qs[r].Group), wantGroup) || ms[r].GroupComm() == nil {
+			t.Errorf("rank %d: participants %v group %v, want %v and %v with a group communicator", r, ids(qs[r].Participants), ids(qs[r].Group), wantParts, wantGroup)
+		}
+	}
+	// Rank 1 is lost: ranks 2 and 3 go on as a quorum of one group.
+	s.Lost(1, 0, "test")
+	for _, r := range []int{2, 3} {
+		wg.Go(func() { qs[r], errs[r] = ms[r].Quorum(ctx) })
+	}
+	wg.Wait()
+	for _, r := range []int{2, 3} {
+		if errs[r] != nil || !slices.Equal(ids(qs[r].Participants), []int{r}) {
+			t.Errorf("rank %d after rank 1's loss: participants %v (%v), want [%d]", r, ids(qs[r].Participants), errs[r], r)
+		}
+	}
+	if rec := s.Record(); len(rec.Losses) != 2 {
+		t.Errorf("losses %+v, want ranks 1 and 0 (its group)", rec.Losses)
 	}
 }
