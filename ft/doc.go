@@ -75,6 +75,19 @@
 // step's update and calls Quorum again: the process stays alive and
 // recovers in place (torchft's should_commit).
 //
+// # Replica groups (HSDP)
+//
+// With GroupSizeEnv = S > 1 (gorun --fault-tolerant-group S) a replica is a
+// group of S consecutive ranks, HSDP's shard group: parameters sharded
+// within it, replicated across groups. A group takes part in a quorum
+// only when all its ranks are live; the loss of one rank is the loss of
+// its group (gorun kills the others and starts all S again). Each rank's
+// Quorum lists as Participants the ranks at its place (rank mod S) in
+// every participating group, so Comm, AllReduce and the heal work per
+// shard exactly as without groups, and Quorum.Group lists its own group,
+// over which GroupComm is built (the parameter all-gather and gradient
+// reduce-scatter).
+//
 // # Identity, secret and endpoint
 //
 // Under gorun --fault-tolerant a replica reads GORUN_RANK (its replica id),
