@@ -33,10 +33,13 @@ import (
 // the step. A step in which a participant died is thrown away by every
 // survivor, which then goes on at the next quorum without restarting.
 //
-// The step runs without the step graph, bucketing or overlap (one
-// all-reduce per step, after the whole backward): the quorum's
+// The step runs without the step graph and its bucketing: the quorum's
 // communicator changes as replicas come and go, and the graph runner is
-// built over fixed communicators.
+// built over fixed communicators. In dp each region's gradient is
+// all-reduced as soon as its backward wrote it (overlapping the backward
+// of the regions before it, as DDP's buckets do); in hsdp the group's
+// all-gathers and reduce-scatters and the one cross-group all-reduce run
+// one after the other.
 //
 // Every replica prints "step N loss X participants P" for each committed
 // step ("uncommitted" instead of the loss for one thrown away) and, at the
@@ -63,7 +66,8 @@ type ftTrainer struct {
 	state  []*model.OptState
 	grads  [][]float32
 	gsh    [][]float32
-	flat   []float32 // every owned gradient, then the loss: one all-reduce
+	flat   []float32 // hsdp: every owned gradient, then the loss: one cross-group all-reduce
+	loss   [1]float32
 	in, tg []int32
 	n, k   int // local samples, rank
 	batch  int
@@ -156,55 +160,90 @@ func (t *ftTrainer) Load(b []byte) error {
 
 func (t *ftTrainer) digest() uint64 { return model.Fingerprint(t.buffers()...) }
 
-// compute runs the local step of committed step s (0-based) into flat:
-// the gradient sums of this rank's samples (hsdp: of its group's samples,
-// its shard), then the loss sum. gc is the replica group's communicator
-// (hsdp), for the parameter all-gather and the gradient reduce-scatter.
-func (t *ftTrainer) compute(ctx context.Context, s int, gc *comm.Comm) error {
+// batchFor loads this rank's slice of committed step s's (0-based) batch.
+func (t *ftTrainer) batchFor(s int) error {
 	lo := t.k * t.n
 	if err := t.data.Batch(s, t.batch, lo, lo+t.n, t.in, t.tg); err != nil {
 		return err
 	}
-	if err := t.ws.SetBatch(t.in, t.tg); err != nil {
+	return t.ws.SetBatch(t.in, t.tg)
+}
+
+// stepDP runs committed step s of plain dp: forward, then backward with
+// each region's gradient all-reduced over the quorum (c) as soon as its
+// backward wrote it (overlapping the backward of the regions before it,
+// as DDP's buckets do), then the loss. The sums land in grads and loss.
+func (t *ftTrainer) stepDP(ctx context.Context, s int, c *comm.Comm) error {
+	if err := t.batchFor(s); err != nil {
 		return err
 	}
-	if t.S > 1 {
-		for r := range t.params {
-			if err := gc.AllGather(ctx, f32(t.params[r]), f32(t.full[r])).Wait(ctx); err != nil {
-				return err
-			}
+	R := len(t.params)
+	for r := range R {
+		if err := t.ws.Forward(r, t.params[r], 0, t.n); err != nil {
+			return err
+		}
+	}
+	hs := make([]comm.Handle, 0, R+1)
+	var err error
+	for r := R - 1; r >= 0 && err == nil; r-- {
+		if err = t.ws.Backward(r, t.params[r], t.grads[r], 0, t.n); err == nil {
+			hs = append(hs, c.AllReduce(ctx, f32(t.grads[r]), f32(t.grads[r]), comm.Sum))
+		}
+	}
+	if err == nil {
+		if t.loss[0], err = t.ws.LossSum(0, t.n); err == nil {
+			hs = append(hs, c.AllReduce(ctx, f32(t.loss[:]), f32(t.loss[:]), comm.Sum))
+		}
+	}
+	for _, h := range hs {
+		if werr := h.Wait(ctx); werr != nil && err == nil {
+			err = fmt.Errorf("%w: %w", ft.ErrQuorumFailed, werr)
+		}
+	}
+	return err
+}
+
+// compute runs committed step s (0-based) of hsdp up to the cross-group
+// all-reduce, into flat: the reduce-scattered gradient shards of the
+// group's samples, then the group's loss sum. gc is the replica group's
+// communicator (the parameter all-gather and the gradient reduce-scatter).
+func (t *ftTrainer) compute(ctx context.Context, s int, gc *comm.Comm) error {
+	if err := t.batchFor(s); err != nil {
+		return err
+	}
+	for r := range t.params {
+		if err := gc.AllGather(ctx, f32(t.params[r]), f32(t.full[r])).Wait(ctx); err != nil {
+			return err
 		}
 	}
 	loss, err := t.ws.Step(t.full, t.grads)
 	if err != nil {
 		return err
 	}
-	if t.S > 1 {
-		for r := range t.grads {
-			if err := gc.ReduceScatter(ctx, f32(t.grads[r]), f32(t.gsh[r]), comm.Sum).Wait(ctx); err != nil {
-				return err
-			}
-		}
-		l := []float32{loss}
-		if err := gc.AllReduce(ctx, f32(l), f32(l), comm.Sum).Wait(ctx); err != nil {
+	for r := range t.grads {
+		if err := gc.ReduceScatter(ctx, f32(t.grads[r]), f32(t.gsh[r]), comm.Sum).Wait(ctx); err != nil {
 			return err
 		}
-		loss = l[0]
+	}
+	l := []float32{loss}
+	if err := gc.AllReduce(ctx, f32(l), f32(l), comm.Sum).Wait(ctx); err != nil {
+		return err
 	}
 	off := 0
 	for r := range t.gsh {
 		off += copy(t.flat[off:], t.gsh[r])
 	}
-	if t.S == 1 {
-		// Padding beyond a region's size carries nothing.
-		off = 0
-		for r, reg := range t.lay.Regions {
-			clear(t.flat[off+reg.Size : off+len(t.gsh[r])])
-			off += len(t.gsh[r])
-		}
-	}
-	t.flat[len(t.flat)-1] = loss
+	t.flat[off] = l[0]
 	return nil
+}
+
+// unpack takes the cross-group sums back out of flat (hsdp).
+func (t *ftTrainer) unpack() {
+	off := 0
+	for r := range t.gsh {
+		off += copy(t.gsh[r], t.flat[off:])
+	}
+	t.loss[0] = t.flat[off]
 }
 
 // apply divides the summed gradients by the participants' samples
@@ -212,10 +251,8 @@ func (t *ftTrainer) compute(ctx context.Context, s int, gc *comm.Comm) error {
 // it returns the mean loss.
 func (t *ftTrainer) apply(s, groups int) (float32, error) {
 	samples := groups * t.S * t.n
-	off := 0
 	for r := range t.params {
-		g := t.flat[off : off+len(t.gsh[r])]
-		off += len(g)
+		g := t.gsh[r]
 		if err := model.Mean(g, samples); err != nil {
 			return 0, err
 		}
@@ -223,7 +260,7 @@ func (t *ftTrainer) apply(s, groups int) (float32, error) {
 			return 0, err
 		}
 	}
-	return t.flat[off] / float32(samples), nil
+	return t.loss[0] / float32(samples), nil
 }
 
 // runFT trains o.steps committed steps as one fault-tolerant replica.
@@ -261,13 +298,20 @@ func runFT(ctx context.Context, o options, log zerolog.Logger, out io.Writer) er
 		}
 		s := int(mgr.Step())
 		start := time.Now()
-		if err := t.compute(ctx, s, mgr.GroupComm()); err != nil {
+		if t.S == 1 {
+			if err := t.stepDP(ctx, s, mgr.Comm()); err != nil {
+				log.Warn().Err(err).Int("step", s+1).Msg("the step's collectives failed; it will not commit")
+				mgr.ReportError(err)
+			}
+		} else if err := t.compute(ctx, s, mgr.GroupComm()); err != nil {
 			// A rank of this replica group died: gorun replaces the
 			// group whole (this process included); vote no meanwhile.
 			log.Warn().Err(err).Int("step", s+1).Msg("the replica group's collectives failed; the step will not commit")
 			mgr.ReportError(err)
 		} else if err := mgr.AllReduce(ctx, t.flat, comm.Sum); err != nil {
 			log.Warn().Err(err).Int("step", s+1).Msg("all-reduce failed; the step will not commit")
+		} else {
+			t.unpack()
 		}
 		cr.at("reduce", int64(s+1))
 		ok, err := mgr.ShouldCommit(ctx)
