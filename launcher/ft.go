@@ -25,9 +25,13 @@ import (
 // The quorum service listens on loopback for a job on this machine, and
 // beside the host agents' listener (the interface that routes to the
 // hosts) for a multi-host job; the respawn and release commands go to the
-// rank's host alone. The job's one world keeps its job id,
-// secret and ports: a replacement is the same rank of the same job, and
-// does not join the gossip world (package ft's doc says why).
+// rank's host alone. The job's one world keeps its job id, secret and
+// ports: a replacement is the same rank of the same job, and does not
+// join the gossip world (package ft's doc says why). With replica groups
+// (--fault-tolerant-group S, HSDP) a rank's failure replaces its whole
+// group: gorun kills the others of it, waits for their exits (counted
+// with the failure, not as failures of their own) and starts all S
+// again.
 
 // FTReport is the fault-tolerant part of the report (Report.FaultTolerance).
 type FTReport struct {
@@ -55,7 +59,8 @@ type FTFailure struct {
 	Code        int     `json:"code,omitempty"`
 	Signal      string  `json:"signal,omitempty"`
 	At          float64 `json:"at_s"`
-	// Action is "replaced" or "job ended".
+	// Action is "replaced", "replaced with its replica group (ranks
+	// A-B)" or "job ended".
 	Action string `json:"action"`
 	// Group lists the other ranks of its replica group, replaced with it
 	// (--fault-tolerant-group).
