@@ -43,6 +43,8 @@ type planOptions struct {
 	CopyBandwidth   *float64        `json:"copy_bandwidth"`
 	ChunkRegions    *string         `json:"chunk_regions"`
 	ChunkAccumulate *bool           `json:"chunk_accumulate"`
+	ChunkDirs       *string         `json:"chunk_dirs"`
+	ChunkAlways     *bool           `json:"chunk_always"`
 	ReshardPrefetch *int            `json:"reshard_prefetch"`
 	PeakBudget      int64           `json:"peak_budget_bytes"`
 }
@@ -96,6 +98,25 @@ func plannerConfig(opts []byte) (stepgraph.PlannerConfig, error) {
 	}
 	if o.ChunkAccumulate != nil {
 		cfg.Chunk.Accumulate = *o.ChunkAccumulate
+	}
+	if o.ChunkDirs != nil {
+		cfg.Chunk.Dirs = nil
+		for _, d := range strings.Split(*o.ChunkDirs, ",") {
+			switch strings.TrimSpace(d) {
+			case "":
+			case "forward", "fwd":
+				cfg.Chunk.Dirs = append(cfg.Chunk.Dirs, buckets.Forward)
+			case "backward", "bwd":
+				cfg.Chunk.Dirs = append(cfg.Chunk.Dirs, buckets.Backward)
+			case "optimizer", "opt":
+				cfg.Chunk.Dirs = append(cfg.Chunk.Dirs, buckets.Optimizer)
+			default:
+				return cfg, fmt.Errorf("%w: gorun_plan: options: chunk_dirs %q: unknown direction %q (want forward, backward, optimizer)", errInvalid, *o.ChunkDirs, d)
+			}
+		}
+	}
+	if o.ChunkAlways != nil {
+		cfg.Chunk.Always = *o.ChunkAlways
 	}
 	if o.ReshardPrefetch != nil {
 		cfg.ReshardPrefetch = *o.ReshardPrefetch
