@@ -536,8 +536,15 @@ class ChunkLayout:
                 # a partial sum, or its shape's mode.
                 per = {a: self.value[a.name] for a in f.all_input_nodes
                        if _leaf_kind(self.value.get(a.name, (WHOLE, None))) in (BATCH, PARTIAL)}
+                # A whole result that cannot run per chunk (a mean loss)
+                # gets no declared mode: a plan that splits it reaches
+                # apply_plan, which refuses it with the reason.
                 r = self.rule(f, per) if per else m
-                self.value[f.name] = r if _leaf_kind(r) == PARTIAL else m
+                no = [a for a in f.all_input_nodes if _leaf_kind(self.value.get(a.name, (WHOLE, None))) == NO]
+                if no and _leaf_kind(r) != NO:
+                    r = (NO, "it reads %s, which cannot run per chunk" % no[0].name)
+                self.value[f.name] = r if _leaf_kind(r) == PARTIAL or (_leaf_kind(r) == NO and _leaf_kind(m) == WHOLE) \
+                    else m
             else:
                 self.value[f.name] = m
 

@@ -134,6 +134,8 @@ def rank_main(spec_path, out_path):
         side_outs.append(outs)
         equal = len(outs) == len(ref) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(outs, ref))
         side["max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(outs, base))
+        # outputs (0: the loss, 1+i: shard i) not bitwise equal to the unbucketed graph's, on this rank
+        side["unequal"] = [i for i, (a, b) in enumerate(zip(outs, base)) if not torch.equal(a, b)]
         built.append((side, gm, est, peak, equal))
     # Timing: the sides interleaved round by round, so load on a shared
     # machine falls on all of them alike; the slowest rank's time counts.
@@ -150,7 +152,10 @@ def rank_main(spec_path, out_path):
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         t = torch.tensor(times[k], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        uneq = [None] * world
+        dist.all_gather_object(uneq, side["unequal"])
         results.append({"name": side["name"], "collectives": gfx.count_collectives(gm), "peak_bytes": int(flags[1]),
+                        "unequal": sorted({i for u in uneq for i in u}),
                         "equal": flags[0].item() == 0.0, "step_s": sorted(t.tolist())[len(times[k]) // 2],
                         "exposed_ns": est, "max_abs_diff": side["max_abs_diff"]})
     okt = torch.tensor([0.0 if ref_ok else 1.0])
@@ -254,7 +259,7 @@ def fake_group(world):
     return ctx()
 
 
-def prepare(spec, world, profile=True):
+def prepare(spec, world, profile=True, chunks=None):
     """In the parent: trace rank 0's joint graph on the fake group, profile
     it, and return (joint, costs, step graph); records the FX node names
     in spec["fx_nodes"] for the ranks to check."""
@@ -262,6 +267,6 @@ def prepare(spec, world, profile=True):
     with fake_group(world) as group:
         fsdp, _, batch, joint = build(spec, 0, world, group)
         costs = gfx.profile_costs(joint, batch, fsdp, repeats=spec.get("profile_repeats", 3)) if profile else None
-        step = gfx.to_step_graph(joint, costs)
+        step = gfx.to_step_graph(joint, costs, chunks=chunks)
     spec["fx_nodes"] = [n.name for n in joint.gm.graph.nodes]
     return joint, costs, step

@@ -1,0 +1,118 @@
+"""gorun.fx: the chunk pass's plans applied to a SimpleFSDP GPT's joint graph
+and run on 2 ranks over gloo. Forward chunks are bitwise equal to the
+unchunked graph; backward chunks differ only where the split reorders a sum
+over the batch (the weight gradients), and only there."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not hasattr(torch.ops, "_c10d_functional") or not hasattr(torch.ops._c10d_functional, "wait_tensor"):
+    pytest.skip("gorun.fx needs torch 2.x functional collectives", allow_module_level=True)
+
+import fxrank  # noqa: E402
+import gorun.fx as gfx  # noqa: E402
+
+WORLD = 2
+LR = 0.01
+
+
+@pytest.fixture(scope="module")
+def traced():
+    """One block; the step graph declares chunk modes (chunks=2). The
+    joint graph stays in the fake group's scope only while tracing, so the
+    layout (the second trace) is made here too."""
+    spec = {"model": {"layers": 1}, "repeats": 1, "lr": LR}
+    with fxrank.fake_group(WORLD) as group:
+        fsdp, _, batch, joint = fxrank.build(spec, 0, WORLD, group)
+        step = gfx.to_step_graph(joint, chunks=2)
+        plain = gfx.to_step_graph(joint)
+    spec["fx_nodes"] = [n.name for n in joint.gm.graph.nodes]
+    return spec, fsdp, joint, step, plain
+
+
+def _plan(step, **opts):
+    planned, _ = gfx.plan(step, "chunk", chunk_regions="layers.*", chunk_always=True, **opts)
+    return planned
+
+
+def test_layout_reads_batch_partial_and_whole_tensors(traced):
+    _, fsdp, joint, step, _ = traced
+    lay = gfx.chunk_layout(joint, 2)
+    fx = {n.name: n for n in joint.gm.graph.nodes}
+    modes = {t["name"]: t.get("chunk") for t in step["tensors"]}
+    ph = [n.name for n in joint.gm.graph.nodes if n.op == "placeholder"]
+    assert [modes[p] for p in ph] == ["replicated"] * len(fsdp.names) + ["batch", "batch"]
+    # the weight gradients of the block's matmuls are partial sums; the
+    # activations' gradients are batch tensors; the causal mask is whole
+    mm = [n for n in joint.gm.graph.nodes if n.target is torch.ops.aten.mm.default
+          and gfx.directions(joint.gm.graph)[n] == "backward"]
+    assert {modes[n.name] for n in mm} == {"partial", "batch"}
+    for n in mm:
+        a = fx[n.name].args[0]
+        assert (modes[n.name] == "partial") == (lay.value[a.name] == ("batch", 1)), n.name
+    assert modes["bitwise_not"] == "replicated"
+    # the loss cannot run per chunk, and says why
+    loss = next(n for n in joint.gm.graph.nodes if n.target is torch.ops.aten.nll_loss_forward.default)
+    per = {a: lay.value[a.name] for a in loss.all_input_nodes if lay.value[a.name][0] == "batch"}
+    assert lay.rule(loss, per)[0] == "no"
+
+
+def test_chunked_plans_run_on_2_ranks_over_gloo(traced, launcher):
+    spec, fsdp, joint, step, _ = traced
+    fwd = _plan(step, chunk_dirs="forward")
+    bwd_acc = _plan(step, chunk_dirs="backward")
+    bwd_rs = _plan(step, chunk_dirs="backward", chunk_accumulate=False)
+    both, _ = gfx.plan(step, "chunk,blocks,overlap", chunk_regions="layers.*", chunk_always=True,
+                       chunk_accumulate=False)
+    for p, d in ((fwd, "forward"), (bwd_acc, "backward"), (bwd_rs, "backward")):
+        chunked = {n["direction"] for n in p["nodes"] if n.get("chunk")}
+        assert chunked == {d}, (d, chunked)
+    rs_per_chunk = [n for n in bwd_rs["nodes"] if n["kind"] == "start" and "#" in n["name"]]
+    assert len(rs_per_chunk) == 2 * 8, "each of the block's 8 gradients reduce-scattered per chunk"
+    sides = [{"name": "unchunked", "kind": "unbucketed"},
+             {"name": "chunk fwd", "kind": "gorun", "planned": fwd},
+             {"name": "chunk bwd accumulate", "kind": "gorun", "planned": bwd_acc},
+             {"name": "chunk bwd per-chunk rs", "kind": "gorun", "planned": bwd_rs},
+             {"name": "chunk,blocks,overlap", "kind": "gorun", "planned": both}]
+    r = fxrank.run_ranks(WORLD, dict(spec, sides=sides), timeout=170)
+    assert r["reference_ok"]
+    s = {x["name"]: x for x in r["sides"]}
+    # Forward: every op of the block is batch-parallel, so the chunks'
+    # concatenation is the unchunked result, bit for bit.
+    assert s["chunk fwd"]["equal"] and s["chunk fwd"]["unequal"] == [], s["chunk fwd"]
+    assert s["chunk bwd per-chunk rs"]["collectives"] == {"all_gather": 11, "reduce_scatter": 11 + 8}
+    # Backward: the block's weight gradients are sums over the batch; per
+    # chunk they are summed in another order. Exactly those shards may
+    # differ (outputs 1+i, i indexing fsdp.names), the loss and every other
+    # shard are bitwise equal, and the difference is rounding-sized.
+    block = {1 + i for i, n in enumerate(fsdp.names) if n.startswith("layers.0.")}
+    for name in ("chunk bwd accumulate", "chunk bwd per-chunk rs", "chunk,blocks,overlap"):
+        x = s[name]
+        assert x["unequal"] and set(x["unequal"]) <= block, (name, x["unequal"], sorted(block))
+        assert 0 < x["max_abs_diff"] <= LR * 1e-5, (name, x["max_abs_diff"])
+
+
+def test_plans_the_rewrite_cannot_do_are_refused(traced):
+    spec, _, joint, step, plain = traced
+    # The loss is a mean over the batch: per chunk it would be another mean.
+    with pytest.raises(gfx.FxError, match=r"nll_loss_forward.*per chunk, but it cannot"):
+        gfx.apply_plan(joint, gfx.plan(step, "chunk", chunk_regions="output", chunk_always=True,
+                                       chunk_dirs="forward")[0])
+    # Without declared modes the pass takes every computed tensor for a
+    # batch tensor, the forward's causal mask too, and splits it: refused,
+    # not silently wrong.
+    with pytest.raises(gfx.FxError, match=r"splits bitwise_not along the batch, but it has no batch dimension"):
+        gfx.apply_plan(joint, _plan(plain, chunk_dirs="backward"))
+    # Declared as a batch tensor, a weight gradient's chunks are summed as
+    # partial sums are; concatenated, they are refused.
+    wrong = dict(step, tensors=[dict(t, chunk="batch") if t.get("chunk") == "partial" else t for t in step["tensors"]])
+    with pytest.raises(gfx.FxError, match=r"concatenates \w+, whose chunks are \['partial'\]"):
+        gfx.apply_plan(joint, _plan(wrong, chunk_dirs="backward"))
+    # A chunk boundary moved (chunk 1 reads chunk 0's tensor).
+    bad = _plan(step, chunk_dirs="forward")
+    for n in bad["nodes"]:
+        if n.get("chunk", {}).get("index") == 1 and any(r.endswith("#1") for r in n["reads"]):
+            n["reads"] = [r[:-1] + "0" if r.endswith("#1") else r for r in n["reads"]]
+            break
+    with pytest.raises(gfx.FxError, match=r"\(chunk 1\) reads \w+#0, a tensor of chunk 0"):
+        gfx.apply_plan(joint, bad)
