@@ -71,9 +71,9 @@ def test_chunked_plans_run_on_2_ranks_over_gloo(traced, launcher):
     assert len(rs_per_chunk) == 2 * 8, "each of the block's 8 gradients reduce-scattered per chunk"
     sides = [{"name": "unchunked", "kind": "unbucketed"},
              {"name": "chunk fwd", "kind": "gorun", "planned": fwd},
-             {"name": "chunk bwd accumulate", "kind": "gorun", "planned": bwd_acc},
-             {"name": "chunk bwd per-chunk rs", "kind": "gorun", "planned": bwd_rs},
-             {"name": "chunk,blocks,overlap", "kind": "gorun", "planned": both}]
+             {"name": "chunk bwd accumulate", "kind": "gorun", "planned": bwd_acc, "bound": True},
+             {"name": "chunk bwd per-chunk rs", "kind": "gorun", "planned": bwd_rs, "bound": True},
+             {"name": "chunk,blocks,overlap", "kind": "gorun", "planned": both, "bound": True}]
     r = fxrank.run_ranks(WORLD, dict(spec, sides=sides), timeout=170)
     assert r["reference_ok"]
     s = {x["name"]: x for x in r["sides"]}
@@ -83,13 +83,16 @@ def test_chunked_plans_run_on_2_ranks_over_gloo(traced, launcher):
     assert s["chunk bwd per-chunk rs"]["collectives"] == {"all_gather": 11, "reduce_scatter": 11 + 8}
     # Backward: the block's weight gradients are sums over the batch; per
     # chunk they are summed in another order. Exactly those shards may
-    # differ (outputs 1+i, i indexing fsdp.names), the loss and every other
-    # shard are bitwise equal, and the difference is rounding-sized.
+    # differ (outputs 1+i, i indexing fsdp.names); the loss and every other
+    # shard are bitwise equal; and every element of the shards that differ
+    # is within the reordering bound (fxrank.reorder_bound: 2·γ(n)·Σ|terms|
+    # of the unchunked graph's own sums, plus the update's two roundings).
     block = {1 + i for i, n in enumerate(fsdp.names) if n.startswith("layers.0.")}
     for name in ("chunk bwd accumulate", "chunk bwd per-chunk rs", "chunk,blocks,overlap"):
         x = s[name]
         assert x["unequal"] and set(x["unequal"]) <= block, (name, x["unequal"], sorted(block))
-        assert 0 < x["max_abs_diff"] <= LR * 1e-5, (name, x["max_abs_diff"])
+        assert x["within_bound"], (name, x["bound_ratio"], x["max_abs_diff"])
+        assert 0 < x["bound_ratio"] <= 1, x
 
 
 def test_plans_the_rewrite_cannot_do_are_refused(traced):
