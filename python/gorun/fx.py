@@ -480,6 +480,9 @@ _LINEAR = {_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default
            _aten.div.Tensor, _aten.div.Scalar, _aten.sum.dim_IntList, _aten.constant_pad_nd.default}
 # Of these, the ones where several partial operands add up.
 _ADDITIVE = {_aten.add.Tensor, _aten.sub.Tensor}
+# Ops that cannot run per chunk (they read a whole-batch scalar: a mean's
+# divisor) but keep row i of their batch input at row i of their result.
+_ROW_PRESERVING = {_aten.nll_loss_backward.default}
 _SOFTMAX = {_aten._softmax.default: 1, _aten._log_softmax.default: 1,
             _aten._softmax_backward_data.default: 2, _aten._log_softmax_backward_data.default: 2}
 
@@ -531,22 +534,30 @@ class ChunkLayout:
             if f in batch_inputs and m[0] != BATCH:
                 raise FxError("gorun.fx: batch input %s does not split along dim 0 into %d chunks (%s)"
                               % (f.name, count, m[1]))
-            if f.op != "placeholder":
-                # What it holds when every input that can be per chunk is:
-                # a partial sum, or its shape's mode.
-                per = {a: self.value[a.name] for a in f.all_input_nodes
-                       if _leaf_kind(self.value.get(a.name, (WHOLE, None))) in (BATCH, PARTIAL)}
-                # A whole result that cannot run per chunk (a mean loss)
-                # gets no declared mode: a plan that splits it reaches
-                # apply_plan, which refuses it with the reason.
-                r = self.rule(f, per) if per else m
-                no = [a for a in f.all_input_nodes if _leaf_kind(self.value.get(a.name, (WHOLE, None))) == NO]
-                if no and _leaf_kind(r) != NO:
-                    r = (NO, "it reads %s, which cannot run per chunk" % no[0].name)
-                self.value[f.name] = r if _leaf_kind(r) == PARTIAL or (_leaf_kind(r) == NO and _leaf_kind(m) == WHOLE) \
-                    else m
-            else:
-                self.value[f.name] = m
+            self.value[f.name] = m if f.op == "placeholder" else self._value(f, m)
+
+    def _value(self, f, m):
+        """What node f's result holds when every input that can be per
+        chunk is: a partial sum, a batch tensor whose rows are the batch's
+        samples in order (so a split of it lines up with every other
+        split), or no: neither (then a plan that splits it, or runs f per
+        chunk, reaches apply_plan, which refuses it with this reason)."""
+        val = lambda a: self.value.get(a.name, (WHOLE, None))  # noqa: E731
+        per = {a: val(a) for a in f.all_input_nodes if _leaf_kind(val(a)) in (BATCH, PARTIAL)}
+        no = [a for a in f.all_input_nodes if _leaf_kind(val(a)) == NO]
+        if _leaf_kind(m) in (BATCH, NO):
+            rows = [a for a in no if _leaf_kind(self.shape.get(a.name, (WHOLE, None))) != WHOLE]
+            if rows:
+                return (NO, "it reads %s, whose rows are not known to be the batch's samples in order" % rows[0].name)
+            if not per or f.target in _ROW_PRESERVING:
+                return m
+            r = self.rule(f, per, check_args=False)  # layer norm's backward: [batch, partial, partial]
+            return r if _leaf_kind(r) != NO else (NO, "its rows are not known to be the batch's samples in "
+                                                      "order: %s" % r[1])
+        r = self.rule(f, per) if per else m
+        if no and _leaf_kind(r) != NO:
+            r = (NO, "it reads %s, which cannot run per chunk" % no[0].name)
+        return r if _leaf_kind(r) in (PARTIAL, NO) else m
 
     def full_val(self, name):
         """The fake tensor of FX node ``name`` on the whole batch."""
@@ -559,7 +570,7 @@ class ChunkLayout:
         m = self.value.get(name)
         return _STEP_MODE.get(m[0]) if isinstance(m, tuple) else None
 
-    def rule(self, f, per):
+    def rule(self, f, per, check_args=True):
         """The mode of FX node f's result when it runs per chunk and
         ``per`` maps the inputs it reads per chunk to their modes (the
         others it reads whole): (batch, d), (partial, None), or (no, why)."""
@@ -574,7 +585,7 @@ class ChunkLayout:
                 return (NO, "it reads %s whole, a batch-sized tensor, where a chunk of it is wanted" % a.name)
         if not per:
             return (NO, "it reads nothing per chunk")
-        why = _scalar_args_differ(f, h)
+        why = _scalar_args_differ(f, h) if check_args else None
         if why:
             return (NO, why)
         partial = [a for a in per if _leaf_kind(per[a]) == PARTIAL]
@@ -604,18 +615,31 @@ class ChunkLayout:
     # -- one node
 
     def _after_partial(self, f, per, partial, shape):
-        name = _op_name(f)
-        if f.target not in _LINEAR:
+        """f reads a partial sum per chunk: it may run per chunk only if
+        the chunks' results still add up to the whole result (f is linear
+        in its partial operands)."""
+        name, t = _op_name(f), f.target
+        if t not in _LINEAR:
             return (NO, "%s of %s, a partial sum over the batch: only linear ops may follow one per chunk" % (
                 name, partial[0].name))
-        if len(partial) != len(per) or (len(partial) > 1 and f.target not in _ADDITIVE):
-            return (NO, "%s mixes the partial sum %s with per-chunk tensors" % (name, partial[0].name))
-        if f.target is _aten.constant_pad_nd.default and len(f.args) > 2 and f.args[2] != 0:
-            return (NO, "pads the partial sum %s with %r, not 0" % (partial[0].name, f.args[2]))
-        if f.target in (_aten.mul.Tensor, _aten.div.Tensor) and f.args[0] not in partial:
-            return (NO, "%s divides by the partial sum %s" % (name, partial[0].name)) \
-                if f.target is _aten.div.Tensor else (PARTIAL, None)
-        return (PARTIAL, None) if shape == (WHOLE, None) else (NO, "a partial sum that changed shape with the batch")
+        if len(partial) != len(per):
+            return (NO, "%s mixes the partial sum %s with per-chunk batch tensors" % (name, partial[0].name))
+        if t in _ADDITIVE:
+            # (a0 + b0) + (a1 + b1) = a + b only when every term is partial:
+            # a whole term (a bias, a constant) would be added once per chunk.
+            terms = f.args[:2]
+            if not all(isinstance(x, torch.fx.Node) and x in partial for x in terms):
+                return (NO, "%s adds a term that is not a partial sum to %s: per chunk it would be counted "
+                            "%d times" % (name, partial[0].name, self.count))
+        elif len(partial) > 1:
+            return (NO, "%s of several partial sums (%s) is not linear" % (name, ", ".join(x.name for x in partial)))
+        elif t in (_aten.div.Tensor, _aten.div.Scalar) and f.args[0] is not partial[0]:
+            return (NO, "%s divides by the partial sum %s" % (name, partial[0].name))
+        elif t is _aten.constant_pad_nd.default and len(f.args) > 2 and f.args[2] != 0:
+            return (NO, "%s pads the partial sum %s with %r, not 0" % (name, partial[0].name, f.args[2]))
+        if shape != (WHOLE, None):
+            return (NO, "%s: a partial sum whose shape changes with the batch" % name)
+        return (PARTIAL, None)
 
     def _batch_rule(self, f, modes, shape):
         """The mode of compute f that reads only batch and whole tensors."""
@@ -1194,7 +1218,7 @@ class _Chunker:
         op, name, reads, writes = sn["builtin"], sn["name"], sn.get("reads", []), sn.get("writes", [])
         if op == "split":
             (t,) = reads
-            m = self.layout.shape.get(t, (NO, "%s is not a node of the joint graph" % t))
+            m = self.layout.value.get(t, (NO, "%s is not a node of the joint graph" % t))
             if m[0] != BATCH:
                 raise FxError("gorun.fx: %s: the plan splits %s along the batch, but %s" % (
                     name, t, m[1] if m[0] == NO else "it has no batch dimension (%s)" % m[0]))

@@ -119,3 +119,50 @@ def test_plans_the_rewrite_cannot_do_are_refused(traced):
             break
     with pytest.raises(gfx.FxError, match=r"\(chunk 1\) reads \w+#0, a tensor of chunk 0"):
         gfx.apply_plan(joint, bad)
+
+
+def _verdicts(fn, *xs):
+    """chunk_layout's verdict on every node of make_fx(fn)(*xs), the batch
+    being dim 0 of every x: node name -> the mode it has when it runs per
+    chunk on whatever per-chunk inputs it can have."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    gm = make_fx(fn)(*xs)
+    joint = gfx.Joint(gm, [], len(xs), [], 1, None, {},
+                      retrace=lambda k: make_fx(fn)(*[x[:x.shape[0] // k] for x in xs]))
+    lay = gfx.chunk_layout(joint, 2)
+    out = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            per = {a: lay.value[a.name] for a in n.all_input_nodes
+                   if gfx._leaf_kind(lay.value[a.name]) in ("batch", "partial")}
+            out[n.target.__name__.split(".")[0]] = lay.rule(n, per) if per else lay.value[n.name]
+    return out
+
+
+def test_layout_rules_split_what_is_batch_parallel_and_refuse_the_rest():
+    x, w = torch.randn(8, 4, 6), torch.randn(6, 5)
+    v = _verdicts(lambda x: torch.softmax(torch.nn.functional.gelu(x @ w) * 2, -1), x)
+    assert v["view"] == ("batch", 0) and v["mm"] == ("batch", 0) and v["gelu"] == ("batch", 0)
+    assert v["_softmax"] == ("batch", 0)
+    # a sum over the batch is a partial sum, and stays one through linear ops
+    v = _verdicts(lambda x: (x.sum(0) * 3).t(), x[:, 0])
+    assert v["sum"] == ("partial", None) and v["mul"] == ("partial", None) and v["t"] == ("partial", None)
+    # ... but not when a whole term is added per chunk
+    v = _verdicts(lambda x: x.sum(0) + 1, x[:, 0])
+    assert v["add"][0] == "no" and "counted 2 times" in v["add"][1], v["add"]
+    # a mean over the batch, a softmax along it, a cumulative sum along it
+    assert _verdicts(lambda x: x - x.mean(0), x)["mean"][0] == "no"
+    assert "along the batch dimension" in _verdicts(lambda x: torch.softmax(x, 0), x)["_softmax"][1]
+    assert "does not know" in _verdicts(lambda x: x.cumsum(0), x)["cumsum"][1]
+    # seq-major: a transpose keeps the batch outermost in memory, a copy in
+    # its order does not, and what is made of the copy has rows that are
+    # not the samples in order, although dim 0 still halves with the batch
+    v = _verdicts(lambda x: x.transpose(0, 1).reshape(-1, 6) @ w, x)
+    assert v["transpose"] == ("batch", 1), v
+    assert v["clone"][0] == "no" and "outermost" in v["clone"][1], v
+    assert v["_unsafe_view"][0] == "no" and "samples in order" in v["_unsafe_view"][1], v
+    assert v["mm"][0] == "no", v
+    # a size argument may change with the batch; any other argument may not
+    assert _verdicts(lambda x: x.reshape(x.shape[0] * 4, 6), x)["view"] == ("batch", 0)
+    v = _verdicts(lambda x: x / x.shape[0], x)
+    assert v["div"][0] == "no" and "not a size" in v["div"][1], v
