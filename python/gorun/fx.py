@@ -295,7 +295,9 @@ def trace_joint(fsdp, batch, lr=0.01, blocks=None):
 
     def trace(b):
         with fx_traceback.preserve_node_meta():
-            gm = make_fx(step, tracing_mode="fake")(*[p.detach().requires_grad_(True) for p in fsdp.shards], *b)
+            # The module's buffers (a RoPE table) stay real: constants of the graph (get_attr nodes).
+            gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(
+                *[p.detach().requires_grad_(True) for p in fsdp.shards], *b)
         _copy_forward_meta(gm.graph)
         return gm
 
@@ -427,6 +429,10 @@ def run_graph(gm, args, on_node=None):
     for i, nd in enumerate(nodes):
         if nd.op == "placeholder":
             env[nd] = next(it)
+            continue
+        if nd.op == "get_attr":  # a constant of the graph: held by the module, not the step
+            env[nd] = getattr(gm, nd.target)
+            inputs.add(env[nd].untyped_storage().data_ptr())
             continue
         a = torch.fx.node.map_arg(nd.args, env.__getitem__)
         k = torch.fx.node.map_arg(nd.kwargs, env.__getitem__)
@@ -664,6 +670,10 @@ class ChunkLayout:
         elif t is _aten.sum.dim_IntList:
             x, dims = f.args[0], [d % f.args[0].meta["val"].dim() for d in f.args[1]]
             reduce_to = (PARTIAL, None) if bd(x) in dims else (BATCH, None)
+        elif t in (_aten.mean.dim, _aten.amax.default, _aten.amin.default):
+            x, dims = f.args[0], [d % f.args[0].meta["val"].dim() for d in f.args[1]]
+            if bd(x) in dims:
+                return (NO, "%s over the batch dimension is not a sum of the chunks'" % name)
         elif t is _aten.cat.default:
             xs, dim = f.args[0], (f.args[1] if len(f.args) > 1 else 0)
             dims = {bd(a) for a in xs}
@@ -727,15 +737,16 @@ class ChunkLayout:
             return None  # a copy of the same shape: element for element
         fx_, hx = x.meta["val"], self.small[x.name].meta["val"]
         fo, ho = f.meta["val"], self.small[f.name].meta["val"]
-        span = fx_.stride(modes[x][1]) * fx_.shape[modes[x][1]]
+        # in bytes: view_as_complex / view_as_real change the element size
+        span = fx_.stride(modes[x][1]) * fx_.shape[modes[x][1]] * fx_.element_size()
         outs = list(zip(fo, ho)) if isinstance(fo, (list, tuple)) else [(fo, ho)]
         for a, b in outs:
             m = self._shape_mode(a, b)
             if m[0] != BATCH:
                 return None  # the shape check names it
-            if a.stride(m[1]) * a.shape[m[1]] != span:
-                return "%s maps the batch onto a different span of storage (%d elements, not %d)" % (
-                    _op_name(f), a.stride(m[1]) * a.shape[m[1]], span)
+            if a.stride(m[1]) * a.shape[m[1]] * a.element_size() != span:
+                return "%s maps the batch onto a different span of storage (%d bytes, not %d)" % (
+                    _op_name(f), a.stride(m[1]) * a.shape[m[1]] * a.element_size(), span)
             if a.storage_offset() - fx_.storage_offset() != b.storage_offset() - hx.storage_offset():
                 return "%s takes a different part of its input on 1/%d of the batch" % (_op_name(f), self.count)
         return None
@@ -908,7 +919,7 @@ def to_step_graph(joint, costs=None, prefetch=1, group=None, join_regions=True, 
     tensors, body, colls = [], [], []
     for nd in g.nodes:
         val = nd.meta.get("val")
-        if nd.op == "placeholder":
+        if nd.op in ("placeholder", "get_attr"):  # get_attr: a constant (a buffer), an input of the step
             tensors.append(declare({"name": nd.name, "bytes": _bytes(val), "input": True}, nd))
             continue
         if nd.op == "output" or (nd.op == "call_function" and nd.target is WAIT):
@@ -1105,7 +1116,7 @@ def apply_plan(joint, planned):
     out = torch.fx.Graph()
     env = {}  # step-graph tensor name -> node of the new graph
     for nd in src.nodes:
-        if nd.op == "placeholder":
+        if nd.op in ("placeholder", "get_attr"):
             env[nd.name] = out.node_copy(nd)
             env[nd.name].meta = dict(nd.meta)
     pending = {}
