@@ -162,6 +162,9 @@ def test_layout_rules_split_what_is_batch_parallel_and_refuse_the_rest():
     assert v["clone"][0] == "no" and "outermost" in v["clone"][1], v
     assert v["_unsafe_view"][0] == "no" and "samples in order" in v["_unsafe_view"][1], v
     assert v["mm"][0] == "no", v
+    # complex views (RoPE) change the element size, not the rows
+    v = _verdicts(lambda x: torch.view_as_real(torch.view_as_complex(x.reshape(x.shape[0], 4, 3, 2)) * 2), x)
+    assert v["view_as_complex"] == ("batch", 0) and v["view_as_real"] == ("batch", 0), v
     # a size argument may change with the batch; any other argument may not
     assert _verdicts(lambda x: x.reshape(x.shape[0] * 4, 6), x)["view"] == ("batch", 0)
     v = _verdicts(lambda x: x / x.shape[0], x)
