@@ -43,7 +43,12 @@ import gorun.fx as gfx  # noqa: E402
 GRAPHS = {
     "gpt-4L-d64": {"vocab": 128, "d": 64, "heads": 4, "layers": 4},
     "gpt-6L-d128": {"vocab": 256, "d": 128, "heads": 4, "layers": 6},
+    # torchtitan 0.3.0's llama3 debugmodel, 2 blocks, causal SDPA in place of
+    # its flex attention (fxrank.torchtitan_llama3); only on request
+    # (--graphs tt-llama3-2L), with torchtitan installed in the venv
+    "tt-llama3-2L": {"kind": "torchtitan-llama3", "layers": 2},
 }
+DEFAULT_GRAPHS = "gpt-4L-d64,gpt-6L-d128"
 GORUN = [("gorun order only", ""), ("gorun blocks,overlap", "blocks,overlap"),
          ("gorun reshard,blocks,overlap", "reshard,blocks,overlap")]
 # Chunked sides: every block split in two along the batch (chunk_always: the
@@ -64,7 +69,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--graphs", default=",".join(GRAPHS))
+    ap.add_argument("--graphs", default=DEFAULT_GRAPHS, help="of %s" % ", ".join(GRAPHS))
     ap.add_argument("--chunk", type=int, default=1, help="add the chunked sides (0: leave them out)")
     ap.add_argument("--compile", default="", help="torch.compile backends to add sides for (aot_eager,inductor)")
     a = ap.parse_args()
@@ -87,8 +92,9 @@ def main():
                     planned, summary = gfx.plan(step, passes, comm=comm)
                     sides.append({"name": name + model, "kind": "gorun", "planned": planned,
                                   "exposed_ns": summary["estimate"]["After"]["exposed_ns"]})
+            blocks = "m.layers.*" if GRAPHS[gname].get("kind") == "torchtitan-llama3" else "layers.*"
             for name, passes, opts in GORUN_CHUNK if a.chunk else ():
-                planned, summary = gfx.plan(step, passes, comm=measured[world], **opts)
+                planned, summary = gfx.plan(step, passes, comm=measured[world], **dict(opts, chunk_regions=blocks))
                 sides.append({"name": name, "kind": "gorun", "planned": planned, "bound": True,
                               "exposed_ns": summary["estimate"]["After"]["exposed_ns"]})
             for backend in [b for b in a.compile.split(",") if b]:

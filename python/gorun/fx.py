@@ -489,6 +489,10 @@ _ADDITIVE = {_aten.add.Tensor, _aten.sub.Tensor}
 # Ops that cannot run per chunk (they read a whole-batch scalar: a mean's
 # divisor) but keep row i of their batch input at row i of their result.
 _ROW_PRESERVING = {_aten.nll_loss_backward.default}
+# Fused attention on CPU and its backward, with how to read its dropout_p.
+_SDPA = {_aten._scaled_dot_product_flash_attention_for_cpu.default: lambda f: f.args[3] if len(f.args) > 3 else 0.0,
+         _aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+             lambda f: f.args[6] if len(f.args) > 6 else 0.0}
 _SOFTMAX = {_aten._softmax.default: 1, _aten._log_softmax.default: 1,
             _aten._softmax_backward_data.default: 2, _aten._log_softmax_backward_data.default: 2}
 
@@ -698,6 +702,16 @@ class ChunkLayout:
                 return (NO, "layer norm backward with outputs %s" % (shape,))
             return [shape[0], (PARTIAL, None) if shape[1] == (WHOLE, None) else shape[1],
                     (PARTIAL, None) if shape[2] == (WHOLE, None) else shape[2]]
+        elif t in _SDPA:
+            # fused attention: each (sample, head) on its own; no dropout, a
+            # mask (if any) the same for every sample
+            qkv = [a for a in f.all_input_nodes]
+            if any(bd(a) not in (0, None) for a in qkv) or bd(f.args[0]) != 0:
+                return (NO, "%s with inputs not split along dim 0" % name)
+            if _SDPA[t](f) != 0.0:
+                return (NO, "%s with dropout: the chunks would draw other random numbers" % name)
+            if not isinstance(shape, list) or any(m[0] != BATCH for m in shape):
+                return (NO, "%s returns %s" % (name, shape))
         elif t in _SOFTMAX:
             x, dim = f.args[0], f.args[_SOFTMAX[t]]
             if dim % x.meta["val"].dim() == bd(x):

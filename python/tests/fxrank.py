@@ -37,14 +37,60 @@ def batch_for(rank, vocab, batch, seq):
 def build(spec, rank, world, group):
     """(fsdp, model copy before sharding, batch, joint) for one rank."""
     import gorun.fx as gfx
-    from tinymodels import gpt
-    m, _ = gpt(**spec["model"])
+    mk = dict(spec["model"])
+    blocks = None
+    if mk.pop("kind", "gpt") == "torchtitan-llama3":
+        m, blocks = torchtitan_llama3(**mk)
+        mk["vocab"] = m.m.config.vocab_size
+    else:
+        from tinymodels import gpt
+        m, _ = gpt(**mk)
     ref = copy.deepcopy(m)
-    mk = spec["model"]
     batch = batch_for(rank, mk.get("vocab", 128), spec.get("batch", 4), spec.get("seq", 32))
     fsdp = gfx.SimpleFSDP(m, world, rank, group, mode=spec.get("mode", "shard"))
-    joint = gfx.trace_joint(fsdp, batch, lr=spec.get("lr", 0.01))
+    joint = gfx.trace_joint(fsdp, batch, lr=spec.get("lr", 0.01), blocks=blocks)
     return fsdp, ref, batch, joint
+
+
+def torchtitan_llama3(layers=2, seed=0):
+    """torchtitan 0.3.0's llama3 "debugmodel" (dim 256, 16 heads, vocab
+    2048; RMSNorm, fused QKV, complex RoPE, SwiGLU) cut to ``layers``
+    blocks, as (module returning the mean cross-entropy, its blocks).
+    torchtitan 0.3.0 supports only flex and varlen attention for language
+    models, and flex attention has no backward on CPU: each block's inner
+    attention is causal SDPA here, the rest is torchtitan's. Positions are
+    left to the model (None: RoPE over 0..T-1). Needs torchtitan (not a
+    test dependency: the bench adds this graph on request)."""
+    import torch
+    from torchtitan.models.llama3 import llama3_configs
+    torch.manual_seed(seed)
+    cfg = llama3_configs["debugmodel"](attn_backend="flex")
+    cfg.layers = cfg.layers[:layers]
+    m = cfg.build()
+    m.init_states() if hasattr(m, "init_states") else None
+
+    class Causal(torch.nn.Module):
+        def forward(self, q, k, v, attention_masks=None, **kw):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                enable_gqa=kw.get("enable_gqa", False)).transpose(1, 2)
+
+    for mod in m.modules():
+        if hasattr(mod, "inner_attention"):
+            mod.inner_attention = Causal()
+
+    class Loss(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, tokens, labels):
+            return torch.nn.functional.cross_entropy(self.m(tokens, None, None).flatten(0, 1), labels.flatten())
+
+    names = [n for n, _ in m.named_children()]
+    blocks = ["m." + n for n in names if n != "layers"]
+    blocks[1:1] = ["m.layers.%d" % i for i in range(len(m.layers))]
+    return Loss(m), blocks
 
 
 def reference_check(fsdp, ref, batch, outs, lr, world):
@@ -101,6 +147,9 @@ def reorder_bound(joint, inputs, world):
     for n in joint.gm.graph.nodes:
         if n.op == "placeholder":
             continue
+        if n.op == "get_attr":  # a constant of the graph (a RoPE table)
+            env[n] = getattr(joint.gm, n.target)
+            continue
         a = torch.fx.node.map_arg(n.args, env.__getitem__)
         if n.op == "output":
             outs = []
@@ -117,6 +166,8 @@ def reorder_bound(joint, inputs, world):
         t = n.target
         if t is aten.mm.default and lay.value.get(n.name) == ("partial", None):
             shadow[n] = torch.mm(a[0].abs(), a[1].abs())
+        elif t is aten.sum.dim_IntList and not sh_in and lay.value.get(n.name) == ("partial", None):
+            shadow[n] = torch.sum(a[0].abs(), *a[1:])  # an RMSNorm's weight gradient
         elif t is operator.getitem and n.args[0].target is aten.native_layer_norm_backward.default \
                 and n.args[1] in (1, 2):
             g, x, ns, mean, rstd = (env[y] if isinstance(y, torch.fx.Node) else y for y in n.args[0].args[:5])
