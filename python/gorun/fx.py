@@ -10,6 +10,7 @@ that runs.
     gfx.calibrate_comm("0", 2)                              # α-β of the real group (every rank)
     planned, summary = gfx.plan(step, "reshard,blocks,overlap")  # libgorun's gorun_plan, priced by it
     gm = gfx.apply_plan(joint, planned)                     # bucketed, reordered, re-gathered
+    # chunking: step = gfx.to_step_graph(joint, costs, chunks=2), then the "chunk" pass
     outs = gm(*joint.inputs(fsdp, (tokens, labels)))
 
 The joint graph. ``trace_joint`` runs ``make_fx`` over one training step
@@ -50,6 +51,18 @@ the copy-out, with the layout Inductor's bucketing uses; re-gathers
 (``OUT@bwd``) as new all-gathers whose outputs replace the forward copy in
 backward. FX frees a value after its last reader, so the forward copy of a
 re-gathered parameter dies with its last forward reader.
+
+Chunks. The chunk pass's plans (a region's nodes run once per chunk of the
+batch) need to know how every tensor splits: ``chunk_layout`` traces the
+step again on 1/k of the batch and decides, op by op, which tensors are
+batch tensors (and along which dim), which are partial sums over the batch
+(weight gradients) and which are whole; ``to_step_graph(..., chunks=2)``
+writes those modes into the step graph for the pass. ``apply_plan`` emits a
+chunk of an FX node as the small trace's node (its sizes are the chunk's),
+Split as a slice, Concat as a cat in the whole tensor's memory order, Sum
+as chunk 0 + chunk 1, and refuses, naming the node and why, what does not
+split (a mean loss, an op it has no rule for, a split that would not line
+up with the batch's samples).
 """
 
 import collections
