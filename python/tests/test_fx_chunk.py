@@ -119,6 +119,14 @@ def test_plans_the_rewrite_cannot_do_are_refused(traced):
             break
     with pytest.raises(gfx.FxError, match=r"\(chunk 1\) reads \w+#0, a tensor of chunk 0"):
         gfx.apply_plan(joint, bad)
+    # An all-gather of a batch chunk: rank-major results would interleave
+    # ranks and chunks. A reduce-scatter of a partial sum's chunk is fine.
+    ch = gfx._Chunker(joint, {"nodes": []}, torch.fx.Graph(), {"x#0": None, "g#0": None})
+    ch.mode.update({"x#0": ("batch", 0), "g#0": ("partial", None)})
+    ch.check_start({"name": "rs#0", "op": "reduce_scatter", "members": [{"in": "g#0", "out": "G#0"}]})
+    assert ch.mode["G#0"] == ("partial", None)
+    with pytest.raises(gfx.FxError, match=r"start ag#0: all_gather of x#0, a chunk of the batch"):
+        ch.check_start({"name": "ag#0", "op": "all_gather", "members": [{"in": "x#0", "out": "X#0"}]})
 
 
 def _verdicts(fn, *xs):
