@@ -514,21 +514,24 @@ class ChunkLayout:
     """How the joint graph splits into ``count`` chunks along the batch
     (dim 0 of the batch inputs), read from two traces of the same step: on
     the whole batch and on 1/count of it (``small``, node for node the same
-    program). ``mode[name]`` is, per FX node (a list for a node that returns
-    several tensors):
+    program). Per FX node name (a list for a node that returns several
+    tensors), ``shape`` is what its shapes and strides in the two traces say
+    (batch along one dim, whole, or no), and ``value`` what it holds when
+    everything before it that can run per chunk does, one of:
 
     - ``("batch", d)``: a tensor whose dim d is the batch, outermost in
-      memory, so chunk c is the c-th block of its storage; a node of this
-      mode that reads per-chunk tensors is batch-parallel (each chunk of
-      its output depends only on the same chunk of its inputs);
+      memory, so chunk c is the c-th block of its storage, and whose rows
+      are the batch's samples in order (so its split lines up with every
+      other split);
     - ``("partial", None)``: a sum over the batch (a weight gradient): run
       per chunk it gives partial sums that add up to the whole;
     - ``("whole", None)``: no batch dimension and computed from no per-chunk
       tensor (a parameter, a mask);
-    - ``("no", why)``: cannot run per chunk, and why (a mean over the batch,
-      an op whose split gorun.fx does not know).
+    - ``("no", why)``: cannot be split or run per chunk, and why (a mean
+      over the batch, an op whose split gorun.fx does not know).
 
-    The rules are per op, not guessed from shapes alone: view ops are
+    ``rule(node, per)`` is the mode of a node run per chunk on the inputs
+    ``per`` (what apply_plan asks of every chunk copy). The rules are per op, not guessed from shapes alone: view ops are
     checked by their offsets and strides in both traces, pointwise ops (the
     aten pointwise tag) by their broadcasting, and the rest by a table
     (matmuls, layer norm, softmax, embedding and their backwards); anything
