@@ -45,6 +45,7 @@ type planOptions struct {
 	ChunkAccumulate *bool           `json:"chunk_accumulate"`
 	ChunkDirs       *string         `json:"chunk_dirs"`
 	ChunkAlways     *bool           `json:"chunk_always"`
+	ChunkCount      int             `json:"chunk_count"`
 	ReshardPrefetch *int            `json:"reshard_prefetch"`
 	PeakBudget      int64           `json:"peak_budget_bytes"`
 }
@@ -118,6 +119,10 @@ func plannerConfig(opts []byte) (stepgraph.PlannerConfig, error) {
 	if o.ChunkAlways != nil {
 		cfg.Chunk.Always = *o.ChunkAlways
 	}
+	if o.ChunkCount < 0 || o.ChunkCount == 1 {
+		return cfg, fmt.Errorf("%w: gorun_plan: options: chunk_count %d (want 2 or more; 0: 2)", errInvalid, o.ChunkCount)
+	}
+	cfg.Chunk.Count = o.ChunkCount
 	if o.ReshardPrefetch != nil {
 		cfg.ReshardPrefetch = *o.ReshardPrefetch
 	}

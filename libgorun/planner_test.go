@@ -139,6 +139,7 @@ func TestPlanJSONErrors(t *testing.T) {
 		{"negative budget", string(graph), `{"peak_budget_bytes": -1}`, "peak_budget_bytes -1 is negative"},
 		{"bad model", string(graph), `{"bus_bandwidth": 0}`, "bus bandwidth"},
 		{"bad chunk direction", string(graph), `{"chunk_dirs": "forward,sideways"}`, `unknown direction "sideways"`},
+		{"one chunk", string(graph), `{"chunk_count": 1}`, "chunk_count 1"},
 		{"not JSON", `{"schema":`, ``, "graph:"},
 		{"other schema", `{"schema": "gorun.stepgraph/v0"}`, ``, `schema "gorun.stepgraph/v0"`},
 		{"dangling read", strings.Replace(string(graph), `"reads": ["GA", "GB"]`, `"reads": ["GA", "GZ"]`, 1), ``, "GZ"},
@@ -238,6 +239,28 @@ func TestPlanJSONChunkDirs(t *testing.T) {
 	all := chunkedDirs(`{"passes": "chunk", "chunk_always": true}`)
 	if all["forward"] == 0 || all["backward"] == 0 {
 		t.Fatalf("the fixture no longer chunks both directions: %v", all)
+	}
+	// chunk_count reaches the pass: every chunk copy says it is one of 3.
+	out := mustPlan(t, graph, `{"passes": "chunk", "chunk_always": true, "chunk_count": 3}`)
+	var g3 struct {
+		Nodes []struct {
+			Chunk *struct{ Count int } `json:"chunk"`
+		} `json:"nodes"`
+	}
+	if err := json.Unmarshal(out.Graph, &g3); err != nil {
+		t.Fatal(err)
+	}
+	n3 := 0
+	for _, nd := range g3.Nodes {
+		if nd.Chunk != nil {
+			if nd.Chunk.Count != 3 {
+				t.Fatalf("chunk_count 3 made a chunk of %d", nd.Chunk.Count)
+			}
+			n3++
+		}
+	}
+	if n3 == 0 || n3%3 != 0 {
+		t.Errorf("chunk_count 3: %d chunk copies, want a positive multiple of 3", n3)
 	}
 	for _, dir := range []string{"forward", "backward"} {
 		got := chunkedDirs(fmt.Sprintf(`{"passes": "chunk", "chunk_always": true, "chunk_dirs": %q}`, dir))

@@ -21,7 +21,7 @@ def traced():
     """One block; the step graph declares chunk modes (chunks=2). The
     joint graph stays in the fake group's scope only while tracing, so the
     layout (the second trace) is made here too."""
-    spec = {"model": {"layers": 1}, "repeats": 1, "lr": LR}
+    spec = {"model": {"layers": 1}, "repeats": 1, "lr": LR, "batch": 8}
     with fxrank.fake_group(WORLD) as group:
         fsdp, _, batch, joint = fxrank.build(spec, 0, WORLD, group)
         step = gfx.to_step_graph(joint, chunks=2)
@@ -60,6 +60,8 @@ def test_layout_reads_batch_partial_and_whole_tensors(traced):
 def test_chunked_plans_run_on_2_ranks_over_gloo(traced, launcher):
     spec, fsdp, joint, step, _ = traced
     fwd = _plan(step, chunk_dirs="forward")
+    fwd4 = _plan(step, chunk_dirs="forward", chunk_count=4)
+    assert {n["chunk"]["count"] for n in fwd4["nodes"] if n.get("chunk")} == {4}
     bwd_acc = _plan(step, chunk_dirs="backward")
     bwd_rs = _plan(step, chunk_dirs="backward", chunk_accumulate=False)
     both, _ = gfx.plan(step, "chunk,blocks,overlap", chunk_regions="layers.*", chunk_always=True,
@@ -71,6 +73,7 @@ def test_chunked_plans_run_on_2_ranks_over_gloo(traced, launcher):
     assert len(rs_per_chunk) == 2 * 8, "each of the block's 8 gradients reduce-scattered per chunk"
     sides = [{"name": "unchunked", "kind": "unbucketed"},
              {"name": "chunk fwd", "kind": "gorun", "planned": fwd},
+             {"name": "chunk fwd x4", "kind": "gorun", "planned": fwd4},
              {"name": "chunk bwd accumulate", "kind": "gorun", "planned": bwd_acc, "bound": True},
              {"name": "chunk bwd per-chunk rs", "kind": "gorun", "planned": bwd_rs, "bound": True},
              {"name": "chunk,blocks,overlap", "kind": "gorun", "planned": both, "bound": True}]
@@ -79,7 +82,8 @@ def test_chunked_plans_run_on_2_ranks_over_gloo(traced, launcher):
     s = {x["name"]: x for x in r["sides"]}
     # Forward: every op of the block is batch-parallel, so the chunks'
     # concatenation is the unchunked result, bit for bit.
-    assert s["chunk fwd"]["equal"] and s["chunk fwd"]["unequal"] == [], s["chunk fwd"]
+    for name in ("chunk fwd", "chunk fwd x4"):
+        assert s[name]["equal"] and s[name]["unequal"] == [], s[name]
     assert s["chunk bwd per-chunk rs"]["collectives"] == {"all_gather": 11, "reduce_scatter": 11 + 8}
     # Backward: the block's weight gradients are sums over the batch; per
     # chunk they are summed in another order. Exactly those shards may
