@@ -201,36 +201,39 @@ def case_bf16():
 
 def case_det():
     """deterministic=True with a global batch of 4 micro-batches (the same
-    data at every world size; rank r of n runs micro-batches r*4/n ...):
-    prints a digest of the parameters, which must be the same bits at 1, 2
-    and 4 ranks."""
+    data at every world size; rank r of n runs micro-batches r*4/n ...), in
+    each mode (hsdp: shard groups of half the ranks): prints a digest of the
+    parameters per mode, which must be the same bits at 1, 2 and 4 ranks."""
     import hashlib
     n = int(os.environ["WORLD_SIZE"])
     micro = 4
     per = micro // n
-    ours = gt.distribute(make("gpt"), mode="ddp", deterministic=True, micro_batches=micro, refresh_every=2)
-    opt = torch.optim.AdamW(ours.parameters(), lr=0.01, weight_decay=0.1)
-    for s in range(5):
-        mine = [RANK * per + j for j in range(per)]
-        with ours.no_sync():
-            for i in mine[:-1]:
-                loss_of("gpt", ours, det_batch(s, i)).backward()
-        loss_of("gpt", ours, det_batch(s, mine[-1])).backward()
-        opt.step()
-        opt.zero_grad()
-    h = hashlib.sha256()
-    for k, v in sorted(ours.full_state_dict().items()):
-        h.update(k.encode())
-        h.update(v.contiguous().view(torch.uint8).numpy().tobytes())
-    say("DIGEST %s" % h.hexdigest())
-    # A step that breaks the split is refused, naming what was wrong.
-    try:
-        loss_of("gpt", ours, det_batch(0, 0)).backward() if per > 1 else None
+    modes = sys.argv[2].split(",") if len(sys.argv) > 2 else ["ddp", "fsdp", "hsdp"]
+    for mode in modes:
+        opts = {"shard_size": max(n // 2, 1)} if mode == "hsdp" else {}
+        ours = gt.distribute(make("gpt"), mode=mode, deterministic=True, micro_batches=micro, refresh_every=2, **opts)
+        opt = torch.optim.AdamW(ours.parameters(), lr=0.01, weight_decay=0.1)
+        for s in range(5):
+            mine = [RANK * per + j for j in range(per)]
+            with ours.no_sync():
+                for i in mine[:-1]:
+                    loss_of("gpt", ours, det_batch(s, i)).backward()
+            loss_of("gpt", ours, det_batch(s, mine[-1])).backward()
+            opt.step()
+            opt.zero_grad()
+        h = hashlib.sha256()
+        for k, v in sorted(ours.full_state_dict().items()):
+            h.update(k.encode())
+            h.update(v.contiguous().view(torch.uint8).numpy().tobytes())
+        say("DIGEST %s %s" % (mode, h.hexdigest()))
+        # A step that breaks the split is refused, naming what was wrong.
         if per > 1:
-            say("NOERROR micro-batch split")
-    except RuntimeError as e:
-        say("SPLITERR %s" % e)
-    ours.close()
+            try:
+                loss_of("gpt", ours, det_batch(0, 0)).backward()
+                say("NOERROR %s micro-batch split" % mode)
+            except RuntimeError as e:
+                say("SPLITERR %s %s" % (mode, e))
+        ours.close()
     say("DONE")
 
 

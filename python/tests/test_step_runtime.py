@@ -102,20 +102,23 @@ def test_killed_rank_raises_on_every_survivor_naming_it(launcher):
         assert status == "GORUN_ERR_PEER_LOST" and lost == "2" and "rank 2" in msg, (rank, status, lost, msg)
 
 
-def test_deterministic_is_bitwise_equal_across_world_sizes(launcher):
+def test_deterministic_is_bitwise_equal_across_world_sizes_and_modes(launcher):
+    # deterministic=True, micro_batches=4: ddp, fsdp and hsdp (shard groups
+    # of half the ranks) at 1, 2 and 4 ranks end in the same bits.
     digests = {}
     for np in (1, 2, 4):
         code, out = run(launcher, np, "det", timeout=120)
         assert code == 0, out[-4000:]
-        got = re.findall(r"RANK (\d): DIGEST (\w+)", out)
-        assert sorted(int(r) for r, _ in got) == list(range(np)), out[-4000:]
-        digests[np] = {d for _, d in got}
-        if np > 1:
-            # Forward outside no_sync on the first of 2 micro-batches: refused.
-            for rank in range(np if np == 2 else 0):
-                assert re.search(r"RANK %d: SPLITERR .*micro_batches=4 on 2 ranks.*micro-batch 1 of the step, "
-                                 r"outside no_sync" % rank, out), out[-4000:]
-    assert digests[1] == digests[2] == digests[4] and len(digests[1]) == 1, digests
+        for mode in ("ddp", "fsdp", "hsdp"):
+            got = re.findall(r"RANK (\d): DIGEST %s (\w+)" % mode, out)
+            assert sorted(int(r) for r, _ in got) == list(range(np)), out[-4000:]
+            digests[(mode, np)] = {d for _, d in got}
+            if np == 2:
+                # Forward outside no_sync on the first of 2 micro-batches: refused.
+                for rank in range(np):
+                    assert re.search(r"RANK %d: SPLITERR %s .*micro_batches=4 on 2 ranks.*micro-batch 1 of the step, "
+                                     r"outside no_sync" % (rank, mode), out), out[-4000:]
+    assert len(set.union(*digests.values())) == 1, digests
 
 
 def test_parameter_unused_on_every_rank_keeps_no_gradient(launcher):
