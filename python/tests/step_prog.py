@@ -78,8 +78,9 @@ class ResMLP(nn.Module):
     one only rank 0 uses (its gradient on the other ranks is the average
     of rank 0's and their zeros)."""
 
-    def __init__(self, d=48, blocks=4):
+    def __init__(self, d=48, blocks=4, side=True):
         super().__init__()
+        self.use_side = side  # False: side is unused on every rank too
         self.inp = nn.Linear(16, d)
         for p in self.inp.parameters():
             p.requires_grad_(False)  # frozen
@@ -93,7 +94,7 @@ class ResMLP(nn.Module):
         h = self.inp(x)
         for layer in self.layers:
             h = h + layer(h)
-        if RANK == 0:
+        if RANK == 0 and self.use_side:
             h = h + self.side(h)
         return self.outp(h)
 
@@ -103,6 +104,8 @@ DTYPE = torch.float32
 
 def make(kind, **kw):
     torch.manual_seed(0)
+    if kind == "even":  # the residual MLP, its side layer unused on every rank
+        return ResMLP(side=False, **kw).to(DTYPE)
     return (GPT(**kw) if kind == "gpt" else ResMLP(**kw)).to(DTYPE)
 
 
@@ -259,6 +262,48 @@ def case_unused():
     say("DONE")
 
 
+def case_unused_sharded():
+    """fsdp and hsdp: parameters no rank uses (unused, side) keep no
+    gradient, as in torch's FSDP2 (fully_shard over gloo) and DDP: AdamW's
+    weight decay must not move them, and every parameter must be the same
+    bits as FSDP2's and DDP's."""
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("gloo")
+    f2 = make("even")
+    for c in list(f2.layers) + [f2.unused, f2.side, f2.outp]:
+        fully_shard(c)
+    fully_shard(f2)
+    runs = {"ddp": nn.parallel.DistributedDataParallel(make("even"), find_unused_parameters=True), "fsdp2": f2,
+            "fsdp": gt.distribute(make("even"), mode="fsdp", refresh_every=2),
+            "hsdp": gt.distribute(make("even"), mode="hsdp", shard_size=1, refresh_every=2)}
+    states = {}
+    for name, m in runs.items():
+        opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=0.01, weight_decay=0.1)
+        for s in range(5):
+            loss_of("mlp", m, batch("mlp", s)).backward()
+            grads = {k.replace("module.", ""): p.grad is not None for k, p in m.named_parameters() if p.requires_grad}
+            opt.step()
+            opt.zero_grad()
+        say("GRADS %s unused=%s side=%s outp=%s" % (name, grads["unused.weight"], grads["side.bias"],
+                                                    grads["outp.weight"]))
+        if name == "fsdp2":
+            states[name] = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in m.state_dict().items()}
+        elif name == "ddp":
+            states[name] = m.module.state_dict()
+        else:
+            states[name] = m.full_state_dict()
+            m.close()
+    init = make("even").state_dict()
+    for name in ("fsdp", "hsdp", "fsdp2"):
+        a, b = states[name], states["ddp"]
+        differ = [k for k in b if not torch.equal(a[k], b[k])]
+        differ2 = [k for k in b if not torch.equal(a[k], states["fsdp2"][k])]
+        moved = [k for k in ("unused.weight", "unused.bias", "side.weight") if not torch.equal(a[k], init[k])]
+        say("UNUSEDSHARD %s differ=%s differ_fsdp2=%s moved=%s" % (name, differ, differ2, moved))
+    dist.destroy_process_group()
+    say("DONE")
+
+
 def case_load():
     """load_state_dict reaches the shards (fsdp, hsdp): a model trained a
     few steps, loaded into another (other init, already stepping), is the
@@ -346,8 +391,8 @@ def case_kill():
 
 
 if __name__ == "__main__":
-    {"equal": case_equal, "det": case_det, "unused": case_unused, "load": case_load, "bf16": case_bf16, "bad": case_bad, "kill": case_kill}[sys.argv[1]]()
-    if sys.argv[1] in ("equal", "bf16", "unused"):
+    {"equal": case_equal, "det": case_det, "unused": case_unused, "unused_sharded": case_unused_sharded, "load": case_load, "bf16": case_bf16, "bad": case_bad, "kill": case_kill}[sys.argv[1]]()
+    if sys.argv[1] in ("equal", "bf16", "unused", "unused_sharded"):
         # torch 2.15 over gloo aborts now and then at interpreter exit after a
         # finished run ("terminate called without an active exception": gloo's
         # worker threads are torn down after the interpreter). These cases ran

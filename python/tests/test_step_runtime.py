@@ -138,3 +138,15 @@ def test_load_state_dict_reaches_the_shards(launcher):
     for rank in range(2):
         for mode in ("fsdp", "hsdp"):
             assert "RANK %d: LOADED %s loaded=True trained=True" % (rank, mode) in out, out[-4000:]
+
+
+def test_sharded_parameter_unused_on_every_rank_keeps_no_gradient_as_fsdp2(launcher):
+    code, out = run(launcher, 2, "unused_sharded", timeout=90)
+    assert code == 0, out[-4000:]
+    for rank in range(2):
+        for name in ("ddp", "fsdp2", "fsdp", "hsdp"):
+            # No gradient where no rank made one (unused, side), as in DDP and FSDP2.
+            assert "RANK %d: GRADS %s unused=False side=False outp=True" % (rank, name) in out, out[-4000:]
+        for name in ("fsdp", "hsdp", "fsdp2"):
+            # AdamW's weight decay left them alone; every bit equals DDP's and FSDP2's.
+            assert "RANK %d: UNUSEDSHARD %s differ=[] differ_fsdp2=[] moved=[]" % (rank, name) in out, out[-4000:]

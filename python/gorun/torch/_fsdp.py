@@ -1,8 +1,9 @@
 """fsdp mode: flat per-region shards, gathered as the plan says.
 
 Each region's trainable parameters (those whose gradients its backward
-completes) become one flat shard per rank, the parameter the optimizer
-sees. The module's own parameters become views into one full buffer per
+completes) become one flat shard per rank; the optimizer sees each
+parameter's piece of it (a view), so that a parameter no rank used keeps
+no gradient while the collectives stay flat. The module's own parameters become views into one full buffer per
 region, whose memory exists only while the plan holds the gathered copy: a
 region's forward pre-hook runs the plan's actions before its compute (start
 the all-gathers the plan issues there, wait for the ones it waits for),
