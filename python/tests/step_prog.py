@@ -366,6 +366,24 @@ def case_bad():
             say("ORDER %s none" % mode)
         except GorunError as e:
             say("ORDER %s after=%.2f msg=%s" % (mode, time.monotonic() - t0, e))
+    # The same, with the check made when a plan is adopted switched off:
+    # every step's own plan-hash exchange (in the executor) must still
+    # refuse the first planned step, on every rank, naming the other.
+    import gorun.torch._model as gm
+    adopt_check, gm._mismatch = gm._mismatch, lambda *a: None
+    # (ddp; fsdp runs the same executor. A mismatch leaves the ranks'
+    # collectives apart, so it comes last.)
+    for mode in ("ddp",):
+        try:
+            m = gt.distribute(make("gpt"), mode=mode, **({"passes": ""} if RANK == n - 1 else {}))
+            t0 = time.monotonic()
+            for s in range(3):
+                t0 = time.monotonic()
+                loss_of("gpt", m, batch("gpt", s)).backward()
+            say("STEPCHECK %s none" % mode)
+        except gt.PlanMismatchError as e:
+            say("STEPCHECK %s step=%d after=%.2f ranks=%s msg=%s" % (mode, s, time.monotonic() - t0, e.ranks, e))
+    gm._mismatch = adopt_check
     say("DONE")
     os._exit(0)  # the step that was refused is still open: nothing to finish
 

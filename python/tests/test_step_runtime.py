@@ -90,6 +90,13 @@ def test_bad_input_is_refused_naming_ranks_and_regions(launcher):
             assert float(m.group(1)) < 5.0
             assert 'region "blocks.2" entered out of the plan\'s order' in m.group(2), m.group(2)
             assert 'region "blocks.3" came before it' in m.group(2), m.group(2)
+        # Plans that differ but passed no check when adopted: the executor's
+        # per-step plan-hash exchange refuses the first planned step (step
+        # 1, after the measured one) on every rank, naming the other.
+        m = re.search(r"RANK %d: STEPCHECK ddp step=(\d+) after=([0-9.]+) ranks=\[(\d)\] msg=(.*)" % rank, out)
+        assert m, out[-4000:]
+        assert m.group(1) == "1" and float(m.group(2)) < 5.0 and int(m.group(3)) == other, m.groups()
+        assert "plan mismatch" in m.group(4) and "rank %d has" % other in m.group(4), m.group(4)
 
 
 def test_killed_rank_raises_on_every_survivor_naming_it(launcher):
