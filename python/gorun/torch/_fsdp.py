@@ -2,18 +2,19 @@
 
 Each region's trainable parameters (those whose gradients its backward
 completes) become one flat shard per rank; the optimizer sees each
-parameter's piece of it (a view), so that a parameter no rank used keeps
-no gradient while the collectives stay flat. The module's own parameters become views into one full buffer per
-region, whose memory exists only while the plan holds the gathered copy: a
-region's forward pre-hook runs the plan's actions before its compute (start
-the all-gathers the plan issues there, wait for the ones it waits for),
-its post-forward hook frees what the plan reads last there, and the first
-gradient of a region's output runs the plan's actions before that region's
-backward (the re-gathers the reshard pass added) and makes the region's
-parameters' gradients views into its flat gradient, so autograd accumulates
-there; when the region's last gradient is in, the hook hands the flat
-gradient to the executor, whose reduce-scatter writes the shard's gradient. Parameters on the root module itself stay whole and are
-all-reduced, as in ddp mode.
+parameter's piece of it (a view), so that a parameter no rank used keeps no
+gradient while the collectives stay flat. The module's own parameters
+become views into one full buffer per region, whose memory exists only
+while the plan holds the gathered copy: a region's forward pre-hook runs
+the plan's actions before its compute (start the all-gathers the plan
+issues there, wait for the ones it waits for), its post-forward hook frees
+what the plan reads last there, and the first gradient of a region's output
+runs the plan's actions before that region's backward (the re-gathers the
+reshard pass added) and makes the region's parameters' gradients views into
+its flat gradient, so autograd accumulates there; when the region's last
+gradient is in, the hook hands the flat gradient to the executor, whose
+reduce-scatter writes the shard's gradient. Parameters on the root module
+itself stay whole and are all-reduced, as in ddp mode.
 """
 
 import time
@@ -364,12 +365,6 @@ class ShardedModel(DistributedModel):
             if u.name in self._gflat:
                 continue
             flat = self._gflat[u.name] = torch.zeros(u.padded, dtype=u.dtype)
-            if self._micro:
-                # deterministic micro-batches: each micro-batch's gradient
-                # is kept apart and the hook writes their fixed-tree sum
-                # here; accumulating into a view would add to zeros, which
-                # turns a -0.0 into +0.0 on some micro-batches only.
-                continue
             for m in u.members:
                 _, off = self._slot[m.name]
                 v = flat[off:off + m.param.numel()].view(m.param.shape)
