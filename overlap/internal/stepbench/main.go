@@ -31,9 +31,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime"
 	"runtime/pprof"
-	rtrace "runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -230,319 +228,6 @@ func bench(ctx context.Context, c *comm.Comm, o opts) error {
 	return nil
 }
 
-// synthetic runs the transformer-shaped step.
-func synthetic(ctx context.Context, c *comm.Comm, o opts, say func(string, ...any), link string) error {
-	startProcs := runtime.GOMAXPROCS(0)
-	n, L := c.Size(), o.blocks
-	es := 4
-	shardEl := o.shard / es / n * n // keep the gradient divisible by n
-	if shardEl < 1 {
-		shardEl = 1
-	}
-	regions := make([]string, L)
-	for l := range L {
-		regions[l] = fmt.Sprintf("layers.%d", l)
-	}
-	// The step as a graph, planned by the passes the trainer runs and
-	// executed by the graph runner: the path a program takes, not a
-	// schedule written for the benchmark.
-	g, err := syntheticGraph(n, L, shardEl*es, o.prefetch)
-	if err != nil {
-		return err
-	}
-	authored := len(g.Nodes)
-	if g, err = plan(g); err != nil {
-		return err
-	}
-	w := make([][]float32, L)
-	W := make([][]float32, L)
-	gr := make([][]float32, L)
-	G := make([][]float32, L)
-	bufs := map[string][]float32{}
-	for l := range L {
-		w[l], W[l] = make([]float32, shardEl), make([]float32, shardEl*n)
-		gr[l], G[l] = make([]float32, shardEl*n), make([]float32, shardEl)
-		bufs[fmt.Sprintf("w%d", l)], bufs[fmt.Sprintf("W%d", l)] = w[l], W[l]
-		bufs[fmt.Sprintf("g%d", l)], bufs[fmt.Sprintf("G%d", l)] = gr[l], G[l]
-	}
-	tensors := func(name string) (comm.Buffer, error) {
-		return comm.Float32s(bufs[strings.TrimSuffix(name, "@bwd")]), nil // activations: empty, the sleeps hold none
-	}
-	var fwd, bwd, opt time.Duration // per block
-	// work runs one block's compute of d: a sleep, or (--compute cpu)
-	// d's worth of arithmetic at the rate of a core to itself, the same
-	// rate on every rank (rank 0's), so every rank has the same work.
-	work := sleep
-	if o.compute == computeCPU {
-		r := []float64{spinRate()}
-		if err := c.Broadcast(ctx, comm.Float64s(r), comm.Float64s(r), 0).Wait(ctx); err != nil {
-			return err
-		}
-		work = func(d time.Duration) { spin(int(float64(d) * r[0])) }
-	}
-	withComm := true
-	noCompute := false // communication alone: the runner's compute does nothing
-	kernel := func(_ context.Context, nd *stepgraph.Node) error {
-		if noCompute {
-			return nil
-		}
-		switch nd.Dir {
-		case buckets.Forward:
-			work(fwd)
-		case buckets.Backward:
-			work(bwd)
-		case buckets.Optimizer:
-			work(opt)
-		}
-		return nil
-	}
-	runners := map[overlap.Mode]*overlap.GraphRunner{}
-	for _, mode := range []overlap.Mode{overlap.Native, overlap.Grouped, overlap.Serial} {
-		cfg := overlap.DefaultConfig()
-		cfg.Mode = mode
-		cfg.MinProcs = o.minProcs
-		cfg.PrefetchStarts = 0 // the graph places each gather --prefetch blocks ahead
-		cfg.Trace = mode == overlap.Native && o.trace != "" && c.Rank() == 0
-		r, err := overlap.NewGraphRunner(g, map[string]overlap.Comm{"world": c}, cfg)
-		if err != nil {
-			return err
-		}
-		defer r.Close()
-		runners[mode] = r
-	}
-	step := func(mode overlap.Mode, i int) (overlap.StepMetrics, error) {
-		if !withComm {
-			return overlap.StepMetrics{}, nil
-		}
-		return runners[mode].Step(ctx, i, tensors, kernel)
-	}
-	stepOf := func(mode overlap.Mode) func(int) (overlap.StepMetrics, error) {
-		return func(i int) (overlap.StepMetrics, error) { return step(mode, i) }
-	}
-	// Communication alone: the serial runner, its compute doing nothing.
-	commStep := func(i int) (overlap.StepMetrics, error) {
-		noCompute = true
-		defer func() { noCompute = false }()
-		return runners[overlap.Serial].Step(ctx, i, tensors, kernel)
-	}
-	// Compute alone runs on every rank at once, as in the step, so that
-	// ranks sharing cores slow each other down as they will there.
-	computeStep := func(int) (overlap.StepMetrics, error) {
-		t0 := time.Now()
-		for range L {
-			work(fwd)
-		}
-		for range L {
-			work(bwd)
-		}
-		for range L {
-			work(opt)
-		}
-		return overlap.StepMetrics{Time: time.Since(t0)}, nil
-	}
-	computeAlone := func() (sample, error) {
-		s, err := measure(ctx, c, o.iters, computeStep)
-		if err != nil {
-			return sample{}, err
-		}
-		return s[0], nil
-	}
-	// Per block: forward 1 unit, backward 2, optimizer o.opt.
-	units := 3 + o.opt
-	sleeps := 2
-	if o.opt > 0 {
-		sleeps = 3
-	}
-	setUnit := func(u time.Duration) {
-		fwd, bwd, opt = u, 2*u, time.Duration(float64(u)*o.opt)
-	}
-	// Size the compute to ratio × C, C measured under the conditions of
-	// the loop below that the ratios come from. Those differ from a cold
-	// start: once an executor's compute blocks (the sleeps), it widens
-	// GOMAXPROCS on a one-CPU rank (overlap/procs.go), and with two Ps on
-	// one core the communicator's worker and sender goroutines run on
-	// threads that take turns on the core, so communication alone takes
-	// longer there than at start-up with one P (np 2, 1 MiB shards:
-	// shared memory 4.6 → 6.0 ms, TCP 7.3 → 9.8 ms, notes/step-path.md).
-	// Sized from the cold figure, P came out 1.05-1.25 × the loop's C
-	// instead of --ratio ×. So: a first guess of C as things stand, then
-	// one short pass of the loop's own steps with compute sized from it
-	// (which settles GOMAXPROCS as the loop has it), whose communication
-	// alone sizes the compute.
-	first, err := measure(ctx, c, max(o.iters/3, 3), commStep)
-	if err != nil {
-		return err
-	}
-	setUnit(time.Duration(float64(first[0].step) * o.ratio / (float64(L) * units)))
-	settle, err := measure(ctx, c, max(o.iters/3, 3), commStep, computeStep, stepOf(overlap.Serial), stepOf(overlap.Native), stepOf(overlap.Grouped))
-	if err != nil {
-		return err
-	}
-	C := settle[0].step
-	sizedC := C
-	// A sleep overshoots by a roughly fixed wake-up latency, which on a
-	// loaded machine is not small next to a sub-millisecond block:
-	// measure it once and correct for it. Fixed arithmetic takes longer
-	// than a core's rate says when ranks share cores: scale it by what
-	// was measured.
-	target := time.Duration(float64(C) * o.ratio)
-	withComm = false
-	setUnit(time.Duration(float64(target) / (float64(L) * units)))
-	alone0, err := computeAlone()
-	if err != nil {
-		return err
-	}
-	P0 := alone0.step
-	over := (P0 - time.Duration(float64(L)*units*float64(fwd))) / time.Duration(sleeps*L) // per sleep
-	if o.compute == computeCPU {
-		setUnit(max(time.Duration(float64(fwd)*float64(target)/float64(P0)), 10*time.Microsecond))
-	} else {
-		setUnit(max(time.Duration(float64(target-time.Duration(sleeps*L)*over)/(float64(L)*units)), 50*time.Microsecond))
-	}
-	alone, err := computeAlone()
-	if err != nil {
-		return err
-	}
-	if o.compute == computeCPU {
-		// Sharing the cores makes the first scaling inexact (the ranks
-		// did not run the first guess at the speed they run the second):
-		// once more.
-		setUnit(max(time.Duration(float64(fwd)*float64(target)/float64(alone.step)), 10*time.Microsecond))
-		if alone, err = computeAlone(); err != nil {
-			return err
-		}
-	}
-	P := alone.step
-	// Each collective alone, for the schedule bound: the graph's
-	// dependencies (the first gather before any compute, forward
-	// gathers that take longer than the forward they hide behind, the
-	// last reduce-scatter after the last backward) cost time that
-	// max(P, C) does not count.
-	alone1 := func(f func() comm.Handle) (time.Duration, error) {
-		s, err := measure(ctx, c, o.iters, func(int) (overlap.StepMetrics, error) {
-			t0 := time.Now()
-			err := f().Wait(ctx)
-			return overlap.StepMetrics{Time: time.Since(t0)}, err
-		})
-		if err != nil {
-			return 0, err
-		}
-		return s[0].step, nil
-	}
-	tAG, err := alone1(func() comm.Handle { return c.AllGather(ctx, comm.Float32s(w[0]), comm.Float32s(W[0])) })
-	if err != nil {
-		return err
-	}
-	tRS, err := alone1(func() comm.Handle { return c.ReduceScatter(ctx, comm.Float32s(gr[0]), comm.Float32s(G[0]), comm.Sum) })
-	if err != nil {
-		return err
-	}
-	withComm = true
-	// Communication alone and compute alone again, interleaved with the
-	// steps they are compared with, so that load from other processes on
-	// a shared machine hits every figure of the ratios alike (the ones
-	// above only sized the compute).
-	all, err := measure(ctx, c, o.iters, commStep, computeStep, stepOf(overlap.Serial), stepOf(overlap.Native), stepOf(overlap.Grouped))
-	if err != nil {
-		return err
-	}
-	commOnly, alone := all[:1], all[1]
-	C, P = commOnly[0].step, alone.step
-	serial, ov, grouped := all[2], all[3], all[4]
-	// Compute: the measured P, spread over the blocks as the work is.
-	// Collectives: C, spread in the proportion of their times alone (back
-	// to back they take longer than one at a time after a barrier, and
-	// the step runs them back to back), so that the bound is never below
-	// max(P, C) and its excess is what the dependencies cost.
-	nominal := float64(L) * float64(fwd+bwd+opt)
-	share := float64(C) / float64(time.Duration(L)*(tAG+tRS))
-	sched := scheduleBound(g, func(nd *stepgraph.Node) time.Duration {
-		d := map[buckets.Direction]time.Duration{buckets.Forward: fwd, buckets.Backward: bwd, buckets.Optimizer: opt}[nd.Dir]
-		return time.Duration(float64(d) * float64(P) / nominal)
-	}, func(nd *stepgraph.Node) time.Duration {
-		if nd.Op == buckets.AllGather {
-			return time.Duration(float64(tAG) * share)
-		}
-		return time.Duration(float64(tRS) * share)
-	})
-	if tl := runners[overlap.Native].Executor().Timeline(); tl != nil {
-		f, err := os.Create(o.trace)
-		if err != nil {
-			return err
-		}
-		if _, err := tl.WriteTo(f); err != nil {
-			_ = f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
-			return err
-		}
-	}
-	if o.exectrace != "" {
-		var f *os.File
-		if c.Rank() == 0 {
-			if f, err = os.Create(o.exectrace); err != nil {
-				return err
-			}
-			if err := rtrace.Start(f); err != nil {
-				return err
-			}
-		}
-		_, err := measure(ctx, c, 3, stepOf(overlap.Native))
-		if f != nil {
-			rtrace.Stop()
-			_ = f.Close()
-		}
-		if err != nil {
-			return err
-		}
-	}
-	ideal := max(P, C)
-	say("synthetic step (step graph → blocks + overlap passes → graph runner): %d ranks (%s), %d blocks, %d KiB parameter shard per block per rank, all-gather (%d ahead) + reduce-scatter per block; %d nodes as written, %d after the passes, %d collectives/step\n",
-		n, link, L, shardEl*es>>10, o.prefetch, authored, len(g.Nodes), ov.collectives)
-	say("  GOMAXPROCS %d on rank 0 after the steps (%d CPUs it may run on, --min-procs %d; a compute that blocks widens it past the CPUs)\n", runtime.GOMAXPROCS(0), runtime.NumCPU(), o.minProcs)
-	say("  communication alone   C = %s  (C and P below measured interleaved with the serial and overlapped steps; the compute was sized from C = %s, measured the same way in a shorter pass; GOMAXPROCS %d at start)\n", ms(C), ms(sizedC), startProcs)
-	if o.compute == computeCPU {
-		say("  compute alone         P = %s  (%.2f × C, all ranks at once; arithmetic of %v forward, %v backward, %v optimizer per block at a core's rate)\n", ms(P), float64(P)/float64(C), fwd, bwd, opt)
-	} else {
-		say("  compute alone         P = %s  (%.2f × C; sleeps of %v forward, %v backward, %v optimizer per block, each overshooting by ≈ %v)\n", ms(P), float64(P)/float64(C), fwd, bwd, opt, over)
-	}
-	say("  serial step             = %s  (C + P = %s)\n", ms(serial.step), ms(C+P))
-	exp := ov.step - P
-	say("  overlapped step (native) = %s  ideal max(P, C) = %s → %.3f × ideal, %.3f × serial\n", ms(ov.step), ms(ideal), float64(ov.step)/float64(ideal), float64(ov.step)/float64(serial.step))
-	say("  overlapped step (grouped)= %s  → %.3f × ideal\n", ms(grouped.step), float64(grouped.step)/float64(ideal))
-	say("  exposed communication (time blocked in waits, rank 0) = %s = %.1f%% of C  (goal ≤ 10%% when P ≥ C)\n",
-		ms(ov.exposed), 100*float64(ov.exposed)/float64(C))
-	say("  schedule bound: the graph on a clock, compute taking P and the collectives C (in the proportion of their times alone, all-gather %s, reduce-scatter %s; back to back they took %.2f× that), one at a time in issue order, never slowing each other = %s (%.3f × max(P, C)) → native %.3f × that, grouped %.3f ×\n",
-		ms(tAG), ms(tRS), share, ms(sched), float64(sched)/float64(ideal), float64(ov.step)/float64(sched), float64(grouped.step)/float64(sched))
-	say("  overlapped step − P = %s = %.1f%% of C; rank 0's step: compute spans %s (vs %s alone), blocked %s, rest %s\n",
-		ms(exp), 100*float64(exp)/float64(C), ms(ov.compute), ms(P), ms(ov.exposed), ms(ov.step-ov.compute-ov.exposed))
-	// The bound the cores allow. max(P, C) assumes compute and
-	// communication each run as fast as alone, side by side; they share
-	// the job's cores, so the step also takes at least the CPU time both
-	// need, spread over every core the job has.
-	if alone.cpu > 0 && commOnly[0].cpu > 0 {
-		cores, err := jobCores(ctx, c)
-		if err != nil {
-			return err
-		}
-		W := alone.cpu + commOnly[0].cpu
-		// A rank bound to fewer cores than the job has runs its own
-		// compute and communication on those: its CPU over its cores
-		// bounds its step too.
-		own, err := slowest(ctx, c, (alone.mine+commOnly[0].mine)/time.Duration(count(cpuMask())))
-		if err != nil {
-			return err
-		}
-		bound := max(ideal, sched, W/time.Duration(cores), own)
-		say("  the cores' bound: %d cores for the job; CPU per step (all ranks, all threads) %s computing alone + %s communicating alone = %s, / %d cores = %s; the busiest rank's own CPU over its own cores %s → bound max(P, C, schedule bound, those) = %s\n",
-			cores, ms(alone.cpu), ms(commOnly[0].cpu), ms(W), cores, ms(W/time.Duration(cores)), ms(own), ms(bound))
-		say("  overlapped step (native) = %.3f × the bound, grouped %.3f × (the overlapped step used %s of CPU, %.2f × computing + communicating alone)\n",
-			float64(ov.step)/float64(bound), float64(grouped.step)/float64(bound), ms(ov.cpu), float64(ov.cpu)/float64(W))
-	}
-	return nil
-}
-
 // scheduleBound runs g the way the graph runner does with starts at their
 // plan positions (compute in plan order, a group's collectives one at a
 // time in issue order, a wait blocking until its collective is done), on
@@ -599,23 +284,7 @@ func count(m []float64) int {
 // step graph as written (one collective per tensor) against the graph the
 // bucketing passes make of it, both run by the graph runner.
 func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...any), link string) error {
-	b := stepgraph.NewBuilder().Group("world", c.Size()).Region("model")
-	var outs []string
-	var names0 []string
-	for i := range o.tensors {
-		names0 = append(names0, fmt.Sprintf("t%d", i))
-	}
-	b.Compute("backward", buckets.Backward, "model", time.Millisecond, nil, names0)
-	for i := range o.tensors {
-		b.Start(fmt.Sprintf("ar%d", i), buckets.Backward, "model", buckets.AllReduce, "world", "f32",
-			[]stepgraph.Member{{In: fmt.Sprintf("t%d", i), Out: fmt.Sprintf("T%d", i), Bytes: int64(o.tensorB / 4 * 4)}})
-		outs = append(outs, fmt.Sprintf("T%d", i))
-	}
-	for i := range o.tensors {
-		b.Wait(fmt.Sprintf("ar%d.w", i), fmt.Sprintf("ar%d", i), "model")
-	}
-	b.Compute("optimizer", buckets.Optimizer, "model", 0, outs, []string{"updated"})
-	authored, err := b.Graph()
+	authored, err := bucketingGraph(c.Size(), o)
 	if err != nil {
 		return err
 	}
@@ -623,7 +292,6 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	for i := range bufs {
 		bufs[i] = make([]float32, o.tensorB/4)
 	}
-	kernel := func(context.Context, *stepgraph.Node) error { return nil }
 	// The cost model from this fabric: α and β fitted to all-reduces
 	// measured here, and the rate of the executor's copies, so that the
 	// cap and whether a bucket pays at all follow what was measured.
@@ -631,100 +299,24 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	if err != nil {
 		return err
 	}
+	variants := []bucketVariant{{capB: -1}} // as written: one collective per tensor
+	for _, capB := range o.caps {
+		variants = append(variants, bucketVariant{capB, false}, bucketVariant{capB, true})
+	}
 	var names []string
 	nb := map[string]int{}
 	var steps []func(int) (overlap.StepMetrics, error)
-	type variant struct {
-		capB  int64 // -1: as written
-		views bool
-	}
-	variants := []variant{{capB: -1}} // as written: one collective per tensor
-	for _, capB := range o.caps {
-		variants = append(variants, variant{capB, false}, variant{capB, true})
-	}
 	for _, v := range variants {
-		g := authored
-		name := "one collective per tensor (as written)"
-		bc := buckets.DefaultConfig()
-		bc.Model = model
-		if v.views {
-			// Members live in the bucket: merging copies nothing.
-			bc.Model.CopyBandwidth = 0
-		}
-		if v.capB >= 0 {
-			bc.CapBytes = v.capB
-			how := "copies"
-			if v.views {
-				how = "views"
-			}
-			name = fmt.Sprintf("passes, cap %d B, %s", bc.Cap(), how)
-			if g, err = stepgraph.BucketBlocks(authored, bc); err != nil {
-				return err
-			}
-			if g, err = stepgraph.BucketOverlap(g, bc); err != nil {
-				return err
-			}
-		}
-		names = append(names, name)
-		cfg := overlap.DefaultConfig()
-		cfg.MinProcs = o.minProcs
-		r, err := overlap.NewGraphRunner(g, map[string]overlap.Comm{"world": c}, cfg)
+		name, r, step, err := v.runner(ctx, c, o, authored, model, bufs)
 		if err != nil {
 			return err
 		}
 		defer r.Close()
+		names = append(names, name)
 		nb[name] = len(r.Executor().Plan().Groups[0].Buckets)
-		// The gradients: the program's own buffers, or (views) their
-		// slots in the buckets, as DDP's gradient_as_bucket_view.
-		// The views persist from step to step, so they are bound once
-		// (GraphRunner.Bind): the runner then looks nothing up by name
-		// for them, as DDP's hooks hand in the bucket's own gradient.
-		mine := make([][]float32, len(bufs))
-		for i := range mine {
-			mine[i] = bufs[i]
-			if vb, ok := r.View(fmt.Sprintf("t%d", i)); ok && v.views {
-				mine[i] = comm.AsFloat32(vb)
-				for _, name := range []string{fmt.Sprintf("t%d", i), fmt.Sprintf("T%d", i)} {
-					if err := r.Bind(name, vb); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		// By name, looked up rather than parsed: the lookup runs twice per
-		// collective per step, inside the timed step.
-		byName := map[string]comm.Buffer{}
-		for i := range mine {
-			byName[fmt.Sprintf("t%d", i)] = comm.Float32s(mine[i])
-			byName[fmt.Sprintf("T%d", i)] = comm.Float32s(mine[i]) // reduced in place
-		}
-		tensors := func(name string) (comm.Buffer, error) {
-			if b, ok := byName[name]; ok {
-				return b, nil
-			}
-			return comm.Float32s(nil), nil // "updated"
-		}
-		steps = append(steps, func(i int) (overlap.StepMetrics, error) { return r.Step(ctx, i, tensors, kernel) })
+		steps = append(steps, step)
 	}
-	// The same traffic straight on the communicator, without the executor:
-	// what the executor's packing and bookkeeping cost on top.
-	fused := make([]float32, o.tensors*(o.tensorB/4))
-	raw := func(perTensor bool) func(int) (overlap.StepMetrics, error) {
-		return func(int) (overlap.StepMetrics, error) {
-			t0 := time.Now()
-			var h comm.Handle
-			if perTensor {
-				for t := range bufs {
-					h = c.AllReduce(ctx, comm.Float32s(bufs[t]), comm.Float32s(bufs[t]), comm.Sum)
-				}
-			} else {
-				h = c.AllReduce(ctx, comm.Float32s(fused), comm.Float32s(fused), comm.Sum)
-			}
-			err := h.Wait(ctx)
-			return overlap.StepMetrics{Time: time.Since(t0)}, err
-		}
-	}
-	steps = append(steps, raw(true), raw(false))
+	steps = append(steps, rawAllReduces(ctx, c, bufs, true), rawAllReduces(ctx, c, bufs, false))
 	res, err := measure(ctx, c, o.iters, steps...)
 	if err != nil {
 		return err
@@ -745,6 +337,121 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	say("  reference without the executor: %d back-to-back all-reduces %s, one fused all-reduce %s: bound %.2f× (the most any bucketing can gain here)\n",
 		o.tensors, ms(res[nr].step), ms(res[nr+1].step), float64(res[nr].step)/float64(res[nr+1].step))
 	return nil
+}
+
+// bucketingGraph is the step as written: one backward writing every
+// gradient, one all-reduce per gradient, the optimizer reading them all.
+func bucketingGraph(n int, o opts) (*stepgraph.Graph, error) {
+	b := stepgraph.NewBuilder().Group("world", n).Region("model")
+	var outs, grads []string
+	for i := range o.tensors {
+		grads = append(grads, fmt.Sprintf("t%d", i))
+	}
+	b.Compute("backward", buckets.Backward, "model", time.Millisecond, nil, grads)
+	for i := range o.tensors {
+		b.Start(fmt.Sprintf("ar%d", i), buckets.Backward, "model", buckets.AllReduce, "world", "f32",
+			[]stepgraph.Member{{In: fmt.Sprintf("t%d", i), Out: fmt.Sprintf("T%d", i), Bytes: int64(o.tensorB / 4 * 4)}})
+		outs = append(outs, fmt.Sprintf("T%d", i))
+	}
+	for i := range o.tensors {
+		b.Wait(fmt.Sprintf("ar%d.w", i), fmt.Sprintf("ar%d", i), "model")
+	}
+	b.Compute("optimizer", buckets.Optimizer, "model", 0, outs, []string{"updated"})
+	return b.Graph()
+}
+
+// bucketVariant is one side of the bucketing measurement: the graph as
+// written (capB -1), or bucketed by the passes under a cap, its members
+// copied into the bucket or (views) living in it.
+type bucketVariant struct {
+	capB  int64
+	views bool
+}
+
+// runner plans the variant's graph and returns its name, its runner (the
+// caller closes it) and one step of it over bufs.
+func (v bucketVariant) runner(ctx context.Context, c *comm.Comm, o opts, authored *stepgraph.Graph, model buckets.Model,
+	bufs [][]float32) (string, *overlap.GraphRunner, func(int) (overlap.StepMetrics, error), error) {
+	g, name := authored, "one collective per tensor (as written)"
+	if v.capB >= 0 {
+		bc := buckets.DefaultConfig()
+		bc.Model = model
+		how := "copies"
+		if v.views {
+			// Members live in the bucket: merging copies nothing.
+			bc.Model.CopyBandwidth = 0
+			how = "views"
+		}
+		bc.CapBytes = v.capB
+		name = fmt.Sprintf("passes, cap %d B, %s", bc.Cap(), how)
+		var err error
+		if g, err = stepgraph.BucketBlocks(authored, bc); err != nil {
+			return "", nil, nil, err
+		}
+		if g, err = stepgraph.BucketOverlap(g, bc); err != nil {
+			return "", nil, nil, err
+		}
+	}
+	cfg := overlap.DefaultConfig()
+	cfg.MinProcs = o.minProcs
+	r, err := overlap.NewGraphRunner(g, map[string]overlap.Comm{"world": c}, cfg)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	// The gradients: the program's own buffers, or (views) their slots in
+	// the buckets, as DDP's gradient_as_bucket_view. The views persist
+	// from step to step, so they are bound once (GraphRunner.Bind): the
+	// runner then looks nothing up by name for them, as DDP's hooks hand
+	// in the bucket's own gradient.
+	// By name, looked up rather than parsed: the lookup runs twice per
+	// collective per step, inside the timed step.
+	byName := map[string]comm.Buffer{}
+	for i, buf := range bufs {
+		t, T := fmt.Sprintf("t%d", i), fmt.Sprintf("T%d", i)
+		mine := buf
+		if vb, ok := r.View(t); ok && v.views {
+			mine = comm.AsFloat32(vb)
+			for _, name := range []string{t, T} {
+				if err := r.Bind(name, vb); err != nil {
+					r.Close()
+					return "", nil, nil, err
+				}
+			}
+		}
+		byName[t] = comm.Float32s(mine)
+		byName[T] = comm.Float32s(mine) // reduced in place
+	}
+	tensors := func(name string) (comm.Buffer, error) {
+		if b, ok := byName[name]; ok {
+			return b, nil
+		}
+		return comm.Float32s(nil), nil // "updated"
+	}
+	kernel := func(context.Context, *stepgraph.Node) error { return nil }
+	return name, r, func(i int) (overlap.StepMetrics, error) { return r.Step(ctx, i, tensors, kernel) }, nil
+}
+
+// rawAllReduces is the same traffic straight on the communicator, without
+// the executor (one all-reduce per tensor, or one fused all-reduce): what
+// the executor's packing and bookkeeping cost on top.
+func rawAllReduces(ctx context.Context, c *comm.Comm, bufs [][]float32, perTensor bool) func(int) (overlap.StepMetrics, error) {
+	var fused []float32
+	if len(bufs) > 0 {
+		fused = make([]float32, len(bufs)*len(bufs[0]))
+	}
+	return func(int) (overlap.StepMetrics, error) {
+		t0 := time.Now()
+		var h comm.Handle
+		if perTensor {
+			for t := range bufs {
+				h = c.AllReduce(ctx, comm.Float32s(bufs[t]), comm.Float32s(bufs[t]), comm.Sum)
+			}
+		} else {
+			h = c.AllReduce(ctx, comm.Float32s(fused), comm.Float32s(fused), comm.Sum)
+		}
+		err := h.Wait(ctx)
+		return overlap.StepMetrics{Time: time.Since(t0)}, err
+	}
 }
 
 // syntheticGraph writes the synthetic step: per block a forward parameter
