@@ -47,6 +47,13 @@ var logLevel string
 // formOnly is the -form-only flag: the largest sizes are about formation.
 var formOnly bool
 
+// attachMode is the -attach flag. With real Unix sockets an attach stream
+// is buffered by the kernel, as in a job, and carries its peer's pid, so a
+// silent stream's lease asks the kernel whether the peer is stopped or only
+// waits for a CPU (internal/liveness); in-memory pipes are unbuffered and
+// carry no pid, so the lease alone decides.
+var attachMode string
+
 // cpuProfile and memProfile are the -cpuprofile and -memprofile flags;
 // runs counts the measurements made, to name their profiles.
 var (
@@ -114,6 +121,7 @@ func main() {
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of each formation (Join to the last Join's return) to this file (.1, .2, ... appended after the first run)")
 	flag.StringVar(&memProfile, "memprofile", "", "write the allocations made up to the end of each formation to this file (suffixed like -cpuprofile)")
 	flag.BoolVar(&formOnly, "form-only", false, "measure formation only (no detection)")
+	flag.StringVar(&attachMode, "attach", "mem", "host leaders' attach streams: mem (in-memory pipes) or unix (abstract Unix sockets, as in a job; formation only)")
 	flag.Parse()
 	if memProfile != "" {
 		runtime.MemProfileRate = 64 << 10
@@ -238,7 +246,7 @@ func measure(n, per int, network string, verbose bool) (result, error) {
 			c.LocalRank, c.LocalWorldSize = r%per, per
 			attach[r] = &rankAttach{AttachNet: an}
 			c.AttachNet = attach[r]
-			if network != "mem" {
+			if network != "mem" || attachMode == "unix" {
 				c.AttachNet = nil // real abstract Unix sockets
 			}
 		}
@@ -285,7 +293,7 @@ func measure(n, per int, network string, verbose bool) (result, error) {
 			return res, fmt.Errorf("rank %d: %w", r, err)
 		}
 	}
-	if network != "mem" || formOnly {
+	if network != "mem" || formOnly || attachMode == "unix" {
 		return res, nil // no way to cut a loopback member off from here
 	}
 	// Let the world settle (the seed's pushes, first probes) before the cut.
