@@ -202,7 +202,7 @@ type link struct {
 	beat time.Duration // the writer's beat period (Config.AttachBeat)
 
 	mu     sync.Mutex
-	queue  [][]byte
+	queue  []outFrame
 	closed bool
 	wake   chan struct{}
 	done   chan struct{} // closed when the writer returns
@@ -219,6 +219,18 @@ func newLink(c net.Conn, rank int, beat time.Duration) *link {
 	return &link{conn: c, rank: rank, beat: beat, wake: make(chan struct{}, 1), done: make(chan struct{}), wrote: make(chan struct{})}
 }
 
+// outFrame is a queued frame: its header (with a small body after it),
+// then a large body on its own. A large body (a world table, the same
+// for every attached rank of a leader) is shared, not copied per link; it
+// must not change once queued.
+type outFrame struct {
+	head, body []byte
+}
+
+// shareBody is the body size from which a frame's body is queued as it
+// is rather than copied after the header.
+const shareBody = 4 << 10
+
 // enqueue queues a frame; false once the link is closed. Never blocks.
 func (l *link) enqueue(typ byte, body []byte) bool {
 	_, ok := l.enqueueSeq(typ, body)
@@ -228,16 +240,23 @@ func (l *link) enqueue(typ byte, body []byte) bool {
 // enqueueSeq is enqueue that also returns the frame's position: once
 // written reaches it, the frame is in the kernel (waitWritten).
 func (l *link) enqueueSeq(typ byte, body []byte) (uint64, bool) {
-	b := make([]byte, 5, 5+len(body))
-	binary.BigEndian.PutUint32(b, uint32(1+len(body)))
-	b[4] = typ
-	b = append(b, body...)
+	var f outFrame
+	if len(body) >= shareBody {
+		f.head, f.body = make([]byte, 5), body
+	} else {
+		f.head = make([]byte, 5, 5+len(body))
+	}
+	binary.BigEndian.PutUint32(f.head, uint32(1+len(body)))
+	f.head[4] = typ
+	if f.body == nil {
+		f.head = append(f.head, body...)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return 0, false
 	}
-	l.queue = append(l.queue, b)
+	l.queue = append(l.queue, f)
 	l.queued++
 	select {
 	case l.wake <- struct{}{}:
@@ -286,8 +305,12 @@ func (l *link) writer() {
 		q, closed := l.queue, l.closed
 		l.queue = nil
 		l.mu.Unlock()
-		for _, b := range q {
-			if _, err := l.conn.Write(b); err != nil {
+		for _, f := range q {
+			_, err := l.conn.Write(f.head)
+			if err == nil && f.body != nil {
+				_, err = l.conn.Write(f.body)
+			}
+			if err != nil {
 				l.shut()
 				_ = l.conn.Close()
 				return
@@ -312,7 +335,7 @@ func (l *link) writer() {
 		case <-l.wake:
 		case <-beat:
 			l.mu.Lock()
-			l.queue = append(l.queue, beatFrame)
+			l.queue = append(l.queue, outFrame{head: beatFrame})
 			l.queued++
 			l.mu.Unlock()
 		}
@@ -378,10 +401,15 @@ func (r *leasedReader) next() (byte, []byte, error) {
 			continue
 		}
 		_ = r.c.SetReadDeadline(deadline)
-		if cap(r.buf)-len(r.buf) < readSize {
-			// Doubling with the frame in progress, so a large frame
-			// (a world table) takes a few reads, not one per readSize.
-			r.buf = slices.Grow(r.buf, max(readSize, len(r.buf)))
+		want := readSize
+		if len(r.buf) >= 4 {
+			// A frame has begun: room for the whole of it, so a large
+			// frame (a world table) takes a read or two, not one per
+			// readSize (frame has checked its length).
+			want = max(want, 4+int(binary.BigEndian.Uint32(r.buf[:4]))-len(r.buf))
+		}
+		if cap(r.buf)-len(r.buf) < want {
+			r.buf = slices.Grow(r.buf, want)
 		}
 		n, err := r.c.Read(r.buf[len(r.buf):cap(r.buf)])
 		if n > 0 {

@@ -704,12 +704,16 @@ func (w *World) readLeader() {
 				w.log.Error().Msg("rendezvous: malformed world table from the host leader")
 				continue
 			}
-			if k, err := scanTable(body[n:], &interner{check: true}, nil); err != nil || k != len(w.members) {
-				w.log.Error().Err(err).Int("entries", k).Msg("rendezvous: malformed world table from the host leader")
+			if k, _ := binary.Uvarint(body[n:]); k != uint64(len(w.members)) {
+				w.log.Error().Uint64("entries", k).Msg("rendezvous: world table from the host leader of another size")
 				continue
 			}
+			// Applied as it is read (one pass: every attached rank reads
+			// the whole table); a table that turns out malformed half way
+			// ends formation, naming it, rather than leaving this rank
+			// with half a world.
 			w.mu.Lock()
-			_, _ = scanTable(body[n:], newInterner(), func(e *tableEntry) {
+			_, err := scanTable(body[n:], newInterner(), func(e *tableEntry) {
 				if e.Rank < 0 || e.Rank >= len(w.members) || e.leader < 0 || e.leader >= len(w.members) {
 					return
 				}
@@ -720,6 +724,11 @@ func (w *World) readLeader() {
 					w.alive++
 				}
 			})
+			if err != nil {
+				w.setFatalLocked(fmt.Errorf("rendezvous: rank %d: malformed world table from the host leader: %w", w.cfg.Rank, err))
+				w.mu.Unlock()
+				continue
+			}
 			w.members[w.cfg.Rank].Member = w.self
 			if !w.formed && w.fatal == nil {
 				w.formed, w.epoch = true, epoch
