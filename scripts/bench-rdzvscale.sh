@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # In-process formation of host-leader worlds (bench/rdzvscale -form-only):
-# medians of ROUNDS runs per size, with the 1-minute load average and peak
-# memory of each run, and, when ANCHOR names a revision, that revision's
+# medians of ROUNDS runs per size, of the wall time and of the process's CPU
+# time during formation (which the machine's load moves much less), with
+# the 1-minute load average and peak memory of each run, and, when ANCHOR
+# names a revision, that revision's
 # rendezvous package built the same way and run interleaved with this tree,
 # with the ratio of the medians. The machine may be shared: the load column
 # says how much; a run that fails prints its error (at 4,096 ranks in one
