@@ -375,7 +375,7 @@ type pmiFences struct {
 func (f *pmiFences) get(ev supervisorEvent) supervisorCmd {
 	a := f.kvs.Get(ev.Rank, ev.Key)
 	if a.Batched {
-		a.Value = "" // the host has it from the batch
+		a.Value, a.Found = "", false // the host has it from the batch (Batched implies found)
 	}
 	return supervisorCmd{Op: "pmi-value", Key: ev.Key, Value: a.Value, Found: a.Found, Batched: a.Batched, KVS: a.More}
 }

@@ -149,7 +149,7 @@ func (st *Store) Get(host int, key string) Answer {
 func (st *Store) Len() int { return len(st.vals) }
 
 // AnswerBatch applies the owner's Answer to a Get for key (Store.Get):
-// key's value, and a.More, other keys and values the host's ranks will
+// key's value (a Batched answer is found whatever its Found), and a.More, other keys and values the host's ranks will
 // likely read next, kept like a found key's value; a rank waiting on one
 // of those is answered at once. A Batched answer carries no value: an
 // earlier batch brought it. Since a batch may bring key before key's own

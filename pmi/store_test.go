@@ -278,3 +278,107 @@ func mpichExchange(t *testing.T, hosts, per int, batched bool) int {
 	<-ownerDone
 	return gets
 }
+
+// TestBatchFreedRanksAskAgain: a batch answer frees ranks whose own gets
+// are still queued for the owner, and they ask again at once; the queue
+// holds the stale gets and the new ones, so no rank is told a key is
+// missing because the queue was full, and the owner's answers to the
+// stale gets (Batched) and to the new ones reach everyone.
+func TestBatchFreedRanksAskAgain(t *testing.T) {
+	const per = 4
+	ranks := []int{0, 1, 2, 3}
+	s, err := NewServer(Config{KVSName: "k", Size: 16, Ranks: ranks, Fetch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var serve sync.WaitGroup
+	defer serve.Wait()
+	clients := make([]*client, per)
+	for r := range per {
+		a, b := net.Pipe()
+		defer a.Close()
+		serve.Go(func() { _ = s.ServeConn(r, b) })
+		clients[r] = &client{t: t, c: a, br: bufio.NewReader(a)}
+	}
+	var wg sync.WaitGroup
+	for r := range per {
+		wg.Go(func() {
+			clients[r].do("cmd=init pmi_version=1 pmi_subversion=1")
+			clients[r].do("cmd=barrier_in")
+		})
+	}
+	<-s.Requests()
+	if err := s.Release(0, nil); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	// The owner's store: host 4 put keys a0..a3, host 8 keys b0..b3.
+	var st Store
+	for h, p := range map[int]string{4: "a", 8: "b"} {
+		puts := map[string]string{}
+		for i := range per {
+			puts[fmt.Sprintf("%s%d", p, i)] = fmt.Sprintf("v-%s%d", p, i)
+		}
+		st.Fence(h, puts)
+	}
+	st.Release()
+
+	got := make([][]string, per)
+	asked := make(chan struct{}, 2*per)
+	for r := range per {
+		wg.Go(func() {
+			for _, p := range []string{"a", "b"} {
+				asked <- struct{}{}
+				got[r] = append(got[r], clients[r].do(fmt.Sprintf("cmd=get kvsname=k key=%s%d", p, r)))
+			}
+		})
+	}
+	// Every rank's first get is queued before the owner answers any.
+	for range per {
+		<-asked
+	}
+	deadline := time.After(10 * time.Second)
+	for len(s.Requests()) < per {
+		select {
+		case <-deadline:
+			t.Fatalf("%d of %d first gets queued", len(s.Requests()), per)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	answer := func(req Request) {
+		if req.Kind != Get {
+			t.Errorf("request %+v, want a get", req)
+			return
+		}
+		if err := s.AnswerBatch(req.Key, st.Get(0, req.Key)); err != nil {
+			t.Error(err)
+		}
+	}
+	// The first answer carries host 4's batch: every rank is free and
+	// asks for its b key while the other three a gets wait in the queue.
+	answer(<-s.Requests())
+	for range per {
+		<-asked
+	}
+	// Then the stale a gets (Batched) and the b gets, until every rank
+	// has both values (a b get may find host 8's batch already there).
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for finished := false; !finished; {
+		select {
+		case req := <-s.Requests():
+			answer(req)
+		case <-done:
+			finished = true
+		case <-deadline:
+			t.Fatal("ranks still waiting for their gets after 10 s")
+		}
+	}
+	for r := range per {
+		want := []string{fmt.Sprintf("value=v-a%d", r), fmt.Sprintf("value=v-b%d", r)}
+		if len(got[r]) != 2 || !strings.HasSuffix(got[r][0], want[0]) || !strings.HasSuffix(got[r][1], want[1]) {
+			t.Errorf("rank %d: %q, want %v", r, got[r], want)
+		}
+	}
+}

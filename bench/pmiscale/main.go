@@ -192,7 +192,7 @@ func run(prog string, args []string, hosts, per int, mode, wireLog string, timeo
 					}
 					c := cmd{Op: "pmi-value", Key: hr.req.Key, Value: a.Value, Found: a.Found, Batched: a.Batched, KVS: a.More}
 					if a.Batched {
-						c.Value = ""
+						c.Value, c.Found = "", false
 						res.batched++
 					}
 					send(hr.host, c)
