@@ -161,3 +161,8 @@ test-watchers: ## gorun, supervisor and host agent SIGKILLed in every pair and t
 .PHONY: soak-verdicts
 soak-verdicts: build lib ## no false frozen/lost verdict in 10 min at load >= 40 on 2 cores (40 CPU hogs, a memory churner): trainer 4-16 ranks, torch DDP, MPICH; SIGSTOP/SIGKILL probes named within 10 s / 2 s (SOAK_SECS to change)
 	flock /tmp/gorun-bench.lock bash scripts/soak-verdicts.sh
+
+# Fault-tolerant training (package ft, gorun --fault-tolerant)
+.PHONY: bench-ft
+bench-ft: build ## fault-tolerant dp vs --max-restarts from a checkpoint, Go trainer, 4 ranks, the same kills: total time to N steps, steps lost, kill -> training again, medians of 5
+	flock /tmp/gorun-bench.lock python3 scripts/bench_ft_go.py bin/gorun bin/trainer $(BENCH_FT_ARGS)
