@@ -128,8 +128,12 @@ bench-gpu-standin: ## the bench-gpu pipeline without a GPU: stand-in NCCL vs tor
 bench-plan: ## gorun plan on ~10k/30k/100k-node steps, default and all four passes, medians of wall and CPU time (ANCHOR=REV runs that revision side by side; RUNS, SIZES)
 	@bash scripts/bench-plan.sh
 
-bench-rdzvscale: ## in-process host-leader formation at 64, 256, 1,024 and 4,096 ranks (16 per host): medians, load average, peak memory (ANCHOR=REV runs that revision interleaved; SIZES, ROUNDS, PER)
+bench-rdzvscale: ## in-process host-leader formation at 64, 256, 1,024 and 4,096 ranks (16 per host): medians of wall and CPU time, load average, peak memory (ANCHOR=REV runs that revision interleaved; SIZES, ROUNDS, PER)
 	flock /tmp/gorun-bench.lock scripts/bench-rdzvscale.sh
+
+.PHONY: bench-pmiscale
+bench-pmiscale: ## a real MPICH program's PMI start-up over HOSTS×PER simulated hosts (32×4): gets that reach gorun and bytes it sends, batched answers vs one key per answer
+	flock /tmp/gorun-bench.lock scripts/bench-pmiscale.sh
 
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)

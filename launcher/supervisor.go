@@ -144,13 +144,16 @@ type supervisorCmd struct {
 	Ranks  []int  `json:"ranks,omitempty"`
 	// Epoch and KVS belong to "pmi-release": PMI barrier Epoch is over
 	// (KVS, kept for older hosts' sake, is no longer filled: values go
-	// out one key at a time). Key, Value and Found are "pmi-value", the
-	// answer to a "pmi-get" (pmi.go).
-	Epoch int               `json:"epoch,omitempty"`
-	KVS   map[string]string `json:"kvs,omitempty"`
-	Key   string            `json:"key,omitempty"`
-	Value string            `json:"value,omitempty"`
-	Found bool              `json:"found,omitempty"`
+	// out on demand). Key, Value and Found are "pmi-value", the answer to
+	// a "pmi-get" (pmi.go), with the batch that came with it in KVS;
+	// Batched says the value is in a batch sent to this host before, and
+	// so not repeated.
+	Epoch   int               `json:"epoch,omitempty"`
+	KVS     map[string]string `json:"kvs,omitempty"`
+	Key     string            `json:"key,omitempty"`
+	Value   string            `json:"value,omitempty"`
+	Found   bool              `json:"found,omitempty"`
+	Batched bool              `json:"batched,omitempty"`
 	// "inject" (inject.go) sends Signal to the process group of each of
 	// Ranks that this supervisor runs, answering an "injected" event per
 	// rank, and after For (when set) SIGCONT, answered by "fault-cont".
