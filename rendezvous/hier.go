@@ -673,6 +673,47 @@ func (w *World) attachError(ctxErr, last error) error {
 	return e
 }
 
+// applyTable forms the world from the host leader's table (with the
+// leader's epoch), applied as it is read: every attached rank reads the
+// whole table in one pass; a table that turns out malformed half way ends
+// formation, naming it, rather than leaving this rank with half a world.
+// A table of another size is logged and ignored.
+func (w *World) applyTable(body []byte) {
+	epoch, n := binary.Uvarint(body)
+	if n <= 0 {
+		w.log.Error().Msg("rendezvous: malformed world table from the host leader")
+		return
+	}
+	if k, _ := binary.Uvarint(body[n:]); k != uint64(len(w.members)) {
+		w.log.Error().Uint64("entries", k).Msg("rendezvous: world table from the host leader of another size")
+		return
+	}
+	w.mu.Lock()
+	_, err := scanTable(body[n:], newInterner(), func(e *tableEntry) {
+		if e.Rank < 0 || e.Rank >= len(w.members) || e.leader < 0 || e.leader >= len(w.members) {
+			return
+		}
+		ms := &w.members[e.Rank]
+		ms.Member, ms.leader = e.Member, e.leader
+		if e.Rank != w.cfg.Rank && ms.status != statusAlive {
+			ms.status = statusAlive
+			w.alive++
+		}
+	})
+	if err != nil {
+		w.setFatalLocked(fmt.Errorf("rendezvous: rank %d: malformed world table from the host leader: %w", w.cfg.Rank, err))
+		w.mu.Unlock()
+		return
+	}
+	w.members[w.cfg.Rank].Member = w.self
+	if !w.formed && w.fatal == nil {
+		w.formed, w.epoch = true, epoch
+		close(w.formedCh)
+	}
+	w.signalChangeLocked()
+	w.mu.Unlock()
+}
+
 // readLeader runs an attached rank's side of the stream: the table forms
 // the world (with the leader's epoch), gone and fatal frames update it,
 // messages go to their groups. When the stream ends before formation the
@@ -699,43 +740,7 @@ func (w *World) readLeader() {
 		}
 		switch typ {
 		case frameTable:
-			epoch, n := binary.Uvarint(body)
-			if n <= 0 {
-				w.log.Error().Msg("rendezvous: malformed world table from the host leader")
-				continue
-			}
-			if k, _ := binary.Uvarint(body[n:]); k != uint64(len(w.members)) {
-				w.log.Error().Uint64("entries", k).Msg("rendezvous: world table from the host leader of another size")
-				continue
-			}
-			// Applied as it is read (one pass: every attached rank reads
-			// the whole table); a table that turns out malformed half way
-			// ends formation, naming it, rather than leaving this rank
-			// with half a world.
-			w.mu.Lock()
-			_, err := scanTable(body[n:], newInterner(), func(e *tableEntry) {
-				if e.Rank < 0 || e.Rank >= len(w.members) || e.leader < 0 || e.leader >= len(w.members) {
-					return
-				}
-				ms := &w.members[e.Rank]
-				ms.Member, ms.leader = e.Member, e.leader
-				if e.Rank != w.cfg.Rank && ms.status != statusAlive {
-					ms.status = statusAlive
-					w.alive++
-				}
-			})
-			if err != nil {
-				w.setFatalLocked(fmt.Errorf("rendezvous: rank %d: malformed world table from the host leader: %w", w.cfg.Rank, err))
-				w.mu.Unlock()
-				continue
-			}
-			w.members[w.cfg.Rank].Member = w.self
-			if !w.formed && w.fatal == nil {
-				w.formed, w.epoch = true, epoch
-				close(w.formedCh)
-			}
-			w.signalChangeLocked()
-			w.mu.Unlock()
+			w.applyTable(body)
 		case frameGone:
 			r, n := binary.Uvarint(body)
 			if n > 0 && len(body) >= n+2 && r < uint64(len(w.members)) {

@@ -117,18 +117,10 @@ func run(prog string, args []string, hosts, per int, mode, wireLog string, timeo
 		defer f.Close()
 		log = zerolog.New(f).Level(zerolog.TraceLevel)
 	}
-	srvs := make([]*pmi.Server, hosts)
-	for h := range hosts {
-		var ranks []int
-		for r := h * per; r < (h+1)*per; r++ {
-			ranks = append(ranks, r)
-		}
-		srvs[h], err = pmi.NewServer(pmi.Config{KVSName: "gorun-pmiscale", Size: size, Ranks: ranks,
-			ProcessMapping: mapping, Fetch: true, Logger: log.With().Int("host", h).Logger()})
-		if err != nil {
-			res.failed = err.Error()
-			return res
-		}
+	srvs, err := servers(hosts, per, mapping, log)
+	if err != nil {
+		res.failed = err.Error()
+		return res
 	}
 	var serving sync.WaitGroup
 	closeAll := sync.OnceFunc(func() {
@@ -140,10 +132,6 @@ func run(prog string, args []string, hosts, per int, mode, wireLog string, timeo
 	defer closeAll()
 
 	// The owner: one goroutine, like gorun's event loop.
-	type hostReq struct {
-		host int
-		req  pmi.Request
-	}
 	reqs := make(chan hostReq)
 	quit := make(chan struct{})
 	var fwd sync.WaitGroup
@@ -167,45 +155,7 @@ func run(prog string, args []string, hosts, per int, mode, wireLog string, timeo
 	ownerDone := make(chan struct{})
 	go func() {
 		defer close(ownerDone)
-		epoch, seen := 0, 0
-		for {
-			select {
-			case hr := <-reqs:
-				switch hr.req.Kind {
-				case pmi.Fence:
-					store.Fence(hr.host, hr.req.Puts)
-					if seen++; seen < hosts {
-						continue
-					}
-					store.Release()
-					for h, s := range srvs {
-						send(h, cmd{Op: "pmi-release", Epoch: epoch})
-						_ = s.Release(epoch, nil)
-					}
-					res.fences++
-					epoch, seen = epoch+1, 0
-				case pmi.Get:
-					res.gets++
-					a := store.Get(hr.host, hr.req.Key)
-					if mode == "fetch" {
-						a.More, a.Batched = nil, false
-					}
-					c := cmd{Op: "pmi-value", Key: hr.req.Key, Value: a.Value, Found: a.Found, Batched: a.Batched, KVS: a.More}
-					if a.Batched {
-						c.Value, c.Found = "", false
-						res.batched++
-					}
-					send(hr.host, c)
-					if err := srvs[hr.host].AnswerBatch(hr.req.Key, a); err != nil {
-						fmt.Fprintln(os.Stderr, "pmiscale:", err)
-					}
-				case pmi.Abort:
-					fmt.Fprintf(os.Stderr, "pmiscale: rank %d aborted with code %d: %s\n", hr.req.Rank, hr.req.Code, hr.req.Message)
-				}
-			case <-quit:
-				return
-			}
-		}
+		own(reqs, quit, srvs, mode, &store, &res, send)
 	}()
 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -216,32 +166,11 @@ func run(prog string, args []string, hosts, per int, mode, wireLog string, timeo
 	var outs []string
 	for h, s := range srvs {
 		for r := h * per; r < (h+1)*per; r++ {
-			fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+			cmd, out, err := startRank(ctx, s, r, size, prog, args, &serving)
 			if err != nil {
 				res.failed = err.Error()
 				break
 			}
-			mine, theirs := os.NewFile(uintptr(fds[0]), "pmi-server"), os.NewFile(uintptr(fds[1]), "pmi-rank")
-			c, err := net.FileConn(mine)
-			mine.Close()
-			if err != nil {
-				theirs.Close()
-				res.failed = err.Error()
-				break
-			}
-			serving.Go(func() { _ = s.ServeConn(r, c) })
-			cmd := exec.CommandContext(ctx, prog, args...)
-			cmd.ExtraFiles = []*os.File{theirs}
-			cmd.Env = append(os.Environ(), "PMI_FD=3", "PMI_RANK="+strconv.Itoa(r), "PMI_SIZE="+strconv.Itoa(size))
-			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-			var out strings.Builder
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				theirs.Close()
-				res.failed = err.Error()
-				break
-			}
-			theirs.Close()
 			ranks.Go(func() {
 				if err := cmd.Wait(); err != nil && !errors.Is(err, exec.ErrWaitDelay) {
 					mu.Lock()
@@ -266,4 +195,108 @@ func run(prog string, args []string, hosts, per int, mode, wireLog string, timeo
 		res.failed = fmt.Sprintf("%d ranks failed; first: %s", len(outs), outs[0])
 	}
 	return res
+}
+
+// hostReq is a request of host's PMI server, as gorun's event loop gets it.
+type hostReq struct {
+	host int
+	req  pmi.Request
+}
+
+// servers are the hosts' PMI servers, per ranks each, fetching values on
+// demand as gorun's do.
+func servers(hosts, per int, mapping string, log zerolog.Logger) ([]*pmi.Server, error) {
+	size := hosts * per
+	srvs := make([]*pmi.Server, hosts)
+	for h := range hosts {
+		var ranks []int
+		for r := h * per; r < (h+1)*per; r++ {
+			ranks = append(ranks, r)
+		}
+		var err error
+		srvs[h], err = pmi.NewServer(pmi.Config{KVSName: "gorun-pmiscale", Size: size, Ranks: ranks,
+			ProcessMapping: mapping, Fetch: true, Logger: log.With().Int("host", h).Logger()})
+		if err != nil {
+			for _, s := range srvs[:h] {
+				s.Close()
+			}
+			return nil, err
+		}
+	}
+	return srvs, nil
+}
+
+// own plays gorun's event loop until quit: a barrier is released once
+// every host fenced; a get is answered from the store, batched unless
+// mode is "fetch". What goes to each host is counted by send.
+func own(reqs <-chan hostReq, quit <-chan struct{}, srvs []*pmi.Server, mode string, store *pmi.Store, res *result, send func(int, cmd)) {
+	hosts := len(srvs)
+	epoch, seen := 0, 0
+	for {
+		var hr hostReq
+		select {
+		case hr = <-reqs:
+		case <-quit:
+			return
+		}
+		switch hr.req.Kind {
+		case pmi.Fence:
+			store.Fence(hr.host, hr.req.Puts)
+			if seen++; seen < hosts {
+				continue
+			}
+			store.Release()
+			for h, s := range srvs {
+				send(h, cmd{Op: "pmi-release", Epoch: epoch})
+				_ = s.Release(epoch, nil)
+			}
+			res.fences++
+			epoch, seen = epoch+1, 0
+		case pmi.Get:
+			res.gets++
+			a := store.Get(hr.host, hr.req.Key)
+			if mode == "fetch" {
+				a.More, a.Batched = nil, false
+			}
+			c := cmd{Op: "pmi-value", Key: hr.req.Key, Value: a.Value, Found: a.Found, Batched: a.Batched, KVS: a.More}
+			if a.Batched {
+				c.Value, c.Found = "", false
+				res.batched++
+			}
+			send(hr.host, c)
+			if err := srvs[hr.host].AnswerBatch(hr.req.Key, a); err != nil {
+				fmt.Fprintln(os.Stderr, "pmiscale:", err)
+			}
+		case pmi.Abort:
+			fmt.Fprintf(os.Stderr, "pmiscale: rank %d aborted with code %d: %s\n", hr.req.Rank, hr.req.Code, hr.req.Message)
+		}
+	}
+}
+
+// startRank starts rank r of size with its PMI connection to s (served on
+// serving), as a supervisor starts a rank: PMI_FD 3, the rank and size in
+// the environment, killed with its parent. Its output goes to the builder.
+func startRank(ctx context.Context, s *pmi.Server, r, size int, prog string, args []string, serving *sync.WaitGroup) (*exec.Cmd, *strings.Builder, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	mine, theirs := os.NewFile(uintptr(fds[0]), "pmi-server"), os.NewFile(uintptr(fds[1]), "pmi-rank")
+	defer theirs.Close()
+	c, err := net.FileConn(mine)
+	mine.Close()
+	if err != nil {
+		return nil, nil, err
+	}
+	serving.Go(func() { _ = s.ServeConn(r, c) })
+	cmd := exec.CommandContext(ctx, prog, args...)
+	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.Env = append(os.Environ(), "PMI_FD=3", "PMI_RANK="+strconv.Itoa(r), "PMI_SIZE="+strconv.Itoa(size))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	return cmd, out, nil
 }

@@ -227,41 +227,9 @@ func measure(n, per int, network string, verbose bool) (result, error) {
 		}
 		seed = "127.0.0.1:" + strconv.Itoa(p)
 	}
-	cfgs := make([]rendezvous.Config, n)
-	addrs := make([]string, n)
-	an := &rendezvoustest.AttachNet{}
-	attach := make([]*rankAttach, n)
-	for r := range cfgs {
-		c := rendezvous.DefaultConfig()
-		c.JobID, c.Rank, c.WorldSize = "scale", r, n
-		c.Host = fmt.Sprintf("h%d", r)
-		c.Seed = seed
-		c.Secret = []byte("0123456789abcdef0123456789abcdef")
-		c.FormationTimeout = 60 * time.Second
-		c.ProbeInterval, c.ProbeTimeout, c.GossipInterval = tune.ProbeInterval, tune.ProbeTimeout, tune.GossipInterval
-		c.SuspicionTimeout, c.RetransmitMult, c.GossipNodes = tune.SuspicionTimeout, tune.RetransmitMult, tune.GossipNodes
-		c.Logger = log
-		if per > 1 {
-			c.Host = fmt.Sprintf("h%d", r/per)
-			c.LocalRank, c.LocalWorldSize = r%per, per
-			attach[r] = &rankAttach{AttachNet: an}
-			c.AttachNet = attach[r]
-			if network != "mem" || attachMode == "unix" {
-				c.AttachNet = nil // real abstract Unix sockets
-			}
-		}
-		if network == "mem" && r%per == 0 {
-			addrs[r] = fmt.Sprintf("10.%d.%d.%d:7946", r/62500, r/250%250, r%250+1)
-			if r == 0 {
-				addrs[r] = seed
-			}
-			tr, err := nw.NewTransport(addrs[r])
-			if err != nil {
-				return res, err
-			}
-			c.Transport = tr
-		}
-		cfgs[r] = c
+	cfgs, addrs, attach, err := configs(n, per, network, seed, nw, log)
+	if err != nil {
+		return res, err
 	}
 	ws := make([]*rendezvous.World, n)
 	errs := make([]error, n)
@@ -330,6 +298,50 @@ func measure(n, per int, network string, verbose bool) (result, error) {
 	}
 	res.hostMin, res.hostMax, res.falseLoss = lat[0], lat[len(lat)-1], res.falseLoss+fl
 	return res, nil
+}
+
+// configs are the n members' configurations, per to a host (per > 1:
+// host leaders with attached ranks, over in-memory attach streams unless
+// -attach unix), with the in-memory gossip network's addresses of the
+// members that gossip (network "mem").
+func configs(n, per int, network, seed string, nw *rendezvoustest.Network, log zerolog.Logger) ([]rendezvous.Config, []string, []*rankAttach, error) {
+	cfgs := make([]rendezvous.Config, n)
+	addrs := make([]string, n)
+	an := &rendezvoustest.AttachNet{}
+	attach := make([]*rankAttach, n)
+	for r := range cfgs {
+		c := rendezvous.DefaultConfig()
+		c.JobID, c.Rank, c.WorldSize = "scale", r, n
+		c.Host = fmt.Sprintf("h%d", r)
+		c.Seed = seed
+		c.Secret = []byte("0123456789abcdef0123456789abcdef")
+		c.FormationTimeout = 60 * time.Second
+		c.ProbeInterval, c.ProbeTimeout, c.GossipInterval = tune.ProbeInterval, tune.ProbeTimeout, tune.GossipInterval
+		c.SuspicionTimeout, c.RetransmitMult, c.GossipNodes = tune.SuspicionTimeout, tune.RetransmitMult, tune.GossipNodes
+		c.Logger = log
+		if per > 1 {
+			c.Host = fmt.Sprintf("h%d", r/per)
+			c.LocalRank, c.LocalWorldSize = r%per, per
+			attach[r] = &rankAttach{AttachNet: an}
+			c.AttachNet = attach[r]
+			if network != "mem" || attachMode == "unix" {
+				c.AttachNet = nil // real abstract Unix sockets
+			}
+		}
+		if network == "mem" && r%per == 0 {
+			addrs[r] = fmt.Sprintf("10.%d.%d.%d:7946", r/62500, r/250%250, r%250+1)
+			if r == 0 {
+				addrs[r] = seed
+			}
+			tr, err := nw.NewTransport(addrs[r])
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			c.Transport = tr
+		}
+		cfgs[r] = c
+	}
+	return cfgs, addrs, attach, nil
 }
 
 // detect runs cut and measures how long each member outside skip takes to
