@@ -85,10 +85,11 @@
 //   - Faults and restarts (inject.go, elastic.go): LaunchReport runs a
 //     job as a sequence of worlds, a new one (new job id, secret and
 //     ports) after a rank or host failure while --max-restarts allows.
-//     Parsing --inject specs and scheduling them against the plan is
-//     pure (inject.go); the job loop owns the clock and sends "inject"
-//     when one is due, and the supervisor that runs the target signals
-//     its process group (and sends the SIGCONT that ends a timed stop).
+//     Parsing --inject specs is package launcher/fault's; scheduling
+//     them against the plan is pure (inject.go); the job loop owns the
+//     clock and sends "inject" when one is due, and the supervisor that
+//     runs the target signals its process group (and sends the SIGCONT
+//     that ends a timed stop).
 //     The Report records every world and injection.
 //   - The supervisor (supervisor.go): the same executable re-run with an
 //     internal variable set; a child subreaper that is the parent of every
@@ -105,15 +106,18 @@
 //
 //   - launcher/hostfile: Host and the host list's two spellings (a
 //     hostfile, an -H value); pure. Host stays here as an alias.
+//   - launcher/fault: the --inject specs (Fault, its kinds, Parse,
+//     ParseFile); pure. Fault, FaultKind, FaultSpecError and the kind
+//     constants stay here as aliases; scheduling faults against a plan
+//     stays here (inject.go, inject_chaos.go), since it needs the plan and
+//     feeds the job loop and the supervisor.
 //   - launcher/launchertest: test support (helper rank modes, a scan for
 //     a test's surviving processes).
 //
 // Still in this package, in the order a later split would take them: the
-// fault specs (inject.go, inject_chaos.go: pure, but their kinds are
-// named across the report and the supervisor), the plan (plan.go, with
-// the rank environment and ports), output (output.go, outputdir.go,
-// stdin.go), the supervisor and its client, the host agent and host
-// start-up, and elastic restarts.
+// plan (plan.go, with the rank environment and ports), output (output.go,
+// outputdir.go, stdin.go), the supervisor and its client, the host agent
+// and host start-up, and elastic restarts.
 //
 // # Walking `gorun -np 2 ./prog`
 //

@@ -5,92 +5,29 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/gorun-hpc/gorun/internal/netfault"
 )
 
-// The fault kinds beyond signals (kept apart from inject.go, which parses
-// and schedules the signal kinds):
-//
-//	slow:rank=1:at=1s:for=5s[:duty=0.5][:period=200ms]  (or after-steps=N)
-//	    the owning supervisor stops the rank (SIGSTOP) for duty of every
-//	    period and lets it run (SIGCONT) for the rest, from at for for= (for
-//	    ever without for=), and leaves it running at the end. This host has
-//	    cgroup v1 only, so a CPU quota is not available; stopping a rank in
-//	    short slices slows it the same way as seen from its peers.
-//	drop:rank=1[:peer=2]:at=1s
-//	delay:rank=1[:peer=2]:ms=50:at=1s[:for=2s]
-//	corrupt:rank=1[:peer=2]:at=1s
-//	partition:ranks=0-1:at=1s[:for=3s][:lease=4s]
-//	partition:hosts=h2,h3:at=1s[:for=3s][:lease=4s]
-//	    (each also with after-steps=N instead of at=: the fault starts in
-//	    each rank it acts in once that rank reported step N)
-//	    data-plane faults: they act inside gorun's transport in the ranks
-//	    (internal/netfault, comm/netfault.go), armed through the environment
-//	    (GORUN_NETFAULT, GORUN_NETFAULT_EPOCH = the job's start), so they
-//	    work for any launch, local or across hosts. The supervisors still
-//	    answer an injection at the fault's time (signal 0: nothing is sent),
-//	    so the report says when it was due and whether the ranks were there.
-
-// FaultSlow slows a rank by periodic SIGSTOP/SIGCONT.
-const FaultSlow FaultKind = "slow"
+// The fault kinds beyond signals (their spellings are package
+// launcher/fault's, chaos.go): slow, scheduled here and acted out by the
+// supervisor that owns the rank (SIGSTOP for duty of every period, SIGCONT
+// for the rest, the rank left running at the end), and the data-plane
+// kinds (drop, delay, corrupt, partition), which act inside gorun's
+// transport in the ranks (internal/netfault, comm/netfault.go), armed
+// through the environment (netFaultEnv), so they work for any launch,
+// local or across hosts. The supervisors still answer a data-plane
+// injection at the fault's time (signal 0: nothing is sent), so the report
+// says when it was due and whether the ranks were there.
 
 // Slow's defaults: half the time stopped, in slices short enough that no
 // lease (4 s gossip, the data plane's waits) mistakes a slice for a death.
 const (
 	defaultSlowDuty   = 0.5
 	defaultSlowPeriod = 200 * time.Millisecond
-	// minSlowPeriod: the supervisor toggles on its 20 ms tick.
-	minSlowPeriod = 100 * time.Millisecond
 )
-
-func init() {
-	faultKeys[FaultSlow] = struct{ required, optional []string }{[]string{"rank", "when"}, []string{"for", "duty", "period"}}
-}
-
-// parseNetFault parses a data-plane kind through internal/netfault,
-// turning its error into the launcher's.
-func parseNetFault(spec string) (Fault, error) {
-	s, err := netfault.Parse(spec)
-	if err != nil {
-		var se *netfault.SpecError
-		if errors.As(err, &se) {
-			return Fault{}, &FaultSpecError{Spec: spec, Why: se.Why}
-		}
-		return Fault{}, &FaultSpecError{Spec: spec, Why: err.Error()}
-	}
-	return Fault{Spec: spec, Kind: FaultKind(s.Kind), Rank: max(s.Rank, 0), At: s.At, AfterSteps: s.AfterSteps, For: s.For, Net: &s}, nil
-}
-
-// parseChaosKey parses the keys only slow takes.
-func parseChaosKey(f *Fault, k, v string) error {
-	switch k {
-	case "duty":
-		d, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return errors.New("not a number")
-		}
-		if !(d > 0 && d < 1) {
-			return errors.New("must be between 0 and 1, exclusive (the fraction of each period the rank is stopped)")
-		}
-		f.Duty = d
-	case "period":
-		d, err := parseFaultDuration(v)
-		if err != nil {
-			return err
-		}
-		if d < minSlowPeriod {
-			return fmt.Errorf("must be at least %s (the supervisor toggles on a 20ms tick)", minSlowPeriod)
-		}
-		f.Period = d
-	default:
-		return fmt.Errorf("key %q is not handled", k)
-	}
-	return nil
-}
 
 // scheduleChaos turns a slow or data-plane fault into its injection.
 func scheduleChaos(i int, f Fault, plan *Plan) (injection, error) {
@@ -240,11 +177,4 @@ func (a *supervisor) endSlows() {
 		}
 	}
 	a.slows = nil
-}
-
-// isNetKind reports whether a spec's kind (its text up to the first
-// colon) is a data-plane kind.
-func isNetKind(spec string) bool {
-	k, _, _ := strings.Cut(spec, ":")
-	return netfault.IsKind(strings.TrimSpace(k))
 }

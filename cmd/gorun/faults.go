@@ -8,14 +8,15 @@ import (
 	"strings"
 
 	"github.com/gorun-hpc/gorun/launcher"
+	"github.com/gorun-hpc/gorun/launcher/fault"
 )
 
 // readFaults parses --inject and --inject-file; a malformed spec is
 // refused here, before anything starts.
-func readFaults(o options) ([]launcher.Fault, error) {
-	var out []launcher.Fault
+func readFaults(o options) ([]fault.Fault, error) {
+	var out []fault.Fault
 	for _, s := range o.injects {
-		f, err := launcher.ParseFault(s)
+		f, err := fault.Parse(s)
 		if err != nil {
 			return nil, err
 		}
@@ -27,7 +28,7 @@ func readFaults(o options) ([]launcher.Fault, error) {
 			return nil, fmt.Errorf("--inject-file: %w", err)
 		}
 		defer fh.Close()
-		fs, err := launcher.ParseFaultFile(fh, o.injectFile)
+		fs, err := fault.ParseFile(fh, o.injectFile)
 		if err != nil {
 			return nil, err
 		}
