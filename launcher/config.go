@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/launcher/output"
 )
 
 // ExitPolicy decides which failed rank's exit code gorun reports when
@@ -179,4 +181,17 @@ func (c *Config) Validate() error {
 		return errors.New("launcher: lease and launch timeout must not be negative")
 	}
 	return nil
+}
+
+// openJobOutput opens where the output of plan's world goes, as c says
+// (package launcher/output).
+func openJobOutput(c Config, plan *Plan) (*output.Job, error) {
+	restart := 0
+	if c.world != nil {
+		restart = c.world.restart
+	}
+	return output.Open(output.Config{
+		Stdout: c.Stdout, Stderr: c.Stderr, Tag: c.TagOutput, Timestamp: c.TimestampOutput,
+		Dir: c.OutputDir, Ranks: len(plan.Ranks), Restart: restart, JobID: plan.JobID,
+	})
 }

@@ -65,9 +65,10 @@
 //   - The supervisor's client (supervisorclient.go) is shared by RunLocal
 //     and the host agent: rankPipes builds the spec and one pipe per rank
 //     stream, startSupervisor starts the process, and the client sends the
-//     spec and commands and reads events. Output (output.go) is made
-//     line-whole to the terminal and per-rank files by jobOutput, whatever
-//     brought the bytes; stdin forwarding to rank 0 is in stdin.go.
+//     spec and commands and reads events. Output is made line-whole to
+//     the terminal and per-rank files by package launcher/output
+//     (openJobOutput, config.go), whatever brought the bytes; stdin
+//     forwarding to rank 0 is in stdin.go.
 //   - Host start-up (hoststartup.go), shared by jobs and Doctor: gorun
 //     listens on the interface that routes to the hosts (netif), starts
 //     one host agent per host through the starters, waits for each to
@@ -111,13 +112,17 @@
 //     constants stay here as aliases; scheduling faults against a plan
 //     stays here (inject.go, inject_chaos.go), since it needs the plan and
 //     feeds the job loop and the supervisor.
+//   - launcher/output: where a job's output goes (the terminal, line-whole
+//     across ranks, and --output-dir's per-rank logs); it reads whatever
+//     readers the launcher hands it. OutputLostError and OutputDirError
+//     stay here as aliases.
 //   - launcher/launchertest: test support (helper rank modes, a scan for
 //     a test's surviving processes).
 //
 // Still in this package, in the order a later split would take them: the
-// plan (plan.go, with the rank environment and ports), output (output.go,
-// outputdir.go, stdin.go), the supervisor and its client, the host agent
-// and host start-up, and elastic restarts.
+// plan (plan.go, with the rank environment and ports), the supervisor
+// and its client (with stdin.go), the host agent and host start-up, and
+// elastic restarts.
 //
 // # Walking `gorun -np 2 ./prog`
 //

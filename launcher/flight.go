@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/launcher/output"
 )
 
 // Flight records: every rank's communicators write their recent calls to
@@ -74,7 +75,7 @@ type flightRecords struct {
 	// temp is dir when RunLocal made it (and removes it).
 	temp   string
 	log    zerolog.Logger
-	stderr *lineSink
+	stderr *output.Sink
 	// printed: the job loop printed the table at --timeout, so RunLocal
 	// does not print it again.
 	printed bool
@@ -120,13 +121,13 @@ func (f *flightRecords) active() bool { return f != nil && (f.remote || f.dir !=
 // prepareFlight makes the job's flight directory. Its env is the variable
 // that names it for the ranks ("" when it cannot be made: records then go
 // to the ranks' logs only).
-func prepareFlight(cfg Config, stderr *lineSink) *flightRecords {
+func prepareFlight(cfg Config, stderr *output.Sink) *flightRecords {
 	f := &flightRecords{log: cfg.Logger, stderr: stderr}
 	dir := ""
 	var err error
 	if cfg.OutputDir != "" {
 		dir = filepath.Join(cfg.OutputDir, "flight")
-		err = ownSubdir(dir)
+		err = output.OwnSubdir(dir)
 	} else {
 		dir, err = makeFlightTemp()
 		f.temp = dir
@@ -181,7 +182,7 @@ func (f *flightRecords) print(why string, since time.Time) bool {
 	if len(fresh) == 0 {
 		return false
 	}
-	f.stderr.write(fmt.Appendf(nil, "gorun: flight records (%s), merged from %d dumps from %s:\n%s", why, len(fresh), where, comm.FlightTable(fresh)))
+	f.stderr.WriteLines(fmt.Appendf(nil, "gorun: flight records (%s), merged from %d dumps from %s:\n%s", why, len(fresh), where, comm.FlightTable(fresh)))
 	return true
 }
 

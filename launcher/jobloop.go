@@ -510,7 +510,7 @@ func (j *liveJob) printFlight(why string, thenStop bool) {
 		j.flight.printed = printed
 		j.stop(stopTimeout, syscall.SIGTERM)
 	} else if !printed {
-		j.flight.stderr.write([]byte("gorun: SIGUSR2: no rank wrote flight records (no communicator open?)\n"))
+		j.flight.stderr.WriteLines([]byte("gorun: SIGUSR2: no rank wrote flight records (no communicator open?)\n"))
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorun-hpc/gorun/launcher/output"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
 
@@ -221,7 +222,7 @@ type hostsRun struct {
 	plan *Plan
 	pc   PlanConfig
 	pj   *pmiJob
-	out  *jobOutput
+	out  *output.Job
 	// sinks are one in-memory pipe pair per rank (see newRun).
 	sinks []rankSink
 	home  *hostsHome
@@ -265,8 +266,8 @@ func (m *hostAgents) newRun(plan *Plan, pc PlanConfig) (*hostsRun, error) {
 	for i, rs := range plan.Ranks {
 		or, ow := io.Pipe()
 		er, ew := io.Pipe()
-		out.add(rs.Rank, rs.Host, 1, or)
-		out.add(rs.Rank, rs.Host, 2, er)
+		out.Add(rs.Rank, rs.Host, 1, or)
+		out.Add(rs.Rank, rs.Host, 2, er)
 		r.sinks[i] = rankSink{out: ow, err: ew}
 	}
 	// The event channel is sized for a few events per rank and per host
@@ -276,7 +277,7 @@ func (m *hostAgents) newRun(plan *Plan, pc PlanConfig) (*hostsRun, error) {
 	// up and the loop runs: a PMI barrier cannot complete before then
 	// anyway, so each host has at most one fence waiting.
 	r.home = &hostsHome{ch: make(chan supervisorEvent, 4*len(plan.Ranks)+4*len(plan.Nodes)+4)}
-	out.start()
+	out.Start()
 	return r, nil
 }
 
@@ -347,9 +348,9 @@ func (r *hostsRun) wait(ctx context.Context) error {
 	stopStdin := m.forwardStdin(m.conns[0].w)
 	// The ranks' flight records come from the agents (flight.go) and stay
 	// in memory; with --output-dir they are written there too.
-	flight := &flightRecords{log: m.cfg.Logger, stderr: r.out.stderr, remote: true}
+	flight := &flightRecords{log: m.cfg.Logger, stderr: r.out.Stderr(), remote: true}
 	if m.cfg.OutputDir != "" {
-		flight = prepareFlight(m.cfg, r.out.stderr)
+		flight = prepareFlight(m.cfg, r.out.Stderr())
 		flight.remote = true
 	}
 	err := (&jobLoop{cfg: m.cfg, plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight}).run(ctx)
@@ -382,7 +383,7 @@ func (r *hostsRun) abandon(ctx context.Context, cause error) error {
 		cancel()
 		cfg := m.cfg
 		cfg.Timeout, cfg.world = 0, nil
-		flight := &flightRecords{log: m.cfg.Logger, stderr: r.out.stderr, remote: true}
+		flight := &flightRecords{log: m.cfg.Logger, stderr: r.out.Stderr(), remote: true}
 		err := (&jobLoop{cfg: cfg, plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight,
 			fenceHosts: len(r.plan.Nodes)}).run(cctx)
 		m.cfg.Logger.Warn().Int("hosts", len(r.home.conns)).Err(err).AnErr("cause", cause).
@@ -401,7 +402,7 @@ func (r *hostsRun) abandon(ctx context.Context, cause error) error {
 // (the pipes of hosts never launched are closed here). reap: wait for the
 // starters too (abandon leaves that to hostAgents.abort).
 func (r *hostsRun) teardown(reap bool) error {
-	defer r.out.close()
+	defer r.out.Close()
 	close(r.quit)
 	for _, c := range r.home.conns {
 		c.w.c.Close()
@@ -416,11 +417,11 @@ func (r *hostsRun) teardown(reap bool) error {
 			r.sinks[rk].err.Close()
 		}
 	}
-	r.out.wait()
+	r.out.Wait()
 	if reap {
 		r.m.reapStarters(r.m.cfg.Grace + 2*time.Second)
 	}
-	return r.out.finish()
+	return r.out.Finish()
 }
 
 // withoutSecret drops the job secret from a rank's environment before it

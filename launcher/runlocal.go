@@ -39,14 +39,14 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	if err != nil {
 		return err
 	}
-	defer out.close()
+	defer out.Close()
 
 	base := cfg.Env
 	if base == nil {
 		base = os.Environ()
 	}
 	base = scrubLaunchEnv(base)
-	flight := prepareFlight(cfg, out.stderr)
+	flight := prepareFlight(cfg, out.Stderr())
 	defer flight.remove()
 	if v := flight.env(); v != "" {
 		base = mergeEnv(base, []string{v})
@@ -86,9 +86,9 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	}
 	p.closeChildEnds()
 	for _, s := range p.streams {
-		out.add(s.rank, "", s.kind, s.r)
+		out.Add(s.rank, "", s.kind, s.r)
 	}
-	out.start()
+	out.Start()
 	in.start()
 
 	ports.Release()
@@ -133,7 +133,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	}
 	streamsDone := make(chan struct{})
 	go func() {
-		out.wait()
+		out.Wait()
 		close(streamsDone)
 	}()
 	t := time.NewTimer(cfg.Grace + time.Second)
@@ -145,7 +145,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 		<-streamsDone
 	}
 	p.closeStreams()
-	if lerr := out.finish(); lerr != nil && err == nil {
+	if lerr := out.Finish(); lerr != nil && err == nil {
 		// The ranks succeeded but their record did not: the exit status
 		// must say so (the line was printed when it happened).
 		err = lerr

@@ -52,7 +52,7 @@ const (
 )
 
 // maxFrame bounds a frame a peer may announce; output is sent in pieces of
-// at most readChunk.
+// at most 64 KiB (hostagent.go: pumpOutput).
 const maxFrame = 8 << 20
 
 // wireMsg is every JSON message; T says which fields are set.

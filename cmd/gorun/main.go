@@ -392,7 +392,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// A closed stdout (`gorun ... | head`) must not kill gorun with
 	// SIGPIPE, which Go's runtime does for a write to fd 1 or 2 unless the
 	// program asked for the signal: the launcher then sees EPIPE, says so
-	// once and discards the rest (launcher/output.go). A handler, unlike
+	// once and discards the rest (launcher/output). A handler, unlike
 	// ignoring it, is not inherited by the ranks.
 	pipes := make(chan os.Signal, 1)
 	signal.Notify(pipes, syscall.SIGPIPE)

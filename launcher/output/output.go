@@ -1,4 +1,4 @@
-package launcher
+package output
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 // maxLine bounds how much of one unterminated line is held back to keep it
 // whole in one write. A longer line is written in pieces as it comes, with
 // no newline added: its streamer holds the sink until the line's newline
-// (lineSink.holder), so the line stays whole on the terminal while memory
+// (Sink.holder), so the line stays whole on the terminal while memory
 // stays bounded. Other ranks' lines wait meanwhile, at most holdStall
 // without a new piece: a rank that stops mid-line (a prompt, a blob and a
 // long pause) then has its line ended for them, and its next piece starts
@@ -26,16 +26,17 @@ const maxLine = 1 << 20
 const holdStall = time.Second
 
 // readChunk is the size of one read from a rank's pipe; it matches the
-// pipe buffer (pipeSize) so one read drains a full pipe.
-const readChunk = pipeSize
+// pipe buffer the launcher asks for (pipeSize, launcher/runlocal.go), so
+// one read drains a full pipe.
+const readChunk = 1 << 20
 
 // minChunk is the first buffer size and the least room left for a read.
 const minChunk = 16 << 10
 
-// lineSink serializes writes of whole lines to one destination. Each call
-// to write carries only complete lines, so holding mu for one Write is what
+// Sink serializes writes of whole lines to one destination: a terminal
+// stream or one rank's log. Each write carries only complete lines, so holding mu for one Write is what
 // keeps two ranks' bytes out of one line.
-type lineSink struct {
+type Sink struct {
 	mu sync.Mutex
 	w  io.Writer
 	// name and failed are set for a per-rank log file: its first write
@@ -52,15 +53,20 @@ type lineSink struct {
 	moved     chan struct{}
 }
 
-// write writes complete lines (gorun's own, or a rank's).
-func (s *lineSink) write(b []byte) { s.put(nil, nil, nil, b, false) }
+// WriteLines writes complete lines (gorun's own, or a rank's) whole,
+// between other writers' lines. It is safe for concurrent use and blocks
+// while a rank's overlong line holds the sink (at most holdStall after
+// that rank's last piece). A write error is not returned: the sink's first
+// one is reported once (to the Job's stderr for a log) and later writes
+// are dropped.
+func (s *Sink) WriteLines(b []byte) { s.put(nil, nil, nil, b, false) }
 
 // put writes for streamer who: cont, the rest of who's open long line
 // (prefixed with contPrefix if who lost its hold meanwhile), then lines;
 // open says that lines (or cont) ends in the middle of a long line, which
 // who then holds. It waits while another streamer holds the sink (see
 // maxLine).
-func (s *lineSink) put(who *streamer, cont, contPrefix, lines []byte, open bool) {
+func (s *Sink) put(who *streamer, cont, contPrefix, lines []byte, open bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for s.holder != nil && s.holder != who {
@@ -103,7 +109,7 @@ func (s *lineSink) put(who *streamer, cont, contPrefix, lines []byte, open bool)
 }
 
 // release ends the hold and wakes the waiters; mu is held.
-func (s *lineSink) release() {
+func (s *Sink) release() {
 	s.holder = nil
 	if s.moved != nil {
 		close(s.moved)
@@ -111,7 +117,7 @@ func (s *lineSink) release() {
 	}
 }
 
-func (s *lineSink) writeLocked(b []byte) {
+func (s *Sink) writeLocked(b []byte) {
 	if s.err != nil || len(b) == 0 {
 		return
 	}
@@ -123,10 +129,10 @@ func (s *lineSink) writeLocked(b []byte) {
 	}
 }
 
-// OutputLostError reports that output meant for a file could not be
+// LostError reports that output meant for a file could not be
 // written (a full or failing file system): the job may have succeeded,
 // but its record did not.
-type OutputLostError struct {
+type LostError struct {
 	// File is the per-rank log that lost output; Err the write's error.
 	File string
 	Err  error
@@ -134,7 +140,7 @@ type OutputLostError struct {
 	Files int
 }
 
-func (e *OutputLostError) Error() string {
+func (e *LostError) Error() string {
 	s := fmt.Sprintf("launcher: output lost: writing %s: %v", e.File, e.Err)
 	if e.Files > 1 {
 		s += fmt.Sprintf(" (and %d more %s)", e.Files-1, plural(e.Files-1, "log", "logs"))
@@ -142,11 +148,11 @@ func (e *OutputLostError) Error() string {
 	return s
 }
 
-func (e *OutputLostError) Unwrap() error { return e.Err }
+func (e *LostError) Unwrap() error { return e.Err }
 
 // ExitCode is 74, sysexits' EX_IOERR: the job's own exit status was 0, so
 // only gorun's can say that its output is incomplete.
-func (e *OutputLostError) ExitCode() int { return 74 }
+func (e *LostError) ExitCode() int { return 74 }
 
 // streamer copies one stream (stdout or stderr) of one rank to its sinks.
 type streamer struct {
@@ -155,10 +161,10 @@ type streamer struct {
 	host string
 	r    io.Reader
 	// term receives the terminal copy; tag adds "[rank] " there.
-	term *lineSink
+	term *Sink
 	tag  bool
 	// file, when set, receives the per-rank log copy (untagged).
-	file *lineSink
+	file *Sink
 	// now, when set, prefixes each line with a timestamp.
 	now func() time.Time
 	// midLine is set while a line longer than maxLine is being written
@@ -270,15 +276,43 @@ func prefixLines(lines, prefix []byte, open bool) []byte {
 	return out
 }
 
-// jobOutput is where a job's output goes: the terminal (Config.Stdout and
-// Stderr, line-whole across ranks) and, with Config.OutputDir, one log per
-// rank. Local and multi-host jobs share it; only the readers differ (the
-// ranks' pipes here, a host agent's frames there).
-type jobOutput struct {
-	stdout, stderr *lineSink
-	// logs holds one sink per rank, by rank; nil without OutputDir.
-	logs  []*lineSink
-	files []*os.File // the log files, closed by close
+// Config says where one world's output goes. The zero value of a field
+// is "off".
+type Config struct {
+	// Stdout and Stderr receive the ranks' streams, line-whole across
+	// ranks, and gorun's own lines (Job.Stderr).
+	Stdout, Stderr io.Writer
+	// Tag prefixes each terminal line with "[rank] " ("[rank,host] " for a
+	// stream added with a host). Dir implies it.
+	Tag bool
+	// Timestamp prefixes each line with the time it was read.
+	Timestamp bool
+	// Dir, when set, receives one log per rank, rank.N.log for N below
+	// Ranks; it is made if missing and refused (a *DirError) when another
+	// user could redirect or replace the logs (dir.go).
+	Dir   string
+	Ranks int
+	// Restart is the world's number: a restarted world (above 0) appends
+	// to the logs of the worlds before it, after a line that names the
+	// restart and JobID.
+	Restart int
+	JobID   string
+}
+
+// Job is where a job's output goes: the terminal (Config.Stdout and
+// Stderr, line-whole across ranks) and, with Config.Dir, one log per rank.
+// Local and multi-host jobs share it; only the readers differ (the ranks'
+// pipes in a local job, a host agent's frames in a multi-host one).
+//
+// Its life is Open, Add for every stream, Start, Wait, then Finish (or
+// Close when the job did not get that far). Add and Start are called from
+// one goroutine; Wait, Finish and Close from the one that called Start;
+// Stderr's Sink is safe for concurrent use throughout.
+type Job struct {
+	stdout, stderr *Sink
+	// logs holds one sink per rank, by rank; nil without Dir.
+	logs  []*Sink
+	files []*os.File // the log files, closed by Close or Finish
 	tag   bool
 	now   func() time.Time
 
@@ -286,75 +320,76 @@ type jobOutput struct {
 	wg      sync.WaitGroup // the streamers
 }
 
-// openJobOutput creates the sinks and, with OutputDir, the per-rank logs.
-func openJobOutput(cfg Config, plan *Plan) (*jobOutput, error) {
-	o := &jobOutput{tag: cfg.TagOutput || cfg.OutputDir != ""}
+// Open creates the sinks and, with Dir, the per-rank logs.
+func Open(cfg Config) (*Job, error) {
+	o := &Job{tag: cfg.Tag || cfg.Dir != ""}
 	// A terminal stream that fails (its reader exited: `gorun ... | head`)
 	// is given up on, not retried per line; the job runs on. Ending it
 	// instead would cost a long job its work for a pager the user closed,
 	// and the ranks' exit status stays gorun's (mpirun and srun likewise
 	// keep the job running). A failed stdout is said once on stderr; a
 	// failed stderr has nowhere to say it.
-	o.stdout = &lineSink{w: cfg.Stdout, name: "stdout", failed: o.terminalFailed}
-	o.stderr = &lineSink{w: cfg.Stderr, name: "stderr", failed: o.terminalFailed}
-	if cfg.TimestampOutput {
+	o.stdout = &Sink{w: cfg.Stdout, name: "stdout", failed: o.terminalFailed}
+	o.stderr = &Sink{w: cfg.Stderr, name: "stderr", failed: o.terminalFailed}
+	if cfg.Timestamp {
 		o.now = time.Now
 	}
-	if cfg.OutputDir == "" {
+	if cfg.Dir == "" {
 		return o, nil
 	}
-	if err := os.MkdirAll(cfg.OutputDir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("launcher: output dir: %w", err)
 	}
-	if err := checkOutputDir(cfg.OutputDir); err != nil {
+	if err := checkDir(cfg.Dir); err != nil {
 		return nil, err
 	}
 	// A restarted world (--max-restarts) appends to the logs of the worlds
 	// before it, after a line saying where it begins: the output of the
 	// world that failed is what a user reads to learn why.
-	restart := 0
-	if cfg.world != nil && cfg.world.restart > 0 {
-		restart = cfg.world.restart
-	}
-	for _, rs := range plan.Ranks {
-		f, err := openRankLog(filepath.Join(cfg.OutputDir, "rank."+strconv.Itoa(rs.Rank)+".log"), restart > 0)
+	restart := max(cfg.Restart, 0)
+	for rank := range cfg.Ranks {
+		f, err := openRankLog(filepath.Join(cfg.Dir, "rank."+strconv.Itoa(rank)+".log"), restart > 0)
 		if err == nil && restart > 0 {
-			if _, err = fmt.Fprintf(f, "--- gorun: restart %d (job %s) ---\n", restart, plan.JobID); err != nil {
+			if _, err = fmt.Fprintf(f, "--- gorun: restart %d (job %s) ---\n", restart, cfg.JobID); err != nil {
 				f.Close()
 				err = fmt.Errorf("launcher: output dir: %w", err)
 			}
 		}
 		if err != nil {
-			o.close()
+			o.Close()
 			return nil, err
 		}
 		o.files = append(o.files, f)
-		o.logs = append(o.logs, &lineSink{w: f, name: f.Name(), failed: o.fileFailed})
+		o.logs = append(o.logs, &Sink{w: f, name: f.Name(), failed: o.fileFailed})
 	}
 	return o, nil
 }
 
+// Stderr is the terminal's stderr sink, for gorun's own lines (flight
+// records, warnings) between the ranks' lines.
+func (o *Job) Stderr() *Sink { return o.stderr }
+
 // terminalFailed reports gorun's stdout failing, once, on its stderr.
-func (o *jobOutput) terminalFailed(name string, err error) {
+func (o *Job) terminalFailed(name string, err error) {
 	if name == "stdout" {
-		o.stderr.write(fmt.Appendf(nil, "gorun: writing stdout: %v (its reader exited?); the job runs on and its stdout is discarded\n", err))
+		o.stderr.WriteLines(fmt.Appendf(nil, "gorun: writing stdout: %v (its reader exited?); the job runs on and its stdout is discarded\n", err))
 	}
 }
 
 // fileFailed reports a log file's first write error, once, on gorun's
 // stderr as it happens: the job goes on, and the user learns at once which
 // record is incomplete.
-func (o *jobOutput) fileFailed(name string, err error) {
-	o.stderr.write(fmt.Appendf(nil, "gorun: writing %s: %v; the rest of that rank's log is lost\n", name, err))
+func (o *Job) fileFailed(name string, err error) {
+	o.stderr.WriteLines(fmt.Appendf(nil, "gorun: writing %s: %v; the rest of that rank's log is lost\n", name, err))
 }
 
-// finish closes the log files and returns an *OutputLostError when any
-// write or close of one failed. Call after wait.
-func (o *jobOutput) finish() error {
-	var lost *OutputLostError
+// Finish closes the log files and returns a *LostError when any write or
+// close of one failed. Call after Wait.
+func (o *Job) Finish() error {
+	var lost *LostError
 	note := func(name string, err error) {
 		if lost == nil {
-			lost = &OutputLostError{File: name, Err: err}
+			lost = &LostError{File: name, Err: err}
 		}
 		lost.Files++
 	}
@@ -381,9 +416,10 @@ func (o *jobOutput) finish() error {
 	return lost
 }
 
-// add registers a reader of one rank's stdout (kind 1) or stderr (kind 2);
-// host, when set, goes into the tag. Call before start.
-func (o *jobOutput) add(rank int, host string, kind byte, r io.Reader) {
+// Add registers a reader of one rank's stdout (kind 1) or stderr (kind 2,
+// the numbering of the launcher's wire frames); host, when set, goes into
+// the tag. Call before Start.
+func (o *Job) Add(rank int, host string, kind byte, r io.Reader) {
 	term := o.stdout
 	if kind == 2 {
 		term = o.stderr
@@ -395,19 +431,28 @@ func (o *jobOutput) add(rank int, host string, kind byte, r io.Reader) {
 	o.streams = append(o.streams, st)
 }
 
-// start runs one goroutine per stream until its reader ends.
-func (o *jobOutput) start() {
+// Start runs one goroutine per stream until its reader ends; Wait waits
+// for them.
+func (o *Job) Start() {
 	for _, s := range o.streams {
 		o.wg.Go(s.run)
 	}
 }
 
-// wait returns once every stream reached EOF or a read error.
-func (o *jobOutput) wait() { o.wg.Wait() }
+// Wait returns once every stream reached EOF or a read error.
+func (o *Job) Wait() { o.wg.Wait() }
 
-// close closes the log files; call after wait.
-func (o *jobOutput) close() {
+// Close closes the log files, without reporting their errors; call after
+// Wait. After Finish it does nothing.
+func (o *Job) Close() {
 	for _, f := range o.files {
 		f.Close()
 	}
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

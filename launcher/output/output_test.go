@@ -1,4 +1,4 @@
-package launcher
+package output
 
 import (
 	"bytes"
@@ -33,7 +33,7 @@ func TestStreamer(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
-			s := &streamer{rank: 7, r: tc.in, term: &lineSink{w: &out}, tag: tc.tag}
+			s := &streamer{rank: 7, r: tc.in, term: &Sink{w: &out}, tag: tc.tag}
 			s.run()
 			if got := out.String(); got != tc.want {
 				if len(got) > 100 || len(tc.want) > 100 {
@@ -51,7 +51,7 @@ func TestStreamer(t *testing.T) {
 // terminal is one rank's, whole.
 func TestLongLinesStayWhole(t *testing.T) {
 	var out bytes.Buffer
-	term := &lineSink{w: &out}
+	term := &Sink{w: &out}
 	long := strings.Repeat("y", 3<<20)
 	r1, w1 := io.Pipe()
 	r2, w2 := io.Pipe()
@@ -101,7 +101,7 @@ func TestLongLinesStayWhole(t *testing.T) {
 func TestLongLineStallLetsOthersThrough(t *testing.T) {
 	var mu sync.Mutex
 	var out bytes.Buffer
-	term := &lineSink{w: writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return out.Write(p) })}
+	term := &Sink{w: writerFunc(func(p []byte) (int, error) { mu.Lock(); defer mu.Unlock(); return out.Write(p) })}
 	r1, w1 := io.Pipe()
 	r2, w2 := io.Pipe()
 	var wg sync.WaitGroup
@@ -148,7 +148,7 @@ func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 // bytes can never share a line.
 func TestStreamerWritesWholeLines(t *testing.T) {
 	w := &lineCheckWriter{t: t}
-	s := &streamer{rank: 1, r: iotest.HalfReader(strings.NewReader(strings.Repeat("abc\ndefgh\n", 1000) + "tail")), term: &lineSink{w: w}, tag: true}
+	s := &streamer{rank: 1, r: iotest.HalfReader(strings.NewReader(strings.Repeat("abc\ndefgh\n", 1000) + "tail")), term: &Sink{w: w}, tag: true}
 	s.run()
 	if w.lines != 2001 {
 		t.Fatalf("%d lines, want 2001", w.lines)
@@ -171,8 +171,8 @@ func (w *lineCheckWriter) Write(p []byte) (int, error) {
 func TestStreamerTimestampsAndFile(t *testing.T) {
 	var term, file bytes.Buffer
 	at := time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)
-	s := &streamer{rank: 0, r: strings.NewReader("x\n"), term: &lineSink{w: &term}, tag: true,
-		file: &lineSink{w: &file}, now: func() time.Time { return at }}
+	s := &streamer{rank: 0, r: strings.NewReader("x\n"), term: &Sink{w: &term}, tag: true,
+		file: &Sink{w: &file}, now: func() time.Time { return at }}
 	s.run()
 	if got, want := term.String(), "[0] 2026-01-02T03:04:05.000006Z x\n"; got != want {
 		t.Errorf("terminal %q, want %q", got, want)

@@ -1,4 +1,4 @@
-package launcher
+package output
 
 import (
 	"errors"
@@ -25,21 +25,23 @@ import (
 // opened: a regular file of this user with one link (a hard link of
 // another file would write into that file). Only then is it truncated. A
 // symlink of the user's own is followed (openOwnLink); another user's is
-// refused. The
-// flight directory inside it is made the same way (ownSubdir).
+// refused. The flight directory inside it is made the same way
+// (OwnSubdir).
 
-// OutputDirError says why gorun will not write rank logs at Path.
-type OutputDirError struct {
+// DirError says why gorun will not write rank logs at Path.
+type DirError struct {
+	// Path is the directory or link refused; Problem says why, as the end
+	// of a sentence that begins with Path ("belongs to uid 1001").
 	Path    string
 	Problem string
 }
 
-func (e *OutputDirError) Error() string {
+func (e *DirError) Error() string {
 	return fmt.Sprintf("launcher: output dir: %s %s; gorun does not write there (choose a directory of your own)", e.Path, e.Problem)
 }
 
-// checkOutputDir checks dir as the comment above says; dir exists.
-func checkOutputDir(dir string) error {
+// checkDir checks dir as the comment above says; dir exists.
+func checkDir(dir string) error {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return err
@@ -58,7 +60,7 @@ func checkOutputDir(dir string) error {
 		}
 		if st.Mode()&os.ModeSymlink != 0 {
 			if uid := int(st.Sys().(*syscall.Stat_t).Uid); uid != 0 && uid != os.Getuid() {
-				return &OutputDirError{dir, fmt.Sprintf("is reached through %s, a symbolic link of uid %d", p, uid)}
+				return &DirError{dir, fmt.Sprintf("is reached through %s, a symbolic link of uid %d", p, uid)}
 			}
 		}
 	}
@@ -67,13 +69,13 @@ func checkOutputDir(dir string) error {
 		return err
 	}
 	if !st.IsDir() {
-		return &OutputDirError{dir, "is not a directory"}
+		return &DirError{dir, "is not a directory"}
 	}
 	if uid := int(st.Sys().(*syscall.Stat_t).Uid); uid != 0 && uid != os.Getuid() {
-		return &OutputDirError{dir, "belongs to uid " + strconv.Itoa(uid)}
+		return &DirError{dir, "belongs to uid " + strconv.Itoa(uid)}
 	}
 	if st.Mode().Perm()&0o002 != 0 && st.Mode()&os.ModeSticky == 0 {
-		return &OutputDirError{dir, fmt.Sprintf("is writable by every user and not sticky (mode %04o)", st.Mode().Perm())}
+		return &DirError{dir, fmt.Sprintf("is writable by every user and not sticky (mode %04o)", st.Mode().Perm())}
 	}
 	return nil
 }
@@ -103,11 +105,11 @@ func openRankLog(path string, appending bool) (*os.File, error) {
 	sys := st.Sys().(*syscall.Stat_t)
 	switch {
 	case !st.Mode().IsRegular():
-		err = &OutputDirError{path, "is not a regular file"}
+		err = &DirError{path, "is not a regular file"}
 	case int(sys.Uid) != os.Getuid():
-		err = &OutputDirError{path, "belongs to uid " + strconv.Itoa(int(sys.Uid))}
+		err = &DirError{path, "belongs to uid " + strconv.Itoa(int(sys.Uid))}
 	case sys.Nlink != 1:
-		err = &OutputDirError{path, fmt.Sprintf("has %d hard links (another file's contents)", sys.Nlink)}
+		err = &DirError{path, fmt.Sprintf("has %d hard links (another file's contents)", sys.Nlink)}
 	}
 	if err == nil && !appending {
 		err = f.Truncate(0)
@@ -130,7 +132,7 @@ func openOwnLink(path string, flags int, appending bool) (*os.File, error) {
 		return nil, fmt.Errorf("launcher: output dir: %w", err)
 	}
 	if uid := int(before.Sys().(*syscall.Stat_t).Uid); uid != os.Getuid() {
-		return nil, &OutputDirError{path, "is a symbolic link of uid " + strconv.Itoa(uid)}
+		return nil, &DirError{path, "is a symbolic link of uid " + strconv.Itoa(uid)}
 	}
 	f, err := os.OpenFile(path, flags, 0o666)
 	if err != nil {
@@ -139,7 +141,7 @@ func openOwnLink(path string, flags int, appending bool) (*os.File, error) {
 	after, err := os.Lstat(path)
 	if err != nil || !os.SameFile(before, after) {
 		f.Close()
-		return nil, &OutputDirError{path, "was replaced while it was opened"}
+		return nil, &DirError{path, "was replaced while it was opened"}
 	}
 	if !appending {
 		if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
@@ -149,9 +151,11 @@ func openOwnLink(path string, flags int, appending bool) (*os.File, error) {
 	return f, nil
 }
 
-// ownSubdir makes dir (inside a checked output directory) or accepts it
-// when it is already a real directory of this user, never a symlink.
-func ownSubdir(dir string) error {
+// OwnSubdir makes dir (inside a checked output directory, such as the
+// flight records' directory) or accepts it when it is already a real
+// directory of this user, never a symlink; otherwise it returns a
+// *DirError.
+func OwnSubdir(dir string) error {
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
@@ -161,11 +165,11 @@ func ownSubdir(dir string) error {
 	}
 	switch {
 	case st.Mode()&os.ModeSymlink != 0:
-		return &OutputDirError{dir, "is a symbolic link"}
+		return &DirError{dir, "is a symbolic link"}
 	case !st.IsDir():
-		return &OutputDirError{dir, "is not a directory"}
+		return &DirError{dir, "is not a directory"}
 	case int(st.Sys().(*syscall.Stat_t).Uid) != os.Getuid():
-		return &OutputDirError{dir, "belongs to uid " + strconv.Itoa(int(st.Sys().(*syscall.Stat_t).Uid))}
+		return &DirError{dir, "belongs to uid " + strconv.Itoa(int(st.Sys().(*syscall.Stat_t).Uid))}
 	}
 	return nil
 }
