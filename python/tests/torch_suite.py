@@ -132,7 +132,11 @@ def reason_of(err):
             after_tb = False
         if ln.startswith("Process ") and "exited with error code" in ln and found:
             break  # the first rank's exception is enough
-    line = found[-1] if found else "%s: %s" % (err[0].__name__, lines[0] if lines else "")
+    if found:
+        line = found[-1]
+    else:  # the runner's own assertion (a rank's exit code): its first and last lines
+        text = [ln for ln in lines if ln.strip()]
+        line = "%s: %s" % (err[0].__name__, " ... ".join(dict.fromkeys(text[:1] + text[-1:])))
     return re.sub(r"\s+", " ", line)[:300]
 
 
