@@ -538,6 +538,7 @@ def _check(t, what, name="tensor"):
 
 
 _STRIDED = torch.strided
+_SPARSE_COO = torch.sparse_coo
 
 
 def _bytes(t):
@@ -834,7 +835,7 @@ class _Gorun:
                         raise _lib.error(rc, "gorun %s" % what)
                     return _SYNC_DONE
         t = _one(tensors, what)
-        if t.layout is torch.sparse_coo:
+        if t.layout is _SPARSE_COO:
             return self._sparse_allreduce(t, opts)
         dt = _check(t, what)
         op = _op(opts, what, dt)
@@ -868,9 +869,12 @@ class _Gorun:
             raise ValueError("gorun %s: the ranks' tensors differ in their number of dimensions" % what)
         layouts = self._gather_sync(torch.tensor(shape, dtype=torch.int64), what)
         for r in range(n):
-            if not torch.equal(layouts[r], layouts[self.rank()]):
-                raise ValueError("gorun %s: rank %d's tensor (sparse dims, dims, dtype, size %s) differs from "
-                                 "this rank's (%s)" % (what, r, layouts[r].tolist(), shape))
+            sd, nd, code, *size = layouts[r].tolist()
+            if code != shape[2]:
+                raise ValueError("gorun %s: rank %d's tensor has another dtype than this rank's %s" % (what, r, t.dtype))
+            if [sd, nd] + size != shape[:2] + shape[3:]:
+                raise ValueError("gorun %s: rank %d's tensor (size %s, %d sparse dimensions) differs from this "
+                                 "rank's (size %s, %d)" % (what, r, size, sd, list(t.shape), shape[0]))
         counts = head[:, 0].tolist()
         most = max(counts)
         pad_idx = torch.zeros((idx.shape[0], most), dtype=idx.dtype)
@@ -950,6 +954,12 @@ class _Gorun:
                 if not wait_all_ranks:
                     break
         self._store.set(key + "done", "fail" if missing else "ok")
+        for r in range(1, n):  # the check-ins are read; "done" stays for the ranks still to read it
+            if r not in missing:
+                try:
+                    self._store.delete_key(key + str(r))
+                except RuntimeError:
+                    pass  # a store that cannot delete keeps them: a few bytes per call
         ms = int(secs * 1000)
         if missing and not wait_all_ranks:
             raise RuntimeError("gorun %s: Rank %d failed to pass monitoredBarrier in %d ms" % (what, missing[0], ms))
