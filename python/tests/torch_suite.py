@@ -71,8 +71,14 @@ if __name__ == "__main__":
     ap.add_argument("--markdown", help="write the counts and the per-test table here")
     ap.add_argument("--json", help="write the raw results here")
     ARGS = ap.parse_args()
+    m = re.fullmatch(r"(\d+)/(\d+)", ARGS.shard)
+    if not m or not int(m.group(1)) < int(m.group(2)):
+        ap.error("--shard %r: want I/J with 0 <= I < J" % ARGS.shard)
+    if ARGS.jobs < 1:
+        ap.error("--jobs %d: want at least 1" % ARGS.jobs)
     if ARGS.backend:
         os.environ["BACKEND"] = ARGS.backend.split("@")[0]
+        os.environ.pop("GORUN_SUITE_GATES", None)
         if "@" in ARGS.backend:
             os.environ["GORUN_SUITE_GATES"] = ARGS.backend.split("@")[1]
         os.environ["WORLD_SIZE"] = str(ARGS.world_size)
