@@ -28,7 +28,7 @@ import zlib
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import Backend as _C10dBackend, ProcessGroup, ReduceOp, Work
+from torch._C._distributed_c10d import Backend as _C10dBackend, BarrierOptions, ProcessGroup, ReduceOp, Work
 from torch.futures import Future
 
 from . import _lib
@@ -918,6 +918,8 @@ class _Gorun:
         what = "monitored_barrier"
         if self._store is None:
             raise RuntimeError("gorun %s: this group has no store to run it over" % what)
+        if isinstance(timeout, BarrierOptions):  # how torch calls a Backend ("cpu:gorun,cuda:nccl")
+            timeout = timeout.timeout
         if timeout is None:
             timeout = self._timeout
         secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
