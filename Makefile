@@ -135,8 +135,12 @@ bench-gpu-standin: ## the bench-gpu pipeline without a GPU: stand-in NCCL vs tor
 bench-plan: ## gorun plan on ~10k/30k/100k-node steps, default and all four passes, medians of wall and CPU time (ANCHOR=REV runs that revision side by side; RUNS, SIZES)
 	@bash scripts/bench-plan.sh
 
-bench-rdzvscale: ## in-process host-leader formation at 64, 256, 1,024 and 4,096 ranks (16 per host): medians, load average, peak memory (ANCHOR=REV runs that revision interleaved; SIZES, ROUNDS, PER)
+bench-rdzvscale: ## in-process host-leader formation at 64, 256, 1,024 and 4,096 ranks (16 per host): medians of wall and CPU time, load average, peak memory (ANCHOR=REV runs that revision interleaved; SIZES, ROUNDS, PER)
 	flock /tmp/gorun-bench.lock scripts/bench-rdzvscale.sh
+
+.PHONY: bench-pmiscale
+bench-pmiscale: ## a real MPICH program's PMI start-up over HOSTS×PER simulated hosts (32×4): gets that reach gorun and bytes it sends, batched answers vs one key per answer
+	flock /tmp/gorun-bench.lock scripts/bench-pmiscale.sh
 
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)
@@ -164,3 +168,8 @@ test-watchers: ## gorun, supervisor and host agent SIGKILLed in every pair and t
 .PHONY: soak-verdicts
 soak-verdicts: build lib ## no false frozen/lost verdict in 10 min at load >= 40 on 2 cores (40 CPU hogs, a memory churner): trainer 4-16 ranks, torch DDP, MPICH; SIGSTOP/SIGKILL probes named within 10 s / 2 s (SOAK_SECS to change)
 	flock /tmp/gorun-bench.lock bash scripts/soak-verdicts.sh
+
+# Fault-tolerant training (package ft, gorun --fault-tolerant)
+.PHONY: bench-ft
+bench-ft: build ## fault-tolerant dp vs --max-restarts from a checkpoint, Go trainer, 4 ranks, the same kills: total time to N steps, steps lost, kill -> training again, medians of 5
+	flock /tmp/gorun-bench.lock python3 scripts/bench_ft_go.py bin/gorun bin/trainer $(BENCH_FT_ARGS)

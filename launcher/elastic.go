@@ -78,6 +78,9 @@ type Report struct {
 	// HostfileChanges are the changes found when the hostfile was read
 	// again before a restart (Job.Hostfile), and reads that failed.
 	HostfileChanges []HostfileChange `json:"hostfile_changes,omitempty"`
+	// FaultTolerance is a --fault-tolerant job's failures, quorums and
+	// heals (ft.go).
+	FaultTolerance *FTReport `json:"fault_tolerance,omitempty"`
 	// out are the hosts left out of the next world now; lostIn is the
 	// restart whose world lost each.
 	out        []string
@@ -440,6 +443,35 @@ func (w *worldRun) ranksStarted(t time.Time) {
 	}
 }
 
+// validateRestarts checks what says how the job survives a failure
+// (--max-restarts, the elastic bounds, --fault-tolerant and its budget and
+// groups, the checkpoint signal's lead).
+func (job Job) validateRestarts() error {
+	if job.MaxRestarts < 0 {
+		return fmt.Errorf("launcher: max restarts must not be negative, got %d", job.MaxRestarts)
+	}
+	if job.MinNP < 0 || job.MaxNP < 0 || (job.MaxNP > 0 && job.MinNP > job.MaxNP) {
+		return fmt.Errorf("launcher: --min-np %d / --max-np %d: both must be positive and min ≤ max", job.MinNP, job.MaxNP)
+	}
+	if (job.MinNP > 0 || job.MaxNP > 0) && len(job.Hosts) == 0 {
+		return errors.New("launcher: --min-np/--max-np need a host list (-H or -hostfile): an elastic job replaces and drops hosts")
+	}
+	if job.FaultTolerant {
+		switch {
+		case job.MaxRestarts > 0 || job.MinNP > 0 || job.MaxNP > 0:
+			return errors.New("launcher: --fault-tolerant replaces failed ranks in place; it does not combine with --max-restarts or --min-np/--max-np")
+		case job.MaxFailures < 0:
+			return fmt.Errorf("launcher: --max-failures must not be negative, got %d", job.MaxFailures)
+		case job.FTGroupSize < 0 || job.FTGroupSize > 1 && job.NP%job.FTGroupSize != 0:
+			return fmt.Errorf("launcher: --fault-tolerant-group %d must divide -np %d", job.FTGroupSize, job.NP)
+		}
+	}
+	if job.CheckpointBefore < 0 {
+		return fmt.Errorf("launcher: checkpoint signal lead must not be negative, got %s", job.CheckpointBefore)
+	}
+	return nil
+}
+
 // launchWorlds runs the job's worlds in turn (LaunchReport): each a new
 // plan over the hosts not lost, until one succeeds, a failure is not
 // restartable, or the restarts allowed are spent.
@@ -450,17 +482,8 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 	if len(job.Argv) == 0 {
 		return errors.New("launcher: no program given")
 	}
-	if job.MaxRestarts < 0 {
-		return fmt.Errorf("launcher: max restarts must not be negative, got %d", job.MaxRestarts)
-	}
-	if job.MinNP < 0 || job.MaxNP < 0 || (job.MaxNP > 0 && job.MinNP > job.MaxNP) {
-		return fmt.Errorf("launcher: --min-np %d / --max-np %d: both must be positive and min ≤ max", job.MinNP, job.MaxNP)
-	}
-	if (job.MinNP > 0 || job.MaxNP > 0) && len(job.Hosts) == 0 {
-		return errors.New("launcher: --min-np/--max-np need a host list (-H or -hostfile): an elastic job replaces and drops hosts")
-	}
-	if job.CheckpointBefore < 0 {
-		return fmt.Errorf("launcher: checkpoint signal lead must not be negative, got %s", job.CheckpointBefore)
+	if err := job.validateRestarts(); err != nil {
+		return err
 	}
 	if s := rep.ckptSig; s == syscall.SIGKILL || s == syscall.SIGSTOP || s < 0 || s > 64 {
 		return fmt.Errorf("launcher: checkpoint signal %s cannot be caught by a program; use e.g. SIGUSR1", unixSignalName(s))

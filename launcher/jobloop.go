@@ -533,6 +533,7 @@ func (j *liveJob) onEvent(ev supervisorEvent, ok bool) {
 		j.ranks[ev.Rank].pid = ev.PID
 		j.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Msg("rank started")
 		j.countStart()
+		j.cfg.ft.started(ev)
 	case "failed":
 		j.countStart()
 		j.ranks[ev.Rank].exited = true
@@ -594,6 +595,9 @@ func (j *liveJob) rankFrozen(ev supervisorEvent) {
 		return
 	}
 	j.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Str("why", ev.Err).Msg("rank frozen")
+	if j.cfg.ft.frozen(j, ev) {
+		return // killed, so that its exit replaces it (ft.go)
+	}
 	j.fail(failure{rank: ev.Rank, pid: ev.PID, code: 1, frozen: ev.Frozen, why: ev.Err, blame: -1})
 }
 
@@ -610,6 +614,9 @@ func (j *liveJob) rankExited(ev supervisorEvent) {
 		return
 	}
 	j.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Int64("reaped_at_ns", ev.At).Msg("rank exited")
+	if j.cfg.ft.exited(j, ev) {
+		return // a fault-tolerant job replaces the rank (ft.go)
+	}
 	failed := ev.Code != 0 || ev.Signal != 0
 	switch {
 	case ev.Collateral && failed:
@@ -636,7 +643,7 @@ func (j *liveJob) pmiFence(ev supervisorEvent) {
 		j.log.Error().Err(err).Msg("PMI barrier")
 		j.fail(failure{rank: ev.Rank, startErr: fmt.Errorf("%w: %v", errPMIProtocol, err)})
 	} else if ok {
-		j.log.Debug().Int("epoch", cmd.Epoch).Int("keys", len(j.fences.kvs)).Msg("PMI barrier released")
+		j.log.Debug().Int("epoch", cmd.Epoch).Int("keys", j.fences.kvs.Len()).Msg("PMI barrier released")
 		j.home.command(cmd)
 	}
 }

@@ -107,6 +107,9 @@ type supervisorSpec struct {
 	// supervisor exited; a supervisor whose client died removes it on
 	// its way out, after killing every descendant.
 	Cgroup string `json:"cgroup,omitempty"`
+	// Respawn keeps every rank's spec and pipes so that gorun
+	// --fault-tolerant can start a rank again ("respawn"; ftsupervisor.go).
+	Respawn bool `json:"respawn,omitempty"`
 }
 
 // supervisorRank is one process to start. Descriptor numbers refer to the
@@ -141,13 +144,16 @@ type supervisorCmd struct {
 	Ranks  []int  `json:"ranks,omitempty"`
 	// Epoch and KVS belong to "pmi-release": PMI barrier Epoch is over
 	// (KVS, kept for older hosts' sake, is no longer filled: values go
-	// out one key at a time). Key, Value and Found are "pmi-value", the
-	// answer to a "pmi-get" (pmi.go).
-	Epoch int               `json:"epoch,omitempty"`
-	KVS   map[string]string `json:"kvs,omitempty"`
-	Key   string            `json:"key,omitempty"`
-	Value string            `json:"value,omitempty"`
-	Found bool              `json:"found,omitempty"`
+	// out on demand). Key, Value and Found are "pmi-value", the answer to
+	// a "pmi-get" (pmi.go), with the batch that came with it in KVS;
+	// Batched says the value is in a batch sent to this host before, and
+	// so not repeated.
+	Epoch   int               `json:"epoch,omitempty"`
+	KVS     map[string]string `json:"kvs,omitempty"`
+	Key     string            `json:"key,omitempty"`
+	Value   string            `json:"value,omitempty"`
+	Found   bool              `json:"found,omitempty"`
+	Batched bool              `json:"batched,omitempty"`
 	// "inject" (inject.go) sends Signal to the process group of each of
 	// Ranks that this supervisor runs, answering an "injected" event per
 	// rank, and after For (when set) SIGCONT, answered by "fault-cont".
@@ -173,6 +179,10 @@ type supervisorCmd struct {
 	// relays the signal. gorun sets it on the teardown of a failed
 	// multi-host job, as it waits itself for a local job's ranks.
 	DumpFirst bool `json:"dump_first,omitempty"`
+	// Incarnation is "respawn"'s: the number of the rank's next process
+	// (ftsupervisor.go). "release" drops what the supervisor kept of
+	// Ranks to start them again.
+	Incarnation int `json:"incarnation,omitempty"`
 }
 
 // supervisorEvent is a message from the supervisor.
@@ -336,6 +346,8 @@ type supervisor struct {
 	// lastBeat is when the last "beat" went out (the client's lease on
 	// this process).
 	lastBeat time.Time
+	// ft keeps what a respawn needs (spec.Respawn); nil otherwise.
+	ft *ftKeeper
 }
 
 // faultCont is one SIGCONT an injected stop owes a rank.
@@ -446,6 +458,9 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	lastCmd.Store(time.Now().UnixNano())
 	go readCommands(br, cmds, &lastCmd)
 
+	if spec.Respawn {
+		a.ft = newFTKeeper(collW)
+	}
 	a.startAll(spec.Ranks, collW)
 	if collW != nil {
 		// os.StartProcess made the shared description blocking (File.Fd
@@ -506,7 +521,7 @@ func (a *supervisor) run(spec supervisorSpec, cmds chan supervisorCmd, sigs <-ch
 	a.lastBeat = time.Now()
 	clientJudge := liveness.Judge{PID: os.Getppid(), Lease: spec.ClientLease, Recheck: spec.ClientLease / 4, Limit: starvedLimitX * spec.ClientLease}
 	for {
-		if a.running == 0 && a.finishStrays() {
+		if a.running == 0 && a.ft.idle() && a.finishStrays() {
 			a.finish(spec)
 			return nil
 		}
@@ -651,20 +666,7 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 			env = append(env, rankenv.CollateralFD+"="+strconv.Itoa(len(files)))
 			files = append(files, collW)
 		}
-		if topo.wants(a.progs.of(r.Path), r.Env) {
-			f, took, err := topo.get(topoDeadline)
-			if !topo.reported {
-				topo.reported = true
-				if err != nil {
-					a.log.Debug().Err(err).Msg("ranks discover the hardware topology themselves")
-				} else {
-					a.log.Debug().Dur("took", took).Msg("ranks read the hardware topology from gorun")
-				}
-			}
-			if err == nil {
-				files, env = topologyForRank(f, files, env)
-			}
-		}
+		files, env = a.topologyFor(topo, topoDeadline, r, files, env)
 		p, err := startBound(cpus, func() (*os.Process, error) {
 			return os.StartProcess(r.Path, r.Argv, &os.ProcAttr{
 				Dir:   r.Dir,
@@ -692,6 +694,9 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 				},
 			})
 		})
+		if err == nil {
+			a.ft.keep(r, stdout, stderr)
+		}
 		// The rank holds its own copies now; ours would keep gorun's
 		// readers from seeing EOF.
 		for _, f := range []*os.File{stdin, stdout, stderr} {
@@ -726,6 +731,29 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 	}
 }
 
+// topologyFor hands rank r the host's hwloc topology (topology.go) when
+// its program wants one and it is ready by deadline; it says once, at
+// debug level, whether the ranks read it from gorun or discover it
+// themselves.
+func (a *supervisor) topologyFor(topo *topologyShare, deadline time.Time, r supervisorRank, files []*os.File, env []string) ([]*os.File, []string) {
+	if !topo.wants(a.progs.of(r.Path), r.Env) {
+		return files, env
+	}
+	f, took, err := topo.get(deadline)
+	if !topo.reported {
+		topo.reported = true
+		if err != nil {
+			a.log.Debug().Err(err).Msg("ranks discover the hardware topology themselves")
+		} else {
+			a.log.Debug().Dur("took", took).Msg("ranks read the hardware topology from gorun")
+		}
+	}
+	if err != nil {
+		return files, env
+	}
+	return topologyForRank(f, files, env)
+}
+
 func (a *supervisor) command(c supervisorCmd) {
 	switch c.Op {
 	case "signal":
@@ -739,6 +767,7 @@ func (a *supervisor) command(c supervisorCmd) {
 		if stopping(syscall.Signal(c.Signal)) {
 			a.noteFrozen()
 			a.tearing = true
+			a.ft.release(nil)
 		}
 		for _, r := range a.ranks {
 			if r.running && (len(want) == 0 || want[r.rank]) {
@@ -762,6 +791,10 @@ func (a *supervisor) command(c supervisorCmd) {
 		a.pmi.release(c, a.log)
 	case "pmi-value":
 		a.pmi.answer(c, a.log)
+	case "respawn":
+		a.respawn(c)
+	case "release":
+		a.ft.release(c.Ranks)
 	default:
 		a.log.Warn().Str("op", c.Op).Msg("unknown command")
 	}
@@ -854,6 +887,7 @@ func (a *supervisor) killAll() {
 		a.noteFrozen()
 	}
 	a.killing = true
+	a.ft.release(nil)
 	for _, r := range a.ranks {
 		if r.running {
 			_ = syscall.Kill(-r.pid, syscall.SIGKILL)

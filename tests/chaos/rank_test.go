@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/ft"
 	grank "github.com/gorun-hpc/gorun/rank"
 	"github.com/gorun-hpc/gorun/rendezvous"
 )
@@ -58,6 +59,9 @@ const (
 func maybeRank() {
 	if os.Getenv(rankEnv) == "" {
 		return
+	}
+	if os.Getenv(ft.AddrEnv) != "" {
+		os.Exit(runFTRank()) // gorun --fault-tolerant (ftrank_test.go)
 	}
 	os.Exit(runRank())
 }
