@@ -1,0 +1,122 @@
+"""Rank program of test_ft_torch.py: a small GPT trained with gorun.ft under
+``gorun -np 3 --fault-tolerant``, printing what the tests check.
+
+    ftprog.py CASE STEPS
+
+Every replica prints, one line each ("RANK r: ..."):
+  START inc=I                      its incarnation
+  QUORUM step=S id=Q parts=P healed=H digest=D   after each quorum; D is the
+                                   SHA-256 of parameters and optimizer state
+  COMMIT step=S ok=B               S: the step attempted (1-based)
+  DONE step=S digest=D             at the end: at step STEPS or later, in
+                                   the first quorum of every replica
+
+CASE picks the failure the program brings on itself (the launcher's
+--inject brings the others), once per job (a marker file in FT_MARKS):
+  plain      none
+  midstep    replica 1 dies in step FT_AT after its allreduce, before it
+             votes: the survivors' allreduce completed, the step must still
+             not be committed
+  source     replica 0 dies inside state_dict, i.e. while it serves a heal
+  healer     a replica dies inside load_state_dict, i.e. while it heals
+"""
+
+import hashlib
+import os
+import signal
+import sys
+
+import torch
+
+from tinymodels import GPT
+
+import gorun.ft
+
+CASE, STEPS = sys.argv[1], int(sys.argv[2])
+AT = int(os.environ.get("FT_AT", "4"))
+MARKS = os.environ["FT_MARKS"]
+
+
+def once(name):
+    """True the first time name is claimed in this job (every incarnation
+    of every replica sees the same marker directory)."""
+    try:
+        os.close(os.open(os.path.join(MARKS, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def say(replica, text):
+    sys.stdout.write("RANK %d: %s\n" % (replica, text))
+    sys.stdout.flush()
+
+
+def digest(model, opt):
+    h = hashlib.sha256()
+    for name, p in model.state_dict().items():
+        h.update(name.encode())
+        h.update(p.detach().reshape(-1).view(torch.uint8).numpy().tobytes())
+    for pid, st in opt.state_dict()["state"].items():
+        for k, v in st.items():
+            h.update(("%s/%s" % (pid, k)).encode())
+            h.update(v.detach().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def main():
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = GPT(vocab=64, d=32, heads=4, layers=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    m = None
+
+    def state_dict():
+        if CASE == "source" and m.replica == 0 and once("source"):
+            say(m.replica, "DYING serving a heal")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"model": model.state_dict(), "optim": opt.state_dict()}
+
+    def load_state_dict(sd):
+        if CASE == "healer" and once("healer"):
+            say(m.replica, "DYING healing")
+            os.kill(os.getpid(), signal.SIGKILL)
+        model.load_state_dict(sd["model"])
+        opt.load_state_dict(sd["optim"])
+
+    m = gorun.ft.Manager(state_dict=state_dict, load_state_dict=load_state_dict, timeout=60)
+    r = m.replica
+    say(r, "START inc=%d" % m.incarnation)
+    while True:
+        q = m.start_quorum()
+        step = m.current_step()
+        say(r, "QUORUM step=%d id=%d parts=%s healed=%s digest=%s" % (
+            step, q.id, ",".join(map(str, q.participants)), q.healed, digest(model, opt)))
+        opt.zero_grad()
+        g = torch.Generator().manual_seed(1000 * r + step)
+        tokens = torch.randint(0, 64, (2, 16), generator=g)
+        model(tokens, torch.roll(tokens, -1, dims=1)).backward()
+        m.allreduce_grads(model.parameters())
+        if CASE == "midstep" and r == 1 and step + 1 == AT and once("midstep"):
+            say(r, "DYING in step %d" % (step + 1))
+            os.kill(os.getpid(), signal.SIGKILL)
+        ok = m.should_commit()
+        say(r, "COMMIT step=%d ok=%s" % (step + 1, ok))
+        if ok:
+            opt.step()
+        # Done at STEPS, but only in a quorum of every replica, so that a
+        # replica lost late is healed before the end. Every participant
+        # sees the same quorum and step, so all stop together.
+        if m.current_step() >= STEPS and len(q.participants) == m.replicas:
+            break
+        if m.current_step() > 50 * STEPS:
+            say(r, "FAIL no quorum of all %d replicas by step %d" % (m.replicas, m.current_step()))
+            sys.exit(1)
+    say(r, "DONE step=%d digest=%s" % (m.current_step(), digest(model, opt)))
+    m.close()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
