@@ -54,6 +54,11 @@ var (
 	// which. A heal that failed because a source died is ErrQuorumFailed
 	// and is retried, not returned.
 	ErrHeal = errors.New("ft: heal failed")
+	// ErrFinished: every replica that held the job's latest committed
+	// step has finished and left, so this one (behind, a late
+	// replacement) has nobody to heal from. The job's training is done;
+	// a trainer exits successfully on it.
+	ErrFinished = errors.New("ft: the other replicas finished the job and left")
 	// ErrClosed: the Manager or Server was closed.
 	ErrClosed = errors.New("ft: closed")
 	// ErrPhase: a call out of order (ShouldCommit without a Quorum, a
@@ -116,11 +121,15 @@ type Config struct {
 }
 
 // DefaultConfig returns production settings: the process's environment,
-// comm's and the endpoint's defaults (with a 20 s connect timeout: a
-// participant that never connects is usually reported dead much sooner,
-// which fails the connect at once), no logging.
+// comm's and the endpoint's defaults except two, no logging. The two:
+// Deterministic reductions, because a heal copies one replica's state to
+// another and the replicas must hold bitwise the same state after every
+// committed step, so every participant must get bitwise the same reduced
+// gradients; and a 20 s connect timeout, since a participant that never
+// connects is usually reported dead much sooner, which ends the wait.
 func DefaultConfig() Config {
 	cc := comm.DefaultConfig()
+	cc.Deterministic = true
 	cc.ConnectTimeout = 20 * time.Second
 	return Config{
 		Logger:      zerolog.Nop(),
