@@ -1,7 +1,7 @@
 """Rank program of test_ft_torch.py: a small GPT trained with gorun.ft under
 ``gorun -np 3 --fault-tolerant``, printing what the tests check.
 
-    ftprog.py CASE STEPS
+    ftprog.py CASE[,CASE...] STEPS
 
 Every replica prints, one line each ("RANK r: ..."):
   START inc=I                      its incarnation
@@ -11,7 +11,7 @@ Every replica prints, one line each ("RANK r: ..."):
   DONE step=S digest=D             at the end: at step STEPS or later, in
                                    the first quorum of every replica
 
-CASE picks the failure the program brings on itself (the launcher's
+CASE picks the failures the program brings on itself (the launcher's
 --inject brings the others), once per job (a marker file in FT_MARKS):
   plain      none
   midstep    replica 1 dies in step FT_AT after its allreduce, before it
@@ -25,6 +25,7 @@ import hashlib
 import os
 import signal
 import sys
+import time
 
 import torch
 
@@ -32,9 +33,10 @@ from tinymodels import GPT
 
 import gorun.ft
 
-CASE, STEPS = sys.argv[1], int(sys.argv[2])
+CASES, STEPS = set(sys.argv[1].split(",")), int(sys.argv[2])
 AT = int(os.environ.get("FT_AT", "4"))
 MARKS = os.environ["FT_MARKS"]
+WAIT_S = 120  # how long a replica waits for the others to be back
 
 
 def once(name):
@@ -72,13 +74,13 @@ def main():
     m = None
 
     def state_dict():
-        if CASE == "source" and m.replica == 0 and once("source"):
+        if "source" in CASES and m.replica == 0 and once("source"):
             say(m.replica, "DYING serving a heal")
             os.kill(os.getpid(), signal.SIGKILL)
         return {"model": model.state_dict(), "optim": opt.state_dict()}
 
     def load_state_dict(sd):
-        if CASE == "healer" and once("healer"):
+        if "healer" in CASES and once("healer"):
             say(m.replica, "DYING healing")
             os.kill(os.getpid(), signal.SIGKILL)
         model.load_state_dict(sd["model"])
@@ -87,6 +89,7 @@ def main():
     m = gorun.ft.Manager(state_dict=state_dict, load_state_dict=load_state_dict, timeout=60)
     r = m.replica
     say(r, "START inc=%d" % m.incarnation)
+    deadline = time.monotonic() + WAIT_S
     while True:
         q = m.start_quorum()
         step = m.current_step()
@@ -97,20 +100,22 @@ def main():
         tokens = torch.randint(0, 64, (2, 16), generator=g)
         model(tokens, torch.roll(tokens, -1, dims=1)).backward()
         m.allreduce_grads(model.parameters())
-        if CASE == "midstep" and r == 1 and step + 1 == AT and once("midstep"):
+        if "midstep" in CASES and r == 1 and step + 1 == AT and once("midstep"):
             say(r, "DYING in step %d" % (step + 1))
             os.kill(os.getpid(), signal.SIGKILL)
         ok = m.should_commit()
         say(r, "COMMIT step=%d ok=%s" % (step + 1, ok))
         if ok:
             opt.step()
-        # Done at STEPS, but only in a quorum of every replica, so that a
-        # replica lost late is healed before the end. Every participant
-        # sees the same quorum and step, so all stop together.
-        if m.current_step() >= STEPS and len(q.participants) == m.replicas:
+        # Done at STEPS, but only with a step committed by every replica,
+        # so that a replica lost late is healed before the end. Every
+        # participant sees the same quorum, step and verdict, so all stop
+        # together.
+        if ok and m.current_step() >= STEPS and len(q.participants) == m.replicas:
             break
-        if m.current_step() > 50 * STEPS:
-            say(r, "FAIL no quorum of all %d replicas by step %d" % (m.replicas, m.current_step()))
+        if time.monotonic() > deadline:
+            say(r, "FAIL no step committed by all %d replicas in %d s (at step %d)" % (m.replicas, WAIT_S,
+                                                                                       m.current_step()))
             sys.exit(1)
     say(r, "DONE step=%d digest=%s" % (m.current_step(), digest(model, opt)))
     m.close()
