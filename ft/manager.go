@@ -18,6 +18,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/internal/collateral"
+	"github.com/gorun-hpc/gorun/internal/netfault"
 	"github.com/gorun-hpc/gorun/rank"
 	"github.com/gorun-hpc/gorun/rankenv"
 	"github.com/gorun-hpc/gorun/rendezvous"
@@ -573,7 +575,11 @@ func (m *Manager) ShouldCommit(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	if msg.T == "commit" && msg.OK {
-		m.step.Add(1)
+		step := m.step.Add(1)
+		// gorun fires --inject ...:after-steps=N faults on these reports
+		// (as rank.ReportStep does for other programs).
+		collateral.TellStep(collateral.Step{Rank: m.replica, Step: step})
+		netfault.ReportStep(step)
 		return true, nil
 	}
 	m.log.Info().Int64("quorum", m.qid).Int64("step", m.step.Load()).Str("why", msg.Why).Msg("step not committed")

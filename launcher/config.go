@@ -132,6 +132,8 @@ type Config struct {
 	// world is set by LaunchReport for each world it runs: the faults to
 	// inject and the report to fill (elastic.go); nil otherwise.
 	world *worldRun
+	// ft is the fault-tolerant job's state (ft.go); nil otherwise.
+	ft *ftRun
 }
 
 // DefaultGrace is the SIGTERM → SIGKILL delay: long enough for a trainer to

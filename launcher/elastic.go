@@ -78,6 +78,9 @@ type Report struct {
 	// HostfileChanges are the changes found when the hostfile was read
 	// again before a restart (Job.Hostfile), and reads that failed.
 	HostfileChanges []HostfileChange `json:"hostfile_changes,omitempty"`
+	// FaultTolerance is a --fault-tolerant job's failures, quorums and
+	// heals (ft.go).
+	FaultTolerance *FTReport `json:"fault_tolerance,omitempty"`
 	// out are the hosts left out of the next world now; lostIn is the
 	// restart whose world lost each.
 	out        []string
@@ -458,6 +461,16 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 	}
 	if (job.MinNP > 0 || job.MaxNP > 0) && len(job.Hosts) == 0 {
 		return errors.New("launcher: --min-np/--max-np need a host list (-H or -hostfile): an elastic job replaces and drops hosts")
+	}
+	if job.FaultTolerant {
+		switch {
+		case job.MaxRestarts > 0 || job.MinNP > 0 || job.MaxNP > 0:
+			return errors.New("launcher: --fault-tolerant replaces failed ranks in place; it does not combine with --max-restarts or --min-np/--max-np")
+		case job.MaxFailures < 0:
+			return fmt.Errorf("launcher: --max-failures must not be negative, got %d", job.MaxFailures)
+		case needsHostAgents(cfg, job.Hosts, DetectLocal()):
+			return errFTHosts
+		}
 	}
 	if job.CheckpointBefore < 0 {
 		return fmt.Errorf("launcher: checkpoint signal lead must not be negative, got %s", job.CheckpointBefore)

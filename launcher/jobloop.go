@@ -533,6 +533,7 @@ func (j *liveJob) onEvent(ev supervisorEvent, ok bool) {
 		j.ranks[ev.Rank].pid = ev.PID
 		j.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Msg("rank started")
 		j.countStart()
+		j.cfg.ft.started(ev)
 	case "failed":
 		j.countStart()
 		j.ranks[ev.Rank].exited = true
@@ -610,6 +611,9 @@ func (j *liveJob) rankExited(ev supervisorEvent) {
 		return
 	}
 	j.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Int("code", ev.Code).Int("signal", ev.Signal).Int64("reaped_at_ns", ev.At).Msg("rank exited")
+	if j.cfg.ft.exited(j, ev) {
+		return // a fault-tolerant job replaces the rank (ft.go)
+	}
 	failed := ev.Code != 0 || ev.Signal != 0
 	switch {
 	case ev.Collateral && failed:

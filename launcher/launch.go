@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -77,6 +78,13 @@ type Job struct {
 	// already running is not touched. A file that cannot be read or
 	// parsed then keeps the list it had (the report says why).
 	Hostfile string
+	// FaultTolerant keeps the job running through rank failures: a
+	// failed rank is replaced in place and heals from the others, who
+	// keep stepping (ft.go, package ft). MaxFailures is how many
+	// failures it absorbs; the next one ends the job. Not with
+	// MaxRestarts, MinNP/MaxNP or several hosts.
+	FaultTolerant bool
+	MaxFailures   int
 }
 
 // Launch runs a job (see LaunchReport) and drops the report.
@@ -141,7 +149,7 @@ func needsHostAgents(cfg Config, hosts []Host, id LocalIdentity) bool {
 }
 
 // launchLocal runs a job whose every host is this machine.
-func launchLocal(ctx context.Context, cfg Config, job Job) error {
+func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 	if len(job.Hosts) == 0 && job.NP == 0 {
 		// No host list and no -np: one rank per CPU, as mpirun does on a
 		// single machine.
@@ -169,6 +177,25 @@ func launchLocal(ctx context.Context, cfg Config, job Job) error {
 	jobID, secret, err := NewJobIdentity()
 	if err != nil {
 		return err
+	}
+	var fr *ftRun
+	if job.FaultTolerant {
+		var start time.Time
+		if cfg.world != nil {
+			start = cfg.world.rep.Start
+		}
+		if fr, err = startFT(job, jobID, secret, start, cfg); err != nil {
+			return err
+		}
+		job.Export = append(slices.Clone(job.Export), fr.env()...)
+		cfg.ft = fr
+		defer func() {
+			var rep *Report
+			if cfg.world != nil {
+				rep = cfg.world.rep
+			}
+			err = fr.finish(rep, err)
+		}()
 	}
 	ports, err := ReservePorts()
 	if err != nil {

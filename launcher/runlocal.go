@@ -55,7 +55,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	if err != nil {
 		return err
 	}
-	p := &rankPipes{spec: supervisorSpec{Grace: cfg.Grace, LogLevel: cfg.Logger.GetLevel(), PMI: pj, RemoveDir: flight.temp}}
+	p := &rankPipes{spec: supervisorSpec{Grace: cfg.Grace, LogLevel: cfg.Logger.GetLevel(), PMI: pj, RemoveDir: flight.temp, Respawn: cfg.ft != nil}}
 	defer p.closeChildEnds()
 	in := localStdin{src: cfg.Stdin}
 	defer in.close()

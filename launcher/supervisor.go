@@ -107,6 +107,9 @@ type supervisorSpec struct {
 	// supervisor exited; a supervisor whose client died removes it on
 	// its way out, after killing every descendant.
 	Cgroup string `json:"cgroup,omitempty"`
+	// Respawn keeps every rank's spec and pipes so that gorun
+	// --fault-tolerant can start a rank again ("respawn"; ftsupervisor.go).
+	Respawn bool `json:"respawn,omitempty"`
 }
 
 // supervisorRank is one process to start. Descriptor numbers refer to the
@@ -173,6 +176,10 @@ type supervisorCmd struct {
 	// relays the signal. gorun sets it on the teardown of a failed
 	// multi-host job, as it waits itself for a local job's ranks.
 	DumpFirst bool `json:"dump_first,omitempty"`
+	// Incarnation is "respawn"'s: the number of the rank's next process
+	// (ftsupervisor.go). "release" drops what the supervisor kept of
+	// Ranks to start them again.
+	Incarnation int `json:"incarnation,omitempty"`
 }
 
 // supervisorEvent is a message from the supervisor.
@@ -336,6 +343,8 @@ type supervisor struct {
 	// lastBeat is when the last "beat" went out (the client's lease on
 	// this process).
 	lastBeat time.Time
+	// ft keeps what a respawn needs (spec.Respawn); nil otherwise.
+	ft *ftKeeper
 }
 
 // faultCont is one SIGCONT an injected stop owes a rank.
@@ -446,6 +455,9 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	lastCmd.Store(time.Now().UnixNano())
 	go readCommands(br, cmds, &lastCmd)
 
+	if spec.Respawn {
+		a.ft = newFTKeeper(collW)
+	}
 	a.startAll(spec.Ranks, collW)
 	if collW != nil {
 		// os.StartProcess made the shared description blocking (File.Fd
@@ -506,7 +518,7 @@ func (a *supervisor) run(spec supervisorSpec, cmds chan supervisorCmd, sigs <-ch
 	a.lastBeat = time.Now()
 	clientJudge := liveness.Judge{PID: os.Getppid(), Lease: spec.ClientLease, Recheck: spec.ClientLease / 4, Limit: starvedLimitX * spec.ClientLease}
 	for {
-		if a.running == 0 && a.finishStrays() {
+		if a.running == 0 && a.ft.idle() && a.finishStrays() {
 			a.finish(spec)
 			return nil
 		}
@@ -692,6 +704,9 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 				},
 			})
 		})
+		if err == nil {
+			a.ft.keep(r, stdout, stderr)
+		}
 		// The rank holds its own copies now; ours would keep gorun's
 		// readers from seeing EOF.
 		for _, f := range []*os.File{stdin, stdout, stderr} {
@@ -739,6 +754,7 @@ func (a *supervisor) command(c supervisorCmd) {
 		if stopping(syscall.Signal(c.Signal)) {
 			a.noteFrozen()
 			a.tearing = true
+			a.ft.release(nil)
 		}
 		for _, r := range a.ranks {
 			if r.running && (len(want) == 0 || want[r.rank]) {
@@ -762,6 +778,10 @@ func (a *supervisor) command(c supervisorCmd) {
 		a.pmi.release(c, a.log)
 	case "pmi-value":
 		a.pmi.answer(c, a.log)
+	case "respawn":
+		a.respawn(c)
+	case "release":
+		a.ft.release(c.Ranks)
 	default:
 		a.log.Warn().Str("op", c.Op).Msg("unknown command")
 	}
@@ -854,6 +874,7 @@ func (a *supervisor) killAll() {
 		a.noteFrozen()
 	}
 	a.killing = true
+	a.ft.release(nil)
 	for _, r := range a.ranks {
 		if r.running {
 			_ = syscall.Kill(-r.pid, syscall.SIGKILL)

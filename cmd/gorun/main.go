@@ -181,6 +181,8 @@ type options struct {
 	injects       repeated
 	injectFile    string
 	maxRestarts   int
+	faultTolerant bool
+	maxFailures   int
 	ckptSignal    string
 	minNP, maxNP  int
 	readmitEvery  time.Duration
@@ -229,6 +231,8 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.Var(&o.injects, "inject", "inject a fault: `SPEC` kill:rank=R:at=DUR[:sig=SIG], stop:rank=R:at=DUR[:for=DUR], cont:rank=R:at=DUR, kill-host:host=H:at=DUR[:sig=SIG] or random:mtbf=DUR:seed=N[:sig=SIG], slow:rank=R:at=DUR[:for=DUR][:duty=F][:period=DUR], drop:rank=R[:peer=P]:at=DUR, delay:rank=R[:peer=P]:ms=N:at=DUR[:for=DUR], corrupt:rank=R[:peer=P]:at=DUR or partition:ranks=A-B:at=DUR[:for=DUR][:lease=DUR]; after-steps=N instead of at= fires when the target rank reports finishing step N (repeatable; times from the job's start)")
 	fs.StringVar(&o.injectFile, "inject-file", "", "read --inject specs from `FILE`, one per line (# comments)")
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "after a rank or host fails, stop every rank and start the job again, up to `N` times (torchrun's --max-restarts; ranks get GORUN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)")
+	fs.BoolVar(&o.faultTolerant, "fault-tolerant", false, "keep the job running through rank failures: a failed rank is started again in place and heals its state from the live ranks, which keep stepping (programs use package ft: a per-step quorum, should-commit, heal; GORUN_FT_ADDR and GORUN_FT_INCARNATION); not with --max-restarts")
+	fs.IntVar(&o.maxFailures, "max-failures", 3, "with --fault-tolerant: how many rank failures the job absorbs; the next one stops it (`N`)")
 	fs.IntVar(&o.minNP, "min-np", 0, "elastic: with --max-restarts, a world that lost a host restarts without it, on spare hosts of the host list or on fewer ranks, down to `N`; a -hostfile is read again before each restart, so hosts added to it or removed from it count from the next world")
 	fs.DurationVar(&o.readmitEvery, "readmit-every", 0, "elastic: while a world runs without a lost host, ask it every `DUR` whether it answers again, and when it does, restart the world to grow back with it (not counted against --max-restarts; 0: only at restarts)")
 	fs.DurationVar(&o.rdzvTimeout, "rdzv-timeout", 0, "how long the ranks wait for every rank to join the world (`DUR`; GORUN_RDZV_TIMEOUT, default 2m): a rank that hangs before it calls Init is named when this runs out, as nothing tells it from one slow to start")
@@ -373,6 +377,14 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gorun: --max-restarts %d: must not be negative\n", o.maxRestarts)
 		return exitUsage
 	}
+	if o.maxFailures < 0 {
+		fmt.Fprintf(stderr, "gorun: --max-failures %d: must not be negative\n", o.maxFailures)
+		return exitUsage
+	}
+	if o.faultTolerant && o.maxRestarts > 0 {
+		fmt.Fprintf(stderr, "gorun: --fault-tolerant and --max-restarts: choose one (the first replaces a failed rank in place, the second restarts every rank)\n")
+		return exitUsage
+	}
 	ctx := context.Background()
 	if o.gpus < 0 {
 		o.gpus = launcher.DetectGPUs(ctx)
@@ -415,11 +427,15 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		Argv: argv, NP: o.np, Hosts: hosts, Oversubscribe: o.oversubscribe,
 		GPUsPerHost: o.gpus, Export: exports, Faults: faults, MaxRestarts: o.maxRestarts,
 		CheckpointSignal: ckptSig, CheckpointBefore: o.ckptBefore, MinNP: o.minNP, MaxNP: o.maxNP, ReadmitEvery: o.readmitEvery,
-		Hostfile: o.hostfile, // read again before each elastic restart
+		Hostfile:      o.hostfile, // read again before each elastic restart
+		FaultTolerant: o.faultTolerant, MaxFailures: o.maxFailures,
 	})
 	code = exitCode(err, stderr)
 	if len(faults) > 0 || rep.Restarts > 0 {
 		writeFaultSummary(stderr, rep)
+	}
+	if rep.FaultTolerance != nil {
+		writeFTSummary(stderr, rep.FaultTolerance)
 	}
 	if o.report != "" {
 		if werr := writeReport(o.report, rep); werr != nil {

@@ -64,6 +64,12 @@ type options struct {
 	// reportStep, when set, is told every finished step (rank.ReportStep:
 	// what gorun's --inject ...:after-steps=N fires on).
 	reportStep func(step int)
+	// faultTolerant is --fault-tolerant (ft.go); stepSleep pads every
+	// step of it (--step-sleep: tests and benchmarks give replacements
+	// time to arrive).
+	faultTolerant bool
+	stepSleep     time.Duration
+	crash         string
 }
 
 func defaultOptions() options {

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/gorun-hpc/gorun/launcher"
+)
+
+// writeFTSummary prints, after a --fault-tolerant job, one line for the
+// job's quorum and one per failure: when, what gorun did, how long the
+// replacement took to heal.
+func writeFTSummary(w io.Writer, r *launcher.FTReport) {
+	q := r.Quorum
+	fmt.Fprintf(w, "gorun: fault-tolerant: %d %s of a budget of %d; %d committed steps (up to step %d), %d uncommitted, %d quorum %s, %d %s\n",
+		len(r.Failures), plural(len(r.Failures), "failure", "failures"), r.MaxFailures, q.Commits, q.MaxStep,
+		r.UncommittedSteps, len(q.Quorums), plural(len(q.Quorums), "membership", "memberships"),
+		len(q.Heals), plural(len(q.Heals), "heal", "heals"))
+	for _, f := range r.Failures {
+		var b strings.Builder
+		fmt.Fprintf(&b, "gorun:   rank %d (incarnation %d, pid %d) ", f.Rank, f.Incarnation, f.PID)
+		if f.Signal != "" {
+			fmt.Fprintf(&b, "killed by %s", f.Signal)
+		} else {
+			fmt.Fprintf(&b, "exited with code %d", f.Code)
+		}
+		fmt.Fprintf(&b, " at %.3fs: %s", f.At, f.Action)
+		if f.ReplacedAt != nil {
+			fmt.Fprintf(&b, ", replacement started %.3fs later", *f.ReplacedAt-f.At)
+		}
+		if f.TimeToHeal != nil {
+			fmt.Fprintf(&b, ", healed %.3fs after the failure", *f.TimeToHeal)
+			if f.JoinedAfterStart != nil {
+				fmt.Fprintf(&b, " (%.3fs after its start)", *f.JoinedAfterStart)
+			}
+		} else if f.Action == "replaced" {
+			b.WriteString(", never healed")
+		}
+		fmt.Fprintln(w, b.String())
+	}
+	if r.Exhausted != "" {
+		fmt.Fprintf(w, "gorun:   the job was stopped: %s\n", r.Exhausted)
+	}
+}

@@ -1,0 +1,265 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorun-hpc/gorun/launcher/launchertest"
+)
+
+// The fault-tolerant path end to end: real gorun --fault-tolerant, real
+// trainer processes, real deaths. Each test asserts the promises that
+// matter to a user: the replicas end bitwise equal (every replica's final
+// state digest), the survivors never restart and keep stepping, a step a
+// participant died in is committed by nobody, and nothing outlives gorun.
+
+const ftSteps = 40
+
+type ftRun struct {
+	code   int
+	out    string
+	stderr string
+	report ftReport
+	// final is each rank's last "replica R incarnation I steps S state D".
+	final map[int][]string
+	// lines are each rank's output lines, untagged.
+	lines map[int][]string
+}
+
+type ftReport struct {
+	Outcome        string `json:"outcome"`
+	FaultTolerance struct {
+		Failures []struct {
+			Rank        int      `json:"rank"`
+			Incarnation int      `json:"incarnation"`
+			Action      string   `json:"action"`
+			TimeToHeal  *float64 `json:"time_to_heal_s"`
+		} `json:"failures"`
+		Quorum struct {
+			Heals []struct {
+				Replica     int   `json:"replica"`
+				Incarnation int   `json:"incarnation"`
+				Sources     []int `json:"sources"`
+			} `json:"heals"`
+			Uncommitted []struct {
+				Step int64 `json:"step"`
+			} `json:"uncommitted"`
+			Commits int `json:"commits"`
+		} `json:"quorum"`
+		UncommittedSteps int    `json:"uncommitted_steps"`
+		Exhausted        string `json:"exhausted"`
+	} `json:"fault_tolerance"`
+}
+
+var finalLine = regexp.MustCompile(`^replica (\d+) incarnation (\d+) steps (\d+) state ([0-9a-f]{16})$`)
+
+// runFT runs gorun -np 3 --fault-tolerant over the trainer with the given
+// extra gorun and trainer flags, and checks that no process of the job is
+// left once gorun returned.
+func runFTJob(t *testing.T, gorunArgs []string, trainerArgs ...string) ftRun {
+	t.Helper()
+	dir := buildBinaries(t)
+	report := filepath.Join(t.TempDir(), "report.json")
+	token := launchertest.NewToken(t.Name())
+	args := append([]string{"-np", "3", "--fault-tolerant", "--tag-output", "--report", report}, gorunArgs...)
+	args = append(args, filepath.Join(dir, "trainer"), "--fault-tolerant", "--model", "small", "--batch", "12",
+		"--steps", strconv.Itoa(ftSteps), "--step-sleep", "30ms")
+	args = append(args, trainerArgs...)
+	cmd := exec.Command(filepath.Join(dir, "gorun"), args...)
+	cmd.Env = append(os.Environ(), launchertest.TokenEnv+"="+token)
+	var out, stderr launchertest.SyncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(60 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("gorun did not finish in 60 s\nstdout:\n%s\nstderr:\n%s", out.String(), stderr.String())
+	}
+	r := ftRun{out: out.String(), stderr: stderr.String(), final: map[int][]string{}, lines: map[int][]string{}}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if left := launchertest.Survivors(token); len(left) > 0 {
+		t.Errorf("processes of the job outlived gorun: %v", left)
+	}
+	for _, l := range strings.Split(r.out, "\n") {
+		if !strings.HasPrefix(l, "[") {
+			continue
+		}
+		tag, rest, _ := strings.Cut(l[1:], "] ")
+		rk, err := strconv.Atoi(tag)
+		if err != nil {
+			continue
+		}
+		r.lines[rk] = append(r.lines[rk], rest)
+		if m := finalLine.FindStringSubmatch(rest); m != nil {
+			r.final[rk] = m[1:]
+		}
+	}
+	if b, err := os.ReadFile(report); err == nil {
+		if err := json.Unmarshal(b, &r.report); err != nil {
+			t.Fatalf("report: %v\n%s", err, b)
+		}
+	}
+	return r
+}
+
+// checkHealed asserts a successful job whose three replicas ended at the
+// last step bitwise equal, the given ranks on their first incarnation
+// (never restarted).
+func checkHealed(t *testing.T, r ftRun, survivors ...int) {
+	t.Helper()
+	if r.code != 0 {
+		t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.stderr)
+	}
+	var digest string
+	for rk := range 3 {
+		f := r.final[rk]
+		if f == nil {
+			t.Fatalf("rank %d printed no final state\nstdout:\n%s\nstderr:\n%s", rk, r.out, r.stderr)
+		}
+		if f[2] != strconv.Itoa(ftSteps) {
+			t.Errorf("rank %d ended at step %s, want %d", rk, f[2], ftSteps)
+		}
+		if digest == "" {
+			digest = f[3]
+		}
+		if f[3] != digest {
+			t.Errorf("rank %d (incarnation %s) ended with state %s, rank 0 with %s: the replicas are not bitwise equal\nstdout:\n%s", rk, f[1], f[3], digest, r.out)
+		}
+	}
+	for _, rk := range survivors {
+		if r.final[rk][1] != "0" {
+			t.Errorf("survivor rank %d was restarted (incarnation %s)", rk, r.final[rk][1])
+		}
+		// It stepped through every step: each committed exactly once.
+		n := 0
+		for _, l := range r.lines[rk] {
+			if strings.HasPrefix(l, "step ") && strings.Contains(l, " loss ") {
+				n++
+			}
+		}
+		if n != ftSteps {
+			t.Errorf("survivor rank %d committed %d steps, want all %d without a restart", rk, n, ftSteps)
+		}
+	}
+}
+
+// TestFTHealAfterInjectedKill: gorun kills rank 1 after its 5th step
+// (--inject), replaces it, the replacement heals from both survivors
+// (sharded) and every replica ends bitwise equal.
+func TestFTHealAfterInjectedKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, []string{"--inject", "kill:rank=1:after-steps=5"})
+	checkHealed(t, r, 0, 2)
+	ft := r.report.FaultTolerance
+	if len(ft.Failures) != 1 || ft.Failures[0].Rank != 1 || ft.Failures[0].Action != "replaced" || ft.Failures[0].TimeToHeal == nil {
+		t.Errorf("report's failures: %+v", ft.Failures)
+	}
+	if len(ft.Quorum.Heals) != 1 || !slices.Equal(ft.Quorum.Heals[0].Sources, []int{0, 2}) {
+		t.Errorf("report's heals: %+v, want one from both survivors", ft.Quorum.Heals)
+	}
+}
+
+// TestFTStepNotCommittedWhenParticipantDies: rank 1 dies inside step 4
+// (after its all-reduce, before its commit vote). Both survivors throw
+// step 4 away (neither commits it with rank 1's gradient), do it again
+// with the participants left, and the job ends healed.
+func TestFTStepNotCommittedWhenParticipantDies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, nil, "--crash", "reduce:rank=1:step=4")
+	checkHealed(t, r, 0, 2)
+	for _, rk := range []int{0, 2} {
+		var step4 []string
+		for _, l := range r.lines[rk] {
+			if strings.HasPrefix(l, "step 4 ") {
+				step4 = append(step4, l)
+			}
+		}
+		if len(step4) != 2 || step4[0] != "step 4 uncommitted participants 3" || !strings.Contains(step4[1], "participants 2") {
+			t.Errorf("survivor rank %d at step 4: %q; want it uncommitted with 3 participants, then committed by the 2 left", rk, step4)
+		}
+	}
+	ft := r.report.FaultTolerance
+	if ft.UncommittedSteps != 1 || len(ft.Quorum.Uncommitted) != 1 || ft.Quorum.Uncommitted[0].Step != 3 {
+		t.Errorf("report: %d uncommitted steps %+v, want one (the quorum at committed step 3)", ft.UncommittedSteps, ft.Quorum.Uncommitted)
+	}
+}
+
+// TestFTKillDuringHeal: rank 1's replacement dies while loading the
+// healed state; its own replacement heals, and all end equal.
+func TestFTKillDuringHeal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, nil, "--crash", "reduce:rank=1:step=4,load:rank=1:incarnation=1")
+	checkHealed(t, r, 0, 2)
+	if r.final[1][1] != "2" {
+		t.Errorf("rank 1 ended as incarnation %s, want 2 (incarnation 1 died in its heal)", r.final[1][1])
+	}
+	ft := r.report.FaultTolerance
+	if len(ft.Failures) != 2 || ft.Failures[1].Incarnation != 1 {
+		t.Errorf("report's failures: %+v, want incarnations 0 and 1 of rank 1", ft.Failures)
+	}
+	if len(ft.Quorum.Heals) != 1 || ft.Quorum.Heals[0].Incarnation != 2 {
+		t.Errorf("report's heals: %+v, want one, by incarnation 2", ft.Quorum.Heals)
+	}
+}
+
+// TestFTKillHealSource: a heal source (rank 2) dies while serving rank 1's
+// heal. The heal fails cleanly and is retried from the remaining source
+// (rank 0); rank 2's replacement heals in turn, and all end equal.
+func TestFTKillHealSource(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, nil, "--crash", "reduce:rank=1:step=4,save:rank=2")
+	checkHealed(t, r, 0)
+	ft := r.report.FaultTolerance
+	var healed []string
+	for _, h := range ft.Quorum.Heals {
+		healed = append(healed, strconv.Itoa(h.Replica)+"."+strconv.Itoa(h.Incarnation))
+		if h.Replica == 1 && !slices.Equal(h.Sources, []int{0}) {
+			t.Errorf("rank 1 healed from %v, want the remaining source [0]", h.Sources)
+		}
+	}
+	if !slices.Contains(healed, "1.1") || !slices.Contains(healed, "2.1") {
+		t.Errorf("heals %v, want rank 1's and rank 2's replacements", healed)
+	}
+}
+
+// TestFTBudgetSpent: with --max-failures 0 the first failure ends the job,
+// and the error says why.
+func TestFTBudgetSpent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, []string{"--max-failures", "0"}, "--crash", "reduce:rank=1:step=2")
+	if r.code == 0 || !strings.Contains(r.stderr, "--max-failures") {
+		t.Errorf("gorun exited %d; stderr:\n%s\nwant a failure naming --max-failures", r.code, r.stderr)
+	}
+	if r.report.FaultTolerance.Exhausted == "" {
+		t.Errorf("the report does not say the budget was spent")
+	}
+}

@@ -1,0 +1,216 @@
+package launcher
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/gorun-hpc/gorun/ft"
+)
+
+// Fault-tolerant jobs (gorun --fault-tolerant): a rank's failure does not
+// stop the job. gorun runs the job's quorum service (package ft: the
+// per-step quorum, the commit decision, the record of heals), tells it of
+// every death as soon as the supervisor reaps the rank, and has the
+// supervisor start the rank's next incarnation (same rank id, same output
+// streams, ft.IncarnationEnv one higher), which heals from the live ranks
+// through package ft and joins at the next step. The other ranks keep
+// running. The job ends when every rank has exited 0; it fails when a
+// failure finds the budget (--max-failures) spent, and then ends as any
+// failed job does (the other ranks are stopped), the error naming the
+// budget.
+//
+// The quorum service listens on this machine (loopback): fault-tolerant
+// jobs run on one host for now. The job's one world keeps its job id,
+// secret and ports: a replacement is the same rank of the same job, and
+// does not join the gossip world (package ft's doc says why).
+
+// FTReport is the fault-tolerant part of the report (Report.FaultTolerance).
+type FTReport struct {
+	MaxFailures int `json:"max_failures"`
+	// Failures lists every rank failure gorun saw, in order.
+	Failures []FTFailure `json:"failures"`
+	// Quorum is the quorum service's record: every membership change,
+	// loss, heal and uncommitted step. Its times are seconds from
+	// QuorumStart.
+	Quorum      ft.Record `json:"quorum"`
+	QuorumStart float64   `json:"quorum_start_s"`
+	// UncommittedSteps is how many steps the survivors computed and threw
+	// away (a participant died in them): the steps lost to failures.
+	UncommittedSteps int `json:"uncommitted_steps"`
+	// Exhausted says why a failure ended the job (the budget was spent).
+	Exhausted string `json:"exhausted,omitempty"`
+}
+
+// FTFailure is one rank failure and what came of it. Times are seconds
+// from the job's start.
+type FTFailure struct {
+	Rank        int     `json:"rank"`
+	Incarnation int     `json:"incarnation"`
+	PID         int     `json:"pid"`
+	Code        int     `json:"code,omitempty"`
+	Signal      string  `json:"signal,omitempty"`
+	At          float64 `json:"at_s"`
+	// Action is "replaced" or "job ended".
+	Action string `json:"action"`
+	// ReplacedAt is when the replacement process started; HealedAt when
+	// it had healed (its state copied from the live ranks), and
+	// TimeToHeal HealedAt - At. JoinedAfterStart is from its process
+	// start to the end of its heal.
+	ReplacedAt       *float64 `json:"replaced_at_s,omitempty"`
+	ReplacementPID   int      `json:"replacement_pid,omitempty"`
+	HealedAt         *float64 `json:"healed_at_s,omitempty"`
+	TimeToHeal       *float64 `json:"time_to_heal_s,omitempty"`
+	JoinedAfterStart *float64 `json:"healed_after_start_s,omitempty"`
+}
+
+// ftRun is gorun's side of one fault-tolerant job; nil when the job is
+// not fault-tolerant (every method is then a no-op). The job loop's
+// goroutine owns it, except srv, which is safe for concurrent use.
+type ftRun struct {
+	srv         *ft.Server
+	maxFailures int
+	start       time.Time // the job's start (Report.Start)
+	srvStart    time.Time
+	inc         map[int]int // each rank's current incarnation
+	failures    []FTFailure
+	exhausted   string
+}
+
+// startFT starts the quorum service of a job with the given identity.
+func startFT(job Job, jobID, secretHex string, start time.Time, cfg Config) (*ftRun, error) {
+	secret, err := hex.DecodeString(secretHex)
+	if err != nil {
+		return nil, fmt.Errorf("launcher: job secret: %w", err)
+	}
+	f := &ftRun{maxFailures: job.MaxFailures, start: start, inc: map[int]int{}, srvStart: time.Now()}
+	if f.start.IsZero() {
+		f.start = f.srvStart
+	}
+	np := job.NP
+	if np == 0 {
+		np = localRanks(job)
+	}
+	srv, err := ft.NewServer(ft.ServerConfig{
+		Addr: net.JoinHostPort("127.0.0.1", "0"), JobID: jobID, Secret: secret, Replicas: np,
+		Logger: cfg.Logger.With().Str("role", "quorum").Logger(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	f.srv = srv
+	return f, nil
+}
+
+func (f *ftRun) since(t time.Time) float64 { return t.Sub(f.start).Seconds() }
+
+// env is what every rank gets in a fault-tolerant job.
+func (f *ftRun) env() []string {
+	return []string{ft.AddrEnv + "=" + f.srv.Addr(), ft.IncarnationEnv + "=0"}
+}
+
+// started notes a rank's (re)start.
+func (f *ftRun) started(ev supervisorEvent) {
+	if f == nil || f.inc[ev.Rank] == 0 {
+		return
+	}
+	for i := len(f.failures) - 1; i >= 0; i-- {
+		if x := &f.failures[i]; x.Rank == ev.Rank && x.Incarnation == f.inc[ev.Rank]-1 && x.ReplacedAt == nil {
+			x.ReplacedAt, x.ReplacementPID = ptr(f.since(time.Now())), ev.PID
+			return
+		}
+	}
+}
+
+// exited decides a rank's exit in a fault-tolerant job. It returns true
+// when it handled it (a failure answered by a replacement); false leaves
+// the exit to the usual rules: a success, a failure during the teardown,
+// or a failure past the budget (then exhausted says so).
+func (f *ftRun) exited(j *liveJob, ev supervisorEvent) bool {
+	if f == nil {
+		return false
+	}
+	inc := f.inc[ev.Rank]
+	if ev.Code == 0 && ev.Signal == 0 {
+		f.srv.Left(ev.Rank, inc)
+		j.home.command(supervisorCmd{Op: "release", Ranks: []int{ev.Rank}})
+		return false
+	}
+	if j.reason != notStopping {
+		return false
+	}
+	why := fmt.Sprintf("exited with code %d", ev.Code)
+	rec := FTFailure{Rank: ev.Rank, Incarnation: inc, PID: ev.PID, Code: ev.Code, At: f.since(time.Now())}
+	if ev.Signal != 0 {
+		rec.Signal = unixSignalName(syscall.Signal(ev.Signal))
+		why = "killed by " + rec.Signal
+	}
+	f.srv.Lost(ev.Rank, inc, why)
+	if len(f.failures) >= f.maxFailures {
+		rec.Action = "job ended"
+		f.failures = append(f.failures, rec)
+		f.exhausted = fmt.Sprintf("rank %d %s, failure %d of a budget of %d (--max-failures)", ev.Rank, why, len(f.failures), f.maxFailures)
+		j.log.Warn().Int("rank", ev.Rank).Int("max_failures", f.maxFailures).Msg("fault-tolerant: failure budget spent; ending the job")
+		return false
+	}
+	rec.Action = "replaced"
+	f.failures = append(f.failures, rec)
+	f.inc[ev.Rank] = inc + 1
+	j.ranks[ev.Rank].exited = false
+	j.log.Warn().Int("rank", ev.Rank).Str("why", why).Int("incarnation", inc+1).Msg("fault-tolerant: rank failed; starting its replacement")
+	j.home.command(supervisorCmd{Op: "respawn", Ranks: []int{ev.Rank}, Incarnation: inc + 1})
+	return true
+}
+
+// finish stops the quorum service, fills rep's fault-tolerant section and
+// names a spent budget in err.
+func (f *ftRun) finish(rep *Report, err error) error {
+	if f == nil {
+		return err
+	}
+	_ = f.srv.Close()
+	rec := f.srv.Record()
+	off := f.since(f.srvStart)
+	for i := range f.failures {
+		x := &f.failures[i]
+		for _, h := range rec.Heals {
+			if h.Replica == x.Rank && h.Incarnation == x.Incarnation+1 {
+				at := off + h.At
+				x.HealedAt, x.TimeToHeal = ptr(at), ptr(at-x.At)
+				if x.ReplacedAt != nil {
+					x.JoinedAfterStart = ptr(at - *x.ReplacedAt)
+				}
+			}
+		}
+	}
+	if rep != nil {
+		rep.FaultTolerance = &FTReport{
+			MaxFailures: f.maxFailures, Failures: f.failures, Quorum: rec, QuorumStart: off,
+			UncommittedSteps: len(rec.Uncommitted), Exhausted: f.exhausted,
+		}
+	}
+	if err != nil && f.exhausted != "" {
+		return &FTBudgetError{Why: f.exhausted, Err: err}
+	}
+	return err
+}
+
+// FTBudgetError ends a fault-tolerant job whose failure budget was spent:
+// Why names the failure that found it spent; Err is the job's failure as
+// usual (it carries the exit code).
+type FTBudgetError struct {
+	Why string
+	Err error
+}
+
+func (e *FTBudgetError) Error() string {
+	return "launcher: --fault-tolerant: " + e.Why + "; the job was stopped: " + e.Err.Error()
+}
+
+func (e *FTBudgetError) Unwrap() error { return e.Err }
+
+// errFTHosts refuses a fault-tolerant job across hosts.
+var errFTHosts = errors.New("launcher: --fault-tolerant runs on this machine only for now (its quorum service listens on loopback); drop -H/-hostfile or use --max-restarts")
