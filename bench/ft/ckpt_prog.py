@@ -30,6 +30,7 @@ def main():
     if backend == "gorun":
         import gorun  # noqa: F401  (registers the backend)
     torch.set_num_threads(1)
+    ftmodel.event("ready", replica=ftmodel.replica_id())
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     model, opt = ftmodel.build()

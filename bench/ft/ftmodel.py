@@ -13,7 +13,9 @@ gorun --max-restarts from a checkpoint), so their figures compare:
   process from dying again at the same step;
 - the report: one JSON object per line on stdout, prefixed "FTEV ", with
   the wall-clock time t: {"ev": "start"} as the program's very first act
-  (before torch is imported), {"ev": "step", "step": S, "committed": bool,
+  (before torch is imported), {"ev": "ready"} once torch is imported and
+  the model built, just before the framework joins (its Manager, its
+  process group), {"ev": "step", "step": S, "committed": bool,
   "participants": N} after every step attempt, {"ev": "done", "digest": D}
   at the end, D being the SHA-256 of the parameters and optimizer state.
 

@@ -32,6 +32,7 @@ def main():
         model.load_state_dict(sd["model"])
         opt.load_state_dict(sd["optim"])
 
+    ftmodel.event("ready", replica=ftmodel.replica_id())
     m = gorun.ft.Manager(state_dict=state_dict, load_state_dict=load_state_dict)
     replica = m.replica
     while m.current_step() < steps:

@@ -20,11 +20,14 @@ Each program reports JSON events (bench/ft/ftmodel.py); the figures:
              checkpoint reload), the largest over the survivors
   heal_s     a replacement process's start (its first line, before torch is
              imported) to its first committed step, median over the failures
+  join_s     the replacement's "ready" (torch imported, model built) to its
+             first committed step: the framework's own part of the heal
+             (join, quorum, state transfer, first step), without Python's
   down_s     the failure (the kill) to the replacement's first committed step
   stall_s    the longest a survivor went between two committed steps
   equal      every replica's final parameters and optimizer state hash alike
 
-    python3 bench/ft/run.py --modes torchft,ft,ckpt --runs 3 --steps 150 --kills 1:50,2:100
+    python3 bench/ft/run.py --modes torchft,ft,ckpt --runs 3 --steps 600 --kills 1:110,2:370
 
 Rounds alternate the modes, so each sees the same load; prints the medians
 and the ratios to torchft. The machine is shared: figures are noisy.
@@ -89,6 +92,7 @@ def child_env(extra):
 
 def run_torchft(a, marks, log):
     """R torchft replicas under a supervisor loop; returns (events, wall)."""
+    os.environ.setdefault("RUST_LOG", "warn")  # the lighthouse logs every quorum request at info
     from torchft.coordination import LighthouseServer
 
     lh = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=a.join_timeout_ms,
@@ -168,7 +172,7 @@ def figures(events, wall, steps, kills):
         evs = by_pid[pid]
         r = next((e["replica"] for e in evs if "replica" in e), None)
         replicas.setdefault(r, []).append(evs)
-    lost, stall, heal, down, digests = 0, 0.0, [], [], {}
+    lost, stall, heal, join, down, digests = 0, 0.0, [], [], [], {}
     for r, incs in replicas.items():
         for evs in incs:
             for e in evs:
@@ -178,9 +182,12 @@ def figures(events, wall, steps, kills):
             kill_ts = [e["t"] for evs in incs for e in evs if e["ev"] == "kill"]
             for i, evs in enumerate(incs[1:]):
                 start = next((e["t"] for e in evs if e["ev"] == "start"), None)
+                ready = next((e["t"] for e in evs if e["ev"] == "ready"), None)
                 first = next((e["t"] for e in evs if e["ev"] == "step" and e["committed"]), None)
                 if start is not None and first is not None:
                     heal.append(first - start)
+                    if ready is not None:
+                        join.append(first - ready)
                     if i < len(kill_ts):
                         down.append(first - kill_ts[i])
             continue
@@ -192,6 +199,7 @@ def figures(events, wall, steps, kills):
     return {
         "total_s": wall, "lost": lost, "stall_s": stall,
         "heal_s": statistics.median(heal) if heal else None,
+        "join_s": statistics.median(join) if join else None,
         "down_s": statistics.median(down) if down else None,
         "heals": len(heal), "done": done, "equal": done > 0 and len(set(digests.values())) == 1,
     }
@@ -202,9 +210,9 @@ def main():
     ap.add_argument("--modes", default="torchft,ft,ckpt")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--replicas", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--kills", default="1:50,2:100", help="REPLICA:STEP,... (each a SIGKILL after that step)")
-    ap.add_argument("--ckpt-every", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--kills", default="1:110,2:370", help="REPLICA:STEP,... (each a SIGKILL after that step)")
+    ap.add_argument("--ckpt-every", type=int, default=50)
     ap.add_argument("--max-restarts", type=int, default=5)
     ap.add_argument("--timeout", type=int, default=600, help="seconds, per job")
     ap.add_argument("--join-timeout-ms", type=int, default=10000,
@@ -252,22 +260,23 @@ def main():
     med = {}
     for m in modes:
         med[m] = {}
-        for k in ("total_s", "lost", "heal_s", "down_s", "stall_s"):
+        for k in ("total_s", "lost", "heal_s", "join_s", "down_s", "stall_s"):
             vals = [f[k] for f in results[m] if f[k] is not None]
             med[m][k] = statistics.median(vals) if vals else None
     print("\nmedians of %d runs; %d replicas, %d steps, kills %s, checkpoint every %d steps" %
           (a.runs, a.replicas, a.steps, a.kills, a.ckpt_every))
-    print("%-8s %9s %6s %8s %8s %8s %6s" % ("mode", "total_s", "lost", "heal_s", "down_s", "stall_s", "equal"))
+    print("%-8s %9s %6s %8s %8s %8s %8s %6s" % ("mode", "total_s", "lost", "heal_s", "join_s", "down_s", "stall_s",
+                                                 "equal"))
     for m in modes:
         eq = all(f["equal"] for f in results[m])
-        print("%-8s %9s %6s %8s %8s %8s %6s" % (m, *(fmt(med[m][k]) for k in
-                                                       ("total_s", "lost", "heal_s", "down_s", "stall_s")), eq))
+        print("%-8s %9s %6s %8s %8s %8s %8s %6s" % (m, *(fmt(med[m][k]) for k in
+                                                       ("total_s", "lost", "heal_s", "join_s", "down_s", "stall_s")), eq))
     if "torchft" in modes:
         for m in modes:
             if m == "torchft":
                 continue
             print("%s / torchft: %s" % (m, ", ".join("%s %s" % (k, ratio(med[m][k], med["torchft"][k]))
-                                                     for k in ("total_s", "heal_s", "down_s", "stall_s"))))
+                                                     for k in ("total_s", "heal_s", "join_s", "down_s", "stall_s"))))
 
 
 def fmt(v):

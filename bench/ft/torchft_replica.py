@@ -33,6 +33,7 @@ def main():
     timeout = timedelta(seconds=float(os.environ.get("FT_TIMEOUT_S", "10")))
     torch.set_num_threads(1)
     model, opt = ftmodel.build()
+    ftmodel.event("ready", replica=replica)
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
     def load_state_dict(sd):
