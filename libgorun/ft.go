@@ -56,6 +56,26 @@ type ftEntry struct {
 	save C.gorun_ft_save_fn
 	load C.gorun_ft_load_fn
 	user unsafe.Pointer // the caller's, handed back to the callbacks; never a Go pointer
+
+	// commMu guards the communicator handle gorun_ft_comm gave out: commH
+	// names commOf (the quorum's communicator then) in the library's
+	// communicator registry, until the quorum's communicator changes or
+	// the handle is closed. Order: commMu before reg.mu.
+	commMu sync.Mutex
+	commH  int64
+	commOf *comm.Comm
+}
+
+// dropCommLocked forgets the handle gorun_ft_comm gave out, so that a
+// stale one is refused ("freed") rather than used on a closed
+// communicator.
+func (e *ftEntry) dropCommLocked() {
+	if e.commH != 0 {
+		reg.mu.Lock()
+		delete(reg.comms, e.commH)
+		reg.mu.Unlock()
+	}
+	e.commH, e.commOf = 0, nil
 }
 
 // ftRegistry maps gorun_ft_t handles to Managers. Handles are never
@@ -299,6 +319,13 @@ func gorun_ft_quorum(h C.gorun_ft_t, timeoutMs C.int64_t, info *C.gorun_ft_quoru
 	if err != nil {
 		return ftErr(fmt.Errorf("gorun_ft_quorum: %w", err))
 	}
+	if c := e.m.Comm(); c != nil {
+		e.commMu.Lock()
+		if e.commOf != nil && e.commOf != c {
+			e.dropCommLocked()
+		}
+		e.commMu.Unlock()
+	}
 	me := e.m.Replica()
 	*info = C.gorun_ft_quorum_info{
 		id:      C.int64_t(q.ID),
@@ -377,6 +404,34 @@ func allReduceOn(ctx context.Context, m *ft.Manager, b comm.Buffer, op comm.Op) 
 	return nil
 }
 
+//export gorun_ft_comm
+func gorun_ft_comm(h C.gorun_ft_t, out *C.gorun_comm_t) (rc C.int) {
+	defer guard(&rc)
+	e, err := ftReg.get(h, "comm")
+	if err != nil {
+		return setErr(err, nil)
+	}
+	if out == nil {
+		return setErr(fmt.Errorf("%w: gorun_ft_comm: out is NULL", errInvalid), nil)
+	}
+	c := e.m.Comm()
+	if c == nil {
+		return ftErr(fmt.Errorf("gorun_ft_comm: %w: no quorum yet (call gorun_ft_quorum first)", ft.ErrPhase))
+	}
+	e.commMu.Lock()
+	defer e.commMu.Unlock()
+	if e.commOf != c {
+		e.dropCommLocked()
+		reg.mu.Lock()
+		// ft owns the communicator: the handle's close does nothing.
+		e.commH = reg.addCommLocked(&commEntry{c: c, borrowed: true, close: func() error { return nil }})
+		reg.mu.Unlock()
+		e.commOf = c
+	}
+	*out = C.gorun_comm_t(e.commH)
+	return ok()
+}
+
 //export gorun_ft_report_error
 func gorun_ft_report_error(h C.gorun_ft_t, why *C.char) (rc C.int) {
 	defer guard(&rc)
@@ -443,6 +498,9 @@ func gorun_ft_close(h C.gorun_ft_t) (rc C.int) {
 	if !found {
 		return setErr(fmt.Errorf("%w: gorun_ft_close: no fault-tolerance handle %d (closed, or never joined)", errInvalid, h), nil)
 	}
+	e.commMu.Lock()
+	e.dropCommLocked()
+	e.commMu.Unlock()
 	if err := e.m.Close(); err != nil {
 		return ftErr(fmt.Errorf("gorun_ft_close: %w", err))
 	}

@@ -426,6 +426,15 @@ int gorun_ft_quorum(gorun_ft_t ft, int64_t timeout_ms, gorun_ft_quorum_info *inf
  * participants) over the quorum's participants, in place. A failure fails
  * this replica's vote for the step. */
 int gorun_ft_allreduce(gorun_ft_t ft, void *buf, size_t count, int dtype, int op, int64_t timeout_ms);
+/* The current quorum's communicator as a communicator handle, for the
+ * library's other calls (collectives, gorun_executor_new): group rank =
+ * index among the participants. It needs no gorun_init. The handle is
+ * valid until the quorum's communicator changes (a gorun_ft_quorum with
+ * other participants, or after a step that did not commit) or
+ * gorun_ft_close; a stale one is GORUN_ERR_INVALID. Do not free it: ft
+ * owns the communicator. A collective on it that fails does not fail the
+ * step by itself: report it (gorun_ft_report_error). */
+int gorun_ft_comm(gorun_ft_t ft, gorun_comm_t *out);
 /* Marks this step failed on this replica (why may be NULL): its vote will be
  * no. Safe from any thread. */
 int gorun_ft_report_error(gorun_ft_t ft, const char *why);

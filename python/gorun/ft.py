@@ -49,7 +49,7 @@ import torch
 from . import _lib
 from ._lib import GorunError
 
-__all__ = ["Manager", "Quorum", "dumps", "loads", "HealError"]
+__all__ = ["DistributedDataParallel", "Manager", "Quorum", "dumps", "loads", "HealError"]
 
 
 class HealError(GorunError):
@@ -83,6 +83,7 @@ _SIGNATURES = {
     "gorun_ft_set_state": [_i64, _SAVE_FN, _LOAD_FN, ctypes.c_void_p],
     "gorun_ft_quorum": [_i64, _i64, ctypes.POINTER(_QuorumInfo), _PI, ctypes.c_int],
     "gorun_ft_allreduce": [_i64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _i64],
+    "gorun_ft_comm": [_i64, ctypes.POINTER(_i64)],
     "gorun_ft_report_error": [_i64, ctypes.c_char_p],
     "gorun_ft_should_commit": [_i64, _i64, _PI],
     "gorun_ft_step": [_i64, ctypes.POINTER(_i64)],
@@ -356,6 +357,16 @@ class Manager:
                 g.copy_(flat[off:off + n].view_as(g))
                 off += n
 
+    def comm(self):
+        """The current quorum's communicator as a libgorun communicator
+        handle (group rank = index among the participants), for gorun's
+        other calls, e.g. gorun.torch.distribute(group=...). It changes
+        when the quorum's communicator does (other participants, or after a
+        step that did not commit); an old one is refused."""
+        h = _i64()
+        self._check(self._lib.gorun_ft_comm(self._h, ctypes.byref(h)), "comm")
+        return h.value
+
     def report_error(self, e):
         """Marks this step failed on this replica: should_commit() will be
         False for every participant."""
@@ -403,3 +414,85 @@ class Manager:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """gorun.torch's DDP mode (gradients reduced in planned buckets on
+    gorun's executor, as gorun.torch.distribute(mode="ddp")) over the
+    current quorum's participants, averaged over them.
+
+    The wrapped model is made again whenever the quorum's communicator
+    changes (a replica lost or back, a step that did not commit): the plan
+    is for a group, and the group is the quorum. A collective that fails in
+    backward fails the step here, not the program: call
+    ``ddp.backward(loss)`` instead of ``loss.backward()``::
+
+        ddp = gorun.ft.DistributedDataParallel(m, model)
+        while m.current_step() < steps:
+            m.start_quorum()
+            opt.zero_grad()
+            ddp.backward(loss_fn(ddp(batch)))
+            if m.should_commit():
+                opt.step()
+
+    kwargs go to gorun.torch.distribute (not mode or group)."""
+
+    def __init__(self, manager, module, **kwargs):
+        super().__init__()
+        for k in ("mode", "group"):
+            if k in kwargs:
+                raise ValueError("gorun.ft.DistributedDataParallel: %s is set by the quorum, not by the caller" % k)
+        self.manager = manager
+        self.module = module
+        self._kwargs = kwargs
+        self._model = None
+        self._group = None
+
+    def _wrapped(self):
+        from . import torch as gtorch
+
+        h = self.manager.comm()
+        if self._model is None or h != self._group:
+            self._drop()
+            self._model = gtorch.distribute(self.module, mode="ddp", group=h, **self._kwargs)
+            self._group = h
+        return self._model
+
+    def _drop(self):
+        if self._model is not None:
+            m, self._model, self._group = self._model, None, None
+            m.close()
+
+    def forward(self, *args, **kwargs):
+        try:
+            return self._wrapped()(*args, **kwargs)
+        except GorunError as e:
+            # A participant died while the group was being set up or the
+            # step began: the step cannot commit; run the module alone so
+            # that the loop goes on to should_commit.
+            self._failed(e)
+            return self.module(*args, **kwargs)
+
+    def backward(self, loss):
+        """loss.backward(); a collective that failed (a participant died)
+        is reported to the manager, so should_commit() is False, and the
+        wrapped model is made again at the next forward. Returns whether
+        the gradients are good."""
+        try:
+            loss.backward()
+            return True
+        except GorunError as e:
+            self._failed(e)
+            return False
+
+    def _failed(self, e):
+        self.manager.report_error(e)
+        try:
+            self._drop()
+        except GorunError:
+            self._model = self._group = None
+
+    def close(self):
+        """Unwraps the module (its hooks removed, gradients copied out of
+        the executor's buckets)."""
+        self._drop()

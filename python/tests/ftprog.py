@@ -8,6 +8,10 @@ Every replica prints, one line each ("RANK r: ..."):
   QUORUM step=S id=Q parts=P healed=H digest=D   after each quorum; D is the
                                    SHA-256 of parameters and optimizer state
   COMMIT step=S ok=B               S: the step attempted (1-based)
+  DDP world=N step=S               (case ddp) gorun.torch's model was made
+                                   for a quorum of N and reduced step S
+  FAIL ...                         a bfloat16 sum or float32 average over the
+                                   quorum was not what its participants add up to
   DONE step=S digest=D             at the end: at step STEPS or later, in
                                    the first quorum of every replica
 
@@ -19,6 +23,9 @@ CASE picks the failures the program brings on itself (the launcher's
              not be committed
   source     replica 0 dies inside state_dict, i.e. while it serves a heal
   healer     a replica dies inside load_state_dict, i.e. while it heals
+  ddp        (not a failure) gradients go through gorun.ft's
+             DistributedDataParallel (gorun.torch's ddp mode over the
+             quorum) instead of Manager.allreduce_grads
 """
 
 import hashlib
@@ -66,6 +73,20 @@ def digest(model, opt):
     return h.hexdigest()[:16]
 
 
+def check_reductions(m, q, r):
+    """allreduce's contract on values every participant can predict: a
+    bfloat16 sum and a float32 average over exactly this quorum's
+    participants (replica r contributes r + 1)."""
+    b = m.allreduce(torch.full((5,), r + 1.0, dtype=torch.bfloat16), op="sum")
+    f = m.allreduce(torch.full((7,), r + 1.0), op="avg")
+    if m.errored() is not None:
+        return  # a participant died in this step: the values are undefined
+    want = sum(p + 1.0 for p in q.participants)
+    if not (b == want).all() or not (f == want / len(q.participants)).all():
+        say(r, "FAIL reductions over %s: bf16 sum %s (want %s), f32 avg %s (want %s)" % (
+            q.participants, b.tolist(), want, f.tolist(), want / len(q.participants)))
+
+
 def main():
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -87,9 +108,11 @@ def main():
         opt.load_state_dict(sd["optim"])
 
     m = gorun.ft.Manager(state_dict=state_dict, load_state_dict=load_state_dict, timeout=60)
+    ddp = gorun.ft.DistributedDataParallel(m, model) if "ddp" in CASES else None
     r = m.replica
     say(r, "START inc=%d" % m.incarnation)
     deadline = time.monotonic() + WAIT_S
+    seen_group = None
     while True:
         q = m.start_quorum()
         step = m.current_step()
@@ -98,8 +121,15 @@ def main():
         opt.zero_grad()
         g = torch.Generator().manual_seed(1000 * r + step)
         tokens = torch.randint(0, 64, (2, 16), generator=g)
-        model(tokens, torch.roll(tokens, -1, dims=1)).backward()
-        m.allreduce_grads(model.parameters())
+        if ddp is not None:
+            ok = ddp.backward(ddp(tokens, torch.roll(tokens, -1, dims=1)))
+            if ok and ddp._group != seen_group:
+                seen_group = ddp._group
+                say(r, "DDP world=%d step=%d" % (ddp._model.world_size, step + 1))
+        else:
+            model(tokens, torch.roll(tokens, -1, dims=1)).backward()
+            m.allreduce_grads(model.parameters())
+        check_reductions(m, q, r)
         if "midstep" in CASES and r == 1 and step + 1 == AT and once("midstep"):
             say(r, "DYING in step %d" % (step + 1))
             os.kill(os.getpid(), signal.SIGKILL)

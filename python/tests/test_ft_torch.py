@@ -9,7 +9,9 @@
 - survivors lose no steps: each commits steps 1, 2, 3, ... with no step
   committed twice or rolled back, and fails at most the step a death fell in;
 - a kill of a heal's source, and a kill of the healing replica, inside the
-  heal: the heal is retried and ends bitwise equal.
+  heal: the heal is retried and ends bitwise equal;
+- every step, a bfloat16 sum and a float32 average come out as exactly the
+  quorum's participants add up to (ftprog prints FAIL otherwise).
 
 The rank program is ftprog.py."""
 
@@ -98,8 +100,16 @@ def test_heal_after_kill_is_bitwise_equal(launcher, tmp_path):
 
 def test_step_a_participant_died_in_is_not_committed(launcher, tmp_path):
     at = 5
-    code, out = run(launcher, tmp_path, "midstep", 10, at=at)
+    # Gradients go through gorun.torch's ddp mode over the quorum here
+    # (gorun.ft.DistributedDataParallel), the other tests use allreduce.
+    code, out = run(launcher, tmp_path, "midstep,ddp", 10, at=at)
     check_job(code, out, 10, died={1}, deaths=1)
+    for r in (0, 2):
+        worlds = [kv["world"] for rr, kv in lines(out, "DDP") if rr == r]
+        # Made for all three, again for the two survivors, and again when
+        # the replacement was back.
+        assert worlds[:3] == ["3", "2", "3"], ("replica %d: gorun.torch models for worlds %s" % (r, worlds),
+                                               out[-6000:])
     assert "RANK 1: DYING in step %d" % at in out, out[-6000:]
     commits = lines(out, "COMMIT")
     for r in (0, 2):
