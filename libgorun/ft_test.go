@@ -4,15 +4,18 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/ft"
+	"github.com/gorun-hpc/gorun/rankenv"
 )
 
 func TestParseFTSettings(t *testing.T) {
@@ -101,5 +104,79 @@ func TestFTJoinOutsideGorun(t *testing.T) {
 	rc := gorun_ft_join(nil, (*_Ctype_gorun_ft_t)(&h))
 	if rc != statusInit {
 		t.Fatalf("gorun_ft_join without %s = %d, want GORUN_ERR_INIT (%d)", ft.AddrEnv, rc, statusInit)
+	}
+}
+
+// One replica through the C calls against an in-process quorum service:
+// a quorum of one, an average and a bf16 sum over it, a commit that
+// advances the step, the quorum's communicator as a handle the library's
+// other calls take (and refused once the replica has closed).
+func TestFTOneReplica(t *testing.T) {
+	secret := strings.Repeat("ab", 32)
+	sec, _ := hex.DecodeString(secret)
+	s, err := ft.NewServer(ft.ServerConfig{Addr: "127.0.0.1:0", JobID: "ftabi", Secret: sec, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cfg := fmt.Sprintf("tcp=1 env.%s=0 env.%s=1 env.%s=ftabi env.%s=%s env.%s=localhost env.%s=%s env.%s=0",
+		rankenv.GorunRank, rankenv.GorunWorldSize, rankenv.JobID, rankenv.Secret, secret, rankenv.GorunHost,
+		ft.AddrEnv, s.Addr(), ft.IncarnationEnv)
+	cb := []byte(cfg + "\x00") // read as a C string during the call
+	ccfg := (*_Ctype_char)(unsafe.Pointer(&cb[0]))
+	var h _Ctype_gorun_ft_t
+	if rc := gorun_ft_join(ccfg, &h); rc != statusOK {
+		t.Fatalf("gorun_ft_join = %d", rc)
+	}
+	var rep, reps, inc _Ctype_int
+	if rc := gorun_ft_info(h, &rep, &reps, &inc); rc != statusOK || rep != 0 || reps != 1 || inc != 0 {
+		t.Fatalf("gorun_ft_info = %d: replica %d of %d, incarnation %d", rc, rep, reps, inc)
+	}
+	var c _Ctype_gorun_comm_t
+	if rc := gorun_ft_comm(h, &c); rc != statusInvalid {
+		t.Errorf("gorun_ft_comm before a quorum = %d, want GORUN_ERR_INVALID", rc)
+	}
+	var info _Ctype_gorun_ft_quorum_info
+	parts := make([]_Ctype_int, 1)
+	if rc := gorun_ft_quorum(h, 10000, &info, &parts[0], 1); rc != statusOK {
+		t.Fatalf("gorun_ft_quorum = %d", rc)
+	}
+	if info.size != 1 || info.rank != 0 || info.step != 0 || info.healed != 0 || parts[0] != 0 {
+		t.Fatalf("quorum %+v, participants %v", info, parts)
+	}
+	f32 := []float32{2, 4}
+	if rc := gorun_ft_allreduce(h, unsafe.Pointer(&f32[0]), 2, 1 /* float32 */, 5 /* avg */, 10000); rc != statusOK || f32[0] != 2 || f32[1] != 4 {
+		t.Errorf("float32 average over one = %d %v", rc, f32)
+	}
+	bf := []uint16{uint16(comm.BF16(3))}
+	if rc := gorun_ft_allreduce(h, unsafe.Pointer(&bf[0]), 1, 3 /* bfloat16 */, 1 /* sum */, 10000); rc != statusOK || bf[0] != uint16(comm.BF16(3)) {
+		t.Errorf("bfloat16 sum over one = %d %x", rc, bf[0])
+	}
+	if rc := gorun_ft_allreduce(h, unsafe.Pointer(&f32[0]), 2, 1, 4 /* max */, 10000); rc != statusInvalid {
+		t.Errorf("gorun_ft_allreduce with max = %d, want GORUN_ERR_INVALID", rc)
+	}
+	if rc := gorun_ft_comm(h, &c); rc != statusOK {
+		t.Fatalf("gorun_ft_comm = %d", rc)
+	}
+	var size _Ctype_int
+	if rc := gorun_comm_size(c, &size); rc != statusOK || size != 1 {
+		t.Errorf("gorun_comm_size(quorum communicator) = %d, size %d", rc, size)
+	}
+	var commit _Ctype_int
+	if rc := gorun_ft_should_commit(h, 10000, &commit); rc != statusOK || commit != 1 {
+		t.Fatalf("gorun_ft_should_commit = %d, commit %d", rc, commit)
+	}
+	var step _Ctype_int64_t
+	if rc := gorun_ft_step(h, &step); rc != statusOK || step != 1 {
+		t.Errorf("gorun_ft_step = %d, step %d; want 1 after one commit", rc, step)
+	}
+	if rc := gorun_ft_close(h); rc != statusOK {
+		t.Errorf("gorun_ft_close = %d", rc)
+	}
+	if rc := gorun_comm_size(c, &size); rc == statusOK {
+		t.Error("the quorum communicator's handle outlived gorun_ft_close")
+	}
+	if rc := gorun_ft_close(h); rc != statusInvalid {
+		t.Errorf("gorun_ft_close twice = %d, want GORUN_ERR_INVALID", rc)
 	}
 }
