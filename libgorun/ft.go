@@ -156,7 +156,9 @@ func ftErr(err error) C.int {
 		code = statusInvalid
 	case errors.Is(err, ft.ErrNotFaultTolerant), errors.Is(err, ft.ErrAuth):
 		code = statusInit
-	case errors.Is(err, ft.ErrClosed):
+	case errors.Is(err, ft.ErrClosed), errors.Is(err, ft.ErrFinished):
+		// ErrFinished: the replicas that held the job's last step have
+		// finished and left; this one (a late replacement) is done too.
 		code = statusClosed
 	case errors.Is(err, context.DeadlineExceeded):
 		code = statusTimeout

@@ -70,6 +70,7 @@ func TestFTErrStatus(t *testing.T) {
 		{ft.ErrPhase, statusInvalid},
 		{ft.ErrNoState, statusInvalid},
 		{ft.ErrClosed, statusClosed},
+		{fmt.Errorf("gorun_ft_quorum: %w (they committed 9 steps)", ft.ErrFinished), statusClosed},
 		{fmt.Errorf("gorun_ft_should_commit: %w", context.DeadlineExceeded), statusTimeout},
 	} {
 		if got := int(ftErr(tc.err)); got != tc.want {

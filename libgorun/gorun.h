@@ -378,7 +378,10 @@ int gorun_executor_free(gorun_executor_t ex);
  * callback's error, a digest mismatch), GORUN_ERR_INIT for a program not
  * started by gorun --fault-tolerant or without the job's secret,
  * GORUN_ERR_TIMEOUT when timeout_ms ran out, GORUN_ERR_INVALID for a call out
- * of order or a bad argument. */
+ * of order or a bad argument, GORUN_ERR_CLOSED from gorun_ft_quorum when the
+ * replicas that held the job's last step have finished and left (this one, a
+ * late replacement, has nobody to heal from: the job is done, exit
+ * successfully). */
 typedef int64_t gorun_ft_t; /* > 0 when valid */
 
 /* The state a heal copies, as bytes. save points *buf at the serialized

@@ -18,6 +18,8 @@ gorun --max-restarts from a checkpoint), so their figures compare:
   process group), {"ev": "step", "step": S, "committed": bool,
   "participants": N} after every step attempt, {"ev": "done", "digest": D}
   at the end, D being the SHA-256 of the parameters and optimizer state.
+  A fault-tolerant replica ends at step N or later, in the first step all
+  replicas committed (finished()).
 
 bench/ft/run.py reads those lines into the figures.
 """
@@ -120,6 +122,23 @@ def maybe_die(replica, step):
         os.close(fd)
         event("kill", replica=replica, step=step)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+WAIT_S = 300  # how long the survivors wait, past N, for every replica to be back
+
+
+def finished(committed, step, steps, participants, replicas, deadline):
+    """Whether a fault-tolerant replica stops after this step: at step N or
+    later, in a step every replica committed, so that a replica lost late
+    is back and equal at the end and "time to N steps" means the same job
+    in every mode. Every participant decides alike. Past the deadline the
+    program fails rather than waits for ever."""
+    if committed and step >= steps and participants == replicas:
+        return True
+    if time.monotonic() > deadline:
+        event("fail", why="no step committed by all %d replicas in %d s" % (replicas, WAIT_S))
+        sys.exit(1)
+    return False
 
 
 def save_bytes(obj):

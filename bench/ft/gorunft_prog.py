@@ -14,6 +14,7 @@ ftmodel.started()
 
 import os  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -35,8 +36,13 @@ def main():
     ftmodel.event("ready", replica=ftmodel.replica_id())
     m = gorun.ft.Manager(state_dict=state_dict, load_state_dict=load_state_dict)
     replica = m.replica
-    while m.current_step() < steps:
-        q = m.start_quorum()
+    deadline = time.monotonic() + ftmodel.WAIT_S
+    while True:
+        try:
+            q = m.start_quorum()
+        except gorun.ft.JobFinished:
+            ftmodel.event("late", replica=replica)
+            break
         step = m.current_step()
         opt.zero_grad()
         tokens, labels = ftmodel.batch(replica, step)
@@ -49,6 +55,8 @@ def main():
                       participants=len(q.participants), healed=q.healed)
         if committed:
             ftmodel.maybe_die(replica, m.current_step())
+        if ftmodel.finished(committed, m.current_step(), steps, len(q.participants), m.replicas, deadline):
+            break
     ftmodel.event("done", replica=replica, step=m.current_step(), digest=ftmodel.digest(model, opt))
     m.close()
     sys.stdout.flush()

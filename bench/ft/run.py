@@ -14,10 +14,12 @@ side by side: total time to N steps, steps lost by survivors, time to heal.
 
 Each program reports JSON events (bench/ft/ftmodel.py); the figures:
 
-  total_s    the job's wall time, first process started to last one done
+  total_s    the job's wall time, first process started to last one done:
+             N steps, and (fault-tolerant modes) at least one more step
+             once every replica is back, so each mode ends with the whole job
   lost       steps survivors did that did not count: their step attempts
-             beyond N (uncommitted steps, and steps redone after a
-             checkpoint reload), the largest over the survivors
+             beyond the step they ended at (uncommitted steps, and steps
+             redone after a checkpoint reload), the largest over the survivors
   heal_s     a replacement process's start (its first line, before torch is
              imported) to its first committed step, median over the failures
   join_s     the replacement's "ready" (torch imported, model built) to its
@@ -102,6 +104,7 @@ def run_torchft(a, marks, log):
 
     def start(r):
         env = child_env({"TORCHFT_LIGHTHOUSE": lh.address(), "FT_MARKS": marks, "FT_KILLS": a.kills,
+                         "FT_REPLICAS": str(a.replicas),
                          "FT_REPLICA": str(r), "GORUN_RESTART_COUNT": str(restarts)})
         p = subprocess.Popen([a.python, os.path.join(HERE, "torchft_replica.py"), str(r), str(a.steps)],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -192,7 +195,8 @@ def figures(events, wall, steps, kills):
                         down.append(first - kill_ts[i])
             continue
         attempts = sum(1 for evs in incs for e in evs if e["ev"] == "step")
-        lost = max(lost, attempts - steps)
+        final = max([e["step"] for evs in incs for e in evs if e["ev"] == "done"] or [steps])
+        lost = max(lost, attempts - final)
         ts = sorted(e["t"] for evs in incs for e in evs if e["ev"] == "step" and e["committed"])
         stall = max([stall] + [b - a for a, b in zip(ts, ts[1:])])
     done = len(digests)

@@ -21,6 +21,7 @@ ftmodel.started()
 
 import os  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 from datetime import timedelta  # noqa: E402
 
 import torch  # noqa: E402
@@ -58,7 +59,9 @@ def main():
         connect_timeout=timeout,
     )
     ddp = DistributedDataParallel(manager, model)
-    while manager.current_step() < steps:
+    replicas = int(os.environ["FT_REPLICAS"])
+    deadline = time.monotonic() + ftmodel.WAIT_S
+    while True:
         step = manager.current_step()
         manager.start_quorum()
         opt.zero_grad()
@@ -71,6 +74,8 @@ def main():
                       participants=manager.num_participants())
         if committed:
             ftmodel.maybe_die(replica, step + 1)
+        if ftmodel.finished(committed, manager.current_step(), steps, manager.num_participants(), replicas, deadline):
+            break
     ftmodel.event("done", replica=replica, step=manager.current_step(), digest=ftmodel.digest(model, opt))
     manager.shutdown(wait=False)
     sys.stdout.flush()

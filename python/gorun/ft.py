@@ -49,7 +49,13 @@ import torch
 from . import _lib
 from ._lib import GorunError
 
-__all__ = ["DistributedDataParallel", "Manager", "Quorum", "dumps", "loads", "HealError"]
+__all__ = ["DistributedDataParallel", "HealError", "JobFinished", "Manager", "Quorum", "dumps", "loads"]
+
+
+class JobFinished(GorunError):
+    """start_quorum() in a replica that came back too late: the replicas
+    that held the job's last step have finished and left, so there is
+    nobody to heal from. The job's training is done; exit successfully."""
 
 
 class HealError(GorunError):
@@ -293,7 +299,9 @@ class Manager:
         """Starts a step: waits for this step's quorum (every live replica),
         heals this replica first if it is behind (calling load_state_dict),
         or serves the heal of another (calling state_dict). Returns the
-        Quorum; errors of the previous step are forgotten."""
+        Quorum; errors of the previous step are forgotten. Raises
+        JobFinished in a replacement that came after the others finished,
+        HealError when state_dict or load_state_dict raised."""
         info = _QuorumInfo()
         self._cb_error = None
         rc = self._lib.gorun_ft_quorum(self._h, self._timeout_ms, ctypes.byref(info), self._parts, len(self._parts))
@@ -304,6 +312,8 @@ class Manager:
                 which, e = self._cb_error
                 raise HealError("gorun.ft: heal: %s raised %s: %s (%s)" % (which, type(e).__name__, e, err),
                                 err.status, err.rank) from e
+            if rc == _lib.ERR_CLOSED:
+                raise JobFinished(str(err), err.status, err.rank) from None
             raise err
         self._errored = None
         self._quorum = Quorum(info.id, info.step, tuple(self._parts[:info.size]), info.rank, bool(info.healed),
