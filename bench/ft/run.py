@@ -176,23 +176,31 @@ def figures(events, wall, steps, kills):
         r = next((e["replica"] for e in evs if "replica" in e), None)
         replicas.setdefault(r, []).append(evs)
     lost, stall, heal, join, down, digests = 0, 0.0, [], [], [], {}
+    kill_events = sorted((e["t"], e["replica"]) for e in events if e["ev"] == "kill")
     for r, incs in replicas.items():
         for evs in incs:
             for e in evs:
                 if e["ev"] == "done":
                     digests[r] = e["digest"]
-        if r in killed:
-            kill_ts = [e["t"] for evs in incs for e in evs if e["ev"] == "kill"]
-            for i, evs in enumerate(incs[1:]):
+        # Each kill's replacement: the first process of the killed replica
+        # that started after the kill (under --max-restarts every replica
+        # restarts; only the killed one's new process is its replacement).
+        for t_kill, kr in kill_events:
+            if kr != r:
+                continue
+            for evs in incs:
                 start = next((e["t"] for e in evs if e["ev"] == "start"), None)
+                if start is None or start < t_kill:
+                    continue
                 ready = next((e["t"] for e in evs if e["ev"] == "ready"), None)
                 first = next((e["t"] for e in evs if e["ev"] == "step" and e["committed"]), None)
-                if start is not None and first is not None:
+                if first is not None:
                     heal.append(first - start)
+                    down.append(first - t_kill)
                     if ready is not None:
                         join.append(first - ready)
-                    if i < len(kill_ts):
-                        down.append(first - kill_ts[i])
+                break
+        if r in killed:
             continue
         attempts = sum(1 for evs in incs for e in evs if e["ev"] == "step")
         final = max([e["step"] for evs in incs for e in evs if e["ev"] == "done"] or [steps])
@@ -225,7 +233,12 @@ def main():
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--json", help="write every run's figures here")
     ap.add_argument("--keep", help="keep the runs' logs in this directory")
+    ap.add_argument("--reread", metavar="JSON", help="no runs: recompute the figures from the logs of an earlier "
+                    "--keep DIR --json JSON run (its wall times, its arguments)")
     a = ap.parse_args()
+    if a.reread:
+        reread(a.reread)
+        return
     modes = [m for m in a.modes.split(",") if m]
     for m in modes:
         if m not in MODES:
@@ -261,6 +274,27 @@ def main():
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"args": vars(a), "results": results}, fh, indent=1)
+    report(a, modes, results)
+
+
+def reread(path):
+    with open(path) as fh:
+        doc = json.load(fh)
+    a = argparse.Namespace(**doc["args"])
+    modes = [m for m in a.modes.split(",") if m]
+    kills = [tuple(int(x) for x in k.split(":")) for k in a.kills.split(",") if k]
+    results = {}
+    for m in modes:
+        results[m] = []
+        for i, old in enumerate(doc["results"][m]):
+            with open(os.path.join(a.keep, "%s-%d.log" % (m, i)), errors="replace") as log:
+                f = figures(parse_events(log), old["total_s"], a.steps, kills)
+            results[m].append(f)
+            print("run %d %-8s %s" % (i, m, json.dumps(f, sort_keys=True)))
+    report(a, modes, results)
+
+
+def report(a, modes, results):
     med = {}
     for m in modes:
         med[m] = {}
