@@ -158,10 +158,15 @@ test-watchers: ## gorun, supervisor and host agent SIGKILLed in every pair and t
 soak-verdicts: build lib ## no false frozen/lost verdict in 10 min at load >= 40 on 2 cores (40 CPU hogs, a memory churner): trainer 4-16 ranks, torch DDP, MPICH; SIGSTOP/SIGKILL probes named within 10 s / 2 s (SOAK_SECS to change)
 	flock /tmp/gorun-bench.lock bash scripts/soak-verdicts.sh
 
+# Fault-tolerant training (package ft, gorun --fault-tolerant)
+.PHONY: bench-ft
+bench-ft: build ## fault-tolerant dp vs --max-restarts from a checkpoint, Go trainer, 4 ranks, the same kills: total time to N steps, steps lost, kill -> training again, medians of 5
+	flock /tmp/gorun-bench.lock python3 scripts/bench_ft_go.py bin/gorun bin/trainer $(BENCH_FT_ARGS)
+
 # Fault-tolerant torch training: gorun.ft vs torchft 0.2.0 vs --max-restarts from a checkpoint
 .PHONY: venv-torchft bench-ft-torch
 venv-torchft: venv ## add torchft 0.2.0 (the fault-tolerance anchor) to $(GORUN_VENV), keeping its torch; a no-op when it is there
 	@bash scripts/install-torchft.sh >/dev/null
 
-bench-ft-torch: build lib venv-torchft ## fault-tolerant torch GPT, 3 replicas, 2 kills: gorun --fault-tolerant vs torchft 0.2.0 (gloo) vs --max-restarts from a checkpoint; total time, steps lost, time to heal; medians, ratios (BENCH_FT_ARGS)
-	flock /tmp/gorun-bench.lock env PYTHONWARNINGS=ignore GORUN_LIB=$(CURDIR)/$(BIN)/libgorun.so $(PYTHON) bench/ft/run.py $(BENCH_FT_ARGS)
+bench-ft-torch: build lib venv-torchft ## fault-tolerant torch GPT, 3 replicas, 2 kills: gorun --fault-tolerant vs torchft 0.2.0 (gloo) vs --max-restarts from a checkpoint; total time, steps lost, time to heal; medians, ratios (BENCH_FT_TORCH_ARGS)
+	flock /tmp/gorun-bench.lock env PYTHONWARNINGS=ignore GORUN_LIB=$(CURDIR)/$(BIN)/libgorun.so $(PYTHON) bench/ft/run.py $(BENCH_FT_TORCH_ARGS)

@@ -20,6 +20,11 @@ const (
 	// IncarnationEnv is the replica's incarnation: 0 for the process gorun
 	// started first, n for the n-th replacement of that replica.
 	IncarnationEnv = "GORUN_FT_INCARNATION"
+	// GroupSizeEnv is the size of a replica group (gorun
+	// --fault-tolerant-group): HSDP's shard group of consecutive ranks
+	// is one replica, replaced whole. Unset or 1: every rank is a
+	// replica.
+	GroupSizeEnv = "GORUN_FT_GROUP_SIZE"
 )
 
 // KeyPurpose is the HKDF purpose of the quorum service's key, derived from
@@ -172,8 +177,9 @@ type Participant struct {
 
 // Quorum is the answer to Manager.Quorum: who participates in this step.
 type Quorum struct {
-	// ID numbers the membership: it changes exactly when Participants
-	// change (and the communicator is rebuilt), and grows.
+	// ID numbers the communicator: it changes exactly when Participants
+	// change or the previous quorum failed or did not commit (the
+	// communicator is then rebuilt on every participant), and grows.
 	ID int64
 	// Step is the quorum's step: the highest committed step among the
 	// participants, which every participant holds once Quorum returns
@@ -191,6 +197,9 @@ type Quorum struct {
 	Changed bool
 	// Rank is this replica's index in Participants.
 	Rank int
+	// Group lists the ranks of this rank's replica group (HSDP; nil
+	// without groups): GroupComm's members, in this order.
+	Group []Participant
 }
 
 // Size is the number of participants.
@@ -204,6 +213,9 @@ type Record struct {
 	Losses   []LossRecord   `json:"losses,omitempty"`
 	Joins    []JoinRecord   `json:"joins,omitempty"`
 	Heals    []HealRecord   `json:"heals,omitempty"`
+	// Served are the heal sources' own accounts of what they sent: one
+	// per source per heal, so a heal's sharding can be seen.
+	Served []ServedRecord `json:"served,omitempty"`
 	// Uncommitted are the steps a quorum did not commit.
 	Uncommitted []UncommittedRecord `json:"uncommitted,omitempty"`
 	// Commits counts committed steps (one per quorum round that
@@ -212,7 +224,8 @@ type Record struct {
 	MaxStep int64 `json:"max_step"`
 }
 
-// QuorumRecord is one change of membership.
+// QuorumRecord is one new quorum id: a change of membership, or the same
+// members again after a quorum that failed or did not commit.
 type QuorumRecord struct {
 	ID           int64   `json:"id"`
 	Step         int64   `json:"step"`
@@ -251,6 +264,15 @@ type HealRecord struct {
 	// is from the incarnation's connection to the end of its heal.
 	Took      float64 `json:"took_s"`
 	SinceJoin float64 `json:"since_join_s"`
+}
+
+// ServedRecord is what one heal source sent in one quorum: Bytes of the
+// state (its slice), to each of the healing replicas.
+type ServedRecord struct {
+	Replica int     `json:"replica"`
+	Quorum  int64   `json:"quorum"`
+	Bytes   int64   `json:"bytes"`
+	At      float64 `json:"at_s"`
 }
 
 // UncommittedRecord is one step a quorum did not commit.

@@ -40,6 +40,11 @@
 //
 // Quorum: the service answers once every live replica has asked (a replica
 // known dead is not waited for; a replacement that connected is). The
+// first quorum waits for every replica of the job to connect (or be
+// reported dead; ServerConfig.StartTimeout), so it holds the whole job.
+// A replica behind the job's last committed step when every replica that
+// held that step has left (finished) cannot heal: Quorum returns
+// ErrFinished. The
 // answer lists the participants (replica ids, data-plane addresses, and the
 // step each holds). The highest step among them is the quorum's step; a
 // participant below it (a replacement, incarnation > 0, at step 0) heals
@@ -53,9 +58,10 @@
 // is retried with the remaining sources. Quorum retries on its own until it
 // holds a usable quorum, so a trainer calls it once per step.
 //
-// The communicator: when the participants change, Quorum builds a new
-// comm.Communicator over them (tag "ft/<quorum id>"; group rank = position
-// in Participants, ordered by replica id). Its group fails (Failed()
+// The communicator: when the participants change (or the last quorum
+// failed), Quorum builds a new comm.Communicator over them (tag
+// "ft/<quorum id>"; group rank = position in Participants, ordered by
+// replica id). Its group fails (Failed()
 // closes) the moment the service tells of a participant's death (the
 // launcher sees it through the process's exit; the service also through
 // the replica's connection closing), so a survivor blocked in a collective
@@ -68,6 +74,19 @@
 // true the Manager's step advances; on false the caller discards the
 // step's update and calls Quorum again: the process stays alive and
 // recovers in place (torchft's should_commit).
+//
+// # Replica groups (HSDP)
+//
+// With GroupSizeEnv = S > 1 (gorun --fault-tolerant-group S) a replica is a
+// group of S consecutive ranks, HSDP's shard group: parameters sharded
+// within it, replicated across groups. A group takes part in a quorum
+// only when all its ranks are live; the loss of one rank is the loss of
+// its group (gorun kills the others and starts all S again). Each rank's
+// Quorum lists as Participants the ranks at its place (rank mod S) in
+// every participating group, so Comm, AllReduce and the heal work per
+// shard exactly as without groups, and Quorum.Group lists its own group,
+// over which GroupComm is built (the parameter all-gather and gradient
+// reduce-scatter).
 //
 // # Identity, secret and endpoint
 //
@@ -89,6 +108,14 @@
 //
 // Server.Record lists every quorum (id, step, participants, who healed),
 // every loss (replica, incarnation, why, when, the step it was lost in),
-// every step that was not committed and why, and every heal (bytes, from
-// which sources, how long). The launcher copies it into gorun's --report.
+// every step that was not committed and why, every heal (bytes, from
+// which sources, how long) and what each source served.
+//
+// # Where it differs from torchft
+//
+// torchft runs a lighthouse server and learns of deaths by heartbeat
+// timeouts; here gorun is the service and reaps every replica itself. The
+// first quorum waits for the whole job, later ones for every live replica
+// (no min_replica_size and join timeout to tune). The heal is sharded
+// across every live replica rather than served by one. The launcher copies it into gorun's --report.
 package ft

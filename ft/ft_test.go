@@ -8,8 +8,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -354,4 +357,187 @@ func worker() int {
 		fmt.Fprintln(os.Stderr, "close:", err)
 	}
 	return 0
+}
+
+// TestFirstQuorumWaitsForEveryReplica: the first quorum holds the whole
+// job, not whoever connected first; a replica reported dead before it
+// connected is not waited for.
+func TestFirstQuorumWaitsForEveryReplica(t *testing.T) {
+	s := newServer(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type res struct {
+		q   ft.Quorum
+		err error
+	}
+	got := make(chan res, 2)
+	var ms []*ft.Manager
+	for r := range 2 {
+		m, err := ft.Join(ctx, testConfig(replicaEnv(s, r, 3, 0)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms = append(ms, m)
+	}
+	defer func() {
+		for _, m := range ms {
+			m.Close()
+		}
+	}()
+	for _, m := range ms {
+		go func() { q, err := m.Quorum(ctx); got <- res{q, err} }() // owned: drained below
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("a quorum of %d was answered before replica 2 joined or was lost (err %v)", r.q.Size(), r.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	s.Lost(2, 0, "never started")
+	for range 2 {
+		r := <-got
+		if r.err != nil || r.q.Size() != 2 || r.q.Step != 0 {
+			t.Fatalf("quorum %+v, %v; want replicas 0 and 1 at step 0", r.q, r.err)
+		}
+	}
+	if rec := s.Record(); len(rec.Losses) != 1 || rec.Losses[0].Replica != 2 {
+		t.Errorf("losses %+v, want replica 2", rec.Losses)
+	}
+}
+
+// TestCallsOutOfOrder: ShouldCommit and AllReduce outside a quorum are
+// refused, not silently run.
+func TestCallsOutOfOrder(t *testing.T) {
+	s := newServer(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := ft.Join(ctx, testConfig(replicaEnv(s, 0, 1, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.ShouldCommit(ctx); !errors.Is(err, ft.ErrPhase) {
+		t.Errorf("ShouldCommit before Quorum: %v, want ErrPhase", err)
+	}
+	if err := m.AllReduce(ctx, []float32{1}, comm.Sum); !errors.Is(err, ft.ErrPhase) {
+		t.Errorf("AllReduce before Quorum: %v, want ErrPhase", err)
+	}
+	if _, err := m.Quorum(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := m.ShouldCommit(ctx); !ok || err != nil {
+		t.Fatalf("a lone replica's commit: %v, %v", ok, err)
+	}
+	if _, err := m.ShouldCommit(ctx); !errors.Is(err, ft.ErrPhase) {
+		t.Errorf("a second ShouldCommit: %v, want ErrPhase", err)
+	}
+	if m.Step() != 1 {
+		t.Errorf("step %d after one commit", m.Step())
+	}
+}
+
+// TestStrangerRefused: a connection that does not speak the handshake
+// (an endless line, a forged proof) is dropped, and the service goes on
+// serving the job's replicas.
+func TestStrangerRefused(t *testing.T) {
+	s := newServer(t, 1)
+	for _, junk := range []string{
+		strings.Repeat("x", 64<<10),
+		"GORUN-FT/1 ftjob 0 0 abcd\n" + strings.Repeat("0", 64) + "\n",
+	} {
+		c, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = c.Write([]byte(junk))
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err = io.ReadAll(c) // EOF or a reset: dropped either way
+		c.Close()
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("the service kept a stranger's connection open: %v", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := ft.Join(ctx, testConfig(replicaEnv(s, 0, 1, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.Quorum(ctx); err != nil {
+		t.Fatalf("a real replica after the strangers: %v", err)
+	}
+	if rec := s.Record(); len(rec.Joins) != 1 {
+		t.Errorf("joins %+v: a stranger was counted", rec.Joins)
+	}
+}
+
+// TestReplicaGroups: with groups of 2, each rank's participants are the
+// ranks at its place in every group, its Group its own group; the loss of
+// one rank takes its whole group out of the next quorum.
+func TestReplicaGroups(t *testing.T) {
+	sec, _ := hex.DecodeString(secretHex())
+	s, err := ft.NewServer(ft.ServerConfig{Addr: "127.0.0.1:0", JobID: "ftjob", Secret: sec, Replicas: 4, GroupSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ms := make([]*ft.Manager, 4)
+	for r := range ms {
+		env := replicaEnv(s, r, 4, 0)
+		env[ft.GroupSizeEnv] = "2"
+		if ms[r], err = ft.Join(ctx, testConfig(env)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer func() {
+		for _, m := range ms {
+			if m != nil {
+				m.Close()
+			}
+		}
+	}()
+	ids := func(ps []ft.Participant) []int {
+		var out []int
+		for _, p := range ps {
+			out = append(out, p.Replica)
+		}
+		return out
+	}
+	qs := make([]ft.Quorum, 4)
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for r, m := range ms {
+		wg.Go(func() {
+			if qs[r], errs[r] = m.Quorum(ctx); errs[r] == nil {
+				_, errs[r] = m.ShouldCommit(ctx)
+			}
+		})
+	}
+	wg.Wait()
+	for r := range ms {
+		if errs[r] != nil {
+			t.Fatalf("rank %d: %v", r, errs[r])
+		}
+		wantParts, wantGroup := []int{r % 2, r%2 + 2}, []int{r / 2 * 2, r/2*2 + 1}
+		if !slices.Equal(ids(qs[r].Participants), wantParts) || !slices.Equal(ids(qs[r].Group), wantGroup) || ms[r].GroupComm() == nil {
+			t.Errorf("rank %d: participants %v group %v, want %v and %v with a group communicator", r, ids(qs[r].Participants), ids(qs[r].Group), wantParts, wantGroup)
+		}
+	}
+	// Rank 1 is lost: ranks 2 and 3 go on as a quorum of one group.
+	s.Lost(1, 0, "test")
+	for _, r := range []int{2, 3} {
+		wg.Go(func() { qs[r], errs[r] = ms[r].Quorum(ctx) })
+	}
+	wg.Wait()
+	for _, r := range []int{2, 3} {
+		if errs[r] != nil || !slices.Equal(ids(qs[r].Participants), []int{r}) {
+			t.Errorf("rank %d after rank 1's loss: participants %v (%v), want [%d]", r, ids(qs[r].Participants), errs[r], r)
+		}
+	}
+	if rec := s.Record(); len(rec.Losses) != 2 {
+		t.Errorf("losses %+v, want ranks 1 and 0 (its group)", rec.Losses)
+	}
 }

@@ -38,6 +38,7 @@ type Manager struct {
 	replica  int
 	replicas int
 	inc      int
+	gsize    int // replica group size (1: none)
 	host     string
 	ep       *comm.Endpoint
 	svc      *conn
@@ -67,6 +68,8 @@ type Manager struct {
 	// owed for it.
 	state    State
 	c        *comm.Comm
+	gc       *comm.Comm // the replica group's communicator (HSDP)
+	gkey     string     // the group's members it was built over
 	qid      int64
 	round    int64
 	voteOwed bool
@@ -112,6 +115,15 @@ func Join(ctx context.Context, cfg Config) (_ *Manager, err error) {
 	}
 	if m.replica >= m.replicas {
 		return nil, fmt.Errorf("%w: %s=%d is not below %s=%d", ErrConfig, rankenv.GorunRank, m.replica, rankenv.GorunWorldSize, m.replicas)
+	}
+	m.gsize = 1
+	if v, ok := look(GroupSizeEnv); ok && v != "" {
+		if m.gsize, err = num(GroupSizeEnv); err != nil {
+			return nil, err
+		}
+		if m.gsize < 1 || m.replicas%m.gsize != 0 {
+			return nil, fmt.Errorf("%w: %s=%d does not divide %s=%d", ErrConfig, GroupSizeEnv, m.gsize, rankenv.GorunWorldSize, m.replicas)
+		}
 	}
 	if v, ok := look(IncarnationEnv); ok && v != "" {
 		if m.inc, err = num(IncarnationEnv); err != nil {
@@ -320,7 +332,7 @@ func (m *Manager) Quorum(ctx context.Context) (Quorum, error) {
 
 // use takes the quorum msg announced: its communicator, then its heal.
 func (m *Manager) use(ctx context.Context, msg message) (Quorum, error) {
-	q := Quorum{ID: msg.ID, Step: msg.Step, Participants: msg.Participants, Rank: -1}
+	q := Quorum{ID: msg.ID, Step: msg.Step, Participants: msg.Participants, Group: msg.Group, Rank: -1}
 	for i, p := range q.Participants {
 		if p.Replica == m.replica {
 			q.Rank = i
@@ -344,6 +356,9 @@ func (m *Manager) use(ctx context.Context, msg message) (Quorum, error) {
 			return q, retry{err}
 		}
 		m.c, m.qid = c, msg.ID
+	}
+	if err := m.groupComm(ctx, q.Group); err != nil {
+		return q, err
 	}
 	var sources, healers []int
 	for i, p := range q.Participants {
@@ -400,6 +415,52 @@ func (m *Manager) connect(ctx context.Context, g *group) (*comm.Comm, error) {
 	return c, nil
 }
 
+// groupComm (re)builds the replica group's communicator when its members
+// changed (HSDP). The whole group is new then (gorun replaces it whole),
+// so every member builds it in the same Quorum.
+func (m *Manager) groupComm(ctx context.Context, members []Participant) error {
+	if m.gsize <= 1 {
+		return nil
+	}
+	key := ""
+	me := -1
+	for i, p := range members {
+		key += fmt.Sprintf("%d.%d@%s,", p.Replica, p.Incarnation, p.Addr)
+		if p.Replica == m.replica {
+			me = i
+		}
+	}
+	if me < 0 || len(members) != m.gsize {
+		return fmt.Errorf("%w: replica group %v of quorum does not hold rank %d's %d ranks", ErrServiceLost, members, m.replica, m.gsize)
+	}
+	if key == m.gkey && m.gc != nil && m.gc.Err() == nil {
+		return nil
+	}
+	if m.gc != nil {
+		m.gc.Abort(ErrQuorumFailed)
+		_ = m.gc.Close()
+		m.gc = nil
+	}
+	g := newGroup(0, me, members)
+	cc := m.cfg.Comm
+	cc.Logger, cc.Tag = m.cfg.Logger, "ft-group/"+key
+	c, err := comm.New(ctx, g, m.ep, cc)
+	if err != nil {
+		return retry{fmt.Errorf("%w: connecting the replica group: %w", ErrQuorumFailed, err)}
+	}
+	m.gc, m.gkey = c, key
+	return nil
+}
+
+// GroupComm returns the replica group's communicator (HSDP, gorun
+// --fault-tolerant-group: the ranks of Quorum.Group, group rank = index
+// there); nil without groups. Built by Quorum, valid while the group
+// lives (its ranks are replaced together).
+func (m *Manager) GroupComm() *comm.Comm { return m.gc }
+
+// GroupSize returns the replica group size (1 without groups).
+func (m *Manager) GroupSize() int { return m.gsize }
+
 // dropComm closes the current communicator: at once (Abort) when it
 // failed, else gracefully.
 func (m *Manager) dropComm() {
@@ -447,6 +508,7 @@ func (m *Manager) serveHeal(ctx context.Context, q Quorum, sources, healers []in
 			return retry{fmt.Errorf("%w: serving a heal: %w", ErrQuorumFailed, err)}
 		}
 	}
+	_ = m.svc.send(message{T: "served", ID: q.ID, Bytes: hi - lo})
 	m.log.Debug().Int64("quorum", q.ID).Int64("bytes", hi-lo).Ints("healing", q.Healed).Msg("served a heal")
 	return nil
 }
@@ -598,15 +660,18 @@ func (m *Manager) Close() error {
 		// The communicator first, while the service still counts this
 		// replica live: a farewell on a healthy one, an abort on a
 		// failed one.
-		if m.c != nil {
-			if m.c.Err() != nil {
-				m.c.Abort(ErrClosed)
-				_ = m.c.Close()
-			} else {
-				errs = append(errs, m.c.Close())
+		for _, c := range []*comm.Comm{m.c, m.gc} {
+			if c == nil {
+				continue
 			}
-			m.c = nil
+			if c.Err() != nil {
+				c.Abort(ErrClosed)
+				_ = c.Close()
+			} else {
+				errs = append(errs, c.Close())
+			}
 		}
+		m.c, m.gc = nil, nil
 		_ = m.svc.send(message{T: "bye"})
 		close(m.closing)
 		_ = m.svc.c.Close()

@@ -172,6 +172,15 @@ func TestHealAfterKill(t *testing.T) {
 	if len(res.rec.Heals) == 0 {
 		return
 	}
+	// Sharded: each survivor sent its half of the state, by its own count.
+	var served []int64
+	for _, sv := range res.rec.Served {
+		served = append(served, sv.Bytes)
+	}
+	total := res.rec.Heals[0].Bytes
+	if len(served) != 2 || served[0]+served[1] != total || served[0] < total/2-1 || served[1] < total/2-1 {
+		t.Errorf("the sources served %v bytes of a %d-byte state; want two halves", served, total)
+	}
 	if h := res.rec.Heals[0]; !slices.Equal(h.Sources, []int{0, 2}) {
 		t.Errorf("heal sources %v, want both survivors [0 2] (sharded)", h.Sources)
 	}

@@ -25,6 +25,13 @@ type ServerConfig struct {
 	// Logger receives quorum changes and losses (info) and refused
 	// connections (warn).
 	Logger zerolog.Logger
+	// GroupSize makes replica groups of GroupSize consecutive ranks (HSDP:
+	// a shard group is one replica): a group takes part in a quorum only
+	// when all its ranks are live, the loss of one of its ranks is the
+	// loss of the group, and each rank's participants are the ranks at
+	// its place (rank mod GroupSize) in every participating group. 0 or
+	// 1: every rank is a replica of its own.
+	GroupSize int
 	// StartTimeout bounds how long the first quorum waits for every
 	// replica's first incarnation to connect (or be reported lost); then
 	// it goes ahead with the replicas that did. 0 means 5 minutes: a
@@ -47,6 +54,8 @@ func (c *ServerConfig) Validate() error {
 		return fmt.Errorf("%w: ServerConfig.Secret is empty", ErrConfig)
 	case c.Replicas < 1:
 		return fmt.Errorf("%w: ServerConfig.Replicas %d must be at least 1", ErrConfig, c.Replicas)
+	case c.GroupSize < 0 || c.GroupSize > 1 && c.Replicas%c.GroupSize != 0:
+		return fmt.Errorf("%w: ServerConfig.GroupSize %d does not divide the %d ranks", ErrConfig, c.GroupSize, c.Replicas)
 	case c.StartTimeout < 0:
 		return fmt.Errorf("%w: ServerConfig.StartTimeout %v is negative", ErrConfig, c.StartTimeout)
 	}
@@ -91,7 +100,7 @@ type Server struct {
 	// quorum holds the whole job rather than whoever connected first.
 	seen    map[int]bool
 	started bool
-	timer   *time.Timer
+	done    chan struct{} // closed by Close: ends the start timer's goroutine
 }
 
 // member is one live replica incarnation.
@@ -131,13 +140,20 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{
 		cfg: cfg, key: key, ln: ln, log: cfg.Logger, start: time.Now(),
 		live: map[int]*member{}, conns: map[*conn]bool{},
-		rec: Record{Replicas: cfg.Replicas}, seen: map[int]bool{},
+		rec: Record{Replicas: cfg.Replicas}, seen: map[int]bool{}, done: make(chan struct{}),
 	}
 	wait := cfg.StartTimeout
 	if wait == 0 {
 		wait = 5 * time.Minute
 	}
-	s.timer = time.AfterFunc(wait, func() {
+	s.wg.Go(func() {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-s.done:
+			return
+		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if !s.started {
@@ -280,6 +296,8 @@ func (s *Server) handle(m *member, msg message) {
 		if len(r.votes) == len(r.members) {
 			s.decideLocked(true, "")
 		}
+	case "served":
+		s.rec.Served = append(s.rec.Served, ServedRecord{Replica: m.replica, Quorum: msg.ID, Bytes: msg.Bytes, At: s.since()})
 	case "healed":
 		s.rec.Heals = append(s.rec.Heals, HealRecord{
 			Replica: m.replica, Incarnation: m.inc, Quorum: msg.ID, Step: msg.Step, Sources: msg.Sources,
@@ -291,7 +309,22 @@ func (s *Server) handle(m *member, msg message) {
 
 func inRound(r *round, m *member) bool { return slices.Contains(r.members, m) }
 
-// settleLocked answers the next quorum when every live replica asked.
+// groupSize is the number of ranks of a replica group (1 without groups).
+func (s *Server) groupSize() int { return max(s.cfg.GroupSize, 1) }
+
+// completeLocked reports whether every rank of rank r's group is live.
+func (s *Server) completeLocked(r int) bool {
+	S := s.groupSize()
+	for q := r / S * S; q < r/S*S+S; q++ {
+		if s.live[q] == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// settleLocked answers the next quorum when every live rank of a
+// complete group asked.
 func (s *Server) settleLocked() {
 	if len(s.live) == 0 || s.closed {
 		return
@@ -301,16 +334,19 @@ func (s *Server) settleLocked() {
 			return
 		}
 		s.started = true
-		s.timer.Stop()
-	}
-	for _, m := range s.live {
-		if !m.asked {
-			return
-		}
 	}
 	var members []*member
 	for _, m := range s.live {
+		if !s.completeLocked(m.replica) {
+			continue // its group is not all here yet: it waits
+		}
+		if !m.asked {
+			return
+		}
 		members = append(members, m)
+	}
+	if len(members) == 0 {
+		return
 	}
 	slices.SortFunc(members, func(a, b *member) int { return a.replica - b.replica })
 	keys := make([]memberKey, len(members))
@@ -346,8 +382,22 @@ func (s *Server) settleLocked() {
 	}
 	s.lastMembers, s.lastFailed = keys, false
 	s.round = &round{n: s.nextRound, id: s.nextID, step: step, members: members, votes: map[int]bool{}}
+	S := s.groupSize()
 	for _, m := range members {
-		_ = m.c.send(message{T: "quorum", Round: s.nextRound, ID: s.nextID, Step: step, Participants: parts})
+		msg := message{T: "quorum", Round: s.nextRound, ID: s.nextID, Step: step, Participants: parts}
+		if S > 1 {
+			// Its place in every group, and its own group.
+			msg.Participants = nil
+			for _, p := range parts {
+				if p.Replica%S == m.replica%S {
+					msg.Participants = append(msg.Participants, p)
+				}
+				if p.Replica/S == m.replica/S {
+					msg.Group = append(msg.Group, p)
+				}
+			}
+		}
+		_ = m.c.send(msg)
 	}
 }
 
@@ -359,6 +409,9 @@ func (s *Server) decideLocked(ok bool, why string) {
 		s.rec.Commits++
 		s.rec.MaxStep = max(s.rec.MaxStep, r.step+1)
 	} else {
+		// A communicator may have failed on some participant only (its
+		// own vote said so): every participant builds a new one.
+		s.lastFailed = true
 		s.rec.Uncommitted = append(s.rec.Uncommitted, UncommittedRecord{Quorum: r.id, Step: r.step, At: s.since(), Why: why})
 		s.log.Info().Int64("quorum", r.id).Int64("step", r.step).Str("why", why).Msg("step not committed")
 	}
@@ -388,11 +441,35 @@ func (s *Server) failLocked(why string) {
 // lostLocked removes a dead incarnation: a round it is in fails, and a
 // quorum that waited for it is answered without it.
 func (s *Server) lostLocked(m *member, why string) {
-	delete(s.live, m.replica)
-	s.rec.Losses = append(s.rec.Losses, LossRecord{Replica: m.replica, Incarnation: m.inc, At: s.since(), Step: m.step, Why: why})
-	s.log.Info().Int("replica", m.replica).Int("incarnation", m.inc).Str("why", why).Msg("replica lost")
-	m.c.c.Close()
-	if r := s.round; r != nil && inRound(r, m) {
+	gone := []*member{m}
+	if S := s.groupSize(); S > 1 {
+		// The group goes with it: gorun replaces the group whole.
+		for q := m.replica / S * S; q < m.replica/S*S+S; q++ {
+			if o := s.live[q]; o != nil && o != m {
+				gone = append(gone, o)
+			}
+		}
+	}
+	inRoundNow := false
+	for i, g := range gone {
+		delete(s.live, g.replica)
+		w := why
+		if i > 0 {
+			w = fmt.Sprintf("its replica group lost rank %d", m.replica)
+		}
+		s.rec.Losses = append(s.rec.Losses, LossRecord{Replica: g.replica, Incarnation: g.inc, At: s.since(), Step: g.step, Why: w})
+		s.log.Info().Int("replica", g.replica).Int("incarnation", g.inc).Str("why", w).Msg("replica lost")
+		if i == 0 {
+			// The others of its group keep their connection until gorun
+			// has killed them: cut now, they would fail on their own and
+			// be taken for the group's first failure.
+			g.c.c.Close()
+		}
+		if r := s.round; r != nil && inRound(r, g) {
+			inRoundNow = true
+		}
+	}
+	if inRoundNow {
 		s.failLocked(fmt.Sprintf("replica %d (incarnation %d) was lost: %s", m.replica, m.inc, why))
 	}
 	s.settleLocked()
@@ -449,6 +526,7 @@ func (s *Server) Record() Record {
 	r.Losses = slices.Clone(r.Losses)
 	r.Joins = slices.Clone(r.Joins)
 	r.Heals = slices.Clone(r.Heals)
+	r.Served = slices.Clone(r.Served)
 	r.Uncommitted = slices.Clone(r.Uncommitted)
 	return r
 }
@@ -456,8 +534,10 @@ func (s *Server) Record() Record {
 // Close stops the service, closing every replica's connection, and
 // returns once its goroutines have exited. Idempotent.
 func (s *Server) Close() error {
-	s.timer.Stop()
 	s.mu.Lock()
+	if !s.closed {
+		close(s.done)
+	}
 	s.closed = true
 	for c := range s.conns {
 		c.c.Close()

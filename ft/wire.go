@@ -35,6 +35,11 @@ import (
 // wireProto is bumped on an incompatible change of the messages.
 const wireProto = "1"
 
+// handshakeMax bounds what either side reads before the other proved it
+// holds the key: the handshake's lines, and what follows them in the same
+// reads (the hello), carried over to the message reader.
+const handshakeMax = 4096
+
 // maxLine bounds one message line (a quorum of thousands of replicas fits).
 const maxLine = 4 << 20
 
@@ -42,11 +47,13 @@ const maxLine = 4 << 20
 // fields are set.
 type message struct {
 	// T is, from a replica: "hello" (Addr, Host), "quorum" (asks for
-	// the next quorum at Step), "vote" (Round, OK, Why), "healed" (Round,
-	// Step, Bytes, Took, Sources), "bye" (leaving for good). From the
-	// service: "quorum" (Round, ID, Step, Participants), "commit" (Round,
-	// OK, Why) and "fail" (Round, ID, Why: the quorum failed; its
-	// communicator must be aborted).
+	// the next quorum at Step), "vote" (Round, OK, Why), "healed" (ID,
+	// Step, Bytes, Took, Sources), "served" (ID, Bytes: a heal source's
+	// slice), "bye" (leaving for good). From the service: "quorum"
+	// (Round, ID, Step, Participants), "commit" (Round, OK, Why), "fail"
+	// (Round, ID, Why: the quorum failed; its communicator must be
+	// aborted) and "finished" (Step: nobody holds the job's last step any
+	// more; a replica behind it cannot heal).
 	T            string        `json:"t"`
 	Addr         string        `json:"addr,omitempty"`
 	Host         string        `json:"host,omitempty"`
@@ -56,6 +63,7 @@ type message struct {
 	OK           bool          `json:"ok,omitempty"`
 	Why          string        `json:"why,omitempty"`
 	Participants []Participant `json:"participants,omitempty"`
+	Group        []Participant `json:"group,omitempty"`
 	Bytes        int64         `json:"bytes,omitempty"`
 	Took         float64       `json:"took,omitempty"`
 	Sources      []int         `json:"sources,omitempty"`
@@ -123,7 +131,7 @@ func (c *conn) recv() (message, error) {
 
 // dialAuth is the replica's side of the handshake over c.
 func dialAuth(c net.Conn, key []byte, job string, replica, inc int) (*conn, error) {
-	br := bufio.NewReaderSize(c, 64<<10)
+	br := bufio.NewReaderSize(io.LimitReader(c, handshakeMax), 4096)
 	nA := nonce()
 	if _, err := fmt.Fprintf(c, "GORUN-FT/%s %s %d %d %s\n", wireProto, job, replica, inc, nA); err != nil {
 		return nil, err
@@ -151,7 +159,8 @@ func dialAuth(c net.Conn, key []byte, job string, replica, inc int) (*conn, erro
 // acceptAuth is the service's side: the replica and incarnation once the
 // peer proved it holds the key. Nothing the peer says counts before.
 func acceptAuth(c net.Conn, key []byte, job string, replicas int) (*conn, int, int, error) {
-	br := bufio.NewReaderSize(c, 4096)
+	// Bounded: a stranger's endless line costs at most this much.
+	br := bufio.NewReaderSize(io.LimitReader(c, handshakeMax), 4096)
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	defer c.SetReadDeadline(time.Time{})
 	line, err := br.ReadString('\n')

@@ -468,8 +468,8 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 			return errors.New("launcher: --fault-tolerant replaces failed ranks in place; it does not combine with --max-restarts or --min-np/--max-np")
 		case job.MaxFailures < 0:
 			return fmt.Errorf("launcher: --max-failures must not be negative, got %d", job.MaxFailures)
-		case needsHostAgents(cfg, job.Hosts, DetectLocal()):
-			return errFTHosts
+		case job.FTGroupSize < 0 || job.FTGroupSize > 1 && job.NP%job.FTGroupSize != 0:
+			return fmt.Errorf("launcher: --fault-tolerant-group %d must divide -np %d", job.FTGroupSize, job.NP)
 		}
 	}
 	if job.CheckpointBefore < 0 {

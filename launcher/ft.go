@@ -2,9 +2,8 @@ package launcher
 
 import (
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"net"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -23,10 +22,16 @@ import (
 // failed job does (the other ranks are stopped), the error naming the
 // budget.
 //
-// The quorum service listens on this machine (loopback): fault-tolerant
-// jobs run on one host for now. The job's one world keeps its job id,
-// secret and ports: a replacement is the same rank of the same job, and
-// does not join the gossip world (package ft's doc says why).
+// The quorum service listens on loopback for a job on this machine, and
+// beside the host agents' listener (the interface that routes to the
+// hosts) for a multi-host job; the respawn and release commands go to the
+// rank's host alone. The job's one world keeps its job id, secret and
+// ports: a replacement is the same rank of the same job, and does not
+// join the gossip world (package ft's doc says why). With replica groups
+// (--fault-tolerant-group S, HSDP) a rank's failure replaces its whole
+// group: gorun kills the others of it, waits for their exits (counted
+// with the failure, not as failures of their own) and starts all S
+// again.
 
 // FTReport is the fault-tolerant part of the report (Report.FaultTolerance).
 type FTReport struct {
@@ -54,8 +59,12 @@ type FTFailure struct {
 	Code        int     `json:"code,omitempty"`
 	Signal      string  `json:"signal,omitempty"`
 	At          float64 `json:"at_s"`
-	// Action is "replaced" or "job ended".
+	// Action is "replaced", "replaced with its replica group (ranks
+	// A-B)" or "job ended".
 	Action string `json:"action"`
+	// Group lists the other ranks of its replica group, replaced with it
+	// (--fault-tolerant-group).
+	Group []int `json:"group,omitempty"`
 	// ReplacedAt is when the replacement process started; HealedAt when
 	// it had healed (its state copied from the live ranks), and
 	// TimeToHeal HealedAt - At. JoinedAfterStart is from its process
@@ -78,15 +87,25 @@ type ftRun struct {
 	inc         map[int]int // each rank's current incarnation
 	failures    []FTFailure
 	exhausted   string
+	// group is the replica group size (--fault-tolerant-group; 1: none);
+	// dying holds the ranks gorun killed because their group lost a rank,
+	// awaited before the group starts again whole.
+	group int
+	dying map[int]bool
 }
 
 // startFT starts the quorum service of a job with the given identity.
-func startFT(job Job, jobID, secretHex string, start time.Time, cfg Config) (*ftRun, error) {
+func startFT(job Job, jobID, secretHex, addr string, cfg Config) (*ftRun, error) {
+	var start time.Time
+	if cfg.world != nil {
+		start = cfg.world.rep.Start
+	}
 	secret, err := hex.DecodeString(secretHex)
 	if err != nil {
 		return nil, fmt.Errorf("launcher: job secret: %w", err)
 	}
-	f := &ftRun{maxFailures: job.MaxFailures, start: start, inc: map[int]int{}, srvStart: time.Now()}
+	f := &ftRun{maxFailures: job.MaxFailures, start: start, inc: map[int]int{}, srvStart: time.Now(), failures: []FTFailure{},
+		group: max(job.FTGroupSize, 1), dying: map[int]bool{}}
 	if f.start.IsZero() {
 		f.start = f.srvStart
 	}
@@ -95,7 +114,7 @@ func startFT(job Job, jobID, secretHex string, start time.Time, cfg Config) (*ft
 		np = localRanks(job)
 	}
 	srv, err := ft.NewServer(ft.ServerConfig{
-		Addr: net.JoinHostPort("127.0.0.1", "0"), JobID: jobID, Secret: secret, Replicas: np,
+		Addr: addr, JobID: jobID, Secret: secret, Replicas: np, GroupSize: f.group,
 		Logger: cfg.Logger.With().Str("role", "quorum").Logger(),
 	})
 	if err != nil {
@@ -109,7 +128,7 @@ func (f *ftRun) since(t time.Time) float64 { return t.Sub(f.start).Seconds() }
 
 // env is what every rank gets in a fault-tolerant job.
 func (f *ftRun) env() []string {
-	return []string{ft.AddrEnv + "=" + f.srv.Addr(), ft.IncarnationEnv + "=0"}
+	return []string{ft.AddrEnv + "=" + f.srv.Addr(), ft.IncarnationEnv + "=0", ft.GroupSizeEnv + "=" + strconv.Itoa(f.group)}
 }
 
 // started notes a rank's (re)start.
@@ -134,9 +153,18 @@ func (f *ftRun) exited(j *liveJob, ev supervisorEvent) bool {
 		return false
 	}
 	inc := f.inc[ev.Rank]
+	node := j.plan.Ranks[ev.Rank].NodeRank
+	if f.dying[ev.Rank] {
+		// Killed with its replica group: the group starts again once
+		// every one of its ranks is gone.
+		delete(f.dying, ev.Rank)
+		f.srv.Lost(ev.Rank, inc, "its replica group lost a rank")
+		f.respawnGroupIfGone(j, ev.Rank)
+		return true
+	}
 	if ev.Code == 0 && ev.Signal == 0 {
 		f.srv.Left(ev.Rank, inc)
-		j.home.command(supervisorCmd{Op: "release", Ranks: []int{ev.Rank}})
+		j.home.commandNode(node, supervisorCmd{Op: "release", Ranks: []int{ev.Rank}})
 		return false
 	}
 	if j.reason != notStopping {
@@ -157,11 +185,61 @@ func (f *ftRun) exited(j *liveJob, ev supervisorEvent) bool {
 		return false
 	}
 	rec.Action = "replaced"
+	if f.group > 1 {
+		// The whole replica group goes and comes back: the others of it
+		// are killed now (their exits are awaited, not counted).
+		lo := ev.Rank / f.group * f.group
+		for q := lo; q < lo+f.group; q++ {
+			if q == ev.Rank {
+				continue
+			}
+			rec.Group = append(rec.Group, q)
+			if !j.ranks[q].exited {
+				f.dying[q] = true
+				j.home.commandNode(j.plan.Ranks[q].NodeRank, supervisorCmd{Op: "signal", Signal: int(syscall.SIGKILL), Ranks: []int{q}})
+			}
+		}
+		rec.Action = fmt.Sprintf("replaced with its replica group (ranks %d-%d)", lo, lo+f.group-1)
+	}
 	f.failures = append(f.failures, rec)
-	f.inc[ev.Rank] = inc + 1
-	j.ranks[ev.Rank].exited = false
 	j.log.Warn().Int("rank", ev.Rank).Str("why", why).Int("incarnation", inc+1).Msg("fault-tolerant: rank failed; starting its replacement")
-	j.home.command(supervisorCmd{Op: "respawn", Ranks: []int{ev.Rank}, Incarnation: inc + 1})
+	f.respawnGroupIfGone(j, ev.Rank)
+	return true
+}
+
+// respawnGroupIfGone starts the next incarnation of rank r's replica group
+// (rank r alone without groups) once none of its ranks is still dying.
+func (f *ftRun) respawnGroupIfGone(j *liveJob, r int) {
+	lo := r / f.group * f.group
+	for q := lo; q < lo+f.group; q++ {
+		if f.dying[q] {
+			return
+		}
+	}
+	inc := 0
+	for q := lo; q < lo+f.group; q++ {
+		inc = max(inc, f.inc[q]+1)
+	}
+	for q := lo; q < lo+f.group; q++ {
+		if !j.ranks[q].exited {
+			continue // still running (a group member that was not killed: it cannot be)
+		}
+		f.inc[q] = inc
+		j.ranks[q].exited = false
+		j.home.commandNode(j.plan.Ranks[q].NodeRank, supervisorCmd{Op: "respawn", Ranks: []int{q}, Incarnation: inc})
+	}
+}
+
+// frozen handles a rank stopped past its lease in a fault-tolerant job:
+// the others wait for it at their next quorum, so it is killed (its
+// process group), and its exit is then a failure like any other: it is
+// replaced. It returns false when the job is not fault-tolerant.
+func (f *ftRun) frozen(j *liveJob, ev supervisorEvent) bool {
+	if f == nil {
+		return false
+	}
+	j.log.Warn().Int("rank", ev.Rank).Str("why", ev.Err).Msg("fault-tolerant: rank frozen; killing it so that it is replaced")
+	j.home.commandNode(j.plan.Ranks[ev.Rank].NodeRank, supervisorCmd{Op: "signal", Signal: int(syscall.SIGKILL), Ranks: []int{ev.Rank}})
 	return true
 }
 
@@ -211,6 +289,3 @@ func (e *FTBudgetError) Error() string {
 }
 
 func (e *FTBudgetError) Unwrap() error { return e.Err }
-
-// errFTHosts refuses a fault-tolerant job across hosts.
-var errFTHosts = errors.New("launcher: --fault-tolerant runs on this machine only for now (its quorum service listens on loopback); drop -H/-hostfile or use --max-restarts")

@@ -108,7 +108,10 @@ func (a *supervisor) respawn(c supervisorCmd) {
 	for _, rk := range c.Ranks {
 		kr := a.ft.ranksOf(rk)
 		i := slices.IndexFunc(a.ranks, func(s supervisorRankState) bool { return s.rank == rk })
-		if kr == nil || i < 0 || a.ranks[i].running || a.killing || a.tearing {
+		if kr == nil || i < 0 {
+			continue // another supervisor's rank
+		}
+		if a.ranks[i].running || a.killing || a.tearing {
 			a.emit(supervisorEvent{Ev: "failed", Rank: rk, Err: fmt.Sprintf("rank %d cannot be started again here (not kept, still running, or the job is ending)", rk)})
 			continue
 		}

@@ -441,7 +441,7 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	r := &agentRelay{w: w, job: job, ranks: ranks, log: log, lease: lease,
 		gone: make(chan error, 1), doneEv: make(chan supervisorEvent, 1), readerDone: make(chan struct{}), stopPing: make(chan struct{})}
 	r.p = &rankPipes{spec: supervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj,
-		ClientLease: lease}}
+		ClientLease: lease, Respawn: job.Respawn}}
 	defer r.p.closeChildEnds()
 	// The ranks' flight records: written here, sent to gorun (flight.go).
 	// Removed at the end; should this agent die first, by its supervisor.

@@ -594,6 +594,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			}
 			job.Stdin = m.cfg.Stdin != nil
 			job.NoPMI = m.cfg.PMI == PMINone
+			job.Respawn = m.cfg.ft != nil
 			if m.use == useJob {
 				job.Ranks = m.nodes[node].Ranks
 				job.Flight = true

@@ -595,6 +595,9 @@ func (j *liveJob) rankFrozen(ev supervisorEvent) {
 		return
 	}
 	j.log.Debug().Int("rank", ev.Rank).Int("pid", ev.PID).Str("why", ev.Err).Msg("rank frozen")
+	if j.cfg.ft.frozen(j, ev) {
+		return // killed, so that its exit replaces it (ft.go)
+	}
 	j.fail(failure{rank: ev.Rank, pid: ev.PID, code: 1, frozen: ev.Frozen, why: ev.Err, blame: -1})
 }
 

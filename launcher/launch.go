@@ -82,9 +82,13 @@ type Job struct {
 	// failed rank is replaced in place and heals from the others, who
 	// keep stepping (ft.go, package ft). MaxFailures is how many
 	// failures it absorbs; the next one ends the job. Not with
-	// MaxRestarts, MinNP/MaxNP or several hosts.
+	// MaxRestarts or MinNP/MaxNP.
 	FaultTolerant bool
 	MaxFailures   int
+	// FTGroupSize makes replica groups of that many consecutive ranks
+	// (HSDP: a shard group is one replica): a rank's failure replaces
+	// its whole group. 0 or 1: every rank is a replica.
+	FTGroupSize int
 }
 
 // Launch runs a job (see LaunchReport) and drops the report.
@@ -180,11 +184,7 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 	}
 	var fr *ftRun
 	if job.FaultTolerant {
-		var start time.Time
-		if cfg.world != nil {
-			start = cfg.world.rep.Start
-		}
-		if fr, err = startFT(job, jobID, secret, start, cfg); err != nil {
+		if fr, err = startFT(job, jobID, secret, "127.0.0.1:0", cfg); err != nil {
 			return err
 		}
 		job.Export = append(slices.Clone(job.Export), fr.env()...)

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -35,7 +37,7 @@ import (
 // or falls silent for the lease is "lost": its ranks count as failed and
 // the job ends.
 
-func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) error {
+func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (err error) {
 	prog := Program{Path: job.Argv[0], Argv: job.Argv}
 	if containsSlash(prog.Path) && !filepath.IsAbs(prog.Path) {
 		dir := cfg.Dir
@@ -95,6 +97,23 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) e
 	}
 	defer m.ln.Close()
 	pc.JobID, pc.Secret = m.jobID, m.secret
+	if job.FaultTolerant {
+		// The quorum service listens beside the agents' listener, on
+		// the interface that routes to the hosts (ft.go).
+		fr, ferr := startFT(job, m.jobID, m.secret, netip.AddrPortFrom(m.addr.Addr(), 0).String(), cfg)
+		if ferr != nil {
+			return ferr
+		}
+		pc.Export = append(slices.Clone(pc.Export), fr.env()...)
+		m.cfg.ft = fr
+		defer func() {
+			var rep *Report
+			if cfg.world != nil {
+				rep = cfg.world.rep
+			}
+			err = fr.finish(rep, err)
+		}()
+	}
 	cfg.Logger.Info().Str("iface", m.choice.Name).Str("addr", m.addr.String()).Str("why", m.choice.Why).
 		Int("hosts", len(m.nodes)).Msg("gorun listens for host agents")
 

@@ -130,6 +130,9 @@ type remoteJob struct {
 	// known before any hello), so the host refuses a count it cannot
 	// serve before anything starts; 0 for doctor.
 	Ranks int `json:"ranks,omitempty"`
+	// Respawn: a --fault-tolerant job; the supervisor keeps what it
+	// needs to start a rank again (ftsupervisor.go).
+	Respawn bool `json:"respawn,omitempty"`
 }
 
 // childLaunch is one agent that a host agent starts for gorun.

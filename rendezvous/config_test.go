@@ -210,10 +210,13 @@ func TestConfigFromEnv(t *testing.T) {
 		{
 			name: "torch with run id, secret and endpoint",
 			env: env("RANK", "0", "WORLD_SIZE", "2", "MASTER_ADDR", "a", "MASTER_PORT", "1", "TORCHELASTIC_RUN_ID", "run7",
-				"GORUN_SECRET", sec, "GORUN_RDZV_ENDPOINT", "b:2", "GORUN_HOST", "x"),
+				"GORUN_SECRET", sec, "GORUN_RDZV_ENDPOINT", "b:2", "GORUN_HOST", "x", "SLURMD_NODENAME", "n9"),
 			check: func(c Config) string {
 				if c.Seed != "b:2" || c.JobID != "run7" || c.SecretDerived {
 					return "wrong"
+				}
+				if c.Host != "x" { // gorun's host name wins over Slurm's node name (gorun inside an allocation)
+					return "host " + c.Host + ", want GORUN_HOST's x over SLURMD_NODENAME"
 				}
 				return ""
 			},

@@ -13,9 +13,9 @@ import (
 // replacement took to heal.
 func writeFTSummary(w io.Writer, r *launcher.FTReport) {
 	q := r.Quorum
-	fmt.Fprintf(w, "gorun: fault-tolerant: %d %s of a budget of %d; %d committed steps (up to step %d), %d uncommitted, %d quorum %s, %d %s\n",
+	fmt.Fprintf(w, "gorun: fault-tolerant: %d %s of a budget of %d; %d committed steps (up to step %d), %d uncommitted, %d %s, %d %s\n",
 		len(r.Failures), plural(len(r.Failures), "failure", "failures"), r.MaxFailures, q.Commits, q.MaxStep,
-		r.UncommittedSteps, len(q.Quorums), plural(len(q.Quorums), "membership", "memberships"),
+		r.UncommittedSteps, len(q.Quorums), plural(len(q.Quorums), "quorum id", "quorum ids"),
 		len(q.Heals), plural(len(q.Heals), "heal", "heals"))
 	for _, f := range r.Failures {
 		var b strings.Builder

@@ -183,6 +183,7 @@ type options struct {
 	maxRestarts   int
 	faultTolerant bool
 	maxFailures   int
+	ftGroup       int
 	ckptSignal    string
 	minNP, maxNP  int
 	readmitEvery  time.Duration
@@ -232,6 +233,7 @@ func newFlagSet(o *options, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.injectFile, "inject-file", "", "read --inject specs from `FILE`, one per line (# comments)")
 	fs.IntVar(&o.maxRestarts, "max-restarts", 0, "after a rank or host fails, stop every rank and start the job again, up to `N` times (torchrun's --max-restarts; ranks get GORUN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT)")
 	fs.BoolVar(&o.faultTolerant, "fault-tolerant", false, "keep the job running through rank failures: a failed rank is started again in place and heals its state from the live ranks, which keep stepping (programs use package ft: a per-step quorum, should-commit, heal; GORUN_FT_ADDR and GORUN_FT_INCARNATION); not with --max-restarts")
+	fs.IntVar(&o.ftGroup, "fault-tolerant-group", 1, "with --fault-tolerant: replica groups of `N` consecutive ranks (HSDP's shard groups): a rank's failure replaces its whole group, which heals from the other groups (GORUN_FT_GROUP_SIZE)")
 	fs.IntVar(&o.maxFailures, "max-failures", 3, "with --fault-tolerant: how many rank failures the job absorbs; the next one stops it (`N`)")
 	fs.IntVar(&o.minNP, "min-np", 0, "elastic: with --max-restarts, a world that lost a host restarts without it, on spare hosts of the host list or on fewer ranks, down to `N`; a -hostfile is read again before each restart, so hosts added to it or removed from it count from the next world")
 	fs.DurationVar(&o.readmitEvery, "readmit-every", 0, "elastic: while a world runs without a lost host, ask it every `DUR` whether it answers again, and when it does, restart the world to grow back with it (not counted against --max-restarts; 0: only at restarts)")
@@ -428,7 +430,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		GPUsPerHost: o.gpus, Export: exports, Faults: faults, MaxRestarts: o.maxRestarts,
 		CheckpointSignal: ckptSig, CheckpointBefore: o.ckptBefore, MinNP: o.minNP, MaxNP: o.maxNP, ReadmitEvery: o.readmitEvery,
 		Hostfile:      o.hostfile, // read again before each elastic restart
-		FaultTolerant: o.faultTolerant, MaxFailures: o.maxFailures,
+		FaultTolerant: o.faultTolerant, MaxFailures: o.maxFailures, FTGroupSize: o.ftGroup,
 	})
 	code = exitCode(err, stderr)
 	if len(faults) > 0 || rep.Restarts > 0 {

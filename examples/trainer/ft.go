@@ -33,10 +33,13 @@ import (
 // the step. A step in which a participant died is thrown away by every
 // survivor, which then goes on at the next quorum without restarting.
 //
-// The step runs without the step graph, bucketing or overlap (one
-// all-reduce per step, after the whole backward): the quorum's
+// The step runs without the step graph and its bucketing: the quorum's
 // communicator changes as replicas come and go, and the graph runner is
-// built over fixed communicators.
+// built over fixed communicators. In dp each region's gradient is
+// all-reduced as soon as its backward wrote it (overlapping the backward
+// of the regions before it, as DDP's buckets do); in hsdp the group's
+// all-gathers and reduce-scatters and the one cross-group all-reduce run
+// one after the other.
 //
 // Every replica prints "step N loss X participants P" for each committed
 // step ("uncommitted" instead of the loss for one thrown away) and, at the
@@ -44,25 +47,41 @@ import (
 // the parameters and optimizer state: equal digests mean bitwise equal
 // replicas.
 
-// ftTrainer is one replica's training state.
+// ftTrainer is one replica's training state: with replica groups
+// (--mode hsdp, gorun --fault-tolerant-group S) this rank's shard of it.
 type ftTrainer struct {
-	m      *model.Model
-	lay    *model.Layout
-	ws     *model.Workspace
-	opt    *model.Optimizer
-	data   model.Dataset
+	m    *model.Model
+	lay  *model.Layout
+	ws   *model.Workspace
+	opt  *model.Optimizer
+	data model.Dataset
+	// S is the replica group size and sk this rank's place in its group
+	// (1 and 0 in plain dp). params are what this rank owns (the whole
+	// model, or its shard of every region), full the gathered regions,
+	// grads the local gradients (whole, padded to S shards) and gsh
+	// their reduce-scattered shards (hsdp).
+	S, sk  int
 	params [][]float32
+	full   [][]float32
 	state  []*model.OptState
 	grads  [][]float32
-	flat   []float32 // every gradient, then the loss: one all-reduce
+	gsh    [][]float32
+	flat   []float32 // hsdp: every owned gradient, then the loss: one cross-group all-reduce
+	loss   [1]float32
 	in, tg []int32
-	n, k   int // local samples, replica id
+	n, k   int // local samples, rank
 	batch  int
 }
 
-func newFTTrainer(o options, replicas, replica int) (*ftTrainer, error) {
-	if o.batch < replicas || o.batch%replicas != 0 {
-		return nil, fmt.Errorf("trainer: --fault-tolerant: global batch %d must be a multiple of the %d replicas", o.batch, replicas)
+func newFTTrainer(o options, ranks, rank, group int) (*ftTrainer, error) {
+	if o.batch < ranks || o.batch%ranks != 0 {
+		return nil, fmt.Errorf("trainer: --fault-tolerant: global batch %d must be a multiple of the %d ranks", o.batch, ranks)
+	}
+	if (o.mode == "hsdp") != (group > 1) {
+		return nil, fmt.Errorf("trainer: --fault-tolerant --mode %s with replica groups of %d (gorun --fault-tolerant-group): hsdp needs groups, dp none", o.mode, group)
+	}
+	if o.mode == "hsdp" && o.shardSize != 0 && o.shardSize != group {
+		return nil, fmt.Errorf("trainer: --shard-size %d, but gorun --fault-tolerant-group is %d: a replica group is a shard group", o.shardSize, group)
 	}
 	m, err := model.New(o.modelConfig())
 	if err != nil {
@@ -72,17 +91,27 @@ func newFTTrainer(o options, replicas, replica int) (*ftTrainer, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &ftTrainer{m: m, lay: m.Layout(), opt: opt, data: model.NewDataset(m.Config()), n: o.batch / replicas, k: replica, batch: o.batch}
+	t := &ftTrainer{m: m, lay: m.Layout(), opt: opt, data: model.NewDataset(m.Config()), n: o.batch / ranks, k: rank, batch: o.batch,
+		S: group, sk: rank % group}
 	if t.ws, err = m.NewWorkspace(t.n); err != nil {
 		return nil, err
 	}
 	t.ws.SetWorkers(o.workers)
-	t.params = m.Init()
-	t.grads = t.lay.Alloc(1)
+	t.grads = t.lay.Alloc(t.S)
+	if t.S > 1 {
+		if t.params, err = m.InitShards(t.S, t.sk); err != nil {
+			return nil, err
+		}
+		t.full = t.lay.Alloc(t.S)
+		t.gsh = t.lay.AllocShards(t.S)
+	} else {
+		t.params = m.Init()
+		t.full, t.gsh = t.params, t.grads
+	}
 	size := 1
 	for r := range t.params {
 		t.state = append(t.state, opt.NewState(len(t.params[r])))
-		size += len(t.grads[r])
+		size += len(t.gsh[r])
 	}
 	t.flat = make([]float32, size)
 	T := m.Config().SeqLen
@@ -90,7 +119,8 @@ func newFTTrainer(o options, replicas, replica int) (*ftTrainer, error) {
 	return t, nil
 }
 
-// buffers are the state a heal copies, in a fixed order.
+// buffers are the state a heal copies, in a fixed order: what this rank
+// owns.
 func (t *ftTrainer) buffers() [][]float32 {
 	var out [][]float32
 	for r := range t.params {
@@ -130,38 +160,99 @@ func (t *ftTrainer) Load(b []byte) error {
 
 func (t *ftTrainer) digest() uint64 { return model.Fingerprint(t.buffers()...) }
 
-// compute runs the local step of committed step s (0-based) into flat:
-// the gradient sums of this replica's samples, then its loss sum.
-func (t *ftTrainer) compute(s int) error {
+// batchFor loads this rank's slice of committed step s's (0-based) batch.
+func (t *ftTrainer) batchFor(s int) error {
 	lo := t.k * t.n
 	if err := t.data.Batch(s, t.batch, lo, lo+t.n, t.in, t.tg); err != nil {
 		return err
 	}
-	if err := t.ws.SetBatch(t.in, t.tg); err != nil {
+	return t.ws.SetBatch(t.in, t.tg)
+}
+
+// stepDP runs committed step s of plain dp: forward, then backward with
+// each region's gradient all-reduced over the quorum (c) as soon as its
+// backward wrote it (overlapping the backward of the regions before it,
+// as DDP's buckets do), then the loss. The sums land in grads and loss.
+func (t *ftTrainer) stepDP(ctx context.Context, s int, c *comm.Comm) error {
+	if err := t.batchFor(s); err != nil {
 		return err
 	}
-	loss, err := t.ws.Step(t.params, t.grads)
+	R := len(t.params)
+	for r := range R {
+		if err := t.ws.Forward(r, t.params[r], 0, t.n); err != nil {
+			return err
+		}
+	}
+	hs := make([]comm.Handle, 0, R+1)
+	var err error
+	for r := R - 1; r >= 0 && err == nil; r-- {
+		if err = t.ws.Backward(r, t.params[r], t.grads[r], 0, t.n); err == nil {
+			hs = append(hs, c.AllReduce(ctx, f32(t.grads[r]), f32(t.grads[r]), comm.Sum))
+		}
+	}
+	if err == nil {
+		if t.loss[0], err = t.ws.LossSum(0, t.n); err == nil {
+			hs = append(hs, c.AllReduce(ctx, f32(t.loss[:]), f32(t.loss[:]), comm.Sum))
+		}
+	}
+	for _, h := range hs {
+		if werr := h.Wait(ctx); werr != nil && err == nil {
+			err = fmt.Errorf("%w: %w", ft.ErrQuorumFailed, werr)
+		}
+	}
+	return err
+}
+
+// compute runs committed step s (0-based) of hsdp up to the cross-group
+// all-reduce, into flat: the reduce-scattered gradient shards of the
+// group's samples, then the group's loss sum. gc is the replica group's
+// communicator (the parameter all-gather and the gradient reduce-scatter).
+func (t *ftTrainer) compute(ctx context.Context, s int, gc *comm.Comm) error {
+	if err := t.batchFor(s); err != nil {
+		return err
+	}
+	for r := range t.params {
+		if err := gc.AllGather(ctx, f32(t.params[r]), f32(t.full[r])).Wait(ctx); err != nil {
+			return err
+		}
+	}
+	loss, err := t.ws.Step(t.full, t.grads)
 	if err != nil {
 		return err
 	}
-	off := 0
-	for r, reg := range t.lay.Regions {
-		off += copy(t.flat[off:], t.grads[r][:reg.Size])
-		clear(t.flat[off : off+len(t.grads[r])-reg.Size])
-		off += len(t.grads[r]) - reg.Size
+	for r := range t.grads {
+		if err := gc.ReduceScatter(ctx, f32(t.grads[r]), f32(t.gsh[r]), comm.Sum).Wait(ctx); err != nil {
+			return err
+		}
 	}
-	t.flat[off] = loss
+	l := []float32{loss}
+	if err := gc.AllReduce(ctx, f32(l), f32(l), comm.Sum).Wait(ctx); err != nil {
+		return err
+	}
+	off := 0
+	for r := range t.gsh {
+		off += copy(t.flat[off:], t.gsh[r])
+	}
+	t.flat[off] = l[0]
 	return nil
 }
 
-// apply divides the summed gradients by the participants' samples and
-// updates; it returns the mean loss.
-func (t *ftTrainer) apply(s, participants int) (float32, error) {
-	samples := participants * t.n
+// unpack takes the cross-group sums back out of flat (hsdp).
+func (t *ftTrainer) unpack() {
 	off := 0
+	for r := range t.gsh {
+		off += copy(t.gsh[r], t.flat[off:])
+	}
+	t.loss[0] = t.flat[off]
+}
+
+// apply divides the summed gradients by the participants' samples
+// (groups × group size × local samples) and updates what this rank owns;
+// it returns the mean loss.
+func (t *ftTrainer) apply(s, groups int) (float32, error) {
+	samples := groups * t.S * t.n
 	for r := range t.params {
-		g := t.flat[off : off+len(t.grads[r])]
-		off += len(g)
+		g := t.gsh[r]
 		if err := model.Mean(g, samples); err != nil {
 			return 0, err
 		}
@@ -169,7 +260,7 @@ func (t *ftTrainer) apply(s, participants int) (float32, error) {
 			return 0, err
 		}
 	}
-	return t.flat[off] / float32(samples), nil
+	return t.loss[0] / float32(samples), nil
 }
 
 // runFT trains o.steps committed steps as one fault-tolerant replica.
@@ -181,7 +272,7 @@ func runFT(ctx context.Context, o options, log zerolog.Logger, out io.Writer) er
 		return err
 	}
 	defer mgr.Close()
-	t, err := newFTTrainer(o, mgr.Replicas(), mgr.Replica())
+	t, err := newFTTrainer(o, mgr.Replicas(), mgr.Replica(), mgr.GroupSize())
 	if err != nil {
 		return err
 	}
@@ -191,7 +282,7 @@ func runFT(ctx context.Context, o options, log zerolog.Logger, out io.Writer) er
 	}
 	mgr.SetState(crashingState{t, cr})
 	if mgr.Replica() == 0 && mgr.Incarnation() == 0 {
-		fmt.Fprintf(out, "trainer: %s; fault-tolerant dp, %d replicas, global batch %d\n", t.m, mgr.Replicas(), o.batch)
+		fmt.Fprintf(out, "trainer: %s; fault-tolerant %s, %d ranks in replica groups of %d, global batch %d\n", t.m, o.mode, mgr.Replicas(), mgr.GroupSize(), o.batch)
 	}
 	for mgr.Step() < int64(o.steps) {
 		q, err := mgr.Quorum(ctx)
@@ -207,11 +298,20 @@ func runFT(ctx context.Context, o options, log zerolog.Logger, out io.Writer) er
 		}
 		s := int(mgr.Step())
 		start := time.Now()
-		if err := t.compute(s); err != nil {
-			return err
-		}
-		if err := mgr.AllReduce(ctx, t.flat, comm.Sum); err != nil {
+		if t.S == 1 {
+			if err := t.stepDP(ctx, s, mgr.Comm()); err != nil {
+				log.Warn().Err(err).Int("step", s+1).Msg("the step's collectives failed; it will not commit")
+				mgr.ReportError(err)
+			}
+		} else if err := t.compute(ctx, s, mgr.GroupComm()); err != nil {
+			// A rank of this replica group died: gorun replaces the
+			// group whole (this process included); vote no meanwhile.
+			log.Warn().Err(err).Int("step", s+1).Msg("the replica group's collectives failed; the step will not commit")
+			mgr.ReportError(err)
+		} else if err := mgr.AllReduce(ctx, t.flat, comm.Sum); err != nil {
 			log.Warn().Err(err).Int("step", s+1).Msg("all-reduce failed; the step will not commit")
+		} else {
+			t.unpack()
 		}
 		cr.at("reduce", int64(s+1))
 		ok, err := mgr.ShouldCommit(ctx)

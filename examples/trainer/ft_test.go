@@ -66,12 +66,18 @@ var finalLine = regexp.MustCompile(`^replica (\d+) incarnation (\d+) steps (\d+)
 // left once gorun returned.
 func runFTJob(t *testing.T, gorunArgs []string, trainerArgs ...string) ftRun {
 	t.Helper()
+	return runFTJobN(t, 3, gorunArgs, trainerArgs...)
+}
+
+// runFTJobN is runFTJob on np ranks.
+func runFTJobN(t *testing.T, np int, gorunArgs []string, trainerArgs ...string) ftRun {
+	t.Helper()
 	dir := buildBinaries(t)
 	report := filepath.Join(t.TempDir(), "report.json")
 	token := launchertest.NewToken(t.Name())
-	args := append([]string{"-np", "3", "--fault-tolerant", "--tag-output", "--report", report}, gorunArgs...)
+	args := append([]string{"-np", strconv.Itoa(np), "--fault-tolerant", "--tag-output", "--report", report}, gorunArgs...)
 	args = append(args, filepath.Join(dir, "trainer"), "--fault-tolerant", "--model", "small", "--batch", "12",
-		"--steps", strconv.Itoa(ftSteps), "--step-sleep", "30ms")
+		"--steps", strconv.Itoa(ftSteps), "--step-sleep", "40ms")
 	args = append(args, trainerArgs...)
 	cmd := exec.Command(filepath.Join(dir, "gorun"), args...)
 	cmd.Env = append(os.Environ(), launchertest.TokenEnv+"="+token)
@@ -261,5 +267,62 @@ func TestFTBudgetSpent(t *testing.T) {
 	}
 	if r.report.FaultTolerance.Exhausted == "" {
 		t.Errorf("the report does not say the budget was spent")
+	}
+}
+
+// TestFTFrozenRankReplaced: a rank stopped (SIGSTOP) past its lease holds
+// the others at their next quorum; gorun kills it and replaces it, and the
+// job completes healed instead of failing.
+func TestFTFrozenRankReplaced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, []string{"-x", "GORUN_RDZV_LEASE=500ms", "--inject", "stop:rank=1:after-steps=5"})
+	checkHealed(t, r, 0, 2)
+	if f := r.report.FaultTolerance.Failures; len(f) != 1 || f[0].Rank != 1 || f[0].Action != "replaced" {
+		t.Errorf("report's failures: %+v, want rank 1 replaced", f)
+	}
+}
+
+// TestFTHSDPGroupReplaced: HSDP with replica groups of 2 (a shard group is
+// one replica). Rank 1 dies inside step 4: gorun replaces its whole group
+// (ranks 0 and 1), whose new ranks heal their shards from the other
+// group's (ranks 2 and 3), which never stopped. At the end every rank
+// holds bitwise the state of the rank at its place in the other group.
+func TestFTHSDPGroupReplaced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJobN(t, 4, []string{"--fault-tolerant-group", "2"}, "--mode", "hsdp", "--crash", "reduce:rank=1:step=4")
+	if r.code != 0 {
+		t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.stderr)
+	}
+	for rk, wantInc := range []string{"1", "1", "0", "0"} {
+		f := r.final[rk]
+		if f == nil {
+			t.Fatalf("rank %d printed no final state\nstdout:\n%s\nstderr:\n%s", rk, r.out, r.stderr)
+		}
+		if f[1] != wantInc || f[2] != strconv.Itoa(ftSteps) {
+			t.Errorf("rank %d ended as incarnation %s at step %s, want incarnation %s at step %d", rk, f[1], f[2], wantInc, ftSteps)
+		}
+	}
+	for _, pair := range [][2]int{{0, 2}, {1, 3}} {
+		if a, b := r.final[pair[0]][3], r.final[pair[1]][3]; a != b {
+			t.Errorf("rank %d's shard state %s differs from rank %d's %s: the groups are not bitwise equal", pair[0], a, pair[1], b)
+		}
+	}
+	ft := r.report.FaultTolerance
+	if len(ft.Failures) != 1 || ft.Failures[0].Rank != 1 || !strings.Contains(ft.Failures[0].Action, "replica group") {
+		t.Errorf("report's failures: %+v, want rank 1's group replaced once", ft.Failures)
+	}
+	healed := map[int]bool{}
+	for _, h := range ft.Quorum.Heals {
+		healed[h.Replica] = true
+		if want := []int{h.Replica + 2}; !slices.Equal(h.Sources, want) {
+			t.Errorf("rank %d healed from %v, want its place in the other group %v", h.Replica, h.Sources, want)
+		}
+	}
+	if !healed[0] || !healed[1] || len(healed) != 2 {
+		t.Errorf("heals %+v, want ranks 0 and 1", ft.Quorum.Heals)
 	}
 }

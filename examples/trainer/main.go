@@ -70,7 +70,7 @@ func parseFlags(args []string) (options, bool, error) {
 	fs.IntVar(&o.workers, "workers", 1, "compute goroutines per rank")
 	fs.StringVar(&o.checkpoint, "checkpoint", "", "write checkpoints to `DIR` (rank 0, atomically) and resume from the one there at start")
 	fs.IntVar(&o.checkpointEvery, "checkpoint-every", 0, "with --checkpoint: write one every `N` steps (0: only when gorun's checkpoint signal arrives)")
-	fs.BoolVar(&o.faultTolerant, "fault-tolerant", false, "with --mode dp under gorun --fault-tolerant: a per-step quorum, steps committed only when every participant finished them, a replacement healed from the live replicas (every replica prints its steps and a state digest)")
+	fs.BoolVar(&o.faultTolerant, "fault-tolerant", false, "with --mode dp (or hsdp under gorun --fault-tolerant-group S) under gorun --fault-tolerant: a per-step quorum, steps committed only when every participant finished them, a replacement healed from the live replicas (every replica prints its steps and a state digest)")
 	fs.DurationVar(&o.stepSleep, "step-sleep", 0, "with --fault-tolerant: pause `DUR` after every committed step")
 	fs.StringVar(&o.crash, "crash", "", "with --fault-tolerant, for tests: kill this replica at `WHERE:rank=R[:incarnation=I][:step=N]`, WHERE reduce (after step N's all-reduce, before its commit vote), load (receiving a heal) or save (serving one); several comma-separated")
 	verbose := fs.Bool("v", false, "debug logging")
@@ -113,8 +113,8 @@ func mainErr(args []string) int {
 		o.checkpointAsked = asked
 	}
 	if o.faultTolerant {
-		if o.mode != "dp" || o.checkpoint != "" {
-			fmt.Fprintln(os.Stderr, "trainer: --fault-tolerant runs --mode dp without --checkpoint (the state heals from the live replicas)")
+		if (o.mode != "dp" && o.mode != "hsdp") || o.checkpoint != "" {
+			fmt.Fprintln(os.Stderr, "trainer: --fault-tolerant runs --mode dp or hsdp without --checkpoint (the state heals from the live replicas)")
 			return 2
 		}
 		if err := runFT(ctx, o, log, os.Stdout); err != nil {

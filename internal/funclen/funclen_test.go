@@ -15,7 +15,6 @@ import (
 // file and name, with the length each has now: the ceiling it may not
 // pass. Shorten one (or give it a "long:" reason) and delete its line.
 var pending = map[string]int{
-	"overlap/internal/stepbench/main.go synthetic":    311,
 	"cmd/gorun/gpu_test.go TestGPUPathEndToEnd":       235,
 	"tests/chaos/rank_test.go runRank":                200,
 	"launcher/launchertest/launchertest.go runHelper": 183,

@@ -143,6 +143,18 @@ func matrix() []row {
 			rows = append(rows, d)
 		}
 	}
+	// kill under --fault-tolerant: the victim is replaced in place and
+	// heals, the others never stop, and every replica ends with the same
+	// committed results (ftrank_test.go).
+	for _, ph := range []string{"small", "large"} {
+		rows = append(rows, row{mode: "gorun", fault: "kill", phase: "ft-" + ph, np: 3, victim: 1, args: []string{"--fault-tolerant"},
+			run: time.Second, complete: true, extra: healedOnce, ci: ph == "large"})
+	}
+	// The same across namespace hosts, one rank per host: the quorum
+	// service listens beside the agents' listener, and the replacement
+	// starts on the dead rank's host.
+	rows = append(rows, row{mode: "hosts", fault: "kill", phase: "ft-large", np: 3, victim: 2, args: []string{"--fault-tolerant"},
+		run: time.Second, complete: true, extra: healedOnce})
 	// kill with a restart left: the job completes with the right result.
 	for _, ph := range []string{"large", "bucket", "formation"} {
 		rows = append(rows, row{mode: "gorun", fault: "kill", phase: ph, np: 3, victim: 1, restarts: 1, complete: true, ci: ph == "bucket"})

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/ft"
 	grank "github.com/gorun-hpc/gorun/rank"
 	"github.com/gorun-hpc/gorun/rendezvous"
 )
@@ -70,6 +71,9 @@ func envInt(name string, def int) int {
 }
 
 func runRank() int {
+	if os.Getenv(ft.AddrEnv) != "" {
+		return runFTRank() // gorun --fault-tolerant (ftrank_test.go)
+	}
 	me := envInt("RANK", -1)
 	victim := envInt(chaosVictim, -1)
 	world := os.Getenv("GORUN_RESTART_COUNT")

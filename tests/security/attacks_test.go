@@ -152,14 +152,19 @@ func TestAgentPortFloodFromAJobHost(t *testing.T) {
 		return took
 	}
 	clean := launch(false)
+	best := time.Duration(1 << 62)
 	for i := range 2 {
 		flooded := launch(true)
 		t.Logf("launch to 4 ranks ready: %v clean, %v flooded (run %d)", clean, flooded, i+1)
-		// The bound the promise makes is 1 s; the machine is shared and
-		// two launches differ by more than that in noise alone at times.
-		if flooded > clean+2*time.Second {
-			t.Errorf("the flood delayed the launch by %v (clean %v, flooded %v)", flooded-clean, clean, flooded)
-		}
+		best = min(best, flooded-clean)
+	}
+	// The promise is about a second. The machine is shared, and one
+	// launch can differ from another by more than that in noise alone, so
+	// the better of the two flooded launches is held to 1.5 s. Without
+	// eviction the flood keeps the second agent out for its whole length,
+	// and both flooded launches come 3 s late.
+	if best > 1500*time.Millisecond {
+		t.Errorf("the flood delayed the launch by %v at best of 2 runs (clean %v)", best, clean)
 	}
 }
 
