@@ -258,6 +258,11 @@ const char *gorun_status_name(int status);
  *     "chunk_regions"     regions the chunk pass splits (path.Match, "*")
  *     "chunk_accumulate"  sum the chunks' gradients before one collective
  *                         (true)
+ *     "chunk_dirs"        directions the chunk pass splits, comma-separated
+ *                         ("forward,backward"; absent or "": all)
+ *     "chunk_always"      split every matching segment, even where the cost
+ *                         model says it exposes more (false)
+ *     "chunk_count"       chunks per split segment (0: 2)
  *     "reshard_prefetch"  re-gather N backward blocks ahead (1)
  *     "peak_budget_bytes" refuse any pass whose result raises the
  *                         peak-memory estimate above this (0: no budget);

@@ -43,6 +43,9 @@ type planOptions struct {
 	CopyBandwidth   *float64        `json:"copy_bandwidth"`
 	ChunkRegions    *string         `json:"chunk_regions"`
 	ChunkAccumulate *bool           `json:"chunk_accumulate"`
+	ChunkDirs       *string         `json:"chunk_dirs"`
+	ChunkAlways     *bool           `json:"chunk_always"`
+	ChunkCount      int             `json:"chunk_count"`
 	ReshardPrefetch *int            `json:"reshard_prefetch"`
 	PeakBudget      int64           `json:"peak_budget_bytes"`
 }
@@ -97,6 +100,29 @@ func plannerConfig(opts []byte) (stepgraph.PlannerConfig, error) {
 	if o.ChunkAccumulate != nil {
 		cfg.Chunk.Accumulate = *o.ChunkAccumulate
 	}
+	if o.ChunkDirs != nil {
+		cfg.Chunk.Dirs = nil
+		for _, d := range strings.Split(*o.ChunkDirs, ",") {
+			switch strings.TrimSpace(d) {
+			case "":
+			case "forward", "fwd":
+				cfg.Chunk.Dirs = append(cfg.Chunk.Dirs, buckets.Forward)
+			case "backward", "bwd":
+				cfg.Chunk.Dirs = append(cfg.Chunk.Dirs, buckets.Backward)
+			case "optimizer", "opt":
+				cfg.Chunk.Dirs = append(cfg.Chunk.Dirs, buckets.Optimizer)
+			default:
+				return cfg, fmt.Errorf("%w: gorun_plan: options: chunk_dirs %q: unknown direction %q (want forward, backward, optimizer)", errInvalid, *o.ChunkDirs, d)
+			}
+		}
+	}
+	if o.ChunkAlways != nil {
+		cfg.Chunk.Always = *o.ChunkAlways
+	}
+	if o.ChunkCount < 0 || o.ChunkCount == 1 {
+		return cfg, fmt.Errorf("%w: gorun_plan: options: chunk_count %d (want 2 or more; 0: 2)", errInvalid, o.ChunkCount)
+	}
+	cfg.Chunk.Count = o.ChunkCount
 	if o.ReshardPrefetch != nil {
 		cfg.ReshardPrefetch = *o.ReshardPrefetch
 	}

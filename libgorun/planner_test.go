@@ -138,6 +138,8 @@ func TestPlanJSONErrors(t *testing.T) {
 		{"unknown pass", string(graph), `{"passes": "blocks,fuse"}`, `unknown pass "fuse"`},
 		{"negative budget", string(graph), `{"peak_budget_bytes": -1}`, "peak_budget_bytes -1 is negative"},
 		{"bad model", string(graph), `{"bus_bandwidth": 0}`, "bus bandwidth"},
+		{"bad chunk direction", string(graph), `{"chunk_dirs": "forward,sideways"}`, `unknown direction "sideways"`},
+		{"one chunk", string(graph), `{"chunk_count": 1}`, "chunk_count 1"},
 		{"not JSON", `{"schema":`, ``, "graph:"},
 		{"other schema", `{"schema": "gorun.stepgraph/v0"}`, ``, `schema "gorun.stepgraph/v0"`},
 		{"dangling read", strings.Replace(string(graph), `"reads": ["GA", "GB"]`, `"reads": ["GA", "GZ"]`, 1), ``, "GZ"},
@@ -204,5 +206,66 @@ func TestPlanJSONPeakBudget(t *testing.T) {
 	loose, out := plan(fmt.Sprintf(`{"passes": "chunk", "peak_budget_bytes": %d}`, free.After))
 	if loose.Passes[0].Refused != "" || loose.After != free.After || len(out.Graph) == 0 {
 		t.Errorf("chunk within the budget %d was not accepted: %+v", free.After, loose)
+	}
+}
+
+// chunk_dirs limits the chunk pass to the directions named: on the
+// trainer's step, forward alone splits only forward nodes, backward alone
+// only backward ones, and both split both.
+func TestPlanJSONChunkDirs(t *testing.T) {
+	graph, err := os.ReadFile("testdata/trainer-step.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunkedDirs := func(opts string) map[string]int {
+		out := mustPlan(t, graph, opts)
+		var g struct {
+			Nodes []struct {
+				Dir   string          `json:"direction"`
+				Chunk json.RawMessage `json:"chunk"`
+			} `json:"nodes"`
+		}
+		if err := json.Unmarshal(out.Graph, &g); err != nil {
+			t.Fatalf("%s: planned graph: %v", opts, err)
+		}
+		n := map[string]int{}
+		for _, nd := range g.Nodes {
+			if len(nd.Chunk) > 0 {
+				n[nd.Dir]++
+			}
+		}
+		return n
+	}
+	all := chunkedDirs(`{"passes": "chunk", "chunk_always": true}`)
+	if all["forward"] == 0 || all["backward"] == 0 {
+		t.Fatalf("the fixture no longer chunks both directions: %v", all)
+	}
+	// chunk_count reaches the pass: every chunk copy says it is one of 3.
+	out := mustPlan(t, graph, `{"passes": "chunk", "chunk_always": true, "chunk_count": 3}`)
+	var g3 struct {
+		Nodes []struct {
+			Chunk *struct{ Count int } `json:"chunk"`
+		} `json:"nodes"`
+	}
+	if err := json.Unmarshal(out.Graph, &g3); err != nil {
+		t.Fatal(err)
+	}
+	n3 := 0
+	for _, nd := range g3.Nodes {
+		if nd.Chunk != nil {
+			if nd.Chunk.Count != 3 {
+				t.Fatalf("chunk_count 3 made a chunk of %d", nd.Chunk.Count)
+			}
+			n3++
+		}
+	}
+	if n3 == 0 || n3%3 != 0 {
+		t.Errorf("chunk_count 3: %d chunk copies, want a positive multiple of 3", n3)
+	}
+	for _, dir := range []string{"forward", "backward"} {
+		got := chunkedDirs(fmt.Sprintf(`{"passes": "chunk", "chunk_always": true, "chunk_dirs": %q}`, dir))
+		if got[dir] != all[dir] || len(got) != 1 {
+			t.Errorf("chunk_dirs %s chunked %v, want only the %d %s nodes", dir, got, all[dir], dir)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gorun-hpc/gorun/buckets"
 )
@@ -33,10 +34,10 @@ func (r *ChunkReport) String() string {
 	return sb.String()
 }
 
-// chunkCount is fixed at two: the point is that one chunk's communication
+// defaultChunkCount is two: the point is that one chunk's communication
 // overlaps the other's compute, which two chunks already give; more chunks
-// add a latency each.
-const chunkCount = 2
+// (ChunkConfig.Count) add a latency each, for a finer pipeline.
+const defaultChunkCount = 2
 
 // matchRegion reports whether pattern (a path.Match pattern over dotted
 // segments, e.g. "layers.*.moe") matches region or one of its ancestors, so
@@ -107,6 +108,9 @@ type ChunkConfig struct {
 	// halves of the rank's samples; per-chunk reduction is the order an
 	// eager program that reduces each chunk on its own would use.
 	Accumulate bool
+	// Count is the number of chunks (0: two). Chunk c's communication
+	// overlaps chunk c+1's compute.
+	Count int
 	// Always splits every matching segment, even where the estimate says it
 	// exposes a hidden collective or more communication in total: for
 	// programs whose numerics depend on the split being made (per-chunk
@@ -131,6 +135,9 @@ func ChunkWith(g *Graph, cfg ChunkConfig) (*Graph, *ChunkReport, error) {
 func (cfg ChunkConfig) validate() error {
 	if _, err := path.Match(cfg.Pattern, ""); err != nil || cfg.Pattern == "" {
 		return fmt.Errorf("%w: bad region pattern %q", ErrChunk, cfg.Pattern)
+	}
+	if cfg.Count < 0 || cfg.Count == 1 {
+		return fmt.Errorf("%w: a chunk count of %d (want 2 or more, 0 for the default %d)", ErrChunk, cfg.Count, defaultChunkCount)
 	}
 	return cfg.Model.Validate()
 }
@@ -164,7 +171,7 @@ func (g *Graph) chunk(ix *index, cfg ChunkConfig) (*Graph, *index, *ChunkReport,
 	// Last segment first: rewriting one leaves the nodes before it in place.
 	for k := len(segs) - 1; k >= 0; k-- {
 		label := segs[k].first + ".." + segs[k].last
-		next, changed, err := cur.chunkSegment(cix, cix.pos[segs[k].first], cix.pos[segs[k].last]+1, cfg.Accumulate)
+		next, changed, err := cur.chunkSegment(cix, cix.pos[segs[k].first], cix.pos[segs[k].last]+1, cfg.Accumulate, cfg.count())
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -189,14 +196,22 @@ func (g *Graph) chunk(ix *index, cfg ChunkConfig) (*Graph, *index, *ChunkReport,
 	return cur, cix, rep, nil
 }
 
+// count is the number of chunks the config asks for.
+func (cfg ChunkConfig) count() int {
+	if cfg.Count == 0 {
+		return defaultChunkCount
+	}
+	return cfg.Count
+}
+
 func chunkName(name string, c int) string { return name + "#" + strconv.Itoa(c) }
 
 // chunkSegment splits nodes [lo, hi) of g; see Chunk. It decides which
 // nodes run per chunk, and then writes the new plan in order: the nodes
 // before the segment, the splits of batch inputs, the segment phase by
 // phase, the recombined results, and the nodes after it.
-func (g *Graph) chunkSegment(ix *index, lo, hi int, accumulate bool) (*Graph, bool, error) {
-	s := newSegment(g, ix, lo, hi)
+func (g *Graph) chunkSegment(ix *index, lo, hi int, accumulate bool, count int) (*Graph, bool, error) {
+	s := newSegment(g, ix, lo, hi, count)
 	if err := s.decide(accumulate); err != nil {
 		return nil, false, err
 	}
@@ -233,17 +248,19 @@ type segment struct {
 	// an accumulated collective's start (after the Sum of its inputs) and
 	// its wait when that is in the segment.
 	late  []bool
-	names map[string][chunkCount]string // see name
+	names map[string][]string // see name
+	count int                 // chunks
 }
 
-func newSegment(g *Graph, ix *index, lo, hi int) *segment {
+func newSegment(g *Graph, ix *index, lo, hi, count int) *segment {
 	s := &segment{
 		g: g, ix: ix, lo: lo, hi: hi,
 		decl:    map[string]Tensor{},
 		per:     map[string]ChunkMode{},
 		chunked: make([]bool, len(g.Nodes)),
 		late:    make([]bool, len(g.Nodes)),
-		names:   map[string][chunkCount]string{},
+		names:   map[string][]string{},
+		count:   count,
 	}
 	for _, t := range g.Tensors {
 		s.decl[t.Name] = t
@@ -360,8 +377,8 @@ func (s *segment) decideStart(i int, accumulate bool) error {
 	es := buckets.DTypeSize(nd.DType)
 	later := !s.inSeg(s.ix.waitOf[i]) // waited after the segment
 	for _, mb := range nd.Members {
-		if s.per[mb.In] == Batch && (mb.Bytes/chunkCount)%es != 0 {
-			return nodeErr(nd, ErrChunk, "member %q of %d bytes does not split into two whole halves of %s", mb.In, mb.Bytes, nd.DType)
+		if s.per[mb.In] == Batch && (mb.Bytes%int64(s.count) != 0 || (mb.Bytes/int64(s.count))%es != 0) {
+			return nodeErr(nd, ErrChunk, "member %q of %d bytes does not split into %d whole chunks of %s", mb.In, mb.Bytes, s.count, nd.DType)
 		}
 		s.per[mb.Out] = s.per[mb.In]
 		if !later {
@@ -414,15 +431,26 @@ func (s *segment) name(t string, c int) string {
 	ns, ok := s.names[t]
 	if !ok {
 		suffix := ""
-		for s.taken(chunkName(t, 0)+suffix) || s.taken(chunkName(t, 1)+suffix) {
+		for s.anyTaken(t, suffix) {
 			suffix += "'"
 		}
+		ns = make([]string, s.count)
 		for k := range ns {
 			ns[k] = chunkName(t, k) + suffix
 		}
 		s.names[t] = ns
 	}
 	return ns[c]
+}
+
+// anyTaken reports whether a chunk name of t with suffix is taken.
+func (s *segment) anyTaken(t, suffix string) bool {
+	for c := 0; c < s.count; c++ {
+		if s.taken(chunkName(t, c) + suffix) {
+			return true
+		}
+	}
+	return false
 }
 
 // copyNode is chunk c's copy of a per-chunk node.
@@ -437,17 +465,18 @@ func (s *segment) copyNode(nd *Node, c int) Node {
 	}
 	switch nd.Kind {
 	case Compute:
-		n.Chunk = &ChunkRef{Of: nd.Name, Index: c, Count: chunkCount}
-		// Halves that add up to the whole, so totals stay exact.
-		n.Cost = nd.Cost / chunkCount
-		if c == chunkCount-1 {
-			n.Cost = nd.Cost - nd.Cost/chunkCount*(chunkCount-1)
+		n.Chunk = &ChunkRef{Of: nd.Name, Index: c, Count: s.count}
+		// Parts that add up to the whole, so totals stay exact.
+		k := time.Duration(s.count)
+		n.Cost = nd.Cost / k
+		if c == s.count-1 {
+			n.Cost = nd.Cost - nd.Cost/k*(k-1)
 		}
 	case Start:
 		for k, mb := range n.Members {
 			n.Members[k].In, n.Members[k].Out = s.name(mb.In, c), s.name(mb.Out, c)
 			if s.per[mb.In] == Batch {
-				n.Members[k].Bytes = mb.Bytes / chunkCount
+				n.Members[k].Bytes = mb.Bytes / int64(s.count)
 			}
 			if mb.From == "" {
 				n.Members[k].From = nd.Name
@@ -479,7 +508,7 @@ func (s *segment) copyNode(nd *Node, c int) Node {
 func (s *segment) onceNode(nd *Node) Node {
 	n := nd.clone()
 	var hs []string
-	copies := chunkCount
+	copies := s.count
 	if n.Kind == Start && s.inSeg(s.ix.waitOf[s.ix.pos[n.Name]]) {
 		copies = 1
 	}
@@ -508,9 +537,9 @@ func (s *segment) newGraph() *Graph {
 		if d, ok := s.decl[t]; ok && d.Bytes > 0 {
 			b := d.Bytes
 			if md == Batch {
-				b /= chunkCount
+				b /= int64(s.count)
 			}
-			for c := 0; c < chunkCount; c++ {
+			for c := 0; c < s.count; c++ {
 				out.Tensors = append(out.Tensors, Tensor{Name: s.name(t, c), Bytes: b})
 			}
 		}
@@ -533,7 +562,7 @@ func (s *segment) emitSplits(out *Graph) {
 	first := &s.g.Nodes[s.lo]
 	for _, t := range s.splits {
 		sp := Node{Name: "split(" + t + ")@" + first.Name, Kind: Compute, Dir: first.Dir, Region: first.Region, Builtin: Split, Reads: []string{t}}
-		for c := 0; c < chunkCount; c++ {
+		for c := 0; c < s.count; c++ {
 			sp.Writes = append(sp.Writes, s.name(t, c))
 		}
 		out.Nodes = append(out.Nodes, sp)
@@ -553,13 +582,13 @@ func (s *segment) emitPhases(out *Graph) {
 		for q < s.hi && !(s.g.Nodes[q].Kind == Wait && s.chunked[q]) {
 			q++
 		}
-		for c := 0; c < chunkCount; c++ {
+		for c := 0; c < s.count; c++ {
 			for i := p; i < q; i++ {
 				nd := &s.g.Nodes[i]
 				switch {
 				case s.chunked[i]:
 					out.Nodes = append(out.Nodes, s.copyNode(nd, c))
-				case s.late[i] && c == chunkCount-1:
+				case s.late[i] && c == s.count-1:
 					if nd.Kind == Start {
 						s.emitAccumulate(out, nd)
 					}
@@ -579,7 +608,7 @@ func (s *segment) emitPhases(out *Graph) {
 func (s *segment) emitAccumulate(out *Graph, nd *Node) {
 	for _, mb := range nd.Members {
 		sum := Node{Name: "sum(" + mb.In + ")", Kind: Compute, Dir: nd.Dir, Region: nd.Region, Builtin: Sum, Writes: []string{mb.In}}
-		for k := 0; k < chunkCount; k++ {
+		for k := 0; k < s.count; k++ {
 			sum.Reads = append(sum.Reads, s.name(mb.In, k))
 		}
 		out.Nodes = append(out.Nodes, sum)
@@ -594,7 +623,7 @@ func (s *segment) recombine(out *Graph, t string, at *Node) {
 		op, b = Sum, "sum("
 	}
 	rc := Node{Name: b + t + ")", Kind: Compute, Dir: at.Dir, Region: at.Region, Builtin: op, Writes: []string{t}}
-	for c := 0; c < chunkCount; c++ {
+	for c := 0; c < s.count; c++ {
 		rc.Reads = append(rc.Reads, s.name(t, c))
 	}
 	out.Nodes = append(out.Nodes, rc)
@@ -636,7 +665,7 @@ func (s *segment) emitAfter(out *Graph) {
 			out.Nodes = append(out.Nodes, s.onceNode(nd))
 			continue
 		}
-		for c := 0; c < chunkCount; c++ {
+		for c := 0; c < s.count; c++ {
 			out.Nodes = append(out.Nodes, s.copyNode(nd, c))
 		}
 		for _, mb := range s.g.Nodes[s.ix.startOf[i]].Members {

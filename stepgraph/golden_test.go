@@ -17,7 +17,7 @@ import (
 //	graph                     parse the input as the current graph; print ok or the error
 //	estimate                  simulate the current graph, per region
 //	blocks | overlap          run a bucketing pass on the current graph
-//	reshard [prefetch=N]      run ReshardWith (prefetch 1: Reshard); chunk pattern=P [dirs=fwd,bwd] [accumulate=1] [always=1]: run ChunkWith
+//	reshard [prefetch=N]      run ReshardWith (prefetch 1: Reshard); chunk pattern=P [dirs=fwd,bwd] [accumulate=1] [always=1] [count=N]: run ChunkWith
 //	plan                      print the bucket plan of the current graph
 //	load                      read the input as a JSON document; json: round-trip the current graph
 //	peak                      print PeakBytes of the current graph and where it is first reached
@@ -180,9 +180,15 @@ func (s *state) run(t *testing.T, sc scenario) string {
 			}
 			dirs = append(dirs, dd)
 		}
+		count := 0
+		if v, ok := sc.Args["count"]; ok {
+			if count, err = strconv.Atoi(v); err != nil {
+				t.Fatalf("%s: count=%q: %v", sc.Pos, v, err)
+			}
+		}
 		var crep *ChunkReport
 		out, crep, err = ChunkWith(before, ChunkConfig{Pattern: sc.Args["pattern"], Dirs: dirs, Model: s.cfg.Model,
-			Accumulate: sc.Args["accumulate"] == "1", Always: sc.Args["always"] == "1"})
+			Accumulate: sc.Args["accumulate"] == "1", Always: sc.Args["always"] == "1", Count: count})
 		if crep != nil {
 			extra = crep.String()
 		}

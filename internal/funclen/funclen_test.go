@@ -19,7 +19,6 @@ var pending = map[string]int{
 	"tests/chaos/rank_test.go runRank":                200,
 	"launcher/launchertest/launchertest.go runHelper": 183,
 	"cmd/gorun/main.go launch":                        165,
-	"overlap/internal/stepbench/main.go bucketing":    148,
 	"launcher/pmi_fence_test.go fenceBytes":           147,
 	"launcher/elastic.go launchWorlds":                143,
 	"launcher/hoststartup.go hostAgents.startHosts":   141,

@@ -10,6 +10,7 @@ that runs.
     gfx.calibrate_comm("0", 2)                              # α-β of the real group (every rank)
     planned, summary = gfx.plan(step, "reshard,blocks,overlap")  # libgorun's gorun_plan, priced by it
     gm = gfx.apply_plan(joint, planned)                     # bucketed, reordered, re-gathered
+    # chunking: step = gfx.to_step_graph(joint, costs, chunks=2), then the "chunk" pass
     outs = gm(*joint.inputs(fsdp, (tokens, labels)))
 
 The joint graph. ``trace_joint`` runs ``make_fx`` over one training step
@@ -50,10 +51,23 @@ the copy-out, with the layout Inductor's bucketing uses; re-gathers
 (``OUT@bwd``) as new all-gathers whose outputs replace the forward copy in
 backward. FX frees a value after its last reader, so the forward copy of a
 re-gathered parameter dies with its last forward reader.
+
+Chunks. The chunk pass's plans (a region's nodes run once per chunk of the
+batch) need to know how every tensor splits: ``chunk_layout`` traces the
+step again on 1/k of the batch and decides, op by op, which tensors are
+batch tensors (and along which dim), which are partial sums over the batch
+(weight gradients) and which are whole; ``to_step_graph(..., chunks=2)``
+writes those modes into the step graph for the pass. ``apply_plan`` emits a
+chunk of an FX node as the small trace's node (its sizes are the chunk's),
+Split as a slice, Concat as a cat in the whole tensor's memory order, Sum
+as chunk 0 + chunk 1, and refuses, naming the node and why, what does not
+split (a mean loss, an op it has no rule for, a split that would not line
+up with the batch's samples).
 """
 
 import collections
 import contextlib
+import operator
 import time
 
 import torch
@@ -193,9 +207,11 @@ class Joint:
     ``[loss, *new_shards]``. ``blocks`` are the region names in forward
     order; ``shard_names[i]`` is the fqn of placeholder i."""
 
-    def __init__(self, gm, shard_names, n_batch, blocks, world, group, aliases):
+    def __init__(self, gm, shard_names, n_batch, blocks, world, group, aliases, retrace=None):
         self.gm, self.shard_names, self.n_batch, self.blocks = gm, shard_names, n_batch, blocks
         self.world, self.group, self.aliases = world, group, aliases
+        # retrace(k): the same step traced on 1/k of the batch (chunk_layout)
+        self._retrace, self._layouts = retrace, {}
 
     @staticmethod
     def inputs(fsdp, batch):
@@ -289,10 +305,27 @@ def trace_joint(fsdp, batch, lr=0.01, blocks=None):
         return [value, *new]
 
     from torch.fx.experimental.proxy_tensor import make_fx
-    with fx_traceback.preserve_node_meta():
-        gm = make_fx(step, tracing_mode="fake")(*[p.detach().requires_grad_(True) for p in fsdp.shards], *batch)
-    _copy_forward_meta(gm.graph)
-    return Joint(gm, list(fsdp.names), len(batch), blocks, fsdp.world, fsdp.group, dict(fsdp.aliases))
+
+    def trace(b):
+        with fx_traceback.preserve_node_meta():
+            # The module's buffers (a RoPE table) stay real: constants of the graph (get_attr nodes).
+            gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(
+                *[p.detach().requires_grad_(True) for p in fsdp.shards], *b)
+        _copy_forward_meta(gm.graph)
+        return gm
+
+    def retrace(k):
+        sizes = {tuple(b.shape[:1]) for b in batch if isinstance(b, torch.Tensor)}
+        if len(sizes) != 1 or () in sizes:
+            raise FxError("gorun.fx: chunking splits the batch along dim 0, but the batch's tensors have leading "
+                          "sizes %s" % sorted(sizes))
+        (n,), = sizes
+        if n % k:
+            raise FxError("gorun.fx: a batch of %d does not split into %d equal chunks" % (n, k))
+        return trace([b.narrow(0, 0, n // k) if isinstance(b, torch.Tensor) else b for b in batch])
+
+    return Joint(trace(batch), list(fsdp.names), len(batch), blocks, fsdp.world, fsdp.group, dict(fsdp.aliases),
+                 retrace)
 
 
 def _copy_forward_meta(graph):
@@ -410,6 +443,10 @@ def run_graph(gm, args, on_node=None):
         if nd.op == "placeholder":
             env[nd] = next(it)
             continue
+        if nd.op == "get_attr":  # a constant of the graph: held by the module, not the step
+            env[nd] = getattr(gm, nd.target)
+            inputs.add(env[nd].untyped_storage().data_ptr())
+            continue
         a = torch.fx.node.map_arg(nd.args, env.__getitem__)
         k = torch.fx.node.map_arg(nd.kwargs, env.__getitem__)
         if nd.op == "output":
@@ -445,6 +482,377 @@ def profile_costs(joint, batch, fsdp=None, repeats=3):
     for _ in range(repeats):
         run_graph(joint.gm, args, lambda nd, s: times[nd.name].append(s))
     return {k: int(sorted(v)[len(v) // 2] * 1e9) for k, v in times.items()}
+
+
+# ---------------------------------------------------------------------------
+# Chunking: how each tensor of the joint graph splits along the batch
+
+
+_aten = torch.ops.aten
+BATCH, PARTIAL, WHOLE, NO = "batch", "partial", "whole", "no"
+
+# Ops that stay linear in a partial sum (chunk 0's part + chunk 1's part =
+# the whole) when every other tensor operand is whole.
+_LINEAR = {_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default, _aten.t.default,
+           _aten.transpose.int, _aten.permute.default, _aten.alias.default, _aten.clone.default,
+           _aten.add.Tensor, _aten.sub.Tensor, _aten.neg.default, _aten.mul.Tensor, _aten.mul.Scalar,
+           _aten.div.Tensor, _aten.div.Scalar, _aten.sum.dim_IntList, _aten.constant_pad_nd.default}
+# Of these, the ones where several partial operands add up.
+_ADDITIVE = {_aten.add.Tensor, _aten.sub.Tensor}
+# Ops that cannot run per chunk (they read a whole-batch scalar: a mean's
+# divisor) but keep row i of their batch input at row i of their result.
+_ROW_PRESERVING = {_aten.nll_loss_backward.default}
+# Fused attention on CPU and its backward, with how to read its dropout_p.
+_SDPA = {_aten._scaled_dot_product_flash_attention_for_cpu.default: lambda f: f.args[3] if len(f.args) > 3 else 0.0,
+         _aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+             lambda f: f.args[6] if len(f.args) > 6 else 0.0}
+_SOFTMAX = {_aten._softmax.default: 1, _aten._log_softmax.default: 1,
+            _aten._softmax_backward_data.default: 2, _aten._log_softmax_backward_data.default: 2}
+
+
+class ChunkLayout:
+    """How the joint graph splits into ``count`` chunks along the batch
+    (dim 0 of the batch inputs), read from two traces of the same step: on
+    the whole batch and on 1/count of it (``small``, node for node the same
+    program). Per FX node name (a list for a node that returns several
+    tensors), ``shape`` is what its shapes and strides in the two traces say
+    (batch along one dim, whole, or no), and ``value`` what it holds when
+    everything before it that can run per chunk does, one of:
+
+    - ``("batch", d)``: a tensor whose dim d is the batch, outermost in
+      memory, so chunk c is the c-th block of its storage, and whose rows
+      are the batch's samples in order (so its split lines up with every
+      other split);
+    - ``("partial", None)``: a sum over the batch (a weight gradient): run
+      per chunk it gives partial sums that add up to the whole;
+    - ``("whole", None)``: no batch dimension and computed from no per-chunk
+      tensor (a parameter, a mask);
+    - ``("no", why)``: cannot be split or run per chunk, and why (a mean
+      over the batch, an op whose split gorun.fx does not know).
+
+    ``rule(node, per)`` is the mode of a node run per chunk on the inputs
+    ``per`` (what apply_plan asks of every chunk copy). The rules are per op, not guessed from shapes alone: view ops are
+    checked by their offsets and strides in both traces, pointwise ops (the
+    aten pointwise tag) by their broadcasting, and the rest by a table
+    (matmuls, layer norm, softmax, embedding and their backwards); anything
+    else that would read a per-chunk tensor is ``no``."""
+
+    def __init__(self, joint, count):
+        self.count = count
+        small = joint._retrace(count) if joint._retrace is not None else None
+        if small is None:
+            raise FxError("gorun.fx: this joint graph was not traced by trace_joint, so it cannot be chunked")
+        full_nodes, small_nodes = list(joint.gm.graph.nodes), list(small.graph.nodes)
+        if [(n.name, n.target) for n in full_nodes] != [(n.name, n.target) for n in small_nodes]:
+            at = next((f.name for f, h in zip(full_nodes, small_nodes) if (f.name, f.target) != (h.name, h.target)),
+                      "the end")
+            raise FxError("gorun.fx: the step traced on 1/%d of the batch is a different program (from node %s on): "
+                          "chunking needs a step whose ops do not depend on the batch size" % (count, at))
+        self.small = {h.name: h for h in small_nodes}
+        self._full = {f.name: f for f in full_nodes}
+        self.shape, self.value = {}, {}
+        ph = [n for n in full_nodes if n.op == "placeholder"]
+        batch_inputs = set(ph[len(ph) - joint.n_batch:])
+        for f, h in zip(full_nodes, small_nodes):
+            if f.op == "output":
+                continue
+            m = self.shape[f.name] = self._shape_mode(f.meta.get("val"), h.meta.get("val"))
+            if f in batch_inputs and m[0] != BATCH:
+                raise FxError("gorun.fx: batch input %s does not split along dim 0 into %d chunks (%s)"
+                              % (f.name, count, m[1]))
+            self.value[f.name] = m if f.op == "placeholder" else self._value(f, m)
+
+    def _value(self, f, m):
+        """What node f's result holds when every input that can be per
+        chunk is: a partial sum, a batch tensor whose rows are the batch's
+        samples in order (so a split of it lines up with every other
+        split), or no: neither (then a plan that splits it, or runs f per
+        chunk, reaches apply_plan, which refuses it with this reason)."""
+        val = lambda a: self.value.get(a.name, (WHOLE, None))  # noqa: E731
+        per = {a: val(a) for a in f.all_input_nodes if _leaf_kind(val(a)) in (BATCH, PARTIAL)}
+        no = [a for a in f.all_input_nodes if _leaf_kind(val(a)) == NO]
+        if _leaf_kind(m) in (BATCH, NO):
+            rows = [a for a in no if _leaf_kind(self.shape.get(a.name, (WHOLE, None))) != WHOLE]
+            if rows:
+                return (NO, "it reads %s, whose rows are not known to be the batch's samples in order" % rows[0].name)
+            if not per or f.target in _ROW_PRESERVING:
+                return m
+            r = self.rule(f, per, check_args=False)  # layer norm's backward: [batch, partial, partial]
+            return r if _leaf_kind(r) != NO else (NO, "its rows are not known to be the batch's samples in "
+                                                      "order: %s" % r[1])
+        r = self.rule(f, per) if per else m
+        if no and _leaf_kind(r) != NO:
+            r = (NO, "it reads %s, which cannot run per chunk" % no[0].name)
+        return r if _leaf_kind(r) in (PARTIAL, NO) else m
+
+    def full_val(self, name):
+        """The fake tensor of FX node ``name`` on the whole batch."""
+        f = self._full.get(name)
+        return None if f is None else f.meta.get("val")
+
+    def step_mode(self, name):
+        """The step graph's chunk mode of FX node ``name``'s tensor
+        (batch, partial, replicated), or None where it has none."""
+        m = self.value.get(name)
+        return _STEP_MODE.get(m[0]) if isinstance(m, tuple) else None
+
+    def rule(self, f, per, check_args=True):
+        """The mode of FX node f's result when it runs per chunk and
+        ``per`` maps the inputs it reads per chunk to their modes (the
+        others it reads whole): (batch, d), (partial, None), or (no, why)."""
+        h = self.small[f.name]
+        shape = self.shape[f.name]
+        if f.target is operator.getitem:
+            src = per.get(f.args[0])
+            return src[f.args[1]] if isinstance(src, list) else (NO, "getitem of %s" % f.args[0].name)
+        modes = {a: per.get(a, (WHOLE, None)) for a in f.all_input_nodes}
+        for a in f.all_input_nodes:
+            if a not in per and _leaf_kind(self.shape.get(a.name, (WHOLE, None))) == BATCH:
+                return (NO, "it reads %s whole, a batch-sized tensor, where a chunk of it is wanted" % a.name)
+        if not per:
+            return (NO, "it reads nothing per chunk")
+        why = _scalar_args_differ(f, h) if check_args else None
+        if why:
+            return (NO, why)
+        partial = [a for a in per if _leaf_kind(per[a]) == PARTIAL]
+        if partial:
+            return self._after_partial(f, list(per), partial, shape)
+        return self._batch_rule(f, modes, shape)
+
+    # -- shapes and layouts
+
+    def _shape_mode(self, fv, hv):
+        if isinstance(fv, (list, tuple)):
+            return [self._shape_mode(a, b) for a, b in zip(fv, hv)]
+        if not isinstance(fv, torch.Tensor):
+            return (WHOLE, None)
+        if fv.shape == hv.shape:
+            return (WHOLE, None)
+        diff = [d for d in range(fv.dim()) if fv.shape[d] != hv.shape[d]] if fv.dim() == hv.dim() else None
+        if not diff or len(diff) != 1 or fv.shape[diff[0]] != self.count * hv.shape[diff[0]]:
+            return (NO, "its shape is %s on the batch and %s on 1/%d of it: no one batch dimension"
+                    % (tuple(fv.shape), tuple(hv.shape), self.count))
+        d = diff[0]
+        if fv.stride() != hv.stride() or any(fv.stride(j) * fv.shape[j] > fv.stride(d)
+                                             for j in range(fv.dim()) if j != d and fv.shape[j] > 1):
+            return (NO, "its batch dimension %d is not outermost in memory (strides %s)" % (d, tuple(fv.stride())))
+        return (BATCH, d)
+
+    # -- one node
+
+    def _after_partial(self, f, per, partial, shape):
+        """f reads a partial sum per chunk: it may run per chunk only if
+        the chunks' results still add up to the whole result (f is linear
+        in its partial operands)."""
+        name, t = _op_name(f), f.target
+        if t not in _LINEAR:
+            return (NO, "%s of %s, a partial sum over the batch: only linear ops may follow one per chunk" % (
+                name, partial[0].name))
+        if len(partial) != len(per):
+            return (NO, "%s mixes the partial sum %s with per-chunk batch tensors" % (name, partial[0].name))
+        if t in _ADDITIVE:
+            # (a0 + b0) + (a1 + b1) = a + b only when every term is partial:
+            # a whole term (a bias, a constant) would be added once per chunk.
+            terms = f.args[:2]
+            if not all(isinstance(x, torch.fx.Node) and x in partial for x in terms):
+                return (NO, "%s adds a term that is not a partial sum to %s: per chunk it would be counted "
+                            "%d times" % (name, partial[0].name, self.count))
+        elif len(partial) > 1:
+            return (NO, "%s of several partial sums (%s) is not linear" % (name, ", ".join(x.name for x in partial)))
+        elif t in (_aten.div.Tensor, _aten.div.Scalar) and f.args[0] is not partial[0]:
+            return (NO, "%s divides by the partial sum %s" % (name, partial[0].name))
+        elif t is _aten.constant_pad_nd.default and len(f.args) > 2 and f.args[2] != 0:
+            return (NO, "%s pads the partial sum %s with %r, not 0" % (name, partial[0].name, f.args[2]))
+        if shape != (WHOLE, None):
+            return (NO, "%s: a partial sum whose shape changes with the batch" % name)
+        return (PARTIAL, None)
+
+    def _batch_rule(self, f, modes, shape):
+        """The mode of compute f that reads only batch and whole tensors."""
+        t, name = f.target, _op_name(f)
+        bd = lambda a: modes[a][1] if isinstance(a, torch.fx.Node) and modes[a][0] == BATCH else None  # noqa: E731
+        val = f.meta.get("val")
+        reduce_to = None  # the mode the table says, when it says one
+        if t is _aten.mm.default:
+            a, b = f.args[:2]
+            if bd(a) == 1 and bd(b) == 0:
+                reduce_to = (PARTIAL, None)
+            elif bd(a) == 0 and bd(b) is None:
+                reduce_to = (BATCH, 0)
+            elif bd(a) is None and bd(b) == 1:
+                reduce_to = (BATCH, 1)
+            else:
+                return (NO, "mm of %s (batch dim %s) and %s (batch dim %s)" % (a.name, bd(a), b.name, bd(b)))
+        elif t is _aten.bmm.default:
+            if bd(f.args[0]) != 0 or bd(f.args[1]) != 0:
+                return (NO, "bmm whose operands are not both split along dim 0")
+            reduce_to = (BATCH, 0)
+        elif t is _aten.sum.dim_IntList:
+            x, dims = f.args[0], [d % f.args[0].meta["val"].dim() for d in f.args[1]]
+            reduce_to = (PARTIAL, None) if bd(x) in dims else (BATCH, None)
+        elif t in (_aten.mean.dim, _aten.amax.default, _aten.amin.default):
+            x, dims = f.args[0], [d % f.args[0].meta["val"].dim() for d in f.args[1]]
+            if bd(x) in dims:
+                return (NO, "%s over the batch dimension is not a sum of the chunks'" % name)
+        elif t is _aten.cat.default:
+            xs, dim = f.args[0], (f.args[1] if len(f.args) > 1 else 0)
+            dims = {bd(a) for a in xs}
+            if len(dims) != 1 or None in dims or dim % val.dim() in dims:
+                return (NO, "cat of tensors split along dims %s, along dim %d" % (sorted(map(str, dims)), dim))
+        elif t is _aten.embedding.default:
+            if bd(f.args[0]) is not None:
+                return (NO, "embedding of a per-chunk weight")
+            reduce_to = (BATCH, None)
+        elif t is _aten.embedding_dense_backward.default:
+            reduce_to = (PARTIAL, None)
+        elif t is _aten.native_layer_norm.default:
+            x = f.args[0]
+            if bd(x) is None or bd(x) >= x.meta["val"].dim() - len(f.args[1]) or any(bd(a) is not None for a in f.args[2:4]
+                                                                                       if isinstance(a, torch.fx.Node)):
+                return (NO, "layer norm over the batch dimension")
+        elif t is _aten.native_layer_norm_backward.default:
+            g, x = f.args[0], f.args[1]
+            if bd(g) is None or bd(g) != bd(x) or bd(g) >= x.meta["val"].dim() - len(f.args[2]):
+                return (NO, "layer norm backward over the batch dimension")
+            if not isinstance(shape, list) or len(shape) != 3:
+                return (NO, "layer norm backward with outputs %s" % (shape,))
+            return [shape[0], (PARTIAL, None) if shape[1] == (WHOLE, None) else shape[1],
+                    (PARTIAL, None) if shape[2] == (WHOLE, None) else shape[2]]
+        elif t in _SDPA:
+            # fused attention: each (sample, head) on its own; no dropout, a
+            # mask (if any) the same for every sample
+            qkv = [a for a in f.all_input_nodes]
+            if any(bd(a) not in (0, None) for a in qkv) or bd(f.args[0]) != 0:
+                return (NO, "%s with inputs not split along dim 0" % name)
+            if _SDPA[t](f) != 0.0:
+                return (NO, "%s with dropout: the chunks would draw other random numbers" % name)
+            if not isinstance(shape, list) or any(m[0] != BATCH for m in shape):
+                return (NO, "%s returns %s" % (name, shape))
+        elif t in _SOFTMAX:
+            x, dim = f.args[0], f.args[_SOFTMAX[t]]
+            if dim % x.meta["val"].dim() == bd(x):
+                return (NO, "%s along the batch dimension" % name)
+        elif _is_view(f) or t in (_aten._unsafe_view.default, _aten.clone.default, _aten._to_copy.default):
+            why = self._view_ok(f, modes)
+            if why:
+                return (NO, why)
+        elif torch.Tag.pointwise in getattr(t, "tags", ()):
+            why = _broadcast_ok(f, modes, val)
+            if why:
+                return (NO, why)
+        else:
+            return (NO, "%s: gorun.fx does not know how it splits along the batch" % name)
+        if reduce_to == (PARTIAL, None):
+            return reduce_to if shape == (WHOLE, None) else (NO, "%s sums over the batch but keeps a batch dim" % name)
+        if reduce_to is not None and reduce_to[1] is not None and shape != reduce_to:
+            return (NO, "%s should split along dim %d, but its shapes say %s" % (name, reduce_to[1], shape))
+        leaves = shape if isinstance(shape, list) else [shape]
+        for m in leaves:
+            if m[0] == NO:
+                return m
+            if m[0] == WHOLE:
+                return (NO, "%s reads per-chunk tensors but its result does not change with the batch "
+                            "(a reduction over it that is not a known sum)" % name)
+        return shape
+
+    def _view_ok(self, f, modes):
+        """A view (or a copy that keeps the layout) splits when it maps each
+        chunk's block of storage onto the same block: its result's batch
+        dim is outermost (the shape check), spans the same storage as its
+        input's, and starts at the same offset from it in both traces."""
+        x = f.args[0]
+        if not isinstance(x, torch.fx.Node) or modes[x][0] != BATCH:
+            return "%s of %s, which is not split along the batch" % (_op_name(f), getattr(x, "name", x))
+        if f.target in (_aten.clone.default, _aten._to_copy.default):
+            return None  # a copy of the same shape: element for element
+        fx_, hx = x.meta["val"], self.small[x.name].meta["val"]
+        fo, ho = f.meta["val"], self.small[f.name].meta["val"]
+        # in bytes: view_as_complex / view_as_real change the element size
+        span = fx_.stride(modes[x][1]) * fx_.shape[modes[x][1]] * fx_.element_size()
+        outs = list(zip(fo, ho)) if isinstance(fo, (list, tuple)) else [(fo, ho)]
+        for a, b in outs:
+            m = self._shape_mode(a, b)
+            if m[0] != BATCH:
+                return None  # the shape check names it
+            if a.stride(m[1]) * a.shape[m[1]] * a.element_size() != span:
+                return "%s maps the batch onto a different span of storage (%d bytes, not %d)" % (
+                    _op_name(f), a.stride(m[1]) * a.shape[m[1]] * a.element_size(), span)
+            if a.storage_offset() - fx_.storage_offset() != b.storage_offset() - hx.storage_offset():
+                return "%s takes a different part of its input on 1/%d of the batch" % (_op_name(f), self.count)
+        return None
+
+
+def _leaf_kind(m):
+    if isinstance(m, list):
+        kinds = {x[0] for x in m}
+        return NO if NO in kinds else PARTIAL if PARTIAL in kinds else BATCH if BATCH in kinds else WHOLE
+    return m[0]
+
+
+def _op_name(f):
+    return "aten." + str(f.target).replace("aten.", "") if isinstance(f.target, torch._ops.OpOverload) \
+        else getattr(f.target, "__name__", str(f.target))
+
+
+def _broadcast_ok(f, modes, val):
+    """A pointwise op splits when each per-chunk operand's batch dim lines
+    up (right-aligned broadcasting) with the result's."""
+    if not isinstance(val, torch.Tensor):
+        return "%s returns %s" % (_op_name(f), type(val).__name__)
+    want = None
+    for a in f.all_input_nodes:
+        m = modes[a]
+        if m[0] != BATCH:
+            continue
+        d = m[1] + val.dim() - a.meta["val"].dim()
+        if want is not None and d != want:
+            return "%s lines up batch dims %d and %d" % (_op_name(f), want, d)
+        want = d
+    return None
+
+
+def _scalar_args_differ(f, h):
+    """Why the per-chunk copy of f (the small trace's node h) cannot be
+    trusted, or None: every non-tensor argument must be the same in both
+    traces, except integers inside a size list (a view's shape)."""
+    def walk(a, b, in_list, where):
+        if isinstance(a, torch.fx.Node) or isinstance(b, torch.fx.Node):
+            return None
+        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+            for x, y in zip(a, b):
+                r = walk(x, y, True, where)
+                if r:
+                    return r
+            return None
+        if a == b:
+            return None
+        if in_list and isinstance(a, int) and isinstance(b, int):
+            return None
+        return "%s: argument %s is %r on the batch and %r on a chunk of it, not a size, so a chunk would compute " \
+               "something else (a mean's divisor, an index)" % (_op_name(f), where, a, b)
+    for i, (a, b) in enumerate(zip(f.args, h.args)):
+        r = walk(a, b, False, i)
+        if r:
+            return r
+    for k in f.kwargs:
+        r = walk(f.kwargs[k], h.kwargs.get(k), False, k)
+        if r:
+            return r
+    return None
+
+
+def chunk_layout(joint, count=2):
+    """The ChunkLayout of ``joint`` for ``count`` chunks, traced once and
+    kept (the trace needs the process group the step names: trace inside
+    it, e.g. in to_step_graph(..., chunks=2))."""
+    if count < 2:
+        raise FxError("gorun.fx: a chunk count of %d; want 2 or more" % count)
+    if count not in joint._layouts:
+        joint._layouts[count] = ChunkLayout(joint, count)
+    return joint._layouts[count]
+
+
+_STEP_MODE = {BATCH: "batch", PARTIAL: "partial", WHOLE: "replicated"}
 
 
 # ---------------------------------------------------------------------------
@@ -487,7 +895,7 @@ def gathered_views(graph):
     return root
 
 
-def to_step_graph(joint, costs=None, prefetch=1, group=None, join_regions=True):
+def to_step_graph(joint, costs=None, prefetch=1, group=None, join_regions=True, chunks=None):
     """The step graph (gorun.stepgraph/v1, as a dict) of a traced joint
     graph. ``costs`` maps FX node names to ns (profile_costs); without it
     every compute node costs 1 ns.
@@ -503,9 +911,25 @@ def to_step_graph(joint, costs=None, prefetch=1, group=None, join_regions=True):
 
     Collectives keep the FX graph's process-group name unless ``group``
     renames them (graphs with one group only). ``join_regions``: see
-    regions."""
+    regions.
+
+    ``chunks=k`` declares every tensor's chunk mode for the chunk pass,
+    from chunk_layout(joint, k): batch (split along its batch dim),
+    partial (a weight gradient: per-chunk parts are summed), replicated
+    (no batch dim: parameters, masks). It traces the step once more, on
+    1/k of the batch, in the process group the step names. Without it the
+    chunk pass falls back on its defaults, which treat weight gradients as
+    batch tensors; apply_plan then refuses the plan."""
     g = joint.gm.graph
     costs = costs or {}
+    layout = chunk_layout(joint, chunks) if chunks else None
+
+    def declare(t, nd):
+        if layout is not None:
+            m = layout.step_mode(nd.name)
+            if m is not None:
+                t["chunk"] = m
+        return t
     dirs, regs = directions(g), regions(g, joint.blocks, join_regions)
     view_root = gathered_views(g)
     waits = {}  # collective node -> its wait
@@ -525,8 +949,8 @@ def to_step_graph(joint, costs=None, prefetch=1, group=None, join_regions=True):
     tensors, body, colls = [], [], []
     for nd in g.nodes:
         val = nd.meta.get("val")
-        if nd.op == "placeholder":
-            tensors.append({"name": nd.name, "bytes": _bytes(val), "input": True})
+        if nd.op in ("placeholder", "get_attr"):  # get_attr: a constant (a buffer), an input of the step
+            tensors.append(declare({"name": nd.name, "bytes": _bytes(val), "input": True}, nd))
             continue
         if nd.op == "output" or (nd.op == "call_function" and nd.target is WAIT):
             continue
@@ -560,7 +984,7 @@ def to_step_graph(joint, costs=None, prefetch=1, group=None, join_regions=True):
         if reg is not None:
             cn["region"] = reg
         body.append(cn)
-        tensors.append({"name": nd.name, "bytes": 0 if _is_view(nd) else _bytes(val)})
+        tensors.append(declare({"name": nd.name, "bytes": 0 if _is_view(nd) else _bytes(val)}, nd))
 
     # Place starts and waits among the compute nodes (positions: "before body[i]").
     writer = {t: i for i, c in enumerate(body) for t in c["writes"]}
@@ -722,11 +1146,12 @@ def apply_plan(joint, planned):
     out = torch.fx.Graph()
     env = {}  # step-graph tensor name -> node of the new graph
     for nd in src.nodes:
-        if nd.op == "placeholder":
+        if nd.op in ("placeholder", "get_attr"):
             env[nd.name] = out.node_copy(nd)
             env[nd.name].meta = dict(nd.meta)
     pending = {}
     rederived = {}
+    ch = _Chunker(joint, planned, out, env)
 
     def value(a, reads, where):
         """The new graph's value for FX arg ``a`` of a node that reads ``reads``."""
@@ -754,10 +1179,14 @@ def apply_plan(joint, planned):
 
     for sn in planned["nodes"]:
         kind, name = sn["kind"], sn["name"]
-        if kind == "compute":
-            if sn.get("builtin") or sn.get("chunk"):
-                raise FxError("gorun.fx: node %s: chunked compute is not supported by apply_plan "
-                              "(plan without the chunk pass)" % name)
+        if kind == "compute" and sn.get("builtin"):
+            ch.builtin(sn)
+        elif kind == "compute" and sn.get("chunk"):
+            of = sn["chunk"].get("of")
+            if of not in by_name:
+                raise FxError("gorun.fx: planned chunk %s runs %s, which has no FX node in the joint graph" % (name, of))
+            ch.compute(sn, by_name[of], lambda a, reads=set(sn.get("reads", ())): value(a, reads, name))
+        elif kind == "compute":
             nd = by_name.get(name)
             if nd is None:
                 raise FxError("gorun.fx: planned compute %s has no FX node in the joint graph" % name)
@@ -766,18 +1195,165 @@ def apply_plan(joint, planned):
             new.meta = dict(nd.meta)
             env[name] = new
         elif kind == "start":
+            ch.check_start(sn)
             pending[name] = _emit_start(out, sn, env, by_name)
         elif kind == "wait":
             of = sn["of"]
             if of not in pending:
                 raise FxError("gorun.fx: wait %s: its start %s has not run" % (name, of))
-            _emit_wait(out, pending.pop(of), env, by_name)
+            _emit_wait(out, pending.pop(of), env, by_name, ch)
         else:
             raise FxError("gorun.fx: planned node %s: unknown kind %r" % (name, kind))
     outn = [n for n in src.nodes if n.op == "output"][0]
     out.output(torch.fx.node.map_arg(outn.args[0], lambda a: value(a, (), "output")))
     out.lint()
     return torch.fx.GraphModule(joint.gm, out)
+
+
+def chunk_of(name):
+    """(author's name, chunk index) of a step-graph name the chunk pass
+    made (``T#c``, primed ``T#c'`` when an earlier split took the name),
+    or None."""
+    base = name.rstrip("'")
+    if "#" not in base:
+        return None
+    b, _, c = base.rpartition("#")
+    return (b, int(c)) if c.isdigit() else None
+
+
+class _Chunker:
+    """apply_plan's half for the chunk pass's nodes: per-chunk copies of
+    FX nodes (the op and arguments of the same node traced on a chunk of
+    the batch), Split (a slice along the batch dim), Concat (a cat along
+    it, in the whole tensor's memory order) and Sum (chunk 0 + chunk 1 +
+    ..., in chunk order). Every split, copy and recombination is checked
+    against chunk_layout; what does not split is refused, naming the node."""
+
+    def __init__(self, joint, planned, out, env):
+        self.joint, self.out, self.env = joint, out, env
+        counts = {n["chunk"]["count"] for n in planned["nodes"] if n.get("chunk")}
+        counts |= {len(n["writes"]) for n in planned["nodes"] if n.get("builtin") == "split"}
+        if len(counts) > 1:
+            raise FxError("gorun.fx: the plan splits into %s chunks; one count per plan" % sorted(counts))
+        self.count = counts.pop() if counts else None
+        self._layout = None
+        self.mode = {}  # per-chunk tensor name -> its mode, as made
+
+    @property
+    def layout(self):
+        if self._layout is None:
+            self._layout = chunk_layout(self.joint, self.count)
+        return self._layout
+
+    def _whole(self, t, where):
+        if t not in self.env:
+            raise FxError("gorun.fx: node %s reads %s, which the plan has not produced by then" % (where, t))
+        return self.env[t]
+
+    def _per(self, t, where):
+        if t not in self.mode:
+            raise FxError("gorun.fx: node %s reads chunk %s, which the plan has not produced by then" % (where, t))
+        return self.env[t], self.mode[t]
+
+    def builtin(self, sn):
+        op, name, reads, writes = sn["builtin"], sn["name"], sn.get("reads", []), sn.get("writes", [])
+        if op == "split":
+            (t,) = reads
+            m = self.layout.value.get(t, (NO, "%s is not a node of the joint graph" % t))
+            if m[0] != BATCH:
+                raise FxError("gorun.fx: %s: the plan splits %s along the batch, but %s" % (
+                    name, t, m[1] if m[0] == NO else "it has no batch dimension (%s)" % m[0]))
+            x, d = self._whole(t, name), m[1]
+            h = self.layout.small[t].meta["val"].shape[d]
+            for c, w in enumerate(writes):
+                self.env[w] = self.out.call_function(_aten.slice.Tensor, (x, d, c * h, (c + 1) * h))
+                self.mode[w] = m
+            return
+        (t,) = writes
+        parts = [self._per(r, name) for r in reads]
+        kinds = {_leaf_kind(m) for _, m in parts}
+        if op == "concat":
+            if kinds != {BATCH} or len({m for _, m in parts}) != 1:
+                raise FxError("gorun.fx: %s: concatenates %s, whose chunks are %s, not split along one batch dim"
+                              % (name, t, sorted(kinds)))
+            self.env[t] = self._cat([p for p, _ in parts], parts[0][1][1], t)
+        elif op == "sum":
+            if kinds != {PARTIAL}:
+                raise FxError("gorun.fx: %s: sums the chunks of %s, which are %s, not partial sums" % (
+                    name, t, sorted(kinds)))
+            acc = parts[0][0]
+            for p, _ in parts[1:]:
+                acc = self.out.call_function(_aten.add.Tensor, (acc, p))
+            self.env[t] = acc
+        else:
+            raise FxError("gorun.fx: %s: unknown builtin %r" % (name, op))
+
+    def _cat(self, parts, d, t):
+        """cat along batch dim d, laid out as the whole tensor was (a
+        transposed tensor comes back transposed, so what reads it runs the
+        same kernels on the same strides)."""
+        fv = self.layout.full_val(t)
+        if not isinstance(fv, torch.Tensor) or fv.is_contiguous():
+            return self.out.call_function(_aten.cat.default, (parts, d))
+        order = sorted(range(fv.dim()), key=lambda j: (-fv.stride(j), j))
+        if order[0] != d:
+            return self.out.call_function(_aten.cat.default, (parts, d))
+        inv = [order.index(j) for j in range(fv.dim())]
+        ps = [self.out.call_function(_aten.permute.default, (p, order)) for p in parts]
+        return self.out.call_function(_aten.permute.default,
+                                      (self.out.call_function(_aten.cat.default, (ps, 0)), inv))
+
+    def compute(self, sn, nd, whole_value):
+        """Chunk c of FX node nd: the small trace's op and arguments, with
+        per-chunk reads from the chunks the plan made and the rest whole."""
+        name, c = sn["name"], sn["chunk"]["index"]
+        per_reads = {}
+        for r in sn.get("reads", ()):
+            p = chunk_of(r)
+            if p is not None:
+                if p[1] != c:
+                    raise FxError("gorun.fx: %s (chunk %d) reads %s, a tensor of chunk %d" % (name, c, r, p[1]))
+                per_reads[p[0]] = r
+        per = {}
+        for a in nd.all_input_nodes:
+            if a.name in per_reads:
+                per[a] = self._per(per_reads[a.name], name)[1]
+        m = self.layout.rule(nd, per)
+        if _leaf_kind(m) == NO:
+            raise FxError("gorun.fx: node %s: the plan runs %s per chunk, but it cannot: %s" % (name, nd.name, m[1]))
+        h = self.layout.small[nd.name]
+        full = {x.name: x for x in nd.all_input_nodes}
+
+        def arg(x):
+            if x.name in per_reads:
+                return self.env[per_reads[x.name]]
+            return whole_value(full[x.name])
+        new = self.out.call_function(h.target, torch.fx.node.map_arg(h.args, arg), torch.fx.node.map_arg(h.kwargs, arg))
+        new.meta = dict(h.meta)
+        (w,) = sn["writes"]
+        self.env[w] = new
+        self.mode[w] = m
+
+    def check_start(self, sn):
+        """A collective of per-chunk members: partial sums reduce-scatter or
+        all-reduce chunk by chunk (their Sum afterwards adds the reduced
+        parts); batch chunks only all-reduce, since an all-gather or a
+        reduce-scatter lays ranks out along dim 0, where the chunks are."""
+        for m in sn["members"]:
+            if chunk_of(m["in"]) is None:
+                continue
+            _, mode = self._per(m["in"], sn["name"])
+            if _leaf_kind(mode) == BATCH and sn["op"] != "all_reduce":
+                raise FxError("gorun.fx: start %s: %s of %s, a chunk of the batch: ranks and chunks would "
+                              "interleave along dim 0, so the chunks' results do not concatenate to the whole"
+                              % (sn["name"], sn["op"], m["in"]))
+            self.mode[m["out"]] = mode
+
+    def shape_of(self, t, by_name):
+        p = chunk_of(t)
+        if p is not None and _leaf_kind(self.mode.get(t, (WHOLE, None))) == BATCH:
+            return list(self.layout.small[p[0]].meta["val"].shape)
+        return list(by_name[p[0] if p else t].meta["val"].shape)
 
 
 def _emit_start(out, sn, env, by_name):
@@ -816,7 +1392,7 @@ def _emit_start(out, sn, env, by_name):
     return coll, sn, world
 
 
-def _emit_wait(out, pending, env, by_name):
+def _emit_wait(out, pending, env, by_name, ch):
     coll, sn, world = pending
     w = out.call_function(WAIT, (coll,))
     members, op = sn["members"], sn["op"]
@@ -841,7 +1417,7 @@ def _emit_wait(out, pending, env, by_name):
     else:  # all_reduce: members back to their shapes
         parts = out.call_function(torch.ops.aten.split_with_sizes.default, (w, sizes))
         for i, m in enumerate(members):
-            shape = list(by_name[m["out"].split(REGATHER)[0]].meta["val"].shape)
+            shape = ch.shape_of(m["out"].split(REGATHER)[0], by_name)
             env[m["out"]] = out.call_function(torch.ops.aten.view.default,
                                               (out.call_function(_getitem, (parts, i)), shape))
 

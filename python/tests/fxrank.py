@@ -37,14 +37,60 @@ def batch_for(rank, vocab, batch, seq):
 def build(spec, rank, world, group):
     """(fsdp, model copy before sharding, batch, joint) for one rank."""
     import gorun.fx as gfx
-    from tinymodels import gpt
-    m, _ = gpt(**spec["model"])
+    mk = dict(spec["model"])
+    blocks = None
+    if mk.pop("kind", "gpt") == "torchtitan-llama3":
+        m, blocks = torchtitan_llama3(**mk)
+        mk["vocab"] = m.m.config.vocab_size
+    else:
+        from tinymodels import gpt
+        m, _ = gpt(**mk)
     ref = copy.deepcopy(m)
-    mk = spec["model"]
     batch = batch_for(rank, mk.get("vocab", 128), spec.get("batch", 4), spec.get("seq", 32))
     fsdp = gfx.SimpleFSDP(m, world, rank, group, mode=spec.get("mode", "shard"))
-    joint = gfx.trace_joint(fsdp, batch, lr=spec.get("lr", 0.01))
+    joint = gfx.trace_joint(fsdp, batch, lr=spec.get("lr", 0.01), blocks=blocks)
     return fsdp, ref, batch, joint
+
+
+def torchtitan_llama3(layers=2, seed=0):
+    """torchtitan 0.3.0's llama3 "debugmodel" (dim 256, 16 heads, vocab
+    2048; RMSNorm, fused QKV, complex RoPE, SwiGLU) cut to ``layers``
+    blocks, as (module returning the mean cross-entropy, its blocks).
+    torchtitan 0.3.0 supports only flex and varlen attention for language
+    models, and flex attention has no backward on CPU: each block's inner
+    attention is causal SDPA here, the rest is torchtitan's. Positions are
+    left to the model (None: RoPE over 0..T-1). Needs torchtitan (not a
+    test dependency: the bench adds this graph on request)."""
+    import torch
+    from torchtitan.models.llama3 import llama3_configs
+    torch.manual_seed(seed)
+    cfg = llama3_configs["debugmodel"](attn_backend="flex")
+    cfg.layers = cfg.layers[:layers]
+    m = cfg.build()
+    m.init_states() if hasattr(m, "init_states") else None
+
+    class Causal(torch.nn.Module):
+        def forward(self, q, k, v, attention_masks=None, **kw):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                enable_gqa=kw.get("enable_gqa", False)).transpose(1, 2)
+
+    for mod in m.modules():
+        if hasattr(mod, "inner_attention"):
+            mod.inner_attention = Causal()
+
+    class Loss(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, tokens, labels):
+            return torch.nn.functional.cross_entropy(self.m(tokens, None, None).flatten(0, 1), labels.flatten())
+
+    names = [n for n, _ in m.named_children()]
+    blocks = ["m." + n for n in names if n != "layers"]
+    blocks[1:1] = ["m.layers.%d" % i for i in range(len(m.layers))]
+    return Loss(m), blocks
 
 
 def reference_check(fsdp, ref, batch, outs, lr, world):
@@ -68,6 +114,88 @@ def reference_check(fsdp, ref, batch, outs, lr, world):
         want = full[r * k:(r + 1) * k]
         ok = ok and torch.allclose(outs[1 + i], want, rtol=1e-4, atol=1e-6)
     return bool(ok)
+
+
+def reorder_bound(joint, inputs, world):
+    """Per output of the joint graph, how far a plan that sums the partial
+    sums over the batch in another order (the chunk pass in backward) may
+    move it: None where no such sum reaches it (the output must be bitwise
+    equal), else a tensor bound.
+
+    Every weight gradient is a sum of n products (n = the rows of every
+    rank's batch); any two summation orders of the same terms differ by at
+    most 2·γ(n)·Σ|terms| per element (γ(n) = n·u / (1 − n·u), u = 2⁻²⁴),
+    whatever blocking or FMA either uses. Σ|terms| is computed here by
+    running the unchunked graph once more with a shadow |·| of each sum:
+    mm(|a|, |b|) for a matmul that contracts the batch, Σ|g·x̂| and Σ|g| for
+    a layer norm's weight and bias gradients, carried through the linear
+    ops after them (views, pads, adds, the reduce-scatter itself, the SGD
+    update's scaling by lr). The SGD update rounds twice after the sum:
+    one ulp of lr·g and one of the new shard are added."""
+    import operator
+    import torch
+    import gorun.fx as gfx
+    aten = torch.ops.aten
+    lay = gfx.chunk_layout(joint, 2)
+    ph = [n for n in joint.gm.graph.nodes if n.op == "placeholder"]
+    rows = inputs[len(ph) - joint.n_batch].numel() * world
+    u = 2.0 ** -24
+    gamma = rows * u / (1 - rows * u)
+    env, shadow = {}, {}
+    for n, x in zip(ph, inputs):
+        env[n] = x
+    for n in joint.gm.graph.nodes:
+        if n.op == "placeholder":
+            continue
+        if n.op == "get_attr":  # a constant of the graph (a RoPE table)
+            env[n] = getattr(joint.gm, n.target)
+            continue
+        a = torch.fx.node.map_arg(n.args, env.__getitem__)
+        if n.op == "output":
+            outs = []
+            for o, v in zip(n.args[0], a[0]):
+                sh = shadow.get(o)
+                if sh is None:
+                    outs.append(None)
+                else:
+                    ulp = lambda t: torch.nextafter(t.abs(), torch.tensor(float("inf"))) - t.abs()  # noqa: E731
+                    outs.append(2.01 * gamma * sh + ulp(sh) + 2 * ulp(v))
+            return outs
+        env[n] = n.target(*a, **torch.fx.node.map_arg(n.kwargs, env.__getitem__))
+        sh_in = [x for x in n.all_input_nodes if x in shadow]
+        t = n.target
+        if t is aten.mm.default and lay.value.get(n.name) == ("partial", None):
+            shadow[n] = torch.mm(a[0].abs(), a[1].abs())
+        elif t is aten.sum.dim_IntList and not sh_in and lay.value.get(n.name) == ("partial", None):
+            shadow[n] = torch.sum(a[0].abs(), *a[1:])  # an RMSNorm's weight gradient
+        elif t is operator.getitem and n.args[0].target is aten.native_layer_norm_backward.default \
+                and n.args[1] in (1, 2):
+            g, x, ns, mean, rstd = (env[y] if isinstance(y, torch.fx.Node) else y for y in n.args[0].args[:5])
+            lead = list(range(g.dim() - len(ns)))
+            term = (g * (x - mean) * rstd).abs() if n.args[1] == 1 else g.abs()
+            shadow[n] = term.sum(lead)
+        elif t is operator.getitem:
+            continue
+        elif not sh_in:
+            continue
+        elif t in (aten.add.Tensor, aten.sub.Tensor):
+            shadow[n] = sum(shadow[x] for x in sh_in)
+        elif t in (aten.mul.Tensor, aten.div.Tensor, aten.mul.Scalar, aten.div.Scalar):
+            other = [y for y in n.args if y is not sh_in[0]]
+            o = env[other[0]] if isinstance(other[0], torch.fx.Node) else other[0]
+            o = o.abs() if isinstance(o, torch.Tensor) else abs(o)
+            shadow[n] = shadow[sh_in[0]] * o if t in (aten.mul.Tensor, aten.mul.Scalar) else shadow[sh_in[0]] / o
+        elif t is gfx.WAIT or t in (aten.view.default, aten._unsafe_view.default, aten.t.default, aten.clone.default,
+                                    aten.constant_pad_nd.default, aten.transpose.int, aten.permute.default,
+                                    aten.alias.default, aten.sum.dim_IntList, gfx.REDUCE_SCATTER, gfx.ALL_REDUCE):
+            b = list(n.args)
+            b[0] = shadow[n.args[0]]
+            b = torch.fx.node.map_arg(b, lambda y: shadow.get(y, env[y]))
+            shadow[n] = n.target(*b, **n.kwargs)
+        else:
+            raise SystemExit("fxrank: reorder_bound: no shadow rule for %s (reads %s)" % (n.format_node(),
+                                                                                          sh_in[0].name))
+    raise SystemExit("fxrank: reorder_bound: graph has no output")
 
 
 def rank_main(spec_path, out_path):
@@ -106,6 +234,7 @@ def rank_main(spec_path, out_path):
                 plans[side["name"]] = {"hash": summ["hash"], "comm": summ["comm"]}
         plans["measured"] = comm
     ref_ok = reference_check(fsdp, ref, batch, base, spec.get("lr", 0.01), world)
+    bound = reorder_bound(joint, inputs, world) if any(s.get("bound") for s in spec["sides"]) else None
     built, side_outs = [], []
     for side in spec["sides"]:
         est = side.get("exposed_ns")
@@ -134,6 +263,21 @@ def rank_main(spec_path, out_path):
         side_outs.append(outs)
         equal = len(outs) == len(ref) and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(outs, ref))
         side["max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(outs, base))
+        # outputs (0: the loss, 1+i: shard i) not bitwise equal to the unbucketed graph's, on this rank
+        side["unequal"] = [i for i, (a, b) in enumerate(zip(outs, base)) if not torch.equal(a, b)]
+        if side.get("bound"):
+            # within: every output bitwise equal or, where a reordered sum
+            # reaches it, within reorder_bound; ratio: the largest |diff| / bound
+            side["within_bound"], side["bound_ratio"] = True, 0.0
+            for a, b, bd in zip(outs, base, bound):
+                d = (a - b).abs()
+                if bd is None:
+                    side["within_bound"] &= bool(torch.equal(a, b))
+                    continue
+                side["within_bound"] &= bool((d <= bd).all())
+                nz = d > 0
+                if nz.any():
+                    side["bound_ratio"] = max(side["bound_ratio"], float((d[nz] / bd[nz]).max()))
         built.append((side, gm, est, peak, equal))
     # Timing: the sides interleaved round by round, so load on a shared
     # machine falls on all of them alike; the slowest rank's time counts.
@@ -150,9 +294,16 @@ def rank_main(spec_path, out_path):
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         t = torch.tensor(times[k], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        uneq = [None] * world
+        dist.all_gather_object(uneq, (side["unequal"], side.get("within_bound"), side.get("bound_ratio")))
+        bound_res = {}
+        if side.get("bound"):
+            bound_res = {"within_bound": all(u[1] for u in uneq), "bound_ratio": max(u[2] for u in uneq)}
+        uneq = [u[0] for u in uneq]
         results.append({"name": side["name"], "collectives": gfx.count_collectives(gm), "peak_bytes": int(flags[1]),
+                        "unequal": sorted({i for u in uneq for i in u}),
                         "equal": flags[0].item() == 0.0, "step_s": sorted(t.tolist())[len(times[k]) // 2],
-                        "exposed_ns": est, "max_abs_diff": side["max_abs_diff"]})
+                        "exposed_ns": est, "max_abs_diff": side["max_abs_diff"], **bound_res})
     okt = torch.tensor([0.0 if ref_ok else 1.0])
     dist.all_reduce(okt, op=dist.ReduceOp.MAX)
     every = [None] * world  # every rank's plans, to check that they agree
@@ -254,7 +405,7 @@ def fake_group(world):
     return ctx()
 
 
-def prepare(spec, world, profile=True):
+def prepare(spec, world, profile=True, chunks=None):
     """In the parent: trace rank 0's joint graph on the fake group, profile
     it, and return (joint, costs, step graph); records the FX node names
     in spec["fx_nodes"] for the ranks to check."""
@@ -262,6 +413,6 @@ def prepare(spec, world, profile=True):
     with fake_group(world) as group:
         fsdp, _, batch, joint = build(spec, 0, world, group)
         costs = gfx.profile_costs(joint, batch, fsdp, repeats=spec.get("profile_repeats", 3)) if profile else None
-        step = gfx.to_step_graph(joint, costs)
+        step = gfx.to_step_graph(joint, costs, chunks=chunks)
     spec["fx_nodes"] = [n.name for n in joint.gm.graph.nodes]
     return joint, costs, step

@@ -284,23 +284,7 @@ func count(m []float64) int {
 // step graph as written (one collective per tensor) against the graph the
 // bucketing passes make of it, both run by the graph runner.
 func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...any), link string) error {
-	b := stepgraph.NewBuilder().Group("world", c.Size()).Region("model")
-	var outs []string
-	var names0 []string
-	for i := range o.tensors {
-		names0 = append(names0, fmt.Sprintf("t%d", i))
-	}
-	b.Compute("backward", buckets.Backward, "model", time.Millisecond, nil, names0)
-	for i := range o.tensors {
-		b.Start(fmt.Sprintf("ar%d", i), buckets.Backward, "model", buckets.AllReduce, "world", "f32",
-			[]stepgraph.Member{{In: fmt.Sprintf("t%d", i), Out: fmt.Sprintf("T%d", i), Bytes: int64(o.tensorB / 4 * 4)}})
-		outs = append(outs, fmt.Sprintf("T%d", i))
-	}
-	for i := range o.tensors {
-		b.Wait(fmt.Sprintf("ar%d.w", i), fmt.Sprintf("ar%d", i), "model")
-	}
-	b.Compute("optimizer", buckets.Optimizer, "model", 0, outs, []string{"updated"})
-	authored, err := b.Graph()
+	authored, err := bucketingGraph(c.Size(), o)
 	if err != nil {
 		return err
 	}
@@ -308,7 +292,6 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	for i := range bufs {
 		bufs[i] = make([]float32, o.tensorB/4)
 	}
-	kernel := func(context.Context, *stepgraph.Node) error { return nil }
 	// The cost model from this fabric: α and β fitted to all-reduces
 	// measured here, and the rate of the executor's copies, so that the
 	// cap and whether a bucket pays at all follow what was measured.
@@ -316,100 +299,24 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	if err != nil {
 		return err
 	}
+	variants := []bucketVariant{{capB: -1}} // as written: one collective per tensor
+	for _, capB := range o.caps {
+		variants = append(variants, bucketVariant{capB, false}, bucketVariant{capB, true})
+	}
 	var names []string
 	nb := map[string]int{}
 	var steps []func(int) (overlap.StepMetrics, error)
-	type variant struct {
-		capB  int64 // -1: as written
-		views bool
-	}
-	variants := []variant{{capB: -1}} // as written: one collective per tensor
-	for _, capB := range o.caps {
-		variants = append(variants, variant{capB, false}, variant{capB, true})
-	}
 	for _, v := range variants {
-		g := authored
-		name := "one collective per tensor (as written)"
-		bc := buckets.DefaultConfig()
-		bc.Model = model
-		if v.views {
-			// Members live in the bucket: merging copies nothing.
-			bc.Model.CopyBandwidth = 0
-		}
-		if v.capB >= 0 {
-			bc.CapBytes = v.capB
-			how := "copies"
-			if v.views {
-				how = "views"
-			}
-			name = fmt.Sprintf("passes, cap %d B, %s", bc.Cap(), how)
-			if g, err = stepgraph.BucketBlocks(authored, bc); err != nil {
-				return err
-			}
-			if g, err = stepgraph.BucketOverlap(g, bc); err != nil {
-				return err
-			}
-		}
-		names = append(names, name)
-		cfg := overlap.DefaultConfig()
-		cfg.MinProcs = o.minProcs
-		r, err := overlap.NewGraphRunner(g, map[string]overlap.Comm{"world": c}, cfg)
+		name, r, step, err := v.runner(ctx, c, o, authored, model, bufs)
 		if err != nil {
 			return err
 		}
 		defer r.Close()
+		names = append(names, name)
 		nb[name] = len(r.Executor().Plan().Groups[0].Buckets)
-		// The gradients: the program's own buffers, or (views) their
-		// slots in the buckets, as DDP's gradient_as_bucket_view.
-		// The views persist from step to step, so they are bound once
-		// (GraphRunner.Bind): the runner then looks nothing up by name
-		// for them, as DDP's hooks hand in the bucket's own gradient.
-		mine := make([][]float32, len(bufs))
-		for i := range mine {
-			mine[i] = bufs[i]
-			if vb, ok := r.View(fmt.Sprintf("t%d", i)); ok && v.views {
-				mine[i] = comm.AsFloat32(vb)
-				for _, name := range []string{fmt.Sprintf("t%d", i), fmt.Sprintf("T%d", i)} {
-					if err := r.Bind(name, vb); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		// By name, looked up rather than parsed: the lookup runs twice per
-		// collective per step, inside the timed step.
-		byName := map[string]comm.Buffer{}
-		for i := range mine {
-			byName[fmt.Sprintf("t%d", i)] = comm.Float32s(mine[i])
-			byName[fmt.Sprintf("T%d", i)] = comm.Float32s(mine[i]) // reduced in place
-		}
-		tensors := func(name string) (comm.Buffer, error) {
-			if b, ok := byName[name]; ok {
-				return b, nil
-			}
-			return comm.Float32s(nil), nil // "updated"
-		}
-		steps = append(steps, func(i int) (overlap.StepMetrics, error) { return r.Step(ctx, i, tensors, kernel) })
+		steps = append(steps, step)
 	}
-	// The same traffic straight on the communicator, without the executor:
-	// what the executor's packing and bookkeeping cost on top.
-	fused := make([]float32, o.tensors*(o.tensorB/4))
-	raw := func(perTensor bool) func(int) (overlap.StepMetrics, error) {
-		return func(int) (overlap.StepMetrics, error) {
-			t0 := time.Now()
-			var h comm.Handle
-			if perTensor {
-				for t := range bufs {
-					h = c.AllReduce(ctx, comm.Float32s(bufs[t]), comm.Float32s(bufs[t]), comm.Sum)
-				}
-			} else {
-				h = c.AllReduce(ctx, comm.Float32s(fused), comm.Float32s(fused), comm.Sum)
-			}
-			err := h.Wait(ctx)
-			return overlap.StepMetrics{Time: time.Since(t0)}, err
-		}
-	}
-	steps = append(steps, raw(true), raw(false))
+	steps = append(steps, rawAllReduces(ctx, c, bufs, true), rawAllReduces(ctx, c, bufs, false))
 	res, err := measure(ctx, c, o.iters, steps...)
 	if err != nil {
 		return err
@@ -430,6 +337,121 @@ func bucketing(ctx context.Context, c *comm.Comm, o opts, say func(string, ...an
 	say("  reference without the executor: %d back-to-back all-reduces %s, one fused all-reduce %s: bound %.2f× (the most any bucketing can gain here)\n",
 		o.tensors, ms(res[nr].step), ms(res[nr+1].step), float64(res[nr].step)/float64(res[nr+1].step))
 	return nil
+}
+
+// bucketingGraph is the step as written: one backward writing every
+// gradient, one all-reduce per gradient, the optimizer reading them all.
+func bucketingGraph(n int, o opts) (*stepgraph.Graph, error) {
+	b := stepgraph.NewBuilder().Group("world", n).Region("model")
+	var outs, grads []string
+	for i := range o.tensors {
+		grads = append(grads, fmt.Sprintf("t%d", i))
+	}
+	b.Compute("backward", buckets.Backward, "model", time.Millisecond, nil, grads)
+	for i := range o.tensors {
+		b.Start(fmt.Sprintf("ar%d", i), buckets.Backward, "model", buckets.AllReduce, "world", "f32",
+			[]stepgraph.Member{{In: fmt.Sprintf("t%d", i), Out: fmt.Sprintf("T%d", i), Bytes: int64(o.tensorB / 4 * 4)}})
+		outs = append(outs, fmt.Sprintf("T%d", i))
+	}
+	for i := range o.tensors {
+		b.Wait(fmt.Sprintf("ar%d.w", i), fmt.Sprintf("ar%d", i), "model")
+	}
+	b.Compute("optimizer", buckets.Optimizer, "model", 0, outs, []string{"updated"})
+	return b.Graph()
+}
+
+// bucketVariant is one side of the bucketing measurement: the graph as
+// written (capB -1), or bucketed by the passes under a cap, its members
+// copied into the bucket or (views) living in it.
+type bucketVariant struct {
+	capB  int64
+	views bool
+}
+
+// runner plans the variant's graph and returns its name, its runner (the
+// caller closes it) and one step of it over bufs.
+func (v bucketVariant) runner(ctx context.Context, c *comm.Comm, o opts, authored *stepgraph.Graph, model buckets.Model,
+	bufs [][]float32) (string, *overlap.GraphRunner, func(int) (overlap.StepMetrics, error), error) {
+	g, name := authored, "one collective per tensor (as written)"
+	if v.capB >= 0 {
+		bc := buckets.DefaultConfig()
+		bc.Model = model
+		how := "copies"
+		if v.views {
+			// Members live in the bucket: merging copies nothing.
+			bc.Model.CopyBandwidth = 0
+			how = "views"
+		}
+		bc.CapBytes = v.capB
+		name = fmt.Sprintf("passes, cap %d B, %s", bc.Cap(), how)
+		var err error
+		if g, err = stepgraph.BucketBlocks(authored, bc); err != nil {
+			return "", nil, nil, err
+		}
+		if g, err = stepgraph.BucketOverlap(g, bc); err != nil {
+			return "", nil, nil, err
+		}
+	}
+	cfg := overlap.DefaultConfig()
+	cfg.MinProcs = o.minProcs
+	r, err := overlap.NewGraphRunner(g, map[string]overlap.Comm{"world": c}, cfg)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	// The gradients: the program's own buffers, or (views) their slots in
+	// the buckets, as DDP's gradient_as_bucket_view. The views persist
+	// from step to step, so they are bound once (GraphRunner.Bind): the
+	// runner then looks nothing up by name for them, as DDP's hooks hand
+	// in the bucket's own gradient.
+	// By name, looked up rather than parsed: the lookup runs twice per
+	// collective per step, inside the timed step.
+	byName := map[string]comm.Buffer{}
+	for i, buf := range bufs {
+		t, T := fmt.Sprintf("t%d", i), fmt.Sprintf("T%d", i)
+		mine := buf
+		if vb, ok := r.View(t); ok && v.views {
+			mine = comm.AsFloat32(vb)
+			for _, name := range []string{t, T} {
+				if err := r.Bind(name, vb); err != nil {
+					r.Close()
+					return "", nil, nil, err
+				}
+			}
+		}
+		byName[t] = comm.Float32s(mine)
+		byName[T] = comm.Float32s(mine) // reduced in place
+	}
+	tensors := func(name string) (comm.Buffer, error) {
+		if b, ok := byName[name]; ok {
+			return b, nil
+		}
+		return comm.Float32s(nil), nil // "updated"
+	}
+	kernel := func(context.Context, *stepgraph.Node) error { return nil }
+	return name, r, func(i int) (overlap.StepMetrics, error) { return r.Step(ctx, i, tensors, kernel) }, nil
+}
+
+// rawAllReduces is the same traffic straight on the communicator, without
+// the executor (one all-reduce per tensor, or one fused all-reduce): what
+// the executor's packing and bookkeeping cost on top.
+func rawAllReduces(ctx context.Context, c *comm.Comm, bufs [][]float32, perTensor bool) func(int) (overlap.StepMetrics, error) {
+	var fused []float32
+	if len(bufs) > 0 {
+		fused = make([]float32, len(bufs)*len(bufs[0]))
+	}
+	return func(int) (overlap.StepMetrics, error) {
+		t0 := time.Now()
+		var h comm.Handle
+		if perTensor {
+			for t := range bufs {
+				h = c.AllReduce(ctx, comm.Float32s(bufs[t]), comm.Float32s(bufs[t]), comm.Sum)
+			}
+		} else {
+			h = c.AllReduce(ctx, comm.Float32s(fused), comm.Float32s(fused), comm.Sum)
+		}
+		err := h.Wait(ctx)
+		return overlap.StepMetrics{Time: time.Since(t0)}, err
+	}
 }
 
 // syntheticGraph writes the synthetic step: per block a forward parameter
