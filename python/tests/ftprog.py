@@ -43,7 +43,8 @@ import gorun.ft
 CASES, STEPS = set(sys.argv[1].split(",")), int(sys.argv[2])
 AT = int(os.environ.get("FT_AT", "4"))
 MARKS = os.environ["FT_MARKS"]
-WAIT_S = 120  # how long a replica waits for the others to be back
+WAIT_S = float(os.environ.get("FT_WAIT_S", "120"))  # how long a replica waits for the others to be back
+PACE = float(os.environ.get("FT_PACE_S", "0"))  # a pause after each step (soak runs)
 
 
 def once(name):
@@ -137,6 +138,8 @@ def main():
         say(r, "COMMIT step=%d ok=%s" % (step + 1, ok))
         if ok:
             opt.step()
+        if PACE:
+            time.sleep(PACE)
         # Done at STEPS, but only with a step committed by every replica,
         # so that a replica lost late is healed before the end. Every
         # participant sees the same quorum, step and verdict, so all stop
