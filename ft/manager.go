@@ -95,52 +95,10 @@ func Join(ctx context.Context, cfg Config) (_ *Manager, err error) {
 	if addr == "" {
 		return nil, ErrNotFaultTolerant
 	}
-	num := func(k string) (int, error) {
-		v, ok := look(k)
-		if !ok {
-			return 0, fmt.Errorf("%w: %s is not set", ErrConfig, k)
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return 0, fmt.Errorf("%w: %s=%q is not a non-negative integer", ErrConfig, k, v)
-		}
-		return n, nil
-	}
 	m := &Manager{cfg: cfg, in: make(chan message, 256), closing: make(chan struct{}), failed: map[int64]string{}, joinedAt: time.Now()}
-	if m.replica, err = num(rankenv.GorunRank); err != nil {
+	job, secret, err := m.identity(look)
+	if err != nil {
 		return nil, err
-	}
-	if m.replicas, err = num(rankenv.GorunWorldSize); err != nil {
-		return nil, err
-	}
-	if m.replica >= m.replicas {
-		return nil, fmt.Errorf("%w: %s=%d is not below %s=%d", ErrConfig, rankenv.GorunRank, m.replica, rankenv.GorunWorldSize, m.replicas)
-	}
-	m.gsize = 1
-	if v, ok := look(GroupSizeEnv); ok && v != "" {
-		if m.gsize, err = num(GroupSizeEnv); err != nil {
-			return nil, err
-		}
-		if m.gsize < 1 || m.replicas%m.gsize != 0 {
-			return nil, fmt.Errorf("%w: %s=%d does not divide %s=%d", ErrConfig, GroupSizeEnv, m.gsize, rankenv.GorunWorldSize, m.replicas)
-		}
-	}
-	if v, ok := look(IncarnationEnv); ok && v != "" {
-		if m.inc, err = num(IncarnationEnv); err != nil {
-			return nil, err
-		}
-	}
-	job := get(rankenv.JobID)
-	if job == "" {
-		return nil, fmt.Errorf("%w: %s is not set", ErrConfig, rankenv.JobID)
-	}
-	secret, err := hex.DecodeString(get(rankenv.Secret))
-	if err != nil || len(secret) == 0 {
-		return nil, fmt.Errorf("%w: %s is not set or not hex", ErrConfig, rankenv.Secret)
-	}
-	m.host = get(rankenv.GorunHost)
-	if m.host == "" {
-		m.host, _ = os.Hostname()
 	}
 	m.log = cfg.Logger.With().Int("rank", m.replica).Int("incarnation", m.inc).Str("host", m.host).Logger()
 	svcKey, err := DeriveKey(secret, job)
@@ -203,6 +161,60 @@ func Join(ctx context.Context, cfg Config) (_ *Manager, err error) {
 	m.wg.Go(m.read)
 	m.log.Debug().Str("service", addr).Str("data_addr", m.ep.Addr()).Msg("joined")
 	return m, nil
+}
+
+// identity reads the replica's place (rank, replicas, group size,
+// incarnation), its host, and the job's id and secret from the
+// environment (see the package doc).
+func (m *Manager) identity(look func(string) (string, bool)) (job string, secret []byte, err error) {
+	get := func(k string) string { v, _ := look(k); return v }
+	num := func(k string) (int, error) {
+		v, ok := look(k)
+		if !ok {
+			return 0, fmt.Errorf("%w: %s is not set", ErrConfig, k)
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("%w: %s=%q is not a non-negative integer", ErrConfig, k, v)
+		}
+		return n, nil
+	}
+	if m.replica, err = num(rankenv.GorunRank); err != nil {
+		return "", nil, err
+	}
+	if m.replicas, err = num(rankenv.GorunWorldSize); err != nil {
+		return "", nil, err
+	}
+	if m.replica >= m.replicas {
+		return "", nil, fmt.Errorf("%w: %s=%d is not below %s=%d", ErrConfig, rankenv.GorunRank, m.replica, rankenv.GorunWorldSize, m.replicas)
+	}
+	m.gsize = 1
+	if v, ok := look(GroupSizeEnv); ok && v != "" {
+		if m.gsize, err = num(GroupSizeEnv); err != nil {
+			return "", nil, err
+		}
+		if m.gsize < 1 || m.replicas%m.gsize != 0 {
+			return "", nil, fmt.Errorf("%w: %s=%d does not divide %s=%d", ErrConfig, GroupSizeEnv, m.gsize, rankenv.GorunWorldSize, m.replicas)
+		}
+	}
+	if v, ok := look(IncarnationEnv); ok && v != "" {
+		if m.inc, err = num(IncarnationEnv); err != nil {
+			return "", nil, err
+		}
+	}
+	job = get(rankenv.JobID)
+	if job == "" {
+		return "", nil, fmt.Errorf("%w: %s is not set", ErrConfig, rankenv.JobID)
+	}
+	secret, err = hex.DecodeString(get(rankenv.Secret))
+	if err != nil || len(secret) == 0 {
+		return "", nil, fmt.Errorf("%w: %s is not set or not hex", ErrConfig, rankenv.Secret)
+	}
+	m.host = get(rankenv.GorunHost)
+	if m.host == "" {
+		m.host, _ = os.Hostname()
+	}
+	return job, secret, nil
 }
 
 // read is the service connection's reader: it fails the current group at

@@ -443,16 +443,10 @@ func (w *worldRun) ranksStarted(t time.Time) {
 	}
 }
 
-// launchWorlds runs the job's worlds in turn (LaunchReport): each a new
-// plan over the hosts not lost, until one succeeds, a failure is not
-// restartable, or the restarts allowed are spent.
-func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	if len(job.Argv) == 0 {
-		return errors.New("launcher: no program given")
-	}
+// validateRestarts checks what says how the job survives a failure
+// (--max-restarts, the elastic bounds, --fault-tolerant and its budget and
+// groups, the checkpoint signal's lead).
+func (job Job) validateRestarts() error {
 	if job.MaxRestarts < 0 {
 		return fmt.Errorf("launcher: max restarts must not be negative, got %d", job.MaxRestarts)
 	}
@@ -474,6 +468,22 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 	}
 	if job.CheckpointBefore < 0 {
 		return fmt.Errorf("launcher: checkpoint signal lead must not be negative, got %s", job.CheckpointBefore)
+	}
+	return nil
+}
+
+// launchWorlds runs the job's worlds in turn (LaunchReport): each a new
+// plan over the hosts not lost, until one succeeds, a failure is not
+// restartable, or the restarts allowed are spent.
+func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if len(job.Argv) == 0 {
+		return errors.New("launcher: no program given")
+	}
+	if err := job.validateRestarts(); err != nil {
+		return err
 	}
 	if s := rep.ckptSig; s == syscall.SIGKILL || s == syscall.SIGSTOP || s < 0 || s > 64 {
 		return fmt.Errorf("launcher: checkpoint signal %s cannot be caught by a program; use e.g. SIGUSR1", unixSignalName(s))

@@ -643,7 +643,7 @@ func (j *liveJob) pmiFence(ev supervisorEvent) {
 		j.log.Error().Err(err).Msg("PMI barrier")
 		j.fail(failure{rank: ev.Rank, startErr: fmt.Errorf("%w: %v", errPMIProtocol, err)})
 	} else if ok {
-		j.log.Debug().Int("epoch", cmd.Epoch).Int("keys", len(j.fences.kvs)).Msg("PMI barrier released")
+		j.log.Debug().Int("epoch", cmd.Epoch).Int("keys", j.fences.kvs.Len()).Msg("PMI barrier released")
 		j.home.command(cmd)
 	}
 }

@@ -3,7 +3,6 @@ package launcher
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"os"
 	"slices"
@@ -43,9 +42,10 @@ import (
 //     receives per barrier is what its ranks read, once per host, not the
 //     whole job's keys: at 1,000 hosts of 8 ranks, sending the union to
 //     every host would be ~8,000 business cards to each host per barrier
-//     (~800 MB from gorun). A program that reads every rank's key (MPICH
-//     ch4's address exchange does, from one rank per host) still pulls
-//     them all, one round trip each.
+//     (~800 MB from gorun). The answer is a batch (pmi.Store): with the
+//     key come the other keys its host put in that barrier, so a program
+//     that reads every rank's key (MPICH ch4's address exchange does)
+//     makes one round trip per host it reads from, not one per key.
 //   - An MPI_Abort reaches the supervisor as cmd=abort and gorun as a
 //     "pmi-abort" event: the job ends with the aborting rank named and its
 //     code, through the same teardown as any rank failure. A rank that
@@ -321,12 +321,13 @@ func (sp *supervisorPMI) release(c supervisorCmd, log zerolog.Logger) {
 	}
 }
 
-// answer applies gorun's "pmi-value" command: the answer to a "pmi-get".
+// answer applies gorun's "pmi-value" command: the answer to a "pmi-get",
+// with the batch that came with it (pmi.Store.Get) in KVS.
 func (sp *supervisorPMI) answer(c supervisorCmd, log zerolog.Logger) {
 	if sp == nil {
 		return
 	}
-	if err := sp.srv.Answer(c.Key, c.Value, c.Found); err != nil {
+	if err := sp.srv.AnswerBatch(c.Key, pmi.Answer{Value: c.Value, Found: c.Found, Batched: c.Batched, More: c.KVS}); err != nil {
 		log.Warn().Err(err).Msg("PMI value refused")
 	}
 }
@@ -362,17 +363,21 @@ type pmiFences struct {
 	hosts int
 	epoch int
 	seen  int
-	// puts gathers the open barrier's puts; kvs holds those of every
+	// kvs holds the open barrier's puts by host and those of every
 	// released barrier, which are all a get may see.
-	puts map[string]string
-	kvs  map[string]string
+	kvs pmi.Store
 }
 
 // get answers a supervisor's "pmi-get": the key's value if a host put it
-// before the last released barrier.
+// before the last released barrier, and in KVS the batch that comes with
+// it: the other keys that host put in that barrier (pmi.Store.Get); a
+// key of a batch this host was sent before goes without its value.
 func (f *pmiFences) get(ev supervisorEvent) supervisorCmd {
-	v, ok := f.kvs[ev.Key]
-	return supervisorCmd{Op: "pmi-value", Key: ev.Key, Value: v, Found: ok}
+	a := f.kvs.Get(ev.Rank, ev.Key)
+	if a.Batched {
+		a.Value, a.Found = "", false // the host has it from the batch (Batched implies found)
+	}
+	return supervisorCmd{Op: "pmi-value", Key: ev.Key, Value: a.Value, Found: a.Found, Batched: a.Batched, KVS: a.More}
 }
 
 // add counts one supervisor's fence and returns the release command once
@@ -383,20 +388,14 @@ func (f *pmiFences) add(ev supervisorEvent) (cmd supervisorCmd, ok bool, err err
 	if ev.Epoch != f.epoch {
 		return supervisorCmd{}, false, fmt.Errorf("PMI fence for barrier %d while barrier %d is open", ev.Epoch, f.epoch)
 	}
-	if f.puts == nil {
-		f.puts = map[string]string{}
-	}
-	maps.Copy(f.puts, ev.KVS)
+	f.kvs.Fence(ev.Rank, ev.KVS)
 	f.seen++
 	if f.seen < max(f.hosts, 1) {
 		return supervisorCmd{}, false, nil
 	}
-	if f.kvs == nil {
-		f.kvs = map[string]string{}
-	}
-	maps.Copy(f.kvs, f.puts)
+	f.kvs.Release()
 	cmd = supervisorCmd{Op: "pmi-release", Epoch: f.epoch}
-	f.epoch, f.seen, f.puts = f.epoch+1, 0, nil
+	f.epoch, f.seen = f.epoch+1, 0
 	return cmd, true, nil
 }
 

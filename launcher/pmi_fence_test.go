@@ -188,7 +188,10 @@ func TestPMIFenceBytesFollowRanksPerHost(t *testing.T) {
 	if small == 0 {
 		t.Fatal("no bytes counted")
 	}
-	if wide > small*5/4 {
+	// Answers come in batches (a host's puts of the barrier): a get in
+	// flight when its batch arrives costs one more short answer, at most
+	// one per rank of the host, whatever the job's size; hence the margin.
+	if wide > small*3/2 {
 		t.Errorf("32 hosts × 4 ranks: %d bytes per host per barrier, 4 hosts × 4: %d; it grew with the job (8× the ranks), not with the ranks per host", wide, small)
 	}
 	if dense < small*3 {

@@ -144,13 +144,16 @@ type supervisorCmd struct {
 	Ranks  []int  `json:"ranks,omitempty"`
 	// Epoch and KVS belong to "pmi-release": PMI barrier Epoch is over
 	// (KVS, kept for older hosts' sake, is no longer filled: values go
-	// out one key at a time). Key, Value and Found are "pmi-value", the
-	// answer to a "pmi-get" (pmi.go).
-	Epoch int               `json:"epoch,omitempty"`
-	KVS   map[string]string `json:"kvs,omitempty"`
-	Key   string            `json:"key,omitempty"`
-	Value string            `json:"value,omitempty"`
-	Found bool              `json:"found,omitempty"`
+	// out on demand). Key, Value and Found are "pmi-value", the answer to
+	// a "pmi-get" (pmi.go), with the batch that came with it in KVS;
+	// Batched says the value is in a batch sent to this host before, and
+	// so not repeated.
+	Epoch   int               `json:"epoch,omitempty"`
+	KVS     map[string]string `json:"kvs,omitempty"`
+	Key     string            `json:"key,omitempty"`
+	Value   string            `json:"value,omitempty"`
+	Found   bool              `json:"found,omitempty"`
+	Batched bool              `json:"batched,omitempty"`
 	// "inject" (inject.go) sends Signal to the process group of each of
 	// Ranks that this supervisor runs, answering an "injected" event per
 	// rank, and after For (when set) SIGCONT, answered by "fault-cont".
@@ -663,20 +666,7 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 			env = append(env, rankenv.CollateralFD+"="+strconv.Itoa(len(files)))
 			files = append(files, collW)
 		}
-		if topo.wants(a.progs.of(r.Path), r.Env) {
-			f, took, err := topo.get(topoDeadline)
-			if !topo.reported {
-				topo.reported = true
-				if err != nil {
-					a.log.Debug().Err(err).Msg("ranks discover the hardware topology themselves")
-				} else {
-					a.log.Debug().Dur("took", took).Msg("ranks read the hardware topology from gorun")
-				}
-			}
-			if err == nil {
-				files, env = topologyForRank(f, files, env)
-			}
-		}
+		files, env = a.topologyFor(topo, topoDeadline, r, files, env)
 		p, err := startBound(cpus, func() (*os.Process, error) {
 			return os.StartProcess(r.Path, r.Argv, &os.ProcAttr{
 				Dir:   r.Dir,
@@ -739,6 +729,29 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 	if devnull != nil {
 		devnull.Close()
 	}
+}
+
+// topologyFor hands rank r the host's hwloc topology (topology.go) when
+// its program wants one and it is ready by deadline; it says once, at
+// debug level, whether the ranks read it from gorun or discover it
+// themselves.
+func (a *supervisor) topologyFor(topo *topologyShare, deadline time.Time, r supervisorRank, files []*os.File, env []string) ([]*os.File, []string) {
+	if !topo.wants(a.progs.of(r.Path), r.Env) {
+		return files, env
+	}
+	f, took, err := topo.get(deadline)
+	if !topo.reported {
+		topo.reported = true
+		if err != nil {
+			a.log.Debug().Err(err).Msg("ranks discover the hardware topology themselves")
+		} else {
+			a.log.Debug().Dur("took", took).Msg("ranks read the hardware topology from gorun")
+		}
+	}
+	if err != nil {
+		return files, env
+	}
+	return topologyForRank(f, files, env)
 }
 
 func (a *supervisor) command(c supervisorCmd) {

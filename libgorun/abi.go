@@ -313,7 +313,9 @@ func gorun_comm_group(h C.gorun_comm_t, ranks *C.int, n C.int, tag *C.char, out 
 		_ = c.Close()
 		return setErr(fmt.Errorf("%w: gorun_comm_group: finalized while connecting", comm.ErrClosed), nil)
 	}
-	*out = C.gorun_comm_t(reg.addCommLocked(&commEntry{c: c, close: c.Close}))
+	// Freed, the communicator leaves the rank's list: gorun_comm_free reports its
+	// failure once, and gorun_finalize reports only what is still open.
+	*out = C.gorun_comm_t(reg.addCommLocked(&commEntry{c: c, close: func() error { return s.r.CloseComm(c) }}))
 	return ok()
 }
 

@@ -115,7 +115,8 @@ int gorun_init(const char *config, gorun_comm_t *world);
 
 /* gorun_finalize closes every communicator (waiting for issued calls; abort
  * first to give up on them), leaves the world and frees every handle. The
- * library may be initialized again afterwards. */
+ * library may be initialized again afterwards. It reports the failure of the
+ * world and of the communicators still open, not of those freed before. */
 int gorun_finalize(void);
 
 /* gorun_report_step tells the launcher that this rank finished training step
@@ -143,7 +144,8 @@ int gorun_comm_group(gorun_comm_t world, const int *ranks, int n, const char *ta
  * (may be NULL) and tells the peers. Returns without waiting. */
 int gorun_comm_abort(gorun_comm_t comm, const char *reason);
 
-/* gorun_comm_free waits for comm's issued calls and closes it. Freeing the
+/* gorun_comm_free waits for comm's issued calls and closes it; a comm that
+ * failed (a lost peer, an abort) returns its cause here, once. Freeing the
  * world communicator is gorun_finalize's job: GORUN_ERR_INVALID here. */
 int gorun_comm_free(gorun_comm_t comm);
 

@@ -26,10 +26,14 @@
 // since the previous one, and the owner (gorun's launcher) releases every
 // host once all hosts have fenced. With Config.Fetch (gorun's way) the
 // release carries no values: a get of a key the host does not hold is
-// asked of the owner (a Get request, answered with Answer), once per host
-// and key, so a host receives what its ranks read rather than every
-// host's keys at every barrier. Without it, the owner releases with the
-// union of the puts. Starting ranks, passing
+// asked of the owner (a Get request), once per host and key, so a host
+// receives what its ranks read rather than every host's keys at every
+// barrier. The owner keeps the released puts in a Store (store.go), which
+// answers a get in a batch: with the key come the other keys its host put
+// in that barrier, applied with AnswerBatch, so a host that reads every
+// rank's key (MPICH's address exchange) asks once per host it reads from,
+// not once per key. Without Fetch, the owner releases with the union of
+// the puts. Starting ranks, passing
 // them their descriptors and ending the job on an abort are the launcher's
 // business too: the server only reports (Requests) and never kills.
 //

@@ -189,11 +189,16 @@ func NewServer(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg,
 		log: cfg.Logger,
-		// Each local rank can have at most one request outstanding (an
-		// abort, after which it waits, or a get it waits for) and the
-		// host at most one fence: this capacity means the server never
+		// Each local rank waits on at most one request of its own (an
+		// abort, after which it waits, or a get) and the host has at
+		// most one fence. A batch answer (AnswerBatch) can free ranks
+		// whose gets are still queued, and they ask again: those stale
+		// gets are at most one per rank but one, the last batch's, since
+		// the owner answers in order and so drains them before it can
+		// send the next batch. Twice the ranks and the fence is then
+		// what can be outstanding: this capacity means the server never
 		// blocks on a slow owner.
-		reqs:     make(chan Request, len(cfg.Ranks)+1),
+		reqs:     make(chan Request, 2*len(cfg.Ranks)+1),
 		done:     make(chan struct{}),
 		ranks:    map[int]*rankState{},
 		kvs:      map[string]string{},

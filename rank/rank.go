@@ -396,6 +396,19 @@ func (r *Rank) NewComm(ctx context.Context, g comm.Group, tag string) (*comm.Com
 	return c, nil
 }
 
+// CloseComm closes c, a communicator made by NewComm, and forgets it: Close
+// neither closes it again nor reports its failure a second time. The error
+// is c.Close's (a failed communicator's cause), returned here once. Safe for
+// concurrent use; a communicator this rank did not make is only closed.
+func (r *Rank) CloseComm(c *comm.Comm) error {
+	r.mu.Lock()
+	if i := slices.Index(r.comms, c); i >= 0 {
+		r.comms = slices.Delete(r.comms, i, i+1)
+	}
+	r.mu.Unlock()
+	return c.Close()
+}
+
 // ReportStep tells the launcher that this rank has finished training step
 // step (the program's numbering, 1-based; a run resumed from a checkpoint
 // goes on with the checkpoint's numbers). gorun fires its

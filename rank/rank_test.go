@@ -367,3 +367,39 @@ func TestDataPlaneKeyFromSecret(t *testing.T) {
 		t.Fatal("endpoints with keys from different secrets connected")
 	}
 }
+
+// A communicator closed through CloseComm reports its failure there, once:
+// the rank's Close neither closes it again nor reports it, while one that
+// is still open at Close is reported by Close.
+func TestCloseCommReportsOnce(t *testing.T) {
+	ctx := context.Background()
+	r, err := Init(ctx, testOptions(t, env{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := r.Group([]int{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	freed, err := r.NewComm(ctx, g, "freed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	open, err := r.NewComm(ctx, g, "open")
+	if err != nil {
+		t.Fatal(err)
+	}
+	why1, why2 := errors.New("first group timed out"), errors.New("second group timed out")
+	freed.Abort(why1)
+	open.Abort(why2)
+	if err := r.CloseComm(freed); !errors.Is(err, why1) {
+		t.Errorf("CloseComm of an aborted communicator: %v, want its cause", err)
+	}
+	err = r.Close()
+	if errors.Is(err, why1) {
+		t.Errorf("Close reported the failure of a communicator CloseComm released: %v", err)
+	}
+	if !errors.Is(err, why2) {
+		t.Errorf("Close: %v, want the failure of the communicator still open", err)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -97,6 +98,9 @@ const (
 
 // beatFrame is a whole frameBeat as it goes on the wire.
 var beatFrame = []byte{0, 0, 0, 1, frameBeat}
+
+// readSize is the least room a leasedReader reads into.
+const readSize = 4 << 10
 
 // maxFrame bounds a frame: a world table of thousands of members fits.
 const maxFrame = 16 << 20
@@ -198,7 +202,7 @@ type link struct {
 	beat time.Duration // the writer's beat period (Config.AttachBeat)
 
 	mu     sync.Mutex
-	queue  [][]byte
+	queue  []outFrame
 	closed bool
 	wake   chan struct{}
 	done   chan struct{} // closed when the writer returns
@@ -215,6 +219,18 @@ func newLink(c net.Conn, rank int, beat time.Duration) *link {
 	return &link{conn: c, rank: rank, beat: beat, wake: make(chan struct{}, 1), done: make(chan struct{}), wrote: make(chan struct{})}
 }
 
+// outFrame is a queued frame: its header (with a small body after it),
+// then a large body on its own. A large body (a world table, the same
+// for every attached rank of a leader) is shared, not copied per link; it
+// must not change once queued.
+type outFrame struct {
+	head, body []byte
+}
+
+// shareBody is the body size from which a frame's body is queued as it
+// is rather than copied after the header.
+const shareBody = 4 << 10
+
 // enqueue queues a frame; false once the link is closed. Never blocks.
 func (l *link) enqueue(typ byte, body []byte) bool {
 	_, ok := l.enqueueSeq(typ, body)
@@ -224,16 +240,23 @@ func (l *link) enqueue(typ byte, body []byte) bool {
 // enqueueSeq is enqueue that also returns the frame's position: once
 // written reaches it, the frame is in the kernel (waitWritten).
 func (l *link) enqueueSeq(typ byte, body []byte) (uint64, bool) {
-	b := make([]byte, 5, 5+len(body))
-	binary.BigEndian.PutUint32(b, uint32(1+len(body)))
-	b[4] = typ
-	b = append(b, body...)
+	var f outFrame
+	if len(body) >= shareBody {
+		f.head, f.body = make([]byte, 5), body
+	} else {
+		f.head = make([]byte, 5, 5+len(body))
+	}
+	binary.BigEndian.PutUint32(f.head, uint32(1+len(body)))
+	f.head[4] = typ
+	if f.body == nil {
+		f.head = append(f.head, body...)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return 0, false
 	}
-	l.queue = append(l.queue, b)
+	l.queue = append(l.queue, f)
 	l.queued++
 	select {
 	case l.wake <- struct{}{}:
@@ -282,8 +305,12 @@ func (l *link) writer() {
 		q, closed := l.queue, l.closed
 		l.queue = nil
 		l.mu.Unlock()
-		for _, b := range q {
-			if _, err := l.conn.Write(b); err != nil {
+		for _, f := range q {
+			_, err := l.conn.Write(f.head)
+			if err == nil && f.body != nil {
+				_, err = l.conn.Write(f.body)
+			}
+			if err != nil {
 				l.shut()
 				_ = l.conn.Close()
 				return
@@ -308,7 +335,7 @@ func (l *link) writer() {
 		case <-l.wake:
 		case <-beat:
 			l.mu.Lock()
-			l.queue = append(l.queue, beatFrame)
+			l.queue = append(l.queue, outFrame{head: beatFrame})
 			l.queued++
 			l.mu.Unlock()
 		}
@@ -330,8 +357,11 @@ type leasedReader struct {
 	c     net.Conn
 	lease time.Duration
 	judge liveness.Judge
-	buf   []byte // read, not yet returned: the start of a frame
-	chunk []byte
+	// buf holds what was read and not yet returned (the start of a
+	// frame); reads go into its spare capacity, at least readSize, so a
+	// quiet stream holds a few KB, not a large fixed buffer (a process
+	// of many ranks holds two readers per attached rank).
+	buf   []byte
 	heard time.Time // the last byte read
 	// starved is set while the peer is judged starved (logged once a
 	// silence).
@@ -347,7 +377,7 @@ type leasedReader struct {
 // the stream carries no credentials and a test's fake evidence stands in
 // for the kernel (Config.procSample).
 func newLeasedReader(c net.Conn, cfg *Config, closing <-chan struct{}, claimed int) *leasedReader {
-	r := &leasedReader{c: c, lease: cfg.AttachLease, heard: time.Now(), chunk: make([]byte, 32<<10), closing: closing}
+	r := &leasedReader{c: c, lease: cfg.AttachLease, heard: time.Now(), closing: closing}
 	r.judge = liveness.Judge{Sample: cfg.procSample, Lease: cfg.AttachLease,
 		Recheck: max(cfg.AttachLease/4, cfg.AttachBeat), Limit: cfg.StarvedLimit}
 	if _, pid, ok := peerCred(c); ok {
@@ -371,9 +401,19 @@ func (r *leasedReader) next() (byte, []byte, error) {
 			continue
 		}
 		_ = r.c.SetReadDeadline(deadline)
-		n, err := r.c.Read(r.chunk)
+		want := readSize
+		if len(r.buf) >= 4 {
+			// A frame has begun: room for the whole of it, so a large
+			// frame (a world table) takes a read or two, not one per
+			// readSize (frame has checked its length).
+			want = max(want, 4+int(binary.BigEndian.Uint32(r.buf[:4]))-len(r.buf))
+		}
+		if cap(r.buf)-len(r.buf) < want {
+			r.buf = slices.Grow(r.buf, want)
+		}
+		n, err := r.c.Read(r.buf[len(r.buf):cap(r.buf)])
 		if n > 0 {
-			r.buf = append(r.buf, r.chunk[:n]...)
+			r.buf = r.buf[:len(r.buf)+n]
 			r.heard, r.starved = time.Now(), false
 			r.judge.Heard()
 			deadline = r.heard.Add(r.lease)
@@ -420,10 +460,17 @@ func (r *leasedReader) frame() (typ byte, body []byte, ok bool, err error) {
 	if uint32(len(r.buf)-4) < n {
 		return 0, nil, false, nil
 	}
+	if uint32(len(r.buf)-4) == n && n > readSize {
+		// A large frame that ends the buffer (a world table): hand the
+		// buffer over instead of copying it.
+		f := r.buf[4:]
+		r.buf = nil
+		return f[0], f[1:], true, nil
+	}
 	f := bytes.Clone(r.buf[4 : 4+n])
 	r.buf = r.buf[4+n:]
-	if len(r.buf) == 0 {
-		r.buf = r.buf[:0:0] // let a large frame's array go
+	if len(r.buf) == 0 && cap(r.buf) > 2*readSize {
+		r.buf = nil // let a large frame's array go
 	}
 	return f[0], f[1:], true, nil
 }
@@ -475,17 +522,19 @@ func (l *link) finish(timeout time.Duration) {
 	_ = l.conn.Close()
 }
 
-// encodeTable lays out the known members as uvarint count, then per member
-// uvarint leader rank and the length-prefixed metadata.
-func encodeTable(ms []tableEntry) []byte {
-	b := binary.AppendUvarint(nil, uint64(len(ms)))
-	for _, e := range ms {
-		b = binary.AppendUvarint(b, uint64(e.leader))
-		m := encodeMeta(e.Member)
-		b = binary.AppendUvarint(b, uint64(len(m)))
-		b = append(b, m...)
-	}
-	return b
+// A world table (frameTable, and a leader's push-pull state) lays out the
+// members it lists as a uvarint count, then per member the uvarint rank
+// of its leader and its length-prefixed metadata (encodeMeta). It is
+// written straight from the member table (appendTableEntry) and read
+// straight into it (walkTable): every rank of a job reads the whole
+// table once, so a copy per entry on either side is paid N times per
+// rank.
+
+// appendTableEntry appends one member of a world table to b.
+func appendTableEntry(b []byte, m Member, leader int) []byte {
+	b = binary.AppendUvarint(b, uint64(leader))
+	b = binary.AppendUvarint(b, uint64(metaSize(m)))
+	return appendMeta(b, m)
 }
 
 // tableEntry is one rank as a leader announces it: its Member and the rank
@@ -495,32 +544,48 @@ type tableEntry struct {
 	leader int
 }
 
-func decodeTable(b []byte) ([]tableEntry, error) {
+// walkTable checks a world table, then calls fn with each entry in
+// order, its strings made by in; it returns the number of entries. A
+// malformed table is refused whole, before fn sees any entry, so a caller
+// that applies entries as they come never applies half a table.
+func walkTable(b []byte, in *interner, fn func(e *tableEntry)) (int, error) {
+	n, err := scanTable(b, &interner{check: true}, nil)
+	if err != nil {
+		return 0, err
+	}
+	_, err = scanTable(b, in, fn)
+	return n, err
+}
+
+// scanTable is one pass of walkTable.
+func scanTable(b []byte, in *interner, fn func(e *tableEntry)) (int, error) {
 	n, k := binary.Uvarint(b)
 	if k <= 0 || n > uint64(len(b)) {
-		return nil, errBadMsg
+		return 0, errBadMsg
 	}
 	b = b[k:]
-	out := make([]tableEntry, 0, n)
-	intern := map[string]string{}
+	var e tableEntry
 	for range n {
 		l, k := binary.Uvarint(b)
-		if k <= 0 {
-			return nil, errBadMsg
+		if k <= 0 || l > 1<<31 {
+			return 0, errBadMsg
 		}
 		b = b[k:]
 		ml, k := binary.Uvarint(b)
 		if k <= 0 || ml > uint64(len(b)-k) {
-			return nil, errBadMsg
+			return 0, errBadMsg
 		}
-		m, err := decodeMetaIn(b[k:k+int(ml)], intern)
+		m, err := decodeMetaIn(b[k:k+int(ml)], in)
 		if err != nil {
-			return nil, err
+			return 0, err
 		}
 		b = b[k+int(ml):]
-		out = append(out, tableEntry{Member: m, leader: int(l)})
+		if fn != nil {
+			e.Member, e.leader = m, int(l)
+			fn(&e)
+		}
 	}
-	return out, nil
+	return int(n), nil
 }
 
 // Causes of a loss, as frameGone and kindGone carry them.

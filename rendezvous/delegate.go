@@ -121,15 +121,15 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) {
 	if (ms.status == statusAlive || ms.pending) && ms.leader != m.Rank {
 		// Announced as attached to another leader, and now a gossip member.
 		w.setFatalLocked(&ConflictError{What: "two processes claim one rank", A: w.claimLocked(m.Rank), B: claimOf(n)},
-			*n, w.members[ms.leader].node)
+			*n, w.nodeLocked(ms.leader))
 		return
 	}
 	switch ms.status {
 	case statusAlive:
 		// memberlist reports a node again only after it was gone; seeing
 		// it alive twice means two identities for one rank.
-		if ms.node.Address() != n.Address() {
-			w.setFatalLocked(&ConflictError{What: "two processes claim one rank", A: claimOf(&ms.node), B: claimOf(n)}, *n)
+		if old := w.nodeLocked(m.Rank); old.Address() != n.Address() {
+			w.setFatalLocked(&ConflictError{What: "two processes claim one rank", A: claimOf(&old), B: claimOf(n)}, *n)
 			return
 		}
 		if ms.doubted != nil {
@@ -155,7 +155,7 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) {
 	}
 	m.Addr = n.Address()
 	ms.Member = m
-	ms.node = memberlist.Node{Name: n.Name, Addr: append([]byte(nil), n.Addr...), Port: n.Port, Meta: append([]byte(nil), n.Meta...)}
+	ms.node = &memberlist.Node{Name: n.Name, Addr: append([]byte(nil), n.Addr...), Port: n.Port, Meta: append([]byte(nil), n.Meta...)}
 	ms.status = statusUnseen
 	w.markAliveLocked(m.Rank)
 	// Ranks announced as attached to this leader count once it is alive
@@ -385,7 +385,7 @@ func (w *World) rankOfLocked(n *memberlist.Node) int {
 	if err != nil || m.JobID != w.cfg.JobID || m.Rank < 0 || m.Rank >= len(w.members) {
 		return -1
 	}
-	if w.members[m.Rank].node.Name != n.Name {
+	if node := w.members[m.Rank].node; node == nil || node.Name != n.Name {
 		return -1
 	}
 	return m.Rank

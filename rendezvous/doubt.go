@@ -81,7 +81,7 @@ func (w *World) refused(addr string) {
 	r := -1
 	for q := range w.members {
 		m := &w.members[q]
-		if q != w.cfg.Rank && m.leader == q && m.status == statusAlive && m.node.Address() == addr {
+		if q != w.cfg.Rank && m.leader == q && m.status == statusAlive && m.node != nil && m.node.Address() == addr {
 			r = q
 			break
 		}
@@ -189,7 +189,8 @@ func (w *World) doubtLocked(r int) {
 		}
 		w.mu.Unlock()
 	})
-	addr := ms.node.Name + "/" + ms.node.Address()
+	node := w.nodeLocked(r)
+	addr := node.Name + "/" + node.Address()
 	w.wg.Go(func() { w.reach(addr, done) })
 }
 

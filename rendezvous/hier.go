@@ -305,8 +305,8 @@ func (b simpleBroadcast) Finished()                             {}
 func (w *World) nodesLocked() []memberlist.Node {
 	var nodes []memberlist.Node
 	for r := range w.members {
-		if m := &w.members[r]; r != w.cfg.Rank && m.leader == r && m.status == statusAlive {
-			nodes = append(nodes, m.node)
+		if m := &w.members[r]; r != w.cfg.Rank && m.leader == r && m.status == statusAlive && m.node != nil {
+			nodes = append(nodes, *m.node)
 		}
 	}
 	return nodes
@@ -393,7 +393,7 @@ func (w *World) deliver(dest int, msg []byte) error {
 	m := &w.members[dest]
 	l := w.links[dest]
 	leader := m.leader
-	node := w.members[leader].node
+	node := w.nodeLocked(leader)
 	w.mu.Unlock()
 	switch {
 	case dest == w.cfg.Rank:
@@ -440,11 +440,11 @@ func (w *World) sendTableLocked() {
 	if len(w.links) == 0 {
 		return
 	}
-	entries := make([]tableEntry, len(w.members))
+	body := binary.AppendUvarint(nil, w.epoch)
+	body = binary.AppendUvarint(body, uint64(len(w.members)))
 	for r := range w.members {
-		entries[r] = tableEntry{Member: w.members[r].Member, leader: w.members[r].leader}
+		body = appendTableEntry(body, w.members[r].Member, w.members[r].leader)
 	}
-	body := append(binary.AppendUvarint(nil, w.epoch), encodeTable(entries)...)
 	for _, l := range w.links {
 		l.enqueue(frameTable, body)
 	}
@@ -454,14 +454,23 @@ func (w *World) sendTableLocked() {
 // knows, its own and other leaders', so the seed's push at formation hands
 // over the whole world.
 func (w *World) localStateLocked() []byte {
-	var entries []tableEntry
-	for r := range w.members {
+	listed := func(r int) bool {
 		m := &w.members[r]
-		if m.leader != r && (m.status == statusAlive || m.pending) {
-			entries = append(entries, tableEntry{Member: m.Member, leader: m.leader})
+		return m.leader != r && (m.status == statusAlive || m.pending)
+	}
+	n := 0
+	for r := range w.members {
+		if listed(r) {
+			n++
 		}
 	}
-	return encodeTable(entries)
+	b := binary.AppendUvarint(nil, uint64(n))
+	for r := range w.members {
+		if listed(r) {
+			b = appendTableEntry(b, w.members[r].Member, w.members[r].leader)
+		}
+	}
+	return b
 }
 
 // mergeStateLocked takes in another leader's attached ranks. An entry is
@@ -471,17 +480,12 @@ func (w *World) localStateLocked() []byte {
 // is stale by construction (their hello is the authority) and ignored. A
 // rank learned this way is pending until its leader is alive here.
 func (w *World) mergeStateLocked(buf []byte) {
-	entries, err := decodeTable(buf)
-	if err != nil {
-		w.log.Warn().Err(err).Msg("rendezvous: malformed member table")
-		return
-	}
-	for _, e := range entries {
+	_, err := walkTable(buf, newInterner(), func(e *tableEntry) {
 		r := e.Rank
 		if e.JobID != w.cfg.JobID || e.Generation != w.cfg.Generation || e.WorldSize != w.cfg.WorldSize || r < 0 || r >= len(w.members) ||
 			e.leader < 0 || e.leader >= len(w.members) || e.leader == r {
 			w.log.Warn().Int("member", r).Msg("rendezvous: ignoring an inconsistent table entry")
-			continue
+			return
 		}
 		ms := &w.members[r]
 		claim := func() Claim {
@@ -490,10 +494,10 @@ func (w *World) mergeStateLocked(buf []byte) {
 		switch {
 		case r == w.cfg.Rank || (ms.leader == r && ms.status != statusUnseen):
 			w.setFatalLocked(&ConflictError{What: "two processes claim one rank", A: w.claimLocked(r), B: claim()},
-				w.members[e.leader].node)
+				w.nodeLocked(e.leader))
 		case ms.status == statusUnseen && !ms.pending:
 			if e.leader == w.cfg.Rank {
-				continue // stale news of our own host: hello is the authority
+				return // stale news of our own host: hello is the authority
 			}
 			ms.Member, ms.leader, ms.pending = e.Member, e.leader, true
 			ms.Addr = claim().Addr
@@ -503,9 +507,12 @@ func (w *World) mergeStateLocked(buf []byte) {
 		case ms.leader != e.leader || ms.PID != e.PID || ms.Host != e.Host:
 			if ms.status == statusAlive || ms.pending {
 				w.setFatalLocked(&ConflictError{What: "two processes claim one rank", A: w.claimLocked(r), B: claim()},
-					w.members[e.leader].node, w.members[ms.leader].node)
+					w.nodeLocked(e.leader), w.nodeLocked(ms.leader))
 			}
 		}
+	})
+	if err != nil {
+		w.log.Warn().Err(err).Msg("rendezvous: malformed member table")
 	}
 }
 
@@ -554,7 +561,8 @@ func (w *World) claimLocked(r int) Claim {
 	}
 	m := &w.members[r]
 	if m.leader == r {
-		return claimOf(&m.node)
+		n := w.nodeLocked(r)
+		return claimOf(&n)
 	}
 	return Claim{Rank: r, Host: m.Host, Addr: m.Addr, JobID: m.JobID, Size: m.WorldSize}
 }
@@ -665,6 +673,47 @@ func (w *World) attachError(ctxErr, last error) error {
 	return e
 }
 
+// applyTable forms the world from the host leader's table (with the
+// leader's epoch), applied as it is read: every attached rank reads the
+// whole table in one pass; a table that turns out malformed half way ends
+// formation, naming it, rather than leaving this rank with half a world.
+// A table of another size is logged and ignored.
+func (w *World) applyTable(body []byte) {
+	epoch, n := binary.Uvarint(body)
+	if n <= 0 {
+		w.log.Error().Msg("rendezvous: malformed world table from the host leader")
+		return
+	}
+	if k, _ := binary.Uvarint(body[n:]); k != uint64(len(w.members)) {
+		w.log.Error().Uint64("entries", k).Msg("rendezvous: world table from the host leader of another size")
+		return
+	}
+	w.mu.Lock()
+	_, err := scanTable(body[n:], newInterner(), func(e *tableEntry) {
+		if e.Rank < 0 || e.Rank >= len(w.members) || e.leader < 0 || e.leader >= len(w.members) {
+			return
+		}
+		ms := &w.members[e.Rank]
+		ms.Member, ms.leader = e.Member, e.leader
+		if e.Rank != w.cfg.Rank && ms.status != statusAlive {
+			ms.status = statusAlive
+			w.alive++
+		}
+	})
+	if err != nil {
+		w.setFatalLocked(fmt.Errorf("rendezvous: rank %d: malformed world table from the host leader: %w", w.cfg.Rank, err))
+		w.mu.Unlock()
+		return
+	}
+	w.members[w.cfg.Rank].Member = w.self
+	if !w.formed && w.fatal == nil {
+		w.formed, w.epoch = true, epoch
+		close(w.formedCh)
+	}
+	w.signalChangeLocked()
+	w.mu.Unlock()
+}
+
 // readLeader runs an attached rank's side of the stream: the table forms
 // the world (with the leader's epoch), gone and fatal frames update it,
 // messages go to their groups. When the stream ends before formation the
@@ -691,31 +740,7 @@ func (w *World) readLeader() {
 		}
 		switch typ {
 		case frameTable:
-			epoch, n := binary.Uvarint(body)
-			entries, err := decodeTable(body[max(n, 0):])
-			if n <= 0 || err != nil || len(entries) != len(w.members) {
-				w.log.Error().Err(err).Msg("rendezvous: malformed world table from the host leader")
-				continue
-			}
-			w.mu.Lock()
-			for _, e := range entries {
-				if e.Rank < 0 || e.Rank >= len(w.members) {
-					continue
-				}
-				ms := &w.members[e.Rank]
-				ms.Member, ms.leader = e.Member, e.leader
-				if e.Rank != w.cfg.Rank && ms.status != statusAlive {
-					ms.status = statusAlive
-					w.alive++
-				}
-			}
-			w.members[w.cfg.Rank].Member = w.self
-			if !w.formed && w.fatal == nil {
-				w.formed, w.epoch = true, epoch
-				close(w.formedCh)
-			}
-			w.signalChangeLocked()
-			w.mu.Unlock()
+			w.applyTable(body)
 		case frameGone:
 			r, n := binary.Uvarint(body)
 			if n > 0 && len(body) >= n+2 && r < uint64(len(w.members)) {

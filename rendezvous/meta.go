@@ -37,26 +37,83 @@ func (c *Config) meta() Member {
 // encodeMeta lays out version, then uvarints rank, size, local rank, pid,
 // then length-prefixed job id, host and data address, then the uvarint
 // generation.
-func encodeMeta(m Member) []byte {
-	b := []byte{metaVersion}
-	for _, v := range []int{m.Rank, m.WorldSize, m.LocalRank, m.PID} {
-		b = binary.AppendUvarint(b, uint64(v))
-	}
-	for _, s := range []string{m.JobID, m.Host, m.DataAddr} {
+func encodeMeta(m Member) []byte { return appendMeta(make([]byte, 0, metaSize(m)), m) }
+
+// appendMeta appends encodeMeta(m) to b.
+func appendMeta(b []byte, m Member) []byte {
+	b = append(b, metaVersion)
+	b = binary.AppendUvarint(b, uint64(m.Rank))
+	b = binary.AppendUvarint(b, uint64(m.WorldSize))
+	b = binary.AppendUvarint(b, uint64(m.LocalRank))
+	b = binary.AppendUvarint(b, uint64(m.PID))
+	for _, s := range [...]string{m.JobID, m.Host, m.DataAddr} {
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
 	}
 	return binary.AppendUvarint(b, m.Generation)
 }
 
+// metaSize is len(encodeMeta(m)), without encoding it.
+func metaSize(m Member) int {
+	n := 1 + uvarintLen(uint64(m.Rank)) + uvarintLen(uint64(m.WorldSize)) +
+		uvarintLen(uint64(m.LocalRank)) + uvarintLen(uint64(m.PID)) + uvarintLen(m.Generation)
+	for _, s := range [...]string{m.JobID, m.Host, m.DataAddr} {
+		n += uvarintLen(uint64(len(s))) + len(s)
+	}
+	return n
+}
+
+// uvarintLen is the length of v as a uvarint.
+func uvarintLen(v uint64) int {
+	n := 1
+	for ; v >= 0x80; v >>= 7 {
+		n++
+	}
+	return n
+}
+
 var errBadMeta = errors.New("rendezvous: malformed member metadata")
 
 func decodeMeta(b []byte) (Member, error) { return decodeMetaIn(b, nil) }
 
-// decodeMetaIn is decodeMeta sharing the job id and host strings through
-// intern (when not nil): a world table repeats them in every entry, and a
-// copy each was most of an attached rank's table in memory.
-func decodeMetaIn(b []byte, intern map[string]string) (Member, error) {
+// interner shares the job id and host strings of a decoded world table
+// among its entries: the table repeats them in every entry, and a copy
+// each was most of an attached rank's table in memory. Entries of one
+// host come together, so the last string of each kind is tried before the
+// map. A nil interner makes a string per field; a checking one (check)
+// makes none, for a pass that only validates.
+type interner struct {
+	m     map[string]string
+	last  [2]string
+	check bool
+}
+
+func newInterner() *interner { return &interner{m: map[string]string{}} }
+
+// str returns raw as a string: field 0 is the job id, 1 the host, 2 the
+// data address (never shared: one per rank).
+func (in *interner) str(field int, raw []byte) string {
+	switch {
+	case in == nil:
+		return string(raw)
+	case in.check:
+		return ""
+	case field > 1:
+		return string(raw)
+	case in.last[field] == string(raw):
+		return in.last[field]
+	}
+	s, ok := in.m[string(raw)]
+	if !ok {
+		s = string(raw)
+		in.m[s] = s
+	}
+	in.last[field] = s
+	return s
+}
+
+// decodeMetaIn is decodeMeta with its strings made by in.
+func decodeMetaIn(b []byte, in *interner) (Member, error) {
 	var m Member
 	if len(b) == 0 || b[0] != metaVersion {
 		if len(b) == 0 {
@@ -79,15 +136,7 @@ func decodeMetaIn(b []byte, intern map[string]string) (Member, error) {
 		if n <= 0 || l > uint64(len(b)-n) {
 			return m, errBadMeta
 		}
-		raw := b[n : n+int(l)]
-		if s, ok := intern[string(raw)]; ok && i < 2 {
-			strs[i] = s
-		} else {
-			strs[i] = string(raw)
-			if intern != nil && i < 2 {
-				intern[strs[i]] = strs[i]
-			}
-		}
+		strs[i] = in.str(i, b[n:n+int(l)])
 		b = b[n+int(l):]
 	}
 	m.Rank, m.WorldSize, m.LocalRank, m.PID = ints[0], ints[1], ints[2], ints[3]

@@ -52,7 +52,7 @@ type Event struct {
 }
 
 // memberStatus is where a rank stands in this member's view.
-type memberStatus int
+type memberStatus uint8
 
 const (
 	statusUnseen memberStatus = iota
@@ -61,32 +61,47 @@ const (
 	statusDead
 )
 
-// memberState is the local view of one rank.
+// memberState is the local view of one rank. Every rank holds one per
+// member of the world, so its size is paid N times per process (N² in a
+// world run in one process): what only some members need is behind a
+// pointer, and the small fields are packed together.
 type memberState struct {
 	Member
-	status memberStatus
-	node   memberlist.Node // a copy: name and address, for sending
+	// node is a copy of a gossip member's memberlist node (name and
+	// address, for sending); nil for an attached rank and for a rank not
+	// seen yet. nodeLocked reads it.
+	node *memberlist.Node
 	// gone is closed when the member leaves or dies; waiters on a message
 	// from it select on it. Made on first wait (goneLocked's counterpart
 	// goneChanLocked): every rank holds a state per member of the world,
 	// and a channel in each was N² channels per host at formation.
 	gone chan struct{}
-	// leaving: the member said goodbye (kindBye), so its death is a leave.
-	leaving bool
-	// leader is the rank of the gossip member that carries this rank: the
-	// rank itself in flat mode and for host leaders, the host's leader for
-	// an attached rank. node is set only when leader is the rank itself.
-	leader int
-	// pending: the rank's Member is known from a table but its leader has
-	// not been seen alive yet.
-	pending bool
 	// doubted is non-nil while memberlist has declared this gossip member
 	// dead and the World still tries to reach it (doubt.go); it is closed
 	// when the member answers again or is counted lost.
 	doubted chan struct{}
+	// leader is the rank of the gossip member that carries this rank: the
+	// rank itself in flat mode and for host leaders, the host's leader for
+	// an attached rank. node is set only when leader is the rank itself.
+	leader int
+	status memberStatus
+	// leaving: the member said goodbye (kindBye), so its death is a leave.
+	leaving bool
+	// pending: the rank's Member is known from a table but its leader has
+	// not been seen alive yet.
+	pending bool
 	// refused: a connection to its gossip port was refused, and its
 	// verdict waits RefusedGrace for a goodbye (doubt.go).
 	refused bool
+}
+
+// nodeLocked returns a copy of gossip member r's node; the zero Node
+// (no name: fail skips it, a send to it fails) when r has none.
+func (w *World) nodeLocked(r int) memberlist.Node {
+	if n := w.members[r].node; n != nil {
+		return *n
+	}
+	return memberlist.Node{}
 }
 
 // World is this rank's view of the whole job: who is which rank, where, and
@@ -471,7 +486,9 @@ func (w *World) form(ctx context.Context) error {
 		select {
 		case <-w.formedCh:
 			if cfg.Rank == 0 {
-				w.pushTable(ctx)
+				// In the background: the seed's own world has formed,
+				// and the pushes only speed up the others'.
+				w.wg.Go(w.pushTable)
 			}
 			w.mu.Lock()
 			epoch := w.epoch
@@ -523,7 +540,7 @@ func (w *World) randomPeer() string {
 	var known []string
 	for r := range w.members {
 		m := &w.members[r]
-		if r != w.cfg.Rank && r != 0 && m.leader == r && m.status == statusAlive {
+		if r != w.cfg.Rank && r != 0 && m.leader == r && m.status == statusAlive && m.node != nil {
 			known = append(known, m.node.Name+"/"+m.node.Address())
 		}
 	}
@@ -538,12 +555,14 @@ func (w *World) randomPeer() string {
 // member table at once instead of waiting for N alive messages to be
 // gossiped to it (unreliable at 16 ranks, 44 s at 64: notes/dependencies.md).
 // A failed push is only logged: that rank's own periodic rejoin covers it.
-func (w *World) pushTable(ctx context.Context) {
+// It runs beside the seed's program and stops pushing once the World
+// closes.
+func (w *World) pushTable() {
 	w.mu.Lock()
 	var addrs []string
 	for r := range w.members {
 		m := &w.members[r]
-		if r != w.cfg.Rank && m.leader == r && m.status == statusAlive {
+		if r != w.cfg.Rank && m.leader == r && m.status == statusAlive && m.node != nil {
 			addrs = append(addrs, m.node.Name+"/"+m.node.Address())
 		}
 	}
@@ -551,7 +570,7 @@ func (w *World) pushTable(ctx context.Context) {
 	var g errgroup.Group
 	g.SetLimit(w.cfg.PushConcurrency)
 	for _, a := range addrs {
-		if ctx.Err() != nil {
+		if w.isClosing() {
 			break
 		}
 		g.Go(func() error {
@@ -562,6 +581,16 @@ func (w *World) pushTable(ctx context.Context) {
 		})
 	}
 	_ = g.Wait()
+}
+
+// isClosing reports whether Close (or a failed Join) has begun.
+func (w *World) isClosing() bool {
+	select {
+	case <-w.closedCh:
+		return true
+	default:
+		return false
+	}
 }
 
 // fail returns the fatal error after telling the members that must know it.

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # In-process formation of host-leader worlds (bench/rdzvscale -form-only):
-# medians of ROUNDS runs per size, with the 1-minute load average and peak
-# memory of each run, and, when ANCHOR names a revision, that revision's
+# medians of ROUNDS runs per size, of the wall time and of the process's CPU
+# time during formation (which the machine's load moves much less), with
+# the 1-minute load average and peak memory of each run, and, when ANCHOR
+# names a revision, that revision's
 # rendezvous package built the same way and run interleaved with this tree,
 # with the ratio of the medians. The machine may be shared: the load column
 # says how much; a run that fails prints its error (at 4,096 ranks in one
@@ -25,7 +27,7 @@ if [[ -n "${ANCHOR:-}" ]]; then
 	(cd "$tmp/anchor-src" && go build -o "$tmp/anchor" ./bench/rdzvscale)
 	bins=(anchor new)
 fi
-printf '%-6s %-7s %-6s %10s %8s %10s  %s\n' size build round formation load1 maxrss_MB note
+printf '%-6s %-7s %-6s %10s %8s %8s %10s  %s\n' size build round formation cpu load1 maxrss_MB note
 IFS=, read -ra sizes <<<"$SIZES"
 for n in "${sizes[@]}"; do
 	for ((i = 1; i <= ROUNDS; i++)); do
@@ -35,28 +37,34 @@ for n in "${sizes[@]}"; do
 			rss=$(sed -n 's/^RSS \([0-9]*\)$/\1/p' <<<"$out")
 			row=$(grep -E "^$n " <<<"$out" || true)
 			f=$(awk '{print $4}' <<<"$row")
+			c=$(awk '{print $5}' <<<"$row")
 			note=""
-			[[ "$f" == "-" || -z "$f" ]] && note=$(cut -c40- <<<"$row")
-			printf '%-6s %-7s %-6s %10s %8s %10s  %s\n' "$n" "$b" "$i" "${f:--}" "$load" "$(( ${rss:-0} / 1024 ))" "$note" | tee -a "$tmp/rows"
+			[[ "$f" == "-" || -z "$f" ]] && note=$(awk '{$1=$2=$3=$4=$5=""; sub(/^ +/, ""); print}' <<<"$row")
+			[[ -z "$row" ]] && note=$(tail -1 <<<"$out")
+			printf '%-6s %-7s %-6s %10s %8s %8s %10s  %s\n' "$n" "$b" "$i" "${f:--}" "${c:--}" "$load" "$(( ${rss:-0} / 1024 ))" "$note" | tee -a "$tmp/rows"
 		done
 	done
 done
 echo
-echo "medians (failed runs excluded; n = runs that formed):"
+echo "medians (failed runs excluded; n = runs that formed; cpu = the process's CPU time during formation):"
+median() { # column, size, build: the lower median of that column over the runs that formed
+	awk -v col="$1" -v n="$2" -v b="$3" '$1==n && $2==b && $4!="-" {v=$col; sub("s","",v); print v}' "$tmp/rows" | sort -g |
+		awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]; else print "-"}'
+}
 for n in "${sizes[@]}"; do
 	line="$n:"
-	declare -A med=()
+	declare -A med=() cpu=()
 	for b in "${bins[@]}"; do
-		vals=$(awk -v n="$n" -v b="$b" '$1==n && $2==b && $4!="-" {sub("s","",$4); print $4}' "$tmp/rows" | sort -g)
-		k=$(grep -c . <<<"$vals" || true)
-		m=-
-		if ((k > 0)); then m=$(sed -n "$(((k + 1) / 2))p" <<<"$vals"); fi
-		med[$b]=$m
-		line+=" $b ${m}s (n=$k/$ROUNDS)"
+		med[$b]=$(median 4 "$n" "$b")
+		cpu[$b]=$(median 5 "$n" "$b")
+		k=$(awk -v n="$n" -v b="$b" '$1==n && $2==b && $4!="-"' "$tmp/rows" | grep -c . || true)
+		mem=$(awk -v n="$n" -v b="$b" '$1==n && $2==b {print $7}' "$tmp/rows" | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}')
+		line+=" $b ${med[$b]}s cpu ${cpu[$b]}s rss ${mem}MB (n=$k/$ROUNDS);"
 	done
 	if [[ -n "${ANCHOR:-}" && ${med[anchor]} != - && ${med[new]} != - ]]; then
-		line+=" new/anchor $(awk -v a="${med[anchor]}" -v b="${med[new]}" 'BEGIN{printf "%.2f", b/a}')"
+		line+=" new/anchor formation $(awk -v a="${med[anchor]}" -v b="${med[new]}" 'BEGIN{printf "%.2f", b/a}')"
+		line+=", cpu $(awk -v a="${cpu[anchor]}" -v b="${cpu[new]}" 'BEGIN{if (a > 0) printf "%.2f", b/a; else print "-"}')"
 	fi
 	echo "$line"
-	unset med
+	unset med cpu
 done

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"sort"
@@ -31,6 +32,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -44,6 +46,60 @@ var logLevel string
 
 // formOnly is the -form-only flag: the largest sizes are about formation.
 var formOnly bool
+
+// attachMode is the -attach flag. With real Unix sockets an attach stream
+// is buffered by the kernel, as in a job, and carries its peer's pid, so a
+// silent stream's lease asks the kernel whether the peer is stopped or only
+// waits for a CPU (internal/liveness); in-memory pipes are unbuffered and
+// carry no pid, so the lease alone decides.
+var attachMode string
+
+// cpuProfile and memProfile are the -cpuprofile and -memprofile flags;
+// runs counts the measurements made, to name their profiles.
+var (
+	cpuProfile, memProfile string
+	runs                   int
+)
+
+// profileName is the file of this run's profile: base for the first run,
+// base.k for the k-th after it.
+func profileName(base string) string {
+	if runs == 0 {
+		return base
+	}
+	return base + "." + strconv.Itoa(runs)
+}
+
+// startProfile starts the CPU profile of a formation (if asked for) and
+// returns what ends it and writes the allocation profile.
+func startProfile() (func(), error) {
+	var f *os.File
+	if cpuProfile != "" {
+		var err error
+		if f, err = os.Create(profileName(cpuProfile)); err != nil {
+			return nil, err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+			return nil, err
+		}
+	}
+	return func() {
+		if f != nil {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+		}
+		if memProfile != "" {
+			// Cumulative since the process started: allocations by
+			// earlier runs are in it too (one size per run to read it).
+			if mf, err := os.Create(profileName(memProfile)); err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(mf, 0)
+				_ = mf.Close()
+			}
+		}
+		runs++
+	}, nil
+}
 
 // tune holds the failure-detection settings under test (flags).
 var tune rendezvous.Config
@@ -62,22 +118,15 @@ func main() {
 	flag.DurationVar(&tune.SuspicionTimeout, "suspicion", def.SuspicionTimeout, "Config.SuspicionTimeout")
 	flag.IntVar(&tune.RetransmitMult, "retransmit", def.RetransmitMult, "Config.RetransmitMult")
 	flag.IntVar(&tune.GossipNodes, "gossip-nodes", def.GossipNodes, "Config.GossipNodes")
-	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile to this file")
+	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of each formation (Join to the last Join's return) to this file (.1, .2, ... appended after the first run)")
+	flag.StringVar(&memProfile, "memprofile", "", "write the allocations made up to the end of each formation to this file (suffixed like -cpuprofile)")
 	flag.BoolVar(&formOnly, "form-only", false, "measure formation only (no detection)")
+	flag.StringVar(&attachMode, "attach", "mem", "host leaders' attach streams: mem (in-memory pipes) or unix (abstract Unix sockets, as in a job; formation only)")
 	flag.Parse()
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "rdzvscale:", err)
-			os.Exit(1)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(os.Stderr, "rdzvscale:", err)
-			os.Exit(1)
-		}
-		defer pprof.StopCPUProfile()
+	if memProfile != "" {
+		runtime.MemProfileRate = 64 << 10
 	}
-	fmt.Printf("%-6s %-5s %-11s %10s %21s %21s %10s\n", "size", "net", "mode", "formation",
+	fmt.Printf("%-6s %-5s %-11s %10s %8s %21s %21s %10s\n", "size", "net", "mode", "formation", "cpu",
 		"detect rank min..max", "detect host min..max", "false-loss")
 	var modes []int // ranks per host; 1 is flat
 	switch *mode {
@@ -106,7 +155,7 @@ func main() {
 			}
 			r, err := measure(n, p, *network, *verbose)
 			if err != nil {
-				fmt.Printf("%-6d %-5s %-11s %10s  %v\n", n, *network, name, "-", err)
+				fmt.Printf("%-6d %-5s %-11s %10s %8s  %v\n", n, *network, name, "-", "-", err)
 				failed = true
 				continue
 			}
@@ -116,18 +165,18 @@ func main() {
 				}
 				return fmt.Sprintf("%.3fs..%.3fs", a.Seconds(), b.Seconds())
 			}
-			fmt.Printf("%-6d %-5s %-11s %9.3fs %21s %21s %10d\n", n, *network, name, r.formation.Seconds(),
+			fmt.Printf("%-6d %-5s %-11s %9.3fs %7.3fs %21s %21s %10d\n", n, *network, name, r.formation.Seconds(), r.cpu.Seconds(),
 				span(r.detectMin, r.detectMax), span(r.hostMin, r.hostMax), r.falseLoss)
 		}
 	}
 	if failed {
-		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
 
 type result struct {
 	formation, detectMin, detectMax time.Duration
+	cpu                             time.Duration // CPU time (user + system) of the whole process during formation
 	hostMin, hostMax                time.Duration // host leaders: a whole host lost
 	falseLoss                       int           // survivors that reported a member other than the victim
 }
@@ -178,51 +227,26 @@ func measure(n, per int, network string, verbose bool) (result, error) {
 		}
 		seed = "127.0.0.1:" + strconv.Itoa(p)
 	}
-	cfgs := make([]rendezvous.Config, n)
-	addrs := make([]string, n)
-	an := &rendezvoustest.AttachNet{}
-	attach := make([]*rankAttach, n)
-	for r := range cfgs {
-		c := rendezvous.DefaultConfig()
-		c.JobID, c.Rank, c.WorldSize = "scale", r, n
-		c.Host = fmt.Sprintf("h%d", r)
-		c.Seed = seed
-		c.Secret = []byte("0123456789abcdef0123456789abcdef")
-		c.FormationTimeout = 60 * time.Second
-		c.ProbeInterval, c.ProbeTimeout, c.GossipInterval = tune.ProbeInterval, tune.ProbeTimeout, tune.GossipInterval
-		c.SuspicionTimeout, c.RetransmitMult, c.GossipNodes = tune.SuspicionTimeout, tune.RetransmitMult, tune.GossipNodes
-		c.Logger = log
-		if per > 1 {
-			c.Host = fmt.Sprintf("h%d", r/per)
-			c.LocalRank, c.LocalWorldSize = r%per, per
-			attach[r] = &rankAttach{AttachNet: an}
-			c.AttachNet = attach[r]
-			if network != "mem" {
-				c.AttachNet = nil // real abstract Unix sockets
-			}
-		}
-		if network == "mem" && r%per == 0 {
-			addrs[r] = fmt.Sprintf("10.%d.%d.%d:7946", r/62500, r/250%250, r%250+1)
-			if r == 0 {
-				addrs[r] = seed
-			}
-			tr, err := nw.NewTransport(addrs[r])
-			if err != nil {
-				return res, err
-			}
-			c.Transport = tr
-		}
-		cfgs[r] = c
+	cfgs, addrs, attach, err := configs(n, per, network, seed, nw, log)
+	if err != nil {
+		return res, err
 	}
 	ws := make([]*rendezvous.World, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
+	stopProfile, err := startProfile()
+	if err != nil {
+		return res, err
+	}
+	cpu0 := cpuTime()
 	start := time.Now()
 	for r := range cfgs {
 		wg.Go(func() { ws[r], errs[r] = rendezvous.Join(context.Background(), cfgs[r]) })
 	}
 	wg.Wait()
 	res.formation = time.Since(start)
+	res.cpu = cpuTime() - cpu0
+	stopProfile()
 	defer func() {
 		var cw sync.WaitGroup
 		for _, w := range ws {
@@ -237,7 +261,7 @@ func measure(n, per int, network string, verbose bool) (result, error) {
 			return res, fmt.Errorf("rank %d: %w", r, err)
 		}
 	}
-	if network != "mem" || formOnly {
+	if network != "mem" || formOnly || attachMode == "unix" {
 		return res, nil // no way to cut a loopback member off from here
 	}
 	// Let the world settle (the seed's pushes, first probes) before the cut.
@@ -274,6 +298,50 @@ func measure(n, per int, network string, verbose bool) (result, error) {
 	}
 	res.hostMin, res.hostMax, res.falseLoss = lat[0], lat[len(lat)-1], res.falseLoss+fl
 	return res, nil
+}
+
+// configs are the n members' configurations, per to a host (per > 1:
+// host leaders with attached ranks, over in-memory attach streams unless
+// -attach unix), with the in-memory gossip network's addresses of the
+// members that gossip (network "mem").
+func configs(n, per int, network, seed string, nw *rendezvoustest.Network, log zerolog.Logger) ([]rendezvous.Config, []string, []*rankAttach, error) {
+	cfgs := make([]rendezvous.Config, n)
+	addrs := make([]string, n)
+	an := &rendezvoustest.AttachNet{}
+	attach := make([]*rankAttach, n)
+	for r := range cfgs {
+		c := rendezvous.DefaultConfig()
+		c.JobID, c.Rank, c.WorldSize = "scale", r, n
+		c.Host = fmt.Sprintf("h%d", r)
+		c.Seed = seed
+		c.Secret = []byte("0123456789abcdef0123456789abcdef")
+		c.FormationTimeout = 60 * time.Second
+		c.ProbeInterval, c.ProbeTimeout, c.GossipInterval = tune.ProbeInterval, tune.ProbeTimeout, tune.GossipInterval
+		c.SuspicionTimeout, c.RetransmitMult, c.GossipNodes = tune.SuspicionTimeout, tune.RetransmitMult, tune.GossipNodes
+		c.Logger = log
+		if per > 1 {
+			c.Host = fmt.Sprintf("h%d", r/per)
+			c.LocalRank, c.LocalWorldSize = r%per, per
+			attach[r] = &rankAttach{AttachNet: an}
+			c.AttachNet = attach[r]
+			if network != "mem" || attachMode == "unix" {
+				c.AttachNet = nil // real abstract Unix sockets
+			}
+		}
+		if network == "mem" && r%per == 0 {
+			addrs[r] = fmt.Sprintf("10.%d.%d.%d:7946", r/62500, r/250%250, r%250+1)
+			if r == 0 {
+				addrs[r] = seed
+			}
+			tr, err := nw.NewTransport(addrs[r])
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			c.Transport = tr
+		}
+		cfgs[r] = c
+	}
+	return cfgs, addrs, attach, nil
 }
 
 // detect runs cut and measures how long each member outside skip takes to
@@ -321,6 +389,15 @@ func detect(ws []*rendezvous.World, victim int, skip []int, cut func()) ([]time.
 		return []time.Duration{0}, int(falseLoss.Load()), fmt.Errorf("only %d of %d survivors saw rank %d lost within 30 s", len(lat), want, victim)
 	}
 	return lat, int(falseLoss.Load()), nil
+}
+
+// cpuTime is the CPU time this process has used so far (user + system).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func freePort() (int, error) {

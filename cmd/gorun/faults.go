@@ -39,8 +39,11 @@ func readFaults(o options) ([]launcher.Fault, error) {
 // writeFaultSummary prints, after the job, one line per injected fault and
 // one per world: what was injected, when, what the job did.
 func writeFaultSummary(w io.Writer, rep *launcher.Report) {
-	fmt.Fprintf(w, "gorun: fault summary: %d %s injected, %d of %d restarts used\n",
-		len(rep.Faults), plural(len(rep.Faults), "fault", "faults"), rep.Restarts, rep.MaxRestarts)
+	restarts := fmt.Sprintf(", %d of %d restarts used", rep.Restarts, rep.MaxRestarts)
+	if rep.FaultTolerance != nil {
+		restarts = "" // the job was not restarted: its fault-tolerant line says what was replaced
+	}
+	fmt.Fprintf(w, "gorun: fault summary: %d %s injected%s\n", len(rep.Faults), plural(len(rep.Faults), "fault", "faults"), restarts)
 	for _, f := range rep.Faults {
 		var b strings.Builder
 		fmt.Fprintf(&b, "gorun:   #%d %s (%s to ranks %v", f.ID, f.Spec, f.Signal, f.Ranks)

@@ -375,16 +375,8 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gorun: --checkpoint-signal-before %s: must not be negative\n", o.ckptBefore)
 		return exitUsage
 	}
-	if o.maxRestarts < 0 {
-		fmt.Fprintf(stderr, "gorun: --max-restarts %d: must not be negative\n", o.maxRestarts)
-		return exitUsage
-	}
-	if o.maxFailures < 0 {
-		fmt.Fprintf(stderr, "gorun: --max-failures %d: must not be negative\n", o.maxFailures)
-		return exitUsage
-	}
-	if o.faultTolerant && o.maxRestarts > 0 {
-		fmt.Fprintf(stderr, "gorun: --fault-tolerant and --max-restarts: choose one (the first replaces a failed rank in place, the second restarts every rank)\n")
+	if msg := restartUsage(&o); msg != "" {
+		fmt.Fprintf(stderr, "gorun: %s\n", msg)
 		return exitUsage
 	}
 	ctx := context.Background()
@@ -433,12 +425,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		FaultTolerant: o.faultTolerant, MaxFailures: o.maxFailures, FTGroupSize: o.ftGroup,
 	})
 	code = exitCode(err, stderr)
-	if len(faults) > 0 || rep.Restarts > 0 {
-		writeFaultSummary(stderr, rep)
-	}
-	if rep.FaultTolerance != nil {
-		writeFTSummary(stderr, rep.FaultTolerance)
-	}
+	writeSummaries(stderr, len(faults) > 0, rep)
 	if o.report != "" {
 		if werr := writeReport(o.report, rep); werr != nil {
 			fmt.Fprintf(stderr, "gorun: --report: %v\n", werr)
@@ -562,4 +549,30 @@ func splitWords(s string) ([]string, error) {
 		words = append(words, cur.String())
 	}
 	return words, nil
+}
+
+// restartUsage is what is wrong with the flags that say how a failure is
+// survived (--max-restarts, --fault-tolerant, --max-failures), or "".
+func restartUsage(o *options) string {
+	switch {
+	case o.maxRestarts < 0:
+		return fmt.Sprintf("--max-restarts %d: must not be negative", o.maxRestarts)
+	case o.maxFailures < 0:
+		return fmt.Sprintf("--max-failures %d: must not be negative", o.maxFailures)
+	case o.faultTolerant && o.maxRestarts > 0:
+		return "--fault-tolerant and --max-restarts: choose one (the first replaces a failed rank in place, the second restarts every rank)"
+	}
+	return ""
+}
+
+// writeSummaries prints, after the job, what was injected and what the job
+// did about it (with faults injected or restarts made), and a
+// --fault-tolerant job's failures and heals.
+func writeSummaries(stderr io.Writer, injected bool, rep *launcher.Report) {
+	if injected || rep.Restarts > 0 {
+		writeFaultSummary(stderr, rep)
+	}
+	if rep.FaultTolerance != nil {
+		writeFTSummary(stderr, rep.FaultTolerance)
+	}
 }

@@ -118,7 +118,7 @@ func mainErr(args []string) int {
 			return 2
 		}
 		if err := runFT(ctx, o, log, os.Stdout); err != nil {
-			fmt.Fprintf(os.Stderr, "trainer: %v\n", err)
+			fmt.Fprintf(os.Stderr, "trainer: %s\n", strings.TrimPrefix(err.Error(), "trainer: "))
 			return 1
 		}
 		return 0

@@ -18,13 +18,12 @@ var pending = map[string]int{
 	"cmd/gorun/gpu_test.go TestGPUPathEndToEnd":       235,
 	"tests/chaos/rank_test.go runRank":                200,
 	"launcher/launchertest/launchertest.go runHelper": 183,
-	"cmd/gorun/main.go launch":                        165,
+	"cmd/gorun/main.go launch":                        164,
 	"launcher/pmi_fence_test.go fenceBytes":           147,
-	"launcher/elastic.go launchWorlds":                143,
+	"launcher/elastic.go launchWorlds":                134,
 	"launcher/hoststartup.go hostAgents.startHosts":   141,
 	"launcher/runlocal.go RunLocal":                   131,
 	"overlap/equivalence_test.go eqStep":              130,
-	"launcher/supervisor.go supervisor.startAll":      129,
 }
 
 // longFunc is one function over MaxLines.

@@ -207,6 +207,14 @@ static void check_groups(gorun_comm_t w) {
     EXPECT(s == want, "group sum %lld want %lld", (long long)s, (long long)want);
     CHECK(gorun_comm_free(g));
     EXPECT(gorun_comm_free(g) == GORUN_ERR_INVALID, "double free accepted");
+    /* A group that failed reports its failure when freed, and once: the
+     * gorun_finalize at the end (CHECKed) does not report it again. */
+    gorun_comm_t a;
+    CHECK(gorun_comm_group(w, ranks, n, "aborted", &a));
+    CHECK(gorun_comm_abort(a, "abi test abort"));
+    int rc = gorun_comm_free(a);
+    EXPECT(rc != GORUN_OK && strstr(gorun_last_error(), "abi test abort"), "free of an aborted group: %s %s",
+           gorun_status_name(rc), gorun_last_error());
 }
 
 static void check_bad_arguments(gorun_comm_t w) {

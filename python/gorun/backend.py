@@ -22,11 +22,13 @@ import secrets
 import socket
 import sys
 import threading
+import time
 import weakref
+import zlib
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import Backend as _C10dBackend, ProcessGroup, ReduceOp, Work
+from torch._C._distributed_c10d import Backend as _C10dBackend, BarrierOptions, ProcessGroup, ReduceOp, Work
 from torch.futures import Future
 
 from . import _lib
@@ -536,6 +538,7 @@ def _check(t, what, name="tensor"):
 
 
 _STRIDED = torch.strided
+_SPARSE_COO = torch.sparse_coo
 
 
 def _bytes(t):
@@ -819,8 +822,8 @@ class _Gorun:
         f = sys._getframe(1)
         if f.f_code is _ALL_REDUCE_CODE and len(tensors) == 1 and not self._wait_ms:
             loc = f.f_locals
-            if loc.get("async_op") is False:
-                t = tensors[0]
+            t = tensors[0]
+            if loc.get("async_op") is False and t.layout is _STRIDED:
                 dt = _check(t, what)
                 op = loc.get("op")
                 op = _lib.SUM if op is _SUM else _OPS_BY_VALUE.get(int(getattr(op, "op", op)))
@@ -832,11 +835,140 @@ class _Gorun:
                         raise _lib.error(rc, "gorun %s" % what)
                     return _SYNC_DONE
         t = _one(tensors, what)
+        if t.layout is _SPARSE_COO:
+            return self._sparse_allreduce(t, opts)
         dt = _check(t, what)
         op = _op(opts, what, dt)
         n = t.numel()
         p = t.data_ptr() if n else None  # each tensor method call costs: read once
         return self._issue(what, lambda l, r: l.gorun_allreduce(self._h, p, p, n, dt, op, r), [t], [t])
+
+    def _sparse_allreduce(self, t, opts):
+        """dist.all_reduce of a sparse COO tensor (SUM, as gloo offers it):
+        every rank's coalesced indices and values are all-gathered (padded
+        to the largest count) and summed into one coalesced tensor, in rank
+        order, so every rank gets the same result; t is overwritten with it.
+        The ranks' tensors must agree in size, sparse dimensions and dtype;
+        that is checked on every rank first, naming what differs."""
+        what = "allreduce (sparse)"
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        op = getattr(op, "op", op)
+        if int(op) != int(ReduceOp.RedOpType.SUM):
+            raise ValueError("gorun %s: reduce op %s is not supported for sparse tensors (only SUM)"
+                             % (what, str(op).split(".")[-1]))
+        if not t.is_cpu:
+            _check(t, what)  # raises, naming the device
+        n = self.size()
+        local = t.coalesce()
+        idx, val = local._indices().contiguous(), local._values().contiguous()
+        shape = [local.sparse_dim(), local.dim(), zlib.crc32(str(t.dtype).encode())] + list(t.shape)
+        # What every rank has: nnz, then its layout (the layout's length first,
+        # so that ranks of different dimensions compare rather than desync).
+        head = self._gather_sync(torch.tensor([local._nnz(), len(shape)], dtype=torch.int64), what)
+        if len(set(head[:, 1].tolist())) != 1:
+            raise ValueError("gorun %s: the ranks' tensors differ in their number of dimensions" % what)
+        layouts = self._gather_sync(torch.tensor(shape, dtype=torch.int64), what)
+        for r in range(n):
+            sd, nd, code, *size = layouts[r].tolist()
+            if code != shape[2]:
+                raise ValueError("gorun %s: rank %d's tensor has another dtype than this rank's %s" % (what, r, t.dtype))
+            if [sd, nd] + size != shape[:2] + shape[3:]:
+                raise ValueError("gorun %s: rank %d's tensor (size %s, %d sparse dimensions) differs from this "
+                                 "rank's (size %s, %d)" % (what, r, size, sd, list(t.shape), shape[0]))
+        counts = head[:, 0].tolist()
+        most = max(counts)
+        pad_idx = torch.zeros((idx.shape[0], most), dtype=idx.dtype)
+        pad_idx[:, :idx.shape[1]] = idx
+        pad_val = torch.zeros((most,) + tuple(val.shape[1:]), dtype=val.dtype)
+        pad_val[:val.shape[0]] = val
+        all_idx = self._gather_sync(pad_idx, what)
+        all_val = self._gather_sync(pad_val, what)
+        out = torch.sparse_coo_tensor(torch.cat([all_idx[r][:, :counts[r]] for r in range(n)], dim=1),
+                                      torch.cat([all_val[r][:counts[r]] for r in range(n)]),
+                                      t.shape).coalesce()
+        t.copy_(out)
+        return _DoneWork(self, what, [t])
+
+    def _gather_sync(self, t, what):
+        """All-gathers t (contiguous, any dtype) into a tensor of the group's
+        size stacked on a new first dimension, waiting for it here."""
+        t = t.contiguous()
+        out = torch.empty((self.size(),) + tuple(t.shape), dtype=t.dtype)
+        src, dst = _bytes(t), _bytes(out)
+        dt = _check(src, what)
+        k = src.numel()
+        w = self._issue(what, lambda l, r: l.gorun_allgather(self._h, _ptr(src), _ptr(dst), k, dt, r),
+                        [src, dst], [out])
+        w.wait()
+        return out
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        """dist.monitored_barrier: a barrier that names the ranks that did
+        not reach it within timeout, as gloo's does. It runs over the
+        group's store (the control plane), not the data plane, so a rank
+        that never comes leaves no call pending on the group: every rank
+        checks in; group rank 0 waits for each in rank order until the
+        timeout and raises naming the first that did not come (every one
+        with wait_all_ranks), then tells the others whether all came; they
+        raise if not, or if rank 0 does not answer within their timeout.
+        The group goes on working after a failed one (the data plane was
+        never involved), but a rank that missed one call is a call behind
+        for the later ones, which then fail on it: as with gloo, a failed
+        monitored barrier is for reporting, not for carrying on."""
+        what = "monitored_barrier"
+        if self._store is None:
+            raise RuntimeError("gorun %s: this group has no store to run it over" % what)
+        if isinstance(timeout, BarrierOptions):  # how torch calls a Backend ("cpu:gorun,cuda:nccl")
+            timeout = timeout.timeout
+        if timeout is None:
+            timeout = self._timeout
+        secs = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+        self._mb_seq = getattr(self, "_mb_seq", 0) + 1
+        key = "gorun/monitored_barrier/%d/" % self._mb_seq
+        me, n = self.rank(), self.size()
+        start = time.monotonic()
+        if me != 0:
+            self._store.set(key + str(me), "1")
+            try:
+                self._store.wait([key + "done"], datetime.timedelta(seconds=max(secs, 0.001)))
+                ok = self._store.get(key + "done") == b"ok"
+            except RuntimeError:
+                ok = False
+            if not ok:
+                raise RuntimeError("gorun %s: Rank %d successfully reached monitoredBarrier, but received errors "
+                                   "while waiting for send/recv from rank 0. Please check rank 0 logs for faulty "
+                                   "rank." % (what, me))
+            return None
+        missing = []
+        for r in range(1, n):
+            left = secs - (time.monotonic() - start)
+            if left <= 0 and not missing and not wait_all_ranks:
+                self._store.set(key + "done", "fail")
+                raise RuntimeError("gorun %s: Rank 0 timed out in monitoredBarrier after %d ms."
+                                   % (what, int((time.monotonic() - start) * 1000)))
+            try:
+                if left > 0:
+                    self._store.wait([key + str(r)], datetime.timedelta(seconds=left))
+                elif not self._store.check([key + str(r)]):
+                    raise RuntimeError("not there")
+            except RuntimeError:
+                missing.append(r)
+                if not wait_all_ranks:
+                    break
+        self._store.set(key + "done", "fail" if missing else "ok")
+        for r in range(1, n):  # the check-ins are read; "done" stays for the ranks still to read it
+            if r not in missing:
+                try:
+                    self._store.delete_key(key + str(r))
+                except RuntimeError:
+                    pass  # a store that cannot delete keeps them: a few bytes per call
+        ms = int(secs * 1000)
+        if missing and not wait_all_ranks:
+            raise RuntimeError("gorun %s: Rank %d failed to pass monitoredBarrier in %d ms" % (what, missing[0], ms))
+        if missing:
+            raise RuntimeError("gorun %s: Ranks %s failed to pass monitoredBarrier in %d ms"
+                               % (what, ", ".join(str(r) for r in missing), ms))
+        return None
 
     def allreduce_coalesced(self, tensors, opts=None):
         what = "allreduce_coalesced"

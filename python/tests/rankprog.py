@@ -421,6 +421,40 @@ def check_fsdp_style(rank, n, gloo):
         raise AssertionError("FSDP-style training on gorun and DDP on gloo differ by %g" % (got - want).abs().max())
 
 
+def check_sparse(rank, n, gloo):
+    """all_reduce of sparse COO tensors gives what gloo gives: entries that
+    overlap across ranks summed, ranks with no entries, an input with
+    duplicate (uncoalesced) indices, a dense trailing dimension; ranks whose
+    tensors differ raise on every rank, naming the difference."""
+    def inputs():
+        yield torch.sparse_coo_tensor([[rank, 0, 3], [1, 1, 2]], [1.0 + rank, 10.0, 0.5], (n + 4, 3))
+        idx = [[0, 2, 2]] if rank % 2 == 0 else [[]]  # odd ranks have none; even ones a duplicate
+        vals = [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]] if rank % 2 == 0 else torch.zeros((0, 2))
+        yield torch.sparse_coo_tensor(idx, vals, (5, 2), dtype=torch.float64)
+        yield torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64), [], (7,))
+    for i, t in enumerate(inputs()):
+        mine, theirs = t.clone(), t.clone()
+        dist.all_reduce(mine)
+        dist.all_reduce(theirs, group=gloo)
+        if not torch.equal(mine.to_dense(), theirs.to_dense()) or mine.dtype != t.dtype:
+            raise AssertionError("sparse all_reduce %d: %s, gloo gives %s" % (i, mine.to_dense(), theirs.to_dense()))
+        if not mine.is_coalesced():
+            raise AssertionError("sparse all_reduce %d: the result is not coalesced" % i)
+    odd = torch.sparse_coo_tensor([[0]], [1.0], (3 + rank % 2,))
+    try:
+        dist.all_reduce(odd)
+        raise AssertionError("sparse all_reduce of sizes that differ across ranks returned")
+    except ValueError as e:
+        if "differs" not in str(e):
+            raise
+    try:
+        dist.all_reduce(torch.sparse_coo_tensor([[0]], [1.0], (3,)), op=dist.ReduceOp.MAX)
+        raise AssertionError("sparse all_reduce with MAX returned")
+    except ValueError as e:
+        if "MAX" not in str(e):
+            raise
+
+
 def case_all():
     dist.init_process_group("gorun")
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -433,6 +467,8 @@ def case_all():
     gloo = dist.new_group(list(range(n)), backend="gloo")
     check_ddp(rank, n, gloo)
     check_fsdp_style(rank, n, gloo)
+    if n > 1:
+        check_sparse(rank, n, gloo)
     say("all ok")
     dist.destroy_process_group()
 

@@ -78,8 +78,9 @@ class ResMLP(nn.Module):
     one only rank 0 uses (its gradient on the other ranks is the average
     of rank 0's and their zeros)."""
 
-    def __init__(self, d=48, blocks=4):
+    def __init__(self, d=48, blocks=4, side=True):
         super().__init__()
+        self.use_side = side  # False: side is unused on every rank too
         self.inp = nn.Linear(16, d)
         for p in self.inp.parameters():
             p.requires_grad_(False)  # frozen
@@ -93,7 +94,7 @@ class ResMLP(nn.Module):
         h = self.inp(x)
         for layer in self.layers:
             h = h + layer(h)
-        if RANK == 0:
+        if RANK == 0 and self.use_side:
             h = h + self.side(h)
         return self.outp(h)
 
@@ -103,6 +104,8 @@ DTYPE = torch.float32
 
 def make(kind, **kw):
     torch.manual_seed(0)
+    if kind == "even":  # the residual MLP, its side layer unused on every rank
+        return ResMLP(side=False, **kw).to(DTYPE)
     return (GPT(**kw) if kind == "gpt" else ResMLP(**kw)).to(DTYPE)
 
 
@@ -201,36 +204,39 @@ def case_bf16():
 
 def case_det():
     """deterministic=True with a global batch of 4 micro-batches (the same
-    data at every world size; rank r of n runs micro-batches r*4/n ...):
-    prints a digest of the parameters, which must be the same bits at 1, 2
-    and 4 ranks."""
+    data at every world size; rank r of n runs micro-batches r*4/n ...), in
+    each mode (hsdp: shard groups of half the ranks): prints a digest of the
+    parameters per mode, which must be the same bits at 1, 2 and 4 ranks."""
     import hashlib
     n = int(os.environ["WORLD_SIZE"])
     micro = 4
     per = micro // n
-    ours = gt.distribute(make("gpt"), mode="ddp", deterministic=True, micro_batches=micro, refresh_every=2)
-    opt = torch.optim.AdamW(ours.parameters(), lr=0.01, weight_decay=0.1)
-    for s in range(5):
-        mine = [RANK * per + j for j in range(per)]
-        with ours.no_sync():
-            for i in mine[:-1]:
-                loss_of("gpt", ours, det_batch(s, i)).backward()
-        loss_of("gpt", ours, det_batch(s, mine[-1])).backward()
-        opt.step()
-        opt.zero_grad()
-    h = hashlib.sha256()
-    for k, v in sorted(ours.full_state_dict().items()):
-        h.update(k.encode())
-        h.update(v.contiguous().view(torch.uint8).numpy().tobytes())
-    say("DIGEST %s" % h.hexdigest())
-    # A step that breaks the split is refused, naming what was wrong.
-    try:
-        loss_of("gpt", ours, det_batch(0, 0)).backward() if per > 1 else None
+    modes = sys.argv[2].split(",") if len(sys.argv) > 2 else ["ddp", "fsdp", "hsdp"]
+    for mode in modes:
+        opts = {"shard_size": max(n // 2, 1)} if mode == "hsdp" else {}
+        ours = gt.distribute(make("gpt"), mode=mode, deterministic=True, micro_batches=micro, refresh_every=2, **opts)
+        opt = torch.optim.AdamW(ours.parameters(), lr=0.01, weight_decay=0.1)
+        for s in range(3):
+            mine = [RANK * per + j for j in range(per)]
+            with ours.no_sync():
+                for i in mine[:-1]:
+                    loss_of("gpt", ours, det_batch(s, i)).backward()
+            loss_of("gpt", ours, det_batch(s, mine[-1])).backward()
+            opt.step()
+            opt.zero_grad()
+        h = hashlib.sha256()
+        for k, v in sorted(ours.full_state_dict().items()):
+            h.update(k.encode())
+            h.update(v.contiguous().view(torch.uint8).numpy().tobytes())
+        say("DIGEST %s %s" % (mode, h.hexdigest()))
+        # A step that breaks the split is refused, naming what was wrong.
         if per > 1:
-            say("NOERROR micro-batch split")
-    except RuntimeError as e:
-        say("SPLITERR %s" % e)
-    ours.close()
+            try:
+                loss_of("gpt", ours, det_batch(0, 0)).backward()
+                say("NOERROR %s micro-batch split" % mode)
+            except RuntimeError as e:
+                say("SPLITERR %s %s" % (mode, e))
+        ours.close()
     say("DONE")
 
 
@@ -252,6 +258,48 @@ def case_unused():
     differ = [k for k in b if not torch.equal(a[k], b[k])]
     say("UNUSED differ=%s moved=%s" % (differ, not torch.equal(a["unused.weight"], make("mlp").state_dict()["unused.weight"])))
     ours.close()
+    dist.destroy_process_group()
+    say("DONE")
+
+
+def case_unused_sharded():
+    """fsdp and hsdp: parameters no rank uses (unused, side) keep no
+    gradient, as in torch's FSDP2 (fully_shard over gloo) and DDP: AdamW's
+    weight decay must not move them, and every parameter must be the same
+    bits as FSDP2's and DDP's."""
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("gloo")
+    f2 = make("even")
+    for c in list(f2.layers) + [f2.unused, f2.side, f2.outp]:
+        fully_shard(c)
+    fully_shard(f2)
+    runs = {"ddp": nn.parallel.DistributedDataParallel(make("even"), find_unused_parameters=True), "fsdp2": f2,
+            "fsdp": gt.distribute(make("even"), mode="fsdp", refresh_every=2),
+            "hsdp": gt.distribute(make("even"), mode="hsdp", shard_size=1, refresh_every=2)}
+    states = {}
+    for name, m in runs.items():
+        opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=0.01, weight_decay=0.1)
+        for s in range(5):
+            loss_of("mlp", m, batch("mlp", s)).backward()
+            grads = {k.replace("module.", ""): p.grad is not None for k, p in m.named_parameters() if p.requires_grad}
+            opt.step()
+            opt.zero_grad()
+        say("GRADS %s unused=%s side=%s outp=%s" % (name, grads["unused.weight"], grads["side.bias"],
+                                                    grads["outp.weight"]))
+        if name == "fsdp2":
+            states[name] = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in m.state_dict().items()}
+        elif name == "ddp":
+            states[name] = m.module.state_dict()
+        else:
+            states[name] = m.full_state_dict()
+            m.close()
+    init = make("even").state_dict()
+    for name in ("fsdp", "hsdp", "fsdp2"):
+        a, b = states[name], states["ddp"]
+        differ = [k for k in b if not torch.equal(a[k], b[k])]
+        differ2 = [k for k in b if not torch.equal(a[k], states["fsdp2"][k])]
+        moved = [k for k in ("unused.weight", "unused.bias", "side.weight") if not torch.equal(a[k], init[k])]
+        say("UNUSEDSHARD %s differ=%s differ_fsdp2=%s moved=%s" % (name, differ, differ2, moved))
     dist.destroy_process_group()
     say("DONE")
 
@@ -318,6 +366,24 @@ def case_bad():
             say("ORDER %s none" % mode)
         except GorunError as e:
             say("ORDER %s after=%.2f msg=%s" % (mode, time.monotonic() - t0, e))
+    # The same, with the check made when a plan is adopted switched off:
+    # every step's own plan-hash exchange (in the executor) must still
+    # refuse the first planned step, on every rank, naming the other.
+    import gorun.torch._model as gm
+    adopt_check, gm._mismatch = gm._mismatch, lambda *a: None
+    # (ddp; fsdp runs the same executor. A mismatch leaves the ranks'
+    # collectives apart, so it comes last.)
+    for mode in ("ddp",):
+        try:
+            m = gt.distribute(make("gpt"), mode=mode, **({"passes": ""} if RANK == n - 1 else {}))
+            t0 = time.monotonic()
+            for s in range(3):
+                t0 = time.monotonic()
+                loss_of("gpt", m, batch("gpt", s)).backward()
+            say("STEPCHECK %s none" % mode)
+        except gt.PlanMismatchError as e:
+            say("STEPCHECK %s step=%d after=%.2f ranks=%s msg=%s" % (mode, s, time.monotonic() - t0, e.ranks, e))
+    gm._mismatch = adopt_check
     say("DONE")
     os._exit(0)  # the step that was refused is still open: nothing to finish
 
@@ -343,8 +409,8 @@ def case_kill():
 
 
 if __name__ == "__main__":
-    {"equal": case_equal, "det": case_det, "unused": case_unused, "load": case_load, "bf16": case_bf16, "bad": case_bad, "kill": case_kill}[sys.argv[1]]()
-    if sys.argv[1] in ("equal", "bf16", "unused"):
+    {"equal": case_equal, "det": case_det, "unused": case_unused, "unused_sharded": case_unused_sharded, "load": case_load, "bf16": case_bf16, "bad": case_bad, "kill": case_kill}[sys.argv[1]]()
+    if sys.argv[1] in ("equal", "bf16", "unused", "unused_sharded"):
         # torch 2.15 over gloo aborts now and then at interpreter exit after a
         # finished run ("terminate called without an active exception": gloo's
         # worker threads are torn down after the interpreter). These cases ran

@@ -90,6 +90,13 @@ def test_bad_input_is_refused_naming_ranks_and_regions(launcher):
             assert float(m.group(1)) < 5.0
             assert 'region "blocks.2" entered out of the plan\'s order' in m.group(2), m.group(2)
             assert 'region "blocks.3" came before it' in m.group(2), m.group(2)
+        # Plans that differ but passed no check when adopted: the executor's
+        # per-step plan-hash exchange refuses the first planned step (step
+        # 1, after the measured one) on every rank, naming the other.
+        m = re.search(r"RANK %d: STEPCHECK ddp step=(\d+) after=([0-9.]+) ranks=\[(\d)\] msg=(.*)" % rank, out)
+        assert m, out[-4000:]
+        assert m.group(1) == "1" and float(m.group(2)) < 5.0 and int(m.group(3)) == other, m.groups()
+        assert "plan mismatch" in m.group(4) and "rank %d has" % other in m.group(4), m.group(4)
 
 
 def test_killed_rank_raises_on_every_survivor_naming_it(launcher):
@@ -102,20 +109,23 @@ def test_killed_rank_raises_on_every_survivor_naming_it(launcher):
         assert status == "GORUN_ERR_PEER_LOST" and lost == "2" and "rank 2" in msg, (rank, status, lost, msg)
 
 
-def test_deterministic_is_bitwise_equal_across_world_sizes(launcher):
+def test_deterministic_is_bitwise_equal_across_world_sizes_and_modes(launcher):
+    # deterministic=True, micro_batches=4: ddp, fsdp and hsdp (shard groups
+    # of half the ranks) at 1, 2 and 4 ranks end in the same bits.
     digests = {}
     for np in (1, 2, 4):
         code, out = run(launcher, np, "det", timeout=120)
         assert code == 0, out[-4000:]
-        got = re.findall(r"RANK (\d): DIGEST (\w+)", out)
-        assert sorted(int(r) for r, _ in got) == list(range(np)), out[-4000:]
-        digests[np] = {d for _, d in got}
-        if np > 1:
-            # Forward outside no_sync on the first of 2 micro-batches: refused.
-            for rank in range(np if np == 2 else 0):
-                assert re.search(r"RANK %d: SPLITERR .*micro_batches=4 on 2 ranks.*micro-batch 1 of the step, "
-                                 r"outside no_sync" % rank, out), out[-4000:]
-    assert digests[1] == digests[2] == digests[4] and len(digests[1]) == 1, digests
+        for mode in ("ddp", "fsdp", "hsdp"):
+            got = re.findall(r"RANK (\d): DIGEST %s (\w+)" % mode, out)
+            assert sorted(int(r) for r, _ in got) == list(range(np)), out[-4000:]
+            digests[(mode, np)] = {d for _, d in got}
+            if np == 2:
+                # Forward outside no_sync on the first of 2 micro-batches: refused.
+                for rank in range(np):
+                    assert re.search(r"RANK %d: SPLITERR %s .*micro_batches=4 on 2 ranks.*micro-batch 1 of the step, "
+                                     r"outside no_sync" % (rank, mode), out), out[-4000:]
+    assert len(set.union(*digests.values())) == 1, digests
 
 
 def test_parameter_unused_on_every_rank_keeps_no_gradient(launcher):
@@ -135,3 +145,15 @@ def test_load_state_dict_reaches_the_shards(launcher):
     for rank in range(2):
         for mode in ("fsdp", "hsdp"):
             assert "RANK %d: LOADED %s loaded=True trained=True" % (rank, mode) in out, out[-4000:]
+
+
+def test_sharded_parameter_unused_on_every_rank_keeps_no_gradient_as_fsdp2(launcher):
+    code, out = run(launcher, 2, "unused_sharded", timeout=90)
+    assert code == 0, out[-4000:]
+    for rank in range(2):
+        for name in ("ddp", "fsdp2", "fsdp", "hsdp"):
+            # No gradient where no rank made one (unused, side), as in DDP and FSDP2.
+            assert "RANK %d: GRADS %s unused=False side=False outp=True" % (rank, name) in out, out[-4000:]
+        for name in ("fsdp", "hsdp", "fsdp2"):
+            # AdamW's weight decay left them alone; every bit equals DDP's and FSDP2's.
+            assert "RANK %d: UNUSEDSHARD %s differ=[] differ_fsdp2=[] moved=[]" % (rank, name) in out, out[-4000:]

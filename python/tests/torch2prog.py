@@ -99,14 +99,19 @@ def surface(rank, n, backend="gorun"):
                                      dist.P2POp(dist.irecv, recv, (rank - 1) % n)]):
         w.wait()
     check(recv, torch.full((5,), float((rank - 1) % n)), "batch_isend_irecv")
-    # monitored_barrier: gloo's alone; others raise naming it
-    try:
-        dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
-        if backend != "gloo":
-            raise AssertionError("monitored_barrier on %s returned" % backend)
-    except RuntimeError as e:
-        if backend == "gloo" or "onitored" not in str(e):
-            raise
+    # monitored_barrier: passes when every rank comes (wait_all_ranks or
+    # not); when the others do not come, rank 0 names every one of them
+    # (gorun alone: gloo's group is broken after that, its pairs closed)
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30), wait_all_ranks=True)
+    if rank == 0 and n > 1 and backend != "gloo":
+        want = "Ranks %s failed" % ", ".join(str(r) for r in range(1, n))
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=1), wait_all_ranks=True)
+            raise AssertionError("monitored_barrier passed on rank 0 alone")
+        except RuntimeError as e:
+            if want not in str(e):
+                raise AssertionError("monitored_barrier without ranks 1..%d: %r, want %r" % (n - 1, str(e), want))
     dist.barrier()
 
 

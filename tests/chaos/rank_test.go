@@ -60,6 +60,9 @@ func maybeRank() {
 	if os.Getenv(rankEnv) == "" {
 		return
 	}
+	if os.Getenv(ft.AddrEnv) != "" {
+		os.Exit(runFTRank()) // gorun --fault-tolerant (ftrank_test.go)
+	}
 	os.Exit(runRank())
 }
 
@@ -71,9 +74,6 @@ func envInt(name string, def int) int {
 }
 
 func runRank() int {
-	if os.Getenv(ft.AddrEnv) != "" {
-		return runFTRank() // gorun --fault-tolerant (ftrank_test.go)
-	}
 	me := envInt("RANK", -1)
 	victim := envInt(chaosVictim, -1)
 	world := os.Getenv("GORUN_RESTART_COUNT")

@@ -108,10 +108,12 @@ def world_rank(comm, r):
     return out.value
 
 
-def new_group(ranks, tag):
+def new_group(world_comm, ranks, tag):
+    """A communicator over ranks (world ranks) of world_comm, the world
+    communicator the caller joined (with its settings: deterministic)."""
     arr = (_int * len(ranks))(*ranks)
     out = _i64()
-    _lib.check(lib().gorun_comm_group(world(), arr, len(ranks), tag.encode(), ctypes.byref(out)),
+    _lib.check(lib().gorun_comm_group(world_comm, arr, len(ranks), tag.encode(), ctypes.byref(out)),
                "gorun.torch: making group %s" % list(ranks))
     return out.value
 

@@ -1,18 +1,20 @@
 """fsdp mode: flat per-region shards, gathered as the plan says.
 
 Each region's trainable parameters (those whose gradients its backward
-completes) become one flat shard per rank, the parameter the optimizer
-sees. The module's own parameters become views into one full buffer per
-region, whose memory exists only while the plan holds the gathered copy: a
-region's forward pre-hook runs the plan's actions before its compute (start
-the all-gathers the plan issues there, wait for the ones it waits for),
-its post-forward hook frees what the plan reads last there, and the first
-gradient of a region's output runs the plan's actions before that region's
-backward (the re-gathers the reshard pass added) and makes the region's
-parameters' gradients views into its flat gradient, so autograd accumulates
-there; when the region's last gradient is in, the hook hands the flat
-gradient to the executor, whose reduce-scatter writes the shard's gradient. Parameters on the root module itself stay whole and are
-all-reduced, as in ddp mode.
+completes) become one flat shard per rank; the optimizer sees each
+parameter's piece of it (a view), so that a parameter no rank used keeps no
+gradient while the collectives stay flat. The module's own parameters
+become views into one full buffer per region, whose memory exists only
+while the plan holds the gathered copy: a region's forward pre-hook runs
+the plan's actions before its compute (start the all-gathers the plan
+issues there, wait for the ones it waits for), its post-forward hook frees
+what the plan reads last there, and the first gradient of a region's output
+runs the plan's actions before that region's backward (the re-gathers the
+reshard pass added) and makes the region's parameters' gradients views into
+its flat gradient, so autograd accumulates there; when the region's last
+gradient is in, the hook hands the flat gradient to the executor, whose
+reduce-scatter writes the shard's gradient. Parameters on the root module
+itself stay whole and are all-reduced, as in ddp mode.
 """
 
 import time
@@ -56,13 +58,14 @@ class ShardedModel(DistributedModel):
             # Shard groups are runs of shard_size ranks; a replica group
             # holds the ranks with the same place in every shard group.
             base = self.rank - self._srank
-            self._shard_comm = _abi.new_group([base + i for i in range(s)], "gorun.torch.shard")
-            self._rep_comm = _abi.new_group([self._srank + k * s for k in range(w // s)], "gorun.torch.replica")
+            self._shard_comm = _abi.new_group(self._comm, [base + i for i in range(s)], "gorun.torch.shard")
+            self._rep_comm = _abi.new_group(self._comm, [self._srank + k * s for k in range(w // s)], "gorun.torch.replica")
         self._units, self._replicated = _plan.units_of(order, self._members, s)
         self._allreduced = self._replicated
         self._unit_of = {}
         self._full = {}  # unit name -> flat full tensor (storage freed when not held)
-        self._shards = {}
+        self._shards = {}  # unit name -> this rank's flat shard (a plain tensor)
+        self._pieces = {}  # unit name -> [(member, its parameter: a view of the shard, lo, hi in the shard)]
         self._slot = {}  # member name -> (unit, offset)
         with torch.no_grad():
             for u in self._units:
@@ -75,14 +78,23 @@ class ShardedModel(DistributedModel):
                     self._slot[m.name] = (u, off)
                     off += n
                 lo = self._srank * u.shard_numel
-                shard = torch.nn.Parameter(full[lo:lo + u.shard_numel].clone())
-                off = 0
+                shard = full[lo:lo + u.shard_numel].clone()
+                # What the optimizer sees: each member's part of this
+                # rank's shard (perhaps empty), a parameter that views the
+                # shard (FSDP2's per-parameter shards), so that one no rank
+                # used can keep no gradient while the shard's collectives
+                # stay flat.
+                pieces, off = [], 0
                 for m in u.members:
                     n = m.param.numel()
+                    a = min(max(off - lo, 0), u.shard_numel)
+                    b = min(max(off + n - lo, 0), u.shard_numel)
+                    pieces.append((m, torch.nn.Parameter(shard[a:b]), a, b))
                     m.param.data = full[off:off + n].view(m.param.shape)
                     off += n
                 self._full[u.name] = full
                 self._shards[u.name] = shard
+                self._pieces[u.name] = pieces
         self._held = 0
         self._unsynced = set()  # units gathered for no_sync micro-batches
         self._grad_copies = 0  # gradients that missed their view (copied)
@@ -155,17 +167,20 @@ class ShardedModel(DistributedModel):
         return super().no_sync()
 
     def parameters(self, recurse=True):
-        """The shards, and the parameters kept whole (the root's own)."""
-        for u in self._units:
-            yield self._shards[u.name]
-        for m in self._replicated:
-            yield m.param
+        """What the optimizer updates: each trainable parameter's part of
+        this rank's shard (one-dimensional, perhaps empty; views of the
+        flat shard), and the parameters kept whole (the root's own)."""
+        for _, p in self.named_parameters():
+            yield p
 
     def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        """parameters() under the module's names ("module." and the first
+        name of a tied parameter), as DDP's wrapper names them."""
         for u in self._units:
-            yield prefix + "shard:" + u.name, self._shards[u.name]
+            for m, p, _, _ in self._pieces[u.name]:
+                yield prefix + "module." + m.name, p
         for m in self._replicated:
-            yield prefix + m.name, m.param
+            yield prefix + "module." + m.name, m.param
 
     def full_state_dict(self):
         """The whole model's state dict, gathered from the shards on every
@@ -364,6 +379,13 @@ class ShardedModel(DistributedModel):
         for r in self._deferred:
             self._release("bwd/" + r)
             for u in self._owned.get(r, ()):
+                if self._micro:
+                    # Members whose gradients came in earlier micro-batches
+                    # of this step only: their hooks did not run in this
+                    # backward; their sum goes in now.
+                    for m in u.members:
+                        if m.name in self._micro_grads and m.name not in self._grad_t:
+                            self._hook_fns[m.name](m.param)
                 c = self._gcount.get(u.name, 0)
                 if c < len(u.members):
                     # Some (or all) of its parameters got no gradient on
@@ -384,19 +406,34 @@ class ShardedModel(DistributedModel):
         total = len(u.members)
 
         def hook(p):
-            if not self._in_step:
+            micro = self._micro and self._micro_done
+            if micro:
+                # deterministic micro-batches (as in ddp mode): this
+                # micro-batch's gradient is kept apart, and the step's is
+                # their fixed-tree sum.
+                i = self._micro_done - 1
+                if p.grad is not None:
+                    self._micro_grads.setdefault(m.name, {})[i] = p.grad * self._micro_scale
+                p.grad = None
+                if not self._in_step:
+                    return
+            elif not self._in_step:
                 return
             if not self._queued:
                 self._queued = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish)
             self._grad_t[m.name] = time.perf_counter_ns()
+            g = self._micro_sum(m.name) if micro else p.grad
             if self._exec is None:
+                p.grad = g
                 return  # the measured step: reduced at its end
             flat = self._gflat.get(u.name)
             if flat is None:
                 flat = self._gflat[u.name] = torch.zeros(u.padded, dtype=u.dtype)
-            g = p.grad
-            if g.data_ptr() != flat.data_ptr() + off * u.es:
+            if micro:
+                if g is not None:
+                    flat[off:off + n].copy_(g.reshape(-1))
+            elif g.data_ptr() != flat.data_ptr() + off * u.es:
                 # Not in its view (its region's backward did not announce
                 # itself first): copied in.
                 flat[off:off + n].copy_(g.reshape(-1))
@@ -429,18 +466,30 @@ class ShardedModel(DistributedModel):
             for mm in u.members:
                 mm.param.grad = None  # views of the flat gradients, done with
         for name, out in self._rs_out.items():
-            s = self._shards[name]
-            s.grad = out.view_as(s) if s.grad is None else s.grad + out
+            self._give_grads(name, out)
         self._gflat, self._rs_out = {}, {}
         for u in self._units:
             self._free(u)  # nothing is held between steps
         self._peaks.append(self._peak)
         del self._peaks[:-100]
 
+    def _give_grads(self, unit, out):
+        """The unit's reduced shard gradient goes to its pieces (views of
+        out), added to what they hold if they hold one. A member no rank
+        used this step keeps the gradient it had (None after zero_grad), as
+        in DDP and FSDP2, so that an optimizer's weight decay leaves it
+        alone; its zeros still took part in the reduce-scatter."""
+        for m, p, a, b in self._pieces[unit]:
+            if m.name in self._nowhere:
+                continue
+            g = out[a:b]
+            p.grad = g if p.grad is None else p.grad + g
+
     def _reduce_measured(self):
         """The measured first step: every unit was gathered; its gradients
         are reduce-scattered (blocking) into the shards, the root's
         all-reduced."""
+        self._nowhere = self._unused_everywhere(self._members)
         with torch.no_grad():
             for u in self._units:
                 flat = torch.zeros(u.padded, dtype=u.dtype)
@@ -459,14 +508,14 @@ class ShardedModel(DistributedModel):
                     out.copy_(flat)
                 if self._rep_comm is not None:
                     _abi.allreduce_tensor(self._rep_comm, out)
-                s = self._shards[u.name]
-                s.grad = out if s.grad is None else s.grad + out
+                self._give_grads(u.name, out)
             if self.world_size > 1:
                 for m in self._replicated:
                     g = m.param.grad if m.param.grad is not None else torch.zeros_like(m.param)
                     g = g.contiguous().mul_(self._scale)
                     _abi.allreduce_tensor(self._comm, g)
-                    m.param.grad = g
+                    if m.name not in self._nowhere:
+                        m.param.grad = g
 
     def metrics(self):
         out = super().metrics()

@@ -62,6 +62,7 @@ class DistributedModel(nn.Module):
         self._micro_done = 0  # micro-batches run (forward with gradients) this step
         self._micro_grads = {}  # member -> its scaled gradient per micro-batch of this step
         self._kept = {}  # gradients of members no rank used this step, as they were before it
+        self._nowhere = set()  # members no rank produced a gradient for this step
         self._flag_unused = True  # exchange used-flags this step (see _unused_everywhere)
         self._trace = trace
         self._refresh = max(int(refresh_every or 0), 0)
@@ -187,7 +188,7 @@ class DistributedModel(nn.Module):
         # zero_grad), as in DDP: _restore_unused puts it back after the
         # collectives, so an optimizer's weight decay leaves it alone.
         self._kept = {}
-        nowhere = self._unused_everywhere(self._allreduced)
+        nowhere = self._nowhere = self._unused_everywhere(self._members)
         for m in self._allreduced:
             if m.name not in self._grad_t:
                 with torch.no_grad():
@@ -372,15 +373,20 @@ class DistributedModel(nn.Module):
         where = "gorun.torch.distribute: micro_batches=%r" % (micro,)
         if not deterministic:
             raise ValueError(where + " is the deterministic mode's global batch split; pass deterministic=True too")
-        if self.mode != "ddp":
-            raise ValueError(where + ": world-size-independent results are built for mode='ddp' only, not %r"
-                             % self.mode)
         if not isinstance(micro, int) or micro < 1 or micro % self.world_size:
             raise ValueError(where + ": want a positive multiple of the world size (%d)" % self.world_size)
         per = micro // self.world_size
         if per & (per - 1):
             raise ValueError(where + " on %d ranks is %d per rank: the per-rank count must be a power of two, so "
                              "that each rank's sum is one subtree of the fixed tree" % (self.world_size, per))
+        s = getattr(self, "_shard_size", None)
+        if s and s < self.world_size and s & (s - 1):
+            # hsdp reduces within a shard group, then across groups: that is
+            # the one pairwise tree over all ranks only when a group is a
+            # whole subtree of it.
+            raise ValueError(where + " with shard_size=%d: the shard groups must be a power of two ranks, so that "
+                             "reducing within a group and then across groups is the one fixed tree over all "
+                             "ranks" % s)
         self._micro_scale = 1.0 / micro
         return micro
 
