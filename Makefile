@@ -173,3 +173,14 @@ soak-verdicts: build lib ## no false frozen/lost verdict in 10 min at load >= 40
 .PHONY: bench-ft
 bench-ft: build ## fault-tolerant dp vs --max-restarts from a checkpoint, Go trainer, 4 ranks, the same kills: total time to N steps, steps lost, kill -> training again, medians of 5
 	flock /tmp/gorun-bench.lock python3 scripts/bench_ft_go.py bin/gorun bin/trainer $(BENCH_FT_ARGS)
+
+# Fault-tolerant torch training: gorun.ft vs torchft 0.2.0 vs --max-restarts from a checkpoint
+.PHONY: venv-torchft bench-ft-torch soak-ft-torch
+venv-torchft: venv ## add torchft 0.2.0 (the fault-tolerance anchor) to $(GORUN_VENV), keeping its torch; a no-op when it is there
+	@bash scripts/install-torchft.sh >/dev/null
+
+bench-ft-torch: build lib venv-torchft ## fault-tolerant torch GPT, 3 replicas, 2 kills: gorun --fault-tolerant vs torchft 0.2.0 (gloo) vs --max-restarts from a checkpoint; total time, steps lost, time to heal; medians, ratios (BENCH_FT_TORCH_ARGS)
+	flock /tmp/gorun-bench.lock env PYTHONWARNINGS=ignore GORUN_LIB=$(CURDIR)/$(BIN)/libgorun.so $(PYTHON) bench/ft/run.py $(BENCH_FT_TORCH_ARGS)
+
+soak-ft-torch: build lib venv ## random kills (--inject random:mtbf) of a fault-tolerant torch GPT on 3 replicas for ~10 min: every heal bitwise equal, one final digest, no lost committed step, no orphans (SOAK_FT_TORCH_ARGS)
+	flock /tmp/gorun-bench.lock env PYTHONWARNINGS=ignore GORUN_LIB=$(CURDIR)/$(BIN)/libgorun.so $(PYTHON) bench/ft/soak.py $(or $(SOAK_FT_TORCH_ARGS),--duration 600 --mtbf 30s)

@@ -354,6 +354,112 @@ int gorun_executor_trace(gorun_executor_t ex, const char *path);
 int gorun_executor_free(gorun_executor_t ex);
 #endif /* GORUN_NO_PROTOTYPES */
 
+/* ==== fault tolerance: a replica of a `gorun --fault-tolerant` job =========
+ *
+ * Data parallelism that survives a lost replica (package ft): every step a
+ * quorum is agreed (who participates, at which step), gradients are
+ * averaged over its participants, and the step counts only if every
+ * participant finished it. gorun restarts a dead replica; the replacement
+ * heals in its first quorum, copying the state of the live replicas (sliced
+ * across them, checked by digest) with no checkpoint file. A replica whose
+ * step failed (a participant died mid-collective) stays alive: the step is
+ * not committed and the next quorum goes on without the dead one.
+ *
+ *   gorun_ft_join(NULL, &ft);
+ *   gorun_ft_set_state(ft, save, load, user);
+ *   while (step < steps) {
+ *       gorun_ft_quorum(ft, -1, &q, parts, cap);    // may call load (heal)
+ *       ... forward, backward ...                   // or save (serve one)
+ *       gorun_ft_allreduce(ft, grads, n, GORUN_FLOAT32, GORUN_AVG, -1);
+ *       gorun_ft_should_commit(ft, -1, &commit);
+ *       if (commit) optimizer step; else discard the gradients;
+ *       gorun_ft_step(ft, &step);
+ *   }
+ *   gorun_ft_close(ft);
+ *
+ * A fault-tolerant replica needs no gorun_init (it does not join the gossip
+ * world); the calls follow the library's conventions: a gorun_status, the
+ * thread's error text, handles never reused. timeout_ms <= 0: no limit of
+ * the call's own. Statuses: GORUN_ERR_PEER_LOST for a failed quorum or a lost
+ * quorum service, GORUN_ERR_ABORTED for a heal that failed on this side (a
+ * callback's error, a digest mismatch), GORUN_ERR_INIT for a program not
+ * started by gorun --fault-tolerant or without the job's secret,
+ * GORUN_ERR_TIMEOUT when timeout_ms ran out, GORUN_ERR_INVALID for a call out
+ * of order or a bad argument, GORUN_ERR_CLOSED from gorun_ft_quorum when the
+ * replicas that held the job's last step have finished and left (this one, a
+ * late replacement, has nobody to heal from: the job is done, exit
+ * successfully). */
+typedef int64_t gorun_ft_t; /* > 0 when valid */
+
+/* The state a heal copies, as bytes. save points *buf at the serialized
+ * state and sets *len; the bytes must stay valid until save is called again
+ * or the handle is closed (the library copies them before save returns to
+ * it). Replicas at the same committed step must produce identical bytes.
+ * load replaces the state with buf (len bytes, valid during the call only).
+ * Both are called on the thread inside gorun_ft_quorum, never concurrently
+ * with each other; nonzero from either fails the heal. */
+typedef int (*gorun_ft_save_fn)(void *user, const void **buf, size_t *len);
+typedef int (*gorun_ft_load_fn)(void *user, const void *buf, size_t len);
+
+/* One step's quorum. */
+typedef struct {
+    int64_t id;   /* changes exactly when the participants change */
+    int64_t step; /* the committed step every participant holds now */
+    int size;     /* participants */
+    int rank;     /* this replica's index among them */
+    int healed;   /* 1: this replica healed in this quorum (its state was loaded) */
+    int changed;  /* 1: the participants differ from this replica's previous quorum */
+    int sources;  /* replicas that served a heal in this quorum (0: none) */
+} gorun_ft_quorum_info;
+
+#ifndef GORUN_NO_PROTOTYPES
+/* gorun_ft_join connects this process to its job's quorum service (from
+ * gorun's environment: GORUN_FT_ADDR, GORUN_RANK, GORUN_JOB_ID, ...). config
+ * is NULL or "key=value ...": dial_timeout_ms=N, connect_timeout_ms=N,
+ * tcp=0|1, env.NAME=VALUE (as gorun_init's). It waits for no other replica. */
+int gorun_ft_join(const char *config, gorun_ft_t *out);
+/* This replica's id (its rank), the job's replica count, this process's
+ * incarnation (0: the first; n: the n-th replacement). NULLs are skipped. */
+int gorun_ft_info(gorun_ft_t ft, int *replica, int *replicas, int *incarnation);
+/* Sets the heal's callbacks (both required) and the pointer they get. Call
+ * it before the first quorum. */
+int gorun_ft_set_state(gorun_ft_t ft, gorun_ft_save_fn save, gorun_ft_load_fn load, void *user);
+/* Starts a step: blocks until every live replica asked, heals this replica
+ * (load) or serves others' heal (save) when some participant is behind,
+ * and fills *info; participants (capacity entries, at least the replica
+ * count; NULL with capacity 0 to skip) gets the participants' replica ids in
+ * group-rank order. A quorum that fails on the way is retried inside. */
+int gorun_ft_quorum(gorun_ft_t ft, int64_t timeout_ms, gorun_ft_quorum_info *info,
+                    int *participants, int capacity);
+/* buf (count elements of dtype: GORUN_FLOAT32, BFLOAT16, FLOAT16 or
+ * FLOAT64) = op (GORUN_SUM or GORUN_AVG: the sum over the number of
+ * participants) over the quorum's participants, in place. A failure fails
+ * this replica's vote for the step. */
+int gorun_ft_allreduce(gorun_ft_t ft, void *buf, size_t count, int dtype, int op, int64_t timeout_ms);
+/* The current quorum's communicator as a communicator handle, for the
+ * library's other calls (collectives, gorun_executor_new): group rank =
+ * index among the participants. It needs no gorun_init. The handle is
+ * valid until the quorum's communicator changes (a gorun_ft_quorum with
+ * other participants, or after a step that did not commit) or
+ * gorun_ft_close; a stale one is GORUN_ERR_INVALID. Do not free it: ft
+ * owns the communicator. A collective on it that fails does not fail the
+ * step by itself: report it (gorun_ft_report_error). */
+int gorun_ft_comm(gorun_ft_t ft, gorun_comm_t *out);
+/* Marks this step failed on this replica (why may be NULL): its vote will be
+ * no. Safe from any thread. */
+int gorun_ft_report_error(gorun_ft_t ft, const char *why);
+/* Ends the step: votes and waits for the decision, the same on every
+ * participant; *commit = 1 only if every participant finished the step.
+ * On 1 the committed step advances (and is reported to gorun, for
+ * --inject ...:after-steps=N). An error status leaves *commit 0. */
+int gorun_ft_should_commit(gorun_ft_t ft, int64_t timeout_ms, int *commit);
+/* The number of steps this replica has committed (after a heal, its
+ * sources'). */
+int gorun_ft_step(gorun_ft_t ft, int64_t *step);
+/* Leaves the job gracefully (not counted as a loss) and frees the handle. */
+int gorun_ft_close(gorun_ft_t ft);
+#endif /* GORUN_NO_PROTOTYPES */
+
 #ifdef __cplusplus
 }
 #endif

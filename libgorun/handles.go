@@ -35,6 +35,10 @@ type commEntry struct {
 	id    int64
 	c     *comm.Comm
 	world bool // the world communicator: closed only by finalize
+	// borrowed: a communicator another part of the library owns (a
+	// fault-tolerant replica's quorum communicator, gorun_ft_comm), usable
+	// without gorun_init; close does not close it.
+	borrowed bool
 	// close releases the communicator (and, for the world, the rank's
 	// start-up); run once, by free or finalize.
 	close func() error
@@ -71,10 +75,10 @@ func (r *registry) addCommLocked(e *commEntry) int64 {
 func (r *registry) comm(h int64) (*commEntry, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.sess == nil {
+	e, ok := r.comms[h]
+	if r.sess == nil && !(ok && e.borrowed) {
 		return nil, errNotInit
 	}
-	e, ok := r.comms[h]
 	if !ok {
 		return nil, fmt.Errorf("%w: no communicator %d (freed, or never made)", errInvalid, h)
 	}

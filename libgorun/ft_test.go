@@ -1,0 +1,183 @@
+//go:build cgo
+
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/ft"
+	"github.com/gorun-hpc/gorun/rankenv"
+)
+
+func TestParseFTSettings(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want ftSettings
+		err  string // substring of the error; "" for none
+	}{
+		{in: "", want: ftSettings{}},
+		{in: "dial_timeout_ms=1500 connect_timeout_ms=20 tcp=1 env.A=x:1",
+			want: ftSettings{dial: 1500 * time.Millisecond, connect: 20 * time.Millisecond, tcp: true, env: map[string]string{"A": "x:1"}}},
+		{in: "dial_timeout_ms=0", err: "dial_timeout_ms"},
+		{in: "connect_timeout_ms=soon", err: "connect_timeout_ms"},
+		{in: "tcp=maybe", err: `tcp="maybe"`},
+		{in: "deterministic=1", err: `unknown key "deterministic"`},
+		{in: "novalue", err: "want key=value"},
+		{in: "env.=1", err: "env.NAME=VALUE"},
+	} {
+		got, err := parseFTSettings(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !errors.Is(err, errInvalid) {
+				t.Errorf("parseFTSettings(%q) = %v, want an invalid-argument error containing %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got.dial != tc.want.dial || got.connect != tc.want.connect || got.tcp != tc.want.tcp ||
+			fmt.Sprint(got.env) != fmt.Sprint(orEmpty(tc.want.env)) {
+			t.Errorf("parseFTSettings(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func orEmpty(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+// Each of ft's failures maps to the status gorun.h promises for it.
+func TestFTErrStatus(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{fmt.Errorf("gorun_ft_quorum: %w", ft.ErrQuorumFailed), statusPeerLost},
+		{fmt.Errorf("gorun_ft_allreduce: %w: %w", ft.ErrQuorumFailed, comm.ErrPeerLost), statusPeerLost},
+		{ft.ErrServiceLost, statusPeerLost},
+		{fmt.Errorf("x: %w: the state's load callback returned 1", ft.ErrHeal), statusAborted},
+		{ft.ErrNotFaultTolerant, statusInit},
+		{ft.ErrAuth, statusInit},
+		{ft.ErrPhase, statusInvalid},
+		{ft.ErrNoState, statusInvalid},
+		{ft.ErrClosed, statusClosed},
+		{fmt.Errorf("gorun_ft_quorum: %w (they committed 9 steps)", ft.ErrFinished), statusClosed},
+		{fmt.Errorf("gorun_ft_should_commit: %w", context.DeadlineExceeded), statusTimeout},
+	} {
+		if got := int(ftErr(tc.err)); got != tc.want {
+			t.Errorf("ftErr(%v) = %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}
+
+// A stale or unknown handle, and calls with NULL outputs, are refused with
+// GORUN_ERR_INVALID before anything reaches ft.
+func TestFTBadHandles(t *testing.T) {
+	if rc := gorun_ft_step(12345, nil); rc != statusInvalid {
+		t.Errorf("gorun_ft_step(unknown) = %d, want %d", rc, statusInvalid)
+	}
+	if rc := gorun_ft_close(12345); rc != statusInvalid {
+		t.Errorf("gorun_ft_close(unknown) = %d, want %d", rc, statusInvalid)
+	}
+	if rc := gorun_ft_join(nil, nil); rc != statusInvalid {
+		t.Errorf("gorun_ft_join(out NULL) = %d, want %d", rc, statusInvalid)
+	}
+	if rc := gorun_ft_allreduce(12345, nil, 0, 1, 5, -1); rc != statusInvalid {
+		t.Errorf("gorun_ft_allreduce(unknown) = %d, want %d", rc, statusInvalid)
+	}
+}
+
+// A program that gorun did not start with --fault-tolerant is told so
+// (GORUN_ERR_INIT), not left waiting.
+func TestFTJoinOutsideGorun(t *testing.T) {
+	t.Setenv(ft.AddrEnv, "") // restored after the test
+	os.Unsetenv(ft.AddrEnv)
+	var h int64
+	rc := gorun_ft_join(nil, (*_Ctype_gorun_ft_t)(&h))
+	if rc != statusInit {
+		t.Fatalf("gorun_ft_join without %s = %d, want GORUN_ERR_INIT (%d)", ft.AddrEnv, rc, statusInit)
+	}
+}
+
+// One replica through the C calls against an in-process quorum service:
+// a quorum of one, an average and a bf16 sum over it, a commit that
+// advances the step, the quorum's communicator as a handle the library's
+// other calls take (and refused once the replica has closed).
+func TestFTOneReplica(t *testing.T) {
+	secret := strings.Repeat("ab", 32)
+	sec, _ := hex.DecodeString(secret)
+	s, err := ft.NewServer(ft.ServerConfig{Addr: "127.0.0.1:0", JobID: "ftabi", Secret: sec, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cfg := fmt.Sprintf("tcp=1 env.%s=0 env.%s=1 env.%s=ftabi env.%s=%s env.%s=localhost env.%s=%s env.%s=0",
+		rankenv.GorunRank, rankenv.GorunWorldSize, rankenv.JobID, rankenv.Secret, secret, rankenv.GorunHost,
+		ft.AddrEnv, s.Addr(), ft.IncarnationEnv)
+	cb := []byte(cfg + "\x00") // read as a C string during the call
+	ccfg := (*_Ctype_char)(unsafe.Pointer(&cb[0]))
+	var h _Ctype_gorun_ft_t
+	if rc := gorun_ft_join(ccfg, &h); rc != statusOK {
+		t.Fatalf("gorun_ft_join = %d", rc)
+	}
+	var rep, reps, inc _Ctype_int
+	if rc := gorun_ft_info(h, &rep, &reps, &inc); rc != statusOK || rep != 0 || reps != 1 || inc != 0 {
+		t.Fatalf("gorun_ft_info = %d: replica %d of %d, incarnation %d", rc, rep, reps, inc)
+	}
+	var c _Ctype_gorun_comm_t
+	if rc := gorun_ft_comm(h, &c); rc != statusInvalid {
+		t.Errorf("gorun_ft_comm before a quorum = %d, want GORUN_ERR_INVALID", rc)
+	}
+	var info _Ctype_gorun_ft_quorum_info
+	parts := make([]_Ctype_int, 1)
+	if rc := gorun_ft_quorum(h, 10000, &info, &parts[0], 1); rc != statusOK {
+		t.Fatalf("gorun_ft_quorum = %d", rc)
+	}
+	if info.size != 1 || info.rank != 0 || info.step != 0 || info.healed != 0 || parts[0] != 0 {
+		t.Fatalf("quorum %+v, participants %v", info, parts)
+	}
+	f32 := []float32{2, 4}
+	if rc := gorun_ft_allreduce(h, unsafe.Pointer(&f32[0]), 2, 1 /* float32 */, 5 /* avg */, 10000); rc != statusOK || f32[0] != 2 || f32[1] != 4 {
+		t.Errorf("float32 average over one = %d %v", rc, f32)
+	}
+	bf := []uint16{uint16(comm.BF16(3))}
+	if rc := gorun_ft_allreduce(h, unsafe.Pointer(&bf[0]), 1, 3 /* bfloat16 */, 1 /* sum */, 10000); rc != statusOK || bf[0] != uint16(comm.BF16(3)) {
+		t.Errorf("bfloat16 sum over one = %d %x", rc, bf[0])
+	}
+	if rc := gorun_ft_allreduce(h, unsafe.Pointer(&f32[0]), 2, 1, 4 /* max */, 10000); rc != statusInvalid {
+		t.Errorf("gorun_ft_allreduce with max = %d, want GORUN_ERR_INVALID", rc)
+	}
+	if rc := gorun_ft_comm(h, &c); rc != statusOK {
+		t.Fatalf("gorun_ft_comm = %d", rc)
+	}
+	var size _Ctype_int
+	if rc := gorun_comm_size(c, &size); rc != statusOK || size != 1 {
+		t.Errorf("gorun_comm_size(quorum communicator) = %d, size %d", rc, size)
+	}
+	var commit _Ctype_int
+	if rc := gorun_ft_should_commit(h, 10000, &commit); rc != statusOK || commit != 1 {
+		t.Fatalf("gorun_ft_should_commit = %d, commit %d", rc, commit)
+	}
+	var step _Ctype_int64_t
+	if rc := gorun_ft_step(h, &step); rc != statusOK || step != 1 {
+		t.Errorf("gorun_ft_step = %d, step %d; want 1 after one commit", rc, step)
+	}
+	if rc := gorun_ft_close(h); rc != statusOK {
+		t.Errorf("gorun_ft_close = %d", rc)
+	}
+	if rc := gorun_comm_size(c, &size); rc == statusOK {
+		t.Error("the quorum communicator's handle outlived gorun_ft_close")
+	}
+	if rc := gorun_ft_close(h); rc != statusInvalid {
+		t.Errorf("gorun_ft_close twice = %d, want GORUN_ERR_INVALID", rc)
+	}
+}
