@@ -8,10 +8,13 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun-hpc/gorun/internal/liveness"
 )
 
 // The job reaper: who ends a job whose two watchers died together.
@@ -35,7 +38,10 @@ import (
 // after releasing the cgroup, or the client died — and the cgroup is
 // still there, it waits for the supervisor to be gone too (the supervisor
 // may be busy ending the job itself), then kills every process left in
-// the cgroup (cgroup.kill, or v1's freeze-kill-thaw) and removes it. With
+// the cgroup (cgroup.kill, or v1's freeze-kill-thaw) and removes it. A
+// supervisor that is stopped (SIGSTOP, state T) is not waited for: with
+// its client gone nobody is left to continue it, and until someone did,
+// the job's ranks would run on; it is killed with the cgroup. With
 // the reaper, any one or two of {client, supervisor, reaper} killed at
 // once leaves a survivor that ends the job, and so does the triple
 // {gorun, host agent, supervisor} of a remote host, whose reaper is not
@@ -63,6 +69,16 @@ const reaperArgv0 = "job-reaper"
 const (
 	reaperCgroupEnv = "GORUN_INTERNAL_REAPER_CGROUP"
 	reaperV2Env     = "GORUN_INTERNAL_REAPER_V2"
+	reaperSupEnv    = "GORUN_INTERNAL_REAPER_SUPERVISOR" // its pid, to read its state
+)
+
+// How the reaper looks at a supervisor it waits for: every reaperLook,
+// and it gives up waiting once the supervisor was seen stopped at every
+// look for reaperStopped (a debugger's brief stop of a supervisor that is
+// ending its job is not taken for a frozen one).
+const (
+	reaperLook    = 100 * time.Millisecond
+	reaperStopped = 500 * time.Millisecond
 )
 
 // reaperClient is the client's handle on a started reaper.
@@ -100,6 +116,7 @@ func startReaper(path string, g *jobCgroup, sup int, stderr io.Writer) (*reaperC
 			supervisorEnv + "=" + reaperProtocol,
 			reaperCgroupEnv + "=" + g.dir,
 			reaperV2Env + "=" + v2,
+			reaperSupEnv + "=" + strconv.Itoa(sup),
 		},
 		Stdin:      r,
 		Stderr:     stderr,
@@ -148,8 +165,13 @@ func reaperMain() int {
 	}
 	// The client is gone without releasing. A supervisor still alive
 	// ends the job itself (its command pipe ended too); wait for it, so
-	// as not to kill it mid-report, then make sure.
-	waitPidfd(3)
+	// as not to kill it mid-report, then make sure. A stopped one ends
+	// nothing: kill it (through its pidfd, so never another process of a
+	// reused pid; it is in the cgroup too, unless it was already leaving).
+	sup, _ := strconv.Atoi(os.Getenv(reaperSupEnv))
+	if waitSupervisor(3, sup, liveness.ReadProc) {
+		_ = unix.PidfdSendSignal(3, unix.SIGKILL, nil, 0)
+	}
 	killed, err := g.remove()
 	reapPids(killed, time.Now().Add(time.Second))
 	if err != nil {
@@ -159,17 +181,38 @@ func reaperMain() int {
 	return 0
 }
 
-// waitPidfd blocks until the process of pidfd fd has exited (or fd is no
-// pidfd: nothing to wait for).
-func waitPidfd(fd int) {
+// waitSupervisor blocks until the process of pidfd fd, pid sup, has
+// exited (or fd is no pidfd: nothing to wait for), or until it has stayed
+// stopped for reaperStopped: then it returns true. Its state is read
+// (through sample) only while the pidfd says it has not exited, so a
+// reused pid is at worst read once, by a look that races its exit, and
+// either answer ends the wait. sup 0: its state is unknown, the wait is
+// for its exit alone.
+func waitSupervisor(fd, sup int, sample liveness.Sampler) (stopped bool) {
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	var since time.Time // first look of the current stop, zero: not stopped
 	for {
-		n, err := unix.Poll(fds, -1)
+		timeout := -1
+		if sup > 0 {
+			timeout = int(reaperLook / time.Millisecond)
+		}
+		n, err := unix.Poll(fds, timeout)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil || n > 0 {
-			return
+			return false
+		}
+		s, ok := sample(sup)
+		switch {
+		case ok && s.Gone:
+			return false
+		case !ok || !s.Stopped():
+			since = time.Time{}
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) >= reaperStopped:
+			return true
 		}
 	}
 }

@@ -113,6 +113,33 @@ func TestReaper(t *testing.T) {
 			t.Errorf("after the supervisor died: child alive %v, cgroup gone %v", launchertest.Alive([]int{child}) != nil, gone(g.dir))
 		}
 	})
+	t.Run("supervisor stopped, client dead", func(t *testing.T) {
+		// A stopped supervisor can end nothing, and with its client gone
+		// nobody will continue it: the reaper must not wait for it.
+		g, sup, r, child := start(t)
+		if err := sup.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		if !launchertest.WaitFor(5*time.Second, func() bool { return procState(sup.Process.Pid) == 'T' }) {
+			t.Fatal("the stand-in supervisor never showed as stopped")
+		}
+		select {
+		case <-reaperExited(r):
+		case <-time.After(10 * time.Second):
+			_ = sup.Process.Signal(syscall.SIGCONT)
+			t.Fatal("reaper still waiting 10s after its client was gone, for a stopped supervisor")
+		}
+		if launchertest.Alive([]int{child}) != nil {
+			t.Errorf("the supervisor's setsid child %d survives", child)
+		}
+		if !gone(g.dir) {
+			t.Errorf("cgroup %s left behind", g.dir)
+		}
+		// The stopped supervisor goes too (it was in the cgroup).
+		if err := sup.Wait(); err == nil {
+			t.Error("the stopped supervisor exited 0; want it killed")
+		}
+	})
 	t.Run("released by the client", func(t *testing.T) {
 		g, sup, r, child := start(t)
 		// The client's own release: kill and remove, then tell the reaper.
