@@ -25,6 +25,7 @@ var (
 const numHosts = 3
 
 func TestMain(m *testing.M) {
+	maybeInit()
 	maybeRank()
 	maybeSpawner()
 	launchertest.FastRaceExit()

@@ -3,6 +3,7 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/cgroupfs"
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
+	"golang.org/x/sys/unix"
 )
 
 // The watchers rows of the chaos matrix: the processes that watch a job
@@ -29,6 +31,17 @@ import (
 // exited at once). After each kill no process of the job may be left
 // running, and no job cgroup left behind, within watchersBound.
 //
+// A stop row SIGSTOPs some watchers first and SIGKILLs the others: a
+// stopped supervisor whose client is dead can never end its job, so the
+// job (and the stopped supervisor with it) must still be gone within the
+// bound, not left waiting for someone to continue the supervisor. Such a
+// row runs gorun under an init stand-in (initEnv) in the test's session,
+// as a container's init or a batch script's shell runs it: the stopped
+// supervisor is then reparented to a process of its own session, and
+// stays stopped. Reparented to a process of another session (pid 1 on a
+// host), its process group is orphaned with a stopped member, and the
+// kernel continues it itself (SIGHUP, SIGCONT).
+//
 // make test runs one pass of the covering rows (watcherRow.ci);
 // GORUN_WATCHERS_RUNS=N (make test-watchers: 50) runs every row N times
 // and prints the survivors and leftover cgroups of each.
@@ -39,6 +52,46 @@ const spawnEnv = "GORUN_CHAOS_SPAWN"
 
 // watchersBound is how long the job may take to be gone after the kill.
 const watchersBound = 10 * time.Second
+
+// initEnv makes this test binary the init stand-in: a child subreaper
+// that runs its arguments as a child in a process group of its own, reaps
+// whatever comes to it, and exits once it has no child left.
+const initEnv = "GORUN_CHAOS_INIT"
+
+// maybeInit runs the init stand-in when initEnv is set.
+func maybeInit() {
+	if os.Getenv(initEnv) == "" {
+		return
+	}
+	os.Exit(runInit(os.Args[1:]))
+}
+
+func runInit(argv []string) int {
+	if len(argv) == 0 {
+		return fail(fmt.Errorf("init stand-in: no command"))
+	}
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fail(err)
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, initEnv+"=") {
+			env = append(env, kv)
+		}
+	}
+	c := exec.Command(argv[0], argv[1:]...)
+	c.Env, c.Stdout, c.Stderr = env, os.Stdout, os.Stderr
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := c.Start(); err != nil {
+		return fail(err)
+	}
+	for {
+		var ws syscall.WaitStatus
+		if _, err := syscall.Wait4(-1, &ws, 0, nil); errors.Is(err, syscall.ECHILD) {
+			return 0
+		}
+	}
+}
 
 // maybeSpawner runs the spawning rank when spawnEnv is set.
 func maybeSpawner() {
@@ -218,6 +271,8 @@ func jobCgroups(job string) []string {
 type watcherRow struct {
 	hosts bool     // across the namespace hosts (one rank each), else on this host
 	kill  []string // "gorun", "supervisor", "agent"; "pkill": every process whose command line names gorun's binary, as pkill -9 -f PATH
+	stop  []string // SIGSTOPped just before the kill (same names); counted as survivors until gone
+	init  bool     // gorun runs under the init stand-in (local rows)
 	ci    bool
 }
 
@@ -226,7 +281,14 @@ func (r watcherRow) name() string {
 	if r.hosts {
 		where = "hosts"
 	}
-	return where + "/kill-watchers/" + strings.Join(r.kill, "+")
+	s := where + "/kill-watchers/" + strings.Join(r.kill, "+")
+	if len(r.stop) > 0 {
+		s += "/stopped-" + strings.Join(r.stop, "+")
+	}
+	if r.init {
+		s += "/under-init"
+	}
+	return s
 }
 
 func watcherRows() []watcherRow {
@@ -240,6 +302,11 @@ func watcherRows() []watcherRow {
 		{hosts: true, kill: []string{"agent", "supervisor"}, ci: true},
 		{hosts: true, kill: []string{"gorun", "agent", "supervisor"}, ci: true},
 		{hosts: true, kill: []string{"pkill"}},
+		// A stopped supervisor outlives its killed client.
+		{kill: []string{"gorun"}, stop: []string{"supervisor"}, init: true, ci: true},
+		// On a namespace host the killed agent's supervisor goes to
+		// another session: the kernel continues it (see above).
+		{hosts: true, kill: []string{"agent"}, stop: []string{"supervisor"}},
 	}
 }
 
@@ -324,11 +391,16 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 		args = append(args, "--launch-agent", strings.Join(hosts.SSHArgs(), " "), "-hostfile", hf,
 			"-x", spawnEnv+"="+dir, "-x", "GORACE=atexit_sleep_ms=0")
 	}
-	args = append(args, selfBin)
+	args = append([]string{gorunBin}, append(args, selfBin)...)
+	env := append(os.Environ(), spawnEnv+"="+dir)
+	if r.init {
+		args = append([]string{selfBin}, args...)
+		env = append(env, initEnv+"=1")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, gorunBin, args...)
-	cmd.Env = append(os.Environ(), spawnEnv+"="+dir)
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+	cmd.Env = env
 	var out launchertest.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -337,8 +409,24 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 	}
 	waited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(waited) }()
+	gorunPid := cmd.Process.Pid
+	if r.init {
+		// gorun is the stand-in's child, in a process group of its own.
+		if !launchertest.WaitFor(10*time.Second, func() bool {
+			c := childrenOf(cmd.Process.Pid)
+			if len(c) > 0 {
+				gorunPid = c[0]
+			}
+			return len(c) > 0
+		}) {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-waited
+			return watcherResult{err: "the init stand-in started no gorun: " + lastLines(out.String(), 10)}
+		}
+	}
 	defer func() {
 		// Whatever happened, gorun and every recorded process go.
+		_ = syscall.Kill(-gorunPid, syscall.SIGKILL)
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-waited
 	}()
@@ -358,9 +446,27 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 			}
 		}
 	}()
-	targets, err := watcherPids(cmd.Process.Pid, r)
+	targets, err := watcherPids(gorunPid, r.hosts, r.kill)
 	if err != nil {
 		return watcherResult{err: err.Error()}
+	}
+	stopped, err := watcherPids(gorunPid, r.hosts, r.stop)
+	if err != nil {
+		return watcherResult{err: err.Error()}
+	}
+	for _, p := range stopped {
+		procs = append(procs, tracked{p, startTime(p)}) // the deferred cleanup kills it too
+		_ = syscall.Kill(p, syscall.SIGSTOP)
+	}
+	if !launchertest.WaitFor(5*time.Second, func() bool {
+		for _, p := range stopped {
+			if stateOf(p) != "T" {
+				return false
+			}
+		}
+		return true
+	}) {
+		return watcherResult{err: fmt.Sprintf("watchers %v never showed as stopped", stopped)}
 	}
 	t0 := time.Now()
 	for _, p := range targets {
@@ -383,12 +489,12 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 	res.gone = time.Since(t0)
 	res.survivors, res.cgroups = left()
 	if res.survivors > 0 || res.cgroups > 0 {
-		res.err = fmt.Sprintf("(killed %v; cgroups %v)", targets, jobCgroups(job))
+		res.err = fmt.Sprintf("(killed %v, stopped %v; cgroups %v)", targets, stopped, jobCgroups(job))
 	}
 	select {
 	case <-waited:
 	case <-time.After(20 * time.Second):
-		res.err += " gorun still running 20s after the kill"
+		res.err += " gorun (or the init stand-in's last child) still running 20s after the kill"
 	}
 	if r.hosts && res.err == "" {
 		for _, h := range hosts.Hosts {
@@ -403,14 +509,18 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 	return res
 }
 
-// watcherPids finds the row's processes to kill: gorun is gorunPid; a
-// supervisor is a process whose environment marks it so, below gorun
-// (locally) or below an agent; an agent is a "gorun agent" process on a
-// namespace host. Every supervisor and agent found is taken (hosts rows
-// run one rank, so one of each, per host).
-func watcherPids(gorunPid int, r watcherRow) ([]int, error) {
+// watcherPids finds the named watchers of a row (its kill or stop list;
+// hosts: across the namespace hosts): gorun is gorunPid; a supervisor is
+// a process whose environment marks it so, below gorun (locally) or below
+// an agent; an agent is a "gorun agent" process on a namespace host.
+// Every supervisor and agent found is taken (hosts rows run one rank, so
+// one of each, per host).
+func watcherPids(gorunPid int, onHosts bool, names []string) ([]int, error) {
 	var out []int
-	if slices.Contains(r.kill, "pkill") {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	if slices.Contains(names, "pkill") {
 		// What `pkill -9 -f PATH` kills: every process whose command
 		// line names gorun's binary (gorun, its supervisors, agents).
 		d, err := os.ReadDir("/proc")
@@ -424,11 +534,11 @@ func watcherPids(gorunPid int, r watcherRow) ([]int, error) {
 		}
 		return out, nil
 	}
-	if slices.Contains(r.kill, "gorun") {
+	if slices.Contains(names, "gorun") {
 		out = append(out, gorunPid)
 	}
 	var agents []int
-	if r.hosts {
+	if onHosts {
 		for _, h := range hosts.Hosts {
 			pids, err := hosts.Pids(h)
 			if err != nil {
@@ -443,13 +553,13 @@ func watcherPids(gorunPid int, r watcherRow) ([]int, error) {
 		if len(agents) != len(hosts.Hosts) {
 			return nil, fmt.Errorf("found agents %v, want one on each of %d hosts", agents, len(hosts.Hosts))
 		}
-		if slices.Contains(r.kill, "agent") {
+		if slices.Contains(names, "agent") {
 			out = append(out, agents...)
 		}
 	}
-	if slices.Contains(r.kill, "supervisor") {
+	if slices.Contains(names, "supervisor") {
 		parents := []int{gorunPid}
-		if r.hosts {
+		if onHosts {
 			parents = agents
 		}
 		n := 0
