@@ -36,7 +36,10 @@ type row struct {
 	inject   []string
 	netfault string
 	// args are more gorun arguments (e.g. --min-np).
-	args     []string
+	args []string
+	// prog, when set, is the program gorun runs in place of the chaos
+	// rank (gorun mode); "GORUN" in it is gorun's binary.
+	prog     []string
 	restarts int
 	run      time.Duration // the rank loop's length (GORUN_CHAOS_RUN)
 	env      []string      // more environment for every rank
@@ -325,6 +328,7 @@ func matrix() []row {
 			cause: []string{"the network between host", "HOST0", "HOST2", "link cut"}, names: "rank ",
 			during: iptablesPartition(0, []int{2}, 8*time.Second), namedInCut: true, code: 255},
 	)
+	rows = append(rows, programRows()...)
 	for i := range rows {
 		if rows[i].bound == 0 {
 			rows[i].bound = defaultBound
@@ -510,7 +514,15 @@ func runGorunArgs(t *testing.T, r row, env []string, pre []string, also io.Write
 		args = append(args, "--max-restarts", strconv.Itoa(r.restarts))
 	}
 	args = append(args, r.args...)
-	args = append(args, selfBin)
+	if len(r.prog) == 0 {
+		args = append(args, selfBin)
+	}
+	for _, a := range r.prog {
+		if a == "GORUN" {
+			a = gorunBin
+		}
+		args = append(args, a)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.bound)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, gorunBin, args...)

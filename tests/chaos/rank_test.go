@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -28,8 +30,10 @@ import (
 //	bucket   eight 32 KiB all-reduces issued at once, then waited (a flush)
 //
 // The victim (chaosVictim) injects its own fault (chaosFault: kill, stop,
-// hang: block for ever without being stopped, or desync: at phase small
-// only, call a barrier where the others all-reduce) at chaosPhase, in the first world only, so that a phase is hit
+// hang: block for ever without being stopped, desync: at phase small
+// only, call a barrier where the others all-reduce, or pmi-junk: at phase
+// launch only, write junk to its PMI_FD and wait for the server's answer
+// and end) at chaosPhase, in the first world only, so that a phase is hit
 // exactly rather than by timing:
 //
 //	launch     before Init
@@ -87,6 +91,8 @@ func runRank() int {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 		case "hang":
 			select {} // running, not stopped: ended by the job's teardown
+		case "pmi-junk":
+			os.Exit(pmiJunk(me))
 		}
 	}
 	at := func(p string) bool { return armed && phase == p }
@@ -272,4 +278,24 @@ func runRank() int {
 	}
 	fmt.Printf("chaos-result rank %d iters %d sum %v longest %d ms\n", me, it+1, sum, longest.Milliseconds())
 	return 0
+}
+
+// pmiJunk writes junk to the rank's PMI_FD, as a rank with a broken PMI
+// client would, reads until the server ends the connection, and fails
+// with what the server said. A server that stops reading but keeps the
+// connection leaves it blocked here: a hang the row's bound catches.
+func pmiJunk(me int) int {
+	fd, err := strconv.Atoi(os.Getenv("PMI_FD"))
+	if err != nil {
+		fmt.Printf("chaos-error rank %d: no PMI_FD to write junk to: %v\n", me, err)
+		return 6
+	}
+	f := os.NewFile(uintptr(fd), "pmi")
+	if _, err := f.Write([]byte("\x00\x01\xfe not PMI at all\n")); err != nil {
+		fmt.Printf("chaos-error rank %d: writing junk to PMI_FD: %v\n", me, err)
+		return 6
+	}
+	reply, err := io.ReadAll(f)
+	fmt.Printf("chaos-error rank %d: the PMI server answered junk with %q and ended the connection (%v)\n", me, strings.TrimSpace(string(reply)), err)
+	return 6
 }
