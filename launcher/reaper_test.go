@@ -21,50 +21,7 @@ func TestReaper(t *testing.T) {
 	if _, err := CgroupSupport(); err != nil {
 		t.Skipf("no writable cgroup hierarchy here (%v): no job cgroups, no reaper", err)
 	}
-	start := func(t *testing.T) (*jobCgroup, *exec.Cmd, *reaperClient, int) {
-		g, err := newJobCgroup("reapertest")
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The stand-in supervisor: a shell in the cgroup (moved there
-		// before it forks) whose child leaves its session.
-		sup := exec.Command("/bin/sh", "-c", "read x; setsid sleep 3600 & echo $!; exec sleep 3600")
-		in, err := sup.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := sup.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := sup.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if err := g.add(sup.Process.Pid); err != nil {
-			t.Fatal(err)
-		}
-		in.Write([]byte("go\n"))
-		var b [32]byte
-		n, _ := out.Read(b[:])
-		var child int
-		for _, c := range b[:n] {
-			if c >= '0' && c <= '9' {
-				child = child*10 + int(c-'0')
-			}
-		}
-		r, err := startReaper("", g, sup.Process.Pid, os.Stderr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = syscall.Kill(child, syscall.SIGKILL)
-			_ = sup.Process.Kill()
-			_ = sup.Wait()
-			r.done()
-			_, _ = g.remove()
-		})
-		return g, sup, r, child
-	}
+	start := startReaperStandIn
 	gone := func(dir string) bool {
 		_, err := os.Stat(dir)
 		return errors.Is(err, os.ErrNotExist)
@@ -156,4 +113,52 @@ func TestReaper(t *testing.T) {
 			t.Errorf("child %d survives the release", child)
 		}
 	})
+}
+
+// startReaperStandIn starts a stand-in supervisor (a shell moved into a new
+// job cgroup before it forks, whose child leaves its session) and its
+// reaper; it returns them and the child's pid, all removed at cleanup.
+func startReaperStandIn(t *testing.T) (*jobCgroup, *exec.Cmd, *reaperClient, int) {
+	g, err := newJobCgroup("reapertest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stand-in supervisor: a shell in the cgroup (moved there
+	// before it forks) whose child leaves its session.
+	sup := exec.Command("/bin/sh", "-c", "read x; setsid sleep 3600 & echo $!; exec sleep 3600")
+	in, err := sup.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := sup.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sup.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.add(sup.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	in.Write([]byte("go\n"))
+	var b [32]byte
+	n, _ := out.Read(b[:])
+	var child int
+	for _, c := range b[:n] {
+		if c >= '0' && c <= '9' {
+			child = child*10 + int(c-'0')
+		}
+	}
+	r, err := startReaper("", g, sup.Process.Pid, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(child, syscall.SIGKILL)
+		_ = sup.Process.Kill()
+		_ = sup.Wait()
+		r.done()
+		_, _ = g.remove()
+	})
+	return g, sup, r, child
 }

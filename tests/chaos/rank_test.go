@@ -83,18 +83,7 @@ func runRank() int {
 	world := os.Getenv("GORUN_RESTART_COUNT")
 	armed := me == victim && (world == "" || world == "0")
 	phase := os.Getenv(chaosPhase)
-	fault := func() {
-		switch os.Getenv(chaosFault) {
-		case "kill":
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		case "stop":
-			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
-		case "hang":
-			select {} // running, not stopped: ended by the job's teardown
-		case "pmi-junk":
-			os.Exit(pmiJunk(me))
-		}
-	}
+	fault := func() { selfFault(me) }
 	at := func(p string) bool { return armed && phase == p }
 	if at("launch") {
 		fault()
@@ -278,6 +267,21 @@ func runRank() int {
 	}
 	fmt.Printf("chaos-result rank %d iters %d sum %v longest %d ms\n", me, it+1, sum, longest.Milliseconds())
 	return 0
+}
+
+// selfFault is the victim's own fault of chaosFault (see above; desync is
+// runRank's, at its call).
+func selfFault(me int) {
+	switch os.Getenv(chaosFault) {
+	case "kill":
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	case "stop":
+		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	case "hang":
+		select {} // running, not stopped: ended by the job's teardown
+	case "pmi-junk":
+		os.Exit(pmiJunk(me))
+	}
 }
 
 // pmiJunk writes junk to the rank's PMI_FD, as a rank with a broken PMI

@@ -412,13 +412,7 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 	gorunPid := cmd.Process.Pid
 	if r.init {
 		// gorun is the stand-in's child, in a process group of its own.
-		if !launchertest.WaitFor(10*time.Second, func() bool {
-			c := childrenOf(cmd.Process.Pid)
-			if len(c) > 0 {
-				gorunPid = c[0]
-			}
-			return len(c) > 0
-		}) {
+		if gorunPid = initChild(cmd.Process.Pid); gorunPid == 0 {
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-waited
 			return watcherResult{err: "the init stand-in started no gorun: " + lastLines(out.String(), 10)}
@@ -456,17 +450,9 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 	}
 	for _, p := range stopped {
 		procs = append(procs, tracked{p, startTime(p)}) // the deferred cleanup kills it too
-		_ = syscall.Kill(p, syscall.SIGSTOP)
 	}
-	if !launchertest.WaitFor(5*time.Second, func() bool {
-		for _, p := range stopped {
-			if stateOf(p) != "T" {
-				return false
-			}
-		}
-		return true
-	}) {
-		return watcherResult{err: fmt.Sprintf("watchers %v never showed as stopped", stopped)}
+	if err := stopAll(stopped); err != nil {
+		return watcherResult{err: err.Error()}
 	}
 	t0 := time.Now()
 	for _, p := range targets {
@@ -507,6 +493,37 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 		}
 	}
 	return res
+}
+
+// initChild waits for the init stand-in's child (gorun) and returns its
+// pid, 0 if none came within 10 s.
+func initChild(init int) int {
+	pid := 0
+	launchertest.WaitFor(10*time.Second, func() bool {
+		if c := childrenOf(init); len(c) > 0 {
+			pid = c[0]
+		}
+		return pid != 0
+	})
+	return pid
+}
+
+// stopAll SIGSTOPs pids and waits until every one shows as stopped.
+func stopAll(pids []int) error {
+	for _, p := range pids {
+		_ = syscall.Kill(p, syscall.SIGSTOP)
+	}
+	if !launchertest.WaitFor(5*time.Second, func() bool {
+		for _, p := range pids {
+			if stateOf(p) != "T" {
+				return false
+			}
+		}
+		return true
+	}) {
+		return fmt.Errorf("watchers %v never showed as stopped", pids)
+	}
+	return nil
 }
 
 // watcherPids finds the named watchers of a row (its kill or stop list;
