@@ -106,6 +106,8 @@ def main():
             step, q.id, ",".join(map(str, q.participants)), q.healed, digest()))
         # The full parameters, gathered over the group.
         full = m.group_all_gather(torch.empty(chunk * S), shard.detach())
+        if m.errored() is None and not torch.equal(full[gi * chunk:(gi + 1) * chunk], shard.detach()):
+            say(r, "FAIL the all-gather put this rank's shard elsewhere than at its group place %d" % gi)
         torch.nn.utils.vector_to_parameters(full[:numel], params)
         model.zero_grad()
         g = torch.Generator().manual_seed(1000 * r + step)
