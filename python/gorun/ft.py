@@ -25,6 +25,13 @@ checkpoint file. Shaped like torchft's Manager::
             opt.step()
     m.close()
 
+Under ``gorun --fault-tolerant --fault-tolerant-group S`` a replica is a
+group of S ranks (HSDP's shape): each rank holds one shard, shards are
+gathered and gradients reduce-scattered within the group
+(group_all_gather, group_reduce_scatter, group_comm), and allreduce()
+averages this rank's shard across the groups; a rank's death restarts its
+group, and each new rank heals its shard from its place in a live group.
+
 The quorum, the commit decision, the heal (the state's bytes sliced across
 the live replicas, checked by digest) and every collective run in gorun's Go
 runtime (package ft, through libgorun's gorun_ft_* calls); this module turns
