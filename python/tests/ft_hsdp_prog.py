@@ -56,6 +56,18 @@ def say(r, text):
     sys.stdout.flush()
 
 
+def bad_sizes(m, r, chunk):
+    """The group calls refuse buffers of the wrong size, naming them."""
+    for what, call in (("all_gather", lambda: m.group_all_gather(torch.empty(chunk), torch.empty(chunk))),
+                       ("reduce_scatter", lambda: m.group_reduce_scatter(torch.empty(chunk), torch.empty(chunk)))):
+        try:
+            call()
+            say(r, "FAIL group_%s took buffers of the wrong size" % what)
+        except ValueError as e:
+            if "want %d" % (chunk * m.group_size) not in str(e):
+                say(r, "FAIL group_%s: %s" % (what, e))
+
+
 def main():
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -104,6 +116,8 @@ def main():
         step = m.current_step()
         say(r, "QUORUM step=%d id=%d parts=%s healed=%s digest=%s" % (
             step, q.id, ",".join(map(str, q.participants)), q.healed, digest()))
+        if step == 0 and q.changed:
+            bad_sizes(m, r, chunk)
         # The full parameters, gathered over the group.
         full = m.group_all_gather(torch.empty(chunk * S), shard.detach())
         if m.errored() is None and not torch.equal(full[gi * chunk:(gi + 1) * chunk], shard.detach()):
