@@ -388,3 +388,11 @@ func (e *CollateralError) ExitCode() int {
 	}
 	return e.Code
 }
+
+// plural picks the word for n things.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}

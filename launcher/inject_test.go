@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/launcher/fault"
+	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
 // testPlan is a plan of two hosts with two ranks each.
 func testPlan(t *testing.T) *Plan {
 	t.Helper()
-	p, err := NewPlan(PlanConfig{
+	p, err := plan.New(plan.Config{
 		Hosts: []Host{{Name: "h1", Slots: 2}, {Name: "h2", Slots: 2}}, JobID: "j", Secret: "s",
 		MasterAddr: "127.0.0.1", MasterPort: 1, RdzvPort: 2,
 	})
