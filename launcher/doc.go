@@ -109,8 +109,8 @@
 //   - launcher/hostfile: Host and the host list's two spellings (a
 //     hostfile, an -H value); pure. Host stays here as an alias.
 //   - launcher/fault: the --inject specs (Fault, its kinds, Parse,
-//     ParseFile); pure. Fault, FaultKind, FaultSpecError and the kind
-//     constants stay here as aliases; scheduling faults against a plan
+//     ParseFile); pure. Its names are called by the package's name
+//     (fault.Fault, fault.Kill); scheduling faults against a plan
 //     stays here (inject.go, inject_chaos.go), since it needs the plan and
 //     feeds the job loop and the supervisor.
 //   - launcher/output: where a job's output goes (the terminal, line-whole

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gorun-hpc/gorun/hostlist"
+	"github.com/gorun-hpc/gorun/launcher/fault"
 	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
@@ -47,7 +48,7 @@ type Job struct {
 	Export        []string
 	// Faults are injected into the job (inject.go); MaxRestarts is how
 	// many times a failed world is started again (elastic.go).
-	Faults      []Fault
+	Faults      []fault.Fault
 	MaxRestarts int
 	// CheckpointSignal is the signal that asks the ranks for a checkpoint
 	// (0: SIGUSR1), exported to them as GORUN_CHECKPOINT_SIGNAL.
@@ -108,7 +109,7 @@ func Launch(ctx context.Context, cfg Config, job Job) error {
 // *RankExitError, *StartError, *TimeoutError, *InterruptedError,
 // *ProgramError, *plan.SlotsError, *plan.CapacityError, *SupervisorError, *HostError,
 // *VersionError, *HostLostError, *MPIError, *FrozenError, *OutputLostError (every rank
-// succeeded but a log file lost output), *FaultSpecError, or a
+// succeeded but a log file lost output), *fault.SpecError, or a
 // configuration or context error. The report is never nil.
 func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
 	rep := &Report{
@@ -121,7 +122,7 @@ func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
 	kept := rep.Faults[:0]
 	for i, f := range rep.Faults {
 		if f.Restart == nil {
-			if i < len(rep.inj) && rep.faults[rep.inj[i].fault].Kind == FaultRandom {
+			if i < len(rep.inj) && rep.faults[rep.inj[i].fault].Kind == fault.Random {
 				// One of a random fault's week of planned kills: only
 				// those that were due belong in the report.
 				rep.RandomNotDue++
