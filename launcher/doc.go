@@ -115,8 +115,8 @@
 //     feeds the job loop and the supervisor.
 //   - launcher/output: where a job's output goes (the terminal, line-whole
 //     across ranks, and --output-dir's per-rank logs); it reads whatever
-//     readers the launcher hands it. OutputLostError and OutputDirError
-//     stay here as aliases.
+//     readers the launcher hands it. Its errors are output.LostError and
+//     output.DirError.
 //   - launcher/plan: the plan (Plan, RankSpec, New, Config, Node,
 //     ResolveExports, MergeEnv) and its limits and errors (MaxRanks,
 //     SlotsError, CapacityError); pure. Plan and RankSpec stay here as

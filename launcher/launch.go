@@ -107,10 +107,11 @@ func Launch(ctx context.Context, cfg Config, job Job) error {
 // per host and runs the job through them. The error is nil when every rank
 // of the last world exited 0; otherwise it is the last world's: one of
 // *RankExitError, *StartError, *TimeoutError, *InterruptedError,
-// *ProgramError, *plan.SlotsError, *plan.CapacityError, *SupervisorError, *HostError,
-// *VersionError, *HostLostError, *MPIError, *FrozenError, *OutputLostError (every rank
-// succeeded but a log file lost output), *fault.SpecError, or a
-// configuration or context error. The report is never nil.
+// *ProgramError, *plan.SlotsError, *plan.CapacityError, *SupervisorError,
+// *HostError, *VersionError, *HostLostError, *MPIError, *FrozenError,
+// *output.LostError (every rank succeeded but a log file lost output),
+// *fault.SpecError, or a configuration or context error. The report is
+// never nil.
 func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
 	rep := &Report{
 		MaxRestarts: job.MaxRestarts, faults: job.Faults, horizon: randomHorizon,
