@@ -279,9 +279,17 @@ func TestFTReplicaGroups(t *testing.T) {
 			}()
 		}()
 	}
+	// A rank that fails leaves the others blocked in a collective (no
+	// timeout of their own): fail the test rather than hang it.
+	deadline := time.After(60 * time.Second)
 	for range n {
-		if err := <-errs; err != nil {
-			t.Error(err)
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-deadline:
+			t.Fatal("the ranks did not finish in 60 s (a rank's failure leaves the others blocked)")
 		}
 	}
 	for r := range n {
