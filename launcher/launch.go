@@ -205,7 +205,7 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 		return err
 	}
 	defer ports.Release()
-	plan, err := plan.New(plan.Config{
+	pl, err := plan.New(plan.Config{
 		NP: job.NP, Hosts: job.Hosts, Oversubscribe: job.Oversubscribe,
 		GPUsPerHost: job.GPUsPerHost, Export: job.Export,
 		JobID: jobID, Secret: secret,
@@ -218,13 +218,13 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := cfg.world.prepare(plan); err != nil {
+	if err := cfg.world.prepare(pl); err != nil {
 		return err
 	}
-	cfg.Logger.Info().Str("job", plan.JobID).Int("world", plan.WorldSize).Int("nodes", len(plan.Nodes)).
-		Str("master", plan.MasterEndpoint()).Str("rdzv", plan.RdzvEndpoint).
+	cfg.Logger.Info().Str("job", pl.JobID).Int("world", pl.WorldSize).Int("nodes", len(pl.Nodes)).
+		Str("master", pl.MasterEndpoint()).Str("rdzv", pl.RdzvEndpoint).
 		Str("program", path).Msg("launching")
-	return RunLocal(ctx, cfg, plan, Program{Path: path, Argv: job.Argv}, ports)
+	return RunLocal(ctx, cfg, pl, Program{Path: path, Argv: job.Argv}, ports)
 }
 
 // localRanks is how many ranks a local job asks for: -np, else the slots of

@@ -185,17 +185,17 @@ func (e *earlyStart) verdict(node int, c *hostConn, err error) error {
 			return nil
 		}
 		e.pc.MasterAddr, e.pc.MasterPort, e.pc.RdzvPort = h0.hello.Addr, h0.hello.MasterPort, h0.hello.RdzvPort
-		plan, err := plan.New(e.pc)
+		pl, err := plan.New(e.pc)
 		if err == nil {
-			err = m.cfg.world.prepare(plan)
+			err = m.cfg.world.prepare(pl)
 		}
 		if err != nil {
 			return err
 		}
-		m.cfg.Logger.Info().Str("job", plan.JobID).Int("world", plan.WorldSize).Int("nodes", len(plan.Nodes)).
-			Str("master", plan.MasterEndpoint()).Str("rdzv", plan.RdzvEndpoint).
+		m.cfg.Logger.Info().Str("job", pl.JobID).Int("world", pl.WorldSize).Int("nodes", len(pl.Nodes)).
+			Str("master", pl.MasterEndpoint()).Str("rdzv", pl.RdzvEndpoint).
 			Str("program", m.prog.Path).Msg("launching")
-		if e.run, err = m.newRun(plan, e.pc); err != nil {
+		if e.run, err = m.newRun(pl, e.pc); err != nil {
 			return err
 		}
 	}
