@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
 // Counts gorun cannot serve are refused before anything is allocated for
@@ -14,12 +16,6 @@ import (
 // until the machine runs out of memory, and a merely too large one fails
 // late and cryptically ("pipe2: too many open files") after starting part
 // of the job.
-
-// MaxRanks is the most ranks one job may have. A plan holds one environment
-// of about a kilobyte per rank, so this bounds a plan at a few hundred MB;
-// it is well above the largest jobs gorun is meant for (thousands of hosts
-// of eight GPUs).
-const MaxRanks = 1 << 18
 
 // Per-rank costs on the launching machine for a local job. gorun reads two
 // pipes per rank (stdout, stderr); its supervisor holds their write ends
@@ -31,33 +27,6 @@ const (
 	// the supervisor's pipes, the runtime's own descriptors).
 	fdsBase = 64
 )
-
-// CapacityError reports a rank count that a limit of this machine or of
-// gorun cannot serve; nothing was started.
-type CapacityError struct {
-	// Ranks is the number of ranks asked for.
-	Ranks int
-	// Resource names the limit: "ranks", "open files" or "processes".
-	Resource string
-	// Need is how much of it the job would take, Limit how much there is.
-	Need, Limit int
-	// Where says which limit it is and how to raise it.
-	Where string
-	// FromSlots is set when the count is the hosts' slots (no -np); it
-	// was counted only until it passed the limit.
-	FromSlots bool
-}
-
-func (e *CapacityError) Error() string {
-	if e.Resource == "ranks" && e.FromSlots {
-		return fmt.Sprintf("launcher: the hosts' slots make more than %d ranks, gorun's limit for one job; give -np", e.Limit)
-	}
-	if e.Resource == "ranks" {
-		return fmt.Sprintf("launcher: %d ranks requested; gorun runs at most %d ranks in one job", e.Ranks, e.Limit)
-	}
-	return fmt.Sprintf("launcher: %d ranks on this machine need about %d %s, but the limit is %d (%s); run fewer ranks or raise the limit",
-		e.Ranks, e.Need, e.Resource, e.Limit, e.Where)
-}
 
 // localLimits are the limits of this machine that a local job's rank count
 // meets, with what is in use already; 0 means no limit.
@@ -79,11 +48,11 @@ type localLimits struct {
 // checkLocalCapacity refuses a local job of ranks ranks that lim cannot
 // serve. Pure, so that tests can give it any limits.
 func checkLocalCapacity(ranks int, lim localLimits) error {
-	if ranks > MaxRanks {
-		return &CapacityError{Ranks: ranks, Resource: "ranks", Need: ranks, Limit: MaxRanks}
+	if ranks > plan.MaxRanks {
+		return &plan.CapacityError{Ranks: ranks, Resource: "ranks", Need: ranks, Limit: plan.MaxRanks}
 	}
 	if need := fdsPerRankSupervisor*ranks + fdsBase; lim.files > 0 && need > lim.files {
-		return &CapacityError{Ranks: ranks, Resource: "open files", Need: need, Limit: lim.files,
+		return &plan.CapacityError{Ranks: ranks, Resource: "open files", Need: need, Limit: lim.files,
 			Where: fmt.Sprintf("ulimit -n, hard limit %d; %d per rank in gorun's supervisor", lim.files, fdsPerRankSupervisor)}
 	}
 	for _, l := range []struct {
@@ -100,7 +69,7 @@ func checkLocalCapacity(ranks int, lim localLimits) error {
 		}
 		// One process per rank, plus the supervisor.
 		if need := ranks + 1; l.inUse+need > l.limit {
-			return &CapacityError{Ranks: ranks, Resource: "processes", Need: need, Limit: l.limit - l.inUse,
+			return &plan.CapacityError{Ranks: ranks, Resource: "processes", Need: need, Limit: l.limit - l.inUse,
 				Where: fmt.Sprintf("%s is %d with %d in use", l.where, l.limit, l.inUse)}
 		}
 	}

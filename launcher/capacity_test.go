@@ -5,6 +5,8 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
 func TestCheckLocalCapacity(t *testing.T) {
@@ -37,32 +39,11 @@ func TestCheckLocalCapacity(t *testing.T) {
 				}
 				return
 			}
-			var ce *CapacityError
+			var ce *plan.CapacityError
 			if !errors.As(err, &ce) || ce.Resource != tc.resource || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want a %s CapacityError containing %q", err, tc.resource, tc.want)
 			}
 		})
-	}
-}
-
-// The plan refuses absurd counts before building one environment per rank,
-// whether they come from -np or from slots.
-func TestPlanRefusesAbsurdCounts(t *testing.T) {
-	for _, mod := range []func(*PlanConfig){
-		func(c *PlanConfig) { c.NP = 99999999999 },
-		func(c *PlanConfig) { c.NP = MaxRanks + 1 },
-		func(c *PlanConfig) {
-			c.NP = 0
-			c.Hosts = []Host{{Name: "a", Slots: MaxRanks}, {Name: "b", Slots: 1 << 30}}
-		},
-	} {
-		c := basePlanConfig()
-		mod(&c)
-		p, err := NewPlan(c)
-		var ce *CapacityError
-		if !errors.As(err, &ce) || ce.Resource != "ranks" || p != nil {
-			t.Errorf("NewPlan(np %d, hosts %v) = %v, %v; want a ranks CapacityError", c.NP, c.Hosts, p, err)
-		}
 	}
 }
 
@@ -72,13 +53,13 @@ func TestHostRefusesRanksItCannotServe(t *testing.T) {
 	c1, c2 := net.Pipe()
 	defer c1.Close()
 	defer c2.Close()
-	job := &remoteJob{Program: "/bin/true", Iface: "127.0.0.0/8", Ranks: MaxRanks + 1}
+	job := &remoteJob{Program: "/bin/true", Iface: "127.0.0.0/8", Ranks: plan.MaxRanks + 1}
 	h, ports := prepareHost(HostAgentOptions{Version: "v"}, job, c1, false)
 	ports.Release()
 	if h.ErrKind != "capacity" || !strings.Contains(h.Err, "262145 ranks requested; gorun runs at most 262144") {
 		t.Fatalf("hello %q (%s), want a capacity refusal", h.Err, h.ErrKind)
 	}
-	m := &hostAgents{cfg: Config{Version: "v"}, nodes: []Node{{Name: "h1"}}}
+	m := &hostAgents{cfg: Config{Version: "v"}, nodes: []plan.Node{{Name: "h1"}}}
 	err := m.checkHello(0, h)
 	if err == nil || err.Error() != "host h1: check limits: 262145 ranks requested; gorun runs at most 262144 ranks in one job" {
 		t.Fatalf("checkHello = %v", err)

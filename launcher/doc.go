@@ -23,10 +23,11 @@
 //     each world decides where the ranks live and hands over: every host
 //     is this machine → launchLocal and RunLocal; otherwise launchOnHosts
 //     (remote.go). SLURM allocations are read here too (SlurmHosts).
-//   - Planning (plan.go, pure): NewPlan maps PlanConfig — hosts, -np, GPUs,
-//     exports, job id, secret, ports — to a Plan with one RankSpec per rank
-//     and its full environment (rankenv names). Host lists come from
-//     launcher/hostfile; ResolveExports turns -x values into NAME=VALUE.
+//   - Planning (package launcher/plan, pure): plan.New maps a plan.Config
+//     — hosts, -np, GPUs, exports, job id, secret, ports — to a Plan with
+//     one RankSpec per rank and its full environment (rankenv names). Host
+//     lists come from launcher/hostfile; plan.ResolveExports turns -x
+//     values into NAME=VALUE.
 //   - Edges (local.go, ports.go, gpus.go): which names are this machine,
 //     job identity, two kernel-chosen free ports held until the ranks start,
 //     GPU count from launcher.GPUProbe (the CUDA driver in gorun).
@@ -108,21 +109,25 @@
 //   - launcher/hostfile: Host and the host list's two spellings (a
 //     hostfile, an -H value); pure. Host stays here as an alias.
 //   - launcher/fault: the --inject specs (Fault, its kinds, Parse,
-//     ParseFile); pure. Fault, FaultKind, FaultSpecError and the kind
-//     constants stay here as aliases; scheduling faults against a plan
+//     ParseFile); pure. Its names are called by the package's name
+//     (fault.Fault, fault.Kill); scheduling faults against a plan
 //     stays here (inject.go, inject_chaos.go), since it needs the plan and
 //     feeds the job loop and the supervisor.
 //   - launcher/output: where a job's output goes (the terminal, line-whole
 //     across ranks, and --output-dir's per-rank logs); it reads whatever
-//     readers the launcher hands it. OutputLostError and OutputDirError
-//     stay here as aliases.
+//     readers the launcher hands it. Its errors are output.LostError and
+//     output.DirError.
+//   - launcher/plan: the plan (Plan, RankSpec, New, Config, Node,
+//     ResolveExports, MergeEnv) and its limits and errors (MaxRanks,
+//     SlotsError, CapacityError); pure. Plan and RankSpec stay here as
+//     aliases (plan.go); the machine's limits stay here (capacity.go).
 //   - launcher/launchertest: test support (helper rank modes, a scan for
 //     a test's surviving processes).
 //
 // Still in this package, in the order a later split would take them: the
-// plan (plan.go, with the rank environment and ports), the supervisor
-// and its client (with stdin.go), the host agent and host start-up, and
-// elastic restarts.
+// supervisor and its client (with stdin.go), the host agent and host
+// start-up, and elastic restarts. The edges the plan's caller needs
+// (ports.go, local.go, gpus.go) stay with the launcher, which owns I/O.
 //
 // # Walking `gorun -np 2 ./prog`
 //
@@ -130,7 +135,7 @@
 // which builds a Config and a Job and calls LaunchReport (launch.go). Its
 // launchWorlds (elastic.go) runs one world; every host is this machine, so
 // launchLocal (launch.go) resolves the program, reserves the ports, plans
-// (NewPlan, plan.go) and calls RunLocal (runlocal.go), which starts the
+// (plan.New, launcher/plan) and calls RunLocal (runlocal.go), which starts the
 // supervisor (supervisorclient.go: rankPipes, startSupervisor) and sends it
 // the spec. The supervisor, gorun's own executable re-run
 // (IsSupervisor/SupervisorMain, supervisor.go: runSupervisor, startAll),

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
 // Doctor: pre-flight checks of every host before a big job. It starts the
@@ -122,12 +124,12 @@ func Doctor(ctx context.Context, cfg Config, hosts []Host) (*DoctorReport, error
 	if len(hosts) == 0 {
 		return nil, errors.New("launcher: doctor needs hosts (-H, -hostfile or a SLURM allocation)")
 	}
-	var nodes []Node
+	var nodes []plan.Node
 	seen := map[string]bool{}
 	for _, h := range hosts {
 		if !seen[h.Name] {
 			seen[h.Name] = true
-			nodes = append(nodes, Node{Name: h.Name, Ranks: h.Slots})
+			nodes = append(nodes, plan.Node{Name: h.Name, Ranks: h.Slots})
 		}
 	}
 	m, err := newHostAgents(cfg, nodes)

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gorun-hpc/gorun/launcher/fault"
 	"github.com/gorun-hpc/gorun/launcher/hostfile"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
@@ -88,7 +89,7 @@ type Report struct {
 	ckptSig    syscall.Signal // Job.CheckpointSignal, resolved
 	ckptBefore time.Duration  // Job.CheckpointBefore
 	inj        []injection    // the schedule; nil until the first plan
-	faults     []Fault        // as given
+	faults     []fault.Fault  // as given
 	horizon    time.Duration  // how far random faults are planned
 	fired      map[int]bool   // injections already sent, by id
 	byID       map[int]int    // injection id → index in Faults
@@ -147,7 +148,7 @@ func (w *worldRun) checkpointCues(worldStart time.Time, timeout time.Duration) [
 		out = append(out, checkpointCue{worldStart.Add(timeout - before), "before --timeout"})
 	}
 	for _, in := range w.rep.inj {
-		if w.rep.fired[in.id] || in.afterSteps > 0 || (in.kind != FaultKill && in.kind != FaultKillHost) {
+		if w.rep.fired[in.id] || in.afterSteps > 0 || (in.kind != fault.Kill && in.kind != fault.KillHost) {
 			continue
 		}
 		if at := w.rep.Start.Add(in.at - before); at.After(worldStart) {
@@ -937,7 +938,7 @@ func exitCodeOf(err error) int {
 
 // ParseSignal reads a signal as gorun's flags write it: KILL, SIGKILL,
 // kill or a number.
-func ParseSignal(v string) (syscall.Signal, error) { return parseSignal(v) }
+func ParseSignal(v string) (syscall.Signal, error) { return fault.ParseSignal(v) }
 
 // unixSignalName is "SIGKILL" for syscall.SIGKILL.
 func unixSignalName(s syscall.Signal) string {

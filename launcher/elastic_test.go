@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorun-hpc/gorun/launcher/fault"
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
 )
 
@@ -188,7 +189,7 @@ func TestInjectRefusedBeforeLaunch(t *testing.T) {
 	j := newJobRun(t, 2, "print-env", nil)
 	j.job.Faults = mustFaults(t, "kill:rank=2:at=1s")
 	_, err := j.launchReport(context.Background())
-	var se *FaultSpecError
+	var se *fault.SpecError
 	if !errors.As(err, &se) || !strings.Contains(err.Error(), "rank 2 does not exist") {
 		t.Fatalf("err = %v", err)
 	}

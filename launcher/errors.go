@@ -6,19 +6,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/gorun-hpc/gorun/launcher/output"
-)
-
-// The output errors as the launcher's callers know them; they are package
-// launcher/output's.
-type (
-	// OutputLostError reports that output meant for a rank's log could
-	// not be written (output.LostError).
-	OutputLostError = output.LostError
-	// OutputDirError says why gorun will not write rank logs in a
-	// directory (output.DirError).
-	OutputDirError = output.DirError
 )
 
 // ErrSupervisorNotDispatched is returned by RunLocal in a process that was
@@ -387,4 +374,12 @@ func (e *CollateralError) ExitCode() int {
 		return 255
 	}
 	return e.Code
+}
+
+// plural picks the word for n things.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

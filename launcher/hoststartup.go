@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/internal/connlimit"
+	"github.com/gorun-hpc/gorun/launcher/plan"
 	"github.com/gorun-hpc/gorun/netif"
 )
 
@@ -55,7 +56,7 @@ type hostAgents struct {
 	jobID   string
 	secret  string
 	key     []byte
-	nodes   []Node
+	nodes   []plan.Node
 	ln      net.Listener
 	addr    netip.AddrPort
 	choice  netif.Choice
@@ -115,7 +116,7 @@ const agentHandshakeTimeout = 10 * time.Second
 
 // newHostAgents makes the job identity (id and secret) of a start-up over
 // nodes.
-func newHostAgents(cfg Config, nodes []Node) (*hostAgents, error) {
+func newHostAgents(cfg Config, nodes []plan.Node) (*hostAgents, error) {
 	jobID, secret, err := NewJobIdentity()
 	if err != nil {
 		return nil, err

@@ -25,37 +25,13 @@ import (
 // after-steps fault is handed to the supervisors as soon as the world
 // starts, and one whose step the world never reaches is reported missed.
 
-// The fault spec's names as the rest of the launcher and its callers
-// know them; they are package fault's.
-type (
-	// Fault is one parsed --inject spec (fault.Fault).
-	Fault = fault.Fault
-	// FaultKind names what a fault does (fault.Kind).
-	FaultKind = fault.Kind
-	// FaultSpecError is a spec that cannot be injected (fault.SpecError).
-	FaultSpecError = fault.SpecError
-)
-
-// The kinds of fault gorun injects (fault.Kill and the rest).
-const (
-	FaultKill     = fault.Kill
-	FaultStop     = fault.Stop
-	FaultCont     = fault.Cont
-	FaultKillHost = fault.KillHost
-	FaultRandom   = fault.Random
-	FaultSlow     = fault.Slow
-)
-
-// parseSignal is fault.ParseSignal, under the name ParseSignal calls.
-func parseSignal(v string) (syscall.Signal, error) { return fault.ParseSignal(v) }
-
 // injection is one scheduled fault against a set of ranks.
 type injection struct {
 	// id is the injection's index in the job's schedule (and report).
 	id int
 	// fault is the index of the Fault it comes from.
 	fault int
-	kind  FaultKind
+	kind  fault.Kind
 	at    time.Duration
 	ranks []int
 	host  string
@@ -82,28 +58,28 @@ const maxRandomInjections = 10000
 // exponential with mean MTBF and ranks uniform, both drawn from a PCG
 // seeded with Seed, so the same seed and world size give the same
 // schedule.
-func schedule(faults []Fault, plan *Plan, horizon time.Duration) ([]injection, error) {
+func schedule(faults []fault.Fault, plan *Plan, horizon time.Duration) ([]injection, error) {
 	var out []injection
 	for i, f := range faults {
 		bad := func(format string, a ...any) ([]injection, error) {
-			return nil, &FaultSpecError{Spec: f.Spec, Why: fmt.Sprintf(format, a...)}
+			return nil, &fault.SpecError{Spec: f.Spec, Why: fmt.Sprintf(format, a...)}
 		}
 		switch f.Kind {
-		case FaultKill, FaultStop, FaultCont:
+		case fault.Kill, fault.Stop, fault.Cont:
 			if f.Rank >= plan.WorldSize {
 				return bad("rank %d does not exist (the job has ranks 0-%d)", f.Rank, plan.WorldSize-1)
 			}
 			inj := injection{fault: i, kind: f.Kind, at: f.At, ranks: []int{f.Rank}, host: plan.Ranks[f.Rank].Host, afterSteps: f.AfterSteps}
 			switch f.Kind {
-			case FaultKill:
+			case fault.Kill:
 				inj.sig = f.Signal
-			case FaultStop:
+			case fault.Stop:
 				inj.sig, inj.cont = syscall.SIGSTOP, f.For
-			case FaultCont:
+			case fault.Cont:
 				inj.sig = syscall.SIGCONT
 			}
 			out = append(out, inj)
-		case FaultKillHost:
+		case fault.KillHost:
 			var names []string
 			found := false
 			for _, n := range plan.Nodes {
@@ -121,13 +97,13 @@ func schedule(faults []Fault, plan *Plan, horizon time.Duration) ([]injection, e
 			if !found {
 				return bad("host %q runs no rank of this job (its hosts: %s)", f.Host, strings.Join(names, ", "))
 			}
-		case FaultSlow, FaultKind(netfault.Drop), FaultKind(netfault.Delay), FaultKind(netfault.Corrupt), FaultKind(netfault.Partition):
+		case fault.Slow, fault.Kind(netfault.Drop), fault.Kind(netfault.Delay), fault.Kind(netfault.Corrupt), fault.Kind(netfault.Partition):
 			inj, err := scheduleChaos(i, f, plan)
 			if err != nil {
 				return nil, err
 			}
 			out = append(out, inj)
-		case FaultRandom:
+		case fault.Random:
 			rng := rand.New(rand.NewPCG(f.Seed, 0x9e3779b97f4a7c15))
 			at := time.Duration(0)
 			for range maxRandomInjections {
@@ -139,7 +115,7 @@ func schedule(faults []Fault, plan *Plan, horizon time.Duration) ([]injection, e
 				}
 				at += gap
 				r := rng.IntN(plan.WorldSize)
-				out = append(out, injection{fault: i, kind: FaultKill, at: at, ranks: []int{r}, host: plan.Ranks[r].Host, sig: f.Signal})
+				out = append(out, injection{fault: i, kind: fault.Kill, at: at, ranks: []int{r}, host: plan.Ranks[r].Host, sig: f.Signal})
 			}
 		default:
 			return bad("unknown kind %q", f.Kind)

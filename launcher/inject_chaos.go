@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/internal/netfault"
+	"github.com/gorun-hpc/gorun/launcher/fault"
 )
 
 // The fault kinds beyond signals (their spellings are package
@@ -30,9 +31,9 @@ const (
 )
 
 // scheduleChaos turns a slow or data-plane fault into its injection.
-func scheduleChaos(i int, f Fault, plan *Plan) (injection, error) {
+func scheduleChaos(i int, f fault.Fault, plan *Plan) (injection, error) {
 	bad := func(format string, a ...any) (injection, error) {
-		return injection{}, &FaultSpecError{Spec: f.Spec, Why: fmt.Sprintf(format, a...)}
+		return injection{}, &fault.SpecError{Spec: f.Spec, Why: fmt.Sprintf(format, a...)}
 	}
 	if f.Net != nil {
 		if err := f.Net.Check(plan.WorldSize); err != nil {
@@ -82,14 +83,14 @@ func scheduleChaos(i int, f Fault, plan *Plan) (injection, error) {
 	if period == 0 {
 		period = defaultSlowPeriod
 	}
-	return injection{fault: i, kind: FaultSlow, at: f.At, ranks: []int{f.Rank}, host: plan.Ranks[f.Rank].Host,
+	return injection{fault: i, kind: fault.Slow, at: f.At, ranks: []int{f.Rank}, host: plan.Ranks[f.Rank].Host,
 		sig: syscall.SIGSTOP, cont: f.For, duty: duty, period: period, afterSteps: f.AfterSteps}, nil
 }
 
 // injectionAction is what the report says an injection does.
 func injectionAction(in injection) string {
 	switch {
-	case in.kind == FaultSlow:
+	case in.kind == fault.Slow:
 		return fmt.Sprintf("SIGSTOP %.0f%% of every %s", in.duty*100, in.period)
 	case netfault.IsKind(string(in.kind)):
 		return "in the transport"
@@ -103,7 +104,7 @@ func injectionAction(in injection) string {
 // meet it again), their times counted from the job's start. An
 // after-steps fault is armed in the first world only: a restarted world
 // counts its steps anew (or from a checkpoint) and would meet it again.
-func netFaultEnv(faults []Fault, start time.Time, elapsed time.Duration, restart int) []string {
+func netFaultEnv(faults []fault.Fault, start time.Time, elapsed time.Duration, restart int) []string {
 	var specs []netfault.Spec
 	for _, f := range faults {
 		if f.Net == nil {

@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/launcher/fault"
+	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
 // testPlan is a plan of two hosts with two ranks each.
 func testPlan(t *testing.T) *Plan {
 	t.Helper()
-	p, err := NewPlan(PlanConfig{
+	p, err := plan.New(plan.Config{
 		Hosts: []Host{{Name: "h1", Slots: 2}, {Name: "h2", Slots: 2}}, JobID: "j", Secret: "s",
 		MasterAddr: "127.0.0.1", MasterPort: 1, RdzvPort: 2,
 	})
@@ -24,9 +25,9 @@ func testPlan(t *testing.T) *Plan {
 	return p
 }
 
-func mustFaults(t *testing.T, specs ...string) []Fault {
+func mustFaults(t *testing.T, specs ...string) []fault.Fault {
 	t.Helper()
-	var out []Fault
+	var out []fault.Fault
 	for _, s := range specs {
 		f, err := fault.Parse(s)
 		if err != nil {
@@ -44,7 +45,7 @@ func TestSchedule(t *testing.T) {
 		t.Fatal(err)
 	}
 	type row struct {
-		kind  FaultKind
+		kind  fault.Kind
 		at    time.Duration
 		ranks []int
 		host  string
@@ -60,10 +61,10 @@ func TestSchedule(t *testing.T) {
 	}
 	want := []row{
 		// Ties keep the order the faults were given in.
-		{FaultStop, time.Second, []int{1}, "h1", syscall.SIGSTOP, 5 * time.Second},
-		{FaultKill, time.Second, []int{0}, "h1", syscall.SIGTERM, 0},
-		{FaultCont, 2 * time.Second, []int{1}, "h1", syscall.SIGCONT, 0},
-		{FaultKillHost, 3 * time.Second, []int{2, 3}, "h2", syscall.SIGKILL, 0},
+		{fault.Stop, time.Second, []int{1}, "h1", syscall.SIGSTOP, 5 * time.Second},
+		{fault.Kill, time.Second, []int{0}, "h1", syscall.SIGTERM, 0},
+		{fault.Cont, 2 * time.Second, []int{1}, "h1", syscall.SIGCONT, 0},
+		{fault.KillHost, 3 * time.Second, []int{2, 3}, "h2", syscall.SIGKILL, 0},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("schedule =\n%+v\nwant\n%+v", got, want)
@@ -78,9 +79,9 @@ func TestScheduleRefuses(t *testing.T) {
 		{"kill-host:host=h3:at=1s", `host "h3" runs no rank of this job (its hosts: h1, h2)`},
 	} {
 		_, err := schedule(mustFaults(t, tc.spec), plan, time.Hour)
-		var se *FaultSpecError
+		var se *fault.SpecError
 		if !errors.As(err, &se) || !strings.Contains(err.Error(), tc.why) {
-			t.Errorf("schedule(%q) = %v, want a *FaultSpecError saying %q", tc.spec, err, tc.why)
+			t.Errorf("schedule(%q) = %v, want a *fault.SpecError saying %q", tc.spec, err, tc.why)
 		}
 	}
 }
@@ -109,7 +110,7 @@ func TestScheduleRandom(t *testing.T) {
 	}
 	seen := map[int]bool{}
 	for i, in := range a {
-		if in.kind != FaultKill || in.sig != syscall.SIGKILL || len(in.ranks) != 1 || in.at > 1000*time.Second {
+		if in.kind != fault.Kill || in.sig != syscall.SIGKILL || len(in.ranks) != 1 || in.at > 1000*time.Second {
 			t.Fatalf("injection %d: %+v", i, in)
 		}
 		if i > 0 && in.at < a[i-1].at {

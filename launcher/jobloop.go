@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/launcher/fault"
 )
 
 // The job loop: one event loop for every job, whatever runs its ranks. It
@@ -411,7 +413,7 @@ func (j *liveJob) inject() {
 	j.world.sent(in)
 	j.home.command(supervisorCmd{Op: "inject", Ranks: in.ranks, Signal: int(in.sig), For: in.cont, Fault: in.id,
 		Duty: in.duty, Period: in.period,
-		KillHost: in.kind == FaultKillHost, AfterSteps: in.afterSteps})
+		KillHost: in.kind == fault.KillHost, AfterSteps: in.afterSteps})
 	j.armInjection()
 }
 

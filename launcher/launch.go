@@ -18,6 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gorun-hpc/gorun/hostlist"
+	"github.com/gorun-hpc/gorun/launcher/fault"
+	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
 // Launch is the one entry point above both ways a job runs. It decides
@@ -38,7 +40,7 @@ type Job struct {
 	// unless it contains a slash.
 	Argv []string
 	// NP, Hosts, Oversubscribe, GPUsPerHost and Export are as in
-	// PlanConfig, except that NP 0 without Hosts means one rank per CPU.
+	// plan.Config, except that NP 0 without Hosts means one rank per CPU.
 	NP            int
 	Hosts         []Host
 	Oversubscribe bool
@@ -46,7 +48,7 @@ type Job struct {
 	Export        []string
 	// Faults are injected into the job (inject.go); MaxRestarts is how
 	// many times a failed world is started again (elastic.go).
-	Faults      []Fault
+	Faults      []fault.Fault
 	MaxRestarts int
 	// CheckpointSignal is the signal that asks the ranks for a checkpoint
 	// (0: SIGUSR1), exported to them as GORUN_CHECKPOINT_SIGNAL.
@@ -105,10 +107,11 @@ func Launch(ctx context.Context, cfg Config, job Job) error {
 // per host and runs the job through them. The error is nil when every rank
 // of the last world exited 0; otherwise it is the last world's: one of
 // *RankExitError, *StartError, *TimeoutError, *InterruptedError,
-// *ProgramError, *SlotsError, *CapacityError, *SupervisorError, *HostError,
-// *VersionError, *HostLostError, *MPIError, *FrozenError, *OutputLostError (every rank
-// succeeded but a log file lost output), *FaultSpecError, or a
-// configuration or context error. The report is never nil.
+// *ProgramError, *plan.SlotsError, *plan.CapacityError, *SupervisorError,
+// *HostError, *VersionError, *HostLostError, *MPIError, *FrozenError,
+// *output.LostError (every rank succeeded but a log file lost output),
+// *fault.SpecError, or a configuration or context error. The report is
+// never nil.
 func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
 	rep := &Report{
 		MaxRestarts: job.MaxRestarts, faults: job.Faults, horizon: randomHorizon,
@@ -120,7 +123,7 @@ func LaunchReport(ctx context.Context, cfg Config, job Job) (*Report, error) {
 	kept := rep.Faults[:0]
 	for i, f := range rep.Faults {
 		if f.Restart == nil {
-			if i < len(rep.inj) && rep.faults[rep.inj[i].fault].Kind == FaultRandom {
+			if i < len(rep.inj) && rep.faults[rep.inj[i].fault].Kind == fault.Random {
 				// One of a random fault's week of planned kills: only
 				// those that were due belong in the report.
 				rep.RandomNotDue++
@@ -162,7 +165,7 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 	// Before anything is allocated per rank: an absurd count must not
 	// grow the plan until the machine runs out of memory.
 	if err := checkLocalCapacity(localRanks(job), readLocalLimits()); err != nil {
-		var ce *CapacityError
+		var ce *plan.CapacityError
 		if errors.As(err, &ce) && ce.Resource == "ranks" && job.NP == 0 {
 			ce.FromSlots = true
 		}
@@ -202,7 +205,7 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 		return err
 	}
 	defer ports.Release()
-	plan, err := NewPlan(PlanConfig{
+	pl, err := plan.New(plan.Config{
 		NP: job.NP, Hosts: job.Hosts, Oversubscribe: job.Oversubscribe,
 		GPUsPerHost: job.GPUsPerHost, Export: job.Export,
 		JobID: jobID, Secret: secret,
@@ -215,13 +218,13 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := cfg.world.prepare(plan); err != nil {
+	if err := cfg.world.prepare(pl); err != nil {
 		return err
 	}
-	cfg.Logger.Info().Str("job", plan.JobID).Int("world", plan.WorldSize).Int("nodes", len(plan.Nodes)).
-		Str("master", joinHostPort(plan.MasterAddr, plan.MasterPort)).Str("rdzv", plan.RdzvEndpoint).
+	cfg.Logger.Info().Str("job", pl.JobID).Int("world", pl.WorldSize).Int("nodes", len(pl.Nodes)).
+		Str("master", pl.MasterEndpoint()).Str("rdzv", pl.RdzvEndpoint).
 		Str("program", path).Msg("launching")
-	return RunLocal(ctx, cfg, plan, Program{Path: path, Argv: job.Argv}, ports)
+	return RunLocal(ctx, cfg, pl, Program{Path: path, Argv: job.Argv}, ports)
 }
 
 // localRanks is how many ranks a local job asks for: -np, else the slots of
@@ -233,7 +236,7 @@ func localRanks(job Job) int {
 	n := 0
 	for _, h := range job.Hosts {
 		n += max(h.Slots, 0)
-		if n > MaxRanks {
+		if n > plan.MaxRanks {
 			break // enough to refuse; no overflow from absurd slot counts
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
 // fakeJob drives the job loop with a scripted supervisor inside a synctest
@@ -25,11 +27,17 @@ type fakeJob struct {
 	killed chan int
 }
 
+// basePlanConfig is a valid plan.Config (one rank on localhost) that a
+// test changes where it needs to.
+func basePlanConfig() plan.Config {
+	return plan.Config{JobID: "job1", Secret: "s3cret", MasterPort: 1000, RdzvPort: 1001}
+}
+
 func startFakeJob(t *testing.T, np int, cfg Config) *fakeJob {
 	t.Helper()
 	c := basePlanConfig()
 	c.NP = np
-	plan, err := NewPlan(c)
+	plan, err := plan.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +244,7 @@ func TestLoopHostLost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := basePlanConfig()
 		c.Hosts = []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}}
-		plan, err := NewPlan(c)
+		plan, err := plan.New(c)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -96,7 +96,7 @@ type pmiJob struct {
 }
 
 // pmiJobFor returns the PMI description of plan, or nil when the plan's
-// ranks are not told about PMI (PlanConfig.NoPMI).
+// ranks are not told about PMI (plan.Config.NoPMI).
 func pmiJobFor(plan *Plan, mode PMIMode) (*pmiJob, error) {
 	if !plan.PMI {
 		return nil, nil

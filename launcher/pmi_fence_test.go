@@ -10,7 +10,18 @@ import (
 	"testing"
 
 	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/launcher/plan"
 )
+
+// fenceNodes is hosts nodes h0, h1, ... of perHost ranks each.
+func fenceNodes(hosts, perHost int) []plan.Node {
+	var nodes []plan.Node
+	for h := range hosts {
+		nodes = append(nodes, plan.Node{Name: fmt.Sprintf("h%d", h), Ranks: perHost, FirstRank: h * perHost})
+	}
+	return nodes
+}
 
 // fenceBytes runs one PMI exchange over hosts × perHost ranks through the
 // launcher's own parts: a supervisorPMI per host (the real pmi servers,
@@ -28,10 +39,7 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 	for i := range counts {
 		counts[i] = perHost
 	}
-	plan := &Plan{PMI: true, JobID: "fence", WorldSize: size}
-	for h := range hosts {
-		plan.Nodes = append(plan.Nodes, Node{Name: fmt.Sprintf("h%d", h), Ranks: perHost, FirstRank: h * perHost})
-	}
+	plan := &Plan{PMI: true, JobID: "fence", WorldSize: size, Nodes: fenceNodes(hosts, perHost)}
 	job, err := pmiJobFor(plan, PMIFD)
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
+
+	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
 // TestPMIJobMapsRanksToTheirHosts: the process mapping handed to MPI
@@ -23,7 +25,7 @@ func TestPMIJobMapsRanksToTheirHosts(t *testing.T) {
 		for _, h := range hosts {
 			np += h.Slots
 		}
-		plan, err := NewPlan(PlanConfig{
+		plan, err := plan.New(plan.Config{
 			NP: np, Hosts: hosts, JobID: "j", Secret: "s",
 			MasterAddr: "127.0.0.1", MasterPort: 1, RdzvPort: 2,
 		})

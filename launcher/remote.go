@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/launcher/output"
+	"github.com/gorun-hpc/gorun/launcher/plan"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
 
@@ -49,12 +50,12 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 	}
 	// Placement does not depend on addresses or ports: plan once with
 	// stand-ins to learn which hosts take ranks.
-	pc := PlanConfig{
+	pc := plan.Config{
 		NP: job.NP, Hosts: job.Hosts, Oversubscribe: job.Oversubscribe,
 		GPUsPerHost: job.GPUsPerHost, Export: job.Export, JobID: "planning", Secret: "planning",
 		MasterAddr: "0.0.0.0", MasterPort: 1, RdzvPort: 2, NoPMI: cfg.PMI == PMINone,
 	}
-	pre, err := NewPlan(pc)
+	pre, err := plan.New(pc)
 	if err != nil {
 		return err
 	}
@@ -154,7 +155,7 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 // Called only from startHosts' goroutine, so it needs no lock.
 type earlyStart struct {
 	m   *hostAgents
-	pc  PlanConfig
+	pc  plan.Config
 	ctx context.Context
 	// up holds every host that said a good hello, by node.
 	up map[int]*hostConn
@@ -184,17 +185,17 @@ func (e *earlyStart) verdict(node int, c *hostConn, err error) error {
 			return nil
 		}
 		e.pc.MasterAddr, e.pc.MasterPort, e.pc.RdzvPort = h0.hello.Addr, h0.hello.MasterPort, h0.hello.RdzvPort
-		plan, err := NewPlan(e.pc)
+		pl, err := plan.New(e.pc)
 		if err == nil {
-			err = m.cfg.world.prepare(plan)
+			err = m.cfg.world.prepare(pl)
 		}
 		if err != nil {
 			return err
 		}
-		m.cfg.Logger.Info().Str("job", plan.JobID).Int("world", plan.WorldSize).Int("nodes", len(plan.Nodes)).
-			Str("master", joinHostPort(plan.MasterAddr, plan.MasterPort)).Str("rdzv", plan.RdzvEndpoint).
+		m.cfg.Logger.Info().Str("job", pl.JobID).Int("world", pl.WorldSize).Int("nodes", len(pl.Nodes)).
+			Str("master", pl.MasterEndpoint()).Str("rdzv", pl.RdzvEndpoint).
 			Str("program", m.prog.Path).Msg("launching")
-		if e.run, err = m.newRun(plan, e.pc); err != nil {
+		if e.run, err = m.newRun(pl, e.pc); err != nil {
 			return err
 		}
 	}
@@ -220,7 +221,7 @@ func (e *earlyStart) verdict(node int, c *hostConn, err error) error {
 type hostsRun struct {
 	m    *hostAgents
 	plan *Plan
-	pc   PlanConfig
+	pc   plan.Config
 	pj   *pmiJob
 	out  *output.Job
 	// sinks are one in-memory pipe pair per rank (see newRun).
@@ -244,7 +245,7 @@ type rankSink struct{ out, err *io.PipeWriter }
 
 // newRun prepares the job's output and its event channel for plan; no
 // host has its ranks yet.
-func (m *hostAgents) newRun(plan *Plan, pc PlanConfig) (*hostsRun, error) {
+func (m *hostAgents) newRun(plan *Plan, pc plan.Config) (*hostsRun, error) {
 	pj, err := pmiJobFor(plan, m.cfg.PMI)
 	if err != nil {
 		return nil, err
@@ -330,7 +331,7 @@ func (r *hostsRun) launch(c *hostConn) {
 	for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
 		// The plan was made when rank 0's host was up, perhaps before
 		// this one: its interface is known now (r.pc is start-up's).
-		plan.Ranks[rk].Env = rankEnv(plan, plan.Ranks[rk], r.pc)
+		plan.Ranks[rk].Env = plan.RankEnv(plan.Ranks[rk], r.pc)
 		ranks = append(ranks, remoteRank{Rank: rk, Env: withoutSecret(plan.Ranks[rk].Env), GPU: gpuOf(plan.Ranks[rk])})
 	}
 	if err := c.w.send(wireMsg{T: "spec", Ranks: ranks, PMI: r.pj}); err != nil {
@@ -563,7 +564,7 @@ func (m *hostAgents) forwardStdin(w *wireConn) func() {
 // ranks are dropped: an agent speaks only for its node's ranks. After
 // "done" the agent half-closes; the read error that follows is the clean
 // end, not a loss.
-func (m *hostAgents) readHost(c *hostConn, n Node, lease time.Duration, events chan<- supervisorEvent, quit <-chan struct{},
+func (m *hostAgents) readHost(c *hostConn, n plan.Node, lease time.Duration, events chan<- supervisorEvent, quit <-chan struct{},
 	output func(rank int, stream byte, data []byte)) error {
 	var buf []byte
 	doneSeen := false

@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
 // RunLocal executes a plan on this machine and returns when every rank and
@@ -305,35 +306,6 @@ func (s *localStdin) close() {
 	}
 }
 
-// mergeEnv concatenates environment lists where a later NAME=VALUE replaces
-// an earlier one. The supervisor starts ranks with os.StartProcess, which
-// passes duplicates through, and C's getenv (like Go's) returns the first:
-// without this, a RANK inherited from gorun's own environment would shadow
-// the plan's.
-func mergeEnv(lists ...[]string) []string {
-	last := map[string]int{}
-	n := 0
-	for _, l := range lists {
-		for _, kv := range l {
-			k, _, _ := strings.Cut(kv, "=")
-			last[k] = n
-			n++
-		}
-	}
-	out := make([]string, 0, len(last))
-	i := 0
-	for _, l := range lists {
-		for _, kv := range l {
-			k, _, _ := strings.Cut(kv, "=")
-			if last[k] == i {
-				out = append(out, kv)
-			}
-			i++
-		}
-	}
-	return out
-}
-
 // pipeSize is the buffer asked for on each rank output pipe: a rank that
 // floods output then writes up to 1 MiB ahead of gorun (Linux' default
 // pipe-max-size for unprivileged users) and gorun reads it in a few large
@@ -363,3 +335,7 @@ func isTerminal(f *os.File) bool {
 	})
 	return tty
 }
+
+// mergeEnv is plan.MergeEnv (a later NAME=VALUE replaces an earlier one),
+// under a name RunLocal can call: its plan parameter hides the package.
+func mergeEnv(lists ...[]string) []string { return plan.MergeEnv(lists...) }

@@ -64,6 +64,28 @@ type ftEntry struct {
 	commMu sync.Mutex
 	commH  int64
 	commOf *comm.Comm
+	// groupH names groupOf (the replica group's communicator, HSDP) the
+	// same way, for gorun_ft_group_comm; guarded by commMu too.
+	groupH  int64
+	groupOf *comm.Comm
+}
+
+// dropGroupLocked forgets the handle gorun_ft_group_comm gave out.
+func (e *ftEntry) dropGroupLocked() {
+	if e.groupH != 0 {
+		reg.mu.Lock()
+		delete(reg.comms, e.groupH)
+		reg.mu.Unlock()
+	}
+	e.groupH, e.groupOf = 0, nil
+}
+
+// borrow names c in the library's communicator registry; ft owns it, so
+// the handle's close does nothing.
+func borrow(c *comm.Comm) int64 {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	return reg.addCommLocked(&commEntry{c: c, borrowed: true, close: func() error { return nil }})
 }
 
 // dropCommLocked forgets the handle gorun_ft_comm gave out, so that a
@@ -321,13 +343,14 @@ func gorun_ft_quorum(h C.gorun_ft_t, timeoutMs C.int64_t, info *C.gorun_ft_quoru
 	if err != nil {
 		return ftErr(fmt.Errorf("gorun_ft_quorum: %w", err))
 	}
-	if c := e.m.Comm(); c != nil {
-		e.commMu.Lock()
-		if e.commOf != nil && e.commOf != c {
-			e.dropCommLocked()
-		}
-		e.commMu.Unlock()
+	e.commMu.Lock()
+	if c := e.m.Comm(); c != nil && e.commOf != nil && e.commOf != c {
+		e.dropCommLocked()
 	}
+	if g := e.m.GroupComm(); g != nil && e.groupOf != nil && e.groupOf != g {
+		e.dropGroupLocked()
+	}
+	e.commMu.Unlock()
 	me := e.m.Replica()
 	*info = C.gorun_ft_quorum_info{
 		id:      C.int64_t(q.ID),
@@ -424,13 +447,56 @@ func gorun_ft_comm(h C.gorun_ft_t, out *C.gorun_comm_t) (rc C.int) {
 	defer e.commMu.Unlock()
 	if e.commOf != c {
 		e.dropCommLocked()
-		reg.mu.Lock()
-		// ft owns the communicator: the handle's close does nothing.
-		e.commH = reg.addCommLocked(&commEntry{c: c, borrowed: true, close: func() error { return nil }})
-		reg.mu.Unlock()
-		e.commOf = c
+		e.commH, e.commOf = borrow(c), c
 	}
 	*out = C.gorun_comm_t(e.commH)
+	return ok()
+}
+
+//export gorun_ft_group
+func gorun_ft_group(h C.gorun_ft_t, size, index *C.int) (rc C.int) {
+	defer guard(&rc)
+	e, err := ftReg.get(h, "group")
+	if err != nil {
+		return setErr(err, nil)
+	}
+	// Groups are S consecutive ranks (gorun --fault-tolerant-group S), so
+	// a rank's place in its group is fixed for the job: the same in every
+	// incarnation and every quorum (Quorum.Group is in rank order).
+	s := e.m.GroupSize()
+	if size != nil {
+		*size = C.int(s)
+	}
+	if index != nil {
+		*index = C.int(e.m.Replica() % s)
+	}
+	return ok()
+}
+
+//export gorun_ft_group_comm
+func gorun_ft_group_comm(h C.gorun_ft_t, out *C.gorun_comm_t) (rc C.int) {
+	defer guard(&rc)
+	e, err := ftReg.get(h, "group_comm")
+	if err != nil {
+		return setErr(err, nil)
+	}
+	if out == nil {
+		return setErr(fmt.Errorf("%w: gorun_ft_group_comm: out is NULL", errInvalid), nil)
+	}
+	if e.m.GroupSize() <= 1 {
+		return setErr(fmt.Errorf("%w: gorun_ft_group_comm: this job has no replica groups (run it with gorun --fault-tolerant-group S, S > 1)", errInvalid), nil)
+	}
+	g := e.m.GroupComm()
+	if g == nil {
+		return ftErr(fmt.Errorf("gorun_ft_group_comm: %w: no quorum yet (call gorun_ft_quorum first)", ft.ErrPhase))
+	}
+	e.commMu.Lock()
+	defer e.commMu.Unlock()
+	if e.groupOf != g {
+		e.dropGroupLocked()
+		e.groupH, e.groupOf = borrow(g), g
+	}
+	*out = C.gorun_comm_t(e.groupH)
 	return ok()
 }
 
@@ -502,6 +568,7 @@ func gorun_ft_close(h C.gorun_ft_t) (rc C.int) {
 	}
 	e.commMu.Lock()
 	e.dropCommLocked()
+	e.dropGroupLocked()
 	e.commMu.Unlock()
 	if err := e.m.Close(); err != nil {
 		return ftErr(fmt.Errorf("gorun_ft_close: %w", err))

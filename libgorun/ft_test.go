@@ -137,6 +137,10 @@ func TestFTOneReplica(t *testing.T) {
 	if rc := gorun_ft_comm(h, &c); rc != statusInvalid {
 		t.Errorf("gorun_ft_comm before a quorum = %d, want GORUN_ERR_INVALID", rc)
 	}
+	var gs, gi _Ctype_int
+	if rc := gorun_ft_group(h, &gs, &gi); rc != statusOK || gs != 1 || gi != 0 {
+		t.Errorf("gorun_ft_group without groups = %d: size %d, index %d; want 1, 0", rc, gs, gi)
+	}
 	var info _Ctype_gorun_ft_quorum_info
 	parts := make([]_Ctype_int, 1)
 	if rc := gorun_ft_quorum(h, 10000, &info, &parts[0], 1); rc != statusOK {
@@ -163,6 +167,10 @@ func TestFTOneReplica(t *testing.T) {
 	if rc := gorun_comm_size(c, &size); rc != statusOK || size != 1 {
 		t.Errorf("gorun_comm_size(quorum communicator) = %d, size %d", rc, size)
 	}
+	var gc _Ctype_gorun_comm_t
+	if rc := gorun_ft_group_comm(h, &gc); rc != statusInvalid {
+		t.Errorf("gorun_ft_group_comm without groups = %d, want GORUN_ERR_INVALID", rc)
+	}
 	var commit _Ctype_int
 	if rc := gorun_ft_should_commit(h, 10000, &commit); rc != statusOK || commit != 1 {
 		t.Fatalf("gorun_ft_should_commit = %d, commit %d", rc, commit)
@@ -179,5 +187,118 @@ func TestFTOneReplica(t *testing.T) {
 	}
 	if rc := gorun_ft_close(h); rc != statusInvalid {
 		t.Errorf("gorun_ft_close twice = %d, want GORUN_ERR_INVALID", rc)
+	}
+}
+
+// Replica groups through the C calls: two groups of two ranks (four
+// handles in this process, one per rank, against an in-process quorum
+// service). Each rank learns its group size and place, gets its group's
+// communicator as a handle, all-gathers and reduce-scatters over it (only
+// its group's values come back), and all-reduces over the quorum, which
+// is the ranks at its place in both groups. The group handle is refused
+// after gorun_ft_close.
+func TestFTReplicaGroups(t *testing.T) {
+	const n, gsize = 4, 2
+	secret := strings.Repeat("cd", 32)
+	sec, _ := hex.DecodeString(secret)
+	s, err := ft.NewServer(ft.ServerConfig{Addr: "127.0.0.1:0", JobID: "ftgrp", Secret: sec, Replicas: n, GroupSize: gsize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	hs := make([]_Ctype_gorun_ft_t, n)
+	for r := range n {
+		cfg := fmt.Sprintf("tcp=1 env.%s=%d env.%s=%d env.%s=ftgrp env.%s=%s env.%s=localhost env.%s=%s env.%s=0 env.%s=%d",
+			rankenv.GorunRank, r, rankenv.GorunWorldSize, n, rankenv.JobID, rankenv.Secret, secret, rankenv.GorunHost,
+			ft.AddrEnv, s.Addr(), ft.IncarnationEnv, ft.GroupSizeEnv, gsize)
+		cb := []byte(cfg + "\x00")
+		if rc := gorun_ft_join((*_Ctype_char)(unsafe.Pointer(&cb[0])), &hs[r]); rc != statusOK {
+			t.Fatalf("rank %d: gorun_ft_join = %d", r, rc)
+		}
+	}
+	errs := make(chan error, n)
+	gcs := make([]_Ctype_gorun_comm_t, n)
+	for r := range n {
+		go func() {
+			errs <- func() error {
+				h := hs[r]
+				var size, index _Ctype_int
+				if rc := gorun_ft_group(h, &size, &index); rc != statusOK || size != gsize || int(index) != r%gsize {
+					return fmt.Errorf("rank %d: gorun_ft_group = %d: size %d, index %d", r, rc, size, index)
+				}
+				var gc _Ctype_gorun_comm_t
+				if rc := gorun_ft_group_comm(h, &gc); rc != statusInvalid {
+					return fmt.Errorf("rank %d: gorun_ft_group_comm before a quorum = %d, want GORUN_ERR_INVALID", r, rc)
+				}
+				var info _Ctype_gorun_ft_quorum_info
+				parts := make([]_Ctype_int, n)
+				if rc := gorun_ft_quorum(h, 20000, &info, &parts[0], n); rc != statusOK {
+					return fmt.Errorf("rank %d: gorun_ft_quorum = %d", r, rc)
+				}
+				// The participants: the ranks at this place in each group.
+				if info.size != n/gsize || int(parts[0]) != r%gsize || int(parts[1]) != r%gsize+gsize {
+					return fmt.Errorf("rank %d: quorum %+v, participants %v", r, info, parts[:info.size])
+				}
+				if rc := gorun_ft_group_comm(h, &gc); rc != statusOK {
+					return fmt.Errorf("rank %d: gorun_ft_group_comm = %d", r, rc)
+				}
+				gcs[r] = gc
+				var grank, gsz _Ctype_int
+				if gorun_comm_rank(gc, &grank) != statusOK || gorun_comm_size(gc, &gsz) != statusOK || int(grank) != r%gsize || gsz != gsize {
+					return fmt.Errorf("rank %d: group communicator rank %d of %d", r, grank, gsz)
+				}
+				send := []float32{float32(r)}
+				got := make([]float32, gsize)
+				if rc := gorun_allgather(gc, unsafe.Pointer(&send[0]), unsafe.Pointer(&got[0]), 1, 1, nil); rc != statusOK {
+					return fmt.Errorf("rank %d: allgather over the group = %d", r, rc)
+				}
+				first := float32(r - r%gsize)
+				if got[0] != first || got[1] != first+1 {
+					return fmt.Errorf("rank %d: allgather over the group = %v, want [%v %v]", r, got, first, first+1)
+				}
+				full := []float32{float32(r), float32(10 * r)}
+				var mine [1]float32
+				if rc := gorun_reduce_scatter(gc, unsafe.Pointer(&full[0]), unsafe.Pointer(&mine[0]), 1, 1, 1 /* sum */, nil); rc != statusOK {
+					return fmt.Errorf("rank %d: reduce_scatter over the group = %d", r, rc)
+				}
+				if want := float32((2*first + 1) * []float32{1, 10}[r%gsize]); mine[0] != want {
+					return fmt.Errorf("rank %d: reduce_scatter over the group = %v, want %v", r, mine[0], want)
+				}
+				x := []float32{float32(r)}
+				if rc := gorun_ft_allreduce(h, unsafe.Pointer(&x[0]), 1, 1, 1 /* sum */, 20000); rc != statusOK {
+					return fmt.Errorf("rank %d: gorun_ft_allreduce = %d", r, rc)
+				}
+				if want := float32(2*(r%gsize) + gsize); x[0] != want {
+					return fmt.Errorf("rank %d: sum across the groups = %v, want %v", r, x[0], want)
+				}
+				var commit _Ctype_int
+				if rc := gorun_ft_should_commit(h, 20000, &commit); rc != statusOK || commit != 1 {
+					return fmt.Errorf("rank %d: gorun_ft_should_commit = %d, commit %d", r, rc, commit)
+				}
+				return nil
+			}()
+		}()
+	}
+	// A rank that fails leaves the others blocked in a collective (no
+	// timeout of their own): fail the test rather than hang it.
+	deadline := time.After(60 * time.Second)
+	for range n {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Error(err)
+			}
+		case <-deadline:
+			t.Fatal("the ranks did not finish in 60 s (a rank's failure leaves the others blocked)")
+		}
+	}
+	for r := range n {
+		if rc := gorun_ft_close(hs[r]); rc != statusOK {
+			t.Errorf("rank %d: gorun_ft_close = %d", r, rc)
+		}
+		var size _Ctype_int
+		if gcs[r] != 0 && gorun_comm_size(gcs[r], &size) == statusOK {
+			t.Errorf("rank %d: the group communicator's handle outlived gorun_ft_close", r)
+		}
 	}
 }

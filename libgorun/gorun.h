@@ -445,6 +445,22 @@ int gorun_ft_allreduce(gorun_ft_t ft, void *buf, size_t count, int dtype, int op
  * owns the communicator. A collective on it that fails does not fail the
  * step by itself: report it (gorun_ft_report_error). */
 int gorun_ft_comm(gorun_ft_t ft, gorun_comm_t *out);
+/* Replica groups (HSDP: gorun --fault-tolerant-group S): a replica is S
+ * consecutive ranks, parameters sharded within the group and replicated
+ * across groups. *size = S (1 without groups) and *index = this rank's
+ * place in its group (rank mod S; the same in every incarnation). Under
+ * groups the quorum's participants (gorun_ft_quorum, gorun_ft_allreduce,
+ * gorun_ft_comm) are the ranks at this place in every live group: the
+ * all-reduce of one shard across the groups. NULLs are skipped. */
+int gorun_ft_group(gorun_ft_t ft, int *size, int *index);
+/* The replica group's communicator (group rank = place in the group) as a
+ * communicator handle: the shard all-gather and gradient reduce-scatter.
+ * Built by gorun_ft_quorum; valid until the group's communicator changes
+ * or gorun_ft_close, a stale one is GORUN_ERR_INVALID; do not free it.
+ * GORUN_ERR_INVALID without groups or before the first quorum. A rank's
+ * death fails its whole group (gorun replaces the group), so a failed
+ * collective on it fails the step: report it (gorun_ft_report_error). */
+int gorun_ft_group_comm(gorun_ft_t ft, gorun_comm_t *out);
 /* Marks this step failed on this replica (why may be NULL): its vote will be
  * no. Safe from any thread. */
 int gorun_ft_report_error(gorun_ft_t ft, const char *why);

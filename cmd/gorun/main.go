@@ -20,6 +20,7 @@ import (
 	"github.com/gorun-hpc/gorun/internal/cliflag"
 	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/launcher"
+	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
 // version is set at build time with -ldflags "-X main.version=..."; it is
@@ -348,7 +349,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if o.rdzvTimeout > 0 {
 		policies = append(policies, "GORUN_RDZV_TIMEOUT="+o.rdzvTimeout.String())
 	}
-	exports, err := launcher.ResolveExports(append(policies, o.exports...), os.LookupEnv)
+	exports, err := plan.ResolveExports(append(policies, o.exports...), os.LookupEnv)
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
 		return exitUsage

@@ -25,6 +25,13 @@ checkpoint file. Shaped like torchft's Manager::
             opt.step()
     m.close()
 
+Under ``gorun --fault-tolerant --fault-tolerant-group S`` a replica is a
+group of S ranks (HSDP's shape): each rank holds one shard, shards are
+gathered and gradients reduce-scattered within the group
+(group_all_gather, group_reduce_scatter, group_comm), and allreduce()
+averages this rank's shard across the groups; a rank's death restarts its
+group, and each new rank heals its shard from its place in a live group.
+
 The quorum, the commit decision, the heal (the state's bytes sliced across
 the live replicas, checked by digest) and every collective run in gorun's Go
 runtime (package ft, through libgorun's gorun_ft_* calls); this module turns
@@ -90,6 +97,8 @@ _SIGNATURES = {
     "gorun_ft_quorum": [_i64, _i64, ctypes.POINTER(_QuorumInfo), _PI, ctypes.c_int],
     "gorun_ft_allreduce": [_i64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _i64],
     "gorun_ft_comm": [_i64, ctypes.POINTER(_i64)],
+    "gorun_ft_group": [_i64, _PI, _PI],
+    "gorun_ft_group_comm": [_i64, ctypes.POINTER(_i64)],
     "gorun_ft_report_error": [_i64, ctypes.c_char_p],
     "gorun_ft_should_commit": [_i64, _i64, _PI],
     "gorun_ft_step": [_i64, ctypes.POINTER(_i64)],
@@ -252,6 +261,11 @@ class Manager:
         rep, reps, inc = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
         self._check(self._lib.gorun_ft_info(self._h, ctypes.byref(rep), ctypes.byref(reps), ctypes.byref(inc)), "info")
         self.replica, self.replicas, self.incarnation = rep.value, reps.value, inc.value
+        gs, gi = ctypes.c_int(), ctypes.c_int()
+        self._check(self._lib.gorun_ft_group(self._h, ctypes.byref(gs), ctypes.byref(gi)), "group")
+        #: Ranks per replica group (gorun --fault-tolerant-group; 1: every
+        #: rank is a replica) and this rank's place in its group.
+        self.group_size, self.group_rank = gs.value, gi.value
         self._quorum = None
         self._errored = None
         self._cb_error = None
@@ -376,6 +390,79 @@ class Manager:
         h = _i64()
         self._check(self._lib.gorun_ft_comm(self._h, ctypes.byref(h)), "comm")
         return h.value
+
+    # ---- replica groups (HSDP) ----
+    #
+    # Under gorun --fault-tolerant-group S a replica is a group of S
+    # consecutive ranks: a model's parameters sharded S ways within the
+    # group, replicated across groups. The quorum's participants are then
+    # the ranks at this rank's place in every live group, so allreduce()
+    # averages this rank's shard across the groups; the group's own
+    # collectives (the shard all-gather, the gradient reduce-scatter) go
+    # over group_comm(). A rank's death takes its whole group out (gorun
+    # restarts all S ranks, and each heals its shard from its place in a
+    # live group).
+
+    def group_comm(self):
+        """The replica group's communicator as a libgorun communicator
+        handle (group rank = group_rank); valid while the group lives.
+        Only under --fault-tolerant-group, after start_quorum()."""
+        h = _i64()
+        self._check(self._lib.gorun_ft_group_comm(self._h, ctypes.byref(h)), "group_comm")
+        return h.value
+
+    def _group_call(self, name, what, tensors, call):
+        if self._quorum is None:
+            raise RuntimeError("gorun.ft.Manager.%s: call start_quorum() first" % name)
+        if self.group_size <= 1:
+            raise RuntimeError("gorun.ft.Manager.%s: this job has no replica groups (run it under gorun "
+                               "--fault-tolerant-group S with S > 1)" % name)
+        dtype = tensors[0].dtype
+        code = _FLOAT_CODES.get(dtype)
+        if code is None:
+            raise TypeError("gorun.ft.Manager.%s: dtype %s: want float32, bfloat16, float16 or float64" % (name, dtype))
+        for t in tensors:
+            if t.dtype != dtype:
+                raise TypeError("gorun.ft.Manager.%s: %s and %s: want one dtype" % (name, dtype, t.dtype))
+            if t.device.type != "cpu" or not t.is_contiguous():
+                raise ValueError("gorun.ft.Manager.%s: want contiguous tensors on the host (got %s, %s)"
+                                 % (name, t.device, "contiguous" if t.is_contiguous() else "strided"))
+        if self._errored is not None:
+            return
+        rc = call(self.group_comm(), code)
+        if rc != _lib.OK:
+            err = _lib.error(rc, "gorun.ft: " + what)
+            self.report_error(err)
+
+    def group_all_gather(self, output, shard):
+        """output (group_size * shard.numel() elements) = every group
+        rank's shard, in group-rank order. A failure does not raise: as in
+        allreduce(), it is kept (errored()), should_commit() is False, and
+        output is undefined. Returns output."""
+        if output.numel() != shard.numel() * self.group_size:
+            raise ValueError("gorun.ft.Manager.group_all_gather: output has %d elements, want %d (group of %d "
+                             "times %d)" % (output.numel(), shard.numel() * self.group_size, self.group_size,
+                                           shard.numel()))
+        self._group_call("group_all_gather", "group all-gather", (output, shard),
+                         lambda h, code: _lib.lib().gorun_allgather(h, shard.data_ptr(), output.data_ptr(),
+                                                                     shard.numel(), code, None))
+        return output
+
+    def group_reduce_scatter(self, output, full, op="avg"):
+        """output = this group rank's block (output.numel() elements) of op
+        ("avg" or "sum") over the group's full tensors (group_size *
+        output.numel() elements each). Failures as in group_all_gather.
+        Returns output."""
+        if op not in _OPS:
+            raise ValueError("gorun.ft.Manager.group_reduce_scatter: op %r: want 'avg' or 'sum'" % (op,))
+        if full.numel() != output.numel() * self.group_size:
+            raise ValueError("gorun.ft.Manager.group_reduce_scatter: full has %d elements, want %d (group of %d "
+                             "times %d)" % (full.numel(), output.numel() * self.group_size, self.group_size,
+                                           output.numel()))
+        self._group_call("group_reduce_scatter", "group reduce-scatter", (output, full),
+                         lambda h, code: _lib.lib().gorun_reduce_scatter(h, full.data_ptr(), output.data_ptr(),
+                                                                          output.numel(), code, _OPS[op], None))
+        return output
 
     def report_error(self, e):
         """Marks this step failed on this replica: should_commit() will be

@@ -88,6 +88,19 @@ def check_reductions(m, q, r):
             q.participants, b.tolist(), want, f.tolist(), want / len(q.participants)))
 
 
+def check_no_groups(m, r):
+    """Without --fault-tolerant-group every rank is a replica: a group of
+    one, and the group calls say so rather than run."""
+    if (m.group_size, m.group_rank) != (1, 0):
+        say(r, "FAIL group size %d, place %d without replica groups (want 1, 0)" % (m.group_size, m.group_rank))
+    try:
+        m.group_comm()
+        say(r, "FAIL group_comm() gave a handle without replica groups")
+    except gorun.ft.GorunError as e:
+        if "no replica groups" not in str(e):
+            say(r, "FAIL group_comm() without replica groups: %s" % e)
+
+
 def main():
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -112,6 +125,7 @@ def main():
     ddp = gorun.ft.DistributedDataParallel(m, model) if "ddp" in CASES else None
     r = m.replica
     say(r, "START inc=%d" % m.incarnation)
+    check_no_groups(m, r)
     deadline = time.monotonic() + WAIT_S
     seen_group = None
     while True:

@@ -1,17 +1,19 @@
-package launcher
+package plan
 
 import (
 	"errors"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/gorun-hpc/gorun/launcher/hostfile"
 )
 
-func basePlanConfig() PlanConfig {
-	return PlanConfig{JobID: "job1", Secret: "s3cret", MasterPort: 1000, RdzvPort: 1001}
+func baseConfig() Config {
+	return Config{JobID: "job1", Secret: "s3cret", MasterPort: 1000, RdzvPort: 1001}
 }
 
-func TestNewPlanPlacement(t *testing.T) {
+func TestNewPlacement(t *testing.T) {
 	type place struct {
 		host             string
 		local, size, nod int
@@ -19,7 +21,7 @@ func TestNewPlanPlacement(t *testing.T) {
 	tests := []struct {
 		name   string
 		np     int
-		hosts  []Host
+		hosts  []hostfile.Host
 		over   bool
 		want   []place
 		nodes  []string
@@ -27,32 +29,32 @@ func TestNewPlanPlacement(t *testing.T) {
 	}{
 		{name: "no hosts, np 3", np: 3, want: []place{{"localhost", 0, 3, 0}, {"localhost", 1, 3, 0}, {"localhost", 2, 3, 0}}, nodes: []string{"localhost"}},
 		{name: "no hosts, np omitted", np: 0, want: []place{{"localhost", 0, 1, 0}}, nodes: []string{"localhost"}},
-		{name: "np omitted fills every slot", hosts: []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 1}},
+		{name: "np omitted fills every slot", hosts: []hostfile.Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 1}},
 			want: []place{{"a", 0, 2, 0}, {"a", 1, 2, 0}, {"b", 0, 1, 1}}, nodes: []string{"a", "b"}},
-		{name: "by slot: first host first", np: 3, hosts: []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}},
+		{name: "by slot: first host first", np: 3, hosts: []hostfile.Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}},
 			want: []place{{"a", 0, 2, 0}, {"a", 1, 2, 0}, {"b", 0, 1, 1}}, nodes: []string{"a", "b"}},
-		{name: "unused hosts are left out", np: 2, hosts: []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}},
+		{name: "unused hosts are left out", np: 2, hosts: []hostfile.Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}},
 			want: []place{{"a", 0, 2, 0}, {"a", 1, 2, 0}}, nodes: []string{"a"}},
-		{name: "duplicates add slots", np: 3, hosts: []Host{{Name: "a", Slots: 1}, {Name: "b", Slots: 1}, {Name: "a", Slots: 1}},
+		{name: "duplicates add slots", np: 3, hosts: []hostfile.Host{{Name: "a", Slots: 1}, {Name: "b", Slots: 1}, {Name: "a", Slots: 1}},
 			want: []place{{"a", 0, 2, 0}, {"a", 1, 2, 0}, {"b", 0, 1, 1}}, nodes: []string{"a", "b"}},
-		{name: "too many ranks", np: 5, hosts: []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}},
+		{name: "too many ranks", np: 5, hosts: []hostfile.Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}},
 			errStr: "5 ranks requested but only 4 slots available on 2 hosts (use --oversubscribe"},
-		{name: "oversubscribe round robin, contiguous per host", np: 7, over: true, hosts: []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}},
+		{name: "oversubscribe round robin, contiguous per host", np: 7, over: true, hosts: []hostfile.Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 2}},
 			want:  []place{{"a", 0, 4, 0}, {"a", 1, 4, 0}, {"a", 2, 4, 0}, {"a", 3, 4, 0}, {"b", 0, 3, 1}, {"b", 1, 3, 1}, {"b", 2, 3, 1}},
 			nodes: []string{"a", "b"}},
-		{name: "oversubscribe respects max_slots", np: 5, over: true, hosts: []Host{{Name: "a", Slots: 1, MaxSlots: 1}, {Name: "b", Slots: 1}},
+		{name: "oversubscribe respects max_slots", np: 5, over: true, hosts: []hostfile.Host{{Name: "a", Slots: 1, MaxSlots: 1}, {Name: "b", Slots: 1}},
 			want: []place{{"a", 0, 1, 0}, {"b", 0, 4, 1}, {"b", 1, 4, 1}, {"b", 2, 4, 1}, {"b", 3, 4, 1}}, nodes: []string{"a", "b"}},
-		{name: "max_slots total exceeded", np: 5, over: true, hosts: []Host{{Name: "a", Slots: 1, MaxSlots: 2}, {Name: "b", Slots: 1, MaxSlots: 2}},
+		{name: "max_slots total exceeded", np: 5, over: true, hosts: []hostfile.Host{{Name: "a", Slots: 1, MaxSlots: 2}, {Name: "b", Slots: 1, MaxSlots: 2}},
 			errStr: "5 ranks requested but max_slots allows only 4 on 2 hosts"},
 		{name: "negative np", np: -1, errStr: "-np must be positive"},
-		{name: "zero slots", np: 1, hosts: []Host{{Name: "a", Slots: 0}}, errStr: `host "a" has 0 slots`},
-		{name: "max below slots", np: 1, hosts: []Host{{Name: "a", Slots: 4, MaxSlots: 2}}, errStr: "max_slots 2 below its 4 slots"},
+		{name: "zero slots", np: 1, hosts: []hostfile.Host{{Name: "a", Slots: 0}}, errStr: `host "a" has 0 slots`},
+		{name: "max below slots", np: 1, hosts: []hostfile.Host{{Name: "a", Slots: 4, MaxSlots: 2}}, errStr: "max_slots 2 below its 4 slots"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := basePlanConfig()
+			c := baseConfig()
 			c.NP, c.Hosts, c.Oversubscribe = tc.np, tc.hosts, tc.over
-			p, err := NewPlan(c)
+			p, err := New(c)
 			if tc.errStr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.errStr) {
 					t.Fatalf("err = %v, want it to contain %q", err, tc.errStr)
@@ -84,9 +86,9 @@ func TestNewPlanPlacement(t *testing.T) {
 }
 
 func TestSlotsErrorIsTyped(t *testing.T) {
-	c := basePlanConfig()
-	c.NP, c.Hosts = 3, []Host{{Name: "a", Slots: 2}}
-	_, err := NewPlan(c)
+	c := baseConfig()
+	c.NP, c.Hosts = 3, []hostfile.Host{{Name: "a", Slots: 2}}
+	_, err := New(c)
 	var se *SlotsError
 	if !errors.As(err, &se) || se.Requested != 3 || se.Slots != 2 {
 		t.Fatalf("err = %#v, want *SlotsError{3, 2}", err)
@@ -102,13 +104,13 @@ func envMap(env []string) map[string]string {
 	return m
 }
 
-func TestNewPlanEnvironment(t *testing.T) {
-	c := basePlanConfig()
+func TestNewEnvironment(t *testing.T) {
+	c := baseConfig()
 	c.NP = 5
-	c.Hosts = []Host{{Name: "h0", Slots: 3}, {Name: "h1", Slots: 2}}
+	c.Hosts = []hostfile.Host{{Name: "h0", Slots: 3}, {Name: "h1", Slots: 2}}
 	c.GPUsPerHost = 2
 	c.Export = []string{"FOO=bar", "MASTER_ADDR=override"}
-	p, err := NewPlan(c)
+	p, err := New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +140,7 @@ func TestNewPlanEnvironment(t *testing.T) {
 	}
 	// Without PMI (--pmi none) no PMI_* variable claims a server.
 	c.NoPMI = true
-	p, err = NewPlan(c)
+	p, err = New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,10 +157,10 @@ func TestNewPlanEnvironment(t *testing.T) {
 	}
 }
 
-func TestNewPlanNoGPUs(t *testing.T) {
-	c := basePlanConfig()
+func TestNewNoGPUs(t *testing.T) {
+	c := baseConfig()
 	c.NP, c.MasterAddr = 2, "::1"
-	p, err := NewPlan(c)
+	p, err := New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,12 +174,12 @@ func TestNewPlanNoGPUs(t *testing.T) {
 	}
 }
 
-func TestNewPlanIsDeterministic(t *testing.T) {
-	c := basePlanConfig()
+func TestNewIsDeterministic(t *testing.T) {
+	c := baseConfig()
 	c.NP, c.Oversubscribe, c.GPUsPerHost = 9, true, 3
-	c.Hosts = []Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 3, MaxSlots: 4}}
-	p1, err1 := NewPlan(c)
-	p2, err2 := NewPlan(c)
+	c.Hosts = []hostfile.Host{{Name: "a", Slots: 2}, {Name: "b", Slots: 3, MaxSlots: 4}}
+	p1, err1 := New(c)
+	p2, err2 := New(c)
 	if err1 != nil || err2 != nil {
 		t.Fatal(err1, err2)
 	}
@@ -188,23 +190,23 @@ func TestNewPlanIsDeterministic(t *testing.T) {
 	}
 }
 
-func TestNewPlanRejects(t *testing.T) {
+func TestNewRejects(t *testing.T) {
 	tests := []struct {
 		name string
-		mod  func(*PlanConfig)
+		mod  func(*Config)
 		want string
 	}{
-		{"same ports", func(c *PlanConfig) { c.RdzvPort = c.MasterPort }, "two distinct ports"},
-		{"no secret", func(c *PlanConfig) { c.Secret = "" }, "job id and a secret"},
-		{"bad export", func(c *PlanConfig) { c.Export = []string{"=x"} }, "not NAME=VALUE"},
-		{"negative GPUs", func(c *PlanConfig) { c.GPUsPerHost = -2 }, "GPUs per host"},
+		{"same ports", func(c *Config) { c.RdzvPort = c.MasterPort }, "two distinct ports"},
+		{"no secret", func(c *Config) { c.Secret = "" }, "job id and a secret"},
+		{"bad export", func(c *Config) { c.Export = []string{"=x"} }, "not NAME=VALUE"},
+		{"negative GPUs", func(c *Config) { c.GPUsPerHost = -2 }, "GPUs per host"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := basePlanConfig()
+			c := baseConfig()
 			c.NP = 1
 			tc.mod(&c)
-			if _, err := NewPlan(c); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if _, err := New(c); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want %q", err, tc.want)
 			}
 		})
@@ -231,7 +233,7 @@ func TestResolveExports(t *testing.T) {
 		{in: []string{"NODE_RANK=1"}, err: "-x NODE_RANK: gorun sets"},
 		{in: []string{"GORUN_SECRET=00"}, err: "-x GORUN_SECRET: gorun sets"},
 		{in: []string{"PMI_FD=9"}, err: "-x PMI_FD: gorun sets"},
-		// Chosen by the user unless gorun assigns GPUs (NewPlan checks).
+		// Chosen by the user unless gorun assigns GPUs (New checks).
 		{in: []string{"CUDA_VISIBLE_DEVICES=1", "NCCL_SOCKET_IFNAME=eth1"}, want: []string{"CUDA_VISIBLE_DEVICES=1", "NCCL_SOCKET_IFNAME=eth1"}},
 	}
 	for _, tc := range tests {
@@ -248,96 +250,32 @@ func TestResolveExports(t *testing.T) {
 	}
 }
 
-func TestIsLocal(t *testing.T) {
-	id := LocalIdentity{Names: []string{"localhost", "vm", "vm.example"}, Addrs: []string{"127.0.0.1", "::1", "10.0.0.5"}}
-	tests := []struct {
-		host string
-		want bool
-	}{
-		{"localhost", true}, {"LOCALHOST", true}, {"127.0.0.1", true}, {"127.0.1.1", true},
-		{"::1", true}, {"[::1]", true}, {"vm", true}, {"vm.example.", true}, {"10.0.0.5", true},
-		{"10.0.0.6", false}, {"node01", false}, {"vm2", false},
-	}
-	for _, tc := range tests {
-		if got := id.IsLocal(tc.host); got != tc.want {
-			t.Errorf("IsLocal(%q) = %v, want %v", tc.host, got, tc.want)
-		}
-	}
-	err := RequireLocal([]Host{{Name: "vm", Slots: 1}, {Name: "node01", Slots: 1}}, id)
-	var re *RemoteHostError
-	if !errors.As(err, &re) || re.Host != "node01" || !strings.Contains(err.Error(), "is not this machine") {
-		t.Fatalf("RequireLocal: %v", err)
-	}
-	if err := RequireLocal([]Host{{Name: "localhost", Slots: 1}}, DetectLocal()); err != nil {
-		t.Fatalf("localhost is not local: %v", err)
-	}
-}
-
 func TestMergeEnv(t *testing.T) {
-	got := mergeEnv([]string{"A=1", "B=2", "C=3"}, []string{"B=20", "D=4"}, []string{"A=10"})
+	got := MergeEnv([]string{"A=1", "B=2", "C=3"}, []string{"B=20", "D=4"}, []string{"A=10"})
 	if want := []string{"C=3", "B=20", "D=4", "A=10"}; !slices.Equal(got, want) {
-		t.Fatalf("mergeEnv = %v, want %v", got, want)
+		t.Fatalf("MergeEnv = %v, want %v", got, want)
 	}
 }
 
-func TestPickFailure(t *testing.T) {
-	fs := []failure{{rank: 3, code: 2}, {rank: 1, code: 1}, {rank: 2, signal: 9}}
-	tests := []struct {
-		policy ExitPolicy
-		rank   int
-	}{{ExitFirst, 3}, {ExitLowest, 1}, {ExitMax, 2}}
-	for _, tc := range tests {
-		if got := pickFailure(fs, tc.policy); got.rank != tc.rank {
-			t.Errorf("%s: rank %d, want %d", tc.policy, got.rank, tc.rank)
-		}
-	}
-}
-
-func TestCountGPULines(t *testing.T) {
-	out := "GPU 0: NVIDIA A100 (UUID: GPU-1)\nGPU 1: NVIDIA A100 (UUID: GPU-2)\n  MIG 1g.5gb Device 0: (UUID: MIG-x)\n"
-	if n := countGPULines([]byte(out)); n != 2 {
-		t.Fatalf("countGPULines = %d, want 2", n)
-	}
-}
-
-func TestReservePorts(t *testing.T) {
-	a, err := ReservePorts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := ReservePorts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ports := []int{a.MasterPort, a.RdzvPort, b.MasterPort, b.RdzvPort}
-	slices.Sort(ports)
-	if len(slices.Compact(ports)) != 4 {
-		t.Fatalf("two reservations held at once share a port: %+v %+v", a, b)
-	}
-	a.Release()
-	a.Release() // idempotent
-	b.Release()
-}
-
-// Every variable rankEnv sets per rank is refused as an export, so that a
+// Every variable RankEnv sets per rank is refused as an export, so that a
 // new per-rank variable cannot be overridden silently either; the
 // interface names and a CUDA_VISIBLE_DEVICES gorun does not assign are the
 // user's.
 func TestPlanRefusesExportsOfPerRankVariables(t *testing.T) {
-	c := basePlanConfig()
+	c := baseConfig()
 	c.GPUsPerHost = 1
 	c.Interfaces = map[string]string{"localhost": "eth0"}
-	p, err := NewPlan(c)
+	p, err := New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	userChosen := map[string]bool{"NCCL_SOCKET_IFNAME": true, "GLOO_SOCKET_IFNAME": true, "MASTER_ADDR": true, "MASTER_PORT": true}
 	for _, kv := range p.Ranks[0].Env {
 		name, _, _ := strings.Cut(kv, "=")
-		c := basePlanConfig()
+		c := baseConfig()
 		c.GPUsPerHost = 1
 		c.Export = []string{name + "=x"}
-		_, err := NewPlan(c)
+		_, err := New(c)
 		if userChosen[name] {
 			if err != nil {
 				t.Errorf("export of %s refused: %v", name, err)
@@ -348,9 +286,49 @@ func TestPlanRefusesExportsOfPerRankVariables(t *testing.T) {
 			t.Errorf("export of %s: err %v, want it refused", name, err)
 		}
 	}
-	c = basePlanConfig()
+	c = baseConfig()
 	c.Export = []string{"CUDA_VISIBLE_DEVICES=2"}
-	if _, err := NewPlan(c); err != nil {
+	if _, err := New(c); err != nil {
 		t.Errorf("CUDA_VISIBLE_DEVICES without --gpus-per-host refused: %v", err)
+	}
+}
+
+// The plan refuses absurd counts before building one environment per rank,
+// whether they come from -np or from slots.
+func TestPlanRefusesAbsurdCounts(t *testing.T) {
+	for _, mod := range []func(*Config){
+		func(c *Config) { c.NP = 99999999999 },
+		func(c *Config) { c.NP = MaxRanks + 1 },
+		func(c *Config) {
+			c.NP = 0
+			c.Hosts = []hostfile.Host{{Name: "a", Slots: MaxRanks}, {Name: "b", Slots: 1 << 30}}
+		},
+	} {
+		c := baseConfig()
+		mod(&c)
+		p, err := New(c)
+		var ce *CapacityError
+		if !errors.As(err, &ce) || ce.Resource != "ranks" || p != nil {
+			t.Errorf("New(np %d, hosts %v) = %v, %v; want a ranks CapacityError", c.NP, c.Hosts, p, err)
+		}
+	}
+}
+
+// The endpoints ranks are told bracket an IPv6 master, as net.JoinHostPort
+// does, so that "host:port" splits at the right colon.
+func TestEndpointsBracketIPv6(t *testing.T) {
+	for _, tc := range []struct{ addr, master, rdzv string }{
+		{"10.0.0.1", "10.0.0.1:1000", "10.0.0.1:1001"},
+		{"fe80::1", "[fe80::1]:1000", "[fe80::1]:1001"},
+	} {
+		c := baseConfig()
+		c.MasterAddr = tc.addr
+		p, err := New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.MasterEndpoint() != tc.master || p.RdzvEndpoint != tc.rdzv {
+			t.Errorf("master %s: endpoints %s and %s, want %s and %s", tc.addr, p.MasterEndpoint(), p.RdzvEndpoint, tc.master, tc.rdzv)
+		}
 	}
 }
