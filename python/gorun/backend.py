@@ -18,6 +18,7 @@ import ctypes
 import datetime
 import os
 import queue
+import random
 import secrets
 import socket
 import sys
@@ -163,19 +164,42 @@ def _identity_env(store, rank, size):
     w = "gorun/%d/" % _world_count
     if rank == 0:
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            s.bind(("127.0.0.1" if host == "localhost" else host, 0))
-            port = s.getsockname()[1]
-        finally:
-            s.close()
-        store.set(w + "rdzv", "%s:%d" % (host, port))
+        store.set(w + "rdzv", "%s:%d" % (host, _rdzv_port("127.0.0.1" if host == "localhost" else host)))
         store.set(w + "secret", secrets.token_hex(32))
         store.set(w + "job", "torch-" + secrets.token_hex(8))
     return (" env.GORUN_RDZV_ENDPOINT=%s env.GORUN_SECRET=%s env.GORUN_JOB_ID=%s env.GORUN_RANK=%d "
             "env.GORUN_WORLD_SIZE=%d env.GORUN_LOCAL_RANK=%d env.GORUN_LOCAL_WORLD_SIZE=%d" % (
                 store.get(w + "rdzv").decode(), store.get(w + "secret").decode(),
                 store.get(w + "job").decode(), rank, size, local, nlocal))
+
+
+def _rdzv_port(host):
+    """A free port for rank 0's rendezvous, chosen below the kernel's
+    ephemeral range. The port is closed again before gorun's rendezvous
+    binds it, and a port from bind(0) could meanwhile be handed to any
+    socket that binds port 0 or connects out (a rank's data-plane or
+    gossip listener among them), after which the ranks would dial that
+    socket as the seed until the formation timeout. Below the range only
+    an explicit bind can take it."""
+    lo = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    bottom = max(1024, lo - 12000)
+    rng = random.SystemRandom()
+    for _ in range(64):
+        port = rng.randrange(bottom, lo) if lo > bottom else 0
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind((host, port))
+            return s.getsockname()[1]
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise GorunError("gorun: no free port for the rendezvous on %s below %d" % (host, lo), "GORUN_ERR_INIT")
 
 
 def _timeout_ms(timeout):
