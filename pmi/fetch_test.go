@@ -20,27 +20,11 @@ func TestFetchAsksOwnerOncePerHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	var serve sync.WaitGroup
-	clients := make([]*client, 2)
-	for r := range 2 {
-		a, b := net.Pipe()
-		defer a.Close()
-		serve.Go(func() { _ = s.ServeConn(r, b) })
-		clients[r] = &client{t: t, c: a, br: bufio.NewReader(a)}
+	clients := fencedPair(t, s, &serve)
+	for _, c := range clients {
+		defer c.c.Close()
 	}
 	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Go(func() {
-			clients[r].do("cmd=init pmi_version=1 pmi_subversion=1")
-			clients[r].do("cmd=barrier_in")
-		})
-	}
-	if req := <-s.Requests(); req.Kind != Fence {
-		t.Fatalf("request %+v, want the fence", req)
-	}
-	if err := s.Release(0, nil); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
 
 	got := make([]string, 2)
 	for r := range 2 {
@@ -111,4 +95,32 @@ func TestFetchAsksOwnerOncePerHost(t *testing.T) {
 	}
 	wg.Wait()
 	serve.Wait()
+}
+
+// fencedPair connects PMI-1 clients for ranks 0 and 1 to s (served on
+// serve; the caller closes the clients' ends) and takes them through init
+// and one barrier, which it releases as gorun's owner would.
+func fencedPair(t *testing.T, s *Server, serve *sync.WaitGroup) []*client {
+	t.Helper()
+	clients := make([]*client, 2)
+	for r := range 2 {
+		a, b := net.Pipe()
+		serve.Go(func() { _ = s.ServeConn(r, b) })
+		clients[r] = &client{t: t, c: a, br: bufio.NewReader(a)}
+	}
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			clients[r].do("cmd=init pmi_version=1 pmi_subversion=1")
+			clients[r].do("cmd=barrier_in")
+		})
+	}
+	if req := <-s.Requests(); req.Kind != Fence {
+		t.Fatalf("request %+v, want the fence", req)
+	}
+	if err := s.Release(0, nil); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	return clients
 }

@@ -93,27 +93,11 @@ func TestAnswerBatchAnswersWaitingRanks(t *testing.T) {
 	defer s.Close()
 	var serve sync.WaitGroup
 	defer serve.Wait()
-	clients := make([]*client, 2)
-	for r := range 2 {
-		a, b := net.Pipe()
-		defer a.Close()
-		serve.Go(func() { _ = s.ServeConn(r, b) })
-		clients[r] = &client{t: t, c: a, br: bufio.NewReader(a)}
+	clients := fencedPair(t, s, &serve)
+	for _, c := range clients {
+		defer c.c.Close()
 	}
 	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Go(func() {
-			clients[r].do("cmd=init pmi_version=1 pmi_subversion=1")
-			clients[r].do("cmd=barrier_in")
-		})
-	}
-	if req := <-s.Requests(); req.Kind != Fence {
-		t.Fatalf("request %+v, want the fence", req)
-	}
-	if err := s.Release(0, nil); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
 
 	got := make([]string, 2)
 	for r, key := range []string{"card-4", "card-5"} {
