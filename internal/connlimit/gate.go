@@ -260,9 +260,31 @@ func (g *Gate) Admit(c net.Conn) (func(), bool) {
 func (g *Gate) release(c net.Conn) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if _, ok := g.pending[c]; ok {
+		g.releaseLocked(c)
+	} // else evicted
+}
+
+// Claim ends c's handshake as its release function does (which then does
+// nothing) and reports whether c was still in it: false when the gate
+// evicted c or was closed meanwhile, and c is (being) closed. An owner
+// calls Claim once c has proved itself and before telling its peer so:
+// on true the gate can no longer close c; on false the handshake must
+// fail, so that no peer is told it was accepted on a connection the
+// gate then closes.
+func (g *Gate) Claim(c net.Conn) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if _, ok := g.pending[c]; !ok {
-		return // evicted
+		return false // evicted
 	}
+	g.releaseLocked(c)
+	return !g.closed
+}
+
+// releaseLocked gives pending connection c's slot back. The caller holds
+// mu and knows c is pending.
+func (g *Gate) releaseLocked(c net.Conn) {
 	g.forgetLocked(c)
 	if g.cfg.Evict {
 		// Keep order from growing with released entries: compact when

@@ -323,3 +323,64 @@ func TestGateEvict(t *testing.T) {
 		a.c.Close()
 	}
 }
+
+// Claim ends a handshake for good: a claimed connection is never evicted
+// or closed by the gate, one the gate evicted or closed first cannot be
+// claimed, and a claimed slot is free for the next connection.
+func TestGateClaim(t *testing.T) {
+	for _, evict := range []bool{true, false} {
+		g, err := New(Config{Max: 2, PerSource: 2, Evict: evict}, func(net.Conn) string { return "a" })
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ends []net.Conn
+		conn := func() net.Conn {
+			c, p := net.Pipe()
+			ends = append(ends, c, p)
+			return c
+		}
+		c1, c2 := conn(), conn()
+		rel1, ok1 := g.Admit(c1)
+		_, ok2 := g.Admit(c2)
+		if !ok1 || !ok2 {
+			t.Fatalf("evict=%v: two connections not admitted under Max 2", evict)
+		}
+		if !g.Claim(c2) {
+			t.Fatalf("evict=%v: a pending connection could not be claimed", evict)
+		}
+		rel1() // c1 ends its handshake as before
+		if g.Claim(c1) {
+			t.Errorf("evict=%v: a released connection was claimed", evict)
+		}
+		// Two newcomers fill the gate again; a third evicts the oldest
+		// pending one (c3), never the claimed c2.
+		c3, c4, c5 := conn(), conn(), conn()
+		g.Admit(c3)
+		g.Admit(c4)
+		if _, ok := g.Admit(c5); ok != evict {
+			t.Fatalf("evict=%v: third newcomer admitted=%v", evict, ok)
+		}
+		if evict {
+			if g.Claim(c3) {
+				t.Error("an evicted connection was claimed")
+			}
+			if !g.Claim(c4) {
+				t.Error("a pending connection was not claimed after another's eviction")
+			}
+			_ = c2.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
+			if _, err := c2.Write([]byte{1}); errors.Is(err, io.ErrClosedPipe) {
+				t.Errorf("the claimed connection was closed: %v", err)
+			}
+		}
+		g.Close()
+		if g.Claim(c5) {
+			t.Errorf("evict=%v: a connection claimed after Close", evict)
+		}
+		if st := g.Stats(); st.Pending != 0 && evict {
+			t.Errorf("evict=%v: %d pending after every claim and Close", evict, st.Pending)
+		}
+		for _, c := range ends {
+			c.Close()
+		}
+	}
+}
