@@ -483,6 +483,9 @@ const (
 	ackTCP         = 1
 	ackShm         = 2
 	ackStatus      = 3 // the connection carries one status answer
+	// ackRefused: the proof was right but the hello is not (a bug or a
+	// mismatched build); final, unlike a close before the ack.
+	ackRefused = 4
 )
 
 // maxStatusBytes bounds a status answer we are willing to read.
@@ -589,8 +592,9 @@ func mac(secret []byte, role byte, cn, sn []byte, more ...[]byte) []byte {
 //	                                           covers the hello, so it cannot
 //	                                           be altered in flight), maps the
 //	                                           offered segment if it can
-//	◄──────── ack: ackTCP, ackShm (the segment is mapped on both sides)
-//	          or ackStatus (a status query, not a link)
+//	◄──────── ack: ackTCP, ackShm (the segment is mapped on both sides),
+//	          ackStatus (a status query, not a link) or ackRefused (a
+//	          hello that makes no sense)
 //
 // Both nonces make every proof single-use, and the role byte keeps a
 // server's proof from being replayed as a client's. Nothing about the
@@ -658,6 +662,9 @@ func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader, start time.T
 		return h, nil, err
 	}
 	if h.streams < 1 || h.streams > maxTCPStreams || h.stream >= h.streams || (h.stream > 0 && h.shmName != "") {
+		// Said, not only closed: a close before the ack is an eviction,
+		// which the dialer retries, and this one must not be.
+		_, _ = conn.Write([]byte{ackRefused})
 		return h, nil, fmt.Errorf("%w: connection %d of %d (shared memory %q)", ErrProtocol, h.stream, h.streams, h.shmName)
 	}
 	ack := byte(ackTCP)
@@ -723,6 +730,9 @@ func (e *Endpoint) clientHandshake(conn net.Conn, br *bufio.Reader, h hello) (by
 			return 0, fmt.Errorf("%w: %w", errBusy, err)
 		}
 		return 0, handshakeReadErr("the server's acceptance", err)
+	}
+	if ack[0] == ackRefused {
+		return 0, fmt.Errorf("%w: the server refused this connection's hello (connection %d of %d, shared memory %q)", ErrAuth, h.stream, h.streams, h.shmName)
 	}
 	return ack[0], nil
 }
