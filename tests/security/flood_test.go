@@ -34,7 +34,7 @@ func TestRankPortsFloodFromAJobHost(t *testing.T) {
 		var gossip func() string
 		if flood {
 			seed := j.seed()
-			gossip = attack(t, h.Hosts[1], "churn", seed, "1100", "8s")
+			gossip = attack(t, h.Hosts[1], "churn", seed, "2000", "8s")
 		}
 		addrs, pids := j.ready(4)
 		formed := time.Since(start)
