@@ -619,6 +619,7 @@ func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader, start time.T
 	if string(b[:len(handshakeMagic)]) != handshakeMagic {
 		return h, nil, fmt.Errorf("%w: not a gorun data-plane client", ErrAuth)
 	}
+	e.gate.Spoke(conn) // spared by evictions while silent ones are left
 	cn := append([]byte(nil), b[len(handshakeMagic):]...)
 	sn := make([]byte, nonceLen)
 	_, _ = rand.Read(sn)

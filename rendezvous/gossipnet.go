@@ -90,7 +90,7 @@ func (t *boundedTransport) forward() {
 				continue
 			}
 			select {
-			case t.streams <- &countedConn{Conn: c, release: release}:
+			case t.streams <- &countedConn{Conn: t.gate.Heard(c), release: release}:
 			case <-t.done:
 				release()
 				_ = c.Close()

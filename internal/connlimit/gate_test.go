@@ -384,3 +384,55 @@ func TestGateClaim(t *testing.T) {
 		}
 	}
 }
+
+// Under Evict a full gate closes the oldest silent connection before any
+// that has spoken, and the oldest that has spoken only when none is
+// silent; Heard marks a connection on its first read of bytes.
+func TestGateEvictsSilentFirst(t *testing.T) {
+	g, err := New(Config{Max: 3, PerSource: 3, Evict: true}, func(net.Conn) string { return "a" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	var ends []net.Conn
+	defer func() {
+		for _, c := range ends {
+			c.Close()
+		}
+	}()
+	conn := func() (net.Conn, net.Conn) {
+		c, p := net.Pipe()
+		ends = append(ends, c, p)
+		if _, ok := g.Admit(c); !ok {
+			t.Fatal("not admitted")
+		}
+		return c, p
+	}
+	c1, p1 := conn()
+	c2, _ := conn()
+	c3, _ := conn()
+	// c1, the oldest, speaks (read through Heard).
+	go func() { _, _ = p1.Write([]byte("hello")) }()
+	if _, err := io.ReadFull(g.Heard(c1), make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+	c4, _ := conn() // evicts c2, the oldest silent one
+	if g.Claim(c2) {
+		t.Error("the oldest silent connection was not the one evicted")
+	}
+	g.Spoke(c3)
+	g.Spoke(c4)
+	c5, _ := conn() // none silent: evicts c1, the oldest
+	for _, tc := range []struct {
+		c    net.Conn
+		want bool
+		name string
+	}{{c1, false, "c1 (oldest, spoken)"}, {c3, true, "c3"}, {c4, true, "c4"}, {c5, true, "c5"}} {
+		if got := g.Claim(tc.c); got != tc.want {
+			t.Errorf("%s: claimed=%v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if st := g.Stats(); st.Evicted != 2 || st.Pending != 0 {
+		t.Errorf("stats %+v, want 2 evicted and none pending", st)
+	}
+}
