@@ -57,11 +57,21 @@ def test_modes_match_torch_ddp(launcher, np):
                               r"copies=(\d+)" % (rank, mode, kind), out)
                 assert m, out[-4000:]
                 peak, plan, full, copies = map(int, m.groups())
+                # Every gradient landed in its view of the flat gradient.
+                assert copies == 0, (mode, kind, copies)
+                m = re.search(r"RANK %d: PEAK %s %s accumulate=False peak=(\d+) planpeak=(\d+) full=(\d+)"
+                              % (rank, mode, kind), out)
+                assert m, out[-4000:]
+                peak, plan, full = map(int, m.groups())
                 # Gathered parameters at peak: within the plan's estimate,
                 # and (reshard after forward) well under the whole model.
                 assert 0 < peak <= plan < full, (mode, kind, peak, plan, full)
-                # Every gradient landed in its view of the flat gradient.
-                assert copies == 0, (mode, kind, copies)
+                # Steps with no_sync micro-batches count them: every unit
+                # stays gathered through those, so the peak is the model.
+                m = re.search(r"RANK %d: PEAK %s %s accumulate=True peak=(\d+) planpeak=\d+ full=(\d+)"
+                              % (rank, mode, kind), out)
+                assert m, out[-4000:]
+                assert int(m.group(1)) == int(m.group(2)) == full, (mode, kind, m.groups(), full)
 
 
 def test_bf16_parameters(launcher):
