@@ -469,6 +469,12 @@ def case_ft_hsdp():
 
     m = gorun.ft.Manager(state_dict=save, load_state_dict=load, timeout=60)
     RANK = m.replica
+    for bad in ({"mode": "fsdp"}, {"mode": "hsdp", "shard_size": 4}, {"mode": "hsdp", "deterministic": True}):
+        try:
+            gt.distribute(make("gpt"), manager=m, **bad)
+            say("FAIL distribute(manager=m, %s) was taken" % bad)
+        except ValueError as e:
+            say("REFUSED %s: %s" % (",".join(sorted(bad)), e))
     model = state["model"] = gt.distribute(net, mode="hsdp", manager=m, refresh_every=3)
     opt = state["opt"] = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     state["ref_opt"] = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
@@ -537,7 +543,9 @@ def case_ft_hsdp():
     worst = 0.0
     for k, v in ref.state_dict().items():
         worst = max(worst, ((full[k] - v).abs().max() / v.abs().max().clamp_min(1e-30)).item())
-    say("DONE step=%d digest=%s worst=%.3g" % (m.current_step(), digest(), worst))
+    with torch.no_grad():  # evaluation: gathered over the group for the call
+        same = torch.equal(loss_of("gpt", model, batch("gpt", 99)), loss_of("gpt", ref, batch("gpt", 99)))
+    say("DONE step=%d digest=%s worst=%.3g eval=%s" % (m.current_step(), digest(), worst, same))
     m.close()
     sys.stdout.flush()
     os._exit(0)

@@ -35,37 +35,40 @@ PROG = os.path.join(os.path.dirname(__file__), "step_prog.py")
 NP, GROUP = 4, 2
 
 
-def lines(out, what):
-    """(rank, {key: value}) for every "RANK r: WHAT k=v ..." line, in order."""
-    got = []
-    for m in re.finditer(r"^RANK (\d+): %s (.*)$" % what, out, re.M):
-        got.append((int(m.group(1)), dict(kv.split("=", 1) for kv in m.group(2).split())))
-    return got
+def records(out, what):
+    """Every "RANK r: WHAT k=v ..." line as (r, {k: v}), in output order."""
+    pat = re.compile(r"^RANK (\d+): %s (.*)$" % what, re.M)
+    return [(int(r), dict(kv.split("=", 1) for kv in rest.split())) for r, rest in pat.findall(out)]
 
 
 def test_hsdp_over_manager_heals_and_skips_failed_step(launcher, tmp_path):
     steps, timeout = 9, 150
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([PYDIR, env.get("PYTHONPATH", "")])
-    env["GORUN_LIB"] = launcher.lib
-    env.update(FT_MARKS=str(marks), FT_DIE="3", FT_AT="5", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [launcher.gorun, "-np", str(NP), "--fault-tolerant", "--fault-tolerant-group", str(GROUP),
-           "--timeout", "%ds" % timeout, "--inject", "kill:rank=1:after-steps=3",
-           sys.executable, PROG, "ft_hsdp", str(steps)]
+    (tmp_path / "marks").mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([PYDIR, os.environ.get("PYTHONPATH", "")]),
+               GORUN_LIB=launcher.lib, FT_MARKS=str(tmp_path / "marks"), FT_DIE="3", FT_AT="5",
+               OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    flags = ["--fault-tolerant", "--fault-tolerant-group", str(GROUP), "--timeout", "%ds" % timeout,
+             "--inject", "kill:rank=1:after-steps=3"]
+    cmd = [launcher.gorun, "-np", str(NP)] + flags + [sys.executable, PROG, "ft_hsdp", str(steps)]
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout + 30)
     out = p.stdout.decode(errors="replace")
     tail = out[-6000:]
     assert p.returncode == 0, tail
     assert "FAIL" not in out and "Traceback" not in out, tail
 
-    starts = lines(out, "START")
+    # What a Manager cannot go with is refused, naming it.
+    for r in range(NP):
+        assert "RANK %d: REFUSED mode: gorun.torch.distribute: manager= goes with mode='hsdp'" % r in out, tail
+        assert re.search(r"RANK %d: REFUSED mode,shard_size: .*shard_size=4, but the Manager's replica groups have 2 "
+                         r"ranks" % r, out), tail
+        assert "RANK %d: REFUSED deterministic,mode: gorun.torch.distribute: deterministic=" % r in out, tail
+
+    starts = records(out, "START")
     for r in range(NP):
         incs = sorted(kv["inc"] for rr, kv in starts if rr == r)
         assert incs == ["0", "1"], ("rank %d started as incarnations %s, want 0 and 1" % (r, incs), tail)
 
-    quorums = lines(out, "QUORUM")
+    quorums = records(out, "QUORUM")
     healed = [(r, kv) for r, kv in quorums if kv["healed"] == "True"]
     assert sorted(r for r, _ in healed) == list(range(NP)), ("want one heal per rank", healed, tail)
     for r, kv in healed:
@@ -74,7 +77,7 @@ def test_hsdp_over_manager_heals_and_skips_failed_step(launcher, tmp_path):
         assert peers, ("nobody at rank %d's place reported quorum %s" % (r, kv["id"]), tail)
         assert peers == {kv["digest"]}, ("rank %d healed to a state its peer does not hold" % r, kv, peers, tail)
 
-    done = dict(lines(out, "DONE"))
+    done = dict(records(out, "DONE"))
     assert sorted(done) == list(range(NP)), tail
     assert len({kv["step"] for kv in done.values()}) == 1, ("ranks ended at different steps", done, tail)
     assert int(done[0]["step"]) >= steps, tail
@@ -86,11 +89,13 @@ def test_hsdp_over_manager_heals_and_skips_failed_step(launcher, tmp_path):
         # Bitwise: the same sums in the same order (groups and quorums of
         # a power of two, so scaling before or after the sum is exact).
         assert float(kv["worst"]) == 0.0, ("rank %d: the model left the plain torch replica" % r, kv, tail)
+        # An evaluation (no gradients) gathers the shards for the call.
+        assert kv["eval"] == "True", ("rank %d: the evaluation's loss is not the replica's" % r, kv, tail)
 
     died = re.search(r"^RANK 3: DYING in step (\d+)$", out, re.M)
     assert died, tail
     at = died.group(1)
-    commits = lines(out, "COMMIT")
+    commits = records(out, "COMMIT")
     for r in (0, 1):
         mine = [kv for rr, kv in commits if rr == r and kv["inc"] == "1" and kv["step"] == at]
         # The survivors' own step failed in the executor (a peer lost),

@@ -4,7 +4,8 @@ equal to torch's DDP over gloo (bitwise on 1 and 2 ranks, within 1e-6
 relative on 4) for a GPT-like model with a tied embedding and a residual MLP
 with frozen and unused parameters (also with no_sync accumulation); fsdp's
 peak of gathered parameters within the plan's estimate and below the whole
-model; and the bad-input errors. The rank program is step_prog.py."""
+model (and the whole model on steps with no_sync micro-batches, which hold
+every unit gathered); and the bad-input errors. The rank program is step_prog.py."""
 
 import os
 import re

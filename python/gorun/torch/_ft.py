@@ -68,6 +68,7 @@ class _KeptErrors:
             except _lib.GorunError as e:
                 self._model._fail(e)
                 return empty
+        setattr(self, name, call)  # found directly from now on
         return call
 
 
@@ -98,6 +99,7 @@ class FaultTolerantModel(ShardedModel):
                              "(gorun --fault-tolerant-group): leave shard_size out" % (shard_size, s))
         self._manager = manager
         self._rep_h = None
+        self._seen = None  # the quorum the last forward ran in
         super().__init__(module, mode="hsdp", shard_size=s, **kw)
 
     # ---- the groups are the Manager's -----------------------------------
@@ -189,19 +191,50 @@ class FaultTolerantModel(ShardedModel):
 
     # ---- the step ----------------------------------------------------------
 
-    def _begin(self):
+    def forward(self, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return self._evaluate(*args, **kwargs)
         q = self._manager.quorum()
         if q is None:
             raise RuntimeError("gorun.torch: mode='hsdp' with a Manager: call manager.start_quorum() before the "
                                "forward of each step")
-        self._failed = None
-        # Every participant holds the same committed step (a replacement
-        # healed to it): the executor's per-step check compares it.
+        if q is not self._seen:
+            # The step's first forward (a no_sync micro-batch, or the
+            # step's one): errors of the step before are forgotten, as the
+            # Manager forgets them, and a new quorum is taken up.
+            self._seen, self._failed = q, None
+            # Every participant holds the same committed step (a
+            # replacement healed to it): the executor's per-step check
+            # compares it.
+            self._step = self._manager.current_step()
+            h = self._guarded(self._manager.comm)
+            if self._exec is None or h != self._rep_h:
+                self._rebuild(q, h)
+        return super().forward(*args, **kwargs)
+
+    def _begin(self):
         self._step = self._manager.current_step()
-        h = self._guarded(self._manager.comm)
-        if self._exec is None or h != self._rep_h:
-            self._rebuild(q, h)
         super()._begin()
+
+    def _evaluate(self, *args, **kwargs):
+        """A forward without gradients: every unit gathered over the replica
+        group for the call (errors raise: no step is at stake)."""
+        if self._shard_comm is None:
+            raise RuntimeError("gorun.torch: mode='hsdp' with a Manager: the replica group exists from the first "
+                               "step's forward on; evaluate after it")
+        peak = self._peak
+        held = [u for u in self._units if self._full[u.name].untyped_storage().nbytes()]
+        for u in self._units:
+            self._alloc(u)
+            _abi.allgather_tensor(self._shard_comm, self._shards[u.name].detach(), self._full[u.name])
+        try:
+            with torch.no_grad():
+                return self.module(*args, **kwargs)
+        finally:
+            for u in self._units:
+                if u not in held:
+                    self._free(u)
+            self._peak = peak
 
     def _rebuild(self, q, h):
         """A new quorum: this step runs as a run's first (see the module
