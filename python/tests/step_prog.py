@@ -436,7 +436,8 @@ def case_ft_hsdp():
     --fault-tolerant-group 2 (test_step_ft.py). The GPT-like model is
     sharded in two within each replica group; a plain torch replica of it
     (ref), whose gradients the Manager's own calls average over the same
-    ranks, trains beside it. Prints, per rank ("RANK r: ..."):
+    ranks, trains beside it. Odd steps accumulate a no_sync micro-batch
+    first. Prints, per rank ("RANK r: ..."):
       START inc=I
       QUORUM step=S id=Q parts=P healed=H digest=D   D: this rank's shards,
                              whole parameters and optimizer state
@@ -521,6 +522,12 @@ def case_ft_hsdp():
         opt.zero_grad()
         ref.zero_grad()
         data = batch("gpt", step)
+        if step % 2:
+            # Gradient accumulation: a no_sync micro-batch first (on a new
+            # quorum's first step too, which it then begins).
+            with model.no_sync():
+                loss_of("gpt", model, batch("gpt", step, 1)).backward()
+            loss_of("gpt", ref, batch("gpt", step, 1)).backward()
         loss_of("gpt", model, data).backward()
         errored = m.errored()
         loss_of("gpt", ref, data).backward()

@@ -4,7 +4,7 @@ real kills. The rank program is step_prog.py's ft_hsdp case: a GPT-like
 model (tied embedding, 4 blocks, a parameter on the root) sharded in two
 within each replica group by distribute(mode="hsdp", manager=m), beside a
 plain torch replica of it whose gradients the Manager's own calls average
-over the same ranks.
+over the same ranks; odd steps accumulate a no_sync micro-batch first.
 
 One job, two failures:
 - gorun kills rank 1 after step 3 (--inject): group 0 is restarted, and

@@ -295,13 +295,13 @@ def fsdp_graph(order, units, replicated, fwd_ns, bwd_ns, world, shard=None):
                           "group": sg, "dtype": u.dtype_name,
                           "members": [{"in": "g/" + u.name, "out": "G/" + u.name, "bytes": u.padded * u.es}]})
             if shard < world:
-                replicate.append(_Whole(u, s))
+                replicate.append(_SecondHop(u, s))
             else:
                 starts.append(s)
         for m in mine_m:
             if shard < world:
                 s = "sar/" + m.name
-                replicate.append(_Whole(m))
+                replicate.append(_SecondHop(m))
             else:
                 s = "ar/" + m.name
                 starts.append(s)
@@ -328,7 +328,7 @@ def fsdp_graph(order, units, replicated, fwd_ns, bwd_ns, world, shard=None):
             "tensors": tensors, "nodes": nodes}
 
 
-class _Whole:
+class _SecondHop:
     """What a hybrid plan all-reduces across replicas after the first hop
     within the shard group (first: that hop's start): a unit's reduced
     shard, or a parameter kept whole."""
