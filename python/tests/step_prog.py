@@ -559,7 +559,8 @@ def case_ft_hsdp():
 
 
 if __name__ == "__main__":
-    {"equal": case_equal, "det": case_det, "unused": case_unused, "unused_sharded": case_unused_sharded, "load": case_load, "bf16": case_bf16, "bad": case_bad, "kill": case_kill, "ft_hsdp": case_ft_hsdp}[sys.argv[1]]()
+    {"equal": case_equal, "det": case_det, "unused": case_unused, "unused_sharded": case_unused_sharded,
+     "load": case_load, "bf16": case_bf16, "bad": case_bad, "kill": case_kill, "ft_hsdp": case_ft_hsdp}[sys.argv[1]]()
     if sys.argv[1] in ("equal", "bf16", "unused", "unused_sharded"):
         # torch 2.15 over gloo aborts now and then at interpreter exit after a
         # finished run ("terminate called without an active exception": gloo's
