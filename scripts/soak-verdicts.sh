@@ -10,8 +10,8 @@
 #            torch in $PYTHON and bin/libgorun.so)
 #   mpich    MPICH's checks (tests/mpi/testdata/mpiprog.c check: Allreduce,
 #            Bcast, Comm_split, a ring), 8 ranks (needs mpicc.mpich)
-#   hosts    the Go trainer across 3 namespace hosts (tests/testhosts), 2
-#            ranks each (needs root; SOAK_HOSTS=0 leaves it out)
+#   hosts    the Go trainer across 3 namespace hosts (tests/testhosts), 4
+#            ranks: 2, 1, 1 (needs root; SOAK_HOSTS=0 leaves it out)
 # Every healthy job must exit 0 within 300 s: one that fails is a false
 # verdict (or, exit 124, too slow), and its last lines are printed. Meanwhile a probe job (the trainer, 4 ranks) has
 # rank 2 SIGSTOPped or SIGKILLed in turn, and gorun must end naming it
@@ -50,7 +50,7 @@ if [ "${SOAK_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
 		HOSTS=$(sed -n 's/^HOSTS=//p' "$out/hosts.env")
 		SSH_CONFIG=$(sed -n 's/^SSH_CONFIG=//p' "$out/hosts.env")
 		read -r -a hostv <<<"$HOSTS"
-		hostarg="${hostv[0]}:2,${hostv[1]}:2,${hostv[2]}:2"
+		hostarg="${hostv[0]}:2,${hostv[1]}:1,${hostv[2]}:1" # the trainer wants a power of two
 	else
 		echo "soak: namespace hosts not made ($(tail -1 "$out/hosts.err")); hosts jobs and link cuts skipped"
 		hostset=""
@@ -122,7 +122,7 @@ loop() {
 			;;
 		torch) job torch 4 "$PY" examples/torch/ddp.py --steps 60 ;;
 		mpich) job mpich 8 "$out/mpiprog" check ;;
-		hosts) job hosts 6 --launch-agent "ssh -F $SSH_CONFIG" -H "$hostarg" "$PWD/bin/trainer" -steps 60 ;;
+		hosts) job hosts 4 --launch-agent "ssh -F $SSH_CONFIG" -H "$hostarg" "$PWD/bin/trainer" -steps 60 ;;
 		esac
 		i=$((i + 1))
 	done
@@ -183,7 +183,7 @@ probe() {
 	kill -9 "$r2" 2>/dev/null
 }
 
-# cutprobe: a 3-host trainer (2 ranks a host); once every rank stepped,
+# cutprobe: a 3-host trainer (ranks 2, 1, 1); once every rank stepped,
 # the third host's interface goes down; records "probe CUT SECS NAMED"
 # (time from the cut to the first line naming that host as lost), then
 # brings the link back.
