@@ -17,8 +17,9 @@
 # rank 2 SIGSTOPped or SIGKILLed in turn, and gorun must end naming it
 # within 10 s (stopped) or 2 s (killed): the time from the signal to the
 # first line of the job (a survivor's error, or gorun's) that names rank 2.
-# With the namespace hosts, a third probe cuts the link of the third host of
-# a 3-host trainer (its interface down, as a pulled cable) and gorun must
+# With the namespace hosts, a third probe cuts the link of the second host of
+# a 2-host trainer on hosts of its own (its interface down, as a pulled
+# cable; the healthy jobs' hosts are not touched) and gorun must
 # name that host or its network within the lease and a second (5 s): the
 # time from the cut to the first line naming the host as lost.
 #
@@ -46,11 +47,14 @@ trap cleanup EXIT
 hostset=""
 if [ "${SOAK_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
 	hostset=soak$(($$ % 1000))
-	if tests/testhosts/netns-up.sh 3 "$hostset" --owner $$ >"$out/hosts.env" 2>"$out/hosts.err"; then
+	if tests/testhosts/netns-up.sh 5 "$hostset" --owner $$ >"$out/hosts.env" 2>"$out/hosts.err"; then
 		HOSTS=$(sed -n 's/^HOSTS=//p' "$out/hosts.env")
 		SSH_CONFIG=$(sed -n 's/^SSH_CONFIG=//p' "$out/hosts.env")
 		read -r -a hostv <<<"$HOSTS"
-		hostarg="${hostv[0]}:2,${hostv[1]}:1,${hostv[2]}:1" # the trainer wants a power of two
+		# Healthy jobs on hosts 1-3 (the trainer wants a power of two),
+		# the link-cut probe on hosts 4 and 5.
+		hostarg="${hostv[0]}:2,${hostv[1]}:1,${hostv[2]}:1"
+		cutarg="${hostv[3]}:2,${hostv[4]}:2"
 	else
 		echo "soak: namespace hosts not made ($(tail -1 "$out/hosts.err")); hosts jobs and link cuts skipped"
 		hostset=""
@@ -183,17 +187,17 @@ probe() {
 	kill -9 "$r2" 2>/dev/null
 }
 
-# cutprobe: a 3-host trainer (ranks 2, 1, 1); once every rank stepped,
-# the third host's interface goes down; records "probe CUT SECS NAMED"
+# cutprobe: a 2-host trainer (2 ranks each) on hosts 4 and 5; once every
+# rank stepped, host 5's interface goes down; records "probe CUT SECS NAMED"
 # (time from the cut to the first line naming that host as lost), then
 # brings the link back.
 cutprobe() {
-	local g sp t0 named victim=${hostv[2]}
+	local g sp t0 named victim=${hostv[4]}
 	rm -f "$out/cut.err" "$out/cutfifo"
 	mkfifo "$out/cutfifo"
 	stamp <"$out/cutfifo" >"$out/cut.err" &
 	sp=$!
-	"$GORUN" --launch-agent "ssh -F $SSH_CONFIG" -H "$hostarg" "$PWD/bin/trainer" -steps 1000000 >"$out/cut.out" 2>"$out/cutfifo" &
+	"$GORUN" --launch-agent "ssh -F $SSH_CONFIG" -H "$cutarg" "$PWD/bin/trainer" -steps 1000000 >"$out/cut.out" 2>"$out/cutfifo" &
 	g=$!
 	while [ "$(date +%s)" -lt "$end" ]; do
 		grep -q '^step 3 ' "$out/cut.out" 2>/dev/null && break

@@ -203,6 +203,10 @@ func (g *Gate) admitEvicting(c net.Conn) (func(), bool) {
 // forgets it (its owner's release is then a no-op). The caller holds mu
 // and knows such a connection exists.
 //
+// A connection whose peer's bytes wait unread in its receive buffer has
+// spoken too (waiting): its owner's goroutine has not run yet, which a
+// flood's own churn makes likely.
+//
 // Why silent first: a real client speaks as soon as it is connected and
 // finishes within a round trip or two, while what an outsider holds open
 // to take slots is cheapest kept silent. Oldest first within each kind,
@@ -213,7 +217,7 @@ func (g *Gate) evictOldestLocked(src string) {
 	var victim net.Conn
 	for _, c := range g.order {
 		if s, ok := g.pending[c]; ok && (src == "" || s == src) {
-			if !g.spoke[c] {
+			if !g.spoke[c] && !waiting(c) {
 				victim = c
 				break
 			}

@@ -436,3 +436,57 @@ func TestGateEvictsSilentFirst(t *testing.T) {
 		t.Errorf("stats %+v, want 2 evicted and none pending", st)
 	}
 }
+
+// A connection whose peer's bytes wait unread counts as spoken: its
+// owner's goroutine has not run yet, and eviction passes it over for a
+// silent one even though it is older.
+func TestGateEvictsSilentBeforeUnread(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	g, err := New(Config{Max: 2, PerSource: 2, Evict: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	var clients []net.Conn
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+	accept := func(say string) net.Conn {
+		t.Helper()
+		cl, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, cl)
+		if say != "" {
+			if _, err := cl.Write([]byte(say)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c, _, err := g.Accept(ln)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+		return c
+	}
+	older := accept("hello") // spoke, never read
+	silent := accept("")
+	deadline := time.Now().Add(5 * time.Second)
+	for !waiting(older) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	accept("")
+	if !g.Claim(older) {
+		t.Error("the older connection, whose bytes wait unread, was evicted")
+	}
+	if g.Claim(silent) {
+		t.Error("the silent connection was not the one evicted")
+	}
+}
