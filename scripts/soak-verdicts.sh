@@ -10,8 +10,8 @@
 #            torch in $PYTHON and bin/libgorun.so)
 #   mpich    MPICH's checks (tests/mpi/testdata/mpiprog.c check: Allreduce,
 #            Bcast, Comm_split, a ring), 8 ranks (needs mpicc.mpich)
-#   hosts    the Go trainer across 3 namespace hosts (tests/testhosts), 4
-#            ranks: 2, 1, 1 (needs root; SOAK_HOSTS=0 leaves it out)
+#   hosts    the Go trainer across 2 namespace hosts (tests/testhosts), 2
+#            ranks each (needs root; SOAK_HOSTS=0 leaves it out)
 # Every healthy job must exit 0 within 300 s: one that fails is a false
 # verdict (or, exit 124, too slow), and its last lines are printed. Meanwhile a probe job (the trainer, 4 ranks) has
 # rank 2 SIGSTOPped or SIGKILLed in turn, and gorun must end naming it
@@ -47,14 +47,14 @@ trap cleanup EXIT
 hostset=""
 if [ "${SOAK_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
 	hostset=soak$(($$ % 1000))
-	if tests/testhosts/netns-up.sh 5 "$hostset" --owner $$ >"$out/hosts.env" 2>"$out/hosts.err"; then
+	if tests/testhosts/netns-up.sh 4 "$hostset" --owner $$ >"$out/hosts.env" 2>"$out/hosts.err"; then
 		HOSTS=$(sed -n 's/^HOSTS=//p' "$out/hosts.env")
 		SSH_CONFIG=$(sed -n 's/^SSH_CONFIG=//p' "$out/hosts.env")
 		read -r -a hostv <<<"$HOSTS"
-		# Healthy jobs on hosts 1-3 (the trainer wants a power of two),
-		# the link-cut probe on hosts 4 and 5.
-		hostarg="${hostv[0]}:2,${hostv[1]}:1,${hostv[2]}:1"
-		cutarg="${hostv[3]}:2,${hostv[4]}:2"
+		# Healthy jobs on hosts 1 and 2, the link-cut probe on 3 and 4
+		# (the trainer wants a power of two of ranks).
+		hostarg="${hostv[0]}:2,${hostv[1]}:2"
+		cutarg="${hostv[2]}:2,${hostv[3]}:2"
 	else
 		echo "soak: namespace hosts not made ($(tail -1 "$out/hosts.err")); hosts jobs and link cuts skipped"
 		hostset=""
@@ -187,12 +187,12 @@ probe() {
 	kill -9 "$r2" 2>/dev/null
 }
 
-# cutprobe: a 2-host trainer (2 ranks each) on hosts 4 and 5; once every
-# rank stepped, host 5's interface goes down; records "probe CUT SECS NAMED"
+# cutprobe: a 2-host trainer (2 ranks each) on hosts 3 and 4; once every
+# rank stepped, host 4's interface goes down; records "probe CUT SECS NAMED"
 # (time from the cut to the first line naming that host as lost), then
 # brings the link back.
 cutprobe() {
-	local g sp t0 named victim=${hostv[4]}
+	local g sp t0 named victim=${hostv[3]}
 	rm -f "$out/cut.err" "$out/cutfifo"
 	mkfifo "$out/cutfifo"
 	stamp <"$out/cutfifo" >"$out/cut.err" &
