@@ -424,8 +424,7 @@ func watchLag() func() time.Duration {
 			case <-stop:
 				done <- worst
 				return
-			case now := <-t.C:
-				_ = now
+			case <-t.C:
 				n := time.Now()
 				worst = max(worst, n.Sub(last)-period)
 				last = n
