@@ -176,3 +176,48 @@ func TestStallLog(t *testing.T) {
 		t.Errorf("spans = %v, want two", s.spans)
 	}
 }
+
+// A leader beats to an attached rank from its hello on, also while it
+// cannot yet decide on the rank (World.mu held: memberlist's callbacks
+// hold it for long stretches while thousands of ranks join). Before, its
+// writer started only once the rank was accepted, under the lock, while
+// the rank's lease on the leader ran from its hello: a 4,096-rank
+// formation failed with a leader "silent" 4 s into it while the process
+// ran on time. Here the leader's lock is held for 2.5 leases (real time:
+// a goroutine waiting for a mutex does not let a synctest bubble's clock
+// advance).
+func TestLeaderBeatsBeforeAccepting(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.JobID, cfg.WorldSize, cfg.LocalWorldSize, cfg.Host = "beats", 2, 2, "h0"
+	cfg.Secret = []byte("0123456789abcdef0123456789abcdef")
+	cfg.AttachLease, cfg.AttachBeat = time.Second, 50*time.Millisecond
+	leader := newWorld(cfg)
+	rankCfg := cfg
+	rankCfg.Rank, rankCfg.LocalRank = 1, 1
+	a, b := net.Pipe()
+	leader.mu.Lock() // busy: the rank waits for its verdict
+	var wg sync.WaitGroup
+	wg.Go(func() { leader.serveAttached(a, func() {}) })
+	wg.Go(func() {
+		time.Sleep(2500 * time.Millisecond)
+		leader.mu.Unlock()
+	})
+	key, err := attachKey(&rankCfg)
+	if err == nil {
+		err = handshake(b, key, false, time.Second)
+	}
+	if err == nil {
+		err = writeFrame(b, frameHello, encodeMeta(rankCfg.meta()))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	lr := newLeasedReader(b, &rankCfg, nil, 0)
+	typ, _, err := lr.next()
+	if err != nil || typ != frameLeader {
+		t.Errorf("rank's first frame from its busy leader: %c, %v; want the leader's rank after its beats", typ, err)
+	}
+	_ = b.Close()
+	wg.Wait()
+	leader.wg.Wait()
+}
