@@ -11,6 +11,9 @@ step, in one of these shapes:
   async+wait      PIECES dist.all_reduce(async_op=True), then wait on each Work
   sync            PIECES dist.all_reduce one after another (no overlap: a
                   call returns when done, so nothing can be fused)
+  flat            the PIECES tensors flattened into one buffer, one
+                  dist.all_reduce of it, copied back (gloo's way for a
+                  coalesced call, done here around the backend)
 With --floor, the same shapes also run on a group of "noop", a Python
 ProcessGroup that moves nothing (each call returns one completed Work):
 torch's own cost of the call through a Python backend, which no Python
@@ -18,7 +21,8 @@ backend can go below. "one@noop" etc. are those rows; their /one is still
 over the real backend's one 64 KiB call, so coalesced@noop's /one above 2
 says the goal is out of reach of any Python backend on this machine. And on
 a group of torch's C++ no-op backend ("fake", FakeProcessGroup): the rows
-"@fake(C++)", the floor of a backend written in C++.
+"@fake(C++)", the floor of a backend written in C++. --with-gloo adds the
+rows of a gloo group in the same run ("@gloo").
 ROUNDS rounds of STEPS steps per shape, the shapes in rotated order so that
 a busy machine slows them alike. A round's time per step is the slowest
 rank's mean. Prints per shape the median over rounds (us per step) and its
@@ -91,7 +95,8 @@ def main():
     p.add_argument("--piece", default="1K", help="bytes per small tensor (float32)")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--floor", action="store_true", help="also run the shapes on a no-op Python backend")
+    p.add_argument("--floor", action="store_true", help="also run the shapes on no-op backends (Python, C++)")
+    p.add_argument("--with-gloo", action="store_true", help="also run the shapes on a gloo group in the same run")
     a = p.parse_args()
     if a.backend == "gorun":
         try:
@@ -121,8 +126,15 @@ def main():
         def sync():
             for t in pieces:
                 dist.all_reduce(t, group=group)
+
+        def flat():
+            # gloo's way for a coalesced call: one flat copy, one call, the
+            # pieces copied back out (what a backend could do inside)
+            f = torch._utils._flatten_dense_tensors(pieces)
+            dist.all_reduce(f, group=group)
+            torch._foreach_copy_(pieces, torch._utils._unflatten_dense_tensors(f, pieces))
         return [("one" + suffix, one), ("coalesced" + suffix, coalesced), ("async+wait" + suffix, async_wait),
-                ("sync" + suffix, sync)]
+                ("sync" + suffix, sync), ("flat" + suffix, flat)]
 
     shapes = shapes_on(None, "")
     if a.floor:
@@ -132,6 +144,8 @@ def main():
         # tests use to trace without communicating): the floor of a C++ backend.
         importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers "fake"
         shapes += shapes_on(dist.new_group(backend="fake"), "@fake(C++)")
+    if a.with_gloo and a.backend != "gloo":
+        shapes += shapes_on(dist.new_group(backend="gloo"), "@gloo")
     for _, f in shapes:  # warm-up
         for _ in range(max(3, a.steps // 10)):
             f()
