@@ -26,7 +26,9 @@ rows of a gloo group in the same run ("@gloo").
 ROUNDS rounds of STEPS steps per shape, the shapes in rotated order so that
 a busy machine slows them alike. A round's time per step is the slowest
 rank's mean. Prints per shape the median over rounds (us per step) and its
-ratio to the anchor's median (goal for coalesced and async+wait: <= 2).
+ratio to the anchor's median (goal for coalesced and async+wait: <= 2), then
+the best round and its ratio to the anchor's best (on a loaded machine the
+best round is the one least disturbed).
 """
 import argparse
 import importlib
@@ -164,11 +166,12 @@ def main():
         anchor = statistics.median(times["one"])
         print("# torch %s %s, %d ranks: %d x %d B per step vs one all_reduce of %d B; median of %d rounds x %d steps"
               % (torch.__version__, a.backend, n, a.pieces, k * 4, a.pieces * k * 4, a.rounds, a.steps))
-        print("# %-16s %10s %8s   %s" % ("shape", "us/step", "/one", "rounds (us/step)"))
+        best = min(times["one"])
+        print("# %-18s %10s %8s %10s %8s   %s" % ("shape", "us/step", "/one", "best", "/one", "rounds (us/step)"))
         for name, _ in shapes:
-            m = statistics.median(times[name])
-            print("  %-16s %10.1f %8.2f   %s" % (name, m, m / anchor, " ".join("%.0f" % t for t in times[name])),
-                  flush=True)
+            m, b = statistics.median(times[name]), min(times[name])
+            print("  %-18s %10.1f %8.2f %10.1f %8.2f   %s" % (name, m, m / anchor, b, b / best,
+                                                          " ".join("%.0f" % t for t in times[name])), flush=True)
     dist.destroy_process_group()
 
 
