@@ -27,7 +27,11 @@ const AnySource = -1
 // communicator's order). A source with no receive that accepts it keeps its
 // message waiting. So every receive of a source's communicator must go
 // through the Matcher while it serves that source: a Recv issued on it
-// directly would race the Matcher's for the next message.
+// directly would race the Matcher's for the next message. A Probe is a call
+// in its communicator's order, so sources that share one communicator are
+// probed one after another: there, a message waits behind a silent
+// source's probe. Receiving from any source needs one communicator per
+// source (per direction of each pair, as the torch backend has).
 //
 // A Matcher's goroutines are owned by it and end with Close. Safe for
 // concurrent use.
