@@ -18,6 +18,10 @@ type Costs struct {
 	// the sender and half at the receiver. Measured: a formed host-leader
 	// world idle for a few seconds, process CPU ÷ packets.
 	Packet time.Duration `json:"packet_ns"`
+	// GossipMsg is the CPU time to apply one gossiped message at its
+	// receiver (memberlist's aliveNode and the World's NotifyJoin for a
+	// new member), beyond the packet's own cost.
+	GossipMsg time.Duration `json:"gossip_msg_ns"`
 	// PingBytes is the mean size of a probe packet (ping or ack) as it
 	// crosses the wire, encryption and label included.
 	PingBytes int `json:"ping_bytes"`

@@ -32,33 +32,53 @@ func (w *World) queueBroadcast(l *leader, kind, id, inc int) {
 	}
 	b := &bcast{kind: kind, id: id, inc: inc}
 	l.queued[key] = b
-	l.fresh = append(l.fresh, b)
+	l.push(b)
 }
 
-// takeBroadcast is the queued message sent fewest times, newest first
-// (TransmitLimitedQueue's order): new messages (never sent, newest last in
-// fresh), then the ring, whose order stays that of the send count because
-// every message taken goes to its back. nil when none is left.
-func (l *leader) takeBroadcast() *bcast {
-	for len(l.fresh) > 0 {
-		b := l.fresh[len(l.fresh)-1]
-		l.fresh = l.fresh[:len(l.fresh)-1]
-		if !b.dropped {
-			return b
+// takeShare takes up to n queued messages for one packet in
+// TransmitLimitedQueue's order: fewest sends first, newest first among
+// equals (buckets by send count, each a stack). The caller sends them and
+// gives them back with putBack.
+func (l *leader) takeShare(n int) []*bcast {
+	var out []*bcast
+	for t := 0; t < len(l.buckets) && len(out) < n; t++ {
+		for len(l.buckets[t]) > 0 && len(out) < n {
+			b := l.buckets[t][len(l.buckets[t])-1]
+			l.buckets[t] = l.buckets[t][:len(l.buckets[t])-1]
+			if b.dropped {
+				continue
+			}
+			out = append(out, b)
 		}
 	}
-	for l.head < len(l.ring) {
-		b := l.ring[l.head]
-		l.ring[l.head] = nil
-		l.head++
-		if !b.dropped {
-			return b
-		}
-	}
-	return nil
+	l.queueN -= len(out)
+	return out
 }
 
-func (l *leader) queueLen() int { return len(l.fresh) + len(l.ring) - l.head }
+// putBack counts one more send of each message and requeues those below
+// the retransmit limit.
+func (l *leader) putBack(sent []*bcast, limit int) {
+	for _, b := range sent {
+		b.transmits++
+		if b.transmits >= limit || b.dropped {
+			if l.queued[[2]int{b.kind, b.id}] == b {
+				delete(l.queued, [2]int{b.kind, b.id})
+			}
+			continue
+		}
+		l.push(b)
+	}
+}
+
+func (l *leader) push(b *bcast) {
+	for len(l.buckets) <= b.transmits {
+		l.buckets = append(l.buckets, nil)
+	}
+	l.buckets[b.transmits] = append(l.buckets[b.transmits], b)
+	l.queueN++
+}
+
+func (l *leader) queueLen() int { return l.queueN }
 
 // startGossip starts l's gossip ticker at a random phase.
 func (w *World) startGossip(l *leader) {
@@ -84,51 +104,29 @@ func (w *World) gossipRound(l *leader) {
 	}
 	limit := w.retransmitLimit(l.nKnown)
 	per := max(1, (w.udpBuf-12)/(w.cfg.Costs.AliveBytes+2))
-	// Each target gets the next share of the least sent messages; when
-	// all fit one packet, each target gets them all (GetBroadcasts per
-	// target).
-	var taken []*bcast
-	for len(taken) < per*len(targets) {
-		b := l.takeBroadcast()
-		if b == nil {
-			break
-		}
-		taken = append(taken, b)
-	}
-	if len(taken) == 0 {
-		return
-	}
-	for i, t := range targets {
-		share := taken
-		if len(taken) > per {
-			lo := (i * per) % len(taken)
-			share = taken[lo:min(lo+per, len(taken))]
+	// Each target gets the least sent messages at that moment
+	// (GetBroadcasts once per target), so a new message goes to every
+	// target of the round.
+	for _, t := range targets {
+		share := l.takeShare(per)
+		if len(share) == 0 {
+			return
 		}
 		msgs := make([]bcast, len(share))
 		for j, b := range share {
 			msgs[j] = *b
-			b.transmits++
 		}
+		l.putBack(share, limit)
 		bytes := 12 + len(msgs)*(w.cfg.Costs.AliveBytes+2)
 		w.Count.GossipMsgs += int64(len(msgs))
-		w.sendPacket(l, w.leaders[t], bytes, "gossip", func() {
-			for _, m := range msgs {
-				w.receiveMsg(w.leaders[t], m)
-			}
+		to := w.leaders[t]
+		w.sendPacket(l, to, bytes, "gossip", func() {
+			w.cpu[to.h].Exec(time.Duration(len(msgs))*w.cfg.Costs.GossipMsg, func() {
+				for _, m := range msgs {
+					w.receiveMsg(to, m)
+				}
+			})
 		})
-	}
-	for _, b := range taken {
-		if b.transmits >= limit || b.dropped {
-			if l.queued[[2]int{b.kind, b.id}] == b {
-				delete(l.queued, [2]int{b.kind, b.id})
-			}
-			continue
-		}
-		l.ring = append(l.ring, b)
-	}
-	if l.head > 1024 && l.head > len(l.ring)/2 {
-		l.ring = append([]*bcast(nil), l.ring[l.head:]...)
-		l.head = 0
 	}
 }
 
@@ -198,6 +196,9 @@ func (w *World) suspect(l *leader, h, inc int) {
 		return
 	}
 	l.suspectAt[h] = w.s.now
+	if w.leaders[h].silent && w.firstSuspicion < 0 {
+		w.firstSuspicion = w.s.now
+	}
 	w.queueBroadcast(l, msgSuspect, h, inc)
 	since := w.s.now
 	w.s.After(w.suspicionTimeout(), func() {

@@ -87,8 +87,8 @@ type leader struct {
 	suspectAt            []time.Duration
 	aliveN               int
 	formed               bool
-	fresh, ring          []*bcast // the broadcast queue (takeBroadcast)
-	head                 int
+	buckets              [][]*bcast // the broadcast queue by send count (takeShare)
+	queueN               int
 	queued               map[[2]int]*bcast // (kind, id) → queued broadcast
 	seenGone             map[int]bool
 	perm                 []int
@@ -113,8 +113,11 @@ type World struct {
 	lastStart time.Duration
 	nFormed   int // ranks formed
 	nLost     int // ranks with lost[r] ≥ 0
-	udpBuf    int
-	n         int
+	// firstSuspicion is when a member first suspected a silent host (-1:
+	// not yet).
+	firstSuspicion time.Duration
+	udpBuf         int
+	n              int
 }
 
 // NewWorld builds the hosts, their CPUs and the network; nothing runs yet.
@@ -124,7 +127,7 @@ func NewWorld(cfg WorldConfig) (*World, error) {
 	}
 	s := NewSim(cfg.Seed)
 	w := &World{cfg: cfg, s: s, net: NewNet(s, cfg.Hosts, cfg.Latency, cfg.Bandwidth),
-		udpBuf: memberlist.DefaultLANConfig().UDPBufferSize, n: cfg.Hosts * cfg.PerHost}
+		udpBuf: memberlist.DefaultLANConfig().UDPBufferSize, n: cfg.Hosts * cfg.PerHost, firstSuspicion: -1}
 	var shared *CPU
 	if cfg.SharedCores > 0 {
 		shared = NewCPU(s, cfg.SharedCores)
@@ -240,3 +243,7 @@ func (w *World) StartedAt(r int) time.Duration { return w.start[r] }
 
 // ViewSize is how many ranks host h's leader counts alive.
 func (w *World) ViewSize(h int) int { return w.leaders[h].aliveN }
+
+// FirstSuspicion is when a member first suspected a silent host (-1: not
+// yet).
+func (w *World) FirstSuspicion() time.Duration { return w.firstSuspicion }

@@ -27,19 +27,19 @@ import (
 )
 
 type options struct {
-	measure            bool
-	costsIn, costsOut  string
-	gorunBin, rss      string
-	rounds             int
-	calibrate          string
-	sharedCores        int
-	margin             float64
-	hosts, per, cores  int
-	latency, spread    time.Duration
-	bandwidth          float64
-	seed               uint64
-	launcherCores      int
-	skipScale, verbose bool
+	measure             bool
+	costsIn, costsOut   string
+	gorunBin, rss       string
+	rounds              int
+	calibrate           string
+	sharedCores         int
+	margin, sensitivity float64
+	hosts, per, cores   int
+	latency, spread     time.Duration
+	bandwidth           float64
+	seed                uint64
+	launcherCores       int
+	skipScale, verbose  bool
 }
 
 func main() {
@@ -53,6 +53,7 @@ func main() {
 	flag.StringVar(&o.calibrate, "calibrate", "4x4,8x4,16x4,32x4", "HOSTSxPER shapes run both for real and in the model (empty: none)")
 	flag.IntVar(&o.sharedCores, "shared-cores", 2, "cores of the one CPU every host shares in calibration runs")
 	flag.Float64Var(&o.margin, "margin", 2, "accepted calibration margin: model/real within [1/m, m]")
+	flag.Float64Var(&o.sensitivity, "sensitivity", 2, "also run formation with every CPU cost multiplied by this (1: not)")
 	flag.IntVar(&o.hosts, "hosts", 1000, "hosts of the scale table")
 	flag.IntVar(&o.per, "per", 8, "ranks per host of the scale table")
 	flag.IntVar(&o.cores, "cores", 8, "cores per host in the scale table")
@@ -164,6 +165,7 @@ func parseShape(s string) (int, int, error) {
 type modelRun struct {
 	formation, cpu     time.Duration
 	rank, host         time.Duration
+	suspicion          time.Duration // from the silence to the first suspicion
 	rankMiss, hostMiss int
 	world              *sim.World
 	falseSusp          int64
@@ -204,6 +206,7 @@ func runModel(cfg sim.WorldConfig, detect bool) (modelRun, error) {
 	w.SilenceHost(cfg.Hosts / 2)
 	w.Run(t+30*time.Second, w.AllSurfaced)
 	m.host, m.hostMiss = w.Surfaced(t)
+	m.suspicion = w.FirstSuspicion() - t
 	m.falseSusp = w.Count.FalseSuspicions
 	return m, nil
 }

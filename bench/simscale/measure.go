@@ -111,10 +111,14 @@ func (c *countingTransport) DialAddressTimeout(a memberlist.Address, d time.Dura
 	return c.stream(conn), nil
 }
 
-// countingAttach counts the attach streams' bytes (dialler's side).
+// countingAttach is one rank's attach network: it counts the stream's
+// bytes (dialler's side) and keeps the stream, so that sever can close it
+// as the rank's crash would.
 type countingAttach struct {
 	*rendezvoustest.AttachNet
-	t *traffic
+	t    *traffic
+	mu   sync.Mutex
+	last net.Conn
 }
 
 func (a *countingAttach) Dial(ctx context.Context, name string) (net.Conn, error) {
@@ -123,7 +127,21 @@ func (a *countingAttach) Dial(ctx context.Context, name string) (net.Conn, error
 		return nil, err
 	}
 	a.t.attachConns.Add(1)
-	return &countedConn{Conn: conn, live: &a.t.attachBytes, close: func(int64) {}}, nil
+	c := &countedConn{Conn: conn, live: &a.t.attachBytes, close: func(int64) {}}
+	a.mu.Lock()
+	a.last = c
+	a.mu.Unlock()
+	return c, nil
+}
+
+// sever closes the rank's stream to its leader.
+func (a *countingAttach) sever() {
+	a.mu.Lock()
+	c := a.last
+	a.mu.Unlock()
+	if c != nil {
+		_ = c.Close()
+	}
 }
 
 // realRun is one formation of the real code: wall and CPU time of the
@@ -153,7 +171,7 @@ func runReal(hosts, per int, idle time.Duration, detect bool) (realRun, error) {
 	var tr traffic
 	cfgs := make([]rendezvous.Config, n)
 	addrs := make([]string, hosts)
-	conns := make([]*rankConn, n)
+	conns := make([]*countingAttach, n)
 	for r := range cfgs {
 		c := rendezvous.DefaultConfig()
 		c.JobID, c.Rank, c.WorldSize = "simscale", r, n
@@ -168,7 +186,7 @@ func runReal(hosts, per int, idle time.Duration, detect bool) (realRun, error) {
 			// gossip's own traffic.
 			c.AttachBeat, c.AttachLease = 10*time.Second, 30*time.Second
 		}
-		conns[r] = &rankConn{countingAttach: countingAttach{AttachNet: an, t: &tr}}
+		conns[r] = &countingAttach{AttachNet: an, t: &tr}
 		c.AttachNet = conns[r]
 		if r%per == 0 {
 			h := r / per
@@ -237,32 +255,6 @@ func runReal(hosts, per int, idle time.Duration, detect bool) (realRun, error) {
 		}
 	}
 	return res, nil
-}
-
-// rankConn keeps the stream a rank dialled so that it can be closed as
-// that rank's crash would.
-type rankConn struct {
-	countingAttach
-	mu   sync.Mutex
-	conn net.Conn
-}
-
-func (a *rankConn) Dial(ctx context.Context, name string) (net.Conn, error) {
-	c, err := a.countingAttach.Dial(ctx, name)
-	if err == nil {
-		a.mu.Lock()
-		a.conn = c
-		a.mu.Unlock()
-	}
-	return c, err
-}
-
-func (a *rankConn) sever() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.conn != nil {
-		_ = a.conn.Close()
-	}
 }
 
 // lastToSee runs cut and returns how long the last rank outside skip took
