@@ -232,11 +232,16 @@ func (w *World) checkFormed(l *leader) {
 	})
 	if l.h == 0 {
 		w.pushTable(l)
+	} else if share := w.pushShare[l.h]; len(share) > 0 {
+		w.pushTo(l, share)
 	}
 }
 
 // pushTable is the seed's push of its state to every leader,
-// PushConcurrency at a time.
+// PushConcurrency at a time. With WorldConfig.PushTree (a design change,
+// not gorun's code) the seed pushes to √H leaders only and each of them,
+// once formed, pushes to its contiguous share of the rest, so no host sends
+// the whole state H times.
 func (w *World) pushTable(seed *leader) {
 	var targets []*leader
 	for h, k := range seed.knowsHost {
@@ -244,6 +249,25 @@ func (w *World) pushTable(seed *leader) {
 			targets = append(targets, w.leaders[h])
 		}
 	}
+	if w.cfg.PushTree && len(targets) > 1 {
+		width := 1
+		for width*width < len(targets) {
+			width++
+		}
+		rest := targets[width:]
+		per := (len(rest) + width - 1) / width
+		w.pushShare = map[int][]*leader{}
+		for k, t := range rest {
+			p := targets[k/per]
+			w.pushShare[p.h] = append(w.pushShare[p.h], t)
+		}
+		targets = targets[:width]
+	}
+	w.pushTo(seed, targets)
+}
+
+// pushTo pushes from's state to targets, PushConcurrency at a time.
+func (w *World) pushTo(from *leader, targets []*leader) {
 	next := 0
 	var launch func()
 	launch = func() {
@@ -252,7 +276,7 @@ func (w *World) pushTable(seed *leader) {
 		}
 		t := targets[next]
 		next++
-		w.pushPull(seed, t, launch)
+		w.pushPull(from, t, launch)
 	}
 	for range min(w.cfg.Rdzv.PushConcurrency, len(targets)) {
 		launch()

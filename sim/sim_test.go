@@ -185,3 +185,16 @@ func TestCostsValidate(t *testing.T) {
 		t.Error("a zero packet cost passed validation")
 	}
 }
+
+// The relayed push (a modelled design change) still forms every rank, and
+// the seed sends less.
+func TestPushTreeFormsWithLessFromTheSeed(t *testing.T) {
+	flat := testWorld(t, 64, 4, nil)
+	tree := testWorld(t, 64, 4, func(c *WorldConfig) { c.PushTree = true })
+	if _, ok := tree.Formation(); !ok {
+		t.Fatal("relayed push: not every rank formed")
+	}
+	if a, b := flat.SentBytes(0, "pushpull"), tree.SentBytes(0, "pushpull"); b >= a {
+		t.Errorf("seed sent %d push-pull bytes relayed, %d directly; want fewer relayed", b, a)
+	}
+}

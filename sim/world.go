@@ -28,6 +28,9 @@ type WorldConfig struct {
 	Rdzv  rendezvous.Config
 	Costs Costs
 	Seed  uint64
+	// PushTree models a design change: the seed's push at formation
+	// relayed through √H leaders instead of sent by the seed to all.
+	PushTree bool
 }
 
 // Validate reports the first problem with c.
@@ -111,8 +114,9 @@ type World struct {
 	// lost[r] is when rank r learned of the current failure (-1: not yet).
 	lost      []time.Duration
 	lastStart time.Duration
-	nFormed   int // ranks formed
-	nLost     int // ranks with lost[r] ≥ 0
+	nFormed   int               // ranks formed
+	nLost     int               // ranks with lost[r] ≥ 0
+	pushShare map[int][]*leader // PushTree: who each first-level leader pushes to
 	// firstSuspicion is when a member first suspected a silent host (-1:
 	// not yet).
 	firstSuspicion time.Duration

@@ -139,6 +139,15 @@ func scaleTable(o options, costs sim.Costs) error {
 			fmt.Printf("  the same, every CPU cost ×%g: %v\n", o.sensitivity, err)
 		}
 	}
+	pt := cfg
+	pt.PushTree = true
+	if t, err := runModel(pt, false); err == nil {
+		row("  the same, the seed's push relayed by √H leaders", secs(t.formation), "≤ 2 s", t.formation <= 2*time.Second)
+		var seedOut, treeOut int64
+		seedOut = m.world.SentBytes(0, "pushpull")
+		treeOut = t.world.SentBytes(0, "pushpull")
+		fmt.Printf("  (seed's push-pull bytes sent: %d MB now, %d MB relayed; a design change, modelled only)\n", seedOut>>20, treeOut>>20)
+	}
 	row("SIGKILLed rank surfaced at every rank", secs(m.rank), "≤ 2 s", m.rank <= 2*time.Second && m.rankMiss == 0)
 	named := m.host - m.suspicion
 	row("silent host named at every rank, after suspicion", secs(named), "≤ "+secs(rc.GossipLease), named <= rc.GossipLease && m.hostMiss == 0)
