@@ -147,6 +147,12 @@ func scaleTable(o options, costs sim.Costs) error {
 		seedOut = m.world.SentBytes(0, "pushpull")
 		treeOut = t.world.SentBytes(0, "pushpull")
 		fmt.Printf("  (seed's push-pull bytes sent: %d MB now, %d MB relayed; a design change, modelled only)\n", seedOut>>20, treeOut>>20)
+		if o.sensitivity > 1 {
+			pt.Costs = scaleCosts(costs, o.sensitivity)
+			if t2, err := runModel(pt, false); err == nil {
+				row(fmt.Sprintf("  relayed, every CPU cost ×%g", o.sensitivity), secs(t2.formation), "≤ 2 s", t2.formation <= 2*time.Second)
+			}
+		}
 	}
 	row("SIGKILLed rank surfaced at every rank", secs(m.rank), "≤ 2 s", m.rank <= 2*time.Second && m.rankMiss == 0)
 	named := m.host - m.suspicion
