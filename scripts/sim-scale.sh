@@ -31,6 +31,7 @@ for np in 8 64 256; do
 	sleep 3
 	kb=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status")
 	wait "$pid"
+	pids=()
 	rss="${rss:+$rss,}$np:$kb"
 done
 "$tmp/simscale" -measure -gorun "$tmp/gorun" -rss "$rss" -rounds "$ROUNDS" -calibrate "$CALIBRATE" \
