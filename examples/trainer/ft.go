@@ -341,11 +341,14 @@ func runFT(ctx context.Context, o options, log zerolog.Logger, out io.Writer) er
 // with WHERE one of reduce (after step N's all-reduce, before the vote: a
 // death inside a step), load (receiving a heal) or save (serving a heal).
 // Incarnation defaults to 0, so the replacement does not crash again.
-// Several, comma-separated, make a list (crashes).
+// exit=N makes the process exit with code N instead (its own error, as a
+// deterministic failure would). Several, comma-separated, make a list
+// (crashes).
 type crash struct {
 	where       string
 	rank, inc   int
 	step        int64
+	exit        int
 	replica, me int // this process's replica id and incarnation
 }
 
@@ -393,8 +396,10 @@ func parseCrash(spec string) (*crash, error) {
 			c.inc = n
 		case "step":
 			c.step = int64(n)
+		case "exit":
+			c.exit = n
 		default:
-			return nil, fmt.Errorf("trainer: --crash %q: unknown key %q (rank, incarnation, step)", spec, k)
+			return nil, fmt.Errorf("trainer: --crash %q: unknown key %q (rank, incarnation, step, exit)", spec, k)
 		}
 	}
 	if c.rank < 0 || (c.where == "reduce" && c.step < 1) {
@@ -408,6 +413,10 @@ func parseCrash(spec string) (*crash, error) {
 func (c *crash) at(where string, step int64) {
 	if c == nil || c.where != where || c.rank != c.replica || c.inc != c.me || (where == "reduce" && step != c.step) {
 		return
+	}
+	if c.exit > 0 {
+		fmt.Fprintf(os.Stderr, "trainer: --crash %s: exiting with code %d\n", c.where, c.exit)
+		os.Exit(c.exit)
 	}
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {} // the signal is on its way
