@@ -23,6 +23,9 @@ CASE picks the failures the program brings on itself (the launcher's
              not be committed
   source     replica 0 dies inside state_dict, i.e. while it serves a heal
   healer     a replica dies inside load_state_dict, i.e. while it heals
+  badbatch   a configuration error: every replica raises ValueError at
+             start (a global batch of 16 that does not divide by the
+             replicas), which a replacement would repeat
   ddp        (not a failure) gradients go through gorun.ft's
              DistributedDataParallel (gorun.torch's ddp mode over the
              quorum) instead of Manager.allreduce_grads
@@ -125,6 +128,8 @@ def main():
     ddp = gorun.ft.DistributedDataParallel(m, model) if "ddp" in CASES else None
     r = m.replica
     say(r, "START inc=%d" % m.incarnation)
+    if "badbatch" in CASES and 16 % m.replicas:
+        raise ValueError("global batch 16 does not divide by %d replicas" % m.replicas)
     check_no_groups(m, r)
     deadline = time.monotonic() + WAIT_S
     seen_group = None
