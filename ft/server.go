@@ -380,6 +380,7 @@ func (s *Server) settleLocked() {
 		// left (finished): nobody can heal these, and training them
 		// from an older step would be another job's training.
 		for _, m := range members {
+			s.rec.Finished = append(s.rec.Finished, JoinRecord{Replica: m.replica, Incarnation: m.inc, At: s.since()})
 			_ = m.c.send(message{T: "finished", Step: s.rec.MaxStep})
 		}
 		return
@@ -580,6 +581,7 @@ func (s *Server) Record() Record {
 	r.Heals = slices.Clone(r.Heals)
 	r.Served = slices.Clone(r.Served)
 	r.Uncommitted = slices.Clone(r.Uncommitted)
+	r.Finished = slices.Clone(r.Finished)
 	return r
 }
 

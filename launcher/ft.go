@@ -76,6 +76,10 @@ type FTFailure struct {
 	HealedAt         *float64 `json:"healed_at_s,omitempty"`
 	TimeToHeal       *float64 `json:"time_to_heal_s,omitempty"`
 	JoinedAfterStart *float64 `json:"healed_after_start_s,omitempty"`
+	// FoundFinished says the replacement came after every holder of the
+	// job's last step had finished: it was told so (ErrFinished) and had
+	// nothing to heal into.
+	FoundFinished bool `json:"found_finished,omitempty"`
 }
 
 // ftRun is gorun's side of one fault-tolerant job; nil when the job is
@@ -308,6 +312,9 @@ func (f *ftRun) finish(rep *Report, err error) error {
 					x.JoinedAfterStart = ptr(at - *x.ReplacedAt)
 				}
 			}
+		}
+		for _, fin := range rec.Finished {
+			x.FoundFinished = x.FoundFinished || fin.Replica == x.Rank && fin.Incarnation == x.Incarnation+1
 		}
 	}
 	if rep != nil {

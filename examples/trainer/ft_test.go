@@ -386,3 +386,28 @@ func TestFTExitAfterCommitReplaced(t *testing.T) {
 		t.Errorf("report's failures: %+v, want rank 1 replaced", f)
 	}
 }
+
+// TestFTLateReplacementFindsJobFinished: rank 1 dies after the last step
+// was committed; its replacement finds the others finished, is told so
+// (ft.ErrFinished), says it and exits 0, and the job succeeds with the
+// survivors' final states; gorun's report says what happened to it.
+func TestFTLateReplacementFindsJobFinished(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, nil, "--crash", "done:rank=1")
+	if r.code != 0 {
+		t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.stderr)
+	}
+	if r.final[0] == nil || r.final[2] == nil || r.final[0][3] != r.final[2][3] || r.final[0][2] != strconv.Itoa(ftSteps) {
+		t.Errorf("survivors' final states %v and %v, want both at step %d and equal", r.final[0], r.final[2], ftSteps)
+	}
+	if !slices.ContainsFunc(r.lines[1], func(l string) bool {
+		return strings.HasPrefix(l, "replica 1 incarnation 1: ft: the other replicas finished the job")
+	}) {
+		t.Errorf("the late replacement did not say it found the job finished:\n%s", r.out)
+	}
+	if !strings.Contains(r.stderr, "found the job finished") {
+		t.Errorf("gorun's summary does not say the replacement found the job finished:\n%s", r.stderr)
+	}
+}

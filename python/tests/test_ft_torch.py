@@ -12,6 +12,8 @@
   heal: the heal is retried and ends bitwise equal;
 - a deterministic start-up error ends the job at once, naming it, instead of
   replacing replicas until the failure budget is spent;
+- a replacement that comes after the others finished is told so
+  (gorun.ft.JobFinished), says it and exits 0;
 - every step, a bfloat16 sum and a float32 average come out as exactly the
   quorum's participants add up to (ftprog prints FAIL otherwise).
 
@@ -147,3 +149,18 @@ def test_startup_error_ends_the_job(launcher, tmp_path):
     assert "start-up failure" in out, tail
     incs = {kv["inc"] for _, kv in lines(out, "START")}
     assert incs <= {"0"}, ("a replacement was started for a start-up error", incs, tail)
+
+
+def test_late_replacement_finds_the_job_finished(launcher, tmp_path):
+    # Replica 1 dies after its last step; by the time its replacement has
+    # imported torch the others have finished: it is told JobFinished,
+    # says so and exits 0, and the job succeeds.
+    code, out = run(launcher, tmp_path, "plain,lastdie", 6)
+    tail = out[-6000:]
+    assert code == 0, tail
+    done = dict(lines(out, "DONE"))
+    assert sorted(done) == [0, 1, 2] and len({kv["digest"] for kv in done.values()}) == 1, tail
+    fin = lines(out, "FINISHED")
+    assert [r for r, _ in fin] == [1] and fin[0][1]["inc"] == "1", tail
+    assert "the other replicas finished the job" in out, tail
+    assert "found the job finished" in out, tail
