@@ -411,3 +411,24 @@ func TestFTLateReplacementFindsJobFinished(t *testing.T) {
 		t.Errorf("gorun's summary does not say the replacement found the job finished:\n%s", r.stderr)
 	}
 }
+
+// TestFTEveryHolderDiedEndsJob: every replica dies in step 3, so no live
+// process holds the committed step 2: the replacements would have nothing
+// to heal from. The job fails, saying so, instead of replacements being
+// told the job finished and exiting 0 with the training lost.
+func TestFTEveryHolderDiedEndsJob(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, []string{"--max-failures", "10"}, "--crash", "reduce:rank=0:step=3,reduce:rank=1:step=3,reduce:rank=2:step=3")
+	if r.code == 0 || !strings.Contains(r.stderr, "nothing to heal from") {
+		t.Fatalf("gorun exited %d; want the job ended with nothing to heal from\nstderr:\n%s", r.code, r.stderr)
+	}
+	// The service may learn of the others' deaths (their connections
+	// closing) before gorun reaps the first: the job ends at the first
+	// failure gorun handles after the last holder is gone.
+	f := r.report.FaultTolerance.Failures
+	if len(f) == 0 || f[len(f)-1].Action != "job ended" || len(r.report.FaultTolerance.Quorum.Heals) != 0 {
+		t.Errorf("report's failures %+v, heals %+v: want the last failure ending the job, no heal", f, r.report.FaultTolerance.Quorum.Heals)
+	}
+}
