@@ -80,6 +80,8 @@ type FTFailure struct {
 	// job's last step had finished: it was told so (ErrFinished) and had
 	// nothing to heal into.
 	FoundFinished bool `json:"found_finished,omitempty"`
+	// own is the failure's own code (ownFailure).
+	own int
 }
 
 // ftRun is gorun's side of one fault-tolerant job; nil when the job is
@@ -177,13 +179,13 @@ func (f *ftRun) exited(j *liveJob, ev supervisorEvent) bool {
 		return false
 	}
 	why := fmt.Sprintf("exited with code %d", ev.Code)
-	rec := FTFailure{Rank: ev.Rank, Incarnation: inc, PID: ev.PID, Code: ev.Code, At: f.since(time.Now())}
+	rec := FTFailure{Rank: ev.Rank, Incarnation: inc, PID: ev.PID, Code: ev.Code, At: f.since(time.Now()), own: ownFailure(ev)}
 	if ev.Signal != 0 {
 		rec.Signal = unixSignalName(syscall.Signal(ev.Signal))
 		why = "killed by " + rec.Signal
 	}
 	f.srv.Lost(ev.Rank, inc, why)
-	end := f.pointless(ev.Rank, inc, rec.Code, why)
+	end := f.pointless(ev.Rank, inc, ownFailure(ev), why)
 	if end == "" && len(f.failures) >= f.maxFailures {
 		end = fmt.Sprintf("rank %d %s, failure %d of a budget of %d (--max-failures)", ev.Rank, why, len(f.failures)+1, f.maxFailures)
 	}
@@ -217,13 +219,29 @@ func (f *ftRun) exited(j *liveJob, ev supervisorEvent) bool {
 	return true
 }
 
-// pointless says why replacing rank r's failed incarnation inc (exit code
-// code, 0 for a signal) would be pointless, or "" when a replacement has a
-// purpose. Two cases:
+// ownFailure is how a failed rank ended by its own doing: its exit code,
+// or 128+signal for a signal the program raises on itself (a crash:
+// SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS); 0 for a
+// signal from outside (SIGKILL from the OOM killer, an operator, --inject
+// or gorun's kill of a frozen rank; SIGTERM, SIGINT, ...).
+func ownFailure(ev supervisorEvent) int {
+	switch syscall.Signal(ev.Signal) {
+	case 0:
+		return ev.Code
+	case syscall.SIGSEGV, syscall.SIGABRT, syscall.SIGBUS, syscall.SIGILL, syscall.SIGFPE, syscall.SIGTRAP, syscall.SIGSYS:
+		return 128 + ev.Signal
+	}
+	return 0
+}
+
+// pointless says why replacing rank r's failed incarnation inc would be
+// pointless, or "" when a replacement has a purpose; code is the
+// failure's own code (ownFailure: 0 for a signal from outside). Two
+// cases:
 //
-//   - a deterministic failure: the process exited with a code (its own
-//     error, not a signal from outside: the OOM killer, an operator,
-//     --inject) before it ever held the job's state, and either it was
+//   - a deterministic failure: the process failed by its own doing (an
+//     exit code or a crash, not a signal from outside) before it ever
+//     held the job's state, and either it was
 //     the rank's first process (a start-up error: bad arguments, a batch
 //     that does not divide, a missing module) or the process it replaced
 //     exited with the same code before it too held the state. A
@@ -234,8 +252,9 @@ func (f *ftRun) exited(j *liveJob, ev supervisorEvent) bool {
 //     step (every holder died). A replacement would start from nothing,
 //     and a job that loses its state is a failed job, not a healed one.
 //
-// A failure by a signal, or after the process held the state, is replaced
-// as usual: those are the failures fault tolerance is for.
+// A failure by a signal from outside, or after the process held the
+// state, is replaced as usual: those are the failures fault tolerance is
+// for.
 func (f *ftRun) pointless(r, inc, code int, why string) string {
 	if !f.srv.StateLive() {
 		return fmt.Sprintf("rank %d %s and no live rank holds the job's state: a replacement would have nothing to heal from", r, why)
@@ -248,7 +267,7 @@ func (f *ftRun) pointless(r, inc, code int, why string) string {
 	}
 	for i := len(f.failures) - 1; i >= 0; i-- {
 		if p := f.failures[i]; p.Rank == r {
-			if p.Incarnation == inc-1 && p.Code == code && !f.srv.HeldState(r, inc-1) {
+			if p.Incarnation == inc-1 && p.own == code && !f.srv.HeldState(r, inc-1) {
 				return fmt.Sprintf("rank %d %s before it healed, as the process it replaced did: a deterministic failure, which a further replacement would repeat", r, why)
 			}
 			break
