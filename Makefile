@@ -138,6 +138,10 @@ bench-plan: ## gorun plan on ~10k/30k/100k-node steps, default and all four pass
 bench-rdzvscale: ## in-process host-leader formation at 64, 256, 1,024 and 4,096 ranks (16 per host): medians of wall and CPU time, load average, peak memory (ANCHOR=REV runs that revision interleaved; SIZES, ROUNDS, PER)
 	flock /tmp/gorun-bench.lock scripts/bench-rdzvscale.sh
 
+.PHONY: bench-launchmem
+bench-launchmem: ## launcher memory per rank: gorun's (launcher + local supervisor) resident KB beside Open MPI's mpirun and MPICH's hydra at SIZES ranks (64,256,1024) of sleep, medians of ROUNDS, and the slope in KB per rank
+	flock /tmp/gorun-bench.lock scripts/bench-launchmem.sh
+
 .PHONY: bench-pmiscale
 bench-pmiscale: ## a real MPICH program's PMI start-up over HOSTS×PER simulated hosts (32×4): gets that reach gorun and bytes it sends, batched answers vs one key per answer
 	flock /tmp/gorun-bench.lock scripts/bench-pmiscale.sh
