@@ -51,10 +51,15 @@ func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
 	return d.w.bq.GetBroadcasts(overhead, limit)
 }
 
-// LocalState carries a leader's attached ranks (hier.go); nothing in flat
-// mode, where node metadata says everything.
+// LocalState carries the attached ranks a leader knows, its own and those
+// it learnt (hier.go); nothing in flat mode, where node metadata says
+// everything. A rank alone on its host is a gossip member without host
+// leaders of its own, but the other hosts of its job may have them (gorun
+// -H a:2,b:1): it must take in and pass on their attached ranks like any
+// leader, or it never sees them and the world never forms. So the state
+// is exchanged unless the job is flat throughout (Config.Flat).
 func (d *delegate) LocalState(join bool) []byte {
-	if !d.w.cfg.hierarchical() {
+	if d.w.cfg.Flat {
 		return nil
 	}
 	d.w.mu.Lock()
@@ -63,7 +68,7 @@ func (d *delegate) LocalState(join bool) []byte {
 }
 
 func (d *delegate) MergeRemoteState(buf []byte, join bool) {
-	if len(buf) == 0 || !d.w.cfg.hierarchical() {
+	if len(buf) == 0 || d.w.cfg.Flat {
 		return
 	}
 	d.w.mu.Lock()

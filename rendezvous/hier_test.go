@@ -313,3 +313,58 @@ func TestHierForeignAttachRefused(t *testing.T) {
 		}
 	})
 }
+
+// Hosts of unequal size form one world: a host of one rank is its own
+// leader with nothing attached, yet it must learn the ranks attached to the
+// other hosts' leaders (they travel in push-pull state, not in gossip
+// metadata), and they must learn it. gorun -H a:2,b:1,c:1 gives such a job.
+func TestHierUnevenHosts(t *testing.T) {
+	for _, sizes := range [][]int{{2, 1, 1}, {1, 2}, {2, 1}, {1, 1, 3}, {3, 1, 2, 1}} {
+		t.Run(fmt.Sprint(sizes), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				nw, attach := &rendezvoustest.Network{}, &rendezvoustest.AttachNet{}
+				n := 0
+				for _, s := range sizes {
+					n += s
+				}
+				var cfgs []Config
+				for h, s := range sizes {
+					for l := range s {
+						r := len(cfgs)
+						var c Config
+						if l == 0 {
+							c = memConfig(t, nw, "job1", r, n)
+						} else {
+							c = memConfigOn(t, nil, "job1", r, n)
+							c.Transport = nil
+						}
+						c.LocalRank, c.LocalWorldSize = l, s
+						c.Host = fmt.Sprintf("h%d", h)
+						c.AttachNet = attach
+						cfgs = append(cfgs, c)
+					}
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				ws, errs := joinAll(ctx, cfgs)
+				defer closeAll(ws)
+				for r, err := range errs {
+					if err != nil {
+						t.Fatalf("rank %d: Join: %v", r, err)
+					}
+				}
+				for r, w := range ws {
+					if w.Size() != n || w.Alive() != n {
+						t.Fatalf("rank %d: Size %d Alive %d, want %d", r, w.Size(), w.Alive(), n)
+					}
+					for p := range n {
+						if got, want := w.Host(p), cfgs[p].Host; got != want {
+							t.Errorf("rank %d: Host(%d) = %q, want %q", r, p, got, want)
+						}
+					}
+				}
+				eachRank(t, ws, func(w *World) error { return w.Barrier(context.Background()) })
+			})
+		})
+	}
+}
