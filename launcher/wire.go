@@ -2,11 +2,7 @@ package launcher
 
 import (
 	"bufio"
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gorun-hpc/gorun/internal/handshake"
 )
 
 // The connection between gorun and a host agent.
@@ -27,7 +25,7 @@ import (
 //	agent → gorun   <mac("agent/<proto>")>\n
 //
 // where mac(role) is HMAC-SHA256 keyed with the secret over role, job, host
-// and both nonces, so neither side can be replayed or impersonated without
+// and both nonces, each NUL-terminated (internal/handshake), so neither side can be replayed or impersonated without
 // the secret, and <proto> is the protocol the agent claims. gorun acts on
 // that claim only after the agent's MAC checked out: a stranger's hello
 // that claims another protocol is dropped like any other stranger. The secret itself never crosses the connection. Then frames
@@ -299,19 +297,13 @@ func (w *wireConn) readMsg() (wireMsg, error) {
 // errAuth is a failed proof of the job secret.
 var errAuth = errors.New("launcher: agent connection: authentication failed (wrong job secret)")
 
-func wireMAC(secret []byte, role, job, host, nonceA, nonceB string) string {
-	m := hmac.New(sha256.New, secret)
-	for _, s := range []string{role, job, host, nonceA, nonceB} {
-		m.Write([]byte(s))
-		m.Write([]byte{0})
-	}
-	return hex.EncodeToString(m.Sum(nil))
-}
-
-func newNonce() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+// proofFields are what one side's proof of the job secret binds (see
+// the handshake above): the claiming side's role with the protocol
+// ("gorun/2", "agent/2"), the job, the host and both nonces. With the
+// protocol bound, neither side's claim can be altered in flight; with the
+// role, one side's proof can never be replayed as the other's.
+func proofFields(role, proto, job, host, nonceA, nonceB string) []string {
+	return []string{role + "/" + proto, job, host, nonceA, nonceB}
 }
 
 // dialAuth is the agent side of the handshake.
@@ -323,7 +315,7 @@ func dialAuth(c net.Conn, secret []byte, job, host string) (*wireConn, error) {
 // other versions with it).
 func dialAuthAs(c net.Conn, secret []byte, job, host, proto string) (*wireConn, error) {
 	br := bufio.NewReader(c)
-	nonceA := newNonce()
+	nonceA := handshake.Nonce()
 	if _, err := fmt.Fprintf(c, "GORUN-AGENT/%s %s %s %s\n", proto, job, host, nonceA); err != nil {
 		return nil, err
 	}
@@ -339,10 +331,14 @@ func dialAuthAs(c net.Conn, secret []byte, job, host, proto string) (*wireConn, 
 		return nil, fmt.Errorf("handshake: unexpected reply %q", strings.TrimSpace(line))
 	}
 	nonceB := f[1]
-	if !hmac.Equal([]byte(f[2]), []byte(wireMAC(secret, "gorun/"+proto, job, host, nonceA, nonceB))) {
+	if !handshake.Verify(secret, f[2], proofFields("gorun", proto, job, host, nonceA, nonceB)...) {
 		return nil, errAuth
 	}
-	if _, err := fmt.Fprintf(c, "%s\n", wireMAC(secret, "agent/"+proto, job, host, nonceA, nonceB)); err != nil {
+	proof, err := handshake.MAC(secret, proofFields("agent", proto, job, host, nonceA, nonceB)...)
+	if err != nil {
+		return nil, fmt.Errorf("handshake: %w", err)
+	}
+	if _, err := fmt.Fprintf(c, "%s\n", proof); err != nil {
 		return nil, err
 	}
 	return newWireConn(c, br), nil
@@ -404,8 +400,14 @@ func acceptAuth(c net.Conn, secret []byte, job string, known func(host string) b
 		herr.Err = fmt.Errorf("agent for job %q host %q is not part of this job", claimJob, host)
 		return nil, "", herr
 	}
-	nonceB := newNonce()
-	if _, err := fmt.Fprintf(c, "OK %s %s\n", nonceB, wireMAC(secret, "gorun/"+proto, job, host, nonceA, nonceB)); err != nil {
+	nonceB := handshake.Nonce()
+	proof, err := handshake.MAC(secret, proofFields("gorun", proto, job, host, nonceA, nonceB)...)
+	if err != nil {
+		fmt.Fprintf(c, "NO malformed greeting\n")
+		herr.Err = err
+		return nil, "", herr
+	}
+	if _, err := fmt.Fprintf(c, "OK %s %s\n", nonceB, proof); err != nil {
 		herr.Err = err
 		return nil, "", herr
 	}
@@ -414,7 +416,7 @@ func acceptAuth(c net.Conn, secret []byte, job string, known func(host string) b
 		herr.Err = fmt.Errorf("no proof: %w", err)
 		return nil, "", herr
 	}
-	if !hmac.Equal([]byte(strings.TrimSpace(line)), []byte(wireMAC(secret, "agent/"+proto, job, host, nonceA, nonceB))) {
+	if !handshake.Verify(secret, strings.TrimSpace(line), proofFields("agent", proto, job, host, nonceA, nonceB)...) {
 		herr.Err = errAuth
 		return nil, "", herr
 	}
