@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
@@ -111,9 +112,9 @@ func (r *DoctorReport) WriteTable(w io.Writer) {
 		}
 	}
 	if bad == 0 {
-		fmt.Fprintf(w, "all %d %s ready (gorun on %s)\n", n, plural(n, "host", "hosts"), r.Gorun)
+		fmt.Fprintf(w, "all %d %s ready (gorun on %s)\n", n, plural.Noun(n, "host", "hosts"), r.Gorun)
 	} else {
-		fmt.Fprintf(w, "%d of %d %s not ready\n", bad, n, plural(n, "host", "hosts"))
+		fmt.Fprintf(w, "%d of %d %s not ready\n", bad, n, plural.Noun(n, "host", "hosts"))
 	}
 }
 

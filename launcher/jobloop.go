@@ -11,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher/fault"
 )
 
@@ -712,7 +713,7 @@ func (j *liveJob) verdict() error {
 	case j.reason == stopSignal:
 		return &InterruptedError{Signal: j.stopSig, Stopped: stopped}
 	case j.reason == stopContext:
-		return fmt.Errorf("launcher: job canceled; stopped %d %s: %w", stopped, plural(stopped, "rank", "ranks"), j.ctx.Err())
+		return fmt.Errorf("launcher: job canceled; stopped %d %s: %w", stopped, plural.Noun(stopped, "rank", "ranks"), j.ctx.Err())
 	case len(j.failures) > 0:
 		return j.failureError(stopped)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/pmi"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
@@ -424,7 +425,7 @@ func (e *MPIError) Error() string {
 		}
 	}
 	return fmt.Sprintf("rank %d (host %s, pid %d) %s; stopped %d other %s",
-		e.Rank, e.Host, e.PID, cause, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+		e.Rank, e.Host, e.PID, cause, e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
 }
 
 // ExitCode is the abort code as a process exit status (its low byte, as
