@@ -162,6 +162,12 @@ def compare(kind, steps, exact, mode="ddp"):
         else:
             say("EQUAL %s %s accumulate=%s exact=%s differing=%d worst=%.3g" % (
                 mode, kind, accumulate, exact and tol < 1e-2, len(differ), worst))
+        m = ours.metrics()
+        # The most gathered bytes of the steps so far (no_sync's
+        # micro-batches hold every unit gathered).
+        say("PEAK %s %s accumulate=%s peak=%d planpeak=%d full=%d" % (
+            mode, kind, accumulate, m["peak_gathered_bytes"], m.get("plan_peak_gathered_bytes", 0),
+            m.get("full_parameter_bytes", 0)))
     m = ours.metrics()
     say("REPLANNED %s %s measured=%d made=%d" % (mode, kind, m["plans_measured"], m["plans_made"]))
     say("METRICS %s %s buckets=%d steps=%d exposed=%.6f step=%.6f peak=%d planpeak=%d full=%d copies=%d" % (
@@ -408,8 +414,153 @@ def case_kill():
     os._exit(0)
 
 
+def ft_reference_grads(m, ref):
+    """The reference replica's gradient averaged over every rank of every
+    participating group, through the Manager's own calls (plain torch)."""
+    params = list(ref.parameters())
+    numel = sum(p.numel() for p in params)
+    chunk = -(-numel // m.group_size)
+    flat = torch.zeros(chunk * m.group_size)
+    flat[:numel] = torch.cat([p.grad.reshape(-1) for p in params])
+    part = m.group_reduce_scatter(torch.empty(chunk), flat, op="avg")
+    m.allreduce(part, op="avg")
+    m.group_all_gather(flat, part)
+    off = 0
+    for p in params:
+        p.grad.copy_(flat[off:off + p.numel()].view_as(p))
+        off += p.numel()
+
+
+def case_ft_hsdp():
+    """hsdp mode over a gorun.ft.Manager, under gorun -np 4 --fault-tolerant
+    --fault-tolerant-group 2 (test_step_ft.py). The GPT-like model is
+    sharded in two within each replica group; a plain torch replica of it
+    (ref), whose gradients the Manager's own calls average over the same
+    ranks, trains beside it. Odd steps accumulate a no_sync micro-batch
+    first. Prints, per rank ("RANK r: ..."):
+      START inc=I
+      QUORUM step=S id=Q parts=P healed=H digest=D   D: this rank's shards,
+                             whole parameters and optimizer state
+      COMMIT step=S ok=B inc=I errored=E   E: the model's step failed here
+      DYING in step S        (rank FT_DIE, once, inside a backward, after
+                             the last blocks' collectives were issued)
+      DONE step=S digest=D worst=W   W: the largest relative difference
+                             between the model and ref
+    """
+    import hashlib
+
+    import gorun.ft
+
+    global RANK
+    steps = int(sys.argv[2])
+    die, at, marks = int(os.environ.get("FT_DIE", "-1")), int(os.environ.get("FT_AT", "0")), os.environ["FT_MARKS"]
+    torch.set_num_threads(1)
+    net, ref = make("gpt"), make("gpt")
+    state = {}
+
+    def save():
+        return {"model": state["model"].local_state_dict(), "optim": state["opt"].state_dict(),
+                "ref": ref.state_dict(), "ref_optim": state["ref_opt"].state_dict()}
+
+    def load(sd):
+        state["model"].load_local_state_dict(sd["model"])
+        state["opt"].load_state_dict(sd["optim"])
+        ref.load_state_dict(sd["ref"])
+        state["ref_opt"].load_state_dict(sd["ref_optim"])
+
+    m = gorun.ft.Manager(state_dict=save, load_state_dict=load, timeout=60)
+    RANK = m.replica
+    for bad in ({"mode": "fsdp"}, {"mode": "hsdp", "shard_size": 4}, {"mode": "hsdp", "deterministic": True}):
+        try:
+            gt.distribute(make("gpt"), manager=m, **bad)
+            say("FAIL distribute(manager=m, %s) was taken" % bad)
+        except ValueError as e:
+            say("REFUSED %s: %s" % (",".join(sorted(bad)), e))
+    model = state["model"] = gt.distribute(net, mode="hsdp", manager=m, refresh_every=3)
+    opt = state["opt"] = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    state["ref_opt"] = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    groups = m.replicas // m.group_size
+    say("START inc=%d" % m.incarnation)
+
+    def digest():
+        h = hashlib.sha256()
+        local = model.local_state_dict()
+        for part in ("shards", "whole"):
+            for k, t in local[part].items():
+                h.update(("%s/%s" % (part, k)).encode())
+                h.update(t.detach().reshape(-1).view(torch.uint8).numpy().tobytes())
+        for pid, st in opt.state_dict()["state"].items():
+            for k, v in st.items():
+                h.update(("%s/%s" % (pid, k)).encode())
+                h.update(v.detach().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    armed = [False]
+
+    def die_here(p):
+        if armed[0]:
+            try:
+                os.close(os.open(os.path.join(marks, "die"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return
+            say("DYING in step %d" % (m.current_step() + 1))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    if RANK == die:
+        # blocks.1's backward comes after blocks.3's and blocks.2's, whose
+        # collectives are then in flight on both groups.
+        net.blocks[1].fc.weight.register_post_accumulate_grad_hook(die_here)
+    deadline = time.monotonic() + 120
+    seen_heal = False
+    while True:
+        q = m.start_quorum()
+        seen_heal = seen_heal or q.healed or q.sources > 0
+        step = m.current_step()
+        say("QUORUM step=%d id=%d parts=%s healed=%s digest=%s" % (
+            step, q.id, ",".join(map(str, q.participants)), q.healed, digest()))
+        armed[0] = step + 1 >= at and len(q.participants) == groups and seen_heal
+        opt.zero_grad()
+        ref.zero_grad()
+        data = batch("gpt", step)
+        if step % 2:
+            # Gradient accumulation: a no_sync micro-batch first (on a new
+            # quorum's first step too, which it then begins).
+            with model.no_sync():
+                loss_of("gpt", model, batch("gpt", step, 1)).backward()
+            loss_of("gpt", ref, batch("gpt", step, 1)).backward()
+        loss_of("gpt", model, data).backward()
+        errored = m.errored()
+        loss_of("gpt", ref, data).backward()
+        ft_reference_grads(m, ref)
+        ok = m.should_commit()
+        say("COMMIT step=%d ok=%s inc=%d errored=%s" % (step + 1, ok, m.incarnation,
+                                                        getattr(errored, "status", None)))
+        if ok:
+            opt.step()
+            state["ref_opt"].step()
+        died = die < 0 or os.path.exists(os.path.join(marks, "die"))
+        if ok and m.current_step() >= steps and len(q.participants) == groups and died:
+            break
+        if len(q.participants) < groups:
+            time.sleep(0.05)  # a group is restarting: leave it the cores
+        if time.monotonic() > deadline:
+            say("FAIL no step committed by all %d groups in time" % groups)
+            sys.exit(1)
+    full = model.full_state_dict()  # over the replica group
+    worst = 0.0
+    for k, v in ref.state_dict().items():
+        worst = max(worst, ((full[k] - v).abs().max() / v.abs().max().clamp_min(1e-30)).item())
+    with torch.no_grad():  # evaluation: gathered over the group for the call
+        same = torch.equal(loss_of("gpt", model, batch("gpt", 99)), loss_of("gpt", ref, batch("gpt", 99)))
+    say("DONE step=%d digest=%s worst=%.3g eval=%s" % (m.current_step(), digest(), worst, same))
+    m.close()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
-    {"equal": case_equal, "det": case_det, "unused": case_unused, "unused_sharded": case_unused_sharded, "load": case_load, "bf16": case_bf16, "bad": case_bad, "kill": case_kill}[sys.argv[1]]()
+    {"equal": case_equal, "det": case_det, "unused": case_unused, "unused_sharded": case_unused_sharded,
+     "load": case_load, "bf16": case_bf16, "bad": case_bad, "kill": case_kill, "ft_hsdp": case_ft_hsdp}[sys.argv[1]]()
     if sys.argv[1] in ("equal", "bf16", "unused", "unused_sharded"):
         # torch 2.15 over gloo aborts now and then at interpreter exit after a
         # finished run ("terminate called without an active exception": gloo's

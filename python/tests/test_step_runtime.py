@@ -4,7 +4,8 @@ equal to torch's DDP over gloo (bitwise on 1 and 2 ranks, within 1e-6
 relative on 4) for a GPT-like model with a tied embedding and a residual MLP
 with frozen and unused parameters (also with no_sync accumulation); fsdp's
 peak of gathered parameters within the plan's estimate and below the whole
-model; and the bad-input errors. The rank program is step_prog.py."""
+model (and the whole model on steps with no_sync micro-batches, which hold
+every unit gathered); and the bad-input errors. The rank program is step_prog.py."""
 
 import os
 import re
@@ -57,11 +58,21 @@ def test_modes_match_torch_ddp(launcher, np):
                               r"copies=(\d+)" % (rank, mode, kind), out)
                 assert m, out[-4000:]
                 peak, plan, full, copies = map(int, m.groups())
+                # Every gradient landed in its view of the flat gradient.
+                assert copies == 0, (mode, kind, copies)
+                m = re.search(r"RANK %d: PEAK %s %s accumulate=False peak=(\d+) planpeak=(\d+) full=(\d+)"
+                              % (rank, mode, kind), out)
+                assert m, out[-4000:]
+                peak, plan, full = map(int, m.groups())
                 # Gathered parameters at peak: within the plan's estimate,
                 # and (reshard after forward) well under the whole model.
                 assert 0 < peak <= plan < full, (mode, kind, peak, plan, full)
-                # Every gradient landed in its view of the flat gradient.
-                assert copies == 0, (mode, kind, copies)
+                # Steps with no_sync micro-batches count them: every unit
+                # stays gathered through those, so the peak is the model.
+                m = re.search(r"RANK %d: PEAK %s %s accumulate=True peak=(\d+) planpeak=\d+ full=(\d+)"
+                              % (rank, mode, kind), out)
+                assert m, out[-4000:]
+                assert int(m.group(1)) == int(m.group(2)) == full, (mode, kind, m.groups(), full)
 
 
 def test_bf16_parameters(launcher):

@@ -55,13 +55,10 @@ class ShardedModel(DistributedModel):
         self._ssize, self._srank = s, self.rank % s
         self._shard_comm, self._rep_comm = self._comm, None
         if s < w:
-            # Shard groups are runs of shard_size ranks; a replica group
-            # holds the ranks with the same place in every shard group.
-            base = self.rank - self._srank
-            self._shard_comm = _abi.new_group(self._comm, [base + i for i in range(s)], "gorun.torch.shard")
-            self._rep_comm = _abi.new_group(self._comm, [self._srank + k * s for k in range(w // s)], "gorun.torch.replica")
+            self._shard_comm, self._rep_comm = self._make_groups(s, w)
         self._units, self._replicated = _plan.units_of(order, self._members, s)
         self._allreduced = self._replicated
+        self._whole = {m.name: m for m in self._replicated}
         self._unit_of = {}
         self._full = {}  # unit name -> flat full tensor (storage freed when not held)
         self._shards = {}  # unit name -> this rank's flat shard (a plain tensor)
@@ -110,6 +107,14 @@ class ShardedModel(DistributedModel):
         # (the full buffers hold the broadcast parameters).
         self._held = sum(self._nbytes(u) for u in self._units)
 
+    def _make_groups(self, s, w):
+        """The shard group's and the replica group's communicators: shard
+        groups are runs of s ranks; a replica group holds the ranks with
+        the same place in every shard group."""
+        base = self.rank - self._srank
+        return (_abi.new_group(self._comm, [base + i for i in range(s)], "gorun.torch.shard"),
+                _abi.new_group(self._comm, [self._srank + k * s for k in range(w // s)], "gorun.torch.replica"))
+
     def _nbytes(self, u):
         return u.padded * u.es
 
@@ -130,13 +135,15 @@ class ShardedModel(DistributedModel):
         """A blocking all-gather outside the plan (before the first step is
         measured, and for full_state_dict)."""
         self._alloc(u)
-        _abi.allgather_tensor(self._shard_comm, self._shards[u.name].detach(), self._full[u.name])
+        self._guarded(_abi.allgather_tensor, self._shard_comm, self._shards[u.name].detach(), self._full[u.name])
 
     # ---- what the optimizer and users see ---------------------------------
 
     def forward(self, *args, **kwargs):
         if self._exec is not None and not torch.is_grad_enabled():
-            # Evaluation: no plan runs; every unit is gathered for the call.
+            # Evaluation: no plan runs; every unit is gathered for the call
+            # (not counted in a training step's peak).
+            peak = self._peak
             for u in self._units:
                 self._gather_now(u)
             try:
@@ -144,6 +151,7 @@ class ShardedModel(DistributedModel):
             finally:
                 for u in self._units:
                     self._free(u)
+                self._peak = peak
         if self._exec is not None and not self._sync:
             # no_sync: no plan runs; the units stay gathered through this
             # backward and the next micro-batch's (the shards do not change
@@ -233,6 +241,40 @@ class ShardedModel(DistributedModel):
                 self._peak = peak
         return res
 
+    def local_state_dict(self):
+        """This rank's part of the model, as it holds it: its flat shard of
+        every unit ("shards", by region), the parameters kept whole
+        ("whole") and the module's buffers ("buffers"); tensors are this
+        rank's own (not copies). What a fault-tolerant heal copies from the
+        rank at the same place in a live replica group (with the
+        optimizer's state), or a per-rank checkpoint."""
+        return {"shards": {u.name: self._shards[u.name].detach() for u in self._units},
+                "whole": {m.name: m.param.detach() for m in self._replicated},
+                "buffers": dict(self.module.named_buffers())}
+
+    def load_local_state_dict(self, state):
+        """Loads local_state_dict()'s dict of a rank at this rank's place
+        (the same model and shard size), in place: the shards the
+        optimizer's pieces view, the whole parameters, the buffers. Not
+        collective: the next step gathers the shards afresh."""
+        want = self.local_state_dict()
+        for part in ("shards", "whole", "buffers"):
+            got = state.get(part) if isinstance(state, dict) else None
+            if not isinstance(got, dict) or set(got) != set(want[part]):
+                raise ValueError("gorun.torch: load_local_state_dict: %r holds %s, want %s (local_state_dict() of "
+                                 "this model at this rank's place)" % (part, sorted(got) if isinstance(got, dict)
+                                                                      else got, sorted(want[part])))
+            for k, t in want[part].items():
+                v = got[k]
+                if not isinstance(v, torch.Tensor) or v.shape != t.shape or v.dtype != t.dtype:
+                    raise ValueError("gorun.torch: load_local_state_dict: %s %r is %s, want %s %s" % (
+                        part, k, tuple(v.shape) + (v.dtype,) if isinstance(v, torch.Tensor) else type(v).__name__,
+                        tuple(t.shape), t.dtype))
+        with torch.no_grad():
+            for part in ("shards", "whole", "buffers"):
+                for k, t in want[part].items():
+                    t.copy_(state[part][k])
+
     # ---- the plan ---------------------------------------------------------
 
     def _step_graph(self, order, fwd, bwd):
@@ -260,6 +302,7 @@ class ShardedModel(DistributedModel):
         # From now on the plan decides what is held.
         for u in self._units:
             self._free(u)
+        self._peak = self._held
 
     # ---- the step ---------------------------------------------------------
 
@@ -273,9 +316,13 @@ class ShardedModel(DistributedModel):
                     self._alloc(u)
                     ex.ready(tin, self._shards[u.name].detach(), self._full[u.name], _abi.dtype_code(u.dtype))
             elif kind == "replicate":
-                # hsdp: the reduced shard, all-reduced across replicas in place.
+                # hsdp: the reduced shard (or a parameter kept whole, reduced
+                # within the shard group), all-reduced across replicas in
+                # place.
                 for tin, tout in arg:
-                    out = self._rs_out[tin[2:]]
+                    out = self._rs_out.get(tin[2:])
+                    if out is None:
+                        out = self._whole[tin[2:]].param.grad
                     ex.ready(tin, out, out, _abi.dtype_code(out.dtype))
             else:
                 ex.wait(arg)
@@ -288,7 +335,9 @@ class ShardedModel(DistributedModel):
         super()._begin()
         if self._exec is None:
             return
-        self._peak = self._held
+        # The step's peak counts from its first micro-batch: units gathered
+        # for no_sync micro-batches before this forward count (the peak
+        # was reset at the end of the previous step).
         self._deferred = []
         self._bwd_done = set()
         self._fwd_done = set()
@@ -458,8 +507,8 @@ class ShardedModel(DistributedModel):
             if r not in self._bwd_done:
                 self._backward_actions(r)
         self._end_backward()
-        self._run("opt")  # hsdp: the first region's replica all-reduce
-        super()._before_finish()  # the root's own parameters
+        super()._before_finish()  # the root's own parameters (zeros where unused)
+        self._run("opt")  # hsdp: the first region's replica all-reduces
 
     def _after_finish(self, m):
         for u in self._units:
@@ -472,6 +521,7 @@ class ShardedModel(DistributedModel):
             self._free(u)  # nothing is held between steps
         self._peaks.append(self._peak)
         del self._peaks[:-100]
+        self._peak = self._held  # the next step's peak starts here
 
     def _give_grads(self, unit, out):
         """The unit's reduced shard gradient goes to its pieces (views of
@@ -503,17 +553,17 @@ class ShardedModel(DistributedModel):
                 flat.mul_(self._scale)
                 out = torch.empty(u.shard_numel, dtype=u.dtype)
                 if self._ssize > 1:
-                    _abi.reduce_scatter_tensor(self._shard_comm, flat, out)
+                    self._guarded(_abi.reduce_scatter_tensor, self._shard_comm, flat, out)
                 else:
                     out.copy_(flat)
                 if self._rep_comm is not None:
-                    _abi.allreduce_tensor(self._rep_comm, out)
+                    self._guarded(_abi.allreduce_tensor, self._rep_comm, out)
                 self._give_grads(u.name, out)
             if self.world_size > 1:
                 for m in self._replicated:
                     g = m.param.grad if m.param.grad is not None else torch.zeros_like(m.param)
                     g = g.contiguous().mul_(self._scale)
-                    _abi.allreduce_tensor(self._comm, g)
+                    self._dp_allreduce(g)
                     if m.name not in self._nowhere:
                         m.param.grad = g
 

@@ -56,8 +56,8 @@ class DistributedModel(nn.Module):
                     "move the model to the CPU (there is no silent CPU fallback for device tensors)" % (name, t.device))
         self.module = module
         self.mode = mode
-        self._comm = group if group is not None else _abi.world(deterministic)
-        self.rank, self.world_size = _abi.rank_size(self._comm)
+        self._failed = None  # the error that failed this step (fault-tolerant mode only)
+        self._join(group, deterministic)
         self._micro = self._check_micro(micro_batches, deterministic)
         self._micro_done = 0  # micro-batches run (forward with gradients) this step
         self._micro_grads = {}  # member -> its scaled gradient per micro-batch of this step
@@ -71,18 +71,7 @@ class DistributedModel(nn.Module):
         self._regather_ahead = regather_ahead
         self._dump_plan = dump_plan
         self._fixed_plan = plan
-        # Ranks must wrap the same model before anything is exchanged.
-        _mismatch("model (parameter names, shapes, dtypes, ties)",
-                  _abi.allgather_u64(self._comm, _plan.fingerprint(module)), self.rank)
-        with torch.no_grad():
-            for t in list(module.parameters()) + list(module.buffers()):
-                if t.numel() and self.world_size > 1:
-                    if t.is_contiguous():
-                        _abi.broadcast_tensor(self._comm, t)
-                    else:
-                        c = t.contiguous()
-                        _abi.broadcast_tensor(self._comm, c)
-                        t.copy_(c)
+        self._agree(module)
         regions = _plan.find_regions(module)
         self._region_names = [r for r, _ in regions]
         self._members = _plan.find_members(module, self._region_names)
@@ -118,6 +107,48 @@ class DistributedModel(nn.Module):
         self._back_t0 = None
         self._t_begin = 0
         self._history = []
+
+    # ---- the group: who takes part, and the collectives outside the plan --
+
+    def _join(self, group, deterministic):
+        """Sets the communicator the step's collectives run over, this
+        rank's place in it and its size."""
+        self._comm = group if group is not None else _abi.world(deterministic)
+        self.rank, self.world_size = _abi.rank_size(self._comm)
+
+    def _agree(self, module):
+        """Before anything is exchanged, ranks must wrap the same model; then
+        every rank starts from rank 0's parameters and buffers."""
+        self._check_same("model (parameter names, shapes, dtypes, ties)", _plan.fingerprint(module))
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                if t.numel() and self.world_size > 1:
+                    if t.is_contiguous():
+                        self._dp_broadcast(t)
+                    else:
+                        c = t.contiguous()
+                        self._dp_broadcast(c)
+                        t.copy_(c)
+
+    def _check_same(self, what, value):
+        """PlanMismatchError unless every rank holds the same 64-bit value."""
+        _mismatch(what, _abi.allgather_u64(self._comm, value), self.rank)
+
+    def _guarded(self, collective, *args):
+        """Runs one collective outside the plan. A fault-tolerant step
+        keeps its error instead of raising it (see _ft.py)."""
+        return collective(*args)
+
+    def _dp_broadcast(self, t):
+        """t from rank 0 to every rank, in place (outside the plan)."""
+        self._guarded(_abi.broadcast_tensor, self._comm, t)
+
+    def _dp_allreduce(self, t):
+        """t summed over every rank, in place (outside the plan)."""
+        self._guarded(_abi.allreduce_tensor, self._comm, t)
+
+    def _new_executor(self, planned, groups, config):
+        return _abi.Executor(planned, groups, config)
 
     # ---- the step --------------------------------------------------------
 
@@ -175,7 +206,7 @@ class DistributedModel(nn.Module):
         if not (self._flag_unused or refresh):
             return set()
         used = torch.tensor([1.0 if m.name in self._grad_t else 0.0 for m in members], dtype=torch.float32)
-        _abi.allreduce_tensor(self._comm, used)
+        self._dp_allreduce(used)
         counts = used.tolist()
         self._flag_unused = any(u < self.world_size for u in counts)
         return {m.name for m, u in zip(members, counts) if u == 0.0}
@@ -350,7 +381,7 @@ class DistributedModel(nn.Module):
             for ms in by_dtype.values():
                 flat = torch.cat([(m.param.grad if m.param.grad is not None else torch.zeros_like(m.param))
                                   .reshape(-1) * self._scale for m in ms])
-                _abi.allreduce_tensor(self._comm, flat)
+                self._dp_allreduce(flat)
                 off = 0
                 for m in ms:
                     n = m.param.numel()
@@ -436,7 +467,7 @@ class DistributedModel(nn.Module):
         idx = [float(self._region_names.index(r)) for r in order]
         t = torch.tensor(idx + fwd + bwd, dtype=torch.float64)
         if self.world_size > 1:
-            _abi.broadcast_tensor(self._comm, t)
+            self._dp_broadcast(t)
         n = len(order)
         order = [self._region_names[int(i)] for i in t[:n].tolist()]
         return order, dict(zip(order, t[n:2 * n].tolist())), dict(zip(order, t[2 * n:].tolist()))
@@ -450,9 +481,9 @@ class DistributedModel(nn.Module):
         else:
             planned, summary = _plan.run_planner(graph, self._passes, self._regather_ahead)
         config = "flush=1" + (" trace=1" if self._trace else "")
-        ex = _abi.Executor(planned, self._exec_groups(), config)
+        ex = self._new_executor(planned, self._exec_groups(), config)
         try:
-            _mismatch("plan", _abi.allgather_u64(self._comm, ex.hash()), self.rank)
+            self._check_same("plan", ex.hash())
         except BaseException:
             ex.close()
             raise
@@ -608,7 +639,15 @@ def distribute(model, mode="ddp", reshard_after_forward=True, shard_size=None, p
     see docs/torch-step.md; results are then the same bits at any world
     size), dump_plan
     (a path: rank 0 writes the planned step graph there, which `gorun plan
-    FILE` prints)."""
+    FILE` prints), manager (a gorun.ft.Manager, with mode="hsdp": a replica
+    group shards the model, and each step runs over the Manager's quorum;
+    see _ft.py and docs/torch-step.md)."""
+    manager = options.pop("manager", None)
+    if manager is not None:
+        from ._ft import FaultTolerantModel
+        return FaultTolerantModel(model, manager, mode=mode, reshard_after_forward=reshard_after_forward,
+                                  shard_size=shard_size, plan=plan, group=group, deterministic=deterministic,
+                                  trace=trace, **options)
     if mode in ("fsdp", "hsdp"):
         from ._fsdp import ShardedModel
         cls = ShardedModel

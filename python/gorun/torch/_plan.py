@@ -235,7 +235,10 @@ def fsdp_graph(order, units, replicated, fwd_ns, bwd_ns, world, shard=None):
     group "replica" (world/shard ranks): its wait comes before the next
     region's backward and the all-reduce starts right after it, since it
     reads the reduce-scatter's output. Parameters kept whole are
-    all-reduced on group "dp" (every rank)."""
+    all-reduced on group "dp" (every rank); in hybrid mode in two hops
+    like the shards (on "shard", then on "replica" after its wait), so
+    that no collective spans every rank: under fault tolerance no
+    communicator does."""
     shard = shard or world
     sg = "shard" if shard < world else "dp"
     pos = {r: i for i, r in enumerate(order)}
@@ -273,8 +276,8 @@ def fsdp_graph(order, units, replicated, fwd_ns, bwd_ns, world, shard=None):
         r = order[i]
         act = "a/" + order[i - 1] if i > 0 else "x"
         for u in replicate:
-            s = "rs/" + u.name
-            nodes.append({"name": s + ".w", "kind": "wait", "direction": "backward", "region": r, "of": s})
+            nodes.append({"name": u.first + ".w", "kind": "wait", "direction": "backward", "region": r,
+                          "of": u.first})
             starts.append("ar/" + u.name)
             nodes.append({"name": "ar/" + u.name, "kind": "start", "direction": "backward", "region": r,
                           "op": "all_reduce", "group": "replica", "dtype": u.dtype_name,
@@ -292,17 +295,21 @@ def fsdp_graph(order, units, replicated, fwd_ns, bwd_ns, world, shard=None):
                           "group": sg, "dtype": u.dtype_name,
                           "members": [{"in": "g/" + u.name, "out": "G/" + u.name, "bytes": u.padded * u.es}]})
             if shard < world:
-                replicate.append(u)
+                replicate.append(_SecondHop(u, s))
             else:
                 starts.append(s)
         for m in mine_m:
-            s = "ar/" + m.name
-            starts.append(s)
+            if shard < world:
+                s = "sar/" + m.name
+                replicate.append(_SecondHop(m))
+            else:
+                s = "ar/" + m.name
+                starts.append(s)
             nodes.append({"name": s, "kind": "start", "direction": "backward", "region": r, "op": "all_reduce",
-                          "group": "dp", "dtype": m.dtype,
+                          "group": sg, "dtype": m.dtype,
                           "members": [{"in": "g/" + m.name, "out": "G/" + m.name, "bytes": m.bytes}]})
     for u in replicate:  # the first region's: after its backward, before the optimizer
-        nodes.append({"name": "rs/" + u.name + ".w", "kind": "wait", "direction": "optimizer", "of": "rs/" + u.name})
+        nodes.append({"name": u.first + ".w", "kind": "wait", "direction": "optimizer", "of": u.first})
         starts.append("ar/" + u.name)
         nodes.append({"name": "ar/" + u.name, "kind": "start", "direction": "optimizer", "op": "all_reduce",
                       "group": "replica", "dtype": u.dtype_name,
@@ -311,13 +318,28 @@ def fsdp_graph(order, units, replicated, fwd_ns, bwd_ns, world, shard=None):
         nodes.append({"name": s + ".w", "kind": "wait", "direction": "optimizer", "of": s})
     final = "R/" if shard < world else "G/"
     nodes.append({"name": "opt", "kind": "compute", "direction": "optimizer", "cost_ns": 1000,
-                  "reads": [final + u.name for u in units] + ["G/" + m.name for m in replicated] + [dprev],
+                  "reads": [final + u.name for u in units] + [final + m.name for m in replicated] + [dprev],
                   "writes": ["done"]})
-    groups = [{"name": "dp", "size": world}]
     if shard < world:
-        groups += [{"name": "replica", "size": world // shard}, {"name": "shard", "size": shard}]
+        groups = [{"name": "replica", "size": world // shard}, {"name": "shard", "size": shard}]
+    else:
+        groups = [{"name": "dp", "size": world}]
     return {"schema": "gorun.stepgraph/v1", "groups": groups, "regions": list(order),
             "tensors": tensors, "nodes": nodes}
+
+
+class _SecondHop:
+    """What a hybrid plan all-reduces across replicas after the first hop
+    within the shard group (first: that hop's start): a unit's reduced
+    shard, or a parameter kept whole."""
+
+    def __init__(self, x, first=None):
+        self.name = x.name
+        if isinstance(x, Unit):
+            self.first, self.dtype_name, self.shard_numel, self.es = first, x.dtype_name, x.shard_numel, x.es
+        else:
+            self.first, self.dtype_name = "sar/" + x.name, x.dtype
+            self.shard_numel, self.es = x.bytes, 1
 
 
 REGATHER = "@bwd"  # the reshard pass's suffix on re-gathered outputs
@@ -347,7 +369,11 @@ def gather_schedule(planned):
                 if t in out_bytes:
                     last[t] = n["name"]
     held, peak = 0, 0
-    scatters = {n["name"]: n for n in g["nodes"] if n["kind"] == "start" and n["op"] == "reduce_scatter"}
+    # The first hop of a hybrid plan's reductions (a reduce-scatter, or a
+    # whole parameter's all-reduce within the shard group): the program
+    # waits for it, then starts the replica all-reduce of its output.
+    scatters = {n["name"]: n for n in g["nodes"] if n["kind"] == "start" and
+                (n["op"] == "reduce_scatter" or (n["op"] == "all_reduce" and n["group"] == "shard"))}
     for n in g["nodes"]:
         if n["kind"] == "start" and n["name"] in gathers:
             pending.append(("start", [(mb["in"], mb["out"]) for mb in n["members"]]))
