@@ -1,4 +1,4 @@
-package launcher
+package wire
 
 import (
 	"errors"
@@ -27,13 +27,13 @@ func TestAcceptRefusesNULInGreeting(t *testing.T) {
 	defer a.Close()
 	reply := make(chan string, 1)
 	go func() {
-		_, _ = a.Write([]byte("GORUN-AGENT/" + wireProtocol + " job1 n1 ab\x00cd\n"))
+		_, _ = a.Write([]byte("GORUN-AGENT/" + Protocol + " job1 n1 ab\x00cd\n"))
 		buf := make([]byte, 256)
 		n, _ := a.Read(buf)
 		reply <- string(buf[:n])
 		a.Close()
 	}()
-	_, host, err := acceptAuth(b, []byte("secret"), "job1", func(h string) bool { return h == "n1" })
+	_, host, err := AcceptAuth(b, []byte("secret"), "job1", func(h string) bool { return h == "n1" })
 	var he *HandshakeError
 	if !errors.As(err, &he) || !errors.Is(err, handshake.ErrField) || host != "" {
 		t.Fatalf("greeting with a NUL: %v host %q, want a *HandshakeError wrapping ErrField", err, host)
