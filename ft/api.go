@@ -218,6 +218,10 @@ type Record struct {
 	Served []ServedRecord `json:"served,omitempty"`
 	// Uncommitted are the steps a quorum did not commit.
 	Uncommitted []UncommittedRecord `json:"uncommitted,omitempty"`
+	// Finished are the incarnations told ErrFinished: they asked for a
+	// quorum after every replica that held the last committed step had
+	// left, so there was nothing to heal from or join.
+	Finished []JoinRecord `json:"finished,omitempty"`
 	// Commits counts committed steps (one per quorum round that
 	// committed); MaxStep is the highest step any replica reached.
 	Commits int   `json:"commits"`

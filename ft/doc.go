@@ -109,7 +109,12 @@
 // Server.Record lists every quorum (id, step, participants, who healed),
 // every loss (replica, incarnation, why, when, the step it was lost in),
 // every step that was not committed and why, every heal (bytes, from
-// which sources, how long) and what each source served.
+// which sources, how long), what each source served, and every
+// incarnation told ErrFinished. Two facts serve the launcher's decision
+// whether a failure is worth a replacement: HeldState (did that
+// incarnation ever take part in a committed step or finish a heal) and
+// StateLive (does a live replica hold the last committed step, or did its
+// holders finish).
 //
 // # Where it differs from torchft
 //

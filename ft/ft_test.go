@@ -541,3 +541,72 @@ func TestReplicaGroups(t *testing.T) {
 		t.Errorf("losses %+v, want ranks 1 and 0 (its group)", rec.Losses)
 	}
 }
+
+// trainOpen runs n replicas of the toy for steps committed steps against s
+// and returns their managers still open (the caller closes them: a
+// Close says bye, a Lost without one is a death).
+func trainOpen(t *testing.T, s *ft.Server, n int, steps int64) []*ft.Manager {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ms := make([]*ft.Manager, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() {
+			m, err := ft.Join(ctx, testConfig(replicaEnv(s, r, n, 0)))
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			ms[r] = m
+			errs[r] = train(ctx, m, newToy(100), steps, hooks{}, func(stepLog) {})
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("replica %d: %v", r, err)
+		}
+	}
+	return ms
+}
+
+// TestStateLive: the facts the launcher decides a replacement on. An
+// incarnation holds the job's state once it committed a step; the state
+// stays live while a live replica holds the last committed step, or once
+// its holders finished; when every holder died, it is gone (a replacement
+// would have nothing to heal from).
+func TestStateLive(t *testing.T) {
+	s := newServer(t, 2)
+	if !s.StateLive() || s.HeldState(0, 0) {
+		t.Fatalf("before any step: StateLive %v (want true: nothing to lose yet), HeldState %v (want false)", s.StateLive(), s.HeldState(0, 0))
+	}
+	ms := trainOpen(t, s, 2, 3)
+	if !s.HeldState(0, 0) || !s.HeldState(1, 0) || s.HeldState(1, 1) {
+		t.Errorf("after 3 commits: HeldState(0,0)=%v HeldState(1,0)=%v HeldState(1,1)=%v, want true true false",
+			s.HeldState(0, 0), s.HeldState(1, 0), s.HeldState(1, 1))
+	}
+	s.Left(1, 0) // finished (gorun saw exit 0): its state counts
+	if !s.StateLive() {
+		t.Errorf("replica 0 still holds step 3, yet StateLive is false")
+	}
+	s.Lost(0, 0, "killed")
+	if !s.StateLive() {
+		t.Errorf("the other holder finished, yet StateLive is false (a late replacement is told ErrFinished)")
+	}
+	for _, m := range ms {
+		_ = m.Close()
+	}
+
+	s2 := newServer(t, 2)
+	ms = trainOpen(t, s2, 2, 3)
+	s2.Lost(0, 0, "killed")
+	s2.Lost(1, 0, "killed")
+	if s2.StateLive() {
+		t.Errorf("every holder of step 3 died, yet StateLive is true")
+	}
+	for _, m := range ms {
+		_ = m.Close()
+	}
+}

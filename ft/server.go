@@ -3,6 +3,7 @@ package ft
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"sync"
@@ -100,7 +101,12 @@ type Server struct {
 	// quorum holds the whole job rather than whoever connected first.
 	seen    map[int]bool
 	started bool
-	done    chan struct{} // closed by Close: ends the start timer's goroutine
+	// held lists every incarnation that ever held the job's state (it
+	// committed a step or finished a heal); leftHeld is the highest step
+	// held by a replica that left for good (finished).
+	held     map[memberKey]bool
+	leftHeld int64
+	done     chan struct{} // closed by Close: ends the start timer's goroutine
 }
 
 // member is one live replica incarnation.
@@ -111,6 +117,9 @@ type member struct {
 	joined       time.Time
 	step         int64 // the step it last asked a quorum at
 	asked        bool  // it waits for the next quorum
+	// holds is the step whose state it holds: the last step it committed,
+	// or the step it healed to; 0 before either.
+	holds int64
 }
 
 type memberKey struct{ replica, inc int }
@@ -140,7 +149,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s := &Server{
 		cfg: cfg, key: key, ln: ln, log: cfg.Logger, start: time.Now(),
 		live: map[int]*member{}, conns: map[*conn]bool{},
-		rec: Record{Replicas: cfg.Replicas}, seen: map[int]bool{}, done: make(chan struct{}),
+		rec: Record{Replicas: cfg.Replicas}, seen: map[int]bool{}, held: map[memberKey]bool{}, done: make(chan struct{}),
 	}
 	wait := cfg.StartTimeout
 	if wait == 0 {
@@ -190,7 +199,13 @@ func (s *Server) serve(nc net.Conn) {
 	}
 	c, replica, inc, err := acceptAuth(nc, s.key, s.cfg.JobID, s.cfg.Replicas)
 	if err != nil {
-		s.log.Warn().Err(err).Str("remote", nc.RemoteAddr().String()).Msg("refused a connection to the quorum service")
+		// A connection closed before its greeting is a replica that was
+		// stopped while it dialled (a job ending): nothing was refused.
+		ev := s.log.Warn()
+		if errors.Is(err, io.EOF) {
+			ev = s.log.Debug()
+		}
+		ev.Err(err).Str("remote", nc.RemoteAddr().String()).Msg("refused a connection to the quorum service")
 		nc.Close()
 		return
 	}
@@ -299,6 +314,8 @@ func (s *Server) handle(m *member, msg message) {
 	case "served":
 		s.rec.Served = append(s.rec.Served, ServedRecord{Replica: m.replica, Quorum: msg.ID, Bytes: msg.Bytes, At: s.since()})
 	case "healed":
+		m.holds = max(m.holds, msg.Step)
+		s.held[memberKey{m.replica, m.inc}] = true
 		s.rec.Heals = append(s.rec.Heals, HealRecord{
 			Replica: m.replica, Incarnation: m.inc, Quorum: msg.ID, Step: msg.Step, Sources: msg.Sources,
 			Bytes: msg.Bytes, At: s.since(), Took: msg.Took, SinceJoin: time.Since(m.joined).Seconds(),
@@ -363,6 +380,7 @@ func (s *Server) settleLocked() {
 		// left (finished): nobody can heal these, and training them
 		// from an older step would be another job's training.
 		for _, m := range members {
+			s.rec.Finished = append(s.rec.Finished, JoinRecord{Replica: m.replica, Incarnation: m.inc, At: s.since()})
 			_ = m.c.send(message{T: "finished", Step: s.rec.MaxStep})
 		}
 		return
@@ -408,6 +426,10 @@ func (s *Server) decideLocked(ok bool, why string) {
 	if ok {
 		s.rec.Commits++
 		s.rec.MaxStep = max(s.rec.MaxStep, r.step+1)
+		for _, m := range r.members {
+			m.holds = r.step + 1
+			s.held[memberKey{m.replica, m.inc}] = true
+		}
 	} else {
 		// A communicator may have failed on some participant only (its
 		// own vote said so): every participant builds a new one.
@@ -479,6 +501,7 @@ func (s *Server) lostLocked(m *member, why string) {
 // committed step: no loss, and no round fails unless it was undecided.
 func (s *Server) leftLocked(m *member) {
 	delete(s.live, m.replica)
+	s.leftHeld = max(s.leftHeld, m.holds)
 	m.c.c.Close()
 	if r := s.round; r != nil && !r.decided && inRound(r, m) {
 		s.failLocked(fmt.Sprintf("replica %d left during quorum %d", m.replica, r.id))
@@ -517,6 +540,36 @@ func (s *Server) Left(replica, incarnation int) {
 	}
 }
 
+// HeldState reports whether that incarnation of replica ever held the
+// job's state: it took part in a committed step or finished a heal. An
+// incarnation that fails before it did never trained or joined; the
+// launcher takes such a failure with an exit code for a deterministic one
+// (a start-up error), which a replacement would repeat.
+func (s *Server) HeldState(replica, incarnation int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held[memberKey{replica, incarnation}]
+}
+
+// StateLive reports whether a replacement could still get the job's state:
+// the job has committed no step yet, a live replica holds its last
+// committed step, or the replicas that held it finished (a replacement is
+// then told ErrFinished). False means every holder died: a replacement
+// would have nothing to heal from, and the steps committed are lost.
+func (s *Server) StateLive() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.rec.MaxStep == 0 || s.leftHeld >= s.rec.MaxStep {
+		return true
+	}
+	for _, m := range s.live {
+		if m.holds >= s.rec.MaxStep {
+			return true
+		}
+	}
+	return false
+}
+
 // Record returns a copy of what the service saw so far.
 func (s *Server) Record() Record {
 	s.mu.Lock()
@@ -528,6 +581,7 @@ func (s *Server) Record() Record {
 	r.Heals = slices.Clone(r.Heals)
 	r.Served = slices.Clone(r.Served)
 	r.Uncommitted = slices.Clone(r.Uncommitted)
+	r.Finished = slices.Clone(r.Finished)
 	return r
 }
 

@@ -47,7 +47,9 @@ type FTReport struct {
 	// UncommittedSteps is how many steps the survivors computed and threw
 	// away (a participant died in them): the steps lost to failures.
 	UncommittedSteps int `json:"uncommitted_steps"`
-	// Exhausted says why a failure ended the job (the budget was spent).
+	// Exhausted says why a failure ended the job: the budget was spent,
+	// or a replacement would be pointless (a deterministic failure, or no
+	// live rank left to heal from).
 	Exhausted string `json:"exhausted,omitempty"`
 }
 
@@ -75,6 +77,12 @@ type FTFailure struct {
 	HealedAt         *float64 `json:"healed_at_s,omitempty"`
 	TimeToHeal       *float64 `json:"time_to_heal_s,omitempty"`
 	JoinedAfterStart *float64 `json:"healed_after_start_s,omitempty"`
+	// FoundFinished says the replacement came after every holder of the
+	// job's last step had finished: it was told so (ErrFinished) and had
+	// nothing to heal into.
+	FoundFinished bool `json:"found_finished,omitempty"`
+	// own is the failure's own code (ownFailure).
+	own int
 }
 
 // ftRun is gorun's side of one fault-tolerant job; nil when the job is
@@ -172,17 +180,21 @@ func (f *ftRun) exited(j *liveJob, ev wire.Event) bool {
 		return false
 	}
 	why := fmt.Sprintf("exited with code %d", ev.Code)
-	rec := FTFailure{Rank: ev.Rank, Incarnation: inc, PID: ev.PID, Code: ev.Code, At: f.since(time.Now())}
+	rec := FTFailure{Rank: ev.Rank, Incarnation: inc, PID: ev.PID, Code: ev.Code, At: f.since(time.Now()), own: ownFailure(ev)}
 	if ev.Signal != 0 {
 		rec.Signal = unixSignalName(syscall.Signal(ev.Signal))
 		why = "killed by " + rec.Signal
 	}
 	f.srv.Lost(ev.Rank, inc, why)
-	if len(f.failures) >= f.maxFailures {
+	end := f.pointless(ev.Rank, inc, ownFailure(ev), why)
+	if end == "" && len(f.failures) >= f.maxFailures {
+		end = fmt.Sprintf("rank %d %s, failure %d of a budget of %d (--max-failures)", ev.Rank, why, len(f.failures)+1, f.maxFailures)
+	}
+	if end != "" {
 		rec.Action = "job ended"
 		f.failures = append(f.failures, rec)
-		f.exhausted = fmt.Sprintf("rank %d %s, failure %d of a budget of %d (--max-failures)", ev.Rank, why, len(f.failures), f.maxFailures)
-		j.log.Warn().Int("rank", ev.Rank).Int("max_failures", f.maxFailures).Msg("fault-tolerant: failure budget spent; ending the job")
+		f.exhausted = end
+		j.log.Warn().Int("rank", ev.Rank).Str("why", end).Msg("fault-tolerant: ending the job")
 		return false
 	}
 	rec.Action = "replaced"
@@ -206,6 +218,63 @@ func (f *ftRun) exited(j *liveJob, ev wire.Event) bool {
 	j.log.Warn().Int("rank", ev.Rank).Str("why", why).Int("incarnation", inc+1).Msg("fault-tolerant: rank failed; starting its replacement")
 	f.respawnGroupIfGone(j, ev.Rank)
 	return true
+}
+
+// ownFailure is how a failed rank ended by its own doing: its exit code,
+// or 128+signal for a signal the program raises on itself (a crash:
+// SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS); 0 for a
+// signal from outside (SIGKILL from the OOM killer, an operator, --inject
+// or gorun's kill of a frozen rank; SIGTERM, SIGINT, ...).
+func ownFailure(ev supervisorEvent) int {
+	switch syscall.Signal(ev.Signal) {
+	case 0:
+		return ev.Code
+	case syscall.SIGSEGV, syscall.SIGABRT, syscall.SIGBUS, syscall.SIGILL, syscall.SIGFPE, syscall.SIGTRAP, syscall.SIGSYS:
+		return 128 + ev.Signal
+	}
+	return 0
+}
+
+// pointless says why replacing rank r's failed incarnation inc would be
+// pointless, or "" when a replacement has a purpose; code is the
+// failure's own code (ownFailure: 0 for a signal from outside). Two
+// cases:
+//
+//   - a deterministic failure: the process failed by its own doing (an
+//     exit code or a crash, not a signal from outside) before it ever
+//     held the job's state, and either it was
+//     the rank's first process (a start-up error: bad arguments, a batch
+//     that does not divide, a missing module) or the process it replaced
+//     exited with the same code before it too held the state. A
+//     replacement runs the same program with the same arguments and
+//     would fail the same way, burning the whole --max-failures budget
+//     one replacement at a time while the job can never progress.
+//   - nothing to heal from: no live rank holds the job's last committed
+//     step (every holder died). A replacement would start from nothing,
+//     and a job that loses its state is a failed job, not a healed one.
+//
+// A failure by a signal from outside, or after the process held the
+// state, is replaced as usual: those are the failures fault tolerance is
+// for.
+func (f *ftRun) pointless(r, inc, code int, why string) string {
+	if !f.srv.StateLive() {
+		return fmt.Sprintf("rank %d %s and no live rank holds the job's state: a replacement would have nothing to heal from", r, why)
+	}
+	if code == 0 || f.srv.HeldState(r, inc) {
+		return ""
+	}
+	if inc == 0 {
+		return fmt.Sprintf("rank %d %s before it took part in a committed step: a start-up failure, which a replacement would repeat", r, why)
+	}
+	for i := len(f.failures) - 1; i >= 0; i-- {
+		if p := f.failures[i]; p.Rank == r {
+			if p.Incarnation == inc-1 && p.own == code && !f.srv.HeldState(r, inc-1) {
+				return fmt.Sprintf("rank %d %s before it healed, as the process it replaced did: a deterministic failure, which a further replacement would repeat", r, why)
+			}
+			break
+		}
+	}
+	return ""
 }
 
 // respawnGroupIfGone starts the next incarnation of rank r's replica group
@@ -264,6 +333,9 @@ func (f *ftRun) finish(rep *Report, err error) error {
 				}
 			}
 		}
+		for _, fin := range rec.Finished {
+			x.FoundFinished = x.FoundFinished || fin.Replica == x.Rank && fin.Incarnation == x.Incarnation+1
+		}
 	}
 	if rep != nil {
 		rep.FaultTolerance = &FTReport{
@@ -272,21 +344,22 @@ func (f *ftRun) finish(rep *Report, err error) error {
 		}
 	}
 	if err != nil && f.exhausted != "" {
-		return &FTBudgetError{Why: f.exhausted, Err: err}
+		return &FTStopError{Why: f.exhausted, Err: err}
 	}
 	return err
 }
 
-// FTBudgetError ends a fault-tolerant job whose failure budget was spent:
-// Why names the failure that found it spent; Err is the job's failure as
-// usual (it carries the exit code).
-type FTBudgetError struct {
+// FTStopError ends a fault-tolerant job that a failure stopped: Why names
+// the failure and why it was not replaced (the budget was spent, or a
+// replacement would be pointless); Err is the job's failure as usual (it
+// carries the exit code).
+type FTStopError struct {
 	Why string
 	Err error
 }
 
-func (e *FTBudgetError) Error() string {
+func (e *FTStopError) Error() string {
 	return "launcher: --fault-tolerant: " + e.Why + "; the job was stopped: " + e.Err.Error()
 }
 
-func (e *FTBudgetError) Unwrap() error { return e.Err }
+func (e *FTStopError) Unwrap() error { return e.Err }

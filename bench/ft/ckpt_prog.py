@@ -21,6 +21,8 @@ import sys  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+ftmodel.event("torch", replica=ftmodel.replica_id())
+
 
 def main():
     steps = int(sys.argv[1])

@@ -13,9 +13,12 @@ gorun --max-restarts from a checkpoint), so their figures compare:
   process from dying again at the same step;
 - the report: one JSON object per line on stdout, prefixed "FTEV ", with
   the wall-clock time t: {"ev": "start"} as the program's very first act
-  (before torch is imported), {"ev": "ready"} once torch is imported and
+  (before torch is imported), {"ev": "torch"} once torch (and the
+  framework's package, for torchft) is imported, {"ev": "ready"} once torch is imported and
   the model built, just before the framework joins (its Manager, its
-  process group), {"ev": "step", "step": S, "committed": bool,
+  process group), {"ev": "joined"} once it has (gorun.ft also reports
+  {"ev": "gorun"}, gorun.ft imported, and {"ev": "quorum"}, its first
+  start_quorum returned), {"ev": "step", "step": S, "committed": bool,
   "participants": N} after every step attempt, {"ev": "done", "digest": D}
   at the end, D being the SHA-256 of the parameters and optimizer state.
   A fault-tolerant replica ends at step N or later, in the first step all

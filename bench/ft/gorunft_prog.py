@@ -18,7 +18,11 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
+ftmodel.event("torch", replica=ftmodel.replica_id())
+
 import gorun.ft  # noqa: E402
+
+ftmodel.event("gorun", replica=ftmodel.replica_id())
 
 
 def main():
@@ -36,6 +40,8 @@ def main():
     ftmodel.event("ready", replica=ftmodel.replica_id())
     m = gorun.ft.Manager(state_dict=state_dict, load_state_dict=load_state_dict)
     replica = m.replica
+    ftmodel.event("joined", replica=replica)
+    first = True
     deadline = time.monotonic() + ftmodel.WAIT_S
     while True:
         try:
@@ -43,6 +49,9 @@ def main():
         except gorun.ft.JobFinished:
             ftmodel.event("late", replica=replica)
             break
+        if first:
+            ftmodel.event("quorum", replica=replica, healed=q.healed)
+            first = False
         step = m.current_step()
         opt.zero_grad()
         tokens, labels = ftmodel.batch(replica, step)

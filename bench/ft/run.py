@@ -29,6 +29,23 @@ Each program reports JSON events (bench/ft/ftmodel.py); the figures:
   stall_s    the longest a survivor went between two committed steps
   equal      every replica's final parameters and optimizer state hash alike
 
+and where a replacement's heal_s goes, phase by phase (medians over the
+failures; a phase a mode does not report is "-"):
+
+  import     process start to torch imported (torchft: and torchft)
+  gorun      gorun.ft imported (libgorun is loaded later, by the Manager)
+  build      the model and optimizer built
+  join       the framework's Manager made (gorun: libgorun loaded, the
+             quorum service reached; torchft: its store, manager server,
+             process group and DDP wrapper)
+  quorum     gorun: the first start_quorum (waiting for the survivors' next
+             quorum, then the heal)
+  step       from there to the first committed step (torchft: its quorum
+             and heal run inside this step)
+
+Each run also records the 1-minute load average at its start: the machine
+is shared, and the replacement's import competes with whatever else runs.
+
     python3 bench/ft/run.py --modes torchft,ft,ckpt --runs 3 --steps 600 --kills 1:110,2:370
 
 Rounds alternate the modes, so each sees the same load; prints the medians
@@ -176,6 +193,7 @@ def figures(events, wall, steps, kills):
         r = next((e["replica"] for e in evs if "replica" in e), None)
         replicas.setdefault(r, []).append(evs)
     lost, stall, heal, join, down, digests = 0, 0.0, [], [], [], {}
+    phases = {k: [] for k in PHASES}
     kill_events = sorted((e["t"], e["replica"]) for e in events if e["ev"] == "kill")
     for r, incs in replicas.items():
         for evs in incs:
@@ -199,6 +217,8 @@ def figures(events, wall, steps, kills):
                     down.append(first - t_kill)
                     if ready is not None:
                         join.append(first - ready)
+                    for k, v in phase_times(evs, start, first).items():
+                        phases[k].append(v)
                 break
         if r in killed:
             continue
@@ -214,7 +234,28 @@ def figures(events, wall, steps, kills):
         "join_s": statistics.median(join) if join else None,
         "down_s": statistics.median(down) if down else None,
         "heals": len(heal), "done": done, "equal": done > 0 and len(set(digests.values())) == 1,
+        "phases": {k: statistics.median(v) for k, v in phases.items() if v},
     }
+
+
+PHASES = ("import", "gorun", "build", "join", "quorum", "step")
+
+
+def phase_times(evs, start, first):
+    """A replacement's heal_s cut at the events it reported (see the module
+    doc): each phase from the previous reported event to its own."""
+    at = {}
+    for e in evs:
+        at.setdefault(e["ev"], e["t"])
+    marks = [("import", at.get("torch")), ("gorun", at.get("gorun")), ("build", at.get("ready")),
+             ("join", at.get("joined")), ("quorum", at.get("quorum")), ("step", first)]
+    out, prev = {}, start
+    for k, t in marks:
+        if t is None:
+            continue
+        out[k] = t - prev
+        prev = t
+    return out
 
 
 def main():
@@ -257,6 +298,7 @@ def main():
                 marks, ckdir = os.path.join(work, "marks"), os.path.join(work, "ckpt")
                 os.makedirs(marks)
                 os.makedirs(ckdir)
+                load = os.getloadavg()[0]
                 try:
                     with open(os.path.join(logdir, "%s-%d.log" % (m, i)), "w") as log:
                         if m == "torchft":
@@ -266,6 +308,7 @@ def main():
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
                 f = figures(events, wall, a.steps, kills)
+                f["load"] = load
                 results[m].append(f)
                 print("run %d %-8s %s" % (i, m, json.dumps(f, sort_keys=True)), flush=True)
     finally:
@@ -289,6 +332,7 @@ def reread(path):
         for i, old in enumerate(doc["results"][m]):
             with open(os.path.join(a.keep, "%s-%d.log" % (m, i)), errors="replace") as log:
                 f = figures(parse_events(log), old["total_s"], a.steps, kills)
+            f["load"] = old.get("load")
             results[m].append(f)
             print("run %d %-8s %s" % (i, m, json.dumps(f, sort_keys=True)))
     report(a, modes, results)
@@ -309,6 +353,16 @@ def report(a, modes, results):
         eq = all(f["equal"] for f in results[m])
         print("%-8s %9s %6s %8s %8s %8s %8s %6s" % (m, *(fmt(med[m][k]) for k in
                                                        ("total_s", "lost", "heal_s", "join_s", "down_s", "stall_s")), eq))
+    print("\nwhere a replacement's heal_s goes (medians over runs of each run's median)")
+    print("%-8s %8s %8s %8s %8s %8s %8s %8s" % ("mode", *PHASES, "load"))
+    for m in modes:
+        row = []
+        for k in PHASES:
+            vals = [f["phases"][k] for f in results[m] if k in f.get("phases", {})]
+            row.append(statistics.median(vals) if vals else None)
+        loads = [f["load"] for f in results[m] if f.get("load") is not None]
+        row.append(statistics.median(loads) if loads else None)
+        print("%-8s %8s %8s %8s %8s %8s %8s %8s" % (m, *(fmt(v) for v in row)))
     if "torchft" in modes:
         for m in modes:
             if m == "torchft":

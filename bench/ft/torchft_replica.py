@@ -28,6 +28,8 @@ import torch  # noqa: E402
 from torch.distributed import TCPStore  # noqa: E402
 from torchft import DistributedDataParallel, Manager, ProcessGroupGloo  # noqa: E402
 
+ftmodel.event("torch", replica=int(sys.argv[1]))
+
 
 def main():
     replica, steps = int(sys.argv[1]), int(sys.argv[2])
@@ -59,6 +61,7 @@ def main():
         connect_timeout=timeout,
     )
     ddp = DistributedDataParallel(manager, model)
+    ftmodel.event("joined", replica=replica)
     replicas = int(os.environ["FT_REPLICAS"])
     deadline = time.monotonic() + ftmodel.WAIT_S
     while True:

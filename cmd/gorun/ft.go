@@ -35,6 +35,8 @@ func writeFTSummary(w io.Writer, r *launcher.FTReport) {
 			if f.JoinedAfterStart != nil {
 				fmt.Fprintf(&b, " (%.3fs after its start)", *f.JoinedAfterStart)
 			}
+		} else if f.FoundFinished {
+			b.WriteString(", which found the job finished (the others had left: nothing to heal into) and exited")
 		} else if f.Action == "replaced" {
 			b.WriteString(", never healed")
 		}

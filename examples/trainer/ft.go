@@ -331,6 +331,7 @@ func runFT(ctx context.Context, o options, log zerolog.Logger, out io.Writer) er
 			time.Sleep(o.stepSleep)
 		}
 	}
+	cr.at("done", 0)
 	fmt.Fprintf(out, "replica %d incarnation %d steps %d state %016x\n", mgr.Replica(), mgr.Incarnation(), mgr.Step(), t.digest())
 	return mgr.Close()
 }
@@ -339,13 +340,17 @@ func runFT(ctx context.Context, o options, log zerolog.Logger, out io.Writer) er
 // and measure what the fault-tolerant path does with a death at a point
 // no outside fault can reach precisely. WHERE:rank=R[:incarnation=I][:step=N]
 // with WHERE one of reduce (after step N's all-reduce, before the vote: a
-// death inside a step), load (receiving a heal) or save (serving a heal).
+// death inside a step), load (receiving a heal), save (serving a heal) or
+// done (after the last step committed, before the final line).
 // Incarnation defaults to 0, so the replacement does not crash again.
-// Several, comma-separated, make a list (crashes).
+// exit=N makes the process exit with code N instead (its own error, as a
+// deterministic failure would). Several, comma-separated, make a list
+// (crashes).
 type crash struct {
 	where       string
 	rank, inc   int
 	step        int64
+	exit        int
 	replica, me int // this process's replica id and incarnation
 }
 
@@ -377,8 +382,8 @@ func (cs crashes) at(where string, step int64) {
 func parseCrash(spec string) (*crash, error) {
 	parts := strings.Split(spec, ":")
 	c := &crash{where: parts[0], rank: -1}
-	if c.where != "reduce" && c.where != "load" && c.where != "save" {
-		return nil, fmt.Errorf("trainer: --crash %q: want reduce, load or save first", spec)
+	if c.where != "reduce" && c.where != "load" && c.where != "save" && c.where != "done" {
+		return nil, fmt.Errorf("trainer: --crash %q: want reduce, load, save or done first", spec)
 	}
 	for _, p := range parts[1:] {
 		k, v, _ := strings.Cut(p, "=")
@@ -393,8 +398,10 @@ func parseCrash(spec string) (*crash, error) {
 			c.inc = n
 		case "step":
 			c.step = int64(n)
+		case "exit":
+			c.exit = n
 		default:
-			return nil, fmt.Errorf("trainer: --crash %q: unknown key %q (rank, incarnation, step)", spec, k)
+			return nil, fmt.Errorf("trainer: --crash %q: unknown key %q (rank, incarnation, step, exit)", spec, k)
 		}
 	}
 	if c.rank < 0 || (c.where == "reduce" && c.step < 1) {
@@ -408,6 +415,10 @@ func parseCrash(spec string) (*crash, error) {
 func (c *crash) at(where string, step int64) {
 	if c == nil || c.where != where || c.rank != c.replica || c.inc != c.me || (where == "reduce" && step != c.step) {
 		return
+	}
+	if c.exit > 0 {
+		fmt.Fprintf(os.Stderr, "trainer: --crash %s: exiting with code %d\n", c.where, c.exit)
+		os.Exit(c.exit)
 	}
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {} // the signal is on its way

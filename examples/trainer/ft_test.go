@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -324,5 +325,110 @@ func TestFTHSDPGroupReplaced(t *testing.T) {
 	}
 	if !healed[0] || !healed[1] || len(healed) != 2 {
 		t.Errorf("heals %+v, want ranks 0 and 1", ft.Quorum.Heals)
+	}
+}
+
+// TestFTStartupFailureEndsJob: a deterministic configuration error (the
+// global batch 16 does not divide by 3 ranks) is not retried: the first
+// rank's failure ends the job at once, naming its error, instead of
+// replacing ranks one at a time until the budget is spent.
+func TestFTStartupFailureEndsJob(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, []string{"--max-failures", "5"}, "--batch", "16")
+	if r.code == 0 {
+		t.Fatalf("gorun exited 0 on a configuration error\nstderr:\n%s", r.stderr)
+	}
+	if !strings.Contains(r.stderr, "global batch 16 must be a multiple of the 3 ranks") || !strings.Contains(r.stderr, "start-up failure") {
+		t.Errorf("stderr does not name the rank's error and why the job ended:\n%s", r.stderr)
+	}
+	f := r.report.FaultTolerance.Failures
+	if len(f) != 1 || f[0].Action != "job ended" || f[0].Incarnation != 0 {
+		t.Errorf("report's failures: %+v, want one, the first process's, ending the job (no replacement)", f)
+	}
+}
+
+// TestFTDeterministicReplacementFailureEndsJob: rank 1 is killed mid-
+// training and replaced (an outside fault); its replacement exits with
+// code 3 while healing, is replaced once more, and the next one exits the
+// same way before it healed: that is a deterministic failure, and the job
+// ends then, with budget left, instead of retrying it.
+func TestFTDeterministicReplacementFailureEndsJob(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, []string{"--max-failures", "10"},
+		"--crash", "reduce:rank=1:step=3,load:rank=1:incarnation=1:exit=3,load:rank=1:incarnation=2:exit=3")
+	if r.code == 0 || !strings.Contains(r.stderr, "deterministic failure") {
+		t.Fatalf("gorun exited %d; want the job ended on a deterministic failure\nstderr:\n%s", r.code, r.stderr)
+	}
+	var acts []string
+	for _, x := range r.report.FaultTolerance.Failures {
+		acts = append(acts, fmt.Sprintf("%d/%d %s", x.Rank, x.Incarnation, x.Action))
+	}
+	if want := []string{"1/0 replaced", "1/1 replaced", "1/2 job ended"}; !slices.Equal(acts, want) {
+		t.Errorf("failures %q, want %q", acts, want)
+	}
+}
+
+// TestFTExitAfterCommitReplaced: a rank that exits with its own error code
+// in the middle of training (after it committed steps) is replaced and
+// healed like a killed one: only failures before a process held the job's
+// state count as deterministic.
+func TestFTExitAfterCommitReplaced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, nil, "--crash", "reduce:rank=1:step=4:exit=3")
+	checkHealed(t, r, 0, 2)
+	if f := r.report.FaultTolerance.Failures; len(f) != 1 || f[0].Action != "replaced" {
+		t.Errorf("report's failures: %+v, want rank 1 replaced", f)
+	}
+}
+
+// TestFTLateReplacementFindsJobFinished: rank 1 dies after the last step
+// was committed; its replacement finds the others finished, is told so
+// (ft.ErrFinished), says it and exits 0, and the job succeeds with the
+// survivors' final states; gorun's report says what happened to it.
+func TestFTLateReplacementFindsJobFinished(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, nil, "--crash", "done:rank=1")
+	if r.code != 0 {
+		t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.stderr)
+	}
+	if r.final[0] == nil || r.final[2] == nil || r.final[0][3] != r.final[2][3] || r.final[0][2] != strconv.Itoa(ftSteps) {
+		t.Errorf("survivors' final states %v and %v, want both at step %d and equal", r.final[0], r.final[2], ftSteps)
+	}
+	if !slices.ContainsFunc(r.lines[1], func(l string) bool {
+		return strings.HasPrefix(l, "replica 1 incarnation 1: ft: the other replicas finished the job")
+	}) {
+		t.Errorf("the late replacement did not say it found the job finished:\n%s", r.out)
+	}
+	if !strings.Contains(r.stderr, "found the job finished") {
+		t.Errorf("gorun's summary does not say the replacement found the job finished:\n%s", r.stderr)
+	}
+}
+
+// TestFTEveryHolderDiedEndsJob: every replica dies in step 3, so no live
+// process holds the committed step 2: the replacements would have nothing
+// to heal from. The job fails, saying so, instead of replacements being
+// told the job finished and exiting 0 with the training lost.
+func TestFTEveryHolderDiedEndsJob(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and launches binaries")
+	}
+	r := runFTJob(t, []string{"--max-failures", "10"}, "--crash", "reduce:rank=0:step=3,reduce:rank=1:step=3,reduce:rank=2:step=3")
+	if r.code == 0 || !strings.Contains(r.stderr, "nothing to heal from") {
+		t.Fatalf("gorun exited %d; want the job ended with nothing to heal from\nstderr:\n%s", r.code, r.stderr)
+	}
+	// The service may learn of the others' deaths (their connections
+	// closing) before gorun reaps the first: the job ends at the first
+	// failure gorun handles after the last holder is gone.
+	f := r.report.FaultTolerance.Failures
+	if len(f) == 0 || f[len(f)-1].Action != "job ended" || len(r.report.FaultTolerance.Quorum.Heals) != 0 {
+		t.Errorf("report's failures %+v, heals %+v: want the last failure ending the job, no heal", f, r.report.FaultTolerance.Quorum.Heals)
 	}
 }

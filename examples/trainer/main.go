@@ -72,7 +72,7 @@ func parseFlags(args []string) (options, bool, error) {
 	fs.IntVar(&o.checkpointEvery, "checkpoint-every", 0, "with --checkpoint: write one every `N` steps (0: only when gorun's checkpoint signal arrives)")
 	fs.BoolVar(&o.faultTolerant, "fault-tolerant", false, "with --mode dp (or hsdp under gorun --fault-tolerant-group S) under gorun --fault-tolerant: a per-step quorum, steps committed only when every participant finished them, a replacement healed from the live replicas (every replica prints its steps and a state digest)")
 	fs.DurationVar(&o.stepSleep, "step-sleep", 0, "with --fault-tolerant: pause `DUR` after every committed step")
-	fs.StringVar(&o.crash, "crash", "", "with --fault-tolerant, for tests: kill this replica at `WHERE:rank=R[:incarnation=I][:step=N]`, WHERE reduce (after step N's all-reduce, before its commit vote), load (receiving a heal) or save (serving one); several comma-separated")
+	fs.StringVar(&o.crash, "crash", "", "with --fault-tolerant, for tests: kill this replica at `WHERE:rank=R[:incarnation=I][:step=N][:exit=C]`, WHERE reduce (after step N's all-reduce, before its commit vote), load (receiving a heal), save (serving one) or done (after the last step); exit=C exits with code C instead of SIGKILL; several comma-separated")
 	verbose := fs.Bool("v", false, "debug logging")
 	if err := fs.Parse(args); err != nil {
 		return o, false, err
@@ -118,6 +118,12 @@ func mainErr(args []string) int {
 			return 2
 		}
 		if err := runFT(ctx, o, log, os.Stdout); err != nil {
+			if ctx.Err() != nil {
+				// gorun stopped this replica (the job ended): what it
+				// was doing failed for that reason alone.
+				fmt.Fprintln(os.Stderr, "trainer: stopped by a signal")
+				return 1
+			}
 			fmt.Fprintf(os.Stderr, "trainer: %s\n", strings.TrimPrefix(err.Error(), "trainer: "))
 			return 1
 		}

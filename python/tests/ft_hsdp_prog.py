@@ -111,7 +111,16 @@ def main():
     deadline = time.monotonic() + WAIT_S
     seen_heal = False
     while True:
-        q = m.start_quorum()
+        try:
+            q = m.start_quorum()
+        except gorun.ft.JobFinished as e:
+            # A replacement that came after every other replica finished:
+            # nothing to heal into; the job's result is theirs.
+            sys.stderr.write("replica %d incarnation %d: %s\n" % (r, m.incarnation, e))
+            say(r, "FINISHED inc=%d" % m.incarnation)
+            m.close()
+            sys.stdout.flush()
+            os._exit(0)
         seen_heal = seen_heal or q.healed or q.sources > 0
         step = m.current_step()
         say(r, "QUORUM step=%d id=%d parts=%s healed=%s digest=%s" % (

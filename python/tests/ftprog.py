@@ -14,6 +14,9 @@ Every replica prints, one line each ("RANK r: ..."):
                                    quorum was not what its participants add up to
   DONE step=S digest=D             at the end: at step STEPS or later, in
                                    the first quorum of every replica
+  FINISHED inc=I                   a replacement that came after the others
+                                   finished (gorun.ft.JobFinished, said on
+                                   stderr); exits 0
 
 CASE picks the failures the program brings on itself (the launcher's
 --inject brings the others), once per job (a marker file in FT_MARKS):
@@ -23,6 +26,11 @@ CASE picks the failures the program brings on itself (the launcher's
              not be committed
   source     replica 0 dies inside state_dict, i.e. while it serves a heal
   healer     a replica dies inside load_state_dict, i.e. while it heals
+  lastdie    replica 1 dies after DONE: its replacement finds the job
+             finished
+  badbatch   a configuration error: every replica raises ValueError at
+             start (a global batch of 16 that does not divide by the
+             replicas), which a replacement would repeat
   ddp        (not a failure) gradients go through gorun.ft's
              DistributedDataParallel (gorun.torch's ddp mode over the
              quorum) instead of Manager.allreduce_grads
@@ -125,11 +133,22 @@ def main():
     ddp = gorun.ft.DistributedDataParallel(m, model) if "ddp" in CASES else None
     r = m.replica
     say(r, "START inc=%d" % m.incarnation)
+    if "badbatch" in CASES and 16 % m.replicas:
+        raise ValueError("global batch 16 does not divide by %d replicas" % m.replicas)
     check_no_groups(m, r)
     deadline = time.monotonic() + WAIT_S
     seen_group = None
     while True:
-        q = m.start_quorum()
+        try:
+            q = m.start_quorum()
+        except gorun.ft.JobFinished as e:
+            # A replacement that came after every other replica finished:
+            # nothing to heal into; the job's result is theirs.
+            sys.stderr.write("replica %d incarnation %d: %s\n" % (r, m.incarnation, e))
+            say(r, "FINISHED inc=%d" % m.incarnation)
+            m.close()
+            sys.stdout.flush()
+            os._exit(0)
         step = m.current_step()
         say(r, "QUORUM step=%d id=%d parts=%s healed=%s digest=%s" % (
             step, q.id, ",".join(map(str, q.participants)), q.healed, digest(model, opt)))
@@ -169,6 +188,8 @@ def main():
                                                                                        m.current_step()))
             sys.exit(1)
     say(r, "DONE step=%d digest=%s" % (m.current_step(), digest(model, opt)))
+    if "lastdie" in CASES and r == 1 and once("lastdie"):
+        os.kill(os.getpid(), signal.SIGKILL)
     m.close()
     sys.stdout.flush()
     os._exit(0)

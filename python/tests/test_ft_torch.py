@@ -3,13 +3,18 @@
 - heal: a replica killed by gorun (--inject kill:...:after-steps) is restarted
   and heals from the live ones: at its first quorum its parameters and
   optimizer state are bitwise the survivors' at that step, and every replica
-  ends with the same digest;
+  ends with the same digest; killed again after its last step, its next
+  replacement finds the job finished;
 - quorum: a step in which a participant died after its allreduce, before its
   vote, is committed nowhere;
 - survivors lose no steps: each commits steps 1, 2, 3, ... with no step
   committed twice or rolled back, and fails at most the step a death fell in;
 - a kill of a heal's source, and a kill of the healing replica, inside the
   heal: the heal is retried and ends bitwise equal;
+- a deterministic start-up error ends the job at once, naming it, instead of
+  replacing replicas until the failure budget is spent;
+- a replacement that comes after the others finished is told so
+  (gorun.ft.JobFinished), says it and exits 0 (in the heal test);
 - every step, a bfloat16 sum and a float32 average come out as exactly the
   quorum's participants add up to (ftprog prints FAIL otherwise).
 
@@ -26,7 +31,7 @@ PROG = os.path.join(os.path.dirname(__file__), "ftprog.py")
 NP = 3
 
 
-def run(launcher, tmp_path, case, steps, inject=(), at=4, timeout=150):
+def run(launcher, tmp_path, case, steps, inject=(), at=4, timeout=150, gorun_flags=()):
     marks = tmp_path / "marks"
     marks.mkdir()
     env = dict(os.environ)
@@ -36,7 +41,7 @@ def run(launcher, tmp_path, case, steps, inject=(), at=4, timeout=150):
     env["FT_AT"] = str(at)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONWARNINGS"] = "ignore"
-    flags = []
+    flags = list(gorun_flags)
     for spec in inject:
         flags += ["--inject", spec]
     cmd = [launcher.gorun, "-np", str(NP), "--fault-tolerant", "--timeout", "%ds" % timeout, *flags,
@@ -94,8 +99,17 @@ def check_job(code, out, steps, died, deaths):
 
 
 def test_heal_after_kill_is_bitwise_equal(launcher, tmp_path):
-    code, out = run(launcher, tmp_path, "plain", 12, inject=["kill:rank=1:after-steps=4"])
-    check_job(code, out, 12, died={1}, deaths=1)
+    # Then (lastdie) the healed replica 1 dies after its last step: by the
+    # time its next replacement has imported torch the others have
+    # finished, so it is told JobFinished, says so and exits 0, and the
+    # job succeeds.
+    code, out = run(launcher, tmp_path, "plain,lastdie", 12, inject=["kill:rank=1:after-steps=4"])
+    check_job(code, out, 12, died={1}, deaths=2)
+    tail = out[-6000:]
+    fin = lines(out, "FINISHED")
+    assert [r for r, _ in fin] == [1] and fin[0][1]["inc"] == "2", ("the late replacement did not finish cleanly", tail)
+    assert "the other replicas finished the job" in out, tail
+    assert "found the job finished" in out, tail
 
 
 def test_step_a_participant_died_in_is_not_committed(launcher, tmp_path):
@@ -132,3 +146,16 @@ def test_kill_of_heal_source_and_of_healer(launcher, tmp_path):
     check_job(code, out, 10, died={0, 1}, deaths=3)
     assert "RANK 0: DYING serving a heal" in out, out[-6000:]
     assert "RANK 1: DYING healing" in out, out[-6000:]
+
+
+def test_startup_error_ends_the_job(launcher, tmp_path):
+    # Every replica raises the same configuration error at start: gorun
+    # ends the job at the first failure, with budget left, and no
+    # replacement is started.
+    code, out = run(launcher, tmp_path, "badbatch", 10, gorun_flags=["--max-failures", "5"])
+    tail = out[-6000:]
+    assert code != 0, tail
+    assert "ValueError: global batch 16 does not divide by 3 replicas" in out, tail
+    assert "start-up failure" in out, tail
+    incs = {kv["inc"] for _, kv in lines(out, "START")}
+    assert incs <= {"0"}, ("a replacement was started for a start-up error", incs, tail)

@@ -158,6 +158,10 @@ func matrix() []row {
 	// starts on the dead rank's host.
 	rows = append(rows, row{mode: "hosts", fault: "kill", phase: "ft-large", np: 3, victim: 2, args: []string{"--fault-tolerant"},
 		run: time.Second, complete: true, extra: healedOnce})
+	// A lost host still ends a fault-tolerant job (no spare host takes
+	// over its ranks): named as the lost host, no hang, no orphan.
+	rows = append(rows, row{mode: "hosts", fault: "kill-host", phase: "ft-large", np: 3, victim: 2, args: []string{"--fault-tolerant"},
+		run: 2 * time.Second, inject: []string{"kill-host:host=HOST2:after-steps=2"}, cause: []string{"lost host"}, code: 255})
 	// kill with a restart left: the job completes with the right result.
 	for _, ph := range []string{"large", "bucket", "formation"} {
 		rows = append(rows, row{mode: "gorun", fault: "kill", phase: ph, np: 3, victim: 1, restarts: 1, complete: true, ci: ph == "bucket"})
