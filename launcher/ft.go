@@ -225,7 +225,7 @@ func (f *ftRun) exited(j *liveJob, ev wire.Event) bool {
 // SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS); 0 for a
 // signal from outside (SIGKILL from the OOM killer, an operator, --inject
 // or gorun's kill of a frozen rank; SIGTERM, SIGINT, ...).
-func ownFailure(ev supervisorEvent) int {
+func ownFailure(ev wire.Event) int {
 	switch syscall.Signal(ev.Signal) {
 	case 0:
 		return ev.Code
