@@ -142,6 +142,11 @@ bench-rdzvscale: ## in-process host-leader formation at 64, 256, 1,024 and 4,096
 bench-pmiscale: ## a real MPICH program's PMI start-up over HOSTS×PER simulated hosts (32×4): gets that reach gorun and bytes it sends, batched answers vs one key per answer
 	flock /tmp/gorun-bench.lock scripts/bench-pmiscale.sh
 
+# The scale simulation (sim/, bench/simscale).
+.PHONY: sim-scale
+sim-scale: ## the scale MODEL: costs measured from the real code here, calibration (real in-process runs beside the model), the 1,000×8 table against the targets (HOSTS, PER, ROUNDS, CALIBRATE; COSTS_OUT=FILE keeps the costs)
+	flock /tmp/gorun-bench.lock scripts/sim-scale.sh
+
 clean: uninstall-python ## remove build outputs (and what make python installed)
 	rm -rf $(BIN)
 

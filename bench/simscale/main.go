@@ -1,0 +1,212 @@
+// Command simscale runs the discrete-event model of package sim: gorun's
+// formation, failure detection, launch and PMI fence at scale, with costs
+// measured for the real code on this machine.
+//
+//	go run ./bench/simscale -measure -costs-out costs.json   # measure costs
+//	go run ./bench/simscale -costs costs.json -calibrate 4x4,8x4,16x4,32x4 -hosts 1000 -per 8
+//
+// It prints the costs and where each came from, a calibration table (the
+// real code in one process on this machine's cores beside the model with
+// every host on one shared CPU of as many cores, and the margin), and the
+// table at -hosts × -per against gorun's targets. The model is a model:
+// the protocols are restated event by event (package sim's doc), not run
+// under a virtual clock.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorun-hpc/gorun/sim"
+)
+
+type options struct {
+	measure             bool
+	costsIn, costsOut   string
+	gorunBin, rss       string
+	rounds              int
+	calibrate           string
+	sharedCores         int
+	margin, sensitivity float64
+	hosts, per, cores   int
+	latency, spread     time.Duration
+	bandwidth           float64
+	seed                uint64
+	launcherCores       int
+	skipScale, verbose  bool
+}
+
+func main() {
+	var o options
+	flag.BoolVar(&o.measure, "measure", false, "measure the costs from the real code first (else read -costs)")
+	flag.StringVar(&o.costsIn, "costs", "sim/testdata/costs.json", "costs file to read when not measuring")
+	flag.StringVar(&o.costsOut, "costs-out", "", "write the measured costs here")
+	flag.StringVar(&o.gorunBin, "gorun", "bin/gorun", "gorun binary (agent start cost)")
+	flag.StringVar(&o.rss, "rss", "", "gorun's VmRSS at several -np, as np:KB,np:KB,... (launcher memory per rank)")
+	flag.IntVar(&o.rounds, "rounds", 3, "real runs per measurement and calibration row (median)")
+	flag.StringVar(&o.calibrate, "calibrate", "4x4,8x4,16x4,32x4", "HOSTSxPER shapes run both for real and in the model (empty: none)")
+	flag.IntVar(&o.sharedCores, "shared-cores", 2, "cores of the one CPU every host shares in calibration runs")
+	flag.Float64Var(&o.margin, "margin", 2, "accepted calibration margin: model/real within [1/m, m]")
+	flag.Float64Var(&o.sensitivity, "sensitivity", 2, "also run formation with every CPU cost multiplied by this (1: not)")
+	flag.IntVar(&o.hosts, "hosts", 1000, "hosts of the scale table")
+	flag.IntVar(&o.per, "per", 8, "ranks per host of the scale table")
+	flag.IntVar(&o.cores, "cores", 8, "cores per host in the scale table")
+	flag.DurationVar(&o.latency, "latency", 50*time.Microsecond, "one-way latency between hosts")
+	flag.Float64Var(&o.bandwidth, "bandwidth", 1.25e9, "bytes per second of each host's link (10 Gb/s)")
+	flag.DurationVar(&o.spread, "spread", time.Second, "ranks start spread over this window in the scale table")
+	flag.Uint64Var(&o.seed, "seed", 1, "random seed of the model")
+	flag.IntVar(&o.launcherCores, "launcher-cores", 8, "cores of the node gorun runs on")
+	flag.BoolVar(&o.skipScale, "no-scale", false, "skip the scale table")
+	flag.BoolVar(&o.verbose, "v", false, "print each measurement")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "simscale:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	fmt.Println("simscale: a MODEL of gorun's protocols (package sim), costs measured from the real code on this machine")
+	costs, err := loadOrMeasure(o)
+	if err != nil {
+		return err
+	}
+	printCosts(costs)
+	if o.calibrate != "" {
+		if err := calibrate(o, costs); err != nil {
+			return err
+		}
+	}
+	if o.skipScale {
+		return nil
+	}
+	return scaleTable(o, costs)
+}
+
+func loadOrMeasure(o options) (sim.Costs, error) {
+	if !o.measure {
+		return sim.LoadCosts(o.costsIn)
+	}
+	pts, err := parseRSS(o.rss)
+	if err != nil {
+		return sim.Costs{}, err
+	}
+	fmt.Printf("\nmeasuring costs (real rendezvous.Join in this process, median of %d runs each):\n", o.rounds)
+	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
+	c, err := measureCosts(o.rounds, o.gorunBin, pts, logf)
+	if err != nil {
+		return c, fmt.Errorf("measure: %w", err)
+	}
+	if o.costsOut != "" {
+		b, _ := json.MarshalIndent(c, "", "  ")
+		if err := os.WriteFile(o.costsOut, append(b, '\n'), 0o644); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+func parseRSS(s string) ([]rssPoint, error) {
+	if s == "" {
+		return nil, fmt.Errorf("-rss: need gorun's VmRSS at two or more -np (np:KB,...), from scripts/sim-scale.sh")
+	}
+	var pts []rssPoint
+	for _, f := range strings.Split(s, ",") {
+		a, b, ok := strings.Cut(f, ":")
+		np, err1 := strconv.Atoi(a)
+		kb, err2 := strconv.Atoi(b)
+		if !ok || err1 != nil || err2 != nil || np < 1 || kb < 1 {
+			return nil, fmt.Errorf("-rss: %q is not np:KB", f)
+		}
+		pts = append(pts, rssPoint{np, kb})
+	}
+	if len(pts) < 2 {
+		return nil, fmt.Errorf("-rss: %d points; need two or more -np", len(pts))
+	}
+	return pts, nil
+}
+
+func printCosts(c sim.Costs) {
+	fmt.Println("\ncosts (CPU time per occurrence; sizes in bytes):")
+	fmt.Printf("  packet %v, ping %d B, alive msg %d B, gone %d B\n", c.Packet, c.PingBytes, c.AliveBytes, c.GoneBytes)
+	fmt.Printf("  push-pull %v per end + %v per state byte; state %d B per member, %d B per attached rank\n", c.PushPull, c.StateByte, c.StateNodeBytes, c.StateRankBytes)
+	fmt.Printf("  leader start %v, attach %v, table entry %v (%d B)\n", c.LeaderStart, c.Attach, c.TableEntry, c.TableEntryBytes)
+	fmt.Printf("  ssh %v (wall %v), agent start %v, rank spawn %v, agent hello %v\n", c.SSH, c.SSHWall, c.AgentStart, c.RankSpawn, c.AgentHello)
+	fmt.Printf("  launcher memory %d B per rank (+ %d KB)\n", c.LauncherBytesPerRank, c.LauncherBase/1024)
+	keys := make([]string, 0, len(c.Source))
+	for k := range c.Source {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Printf("    %s: %s\n", k, c.Source[k])
+	}
+}
+
+// parseShape reads HOSTSxPER.
+func parseShape(s string) (int, int, error) {
+	a, b, ok := strings.Cut(strings.TrimSpace(s), "x")
+	h, err1 := strconv.Atoi(a)
+	p, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil || h < 1 || p < 2 {
+		return 0, 0, fmt.Errorf("shape %q is not HOSTSxPER (PER ≥ 2)", s)
+	}
+	return h, p, nil
+}
+
+// modelRun is one model run: formation, then a SIGKILLed attached rank,
+// then a silent host, as runReal does with the real code.
+type modelRun struct {
+	formation, cpu     time.Duration
+	rank, host         time.Duration
+	suspicion          time.Duration // from the silence to the first suspicion
+	rankMiss, hostMiss int
+	world              *sim.World
+	falseSusp          int64
+}
+
+func runModel(cfg sim.WorldConfig, detect bool) (modelRun, error) {
+	var m modelRun
+	w, err := sim.NewWorld(cfg)
+	if err != nil {
+		return m, err
+	}
+	m.world = w
+	w.StartAll()
+	w.Run(120*time.Second, w.FormedAll)
+	f, ok := w.Formation()
+	if !ok {
+		return m, fmt.Errorf("model %d×%d did not form in 120 s", cfg.Hosts, cfg.PerHost)
+	}
+	m.formation = f
+	for h := range cfg.Hosts {
+		m.cpu += w.Busy(h)
+		if cfg.SharedCores > 0 {
+			break // one CPU
+		}
+	}
+	if !detect {
+		return m, nil
+	}
+	t := w.Now() + 2*time.Second // settle, as runReal does
+	w.Run(t, nil)
+	w.ResetLost()
+	w.KillRank(cfg.PerHost + 1)
+	w.Run(t+30*time.Second, w.AllSurfaced)
+	m.rank, m.rankMiss = w.Surfaced(t)
+	t = w.Now() + time.Second
+	w.Run(t, nil)
+	w.ResetLost()
+	w.SilenceHost(cfg.Hosts / 2)
+	w.Run(t+30*time.Second, w.AllSurfaced)
+	m.host, m.hostMiss = w.Surfaced(t)
+	m.suspicion = w.FirstSuspicion() - t
+	m.falseSusp = w.Count.FalseSuspicions
+	return m, nil
+}

@@ -1,0 +1,123 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"reflect"
+	"time"
+)
+
+// Costs are the CPU times and sizes the model charges, each measured for
+// the real code on this machine (bench/simscale -measure; notes/scale-sim.md
+// says how each was obtained). Durations are CPU time per occurrence, in
+// nanoseconds in JSON.
+type Costs struct {
+	// Packet is the CPU time of one memberlist UDP packet, both ends
+	// (encrypt, send, receive, decrypt, decode, handle), charged half at
+	// the sender and half at the receiver. Measured: a formed host-leader
+	// world idle for a few seconds, process CPU ÷ packets.
+	Packet time.Duration `json:"packet_ns"`
+	// GossipMsg is the CPU time to apply one gossiped message at its
+	// receiver (memberlist's aliveNode and the World's NotifyJoin for a
+	// new member), beyond the packet's own cost.
+	GossipMsg time.Duration `json:"gossip_msg_ns"`
+	// PingBytes is the mean size of a probe packet (ping or ack) as it
+	// crosses the wire, encryption and label included.
+	PingBytes int `json:"ping_bytes"`
+	// AliveBytes is the size of one gossiped alive/suspect/dead message
+	// inside a gossip packet (memberlist packs several into one packet).
+	AliveBytes int `json:"alive_bytes"`
+	// GoneBytes is the size of the kindGone packet a leader sends every
+	// other leader when one of its ranks is lost.
+	GoneBytes int `json:"gone_bytes"`
+	// StateNodeBytes and StateRankBytes size a push-pull state: per gossip
+	// member (memberlist's node state with its metadata) and per attached
+	// rank (rendezvous's table entry in localStateLocked).
+	StateNodeBytes int `json:"state_node_bytes"`
+	StateRankBytes int `json:"state_rank_bytes"`
+	// StateByte is the CPU time per byte of push-pull state, charged at the
+	// end that encodes it and again at the end that decodes and merges it.
+	StateByte time.Duration `json:"state_byte_ns"`
+	// PushPull is the fixed CPU cost of one push-pull exchange at each end
+	// (a TCP stream, encryption set-up, headers).
+	PushPull time.Duration `json:"push_pull_ns"`
+	// Attach is the CPU time of one rank's start and attach to its leader
+	// (newWorld, the HMAC handshake both ways, the hello, the stream's
+	// goroutines), both ends together, charged half at the rank and half
+	// at the leader.
+	Attach time.Duration `json:"attach_ns"`
+	// LeaderStart is the CPU time of a leader's own set-up (newWorld,
+	// memberlist Create, the attach listener); an attached rank's set-up
+	// is part of Attach.
+	LeaderStart time.Duration `json:"leader_start_ns"`
+	// TableEntry is the CPU time per world-table entry, paid by the leader
+	// encoding the table once and by each attached rank decoding it
+	// (sendTableLocked, applyTable).
+	TableEntry time.Duration `json:"table_entry_ns"`
+	// TableEntryBytes is the size of one world-table entry on an attach
+	// stream.
+	TableEntryBytes int `json:"table_entry_bytes"`
+
+	// Launch. SSH is the CPU time of one ssh connection's key exchange and
+	// session (curve25519, the kex gorun asks for), charged half at each
+	// end; SSHWall its wall time with idle CPUs (round trips, process
+	// starts), of which the CPU part is SSH/2 per end.
+	SSH     time.Duration `json:"ssh_ns"`
+	SSHWall time.Duration `json:"ssh_wall_ns"`
+	// AgentStart is the CPU time for a host agent to start (exec of the
+	// gorun binary up to its hello); RankSpawn that of one rank's
+	// fork/exec by its agent.
+	AgentStart time.Duration `json:"agent_start_ns"`
+	RankSpawn  time.Duration `json:"rank_spawn_ns"`
+	// AgentHello is gorun's CPU time to accept one agent (connection,
+	// HMAC handshake, hello).
+	AgentHello time.Duration `json:"agent_hello_ns"`
+
+	// PMI: the bytes of a business card as MPICH puts it, of the release
+	// of a barrier to one host, and of the envelope of a batched answer.
+	PMICardBytes     int `json:"pmi_card_bytes"`
+	PMIReleaseBytes  int `json:"pmi_release_bytes"`
+	PMIEnvelopeBytes int `json:"pmi_envelope_bytes"`
+
+	// LauncherBytesPerRank is the launcher's resident memory per rank (the
+	// slope of gorun's RSS over -np), and LauncherBase its intercept.
+	LauncherBytesPerRank int `json:"launcher_bytes_per_rank"`
+	LauncherBase         int `json:"launcher_base_bytes"`
+
+	// Source says, per field, where its figure came from (free text).
+	Source map[string]string `json:"source,omitempty"`
+}
+
+// LoadCosts reads Costs from a JSON file and validates them.
+func LoadCosts(path string) (Costs, error) {
+	var c Costs
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return c, fmt.Errorf("sim: costs: %w", err)
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, fmt.Errorf("sim: costs %s: %w", path, err)
+	}
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("sim: costs %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Validate reports the first field that is not positive: every cost the
+// model charges must have been measured (a zero would be free CPU).
+func (c *Costs) Validate() error {
+	v := reflect.ValueOf(*c)
+	t := v.Type()
+	for i := range t.NumField() {
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.Int, reflect.Int64:
+			if f.Int() <= 0 {
+				return fmt.Errorf("field %s (%s) is %d, must be positive (measured)", t.Field(i).Name, t.Field(i).Tag.Get("json"), f.Int())
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,200 @@
+package sim
+
+import (
+	"testing"
+	"time"
+
+	"github.com/gorun-hpc/gorun/rendezvous"
+)
+
+// testCosts are the costs measured on the development machine
+// (testdata/costs.json, written by bench/simscale -measure).
+func testCosts(t *testing.T) Costs {
+	t.Helper()
+	c, err := LoadCosts("testdata/costs.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func testWorld(t *testing.T, hosts, per int, mutate func(*WorldConfig)) *World {
+	t.Helper()
+	cfg := WorldConfig{Hosts: hosts, PerHost: per, Cores: 4, Latency: 50 * time.Microsecond, Bandwidth: 1.25e9,
+		StartSpread: 200 * time.Millisecond, Rdzv: rendezvous.DefaultConfig(), Costs: testCosts(t), Seed: 7}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	w, err := NewWorld(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.StartAll()
+	w.Run(60*time.Second, w.FormedAll)
+	return w
+}
+
+// Every rank forms, every leader's view holds the whole world, and nobody
+// forms before it started or before its leader.
+func TestFormationEveryRankLearnsTheWorld(t *testing.T) {
+	const hosts, per = 40, 4
+	w := testWorld(t, hosts, per, nil)
+	f, ok := w.Formation()
+	if !ok {
+		t.Fatalf("not every rank formed by %v", w.Now())
+	}
+	if f <= 0 || f > 5*time.Second {
+		t.Errorf("formation %v after the last start, want (0, 5 s]", f)
+	}
+	for h := range hosts {
+		if got := w.ViewSize(h); got != hosts*per {
+			t.Errorf("host %d's leader counts %d ranks alive, want %d", h, got, hosts*per)
+		}
+		lead := w.FormedAt(h * per)
+		for i := range per {
+			r := h*per + i
+			if w.FormedAt(r) < w.StartedAt(r) {
+				t.Errorf("rank %d formed at %v before it started at %v", r, w.FormedAt(r), w.StartedAt(r))
+			}
+			if w.FormedAt(r) < lead {
+				t.Errorf("rank %d formed at %v before its leader at %v (the table comes from the leader)", r, w.FormedAt(r), lead)
+			}
+		}
+	}
+}
+
+// A SIGKILLed rank reaches every rank within a second; a silent host is
+// named by every rank after memberlist's suspicion and the World's doubt,
+// never before, and within the lease and a couple of probe rounds.
+func TestDetection(t *testing.T) {
+	const hosts, per = 40, 4
+	w := testWorld(t, hosts, per, nil)
+	rc := rendezvous.DefaultConfig()
+	t0 := w.Now() + time.Second
+	w.Run(t0, nil)
+	w.ResetLost()
+	w.KillRank(per + 1)
+	w.Run(t0+10*time.Second, w.AllSurfaced)
+	d, missing := w.Surfaced(t0)
+	if missing != 0 || d <= 0 || d > time.Second {
+		t.Errorf("killed rank: surfaced everywhere after %v with %d ranks missing; want within 1 s, none missing", d, missing)
+	}
+	t1 := w.Now() + time.Second
+	w.Run(t1, nil)
+	w.ResetLost()
+	w.SilenceHost(hosts / 2)
+	w.Run(t1+30*time.Second, w.AllSurfaced)
+	d, missing = w.Surfaced(t1)
+	lower := w.suspicionTimeout() + rc.GossipLease - rc.SuspicionTimeout
+	if missing != 0 || d < lower || d > rc.GossipLease+4*rc.ProbeInterval {
+		t.Errorf("silent host: named everywhere after %v with %d ranks missing; want in [%v, %v]", d, missing, lower, rc.GossipLease+4*rc.ProbeInterval)
+	}
+	if w.Count.FalseSuspicions != 0 {
+		t.Errorf("%d false suspicions among hosts with their own CPUs", w.Count.FalseSuspicions)
+	}
+}
+
+// The CPU queue: on one shared 2-core CPU formation cannot end before the
+// CPU time it charged fits on two cores; with free handlers it would.
+func TestCPUQueueDelaysHandlers(t *testing.T) {
+	shared := func(c *WorldConfig) { c.SharedCores, c.StartSpread = 2, 0 }
+	w := testWorld(t, 32, 4, shared)
+	f, ok := w.Formation()
+	if !ok {
+		t.Fatal("shared-CPU world did not form")
+	}
+	busy := w.Busy(0) // one CPU for all
+	if f < busy/2 {
+		t.Errorf("formation %v is shorter than the %v of CPU it charged spread over 2 cores: handlers ran for free", f, busy)
+	}
+	fw, err := NewWorld(WorldConfig{Hosts: 32, PerHost: 4, SharedCores: 2, Rdzv: rendezvous.DefaultConfig(), Costs: testCosts(t), Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw.SetFreeCPU()
+	fw.StartAll()
+	fw.Run(60*time.Second, fw.FormedAll)
+	ff, ok := fw.Formation()
+	if !ok || ff >= f {
+		t.Errorf("free CPU: formation %v (formed %v), want below the charged run's %v", ff, ok, f)
+	}
+}
+
+// A run is a function of its seed.
+func TestDeterministic(t *testing.T) {
+	a := testWorld(t, 16, 4, nil)
+	b := testWorld(t, 16, 4, nil)
+	fa, _ := a.Formation()
+	fb, _ := b.Formation()
+	if fa != fb || a.Events() != b.Events() || a.Count != b.Count {
+		t.Errorf("same seed, different runs: %v/%v, %d/%d events", fa, fb, a.Events(), b.Events())
+	}
+}
+
+// Events run in time order, and in scheduling order at one instant.
+func TestEventOrder(t *testing.T) {
+	s := NewSim(3)
+	var got []int
+	var last time.Duration
+	for i := range 200 {
+		at := time.Duration(s.rng.IntN(20)) * time.Millisecond
+		s.At(at, func() {
+			if s.Now() < last {
+				t.Fatalf("event %d at %v after one at %v", i, s.Now(), last)
+			}
+			last = s.Now()
+			got = append(got, i)
+		})
+	}
+	s.At(5*time.Millisecond, func() { s.After(0, func() { got = append(got, -1) }) })
+	s.Run(time.Second, nil)
+	if len(got) != 201 {
+		t.Fatalf("%d events ran, want 201", len(got))
+	}
+}
+
+func TestLaunchTreeAndPMI(t *testing.T) {
+	c := testCosts(t)
+	flat, err := Launch(LaunchConfig{Hosts: 1000, PerHost: 8, FanoutThreshold: -1, LauncherCores: 8, HostCores: 8, Latency: 50 * time.Microsecond, Costs: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree, err := Launch(LaunchConfig{Hosts: 1000, PerHost: 8, FanoutThreshold: 32, LauncherCores: 8, HostCores: 8, Latency: 50 * time.Microsecond, Costs: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tree.Direct != 32 || tree.ViaParents != 968 {
+		t.Errorf("tree: %d direct, %d via parents; want 32 and 968 (√N)", tree.Direct, tree.ViaParents)
+	}
+	if tree.LastRank >= flat.LastRank || tree.LauncherBusy >= flat.LauncherBusy {
+		t.Errorf("tree %v (launch node %v of CPU) not faster than flat %v (%v)", tree.LastRank, tree.LauncherBusy, flat.LastRank, flat.LauncherBusy)
+	}
+	small, big := PMIFence(c, 4, 8), PMIFence(c, 1000, 8)
+	if small.Release != big.Release || small.Neighbours != big.Neighbours {
+		t.Errorf("fence bytes per host grow with hosts: %+v vs %+v", small, big)
+	}
+	if wide := PMIFence(c, 4, 32); wide.Neighbours <= small.Neighbours {
+		t.Errorf("neighbours' cards do not grow with ranks per host: %d vs %d", wide.Neighbours, small.Neighbours)
+	}
+}
+
+func TestCostsValidate(t *testing.T) {
+	c := testCosts(t)
+	c.Packet = 0
+	if err := c.Validate(); err == nil {
+		t.Error("a zero packet cost passed validation")
+	}
+}
+
+// The relayed push (a modelled design change) still forms every rank, and
+// the seed sends less.
+func TestPushTreeFormsWithLessFromTheSeed(t *testing.T) {
+	flat := testWorld(t, 64, 4, nil)
+	tree := testWorld(t, 64, 4, func(c *WorldConfig) { c.PushTree = true })
+	if _, ok := tree.Formation(); !ok {
+		t.Fatal("relayed push: not every rank formed")
+	}
+	if a, b := flat.SentBytes(0, "pushpull"), tree.SentBytes(0, "pushpull"); b >= a {
+		t.Errorf("seed sent %d push-pull bytes relayed, %d directly; want fewer relayed", b, a)
+	}
+}
