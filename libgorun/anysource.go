@@ -94,7 +94,7 @@ func gorun_matcher_recv(m C.gorun_matcher_t, buf unsafe.Pointer, count C.size_t,
 		}
 		return ok()
 	}
-	*req = C.gorun_request_t(reg.addReq(&reqEntry{h: r, what: "recv from any source"}))
+	*req = C.gorun_request_t(reg.reqs.Add(&reqEntry{h: r, what: "recv from any source"}))
 	return ok()
 }
 
