@@ -100,6 +100,19 @@ func (t *Table[T]) Clear() {
 	clear(t.m)
 }
 
+// TakeAll removes every handle and returns the objects they named, in no
+// particular order, for a caller that must release each (a shutdown).
+func (t *Table[T]) TakeAll() []T {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	all := make([]T, 0, len(t.m))
+	for _, v := range t.m {
+		all = append(all, v)
+	}
+	clear(t.m)
+	return all
+}
+
 // Len is how many handles name an object now.
 func (t *Table[T]) Len() int {
 	t.mu.Lock()

@@ -69,6 +69,22 @@ func TestHandlesNeverReused(t *testing.T) {
 	}
 }
 
+func TestTakeAll(t *testing.T) {
+	tb := New[int]("matcher", "freed")
+	h := tb.Add(1)
+	tb.Add(2)
+	all := tb.TakeAll()
+	if len(all) != 2 || all[0]+all[1] != 3 || tb.Len() != 0 {
+		t.Fatalf("TakeAll = %v, Len after = %d", all, tb.Len())
+	}
+	if _, err := tb.Get(h); err == nil {
+		t.Fatalf("handle %d still names something after TakeAll", h)
+	}
+	if len(tb.TakeAll()) != 0 {
+		t.Fatal("TakeAll of an empty table returned objects")
+	}
+}
+
 // Of many callers taking one handle, exactly one gets the object (a double
 // free is refused, never run twice).
 func TestTakeOnce(t *testing.T) {
