@@ -3,10 +3,7 @@ package ft
 import (
 	"bufio"
 	"crypto/hkdf"
-	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gorun-hpc/gorun/internal/handshake"
 )
 
 // The service's connection. A replica dials the service and both sides
@@ -27,7 +26,8 @@ import (
 //	replica → service   <mac("replica")>\n
 //
 // mac(role) is HMAC-SHA256 keyed with DeriveKey's key over the role, the
-// protocol, the job, the replica, the incarnation and both nonces, so a
+// protocol, the job, the replica, the incarnation and both nonces, each
+// NUL-terminated (internal/handshake), so a
 // stranger can neither pose as the service nor as a replica, nor replay
 // an old handshake. Then JSON messages flow both ways, one per line
 // (message); the replica's first is its hello.
@@ -78,19 +78,11 @@ func DeriveKey(secret []byte, jobID string) ([]byte, error) {
 	return hkdf.Key(sha256.New, secret, []byte(jobID), KeyPurpose, 32)
 }
 
-func mac(key []byte, role, job string, replica, inc int, nonceA, nonceB string) string {
-	m := hmac.New(sha256.New, key)
-	for _, s := range []string{role, wireProto, job, strconv.Itoa(replica), strconv.Itoa(inc), nonceA, nonceB} {
-		m.Write([]byte(s))
-		m.Write([]byte{0})
-	}
-	return hex.EncodeToString(m.Sum(nil))
-}
-
-func nonce() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+// proofFields are what one side's proof of the key binds: its role
+// ("service" or "replica"), the protocol, the job, the replica, the
+// incarnation and both nonces.
+func proofFields(role, job string, replica, inc int, nonceA, nonceB string) []string {
+	return []string{role, wireProto, job, strconv.Itoa(replica), strconv.Itoa(inc), nonceA, nonceB}
 }
 
 // conn is one end of a service connection after the handshake: a line
@@ -132,7 +124,7 @@ func (c *conn) recv() (message, error) {
 // dialAuth is the replica's side of the handshake over c.
 func dialAuth(c net.Conn, key []byte, job string, replica, inc int) (*conn, error) {
 	br := bufio.NewReaderSize(io.LimitReader(c, handshakeMax), 4096)
-	nA := nonce()
+	nA := handshake.Nonce()
 	if _, err := fmt.Fprintf(c, "GORUN-FT/%s %s %d %d %s\n", wireProto, job, replica, inc, nA); err != nil {
 		return nil, err
 	}
@@ -147,10 +139,14 @@ func dialAuth(c net.Conn, key []byte, job string, replica, inc int) (*conn, erro
 	if len(f) != 3 || f[0] != "OK" {
 		return nil, fmt.Errorf("handshake: unexpected reply %.80q", strings.TrimSpace(line))
 	}
-	if !hmac.Equal([]byte(f[2]), []byte(mac(key, "service", job, replica, inc, nA, f[1]))) {
+	if !handshake.Verify(key, f[2], proofFields("service", job, replica, inc, nA, f[1])...) {
 		return nil, fmt.Errorf("%w: the quorum service at %s", ErrAuth, c.RemoteAddr())
 	}
-	if _, err := fmt.Fprintf(c, "%s\n", mac(key, "replica", job, replica, inc, nA, f[1])); err != nil {
+	proof, err := handshake.MAC(key, proofFields("replica", job, replica, inc, nA, f[1])...)
+	if err != nil {
+		return nil, fmt.Errorf("handshake: %w", err)
+	}
+	if _, err := fmt.Fprintf(c, "%s\n", proof); err != nil {
 		return nil, err
 	}
 	return &conn{c: c, br: bufio.NewReaderSize(io.MultiReader(br, c), maxLine)}, nil
@@ -178,15 +174,20 @@ func acceptAuth(c net.Conn, key []byte, job string, replicas int) (*conn, int, i
 		fmt.Fprintf(c, "NO unknown job or replica\n")
 		return nil, 0, 0, fmt.Errorf("job %q replica %q incarnation %q is not part of this job", f[1], f[2], f[3])
 	}
-	nB := nonce()
-	if _, err := fmt.Fprintf(c, "OK %s %s\n", nB, mac(key, "service", job, replica, inc, f[4], nB)); err != nil {
+	nB := handshake.Nonce()
+	proof, err := handshake.MAC(key, proofFields("service", job, replica, inc, f[4], nB)...)
+	if err != nil {
+		fmt.Fprintf(c, "NO malformed greeting\n")
+		return nil, 0, 0, fmt.Errorf("greeting of replica %d: %w", replica, err)
+	}
+	if _, err := fmt.Fprintf(c, "OK %s %s\n", nB, proof); err != nil {
 		return nil, 0, 0, err
 	}
 	line, err = br.ReadString('\n')
 	if err != nil {
 		return nil, 0, 0, fmt.Errorf("no proof: %w", err)
 	}
-	if !hmac.Equal([]byte(strings.TrimSpace(line)), []byte(mac(key, "replica", job, replica, inc, f[4], nB))) {
+	if !handshake.Verify(key, strings.TrimSpace(line), proofFields("replica", job, replica, inc, f[4], nB)...) {
 		return nil, 0, 0, ErrAuth
 	}
 	return &conn{c: c, br: bufio.NewReaderSize(io.MultiReader(br, c), maxLine)}, replica, inc, nil

@@ -34,7 +34,7 @@ func TestConnectAuthReconnectsWhenCut(t *testing.T) {
 				continue
 			}
 			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			if _, _, err := acceptAuth(c, secret, "job1", func(h string) bool { return h == "n1" }); err != nil {
+			if _, _, err := acceptAgent(c, secret, "job1", func(h string) bool { return h == "n1" }); err != nil {
 				t.Errorf("gorun side: %v", err)
 			}
 			c.Close()
@@ -71,7 +71,7 @@ func TestConnectAuthReconnectsWhenCut(t *testing.T) {
 			}
 			n++
 			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			_, _, _ = acceptAuth(c, []byte("another secret"), "job1", func(string) bool { return true })
+			_, _, _ = acceptAgent(c, []byte("another secret"), "job1", func(string) bool { return true })
 			c.Close()
 		}
 	})

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 func TestCheckLocalCapacity(t *testing.T) {
@@ -53,7 +54,7 @@ func TestHostRefusesRanksItCannotServe(t *testing.T) {
 	c1, c2 := net.Pipe()
 	defer c1.Close()
 	defer c2.Close()
-	job := &remoteJob{Program: "/bin/true", Iface: "127.0.0.0/8", Ranks: plan.MaxRanks + 1}
+	job := &wire.Job{Program: "/bin/true", Iface: "127.0.0.0/8", Ranks: plan.MaxRanks + 1}
 	h, ports := prepareHost(HostAgentOptions{Version: "v"}, job, c1, false)
 	ports.Release()
 	if h.ErrKind != "capacity" || !strings.Contains(h.Err, "262145 ranks requested; gorun runs at most 262144") {
@@ -69,7 +70,7 @@ func TestHostRefusesRanksItCannotServe(t *testing.T) {
 		t.Errorf("exit code of a host's capacity refusal = %d, want 1", c)
 	}
 	// A host that fails otherwise still reads as lost.
-	if c := m.checkHello(0, remoteHello{Version: "v", Err: "boom"}).(interface{ ExitCode() int }).ExitCode(); c != 255 {
+	if c := m.checkHello(0, wire.Hello{Version: "v", Err: "boom"}).(interface{ ExitCode() int }).ExitCode(); c != 255 {
 		t.Errorf("exit code of a host's other failure = %d, want 255", c)
 	}
 	job.Ranks = 4

@@ -73,9 +73,9 @@
 //   - Host start-up (hoststartup.go), shared by jobs and Doctor: gorun
 //     listens on the interface that routes to the hosts (netif), starts
 //     one host agent per host through the starters, waits for each to
-//     authenticate with the job secret (wire.go) and report its interface
-//     and ports, and sends the preloaded files (preload.go: zstd, SHA-256,
-//     skipped when present). A job stops at the first host that fails;
+//     authenticate with the job secret (launcher/wire) and report its
+//     interface and ports, and sends the preloaded files (preload.go: zstd,
+//     SHA-256, skipped when present). A job stops at the first host that fails;
 //     doctor.go records every host and then probes all pairs.
 //   - Multi-host run (remote.go, hostagent.go): gorun plans and sends each
 //     host agent its ranks; the host agent runs them under a supervisor and
@@ -117,6 +117,12 @@
 //     across ranks, and --output-dir's per-rank logs); it reads whatever
 //     readers the launcher hands it. Its errors are output.LostError and
 //     output.DirError.
+//   - launcher/wire: the messages between gorun, its host agents and the
+//     supervisors (SupervisorSpec, Cmd, Event over the supervisor's pipes;
+//     Msg and its payloads over an agent's connection), the connection's
+//     framing (Conn) and its handshake (DialAuth, AcceptAuth); no I/O of
+//     its own beyond the connection it is handed. Who sends what when
+//     stays here.
 //   - launcher/plan: the plan (Plan, RankSpec, New, Config, Node,
 //     ResolveExports, MergeEnv) and its limits and errors (MaxRanks,
 //     SlotsError, CapacityError); pure. Plan and RankSpec stay here as

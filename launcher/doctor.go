@@ -14,7 +14,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // Doctor: pre-flight checks of every host before a big job. It starts the
@@ -111,9 +113,9 @@ func (r *DoctorReport) WriteTable(w io.Writer) {
 		}
 	}
 	if bad == 0 {
-		fmt.Fprintf(w, "all %d %s ready (gorun on %s)\n", n, plural(n, "host", "hosts"), r.Gorun)
+		fmt.Fprintf(w, "all %d %s ready (gorun on %s)\n", n, plural.Noun(n, "host", "hosts"), r.Gorun)
 	} else {
-		fmt.Fprintf(w, "%d of %d %s not ready\n", bad, n, plural(n, "host", "hosts"))
+		fmt.Fprintf(w, "%d of %d %s not ready\n", bad, n, plural.Noun(n, "host", "hosts"))
 	}
 }
 
@@ -174,10 +176,10 @@ func Doctor(ctx context.Context, cfg Config, hosts []Host) (*DoctorReport, error
 	}
 
 	// All pairs: each connected host probes every other connected host.
-	var peers []peerAddr
+	var peers []wire.PeerAddr
 	for i, c := range m.conns {
 		if c != nil && c.hello.ProbePort > 0 {
-			peers = append(peers, peerAddr{Host: nodes[i].Name, Addr: net.JoinHostPort(c.hello.Addr, fmt.Sprint(c.hello.ProbePort))})
+			peers = append(peers, wire.PeerAddr{Host: nodes[i].Name, Addr: net.JoinHostPort(c.hello.Addr, fmt.Sprint(c.hello.ProbePort))})
 		}
 	}
 	var wg sync.WaitGroup
@@ -186,12 +188,12 @@ func Doctor(ctx context.Context, cfg Config, hosts []Host) (*DoctorReport, error
 			continue
 		}
 		wg.Go(func() {
-			_ = c.w.c.SetDeadline(time.Now().Add(30 * time.Second))
-			if err := c.w.send(wireMsg{T: "probe", Peers: peers}); err != nil {
+			_ = c.w.NetConn().SetDeadline(time.Now().Add(30 * time.Second))
+			if err := c.w.Send(wire.Msg{T: "probe", Peers: peers}); err != nil {
 				checks[i].Unreached = append(checks[i].Unreached, "probe request failed: "+err.Error())
 				return
 			}
-			msg, err := c.w.readMsg()
+			msg, err := c.w.ReadMsg()
 			if err != nil || msg.T != "probed" {
 				checks[i].Unreached = append(checks[i].Unreached, fmt.Sprintf("no probe results: %v", err))
 				return
@@ -234,8 +236,8 @@ func Doctor(ctx context.Context, cfg Config, hosts []Host) (*DoctorReport, error
 }
 
 // doctorAgent is the agent side of Doctor: report, answer probes, probe.
-func doctorAgent(o HostAgentOptions, job *remoteJob, w *wireConn) error {
-	h, ports := prepareHost(o, &remoteJob{Program: "/bin/sh", Iface: job.Iface}, w.c, false)
+func doctorAgent(o HostAgentOptions, job *wire.Job, w *wire.Conn) error {
+	h, ports := prepareHost(o, &wire.Job{Program: "/bin/sh", Iface: job.Iface}, w.NetConn(), false)
 	ports.Release()
 	h.Program = ""
 	h.GPUs = DetectGPUs(context.Background())
@@ -254,11 +256,11 @@ func doctorAgent(o HostAgentOptions, job *remoteJob, w *wireConn) error {
 			go serveProbes(tl, ul)
 		}
 	}
-	if err := w.send(wireMsg{T: "hello", Hello: &h}); err != nil {
+	if err := w.Send(wire.Msg{T: "hello", Hello: &h}); err != nil {
 		return err
 	}
-	_ = w.c.SetDeadline(time.Time{})
-	m, err := w.readMsg()
+	_ = w.NetConn().SetDeadline(time.Time{})
+	m, err := w.ReadMsg()
 	if err != nil || m.T != "probe" {
 		return nil
 	}
@@ -277,10 +279,10 @@ func doctorAgent(o HostAgentOptions, job *remoteJob, w *wireConn) error {
 		})
 	}
 	wg.Wait()
-	if err := w.send(wireMsg{T: "probed", Probed: res}); err != nil {
+	if err := w.Send(wire.Msg{T: "probed", Probed: res}); err != nil {
 		return err
 	}
-	_, _ = w.readMsg() // until gorun hangs up
+	_, _ = w.ReadMsg() // until gorun hangs up
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/launcher/fault"
 	"github.com/gorun-hpc/gorun/launcher/hostfile"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
 
@@ -339,7 +340,7 @@ func (w *worldRun) sent(in injection) {
 
 // injected records a supervisor's answer: the signal went to rank's pid at
 // t, or (err set) could not.
-func (w *worldRun) injected(ev supervisorEvent, t time.Time) *FaultReport {
+func (w *worldRun) injected(ev wire.Event, t time.Time) *FaultReport {
 	i, ok := w.rep.byID[ev.Fault]
 	if !ok {
 		return nil

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gorun-hpc/gorun/internal/plural"
 )
 
 // ErrSupervisorNotDispatched is returned by RunLocal in a process that was
@@ -44,11 +46,11 @@ func (e *RankExitError) Error() string {
 	}
 	s := fmt.Sprintf("rank %d (host %s, pid %d) %s", e.Rank, e.Host, e.PID, cause)
 	if e.AlsoFailed > 0 {
-		s += fmt.Sprintf("; %d other %s also failed", e.AlsoFailed, plural(e.AlsoFailed, "rank", "ranks"))
+		s += fmt.Sprintf("; %d other %s also failed", e.AlsoFailed, plural.Noun(e.AlsoFailed, "rank", "ranks"))
 	}
 	s += collateralText(e.Collateral)
 	if e.Stopped > 0 || (e.AlsoFailed == 0 && e.Collateral == 0) {
-		s += fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))
+		s += fmt.Sprintf("; stopped %d other %s", e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
 	}
 	return s
 }
@@ -74,7 +76,7 @@ type StartError struct {
 
 func (e *StartError) Error() string {
 	return fmt.Sprintf("rank %d (host %s) could not start: %v; stopped %d other %s",
-		e.Rank, e.Host, e.Err, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+		e.Rank, e.Host, e.Err, e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
 }
 
 func (e *StartError) Unwrap() error { return e.Err }
@@ -109,7 +111,7 @@ type TimeoutError struct {
 }
 
 func (e *TimeoutError) Error() string {
-	return fmt.Sprintf("job timed out after %s; stopped %d %s", e.After, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+	return fmt.Sprintf("job timed out after %s; stopped %d %s", e.After, e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
 }
 
 // ExitCode is 124, the code of timeout(1).
@@ -130,7 +132,7 @@ func (e *InterruptedError) Error() string {
 		// with its own code is not one gorun stopped).
 		return fmt.Sprintf("received signal %d (%s); no rank was left to stop (each had ended, or none had started)", int(e.Signal), e.Signal)
 	}
-	return fmt.Sprintf("received signal %d (%s); stopped %d %s", int(e.Signal), e.Signal, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+	return fmt.Sprintf("received signal %d (%s); stopped %d %s", int(e.Signal), e.Signal, e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
 }
 
 // ExitCode is 128+signal, as a shell reports it.
@@ -150,10 +152,10 @@ type SupervisorError struct {
 func (e *SupervisorError) Error() string {
 	s := fmt.Sprintf("launcher: job supervisor failed: %v", e.Err)
 	if e.Ranks > 0 {
-		s += fmt.Sprintf("; %d running %s killed", e.Ranks, plural(e.Ranks, "rank", "ranks"))
+		s += fmt.Sprintf("; %d running %s killed", e.Ranks, plural.Noun(e.Ranks, "rank", "ranks"))
 	}
 	if e.Leftovers > 0 {
-		s += fmt.Sprintf("; %d leftover %s of the job killed", e.Leftovers, plural(e.Leftovers, "process", "processes"))
+		s += fmt.Sprintf("; %d leftover %s of the job killed", e.Leftovers, plural.Noun(e.Leftovers, "process", "processes"))
 	}
 	return s
 }
@@ -246,7 +248,7 @@ func (e *HostLostError) Error() string {
 		ranks = fmt.Sprintf("ranks %d-%d", e.FirstRank, e.FirstRank+e.Ranks-1)
 	}
 	return fmt.Sprintf("lost host %s: %v; its %s counted as failed%s; stopped %d other %s",
-		e.Host, e.Err, ranks, collateralText(e.Collateral), e.Stopped, plural(e.Stopped, "rank", "ranks"))
+		e.Host, e.Err, ranks, collateralText(e.Collateral), e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
 }
 
 func (e *HostLostError) Unwrap() error { return e.Err }
@@ -259,7 +261,7 @@ func collateralText(n int) string {
 	if n == 0 {
 		return ""
 	}
-	return fmt.Sprintf("; %d %s failed as a consequence (peer lost)", n, plural(n, "rank", "ranks"))
+	return fmt.Sprintf("; %d %s failed as a consequence (peer lost)", n, plural.Noun(n, "rank", "ranks"))
 }
 
 // CollateralError reports a job whose every failed rank said it failed
@@ -317,9 +319,9 @@ func (e *CollateralError) Error() string {
 		s = fmt.Sprintf("rank %d (host %s, pid %d) was lost to its peers: rank %d reported %q", e.Blame, e.BlameHost, e.BlamePID, e.ReportedBy, e.Why)
 	}
 	if e.Desync {
-		return s + fmt.Sprintf("; %d %s failed with it; stopped %d other %s", e.Failed, plural(e.Failed, "rank", "ranks"), e.Stopped, plural(e.Stopped, "rank", "ranks"))
+		return s + fmt.Sprintf("; %d %s failed with it; stopped %d other %s", e.Failed, plural.Noun(e.Failed, "rank", "ranks"), e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
 	}
-	return s + collateralText(e.Failed) + fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))
+	return s + collateralText(e.Failed) + fmt.Sprintf("; stopped %d other %s", e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
 }
 
 // FrozenError reports a rank that its supervisor found stopped (process
@@ -345,11 +347,11 @@ func (e *FrozenError) Error() string {
 	s := fmt.Sprintf("rank %d (host %s, pid %d) was frozen (process state %s: %s): %s",
 		e.Rank, e.Host, e.PID, e.State, stateName(e.State), e.Why)
 	if e.AlsoFailed > 0 {
-		s += fmt.Sprintf("; %d other %s also failed", e.AlsoFailed, plural(e.AlsoFailed, "rank", "ranks"))
+		s += fmt.Sprintf("; %d other %s also failed", e.AlsoFailed, plural.Noun(e.AlsoFailed, "rank", "ranks"))
 	}
 	s += collateralText(e.Collateral)
 	if e.Stopped > 0 || (e.AlsoFailed == 0 && e.Collateral == 0) {
-		s += fmt.Sprintf("; stopped %d other %s", e.Stopped, plural(e.Stopped, "rank", "ranks"))
+		s += fmt.Sprintf("; stopped %d other %s", e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
 	}
 	return s
 }
@@ -374,12 +376,4 @@ func (e *CollateralError) ExitCode() int {
 		return 255
 	}
 	return e.Code
-}
-
-// plural picks the word for n things.
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/launcher/output"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // Flight records: every rank's communicators write their recent calls to
@@ -190,7 +191,7 @@ func (f *flightRecords) print(why string, since time.Time) bool {
 // under rank (one of this host's), every dump in the agent's flight
 // directory written at or after since, then, when end is set, an event
 // that says the answer is complete.
-func sendFlight(f *flightRecords, w *wireConn, rank int, since time.Time, end bool) {
+func sendFlight(f *flightRecords, w *wire.Conn, rank int, since time.Time, end bool) {
 	if f != nil && f.dir != "" {
 		dumps, err := comm.ReadFlightDumps(f.dir)
 		if err != nil {
@@ -198,12 +199,12 @@ func sendFlight(f *flightRecords, w *wireConn, rank int, since time.Time, end bo
 		}
 		for i := range dumps {
 			if !dumps[i].Time.Before(since) {
-				_ = w.send(wireMsg{T: "event", Event: &supervisorEvent{Ev: "flight", Rank: rank, Flight: &dumps[i]}})
+				_ = w.Send(wire.Msg{T: "event", Event: &wire.Event{Ev: "flight", Rank: rank, Flight: &dumps[i]}})
 			}
 		}
 	}
 	if end {
-		_ = w.send(wireMsg{T: "event", Event: &supervisorEvent{Ev: "flight", Rank: rank, FlightEnd: true}})
+		_ = w.Send(wire.Msg{T: "event", Event: &wire.Event{Ev: "flight", Rank: rank, FlightEnd: true}})
 	}
 }
 
@@ -255,7 +256,7 @@ func (f *flightRecords) signalReady() int {
 
 // dumpBeforeStop has the ranks that dump on SIGUSR2 write their flight
 // records and waits until each has, or flightBeforeStop passed: a host
-// agent's part of a failed job's teardown (supervisorCmd.DumpFirst).
+// agent's part of a failed job's teardown (wire.Cmd.DumpFirst).
 func (f *flightRecords) dumpBeforeStop() {
 	asked := time.Now()
 	n := f.signalReady()

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // The supervisor removes the job's temporary flight directory when gorun's
@@ -42,17 +44,17 @@ func TestSupervisorRemovesFlightDirUnlessBye(t *testing.T) {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				sup.readEvents(func(supervisorEvent) {})
+				sup.readEvents(func(wire.Event) {})
 			}()
 			// A rank that runs until the supervisor kills it, so the
 			// supervisor is still running when the pipe ends.
-			spec := supervisorSpec{Grace: time.Second, LogLevel: zerolog.WarnLevel, RemoveDir: dir,
-				Ranks: []supervisorRank{{Rank: 0, Path: "/bin/sleep", Argv: []string{"sleep", "60"}, Env: os.Environ(), Stdin: -1, Stdout: -1, Stderr: -1}}}
+			spec := wire.SupervisorSpec{Grace: time.Second, LogLevel: zerolog.WarnLevel, RemoveDir: dir,
+				Ranks: []wire.SupervisorRank{{Rank: 0, Path: "/bin/sleep", Argv: []string{"sleep", "60"}, Env: os.Environ(), Stdin: -1, Stdout: -1, Stderr: -1}}}
 			if err := sup.send(spec); err != nil {
 				t.Fatal(err)
 			}
 			if tc.bye {
-				if err := sup.send(supervisorCmd{Op: "bye"}); err != nil {
+				if err := sup.send(wire.Cmd{Op: "bye"}); err != nil {
 					t.Fatal(err)
 				}
 			}

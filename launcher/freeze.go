@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
 
@@ -85,7 +86,7 @@ func (a *supervisor) watchFrozen(now time.Time) {
 		if d := now.Sub(r.stoppedSince); d >= r.freezeAfter {
 			r.frozenTold, r.frozen = true, 'T'
 			a.log.Warn().Int("rank", r.rank).Int("pid", r.pid).Dur("stopped", d).Msg("rank stopped past its lease: reported frozen")
-			a.emit(supervisorEvent{Ev: "frozen", Rank: r.rank, PID: r.pid, Frozen: "T",
+			a.emit(wire.Event{Ev: "frozen", Rank: r.rank, PID: r.pid, Frozen: "T",
 				Err: fmt.Sprintf("stopped (process state T) for %s, past its lease", d.Round(10*time.Millisecond))})
 		}
 	}

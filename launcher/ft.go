@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/ft"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // Fault-tolerant jobs (gorun --fault-tolerant): a rank's failure does not
@@ -140,7 +141,7 @@ func (f *ftRun) env() []string {
 }
 
 // started notes a rank's (re)start.
-func (f *ftRun) started(ev supervisorEvent) {
+func (f *ftRun) started(ev wire.Event) {
 	if f == nil || f.inc[ev.Rank] == 0 {
 		return
 	}
@@ -156,7 +157,7 @@ func (f *ftRun) started(ev supervisorEvent) {
 // when it handled it (a failure answered by a replacement); false leaves
 // the exit to the usual rules: a success, a failure during the teardown,
 // or a failure past the budget (then exhausted says so).
-func (f *ftRun) exited(j *liveJob, ev supervisorEvent) bool {
+func (f *ftRun) exited(j *liveJob, ev wire.Event) bool {
 	if f == nil {
 		return false
 	}
@@ -172,7 +173,7 @@ func (f *ftRun) exited(j *liveJob, ev supervisorEvent) bool {
 	}
 	if ev.Code == 0 && ev.Signal == 0 {
 		f.srv.Left(ev.Rank, inc)
-		j.home.commandNode(node, supervisorCmd{Op: "release", Ranks: []int{ev.Rank}})
+		j.home.commandNode(node, wire.Cmd{Op: "release", Ranks: []int{ev.Rank}})
 		return false
 	}
 	if j.reason != notStopping {
@@ -208,7 +209,7 @@ func (f *ftRun) exited(j *liveJob, ev supervisorEvent) bool {
 			rec.Group = append(rec.Group, q)
 			if !j.ranks[q].exited {
 				f.dying[q] = true
-				j.home.commandNode(j.plan.Ranks[q].NodeRank, supervisorCmd{Op: "signal", Signal: int(syscall.SIGKILL), Ranks: []int{q}})
+				j.home.commandNode(j.plan.Ranks[q].NodeRank, wire.Cmd{Op: "signal", Signal: int(syscall.SIGKILL), Ranks: []int{q}})
 			}
 		}
 		rec.Action = fmt.Sprintf("replaced with its replica group (ranks %d-%d)", lo, lo+f.group-1)
@@ -224,7 +225,7 @@ func (f *ftRun) exited(j *liveJob, ev supervisorEvent) bool {
 // SIGSEGV, SIGABRT, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS); 0 for a
 // signal from outside (SIGKILL from the OOM killer, an operator, --inject
 // or gorun's kill of a frozen rank; SIGTERM, SIGINT, ...).
-func ownFailure(ev supervisorEvent) int {
+func ownFailure(ev wire.Event) int {
 	switch syscall.Signal(ev.Signal) {
 	case 0:
 		return ev.Code
@@ -295,7 +296,7 @@ func (f *ftRun) respawnGroupIfGone(j *liveJob, r int) {
 		}
 		f.inc[q] = inc
 		j.ranks[q].exited = false
-		j.home.commandNode(j.plan.Ranks[q].NodeRank, supervisorCmd{Op: "respawn", Ranks: []int{q}, Incarnation: inc})
+		j.home.commandNode(j.plan.Ranks[q].NodeRank, wire.Cmd{Op: "respawn", Ranks: []int{q}, Incarnation: inc})
 	}
 }
 
@@ -303,12 +304,12 @@ func (f *ftRun) respawnGroupIfGone(j *liveJob, r int) {
 // the others wait for it at their next quorum, so it is killed (its
 // process group), and its exit is then a failure like any other: it is
 // replaced. It returns false when the job is not fault-tolerant.
-func (f *ftRun) frozen(j *liveJob, ev supervisorEvent) bool {
+func (f *ftRun) frozen(j *liveJob, ev wire.Event) bool {
 	if f == nil {
 		return false
 	}
 	j.log.Warn().Int("rank", ev.Rank).Str("why", ev.Err).Msg("fault-tolerant: rank frozen; killing it so that it is replaced")
-	j.home.commandNode(j.plan.Ranks[ev.Rank].NodeRank, supervisorCmd{Op: "signal", Signal: int(syscall.SIGKILL), Ranks: []int{ev.Rank}})
+	j.home.commandNode(j.plan.Ranks[ev.Rank].NodeRank, wire.Cmd{Op: "signal", Signal: int(syscall.SIGKILL), Ranks: []int{ev.Rank}})
 	return true
 }
 

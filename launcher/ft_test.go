@@ -3,6 +3,8 @@ package launcher
 import (
 	"syscall"
 	"testing"
+
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // TestOwnFailure: which failures count as the program's own doing (and so
@@ -21,7 +23,7 @@ func TestOwnFailure(t *testing.T) {
 		{signal: int(syscall.SIGABRT), want: 128 + int(syscall.SIGABRT)},
 		{signal: int(syscall.SIGBUS), want: 128 + int(syscall.SIGBUS)},
 	} {
-		if got := ownFailure(supervisorEvent{Code: c.code, Signal: c.signal}); got != c.want {
+		if got := ownFailure(wire.Event{Code: c.code, Signal: c.signal}); got != c.want {
 			t.Errorf("code %d signal %d: ownFailure %d, want %d", c.code, c.signal, got, c.want)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/gorun-hpc/gorun/ft"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
 
@@ -38,7 +39,7 @@ type ftKeeper struct {
 
 // keptRank is one rank the supervisor can start again.
 type keptRank struct {
-	spec           supervisorRank
+	spec           wire.SupervisorRank
 	stdout, stderr *os.File // our copies; nil: /dev/null
 	inc            int
 }
@@ -58,7 +59,7 @@ func newFTKeeper(collW *os.File) *ftKeeper {
 
 // keep records rank r's spec and copies of its output pipes (before the
 // supervisor closes its own).
-func (k *ftKeeper) keep(r supervisorRank, stdout, stderr *os.File) {
+func (k *ftKeeper) keep(r wire.SupervisorRank, stdout, stderr *os.File) {
 	if k == nil {
 		return
 	}
@@ -104,7 +105,7 @@ func (k *ftKeeper) idle() bool { return k == nil || len(k.ranks) == 0 }
 
 // respawn starts the next incarnation (c.Incarnation) of each of
 // c.Ranks that this supervisor keeps and that is not running.
-func (a *supervisor) respawn(c supervisorCmd) {
+func (a *supervisor) respawn(c wire.Cmd) {
 	for _, rk := range c.Ranks {
 		kr := a.ft.ranksOf(rk)
 		i := slices.IndexFunc(a.ranks, func(s supervisorRankState) bool { return s.rank == rk })
@@ -112,13 +113,13 @@ func (a *supervisor) respawn(c supervisorCmd) {
 			continue // another supervisor's rank
 		}
 		if a.ranks[i].running || a.killing || a.tearing {
-			a.emit(supervisorEvent{Ev: "failed", Rank: rk, Err: fmt.Sprintf("rank %d cannot be started again here (not kept, still running, or the job is ending)", rk)})
+			a.emit(wire.Event{Ev: "failed", Rank: rk, Err: fmt.Sprintf("rank %d cannot be started again here (not kept, still running, or the job is ending)", rk)})
 			continue
 		}
 		kr.inc = c.Incarnation
 		p, err := a.startKept(kr)
 		if err != nil {
-			a.emit(supervisorEvent{Ev: "failed", Rank: rk, Err: err.Error()})
+			a.emit(wire.Event{Ev: "failed", Rank: rk, Err: err.Error()})
 			continue
 		}
 		a.ranks[i] = supervisorRankState{rank: rk, pid: p.Pid, running: true, freezeAfter: freezeAfter(kr.spec.Env)}
@@ -127,7 +128,7 @@ func (a *supervisor) respawn(c supervisorCmd) {
 		// A report of the dead incarnation must not mark the new one's
 		// exit collateral.
 		delete(a.coll, rk)
-		a.emit(supervisorEvent{Ev: "started", Rank: rk, PID: p.Pid})
+		a.emit(wire.Event{Ev: "started", Rank: rk, PID: p.Pid})
 		p.Release()
 	}
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/internal/liveness"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/netif"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
@@ -147,7 +148,7 @@ const agentConnectBudget = 30 * time.Second
 // before the handshake ended is dialed again, after a short backoff (20 ms,
 // doubling to 500 ms), within agentConnectBudget; a refusal or a wrong
 // secret is final.
-func connectAuth(addr string, key []byte, job, host string, log zerolog.Logger) (net.Conn, *wireConn, error) {
+func connectAuth(addr string, key []byte, job, host string, log zerolog.Logger) (net.Conn, *wire.Conn, error) {
 	deadline := time.Now().Add(agentConnectBudget)
 	backoff := 20 * time.Millisecond
 	for attempt := 1; ; attempt++ {
@@ -156,7 +157,7 @@ func connectAuth(addr string, key []byte, job, host string, log zerolog.Logger) 
 			return nil, nil, fmt.Errorf("connect to gorun at %s: %w", addr, err)
 		}
 		_ = c.SetDeadline(time.Now().Add(60 * time.Second))
-		w, err := dialAuth(c, key, job, host)
+		w, err := wire.DialAuth(c, key, job, host)
 		if err == nil {
 			return c, w, nil
 		}
@@ -183,7 +184,7 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 		return err
 	}
 	defer c.Close()
-	m, err := w.readMsg()
+	m, err := w.ReadMsg()
 	if err != nil || m.T != "job" || m.Job == nil {
 		return fmt.Errorf("expected the job description: %v", err)
 	}
@@ -220,7 +221,7 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 		ports.Release()
 	}
 	hello.Need = need
-	if err := w.send(wireMsg{T: "hello", Hello: &hello}); err != nil {
+	if err := w.Send(wire.Msg{T: "hello", Hello: &hello}); err != nil {
 		return err
 	}
 	if hello.Err == "" && len(need) > 0 {
@@ -230,7 +231,7 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 	}
 	if hello.Err != "" {
 		// gorun reports it; wait for it to hang up so the message is read.
-		_, _ = w.readMsg()
+		_, _ = w.ReadMsg()
 		return nil
 	}
 	// gorun may take a while to hear from every other host: no deadline
@@ -239,10 +240,10 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 	kids := startChildren(job.Launch, hex.EncodeToString(key), w, log)
 	defer kids.stop(job.Lease + job.Grace)
 	for {
-		m, err = w.readMsg()
+		m, err = w.ReadMsg()
 		if err == nil && m.T == "setup-over" {
 			kids.quiet()
-			if err := w.send(wireMsg{T: "setup-over-ack"}); err != nil {
+			if err := w.Send(wire.Msg{T: "setup-over-ack"}); err != nil {
 				return nil
 			}
 			continue
@@ -260,7 +261,7 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 // specWithSecret gives every rank the job secret this agent holds: gorun
 // leaves it out of the spec (withoutSecret), since the connection is not
 // encrypted.
-func specWithSecret(ranks []remoteRank, key []byte) []remoteRank {
+func specWithSecret(ranks []wire.HostRank, key []byte) []wire.HostRank {
 	kv := rankenv.Secret + "=" + hex.EncodeToString(key)
 	for i := range ranks {
 		ranks[i].Env = append(ranks[i].Env, kv)
@@ -279,7 +280,7 @@ type children struct {
 	wg     sync.WaitGroup
 }
 
-func startChildren(launch []childLaunch, secret string, w *wireConn, log zerolog.Logger) *children {
+func startChildren(launch []wire.ChildLaunch, secret string, w *wire.Conn, log zerolog.Logger) *children {
 	k := &children{}
 	for _, cl := range launch {
 		argv := cl.Argv
@@ -292,7 +293,7 @@ func startChildren(launch []childLaunch, secret string, w *wireConn, log zerolog
 		cmd.Stdin = strings.NewReader(secret + "\n")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
-			k.report(w, childExit{Host: cl.Host, Code: -1, Tail: err.Error()})
+			k.report(w, wire.ChildExit{Host: cl.Host, Code: -1, Tail: err.Error()})
 			continue
 		}
 		k.cmds = append(k.cmds, cmd)
@@ -300,17 +301,17 @@ func startChildren(launch []childLaunch, secret string, w *wireConn, log zerolog
 			_ = cmd.Wait()
 			code := cmd.ProcessState.ExitCode()
 			log.Debug().Str("child", cl.Host).Int("code", code).Msg("child agent's launcher exited")
-			k.report(w, childExit{Host: cl.Host, Code: code, Tail: tail.tail()})
+			k.report(w, wire.ChildExit{Host: cl.Host, Code: code, Tail: tail.tail()})
 		})
 	}
 	return k
 }
 
-func (k *children) report(w *wireConn, e childExit) {
+func (k *children) report(w *wire.Conn, e wire.ChildExit) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if !k.silent {
-		_ = w.send(wireMsg{T: "child-exit", Child: &e})
+		_ = w.Send(wire.Msg{T: "child-exit", Child: &e})
 	}
 }
 
@@ -343,8 +344,8 @@ func (k *children) stop(d time.Duration) {
 
 // prepareHost checks what this host needs before any rank starts: the
 // interface, the program, two free ports.
-func prepareHost(o HostAgentOptions, job *remoteJob, c net.Conn, programComing bool) (remoteHello, *PortReservation) {
-	h := remoteHello{Version: o.Version, PID: os.Getpid()}
+func prepareHost(o HostAgentOptions, job *wire.Job, c net.Conn, programComing bool) (wire.Hello, *PortReservation) {
+	h := wire.Hello{Version: o.Version, PID: os.Getpid()}
 	h.Hostname, _ = os.Hostname()
 	var choice netif.Choice
 	var err error
@@ -433,14 +434,14 @@ func rankDir(dir string) string {
 // connection closing or falling silent for the lease (gorun is gone or
 // cut off: close the supervisor's command pipe, which kills every rank and
 // descendant on this host, and return the reason).
-func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, pj *pmiJob, log zerolog.Logger, stderr io.Writer) error {
+func relay(w *wire.Conn, job *wire.Job, hello wire.Hello, ranks []wire.HostRank, pj *wire.PMIJob, log zerolog.Logger, stderr io.Writer) error {
 	lease := job.Lease
 	if lease <= 0 {
 		lease = DefaultLease
 	}
 	r := &agentRelay{w: w, job: job, ranks: ranks, log: log, lease: lease,
-		gone: make(chan error, 1), doneEv: make(chan supervisorEvent, 1), readerDone: make(chan struct{}), stopPing: make(chan struct{})}
-	r.p = &rankPipes{spec: supervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj,
+		gone: make(chan error, 1), doneEv: make(chan wire.Event, 1), readerDone: make(chan struct{}), stopPing: make(chan struct{})}
+	r.p = &rankPipes{spec: wire.SupervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj,
 		ClientLease: lease, Respawn: job.Respawn}}
 	defer r.p.closeChildEnds()
 	// The ranks' flight records: written here, sent to gorun (flight.go).
@@ -502,7 +503,7 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	// killed, its event pipe ends and the loop below sees it lost.
 	wg.Go(func() { sup.watchLease(lease, r.readerDone, &r.supSilent) })
 	wg.Go(r.forwardEvents)
-	w.writeTimeout = lease
+	w.SetWriteTimeout(lease)
 	defer close(r.stopPing)
 	wg.Go(func() { pinger(w, lease/4, r.stopPing) })
 	wg.Go(r.pingSupervisor)
@@ -517,7 +518,7 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 	sup.closeCommands()
 	_ = sup.wait()
 	r.releaseCgroup()
-	w.c.Close()
+	w.Close()
 	r.outWG.Wait()
 	return lost
 }
@@ -526,9 +527,9 @@ func relay(w *wireConn, job *remoteJob, hello remoteHello, ranks []remoteRank, p
 // steps it takes; relay owns it and waits for every goroutine before it
 // returns.
 type agentRelay struct {
-	w         *wireConn
-	job       *remoteJob
-	ranks     []remoteRank
+	w         *wire.Conn
+	job       *wire.Job
+	ranks     []wire.HostRank
 	log       zerolog.Logger
 	lease     time.Duration
 	p         *rankPipes
@@ -548,7 +549,7 @@ type agentRelay struct {
 	// supervisor's events ended first); readerDone closes when the
 	// supervisor's events end; supSilent is how long the supervisor was
 	// silent when its lease killed it.
-	doneEv     chan supervisorEvent
+	doneEv     chan wire.Event
 	readerDone chan struct{}
 	supSilent  atomic.Int64
 	stopPing   chan struct{}
@@ -556,7 +557,7 @@ type agentRelay struct {
 
 // addRanks adds every rank to the supervisor's spec, with a pipe for
 // rank 0's stdin when gorun forwards it.
-func (r *agentRelay) addRanks(hello remoteHello, flightEnv []string) error {
+func (r *agentRelay) addRanks(hello wire.Hello, flightEnv []string) error {
 	base := scrubLaunchEnv(filterEnv(os.Environ()))
 	for _, rr := range r.ranks {
 		stdinFD := -1
@@ -569,7 +570,7 @@ func (r *agentRelay) addRanks(hello remoteHello, flightEnv []string) error {
 			stdinFD = r.p.inherit(pr, true)
 			r.stdin = newStdinQueue(pw)
 		}
-		sr := supervisorRank{Rank: rr.Rank, Path: hello.Program, Argv: r.job.Argv, Dir: rankDir(r.job.Dir), Env: mergeEnv(base, rr.Env, flightEnv), GPU: rr.GPU}
+		sr := wire.SupervisorRank{Rank: rr.Rank, Path: hello.Program, Argv: r.job.Argv, Dir: rankDir(r.job.Dir), Env: mergeEnv(base, rr.Env, flightEnv), GPU: rr.GPU}
 		if err := r.p.addRank(sr, stdinFD); err != nil {
 			if r.stdin != nil {
 				r.stdin.w.Close()
@@ -597,7 +598,7 @@ func (r *agentRelay) pumpOutput(s rankStream) {
 			// A failed write means gorun is gone; keep draining so the
 			// ranks never block on a full pipe before the supervisor
 			// kills them.
-			_ = r.w.sendOutput(s.rank, s.kind, buf[:n])
+			_ = r.w.SendOutput(s.rank, s.kind, buf[:n])
 		}
 		if err != nil {
 			return
@@ -614,21 +615,21 @@ func (r *agentRelay) readCommands() {
 	// flight records (its own clock, the ranks' clock).
 	var asked time.Time
 	for {
-		typ, p, err := r.w.readFrame(buf)
+		typ, p, err := r.w.ReadFrame(buf)
 		if err != nil {
 			r.gone <- err
 			return
 		}
 		buf = p[:0]
 		r.lastHeard.Store(time.Now().UnixNano())
-		if typ == frameStdin && r.stdin != nil {
+		if typ == wire.FrameStdin && r.stdin != nil {
 			r.stdin.push(p)
 			continue
 		}
-		if typ != frameMsg {
+		if typ != wire.FrameMsg {
 			continue
 		}
-		var m wireMsg
+		var m wire.Msg
 		if json.Unmarshal(p, &m) != nil || m.T != "cmd" || m.Cmd == nil {
 			continue
 		}
@@ -658,13 +659,13 @@ func (r *agentRelay) readCommands() {
 // gorun has it all when it sees the host finish.
 func (r *agentRelay) forwardEvents() {
 	defer close(r.readerDone)
-	var last *supervisorEvent
-	r.sup.readEvents(func(ev supervisorEvent) {
+	var last *wire.Event
+	r.sup.readEvents(func(ev wire.Event) {
 		if ev.Ev == "done" {
 			last = &ev
 			return
 		}
-		_ = r.w.send(wireMsg{T: "event", Event: &ev})
+		_ = r.w.Send(wire.Msg{T: "event", Event: &ev})
 		if ev.Ev == "injected" && ev.KillHost && ev.Err == "" {
 			// An injected kill-host (inject.go): the ranks are signaled
 			// and gorun has the event; now this host's agent dies as a
@@ -691,7 +692,7 @@ func (r *agentRelay) pingSupervisor() {
 		case <-r.stopPing:
 			return
 		case <-t.C:
-			_ = r.sup.send(supervisorCmd{Op: "ping"})
+			_ = r.sup.send(wire.Cmd{Op: "ping"})
 		}
 	}
 }
@@ -699,7 +700,7 @@ func (r *agentRelay) pingSupervisor() {
 // watch waits for the end: the supervisor's "done" (or its event stream
 // ending: ok false), or gorun lost — the connection closed or silent past
 // the lease — with the reason.
-func (r *agentRelay) watch() (lost error, ev supervisorEvent, ok bool) {
+func (r *agentRelay) watch() (lost error, ev wire.Event, ok bool) {
 	check := time.NewTicker(r.lease / 8)
 	defer check.Stop()
 	// gorun is on another host: no process of its to read. What this
@@ -729,12 +730,12 @@ func (r *agentRelay) watch() (lost error, ev supervisorEvent, ok bool) {
 // then "done" go to gorun after the last output — or, when the supervisor
 // was lost (!ok), what is left is killed and gorun is told why — and the
 // connection is closed once gorun hung up.
-func (r *agentRelay) finish(ev supervisorEvent, ok bool) error {
+func (r *agentRelay) finish(ev wire.Event, ok bool) error {
 	// Every rank is gone: what they dumped goes to gorun before "done"
 	// (ranks dump when their communicator fails), and the directory stays
 	// this agent's to remove.
 	sendFlight(r.flight, r.w, r.firstRank, time.Time{}, false)
-	_ = r.sup.send(supervisorCmd{Op: "bye"})
+	_ = r.sup.send(wire.Cmd{Op: "bye"})
 	r.sup.closeCommands()
 	supErr := r.sup.wait()
 	var supLost error
@@ -761,30 +762,30 @@ func (r *agentRelay) finish(ev supervisorEvent, ok bool) error {
 	}
 	r.outWG.Wait()
 	if ok {
-		_ = r.w.send(wireMsg{T: "event", Event: &ev})
+		_ = r.w.Send(wire.Msg{T: "event", Event: &ev})
 	} else {
 		// Say why before hanging up: gorun would otherwise see only a
 		// closed connection, which reads as a killed agent or a
 		// rebooted host.
-		_ = r.w.send(wireMsg{T: "supervisor-lost", Err: supLost.Error() + "; the host agent ended its ranks"})
+		_ = r.w.Send(wire.Msg{T: "supervisor-lost", Err: supLost.Error() + "; the host agent ended its ranks"})
 	}
 	// Half-close and wait for gorun to hang up (it does once every host
 	// is done): closing outright while gorun's pings sit unread would
 	// reset the connection, and a reset discards whatever of ours was
 	// still in flight — "done" included.
-	if tc, isTCP := r.w.c.(*net.TCPConn); isTCP {
+	if tc, isTCP := r.w.NetConn().(*net.TCPConn); isTCP {
 		_ = tc.CloseWrite()
 		select {
 		case <-r.gone:
 		case <-time.After(2 * r.lease):
 		}
 	}
-	r.w.c.Close()
+	r.w.Close()
 	return supLost
 }
 
 // jobIDOf returns the job's GORUN_JOB_ID from its ranks' environment.
-func jobIDOf(ranks []remoteRank) string {
+func jobIDOf(ranks []wire.HostRank) string {
 	for _, r := range ranks {
 		for _, kv := range r.Env {
 			if v, ok := strings.CutPrefix(kv, rankenv.JobID+"="); ok {
@@ -877,7 +878,7 @@ func (q *stdinQueue) run() {
 // lease stays alive while nothing else flows. It runs apart from the loop
 // that checks the lease: a write stuck on a dead link must not keep the
 // check from happening.
-func pinger(w *wireConn, interval time.Duration, stop <-chan struct{}) {
+func pinger(w *wire.Conn, interval time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -885,7 +886,7 @@ func pinger(w *wireConn, interval time.Duration, stop <-chan struct{}) {
 		case <-stop:
 			return
 		case <-t.C:
-			if w.writeFrame(framePing) != nil {
+			if w.WriteFrame(wire.FramePing) != nil {
 				return
 			}
 		}

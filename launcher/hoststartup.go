@@ -20,13 +20,14 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/connlimit"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/netif"
 )
 
 // Host start-up, shared by multi-host jobs and `gorun doctor`: gorun
 // listens on the interface that routes to the hosts (listen), starts one
 // host agent per host through the starters (starter.go), authenticates
-// every agent that connects with the job secret (acceptLoop, wire.go),
+// every agent that connects with the job secret (acceptLoop, package launcher/wire),
 // sends it the job, reads its hello — version, interface, ports, program
 // present — and sends the preloaded files it lacks. startHosts hands each
 // host's outcome to the caller's verdict: a job stops at the first failure
@@ -40,8 +41,8 @@ const DefaultLaunchTimeout = 60 * time.Second
 // hostConn is an authenticated agent connection.
 type hostConn struct {
 	node  int
-	w     *wireConn
-	hello remoteHello
+	w     *wire.Conn
+	hello wire.Hello
 }
 
 // setupResult is one agent's outcome of the setup phase.
@@ -69,7 +70,7 @@ type hostAgents struct {
 	use hostsUse
 	// children maps a node to the nodes its agent launches (tree
 	// fan-out); viaParent maps such a child to its stand-in launcher.
-	children  map[int][]childLaunch
+	children  map[int][]wire.ChildLaunch
 	viaParent map[string]*starter
 
 	// preload holds the files sent to every host before the ranks start.
@@ -94,7 +95,7 @@ type hostAgents struct {
 	// that claimed another protocol: only ever quoted in the error of a
 	// host that failed on its own (an old gorun's agent cannot
 	// authenticate with this one and looks like that).
-	claims map[string]*HandshakeError
+	claims map[string]*wire.HandshakeError
 }
 
 // agentPortBounds bound the connections to the host-agent port that have
@@ -337,7 +338,7 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 			// Tree parents stop reporting child launches and answer;
 			// their start-up readers end with the answer.
 			for node := range m.children {
-				_ = m.conns[node].w.send(wireMsg{T: "setup-over"})
+				_ = m.conns[node].w.Send(wire.Msg{T: "setup-over"})
 			}
 		} else {
 			m.closeAuthed()
@@ -360,7 +361,7 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 	judge := func(node int, c *hostConn, err error) error {
 		if judged[node] {
 			if c != nil {
-				c.w.c.Close()
+				c.w.Close()
 			}
 			return nil
 		}
@@ -368,7 +369,7 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 		pending--
 		if verr := verdict(node, c, err); verr != nil {
 			if c != nil {
-				c.w.c.Close()
+				c.w.Close()
 			}
 			return verr
 		}
@@ -418,7 +419,7 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 				// Two agents authenticated for one host (each knew the
 				// job's secret): which is the real one cannot be told,
 				// so the launch ends rather than guessing.
-				r.conn.w.c.Close()
+				r.conn.w.Close()
 				err = verdict(r.node, nil, &HostError{Host: m.nodes[r.node].Name, Op: "connect agent", Err: errors.New("a second agent connected for this host")})
 			default:
 				err = judge(r.node, r.conn, nil)
@@ -471,7 +472,7 @@ func (m *hostAgents) jobVerdict(node int, c *hostConn, err error) error {
 
 // hostsUse says what a hostAgents starts the host agents for. It decides
 // two things that go together: what the agent does once connected
-// (remoteJob.Doctor on the wire), and whether agents may be started as a
+// (wire.Job.Doctor on the wire), and whether agents may be started as a
 // tree (starter.go). Doctor never fans out: its agent (doctorAgent) has no
 // child-launch path, and doctor's point is to check each host as reached
 // from this machine, which a parent's ssh would hide.
@@ -509,7 +510,7 @@ func (m *hostAgents) markRunning(c net.Conn) {
 	m.running[c] = true
 }
 
-func (m *hostAgents) checkHello(node int, h remoteHello) error {
+func (m *hostAgents) checkHello(node int, h wire.Hello) error {
 	host := m.nodes[node].Name
 	if h.Version != m.cfg.Version {
 		return &VersionError{Host: host, Remote: h.Version, Local: m.cfg.Version}
@@ -547,7 +548,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			_ = c.SetDeadline(time.Now().Add(agentHandshakeTimeout))
 			// Heard: an agent that has sent its greeting is spared by
 			// evictions while a silent connection is left to close.
-			w, host, err := acceptAuth(m.gate.Heard(c), m.key, m.jobID, func(h string) bool { _, ok := index[h]; return ok })
+			w, host, err := acceptAgent(m.gate.Heard(c), m.key, m.jobID, func(h string) bool { _, ok := index[h]; return ok })
 			if err == nil && !m.gate.Claim(c) {
 				// Evicted for a newer connection just as the agent proved
 				// itself: it sees the close and connects again.
@@ -565,11 +566,11 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 				// A stranger or a wrong secret: logged and dropped, never
 				// a host's failure. What it claimed is kept for the error
 				// message of a host that fails on its own later.
-				var he *HandshakeError
-				if errors.As(err, &he) && he.ClaimHost != "" && he.ClaimProtocol != wireProtocol {
+				var he *wire.HandshakeError
+				if errors.As(err, &he) && he.ClaimHost != "" && he.ClaimProtocol != wire.Protocol {
 					m.mu.Lock()
 					if m.claims == nil {
-						m.claims = map[string]*HandshakeError{}
+						m.claims = map[string]*wire.HandshakeError{}
 					}
 					m.claims[he.ClaimHost] = he
 					m.mu.Unlock()
@@ -592,7 +593,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			m.authed = append(m.authed, c)
 			m.mu.Unlock()
 			lvl := int8(m.cfg.Logger.GetLevel())
-			job := &remoteJob{
+			job := &wire.Job{
 				Version: m.cfg.Version, Program: m.prog.Path, Argv: m.prog.Argv, Dir: m.rankDir(),
 				Grace: m.cfg.Grace, Lease: m.lease(), LogLevel: lvl, Iface: m.cfg.Iface, Doctor: m.use == useDoctor,
 				Launch: m.children[node],
@@ -607,12 +608,12 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 				job.Ranks = m.nodes[node].Ranks
 				job.Flight = true
 			}
-			if err := w.send(wireMsg{T: "job", Job: job}); err != nil {
+			if err := w.Send(wire.Msg{T: "job", Job: job}); err != nil {
 				c.Close()
 				results <- setupResult{node: node, err: &HostError{Host: host, Op: "talk to agent", Err: err}}
 				return
 			}
-			hm, err := w.readMsg()
+			hm, err := w.ReadMsg()
 			if err != nil || hm.T != "hello" || hm.Hello == nil {
 				c.Close()
 				results <- setupResult{node: node, err: &HostError{Host: host, Op: "talk to agent", Err: fmt.Errorf("no hello: %v", err)}}
@@ -645,9 +646,9 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 // readChildExits reads a tree parent's reports of child launches that
 // ended, until gorun's "setup-over" is acknowledged or the connection
 // closes. A child's stand-in launcher then ends as its ssh did.
-func (m *hostAgents) readChildExits(w *wireConn) {
+func (m *hostAgents) readChildExits(w *wire.Conn) {
 	for {
-		msg, err := w.readMsg()
+		msg, err := w.ReadMsg()
 		if err != nil || msg.T == "setup-over-ack" {
 			return
 		}
@@ -704,7 +705,7 @@ func (m *hostAgents) claimHint(host string) string {
 	defer m.mu.Unlock()
 	if he := m.claims[host]; he != nil {
 		return fmt.Sprintf("an unauthenticated connection from %s claimed to be its agent speaking protocol %s (this gorun speaks %s); "+
-			"if that was the agent, install the same gorun version on every host", he.Remote, he.ClaimProtocol, wireProtocol)
+			"if that was the agent, install the same gorun version on every host", he.Remote, he.ClaimProtocol, wire.Protocol)
 	}
 	return ""
 }
@@ -716,7 +717,7 @@ func (m *hostAgents) claimHint(host string) string {
 func (m *hostAgents) abort() {
 	for _, c := range m.conns {
 		if c != nil {
-			c.w.c.Close()
+			c.w.Close()
 		}
 	}
 	m.closeAuthed()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/netfault"
 	"github.com/gorun-hpc/gorun/launcher/fault"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // The fault kinds beyond signals (their spellings are package
@@ -131,7 +132,7 @@ type slowing struct {
 }
 
 // startSlow takes over a slow injection for rank r (already sent SIGSTOP).
-func (a *supervisor) startSlow(c supervisorCmd, rank, pid int, now time.Time) {
+func (a *supervisor) startSlow(c wire.Cmd, rank, pid int, now time.Time) {
 	s := slowing{rank: rank, pid: pid, fault: c.Fault, period: c.Period, stop: time.Duration(c.Duty * float64(c.Period)), stopped: true}
 	s.next = now.Add(s.stop)
 	if c.For > 0 {
@@ -151,7 +152,7 @@ func (a *supervisor) tickSlows(now time.Time) {
 		}
 		if !s.end.IsZero() && !now.Before(s.end) {
 			_ = syscall.Kill(-s.pid, syscall.SIGCONT)
-			a.emit(supervisorEvent{Ev: "fault-cont", Rank: s.rank, PID: s.pid, Fault: s.fault})
+			a.emit(wire.Event{Ev: "fault-cont", Rank: s.rank, PID: s.pid, Fault: s.fault})
 			continue
 		}
 		if !now.Before(s.next) {

@@ -11,7 +11,9 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher/fault"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // The job loop: one event loop for every job, whatever runs its ranks. It
@@ -30,16 +32,16 @@ type rankHome interface {
 	// supervisor sent them, plus "lost" for a host agent that is gone.
 	// It is closed only when no event can come any more (the local
 	// supervisor's event pipe ended).
-	events() <-chan supervisorEvent
+	events() <-chan wire.Event
 	// supervisors is how many "done" or "lost" events end the job: one
 	// per supervisor.
 	supervisors() int
 	// command delivers c to every supervisor. It does not block for long;
 	// a supervisor that is gone drops it.
-	command(c supervisorCmd)
+	command(c wire.Cmd)
 	// commandNode delivers c to the supervisor of plan node node alone
 	// (the one whose events carry it), as command does.
-	commandNode(node int, c supervisorCmd)
+	commandNode(node int, c wire.Cmd)
 	// killGroup SIGKILLs a rank's process group when its supervisor died
 	// without reporting the end. A home that cannot reach the group (a
 	// remote host: its host agent's supervisor does that) does nothing.
@@ -169,7 +171,7 @@ type liveJob struct {
 	// events is home's event stream; left counts the supervisors that
 	// have not yet reported "done" or been lost; supErr is set when the
 	// stream ended before every "done".
-	events <-chan supervisorEvent
+	events <-chan wire.Event
 	left   int
 	supErr error
 	// fences gathers the supervisors' PMI barriers (pmi.go).
@@ -365,7 +367,7 @@ func (j *liveJob) stop(why stopReason, sig syscall.Signal) {
 // SIGKILL after the grace period.
 func (j *liveJob) signalStop(sig syscall.Signal, dumpFirst bool) {
 	j.log.Debug().Stringer("signal", sig).Msg("stopping the job")
-	j.home.command(supervisorCmd{Op: "signal", Signal: int(sig), DumpFirst: dumpFirst})
+	j.home.command(wire.Cmd{Op: "signal", Signal: int(sig), DumpFirst: dumpFirst})
 	j.graceTimer = time.NewTimer(j.cfg.Grace)
 	j.grace = j.graceTimer.C
 }
@@ -386,7 +388,7 @@ func (j *liveJob) dumpWait(now time.Time) {
 func (j *liveJob) kill() {
 	if !j.killed {
 		j.killed = true
-		j.home.command(supervisorCmd{Op: "kill"})
+		j.home.command(wire.Cmd{Op: "kill"})
 	}
 }
 
@@ -411,7 +413,7 @@ func (j *liveJob) armInjection() {
 func (j *liveJob) inject() {
 	in := j.injNext
 	j.world.sent(in)
-	j.home.command(supervisorCmd{Op: "inject", Ranks: in.ranks, Signal: int(in.sig), For: in.cont, Fault: in.id,
+	j.home.command(wire.Cmd{Op: "inject", Ranks: in.ranks, Signal: int(in.sig), For: in.cont, Fault: in.id,
 		Duty: in.duty, Period: in.period,
 		KillHost: in.kind == fault.KillHost, AfterSteps: in.afterSteps})
 	j.armInjection()
@@ -428,7 +430,7 @@ func (j *liveJob) armCue() {
 // askCheckpoint signals the ranks to checkpoint.
 func (j *liveJob) askCheckpoint(c checkpointCue) {
 	j.log.Warn().Str("why", c.why).Stringer("signal", j.world.rep.ckptSig).Msg("asking the ranks for a checkpoint")
-	j.home.command(supervisorCmd{Op: "signal", Signal: int(j.world.rep.ckptSig)})
+	j.home.command(wire.Cmd{Op: "signal", Signal: int(j.world.rep.ckptSig)})
 	j.world.checkpointSent(c, time.Now())
 }
 
@@ -444,7 +446,7 @@ func (j *liveJob) onTimeout() {
 	case j.flight.isRemote():
 		// Each agent signals its own ready ranks.
 		j.flight.ask()
-		j.home.command(supervisorCmd{Op: "flight-signal"})
+		j.home.command(wire.Cmd{Op: "flight-signal"})
 		j.flightAsked = asked
 		j.timeoutFlight = time.After(flightWait)
 	case j.flight.signalReady() > 0:
@@ -475,7 +477,7 @@ func (j *liveJob) onSignal(s os.Signal) {
 		if sig == syscall.SIGUSR2 && j.flight.active() {
 			j.flight.ask()
 		}
-		j.home.command(supervisorCmd{Op: "signal", Signal: int(sig)})
+		j.home.command(wire.Cmd{Op: "signal", Signal: int(sig)})
 		if sig == syscall.SIGUSR2 && j.flight.active() {
 			// The ranks dump their flight records (comm); merge them
 			// once they have had time to.
@@ -493,7 +495,7 @@ func (j *liveJob) flightDue(why string, thenStop bool) {
 		j.printFlight(why, thenStop)
 		return
 	}
-	j.home.command(supervisorCmd{Op: "flight"})
+	j.home.command(wire.Cmd{Op: "flight"})
 	j.collecting, j.collectWhy, j.collectStop, j.answered = true, why, thenStop, 0
 	j.collectC = time.After(flightWait)
 }
@@ -517,7 +519,7 @@ func (j *liveJob) printFlight(why string, thenStop bool) {
 }
 
 // onEvent handles one supervisor event; !ok when the event stream ended.
-func (j *liveJob) onEvent(ev supervisorEvent, ok bool) {
+func (j *liveJob) onEvent(ev wire.Event, ok bool) {
 	if !ok {
 		j.supErr = j.home.lostWhy()
 		if j.supErr == nil {
@@ -552,7 +554,7 @@ func (j *liveJob) onEvent(ev supervisorEvent, ok bool) {
 	case "pmi-fence":
 		j.pmiFence(ev)
 	case "pmi-get":
-		j.home.commandNode(ev.node, j.fences.get(ev))
+		j.home.commandNode(ev.Node, j.fences.get(ev))
 	case "pmi-abort":
 		j.pmiAbort(ev)
 	case "lost":
@@ -590,7 +592,7 @@ func (j *liveJob) supervisorGone() {
 // rankFrozen handles a rank stopped past its lease, most often before the
 // world formed (freeze.go): a failure of its own. The teardown that
 // follows continues and ends it.
-func (j *liveJob) rankFrozen(ev supervisorEvent) {
+func (j *liveJob) rankFrozen(ev wire.Event) {
 	st := &j.ranks[ev.Rank]
 	st.frozen = ev.Frozen
 	if st.exited || j.reason != notStopping {
@@ -606,7 +608,7 @@ func (j *liveJob) rankFrozen(ev supervisorEvent) {
 // rankExited judges a rank's exit: the reap of a rank that told its
 // MPI_Abort first, a collateral failure, a failure of its own, an exit 0
 // without PMI finalize, or the teardown's doing (or success).
-func (j *liveJob) rankExited(ev supervisorEvent) {
+func (j *liveJob) rankExited(ev wire.Event) {
 	st := &j.ranks[ev.Rank]
 	st.exited, st.frozen = true, ev.Frozen
 	if i := slices.IndexFunc(j.failures, func(f failure) bool { return f.rank == ev.Rank && f.mpi != nil && f.mpi.Aborted }); i >= 0 {
@@ -640,7 +642,7 @@ func (j *liveJob) rankExited(ev supervisorEvent) {
 
 // pmiFence adds a supervisor's PMI barrier and releases it once every
 // supervisor reached it.
-func (j *liveJob) pmiFence(ev supervisorEvent) {
+func (j *liveJob) pmiFence(ev wire.Event) {
 	if cmd, ok, err := j.fences.add(ev); err != nil {
 		j.log.Error().Err(err).Msg("PMI barrier")
 		j.fail(failure{rank: ev.Rank, startErr: fmt.Errorf("%w: %v", errPMIProtocol, err)})
@@ -652,7 +654,7 @@ func (j *liveJob) pmiFence(ev supervisorEvent) {
 
 // pmiAbort handles a rank's MPI_Abort: the cause, unless the teardown had
 // begun.
-func (j *liveJob) pmiAbort(ev supervisorEvent) {
+func (j *liveJob) pmiAbort(ev wire.Event) {
 	pid := j.ranks[ev.Rank].pid
 	abort := &MPIError{Rank: ev.Rank, PID: pid, Aborted: true, Code: ev.Code, Message: ev.Err}
 	if j.reason == notStopping {
@@ -668,8 +670,8 @@ func (j *liveJob) pmiAbort(ev supervisorEvent) {
 // hostLost handles a host agent that is gone: its ranks are, or soon will
 // be (its host agent kills them when the lease runs out), so they count
 // as failed.
-func (j *liveJob) hostLost(ev supervisorEvent) {
-	n := j.plan.Nodes[ev.node]
+func (j *liveJob) hostLost(ev wire.Event) {
+	n := j.plan.Nodes[ev.Node]
 	j.log.Debug().Str("host", n.Name).Str("err", ev.Err).Msg("host lost")
 	for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
 		j.ranks[rk].exited = true
@@ -712,7 +714,7 @@ func (j *liveJob) verdict() error {
 	case j.reason == stopSignal:
 		return &InterruptedError{Signal: j.stopSig, Stopped: stopped}
 	case j.reason == stopContext:
-		return fmt.Errorf("launcher: job canceled; stopped %d %s: %w", stopped, plural(stopped, "rank", "ranks"), j.ctx.Err())
+		return fmt.Errorf("launcher: job canceled; stopped %d %s: %w", stopped, plural.Noun(stopped, "rank", "ranks"), j.ctx.Err())
 	case len(j.failures) > 0:
 		return j.failureError(stopped)
 	}
@@ -915,7 +917,7 @@ func (f failure) String() string {
 // logInjection records a supervisor's answer to an injection and logs it
 // (at warn, so that it shows by default: a fault in the output of a job
 // must never be a mystery).
-func (r *jobLoop) logInjection(world *worldRun, ev supervisorEvent) {
+func (r *jobLoop) logInjection(world *worldRun, ev wire.Event) {
 	if world == nil {
 		return
 	}
@@ -965,7 +967,7 @@ const sameMoment = 50 * time.Millisecond
 
 // firstFailure is ExitFirst's verdict: the failure that happened first, by
 // the best evidence there is, for failures in arrival order:
-//   - the time each process was reaped (supervisorEvent.At), which its
+//   - the time each process was reaped (wire.Event.At), which its
 //     supervisor does at each SIGCHLD; a failure with no exit (a start
 //     error, a lost host) counts from its arrival at gorun;
 //   - among the exits reaped within sameMoment of the earliest failure, a
@@ -1025,7 +1027,7 @@ func (f failure) when() int64 {
 // a rank SIGKILLed from outside (the OOM killer, a user) while the
 // teardown's SIGTERM was on its way is the job's cause, and often its
 // peers' collateral exits arrive first and begin the teardown.
-func causedByStop(ev supervisorEvent, sent syscall.Signal, killed bool) bool {
+func causedByStop(ev wire.Event, sent syscall.Signal, killed bool) bool {
 	return ev.Signal == int(sent) || (killed && ev.Signal == int(syscall.SIGKILL)) || (ev.Signal == 0 && ev.Code == 128+int(sent))
 }
 

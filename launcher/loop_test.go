@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // fakeJob drives the job loop with a scripted supervisor inside a synctest
@@ -20,8 +21,8 @@ import (
 // localHome and hostsHome.
 type fakeJob struct {
 	t      *testing.T
-	events chan supervisorEvent
-	cmds   chan supervisorCmd
+	events chan wire.Event
+	cmds   chan wire.Cmd
 	errc   chan error
 	// killed records the process groups loop killed itself.
 	killed chan int
@@ -41,12 +42,12 @@ func startFakeJob(t *testing.T, np int, cfg Config) *fakeJob {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeJob{t: t, events: make(chan supervisorEvent, 64), cmds: make(chan supervisorCmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
+	f := &fakeJob{t: t, events: make(chan wire.Event, 64), cmds: make(chan wire.Cmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
 	cfg.Logger = zerolog.Nop()
 	r := &jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 1}}
 	go func() { f.errc <- r.run(context.Background()) }()
 	for i := range np {
-		f.events <- supervisorEvent{Ev: "started", Rank: i, PID: 1000 + i}
+		f.events <- wire.Event{Ev: "started", Rank: i, PID: 1000 + i}
 	}
 	return f
 }
@@ -60,16 +61,16 @@ type fakeHome struct {
 
 var _ rankHome = (*fakeHome)(nil)
 
-func (h *fakeHome) events() <-chan supervisorEvent     { return h.f.events }
-func (h *fakeHome) supervisors() int                   { return h.n }
-func (h *fakeHome) command(c supervisorCmd)            { h.f.cmds <- c }
-func (h *fakeHome) commandNode(_ int, c supervisorCmd) { h.f.cmds <- c }
-func (h *fakeHome) killGroup(pgid int)                 { h.f.killed <- pgid }
-func (h *fakeHome) lostWhy() error                     { return nil }
+func (h *fakeHome) events() <-chan wire.Event     { return h.f.events }
+func (h *fakeHome) supervisors() int              { return h.n }
+func (h *fakeHome) command(c wire.Cmd)            { h.f.cmds <- c }
+func (h *fakeHome) commandNode(_ int, c wire.Cmd) { h.f.cmds <- c }
+func (h *fakeHome) killGroup(pgid int)            { h.f.killed <- pgid }
+func (h *fakeHome) lostWhy() error                { return nil }
 
 // exit reports rank's exit with a code (sig 0) or a signal.
 func (f *fakeJob) exit(rank, code int, sig syscall.Signal) {
-	f.events <- supervisorEvent{Ev: "exited", Rank: rank, PID: 1000 + rank, Code: code, Signal: int(sig)}
+	f.events <- wire.Event{Ev: "exited", Rank: rank, PID: 1000 + rank, Code: code, Signal: int(sig)}
 }
 
 // expect waits until loop is idle and checks the one command it sent.
@@ -98,7 +99,7 @@ func (f *fakeJob) expectNone() {
 }
 
 func (f *fakeJob) done() error {
-	f.events <- supervisorEvent{Ev: "done"}
+	f.events <- wire.Event{Ev: "done"}
 	close(f.events)
 	return <-f.errc
 }
@@ -211,8 +212,8 @@ func TestLoopExitPolicy(t *testing.T) {
 func TestLoopIgnoresUnknownRanks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := startFakeJob(t, 1, testConfig())
-		f.events <- supervisorEvent{Ev: "exited", Rank: 5, Code: 1}
-		f.events <- supervisorEvent{Ev: "started", Rank: -1}
+		f.events <- wire.Event{Ev: "exited", Rank: 5, Code: 1}
+		f.events <- wire.Event{Ev: "started", Rank: -1}
 		f.expectNone()
 		f.exit(0, 0, 0)
 		if err := f.done(); err != nil {
@@ -248,15 +249,15 @@ func TestLoopHostLost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := &fakeJob{t: t, events: make(chan supervisorEvent, 64), cmds: make(chan supervisorCmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
+		f := &fakeJob{t: t, events: make(chan wire.Event, 64), cmds: make(chan wire.Cmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
 		cfg := testConfig()
 		cfg.Logger = zerolog.Nop()
 		r := &jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 2}}
 		go func() { f.errc <- r.run(context.Background()) }()
 		for i := range 4 {
-			f.events <- supervisorEvent{Ev: "started", Rank: i, PID: 1000 + i, node: i / 2}
+			f.events <- wire.Event{Ev: "started", Rank: i, PID: 1000 + i, Node: i / 2}
 		}
-		f.events <- supervisorEvent{Ev: "lost", Rank: 2, Err: "no word from its agent for 4s", node: 1}
+		f.events <- wire.Event{Ev: "lost", Rank: 2, Err: "no word from its agent for 4s", Node: 1}
 		f.expect("signal", syscall.SIGTERM)
 		f.exit(0, 0, syscall.SIGTERM)
 		f.exit(1, 143, 0)
@@ -308,36 +309,36 @@ func TestLoopEveryRankFailsOnItsOwn(t *testing.T) {
 // during the teardown, and when every failure is collateral the line
 // names the rank the reports point to.
 func TestLoopCulprit(t *testing.T) {
-	coll := func(rank, blame int) supervisorEvent {
-		return supervisorEvent{Ev: "exited", Rank: rank, PID: 1000 + rank, Code: 6, Collateral: true, Blame: blame, Err: "comm: peer lost"}
+	coll := func(rank, blame int) wire.Event {
+		return wire.Event{Ev: "exited", Rank: rank, PID: 1000 + rank, Code: 6, Collateral: true, Blame: blame, Err: "comm: peer lost"}
 	}
-	relay := func(rank, blame int) supervisorEvent {
+	relay := func(rank, blame int) wire.Event {
 		ev := coll(rank, blame)
 		ev.Relay = true
 		return ev
 	}
-	kill3 := supervisorEvent{Ev: "exited", Rank: 3, PID: 1003, Signal: int(syscall.SIGKILL)}
-	term := func(rank int) supervisorEvent {
-		return supervisorEvent{Ev: "exited", Rank: rank, PID: 1000 + rank, Signal: int(syscall.SIGTERM)}
+	kill3 := wire.Event{Ev: "exited", Rank: 3, PID: 1003, Signal: int(syscall.SIGKILL)}
+	term := func(rank int) wire.Event {
+		return wire.Event{Ev: "exited", Rank: rank, PID: 1000 + rank, Signal: int(syscall.SIGTERM)}
 	}
 	for _, tc := range []struct {
 		name   string
-		events []supervisorEvent
+		events []wire.Event
 		want   string
 		code   int
 	}{
-		{"collateral first", []supervisorEvent{coll(2, 3), coll(4, 3), kill3, coll(0, 2), term(1), term(5)},
+		{"collateral first", []wire.Event{coll(2, 3), coll(4, 3), kill3, coll(0, 2), term(1), term(5)},
 			"rank 3 (host localhost, pid 1003) killed by signal 9 (killed); 3 ranks failed as a consequence (peer lost); stopped 2 other ranks", 137},
-		{"culprit first", []supervisorEvent{kill3, coll(2, 3), coll(4, 3), coll(0, 2), coll(1, 0), coll(5, 4)},
+		{"culprit first", []wire.Event{kill3, coll(2, 3), coll(4, 3), coll(0, 2), coll(1, 0), coll(5, 4)},
 			"rank 3 (host localhost, pid 1003) killed by signal 9 (killed); 5 ranks failed as a consequence (peer lost)", 137},
-		{"all collateral (frozen rank 3)", []supervisorEvent{coll(2, 4), coll(4, 2), coll(0, 3), coll(1, 0), coll(5, 4), term(3)},
+		{"all collateral (frozen rank 3)", []wire.Event{coll(2, 4), coll(4, 2), coll(0, 3), coll(1, 0), coll(5, 4), term(3)},
 			`rank 3 (host localhost, pid 1003) was lost to its peers: rank 0 reported "comm: peer lost"; 5 ranks failed as a consequence (peer lost); stopped 0 other ranks`, 6},
 		// An abort relayed around the ring: every rank reported, the
 		// relays blame each other in a cycle; rank 1 saw rank 0 go
 		// first-hand (a partition: rank 0 ran on and relayed too).
-		{"relayed cycle", []supervisorEvent{relay(3, 2), relay(4, 3), coll(1, 0), relay(2, 1), relay(0, 5), relay(5, 4)},
+		{"relayed cycle", []wire.Event{relay(3, 2), relay(4, 3), coll(1, 0), relay(2, 1), relay(0, 5), relay(5, 4)},
 			`rank 0 (host localhost, pid 1000) was lost to its peers: rank 1 reported "comm: peer lost"; 6 ranks failed as a consequence (peer lost); stopped 0 other ranks`, 6},
-		{"blame unknown", []supervisorEvent{coll(2, -1), term(0), term(1), term(3), term(4), term(5)},
+		{"blame unknown", []wire.Event{coll(2, -1), term(0), term(1), term(3), term(4), term(5)},
 			"rank 2 reported a lost peer (comm: peer lost); 1 rank failed as a consequence (peer lost); stopped 5 other ranks", 6},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

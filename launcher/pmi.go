@@ -14,6 +14,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/internal/plural"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/pmi"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
@@ -85,19 +87,9 @@ func ParsePMIMode(s string) (PMIMode, error) {
 	return "", fmt.Errorf("launcher: --pmi %q: expected fd, port or none", s)
 }
 
-// pmiJob is what a supervisor needs to serve PMI: sent in supervisorSpec (and,
-// for other hosts, in the "spec" wire message).
-type pmiJob struct {
-	KVSName string `json:"kvs"`
-	Size    int    `json:"size"`
-	Mapping string `json:"mapping"`
-	// Port selects the PMI_PORT mode instead of PMI_FD.
-	Port bool `json:"port,omitempty"`
-}
-
 // pmiJobFor returns the PMI description of plan, or nil when the plan's
 // ranks are not told about PMI (plan.Config.NoPMI).
-func pmiJobFor(plan *Plan, mode PMIMode) (*pmiJob, error) {
+func pmiJobFor(plan *Plan, mode PMIMode) (*wire.PMIJob, error) {
 	if !plan.PMI {
 		return nil, nil
 	}
@@ -109,7 +101,7 @@ func pmiJobFor(plan *Plan, mode PMIMode) (*pmiJob, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &pmiJob{KVSName: "gorun-" + plan.JobID, Size: plan.WorldSize, Mapping: mapping, Port: mode == PMIPort}, nil
+	return &wire.PMIJob{KVSName: "gorun-" + plan.JobID, Size: plan.WorldSize, Mapping: mapping, Port: mode == PMIPort}, nil
 }
 
 // pmiRankFD is the descriptor number a rank finds its PMI socket at.
@@ -120,7 +112,7 @@ const pmiRankFD = 3
 // the connection servers are goroutines it owns (wg).
 type supervisorPMI struct {
 	srv   *pmi.Server
-	job   pmiJob
+	job   wire.PMIJob
 	first int // the lowest rank served, named in fence events
 	// ends are the ranks' ends of their socketpairs until they started.
 	ends map[int]*os.File
@@ -133,7 +125,7 @@ type supervisorPMI struct {
 // newSupervisorPMI starts serving PMI for ranks. In the fd mode every
 // rank's socketpair exists before any rank starts, so a rank can never
 // find its descriptor unserved.
-func newSupervisorPMI(job pmiJob, ranks []supervisorRank, log zerolog.Logger) (*supervisorPMI, error) {
+func newSupervisorPMI(job wire.PMIJob, ranks []wire.SupervisorRank, log zerolog.Logger) (*supervisorPMI, error) {
 	nums := make([]int, len(ranks))
 	for i, r := range ranks {
 		nums[i] = r.Rank
@@ -301,18 +293,18 @@ func (sp *supervisorPMI) requests() <-chan pmi.Request {
 }
 
 // event turns a server request into the supervisor event gorun acts on.
-func (sp *supervisorPMI) event(req pmi.Request) supervisorEvent {
+func (sp *supervisorPMI) event(req pmi.Request) wire.Event {
 	switch req.Kind {
 	case pmi.Abort:
-		return supervisorEvent{Ev: "pmi-abort", Rank: req.Rank, Code: req.Code, Err: req.Message}
+		return wire.Event{Ev: "pmi-abort", Rank: req.Rank, Code: req.Code, Err: req.Message}
 	case pmi.Get:
-		return supervisorEvent{Ev: "pmi-get", Rank: sp.first, Key: req.Key}
+		return wire.Event{Ev: "pmi-get", Rank: sp.first, Key: req.Key}
 	}
-	return supervisorEvent{Ev: "pmi-fence", Rank: sp.first, Epoch: req.Epoch, KVS: req.Puts}
+	return wire.Event{Ev: "pmi-fence", Rank: sp.first, Epoch: req.Epoch, KVS: req.Puts}
 }
 
 // release applies gorun's "pmi-release" command.
-func (sp *supervisorPMI) release(c supervisorCmd, log zerolog.Logger) {
+func (sp *supervisorPMI) release(c wire.Cmd, log zerolog.Logger) {
 	if sp == nil {
 		return
 	}
@@ -323,7 +315,7 @@ func (sp *supervisorPMI) release(c supervisorCmd, log zerolog.Logger) {
 
 // answer applies gorun's "pmi-value" command: the answer to a "pmi-get",
 // with the batch that came with it (pmi.Store.Get) in KVS.
-func (sp *supervisorPMI) answer(c supervisorCmd, log zerolog.Logger) {
+func (sp *supervisorPMI) answer(c wire.Cmd, log zerolog.Logger) {
 	if sp == nil {
 		return
 	}
@@ -372,29 +364,29 @@ type pmiFences struct {
 // before the last released barrier, and in KVS the batch that comes with
 // it: the other keys that host put in that barrier (pmi.Store.Get); a
 // key of a batch this host was sent before goes without its value.
-func (f *pmiFences) get(ev supervisorEvent) supervisorCmd {
+func (f *pmiFences) get(ev wire.Event) wire.Cmd {
 	a := f.kvs.Get(ev.Rank, ev.Key)
 	if a.Batched {
 		a.Value, a.Found = "", false // the host has it from the batch (Batched implies found)
 	}
-	return supervisorCmd{Op: "pmi-value", Key: ev.Key, Value: a.Value, Found: a.Found, Batched: a.Batched, KVS: a.More}
+	return wire.Cmd{Op: "pmi-value", Key: ev.Key, Value: a.Value, Found: a.Found, Batched: a.Batched, KVS: a.More}
 }
 
 // add counts one supervisor's fence and returns the release command once
 // every supervisor fenced epoch; ok is false until then. A fence of
 // another epoch is a protocol error (supervisors cannot run ahead: each
 // waits for the release before its ranks can enter the next barrier).
-func (f *pmiFences) add(ev supervisorEvent) (cmd supervisorCmd, ok bool, err error) {
+func (f *pmiFences) add(ev wire.Event) (cmd wire.Cmd, ok bool, err error) {
 	if ev.Epoch != f.epoch {
-		return supervisorCmd{}, false, fmt.Errorf("PMI fence for barrier %d while barrier %d is open", ev.Epoch, f.epoch)
+		return wire.Cmd{}, false, fmt.Errorf("PMI fence for barrier %d while barrier %d is open", ev.Epoch, f.epoch)
 	}
 	f.kvs.Fence(ev.Rank, ev.KVS)
 	f.seen++
 	if f.seen < max(f.hosts, 1) {
-		return supervisorCmd{}, false, nil
+		return wire.Cmd{}, false, nil
 	}
 	f.kvs.Release()
-	cmd = supervisorCmd{Op: "pmi-release", Epoch: f.epoch}
+	cmd = wire.Cmd{Op: "pmi-release", Epoch: f.epoch}
 	f.epoch, f.seen = f.epoch+1, 0
 	return cmd, true, nil
 }
@@ -424,7 +416,7 @@ func (e *MPIError) Error() string {
 		}
 	}
 	return fmt.Sprintf("rank %d (host %s, pid %d) %s; stopped %d other %s",
-		e.Rank, e.Host, e.PID, cause, e.Stopped, plural(e.Stopped, "rank", "ranks"))
+		e.Rank, e.Host, e.PID, cause, e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
 }
 
 // ExitCode is the abort code as a process exit status (its low byte, as

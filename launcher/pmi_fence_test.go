@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // fenceNodes is hosts nodes h0, h1, ... of perHost ranks each.
@@ -46,9 +47,9 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 	}
 	sps := make([]*supervisorPMI, hosts)
 	for h := range hosts {
-		var ranks []supervisorRank
+		var ranks []wire.SupervisorRank
 		for r := h * perHost; r < (h+1)*perHost; r++ {
-			ranks = append(ranks, supervisorRank{Rank: r})
+			ranks = append(ranks, wire.SupervisorRank{Rank: r})
 		}
 		if sps[h], err = newSupervisorPMI(*job, ranks, zerolog.Nop()); err != nil {
 			t.Fatal(err)
@@ -64,7 +65,7 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 	// requests become events; the commands are counted and applied.
 	type hostEvent struct {
 		host int
-		ev   supervisorEvent
+		ev   wire.Event
 	}
 	events := make(chan hostEvent)
 	quit := make(chan struct{})
@@ -89,8 +90,8 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 		})
 	}
 	sent := make([]int, hosts)
-	send := func(h int, c supervisorCmd) {
-		b, err := json.Marshal(wireMsg{T: "cmd", Cmd: &c})
+	send := func(h int, c wire.Cmd) {
+		b, err := json.Marshal(wire.Msg{T: "cmd", Cmd: &c})
 		if err != nil {
 			t.Error(err)
 		}

@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // Preloading (--preload-binary, --preload-files): gorun sends the program
@@ -38,20 +40,11 @@ import (
 //     working directory of another user's, or one every user may write
 //     that is not sticky, is refused, since they could swap the files.
 
-// preloadFile describes one file gorun offers.
-type preloadFile struct {
-	Name    string      `json:"name"` // base name
-	Size    int64       `json:"size"`
-	SHA256  string      `json:"sha256"`
-	Mode    os.FileMode `json:"mode"`
-	Program bool        `json:"program,omitempty"`
-}
-
 // preloadSource is a file on gorun's side with its compressed bytes,
 // made once and shared by every host's sender.
 type preloadSource struct {
 	path string
-	info preloadFile
+	info wire.PreloadFile
 	once sync.Once
 	zst  []byte
 	err  error
@@ -72,7 +65,7 @@ func newPreloadSource(path string, program bool) (*preloadSource, error) {
 	if err != nil {
 		return nil, fmt.Errorf("launcher: preload %s: %w", path, err)
 	}
-	return &preloadSource{path: path, info: preloadFile{
+	return &preloadSource{path: path, info: wire.PreloadFile{
 		Name: filepath.Base(path), Size: n, SHA256: hex.EncodeToString(h.Sum(nil)), Mode: st.Mode().Perm(), Program: program,
 	}}, nil
 }
@@ -104,7 +97,7 @@ const preloadChunk = 1 << 20
 
 // sendPreloads sends every file the agent asked for (need holds SHA-256s)
 // and waits for its verdict on each.
-func sendPreloads(w *wireConn, srcs []*preloadSource, need []string) error {
+func sendPreloads(w *wire.Conn, srcs []*preloadSource, need []string) error {
 	for _, sha := range need {
 		var src *preloadSource
 		for _, s := range srcs {
@@ -119,16 +112,16 @@ func sendPreloads(w *wireConn, srcs []*preloadSource, need []string) error {
 		if err != nil {
 			return err
 		}
-		hdr, _ := json.Marshal(wireMsg{T: "file", File: &fileHeader{SHA256: sha, Compressed: len(z)}})
-		if err := w.writeFrame(frameMsg, hdr); err != nil {
+		hdr, _ := json.Marshal(wire.Msg{T: "file", File: &wire.FileHeader{SHA256: sha, Compressed: len(z)}})
+		if err := w.WriteFrame(wire.FrameMsg, hdr); err != nil {
 			return err
 		}
 		for off := 0; off < len(z); off += preloadChunk {
-			if err := w.writeFrame(frameData, z[off:min(off+preloadChunk, len(z))]); err != nil {
+			if err := w.WriteFrame(wire.FrameData, z[off:min(off+preloadChunk, len(z))]); err != nil {
 				return err
 			}
 		}
-		m, err := w.readMsg()
+		m, err := w.ReadMsg()
 		if err != nil {
 			return err
 		}
@@ -139,17 +132,11 @@ func sendPreloads(w *wireConn, srcs []*preloadSource, need []string) error {
 	return nil
 }
 
-// fileHeader announces Compressed bytes of data frames for one file.
-type fileHeader struct {
-	SHA256     string `json:"sha256"`
-	Compressed int    `json:"compressed"`
-}
-
 // preloadPlace is where a host keeps a preloaded file and whether it is
 // already there with the right content. The program's place must be
 // private to this user; when no private directory can be had the error
 // says why and the agent reports it as this host's failure.
-func preloadPlace(f preloadFile, dir string) (path string, present bool, err error) {
+func preloadPlace(f wire.PreloadFile, dir string) (path string, present bool, err error) {
 	if f.Program {
 		cache, err := userStateDir("preload")
 		if err != nil {
@@ -221,8 +208,8 @@ func fileSHA256(path string, own bool) (string, error) {
 
 // receivePreloads is the agent side: for each needed file, read its data
 // frames, decompress, check the hash, place it atomically, and answer.
-func receivePreloads(w *wireConn, files []preloadFile, paths map[string]string, need []string) error {
-	byHash := map[string]preloadFile{}
+func receivePreloads(w *wire.Conn, files []wire.PreloadFile, paths map[string]string, need []string) error {
+	byHash := map[string]wire.PreloadFile{}
 	for _, f := range files {
 		byHash[f.SHA256] = f
 	}
@@ -232,7 +219,7 @@ func receivePreloads(w *wireConn, files []preloadFile, paths map[string]string, 
 	}
 	defer dec.Close()
 	for range need {
-		m, err := w.readMsg()
+		m, err := w.ReadMsg()
 		if err != nil {
 			return err
 		}
@@ -245,21 +232,21 @@ func receivePreloads(w *wireConn, files []preloadFile, paths map[string]string, 
 		}
 		z := make([]byte, 0, m.File.Compressed)
 		for len(z) < m.File.Compressed {
-			typ, p, err := w.readFrame(nil)
+			typ, p, err := w.ReadFrame(nil)
 			if err != nil {
 				return err
 			}
-			if typ != frameData {
+			if typ != wire.FrameData {
 				return fmt.Errorf("expected file data, got frame %q", typ)
 			}
 			z = append(z, p...)
 		}
 		verr := placeFile(dec, z, f, paths[f.SHA256])
-		reply := wireMsg{T: "file-ok"}
+		reply := wire.Msg{T: "file-ok"}
 		if verr != nil {
-			reply = wireMsg{T: "file-bad", Err: verr.Error()}
+			reply = wire.Msg{T: "file-bad", Err: verr.Error()}
 		}
-		if err := w.send(reply); err != nil {
+		if err := w.Send(reply); err != nil {
 			return err
 		}
 		if verr != nil {
@@ -269,7 +256,7 @@ func receivePreloads(w *wireConn, files []preloadFile, paths map[string]string, 
 	return nil
 }
 
-func placeFile(dec *zstd.Decoder, z []byte, f preloadFile, path string) error {
+func placeFile(dec *zstd.Decoder, z []byte, f wire.PreloadFile, path string) error {
 	data, err := dec.DecodeAll(z, make([]byte, 0, f.Size))
 	if err != nil {
 		return fmt.Errorf("decompress %s: %w", f.Name, err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/launcher/output"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
 
@@ -222,7 +223,7 @@ type hostsRun struct {
 	m    *hostAgents
 	plan *Plan
 	pc   plan.Config
-	pj   *pmiJob
+	pj   *wire.PMIJob
 	out  *output.Job
 	// sinks are one in-memory pipe pair per rank (see newRun).
 	sinks []rankSink
@@ -277,7 +278,7 @@ func (m *hostAgents) newRun(plan *Plan, pc plan.Config) (*hostsRun, error) {
 	// Hosts that start early queue their events here until every host is
 	// up and the loop runs: a PMI barrier cannot complete before then
 	// anyway, so each host has at most one fence waiting.
-	r.home = &hostsHome{ch: make(chan supervisorEvent, 4*len(plan.Ranks)+4*len(plan.Nodes)+4)}
+	r.home = &hostsHome{ch: make(chan wire.Event, 4*len(plan.Ranks)+4*len(plan.Nodes)+4)}
 	out.Start()
 	return r, nil
 }
@@ -294,8 +295,8 @@ func (r *hostsRun) launch(c *hostConn) {
 	n := plan.Nodes[c.node]
 	r.launched[c.node] = true
 	r.home.conns = append(r.home.conns, c)
-	m.markRunning(c.w.c)
-	c.w.writeTimeout = r.lease
+	m.markRunning(c.w.NetConn())
+	c.w.SetWriteTimeout(r.lease)
 	r.connWG.Go(func() { pinger(c.w, r.lease/4, r.quit) })
 	r.connWG.Go(func() {
 		defer func() {
@@ -312,7 +313,7 @@ func (r *hostsRun) launch(c *hostConn) {
 			_, _ = s.Write(data)
 		})
 		if err != nil {
-			ev := supervisorEvent{Ev: "lost", Rank: n.FirstRank, Err: err.Error(), node: c.node}
+			ev := wire.Event{Ev: "lost", Rank: n.FirstRank, Err: err.Error(), Node: c.node}
 			select {
 			case r.home.ch <- ev:
 			case <-r.quit:
@@ -327,14 +328,14 @@ func (r *hostsRun) launch(c *hostConn) {
 			}
 		}
 	})
-	var ranks []remoteRank
+	var ranks []wire.HostRank
 	for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
 		// The plan was made when rank 0's host was up, perhaps before
 		// this one: its interface is known now (r.pc is start-up's).
 		plan.Ranks[rk].Env = plan.RankEnv(plan.Ranks[rk], r.pc)
-		ranks = append(ranks, remoteRank{Rank: rk, Env: withoutSecret(plan.Ranks[rk].Env), GPU: gpuOf(plan.Ranks[rk])})
+		ranks = append(ranks, wire.HostRank{Rank: rk, Env: withoutSecret(plan.Ranks[rk].Env), GPU: gpuOf(plan.Ranks[rk])})
 	}
-	if err := c.w.send(wireMsg{T: "spec", Ranks: ranks, PMI: r.pj}); err != nil {
+	if err := c.w.Send(wire.Msg{T: "spec", Ranks: ranks, PMI: r.pj}); err != nil {
 		m.cfg.Logger.Debug().Err(err).Str("host", n.Name).Msg("sending the spec failed")
 	}
 }
@@ -406,7 +407,7 @@ func (r *hostsRun) teardown(reap bool) error {
 	defer r.out.Close()
 	close(r.quit)
 	for _, c := range r.home.conns {
-		c.w.c.Close()
+		c.w.Close()
 	}
 	r.connWG.Wait()
 	for node, n := range r.plan.Nodes {
@@ -482,7 +483,7 @@ type hostsHome struct {
 	// ch carries every host's events, and "lost" for a host whose
 	// connection failed; never closed (the connection readers stop
 	// sending when run's quit closes).
-	ch chan supervisorEvent
+	ch chan wire.Event
 	// byNode indexes conns by plan node; made on first use (the job
 	// loop's goroutine only).
 	byNode map[int]*hostConn
@@ -490,21 +491,21 @@ type hostsHome struct {
 
 var _ rankHome = (*hostsHome)(nil)
 
-func (h *hostsHome) events() <-chan supervisorEvent { return h.ch }
-func (h *hostsHome) supervisors() int               { return len(h.conns) }
+func (h *hostsHome) events() <-chan wire.Event { return h.ch }
+func (h *hostsHome) supervisors() int          { return len(h.conns) }
 
 // command sends c to every launched host agent. A lost host's write fails
 // at once or within the lease (the write timeout); its agent ends on its
 // own.
-func (h *hostsHome) command(c supervisorCmd) {
+func (h *hostsHome) command(c wire.Cmd) {
 	for _, hc := range h.conns {
-		_ = hc.w.send(wireMsg{T: "cmd", Cmd: &c})
+		_ = hc.w.Send(wire.Msg{T: "cmd", Cmd: &c})
 	}
 }
 
 // commandNode sends c to node's host agent alone (nothing when that host
 // was not launched).
-func (h *hostsHome) commandNode(node int, c supervisorCmd) {
+func (h *hostsHome) commandNode(node int, c wire.Cmd) {
 	if h.byNode == nil {
 		h.byNode = make(map[int]*hostConn, len(h.conns))
 		for _, hc := range h.conns {
@@ -512,7 +513,7 @@ func (h *hostsHome) commandNode(node int, c supervisorCmd) {
 		}
 	}
 	if hc := h.byNode[node]; hc != nil {
-		_ = hc.w.send(wireMsg{T: "cmd", Cmd: &c})
+		_ = hc.w.Send(wire.Msg{T: "cmd", Cmd: &c})
 	}
 }
 
@@ -526,7 +527,7 @@ func (h *hostsHome) lostWhy() error { return nil }
 // and waits for it. A file that cannot be read cancellably is not
 // forwarded: rank 0 gets EOF at once, as a copy that could not be stopped
 // would keep the job from ending.
-func (m *hostAgents) forwardStdin(w *wireConn) func() {
+func (m *hostAgents) forwardStdin(w *wire.Conn) func() {
 	src := m.cfg.Stdin
 	if src == nil {
 		return func() {}
@@ -536,14 +537,14 @@ func (m *hostAgents) forwardStdin(w *wireConn) func() {
 		nf, err := cancellableStdin(f)
 		if err != nil {
 			m.cfg.Logger.Debug().Err(err).Msg("stdin cannot be forwarded to rank 0")
-			_ = w.writeFrame(frameStdin)
+			_ = w.WriteFrame(wire.FrameStdin)
 			return func() {}
 		}
 		src, reopened = nf, nf
 	}
-	p := startStdinPump(src, func(b []byte) error { return w.writeFrame(frameStdin, b) }, func(eof bool) {
+	p := startStdinPump(src, func(b []byte) error { return w.WriteFrame(wire.FrameStdin, b) }, func(eof bool) {
 		if eof {
-			_ = w.writeFrame(frameStdin)
+			_ = w.WriteFrame(wire.FrameStdin)
 		}
 	})
 	return func() {
@@ -564,7 +565,7 @@ func (m *hostAgents) forwardStdin(w *wireConn) func() {
 // ranks are dropped: an agent speaks only for its node's ranks. After
 // "done" the agent half-closes; the read error that follows is the clean
 // end, not a loss.
-func (m *hostAgents) readHost(c *hostConn, n plan.Node, lease time.Duration, events chan<- supervisorEvent, quit <-chan struct{},
+func (m *hostAgents) readHost(c *hostConn, n plan.Node, lease time.Duration, events chan<- wire.Event, quit <-chan struct{},
 	output func(rank int, stream byte, data []byte)) error {
 	var buf []byte
 	doneSeen := false
@@ -573,8 +574,8 @@ func (m *hostAgents) readHost(c *hostConn, n plan.Node, lease time.Duration, eve
 	supLost := ""
 	for {
 		deadline := time.Now().Add(lease)
-		_ = c.w.c.SetReadDeadline(deadline)
-		_, err := c.w.br.Peek(1)
+		_ = c.w.SetReadDeadline(deadline)
+		_, err := c.w.Peek(1)
 		if err != nil && !doneSeen && isTimeout(err) {
 			// The agent is on another host: no process of its to read.
 			// What gorun knows is its own lateness: a gorun starved past
@@ -584,16 +585,16 @@ func (m *hostAgents) readHost(c *hostConn, n plan.Node, lease time.Duration, eve
 			// notes/verdicts.md). Peek consumes nothing: a frame is
 			// never cut by a timeout here.
 			if late := time.Since(deadline); late > lease/16 {
-				_ = c.w.c.SetReadDeadline(time.Now().Add(min(late, lease)))
-				_, err = c.w.br.Peek(1)
+				_ = c.w.SetReadDeadline(time.Now().Add(min(late, lease)))
+				_, err = c.w.Peek(1)
 			}
 		}
 		var typ byte
 		var p []byte
 		if err == nil {
 			// A frame is arriving: the rest of it gets a lease too.
-			_ = c.w.c.SetReadDeadline(time.Now().Add(lease))
-			typ, p, err = c.w.readFrame(buf)
+			_ = c.w.SetReadDeadline(time.Now().Add(lease))
+			typ, p, err = c.w.ReadFrame(buf)
 		}
 		if err != nil {
 			if doneSeen {
@@ -615,7 +616,7 @@ func (m *hostAgents) readHost(c *hostConn, n plan.Node, lease time.Duration, eve
 		}
 		buf = p[:0]
 		switch typ {
-		case frameOutput:
+		case wire.FrameOutput:
 			if len(p) < 5 {
 				continue
 			}
@@ -624,8 +625,8 @@ func (m *hostAgents) readHost(c *hostConn, n plan.Node, lease time.Duration, eve
 				continue
 			}
 			output(rank, p[4], p[5:])
-		case frameMsg:
-			var msg wireMsg
+		case wire.FrameMsg:
+			var msg wire.Msg
 			if err := json.Unmarshal(p, &msg); err == nil && msg.T == "supervisor-lost" && msg.Err != "" {
 				supLost = msg.Err
 				continue
@@ -637,7 +638,7 @@ func (m *hostAgents) readHost(c *hostConn, n plan.Node, lease time.Duration, eve
 			if ev.Ev != "done" && (ev.Rank < n.FirstRank || ev.Rank >= n.FirstRank+n.Ranks) {
 				continue
 			}
-			ev.node = c.node
+			ev.Node = c.node
 			if ev.Ev == "done" {
 				doneSeen = true
 			}

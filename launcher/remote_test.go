@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 func TestSSHCommand(t *testing.T) {
@@ -47,18 +49,18 @@ func TestWireHandshake(t *testing.T) {
 		defer b.Close()
 		done := make(chan result, 1)
 		go func() {
-			w, h, err := acceptAuth(b, secret, "job1", known)
+			w, h, err := acceptAgent(b, secret, "job1", known)
 			if err == nil {
-				_ = w.send(wireMsg{T: "job"})
+				_ = w.Send(wire.Msg{T: "job"})
 			} else {
 				b.Close()
 			}
 			done <- result{h, err}
 		}()
-		w, err := dialAuth(a, agentSecret, "job1", host)
+		w, err := wire.DialAuth(a, agentSecret, "job1", host)
 		if err == nil {
-			// The agent's proof is checked after dialAuth returns.
-			_, err = w.readMsg()
+			// The agent's proof is checked after wire.DialAuth returns.
+			_, err = w.ReadMsg()
 		}
 		// A refusing agent hangs up, as the real one does when it exits.
 		a.Close()
@@ -84,9 +86,9 @@ func TestWireHandshake(t *testing.T) {
 		_, _ = a.Read(buf)
 		a.Close()
 	}()
-	_, host, err := acceptAuth(b, secret, "job1", known)
+	_, host, err := acceptAgent(b, secret, "job1", known)
 	var ve *VersionError
-	var he *HandshakeError
+	var he *wire.HandshakeError
 	if errors.As(err, &ve) || !errors.As(err, &he) || host != "" || he.ClaimProtocol != "9" {
 		t.Fatalf("unauthenticated foreign protocol: %v host %q, want a *HandshakeError and no host", err, host)
 	}
@@ -96,10 +98,10 @@ func TestWireHandshake(t *testing.T) {
 	a2, b2 := net.Pipe()
 	defer a2.Close()
 	go func() {
-		_, _ = dialAuthAs(a2, secret, "job1", "n1", "9")
+		_, _ = wire.DialAuthAs(a2, secret, "job1", "n1", "9")
 		a2.Close()
 	}()
-	_, host, err = acceptAuth(b2, secret, "job1", known)
+	_, host, err = acceptAgent(b2, secret, "job1", known)
 	if !errors.As(err, &ve) || host != "n1" || ve.Remote != "protocol 9" {
 		t.Fatalf("authenticated foreign protocol: %v %q, want a *VersionError for n1", err, host)
 	}

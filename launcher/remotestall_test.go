@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // lateConn is gorun's end of an agent connection in a gorun that was not
@@ -50,17 +51,17 @@ func TestReadHostDiscountsOwnStall(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			gorunEnd, agentEnd := net.Pipe()
 			defer agentEnd.Close()
-			agent := newWireConn(agentEnd, nil)
-			c := &hostConn{w: newWireConn(&lateConn{Conn: gorunEnd, stall: tc.stall}, nil)}
+			agent := wire.NewConn(agentEnd, nil)
+			c := &hostConn{w: wire.NewConn(&lateConn{Conn: gorunEnd, stall: tc.stall}, nil)}
 			var wg sync.WaitGroup
 			defer wg.Wait()
 			wg.Go(func() {
 				time.Sleep(lease + tc.ping)
-				_ = agent.writeFrame(framePing)
+				_ = agent.WriteFrame(wire.FramePing)
 				agentEnd.Close()
 			})
 			m := &hostAgents{}
-			err := m.readHost(c, plan.Node{Ranks: 1}, lease, make(chan supervisorEvent, 1), make(chan struct{}),
+			err := m.readHost(c, plan.Node{Ranks: 1}, lease, make(chan wire.Event, 1), make(chan struct{}),
 				func(int, byte, []byte) {})
 			gorunEnd.Close()
 			if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // RunLocal executes a plan on this machine and returns when every rank and
@@ -56,7 +57,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	if err != nil {
 		return err
 	}
-	p := &rankPipes{spec: supervisorSpec{Grace: cfg.Grace, LogLevel: cfg.Logger.GetLevel(), PMI: pj, RemoveDir: flight.temp, Respawn: cfg.ft != nil}}
+	p := &rankPipes{spec: wire.SupervisorSpec{Grace: cfg.Grace, LogLevel: cfg.Logger.GetLevel(), PMI: pj, RemoveDir: flight.temp, Respawn: cfg.ft != nil}}
 	defer p.closeChildEnds()
 	in := localStdin{src: cfg.Stdin}
 	defer in.close()
@@ -68,7 +69,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 				return err
 			}
 		}
-		sr := supervisorRank{Rank: rs.Rank, Path: prog.Path, Argv: prog.Argv, Dir: cfg.Dir, Env: mergeEnv(base, rs.Env), GPU: gpuOf(rs)}
+		sr := wire.SupervisorRank{Rank: rs.Rank, Path: prog.Path, Argv: prog.Argv, Dir: cfg.Dir, Env: mergeEnv(base, rs.Env), GPU: gpuOf(rs)}
 		if err := p.addRank(sr, stdinFD); err != nil {
 			p.closeStreams()
 			return err
@@ -108,7 +109,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	// the pipes are closed after the grace period.
 	// "bye" first: a pipe that ends without it tells the supervisor that
 	// gorun died and the flight directory is left to it.
-	_ = sup.send(supervisorCmd{Op: "bye"})
+	_ = sup.send(wire.Cmd{Op: "bye"})
 	sup.closeCommands()
 	in.close()
 	_ = sup.wait()
@@ -160,7 +161,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 // localHome is this machine's supervisor as the job loop's rankHome.
 type localHome struct {
 	sup *supervisorClient
-	ch  chan supervisorEvent
+	ch  chan wire.Event
 	// sendErr is set before the loop starts when the spec could not be
 	// sent: the supervisor is gone, and this says how.
 	sendErr error
@@ -178,12 +179,12 @@ func newLocalHome(sup *supervisorClient, ranks int, lease time.Duration) *localH
 	if lease <= 0 {
 		lease = DefaultLease
 	}
-	h := &localHome{sup: sup, ch: make(chan supervisorEvent, 4*ranks+4), lease: lease}
+	h := &localHome{sup: sup, ch: make(chan wire.Event, 4*ranks+4), lease: lease}
 	readerDone := make(chan struct{})
 	h.wg.Go(func() {
 		defer close(h.ch)
 		defer close(readerDone)
-		sup.readEvents(func(ev supervisorEvent) { h.ch <- ev })
+		sup.readEvents(func(ev wire.Event) { h.ch <- ev })
 	})
 	h.wg.Go(func() {
 		sup.watchLease(lease, readerDone, &h.silent)
@@ -191,12 +192,12 @@ func newLocalHome(sup *supervisorClient, ranks int, lease time.Duration) *localH
 	return h
 }
 
-func (h *localHome) events() <-chan supervisorEvent { return h.ch }
-func (h *localHome) supervisors() int               { return 1 }
-func (h *localHome) command(c supervisorCmd)        { _ = h.sup.send(c) }
+func (h *localHome) events() <-chan wire.Event { return h.ch }
+func (h *localHome) supervisors() int          { return 1 }
+func (h *localHome) command(c wire.Cmd)        { _ = h.sup.send(c) }
 
 // commandNode sends c to the one supervisor there is.
-func (h *localHome) commandNode(_ int, c supervisorCmd) { _ = h.sup.send(c) }
+func (h *localHome) commandNode(_ int, c wire.Cmd) { _ = h.sup.send(c) }
 
 // lostWhy names how the supervisor was lost: the spec could not be sent,
 // it was silent past its lease (stopped or hung) and gorun killed it, or

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // Starters: the processes that start host agents. One word for one thing:
@@ -94,13 +96,13 @@ func (m *hostAgents) startStarters(id LocalIdentity) error {
 		}
 		direct = remote[:width]
 		rest := remote[width:]
-		m.children = map[int][]childLaunch{}
+		m.children = map[int][]wire.ChildLaunch{}
 		m.viaParent = map[string]*starter{}
 		per := (len(rest) + width - 1) / width
 		for k, child := range rest {
 			parent := direct[k/per]
 			name := m.nodes[child].Name
-			m.children[parent] = append(m.children[parent], childLaunch{
+			m.children[parent] = append(m.children[parent], wire.ChildLaunch{
 				Host: name, Argv: sshCommand(m.cfg.StarterCommand, name, m.agentArgs(name)),
 				FastKex: !m.cfg.SSHDefaultKex,
 			})

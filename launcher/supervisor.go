@@ -23,6 +23,7 @@ import (
 	"github.com/gorun-hpc/gorun/internal/collateral"
 	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/internal/liveness"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
 
@@ -58,8 +59,8 @@ import (
 // agent (hostagent.go) runs the same supervisor on every other host of a
 // multi-host job.
 //
-// The protocol is newline-delimited JSON: gorun writes one supervisorSpec,
-// then supervisorCmds; the supervisor writes supervisorEvents. Output does
+// The protocol is newline-delimited JSON: gorun writes one wire.SupervisorSpec,
+// then wire.Cmds; the supervisor writes wire.Events. Output does
 // not go through the supervisor: each rank's stdout and stderr are pipes that gorun created and
 // passed down as inherited descriptors.
 
@@ -74,182 +75,6 @@ const supervisorEnv = "GORUN_INTERNAL_SUPERVISOR"
 
 // supervisorProtocol is the value of supervisorEnv; bumped on incompatible changes.
 const supervisorProtocol = "1"
-
-// supervisorSpec is the first message from gorun: what to start.
-type supervisorSpec struct {
-	// Grace is how long strays get between SIGTERM and SIGKILL once every
-	// rank has exited.
-	Grace time.Duration `json:"grace"`
-	// LogLevel is the zerolog level for the supervisor's own log on stderr.
-	LogLevel zerolog.Level `json:"log_level"`
-	// Ranks are started in order.
-	Ranks []supervisorRank `json:"ranks"`
-	// KeepOnSignal makes the supervisor survive SIGTERM, SIGINT and SIGHUP
-	// instead of killing the job: under srun, SLURM signals every process
-	// of the step, and the grace period is gorun's to apply.
-	KeepOnSignal bool `json:"keep_on_signal,omitempty"`
-	// PMI, when set, makes the supervisor serve MPI's PMI to its ranks
-	// (pmi.go).
-	PMI *pmiJob `json:"pmi,omitempty"`
-	// RemoveDir, when set, is removed when the supervisor ends after gorun
-	// died: the job's temporary flight-record directory, which must not
-	// outlive a gorun that was SIGKILLed.
-	RemoveDir string `json:"remove_dir,omitempty"`
-	// ClientLease, when set, is how long the supervisor tolerates
-	// silence on its command pipe before it kills the job as if its
-	// client had died: a host agent that is stopped (SIGSTOP) keeps the
-	// pipe open, so EOF alone would let its ranks run on. The client
-	// sends a "ping" every quarter of it. Only host agents set it: a
-	// local gorun stopped with Ctrl-Z must not lose its job.
-	ClientLease time.Duration `json:"client_lease,omitempty"`
-	// Cgroup, when set, is the job cgroup the client made and moved this
-	// supervisor into (cgroup_linux.go). The client removes it once the
-	// supervisor exited; a supervisor whose client died removes it on
-	// its way out, after killing every descendant.
-	Cgroup string `json:"cgroup,omitempty"`
-	// Respawn keeps every rank's spec and pipes so that gorun
-	// --fault-tolerant can start a rank again ("respawn"; ftsupervisor.go).
-	Respawn bool `json:"respawn,omitempty"`
-}
-
-// supervisorRank is one process to start. Descriptor numbers refer to the
-// supervisor's inherited descriptors; -1 means /dev/null.
-type supervisorRank struct {
-	Rank   int      `json:"rank"`
-	Path   string   `json:"path"`
-	Argv   []string `json:"argv"`
-	Env    []string `json:"env"`
-	Dir    string   `json:"dir,omitempty"`
-	Stdin  int      `json:"stdin"`
-	Stdout int      `json:"stdout"`
-	Stderr int      `json:"stderr"`
-	// GPU is the index gorun assigned the rank among the GPUs the host
-	// shows (its CUDA_VISIBLE_DEVICES says the index), nil for none; the
-	// supervisor turns it into the device the index stands for
-	// (visibleDevice).
-	GPU *int `json:"gpu,omitempty"`
-}
-
-// supervisorCmd is a later message from gorun.
-type supervisorCmd struct {
-	// Op is "signal" (send Signal to the process groups of Ranks, all
-	// running ranks when empty), "kill" (SIGKILL everything, now) or
-	// "bye" (gorun is about to close the pipe alive and cleans up after
-	// the job itself; see supervisorSpec.RemoveDir). A host agent answers
-	// "flight" (send the flight records written since the last SIGUSR2 or
-	// "flight-signal") and "flight-signal" (SIGUSR2 to the ranks that dump
-	// on it) itself; its supervisor never sees them (flight.go).
-	Op     string `json:"op"`
-	Signal int    `json:"signal,omitempty"`
-	Ranks  []int  `json:"ranks,omitempty"`
-	// Epoch and KVS belong to "pmi-release": PMI barrier Epoch is over
-	// (KVS, kept for older hosts' sake, is no longer filled: values go
-	// out on demand). Key, Value and Found are "pmi-value", the answer to
-	// a "pmi-get" (pmi.go), with the batch that came with it in KVS;
-	// Batched says the value is in a batch sent to this host before, and
-	// so not repeated.
-	Epoch   int               `json:"epoch,omitempty"`
-	KVS     map[string]string `json:"kvs,omitempty"`
-	Key     string            `json:"key,omitempty"`
-	Value   string            `json:"value,omitempty"`
-	Found   bool              `json:"found,omitempty"`
-	Batched bool              `json:"batched,omitempty"`
-	// "inject" (inject.go) sends Signal to the process group of each of
-	// Ranks that this supervisor runs, answering an "injected" event per
-	// rank, and after For (when set) SIGCONT, answered by "fault-cont".
-	// Fault is the injection's id, echoed in the events.
-	// KillHost marks a kill-host injection: the supervisor echoes it in
-	// its "injected" events, and a host agent relaying one kills itself,
-	// so that the host is gone whole: ranks, agent, and with the agent's
-	// connection, the host as gorun sees it.
-	For      time.Duration `json:"for,omitempty"`
-	Fault    int           `json:"fault,omitempty"`
-	KillHost bool          `json:"kill_host,omitempty"`
-	// Period set makes an "inject" a slow (inject_chaos.go): the rank is
-	// stopped for Duty of every Period, for For (0: until it exits).
-	Duty   float64       `json:"duty,omitempty"`
-	Period time.Duration `json:"period,omitempty"`
-	// AfterSteps, when positive, makes "inject" wait: the supervisor
-	// keeps the fault and fires it on the first of Ranks (of its own) to
-	// report finishing this step (collateral.Step lines).
-	AfterSteps int64 `json:"after_steps,omitempty"`
-	// DumpFirst on a "signal" is for a host agent: it first has its
-	// ranks write their flight records (SIGUSR2 to those that dump on
-	// it, then up to flightBeforeStop for them to finish), and only then
-	// relays the signal. gorun sets it on the teardown of a failed
-	// multi-host job, as it waits itself for a local job's ranks.
-	DumpFirst bool `json:"dump_first,omitempty"`
-	// Incarnation is "respawn"'s: the number of the rank's next process
-	// (ftsupervisor.go). "release" drops what the supervisor kept of
-	// Ranks to start them again.
-	Incarnation int `json:"incarnation,omitempty"`
-}
-
-// supervisorEvent is a message from the supervisor.
-type supervisorEvent struct {
-	// Ev is "started", "failed" (could not start; Err says why), "exited"
-	// (Code or Signal set), "frozen" (stopped past its lease: Frozen is
-	// the state letter, Err says for how long; freeze.go), "step" (the
-	// rank's first step report, Step its number) or "done" (every rank
-	// and stray is gone; last).
-	Ev     string `json:"ev"`
-	Rank   int    `json:"rank"`
-	PID    int    `json:"pid,omitempty"`
-	Code   int    `json:"code,omitempty"`
-	Signal int    `json:"signal,omitempty"`
-	Err    string `json:"err,omitempty"`
-	// Strays counts processes left behind by ranks that the supervisor stopped
-	// (on "done").
-	Strays int `json:"strays,omitempty"`
-	// PMI events (pmi.go): "pmi-fence" (every rank of this supervisor
-	// entered PMI barrier Epoch; KVS holds its puts), "pmi-get" (a rank
-	// asked for Key, which this host does not hold) and "pmi-abort" (Rank
-	// called PMI_Abort with Code; Err holds its message). Unfinalized marks
-	// an "exited" rank that had started PMI but not finalized it.
-	Epoch       int               `json:"epoch,omitempty"`
-	KVS         map[string]string `json:"kvs,omitempty"`
-	Key         string            `json:"key,omitempty"`
-	Unfinalized bool              `json:"unfinalized,omitempty"`
-	// Collateral marks an "exited" rank whose runtime reported, before
-	// it exited, that it failed because another rank was lost or
-	// aborted (internal/collateral): its exit is a consequence, not a
-	// cause. Blame is the world rank it held responsible (-1: unknown)
-	// and Err the runtime's words.
-	Collateral bool `json:"collateral,omitempty"`
-	Blame      int  `json:"blame,omitempty"`
-	// Frozen marks an "exited" rank that was stopped (SIGSTOP, a
-	// debugger: /proc state "T" or "t", the letter given) when the
-	// teardown reached it: frozen, not dead, which its peers cannot tell
-	// apart (their lease only says it fell silent).
-	Frozen string `json:"frozen,omitempty"`
-	// Relay marks a collateral report whose rank learned of the loss from
-	// Blame's abort, not by seeing it (collateral.Report.Relay).
-	Relay bool `json:"relay,omitempty"`
-	// Desync marks a collateral report of a desync (collateral.Report.Desync).
-	Desync bool `json:"desync,omitempty"`
-	// At is when an "exited" rank was reaped (Unix ns, this host's clock):
-	// the supervisor reaps at each SIGCHLD, so it is the exit time to
-	// within the supervisor's wake-up. Every exit of one reap pass gets
-	// the pass's time: their order within it is not known (jobloop.go's
-	// earlier).
-	At int64 `json:"at,omitempty"`
-	// Fault is the injection an "injected" or "fault-cont" event answers;
-	// Err is set on "injected" when the rank was not running.
-	Fault    int  `json:"fault,omitempty"`
-	KillHost bool `json:"kill_host,omitempty"`
-	// Step is, on "injected", the last step the target had reported
-	// (0: none).
-	Step int64 `json:"step,omitempty"`
-	// Flight, on a host agent's "flight" event, is a flight record dump
-	// one of its ranks wrote; FlightEnd marks the agent's last "flight"
-	// event answering a "flight" command (flight.go).
-	Flight    *comm.FlightDump `json:"flight,omitempty"`
-	FlightEnd bool             `json:"flight_end,omitempty"`
-	// node is the plan node whose host agent relayed the event (multi-host
-	// jobs); set by gorun, never sent. A "lost" event, made by gorun, says
-	// that node's host agent is gone (Err says how).
-	node int
-}
 
 // IsSupervisor reports whether this process was started as a per-job
 // supervisor. Programs
@@ -338,7 +163,7 @@ type supervisor struct {
 	// (collateral.Step), and armed the after-steps faults waiting for one
 	// of their ranks to get there.
 	steps map[int]int64
-	armed []supervisorCmd
+	armed []wire.Cmd
 	// tearing is set once gorun sent the teardown signal: a rank stopped
 	// then is no news (freeze.go); lastFreezeCheck paces the checks.
 	tearing         bool
@@ -453,7 +278,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	}
 
 	// The command reader ends when gorun closes the pipe or dies.
-	cmds := make(chan supervisorCmd, 16)
+	cmds := make(chan wire.Cmd, 16)
 	var lastCmd atomic.Int64 // UnixNano of the last line read (ClientLease)
 	lastCmd.Store(time.Now().UnixNano())
 	go readCommands(br, cmds, &lastCmd)
@@ -476,8 +301,8 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 }
 
 // readSpec reads the job's spec, the first line gorun sends.
-func readSpec(br *bufio.Reader) (supervisorSpec, error) {
-	var spec supervisorSpec
+func readSpec(br *bufio.Reader) (wire.SupervisorSpec, error) {
+	var spec wire.SupervisorSpec
 	line, err := br.ReadBytes('\n')
 	if err != nil {
 		return spec, fmt.Errorf("read spec: %w", err)
@@ -492,7 +317,7 @@ func readSpec(br *bufio.Reader) (supervisorSpec, error) {
 // stamps lastCmd (ClientLease) at every line; it closes cmds when gorun
 // closes the pipe or dies. The supervisor exits right after, so this
 // goroutine's lifetime is the process's.
-func readCommands(br *bufio.Reader, cmds chan<- supervisorCmd, lastCmd *atomic.Int64) {
+func readCommands(br *bufio.Reader, cmds chan<- wire.Cmd, lastCmd *atomic.Int64) {
 	defer close(cmds)
 	for {
 		line, err := br.ReadBytes('\n')
@@ -500,7 +325,7 @@ func readCommands(br *bufio.Reader, cmds chan<- supervisorCmd, lastCmd *atomic.I
 			return
 		}
 		lastCmd.Store(time.Now().UnixNano())
-		var c supervisorCmd
+		var c wire.Cmd
 		if json.Unmarshal(line, &c) == nil {
 			cmds <- c
 		}
@@ -510,7 +335,7 @@ func readCommands(br *bufio.Reader, cmds chan<- supervisorCmd, lastCmd *atomic.I
 // run is the supervisor's loop once its ranks started: commands, PMI
 // requests, signals and its 20 ms tick, until no rank and no stray is
 // left; then it reports "done".
-func (a *supervisor) run(spec supervisorSpec, cmds chan supervisorCmd, sigs <-chan os.Signal, lastCmd *atomic.Int64) error {
+func (a *supervisor) run(spec wire.SupervisorSpec, cmds chan wire.Cmd, sigs <-chan os.Signal, lastCmd *atomic.Int64) error {
 	// The ticker drives stray scanning and is a backstop for a coalesced
 	// SIGCHLD; it costs nothing measurable at this rate.
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -572,7 +397,7 @@ func (a *supervisor) tick(clientLease time.Duration, clientJudge *liveness.Judge
 	}
 	if now := time.Now(); now.Sub(a.lastBeat) >= beatEvery {
 		a.lastBeat = now
-		a.emit(supervisorEvent{Ev: "beat"})
+		a.emit(wire.Event{Ev: "beat"})
 	}
 	a.reap()
 	// Step reports arrive at the ranks' pace; reading them on the tick
@@ -590,7 +415,7 @@ func (a *supervisor) tick(clientLease time.Duration, clientJudge *liveness.Judge
 
 // finish reports the end once every rank and stray is gone, after
 // removing what dead ranks can leave behind.
-func (a *supervisor) finish(spec supervisorSpec) {
+func (a *supervisor) finish(spec wire.SupervisorSpec) {
 	// A rank killed between creating a shared-memory segment and its
 	// peer's mapping it leaves the segment named; every rank is gone
 	// now, so remove what dead processes left (comm names each segment
@@ -607,11 +432,11 @@ func (a *supervisor) finish(spec supervisorSpec) {
 			}
 		}
 	}
-	a.emit(supervisorEvent{Ev: "done", Strays: a.strays})
+	a.emit(wire.Event{Ev: "done", Strays: a.strays})
 	a.flush()
 }
 
-func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
+func (a *supervisor) startAll(ranks []wire.SupervisorRank, collW *os.File) {
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		devnull = nil
@@ -708,13 +533,13 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 			a.pmi.started(r.Rank)
 		}
 		if err != nil {
-			a.emit(supervisorEvent{Ev: "failed", Rank: r.Rank, Err: err.Error()})
+			a.emit(wire.Event{Ev: "failed", Rank: r.Rank, Err: err.Error()})
 			continue
 		}
 		a.byPID[p.Pid] = len(a.ranks)
 		a.ranks = append(a.ranks, supervisorRankState{rank: r.Rank, pid: p.Pid, running: true, freezeAfter: freezeAfter(r.Env)})
 		a.running++
-		a.emit(supervisorEvent{Ev: "started", Rank: r.Rank, PID: p.Pid})
+		a.emit(wire.Event{Ev: "started", Rank: r.Rank, PID: p.Pid})
 		if len(a.ranks)%32 == 0 || time.Since(lastFlush) >= beatEvery {
 			// Large jobs, and any job on a loaded machine, take a while
 			// to start: let gorun learn pids as they come rather than all
@@ -735,7 +560,7 @@ func (a *supervisor) startAll(ranks []supervisorRank, collW *os.File) {
 // its program wants one and it is ready by deadline; it says once, at
 // debug level, whether the ranks read it from gorun or discover it
 // themselves.
-func (a *supervisor) topologyFor(topo *topologyShare, deadline time.Time, r supervisorRank, files []*os.File, env []string) ([]*os.File, []string) {
+func (a *supervisor) topologyFor(topo *topologyShare, deadline time.Time, r wire.SupervisorRank, files []*os.File, env []string) ([]*os.File, []string) {
 	if !topo.wants(a.progs.of(r.Path), r.Env) {
 		return files, env
 	}
@@ -754,7 +579,7 @@ func (a *supervisor) topologyFor(topo *topologyShare, deadline time.Time, r supe
 	return topologyForRank(f, files, env)
 }
 
-func (a *supervisor) command(c supervisorCmd) {
+func (a *supervisor) command(c wire.Cmd) {
 	switch c.Op {
 	case "signal":
 		if stopping(syscall.Signal(c.Signal)) {
@@ -805,7 +630,7 @@ func (a *supervisor) command(c supervisorCmd) {
 // of a rank takes its helpers (data loaders, compilers) with it. A rank
 // of another host is not this supervisor's and is skipped without an
 // answer; one of ours that already exited is answered with Err.
-func (a *supervisor) inject(c supervisorCmd) {
+func (a *supervisor) inject(c wire.Cmd) {
 	if c.AfterSteps > 0 {
 		// Kept until one of its ranks (ours) reports the step; a fault
 		// whose ranks are all elsewhere is another supervisor's.
@@ -823,7 +648,7 @@ func (a *supervisor) inject(c supervisorCmd) {
 			if r.rank != want {
 				continue
 			}
-			ev := supervisorEvent{Ev: "injected", Rank: r.rank, PID: r.pid, Signal: c.Signal, Fault: c.Fault, KillHost: c.KillHost, Step: a.steps[r.rank]}
+			ev := wire.Event{Ev: "injected", Rank: r.rank, PID: r.pid, Signal: c.Signal, Fault: c.Fault, KillHost: c.KillHost, Step: a.steps[r.rank]}
 			if !r.running {
 				ev.Err = "rank " + strconv.Itoa(r.rank) + " had already exited"
 				a.emit(ev)
@@ -873,7 +698,7 @@ func (a *supervisor) sendConts(now time.Time) {
 		}
 		if i, ok := a.byPID[c.pid]; ok && a.ranks[i].running {
 			_ = syscall.Kill(-c.pid, syscall.SIGCONT)
-			a.emit(supervisorEvent{Ev: "fault-cont", Rank: c.rank, PID: c.pid, Fault: c.fault})
+			a.emit(wire.Event{Ev: "fault-cont", Rank: c.rank, PID: c.pid, Fault: c.fault})
 		}
 	}
 	a.conts = kept
@@ -951,7 +776,7 @@ func (a *supervisor) reap() {
 		delete(a.byPID, pid)
 		a.ranks[i].running = false
 		a.running--
-		ev := supervisorEvent{Ev: "exited", Rank: a.ranks[i].rank, PID: pid, At: at}
+		ev := wire.Event{Ev: "exited", Rank: a.ranks[i].rank, PID: pid, At: at}
 		if a.pmi != nil {
 			// What the rank told PMI before it exited (an abort) is told
 			// before its exit (pmi.go, settle).
@@ -1004,7 +829,7 @@ func (a *supervisor) readCollateral() {
 				if _, seen := a.steps[st.Rank]; !seen {
 					// A rank's first step: gorun's report times the
 					// recovery of a restarted world by it.
-					a.emit(supervisorEvent{Ev: "step", Rank: st.Rank, Step: st.Step})
+					a.emit(wire.Event{Ev: "step", Rank: st.Rank, Step: st.Step})
 				}
 				a.steps[st.Rank] = max(a.steps[st.Rank], st.Step)
 			} else if r, ok := collateral.Decode(a.collBuf[:i]); ok {
@@ -1049,7 +874,7 @@ func (a *supervisor) finishStrays() bool {
 	return false
 }
 
-func (a *supervisor) emit(ev supervisorEvent) {
+func (a *supervisor) emit(ev wire.Event) {
 	if a.gorunGone {
 		return
 	}

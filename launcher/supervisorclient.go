@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/internal/liveness"
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // The client side of the per-job supervisor (supervisor.go), shared by the
@@ -242,8 +243,8 @@ func (s *supervisorClient) closeCommands() {
 // until the event pipe ends (the supervisor exited). Lines that do not
 // decode are skipped: the supervisor writes nothing else on it.
 // Beats only feed the lease (watchLease); they are not handed on.
-func (s *supervisorClient) readEvents(f func(supervisorEvent)) {
-	readEvents(s.evR, func(ev supervisorEvent) {
+func (s *supervisorClient) readEvents(f func(wire.Event)) {
+	readEvents(s.evR, func(ev wire.Event) {
 		s.lastHeard.Store(time.Now().UnixNano())
 		if ev.Ev == "beat" {
 			return
@@ -256,11 +257,11 @@ func (s *supervisorClient) readEvents(f func(supervisorEvent)) {
 }
 
 // readEvents decodes event lines from r until EOF.
-func readEvents(r io.Reader, f func(supervisorEvent)) {
+func readEvents(r io.Reader, f func(wire.Event)) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		var ev supervisorEvent
+		var ev wire.Event
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			continue
 		}
@@ -283,7 +284,7 @@ func (s *supervisorClient) closeEvents() { s.evR.Close() }
 // gets the write ends as inherited descriptors, the caller reads the other
 // ends) and, for rank 0, a stdin descriptor when asked for.
 type rankPipes struct {
-	spec supervisorSpec
+	spec wire.SupervisorSpec
 	// extra are the supervisor's descriptors from 3 on, in order.
 	extra []*os.File
 	// childEnds are the descriptors in extra that this process opened for
@@ -316,7 +317,7 @@ func (p *rankPipes) inherit(f *os.File, owned bool) int {
 
 // addRank appends one rank to the spec with fresh stdout and stderr pipes;
 // stdin is the supervisor descriptor of its stdin, -1 for /dev/null.
-func (p *rankPipes) addRank(r supervisorRank, stdin int) error {
+func (p *rankPipes) addRank(r wire.SupervisorRank, stdin int) error {
 	r.Stdin = stdin
 	for _, s := range []struct {
 		fd   *int

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
 
@@ -109,7 +110,7 @@ const topologyWait = time.Second
 // start begins making the topology if any of the ranks wants it. The
 // goroutine's owner is t: close waits for nothing, and a goroutine that
 // finishes after close releases what it made.
-func (t *topologyShare) start(progs programs, ranks []supervisorRank) {
+func (t *topologyShare) start(progs programs, ranks []wire.SupervisorRank) {
 	want := false
 	for _, r := range ranks {
 		if t.wants(progs.of(r.Path), r.Env) {

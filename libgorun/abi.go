@@ -194,7 +194,7 @@ func gorun_init(config *C.char, world *C.gorun_comm_t) (rc C.int) {
 		return statusInit
 	}
 	reg.sess = s
-	reg.worldH = reg.addCommLocked(&commEntry{c: s.world(), world: true, close: s.world().Close})
+	reg.worldH = reg.comms.Add(&commEntry{c: s.world(), world: true, close: s.world().Close})
 	*world = C.gorun_comm_t(reg.worldH)
 	return ok()
 }
@@ -206,7 +206,8 @@ func gorun_finalize() (rc C.int) {
 	reg.mu.Lock()
 	s := reg.sess
 	reg.sess, reg.worldH = nil, 0
-	reg.comms, reg.reqs = map[int64]*commEntry{}, map[int64]*reqEntry{}
+	reg.comms.Clear()
+	reg.reqs.Clear()
 	reg.mu.Unlock()
 	if s == nil {
 		return ok() // finalizing twice is harmless
@@ -316,7 +317,7 @@ func gorun_comm_group(h C.gorun_comm_t, ranks *C.int, n C.int, tag *C.char, out 
 	}
 	// Freed, the communicator leaves the rank's list: gorun_comm_free reports its
 	// failure once, and gorun_finalize reports only what is still open.
-	*out = C.gorun_comm_t(reg.addCommLocked(&commEntry{c: c, close: func() error { return s.r.CloseComm(c) }}))
+	*out = C.gorun_comm_t(reg.comms.Add(&commEntry{c: c, close: func() error { return s.r.CloseComm(c) }}))
 	return ok()
 }
 
@@ -339,19 +340,19 @@ func gorun_comm_abort(h C.gorun_comm_t, reason *C.char) (rc C.int) {
 func gorun_comm_free(h C.gorun_comm_t) (rc C.int) {
 	defer guard(&rc)
 	reg.mu.Lock()
-	e, found := reg.comms[int64(h)]
+	e, err := reg.comms.Get(int64(h))
 	switch {
 	case reg.sess == nil:
 		reg.mu.Unlock()
 		return setErr(errNotInit, nil)
-	case !found:
+	case err != nil:
 		reg.mu.Unlock()
-		return setErr(fmt.Errorf("%w: gorun_comm_free: no communicator %d", errInvalid, h), nil)
+		return setErr(fmt.Errorf("%w: gorun_comm_free: %w", errInvalid, err), nil)
 	case e.world:
 		reg.mu.Unlock()
 		return setErr(fmt.Errorf("%w: gorun_comm_free: the world communicator is closed by gorun_finalize", errInvalid), nil)
 	}
-	delete(reg.comms, int64(h))
+	reg.comms.Drop(int64(h))
 	reg.mu.Unlock()
 	if err := e.close(); err != nil {
 		return setErr(err, e)
@@ -435,7 +436,7 @@ func issue(h C.gorun_comm_t, what string, req *C.gorun_request_t, do func(ctx co
 		}
 		return ok()
 	}
-	*req = C.gorun_request_t(reg.addReq(&reqEntry{h: hd, c: e, what: what}))
+	*req = C.gorun_request_t(reg.reqs.Add(&reqEntry{h: hd, c: e, what: what}))
 	return ok()
 }
 
@@ -793,8 +794,8 @@ func gorun_request_free(r C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
 	// A call still running goes on (bounded by timeout_ms); only its
 	// request is gone.
-	if _, err := reg.dropReq(int64(r)); err != nil {
-		return setErr(err, nil)
+	if _, err := reg.reqs.Take(int64(r)); err != nil {
+		return setErr(invalidHandle(err), nil)
 	}
 	return ok()
 }

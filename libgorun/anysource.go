@@ -13,27 +13,21 @@ import "C"
 import (
 	"context"
 	"fmt"
-	"sync"
 	"unsafe"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/internal/handles"
 )
 
 // Receives from any source: gorun.h's matchers, over comm.Matcher.
 
-// matchers holds the live matchers by handle; handles are never reused.
-var matchers = struct {
-	mu   sync.Mutex
-	next int64
-	m    map[int64]*comm.Matcher
-}{m: map[int64]*comm.Matcher{}}
+// matchers holds the live matchers by handle.
+var matchers = handles.New[*comm.Matcher]("matcher", "freed, or never made")
 
 func matcher(h C.gorun_matcher_t, what string) (*comm.Matcher, error) {
-	matchers.mu.Lock()
-	defer matchers.mu.Unlock()
-	m, ok := matchers.m[int64(h)]
-	if !ok {
-		return nil, fmt.Errorf("%w: gorun_%s: no matcher %d (freed, or never made)", errInvalid, what, h)
+	m, err := matchers.Get(int64(h))
+	if err != nil {
+		return nil, fmt.Errorf("%w: gorun_%s: %w", errInvalid, what, err)
 	}
 	return m, nil
 }
@@ -44,11 +38,7 @@ func gorun_matcher_new(out *C.gorun_matcher_t) (rc C.int) {
 	if out == nil {
 		return setErr(fmt.Errorf("%w: gorun_matcher_new: out is NULL", errInvalid), nil)
 	}
-	matchers.mu.Lock()
-	matchers.next++
-	matchers.m[matchers.next] = comm.NewMatcher()
-	*out = C.gorun_matcher_t(matchers.next)
-	matchers.mu.Unlock()
+	*out = C.gorun_matcher_t(matchers.Add(comm.NewMatcher()))
 	return ok()
 }
 
@@ -94,7 +84,7 @@ func gorun_matcher_recv(m C.gorun_matcher_t, buf unsafe.Pointer, count C.size_t,
 		}
 		return ok()
 	}
-	*req = C.gorun_request_t(reg.addReq(&reqEntry{h: r, what: "recv from any source"}))
+	*req = C.gorun_request_t(reg.reqs.Add(&reqEntry{h: r, what: "recv from any source"}))
 	return ok()
 }
 
@@ -121,12 +111,9 @@ func gorun_request_source(r C.gorun_request_t, id *C.int) (rc C.int) {
 //export gorun_matcher_free
 func gorun_matcher_free(m C.gorun_matcher_t) (rc C.int) {
 	defer guard(&rc)
-	matchers.mu.Lock()
-	mt, found := matchers.m[int64(m)]
-	delete(matchers.m, int64(m))
-	matchers.mu.Unlock()
-	if !found {
-		return setErr(fmt.Errorf("%w: gorun_matcher_free: no matcher %d", errInvalid, m), nil)
+	mt, err := matchers.Take(int64(m))
+	if err != nil {
+		return setErr(fmt.Errorf("%w: gorun_matcher_free: %w", errInvalid, err), nil)
 	}
 	mt.Close()
 	return ok()
@@ -135,11 +122,7 @@ func gorun_matcher_free(m C.gorun_matcher_t) (rc C.int) {
 // closeMatchers frees every matcher left (finalize), before the
 // communicators they read from are closed.
 func closeMatchers() {
-	matchers.mu.Lock()
-	all := matchers.m
-	matchers.m = map[int64]*comm.Matcher{}
-	matchers.mu.Unlock()
-	for _, mt := range all {
+	for _, mt := range matchers.TakeAll() {
 		mt.Close()
 	}
 }

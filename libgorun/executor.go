@@ -25,6 +25,7 @@ import (
 	"unsafe"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/internal/handles"
 	"github.com/gorun-hpc/gorun/overlap"
 	"github.com/gorun-hpc/gorun/stepgraph"
 )
@@ -61,18 +62,13 @@ type execEntry struct {
 	pin runtime.Pinner
 }
 
-var execs = struct {
-	mu   sync.Mutex
-	next int64
-	m    map[int64]*execEntry
-}{m: map[int64]*execEntry{}}
+// execs maps gorun_executor_t handles to executors.
+var execs = handles.New[*execEntry]("executor", "freed, or never made")
 
 func execOf(h C.gorun_executor_t) (*execEntry, error) {
-	execs.mu.Lock()
-	defer execs.mu.Unlock()
-	e, ok := execs.m[int64(h)]
-	if !ok {
-		return nil, fmt.Errorf("%w: no executor %d (freed, or never made)", errInvalid, h)
+	e, err := execs.Get(int64(h))
+	if err != nil {
+		return nil, invalidHandle(err)
 	}
 	return e, nil
 }
@@ -185,11 +181,7 @@ func gorun_executor_new(graph *C.char, n C.size_t, groups **C.char, comms *C.gor
 	for i, r := range g.Regions {
 		e.pos[r] = i
 	}
-	execs.mu.Lock()
-	execs.next++
-	execs.m[execs.next] = e
-	*out = C.gorun_executor_t(execs.next)
-	execs.mu.Unlock()
+	*out = C.gorun_executor_t(execs.Add(e))
 	return ok()
 }
 
@@ -485,16 +477,13 @@ func gorun_executor_trace(h C.gorun_executor_t, path *C.char) (rc C.int) {
 //export gorun_executor_free
 func gorun_executor_free(h C.gorun_executor_t) (rc C.int) {
 	defer guard(&rc)
-	execs.mu.Lock()
-	e, found := execs.m[int64(h)]
-	delete(execs.m, int64(h))
-	execs.mu.Unlock()
-	if !found {
-		return setErr(fmt.Errorf("%w: gorun_executor_free: no executor %d", errInvalid, h), nil)
+	e, err := execs.Take(int64(h))
+	if err != nil {
+		return setErr(fmt.Errorf("%w: gorun_executor_free: %w", errInvalid, err), nil)
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	err := e.ex.Close()
+	err = e.ex.Close()
 	e.pin.Unpin()
 	if err != nil {
 		return setErr(fmt.Errorf("gorun_executor_free: %w", err), nil)

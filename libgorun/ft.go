@@ -34,6 +34,7 @@ import (
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/ft"
 	"github.com/gorun-hpc/gorun/internal/collateral"
+	"github.com/gorun-hpc/gorun/internal/handles"
 	"github.com/gorun-hpc/gorun/internal/netfault"
 )
 
@@ -60,7 +61,7 @@ type ftEntry struct {
 	// commMu guards the communicator handle gorun_ft_comm gave out: commH
 	// names commOf (the quorum's communicator then) in the library's
 	// communicator registry, until the quorum's communicator changes or
-	// the handle is closed. Order: commMu before reg.mu.
+	// the handle is closed. Order: commMu before reg's locks.
 	commMu sync.Mutex
 	commH  int64
 	commOf *comm.Comm
@@ -73,9 +74,7 @@ type ftEntry struct {
 // dropGroupLocked forgets the handle gorun_ft_group_comm gave out.
 func (e *ftEntry) dropGroupLocked() {
 	if e.groupH != 0 {
-		reg.mu.Lock()
-		delete(reg.comms, e.groupH)
-		reg.mu.Unlock()
+		reg.comms.Drop(e.groupH)
 	}
 	e.groupH, e.groupOf = 0, nil
 }
@@ -83,9 +82,7 @@ func (e *ftEntry) dropGroupLocked() {
 // borrow names c in the library's communicator registry; ft owns it, so
 // the handle's close does nothing.
 func borrow(c *comm.Comm) int64 {
-	reg.mu.Lock()
-	defer reg.mu.Unlock()
-	return reg.addCommLocked(&commEntry{c: c, borrowed: true, close: func() error { return nil }})
+	return reg.comms.Add(&commEntry{c: c, borrowed: true, close: func() error { return nil }})
 }
 
 // dropCommLocked forgets the handle gorun_ft_comm gave out, so that a
@@ -93,30 +90,25 @@ func borrow(c *comm.Comm) int64 {
 // communicator.
 func (e *ftEntry) dropCommLocked() {
 	if e.commH != 0 {
-		reg.mu.Lock()
-		delete(reg.comms, e.commH)
-		reg.mu.Unlock()
+		reg.comms.Drop(e.commH)
 	}
 	e.commH, e.commOf = 0, nil
 }
 
-// ftRegistry maps gorun_ft_t handles to Managers. Handles are never
-// reused within a process. It is independent of gorun_init's registry: a
-// fault-tolerant replica does not join the gossip world (package ft).
+// ftRegistry maps gorun_ft_t handles to Managers. It is independent of
+// gorun_init's registry: a fault-tolerant replica does not join the gossip
+// world (package ft).
 type ftRegistry struct {
-	mu   sync.Mutex
-	next int64
-	m    map[int64]*ftEntry
+	*handles.Table[*ftEntry]
 }
 
-var ftReg = ftRegistry{m: map[int64]*ftEntry{}}
+var ftReg = ftRegistry{handles.New[*ftEntry]("fault-tolerance handle", "closed, or never joined")}
 
-func (r *ftRegistry) get(h C.gorun_ft_t, what string) (*ftEntry, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.m[int64(h)]
-	if !ok {
-		return nil, fmt.Errorf("%w: gorun_ft_%s: no fault-tolerance handle %d (closed, or never joined)", errInvalid, what, h)
+// get returns the Manager h names; what is the call, for the error.
+func (r ftRegistry) get(h C.gorun_ft_t, what string) (*ftEntry, error) {
+	e, err := r.Get(int64(h))
+	if err != nil {
+		return nil, fmt.Errorf("%w: gorun_ft_%s: %w", errInvalid, what, err)
 	}
 	return e, nil
 }
@@ -241,12 +233,7 @@ func gorun_ft_join(config *C.char, out *C.gorun_ft_t) (rc C.int) {
 	if err != nil {
 		return ftErr(fmt.Errorf("gorun_ft_join: %w", err))
 	}
-	ftReg.mu.Lock()
-	ftReg.next++
-	h := ftReg.next
-	ftReg.m[h] = &ftEntry{m: m}
-	ftReg.mu.Unlock()
-	*out = C.gorun_ft_t(h)
+	*out = C.gorun_ft_t(ftReg.Add(&ftEntry{m: m}))
 	return ok()
 }
 
@@ -559,12 +546,9 @@ func gorun_ft_step(h C.gorun_ft_t, step *C.int64_t) (rc C.int) {
 //export gorun_ft_close
 func gorun_ft_close(h C.gorun_ft_t) (rc C.int) {
 	defer guard(&rc)
-	ftReg.mu.Lock()
-	e, found := ftReg.m[int64(h)]
-	delete(ftReg.m, int64(h))
-	ftReg.mu.Unlock()
-	if !found {
-		return setErr(fmt.Errorf("%w: gorun_ft_close: no fault-tolerance handle %d (closed, or never joined)", errInvalid, h), nil)
+	e, err := ftReg.Take(int64(h))
+	if err != nil {
+		return setErr(fmt.Errorf("%w: gorun_ft_close: %w", errInvalid, err), nil)
 	}
 	e.commMu.Lock()
 	e.dropCommLocked()

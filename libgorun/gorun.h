@@ -15,7 +15,9 @@
  *    world rank as a number. Like errno, the text belongs to the calling
  *    thread and is replaced by the next failing call on that thread.
  *  - Communicators and requests are small integer handles (never pointers),
- *    valid until gorun_comm_free / gorun_request_free / gorun_finalize.
+ *    valid until gorun_comm_free / gorun_request_free / gorun_finalize. No
+ *    handle is reused within a process, and no two objects of any kinds
+ *    share one: a freed handle, or one of another kind, is GORUN_ERR_INVALID.
  *  - Buffers belong to the caller and must stay valid and untouched from the
  *    call until its request completes. send == recv is the in-place form.
  *  - Calls on one communicator complete in the order they were issued, on

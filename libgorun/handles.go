@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/gorun-hpc/gorun/comm"
+	"github.com/gorun-hpc/gorun/internal/handles"
 )
 
 // Status codes of gorun.h's gorun_status.
@@ -32,7 +33,6 @@ var (
 
 // commEntry is a communicator a C handle names.
 type commEntry struct {
-	id    int64
 	c     *comm.Comm
 	world bool // the world communicator: closed only by finalize
 	// borrowed: a communicator another part of the library owns (a
@@ -51,65 +51,50 @@ type reqEntry struct {
 	what string // e.g. "allreduce", for error text
 }
 
-// registry maps handles to live objects. Handles are small positive integers
-// that are never reused within a process, so a stale handle is an error, not
-// another object.
+// registry is gorun_init's state: the session and the communicators and
+// requests C handles name. Handles are never reused within a process
+// (package handles), so a stale handle is an error, not another object.
 type registry struct {
+	// mu guards sess and worldH, and orders a finalize against handing
+	// out a communicator of the session it ends. Order: mu before the
+	// tables' own locks.
 	mu     sync.Mutex
-	next   int64
 	sess   *session // nil before init and after finalize
 	worldH int64
-	comms  map[int64]*commEntry
-	reqs   map[int64]*reqEntry
+
+	comms *handles.Table[*commEntry]
+	reqs  *handles.Table[*reqEntry]
 }
 
-var reg = registry{comms: map[int64]*commEntry{}, reqs: map[int64]*reqEntry{}}
-
-func (r *registry) addCommLocked(e *commEntry) int64 {
-	r.next++
-	e.id = r.next
-	r.comms[e.id] = e
-	return e.id
+var reg = registry{
+	comms: handles.New[*commEntry]("communicator", "freed, or never made"),
+	reqs:  handles.New[*reqEntry]("request", "freed, or never made"),
 }
 
+// invalidHandle is a handle that names nothing, as the caller's error.
+func invalidHandle(err error) error {
+	return fmt.Errorf("%w: %w", errInvalid, err)
+}
+
+// comm returns the communicator h names. Before gorun_init (or after
+// gorun_finalize) only a borrowed one is usable.
 func (r *registry) comm(h int64) (*commEntry, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	e, ok := r.comms[h]
-	if r.sess == nil && !(ok && e.borrowed) {
+	e, err := r.comms.Get(h)
+	if r.sess == nil && !(err == nil && e.borrowed) {
 		return nil, errNotInit
 	}
-	if !ok {
-		return nil, fmt.Errorf("%w: no communicator %d (freed, or never made)", errInvalid, h)
+	if err != nil {
+		return nil, invalidHandle(err)
 	}
 	return e, nil
-}
-
-func (r *registry) addReq(e *reqEntry) int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.next++
-	r.reqs[r.next] = e
-	return r.next
 }
 
 func (r *registry) req(h int64) (*reqEntry, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.reqs[h]
-	if !ok {
-		return nil, fmt.Errorf("%w: no request %d (freed, or never made)", errInvalid, h)
+	e, err := r.reqs.Get(h)
+	if err != nil {
+		return nil, invalidHandle(err)
 	}
-	return e, nil
-}
-
-func (r *registry) dropReq(h int64) (*reqEntry, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.reqs[h]
-	if !ok {
-		return nil, fmt.Errorf("%w: no request %d (freed, or never made)", errInvalid, h)
-	}
-	delete(r.reqs, h)
 	return e, nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher"
 	"github.com/gorun-hpc/gorun/launcher/fault"
 )
@@ -44,7 +45,7 @@ func writeFaultSummary(w io.Writer, rep *launcher.Report) {
 	if rep.FaultTolerance != nil {
 		restarts = "" // the job was not restarted: its fault-tolerant line says what was replaced
 	}
-	fmt.Fprintf(w, "gorun: fault summary: %d %s injected%s\n", len(rep.Faults), plural(len(rep.Faults), "fault", "faults"), restarts)
+	fmt.Fprintf(w, "gorun: fault summary: %d %s injected%s\n", len(rep.Faults), plural.Noun(len(rep.Faults), "fault", "faults"), restarts)
 	for _, f := range rep.Faults {
 		var b strings.Builder
 		fmt.Fprintf(&b, "gorun:   #%d %s (%s to ranks %v", f.ID, f.Spec, f.Signal, f.Ranks)
@@ -74,7 +75,7 @@ func writeFaultSummary(w io.Writer, rep *launcher.Report) {
 			fmt.Fprintf(&b, "; detected %.3fs later (%s)", *f.TimeToDetect, f.DetectedBy)
 		}
 		if n := len(f.Noticed); n > 0 {
-			fmt.Fprintf(&b, "; %d %s noticed, the first %.3fs after the injection", n, plural(n, "rank", "ranks"), f.Noticed[0].After)
+			fmt.Fprintf(&b, "; %d %s noticed, the first %.3fs after the injection", n, plural.Noun(n, "rank", "ranks"), f.Noticed[0].After)
 		}
 		if f.Action != "" {
 			fmt.Fprintf(&b, "; %s", f.Action)
@@ -97,13 +98,6 @@ func writeFaultSummary(w io.Writer, rep *launcher.Report) {
 	for _, r := range rep.Readmitted {
 		fmt.Fprintf(w, "gorun:   host %s, lost before, answered again and was taken back into world %d at %.3fs\n", r.Host, r.Restart, r.At)
 	}
-}
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
 }
 
 // writeReport writes rep as indented JSON to path.

@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher"
 )
 
@@ -14,9 +15,9 @@ import (
 func writeFTSummary(w io.Writer, r *launcher.FTReport) {
 	q := r.Quorum
 	fmt.Fprintf(w, "gorun: fault-tolerant: %d %s of a budget of %d; %d committed steps (up to step %d), %d uncommitted, %d %s, %d %s\n",
-		len(r.Failures), plural(len(r.Failures), "failure", "failures"), r.MaxFailures, q.Commits, q.MaxStep,
-		r.UncommittedSteps, len(q.Quorums), plural(len(q.Quorums), "quorum id", "quorum ids"),
-		len(q.Heals), plural(len(q.Heals), "heal", "heals"))
+		len(r.Failures), plural.Noun(len(r.Failures), "failure", "failures"), r.MaxFailures, q.Commits, q.MaxStep,
+		r.UncommittedSteps, len(q.Quorums), plural.Noun(len(q.Quorums), "quorum id", "quorum ids"),
+		len(q.Heals), plural.Noun(len(q.Heals), "heal", "heals"))
 	for _, f := range r.Failures {
 		var b strings.Builder
 		fmt.Fprintf(&b, "gorun:   rank %d (incarnation %d, pid %d) ", f.Rank, f.Incarnation, f.PID)

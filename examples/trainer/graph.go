@@ -218,7 +218,10 @@ func (t *trainer) addOptimizer(b *stepgraph.Builder) {
 
 // waitsAfterBackwardToOptimizer gives the waits after backward to the
 // optimizer, which blocks on them (Builder.Wait gives a wait its start's
-// direction): a chunked backward segment must end before them.
+// direction). The plan then says so, and the chunk pass, whose segments
+// are runs of one direction, ends backward's last segment before them: its
+// recombined results come before the optimizer's first wait, not behind
+// it (TestOptimizerWaitsAfterBackward).
 func waitsAfterBackwardToOptimizer(g *stepgraph.Graph) {
 	lastBwd := 0
 	for i := range g.Nodes {

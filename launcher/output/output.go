@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/gorun-hpc/gorun/internal/plural"
 )
 
 // maxLine bounds how much of one unterminated line is held back to keep it
@@ -143,7 +145,7 @@ type LostError struct {
 func (e *LostError) Error() string {
 	s := fmt.Sprintf("launcher: output lost: writing %s: %v", e.File, e.Err)
 	if e.Files > 1 {
-		s += fmt.Sprintf(" (and %d more %s)", e.Files-1, plural(e.Files-1, "log", "logs"))
+		s += fmt.Sprintf(" (and %d more %s)", e.Files-1, plural.Noun(e.Files-1, "log", "logs"))
 	}
 	return s
 }
@@ -448,11 +450,4 @@ func (o *Job) Close() {
 	for _, f := range o.files {
 		f.Close()
 	}
-}
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
 }

@@ -3,6 +3,8 @@ package plan
 import (
 	"errors"
 	"fmt"
+
+	"github.com/gorun-hpc/gorun/internal/plural"
 )
 
 // MaxRanks is the most ranks one job may have. A plan holds one environment
@@ -31,10 +33,10 @@ type SlotsError struct {
 func (e *SlotsError) Error() string {
 	if e.MaxSlots > 0 {
 		return fmt.Sprintf("launcher: %d ranks requested but max_slots allows only %d on %d %s",
-			e.Requested, e.MaxSlots, e.Hosts, plural(e.Hosts, "host", "hosts"))
+			e.Requested, e.MaxSlots, e.Hosts, plural.Noun(e.Hosts, "host", "hosts"))
 	}
 	return fmt.Sprintf("launcher: %d ranks requested but only %d %s available on %d %s (use --oversubscribe to place more ranks than slots)",
-		e.Requested, e.Slots, plural(e.Slots, "slot", "slots"), e.Hosts, plural(e.Hosts, "host", "hosts"))
+		e.Requested, e.Slots, plural.Noun(e.Slots, "slot", "slots"), e.Hosts, plural.Noun(e.Hosts, "host", "hosts"))
 }
 
 // CapacityError reports a rank count that a limit of gorun or of a machine
@@ -64,12 +66,4 @@ func (e *CapacityError) Error() string {
 	}
 	return fmt.Sprintf("launcher: %d ranks on this machine need about %d %s, but the limit is %d (%s); run fewer ranks or raise the limit",
 		e.Ranks, e.Need, e.Resource, e.Limit, e.Where)
-}
-
-// plural picks the word for n things.
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
 }

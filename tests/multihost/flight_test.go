@@ -29,7 +29,7 @@ func TestFlightRecordsAcrossHosts(t *testing.T) {
 	// failed runs a job that fails with a rank's DesyncError and checks
 	// gorun's merged table: every rank dumps, the ones whose communicator
 	// failed on their own, the rest on the SIGUSR2 their host agent sends
-	// before it relays gorun's SIGTERM (supervisorCmd.DumpFirst).
+	// before it relays gorun's SIGTERM (wire.Cmd.DumpFirst).
 	failed := func(t *testing.T, perRank map[int]string, disagreement string) {
 		j := newJob(t, h, 2, "split:0", perRank, "-np", "4")
 		if code := j.run(); code != 3 {
