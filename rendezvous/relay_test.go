@@ -130,7 +130,7 @@ func joinTimed(t *testing.T, cfgs []Config) ([]*World, []time.Time) {
 }
 
 // checkRelayed checks that the pushes logged are pushPlan's for the gossip
-// members others, and that every rank formed right after the seed, before
+// members others (PushConcurrency 2: relayed above 4), and that every rank formed right after the seed, before
 // any rank's first pull (RejoinInterval): by the pushes, through relays.
 func checkRelayed(t *testing.T, l *pushLog, others []int, at []time.Time, rejoin time.Duration) {
 	t.Helper()
@@ -142,7 +142,7 @@ func checkRelayed(t *testing.T, l *pushLog, others []int, at []time.Time, rejoin
 			t.Errorf("rank %d pushed to %v, want %v", self, got, want)
 		}
 	}
-	if k := len(l.pushes[0]); k*k < len(others) || (k-1)*(k-1) >= len(others) {
+	if k := len(l.pushes[0]); len(others) > 4 && (k*k < len(others) || (k-1)*(k-1) >= len(others)) {
 		t.Errorf("the seed pushed to %d of %d gossip members, want ⌈√%d⌉", k, len(others), len(others))
 	}
 	for r, a := range at {
@@ -249,4 +249,28 @@ func TestRelayThatNeverPushes(t *testing.T) {
 // newHierNet is a fresh in-memory job with host leaders.
 func newHierNet(per int) *hierNet {
 	return &hierNet{nw: &rendezvoustest.Network{}, attach: &rendezvoustest.AttachNet{}, per: per}
+}
+
+// A world of up to 2·PushConcurrency gossip members besides the seed keeps
+// the direct push: the seed pushes to all of them, nobody relays.
+func TestDirectPushSmallWorld(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		const n = 5 // 4 others = 2·PushConcurrency
+		l := newPushLog()
+		nw := &rendezvoustest.Network{}
+		cfgs := make([]Config, n)
+		for r := range cfgs {
+			cfgs[r] = memConfig(t, nw, "job1", r, n)
+			quietPush(l)(&cfgs[r])
+		}
+		ws, at := joinTimed(t, cfgs)
+		defer closeAll(ws)
+		time.Sleep(100 * time.Millisecond)
+		checkRelayed(t, l, []int{1, 2, 3, 4}, at, cfgs[0].RejoinInterval)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if len(l.pushes) != 1 || len(l.pushes[0]) != n-1 {
+			t.Errorf("pushes %v, want the seed's to all %d others only", l.pushes, n-1)
+		}
+	})
 }
