@@ -104,9 +104,11 @@ type Config struct {
 	// while the world forms (rank 0 at info level, others at debug).
 	ProgressInterval time.Duration
 	// RejoinInterval is how long a rank that has joined but not yet seen the
-	// whole world waits before it pulls the member table from the seed
-	// again. A backstop: the seed normally pushes the table to everyone as
-	// soon as it has all members.
+	// whole world waits before it pulls the member table again (then every
+	// 0.5-1.5 of it, alternately from a random member and from the seed).
+	// A backstop: the seed, or in a large world a relay, normally pushes
+	// the table to everyone as soon as it has all members, and a lost push
+	// costs a rank at most 3 RejoinInterval after the seed formed.
 	RejoinInterval time.Duration
 	// PushConcurrency bounds a member's concurrent table pushes (the
 	// seed's, and a relay's: pushPlan). memberlist serves at most 128
