@@ -112,6 +112,9 @@ type Comm struct {
 	waiterRuns bool
 	wake       chan struct{}
 	closing    atomic.Bool
+	// probing is set while the token holder waits in a Probe for a frame
+	// that may never come; Close then interrupts it (probe.go).
+	probing atomic.Bool
 
 	failOnce sync.Once
 	failed   chan struct{} // closed when failErr is set
@@ -198,6 +201,10 @@ type peer struct {
 	sendHdr Header // sender goroutine only
 	inlHdr  Header // worker only: inline sends
 	recvHdr Header // worker only
+	// stash is a header a Probe read ahead (probe.go); stashed says it
+	// waits there for the next receive. Token holder only.
+	stash   Header
+	stashed bool
 	sendq   chan sendReq
 	sendErr chan error
 	pending int
@@ -473,7 +480,8 @@ func (c *Comm) Abort(err error) {
 
 // Close waits for issued calls, says goodbye and stops every goroutine. A
 // call that cannot complete (a peer that never issues it) holds Close; call
-// Abort first to give up on pending calls.
+// Abort first to give up on pending calls. A Probe still waiting is the
+// exception: Close ends it with ErrClosed (no message is lost by that).
 func (c *Comm) Close() error {
 	c.closeOnce.Do(func() {
 		c.issueMu.Lock()
@@ -482,30 +490,14 @@ func (c *Comm) Close() error {
 		close(c.queue)
 		c.issueMu.Unlock()
 		c.kick()
+		if c.probing.Load() {
+			c.interruptProbe()
+		}
 		<-c.workerExited
 		c.dropHook()
 		close(c.watchStop)
 		if c.Err() == nil {
-			for _, p := range c.peers {
-				if p != nil {
-					h := Header{Frame: frameBye, Group: c.gid}
-					p.sendq <- sendReq{h: h, seg: c.cfg.SegmentBytes}
-				}
-			}
-			// A peer that stopped reading (hung, not dead) must not hold
-			// Close: after AbortTimeout its link is closed, which ends the send.
-			timeout := time.After(c.cfg.AbortTimeout)
-			for _, p := range c.peers {
-				if p == nil {
-					continue
-				}
-				select {
-				case <-p.sendErr:
-				case <-timeout:
-					_ = p.link.Close()
-					<-p.sendErr
-				}
-			}
+			c.sayBye()
 		}
 		c.failOnce.Do(func() { c.failErr = ErrClosed; close(c.failed) })
 		for _, p := range c.peers {

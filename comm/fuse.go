@@ -664,7 +664,7 @@ func (c *Comm) fuseRecv(lead *call, ct DType, p, m int, cur, data []byte, direct
 	pe := c.peers[p]
 	l := pe.link
 	h := &pe.recvHdr
-	if err := l.RecvHeader(h); err != nil {
+	if err := c.nextHeader(p, h); err != nil {
 		if isProtocol(err) {
 			return 0, nil, fmt.Errorf("comm: from %s: %w", c.info[p], err)
 		}

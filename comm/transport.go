@@ -34,6 +34,9 @@ func (k Kind) String() string {
 	if k >= KindAllReduce && k <= KindRecv {
 		return kindNames[k]
 	}
+	if k == kindProbe {
+		return "Probe"
+	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 

@@ -124,6 +124,10 @@ func (c *Comm) execute(cl *call) {
 		c.finish(cl, err)
 		return
 	}
+	if cl.kind == kindProbe { // not a message: no number, no record (probe.go)
+		c.finish(cl, c.probe(cl.root))
+		return
+	}
 	var peerSeq uint64 // Send/Recv: their number with this peer (see FlightRecord.PeerSeq)
 	switch cl.kind {
 	case KindSend, KindRecv:
@@ -510,8 +514,7 @@ func (c *Comm) sendRecvOnCaller(cl *call, to int, sbuf []byte, frame int, from i
 // call: an abort or goodbye from p, a frame of another call (desync) or a
 // payload that does not fit are errors, and nothing is read into dst.
 func (c *Comm) recvHeader(cl *call, p int, h *Header, total, remaining int) error {
-	l := c.peers[p].link
-	if err := l.RecvHeader(h); err != nil {
+	if err := c.nextHeader(p, h); err != nil {
 		if errors.Is(err, ErrProtocol) {
 			return fmt.Errorf("comm: from %s: %w", c.info[p], err)
 		}
@@ -620,7 +623,7 @@ func (c *Comm) sendErr(cl *call, p int, err error) error {
 	go func() { // owned: waited for below in every case
 		var h Header
 		for {
-			if l.RecvHeader(&h) != nil {
+			if c.nextHeader(p, &h) != nil {
 				ch <- nil
 				return
 			}

@@ -202,6 +202,7 @@ func gorun_init(config *C.char, world *C.gorun_comm_t) (rc C.int) {
 //export gorun_finalize
 func gorun_finalize() (rc C.int) {
 	defer guard(&rc)
+	closeMatchers()
 	reg.mu.Lock()
 	s := reg.sess
 	reg.sess, reg.worldH = nil, 0

@@ -39,11 +39,19 @@ func gorun_allreduce_coalesced(h C.gorun_comm_t, sends *unsafe.Pointer, recvs *u
 		}
 		ss, rs, cs := unsafe.Slice(sends, int(n)), unsafe.Slice(recvs, int(n)), unsafe.Slice(counts, int(n))
 		sb, rb := make([]comm.Buffer, n), make([]comm.Buffer, n)
+		// Per vector, on the path of every coalesced call (torch's carry
+		// dozens of tensors): a vector's name is formatted only for its
+		// error, and an in-place vector (send and recv the same memory, as
+		// torch's are) is viewed once.
 		for i := range int(n) {
-			if sb[i], err = buffer(ss[i], cs[i], dt, fmt.Sprintf("sends[%d]", i), false); err != nil {
+			if sb[i], err = buffer(ss[i], cs[i], dt, "", false); err != nil {
+				_, err = buffer(ss[i], cs[i], dt, fmt.Sprintf("sends[%d]", i), false)
 				return nil, err
 			}
-			if rb[i], err = buffer(rs[i], cs[i], dt, fmt.Sprintf("recvs[%d]", i), false); err != nil {
+			if rs[i] == ss[i] {
+				rb[i] = sb[i]
+			} else if rb[i], err = buffer(rs[i], cs[i], dt, "", false); err != nil {
+				_, err = buffer(rs[i], cs[i], dt, fmt.Sprintf("recvs[%d]", i), false)
 				return nil, err
 			}
 		}

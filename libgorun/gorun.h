@@ -476,6 +476,35 @@ int gorun_ft_step(gorun_ft_t ft, int64_t *step);
 int gorun_ft_close(gorun_ft_t ft);
 #endif /* GORUN_NO_PROTOTYPES */
 
+/* ---- receives from any source -------------------------------------------
+ * A matcher receives point-to-point messages from any of several sources,
+ * each a peer of a communicator (e.g. one two-rank communicator per
+ * sender, as a torch backend keeps them). Receives are matched to messages
+ * as MPI matches them: a message goes to the first receive, in posting
+ * order, that accepts its source (GORUN_ANY_SOURCE, or that source), every
+ * message is received exactly once, and one source's messages arrive in the
+ * order they were sent. While a matcher serves a source, receive from it
+ * only through the matcher. A matcher's sources that never send cost
+ * nothing; sources may be added while receives are posted. */
+typedef int64_t gorun_matcher_t; /* > 0 when valid */
+#define GORUN_ANY_SOURCE (-1)
+#ifndef GORUN_NO_PROTOTYPES
+int gorun_matcher_new(gorun_matcher_t *out);
+/* Source id (>= 0, the caller's name for it, e.g. the sender's rank) is
+ * peer of comm. */
+int gorun_matcher_add(gorun_matcher_t m, int id, gorun_comm_t comm, int peer);
+/* Posts a receive of count elements from source from (an id, or
+ * GORUN_ANY_SOURCE); req NULL: waits for it. A message of another size
+ * fails the receive (GORUN_ERR_DESYNC) and that source's communicator. */
+int gorun_matcher_recv(gorun_matcher_t m, void *buf, size_t count, int dtype, int from,
+                       gorun_request_t *req);
+/* The source id whose message the completed receive req got. */
+int gorun_request_source(gorun_request_t req, int *id);
+/* Ends the matcher's receives not yet matched (GORUN_ERR_CLOSED) and its
+ * threads; matched receives go on. Free it before its communicators. */
+int gorun_matcher_free(gorun_matcher_t m);
+#endif /* GORUN_NO_PROTOTYPES */
+
 #ifdef __cplusplus
 }
 #endif

@@ -219,6 +219,80 @@ func newLink(c net.Conn, rank int, beat time.Duration) *link {
 	return &link{conn: c, rank: rank, beat: beat, wake: make(chan struct{}, 1), done: make(chan struct{}), wrote: make(chan struct{})}
 }
 
+// procStalls is this process's record of the times it could not run a
+// goroutine that was ready to: the evidence an observer has about
+// itself. A lease is a claim that the peer would have spoken within it,
+// which holds only for time during which the observer itself could run
+// and read; a process starved of CPU (a loaded host, a long GC, or
+// thousands of ranks in one test process) would otherwise blame its
+// peers for its own lost time (notes/scale.md). Every link's writer adds
+// what it sees on its beat ticks; every leased reader asks it. One log per
+// process, because what it records is the process's, whichever stream saw
+// it.
+var procStalls stallLog
+
+// stallLog is a set of stalled spans of time, merged where they overlap
+// (many goroutines see one starvation). Safe for concurrent use.
+type stallLog struct {
+	mu    sync.Mutex
+	spans []span // disjoint, oldest first, at most maxStalls
+}
+
+type span struct{ from, to time.Time }
+
+// maxStalls bounds a stallLog; forgetting old stalls only makes leases
+// stricter.
+const maxStalls = 256
+
+// add records that the process could not run from from to to. Adds come
+// in time order, near enough (to is the adder's now): a span that reaches
+// back over the latest ones is merged with them; one that ends before the
+// latest began is out of order (another clock's) and dropped.
+func (s *stallLog) add(from, to time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.spans)
+	if n > 0 && to.Before(s.spans[n-1].from) {
+		return
+	}
+	for n > 0 && !from.After(s.spans[n-1].to) {
+		from, to = minTime(from, s.spans[n-1].from), maxTime(to, s.spans[n-1].to)
+		n--
+	}
+	s.spans = append(s.spans[:n], span{from, to})
+	if len(s.spans) > maxStalls {
+		s.spans = append(s.spans[:0], s.spans[len(s.spans)-maxStalls:]...)
+	}
+}
+
+// between is the stalled time from t to now. Spans after now are not
+// counted: they are another clock's (a test's fake one).
+func (s *stallLog) between(t, now time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var sum time.Duration
+	for i := len(s.spans) - 1; i >= 0 && s.spans[i].to.After(t); i-- {
+		if sp := s.spans[i]; !sp.to.After(now) {
+			sum += sp.to.Sub(maxTime(sp.from, t))
+		}
+	}
+	return sum
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
 // outFrame is a queued frame: its header (with a small body after it),
 // then a large body on its own. A large body (a world table, the same
 // for every attached rank of a leader) is shared, not copied per link; it
@@ -331,14 +405,29 @@ func (l *link) writer() {
 			}
 			return
 		}
+		idle := time.Now()
 		select {
 		case <-l.wake:
-		case <-beat:
+		case due := <-beat:
+			l.noteStall(due, idle)
 			l.mu.Lock()
 			l.queue = append(l.queue, outFrame{head: beatFrame})
 			l.queued++
 			l.mu.Unlock()
 		}
+	}
+}
+
+// noteStall records how late the writer ran on a beat tick that was due
+// at due while it sat idle since idle: from the later of the two (plus a
+// slack of a quarter beat for timer granularity) to now, the goroutine
+// was ready and not run: the process was starved. A writer blocked in a
+// write (a peer that does not read) is not idle, and that time is never
+// counted: it may be the peer's fault.
+func (l *link) noteStall(due, idle time.Time) {
+	now := time.Now()
+	if from := maxTime(due, idle).Add(l.beat / 4); now.After(from) {
+		procStalls.add(from, now)
 	}
 }
 
@@ -371,13 +460,32 @@ type leasedReader struct {
 	// the read at once (the closer set it to bound the wait), judged
 	// as before by the lease alone.
 	closing <-chan struct{}
+
+	// The observer's own lost time, excused from the peer's silence
+	// (silence): deaf is the time since heard that the caller spent
+	// away from the stream (handling a frame: the peer's bytes wait
+	// meanwhile), back when it last took a frame away; stalls is the
+	// process's own scheduling delay (procStalls; nil: none known).
+	// limit caps the excuse (StarvedLimit): past it, the silence
+	// counts whole.
+	deaf   time.Duration
+	back   time.Time
+	stalls *stallLog
+	limit  time.Duration
+	// grace is how long a reader that woke late past its deadline
+	// listens once more before judging (relistened: done, for this
+	// silence): a read whose deadline has passed reports the deadline,
+	// not the bytes that arrived while the reader waited to run.
+	grace      time.Duration
+	relistened bool
 }
 
 // claimed is the pid the peer said it has (its hello), used only where
 // the stream carries no credentials and a test's fake evidence stands in
 // for the kernel (Config.procSample).
 func newLeasedReader(c net.Conn, cfg *Config, closing <-chan struct{}, claimed int) *leasedReader {
-	r := &leasedReader{c: c, lease: cfg.AttachLease, heard: time.Now(), closing: closing}
+	r := &leasedReader{c: c, lease: cfg.AttachLease, heard: time.Now(), closing: closing,
+		stalls: &procStalls, limit: cfg.StarvedLimit, grace: max(cfg.AttachBeat, 10*time.Millisecond)}
 	r.judge = liveness.Judge{Sample: cfg.procSample, Lease: cfg.AttachLease,
 		Recheck: max(cfg.AttachLease/4, cfg.AttachBeat), Limit: cfg.StarvedLimit}
 	if _, pid, ok := peerCred(c); ok {
@@ -391,11 +499,16 @@ func newLeasedReader(c net.Conn, cfg *Config, closing <-chan struct{}, claimed i
 // next returns the next frame that is not a beat; a silence the judge
 // holds against the peer ends it with a *SilenceError (isSilence).
 func (r *leasedReader) next() (byte, []byte, error) {
-	deadline := r.heard.Add(r.lease)
+	if !r.back.IsZero() {
+		r.deaf += time.Since(r.back)
+		r.back = time.Time{}
+	}
+	deadline := r.heard.Add(r.lease + r.deaf)
 	for {
 		if typ, body, ok, err := r.frame(); err != nil {
 			return 0, nil, err
 		} else if ok && typ != frameBeat {
+			r.back = time.Now()
 			return typ, body, nil
 		} else if ok {
 			continue
@@ -415,6 +528,7 @@ func (r *leasedReader) next() (byte, []byte, error) {
 		if n > 0 {
 			r.buf = r.buf[:len(r.buf)+n]
 			r.heard, r.starved = time.Now(), false
+			r.deaf, r.relistened = 0, false
 			r.judge.Heard()
 			deadline = r.heard.Add(r.lease)
 		}
@@ -424,16 +538,29 @@ func (r *leasedReader) next() (byte, []byte, error) {
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			return 0, nil, err
 		}
-		silent := time.Since(r.heard)
 		select {
 		case <-r.closing:
 			return 0, nil, err
 		default:
 		}
-		if silent < r.lease {
+		now := time.Now()
+		heard, silent := r.silence(now)
+		if heard < r.lease {
 			// The deadline was a recheck's or set before the last
-			// bytes: the lease itself has not run out.
-			deadline = r.heard.Add(r.lease)
+			// bytes, or this process lost time meanwhile: the lease
+			// itself has not run out (or not before the limit).
+			wait := r.lease - heard
+			if r.limit > 0 {
+				wait = max(min(wait, r.limit-silent), time.Millisecond)
+			}
+			deadline = now.Add(wait)
+			continue
+		}
+		if late := now.Sub(deadline); !r.relistened && late > r.grace {
+			// This reader ran late past its deadline: whatever the
+			// peer sent meanwhile is unread. Read it before judging.
+			r.relistened = true
+			deadline = now.Add(r.grace)
 			continue
 		}
 		v, why := r.judge.Expired(silent)
@@ -446,6 +573,24 @@ func (r *leasedReader) next() (byte, []byte, error) {
 		r.starved = true
 		deadline = time.Now().Add(r.judge.Recheck)
 	}
+}
+
+// silence is how long the peer has been silent as this reader could
+// tell (heard: the time since the last byte, less the reader's deaf time
+// and its process's stalls since then) and as the clock tells (silent).
+// Past the limit (StarvedLimit) nothing is excused: a process starved
+// that long is of no use to its job either. The two excuses may overlap
+// (a handler that was itself starved), which errs toward the peer.
+func (r *leasedReader) silence(now time.Time) (heard, silent time.Duration) {
+	silent = now.Sub(r.heard)
+	if r.limit > 0 && silent >= r.limit {
+		return silent, silent
+	}
+	excuse := r.deaf
+	if r.stalls != nil {
+		excuse += r.stalls.between(r.heard, now)
+	}
+	return max(silent-excuse, 0), silent
 }
 
 // frame takes one whole frame off buf, if there is one.

@@ -158,10 +158,16 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 	}
 	m, err := decodeMeta(body)
 	l := newLink(c, m.Rank, w.cfg.AttachBeat)
+	// Beat from the hello on: the rank's lease on this leader runs from
+	// then, and deciding on the rank takes World.mu, which memberlist's
+	// callbacks can hold for seconds while thousands of ranks join (a
+	// 4,096-rank formation failed with a leader "silent" 4 s after its
+	// ranks' hellos while the process ran on time, notes/scale.md).
+	w.wg.Go(l.writer)
 	refuse := func(ce *ConflictError) {
 		w.log.Error().Err(ce).Msg("rendezvous: refusing attached rank")
-		_ = writeFrame(c, frameFatal, append([]byte{'C'}, ce.Error()...))
-		_ = c.Close()
+		l.enqueue(frameFatal, append([]byte{'C'}, ce.Error()...))
+		l.finish(w.cfg.TCPTimeout)
 	}
 	w.mu.Lock()
 	self := w.selfClaimLocked()
@@ -211,7 +217,6 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 	// arrives it knows its leader only as "local rank 0 on this host",
 	// and a leader that freezes before formation must be named.
 	l.enqueue(frameLeader, binary.AppendUvarint(nil, uint64(w.cfg.Rank)))
-	w.wg.Go(l.writer)
 
 	// Frames until the stream ends: a goodbye first makes the end a leave,
 	// anything else a loss: EOF or an error (the process exited or was

@@ -116,6 +116,7 @@ func main() {
 	flag.DurationVar(&tune.ProbeTimeout, "probe-timeout", def.ProbeTimeout, "Config.ProbeTimeout")
 	flag.DurationVar(&tune.GossipInterval, "gossip", def.GossipInterval, "Config.GossipInterval")
 	flag.DurationVar(&tune.SuspicionTimeout, "suspicion", def.SuspicionTimeout, "Config.SuspicionTimeout")
+	flag.DurationVar(&tune.GossipLease, "gossip-lease", def.GossipLease, "Config.GossipLease")
 	flag.IntVar(&tune.RetransmitMult, "retransmit", def.RetransmitMult, "Config.RetransmitMult")
 	flag.IntVar(&tune.GossipNodes, "gossip-nodes", def.GossipNodes, "Config.GossipNodes")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of each formation (Join to the last Join's return) to this file (.1, .2, ... appended after the first run)")
@@ -126,7 +127,7 @@ func main() {
 	if memProfile != "" {
 		runtime.MemProfileRate = 64 << 10
 	}
-	fmt.Printf("%-6s %-5s %-11s %10s %8s %21s %21s %10s\n", "size", "net", "mode", "formation", "cpu",
+	fmt.Printf("%-6s %-5s %-11s %10s %8s %8s %21s %21s %10s\n", "size", "net", "mode", "formation", "cpu", "lag",
 		"detect rank min..max", "detect host min..max", "false-loss")
 	var modes []int // ranks per host; 1 is flat
 	switch *mode {
@@ -155,7 +156,7 @@ func main() {
 			}
 			r, err := measure(n, p, *network, *verbose)
 			if err != nil {
-				fmt.Printf("%-6d %-5s %-11s %10s %8s  %v\n", n, *network, name, "-", "-", err)
+				fmt.Printf("%-6d %-5s %-11s %10s %8s %7.3fs  %v\n", n, *network, name, "-", "-", r.lag.Seconds(), err)
 				failed = true
 				continue
 			}
@@ -165,7 +166,7 @@ func main() {
 				}
 				return fmt.Sprintf("%.3fs..%.3fs", a.Seconds(), b.Seconds())
 			}
-			fmt.Printf("%-6d %-5s %-11s %9.3fs %7.3fs %21s %21s %10d\n", n, *network, name, r.formation.Seconds(), r.cpu.Seconds(),
+			fmt.Printf("%-6d %-5s %-11s %9.3fs %7.3fs %7.3fs %21s %21s %10d\n", n, *network, name, r.formation.Seconds(), r.cpu.Seconds(), r.lag.Seconds(),
 				span(r.detectMin, r.detectMax), span(r.hostMin, r.hostMax), r.falseLoss)
 		}
 	}
@@ -177,6 +178,7 @@ func main() {
 type result struct {
 	formation, detectMin, detectMax time.Duration
 	cpu                             time.Duration // CPU time (user + system) of the whole process during formation
+	lag                             time.Duration // the longest a ticking goroutine waited past its tick during formation
 	hostMin, hostMax                time.Duration // host leaders: a whole host lost
 	falseLoss                       int           // survivors that reported a member other than the victim
 }
@@ -233,19 +235,25 @@ func measure(n, per int, network string, verbose bool) (result, error) {
 	}
 	ws := make([]*rendezvous.World, n)
 	errs := make([]error, n)
+	ended := make([]time.Time, n) // when each Join returned: the first failure is the cause, the rest follow
 	var wg sync.WaitGroup
 	stopProfile, err := startProfile()
 	if err != nil {
 		return res, err
 	}
 	cpu0 := cpuTime()
+	stopLag := watchLag()
 	start := time.Now()
 	for r := range cfgs {
-		wg.Go(func() { ws[r], errs[r] = rendezvous.Join(context.Background(), cfgs[r]) })
+		wg.Go(func() {
+			ws[r], errs[r] = rendezvous.Join(context.Background(), cfgs[r])
+			ended[r] = time.Now()
+		})
 	}
 	wg.Wait()
 	res.formation = time.Since(start)
 	res.cpu = cpuTime() - cpu0
+	res.lag = stopLag()
 	stopProfile()
 	defer func() {
 		var cw sync.WaitGroup
@@ -256,10 +264,17 @@ func measure(n, per int, network string, verbose bool) (result, error) {
 		}
 		cw.Wait()
 	}()
+	first, failed := -1, 0
 	for r, err := range errs {
 		if err != nil {
-			return res, fmt.Errorf("rank %d: %w", r, err)
+			failed++
+			if first < 0 || ended[r].Before(ended[first]) {
+				first = r
+			}
 		}
+	}
+	if first >= 0 {
+		return res, fmt.Errorf("%d ranks failed, the first after %.1fs: rank %d: %w", failed, ended[first].Sub(start).Seconds(), first, errs[first])
 	}
 	if network != "mem" || formOnly || attachMode == "unix" {
 		return res, nil // no way to cut a loopback member off from here
@@ -318,6 +333,7 @@ func configs(n, per int, network, seed string, nw *rendezvoustest.Network, log z
 		c.FormationTimeout = 60 * time.Second
 		c.ProbeInterval, c.ProbeTimeout, c.GossipInterval = tune.ProbeInterval, tune.ProbeTimeout, tune.GossipInterval
 		c.SuspicionTimeout, c.RetransmitMult, c.GossipNodes = tune.SuspicionTimeout, tune.RetransmitMult, tune.GossipNodes
+		c.GossipLease = tune.GossipLease
 		c.Logger = log
 		if per > 1 {
 			c.Host = fmt.Sprintf("h%d", r/per)
@@ -389,6 +405,33 @@ func detect(ws []*rendezvous.World, victim int, skip []int, cut func()) ([]time.
 		return []time.Duration{0}, int(falseLoss.Load()), fmt.Errorf("only %d of %d survivors saw rank %d lost within 30 s", len(lat), want, victim)
 	}
 	return lat, int(falseLoss.Load()), nil
+}
+
+// watchLag starts a goroutine that ticks every 10 ms and notes how late
+// each tick is received: the process's own scheduling delay, which every
+// member's timers and leases suffer too. The returned func stops it and
+// returns the longest delay seen.
+func watchLag() func() time.Duration {
+	const period = 10 * time.Millisecond
+	stop, done := make(chan struct{}), make(chan time.Duration)
+	go func() {
+		t := time.NewTicker(period)
+		defer t.Stop()
+		var worst time.Duration
+		last := time.Now()
+		for {
+			select {
+			case <-stop:
+				done <- worst
+				return
+			case <-t.C:
+				n := time.Now()
+				worst = max(worst, n.Sub(last)-period)
+				last = n
+			}
+		}
+	}()
+	return func() time.Duration { close(stop); return <-done }
 }
 
 // cpuTime is the CPU time this process has used so far (user + system).

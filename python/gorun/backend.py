@@ -298,6 +298,8 @@ class GorunWork(Work):
         self._exc = None
         self._future = None
         self._issued = None  # a threading.Event while the call waits for its channel (point-to-point)
+        self._anysource = False  # a receive through the group's matcher: learn its source
+        self._source = None  # the group rank it received from, once complete
 
     # -- completion --
     def _finish(self, exc):
@@ -312,6 +314,13 @@ class GorunWork(Work):
             self._exc = exc
             l = _lib.lib() if _lib.loaded() else None
             if l is not None:
+                if exc is None and self._anysource:
+                    src = ctypes.c_int(-1)
+                    rc = l.gorun_request_source(self._reqs[0], ctypes.byref(src))
+                    if rc == _lib.OK:
+                        self._source = src.value
+                    else:
+                        self._exc = _lib.error(rc, "gorun %s" % self._what)
                 for r in self._reqs:
                     l.gorun_request_free(r)
             self._keep = None
@@ -397,7 +406,15 @@ class GorunWork(Work):
         return self._outputs
 
     def source_rank(self):
-        raise RuntimeError("gorun: source_rank: recv from any source is not supported")
+        """The group rank a receive got its message from (torch's recv
+        without src reads it after wait)."""
+        if not self._done:
+            raise RuntimeError("gorun %s: source_rank called before the receive completed" % self._what)
+        if self._source is None:
+            raise RuntimeError("gorun %s: source_rank: not a receive that completed" % self._what)
+        return self._source
+
+    _source_rank = source_rank
 
     def synchronize(self):
         pass  # CPU tensors: nothing to synchronise
@@ -638,6 +655,7 @@ class _Channel:
         self._h = None
         self._err = None
         self._queue = []  # (work, issue) waiting for the connection
+        self._ready = []  # fn(handle) to call once connected, after the queue is issued
         ranks = [pg._ranks[src], pg._ranks[dst]]
         tag = "torch-p2p-%d-%d-of-%d" % (src, dst, pg._h)
         threading.Thread(target=self._connect, args=(ranks, tag), name="gorun-p2p-%d-%d" % (src, dst),
@@ -654,6 +672,20 @@ class _Channel:
             for w, issue in self._queue:
                 self._issue_locked(w, issue)
             self._queue = None
+            if err is None:
+                for fn in self._ready:
+                    fn(self._h)
+            self._ready = None
+
+    def when_ready(self, fn):
+        """Calls fn(handle) once the channel is up (now, if it is), after
+        the calls issued before: the matcher's first probe comes after
+        them on the channel. Never, if the channel failed."""
+        with self._mu:
+            if self._queue is not None:
+                self._ready.append(fn)
+            elif self._h is not None:
+                fn(self._h)
 
     def _issue_locked(self, w, issue):
         if self._err is not None:
@@ -707,6 +739,8 @@ class _Gorun:
         self._pending = {}
         self._recent = collections.deque(maxlen=self._RETAIN)
         self._channels = {}
+        self._matcher = None  # receives from any source, and every receive after the first such (_recv_matched)
+        self._matcher_mu = threading.Lock()
         self._l = _lib.lib()
         self._ar = self._l.gorun_allreduce  # one attribute read less per call
         self._completer = None
@@ -744,6 +778,9 @@ class _Gorun:
         self._shut = True
         self._stop()
         self._store = None
+        m, self._matcher = self._matcher, None
+        if m is not None and _lib.loaded():
+            self._l.gorun_matcher_free(m)  # before the channels it reads from
         if self._is_world:
             finalize()
         elif _world is not None and _lib.loaded():
@@ -1353,10 +1390,50 @@ class _Gorun:
         return self._p2p(tensors, dstRank, "send", lambda l: l.gorun_send, self.rank(), dstRank)
 
     def recv(self, tensors, srcRank, tag=0):
+        if self._matcher is not None:
+            if not 0 <= srcRank < self.size() or srcRank == self.rank():
+                raise ValueError("gorun recv: peer %d (this is rank %d of %d)" % (srcRank, self.rank(), self.size()))
+            return self._recv_matched(tensors, srcRank, "recv")
         return self._p2p(tensors, srcRank, "recv", lambda l: l.gorun_recv, srcRank, self.rank())
 
     def recv_anysource(self, tensors, tag=0):
-        raise RuntimeError("gorun recv: receiving from any source is not supported; name the source rank")
+        return self._recv_matched(tensors, -1, "recv from any source")
+
+    def _recv_matched(self, tensors, src, what):
+        """A receive through the group's matcher (libgorun's, over the
+        channels into this rank): from any source (src -1) or, once one
+        such receive was made, every receive, so that a message goes to the
+        first receive posted that accepts its sender, as MPI and gloo match
+        them. The matcher is made at the first receive from any source and
+        takes each channel into this rank as it connects (one per other
+        rank, connected now: a sender's channel is made at its first send)."""
+        t = _bytes(_one(tensors, what))
+        dt = _check(t, what)
+        m = self._ensure_matcher()
+        w = GorunWork(self, what, [], [t], [t])
+        w._anysource = True
+        r = ctypes.c_int64()
+        rc = self._l.gorun_matcher_recv(m, _ptr(t), t.numel(), dt, src, ctypes.byref(r))
+        if rc != _lib.OK:
+            w._finish(_lib.error(rc, "gorun %s" % what))
+            return w
+        w._reqs.append(r.value)
+        return w
+
+    def _ensure_matcher(self):
+        with self._matcher_mu:
+            if self._matcher is not None:
+                return self._matcher
+            m = ctypes.c_int64()
+            _lib.check(self._l.gorun_matcher_new(ctypes.byref(m)), "gorun recv from any source")
+            me = self.rank()
+            for src in range(self.size()):
+                if src != me:
+                    # The sender is rank 0 of the two-rank channel.
+                    self._channel(src, me).when_ready(
+                        lambda h, src=src: self._l.gorun_matcher_add(m.value, src, h, 0))
+            self._matcher = m.value
+            return m.value
 
 
 class GorunBackend(_Gorun, _C10dBackend):

@@ -26,8 +26,11 @@ DRIVER = os.path.join(os.path.dirname(__file__), "torch_suite.py")
 # call is off by one. torch 2.15's all_reduce tests (test_all_reduce_sum and
 # its kin) compare nothing (_test_all_reduce_helper ignores its expected
 # value), so they are not here; DDP's tests check all_reduce's values.
+# send_recv_any_source_torch_profiler checks the source each receive from any
+# source reports against the data, and that every message arrived once.
 OPEN = ["broadcast", "reduce_sum", "reduce_max", "all_gather", "all_gather_complex", "all_gather_coalesced_simple",
-        "gather", "scatter", "send_recv", "send_recv_with_tag", "isend", "irecv", "barrier", "destroy_group",
+        "gather", "scatter", "send_recv", "send_recv_with_tag", "send_recv_any_source_torch_profiler", "isend",
+        "irecv", "barrier", "destroy_group",
         "get_rank_size_group", "DistributedDataParallelCPU", "ddp_create_graph", "static_graph_api_cpu"]
 # The barriers' tests check that the call raises, naming the rank, or waits;
 # the others compare values.

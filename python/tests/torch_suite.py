@@ -73,6 +73,8 @@ if __name__ == "__main__":
                     help="then run, at this world size, the tests the first backend skipped as too few ranks")
     ap.add_argument("--markdown", help="write the counts and the per-test table here")
     ap.add_argument("--json", help="write the raw results here")
+    ap.add_argument("--gaps", help="the explained gaps (backend<TAB>test<TAB>reason): exit 0 when the gaps are "
+                                   "exactly these, 1 naming any other or any listed one that now passes")
     ARGS = ap.parse_args()
     m = re.fullmatch(r"(\d+)/(\d+)", ARGS.shard)
     if not m or not int(m.group(1)) < int(m.group(2)):
@@ -231,11 +233,52 @@ def counts(res):
     return {k: sum(1 for v in res.values() if v["status"] == k) for k in STATUSES}
 
 
+def load_gaps(path):
+    """The explained gaps of a --gaps file: {(backend, test): reason}."""
+    gaps = {}
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            s = line.rstrip("\n")
+            if not s.strip() or s.lstrip().startswith("#"):
+                continue
+            f3 = s.split("\t")
+            if len(f3) != 3 or not all(x.strip() for x in f3) or not f3[1].startswith("test_"):
+                raise SystemExit("torch_suite: %s:%d: want backend<TAB>test_name<TAB>reason, got %r" % (path, i, s))
+            if (f3[0], f3[1]) in gaps:
+                raise SystemExit("torch_suite: %s:%d: %s %s listed twice" % (path, i, f3[0], f3[1]))
+            gaps[(f3[0], f3[1])] = f3[2]
+    return gaps
+
+
+def judge_gaps(args, backends, sizes, results, missing, gaps):
+    """The number of gaps that are not as the list says: a gap not listed,
+    or a listed one whose test the backend now passes (where the reference
+    passes it too). Listed tests that did not run (-k) count neither way."""
+    ref, bad = backends[0], 0
+    for n, b, name, other in missing:
+        if (b, name) not in gaps:
+            bad += 1
+            print("unexplained gap: world %d %s %s: %s (not in %s)" % (
+                n, b, name, "%s %s" % (other["status"], other["reason"]) if other else "not run", args.gaps))
+    for (b, name) in sorted(gaps):
+        if b not in backends[1:]:
+            continue
+        for n in sizes:
+            r, o = results[(ref, n)].get(name), results[(b, n)].get(name)
+            if r and o and r["status"] == "PASS" and o["status"] == "PASS":
+                bad += 1
+                print("explained gap now passes: world %d %s %s: remove it from %s" % (n, b, name, args.gaps))
+    print("%d gaps, %s" % (len(missing), "each explained in %s" % args.gaps if not bad
+                            else "%d not as %s says" % (bad, args.gaps)))
+    return bad
+
+
 def compare(args):
     backends = args.compare.split(",")
     sizes = [int(x) for x in args.world_sizes.split(",")]
     results, secs = {}, {}
     ref = backends[0]
+    gaps = load_gaps(args.gaps) if args.gaps else None
 
     def run(n, pattern):
         for b in backends:
@@ -265,14 +308,17 @@ def compare(args):
                 other = results[(b, n)].get(name)
                 if r["status"] == "PASS" and (other is None or other["status"] != "PASS"):
                     missing.append((n, b, name, other))
-                    print("world %d: %s passes %s, %s: %s %s" % (
-                        n, ref, name, b, other["status"] if other else "not run", other["reason"] if other else ""))
+                    print("world %d: %s passes %s, %s: %s %s%s" % (
+                        n, ref, name, b, other["status"] if other else "not run", other["reason"] if other else "",
+                        " (explained)" if gaps is not None and (b, name) in gaps else ""))
     print("%d tests that %s passes and another backend does not" % (len(missing), ref))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"%s/%d" % k: v for k, v in results.items()}, f, indent=1, sort_keys=True)
     if args.markdown:
         write_markdown(args, backends, sizes, results, secs)
+    if gaps is not None:
+        return judge_gaps(args, backends, sizes, results, missing, gaps)
     return len(missing)
 
 
