@@ -2,6 +2,7 @@ package rendezvous
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -105,10 +106,9 @@ func quietPush(l *pushLog) func(*Config) {
 	}
 }
 
-// joinTimed joins every config concurrently and returns when each Join
-// returned; it fails the test unless every Join succeeds.
-func joinTimed(t *testing.T, cfgs []Config) ([]*World, []time.Time) {
-	t.Helper()
+// joinTimed joins every config concurrently and returns the worlds, the
+// errors and when each Join returned.
+func joinTimed(cfgs []Config) ([]*World, []error, []time.Time) {
 	ws := make([]*World, len(cfgs))
 	errs := make([]error, len(cfgs))
 	at := make([]time.Time, len(cfgs))
@@ -120,6 +120,13 @@ func joinTimed(t *testing.T, cfgs []Config) ([]*World, []time.Time) {
 		})
 	}
 	wg.Wait()
+	return ws, errs, at
+}
+
+// formTimed is joinTimed that fails the test unless every Join succeeds.
+func formTimed(t *testing.T, cfgs []Config) ([]*World, []time.Time) {
+	t.Helper()
+	ws, errs, at := joinTimed(cfgs)
 	for r, err := range errs {
 		if err != nil {
 			closeAll(ws)
@@ -168,7 +175,7 @@ func TestRelayedPushFlat(t *testing.T) {
 				others = append(others, r)
 			}
 		}
-		ws, at := joinTimed(t, cfgs)
+		ws, at := formTimed(t, cfgs)
 		defer closeAll(ws)
 		time.Sleep(100 * time.Millisecond) // the relays' pushes done
 		checkRelayed(t, l, others, at, cfgs[0].RejoinInterval)
@@ -191,7 +198,7 @@ func TestRelayedPushHier(t *testing.T) {
 				others = append(others, r)
 			}
 		}
-		ws, at := joinTimed(t, cfgs)
+		ws, at := formTimed(t, cfgs)
 		defer closeAll(ws)
 		time.Sleep(100 * time.Millisecond)
 		checkRelayed(t, l, others, at, cfgs[0].RejoinInterval)
@@ -225,7 +232,7 @@ func TestRelayThatNeverPushes(t *testing.T) {
 			cfgs[r] = memConfig(t, nw, "job1", r, n)
 			quietPush(l)(&cfgs[r])
 		}
-		ws, at := joinTimed(t, cfgs)
+		ws, at := formTimed(t, cfgs)
 		defer closeAll(ws)
 		rejoin := cfgs[0].RejoinInterval
 		l.mu.Lock()
@@ -263,7 +270,7 @@ func TestDirectPushSmallWorld(t *testing.T) {
 			cfgs[r] = memConfig(t, nw, "job1", r, n)
 			quietPush(l)(&cfgs[r])
 		}
-		ws, at := joinTimed(t, cfgs)
+		ws, at := formTimed(t, cfgs)
 		defer closeAll(ws)
 		time.Sleep(100 * time.Millisecond)
 		checkRelayed(t, l, []int{1, 2, 3, 4}, at, cfgs[0].RejoinInterval)
@@ -272,5 +279,59 @@ func TestDirectPushSmallWorld(t *testing.T) {
 		if len(l.pushes) != 1 || len(l.pushes[0]) != n-1 {
 			t.Errorf("pushes %v, want the seed's to all %d others only", l.pushes, n-1)
 		}
+	})
+}
+
+// A relay whose process exits right after it formed, before relaying (its
+// address refuses from then on), never stalls the world: every other rank
+// forms within 3 RejoinInterval of the seed, or, if one of its pulls went
+// to the dead relay, fails as fast with an error naming it (fake clock).
+func TestRelayCrashedBeforeRelaying(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		const n = 40
+		others := make([]int, 0, n-1)
+		for r := 1; r < n; r++ {
+			others = append(others, r)
+		}
+		victim := pushPlan(0, others, 2)[4]
+		l := newPushLog()
+		l.skip = victim
+		nw := &rendezvoustest.Network{}
+		cfgs := make([]Config, n)
+		for r := range cfgs {
+			cfgs[r] = memConfig(t, nw, "job1", r, n)
+			quietPush(l)(&cfgs[r])
+		}
+		tr := cfgs[victim].Transport.(*rendezvoustest.Transport)
+		var once sync.Once
+		cfgs[victim].pushHook = func(from, to int) bool {
+			once.Do(func() { _ = tr.Shutdown() })
+			return l.hook(from, to)
+		}
+		ws, errs, at := joinTimed(cfgs)
+		defer closeAll(ws)
+		if errs[victim] != nil {
+			t.Fatalf("the relay did not form before it died: %v", errs[victim])
+		}
+		l.mu.Lock()
+		seed := l.first
+		l.mu.Unlock()
+		rejoin := cfgs[0].RejoinInterval
+		formed, failed := 0, 0
+		for r, err := range errs {
+			if d := at[r].Sub(seed); d > 3*rejoin+100*time.Millisecond {
+				t.Errorf("rank %d: Join returned %v after the seed formed (err %v), want ≤ 3×%v", r, d, err, rejoin)
+			}
+			var le *LostError
+			switch {
+			case err == nil:
+				formed++
+			case errors.As(err, &le) && le.Rank == victim:
+				failed++
+			default:
+				t.Errorf("rank %d: %v, want formation or the dead relay %d named", r, err, victim)
+			}
+		}
+		t.Logf("relay %d dead: %d ranks formed, %d failed naming it", victim, formed, failed)
 	})
 }
