@@ -46,13 +46,17 @@ type EndpointConfig struct {
 	// held open in silence gives its slot back sooner. 5 s (a loaded
 	// machine can delay a starting rank's goroutines by seconds).
 	GreetingTimeout time.Duration
-	// MaxHandshakes bounds the connections in their handshake at once;
-	// more wait in the kernel's backlog, costing this process nothing, so
-	// thousands of held half-open connections cannot exhaust its file
-	// descriptors or memory. MaxHandshakesPerSource bounds those from one
-	// IP address; more from it are closed at once (the dialer retries
-	// such a "busy" close until its context ends). Zero means 1024 and
-	// 128 (internal/connlimit).
+	// MaxHandshakes bounds the connections in their handshake at once,
+	// so thousands of held half-open connections cannot exhaust the
+	// process's file descriptors or memory; MaxHandshakesPerSource bounds
+	// those from one IP address. Zero means 1024 and 128
+	// (internal/connlimit). Over either bound the oldest connection still
+	// in its handshake is closed to admit the new one (connlimit's
+	// Evict), not the newcomer refused: a peer's ranks share their host's
+	// address with anyone on that host, and a real peer proves itself
+	// within a round trip, so what gives way is what a stranger holds
+	// open. A dialer whose connection is closed so retries it until its
+	// context ends (errBusy).
 	MaxHandshakes, MaxHandshakesPerSource int
 	// DialRetry is the pause between attempts to reach a peer that is not
 	// listening yet. 20 ms.
@@ -306,7 +310,7 @@ func Listen(cfg EndpointConfig) (*Endpoint, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	gate, err := connlimit.New(connlimit.Config{Max: cfg.MaxHandshakes, PerSource: cfg.MaxHandshakesPerSource}, nil)
+	gate, err := connlimit.New(connlimit.Config{Max: cfg.MaxHandshakes, PerSource: cfg.MaxHandshakesPerSource, Evict: true}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 	}
@@ -464,9 +468,11 @@ type hello struct {
 	streams, stream int
 }
 
-// errBusy: the listener closed the connection before saying anything, as
-// it does to a source over its handshake bound; the dialer tries again.
-var errBusy = errors.New("comm: peer busy (connection closed before its greeting)")
+// errBusy: the listener closed the connection before it finished the
+// handshake though it knows the secret (or before saying anything): its
+// gate made room for a newer connection (connlimit's Evict, while an
+// outsider floods the port); the dialer tries again.
+var errBusy = errors.New("comm: peer busy (connection closed during its handshake)")
 
 // helloLen is the encoded size of a hello without the shared-memory name.
 const helloLen = 8 + 4*3 + 4 + 2 + 2 + 2
@@ -477,6 +483,9 @@ const (
 	ackTCP         = 1
 	ackShm         = 2
 	ackStatus      = 3 // the connection carries one status answer
+	// ackRefused: the proof was right but the hello is not (a bug or a
+	// mismatched build); final, unlike a close before the ack.
+	ackRefused = 4
 )
 
 // maxStatusBytes bounds a status answer we are willing to read.
@@ -583,15 +592,18 @@ func mac(secret []byte, role byte, cn, sn []byte, more ...[]byte) []byte {
 //	                                           covers the hello, so it cannot
 //	                                           be altered in flight), maps the
 //	                                           offered segment if it can
-//	◄──────── ack: ackTCP, ackShm (the segment is mapped on both sides)
-//	          or ackStatus (a status query, not a link)
+//	◄──────── ack: ackTCP, ackShm (the segment is mapped on both sides),
+//	          ackStatus (a status query, not a link) or ackRefused (a
+//	          hello that makes no sense)
 //
 // Both nonces make every proof single-use, and the role byte keeps a
 // server's proof from being replayed as a client's. Nothing about the
 // group is revealed before the client proved the secret: a stranger learns
 // only that the port speaks this protocol. A client that sees the
 // connection close before any byte knows the server had no slot for its
-// source (connlimit) and retries (errBusy); anything else is an ErrAuth.
+// source (connlimit) and retries (errBusy), as does one that sees it close
+// after the server's proof and before the ack (its gate evicted the
+// connection to admit a newer one); anything else is an ErrAuth.
 // The hello's layout (helloLen bytes, little-endian): group id (8), from,
 // to, size, shm bytes (4 each), streams, stream, shm name length (2 each).
 //
@@ -607,6 +619,7 @@ func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader, start time.T
 	if string(b[:len(handshakeMagic)]) != handshakeMagic {
 		return h, nil, fmt.Errorf("%w: not a gorun data-plane client", ErrAuth)
 	}
+	e.gate.Spoke(conn) // spared by evictions while silent ones are left
 	cn := append([]byte(nil), b[len(handshakeMagic):]...)
 	sn := make([]byte, nonceLen)
 	_, _ = rand.Read(sn)
@@ -629,6 +642,13 @@ func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader, start time.T
 	if !hmac.Equal(resp[:sha256.Size], mac(e.cfg.Secret, 'C', cn, sn, p, name)) {
 		return h, nil, fmt.Errorf("%w: client does not know the job secret", ErrAuth)
 	}
+	if !e.gate.Claim(conn) {
+		// The gate closed it for a newer connection while the proof was
+		// on its way: the dialer sees the close before our ack and dials
+		// again (errBusy). Past this point the gate cannot close it, so
+		// no dialer is told it was accepted on a closed connection.
+		return h, nil, errors.New("comm: connection closed by the handshake bound to admit a newer one")
+	}
 	h.gid = GroupID(binary.LittleEndian.Uint64(p))
 	h.from = int(binary.LittleEndian.Uint32(p[8:]))
 	h.to = int(binary.LittleEndian.Uint32(p[12:]))
@@ -643,6 +663,9 @@ func (e *Endpoint) serverHandshake(conn net.Conn, br *bufio.Reader, start time.T
 		return h, nil, err
 	}
 	if h.streams < 1 || h.streams > maxTCPStreams || h.stream >= h.streams || (h.stream > 0 && h.shmName != "") {
+		// Said, not only closed: a close before the ack is an eviction,
+		// which the dialer retries, and this one must not be.
+		_, _ = conn.Write([]byte{ackRefused})
 		return h, nil, fmt.Errorf("%w: connection %d of %d (shared memory %q)", ErrProtocol, h.stream, h.streams, h.shmName)
 	}
 	ack := byte(ackTCP)
@@ -701,7 +724,16 @@ func (e *Endpoint) clientHandshake(conn net.Conn, br *bufio.Reader, h hello) (by
 	}
 	var ack [1]byte
 	if _, err := io.ReadFull(br, ack[:]); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+			// The server proved the secret, so it is the peer, and our
+			// proof is right: a close now is its gate evicting this
+			// connection to admit a newer one; worth another try.
+			return 0, fmt.Errorf("%w: %w", errBusy, err)
+		}
 		return 0, handshakeReadErr("the server's acceptance", err)
+	}
+	if ack[0] == ackRefused {
+		return 0, fmt.Errorf("%w: the server refused this connection's hello (connection %d of %d, shared memory %q)", ErrAuth, h.stream, h.streams, h.shmName)
 	}
 	return ack[0], nil
 }

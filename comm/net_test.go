@@ -17,6 +17,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/comm/commtest"
+	"golang.org/x/sync/errgroup"
 )
 
 var testSecret = []byte("0123456789abcdef0123456789abcdef")
@@ -472,5 +473,54 @@ func TestDesyncAcrossShmPaths(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An outsider that shares the peers' address (here, loopback) and holds
+// more silent connections to a rank's data port than one source's share
+// (MaxHandshakesPerSource, 128) does not keep a real peer out: the oldest
+// held connections give way, and the peers connect at once instead of
+// after the greeting timeout (5 s) that frees a held slot.
+func TestHeldConnectionsGiveWay(t *testing.T) {
+	secret := []byte("held connections test secret, 32")
+	a := listen(t, true, secret, io.Discard, t.TempDir())
+	defer a.Close()
+	b := listen(t, true, secret, io.Discard, t.TempDir())
+	defer b.Close()
+	var held []net.Conn
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for range 300 {
+		c, err := net.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	time.Sleep(100 * time.Millisecond) // accepted
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	addrs := []string{a.Addr(), b.Addr()}
+	start := time.Now()
+	var eg errgroup.Group
+	for r, ep := range []*comm.Endpoint{a, b} {
+		eg.Go(func() error {
+			links, err := ep.Connect(ctx, commtest.NewStaticGroup(r, addrs, nil), 1)
+			for _, l := range links {
+				if l != nil {
+					l.Close()
+				}
+			}
+			return err
+		})
+	}
+	if err := eg.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("the peers connected after %v past 300 held connections, want well under a second", took)
 	}
 }

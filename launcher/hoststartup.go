@@ -545,7 +545,14 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			// A real agent sends its greeting as soon as it connects, and
 			// the whole handshake is three short lines.
 			_ = c.SetDeadline(time.Now().Add(agentHandshakeTimeout))
-			w, host, err := acceptAuth(c, m.key, m.jobID, func(h string) bool { _, ok := index[h]; return ok })
+			// Heard: an agent that has sent its greeting is spared by
+			// evictions while a silent connection is left to close.
+			w, host, err := acceptAuth(m.gate.Heard(c), m.key, m.jobID, func(h string) bool { _, ok := index[h]; return ok })
+			if err == nil && !m.gate.Claim(c) {
+				// Evicted for a newer connection just as the agent proved
+				// itself: it sees the close and connects again.
+				err = errors.New("closed by the port's bound to admit a newer connection")
+			}
 			release()
 			if err != nil {
 				c.Close()

@@ -24,8 +24,13 @@ import (
 // The bounds are wider than the data plane's: at formation every member
 // joins through the seed at once, and a flat world of a few thousand
 // members on one host comes from one address; a refused join is retried
-// with backoff (form), so a bound costs time, never the world.
-var gossipStreamBounds = connlimit.Config{Max: 2048, PerSource: 1024}
+// with backoff (form), so a bound costs time, never the world. Over a
+// bound the oldest stream gives way to the new one (Evict): a member's
+// streams last a round trip or two, while an outsider on a member's host,
+// sharing its address, would otherwise hold that address's share (each
+// held stream closed by memberlist after TCPTimeout and redialed) and keep
+// the host's members out for as long as it liked.
+var gossipStreamBounds = connlimit.Config{Max: 2048, PerSource: 1024, Evict: true}
 
 type boundedTransport struct {
 	*memberlist.NetTransport
@@ -85,7 +90,7 @@ func (t *boundedTransport) forward() {
 				continue
 			}
 			select {
-			case t.streams <- &countedConn{Conn: c, release: release}:
+			case t.streams <- &countedConn{Conn: t.gate.Heard(c), release: release}:
 			case <-t.done:
 				release()
 				_ = c.Close()

@@ -10,11 +10,18 @@
 #            torch in $PYTHON and bin/libgorun.so)
 #   mpich    MPICH's checks (tests/mpi/testdata/mpiprog.c check: Allreduce,
 #            Bcast, Comm_split, a ring), 8 ranks (needs mpicc.mpich)
+#   hosts    the Go trainer across 2 namespace hosts (tests/testhosts), 2
+#            ranks each (needs root; SOAK_HOSTS=0 leaves it out)
 # Every healthy job must exit 0 within 300 s: one that fails is a false
 # verdict (or, exit 124, too slow), and its last lines are printed. Meanwhile a probe job (the trainer, 4 ranks) has
 # rank 2 SIGSTOPped or SIGKILLed in turn, and gorun must end naming it
 # within 10 s (stopped) or 2 s (killed): the time from the signal to the
 # first line of the job (a survivor's error, or gorun's) that names rank 2.
+# With the namespace hosts, a third probe cuts the link of the second host of
+# a 2-host trainer on hosts of its own (its interface down, as a pulled
+# cable; the healthy jobs' hosts are not touched) and gorun must
+# name that host or its network within the lease and a second (5 s): the
+# time from the cut to the first line naming the host as lost.
 #
 # It prints one line per job kind (jobs, failures), the probes' detection
 # times (median, max), the load average seen (median, min), and exits 1 on
@@ -36,12 +43,35 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Namespace hosts for the "hosts" kind and the link-cut probe.
+hostset=""
+if [ "${SOAK_HOSTS:-1}" != 0 ] && [ "$(id -u)" = 0 ]; then
+	hostset=soak$(($$ % 1000))
+	if tests/testhosts/netns-up.sh 4 "$hostset" --owner $$ >"$out/hosts.env" 2>"$out/hosts.err"; then
+		HOSTS=$(sed -n 's/^HOSTS=//p' "$out/hosts.env")
+		SSH_CONFIG=$(sed -n 's/^SSH_CONFIG=//p' "$out/hosts.env")
+		read -r -a hostv <<<"$HOSTS"
+		# Healthy jobs on hosts 1 and 2, the link-cut probe on 3 and 4
+		# (the trainer wants a power of two of ranks).
+		hostarg="${hostv[0]}:2,${hostv[1]}:2"
+		cutarg="${hostv[2]}:2,${hostv[3]}:2"
+	else
+		echo "soak: namespace hosts not made ($(tail -1 "$out/hosts.err")); hosts jobs and link cuts skipped"
+		hostset=""
+	fi
+fi
+downhosts() {
+	if [ -n "$hostset" ]; then tests/testhosts/netns-down.sh "$hostset" >/dev/null 2>&1; fi
+}
+trap 'cleanup; downhosts' EXIT
+
 kinds="trainer"
 if [ -f bin/libgorun.so ] && "$PY" -c 'import torch' 2>/dev/null; then
 	kinds="$kinds torch"
 else
 	echo "soak: torch jobs skipped: no bin/libgorun.so (make lib) or no torch in $PY"
 fi
+if [ -n "$hostset" ]; then kinds="$kinds hosts"; fi
 if command -v mpicc.mpich >/dev/null && mpicc.mpich -O1 -o "$out/mpiprog" tests/mpi/testdata/mpiprog.c 2>"$out/mpicc.err"; then
 	kinds="$kinds mpich"
 else
@@ -96,6 +126,7 @@ loop() {
 			;;
 		torch) job torch 4 "$PY" examples/torch/ddp.py --steps 60 ;;
 		mpich) job mpich 8 "$out/mpiprog" check ;;
+		hosts) job hosts 4 --launch-agent "ssh -F $SSH_CONFIG" -H "$hostarg" "$PWD/bin/trainer" -steps 60 ;;
 		esac
 		i=$((i + 1))
 	done
@@ -156,6 +187,43 @@ probe() {
 	kill -9 "$r2" 2>/dev/null
 }
 
+# cutprobe: a 2-host trainer (2 ranks each) on hosts 3 and 4; once every
+# rank stepped, host 4's interface goes down; records "probe CUT SECS NAMED"
+# (time from the cut to the first line naming that host as lost), then
+# brings the link back.
+cutprobe() {
+	local g sp t0 named victim=${hostv[3]}
+	rm -f "$out/cut.err" "$out/cutfifo"
+	mkfifo "$out/cutfifo"
+	stamp <"$out/cutfifo" >"$out/cut.err" &
+	sp=$!
+	"$GORUN" --launch-agent "ssh -F $SSH_CONFIG" -H "$cutarg" "$PWD/bin/trainer" -steps 1000000 >"$out/cut.out" 2>"$out/cutfifo" &
+	g=$!
+	while [ "$(date +%s)" -lt "$end" ]; do
+		grep -q '^step 3 ' "$out/cut.out" 2>/dev/null && break
+		sleep 0.2
+	done
+	t0=$(date +%s.%N)
+	ip -n "$victim" link set eth0 down
+	# gorun ends by itself; past 60 s it is a hang, recorded as unnamed.
+	( sleep 60; kill -9 "$g" 2>/dev/null ) &
+	local guard=$!
+	wait "$g" "$sp"
+	kill "$guard" 2>/dev/null
+	ip -n "$victim" link set eth0 up
+	ip -n "$victim" route replace default via "$(sed -n 's/^BRIDGE_ADDR=//p' "$out/hosts.env")"
+	named=$(awk -v t0="$t0" -v h="$victim" '$1 >= t0 && index($0, h) && /lost|network between|no word/ {print $1 - t0; exit}' "$out/cut.err")
+	if [ -n "$named" ]; then
+		echo "probe CUT $named yes" >>"$out/results"
+	else
+		echo "probe CUT 999 no" >>"$out/results"
+		{
+			echo "== probe CUT: host $victim never named"
+			tail -5 "$out/cut.err"
+		} >>"$out/failures"
+	fi
+}
+
 for k in $kinds; do
 	loop "$k" &
 	bg+=($!)
@@ -170,7 +238,11 @@ bg+=($!)
 n=0
 while [ "$(date +%s)" -lt "$((end - 30))" ]; do
 	sleep 30
-	if [ $((n % 2)) = 0 ]; then probe STOP; else probe KILL; fi
+	case $((n % 3)) in
+	0) probe STOP ;;
+	1) probe KILL ;;
+	2) if [ -n "$hostset" ]; then cutprobe; else probe STOP; fi ;;
+	esac
 	n=$((n + 1))
 done
 while [ "$(date +%s)" -lt "$end" ]; do sleep 1; done
@@ -187,13 +259,15 @@ for k in $kinds; do
 	f=$(awk -v k="$k" '$1==k && $3!=0' "$out/results" | wc -l)
 	bad=$((bad + f))
 done
-for sig in STOP KILL; do
+for sig in STOP KILL CUT; do
 	limit=10
 	[ $sig = KILL ] && limit=2
+	[ $sig = CUT ] && limit=5
 	awk -v s="$sig" '$1=="probe" && $2==s {print $3, $4}' "$out/results" | sort -n | awk -v s="$sig" -v lim="$limit" '
 		{n++; t[n]=$1; if ($1>lim || $2!="yes") late++}
-		END {if (!n) {printf "probe SIG%s: none ran\n", s; exit}
-		printf "probe SIG%s: %d runs, named in median %.2f s, max %.2f s (limit %d s), %d late or unnamed\n", s, n, t[int((n+1)/2)], t[n], lim, late+0}'
+		END {name = (s == "CUT" ? "link cut" : "SIG" s)
+		if (!n) {printf "probe %s: none ran\n", name; exit}
+		printf "probe %s: %d runs, named in median %.2f s, max %.2f s (limit %d s), %d late or unnamed\n", name, n, t[int((n+1)/2)], t[n], lim, late+0}'
 	l=$(awk -v s="$sig" -v lim="$limit" '$1=="probe" && $2==s && ($3>lim || $4!="yes")' "$out/results" | wc -l)
 	bad=$((bad + l))
 done

@@ -16,9 +16,12 @@
 //     or a user id on a Unix socket); more from that source are closed at
 //     once, so one source cannot take every slot from the others;
 //   - with Config.Evict, a full gate closes its oldest pending connection
-//     instead, so connections held open by an outsider give way to a
-//     newcomer (the host-agent port, whose agents share their address with
-//     anyone on their host);
+//     instead (a silent one before one whose peer has spoken, Spoke), so
+//     connections held open by an outsider give way to a newcomer (every
+//     TCP port gorun opens: a job's processes share their host's address
+//     with anyone on that host); an owner claims a connection (Claim)
+//     once it has proved itself and before telling its peer so, after
+//     which the gate never closes it;
 //   - Close closes every connection still in its handshake, so a listener
 //     that shuts down never waits for a stranger's deadline.
 //

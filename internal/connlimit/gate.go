@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // Config bounds the unauthenticated connections of one listener.
@@ -19,9 +20,10 @@ type Config struct {
 	// of one host dials from that host's address, several streams each.
 	PerSource int
 	// Evict makes a full gate close its oldest pending connection (of the
-	// newcomer's source when PerSource is what is full) to admit the new
-	// one, instead of refusing the newcomer (PerSource) or leaving it in
-	// the backlog (Max). For a listener whose genuine clients finish their
+	// newcomer's source when PerSource is what is full; a silent one
+	// before one that has spoken, see Spoke) to admit the new one,
+	// instead of refusing the newcomer (PerSource) or leaving it in the
+	// backlog (Max). For a listener whose genuine clients finish their
 	// handshake within a round trip of connecting while an outsider can
 	// share their address: the outsider's held connections are then what
 	// gives way, never a newcomer, and the newcomer is evicted only if
@@ -81,6 +83,10 @@ type Gate struct {
 	// no longer pending are skipped and dropped lazily. Guarded by mu.
 	order   []net.Conn
 	evicted int // guarded by mu: closed to make room (Evict)
+	// spoke holds the pending connections whose peer has sent the first
+	// bytes of its handshake (Spoke); eviction spares them while a silent
+	// one is left. Guarded by mu.
+	spoke map[net.Conn]bool
 }
 
 // New returns a Gate; a zero Config field takes its default, and source
@@ -100,7 +106,7 @@ func New(cfg Config, source Source) (*Gate, error) {
 		source = RemoteIP
 	}
 	return &Gate{cfg: cfg, source: source, slots: make(chan struct{}, cfg.Max), done: make(chan struct{}),
-		pending: map[net.Conn]string{}, per: map[string]int{}}, nil
+		pending: map[net.Conn]string{}, per: map[string]int{}, spoke: map[net.Conn]bool{}}, nil
 }
 
 // Accept waits for a free slot, accepts the next connection and admits it
@@ -192,34 +198,63 @@ func (g *Gate) admitEvicting(c net.Conn) (func(), bool) {
 	return func() { once.Do(func() { g.release(c) }) }, true
 }
 
-// evictOldestLocked closes the oldest pending connection, of source src
-// when src is not "", and forgets it (its owner's release is then a no-op).
-// The caller holds mu and knows such a connection exists.
+// evictOldestLocked closes the oldest pending connection that has not
+// spoken, else the oldest that has, of source src when src is not "", and
+// forgets it (its owner's release is then a no-op). The caller holds mu
+// and knows such a connection exists.
+//
+// A connection whose peer's bytes wait unread in its receive buffer has
+// spoken too (waiting): its owner's goroutine has not run yet, which a
+// flood's own churn makes likely.
+//
+// Why silent first: a real client speaks as soon as it is connected and
+// finishes within a round trip or two, while what an outsider holds open
+// to take slots is cheapest kept silent. Oldest first within each kind,
+// so a newcomer is the last to go. An outsider that speaks too is evicted
+// oldest first like any client, which still spares a client that is
+// faster than the outsider's redialing.
 func (g *Gate) evictOldestLocked(src string) {
-	live := g.order[:0]
-	done := false
+	var victim net.Conn
 	for _, c := range g.order {
-		s, ok := g.pending[c]
-		if !ok {
-			continue // released earlier
+		if s, ok := g.pending[c]; ok && (src == "" || s == src) {
+			if !g.spoke[c] && !waiting(c) {
+				victim = c
+				break
+			}
+			if victim == nil {
+				victim = c
+			}
 		}
-		if !done && (src == "" || s == src) {
-			done = true
-			g.forgetLocked(c)
-			g.evicted++
-			_ = c.Close()
-			continue
+	}
+	g.forgetLocked(victim)
+	g.evicted++
+	_ = victim.Close()
+	live := g.order[:0]
+	for _, c := range g.order {
+		if _, ok := g.pending[c]; ok {
+			live = append(live, c)
 		}
-		live = append(live, c)
 	}
 	clear(g.order[len(live):])
 	g.order = live
+}
+
+// Spoke records that pending connection c's peer has sent the first bytes
+// of its handshake, so that eviction (Config.Evict) spares c while a
+// silent connection is left. A no-op for a connection no longer pending.
+func (g *Gate) Spoke(c net.Conn) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.pending[c]; ok {
+		g.spoke[c] = true
+	}
 }
 
 // forgetLocked drops c from the pending counts. The caller holds mu.
 func (g *Gate) forgetLocked(c net.Conn) {
 	src := g.pending[c]
 	delete(g.pending, c)
+	delete(g.spoke, c)
 	if g.per[src]--; g.per[src] == 0 {
 		delete(g.per, src)
 	}
@@ -260,9 +295,31 @@ func (g *Gate) Admit(c net.Conn) (func(), bool) {
 func (g *Gate) release(c net.Conn) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if _, ok := g.pending[c]; ok {
+		g.releaseLocked(c)
+	} // else evicted
+}
+
+// Claim ends c's handshake as its release function does (which then does
+// nothing) and reports whether c was still in it: false when the gate
+// evicted c or was closed meanwhile, and c is (being) closed. An owner
+// calls Claim once c has proved itself and before telling its peer so:
+// on true the gate can no longer close c; on false the handshake must
+// fail, so that no peer is told it was accepted on a connection the
+// gate then closes.
+func (g *Gate) Claim(c net.Conn) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if _, ok := g.pending[c]; !ok {
-		return // evicted
+		return false // evicted
 	}
+	g.releaseLocked(c)
+	return !g.closed
+}
+
+// releaseLocked gives pending connection c's slot back. The caller holds
+// mu and knows c is pending.
+func (g *Gate) releaseLocked(c net.Conn) {
 	g.forgetLocked(c)
 	if g.cfg.Evict {
 		// Keep order from growing with released entries: compact when
@@ -314,4 +371,24 @@ func (g *Gate) Stats() Stats {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return Stats{Pending: len(g.pending), Refused: g.refused, Evicted: g.evicted}
+}
+
+// Heard returns pending connection c wrapped so that its first read of
+// any bytes calls Spoke(c), for an owner whose handshake reads through
+// code that does not know the gate. Everything else is c's own.
+func (g *Gate) Heard(c net.Conn) net.Conn { return &heardConn{Conn: c, g: g} }
+
+type heardConn struct {
+	net.Conn
+	g     *Gate
+	heard atomic.Bool
+}
+
+func (h *heardConn) Read(b []byte) (int, error) {
+	n, err := h.Conn.Read(b)
+	if n > 0 && !h.heard.Load() {
+		h.heard.Store(true)
+		h.g.Spoke(h.Conn)
+	}
+	return n, err
 }

@@ -323,3 +323,170 @@ func TestGateEvict(t *testing.T) {
 		a.c.Close()
 	}
 }
+
+// Claim ends a handshake for good: a claimed connection is never evicted
+// or closed by the gate, one the gate evicted or closed first cannot be
+// claimed, and a claimed slot is free for the next connection.
+func TestGateClaim(t *testing.T) {
+	for _, evict := range []bool{true, false} {
+		g, err := New(Config{Max: 2, PerSource: 2, Evict: evict}, func(net.Conn) string { return "a" })
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ends []net.Conn
+		conn := func() net.Conn {
+			c, p := net.Pipe()
+			ends = append(ends, c, p)
+			return c
+		}
+		c1, c2 := conn(), conn()
+		rel1, ok1 := g.Admit(c1)
+		_, ok2 := g.Admit(c2)
+		if !ok1 || !ok2 {
+			t.Fatalf("evict=%v: two connections not admitted under Max 2", evict)
+		}
+		if !g.Claim(c2) {
+			t.Fatalf("evict=%v: a pending connection could not be claimed", evict)
+		}
+		rel1() // c1 ends its handshake as before
+		if g.Claim(c1) {
+			t.Errorf("evict=%v: a released connection was claimed", evict)
+		}
+		// Two newcomers fill the gate again; a third evicts the oldest
+		// pending one (c3), never the claimed c2.
+		c3, c4, c5 := conn(), conn(), conn()
+		g.Admit(c3)
+		g.Admit(c4)
+		if _, ok := g.Admit(c5); ok != evict {
+			t.Fatalf("evict=%v: third newcomer admitted=%v", evict, ok)
+		}
+		if evict {
+			if g.Claim(c3) {
+				t.Error("an evicted connection was claimed")
+			}
+			if !g.Claim(c4) {
+				t.Error("a pending connection was not claimed after another's eviction")
+			}
+			_ = c2.SetWriteDeadline(time.Now().Add(10 * time.Millisecond))
+			if _, err := c2.Write([]byte{1}); errors.Is(err, io.ErrClosedPipe) {
+				t.Errorf("the claimed connection was closed: %v", err)
+			}
+		}
+		g.Close()
+		if g.Claim(c5) {
+			t.Errorf("evict=%v: a connection claimed after Close", evict)
+		}
+		if st := g.Stats(); st.Pending != 0 && evict {
+			t.Errorf("evict=%v: %d pending after every claim and Close", evict, st.Pending)
+		}
+		for _, c := range ends {
+			c.Close()
+		}
+	}
+}
+
+// Under Evict a full gate closes the oldest silent connection before any
+// that has spoken, and the oldest that has spoken only when none is
+// silent; Heard marks a connection on its first read of bytes.
+func TestGateEvictsSilentFirst(t *testing.T) {
+	g, err := New(Config{Max: 3, PerSource: 3, Evict: true}, func(net.Conn) string { return "a" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	var ends []net.Conn
+	defer func() {
+		for _, c := range ends {
+			c.Close()
+		}
+	}()
+	conn := func() (net.Conn, net.Conn) {
+		c, p := net.Pipe()
+		ends = append(ends, c, p)
+		if _, ok := g.Admit(c); !ok {
+			t.Fatal("not admitted")
+		}
+		return c, p
+	}
+	c1, p1 := conn()
+	c2, _ := conn()
+	c3, _ := conn()
+	// c1, the oldest, speaks (read through Heard).
+	go func() { _, _ = p1.Write([]byte("hello")) }()
+	if _, err := io.ReadFull(g.Heard(c1), make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+	c4, _ := conn() // evicts c2, the oldest silent one
+	if g.Claim(c2) {
+		t.Error("the oldest silent connection was not the one evicted")
+	}
+	g.Spoke(c3)
+	g.Spoke(c4)
+	c5, _ := conn() // none silent: evicts c1, the oldest
+	for _, tc := range []struct {
+		c    net.Conn
+		want bool
+		name string
+	}{{c1, false, "c1 (oldest, spoken)"}, {c3, true, "c3"}, {c4, true, "c4"}, {c5, true, "c5"}} {
+		if got := g.Claim(tc.c); got != tc.want {
+			t.Errorf("%s: claimed=%v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if st := g.Stats(); st.Evicted != 2 || st.Pending != 0 {
+		t.Errorf("stats %+v, want 2 evicted and none pending", st)
+	}
+}
+
+// A connection whose peer's bytes wait unread counts as spoken: its
+// owner's goroutine has not run yet, and eviction passes it over for a
+// silent one even though it is older.
+func TestGateEvictsSilentBeforeUnread(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	g, err := New(Config{Max: 2, PerSource: 2, Evict: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	var clients []net.Conn
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+	accept := func(say string) net.Conn {
+		t.Helper()
+		cl, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, cl)
+		if say != "" {
+			if _, err := cl.Write([]byte(say)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c, _, err := g.Accept(ln)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+		return c
+	}
+	older := accept("hello") // spoke, never read
+	silent := accept("")
+	deadline := time.Now().Add(5 * time.Second)
+	for !waiting(older) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	accept("")
+	if !g.Claim(older) {
+		t.Error("the older connection, whose bytes wait unread, was evicted")
+	}
+	if g.Claim(silent) {
+		t.Error("the silent connection was not the one evicted")
+	}
+}

@@ -28,6 +28,7 @@ func TestMain(m *testing.M) {
 	maybeInit()
 	maybeRank()
 	maybeSpawner()
+	maybeFlooder()
 	launchertest.FastRaceExit()
 	os.Exit(run(m))
 }

@@ -328,6 +328,13 @@ func matrix() []row {
 		// One link cut (hosts 1 and 3) while both still reach host 2:
 		// gossip's indirect probes keep both alive, so only the data
 		// plane's own lease on the link (comm's linkwatch.go) names it.
+		// Another user on every host keeps 1100 connections open to each
+		// TCP port of the other hosts' ranks (gossip, data plane) from the
+		// moment the job starts, redialing every one closed: more than
+		// a source's share on every port. The job forms and completes;
+		// with refusing gates it waited for the flood to end.
+		row{mode: "hosts", fault: "outsider", phase: "flood", np: 3, victim: -1, run: 3 * time.Second, complete: true,
+			during: outsiderFlood(1100, 40*time.Second), bound: 30 * time.Second},
 		row{mode: "hosts", fault: "iptables", phase: "one-link", np: 3, victim: -1, run: 12 * time.Second, ci: true,
 			cause: []string{"the network between host", "HOST0", "HOST2", "link cut"}, names: "rank ",
 			during: iptablesPartition(0, []int{2}, 8*time.Second), namedInCut: true, code: 255},

@@ -153,11 +153,17 @@ func TestAgentPortFloodFromAJobHost(t *testing.T) {
 	}
 	clean := launch(false)
 	best := time.Duration(1 << 62)
-	for i := range 2 {
+	var delays []time.Duration
+	for i := range floodRuns() {
+		if i > 0 && measuring() {
+			clean = launch(false) // each flooded launch beside its own anchor
+		}
 		flooded := launch(true)
 		t.Logf("launch to 4 ranks ready: %v clean, %v flooded (run %d)", clean, flooded, i+1)
 		best = min(best, flooded-clean)
+		delays = append(delays, flooded-clean)
 	}
+	t.Logf("agent-port flood: median delay %v over %d runs", median(delays), len(delays))
 	// The promise is about a second. The machine is shared, and one
 	// launch can differ from another by more than that in noise alone, so
 	// the better of the two flooded launches is held to 1.5 s. Without
