@@ -104,13 +104,17 @@ type Config struct {
 	// while the world forms (rank 0 at info level, others at debug).
 	ProgressInterval time.Duration
 	// RejoinInterval is how long a rank that has joined but not yet seen the
-	// whole world waits before it pulls the member table from the seed
-	// again. A backstop: the seed normally pushes the table to everyone as
-	// soon as it has all members.
+	// whole world waits before it pulls the member table again (then every
+	// 0.5-1.5 of it, alternately from a random member and from the seed).
+	// A backstop: the seed, or in a large world a relay, normally pushes
+	// the table to everyone as soon as it has all members, and a lost push
+	// costs a rank at most 3 RejoinInterval after the seed formed.
 	RejoinInterval time.Duration
-	// PushConcurrency bounds the seed's concurrent table pushes. memberlist
-	// serves at most 128 concurrent push-pulls per node; the pushes also
-	// compete with the members' own work for CPU.
+	// PushConcurrency bounds a member's concurrent table pushes (the
+	// seed's, and a relay's: pushPlan). memberlist serves at most 128
+	// concurrent push-pulls per node; the pushes also compete with the
+	// members' own work for CPU. It also sets the size from which the
+	// push is relayed: above 2·PushConcurrency gossip members.
 	PushConcurrency int
 	// LeaveLinger is how long Close keeps gossiping its leave message
 	// before shutting down, so that it reaches members beyond the first few
@@ -211,6 +215,10 @@ type Config struct {
 	// procSample, when set, replaces the kernel as the attach streams'
 	// judge's evidence (internal/liveness): tests fake a peer's process.
 	procSample liveness.Sampler
+	// pushHook, when set, is called before each push of the member table
+	// (pushTable) with the pushing and the receiving rank; false skips the
+	// push, as if it failed. Tests count pushes and lose them with it.
+	pushHook func(from, to int) bool
 
 	// Transport replaces memberlist's UDP/TCP transport; tests use the
 	// in-memory network of package rendezvoustest. When set, the transport

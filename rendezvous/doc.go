@@ -9,7 +9,11 @@
 // it sees all of them (gossip alone is a slow, unreliable way to decide that
 // all N ranks are present; see notes/dependencies.md), but after that it is a
 // member like the others and its death is detected like anyone's. There is no
-// central store.
+// central store. Above 2·PushConcurrency gossip members the push is relayed:
+// the seed pushes to the √H lowest-ranked members, each of which, once it
+// has the complete table, pushes to its own block of about √H (pushPlan), so
+// no process sends the whole table more than about √H times; a push that is
+// lost is covered by each rank's own pulls (Config.RejoinInterval).
 //
 // Host leaders: when several ranks share a host (Config.LocalWorldSize > 1,
 // from GORUN_LOCAL_WORLD_SIZE, LOCAL_WORLD_SIZE or SLURM's tasks per node),

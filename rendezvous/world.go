@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -482,13 +483,17 @@ func (w *World) form(ctx context.Context) error {
 
 	rejoin := time.NewTimer(cfg.RejoinInterval)
 	defer rejoin.Stop()
+	pulls := 0
 	for {
 		select {
 		case <-w.formedCh:
-			if cfg.Rank == 0 {
-				// In the background: the seed's own world has formed,
-				// and the pushes only speed up the others'.
-				w.wg.Go(w.pushTable)
+			w.mu.Lock()
+			to := w.pushTargetsLocked()
+			w.mu.Unlock()
+			if len(to) > 0 {
+				// In the background: this member's own world has
+				// formed, and the pushes only speed up the others'.
+				w.wg.Go(func() { w.pushTable(to) })
 			}
 			w.mu.Lock()
 			epoch := w.epoch
@@ -498,13 +503,22 @@ func (w *World) form(ctx context.Context) error {
 		case <-w.fatalCh:
 			return w.fail()
 		case <-rejoin.C:
-			// Backstop for a push from the seed that did not arrive: pull
-			// a member table ourselves, from the seed or from a random
-			// member (every pull merges both tables, so any member
-			// helps), so that hundreds of waiting ranks do not all hit
-			// the seed's limit of 128 concurrent push-pulls at once.
+			// Backstop for a push that did not arrive (from the seed or
+			// from a relay that died or failed, pushPlan): pull a member
+			// table ourselves, alternately from a random member (every
+			// pull merges both tables, so any member helps, and hundreds
+			// of waiting ranks do not all hit the seed's limit of 128
+			// concurrent push-pulls at once) and from the seed, whose
+			// table is complete once it has formed. Pulls come 0.5-1.5
+			// RejoinInterval apart, so a lost push delays this rank by
+			// at most 3 RejoinInterval after the seed formed (plus the
+			// pull itself), and never stalls the world.
 			if cfg.Rank != 0 {
-				peer := w.randomPeer()
+				pulls++
+				peer := cfg.Seed
+				if pulls%2 == 1 {
+					peer = w.randomPeer()
+				}
 				if _, err := w.ml.Join([]string{peer}); err != nil {
 					w.log.Debug().Err(err).Str("peer", peer).Msg("rendezvous: member table pull failed")
 				}
@@ -529,14 +543,12 @@ func (w *World) form(ctx context.Context) error {
 	}
 }
 
-// randomPeer returns the seed half of the time, else a random other member
-// this rank knows (as a "name/addr" join address).
+// randomPeer returns a random member other than this rank and the seed
+// that this rank knows alive (as a "name/addr" join address), or the seed
+// when it knows none.
 func (w *World) randomPeer() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if rand.N(2) == 0 {
-		return w.cfg.Seed
-	}
 	var known []string
 	for r := range w.members {
 		m := &w.members[r]
@@ -550,32 +562,93 @@ func (w *World) randomPeer() string {
 	return known[rand.N(len(known))]
 }
 
-// pushTable is the seed's half of fast formation: once it sees every rank,
-// it runs a push-pull with each of them, which hands each one the complete
-// member table at once instead of waiting for N alive messages to be
-// gossiped to it (unreliable at 16 ranks, 44 s at 64: notes/dependencies.md).
-// A failed push is only logged: that rank's own periodic rejoin covers it.
-// It runs beside the seed's program and stops pushing once the World
-// closes.
-func (w *World) pushTable() {
-	w.mu.Lock()
-	var addrs []string
-	for r := range w.members {
-		m := &w.members[r]
-		if r != w.cfg.Rank && m.leader == r && m.status == statusAlive && m.node != nil {
-			addrs = append(addrs, m.node.Name+"/"+m.node.Address())
+// pushPlan returns the ranks that gossip member self pushes the complete
+// member table to once it has formed. others are the world's gossip
+// members other than the seed (rank 0) in ascending rank order, which every
+// formed member's table lists alike, so every rank can compute who relays
+// for whom; limit is Config.PushConcurrency.
+//
+// The rule. Up to 2·limit others, the seed pushes to all of them and nobody
+// else pushes: the direct push then takes at most two rounds of limit
+// concurrent push-pulls, no more than a relayed one (the seed's round, a
+// relay's formation, the relay's round), and its bytes are small (32 hosts
+// × 8 ranks: ~10 KB of state, 32 times). Above it, with k = ⌈√len(others)⌉,
+// the first k others are relays: the seed pushes to them, and relay i, once
+// formed (normally by the seed's push), pushes to the i-th of k contiguous
+// blocks of the rest, ⌈(len(others)−k)/k⌉ each (the last ones shorter or
+// empty). Each other is pushed to once, and no member pushes the whole
+// state more than about √H times, where the seed alone pushed it H times:
+// at 1,000 hosts × 8 ranks ~460 MB from one process (notes/scale-sim.md).
+// A relay that never pushes delays only its block, by at most what the
+// rejoin pulls take (form).
+func pushPlan(self int, others []int, limit int) []int {
+	if len(others) <= 2*limit {
+		if self == 0 {
+			return others
+		}
+		return nil
+	}
+	k := 1
+	for k*k < len(others) {
+		k++
+	}
+	if self == 0 {
+		return others[:k]
+	}
+	i := slices.Index(others[:k], self)
+	if i < 0 {
+		return nil
+	}
+	rest := others[k:]
+	per := (len(rest) + k - 1) / k
+	return rest[min(i*per, len(rest)):min((i+1)*per, len(rest))]
+}
+
+// pushTarget is a member a push goes to: its rank and join address.
+type pushTarget struct {
+	rank int
+	addr string
+}
+
+// pushTargetsLocked applies pushPlan to this member's table: the alive
+// gossip members it pushes to now that it has formed.
+func (w *World) pushTargetsLocked() []pushTarget {
+	var others []int
+	for r := 1; r < len(w.members); r++ {
+		if w.members[r].leader == r {
+			others = append(others, r)
 		}
 	}
-	w.mu.Unlock()
+	var to []pushTarget
+	for _, r := range pushPlan(w.cfg.Rank, others, w.cfg.PushConcurrency) {
+		m := &w.members[r]
+		if r != w.cfg.Rank && m.status == statusAlive && m.node != nil {
+			to = append(to, pushTarget{rank: r, addr: m.node.Name + "/" + m.node.Address()})
+		}
+	}
+	return to
+}
+
+// pushTable is fast formation's push: a member that has just seen every
+// rank runs a push-pull with each member pushPlan gives it, which hands
+// each one the complete member table at once instead of waiting for N
+// alive messages to be gossiped to it (unreliable at 16 ranks, 44 s at 64:
+// notes/dependencies.md). A failed push is only logged: that rank's own
+// periodic rejoin covers it. It runs beside the member's program and stops
+// pushing once the World closes.
+func (w *World) pushTable(to []pushTarget) {
 	var g errgroup.Group
 	g.SetLimit(w.cfg.PushConcurrency)
-	for _, a := range addrs {
+	for _, t := range to {
 		if w.isClosing() {
 			break
 		}
 		g.Go(func() error {
-			if _, err := w.ml.Join([]string{a}); err != nil {
-				w.log.Debug().Err(err).Str("to", a).Msg("rendezvous: push member table failed")
+			if h := w.cfg.pushHook; h != nil && !h(w.cfg.Rank, t.rank) {
+				return nil
+			}
+			if _, err := w.ml.Join([]string{t.addr}); err != nil {
+				w.log.Debug().Err(err).Str("to", t.addr).Msg("rendezvous: push member table failed")
 			}
 			return nil
 		})

@@ -238,10 +238,10 @@ func (w *World) checkFormed(l *leader) {
 }
 
 // pushTable is the seed's push of its state to every leader,
-// PushConcurrency at a time. With WorldConfig.PushTree (a design change,
-// not gorun's code) the seed pushes to √H leaders only and each of them,
-// once formed, pushes to its contiguous share of the rest, so no host sends
-// the whole state H times.
+// PushConcurrency at a time. With WorldConfig.PushTree (rendezvous's
+// pushPlan, less its small-world threshold) the seed pushes to √H leaders
+// only and each of them, once formed, pushes to its contiguous share of
+// the rest, so no host sends the whole state H times.
 func (w *World) pushTable(seed *leader) {
 	var targets []*leader
 	for h, k := range seed.knowsHost {

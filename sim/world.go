@@ -28,8 +28,9 @@ type WorldConfig struct {
 	Rdzv  rendezvous.Config
 	Costs Costs
 	Seed  uint64
-	// PushTree models a design change: the seed's push at formation
-	// relayed through √H leaders instead of sent by the seed to all.
+	// PushTree models rendezvous's relayed push at formation (pushPlan):
+	// the seed's push relayed through √H leaders. Off, the seed pushes to
+	// every leader, as rendezvous did before.
 	PushTree bool
 }
 
