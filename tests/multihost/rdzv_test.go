@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +61,37 @@ func TestRendezvousAcrossHosts(t *testing.T) {
 	}
 	for r := range 8 {
 		if want := fmt.Sprintf("barrier %d/8 on %s\n", r, h.Hosts[r/2]); !strings.Contains(j.stdout.String(), want) {
+			t.Errorf("missing %q\nstdout:\n%s\nstderr:\n%s", want, j.stdout.String(), j.stderr.String())
+		}
+	}
+	j.noSurvivors()
+}
+
+// Hosts of unequal size (2, 1, 1, 2 slots) form one world: the hosts of
+// one rank gossip without host leaders of their own and must still learn
+// the ranks attached to the others' leaders (they never did: the job sat
+// in formation until its timeout).
+func TestRendezvousUnevenHosts(t *testing.T) {
+	h := requireHosts(t)
+	slots := []int{2, 1, 1, 2}
+	var b strings.Builder
+	var hostOf []string
+	for i, host := range h.Hosts {
+		fmt.Fprintf(&b, "%s slots=%d\n", host, slots[i])
+		for range slots[i] {
+			hostOf = append(hostOf, host)
+		}
+	}
+	hf := filepath.Join(t.TempDir(), "hostfile")
+	if err := os.WriteFile(hf, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	j := newJobOn(t, h, hf, "none", nil, "-x", rdzvHelperEnv+"=1")
+	if code := j.run(); code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, j.stdout.String(), j.stderr.String())
+	}
+	for r, host := range hostOf {
+		if want := fmt.Sprintf("barrier %d/%d on %s\n", r, len(hostOf), host); !strings.Contains(j.stdout.String(), want) {
 			t.Errorf("missing %q\nstdout:\n%s\nstderr:\n%s", want, j.stdout.String(), j.stderr.String())
 		}
 	}
