@@ -548,8 +548,14 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			_ = c.SetDeadline(time.Now().Add(agentHandshakeTimeout))
 			// Heard: an agent that has sent its greeting is spared by
 			// evictions while a silent connection is left to close.
-			w, host, err := acceptAgent(m.gate.Heard(c), m.key, m.jobID, func(h string) bool { _, ok := index[h]; return ok })
-			if err == nil && !m.gate.Claim(c) {
+			// Past the gate, only the wrapped connection is used: it is
+			// the one the wire conn holds, and markRunning and
+			// closeAuthed must see the same value, or closeAuthed closes
+			// running hosts' connections.
+			gated := c
+			c = m.gate.Heard(gated)
+			w, host, err := acceptAgent(c, m.key, m.jobID, func(h string) bool { _, ok := index[h]; return ok })
+			if err == nil && !m.gate.Claim(gated) {
 				// Evicted for a newer connection just as the agent proved
 				// itself: it sees the close and connects again.
 				err = errors.New("closed by the port's bound to admit a newer connection")
