@@ -234,3 +234,17 @@ func TestCulpritByExitOrder(t *testing.T) {
 	}
 	t.Logf("rank 3 named in %d of %d runs", right, runs)
 }
+
+// Exits reaped together reach the job loop in no useful order: a
+// survivor's collateral exit may come before the killed rank's. The fault
+// report's detection names the failure of its own, as the verdict does.
+func TestDetectionPrefersOwnFailure(t *testing.T) {
+	collateral := failure{rank: 0, code: 6, collateral: true, blame: 1}
+	killed := failure{rank: 1, signal: syscall.SIGKILL}
+	if got := detection([]failure{collateral, killed}); got.rank != 1 {
+		t.Errorf("detection = rank %d (%s), want the killed rank 1", got.rank, got)
+	}
+	if got := detection([]failure{collateral}); got.rank != 0 {
+		t.Errorf("detection of collateral failures alone = rank %d, want the first", got.rank)
+	}
+}

@@ -321,9 +321,22 @@ func (j *liveJob) noteFailures(nfail int) {
 	for i := nfail; i < len(j.failures); i++ {
 		j.failures[i].arrived = now
 	}
-	j.world.failed(j.failures[nfail].String(), now)
+	j.world.failed(detection(j.failures[nfail:]).String(), now)
 	j.world.saw(j.failures[nfail:], now)
 	j.world.noticed(j.failures[nfail:], now)
+}
+
+// detection is the failure that names a detection, of failures that
+// arrived together (one reaper batch shares one reap time, in no useful
+// order): as the job's cause would be named, a failure of its own before
+// a collateral one.
+func detection(fs []failure) failure {
+	for _, f := range fs {
+		if !f.collateral {
+			return f
+		}
+	}
+	return fs[0]
 }
 
 // fail records a failure and begins the teardown.
