@@ -35,25 +35,13 @@ import time
 import torch
 
 import gorun.ft
+from ftcommon import once, quorum_or_leave, say
 
 STEPS = int(sys.argv[1])
 DIE = int(os.environ.get("FT_DIE", "-1"))
 AT = int(os.environ.get("FT_AT", "0"))
 MARKS = os.environ.get("FT_MARKS", "")
 WAIT_S = float(os.environ.get("FT_WAIT_S", "90"))
-
-
-def once(name):
-    try:
-        os.close(os.open(os.path.join(MARKS, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
-
-
-def say(r, text):
-    sys.stdout.write("RANK %d: %s\n" % (r, text))
-    sys.stdout.flush()
 
 
 def bad_sizes(m, r, chunk):
@@ -111,16 +99,7 @@ def main():
     deadline = time.monotonic() + WAIT_S
     seen_heal = False
     while True:
-        try:
-            q = m.start_quorum()
-        except gorun.ft.JobFinished as e:
-            # A replacement that came after every other replica finished:
-            # nothing to heal into; the job's result is theirs.
-            sys.stderr.write("replica %d incarnation %d: %s\n" % (r, m.incarnation, e))
-            say(r, "FINISHED inc=%d" % m.incarnation)
-            m.close()
-            sys.stdout.flush()
-            os._exit(0)
+        q = quorum_or_leave(m, r)
         seen_heal = seen_heal or q.healed or q.sources > 0
         step = m.current_step()
         say(r, "QUORUM step=%d id=%d parts=%s healed=%s digest=%s" % (
@@ -141,7 +120,7 @@ def main():
         shard.grad = m.group_reduce_scatter(torch.empty(chunk), grad, op="avg")
         m.allreduce(shard.grad, op="avg")  # this shard, across the groups
         if (r == DIE and step + 1 >= AT and len(q.participants) == groups
-                and (seen_heal or not os.environ.get("FT_DIE_AFTER_HEAL")) and once("die")):
+                and (seen_heal or not os.environ.get("FT_DIE_AFTER_HEAL")) and once(MARKS, "die")):
             say(r, "DYING in step %d" % (step + 1))
             os.kill(os.getpid(), signal.SIGKILL)
         ok = m.should_commit()

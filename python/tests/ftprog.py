@@ -47,27 +47,13 @@ import torch
 from tinymodels import GPT
 
 import gorun.ft
+from ftcommon import once, quorum_or_leave, say
 
 CASES, STEPS = set(sys.argv[1].split(",")), int(sys.argv[2])
 AT = int(os.environ.get("FT_AT", "4"))
 MARKS = os.environ["FT_MARKS"]
 WAIT_S = float(os.environ.get("FT_WAIT_S", "120"))  # how long a replica waits for the others to be back
 PACE = float(os.environ.get("FT_PACE_S", "0"))  # a pause after each step (soak runs)
-
-
-def once(name):
-    """True the first time name is claimed in this job (every incarnation
-    of every replica sees the same marker directory)."""
-    try:
-        os.close(os.open(os.path.join(MARKS, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        return True
-    except FileExistsError:
-        return False
-
-
-def say(replica, text):
-    sys.stdout.write("RANK %d: %s\n" % (replica, text))
-    sys.stdout.flush()
 
 
 def digest(model, opt):
@@ -117,13 +103,13 @@ def main():
     m = None
 
     def state_dict():
-        if "source" in CASES and m.replica == 0 and once("source"):
+        if "source" in CASES and m.replica == 0 and once(MARKS, "source"):
             say(m.replica, "DYING serving a heal")
             os.kill(os.getpid(), signal.SIGKILL)
         return {"model": model.state_dict(), "optim": opt.state_dict()}
 
     def load_state_dict(sd):
-        if "healer" in CASES and once("healer"):
+        if "healer" in CASES and once(MARKS, "healer"):
             say(m.replica, "DYING healing")
             os.kill(os.getpid(), signal.SIGKILL)
         model.load_state_dict(sd["model"])
@@ -139,16 +125,7 @@ def main():
     deadline = time.monotonic() + WAIT_S
     seen_group = None
     while True:
-        try:
-            q = m.start_quorum()
-        except gorun.ft.JobFinished as e:
-            # A replacement that came after every other replica finished:
-            # nothing to heal into; the job's result is theirs.
-            sys.stderr.write("replica %d incarnation %d: %s\n" % (r, m.incarnation, e))
-            say(r, "FINISHED inc=%d" % m.incarnation)
-            m.close()
-            sys.stdout.flush()
-            os._exit(0)
+        q = quorum_or_leave(m, r)
         step = m.current_step()
         say(r, "QUORUM step=%d id=%d parts=%s healed=%s digest=%s" % (
             step, q.id, ",".join(map(str, q.participants)), q.healed, digest(model, opt)))
@@ -164,7 +141,7 @@ def main():
             model(tokens, torch.roll(tokens, -1, dims=1)).backward()
             m.allreduce_grads(model.parameters())
         check_reductions(m, q, r)
-        if "midstep" in CASES and r == 1 and step + 1 == AT and once("midstep"):
+        if "midstep" in CASES and r == 1 and step + 1 == AT and once(MARKS, "midstep"):
             say(r, "DYING in step %d" % (step + 1))
             os.kill(os.getpid(), signal.SIGKILL)
         ok = m.should_commit()
@@ -188,7 +165,7 @@ def main():
                                                                                        m.current_step()))
             sys.exit(1)
     say(r, "DONE step=%d digest=%s" % (m.current_step(), digest(model, opt)))
-    if "lastdie" in CASES and r == 1 and once("lastdie"):
+    if "lastdie" in CASES and r == 1 and once(MARKS, "lastdie"):
         os.kill(os.getpid(), signal.SIGKILL)
     m.close()
     sys.stdout.flush()
