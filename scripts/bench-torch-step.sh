@@ -10,6 +10,10 @@ PYTHON=${PYTHON:-${GORUN_VENV:-$HOME/.cache/gorun/venv}/bin/python}
 ROUNDS=${ROUNDS:-7}
 STEPS=${STEPS:-8}
 NPS=${NPS:-"2 4"}
+VARIANTS=${VARIANTS:-}  # a comma-separated subset (scripts/bench_torch_step.py --help)
+# EXTRA: NAME=JSON of distribute() options, an A/B variant (more: newline-separated)
+extra=()
+while IFS= read -r e; do [ -n "$e" ] && extra+=(--extra "$e"); done <<<"${EXTRA:-}"
 if ! "$PYTHON" -c 'import torch' 2>/dev/null; then
   echo "bench-torch-step: $PYTHON lacks torch (PYTHON=... to choose another)"; exit 1
 fi
@@ -21,5 +25,5 @@ for np in $NPS; do
   echo "== $np ranks =="
   mkdir -p "$out/np$np"
   bin/gorun -np "$np" --timeout 900s "$PYTHON" scripts/bench_torch_step.py \
-    --rounds "$ROUNDS" --steps "$STEPS" --trace-dir "$out/np$np" | grep -v '^\[rank'
+    --rounds "$ROUNDS" --steps "$STEPS" --variants "$VARIANTS" ${extra[@]+"${extra[@]}"} --trace-dir "$out/np$np" | grep -v '^\[rank'
 done

@@ -16,6 +16,8 @@ bytes are sampled at every module boundary of a step for both fsdp variants.
 """
 
 import argparse
+import json
+import math
 import os
 import statistics
 import sys
@@ -75,30 +77,78 @@ class FullBytes:
         self.peak = max(self.peak, n)
 
 
+VARIANTS = ("torch-ddp-gorun", "gorun-ddp", "torch-ddp", "gorun-fsdp", "gorun-fsdp-0", "torch-fsdp2")
+
+
 def make_variants(args):
     from torch.distributed.fsdp import fully_shard
+    want = VARIANTS if not args.variants else args.variants.split(",")
+    bad = [w for w in want if w not in VARIANTS]
+    if bad:
+        raise SystemExit("bench_torch_step: --variants: unknown %s (known: %s)" % (", ".join(bad), ", ".join(VARIANTS)))
     v = {}
     # torch DDP over gorun's own backend (its process group joins the world
     # first; gorun.torch then shares the world communicator).
     pg = dist.new_group(backend="gorun")
-    m = nn.parallel.DistributedDataParallel(model(args), process_group=pg)
-    v["torch-ddp-gorun"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
-    m = gt.distribute(model(args), mode="ddp", trace=args.trace_dir and os.path.join(args.trace_dir, "ddp-{rank}.json"))
-    v["gorun-ddp"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
-    m = nn.parallel.DistributedDataParallel(model(args))
-    v["torch-ddp"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
-    m = gt.distribute(model(args), mode="fsdp", trace=args.trace_dir and os.path.join(args.trace_dir, "fsdp-{rank}.json"),
-                      passes=args.fsdp_passes, regather_ahead=1)
-    v["gorun-fsdp"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
-    m = gt.distribute(model(args), mode="fsdp", passes=args.fsdp_passes)  # the default: regather_ahead=0
-    v["gorun-fsdp-0"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
-    m = model(args)
-    for b in m.blocks:
-        fully_shard(b)
-    fully_shard(m)
-    v["torch-fsdp2"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
-    v["torch-fsdp2-mem"] = FullBytes(m)
+    if "torch-ddp-gorun" in want:
+        m = nn.parallel.DistributedDataParallel(model(args), process_group=pg)
+        v["torch-ddp-gorun"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
+    if "gorun-ddp" in want:
+        m = gt.distribute(model(args), mode="ddp", trace=args.trace_dir and os.path.join(args.trace_dir, "ddp-{rank}.json"))
+        v["gorun-ddp"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
+    if "torch-ddp" in want:
+        m = nn.parallel.DistributedDataParallel(model(args))
+        v["torch-ddp"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
+    if "gorun-fsdp" in want:
+        m = gt.distribute(model(args), mode="fsdp", trace=args.trace_dir and os.path.join(args.trace_dir, "fsdp-{rank}.json"),
+                          passes=args.fsdp_passes, regather_ahead=1)
+        v["gorun-fsdp"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
+    if "gorun-fsdp-0" in want:
+        m = gt.distribute(model(args), mode="fsdp", passes=args.fsdp_passes)  # the default: regather_ahead=0
+        v["gorun-fsdp-0"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
+    for spec in args.extra:
+        # An A/B variant: gorun.torch with other distribute() options, as
+        # NAME=JSON (e.g. gorun-ddp-4m={"mode": "ddp", "plan_options": {"cap_bytes": 4194304}}).
+        name, _, js = spec.partition("=")
+        try:
+            opts = json.loads(js)
+        except ValueError as e:
+            raise SystemExit("bench_torch_step: --extra %r: want NAME=JSON options of distribute(): %s" % (spec, e))
+        m = gt.distribute(model(args), **opts)
+        v[name] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
+    if "torch-fsdp2" in want:
+        m = model(args)
+        for b in m.blocks:
+            fully_shard(b)
+        fully_shard(m)
+        v["torch-fsdp2"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
+        v["torch-fsdp2-mem"] = FullBytes(m)
     return v
+
+
+def median_ci(xs):
+    """A distribution-free 95 % confidence interval of the median: the
+    order statistics x(k) and x(n-k+1) with P(Binomial(n, 1/2) < k) <= 2.5 %
+    (None below 6 rounds, where no such k exists)."""
+    n, xs = len(xs), sorted(xs)
+    k, below = 0, 0.0
+    while True:
+        p = math.comb(n, k) / 2 ** n
+        if below + p > 0.025:
+            break
+        below += p
+        k += 1
+    if k == 0:
+        return None
+    return xs[k - 1], xs[n - k]
+
+
+def quartiles(xs):
+    """The median and the interquartile range (25th, 75th percentiles)."""
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[1], q[0], q[2]
 
 
 def step(m, opt, s, args):
@@ -106,6 +156,67 @@ def step(m, opt, s, args):
     loss.backward()
     opt.step()
     opt.zero_grad()
+
+
+RATIOS = (
+    ("ddp ", "gorun-ddp", "torch-ddp", "gorun/torch-DDP-gloo  ", "goal <= 1.0"),
+    ("ddp ", "gorun-ddp", "torch-ddp-gorun", "gorun/torch-DDP-gorun ", "goal <= 1.0; torch DDP over gorun's backend"),
+    ("fsdp", "gorun-fsdp", "torch-fsdp2", "gorun/torch-FSDP2-gloo", "goal <= 1.1; re-gathers one block ahead, regather_ahead=1"),
+    ("fsdp", "gorun-fsdp-0", "torch-fsdp2", "gorun/torch-FSDP2-gloo",
+     "goal <= 1.1; the default: re-gathers at their reader, regather_ahead=0"),
+    ("fsdp", "gorun-fsdp-0", "gorun-fsdp", "regather_ahead=0 / regather_ahead=1", "the default's choice: step time of each"),
+)
+
+
+def report(args, n, v, per, cpu, mem):
+    """Rank 0's summary: each variant's median, each pair's per-round
+    ratios as median and interquartile range (how far the paired figure
+    moves on this machine), exposed communication and peak memory."""
+    med = {k: statistics.median(x) for k, x in per.items()}
+    params = sum(p.numel() for p in model(args).parameters())
+    print("model: GPT-like, %d blocks, d=%d, %d parameters; %d ranks, %d rounds x %d steps (paired, rotated)"
+          % (args.blocks, args.d, params, n, args.rounds, args.steps))
+    if hasattr(os, "getloadavg"):
+        print("load average at the end: %.1f %.1f %.1f" % os.getloadavg())
+    for k in per:
+        print("  %-15s step %8.2f ms (median of round medians; rounds: %s)"
+              % (k, 1e3 * med[k], " ".join("%.1f" % (1e3 * x) for x in per[k])))
+    for k in cpu:
+        print("  %-15s CPU  %8.2f ms per step, all ranks' threads (median of round medians)"
+              % (k, 1e3 * statistics.median(cpu[k])))
+    ratios = list(RATIOS)
+    for name in args.extra:
+        name = name.partition("=")[0]
+        mode = v[name][0].mode
+        base, anchor = ("gorun-ddp", "torch-ddp") if mode == "ddp" else ("gorun-fsdp-0", "torch-fsdp2")
+        ratios += [(mode, name, base, name + " / " + base, "A/B"), (mode, name, anchor, name + " / " + anchor, "A/B")]
+    for mode, a, b, what, goal in ratios:
+        if a in per and b in per:
+            rc = [x / y for x, y in zip(cpu[a], cpu[b])]
+            m, q1, q3 = quartiles(rc)
+            print("CPU   %s %s %.3f  IQR %.3f-%.3f  (CPU time per step, paired)" % (mode, what, m, q1, q3))
+    for mode, a, b, what, goal in ratios:
+        if a in per and b in per:
+            rs = [x / y for x, y in zip(per[a], per[b])]
+            m, q1, q3 = quartiles(rs)
+            ci = median_ci(rs)
+            print("RATIO %s %s %.3f  IQR %.3f-%.3f  95%%-CI of the median %s  range %.3f-%.3f  (%s/%s, %d paired "
+                  "rounds; %s)" % (mode, what, m, q1, q3, "%.3f-%.3f" % ci if ci else "n/a (under 6 rounds)",
+                                   min(rs), max(rs), a, b, len(rs), goal))
+    for k in ("gorun-ddp", "gorun-fsdp", "gorun-fsdp-0"):
+        if k not in v:
+            continue
+        mt = v[k][0].metrics()
+        print("  %-12s exposed communication %.2f ms of %.2f ms communication per step, %d buckets%s"
+              % (k, 1e3 * mt["exposed_communication"], 1e3 * mt["communication"], mt["buckets"],
+                 ("; trace: " + mt["trace"]) if mt.get("trace") else ""))
+    if mem is not None and "gorun-fsdp" in v and "gorun-fsdp-0" in v:
+        m1, m0 = v["gorun-fsdp"][0].metrics(), v["gorun-fsdp-0"][0].metrics()
+        print("PEAK full parameters: gorun fsdp regather_ahead=1 %d bytes (plan's estimate %d), the default "
+              "regather_ahead=0 %d (estimate %d); FSDP2 %d bytes (its gathered outputs, sampled at module "
+              "boundaries); whole model %d bytes"
+              % (m1["peak_gathered_bytes"], m1["plan_peak_gathered_bytes"], m0["peak_gathered_bytes"],
+                 m0["plan_peak_gathered_bytes"], mem.peak, m1["full_parameter_bytes"]))
 
 
 def main():
@@ -119,65 +230,50 @@ def main():
     ap.add_argument("--ctx", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--trace-dir", default="")
+    ap.add_argument("--variants", default="", help="comma-separated subset of %s (default all)" % ", ".join(VARIANTS))
+    ap.add_argument("--extra", action="append", default=[],
+                    help="NAME=JSON: one more gorun.torch variant with these distribute() options (repeatable); "
+                         "compared with the variant of its mode and that mode's torch anchor")
     ap.add_argument("--fsdp-passes", default="reshard,blocks,overlap", help="the planner's passes for gorun fsdp")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     n = dist.get_world_size()
     v = make_variants(args)
-    mem = v.pop("torch-fsdp2-mem")
+    mem = v.pop("torch-fsdp2-mem", None)
     names = list(v)
     for name in names:
         for s in range(args.warmup):
             step(*v[name], s, args)
     per = {k: [] for k in names}
+    cpu = {k: [] for k in names}
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             m, opt = v[name]
-            ts = []
+            ts, cs = [], []
             for s in range(args.steps):
                 dist.barrier()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 step(m, opt, s, args)
                 ts.append(time.perf_counter() - t0)
-            # The slowest rank's median is the step's.
+                cs.append(time.process_time() - c0)
+            # The slowest rank's median is the step's; the CPU time (every
+            # thread of the process) is summed over the ranks.
             t = torch.tensor([statistics.median(ts)])
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             per[name].append(t.item())
-    mem.peak = 0
-    step(*v["torch-fsdp2"], 0, args)
-    fs = v["gorun-fsdp"][0]
+            c = torch.tensor([statistics.median(cs)])
+            dist.all_reduce(c)
+            cpu[name].append(c.item())
+    if mem is not None:
+        mem.peak = 0
+        step(*v["torch-fsdp2"], 0, args)
     if RANK == 0:
-        med = {k: statistics.median(x) for k, x in per.items()}
-        ratio = lambda a, b: statistics.median([x / y for x, y in zip(per[a], per[b])])
-        params = sum(p.numel() for p in model(args).parameters())
-        print("model: GPT-like, %d blocks, d=%d, %d parameters; %d ranks, %d rounds x %d steps (paired, rotated)"
-              % (args.blocks, args.d, params, n, args.rounds, args.steps))
-        for k in names:
-            print("  %-12s step %8.2f ms (median of round medians; rounds: %s)"
-                  % (k, 1e3 * med[k], " ".join("%.1f" % (1e3 * x) for x in per[k])))
-        print("RATIO ddp  gorun/torch-DDP-gloo   %.3f (goal <= 1.0)" % ratio("gorun-ddp", "torch-ddp"))
-        print("RATIO ddp  gorun/torch-DDP-gorun  %.3f (goal <= 1.0; torch DDP over gorun's backend)"
-              % ratio("gorun-ddp", "torch-ddp-gorun"))
-        print("RATIO fsdp gorun/torch-FSDP2-gloo %.3f (goal <= 1.1; re-gathers one block ahead, regather_ahead=1)"
-              % ratio("gorun-fsdp", "torch-fsdp2"))
-        print("RATIO fsdp gorun/torch-FSDP2-gloo %.3f (goal <= 1.1; the default: re-gathers at their reader, regather_ahead=0)"
-              % ratio("gorun-fsdp-0", "torch-fsdp2"))
-        print("RATIO fsdp regather_ahead=0 / regather_ahead=1 %.3f (the default's choice: step time of each, paired)"
-              % ratio("gorun-fsdp-0", "gorun-fsdp"))
-        for k in ("gorun-ddp", "gorun-fsdp", "gorun-fsdp-0"):
-            mt = v[k][0].metrics()
-            print("  %-12s exposed communication %.2f ms of %.2f ms communication per step, %d buckets%s"
-                  % (k, 1e3 * mt["exposed_communication"], 1e3 * mt["communication"], mt["buckets"],
-                     ("; trace: " + mt["trace"]) if mt.get("trace") else ""))
-        m1, m0 = fs.metrics(), v["gorun-fsdp-0"][0].metrics()
-        print("PEAK full parameters: gorun fsdp regather_ahead=1 %d bytes (plan's estimate %d), the default regather_ahead=0 %d (estimate %d); "
-              "FSDP2 %d bytes (its gathered outputs, sampled at module boundaries); whole model %d bytes"
-              % (m1["peak_gathered_bytes"], m1["plan_peak_gathered_bytes"], m0["peak_gathered_bytes"],
-                 m0["plan_peak_gathered_bytes"], mem.peak, m1["full_parameter_bytes"]))
+        report(args, n, v, per, cpu, mem)
     else:
         for k in ("gorun-ddp", "gorun-fsdp"):
-            v[k][0].metrics()  # writes this rank's trace
+            if k in v:
+                v[k][0].metrics()  # writes this rank's trace
     dist.destroy_process_group()
 
 

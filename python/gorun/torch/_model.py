@@ -39,7 +39,7 @@ class DistributedModel(nn.Module):
 
     def __init__(self, module, mode="ddp", reshard_after_forward=True, shard_size=None, plan=None, group=None,
                  deterministic=False, trace=None, refresh_every=50, bucket_view=True, passes="blocks,overlap",
-                 regather_ahead=0, dump_plan=None, micro_batches=None):
+                 regather_ahead=0, dump_plan=None, micro_batches=None, plan_options=None):
         super().__init__()
         if mode not in MODES:
             raise ValueError("gorun.torch.distribute: mode %r: want one of %s" % (mode, ", ".join(MODES)))
@@ -69,6 +69,10 @@ class DistributedModel(nn.Module):
         self._bucket_view = bucket_view
         self._passes = passes
         self._regather_ahead = regather_ahead
+        if plan_options is not None and not isinstance(plan_options, dict):
+            raise TypeError("gorun.torch.distribute: plan_options must be a dict of the planner's options "
+                            "(cap_bytes, latency_ns, ...), got %s" % type(plan_options).__name__)
+        self._plan_options = dict(plan_options or {})
         self._dump_plan = dump_plan
         self._fixed_plan = plan
         self._agree(module)
@@ -479,7 +483,7 @@ class DistributedModel(nn.Module):
         if self._fixed_plan is not None:
             planned, summary = self._fixed_plan, {}
         else:
-            planned, summary = _plan.run_planner(graph, self._passes, self._regather_ahead)
+            planned, summary = _plan.run_planner(graph, self._passes, self._regather_ahead, self._plan_options)
         config = "flush=1" + (" trace=1" if self._trace else "")
         ex = self._new_executor(planned, self._exec_groups(), config)
         try:

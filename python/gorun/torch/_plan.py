@@ -167,12 +167,12 @@ def ddp_graph(order, members, fwd_ns, bwd_ns, world):
             "tensors": tensors, "nodes": nodes}
 
 
-def run_planner(graph, passes="blocks,overlap", regather_ahead=0):
+def run_planner(graph, passes="blocks,overlap", regather_ahead=0, options=None):
     """Plans graph (a dict) with gorun's passes, in process (libgorun's
     gorun_plan, with the GIL released); returns (the planned graph as JSON
     text, the planner's summary: buckets, estimates, peak bytes). The one
     place the planner is reached."""
-    res = _planner.plan(graph, passes=passes, reshard_prefetch=regather_ahead)
+    res = _planner.plan(graph, passes=passes, reshard_prefetch=regather_ahead, **(options or {}))
     planned = res.get("graph", graph)
     if not isinstance(planned, str):
         planned = json.dumps(planned)
