@@ -105,3 +105,24 @@ def test_unknown_mode_and_misplaced_options_are_refused():
         gt.distribute(GPT(), mode="hsdp")
     with pytest.raises(TypeError, match="group must be a libgorun communicator handle"):
         gt.distribute(GPT(), group=object())
+
+
+def test_plan_options_reach_the_planner():
+    # One rank: the buckets a bucket cap allows, as the planner makes them.
+    def buckets(**kw):
+        torch.manual_seed(0)
+        m = gt.distribute(GPT(d=64), mode="ddp", **kw)
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        x = torch.randint(0, 64, (2, 16))
+        for _ in range(2):  # the first step is measured and planned from
+            m(x, torch.roll(x, -1, 1)).backward()
+            opt.step()
+            opt.zero_grad()
+        n = m.metrics()["buckets"]
+        m.close()
+        return n
+    whole = buckets(plan_options={"cap_bytes": 64 << 20})
+    small = buckets(plan_options={"cap_bytes": 16 << 10})
+    assert whole < small, (whole, small)
+    with pytest.raises(TypeError, match="plan_options must be a dict"):
+        gt.distribute(GPT(), plan_options="cap_bytes=1")
