@@ -126,3 +126,5 @@ def test_plan_options_reach_the_planner():
     assert whole < small, (whole, small)
     with pytest.raises(TypeError, match="plan_options must be a dict"):
         gt.distribute(GPT(), plan_options="cap_bytes=1")
+    with pytest.raises(ValueError, match=r"plan_options\['reshard_prefetch'\]: pass it as distribute\(regather_ahead"):
+        gt.distribute(GPT(), plan_options={"reshard_prefetch": 1})

@@ -73,6 +73,9 @@ class DistributedModel(nn.Module):
             raise TypeError("gorun.torch.distribute: plan_options must be a dict of the planner's options "
                             "(cap_bytes, latency_ns, ...), got %s" % type(plan_options).__name__)
         self._plan_options = dict(plan_options or {})
+        for k, arg in (("passes", "passes"), ("reshard_prefetch", "regather_ahead")):
+            if k in self._plan_options:
+                raise ValueError("gorun.torch.distribute: plan_options[%r]: pass it as distribute(%s=...)" % (k, arg))
         self._dump_plan = dump_plan
         self._fixed_plan = plan
         self._agree(module)
@@ -639,6 +642,8 @@ def distribute(model, mode="ddp", reshard_after_forward=True, shard_size=None, p
     passes (the planner's passes), regather_ahead (fsdp: how many backward
     blocks ahead of its reader a re-gather starts; 0, the default, holds the
     fewest parameters, 1 hides the re-gather behind a block's backward),
+    plan_options (a dict of the planner's options, gorun_plan's keys:
+    cap_bytes, latency_ns, ...),
     micro_batches (with deterministic=True: the global batch's micro-batches,
     see docs/torch-step.md; results are then the same bits at any world
     size), dump_plan
