@@ -768,7 +768,7 @@ func (w *World) causeErrorLocked(cause byte, r int) error {
 		return ErrRefused
 	case causeLeader:
 		l := w.members[r].leader
-		return fmt.Errorf("its host leader, rank %d (host %s), was lost: %w", l, w.members[l].Host, ErrDeclaredDead)
+		return fmt.Errorf("its host leader, rank %d (host %s), was lost: %w", l, w.members[l].host, ErrDeclaredDead)
 	}
 	return ErrDeclaredDead
 }

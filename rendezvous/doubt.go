@@ -81,7 +81,7 @@ func (w *World) refused(addr string) {
 	r := -1
 	for q := range w.members {
 		m := &w.members[q]
-		if q != w.cfg.Rank && m.leader == q && m.status == statusAlive && m.node != nil && m.node.Address() == addr {
+		if q != w.cfg.Rank && m.leader == q && m.status == statusAlive && m.node() != nil && m.node().Address() == addr {
 			r = q
 			break
 		}
@@ -94,7 +94,7 @@ func (w *World) refused(addr string) {
 		return
 	}
 	ms.refused = true
-	w.log.Debug().Int("member", r).Str("member_host", ms.Host).Str("addr", addr).
+	w.log.Debug().Int("member", r).Str("member_host", ms.host).Str("addr", addr).
 		Msg("rendezvous: member's gossip port refused a connection; waiting for its goodbye")
 	w.wg.Go(func() {
 		t := time.NewTimer(w.cfg.RefusedGrace)
@@ -110,7 +110,7 @@ func (w *World) refused(addr string) {
 			w.mu.Unlock()
 			return
 		}
-		w.log.Warn().Int("member", r).Str("member_host", ms.Host).
+		w.log.Warn().Int("member", r).Str("member_host", ms.host).
 			Msg("rendezvous: member's gossip port refuses connections: its process is gone")
 		w.verdictLocked(r, causeRefused)
 		var nodes []memberlist.Node
@@ -140,11 +140,7 @@ func (w *World) tellGone(nodes []memberlist.Node, r int, cause byte) {
 // verdictLocked ends any doubt about gossip member r and counts it lost
 // for cause, with the ranks attached to it.
 func (w *World) verdictLocked(r int, cause byte) {
-	ms := &w.members[r]
-	if ms.doubted != nil {
-		close(ms.doubted)
-		ms.doubted = nil
-	}
+	w.members[r].endDoubt()
 	w.memberGoneLocked(r, false, cause)
 }
 
@@ -169,9 +165,9 @@ func (w *World) memberGoneLocked(r int, left bool, cause byte) {
 func (w *World) doubtLocked(r int) {
 	ms := &w.members[r]
 	done := make(chan struct{})
-	ms.doubted = done
+	ms.ext().doubted = done
 	window := w.cfg.GossipLease - w.cfg.SuspicionTimeout
-	w.log.Warn().Int("member", r).Str("member_host", ms.Host).Dur("window", window).
+	w.log.Warn().Int("member", r).Str("member_host", ms.host).Dur("window", window).
 		Msg("rendezvous: gossip declared member dead; trying to reach it over TCP until its lease ends")
 	w.wg.Go(func() {
 		t := time.NewTimer(window)
@@ -184,7 +180,7 @@ func (w *World) doubtLocked(r int) {
 			return
 		}
 		w.mu.Lock()
-		if w.members[r].doubted == done {
+		if w.members[r].doubted() == done {
 			w.verdictLocked(r, causeDead)
 		}
 		w.mu.Unlock()

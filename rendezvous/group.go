@@ -88,10 +88,10 @@ func (w *World) newGroupLocked(ranks []int) *Group {
 	for _, r := range ranks {
 		switch m := &w.members[r]; {
 		case m.status == statusDead && g.err == nil:
-			g.err = &LostError{Rank: r, Host: m.Host, Epoch: w.epoch, Cause: ErrDeclaredDead}
+			g.err = &LostError{Rank: r, Host: m.host, Epoch: w.epoch, Cause: ErrDeclaredDead}
 			close(g.failed)
 		case m.status == statusLeft && g.leaver == nil:
-			g.leaver = &LeftError{Rank: r, Host: m.Host}
+			g.leaver = &LeftError{Rank: r, Host: m.host}
 			close(g.left)
 		}
 	}
@@ -115,14 +115,14 @@ func (g *Group) Ranks() []int { return slices.Clone(g.ranks) }
 func (g *Group) Host(r int) string {
 	g.w.mu.Lock()
 	defer g.w.mu.Unlock()
-	return g.w.members[g.ranks[r]].Host
+	return g.w.members[g.ranks[r]].host
 }
 
 // DataAddr returns the data-plane address group rank r advertised.
 func (g *Group) DataAddr(r int) string {
 	g.w.mu.Lock()
 	defer g.w.mu.Unlock()
-	return g.w.members[g.ranks[r]].DataAddr
+	return g.w.members[g.ranks[r]].dataAddr
 }
 
 // Failed is closed when a member of the group is lost; never on a graceful

@@ -64,27 +64,24 @@ const (
 
 // memberState is the local view of one rank. Every rank holds one per
 // member of the world, so its size is paid N times per process (N² in a
-// world run in one process): what only some members need is behind a
-// pointer, and the small fields are packed together.
+// world run in one process: 4,096² states of 144 bytes were 2.4 GB; they
+// are 64 now). So it
+// keeps only what differs between members: the job id, world size and
+// generation are this world's (every member is checked to carry them
+// before it is stored), the rank is the index, what only a few members
+// need (a gossip member's node, a channel someone waits on) sits behind
+// one pointer, and the small numbers are 32-bit (decodeMeta refuses
+// larger ones). memberLocked rebuilds the Member.
 type memberState struct {
-	Member
-	// node is a copy of a gossip member's memberlist node (name and
-	// address, for sending); nil for an attached rank and for a rank not
-	// seen yet. nodeLocked reads it.
-	node *memberlist.Node
-	// gone is closed when the member leaves or dies; waiters on a message
-	// from it select on it. Made on first wait (goneLocked's counterpart
-	// goneChanLocked): every rank holds a state per member of the world,
-	// and a channel in each was N² channels per host at formation.
-	gone chan struct{}
-	// doubted is non-nil while memberlist has declared this gossip member
-	// dead and the World still tries to reach it (doubt.go); it is closed
-	// when the member answers again or is counted lost.
-	doubted chan struct{}
+	host     string // shared among a host's ranks when decoded from a table
+	dataAddr string
+	x        *memberExtra // nil until one of its fields is needed
 	// leader is the rank of the gossip member that carries this rank: the
 	// rank itself in flat mode and for host leaders, the host's leader for
-	// an attached rank. node is set only when leader is the rank itself.
+	// an attached rank. x.node is set only when leader is the rank itself.
 	leader int
+	pid    int32
+	local  int32 // local rank
 	status memberStatus
 	// leaving: the member said goodbye (kindBye), so its death is a leave.
 	leaving bool
@@ -96,10 +93,104 @@ type memberState struct {
 	refused bool
 }
 
+// memberExtra is the part of a memberState that few members need.
+type memberExtra struct {
+	// node is a copy of a gossip member's memberlist node (name and
+	// address, for sending); nil for an attached rank and for a rank not
+	// seen yet. nodeLocked reads it.
+	node *memberlist.Node
+	// gone is closed when the member leaves or dies; waiters on a message
+	// from it select on it. Made on first wait (goneChanLocked).
+	gone chan struct{}
+	// doubted is non-nil while memberlist has declared this gossip member
+	// dead and the World still tries to reach it (doubt.go); it is closed
+	// when the member answers again or is counted lost.
+	doubted chan struct{}
+}
+
+// ext returns m's extra part, made if m had none.
+func (m *memberState) ext() *memberExtra {
+	if m.x == nil {
+		m.x = &memberExtra{}
+	}
+	return m.x
+}
+
+// node is m's gossip node, nil when it has none.
+func (m *memberState) node() *memberlist.Node {
+	if m.x == nil {
+		return nil
+	}
+	return m.x.node
+}
+
+// doubted is m's doubt channel, nil when no doubt runs.
+func (m *memberState) doubted() chan struct{} {
+	if m.x == nil {
+		return nil
+	}
+	return m.x.doubted
+}
+
+// endDoubt closes and drops m's doubt channel, if any.
+func (m *memberState) endDoubt() {
+	if d := m.doubted(); d != nil {
+		close(d)
+		m.x.doubted = nil
+	}
+}
+
+// resetGone drops m's gone channel, closed when m left or died: the next
+// wait makes it again, open (m is back before formation).
+func (m *memberState) resetGone() {
+	if m.x != nil {
+		m.x.gone = nil
+	}
+}
+
+// memberLocked is what this member knows of rank r, as a Member. Addr is
+// a gossip member's gossip address, or for an attached rank where it is
+// attached ("attached to rank 3 (pid 4242)"); empty for this rank when it
+// is attached, and for a rank not seen yet.
+func (w *World) memberLocked(r int) Member {
+	m, out := &w.members[r], w.metaLocked(r)
+	switch n := m.node(); {
+	case n != nil:
+		out.Addr = n.Address()
+	case m.leader != r && r != w.cfg.Rank:
+		out.Addr = attachedAddr(m.leader, int(m.pid))
+	}
+	return out
+}
+
+// metaLocked is rank r's Member without Addr: what its metadata and a
+// world table's entry carry.
+func (w *World) metaLocked(r int) Member {
+	m := &w.members[r]
+	return Member{
+		Rank: r, WorldSize: w.cfg.WorldSize, LocalRank: int(m.local), JobID: w.cfg.JobID,
+		Generation: w.cfg.Generation, Host: m.host, DataAddr: m.dataAddr, PID: int(m.pid),
+	}
+}
+
+// attachedAddr is an attached rank's Addr: where it is attached.
+func attachedAddr(leader, pid int) string {
+	return fmt.Sprintf("attached to rank %d (pid %d)", leader, pid)
+}
+
+// setMemberLocked stores what rank m.Rank advertised, with its leader;
+// the caller has checked that m is of this world (job id, size and
+// generation).
+func (w *World) setMemberLocked(m Member, leader int) {
+	ms := &w.members[m.Rank]
+	ms.host, ms.dataAddr = m.Host, m.DataAddr
+	ms.pid, ms.local, ms.leader = int32(m.PID), int32(m.LocalRank), leader
+}
+
 // nodeLocked returns a copy of gossip member r's node; the zero Node
 // (no name: fail skips it, a send to it fails) when r has none.
 func (w *World) nodeLocked(r int) memberlist.Node {
-	if n := w.members[r].node; n != nil {
+	if n := w.members[r].node(); n != nil {
 		return *n
 	}
 	return memberlist.Node{}
@@ -384,12 +475,11 @@ func newWorld(cfg Config) *World {
 	}
 	w.log = cfg.Logger.With().Int("rank", cfg.Rank).Str("host", cfg.Host).Int("world", cfg.WorldSize).Logger()
 	for r := range w.members {
-		w.members[r].Rank = r
 		w.members[r].leader = r
 	}
 	if cfg.hierarchical() && !cfg.leader() {
 		// Until the table arrives, this rank knows only itself.
-		w.members[cfg.Rank].Member = self
+		w.setMemberLocked(self, cfg.Rank)
 		w.members[cfg.Rank].status = statusAlive
 		w.alive = 1
 	}
@@ -552,8 +642,8 @@ func (w *World) randomPeer() string {
 	var known []string
 	for r := range w.members {
 		m := &w.members[r]
-		if r != w.cfg.Rank && r != 0 && m.leader == r && m.status == statusAlive && m.node != nil {
-			known = append(known, m.node.Name+"/"+m.node.Address())
+		if n := m.node(); r != w.cfg.Rank && r != 0 && m.leader == r && m.status == statusAlive && n != nil {
+			known = append(known, n.Name+"/"+n.Address())
 		}
 	}
 	if len(known) == 0 {
@@ -622,8 +712,8 @@ func (w *World) pushTargetsLocked() []pushTarget {
 	var to []pushTarget
 	for _, r := range pushPlan(w.cfg.Rank, others, w.cfg.PushConcurrency) {
 		m := &w.members[r]
-		if r != w.cfg.Rank && m.status == statusAlive && m.node != nil {
-			to = append(to, pushTarget{rank: r, addr: m.node.Name + "/" + m.node.Address()})
+		if n := m.node(); r != w.cfg.Rank && m.status == statusAlive && n != nil {
+			to = append(to, pushTarget{rank: r, addr: n.Name + "/" + n.Address()})
 		}
 	}
 	return to
@@ -720,7 +810,7 @@ func (w *World) formationError(ctxErr, seedErr error) error {
 		if m.status == statusAlive || r == w.cfg.Rank {
 			continue
 		}
-		host := m.Host
+		host := m.host
 		if host == "" && w.cfg.RankHosts != nil {
 			host = w.cfg.RankHosts[r]
 		}
@@ -778,7 +868,7 @@ func (w *World) Members() []Member {
 	defer w.mu.Unlock()
 	out := make([]Member, len(w.members))
 	for r := range w.members {
-		out[r] = w.members[r].Member
+		out[r] = w.memberLocked(r)
 	}
 	return out
 }
