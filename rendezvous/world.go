@@ -603,12 +603,22 @@ func (w *World) form(ctx context.Context) error {
 			// RejoinInterval apart, so a lost push delays this rank by
 			// at most 3 RejoinInterval after the seed formed (plus the
 			// pull itself), and never stalls the world.
-			if cfg.Rank != 0 {
-				pulls++
-				peer := cfg.Seed
-				if pulls%2 == 1 {
-					peer = w.randomPeer()
-				}
+			//
+			// Every third pull goes to a member gossip declared dead
+			// (heldDeadPeer): before formation such a member is waited
+			// for, not lost, on the ground that a live one refutes. But
+			// it refutes only what it hears: memberlist gossips a death
+			// to the dead member for GossipToTheDeadTime only, a member
+			// that has formed pulls no more, and nobody probes a dead
+			// member; a member starved past that window (4,096 ranks in
+			// one process, notes/scale.md) stayed dead in every view
+			// while its own world had formed, and formation timed out.
+			// A pull hands it our view, in which it is dead, so it
+			// refutes; the next pull by anyone brings the refutation
+			// back over TCP, whatever became of its gossip. The pulls
+			// are the ones a waiting member makes anyway, retargeted.
+			pulls++
+			if peer := w.pullPeer(pulls); peer != "" {
 				if _, err := w.ml.Join([]string{peer}); err != nil {
 					w.log.Debug().Err(err).Str("peer", peer).Msg("rendezvous: member table pull failed")
 				}
@@ -633,12 +643,51 @@ func (w *World) form(ctx context.Context) error {
 	}
 }
 
-// randomPeer returns a random member other than this rank and the seed
-// that this rank knows alive (as a "name/addr" join address), or the seed
-// when it knows none.
-func (w *World) randomPeer() string {
+// pullPeer is the member the n-th table pull of a waiting member goes to
+// (as a join address): of every three, one to a random member known
+// alive, one to the seed, one to a random member held dead
+// (heldDeadPeerLocked), or to a random member when none is. "" when
+// there is nobody to pull from: the seed pulls only from members held
+// dead (its own table is the one the others pull).
+func (w *World) pullPeer(n int) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if n%3 == 0 {
+		if p := w.heldDeadPeerLocked(); p != "" {
+			return p
+		}
+	}
+	switch {
+	case w.cfg.Rank == 0:
+		return ""
+	case n%3 == 2:
+		return w.cfg.Seed
+	}
+	return w.randomPeerLocked()
+}
+
+// heldDeadPeerLocked returns a random gossip member that memberlist
+// declared dead before the world formed and that did not leave (the
+// World waits for it to refute: goneLocked), as a join address; "" when
+// there is none.
+func (w *World) heldDeadPeerLocked() string {
+	var held []string
+	for r := range w.members {
+		m := &w.members[r]
+		if n := m.node(); r != w.cfg.Rank && m.leader == r && m.status == statusDead && !m.leaving && n != nil {
+			held = append(held, n.Name+"/"+n.Address())
+		}
+	}
+	if len(held) == 0 {
+		return ""
+	}
+	return held[rand.N(len(held))]
+}
+
+// randomPeerLocked returns a random member other than this rank and the
+// seed that this rank knows alive (as a "name/addr" join address), or
+// the seed when it knows none.
+func (w *World) randomPeerLocked() string {
 	var known []string
 	for r := range w.members {
 		m := &w.members[r]
