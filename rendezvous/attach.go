@@ -279,6 +279,22 @@ func (s *stallLog) between(t, now time.Time) time.Duration {
 	return sum
 }
 
+// judged is how long a peer last heard at since has been silent by now:
+// as the observer could tell (heard: the time less excuse and the
+// process's stalls since then) and as the clock tells (silent). Past
+// limit (StarvedLimit; 0: none) nothing is excused: a process starved
+// that long is of no use to its job either. A nil log excuses no stall.
+func (s *stallLog) judged(since, now time.Time, excuse, limit time.Duration) (heard, silent time.Duration) {
+	silent = now.Sub(since)
+	if limit > 0 && silent >= limit {
+		return silent, silent
+	}
+	if s != nil {
+		excuse += s.between(since, now)
+	}
+	return max(silent-excuse, 0), silent
+}
+
 func maxTime(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a
@@ -582,15 +598,7 @@ func (r *leasedReader) next() (byte, []byte, error) {
 // that long is of no use to its job either. The two excuses may overlap
 // (a handler that was itself starved), which errs toward the peer.
 func (r *leasedReader) silence(now time.Time) (heard, silent time.Duration) {
-	silent = now.Sub(r.heard)
-	if r.limit > 0 && silent >= r.limit {
-		return silent, silent
-	}
-	excuse := r.deaf
-	if r.stalls != nil {
-		excuse += r.stalls.between(r.heard, now)
-	}
-	return max(silent-excuse, 0), silent
+	return r.stalls.judged(r.heard, now, r.deaf, r.limit)
 }
 
 // frame takes one whole frame off buf, if there is one.

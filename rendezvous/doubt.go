@@ -170,24 +170,57 @@ func (w *World) doubtLocked(r int) {
 	w.log.Warn().Int("member", r).Str("member_host", ms.host).Dur("window", window).
 		Msg("rendezvous: gossip declared member dead; trying to reach it over TCP until its lease ends")
 	w.wg.Go(func() {
-		t := time.NewTimer(window)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-done:
-			return
-		case <-w.stop:
-			return
+		if w.awaitWindow(window, done) {
+			w.mu.Lock()
+			if w.members[r].doubted() == done {
+				w.verdictLocked(r, causeDead)
+			}
+			w.mu.Unlock()
 		}
-		w.mu.Lock()
-		if w.members[r].doubted() == done {
-			w.verdictLocked(r, causeDead)
-		}
-		w.mu.Unlock()
 	})
 	node := w.nodeLocked(r)
 	addr := node.Name + "/" + node.Address()
 	w.wg.Go(func() { w.reach(addr, done) })
+}
+
+// awaitWindow waits until window has passed as this process could tell,
+// and reports whether it did (false: done or the World's stop came
+// first). Time this process could not run does not count: its stall log
+// (stallLog, fed by the attach streams' writers) and this wait's own
+// lateness are excused, up to StarvedLimit of clock time, as the attach
+// leases excuse them. memberlist's probes and suspicion ran on the same
+// starved process; what the World adds to its verdict is judged on time
+// the observer could have heard an answer in, or a process of thousands
+// of members, stalled for seconds, would count live members lost for
+// its own stall.
+func (w *World) awaitWindow(window time.Duration, done <-chan struct{}) bool {
+	start := time.Now()
+	slack := w.cfg.AttachBeat / 4
+	for wait := window; ; {
+		t := time.NewTimer(wait)
+		due := time.Now().Add(wait)
+		select {
+		case <-t.C:
+		case <-done:
+			t.Stop()
+			return false
+		case <-w.stop:
+			t.Stop()
+			return false
+		}
+		now := time.Now()
+		if from := due.Add(slack); now.After(from) {
+			w.stalls.add(from, now) // this wait was ready and not run
+		}
+		heard, silent := w.stalls.judged(start, now, 0, w.cfg.StarvedLimit)
+		if heard >= window {
+			return true
+		}
+		wait = window - heard
+		if l := w.cfg.StarvedLimit; l > 0 {
+			wait = max(min(wait, l-silent), time.Millisecond)
+		}
+	}
 }
 
 // reach runs push-pulls with a doubted member (addr is "name/ip:port")

@@ -299,6 +299,9 @@ type World struct {
 	bq *memberlist.TransmitLimitedQueue
 	// mlAtomic is ml for callers that must not take mu.
 	mlAtomic atomic.Pointer[memberlist.Memberlist]
+	// stalls is the process's stall log (procStalls); tests give a
+	// World its own.
+	stalls *stallLog
 }
 
 // Join starts this rank's gossip member, joins the seed and waits until all
@@ -472,6 +475,7 @@ func newWorld(cfg Config) *World {
 
 		localsReady: make(chan struct{}),
 		leaderRank:  -1,
+		stalls:      &procStalls,
 	}
 	w.log = cfg.Logger.With().Int("rank", cfg.Rank).Str("host", cfg.Host).Int("world", cfg.WorldSize).Logger()
 	for r := range w.members {
