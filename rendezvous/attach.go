@@ -99,8 +99,12 @@ const (
 // beatFrame is a whole frameBeat as it goes on the wire.
 var beatFrame = []byte{0, 0, 0, 1, frameBeat}
 
-// readSize is the least room a leasedReader reads into.
-const readSize = 4 << 10
+// readSize is the least room a leasedReader reads into. Small: every
+// attach stream has a reader at each end, all of a host's in one leader
+// (all of a job's in one test process), and what flows when the world is
+// quiet is 5-byte beats; a larger frame gets room for the whole of it
+// once its length is read.
+const readSize = 1 << 10
 
 // maxFrame bounds a frame: a world table of thousands of members fits.
 const maxFrame = 16 << 20

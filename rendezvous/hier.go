@@ -849,7 +849,7 @@ func (w *World) leaderGoneLocked(left, silent bool) {
 	w.goneLocked(L, left, cause)
 	lm := &w.members[L]
 	for _, g := range w.groups {
-		if len(g.ranks) < 2 {
+		if g.n < 2 {
 			continue
 		}
 		if left {

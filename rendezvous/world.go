@@ -487,13 +487,9 @@ func newWorld(cfg Config) *World {
 		w.members[cfg.Rank].status = statusAlive
 		w.alive = 1
 	}
-	all := make([]int, cfg.WorldSize)
-	for r := range all {
-		all[r] = r
-	}
 	// The whole world is a group like any other, so failure, barriers and
 	// splits have one implementation.
-	w.whole = w.newGroupLocked(all)
+	w.whole = w.newGroupLocked(nil)
 	return w
 }
 
