@@ -12,6 +12,8 @@
 # process, a stream silent past its lease when the cores are starved).
 #
 #   SIZES=1024,4096 ROUNDS=3 PER=16 ANCHOR=main scripts/bench-rdzvscale.sh
+#
+# ARGS passes more flags to every run (e.g. ARGS='-formation-timeout 2m').
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZES=${SIZES:-64,256,1024,4096}
@@ -34,7 +36,7 @@ IFS=, read -ra sizes <<<"$SIZES"
 for n in "${sizes[@]}"; do
 	for ((i = 1; i <= ROUNDS; i++)); do
 		for b in "${bins[@]}"; do
-			out=$( { /usr/bin/time -f 'RSS %M' "$tmp/$b" -sizes "$n" -mode hier -per "$PER" -form-only 2>&1 || true; } | tail -3)
+			out=$( { /usr/bin/time -f 'RSS %M' "$tmp/$b" -sizes "$n" -mode hier -per "$PER" -form-only ${ARGS:-} 2>&1 || true; } | tail -3)
 			load=$(cut -d' ' -f1 /proc/loadavg)
 			rss=$(sed -n 's/^RSS \([0-9]*\)$/\1/p' <<<"$out")
 			row=$(grep -E "^$n " <<<"$out" || true)

@@ -104,6 +104,9 @@ func startProfile() (func(), error) {
 // tune holds the failure-detection settings under test (flags).
 var tune rendezvous.Config
 
+// formationTimeout is the -formation-timeout flag.
+var formationTimeout time.Duration
+
 func main() {
 	sizes := flag.String("sizes", "64,256,1024", "comma-separated world sizes")
 	network := flag.String("net", "mem", "mem (in-memory network) or udp (loopback sockets)")
@@ -122,6 +125,7 @@ func main() {
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of each formation (Join to the last Join's return) to this file (.1, .2, ... appended after the first run)")
 	flag.StringVar(&memProfile, "memprofile", "", "write the allocations made up to the end of each formation to this file (suffixed like -cpuprofile)")
 	flag.BoolVar(&formOnly, "form-only", false, "measure formation only (no detection)")
+	flag.DurationVar(&formationTimeout, "formation-timeout", time.Minute, "Config.FormationTimeout (DefaultConfig's is 2m)")
 	flag.StringVar(&attachMode, "attach", "mem", "host leaders' attach streams: mem (in-memory pipes) or unix (abstract Unix sockets, as in a job; formation only)")
 	flag.Parse()
 	if memProfile != "" {
@@ -350,7 +354,7 @@ func configs(n, per int, network, seed string, nw *rendezvoustest.Network, log z
 		c.Host = fmt.Sprintf("h%d", r)
 		c.Seed = seed
 		c.Secret = []byte("0123456789abcdef0123456789abcdef")
-		c.FormationTimeout = 60 * time.Second
+		c.FormationTimeout = formationTimeout
 		c.ProbeInterval, c.ProbeTimeout, c.GossipInterval = tune.ProbeInterval, tune.ProbeTimeout, tune.GossipInterval
 		c.SuspicionTimeout, c.RetransmitMult, c.GossipNodes = tune.SuspicionTimeout, tune.RetransmitMult, tune.GossipNodes
 		c.GossipLease = tune.GossipLease
