@@ -35,9 +35,16 @@ import (
 //     while its TCP works survive: SWIM's suspicions and refutations travel
 //     over UDP only (notes/faults.md, hosts/gossip/udp-cut).
 //
-// Before formation silence stays what it was (a warning; formation waits),
-// while a refusal fails formation naming the member, as a frozen attached
-// rank does: a process that is gone will not join.
+// Before formation silence stays what it was (a warning; formation waits
+// for the member to refute, and the waiting members' table pulls go to it
+// in turn so that it hears it was declared dead: World.pullPeer), while a
+// refusal fails formation naming the member, as a frozen attached rank
+// does: a process that is gone will not join.
+//
+// The doubt's window is judged on time the observer could run
+// (awaitWindow): memberlist's own timers run on the same process, and a
+// process starved for seconds would otherwise count live members lost
+// for its own stall.
 //
 // Ownership: the goroutines started here are World.wg's and end with the
 // doubt, the verdict or World.stop; a push-pull in flight when the World
