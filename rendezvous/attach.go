@@ -187,6 +187,105 @@ func handshake(c net.Conn, key []byte, leader bool, timeout time.Duration) error
 	return nil
 }
 
+// patientConn is a stream whose deadlines are judged on time this process
+// could run: a Read or Write that ends at its deadline is resumed while
+// the time since the deadline was set, less the process's stalls
+// (stallLog.judged) and this call's own lateness past the deadline, is
+// within what the deadline allowed, up to limit (StarvedLimit) of clock
+// time. The attach handshake and hello are bounded by TCPTimeout so that
+// a stranger cannot hold a leader's slot; a process starved for seconds
+// (thousands of ranks in one, notes/scale.md) failed them with both ends
+// alive. Deadlines are set through it (SetDeadline and the like); it is
+// used by one goroutine per direction, as a net.Conn may be.
+type patientConn struct {
+	net.Conn
+	stalls *stallLog
+	limit  time.Duration
+	slack  time.Duration // lateness not counted (timer granularity)
+
+	mu       sync.Mutex
+	set      time.Time     // when the deadline was set
+	deadline time.Time     // zero: none
+	budget   time.Duration // deadline − set
+	// apply sets a deadline the way the last one was set (read, write
+	// or both), so that moving it touches no other.
+	apply func(time.Time) error
+}
+
+func (c *patientConn) SetDeadline(t time.Time) error {
+	return c.note(t, c.Conn.SetDeadline)
+}
+
+func (c *patientConn) SetReadDeadline(t time.Time) error {
+	return c.note(t, c.Conn.SetReadDeadline)
+}
+
+func (c *patientConn) SetWriteDeadline(t time.Time) error {
+	return c.note(t, c.Conn.SetWriteDeadline)
+}
+
+// note records a deadline set now, and sets it with apply.
+func (c *patientConn) note(t time.Time, apply func(time.Time) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	c.set, c.deadline, c.budget, c.apply = now, t, t.Sub(now), apply
+	return apply(t)
+}
+
+// resume reports whether an operation that err ended may go on: err is
+// the deadline, and the time judged since the deadline was set is within
+// its budget. Then it has moved the deadline by the time excused.
+func (c *patientConn) resume(err error) bool {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.deadline.IsZero() {
+		return false
+	}
+	now := time.Now()
+	if from := c.deadline.Add(c.slack); now.After(from) && c.stalls != nil {
+		c.stalls.add(from, now) // ready at its deadline and not run
+	}
+	heard, silent := c.stalls.judged(c.set, now, 0, c.limit)
+	if heard >= c.budget || (c.limit > 0 && silent >= c.limit) {
+		return false
+	}
+	wait := c.budget - heard
+	if c.limit > 0 {
+		wait = min(wait, c.limit-silent)
+	}
+	c.deadline = now.Add(wait)
+	return c.apply(c.deadline) == nil
+}
+
+func (c *patientConn) Read(b []byte) (int, error) {
+	for {
+		n, err := c.Conn.Read(b)
+		if n > 0 || err == nil || !c.resume(err) {
+			return n, err
+		}
+	}
+}
+
+func (c *patientConn) Write(b []byte) (int, error) {
+	sent := 0
+	for {
+		n, err := c.Conn.Write(b[sent:])
+		sent += n
+		if err == nil || !c.resume(err) {
+			return sent, err
+		}
+	}
+}
+
+// patient wraps c for the attach handshake and hello (patientConn).
+func (w *World) patient(c net.Conn) *patientConn {
+	return &patientConn{Conn: c, stalls: w.stalls, limit: w.cfg.StarvedLimit, slack: w.cfg.AttachBeat / 4}
+}
+
 func attachKey(c *Config) ([]byte, error) {
 	return hkdf.Key(sha256.New, c.Secret, []byte(c.JobID), attachPurpose, 32)
 }

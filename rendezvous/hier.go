@@ -141,15 +141,16 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 		_ = c.Close()
 		return
 	}
-	if err := handshake(c, key, true, w.cfg.TCPTimeout); err != nil {
+	pc := w.patient(c)
+	if err := handshake(pc, key, true, w.cfg.TCPTimeout); err != nil {
 		release()
 		w.log.Warn().Err(err).Str("from", c.RemoteAddr().String()).Msg("rendezvous: refused a local attach")
 		_ = c.Close()
 		return
 	}
-	_ = c.SetReadDeadline(time.Now().Add(w.cfg.TCPTimeout))
-	typ, body, err := readFrame(c)
-	_ = c.SetReadDeadline(time.Time{})
+	_ = pc.SetReadDeadline(time.Now().Add(w.cfg.TCPTimeout))
+	typ, body, err := readFrame(pc)
+	_ = pc.SetReadDeadline(time.Time{})
 	release()
 	if err != nil || typ != frameHello {
 		w.log.Warn().Err(err).Msg("rendezvous: attached rank sent no hello")
@@ -603,7 +604,7 @@ func (w *World) joinAttached(ctx context.Context) error {
 				_ = c.Close()
 				return w.attachError(nil, perr)
 			}
-			if err = handshake(c, key, false, cfg.TCPTimeout); err == nil {
+			if err = handshake(w.patient(c), key, false, cfg.TCPTimeout); err == nil {
 				err = writeFrame(c, frameHello, encodeMeta(w.self))
 			}
 			if err == nil {
