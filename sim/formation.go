@@ -33,15 +33,26 @@ import (
 // StartAll schedules every rank's start.
 func (w *World) StartAll() {
 	for h, l := range w.leaders {
-		w.s.At(w.start[w.rank(h, 0)], func() { w.startLeader(l) })
+		w.s.At(w.start[w.rank(h, 0)], func() { w.processStart(h, func() { w.startLeader(l) }) })
 		for i := 1; i < w.cfg.PerHost; i++ {
 			r := w.rank(h, i)
 			w.s.At(w.start[r], func() {
 				w.Count.RankStarts++
-				w.dialLeader(l, r, 5*time.Millisecond)
+				w.processStart(h, func() { w.dialLeader(l, r, 5*time.Millisecond) })
 			})
 		}
 	}
+}
+
+// processStart charges a rank process's own start-up on host h's CPU,
+// then runs next; ranks in one process (InProcess) share it and go on at
+// once.
+func (w *World) processStart(h int, next func()) {
+	if w.cfg.InProcess {
+		next()
+		return
+	}
+	w.cpu[h].Exec(w.cfg.Costs.ProcessStart, next)
 }
 
 func (w *World) startLeader(l *leader) {

@@ -198,3 +198,64 @@ func TestPushTreeFormsWithLessFromTheSeed(t *testing.T) {
 		t.Errorf("seed sent %d push-pull bytes relayed, %d directly; want fewer relayed", b, a)
 	}
 }
+
+// Start times given per rank are the ones the ranks start at (a
+// calibration replays a real launch's), formation counts from the last of
+// them, and a list of the wrong length or beside StartSpread is refused.
+func TestStartsReplayed(t *testing.T) {
+	const hosts, per = 4, 2
+	starts := []time.Duration{0, 3 * time.Millisecond, 40 * time.Millisecond, 41 * time.Millisecond,
+		90 * time.Millisecond, 7 * time.Millisecond, 250 * time.Millisecond, 60 * time.Millisecond}
+	w := testWorld(t, hosts, per, func(c *WorldConfig) { c.StartSpread, c.Starts = 0, starts })
+	for r, s := range starts {
+		if w.StartedAt(r) != s {
+			t.Errorf("rank %d started at %v, want %v", r, w.StartedAt(r), s)
+		}
+		if w.FormedAt(r) < 250*time.Millisecond {
+			t.Errorf("rank %d formed at %v, before the last rank started (250ms)", r, w.FormedAt(r))
+		}
+	}
+	f, ok := w.Formation()
+	last := -1 * time.Second
+	for r := range starts {
+		last = max(last, w.FormedAt(r))
+	}
+	if !ok || f != last-250*time.Millisecond {
+		t.Errorf("formation %v (ok %v), want the last formation %v less the last start 250ms", f, ok, last)
+	}
+	for _, bad := range []WorldConfig{
+		{Hosts: hosts, PerHost: per, Cores: 1, Starts: starts[:7]},
+		{Hosts: hosts, PerHost: per, Cores: 1, Starts: starts, StartSpread: time.Second},
+		{Hosts: hosts, PerHost: per, Cores: 1, Starts: append([]time.Duration{-time.Millisecond}, starts[1:]...)},
+	} {
+		bad.Rdzv, bad.Costs = rendezvous.DefaultConfig(), testCosts(t)
+		if _, err := NewWorld(bad); err == nil {
+			t.Errorf("starts %v with spread %v accepted", bad.Starts, bad.StartSpread)
+		}
+	}
+}
+
+// Each rank in its own process pays ProcessStart on its host's CPU before
+// it attaches (or listens): exactly N of them more CPU than ranks in one
+// process, and the last rank to start cannot form sooner than its own
+// process start after it.
+func TestProcessStartCharged(t *testing.T) {
+	const hosts, per = 8, 4
+	c := testCosts(t)
+	c.ProcessStart = 10 * time.Millisecond
+	shared := func(in bool) func(*WorldConfig) {
+		return func(w *WorldConfig) { w.SharedCores, w.InProcess, w.Costs = 2, in, c }
+	}
+	own := testWorld(t, hosts, per, shared(false))
+	one := testWorld(t, hosts, per, shared(true))
+	if got, want := own.Busy(0)-one.Busy(0), hosts*per*c.ProcessStart; got != want {
+		t.Errorf("own processes charged %v more CPU than one process, want %v (N × ProcessStart)", got, want)
+	}
+	f, ok := own.Formation()
+	if !ok || f < c.ProcessStart {
+		t.Errorf("formation %v after the last start (ok %v), below the last rank's own process start %v", f, ok, c.ProcessStart)
+	}
+	if f1, _ := one.Formation(); f1 >= f {
+		t.Errorf("ranks in one process formed %v after the last start, not sooner than in their own processes (%v)", f1, f)
+	}
+}

@@ -32,7 +32,7 @@ func calibrate(o options, costs sim.Costs) error {
 			return err
 		}
 		cores := min(o.sharedCores, max(1, int(math.Ceil(float64(real.cpu)/float64(real.formation)-0.05))))
-		cfg := sim.WorldConfig{Hosts: h, PerHost: p, SharedCores: cores, Latency: 20 * time.Microsecond,
+		cfg := sim.WorldConfig{Hosts: h, PerHost: p, SharedCores: cores, Latency: 20 * time.Microsecond, InProcess: true,
 			Rdzv: rendezvous.DefaultConfig(), Costs: costs, Seed: o.seed}
 		m, err := runModel(cfg, true)
 		if err != nil {

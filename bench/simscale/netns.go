@@ -1,0 +1,309 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/gorun-hpc/gorun/tests/testhosts"
+)
+
+// The namespace calibration: real gorun jobs over namespace hosts
+// (tests/testhosts: a network namespace per host with its own veth and
+// sshd), one gorun, one agent per host started over ssh, real rank
+// processes on real sockets, and every one of them on this machine's
+// cores. Each job forms, loses a SIGKILLed rank, then a host cut off (its
+// link down), as the model's runs do; the ranks report their own times
+// (netnsrank.go).
+
+// netnsRun is one real job's figures.
+type netnsRun struct {
+	// formation: the last rank's Join returning, after the last rank's
+	// start (both from the ranks' clocks); cpu: the ranks' CPU between
+	// their start and their formation, summed.
+	formation, cpu time.Duration
+	// rank, host: from the SIGKILL (the cut) until the last surviving
+	// rank's MemberLost event for the victim (the cut host).
+	rank, host time.Duration
+	// launch: from gorun's exec until the last rank's start.
+	launch time.Duration
+	// starts are the ranks' start times after the first one's.
+	starts []time.Duration
+}
+
+// readNetns reads the KEY=VALUE file netns-up.sh writes (STATE/env) into a
+// testhosts.Netns. The set is the caller's: it brought it up and takes it
+// down (scripts/sim-scale.sh); nothing here closes it.
+func readNetns(path string) (*testhosts.Netns, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-netns: %w", err)
+	}
+	kv := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			kv[k] = v
+		}
+	}
+	h := &testhosts.Netns{Set: kv["SET"], Hosts: strings.Fields(kv["HOSTS"]), Addrs: strings.Fields(kv["ADDRS"]),
+		Bridge: kv["BRIDGE"], BridgeAddr: kv["BRIDGE_ADDR"], Subnet: kv["SUBNET"], SSHConfig: kv["SSH_CONFIG"],
+		Identity: kv["IDENTITY"], StateDir: kv["STATE"], Hostfile: kv["HOSTFILE"]}
+	if h.Set == "" || len(h.Hosts) == 0 || len(h.Hosts) != len(h.Addrs) || h.SSHConfig == "" || h.BridgeAddr == "" {
+		return nil, fmt.Errorf("-netns %s: not a netns-up.sh env file (SET, HOSTS, ADDRS, SSH_CONFIG, BRIDGE_ADDR)", path)
+	}
+	return h, nil
+}
+
+// vethLatency is the one-way latency to a namespace host: half the median
+// time of a TCP connect to its sshd (SYN, SYN-ACK) over 21 tries. The
+// path crosses the bridge and one veth, as host-to-host traffic crosses
+// the bridge and two.
+func vethLatency(addr string) (time.Duration, error) {
+	var v []time.Duration
+	for range 21 {
+		t := time.Now()
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(addr, "22"), 2*time.Second)
+		if err != nil {
+			return 0, fmt.Errorf("latency to %s: %w", addr, err)
+		}
+		v = append(v, time.Since(t))
+		_ = c.Close()
+	}
+	slices.Sort(v)
+	return v[len(v)/2] / 2, nil
+}
+
+// netnsJob is one gorun job on the first hosts of a set.
+type netnsJob struct {
+	h          *testhosts.Netns
+	hosts, per int
+	gorun, exe string
+	dir        string
+	verbose    bool
+}
+
+// rankLine is one parsed line of a rank's report.
+type rankLine struct {
+	kind             string // "formed" or "lost"
+	rank, other, pid int
+	start, t         int64 // ns
+	cpu              time.Duration
+}
+
+func parseRankLine(s string) (rankLine, bool) {
+	f := strings.Fields(s)
+	n := make([]int64, len(f))
+	for i := 1; i < len(f); i++ {
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return rankLine{}, false
+		}
+		n[i] = v
+	}
+	switch {
+	case len(f) == 6 && f[0] == "formed":
+		return rankLine{kind: "formed", rank: int(n[1]), pid: int(n[2]), start: n[3], t: n[4], cpu: time.Duration(n[5])}, true
+	case len(f) == 4 && f[0] == "lost":
+		return rankLine{kind: "lost", rank: int(n[1]), other: int(n[2]), t: n[3]}, true
+	}
+	return rankLine{}, false
+}
+
+// run starts the job, waits for formation, SIGKILLs an attached rank of
+// host 1, then cuts host hosts/2 off, and returns the figures. The link
+// is restored and gorun reaped on every path.
+func (j *netnsJob) run(ctx context.Context) (netnsRun, error) {
+	var res netnsRun
+	n := j.hosts * j.per
+	victim := j.per + 1
+	cutHost := j.hosts / 2
+	lo, hi := cutHost*j.per, cutHost*j.per+j.per-1
+	var hf strings.Builder
+	for _, host := range j.h.Hosts[:j.hosts] {
+		fmt.Fprintf(&hf, "%s slots=%d\n", host, j.per)
+	}
+	hostfile := filepath.Join(j.dir, fmt.Sprintf("hostfile.%d", j.hosts))
+	if err := os.WriteFile(hostfile, []byte(hf.String()), 0o644); err != nil {
+		return res, err
+	}
+	done := filepath.Join(j.dir, "done")
+	if err := os.Remove(done); err != nil && !os.IsNotExist(err) {
+		return res, err
+	}
+	// --grace: the victim's death ends the job, and the ranks (which
+	// ignore SIGTERM) must outlive that until the cut host is named.
+	cmd := exec.CommandContext(ctx, j.gorun, "--launch-agent", "ssh -F "+j.h.SSHConfig, "-hostfile", hostfile,
+		"--bind-to", "none", "--grace", "60s", "--timeout", "150s",
+		"-x", rankEnv+"=1", "-x", doneEnv+"="+done, "-x", holdEnv+"=120s", j.exe)
+	cmd.WaitDelay = 5 * time.Second
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return res, err
+	}
+	lines := make(chan rankLine, 4*n)
+	var readers sync.WaitGroup
+	launched := time.Now()
+	if err := cmd.Start(); err != nil {
+		return res, err
+	}
+	readers.Go(func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if l, ok := parseRankLine(sc.Text()); ok {
+				lines <- l
+			} else if j.verbose {
+				fmt.Println("  rank output:", sc.Text())
+			}
+		}
+	})
+	cut := false
+	defer func() {
+		// The ranks leave when the done file appears (the cut host's
+		// once its link is back); gorun then exits with the victim's
+		// status. A job that does not is stopped.
+		_ = os.WriteFile(done, nil, 0o644)
+		if cut {
+			_ = j.h.RestoreLink(j.h.Hosts[cutHost])
+		}
+		done := make(chan struct{})
+		go func() {
+			for range lines { //nolint:revive // drain so the reader can end
+			}
+			close(done)
+		}()
+		wait := make(chan error, 1)
+		go func() { <-done; readers.Wait(); wait <- cmd.Wait() }()
+		select {
+		case <-wait:
+		case <-time.After(90 * time.Second):
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			<-wait
+		}
+	}()
+	formed := map[int]rankLine{}
+	lost := map[int]int64{} // rank → when it learned the current failure
+	var got []rankLine
+	collect := func(until func() bool, limit time.Duration, what string) error {
+		timer := time.NewTimer(limit)
+		defer timer.Stop()
+		for !until() {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					return fmt.Errorf("%d×%d: gorun's output ended while waiting for %s; stderr:\n%s", j.hosts, j.per, what, lastLines(stderr.String(), 20))
+				}
+				got = append(got, l)
+				if l.kind == "formed" {
+					formed[l.rank] = l
+				}
+			case <-timer.C:
+				return fmt.Errorf("%d×%d: %s not seen within %v; stderr:\n%s", j.hosts, j.per, what, limit, lastLines(stderr.String(), 20))
+			}
+		}
+		return nil
+	}
+	if err := collect(func() bool { return len(formed) == n }, 120*time.Second, "every rank formed"); err != nil {
+		return res, err
+	}
+	var first, lastStart, lastFormed int64 = 1 << 62, 0, 0
+	for _, l := range formed {
+		first, lastStart, lastFormed = min(first, l.start), max(lastStart, l.start), max(lastFormed, l.t)
+		res.cpu += l.cpu
+	}
+	res.formation = time.Duration(lastFormed - lastStart)
+	res.launch = time.Duration(lastStart - launched.UnixNano())
+	res.starts = make([]time.Duration, n)
+	for r, l := range formed {
+		res.starts[r] = time.Duration(l.start - first)
+	}
+	// Failures, as the model's runs: settle 2 s, SIGKILL the victim, 1 s
+	// after every rank saw it, cut a host off.
+	time.Sleep(2 * time.Second)
+	seen := func(lo, hi int, skip func(int) bool) func() bool {
+		return func() bool {
+			for _, l := range got {
+				if l.kind == "lost" && l.other >= lo && l.other <= hi {
+					if _, ok := lost[l.rank]; !ok {
+						lost[l.rank] = l.t
+					}
+				}
+			}
+			got = got[:0]
+			for r := range n {
+				if _, ok := lost[r]; !ok && !skip(r) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	got = got[:0]
+	tKill := time.Now()
+	if err := syscall.Kill(formed[victim].pid, syscall.SIGKILL); err != nil {
+		return res, fmt.Errorf("SIGKILL rank %d (pid %d): %w", victim, formed[victim].pid, err)
+	}
+	if err := collect(seen(victim, victim, func(r int) bool { return r == victim }), 30*time.Second, "the SIGKILLed rank lost at every rank"); err != nil {
+		return res, err
+	}
+	res.rank = lastAfter(lost, tKill)
+	time.Sleep(time.Second)
+	clear(lost)
+	got = got[:0]
+	tCut := time.Now()
+	if err := j.h.CutLink(j.h.Hosts[cutHost]); err != nil {
+		return res, err
+	}
+	cut = true
+	skip := func(r int) bool { return r == victim || (r >= lo && r <= hi) }
+	if err := collect(seen(lo, hi, skip), 30*time.Second, "the cut host lost at every rank"); err != nil {
+		return res, err
+	}
+	res.host = lastAfter(lost, tCut)
+	return res, nil
+}
+
+// lastAfter is the latest of the times in at, after t.
+func lastAfter(at map[int]int64, t time.Time) time.Duration {
+	var last int64
+	for _, v := range at {
+		last = max(last, v)
+	}
+	return time.Duration(last - t.UnixNano())
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(l[max(0, len(l)-n):], "\n")
+}
+
+// strays lists what is left running on the first hosts of the set (sshd
+// aside) once a job has ended: none may be, or the next job would share
+// the cores with it.
+func strays(h *testhosts.Netns, hosts int) ([]string, error) {
+	var left []string
+	for _, host := range h.Hosts[:hosts] {
+		pids, err := h.StrayPids(host)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range pids {
+			left = append(left, fmt.Sprintf("%s:%d", host, p))
+		}
+	}
+	return left, nil
+}

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gorun-hpc/gorun/rendezvous"
+	"github.com/gorun-hpc/gorun/sim"
+	"github.com/gorun-hpc/gorun/tests/testhosts"
+)
+
+// netnsCalibrate runs each shape as real gorun jobs over the namespace
+// hosts (o.netnsRounds each) and the model on the same shapes with the
+// same start times, and prints medians side by side with the margin,
+// which it states before running anything.
+func netnsCalibrate(o options, costs sim.Costs) error {
+	h, err := readNetns(o.netns)
+	if err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "simscale-netns-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	lat, err := vethLatency(h.Addrs[0])
+	if err != nil {
+		return err
+	}
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Printf("\nnamespace calibration: real gorun jobs over namespace hosts of set %s (own veth and sshd each; gorun, one agent per host over ssh,\n", h.Set)
+	fmt.Printf("real rank processes and sockets, all on this machine's %d cores, shared with other work: load %s)\n", o.sharedCores, strings.Join(strings.Fields(string(load))[:3], " "))
+	fmt.Printf("vs the model with every host on one CPU of %d cores, %v one-way latency (half a TCP connect's median to a host), and the real job's rank start times\n", o.sharedCores, lat.Round(time.Microsecond))
+	fmt.Printf("each job: formation; 2 s later rank PER+1 SIGKILLed; 1 s after every rank saw it, host HOSTS/2 cut off (eth0 down); median of %d jobs\n", o.netnsRounds)
+	fmt.Printf("accepted margin, stated before the runs: model/real within [%.2f, %.2f] for each of formation, its CPU time, and both detections, or both below %v\n", 1/o.margin, o.margin, floor)
+	fmt.Printf("%-7s %-6s %10s %10s %10s %10s %10s\n", "shape", "", "formation", "cpu", "rank lost", "host lost", "launch")
+	var bad []string
+	for _, s := range strings.Split(o.netnsShapes, ",") {
+		hosts, per, err := parseShape(s)
+		if err != nil {
+			return err
+		}
+		if hosts > len(h.Hosts) {
+			return fmt.Errorf("shape %s: the set has %d hosts", s, len(h.Hosts))
+		}
+		real, model, err := netnsShape(o, costs, h, hosts, per, exe, dir, lat)
+		if err != nil {
+			return err
+		}
+		rl := []time.Duration{real.formation, real.cpu, real.rank, real.host}
+		ms := []time.Duration{model.formation, model.cpu, model.rank, model.host}
+		fmt.Printf("%-7s %-6s %9.3fs %9.3fs %9.3fs %9.3fs %9.3fs\n", s, "real", rl[0].Seconds(), rl[1].Seconds(), rl[2].Seconds(), rl[3].Seconds(), real.launch.Seconds())
+		fmt.Printf("%-7s %-6s %9.3fs %9.3fs %9.3fs %9.3fs\n", "", "model", ms[0].Seconds(), ms[1].Seconds(), ms[2].Seconds(), ms[3].Seconds())
+		verdict := "within margin"
+		var rs [4]string
+		for i := range rs {
+			r := ratio(ms[i], rl[i])
+			rs[i] = fmt.Sprintf("%.2f", r)
+			if ms[i] < floor && rl[i] < floor {
+				rs[i] = "(<5ms)"
+				continue
+			}
+			if r > o.margin || r < 1/o.margin {
+				verdict = "OUTSIDE margin"
+				bad = append(bad, s+" "+[]string{"formation", "cpu", "rank lost", "host lost"}[i])
+			}
+		}
+		fmt.Printf("%-7s %-6s %10s %10s %10s %10s %10s  %s\n", "", "ratio", rs[0], rs[1], rs[2], rs[3], "", verdict)
+	}
+	if len(bad) > 0 {
+		fmt.Printf("namespace calibration: outside the margin: %s\n", strings.Join(bad, "; "))
+	} else {
+		fmt.Println("namespace calibration: every row within the margin")
+	}
+	return nil
+}
+
+// netnsShape runs one shape's real jobs and, for each, the model from the
+// same start times; it returns the medians of each column, real and
+// model. After each job nothing may be left running on the hosts.
+func netnsShape(o options, costs sim.Costs, h *testhosts.Netns, hosts, per int, exe, dir string, lat time.Duration) (netnsRun, netnsRun, error) {
+	var reals, models []netnsRun
+	for round := range o.netnsRounds {
+		j := &netnsJob{h: h, hosts: hosts, per: per, gorun: o.gorunBin, exe: exe, dir: dir, verbose: o.verbose}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		r, err := j.run(ctx)
+		cancel()
+		if err != nil {
+			return netnsRun{}, netnsRun{}, fmt.Errorf("real %d×%d, job %d: %w", hosts, per, round+1, err)
+		}
+		if left, err := strays(h, hosts); err != nil || len(left) > 0 {
+			return netnsRun{}, netnsRun{}, fmt.Errorf("real %d×%d, job %d: left running after the job: %v %v", hosts, per, round+1, left, err)
+		}
+		cfg := sim.WorldConfig{Hosts: hosts, PerHost: per, SharedCores: o.sharedCores, Latency: lat, Starts: r.starts,
+			Rdzv: rendezvous.DefaultConfig(), Costs: costs, Seed: o.seed + uint64(round)}
+		m, err := runModel(cfg, true)
+		if err != nil {
+			return netnsRun{}, netnsRun{}, err
+		}
+		if m.rankMiss > 0 || m.hostMiss > 0 {
+			return netnsRun{}, netnsRun{}, fmt.Errorf("model %d×%d: %d ranks missed the lost rank, %d the lost host", hosts, per, m.rankMiss, m.hostMiss)
+		}
+		if o.verbose {
+			fmt.Printf("  job %d: real formation %v cpu %v rank %v host %v launch %v; model %v %v %v %v\n", round+1,
+				r.formation, r.cpu, r.rank, r.host, r.launch, m.formation, m.cpu, m.rank, m.host)
+		}
+		reals = append(reals, r)
+		models = append(models, netnsRun{formation: m.formation, cpu: m.cpu, rank: m.rank, host: m.host})
+	}
+	med := func(runs []netnsRun) netnsRun {
+		return netnsRun{
+			formation: medianOf(runs, func(r netnsRun) time.Duration { return r.formation }),
+			cpu:       medianOf(runs, func(r netnsRun) time.Duration { return r.cpu }),
+			rank:      medianOf(runs, func(r netnsRun) time.Duration { return r.rank }),
+			host:      medianOf(runs, func(r netnsRun) time.Duration { return r.host }),
+			launch:    medianOf(runs, func(r netnsRun) time.Duration { return r.launch }),
+		}
+	}
+	return med(reals), med(models), nil
+}
+
+// medianOf is the median of get over runs.
+func medianOf(runs []netnsRun, get func(netnsRun) time.Duration) time.Duration {
+	v := make([]time.Duration, len(runs))
+	for i, r := range runs {
+		v[i] = get(r)
+	}
+	slices.Sort(v)
+	return v[(len(v)-1)/2]
+}
