@@ -60,7 +60,7 @@ func (w *World) seenGoneBy(l *leader, r int) {
 		if q == r {
 			continue
 		}
-		w.cpu[l.h].Exec(c.Packet/2, func() { w.noteLost(q) })
+		w.s.After(w.cfg.LocalLatency, func() { w.cpu[l.h].Exec(c.Packet/2, func() { w.noteLost(q) }) })
 	}
 }
 

@@ -242,7 +242,7 @@ func TestStartsReplayed(t *testing.T) {
 func TestProcessStartCharged(t *testing.T) {
 	const hosts, per = 8, 4
 	c := testCosts(t)
-	c.ProcessStart = 10 * time.Millisecond
+	c.ProcessStart, c.ProcessIdle = 10*time.Millisecond, time.Nanosecond // idle: rounds to nothing per tick
 	shared := func(in bool) func(*WorldConfig) {
 		return func(w *WorldConfig) { w.SharedCores, w.InProcess, w.Costs = 2, in, c }
 	}
@@ -257,5 +257,57 @@ func TestProcessStartCharged(t *testing.T) {
 	}
 	if f1, _ := one.Formation(); f1 >= f {
 		t.Errorf("ranks in one process formed %v after the last start, not sooner than in their own processes (%v)", f1, f)
+	}
+}
+
+// A live rank process costs ProcessIdle per second from its start, on its
+// host's CPU: ranks that wait long for the last one load the cores the
+// whole time. Two worlds differing only in ProcessIdle differ in CPU by
+// the ranks' lifetimes times it (to a tick each).
+func TestProcessIdleCharged(t *testing.T) {
+	const hosts, per = 2, 2
+	starts := []time.Duration{0, 100 * time.Millisecond, 300 * time.Millisecond, 2 * time.Second}
+	run := func(idle time.Duration) *World {
+		c := testCosts(t)
+		c.ProcessIdle = idle
+		w := testWorld(t, hosts, per, func(w *WorldConfig) { w.StartSpread, w.Starts, w.Costs = 0, starts, c })
+		w.Run(5*time.Second, nil)
+		return w
+	}
+	quiet, busy := run(time.Nanosecond), run(10*time.Millisecond)
+	var life time.Duration
+	for _, s := range starts {
+		life += 5*time.Second - s
+	}
+	want := time.Duration(float64(life) * 0.01)
+	got := busy.Busy(0) + busy.Busy(1) - quiet.Busy(0) - quiet.Busy(1)
+	if tol := time.Duration(len(starts)) * IdleTick / 100; got < want-tol || got > want+tol {
+		t.Errorf("idle ranks charged %v over their %v of life, want %v ± %v (1%% of it)", got, life, want, tol)
+	}
+}
+
+// A message between a leader and its attached rank (another process)
+// takes LocalLatency: a killed rank reaches the attached ranks of other
+// hosts no sooner than the network's latency and one local hop after it.
+func TestLocalLatencyDelaysAttachedRanks(t *testing.T) {
+	const hosts, per = 8, 2
+	const hop = 5 * time.Millisecond
+	for _, local := range []time.Duration{0, hop} {
+		w := testWorld(t, hosts, per, func(c *WorldConfig) { c.LocalLatency = local })
+		t0 := w.Now() + time.Second
+		w.Run(t0, nil)
+		w.ResetLost()
+		w.KillRank(per + 1)
+		w.Run(t0+10*time.Second, w.AllSurfaced)
+		d, missing := w.Surfaced(t0)
+		if missing != 0 {
+			t.Fatalf("local latency %v: %d ranks never learned of the killed rank", local, missing)
+		}
+		if lower := 50*time.Microsecond + local; d < lower {
+			t.Errorf("local latency %v: killed rank surfaced everywhere after %v, below one network latency and one local hop (%v)", local, d, lower)
+		}
+		if local == 0 && d >= hop {
+			t.Errorf("without local latency the killed rank took %v to surface, not below the hop %v the test adds", d, hop)
+		}
 	}
 }

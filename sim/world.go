@@ -21,6 +21,10 @@ type WorldConfig struct {
 	// host link's bytes per second (0: unlimited).
 	Latency   time.Duration
 	Bandwidth float64
+	// LocalLatency is the delay of one message between a leader and an
+	// attached rank of its host (the attach stream: another process to
+	// wake). 0 makes that hand-off immediate.
+	LocalLatency time.Duration
 	// StartSpread spreads the ranks' start times uniformly over
 	// [0, StartSpread); formation is counted from the last start.
 	StartSpread time.Duration

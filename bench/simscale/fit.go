@@ -138,10 +138,11 @@ func measureCosts(rounds int, gorunBin string, rss []rssPoint, logf func(string,
 
 	c.PMICardBytes, c.PMIReleaseBytes, c.PMIEnvelopeBytes = 100, 40, 70
 	c.Source["pmi_*"] = "notes/scale.md: MPICH 4.0.2's cards (~90 hex digits and the key), a release carries the barrier's number in a JSON command (~40 B), a batched answer's envelope ~70 B"
-	if c.ProcessStart, err = measureProcessStart(c, gorunBin, 2*rounds+1, logf); err != nil {
-		return c, fmt.Errorf("process start: %w", err)
+	if c.ProcessStart, c.ProcessIdle, err = measureProcess(c, gorunBin, 2*rounds+1, 3*time.Second, logf); err != nil {
+		return c, fmt.Errorf("process costs: %w", err)
 	}
 	c.Source["process_start_ns"] = fmt.Sprintf("real 1×2 jobs of the rank program (gorun -np 2 on this machine): a rank's CPU from main to formed, median of %d jobs (each the mean of its 2 ranks), less what the model charges per rank for that job otherwise", 2*rounds+1)
+	c.Source["process_idle_ns"] = fmt.Sprintf("the same jobs left formed and idle for 3 s: a rank's CPU per second over it, median of %d jobs (each the mean of its 2 ranks)", 2*rounds+1)
 	return c, c.Validate()
 }
 

@@ -28,20 +28,20 @@ import (
 
 type options struct {
 	measure, measureProc bool
-	costsIn, costsOut   string
-	gorunBin, rss       string
-	rounds              int
-	calibrate           string
-	sharedCores         int
-	margin, sensitivity float64
-	hosts, per, cores   int
-	latency, spread     time.Duration
-	bandwidth           float64
-	seed                uint64
-	launcherCores       int
-	skipScale, verbose  bool
-	netns, netnsShapes  string
-	netnsRounds         int
+	costsIn, costsOut    string
+	gorunBin, rss        string
+	rounds               int
+	calibrate            string
+	sharedCores          int
+	margin, sensitivity  float64
+	hosts, per, cores    int
+	latency, spread      time.Duration
+	bandwidth            float64
+	seed                 uint64
+	launcherCores        int
+	skipScale, verbose   bool
+	netns, netnsShapes   string
+	netnsRounds          int
 }
 
 func main() {
@@ -49,9 +49,12 @@ func main() {
 	if os.Getenv(rankEnv) == "1" {
 		os.Exit(rankMain(start, cpu0))
 	}
+	if os.Getenv(echoEnv) == "1" {
+		os.Exit(echoMain())
+	}
 	var o options
 	flag.BoolVar(&o.measure, "measure", false, "measure the costs from the real code first (else read -costs)")
-	flag.BoolVar(&o.measureProc, "measure-process-start", false, "read -costs, measure only the process start cost again (-gorun), and keep the rest")
+	flag.BoolVar(&o.measureProc, "measure-process", false, "read -costs, measure only the process costs (start, idle) again (-gorun), and keep the rest")
 	flag.StringVar(&o.costsIn, "costs", "sim/testdata/costs.json", "costs file to read when not measuring")
 	flag.StringVar(&o.costsOut, "costs-out", "", "write the measured costs here")
 	flag.StringVar(&o.gorunBin, "gorun", "bin/gorun", "gorun binary (agent start cost)")
@@ -144,14 +147,15 @@ func remeasureProcessStart(o options) (sim.Costs, error) {
 	}
 	fmt.Println("\nmeasuring the process start cost (real 1×2 jobs on this machine):")
 	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
-	c.ProcessStart = time.Nanosecond // measured below; the model run inside must validate
-	if c.ProcessStart, err = measureProcessStart(c, o.gorunBin, 2*o.rounds+1, logf); err != nil {
+	c.ProcessStart, c.ProcessIdle = time.Nanosecond, time.Nanosecond // measured below; the model run inside must validate
+	if c.ProcessStart, c.ProcessIdle, err = measureProcess(c, o.gorunBin, 2*o.rounds+1, 3*time.Second, logf); err != nil {
 		return c, err
 	}
 	if c.Source == nil {
 		c.Source = map[string]string{}
 	}
 	c.Source["process_start_ns"] = fmt.Sprintf("real 1×2 jobs of the rank program (gorun -np 2 on this machine): a rank's CPU from main to formed, median of %d jobs (each the mean of its 2 ranks), less what the model charges per rank for that job otherwise", 2*o.rounds+1)
+	c.Source["process_idle_ns"] = fmt.Sprintf("the same jobs left formed and idle for 3 s: a rank's CPU per second over it, median of %d jobs (each the mean of its 2 ranks)", 2*o.rounds+1)
 	if err := c.Validate(); err != nil {
 		return c, err
 	}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -40,6 +41,8 @@ type netnsRun struct {
 	launch time.Duration
 	// starts are the ranks' start times after the first one's.
 	starts []time.Duration
+	// delay is messageDelay measured just before the job.
+	delay time.Duration
 }
 
 // readNetns reads the KEY=VALUE file netns-up.sh writes (STATE/env) into a
@@ -116,6 +119,9 @@ func parseRankLine(s string) (rankLine, bool) {
 		return rankLine{kind: "formed", rank: int(n[1]), pid: int(n[2]), start: n[3], t: n[4], cpu: time.Duration(n[5])}, true
 	case len(f) == 4 && f[0] == "lost":
 		return rankLine{kind: "lost", rank: int(n[1]), other: int(n[2]), t: n[3]}, true
+	case len(f) == 4 && f[0] == "idle":
+		// t holds the wall time since formed, cpu the CPU over it.
+		return rankLine{kind: "idle", rank: int(n[1]), cpu: time.Duration(n[2]), t: n[3]}, true
 	}
 	return rankLine{}, false
 }
@@ -306,4 +312,86 @@ func strays(h *testhosts.Netns, hosts int) ([]string, error) {
 		}
 	}
 	return left, nil
+}
+
+// echoEnv makes the binary a UDP echo server (messageDelay's far end): it
+// prints its port, echoes every packet, and leaves when stdin closes.
+const echoEnv = "GORUN_SIMSCALE_ECHO"
+
+func echoMain() int {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "simscale echo:", err)
+		return 1
+	}
+	fmt.Println(c.LocalAddr().(*net.UDPAddr).Port)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		_ = c.Close()
+	})
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := c.ReadFromUDP(buf)
+		if err != nil {
+			return 0
+		}
+		_, _ = c.WriteToUDP(buf[:n], from)
+	}
+}
+
+// messageDelay is the one-way delay of a message from one idle process
+// to another on a namespace host: half the median round trip of 101 UDP
+// pings, 10 ms apart so that both ends are asleep when each arrives, to
+// an echo process in host's namespace. Unlike vethLatency it includes
+// waking each process (the scheduler, on cores shared with every other
+// process of the machine), which every hop between ranks pays.
+func messageDelay(ctx context.Context, h *testhosts.Netns, host string) (time.Duration, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", host, exe)
+	cmd.Env = append(os.Environ(), echoEnv+"=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return 0, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	defer func() { _ = stdin.Close(); _ = cmd.Wait() }()
+	var port int
+	if _, err := fmt.Fscan(out, &port); err != nil {
+		return 0, fmt.Errorf("echo on %s: no port: %w", host, err)
+	}
+	c, err := net.Dial("udp4", net.JoinHostPort(h.Addr(host), strconv.Itoa(port)))
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	var rtt []time.Duration
+	buf := make([]byte, 64)
+	for range 101 {
+		time.Sleep(10 * time.Millisecond)
+		t := time.Now()
+		if _, err := c.Write(buf[:32]); err != nil {
+			return 0, err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		if _, err := c.Read(buf); err != nil {
+			continue // a lost ping is not a delay
+		}
+		rtt = append(rtt, time.Since(t))
+	}
+	if len(rtt) < 51 {
+		return 0, fmt.Errorf("echo on %s: %d of 101 pings answered", host, len(rtt))
+	}
+	slices.Sort(rtt)
+	return rtt[len(rtt)/2] / 2, nil
 }

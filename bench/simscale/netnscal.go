@@ -38,10 +38,12 @@ func netnsCalibrate(o options, costs sim.Costs) error {
 	load, _ := os.ReadFile("/proc/loadavg")
 	fmt.Printf("\nnamespace calibration: real gorun jobs over namespace hosts of set %s (own veth and sshd each; gorun, one agent per host over ssh,\n", h.Set)
 	fmt.Printf("real rank processes and sockets, all on this machine's %d cores, shared with other work: load %s)\n", o.sharedCores, strings.Join(strings.Fields(string(load))[:3], " "))
-	fmt.Printf("vs the model with every host on one CPU of %d cores, %v one-way latency (half a TCP connect's median to a host), and the real job's rank start times\n", o.sharedCores, lat.Round(time.Microsecond))
+	fmt.Printf("vs the model with every host on one CPU of %d cores, the real job's rank start times, and as the delay of every message between ranks\n", o.sharedCores)
+	fmt.Printf("(between hosts and over attach streams) the one-way delay from one idle process to another measured before each job (UDP echo to a host, half the median\n")
+	fmt.Printf("round trip: waking each end on the shared cores included; the kernel's path alone, half a TCP connect to a host's sshd, is %v)\n", lat.Round(time.Microsecond))
 	fmt.Printf("each job: formation; 2 s later rank PER+1 SIGKILLed; 1 s after every rank saw it, host HOSTS/2 cut off (eth0 down); median of %d jobs\n", o.netnsRounds)
 	fmt.Printf("accepted margin, stated before the runs: model/real within [%.2f, %.2f] for each of formation, its CPU time, and both detections, or both below %v\n", 1/o.margin, o.margin, floor)
-	fmt.Printf("%-7s %-6s %10s %10s %10s %10s %10s\n", "shape", "", "formation", "cpu", "rank lost", "host lost", "launch")
+	fmt.Printf("%-7s %-6s %10s %10s %10s %10s %10s %10s\n", "shape", "", "formation", "cpu", "rank lost", "host lost", "launch", "msg delay")
 	var bad []string
 	for _, s := range strings.Split(o.netnsShapes, ",") {
 		hosts, per, err := parseShape(s)
@@ -57,7 +59,7 @@ func netnsCalibrate(o options, costs sim.Costs) error {
 		}
 		rl := []time.Duration{real.formation, real.cpu, real.rank, real.host}
 		ms := []time.Duration{model.formation, model.cpu, model.rank, model.host}
-		fmt.Printf("%-7s %-6s %9.3fs %9.3fs %9.3fs %9.3fs %9.3fs\n", s, "real", rl[0].Seconds(), rl[1].Seconds(), rl[2].Seconds(), rl[3].Seconds(), real.launch.Seconds())
+		fmt.Printf("%-7s %-6s %9.3fs %9.3fs %9.3fs %9.3fs %9.3fs %8dµs\n", s, "real", rl[0].Seconds(), rl[1].Seconds(), rl[2].Seconds(), rl[3].Seconds(), real.launch.Seconds(), real.delay.Microseconds())
 		fmt.Printf("%-7s %-6s %9.3fs %9.3fs %9.3fs %9.3fs\n", "", "model", ms[0].Seconds(), ms[1].Seconds(), ms[2].Seconds(), ms[3].Seconds())
 		verdict := "within margin"
 		var rs [4]string
@@ -91,15 +93,21 @@ func netnsShape(o options, costs sim.Costs, h *testhosts.Netns, hosts, per int, 
 	for round := range o.netnsRounds {
 		j := &netnsJob{h: h, hosts: hosts, per: per, gorun: o.gorunBin, exe: exe, dir: dir, verbose: o.verbose}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		delay, err := messageDelay(ctx, h, h.Hosts[min(1, hosts-1)])
+		if err != nil {
+			cancel()
+			return netnsRun{}, netnsRun{}, err
+		}
 		r, err := j.run(ctx)
 		cancel()
+		r.delay = delay
 		if err != nil {
 			return netnsRun{}, netnsRun{}, fmt.Errorf("real %d×%d, job %d: %w", hosts, per, round+1, err)
 		}
 		if left, err := strays(h, hosts); err != nil || len(left) > 0 {
 			return netnsRun{}, netnsRun{}, fmt.Errorf("real %d×%d, job %d: left running after the job: %v %v", hosts, per, round+1, left, err)
 		}
-		cfg := sim.WorldConfig{Hosts: hosts, PerHost: per, SharedCores: o.sharedCores, Latency: lat, Starts: r.starts,
+		cfg := sim.WorldConfig{Hosts: hosts, PerHost: per, SharedCores: o.sharedCores, Latency: delay, LocalLatency: delay, Starts: r.starts,
 			Rdzv: rendezvous.DefaultConfig(), Costs: costs, Seed: o.seed + uint64(round)}
 		m, err := runModel(cfg, true)
 		if err != nil {
@@ -109,8 +117,8 @@ func netnsShape(o options, costs sim.Costs, h *testhosts.Netns, hosts, per int, 
 			return netnsRun{}, netnsRun{}, fmt.Errorf("model %d×%d: %d ranks missed the lost rank, %d the lost host", hosts, per, m.rankMiss, m.hostMiss)
 		}
 		if o.verbose {
-			fmt.Printf("  job %d: real formation %v cpu %v rank %v host %v launch %v; model %v %v %v %v\n", round+1,
-				r.formation, r.cpu, r.rank, r.host, r.launch, m.formation, m.cpu, m.rank, m.host)
+			fmt.Printf("  job %d: message delay %v; real formation %v cpu %v rank %v host %v launch %v; model %v %v %v %v\n", round+1,
+				delay, r.formation, r.cpu, r.rank, r.host, r.launch, m.formation, m.cpu, m.rank, m.host)
 		}
 		reals = append(reals, r)
 		models = append(models, netnsRun{formation: m.formation, cpu: m.cpu, rank: m.rank, host: m.host})
@@ -122,6 +130,7 @@ func netnsShape(o options, costs sim.Costs, h *testhosts.Netns, hosts, per int, 
 			rank:      medianOf(runs, func(r netnsRun) time.Duration { return r.rank }),
 			host:      medianOf(runs, func(r netnsRun) time.Duration { return r.host }),
 			launch:    medianOf(runs, func(r netnsRun) time.Duration { return r.launch }),
+			delay:     medianOf(runs, func(r netnsRun) time.Duration { return r.delay }),
 		}
 	}
 	return med(reals), med(models), nil
