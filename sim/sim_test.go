@@ -238,7 +238,8 @@ func TestStartsReplayed(t *testing.T) {
 // Each rank in its own process pays ProcessStart on its host's CPU before
 // it attaches (or listens): exactly N of them more CPU than ranks in one
 // process, and the last rank to start cannot form sooner than its own
-// process start after it.
+// process start after it. (The 1 ms allowed below is the rest of the two
+// runs, whose gossip rounds differ with their timings.)
 func TestProcessStartCharged(t *testing.T) {
 	const hosts, per = 8, 4
 	c := testCosts(t)
@@ -248,8 +249,10 @@ func TestProcessStartCharged(t *testing.T) {
 	}
 	own := testWorld(t, hosts, per, shared(false))
 	one := testWorld(t, hosts, per, shared(true))
-	if got, want := own.Busy(0)-one.Busy(0), hosts*per*c.ProcessStart; got != want {
-		t.Errorf("own processes charged %v more CPU than one process, want %v (N × ProcessStart)", got, want)
+	// The rest of the two runs differs a little (their timings differ,
+	// so do their gossip rounds and pulls): 1 ms of 320.
+	if got, want := own.Busy(0)-one.Busy(0), hosts*per*c.ProcessStart; got < want-time.Millisecond || got > want+time.Millisecond {
+		t.Errorf("own processes charged %v more CPU than one process, want %v ± 1ms (N × ProcessStart)", got, want)
 	}
 	f, ok := own.Formation()
 	if !ok || f < c.ProcessStart {
