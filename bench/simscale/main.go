@@ -109,7 +109,7 @@ func run(o options) error {
 
 func loadOrMeasure(o options) (sim.Costs, error) {
 	if o.measureProc {
-		return remeasureProcessStart(o)
+		return remeasureProcess(o)
 	}
 	if !o.measure {
 		return sim.LoadCosts(o.costsIn)
@@ -133,10 +133,10 @@ func loadOrMeasure(o options) (sim.Costs, error) {
 	return c, nil
 }
 
-// remeasureProcessStart reads -costs without validating them (a file from
+// remeasureProcess reads -costs without validating them (a file from
 // before ProcessStart lacks it), measures ProcessStart and writes the
 // result to -costs-out if set.
-func remeasureProcessStart(o options) (sim.Costs, error) {
+func remeasureProcess(o options) (sim.Costs, error) {
 	var c sim.Costs
 	b, err := os.ReadFile(o.costsIn)
 	if err == nil {
@@ -147,15 +147,12 @@ func remeasureProcessStart(o options) (sim.Costs, error) {
 	}
 	fmt.Println("\nmeasuring the process start cost (real 1×2 jobs on this machine):")
 	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
-	c.ProcessStart, c.ProcessIdle = time.Nanosecond, time.Nanosecond // measured below; the model run inside must validate
-	if c.ProcessStart, c.ProcessIdle, err = measureProcess(c, o.gorunBin, 2*o.rounds+1, 3*time.Second, logf); err != nil {
-		return c, err
-	}
 	if c.Source == nil {
 		c.Source = map[string]string{}
 	}
-	c.Source["process_start_ns"] = fmt.Sprintf("real 1×2 jobs of the rank program (gorun -np 2 on this machine): a rank's CPU from main to formed, median of %d jobs (each the mean of its 2 ranks), less what the model charges per rank for that job otherwise", 2*o.rounds+1)
-	c.Source["process_idle_ns"] = fmt.Sprintf("the same jobs left formed and idle for 3 s: a rank's CPU per second over it, median of %d jobs (each the mean of its 2 ranks)", 2*o.rounds+1)
+	if err := measureProcessCosts(&c, o.gorunBin, 2*o.rounds+1, logf); err != nil {
+		return c, err
+	}
 	if err := c.Validate(); err != nil {
 		return c, err
 	}

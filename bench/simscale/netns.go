@@ -41,8 +41,10 @@ type netnsRun struct {
 	launch time.Duration
 	// starts are the ranks' start times after the first one's.
 	starts []time.Duration
-	// delay is messageDelay measured just before the job.
+	// delay is messageDelay and share cpuShare, measured just before the
+	// job.
 	delay time.Duration
+	share float64
 }
 
 // readNetns reads the KEY=VALUE file netns-up.sh writes (STATE/env) into a
@@ -126,105 +128,181 @@ func parseRankLine(s string) (rankLine, bool) {
 	return rankLine{}, false
 }
 
-// run starts the job, waits for formation, SIGKILLs an attached rank of
-// host 1, then cuts host hosts/2 off, and returns the figures. The link
-// is restored and gorun reaped on every path.
-func (j *netnsJob) run(ctx context.Context) (netnsRun, error) {
-	var res netnsRun
-	n := j.hosts * j.per
-	victim := j.per + 1
-	cutHost := j.hosts / 2
-	lo, hi := cutHost*j.per, cutHost*j.per+j.per-1
+// jobRun is a started job: gorun's process, the ranks' parsed lines and
+// what has been read of them.
+type jobRun struct {
+	j       *netnsJob
+	cmd     *exec.Cmd
+	stderr  bytes.Buffer
+	lines   chan rankLine
+	readers sync.WaitGroup
+	got     []rankLine       // lines read since the last reset
+	formed  map[int]rankLine // rank → its formed line
+}
+
+// start starts gorun on the first j.hosts hosts, j.per ranks each, the
+// ranks told to leave when done appears.
+func (j *netnsJob) start(ctx context.Context, done string) (*jobRun, error) {
 	var hf strings.Builder
 	for _, host := range j.h.Hosts[:j.hosts] {
 		fmt.Fprintf(&hf, "%s slots=%d\n", host, j.per)
 	}
 	hostfile := filepath.Join(j.dir, fmt.Sprintf("hostfile.%d", j.hosts))
 	if err := os.WriteFile(hostfile, []byte(hf.String()), 0o644); err != nil {
-		return res, err
+		return nil, err
 	}
-	done := filepath.Join(j.dir, "done")
 	if err := os.Remove(done); err != nil && !os.IsNotExist(err) {
-		return res, err
+		return nil, err
 	}
 	// --grace: the victim's death ends the job, and the ranks (which
 	// ignore SIGTERM) must outlive that until the cut host is named.
-	cmd := exec.CommandContext(ctx, j.gorun, "--launch-agent", "ssh -F "+j.h.SSHConfig, "-hostfile", hostfile,
+	jr := &jobRun{j: j, lines: make(chan rankLine, 4*j.hosts*j.per), formed: map[int]rankLine{}}
+	jr.cmd = exec.CommandContext(ctx, j.gorun, "--launch-agent", "ssh -F "+j.h.SSHConfig, "-hostfile", hostfile,
 		"--bind-to", "none", "--grace", "60s", "--timeout", "150s",
 		"-x", rankEnv+"=1", "-x", doneEnv+"="+done, "-x", holdEnv+"=120s", j.exe)
-	cmd.WaitDelay = 5 * time.Second
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.StdoutPipe()
+	jr.cmd.WaitDelay = 5 * time.Second
+	jr.cmd.Stderr = &jr.stderr
+	out, err := jr.cmd.StdoutPipe()
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	lines := make(chan rankLine, 4*n)
-	var readers sync.WaitGroup
-	launched := time.Now()
-	if err := cmd.Start(); err != nil {
-		return res, err
+	if err := jr.cmd.Start(); err != nil {
+		return nil, err
 	}
-	readers.Go(func() {
-		defer close(lines)
+	jr.readers.Go(func() {
+		defer close(jr.lines)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			if l, ok := parseRankLine(sc.Text()); ok {
-				lines <- l
+				jr.lines <- l
 			} else if j.verbose {
 				fmt.Println("  rank output:", sc.Text())
 			}
 		}
 	})
+	return jr, nil
+}
+
+// collect reads the ranks' lines until until() holds, for at most limit.
+func (jr *jobRun) collect(until func() bool, limit time.Duration, what string) error {
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	for !until() {
+		select {
+		case l, ok := <-jr.lines:
+			if !ok {
+				return fmt.Errorf("%d×%d: gorun's output ended while waiting for %s; stderr:\n%s", jr.j.hosts, jr.j.per, what, lastLines(jr.stderr.String(), 20))
+			}
+			jr.got = append(jr.got, l)
+			if l.kind == "formed" {
+				jr.formed[l.rank] = l
+			}
+		case <-timer.C:
+			return fmt.Errorf("%d×%d: %s not seen within %v; stderr:\n%s", jr.j.hosts, jr.j.per, what, limit, lastLines(jr.stderr.String(), 20))
+		}
+	}
+	return nil
+}
+
+// seen returns a condition for collect: every rank not skipped has a
+// MemberLost for a rank in [lo, hi]; lost gets each rank's first such
+// time.
+func (jr *jobRun) seen(lost map[int]int64, lo, hi int, skip func(int) bool) func() bool {
+	n := jr.j.hosts * jr.j.per
+	return func() bool {
+		for _, l := range jr.got {
+			if _, ok := lost[l.rank]; !ok && l.kind == "lost" && l.other >= lo && l.other <= hi {
+				lost[l.rank] = l.t
+			}
+		}
+		jr.got = jr.got[:0]
+		for r := range n {
+			if _, ok := lost[r]; !ok && !skip(r) {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// stop tells the ranks to leave (done), runs restore, and reaps gorun:
+// it exits with the victim's status once the ranks have left; one that
+// does not within 90 s gets SIGTERM.
+func (jr *jobRun) stop(done string, restore func()) {
+	_ = os.WriteFile(done, nil, 0o644)
+	restore()
+	wait := make(chan error, 1)
+	var waiter sync.WaitGroup
+	waiter.Go(func() {
+		for range jr.lines { //nolint:revive // drained so that the reader ends
+		}
+		jr.readers.Wait()
+		wait <- jr.cmd.Wait()
+	})
+	select {
+	case <-wait:
+	case <-time.After(90 * time.Second):
+		_ = jr.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	waiter.Wait()
+}
+
+// run starts the job, waits for formation, SIGKILLs an attached rank of
+// host 1, then cuts host hosts/2 off, as the model's runs do, and returns
+// the figures. The link is restored and gorun reaped on every path.
+func (j *netnsJob) run(ctx context.Context) (netnsRun, error) {
+	var res netnsRun
+	n := j.hosts * j.per
+	victim, cutHost := j.per+1, j.hosts/2
+	lo, hi := cutHost*j.per, cutHost*j.per+j.per-1
+	done := filepath.Join(j.dir, "done")
+	launched := time.Now()
+	jr, err := j.start(ctx, done)
+	if err != nil {
+		return res, err
+	}
 	cut := false
-	defer func() {
-		// The ranks leave when the done file appears (the cut host's
-		// once its link is back); gorun then exits with the victim's
-		// status. A job that does not is stopped.
-		_ = os.WriteFile(done, nil, 0o644)
+	defer jr.stop(done, func() {
 		if cut {
 			_ = j.h.RestoreLink(j.h.Hosts[cutHost])
 		}
-		done := make(chan struct{})
-		go func() {
-			for range lines { //nolint:revive // drain so the reader can end
-			}
-			close(done)
-		}()
-		wait := make(chan error, 1)
-		go func() { <-done; readers.Wait(); wait <- cmd.Wait() }()
-		select {
-		case <-wait:
-		case <-time.After(90 * time.Second):
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			<-wait
-		}
-	}()
-	formed := map[int]rankLine{}
-	lost := map[int]int64{} // rank → when it learned the current failure
-	var got []rankLine
-	collect := func(until func() bool, limit time.Duration, what string) error {
-		timer := time.NewTimer(limit)
-		defer timer.Stop()
-		for !until() {
-			select {
-			case l, ok := <-lines:
-				if !ok {
-					return fmt.Errorf("%d×%d: gorun's output ended while waiting for %s; stderr:\n%s", j.hosts, j.per, what, lastLines(stderr.String(), 20))
-				}
-				got = append(got, l)
-				if l.kind == "formed" {
-					formed[l.rank] = l
-				}
-			case <-timer.C:
-				return fmt.Errorf("%d×%d: %s not seen within %v; stderr:\n%s", j.hosts, j.per, what, limit, lastLines(stderr.String(), 20))
-			}
-		}
-		return nil
-	}
-	if err := collect(func() bool { return len(formed) == n }, 120*time.Second, "every rank formed"); err != nil {
+	})
+	if err := jr.collect(func() bool { return len(jr.formed) == n }, 120*time.Second, "every rank formed"); err != nil {
 		return res, err
 	}
+	res.formationFrom(jr.formed, launched)
+	// Settle 2 s, SIGKILL the victim; 1 s after every rank saw it, cut a
+	// host off.
+	time.Sleep(2 * time.Second)
+	lost := map[int]int64{}
+	jr.got = jr.got[:0]
+	tKill := time.Now()
+	if err := syscall.Kill(jr.formed[victim].pid, syscall.SIGKILL); err != nil {
+		return res, fmt.Errorf("SIGKILL rank %d (pid %d): %w", victim, jr.formed[victim].pid, err)
+	}
+	if err := jr.collect(jr.seen(lost, victim, victim, func(r int) bool { return r == victim }), 30*time.Second, "the SIGKILLed rank lost at every rank"); err != nil {
+		return res, fmt.Errorf("%w (seen by %d ranks: %v)", err, len(lost), keys(lost))
+	}
+	res.rank = lastAfter(lost, tKill)
+	time.Sleep(time.Second)
+	clear(lost)
+	jr.got = jr.got[:0]
+	tCut := time.Now()
+	if err := j.h.CutLink(j.h.Hosts[cutHost]); err != nil {
+		return res, err
+	}
+	cut = true
+	skip := func(r int) bool { return r == victim || (r >= lo && r <= hi) }
+	if err := jr.collect(jr.seen(lost, lo, hi, skip), 30*time.Second, "the cut host lost at every rank"); err != nil {
+		return res, fmt.Errorf("%w (seen by %d ranks: %v)", err, len(lost), keys(lost))
+	}
+	res.host = lastAfter(lost, tCut)
+	return res, nil
+}
+
+// formationFrom sets formation, cpu, launch and starts from the ranks'
+// formed lines.
+func (res *netnsRun) formationFrom(formed map[int]rankLine, launched time.Time) {
 	var first, lastStart, lastFormed int64 = 1 << 62, 0, 0
 	for _, l := range formed {
 		first, lastStart, lastFormed = min(first, l.start), max(lastStart, l.start), max(lastFormed, l.t)
@@ -232,54 +310,10 @@ func (j *netnsJob) run(ctx context.Context) (netnsRun, error) {
 	}
 	res.formation = time.Duration(lastFormed - lastStart)
 	res.launch = time.Duration(lastStart - launched.UnixNano())
-	res.starts = make([]time.Duration, n)
+	res.starts = make([]time.Duration, len(formed))
 	for r, l := range formed {
 		res.starts[r] = time.Duration(l.start - first)
 	}
-	// Failures, as the model's runs: settle 2 s, SIGKILL the victim, 1 s
-	// after every rank saw it, cut a host off.
-	time.Sleep(2 * time.Second)
-	seen := func(lo, hi int, skip func(int) bool) func() bool {
-		return func() bool {
-			for _, l := range got {
-				if l.kind == "lost" && l.other >= lo && l.other <= hi {
-					if _, ok := lost[l.rank]; !ok {
-						lost[l.rank] = l.t
-					}
-				}
-			}
-			got = got[:0]
-			for r := range n {
-				if _, ok := lost[r]; !ok && !skip(r) {
-					return false
-				}
-			}
-			return true
-		}
-	}
-	got = got[:0]
-	tKill := time.Now()
-	if err := syscall.Kill(formed[victim].pid, syscall.SIGKILL); err != nil {
-		return res, fmt.Errorf("SIGKILL rank %d (pid %d): %w", victim, formed[victim].pid, err)
-	}
-	if err := collect(seen(victim, victim, func(r int) bool { return r == victim }), 30*time.Second, "the SIGKILLed rank lost at every rank"); err != nil {
-		return res, err
-	}
-	res.rank = lastAfter(lost, tKill)
-	time.Sleep(time.Second)
-	clear(lost)
-	got = got[:0]
-	tCut := time.Now()
-	if err := j.h.CutLink(j.h.Hosts[cutHost]); err != nil {
-		return res, err
-	}
-	cut = true
-	skip := func(r int) bool { return r == victim || (r >= lo && r <= hi) }
-	if err := collect(seen(lo, hi, skip), 30*time.Second, "the cut host lost at every rank"); err != nil {
-		return res, err
-	}
-	res.host = lastAfter(lost, tCut)
-	return res, nil
 }
 
 // lastAfter is the latest of the times in at, after t.
@@ -394,4 +428,38 @@ func messageDelay(ctx context.Context, h *testhosts.Netns, host string) (time.Du
 	}
 	slices.Sort(rtt)
 	return rtt[len(rtt)/2] / 2, nil
+}
+
+// cpuShare is the share of a core a newcomer got just before a job: two
+// threads spinning for 300 ms, their CPU ÷ (2 × wall). On cores loaded by
+// other work, every handler of a job runs about this much slower than
+// its measured CPU cost (the scheduler shares each core among the
+// runnable threads); 1 on idle cores.
+func cpuShare() float64 {
+	const spin = 300 * time.Millisecond
+	c0, t0 := cpuTime(), time.Now()
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			x := 0
+			for time.Since(t0) < spin {
+				for i := range 1000 {
+					x += i
+				}
+			}
+			_ = x
+		})
+	}
+	wg.Wait()
+	return min(1, float64(cpuTime()-c0)/(2*float64(time.Since(t0))))
+}
+
+// keys lists m's keys in order.
+func keys(m map[int]int64) []int {
+	k := make([]int, 0, len(m))
+	for r := range m {
+		k = append(k, r)
+	}
+	slices.Sort(k)
+	return k
 }
