@@ -25,6 +25,10 @@ type WorldConfig struct {
 	// attached rank of its host (the attach stream: another process to
 	// wake). 0 makes that hand-off immediate.
 	LocalLatency time.Duration
+	// ExitDelay is how long a SIGKILLed rank's process takes to die
+	// before its attach stream closes (the kernel frees its memory before
+	// it closes its files). 0 closes the stream at the signal.
+	ExitDelay time.Duration
 	// StartSpread spreads the ranks' start times uniformly over
 	// [0, StartSpread); formation is counted from the last start.
 	StartSpread time.Duration

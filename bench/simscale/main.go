@@ -52,6 +52,9 @@ func main() {
 	if os.Getenv(echoEnv) == "1" {
 		os.Exit(echoMain())
 	}
+	if os.Getenv(victimEnv) != "" {
+		os.Exit(victimMain())
+	}
 	var o options
 	flag.BoolVar(&o.measure, "measure", false, "measure the costs from the real code first (else read -costs)")
 	flag.BoolVar(&o.measureProc, "measure-process", false, "read -costs, measure only the process costs (start, idle) again (-gorun), and keep the rest")

@@ -45,6 +45,8 @@ type netnsRun struct {
 	// job.
 	delay time.Duration
 	share float64
+	// exit is exitDelay, measured just before the job.
+	exit time.Duration
 }
 
 // readNetns reads the KEY=VALUE file netns-up.sh writes (STATE/env) into a
@@ -462,4 +464,62 @@ func keys(m map[int]int64) []int {
 	}
 	slices.Sort(k)
 	return k
+}
+
+// victimEnv makes the binary exitDelay's victim: it touches 16 MiB (a
+// rank's resident size, about), dials the address in the variable and
+// waits to be killed.
+const victimEnv = "GORUN_SIMSCALE_VICTIM"
+
+func victimMain() int {
+	mem := make([]byte, 16<<20)
+	for i := range mem {
+		mem[i] = byte(i)
+	}
+	c, err := net.Dial("tcp", os.Getenv(victimEnv))
+	if err != nil {
+		return 1
+	}
+	_, _ = io.Copy(io.Discard, c) // blocks until killed
+	return int(mem[len(mem)-1]) & 0
+}
+
+// exitDelay is how long a SIGKILLed process of a rank's size takes to
+// close its sockets on this machine now: from the signal until its peer
+// reads the end of a TCP stream it held, median of 11. The kernel frees
+// the process's memory before it closes its files, so on shared cores
+// this is milliseconds; a killed rank's leader learns of it no sooner.
+func exitDelay(ctx context.Context) (time.Duration, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	var v []time.Duration
+	for range 11 {
+		cmd := exec.CommandContext(ctx, exe)
+		cmd.Env = append(os.Environ(), victimEnv+"="+ln.Addr().String())
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		c, err := ln.Accept()
+		if err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return 0, err
+		}
+		time.Sleep(20 * time.Millisecond) // asleep, as an idle rank
+		t := time.Now()
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		_, _ = io.Copy(io.Discard, c)
+		v = append(v, time.Since(t))
+		_ = c.Close()
+		_ = cmd.Wait()
+	}
+	slices.Sort(v)
+	return v[len(v)/2], nil
 }

@@ -45,7 +45,9 @@ func netnsCalibrate(o options, costs sim.Costs) error {
 	fmt.Printf("accepted margin, stated before the runs: model/real within [%.2f, %.2f] for each of formation, its CPU time, and both detections, or both below %v\n", 1/o.margin, o.margin, floor)
 	fmt.Printf("\"model\" gives the job both cores whole; \"loaded\" runs every CPU cost ÷ the share of a core a newcomer got just before the job (cpuShare),\n")
 	fmt.Printf("the machine's other work taking the rest (added after the first runs: the times, not the CPU, are judged on this row)\n")
-	fmt.Printf("%-7s %-7s %10s %10s %10s %10s %10s %10s %6s\n", "shape", "", "formation", "cpu", "rank lost", "host lost", "launch", "msg delay", "share")
+	fmt.Printf("a killed rank's stream closes in the model after the exit delay measured before each job (a process of a rank's size SIGKILLed, until its\n")
+	fmt.Printf("peer reads the stream's end; added after the first runs)\n")
+	fmt.Printf("%-7s %-7s %10s %10s %10s %10s %10s %10s %6s %10s\n", "shape", "", "formation", "cpu", "rank lost", "host lost", "launch", "msg delay", "share", "exit")
 	var bad []string
 	for _, s := range strings.Split(o.netnsShapes, ",") {
 		hosts, per, err := parseShape(s)
@@ -82,17 +84,22 @@ func netnsShape(o options, costs sim.Costs, h *testhosts.Netns, hosts, per int, 
 			cancel()
 			return [3]netnsRun{}, err
 		}
+		exit, err := exitDelay(ctx)
+		if err != nil {
+			cancel()
+			return [3]netnsRun{}, err
+		}
 		share := cpuShare()
 		r, err := j.run(ctx)
 		cancel()
-		r.delay, r.share = delay, share
+		r.delay, r.share, r.exit = delay, share, exit
 		if err != nil {
 			return [3]netnsRun{}, fmt.Errorf("real %d×%d, job %d: %w", hosts, per, round+1, err)
 		}
 		if left, err := strays(h, hosts); err != nil || len(left) > 0 {
 			return [3]netnsRun{}, fmt.Errorf("real %d×%d, job %d: left running after the job: %v %v", hosts, per, round+1, left, err)
 		}
-		cfg := sim.WorldConfig{Hosts: hosts, PerHost: per, SharedCores: o.sharedCores, Latency: delay, LocalLatency: delay, Starts: r.starts,
+		cfg := sim.WorldConfig{Hosts: hosts, PerHost: per, SharedCores: o.sharedCores, Latency: delay, LocalLatency: delay, ExitDelay: exit, Starts: r.starts,
 			Rdzv: rendezvous.DefaultConfig(), Costs: costs, Seed: o.seed + uint64(round)}
 		m, err := runModel(cfg, true)
 		if err != nil {
@@ -111,7 +118,7 @@ func netnsShape(o options, costs sim.Costs, h *testhosts.Netns, hosts, per int, 
 			return [3]netnsRun{}, err
 		}
 		if o.verbose {
-			fmt.Printf("  job %d: share %.2f; loaded model %v %v %v %v\n", round+1, share, ml.formation, ml.cpu, ml.rank, ml.host)
+			fmt.Printf("  job %d: exit delay %v, share %.2f; loaded model %v %v %v %v\n", round+1, exit, share, ml.formation, ml.cpu, ml.rank, ml.host)
 		}
 		reals = append(reals, r)
 		models = append(models, netnsRun{formation: m.formation, cpu: m.cpu, rank: m.rank, host: m.host})
@@ -126,6 +133,7 @@ func netnsShape(o options, costs sim.Costs, h *testhosts.Netns, hosts, per int, 
 			launch:    medianOf(runs, func(r netnsRun) time.Duration { return r.launch }),
 			delay:     medianOf(runs, func(r netnsRun) time.Duration { return r.delay }),
 			share:     medianShare(runs),
+			exit:      medianOf(runs, func(r netnsRun) time.Duration { return r.exit }),
 		}
 	}
 	return [3]netnsRun{med(reals), med(models), med(loaded)}, nil
@@ -139,8 +147,8 @@ func printNetnsShape(o options, shape string, res [3]netnsRun) (bad []string) {
 	real := res[0]
 	cols := func(r netnsRun) []time.Duration { return []time.Duration{r.formation, r.cpu, r.rank, r.host} }
 	rl := cols(real)
-	fmt.Printf("%-7s %-7s %9.3fs %9.3fs %9.3fs %9.3fs %9.3fs %8dµs %6.2f\n", shape, "real", rl[0].Seconds(), rl[1].Seconds(), rl[2].Seconds(), rl[3].Seconds(),
-		real.launch.Seconds(), real.delay.Microseconds(), real.share)
+	fmt.Printf("%-7s %-7s %9.3fs %9.3fs %9.3fs %9.3fs %9.3fs %8dµs %6.2f %9.3fs\n", shape, "real", rl[0].Seconds(), rl[1].Seconds(), rl[2].Seconds(), rl[3].Seconds(),
+		real.launch.Seconds(), real.delay.Microseconds(), real.share, real.exit.Seconds())
 	names := []string{"formation", "cpu", "rank lost", "host lost"}
 	for k, name := range []string{"model", "loaded"} {
 		ms := cols(res[k+1])
