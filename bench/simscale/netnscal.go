@@ -76,6 +76,12 @@ func netnsCalibrate(o options, costs sim.Costs) error {
 // model. After each job nothing may be left running on the hosts.
 func netnsShape(o options, costs sim.Costs, h *testhosts.Netns, hosts, per int, exe, dir string) ([3]netnsRun, error) {
 	var reals, models, loaded []netnsRun
+	var missed []string
+	defer func() {
+		if len(missed) > 0 {
+			fmt.Printf("        never learned of the SIGKILLed rank (their rank-lost figure is over the others): %s\n", strings.Join(missed, "; "))
+		}
+	}()
 	for round := range o.netnsRounds {
 		j := &netnsJob{h: h, hosts: hosts, per: per, gorun: o.gorunBin, exe: exe, dir: dir, verbose: o.verbose}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -119,6 +125,9 @@ func netnsShape(o options, costs sim.Costs, h *testhosts.Netns, hosts, per int, 
 		}
 		if o.verbose {
 			fmt.Printf("  job %d: exit delay %v, share %.2f; loaded model %v %v %v %v\n", round+1, exit, share, ml.formation, ml.cpu, ml.rank, ml.host)
+		}
+		if len(r.rankMissed) > 0 {
+			missed = append(missed, fmt.Sprintf("%d×%d job %d: ranks %v", hosts, per, round+1, r.rankMissed))
 		}
 		reals = append(reals, r)
 		models = append(models, netnsRun{formation: m.formation, cpu: m.cpu, rank: m.rank, host: m.host})
