@@ -7,7 +7,9 @@
 //
 // It prints the costs and where each came from, a calibration table (the
 // real code in one process on this machine's cores beside the model with
-// every host on one shared CPU of as many cores, and the margin), and the
+// every host on one shared CPU of as many cores, and the margin), with
+// -netns a second one against real gorun jobs over namespace hosts
+// (netns.go, netnscal.go; root, hosts from tests/testhosts), and the
 // table at -hosts × -per against gorun's targets. The model is a model:
 // the protocols are restated event by event (package sim's doc), not run
 // under a virtual clock.
