@@ -12,6 +12,7 @@ Calls on one group complete in the order they were issued (on every rank):
 that is what lets DDP's buckets, futures and comm hooks work unchanged.
 """
 
+import array
 import atexit
 import collections
 import ctypes
@@ -546,11 +547,11 @@ def _caller_waits(depth=3):
 # ---- argument checks ----------------------------------------------------------
 
 
-def _dtype(t, what):
+def _dtype(t, what, name="tensor"):
     dt = _DTYPES.get(t.dtype)
     if dt is None:
-        raise TypeError("gorun %s: dtype %s is not supported (supported: %s)" %
-                        (what, t.dtype, ", ".join(str(d).replace("torch.", "") for d in _DTYPES)))
+        raise TypeError("gorun %s: %s has dtype %s, which is not supported (supported: %s)" %
+                        (what, name, t.dtype, ", ".join(str(d).replace("torch.", "") for d in _DTYPES)))
     return dt
 
 
@@ -575,7 +576,7 @@ def _check(t, what, name="tensor"):
         raise ValueError("gorun %s: %s has layout %s; only dense tensors are supported" % (what, name, t.layout))
     if not t.is_contiguous():
         raise ValueError("gorun %s: %s is not contiguous (call .contiguous() first)" % (what, name))
-    return _dtype(t, what)
+    return _dtype(t, what, name)
 
 
 _STRIDED = torch.strided
@@ -621,6 +622,58 @@ def _op(opts, what, dt):
     if code == _lib.AVG and dt == _lib.BOOL:
         raise ValueError("gorun %s: AVG is not defined for bool tensors" % what)
     return code
+
+
+# A C array of pointers or size_t, built from a Python iterable in one C
+# loop (array.array): 64 entries cost about 1 us this way against 8 us for
+# a ctypes array made from a list (notes/torch-backend.md).
+_WORD = next(c for c in "LQ" if array.array(c).itemsize == ctypes.sizeof(ctypes.c_void_p))
+assert ctypes.sizeof(ctypes.c_size_t) == array.array(_WORD).itemsize
+_DATA_PTR = torch.Tensor.data_ptr
+_NUMEL = torch.Tensor.numel
+
+
+def _vectors(tensors, what, name="tensors"):
+    """(dtype code, pointers, counts) of a non-empty list of tensors that
+    one library call reads as vectors: each a dense contiguous CPU tensor
+    of tensors[0]'s dtype whose memory is there (a tensor with elements but
+    data_ptr 0 has had its storage freed, e.g. resized to 0 as FSDP does).
+    pointers and counts are C arrays of len(tensors) words, read by the
+    library during the call.
+
+    Every tensor is checked; the common case costs four attribute reads a
+    tensor and two C loops. Any tensor that fails (or an attribute that
+    raises) sends the whole list through the full checks, which raise
+    ValueError or TypeError naming the call and the index."""
+    t0 = tensors[0]
+    dt = _check(t0, what, "%s[0]" % name)
+    dtype = t0.dtype
+    try:
+        for t in tensors:
+            if not (t.is_cpu and t.layout is _STRIDED and t.dtype is dtype and t.is_contiguous()):
+                break
+        else:
+            ptrs = array.array(_WORD, map(_DATA_PTR, tensors))
+            counts = array.array(_WORD, map(_NUMEL, tensors))
+            # An empty tensor may have data_ptr 0; one with elements may not.
+            if 0 not in ptrs or not any(c for p, c in zip(ptrs, counts) if not p):
+                return dt, ptrs, counts
+    except (AttributeError, TypeError, RuntimeError):
+        pass
+    for i, t in enumerate(tensors):
+        who = "%s[%d]" % (name, i)
+        _check(t, what, who)
+        _same(t0, t, what, "%s[0]" % name, who)
+        try:
+            p = t.data_ptr()
+        except RuntimeError as e:  # a tensor without memory of its own (e.g. a FakeTensor)
+            raise ValueError("gorun %s: %s has no memory to read: %s" % (what, who, str(e).split("\n")[0])) from e
+        k = t.numel()
+        if k and not p:
+            raise ValueError("gorun %s: %s has %d elements but no memory (data_ptr 0: its storage was freed or "
+                             "resized to 0)" % (what, who, k))
+    raise GorunError("gorun %s: unreachable: the checks passed a list the one-pass check refused" % what,
+                     "GORUN_ERR_INTERNAL")
 
 
 def _ptr(t):
@@ -1035,34 +1088,16 @@ class _Gorun:
         what = "allreduce_coalesced"
         if not tensors:
             raise ValueError("gorun %s: no tensors" % what)
-        t0 = tensors[0]
-        dt = _check(t0, what, "tensors[0]")
+        dt, ptrs, counts = _vectors(tensors, what)
         op = _op(opts, what, dt)
-        dtype = t0.dtype
-        # One pass over the tensors (a call may carry hundreds): a tensor
-        # like the first (CPU, dense, contiguous, its dtype) passes in four
-        # attribute reads; any other gets the full checks, which raise
-        # naming the call and the tensor.
-        ptrs, counts = [], []
-        for i, t in enumerate(tensors):
-            try:
-                ok = t.is_cpu and t.layout is _STRIDED and t.is_contiguous() and t.dtype is dtype
-            except AttributeError:
-                ok = False
-            if not ok:
-                _check(t, what, "tensors[%d]" % i)
-                _same(t0, t, what, "tensors[0]", "tensors[%d]" % i)
-            k = t.numel()
-            ptrs.append(t.data_ptr() if k else None)
-            counts.append(k)
         # One library call for all of them (gorun_allreduce_coalesced): one
         # request and one Work; the library fuses the small ones into one
         # message and reduces each tensor in place, so no flattening copy
-        # is made here. The arrays are read during the call only.
+        # is made here. The library reads the arrays during the call only,
+        # and they live in this frame until _issue has returned.
         n = len(tensors)
-        ptrs = (ctypes.c_void_p * n)(*ptrs)
-        counts = (ctypes.c_size_t * n)(*counts)
-        return self._issue(what, lambda l, r: l.gorun_allreduce_coalesced(self._h, ptrs, ptrs, counts, n, dt, op, r),
+        p, c = ptrs.buffer_info()[0], counts.buffer_info()[0]
+        return self._issue(what, lambda l, r: l.gorun_allreduce_coalesced(self._h, p, p, c, n, dt, op, r),
                            list(tensors), list(tensors))
 
     def broadcast(self, tensors, opts=None):
