@@ -532,6 +532,29 @@ _SYNC_CODES = _sync_codes()
 _ALL_REDUCE_CODE = next((c for c in _SYNC_CODES if c.co_name == "all_reduce"), None)
 
 
+def _code_of(name):
+    import inspect
+    f = getattr(dist.distributed_c10d, name, None)
+    f = inspect.unwrap(f) if f is not None else None
+    return getattr(f, "__code__", None)
+
+
+_RECV_CODE, _IRECV_CODE = _code_of("recv"), _code_of("irecv")
+
+
+def _called_by_dist_recv():
+    """Whether the group method being run was called (C++ frames aside) by
+    torch's dist.recv, directly or through dist.irecv (as torch 2.15's
+    recv does), which asks the Work for its source rank after waiting."""
+    try:
+        f = sys._getframe(2)
+        if f.f_code is _IRECV_CODE and f.f_back is not None:
+            f = f.f_back
+        return _RECV_CODE is not None and f.f_code is _RECV_CODE
+    except ValueError:
+        return False
+
+
 def _caller_waits(depth=3):
     """Whether the collective method being run (depth-1 frames up from
     here: method → _issue → this by default) was called by one of torch's
@@ -1432,7 +1455,21 @@ class _Gorun:
         return self._p2p(tensors, srcRank, "recv", lambda l: l.gorun_recv, srcRank, self.rank())
 
     def recv_anysource(self, tensors, tag=0):
-        return self._recv_matched(tensors, -1, "recv from any source")
+        what = "recv from any source"
+        if self._owner is None and isinstance(self, _C10dBackend) and _called_by_dist_recv():
+            # A group with a backend per device ("cpu:gorun,cuda:nccl"):
+            # torch hands this Backend's Work to dist.recv in a holder
+            # without its source rank, so dist.recv would receive the
+            # message and then fail on asking for the sender (torch 2.15:
+            # "sourceRank() may only be called on work objects that
+            # correspond to a recv or recv-from-any call"). Refused before
+            # any message is taken. dist.irecv without src works: its data
+            # arrives; only its Work's _source_rank() fails so.
+            raise ValueError("gorun %s: dist.recv without src on a group with a backend per device (\"cpu:gorun,"
+                             "...\"): torch returns a Python backend's Work to dist.recv without the sender's rank, "
+                             "so the sender cannot be reported; give src=, or use a group whose backend is "
+                             "\"gorun\" alone" % what)
+        return self._recv_matched(tensors, -1, what)
 
     def _recv_matched(self, tensors, src, what):
         """A receive through the group's matcher (libgorun's, over the

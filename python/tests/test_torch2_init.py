@@ -106,7 +106,9 @@ def test_spawn_with_world_size_set_without_rank_under_gorun(launcher):
 
 def test_a_backend_per_device_gives_gorun_the_cpu_tensors(launcher):
     """init_process_group("cpu:gorun,cuda:gloo"): the group's CPU backend is
-    gorun's (on a machine with GPUs, "cpu:gorun,cuda:nccl" is the same)."""
+    gorun's (on a machine with GPUs, "cpu:gorun,cuda:nccl" is the same; on
+    one without, torch refuses that group at init: "nccl2 requires at least
+    one CUDA device"), receives from any source included."""
     code, out = run_gorun(launcher, 2, "mixed")
     assert code == 0, out[-6000:]
     ranks_ok(out, 2, "mixed")

@@ -231,9 +231,45 @@ def case_mixed():
     w = dist.all_reduce(t, async_op=True)
     w.wait()
     check(t, torch.full((3,), float(n * (n - 1) // 2)), "cpu:gorun all_reduce")
+    any_source_per_device(rank, n)
     surface(rank, n)
     say("mixed ok")
     dist.destroy_process_group()
+
+
+def any_source_per_device(rank, n):
+    """Receives from any source on a group with a backend per device. torch
+    hands a Python backend's Work back without its source rank, so
+    dist.recv without src is refused before it takes a message (naming the
+    way out), while dist.irecv without src receives the data."""
+    if rank == 0:
+        r = torch.zeros(3)
+        try:
+            dist.recv(r)
+        except ValueError as e:
+            if "recv from any source" not in str(e) or "src=" not in str(e):
+                raise AssertionError("dist.recv without src: %r does not name the call and the way out" % e)
+        else:
+            raise AssertionError("dist.recv without src on cpu:gorun returned, with no way to report the sender")
+        for src in range(1, n):  # nothing was taken: each sender's first message is still there
+            dist.recv(r, src=src)
+            check(r, torch.full((3,), float(src)), "recv from %d after the refused recv" % src)
+        got = []
+        for _ in range(1, n):
+            w = dist.irecv(r)
+            w.wait()
+            got.append(r[0].item())
+            try:
+                src = w._source_rank()
+            except RuntimeError as e:  # torch's holder of a Python backend's Work
+                assert "sourceRank" in str(e), e
+            else:
+                assert src == got[-1] - 10, (src, got)
+        assert sorted(got) == [10.0 + s for s in range(1, n)], got
+    else:
+        dist.send(torch.full((3,), float(rank)), 0)
+        dist.send(torch.full((3,), 10.0 + rank), 0)
+    dist.barrier()
 
 
 def case_train():
