@@ -73,19 +73,34 @@ class Options:
         results are bitwise the same on every rank, for every message size and
         across runs (default: $GORUN_DETERMINISTIC == "1").
     tcp: no shared memory between ranks on one host (for comparisons).
+    connect_timeout: how long a communicator waits for its peers to connect
+        (a datetime.timedelta or seconds; default: the library's, 60 s): the
+        world's, its groups' and each point-to-point channel's. A sender that
+        has not connected within it fails its receive with a timeout; a
+        receive from any source instead goes on waiting for such a sender.
+    deterministic, tcp and connect_timeout are the world's, set by the first
+    gorun group; a later group may leave them unset or give the same.
     """
 
-    def __init__(self, deterministic=None, tcp=False):
+    def __init__(self, deterministic=None, tcp=False, connect_timeout=None):
         if deterministic is None:
             deterministic = os.environ.get(ENV_DETERMINISTIC, "") == "1"
         self.deterministic = bool(deterministic)
         self.tcp = bool(tcp)
+        if isinstance(connect_timeout, datetime.timedelta):
+            connect_timeout = connect_timeout.total_seconds()
+        if connect_timeout is not None and not connect_timeout > 0:
+            raise ValueError("gorun.Options: connect_timeout %r is not a positive duration" % (connect_timeout,))
+        self.connect_timeout = connect_timeout
 
     def config(self, timeout):
         ms = 0
         if timeout is not None and timeout.total_seconds() > 0:
             ms = int(timeout.total_seconds() * 1000)
-        return "deterministic=%d tcp=%d timeout_ms=%d" % (self.deterministic, self.tcp, ms)
+        cfg = "deterministic=%d tcp=%d timeout_ms=%d" % (self.deterministic, self.tcp, ms)
+        if self.connect_timeout is not None:
+            cfg += " connect_timeout_ms=%d" % max(1, int(self.connect_timeout * 1000))
+        return cfg
 
 
 # ---- the world ----------------------------------------------------------------
@@ -732,6 +747,7 @@ class _Channel:
         self._err = None
         self._queue = []  # (work, issue) waiting for the connection
         self._ready = []  # fn(handle) to call once connected, after the queue is issued
+        self._closed = False  # freed: a connection awaited again (see _connect) is given up
         ranks = [pg._ranks[src], pg._ranks[dst]]
         tag = "torch-p2p-%d-%d-of-%d" % (src, dst, pg._h)
         threading.Thread(target=self._connect, args=(ranks, tag), name="gorun-p2p-%d-%d" % (src, dst),
@@ -739,19 +755,41 @@ class _Channel:
 
     def _connect(self, ranks, tag):
         l = _lib.lib()
-        h = ctypes.c_int64()
         arr = (ctypes.c_int * 2)(*ranks)
-        rc = l.gorun_comm_group(_world, arr, 2, tag.encode(), ctypes.byref(h))
-        err = None if rc == _lib.OK else _lib.error(rc, "gorun point-to-point channel %d→%d" % tuple(ranks))
-        with self._mu:
-            self._h, self._err = (h.value if err is None else None), err
-            for w, issue in self._queue:
-                self._issue_locked(w, issue)
-            self._queue = None
-            if err is None:
-                for fn in self._ready:
-                    fn(self._h)
-            self._ready = None
+        while True:
+            h = ctypes.c_int64()
+            world = _world
+            if world is None:  # finalized before or between attempts
+                rc, err = _lib.ERR_CLOSED, GorunError("gorun point-to-point channel %d→%d: gorun's world was "
+                                                      "finalized" % tuple(ranks), "GORUN_ERR_CLOSED")
+            else:
+                rc = l.gorun_comm_group(world, arr, 2, tag.encode(), ctypes.byref(h))
+                err = None if rc == _lib.OK else _lib.error(rc, "gorun point-to-point channel %d→%d" % tuple(ranks))
+            with self._mu:
+                if rc == _lib.ERR_TIMEOUT and self._ready and not self._closed:
+                    # A receive from any source waits for this sender
+                    # (when_ready), and a sender that has not sent yet is no
+                    # failure: the calls queued for this sender alone fail
+                    # with the timeout (what it is for), and the connection
+                    # is awaited again. Given up, the source would drop out
+                    # of the matcher for good, and a sender connecting
+                    # later would complete its sends into a connection
+                    # that no receive reads (the library keeps a connection
+                    # that arrives before its group is awaited).
+                    for w, issue in self._queue:
+                        w._issued.set()
+                        w._finish(err)
+                    self._queue = []
+                    continue
+                self._h, self._err = (h.value if err is None else None), err
+                for w, issue in self._queue:
+                    self._issue_locked(w, issue)
+                self._queue = None
+                if err is None:
+                    for fn in self._ready:
+                        fn(self._h)
+                self._ready = None
+                return
 
     def when_ready(self, fn):
         """Calls fn(handle) once the channel is up (now, if it is), after
@@ -779,6 +817,7 @@ class _Channel:
 
     def free(self):
         with self._mu:
+            self._closed = True
             h, self._h = self._h, None
         if h:
             _lib.lib().gorun_comm_free(h)
@@ -1574,12 +1613,15 @@ def _create(opts, pg_options):
         world = _init_world(opts.store, opts.group_rank, opts.group_size, options, opts.timeout,
                             members=None if everyone else ranks)
         return _world_backend(cls, world, opts)
-    want = options.config(None)
-    have = _world_config.rsplit(" timeout_ms=", 1)[0]
-    if want.rsplit(" timeout_ms=", 1)[0] != have:
-        raise GorunError("gorun new_group %s: options %r differ from gorun's world's (%s); deterministic and tcp "
-                         "are set once for the world (the first gorun group), only the timeout may differ"
-                         % (ranks, want.rsplit(" timeout_ms=", 1)[0], have), "GORUN_ERR_INVALID")
+    want, have = _world_settings(options.config(None)), _world_settings(_world_config)
+    if options.connect_timeout is None:
+        want.pop("connect_timeout_ms", None)
+        have.pop("connect_timeout_ms", None)
+    if want != have:
+        show = lambda d: " ".join("%s=%s" % kv for kv in sorted(d.items()))
+        raise GorunError("gorun new_group %s: options %r differ from gorun's world's (%s); deterministic, tcp and "
+                         "connect_timeout are set once for the world (the first gorun group), only the timeout may "
+                         "differ" % (ranks, show(want), show(have)), "GORUN_ERR_INVALID")
     members = _world_members
     if members is not None:
         outside = [r for r in ranks if r not in members]
@@ -1597,6 +1639,13 @@ def _create(opts, pg_options):
     ms = _timeout_ms(opts.timeout)
     return cls(h.value, opts.group_rank, opts.group_size, ranks, opts.timeout, opts.store,
                wait_ms=ms if ms and ms != _world_timeout_ms else 0)
+
+
+def _world_settings(cfg):
+    """A config string's world-wide settings (all but the timeout) as a dict."""
+    d = dict(kv.split("=", 1) for kv in cfg.split())
+    d.pop("timeout_ms", None)
+    return d
 
 
 def _shape(frame):

@@ -114,6 +114,17 @@ def test_a_backend_per_device_gives_gorun_the_cpu_tensors(launcher):
     ranks_ok(out, 2, "mixed")
 
 
+def test_a_receive_from_any_source_waits_for_a_sender_past_the_connect_timeout(launcher):
+    """One sender of three is silent for over twice the connect timeout
+    (3 s): its message is still received from any source, where the channel
+    used to be given up after the timeout and the message lost (a hang);
+    an explicit receive from a rank that never sends still fails with the
+    timeout. About 15 s."""
+    code, out = run_gorun(launcher, 4, "latesender")
+    assert code == 0, out[-6000:]
+    ranks_ok(out, 4, "late sender")
+
+
 def _params(out, np):
     got = {}
     for line in out.splitlines():

@@ -7,6 +7,7 @@ import datetime
 import os
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -272,6 +273,43 @@ def any_source_per_device(rank, n):
     dist.barrier()
 
 
+def case_late_sender():
+    """A receive from any source while one sender stays silent for longer
+    than the connect timeout (3 s here): the channel from that sender is
+    awaited again rather than given up, so its message, sent after twice the
+    timeout, is received; an explicit receive from a sender that never
+    comes still fails with the timeout, naming the channel."""
+    dist.init_process_group("gorun", pg_options=gorun.Options(connect_timeout=3))
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        r = torch.zeros(3)
+        if dist.recv(r) != 1:
+            raise AssertionError("the first receive from any source did not come from rank 1")
+        w = dist.irecv(r)  # rank 2's message, sent after 7 s
+        if not w.wait(datetime.timedelta(seconds=60)):
+            raise AssertionError("no message from rank 2")
+        check(r, torch.full((3,), 2.0), "the late sender's message")
+        if w._source_rank() != 2:
+            raise AssertionError("the late message came from %d" % w._source_rank())
+    elif rank == 1:
+        dist.send(torch.full((3,), 1.0), 0)
+        # rank 3 never sends to rank 1: its explicit receive times out
+        if n > 3:
+            try:
+                dist.recv(torch.zeros(1), src=3)
+            except RuntimeError as e:
+                if "3" not in str(e) or "timeout" not in str(e).lower() and "deadline" not in str(e):
+                    raise AssertionError("a receive from a sender that never comes: %r" % e)
+            else:
+                raise AssertionError("a receive from a sender that never comes returned")
+    elif rank == 2:
+        time.sleep(7)
+        dist.send(torch.full((3,), 2.0), 0)
+    dist.barrier()
+    say("late sender ok")
+    dist.destroy_process_group()
+
+
 def case_train():
     """DTensor and FSDP2 on CPU over argv[2]'s backend (gorun or gloo):
     distribute_tensor and redistribute checked against the full tensor,
@@ -325,4 +363,5 @@ def case_train():
 
 if __name__ == "__main__":
     {"surface": case_surface, "timeoutgroup": case_timeout_group, "reinit": case_reinit, "spawn": case_spawn,
-     "mixed": case_mixed, "train": case_train, "grouptimeout": case_group_timeout}[sys.argv[1]]()
+     "mixed": case_mixed, "train": case_train, "grouptimeout": case_group_timeout,
+     "latesender": case_late_sender}[sys.argv[1]]()
