@@ -143,7 +143,9 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	select {
 	case <-streamsDone:
 	case <-t.C:
-		p.closeStreams()
+		// The pipes are the output Job's (it reads them from one
+		// poller): it ends and closes them.
+		out.Cut()
 		<-streamsDone
 	}
 	p.closeStreams()
