@@ -98,6 +98,8 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	if err := sup.send(p.spec); err != nil {
 		home.sendErr = err
 	}
+	// Sent: every rank's copy of the environment is the supervisor's now.
+	p.spec.Ranks = nil
 	start := time.Now()
 	err = (&jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: home, flight: flight}).run(ctx)
 

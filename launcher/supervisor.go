@@ -214,6 +214,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	shareRankStrings(spec.Ranks)
 	var a *supervisor
 	if spec.RemoveDir != "" {
 		// gorun removes it after reading the ranks' records; a gorun that

@@ -9,7 +9,11 @@
 # the ranks; it is read once every rank runs. ROUNDS runs per N and
 # launcher, medians.
 #
-#   SIZES=64,256,1024 ROUNDS=3 scripts/bench-launchmem.sh
+# BASE=REV also measures gorun built from git revision REV (for example
+# main, or HEAD~3), as launcher "base", beside this tree's: a change's
+# before and after in the same run.
+#
+#   SIZES=64,256,1024 ROUNDS=3 [BASE=main] scripts/bench-launchmem.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZES=${SIZES:-64,256,1024}
@@ -18,12 +22,19 @@ tmp=$(mktemp -d)
 root=""
 cleanup() {
 	[[ -n "$root" ]] && kill -TERM "$root" 2>/dev/null || true
+	[[ -d "$tmp/base-src" ]] && git worktree remove --force "$tmp/base-src"
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
 go build -o "$tmp/gorun" ./cmd/gorun
 
 launchers=(gorun)
+if [[ -n ${BASE:-} ]]; then
+	git worktree add -q --detach "$tmp/base-src" "$BASE"
+	(cd "$tmp/base-src" && go build -o "$tmp/base" ./cmd/gorun)
+	git worktree remove --force "$tmp/base-src"
+	launchers+=(base)
+fi
 command -v mpirun.openmpi >/dev/null && launchers+=(openmpi)
 command -v mpiexec.hydra >/dev/null && launchers+=(hydra)
 
@@ -31,7 +42,7 @@ command -v mpiexec.hydra >/dev/null && launchers+=(hydra)
 # background; sets root to its pid.
 start() {
 	case $1 in
-	gorun) "$tmp/gorun" -np "$2" --oversubscribe sleep "$3" >/dev/null 2>&1 & ;;
+	gorun | base) "$tmp/$1" -np "$2" --oversubscribe sleep "$3" >/dev/null 2>&1 & ;;
 	openmpi) OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun.openmpi --oversubscribe -np "$2" sleep "$3" >/dev/null 2>&1 & ;;
 	hydra) mpiexec.hydra -np "$2" sleep "$3" >/dev/null 2>&1 & ;;
 	esac
