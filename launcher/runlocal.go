@@ -100,6 +100,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	}
 	// Sent: every rank's copy of the environment is the supervisor's now.
 	p.spec.Ranks = nil
+	returnStartupMemory()
 	start := time.Now()
 	err = (&jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: home, flight: flight}).run(ctx)
 

@@ -288,6 +288,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		a.ft = newFTKeeper(collW)
 	}
 	a.startAll(spec.Ranks, collW)
+	returnStartupMemory()
 	if collW != nil {
 		// os.StartProcess made the shared description blocking (File.Fd
 		// does); a rank must never block reporting, so make it
