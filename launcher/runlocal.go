@@ -95,12 +95,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 
 	ports.Release()
 	home := newLocalHome(sup, len(plan.Ranks), cfg.Lease)
-	if err := sup.send(p.spec); err != nil {
-		home.sendErr = err
-	}
-	// Sent: every rank's copy of the environment is the supervisor's now.
-	p.spec.Ranks = nil
-	returnStartupMemory()
+	home.sendErr = sendSpec(sup.send, &p.spec)
 	start := time.Now()
 	err = (&jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: home, flight: flight}).run(ctx)
 
@@ -146,9 +141,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	select {
 	case <-streamsDone:
 	case <-t.C:
-		// The pipes are the output Job's (it reads them from one
-		// poller): it ends and closes them.
-		out.Cut()
+		out.Cut() // the pipes are the output Job's: it closes them
 		<-streamsDone
 	}
 	p.closeStreams()

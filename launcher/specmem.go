@@ -44,3 +44,13 @@ func shareRankStrings(ranks []wire.SupervisorRank) {
 // per rank. One forced collection, once per job start, costs
 // milliseconds.
 func returnStartupMemory() { debug.FreeOSMemory() }
+
+// sendSpec sends spec with send, then drops this process's copy of the
+// ranks (every rank's environment, the supervisor's now) and returns the
+// start-up's transient memory; it returns send's error.
+func sendSpec(send func(any) error, spec *wire.SupervisorSpec) error {
+	err := send(*spec)
+	spec.Ranks = nil
+	returnStartupMemory()
+	return err
+}

@@ -13,24 +13,6 @@ import (
 	"time"
 )
 
-// lockedBuffer is a terminal that the test reads while the job writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // pipeJob opens a Job on cfg with one os.Pipe per stream of ranks ranks
 // (stdout, stderr), starts it, and checks that the poller reads them all.
 // It returns the write ends, by rank: [rank][0] stdout, [rank][1] stderr.
@@ -354,3 +336,16 @@ func TestPollerCut(t *testing.T) {
 		t.Errorf("%d descriptors open before the job and %d after", before, after)
 	}
 }
+
+// lockedBuffer is a terminal that the test reads while the job writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
