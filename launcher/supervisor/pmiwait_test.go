@@ -1,4 +1,4 @@
-package launcher
+package supervisor
 
 import (
 	"bufio"
@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/launcher/wire"
+	"github.com/gorun-hpc/gorun/pmi"
 )
 
 // The supervisor's PMI sockets wait in one goroutine until their rank
@@ -22,17 +23,17 @@ import (
 func TestPMISocketsWaitUntilRankSpeaks(t *testing.T) {
 	const ranks = 200
 	fdsBefore, _ := os.ReadDir("/proc/self/fd")
-	plan := &Plan{PMI: true, JobID: "wait", WorldSize: ranks, Nodes: fenceNodes(1, ranks)}
-	job, err := pmiJobFor(plan, PMIFD)
+	mapping, err := pmi.ProcessMapping([]int{ranks})
 	if err != nil {
 		t.Fatal(err)
 	}
+	job := &wire.PMIJob{KVSName: "gorun-wait", Size: ranks, Mapping: mapping}
 	var rs []wire.SupervisorRank
 	for r := range ranks {
 		rs = append(rs, wire.SupervisorRank{Rank: r})
 	}
 	g0 := runtime.NumGoroutine()
-	sp, err := newSupervisorPMI(*job, rs, zerolog.Nop())
+	sp, err := NewPMI(*job, rs, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func TestPMISocketsWaitUntilRankSpeaks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sp.started(7)
+	sp.Started(7)
 	if _, err := end.Write([]byte("cmd=init pmi_version=1 pmi_subversion=1\n")); err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +63,7 @@ func TestPMISocketsWaitUntilRankSpeaks(t *testing.T) {
 	}
 	// Rank 9 exits without a word: its end closes (the supervisor's
 	// copy and the rank's), and its serving ends.
-	sp.started(9)
+	sp.Started(9)
 	start := time.Now()
 	sp.settle(9, 5*time.Second)
 	if d := time.Since(start); d > 2*time.Second {
@@ -79,7 +80,7 @@ func TestPMISocketsWaitUntilRankSpeaks(t *testing.T) {
 	default:
 	}
 	end.Close()
-	sp.close()
+	sp.Close()
 	for r, ch := range sp.served {
 		select {
 		case <-ch:
