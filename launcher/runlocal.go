@@ -183,7 +183,7 @@ func newLocalHome(sup *supervisor.Client, ranks int, lease time.Duration) *local
 	h.wg.Go(func() {
 		defer close(h.ch)
 		defer close(readerDone)
-		sup.ReadEvents(func(ev wire.Event) { h.ch <- ev })
+		sup.ReadEvents(afterStarts(ranks, func(ev wire.Event) { h.ch <- ev }))
 	})
 	h.wg.Go(func() {
 		sup.WatchLease(lease, readerDone, &h.silent)

@@ -14,3 +14,19 @@ func sendSpec(send func(any) error, spec *wire.SupervisorSpec) error {
 	supervisor.ReturnStartupMemory()
 	return err
 }
+
+// afterStarts wraps an event handler so that the start-up's transient heap
+// (the ranks' start events decoded and handled) is returned to the system
+// once ranks ranks have started: from then on the launcher's memory is
+// what the job holds, not what starting it took.
+func afterStarts(ranks int, handle func(wire.Event)) func(wire.Event) {
+	started := 0
+	return func(ev wire.Event) {
+		handle(ev)
+		if ev.Ev == "started" {
+			if started++; started == ranks {
+				supervisor.ReturnStartupMemory()
+			}
+		}
+	}
+}
