@@ -54,7 +54,7 @@ wall() {
 }
 
 line=$(printf 'x%.0s' $(seq 99))
-yes "$line" | head -c "${MB}M" >"$tmp/data"
+{ yes "$line" || true; } | head -c "${MB}M" >"$tmp/data" # yes ends on SIGPIPE
 
 cat >"$tmp/lat.py" <<'PY'
 import sys, time
