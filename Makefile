@@ -142,6 +142,10 @@ bench-rdzvscale: ## in-process host-leader formation at 64, 256, 1,024 and 4,096
 bench-launchmem: ## launcher memory per rank: gorun's (launcher + local supervisor) resident KB beside Open MPI's mpirun and MPICH's hydra at SIZES ranks (64,256,1024) of sleep, medians of ROUNDS, and the slope in KB per rank
 	flock /tmp/gorun-bench.lock scripts/bench-launchmem.sh
 
+.PHONY: bench-outputpath
+bench-outputpath: ## the output path's cost, this tree beside gorun built from BASE (main), mpirun and hydra: 100 MB through one rank's stdout, a line's latency, -np 2 start-up; medians of ROUNDS
+	flock /tmp/gorun-bench.lock scripts/bench-outputpath.sh
+
 .PHONY: bench-pmiscale
 bench-pmiscale: ## a real MPICH program's PMI start-up over HOSTS×PER simulated hosts (32×4): gets that reach gorun and bytes it sends, batched answers vs one key per answer
 	flock /tmp/gorun-bench.lock scripts/bench-pmiscale.sh

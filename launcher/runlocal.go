@@ -96,9 +96,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 
 	ports.Release()
 	home := newLocalHome(sup, len(plan.Ranks), cfg.Lease)
-	if err := sup.Send(p.Spec); err != nil {
-		home.sendErr = err
-	}
+	home.sendErr = sendSpec(sup.Send, &p.Spec)
 	start := time.Now()
 	err = (&jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: home, flight: flight}).run(ctx)
 
@@ -144,7 +142,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	select {
 	case <-streamsDone:
 	case <-t.C:
-		p.CloseStreams()
+		out.Cut() // the pipes are the output Job's: it closes them
 		<-streamsDone
 	}
 	p.CloseStreams()
@@ -185,7 +183,7 @@ func newLocalHome(sup *supervisor.Client, ranks int, lease time.Duration) *local
 	h.wg.Go(func() {
 		defer close(h.ch)
 		defer close(readerDone)
-		sup.ReadEvents(func(ev wire.Event) { h.ch <- ev })
+		sup.ReadEvents(afterStarts(ranks, func(ev wire.Event) { h.ch <- ev }))
 	})
 	h.wg.Go(func() {
 		sup.WatchLease(lease, readerDone, &h.silent)

@@ -7,6 +7,9 @@
 //
 // A Job takes readers, one per rank stream, whatever brings the bytes: the
 // ranks' pipes in a local job, a host agent's frames in a multi-host one.
+// Pipes (non-blocking *os.File) are read by one goroutine over an epoll
+// set (poller.go), so a rank costs the launcher a small struct per stream
+// and no goroutine or idle buffer; other readers get a goroutine each.
 // Starting ranks, pipes and the wire are the launcher's; so is gorun's
 // stdin, forwarded to rank 0 (launcher/stdin.go).
 //

@@ -157,6 +157,9 @@ func (e *LostError) Unwrap() error { return e.Err }
 func (e *LostError) ExitCode() int { return 74 }
 
 // streamer copies one stream (stdout or stderr) of one rank to its sinks.
+// Its bytes come either from its own goroutine reading r (run) or from the
+// Job's poller reading file (poller_linux.go); both hand them to feed, and
+// end the stream with end.
 type streamer struct {
 	rank int
 	// host, when set, is added to the tag: [rank,host].
@@ -170,14 +173,16 @@ type streamer struct {
 	// now, when set, prefixes each line with a timestamp.
 	now func() time.Time
 	// midLine is set while a line longer than maxLine is being written
-	// in pieces (only run's goroutine touches it).
+	// in pieces. pending is the last line read, not yet ended; nil when
+	// there is none (an idle rank holds no buffer). Only the one
+	// goroutine that feeds the stream touches them.
 	midLine bool
+	pending []byte
 }
 
-// run copies until EOF or a read error (the pipe closed under it). Complete
-// lines are written in batches — one Write for everything a read brought —
-// which keeps a rank flooding megabytes fast; the last partial line is kept
-// until its newline arrives or the stream ends.
+// run copies r until EOF or a read error (the pipe closed under it),
+// reading straight after the pending line's start, so a long line costs
+// no copies.
 //
 // The buffer starts small (most ranks print little) and doubles, up to
 // readChunk plus one held-back line, whenever a read fills it.
@@ -185,33 +190,84 @@ func (s *streamer) run() {
 	buf := make([]byte, 0, minChunk)
 	for {
 		if cap(buf)-len(buf) < minChunk {
-			nb := make([]byte, len(buf), min(2*cap(buf), readChunk+maxLine))
-			copy(nb, buf)
-			buf = nb
+			buf = grow(buf)
 		}
 		n, err := s.r.Read(buf[len(buf):cap(buf)])
 		full := len(buf)+n == cap(buf)
-		buf = buf[:len(buf)+n]
-		if i := bytes.LastIndexByte(buf, '\n'); i >= 0 {
-			s.emit(buf[:i+1])
-			buf = buf[:copy(buf, buf[i+1:])]
-		} else if len(buf) >= maxLine {
-			s.emitOpen(buf)
-			buf = buf[:0]
-		}
+		rest := s.lines(buf[:len(buf)+n])
+		buf = buf[:copy(buf[:cap(buf)], rest)]
 		if full && cap(buf) < readChunk+maxLine {
 			// The rank writes faster than one buffer per read: grow.
-			nb := make([]byte, len(buf), min(2*cap(buf), readChunk+maxLine))
-			copy(nb, buf)
-			buf = nb
+			buf = grow(buf)
 		}
 		if err != nil {
-			if len(buf) > 0 || s.midLine {
-				s.emit(append(buf, '\n'))
-			}
+			s.pending = buf
+			s.end()
 			return
 		}
 	}
+}
+
+// grow doubles buf's capacity, up to readChunk plus one held-back line.
+func grow(buf []byte) []byte {
+	nb := make([]byte, len(buf), min(2*cap(buf), readChunk+maxLine))
+	copy(nb, buf)
+	return nb
+}
+
+// feed takes the bytes of one read for a stream whose reads go into a
+// shared buffer (the poller's): b is not kept, the caller reuses it once
+// feed returns; only an unfinished last line is copied, into pending.
+func (s *streamer) feed(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	data := b
+	if len(s.pending) > 0 {
+		s.pending = append(s.pending, b...)
+		data = s.pending
+	}
+	s.keep(s.lines(data))
+}
+
+// lines writes what data holds of whole lines in one batch (one Write for
+// everything a read brought), which keeps a rank flooding megabytes fast,
+// and returns the last partial line, kept until its newline arrives or the
+// stream ends; unless it grew to maxLine, when it is written as the open
+// start (or more) of a long line and nothing is returned.
+func (s *streamer) lines(data []byte) (rest []byte) {
+	if i := bytes.LastIndexByte(data, '\n'); i >= 0 {
+		s.emit(data[:i+1])
+		data = data[i+1:]
+	}
+	if len(data) >= maxLine {
+		s.emitOpen(data)
+		return nil
+	}
+	return data
+}
+
+// keep makes rest, a line's start not yet written, the stream's pending
+// bytes; rest may alias pending. An idle stream holds no buffer of more
+// than minChunk.
+func (s *streamer) keep(rest []byte) {
+	switch {
+	case len(rest) == 0 && cap(s.pending) > minChunk:
+		s.pending = nil
+	case len(rest) == 0:
+		s.pending = s.pending[:0]
+	default:
+		s.pending = append(s.pending[:0], rest...)
+	}
+}
+
+// end writes what is left of the stream at its end: a last line without
+// its newline gets one, and so does an open long line.
+func (s *streamer) end() {
+	if len(s.pending) > 0 || s.midLine {
+		s.emit(append(s.pending, '\n'))
+	}
+	s.pending = nil
 }
 
 // emit writes complete lines (lines ends in '\n') to every sink; while a
@@ -318,8 +374,15 @@ type Job struct {
 	tag   bool
 	now   func() time.Time
 
+	// streams are read by a goroutine each, polled by the poller.
 	streams []*streamer
-	wg      sync.WaitGroup // the streamers
+	polled  []*polled
+	wg      sync.WaitGroup // the streamers' goroutines and the poller's
+	mu      sync.Mutex
+	poller  *poller // guarded by mu: set by Start, read by Cut
+	// unpolled are the Job's files read by goroutines after the poller
+	// could not start, closed by Cut; guarded by mu.
+	unpolled []*os.File
 }
 
 // Open creates the sinks and, with Dir, the per-rank logs.
@@ -421,6 +484,11 @@ func (o *Job) Finish() error {
 // Add registers a reader of one rank's stdout (kind 1) or stderr (kind 2,
 // the numbering of the launcher's wire frames); host, when set, goes into
 // the tag. Call before Start.
+//
+// A reader that is a non-blocking *os.File (a pipe from os.Pipe) is read
+// by the Job's one poller (poller.go) and becomes the Job's: it is closed
+// when its stream ends, and the caller must not close it (Cut ends it
+// early). Any other reader gets a goroutine of its own.
 func (o *Job) Add(rank int, host string, kind byte, r io.Reader) {
 	term := o.stdout
 	if kind == 2 {
@@ -430,19 +498,67 @@ func (o *Job) Add(rank int, host string, kind byte, r io.Reader) {
 	if o.logs != nil {
 		st.file = o.logs[rank]
 	}
+	if f, rc, fd, ok := pollable(r); ok {
+		o.polled = append(o.polled, &polled{s: st, f: f, rc: rc, fd: fd})
+		return
+	}
 	o.streams = append(o.streams, st)
 }
 
-// Start runs one goroutine per stream until its reader ends; Wait waits
-// for them.
+// Start starts reading: the poller over the polled streams, and one
+// goroutine per other stream, until each reader ends; Wait waits for them.
 func (o *Job) Start() {
+	if len(o.polled) > 0 {
+		p, err := newPoller(o.polled)
+		if err != nil {
+			// No epoll set (descriptors exhausted): read them the
+			// old way rather than not at all.
+			o.mu.Lock()
+			for _, ps := range o.polled {
+				o.streams = append(o.streams, ps.s)
+				o.unpolled = append(o.unpolled, ps.f)
+			}
+			o.mu.Unlock()
+		} else {
+			o.mu.Lock()
+			o.poller = p
+			o.mu.Unlock()
+			o.wg.Go(p.run)
+		}
+	}
 	for _, s := range o.streams {
 		o.wg.Go(s.run)
 	}
 }
 
+// Cut ends every stream still being read as if its pipe had been closed
+// under it: what each holds of a line is written, and the polled files are
+// closed. It is for a job whose pipes some stray process keeps open past
+// the job's end; it does not wait (Wait does). Readers read by a goroutine
+// of their own are ended by closing them, the caller's business.
+func (o *Job) Cut() {
+	o.mu.Lock()
+	p := o.poller
+	o.mu.Unlock()
+	if p != nil {
+		p.stop()
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, f := range o.unpolled {
+		f.Close() // its goroutine's Read fails: the stream ends
+	}
+}
+
 // Wait returns once every stream reached EOF or a read error.
-func (o *Job) Wait() { o.wg.Wait() }
+func (o *Job) Wait() {
+	o.wg.Wait()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, f := range o.unpolled {
+		f.Close()
+	}
+}
 
 // Close closes the log files, without reporting their errors; call after
 // Wait. After Finish it does nothing.

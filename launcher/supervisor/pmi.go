@@ -38,7 +38,41 @@ type PMI struct {
 	// served closes when the rank's connection server returns (fd mode).
 	served map[int]chan struct{}
 	addr   string // port mode: the listener's address
+	// waiter holds the sockets of the ranks that have not spoken yet
+	// (fd mode; pmiwait.go); nil when each is served from the start.
+	waiter *pmiWaiter
 	wg     sync.WaitGroup
+}
+
+// serveEach starts a connection server per socket in fds (the ranks' by
+// index) right away: the way without an epoll set. It takes fds, closing
+// them on failure.
+func (sp *PMI) serveEach(fds, ranks []int, log zerolog.Logger) error {
+	for i, fd := range fds {
+		r := ranks[i]
+		f := os.NewFile(uintptr(fd), "pmi-server")
+		c, err := net.FileConn(f) // a duplicate; ours is closed next
+		f.Close()
+		if err != nil {
+			closeFDs(fds[i+1:])
+			return fmt.Errorf("supervisor: PMI socket: %w", err)
+		}
+		served := sp.served[r]
+		sp.wg.Go(func() {
+			defer close(served)
+			if err := sp.srv.ServeConn(r, c); err != nil {
+				log.Warn().Err(err).Int("rank", r).Msg("PMI connection ended with an error")
+			}
+		})
+	}
+	return nil
+}
+
+// closeFDs closes raw descriptors.
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		_ = syscall.Close(fd)
+	}
 }
 
 // NewPMI starts serving PMI for ranks. In the fd mode every
@@ -70,28 +104,25 @@ func NewPMI(job wire.PMIJob, ranks []wire.SupervisorRank, log zerolog.Logger) (*
 		}
 		return sp, nil
 	}
+	mine := make([]int, 0, len(nums))
 	for _, r := range nums {
 		fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 		if err != nil {
+			closeFDs(mine)
 			sp.Close()
 			return nil, fmt.Errorf("supervisor: PMI socketpair: %w", err)
 		}
-		mine := os.NewFile(uintptr(fds[0]), "pmi-server")
+		mine = append(mine, fds[0])
 		sp.ends[r] = os.NewFile(uintptr(fds[1]), "pmi-rank-"+strconv.Itoa(r))
-		c, err := net.FileConn(mine) // a duplicate; ours is closed next
-		mine.Close()
-		if err != nil {
+		sp.served[r] = make(chan struct{})
+	}
+	if sp.waiter, err = newPMIWaiter(srv, mine, nums, sp.served, &sp.wg, log); err != nil {
+		// No epoll set: a connection server per rank from the start.
+		log.Debug().Err(err).Msg("PMI sockets served by a goroutine each")
+		if err := sp.serveEach(mine, nums, log); err != nil {
 			sp.Close()
-			return nil, fmt.Errorf("supervisor: PMI socket: %w", err)
+			return nil, err
 		}
-		served := make(chan struct{})
-		sp.served[r] = served
-		sp.wg.Go(func() {
-			defer close(served)
-			if err := srv.ServeConn(r, c); err != nil {
-				log.Warn().Err(err).Int("rank", r).Msg("PMI connection ended with an error")
-			}
-		})
 	}
 	return sp, nil
 }
@@ -239,6 +270,9 @@ func (sp *PMI) Close() {
 	for r, f := range sp.ends {
 		f.Close()
 		delete(sp.ends, r)
+	}
+	if sp.waiter != nil {
+		sp.waiter.close()
 	}
 	sp.srv.Close()
 	sp.wg.Wait()

@@ -215,6 +215,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	shareRankStrings(spec.Ranks)
 	var a *supervisor
 	if spec.RemoveDir != "" {
 		// gorun removes it after reading the ranks' records; a gorun that
@@ -288,6 +289,7 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		a.ft = newFTKeeper(collW)
 	}
 	a.startAll(spec.Ranks, collW)
+	ReturnStartupMemory()
 	if collW != nil {
 		// os.StartProcess made the shared description blocking (File.Fd
 		// does); a rank must never block reporting, so make it
