@@ -102,6 +102,20 @@ cgmounts=$(findmnt -rn -R -o TARGET,FSTYPE,OPTIONS /sys/fs/cgroup 2>/dev/null | 
 mkdir -p /run/sshd
 chmod 755 /run/sshd
 
+# The kernel keeps one IPv4 neighbour (ARP) table for every namespace of
+# the machine, capped by gc_thresh3 (1024 by default): N hosts that all
+# talk to each other hold about N^2 entries, so 32 hosts overflow it and
+# the kernel drops packets ("neighbor table overflow"), which a job sees
+# as dial timeouts between healthy hosts. On a real cluster every host has
+# its own table. Raise the caps (never lower them) to fit every set.
+neigh=/proc/sys/net/ipv4/neigh/default
+for kv in gc_thresh2=8192 gc_thresh3=16384; do
+	f=$neigh/${kv%=*} want=${kv#*=}
+	if [ -w "$f" ] && [ "$(cat "$f")" -lt "$want" ]; then
+		echo "$want" >"$f" || echo "netns-up.sh: cannot raise ${kv%=*} to $want; more than ~30 hosts may drop packets" >&2
+	fi
+done
+
 # Hosts beyond N left by an earlier, larger run of this set go away.
 for ns in $(ip netns list | awk '{print $1}' | grep -E "^$set-h[0-9]+\$" || true); do
 	k=${ns#"$set"-h}
