@@ -118,7 +118,17 @@ func NewToken(name string) string {
 //	ticker:MS          for MS milliseconds wake every 5 ms, then print
 //	                   "maxgap N" (the longest gap between wake-ups, in ms;
 //	                   a stopped rank shows its stop), exit 0
+//
+// A process started as a job supervisor or job reaper (the supervisor's
+// internal variable set) that reaches MaybeRunHelper was not dispatched by
+// its TestMain (supervisor.Is, supervisor.Main): it exits 97 at once
+// rather than run the tests again, each run of which would start more
+// such processes, without bound.
 func MaybeRunHelper() {
+	if v := os.Getenv(supervisorMarker); v != "" {
+		fmt.Fprintf(os.Stderr, "launchertest: started as a job supervisor or reaper (%s=%s), but TestMain did not dispatch it: exiting instead of running the tests again\n", supervisorMarker, v)
+		os.Exit(97)
+	}
 	mode, ok := os.LookupEnv(HelperEnv)
 	if !ok {
 		return
@@ -128,6 +138,10 @@ func MaybeRunHelper() {
 	}
 	os.Exit(runHelper(mode))
 }
+
+// supervisorMarker is the variable package launcher/supervisor starts its
+// supervisors and job reapers with.
+const supervisorMarker = "GORUN_INTERNAL_SUPERVISOR"
 
 func atoi(s string) int {
 	n, err := strconv.Atoi(s)
