@@ -119,15 +119,15 @@ func NewToken(name string) string {
 //	                   "maxgap N" (the longest gap between wake-ups, in ms;
 //	                   a stopped rank shows its stop), exit 0
 //
-// A process started as a job supervisor or job reaper (the supervisor's
-// internal variable set) that reaches MaybeRunHelper was not dispatched by
-// its TestMain (supervisor.Is, supervisor.Main): it exits 97 at once
-// rather than run the tests again, each run of which would start more
-// such processes, without bound.
+// A test binary started as a job supervisor or job reaper (the
+// supervisor's internal variable set; a reaper's argv[0] is also
+// "job-reaper") whose TestMain did not take that role (supervisor.Is,
+// supervisor.Main) exits here instead of running the tests again: each run
+// would start supervisors or reapers of its own, a fork bomb.
 func MaybeRunHelper() {
-	if v := os.Getenv(supervisorMarker); v != "" {
-		fmt.Fprintf(os.Stderr, "launchertest: started as a job supervisor or reaper (%s=%s), but TestMain did not dispatch it: exiting instead of running the tests again\n", supervisorMarker, v)
-		os.Exit(97)
+	if v := os.Getenv(supervisorMarker); v != "" || os.Args[0] == "job-reaper" {
+		fmt.Fprintf(os.Stderr, "launchertest: this test binary was started as a job supervisor or reaper (%s=%q, argv[0] %q), but its TestMain did not take the role (call supervisor.Is/Main first); refusing to run the tests\n", supervisorMarker, v, os.Args[0])
+		os.Exit(2)
 	}
 	mode, ok := os.LookupEnv(HelperEnv)
 	if !ok {
