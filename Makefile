@@ -148,7 +148,7 @@ bench-pmiscale: ## a real MPICH program's PMI start-up over HOSTS×PER simulated
 
 # The scale simulation (sim/, bench/simscale).
 .PHONY: sim-scale
-sim-scale: ## the scale MODEL: costs measured from the real code here, calibration (real in-process runs beside the model), the 1,000×8 table against the targets (HOSTS, PER, ROUNDS, CALIBRATE; COSTS_OUT=FILE keeps the costs)
+sim-scale: ## the scale MODEL: costs measured from the real code here, two calibrations (real in-process runs, and as root real gorun jobs over namespace hosts, each beside the model), the 1,000×8 table against the targets (HOSTS, PER, ROUNDS, CALIBRATE, NETNS_SHAPES, NETNS=0 skips the hosts; COSTS_OUT=FILE keeps the costs)
 	flock /tmp/gorun-bench.lock scripts/sim-scale.sh
 
 clean: uninstall-python ## remove build outputs (and what make python installed)

@@ -55,6 +55,24 @@ type Costs struct {
 	// encoding the table once and by each attached rank decoding it
 	// (sendTableLocked, applyTable).
 	TableEntry time.Duration `json:"table_entry_ns"`
+	// ProcessStart is the CPU time a rank process spends of its own from
+	// main until it has formed, beyond what the other costs charge: the
+	// first use of everything a process sets up once (the heap, the
+	// runtime's threads, memberlist's and the attach listener's sockets
+	// and keys, code paged in), which ranks in one process share and
+	// ranks in their own processes each pay. Charged at each rank's start
+	// on its host's CPU, unless WorldConfig.InProcess. Measured: the CPU
+	// from main to formed of the ranks of real 1×2 jobs, less what the
+	// model charges for that job.
+	ProcessStart time.Duration `json:"process_start_ns"`
+	// ProcessIdle is the CPU time per second a live rank process spends
+	// with nothing to do: memberlist's gossip and probe timers, attach
+	// beats, the Go runtime's own (sysmon, GC). Ranks that wait for a
+	// slow launch pay it the whole time, on their host's cores. Charged
+	// per host every IdleTick for the ranks started there, unless
+	// WorldConfig.InProcess. Measured: formed 1×2 jobs left idle, the
+	// ranks' CPU over the idle time.
+	ProcessIdle time.Duration `json:"process_idle_ns"`
 	// TableEntryBytes is the size of one world-table entry on an attach
 	// stream.
 	TableEntryBytes int `json:"table_entry_bytes"`

@@ -19,10 +19,14 @@ import (
 
 // KillRank SIGKILLs attached rank r (not a leader) now.
 func (w *World) KillRank(r int) {
-	h := r / w.cfg.PerHost
-	l := w.leaders[h]
-	c := &w.cfg.Costs
+	l := w.leaders[r/w.cfg.PerHost]
 	w.setLost(r, 0) // the victim itself is not waited for
+	w.s.After(w.cfg.ExitDelay, func() { w.rankGone(l, r) })
+}
+
+// rankGone: the killed rank r's stream has closed; its leader l sees it.
+func (w *World) rankGone(l *leader, r int) {
+	h, c := l.h, &w.cfg.Costs
 	w.cpu[h].Exec(c.Packet/2, func() {
 		w.seenGoneBy(l, r)
 		var others []int
@@ -60,7 +64,7 @@ func (w *World) seenGoneBy(l *leader, r int) {
 		if q == r {
 			continue
 		}
-		w.cpu[l.h].Exec(c.Packet/2, func() { w.noteLost(q) })
+		w.s.After(w.cfg.LocalLatency, func() { w.cpu[l.h].Exec(c.Packet/2, func() { w.noteLost(q) }) })
 	}
 }
 

@@ -32,16 +32,64 @@ import (
 
 // StartAll schedules every rank's start.
 func (w *World) StartAll() {
+	if !w.cfg.InProcess {
+		w.startIdle()
+	}
 	for h, l := range w.leaders {
-		w.s.At(w.start[w.rank(h, 0)], func() { w.startLeader(l) })
+		w.s.At(w.start[w.rank(h, 0)], func() { w.processStart(h, func() { w.startLeader(l) }) })
 		for i := 1; i < w.cfg.PerHost; i++ {
 			r := w.rank(h, i)
 			w.s.At(w.start[r], func() {
 				w.Count.RankStarts++
-				w.dialLeader(l, r, 5*time.Millisecond)
+				w.processStart(h, func() { w.dialLeader(l, r, 5*time.Millisecond) })
 			})
 		}
 	}
+}
+
+// IdleTick is how often a host is charged its ranks' idle CPU
+// (Costs.ProcessIdle): coarse enough to cost few events, fine enough
+// beside the 20 ms gossip interval to load the cores evenly.
+const IdleTick = 100 * time.Millisecond
+
+// startIdle charges each host, every IdleTick from its first rank's start,
+// ProcessIdle for each of its ranks started by then (a silent host is no
+// longer charged: it ran on the machine the calibration shares, but its
+// ranks stop with it in the model).
+func (w *World) startIdle() {
+	per := w.cfg.PerHost
+	for h, l := range w.leaders {
+		first := w.start[w.rank(h, 0)]
+		for i := range per {
+			first = min(first, w.start[w.rank(h, i)])
+		}
+		var tick func()
+		tick = func() {
+			if l.silent {
+				return
+			}
+			live := 0
+			for i := range per {
+				if w.start[w.rank(h, i)] <= w.s.now {
+					live++
+				}
+			}
+			w.cpu[h].Exec(time.Duration(live)*w.cfg.Costs.ProcessIdle*IdleTick/time.Second, nil)
+			w.s.After(IdleTick, tick)
+		}
+		w.s.At(first+IdleTick, tick)
+	}
+}
+
+// processStart charges a rank process's own start-up on host h's CPU,
+// then runs next; ranks in one process (InProcess) share it and go on at
+// once.
+func (w *World) processStart(h int, next func()) {
+	if w.cfg.InProcess {
+		next()
+		return
+	}
+	w.cpu[h].Exec(w.cfg.Costs.ProcessStart, next)
 }
 
 func (w *World) startLeader(l *leader) {
@@ -65,12 +113,15 @@ func (w *World) dialLeader(l *leader, r int, backoff time.Duration) {
 	}
 	w.Count.Attaches++
 	half := w.cfg.Costs.Attach / 2
-	w.cpu[l.h].Exec(half, nil)
-	w.cpu[l.h].Exec(half, func() { // the rank's end, then the leader's hello check
-		l.attached++
-		l.aliveN++
-		w.checkFormed(l)
-		w.maybeJoin(l)
+	w.cpu[l.h].Exec(half, func() { // the rank's end, then (a round trip later) the leader's hello check
+		w.s.After(2*w.cfg.LocalLatency, func() {
+			w.cpu[l.h].Exec(half, func() {
+				l.attached++
+				l.aliveN++
+				w.checkFormed(l)
+				w.maybeJoin(l)
+			})
+		})
 	})
 }
 
@@ -227,7 +278,9 @@ func (w *World) checkFormed(l *leader) {
 		for i := 1; i < w.cfg.PerHost; i++ {
 			r := w.rank(l.h, i)
 			w.Count.TableEntries += int64(w.n)
-			w.cpu[l.h].Exec(time.Duration(w.n)*c.TableEntry, func() { w.setFormed(r) })
+			w.s.After(w.cfg.LocalLatency, func() {
+				w.cpu[l.h].Exec(time.Duration(w.n)*c.TableEntry, func() { w.setFormed(r) })
+			})
 		}
 	})
 	if l.h == 0 {

@@ -234,7 +234,7 @@ func (w *World) hostLost(l *leader, h int) {
 		w.noteLost(w.rank(l.h, 0))
 		for i := 1; i < w.cfg.PerHost; i++ {
 			r := w.rank(l.h, i)
-			w.cpu[l.h].Exec(c.Packet/2, func() { w.noteLost(r) })
+			w.s.After(w.cfg.LocalLatency, func() { w.cpu[l.h].Exec(c.Packet/2, func() { w.noteLost(r) }) })
 		}
 	})
 }

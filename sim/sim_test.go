@@ -198,3 +198,119 @@ func TestPushTreeFormsWithLessFromTheSeed(t *testing.T) {
 		t.Errorf("seed sent %d push-pull bytes relayed, %d directly; want fewer relayed", b, a)
 	}
 }
+
+// Start times given per rank are the ones the ranks start at (a
+// calibration replays a real launch's), formation counts from the last of
+// them, and a list of the wrong length or beside StartSpread is refused.
+func TestStartsReplayed(t *testing.T) {
+	const hosts, per = 4, 2
+	starts := []time.Duration{0, 3 * time.Millisecond, 40 * time.Millisecond, 41 * time.Millisecond,
+		90 * time.Millisecond, 7 * time.Millisecond, 250 * time.Millisecond, 60 * time.Millisecond}
+	w := testWorld(t, hosts, per, func(c *WorldConfig) { c.StartSpread, c.Starts = 0, starts })
+	for r, s := range starts {
+		if w.StartedAt(r) != s {
+			t.Errorf("rank %d started at %v, want %v", r, w.StartedAt(r), s)
+		}
+		if w.FormedAt(r) < 250*time.Millisecond {
+			t.Errorf("rank %d formed at %v, before the last rank started (250ms)", r, w.FormedAt(r))
+		}
+	}
+	f, ok := w.Formation()
+	last := -1 * time.Second
+	for r := range starts {
+		last = max(last, w.FormedAt(r))
+	}
+	if !ok || f != last-250*time.Millisecond {
+		t.Errorf("formation %v (ok %v), want the last formation %v less the last start 250ms", f, ok, last)
+	}
+	for _, bad := range []WorldConfig{
+		{Hosts: hosts, PerHost: per, Cores: 1, Starts: starts[:7]},
+		{Hosts: hosts, PerHost: per, Cores: 1, Starts: starts, StartSpread: time.Second},
+		{Hosts: hosts, PerHost: per, Cores: 1, Starts: append([]time.Duration{-time.Millisecond}, starts[1:]...)},
+	} {
+		bad.Rdzv, bad.Costs = rendezvous.DefaultConfig(), testCosts(t)
+		if _, err := NewWorld(bad); err == nil {
+			t.Errorf("starts %v with spread %v accepted", bad.Starts, bad.StartSpread)
+		}
+	}
+}
+
+// Each rank in its own process pays ProcessStart on its host's CPU before
+// it attaches (or listens): exactly N of them more CPU than ranks in one
+// process, and the last rank to start cannot form sooner than its own
+// process start after it. (The 1 ms allowed below is the rest of the two
+// runs, whose gossip rounds differ with their timings.)
+func TestProcessStartCharged(t *testing.T) {
+	const hosts, per = 8, 4
+	c := testCosts(t)
+	c.ProcessStart, c.ProcessIdle = 10*time.Millisecond, time.Nanosecond // idle: rounds to nothing per tick
+	shared := func(in bool) func(*WorldConfig) {
+		return func(w *WorldConfig) { w.SharedCores, w.InProcess, w.Costs = 2, in, c }
+	}
+	own := testWorld(t, hosts, per, shared(false))
+	one := testWorld(t, hosts, per, shared(true))
+	// The rest of the two runs differs a little (their timings differ,
+	// so do their gossip rounds and pulls): 1 ms of 320.
+	if got, want := own.Busy(0)-one.Busy(0), hosts*per*c.ProcessStart; got < want-time.Millisecond || got > want+time.Millisecond {
+		t.Errorf("own processes charged %v more CPU than one process, want %v ± 1ms (N × ProcessStart)", got, want)
+	}
+	f, ok := own.Formation()
+	if !ok || f < c.ProcessStart {
+		t.Errorf("formation %v after the last start (ok %v), below the last rank's own process start %v", f, ok, c.ProcessStart)
+	}
+	if f1, _ := one.Formation(); f1 >= f {
+		t.Errorf("ranks in one process formed %v after the last start, not sooner than in their own processes (%v)", f1, f)
+	}
+}
+
+// A live rank process costs ProcessIdle per second from its start, on its
+// host's CPU: ranks that wait long for the last one load the cores the
+// whole time. Two worlds differing only in ProcessIdle differ in CPU by
+// the ranks' lifetimes times it (to a tick each).
+func TestProcessIdleCharged(t *testing.T) {
+	const hosts, per = 2, 2
+	starts := []time.Duration{0, 100 * time.Millisecond, 300 * time.Millisecond, 2 * time.Second}
+	run := func(idle time.Duration) *World {
+		c := testCosts(t)
+		c.ProcessIdle = idle
+		w := testWorld(t, hosts, per, func(w *WorldConfig) { w.StartSpread, w.Starts, w.Costs = 0, starts, c })
+		w.Run(5*time.Second, nil)
+		return w
+	}
+	quiet, busy := run(time.Nanosecond), run(10*time.Millisecond)
+	var life time.Duration
+	for _, s := range starts {
+		life += 5*time.Second - s
+	}
+	want := time.Duration(float64(life) * 0.01)
+	got := busy.Busy(0) + busy.Busy(1) - quiet.Busy(0) - quiet.Busy(1)
+	if tol := time.Duration(len(starts)) * IdleTick / 100; got < want-tol || got > want+tol {
+		t.Errorf("idle ranks charged %v over their %v of life, want %v ± %v (1%% of it)", got, life, want, tol)
+	}
+}
+
+// A message between a leader and its attached rank (another process)
+// takes LocalLatency: a killed rank reaches the attached ranks of other
+// hosts no sooner than the network's latency and one local hop after it.
+func TestLocalLatencyDelaysAttachedRanks(t *testing.T) {
+	const hosts, per = 8, 2
+	const hop = 5 * time.Millisecond
+	for _, local := range []time.Duration{0, hop} {
+		w := testWorld(t, hosts, per, func(c *WorldConfig) { c.LocalLatency = local })
+		t0 := w.Now() + time.Second
+		w.Run(t0, nil)
+		w.ResetLost()
+		w.KillRank(per + 1)
+		w.Run(t0+10*time.Second, w.AllSurfaced)
+		d, missing := w.Surfaced(t0)
+		if missing != 0 {
+			t.Fatalf("local latency %v: %d ranks never learned of the killed rank", local, missing)
+		}
+		if lower := 50*time.Microsecond + local; d < lower {
+			t.Errorf("local latency %v: killed rank surfaced everywhere after %v, below one network latency and one local hop (%v)", local, d, lower)
+		}
+		if local == 0 && d >= hop {
+			t.Errorf("without local latency the killed rank took %v to surface, not below the hop %v the test adds", d, hop)
+		}
+	}
+}

@@ -21,9 +21,26 @@ type WorldConfig struct {
 	// host link's bytes per second (0: unlimited).
 	Latency   time.Duration
 	Bandwidth float64
+	// LocalLatency is the delay of one message between a leader and an
+	// attached rank of its host (the attach stream: another process to
+	// wake). 0 makes that hand-off immediate.
+	LocalLatency time.Duration
+	// ExitDelay is how long a SIGKILLed rank's process takes to die
+	// before its attach stream closes (the kernel frees its memory before
+	// it closes its files). 0 closes the stream at the signal.
+	ExitDelay time.Duration
 	// StartSpread spreads the ranks' start times uniformly over
 	// [0, StartSpread); formation is counted from the last start.
 	StartSpread time.Duration
+	// Starts, when set, is each rank's start time instead (len Hosts ×
+	// PerHost, rank order): a calibration replays the start times the
+	// ranks of a real launch reported, so that the model forms from the
+	// same arrivals as the real job did.
+	Starts []time.Duration
+	// InProcess puts every rank in one process (the in-process
+	// benchmark): no rank pays Costs.ProcessStart. Otherwise each rank is
+	// its own process, as in a real job.
+	InProcess bool
 	// Rdzv holds the timings gorun uses (rendezvous.DefaultConfig()).
 	Rdzv  rendezvous.Config
 	Costs Costs
@@ -45,6 +62,15 @@ func (c *WorldConfig) Validate() error {
 		return fmt.Errorf("sim: Cores %d and SharedCores %d: a host needs a CPU", c.Cores, c.SharedCores)
 	case c.Rdzv.ProbeInterval <= 0 || c.Rdzv.GossipInterval <= 0:
 		return fmt.Errorf("sim: Rdzv timings unset (start from rendezvous.DefaultConfig())")
+	case c.Starts != nil && len(c.Starts) != c.Hosts*c.PerHost:
+		return fmt.Errorf("sim: Starts holds %d start times for %d×%d ranks", len(c.Starts), c.Hosts, c.PerHost)
+	case c.Starts != nil && c.StartSpread > 0:
+		return fmt.Errorf("sim: Starts and StartSpread both set; give one")
+	}
+	for r, t := range c.Starts {
+		if t < 0 {
+			return fmt.Errorf("sim: Starts[%d] = %v is before the run's start", r, t)
+		}
 	}
 	return c.Costs.Validate()
 }
@@ -154,7 +180,10 @@ func NewWorld(cfg WorldConfig) (*World, error) {
 	w.lost = make([]time.Duration, w.n)
 	for r := range w.n {
 		w.formedAt[r], w.lost[r] = -1, -1
-		if cfg.StartSpread > 0 {
+		switch {
+		case cfg.Starts != nil:
+			w.start[r] = cfg.Starts[r]
+		case cfg.StartSpread > 0:
 			w.start[r] = time.Duration(s.rng.Int64N(int64(cfg.StartSpread)))
 		}
 		w.lastStart = max(w.lastStart, w.start[r])

@@ -129,8 +129,18 @@ func measureCosts(rounds int, gorunBin string, rss []rssPoint, logf func(string,
 	c.Source["state_byte_ns"] = fmt.Sprintf("the formation fit above (push-pulls that bring news, applied); real memberlist alone (rendezvous's encryption and label, 40 B of metadata, 64 members, 200 push-pulls of a known state beyond the same time idle ÷ 2 × bytes, median of %d) gave %v, a lower bound", rounds, alone)
 	c.Source["alive_bytes"] = "taken as a push-pull node state's size (the same fields: name, address, metadata, incarnation)"
 
-	if err := measureLaunch(&c, gorunBin, logf); err != nil {
+	if err := measureProcesses(&c, gorunBin, rss, rounds, logf); err != nil {
 		return c, err
+	}
+	return c, nil
+}
+
+// measureProcesses measures what real processes cost (the launch's, the
+// launcher's memory from rss, a rank process's start and idle timers),
+// sets the PMI sizes taken from notes/scale.md, and validates c whole.
+func measureProcesses(c *sim.Costs, gorunBin string, rss []rssPoint, rounds int, logf func(string, ...any)) error {
+	if err := measureLaunch(c, gorunBin, logf); err != nil {
+		return err
 	}
 	slope, base := fitRSS(rss)
 	c.LauncherBytesPerRank, c.LauncherBase = int(math.Max(1, slope)), int(math.Max(1, base))
@@ -138,7 +148,22 @@ func measureCosts(rounds int, gorunBin string, rss []rssPoint, logf func(string,
 
 	c.PMICardBytes, c.PMIReleaseBytes, c.PMIEnvelopeBytes = 100, 40, 70
 	c.Source["pmi_*"] = "notes/scale.md: MPICH 4.0.2's cards (~90 hex digits and the key), a release carries the barrier's number in a JSON command (~40 B), a batched answer's envelope ~70 B"
-	return c, c.Validate()
+	if err := measureProcessCosts(c, gorunBin, 2*rounds+1, logf); err != nil {
+		return err
+	}
+	return c.Validate()
+}
+
+// measureProcessCosts sets c's ProcessStart and ProcessIdle from jobs real
+// 1×2 jobs (measureProcess), and says so in c.Source.
+func measureProcessCosts(c *sim.Costs, gorunBin string, jobs int, logf func(string, ...any)) error {
+	var err error
+	if c.ProcessStart, c.ProcessIdle, err = measureProcess(*c, gorunBin, jobs, 3*time.Second, logf); err != nil {
+		return fmt.Errorf("process costs: %w", err)
+	}
+	c.Source["process_start_ns"] = fmt.Sprintf("real 1×2 jobs of the rank program (gorun -np 2 on this machine): a rank's CPU from main to formed, median of %d jobs (each the mean of its 2 ranks), less what the model charges per rank for that job otherwise", jobs)
+	c.Source["process_idle_ns"] = fmt.Sprintf("the same jobs left formed and idle for 3 s: a rank's CPU per second over it, median of %d jobs (each the mean of its 2 ranks)", jobs)
+	return nil
 }
 
 // measureLaunch measures a process start (the agent: gorun's binary; a

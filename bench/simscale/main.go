@@ -7,7 +7,9 @@
 //
 // It prints the costs and where each came from, a calibration table (the
 // real code in one process on this machine's cores beside the model with
-// every host on one shared CPU of as many cores, and the margin), and the
+// every host on one shared CPU of as many cores, and the margin), with
+// -netns a second one against real gorun jobs over namespace hosts
+// (netns.go, netnscal.go; root, hosts from tests/testhosts), and the
 // table at -hosts × -per against gorun's targets. The model is a model:
 // the protocols are restated event by event (package sim's doc), not run
 // under a virtual clock.
@@ -27,24 +29,37 @@ import (
 )
 
 type options struct {
-	measure             bool
-	costsIn, costsOut   string
-	gorunBin, rss       string
-	rounds              int
-	calibrate           string
-	sharedCores         int
-	margin, sensitivity float64
-	hosts, per, cores   int
-	latency, spread     time.Duration
-	bandwidth           float64
-	seed                uint64
-	launcherCores       int
-	skipScale, verbose  bool
+	measure, measureProc bool
+	costsIn, costsOut    string
+	gorunBin, rss        string
+	rounds               int
+	calibrate            string
+	sharedCores          int
+	margin, sensitivity  float64
+	hosts, per, cores    int
+	latency, spread      time.Duration
+	bandwidth            float64
+	seed                 uint64
+	launcherCores        int
+	skipScale, verbose   bool
+	netns, netnsShapes   string
+	netnsRounds          int
 }
 
 func main() {
+	start, cpu0 := time.Now(), cpuTime()
+	if os.Getenv(rankEnv) == "1" {
+		os.Exit(rankMain(start, cpu0))
+	}
+	if os.Getenv(echoEnv) == "1" {
+		os.Exit(echoMain())
+	}
+	if os.Getenv(victimEnv) != "" {
+		os.Exit(victimMain())
+	}
 	var o options
 	flag.BoolVar(&o.measure, "measure", false, "measure the costs from the real code first (else read -costs)")
+	flag.BoolVar(&o.measureProc, "measure-process", false, "read -costs, measure only the process costs (start, idle) again (-gorun), and keep the rest")
 	flag.StringVar(&o.costsIn, "costs", "sim/testdata/costs.json", "costs file to read when not measuring")
 	flag.StringVar(&o.costsOut, "costs-out", "", "write the measured costs here")
 	flag.StringVar(&o.gorunBin, "gorun", "bin/gorun", "gorun binary (agent start cost)")
@@ -64,6 +79,9 @@ func main() {
 	flag.IntVar(&o.launcherCores, "launcher-cores", 8, "cores of the node gorun runs on")
 	flag.BoolVar(&o.skipScale, "no-scale", false, "skip the scale table")
 	flag.BoolVar(&o.verbose, "v", false, "print each measurement")
+	flag.StringVar(&o.netns, "netns", "", "namespace calibration over the hosts of this netns-up.sh env file (STATE/env; root; empty: none)")
+	flag.StringVar(&o.netnsShapes, "netns-shapes", "4x2,8x2,16x2,32x2", "HOSTSxPER shapes of the namespace calibration")
+	flag.IntVar(&o.netnsRounds, "netns-rounds", 3, "real gorun jobs per namespace calibration row (median)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "simscale:", err)
@@ -83,6 +101,11 @@ func run(o options) error {
 			return err
 		}
 	}
+	if o.netns != "" {
+		if err := netnsCalibrate(o, costs); err != nil {
+			return fmt.Errorf("namespace calibration: %w", err)
+		}
+	}
 	if o.skipScale {
 		return nil
 	}
@@ -90,6 +113,9 @@ func run(o options) error {
 }
 
 func loadOrMeasure(o options) (sim.Costs, error) {
+	if o.measureProc {
+		return remeasureProcess(o)
+	}
 	if !o.measure {
 		return sim.LoadCosts(o.costsIn)
 	}
@@ -102,6 +128,38 @@ func loadOrMeasure(o options) (sim.Costs, error) {
 	c, err := measureCosts(o.rounds, o.gorunBin, pts, logf)
 	if err != nil {
 		return c, fmt.Errorf("measure: %w", err)
+	}
+	if o.costsOut != "" {
+		b, _ := json.MarshalIndent(c, "", "  ")
+		if err := os.WriteFile(o.costsOut, append(b, '\n'), 0o644); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// remeasureProcess reads -costs without validating them (a file from
+// before ProcessStart lacks it), measures ProcessStart and writes the
+// result to -costs-out if set.
+func remeasureProcess(o options) (sim.Costs, error) {
+	var c sim.Costs
+	b, err := os.ReadFile(o.costsIn)
+	if err == nil {
+		err = json.Unmarshal(b, &c)
+	}
+	if err != nil {
+		return c, fmt.Errorf("-costs %s: %w", o.costsIn, err)
+	}
+	fmt.Println("\nmeasuring the process start cost (real 1×2 jobs on this machine):")
+	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
+	if c.Source == nil {
+		c.Source = map[string]string{}
+	}
+	if err := measureProcessCosts(&c, o.gorunBin, 2*o.rounds+1, logf); err != nil {
+		return c, err
+	}
+	if err := c.Validate(); err != nil {
+		return c, err
 	}
 	if o.costsOut != "" {
 		b, _ := json.MarshalIndent(c, "", "  ")

@@ -32,7 +32,7 @@ func calibrate(o options, costs sim.Costs) error {
 			return err
 		}
 		cores := min(o.sharedCores, max(1, int(math.Ceil(float64(real.cpu)/float64(real.formation)-0.05))))
-		cfg := sim.WorldConfig{Hosts: h, PerHost: p, SharedCores: cores, Latency: 20 * time.Microsecond,
+		cfg := sim.WorldConfig{Hosts: h, PerHost: p, SharedCores: cores, Latency: 20 * time.Microsecond, InProcess: true,
 			Rdzv: rendezvous.DefaultConfig(), Costs: costs, Seed: o.seed}
 		m, err := runModel(cfg, true)
 		if err != nil {
@@ -243,7 +243,8 @@ func pmiRows(o options, c sim.Costs) {
 func scaleCosts(c sim.Costs, f float64) sim.Costs {
 	m := func(d time.Duration) time.Duration { return time.Duration(float64(d) * f) }
 	c.Packet, c.StateByte, c.PushPull, c.Attach = m(c.Packet), m(c.StateByte), m(c.PushPull), m(c.Attach)
-	c.LeaderStart, c.TableEntry = m(c.LeaderStart), m(c.TableEntry)
+	c.LeaderStart, c.TableEntry, c.GossipMsg = m(c.LeaderStart), m(c.TableEntry), m(c.GossipMsg)
+	c.ProcessStart, c.ProcessIdle = m(c.ProcessStart), m(c.ProcessIdle)
 	c.SSH, c.AgentStart, c.RankSpawn, c.AgentHello = m(c.SSH), m(c.AgentStart), m(c.RankSpawn), m(c.AgentHello)
 	return c
 }
