@@ -141,8 +141,15 @@
 //
 // Still in this package, in the order a later split would take them: the
 // host agent and host start-up, and elastic restarts. The edges the plan's
-// caller needs (ports.go, local.go, gpus.go) stay with the launcher, which owns
-// I/O.
+// caller needs (ports.go, local.go, gpus.go) stay with the launcher, which
+// owns I/O. The host agent (hostagent.go) is not a leaf yet: it uses the
+// flight recorder's agent side (flight.go), preloads' receiving side
+// (preload.go), the machine's limits (capacity.go), the program checks
+// (ResolveProgram, mpilib.go), port reservation (ports.go), doctor's agent
+// side (doctor.go), starter.go's tailBuffer and pmi.go's scrubLaunchEnv,
+// which would become leaves, or move with it, first. agentauth.go (gorun's
+// accept of an agent) and sshkex.go (the ssh starter's options) are host
+// start-up's, not the agent's.
 //
 // # Walking `gorun -np 2 ./prog`
 //

@@ -37,10 +37,6 @@ func fenceNodes(hosts, perHost int) []plan.Node {
 func fenceBytes(t *testing.T, hosts, perHost int) []int {
 	t.Helper()
 	size := hosts * perHost
-	counts := make([]int, hosts)
-	for i := range counts {
-		counts[i] = perHost
-	}
 	plan := &Plan{PMI: true, JobID: "fence", WorldSize: size, Nodes: fenceNodes(hosts, perHost)}
 	job, err := pmiJobFor(plan, PMIFD)
 	if err != nil {
@@ -61,18 +57,32 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 			sp.Close()
 		}
 	}()
+	g := startFenceGorun(t, sps)
+	runFenceRanks(t, sps, job.KVSName, perHost)
+	return g.stop()
+}
 
-	// gorun's event loop, reduced to its PMI cases: every host's
-	// requests become events; the commands are counted and applied.
+// fenceGorun is gorun's event loop reduced to its PMI cases: every host's
+// requests become events; the commands are counted (sent, per host) and
+// applied.
+type fenceGorun struct {
+	quit     chan struct{}
+	relays   sync.WaitGroup
+	loopDone chan struct{}
+	sent     []int
+}
+
+// startFenceGorun starts one relay per host and the loop; stop ends them.
+func startFenceGorun(t *testing.T, sps []*supervisor.PMI) *fenceGorun {
 	type hostEvent struct {
 		host int
 		ev   wire.Event
 	}
+	hosts := len(sps)
+	g := &fenceGorun{quit: make(chan struct{}), loopDone: make(chan struct{}), sent: make([]int, hosts)}
 	events := make(chan hostEvent)
-	quit := make(chan struct{})
-	var wg sync.WaitGroup
 	for h, sp := range sps {
-		wg.Go(func() {
+		g.relays.Go(func() {
 			for {
 				select {
 				case req, ok := <-sp.Requests():
@@ -81,22 +91,21 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 					}
 					select {
 					case events <- hostEvent{h, sp.Event(req)}:
-					case <-quit:
+					case <-g.quit:
 						return
 					}
-				case <-quit:
+				case <-g.quit:
 					return
 				}
 			}
 		})
 	}
-	sent := make([]int, hosts)
 	send := func(h int, c wire.Cmd) {
 		b, err := json.Marshal(wire.Msg{T: "cmd", Cmd: &c})
 		if err != nil {
 			t.Error(err)
 		}
-		sent[h] += len(b) + 5 // the frame header
+		g.sent[h] += len(b) + 5 // the frame header
 		switch c.Op {
 		case "pmi-release":
 			sps[h].Release(c, zerolog.Nop())
@@ -105,9 +114,8 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 		}
 	}
 	fences := pmiFences{hosts: hosts}
-	loopDone := make(chan struct{})
 	go func() {
-		defer close(loopDone)
+		defer close(g.loopDone)
 		for {
 			select {
 			case he := <-events:
@@ -125,12 +133,28 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 				case "pmi-get":
 					send(he.host, fences.get(he.ev))
 				}
-			case <-quit:
+			case <-g.quit:
 				return
 			}
 		}
 	}()
+	return g
+}
 
+// stop ends the loop and the relays and returns the bytes sent per host.
+func (g *fenceGorun) stop() []int {
+	close(g.quit)
+	<-g.loopDone
+	g.relays.Wait()
+	return g.sent
+}
+
+// runFenceRanks plays every rank of the PMI servers sps, perHost ranks a
+// host, over its socket: put a card, enter the barrier, get the cards of
+// the same local rank on the next and the previous host and a key nobody
+// put, finalize. It returns when every rank is done.
+func runFenceRanks(t *testing.T, sps []*supervisor.PMI, kvs string, perHost int) {
+	size := len(sps) * perHost
 	var ranks sync.WaitGroup
 	card := strings.Repeat("c", 96) // an MPICH business card is ~100 bytes
 	for h, sp := range sps {
@@ -156,16 +180,16 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 					return strings.TrimSpace(line)
 				}
 				do("cmd=init pmi_version=1 pmi_subversion=1")
-				do(fmt.Sprintf("cmd=put kvsname=%s key=card-%d value=%s-%d", job.KVSName, r, card, r))
+				do(fmt.Sprintf("cmd=put kvsname=%s key=card-%d value=%s-%d", kvs, r, card, r))
 				do("cmd=barrier_in")
 				for _, peer := range []int{(r + perHost) % size, (r + size - perHost) % size} {
-					got := do(fmt.Sprintf("cmd=get kvsname=%s key=card-%d", job.KVSName, peer))
+					got := do(fmt.Sprintf("cmd=get kvsname=%s key=card-%d", kvs, peer))
 					if want := fmt.Sprintf("value=%s-%d", card, peer); !strings.Contains(got, want) {
 						t.Errorf("rank %d: get of rank %d's card: %q", r, peer, got)
 					}
 				}
 				// A key nobody put is reported missing, not waited for.
-				if got := do(fmt.Sprintf("cmd=get kvsname=%s key=nobody-%d", job.KVSName, r)); !strings.Contains(got, "rc=-1") {
+				if got := do(fmt.Sprintf("cmd=get kvsname=%s key=nobody-%d", kvs, r)); !strings.Contains(got, "rc=-1") {
 					t.Errorf("rank %d: get of a key nobody put: %q", r, got)
 				}
 				do("cmd=finalize")
@@ -173,10 +197,6 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 		}
 	}
 	ranks.Wait()
-	close(quit)
-	<-loopDone
-	wg.Wait()
-	return sent
 }
 
 // TestPMIFenceBytesFollowRanksPerHost: what gorun sends a host for one

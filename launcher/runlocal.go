@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gorun-hpc/gorun/launcher/output"
 	"github.com/gorun-hpc/gorun/launcher/plan"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
@@ -23,10 +24,12 @@ import (
 // right before the ranks start, so the ports stay taken until rank 0 can
 // bind them.
 //
-// RunLocal starts one supervisor process (see launcher/supervisor for why) that
-// is the parent of every rank; output flows through pipes straight from
-// the ranks to RunLocal's goroutines, and the supervisor reports starts and
-// exits to the job loop (jobloop.go) through a localHome.
+// RunLocal starts one supervisor process (see launcher/supervisor for why)
+// that is the parent of every rank; output flows through pipes straight
+// from the ranks to RunLocal's goroutines, and the supervisor reports
+// starts and exits to the job loop (jobloop.go) through a localHome. Its
+// steps: the spec and the ranks' pipes (addLocalRanks), the supervisor's
+// start, the job loop, and the teardown (finishLocal).
 func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *PortReservation) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -44,16 +47,8 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	}
 	defer out.Close()
 
-	base := cfg.Env
-	if base == nil {
-		base = os.Environ()
-	}
-	base = scrubLaunchEnv(base)
 	flight := prepareFlight(cfg, out.Stderr())
 	defer flight.remove()
-	if v := flight.env(); v != "" {
-		base = mergeEnv(base, []string{v})
-	}
 	pj, err := pmiJobFor(plan, cfg.PMI)
 	if err != nil {
 		return err
@@ -62,22 +57,12 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	defer p.CloseChildEnds()
 	in := localStdin{src: cfg.Stdin}
 	defer in.close()
-	for _, rs := range plan.Ranks {
-		stdinFD := -1
-		if rs.Rank == 0 {
-			if stdinFD, err = in.prepare(p, cfg); err != nil {
-				p.CloseStreams()
-				return err
-			}
-		}
-		sr := wire.SupervisorRank{Rank: rs.Rank, Path: prog.Path, Argv: prog.Argv, Dir: cfg.Dir, Env: mergeEnv(base, rs.Env), GPU: gpuOf(rs)}
-		if err := p.AddRank(sr, stdinFD); err != nil {
-			p.CloseStreams()
-			return err
-		}
+	if err := addLocalRanks(p, &in, cfg, plan, prog, localBaseEnv(cfg, flight)); err != nil {
+		p.CloseStreams()
+		return err
 	}
 	// Before the supervisor starts: should it die, what its ranks left in
-	// other sessions comes here rather than to init (killLeftovers).
+	// other sessions comes here rather than to init (KillLeftovers).
 	supervisor.AdoptOrphans()
 	sup, err := supervisor.Start(cfg.SupervisorPath, p.Extra, cfg.Stderr, plan.JobID)
 	if err != nil {
@@ -99,13 +84,56 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	home.sendErr = sendSpec(sup.Send, &p.Spec)
 	start := time.Now()
 	err = (&jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: home, flight: flight}).run(ctx)
+	err = finishLocal(cfg, plan.JobID, sup, home, p, out, &in, err)
+	if err != nil && !flight.printed {
+		flight.print("the job failed", start)
+	}
+	return err
+}
 
-	// Finish: the supervisor is told its client is done (it exits once its
-	// ranks are gone, which they are unless the loop failed), stdin stops,
-	// and the output streams drain. Once the supervisor reported "done"
-	// every writer of the rank pipes is dead and the streams end on EOF; if
-	// it died instead, a stray holding a pipe could keep a stream open, so
-	// the pipes are closed after the grace period.
+// localBaseEnv is the environment every local rank starts from, before
+// its plan's variables: cfg.Env (this process's when nil) without another
+// launcher's variables, with the flight recorder's.
+func localBaseEnv(cfg Config, flight *flightRecords) []string {
+	base := cfg.Env
+	if base == nil {
+		base = os.Environ()
+	}
+	base = scrubLaunchEnv(base)
+	if v := flight.env(); v != "" {
+		base = mergeEnv(base, []string{v})
+	}
+	return base
+}
+
+// addLocalRanks adds every rank of the plan to the supervisor's spec with
+// its pipes, and rank 0's stdin (in) where there is one. On an error the
+// caller closes the streams made so far.
+func addLocalRanks(p *supervisor.Pipes, in *localStdin, cfg Config, plan *Plan, prog Program, base []string) error {
+	for _, rs := range plan.Ranks {
+		stdinFD := -1
+		if rs.Rank == 0 {
+			var err error
+			if stdinFD, err = in.prepare(p, cfg); err != nil {
+				return err
+			}
+		}
+		sr := wire.SupervisorRank{Rank: rs.Rank, Path: prog.Path, Argv: prog.Argv, Dir: cfg.Dir, Env: mergeEnv(base, rs.Env), GPU: gpuOf(rs)}
+		if err := p.AddRank(sr, stdinFD); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// finishLocal tears a local job down once its loop returned err, and
+// returns the job's error: the supervisor is told its client is done (it
+// exits once its ranks are gone, which they are unless the loop failed),
+// stdin stops, and the output streams drain. Once the supervisor reported
+// "done" every writer of the rank pipes is dead and the streams end on
+// EOF; if it died instead, a stray holding a pipe could keep a stream
+// open, so the pipes are closed after the grace period.
+func finishLocal(cfg Config, jobID string, sup *supervisor.Client, home *localHome, p *supervisor.Pipes, out *output.Job, in *localStdin, err error) error {
 	// "bye" first: a pipe that ends without it tells the supervisor that
 	// gorun died and the flight directory is left to it.
 	_ = sup.Send(wire.Cmd{Op: "bye"})
@@ -125,7 +153,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	if cgErr != nil {
 		cfg.Logger.Warn().Err(cgErr).Msg("job cgroup")
 	}
-	if n += supervisor.KillLeftovers(plan.JobID); n > 0 {
+	if n += supervisor.KillLeftovers(jobID); n > 0 {
 		cfg.Logger.Warn().Int("processes", n).Msg("killed processes the job left after its supervisor was lost")
 		var se *SupervisorError
 		if errors.As(err, &se) {
@@ -150,9 +178,6 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 		// The ranks succeeded but their record did not: the exit status
 		// must say so (the line was printed when it happened).
 		err = lerr
-	}
-	if err != nil && !flight.printed {
-		flight.print("the job failed", start)
 	}
 	return err
 }

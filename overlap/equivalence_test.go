@@ -40,97 +40,150 @@ const (
 // (gradient all-reduce per parameter, two per block), "fsdp" (parameter
 // all-gather prefetched one block ahead, gradient reduce-scatter) or
 // "hsdp" (fsdp on a shard group of 2, the reduced shard all-reduced on a
-// replica group of n/2: a collective reading another's output).
+// replica group of n/2: a collective reading another's output). It is
+// built as the step runs: tensors, forward, backward, optimizer.
 func eqStep(mode string, n, blocks int) *stepgraph.Graph {
-	b := stepgraph.NewBuilder()
-	shard := n
+	e := &eqBuilder{b: stepgraph.NewBuilder(), mode: mode, blocks: blocks, shard: n, dataGroup: "dp", pB: 8 * 4}
 	switch mode {
-	case "dp":
-		b.Group("dp", n)
-	case "fsdp":
-		b.Group("dp", n)
+	case "dp", "fsdp":
+		e.b.Group("dp", n)
 	case "hsdp":
-		shard = 2
-		b.Group("shard", 2).Group("replica", n/2)
+		e.shard, e.dataGroup = 2, "shard"
+		e.b.Group("shard", 2).Group("replica", n/2)
 	}
+	e.tensors()
+	e.forward()
+	e.backward()
+	e.optimizer()
+	g, err := e.b.Graph()
+	if err != nil {
+		panic(err)
+	}
+	for i := range g.Nodes {
+		if g.Nodes[i].Kind == stepgraph.Wait && g.Nodes[i].Region == "" {
+			g.Nodes[i].Dir = buckets.Optimizer
+		}
+	}
+	for i := range g.Tensors {
+		if g.Tensors[i].Name == "x" {
+			g.Tensors[i].Chunk = stepgraph.Batch
+		}
+	}
+	return g
+}
+
+// eqBuilder is eqStep's state while it builds.
+type eqBuilder struct {
+	b         *stepgraph.Builder
+	mode      string
+	blocks    int
+	shard     int    // ranks a parameter is sharded over (n for fsdp)
+	dataGroup string // the group the batch is split over
+	pB        int64  // a parameter's bytes: 8 floats
+}
+
+// eqRegion is block k's region.
+func eqRegion(k int) string { return fmt.Sprintf("layers.%d", k) }
+
+// tensors declares the inputs (the batch, each block's two parameters or
+// their shards) and every tensor the step writes.
+func (e *eqBuilder) tensors() {
+	b, pB := e.b, e.pB
 	rowB := int64(eqRows * eqWidth * 4)
 	b.Input("x", rowB)
-	pB := int64(8 * 4) // a parameter: 8 floats
-	if mode == "dp" {
-		for k := range blocks {
+	if e.mode == "dp" {
+		for k := range e.blocks {
 			b.Input(fmt.Sprintf("w%d.a", k), pB).Input(fmt.Sprintf("w%d.b", k), pB)
 		}
 	} else {
-		for k := range blocks {
-			b.Input(fmt.Sprintf("w%d.a.shard", k), pB/int64(shard)).Input(fmt.Sprintf("w%d.b.shard", k), pB/int64(shard))
+		for k := range e.blocks {
+			b.Input(fmt.Sprintf("w%d.a.shard", k), pB/int64(e.shard)).Input(fmt.Sprintf("w%d.b.shard", k), pB/int64(e.shard))
 		}
 	}
-	for k := range blocks {
+	for k := range e.blocks {
 		b.Tensor(fmt.Sprintf("a%d", k), rowB, stepgraph.Batch).Tensor(fmt.Sprintf("d%d", k), rowB, stepgraph.Batch)
 		b.Tensor(fmt.Sprintf("u%d", k), pB, stepgraph.Batch)
 		b.Tensor(fmt.Sprintf("g%d.a", k), pB, stepgraph.Partial).Tensor(fmt.Sprintf("g%d.b", k), pB, stepgraph.Partial)
 	}
 	b.Tensor("loss.local", 4, stepgraph.Partial)
-	reg := func(k int) string { return fmt.Sprintf("layers.%d", k) }
-	dataGroup := "dp"
-	if mode == "hsdp" {
-		dataGroup = "shard"
+}
+
+// gather starts the all-gathers of block k's parameters in region at.
+func (e *eqBuilder) gather(k int, at string) {
+	for _, p := range []string{"a", "b"} {
+		e.b.Start(fmt.Sprintf("ag%d.%s", k, p), buckets.Forward, at, buckets.AllGather, e.dataGroup, "f32",
+			[]stepgraph.Member{{In: fmt.Sprintf("w%d.%s.shard", k, p), Out: fmt.Sprintf("W%d.%s", k, p), Bytes: e.pB / int64(e.shard)}})
 	}
-	gather := func(k int, at string) {
-		for _, p := range []string{"a", "b"} {
-			b.Start(fmt.Sprintf("ag%d.%s", k, p), buckets.Forward, at, buckets.AllGather, dataGroup, "f32",
-				[]stepgraph.Member{{In: fmt.Sprintf("w%d.%s.shard", k, p), Out: fmt.Sprintf("W%d.%s", k, p), Bytes: pB / int64(shard)}})
-		}
+}
+
+// param names block k's two parameters as compute reads them.
+func (e *eqBuilder) param(k int) []string {
+	if e.mode == "dp" {
+		return []string{fmt.Sprintf("w%d.a", k), fmt.Sprintf("w%d.b", k)}
 	}
-	param := func(k int) []string {
-		if mode == "dp" {
-			return []string{fmt.Sprintf("w%d.a", k), fmt.Sprintf("w%d.b", k)}
-		}
-		return []string{fmt.Sprintf("W%d.a", k), fmt.Sprintf("W%d.b", k)}
-	}
+	return []string{fmt.Sprintf("W%d.a", k), fmt.Sprintf("W%d.b", k)}
+}
+
+// forward is the blocks in order (sharded parameters gathered one block
+// ahead), then the loss and its all-reduce.
+func (e *eqBuilder) forward() {
+	b, blocks := e.b, e.blocks
 	for k := range blocks {
-		if mode != "dp" {
+		if e.mode != "dp" {
 			if k == 0 {
-				gather(0, reg(0))
+				e.gather(0, eqRegion(0))
 			}
 			if k+1 < blocks {
-				gather(k+1, reg(k))
+				e.gather(k+1, eqRegion(k))
 			}
-			b.Wait(fmt.Sprintf("ag%d.a.w", k), fmt.Sprintf("ag%d.a", k), reg(k))
-			b.Wait(fmt.Sprintf("ag%d.b.w", k), fmt.Sprintf("ag%d.b", k), reg(k))
+			b.Wait(fmt.Sprintf("ag%d.a.w", k), fmt.Sprintf("ag%d.a", k), eqRegion(k))
+			b.Wait(fmt.Sprintf("ag%d.b.w", k), fmt.Sprintf("ag%d.b", k), eqRegion(k))
 		}
 		in := "x"
 		if k > 0 {
 			in = fmt.Sprintf("a%d", k-1)
 		}
-		b.Compute(fmt.Sprintf("f%d", k), buckets.Forward, reg(k), 100*time.Microsecond, append([]string{in}, param(k)...), []string{fmt.Sprintf("a%d", k)})
+		b.Compute(fmt.Sprintf("f%d", k), buckets.Forward, eqRegion(k), 100*time.Microsecond, append([]string{in}, e.param(k)...), []string{fmt.Sprintf("a%d", k)})
 	}
-	last := reg(blocks - 1)
+	last := eqRegion(blocks - 1)
 	b.Compute("loss", buckets.Forward, last, 10*time.Microsecond, []string{fmt.Sprintf("a%d", blocks-1)}, []string{"loss.local"})
-	b.Start("ar.loss", buckets.Forward, last, buckets.AllReduce, dataGroup, "f32", []stepgraph.Member{{In: "loss.local", Out: "loss", Bytes: 4}})
+	b.Start("ar.loss", buckets.Forward, last, buckets.AllReduce, e.dataGroup, "f32", []stepgraph.Member{{In: "loss.local", Out: "loss", Bytes: 4}})
+}
+
+// backward is the blocks in reverse, each starting its gradients'
+// all-reduce (dp) or reduce-scatter.
+func (e *eqBuilder) backward() {
+	b, blocks, pB := e.b, e.blocks, e.pB
 	for k := blocks - 1; k >= 0; k-- {
 		in := fmt.Sprintf("a%d", blocks-1)
 		if k < blocks-1 {
 			in = fmt.Sprintf("d%d", k+1)
 		}
 		writes := []string{fmt.Sprintf("g%d.a", k), fmt.Sprintf("g%d.b", k)}
-		b.Compute(fmt.Sprintf("b%d", k), buckets.Backward, reg(k), 200*time.Microsecond, append([]string{in}, param(k)...), append(writes, fmt.Sprintf("d%d", k)))
-		switch mode {
+		b.Compute(fmt.Sprintf("b%d", k), buckets.Backward, eqRegion(k), 200*time.Microsecond, append([]string{in}, e.param(k)...), append(writes, fmt.Sprintf("d%d", k)))
+		switch e.mode {
 		case "dp":
 			for _, p := range []string{"a", "b"} {
-				b.Start(fmt.Sprintf("ar%d.%s", k, p), buckets.Backward, reg(k), buckets.AllReduce, "dp", "f32",
+				b.Start(fmt.Sprintf("ar%d.%s", k, p), buckets.Backward, eqRegion(k), buckets.AllReduce, "dp", "f32",
 					[]stepgraph.Member{{In: fmt.Sprintf("g%d.%s", k, p), Out: fmt.Sprintf("G%d.%s", k, p), Bytes: pB}})
 			}
 		default:
 			for _, p := range []string{"a", "b"} {
-				b.Start(fmt.Sprintf("rs%d.%s", k, p), buckets.Backward, reg(k), buckets.ReduceScatter, dataGroup, "f32",
+				b.Start(fmt.Sprintf("rs%d.%s", k, p), buckets.Backward, eqRegion(k), buckets.ReduceScatter, e.dataGroup, "f32",
 					[]stepgraph.Member{{In: fmt.Sprintf("g%d.%s", k, p), Out: fmt.Sprintf("gs%d.%s", k, p), Bytes: pB}})
 			}
 		}
 	}
-	for k := blocks - 1; k >= 0; k-- {
+}
+
+// optimizer waits for each block's reduced gradients (hsdp: reduced
+// again on the replica group first) and updates it, then waits for the
+// loss.
+func (e *eqBuilder) optimizer() {
+	b, pB := e.b, e.pB
+	for k := e.blocks - 1; k >= 0; k-- {
 		var reads []string
-		switch mode {
+		switch e.mode {
 		case "dp":
 			for _, p := range []string{"a", "b"} {
 				b.Wait(fmt.Sprintf("ar%d.%s.w", k, p), fmt.Sprintf("ar%d.%s", k, p), "")
@@ -155,21 +208,6 @@ func eqStep(mode string, n, blocks int) *stepgraph.Graph {
 		b.Compute(fmt.Sprintf("opt%d", k), buckets.Optimizer, "", 10*time.Microsecond, reads, []string{fmt.Sprintf("u%d", k)})
 	}
 	b.Wait("ar.loss.w", "ar.loss", "")
-	g, err := b.Graph()
-	if err != nil {
-		panic(err)
-	}
-	for i := range g.Nodes {
-		if g.Nodes[i].Kind == stepgraph.Wait && g.Nodes[i].Region == "" {
-			g.Nodes[i].Dir = buckets.Optimizer
-		}
-	}
-	for i := range g.Tensors {
-		if g.Tensors[i].Name == "x" {
-			g.Tensors[i].Chunk = stepgraph.Batch
-		}
-	}
-	return g
 }
 
 // eqRank is one rank's memory for one run: every tensor the graph names,

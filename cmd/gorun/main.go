@@ -20,6 +20,7 @@ import (
 	"github.com/gorun-hpc/gorun/internal/cliflag"
 	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/launcher"
+	"github.com/gorun-hpc/gorun/launcher/fault"
 	"github.com/gorun-hpc/gorun/launcher/plan"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 )
@@ -274,6 +275,9 @@ Examples:
 	return fs
 }
 
+// launch is `gorun [flags] PROGRAM [ARGS...]`: it checks the flags
+// (checkLaunch), builds the launcher's Config (launchConfig) and Job, runs
+// the job, and maps its end to an exit code, the summaries and --report.
 func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var o options
 	fs := newFlagSet(&o, stderr)
@@ -284,102 +288,9 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "gorun %s\n", versionText())
 		return 0
 	}
-	npSet := ""
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "np" || f.Name == "n" {
-			npSet = f.Name
-		}
-	})
-	if npSet != "" && o.np < 1 {
-		fmt.Fprintf(stderr, "gorun: -%s %d: the number of ranks must be at least 1 (leave -np out for one rank per slot)\n", npSet, o.np)
-		return exitUsage
-	}
-	argv := fs.Args()
-	if len(argv) == 0 {
-		fmt.Fprintln(stderr, "gorun: no program given (see gorun --help)")
-		return exitUsage
-	}
-	log, err := newLogger(o, stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "gorun: %v\n", err)
-		return exitUsage
-	}
-	policy, err := launcher.ParseExitPolicy(o.exitPolicy)
-	if err != nil {
-		fmt.Fprintf(stderr, "gorun: %v\n", err)
-		return exitUsage
-	}
-	pmiMode, err := launcher.ParsePMIMode(o.pmi)
-	if err != nil {
-		fmt.Fprintf(stderr, "gorun: %v\n", err)
-		return exitUsage
-	}
-	hosts, inSlurm, launchAgent, code := resolveHosts(o, "gorun", stderr)
+	c, code := checkLaunch(fs, &o, stderr)
 	if code != 0 {
 		return code
-	}
-	bind, err := supervisor.ParseBind(o.bindTo)
-	if err != nil {
-		fmt.Fprintf(stderr, "gorun: %v\n", err)
-		return exitUsage
-	}
-	topology, err := supervisor.ParseTopology(o.topology)
-	if err != nil {
-		fmt.Fprintf(stderr, "gorun: %v\n", err)
-		return exitUsage
-	}
-	session, err := supervisor.ParseSession(o.session)
-	if err != nil {
-		fmt.Fprintf(stderr, "gorun: %v\n", err)
-		return exitUsage
-	}
-	// The agents read the policies from each rank's environment, so they
-	// reach every host with the job; an explicit -x GORUN_BIND,
-	// GORUN_SESSION or GORUN_TOPOLOGY wins.
-	policies := repeated{"GORUN_BIND=" + bind}
-	if session != supervisor.SessionAuto {
-		policies = append(policies, "GORUN_SESSION="+session)
-	}
-	if topology != supervisor.TopologyAuto {
-		policies = append(policies, "GORUN_TOPOLOGY="+topology)
-	}
-	if o.rdzvTimeout < 0 {
-		fmt.Fprintf(stderr, "gorun: --rdzv-timeout %s: must not be negative\n", o.rdzvTimeout)
-		return exitUsage
-	}
-	if o.rdzvTimeout > 0 {
-		policies = append(policies, "GORUN_RDZV_TIMEOUT="+o.rdzvTimeout.String())
-	}
-	exports, err := plan.ResolveExports(append(policies, o.exports...), os.LookupEnv)
-	if err != nil {
-		fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
-		return exitUsage
-	}
-	for _, kv := range exports {
-		if v, ok := strings.CutPrefix(kv, "GORUN_SESSION="); ok {
-			if _, err := supervisor.ParseSession(v); err != nil {
-				fmt.Fprintf(stderr, "gorun: -x GORUN_SESSION=%s: expected auto, shared or own\n", v)
-				return exitUsage
-			}
-		}
-	}
-	faults, err := readFaults(o)
-	if err != nil {
-		fmt.Fprintf(stderr, "gorun: %s\n", strings.TrimPrefix(err.Error(), "launcher: "))
-		return exitUsage
-	}
-	ckptSig, err := launcher.ParseSignal(o.ckptSignal)
-	if err != nil || ckptSig == syscall.SIGKILL || ckptSig == syscall.SIGSTOP {
-		fmt.Fprintf(stderr, "gorun: --checkpoint-signal %s: not a signal a program can catch (write e.g. USR1)\n", o.ckptSignal)
-		return exitUsage
-	}
-	if o.ckptBefore < 0 {
-		fmt.Fprintf(stderr, "gorun: --checkpoint-signal-before %s: must not be negative\n", o.ckptBefore)
-		return exitUsage
-	}
-	if msg := restartUsage(&o); msg != "" {
-		fmt.Fprintf(stderr, "gorun: %s\n", msg)
-		return exitUsage
 	}
 	ctx := context.Background()
 	if o.gpus < 0 {
@@ -389,7 +300,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 4)
 	// The checkpoint signal too, when it is another: gorun forwards what
 	// it catches (on demand: kill -USR1 <gorun>).
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2, ckptSig)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2, c.ckptSig)
 	defer signal.Stop(sigs)
 	// A closed stdout (`gorun ... | head`) must not kill gorun with
 	// SIGPIPE, which Go's runtime does for a write to fd 1 or 2 unless the
@@ -400,34 +311,16 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	signal.Notify(pipes, syscall.SIGPIPE)
 	defer signal.Stop(pipes)
 
-	cfg := launcher.DefaultConfig()
-	cfg.Logger = log
-	cfg.Stdin = stdin
-	cfg.Stdout, cfg.Stderr = stdout, stderr
-	cfg.TagOutput, cfg.TimestampOutput, cfg.OutputDir = o.tagOutput, o.timestamp, o.outputDir
-	cfg.Timeout, cfg.Grace, cfg.ExitPolicy = o.timeout, o.grace, policy
-	cfg.PMI = pmiMode
-	cfg.Signals = sigs
-	cfg.Version = version
-	cfg.StarterCommand, cfg.RemoteGorun, cfg.Iface = launchAgent, o.agentPath, o.iface
-	cfg.Lease, cfg.LaunchTimeout, cfg.FanoutThreshold = o.lease, o.launchTimeout, o.fanout
-	cfg.PreloadBinary, cfg.SSHMultiplex = o.preloadBinary, o.sshMultiplex
-	cfg.SSHDefaultKex = o.sshKex == "default"
-	if o.preloadFiles != "" {
-		cfg.PreloadFiles = strings.Split(o.preloadFiles, ",")
-	}
-	if inSlurm || o.launcher == "srun" {
-		cfg.Starter = launcher.StartSrun
-	}
+	cfg := launchConfig(o, c, stdin, stdout, stderr, sigs)
 	rep, err := launcher.LaunchReport(ctx, cfg, launcher.Job{
-		Argv: argv, NP: o.np, Hosts: hosts, Oversubscribe: o.oversubscribe,
-		GPUsPerHost: o.gpus, Export: exports, Faults: faults, MaxRestarts: o.maxRestarts,
-		CheckpointSignal: ckptSig, CheckpointBefore: o.ckptBefore, MinNP: o.minNP, MaxNP: o.maxNP, ReadmitEvery: o.readmitEvery,
+		Argv: c.argv, NP: o.np, Hosts: c.hosts, Oversubscribe: o.oversubscribe,
+		GPUsPerHost: o.gpus, Export: c.exports, Faults: c.faults, MaxRestarts: o.maxRestarts,
+		CheckpointSignal: c.ckptSig, CheckpointBefore: o.ckptBefore, MinNP: o.minNP, MaxNP: o.maxNP, ReadmitEvery: o.readmitEvery,
 		Hostfile:      o.hostfile, // read again before each elastic restart
 		FaultTolerant: o.faultTolerant, MaxFailures: o.maxFailures, FTGroupSize: o.ftGroup,
 	})
 	code = exitCode(err, stderr)
-	writeSummaries(stderr, len(faults) > 0, rep)
+	writeSummaries(stderr, len(c.faults) > 0, rep)
 	if o.report != "" {
 		if werr := writeReport(o.report, rep); werr != nil {
 			fmt.Fprintf(stderr, "gorun: --report: %v\n", werr)
@@ -437,6 +330,146 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	}
 	return code
+}
+
+// checkedLaunch is what checkLaunch made of the flags, beyond options.
+type checkedLaunch struct {
+	argv        []string
+	log         zerolog.Logger
+	policy      launcher.ExitPolicy
+	pmiMode     launcher.PMIMode
+	hosts       []launcher.Host
+	inSlurm     bool
+	launchAgent []string
+	exports     []string // NAME=VALUE, the policies first
+	faults      []fault.Fault
+	ckptSig     syscall.Signal
+}
+
+// checkLaunch checks the flags a launch was given and turns their
+// spellings into values; on a flag it refuses it prints why and returns a
+// non-zero exit code.
+func checkLaunch(fs *flag.FlagSet, o *options, stderr io.Writer) (c checkedLaunch, code int) {
+	usage := func(format string, a ...any) (checkedLaunch, int) {
+		fmt.Fprintf(stderr, "gorun: "+format+"\n", a...)
+		return checkedLaunch{}, exitUsage
+	}
+	npSet := ""
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "np" || f.Name == "n" {
+			npSet = f.Name
+		}
+	})
+	if npSet != "" && o.np < 1 {
+		return usage("-%s %d: the number of ranks must be at least 1 (leave -np out for one rank per slot)", npSet, o.np)
+	}
+	if c.argv = fs.Args(); len(c.argv) == 0 {
+		return usage("no program given (see gorun --help)")
+	}
+	var err error
+	if c.log, err = newLogger(*o, stderr); err != nil {
+		return usage("%v", err)
+	}
+	if c.policy, err = launcher.ParseExitPolicy(o.exitPolicy); err != nil {
+		return usage("%v", err)
+	}
+	if c.pmiMode, err = launcher.ParsePMIMode(o.pmi); err != nil {
+		return usage("%v", err)
+	}
+	if c.hosts, c.inSlurm, c.launchAgent, code = resolveHosts(*o, "gorun", stderr); code != 0 {
+		return checkedLaunch{}, code
+	}
+	if c.exports, code = launchExports(*o, stderr); code != 0 {
+		return checkedLaunch{}, code
+	}
+	if c.faults, err = readFaults(*o); err != nil {
+		return usage("%s", strings.TrimPrefix(err.Error(), "launcher: "))
+	}
+	c.ckptSig, err = launcher.ParseSignal(o.ckptSignal)
+	if err != nil || c.ckptSig == syscall.SIGKILL || c.ckptSig == syscall.SIGSTOP {
+		return usage("--checkpoint-signal %s: not a signal a program can catch (write e.g. USR1)", o.ckptSignal)
+	}
+	if o.ckptBefore < 0 {
+		return usage("--checkpoint-signal-before %s: must not be negative", o.ckptBefore)
+	}
+	if msg := restartUsage(o); msg != "" {
+		return usage("%s", msg)
+	}
+	return c, 0
+}
+
+// launchExports is the job's -x list with the supervisor's policies
+// (--bind-to, --session, --topology, --rdzv-timeout) in front, resolved to
+// NAME=VALUE. The agents read the policies from each rank's environment,
+// so they reach every host with the job; an explicit -x GORUN_BIND,
+// GORUN_SESSION or GORUN_TOPOLOGY wins. On a value it refuses it prints
+// why and returns a non-zero exit code.
+func launchExports(o options, stderr io.Writer) ([]string, int) {
+	usage := func(format string, a ...any) ([]string, int) {
+		fmt.Fprintf(stderr, "gorun: "+format+"\n", a...)
+		return nil, exitUsage
+	}
+	bind, err := supervisor.ParseBind(o.bindTo)
+	if err != nil {
+		return usage("%v", err)
+	}
+	topology, err := supervisor.ParseTopology(o.topology)
+	if err != nil {
+		return usage("%v", err)
+	}
+	session, err := supervisor.ParseSession(o.session)
+	if err != nil {
+		return usage("%v", err)
+	}
+	policies := repeated{"GORUN_BIND=" + bind}
+	if session != supervisor.SessionAuto {
+		policies = append(policies, "GORUN_SESSION="+session)
+	}
+	if topology != supervisor.TopologyAuto {
+		policies = append(policies, "GORUN_TOPOLOGY="+topology)
+	}
+	if o.rdzvTimeout < 0 {
+		return usage("--rdzv-timeout %s: must not be negative", o.rdzvTimeout)
+	}
+	if o.rdzvTimeout > 0 {
+		policies = append(policies, "GORUN_RDZV_TIMEOUT="+o.rdzvTimeout.String())
+	}
+	exports, err := plan.ResolveExports(append(policies, o.exports...), os.LookupEnv)
+	if err != nil {
+		return usage("%s", strings.TrimPrefix(err.Error(), "launcher: "))
+	}
+	for _, kv := range exports {
+		if v, ok := strings.CutPrefix(kv, "GORUN_SESSION="); ok {
+			if _, err := supervisor.ParseSession(v); err != nil {
+				return usage("-x GORUN_SESSION=%s: expected auto, shared or own", v)
+			}
+		}
+	}
+	return exports, 0
+}
+
+// launchConfig is the launcher's Config for the flags.
+func launchConfig(o options, c checkedLaunch, stdin io.Reader, stdout, stderr io.Writer, sigs chan os.Signal) launcher.Config {
+	cfg := launcher.DefaultConfig()
+	cfg.Logger = c.log
+	cfg.Stdin = stdin
+	cfg.Stdout, cfg.Stderr = stdout, stderr
+	cfg.TagOutput, cfg.TimestampOutput, cfg.OutputDir = o.tagOutput, o.timestamp, o.outputDir
+	cfg.Timeout, cfg.Grace, cfg.ExitPolicy = o.timeout, o.grace, c.policy
+	cfg.PMI = c.pmiMode
+	cfg.Signals = sigs
+	cfg.Version = version
+	cfg.StarterCommand, cfg.RemoteGorun, cfg.Iface = c.launchAgent, o.agentPath, o.iface
+	cfg.Lease, cfg.LaunchTimeout, cfg.FanoutThreshold = o.lease, o.launchTimeout, o.fanout
+	cfg.PreloadBinary, cfg.SSHMultiplex = o.preloadBinary, o.sshMultiplex
+	cfg.SSHDefaultKex = o.sshKex == "default"
+	if o.preloadFiles != "" {
+		cfg.PreloadFiles = strings.Split(o.preloadFiles, ",")
+	}
+	if c.inSlurm || o.launcher == "srun" {
+		cfg.Starter = launcher.StartSrun
+	}
+	return cfg
 }
 
 // exitCode prints the one-line verdict and maps an error to gorun's exit

@@ -119,12 +119,14 @@ func NewToken(name string) string {
 //	                   "maxgap N" (the longest gap between wake-ups, in ms;
 //	                   a stopped rank shows its stop), exit 0
 //
-// A test binary started as a job reaper (argv[0] "job-reaper") whose
-// TestMain did not take the reaper's role exits here instead of running
-// the tests again: each run would start reapers of its own, a fork bomb.
+// A test binary started as a job supervisor or job reaper (the
+// supervisor's internal variable set; a reaper's argv[0] is also
+// "job-reaper") whose TestMain did not take that role (supervisor.Is,
+// supervisor.Main) exits here instead of running the tests again: each run
+// would start supervisors or reapers of its own, a fork bomb.
 func MaybeRunHelper() {
-	if os.Args[0] == "job-reaper" {
-		fmt.Fprintln(os.Stderr, "launchertest: this test binary was started as a job reaper, but its TestMain did not run the reaper (call supervisor.Is/Main first); refusing to run the tests")
+	if v := os.Getenv(supervisorMarker); v != "" || os.Args[0] == "job-reaper" {
+		fmt.Fprintf(os.Stderr, "launchertest: this test binary was started as a job supervisor or reaper (%s=%q, argv[0] %q), but its TestMain did not take the role (call supervisor.Is/Main first); refusing to run the tests\n", supervisorMarker, v, os.Args[0])
 		os.Exit(2)
 	}
 	mode, ok := os.LookupEnv(HelperEnv)
@@ -137,6 +139,10 @@ func MaybeRunHelper() {
 	os.Exit(runHelper(mode))
 }
 
+// supervisorMarker is the variable package launcher/supervisor starts its
+// supervisors and job reapers with.
+const supervisorMarker = "GORUN_INTERNAL_SUPERVISOR"
+
 func atoi(s string) int {
 	n, err := strconv.Atoi(s)
 	if err != nil {
@@ -145,25 +151,14 @@ func atoi(s string) int {
 	return n
 }
 
+// runHelper runs one helper mode (MaybeRunHelper lists them) and returns
+// its exit code; modes longer than a few lines are functions of their own.
 func runHelper(mode string) int {
 	name, arg, _ := strings.Cut(mode, ":")
 	rank := os.Getenv("RANK")
 	switch name {
 	case "print-env":
-		w := bufio.NewWriter(os.Stdout)
-		for _, kv := range os.Environ() {
-			fmt.Fprintln(w, kv)
-		}
-		// Where the rank may run, in the same NAME=VALUE form.
-		if st, err := os.ReadFile("/proc/self/status"); err == nil {
-			for _, line := range strings.Split(string(st), "\n") {
-				if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok {
-					fmt.Fprintf(w, "GORUN_TEST_CPUS=%s\n", strings.TrimSpace(v))
-				}
-			}
-		}
-		w.Flush()
-		return 0
+		return printEnv()
 	case "exit":
 		return atoi(arg)
 	case "kill-self":
@@ -176,39 +171,10 @@ func runHelper(mode string) int {
 		signal.Ignore(syscall.SIGTERM, syscall.SIGINT)
 		fmt.Printf("ready %s %d\n", rank, os.Getpid())
 		select {}
-	case "spawn-grandchild", "setsid-grandchild", "setsid-orphan":
-		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), HelperEnv+"=hang", RankHelperEnv(atoi(rank))+"=hang")
-		if name != "spawn-grandchild" {
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-		}
-		if err := cmd.Start(); err != nil {
-			fmt.Fprintln(os.Stderr, "helper:", err)
-			return 90
-		}
-		fmt.Printf("ready %s %d child %d\n", rank, os.Getpid(), cmd.Process.Pid)
-		if name == "setsid-orphan" {
-			return 0
-		}
-		select {}
-	case "setsid-clearenv":
-		cmd := exec.Command("sleep", "3600")
-		cmd.Env = []string{}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-		if err := cmd.Start(); err != nil {
-			fmt.Fprintln(os.Stderr, "helper:", err)
-			return 90
-		}
-		fmt.Printf("ready %s %d child %d\n", rank, os.Getpid(), cmd.Process.Pid)
-		select {}
+	case "spawn-grandchild", "setsid-grandchild", "setsid-orphan", "setsid-clearenv":
+		return spawnChild(name, rank)
 	case "flood":
-		w := bufio.NewWriterSize(os.Stdout, 4096)
-		pad := strings.Repeat("x", 100)
-		for i := range atoi(arg) {
-			fmt.Fprintf(w, "r%s l%d %s\n", rank, i, pad)
-		}
-		w.Flush()
-		return 0
+		return flood(rank, atoi(arg))
 	case "partial":
 		fmt.Print("partial-line")
 		return 0
@@ -242,34 +208,7 @@ func runHelper(mode string) int {
 		fmt.Println(strings.Join(os.Args[1:], " "))
 		return 0
 	case "watch-rank":
-		// A program that does not use gorun's runtime (so it reports
-		// nothing collateral) whose ranks all depend on one: rank V
-		// writes its pid to DIR/victim and waits; every other rank
-		// exits 1 as soon as V's process is gone, as an MPI program's
-		// ranks do when a peer dies. Spelled watch-rank:V:DIR.
-		v, dir, _ := strings.Cut(arg, ":")
-		file := filepath.Join(dir, "victim")
-		if rank == v {
-			if err := os.WriteFile(file+".tmp", []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
-				fmt.Fprintln(os.Stderr, "helper:", err)
-				return 90
-			}
-			_ = os.Rename(file+".tmp", file)
-			fmt.Printf("ready %s %d\n", rank, os.Getpid())
-			select {}
-		}
-		fmt.Printf("ready %s %d\n", rank, os.Getpid())
-		for {
-			b, err := os.ReadFile(file)
-			if err == nil {
-				st, err := os.ReadFile("/proc/" + string(b) + "/stat")
-				if i := bytes.LastIndexByte(st, ')'); err != nil || (i > 0 && i+2 < len(st) && st[i+2] == 'Z') {
-					fmt.Fprintf(os.Stderr, "helper: rank %s: rank %s is gone\n", rank, v)
-					return 1
-				}
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
+		return watchRank(rank, arg)
 	case "allreduce":
 		return allReduceLoop(rank, 0)
 	case "allreduce-for":
@@ -277,33 +216,7 @@ func runHelper(mode string) int {
 		// of these fails only if the runtime loses a rank.
 		return allReduceLoop(rank, time.Duration(atoi(arg))*time.Millisecond)
 	case "restart-aware":
-		w := os.Getenv("GORUN_RESTART_COUNT")
-		// The secret's hash, not the secret: a test compares worlds.
-		key := sha256.Sum256([]byte(os.Getenv("GORUN_SECRET")))
-		fmt.Printf("world %s torch %s job %s key %x\n", w, os.Getenv("TORCHELASTIC_RESTART_COUNT"), os.Getenv("GORUN_JOB_ID"), key[:6])
-		if w == "1" && arg == "grow" {
-			// Until gorun stops this world to grow back: a world
-			// that can end no other way keys the test to that event.
-			// The checkpoint signal gorun may send first is printed
-			// with when it came (Unix ns).
-			ck := make(chan os.Signal, 1)
-			signal.Notify(ck, syscall.SIGUSR1)
-			fmt.Printf("ready %s %d\n", rank, os.Getpid())
-			for range ck {
-				fmt.Printf("checkpoint signal at %d\n", time.Now().UnixNano())
-			}
-		}
-		if w != "0" {
-			// A restarted world's first step (gorun's report times
-			// the recovery by it), then done.
-			collateral.TellStep(collateral.Step{Rank: atoi(rank), Step: 1})
-			return 0
-		}
-		if arg == "allreduce" || arg == "grow" {
-			return allReduceLoop(rank, 0)
-		}
-		fmt.Printf("ready %s %d\n", rank, os.Getpid())
-		select {}
+		return restartAware(rank, arg)
 	case "steps":
 		return stepLoop(rank, atoi(arg))
 	case "split":
@@ -311,22 +224,145 @@ func runHelper(mode string) int {
 	case "split-busy":
 		return splitLoop(rank, 0, time.Duration(atoi(arg))*time.Millisecond)
 	case "ticker":
-		end := time.Now().Add(time.Duration(atoi(arg)) * time.Millisecond)
-		// Step 1 is the ticker's start: a fault after-steps=1 lands
-		// inside the measured window however late the rank started.
-		collateral.TellStep(collateral.Step{Rank: atoi(rank), Step: 1})
-		var maxGap time.Duration
-		for last := time.Now(); last.Before(end); {
-			time.Sleep(5 * time.Millisecond)
-			now := time.Now()
-			maxGap = max(maxGap, now.Sub(last))
-			last = now
-		}
-		fmt.Printf("maxgap %d\n", maxGap.Milliseconds())
-		return 0
+		return ticker(rank, time.Duration(atoi(arg))*time.Millisecond)
 	}
 	fmt.Fprintf(os.Stderr, "launchertest: unknown helper mode %q\n", mode)
 	return 99
+}
+
+// printEnv is the "print-env" mode: the environment and the CPUs the rank
+// may run on (GORUN_TEST_CPUS), one NAME=VALUE a line.
+func printEnv() int {
+	w := bufio.NewWriter(os.Stdout)
+	for _, kv := range os.Environ() {
+		fmt.Fprintln(w, kv)
+	}
+	// Where the rank may run, in the same NAME=VALUE form.
+	if st, err := os.ReadFile("/proc/self/status"); err == nil {
+		for _, line := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok {
+				fmt.Fprintf(w, "GORUN_TEST_CPUS=%s\n", strings.TrimSpace(v))
+			}
+		}
+	}
+	w.Flush()
+	return 0
+}
+
+// spawnChild is the modes that start a child and say so: a hanging helper
+// (spawn-grandchild; in a new session for setsid-grandchild and
+// setsid-orphan, which exits at once) or, for setsid-clearenv, "sleep
+// 3600" in a new session with an empty environment.
+func spawnChild(name, rank string) int {
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), HelperEnv+"=hang", RankHelperEnv(atoi(rank))+"=hang")
+	if name == "setsid-clearenv" {
+		cmd = exec.Command("sleep", "3600")
+		cmd.Env = []string{}
+	}
+	if name != "spawn-grandchild" {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	}
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		return 90
+	}
+	fmt.Printf("ready %s %d child %d\n", rank, os.Getpid(), cmd.Process.Pid)
+	if name == "setsid-orphan" {
+		return 0
+	}
+	select {}
+}
+
+// flood is the "flood:N" mode: N numbered lines, written fast.
+func flood(rank string, n int) int {
+	w := bufio.NewWriterSize(os.Stdout, 4096)
+	pad := strings.Repeat("x", 100)
+	for i := range n {
+		fmt.Fprintf(w, "r%s l%d %s\n", rank, i, pad)
+	}
+	w.Flush()
+	return 0
+}
+
+// watchRank is the "watch-rank:V:DIR" mode: a program that does not use
+// gorun's runtime (so it reports nothing collateral) whose ranks all
+// depend on one: rank V writes its pid to DIR/victim and waits; every
+// other rank exits 1 as soon as V's process is gone, as an MPI program's
+// ranks do when a peer dies.
+func watchRank(rank, arg string) int {
+	v, dir, _ := strings.Cut(arg, ":")
+	file := filepath.Join(dir, "victim")
+	if rank == v {
+		if err := os.WriteFile(file+".tmp", []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			return 90
+		}
+		_ = os.Rename(file+".tmp", file)
+		fmt.Printf("ready %s %d\n", rank, os.Getpid())
+		select {}
+	}
+	fmt.Printf("ready %s %d\n", rank, os.Getpid())
+	for {
+		b, err := os.ReadFile(file)
+		if err == nil {
+			st, err := os.ReadFile("/proc/" + string(b) + "/stat")
+			if i := bytes.LastIndexByte(st, ')'); err != nil || (i > 0 && i+2 < len(st) && st[i+2] == 'Z') {
+				fmt.Fprintf(os.Stderr, "helper: rank %s: rank %s is gone\n", rank, v)
+				return 1
+			}
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// restartAware is the "restart-aware" mode (see MaybeRunHelper).
+func restartAware(rank, arg string) int {
+	w := os.Getenv("GORUN_RESTART_COUNT")
+	// The secret's hash, not the secret: a test compares worlds.
+	key := sha256.Sum256([]byte(os.Getenv("GORUN_SECRET")))
+	fmt.Printf("world %s torch %s job %s key %x\n", w, os.Getenv("TORCHELASTIC_RESTART_COUNT"), os.Getenv("GORUN_JOB_ID"), key[:6])
+	if w == "1" && arg == "grow" {
+		// Until gorun stops this world to grow back: a world
+		// that can end no other way keys the test to that event.
+		// The checkpoint signal gorun may send first is printed
+		// with when it came (Unix ns).
+		ck := make(chan os.Signal, 1)
+		signal.Notify(ck, syscall.SIGUSR1)
+		fmt.Printf("ready %s %d\n", rank, os.Getpid())
+		for range ck {
+			fmt.Printf("checkpoint signal at %d\n", time.Now().UnixNano())
+		}
+	}
+	if w != "0" {
+		// A restarted world's first step (gorun's report times
+		// the recovery by it), then done.
+		collateral.TellStep(collateral.Step{Rank: atoi(rank), Step: 1})
+		return 0
+	}
+	if arg == "allreduce" || arg == "grow" {
+		return allReduceLoop(rank, 0)
+	}
+	fmt.Printf("ready %s %d\n", rank, os.Getpid())
+	select {}
+}
+
+// ticker is the "ticker:MS" mode: for d, wake every 5 ms, then print the
+// longest gap between wake-ups ("maxgap N", in ms).
+func ticker(rank string, d time.Duration) int {
+	end := time.Now().Add(d)
+	// Step 1 is the ticker's start: a fault after-steps=1 lands
+	// inside the measured window however late the rank started.
+	collateral.TellStep(collateral.Step{Rank: atoi(rank), Step: 1})
+	var maxGap time.Duration
+	for last := time.Now(); last.Before(end); {
+		time.Sleep(5 * time.Millisecond)
+		now := time.Now()
+		maxGap = max(maxGap, now.Sub(last))
+		last = now
+	}
+	fmt.Printf("maxgap %d\n", maxGap.Milliseconds())
+	return 0
 }
 
 // allReduceLoop is the "allreduce" mode: all-reduces until one fails (exit
