@@ -21,7 +21,9 @@ func writeFTSummary(w io.Writer, r *launcher.FTReport) {
 	for _, f := range r.Failures {
 		var b strings.Builder
 		fmt.Fprintf(&b, "gorun:   rank %d (incarnation %d, pid %d) ", f.Rank, f.Incarnation, f.PID)
-		if f.Signal != "" {
+		if f.Host != "" {
+			fmt.Fprintf(&b, "lost with host %s", f.Host)
+		} else if f.Signal != "" {
 			fmt.Fprintf(&b, "killed by %s", f.Signal)
 		} else {
 			fmt.Fprintf(&b, "exited with code %d", f.Code)
@@ -41,6 +43,16 @@ func writeFTSummary(w io.Writer, r *launcher.FTReport) {
 			b.WriteString(", never healed")
 		}
 		fmt.Fprintln(w, b.String())
+	}
+	for _, h := range r.LostHosts {
+		fmt.Fprintf(w, "gorun:   host %s lost at %.3fs (%s) at step %d: %s", h.Host, h.At, h.Why, h.Step, h.Action)
+		if len(h.Retired) > 0 {
+			fmt.Fprintf(w, "; retired ranks %v", h.Retired)
+		}
+		if len(h.Participants) > 0 {
+			fmt.Fprintf(w, "; the next quorum's participants %v", h.Participants)
+		}
+		fmt.Fprintln(w)
 	}
 	if r.Exhausted != "" {
 		fmt.Fprintf(w, "gorun:   the job was stopped: %s\n", r.Exhausted)
