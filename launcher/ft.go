@@ -76,7 +76,10 @@ type FTHostLoss struct {
 	// survivors' membership change); empty when none formed (the job
 	// ended, or the survivors had finished).
 	Participants []int `json:"participants_after,omitempty"`
-	// Action is "survivors continue" or "job ended".
+	// Spare is the spare host its ranks were started on, if any.
+	Spare string `json:"spare,omitempty"`
+	// Action is "survivors continue" (its groups retired), "replaced on
+	// spare host S" or "job ended".
 	Action string `json:"action"`
 }
 
@@ -137,6 +140,9 @@ type ftRun struct {
 	retired   map[int]bool
 	hosts     []FTHostLoss
 	lostNodes map[int]bool
+	// takeSpare moves a lost node's ranks to a spare host and starts
+	// them there (hostsRun.takeSpare); nil when the job has no hosts.
+	takeSpare func(node int) (string, bool)
 }
 
 // startFT starts the quorum service of a job with the given identity.
@@ -334,7 +340,11 @@ func (f *ftRun) respawnGroupIfGone(j *liveJob, r int) {
 	}
 	inc := 0
 	for q := lo; q < lo+f.group; q++ {
-		inc = max(inc, f.inc[q]+1)
+		if j.ranks[q].exited {
+			// Not a rank already started on a spare host with its
+			// group's next incarnation (ftspare.go).
+			inc = max(inc, f.inc[q]+1)
+		}
 	}
 	for q := lo; q < lo+f.group; q++ {
 		if !j.ranks[q].exited {

@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"syscall"
 	"time"
@@ -72,6 +73,9 @@ func (f *ftRun) hostLost(j *liveJob, ev wire.Event) bool {
 		j.log.Warn().Str("host", n.Name).Str("why", end).Msg("fault-tolerant: ending the job")
 		return false
 	}
+	if f.replaceOnSpare(j, ev.Node, h) {
+		return true
+	}
 	h.Action = "survivors continue"
 	f.markLost(n.Name, "retired: not replaced (no spare host takes over)")
 	// Their replica groups go with them: the others are killed where they
@@ -96,6 +100,50 @@ func (f *ftRun) hostLost(j *liveJob, ev wire.Event) bool {
 	}
 	j.log.Warn().Str("host", n.Name).Ints("retired", h.Retired).Int64("step", h.Step).
 		Msg("fault-tolerant: host lost; its replica groups are out and the others keep stepping")
+	return true
+}
+
+// replaceOnSpare starts the lost ranks of h on a spare host, when one is
+// left and the host lost every rank it ran (a host some of whose ranks
+// had finished is not moved: the spare would start them again). Each
+// lost rank's next incarnation is its replica group's next; the others of
+// its group are killed where they run and started again in place once
+// gone (respawnGroupIfGone), as for any failure in a group. The
+// replacements then join and heal like any.
+func (f *ftRun) replaceOnSpare(j *liveJob, node int, h *FTHostLoss) bool {
+	n := j.plan.Nodes[node]
+	if f.takeSpare == nil || len(h.Ranks) == 0 || len(h.Ranks) != n.Ranks {
+		return false
+	}
+	old := maps.Clone(f.inc)
+	for _, rk := range h.Ranks {
+		lo := rk / f.group * f.group
+		for q := lo; q < lo+f.group; q++ {
+			f.inc[rk] = max(f.inc[rk], old[q]+1)
+		}
+	}
+	spare, ok := f.takeSpare(node)
+	if !ok {
+		f.inc = old
+		return false
+	}
+	j.left++ // the spare's supervisor reports "done" as the lost one would have
+	for _, rk := range h.Ranks {
+		j.ranks[rk].exited, j.ranks[rk].pid = false, 0
+	}
+	h.Spare, h.Action = spare, "replaced on spare host "+spare
+	f.markLost(h.Host, h.Action)
+	for _, rk := range h.Ranks {
+		lo := rk / f.group * f.group
+		for q := lo; q < lo+f.group; q++ {
+			if slices.Contains(h.Ranks, q) || j.ranks[q].exited || f.dying[q] {
+				continue
+			}
+			f.dying[q] = true
+			j.home.commandNode(j.plan.Ranks[q].NodeRank, wire.Cmd{Op: "signal", Signal: int(syscall.SIGKILL), Ranks: []int{q}})
+		}
+	}
+	j.log.Warn().Str("host", h.Host).Str("spare", spare).Ints("ranks", h.Ranks).Msg("fault-tolerant: host lost; its ranks start on a spare host")
 	return true
 }
 

@@ -36,6 +36,8 @@ type ftHostReport struct {
 			Rank   int    `json:"rank"`
 			Host   string `json:"host"`
 			Action string `json:"action"`
+			// JoinedAfterStart is from the replacement's start to its heal.
+			JoinedAfterStart *float64 `json:"healed_after_start_s"`
 		} `json:"failures"`
 		LostHosts []struct {
 			Host         string `json:"host"`
@@ -46,7 +48,10 @@ type ftHostReport struct {
 			Action       string `json:"action"`
 		} `json:"lost_hosts"`
 		Quorum struct {
-			Heals []struct{} `json:"heals"`
+			Heals []struct {
+				Replica     int `json:"replica"`
+				Incarnation int `json:"incarnation"`
+			} `json:"heals"`
 		} `json:"quorum"`
 		Exhausted string `json:"exhausted"`
 	} `json:"fault_tolerance"`
@@ -280,5 +285,48 @@ func TestFTLostHostLastHolderEndsJob(t *testing.T) {
 	}
 	if lh := rep.FaultTolerance.LostHosts; len(lh) != 1 || lh[0].Action != "job ended" {
 		t.Errorf("report's lost hosts: %+v", lh)
+	}
+}
+
+// TestFTSpareHostTakesOver: 4 hosts of one slot, -np 3: the fourth host is
+// a spare. The second host is killed whole after step 5; its rank 1
+// starts on the spare as its next incarnation, with the spare's identity
+// (its hostname and GORUN_HOST), joins at a step boundary and heals from
+// ranks 0 and 2, which never stopped: all three end bitwise equal.
+func TestFTSpareHostTakesOver(t *testing.T) {
+	h := requireHosts(t)
+	victim, spare := h.Hosts[1], h.Hosts[3]
+	hf, err := h.WriteHostfile(t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := newFTHostJob(t, h, hf, 3, []string{"--inject", "kill-host:host=" + victim + ":after-steps=5"}, []string{"--mode", "dp"})
+	// Each process says where it runs, then becomes the trainer.
+	i := slices.Index(j.cmd.Args, "--fault-tolerant") // gorun's own flag comes first
+	i = i + slices.Index(j.cmd.Args[i+1:], "--fault-tolerant")
+	j.cmd.Args = slices.Insert(j.cmd.Args, i, "/bin/sh", "-c", `echo "on $(hostname) GORUN_HOST=$GORUN_HOST incarnation $GORUN_FT_INCARNATION"; exec "$0" "$@"`)
+	code := j.run()
+	j.noSurvivors()
+	rep := j.parse()
+	if code != 0 {
+		t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", code, j.stdout.String(), j.stderr.String())
+	}
+	j.survived([]int{0, 2}, []int{0, 1, 2})
+	if f := j.final[1]; f == nil || f[1] != "1" || f[2] != strconv.Itoa(ftHostSteps) {
+		t.Errorf("rank 1 ended as %v, want incarnation 1 at step %d", f, ftHostSteps)
+	}
+	if !slices.Contains(j.lines[1], fmt.Sprintf("on %s GORUN_HOST=%s incarnation 1", spare, spare)) {
+		t.Errorf("rank 1's replacement did not run on the spare %s as itself there:\n%s", spare, strings.Join(j.lines[1], "\n"))
+	}
+	ft := rep.FaultTolerance
+	if len(ft.LostHosts) != 1 || ft.LostHosts[0].Host != victim || ft.LostHosts[0].Action != "replaced on spare host "+spare ||
+		!slices.Equal(ft.LostHosts[0].Ranks, []int{1}) || len(ft.LostHosts[0].Retired) != 0 {
+		t.Errorf("report's lost hosts: %+v", ft.LostHosts)
+	}
+	if len(ft.Quorum.Heals) != 1 {
+		t.Errorf("report's heals: %+v, want rank 1's", ft.Quorum.Heals)
+	}
+	if len(ft.Failures) != 1 || ft.Failures[0].JoinedAfterStart == nil {
+		t.Errorf("report's failures: %+v, want rank 1 healed", ft.Failures)
 	}
 }
