@@ -330,3 +330,42 @@ func TestFTSpareHostTakesOver(t *testing.T) {
 		t.Errorf("report's failures: %+v, want rank 1 healed", ft.Failures)
 	}
 }
+
+// TestFTSpareHostTakesOverReplicaGroup: HSDP groups of 2 over hosts of 2,
+// 1, 1 and 1 slots, -np 4: group {0,1} on h1, group {2,3} on h2 and h3,
+// h4 a spare. Losing h3 starts rank 3 on the spare and rank 2 again on
+// h2 (its group is replaced whole), both as incarnation 1; they heal
+// their shards from group {0,1}, and each rank ends bitwise equal to its
+// place in the other group.
+func TestFTSpareHostTakesOverReplicaGroup(t *testing.T) {
+	h := requireHosts(t)
+	hf := filepath.Join(t.TempDir(), "hostfile")
+	if err := os.WriteFile(hf, []byte(fmt.Sprintf("%s slots=2\n%s slots=1\n%s slots=1\n%s slots=1\n", h.Hosts[0], h.Hosts[1], h.Hosts[2], h.Hosts[3])), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	j := newFTHostJob(t, h, hf, 4, []string{"--fault-tolerant-group", "2", "--inject", "kill-host:host=" + h.Hosts[2] + ":after-steps=5"},
+		[]string{"--mode", "hsdp"})
+	code := j.run()
+	j.noSurvivors()
+	rep := j.parse()
+	if code != 0 {
+		t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", code, j.stdout.String(), j.stderr.String())
+	}
+	j.survived([]int{0, 1}, []int{0, 2}, []int{1, 3})
+	for _, rk := range []int{2, 3} {
+		if f := j.final[rk]; f == nil || f[1] != "1" || f[2] != strconv.Itoa(ftHostSteps) {
+			t.Errorf("rank %d ended as %v, want incarnation 1 at step %d", rk, f, ftHostSteps)
+		}
+	}
+	ft := rep.FaultTolerance
+	if len(ft.LostHosts) != 1 || ft.LostHosts[0].Action != "replaced on spare host "+h.Hosts[3] || !slices.Equal(ft.LostHosts[0].Ranks, []int{3}) {
+		t.Errorf("report's lost hosts: %+v", ft.LostHosts)
+	}
+	healed := map[int]int{}
+	for _, x := range ft.Quorum.Heals {
+		healed[x.Replica] = x.Incarnation
+	}
+	if len(healed) != 2 || healed[2] != 1 || healed[3] != 1 {
+		t.Errorf("heals %+v, want ranks 2 and 3 as incarnation 1", ft.Quorum.Heals)
+	}
+}
