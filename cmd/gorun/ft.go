@@ -14,8 +14,15 @@ import (
 // replacement took to heal.
 func writeFTSummary(w io.Writer, r *launcher.FTReport) {
 	q := r.Quorum
+	// A lost host is one failure of the budget, whatever its ranks.
+	spent := len(r.LostHosts)
+	for _, f := range r.Failures {
+		if f.Host == "" {
+			spent++
+		}
+	}
 	fmt.Fprintf(w, "gorun: fault-tolerant: %d %s of a budget of %d; %d committed steps (up to step %d), %d uncommitted, %d %s, %d %s\n",
-		len(r.Failures), plural.Noun(len(r.Failures), "failure", "failures"), r.MaxFailures, q.Commits, q.MaxStep,
+		spent, plural.Noun(spent, "failure", "failures"), r.MaxFailures, q.Commits, q.MaxStep,
 		r.UncommittedSteps, len(q.Quorums), plural.Noun(len(q.Quorums), "quorum id", "quorum ids"),
 		len(q.Heals), plural.Noun(len(q.Heals), "heal", "heals"))
 	for _, f := range r.Failures {
@@ -39,7 +46,7 @@ func writeFTSummary(w io.Writer, r *launcher.FTReport) {
 			}
 		} else if f.FoundFinished {
 			b.WriteString(", which found the job finished (the others had left: nothing to heal into) and exited")
-		} else if f.Action == "replaced" {
+		} else if strings.HasPrefix(f.Action, "replaced") {
 			b.WriteString(", never healed")
 		}
 		fmt.Fprintln(w, b.String())
