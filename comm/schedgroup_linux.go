@@ -25,13 +25,13 @@ import (
 // each other when their tags match.
 //
 // The launcher starts the ranks of programs on gorun's runtime in one
-// session on a crowded host (launcher/bind.go) and every other program's in
-// sessions of their own. A program that loads the runtime as a library
-// (libgorun: Python with the torch backend) looks like any other program to
-// the launcher, so its ranks get sessions of their own, and at the root cpu
-// cgroup with autogroup on, each is alone in its group: 3-4x slower small
-// collectives (notes/torch-backend.md). JoinSchedGroup lets such a rank put
-// itself into one cpu cgroup with the job's other ranks on its host, which
+// session on a crowded host (launcher/supervisor/bind.go) and every other
+// program's in sessions of their own. A program that loads the runtime as a
+// library (libgorun: Python with the torch backend) looks like any other
+// program to the launcher, so its ranks get sessions of their own, and at the
+// root cpu cgroup with autogroup on, each is alone in its group: 3-4x slower
+// small collectives (notes/torch-backend.md). JoinSchedGroup lets such a rank
+// put itself into one cpu cgroup with the job's other ranks on its host, which
 // is one CFS group whatever the sessions.
 
 // schedGroupPrefix starts the name of a job's scheduling cgroup; the job id

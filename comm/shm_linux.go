@@ -432,11 +432,11 @@ var goschedAfter = tunable(3 * time.Microsecond)
 // ring the peer's writer fills) or while a goroutine of ours is writing a
 // ring frame (the peer may be waiting for it). A process with one P — a
 // rank bound to one CPU, or given GOMAXPROCS=1 on a crowded host
-// (launcher/bind.go) — otherwise runs the two in turns only when a waiter
-// sleeps on the futex and sysmon takes its P: 4 ranks on 2 cores, 32 MiB
-// in-place ring all-reduce from C through libgorun, 5 interleaved rounds,
-// medians 21.4 ms without these hand-overs, 14.0 ms with, native `gorun
-// bench` 13.7 ms (notes/torch-backend.md).
+// (launcher/supervisor/bind.go) — otherwise runs the two in turns only
+// when a waiter sleeps on the futex and sysmon takes its P: 4 ranks on 2
+// cores, 32 MiB in-place ring all-reduce from C through libgorun, 5
+// interleaved rounds, medians 21.4 ms without these hand-overs, 14.0 ms
+// with, native `gorun bench` 13.7 ms (notes/torch-backend.md).
 func goschedOK(foreign bool, mode int, writers int32) bool {
 	return !foreign || mode == waitTxRing || writers > 0
 }
@@ -542,7 +542,7 @@ func (l *shmLink) wait(mode int) bool {
 				// queued behind us on this core, or the host has more
 				// ranks than cores, give the core up. When both ranks are
 				// in one session (gorun starts oversubscribed ranks in
-				// its own, launcher/bind.go), sched_yield hands the core
+				// its own, launcher/supervisor/bind.go), sched_yield hands the core
 				// to the peer queued behind us and keep polling: a
 				// switch, where a futex sleep costs the peer a wake-up
 				// and us a place in the run queue (4 ranks on 2 cores,

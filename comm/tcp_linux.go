@@ -160,10 +160,11 @@ func (s *tcpStream) doRead(fd uintptr) bool {
 // tcpYieldSpin is how long a waiting read polls before it parks on a
 // crowded host (more of the group's ranks than CPUs) when this rank shares
 // its session, and so its scheduling group, with the job's other ranks
-// (gorun starts oversubscribed ranks so, launcher/bind.go): between polls
-// it calls sched_yield, which hands the core to a rank queued behind it,
-// often the one it waits for. A busy poll holds the core the peer needs
-// for its whole spin, and a park costs a wake-up through the netpoller.
+// (gorun starts oversubscribed ranks so, launcher/supervisor/bind.go):
+// between polls it calls sched_yield, which hands the core to a rank
+// queued behind it, often the one it waits for. A busy poll holds the core
+// the peer needs for its whole spin, and a park costs a wake-up through
+// the netpoller.
 // Measured on the 2-core reference host, 4 ranks over TCP, `gorun bench
 // allreduce` medians of 3 interleaved rounds (notes/tcp-latency.md):
 // polling 20 µs then parking 120 µs at 8 B and 296 µs at 32 KiB; parking

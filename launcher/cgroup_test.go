@@ -3,7 +3,6 @@ package launcher
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/cgroupfs"
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
+	"github.com/gorun-hpc/gorun/launcher/supervisor"
 )
 
 // The local supervisor is SIGKILLed while each rank has started a child
@@ -28,14 +28,17 @@ import (
 func TestCgroupKillsEscapedDescendants(t *testing.T) {
 	for _, v := range []string{"v2", "v1"} {
 		t.Run(v, func(t *testing.T) {
-			t.Setenv(cgroupEnv, v)
-			if _, err := CgroupSupport(); err != nil {
+			t.Setenv("GORUN_CGROUP", v) // the supervisor's knob: this version only
+			where, err := supervisor.CgroupSupport()
+			if err != nil {
 				t.Skipf("no writable cgroup %s hierarchy on this host (%v): job cgroups are off here", v, err)
 			}
-			m, err := findCgroupMount()
-			if err != nil {
-				t.Fatal(err)
+			// "cgroup v2 (cgroup.kill) under DIR" or "cgroup v1 freezer under DIR".
+			_, parent, ok := strings.Cut(where, " under ")
+			if !ok || parent == "" {
+				t.Fatalf("CgroupSupport = %q: names no directory", where)
 			}
+			v2 := v == "v2"
 			j := newJobRun(t, 3, "setsid-clearenv", nil)
 			errc := make(chan error, 1)
 			go func() { errc <- j.launch(context.Background()) }()
@@ -57,12 +60,12 @@ func TestCgroupKillsEscapedDescendants(t *testing.T) {
 				}
 			})
 			sup := supervisorOf(t, j)
-			cg := ownCgroupOf(t, sup, m.v2)
+			cg := ownCgroupOf(t, sup, v2)
 			if !strings.Contains(cg, "/gorun-") {
 				t.Fatalf("supervisor %d is in cgroup %q, not a job cgroup", sup, cg)
 			}
 			for _, pid := range children {
-				if got := ownCgroupOf(t, pid, m.v2); got != cg {
+				if got := ownCgroupOf(t, pid, v2); got != cg {
 					t.Fatalf("child %d is in cgroup %q, want the job's %q", pid, got, cg)
 				}
 			}
@@ -81,7 +84,7 @@ func TestCgroupKillsEscapedDescendants(t *testing.T) {
 			if alive := launchertest.Alive(children); len(alive) > 0 {
 				t.Errorf("%d of 3 children that left their session and cleared their environment survive: %v", len(alive), alive)
 			}
-			if _, err := os.Stat(filepath.Join(m.parent, filepath.Base(cg))); !errors.Is(err, os.ErrNotExist) {
+			if _, err := os.Stat(filepath.Join(parent, filepath.Base(cg))); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("job cgroup %s left behind (%v)", cg, err)
 			}
 			t.Logf("%s: %v", v, err)
@@ -104,78 +107,4 @@ func ownCgroupOf(t *testing.T, pid int, v2 bool) string {
 		}
 	}
 	return ""
-}
-
-// Where a job cgroup goes: below this process's own cgroup of the
-// hierarchy, found from /proc/self/cgroup relative to the mount's root;
-// the mount point when the path is not visible there.
-func TestOwnCgroupDir(t *testing.T) {
-	point := t.TempDir()
-	for _, d := range []string{"a/b", "b", "slurm/job_1/step_0"} {
-		if err := os.MkdirAll(filepath.Join(point, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, tc := range []struct {
-		name, root, procCgroup, controller, want string
-	}{
-		{"v2", "/", "0::/a/b\n", "", "a/b"},
-		{"v2 root", "/", "0::/\n", "", ""},
-		{"v2 mount of a subtree", "/a", "0::/a/b\n", "", "b"},
-		{"v2 path outside the mount", "/x", "0::/a/b\n", "", ""},
-		{"v2 path not there", "/", "0::/gone\n", "", ""},
-		{"v1 freezer under slurm", "/", "6:freezer:/slurm/job_1/step_0\n4:memory:/other\n0::/\n", "freezer", "slurm/job_1/step_0"},
-		{"v1 co-mounted", "/", "3:cpu,cpuacct,freezer:/a/b\n", "freezer", "a/b"},
-		{"v1 not v2's line", "/", "0::/a/b\n", "freezer", ""},
-		{"v2 not a v1 line", "/", "6:freezer:/a/b\n", "", ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := ownCgroupDir(point, tc.root, []byte(tc.procCgroup), tc.controller)
-			if want := filepath.Join(point, tc.want); got != want {
-				t.Errorf("ownCgroupDir = %q, want %q", got, want)
-			}
-		})
-	}
-}
-
-func TestCgroupSafe(t *testing.T) {
-	for in, want := range map[string]string{"3f7f3d05": "3f7f3d05", "a/b c": "a_b_c", "": "job", strings.Repeat("x", 80): strings.Repeat("x", 64)} {
-		if got := cgroupSafe(in); got != want {
-			t.Errorf("cgroupSafe(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
-// Empty job cgroups whose client is gone are removed when the next job
-// cgroup is made; a live client's, a non-empty one and a young one stay.
-func TestSweepStaleCgroups(t *testing.T) {
-	parent := t.TempDir()
-	old := time.Now().Add(-2 * time.Minute)
-	mk := func(name string, age time.Time, file bool) string {
-		d := filepath.Join(parent, name)
-		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if file { // stands in for members: a non-empty directory cannot be removed
-			if err := os.WriteFile(filepath.Join(d, "member"), nil, 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := os.Chtimes(d, age, age); err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
-	const deadPid = 1 << 30 // above pid_max: never a live process
-	stale := mk(fmt.Sprintf("gorun-job-%d-1", deadPid), old, false)
-	live := mk(fmt.Sprintf("gorun-job-%d-1", os.Getpid()), old, false)
-	busy := mk(fmt.Sprintf("gorun-job-%d-2", deadPid), old, true)
-	young := mk(fmt.Sprintf("gorun-job-%d-3", deadPid), time.Now(), false)
-	other := mk("someone-else", old, false)
-	sweepStaleCgroups(parent)
-	for d, want := range map[string]bool{stale: false, live: true, busy: true, young: true, other: true} {
-		if _, err := os.Stat(d); (err == nil) != want {
-			t.Errorf("%s: exists %v, want %v", filepath.Base(d), err == nil, want)
-		}
-	}
 }

@@ -78,7 +78,7 @@ type Config struct {
 	// or PMINone to serve nothing and export no PMI_* variable.
 	PMI PMIMode
 	// SupervisorPath is the executable re-run as the job's supervisor; ""
-	// means this executable, which must call IsSupervisor/SupervisorMain
+	// means this executable, which must call supervisor.Is/supervisor.Main
 	// first thing in main.
 	SupervisorPath string
 

@@ -10,7 +10,8 @@
 // # Words
 //
 // One word per thing: the *supervisor* is the per-job process that is the
-// parent of a host's ranks (supervisor.go); a *host agent* (`gorun agent`,
+// parent of a host's ranks (package launcher/supervisor); a *host agent*
+// (`gorun agent`,
 // hostagent.go) relays between gorun and the supervisor of another host; a
 // *starter* is the command that brings a host agent up (ssh, srun or a
 // plain exec; starter.go). A *job* is what the user asks for (Job); the
@@ -61,15 +62,15 @@
 //     supervisor also leases the agent (pings on its command pipe). Where
 //     the host lets gorun write cgroups, the client moves the supervisor
 //     into a job cgroup before its spec, and kills and removes that cgroup
-//     once the supervisor exited (cgroup_linux.go): a descendant that left
-//     its session and cleared its environment is found there.
-//   - The supervisor's client (supervisorclient.go) is shared by RunLocal
-//     and the host agent: rankPipes builds the spec and one pipe per rank
-//     stream, startSupervisor starts the process, and the client sends the
-//     spec and commands and reads events. Output is made line-whole to
-//     the terminal and per-rank files by package launcher/output
-//     (openJobOutput, config.go), whatever brought the bytes; stdin
-//     forwarding to rank 0 is in stdin.go.
+//     once the supervisor exited (supervisor/cgroup_linux.go): a descendant
+//     that left its session and cleared its environment is found there.
+//   - The supervisor's client (supervisor.Client) is shared by RunLocal
+//     and the host agent: supervisor.Pipes builds the spec and one pipe
+//     per rank stream, supervisor.Start starts the process, and the client
+//     sends the spec and commands and reads events. Output is made
+//     line-whole to the terminal and per-rank files by package
+//     launcher/output (openJobOutput, config.go), whatever brought the
+//     bytes; stdin forwarding to rank 0 is in stdin.go.
 //   - Host start-up (hoststartup.go), shared by jobs and Doctor: gorun
 //     listens on the interface that routes to the hosts (netif), starts
 //     one host agent per host through the starters, waits for each to
@@ -93,12 +94,12 @@
 //     runs the target signals its process group (and sends the SIGCONT
 //     that ends a timed stop).
 //     The Report records every world and injection.
-//   - The supervisor (supervisor.go): the same executable re-run with an
-//     internal variable set; a child subreaper that is the parent of every
-//     rank and kills every descendant when its client dies, however it
-//     died. supervisor.go explains why this design was chosen over the
-//     alternatives. Programs embedding the launcher call
-//     IsSupervisor/SupervisorMain first thing in main.
+//   - The supervisor (package launcher/supervisor): the same executable
+//     re-run with an internal variable set; a child subreaper that is the
+//     parent of every rank and kills every descendant when its client
+//     dies, however it died. Its supervisor.go explains why this design
+//     was chosen over the alternatives. Programs embedding the launcher
+//     call supervisor.Is/supervisor.Main first thing in main.
 //
 // # Packages
 //
@@ -127,13 +128,21 @@
 //     ResolveExports, MergeEnv) and its limits and errors (MaxRanks,
 //     SlotsError, CapacityError); pure. Plan and RankSpec stay here as
 //     aliases (plan.go); the machine's limits stay here (capacity.go).
+//   - launcher/supervisor: the per-job supervisor, the process that is the
+//     parent of one host's ranks, and its client (Start, Client, Pipes),
+//     with what only it does: containment (the /proc walks, the job
+//     cgroup and its reaper), what a rank gets at start (CPU binding,
+//     sessions, the shared topology, its GPU, the PMI server for the
+//     host's ranks), the faults it acts out (slow, frozen ranks) and a
+//     fault-tolerant rank's respawn. It knows one host and one spec; what
+//     a failure means stays here.
 //   - launcher/launchertest: test support (helper rank modes, a scan for
 //     a test's surviving processes).
 //
 // Still in this package, in the order a later split would take them: the
-// supervisor and its client (with stdin.go), the host agent and host
-// start-up, and elastic restarts. The edges the plan's caller needs
-// (ports.go, local.go, gpus.go) stay with the launcher, which owns I/O.
+// host agent and host start-up, and elastic restarts. The edges the plan's
+// caller needs (ports.go, local.go, gpus.go) stay with the launcher, which owns
+// I/O.
 //
 // # Walking `gorun -np 2 ./prog`
 //
@@ -141,10 +150,10 @@
 // which builds a Config and a Job and calls LaunchReport (launch.go). Its
 // launchWorlds (elastic.go) runs one world; every host is this machine, so
 // launchLocal (launch.go) resolves the program, reserves the ports, plans
-// (plan.New, launcher/plan) and calls RunLocal (runlocal.go), which starts the
-// supervisor (supervisorclient.go: rankPipes, startSupervisor) and sends it
+// (plan.New, launcher/plan) and calls RunLocal (runlocal.go), which
+// starts the supervisor (launcher/supervisor: Pipes, Start) and sends it
 // the spec. The supervisor, gorun's own executable re-run
-// (IsSupervisor/SupervisorMain, supervisor.go: runSupervisor, startAll),
+// (supervisor.Is/supervisor.Main; supervisor.go: runSupervisor, startAll),
 // starts the two ranks, each in its own process group. RunLocal then runs
 // the job loop (jobloop.go: jobLoop.run) over a localHome until the
 // supervisor reports "done", and its verdict is the error main maps to an

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
@@ -47,8 +48,8 @@ type HostCheck struct {
 	GPUs int
 	// Cgroup says whether jobs get a cgroup on the host, which contains
 	// descendants that escape every other scan when a supervisor is
-	// SIGKILLed, or why not (cgroup_linux.go). Off is not a problem: jobs
-	// run, with that one gap.
+	// SIGKILLed, or why not (supervisor/cgroup_linux.go). Off is not a problem:
+	// jobs run, with that one gap.
 	Cgroup string
 	// Problems lists everything wrong; empty means the host is ready.
 	Problems []string
@@ -145,7 +146,7 @@ func Doctor(ctx context.Context, cfg Config, hosts []Host) (*DoctorReport, error
 	}
 	defer m.ln.Close()
 	defer m.abort()
-	rep := &DoctorReport{Gorun: m.choice.Name + " " + m.addr.Addr().String(), GorunCgroup: cgroupStatus()}
+	rep := &DoctorReport{Gorun: m.choice.Name + " " + m.addr.Addr().String(), GorunCgroup: supervisor.CgroupStatus()}
 	checks := make([]HostCheck, len(nodes))
 	for i, n := range nodes {
 		checks[i].Host = n.Name
@@ -241,7 +242,7 @@ func doctorAgent(o HostAgentOptions, job *wire.Job, w *wire.Conn) error {
 	ports.Release()
 	h.Program = ""
 	h.GPUs = DetectGPUs(context.Background())
-	h.Cgroup = cgroupStatus()
+	h.Cgroup = supervisor.CgroupStatus()
 	var tl net.Listener
 	var ul net.PacketConn
 	if h.Err == "" {

@@ -12,8 +12,8 @@ import (
 
 // ErrSupervisorNotDispatched is returned by RunLocal in a process that was
 // started as a per-job supervisor but whose main did not call
-// IsSupervisor/SupervisorMain first.
-var ErrSupervisorNotDispatched = errors.New("launcher: started as the job supervisor, but main does not call launcher.IsSupervisor and launcher.SupervisorMain first")
+// supervisor.Is/supervisor.Main first.
+var ErrSupervisorNotDispatched = errors.New("launcher: started as the job supervisor, but main does not call supervisor.Is and supervisor.Main (package launcher/supervisor) first")
 
 // RankExitError reports the rank whose failure ended the job, in the manner
 // of *exec.ExitError. Its message is the one line gorun prints.
@@ -327,8 +327,8 @@ func (e *CollateralError) Error() string {
 // FrozenError reports a rank that its supervisor found stopped (process
 // state T) for longer than its lease, and that nothing else had ended
 // first: most often a rank frozen before the world formed, which its
-// peers cannot tell from one that is slow to start (freeze.go). gorun
-// ended it with the rest.
+// peers cannot tell from one that is slow to start (supervisor/freeze.go).
+// gorun ended it with the rest.
 type FrozenError struct {
 	Rank int
 	Host string

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
@@ -37,31 +38,31 @@ func TestSupervisorRemovesFlightDirUnlessBye(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "ready.1"), nil, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			sup, err := startSupervisor("", nil, os.Stderr, "")
+			sup, err := supervisor.Start("", nil, os.Stderr, "")
 			if err != nil {
 				t.Fatal(err)
 			}
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				sup.readEvents(func(wire.Event) {})
+				sup.ReadEvents(func(wire.Event) {})
 			}()
 			// A rank that runs until the supervisor kills it, so the
 			// supervisor is still running when the pipe ends.
 			spec := wire.SupervisorSpec{Grace: time.Second, LogLevel: zerolog.WarnLevel, RemoveDir: dir,
 				Ranks: []wire.SupervisorRank{{Rank: 0, Path: "/bin/sleep", Argv: []string{"sleep", "60"}, Env: os.Environ(), Stdin: -1, Stdout: -1, Stderr: -1}}}
-			if err := sup.send(spec); err != nil {
+			if err := sup.Send(spec); err != nil {
 				t.Fatal(err)
 			}
 			if tc.bye {
-				if err := sup.send(wire.Cmd{Op: "bye"}); err != nil {
+				if err := sup.Send(wire.Cmd{Op: "bye"}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			sup.closeCommands()
-			_ = sup.wait()
+			sup.CloseCommands()
+			_ = sup.Wait()
 			<-done
-			sup.closeEvents()
+			sup.CloseEvents()
 			_, err = os.Stat(dir)
 			if removed := os.IsNotExist(err); removed != tc.wantRemoved {
 				t.Errorf("flight directory removed: %v, want %v (stat: %v)", removed, tc.wantRemoved, err)

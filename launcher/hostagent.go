@@ -25,6 +25,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/internal/liveness"
+	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/netif"
 	"github.com/gorun-hpc/gorun/rankenv"
@@ -34,16 +35,16 @@ import (
 // of a multi-host job by ssh, srun or a plain exec (the launching host).
 //
 // It is a relay around the same per-job supervisor a single-host job uses
-// (supervisor.go): it dials gorun, proves it holds the job secret, reports the
-// interface and ports peers reach this host through, then starts the
-// supervisor with one pipe per rank stream and forwards output, events and
-// commands over the one connection. The supervisor keeps its guarantees —
-// subreaper, process groups, no orphans — and ends everything when its
-// command pipe closes, which is how the relay ends the job on its host:
-// when the connection drops, when gorun is silent for the lease period
-// (a cut link delivers no FIN), or when the relay itself dies (the kernel
-// closes the pipe). gorun, symmetrically, counts the host's ranks as failed
-// when the connection drops or falls silent.
+// (package launcher/supervisor): it dials gorun, proves it holds the job
+// secret, reports the interface and ports peers reach this host through, then
+// starts the supervisor with one pipe per rank stream and forwards output,
+// events and commands over the one connection. The supervisor keeps its
+// guarantees — subreaper, process groups, no orphans — and ends everything when
+// its command pipe closes, which is how the relay ends the job on its host:
+// when the connection drops, when gorun is silent for the lease period (a cut
+// link delivers no FIN), or when the relay itself dies (the kernel closes the
+// pipe). gorun, symmetrically, counts the host's ranks as failed when the
+// connection drops or falls silent.
 
 // hostAgentSecretEnv carries the job secret to agents started by srun (which
 // exports gorun's environment to every task); ssh-started agents read it
@@ -441,16 +442,16 @@ func relay(w *wire.Conn, job *wire.Job, hello wire.Hello, ranks []wire.HostRank,
 	}
 	r := &agentRelay{w: w, job: job, ranks: ranks, log: log, lease: lease,
 		gone: make(chan error, 1), doneEv: make(chan wire.Event, 1), readerDone: make(chan struct{}), stopPing: make(chan struct{})}
-	r.p = &rankPipes{spec: wire.SupervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj,
+	r.p = &supervisor.Pipes{Spec: wire.SupervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj,
 		ClientLease: lease, Respawn: job.Respawn}}
-	defer r.p.closeChildEnds()
+	defer r.p.CloseChildEnds()
 	// The ranks' flight records: written here, sent to gorun (flight.go).
 	// Removed at the end; should this agent die first, by its supervisor.
 	var flightEnv []string
 	if job.Flight {
 		if r.flight = agentFlight(log); r.flight != nil {
 			defer r.flight.remove()
-			r.p.spec.RemoveDir = r.flight.dir
+			r.p.Spec.RemoveDir = r.flight.dir
 			flightEnv = []string{r.flight.env()}
 		}
 	}
@@ -462,31 +463,31 @@ func relay(w *wire.Conn, job *wire.Job, hello wire.Hello, ranks []wire.HostRank,
 	}
 	// What the ranks leave in other sessions when the supervisor dies
 	// comes to this agent, not init; killLeftovers ends it below.
-	adoptOrphans()
-	sup, err := startSupervisor("", r.p.extra, stderr, jobIDOf(ranks))
-	r.p.closeChildEnds()
+	supervisor.AdoptOrphans()
+	sup, err := supervisor.Start("", r.p.Extra, stderr, jobIDOf(ranks))
+	r.p.CloseChildEnds()
 	if err != nil {
 		if r.stdin != nil {
 			r.stdin.w.Close()
 		}
-		r.p.closeStreams()
-		return err
+		r.p.CloseStreams()
+		return &SupervisorError{Err: err}
 	}
 	r.sup = sup
-	if r.p.spec.Cgroup = sup.cgroupDir(); sup.cgWhy != nil {
-		log.Debug().Err(sup.cgWhy).Msg("no job cgroup: a SIGKILLed supervisor's escaped descendants are found by their environment only")
+	if r.p.Spec.Cgroup = sup.CgroupDir(); sup.CgroupErr() != nil {
+		log.Debug().Err(sup.CgroupErr()).Msg("no job cgroup: a SIGKILLed supervisor's escaped descendants are found by their environment only")
 	}
-	defer r.p.closeStreams()
-	defer sup.closeEvents()
+	defer r.p.CloseStreams()
+	defer sup.CloseEvents()
 	// After closeCommands (defers run last first): the supervisor exits
 	// once its command pipe is closed, and only then is its cgroup
 	// emptied and removed, on every way out of this function.
 	defer func() {
-		_ = sup.wait()
+		_ = sup.Wait()
 		r.releaseCgroup()
 	}()
-	defer sup.closeCommands()
-	_ = sup.send(r.p.spec)
+	defer sup.CloseCommands()
+	_ = sup.Send(r.p.Spec)
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -494,14 +495,14 @@ func relay(w *wire.Conn, job *wire.Job, hello wire.Hello, ranks []wire.HostRank,
 		wg.Go(r.stdin.run)
 		defer r.stdin.close()
 	}
-	for _, s := range r.p.streams {
+	for _, s := range r.p.Streams {
 		r.outWG.Go(func() { r.pumpOutput(s) })
 	}
 	r.lastHeard.Store(time.Now().UnixNano())
 	wg.Go(r.readCommands)
 	// The supervisor's lease: silent (stopped, hung) past it, it is
 	// killed, its event pipe ends and the loop below sees it lost.
-	wg.Go(func() { sup.watchLease(lease, r.readerDone, &r.supSilent) })
+	wg.Go(func() { sup.WatchLease(lease, r.readerDone, &r.supSilent) })
 	wg.Go(r.forwardEvents)
 	w.SetWriteTimeout(lease)
 	defer close(r.stopPing)
@@ -515,8 +516,8 @@ func relay(w *wire.Conn, job *wire.Job, hello wire.Hello, ranks []wire.HostRank,
 	// gorun is gone: the supervisor kills every rank and descendant when
 	// its command pipe closes.
 	log.Warn().Err(lost).Msg("lost gorun; killing this host's ranks")
-	sup.closeCommands()
-	_ = sup.wait()
+	sup.CloseCommands()
+	_ = sup.Wait()
 	r.releaseCgroup()
 	w.Close()
 	r.outWG.Wait()
@@ -532,8 +533,8 @@ type agentRelay struct {
 	ranks     []wire.HostRank
 	log       zerolog.Logger
 	lease     time.Duration
-	p         *rankPipes
-	sup       *supervisorClient
+	p         *supervisor.Pipes
+	sup       *supervisor.Client
 	flight    *flightRecords
 	firstRank int
 	stdin     *stdinQueue // nil unless rank 0 is here and reads gorun's stdin
@@ -541,7 +542,8 @@ type agentRelay struct {
 	// outWG counts the rank streams still being read (pumpOutput).
 	outWG sync.WaitGroup
 	// gone receives why the connection failed (gorun hung up or broke
-	// the protocol; readCommands); lastHeard is when any frame last came from gorun (Unix ns).
+	// the protocol; readCommands); lastHeard is when any frame last came from
+	// gorun (Unix ns).
 	gone      chan error
 	lastHeard atomic.Int64
 	// doneEv carries the supervisor's "done", held back until every output
@@ -564,18 +566,18 @@ func (r *agentRelay) addRanks(hello wire.Hello, flightEnv []string) error {
 		if rr.Rank == 0 && r.job.Stdin {
 			pr, pw, err := os.Pipe()
 			if err != nil {
-				r.p.closeStreams()
+				r.p.CloseStreams()
 				return fmt.Errorf("pipe: %w", err)
 			}
-			stdinFD = r.p.inherit(pr, true)
+			stdinFD = r.p.Inherit(pr, true)
 			r.stdin = newStdinQueue(pw)
 		}
 		sr := wire.SupervisorRank{Rank: rr.Rank, Path: hello.Program, Argv: r.job.Argv, Dir: rankDir(r.job.Dir), Env: mergeEnv(base, rr.Env, flightEnv), GPU: rr.GPU}
-		if err := r.p.addRank(sr, stdinFD); err != nil {
+		if err := r.p.AddRank(sr, stdinFD); err != nil {
 			if r.stdin != nil {
 				r.stdin.w.Close()
 			}
-			r.p.closeStreams()
+			r.p.CloseStreams()
 			return err
 		}
 	}
@@ -584,21 +586,21 @@ func (r *agentRelay) addRanks(hello wire.Hello, flightEnv []string) error {
 
 // releaseCgroup empties and removes the job cgroup, if there is one.
 func (r *agentRelay) releaseCgroup() {
-	if _, err := r.sup.releaseCgroup(); err != nil {
+	if _, err := r.sup.ReleaseCgroup(); err != nil {
 		r.log.Warn().Err(err).Msg("job cgroup")
 	}
 }
 
 // pumpOutput sends one rank stream to gorun as output frames until EOF.
-func (r *agentRelay) pumpOutput(s rankStream) {
+func (r *agentRelay) pumpOutput(s supervisor.Stream) {
 	buf := make([]byte, 64<<10)
 	for {
-		n, err := s.r.Read(buf)
+		n, err := s.R.Read(buf)
 		if n > 0 {
 			// A failed write means gorun is gone; keep draining so the
 			// ranks never block on a full pipe before the supervisor
 			// kills them.
-			_ = r.w.SendOutput(s.rank, s.kind, buf[:n])
+			_ = r.w.SendOutput(s.Rank, s.Kind, buf[:n])
 		}
 		if err != nil {
 			return
@@ -649,7 +651,7 @@ func (r *agentRelay) readCommands() {
 			if m.Cmd.Op == "signal" && m.Cmd.Signal == int(syscall.SIGUSR2) {
 				asked = time.Now()
 			}
-			_ = r.sup.send(m.Cmd)
+			_ = r.sup.Send(m.Cmd)
 		}
 	}
 }
@@ -660,7 +662,7 @@ func (r *agentRelay) readCommands() {
 func (r *agentRelay) forwardEvents() {
 	defer close(r.readerDone)
 	var last *wire.Event
-	r.sup.readEvents(func(ev wire.Event) {
+	r.sup.ReadEvents(func(ev wire.Event) {
 		if ev.Ev == "done" {
 			last = &ev
 			return
@@ -692,7 +694,7 @@ func (r *agentRelay) pingSupervisor() {
 		case <-r.stopPing:
 			return
 		case <-t.C:
-			_ = r.sup.send(wire.Cmd{Op: "ping"})
+			_ = r.sup.Send(wire.Cmd{Op: "ping"})
 		}
 	}
 }
@@ -735,9 +737,9 @@ func (r *agentRelay) finish(ev wire.Event, ok bool) error {
 	// (ranks dump when their communicator fails), and the directory stays
 	// this agent's to remove.
 	sendFlight(r.flight, r.w, r.firstRank, time.Time{}, false)
-	_ = r.sup.send(wire.Cmd{Op: "bye"})
-	r.sup.closeCommands()
-	supErr := r.sup.wait()
+	_ = r.sup.Send(wire.Cmd{Op: "bye"})
+	r.sup.CloseCommands()
+	supErr := r.sup.Wait()
 	var supLost error
 	if !ok {
 		supLost = errors.New("its job supervisor exited without reporting the end of the job")
@@ -751,11 +753,11 @@ func (r *agentRelay) finish(ev wire.Event, ok bool) error {
 		// other sessions, which may hold output pipes open: end it, and
 		// stop waiting for those pipes after the grace period rather
 		// than forever.
-		n, cgErr := r.sup.releaseCgroup()
+		n, cgErr := r.sup.ReleaseCgroup()
 		if cgErr != nil {
 			r.log.Warn().Err(cgErr).Msg("job cgroup")
 		}
-		if n += killLeftovers(jobIDOf(r.ranks)); n > 0 {
+		if n += supervisor.KillLeftovers(jobIDOf(r.ranks)); n > 0 {
 			r.log.Warn().Int("processes", n).Msg("killed processes the job left after its supervisor was lost")
 		}
 		drainOutput(&r.outWG, r.p, r.job.Grace+time.Second)
@@ -798,7 +800,7 @@ func jobIDOf(ranks []wire.HostRank) string {
 
 // drainOutput waits up to d for the output readers, then closes their
 // pipes so that readers stuck on a pipe an escaped process holds return.
-func drainOutput(wg *sync.WaitGroup, p *rankPipes, d time.Duration) {
+func drainOutput(wg *sync.WaitGroup, p *supervisor.Pipes, d time.Duration) {
 	done := make(chan struct{})
 	go func() { // owned: ends when wg does, which closing the pipes ensures
 		wg.Wait()
@@ -807,7 +809,7 @@ func drainOutput(wg *sync.WaitGroup, p *rankPipes, d time.Duration) {
 	select {
 	case <-done:
 	case <-time.After(d):
-		p.closeStreams()
+		p.CloseStreams()
 		<-done
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/connlimit"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/netif"
 )
@@ -447,7 +448,7 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 				}
 			}
 		case s := <-m.cfg.Signals:
-			if sig, ok := s.(syscall.Signal); ok && stopping(sig) {
+			if sig, ok := s.(syscall.Signal); ok && supervisor.Stopping(sig) {
 				err = &InterruptedError{Signal: sig}
 			}
 		case <-ctx.Done():

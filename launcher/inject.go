@@ -19,11 +19,11 @@ import (
 // between the job loop, which owns the clock and sends an "inject" command
 // when one is due (jobloop.go), and the supervisor that owns the target
 // rank, which sends the signal to the rank's process group and, for a stop
-// with a duration, the SIGCONT after it (supervisor.go). Everything that
-// happened is kept in a Report (elastic.go). A fault fires once per job,
-// so a job that restarts does not meet the same fault again; an
-// after-steps fault is handed to the supervisors as soon as the world
-// starts, and one whose step the world never reaches is reported missed.
+// with a duration, the SIGCONT after it (package launcher/supervisor).
+// Everything that happened is kept in a Report (elastic.go). A fault fires once
+// per job, so a job that restarts does not meet the same fault again; an
+// after-steps fault is handed to the supervisors as soon as the world starts,
+// and one whose step the world never reaches is reported missed.
 
 // injection is one scheduled fault against a set of ranks.
 type injection struct {

@@ -114,7 +114,8 @@ type failure struct {
 	blame  int
 	why    string
 	// frozen is set (the /proc state letter) when the rank's supervisor
-	// found it stopped past its lease (freeze.go); why says for how long.
+	// found it stopped past its lease (supervisor/freeze.go); why says for how
+	// long.
 	frozen string
 }
 
@@ -603,7 +604,7 @@ func (j *liveJob) supervisorGone() {
 }
 
 // rankFrozen handles a rank stopped past its lease, most often before the
-// world formed (freeze.go): a failure of its own. The teardown that
+// world formed (supervisor/freeze.go): a failure of its own. The teardown that
 // follows continues and ends it.
 func (j *liveJob) rankFrozen(ev wire.Event) {
 	st := &j.ranks[ev.Rank]

@@ -1,12 +1,11 @@
 package launcher
 
 import (
-	"debug/elf"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
+
+	"github.com/gorun-hpc/gorun/internal/elfneeded"
 )
 
 // Why gorun refuses Open MPI programs instead of serving them:
@@ -40,10 +39,6 @@ var ErrOpenMPI = errors.New("linked against Open MPI, which forms its world thro
 // MPI 3-5's; MPICH's is libmpi.so.12 / libmpich.so.12).
 var openMPILibs = []string{"libmpi.so.40", "libopen-rte.so.", "libopen-pal.so.", "libmpi_mpifh.so.40", "libmpi_cxx.so.40"}
 
-// maxLibScan bounds how many libraries the check opens: programs link tens
-// of libraries, and the check must stay a few milliseconds.
-const maxLibScan = 64
-
 // checkMPILibrary returns a *ProgramError wrapping ErrOpenMPI when the ELF
 // program at path links Open MPI, directly or through its libraries. A file
 // that is not ELF (a script) or cannot be read passes: the check only
@@ -64,7 +59,7 @@ func checkMPILibrary(name, path string) error {
 // findOpenMPI returns the first Open MPI soname among the program's
 // libraries and the libraries that led to it.
 func findOpenMPI(path string) (string, []string) {
-	return findNeeded(path, func(soname string) bool {
+	return elfneeded.Find(path, func(soname string) bool {
 		for _, o := range openMPILibs {
 			if strings.HasPrefix(soname, o) {
 				return true
@@ -72,56 +67,4 @@ func findOpenMPI(path string) (string, []string) {
 		}
 		return false
 	})
-}
-
-// findNeeded walks the ELF program's needed libraries breadth first and
-// returns the first soname for which match is true, with the libraries
-// that led to it ("", nil when none does or path is not ELF).
-func findNeeded(path string, match func(soname string) bool) (string, []string) {
-	type item struct {
-		path  string
-		chain []string
-	}
-	ldPath := filepath.SplitList(os.Getenv("LD_LIBRARY_PATH"))
-	queue := []item{{path: path}}
-	seen := map[string]bool{}
-	for opened := 0; len(queue) > 0 && opened < maxLibScan; opened++ {
-		it := queue[0]
-		queue = queue[1:]
-		f, err := elf.Open(it.path)
-		if err != nil {
-			continue
-		}
-		needed, _ := f.ImportedLibraries()
-		var search []string
-		for _, tag := range []elf.DynTag{elf.DT_RUNPATH, elf.DT_RPATH} {
-			vals, _ := f.DynString(tag)
-			for _, v := range vals {
-				for _, d := range filepath.SplitList(v) {
-					search = append(search, strings.ReplaceAll(d, "$ORIGIN", filepath.Dir(it.path)))
-				}
-			}
-		}
-		f.Close()
-		search = append(search, ldPath...)
-		search = append(search, "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64",
-			"/lib", "/usr/lib", "/usr/local/lib", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
-		for _, n := range needed {
-			if match(n) {
-				return n, it.chain
-			}
-			if seen[n] || strings.HasPrefix(n, "libc.so") || strings.HasPrefix(n, "ld-linux") {
-				continue
-			}
-			seen[n] = true
-			for _, d := range search {
-				p := filepath.Join(d, n)
-				if _, err := os.Stat(p); err == nil {
-					queue = append(queue, item{path: p, chain: append(append([]string(nil), it.chain...), n)})
-					break
-				}
-			}
-		}
-	}
-	return "", nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
@@ -25,7 +26,7 @@ func fenceNodes(hosts, perHost int) []plan.Node {
 }
 
 // fenceBytes runs one PMI exchange over hosts × perHost ranks through the
-// launcher's own parts: a supervisorPMI per host (the real pmi servers,
+// launcher's own parts: a supervisor.PMI per host (the real pmi servers,
 // over socketpairs), pmiFences for gorun's side, and every command gorun
 // sends encoded as it travels to a host agent. Each rank puts a business
 // card, enters the barrier, and then gets the cards of the ranks with its
@@ -45,19 +46,19 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sps := make([]*supervisorPMI, hosts)
+	sps := make([]*supervisor.PMI, hosts)
 	for h := range hosts {
 		var ranks []wire.SupervisorRank
 		for r := h * perHost; r < (h+1)*perHost; r++ {
 			ranks = append(ranks, wire.SupervisorRank{Rank: r})
 		}
-		if sps[h], err = newSupervisorPMI(*job, ranks, zerolog.Nop()); err != nil {
+		if sps[h], err = supervisor.NewPMI(*job, ranks, zerolog.Nop()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	defer func() {
 		for _, sp := range sps {
-			sp.close()
+			sp.Close()
 		}
 	}()
 
@@ -74,12 +75,12 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 		wg.Go(func() {
 			for {
 				select {
-				case req, ok := <-sp.requests():
+				case req, ok := <-sp.Requests():
 					if !ok {
 						return
 					}
 					select {
-					case events <- hostEvent{h, sp.event(req)}:
+					case events <- hostEvent{h, sp.Event(req)}:
 					case <-quit:
 						return
 					}
@@ -98,9 +99,9 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 		sent[h] += len(b) + 5 // the frame header
 		switch c.Op {
 		case "pmi-release":
-			sps[h].release(c, zerolog.Nop())
+			sps[h].Release(c, zerolog.Nop())
 		case "pmi-value":
-			sps[h].answer(c, zerolog.Nop())
+			sps[h].Answer(c, zerolog.Nop())
 		}
 	}
 	fences := pmiFences{hosts: hosts}
@@ -134,12 +135,12 @@ func fenceBytes(t *testing.T, hosts, perHost int) []int {
 	card := strings.Repeat("c", 96) // an MPICH business card is ~100 bytes
 	for h, sp := range sps {
 		for r := h * perHost; r < (h+1)*perHost; r++ {
-			f := sp.ends[r]
+			f, _ := sp.RankSetup(r, nil)
 			c, err := net.FileConn(f)
 			if err != nil {
 				t.Fatal(err)
 			}
-			sp.started(r)
+			sp.Started(r)
 			ranks.Go(func() {
 				defer c.Close()
 				br := bufio.NewReader(c)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/launcher/output"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
@@ -467,7 +468,7 @@ func watchStopSignals(ctx context.Context, sigs <-chan os.Signal) (context.Conte
 		for {
 			select {
 			case s := <-sigs:
-				if sig, ok := s.(syscall.Signal); ok && stopping(sig) {
+				if sig, ok := s.(syscall.Signal); ok && supervisor.Stopping(sig) {
 					got = sig
 					cancel()
 					return

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rs/zerolog"
 
@@ -419,7 +420,7 @@ func TestRunAgentDeath(t *testing.T) {
 	if !launchertest.WaitFor(30*time.Second, func() bool { return j.readyCount() == 2 }) {
 		t.Fatalf("ranks not ready: %q", j.stdout.String())
 	}
-	agents := agentsOf(j.token)
+	agents := agentsOf(t, j.token)
 	if len(agents) != 1 {
 		t.Fatalf("found %d agents, want 1", len(agents))
 	}
@@ -435,23 +436,31 @@ func TestRunAgentDeath(t *testing.T) {
 }
 
 // agentsOf finds the agent that runs token's ranks: the parent of a rank.
-func agentsOf(token string) []int {
+func agentsOf(t *testing.T, token string) []int {
 	seen := map[int]bool{}
 	var out []int
-	procs := readProcs()
-	parent := map[int]int{}
-	for _, p := range procs {
-		parent[p.pid] = p.ppid
-	}
 	for _, pid := range launchertest.Survivors(token) {
-		pp := parent[pid]
+		pp := ppidOf(t, pid)
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pp))
-		if err == nil && strings.Contains(string(b), supervisorEnv+"=") && !seen[pp] {
+		// The supervisor's marker (package supervisor's supervisorEnv).
+		if err == nil && strings.Contains(string(b), "GORUN_INTERNAL_SUPERVISOR=") && !seen[pp] {
 			seen[pp] = true
 			out = append(out, pp)
 		}
 	}
 	return out
+}
+
+// ppidOf is pid's parent, from /proc/PID/stat (0 once pid is gone).
+func ppidOf(t *testing.T, pid int) int {
+	t.Helper()
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
 }
 
 func TestRunContextCancel(t *testing.T) {
@@ -497,9 +506,9 @@ func TestRunStopsStraysOfSuccessfulRanks(t *testing.T) {
 	}
 }
 
-// An agent binary that forgot the IsSupervisor hook must not launch again.
+// An agent binary that forgot the supervisor.Is hook must not launch again.
 func TestRunRefusesToRecurseInAnAgent(t *testing.T) {
-	t.Setenv(supervisorEnv, supervisorProtocol)
+	t.Setenv("GORUN_INTERNAL_SUPERVISOR", "1") // what supervisor.Is looks for
 	j := newJobRun(t, 1, "exit:0", nil)
 	if err := j.launch(context.Background()); !errors.Is(err, ErrSupervisorNotDispatched) {
 		t.Fatalf("err = %v, want ErrSupervisorNotDispatched", err)
@@ -608,12 +617,12 @@ func TestGorunSIGKILLLeavesNoOrphans(t *testing.T) {
 
 // Every rank leads its own session (and so its own process group): the
 // teardown signals the group, and the kernel's autogroup scheduler gives
-// each session its own CPU share, as Hydra's ranks get (supervisor.go).
+// each session its own CPU share, as Hydra's ranks get (supervisor/bind.go).
 // Oversubscribed ranks of a program on gorun's runtime (this test binary)
 // lead their own process groups in one session, where sched_yield can hand
 // a core from one to another; other programs (a shell here, MPICH ranks in
-// practice) keep their own sessions (bind.go), unless GORUN_SESSION says
-// otherwise.
+// practice) keep their own sessions (supervisor/bind.go), unless GORUN_SESSION
+// says otherwise.
 func TestRunRanksOwnSession(t *testing.T) {
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err != nil {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
@@ -22,7 +23,7 @@ import (
 // right before the ranks start, so the ports stay taken until rank 0 can
 // bind them.
 //
-// RunLocal starts one supervisor process (see supervisor.go for why) that
+// RunLocal starts one supervisor process (see launcher/supervisor for why) that
 // is the parent of every rank; output flows through pipes straight from
 // the ranks to RunLocal's goroutines, and the supervisor reports starts and
 // exits to the job loop (jobloop.go) through a localHome.
@@ -30,9 +31,9 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if IsSupervisor() {
+	if supervisor.Is() {
 		// The supervisor executable's main did not dispatch to
-		// SupervisorMain and is now launching again: refuse, or every
+		// supervisor.Main and is now launching again: refuse, or every
 		// level would start another.
 		return ErrSupervisorNotDispatched
 	}
@@ -57,45 +58,45 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	if err != nil {
 		return err
 	}
-	p := &rankPipes{spec: wire.SupervisorSpec{Grace: cfg.Grace, LogLevel: cfg.Logger.GetLevel(), PMI: pj, RemoveDir: flight.temp, Respawn: cfg.ft != nil}}
-	defer p.closeChildEnds()
+	p := &supervisor.Pipes{Spec: wire.SupervisorSpec{Grace: cfg.Grace, LogLevel: cfg.Logger.GetLevel(), PMI: pj, RemoveDir: flight.temp, Respawn: cfg.ft != nil}}
+	defer p.CloseChildEnds()
 	in := localStdin{src: cfg.Stdin}
 	defer in.close()
 	for _, rs := range plan.Ranks {
 		stdinFD := -1
 		if rs.Rank == 0 {
 			if stdinFD, err = in.prepare(p, cfg); err != nil {
-				p.closeStreams()
+				p.CloseStreams()
 				return err
 			}
 		}
 		sr := wire.SupervisorRank{Rank: rs.Rank, Path: prog.Path, Argv: prog.Argv, Dir: cfg.Dir, Env: mergeEnv(base, rs.Env), GPU: gpuOf(rs)}
-		if err := p.addRank(sr, stdinFD); err != nil {
-			p.closeStreams()
+		if err := p.AddRank(sr, stdinFD); err != nil {
+			p.CloseStreams()
 			return err
 		}
 	}
 	// Before the supervisor starts: should it die, what its ranks left in
 	// other sessions comes here rather than to init (killLeftovers).
-	adoptOrphans()
-	sup, err := startSupervisor(cfg.SupervisorPath, p.extra, cfg.Stderr, plan.JobID)
+	supervisor.AdoptOrphans()
+	sup, err := supervisor.Start(cfg.SupervisorPath, p.Extra, cfg.Stderr, plan.JobID)
 	if err != nil {
-		p.closeStreams()
-		return err
+		p.CloseStreams()
+		return &SupervisorError{Err: err}
 	}
-	if p.spec.Cgroup = sup.cgroupDir(); sup.cgWhy != nil {
-		cfg.Logger.Debug().Err(sup.cgWhy).Msg("no job cgroup: a SIGKILLed supervisor's escaped descendants are found by their environment only")
+	if p.Spec.Cgroup = sup.CgroupDir(); sup.CgroupErr() != nil {
+		cfg.Logger.Debug().Err(sup.CgroupErr()).Msg("no job cgroup: a SIGKILLed supervisor's escaped descendants are found by their environment only")
 	}
-	p.closeChildEnds()
-	for _, s := range p.streams {
-		out.Add(s.rank, "", s.kind, s.r)
+	p.CloseChildEnds()
+	for _, s := range p.Streams {
+		out.Add(s.Rank, "", s.Kind, s.R)
 	}
 	out.Start()
 	in.start()
 
 	ports.Release()
 	home := newLocalHome(sup, len(plan.Ranks), cfg.Lease)
-	if err := sup.send(p.spec); err != nil {
+	if err := sup.Send(p.Spec); err != nil {
 		home.sendErr = err
 	}
 	start := time.Now()
@@ -109,12 +110,12 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	// the pipes are closed after the grace period.
 	// "bye" first: a pipe that ends without it tells the supervisor that
 	// gorun died and the flight directory is left to it.
-	_ = sup.send(wire.Cmd{Op: "bye"})
-	sup.closeCommands()
+	_ = sup.Send(wire.Cmd{Op: "bye"})
+	sup.CloseCommands()
 	in.close()
-	_ = sup.wait()
+	_ = sup.Wait()
 	home.wg.Wait()
-	sup.closeEvents()
+	sup.CloseEvents()
 	// A supervisor that reported "done" left nothing; one that died did
 	// not kill what the ranks started in other sessions (Pdeathsig ends
 	// only the ranks). Those were adopted by this process: end them now,
@@ -122,11 +123,11 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	// The job's cgroup, where there is one, holds every process the job
 	// started, whatever it did to its session and environment; the
 	// environment scan then finds what a cgroup-less host leaves.
-	n, cgErr := sup.releaseCgroup()
+	n, cgErr := sup.ReleaseCgroup()
 	if cgErr != nil {
 		cfg.Logger.Warn().Err(cgErr).Msg("job cgroup")
 	}
-	if n += killLeftovers(plan.JobID); n > 0 {
+	if n += supervisor.KillLeftovers(plan.JobID); n > 0 {
 		cfg.Logger.Warn().Int("processes", n).Msg("killed processes the job left after its supervisor was lost")
 		var se *SupervisorError
 		if errors.As(err, &se) {
@@ -143,10 +144,10 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	select {
 	case <-streamsDone:
 	case <-t.C:
-		p.closeStreams()
+		p.CloseStreams()
 		<-streamsDone
 	}
-	p.closeStreams()
+	p.CloseStreams()
 	if lerr := out.Finish(); lerr != nil && err == nil {
 		// The ranks succeeded but their record did not: the exit status
 		// must say so (the line was printed when it happened).
@@ -160,7 +161,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 
 // localHome is this machine's supervisor as the job loop's rankHome.
 type localHome struct {
-	sup *supervisorClient
+	sup *supervisor.Client
 	ch  chan wire.Event
 	// sendErr is set before the loop starts when the spec could not be
 	// sent: the supervisor is gone, and this says how.
@@ -175,7 +176,7 @@ type localHome struct {
 
 var _ rankHome = (*localHome)(nil)
 
-func newLocalHome(sup *supervisorClient, ranks int, lease time.Duration) *localHome {
+func newLocalHome(sup *supervisor.Client, ranks int, lease time.Duration) *localHome {
 	if lease <= 0 {
 		lease = DefaultLease
 	}
@@ -184,20 +185,20 @@ func newLocalHome(sup *supervisorClient, ranks int, lease time.Duration) *localH
 	h.wg.Go(func() {
 		defer close(h.ch)
 		defer close(readerDone)
-		sup.readEvents(func(ev wire.Event) { h.ch <- ev })
+		sup.ReadEvents(func(ev wire.Event) { h.ch <- ev })
 	})
 	h.wg.Go(func() {
-		sup.watchLease(lease, readerDone, &h.silent)
+		sup.WatchLease(lease, readerDone, &h.silent)
 	})
 	return h
 }
 
 func (h *localHome) events() <-chan wire.Event { return h.ch }
 func (h *localHome) supervisors() int          { return 1 }
-func (h *localHome) command(c wire.Cmd)        { _ = h.sup.send(c) }
+func (h *localHome) command(c wire.Cmd)        { _ = h.sup.Send(c) }
 
 // commandNode sends c to the one supervisor there is.
-func (h *localHome) commandNode(_ int, c wire.Cmd) { _ = h.sup.send(c) }
+func (h *localHome) commandNode(_ int, c wire.Cmd) { _ = h.sup.Send(c) }
 
 // lostWhy names how the supervisor was lost: the spec could not be sent,
 // it was silent past its lease (stopped or hung) and gorun killed it, or
@@ -207,7 +208,7 @@ func (h *localHome) lostWhy() error {
 	if h.sendErr != nil {
 		return h.sendErr
 	}
-	pid := h.sup.cmd.Process.Pid
+	pid := h.sup.PID()
 	if d := time.Duration(h.silent.Load()); d > 0 {
 		return fmt.Errorf("supervisor (pid %d) was silent for %s, past its lease of %s (stopped or hung); gorun killed it and its ranks",
 			pid, d.Round(time.Millisecond), h.lease)
@@ -215,7 +216,7 @@ func (h *localHome) lostWhy() error {
 	// Its event pipe ended, so it exited or is about to: wait briefly
 	// to learn how.
 	waited := make(chan error, 1)
-	h.wg.Go(func() { waited <- h.sup.wait() })
+	h.wg.Go(func() { waited <- h.sup.Wait() })
 	select {
 	case err := <-waited:
 		var ee *exec.ExitError
@@ -252,14 +253,14 @@ type localStdin struct {
 // /dev/null (nothing to copy); otherwise a pipe that gorun feeds. A
 // terminal is fed, not handed over: rank 0 runs in its own process group
 // and would be stopped by SIGTTIN reading it.
-func (s *localStdin) prepare(p *rankPipes, cfg Config) (int, error) {
+func (s *localStdin) prepare(p *supervisor.Pipes, cfg Config) (int, error) {
 	if cfg.Stdin == nil {
 		return -1, nil
 	}
 	src := cfg.Stdin
 	if f, ok := src.(*os.File); ok {
 		if !isTerminal(f) {
-			return p.inherit(f, false), nil
+			return p.Inherit(f, false), nil
 		}
 		tf, err := cancellableStdin(f)
 		if err != nil {
@@ -267,7 +268,7 @@ func (s *localStdin) prepare(p *rankPipes, cfg Config) (int, error) {
 			// returning; hand the terminal over and accept that rank 0
 			// may be stopped by SIGTTIN if it reads.
 			cfg.Logger.Debug().Err(err).Msg("cannot forward the terminal; rank 0 gets it directly")
-			return p.inherit(f, false), nil
+			return p.Inherit(f, false), nil
 		}
 		s.reopened = tf
 		src = tf
@@ -281,7 +282,7 @@ func (s *localStdin) prepare(p *rankPipes, cfg Config) (int, error) {
 		s.pump = startStdinPump(src, func(b []byte) error { _, err := pw.Write(b); return err },
 			func(bool) { pw.Close() }) // rank 0 sees EOF
 	}
-	return p.inherit(pr, true), nil
+	return p.Inherit(pr, true), nil
 }
 
 // start begins feeding rank 0, after the supervisor started.
@@ -304,22 +305,6 @@ func (s *localStdin) close() {
 	}
 	if s.reopened != nil {
 		s.reopened.Close()
-	}
-}
-
-// pipeSize is the buffer asked for on each rank output pipe: a rank that
-// floods output then writes up to 1 MiB ahead of gorun (Linux' default
-// pipe-max-size for unprivileged users) and gorun reads it in a few large
-// reads instead of many 64 KiB wake-ups. Failure leaves the default.
-const pipeSize = 1 << 20
-
-func growPipe(f *os.File) {
-	// SyscallConn, not Fd: Fd would switch the pipe to blocking mode and
-	// cost a thread per blocked read.
-	if rc, err := f.SyscallConn(); err == nil {
-		_ = rc.Control(func(fd uintptr) {
-			_, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, pipeSize)
-		})
 	}
 }
 

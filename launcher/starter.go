@@ -17,14 +17,14 @@ import (
 )
 
 // Starters: the processes that start host agents. One word for one thing:
-// the per-job *supervisor* (supervisor.go) is the parent of a host's
-// ranks; the *host agent* (hostagent.go, `gorun agent`) relays between
+// the per-job *supervisor* (package launcher/supervisor) is the parent of a
+// host's ranks; the *host agent* (hostagent.go, `gorun agent`) relays between
 // gorun and its host's supervisor; a *starter* is the command that brings a
-// host agent up — ssh to one host (Config.StarterCommand, ssh by default),
-// a plain exec for this machine, or one srun for every host of a SLURM
+// host agent up — ssh to one host (Config.StarterCommand, ssh by default), a
+// plain exec for this machine, or one srun for every host of a SLURM
 // allocation. Above Config.FanoutThreshold hosts, host agents run further
-// starters themselves (a tree); gorun then keeps a stand-in starter for
-// each such host, ended by its parent's report.
+// starters themselves (a tree); gorun then keeps a stand-in starter for each
+// such host, ended by its parent's report.
 
 // Starter says how host agents are started.
 type Starter string

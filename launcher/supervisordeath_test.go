@@ -22,12 +22,11 @@ func supervisorOf(t *testing.T, j *jobRun) int {
 	if m == nil {
 		t.Fatalf("no ready line from rank 0: %s", j.stdout)
 	}
-	stat, err := os.ReadFile("/proc/" + m[1] + "/stat")
-	if err != nil {
-		t.Fatal(err)
+	pid, _ := strconv.Atoi(m[1])
+	ppid := ppidOf(t, pid)
+	if ppid == 0 {
+		t.Fatalf("rank 0 (pid %d) is gone", pid)
 	}
-	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+2:]))
-	ppid, _ := strconv.Atoi(f[1])
 	return ppid
 }
 

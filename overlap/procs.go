@@ -10,8 +10,9 @@ import (
 // the program computes, and in Go that needs a P (a slot for running Go
 // code, GOMAXPROCS of them) for each. A rank bound to one CPU starts with
 // GOMAXPROCS 1 (Go counts its affinity), and gorun gives oversubscribed
-// ranks GOMAXPROCS=1 (launcher/bind.go), which is right for a program that
-// waits for each call as it issues it but starves overlap twice over:
+// ranks GOMAXPROCS=1 (launcher/supervisor/bind.go), which is right for a
+// program that waits for each call as it issues it but starves overlap twice
+// over:
 //
 //   - a compute that blocks the thread (an accelerator's synchronising
 //     call, a cgo call, the step benchmark's nanosleep) keeps the only P

@@ -126,8 +126,8 @@ const CollateralFD = "GORUN_COLLATERAL_FD"
 // hwloc's variables, set by a rank's supervisor only for a program that
 // needs libhwloc.so.15 (MPICH's MPI_Init discovers the topology with it),
 // only when the rank's environment does not already steer hwloc, and not
-// with gorun --topology off (launcher/topology.go). hwloc in the rank reads
-// them in hwloc_topology_load.
+// with gorun --topology off (launcher/supervisor/topology.go). hwloc in the
+// rank reads them in hwloc_topology_load.
 const (
 	// HwlocXMLFile is "/proc/self/fd/N": descriptor N is a sealed memfd
 	// holding the host's topology as hwloc XML, discovered once by the

@@ -40,7 +40,7 @@ import (
 )
 
 // cmd mirrors the fields of gorun's supervisor command that PMI answers
-// use (launcher/supervisor.go), so that bytes are counted as they travel.
+// use (launcher/wire's Cmd), so that bytes are counted as they travel.
 type cmd struct {
 	Op      string            `json:"op"`
 	Epoch   int               `json:"epoch,omitempty"`

@@ -21,6 +21,7 @@ import (
 	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/launcher"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/supervisor"
 )
 
 // version is set at build time with -ldflags "-X main.version=..."; it is
@@ -74,8 +75,8 @@ const (
 func main() {
 	// The job agent is this same binary re-executed; it must take over
 	// before anything else looks at the command line.
-	if launcher.IsSupervisor() {
-		os.Exit(launcher.SupervisorMain())
+	if supervisor.Is() {
+		os.Exit(supervisor.Main())
 	}
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
@@ -317,17 +318,17 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if code != 0 {
 		return code
 	}
-	bind, err := launcher.ParseBind(o.bindTo)
+	bind, err := supervisor.ParseBind(o.bindTo)
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun: %v\n", err)
 		return exitUsage
 	}
-	topology, err := launcher.ParseTopology(o.topology)
+	topology, err := supervisor.ParseTopology(o.topology)
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun: %v\n", err)
 		return exitUsage
 	}
-	session, err := launcher.ParseSession(o.session)
+	session, err := supervisor.ParseSession(o.session)
 	if err != nil {
 		fmt.Fprintf(stderr, "gorun: %v\n", err)
 		return exitUsage
@@ -336,10 +337,10 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// reach every host with the job; an explicit -x GORUN_BIND,
 	// GORUN_SESSION or GORUN_TOPOLOGY wins.
 	policies := repeated{"GORUN_BIND=" + bind}
-	if session != launcher.SessionAuto {
+	if session != supervisor.SessionAuto {
 		policies = append(policies, "GORUN_SESSION="+session)
 	}
-	if topology != launcher.TopologyAuto {
+	if topology != supervisor.TopologyAuto {
 		policies = append(policies, "GORUN_TOPOLOGY="+topology)
 	}
 	if o.rdzvTimeout < 0 {
@@ -356,7 +357,7 @@ func launch(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	for _, kv := range exports {
 		if v, ok := strings.CutPrefix(kv, "GORUN_SESSION="); ok {
-			if _, err := launcher.ParseSession(v); err != nil {
+			if _, err := supervisor.ParseSession(v); err != nil {
 				fmt.Fprintf(stderr, "gorun: -x GORUN_SESSION=%s: expected auto, shared or own\n", v)
 				return exitUsage
 			}

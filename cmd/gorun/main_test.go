@@ -13,8 +13,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/gorun-hpc/gorun/launcher"
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
+	"github.com/gorun-hpc/gorun/launcher/supervisor"
 )
 
 // actAsGorun makes the test binary run main() with its arguments: the tests
@@ -22,8 +22,8 @@ import (
 const actAsGorun = "GORUN_TEST_ACT_AS_GORUN_MAIN"
 
 func TestMain(m *testing.M) {
-	if launcher.IsSupervisor() {
-		os.Exit(launcher.SupervisorMain())
+	if supervisor.Is() {
+		os.Exit(supervisor.Main())
 	}
 	if os.Getenv(actAsGorun) != "" {
 		os.Unsetenv(actAsGorun)

@@ -1,8 +1,8 @@
 // Package cgroupfs reads the kernel's description of the cgroup
 // hierarchies a process sees: the cgroup mounts in /proc/self/mountinfo.
 // The launcher looks there for a hierarchy in which to contain a job
-// (launcher/cgroup_linux.go) and comm for the cpu controller's hierarchy
-// that decides which ranks share a scheduling group
+// (launcher/supervisor/cgroup_linux.go) and comm for the cpu controller's
+// hierarchy that decides which ranks share a scheduling group
 // (comm/schedgroup_linux.go); both parse the same format here.
 package cgroupfs
 

@@ -81,7 +81,7 @@ type Job struct {
 	// serve before anything starts; 0 for doctor.
 	Ranks int `json:"ranks,omitempty"`
 	// Respawn: a --fault-tolerant job; the supervisor keeps what it
-	// needs to start a rank again (launcher/ftsupervisor.go).
+	// needs to start a rank again (launcher/supervisor/ft.go).
 	Respawn bool `json:"respawn,omitempty"`
 }
 

@@ -35,12 +35,13 @@ type SupervisorSpec struct {
 	// local gorun stopped with Ctrl-Z must not lose its job.
 	ClientLease time.Duration `json:"client_lease,omitempty"`
 	// Cgroup, when set, is the job cgroup the client made and moved this
-	// supervisor into (launcher/cgroup_linux.go). The client removes it once the
-	// supervisor exited; a supervisor whose client died removes it on
-	// its way out, after killing every descendant.
+	// supervisor into (launcher/supervisor/cgroup_linux.go). The client removes
+	// it once the supervisor exited; a supervisor whose client died removes it
+	// on its way out, after killing every descendant.
 	Cgroup string `json:"cgroup,omitempty"`
 	// Respawn keeps every rank's spec and pipes so that gorun
-	// --fault-tolerant can start a rank again ("respawn"; launcher/ftsupervisor.go).
+	// --fault-tolerant can start a rank again ("respawn";
+	// launcher/supervisor/ft.go).
 	Respawn bool `json:"respawn,omitempty"`
 }
 
@@ -86,19 +87,18 @@ type Cmd struct {
 	Value   string            `json:"value,omitempty"`
 	Found   bool              `json:"found,omitempty"`
 	Batched bool              `json:"batched,omitempty"`
-	// "inject" (launcher/inject.go) sends Signal to the process group of each of
-	// Ranks that this supervisor runs, answering an "injected" event per
-	// rank, and after For (when set) SIGCONT, answered by "fault-cont".
-	// Fault is the injection's id, echoed in the events.
-	// KillHost marks a kill-host injection: the supervisor echoes it in
-	// its "injected" events, and a host agent relaying one kills itself,
-	// so that the host is gone whole: ranks, agent, and with the agent's
-	// connection, the host as gorun sees it.
+	// "inject" (launcher/inject.go) sends Signal to the process group of each
+	// of Ranks that this supervisor runs, answering an "injected" event per
+	// rank, and after For (when set) SIGCONT, answered by "fault-cont". Fault
+	// is the injection's id, echoed in the events. KillHost marks a kill-host
+	// injection: the supervisor echoes it in its "injected" events, and a host
+	// agent relaying one kills itself, so that the host is gone whole: ranks,
+	// agent, and with the agent's connection, the host as gorun sees it.
 	For      time.Duration `json:"for,omitempty"`
 	Fault    int           `json:"fault,omitempty"`
 	KillHost bool          `json:"kill_host,omitempty"`
-	// Period set makes an "inject" a slow (launcher/inject_chaos.go): the rank is
-	// stopped for Duty of every Period, for For (0: until it exits).
+	// Period set makes an "inject" a slow (launcher/supervisor/slow.go): the
+	// rank is stopped for Duty of every Period, for For (0: until it exits).
 	Duty   float64       `json:"duty,omitempty"`
 	Period time.Duration `json:"period,omitempty"`
 	// AfterSteps, when positive, makes "inject" wait: the supervisor
@@ -112,7 +112,7 @@ type Cmd struct {
 	// multi-host job, as it waits itself for a local job's ranks.
 	DumpFirst bool `json:"dump_first,omitempty"`
 	// Incarnation is "respawn"'s: the number of the rank's next process
-	// (launcher/ftsupervisor.go). "release" drops what the supervisor kept of
+	// (launcher/supervisor/ft.go). "release" drops what the supervisor kept of
 	// Ranks to start them again.
 	Incarnation int `json:"incarnation,omitempty"`
 }
@@ -121,9 +121,9 @@ type Cmd struct {
 type Event struct {
 	// Ev is "started", "failed" (could not start; Err says why), "exited"
 	// (Code or Signal set), "frozen" (stopped past its lease: Frozen is
-	// the state letter, Err says for how long; launcher/freeze.go), "step" (the
-	// rank's first step report, Step its number) or "done" (every rank
-	// and stray is gone; last).
+	// the state letter, Err says for how long; launcher/supervisor/freeze.go),
+	// "step" (the rank's first step report, Step its number) or "done" (every
+	// rank and stray is gone; last).
 	Ev     string `json:"ev"`
 	Rank   int    `json:"rank"`
 	PID    int    `json:"pid,omitempty"`
@@ -162,8 +162,8 @@ type Event struct {
 	// At is when an "exited" rank was reaped (Unix ns, this host's clock):
 	// the supervisor reaps at each SIGCHLD, so it is the exit time to
 	// within the supervisor's wake-up. Every exit of one reap pass gets
-	// the pass's time: their order within it is not known (launcher/jobloop.go's
-	// earlier).
+	// the pass's time: their order within it is not known
+	// (launcher/jobloop.go's earlier).
 	At int64 `json:"at,omitempty"`
 	// Fault is the injection an "injected" or "fault-cont" event answers;
 	// Err is set on "injected" when the rank was not running.

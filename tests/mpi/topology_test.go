@@ -37,10 +37,10 @@ func runTopology(t *testing.T, np int, args ...string) map[int]rankTopology {
 }
 
 // TestSharedTopology: the ranks of an MPICH program read the hwloc
-// topology their host's supervisor discovered once (launcher/topology.go)
-// instead of each discovering it, and see the same machine as when they
-// discover it themselves; --topology off and a user's own hwloc settings
-// leave them to their own discovery.
+// topology their host's supervisor discovered once
+// (launcher/supervisor/topology.go) instead of each discovering it, and see the
+// same machine as when they discover it themselves; --topology off and a user's
+// own hwloc settings leave them to their own discovery.
 func TestSharedTopology(t *testing.T) {
 	requireMPI(t)
 	own := runTopology(t, 2, "--topology", "off")

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun-hpc/gorun/launcher"
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
+	"github.com/gorun-hpc/gorun/launcher/supervisor"
 )
 
 // 4 hosts × 2 ranks: every rank runs on the host the plan says, its lines
@@ -308,7 +308,7 @@ func TestDoctor(t *testing.T) {
 	// machine allows it (the test hosts share its cgroup tree), off with
 	// the reason otherwise.
 	state := "off: "
-	if _, err := launcher.CgroupSupport(); err == nil {
+	if _, err := supervisor.CgroupSupport(); err == nil {
 		state = "on: "
 	}
 	for _, host := range append([]string{"the launching host"}, h.Hosts...) {

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorun-hpc/gorun/launcher"
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
+	"github.com/gorun-hpc/gorun/launcher/supervisor"
 )
 
 // A remote host's supervisor killed (SIGKILL) or frozen (SIGSTOP) while
@@ -61,7 +61,7 @@ func TestHostSupervisorLossEndsJob(t *testing.T) {
 // environment). Skipped, naming why, where gorun cannot write cgroups.
 func TestHostSupervisorKilledCgroup(t *testing.T) {
 	h := requireHosts(t)
-	if _, err := launcher.CgroupSupport(); err != nil {
+	if _, err := supervisor.CgroupSupport(); err != nil {
 		t.Skipf("no job cgroups on this host (%v): the escaped children would survive, as gorun doctor says", err)
 	}
 	j := newJob(t, h, 2, "setsid-clearenv", nil)

@@ -1,4 +1,4 @@
-package launcher
+package supervisor
 
 import (
 	"errors"
@@ -20,7 +20,7 @@ import (
 // descendant of its ranks, wherever they moved (setsid, double fork).
 // When the supervisor itself is SIGKILLed, its ranks die by Pdeathsig,
 // and their orphans come to the next subreaper up: gorun, or the host
-// agent, whose killLeftovers finds them by GORUN_JOB_ID in their
+// agent, whose KillLeftovers finds them by GORUN_JOB_ID in their
 // environment. A process that both leaves its session and clears its
 // environment (setsid env -i daemon) escapes that scan: nothing left marks
 // it as the job's.
@@ -29,11 +29,11 @@ import (
 // without write access to the cgroup tree, whatever the process does to
 // its session or environment. So, where this process may write a cgroup
 // hierarchy (root, with it mounted read-write), the client that starts a
-// supervisor (startSupervisor: gorun on its host, a host agent on the
+// supervisor (Start: gorun on its host, a host agent on the
 // others) makes a cgroup for that supervisor's job, moves the supervisor
 // into it before sending its spec (so before any rank is forked), and,
 // after the supervisor has exited for any reason, kills whatever is left
-// in it and removes it (supervisorClient.releaseCgroup). Why the client
+// in it and removes it (Client.ReleaseCgroup). Why the client
 // and not a separate reaper process: the client is already the level
 // that detects a dead or stopped supervisor (event pipe EOF, the beat
 // lease), already reaps what it kills (it is a subreaper too), and a
@@ -388,9 +388,9 @@ func CgroupSupport() (string, error) {
 	return "cgroup v1 freezer under " + m.parent, nil
 }
 
-// cgroupStatus is gorun doctor's line: where job cgroups go on this
+// CgroupStatus is gorun doctor's line: where job cgroups go on this
 // host, or why there are none.
-func cgroupStatus() string {
+func CgroupStatus() string {
 	where, err := CgroupSupport()
 	if err != nil {
 		return "off: " + err.Error() + "; a process that leaves its session and clears its environment can outlive a SIGKILLed supervisor"

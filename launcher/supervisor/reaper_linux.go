@@ -1,4 +1,4 @@
-package launcher
+package supervisor
 
 import (
 	"errors"
@@ -22,7 +22,7 @@ import (
 // A job on a host has two watchers: its supervisor (supervisor.go) and
 // the supervisor's client (gorun on its own host, a host agent on the
 // others). Either one, left alone, ends the job and removes its cgroup:
-// the client after the supervisor exited (releaseCgroup), the supervisor
+// the client after the supervisor exited (ReleaseCgroup), the supervisor
 // after its command pipe ended (removeOwnCgroup). Both SIGKILLed at once —
 // `pkill -9 -f gorun` matches both, so does a node epilog, and a host
 // agent dies with its supervisor when a host's processes are killed —

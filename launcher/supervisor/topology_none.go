@@ -1,6 +1,6 @@
 //go:build !linux || nogpu
 
-package launcher
+package supervisor
 
 import "errors"
 

@@ -1,4 +1,6 @@
-package launcher
+package supervisor
+
+import "github.com/gorun-hpc/gorun/internal/elfneeded"
 
 // programs is what a supervisor learns of its ranks' executables, each
 // fact read from the ELF file at most once per path: a job's ranks mostly
@@ -48,7 +50,7 @@ func (ps programs) of(path string) *program {
 // library the shared topology is made with (topology.go).
 func (p *program) needsHwloc() bool {
 	return p.hwloc.get(func() bool {
-		soname, _ := findNeeded(p.path, func(s string) bool { return s == hwlocSoname })
+		soname, _ := elfneeded.Find(p.path, func(s string) bool { return s == hwlocSoname })
 		return soname != ""
 	})
 }

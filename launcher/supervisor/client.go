@@ -1,4 +1,4 @@
-package launcher
+package supervisor
 
 import (
 	"bufio"
@@ -14,22 +14,24 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gorun-hpc/gorun/internal/liveness"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // The client side of the per-job supervisor (supervisor.go), shared by the
-// two places that start one: RunLocal on the launching machine, and relay
-// in a host agent on every other host. Both build the ranks' pipes and the
-// spec with rankPipes, start the supervisor with startSupervisor, send the
+// two places that start one: package launcher's RunLocal on the launching
+// machine, and a host agent on every other host. Both build the ranks'
+// pipes and the spec with Pipes, start the supervisor with Start, send the
 // spec and later commands through it, and read its events until EOF.
 
-// supervisorClient is one started supervisor process: the write end of its
-// command pipe and the read end of its event pipe. send and closeCommands
+// Client is one started supervisor process: the write end of its
+// command pipe and the read end of its event pipe. Send and CloseCommands
 // are safe for concurrent use (a host agent's connection reader sends
-// commands while its main loop may close the pipe); readEvents and wait
+// commands while its main loop may close the pipe); ReadEvents and Wait
 // are called by one goroutine each.
-type supervisorClient struct {
+type Client struct {
 	cmd *exec.Cmd
 	evR *os.File
 
@@ -58,22 +60,23 @@ type supervisorClient struct {
 	// may hold up: neither counts as the supervisor's silence.
 	lastHeard  atomic.Int64
 	delivering atomic.Bool
-	// sample, when set, replaces the kernel as watchLease's evidence
+	// sample, when set, replaces the kernel as WatchLease's evidence
 	// (tests).
 	sample liveness.Sampler
 }
 
-// errSupervisorClosed is send's answer after closeCommands.
-var errSupervisorClosed = errors.New("launcher: supervisor command pipe closed")
+// errSupervisorClosed is Send's answer after CloseCommands.
+var errSupervisorClosed = errors.New("supervisor: command pipe closed")
 
-// startSupervisor starts the per-job supervisor process (path, "" for this
+// Start starts the per-job supervisor process (path, "" for this
 // executable) with extra as its descriptors from 3 on, and, where this
 // host allows, moves it into a new cgroup for job jobID before it can
 // start anything (its spec is not sent yet). The caller closes its copies
 // of the descriptors meant for the supervisor alone once this returns,
-// puts cgroupDir in the spec, and eventually calls closeCommands, wait,
-// releaseCgroup and closeEvents.
-func startSupervisor(path string, extra []*os.File, stderr io.Writer, jobID string) (*supervisorClient, error) {
+// puts CgroupDir in the spec, and eventually calls CloseCommands, Wait,
+// ReleaseCgroup and CloseEvents. An error is exec.Cmd.Start's or a pipe's;
+// nothing was started then.
+func Start(path string, extra []*os.File, stderr io.Writer, jobID string) (*Client, error) {
 	// /proc/self/exe is the running binary even when its file was replaced
 	// or deleted since (a `make build` during a long job).
 	argv0 := path
@@ -82,13 +85,13 @@ func startSupervisor(path string, extra []*os.File, stderr io.Writer, jobID stri
 	}
 	ctrlR, ctrlW, err := os.Pipe()
 	if err != nil {
-		return nil, fmt.Errorf("launcher: pipe: %w", err)
+		return nil, fmt.Errorf("supervisor: pipe: %w", err)
 	}
 	evR, evW, err := os.Pipe()
 	if err != nil {
 		ctrlR.Close()
 		ctrlW.Close()
-		return nil, fmt.Errorf("launcher: pipe: %w", err)
+		return nil, fmt.Errorf("supervisor: pipe: %w", err)
 	}
 	// The supervisor holds its own copies; ours of its ends must go, or
 	// EOF on either pipe would never come.
@@ -111,9 +114,9 @@ func startSupervisor(path string, extra []*os.File, stderr io.Writer, jobID stri
 	if err := cmd.Start(); err != nil {
 		ctrlW.Close()
 		evR.Close()
-		return nil, &SupervisorError{Err: err}
+		return nil, err // exec.Cmd.Start's: it names the path
 	}
-	s := &supervisorClient{cmd: cmd, ctrl: ctrlW, evR: evR}
+	s := &Client{cmd: cmd, ctrl: ctrlW, evR: evR}
 	s.lastHeard.Store(time.Now().UnixNano())
 	if jobID == "" {
 		s.cgWhy = errors.New("no job id")
@@ -129,21 +132,30 @@ func startSupervisor(path string, extra []*os.File, stderr io.Writer, jobID stri
 	return s, nil
 }
 
-// cgroupDir is the job cgroup's directory, "" without one.
-func (s *supervisorClient) cgroupDir() string {
+// CgroupDir is the job cgroup's directory, "" without one.
+func (s *Client) CgroupDir() string {
 	if s.cg == nil {
 		return ""
 	}
 	return s.cg.dir
 }
 
-// releaseCgroup is called once the supervisor has exited (wait returned):
+// CgroupErr says why the supervisor runs in no job cgroup (nil when it
+// does): a host that offers none, or a move into one that failed. Without
+// one, escaped descendants of a killed supervisor are found by their
+// environment only (KillLeftovers).
+func (s *Client) CgroupErr() error { return s.cgWhy }
+
+// PID is the supervisor process's id.
+func (s *Client) PID() int { return s.cmd.Process.Pid }
+
+// ReleaseCgroup is called once the supervisor has exited (Wait returned):
 // it SIGKILLs whatever is left in the job's cgroup — nothing after a
 // supervisor that finished its job; after one that was killed or stopped,
 // every descendant of its ranks, whatever session and environment it gave
 // itself — reaps those it adopted, removes the cgroup and returns how many
 // it killed. A no-op without a cgroup.
-func (s *supervisorClient) releaseCgroup() (int, error) {
+func (s *Client) ReleaseCgroup() (int, error) {
 	if s.cg == nil {
 		return 0, nil
 	}
@@ -161,12 +173,12 @@ func (s *supervisorClient) releaseCgroup() (int, error) {
 	return n, err
 }
 
-// watchLease SIGKILLs the supervisor once it has been silent — no event,
+// WatchLease SIGKILLs the supervisor once it has been silent — no event,
 // not even its beat — for longer than lease and the kernel says it is
 // stopped or neither ran nor waited to (internal/liveness: a supervisor
 // starved of CPU on a loaded host is silent too, and alive), after storing
 // how long it was silent in *silent; it stores nothing when done closes
-// first. A supervisor that runs but stays silent for lease×starvedLimitX
+// first. A supervisor that runs but stays silent for lease×StarvedLimitX
 // is killed as hung. The store comes before the kill: the kill ends the
 // event pipe, and whoever reads *silent after seeing that end must find
 // it set. A supervisor that is stopped (SIGSTOP, a debugger) or hung
@@ -174,10 +186,10 @@ func (s *supervisorClient) releaseCgroup() (int, error) {
 // commands a second Ctrl-C sends: SIGKILL ends even a stopped process, its
 // ranks follow (Pdeathsig), and its event pipe closes, which is how the
 // client learns the end.
-func (s *supervisorClient) watchLease(lease time.Duration, done <-chan struct{}, silent *atomic.Int64) {
+func (s *Client) WatchLease(lease time.Duration, done <-chan struct{}, silent *atomic.Int64) {
 	t := time.NewTicker(lease / 8)
 	defer t.Stop()
-	judge := liveness.Judge{PID: s.cmd.Process.Pid, Sample: s.sample, Lease: lease, Recheck: lease / 4, Limit: starvedLimitX * lease}
+	judge := liveness.Judge{PID: s.cmd.Process.Pid, Sample: s.sample, Lease: lease, Recheck: lease / 4, Limit: StarvedLimitX * lease}
 	for {
 		select {
 		case <-done:
@@ -205,15 +217,15 @@ func (s *supervisorClient) watchLease(lease time.Duration, done <-chan struct{},
 	}
 }
 
-// starvedLimitX is how many leases a process may stay silent while the
+// StarvedLimitX is how many leases a process may stay silent while the
 // kernel shows it alive before it is judged hung anyway: 15, a minute at
 // the default 4 s lease (as rendezvous.Config.StarvedLimit).
-const starvedLimitX = 15
+const StarvedLimitX = 15
 
-// send writes one protocol message (the spec, then commands) as a JSON
+// Send writes one protocol message (the spec, then commands) as a JSON
 // line. It blocks only while the pipe is full, which the supervisor's
 // command reader keeps from lasting.
-func (s *supervisorClient) send(v any) error {
+func (s *Client) Send(v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
@@ -227,10 +239,10 @@ func (s *supervisorClient) send(v any) error {
 	return err
 }
 
-// closeCommands closes the command pipe. Before the supervisor reported
+// CloseCommands closes the command pipe. Before the supervisor reported
 // "done" this tells it that its client is gone: it kills every rank and
 // descendant, then exits. Idempotent.
-func (s *supervisorClient) closeCommands() {
+func (s *Client) CloseCommands() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.closed {
@@ -239,11 +251,11 @@ func (s *supervisorClient) closeCommands() {
 	}
 }
 
-// readEvents decodes the supervisor's event lines and hands each to f
+// ReadEvents decodes the supervisor's event lines and hands each to f
 // until the event pipe ends (the supervisor exited). Lines that do not
 // decode are skipped: the supervisor writes nothing else on it.
-// Beats only feed the lease (watchLease); they are not handed on.
-func (s *supervisorClient) readEvents(f func(wire.Event)) {
+// Beats only feed the lease (WatchLease); they are not handed on.
+func (s *Client) ReadEvents(f func(wire.Event)) {
 	readEvents(s.evR, func(ev wire.Event) {
 		s.lastHeard.Store(time.Now().UnixNano())
 		if ev.Ev == "beat" {
@@ -269,55 +281,57 @@ func readEvents(r io.Reader, f func(wire.Event)) {
 	}
 }
 
-// wait reaps the supervisor; later calls return the first result.
-func (s *supervisorClient) wait() error {
+// Wait reaps the supervisor; later calls return the first result.
+func (s *Client) Wait() error {
 	s.waitOnce.Do(func() { s.waitErr = s.cmd.Wait() })
 	return s.waitErr
 }
 
-// closeEvents closes the event pipe's read end (after readEvents ended, or
+// CloseEvents closes the event pipe's read end (after ReadEvents ended, or
 // to end it).
-func (s *supervisorClient) closeEvents() { s.evR.Close() }
+func (s *Client) CloseEvents() { s.evR.Close() }
 
-// rankPipes builds a supervisor's spec together with the descriptors it
+// Pipes builds a supervisor's spec together with the descriptors it
 // hands down: one pipe per output stream of every rank (the supervisor
 // gets the write ends as inherited descriptors, the caller reads the other
 // ends) and, for rank 0, a stdin descriptor when asked for.
-type rankPipes struct {
-	spec wire.SupervisorSpec
-	// extra are the supervisor's descriptors from 3 on, in order.
-	extra []*os.File
-	// childEnds are the descriptors in extra that this process opened for
+type Pipes struct {
+	// Spec is the spec to send once the supervisor started; AddRank
+	// appends its ranks, the caller fills the rest.
+	Spec wire.SupervisorSpec
+	// Extra are the supervisor's descriptors from 3 on, in order (Start's
+	// extra).
+	Extra []*os.File
+	// childEnds are the descriptors in Extra that this process opened for
 	// the supervisor alone: closed once it started (or on failure).
 	childEnds []*os.File
-	// streams are the read ends, one per rank stream, owned by the caller
-	// once build returns.
-	streams []rankStream
+	// Streams are the read ends, one per rank stream, owned by the caller
+	// once AddRank returned.
+	Streams []Stream
 }
 
-// rankStream is the read end of one rank's stdout (kind 1) or stderr
-// (kind 2).
-type rankStream struct {
-	rank int
-	kind byte
-	r    *os.File
+// Stream is the read end of one rank's stdout or stderr.
+type Stream struct {
+	Rank int
+	Kind byte     // 1 stdout, 2 stderr
+	R    *os.File // the read end
 }
 
-// inherit adds f to the supervisor's descriptors and returns its number
+// Inherit adds f to the supervisor's descriptors and returns its number
 // there. owned marks a descriptor this process made for the supervisor
 // alone (closed after start); a descriptor borrowed from the caller (a
 // stdin file handed over) is not closed.
-func (p *rankPipes) inherit(f *os.File, owned bool) int {
-	p.extra = append(p.extra, f)
+func (p *Pipes) Inherit(f *os.File, owned bool) int {
+	p.Extra = append(p.Extra, f)
 	if owned {
 		p.childEnds = append(p.childEnds, f)
 	}
-	return 2 + len(p.extra)
+	return 2 + len(p.Extra)
 }
 
-// addRank appends one rank to the spec with fresh stdout and stderr pipes;
+// AddRank appends one rank to the spec with fresh stdout and stderr pipes;
 // stdin is the supervisor descriptor of its stdin, -1 for /dev/null.
-func (p *rankPipes) addRank(r wire.SupervisorRank, stdin int) error {
+func (p *Pipes) AddRank(r wire.SupervisorRank, stdin int) error {
 	r.Stdin = stdin
 	for _, s := range []struct {
 		fd   *int
@@ -325,30 +339,46 @@ func (p *rankPipes) addRank(r wire.SupervisorRank, stdin int) error {
 	}{{&r.Stdout, 1}, {&r.Stderr, 2}} {
 		pr, pw, err := os.Pipe()
 		if err != nil {
-			return fmt.Errorf("launcher: pipe for rank %d: %w", r.Rank, err)
+			return fmt.Errorf("supervisor: pipe for rank %d: %w", r.Rank, err)
 		}
 		growPipe(pr)
-		*s.fd = p.inherit(pw, true)
-		p.streams = append(p.streams, rankStream{rank: r.Rank, kind: s.kind, r: pr})
+		*s.fd = p.Inherit(pw, true)
+		p.Streams = append(p.Streams, Stream{Rank: r.Rank, Kind: s.kind, R: pr})
 	}
-	p.spec.Ranks = append(p.spec.Ranks, r)
+	p.Spec.Ranks = append(p.Spec.Ranks, r)
 	return nil
 }
 
-// closeChildEnds closes this process's copies of the supervisor's
+// CloseChildEnds closes this process's copies of the supervisor's
 // descriptors: after a start, so that EOF on a rank's pipe means that
 // rank and its descendants are gone; after a failure, to leak nothing.
-func (p *rankPipes) closeChildEnds() {
+func (p *Pipes) CloseChildEnds() {
 	for _, f := range p.childEnds {
 		f.Close()
 	}
 	p.childEnds = nil
 }
 
-// closeStreams closes the read ends (on a failure before they were handed
+// CloseStreams closes the read ends (on a failure before they were handed
 // to readers).
-func (p *rankPipes) closeStreams() {
-	for _, s := range p.streams {
-		s.r.Close()
+func (p *Pipes) CloseStreams() {
+	for _, s := range p.Streams {
+		s.R.Close()
+	}
+}
+
+// pipeSize is the buffer asked for on each rank output pipe: a rank that
+// floods output then writes up to 1 MiB ahead of gorun (Linux' default
+// pipe-max-size for unprivileged users) and gorun reads it in a few large
+// reads instead of many 64 KiB wake-ups. Failure leaves the default.
+const pipeSize = 1 << 20
+
+func growPipe(f *os.File) {
+	// SyscallConn, not Fd: Fd would switch the pipe to blocking mode and
+	// cost a thread per blocked read.
+	if rc, err := f.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			_, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, pipeSize)
+		})
 	}
 }

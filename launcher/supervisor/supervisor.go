@@ -1,4 +1,4 @@
-package launcher
+package supervisor
 
 import (
 	"bufio"
@@ -56,17 +56,19 @@ import (
 // allows it (cgroup_linux.go): it covers the supervisor's own SIGKILL, with
 // the supervisor's client as the survivor that triggers the kill, and
 // the cgroup's reaper (reaper_linux.go) when both are killed at once. A host
-// agent (hostagent.go) runs the same supervisor on every other host of a
-// multi-host job.
+// agent (package launcher's hostagent.go) runs the same supervisor on every
+// other host of a multi-host job.
 //
-// The protocol is newline-delimited JSON: gorun writes one wire.SupervisorSpec,
-// then wire.Cmds; the supervisor writes wire.Events. Output does
-// not go through the supervisor: each rank's stdout and stderr are pipes that gorun created and
-// passed down as inherited descriptors.
+// The protocol is newline-delimited JSON: the client writes one
+// wire.SupervisorSpec, then wire.Cmds; the supervisor writes wire.Events.
+// Output does not go through the supervisor: each rank's stdout and stderr
+// are pipes that the client created (Pipes) and passed down as inherited
+// descriptors.
 
 // beatEvery is how often a supervisor says it is alive (a "beat" event)
 // when it has nothing else to say; clients kill a supervisor silent for
-// their lease (Config.Lease, seconds): a twentieth of the default.
+// their lease (launcher's Config.Lease, 4 s by default): a twentieth of
+// the default.
 const beatEvery = 200 * time.Millisecond
 
 // supervisorEnv marks a process as the per-job supervisor. It is a
@@ -76,19 +78,18 @@ const supervisorEnv = "GORUN_INTERNAL_SUPERVISOR"
 // supervisorProtocol is the value of supervisorEnv; bumped on incompatible changes.
 const supervisorProtocol = "1"
 
-// IsSupervisor reports whether this process was started as a per-job
-// supervisor. Programs
-// that embed the launcher (cmd/gorun, test binaries) check it first thing in
-// main or TestMain and then call SupervisorMain.
-// A job reaper (reaper_linux.go) is dispatched the same way.
-func IsSupervisor() bool {
+// Is reports whether this process was started as a per-job supervisor.
+// Programs that embed the launcher (cmd/gorun, test binaries) check it
+// first thing in main or TestMain and then call Main. A job reaper
+// (reaper_linux.go) is dispatched the same way.
+func Is() bool {
 	v := os.Getenv(supervisorEnv)
 	return v == supervisorProtocol || v == reaperProtocol
 }
 
-// SupervisorMain runs the supervisor on stdin/stdout and returns the process exit
-// code. Call it only when IsSupervisor is true.
-func SupervisorMain() int {
+// Main runs the supervisor on stdin/stdout and returns the process exit
+// code. Call it only when Is is true.
+func Main() int {
 	if os.Getenv(supervisorEnv) == reaperProtocol {
 		return reaperMain()
 	}
@@ -146,7 +147,7 @@ type supervisor struct {
 	strays        int
 	grace         time.Duration
 	// pmi serves MPI's PMI to the ranks; nil when the job has none.
-	pmi *supervisorPMI
+	pmi *PMI
 	// collR is the read end of the collateral pipe (non-blocking; -1
 	// when none), collBuf a partial line read from it, and coll the first
 	// report of each rank (internal/collateral).
@@ -157,7 +158,7 @@ type supervisor struct {
 	// with a duration; the ticker sends them when due.
 	conts []faultCont
 	// slows are the ranks an injected slow stops and continues in turn
-	// (inject_chaos.go); the ticker toggles them.
+	// (slow.go); the ticker toggles them.
 	slows []slowing
 	// steps is the last training step each rank reported
 	// (collateral.Step), and armed the after-steps faults waiting for one
@@ -268,13 +269,13 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		}
 	}
 	if spec.PMI != nil && len(spec.Ranks) > 0 {
-		if a.pmi, err = newSupervisorPMI(*spec.PMI, spec.Ranks, a.log); err != nil {
+		if a.pmi, err = NewPMI(*spec.PMI, spec.Ranks, a.log); err != nil {
 			return err
 		}
 		// After the last rank is reaped: a rank still in a barrier is
 		// let go, and every connection server has ended when runSupervisor
 		// returns.
-		defer a.pmi.close()
+		defer a.pmi.Close()
 	}
 
 	// The command reader ends when gorun closes the pipe or dies.
@@ -342,9 +343,9 @@ func (a *supervisor) run(spec wire.SupervisorSpec, cmds chan wire.Cmd, sigs <-ch
 	defer tick.Stop()
 	// The lease: a "beat" at least every beatEvery, so that a client
 	// that hears nothing for its lease knows this process is stopped or
-	// hung, not merely quiet (supervisorClient.watchLease).
+	// hung, not merely quiet (Client.WatchLease).
 	a.lastBeat = time.Now()
-	clientJudge := liveness.Judge{PID: os.Getppid(), Lease: spec.ClientLease, Recheck: spec.ClientLease / 4, Limit: starvedLimitX * spec.ClientLease}
+	clientJudge := liveness.Judge{PID: os.Getppid(), Lease: spec.ClientLease, Recheck: spec.ClientLease / 4, Limit: StarvedLimitX * spec.ClientLease}
 	for {
 		if a.running == 0 && a.ft.idle() && a.finishStrays() {
 			a.finish(spec)
@@ -360,9 +361,9 @@ func (a *supervisor) run(spec wire.SupervisorSpec, cmds chan wire.Cmd, sigs <-ch
 				continue
 			}
 			a.command(c)
-		case req, ok := <-a.pmi.requests():
+		case req, ok := <-a.pmi.Requests():
 			if ok {
-				a.emit(a.pmi.event(req))
+				a.emit(a.pmi.Event(req))
 			}
 		case s := <-sigs:
 			if s == syscall.SIGCHLD {
@@ -456,7 +457,7 @@ func (a *supervisor) startAll(ranks []wire.SupervisorRank, collW *os.File) {
 	lastFlush := time.Now()
 	// Every rank this agent starts runs on its host: local rank i of
 	// len(ranks) (see bind.go).
-	shares := cpuShares(len(ranks))
+	shares := CPUShares(len(ranks))
 	crowded := shares == nil && oversubscribed(len(ranks))
 	for i, r := range ranks {
 		var cpus []int
@@ -476,7 +477,7 @@ func (a *supervisor) startAll(ranks []wire.SupervisorRank, collW *os.File) {
 		}
 		if a.pmi != nil {
 			var pmiEnd *os.File
-			pmiEnd, env = a.pmi.rankSetup(r.Rank, env)
+			pmiEnd, env = a.pmi.RankSetup(r.Rank, env)
 			if pmiEnd != nil {
 				files = append(files, pmiEnd) // descriptor pmiRankFD
 			}
@@ -530,7 +531,7 @@ func (a *supervisor) startAll(ranks []wire.SupervisorRank, collW *os.File) {
 			}
 		}
 		if a.pmi != nil {
-			a.pmi.started(r.Rank)
+			a.pmi.Started(r.Rank)
 		}
 		if err != nil {
 			a.emit(wire.Event{Ev: "failed", Rank: r.Rank, Err: err.Error()})
@@ -582,14 +583,14 @@ func (a *supervisor) topologyFor(topo *topologyShare, deadline time.Time, r wire
 func (a *supervisor) command(c wire.Cmd) {
 	switch c.Op {
 	case "signal":
-		if stopping(syscall.Signal(c.Signal)) {
+		if Stopping(syscall.Signal(c.Signal)) {
 			a.endSlows() // the job is being stopped: no more SIGSTOPs
 		}
 		want := map[int]bool{}
 		for _, r := range c.Ranks {
 			want[r] = true
 		}
-		if stopping(syscall.Signal(c.Signal)) {
+		if Stopping(syscall.Signal(c.Signal)) {
 			a.noteFrozen()
 			a.tearing = true
 			a.ft.release(nil)
@@ -598,7 +599,7 @@ func (a *supervisor) command(c wire.Cmd) {
 			if r.running && (len(want) == 0 || want[r.rank]) {
 				// Negative pid: the whole process group.
 				_ = syscall.Kill(-r.pid, syscall.Signal(c.Signal))
-				if stopping(syscall.Signal(c.Signal)) {
+				if Stopping(syscall.Signal(c.Signal)) {
 					// A stopped rank (Ctrl-Z, a debugger) would hold
 					// SIGTERM pending until the grace period ran out.
 					_ = syscall.Kill(-r.pid, syscall.SIGCONT)
@@ -613,9 +614,9 @@ func (a *supervisor) command(c wire.Cmd) {
 	case "inject":
 		a.inject(c)
 	case "pmi-release":
-		a.pmi.release(c, a.log)
+		a.pmi.Release(c, a.log)
 	case "pmi-value":
-		a.pmi.answer(c, a.log)
+		a.pmi.Answer(c, a.log)
 	case "respawn":
 		a.respawn(c)
 	case "release":
@@ -747,11 +748,11 @@ func (a *supervisor) noteFrozen() {
 func (a *supervisor) drainPMI() {
 	for {
 		select {
-		case req, ok := <-a.pmi.requests():
+		case req, ok := <-a.pmi.Requests():
 			if !ok {
 				return
 			}
-			a.emit(a.pmi.event(req))
+			a.emit(a.pmi.Event(req))
 		default:
 			return
 		}
@@ -890,7 +891,7 @@ func (a *supervisor) flush() {
 	}
 }
 
-// stopping reports whether sig asks a process to end.
-func stopping(sig syscall.Signal) bool {
+// Stopping reports whether sig asks a process to end.
+func Stopping(sig syscall.Signal) bool {
 	return sig == syscall.SIGTERM || sig == syscall.SIGINT || sig == syscall.SIGHUP
 }

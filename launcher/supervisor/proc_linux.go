@@ -1,4 +1,4 @@
-package launcher
+package supervisor
 
 import (
 	"bytes"
@@ -145,25 +145,25 @@ func closeOnExecAbove(minFD int) {
 
 var subreaperOnce sync.Once
 
-// adoptOrphans makes this process a child subreaper, once: when a job's
+// AdoptOrphans makes this process a child subreaper, once: when a job's
 // supervisor dies (SIGKILL, the OOM killer), the processes its ranks left
 // in other sessions are orphaned, and they come to the nearest subreaper
 // above them — this process, instead of init, where nothing would find
-// them. killLeftovers then ends them. The setting is process-wide and
+// them. KillLeftovers then ends them. The setting is process-wide and
 // stays: orphans of anything this process started come here, which is
-// harmless (killLeftovers reaps what it kills; other zombies go with the
+// harmless (KillLeftovers reaps what it kills; other zombies go with the
 // process).
-func adoptOrphans() {
+func AdoptOrphans() {
 	subreaperOnce.Do(func() { _ = setChildSubreaper() })
 }
 
-// killLeftovers SIGKILLs and reaps the descendants of this process that
+// KillLeftovers SIGKILLs and reaps the descendants of this process that
 // carry job's GORUN_JOB_ID — what survived a supervisor that died before
 // it could kill them — and returns how many it found. It is the backstop
 // behind the supervisor's own descendant scan, so it may rely on the
 // environment marker (a process that cleared its environment escapes it);
 // it gives up after a bounded time.
-func killLeftovers(jobID string) int {
+func KillLeftovers(jobID string) int {
 	if jobID == "" {
 		return 0
 	}

@@ -1,4 +1,4 @@
-package launcher
+package supervisor
 
 import (
 	"debug/buildinfo"
@@ -53,10 +53,10 @@ func ParseBind(s string) (string, error) {
 // setting wins, as in exec).
 func bindPolicy(env []string) string { return envValue(env, bindEnv, BindAuto) }
 
-// cpuShares cuts the CPUs this process may run on into n equal
+// CPUShares cuts the CPUs this process may run on into n equal
 // consecutive runs, one per local rank, or returns nil when there are
 // fewer CPUs than ranks (or they cannot be read).
-func cpuShares(n int) [][]int {
+func CPUShares(n int) [][]int {
 	var set unix.CPUSet
 	if n < 1 || unix.SchedGetaffinity(0, &set) != nil {
 		return nil
