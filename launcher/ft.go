@@ -76,6 +76,10 @@ type FTHostLoss struct {
 	// survivors' membership change); empty when none formed (the job
 	// ended, or the survivors had finished).
 	Participants []int `json:"participants_after,omitempty"`
+	// Uncommitted counts the steps the survivors computed in the quorum
+	// before that one (the host's ranks were in it) and threw away: the
+	// steps the loss cost them. Committed steps are never rolled back.
+	Uncommitted int `json:"uncommitted_steps"`
 	// Spare is the spare host its ranks were started on, if any.
 	Spare string `json:"spare,omitempty"`
 	// Action is "survivors continue" (its groups retired), "replaced on
@@ -397,6 +401,11 @@ func (f *ftRun) finish(rep *Report, err error) error {
 		h := &f.hosts[i]
 		if k := slices.IndexFunc(rec.Quorums, func(q ft.QuorumRecord) bool { return off+q.At >= h.At }); k >= 0 && h.Action != "job ended" {
 			h.Participants = rec.Quorums[k].Participants
+			if k > 0 {
+				for _, u := range rec.Uncommitted {
+					h.Uncommitted += btoi(u.Quorum == rec.Quorums[k-1].ID)
+				}
+			}
 		}
 	}
 	if rep != nil {

@@ -52,7 +52,7 @@ func writeFTSummary(w io.Writer, r *launcher.FTReport) {
 		fmt.Fprintln(w, b.String())
 	}
 	for _, h := range r.LostHosts {
-		fmt.Fprintf(w, "gorun:   host %s lost at %.3fs (%s) at step %d: %s", h.Host, h.At, h.Why, h.Step, h.Action)
+		fmt.Fprintf(w, "gorun:   host %s lost at %.3fs (%s) at step %d, %d uncommitted: %s", h.Host, h.At, h.Why, h.Step, h.Uncommitted, h.Action)
 		if len(h.Retired) > 0 {
 			fmt.Fprintf(w, "; retired ranks %v", h.Retired)
 		}

@@ -45,6 +45,7 @@ type ftHostReport struct {
 			Retired      []int  `json:"retired"`
 			Step         int64  `json:"step"`
 			Participants []int  `json:"participants_after"`
+			Uncommitted  int    `json:"uncommitted_steps"`
 			Action       string `json:"action"`
 		} `json:"lost_hosts"`
 		Quorum struct {
@@ -221,7 +222,7 @@ func TestFTLostHostSurvivorsContinue(t *testing.T) {
 			}
 			lh := ft.LostHosts[0]
 			if lh.Host != victim || !slices.Equal(lh.Ranks, []int{3}) || !slices.Equal(lh.Retired, []int{3}) ||
-				lh.Action != "survivors continue" || !slices.Equal(lh.Participants, []int{0, 1, 2}) || lh.Step < 5 {
+				lh.Action != "survivors continue" || !slices.Equal(lh.Participants, []int{0, 1, 2}) || lh.Step < 5 || lh.Uncommitted > 1 {
 				t.Errorf("report's lost host: %+v", lh)
 			}
 			if len(ft.Failures) != 1 || ft.Failures[0].Rank != 3 || ft.Failures[0].Host != victim || len(ft.Quorum.Heals) != 0 {
