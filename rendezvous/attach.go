@@ -99,8 +99,12 @@ const (
 // beatFrame is a whole frameBeat as it goes on the wire.
 var beatFrame = []byte{0, 0, 0, 1, frameBeat}
 
-// readSize is the least room a leasedReader reads into.
-const readSize = 4 << 10
+// readSize is the least room a leasedReader reads into. Small: every
+// attach stream has a reader at each end, all of a host's in one leader
+// (all of a job's in one test process), and what flows when the world is
+// quiet is 5-byte beats; a larger frame gets room for the whole of it
+// once its length is read.
+const readSize = 1 << 10
 
 // maxFrame bounds a frame: a world table of thousands of members fits.
 const maxFrame = 16 << 20
@@ -181,6 +185,105 @@ func handshake(c net.Conn, key []byte, leader bool, timeout time.Duration) error
 		return errors.New("attach handshake: leader does not hold the job secret")
 	}
 	return nil
+}
+
+// patientConn is a stream whose deadlines are judged on time this process
+// could run: a Read or Write that ends at its deadline is resumed while
+// the time since the deadline was set, less the process's stalls
+// (stallLog.judged) and this call's own lateness past the deadline, is
+// within what the deadline allowed, up to limit (StarvedLimit) of clock
+// time. The attach handshake and hello are bounded by TCPTimeout so that
+// a stranger cannot hold a leader's slot; a process starved for seconds
+// (thousands of ranks in one, notes/scale.md) failed them with both ends
+// alive. Deadlines are set through it (SetDeadline and the like); it is
+// used by one goroutine per direction, as a net.Conn may be.
+type patientConn struct {
+	net.Conn
+	stalls *stallLog
+	limit  time.Duration
+	slack  time.Duration // lateness not counted (timer granularity)
+
+	mu       sync.Mutex
+	set      time.Time     // when the deadline was set
+	deadline time.Time     // zero: none
+	budget   time.Duration // deadline − set
+	// apply sets a deadline the way the last one was set (read, write
+	// or both), so that moving it touches no other.
+	apply func(time.Time) error
+}
+
+func (c *patientConn) SetDeadline(t time.Time) error {
+	return c.note(t, c.Conn.SetDeadline)
+}
+
+func (c *patientConn) SetReadDeadline(t time.Time) error {
+	return c.note(t, c.Conn.SetReadDeadline)
+}
+
+func (c *patientConn) SetWriteDeadline(t time.Time) error {
+	return c.note(t, c.Conn.SetWriteDeadline)
+}
+
+// note records a deadline set now, and sets it with apply.
+func (c *patientConn) note(t time.Time, apply func(time.Time) error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	c.set, c.deadline, c.budget, c.apply = now, t, t.Sub(now), apply
+	return apply(t)
+}
+
+// resume reports whether an operation that err ended may go on: err is
+// the deadline, and the time judged since the deadline was set is within
+// its budget. Then it has moved the deadline by the time excused.
+func (c *patientConn) resume(err error) bool {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.deadline.IsZero() {
+		return false
+	}
+	now := time.Now()
+	if from := c.deadline.Add(c.slack); now.After(from) && c.stalls != nil {
+		c.stalls.add(from, now) // ready at its deadline and not run
+	}
+	heard, silent := c.stalls.judged(c.set, now, 0, c.limit)
+	if heard >= c.budget || (c.limit > 0 && silent >= c.limit) {
+		return false
+	}
+	wait := c.budget - heard
+	if c.limit > 0 {
+		wait = min(wait, c.limit-silent)
+	}
+	c.deadline = now.Add(wait)
+	return c.apply(c.deadline) == nil
+}
+
+func (c *patientConn) Read(b []byte) (int, error) {
+	for {
+		n, err := c.Conn.Read(b)
+		if n > 0 || err == nil || !c.resume(err) {
+			return n, err
+		}
+	}
+}
+
+func (c *patientConn) Write(b []byte) (int, error) {
+	sent := 0
+	for {
+		n, err := c.Conn.Write(b[sent:])
+		sent += n
+		if err == nil || !c.resume(err) {
+			return sent, err
+		}
+	}
+}
+
+// patient wraps c for the attach handshake and hello (patientConn).
+func (w *World) patient(c net.Conn) *patientConn {
+	return &patientConn{Conn: c, stalls: w.stalls, limit: w.cfg.StarvedLimit, slack: w.cfg.AttachBeat / 4}
 }
 
 func attachKey(c *Config) ([]byte, error) {
@@ -277,6 +380,22 @@ func (s *stallLog) between(t, now time.Time) time.Duration {
 		}
 	}
 	return sum
+}
+
+// judged is how long a peer last heard at since has been silent by now:
+// as the observer could tell (heard: the time less excuse and the
+// process's stalls since then) and as the clock tells (silent). Past
+// limit (StarvedLimit; 0: none) nothing is excused: a process starved
+// that long is of no use to its job either. A nil log excuses no stall.
+func (s *stallLog) judged(since, now time.Time, excuse, limit time.Duration) (heard, silent time.Duration) {
+	silent = now.Sub(since)
+	if limit > 0 && silent >= limit {
+		return silent, silent
+	}
+	if s != nil {
+		excuse += s.between(since, now)
+	}
+	return max(silent-excuse, 0), silent
 }
 
 func maxTime(a, b time.Time) time.Time {
@@ -582,15 +701,7 @@ func (r *leasedReader) next() (byte, []byte, error) {
 // that long is of no use to its job either. The two excuses may overlap
 // (a handler that was itself starved), which errs toward the peer.
 func (r *leasedReader) silence(now time.Time) (heard, silent time.Duration) {
-	silent = now.Sub(r.heard)
-	if r.limit > 0 && silent >= r.limit {
-		return silent, silent
-	}
-	excuse := r.deaf
-	if r.stalls != nil {
-		excuse += r.stalls.between(r.heard, now)
-	}
-	return max(silent-excuse, 0), silent
+	return r.stalls.judged(r.heard, now, r.deaf, r.limit)
 }
 
 // frame takes one whole frame off buf, if there is one.
@@ -768,7 +879,7 @@ func (w *World) causeErrorLocked(cause byte, r int) error {
 		return ErrRefused
 	case causeLeader:
 		l := w.members[r].leader
-		return fmt.Errorf("its host leader, rank %d (host %s), was lost: %w", l, w.members[l].Host, ErrDeclaredDead)
+		return fmt.Errorf("its host leader, rank %d (host %s), was lost: %w", l, w.members[l].host, ErrDeclaredDead)
 	}
 	return ErrDeclaredDead
 }

@@ -78,7 +78,7 @@ func (g *Group) allgather(ctx context.Context, op string, payload []byte) ([][]b
 	w.seqs[g.key]++
 	w.mu.Unlock()
 
-	n := len(g.ranks)
+	n := g.n
 	got := map[int][]byte{g.rank: payload}
 	for round, dist := 0, 1; dist < n; round, dist = round+1, dist*2 {
 		to, from := (g.rank+dist)%n, (g.rank-dist+n)%n
@@ -115,7 +115,7 @@ func (g *Group) allgather(ctx context.Context, op string, payload []byte) ([][]b
 // reports.
 func (g *Group) send(ctx context.Context, op string, to int, msg []byte) error {
 	w := g.w
-	wr := g.ranks[to]
+	wr := g.worldRank(to)
 	w.mu.Lock()
 	gone := w.goneChanLocked(wr)
 	w.mu.Unlock()

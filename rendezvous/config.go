@@ -105,7 +105,8 @@ type Config struct {
 	ProgressInterval time.Duration
 	// RejoinInterval is how long a rank that has joined but not yet seen the
 	// whole world waits before it pulls the member table again (then every
-	// 0.5-1.5 of it, alternately from a random member and from the seed).
+	// 0.5-1.5 of it, in turn from a random member, from the seed, and from
+	// a member gossip declared dead meanwhile, which the pull lets refute).
 	// A backstop: the seed, or in a large world a relay, normally pushes
 	// the table to everyone as soon as it has all members, and a lost push
 	// costs a rank at most 3 RejoinInterval after the seed formed.

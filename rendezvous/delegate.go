@@ -137,11 +137,10 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) {
 			w.setFatalLocked(&ConflictError{What: "two processes claim one rank", A: claimOf(&old), B: claimOf(n)}, *n)
 			return
 		}
-		if ms.doubted != nil {
+		if ms.doubted() != nil {
 			// Declared dead by gossip, and it refuted within its lease
 			// (doubt.go): it was cut off or starved, not gone.
-			close(ms.doubted)
-			ms.doubted = nil
+			ms.endDoubt()
 			w.log.Warn().Int("member", m.Rank).Str("member_host", m.Host).
 				Msg("rendezvous: member declared dead by gossip answered again within its lease; it stays in the world")
 		}
@@ -156,11 +155,10 @@ func (d *delegate) NotifyJoin(n *memberlist.Node) {
 		// Before formation nothing depends on it yet: a member that was
 		// only starved of CPU while hundreds of processes start is simply
 		// counted again.
-		ms.gone = nil // made again, open, on the next wait
+		ms.resetGone()
 	}
-	m.Addr = n.Address()
-	ms.Member = m
-	ms.node = &memberlist.Node{Name: n.Name, Addr: append([]byte(nil), n.Addr...), Port: n.Port, Meta: append([]byte(nil), n.Meta...)}
+	w.setMemberLocked(m, m.Rank)
+	ms.ext().node = &memberlist.Node{Name: n.Name, Addr: append([]byte(nil), n.Addr...), Port: n.Port, Meta: append([]byte(nil), n.Meta...)}
 	ms.status = statusUnseen
 	w.markAliveLocked(m.Rank)
 	// Ranks announced as attached to this leader count once it is alive
@@ -189,15 +187,12 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 	if !left && w.formed && !w.closed && r != w.cfg.Rank {
 		// Silence, not proof: doubt the verdict until the member's lease
 		// ends (doubt.go).
-		if ms.doubted == nil {
+		if ms.doubted() == nil {
 			w.doubtLocked(r)
 		}
 		return
 	}
-	if ms.doubted != nil {
-		close(ms.doubted)
-		ms.doubted = nil
-	}
+	ms.endDoubt()
 	w.memberGoneLocked(r, left, causeDead)
 }
 
@@ -210,8 +205,8 @@ func (w *World) goneLocked(r int, left bool, cause byte) {
 		return
 	}
 	w.alive--
-	if ms.gone != nil {
-		close(ms.gone)
+	if ms.x != nil && ms.x.gone != nil {
+		close(ms.x.gone)
 	}
 	w.signalChangeLocked()
 	if r == w.cfg.Rank {
@@ -237,22 +232,22 @@ func (w *World) goneLocked(r int, left bool, cause byte) {
 	if left || ms.leaving {
 		ms.status = statusLeft
 		// Debug: at the end of a job every member sees every other leave.
-		w.log.Debug().Int("member", r).Str("member_host", ms.Host).Uint64("epoch", w.epoch).Msg("rendezvous: member left")
+		w.log.Debug().Int("member", r).Str("member_host", ms.host).Uint64("epoch", w.epoch).Msg("rendezvous: member left")
 		if !w.formed {
-			w.setFatalLocked(&LeftError{Rank: r, Host: ms.Host, Op: "formation"})
+			w.setFatalLocked(&LeftError{Rank: r, Host: ms.host, Op: "formation"})
 			return
 		}
 		for _, g := range w.groups {
 			if _, in := g.position(r); in && g.leaver == nil {
-				g.leaver = &LeftError{Rank: r, Host: ms.Host}
+				g.leaver = &LeftError{Rank: r, Host: ms.host}
 				close(g.left)
 			}
 		}
-		w.queueEventLocked(Event{Kind: MemberLeft, Rank: r, Host: ms.Host, Epoch: w.epoch, Time: time.Now()})
+		w.queueEventLocked(Event{Kind: MemberLeft, Rank: r, Host: ms.host, Epoch: w.epoch, Time: time.Now()})
 		return
 	}
 	ms.status = statusDead
-	lerr := &LostError{Rank: r, Host: ms.Host, Epoch: w.epoch, Cause: w.causeErrorLocked(cause, r)}
+	lerr := &LostError{Rank: r, Host: ms.host, Epoch: w.epoch, Cause: w.causeErrorLocked(cause, r)}
 	if !w.formed && (cause == causeSilent || cause == causeRefused) {
 		// Silent past the attach lease (its own goroutine beats, so a
 		// starved process still beats): frozen or unable to run. Or its
@@ -286,7 +281,7 @@ func (w *World) goneLocked(r int, left bool, cause byte) {
 			fail = append(fail, g)
 		}
 	}
-	w.publishLocked(told, fail, Event{Kind: MemberLost, Rank: r, Host: ms.Host, Epoch: w.epoch, Err: lerr, Time: time.Now()})
+	w.publishLocked(told, fail, Event{Kind: MemberLost, Rank: r, Host: ms.host, Epoch: w.epoch, Err: lerr, Time: time.Now()})
 }
 
 // linkPos is a frame's position on a link (link.enqueueSeq).
@@ -390,7 +385,7 @@ func (w *World) rankOfLocked(n *memberlist.Node) int {
 	if err != nil || m.JobID != w.cfg.JobID || m.Rank < 0 || m.Rank >= len(w.members) {
 		return -1
 	}
-	if node := w.members[m.Rank].node; node == nil || node.Name != n.Name {
+	if node := w.members[m.Rank].node(); node == nil || node.Name != n.Name {
 		return -1
 	}
 	return m.Rank

@@ -35,9 +35,16 @@ import (
 //     while its TCP works survive: SWIM's suspicions and refutations travel
 //     over UDP only (notes/faults.md, hosts/gossip/udp-cut).
 //
-// Before formation silence stays what it was (a warning; formation waits),
-// while a refusal fails formation naming the member, as a frozen attached
-// rank does: a process that is gone will not join.
+// Before formation silence stays what it was (a warning; formation waits
+// for the member to refute, and the waiting members' table pulls go to it
+// in turn so that it hears it was declared dead: World.pullPeer), while a
+// refusal fails formation naming the member, as a frozen attached rank
+// does: a process that is gone will not join.
+//
+// The doubt's window is judged on time the observer could run
+// (awaitWindow): memberlist's own timers run on the same process, and a
+// process starved for seconds would otherwise count live members lost
+// for its own stall.
 //
 // Ownership: the goroutines started here are World.wg's and end with the
 // doubt, the verdict or World.stop; a push-pull in flight when the World
@@ -81,7 +88,7 @@ func (w *World) refused(addr string) {
 	r := -1
 	for q := range w.members {
 		m := &w.members[q]
-		if q != w.cfg.Rank && m.leader == q && m.status == statusAlive && m.node != nil && m.node.Address() == addr {
+		if q != w.cfg.Rank && m.leader == q && m.status == statusAlive && m.node() != nil && m.node().Address() == addr {
 			r = q
 			break
 		}
@@ -94,7 +101,7 @@ func (w *World) refused(addr string) {
 		return
 	}
 	ms.refused = true
-	w.log.Debug().Int("member", r).Str("member_host", ms.Host).Str("addr", addr).
+	w.log.Debug().Int("member", r).Str("member_host", ms.host).Str("addr", addr).
 		Msg("rendezvous: member's gossip port refused a connection; waiting for its goodbye")
 	w.wg.Go(func() {
 		t := time.NewTimer(w.cfg.RefusedGrace)
@@ -110,7 +117,7 @@ func (w *World) refused(addr string) {
 			w.mu.Unlock()
 			return
 		}
-		w.log.Warn().Int("member", r).Str("member_host", ms.Host).
+		w.log.Warn().Int("member", r).Str("member_host", ms.host).
 			Msg("rendezvous: member's gossip port refuses connections: its process is gone")
 		w.verdictLocked(r, causeRefused)
 		var nodes []memberlist.Node
@@ -140,11 +147,7 @@ func (w *World) tellGone(nodes []memberlist.Node, r int, cause byte) {
 // verdictLocked ends any doubt about gossip member r and counts it lost
 // for cause, with the ranks attached to it.
 func (w *World) verdictLocked(r int, cause byte) {
-	ms := &w.members[r]
-	if ms.doubted != nil {
-		close(ms.doubted)
-		ms.doubted = nil
-	}
+	w.members[r].endDoubt()
 	w.memberGoneLocked(r, false, cause)
 }
 
@@ -169,29 +172,62 @@ func (w *World) memberGoneLocked(r int, left bool, cause byte) {
 func (w *World) doubtLocked(r int) {
 	ms := &w.members[r]
 	done := make(chan struct{})
-	ms.doubted = done
+	ms.ext().doubted = done
 	window := w.cfg.GossipLease - w.cfg.SuspicionTimeout
-	w.log.Warn().Int("member", r).Str("member_host", ms.Host).Dur("window", window).
+	w.log.Warn().Int("member", r).Str("member_host", ms.host).Dur("window", window).
 		Msg("rendezvous: gossip declared member dead; trying to reach it over TCP until its lease ends")
 	w.wg.Go(func() {
-		t := time.NewTimer(window)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-done:
-			return
-		case <-w.stop:
-			return
+		if w.awaitWindow(window, done) {
+			w.mu.Lock()
+			if w.members[r].doubted() == done {
+				w.verdictLocked(r, causeDead)
+			}
+			w.mu.Unlock()
 		}
-		w.mu.Lock()
-		if w.members[r].doubted == done {
-			w.verdictLocked(r, causeDead)
-		}
-		w.mu.Unlock()
 	})
 	node := w.nodeLocked(r)
 	addr := node.Name + "/" + node.Address()
 	w.wg.Go(func() { w.reach(addr, done) })
+}
+
+// awaitWindow waits until window has passed as this process could tell,
+// and reports whether it did (false: done or the World's stop came
+// first). Time this process could not run does not count: its stall log
+// (stallLog, fed by the attach streams' writers) and this wait's own
+// lateness are excused, up to StarvedLimit of clock time, as the attach
+// leases excuse them. memberlist's probes and suspicion ran on the same
+// starved process; what the World adds to its verdict is judged on time
+// the observer could have heard an answer in, or a process of thousands
+// of members, stalled for seconds, would count live members lost for
+// its own stall.
+func (w *World) awaitWindow(window time.Duration, done <-chan struct{}) bool {
+	start := time.Now()
+	slack := w.cfg.AttachBeat / 4
+	for wait := window; ; {
+		t := time.NewTimer(wait)
+		due := time.Now().Add(wait)
+		select {
+		case <-t.C:
+		case <-done:
+			t.Stop()
+			return false
+		case <-w.stop:
+			t.Stop()
+			return false
+		}
+		now := time.Now()
+		if from := due.Add(slack); now.After(from) {
+			w.stalls.add(from, now) // this wait was ready and not run
+		}
+		heard, silent := w.stalls.judged(start, now, 0, w.cfg.StarvedLimit)
+		if heard >= window {
+			return true
+		}
+		wait = window - heard
+		if l := w.cfg.StarvedLimit; l > 0 {
+			wait = max(min(wait, l-silent), time.Millisecond)
+		}
+	}
 }
 
 // reach runs push-pulls with a doubted member (addr is "name/ip:port")

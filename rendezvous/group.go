@@ -19,10 +19,15 @@ const Undefined = -1
 // (Barrier, Split) are serialised and must be called in the same order by
 // every member.
 type Group struct {
-	w     *World
-	ranks []int       // group rank → world rank
-	pos   map[int]int // world rank → group rank; nil for the whole world (identity)
-	rank  int         // the caller's group rank
+	w *World
+	// ranks maps group rank → world rank, pos world rank → group rank;
+	// both nil for the whole world (the identity): a list and a map of N
+	// entries in each of N ranks were most of a large world's memory in
+	// one process. n is the group's size.
+	ranks []int
+	pos   map[int]int
+	n     int
+	rank  int // the caller's group rank
 	// key identifies the member list on the wire: groups with the same
 	// members in the same order share collective sequence numbers, so their
 	// messages cannot be confused with another group's.
@@ -48,32 +53,40 @@ type Group struct {
 // position returns world rank r's group rank, and whether r is in g.
 func (g *Group) position(r int) (int, bool) {
 	if g.pos == nil {
-		return r, r >= 0 && r < len(g.ranks)
+		return r, r >= 0 && r < g.n
 	}
 	i, ok := g.pos[r]
 	return i, ok
 }
 
+// worldRank maps group rank i to its world rank.
+func (g *Group) worldRank(i int) int {
+	if g.ranks == nil {
+		return i
+	}
+	return g.ranks[i]
+}
+
 // newGroupLocked builds and registers a group; the caller holds w.mu (or is
-// building the World).
+// building the World). nil ranks is the whole world.
 func (w *World) newGroupLocked(ranks []int) *Group {
 	g := &Group{
-		w: w, ranks: ranks, rank: -1,
+		w: w, ranks: ranks, rank: -1, n: len(ranks),
 		failed: make(chan struct{}), left: make(chan struct{}),
 	}
-	// The whole world (ranks 0..N-1 in order) is its own position map; a
-	// map of N entries in each of N ranks was most of a large world's
-	// memory.
 	identity := len(ranks) == w.cfg.WorldSize
 	for i, r := range ranks {
 		identity = identity && r == i
 	}
-	if !identity {
+	if ranks == nil || identity {
+		g.ranks, g.n = nil, w.cfg.WorldSize
+	} else {
 		g.pos = make(map[int]int, len(ranks))
 	}
 	h := fnv.New64a()
 	var b [binary.MaxVarintLen64]byte
-	for i, r := range ranks {
+	for i := range g.n {
+		r := g.worldRank(i)
 		if g.pos != nil {
 			g.pos[r] = i
 		}
@@ -85,13 +98,14 @@ func (w *World) newGroupLocked(ranks []int) *Group {
 	g.key = h.Sum64()
 	// A group made after one of its members was lost starts failed, so
 	// nobody waits on a member that will never answer.
-	for _, r := range ranks {
+	for i := range g.n {
+		r := g.worldRank(i)
 		switch m := &w.members[r]; {
 		case m.status == statusDead && g.err == nil:
-			g.err = &LostError{Rank: r, Host: m.Host, Epoch: w.epoch, Cause: ErrDeclaredDead}
+			g.err = &LostError{Rank: r, Host: m.host, Epoch: w.epoch, Cause: ErrDeclaredDead}
 			close(g.failed)
 		case m.status == statusLeft && g.leaver == nil:
-			g.leaver = &LeftError{Rank: r, Host: m.Host}
+			g.leaver = &LeftError{Rank: r, Host: m.host}
 			close(g.left)
 		}
 	}
@@ -103,26 +117,35 @@ func (w *World) newGroupLocked(ranks []int) *Group {
 func (g *Group) Rank() int { return g.rank }
 
 // Size returns the number of members.
-func (g *Group) Size() int { return len(g.ranks) }
+func (g *Group) Size() int { return g.n }
 
 // GlobalRank maps a group rank to a world rank.
-func (g *Group) GlobalRank(r int) int { return g.ranks[r] }
+func (g *Group) GlobalRank(r int) int { return g.worldRank(r) }
 
 // Ranks returns the world ranks of the members in group order.
-func (g *Group) Ranks() []int { return slices.Clone(g.ranks) }
+func (g *Group) Ranks() []int {
+	if g.ranks == nil {
+		out := make([]int, g.n)
+		for i := range out {
+			out[i] = i
+		}
+		return out
+	}
+	return slices.Clone(g.ranks)
+}
 
 // Host returns the host group rank r advertised.
 func (g *Group) Host(r int) string {
 	g.w.mu.Lock()
 	defer g.w.mu.Unlock()
-	return g.w.members[g.ranks[r]].Host
+	return g.w.members[g.worldRank(r)].host
 }
 
 // DataAddr returns the data-plane address group rank r advertised.
 func (g *Group) DataAddr(r int) string {
 	g.w.mu.Lock()
 	defer g.w.mu.Unlock()
-	return g.w.members[g.ranks[r]].DataAddr
+	return g.w.members[g.worldRank(r)].dataAddr
 }
 
 // Failed is closed when a member of the group is lost; never on a graceful
@@ -190,7 +213,7 @@ func (g *Group) Split(ctx context.Context, color, key int) (*Group, error) {
 	})
 	ranks := make([]int, len(mine))
 	for i, e := range mine {
-		ranks[i] = g.ranks[e.grank]
+		ranks[i] = g.worldRank(e.grank)
 	}
 	g.w.mu.Lock()
 	defer g.w.mu.Unlock()

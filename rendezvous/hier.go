@@ -141,15 +141,16 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 		_ = c.Close()
 		return
 	}
-	if err := handshake(c, key, true, w.cfg.TCPTimeout); err != nil {
+	pc := w.patient(c)
+	if err := handshake(pc, key, true, w.cfg.TCPTimeout); err != nil {
 		release()
 		w.log.Warn().Err(err).Str("from", c.RemoteAddr().String()).Msg("rendezvous: refused a local attach")
 		_ = c.Close()
 		return
 	}
-	_ = c.SetReadDeadline(time.Now().Add(w.cfg.TCPTimeout))
-	typ, body, err := readFrame(c)
-	_ = c.SetReadDeadline(time.Time{})
+	_ = pc.SetReadDeadline(time.Now().Add(w.cfg.TCPTimeout))
+	typ, body, err := readFrame(pc)
+	_ = pc.SetReadDeadline(time.Time{})
 	release()
 	if err != nil || typ != frameHello {
 		w.log.Warn().Err(err).Msg("rendezvous: attached rank sent no hello")
@@ -171,7 +172,7 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 	}
 	w.mu.Lock()
 	self := w.selfClaimLocked()
-	other := Claim{Rank: m.Rank, Host: m.Host, Addr: fmt.Sprintf("attached to rank %d (pid %d)", w.cfg.Rank, m.PID), JobID: m.JobID, Size: m.WorldSize}
+	other := Claim{Rank: m.Rank, Host: m.Host, Addr: attachedAddr(w.cfg.Rank, m.PID), JobID: m.JobID, Size: m.WorldSize}
 	var ce *ConflictError
 	switch {
 	case err != nil:
@@ -199,9 +200,8 @@ func (w *World) serveAttached(c net.Conn, release func()) {
 	}
 	// Accepted: the rank counts as alive from its hello (the leader is
 	// the authority on it), and the world may form with it.
-	m.Addr = other.Addr
-	ms := &w.members[m.Rank]
-	ms.Member, ms.leader, ms.pending = m, w.cfg.Rank, false
+	w.setMemberLocked(m, w.cfg.Rank)
+	w.members[m.Rank].pending = false
 	w.links[m.Rank] = l
 	w.attachedN++
 	w.markAliveLocked(m.Rank)
@@ -310,8 +310,8 @@ func (b simpleBroadcast) Finished()                             {}
 func (w *World) nodesLocked() []memberlist.Node {
 	var nodes []memberlist.Node
 	for r := range w.members {
-		if m := &w.members[r]; r != w.cfg.Rank && m.leader == r && m.status == statusAlive && m.node != nil {
-			nodes = append(nodes, *m.node)
+		if m := &w.members[r]; r != w.cfg.Rank && m.leader == r && m.status == statusAlive && m.node() != nil {
+			nodes = append(nodes, *m.node())
 		}
 	}
 	return nodes
@@ -332,7 +332,7 @@ func (w *World) handleGone(b []byte) {
 		// it fails formation (goneLocked), and so does this one, naming
 		// it, rather than waiting for the formation timeout. Before
 		// formation this leader may not know the rank at all.
-		w.setFatalLocked(&LostError{Rank: int(r), Host: w.members[r].Host, Cause: w.causeErrorLocked(cause, int(r))})
+		w.setFatalLocked(&LostError{Rank: int(r), Host: w.members[r].host, Cause: w.causeErrorLocked(cause, int(r))})
 		return
 	}
 	if int(r) == w.cfg.Rank || w.members[r].leader == w.cfg.Rank {
@@ -448,7 +448,7 @@ func (w *World) sendTableLocked() {
 	body := binary.AppendUvarint(nil, w.epoch)
 	body = binary.AppendUvarint(body, uint64(len(w.members)))
 	for r := range w.members {
-		body = appendTableEntry(body, w.members[r].Member, w.members[r].leader)
+		body = appendTableEntry(body, w.metaLocked(r), w.members[r].leader)
 	}
 	for _, l := range w.links {
 		l.enqueue(frameTable, body)
@@ -472,7 +472,7 @@ func (w *World) localStateLocked() []byte {
 	b := binary.AppendUvarint(nil, uint64(n))
 	for r := range w.members {
 		if listed(r) {
-			b = appendTableEntry(b, w.members[r].Member, w.members[r].leader)
+			b = appendTableEntry(b, w.metaLocked(r), w.members[r].leader)
 		}
 	}
 	return b
@@ -494,7 +494,7 @@ func (w *World) mergeStateLocked(buf []byte) {
 		}
 		ms := &w.members[r]
 		claim := func() Claim {
-			return Claim{Rank: r, Host: e.Host, Addr: fmt.Sprintf("attached to rank %d (pid %d)", e.leader, e.PID), JobID: e.JobID, Size: e.WorldSize}
+			return Claim{Rank: r, Host: e.Host, Addr: attachedAddr(e.leader, e.PID), JobID: e.JobID, Size: e.WorldSize}
 		}
 		switch {
 		case r == w.cfg.Rank || (ms.leader == r && ms.status != statusUnseen):
@@ -504,12 +504,12 @@ func (w *World) mergeStateLocked(buf []byte) {
 			if e.leader == w.cfg.Rank {
 				return // stale news of our own host: hello is the authority
 			}
-			ms.Member, ms.leader, ms.pending = e.Member, e.leader, true
-			ms.Addr = claim().Addr
+			w.setMemberLocked(e.Member, e.leader)
+			ms.pending = true
 			if w.members[e.leader].status == statusAlive && w.members[e.leader].leader == e.leader {
 				w.markAliveLocked(r)
 			}
-		case ms.leader != e.leader || ms.PID != e.PID || ms.Host != e.Host:
+		case ms.leader != e.leader || int(ms.pid) != e.PID || ms.host != e.Host:
 			if ms.status == statusAlive || ms.pending {
 				w.setFatalLocked(&ConflictError{What: "two processes claim one rank", A: w.claimLocked(r), B: claim()},
 					w.nodeLocked(e.leader), w.nodeLocked(ms.leader))
@@ -525,13 +525,14 @@ func (w *World) mergeStateLocked(buf []byte) {
 // dies: closed already when it has.
 func (w *World) goneChanLocked(r int) <-chan struct{} {
 	ms := &w.members[r]
-	if ms.gone == nil {
-		ms.gone = make(chan struct{})
+	x := ms.ext()
+	if x.gone == nil {
+		x.gone = make(chan struct{})
 		if ms.status == statusDead || ms.status == statusLeft {
-			close(ms.gone)
+			close(x.gone)
 		}
 	}
-	return ms.gone
+	return x.gone
 }
 
 // markAliveLocked counts rank r in and forms the world when it completes.
@@ -541,7 +542,7 @@ func (w *World) markAliveLocked(r int) {
 		return
 	}
 	if ms.status == statusDead || ms.status == statusLeft {
-		ms.gone = nil // made again, open, on the next wait
+		ms.resetGone()
 	}
 	ms.status, ms.pending = statusAlive, false
 	w.alive++
@@ -564,11 +565,11 @@ func (w *World) claimLocked(r int) Claim {
 	if r == w.cfg.Rank {
 		return w.selfClaimLocked()
 	}
-	m := &w.members[r]
-	if m.leader == r {
+	if w.members[r].leader == r {
 		n := w.nodeLocked(r)
 		return claimOf(&n)
 	}
+	m := w.memberLocked(r)
 	return Claim{Rank: r, Host: m.Host, Addr: m.Addr, JobID: m.JobID, Size: m.WorldSize}
 }
 
@@ -603,7 +604,7 @@ func (w *World) joinAttached(ctx context.Context) error {
 				_ = c.Close()
 				return w.attachError(nil, perr)
 			}
-			if err = handshake(c, key, false, cfg.TCPTimeout); err == nil {
+			if err = handshake(w.patient(c), key, false, cfg.TCPTimeout); err == nil {
 				err = writeFrame(c, frameHello, encodeMeta(w.self))
 			}
 			if err == nil {
@@ -693,24 +694,38 @@ func (w *World) applyTable(body []byte) {
 		w.log.Error().Uint64("entries", k).Msg("rendezvous: world table from the host leader of another size")
 		return
 	}
+	var foreign error // the first entry not of this world
 	w.mu.Lock()
 	_, err := scanTable(body[n:], newInterner(), func(e *tableEntry) {
 		if e.Rank < 0 || e.Rank >= len(w.members) || e.leader < 0 || e.leader >= len(w.members) {
 			return
 		}
+		if e.JobID != w.cfg.JobID || e.WorldSize != w.cfg.WorldSize || e.Generation != w.cfg.Generation {
+			// The member table keeps only this world's job, size and
+			// generation (memberState): an entry of another is an error,
+			// never stored as this world's.
+			if foreign == nil {
+				foreign = fmt.Errorf("entry for rank %d is of job %q, size %d, generation %d (this world: %q, %d, %d)",
+					e.Rank, e.JobID, e.WorldSize, e.Generation, w.cfg.JobID, w.cfg.WorldSize, w.cfg.Generation)
+			}
+			return
+		}
+		w.setMemberLocked(e.Member, e.leader)
 		ms := &w.members[e.Rank]
-		ms.Member, ms.leader = e.Member, e.leader
 		if e.Rank != w.cfg.Rank && ms.status != statusAlive {
 			ms.status = statusAlive
 			w.alive++
 		}
 	})
+	if err == nil {
+		err = foreign
+	}
 	if err != nil {
 		w.setFatalLocked(fmt.Errorf("rendezvous: rank %d: malformed world table from the host leader: %w", w.cfg.Rank, err))
 		w.mu.Unlock()
 		return
 	}
-	w.members[w.cfg.Rank].Member = w.self
+	w.setMemberLocked(w.self, w.members[w.cfg.Rank].leader)
 	if !w.formed && w.fatal == nil {
 		w.formed, w.epoch = true, epoch
 		close(w.formedCh)
@@ -821,7 +836,7 @@ func (w *World) readLeader() {
 func (w *World) leaderGoneLocked(left, silent bool) {
 	var L int = -1
 	for r := range w.members {
-		if w.members[r].leader == r && w.members[r].Host == w.cfg.Host && w.members[w.cfg.Rank].leader == r {
+		if w.members[r].leader == r && w.members[r].host == w.cfg.Host && w.members[w.cfg.Rank].leader == r {
 			L = r
 		}
 	}
@@ -835,16 +850,16 @@ func (w *World) leaderGoneLocked(left, silent bool) {
 	w.goneLocked(L, left, cause)
 	lm := &w.members[L]
 	for _, g := range w.groups {
-		if len(g.ranks) < 2 {
+		if g.n < 2 {
 			continue
 		}
 		if left {
 			if g.leaver == nil {
-				g.leaver = &LeftError{Rank: L, Host: lm.Host}
+				g.leaver = &LeftError{Rank: L, Host: lm.host}
 				close(g.left)
 			}
 		} else if g.err == nil && g.pending == nil {
-			g.err = &LostError{Rank: L, Host: lm.Host, Epoch: w.epoch, Cause: why}
+			g.err = &LostError{Rank: L, Host: lm.host, Epoch: w.epoch, Cause: why}
 			close(g.failed)
 		}
 	}

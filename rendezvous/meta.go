@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // Member is what a rank advertises about itself, as every other member sees
@@ -125,7 +126,8 @@ func decodeMetaIn(b []byte, in *interner) (Member, error) {
 	var ints [4]int
 	for i := range ints {
 		v, n := binary.Uvarint(b)
-		if n <= 0 || v > 1<<31 {
+		if n <= 0 || v > math.MaxInt32 {
+			// 32 bits: the member table stores them so (memberState).
 			return m, errBadMeta
 		}
 		ints[i], b = int(v), b[n:]

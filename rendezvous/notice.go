@@ -54,9 +54,9 @@ func (g *Group) Notify(ctx context.Context, topic, text string) error {
 	msg = binary.AppendUvarint(msg, uint64(g.rank))
 	msg = binary.AppendUvarint(msg, uint64(len(topic)))
 	msg = append(append(msg, topic...), text...)
-	errs := make([]error, len(g.ranks))
+	errs := make([]error, g.n)
 	var wg sync.WaitGroup
-	for r := range g.ranks {
+	for r := range g.n {
 		if r == g.rank {
 			continue
 		}

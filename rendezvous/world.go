@@ -64,27 +64,24 @@ const (
 
 // memberState is the local view of one rank. Every rank holds one per
 // member of the world, so its size is paid N times per process (N² in a
-// world run in one process): what only some members need is behind a
-// pointer, and the small fields are packed together.
+// world run in one process: 4,096² states of 144 bytes were 2.4 GB; they
+// are 64 now). So it
+// keeps only what differs between members: the job id, world size and
+// generation are this world's (every member is checked to carry them
+// before it is stored), the rank is the index, what only a few members
+// need (a gossip member's node, a channel someone waits on) sits behind
+// one pointer, and the small numbers are 32-bit (decodeMeta refuses
+// larger ones). memberLocked rebuilds the Member.
 type memberState struct {
-	Member
-	// node is a copy of a gossip member's memberlist node (name and
-	// address, for sending); nil for an attached rank and for a rank not
-	// seen yet. nodeLocked reads it.
-	node *memberlist.Node
-	// gone is closed when the member leaves or dies; waiters on a message
-	// from it select on it. Made on first wait (goneLocked's counterpart
-	// goneChanLocked): every rank holds a state per member of the world,
-	// and a channel in each was N² channels per host at formation.
-	gone chan struct{}
-	// doubted is non-nil while memberlist has declared this gossip member
-	// dead and the World still tries to reach it (doubt.go); it is closed
-	// when the member answers again or is counted lost.
-	doubted chan struct{}
+	host     string // shared among a host's ranks when decoded from a table
+	dataAddr string
+	x        *memberExtra // nil until one of its fields is needed
 	// leader is the rank of the gossip member that carries this rank: the
 	// rank itself in flat mode and for host leaders, the host's leader for
-	// an attached rank. node is set only when leader is the rank itself.
+	// an attached rank. x.node is set only when leader is the rank itself.
 	leader int
+	pid    int32
+	local  int32 // local rank
 	status memberStatus
 	// leaving: the member said goodbye (kindBye), so its death is a leave.
 	leaving bool
@@ -96,10 +93,104 @@ type memberState struct {
 	refused bool
 }
 
+// memberExtra is the part of a memberState that few members need.
+type memberExtra struct {
+	// node is a copy of a gossip member's memberlist node (name and
+	// address, for sending); nil for an attached rank and for a rank not
+	// seen yet. nodeLocked reads it.
+	node *memberlist.Node
+	// gone is closed when the member leaves or dies; waiters on a message
+	// from it select on it. Made on first wait (goneChanLocked).
+	gone chan struct{}
+	// doubted is non-nil while memberlist has declared this gossip member
+	// dead and the World still tries to reach it (doubt.go); it is closed
+	// when the member answers again or is counted lost.
+	doubted chan struct{}
+}
+
+// ext returns m's extra part, made if m had none.
+func (m *memberState) ext() *memberExtra {
+	if m.x == nil {
+		m.x = &memberExtra{}
+	}
+	return m.x
+}
+
+// node is m's gossip node, nil when it has none.
+func (m *memberState) node() *memberlist.Node {
+	if m.x == nil {
+		return nil
+	}
+	return m.x.node
+}
+
+// doubted is m's doubt channel, nil when no doubt runs.
+func (m *memberState) doubted() chan struct{} {
+	if m.x == nil {
+		return nil
+	}
+	return m.x.doubted
+}
+
+// endDoubt closes and drops m's doubt channel, if any.
+func (m *memberState) endDoubt() {
+	if d := m.doubted(); d != nil {
+		close(d)
+		m.x.doubted = nil
+	}
+}
+
+// resetGone drops m's gone channel, closed when m left or died: the next
+// wait makes it again, open (m is back before formation).
+func (m *memberState) resetGone() {
+	if m.x != nil {
+		m.x.gone = nil
+	}
+}
+
+// memberLocked is what this member knows of rank r, as a Member. Addr is
+// a gossip member's gossip address, or for an attached rank where it is
+// attached ("attached to rank 3 (pid 4242)"); empty for this rank when it
+// is attached, and for a rank not seen yet.
+func (w *World) memberLocked(r int) Member {
+	m, out := &w.members[r], w.metaLocked(r)
+	switch n := m.node(); {
+	case n != nil:
+		out.Addr = n.Address()
+	case m.leader != r && r != w.cfg.Rank:
+		out.Addr = attachedAddr(m.leader, int(m.pid))
+	}
+	return out
+}
+
+// metaLocked is rank r's Member without Addr: what its metadata and a
+// world table's entry carry.
+func (w *World) metaLocked(r int) Member {
+	m := &w.members[r]
+	return Member{
+		Rank: r, WorldSize: w.cfg.WorldSize, LocalRank: int(m.local), JobID: w.cfg.JobID,
+		Generation: w.cfg.Generation, Host: m.host, DataAddr: m.dataAddr, PID: int(m.pid),
+	}
+}
+
+// attachedAddr is an attached rank's Addr: where it is attached.
+func attachedAddr(leader, pid int) string {
+	return fmt.Sprintf("attached to rank %d (pid %d)", leader, pid)
+}
+
+// setMemberLocked stores what rank m.Rank advertised, with its leader;
+// the caller has checked that m is of this world (job id, size and
+// generation).
+func (w *World) setMemberLocked(m Member, leader int) {
+	ms := &w.members[m.Rank]
+	ms.host, ms.dataAddr = m.Host, m.DataAddr
+	ms.pid, ms.local, ms.leader = int32(m.PID), int32(m.LocalRank), leader
+}
+
 // nodeLocked returns a copy of gossip member r's node; the zero Node
 // (no name: fail skips it, a send to it fails) when r has none.
 func (w *World) nodeLocked(r int) memberlist.Node {
-	if n := w.members[r].node; n != nil {
+	if n := w.members[r].node(); n != nil {
 		return *n
 	}
 	return memberlist.Node{}
@@ -208,6 +299,9 @@ type World struct {
 	bq *memberlist.TransmitLimitedQueue
 	// mlAtomic is ml for callers that must not take mu.
 	mlAtomic atomic.Pointer[memberlist.Memberlist]
+	// stalls is the process's stall log (procStalls); tests give a
+	// World its own.
+	stalls *stallLog
 }
 
 // Join starts this rank's gossip member, joins the seed and waits until all
@@ -381,25 +475,21 @@ func newWorld(cfg Config) *World {
 
 		localsReady: make(chan struct{}),
 		leaderRank:  -1,
+		stalls:      &procStalls,
 	}
 	w.log = cfg.Logger.With().Int("rank", cfg.Rank).Str("host", cfg.Host).Int("world", cfg.WorldSize).Logger()
 	for r := range w.members {
-		w.members[r].Rank = r
 		w.members[r].leader = r
 	}
 	if cfg.hierarchical() && !cfg.leader() {
 		// Until the table arrives, this rank knows only itself.
-		w.members[cfg.Rank].Member = self
+		w.setMemberLocked(self, cfg.Rank)
 		w.members[cfg.Rank].status = statusAlive
 		w.alive = 1
 	}
-	all := make([]int, cfg.WorldSize)
-	for r := range all {
-		all[r] = r
-	}
 	// The whole world is a group like any other, so failure, barriers and
 	// splits have one implementation.
-	w.whole = w.newGroupLocked(all)
+	w.whole = w.newGroupLocked(nil)
 	return w
 }
 
@@ -513,12 +603,22 @@ func (w *World) form(ctx context.Context) error {
 			// RejoinInterval apart, so a lost push delays this rank by
 			// at most 3 RejoinInterval after the seed formed (plus the
 			// pull itself), and never stalls the world.
-			if cfg.Rank != 0 {
-				pulls++
-				peer := cfg.Seed
-				if pulls%2 == 1 {
-					peer = w.randomPeer()
-				}
+			//
+			// Every third pull goes to a member gossip declared dead
+			// (heldDeadPeer): before formation such a member is waited
+			// for, not lost, on the ground that a live one refutes. But
+			// it refutes only what it hears: memberlist gossips a death
+			// to the dead member for GossipToTheDeadTime only, a member
+			// that has formed pulls no more, and nobody probes a dead
+			// member; a member starved past that window (4,096 ranks in
+			// one process, notes/scale.md) stayed dead in every view
+			// while its own world had formed, and formation timed out.
+			// A pull hands it our view, in which it is dead, so it
+			// refutes; the next pull by anyone brings the refutation
+			// back over TCP, whatever became of its gossip. The pulls
+			// are the ones a waiting member makes anyway, retargeted.
+			pulls++
+			if peer := w.pullPeer(pulls); peer != "" {
 				if _, err := w.ml.Join([]string{peer}); err != nil {
 					w.log.Debug().Err(err).Str("peer", peer).Msg("rendezvous: member table pull failed")
 				}
@@ -543,17 +643,56 @@ func (w *World) form(ctx context.Context) error {
 	}
 }
 
-// randomPeer returns a random member other than this rank and the seed
-// that this rank knows alive (as a "name/addr" join address), or the seed
-// when it knows none.
-func (w *World) randomPeer() string {
+// pullPeer is the member the n-th table pull of a waiting member goes to
+// (as a join address): of every three, one to a random member known
+// alive, one to the seed, one to a random member held dead
+// (heldDeadPeerLocked), or to a random member when none is. "" when
+// there is nobody to pull from: the seed pulls only from members held
+// dead (its own table is the one the others pull).
+func (w *World) pullPeer(n int) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if n%3 == 0 {
+		if p := w.heldDeadPeerLocked(); p != "" {
+			return p
+		}
+	}
+	switch {
+	case w.cfg.Rank == 0:
+		return ""
+	case n%3 == 2:
+		return w.cfg.Seed
+	}
+	return w.randomPeerLocked()
+}
+
+// heldDeadPeerLocked returns a random gossip member that memberlist
+// declared dead before the world formed and that did not leave (the
+// World waits for it to refute: goneLocked), as a join address; "" when
+// there is none.
+func (w *World) heldDeadPeerLocked() string {
+	var held []string
+	for r := range w.members {
+		m := &w.members[r]
+		if n := m.node(); r != w.cfg.Rank && m.leader == r && m.status == statusDead && !m.leaving && n != nil {
+			held = append(held, n.Name+"/"+n.Address())
+		}
+	}
+	if len(held) == 0 {
+		return ""
+	}
+	return held[rand.N(len(held))]
+}
+
+// randomPeerLocked returns a random member other than this rank and the
+// seed that this rank knows alive (as a "name/addr" join address), or
+// the seed when it knows none.
+func (w *World) randomPeerLocked() string {
 	var known []string
 	for r := range w.members {
 		m := &w.members[r]
-		if r != w.cfg.Rank && r != 0 && m.leader == r && m.status == statusAlive && m.node != nil {
-			known = append(known, m.node.Name+"/"+m.node.Address())
+		if n := m.node(); r != w.cfg.Rank && r != 0 && m.leader == r && m.status == statusAlive && n != nil {
+			known = append(known, n.Name+"/"+n.Address())
 		}
 	}
 	if len(known) == 0 {
@@ -622,8 +761,8 @@ func (w *World) pushTargetsLocked() []pushTarget {
 	var to []pushTarget
 	for _, r := range pushPlan(w.cfg.Rank, others, w.cfg.PushConcurrency) {
 		m := &w.members[r]
-		if r != w.cfg.Rank && m.status == statusAlive && m.node != nil {
-			to = append(to, pushTarget{rank: r, addr: m.node.Name + "/" + m.node.Address()})
+		if n := m.node(); r != w.cfg.Rank && m.status == statusAlive && n != nil {
+			to = append(to, pushTarget{rank: r, addr: n.Name + "/" + n.Address()})
 		}
 	}
 	return to
@@ -720,7 +859,7 @@ func (w *World) formationError(ctxErr, seedErr error) error {
 		if m.status == statusAlive || r == w.cfg.Rank {
 			continue
 		}
-		host := m.Host
+		host := m.host
 		if host == "" && w.cfg.RankHosts != nil {
 			host = w.cfg.RankHosts[r]
 		}
@@ -778,7 +917,7 @@ func (w *World) Members() []Member {
 	defer w.mu.Unlock()
 	out := make([]Member, len(w.members))
 	for r := range w.members {
-		out[r] = w.members[r].Member
+		out[r] = w.memberLocked(r)
 	}
 	return out
 }

@@ -2,7 +2,9 @@
 # In-process formation of host-leader worlds (bench/rdzvscale -form-only):
 # medians of ROUNDS runs per size, of the wall time and of the process's CPU
 # time during formation (which the machine's load moves much less), with
-# the 1-minute load average and peak memory of each run, and, when ANCHOR
+# the 1-minute load average, peak memory and live heap per member once
+# formed (after a GC: what each member costs while the world lives) of each
+# run, and, when ANCHOR
 # names a revision, that revision's
 # rendezvous package built the same way and run interleaved with this tree,
 # with the ratio of the medians. The machine may be shared: the load column
@@ -10,6 +12,8 @@
 # process, a stream silent past its lease when the cores are starved).
 #
 #   SIZES=1024,4096 ROUNDS=3 PER=16 ANCHOR=main scripts/bench-rdzvscale.sh
+#
+# ARGS passes more flags to every run (e.g. ARGS='-formation-timeout 2m').
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZES=${SIZES:-64,256,1024,4096}
@@ -27,21 +31,25 @@ if [[ -n "${ANCHOR:-}" ]]; then
 	(cd "$tmp/anchor-src" && go build -o "$tmp/anchor" ./bench/rdzvscale)
 	bins=(anchor new)
 fi
-printf '%-6s %-7s %-6s %10s %8s %8s %10s  %s\n' size build round formation cpu load1 maxrss_MB note
+printf '%-6s %-7s %-6s %10s %8s %8s %10s %12s  %s\n' size build round formation cpu load1 maxrss_MB heap_KB/mem note
 IFS=, read -ra sizes <<<"$SIZES"
 for n in "${sizes[@]}"; do
 	for ((i = 1; i <= ROUNDS; i++)); do
 		for b in "${bins[@]}"; do
-			out=$( { /usr/bin/time -f 'RSS %M' "$tmp/$b" -sizes "$n" -mode hier -per "$PER" -form-only 2>&1 || true; } | tail -3)
+			out=$( { /usr/bin/time -f 'RSS %M' "$tmp/$b" -sizes "$n" -mode hier -per "$PER" -form-only ${ARGS:-} 2>&1 || true; } | tail -3)
 			load=$(cut -d' ' -f1 /proc/loadavg)
 			rss=$(sed -n 's/^RSS \([0-9]*\)$/\1/p' <<<"$out")
 			row=$(grep -E "^$n " <<<"$out" || true)
 			f=$(awk '{print $4}' <<<"$row")
 			c=$(awk '{print $5}' <<<"$row")
+			h=$(awk '{print $10}' <<<"$row")
 			note=""
-			[[ "$f" == "-" || -z "$f" ]] && note=$(awk '{$1=$2=$3=$4=$5=""; sub(/^ +/, ""); print}' <<<"$row")
+			if [[ "$f" == "-" || -z "$f" ]]; then
+				note=$(awk '{$1=$2=$3=$4=$5=""; sub(/^ +/, ""); print}' <<<"$row")
+				h=-
+			fi
 			[[ -z "$row" ]] && note=$(tail -1 <<<"$out")
-			printf '%-6s %-7s %-6s %10s %8s %8s %10s  %s\n' "$n" "$b" "$i" "${f:--}" "${c:--}" "$load" "$(( ${rss:-0} / 1024 ))" "$note" | tee -a "$tmp/rows"
+			printf '%-6s %-7s %-6s %10s %8s %8s %10s %12s  %s\n' "$n" "$b" "$i" "${f:--}" "${c:--}" "$load" "$(( ${rss:-0} / 1024 ))" "${h:--}" "$note" | tee -a "$tmp/rows"
 		done
 	done
 done
@@ -59,7 +67,8 @@ for n in "${sizes[@]}"; do
 		cpu[$b]=$(median 5 "$n" "$b")
 		k=$(awk -v n="$n" -v b="$b" '$1==n && $2==b && $4!="-"' "$tmp/rows" | grep -c . || true)
 		mem=$(awk -v n="$n" -v b="$b" '$1==n && $2==b {print $7}' "$tmp/rows" | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}')
-		line+=" $b ${med[$b]}s cpu ${cpu[$b]}s rss ${mem}MB (n=$k/$ROUNDS);"
+		heap=$(awk -v n="$n" -v b="$b" '$1==n && $2==b && $8!="-" {v=$8; sub("KB","",v); print v}' "$tmp/rows" | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]; else print "-"}')
+		line+=" $b ${med[$b]}s cpu ${cpu[$b]}s rss ${mem}MB heap/member ${heap}KB (n=$k/$ROUNDS);"
 	done
 	if [[ -n "${ANCHOR:-}" && ${med[anchor]} != - && ${med[new]} != - ]]; then
 		line+=" new/anchor formation $(awk -v a="${med[anchor]}" -v b="${med[new]}" 'BEGIN{printf "%.2f", b/a}')"

@@ -104,6 +104,9 @@ func startProfile() (func(), error) {
 // tune holds the failure-detection settings under test (flags).
 var tune rendezvous.Config
 
+// formationTimeout is the -formation-timeout flag.
+var formationTimeout time.Duration
+
 func main() {
 	sizes := flag.String("sizes", "64,256,1024", "comma-separated world sizes")
 	network := flag.String("net", "mem", "mem (in-memory network) or udp (loopback sockets)")
@@ -122,13 +125,14 @@ func main() {
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of each formation (Join to the last Join's return) to this file (.1, .2, ... appended after the first run)")
 	flag.StringVar(&memProfile, "memprofile", "", "write the allocations made up to the end of each formation to this file (suffixed like -cpuprofile)")
 	flag.BoolVar(&formOnly, "form-only", false, "measure formation only (no detection)")
+	flag.DurationVar(&formationTimeout, "formation-timeout", time.Minute, "Config.FormationTimeout (DefaultConfig's is 2m)")
 	flag.StringVar(&attachMode, "attach", "mem", "host leaders' attach streams: mem (in-memory pipes) or unix (abstract Unix sockets, as in a job; formation only)")
 	flag.Parse()
 	if memProfile != "" {
 		runtime.MemProfileRate = 64 << 10
 	}
-	fmt.Printf("%-6s %-5s %-11s %10s %8s %8s %21s %21s %10s\n", "size", "net", "mode", "formation", "cpu", "lag",
-		"detect rank min..max", "detect host min..max", "false-loss")
+	fmt.Printf("%-6s %-5s %-11s %10s %8s %8s %21s %21s %10s %12s %12s %10s\n", "size", "net", "mode", "formation", "cpu", "lag",
+		"detect rank min..max", "detect host min..max", "false-loss", "heap/member", "stack/member", "goroutines")
 	var modes []int // ranks per host; 1 is flat
 	switch *mode {
 	case "flat":
@@ -166,8 +170,9 @@ func main() {
 				}
 				return fmt.Sprintf("%.3fs..%.3fs", a.Seconds(), b.Seconds())
 			}
-			fmt.Printf("%-6d %-5s %-11s %9.3fs %7.3fs %7.3fs %21s %21s %10d\n", n, *network, name, r.formation.Seconds(), r.cpu.Seconds(), r.lag.Seconds(),
-				span(r.detectMin, r.detectMax), span(r.hostMin, r.hostMax), r.falseLoss)
+			fmt.Printf("%-6d %-5s %-11s %9.3fs %7.3fs %7.3fs %21s %21s %10d %10.1fKB %10.1fKB %10d\n", n, *network, name, r.formation.Seconds(), r.cpu.Seconds(), r.lag.Seconds(),
+				span(r.detectMin, r.detectMax), span(r.hostMin, r.hostMax), r.falseLoss,
+				float64(r.mem.heap)/float64(n)/1024, float64(r.mem.stack)/float64(n)/1024, r.mem.goroutines)
 		}
 	}
 	if failed {
@@ -181,6 +186,24 @@ type result struct {
 	lag                             time.Duration // the longest a ticking goroutine waited past its tick during formation
 	hostMin, hostMax                time.Duration // host leaders: a whole host lost
 	falseLoss                       int           // survivors that reported a member other than the victim
+	mem                             memUse        // the process's memory once formation ended
+}
+
+// memUse is what the process holds once formation has ended, after a
+// garbage collection: what every member costs while the world lives,
+// without the garbage that peak RSS also counts.
+type memUse struct {
+	heap       uint64 // live heap bytes (HeapAlloc after a GC)
+	stack      uint64 // goroutine stacks in use (StackInuse)
+	goroutines int
+}
+
+// memAfter collects garbage and reads memUse.
+func memAfter() memUse {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return memUse{heap: ms.HeapAlloc, stack: ms.StackInuse, goroutines: runtime.NumGoroutine()}
 }
 
 // rankAttach is one rank's view of the in-memory attach network; it keeps
@@ -255,6 +278,7 @@ func measure(n, per int, network string, verbose bool) (result, error) {
 	res.cpu = cpuTime() - cpu0
 	res.lag = stopLag()
 	stopProfile()
+	res.mem = memAfter()
 	defer func() {
 		var cw sync.WaitGroup
 		for _, w := range ws {
@@ -330,7 +354,7 @@ func configs(n, per int, network, seed string, nw *rendezvoustest.Network, log z
 		c.Host = fmt.Sprintf("h%d", r)
 		c.Seed = seed
 		c.Secret = []byte("0123456789abcdef0123456789abcdef")
-		c.FormationTimeout = 60 * time.Second
+		c.FormationTimeout = formationTimeout
 		c.ProbeInterval, c.ProbeTimeout, c.GossipInterval = tune.ProbeInterval, tune.ProbeTimeout, tune.GossipInterval
 		c.SuspicionTimeout, c.RetransmitMult, c.GossipNodes = tune.SuspicionTimeout, tune.RetransmitMult, tune.GossipNodes
 		c.GossipLease = tune.GossipLease

@@ -118,7 +118,15 @@ func NewToken(name string) string {
 //	ticker:MS          for MS milliseconds wake every 5 ms, then print
 //	                   "maxgap N" (the longest gap between wake-ups, in ms;
 //	                   a stopped rank shows its stop), exit 0
+//
+// A test binary started as a job reaper (argv[0] "job-reaper") whose
+// TestMain did not take the reaper's role exits here instead of running
+// the tests again: each run would start reapers of its own, a fork bomb.
 func MaybeRunHelper() {
+	if os.Args[0] == "job-reaper" {
+		fmt.Fprintln(os.Stderr, "launchertest: this test binary was started as a job reaper, but its TestMain did not run the reaper (call supervisor.Is/Main first); refusing to run the tests")
+		os.Exit(2)
+	}
 	mode, ok := os.LookupEnv(HelperEnv)
 	if !ok {
 		return
