@@ -39,7 +39,8 @@ import (
 // with hostsHome as its rankHome: the agents' events arrive on one
 // channel, commands go to every agent, and a host whose connection drops
 // or falls silent for the lease is "lost": its ranks count as failed and
-// the job ends.
+// the job ends (in a fault-tolerant job only its replica groups do, or a
+// spare host takes its ranks over: fthost.go, ftspare.go).
 
 func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (err error) {
 	prog := Program{Path: job.Argv[0], Argv: job.Argv}
