@@ -242,18 +242,7 @@ func TestFTLostHostSurvivorsContinue(t *testing.T) {
 // rank bitwise equal to its place in the other group.
 func TestFTLostHostTakesItsReplicaGroups(t *testing.T) {
 	h := requireHosts(t)
-	hf := filepath.Join(t.TempDir(), "hostfile")
-	if err := os.WriteFile(hf, []byte(fmt.Sprintf("%s slots=2\n%s slots=1\n%s slots=2\n%s slots=1\n", h.Hosts[0], h.Hosts[1], h.Hosts[2], h.Hosts[3])), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	j := newFTHostJob(t, h, hf, 6, []string{"--fault-tolerant-group", "2", "--inject", "kill-host:host=" + h.Hosts[3] + ":after-steps=5"},
-		[]string{"--mode", "hsdp"})
-	code := j.run()
-	j.noSurvivors()
-	rep := j.parse()
-	if code != 0 {
-		t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", code, j.stdout.String(), j.stderr.String())
-	}
+	j, rep := runHSDPHostLoss(t, h, []int{2, 1, 2, 1}, 6, 3)
 	j.survived([]int{0, 1, 2, 3}, []int{0, 2}, []int{1, 3})
 	if j.final[4] != nil || j.final[5] != nil {
 		t.Errorf("the retired group finished: %v %v", j.final[4], j.final[5])
@@ -340,18 +329,7 @@ func TestFTSpareHostTakesOver(t *testing.T) {
 // place in the other group.
 func TestFTSpareHostTakesOverReplicaGroup(t *testing.T) {
 	h := requireHosts(t)
-	hf := filepath.Join(t.TempDir(), "hostfile")
-	if err := os.WriteFile(hf, []byte(fmt.Sprintf("%s slots=2\n%s slots=1\n%s slots=1\n%s slots=1\n", h.Hosts[0], h.Hosts[1], h.Hosts[2], h.Hosts[3])), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	j := newFTHostJob(t, h, hf, 4, []string{"--fault-tolerant-group", "2", "--inject", "kill-host:host=" + h.Hosts[2] + ":after-steps=5"},
-		[]string{"--mode", "hsdp"})
-	code := j.run()
-	j.noSurvivors()
-	rep := j.parse()
-	if code != 0 {
-		t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", code, j.stdout.String(), j.stderr.String())
-	}
+	j, rep := runHSDPHostLoss(t, h, []int{2, 1, 1, 1}, 4, 2)
 	j.survived([]int{0, 1}, []int{0, 2}, []int{1, 3})
 	for _, rk := range []int{2, 3} {
 		if f := j.final[rk]; f == nil || f[1] != "1" || f[2] != strconv.Itoa(ftHostSteps) {
@@ -369,4 +347,29 @@ func TestFTSpareHostTakesOverReplicaGroup(t *testing.T) {
 	if len(healed) != 2 || healed[2] != 1 || healed[3] != 1 {
 		t.Errorf("heals %+v, want ranks 2 and 3 as incarnation 1", ft.Quorum.Heals)
 	}
+}
+
+// runHSDPHostLoss runs np ranks of the trainer's --mode hsdp in replica
+// groups of 2 on the hosts, slots[i] on host i (hosts the np ranks leave
+// empty are spares), kills host victim whole after step 5, and wants gorun
+// to exit 0 leaving nothing behind.
+func runHSDPHostLoss(t *testing.T, h *testhosts.Netns, slots []int, np, victim int) (*ftHostJob, ftHostReport) {
+	t.Helper()
+	var hf strings.Builder
+	for i, n := range slots {
+		fmt.Fprintf(&hf, "%s slots=%d\n", h.Hosts[i], n)
+	}
+	path := filepath.Join(t.TempDir(), "hostfile")
+	if err := os.WriteFile(path, []byte(hf.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	j := newFTHostJob(t, h, path, np, []string{"--fault-tolerant-group", "2", "--inject", "kill-host:host=" + h.Hosts[victim] + ":after-steps=5"},
+		[]string{"--mode", "hsdp"})
+	code := j.run()
+	j.noSurvivors()
+	rep := j.parse()
+	if code != 0 {
+		t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", code, j.stdout.String(), j.stderr.String())
+	}
+	return j, rep
 }
