@@ -75,6 +75,32 @@ func Bytes(dt DType, b []byte) (Buffer, error) {
 	return hostBuffer{dt: dt, b: b}, nil
 }
 
+// BytesN views n pieces of raw host memory, at(i) for each i < n, as
+// Buffers of dt, in two allocations whatever n: Bytes boxes each Buffer
+// on its own, which for a coalesced call from C of dozens of vectors was
+// a measurable part of the call (notes/torch-backend.md). The first
+// error of at, or a length that is not a whole number of dt, is returned
+// naming the index.
+func BytesN(dt DType, n int, at func(i int) ([]byte, error)) ([]Buffer, error) {
+	if !dt.Valid() {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, dt)
+	}
+	hs := make([]hostBuffer, n)
+	bs := make([]Buffer, n)
+	for i := range hs {
+		b, err := at(i)
+		if err != nil {
+			return nil, err
+		}
+		if len(b)%dt.Size() != 0 {
+			return nil, fmt.Errorf("%w: buffer %d: %d bytes is not a whole number of %v", ErrInvalidArgument, i, len(b), dt)
+		}
+		hs[i] = hostBuffer{dt: dt, b: b}
+		bs[i] = &hs[i]
+	}
+	return bs, nil
+}
+
 // Alloc returns a zeroed host Buffer of n elements of dt.
 func Alloc(dt DType, n int) Buffer {
 	return hostBuffer{dt: dt, b: make([]byte, n*dt.Size())}

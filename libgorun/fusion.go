@@ -12,6 +12,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/gorun-hpc/gorun/comm"
@@ -38,23 +39,43 @@ func gorun_allreduce_coalesced(h C.gorun_comm_t, sends *unsafe.Pointer, recvs *u
 			return nil, fmt.Errorf("%w: sends, recvs or counts is NULL", errInvalid)
 		}
 		ss, rs, cs := unsafe.Slice(sends, int(n)), unsafe.Slice(recvs, int(n)), unsafe.Slice(counts, int(n))
-		sb, rb := make([]comm.Buffer, n), make([]comm.Buffer, n)
 		// Per vector, on the path of every coalesced call (torch's carry
-		// dozens of tensors): a vector's name is formatted only for its
-		// error, and an in-place vector (send and recv the same memory, as
-		// torch's are) is viewed once.
-		for i := range int(n) {
-			if sb[i], err = buffer(ss[i], cs[i], dt, "", false); err != nil {
-				_, err = buffer(ss[i], cs[i], dt, fmt.Sprintf("sends[%d]", i), false)
-				return nil, err
-			}
-			if rs[i] == ss[i] {
-				rb[i] = sb[i]
-			} else if rb[i], err = buffer(rs[i], cs[i], dt, "", false); err != nil {
-				_, err = buffer(rs[i], cs[i], dt, fmt.Sprintf("recvs[%d]", i), false)
-				return nil, err
+		// dozens of tensors): the views are made in two allocations for all
+		// of them (comm.BytesN), a vector's name is formatted only for its
+		// error, and in-place vectors (every send its recv, as torch's are)
+		// are viewed once.
+		sb, err := comm.BytesN(dt, int(n), func(i int) ([]byte, error) { return vectorBytes(ss[i], cs[i], dt, "sends", i) })
+		if err != nil {
+			return nil, err
+		}
+		rb := sb
+		for i := range rs {
+			if rs[i] != ss[i] {
+				if rb, err = comm.BytesN(dt, int(n), func(i int) ([]byte, error) {
+					return vectorBytes(rs[i], cs[i], dt, "recvs", i)
+				}); err != nil {
+					return nil, err
+				}
+				break
 			}
 		}
 		return e.c.AllReduceCoalesced(ctx, sb, rb, o), nil
 	})
+}
+
+// vectorBytes is buffer's check and view of one vector of a call of
+// several, as bytes: count elements of dt at p (NULL only with count 0),
+// or an error naming name[i].
+func vectorBytes(p unsafe.Pointer, count C.size_t, dt comm.DType, name string, i int) ([]byte, error) {
+	if p == nil {
+		if count != 0 {
+			return nil, fmt.Errorf("%w: %s[%d] is NULL with count %d", errInvalid, name, i, count)
+		}
+		return []byte{}, nil
+	}
+	es := uint64(dt.Size())
+	if uint64(count) > math.MaxInt/es {
+		return nil, fmt.Errorf("%w: %s[%d]: count %d is too large", errInvalid, name, i, count)
+	}
+	return unsafe.Slice((*byte)(p), int(uint64(count)*es)), nil
 }

@@ -105,6 +105,9 @@ int gorun_abi_version(void);
  *                      communicator on every rank (GORUN_ERR_TIMEOUT, naming
  *                      a rank that had not reached the call)
  *                      (0: no limit; default 0)
+ *   connect_timeout_ms=N  each communicator (the world, gorun_comm_group)
+ *                      waits at most N ms for its peers to connect, then
+ *                      fails (GORUN_ERR_TIMEOUT) (0: the default, 60 s)
  *   tcp=0|1            1: no shared memory between ranks on one host
  *   env.NAME=VALUE     read VALUE for the environment variable NAME (VALUE
  *                      without spaces). Go's runtime sees only the

@@ -22,6 +22,9 @@ type settings struct {
 	deterministic bool
 	timeoutMs     int64
 	forceTCP      bool
+	// connectMs bounds each communicator's wait for its peers to connect
+	// (comm's ConnectTimeout; 0: comm's default).
+	connectMs int64
 	// env holds "env.NAME=VALUE" overrides of the rank environment, as a
 	// sorted "NAME=VALUE\n" list (comparable, for gorun_init's "same
 	// settings" check). Go's runtime in a shared library sees only the
@@ -83,8 +86,13 @@ func parseSettings(s string) (settings, error) {
 			if err != nil || st.timeoutMs < 0 {
 				err = fmt.Errorf("%w: config timeout_ms=%q: want a whole number of milliseconds ≥ 0", errInvalid, v)
 			}
+		case "connect_timeout_ms":
+			st.connectMs, err = strconv.ParseInt(v, 10, 64)
+			if err != nil || st.connectMs < 0 {
+				err = fmt.Errorf("%w: config connect_timeout_ms=%q: want a whole number of milliseconds ≥ 0", errInvalid, v)
+			}
 		default:
-			err = fmt.Errorf("%w: config: unknown key %q (known: deterministic, timeout_ms, tcp, env.NAME)", errInvalid, k)
+			err = fmt.Errorf("%w: config: unknown key %q (known: deterministic, timeout_ms, connect_timeout_ms, tcp, env.NAME)", errInvalid, k)
 		}
 		if err != nil {
 			return st, err
@@ -212,6 +220,9 @@ func start(ctx context.Context, st settings) (*session, error) {
 		if opts.Comm.DesyncCheckAfter <= 0 || opts.Comm.DesyncCheckAfter > t {
 			opts.Comm.DesyncCheckAfter = t
 		}
+	}
+	if st.connectMs > 0 {
+		opts.Comm.ConnectTimeout = time.Duration(st.connectMs) * time.Millisecond
 	}
 	opts.Endpoint.ForceTCP = st.forceTCP
 	opts.Lookup = st.lookup

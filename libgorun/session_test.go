@@ -19,6 +19,8 @@ func TestParseSettings(t *testing.T) {
 		{in: "env.B=2 env.A=x:1", want: settings{env: "A=x:1\nB=2"}},
 		{in: "deterministic=maybe", err: `deterministic="maybe"`},
 		{in: "timeout_ms=-5", err: "timeout_ms"},
+		{in: "connect_timeout_ms=1500", want: settings{connectMs: 1500}},
+		{in: "connect_timeout_ms=soon", err: "connect_timeout_ms"},
 		{in: "speed=11", err: `unknown key "speed"`},
 		{in: "novalue", err: "want key=value"},
 		{in: "env.=1", err: "env.NAME=VALUE"},

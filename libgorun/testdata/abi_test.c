@@ -267,6 +267,26 @@ static void check_coalesced(gorun_comm_t w) {
     ptrs[2] = NULL;
     rc = gorun_allreduce_coalesced(w, ptrs, ptrs, counts, K, GORUN_FLOAT32, GORUN_SUM, NULL);
     EXPECT(rc == GORUN_ERR_INVALID && strstr(gorun_last_error(), "sends[2]"), "NULL vector: %s", gorun_last_error());
+    /* out of place: the sums land in outs, the sends stay as they were */
+    static float outs[K][20000];
+    void *optrs[K];
+    for (int k = 0; k < K; k++) {
+        ptrs[k] = bufs[k];
+        optrs[k] = outs[k];
+        for (size_t i = 0; i < counts[k]; i++) bufs[k][i] = (float)(rank + 1) * (float)(k + i % 3);
+    }
+    CHECK(gorun_allreduce_coalesced(w, ptrs, optrs, counts, K, GORUN_FLOAT32, GORUN_SUM, NULL));
+    for (int k = 0; k < K; k++)
+        for (size_t i = 0; i < counts[k]; i++) {
+            float want = (float)(size * (size + 1) / 2) * (float)(k + i % 3);
+            EXPECT(outs[k][i] == want, "out-of-place coalesced vector %d [%zu] = %g, want %g", k, i, outs[k][i], want);
+            EXPECT(bufs[k][i] == (float)(rank + 1) * (float)(k + i % 3), "out-of-place coalesced: send %d [%zu] "
+                   "changed to %g", k, i, bufs[k][i]);
+        }
+    optrs[3] = NULL;
+    rc = gorun_allreduce_coalesced(w, ptrs, optrs, counts, K, GORUN_FLOAT32, GORUN_SUM, NULL);
+    EXPECT(rc == GORUN_ERR_INVALID && strstr(gorun_last_error(), "recvs[3]"), "NULL recv vector: %s",
+           gorun_last_error());
 }
 
 int main(int argc, char **argv) {

@@ -114,8 +114,8 @@ _SIGNATURES = {
     "gorun_comm_abort": [_i64, ctypes.c_char_p],
     "gorun_comm_free": [_i64],
     "gorun_allreduce": [_i64, _p, _p, _sz, _int, _int, _PI64],
-    "gorun_allreduce_coalesced": [_i64, ctypes.POINTER(_p), ctypes.POINTER(_p), ctypes.POINTER(_sz), _int, _int, _int,
-                                  _PI64],
+    # sends, recvs, counts: the addresses of C arrays (backend._vectors).
+    "gorun_allreduce_coalesced": [_i64, _p, _p, _p, _int, _int, _int, _PI64],
     "gorun_allgather": [_i64, _p, _p, _sz, _int, _PI64],
     "gorun_reduce_scatter": [_i64, _p, _p, _sz, _int, _int, _PI64],
     "gorun_broadcast": [_i64, _p, _p, _sz, _int, _int, _PI64],

@@ -12,6 +12,7 @@ Calls on one group complete in the order they were issued (on every rank):
 that is what lets DDP's buckets, futures and comm hooks work unchanged.
 """
 
+import array
 import atexit
 import collections
 import ctypes
@@ -72,19 +73,34 @@ class Options:
         results are bitwise the same on every rank, for every message size and
         across runs (default: $GORUN_DETERMINISTIC == "1").
     tcp: no shared memory between ranks on one host (for comparisons).
+    connect_timeout: how long a communicator waits for its peers to connect
+        (a datetime.timedelta or seconds; default: the library's, 60 s): the
+        world's, its groups' and each point-to-point channel's. A sender that
+        has not connected within it fails its receive with a timeout; a
+        receive from any source instead goes on waiting for such a sender.
+    deterministic, tcp and connect_timeout are the world's, set by the first
+    gorun group; a later group may leave them unset or give the same.
     """
 
-    def __init__(self, deterministic=None, tcp=False):
+    def __init__(self, deterministic=None, tcp=False, connect_timeout=None):
         if deterministic is None:
             deterministic = os.environ.get(ENV_DETERMINISTIC, "") == "1"
         self.deterministic = bool(deterministic)
         self.tcp = bool(tcp)
+        if isinstance(connect_timeout, datetime.timedelta):
+            connect_timeout = connect_timeout.total_seconds()
+        if connect_timeout is not None and not connect_timeout > 0:
+            raise ValueError("gorun.Options: connect_timeout %r is not a positive duration" % (connect_timeout,))
+        self.connect_timeout = connect_timeout
 
     def config(self, timeout):
         ms = 0
         if timeout is not None and timeout.total_seconds() > 0:
             ms = int(timeout.total_seconds() * 1000)
-        return "deterministic=%d tcp=%d timeout_ms=%d" % (self.deterministic, self.tcp, ms)
+        cfg = "deterministic=%d tcp=%d timeout_ms=%d" % (self.deterministic, self.tcp, ms)
+        if self.connect_timeout is not None:
+            cfg += " connect_timeout_ms=%d" % max(1, int(self.connect_timeout * 1000))
+        return cfg
 
 
 # ---- the world ----------------------------------------------------------------
@@ -531,6 +547,29 @@ _SYNC_CODES = _sync_codes()
 _ALL_REDUCE_CODE = next((c for c in _SYNC_CODES if c.co_name == "all_reduce"), None)
 
 
+def _code_of(name):
+    import inspect
+    f = getattr(dist.distributed_c10d, name, None)
+    f = inspect.unwrap(f) if f is not None else None
+    return getattr(f, "__code__", None)
+
+
+_RECV_CODE, _IRECV_CODE = _code_of("recv"), _code_of("irecv")
+
+
+def _called_by_dist_recv():
+    """Whether the group method being run was called (C++ frames aside) by
+    torch's dist.recv, directly or through dist.irecv (as torch 2.15's
+    recv does), which asks the Work for its source rank after waiting."""
+    try:
+        f = sys._getframe(2)
+        if f.f_code is _IRECV_CODE and f.f_back is not None:
+            f = f.f_back
+        return _RECV_CODE is not None and f.f_code is _RECV_CODE
+    except ValueError:
+        return False
+
+
 def _caller_waits(depth=3):
     """Whether the collective method being run (depth-1 frames up from
     here: method → _issue → this by default) was called by one of torch's
@@ -546,11 +585,11 @@ def _caller_waits(depth=3):
 # ---- argument checks ----------------------------------------------------------
 
 
-def _dtype(t, what):
+def _dtype(t, what, name="tensor"):
     dt = _DTYPES.get(t.dtype)
     if dt is None:
-        raise TypeError("gorun %s: dtype %s is not supported (supported: %s)" %
-                        (what, t.dtype, ", ".join(str(d).replace("torch.", "") for d in _DTYPES)))
+        raise TypeError("gorun %s: %s has dtype %s, which is not supported (supported: %s)" %
+                        (what, name, t.dtype, ", ".join(str(d).replace("torch.", "") for d in _DTYPES)))
     return dt
 
 
@@ -575,7 +614,7 @@ def _check(t, what, name="tensor"):
         raise ValueError("gorun %s: %s has layout %s; only dense tensors are supported" % (what, name, t.layout))
     if not t.is_contiguous():
         raise ValueError("gorun %s: %s is not contiguous (call .contiguous() first)" % (what, name))
-    return _dtype(t, what)
+    return _dtype(t, what, name)
 
 
 _STRIDED = torch.strided
@@ -623,6 +662,58 @@ def _op(opts, what, dt):
     return code
 
 
+# A C array of pointers or size_t, built from a Python iterable in one C
+# loop (array.array): 64 entries cost about 1 us this way against 8 us for
+# a ctypes array made from a list (notes/torch-backend.md).
+_WORD = next(c for c in "LQ" if array.array(c).itemsize == ctypes.sizeof(ctypes.c_void_p))
+assert ctypes.sizeof(ctypes.c_size_t) == array.array(_WORD).itemsize
+_DATA_PTR = torch.Tensor.data_ptr
+_NUMEL = torch.Tensor.numel
+
+
+def _vectors(tensors, what, name="tensors"):
+    """(dtype code, pointers, counts) of a non-empty list of tensors that
+    one library call reads as vectors: each a dense contiguous CPU tensor
+    of tensors[0]'s dtype whose memory is there (a tensor with elements but
+    data_ptr 0 has had its storage freed, e.g. resized to 0 as FSDP does).
+    pointers and counts are C arrays of len(tensors) words, read by the
+    library during the call.
+
+    Every tensor is checked; the common case costs four attribute reads a
+    tensor and two C loops. Any tensor that fails (or an attribute that
+    raises) sends the whole list through the full checks, which raise
+    ValueError or TypeError naming the call and the index."""
+    t0 = tensors[0]
+    dt = _check(t0, what, "%s[0]" % name)
+    dtype = t0.dtype
+    try:
+        for t in tensors:
+            if not (t.is_cpu and t.layout is _STRIDED and t.dtype is dtype and t.is_contiguous()):
+                break
+        else:
+            ptrs = array.array(_WORD, map(_DATA_PTR, tensors))
+            counts = array.array(_WORD, map(_NUMEL, tensors))
+            # An empty tensor may have data_ptr 0; one with elements may not.
+            if 0 not in ptrs or not any(c for p, c in zip(ptrs, counts) if not p):
+                return dt, ptrs, counts
+    except (AttributeError, TypeError, RuntimeError):
+        pass
+    for i, t in enumerate(tensors):
+        who = "%s[%d]" % (name, i)
+        _check(t, what, who)
+        _same(t0, t, what, "%s[0]" % name, who)
+        try:
+            p = t.data_ptr()
+        except RuntimeError as e:  # a tensor without memory of its own (e.g. a FakeTensor)
+            raise ValueError("gorun %s: %s has no memory to read: %s" % (what, who, str(e).split("\n")[0])) from e
+        k = t.numel()
+        if k and not p:
+            raise ValueError("gorun %s: %s has %d elements but no memory (data_ptr 0: its storage was freed or "
+                             "resized to 0)" % (what, who, k))
+    raise GorunError("gorun %s: unreachable: the checks passed a list the one-pass check refused" % what,
+                     "GORUN_ERR_INTERNAL")
+
+
 def _ptr(t):
     # ctypes converts an int for a c_void_p argument itself; None is NULL.
     return t.data_ptr() if t.numel() else None
@@ -656,6 +747,7 @@ class _Channel:
         self._err = None
         self._queue = []  # (work, issue) waiting for the connection
         self._ready = []  # fn(handle) to call once connected, after the queue is issued
+        self._closed = False  # freed: a connection awaited again (see _connect) is given up
         ranks = [pg._ranks[src], pg._ranks[dst]]
         tag = "torch-p2p-%d-%d-of-%d" % (src, dst, pg._h)
         threading.Thread(target=self._connect, args=(ranks, tag), name="gorun-p2p-%d-%d" % (src, dst),
@@ -663,19 +755,41 @@ class _Channel:
 
     def _connect(self, ranks, tag):
         l = _lib.lib()
-        h = ctypes.c_int64()
         arr = (ctypes.c_int * 2)(*ranks)
-        rc = l.gorun_comm_group(_world, arr, 2, tag.encode(), ctypes.byref(h))
-        err = None if rc == _lib.OK else _lib.error(rc, "gorun point-to-point channel %d→%d" % tuple(ranks))
-        with self._mu:
-            self._h, self._err = (h.value if err is None else None), err
-            for w, issue in self._queue:
-                self._issue_locked(w, issue)
-            self._queue = None
-            if err is None:
-                for fn in self._ready:
-                    fn(self._h)
-            self._ready = None
+        while True:
+            h = ctypes.c_int64()
+            world = _world
+            if world is None:  # finalized before or between attempts
+                rc, err = _lib.ERR_CLOSED, GorunError("gorun point-to-point channel %d→%d: gorun's world was "
+                                                      "finalized" % tuple(ranks), "GORUN_ERR_CLOSED")
+            else:
+                rc = l.gorun_comm_group(world, arr, 2, tag.encode(), ctypes.byref(h))
+                err = None if rc == _lib.OK else _lib.error(rc, "gorun point-to-point channel %d→%d" % tuple(ranks))
+            with self._mu:
+                if rc == _lib.ERR_TIMEOUT and self._ready and not self._closed:
+                    # A receive from any source waits for this sender
+                    # (when_ready), and a sender that has not sent yet is no
+                    # failure: the calls queued for this sender alone fail
+                    # with the timeout (what it is for), and the connection
+                    # is awaited again. Given up, the source would drop out
+                    # of the matcher for good, and a sender connecting
+                    # later would complete its sends into a connection
+                    # that no receive reads (the library keeps a connection
+                    # that arrives before its group is awaited).
+                    for w, issue in self._queue:
+                        w._issued.set()
+                        w._finish(err)
+                    self._queue = []
+                    continue
+                self._h, self._err = (h.value if err is None else None), err
+                for w, issue in self._queue:
+                    self._issue_locked(w, issue)
+                self._queue = None
+                if err is None:
+                    for fn in self._ready:
+                        fn(self._h)
+                self._ready = None
+                return
 
     def when_ready(self, fn):
         """Calls fn(handle) once the channel is up (now, if it is), after
@@ -703,6 +817,7 @@ class _Channel:
 
     def free(self):
         with self._mu:
+            self._closed = True
             h, self._h = self._h, None
         if h:
             _lib.lib().gorun_comm_free(h)
@@ -1035,34 +1150,16 @@ class _Gorun:
         what = "allreduce_coalesced"
         if not tensors:
             raise ValueError("gorun %s: no tensors" % what)
-        t0 = tensors[0]
-        dt = _check(t0, what, "tensors[0]")
+        dt, ptrs, counts = _vectors(tensors, what)
         op = _op(opts, what, dt)
-        dtype = t0.dtype
-        # One pass over the tensors (a call may carry hundreds): a tensor
-        # like the first (CPU, dense, contiguous, its dtype) passes in four
-        # attribute reads; any other gets the full checks, which raise
-        # naming the call and the tensor.
-        ptrs, counts = [], []
-        for i, t in enumerate(tensors):
-            try:
-                ok = t.is_cpu and t.layout is _STRIDED and t.is_contiguous() and t.dtype is dtype
-            except AttributeError:
-                ok = False
-            if not ok:
-                _check(t, what, "tensors[%d]" % i)
-                _same(t0, t, what, "tensors[0]", "tensors[%d]" % i)
-            k = t.numel()
-            ptrs.append(t.data_ptr() if k else None)
-            counts.append(k)
         # One library call for all of them (gorun_allreduce_coalesced): one
         # request and one Work; the library fuses the small ones into one
         # message and reduces each tensor in place, so no flattening copy
-        # is made here. The arrays are read during the call only.
+        # is made here. The library reads the arrays during the call only,
+        # and they live in this frame until _issue has returned.
         n = len(tensors)
-        ptrs = (ctypes.c_void_p * n)(*ptrs)
-        counts = (ctypes.c_size_t * n)(*counts)
-        return self._issue(what, lambda l, r: l.gorun_allreduce_coalesced(self._h, ptrs, ptrs, counts, n, dt, op, r),
+        p, c = ptrs.buffer_info()[0], counts.buffer_info()[0]
+        return self._issue(what, lambda l, r: l.gorun_allreduce_coalesced(self._h, p, p, c, n, dt, op, r),
                            list(tensors), list(tensors))
 
     def broadcast(self, tensors, opts=None):
@@ -1397,7 +1494,21 @@ class _Gorun:
         return self._p2p(tensors, srcRank, "recv", lambda l: l.gorun_recv, srcRank, self.rank())
 
     def recv_anysource(self, tensors, tag=0):
-        return self._recv_matched(tensors, -1, "recv from any source")
+        what = "recv from any source"
+        if self._owner is None and isinstance(self, _C10dBackend) and _called_by_dist_recv():
+            # A group with a backend per device ("cpu:gorun,cuda:nccl"):
+            # torch hands this Backend's Work to dist.recv in a holder
+            # without its source rank, so dist.recv would receive the
+            # message and then fail on asking for the sender (torch 2.15:
+            # "sourceRank() may only be called on work objects that
+            # correspond to a recv or recv-from-any call"). Refused before
+            # any message is taken. dist.irecv without src works: its data
+            # arrives; only its Work's _source_rank() fails so.
+            raise ValueError("gorun %s: dist.recv without src on a group with a backend per device (\"cpu:gorun,"
+                             "...\"): torch returns a Python backend's Work to dist.recv without the sender's rank, "
+                             "so the sender cannot be reported; give src=, or use a group whose backend is "
+                             "\"gorun\" alone" % what)
+        return self._recv_matched(tensors, -1, what)
 
     def _recv_matched(self, tensors, src, what):
         """A receive through the group's matcher (libgorun's, over the
@@ -1502,12 +1613,15 @@ def _create(opts, pg_options):
         world = _init_world(opts.store, opts.group_rank, opts.group_size, options, opts.timeout,
                             members=None if everyone else ranks)
         return _world_backend(cls, world, opts)
-    want = options.config(None)
-    have = _world_config.rsplit(" timeout_ms=", 1)[0]
-    if want.rsplit(" timeout_ms=", 1)[0] != have:
-        raise GorunError("gorun new_group %s: options %r differ from gorun's world's (%s); deterministic and tcp "
-                         "are set once for the world (the first gorun group), only the timeout may differ"
-                         % (ranks, want.rsplit(" timeout_ms=", 1)[0], have), "GORUN_ERR_INVALID")
+    want, have = _world_settings(options.config(None)), _world_settings(_world_config)
+    if options.connect_timeout is None:
+        want.pop("connect_timeout_ms", None)
+        have.pop("connect_timeout_ms", None)
+    if want != have:
+        show = lambda d: " ".join("%s=%s" % kv for kv in sorted(d.items()))
+        raise GorunError("gorun new_group %s: options %r differ from gorun's world's (%s); deterministic, tcp and "
+                         "connect_timeout are set once for the world (the first gorun group), only the timeout may "
+                         "differ" % (ranks, show(want), show(have)), "GORUN_ERR_INVALID")
     members = _world_members
     if members is not None:
         outside = [r for r in ranks if r not in members]
@@ -1525,6 +1639,13 @@ def _create(opts, pg_options):
     ms = _timeout_ms(opts.timeout)
     return cls(h.value, opts.group_rank, opts.group_size, ranks, opts.timeout, opts.store,
                wait_ms=ms if ms and ms != _world_timeout_ms else 0)
+
+
+def _world_settings(cfg):
+    """A config string's world-wide settings (all but the timeout) as a dict."""
+    d = dict(kv.split("=", 1) for kv in cfg.split())
+    d.pop("timeout_ms", None)
+    return d
 
 
 def _shape(frame):

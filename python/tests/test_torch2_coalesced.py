@@ -177,22 +177,62 @@ def main():
             one_call("funcol all_reduce_coalesced %s SUM" % dtype, k)
             same(outs, ref, "funcol %s SUM" % str(dtype).split(".")[-1])
 
+    # The bench's shape (64 x 1 KiB) and mixed sizes: bitwise the results
+    # of the same tensors all-reduced one call at a time through gorun
+    # (fusion and the one-pass argument check change no bit, at any rank
+    # count), and the tensors are reduced in place.
+    for shape in ([256] * 64, [1, 0, 300, 256, 5000, 7] * 8):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = [torch.randn(k, generator=gen).to(dtype) for k in shape]
+            ref = [t.clone() for t in x]
+            for t in ref:
+                dist.all_reduce(t)
+            taken()
+            got = [t.clone() for t in x]
+            ids = [t.data_ptr() for t in got]
+            dist.all_reduce_coalesced(got)
+            one_call("all_reduce_coalesced of %d (%s)" % (len(shape), dtype), len(shape))
+            for i, (g, w) in enumerate(zip(got, ref)):
+                if not torch.equal(g.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                                   w.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)):
+                    raise AssertionError("all_reduce_coalesced of %d %s: tensors[%d] differs from one call at a "
+                                         "time: %s vs %s" % (len(shape), dtype, i, g[:4].tolist(), w[:4].tolist()))
+            if [t.data_ptr() for t in got] != ids:
+                raise AssertionError("all_reduce_coalesced replaced tensors instead of reducing them in place")
+
     # Bad arguments reaching the group (torch's function checks dtypes
     # itself; C++ callers and the coalescing manager do not): errors naming
-    # the call and the tensor, before anything is sent.
-    for args, err, words in (([torch.ones(2), torch.ones(2, dtype=torch.float64)], TypeError, "tensors[1]"),
-                             ([torch.ones(2), torch.ones(2, device="meta")], ValueError, "allreduce"),
-                             ([torch.ones(2), torch.ones(4)[::2]], ValueError, "tensors[1]")):
-        try:
-            pg.allreduce_coalesced(args)
-        except err as e:
-            if "allreduce_coalesced" not in str(e) or words not in str(e):
-                raise AssertionError("bad all_reduce_coalesced: %r does not name the call" % e)
-        else:
-            raise AssertionError("all_reduce_coalesced of %s returned" % [(t.dtype, t.device) for t in args])
-        calls, _ = taken()
-        if calls:
-            raise AssertionError("a refused all_reduce_coalesced reached the library: %s" % calls)
+    # the call and the tensor, before anything is sent. Each bad tensor sits
+    # among 64 good ones at the first, a middle and the last place, so that
+    # no position is skipped by the one-pass check.
+    def freed():
+        t = torch.ones(4)
+        t.untyped_storage().resize_(0)  # as FSDP frees a parameter's storage
+        return t
+
+    bad = (("float64", lambda: torch.ones(2, dtype=torch.float64), TypeError, "float64"),
+           ("meta", lambda: torch.ones(2, device="meta"), ValueError, "meta"),
+           ("strided view", lambda: torch.ones(4)[::2], ValueError, "not contiguous"),
+           ("transposed", lambda: torch.ones(3, 2).t(), ValueError, "not contiguous"),
+           ("sparse", lambda: torch.ones(2).to_sparse(), ValueError, "layout"),
+           ("complex", lambda: torch.ones(2, dtype=torch.complex64), TypeError, "complex64"),
+           ("not a tensor", lambda: [1.0, 2.0], TypeError, "not a tensor"),
+           ("freed storage", freed, ValueError, "no memory"))
+    for label, make, err, words in bad:
+        for at in (0, 31, 63):
+            args = [torch.ones(2) for _ in range(64)]
+            args[at] = make()
+            try:
+                pg.allreduce_coalesced(args)
+            except err as e:
+                if "allreduce_coalesced" not in str(e) or words not in str(e) or "tensors[%d]" % at not in str(e):
+                    raise AssertionError("bad all_reduce_coalesced (%s at %d): %r does not name the call, the "
+                                         "tensor and the fault" % (label, at, e))
+            else:
+                raise AssertionError("all_reduce_coalesced with %s at %d returned" % (label, at))
+            calls, _ = taken()
+            if calls:
+                raise AssertionError("a refused all_reduce_coalesced reached the library: %s" % calls)
     try:
         pg.allreduce_coalesced([])
     except ValueError as e:

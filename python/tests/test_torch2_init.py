@@ -106,10 +106,23 @@ def test_spawn_with_world_size_set_without_rank_under_gorun(launcher):
 
 def test_a_backend_per_device_gives_gorun_the_cpu_tensors(launcher):
     """init_process_group("cpu:gorun,cuda:gloo"): the group's CPU backend is
-    gorun's (on a machine with GPUs, "cpu:gorun,cuda:nccl" is the same)."""
+    gorun's (on a machine with GPUs, "cpu:gorun,cuda:nccl" is the same; on
+    one without, torch refuses that group at init: "nccl2 requires at least
+    one CUDA device"), receives from any source included."""
     code, out = run_gorun(launcher, 2, "mixed")
     assert code == 0, out[-6000:]
     ranks_ok(out, 2, "mixed")
+
+
+def test_a_receive_from_any_source_waits_for_a_sender_past_the_connect_timeout(launcher):
+    """One sender of three is silent for over twice the connect timeout
+    (3 s): its message is still received from any source, where the channel
+    used to be given up after the timeout and the message lost (a hang);
+    an explicit receive from a rank that never sends still fails with the
+    timeout. About 15 s."""
+    code, out = run_gorun(launcher, 4, "latesender")
+    assert code == 0, out[-6000:]
+    ranks_ok(out, 4, "late sender")
 
 
 def _params(out, np):

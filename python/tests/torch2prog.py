@@ -7,6 +7,7 @@ import datetime
 import os
 import sys
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -231,8 +232,81 @@ def case_mixed():
     w = dist.all_reduce(t, async_op=True)
     w.wait()
     check(t, torch.full((3,), float(n * (n - 1) // 2)), "cpu:gorun all_reduce")
+    any_source_per_device(rank, n)
     surface(rank, n)
     say("mixed ok")
+    dist.destroy_process_group()
+
+
+def any_source_per_device(rank, n):
+    """Receives from any source on a group with a backend per device. torch
+    hands a Python backend's Work back without its source rank, so
+    dist.recv without src is refused before it takes a message (naming the
+    way out), while dist.irecv without src receives the data."""
+    if rank == 0:
+        r = torch.zeros(3)
+        try:
+            dist.recv(r)
+        except ValueError as e:
+            if "recv from any source" not in str(e) or "src=" not in str(e):
+                raise AssertionError("dist.recv without src: %r does not name the call and the way out" % e)
+        else:
+            raise AssertionError("dist.recv without src on cpu:gorun returned, with no way to report the sender")
+        for src in range(1, n):  # nothing was taken: each sender's first message is still there
+            dist.recv(r, src=src)
+            check(r, torch.full((3,), float(src)), "recv from %d after the refused recv" % src)
+        got = []
+        for _ in range(1, n):
+            w = dist.irecv(r)
+            w.wait()
+            got.append(r[0].item())
+            try:
+                src = w._source_rank()
+            except RuntimeError as e:  # torch's holder of a Python backend's Work
+                assert "sourceRank" in str(e), e
+            else:
+                assert src == got[-1] - 10, (src, got)
+        assert sorted(got) == [10.0 + s for s in range(1, n)], got
+    else:
+        dist.send(torch.full((3,), float(rank)), 0)
+        dist.send(torch.full((3,), 10.0 + rank), 0)
+    dist.barrier()
+
+
+def case_late_sender():
+    """A receive from any source while one sender stays silent for longer
+    than the connect timeout (3 s here): the channel from that sender is
+    awaited again rather than given up, so its message, sent after twice the
+    timeout, is received; an explicit receive from a sender that never
+    comes still fails with the timeout, naming the channel."""
+    dist.init_process_group("gorun", pg_options=gorun.Options(connect_timeout=3))
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        r = torch.zeros(3)
+        if dist.recv(r) != 1:
+            raise AssertionError("the first receive from any source did not come from rank 1")
+        w = dist.irecv(r)  # rank 2's message, sent after 7 s
+        if not w.wait(datetime.timedelta(seconds=60)):
+            raise AssertionError("no message from rank 2")
+        check(r, torch.full((3,), 2.0), "the late sender's message")
+        if w._source_rank() != 2:
+            raise AssertionError("the late message came from %d" % w._source_rank())
+    elif rank == 1:
+        dist.send(torch.full((3,), 1.0), 0)
+        # rank 3 never sends to rank 1: its explicit receive times out
+        if n > 3:
+            try:
+                dist.recv(torch.zeros(1), src=3)
+            except RuntimeError as e:
+                if "3" not in str(e) or "timeout" not in str(e).lower() and "deadline" not in str(e):
+                    raise AssertionError("a receive from a sender that never comes: %r" % e)
+            else:
+                raise AssertionError("a receive from a sender that never comes returned")
+    elif rank == 2:
+        time.sleep(7)
+        dist.send(torch.full((3,), 2.0), 0)
+    dist.barrier()
+    say("late sender ok")
     dist.destroy_process_group()
 
 
@@ -289,4 +363,5 @@ def case_train():
 
 if __name__ == "__main__":
     {"surface": case_surface, "timeoutgroup": case_timeout_group, "reinit": case_reinit, "spawn": case_spawn,
-     "mixed": case_mixed, "train": case_train, "grouptimeout": case_group_timeout}[sys.argv[1]]()
+     "mixed": case_mixed, "train": case_train, "grouptimeout": case_group_timeout,
+     "latesender": case_late_sender}[sys.argv[1]]()
