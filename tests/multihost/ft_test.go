@@ -1,6 +1,7 @@
 package multihost
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -201,8 +202,16 @@ func TestFTLostHostSurvivorsContinue(t *testing.T) {
 			code := j.wait()
 			if tc == "cut-link" {
 				// The host comes back: its agent must have ended its
-				// rank on its own (its lease ran out).
+				// rank on its own (its lease ran out). The next tests
+				// want it answering ssh again.
 				restore(t, victim)
+				if !launchertest.WaitFor(30*time.Second, func() bool {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					return h.SSHCommand(ctx, victim, "true").Run() == nil
+				}) {
+					t.Errorf("%s does not answer ssh after its link came back", victim)
+				}
 			}
 			j.noSurvivors()
 			rep := j.parse()
