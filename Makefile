@@ -187,6 +187,10 @@ soak-verdicts: build lib ## no false frozen/lost verdict in 10 min at load >= 40
 bench-ft: build ## fault-tolerant dp vs --max-restarts from a checkpoint, Go trainer, 4 ranks, the same kills: total time to N steps, steps lost, kill -> training again, medians of 5
 	flock /tmp/gorun-bench.lock python3 scripts/bench_ft_go.py bin/gorun bin/trainer $(BENCH_FT_ARGS)
 
+.PHONY: bench-ft-hosts
+bench-ft-hosts: build ## a lost host's ranks taken over by a spare host, 4 namespace hosts (root), Go trainer: --fault-tolerant vs --max-restarts from a checkpoint, the replacement's join after its start and kill -> training again, medians of 5 (BENCH_FT_HOSTS_ARGS)
+	flock /tmp/gorun-bench.lock python3 scripts/bench_ft_hosts.py bin/gorun bin/trainer $(BENCH_FT_HOSTS_ARGS)
+
 # Fault-tolerant torch training: gorun.ft vs torchft 0.2.0 vs --max-restarts from a checkpoint
 .PHONY: venv-torchft bench-ft-torch soak-ft-torch
 venv-torchft: venv ## add torchft 0.2.0 (the fault-tolerance anchor) to $(GORUN_VENV), keeping its torch; a no-op when it is there

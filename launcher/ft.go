@@ -3,6 +3,7 @@ package launcher
 import (
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -51,6 +52,39 @@ type FTReport struct {
 	// or a replacement would be pointless (a deterministic failure, or no
 	// live rank left to heal from).
 	Exhausted string `json:"exhausted,omitempty"`
+	// LostHosts lists every host lost while the job ran (its agent gone
+	// or its link silent past the lease), in order.
+	LostHosts []FTHostLoss `json:"lost_hosts,omitempty"`
+}
+
+// FTHostLoss is one host lost in a fault-tolerant job and what came of
+// it. Times are seconds from the job's start.
+type FTHostLoss struct {
+	Host string  `json:"host"`
+	At   float64 `json:"at_s"`
+	Why  string  `json:"why"`
+	// Ranks are the host's ranks that were running when it was lost;
+	// Retired every rank taken out of the job with it: those, and the
+	// other ranks of their replica groups (--fault-tolerant-group),
+	// killed on their own hosts. A retired rank is not started again.
+	Ranks   []int `json:"ranks"`
+	Retired []int `json:"retired"`
+	// Step is the job's last committed step when the host was lost: the
+	// survivors go on from it, rolling nothing back.
+	Step int64 `json:"step"`
+	// Participants is the first quorum formed after the loss (the
+	// survivors' membership change); empty when none formed (the job
+	// ended, or the survivors had finished).
+	Participants []int `json:"participants_after,omitempty"`
+	// Uncommitted counts the steps the survivors computed in the quorum
+	// before that one (the host's ranks were in it) and threw away: the
+	// steps the loss cost them. Committed steps are never rolled back.
+	Uncommitted int `json:"uncommitted_steps"`
+	// Spare is the spare host its ranks were started on, if any.
+	Spare string `json:"spare,omitempty"`
+	// Action is "survivors continue" (its groups retired), "replaced on
+	// spare host S" or "job ended".
+	Action string `json:"action"`
 }
 
 // FTFailure is one rank failure and what came of it. Times are seconds
@@ -81,6 +115,9 @@ type FTFailure struct {
 	// job's last step had finished: it was told so (ErrFinished) and had
 	// nothing to heal into.
 	FoundFinished bool `json:"found_finished,omitempty"`
+	// Host is set for a rank lost with its host (FTReport.LostHosts):
+	// the host's name.
+	Host string `json:"host,omitempty"`
 	// own is the failure's own code (ownFailure).
 	own int
 }
@@ -101,6 +138,15 @@ type ftRun struct {
 	// awaited before the group starts again whole.
 	group int
 	dying map[int]bool
+	// retired holds the ranks taken out for good with a lost host (and
+	// the others of their replica groups): never started again; hosts
+	// are those losses, in order.
+	retired   map[int]bool
+	hosts     []FTHostLoss
+	lostNodes map[int]bool
+	// takeSpare moves a lost node's ranks to a spare host and starts
+	// them there (hostsRun.takeSpare); nil when the job has no hosts.
+	takeSpare func(node int) (string, bool)
 }
 
 // startFT starts the quorum service of a job with the given identity.
@@ -114,7 +160,7 @@ func startFT(job Job, jobID, secretHex, addr string, cfg Config) (*ftRun, error)
 		return nil, fmt.Errorf("launcher: job secret: %w", err)
 	}
 	f := &ftRun{maxFailures: job.MaxFailures, start: start, inc: map[int]int{}, srvStart: time.Now(), failures: []FTFailure{},
-		group: max(job.FTGroupSize, 1), dying: map[int]bool{}}
+		group: max(job.FTGroupSize, 1), dying: map[int]bool{}, retired: map[int]bool{}}
 	if f.start.IsZero() {
 		f.start = f.srvStart
 	}
@@ -187,8 +233,8 @@ func (f *ftRun) exited(j *liveJob, ev wire.Event) bool {
 	}
 	f.srv.Lost(ev.Rank, inc, why)
 	end := f.pointless(ev.Rank, inc, ownFailure(ev), why)
-	if end == "" && len(f.failures) >= f.maxFailures {
-		end = fmt.Sprintf("rank %d %s, failure %d of a budget of %d (--max-failures)", ev.Rank, why, len(f.failures)+1, f.maxFailures)
+	if end == "" && f.used() >= f.maxFailures {
+		end = fmt.Sprintf("rank %d %s, failure %d of a budget of %d (--max-failures)", ev.Rank, why, f.used()+1, f.maxFailures)
 	}
 	if end != "" {
 		rec.Action = "job ended"
@@ -278,7 +324,9 @@ func (f *ftRun) pointless(r, inc, code int, why string) string {
 }
 
 // respawnGroupIfGone starts the next incarnation of rank r's replica group
-// (rank r alone without groups) once none of its ranks is still dying.
+// (rank r alone without groups) once none of its ranks is still dying. A
+// group retired with a lost host is not started again: its ranks' kept
+// pipes are released instead, so that their supervisors can finish.
 func (f *ftRun) respawnGroupIfGone(j *liveJob, r int) {
 	lo := r / f.group * f.group
 	for q := lo; q < lo+f.group; q++ {
@@ -286,9 +334,21 @@ func (f *ftRun) respawnGroupIfGone(j *liveJob, r int) {
 			return
 		}
 	}
+	if f.retired[r] {
+		for q := lo; q < lo+f.group; q++ {
+			if j.ranks[q].exited && !f.lostHere(j, q) {
+				j.home.commandNode(j.plan.Ranks[q].NodeRank, wire.Cmd{Op: "release", Ranks: []int{q}})
+			}
+		}
+		return
+	}
 	inc := 0
 	for q := lo; q < lo+f.group; q++ {
-		inc = max(inc, f.inc[q]+1)
+		if j.ranks[q].exited {
+			// Not a rank already started on a spare host with its
+			// group's next incarnation (ftspare.go).
+			inc = max(inc, f.inc[q]+1)
+		}
 	}
 	for q := lo; q < lo+f.group; q++ {
 		if !j.ranks[q].exited {
@@ -337,10 +397,21 @@ func (f *ftRun) finish(rep *Report, err error) error {
 			x.FoundFinished = x.FoundFinished || fin.Replica == x.Rank && fin.Incarnation == x.Incarnation+1
 		}
 	}
+	for i := range f.hosts {
+		h := &f.hosts[i]
+		if k := slices.IndexFunc(rec.Quorums, func(q ft.QuorumRecord) bool { return off+q.At >= h.At }); k >= 0 && h.Action != "job ended" {
+			h.Participants = rec.Quorums[k].Participants
+			if k > 0 {
+				for _, u := range rec.Uncommitted {
+					h.Uncommitted += btoi(u.Quorum == rec.Quorums[k-1].ID)
+				}
+			}
+		}
+	}
 	if rep != nil {
 		rep.FaultTolerance = &FTReport{
 			MaxFailures: f.maxFailures, Failures: f.failures, Quorum: rec, QuorumStart: off,
-			UncommittedSteps: len(rec.Uncommitted), Exhausted: f.exhausted,
+			UncommittedSteps: len(rec.Uncommitted), Exhausted: f.exhausted, LostHosts: f.hosts,
 		}
 	}
 	if err != nil && f.exhausted != "" {

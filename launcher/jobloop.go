@@ -687,6 +687,10 @@ func (j *liveJob) pmiAbort(ev wire.Event) {
 func (j *liveJob) hostLost(ev wire.Event) {
 	n := j.plan.Nodes[ev.Node]
 	j.log.Debug().Str("host", n.Name).Str("err", ev.Err).Msg("host lost")
+	if j.cfg.ft.hostLost(j, ev) {
+		j.supervisorGone() // only its replica groups are out (fthost.go)
+		return
+	}
 	for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
 		j.ranks[rk].exited = true
 		j.ranks[rk].stopped = false

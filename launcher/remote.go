@@ -39,7 +39,8 @@ import (
 // with hostsHome as its rankHome: the agents' events arrive on one
 // channel, commands go to every agent, and a host whose connection drops
 // or falls silent for the lease is "lost": its ranks count as failed and
-// the job ends.
+// the job ends (in a fault-tolerant job only its replica groups do, or a
+// spare host takes its ranks over: fthost.go, ftspare.go).
 
 func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (err error) {
 	prog := Program{Path: job.Argv[0], Argv: job.Argv}
@@ -61,7 +62,13 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 	if err != nil {
 		return err
 	}
-	m, err := newHostAgents(cfg, pre.Nodes)
+	nodes := pre.Nodes
+	if job.FaultTolerant {
+		// The hosts the plan leaves without ranks are spares (ftspare.go):
+		// their agents start with the job and wait, rankless.
+		nodes = append(slices.Clone(nodes), spareNodes(job.Hosts, pre)...)
+	}
+	m, err := newHostAgents(cfg, nodes)
 	if err != nil {
 		return err
 	}
@@ -143,9 +150,14 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 		return ea.run.abandon(ctx, err)
 	}
 	for node, c := range m.conns {
-		if !ea.run.launched[node] {
+		if node >= len(ea.run.plan.Nodes) {
+			ea.run.spares = append(ea.run.spares, c) // up, rankless, until a host is lost
+		} else if !ea.run.launched[node] {
 			ea.run.launch(c)
 		}
+	}
+	if job.FaultTolerant {
+		m.cfg.ft.takeSpare = ea.run.takeSpare
 	}
 	m.cfg.Logger.Info().Int("early", ea.early).Int("hosts", len(m.conns)).Msg("hosts whose ranks started before every host was up")
 	return ea.run.wait(ctx)
@@ -202,7 +214,7 @@ func (e *earlyStart) verdict(node int, c *hostConn, err error) error {
 		}
 	}
 	for n, hc := range e.up {
-		if !e.run.launched[n] && len(m.children[n]) == 0 {
+		if n < len(e.run.plan.Nodes) && !e.run.launched[n] && len(m.children[n]) == 0 {
 			e.run.launch(hc)
 			if len(e.up) < len(m.nodes) {
 				e.early++
@@ -239,6 +251,9 @@ type hostsRun struct {
 	// connWG owns two goroutines per launched host: its pinger and its
 	// connection's reader.
 	connWG sync.WaitGroup
+	// spares are the connections of a fault-tolerant job's spare hosts
+	// not taken yet (ftspare.go); the job loop's goroutine owns them.
+	spares []*hostConn
 }
 
 // rankSink is where a rank's output frames go: the connection reader
@@ -300,12 +315,6 @@ func (r *hostsRun) launch(c *hostConn) {
 	c.w.SetWriteTimeout(r.lease)
 	r.connWG.Go(func() { pinger(c.w, r.lease/4, r.quit) })
 	r.connWG.Go(func() {
-		defer func() {
-			for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
-				r.sinks[rk].out.Close()
-				r.sinks[rk].err.Close()
-			}
-		}()
 		err := m.readHost(c, n, r.lease, r.home.ch, r.quit, func(rank int, stream byte, data []byte) {
 			s := r.sinks[rank].out
 			if stream == 2 {
@@ -313,7 +322,14 @@ func (r *hostsRun) launch(c *hostConn) {
 			}
 			_, _ = s.Write(data)
 		})
-		if err != nil {
+		if err == nil {
+			// A lost host's sinks stay open: a spare host may take its
+			// ranks over (ftspare.go); teardown closes every sink.
+			for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
+				r.sinks[rk].out.Close()
+				r.sinks[rk].err.Close()
+			}
+		} else {
 			ev := wire.Event{Ev: "lost", Rank: n.FirstRank, Err: err.Error(), Node: c.node}
 			select {
 			case r.home.ch <- ev:
@@ -333,7 +349,7 @@ func (r *hostsRun) launch(c *hostConn) {
 	for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
 		// The plan was made when rank 0's host was up, perhaps before
 		// this one: its interface is known now (r.pc is start-up's).
-		plan.Ranks[rk].Env = plan.RankEnv(plan.Ranks[rk], r.pc)
+		plan.Ranks[rk].Env = m.cfg.ft.rankEnv(rk, plan.RankEnv(plan.Ranks[rk], r.pc))
 		ranks = append(ranks, wire.HostRank{Rank: rk, Env: withoutSecret(plan.Ranks[rk].Env), GPU: gpuOf(plan.Ranks[rk])})
 	}
 	if err := c.w.Send(wire.Msg{T: "spec", Ranks: ranks, PMI: r.pj}); err != nil {
@@ -407,18 +423,15 @@ func (r *hostsRun) abandon(ctx context.Context, cause error) error {
 func (r *hostsRun) teardown(reap bool) error {
 	defer r.out.Close()
 	close(r.quit)
-	for _, c := range r.home.conns {
+	for _, c := range append(r.home.conns, r.spares...) {
 		c.w.Close()
 	}
 	r.connWG.Wait()
-	for node, n := range r.plan.Nodes {
-		if r.launched[node] {
-			continue
-		}
-		for rk := n.FirstRank; rk < n.FirstRank+n.Ranks; rk++ {
-			r.sinks[rk].out.Close()
-			r.sinks[rk].err.Close()
-		}
+	// Every reader has returned: the sinks of hosts never launched, and
+	// of lost hosts (left open for a spare), close here.
+	for _, s := range r.sinks {
+		s.out.Close()
+		s.err.Close()
 	}
 	r.out.Wait()
 	if reap {

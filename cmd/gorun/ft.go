@@ -14,14 +14,23 @@ import (
 // replacement took to heal.
 func writeFTSummary(w io.Writer, r *launcher.FTReport) {
 	q := r.Quorum
+	// A lost host is one failure of the budget, whatever its ranks.
+	spent := len(r.LostHosts)
+	for _, f := range r.Failures {
+		if f.Host == "" {
+			spent++
+		}
+	}
 	fmt.Fprintf(w, "gorun: fault-tolerant: %d %s of a budget of %d; %d committed steps (up to step %d), %d uncommitted, %d %s, %d %s\n",
-		len(r.Failures), plural.Noun(len(r.Failures), "failure", "failures"), r.MaxFailures, q.Commits, q.MaxStep,
+		spent, plural.Noun(spent, "failure", "failures"), r.MaxFailures, q.Commits, q.MaxStep,
 		r.UncommittedSteps, len(q.Quorums), plural.Noun(len(q.Quorums), "quorum id", "quorum ids"),
 		len(q.Heals), plural.Noun(len(q.Heals), "heal", "heals"))
 	for _, f := range r.Failures {
 		var b strings.Builder
 		fmt.Fprintf(&b, "gorun:   rank %d (incarnation %d, pid %d) ", f.Rank, f.Incarnation, f.PID)
-		if f.Signal != "" {
+		if f.Host != "" {
+			fmt.Fprintf(&b, "lost with host %s", f.Host)
+		} else if f.Signal != "" {
 			fmt.Fprintf(&b, "killed by %s", f.Signal)
 		} else {
 			fmt.Fprintf(&b, "exited with code %d", f.Code)
@@ -37,10 +46,20 @@ func writeFTSummary(w io.Writer, r *launcher.FTReport) {
 			}
 		} else if f.FoundFinished {
 			b.WriteString(", which found the job finished (the others had left: nothing to heal into) and exited")
-		} else if f.Action == "replaced" {
+		} else if strings.HasPrefix(f.Action, "replaced") {
 			b.WriteString(", never healed")
 		}
 		fmt.Fprintln(w, b.String())
+	}
+	for _, h := range r.LostHosts {
+		fmt.Fprintf(w, "gorun:   host %s lost at %.3fs (%s) at step %d, %d uncommitted: %s", h.Host, h.At, h.Why, h.Step, h.Uncommitted, h.Action)
+		if len(h.Retired) > 0 {
+			fmt.Fprintf(w, "; retired ranks %v", h.Retired)
+		}
+		if len(h.Participants) > 0 {
+			fmt.Fprintf(w, "; the next quorum's participants %v", h.Participants)
+		}
+		fmt.Fprintln(w)
 	}
 	if r.Exhausted != "" {
 		fmt.Fprintf(w, "gorun:   the job was stopped: %s\n", r.Exhausted)

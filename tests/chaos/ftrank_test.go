@@ -70,6 +70,11 @@ func runFTRank() int {
 	// that never joins holds the row to its time bound).
 	whole := false
 	np := envInt("WORLD_SIZE", 0)
+	if os.Getenv(chaosFault) == "kill-host" {
+		// A lost host's rank (one per host in these rows) is retired,
+		// not replaced: the others are the whole job from then on.
+		np--
+	}
 	for st.iters < ftIters || !whole {
 		t0 := time.Now()
 		q, err := m.Quorum(ctx)
@@ -160,6 +165,17 @@ func equalResults(out string) []string {
 	}
 	if n, _ := strconv.Atoi(firstField(ms)); len(ms) > 0 && n < ftIters {
 		bad = append(bad, fmt.Sprintf("only %d iterations committed", n))
+	}
+	return bad
+}
+
+// survivedLostHost is equalResults plus gorun's summary: one host lost,
+// its rank retired, the survivors' next quorum without it, no heal.
+func survivedLostHost(out string) []string {
+	bad := equalResults(out)
+	if !regexp.MustCompile(`(?m)^gorun: fault-tolerant: 1 failure .* 0 heals$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^gorun:   host \S+ lost at .*, [01] uncommitted: survivors continue; retired ranks \[2\]; the next quorum's participants \[0 1\]$`).MatchString(out) {
+		bad = append(bad, "gorun's summary does not show the host lost, rank 2 retired and the survivors going on as [0 1]")
 	}
 	return bad
 }
