@@ -610,3 +610,92 @@ func TestStateLive(t *testing.T) {
 		_ = m.Close()
 	}
 }
+
+// TestGroupCommFailsWhenPeerGivesUp: a replica group's member blocked in a
+// group collective is released within moments when another member gives
+// the quorum up (its connect failed, so it asks for a quorum again),
+// instead of waiting for a call that member will never make; the next
+// quorum rebuilds the group's communicator on every member and works.
+func TestGroupCommFailsWhenPeerGivesUp(t *testing.T) {
+	sec, _ := hex.DecodeString(secretHex())
+	s, err := ft.NewServer(ft.ServerConfig{Addr: "127.0.0.1:0", JobID: "ftjob", Secret: sec, Replicas: 2, GroupSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ms := make([]*ft.Manager, 2)
+	for r := range ms {
+		env := replicaEnv(s, r, 2, 0)
+		env[ft.GroupSizeEnv] = "2"
+		if ms[r], err = ft.Join(ctx, testConfig(env)); err != nil {
+			t.Fatal(err)
+		}
+		defer ms[r].Close()
+	}
+	quorums := func(rs ...int) {
+		t.Helper()
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for _, r := range rs {
+			wg.Go(func() { _, errs[r] = ms[r].Quorum(ctx) })
+		}
+		wg.Wait()
+		for _, r := range rs {
+			if errs[r] != nil || ms[r].GroupComm() == nil {
+				t.Fatalf("rank %d: quorum: %v (group communicator %v)", r, errs[r], ms[r].GroupComm())
+			}
+		}
+	}
+	quorums(0, 1)
+	// Rank 0 enters the group's all-gather; rank 1 goes back to Quorum
+	// without voting, as it does when building a communicator failed.
+	gathered := make(chan error, 1)
+	go func() {
+		in, out := []float32{1}, make([]float32, 2)
+		gathered <- ms[0].GroupComm().AllGather(ctx, comm.Float32s(in), comm.Float32s(out)).Wait(ctx)
+	}()
+	time.Sleep(100 * time.Millisecond) // rank 0 is in the call
+	var wg sync.WaitGroup
+	var q1 ft.Quorum
+	var err1 error
+	wg.Go(func() { q1, err1 = ms[1].Quorum(ctx) })
+	start := time.Now()
+	select {
+	case err := <-gathered:
+		if !errors.Is(err, ft.ErrQuorumFailed) {
+			t.Errorf("rank 0's all-gather returned %v, want ft.ErrQuorumFailed", err)
+		}
+		t.Logf("rank 0 released %v after rank 1 gave the quorum up: %v", time.Since(start), err)
+	case <-time.After(5 * time.Second):
+		cancel() // release both, or the test waits for the bound
+		wg.Wait()
+		<-gathered
+		t.Fatal("rank 0 still blocked in the group all-gather 5 s after rank 1 gave the quorum up")
+	}
+	ms[0].ReportError(errors.New("the group's all-gather failed"))
+	if ok, err := ms[0].ShouldCommit(ctx); ok || err != nil {
+		t.Fatalf("rank 0: ShouldCommit = %v, %v; want false, nil", ok, err)
+	}
+	quorums(0)
+	wg.Wait()
+	if err1 != nil {
+		t.Fatalf("rank 1: quorum: %v", err1)
+	}
+	// Both rebuilt the group's communicator: an all-gather completes.
+	outs := make([][]float32, 2)
+	errs := make([]error, 2)
+	for r := range ms {
+		wg.Go(func() {
+			outs[r] = make([]float32, 2)
+			errs[r] = ms[r].GroupComm().AllGather(ctx, comm.Float32s([]float32{float32(r + 1)}), comm.Float32s(outs[r])).Wait(ctx)
+		})
+	}
+	wg.Wait()
+	for r := range ms {
+		if errs[r] != nil || !slices.Equal(outs[r], []float32{1, 2}) {
+			t.Errorf("rank %d: all-gather after the new quorum %d: %v %v, want [1 2]", r, q1.ID, outs[r], errs[r])
+		}
+	}
+}

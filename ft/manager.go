@@ -51,11 +51,12 @@ type Manager struct {
 	wg      sync.WaitGroup
 	step    atomic.Int64
 
-	// mu guards grp, failed, stepErr and closed: the reader fails the
-	// current group, ReportError records the step's error, from other
-	// goroutines than the training loop's.
+	// mu guards grp, ggrp, failed, stepErr and closed: the reader fails
+	// the current groups, ReportError records the step's error, from
+	// other goroutines than the training loop's.
 	mu      sync.Mutex
 	grp     *group           // the current quorum's group
+	ggrp    *group           // the replica group's, as of the quorum gc was built in
 	failed  map[int64]string // quorum ids the service failed, and why
 	stepErr error            // this step's failure on this replica
 	closed  bool
@@ -70,6 +71,7 @@ type Manager struct {
 	c        *comm.Comm
 	gc       *comm.Comm // the replica group's communicator (HSDP)
 	gkey     string     // the group's members it was built over
+	gqid     int64      // the quorum it was built in
 	qid      int64
 	round    int64
 	voteOwed bool
@@ -228,8 +230,10 @@ func (m *Manager) read() {
 			e := fmt.Errorf("%w: %w", ErrServiceLost, err)
 			m.svcErr.Store(&e)
 			m.mu.Lock()
-			if m.grp != nil {
-				m.grp.fail(e)
+			for _, g := range []*group{m.grp, m.ggrp} {
+				if g != nil {
+					g.fail(e)
+				}
 			}
 			m.mu.Unlock()
 			return
@@ -237,8 +241,10 @@ func (m *Manager) read() {
 		if msg.T == "fail" {
 			m.mu.Lock()
 			m.failed[msg.ID] = msg.Why
-			if m.grp != nil && m.grp.id == msg.ID {
-				m.grp.fail(fmt.Errorf("%w: quorum %d: %s", ErrQuorumFailed, msg.ID, msg.Why))
+			for _, g := range []*group{m.grp, m.ggrp} {
+				if g != nil && g.id == msg.ID {
+					g.fail(fmt.Errorf("%w: quorum %d: %s", ErrQuorumFailed, msg.ID, msg.Why))
+				}
 			}
 			m.mu.Unlock()
 		}
@@ -356,20 +362,14 @@ func (m *Manager) use(ctx context.Context, msg message) (Quorum, error) {
 	if msg.ID != m.qid || m.c == nil || m.c.Err() != nil {
 		q.Changed = true
 		m.dropComm()
-		g := newGroup(msg.ID, q.Rank, q.Participants)
-		m.mu.Lock()
-		m.grp = g
-		if why, ok := m.failed[msg.ID]; ok {
-			g.fail(fmt.Errorf("%w: quorum %d: %s", ErrQuorumFailed, msg.ID, why))
-		}
-		m.mu.Unlock()
-		c, err := m.connect(ctx, g)
+		g := m.track(&m.grp, newGroup(msg.ID, q.Rank, q.Participants))
+		c, err := m.connect(ctx, g, "ft/"+strconv.FormatInt(g.id, 10))
 		if err != nil {
 			return q, retry{err}
 		}
 		m.c, m.qid = c, msg.ID
 	}
-	if err := m.groupComm(ctx, q.Group); err != nil {
+	if err := m.groupComm(ctx, msg.ID, q.Group); err != nil {
 		return q, err
 	}
 	var sources, healers []int
@@ -401,9 +401,22 @@ func (m *Manager) use(ctx context.Context, msg message) (Quorum, error) {
 	return q, m.serveHeal(ctx, q, sources, healers)
 }
 
-// connect builds the communicator over g; a failure of g (a participant
-// died meanwhile) ends the wait at once.
-func (m *Manager) connect(ctx context.Context, g *group) (*comm.Comm, error) {
+// track makes g the group *slot names (the quorum's or the replica
+// group's), so that the reader fails it when the service fails its
+// quorum, and fails it at once if the service already did.
+func (m *Manager) track(slot **group, g *group) *group {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	*slot = g
+	if why, ok := m.failed[g.id]; ok {
+		g.fail(fmt.Errorf("%w: quorum %d: %s", ErrQuorumFailed, g.id, why))
+	}
+	return g
+}
+
+// connect builds the communicator over g with tag; a failure of g (a
+// participant died or gave up meanwhile) ends the wait at once.
+func (m *Manager) connect(ctx context.Context, g *group, tag string) (*comm.Comm, error) {
 	cctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -414,7 +427,7 @@ func (m *Manager) connect(ctx context.Context, g *group) (*comm.Comm, error) {
 		}
 	})
 	cc := m.cfg.Comm
-	cc.Logger, cc.Tag = m.cfg.Logger, "ft/"+strconv.FormatInt(g.id, 10)
+	cc.Logger, cc.Tag = m.cfg.Logger, tag
 	c, err := comm.New(cctx, g, m.ep, cc)
 	cancel()
 	wg.Wait()
@@ -427,10 +440,18 @@ func (m *Manager) connect(ctx context.Context, g *group) (*comm.Comm, error) {
 	return c, nil
 }
 
-// groupComm (re)builds the replica group's communicator when its members
-// changed (HSDP). The whole group is new then (gorun replaces it whole),
-// so every member builds it in the same Quorum.
-func (m *Manager) groupComm(ctx context.Context, members []Participant) error {
+// groupComm (re)builds the replica group's communicator (HSDP) when the
+// quorum id changed since it was built: the group is new (gorun replaces
+// it whole), or the previous quorum failed or was not committed, after
+// which its members may stand at different calls of the old communicator
+// (one gave up while another waits in an all-gather). Every member of a
+// group sees the same quorum ids, so all rebuild in the same Quorum; the
+// tag carries the id, so a connection left over from an attempt that
+// failed is never taken for the new one; and the communicator fails with
+// its quorum, so a member blocked in a group collective returns as soon as
+// a peer gives the quorum up, instead of waiting for a call that peer will
+// never make.
+func (m *Manager) groupComm(ctx context.Context, qid int64, members []Participant) error {
 	if m.gsize <= 1 {
 		return nil
 	}
@@ -445,7 +466,7 @@ func (m *Manager) groupComm(ctx context.Context, members []Participant) error {
 	if me < 0 || len(members) != m.gsize {
 		return fmt.Errorf("%w: replica group %v of quorum does not hold rank %d's %d ranks", ErrServiceLost, members, m.replica, m.gsize)
 	}
-	if key == m.gkey && m.gc != nil && m.gc.Err() == nil {
+	if qid == m.gqid && key == m.gkey && m.gc != nil && m.gc.Err() == nil {
 		return nil
 	}
 	if m.gc != nil {
@@ -453,14 +474,12 @@ func (m *Manager) groupComm(ctx context.Context, members []Participant) error {
 		_ = m.gc.Close()
 		m.gc = nil
 	}
-	g := newGroup(0, me, members)
-	cc := m.cfg.Comm
-	cc.Logger, cc.Tag = m.cfg.Logger, "ft-group/"+key
-	c, err := comm.New(ctx, g, m.ep, cc)
+	g := m.track(&m.ggrp, newGroup(qid, me, members))
+	c, err := m.connect(ctx, g, "ft-group/"+strconv.FormatInt(qid, 10)+"/"+key)
 	if err != nil {
-		return retry{fmt.Errorf("%w: connecting the replica group: %w", ErrQuorumFailed, err)}
+		return retry{fmt.Errorf("connecting the replica group: %w", err)}
 	}
-	m.gc, m.gkey = c, key
+	m.gc, m.gkey, m.gqid = c, key, qid
 	return nil
 }
 
