@@ -699,3 +699,75 @@ func TestGroupCommFailsWhenPeerGivesUp(t *testing.T) {
 		}
 	}
 }
+
+// TestNoVoteReleasesCollective: a replica whose step failed before a
+// collective (its own error, reported) votes no and asks for the next
+// quorum; a participant blocked in that collective, waiting for a call the
+// first will never make, is released within moments (the service fails
+// the quorum, not only the commit), and the next quorum works.
+func TestNoVoteReleasesCollective(t *testing.T) {
+	s := newServer(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ms := make([]*ft.Manager, 2)
+	for r := range ms {
+		var err error
+		if ms[r], err = ft.Join(ctx, testConfig(replicaEnv(s, r, 2, 0))); err != nil {
+			t.Fatal(err)
+		}
+		defer ms[r].Close()
+	}
+	quorums := func() {
+		t.Helper()
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for r := range ms {
+			wg.Go(func() { _, errs[r] = ms[r].Quorum(ctx) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	quorums()
+	reduced := make(chan error, 1)
+	go func() { reduced <- ms[1].AllReduce(ctx, []float32{1}, comm.Sum) }()
+	time.Sleep(100 * time.Millisecond) // replica 1 is in the call
+	ms[0].ReportError(errors.New("the data loader broke"))
+	if ok, err := ms[0].ShouldCommit(ctx); ok || err != nil {
+		t.Fatalf("replica 0: ShouldCommit = %v, %v; want false, nil", ok, err)
+	}
+	var wg sync.WaitGroup
+	var err0 error
+	wg.Go(func() { _, err0 = ms[0].Quorum(ctx) })
+	select {
+	case err := <-reduced:
+		if !errors.Is(err, ft.ErrQuorumFailed) {
+			t.Errorf("replica 1's all-reduce returned %v, want ft.ErrQuorumFailed", err)
+		}
+	case <-time.After(5 * time.Second):
+		cancel()
+		wg.Wait()
+		<-reduced
+		t.Fatal("replica 1 still blocked in the all-reduce 5 s after replica 0 voted no and asked for the next quorum")
+	}
+	if ok, err := ms[1].ShouldCommit(ctx); ok || err != nil {
+		t.Fatalf("replica 1: ShouldCommit = %v, %v; want false, nil", ok, err)
+	}
+	if _, err := ms[1].Quorum(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if err0 != nil {
+		t.Fatal(err0)
+	}
+	bufs := [][]float32{{1}, {2}}
+	errs := make([]error, 2)
+	for r := range ms {
+		wg.Go(func() { errs[r] = ms[r].AllReduce(ctx, bufs[r], comm.Sum) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil || bufs[0][0] != 3 || bufs[1][0] != 3 {
+		t.Fatalf("all-reduce in the next quorum: %v %v", bufs, err)
+	}
+}

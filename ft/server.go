@@ -305,7 +305,10 @@ func (s *Server) handle(m *member, msg message) {
 			if why == "" {
 				why = "an error"
 			}
-			s.decideLocked(false, fmt.Sprintf("replica %d reported %s", m.replica, why))
+			// Not only undecided: failed. The others may be blocked
+			// in a collective this replica will never join (it failed
+			// before it), and the next quorum needs them to ask.
+			s.failLocked(fmt.Sprintf("replica %d reported %s", m.replica, why))
 			return
 		}
 		if len(r.votes) == len(r.members) {
