@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -381,4 +382,104 @@ func runHSDPHostLoss(t *testing.T, h *testhosts.Netns, slots []int, np, victim i
 		t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", code, j.stdout.String(), j.stderr.String())
 	}
 	return j, rep
+}
+
+// TestFTHSDPStartUnderPacketLoss: HSDP replica groups that span hosts
+// ({0,1} on h1 and h2, {2,3} on h3 and h4) start while h2 drops a share
+// of its packets both ways (iptables' random match), as when the kernel's
+// neighbour table overflowed. The start-up must either complete or fail
+// with an error naming its cause within the test's bound: never a rank
+// waiting without end in a group collective for a peer that gave the
+// quorum up.
+func TestFTHSDPStartUnderPacketLoss(t *testing.T) {
+	h := requireHosts(t)
+	victim := h.Hosts[1]
+	// Half the packets for 12 s: enough that, on the code before the
+	// quorum was failed on a no vote and the replica group's
+	// communicator with it, one run in four hung.
+	const loss, lossFor = "0.5", 12 * time.Second
+	hf, err := h.WriteHostfile(t.TempDir(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := func(op, chain string) error {
+		out, err := exec.Command("ip", "netns", "exec", victim, "iptables", op, chain,
+			"-m", "statistic", "--mode", "random", "--probability", loss, "-j", "DROP").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("iptables %s %s on %s: %v: %s", op, chain, victim, err, out)
+		}
+		return nil
+	}
+	j := newFTHostJob(t, h, hf, 4, []string{"--fault-tolerant-group", "2"}, []string{"--mode", "hsdp"})
+	var mu sync.Mutex
+	on, off := false, false
+	drop := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if off {
+			return nil
+		}
+		for _, chain := range []string{"INPUT", "OUTPUT"} {
+			if err := rule("-I", chain); err != nil {
+				return err
+			}
+		}
+		on = true
+		return nil
+	}
+	lift := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if on {
+			for _, chain := range []string{"INPUT", "OUTPUT"} {
+				if err := rule("-D", chain); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+		on, off = false, true
+	}
+	defer lift()
+	if err := j.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The loss starts as the ranks start (rank 0 announces the model
+	// after joining the quorum service), so that the hosts' agents are
+	// up and what it hits is the ranks' start-up: the quorum service,
+	// the first quorum, the communicators.
+	if launchertest.WaitFor(time.Minute, func() bool { return strings.Contains(j.stdout.String(), "fault-tolerant hsdp") }) {
+		if err := drop(); err != nil {
+			t.Error(err)
+		}
+		timer := time.AfterFunc(lossFor, lift)
+		defer timer.Stop()
+	}
+	start := time.Now()
+	code := j.wait()
+	took := time.Since(start)
+	lift()
+	t.Logf("gorun exited %d %v after the loss began\nstderr:\n%s", code, took, j.stderr.String())
+	j.noSurvivors()
+	rep := j.parse()
+	// The loss lasts lossFor; a communicator that cannot be built gives
+	// up after ft's connect timeout (20 s), and its quorum is failed on
+	// every participant at once.
+	if bound := lossFor + 40*time.Second; took > bound {
+		t.Errorf("gorun took %v after the loss began, beyond %v", took, bound)
+	}
+	switch lh := rep.FaultTolerance.LostHosts; {
+	case code != 0:
+		if !strings.Contains(j.stderr.String(), victim) {
+			t.Fatalf("gorun exited %d without naming %s, the host that dropped packets\nstdout:\n%s", code, victim, j.stdout.String())
+		}
+	case len(lh) == 0:
+		j.survived([]int{0, 1, 2, 3}, []int{0, 2}, []int{1, 3})
+	default:
+		// The host's link was silent past its lease: its replica group
+		// was retired, and the other trained to the end.
+		if lh[0].Host != victim || !slices.Equal(lh[0].Retired, []int{0, 1}) {
+			t.Fatalf("lost hosts %+v, want %s with replica group {0,1}", lh, victim)
+		}
+		j.survived([]int{2, 3})
+	}
 }
