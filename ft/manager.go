@@ -485,8 +485,9 @@ func (m *Manager) groupComm(ctx context.Context, qid int64, members []Participan
 
 // GroupComm returns the replica group's communicator (HSDP, gorun
 // --fault-tolerant-group: the ranks of Quorum.Group, group rank = index
-// there); nil without groups. Built by Quorum, valid while the group
-// lives (its ranks are replaced together).
+// there); nil without groups. Built by Quorum whenever the quorum id
+// changes, valid until the next Quorum; its calls fail, as Comm's do,
+// when the quorum fails.
 func (m *Manager) GroupComm() *comm.Comm { return m.gc }
 
 // GroupSize returns the replica group size (1 without groups).
