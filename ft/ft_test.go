@@ -476,29 +476,9 @@ func TestStrangerRefused(t *testing.T) {
 // ranks at its place in every group, its Group its own group; the loss of
 // one rank takes its whole group out of the next quorum.
 func TestReplicaGroups(t *testing.T) {
-	sec, _ := hex.DecodeString(secretHex())
-	s, err := ft.NewServer(ft.ServerConfig{Addr: "127.0.0.1:0", JobID: "ftjob", Secret: sec, Replicas: 4, GroupSize: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ms := make([]*ft.Manager, 4)
-	for r := range ms {
-		env := replicaEnv(s, r, 4, 0)
-		env[ft.GroupSizeEnv] = "2"
-		if ms[r], err = ft.Join(ctx, testConfig(env)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	defer func() {
-		for _, m := range ms {
-			if m != nil {
-				m.Close()
-			}
-		}
-	}()
+	s, ms := joinGroups(ctx, t, 4, 2)
 	ids := func(ps []ft.Participant) []int {
 		var out []int
 		for _, p := range ps {
@@ -540,6 +520,28 @@ func TestReplicaGroups(t *testing.T) {
 	if rec := s.Record(); len(rec.Losses) != 2 {
 		t.Errorf("losses %+v, want ranks 1 and 0 (its group)", rec.Losses)
 	}
+}
+
+// joinGroups starts a service for n ranks in replica groups of size and
+// joins every rank; the test's cleanup closes them, then the service.
+func joinGroups(ctx context.Context, t *testing.T, n, size int) (*ft.Server, []*ft.Manager) {
+	t.Helper()
+	sec, _ := hex.DecodeString(secretHex())
+	s, err := ft.NewServer(ft.ServerConfig{Addr: "127.0.0.1:0", JobID: "ftjob", Secret: sec, Replicas: n, GroupSize: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ms := make([]*ft.Manager, n)
+	for r := range ms {
+		env := replicaEnv(s, r, n, 0)
+		env[ft.GroupSizeEnv] = strconv.Itoa(size)
+		if ms[r], err = ft.Join(ctx, testConfig(env)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ms[r].Close() })
+	}
+	return s, ms
 }
 
 // trainOpen runs n replicas of the toy for steps committed steps against s
@@ -617,23 +619,9 @@ func TestStateLive(t *testing.T) {
 // instead of waiting for a call that member will never make; the next
 // quorum rebuilds the group's communicator on every member and works.
 func TestGroupCommFailsWhenPeerGivesUp(t *testing.T) {
-	sec, _ := hex.DecodeString(secretHex())
-	s, err := ft.NewServer(ft.ServerConfig{Addr: "127.0.0.1:0", JobID: "ftjob", Secret: sec, Replicas: 2, GroupSize: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ms := make([]*ft.Manager, 2)
-	for r := range ms {
-		env := replicaEnv(s, r, 2, 0)
-		env[ft.GroupSizeEnv] = "2"
-		if ms[r], err = ft.Join(ctx, testConfig(env)); err != nil {
-			t.Fatal(err)
-		}
-		defer ms[r].Close()
-	}
+	_, ms := joinGroups(ctx, t, 2, 2)
 	quorums := func(rs ...int) {
 		t.Helper()
 		errs := make([]error, 2)
