@@ -212,10 +212,16 @@ type FaultReport struct {
 	// the job ended first.
 	Missed string `json:"missed,omitempty"`
 	// DetectedAt is when gorun saw the first failure after the injection
-	// in the same world (DetectedBy says which), TimeToDetect the gap.
+	// in the same world, TimeToDetect the gap. DetectedBy names that
+	// failure, or, when it was collateral (a rank that exited because it
+	// lost a peer), the first failure of its own that followed in the
+	// world: the victim's death can be reaped after a peer's reaction to
+	// it, and the record names the cause as the verdict does.
 	DetectedAt   *float64 `json:"detected_at_s,omitempty"`
 	DetectedBy   string   `json:"detected_by,omitempty"`
 	TimeToDetect *float64 `json:"time_to_detect_s,omitempty"`
+	// detectedCollateral: DetectedBy names a collateral failure so far.
+	detectedCollateral bool
 	// Noticed is, for each rank whose runtime reported failing because
 	// of a lost peer after the injection (in its world), when gorun had
 	// its report (At) and how long after the injection (After), whom it
@@ -366,16 +372,23 @@ func (w *worldRun) injected(ev wire.Event, t time.Time) *FaultReport {
 }
 
 // failed records the first failure gorun saw after each injection of this
-// world that has none yet.
-func (w *worldRun) failed(what string, t time.Time) {
+// world that has none yet, d being the detection of a batch that arrived
+// at t; a fault detected by a collateral failure so far is named by d
+// instead when d is a failure of its own.
+func (w *worldRun) failed(d failure, t time.Time) {
 	if w == nil {
 		return
 	}
+	what := d.String()
 	for id := range w.rep.pending {
 		f := &w.rep.Faults[w.rep.byID[id]]
 		if f.DetectedAt != nil {
+			if f.detectedCollateral && !d.collateral {
+				f.DetectedBy, f.detectedCollateral = what, false
+			}
 			continue
 		}
+		f.detectedCollateral = d.collateral
 		from := f.InjectedAt
 		if from == nil {
 			// A killed host's agent may die before relaying the
