@@ -196,20 +196,21 @@ type sockFigures struct {
 	umsg, uconn         time.Duration // on a Unix stream (attach streams)
 }
 
-// measureSocketsOnce measures each figure once against one peer.
-func measureSocketsOnce(pingBytes, frameBytes int) (sockFigures, error) {
+// measureSocketsOnce measures each figure once against one peer, over
+// rounds rounds each.
+func measureSocketsOnce(rounds, pingBytes, frameBytes int) (sockFigures, error) {
 	var f sockFigures
 	p, err := startSockPeer()
 	if err != nil {
 		return f, err
 	}
 	defer p.stop()
-	idle, err := p.both(sockRounds, func() error { return nil })
+	idle, err := p.both(rounds, func() error { return nil })
 	if err != nil {
 		return f, err
 	}
 	per := func(cpu time.Duration, msgs int) time.Duration {
-		return max(cpu-idle, 0) / time.Duration(sockRounds*msgs)
+		return max(cpu-idle, 0) / time.Duration(rounds*msgs)
 	}
 	u, err := net.Dial("udp4", p.udp)
 	if err != nil {
@@ -217,7 +218,7 @@ func measureSocketsOnce(pingBytes, frameBytes int) (sockFigures, error) {
 	}
 	defer u.Close()
 	ping, buf := make([]byte, pingBytes), make([]byte, sockBig)
-	cpu, err := p.both(sockRounds, func() error {
+	cpu, err := p.both(rounds, func() error {
 		if _, err := u.Write(ping); err != nil {
 			return err
 		}
@@ -243,18 +244,18 @@ func measureSocketsOnce(pingBytes, frameBytes int) (sockFigures, error) {
 			return 0, 0, 0, err
 		}
 		defer t.Close()
-		cpu, err := p.both(sockRounds, func() error { return exchange(t, frame) })
+		cpu, err := p.both(rounds, func() error { return exchange(t, frame) })
 		if err != nil {
 			return 0, 0, 0, fmt.Errorf("%s round: %w", network, err)
 		}
 		msg = per(cpu, 2)
 		if withBig {
-			if cpu, err = p.both(sockRounds, func() error { return exchange(t, big) }); err != nil {
+			if cpu, err = p.both(rounds, func() error { return exchange(t, big) }); err != nil {
 				return 0, 0, 0, fmt.Errorf("%s %d B round: %w", network, sockBig, err)
 			}
 			bg = per(cpu, 2)
 		}
-		cpu, err = p.both(sockRounds, func() error {
+		cpu, err = p.both(rounds, func() error {
 			c, err := net.Dial(network, addr)
 			if err != nil {
 				return err
@@ -279,7 +280,7 @@ func measureSocketsOnce(pingBytes, frameBytes int) (sockFigures, error) {
 func measureSocketCosts(c *sim.Costs, runs int, logf func(string, ...any)) error {
 	var all []sockFigures
 	for range runs {
-		f, err := measureSocketsOnce(c.PingBytes, c.TableEntryBytes)
+		f, err := measureSocketsOnce(sockRounds, c.PingBytes, c.TableEntryBytes)
 		if err != nil {
 			return fmt.Errorf("socket costs: %w", err)
 		}
