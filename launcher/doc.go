@@ -29,10 +29,10 @@
 //     one RankSpec per rank and its full environment (rankenv names). Host
 //     lists come from launcher/hostfile; plan.ResolveExports turns -x
 //     values into NAME=VALUE.
-//   - Edges (local.go, ports.go, gpus.go): which names are this machine,
-//     job identity, two kernel-chosen free ports held until the ranks start,
-//     GPU count from launcher.GPUProbe (the CUDA driver in gorun).
-//   - Limits (capacity.go): a rank count is refused before anything is
+//   - Edges (local.go, gpus.go, package launcher/ports): which names are
+//     this machine, job identity, two free ports held until the ranks
+//     start, GPU count from launcher.GPUProbe (the CUDA driver in gorun).
+//   - Limits (package launcher/limits): a rank count is refused before anything is
 //     allocated for it when it exceeds MaxRanks or a limit of the machine
 //     that would run it (descriptors, processes, the cgroup's pids), on
 //     the launching machine for a local job and in each host's hello for
@@ -127,7 +127,14 @@
 //   - launcher/plan: the plan (Plan, RankSpec, New, Config, Node,
 //     ResolveExports, MergeEnv) and its limits and errors (MaxRanks,
 //     SlotsError, CapacityError); pure. Plan and RankSpec stay here as
-//     aliases (plan.go); the machine's limits stay here (capacity.go).
+//     aliases (plan.go).
+//   - launcher/ports: the two ports a job's rank 0 needs (Reserve), held
+//     bound until the ranks start (Reservation.Release); the launcher
+//     reserves them for a local job and a host agent for its host.
+//   - launcher/limits: the limits of a machine that a rank count meets
+//     (Machine, Read) and the refusal of a count they cannot serve
+//     (Check, pure); gorun checks this machine for a local job, a host
+//     agent its own host.
 //   - launcher/supervisor: the per-job supervisor, the process that is the
 //     parent of one host's ranks, and its client (Start, Client, Pipes),
 //     with what only it does: containment (the /proc walks, the job
@@ -141,7 +148,7 @@
 //
 // Still in this package, in the order a later split would take them: the
 // host agent and host start-up, and elastic restarts. The edges the plan's
-// caller needs (ports.go, local.go, gpus.go) stay with the launcher, which
+// caller needs (local.go, gpus.go) stay with the launcher, which
 // owns I/O. The host agent (hostagent.go) is not a leaf yet: it uses the
 // flight recorder's agent side (flight.go), preloads' receiving side
 // (preload.go), the machine's limits (capacity.go), the program checks

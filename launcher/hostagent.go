@@ -25,6 +25,8 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/internal/liveness"
+	"github.com/gorun-hpc/gorun/launcher/limits"
+	"github.com/gorun-hpc/gorun/launcher/ports"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/netif"
@@ -215,11 +217,11 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 			job = &j
 		}
 	}
-	hello, ports := prepareHost(o, job, c, len(need) > 0)
-	defer ports.Release()
+	hello, reserved := prepareHost(o, job, c, len(need) > 0)
+	defer reserved.Release()
 	if placeErr != nil && hello.Err == "" {
 		hello.Err, hello.ErrKind = "preload: "+placeErr.Error(), "preload"
-		ports.Release()
+		reserved.Release()
 	}
 	hello.Need = need
 	if err := w.Send(wire.Msg{T: "hello", Hello: &hello}); err != nil {
@@ -255,7 +257,7 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 		}
 		break
 	}
-	ports.Release()
+	reserved.Release()
 	return relay(w, job, hello, specWithSecret(m.Ranks, key), m.PMI, log, stderr)
 }
 
@@ -345,7 +347,7 @@ func (k *children) stop(d time.Duration) {
 
 // prepareHost checks what this host needs before any rank starts: the
 // interface, the program, two free ports.
-func prepareHost(o HostAgentOptions, job *wire.Job, c net.Conn, programComing bool) (wire.Hello, *PortReservation) {
+func prepareHost(o HostAgentOptions, job *wire.Job, c net.Conn, programComing bool) (wire.Hello, *ports.Reservation) {
 	h := wire.Hello{Version: o.Version, PID: os.Getpid()}
 	h.Hostname, _ = os.Hostname()
 	var choice netif.Choice
@@ -367,8 +369,8 @@ func prepareHost(o HostAgentOptions, job *wire.Job, c net.Conn, programComing bo
 	h.Iface, h.Addr, h.Why = choice.Name, choice.Addr.String(), choice.Why
 	if job.Ranks > 0 {
 		// This host's limits, not the launching machine's, decide
-		// whether its ranks can start (capacity.go).
-		if err := checkLocalCapacity(job.Ranks, readLocalLimits()); err != nil {
+		// whether its ranks can start (launcher/limits).
+		if err := limits.Check(job.Ranks, limits.Read()); err != nil {
 			h.Err, h.ErrKind = strings.TrimPrefix(err.Error(), "launcher: "), "capacity"
 			return h, nil
 		}
@@ -391,13 +393,13 @@ func prepareHost(o HostAgentOptions, job *wire.Job, c net.Conn, programComing bo
 		return h, nil
 	}
 	h.Program = prog
-	ports, err := ReservePorts()
+	reserved, err := ports.Reserve()
 	if err != nil {
 		h.Err, h.ErrKind = err.Error(), "ports"
 		return h, nil
 	}
-	h.MasterPort, h.RdzvPort = ports.MasterPort, ports.RdzvPort
-	return h, ports
+	h.MasterPort, h.RdzvPort = reserved.MasterPort, reserved.RdzvPort
+	return h, reserved
 }
 
 // rankDir is dir when it exists on this host, else the home directory.

@@ -19,7 +19,9 @@ import (
 
 	"github.com/gorun-hpc/gorun/hostlist"
 	"github.com/gorun-hpc/gorun/launcher/fault"
+	"github.com/gorun-hpc/gorun/launcher/limits"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/ports"
 )
 
 // Launch is the one entry point above both ways a job runs. It decides
@@ -164,7 +166,7 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 	}
 	// Before anything is allocated per rank: an absurd count must not
 	// grow the plan until the machine runs out of memory.
-	if err := checkLocalCapacity(localRanks(job), readLocalLimits()); err != nil {
+	if err := limits.Check(localRanks(job), limits.Read()); err != nil {
 		var ce *plan.CapacityError
 		if errors.As(err, &ce) && ce.Resource == "ranks" && job.NP == 0 {
 			ce.FromSlots = true
@@ -200,11 +202,11 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 			err = fr.finish(rep, err)
 		}()
 	}
-	ports, err := ReservePorts()
+	reserved, err := ports.Reserve()
 	if err != nil {
 		return err
 	}
-	defer ports.Release()
+	defer reserved.Release()
 	pl, err := plan.New(plan.Config{
 		NP: job.NP, Hosts: job.Hosts, Oversubscribe: job.Oversubscribe,
 		GPUsPerHost: job.GPUsPerHost, Export: job.Export,
@@ -212,7 +214,7 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 		// Every host is this machine, so loopback reaches rank 0 whatever
 		// name the user wrote.
 		MasterAddr: "127.0.0.1",
-		MasterPort: ports.MasterPort, RdzvPort: ports.RdzvPort,
+		MasterPort: reserved.MasterPort, RdzvPort: reserved.RdzvPort,
 		NoPMI: cfg.PMI == PMINone,
 	})
 	if err != nil {
@@ -224,7 +226,7 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 	cfg.Logger.Info().Str("job", pl.JobID).Int("world", pl.WorldSize).Int("nodes", len(pl.Nodes)).
 		Str("master", pl.MasterEndpoint()).Str("rdzv", pl.RdzvEndpoint).
 		Str("program", path).Msg("launching")
-	return RunLocal(ctx, cfg, pl, Program{Path: path, Argv: job.Argv}, ports)
+	return RunLocal(ctx, cfg, pl, Program{Path: path, Argv: job.Argv}, reserved)
 }
 
 // localRanks is how many ranks a local job asks for: -np, else the slots of
