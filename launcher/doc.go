@@ -32,11 +32,11 @@
 //   - Edges (local.go, gpus.go, package launcher/ports): which names are
 //     this machine, job identity, two free ports held until the ranks
 //     start, GPU count from launcher.GPUProbe (the CUDA driver in gorun).
-//   - Limits (package launcher/limits): a rank count is refused before anything is
-//     allocated for it when it exceeds MaxRanks or a limit of the machine
-//     that would run it (descriptors, processes, the cgroup's pids), on
-//     the launching machine for a local job and in each host's hello for
-//     a multi-host one.
+//   - Limits (package launcher/limits): a rank count is refused before
+//     anything is allocated for it when it exceeds MaxRanks or a limit of
+//     the machine that would run it (descriptors, processes, the cgroup's
+//     pids), on the launching machine for a local job and in each host's
+//     hello for a multi-host one.
 //   - The job loop (jobloop.go) is the one event loop of every job:
 //     jobLoop.run is begin, a loop of next, and verdict over a liveJob,
 //     the job's state, whose methods are the named steps (onEvent and one
@@ -135,6 +135,10 @@
 //     (Machine, Read) and the refusal of a count they cannot serve
 //     (Check, pure); gorun checks this machine for a local job, a host
 //     agent its own host.
+//   - launcher/program: the checks a rank program passes before any rank
+//     starts (Resolve, as a shell finds a program; CheckOpenMPI, which
+//     refuses a program linked against Open MPI) and their error,
+//     program.Error.
 //   - launcher/supervisor: the per-job supervisor, the process that is the
 //     parent of one host's ranks, and its client (Start, Client, Pipes),
 //     with what only it does: containment (the /proc walks, the job
@@ -149,12 +153,12 @@
 // Still in this package, in the order a later split would take them: the
 // host agent and host start-up, and elastic restarts. The edges the plan's
 // caller needs (local.go, gpus.go) stay with the launcher, which
-// owns I/O. The host agent (hostagent.go) is not a leaf yet: it uses the
-// flight recorder's agent side (flight.go), preloads' receiving side
-// (preload.go), the machine's limits (capacity.go), the program checks
-// (ResolveProgram, mpilib.go), port reservation (ports.go), doctor's agent
-// side (doctor.go), starter.go's tailBuffer and pmi.go's scrubLaunchEnv,
-// which would become leaves, or move with it, first. agentauth.go (gorun's
+// owns I/O. The host agent (hostagent.go) is not a leaf yet: besides the
+// leaves it uses already (launcher/limits, launcher/ports,
+// launcher/program), it uses the flight recorder's agent side (flight.go),
+// preloads' receiving side (preload.go), doctor's agent side (doctor.go),
+// starter.go's tailBuffer and pmi.go's scrubLaunchEnv, which would become
+// leaves, or move with it, first. agentauth.go (gorun's
 // accept of an agent) and sshkex.go (the ssh starter's options) are host
 // start-up's, not the agent's.
 //

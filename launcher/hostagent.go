@@ -27,6 +27,7 @@ import (
 	"github.com/gorun-hpc/gorun/internal/liveness"
 	"github.com/gorun-hpc/gorun/launcher/limits"
 	"github.com/gorun-hpc/gorun/launcher/ports"
+	"github.com/gorun-hpc/gorun/launcher/program"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/netif"
@@ -375,17 +376,17 @@ func prepareHost(o HostAgentOptions, job *wire.Job, c net.Conn, programComing bo
 			return h, nil
 		}
 	}
-	prog, err := ResolveProgram(job.Program, rankDir(job.Dir))
+	prog, err := program.Resolve(job.Program, rankDir(job.Dir))
 	if programComing && job.Program != "" && filepath.IsAbs(job.Program) {
 		// Preloaded: it arrives before the ranks start.
 		prog, err = job.Program, nil
 	}
 	if err == nil && !job.NoPMI && !programComing {
-		// Open MPI would form one singleton per rank (mpilib.go).
-		err = checkMPILibrary(job.Program, prog)
+		// Open MPI would form one singleton per rank (launcher/program).
+		err = program.CheckOpenMPI(job.Program, prog)
 	}
 	if err != nil {
-		var pe *ProgramError
+		var pe *program.Error
 		if errors.As(err, &pe) {
 			err = pe.Err
 		}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/connlimit"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/program"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/netif"
@@ -579,7 +580,7 @@ func (m *hostAgents) checkHello(node int, h wire.Hello) error {
 	if h.Err != "" {
 		switch h.ErrKind {
 		case "program":
-			return &HostError{Host: host, Op: "check program", Err: &ProgramError{Program: m.prog.Path, Err: errors.New(h.Err)}}
+			return &HostError{Host: host, Op: "check program", Err: &program.Error{Program: m.prog.Path, Err: errors.New(h.Err)}}
 		case "iface":
 			return &HostError{Host: host, Op: "choose interface", Err: errors.New(h.Err)}
 		case "capacity":

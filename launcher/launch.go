@@ -5,23 +5,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/gorun-hpc/gorun/hostlist"
 	"github.com/gorun-hpc/gorun/launcher/fault"
 	"github.com/gorun-hpc/gorun/launcher/limits"
 	"github.com/gorun-hpc/gorun/launcher/plan"
 	"github.com/gorun-hpc/gorun/launcher/ports"
+	"github.com/gorun-hpc/gorun/launcher/program"
 )
 
 // Launch is the one entry point above both ways a job runs. It decides
@@ -109,7 +103,7 @@ func Launch(ctx context.Context, cfg Config, job Job) error {
 // per host and runs the job through them. The error is nil when every rank
 // of the last world exited 0; otherwise it is the last world's: one of
 // *RankExitError, *StartError, *TimeoutError, *InterruptedError,
-// *ProgramError, *plan.SlotsError, *plan.CapacityError, *SupervisorError,
+// *program.Error, *plan.SlotsError, *plan.CapacityError, *SupervisorError,
 // *HostError, *VersionError, *HostLostError, *MPIError, *FrozenError,
 // *output.LostError (every rank succeeded but a log file lost output),
 // *fault.SpecError, or a configuration or context error. The report is
@@ -173,13 +167,13 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 		}
 		return err
 	}
-	path, err := ResolveProgram(job.Argv[0], cfg.Dir)
+	path, err := program.Resolve(job.Argv[0], cfg.Dir)
 	if err != nil {
 		return err
 	}
 	if cfg.PMI != PMINone {
-		// Open MPI would form one singleton per rank (mpilib.go).
-		if err := checkMPILibrary(job.Argv[0], path); err != nil {
+		// Open MPI would form one singleton per rank (launcher/program).
+		if err := program.CheckOpenMPI(job.Argv[0], path); err != nil {
 			return err
 		}
 	}
@@ -247,46 +241,11 @@ func localRanks(job Job) int {
 
 // Program is the resolved program every rank runs.
 type Program struct {
-	// Path is the executable's path (see ResolveProgram).
+	// Path is the executable's path (see program.Resolve).
 	Path string
 	// Argv is the argument list, Argv[0] as the user wrote it.
 	Argv []string
 }
-
-// ResolveProgram finds the executable for name the way a shell does: a name
-// with a slash is a path (relative to dir when dir is set), other names are
-// looked up in PATH. Anything that could not be executed is a *ProgramError,
-// found before any rank starts.
-func ResolveProgram(name, dir string) (string, error) {
-	if name == "" {
-		return "", &ProgramError{Program: name, Err: errors.New("empty program name")}
-	}
-	if !containsSlash(name) {
-		p, err := exec.LookPath(name)
-		if err != nil {
-			return "", &ProgramError{Program: name, Err: errors.New("command not found in PATH")}
-		}
-		return p, nil
-	}
-	p := name
-	if dir != "" && !filepath.IsAbs(p) {
-		p = filepath.Join(dir, p)
-	}
-	st, err := os.Stat(p)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return "", &ProgramError{Program: name, Err: errors.New("no such file")}
-	case err != nil:
-		return "", &ProgramError{Program: name, Err: err}
-	case st.IsDir():
-		return "", &ProgramError{Program: name, Err: errors.New("is a directory")}
-	case unix.Access(p, unix.X_OK) != nil || st.Mode()&0o111 == 0:
-		return "", &ProgramError{Program: name, Err: errors.New("permission denied (not executable)")}
-	}
-	return p, nil
-}
-
-func containsSlash(s string) bool { return strings.IndexByte(s, '/') >= 0 }
 
 // SlurmHosts reads the hosts of the SLURM allocation gorun runs in:
 // SLURM_JOB_NODELIST (a hostlist expression) zipped with

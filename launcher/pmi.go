@@ -51,7 +51,7 @@ import (
 //
 // The protocols are MPICH's PMI-1 and PMI-2 (a client picks by the version
 // it asks for); Open MPI needs PMIx, which gorun does not serve, and gorun
-// refuses Open MPI programs before any rank starts (mpilib.go).
+// refuses Open MPI programs before any rank starts (launcher/program).
 
 // PMIMode selects how ranks reach gorun's PMI server.
 type PMIMode string

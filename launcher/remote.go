@@ -18,6 +18,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/launcher/output"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/program"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/rankenv"
@@ -44,7 +45,7 @@ import (
 
 func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (err error) {
 	prog := Program{Path: job.Argv[0], Argv: job.Argv}
-	if containsSlash(prog.Path) && !filepath.IsAbs(prog.Path) {
+	if program.IsPath(prog.Path) && !filepath.IsAbs(prog.Path) {
 		dir := cfg.Dir
 		if dir == "" {
 			dir, _ = os.Getwd()
@@ -74,7 +75,7 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 	}
 	m.prog = prog
 	if cfg.PreloadBinary {
-		local, err := ResolveProgram(job.Argv[0], cfg.Dir)
+		local, err := program.Resolve(job.Argv[0], cfg.Dir)
 		if err != nil {
 			return err
 		}

@@ -71,7 +71,7 @@ type Job struct {
 	// otherwise every rank reads /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
 	// NoPMI says the ranks are not served PMI (--pmi none), so an Open
-	// MPI program is not refused (launcher/mpilib.go).
+	// MPI program is not refused (launcher/program).
 	NoPMI bool `json:"no_pmi,omitempty"`
 	// Flight asks the agent to give its ranks a flight-record directory
 	// and send gorun what they write there (launcher/flight.go).
