@@ -155,9 +155,10 @@
 // caller needs (local.go, gpus.go) stay with the launcher, which
 // owns I/O. The host agent (hostagent.go) is not a leaf yet: besides the
 // leaves it uses already (launcher/limits, launcher/ports,
-// launcher/program), it uses the flight recorder's agent side (flight.go),
-// preloads' receiving side (preload.go), doctor's agent side (doctor.go),
-// starter.go's tailBuffer and pmi.go's scrubLaunchEnv, which would become
+// launcher/program, internal/tailbuf for a starter's last words,
+// rankenv.WithoutOtherLaunchers for its ranks' base environment), it uses
+// the flight recorder's agent side (flight.go), preloads' receiving side
+// (preload.go) and doctor's agent side (doctor.go), which would become
 // leaves, or move with it, first. agentauth.go (gorun's
 // accept of an agent) and sshkex.go (the ssh starter's options) are host
 // start-up's, not the agent's.

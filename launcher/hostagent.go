@@ -25,6 +25,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/internal/liveness"
+	"github.com/gorun-hpc/gorun/internal/tailbuf"
 	"github.com/gorun-hpc/gorun/launcher/limits"
 	"github.com/gorun-hpc/gorun/launcher/ports"
 	"github.com/gorun-hpc/gorun/launcher/program"
@@ -292,7 +293,7 @@ func startChildren(launch []wire.ChildLaunch, secret string, w *wire.Conn, log z
 			argv = withFastKex(argv)
 		}
 		cmd := exec.Command(argv[0], argv[1:]...)
-		tail := &tailBuffer{}
+		tail := &tailbuf.Buffer{}
 		cmd.Stdout, cmd.Stderr = tail, tail
 		cmd.Stdin = strings.NewReader(secret + "\n")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -305,7 +306,7 @@ func startChildren(launch []wire.ChildLaunch, secret string, w *wire.Conn, log z
 			_ = cmd.Wait()
 			code := cmd.ProcessState.ExitCode()
 			log.Debug().Str("child", cl.Host).Int("code", code).Msg("child agent's launcher exited")
-			k.report(w, wire.ChildExit{Host: cl.Host, Code: code, Tail: tail.tail()})
+			k.report(w, wire.ChildExit{Host: cl.Host, Code: code, Tail: tail.Tail()})
 		})
 	}
 	return k
@@ -563,7 +564,7 @@ type agentRelay struct {
 // addRanks adds every rank to the supervisor's spec, with a pipe for
 // rank 0's stdin when gorun forwards it.
 func (r *agentRelay) addRanks(hello wire.Hello, flightEnv []string) error {
-	base := scrubLaunchEnv(filterEnv(os.Environ()))
+	base := rankenv.WithoutOtherLaunchers(filterEnv(os.Environ()))
 	for _, rr := range r.ranks {
 		stdinFD := -1
 		if rr.Rank == 0 && r.job.Stdin {

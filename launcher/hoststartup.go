@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/internal/connlimit"
+	"github.com/gorun-hpc/gorun/internal/tailbuf"
 	"github.com/gorun-hpc/gorun/launcher/plan"
 	"github.com/gorun-hpc/gorun/launcher/program"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
@@ -517,7 +518,7 @@ func (s *startup) timedOut() error {
 		if err == nil && !s.judged[i] {
 			err = s.judge(i, nil, &HostError{Host: m.nodes[i].Name, Op: "start agent",
 				Err:    fmt.Errorf("its agent did not connect within %s", s.timeout),
-				Detail: strings.TrimSpace(m.starterOf(i).stderr.tail() + "\n" + m.claimHint(m.nodes[i].Name))})
+				Detail: strings.TrimSpace(m.starterOf(i).stderr.Tail() + "\n" + m.claimHint(m.nodes[i].Name))})
 		}
 	}
 	return err
@@ -763,7 +764,7 @@ func (m *hostAgents) starterOf(node int) *starter {
 			}
 		}
 	}
-	return &starter{stderr: &tailBuffer{}}
+	return &starter{stderr: &tailbuf.Buffer{}}
 }
 
 // claimHint quotes an unauthenticated connection that claimed to be host's

@@ -18,6 +18,7 @@ import (
 	"github.com/gorun-hpc/gorun/launcher/ports"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
+	"github.com/gorun-hpc/gorun/rankenv"
 )
 
 // RunLocal executes a plan on this machine and returns when every rank and
@@ -100,7 +101,7 @@ func localBaseEnv(cfg Config, flight *flightRecords) []string {
 	if base == nil {
 		base = os.Environ()
 	}
-	base = scrubLaunchEnv(base)
+	base = rankenv.WithoutOtherLaunchers(base)
 	if v := flight.env(); v != "" {
 		base = mergeEnv(base, []string{v})
 	}
