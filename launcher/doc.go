@@ -75,7 +75,7 @@
 //     listens on the interface that routes to the hosts (netif), starts
 //     one host agent per host through the starters, waits for each to
 //     authenticate with the job secret (launcher/wire) and report its
-//     interface and ports, and sends the preloaded files (preload.go: zstd,
+//     interface and ports, and sends the preloaded files (launcher/preload: zstd,
 //     SHA-256, skipped when present). A job stops at the first host that fails;
 //     doctor.go records every host and then probes all pairs.
 //   - Multi-host run (remote.go, hostagent.go): gorun plans and sends each
@@ -139,6 +139,11 @@
 //     starts (Resolve, as a shell finds a program; CheckOpenMPI, which
 //     refuses a program linked against Open MPI) and their error,
 //     program.Error.
+//   - launcher/preload: moving files to the hosts before any rank starts,
+//     both sides: gorun's (Source, Send) and a host's (Place, Receive).
+//   - launcher/privdir: the directories private to this user that hold
+//     per-user state on a host (the preload cache, ssh control sockets):
+//     Make, UserState and privdir.Error.
 //   - launcher/supervisor: the per-job supervisor, the process that is the
 //     parent of one host's ranks, and its client (Start, Client, Pipes),
 //     with what only it does: containment (the /proc walks, the job
@@ -155,11 +160,11 @@
 // caller needs (local.go, gpus.go) stay with the launcher, which
 // owns I/O. The host agent (hostagent.go) is not a leaf yet: besides the
 // leaves it uses already (launcher/limits, launcher/ports,
-// launcher/program, internal/tailbuf for a starter's last words,
-// rankenv.WithoutOtherLaunchers for its ranks' base environment), it uses
-// the flight recorder's agent side (flight.go), preloads' receiving side
-// (preload.go) and doctor's agent side (doctor.go), which would become
-// leaves, or move with it, first. agentauth.go (gorun's
+// launcher/program, launcher/preload, internal/tailbuf for a starter's
+// last words, rankenv.WithoutOtherLaunchers for its ranks' base
+// environment), it uses the flight recorder's agent side (flight.go) and
+// doctor's agent side (doctor.go), which would become leaves, or move
+// with it, first. agentauth.go (gorun's
 // accept of an agent) and sshkex.go (the ssh starter's options) are host
 // start-up's, not the agent's.
 //

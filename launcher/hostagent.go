@@ -28,6 +28,7 @@ import (
 	"github.com/gorun-hpc/gorun/internal/tailbuf"
 	"github.com/gorun-hpc/gorun/launcher/limits"
 	"github.com/gorun-hpc/gorun/launcher/ports"
+	"github.com/gorun-hpc/gorun/launcher/preload"
 	"github.com/gorun-hpc/gorun/launcher/program"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
@@ -204,7 +205,7 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 	var need []string
 	var placeErr error
 	for _, f := range job.Preload {
-		path, present, err := preloadPlace(f, rankDir(job.Dir))
+		path, present, err := preload.Place(f, rankDir(job.Dir))
 		if err != nil {
 			placeErr = cmp.Or(placeErr, err)
 			continue
@@ -230,7 +231,7 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 		return err
 	}
 	if hello.Err == "" && len(need) > 0 {
-		if err := receivePreloads(w, job.Preload, paths, need); err != nil {
+		if err := preload.Receive(w, job.Preload, paths, need); err != nil {
 			return fmt.Errorf("preload: %w", err)
 		}
 	}

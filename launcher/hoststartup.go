@@ -21,6 +21,7 @@ import (
 	"github.com/gorun-hpc/gorun/internal/connlimit"
 	"github.com/gorun-hpc/gorun/internal/tailbuf"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/preload"
 	"github.com/gorun-hpc/gorun/launcher/program"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
@@ -77,7 +78,7 @@ type hostAgents struct {
 	viaParent map[string]*starter
 
 	// preload holds the files sent to every host before the ranks start.
-	preload []*preloadSource
+	preload []*preload.Source
 
 	// gate bounds the connections to ln still in their handshake.
 	gate *connlimit.Gate
@@ -668,7 +669,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 				Launch: m.children[node],
 			}
 			for _, s := range m.preload {
-				job.Preload = append(job.Preload, s.info)
+				job.Preload = append(job.Preload, s.Info)
 			}
 			job.Stdin = m.cfg.Stdin != nil
 			job.NoPMI = m.cfg.PMI == PMINone
@@ -693,7 +694,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 				// frames is what counts, not a fixed deadline.
 				_ = c.SetDeadline(time.Time{})
 				m.cfg.Logger.Debug().Str("host", host).Int("files", len(hm.Hello.Need)).Msg("preloading")
-				if err := sendPreloads(w, m.preload, hm.Hello.Need); err != nil {
+				if err := preload.Send(w, m.preload, hm.Hello.Need); err != nil {
 					c.Close()
 					results <- setupResult{node: node, err: &HostError{Host: host, Op: "preload", Err: err}}
 					return

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/launcher/output"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/preload"
 	"github.com/gorun-hpc/gorun/launcher/program"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
@@ -79,7 +80,7 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 		if err != nil {
 			return err
 		}
-		src, err := newPreloadSource(local, true)
+		src, err := preload.NewSource(local, true)
 		if err != nil {
 			return err
 		}
@@ -88,7 +89,7 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 		m.prog = prog
 	}
 	for _, f := range cfg.PreloadFiles {
-		src, err := newPreloadSource(f, false)
+		src, err := preload.NewSource(f, false)
 		if err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/internal/tailbuf"
+	"github.com/gorun-hpc/gorun/launcher/privdir"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
@@ -134,14 +135,14 @@ func (m *hostAgents) startStarters(id LocalIdentity) error {
 // job to a host leaves a master connection for SSHMultiplex, and later jobs
 // open sessions over it without a new handshake (as Ansible does by
 // default). The sockets live in a directory only this user can enter
-// (private.go).
+// (launcher/privdir).
 func (m *hostAgents) multiplexed(template []string) []string {
 	if len(template) == 0 {
 		template = []string{"ssh"}
 	}
 	// A master socket planted by someone else would receive the agent's
 	// stdin, the job secret: only a directory private to this user will do.
-	dir, err := userStateDir("ssh")
+	dir, err := privdir.UserState("ssh")
 	if err != nil {
 		m.cfg.Logger.Warn().Err(err).Msg("ssh multiplexing off: no private socket directory")
 		return template

@@ -64,7 +64,7 @@ type Job struct {
 	// each child's host and full command. The agent reports a child whose
 	// command exits ("child-exit") until gorun says "setup-over".
 	Launch []ChildLaunch `json:"launch,omitempty"`
-	// Preload lists files gorun offers (launcher/preload.go); the agent asks for
+	// Preload lists files gorun offers (launcher/preload); the agent asks for
 	// those it lacks in hello.Need.
 	Preload []PreloadFile `json:"preload,omitempty"`
 	// Stdin says gorun forwards its stdin to rank 0 (stdin frames);
