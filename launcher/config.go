@@ -122,7 +122,7 @@ type Config struct {
 	// post-quantum default costs ~0.25 s of CPU per host (sshkex.go).
 	SSHDefaultKex bool
 	// PreloadBinary sends the program to every host before the ranks
-	// start (preload.go); PreloadFiles sends these files to the ranks'
+	// start (launcher/preload); PreloadFiles sends these files to the ranks'
 	// working directory on every host.
 	PreloadBinary bool
 	PreloadFiles  []string

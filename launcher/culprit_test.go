@@ -248,3 +248,30 @@ func TestDetectionPrefersOwnFailure(t *testing.T) {
 		t.Errorf("detection of collateral failures alone = rank %d, want the first", got.rank)
 	}
 }
+
+// A fault first detected through a survivor's collateral exit is named, in
+// the report, by the victim's own failure once that arrives in the same
+// world; when it was detected stays the first sight.
+func TestFaultRecordNamesTheVictimAfterCollateral(t *testing.T) {
+	start := time.Now()
+	rep := &Report{Start: start, Faults: []FaultReport{{ID: 7}}, byID: map[int]int{7: 0}, pending: map[int]string{7: "kill"}}
+	inj := 0.1
+	rep.Faults[0].InjectedAt = &inj
+	w := &worldRun{rep: rep}
+	collateral := failure{rank: 0, code: 1, collateral: true, blame: 2}
+	killed := failure{rank: 2, signal: syscall.SIGKILL}
+	w.failed(collateral, start.Add(200*time.Millisecond))
+	w.failed(killed, start.Add(300*time.Millisecond))
+	f := rep.Faults[0]
+	if f.DetectedBy != killed.String() {
+		t.Errorf("detected by %q, want %q", f.DetectedBy, killed.String())
+	}
+	if f.DetectedAt == nil || *f.DetectedAt > 0.25 {
+		t.Errorf("detected at %v, want the collateral exit's 0.2 s", f.DetectedAt)
+	}
+	other := failure{rank: 3, code: 5}
+	w.failed(other, start.Add(400*time.Millisecond))
+	if rep.Faults[0].DetectedBy != killed.String() {
+		t.Errorf("a later failure renamed the detection: %q", rep.Faults[0].DetectedBy)
+	}
+}

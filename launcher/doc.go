@@ -29,14 +29,14 @@
 //     one RankSpec per rank and its full environment (rankenv names). Host
 //     lists come from launcher/hostfile; plan.ResolveExports turns -x
 //     values into NAME=VALUE.
-//   - Edges (local.go, ports.go, gpus.go): which names are this machine,
-//     job identity, two kernel-chosen free ports held until the ranks start,
-//     GPU count from launcher.GPUProbe (the CUDA driver in gorun).
-//   - Limits (capacity.go): a rank count is refused before anything is
-//     allocated for it when it exceeds MaxRanks or a limit of the machine
-//     that would run it (descriptors, processes, the cgroup's pids), on
-//     the launching machine for a local job and in each host's hello for
-//     a multi-host one.
+//   - Edges (local.go, gpus.go, package launcher/ports): which names are
+//     this machine, job identity, two free ports held until the ranks
+//     start, GPU count from launcher.GPUProbe (the CUDA driver in gorun).
+//   - Limits (package launcher/limits): a rank count is refused before
+//     anything is allocated for it when it exceeds MaxRanks or a limit of
+//     the machine that would run it (descriptors, processes, the cgroup's
+//     pids), on the launching machine for a local job and in each host's
+//     hello for a multi-host one.
 //   - The job loop (jobloop.go) is the one event loop of every job:
 //     jobLoop.run is begin, a loop of next, and verdict over a liveJob,
 //     the job's state, whose methods are the named steps (onEvent and one
@@ -75,7 +75,7 @@
 //     listens on the interface that routes to the hosts (netif), starts
 //     one host agent per host through the starters, waits for each to
 //     authenticate with the job secret (launcher/wire) and report its
-//     interface and ports, and sends the preloaded files (preload.go: zstd,
+//     interface and ports, and sends the preloaded files (launcher/preload: zstd,
 //     SHA-256, skipped when present). A job stops at the first host that fails;
 //     doctor.go records every host and then probes all pairs.
 //   - Multi-host run (remote.go, hostagent.go): gorun plans and sends each
@@ -127,7 +127,23 @@
 //   - launcher/plan: the plan (Plan, RankSpec, New, Config, Node,
 //     ResolveExports, MergeEnv) and its limits and errors (MaxRanks,
 //     SlotsError, CapacityError); pure. Plan and RankSpec stay here as
-//     aliases (plan.go); the machine's limits stay here (capacity.go).
+//     aliases (plan.go).
+//   - launcher/ports: the two ports a job's rank 0 needs (Reserve), held
+//     bound until the ranks start (Reservation.Release); the launcher
+//     reserves them for a local job and a host agent for its host.
+//   - launcher/limits: the limits of a machine that a rank count meets
+//     (Machine, Read) and the refusal of a count they cannot serve
+//     (Check, pure); gorun checks this machine for a local job, a host
+//     agent its own host.
+//   - launcher/program: the checks a rank program passes before any rank
+//     starts (Resolve, as a shell finds a program; CheckOpenMPI, which
+//     refuses a program linked against Open MPI) and their error,
+//     program.Error.
+//   - launcher/preload: moving files to the hosts before any rank starts,
+//     both sides: gorun's (Source, Send) and a host's (Place, Receive).
+//   - launcher/privdir: the directories private to this user that hold
+//     per-user state on a host (the preload cache, ssh control sockets):
+//     Make, UserState and privdir.Error.
 //   - launcher/supervisor: the per-job supervisor, the process that is the
 //     parent of one host's ranks, and its client (Start, Client, Pipes),
 //     with what only it does: containment (the /proc walks, the job
@@ -141,13 +157,14 @@
 //
 // Still in this package, in the order a later split would take them: the
 // host agent and host start-up, and elastic restarts. The edges the plan's
-// caller needs (ports.go, local.go, gpus.go) stay with the launcher, which
-// owns I/O. The host agent (hostagent.go) is not a leaf yet: it uses the
-// flight recorder's agent side (flight.go), preloads' receiving side
-// (preload.go), the machine's limits (capacity.go), the program checks
-// (ResolveProgram, mpilib.go), port reservation (ports.go), doctor's agent
-// side (doctor.go), starter.go's tailBuffer and pmi.go's scrubLaunchEnv,
-// which would become leaves, or move with it, first. agentauth.go (gorun's
+// caller needs (local.go, gpus.go) stay with the launcher, which
+// owns I/O. The host agent (hostagent.go) is not a leaf yet: besides the
+// leaves it uses already (launcher/limits, launcher/ports,
+// launcher/program, launcher/preload, internal/tailbuf for a starter's
+// last words, rankenv.WithoutOtherLaunchers for its ranks' base
+// environment), it uses the flight recorder's agent side (flight.go) and
+// doctor's agent side (doctor.go), which would become leaves, or move
+// with it, first. agentauth.go (gorun's
 // accept of an agent) and sshkex.go (the ssh starter's options) are host
 // start-up's, not the agent's.
 //

@@ -212,10 +212,16 @@ type FaultReport struct {
 	// the job ended first.
 	Missed string `json:"missed,omitempty"`
 	// DetectedAt is when gorun saw the first failure after the injection
-	// in the same world (DetectedBy says which), TimeToDetect the gap.
+	// in the same world, TimeToDetect the gap. DetectedBy names that
+	// failure, or, when it was collateral (a rank that exited because it
+	// lost a peer), the first failure of its own that followed in the
+	// world: the victim's death can be reaped after a peer's reaction to
+	// it, and the record names the cause as the verdict does.
 	DetectedAt   *float64 `json:"detected_at_s,omitempty"`
 	DetectedBy   string   `json:"detected_by,omitempty"`
 	TimeToDetect *float64 `json:"time_to_detect_s,omitempty"`
+	// detectedCollateral: DetectedBy names a collateral failure so far.
+	detectedCollateral bool
 	// Noticed is, for each rank whose runtime reported failing because
 	// of a lost peer after the injection (in its world), when gorun had
 	// its report (At) and how long after the injection (After), whom it
@@ -366,16 +372,23 @@ func (w *worldRun) injected(ev wire.Event, t time.Time) *FaultReport {
 }
 
 // failed records the first failure gorun saw after each injection of this
-// world that has none yet.
-func (w *worldRun) failed(what string, t time.Time) {
+// world that has none yet, d being the detection of a batch that arrived
+// at t; a fault detected by a collateral failure so far is named by d
+// instead when d is a failure of its own.
+func (w *worldRun) failed(d failure, t time.Time) {
 	if w == nil {
 		return
 	}
+	what := d.String()
 	for id := range w.rep.pending {
 		f := &w.rep.Faults[w.rep.byID[id]]
 		if f.DetectedAt != nil {
+			if f.detectedCollateral && !d.collateral {
+				f.DetectedBy, f.detectedCollateral = what, false
+			}
 			continue
 		}
+		f.detectedCollateral = d.collateral
 		from := f.InjectedAt
 		if from == nil {
 			// A killed host's agent may die before relaying the
@@ -478,17 +491,8 @@ func (job Job) validateRestarts() error {
 // plan over the hosts not lost, until one succeeds, a failure is not
 // restartable, or the restarts allowed are spent.
 func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
-	if err := cfg.Validate(); err != nil {
+	if err := checkJob(cfg, job, rep); err != nil {
 		return err
-	}
-	if len(job.Argv) == 0 {
-		return errors.New("launcher: no program given")
-	}
-	if err := job.validateRestarts(); err != nil {
-		return err
-	}
-	if s := rep.ckptSig; s == syscall.SIGKILL || s == syscall.SIGSTOP || s < 0 || s > 64 {
-		return fmt.Errorf("launcher: checkpoint signal %s cannot be caught by a program; use e.g. SIGUSR1", unixSignalName(s))
 	}
 	if cfg.Timeout > 0 {
 		rep.horizon = cfg.Timeout
@@ -502,48 +506,18 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 	var prev error // the last world's error
 	grown := 0     // restarts made to grow back, not counted against MaxRestarts
 	for restart := 0; ; restart++ {
-		j := job
-		if el != nil {
-			if restart > 0 && job.Hostfile != "" {
-				reloadHosts(cfg, el, job.Hostfile, rep, restart)
+		j, err := nextWorldJob(ctx, cfg, job, el, rep, restart)
+		if err != nil {
+			var ee *ElasticError
+			if errors.As(err, &ee) {
+				ee.Last = prev
 			}
-			if restart > 0 {
-				readmit(ctx, cfg, rep, restart, nil)
-			}
-			var err error
-			if j.Hosts, j.NP, err = el.world(rep.out); err != nil {
-				var ee *ElasticError
-				if errors.As(err, &ee) {
-					ee.Last = prev
-				}
-				return err
-			}
+			return err
 		}
-		n := strconv.Itoa(restart)
-		// Last, so that they win over a -x of the same name.
-		j.Export = append(slices.Clone(job.Export),
-			RestartCountEnv+"="+n, TorchRestartCountEnv+"="+n,
-			TorchMaxRestartsEnv+"="+strconv.Itoa(job.MaxRestarts),
-			rankenv.CheckpointSignal+"="+unixSignalName(rep.ckptSig))
-		// Data-plane faults are armed in the ranks (inject_chaos.go).
-		j.Export = append(j.Export, netFaultEnv(job.Faults, rep.Start, time.Since(rep.Start), restart)...)
-		c := cfg
-		w := &worldRun{rep: rep, restart: restart, cueNow: make(chan checkpointCue, 1)}
-		c.world = w
-		rep.Worlds = append(rep.Worlds, WorldReport{Restart: restart, StartedAt: rep.since(time.Now())})
-		rep.world = &rep.Worlds[len(rep.Worlds)-1]
-		rep.pending = map[int]string{}
-		if cfg.Timeout > 0 && restart > 0 {
-			// --timeout bounds the whole job, restarts included.
-			c.Timeout = cfg.Timeout - time.Since(rep.Start)
-			if c.Timeout <= 0 {
-				c.Timeout = time.Nanosecond
-			}
-		}
+		c, w := beginWorld(cfg, rep, restart)
 		// A world without some lost host asks for them while it runs
 		// (ReadmitEvery); when one answers, wctx ends with errGrow.
 		wctx, stopAsking := watchLostHosts(ctx, cfg, job, w)
-		var err error
 		if needsHostAgents(c, j.Hosts, id) {
 			err = launchOnHosts(wctx, c, j, id)
 		} else {
@@ -559,21 +533,7 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 			te.After = cfg.Timeout // the job's, not what was left of it
 		}
 		ended := rep.since(time.Now())
-		rep.world.EndedAt = ended
-		rep.world.Result = "succeeded"
-		if err != nil {
-			rep.world.Result = err.Error()
-			rep.world.Cause = w.cause(err)
-		}
-		if el != nil {
-			if h := el.lostHost(err); h != "" && !slices.Contains(rep.out, h) {
-				rep.out = append(rep.out, h)
-				rep.lostIn[h] = restart
-				if !slices.Contains(rep.LostHosts, h) {
-					rep.LostHosts = append(rep.LostHosts, h)
-				}
-			}
-		}
+		endWorld(rep, w, el, err, ended)
 		again := err != nil && (restartable(err) || (el != nil && el.lostHost(err) != "")) && restart-grown < job.MaxRestarts && ctx.Err() == nil
 		action := "job ended"
 		switch {
@@ -586,18 +546,7 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		case err == nil:
 			action = "job succeeded"
 		}
-		for id := range rep.pending {
-			f := &rep.Faults[rep.byID[id]]
-			if f.InjectedAt != nil {
-				f.WorldEndedAt, f.Action = ptr(ended), action
-			} else if again && f.AfterSteps > 0 {
-				// Keyed to the program's step, which a resuming
-				// program carries into the next world: armed again
-				// there, rather than lost with a world that ended
-				// before the target got that far.
-				rep.fired[id] = false
-			}
-		}
+		settleFaults(rep, ended, action, again)
 		if !again {
 			return err
 		}
@@ -609,6 +558,116 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		}
 		cfg.Logger.Warn().Int("restart", restart+1).Int("max_restarts", job.MaxRestarts).Err(err).
 			Msg("the world failed; restarting it")
+	}
+}
+
+// checkJob refuses a job launchWorlds cannot run: a Config that does not
+// validate, no program, restart settings that contradict each other, or a
+// checkpoint signal no program can catch.
+func checkJob(cfg Config, job Job, rep *Report) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if len(job.Argv) == 0 {
+		return errors.New("launcher: no program given")
+	}
+	if err := job.validateRestarts(); err != nil {
+		return err
+	}
+	if s := rep.ckptSig; s == syscall.SIGKILL || s == syscall.SIGSTOP || s < 0 || s > 64 {
+		return fmt.Errorf("launcher: checkpoint signal %s cannot be caught by a program; use e.g. SIGUSR1", unixSignalName(s))
+	}
+	return nil
+}
+
+// nextWorldJob is job as world restart runs it: for an elastic job (el
+// not nil), over the hosts not lost, after a restart rereading the
+// hostfile and taking back the lost hosts that answer again; and with the
+// environment that tells every rank which restart this is, how many are
+// allowed, its checkpoint signal and the data-plane faults armed in it.
+func nextWorldJob(ctx context.Context, cfg Config, job Job, el *elastic, rep *Report, restart int) (Job, error) {
+	j := job
+	if el != nil {
+		if restart > 0 && job.Hostfile != "" {
+			reloadHosts(cfg, el, job.Hostfile, rep, restart)
+		}
+		if restart > 0 {
+			readmit(ctx, cfg, rep, restart, nil)
+		}
+		var err error
+		if j.Hosts, j.NP, err = el.world(rep.out); err != nil {
+			return Job{}, err
+		}
+	}
+	n := strconv.Itoa(restart)
+	// Last, so that they win over a -x of the same name.
+	j.Export = append(slices.Clone(job.Export),
+		RestartCountEnv+"="+n, TorchRestartCountEnv+"="+n,
+		TorchMaxRestartsEnv+"="+strconv.Itoa(job.MaxRestarts),
+		rankenv.CheckpointSignal+"="+unixSignalName(rep.ckptSig))
+	// Data-plane faults are armed in the ranks (inject_chaos.go).
+	j.Export = append(j.Export, netFaultEnv(job.Faults, rep.Start, time.Since(rep.Start), restart)...)
+	return j, nil
+}
+
+// beginWorld opens world restart's entry in rep and returns the Config it
+// runs under: its worldRun attached, and after a restart the part of
+// --timeout the job has left.
+func beginWorld(cfg Config, rep *Report, restart int) (Config, *worldRun) {
+	c := cfg
+	w := &worldRun{rep: rep, restart: restart, cueNow: make(chan checkpointCue, 1)}
+	c.world = w
+	rep.Worlds = append(rep.Worlds, WorldReport{Restart: restart, StartedAt: rep.since(time.Now())})
+	rep.world = &rep.Worlds[len(rep.Worlds)-1]
+	rep.pending = map[int]string{}
+	if cfg.Timeout > 0 && restart > 0 {
+		// --timeout bounds the whole job, restarts included.
+		c.Timeout = cfg.Timeout - time.Since(rep.Start)
+		if c.Timeout <= 0 {
+			c.Timeout = time.Nanosecond
+		}
+	}
+	return c, w
+}
+
+// endWorld records how world w ended (err, at ended seconds into the
+// job) and, for an elastic job, the host whose loss ended it, which the
+// next worlds leave out.
+func endWorld(rep *Report, w *worldRun, el *elastic, err error, ended float64) {
+	rep.world.EndedAt = ended
+	rep.world.Result = "succeeded"
+	if err != nil {
+		rep.world.Result = err.Error()
+		rep.world.Cause = w.cause(err)
+	}
+	if el == nil {
+		return
+	}
+	if h := el.lostHost(err); h != "" && !slices.Contains(rep.out, h) {
+		rep.out = append(rep.out, h)
+		rep.lostIn[h] = w.restart
+		if !slices.Contains(rep.LostHosts, h) {
+			rep.LostHosts = append(rep.LostHosts, h)
+		}
+	}
+}
+
+// settleFaults closes the world's faults still pending: one injected gets
+// the world's end and what the job did next (action); one not injected yet
+// and keyed to the program's step is armed again when the job restarts
+// (again).
+func settleFaults(rep *Report, ended float64, action string, again bool) {
+	for id := range rep.pending {
+		f := &rep.Faults[rep.byID[id]]
+		if f.InjectedAt != nil {
+			f.WorldEndedAt, f.Action = ptr(ended), action
+		} else if again && f.AfterSteps > 0 {
+			// Keyed to the program's step, which a resuming
+			// program carries into the next world: armed again
+			// there, rather than lost with a world that ended
+			// before the target got that far.
+			rep.fired[id] = false
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/internal/plural"
+	"github.com/gorun-hpc/gorun/launcher/program"
 )
 
 // ErrSupervisorNotDispatched is returned by RunLocal in a process that was
@@ -84,24 +85,6 @@ func (e *StartError) Unwrap() error { return e.Err }
 // ExitCode is 127, a shell's code for a command that cannot be run.
 func (e *StartError) ExitCode() int { return 127 }
 
-// ProgramError reports a program that cannot be run, found before any rank
-// starts.
-type ProgramError struct {
-	// Program is the name as given.
-	Program string
-	// Err says why: not found, not executable, a directory.
-	Err error
-}
-
-func (e *ProgramError) Error() string {
-	return fmt.Sprintf("launcher: cannot run %s: %v", e.Program, e.Err)
-}
-
-func (e *ProgramError) Unwrap() error { return e.Err }
-
-// ExitCode is 127, like a shell for a missing or unusable command.
-func (e *ProgramError) ExitCode() int { return 127 }
-
 // TimeoutError reports a job ended by --timeout.
 type TimeoutError struct {
 	// After is the configured timeout.
@@ -170,7 +153,7 @@ type HostError struct {
 	Host string
 	// Op says what failed, e.g. "start agent over ssh".
 	Op string
-	// Err is the cause; a *ProgramError for a program missing on the host.
+	// Err is the cause; a *program.Error for a program missing on the host.
 	Err error
 	// Detail holds what the host agent's starter (ssh, srun) printed, when it
 	// says more than Err.
@@ -180,7 +163,7 @@ type HostError struct {
 func (e *HostError) Error() string {
 	cause := strings.TrimPrefix(e.Err.Error(), "launcher: ")
 	s := fmt.Sprintf("host %s: %s: %s", e.Host, e.Op, cause)
-	var pe *ProgramError
+	var pe *program.Error
 	if errors.As(e.Err, &pe) {
 		s = fmt.Sprintf("host %s: %s", e.Host, cause)
 	}
@@ -197,7 +180,7 @@ func (e *HostError) Unwrap() error { return e.Err }
 // refusal (a *CapacityError), not a lost host; else 255, ssh's code for a
 // failed connection.
 func (e *HostError) ExitCode() int {
-	var pe *ProgramError
+	var pe *program.Error
 	if errors.As(e.Err, &pe) {
 		return 127
 	}

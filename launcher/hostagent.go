@@ -25,6 +25,11 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/internal/liveness"
+	"github.com/gorun-hpc/gorun/internal/tailbuf"
+	"github.com/gorun-hpc/gorun/launcher/limits"
+	"github.com/gorun-hpc/gorun/launcher/ports"
+	"github.com/gorun-hpc/gorun/launcher/preload"
+	"github.com/gorun-hpc/gorun/launcher/program"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/netif"
@@ -200,7 +205,7 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 	var need []string
 	var placeErr error
 	for _, f := range job.Preload {
-		path, present, err := preloadPlace(f, rankDir(job.Dir))
+		path, present, err := preload.Place(f, rankDir(job.Dir))
 		if err != nil {
 			placeErr = cmp.Or(placeErr, err)
 			continue
@@ -215,18 +220,18 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 			job = &j
 		}
 	}
-	hello, ports := prepareHost(o, job, c, len(need) > 0)
-	defer ports.Release()
+	hello, reserved := prepareHost(o, job, c, len(need) > 0)
+	defer reserved.Release()
 	if placeErr != nil && hello.Err == "" {
 		hello.Err, hello.ErrKind = "preload: "+placeErr.Error(), "preload"
-		ports.Release()
+		reserved.Release()
 	}
 	hello.Need = need
 	if err := w.Send(wire.Msg{T: "hello", Hello: &hello}); err != nil {
 		return err
 	}
 	if hello.Err == "" && len(need) > 0 {
-		if err := receivePreloads(w, job.Preload, paths, need); err != nil {
+		if err := preload.Receive(w, job.Preload, paths, need); err != nil {
 			return fmt.Errorf("preload: %w", err)
 		}
 	}
@@ -255,7 +260,7 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 		}
 		break
 	}
-	ports.Release()
+	reserved.Release()
 	return relay(w, job, hello, specWithSecret(m.Ranks, key), m.PMI, log, stderr)
 }
 
@@ -289,7 +294,7 @@ func startChildren(launch []wire.ChildLaunch, secret string, w *wire.Conn, log z
 			argv = withFastKex(argv)
 		}
 		cmd := exec.Command(argv[0], argv[1:]...)
-		tail := &tailBuffer{}
+		tail := &tailbuf.Buffer{}
 		cmd.Stdout, cmd.Stderr = tail, tail
 		cmd.Stdin = strings.NewReader(secret + "\n")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -302,7 +307,7 @@ func startChildren(launch []wire.ChildLaunch, secret string, w *wire.Conn, log z
 			_ = cmd.Wait()
 			code := cmd.ProcessState.ExitCode()
 			log.Debug().Str("child", cl.Host).Int("code", code).Msg("child agent's launcher exited")
-			k.report(w, wire.ChildExit{Host: cl.Host, Code: code, Tail: tail.tail()})
+			k.report(w, wire.ChildExit{Host: cl.Host, Code: code, Tail: tail.Tail()})
 		})
 	}
 	return k
@@ -345,7 +350,7 @@ func (k *children) stop(d time.Duration) {
 
 // prepareHost checks what this host needs before any rank starts: the
 // interface, the program, two free ports.
-func prepareHost(o HostAgentOptions, job *wire.Job, c net.Conn, programComing bool) (wire.Hello, *PortReservation) {
+func prepareHost(o HostAgentOptions, job *wire.Job, c net.Conn, programComing bool) (wire.Hello, *ports.Reservation) {
 	h := wire.Hello{Version: o.Version, PID: os.Getpid()}
 	h.Hostname, _ = os.Hostname()
 	var choice netif.Choice
@@ -367,23 +372,23 @@ func prepareHost(o HostAgentOptions, job *wire.Job, c net.Conn, programComing bo
 	h.Iface, h.Addr, h.Why = choice.Name, choice.Addr.String(), choice.Why
 	if job.Ranks > 0 {
 		// This host's limits, not the launching machine's, decide
-		// whether its ranks can start (capacity.go).
-		if err := checkLocalCapacity(job.Ranks, readLocalLimits()); err != nil {
+		// whether its ranks can start (launcher/limits).
+		if err := limits.Check(job.Ranks, limits.Read()); err != nil {
 			h.Err, h.ErrKind = strings.TrimPrefix(err.Error(), "launcher: "), "capacity"
 			return h, nil
 		}
 	}
-	prog, err := ResolveProgram(job.Program, rankDir(job.Dir))
+	prog, err := program.Resolve(job.Program, rankDir(job.Dir))
 	if programComing && job.Program != "" && filepath.IsAbs(job.Program) {
 		// Preloaded: it arrives before the ranks start.
 		prog, err = job.Program, nil
 	}
 	if err == nil && !job.NoPMI && !programComing {
-		// Open MPI would form one singleton per rank (mpilib.go).
-		err = checkMPILibrary(job.Program, prog)
+		// Open MPI would form one singleton per rank (launcher/program).
+		err = program.CheckOpenMPI(job.Program, prog)
 	}
 	if err != nil {
-		var pe *ProgramError
+		var pe *program.Error
 		if errors.As(err, &pe) {
 			err = pe.Err
 		}
@@ -391,13 +396,13 @@ func prepareHost(o HostAgentOptions, job *wire.Job, c net.Conn, programComing bo
 		return h, nil
 	}
 	h.Program = prog
-	ports, err := ReservePorts()
+	reserved, err := ports.Reserve()
 	if err != nil {
 		h.Err, h.ErrKind = err.Error(), "ports"
 		return h, nil
 	}
-	h.MasterPort, h.RdzvPort = ports.MasterPort, ports.RdzvPort
-	return h, ports
+	h.MasterPort, h.RdzvPort = reserved.MasterPort, reserved.RdzvPort
+	return h, reserved
 }
 
 // rankDir is dir when it exists on this host, else the home directory.
@@ -560,7 +565,7 @@ type agentRelay struct {
 // addRanks adds every rank to the supervisor's spec, with a pipe for
 // rank 0's stdin when gorun forwards it.
 func (r *agentRelay) addRanks(hello wire.Hello, flightEnv []string) error {
-	base := scrubLaunchEnv(filterEnv(os.Environ()))
+	base := rankenv.WithoutOtherLaunchers(filterEnv(os.Environ()))
 	for _, rr := range r.ranks {
 		stdinFD := -1
 		if rr.Rank == 0 && r.job.Stdin {

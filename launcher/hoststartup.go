@@ -19,7 +19,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/internal/connlimit"
+	"github.com/gorun-hpc/gorun/internal/tailbuf"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/preload"
+	"github.com/gorun-hpc/gorun/launcher/program"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/netif"
@@ -75,7 +78,7 @@ type hostAgents struct {
 	viaParent map[string]*starter
 
 	// preload holds the files sent to every host before the ranks start.
-	preload []*preloadSource
+	preload []*preload.Source
 
 	// gate bounds the connections to ln still in their handshake.
 	gate *connlimit.Gate
@@ -335,15 +338,7 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 	acceptWG.Go(func() { m.acceptLoop(index, results) })
 	defer func() {
 		m.ln.Close()
-		if err == nil {
-			// Tree parents stop reporting child launches and answer;
-			// their start-up readers end with the answer.
-			for node := range m.children {
-				_ = m.conns[node].w.Send(wire.Msg{T: "setup-over"})
-			}
-		} else {
-			m.closeAuthed()
-		}
+		m.endStartup(err)
 		acceptWG.Wait()
 	}()
 
@@ -351,104 +346,23 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 	if err := m.startStarters(id); err != nil {
 		return err
 	}
-	// A host can be reported more than once and from different places
-	// (the deadline, then a late hello; a failed handshake, then its
-	// starter exiting): judge keeps the first outcome
-	// and drops the rest, so verdict sees each host exactly once and
-	// pending counts down to zero. judged and pending belong to this
-	// goroutine alone: every report reaches it through a channel.
-	judged := make([]bool, len(m.nodes))
-	pending, up, started := len(m.nodes), 0, time.Now()
-	judge := func(node int, c *hostConn, err error) error {
-		if judged[node] {
-			if c != nil {
-				c.w.Close()
-			}
-			return nil
-		}
-		judged[node] = true
-		pending--
-		if verr := verdict(node, c, err); verr != nil {
-			if c != nil {
-				c.w.Close()
-			}
-			return verr
-		}
-		if c != nil {
-			m.conns[node] = c
-		}
-		return nil
-	}
-	progress := newProgress(m.cfg.Stderr, len(m.nodes))
-	defer progress.end()
-	timeout := m.cfg.LaunchTimeout
-	if timeout <= 0 {
-		timeout = DefaultLaunchTimeout
-	}
-	deadline := time.NewTimer(timeout)
+	s := m.newStartup(verdict)
+	defer s.progress.end()
+	deadline := time.NewTimer(s.timeout)
 	defer deadline.Stop()
-	// A starter that exits before its hosts said hello failed them. Each
-	// starter has its own done channel and select takes a fixed set of
-	// cases, so one watcher per starter funnels them into starterDone
-	// (buffered for all of them, so a watcher never blocks on a loop that
-	// has returned); startupDone releases the watchers whose starter is
-	// still running, as a healthy ssh runs for the whole job.
-	starterDone := make(chan *starter, len(m.starters))
-	startupDone := make(chan struct{})
-	var watchWG sync.WaitGroup
-	// Deferred in this order so that the watchers are told to stop
-	// before they are waited for.
-	defer watchWG.Wait()
-	defer close(startupDone)
-	for _, l := range m.starters {
-		watchWG.Go(func() {
-			select {
-			case <-l.done:
-				starterDone <- l
-			case <-startupDone:
-			}
-		})
-	}
-	for pending > 0 {
+	starterDone, stopWatching := m.watchStarters()
+	defer stopWatching()
+	for s.pending > 0 {
 		var err error
 		select {
 		case r := <-results:
-			switch {
-			case r.err != nil:
-				err = judge(r.node, nil, r.err)
-			case m.conns[r.node] != nil:
-				// Two agents authenticated for one host (each knew the
-				// job's secret): which is the real one cannot be told,
-				// so the launch ends rather than guessing.
-				r.conn.w.Close()
-				err = verdict(r.node, nil, &HostError{Host: m.nodes[r.node].Name, Op: "connect agent", Err: errors.New("a second agent connected for this host")})
-			default:
-				err = judge(r.node, r.conn, nil)
-				if err == nil && m.conns[r.node] != nil {
-					up++
-					progress.set(up)
-				}
-			}
+			err = s.result(r)
 		case l := <-starterDone:
-			for _, n := range l.nodes {
-				if err == nil && !judged[n] {
-					err = judge(n, nil, m.starterError(l, n))
-				}
-			}
+			err = s.starterExited(l)
 		case <-deadline.C:
-			// One deadline for the whole start-up, not one per host:
-			// hosts start concurrently, so it bounds the slowest, and
-			// every host not judged by then fails with its starter's
-			// last words (an ssh prompt or error is the usual cause).
-			for i := range m.nodes {
-				if err == nil && !judged[i] {
-					err = judge(i, nil, &HostError{Host: m.nodes[i].Name, Op: "start agent",
-						Err:    fmt.Errorf("its agent did not connect within %s", timeout),
-						Detail: strings.TrimSpace(m.starterOf(i).stderr.tail() + "\n" + m.claimHint(m.nodes[i].Name))})
-				}
-			}
-		case s := <-m.cfg.Signals:
-			if sig, ok := s.(syscall.Signal); ok && supervisor.Stopping(sig) {
+			err = s.timedOut()
+		case sig := <-m.cfg.Signals:
+			if sig, ok := sig.(syscall.Signal); ok && supervisor.Stopping(sig) {
 				err = &InterruptedError{Signal: sig}
 			}
 		case <-ctx.Done():
@@ -458,8 +372,157 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 			return err
 		}
 	}
-	m.cfg.Logger.Info().Int("hosts", up).Str("took", time.Since(started).Round(time.Millisecond).String()).Msg("hosts up")
+	m.cfg.Logger.Info().Int("hosts", s.up).Str("took", time.Since(s.started).Round(time.Millisecond).String()).Msg("hosts up")
 	return nil
+}
+
+// endStartup ends start-up's hold on the agents' connections: after a
+// start-up that succeeded (err nil) the tree parents stop reporting child
+// launches and answer, and their start-up readers end with the answer;
+// after one that failed, every authenticated connection is closed
+// (closeAuthed).
+func (m *hostAgents) endStartup(err error) {
+	if err != nil {
+		m.closeAuthed()
+		return
+	}
+	for node := range m.children {
+		_ = m.conns[node].w.Send(wire.Msg{T: "setup-over"})
+	}
+}
+
+// watchStarters reports on done each starter that exits: one that exits
+// before its hosts said hello failed them. Each starter has its own done
+// channel and select takes a fixed set of cases, so one watcher per
+// starter funnels them into done (buffered for all of them, so a watcher
+// never blocks on a loop that has returned). stop releases the watchers
+// whose starter is still running, as a healthy ssh runs for the whole
+// job, and returns once every watcher has.
+func (m *hostAgents) watchStarters() (done <-chan *starter, stop func()) {
+	starterDone := make(chan *starter, len(m.starters))
+	startupDone := make(chan struct{})
+	var watchWG sync.WaitGroup
+	for _, l := range m.starters {
+		watchWG.Go(func() {
+			select {
+			case <-l.done:
+				starterDone <- l
+			case <-startupDone:
+			}
+		})
+	}
+	return starterDone, func() {
+		close(startupDone)
+		watchWG.Wait()
+	}
+}
+
+// startup is the tally of one startHosts: which hosts were judged and how
+// many are left. A host can be reported more than once and from different
+// places (the deadline, then a late hello; a failed handshake, then its
+// starter exiting): judge keeps the first outcome and drops the rest, so
+// verdict sees each host exactly once and pending counts down to zero.
+// A startup belongs to startHosts' goroutine alone: every report reaches
+// it through a channel.
+type startup struct {
+	m        *hostAgents
+	verdict  hostVerdict
+	judged   []bool // by node
+	pending  int    // hosts not judged yet
+	up       int    // hosts accepted
+	started  time.Time
+	timeout  time.Duration // the launch timeout, for the whole start-up
+	progress *progress
+}
+
+// newStartup starts the tally of a start-up over m's hosts.
+func (m *hostAgents) newStartup(verdict hostVerdict) *startup {
+	timeout := m.cfg.LaunchTimeout
+	if timeout <= 0 {
+		timeout = DefaultLaunchTimeout
+	}
+	return &startup{
+		m: m, verdict: verdict,
+		judged:   make([]bool, len(m.nodes)),
+		pending:  len(m.nodes),
+		started:  time.Now(),
+		timeout:  timeout,
+		progress: newProgress(m.cfg.Stderr, len(m.nodes)),
+	}
+}
+
+// judge hands node's first outcome to verdict (c with its hello, or err)
+// and keeps c in m.conns if verdict accepts it; a later outcome for the
+// same node is dropped, its connection closed.
+func (s *startup) judge(node int, c *hostConn, err error) error {
+	if s.judged[node] {
+		if c != nil {
+			c.w.Close()
+		}
+		return nil
+	}
+	s.judged[node] = true
+	s.pending--
+	if verr := s.verdict(node, c, err); verr != nil {
+		if c != nil {
+			c.w.Close()
+		}
+		return verr
+	}
+	if c != nil {
+		s.m.conns[node] = c
+	}
+	return nil
+}
+
+// result judges one agent's handshake outcome.
+func (s *startup) result(r setupResult) error {
+	m := s.m
+	switch {
+	case r.err != nil:
+		return s.judge(r.node, nil, r.err)
+	case m.conns[r.node] != nil:
+		// Two agents authenticated for one host (each knew the job's
+		// secret): which is the real one cannot be told, so the launch
+		// ends rather than guessing.
+		r.conn.w.Close()
+		return s.verdict(r.node, nil, &HostError{Host: m.nodes[r.node].Name, Op: "connect agent", Err: errors.New("a second agent connected for this host")})
+	}
+	err := s.judge(r.node, r.conn, nil)
+	if err == nil && m.conns[r.node] != nil {
+		s.up++
+		s.progress.set(s.up)
+	}
+	return err
+}
+
+// starterExited fails the hosts of starter l not judged yet: it exited
+// before they said hello.
+func (s *startup) starterExited(l *starter) error {
+	var err error
+	for _, n := range l.nodes {
+		if err == nil && !s.judged[n] {
+			err = s.judge(n, nil, s.m.starterError(l, n))
+		}
+	}
+	return err
+}
+
+// timedOut fails every host not judged yet. One deadline for the whole
+// start-up, not one per host: hosts start concurrently, so it bounds the
+// slowest, and every host not judged by then fails with its starter's
+// last words (an ssh prompt or error is the usual cause).
+func (s *startup) timedOut() error {
+	m := s.m
+	var err error
+	for i := range m.nodes {
+		if err == nil && !s.judged[i] {
+			err = s.judge(i, nil, &HostError{Host: m.nodes[i].Name, Op: "start agent",
+				Err:    fmt.Errorf("its agent did not connect within %s", s.timeout),
+				Detail: strings.TrimSpace(m.starterOf(i).stderr.Tail() + "\n" + m.claimHint(m.nodes[i].Name))})
+		}
+	}
+	return err
 }
 
 // jobVerdict is a job's hostVerdict: the first host that fails ends the
@@ -519,7 +582,7 @@ func (m *hostAgents) checkHello(node int, h wire.Hello) error {
 	if h.Err != "" {
 		switch h.ErrKind {
 		case "program":
-			return &HostError{Host: host, Op: "check program", Err: &ProgramError{Program: m.prog.Path, Err: errors.New(h.Err)}}
+			return &HostError{Host: host, Op: "check program", Err: &program.Error{Program: m.prog.Path, Err: errors.New(h.Err)}}
 		case "iface":
 			return &HostError{Host: host, Op: "choose interface", Err: errors.New(h.Err)}
 		case "capacity":
@@ -606,7 +669,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 				Launch: m.children[node],
 			}
 			for _, s := range m.preload {
-				job.Preload = append(job.Preload, s.info)
+				job.Preload = append(job.Preload, s.Info)
 			}
 			job.Stdin = m.cfg.Stdin != nil
 			job.NoPMI = m.cfg.PMI == PMINone
@@ -631,7 +694,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 				// frames is what counts, not a fixed deadline.
 				_ = c.SetDeadline(time.Time{})
 				m.cfg.Logger.Debug().Str("host", host).Int("files", len(hm.Hello.Need)).Msg("preloading")
-				if err := sendPreloads(w, m.preload, hm.Hello.Need); err != nil {
+				if err := preload.Send(w, m.preload, hm.Hello.Need); err != nil {
 					c.Close()
 					results <- setupResult{node: node, err: &HostError{Host: host, Op: "preload", Err: err}}
 					return
@@ -702,7 +765,7 @@ func (m *hostAgents) starterOf(node int) *starter {
 			}
 		}
 	}
-	return &starter{stderr: &tailBuffer{}}
+	return &starter{stderr: &tailbuf.Buffer{}}
 }
 
 // claimHint quotes an unauthenticated connection that claimed to be host's

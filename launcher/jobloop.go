@@ -322,7 +322,7 @@ func (j *liveJob) noteFailures(nfail int) {
 	for i := nfail; i < len(j.failures); i++ {
 		j.failures[i].arrived = now
 	}
-	j.world.failed(detection(j.failures[nfail:]).String(), now)
+	j.world.failed(detection(j.failures[nfail:]), now)
 	j.world.saw(j.failures[nfail:], now)
 	j.world.noticed(j.failures[nfail:], now)
 }

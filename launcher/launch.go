@@ -5,21 +5,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/gorun-hpc/gorun/hostlist"
 	"github.com/gorun-hpc/gorun/launcher/fault"
+	"github.com/gorun-hpc/gorun/launcher/limits"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/ports"
+	"github.com/gorun-hpc/gorun/launcher/program"
 )
 
 // Launch is the one entry point above both ways a job runs. It decides
@@ -107,7 +103,7 @@ func Launch(ctx context.Context, cfg Config, job Job) error {
 // per host and runs the job through them. The error is nil when every rank
 // of the last world exited 0; otherwise it is the last world's: one of
 // *RankExitError, *StartError, *TimeoutError, *InterruptedError,
-// *ProgramError, *plan.SlotsError, *plan.CapacityError, *SupervisorError,
+// *program.Error, *plan.SlotsError, *plan.CapacityError, *SupervisorError,
 // *HostError, *VersionError, *HostLostError, *MPIError, *FrozenError,
 // *output.LostError (every rank succeeded but a log file lost output),
 // *fault.SpecError, or a configuration or context error. The report is
@@ -164,20 +160,20 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 	}
 	// Before anything is allocated per rank: an absurd count must not
 	// grow the plan until the machine runs out of memory.
-	if err := checkLocalCapacity(localRanks(job), readLocalLimits()); err != nil {
+	if err := limits.Check(localRanks(job), limits.Read()); err != nil {
 		var ce *plan.CapacityError
 		if errors.As(err, &ce) && ce.Resource == "ranks" && job.NP == 0 {
 			ce.FromSlots = true
 		}
 		return err
 	}
-	path, err := ResolveProgram(job.Argv[0], cfg.Dir)
+	path, err := program.Resolve(job.Argv[0], cfg.Dir)
 	if err != nil {
 		return err
 	}
 	if cfg.PMI != PMINone {
-		// Open MPI would form one singleton per rank (mpilib.go).
-		if err := checkMPILibrary(job.Argv[0], path); err != nil {
+		// Open MPI would form one singleton per rank (launcher/program).
+		if err := program.CheckOpenMPI(job.Argv[0], path); err != nil {
 			return err
 		}
 	}
@@ -200,11 +196,11 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 			err = fr.finish(rep, err)
 		}()
 	}
-	ports, err := ReservePorts()
+	reserved, err := ports.Reserve()
 	if err != nil {
 		return err
 	}
-	defer ports.Release()
+	defer reserved.Release()
 	pl, err := plan.New(plan.Config{
 		NP: job.NP, Hosts: job.Hosts, Oversubscribe: job.Oversubscribe,
 		GPUsPerHost: job.GPUsPerHost, Export: job.Export,
@@ -212,7 +208,7 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 		// Every host is this machine, so loopback reaches rank 0 whatever
 		// name the user wrote.
 		MasterAddr: "127.0.0.1",
-		MasterPort: ports.MasterPort, RdzvPort: ports.RdzvPort,
+		MasterPort: reserved.MasterPort, RdzvPort: reserved.RdzvPort,
 		NoPMI: cfg.PMI == PMINone,
 	})
 	if err != nil {
@@ -224,7 +220,7 @@ func launchLocal(ctx context.Context, cfg Config, job Job) (err error) {
 	cfg.Logger.Info().Str("job", pl.JobID).Int("world", pl.WorldSize).Int("nodes", len(pl.Nodes)).
 		Str("master", pl.MasterEndpoint()).Str("rdzv", pl.RdzvEndpoint).
 		Str("program", path).Msg("launching")
-	return RunLocal(ctx, cfg, pl, Program{Path: path, Argv: job.Argv}, ports)
+	return RunLocal(ctx, cfg, pl, Program{Path: path, Argv: job.Argv}, reserved)
 }
 
 // localRanks is how many ranks a local job asks for: -np, else the slots of
@@ -245,46 +241,11 @@ func localRanks(job Job) int {
 
 // Program is the resolved program every rank runs.
 type Program struct {
-	// Path is the executable's path (see ResolveProgram).
+	// Path is the executable's path (see program.Resolve).
 	Path string
 	// Argv is the argument list, Argv[0] as the user wrote it.
 	Argv []string
 }
-
-// ResolveProgram finds the executable for name the way a shell does: a name
-// with a slash is a path (relative to dir when dir is set), other names are
-// looked up in PATH. Anything that could not be executed is a *ProgramError,
-// found before any rank starts.
-func ResolveProgram(name, dir string) (string, error) {
-	if name == "" {
-		return "", &ProgramError{Program: name, Err: errors.New("empty program name")}
-	}
-	if !containsSlash(name) {
-		p, err := exec.LookPath(name)
-		if err != nil {
-			return "", &ProgramError{Program: name, Err: errors.New("command not found in PATH")}
-		}
-		return p, nil
-	}
-	p := name
-	if dir != "" && !filepath.IsAbs(p) {
-		p = filepath.Join(dir, p)
-	}
-	st, err := os.Stat(p)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return "", &ProgramError{Program: name, Err: errors.New("no such file")}
-	case err != nil:
-		return "", &ProgramError{Program: name, Err: err}
-	case st.IsDir():
-		return "", &ProgramError{Program: name, Err: errors.New("is a directory")}
-	case unix.Access(p, unix.X_OK) != nil || st.Mode()&0o111 == 0:
-		return "", &ProgramError{Program: name, Err: errors.New("permission denied (not executable)")}
-	}
-	return p, nil
-}
-
-func containsSlash(s string) bool { return strings.IndexByte(s, '/') >= 0 }
 
 // SlurmHosts reads the hosts of the SLURM allocation gorun runs in:
 // SLURM_JOB_NODELIST (a hostlist expression) zipped with

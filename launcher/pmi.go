@@ -3,12 +3,10 @@ package launcher
 import (
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/pmi"
-	"github.com/gorun-hpc/gorun/rankenv"
 )
 
 // How gorun serves MPI's process-management interface (package pmi) to the
@@ -51,7 +49,7 @@ import (
 //
 // The protocols are MPICH's PMI-1 and PMI-2 (a client picks by the version
 // it asks for); Open MPI needs PMIx, which gorun does not serve, and gorun
-// refuses Open MPI programs before any rank starts (mpilib.go).
+// refuses Open MPI programs before any rank starts (launcher/program).
 
 // PMIMode selects how ranks reach gorun's PMI server.
 type PMIMode string
@@ -93,28 +91,6 @@ func pmiJobFor(plan *Plan, mode PMIMode) (*wire.PMIJob, error) {
 		return nil, err
 	}
 	return &wire.PMIJob{KVSName: "gorun-" + plan.JobID, Size: plan.WorldSize, Mapping: mapping, Port: mode == PMIPort}, nil
-}
-
-// scrubLaunchEnv drops from a base environment (gorun's own, or a host
-// agent's) the variables by which another launcher described its launch:
-// gorun run inside an mpiexec or mpirun rank, say. Passed on, they would
-// point the ranks at that launcher's PMI or PMIx server and claim a world
-// that is not theirs. User settings of those libraries (OMPI_MCA_*,
-// PMIX_MCA_*) stay; -x exports are applied after this, so they still win.
-func scrubLaunchEnv(env []string) []string {
-	out := env[:0:0]
-	for _, kv := range env {
-		k, _, _ := strings.Cut(kv, "=")
-		switch {
-		case k == rankenv.PMIRank, k == rankenv.PMISize, k == rankenv.PMIFD, k == rankenv.PMIPort,
-			k == rankenv.PMIID, k == "PMI_SPAWNED", k == "PMI_JOBID",
-			strings.HasPrefix(k, "OMPI_COMM_WORLD_"),
-			strings.HasPrefix(k, "PMIX_") && !strings.HasPrefix(k, "PMIX_MCA_"):
-			continue
-		}
-		out = append(out, kv)
-	}
-	return out
 }
 
 // pmiFences is gorun's side of a job-wide barrier: one fence per

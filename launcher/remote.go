@@ -18,6 +18,8 @@ import (
 
 	"github.com/gorun-hpc/gorun/launcher/output"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/preload"
+	"github.com/gorun-hpc/gorun/launcher/program"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/rankenv"
@@ -44,7 +46,7 @@ import (
 
 func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (err error) {
 	prog := Program{Path: job.Argv[0], Argv: job.Argv}
-	if containsSlash(prog.Path) && !filepath.IsAbs(prog.Path) {
+	if program.IsPath(prog.Path) && !filepath.IsAbs(prog.Path) {
 		dir := cfg.Dir
 		if dir == "" {
 			dir, _ = os.Getwd()
@@ -74,11 +76,11 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 	}
 	m.prog = prog
 	if cfg.PreloadBinary {
-		local, err := ResolveProgram(job.Argv[0], cfg.Dir)
+		local, err := program.Resolve(job.Argv[0], cfg.Dir)
 		if err != nil {
 			return err
 		}
-		src, err := newPreloadSource(local, true)
+		src, err := preload.NewSource(local, true)
 		if err != nil {
 			return err
 		}
@@ -87,7 +89,7 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 		m.prog = prog
 	}
 	for _, f := range cfg.PreloadFiles {
-		src, err := newPreloadSource(f, false)
+		src, err := preload.NewSource(f, false)
 		if err != nil {
 			return err
 		}

@@ -3,12 +3,8 @@ package launcher
 import (
 	"errors"
 	"net"
-	"os"
 	"reflect"
-	"strings"
 	"testing"
-
-	"github.com/klauspost/compress/zstd"
 
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
@@ -104,51 +100,6 @@ func TestWireHandshake(t *testing.T) {
 	_, host, err = acceptAgent(b2, secret, "job1", known)
 	if !errors.As(err, &ve) || host != "n1" || ve.Remote != "protocol 9" {
 		t.Fatalf("authenticated foreign protocol: %v %q, want a *VersionError for n1", err, host)
-	}
-}
-
-// A preloaded file is placed only when its content matches the offered
-// hash, and a present file with the same content is recognised.
-func TestPreloadPlace(t *testing.T) {
-	dir := t.TempDir()
-	src := dir + "/src.bin"
-	if err := os.WriteFile(src, []byte("the program"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	s, err := newPreloadSource(src, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	z, err := s.compressed()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dest := t.TempDir()
-	path, present, err := preloadPlace(s.info, dest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if present || path != dest+"/src.bin" {
-		t.Fatalf("preloadPlace = %q, %v before the transfer", path, present)
-	}
-	dec, _ := zstd.NewReader(nil)
-	defer dec.Close()
-	bad := s.info
-	bad.SHA256 = strings.Repeat("0", 64)
-	if err := placeFile(dec, z, bad, path); err == nil || !strings.Contains(err.Error(), "damaged") {
-		t.Fatalf("placeFile with a wrong hash: %v", err)
-	}
-	if _, err := os.Stat(path); err == nil {
-		t.Fatal("a damaged file was placed")
-	}
-	if err := placeFile(dec, z, s.info, path); err != nil {
-		t.Fatal(err)
-	}
-	if _, present, _ := preloadPlace(s.info, dest); !present {
-		t.Fatal("placed file not recognised as present")
-	}
-	if st, _ := os.Stat(path); st.Mode().Perm() != 0o755 {
-		t.Errorf("mode %v, want 0755", st.Mode())
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
+	"github.com/gorun-hpc/gorun/launcher/program"
 )
 
 // syncBuffer is shared with the other process tests.
@@ -487,9 +488,9 @@ func TestRunBadProgramFailsBeforeStart(t *testing.T) {
 		j := newJobRun(t, 2, "hang", nil)
 		j.job.Argv = []string{prog}
 		err := j.launch(context.Background())
-		var pe *ProgramError
+		var pe *program.Error
 		if !errors.As(err, &pe) || pe.ExitCode() != 127 {
-			t.Errorf("%s: err = %v, want *ProgramError with exit code 127", prog, err)
+			t.Errorf("%s: err = %v, want *program.Error with exit code 127", prog, err)
 		}
 	}
 }

@@ -15,12 +15,14 @@ import (
 
 	"github.com/gorun-hpc/gorun/launcher/output"
 	"github.com/gorun-hpc/gorun/launcher/plan"
+	"github.com/gorun-hpc/gorun/launcher/ports"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
+	"github.com/gorun-hpc/gorun/rankenv"
 )
 
 // RunLocal executes a plan on this machine and returns when every rank and
-// every process a rank started is gone. ports, when not nil, is released
+// every process a rank started is gone. reserved, when not nil, is released
 // right before the ranks start, so the ports stay taken until rank 0 can
 // bind them.
 //
@@ -30,7 +32,7 @@ import (
 // starts and exits to the job loop (jobloop.go) through a localHome. Its
 // steps: the spec and the ranks' pipes (addLocalRanks), the supervisor's
 // start, the job loop, and the teardown (finishLocal).
-func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *PortReservation) error {
+func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, reserved *ports.Reservation) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -40,7 +42,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 		// level would start another.
 		return ErrSupervisorNotDispatched
 	}
-	defer ports.Release()
+	defer reserved.Release()
 	out, err := openJobOutput(cfg, plan)
 	if err != nil {
 		return err
@@ -79,7 +81,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, ports *
 	out.Start()
 	in.start()
 
-	ports.Release()
+	reserved.Release()
 	home := newLocalHome(sup, len(plan.Ranks), cfg.Lease)
 	home.sendErr = sendSpec(sup.Send, &p.Spec)
 	start := time.Now()
@@ -99,7 +101,7 @@ func localBaseEnv(cfg Config, flight *flightRecords) []string {
 	if base == nil {
 		base = os.Environ()
 	}
-	base = scrubLaunchEnv(base)
+	base = rankenv.WithoutOtherLaunchers(base)
 	if v := flight.env(); v != "" {
 		base = mergeEnv(base, []string{v})
 	}

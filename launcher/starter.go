@@ -9,10 +9,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
+	"github.com/gorun-hpc/gorun/internal/tailbuf"
+	"github.com/gorun-hpc/gorun/launcher/privdir"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
@@ -45,7 +46,7 @@ type starter struct {
 	nodes  []int
 	what   string    // "ssh", "exec", "srun": for messages
 	cmd    *exec.Cmd // nil when another host's agent runs it (tree)
-	stderr *tailBuffer
+	stderr *tailbuf.Buffer
 	done   chan struct{} // closed once cmd was reaped
 	err    error         // cmd.Wait's result, valid after done
 	code   int           // exit code, -1 unknown; valid after done
@@ -107,7 +108,7 @@ func (m *hostAgents) startStarters(id LocalIdentity) error {
 				FastKex: !m.cfg.SSHDefaultKex,
 			})
 			l := &starter{nodes: []int{child}, what: "ssh (from " + m.nodes[parent].Name + ")",
-				stderr: &tailBuffer{}, done: make(chan struct{}), code: -1}
+				stderr: &tailbuf.Buffer{}, done: make(chan struct{}), code: -1}
 			m.viaParent[name] = l
 			m.starters = append(m.starters, l)
 		}
@@ -134,14 +135,14 @@ func (m *hostAgents) startStarters(id LocalIdentity) error {
 // job to a host leaves a master connection for SSHMultiplex, and later jobs
 // open sessions over it without a new handshake (as Ansible does by
 // default). The sockets live in a directory only this user can enter
-// (private.go).
+// (launcher/privdir).
 func (m *hostAgents) multiplexed(template []string) []string {
 	if len(template) == 0 {
 		template = []string{"ssh"}
 	}
 	// A master socket planted by someone else would receive the agent's
 	// stdin, the job secret: only a directory private to this user will do.
-	dir, err := userStateDir("ssh")
+	dir, err := privdir.UserState("ssh")
 	if err != nil {
 		m.cfg.Logger.Warn().Err(err).Msg("ssh multiplexing off: no private socket directory")
 		return template
@@ -153,7 +154,7 @@ func (m *hostAgents) multiplexed(template []string) []string {
 }
 
 func (m *hostAgents) startStarter(what string, nodes []int, argv, env []string, secretOnStdin bool) error {
-	l := &starter{nodes: nodes, what: what, stderr: &tailBuffer{}, done: make(chan struct{}), code: -1}
+	l := &starter{nodes: nodes, what: what, stderr: &tailbuf.Buffer{}, done: make(chan struct{}), code: -1}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = l.stderr
@@ -194,7 +195,7 @@ func (m *hostAgents) startStarter(what string, nodes []int, argv, env []string, 
 func (m *hostAgents) starterError(l *starter, node int) error {
 	host := m.nodes[node].Name
 	code := l.code
-	tail := l.stderr.tail()
+	tail := l.stderr.Tail()
 	last := lastLine(tail)
 	he := &HostError{Host: host, Op: "start agent with " + l.what}
 	switch {
@@ -287,29 +288,6 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-// tailBuffer keeps the last 4 KiB written to it: a launcher's stderr, for
-// error messages. Safe for concurrent use.
-type tailBuffer struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > 4096 {
-		t.b = append(t.b[:0:0], t.b[len(t.b)-4096:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) tail() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return strings.TrimSpace(string(t.b))
 }
 
 func lastLine(s string) string {

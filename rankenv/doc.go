@@ -6,6 +6,7 @@
 // env:// rendezvous, MPICH's PMI, CUDA and its own GORUN_*) so that
 // unmodified programs run, and none of a protocol it does not serve. The launcher
 // builds these variables; the rendezvous reads them. Neither of those steps
-// lives here: this package only names the variables and documents their
-// meaning, so the two sides cannot drift apart.
+// lives here: this package names the variables and documents their
+// meaning, so the two sides cannot drift apart, and says which variables
+// of another launcher a rank must not inherit (WithoutOtherLaunchers).
 package rankenv

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The scale simulation (bench/simscale): measure the model's costs from the
-# real code on this machine (rendezvous.Join in one process, process starts,
-# gorun's resident memory at several -np), run the calibration shapes both
+# real code on this machine (rendezvous.Join in one process, sockets between
+# two processes, process starts, gorun's resident memory at several -np),
+# run the calibration shapes both
 # for real and in the model, then print the HOSTS×PER table against gorun's
 # targets. Run it under flock /tmp/gorun-bench.lock (make sim-scale does).
 #

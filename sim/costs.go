@@ -73,6 +73,26 @@ type Costs struct {
 	// WorldConfig.InProcess. Measured: formed 1×2 jobs left idle, the
 	// ranks' CPU over the idle time.
 	ProcessIdle time.Duration `json:"process_idle_ns"`
+	// SockPacket, SockMsg, SockConnect and SockByte are what real sockets
+	// between processes cost, which the in-process fit (an in-memory
+	// network and attach streams) never paid; charged only when each rank
+	// is its own process (not WorldConfig.InProcess), half at each end.
+	// SockPacket: one UDP datagram (probe, gossip, kindGone), both ends,
+	// the receiver woken from idle. SockMsg: one message on an open TCP
+	// stream (an attach stream's frame, a push-pull's state), both ends,
+	// woken. SockConnect: a TCP connection's connect, accept and close
+	// (each push-pull, each attach), both ends. SockByte: per byte a TCP
+	// stream carries beyond a small message (copies in and out of the
+	// kernel), both ends.
+	SockPacket  time.Duration `json:"sock_packet_ns"`
+	SockMsg     time.Duration `json:"sock_msg_ns"`
+	SockConnect time.Duration `json:"sock_connect_ns"`
+	SockByte    time.Duration `json:"sock_byte_ns"`
+	// UnixMsg and UnixConnect are SockMsg and SockConnect on the abstract
+	// Unix stream an attached rank holds to its leader (the attach
+	// handshake, its hello, the table, frameGone).
+	UnixMsg     time.Duration `json:"unix_msg_ns"`
+	UnixConnect time.Duration `json:"unix_connect_ns"`
 	// TableEntryBytes is the size of one world-table entry on an attach
 	// stream.
 	TableEntryBytes int `json:"table_entry_bytes"`

@@ -27,7 +27,8 @@ func (w *World) KillRank(r int) {
 // rankGone: the killed rank r's stream has closed; its leader l sees it.
 func (w *World) rankGone(l *leader, r int) {
 	h, c := l.h, &w.cfg.Costs
-	w.cpu[h].Exec(c.Packet/2, func() {
+	// The leader wakes to read the closed stream's end: half a message.
+	w.cpu[h].Exec(c.Packet/2+w.sock(c.UnixMsg)/2, func() {
 		w.seenGoneBy(l, r)
 		var others []int
 		for k, kn := range l.knowsHost {
@@ -64,7 +65,8 @@ func (w *World) seenGoneBy(l *leader, r int) {
 		if q == r {
 			continue
 		}
-		w.s.After(w.cfg.LocalLatency, func() { w.cpu[l.h].Exec(c.Packet/2, func() { w.noteLost(q) }) })
+		// frameGone on the rank's Unix stream: both ends on this host.
+		w.s.After(w.cfg.LocalLatency, func() { w.cpu[l.h].Exec(c.Packet/2+w.sock(c.UnixMsg), func() { w.noteLost(q) }) })
 	}
 }
 

@@ -92,6 +92,21 @@ func (w *World) processStart(h int, next func()) {
 	w.cpu[h].Exec(w.cfg.Costs.ProcessStart, next)
 }
 
+// attachMsgs is the messages of an attach on its stream: the handshake's
+// nonce and MAC each way (rendezvous's handshake), the rank's hello and
+// the leader's frameLeader.
+const attachMsgs = 6
+
+// sock is d when each rank is its own process and its messages cross
+// real sockets, and 0 in one process (the in-process fit's in-memory
+// network, where these costs are part of the fitted ones).
+func (w *World) sock(d time.Duration) time.Duration {
+	if w.cfg.InProcess {
+		return 0
+	}
+	return d
+}
+
 func (w *World) startLeader(l *leader) {
 	w.Count.LeaderStarts++
 	w.cpu[l.h].Exec(w.cfg.Costs.LeaderStart, func() {
@@ -112,7 +127,11 @@ func (w *World) dialLeader(l *leader, r int, backoff time.Duration) {
 		return
 	}
 	w.Count.Attaches++
-	half := w.cfg.Costs.Attach / 2
+	// The attach over a real Unix stream between processes: its connect,
+	// the handshake's nonces and MACs both ways, the hello and the
+	// leader's frameLeader (attachMsgs messages), half at each end.
+	c := &w.cfg.Costs
+	half := c.Attach/2 + w.sock(c.UnixConnect+attachMsgs*c.UnixMsg)/2
 	w.cpu[l.h].Exec(half, func() { // the rank's end, then (a round trip later) the leader's hello check
 		w.s.After(2*w.cfg.LocalLatency, func() {
 			w.cpu[l.h].Exec(half, func() {
@@ -197,7 +216,12 @@ func (w *World) pushPull(a, b *leader, done func()) {
 	c := &w.cfg.Costs
 	w.Count.PushPulls++
 	va, na := w.snapshot(a)
-	w.cpu[a.h].Exec(c.PushPull+time.Duration(na)*c.StateByte, func() {
+	// Over real TCP between processes each end pays half the connection
+	// and half of each of the two states' messages: one message's worth
+	// (sockEnd), charged when it sends, and the bytes' copies, half at
+	// each end as they cross.
+	sockEnd := w.sock(c.SockConnect/2 + c.SockMsg)
+	w.cpu[a.h].Exec(c.PushPull+sockEnd+time.Duration(na)*(c.StateByte+w.sock(c.SockByte)/2), func() {
 		w.Count.StateBytes += int64(na)
 		w.net.Send(a.h, b.h, na, "pushpull", func() {
 			if b.silent {
@@ -209,10 +233,10 @@ func (w *World) pushPull(a, b *leader, done func()) {
 				return
 			}
 			vb, nb := w.snapshot(b)
-			w.cpu[b.h].Exec(c.PushPull+time.Duration(na+nb)*c.StateByte, func() {
+			w.cpu[b.h].Exec(c.PushPull+sockEnd+time.Duration(na+nb)*(c.StateByte+w.sock(c.SockByte)/2), func() {
 				w.Count.StateBytes += int64(nb)
 				w.net.Send(b.h, a.h, nb, "pushpull", func() {
-					w.cpu[a.h].Exec(time.Duration(nb)*c.StateByte, func() {
+					w.cpu[a.h].Exec(time.Duration(nb)*(c.StateByte+w.sock(c.SockByte)/2), func() {
 						w.merge(a, vb)
 						if done != nil {
 							done()
@@ -273,13 +297,17 @@ func (w *World) checkFormed(l *leader) {
 	}
 	l.formed = true
 	c := &w.cfg.Costs
-	w.cpu[l.h].Exec(time.Duration(w.n)*c.TableEntry, func() {
+	// Each table frame crosses a Unix stream between processes: half of
+	// a message and of its bytes at the leader (per rank), half at the
+	// rank.
+	frame := w.sock(c.UnixMsg+time.Duration(w.n*c.TableEntryBytes)*c.SockByte) / 2
+	w.cpu[l.h].Exec(time.Duration(w.n)*c.TableEntry+time.Duration(w.cfg.PerHost-1)*frame, func() {
 		w.setFormed(w.rank(l.h, 0))
 		for i := 1; i < w.cfg.PerHost; i++ {
 			r := w.rank(l.h, i)
 			w.Count.TableEntries += int64(w.n)
 			w.s.After(w.cfg.LocalLatency, func() {
-				w.cpu[l.h].Exec(time.Duration(w.n)*c.TableEntry, func() { w.setFormed(r) })
+				w.cpu[l.h].Exec(time.Duration(w.n)*c.TableEntry+frame, func() { w.setFormed(r) })
 			})
 		}
 	})

@@ -158,12 +158,13 @@ func (w *World) sendPacket(from, to *leader, bytes int, kind string, fn func()) 
 	c := &w.cfg.Costs
 	w.Count.Packets++
 	w.Count.PacketBytes += int64(bytes)
-	w.cpu[from.h].Exec(c.Packet/2, nil)
+	end := c.Packet/2 + w.sock(c.SockPacket)/2
+	w.cpu[from.h].Exec(end, nil)
 	w.net.Send(from.h, to.h, bytes, kind, func() {
 		if to.silent {
 			return
 		}
-		w.cpu[to.h].Exec(c.Packet/2, fn)
+		w.cpu[to.h].Exec(end, fn)
 	})
 }
 
@@ -234,7 +235,7 @@ func (w *World) hostLost(l *leader, h int) {
 		w.noteLost(w.rank(l.h, 0))
 		for i := 1; i < w.cfg.PerHost; i++ {
 			r := w.rank(l.h, i)
-			w.s.After(w.cfg.LocalLatency, func() { w.cpu[l.h].Exec(c.Packet/2, func() { w.noteLost(r) }) })
+			w.s.After(w.cfg.LocalLatency, func() { w.cpu[l.h].Exec(c.Packet/2+w.sock(c.UnixMsg), func() { w.noteLost(r) }) })
 		}
 	})
 }

@@ -244,6 +244,7 @@ func TestProcessStartCharged(t *testing.T) {
 	const hosts, per = 8, 4
 	c := testCosts(t)
 	c.ProcessStart, c.ProcessIdle = 10*time.Millisecond, time.Nanosecond // idle: rounds to nothing per tick
+	noSockets(&c)                                                        // TestSocketCostsCharged's part
 	shared := func(in bool) func(*WorldConfig) {
 		return func(w *WorldConfig) { w.SharedCores, w.InProcess, w.Costs = 2, in, c }
 	}
@@ -260,6 +261,48 @@ func TestProcessStartCharged(t *testing.T) {
 	}
 	if f1, _ := one.Formation(); f1 >= f {
 		t.Errorf("ranks in one process formed %v after the last start, not sooner than in their own processes (%v)", f1, f)
+	}
+}
+
+// noSockets makes the socket costs between processes (near) free.
+func noSockets(c *Costs) {
+	c.SockPacket, c.SockMsg, c.SockConnect, c.SockByte = time.Nanosecond, time.Nanosecond, time.Nanosecond, time.Nanosecond
+	c.UnixMsg, c.UnixConnect = time.Nanosecond, time.Nanosecond
+}
+
+// Ranks in their own processes pay the sockets between them: every
+// attach (a Unix connect and its six messages), every table frame, every
+// UDP packet and every push-pull's TCP connection, messages and bytes.
+// Ranks in one process pay none of it (the in-process fit's costs hold
+// their in-memory network's).
+func TestSocketCostsCharged(t *testing.T) {
+	const hosts, per = 8, 4
+	world := func(in, sockets bool) *World {
+		c := testCosts(t)
+		c.ProcessStart, c.ProcessIdle = time.Nanosecond, time.Nanosecond
+		if !sockets {
+			noSockets(&c)
+		}
+		return testWorld(t, hosts, per, func(w *WorldConfig) { w.SharedCores, w.InProcess, w.Costs = 2, in, c })
+	}
+	if a, b := world(true, true), world(true, false); a.Busy(0) != b.Busy(0) {
+		t.Errorf("in one process the socket costs changed the CPU: %v with, %v without", a.Busy(0), b.Busy(0))
+	}
+	a, b := world(false, true), world(false, false)
+	c := &a.cfg.Costs
+	attached := time.Duration(hosts * (per - 1))
+	fixed := attached * (c.UnixConnect + 7*c.UnixMsg) // attach's 6 messages and the table's frame
+	counted := fixed + time.Duration(a.Count.Packets)*c.SockPacket +
+		time.Duration(a.Count.PushPulls)*(c.SockConnect+2*c.SockMsg)
+	got := a.Busy(0) - b.Busy(0)
+	t.Logf("sockets: %v more CPU (%d packets, %d push-pulls; attaches and tables %v)", got, a.Count.Packets, a.Count.PushPulls, fixed)
+	// The two runs' gossip differs with their timings: 10% of slack.
+	if got < fixed || float64(got) < 0.9*float64(counted) {
+		t.Errorf("own processes with sockets charged %v more CPU than without, want at least the attaches and tables' %v and about %v in all", got, fixed, counted)
+	}
+	fa, _ := a.Formation()
+	if fb, _ := b.Formation(); fa <= fb {
+		t.Errorf("formation with the sockets charged %v, not later than without (%v)", fa, fb)
 	}
 }
 

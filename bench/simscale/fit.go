@@ -148,6 +148,11 @@ func measureProcesses(c *sim.Costs, gorunBin string, rss []rssPoint, rounds int,
 
 	c.PMICardBytes, c.PMIReleaseBytes, c.PMIEnvelopeBytes = 100, 40, 70
 	c.Source["pmi_*"] = "notes/scale.md: MPICH 4.0.2's cards (~90 hex digits and the key), a release carries the barrier's number in a JSON command (~40 B), a batched answer's envelope ~70 B"
+	// The socket costs first: the process costs are what a real job
+	// spends beyond everything else the model charges it, sockets included.
+	if err := measureSocketCosts(c, 2*rounds+1, logf); err != nil {
+		return err
+	}
 	if err := measureProcessCosts(c, gorunBin, 2*rounds+1, logf); err != nil {
 		return err
 	}

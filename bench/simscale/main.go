@@ -30,6 +30,7 @@ import (
 
 type options struct {
 	measure, measureProc bool
+	measureSock          bool
 	costsIn, costsOut    string
 	gorunBin, rss        string
 	rounds               int
@@ -54,12 +55,16 @@ func main() {
 	if os.Getenv(echoEnv) == "1" {
 		os.Exit(echoMain())
 	}
+	if os.Getenv(sockPeerEnv) == "1" {
+		os.Exit(sockPeerMain())
+	}
 	if os.Getenv(victimEnv) != "" {
 		os.Exit(victimMain())
 	}
 	var o options
 	flag.BoolVar(&o.measure, "measure", false, "measure the costs from the real code first (else read -costs)")
 	flag.BoolVar(&o.measureProc, "measure-process", false, "read -costs, measure only the process costs (start, idle) again (-gorun), and keep the rest")
+	flag.BoolVar(&o.measureSock, "measure-sockets", false, "read -costs, measure only the socket costs between processes again, and keep the rest")
 	flag.StringVar(&o.costsIn, "costs", "sim/testdata/costs.json", "costs file to read when not measuring")
 	flag.StringVar(&o.costsOut, "costs-out", "", "write the measured costs here")
 	flag.StringVar(&o.gorunBin, "gorun", "bin/gorun", "gorun binary (agent start cost)")
@@ -113,8 +118,8 @@ func run(o options) error {
 }
 
 func loadOrMeasure(o options) (sim.Costs, error) {
-	if o.measureProc {
-		return remeasureProcess(o)
+	if o.measureProc || o.measureSock {
+		return remeasure(o)
 	}
 	if !o.measure {
 		return sim.LoadCosts(o.costsIn)
@@ -138,10 +143,11 @@ func loadOrMeasure(o options) (sim.Costs, error) {
 	return c, nil
 }
 
-// remeasureProcess reads -costs without validating them (a file from
-// before ProcessStart lacks it), measures ProcessStart and writes the
-// result to -costs-out if set.
-func remeasureProcess(o options) (sim.Costs, error) {
+// remeasure reads -costs without validating them (a file from before
+// ProcessStart or the socket costs lacks them), measures the process
+// costs (-measure-process) or the socket costs (-measure-sockets) and
+// writes the result to -costs-out if set.
+func remeasure(o options) (sim.Costs, error) {
 	var c sim.Costs
 	b, err := os.ReadFile(o.costsIn)
 	if err == nil {
@@ -150,13 +156,21 @@ func remeasureProcess(o options) (sim.Costs, error) {
 	if err != nil {
 		return c, fmt.Errorf("-costs %s: %w", o.costsIn, err)
 	}
-	fmt.Println("\nmeasuring the process start cost (real 1×2 jobs on this machine):")
 	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
 	if c.Source == nil {
 		c.Source = map[string]string{}
 	}
-	if err := measureProcessCosts(&c, o.gorunBin, 2*o.rounds+1, logf); err != nil {
-		return c, err
+	if o.measureSock {
+		fmt.Println("\nmeasuring the socket costs (two processes over loopback):")
+		if err := measureSocketCosts(&c, 2*o.rounds+1, logf); err != nil {
+			return c, err
+		}
+	}
+	if o.measureProc {
+		fmt.Println("\nmeasuring the process start cost (real 1×2 jobs on this machine):")
+		if err := measureProcessCosts(&c, o.gorunBin, 2*o.rounds+1, logf); err != nil {
+			return c, err
+		}
 	}
 	if err := c.Validate(); err != nil {
 		return c, err

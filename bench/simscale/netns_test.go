@@ -12,7 +12,8 @@ import (
 	"github.com/gorun-hpc/gorun/tests/testhosts"
 )
 
-// The test binary is the rank program and the echo end, as the command is.
+// The test binary is the rank program, the echo end and the socket peer,
+// as the command is.
 func TestMain(m *testing.M) {
 	start, cpu0 := time.Now(), cpuTime()
 	if os.Getenv(rankEnv) == "1" {
@@ -23,6 +24,9 @@ func TestMain(m *testing.M) {
 	}
 	if os.Getenv(victimEnv) != "" {
 		os.Exit(victimMain())
+	}
+	if os.Getenv(sockPeerEnv) == "1" {
+		os.Exit(sockPeerMain())
 	}
 	launchertest.FastRaceExit()
 	os.Exit(m.Run())

@@ -4,10 +4,6 @@
 //
 //	// long: one switch over the wire commands; split up, a reader would
 //	// hop between a dozen functions to see what a connection can be asked.
-//
-// A few functions that predate the rule are listed in the test with the
-// length they have; they may shrink but not grow, and an entry must go
-// once its function is short or gone, so the list only gets shorter.
 package funclen
 
 // MaxLines is the longest a function may be, from its func line to its

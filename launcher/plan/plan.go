@@ -10,9 +10,9 @@ import (
 )
 
 // Config is everything planning needs. It holds values, not resources:
-// the caller picks ports, the job id and the secret (package launcher's
-// ReservePorts and NewJobIdentity) so that New stays a pure, deterministic
-// function.
+// the caller picks ports, the job id and the secret (launcher/ports'
+// Reserve and the launcher's NewJobIdentity) so that New stays a pure,
+// deterministic function.
 type Config struct {
 	// NP is the number of ranks; 0 means one rank per slot.
 	NP int

@@ -151,7 +151,7 @@ func (sp *PMI) RankSetup(rank int, env []string) (*os.File, []string) {
 // openMPIRefusalVars make every Open MPI rank that gorun serves PMI fail
 // in its start-up with an error naming gorun, instead of running as a
 // silent one-rank singleton: the check of the program's libraries
-// (mpilib.go) cannot see Open MPI loaded at run time (python3 with an
+// (launcher/program) cannot see Open MPI loaded at run time (python3 with an
 // mpi4py built for Open MPI, a dlopen). Open MPI reads its MCA parameters
 // from OMPI_MCA_<name>; told to use a component that does not exist, it
 // stops, prints "A requested component was not found ... Framework: F,

@@ -64,14 +64,14 @@ type Job struct {
 	// each child's host and full command. The agent reports a child whose
 	// command exits ("child-exit") until gorun says "setup-over".
 	Launch []ChildLaunch `json:"launch,omitempty"`
-	// Preload lists files gorun offers (launcher/preload.go); the agent asks for
+	// Preload lists files gorun offers (launcher/preload); the agent asks for
 	// those it lacks in hello.Need.
 	Preload []PreloadFile `json:"preload,omitempty"`
 	// Stdin says gorun forwards its stdin to rank 0 (stdin frames);
 	// otherwise every rank reads /dev/null.
 	Stdin bool `json:"stdin,omitempty"`
 	// NoPMI says the ranks are not served PMI (--pmi none), so an Open
-	// MPI program is not refused (launcher/mpilib.go).
+	// MPI program is not refused (launcher/program).
 	NoPMI bool `json:"no_pmi,omitempty"`
 	// Flight asks the agent to give its ranks a flight-record directory
 	// and send gorun what they write there (launcher/flight.go).

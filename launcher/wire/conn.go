@@ -25,7 +25,7 @@ const (
 	FrameMsg    byte = 'M'
 	FrameOutput byte = 'O'
 	FramePing   byte = 'P'
-	FrameData   byte = 'D' // preloaded file contents (launcher/preload.go)
+	FrameData   byte = 'D' // preloaded file contents (launcher/preload)
 	FrameStdin  byte = 'I' // rank 0's stdin; an empty payload is EOF
 )
 

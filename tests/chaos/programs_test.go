@@ -7,7 +7,7 @@ import (
 
 // ompiHello is an interpreter that loads Open MPI at run time (as Python
 // with an mpi4py built for Open MPI does): the library check of gorun's
-// program (mpilib.go) sees no MPI in python3, so only the environment gorun
+// program (launcher/program) sees no MPI in python3, so only the environment gorun
 // gives Open MPI's start-up can refuse it. Run as a singleton it prints
 // "rank 0 of 1" and exits 0.
 const ompiHello = `import ctypes, sys

@@ -395,7 +395,7 @@ func TestPreload(t *testing.T) {
 		}
 		return code, stdout.String(), stderr.String()
 	}
-	// The cache is private to the user (launcher/private.go): root's
+	// The cache is private to the user (launcher/privdir): root's
 	// ~/.cache/gorun/preload here, or $XDG_RUNTIME_DIR/gorun/preload.
 	code, out, errOut := run()
 	m := regexp.MustCompile(`ran (/\S*/gorun/preload/` + hex.EncodeToString(sum[:]) + `)/prog\.sh data=payload`).FindStringSubmatch(out)

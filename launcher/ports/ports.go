@@ -1,4 +1,4 @@
-package launcher
+package ports
 
 import (
 	"errors"
@@ -11,13 +11,13 @@ import (
 	"syscall"
 )
 
-// PortReservation holds two ports that were free at launch: one for
+// Reservation holds two ports that were free at launch: one for
 // MASTER_PORT and one for the rendezvous seed. The sockets stay bound until
 // Release, so two gorun jobs planning at the same time can never be given
 // the same port.
 //
 // The unavoidable window is between Release and the moment rank 0 binds the
-// port itself; Run releases right before it starts the ranks. The ports are
+// port itself; the launcher releases right before it starts the ranks. The ports are
 // picked below the kernel's ephemeral range (ip_local_port_range), because
 // inside it anything may take a just-released port in that window: every
 // outgoing connect() on the machine draws its source port from that range,
@@ -25,7 +25,7 @@ import (
 // test suite the seed bind failed with "address already in use" about once
 // in ten jobs. Below the range only another explicit pick of the same port
 // can collide, and picks are random over thousands of ports.
-type PortReservation struct {
+type Reservation struct {
 	// MasterPort is free for TCP; RdzvPort is free for both TCP and UDP,
 	// since memberlist binds both on one port.
 	MasterPort, RdzvPort int
@@ -67,11 +67,11 @@ func candidates() []int {
 	return append(out, 0)
 }
 
-// ReservePorts binds two distinct free ports on the wildcard address, so
+// Reserve binds two distinct free ports on the wildcard address, so
 // that any later bind to a specific address of this machine conflicts with
 // them too.
-func ReservePorts() (*PortReservation, error) {
-	r := &PortReservation{}
+func Reserve() (*Reservation, error) {
+	r := &Reservation{}
 	ml, port, err := reserve(false)
 	if err != nil {
 		return nil, fmt.Errorf("launcher: reserve MASTER_PORT: %w", err)
@@ -123,7 +123,7 @@ func reserve(udp bool) ([]interface{ Close() error }, int, error) {
 
 // Release closes the reserving sockets so the ranks can bind the ports. It
 // is idempotent.
-func (r *PortReservation) Release() {
+func (r *Reservation) Release() {
 	if r == nil {
 		return
 	}

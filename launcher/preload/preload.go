@@ -1,4 +1,4 @@
-package launcher
+package preload
 
 import (
 	"bytes"
@@ -14,43 +14,25 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/gorun-hpc/gorun/launcher/privdir"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
-// Preloading (--preload-binary, --preload-files): gorun sends the program
-// and extra files to every host over the agent connections before any rank
-// starts, so hosts without a shared file system or an install of the
-// program can run it. Each file travels zstd-compressed (compressed once,
-// sent to every host), is checked against its SHA-256 on arrival, and is
-// not sent at all when the host already holds the same content:
-//
-//   - the program goes to a content-addressed cache in a directory private
-//     to the user (private.go: $XDG_RUNTIME_DIR/gorun/preload, else
-//     ~/.cache/gorun/preload, else $TMPDIR/gorun-<uid>/preload; each level
-//     0700, owned by the user, lstat-checked) as <sha256>/<name>, so
-//     back-to-back jobs skip the transfer. A cached file is reused only
-//     when, opened without following symlinks, it is a regular file of this
-//     user that nobody else can write and its content hashes right; since
-//     nobody else can write in the directory either, the bytes executed are
-//     the bytes checked;
-//   - files go to the ranks' working directory on the host, as mpirun's
-//     --preload-files does, replaced atomically (write, then rename). A
-//     file already there is kept only when it passes the cached program's
-//     checks (this user's, nobody else can write it, not a symlink); a
-//     working directory of another user's, or one every user may write
-//     that is not sticky, is refused, since they could swap the files.
-
-// preloadSource is a file on gorun's side with its compressed bytes,
+// Source is a file on gorun's side with its compressed bytes,
 // made once and shared by every host's sender.
-type preloadSource struct {
+type Source struct {
 	path string
-	info wire.PreloadFile
+	// Info is what the hosts are told of the file (name, size, mode,
+	// SHA-256, whether it is the program).
+	Info wire.PreloadFile
 	once sync.Once
 	zst  []byte
 	err  error
 }
 
-func newPreloadSource(path string, program bool) (*preloadSource, error) {
+// NewSource reads the file at path (the job's program when program is
+// set) and hashes it; it is compressed when a host first needs it.
+func NewSource(path string, program bool) (*Source, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("launcher: preload %s: %w", path, err)
@@ -65,19 +47,19 @@ func newPreloadSource(path string, program bool) (*preloadSource, error) {
 	if err != nil {
 		return nil, fmt.Errorf("launcher: preload %s: %w", path, err)
 	}
-	return &preloadSource{path: path, info: wire.PreloadFile{
+	return &Source{path: path, Info: wire.PreloadFile{
 		Name: filepath.Base(path), Size: n, SHA256: hex.EncodeToString(h.Sum(nil)), Mode: st.Mode().Perm(), Program: program,
 	}}, nil
 }
 
-func (s *preloadSource) compressed() ([]byte, error) {
+func (s *Source) compressed() ([]byte, error) {
 	s.once.Do(func() {
 		data, err := os.ReadFile(s.path)
 		if err != nil {
 			s.err = err
 			return
 		}
-		if got := sha256.Sum256(data); hex.EncodeToString(got[:]) != s.info.SHA256 {
+		if got := sha256.Sum256(data); hex.EncodeToString(got[:]) != s.Info.SHA256 {
 			s.err = fmt.Errorf("%s changed while gorun was starting", s.path)
 			return
 		}
@@ -92,16 +74,16 @@ func (s *preloadSource) compressed() ([]byte, error) {
 	return s.zst, s.err
 }
 
-// preloadChunk is the size of one data frame.
-const preloadChunk = 1 << 20
+// chunk is the size of one data frame.
+const chunk = 1 << 20
 
-// sendPreloads sends every file the agent asked for (need holds SHA-256s)
+// Send sends every file the agent asked for (need holds SHA-256s)
 // and waits for its verdict on each.
-func sendPreloads(w *wire.Conn, srcs []*preloadSource, need []string) error {
+func Send(w *wire.Conn, srcs []*Source, need []string) error {
 	for _, sha := range need {
-		var src *preloadSource
+		var src *Source
 		for _, s := range srcs {
-			if s.info.SHA256 == sha {
+			if s.Info.SHA256 == sha {
 				src = s
 			}
 		}
@@ -116,8 +98,8 @@ func sendPreloads(w *wire.Conn, srcs []*preloadSource, need []string) error {
 		if err := w.WriteFrame(wire.FrameMsg, hdr); err != nil {
 			return err
 		}
-		for off := 0; off < len(z); off += preloadChunk {
-			if err := w.WriteFrame(wire.FrameData, z[off:min(off+preloadChunk, len(z))]); err != nil {
+		for off := 0; off < len(z); off += chunk {
+			if err := w.WriteFrame(wire.FrameData, z[off:min(off+chunk, len(z))]); err != nil {
 				return err
 			}
 		}
@@ -126,29 +108,29 @@ func sendPreloads(w *wire.Conn, srcs []*preloadSource, need []string) error {
 			return err
 		}
 		if m.T != "file-ok" {
-			return fmt.Errorf("%s: %s", src.info.Name, m.Err)
+			return fmt.Errorf("%s: %s", src.Info.Name, m.Err)
 		}
 	}
 	return nil
 }
 
-// preloadPlace is where a host keeps a preloaded file and whether it is
+// Place is where a host keeps a preloaded file and whether it is
 // already there with the right content. The program's place must be
 // private to this user; when no private directory can be had the error
 // says why and the agent reports it as this host's failure.
-func preloadPlace(f wire.PreloadFile, dir string) (path string, present bool, err error) {
+func Place(f wire.PreloadFile, dir string) (path string, present bool, err error) {
 	if f.Program {
-		cache, err := userStateDir("preload")
+		cache, err := privdir.UserState("preload")
 		if err != nil {
 			return "", false, err
 		}
-		d, err := privateDir(cache, f.SHA256)
+		d, err := privdir.Make(cache, f.SHA256)
 		if err != nil {
 			return "", false, err
 		}
 		path = filepath.Join(d, f.Name)
 	} else {
-		if err := checkPreloadDir(dir); err != nil {
+		if err := checkDir(dir); err != nil {
 			return "", false, err
 		}
 		path = filepath.Join(dir, f.Name)
@@ -160,19 +142,19 @@ func preloadPlace(f wire.PreloadFile, dir string) (path string, present bool, er
 	return path, err == nil && got == f.SHA256, nil
 }
 
-// checkPreloadDir refuses a ranks' working directory where another user
+// checkDir refuses a ranks' working directory where another user
 // could replace the preloaded files after they were placed: one that
 // belongs to another user, or that every user may write and is not sticky.
-func checkPreloadDir(dir string) error {
+func checkDir(dir string) error {
 	st, err := os.Stat(dir)
 	if err != nil {
 		return err
 	}
 	if uid := int(st.Sys().(*syscall.Stat_t).Uid); uid != 0 && uid != os.Getuid() {
-		return &PrivateDirError{dir, fmt.Sprintf("it belongs to uid %d, who could replace the preloaded files (run from a directory of your own)", uid)}
+		return &privdir.Error{Path: dir, Problem: fmt.Sprintf("it belongs to uid %d, who could replace the preloaded files (run from a directory of your own)", uid)}
 	}
 	if st.Mode().Perm()&0o002 != 0 && st.Mode()&os.ModeSticky == 0 {
-		return &PrivateDirError{dir, fmt.Sprintf("every user may write it (mode %04o, not sticky) and replace the preloaded files", st.Mode().Perm())}
+		return &privdir.Error{Path: dir, Problem: fmt.Sprintf("every user may write it (mode %04o, not sticky) and replace the preloaded files", st.Mode().Perm())}
 	}
 	return nil
 }
@@ -196,7 +178,7 @@ func fileSHA256(path string, own bool) (string, error) {
 			return "", err
 		}
 		if !st.Mode().IsRegular() || int(st.Sys().(*syscall.Stat_t).Uid) != os.Getuid() || st.Mode().Perm()&0o022 != 0 {
-			return "", &PrivateDirError{path, "a cached program must be a regular file of this user that nobody else can write"}
+			return "", &privdir.Error{Path: path, Problem: "a cached program must be a regular file of this user that nobody else can write"}
 		}
 	}
 	h := sha256.New()
@@ -206,9 +188,9 @@ func fileSHA256(path string, own bool) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// receivePreloads is the agent side: for each needed file, read its data
+// Receive is the agent side: for each needed file, read its data
 // frames, decompress, check the hash, place it atomically, and answer.
-func receivePreloads(w *wire.Conn, files []wire.PreloadFile, paths map[string]string, need []string) error {
+func Receive(w *wire.Conn, files []wire.PreloadFile, paths map[string]string, need []string) error {
 	byHash := map[string]wire.PreloadFile{}
 	for _, f := range files {
 		byHash[f.SHA256] = f

@@ -1,4 +1,4 @@
-package launcher
+package privdir
 
 import (
 	"errors"
@@ -9,29 +9,20 @@ import (
 	"syscall"
 )
 
-// Per-user state on a host (the preload cache, ssh control sockets) lives
-// only in directories this user owns with mode 0700, checked the way
-// OpenSSH's StrictModes checks ~/.ssh: every directory from / down to the
-// base must belong to root or this user and be writable by nobody else
-// unless it is sticky (/tmp); the directories gorun makes below it must be
-// real directories (never symlinks, checked with lstat), owned by this user,
-// with no group or other bits. Another user then cannot create the tree
-// first, swap a file in it, or redirect it with a symlink.
-
-// PrivateDirError says why a directory is not private to this user.
-type PrivateDirError struct {
+// Error says why a directory is not private to this user.
+type Error struct {
 	Path    string
 	Problem string
 }
 
-func (e *PrivateDirError) Error() string {
+func (e *Error) Error() string {
 	return fmt.Sprintf("launcher: %s is not private to this user: %s", e.Path, e.Problem)
 }
 
-// privateDir returns base/elems... after making sure every directory of it
+// Make returns base/elems... after making sure every directory of it
 // is private: base must be safe (secureBase), each element is created with
 // mode 0700 or, when present, lstat-checked.
-func privateDir(base string, elems ...string) (string, error) {
+func Make(base string, elems ...string) (string, error) {
 	if err := secureBase(base); err != nil {
 		return "", err
 	}
@@ -56,16 +47,16 @@ func checkOwnDir(dir string) error {
 		return err
 	}
 	if st.Mode()&os.ModeSymlink != 0 {
-		return &PrivateDirError{dir, "it is a symbolic link"}
+		return &Error{dir, "it is a symbolic link"}
 	}
 	if !st.IsDir() {
-		return &PrivateDirError{dir, "it is not a directory"}
+		return &Error{dir, "it is not a directory"}
 	}
 	if uid := int(st.Sys().(*syscall.Stat_t).Uid); uid != os.Getuid() {
-		return &PrivateDirError{dir, "it belongs to uid " + strconv.Itoa(uid)}
+		return &Error{dir, "it belongs to uid " + strconv.Itoa(uid)}
 	}
 	if st.Mode().Perm()&0o077 != 0 {
-		return &PrivateDirError{dir, fmt.Sprintf("its mode is %04o, want 0700", st.Mode().Perm())}
+		return &Error{dir, fmt.Sprintf("its mode is %04o, want 0700", st.Mode().Perm())}
 	}
 	return nil
 }
@@ -86,10 +77,10 @@ func secureBase(base string) error {
 		}
 		uid := int(st.Sys().(*syscall.Stat_t).Uid)
 		if uid != 0 && uid != os.Getuid() {
-			return &PrivateDirError{base, fmt.Sprintf("%s belongs to uid %d", p, uid)}
+			return &Error{base, fmt.Sprintf("%s belongs to uid %d", p, uid)}
 		}
 		if st.Mode().Perm()&0o022 != 0 && st.Mode()&os.ModeSticky == 0 {
-			return &PrivateDirError{base, fmt.Sprintf("%s is writable by others (mode %04o) and not sticky", p, st.Mode().Perm())}
+			return &Error{base, fmt.Sprintf("%s is writable by others (mode %04o) and not sticky", p, st.Mode().Perm())}
 		}
 		if p == filepath.Dir(p) {
 			return nil
@@ -97,13 +88,13 @@ func secureBase(base string) error {
 	}
 }
 
-// userStateDir is this user's private directory for gorun's state of the
+// UserState is this user's private directory for gorun's state of the
 // given kind on this host: $XDG_RUNTIME_DIR/gorun/<kind> when the runtime
 // directory is set and safe (systemd makes it per user, 0700, on tmpfs),
 // else the user cache directory ($XDG_CACHE_HOME or ~/.cache)/gorun/<kind>,
-// else $TMPDIR/gorun-<uid>/<kind>. Each candidate must pass privateDir;
+// else $TMPDIR/gorun-<uid>/<kind>. Each candidate must pass Make;
 // the first that does is used, and when none does the last error says why.
-func userStateDir(kind string) (string, error) {
+func UserState(kind string) (string, error) {
 	var bases [][]string
 	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" && filepath.IsAbs(d) {
 		bases = append(bases, []string{d, "gorun", kind})
@@ -116,7 +107,7 @@ func userStateDir(kind string) (string, error) {
 	bases = append(bases, []string{os.TempDir(), "gorun-" + strconv.Itoa(os.Getuid()), kind})
 	var last error
 	for _, b := range bases {
-		dir, err := privateDir(b[0], b[1:]...)
+		dir, err := Make(b[0], b[1:]...)
 		if err == nil {
 			return dir, nil
 		}

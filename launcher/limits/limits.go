@@ -1,4 +1,4 @@
-package launcher
+package limits
 
 import (
 	"fmt"
@@ -11,13 +11,7 @@ import (
 	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
-// Counts gorun cannot serve are refused before anything is allocated for
-// them. An absurd -np otherwise grows the plan (one environment per rank)
-// until the machine runs out of memory, and a merely too large one fails
-// late and cryptically ("pipe2: too many open files") after starting part
-// of the job.
-
-// Per-rank costs on the launching machine for a local job. gorun reads two
+// Per-rank costs on the machine that runs the ranks. gorun reads two
 // pipes per rank (stdout, stderr); its supervisor holds their write ends
 // and, with PMI, one socketpair per rank until the ranks started.
 const (
@@ -28,9 +22,9 @@ const (
 	fdsBase = 64
 )
 
-// localLimits are the limits of this machine that a local job's rank count
+// Machine is the limits of a machine that the rank count of a job it runs
 // meets, with what is in use already; 0 means no limit.
-type localLimits struct {
+type Machine struct {
 	// files is RLIMIT_NOFILE's hard limit: Go raises the soft limit to it
 	// at start-up, in gorun and in its supervisor (the same binary).
 	files int
@@ -45,9 +39,10 @@ type localLimits struct {
 	cgroupPids, cgroupInUse int
 }
 
-// checkLocalCapacity refuses a local job of ranks ranks that lim cannot
-// serve. Pure, so that tests can give it any limits.
-func checkLocalCapacity(ranks int, lim localLimits) error {
+// Check refuses ranks ranks on a machine with the limits lim, with a
+// *plan.CapacityError naming the resource and the limit. Pure, so that
+// tests can give it any limits.
+func Check(ranks int, lim Machine) error {
 	if ranks > plan.MaxRanks {
 		return &plan.CapacityError{Ranks: ranks, Resource: "ranks", Need: ranks, Limit: plan.MaxRanks}
 	}
@@ -76,10 +71,10 @@ func checkLocalCapacity(ranks int, lim localLimits) error {
 	return nil
 }
 
-// readLocalLimits reads this machine's limits; a limit it cannot read is
-// left at 0 (unchecked).
-func readLocalLimits() localLimits {
-	var lim localLimits
+// Read reads this machine's limits; a limit it cannot read is left at 0
+// (unchecked).
+func Read() Machine {
+	var lim Machine
 	var rl unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Max != unix.RLIM_INFINITY && rl.Max < 1<<40 {
 		lim.files = int(rl.Max)

@@ -1,4 +1,4 @@
-package launcher
+package privdir
 
 import (
 	"errors"
@@ -7,11 +7,11 @@ import (
 	"testing"
 )
 
-// privateDir makes missing levels 0700 and refuses a level that another
+// Make makes missing levels 0700 and refuses a level that another
 // user could have prepared: too open, a symlink, not a directory, or
 // (as root) owned by someone else; and a base under a directory that
 // anyone may write without the sticky bit.
-func TestPrivateDir(t *testing.T) {
+func TestMake(t *testing.T) {
 	tests := []struct {
 		name    string
 		prepare func(t *testing.T, base string) // makes base/gorun in some state
@@ -41,11 +41,11 @@ func TestPrivateDir(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			base := t.TempDir()
 			tc.prepare(t, base)
-			dir, err := privateDir(base, "gorun", "preload")
+			dir, err := Make(base, "gorun", "preload")
 			if !tc.ok {
-				var pe *PrivateDirError
+				var pe *Error
 				if !errors.As(err, &pe) {
-					t.Fatalf("privateDir = %q, %v; want a *PrivateDirError", dir, err)
+					t.Fatalf("Make = %q, %v; want a *Error", dir, err)
 				}
 				return
 			}
@@ -62,7 +62,7 @@ func TestPrivateDir(t *testing.T) {
 	// A base inside a world-writable, non-sticky directory is refused.
 	open := t.TempDir()
 	must(t, os.Chmod(open, 0o777))
-	if _, err := privateDir(open, "gorun"); err == nil {
+	if _, err := Make(open, "gorun"); err == nil {
 		t.Error("a base in a world-writable non-sticky directory was accepted")
 	}
 }

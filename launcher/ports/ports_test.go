@@ -1,7 +1,8 @@
-package launcher
+package ports
 
 import (
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,7 +30,7 @@ func TestQuietRange(t *testing.T) {
 
 // Reserved ports lie below the ephemeral range when the machine leaves room
 // there, so no outgoing connection can take them once released.
-func TestReservePortsOutsideEphemeralRange(t *testing.T) {
+func TestReserveOutsideEphemeralRange(t *testing.T) {
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
 		t.Skipf("no ip_local_port_range: %v", err)
@@ -38,7 +39,7 @@ func TestReservePortsOutsideEphemeralRange(t *testing.T) {
 	if _, _, ok := quietRange(string(b)); !ok {
 		t.Skipf("ephemeral range %q leaves no quiet ports", strings.TrimSpace(string(b)))
 	}
-	var held []*PortReservation
+	var held []*Reservation
 	defer func() {
 		for _, r := range held {
 			r.Release()
@@ -46,7 +47,7 @@ func TestReservePortsOutsideEphemeralRange(t *testing.T) {
 	}()
 	seen := map[int]bool{}
 	for range 8 {
-		r, err := ReservePorts()
+		r, err := Reserve()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,4 +62,25 @@ func TestReservePortsOutsideEphemeralRange(t *testing.T) {
 			seen[p] = true
 		}
 	}
+}
+
+// Two reservations held at once never share a port, and Release may be
+// called twice.
+func TestReserveTwice(t *testing.T) {
+	a, err := Reserve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Reserve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := []int{a.MasterPort, a.RdzvPort, b.MasterPort, b.RdzvPort}
+	slices.Sort(ports)
+	if len(slices.Compact(ports)) != 4 {
+		t.Fatalf("two reservations held at once share a port: %+v %+v", a, b)
+	}
+	a.Release()
+	a.Release() // idempotent
+	b.Release()
 }

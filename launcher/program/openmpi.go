@@ -1,4 +1,4 @@
-package launcher
+package program
 
 import (
 	"errors"
@@ -29,7 +29,7 @@ import (
 // standard directories). What it cannot see: an interpreter that loads MPI
 // at run time (python3 with mpi4py built against Open MPI), or a library
 // opened with dlopen. Those are stopped in MPI_Init instead, by the MCA
-// parameters every rank gets (openMPIRefusalVars in pmi.go): each rank exits 1
+// parameters every rank gets (the launcher's openMPIRefusalVars, pmi.go): each rank exits 1
 // with Open MPI's error naming gorun, never as a singleton.
 
 // ErrOpenMPI is wrapped by the error for a program linked against Open MPI.
@@ -39,11 +39,11 @@ var ErrOpenMPI = errors.New("linked against Open MPI, which forms its world thro
 // MPI 3-5's; MPICH's is libmpi.so.12 / libmpich.so.12).
 var openMPILibs = []string{"libmpi.so.40", "libopen-rte.so.", "libopen-pal.so.", "libmpi_mpifh.so.40", "libmpi_cxx.so.40"}
 
-// checkMPILibrary returns a *ProgramError wrapping ErrOpenMPI when the ELF
+// CheckOpenMPI returns an *Error wrapping ErrOpenMPI when the ELF
 // program at path links Open MPI, directly or through its libraries. A file
 // that is not ELF (a script) or cannot be read passes: the check only
 // refuses what it positively recognized.
-func checkMPILibrary(name, path string) error {
+func CheckOpenMPI(name, path string) error {
 	lib, chain := findOpenMPI(path)
 	if lib == "" {
 		return nil
@@ -52,7 +52,7 @@ func checkMPILibrary(name, path string) error {
 	if len(chain) > 0 {
 		via = " through " + strings.Join(chain, " → ")
 	}
-	return &ProgramError{Program: name, Err: fmt.Errorf("%w (it needs %s%s); run it with Open MPI's mpirun, "+
+	return &Error{Program: name, Err: fmt.Errorf("%w (it needs %s%s); run it with Open MPI's mpirun, "+
 		"or rebuild it with MPICH (mpicc.mpich) to run it under gorun", ErrOpenMPI, lib, via)}
 }
 
