@@ -41,19 +41,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-
-def run(cmd):
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
-    wall = time.monotonic() - t0
-    if p.returncode != 0:
-        sys.exit("command failed (%d): %s\n%s\n%s" % (p.returncode, " ".join(cmd), p.stdout[-3000:], p.stderr[-3000:]))
-    return wall, p.stdout
+sys.path.insert(0, HERE)
+from bench_ft_go import run  # noqa: E402  (one timed, checked command runner for both benches)
 
 
 def ft_run(a, tmp):
