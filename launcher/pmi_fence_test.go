@@ -211,20 +211,35 @@ func TestPMIFenceBytesFollowRanksPerHost(t *testing.T) {
 		}
 		return m
 	}
-	small := most(fenceBytes(t, 4, 4))  // 16 ranks
-	wide := most(fenceBytes(t, 32, 4))  // 128 ranks, same ranks per host
-	dense := most(fenceBytes(t, 4, 16)) // 64 ranks, 4× the ranks per host
+	// Answers come in batches (a host's puts of the barrier): a get in
+	// flight when its batch arrives costs one more answer, at most one per
+	// rank of the host, whatever the job's size. How many do depends on
+	// timing (4×4 costs 1,317 bytes on a quiet machine, 1,744 under load
+	// and -race: four more answers), so each shape runs three times and its
+	// least is compared.
+	least := func(hosts, perHost int) int {
+		m := 0
+		for i := range 3 {
+			if b := most(fenceBytes(t, hosts, perHost)); i == 0 || b < m {
+				m = b
+			}
+		}
+		return m
+	}
+	small := least(4, 4)  // 16 ranks
+	wide := least(32, 4)  // 128 ranks, same ranks per host
+	dense := least(4, 16) // 64 ranks, 4× the ranks per host
 	t.Logf("bytes to the busiest host per barrier: 4×4 %d, 32×4 %d, 4×16 %d", small, wide, dense)
 	if small == 0 {
 		t.Fatal("no bytes counted")
 	}
-	// Answers come in batches (a host's puts of the barrier): a get in
-	// flight when its batch arrives costs one more short answer, at most
-	// one per rank of the host, whatever the job's size; hence the margin.
+	// Races that every run of a shape still met are what the margins are
+	// for: at worst one shape pays all its extra answers and the other
+	// none (4×4 at 1,744 against 4×16 at 4,723 is 2.7×).
 	if wide > small*3/2 {
 		t.Errorf("32 hosts × 4 ranks: %d bytes per host per barrier, 4 hosts × 4: %d; it grew with the job (8× the ranks), not with the ranks per host", wide, small)
 	}
-	if dense < small*3 {
+	if dense < small*5/2 {
 		t.Errorf("4 hosts × 16 ranks: %d bytes per host, 4 × 4: %d; 4× the ranks reading 4× the keys should cost about 4× as much", dense, small)
 	}
 }
