@@ -26,6 +26,7 @@ import (
 	"github.com/gorun-hpc/gorun/internal/consolelog"
 	"github.com/gorun-hpc/gorun/internal/liveness"
 	"github.com/gorun-hpc/gorun/internal/tailbuf"
+	"github.com/gorun-hpc/gorun/launcher/flight"
 	"github.com/gorun-hpc/gorun/launcher/limits"
 	"github.com/gorun-hpc/gorun/launcher/ports"
 	"github.com/gorun-hpc/gorun/launcher/preload"
@@ -450,14 +451,19 @@ func relay(w *wire.Conn, job *wire.Job, hello wire.Hello, ranks []wire.HostRank,
 	r.p = &supervisor.Pipes{Spec: wire.SupervisorSpec{Grace: job.Grace, LogLevel: log.GetLevel(), KeepOnSignal: os.Getenv("SLURM_STEP_ID") != "", PMI: pj,
 		ClientLease: lease, Respawn: job.Respawn}}
 	defer r.p.CloseChildEnds()
-	// The ranks' flight records: written here, sent to gorun (flight.go).
-	// Removed at the end; should this agent die first, by its supervisor.
+	// The ranks' flight records: written here (launcher/flight), sent to
+	// gorun (sendFlight). Removed at the end; should this agent die
+	// first, by its supervisor.
 	var flightEnv []string
 	if job.Flight {
-		if r.flight = agentFlight(log); r.flight != nil {
-			defer r.flight.remove()
-			r.p.Spec.RemoveDir = r.flight.dir
-			flightEnv = []string{r.flight.env()}
+		d, err := flight.MakeTemp()
+		if err != nil {
+			log.Warn().Err(err).Msg("no flight-record directory; records go to the ranks' logs only")
+		} else {
+			r.flight = d
+			defer d.Remove()
+			r.p.Spec.RemoveDir = d.Temp()
+			flightEnv = []string{d.Env()}
 		}
 	}
 	if len(ranks) > 0 {
@@ -540,7 +546,7 @@ type agentRelay struct {
 	lease     time.Duration
 	p         *supervisor.Pipes
 	sup       *supervisor.Client
-	flight    *flightRecords
+	flight    *flight.Dir // nil without flight records
 	firstRank int
 	stdin     *stdinQueue // nil unless rank 0 is here and reads gorun's stdin
 
@@ -642,16 +648,16 @@ func (r *agentRelay) readCommands() {
 		}
 		switch {
 		case m.Cmd.Op == "flight":
-			sendFlight(r.flight, r.w, r.firstRank, asked, true)
+			r.sendFlight(asked, true)
 		case m.Cmd.Op == "flight-signal":
 			asked = time.Now()
-			r.flight.signalReady()
+			r.flight.SignalReady()
 		default:
 			if m.Cmd.Op == "signal" && m.Cmd.DumpFirst {
-				// Blocks this reader for at most flightBeforeStop;
+				// Blocks this reader for at most flight.BeforeStop;
 				// gorun's grace runs meanwhile and its kill queues
 				// behind.
-				r.flight.dumpBeforeStop()
+				r.flight.DumpBeforeStop()
 			}
 			if m.Cmd.Op == "signal" && m.Cmd.Signal == int(syscall.SIGUSR2) {
 				asked = time.Now()
@@ -741,7 +747,7 @@ func (r *agentRelay) finish(ev wire.Event, ok bool) error {
 	// Every rank is gone: what they dumped goes to gorun before "done"
 	// (ranks dump when their communicator fails), and the directory stays
 	// this agent's to remove.
-	sendFlight(r.flight, r.w, r.firstRank, time.Time{}, false)
+	r.sendFlight(time.Time{}, false)
 	_ = r.sup.Send(wire.Cmd{Op: "bye"})
 	r.sup.CloseCommands()
 	supErr := r.sup.Wait()
@@ -789,6 +795,24 @@ func (r *agentRelay) finish(ev wire.Event, ok bool) error {
 	}
 	r.w.Close()
 	return supLost
+}
+
+// sendFlight sends gorun, as "flight" events under this host's first
+// rank, every dump in the agent's flight directory written at or after
+// since, then, when end is set, an event that says the answer is complete.
+func (r *agentRelay) sendFlight(since time.Time, end bool) {
+	dumps, err := r.flight.Read()
+	if err != nil {
+		r.log.Warn().Err(err).Msg("reading the ranks' flight records")
+	}
+	for i := range dumps {
+		if !dumps[i].Time.Before(since) {
+			_ = r.w.Send(wire.Msg{T: "event", Event: &wire.Event{Ev: "flight", Rank: r.firstRank, Flight: &dumps[i]}})
+		}
+	}
+	if end {
+		_ = r.w.Send(wire.Msg{T: "event", Event: &wire.Event{Ev: "flight", Rank: r.firstRank, FlightEnd: true}})
+	}
 }
 
 // jobIDOf returns the job's GORUN_JOB_ID from its ranks' environment.

@@ -107,7 +107,7 @@ type Cmd struct {
 	AfterSteps int64 `json:"after_steps,omitempty"`
 	// DumpFirst on a "signal" is for a host agent: it first has its
 	// ranks write their flight records (SIGUSR2 to those that dump on
-	// it, then up to flightBeforeStop for them to finish), and only then
+	// it, then up to flight.BeforeStop for them to finish), and only then
 	// relays the signal. gorun sets it on the teardown of a failed
 	// multi-host job, as it waits itself for a local job's ranks.
 	DumpFirst bool `json:"dump_first,omitempty"`
