@@ -119,7 +119,7 @@ type Config struct {
 	SSHMultiplex time.Duration
 	// SSHDefaultKex leaves ssh's key exchange preference alone; by default
 	// gorun puts curve25519-sha256 first for OpenSSH 9 clients, whose
-	// post-quantum default costs ~0.25 s of CPU per host (sshkex.go).
+	// post-quantum default costs ~0.25 s of CPU per host (launcher/sshkex).
 	SSHDefaultKex bool
 	// PreloadBinary sends the program to every host before the ranks
 	// start (launcher/preload); PreloadFiles sends these files to the ranks'

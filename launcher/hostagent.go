@@ -31,6 +31,7 @@ import (
 	"github.com/gorun-hpc/gorun/launcher/ports"
 	"github.com/gorun-hpc/gorun/launcher/preload"
 	"github.com/gorun-hpc/gorun/launcher/program"
+	"github.com/gorun-hpc/gorun/launcher/sshkex"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/netif"
@@ -292,7 +293,7 @@ func startChildren(launch []wire.ChildLaunch, secret string, w *wire.Conn, log z
 	for _, cl := range launch {
 		argv := cl.Argv
 		if cl.FastKex {
-			argv = withFastKex(argv)
+			argv = sshkex.Fast(argv)
 		}
 		cmd := exec.Command(argv[0], argv[1:]...)
 		tail := &tailbuf.Buffer{}

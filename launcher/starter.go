@@ -14,6 +14,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/tailbuf"
 	"github.com/gorun-hpc/gorun/launcher/privdir"
+	"github.com/gorun-hpc/gorun/launcher/sshkex"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
@@ -122,7 +123,7 @@ func (m *hostAgents) startStarters(id LocalIdentity) error {
 		n := m.nodes[i]
 		argv := sshCommand(template, n.Name, m.agentArgs(n.Name))
 		if !m.cfg.SSHDefaultKex {
-			argv = withFastKex(argv)
+			argv = sshkex.Fast(argv)
 		}
 		if err := m.startStarter("ssh", []int{i}, argv, nil, true); err != nil {
 			return err

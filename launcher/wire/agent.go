@@ -91,7 +91,7 @@ type ChildLaunch struct {
 	Argv []string `json:"argv"`
 	// FastKex asks the parent agent to put curve25519 first in its ssh
 	// client's key exchange list when that client defaults to the slower
-	// hybrid (launcher/sshkex.go); the parent's ssh, not gorun's, decides.
+	// hybrid (launcher/sshkex); the parent's ssh, not gorun's, decides.
 	FastKex bool `json:"fast_kex,omitempty"`
 }
 
