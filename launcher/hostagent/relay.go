@@ -103,6 +103,9 @@ func relay(w *wire.Conn, job *wire.Job, hello wire.Hello, ranks []wire.HostRank,
 	defer sup.CloseCommands()
 	_ = sup.Send(r.p.Spec)
 
+	// Before any goroutine below writes to the connection (wire.Conn:
+	// set before concurrent use): a write stuck on a dead link gives up.
+	w.SetWriteTimeout(lease)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	if r.stdin != nil {
@@ -118,7 +121,6 @@ func relay(w *wire.Conn, job *wire.Job, hello wire.Hello, ranks []wire.HostRank,
 	// killed, its event pipe ends and the loop below sees it lost.
 	wg.Go(func() { sup.WatchLease(lease, r.readerDone, &r.supSilent) })
 	wg.Go(r.forwardEvents)
-	w.SetWriteTimeout(lease)
 	defer close(r.stopPing)
 	wg.Go(func() { w.PingEvery(lease/4, r.stopPing) })
 	wg.Go(r.pingSupervisor)
