@@ -79,8 +79,8 @@
 //     doctor.go records every host and then has each probe all the others
 //     (the agent's side of it is launcher/hostagent's doctor.go).
 //   - Multi-host run (remote.go; the agent is launcher/hostagent): gorun
-//     plans and sends each
-//     host agent its ranks; the host agent runs them under a supervisor and
+//     plans and sends each host agent its ranks; the host agent runs them
+//     under a supervisor and
 //     relays output, events and commands over its one connection; a lease
 //     on both ends turns a dropped or silent connection into "ranks killed"
 //     on the host and "host lost" in gorun. Above Config.FanoutThreshold

@@ -125,10 +125,10 @@ func Main(o Options, stdin io.Reader, stderr io.Writer) int {
 const connectBudget = 30 * time.Second
 
 // connectAuth dials gorun and proves the job secret. gorun closes an
-// unproven connection to make room when its port is flooded
-// (agentPortBounds), so a connection that gorun's side closed or reset
-// before the handshake ended is dialed again, after a short backoff (20 ms,
-// doubling to 500 ms), within connectBudget; a refusal or a wrong
+// unproven connection to make room when its port is flooded (launcher's
+// agentPortBounds), so a connection that gorun's side closed or reset
+// before the handshake ended is dialed again, after a short backoff (20
+// ms, doubling to 500 ms), within connectBudget; a refusal or a wrong
 // secret is final.
 func connectAuth(addr string, key []byte, job, host string, log zerolog.Logger) (net.Conn, *wire.Conn, error) {
 	deadline := time.Now().Add(connectBudget)
@@ -244,8 +244,8 @@ func serve(o Options, key []byte, log zerolog.Logger, stderr io.Writer) error {
 }
 
 // specWithSecret gives every rank the job secret this agent holds: gorun
-// leaves it out of the spec (withoutSecret), since the connection is not
-// encrypted.
+// leaves it out of the spec (launcher's withoutSecret), since the
+// connection is not encrypted.
 func specWithSecret(ranks []wire.HostRank, key []byte) []wire.HostRank {
 	kv := rankenv.Secret + "=" + hex.EncodeToString(key)
 	for i := range ranks {

@@ -40,7 +40,7 @@ import (
 //     nothing else flows; it is separate so a write stuck on a dead link
 //     cannot delay the lease check below.
 //   - pingSupervisor: a ping to the supervisor every lease/4, its lease on
-//     this agent; and the supervisor's lease on its events (watchLease).
+//     this agent; and the supervisor's lease on its events (supervisor.Client.WatchLease).
 //   - stdin's queue writer, when rank 0 reads gorun's stdin.
 //
 // relay's own loop (watch) decides the end: "done" (finish), or the
@@ -76,7 +76,7 @@ func relay(w *wire.Conn, job *wire.Job, hello wire.Hello, ranks []wire.HostRank,
 		return err
 	}
 	// What the ranks leave in other sessions when the supervisor dies
-	// comes to this agent, not init; killLeftovers ends it below.
+	// comes to this agent, not init; supervisor.KillLeftovers ends it in finish.
 	supervisor.AdoptOrphans()
 	sup, err := supervisor.Start("", r.p.Extra, stderr, jobIDOf(ranks))
 	r.p.CloseChildEnds()
@@ -285,7 +285,7 @@ func (r *agentRelay) forwardEvents() {
 		}
 		_ = r.w.Send(wire.Msg{T: "event", Event: &ev})
 		if ev.Ev == "injected" && ev.KillHost && ev.Err == "" {
-			// An injected kill-host (inject.go): the ranks are signaled
+			// An injected kill-host (launcher's inject.go): the ranks are signaled
 			// and gorun has the event; now this host's agent dies as a
 			// crashed machine's would, without a word. Its supervisor
 			// sees its command pipe end and kills what is left; gorun
