@@ -71,7 +71,7 @@ type Cmd struct {
 	// the job itself; see SupervisorSpec.RemoveDir). A host agent answers
 	// "flight" (send the flight records written since the last SIGUSR2 or
 	// "flight-signal") and "flight-signal" (SIGUSR2 to the ranks that dump
-	// on it) itself; its supervisor never sees them (launcher/flight.go).
+	// on it) itself; its supervisor never sees them (launcher/hostagent).
 	Op     string `json:"op"`
 	Signal int    `json:"signal,omitempty"`
 	Ranks  []int  `json:"ranks,omitempty"`
@@ -174,7 +174,7 @@ type Event struct {
 	Step int64 `json:"step,omitempty"`
 	// Flight, on a host agent's "flight" event, is a flight record dump
 	// one of its ranks wrote; FlightEnd marks the agent's last "flight"
-	// event answering a "flight" command (launcher/flight.go).
+	// event answering a "flight" command (launcher/hostagent).
 	Flight    *comm.FlightDump `json:"flight,omitempty"`
 	FlightEnd bool             `json:"flight_end,omitempty"`
 	// Node is the plan node whose host agent relayed the event (multi-host
