@@ -10,7 +10,6 @@ package outsider
 
 import (
 	"context"
-	"errors"
 	"net"
 	"sync"
 	"time"
@@ -68,18 +67,17 @@ func (f *Flood) count(delta int) {
 }
 
 // keep holds c open until the other side closes it or the context ends,
-// and closes it.
+// and closes it. What the other side sends is read and dropped.
 func (f *Flood) keep(c net.Conn) {
-	defer c.Close()
-	b := make([]byte, 1)
-	for f.ctx.Err() == nil {
-		// Poll: a read blocks until the deadline, and the context's end
-		// must be seen within a fraction of a second.
-		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-		_, err := c.Read(b)
-		var ne net.Error
-		if err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
-			return // closed by the other side
+	stop := context.AfterFunc(f.ctx, func() { c.Close() })
+	defer func() {
+		stop()
+		c.Close()
+	}()
+	b := make([]byte, 512)
+	for {
+		if _, err := c.Read(b); err != nil {
+			return // closed by the other side, or by the context's end
 		}
 	}
 }
