@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/internal/cliflag"
 	"github.com/gorun-hpc/gorun/launcher/output"
 )
 
@@ -28,11 +29,7 @@ const (
 
 // ParseExitPolicy accepts first, lowest or max.
 func ParseExitPolicy(s string) (ExitPolicy, error) {
-	switch p := ExitPolicy(s); p {
-	case ExitFirst, ExitLowest, ExitMax:
-		return p, nil
-	}
-	return "", fmt.Errorf("launcher: exit policy %q: expected first, lowest or max", s)
+	return cliflag.OneOf("launcher: exit policy", s, ExitFirst, ExitLowest, ExitMax)
 }
 
 // Config is how Run executes a plan. Every field has a usable default in
