@@ -53,7 +53,7 @@
 //     line and never named while a rank failed on its own; a SIGKILL
 //     gorun did not send is a cause even during the teardown; when every
 //     failure is collateral, the line names the rank the reports blame
-//     (CollateralError).
+//     (outcome.CollateralError).
 //     A supervisor beats every 200 ms; its client (gorun, a host agent)
 //     SIGKILLs one silent past Config.Lease (stopped or hung), and gorun
 //     and host agents are child subreapers that kill the job's leftover
@@ -174,6 +174,13 @@
 //     starting agents (starter.go, hoststartup.go), accepting them
 //     (agentauth.go), and what the job loop does with what they send
 //     (remote.go).
+//   - launcher/outcome: how a job that did not succeed is reported: one
+//     typed error per way it ends (RankExitError, CollateralError,
+//     HostLostError, SupervisorError, HostError, MPIError, ...), each
+//     with the data that locates the cause and the exit code gorun
+//     exits with; a leaf. Which failure ended the job is the job loop's
+//     call, and the --report cause record built from these errors
+//     (CauseReport, cause.go) stays here.
 //   - launcher/launchertest: test support (helper rank modes, a scan for
 //     a test's surviving processes).
 //
@@ -185,10 +192,8 @@
 // The next cut is the job loop (jobloop.go), with elastic restarts
 // (elastic.go) left above it. The loop already sees the ranks only
 // through rankHome; a package launcher/jobloop would take jobLoop,
-// liveJob, failure and the verdict, and needs first: the typed errors it
-// returns (errors.go, cause.go: RankExitError, CollateralError,
-// SupervisorError, HostError) in a leaf of their own, since cmd/gorun and
-// the loop both name them; a jobloop.Config of the fields it reads
+// liveJob, failure and the verdict. The typed errors it returns are in
+// their leaf already (launcher/outcome); it needs first: a jobloop.Config of the fields it reads
 // (Grace, Timeout, the exit policy, the logger) instead of Config; the
 // flight table's gorun side (flightRecords) moved with it or behind an
 // interface; and the per-world hooks it calls on worldRun (injections,

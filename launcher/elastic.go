@@ -16,6 +16,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/launcher/fault"
 	"github.com/gorun-hpc/gorun/launcher/hostfile"
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
@@ -528,7 +529,7 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		if growing {
 			err = &GrowError{Hosts: answered, Err: err}
 		}
-		var te *TimeoutError
+		var te *outcome.TimeoutError
 		if errors.As(err, &te) {
 			te.After = cfg.Timeout // the job's, not what was left of it
 		}
@@ -932,11 +933,11 @@ func (e *elastic) world(lost []string) ([]Host, int, error) {
 
 // lostHost names the host whose loss ended a world ("" for any other end).
 func (e *elastic) lostHost(err error) string {
-	var hl *HostLostError
+	var hl *outcome.HostLostError
 	if errors.As(err, &hl) {
 		return hl.Host
 	}
-	var he *HostError
+	var he *outcome.HostError
 	if errors.As(err, &he) {
 		return he.Host
 	}
@@ -977,12 +978,12 @@ func (e *ElasticError) ExitCode() int {
 // signal) or a failure to launch at all.
 func restartable(err error) bool {
 	var (
-		re *RankExitError
-		se *StartError
-		hl *HostLostError
-		me *MPIError
-		ce *CollateralError
-		fe *FrozenError
+		re *outcome.RankExitError
+		se *outcome.StartError
+		hl *outcome.HostLostError
+		me *outcome.MPIError
+		ce *outcome.CollateralError
+		fe *outcome.FrozenError
 	)
 	return errors.As(err, &re) || errors.As(err, &se) || errors.As(err, &hl) || errors.As(err, &me) || errors.As(err, &ce) || errors.As(err, &fe)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher/fault"
 	"github.com/gorun-hpc/gorun/launcher/flight"
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
@@ -96,7 +97,7 @@ type failure struct {
 	lostRanks int
 	// mpi is set when the rank failed through PMI: MPI_Abort, or an exit
 	// 0 without PMI finalize (pmi.go).
-	mpi *MPIError
+	mpi *outcome.MPIError
 	// collateral is set when the rank's runtime reported, before it
 	// exited, that it failed because another rank was lost or aborted:
 	// blame is that rank (-1: unknown), why the runtime's words. A
@@ -651,7 +652,7 @@ func (j *liveJob) rankExited(ev wire.Event) {
 		st.stopped = false
 		j.fail(failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal), exitedAt: ev.At})
 	case ev.Unfinalized && !st.stopped:
-		j.fail(failure{rank: ev.Rank, pid: ev.PID, code: 1, mpi: &MPIError{Rank: ev.Rank, PID: ev.PID}})
+		j.fail(failure{rank: ev.Rank, pid: ev.PID, code: 1, mpi: &outcome.MPIError{Rank: ev.Rank, PID: ev.PID}})
 	}
 }
 
@@ -671,7 +672,7 @@ func (j *liveJob) pmiFence(ev wire.Event) {
 // begun.
 func (j *liveJob) pmiAbort(ev wire.Event) {
 	pid := j.ranks[ev.Rank].pid
-	abort := &MPIError{Rank: ev.Rank, PID: pid, Aborted: true, Code: ev.Code, Message: ev.Err}
+	abort := &outcome.MPIError{Rank: ev.Rank, PID: pid, Aborted: true, Code: ev.Code, Message: ev.Err}
 	if j.reason == notStopping {
 		j.fail(failure{rank: ev.Rank, pid: pid, code: ev.Code, mpi: abort})
 	} else if i := slices.IndexFunc(j.failures, func(f failure) bool { return f.rank == ev.Rank }); i >= 0 && j.failures[i].mpi == nil && j.failures[i].signal == 0 {
@@ -727,11 +728,11 @@ func (j *liveJob) verdict() error {
 		// Even when gorun was already stopping the job (a signal, the
 		// timeout), losing the supervisor is the news: the ranks did not
 		// end the way gorun asked.
-		return &SupervisorError{Err: j.supErr, Ranks: lostRanks}
+		return &outcome.SupervisorError{Err: j.supErr, Ranks: lostRanks}
 	case j.reason == stopTimeout:
-		return &TimeoutError{After: j.cfg.Timeout, Stopped: stopped}
+		return &outcome.TimeoutError{After: j.cfg.Timeout, Stopped: stopped}
 	case j.reason == stopSignal:
-		return &InterruptedError{Signal: j.stopSig, Stopped: stopped}
+		return &outcome.InterruptedError{Signal: j.stopSig, Stopped: stopped}
 	case j.reason == stopContext:
 		return fmt.Errorf("launcher: job canceled; stopped %d %s: %w", stopped, plural.Noun(stopped, "rank", "ranks"), j.ctx.Err())
 	case len(j.failures) > 0:
@@ -769,14 +770,14 @@ func (j *liveJob) failureError(stopped int) error {
 		e.Host, e.Stopped = host, stopped-named
 		return &e
 	case f.frozen != "":
-		return &FrozenError{Rank: f.rank, Host: host, PID: f.pid, State: f.frozen, Why: f.why, Stopped: stopped - named, Collateral: collateral,
+		return &outcome.FrozenError{Rank: f.rank, Host: host, PID: f.pid, State: f.frozen, Why: f.why, Stopped: stopped - named, Collateral: collateral,
 			AlsoFailed: alsoFailed(own, f)}
 	case f.lost != nil:
-		return &HostLostError{Host: host, FirstRank: f.rank, Ranks: f.lostRanks, Err: f.lost, Stopped: stopped, Collateral: collateral}
+		return &outcome.HostLostError{Host: host, FirstRank: f.rank, Ranks: f.lostRanks, Err: f.lost, Stopped: stopped, Collateral: collateral}
 	case f.startErr != nil:
-		return &StartError{Rank: f.rank, Host: host, Err: f.startErr, Stopped: stopped}
+		return &outcome.StartError{Rank: f.rank, Host: host, Err: f.startErr, Stopped: stopped}
 	}
-	return &RankExitError{Rank: f.rank, Host: host, PID: f.pid, Code: f.code, Signal: f.signal, Stopped: stopped,
+	return &outcome.RankExitError{Rank: f.rank, Host: host, PID: f.pid, Code: f.code, Signal: f.signal, Stopped: stopped,
 		AlsoFailed: alsoFailed(own, f), Collateral: collateral}
 }
 
@@ -787,7 +788,7 @@ func (j *liveJob) failureError(stopped int) error {
 // gorun), the first rank that reported nothing itself, following each
 // report's blame in arrival order (rank 0 blames rank 2, which relayed
 // rank 3's abort). When that rank ran on, on another host than its
-// reporter, the network between them is the cause (CollateralError.Link).
+// reporter, the network between them is the cause (outcome.CollateralError.Link).
 func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 	if e := r.desynced(fs, ranks, stopped); e != nil {
 		return e
@@ -851,7 +852,7 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 			f, b = next, next.blame
 		}
 	}
-	e := &CollateralError{ReportedBy: reporter.rank, ReporterHost: r.plan.Ranks[reporter.rank].Host, Why: reporter.why, Blame: -1, Failed: len(fs),
+	e := &outcome.CollateralError{ReportedBy: reporter.rank, ReporterHost: r.plan.Ranks[reporter.rank].Host, Why: reporter.why, Blame: -1, Failed: len(fs),
 		Stopped: stopped, Code: failure{code: first.code, signal: first.signal}.exitCode()}
 	if blame >= 0 {
 		e.Blame, e.BlameHost, e.BlamePID = blame, r.plan.Ranks[blame].Host, ranks[blame].pid
@@ -876,7 +877,7 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 // calls found them), blaming the rank it names (the smaller side's) or
 // none. The report chosen is the first that knows the sides, else the
 // first first-hand one. Nil when no report was of a desync.
-func (r *jobLoop) desynced(fs []failure, ranks []rankState, stopped int) *CollateralError {
+func (r *jobLoop) desynced(fs []failure, ranks []rankState, stopped int) *outcome.CollateralError {
 	var rep *failure
 	better := func(f *failure) bool {
 		switch {
@@ -895,7 +896,7 @@ func (r *jobLoop) desynced(fs []failure, ranks []rankState, stopped int) *Collat
 	if rep == nil {
 		return nil
 	}
-	e := &CollateralError{Desync: true, ReportedBy: rep.rank, ReporterHost: r.plan.Ranks[rep.rank].Host, Why: rep.why, Blame: -1,
+	e := &outcome.CollateralError{Desync: true, ReportedBy: rep.rank, ReporterHost: r.plan.Ranks[rep.rank].Host, Why: rep.why, Blame: -1,
 		Failed: len(fs), Stopped: stopped, Code: failure{code: fs[0].code, signal: fs[0].signal}.exitCode()}
 	if b := rep.blame; b >= 0 && b < len(ranks) {
 		e.Blame, e.BlameHost, e.BlamePID = b, r.plan.Ranks[b].Host, ranks[b].pid

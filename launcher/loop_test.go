@@ -11,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/plan"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
@@ -129,7 +130,7 @@ func TestLoopGraceTiming(t *testing.T) {
 		}
 		f.exit(2, 0, syscall.SIGKILL)
 		err := f.done()
-		var re *RankExitError
+		var re *outcome.RankExitError
 		if !errors.As(err, &re) || re.Rank != 1 || re.Code != 3 || re.PID != 1001 || re.Stopped != 2 {
 			t.Fatalf("err = %v", err)
 		}
@@ -147,7 +148,7 @@ func TestLoopTimeout(t *testing.T) {
 		f.expect("signal", syscall.SIGTERM)
 		f.exit(0, 0, syscall.SIGTERM)
 		f.exit(1, 143, 0)
-		var te *TimeoutError
+		var te *outcome.TimeoutError
 		if err := f.done(); !errors.As(err, &te) || te.Stopped != 2 || te.After != time.Hour {
 			t.Fatalf("err = %v", err)
 		}
@@ -172,7 +173,7 @@ func TestLoopSignals(t *testing.T) {
 		f.expect("kill", 0)
 		f.exit(0, 0, syscall.SIGKILL)
 		f.exit(1, 0, syscall.SIGKILL)
-		var ie *InterruptedError
+		var ie *outcome.InterruptedError
 		if err := f.done(); !errors.As(err, &ie) || ie.Signal != syscall.SIGINT || ie.Stopped != 2 {
 			t.Fatalf("err = %v", err)
 		}
@@ -197,7 +198,7 @@ func TestLoopExitPolicy(t *testing.T) {
 				f.exit(1, 5, 0)
 				f.exit(0, 0, syscall.SIGTERM)
 				f.exit(2, 143, 0)
-				var re *RankExitError
+				var re *outcome.RankExitError
 				err := f.done()
 				// Rank 1 failed on its own: not one gorun stopped.
 				if !errors.As(err, &re) || re.Rank != tc.rank || re.Code != tc.code || re.Stopped != 2 || re.AlsoFailed != 1 {
@@ -222,12 +223,12 @@ func TestLoopIgnoresUnknownRanks(t *testing.T) {
 	})
 }
 
-// An agent that vanishes without "done" is an *SupervisorError.
+// An agent that vanishes without "done" is an *outcome.SupervisorError.
 func TestLoopAgentVanishes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := startFakeJob(t, 2, testConfig())
 		close(f.events)
-		var ae *SupervisorError
+		var ae *outcome.SupervisorError
 		if err := <-f.errc; !errors.As(err, &ae) {
 			t.Fatalf("err = %v", err)
 		}
@@ -262,7 +263,7 @@ func TestLoopHostLost(t *testing.T) {
 		f.exit(0, 0, syscall.SIGTERM)
 		f.exit(1, 143, 0)
 		err = f.done() // node 0's agent
-		var le *HostLostError
+		var le *outcome.HostLostError
 		if !errors.As(err, &le) || le.Host != "b" || le.FirstRank != 2 || le.Ranks != 2 || le.Stopped != 2 || le.ExitCode() != 255 {
 			t.Fatalf("err = %v, want host b lost with ranks 2-3 and 2 stopped", err)
 		}
@@ -282,7 +283,7 @@ func TestLoopEveryRankFailsOnItsOwn(t *testing.T) {
 		f.exit(0, 3, 0)
 		f.exit(2, 0, syscall.SIGSEGV)
 		err := f.done()
-		var re *RankExitError
+		var re *outcome.RankExitError
 		if !errors.As(err, &re) || re.Rank != 1 || re.Stopped != 0 || re.AlsoFailed != 2 {
 			t.Fatalf("err = %#v", err)
 		}

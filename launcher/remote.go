@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/output"
 	"github.com/gorun-hpc/gorun/launcher/plan"
 	"github.com/gorun-hpc/gorun/launcher/preload"
@@ -103,7 +104,7 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 		if err == nil {
 			m.ln.Close()
 		}
-		return &InterruptedError{Signal: sig}
+		return &outcome.InterruptedError{Signal: sig}
 	}
 	if err != nil {
 		return err
