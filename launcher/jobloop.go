@@ -53,10 +53,38 @@ type rankHome interface {
 	lostWhy() error
 }
 
+// loopConfig is what the job loop reads of a job's Config, and no more:
+// the teardown's timing, the exit policy, the signals gorun receives, and
+// the hooks of the world and of a fault-tolerant job. Config.loop makes
+// it.
+type loopConfig struct {
+	// Timeout ends the job after this long; 0 means never (Config.Timeout).
+	Timeout time.Duration
+	// Grace is the delay between SIGTERM and SIGKILL when the job is
+	// stopped (Config.Grace).
+	Grace time.Duration
+	// ExitPolicy picks the failure the verdict names when several ranks
+	// fail on their own (Config.ExitPolicy).
+	ExitPolicy ExitPolicy
+	// Signals delivers the signals gorun received; nil receives none
+	// (Config.Signals).
+	Signals <-chan os.Signal
+	// world is the world LaunchReport runs (its injections, checkpoint
+	// cues, first steps and fault report); nil outside LaunchReport.
+	world *worldRun
+	// ft is a fault-tolerant job's state (ft.go); nil otherwise.
+	ft *ftRun
+}
+
+// loop is the part of c the job loop reads.
+func (c Config) loop() loopConfig {
+	return loopConfig{Timeout: c.Timeout, Grace: c.Grace, ExitPolicy: c.ExitPolicy, Signals: c.Signals, world: c.world, ft: c.ft}
+}
+
 // jobLoop is the state of one job's event loop; owned by the goroutine
 // that calls run.
 type jobLoop struct {
-	cfg  Config
+	cfg  loopConfig
 	plan *Plan
 	log  zerolog.Logger
 	home rankHome

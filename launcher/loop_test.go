@@ -45,7 +45,7 @@ func startFakeJob(t *testing.T, np int, cfg Config) *fakeJob {
 	}
 	f := &fakeJob{t: t, events: make(chan wire.Event, 64), cmds: make(chan wire.Cmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
 	cfg.Logger = zerolog.Nop()
-	r := &jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 1}}
+	r := &jobLoop{cfg: cfg.loop(), plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 1}}
 	go func() { f.errc <- r.run(context.Background()) }()
 	for i := range np {
 		f.events <- wire.Event{Ev: "started", Rank: i, PID: 1000 + i}
@@ -253,7 +253,7 @@ func TestLoopHostLost(t *testing.T) {
 		f := &fakeJob{t: t, events: make(chan wire.Event, 64), cmds: make(chan wire.Cmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
 		cfg := testConfig()
 		cfg.Logger = zerolog.Nop()
-		r := &jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 2}}
+		r := &jobLoop{cfg: cfg.loop(), plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 2}}
 		go func() { f.errc <- r.run(context.Background()) }()
 		for i := range 4 {
 			f.events <- wire.Event{Ev: "started", Rank: i, PID: 1000 + i, Node: i / 2}

@@ -375,7 +375,7 @@ func (r *hostsRun) wait(ctx context.Context) error {
 		flight = prepareFlight(m.cfg, r.out.Stderr())
 		flight.remote = true
 	}
-	err := (&jobLoop{cfg: m.cfg, plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight}).run(ctx)
+	err := (&jobLoop{cfg: m.cfg.loop(), plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight}).run(ctx)
 	stopStdin()
 	if lerr := r.teardown(true); lerr != nil && err == nil {
 		err = lerr
@@ -403,7 +403,7 @@ func (r *hostsRun) abandon(ctx context.Context, cause error) error {
 		// checkpoint cues: this world never ran.
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		cfg := m.cfg
+		cfg := m.cfg.loop()
 		cfg.Timeout, cfg.world = 0, nil
 		flight := &flightRecords{log: m.cfg.Logger, stderr: r.out.Stderr(), remote: true}
 		err := (&jobLoop{cfg: cfg, plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight,

@@ -91,7 +91,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, reserve
 	home := newLocalHome(sup, len(plan.Ranks), cfg.Lease)
 	home.sendErr = sendSpec(sup.Send, &p.Spec)
 	start := time.Now()
-	err = (&jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: home, flight: flight}).run(ctx)
+	err = (&jobLoop{cfg: cfg.loop(), plan: plan, log: cfg.Logger, home: home, flight: flight}).run(ctx)
 	err = finishLocal(cfg, plan.JobID, sup, home, p, out, &in, err)
 	if err != nil && !flight.printed {
 		flight.print("the job failed", start)
