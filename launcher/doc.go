@@ -43,7 +43,9 @@
 //     the ranks through a rankHome — "where ranks live": localHome (this
 //     machine's supervisor, runlocal.go), hostsHome (the hosts' supervisors
 //     through their host agents, remote.go), or the scripted fakeHome of
-//     loop_test.go — and applies the failure rules: the first failure
+//     loop_test.go — and the world it runs in through worldHooks
+//     (elastic.go's worldRun: injections, checkpoint cues, the fault
+//     report), and applies the failure rules: the first failure
 //     stops the others (SIGTERM to each rank's process group, SIGKILL after
 //     Config.Grace), signals are forwarded, --timeout ends the job.
 //     The verdict follows causality, not arrival order: a rank whose
@@ -191,14 +193,19 @@
 //
 // The next cut is the job loop (jobloop.go), with elastic restarts
 // (elastic.go) left above it. The loop already sees the ranks only
-// through rankHome; a package launcher/jobloop would take jobLoop,
-// liveJob, failure and the verdict. The typed errors it returns are in
-// their leaf already (launcher/outcome); it needs first: a jobloop.Config of the fields it reads
-// (Grace, Timeout, the exit policy, the logger) instead of Config; the
-// flight table's gorun side (flightRecords) moved with it or behind an
-// interface; and the per-world hooks it calls on worldRun (injections,
-// checkpoint cues, first steps, fault reports) as an interface that
-// elastic.go implements. localHome and hostsHome would stay here and
+// through rankHome and the world it runs in only through worldHooks
+// (injections, checkpoint cues, first steps, the fault report; elastic.go's
+// worldRun implements it), reads of Config only a loopConfig (timeout,
+// grace, exit policy, signals, and those hooks), and returns the errors of
+// launcher/outcome. A package launcher/jobloop would take jobLoop,
+// liveJob, failure and the verdict; what still ties them here: the types
+// the hooks speak in (injection, checkpointCue, failure) would move with
+// the loop or to a leaf; the flight table's gorun side (flightRecords)
+// would move with it or behind an interface; and fault tolerance's hooks
+// (ftRun's started, exited, frozen and hostLost, ft.go and fthost.go)
+// reach into the loop's state (liveJob's ranks, home, plan and the count
+// of supervisors left), so they need an interface of their own with that
+// state behind methods. localHome and hostsHome would stay here and
 // implement the loop's Home. Elastic restarts cannot be a leaf: they call
 // the launch paths (launchLocal, launchOnHosts) for every world, so
 // they are the top of the launcher, which is where LaunchReport already

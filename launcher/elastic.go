@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
 	"github.com/gorun-hpc/gorun/launcher/fault"
@@ -160,6 +161,10 @@ func (w *worldRun) checkpointCues(worldStart time.Time, timeout time.Duration) [
 	slices.SortStableFunc(out, func(a, b checkpointCue) int { return a.at.Compare(b.at) })
 	return out
 }
+
+// checkpointSignal is the signal that asks a rank to checkpoint
+// (Job.CheckpointSignal).
+func (w *worldRun) checkpointSignal() syscall.Signal { return w.rep.ckptSig }
 
 // checkpointSent records a checkpoint signal sent at t.
 func (w *worldRun) checkpointSent(c checkpointCue, t time.Time) {
@@ -370,6 +375,32 @@ func (w *worldRun) injected(ev wire.Event, t time.Time) *FaultReport {
 	}
 	f.PIDs = append(f.PIDs, ev.PID)
 	return f
+}
+
+// answered records a supervisor's answer to an injection (ev, from a rank
+// on host) and logs it (at warn, so that it shows by default: a fault in
+// the output of a job must never be a mystery).
+func (w *worldRun) answered(log zerolog.Logger, host string, ev wire.Event) {
+	if w == nil {
+		return
+	}
+	f := w.injected(ev, time.Now())
+	if f == nil {
+		return
+	}
+	l := log.Warn().Str("kind", f.Kind).Str("spec", f.Spec).Int("rank", ev.Rank).Str("host", host).
+		Int("pid", ev.PID).Int("restart", w.restart).Float64("at_s", w.rep.since(time.Now()))
+	if ev.Step > 0 {
+		l = l.Int64("step", ev.Step)
+	}
+	switch {
+	case ev.Ev == "fault-cont":
+		l.Msg("injected stop ended: SIGCONT sent")
+	case ev.Err != "":
+		l.Str("why", ev.Err).Msg("fault not injected")
+	default:
+		l.Str("signal", f.Signal).Msg("fault injected")
+	}
 }
 
 // failed records the first failure gorun saw after each injection of this

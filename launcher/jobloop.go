@@ -70,8 +70,9 @@ type loopConfig struct {
 	// (Config.Signals).
 	Signals <-chan os.Signal
 	// world is the world LaunchReport runs (its injections, checkpoint
-	// cues, first steps and fault report); nil outside LaunchReport.
-	world *worldRun
+	// cues, first steps and fault report); a nil *worldRun outside
+	// LaunchReport, never a nil interface.
+	world worldHooks
 	// ft is a fault-tolerant job's state (ft.go); nil otherwise.
 	ft *ftRun
 }
@@ -80,6 +81,47 @@ type loopConfig struct {
 func (c Config) loop() loopConfig {
 	return loopConfig{Timeout: c.Timeout, Grace: c.Grace, ExitPolicy: c.ExitPolicy, Signals: c.Signals, world: c.world, ft: c.ft}
 }
+
+// worldHooks is the world a job loop runs in, as the loop sees it: the
+// faults to inject and the checkpoint signals owed, which the loop sends
+// when they are due, and the world's fault report, which the loop tells
+// what it saw. LaunchReport's worldRun (elastic.go) implements it; outside
+// LaunchReport the world is a nil *worldRun, which has nothing to inject
+// or cue and records nothing. The loop calls every method from its own
+// goroutine; none blocks.
+type worldHooks interface {
+	// next returns the first injected fault not yet sent; false when
+	// none is left. due says how long until in is due (0 when late).
+	next() (in injection, ok bool)
+	due(in injection) time.Duration
+	// sent records that the loop asked the supervisors to inject in;
+	// answered records and logs a supervisor's answer (ev) to one, from
+	// a rank on host.
+	sent(in injection)
+	answered(log zerolog.Logger, host string, ev wire.Event)
+	// checkpointCues returns, in time order, the checkpoint signals the
+	// world owes from worldStart on (timeout: what is left of --timeout);
+	// cues delivers those due at once (nil: none). checkpointSignal is the
+	// signal that asks a rank to checkpoint; checkpointSent records one
+	// sent at t.
+	checkpointCues(worldStart time.Time, timeout time.Duration) []checkpointCue
+	cues() <-chan checkpointCue
+	checkpointSignal() syscall.Signal
+	checkpointSent(c checkpointCue, t time.Time)
+	// ranksStarted records that every rank started (or failed to) at t;
+	// firstStep a rank's step report.
+	ranksStarted(t time.Time)
+	firstStep(rank int, step int64, t time.Time)
+	// failed, saw and noticed record failures that reached the loop
+	// together at t: failed the one that names a detection (detection),
+	// saw all of them for the cause record, noticed the collateral ones
+	// against the faults injected.
+	failed(d failure, t time.Time)
+	saw(fs []failure, t time.Time)
+	noticed(fs []failure, t time.Time)
+}
+
+var _ worldHooks = (*worldRun)(nil)
 
 // jobLoop is the state of one job's event loop; owned by the goroutine
 // that calls run.
@@ -197,7 +239,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 type liveJob struct {
 	*jobLoop
 	ctx   context.Context
-	world *worldRun // nil outside LaunchReport (tests)
+	world worldHooks // a nil *worldRun outside LaunchReport (tests)
 	ranks []rankState
 	// events is home's event stream; left counts the supervisors that
 	// have not yet reported "done" or been lost; supErr is set when the
@@ -473,8 +515,9 @@ func (j *liveJob) armCue() {
 
 // askCheckpoint signals the ranks to checkpoint.
 func (j *liveJob) askCheckpoint(c checkpointCue) {
-	j.log.Warn().Str("why", c.why).Stringer("signal", j.world.rep.ckptSig).Msg("asking the ranks for a checkpoint")
-	j.home.command(wire.Cmd{Op: "signal", Signal: int(j.world.rep.ckptSig)})
+	sig := j.world.checkpointSignal()
+	j.log.Warn().Str("why", c.why).Stringer("signal", sig).Msg("asking the ranks for a checkpoint")
+	j.home.command(wire.Cmd{Op: "signal", Signal: int(sig)})
 	j.world.checkpointSent(c, time.Now())
 }
 
@@ -594,7 +637,7 @@ func (j *liveJob) onEvent(ev wire.Event, ok bool) {
 	case "step":
 		j.world.firstStep(ev.Rank, ev.Step, time.Now())
 	case "injected", "fault-cont":
-		j.logInjection(j.world, ev)
+		j.world.answered(j.log, j.plan.Ranks[ev.Rank].Host, ev)
 	case "pmi-fence":
 		j.pmiFence(ev)
 	case "pmi-get":
@@ -960,32 +1003,6 @@ func (f failure) String() string {
 		return fmt.Sprintf("rank %d killed by %s", f.rank, unixSignalName(f.signal))
 	}
 	return fmt.Sprintf("rank %d exited with code %d", f.rank, f.code)
-}
-
-// logInjection records a supervisor's answer to an injection and logs it
-// (at warn, so that it shows by default: a fault in the output of a job
-// must never be a mystery).
-func (r *jobLoop) logInjection(world *worldRun, ev wire.Event) {
-	if world == nil {
-		return
-	}
-	f := world.injected(ev, time.Now())
-	if f == nil {
-		return
-	}
-	l := r.log.Warn().Str("kind", f.Kind).Str("spec", f.Spec).Int("rank", ev.Rank).Str("host", r.plan.Ranks[ev.Rank].Host).
-		Int("pid", ev.PID).Int("restart", world.restart).Float64("at_s", world.rep.since(time.Now()))
-	if ev.Step > 0 {
-		l = l.Int64("step", ev.Step)
-	}
-	switch {
-	case ev.Ev == "fault-cont":
-		l.Msg("injected stop ended: SIGCONT sent")
-	case ev.Err != "":
-		l.Str("why", ev.Err).Msg("fault not injected")
-	default:
-		l.Str("signal", f.Signal).Msg("fault injected")
-	}
 }
 
 // alsoFailed counts the ranks other than f's that failed on their own.

@@ -37,6 +37,12 @@ func basePlanConfig() plan.Config {
 
 func startFakeJob(t *testing.T, np int, cfg Config) *fakeJob {
 	t.Helper()
+	return startFakeJobIn(t, np, cfg, cfg.loop().world)
+}
+
+// startFakeJobIn is startFakeJob in the world w.
+func startFakeJobIn(t *testing.T, np int, cfg Config, w worldHooks) *fakeJob {
+	t.Helper()
 	c := basePlanConfig()
 	c.NP = np
 	plan, err := plan.New(c)
@@ -45,7 +51,9 @@ func startFakeJob(t *testing.T, np int, cfg Config) *fakeJob {
 	}
 	f := &fakeJob{t: t, events: make(chan wire.Event, 64), cmds: make(chan wire.Cmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
 	cfg.Logger = zerolog.Nop()
-	r := &jobLoop{cfg: cfg.loop(), plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 1}}
+	lc := cfg.loop()
+	lc.world = w
+	r := &jobLoop{cfg: lc, plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 1}}
 	go func() { f.errc <- r.run(context.Background()) }()
 	for i := range np {
 		f.events <- wire.Event{Ev: "started", Rank: i, PID: 1000 + i}

@@ -403,10 +403,10 @@ func (r *hostsRun) abandon(ctx context.Context, cause error) error {
 		// checkpoint cues: this world never ran.
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
-		cfg := m.cfg.loop()
+		cfg := m.cfg
 		cfg.Timeout, cfg.world = 0, nil
 		flight := &flightRecords{log: m.cfg.Logger, stderr: r.out.Stderr(), remote: true}
-		err := (&jobLoop{cfg: cfg, plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight,
+		err := (&jobLoop{cfg: cfg.loop(), plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight,
 			fenceHosts: len(r.plan.Nodes)}).run(cctx)
 		m.cfg.Logger.Warn().Int("hosts", len(r.home.conns)).Err(err).AnErr("cause", cause).
 			Msg("a host failed to come up after other hosts' ranks started; they were stopped")
