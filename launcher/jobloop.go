@@ -11,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher/fault"
 	"github.com/gorun-hpc/gorun/launcher/flight"
@@ -123,6 +124,34 @@ type worldHooks interface {
 
 var _ worldHooks = (*worldRun)(nil)
 
+// flightTable is the ranks' flight records as the job loop uses them:
+// where a local job's ranks dump them, the dumps host agents send, and the
+// merged table it prints after SIGUSR2, at --timeout and before a failed
+// job's teardown. flight.go's flightRecords implements it; its nil pointer
+// is a job that keeps none (inactive, no directory, prints nothing). The
+// loop calls every method from its own goroutine; none blocks for long.
+type flightTable interface {
+	// active reports whether the ranks write records gorun can merge;
+	// isRemote whether they come from host agents rather than a
+	// directory on this machine, which flightDir is (nil: none).
+	active() bool
+	isRemote() bool
+	flightDir() *flight.Dir
+	// ask starts a new request for dumps from the host agents; store
+	// keeps one that arrived.
+	ask()
+	store(d comm.FlightDump)
+	// print prints the table of the dumps written since since (or asked
+	// for since the last ask) and reports whether there was any;
+	// markPrinted notes that the job's end need not print it again;
+	// noneWritten says on gorun's stderr that a SIGUSR2 found none.
+	print(why string, since time.Time) bool
+	markPrinted()
+	noneWritten()
+}
+
+var _ flightTable = (*flightRecords)(nil)
+
 // jobLoop is the state of one job's event loop; owned by the goroutine
 // that calls run.
 type jobLoop struct {
@@ -131,8 +160,9 @@ type jobLoop struct {
 	log  zerolog.Logger
 	home rankHome
 	// flight, when set, merges the ranks' flight records after SIGUSR2
-	// and at --timeout (flight.go).
-	flight *flightRecords
+	// and at --timeout; a loop without it has the nil *flightRecords
+	// (begin).
+	flight flightTable
 	// fenceHosts is how many supervisors a PMI barrier waits for; 0 means
 	// every supervisor of home. An abandoned multi-host launch
 	// (hostsRun.abandon) sets the whole world's host count, so that the
@@ -303,6 +333,9 @@ type liveJob struct {
 // begin sets up a job's run: every rank live, the --timeout running, the
 // first injection and checkpoint cue armed.
 func (r *jobLoop) begin(ctx context.Context) *liveJob {
+	if r.flight == nil {
+		r.flight = (*flightRecords)(nil) // keeps no records
+	}
 	j := &liveJob{
 		jobLoop: r,
 		ctx:     ctx,
@@ -598,10 +631,12 @@ func (j *liveJob) collected() {
 func (j *liveJob) printFlight(why string, thenStop bool) {
 	printed := j.flight.print(why, j.flightAsked)
 	if thenStop {
-		j.flight.printed = printed
+		if printed {
+			j.flight.markPrinted()
+		}
 		j.stop(stopTimeout, syscall.SIGTERM)
 	} else if !printed {
-		j.flight.stderr.WriteLines([]byte("gorun: SIGUSR2: no rank wrote flight records (no communicator open?)\n"))
+		j.flight.noneWritten()
 	}
 }
 
