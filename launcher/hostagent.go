@@ -245,8 +245,19 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 	_ = c.SetDeadline(time.Time{})
 	kids := startChildren(job.Launch, hex.EncodeToString(key), w, log)
 	defer kids.stop(job.Lease + job.Grace)
+	// A spare host's agent is told so once the job runs: from then on it
+	// pings gorun and waits at most a lease for gorun's pings (wire/idle.go).
+	var spare time.Duration
+	stopSpare := make(chan struct{})
+	var spareWG sync.WaitGroup
+	endSpare := sync.OnceFunc(func() { close(stopSpare); spareWG.Wait() })
+	defer endSpare()
 	for {
-		m, err = w.ReadMsg()
+		if spare > 0 {
+			m, err = w.ReadMsgWithin(spare)
+		} else {
+			m, err = w.ReadMsg()
+		}
 		if err == nil && m.T == "setup-over" {
 			kids.quiet()
 			if err := w.Send(wire.Msg{T: "setup-over-ack"}); err != nil {
@@ -254,12 +265,23 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 			}
 			continue
 		}
+		if err == nil && m.T == "spare" && spare == 0 {
+			spare = cmp.Or(job.Lease, DefaultLease)
+			w.SetWriteTimeout(spare)
+			spareWG.Go(func() { pinger(w, spare/4, stopSpare) })
+			continue
+		}
+		if err != nil && spare > 0 {
+			c.Close() // a pinger stuck on the dead link returns
+			return fmt.Errorf("lost gorun while waiting as a spare host: %w", err)
+		}
 		if err != nil || m.T != "spec" {
 			// gorun gave up on the job (another host failed): nothing started.
 			return nil
 		}
 		break
 	}
+	endSpare()
 	reserved.Release()
 	return relay(w, job, hello, specWithSecret(m.Ranks, key), m.PMI, log, stderr)
 }
