@@ -99,6 +99,13 @@ func TestFTSpareLostWhileIdle(t *testing.T) {
 	if err := j.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	ended := false
+	defer func() {
+		if !ended { // a failure on the way: gorun goes too
+			_ = j.cmd.Process.Kill()
+			_ = j.cmd.Wait()
+		}
+	}()
 	j.waitOutput(time.Minute, "step 5", j.stdout.String, "] step 5 loss")
 
 	if err := h.CutLink(idle); err != nil {
@@ -143,6 +150,7 @@ func TestFTSpareLostWhileIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	code := j.wait()
+	ended = true
 	back()
 	j.noSurvivors()
 	j.parse()
