@@ -115,6 +115,8 @@ func (r *hostsRun) addSpare(c *hostConn) {
 	c.w.SetWriteTimeout(r.lease)
 	if err := c.w.Send(wire.Msg{T: "spare"}); err != nil {
 		r.m.cfg.Logger.Debug().Err(err).Str("host", r.m.nodes[c.node].Name).Msg("telling the spare host it is one failed")
+	} else {
+		r.m.cfg.Logger.Info().Str("host", r.m.nodes[c.node].Name).Dur("lease", r.lease).Msg("spare host waits, holding a lease")
 	}
 	r.connWG.Go(func() {
 		var ping sync.WaitGroup

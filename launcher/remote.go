@@ -342,7 +342,7 @@ func (r *hostsRun) launch(c *hostConn) {
 			// left alone: one srun starts every host's agent, so
 			// killing it would take the healthy hosts down with the
 			// lost one; it ends when its tasks do.
-			if l := m.starterOf(c.node); l.cmd != nil && l.what != "srun" {
+			if l := m.starterOf(c.agent); l.cmd != nil && l.what != "srun" {
 				_ = syscall.Kill(-l.cmd.Process.Pid, syscall.SIGKILL)
 			}
 		}

@@ -95,7 +95,7 @@ func TestFTSpareLostWhileIdle(t *testing.T) {
 	}
 	logs := t.TempDir()
 	const lease = 2 * time.Second
-	j := newFTHostJobSteps(t, h, hf, 2, 300, []string{"--lease", lease.String(), "--output-dir", logs}, []string{"--mode", "dp"})
+	j := newFTHostJobSteps(t, h, hf, 2, 300, []string{"-v", "--lease", lease.String(), "--output-dir", logs}, []string{"--mode", "dp"})
 	if err := j.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -107,6 +107,11 @@ func TestFTSpareLostWhileIdle(t *testing.T) {
 		}
 	}()
 	j.waitOutput(time.Minute, "step 5", j.stdout.String, "] step 5 loss")
+	// The ranks start before every host is up; the spares hold their
+	// lease once all are (-v logs it).
+	for _, sp := range []string{idle, spare} {
+		j.waitOutput(time.Minute, "lease of the spare "+sp, j.stderr.String, "spare host waits, holding a lease host="+sp)
+	}
 
 	if err := h.CutLink(idle); err != nil {
 		_ = j.cmd.Process.Kill()
