@@ -105,10 +105,15 @@ type spareHost struct {
 	done chan struct{}
 }
 
-// addSpare makes c a spare: the agent is told ("spare", so that it keeps
-// its side of the lease) and c's pinger and reader start. Called once the
-// job runs (every host up), when nothing else reads c.
+// addSpare makes c a spare, unless it is one already: the agent is told
+// ("spare", so that it keeps its side of the lease) and c's pinger and
+// reader start. Called on start-up's goroutine, as soon as the spare is up
+// and the job planned (a tree parent's, once start-up is over), when
+// nothing else reads c.
 func (r *hostsRun) addSpare(c *hostConn) {
+	if slices.ContainsFunc(r.spares, func(s *spareHost) bool { return s.c == c }) {
+		return
+	}
 	s := &spareHost{c: c, node: c.node, stop: make(chan struct{}), done: make(chan struct{})}
 	s.halt = sync.OnceFunc(func() { close(s.stop) })
 	r.spares = append(r.spares, s)

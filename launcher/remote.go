@@ -153,7 +153,7 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 	}
 	for node, c := range m.conns {
 		if node >= len(ea.run.plan.Nodes) {
-			ea.run.addSpare(c) // up, rankless, until a host is lost
+			ea.run.addSpare(c) // up, rankless, until a host is lost (if not yet)
 		} else if !ea.run.launched[node] {
 			ea.run.launch(c)
 		}
@@ -216,6 +216,11 @@ func (e *earlyStart) verdict(node int, c *hostConn, err error) error {
 		}
 	}
 	for n, hc := range e.up {
+		if n >= len(e.run.plan.Nodes) && len(m.children[n]) == 0 {
+			// A spare's lease starts as soon as it is up (a tree
+			// parent's once start-up no longer reads its connection).
+			e.run.addSpare(hc)
+		}
 		if n < len(e.run.plan.Nodes) && !e.run.launched[n] && len(m.children[n]) == 0 {
 			e.run.launch(hc)
 			if len(e.up) < len(m.nodes) {
