@@ -25,6 +25,12 @@ import (
 // join the quorum at a step boundary and heal from the live replicas like
 // any replacement. A spare lost in turn is a lost host like any other.
 //
+// While it waits, a spare keeps a lease both ways, as a running host
+// does (spareHost; the agent's side is wire.Conn.ReadMsgWithin): a spare
+// whose agent dies or whose link falls silent before it is used is
+// dropped when that happens (said on stderr, recorded in the report's
+// lost_spares) and the next lost host takes the next live spare.
+//
 // Why at launch and not when a host is lost: a spare found unreachable,
 // or without the program, is named before the job runs rather than when
 // it is needed; and the replacement's start then costs a message, not an

@@ -245,8 +245,9 @@ func serveHostAgent(o HostAgentOptions, key []byte, log zerolog.Logger, stderr i
 	_ = c.SetDeadline(time.Time{})
 	kids := startChildren(job.Launch, hex.EncodeToString(key), w, log)
 	defer kids.stop(job.Lease + job.Grace)
-	// A spare host's agent is told so once the job runs: from then on it
-	// pings gorun and waits at most a lease for gorun's pings (wire/idle.go).
+	// A spare host's agent is told so ("spare", once gorun planned the
+	// job): from then on it pings gorun and waits at most a lease for
+	// gorun's pings (wire/idle.go), ending when they stop.
 	var spare time.Duration
 	stopSpare := make(chan struct{})
 	var spareWG sync.WaitGroup

@@ -11,10 +11,10 @@ import (
 // A spare host's agent (a --fault-tolerant job's host that waits,
 // rankless, to take a lost host's ranks over) has nothing to say until it
 // is used, yet each side must learn within a lease that the other is gone
-// or cut off, as on a host that runs ranks. gorun says "spare" once the
-// job runs; from then on both sides ping every lease/4, and a side that
-// hears no frame for a lease treats the other as gone: gorun no longer
-// offers the spare, and the agent ends.
+// or cut off, as on a host that runs ranks. gorun says "spare" once it has
+// the spare's hello and a plan; from then on both sides ping every
+// lease/4, and a side that hears no frame for a lease treats the other
+// as gone: gorun no longer offers the spare, and the agent ends.
 
 // ReadMsgWithin is ReadMsg on a connection whose peer pings: it fails, with
 // an error that says how long it heard nothing, when no frame (pings
