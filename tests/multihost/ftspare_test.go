@@ -212,26 +212,42 @@ func TestFTSpareLostWhileIdle(t *testing.T) {
 	}
 }
 
-// TestFTHostWithFinishedRankRetired: hosts of 1, 2 and 1 slots, -np 3:
-// rank 0 on h1, ranks 1 and 2 on h2, h3 a spare. Rank 2 stops after 5
-// steps (exit 0); h2 is killed whole after step 10, with rank 1 running.
-// Its host is not moved to the spare (it would start the finished rank 2
-// again): rank 1 is retired, the spare stays unused, and rank 0 trains to
-// the end; gorun exits 0.
+// TestFTHostWithFinishedRankRetired: hosts of 1, 2, 1 and 1 slots, -np 3:
+// rank 0 on h1, ranks 1 and 2 on h2, h3 and h4 spares. h4's agent is
+// killed while it waits: gorun drops it and says so, the job goes on. Rank
+// 2 stops after 5 steps (exit 0); h2 is killed whole after step 10, with
+// rank 1 running. Its host is not moved to the spare h3 left (that would
+// start the finished rank 2 again): rank 1 is retired, the spare stays
+// unused, and rank 0 trains to the end; gorun exits 0.
 func TestFTHostWithFinishedRankRetired(t *testing.T) {
 	h := requireHosts(t)
-	victim, spare := h.Hosts[1], h.Hosts[2]
+	victim, spare, killed := h.Hosts[1], h.Hosts[2], h.Hosts[3]
 	hf := filepath.Join(t.TempDir(), "hostfile")
-	if err := os.WriteFile(hf, []byte(fmt.Sprintf("%s slots=1\n%s slots=2\n%s slots=1\n", h.Hosts[0], victim, spare)), 0o644); err != nil {
+	if err := os.WriteFile(hf, []byte(fmt.Sprintf("%s slots=1\n%s slots=2\n%s slots=1\n%s slots=1\n", h.Hosts[0], victim, spare, killed)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	j := newFTHostJob(t, h, hf, 3, []string{"--inject", "kill-host:host=" + victim + ":after-steps=10"}, []string{"--mode", "dp"})
+	j := newFTHostJob(t, h, hf, 3, []string{"-v", "--inject", "kill-host:host=" + victim + ":after-steps=10"}, []string{"--mode", "dp"})
 	// Rank 2 trains 5 steps (the trainer's last --steps counts), the
 	// others the test's.
 	i := slices.Index(j.cmd.Args, "--fault-tolerant") // gorun's own flag comes first
 	i = i + slices.Index(j.cmd.Args[i+1:], "--fault-tolerant")
 	j.cmd.Args = slices.Insert(j.cmd.Args, i, "/bin/sh", "-c", `if [ "$GORUN_RANK" = 2 ]; then exec "$0" "$@" --steps 5; fi; exec "$0" "$@"`)
-	code := j.run()
+	if err := j.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ended := false
+	defer func() {
+		if !ended { // a failure on the way: gorun goes too
+			_ = j.cmd.Process.Kill()
+			_ = j.cmd.Wait()
+		}
+	}()
+	j.waitOutput(time.Minute, "lease of the spare "+killed, j.stderr.String, "spare host waits, holding a lease host="+killed)
+	if err := syscall.Kill(agentPid(t, killed), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	code := j.wait()
+	ended = true
 	j.noSurvivors()
 	j.parse()
 	if code != 0 {
@@ -257,5 +273,12 @@ func TestFTHostWithFinishedRankRetired(t *testing.T) {
 	}
 	if len(ft.Failures) != 1 || ft.Failures[0].Rank != 1 || !strings.Contains(ft.Failures[0].Action, "1 of its host's 2 ranks had finished") {
 		t.Errorf("report's failures: %+v, want rank 1 retired because rank 2 had finished", ft.Failures)
+	}
+	if ls := ft.LostSpares; len(ls) != 1 || ls[0].Host != killed || !strings.Contains(ls[0].Why, "connection to its agent closed") ||
+		!slices.Equal(ls[0].SparesLeft, []string{spare}) {
+		t.Errorf("report's lost spares: %+v, want %s (its agent killed), leaving %s", ls, killed, spare)
+	}
+	if line := "gorun: fault-tolerant: spare host " + killed + " lost while idle: the connection to its agent closed"; strings.Count(j.stderr.String(), line) != 1 {
+		t.Errorf("stderr does not say once that %s was lost while idle:\n%s", killed, j.stderr.String())
 	}
 }
