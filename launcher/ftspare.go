@@ -131,7 +131,7 @@ func (r *hostsRun) addSpare(c *hostConn) {
 	}
 	r.connWG.Go(func() {
 		var ping sync.WaitGroup
-		ping.Go(func() { pinger(c.w, r.lease/4, s.stop) })
+		ping.Go(func() { c.w.PingEvery(r.lease/4, s.stop) })
 		if s.lost = s.watch(r.lease); s.lost != nil {
 			select {
 			case r.home.ch <- wire.Event{Ev: "spare-lost", Node: s.node, Err: s.lost.Error()}:
