@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -107,46 +108,13 @@ func TestFTSpareLostWhileIdle(t *testing.T) {
 		}
 	}()
 	j.waitOutput(time.Minute, "step 5", j.stdout.String, "] step 5 loss")
-	// The ranks start before every host is up; the spares hold their
-	// lease once all are (-v logs it).
+	// The ranks start before every host is up; a spare holds its lease
+	// once gorun has its hello and the plan (-v logs it).
 	for _, sp := range []string{idle, spare} {
 		j.waitOutput(time.Minute, "lease of the spare "+sp, j.stderr.String, "spare host waits, holding a lease host="+sp)
 	}
 
-	if err := h.CutLink(idle); err != nil {
-		_ = j.cmd.Process.Kill()
-		t.Fatal(err)
-	}
-	cut := time.Now()
-	restored := false
-	back := func() {
-		if restored {
-			return
-		}
-		restored = true
-		restore(t, idle)
-		if !launchertest.WaitFor(30*time.Second, func() bool {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			return h.SSHCommand(ctx, idle, "true").Run() == nil
-		}) {
-			t.Errorf("%s does not answer ssh after its link came back", idle)
-		}
-	}
-	defer back()
-	line := "gorun: fault-tolerant: spare host " + idle + " lost while idle: "
-	j.waitOutput(lease+20*time.Second, "word of the idle spare's loss", j.stderr.String, line)
-	t.Logf("the cut spare was reported lost %v after the cut", time.Since(cut).Round(time.Millisecond))
-	// Its agent ends on its own lease, while its link is still cut.
-	var stray []int
-	if !launchertest.WaitFor(lease+15*time.Second, func() bool {
-		stray, err = h.StrayPids(idle)
-		return err == nil && len(stray) == 0
-	}) {
-		t.Errorf("the cut spare %s still runs %v (%s) %v after the cut: its agent did not end at its lease (err %v)",
-			idle, stray, describe(stray), time.Since(cut).Round(time.Millisecond), err)
-	}
-
+	back := j.cutIdleSpare(idle, lease)
 	if err := syscall.Kill(agentPid(t, victim), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +131,7 @@ func TestFTSpareLostWhileIdle(t *testing.T) {
 		t.Fatalf("gorun exited %d\nstdout:\n%s\nstderr:\n%s", code, j.stdout.String(), j.stderr.String())
 	}
 	j.survived([]int{0})
-	if n := strings.Count(j.stderr.String(), line); n != 1 {
+	if n := strings.Count(j.stderr.String(), idleLine(idle)); n != 1 {
 		t.Errorf("stderr says %d times that %s was lost while idle, want once:\n%s", n, idle, j.stderr.String())
 	}
 	if !strings.Contains(j.stderr.String(), "gorun:   spare host "+idle+" lost while idle at ") {
@@ -194,21 +162,73 @@ func TestFTSpareLostWhileIdle(t *testing.T) {
 
 	// The output of a rank that moved: tagged with the host it runs on,
 	// in one log that says where it moved.
-	if !j.tagged(1, victim, "step ") || !j.tagged(1, spare, "step ") || j.tagged(1, victim, "replica 1 incarnation 1") {
-		t.Errorf("rank 1's lines are not tagged with the host each process ran on (%s, then %s):\n%s", victim, spare, j.stdout.String())
-	}
+	j.checkMoved(logs, victim, spare)
 	if !j.tagged(0, first, "replica 0 incarnation 0") {
 		t.Errorf("rank 0's last line is not tagged with %s", first)
 	}
-	b, err := os.ReadFile(filepath.Join(logs, "rank.1.log"))
+}
+
+// cutIdleSpare cuts idle spare host idle's link and waits for gorun to
+// say, once, that it lost it, and for its agent to end at its own lease
+// while still cut off. The returned function restores the link and waits
+// for the host to answer ssh (the next tests use it); it is idempotent,
+// and runs at the test's end whatever happens.
+func (j *ftHostJob) cutIdleSpare(idle string, lease time.Duration) (back func()) {
+	t, h := j.t, j.h
+	t.Helper()
+	if err := h.CutLink(idle); err != nil {
+		_ = j.cmd.Process.Kill()
+		t.Fatal(err)
+	}
+	cut := time.Now()
+	back = sync.OnceFunc(func() {
+		restore(t, idle)
+		if !launchertest.WaitFor(30*time.Second, func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			return h.SSHCommand(ctx, idle, "true").Run() == nil
+		}) {
+			t.Errorf("%s does not answer ssh after its link came back", idle)
+		}
+	})
+	t.Cleanup(back) // on every path, a failure's included
+	j.waitOutput(lease+20*time.Second, "word of the idle spare's loss", j.stderr.String, idleLine(idle))
+	t.Logf("the cut spare was reported lost %v after the cut", time.Since(cut).Round(time.Millisecond))
+	var stray []int
+	var err error
+	if !launchertest.WaitFor(lease+15*time.Second, func() bool {
+		stray, err = h.StrayPids(idle)
+		return err == nil && len(stray) == 0
+	}) {
+		t.Errorf("the cut spare %s still runs %v (%s) %v after the cut: its agent did not end at its lease (err %v)",
+			idle, stray, describe(stray), time.Since(cut).Round(time.Millisecond), err)
+	}
+	return back
+}
+
+// idleLine is the start of gorun's line for a spare lost while idle.
+func idleLine(host string) string {
+	return "gorun: fault-tolerant: spare host " + host + " lost while idle: "
+}
+
+// checkMoved checks the output of rank 1, which ran on from and then on
+// to: its lines tagged with the host each process ran on, and one log
+// (in dir) with the move's line between them.
+func (j *ftHostJob) checkMoved(dir, from, to string) {
+	t := j.t
+	t.Helper()
+	if !j.tagged(1, from, "step ") || !j.tagged(1, to, "step ") || j.tagged(1, from, "replica 1 incarnation 1") {
+		t.Errorf("rank 1's lines are not tagged with the host each process ran on (%s, then %s):\n%s", from, to, j.stdout.String())
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "rank.1.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	log := string(b)
-	marker := fmt.Sprintf("--- gorun: rank 1 moves to spare host %s (host %s was lost) ---\n", spare, victim)
+	marker := fmt.Sprintf("--- gorun: rank 1 moves to spare host %s (host %s was lost) ---\n", to, from)
 	before, after, ok := strings.Cut(log, marker)
 	if !ok || !strings.Contains(before, "step 5 loss") || !strings.Contains(after, "step ") {
-		t.Errorf("rank 1's log does not hold its steps on %s, the move line, then its steps on %s:\n%s", victim, spare, log)
+		t.Errorf("rank 1's log does not hold its steps on %s, the move line, then its steps on %s:\n%s", from, to, log)
 	}
 }
 
