@@ -252,7 +252,8 @@ func serve(o Options, key []byte, log zerolog.Logger, stderr io.Writer) error {
 			spareWG.Go(func() { w.PingEvery(spare/4, stopSpare) })
 			continue
 		}
-		if err != nil && spare > 0 {
+		if err != nil && spare > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+			// Silent past the lease; a hang-up is the job's end, below.
 			c.Close() // a ping stuck on the dead link returns
 			return fmt.Errorf("lost gorun while waiting as a spare host: %w", err)
 		}

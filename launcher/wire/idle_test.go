@@ -1,7 +1,9 @@
 package wire
 
 import (
+	"errors"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -46,7 +48,7 @@ func TestReadMsgWithin(t *testing.T) {
 	case <-time.After(50 * lease):
 		t.Fatalf("a silent peer: still waiting after %v, want silence named after the lease (%v)", 50*lease, lease)
 	}
-	if err == nil || !strings.Contains(err.Error(), "no word from the other side") || time.Since(start) < lease {
+	if err == nil || !strings.Contains(err.Error(), "no word from the other side") || !errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) < lease {
 		t.Fatalf("a silent peer: %v after %v, want silence named after the lease", err, time.Since(start))
 	}
 }
