@@ -440,13 +440,19 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 			}
 		}
 	}()
+	// A watcher not found says what gorun was doing: a gorun that ended
+	// the job early leaves no supervisor below it.
+	notFound := func(err error) watcherResult {
+		return watcherResult{err: fmt.Sprintf("%v (gorun pid %d state %q); gorun's output:\n%s",
+			err, gorunPid, stateOf(gorunPid), lastLines(out.String(), 10))}
+	}
 	targets, err := watcherPids(gorunPid, r.hosts, r.kill)
 	if err != nil {
-		return watcherResult{err: err.Error()}
+		return notFound(err)
 	}
 	stopped, err := watcherPids(gorunPid, r.hosts, r.stop)
 	if err != nil {
-		return watcherResult{err: err.Error()}
+		return notFound(err)
 	}
 	for _, p := range stopped {
 		procs = append(procs, tracked{p, startTime(p)}) // the deferred cleanup kills it too
@@ -495,13 +501,18 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 	return res
 }
 
-// initChild waits for the init stand-in's child (gorun) and returns its
-// pid, 0 if none came within 10 s.
+// initChild waits for the init stand-in's child that runs gorun (not
+// merely the first child listed: /proc lists pids as names, so 12000
+// comes before 9000, and the stand-in, a subreaper, also adopts orphans;
+// before its exec the child still runs the stand-in) and returns its pid,
+// 0 if none came within 10 s.
 func initChild(init int) int {
 	pid := 0
 	launchertest.WaitFor(10*time.Second, func() bool {
-		if c := childrenOf(init); len(c) > 0 {
-			pid = c[0]
+		for _, c := range childrenOf(init) {
+			if args := cmdline(c); len(args) > 0 && args[0] == gorunBin {
+				pid = c
+			}
 		}
 		return pid != 0
 	})
