@@ -440,19 +440,13 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 			}
 		}
 	}()
-	// A watcher not found says what gorun was doing: a gorun that ended
-	// the job early leaves no supervisor below it.
-	notFound := func(err error) watcherResult {
-		return watcherResult{err: fmt.Sprintf("%v (gorun pid %d state %q); gorun's output:\n%s",
-			err, gorunPid, stateOf(gorunPid), lastLines(out.String(), 10))}
-	}
 	targets, err := watcherPids(gorunPid, r.hosts, r.kill)
 	if err != nil {
-		return notFound(err)
+		return watcherNotFound(err, gorunPid, out.String())
 	}
 	stopped, err := watcherPids(gorunPid, r.hosts, r.stop)
 	if err != nil {
-		return notFound(err)
+		return watcherNotFound(err, gorunPid, out.String())
 	}
 	for _, p := range stopped {
 		procs = append(procs, tracked{p, startTime(p)}) // the deferred cleanup kills it too
@@ -499,6 +493,14 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 		}
 	}
 	return res
+}
+
+// watcherNotFound is the result of a run whose watchers were not all
+// found: it says what gorun was doing (a gorun that ended the job early
+// leaves no supervisor below it).
+func watcherNotFound(err error, gorunPid int, out string) watcherResult {
+	return watcherResult{err: fmt.Sprintf("%v (gorun pid %d state %q); gorun's output:\n%s",
+		err, gorunPid, stateOf(gorunPid), lastLines(out, 10))}
 }
 
 // initChild waits for the init stand-in's child that runs gorun (not
