@@ -19,6 +19,15 @@ type lateConn struct {
 	net.Conn
 	stall time.Duration
 	once  sync.Once
+	// first receives the first read deadline gorun sets: the agent times
+	// its ping from it.
+	first    chan time.Time
+	firstSet sync.Once
+}
+
+func (l *lateConn) SetReadDeadline(t time.Time) error {
+	l.firstSet.Do(func() { l.first <- t })
+	return l.Conn.SetReadDeadline(t)
 }
 
 func (l *lateConn) Read(b []byte) (int, error) {
@@ -52,17 +61,27 @@ func TestReadHostDiscountsOwnStall(t *testing.T) {
 			gorunEnd, agentEnd := net.Pipe()
 			defer agentEnd.Close()
 			agent := wire.NewConn(agentEnd, nil)
-			c := &hostConn{w: wire.NewConn(&lateConn{Conn: gorunEnd, stall: tc.stall}, nil)}
+			late := &lateConn{Conn: gorunEnd, stall: tc.stall, first: make(chan time.Time, 1)}
+			c := &hostConn{w: wire.NewConn(late, nil)}
+			returned := make(chan struct{})
 			var wg sync.WaitGroup
 			defer wg.Wait()
 			wg.Go(func() {
-				time.Sleep(lease + tc.ping)
+				defer agentEnd.Close()
+				// From gorun's deadline, not from this goroutine's start:
+				// the test's own goroutine may run late before it sets it.
+				select {
+				case d := <-late.first:
+					time.Sleep(time.Until(d.Add(tc.ping)))
+				case <-returned:
+					return
+				}
 				_ = agent.WriteFrame(wire.FramePing)
-				agentEnd.Close()
 			})
 			m := &hostAgents{}
 			err := m.readHost(c, plan.Node{Ranks: 1}, lease, make(chan wire.Event, 1), make(chan struct{}),
 				func(int, byte, []byte) {})
+			close(returned)
 			gorunEnd.Close()
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("readHost: %v, want an error saying %q", err, tc.want)
