@@ -96,6 +96,51 @@ def test_device_tensors_are_refused_clearly():
         gt.distribute(model)
 
 
+def test_a_cuda_model_is_refused_without_a_gpu():
+    # A CUDA model on a machine without one: FakeTensorMode makes
+    # parameters whose device is cuda:0 with no driver behind them.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        model = torch.nn.Linear(4, 4, device="cuda")
+    assert model.weight.device.type == "cuda"
+    with pytest.raises(RuntimeError, match=r"'weight' is on cuda:0; gorun.torch runs host \(CPU\) tensors only"):
+        gt.distribute(model, mode="fsdp")
+
+
+def _one_step(m, opt):
+    x = torch.randint(0, 64, (2, 16))
+    m(x, torch.roll(x, -1, 1)).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_distributed_model_is_not_moved_or_cast(mode):
+    # After distribute(), the buckets, shards and bucket-viewed gradients
+    # hold the CPU tensors: .to(device) / .cuda() / a cast is refused
+    # before anything changes; a move or cast to what the tensors already
+    # are goes through, and training goes on.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    torch.manual_seed(0)
+    m = gt.distribute(GPT(d=64), mode=mode)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    for _ in range(2):
+        _one_step(m, opt)
+    before = [(n, p.device, p.dtype, p.data_ptr()) for n, p in m.named_parameters()]
+    with pytest.raises(RuntimeError, match=r"would become float32 on meta: a distributed model's tensors cannot be moved"):
+        m.to("meta")
+    with pytest.raises(RuntimeError, match=r"\(float32 on cpu\) would become float64 on cpu"):
+        m.double()
+    with FakeTensorMode(allow_non_fake_inputs=True):  # .cuda() as on a GPU machine
+        with pytest.raises(RuntimeError, match=r"would become float32 on cuda:0"):
+            m.cuda()
+    assert [(n, p.device, p.dtype, p.data_ptr()) for n, p in m.named_parameters()] == before
+    assert m.to("cpu") is m and m.float() is m
+    _one_step(m, opt)
+    assert m.metrics()["steps"] >= 3
+    m.close()
+
+
 def test_unknown_mode_and_misplaced_options_are_refused():
     with pytest.raises(ValueError, match="mode 'zero3'"):
         gt.distribute(GPT(), mode="zero3")
