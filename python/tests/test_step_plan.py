@@ -141,6 +141,40 @@ def test_a_distributed_model_is_not_moved_or_cast(mode):
     m.close()
 
 
+@pytest.mark.parametrize("mode,collective", [("ddp", "ar/"), ("fsdp", "ag/")])
+def test_the_trace_is_a_perfetto_timeline_of_the_steps(tmp_path, mode, collective):
+    # distribute(trace=...) writes the Trace Event Format's JSON object form,
+    # which ui.perfetto.dev and chrome://tracing load: every event with a
+    # name, a phase of the format, a time, pid (the rank) and tid; complete
+    # events with a duration; every async span begun and ended once; the
+    # tracks named; the step's collectives, regions and steps in it.
+    torch.manual_seed(0)
+    m = gt.distribute(GPT(d=64), mode=mode, trace=str(tmp_path / "t-{rank}.json"))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    for _ in range(3):
+        _one_step(m, opt)
+    path = m.metrics()["trace"]
+    m.close()
+    assert path == str(tmp_path / "t-0.json"), path
+    with open(path) as f:
+        ev = json.load(f)["traceEvents"]
+    assert ev, "an empty trace"
+    spans = {}
+    for e in ev:
+        assert isinstance(e["name"], str) and e["name"], e
+        assert e["ph"] in ("X", "B", "E", "i", "I", "C", "b", "e", "n", "M"), e
+        assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0, e
+        assert e["pid"] == 0 and isinstance(e["tid"], int), e
+        if e["ph"] == "X":
+            assert e.get("dur", 0) >= 0, e
+        if e["ph"] in "be":
+            spans.setdefault((e.get("cat"), e["id"]), []).append(e["ph"])
+    assert spans and all(sorted(v) == ["b", "e"] for v in spans.values()), spans
+    names = {e["name"] for e in ev}
+    assert {"process_name", "thread_name", "forward blocks.0", "step 2"} <= names, sorted(names)
+    assert any(n.startswith(collective) for n in names), sorted(names)
+
+
 def test_unknown_mode_and_misplaced_options_are_refused():
     with pytest.raises(ValueError, match="mode 'zero3'"):
         gt.distribute(GPT(), mode="zero3")
