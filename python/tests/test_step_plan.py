@@ -175,6 +175,29 @@ def test_the_trace_is_a_perfetto_timeline_of_the_steps(tmp_path, mode, collectiv
     assert any(n.startswith(collective) for n in names), sorted(names)
 
 
+def test_dump_plan_writes_the_graph_gorun_plan_prints(tmp_path):
+    # distribute(dump_plan=...) writes the planned step graph; `gorun plan`
+    # reads it and prints the buckets the executor runs, the same number.
+    torch.manual_seed(0)
+    path = tmp_path / "plan.json"
+    m = gt.distribute(GPT(d=64), mode="fsdp", dump_plan=str(path))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    for _ in range(2):  # the first step is measured and planned from
+        _one_step(m, opt)
+    buckets = m.metrics()["buckets"]
+    m.close()
+    gorun = os.environ.get("GORUN_BIN", os.path.join(ROOT, "bin", "gorun"))
+    if not os.path.isfile(gorun):
+        pytest.fail("%s is missing: run `make build` (make test-python does)" % gorun)
+    p = subprocess.run([gorun, "plan", "--passes", "", "-json", str(path)], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=120)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")
+    printed = json.loads(p.stdout)
+    names = [b["name"] for b in printed["buckets"]]
+    assert buckets > 0 and len(names) == buckets, (buckets, names)
+    assert "ag/blocks.0" in names and "ag/blocks.0@bwd" in names, names  # gathered, re-gathered for backward
+
+
 def test_unknown_mode_and_misplaced_options_are_refused():
     with pytest.raises(ValueError, match="mode 'zero3'"):
         gt.distribute(GPT(), mode="zero3")
