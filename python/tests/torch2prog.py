@@ -225,12 +225,14 @@ def _spawned(rank, n, init_method, backend, out):
 
 def case_spawn():
     """torch.multiprocessing.spawn with explicit rank and world_size through
-    tcp:// and file://; argv: N [gorun|gloo]."""
+    tcp:// and file://; argv: N [gorun|gloo] [PORT] [tcp|file|tcp,file]."""
     n = int(sys.argv[2])
     backend = sys.argv[3] if len(sys.argv) > 3 else "gorun"
     port = sys.argv[4] if len(sys.argv) > 4 else "0"
+    kinds = sys.argv[5].split(",") if len(sys.argv) > 5 else ["tcp", "file"]
     with tempfile.TemporaryDirectory() as d:
-        for init in ("tcp://127.0.0.1:%s" % port, "file://" + os.path.join(d, "store")):
+        methods = {"tcp": "tcp://127.0.0.1:%s" % port, "file": "file://" + os.path.join(d, "store")}
+        for init in [methods[k] for k in kinds]:
             mp.spawn(_spawned, args=(n, init, backend, None), nprocs=n, join=True)
     print("spawn ok", flush=True)
 
