@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gorun.torch as gt  # noqa: E402
+from gorun._lib import GorunError  # noqa: E402
 from gorun.torch import _plan  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
@@ -127,7 +128,8 @@ def test_a_distributed_model_is_not_moved_or_cast(mode):
     for _ in range(2):
         _one_step(m, opt)
     before = [(n, p.device, p.dtype, p.data_ptr()) for n, p in m.named_parameters()]
-    with pytest.raises(RuntimeError, match=r"would become float32 on meta: a distributed model's tensors cannot be moved"):
+    with pytest.raises(RuntimeError,
+                       match=r"would become float32 on meta: a distributed model's tensors cannot be moved"):
         m.to("meta")
     with pytest.raises(RuntimeError, match=r"\(float32 on cpu\) would become float64 on cpu"):
         m.double()
@@ -196,6 +198,44 @@ def test_dump_plan_writes_the_graph_gorun_plan_prints(tmp_path):
     names = [b["name"] for b in printed["buckets"]]
     assert buckets > 0 and len(names) == buckets, (buckets, names)
     assert "ag/blocks.0" in names and "ag/blocks.0@bwd" in names, names  # gathered, re-gathered for backward
+
+
+class _CalledTwice(torch.nn.Module):
+    """Three blocks; with again set, the first is called a second time."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(3)])
+        self.again = False
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = torch.tanh(b(x))
+        if self.again:
+            x = self.blocks[0](x)
+        return x.sum()
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_module_called_twice_in_a_step_is_refused_naming_it(mode):
+    # In the measured step (no plan yet) and in a planned one: an error
+    # naming the region, never a hang or a silently wrong plan.
+    m = _CalledTwice()
+    m.again = True
+    d = gt.distribute(m, mode=mode)
+    with pytest.raises(RuntimeError, match=r"region 'blocks.0' ran twice in one forward"):
+        d(torch.randn(2, 8))
+    d.close()
+    m = _CalledTwice()
+    d = gt.distribute(m, mode=mode)
+    for _ in range(2):  # measured, then planned
+        d(torch.randn(2, 8)).backward()
+    assert d.plan() is not None
+    m.again = True
+    with pytest.raises(GorunError,
+                       match=r'region "blocks.0" entered out of the plan\'s order.*a module called twice in one step'):
+        d(torch.randn(2, 8))
+    d.close()
 
 
 def test_unknown_mode_and_misplaced_options_are_refused():
