@@ -26,6 +26,7 @@ type call struct {
 	co      *coalesced
 	invalid error // set at issue: fails the communicator at its turn
 	issued  int64 // ticks()
+	label   Label // the caller's name for the call (WithLabel), 0 if none
 
 	ctx  context.Context
 	hook *ctxHook // the cancellation hook of ctx, nil if ctx never ends
@@ -354,6 +355,7 @@ func (c *Comm) issue(ctx context.Context, cl *call) Handle {
 		ctx = context.Background()
 	}
 	cl.ctx = ctx
+	cl.label = labelOf(ctx)
 	c.issueMu.RLock()
 	defer c.issueMu.RUnlock()
 	if c.closed {

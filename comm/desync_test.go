@@ -297,3 +297,66 @@ func TestFlightDumpLogOnlyWithoutFile(t *testing.T) {
 		}
 	}
 }
+
+// A call issued under WithLabel carries the label into its flight record,
+// however the label's context is wrapped; one issued without it carries
+// none (Go callers' records are as before). The merged table and the
+// disagreement it names show each rank's label.
+func TestFlightRecordLabels(t *testing.T) {
+	a, err := comm.RegisterLabel("all_reduce_coalesced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := comm.RegisterLabel("reduce_scatter_tensor")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := comm.RegisterLabel("all_reduce_coalesced"); again != a || a == b {
+		t.Errorf("labels %d, %d, %d: a name registered twice must keep its label", a, b, again)
+	}
+	if _, err := comm.RegisterLabel(""); err == nil {
+		t.Error("an empty label name was accepted")
+	}
+	j := newNetJob(t, 2, comm.LocalConfig(), false)
+	onEach(t, 2, func(r int) error {
+		bg := context.Background()
+		buf := comm.Float32s(make([]float32, 8))
+		if err := j.comms[r].AllReduce(bg, buf, buf, comm.Sum).Wait(bg); err != nil {
+			return err
+		}
+		ctx := comm.IssuerWaits(comm.WithLabel(bg, a))
+		if err := j.comms[r].AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(comm.WithLabel(bg, b), time.Minute)
+		defer cancel()
+		return j.comms[r].Barrier(ctx).Wait(ctx)
+	})
+	var dumps []comm.FlightDump
+	for r := range 2 {
+		recs := j.comms[r].FlightRecords()
+		var got []string
+		for _, rec := range recs {
+			got = append(got, rec.Label)
+		}
+		if want := []string{"", "all_reduce_coalesced", "reduce_scatter_tensor"}; !slices.Equal(got, want) {
+			t.Errorf("rank %d: labels %q, want %q", r, got, want)
+		}
+		dumps = append(dumps, comm.FlightDump{Group: "g", Rank: r, Size: 2, Records: recs})
+	}
+	// The same records, as if rank 1 had issued its second call from
+	// another torch call: the table names both.
+	dumps[1].Records = slices.Clone(dumps[1].Records)
+	dumps[1].Records[1].Label = "all_reduce"
+	dumps[1].Records[1].Call.Count = 4
+	table := comm.FlightTable(dumps)
+	for _, want := range []string{
+		"all_reduce_coalesced AllReduce(float32 sum,8) done",
+		"first disagreement at #2: rank 0 called all_reduce_coalesced AllReduce(float32 sum, count=8) #2, " +
+			"rank 1 called all_reduce AllReduce(float32 sum, count=4) #2",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+}

@@ -66,6 +66,9 @@ type FlightRecord struct {
 	// Fused, when above 1, is how many calls (this one among them) ran
 	// as one fused message (see "Fusion" in the package comment).
 	Fused int `json:"fused,omitempty"`
+	// Label is the caller's name for the call (WithLabel): the torch API
+	// call, for one issued by the torch backend. Empty without one.
+	Label string `json:"label,omitempty"`
 }
 
 // slot is a FlightRecord as the token holder writes it: times in ticks,
@@ -75,6 +78,7 @@ type slot struct {
 	dtype         DType
 	op            Op
 	failed        bool
+	label         Label
 	root          int32
 	fused         int32 // calls of the fused message it ran in; 0: alone
 	count         int64
@@ -129,6 +133,7 @@ func (r *recorder) start(cl *call, seq, peerSeq uint64, now int64) uint64 {
 		s.op = cl.op
 	}
 	s.failed = false
+	s.label = cl.label
 	s.fused = 0
 	s.start = now
 	s.issued = cl.issued
@@ -176,11 +181,11 @@ func (r *recorder) end(i uint64, err error, now int64) {
 func (r *recorder) read(i uint64, c tickConv) FlightRecord {
 	s := &r.recs[i%uint64(len(r.recs))]
 	kind, dtype, op, root, count, seq, peerSeq, fused := s.kind, s.dtype, s.op, s.root, s.count, s.seq, s.peerSeq, s.fused
-	issued, start := s.issued, s.start
+	issued, start, label := s.issued, s.start, s.label
 	end := s.end.Load()
 	rec := FlightRecord{Call: CallInfo{Kind: kind, DType: dtype, Op: op, Count: int(count), Root: int(root), Seq: seq},
 		P2P: kind == KindSend || kind == KindRecv, PeerSeq: peerSeq,
-		Issued: c.time(issued), Started: c.time(start), State: StateRunning, Fused: int(fused)}
+		Issued: c.time(issued), Started: c.time(start), State: StateRunning, Fused: int(fused), Label: label.String()}
 	if end > start {
 		rec.Ended, rec.State = c.time(end), StateDone
 		if s.failed {

@@ -107,9 +107,13 @@ func flightDumpName(dir string, d FlightDump) string {
 	return filepath.Join(dir, fmt.Sprintf("flight-%s-%d.json", d.Group, d.WorldRank))
 }
 
-// line renders a record for logs: "#41 AllReduce(float32 sum, count=16) running 2.1s".
+// line renders a record for logs: "#41 AllReduce(float32 sum, count=16) running 2.1s",
+// with the caller's label first when it has one ("all_reduce: #41 AllReduce(...) ...").
 func (r FlightRecord) line() string {
 	s := r.Call.String()
+	if r.Label != "" {
+		s = r.Label + ": " + s
+	}
 	if r.P2P {
 		s += " (after #" + fmt.Sprint(r.Call.Seq) + ")"
 	}
@@ -257,6 +261,7 @@ func writeGroupTable(b *strings.Builder, group string, ds []FlightDump) {
 	first, why := uint64(0), ""
 	for _, s := range seqs {
 		var calls []CallInfo
+		var names []string // calls[j] as the table names it, the caller's label first
 		var sides [][]int
 		var missing []int
 		for i, c := range rows[s] {
@@ -265,6 +270,7 @@ func writeGroupTable(b *strings.Builder, group string, ds []FlightDump) {
 				j := slices.IndexFunc(calls, func(ci CallInfo) bool { return ci.sameCall(c.rec.Call) })
 				if j < 0 {
 					calls, sides = append(calls, c.rec.Call), append(sides, nil)
+					names = append(names, c.rec.callName())
 					j = len(calls) - 1
 				}
 				sides[j] = append(sides[j], ds[i].Rank)
@@ -276,14 +282,14 @@ func writeGroupTable(b *strings.Builder, group string, ds []FlightDump) {
 		case len(calls) > 1:
 			parts := make([]string, len(calls))
 			for j := range calls {
-				parts[j] = fmt.Sprintf("%s called %v", rankList(sides[j]), calls[j])
+				parts[j] = fmt.Sprintf("%s called %s", rankList(sides[j]), names[j])
 			}
 			first, why = s, strings.Join(parts, ", ")
 			if len(missing) > 0 {
 				why += fmt.Sprintf("; %s never reached it", rankList(missing))
 			}
 		case len(missing) > 0:
-			first, why = s, fmt.Sprintf("%s called %v; %s never reached it", rankList(sides[0]), calls[0], rankList(missing))
+			first, why = s, fmt.Sprintf("%s called %s; %s never reached it", rankList(sides[0]), names[0], rankList(missing))
 		}
 		if first != 0 {
 			break
@@ -328,10 +334,23 @@ func writeGroupTable(b *strings.Builder, group string, ds []FlightDump) {
 	}
 }
 
-// cell is a record in a table: "AllReduce(float32 sum,16) done 12µs".
+// callName is the record's call as a disagreement names it: the call, after
+// the caller's label when it has one ("all_gather_into_tensor AllGather(...)").
+func (r FlightRecord) callName() string {
+	if r.Label == "" {
+		return r.Call.String()
+	}
+	return r.Label + " " + r.Call.String()
+}
+
+// cell is a record in a table: "AllReduce(float32 sum,16) done 12µs", with
+// the caller's label first when it has one ("all_reduce AllReduce(...) ...").
 func (r FlightRecord) cell() string {
 	c := r.Call
 	s := c.Kind.String() + "(" + c.DType.String()
+	if r.Label != "" {
+		s = r.Label + " " + s
+	}
 	if c.Op.Valid() {
 		s += " " + c.Op.String()
 	}

@@ -414,17 +414,20 @@ func dtypeOp(dt, op C.int) (comm.DType, comm.Op, error) {
 // call with it, 1.1 µs without). timeout_ms is comm's StallTimeout instead
 // (session.go): the communicator's watchdog, which looks at the running call
 // anyway, fails a call that has run that long.
-func issue(h C.gorun_comm_t, what string, req *C.gorun_request_t, do func(ctx context.Context, e *commEntry) (comm.Handle, error)) C.int {
+//
+// label is the call's flight record label (takeLabel), 0 for none.
+func issue(h C.gorun_comm_t, what string, label comm.Label, req *C.gorun_request_t,
+	do func(ctx context.Context, e *commEntry) (comm.Handle, error)) C.int {
 	e, err := reg.comm(int64(h))
 	if err != nil {
 		return setErr(fmt.Errorf("gorun_%s: %w", what, err), nil)
 	}
-	ctx := context.Background()
-	if req == nil {
-		// This thread waits at once: comm runs the call here when nothing
-		// else is running, without waking its worker goroutine (and with
-		// it a second thread) for nothing.
-		ctx = comm.IssuerWaits(ctx)
+	// req == NULL: this thread waits at once, so comm runs the call here
+	// when nothing else is running, without waking its worker goroutine
+	// (and with it a second thread) for nothing (comm.IssuerWaits).
+	ctx, err := issueCtx(label, req == nil)
+	if err != nil {
+		return setErr(fmt.Errorf("gorun_%s: %w", what, err), e)
 	}
 	hd, err := do(ctx, e)
 	if err != nil {
@@ -443,7 +446,7 @@ func issue(h C.gorun_comm_t, what string, req *C.gorun_request_t, do func(ctx co
 //export gorun_allreduce
 func gorun_allreduce(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype, op C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	return issue(h, "allreduce", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+	return issue(h, "allreduce", takeLabel(&dtype), req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
 		dt, o, err := dtypeOp(dtype, op)
 		if err != nil {
 			return nil, err
@@ -466,7 +469,7 @@ func gorun_allreduce(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t
 //export gorun_allgather
 func gorun_allgather(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	return issue(h, "allgather", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+	return issue(h, "allgather", takeLabel(&dtype), req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
 		dt, _, err := dtypeOp(dtype, 0)
 		if err != nil {
 			return nil, err
@@ -486,7 +489,7 @@ func gorun_allgather(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t
 //export gorun_reduce_scatter
 func gorun_reduce_scatter(h C.gorun_comm_t, send, recv unsafe.Pointer, recvcount C.size_t, dtype, op C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	return issue(h, "reduce_scatter", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+	return issue(h, "reduce_scatter", takeLabel(&dtype), req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
 		dt, o, err := dtypeOp(dtype, op)
 		if err != nil {
 			return nil, err
@@ -509,7 +512,7 @@ func gorun_reduce_scatter(h C.gorun_comm_t, send, recv unsafe.Pointer, recvcount
 //export gorun_broadcast
 func gorun_broadcast(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype, root C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	return issue(h, "broadcast", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+	return issue(h, "broadcast", takeLabel(&dtype), req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
 		dt, _, err := dtypeOp(dtype, 0)
 		if err != nil {
 			return nil, err
@@ -532,7 +535,7 @@ func gorun_broadcast(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t
 //export gorun_reduce
 func gorun_reduce(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype, op, root C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	return issue(h, "reduce", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+	return issue(h, "reduce", takeLabel(&dtype), req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
 		dt, o, err := dtypeOp(dtype, op)
 		if err != nil {
 			return nil, err
@@ -582,7 +585,7 @@ func checkRoot(e *commEntry, root C.int) error {
 //export gorun_gather
 func gorun_gather(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype, root C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	return issue(h, "gather", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+	return issue(h, "gather", takeLabel(&dtype), req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
 		return rooted(ctx, e, send, recv, count, dtype, root, true)
 	})
 }
@@ -590,7 +593,7 @@ func gorun_gather(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, d
 //export gorun_scatter
 func gorun_scatter(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype, root C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	return issue(h, "scatter", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+	return issue(h, "scatter", takeLabel(&dtype), req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
 		return rooted(ctx, e, send, recv, count, dtype, root, false)
 	})
 }
@@ -635,7 +638,7 @@ func rooted(ctx context.Context, e *commEntry, send, recv unsafe.Pointer, count 
 //export gorun_alltoall
 func gorun_alltoall(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t, dtype C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	return issue(h, "alltoall", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+	return issue(h, "alltoall", takeLabel(&dtype), req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
 		dt, _, err := dtypeOp(dtype, 0)
 		if err != nil {
 			return nil, err
@@ -658,7 +661,7 @@ func gorun_alltoall(h C.gorun_comm_t, send, recv unsafe.Pointer, count C.size_t,
 //export gorun_alltoallv
 func gorun_alltoallv(h C.gorun_comm_t, send unsafe.Pointer, sendcounts *C.size_t, recv unsafe.Pointer, recvcounts *C.size_t, dtype C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	return issue(h, "alltoallv", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+	return issue(h, "alltoallv", takeLabel(&dtype), req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
 		dt, _, err := dtypeOp(dtype, 0)
 		if err != nil {
 			return nil, err
@@ -702,7 +705,7 @@ func gorun_alltoallv(h C.gorun_comm_t, send unsafe.Pointer, sendcounts *C.size_t
 //export gorun_barrier
 func gorun_barrier(h C.gorun_comm_t, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	return issue(h, "barrier", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+	return issue(h, "barrier", 0, req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
 		return e.c.Barrier(ctx), nil
 	})
 }
@@ -710,7 +713,7 @@ func gorun_barrier(h C.gorun_comm_t, req *C.gorun_request_t) (rc C.int) {
 //export gorun_send
 func gorun_send(h C.gorun_comm_t, buf unsafe.Pointer, count C.size_t, dtype, peer C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	return issue(h, "send", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+	return issue(h, "send", takeLabel(&dtype), req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
 		return p2p(ctx, e, buf, count, dtype, peer, e.c.Send)
 	})
 }
@@ -718,7 +721,7 @@ func gorun_send(h C.gorun_comm_t, buf unsafe.Pointer, count C.size_t, dtype, pee
 //export gorun_recv
 func gorun_recv(h C.gorun_comm_t, buf unsafe.Pointer, count C.size_t, dtype, peer C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	return issue(h, "recv", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+	return issue(h, "recv", takeLabel(&dtype), req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
 		return p2p(ctx, e, buf, count, dtype, peer, e.c.Recv)
 	})
 }

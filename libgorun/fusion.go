@@ -25,7 +25,7 @@ import (
 //export gorun_allreduce_coalesced
 func gorun_allreduce_coalesced(h C.gorun_comm_t, sends *unsafe.Pointer, recvs *unsafe.Pointer, counts *C.size_t, n C.int, dtype, op C.int, req *C.gorun_request_t) (rc C.int) {
 	defer guard(&rc)
-	return issue(h, "allreduce_coalesced", req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
+	return issue(h, "allreduce_coalesced", takeLabel(&dtype), req, func(ctx context.Context, e *commEntry) (comm.Handle, error) {
 		dt, o, err := dtypeOp(dtype, op)
 		if err != nil {
 			return nil, err

@@ -125,6 +125,7 @@ _SIGNATURES = {
     "gorun_alltoall": [_i64, _p, _p, _sz, _int, _PI64],
     "gorun_alltoallv": [_i64, _p, ctypes.POINTER(_sz), _p, ctypes.POINTER(_sz), _int, _PI64],
     "gorun_barrier": [_i64, _PI64],
+    "gorun_label": [ctypes.c_char_p, ctypes.POINTER(_int)],
     "gorun_send": [_i64, _p, _sz, _int, _int, _PI64],
     "gorun_recv": [_i64, _p, _sz, _int, _int, _PI64],
     "gorun_matcher_new": [_PI64],

@@ -714,6 +714,25 @@ def _vectors(tensors, what, name="tensors"):
                      "GORUN_ERR_INTERNAL")
 
 
+# Flight record labels: each collective carries the torch call's name (the
+# torch.distributed API that reached this backend: "all_reduce_coalesced",
+# "reduce_scatter_tensor") into the library's flight records, so that a desync
+# or stall dump names it next to the library's own call. The label rides in
+# the dtype argument (gorun.h: GORUN_LABELED): no extra library call, and a
+# call from one thread cannot take another thread's label.
+_LABELS = {}
+
+
+def _label(name):
+    """GORUN_LABELED's bits for name, registered with the library once."""
+    b = _LABELS.get(name)
+    if b is None:
+        v = ctypes.c_int()
+        _lib.check(_lib.lib().gorun_label(name.encode(), ctypes.byref(v)), "gorun_label(%r)" % name)
+        b = _LABELS[name] = v.value << 8
+    return b
+
+
 def _ptr(t):
     # ctypes converts an int for a c_void_p argument itself; None is NULL.
     return t.data_ptr() if t.numel() else None
@@ -858,6 +877,7 @@ class _Gorun:
         self._matcher_mu = threading.Lock()
         self._l = _lib.lib()
         self._ar = self._l.gorun_allreduce  # one attribute read less per call
+        self._lar = _label("all_reduce")
         self._completer = None
         self._shut = False
         _live_groups.add(self)
@@ -1006,7 +1026,7 @@ class _Gorun:
                 if op is not None and not (op == _lib.AVG and dt == _lib.BOOL):
                     n = t.numel()
                     p = t.data_ptr() if n else None
-                    rc = self._ar(self._h, p, p, n, dt, op, None)
+                    rc = self._ar(self._h, p, p, n, dt | self._lar, op, None)
                     if rc:
                         raise _lib.error(rc, "gorun %s" % what)
                     return _SYNC_DONE
@@ -1017,6 +1037,7 @@ class _Gorun:
         op = _op(opts, what, dt)
         n = t.numel()
         p = t.data_ptr() if n else None  # each tensor method call costs: read once
+        dt |= self._lar
         return self._issue(what, lambda l, r: l.gorun_allreduce(self._h, p, p, n, dt, op, r), [t], [t])
 
     def _sparse_allreduce(self, t, opts):
@@ -1071,7 +1092,7 @@ class _Gorun:
         t = t.contiguous()
         out = torch.empty((self.size(),) + tuple(t.shape), dtype=t.dtype)
         src, dst = _bytes(t), _bytes(out)
-        dt = _check(src, what)
+        dt = _check(src, what) | _label("all_reduce")  # the torch call it serves
         k = src.numel()
         w = self._issue(what, lambda l, r: l.gorun_allgather(self._h, _ptr(src), _ptr(dst), k, dt, r),
                         [src, dst], [out])
@@ -1157,7 +1178,7 @@ class _Gorun:
         # message and reduces each tensor in place, so no flattening copy
         # is made here. The library reads the arrays during the call only,
         # and they live in this frame until _issue has returned.
-        n = len(tensors)
+        n, dt = len(tensors), dt | _label("all_reduce_coalesced")
         p, c = ptrs.buffer_info()[0], counts.buffer_info()[0]
         return self._issue(what, lambda l, r: l.gorun_allreduce_coalesced(self._h, p, p, c, n, dt, op, r),
                            list(tensors), list(tensors))
@@ -1171,6 +1192,7 @@ class _Gorun:
         if opts is not None and opts.rootTensor != 0:
             raise ValueError("gorun %s: rootTensor %d; one tensor per process" % (what, opts.rootTensor))
         self._root(root, what)
+        dt |= _label(what)
         return self._issue(what, lambda l, r: l.gorun_broadcast(self._h, _ptr(t), _ptr(t), t.numel(), dt, root, r),
                            [t], [orig])
 
@@ -1181,6 +1203,7 @@ class _Gorun:
         op = _op(opts, what, dt)
         root = opts.rootRank if opts is not None else 0
         self._root(root, what)
+        dt |= _label(what)
         return self._issue(what, lambda l, r: l.gorun_reduce(self._h, _ptr(t), _ptr(t), t.numel(), dt, op, root, r),
                            [t], [t])
 
@@ -1217,7 +1240,7 @@ class _Gorun:
         inp = _bytes(_one(input_tensors, what, "input_tensors"))
         orig = _one(output_tensors, what, "output_tensors")
         outs = [_bytes(o) for o in orig]
-        dt = _check(inp, what, "input")
+        dt = _check(inp, what, "input") | _label("all_gather")
         flat, post, ptr = self._gather_out(outs, inp, what)
         k = inp.numel()
         return self._issue(what, lambda l, r: l.gorun_allgather(self._h, _ptr(inp), ctypes.c_void_p(ptr) if k else None,
@@ -1227,7 +1250,7 @@ class _Gorun:
     def all_gather_single(self, output, input, opts=None):
         what = "all_gather_into_tensor"
         orig, input, output = output, _bytes(input), _bytes(output)
-        dt = _check(input, what, "input")
+        dt = _check(input, what, "input") | _label(what)
         _check(output, what, "output")
         _same(input, output, what, "input", "output")
         if output.numel() != input.numel() * self.size():
@@ -1247,7 +1270,7 @@ class _Gorun:
             dt = _check(inp, what, "inputs[%d]" % i)
             _check(out, what, "outputs[%d]" % i)
             _same(inp, out, what, "inputs[%d]" % i, "outputs[%d]" % i)
-            calls.append(issue(inp, out, dt, i))
+            calls.append(issue(inp, out, dt | _label(what), i))
             keep += [inp, out]
         return calls, keep
 
@@ -1278,7 +1301,7 @@ class _Gorun:
         n = self.size()
 
         def issue(inp, out, dt, i):
-            op = _op(opts, what, dt)
+            op = _op(opts, what, dt & 0xff)
             if inp.numel() != out.numel() * n:
                 raise ValueError("gorun %s: inputs[%d] has %d elements, want %d (output %d × group of %d)"
                                  % (what, i, inp.numel(), out.numel() * n, out.numel(), n))
@@ -1300,7 +1323,7 @@ class _Gorun:
                                  % (what, r, len(outs), len(input_list)))
         calls, keep, posts = [], [], []
         for j, inp in enumerate(input_list):
-            dt = _check(inp, what, "input[%d]" % j)
+            dt = _check(inp, what, "input[%d]" % j) | _label(what)
             outs = [output_lists[r][j] for r in range(n)]
             flat, post, ptr = self._gather_out(outs, inp, what)
             k = inp.numel()
@@ -1327,6 +1350,7 @@ class _Gorun:
             if t.numel() != k:
                 raise ValueError("gorun %s: input[%d] has %d elements but output has %d" % (what, i, t.numel(), k))
         flat = torch.cat([t.view(-1) for t in ins]) if n > 1 else ins[0].reshape(-1)
+        dt |= _label(what)
         return self._issue(what, lambda l, r: l.gorun_reduce_scatter(self._h, _ptr(flat), _ptr(out), k, dt, op, r),
                            [flat, out], [out])
 
@@ -1339,6 +1363,7 @@ class _Gorun:
         if input.numel() != output.numel() * self.size():
             raise ValueError("gorun %s: input has %d elements, want %d (output %d × group of %d)"
                              % (what, input.numel(), output.numel() * self.size(), output.numel(), self.size()))
+        dt |= _label(what)
         return self._issue(what, lambda l, r: l.gorun_reduce_scatter(self._h, _ptr(input), _ptr(output),
                                                                      output.numel(), dt, op, r),
                            [input, output], [output])
@@ -1362,6 +1387,7 @@ class _Gorun:
                 raise ValueError("gorun %s: output tensors given on rank %d, which is not the root %d"
                                  % (what, self.rank(), root))
             post, keep, recv, outs = None, [inp], None, []
+        dt |= _label(what)
         return self._issue(what, lambda l, r: l.gorun_gather(self._h, _ptr(inp), recv, k, dt, root, r),
                            keep, [outs] if outs else [], post)
 
@@ -1388,6 +1414,7 @@ class _Gorun:
                 raise ValueError("gorun %s: input tensors given on rank %d, which is not the root %d"
                                  % (what, self.rank(), root))
             send, keep = None, [out]
+        dt |= _label(what)
         return self._issue(what, lambda l, r: l.gorun_scatter(self._h, send, _ptr(out), k, dt, root, r),
                            keep, [out])
 
@@ -1415,6 +1442,7 @@ class _Gorun:
             return [s * per_row for s in splits]
         sc = counts(input, input_split_sizes, "input")
         rcs = counts(output, output_split_sizes, "output")
+        dt |= _label(what)
         if not input_split_sizes and not output_split_sizes:
             if input.numel() != output.numel():
                 raise ValueError("gorun %s: input has %d elements but output %d" % (what, input.numel(), output.numel()))
@@ -1444,6 +1472,7 @@ class _Gorun:
         flat_in = torch.cat([t.view(-1) for t in input_tensors])
         flat_out = torch.empty(sum(rcs), dtype=output_tensors[0].dtype)
         sca, rca = (ctypes.c_size_t * n)(*sc), (ctypes.c_size_t * n)(*rcs)
+        dt |= _label(what)
 
         def post():
             off = 0
