@@ -360,3 +360,40 @@ func TestFlightRecordLabels(t *testing.T) {
 		}
 	}
 }
+
+// A traced communicator keeps every call's record as it ends, past the
+// flight recorder's ring, up to its limit, and counts the rest; an
+// untraced one keeps none.
+func TestCallTrace(t *testing.T) {
+	cfg := comm.LocalConfig()
+	cfg.FlightRecords = 2
+	j := newNetJob(t, 2, cfg, false)
+	j.comms[0].StartCallTrace(5)
+	l, err := comm.RegisterLabel("all_reduce")
+	if err != nil {
+		t.Fatal(err)
+	}
+	onEach(t, 2, func(r int) error {
+		ctx := comm.WithLabel(context.Background(), l)
+		buf := comm.Float32s(make([]float32, 8))
+		for range 6 {
+			if err := j.comms[r].AllReduce(ctx, buf, buf, comm.Sum).Wait(ctx); err != nil {
+				return err
+			}
+		}
+		return j.comms[r].Barrier(context.Background()).Wait(context.Background())
+	})
+	recs, dropped := j.comms[0].CallTrace()
+	if len(recs) != 5 || dropped != 2 {
+		t.Fatalf("%d records, %d dropped; want 5 and 2", len(recs), dropped)
+	}
+	for i, rec := range recs {
+		if rec.Call.Seq != uint64(i+1) || rec.Call.Kind != comm.KindAllReduce || rec.Label != "all_reduce" ||
+			rec.State != comm.StateDone || rec.Ended.Before(rec.Started) || rec.Started.Before(rec.Issued) {
+			t.Errorf("record %d: %+v", i, rec)
+		}
+	}
+	if recs, dropped := j.comms[1].CallTrace(); recs != nil || dropped != 0 {
+		t.Errorf("untraced communicator: %d records, %d dropped", len(recs), dropped)
+	}
+}

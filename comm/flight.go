@@ -1,6 +1,7 @@
 package comm
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,6 +101,19 @@ type recorder struct {
 	// detector the writer takes it too.
 	mu   sync.Mutex
 	errs []string // errs[i%len]: error text of failed record i
+
+	// trace, when set (StartCallTrace), keeps every call's record as it
+	// ends, past the ring's size. Off, it costs end one atomic load.
+	trace atomic.Pointer[callTrace]
+}
+
+// callTrace is every finished call of a communicator since
+// StartCallTrace, up to limit records (dropped counts the rest).
+type callTrace struct {
+	mu      sync.Mutex
+	recs    []FlightRecord
+	limit   int
+	dropped int
 }
 
 // newRecorder keeps the last size records. The ring has one slot more, the
@@ -160,8 +174,25 @@ func (r *recorder) fused(i uint64, m int) {
 	r.recs[i%uint64(len(r.recs))].fused = int32(m)
 }
 
-// end records how record i finished. Token holder only.
+// end records how record i finished, and keeps a copy of it when calls are
+// traced. Token holder only.
 func (r *recorder) end(i uint64, err error, now int64) {
+	r.endRecord(i, err, now)
+	if t := r.trace.Load(); t != nil {
+		r.mu.Lock()
+		rec := r.read(i, newTickConv()) // the writer's own slot: whole
+		r.mu.Unlock()
+		t.mu.Lock()
+		if len(t.recs) < t.limit {
+			t.recs = append(t.recs, rec)
+		} else {
+			t.dropped++
+		}
+		t.mu.Unlock()
+	}
+}
+
+func (r *recorder) endRecord(i uint64, err error, now int64) {
 	s := &r.recs[i%uint64(len(r.recs))]
 	if err != nil {
 		r.mu.Lock()
@@ -240,4 +271,25 @@ func (r *recorder) running() (FlightRecord, uint64, bool) {
 func (c *Comm) FlightRecords() []FlightRecord {
 	recs, _, _ := c.rec.last(len(c.rec.recs))
 	return recs
+}
+
+// StartCallTrace makes the communicator keep the record of every call that
+// ends from now on, up to limit of them (more are counted, not kept), for
+// CallTrace: a whole run's calls, where the flight recorder keeps only the
+// latest. Calling it again starts afresh. Safe for concurrent use.
+func (c *Comm) StartCallTrace(limit int) {
+	c.rec.trace.Store(&callTrace{limit: max(limit, 0)})
+}
+
+// CallTrace returns the records kept since StartCallTrace, in the order the
+// calls ended, and how many more ended past the limit; nil, 0 when calls
+// are not traced. Safe for concurrent use, after Close too.
+func (c *Comm) CallTrace() ([]FlightRecord, int) {
+	t := c.rec.trace.Load()
+	if t == nil {
+		return nil, 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.recs), t.dropped
 }

@@ -193,6 +193,12 @@ func gorun_init(config *C.char, world *C.gorun_comm_t) (rc C.int) {
 		setErr(fmt.Errorf("gorun: joining the world: %w", err), nil)
 		return statusInit
 	}
+	if s.trace, err = newTraceSet(s.world().Group().GlobalRank(s.world().Rank())); err != nil {
+		_ = s.close()
+		setErr(err, nil)
+		return statusInit
+	}
+	s.trace.add(s.world(), "world")
 	reg.sess = s
 	reg.worldH = reg.comms.Add(&commEntry{c: s.world(), world: true, close: s.world().Close})
 	*world = C.gorun_comm_t(reg.worldH)
@@ -214,7 +220,12 @@ func gorun_finalize() (rc C.int) {
 	}
 	// The rank closes subgroups (newest first), the world communicator and
 	// the membership: the reverse of how they were made.
-	if err := s.close(); err != nil {
+	err := s.close()
+	// The trace is written even after a failure: that is when it is read.
+	if terr := s.trace.write(s.world().Group().GlobalRank(s.world().Rank())); err == nil {
+		err = terr
+	}
+	if err != nil {
 		return setErr(fmt.Errorf("gorun: finalize: %w", err), nil)
 	}
 	return ok()
@@ -317,6 +328,8 @@ func gorun_comm_group(h C.gorun_comm_t, ranks *C.int, n C.int, tag *C.char, out 
 	}
 	// Freed, the communicator leaves the rank's list: gorun_comm_free reports its
 	// failure once, and gorun_finalize reports only what is still open.
+	s.groups++
+	s.trace.add(c, groupName(c, s.groups))
 	*out = C.gorun_comm_t(reg.comms.Add(&commEntry{c: c, close: func() error { return s.r.CloseComm(c) }}))
 	return ok()
 }

@@ -111,6 +111,11 @@ type session struct {
 	r  *rank.Rank
 	// leaveSched undoes joinSchedGroup (a no-op if it joined nothing).
 	leaveSched func()
+	// trace is the world's traced communicators (GORUN_TRACE), nil when
+	// not traced; groups counts the groups made, to name their tracks.
+	// Both under reg.mu.
+	trace  *traceSet
+	groups int
 }
 
 // joinSchedGroup puts this rank into its job's scheduling group when the

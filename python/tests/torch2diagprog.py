@@ -1,8 +1,9 @@
-"""Rank program of test_torch2_diag.py: a torch program whose two ranks part
-ways on purpose, so that its flight records can be checked for the torch
-calls that issued each collective. ``python3 torch2diagprog.py desync``
-under gorun on 2 ranks; each rank prints "RANK r: DESYNC status=... msg=..."
-and exits 1.
+"""Rank program of test_torch2_diag.py. ``desync``: a torch program whose
+two ranks part ways on purpose, so that its flight records can be checked
+for the torch calls that issued each collective; under gorun on 2 ranks,
+each rank prints "RANK r: DESYNC status=... msg=..." and exits 1.
+``trace [exit]``: the same calls without parting, then a barrier, for
+GORUN_TRACE; it prints "trace ok".
 """
 
 import os
@@ -61,5 +62,16 @@ def case_desync():
     os._exit(1)
 
 
+def case_trace():
+    """A plain torch.distributed program: GORUN_TRACE alone makes its trace.
+    With "exit" it leaves without destroy_process_group."""
+    dist.init_process_group("gorun")
+    common(dist.get_world_size())
+    dist.barrier()
+    if sys.argv[2:] != ["exit"]:
+        dist.destroy_process_group()
+    os.write(1, b"trace ok\n")
+
+
 if __name__ == "__main__":
-    {"desync": case_desync}[sys.argv[1]]()
+    {"desync": case_desync, "trace": case_trace}[sys.argv[1]]()
