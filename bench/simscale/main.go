@@ -51,21 +51,8 @@ type options struct {
 }
 
 func main() {
-	start, cpu0 := time.Now(), cpuTime()
-	if os.Getenv(rankEnv) == "1" {
-		os.Exit(rankMain(start, cpu0))
-	}
-	if os.Getenv(echoEnv) == "1" {
-		os.Exit(echoMain())
-	}
-	if os.Getenv(sockPeerEnv) == "1" {
-		os.Exit(sockPeerMain())
-	}
-	if os.Getenv(victimEnv) != "" {
-		os.Exit(victimMain())
-	}
-	if os.Getenv(standInEnv) != "" {
-		os.Exit(standInMain())
+	if code, ok := role(time.Now(), cpuTime()); ok {
+		os.Exit(code)
 	}
 	var o options
 	flag.BoolVar(&o.measure, "measure", false, "measure the costs from the real code first (else read -costs)")
@@ -100,6 +87,26 @@ func main() {
 		fmt.Fprintln(os.Stderr, "simscale:", err)
 		os.Exit(1)
 	}
+}
+
+// role runs the binary as one of the processes the measurements start
+// (a rank, the echo end, the socket peer, a victim, a stand-in), chosen by
+// its environment, and returns its exit code; ok is false when it is the
+// command itself. start and cpu0 are taken first thing in main.
+func role(start time.Time, cpu0 time.Duration) (code int, ok bool) {
+	switch {
+	case os.Getenv(rankEnv) == "1":
+		return rankMain(start, cpu0), true
+	case os.Getenv(echoEnv) == "1":
+		return echoMain(), true
+	case os.Getenv(sockPeerEnv) == "1":
+		return sockPeerMain(), true
+	case os.Getenv(victimEnv) != "":
+		return victimMain(), true
+	case os.Getenv(standInEnv) != "":
+		return standInMain(), true
+	}
+	return 0, false
 }
 
 func run(o options) error {

@@ -12,21 +12,11 @@ import (
 	"github.com/gorun-hpc/gorun/tests/testhosts"
 )
 
-// The test binary is the rank program, the echo end and the socket peer,
-// as the command is.
+// The test binary is the rank program, the echo end, the socket peer,
+// the victim and the stand-in, as the command is (role).
 func TestMain(m *testing.M) {
-	start, cpu0 := time.Now(), cpuTime()
-	if os.Getenv(rankEnv) == "1" {
-		os.Exit(rankMain(start, cpu0))
-	}
-	if os.Getenv(echoEnv) == "1" {
-		os.Exit(echoMain())
-	}
-	if os.Getenv(victimEnv) != "" {
-		os.Exit(victimMain())
-	}
-	if os.Getenv(sockPeerEnv) == "1" {
-		os.Exit(sockPeerMain())
+	if code, ok := role(time.Now(), cpuTime()); ok {
+		os.Exit(code)
 	}
 	launchertest.FastRaceExit()
 	os.Exit(m.Run())

@@ -9,7 +9,9 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gorun-hpc/gorun/sim"
@@ -51,11 +53,12 @@ const (
 )
 
 func standInMain() int {
-	var period, spin time.Duration
-	if _, err := fmt.Sscan(os.Getenv(standInEnv), &period, &spin); err != nil || period <= 0 || spin < 0 {
-		fmt.Fprintf(os.Stderr, "simscale stand-in: %s=%q is not \"PERIOD SPIN\"\n", standInEnv, os.Getenv(standInEnv))
+	period, spin, err := parseStandIn(os.Getenv(standInEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "simscale stand-in:", err)
 		return 2
 	}
+	fmt.Println("ready")
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -83,6 +86,21 @@ func standInMain() int {
 	}
 }
 
+// parseStandIn reads standInEnv's "PERIOD SPIN".
+func parseStandIn(v string) (period, spin time.Duration, err error) {
+	f := strings.Fields(v)
+	if len(f) == 2 {
+		period, err = time.ParseDuration(f[0])
+		if err == nil {
+			spin, err = time.ParseDuration(f[1])
+		}
+	}
+	if len(f) != 2 || err != nil || period <= 0 || spin < 0 {
+		return 0, 0, fmt.Errorf("%s=%q is not \"PERIOD SPIN\" (two durations, PERIOD > 0, SPIN ≥ 0)", standInEnv, v)
+	}
+	return period, spin, nil
+}
+
 // standIns is a set of running stand-in processes.
 type standIns struct {
 	cmds  []*exec.Cmd
@@ -98,23 +116,48 @@ func (s *standIns) add(exe string, n int, period, spin time.Duration) error {
 		if err != nil {
 			return err
 		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return err
+		}
 		if err := cmd.Start(); err != nil {
 			return err
 		}
 		s.cmds, s.stdin = append(s.cmds, cmd), append(s.stdin, in)
+		// It is counted only once it runs its timer.
+		var line string
+		if _, err := fmt.Fscan(out, &line); err != nil || line != "ready" {
+			return fmt.Errorf("stand-in %d did not start (%q, %v)", len(s.cmds), line, err)
+		}
 	}
 	return nil
 }
 
-// stop closes every stand-in's stdin and reaps them all.
-func (s *standIns) stop() {
+// alive reports an error if a stand-in has exited: it must run until
+// stop, or the figure measured with it is not at its count.
+func (s *standIns) alive() error {
+	for i, c := range s.cmds {
+		if err := c.Process.Signal(syscall.Signal(0)); err != nil {
+			return fmt.Errorf("stand-in %d (pid %d) exited early: %w", i+1, c.Process.Pid, err)
+		}
+	}
+	return nil
+}
+
+// stop closes every stand-in's stdin and reaps them all; an error if one
+// did not exit cleanly.
+func (s *standIns) stop() error {
 	for _, in := range s.stdin {
 		_ = in.Close()
 	}
-	for _, c := range s.cmds {
-		_ = c.Wait()
+	var first error
+	for i, c := range s.cmds {
+		if err := c.Wait(); err != nil && first == nil {
+			first = fmt.Errorf("stand-in %d: %w", i+1, err)
+		}
 	}
 	s.cmds, s.stdin = nil, nil
+	return first
 }
 
 // pingDelay is half the mean round trip of wakePings UDP pings to addr,
@@ -152,7 +195,7 @@ func pingDelay(addr string) (time.Duration, error) {
 // wakeCounts, and with none again.
 func wakeSweep(exe, echo string, period, spin time.Duration) (base0, base1 time.Duration, at []time.Duration, err error) {
 	var s standIns
-	defer s.stop()
+	defer func() { _ = s.stop() }()
 	if base0, err = pingDelay(echo); err != nil {
 		return
 	}
@@ -165,9 +208,14 @@ func wakeSweep(exe, echo string, period, spin time.Duration) (base0, base1 time.
 		if d, err = pingDelay(echo); err != nil {
 			return
 		}
+		if err = s.alive(); err != nil {
+			return
+		}
 		at = append(at, d)
 	}
-	s.stop()
+	if err = s.stop(); err != nil {
+		return
+	}
 	base1, err = pingDelay(echo)
 	return
 }
