@@ -118,6 +118,16 @@ type Costs struct {
 	DeathLauncher time.Duration `json:"death_launcher_ns"`
 	DeathAgent    time.Duration `json:"death_agent_ns"`
 	DeathHost     time.Duration `json:"death_host_ns"`
+	// LineHost and LineLauncher are the CPU of relaying one line a rank
+	// prints to gorun's output: its agent's read and forward (with the
+	// host's sshd) on the rank's host, gorun's receive and write at the
+	// launch node. Charged per rank at its formation when
+	// WorldConfig.ReportFormed (the calibration's ranks print a line
+	// then). Measured: a job of one rank on a namespace host printing
+	// hundreds of lines, the processes' CPU (schedstat) over them beyond
+	// their quiet rate (bench/simscale, with -measure-death).
+	LineHost     time.Duration `json:"line_host_ns"`
+	LineLauncher time.Duration `json:"line_launcher_ns"`
 	// TableEntryBytes is the size of one world-table entry on an attach
 	// stream.
 	TableEntryBytes int `json:"table_entry_bytes"`

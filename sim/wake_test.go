@@ -113,3 +113,30 @@ func TestDeathReactionCharged(t *testing.T) {
 		t.Errorf("ranks in one process were charged gorun's reaction: %v with, %v without", cpuIn, cpuIn0)
 	}
 }
+
+// With ReportFormed every rank's line is relayed at its formation:
+// LineHost on its host and LineLauncher at the launcher, each once per
+// rank, on the shared cores; ranks in one process print through no
+// agent and are charged nothing.
+func TestReportFormedCharged(t *testing.T) {
+	const hosts, per = 8, 2
+	const line = 500 * time.Microsecond
+	run := func(in, report bool) *World {
+		t.Helper()
+		c := testCosts(t)
+		c.LineHost, c.LineLauncher = line, 2*line
+		w := testWorld(t, hosts, per, func(cfg *WorldConfig) {
+			cfg.SharedCores, cfg.InProcess, cfg.ReportFormed, cfg.Costs = 2, in, report, c
+		})
+		w.Run(2*time.Second, nil) // the same span in every run, the last relays charged
+		return w
+	}
+	quiet, chatty := run(false, false), run(false, true)
+	if got, want := chatty.Busy(0)-quiet.Busy(0), hosts*per*3*line; got < want-want/50 || got > want+want/50 {
+		// 2% of slack: the two runs' gossip differs with their timings.
+		t.Errorf("ranks printing at formation charged %v more CPU, want %v ± 2%% (each rank's line at its host and at the launcher)", got, want)
+	}
+	if a, b := run(true, false), run(true, true); a.Busy(0) != b.Busy(0) {
+		t.Errorf("ranks in one process were charged the line relay: %v with, %v without", b.Busy(0), a.Busy(0))
+	}
+}

@@ -46,6 +46,11 @@ type WorldConfig struct {
 	Rdzv  rendezvous.Config
 	Costs Costs
 	Seed  uint64
+	// ReportFormed: each rank prints a line when it forms (the
+	// calibration's rank program does), which its agent and gorun relay
+	// on the cores of its host and of the launch node (Costs.LineHost,
+	// LineLauncher). Not for ranks in one process.
+	ReportFormed bool
 	// PushTree models rendezvous's relayed push at formation (pushPlan):
 	// the seed's push relayed through √H leaders. Off, the seed pushes to
 	// every leader, as rendezvous did before.
@@ -303,6 +308,12 @@ func (w *World) setFormed(r int) {
 	if w.formedAt[r] < 0 {
 		w.formedAt[r] = w.s.now
 		w.nFormed++
+		if w.cfg.ReportFormed && !w.cfg.InProcess {
+			h, c := r/w.cfg.PerHost, &w.cfg.Costs
+			w.cpu[h].Exec(c.LineHost, func() {
+				w.s.After(w.cfg.Latency+w.wake(0), func() { w.launcher.Exec(c.LineLauncher, nil) })
+			})
+		}
 	}
 }
 

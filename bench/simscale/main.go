@@ -105,6 +105,8 @@ func role(start time.Time, cpu0 time.Duration) (code int, ok bool) {
 		return victimMain(), true
 	case os.Getenv(standInEnv) != "":
 		return standInMain(), true
+	case os.Getenv(chatterEnv) != "":
+		return chatterMain(), true
 	}
 	return 0, false
 }
@@ -217,8 +219,8 @@ func remeasure(o options) (sim.Costs, error) {
 }
 
 // deathCosts measures the death costs from -measure-death's namespace
-// jobs, or, without hosts to run them on, keeps those of -costs and says
-// so.
+// jobs and the line relay from jobs of one rank, or, without hosts to
+// run them on, keeps those of -costs and says so.
 func deathCosts(c *sim.Costs, o options, logf func(string, ...any)) error {
 	if o.measureDeath != "" && o.netns != "" {
 		hosts, per, err := parseShape(o.measureDeath)
@@ -226,7 +228,11 @@ func deathCosts(c *sim.Costs, o options, logf func(string, ...any)) error {
 			return fmt.Errorf("-measure-death: %w", err)
 		}
 		fmt.Printf("\nmeasuring the death costs (real %s namespace jobs, gorun's own processes around a SIGKILL):\n", o.measureDeath)
-		return measureDeath(c, o, hosts, per, 3, logf)
+		if err := measureDeath(c, o, hosts, per, 3, logf); err != nil {
+			return err
+		}
+		fmt.Println("\nmeasuring the line relay (real jobs of one rank on a namespace host printing lines):")
+		return measureLines(c, o, 3, logf)
 	}
 	if o.measureDeath != "" {
 		return fmt.Errorf("-measure-death %s needs the namespace hosts (-netns)", o.measureDeath)
@@ -236,8 +242,10 @@ func deathCosts(c *sim.Costs, o options, logf func(string, ...any)) error {
 		return fmt.Errorf("death costs: not measured in this run (they need the namespace hosts: -netns, -measure-death), and -costs gave none: %w", err)
 	}
 	c.DeathLauncher, c.DeathAgent, c.DeathHost = old.DeathLauncher, old.DeathAgent, old.DeathHost
-	k := "death_launcher_ns,death_agent_ns,death_host_ns"
-	c.Source[k] = "from " + o.costsIn + ", not measured in this run (it needs the namespace hosts): " + old.Source[k]
+	c.LineLauncher, c.LineHost = old.LineLauncher, old.LineHost
+	for _, k := range []string{"death_launcher_ns,death_agent_ns,death_host_ns", "line_launcher_ns,line_host_ns"} {
+		c.Source[k] = "from " + o.costsIn + ", not measured in this run (it needs the namespace hosts): " + old.Source[k]
+	}
 	logf("  death costs: from %s (not measured in this run: no namespace hosts)", o.costsIn)
 	return nil
 }

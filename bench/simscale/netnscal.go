@@ -92,7 +92,7 @@ func netnsShape(o options, costs sim.Costs, h *testhosts.Netns, hosts, per int, 
 			return [3]netnsRun{}, fmt.Errorf("job %d: %w", round+1, err)
 		}
 		deaths = append(deaths, r.death)
-		cfg := sim.WorldConfig{Hosts: hosts, PerHost: per, SharedCores: o.sharedCores, Latency: r.delay, LocalLatency: r.delay, ExitDelay: r.exit, Starts: r.starts,
+		cfg := sim.WorldConfig{Hosts: hosts, PerHost: per, SharedCores: o.sharedCores, Latency: r.delay, LocalLatency: r.delay, ExitDelay: r.exit, Starts: r.starts, ReportFormed: true,
 			Rdzv: rendezvous.DefaultConfig(), Costs: costs, Seed: o.seed + uint64(round)}
 		m, err := runModel(cfg, true)
 		if err != nil {
