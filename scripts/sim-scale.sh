@@ -33,6 +33,8 @@ pids=()
 netns_up=""
 cleanup() {
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	# The costs are written once measured: kept even if a later step fails.
+	if [[ -n "${COSTS_OUT:-}" && -f "$tmp/costs.json" ]]; then cp "$tmp/costs.json" "$COSTS_OUT"; fi
 	if [[ -n $netns_up ]]; then tests/testhosts/netns-down.sh "$netns_set" || true; fi
 	rm -rf "$tmp"
 }
@@ -73,4 +75,3 @@ measure=(-measure -rss "$rss")
 if [[ -n "${COSTS_IN:-}" ]]; then measure=(-costs "$COSTS_IN" -measure-wake); fi
 "$tmp/simscale" "${measure[@]}" -gorun "$tmp/gorun" -rounds "$ROUNDS" -calibrate "$CALIBRATE" \
 	-hosts "$HOSTS" -per "$PER" -costs-out "$tmp/costs.json" "${netns_args[@]}" "$@"
-if [[ -n "${COSTS_OUT:-}" ]]; then cp "$tmp/costs.json" "$COSTS_OUT"; fi

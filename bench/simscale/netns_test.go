@@ -59,8 +59,8 @@ func TestNamespaceJobAgreesOnTheCutHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("real: formation %v, cpu %v, rank lost %v, host lost %v, launch %v; model: %v, %v, %v, %v (message delay %v)",
-		real.formation, real.cpu, real.rank, real.host, real.launch, m.formation, m.cpu, m.rank, m.host, delay)
+	t.Logf("real: formation %v, cpu %v, rank lost %v, host lost %v, launch %v, gorun's own CPU on the death %v; model: %v, %v, %v, %v (message delay %v)",
+		real.formation, real.cpu, real.rank, real.host, real.launch, real.death, m.formation, m.cpu, m.rank, m.host, delay)
 	if real.formation <= 0 || real.rank <= 0 || real.host <= 0 {
 		t.Errorf("real job: formation %v, rank lost %v, host lost %v; every one must be after its cause", real.formation, real.rank, real.host)
 	}
