@@ -55,6 +55,19 @@ type FTReport struct {
 	// LostHosts lists every host lost while the job ran (its agent gone
 	// or its link silent past the lease), in order.
 	LostHosts []FTHostLoss `json:"lost_hosts,omitempty"`
+	// LostSpares lists every spare host lost while it waited, unused, in
+	// order: no longer offered, the job went on.
+	LostSpares []FTSpareLoss `json:"lost_spares,omitempty"`
+}
+
+// FTSpareLoss is one spare host lost while idle (its agent gone or its
+// link silent past the lease). Times are seconds from the job's start.
+type FTSpareLoss struct {
+	Host string  `json:"host"`
+	At   float64 `json:"at_s"`
+	Why  string  `json:"why"`
+	// SparesLeft are the spare hosts still offered after it.
+	SparesLeft []string `json:"spares_left"`
 }
 
 // FTHostLoss is one host lost in a fault-tolerant job and what came of
@@ -145,8 +158,13 @@ type ftRun struct {
 	hosts     []FTHostLoss
 	lostNodes map[int]bool
 	// takeSpare moves a lost node's ranks to a spare host and starts
-	// them there (hostsRun.takeSpare); nil when the job has no hosts.
+	// them there (hostsRun.takeSpare); dropSpare drops the spare of a
+	// node found lost while idle (hostsRun.dropSpare). Both nil when the
+	// job has no hosts.
 	takeSpare func(node int) (string, bool)
+	dropSpare func(node int)
+	// spares are the spare hosts lost while idle, in order.
+	spares []FTSpareLoss
 }
 
 // startFT starts the quorum service of a job with the given identity.
@@ -373,6 +391,33 @@ func (f *ftRun) frozen(j *liveJob, ev wire.Event) bool {
 	return true
 }
 
+// quorumAfterLoss returns the index in quorums (times off seconds after
+// the job's start) of the first quorum formed after host loss h, or -1.
+// The survivors often form it before gorun counts the host lost: their
+// collective with the dead ranks fails at once, while the agent's
+// connection may close later. So it is the quorum after the last one
+// formed by h.At that held one of the lost ranks; without such a quorum
+// (the ranks had not joined yet), the first formed at or after h.At.
+func quorumAfterLoss(quorums []ft.QuorumRecord, off float64, h *FTHostLoss) int {
+	lost := append(slices.Clone(h.Ranks), h.Retired...)
+	last := -1
+	for i, q := range quorums {
+		if off+q.At > h.At {
+			break
+		}
+		if slices.ContainsFunc(q.Participants, func(p int) bool { return slices.Contains(lost, p) }) {
+			last = i
+		}
+	}
+	if last >= 0 {
+		if last+1 < len(quorums) {
+			return last + 1
+		}
+		return -1
+	}
+	return slices.IndexFunc(quorums, func(q ft.QuorumRecord) bool { return off+q.At >= h.At })
+}
+
 // finish stops the quorum service, fills rep's fault-tolerant section and
 // names a spent budget in err.
 func (f *ftRun) finish(rep *Report, err error) error {
@@ -399,7 +444,7 @@ func (f *ftRun) finish(rep *Report, err error) error {
 	}
 	for i := range f.hosts {
 		h := &f.hosts[i]
-		if k := slices.IndexFunc(rec.Quorums, func(q ft.QuorumRecord) bool { return off+q.At >= h.At }); k >= 0 && h.Action != "job ended" {
+		if k := quorumAfterLoss(rec.Quorums, off, h); k >= 0 && h.Action != "job ended" {
 			h.Participants = rec.Quorums[k].Participants
 			if k > 0 {
 				for _, u := range rec.Uncommitted {
@@ -411,7 +456,7 @@ func (f *ftRun) finish(rep *Report, err error) error {
 	if rep != nil {
 		rep.FaultTolerance = &FTReport{
 			MaxFailures: f.maxFailures, Failures: f.failures, Quorum: rec, QuorumStart: off,
-			UncommittedSteps: len(rec.Uncommitted), Exhausted: f.exhausted, LostHosts: f.hosts,
+			UncommittedSteps: len(rec.Uncommitted), Exhausted: f.exhausted, LostHosts: f.hosts, LostSpares: f.spares,
 		}
 	}
 	if err != nil && f.exhausted != "" {
