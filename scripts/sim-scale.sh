@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 HOSTS=${HOSTS:-1000}
 PER=${PER:-8}
 ROUNDS=${ROUNDS:-3}
-CALIBRATE=${CALIBRATE:-4x4,8x4,16x4,32x4}
+CALIBRATE=${CALIBRATE-4x4,8x4,16x4,32x4} # empty: no in-process calibration
 NETNS=${NETNS:-1}
 NETNS_SHAPES=${NETNS_SHAPES:-4x2,8x2,16x2,32x2}
 netns_set=${NETNS_SET:-sim}
