@@ -242,7 +242,27 @@ func (s *forkServer) usable(path string) (bool, string) {
 	return true, ""
 }
 
-func (s *forkServer) lostWhy(err error) string { return fmt.Sprintf("the fork server was lost: %v", err) }
+func (s *forkServer) lostWhy(err error) string {
+	return fmt.Sprintf("the fork server was lost: %v", err)
+}
+
+// died is told that the server process was reaped: it must not be
+// killed or waited for by pid again. It is started again at once (within
+// forkServerStarts), so that it has imported what it preloads by the next
+// failure.
+func (s *forkServer) died() {
+	s.pid = 0
+	s.stop()
+	if s.off != "" {
+		return
+	}
+	if s.starts >= forkServerStarts {
+		s.turnOff(fmt.Sprintf("started %d times and lost each time", s.starts))
+		return
+	}
+	s.log.Warn().Msg("fork server died; starting it again")
+	s.start()
+}
 
 // lost drops a server that died or broke the protocol; usable starts it
 // again.
@@ -321,11 +341,13 @@ func (a *supervisor) startForked(kr *keptRank, env []string, files []*os.File, r
 		// As os.StartProcess would: the supervisor's own directory.
 		dir, _ = os.Getwd()
 	}
+	t0 := time.Now()
 	pid, goW, err := s.spawn(kr.spec.Argv, env, dir, files)
 	if err != nil {
 		s.log.Warn().Int("rank", kr.spec.Rank).Err(err).Msg("replacement not forked; starting it as a new process")
 		return false
 	}
+	s.log.Debug().Int("rank", kr.spec.Rank).Int("pid", pid).Dur("took", time.Since(t0)).Msg("replacement forked")
 	register(pid)
 	_, werr := goW.Write([]byte("g"))
 	goW.Close()

@@ -108,13 +108,13 @@ func (k *ftKeeper) release(ranks []int) {
 }
 
 // forkReaped reports whether pid, just reaped, was the fork server's
-// process (which is then gone: it must not be killed or waited for by
-// pid again).
+// process; it died during the job (the job's end stops it through
+// release first), so it is started again for the next replacement.
 func (k *ftKeeper) forkReaped(pid int) bool {
 	if k == nil || k.fork == nil || k.fork.pid != pid {
 		return false
 	}
-	k.fork.pid = 0
+	k.fork.died()
 	return true
 }
 

@@ -126,6 +126,7 @@ def main():
     gc.freeze()
     send(sock, {"ready": True, "pid": os.getpid(), "preloaded": names})
     while True:
+        reap_intermediates()
         try:
             msg, fds, _, _ = socket.recv_fds(sock, MAX_MSG, MAX_FDS)
         except OSError:
@@ -157,6 +158,10 @@ def serve(req, fds, sock, sup):
     if len(fds) != len(targets) + 1:
         raise Refused("gorun fork server: %d descriptors for %d targets and the go pipe" % (len(fds), len(targets)))
     cmd = command_line(req["argv"])
+    # The replacement's "process start", for whoever times it
+    # (FORKED_AT_ENV): the moment the server began making it, before both
+    # forks, which under load are not free.
+    req["forked_at"] = time.time()
     r, w = os.pipe()
     mid = os.fork()
     if mid == 0:  # the intermediate: fork the child, tell its pid, leave
@@ -166,35 +171,54 @@ def serve(req, fds, sock, sup):
             if child == 0:
                 os.close(w)
                 run_child(req, cmd, fds, sock, sup)  # never returns
-            os.write(w, str(child).encode())
+            os.write(w, b"%d\n" % child)
         finally:
             os._exit(0)
     os.close(w)
+    # The pid line, not the pipe's end: the intermediate's exit (tearing
+    # down a copy of this process's address space) is not waited for here
+    # but reaped later (reap_intermediates); the child waits for it.
+    _intermediates.append(mid)
     try:
         data = b""
-        while True:
+        while not data.endswith(b"\n"):
             chunk = os.read(r, 64)
             if not chunk:
                 break
             data += chunk
     finally:
         os.close(r)
-        os.waitpid(mid, 0)
-    if not data:
+    if not data.endswith(b"\n"):
         raise Refused("gorun fork server: the intermediate process ended before it forked the replacement")
     return int(data)
+
+
+_intermediates = []
+
+
+def reap_intermediates():
+    """Reaps the intermediate processes that have exited."""
+    for pid in list(_intermediates):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _intermediates.remove(pid)
 
 
 def run_child(req, cmd, fds, sock, sup):
     """The replacement: wait for the supervisor's go, become the rank, run
     its script, exit as Python would. Never returns."""
-    forked_at = time.time()
+    mid = os.getppid()
     code = 1
     try:
         sock.close()
         go = fds[-1]
         if os.read(go, 1) != b"g":
             os._exit(1)  # the supervisor did not take this child: run nothing
+        while os.getppid() == mid:
+            time.sleep(0.0005)  # the intermediate is still exiting
         os.setsid()
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -206,7 +230,7 @@ def run_child(req, cmd, fds, sock, sup):
         for kv in req["env"]:
             k, _, v = kv.partition("=")
             os.environ[k] = v
-        os.environ[FORKED_AT_ENV] = repr(forked_at)
+        os.environ[FORKED_AT_ENV] = repr(req["forked_at"])
         code = run(cmd)
     except BaseException:  # noqa: BLE001 (set-up failed: say why, as a crashed start would)
         traceback.print_exc()
