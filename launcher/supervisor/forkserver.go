@@ -201,9 +201,8 @@ func (s *forkServer) read(deadline time.Time) (forkReply, error) {
 	return rep, nil
 }
 
-// usable reports whether the server can take a request now, reading its
-// ready message if it came; it starts a dead server again (within
-// forkServerStarts) so that a later replacement can use it.
+// usable reports whether the server can take a request for a rank
+// running path now, reading its ready message if it came; else why not.
 func (s *forkServer) usable(path string) (bool, string) {
 	if s == nil {
 		return false, "no fork server"
@@ -214,32 +213,56 @@ func (s *forkServer) usable(path string) (bool, string) {
 	if path != s.rank.Path {
 		return false, fmt.Sprintf("the rank runs %s, the fork server %s", path, s.rank.Path)
 	}
-	if s.conn == nil {
-		if s.starts >= forkServerStarts {
-			s.turnOff(fmt.Sprintf("started %d times and lost each time", s.starts))
-			return false, s.off
-		}
-		s.start()
-		return false, "the fork server was lost and is starting again"
-	}
-	if s.ready {
+	if s.poll(); s.ready {
 		return true, ""
 	}
-	rep, err := s.read(time.Now().Add(time.Millisecond))
-	var ne net.Error
-	switch {
-	case errors.As(err, &ne) && ne.Timeout():
-		return false, "the fork server is still importing"
-	case err != nil:
-		s.lost(err)
-		return false, s.lostWhy(err)
-	case rep.Error != "":
-		s.turnOff(rep.Error)
+	if s.off != "" {
 		return false, s.off
+	}
+	return false, "the fork server is still importing"
+}
+
+// poll reads the server's ready message if it has come, without waiting;
+// the supervisor calls it on its tick, so that the server's state is
+// known (and logged) when it changes. A server that failed to preload is
+// turned off.
+func (s *forkServer) poll() {
+	if s == nil || s.ready || s.conn == nil || s.off != "" {
+		return
+	}
+	rc, err := s.conn.SyscallConn()
+	if err != nil {
+		return
+	}
+	buf := make([]byte, 64<<10)
+	var n int
+	var rerr error
+	_ = rc.Read(func(fd uintptr) bool {
+		n, _, rerr = syscall.Recvfrom(int(fd), buf, syscall.MSG_DONTWAIT)
+		return true // never wait
+	})
+	switch {
+	case errors.Is(rerr, syscall.EAGAIN) || errors.Is(rerr, syscall.EINTR):
+		return
+	case rerr != nil:
+		s.lost(rerr)
+		return
+	case n == 0:
+		// EOF: the server ended; its reaping (died) starts it again.
+		s.lost(errors.New("the fork server closed its socket"))
+		return
+	}
+	var rep forkReply
+	if err := json.Unmarshal(buf[:n], &rep); err != nil {
+		s.lost(fmt.Errorf("fork server: bad message %q: %w", buf[:n], err))
+		return
+	}
+	if rep.Error != "" {
+		s.turnOff(rep.Error)
+		return
 	}
 	s.ready = true
 	s.log.Debug().Int("pid", rep.PID).Msg("fork server ready")
-	return true, ""
 }
 
 func (s *forkServer) lostWhy(err error) string {
@@ -247,28 +270,26 @@ func (s *forkServer) lostWhy(err error) string {
 }
 
 // died is told that the server process was reaped: it must not be
-// killed or waited for by pid again. It is started again at once (within
-// forkServerStarts), so that it has imported what it preloads by the next
-// failure.
+// killed or waited for by pid again.
 func (s *forkServer) died() {
 	s.pid = 0
+	s.lost(errors.New("its process ended"))
+}
+
+// lost drops a server that died or broke the protocol, and starts it
+// again at once (within forkServerStarts), so that it has imported what it
+// preloads by the next failure.
+func (s *forkServer) lost(err error) {
 	s.stop()
 	if s.off != "" {
 		return
 	}
 	if s.starts >= forkServerStarts {
-		s.turnOff(fmt.Sprintf("started %d times and lost each time", s.starts))
+		s.turnOff(fmt.Sprintf("started %d times and lost each time (last: %v)", s.starts, err))
 		return
 	}
-	s.log.Warn().Msg("fork server died; starting it again")
+	s.log.Warn().Err(err).Msg("fork server lost; starting it again")
 	s.start()
-}
-
-// lost drops a server that died or broke the protocol; usable starts it
-// again.
-func (s *forkServer) lost(err error) {
-	s.log.Warn().Err(err).Msg("fork server lost; this replacement starts as a new process")
-	s.stop()
 }
 
 // spawn asks the server for a replacement running argv with env in dir,

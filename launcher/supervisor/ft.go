@@ -118,6 +118,13 @@ func (k *ftKeeper) forkReaped(pid int) bool {
 	return true
 }
 
+// pollFork reads the fork server's ready message if it came.
+func (k *ftKeeper) pollFork() {
+	if k != nil {
+		k.fork.poll()
+	}
+}
+
 // idle reports whether no rank awaits gorun's decision.
 func (k *ftKeeper) idle() bool { return k == nil || len(k.ranks) == 0 }
 

@@ -415,6 +415,7 @@ func (a *supervisor) tick(clientLease time.Duration, clientJudge *liveness.Judge
 	a.sendConts(time.Now())
 	a.tickSlows(time.Now())
 	a.watchFrozen(time.Now())
+	a.ft.pollFork()
 	if a.killing {
 		a.killAll()
 	}

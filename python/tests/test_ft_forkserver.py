@@ -63,11 +63,6 @@ def start(launcher, tmp_path, case, steps, inject=(), extra=None, timeout=150):
     return p, marks
 
 
-def finish(p, timeout=180):
-    out, _ = p.communicate(timeout=timeout)
-    return p.returncode, out.decode(errors="replace")
-
-
 def left_behind(marks):
     """The pids of live processes whose environment names marks."""
     want = ("FT_MARKS=%s" % marks).encode()
@@ -130,14 +125,61 @@ def server_pids(marks):
     return out
 
 
+class Job:
+    """A started job whose output is read as it comes (watch)."""
+
+    def __init__(self, launcher, tmp_path, case, steps, extra=None, timeout=150):
+        env = {"FT_HOLD": "1"}
+        env.update(extra or {})
+        self.p, self.marks = start(launcher, tmp_path, case, steps, extra=env, timeout=timeout)
+        self.buf = b""
+        os.set_blocking(self.p.stdout.fileno(), False)
+
+    @property
+    def out(self):
+        return self.buf.decode(errors="replace")
+
+    def watch(self, *wants, within=90):
+        """Reads output until every regexp of wants has matched (or the
+        job ended, or within seconds passed: a failure naming what was
+        missing); returns the last match of each."""
+        deadline = time.monotonic() + within
+        while True:
+            chunk = self.p.stdout.read()
+            if chunk:
+                self.buf += chunk
+            got = [list(re.finditer(w, self.out, re.M)) for w in wants]
+            if all(got):
+                return [g[-1] for g in got]
+            if self.p.poll() is not None or time.monotonic() > deadline:
+                missing = [w for w, g in zip(wants, got) if not g]
+                pytest.fail("the job never said %s\n%s" % (missing, self.out[-8000:]))
+            time.sleep(0.05)
+
+    def kill_held_rank(self, *also):
+        """Once replica 1's first process holds after step FT_AT (and every
+        regexp of also matched), SIGKILLs it; returns its pid."""
+        m = self.watch(r"rank started pid=(\d+) rank=1\b", r"^RANK 1: HOLDING", *also)
+        pid = int(m[0].group(1))
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def finish(self, timeout=180):
+        os.set_blocking(self.p.stdout.fileno(), True)
+        rest, _ = self.p.communicate(timeout=timeout)
+        self.buf += rest
+        return self.p.returncode, self.out
+
+
 def test_forked_replacement_heals_and_is_owned(launcher, tmp_path):
-    # Replica 1 is killed after step 4; its replacement is forked from the
-    # server and heals. Then (lastdie) that forked replacement dies by
-    # SIGKILL after its last step: gorun must see that exit as it is and
-    # replace it (by a fork again), and the late replacement finds the job
-    # finished.
-    p, marks = start(launcher, tmp_path, "plain,lastdie", 12, inject=["kill:rank=1:after-steps=4"])
-    code, out = finish(p)
+    # Replica 1 is killed once the server is ready; its replacement is
+    # forked from the server and heals. Then (lastdie) that forked
+    # replacement dies by SIGKILL after its last step: gorun must see that
+    # exit as it is and replace it (by a fork again), and the late
+    # replacement finds the job finished.
+    job = Job(launcher, tmp_path, "plain,lastdie", 12)
+    job.kill_held_rank(r"fork server ready")
+    code, out = job.finish()
     tail = out[-8000:]
     check_job(code, out, 12, died={1}, deaths=2)
     pids = forked(out).get(1, [])
@@ -148,80 +190,62 @@ def test_forked_replacement_heals_and_is_owned(launcher, tmp_path):
     assert m and int(m.group(1)) == pids[0], ("the forked replacement's death was not seen as it was", pids, tail)
     fin = lines(out, "FINISHED")
     assert [r for r, _ in fin] == [1] and fin[0][1]["inc"] == "2", tail
-    assert_nothing_left(marks)
+    # The server is stopped with the job, not swept up as a stray.
+    assert "left processes running" not in out, tail
+    assert_nothing_left(job.marks)
 
 
 def test_server_killed_replacement_starts_fresh(launcher, tmp_path):
-    # The server is SIGKILLed once the job trains; replica 1 is killed
-    # later: its replacement starts as a new process and heals; the
-    # supervisor starts the server again; nothing is left at the end.
-    p, marks = start(launcher, tmp_path, "plain", 14, inject=["kill:rank=1:after-steps=8"],
-                     extra={"FT_PACE_S": "0.3"})
-    buf = b""
-    killed = []
-    deadline = time.monotonic() + 150
-    os.set_blocking(p.stdout.fileno(), False)
-    while not killed and time.monotonic() < deadline and p.poll() is None:
-        chunk = p.stdout.read()
-        if chunk:
-            buf += chunk
-        if b"RANK 0: COMMIT step=2 ok=True" in buf:
-            for pid in server_pids(marks):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-        time.sleep(0.05)
-    os.set_blocking(p.stdout.fileno(), True)
-    code, rest = finish(p)
-    out = buf.decode(errors="replace") + rest
+    # The server is SIGKILLed once ready, then replica 1: its replacement
+    # starts as a new process (the server, started again, is importing)
+    # and heals; nothing is left at the end.
+    job = Job(launcher, tmp_path, "plain", 10)
+    job.watch(r"fork server ready", r"^RANK 1: HOLDING")
+    servers = server_pids(job.marks)
+    assert servers, ("no fork server found to kill", job.out[-8000:])
+    for pid in servers:
+        os.kill(pid, signal.SIGKILL)
+    job.kill_held_rank(r"fork server lost; starting it again")
+    code, out = job.finish()
     tail = out[-8000:]
-    assert killed, ("no fork server found to kill", tail)
-    check_job(code, out, 14, died={1}, deaths=1)
+    check_job(code, out, 10, died={1}, deaths=1)
     assert 1 not in forked(out), ("rank 1 was forked from a server that was killed", tail)
-    assert "fork server died; starting it again" in out, tail
     assert out.count("fork server started") >= 2, ("the server was not started again", tail)
-    assert_nothing_left(marks)
+    assert_nothing_left(job.marks)
 
 
 def test_job_killed_with_forked_replacement_running(launcher, tmp_path):
     # gorun is SIGKILLed while a forked replacement trains: the supervisor
     # (its client gone) kills every rank, the server and the replacement.
-    p, marks = start(launcher, tmp_path, "plain", 400, inject=["kill:rank=1:after-steps=3"],
-                     extra={"FT_PACE_S": "0.05"})
-    buf = b""
-    deadline = time.monotonic() + 150
-    os.set_blocking(p.stdout.fileno(), False)
-    while time.monotonic() < deadline and p.poll() is None:
-        chunk = p.stdout.read()
-        if chunk:
-            buf += chunk
-        out = buf.decode(errors="replace")
-        if forked(out).get(1) and re.search(r"RANK 1: QUORUM .*healed=True", out):
-            break
-        time.sleep(0.05)
-    out = buf.decode(errors="replace")
-    assert forked(out).get(1), ("no forked replacement ran", out[-8000:])
-    rpid = forked(out)[1][0]
-    assert rpid in left_behind(marks), "the forked replacement is not running"
-    assert server_pids(marks), "the fork server is not running"
-    p.send_signal(signal.SIGKILL)
-    p.communicate(timeout=30)
-    assert_nothing_left(marks)
+    job = Job(launcher, tmp_path, "plain", 100000, extra={"FT_PACE_S": "0.05"})
+    job.kill_held_rank(r"fork server ready")
+    job.watch(r"replacement forked pid=\d+ rank=1", r"^RANK 1: QUORUM .*healed=True")
+    rpid = forked(job.out)[1][0]
+    assert rpid in left_behind(job.marks), "the forked replacement is not running"
+    with open("/proc/%d/stat" % rpid) as f:
+        sid = int(f.read().rsplit(")", 1)[1].split()[3])
+    # Its own session (and so process group), as every rank has: gorun's
+    # signals to the rank's group reach it and nothing else.
+    assert sid == rpid, ("the forked replacement is not a session leader", rpid, sid)
+    assert server_pids(job.marks), "the fork server is not running"
+    job.p.send_signal(signal.SIGKILL)
+    job.finish(timeout=30)
+    assert_nothing_left(job.marks)
 
 
 def test_cuda_initialised_server_is_refused(launcher, tmp_path):
     # A preloaded module leaves torch's CUDA state initialised (here by
-    # torch's own flag, as _lazy_init sets it: this machine has no GPU):
-    # the server refuses to serve, saying why, and the replacement starts
-    # as a new process and heals.
-    p, marks = start(launcher, tmp_path, "plain", 10, inject=["kill:rank=1:after-steps=4"],
-                     extra={"GORUN_FT_FORK_PRELOAD": "torch,ft_cudastate"})
-    code, out = finish(p)
+    # torch's own flag, as its lazy initialisation sets it: this machine
+    # has no GPU): the server refuses to serve, saying why, and the
+    # replacement starts as a new process and heals.
+    job = Job(launcher, tmp_path, "plain", 10, extra={"GORUN_FT_FORK_PRELOAD": "torch,ft_cudastate"})
+    job.kill_held_rank(r"fork server off")
+    code, out = job.finish()
     tail = out[-8000:]
     check_job(code, out, 10, died={1}, deaths=1)
     assert "this process has initialised CUDA" in out, tail
-    assert "fork server off" in out, tail
     assert not forked(out), ("a replacement was forked from a CUDA-initialised server", tail)
-    assert_nothing_left(marks)
+    assert_nothing_left(job.marks)
 
 
 @pytest.mark.parametrize("argv,want", [
