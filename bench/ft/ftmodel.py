@@ -64,9 +64,9 @@ def replica_id():
 
 def started():
     """The "start" event: the program's first line, or, for a process
-    forked from gorun's fork server (GORUN_FT_FORKED_AT, the fork's time,
-    set in the child right after the fork), the fork itself: the moment
-    the replacement's process came to be."""
+    forked from gorun's fork server, the moment the server began forking
+    it (GORUN_FT_FORKED_AT, both forks included): when the replacement's
+    process began to be made."""
     forked = os.environ.get("GORUN_FT_FORKED_AT")
     event("start", t=float(forked) if forked else None, replica=replica_id(),
           incarnation=int(os.environ.get("GORUN_RESTART_COUNT", "0")), forked=bool(forked))

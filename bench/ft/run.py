@@ -10,7 +10,8 @@ side by side: total time to N steps, steps lost by survivors, time to heal.
             the dead rank and it heals from the live ones (bench/ft/gorunft_prog.py).
   ftfork    ft, with gorun's fork server (GORUN_FT_FORK_SERVER=1): a
             replacement is forked from a process that already imported torch
-            (and torch._dynamo); its heal_s counts from that fork.
+            (and torch._dynamo); its heal_s counts from the moment the server
+            began forking it (GORUN_FT_FORKED_AT), both forks included.
   ckpt      gorun -np R --max-restarts K: torch DDP over gorun's backend; every
             failure stops the world, which restarts from the last checkpoint
             (written every FT_CKPT_EVERY steps).
@@ -24,8 +25,8 @@ Each program reports JSON events (bench/ft/ftmodel.py); the figures:
              beyond the step they ended at (uncommitted steps, and steps
              redone after a checkpoint reload), the largest over the survivors
   heal_s     a replacement process's start (its first line, before torch is
-             imported; for a forked one, the fork) to its first committed
-             step, median over the failures
+             imported; for a forked one, the server's start of the fork) to
+             its first committed step, median over the failures
   join_s     the replacement's "ready" (torch imported, model built) to its
              first committed step: the framework's own part of the heal
              (join, quorum, state transfer, first step), without Python's
@@ -56,7 +57,7 @@ failures; a phase a mode does not report is "-"):
 Each run also records the 1-minute load average at its start: the machine
 is shared, and the replacement's import competes with whatever else runs.
 
-    python3 bench/ft/run.py --modes torchft,ft,ckpt --runs 3 --steps 600 --kills 1:110,2:370
+    python3 bench/ft/run.py --modes torchft,ft,ftfork,ckpt --runs 3 --steps 600 --kills 1:110,2:370
 
 Rounds alternate the modes, so each sees the same load; prints the medians
 and the ratios to torchft. The machine is shared: figures are noisy.
@@ -299,7 +300,7 @@ def timeline(evs, start, first):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="torchft,ft,ckpt")
+    ap.add_argument("--modes", default="torchft,ft,ftfork,ckpt")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--steps", type=int, default=600)
