@@ -27,7 +27,9 @@ import (
 // first start alone: no PMI descriptor (a replacement cannot join an MPI
 // world that formed; fault-tolerant programs use package ft), no shared
 // hardware topology (it discovers its own) and no CPU binding; its stdin
-// is /dev/null.
+// is /dev/null. Whether it is exec'd or forked from the fork server
+// (forkserver.go), it gets the same argv, environment, directory and
+// descriptors.
 
 // ftKeeper is the supervisor's fault-tolerant state; nil when the job is
 // not fault-tolerant (every method is then a no-op). Owned by the
