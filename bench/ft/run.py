@@ -402,7 +402,8 @@ def report(a, modes, results):
         loads = [f["load"] for f in results[m] if f.get("load") is not None]
         row.append(statistics.median(loads) if loads else None)
         print(line % (m, *(fmt(v) for v in row)))
-    print("\nthe replacement's timeline: seconds from its process's start (the fork, for a forked one)"
+    print("\nthe replacement's timeline: seconds from its process's start (for a forked one, the server's"
+          " start of the fork)"
           "\nto each event, medians over runs of each run's median; dynamo: the first event by which"
           "\ntorch._dynamo was imported")
     names = tuple(ev for ev, _ in TIMELINE)
