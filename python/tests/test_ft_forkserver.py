@@ -128,10 +128,10 @@ def server_pids(marks):
 class Job:
     """A started job whose output is read as it comes (watch)."""
 
-    def __init__(self, launcher, tmp_path, case, steps, extra=None, timeout=150):
+    def __init__(self, launcher, tmp_path, case, steps, extra=None, inject=(), timeout=150):
         env = {"FT_HOLD": "1"}
         env.update(extra or {})
-        self.p, self.marks = start(launcher, tmp_path, case, steps, extra=env, timeout=timeout)
+        self.p, self.marks = start(launcher, tmp_path, case, steps, inject=inject, extra=env, timeout=timeout)
         self.buf = b""
         os.set_blocking(self.p.stdout.fileno(), False)
 
@@ -215,18 +215,30 @@ def test_server_killed_replacement_starts_fresh(launcher, tmp_path):
 
 
 def test_job_killed_with_forked_replacement_running(launcher, tmp_path):
-    # gorun is SIGKILLed while a forked replacement trains: the supervisor
-    # (its client gone) kills every rank, the server and the replacement.
-    job = Job(launcher, tmp_path, "plain", 100000, extra={"FT_PACE_S": "0.05"})
+    # A forked replacement is killed by gorun's --inject at its step 12,
+    # which the supervisor learns from the replacement's own step reports
+    # (its collateral descriptor); the next forked one heals. Then gorun
+    # is SIGKILLed while it trains: the supervisor (its client gone) kills
+    # every rank, the server and the replacement.
+    job = Job(launcher, tmp_path, "plain", 100000, extra={"FT_PACE_S": "0.05"},
+              inject=["kill:rank=1:after-steps=12"])
+    rank0 = int(job.watch(r"rank started pid=(\d+) rank=0\b")[0].group(1))
     job.kill_held_rank(r"fork server ready")
-    job.watch(r"replacement forked pid=\d+ rank=1", r"^RANK 1: QUORUM .*healed=True")
-    rpid = forked(job.out)[1][0]
+    m = job.watch(r"fault injected .*pid=(\d+) rank=1 .*spec=kill")
+    first = forked(job.out)[1][0]
+    assert int(m[0].group(1)) == first, ("the injected kill did not reach the forked replacement", job.out[-8000:])
+    job.watch(r"(?s)fault injected .*replacement forked pid=\d+ rank=1.*RANK 1: QUORUM [^\n]*healed=True")
+    rpid = forked(job.out)[1][-1]
+    assert rpid != first, ("the second replacement was not forked", job.out[-8000:])
     assert rpid in left_behind(job.marks), "the forked replacement is not running"
     with open("/proc/%d/stat" % rpid) as f:
         sid = int(f.read().rsplit(")", 1)[1].split()[3])
     # Its own session (and so process group), as every rank has: gorun's
     # signals to the rank's group reach it and nothing else.
     assert sid == rpid, ("the forked replacement is not a session leader", rpid, sid)
+    # In the job's cgroup, as the ranks gorun exec'd are.
+    with open("/proc/%d/cgroup" % rpid) as f, open("/proc/%d/cgroup" % rank0) as g:
+        assert f.read() == g.read(), "the forked replacement is in another cgroup than rank 0"
     assert server_pids(job.marks), "the fork server is not running"
     job.p.send_signal(signal.SIGKILL)
     job.finish(timeout=30)
