@@ -245,6 +245,28 @@ def test_job_killed_with_forked_replacement_running(launcher, tmp_path):
     assert_nothing_left(job.marks)
 
 
+@pytest.mark.parametrize("how", ["cancel", "supervisor"])
+def test_forked_replacement_gone_when_job_ends_otherwise(launcher, tmp_path, how):
+    # The job ends while a forked replacement trains: cancelled (SIGTERM
+    # to gorun: the teardown), or its supervisor SIGKILLed (the replacement's
+    # parent-death signal, gorun's cgroup kill). Nothing is left.
+    job = Job(launcher, tmp_path, "plain", 100000, extra={"FT_PACE_S": "0.05"})
+    job.kill_held_rank(r"fork server ready")
+    job.watch(r"replacement forked pid=\d+ rank=1", r"^RANK 1: QUORUM [^\n]*healed=True")
+    rpid = forked(job.out)[1][0]
+    assert rpid in left_behind(job.marks), "the forked replacement is not running"
+    if how == "cancel":
+        job.p.send_signal(signal.SIGTERM)
+    else:
+        with open("/proc/%d/stat" % rpid) as f:
+            sup = int(f.read().rsplit(")", 1)[1].split()[1])  # its parent: the supervisor
+        with open("/proc/%d/cmdline" % sup, "rb") as f:
+            assert f.read().split(b"\0")[0] == launcher.gorun.encode(), "the replacement's parent is not gorun's supervisor"
+        os.kill(sup, signal.SIGKILL)
+    job.finish(timeout=60)
+    assert_nothing_left(job.marks)
+
+
 def test_cuda_initialised_server_is_refused(launcher, tmp_path):
     # A preloaded module leaves torch's CUDA state initialised (here by
     # torch's own flag, as its lazy initialisation sets it: this machine
