@@ -109,10 +109,16 @@ func (s *forkServer) start() {
 	}
 	ours, theirs := os.NewFile(uintptr(fds[0]), "forkserver"), os.NewFile(uintptr(fds[1]), "forkserver-child")
 	defer theirs.Close()
-	c, err := net.FileConn(ours)
+	fc, err := net.FileConn(ours)
 	ours.Close()
 	if err != nil {
 		s.turnOff(fmt.Sprintf("control socket: %v", err))
+		return
+	}
+	c, ok := fc.(*net.UnixConn)
+	if !ok {
+		fc.Close()
+		s.turnOff(fmt.Sprintf("control socket: a %T, not a unix socket", fc))
 		return
 	}
 	devnull, err := os.Open(os.DevNull)
@@ -137,7 +143,7 @@ func (s *forkServer) start() {
 		s.turnOff(fmt.Sprintf("start %s: %v", s.rank.Path, err))
 		return
 	}
-	s.pid, s.conn, s.ready = p.Pid, c.(*net.UnixConn), false
+	s.pid, s.conn, s.ready = p.Pid, c, false
 	p.Release() // reaped by the supervisor's wait4(-1), or by stop
 	s.log.Debug().Int("pid", s.pid).Str("python", s.rank.Path).Msg("fork server started")
 }
