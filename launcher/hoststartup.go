@@ -52,7 +52,12 @@ const DefaultLease = 4 * time.Second
 
 // hostConn is an authenticated agent connection.
 type hostConn struct {
-	node  int
+	node int
+	// agent is the node whose host's agent this is: node until a
+	// fault-tolerant job's spare host takes a lost node's place (then
+	// node is that node's), for what concerns the host itself (its
+	// starter).
+	agent int
 	w     *wire.Conn
 	hello wire.Hello
 }
@@ -710,7 +715,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 				}
 			}
 			_ = c.SetDeadline(time.Time{})
-			results <- setupResult{node: node, conn: &hostConn{node: node, w: w, hello: *hm.Hello}}
+			results <- setupResult{node: node, conn: &hostConn{node: node, agent: node, w: w, hello: *hm.Hello}}
 			// A tree parent keeps talking during start-up: it reports its
 			// children's ssh exits on this same connection, and this
 			// goroutine stays its only reader until "setup-over" is

@@ -543,7 +543,7 @@ func (j *liveJob) onEvent(ev wire.Event, ok bool) {
 		j.done = true
 		return
 	}
-	if ev.Ev != "done" && ev.Ev != "lost" && (ev.Rank < 0 || ev.Rank >= len(j.ranks)) {
+	if ev.Ev != "done" && ev.Ev != "lost" && ev.Ev != "spare-lost" && (ev.Rank < 0 || ev.Rank >= len(j.ranks)) {
 		j.log.Warn().Int("rank", ev.Rank).Str("ev", ev.Ev).Msg("supervisor reported an unknown rank; ignored")
 		return
 	}
@@ -574,6 +574,8 @@ func (j *liveJob) onEvent(ev wire.Event, ok bool) {
 		j.pmiAbort(ev)
 	case "lost":
 		j.hostLost(ev)
+	case "spare-lost":
+		j.cfg.ft.spareEvent(ev) // an idle spare host: the job goes on (ftspare.go)
 	case "flight":
 		if ev.Flight != nil {
 			j.flight.store(*ev.Flight)

@@ -153,13 +153,13 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 	}
 	for node, c := range m.conns {
 		if node >= len(ea.run.plan.Nodes) {
-			ea.run.spares = append(ea.run.spares, c) // up, rankless, until a host is lost
+			ea.run.addSpare(c) // up, rankless, until a host is lost (if not yet)
 		} else if !ea.run.launched[node] {
 			ea.run.launch(c)
 		}
 	}
 	if job.FaultTolerant {
-		m.cfg.ft.takeSpare = ea.run.takeSpare
+		m.cfg.ft.takeSpare, m.cfg.ft.dropSpare = ea.run.takeSpare, ea.run.dropSpare
 	}
 	m.cfg.Logger.Info().Int("early", ea.early).Int("hosts", len(m.conns)).Msg("hosts whose ranks started before every host was up")
 	return ea.run.wait(ctx)
@@ -216,6 +216,11 @@ func (e *earlyStart) verdict(node int, c *hostConn, err error) error {
 		}
 	}
 	for n, hc := range e.up {
+		if n >= len(e.run.plan.Nodes) && len(m.children[n]) == 0 {
+			// A spare's lease starts as soon as it is up (a tree
+			// parent's once start-up no longer reads its connection).
+			e.run.addSpare(hc)
+		}
 		if n < len(e.run.plan.Nodes) && !e.run.launched[n] && len(m.children[n]) == 0 {
 			e.run.launch(hc)
 			if len(e.up) < len(m.nodes) {
@@ -253,9 +258,9 @@ type hostsRun struct {
 	// connWG owns two goroutines per launched host: its pinger and its
 	// connection's reader.
 	connWG sync.WaitGroup
-	// spares are the connections of a fault-tolerant job's spare hosts
-	// not taken yet (ftspare.go); the job loop's goroutine owns them.
-	spares []*hostConn
+	// spares are a fault-tolerant job's spare hosts neither taken nor
+	// lost yet (ftspare.go); the job loop's goroutine owns the list.
+	spares []*spareHost
 }
 
 // rankSink is where a rank's output frames go: the connection reader
@@ -342,7 +347,7 @@ func (r *hostsRun) launch(c *hostConn) {
 			// left alone: one srun starts every host's agent, so
 			// killing it would take the healthy hosts down with the
 			// lost one; it ends when its tasks do.
-			if l := m.starterOf(c.node); l.cmd != nil && l.what != "srun" {
+			if l := m.starterOf(c.agent); l.cmd != nil && l.what != "srun" {
 				_ = syscall.Kill(-l.cmd.Process.Pid, syscall.SIGKILL)
 			}
 		}
@@ -425,8 +430,11 @@ func (r *hostsRun) abandon(ctx context.Context, cause error) error {
 func (r *hostsRun) teardown(reap bool) error {
 	defer r.out.Close()
 	close(r.quit)
-	for _, c := range append(r.home.conns, r.spares...) {
+	for _, c := range r.home.conns {
 		c.w.Close()
+	}
+	for _, s := range r.spares {
+		s.c.w.Close()
 	}
 	r.connWG.Wait()
 	// Every reader has returned: the sinks of hosts never launched, and
