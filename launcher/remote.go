@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/output"
 	"github.com/gorun-hpc/gorun/launcher/plan"
 	"github.com/gorun-hpc/gorun/launcher/preload"
@@ -103,7 +104,7 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 		if err == nil {
 			m.ln.Close()
 		}
-		return &InterruptedError{Signal: sig}
+		return &outcome.InterruptedError{Signal: sig}
 	}
 	if err != nil {
 		return err
@@ -379,7 +380,7 @@ func (r *hostsRun) wait(ctx context.Context) error {
 		flight = prepareFlight(m.cfg, r.out.Stderr())
 		flight.remote = true
 	}
-	err := (&jobLoop{cfg: m.cfg, plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight}).run(ctx)
+	err := (&jobLoop{cfg: m.cfg.loop(), plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight}).run(ctx)
 	stopStdin()
 	if lerr := r.teardown(true); lerr != nil && err == nil {
 		err = lerr
@@ -410,7 +411,7 @@ func (r *hostsRun) abandon(ctx context.Context, cause error) error {
 		cfg := m.cfg
 		cfg.Timeout, cfg.world = 0, nil
 		flight := &flightRecords{log: m.cfg.Logger, stderr: r.out.Stderr(), remote: true}
-		err := (&jobLoop{cfg: cfg, plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight,
+		err := (&jobLoop{cfg: cfg.loop(), plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight,
 			fenceHosts: len(r.plan.Nodes)}).run(cctx)
 		m.cfg.Logger.Warn().Int("hosts", len(r.home.conns)).Err(err).AnErr("cause", cause).
 			Msg("a host failed to come up after other hosts' ranks started; they were stopped")
