@@ -204,7 +204,7 @@ func measureLaunch(c *sim.Costs, gorunBin string, logf func(string, ...any)) err
 	c.Source["agent_start_ns,rank_spawn_ns"] = "children's CPU time of 10 runs of `gorun --version` and of /bin/true"
 	c.Source["agent_hello_ns"] = "process CPU of a loopback TCP connect+accept and four HMAC-SHA-256 (challenge and proof both ways), 200 times"
 	c.SSH, c.SSHWall = 290*time.Millisecond, 290*time.Millisecond
-	c.Source["ssh_ns,ssh_wall_ns"] = "launcher/sshkex.go: `ssh host true` with curve25519-sha256 took 0.29 s on the test hosts; all of it taken as CPU, half at each end (an upper bound)"
+	c.Source["ssh_ns,ssh_wall_ns"] = "launcher/sshkex: `ssh host true` with curve25519-sha256 took 0.29 s on the test hosts; all of it taken as CPU, half at each end (an upper bound)"
 	return nil
 }
 
