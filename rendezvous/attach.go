@@ -368,15 +368,22 @@ func (s *stallLog) add(from, to time.Time) {
 	}
 }
 
-// between is the stalled time from t to now. Spans after now are not
-// counted: they are another clock's (a test's fake one).
+// between is the stalled time from t to now. A span that reaches past
+// now counts up to now: the latest span is the stall still going on,
+// which other goroutines extend as they run, and one that read its clock
+// after the caller (now) may have added to it before the caller took the
+// lock; dropping it whole dropped the whole ongoing stall, merged into it
+// (a 4,096-rank process lagging 4 s judged its attach streams with none of
+// it excused). A span that begins at or after now is another clock's (a
+// synctest bubble's) and is not counted.
 func (s *stallLog) between(t, now time.Time) time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var sum time.Duration
 	for i := len(s.spans) - 1; i >= 0 && s.spans[i].to.After(t); i-- {
-		if sp := s.spans[i]; !sp.to.After(now) {
-			sum += sp.to.Sub(maxTime(sp.from, t))
+		sp := s.spans[i]
+		if from, to := maxTime(sp.from, t), minTime(sp.to, now); to.After(from) {
+			sum += to.Sub(from)
 		}
 	}
 	return sum

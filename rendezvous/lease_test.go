@@ -149,8 +149,9 @@ func TestLeaseExcusesOwnStalls(t *testing.T) {
 }
 
 // The stall log merges spans that overlap (many writers see one
-// starvation), counts only what falls between its two moments, and drops
-// a span of another clock rather than merging across years.
+// starvation), counts only what falls between its two moments (a span
+// that reaches past the second counts up to it), and drops a span of
+// another clock rather than merging across years.
 func TestStallLog(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
@@ -165,8 +166,10 @@ func TestStallLog(t *testing.T) {
 	}{
 		{0, 2000, 800 * time.Millisecond},
 		{250, 2000, 650 * time.Millisecond},
-		{0, 1200, 300 * time.Millisecond}, // 1000..1500 ends after now
+		{0, 1200, 500 * time.Millisecond},  // 1000..1500 counts up to now
+		{1200, 1400, 200 * time.Millisecond}, // within one span
 		{1500, 3000, 0},
+		{0, 50, 0}, // before every span
 	} {
 		if got := s.between(at(tc.from), at(tc.now)); got != tc.want {
 			t.Errorf("between(%d ms, %d ms) = %v, want %v", tc.from, tc.now, got, tc.want)
@@ -175,6 +178,42 @@ func TestStallLog(t *testing.T) {
 	if len(s.spans) != 2 {
 		t.Errorf("spans = %v, want two", s.spans)
 	}
+}
+
+// The stall still going on is the log's latest span, and writers on
+// other threads extend it as they run: one that read its clock just after
+// the reader did may have added to it by the time the reader reads the
+// log, so the span the reader finds reaches past its own now. Before,
+// such a span was not counted at all, and since every overlapping stall
+// is merged into it, a reader in a process stalled throughout its peer's
+// silence was excused nothing (a 4,096-rank process lagging 4 s judged
+// its attach streams with 0 s excused). A bubble's clock stands still
+// while goroutines run, so the test writes that span's end ahead of the
+// reader's clock: the process stalled from 0.1 s through the reader's
+// judgement, the peer's beats resume at 2.4 s.
+func TestLeaseExcusesStallStillGoing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, peer, log := leaseFixture(t, 0)
+		start := time.Now()
+		log.add(start.Add(100*time.Millisecond), start.Add(2400*time.Millisecond+time.Microsecond))
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer func() { close(stop); _ = peer.Close(); _ = r.c.Close() }()
+		wg.Go(func() {
+			if sleepOr(stop, 2400*time.Millisecond) {
+				beatUntil(peer, stop)
+			}
+		})
+		wg.Go(func() {
+			if sleepOr(stop, 2800*time.Millisecond) {
+				_ = writeFrame(peer, frameMsg, []byte{1})
+			}
+		})
+		if typ, _, err := r.next(); err != nil || typ != frameMsg {
+			t.Fatalf("next: %c, %v after %v; want the peer's message (its silence fell within the process's stall)", typ, err, time.Since(start))
+		}
+	})
 }
 
 // A leader beats to an attached rank from its hello on, also while it
