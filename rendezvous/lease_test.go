@@ -166,7 +166,7 @@ func TestStallLog(t *testing.T) {
 	}{
 		{0, 2000, 800 * time.Millisecond},
 		{250, 2000, 650 * time.Millisecond},
-		{0, 1200, 500 * time.Millisecond},  // 1000..1500 counts up to now
+		{0, 1200, 500 * time.Millisecond},    // 1000..1500 counts up to now
 		{1200, 1400, 200 * time.Millisecond}, // within one span
 		{1500, 3000, 0},
 		{0, 50, 0}, // before every span
