@@ -50,6 +50,21 @@ type AttachNet interface {
 	Dial(ctx context.Context, name string) (net.Conn, error)
 }
 
+// PeerCredConn is a connection of an AttachNet that knows the process at
+// its other end, as the kernel knows a Unix socket's peer (SO_PEERCRED).
+// The leader refuses a peer of another user by it, and a silent stream's
+// lease asks the kernel about that process (internal/liveness: stopped,
+// gone, or only waiting for a CPU) instead of judging by the lease alone.
+// An in-memory stream between ranks of one process names this process:
+// what a Unix socket would say of it (bench/rdzvscale runs thousands of
+// ranks so).
+type PeerCredConn interface {
+	net.Conn
+	// PeerCred returns the peer's user and process id; ok is false when
+	// they are unknown. It does not block; safe for concurrent use.
+	PeerCred() (uid, pid int, ok bool)
+}
+
 // unixAttach is the default AttachNet: Linux abstract Unix sockets ("@name"),
 // which vanish with the process, so no exit path can leave a file behind.
 type unixAttach struct{}

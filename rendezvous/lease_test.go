@@ -3,10 +3,13 @@ package rendezvous
 import (
 	"errors"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/gorun-hpc/gorun/internal/liveness"
 )
 
 // leaseFixture is a leasedReader on one end of a pipe (no peer
@@ -259,4 +262,53 @@ func TestLeaderBeatsBeforeAccepting(t *testing.T) {
 	_ = b.Close()
 	wg.Wait()
 	leader.wg.Wait()
+}
+
+// credPipe is one end of an in-memory stream that names its peer's
+// process, as an AttachNet's connection may (PeerCredConn).
+type credPipe struct {
+	net.Conn
+	uid, pid int
+}
+
+func (c credPipe) PeerCred() (int, int, bool) { return c.uid, c.pid, true }
+
+var _ PeerCredConn = credPipe{}
+
+// A connection that names its peer's process is judged on the kernel's
+// evidence about that process, as a Unix socket's is: here the peer's
+// process runs (the fake kernel says so for its pid only), so its silence
+// is starvation and is waited out up to StarvedLimit. Without the
+// evidence (before, any stream that was not a Unix socket) the lease
+// alone decided: silent at 1 s. The leader also refuses a peer it names
+// as another user's.
+func TestLeaseAsksAboutNamedPeer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := net.Pipe()
+		defer func() { _ = a.Close(); _ = b.Close() }()
+		cfg := DefaultConfig()
+		cfg.AttachLease, cfg.AttachBeat, cfg.StarvedLimit = time.Second, 100*time.Millisecond, 5*time.Second
+		var cpu time.Duration
+		cfg.procSample = func(pid int) (liveness.Sample, bool) {
+			if pid != 4242 {
+				return liveness.Sample{}, false
+			}
+			cpu += time.Millisecond
+			return liveness.Sample{State: 'S', CPU: cpu}, true
+		}
+		r := newLeasedReader(credPipe{Conn: a, uid: os.Getuid(), pid: 4242}, &cfg, make(chan struct{}), 0)
+		r.stalls = &stallLog{}
+		start := time.Now()
+		_, _, err := r.next()
+		var se *SilenceError
+		if !errors.As(err, &se) || se.Verdict != liveness.Silent {
+			t.Fatalf("next: %v; want silent past StarvedLimit", err)
+		}
+		if took := time.Since(start); took < cfg.StarvedLimit {
+			t.Errorf("declared silent after %v (%v), want the peer waited for up to StarvedLimit %v", took, se.Why, cfg.StarvedLimit)
+		}
+		if err := checkPeer(credPipe{Conn: a, uid: os.Getuid() + 1, pid: 4242}); err == nil {
+			t.Error("checkPeer accepted a peer named as another user's")
+		}
+	})
 }
