@@ -67,54 +67,78 @@ func TestExpand(t *testing.T) {
 	}
 }
 
-func TestExpandErrors(t *testing.T) {
+// TestSyntaxErrors: every syntax error of the package's two parsers is an
+// *Error naming the parser, the input and the offset, with a message that
+// says what was wrong there, and wraps ErrTooLarge exactly when the input
+// asks for more than a cap.
+func TestSyntaxErrors(t *testing.T) {
+	parsers := map[string]func(string) (any, error){
+		"hostlist":       func(s string) (any, error) { return Expand(s) },
+		"tasks-per-node": func(s string) (any, error) { return ParseTasksPerNode(s) },
+	}
 	for _, tc := range []struct {
-		expr    string
+		what    string // the parser, as Error.What names it
+		in      string
 		pos     int
 		msg     string // substring of Msg
 		tooMany bool
 	}{
-		{"", 0, "empty expression", false},
-		{"n[1-3", 1, "'[' is never closed", false},
-		{"n1-3]", 4, "']' without a matching '['", false},
-		{"n[1[2]]", 3, "nested '['", false},
-		{"a,,b", 2, "empty element", false},
-		{",a", 0, "empty element", false},
-		{"a,", 2, "empty element, expected a host name after ','", false},
-		{"n[]", 1, "empty brackets", false},
-		{"n[5-3]", 4, "range 5-3 goes backwards", false},
-		{"n[1-]", 4, "expected a number after '-', found ']'", false},
-		{"n[-3]", 2, "expected a number after '[', found '-'", false},
-		{"n[1,]", 4, "expected a number after ',', found ']'", false},
-		{"n[,1]", 2, "expected a number after '[', found ','", false},
-		{"n[a-b]", 2, "expected a number after '[', found 'a'", false},
-		{"n[1-2-3]", 5, "expected ',' or ']' after a number, found '-'", false},
-		{"n[1 -3]", 3, "whitespace", false},
-		{"a b", 1, "whitespace", false},
-		{"a\x00b", 1, "control character", false},
-		{"n[1234567890123456789]", 2, "too long", false},
-		{"n[0-99999999]", 1, "more than 1048576 names", true},
-		{"n[0-1048575],x", 13, "more than 1048576 names", true}, // budget is per expression
-		{"a[0-1023]b[0-1024]", 10, "more than 1048576 names", true},
-		{"a[0-999999999999999999]b[0-999999999999999999]", 1, "more than", true},
+		{"hostlist", "", 0, "empty expression", false},
+		{"hostlist", "n[1-3", 1, "'[' is never closed", false},
+		{"hostlist", "n1-3]", 4, "']' without a matching '['", false},
+		{"hostlist", "n[1[2]]", 3, "nested '['", false},
+		{"hostlist", "a,,b", 2, "empty element", false},
+		{"hostlist", ",a", 0, "empty element", false},
+		{"hostlist", "a,", 2, "empty element, expected a host name after ','", false},
+		{"hostlist", "n[]", 1, "empty brackets", false},
+		{"hostlist", "n[5-3]", 4, "range 5-3 goes backwards", false},
+		{"hostlist", "n[1-]", 4, "expected a number after '-', found ']'", false},
+		{"hostlist", "n[-3]", 2, "expected a number after '[', found '-'", false},
+		{"hostlist", "n[1,]", 4, "expected a number after ',', found ']'", false},
+		{"hostlist", "n[,1]", 2, "expected a number after '[', found ','", false},
+		{"hostlist", "n[a-b]", 2, "expected a number after '[', found 'a'", false},
+		{"hostlist", "n[1-2-3]", 5, "expected ',' or ']' after a number, found '-'", false},
+		{"hostlist", "n[1 -3]", 3, "whitespace", false},
+		{"hostlist", "a b", 1, "whitespace", false},
+		{"hostlist", "a\x00b", 1, "control character", false},
+		{"hostlist", "n[1234567890123456789]", 2, "too long", false},
+		{"hostlist", "n[0-99999999]", 1, "more than 1048576 names", true},
+		{"hostlist", "n[0-1048575],x", 13, "more than 1048576 names", true}, // budget is per expression
+		{"hostlist", "a[0-1023]b[0-1024]", 10, "more than 1048576 names", true},
+		{"hostlist", "a[0-999999999999999999]b[0-999999999999999999]", 1, "more than", true},
+		{"tasks-per-node", "", 0, "empty value", false},
+		{"tasks-per-node", "2,", 2, "expected a task count, found the end", false},
+		{"tasks-per-node", ",2", 0, "expected a task count, found ','", false},
+		{"tasks-per-node", "x", 0, "expected a task count, found 'x'", false},
+		{"tasks-per-node", "-1", 0, "expected a task count, found '-'", false},
+		{"tasks-per-node", "2(3)", 2, "expected 'x' after '('", false},
+		{"tasks-per-node", "2(x)", 3, "expected a repeat count after '(x', found ')'", false},
+		{"tasks-per-node", "2(x3", 4, "expected ')'", false},
+		{"tasks-per-node", "2(x0)", 3, "repeat count must be at least 1", false},
+		{"tasks-per-node", "2 (x3)", 1, "expected ',' or '(x'", false},
+		{"tasks-per-node", "2(x3)1", 5, "expected ',' or '(x'", false},
+		{"tasks-per-node", "2097152", 0, "larger than", false},
+		{"tasks-per-node", "1(x1048576),1", 12, "more than 1048576 nodes", true},
+		{"tasks-per-node", "1(x999999999999999999)", 0, "more than", true},
+		{"tasks-per-node", "1(x9999999999999999999)", 3, "too long", false},
 	} {
-		t.Run(tc.expr, func(t *testing.T) {
-			got, err := Expand(tc.expr)
+		t.Run(tc.what+"/"+tc.in, func(t *testing.T) {
+			got, err := parsers[tc.what](tc.in)
 			if err == nil {
-				t.Fatalf("Expand(%q) = %d names, want an error", tc.expr, len(got))
+				t.Fatalf("%s %q = %v, want an error", tc.what, tc.in, got)
 			}
 			var he *Error
 			if !errors.As(err, &he) {
-				t.Fatalf("Expand(%q) error %T %v, want *Error", tc.expr, err, err)
+				t.Fatalf("%s %q: error %T %v, want *Error", tc.what, tc.in, err, err)
 			}
-			if he.Expr != tc.expr || he.What != "hostlist" || he.Pos != tc.pos || !strings.Contains(he.Msg, tc.msg) {
-				t.Errorf("Expand(%q) = %+v, want pos %d and message containing %q", tc.expr, he, tc.pos, tc.msg)
+			if he.Expr != tc.in || he.What != tc.what || he.Pos != tc.pos || !strings.Contains(he.Msg, tc.msg) {
+				t.Errorf("%s %q = %+v, want pos %d and message containing %q", tc.what, tc.in, he, tc.pos, tc.msg)
 			}
 			if errors.Is(err, ErrTooLarge) != tc.tooMany {
 				t.Errorf("errors.Is(%v, ErrTooLarge) = %v, want %v", err, !tc.tooMany, tc.tooMany)
 			}
-			if !strings.Contains(err.Error(), strconv.Quote(tc.expr)) {
-				t.Errorf("error %q does not name the expression", err)
+			if !strings.Contains(err.Error(), strconv.Quote(tc.in)) {
+				t.Errorf("error %q does not name the input", err)
 			}
 		})
 	}
@@ -275,48 +299,6 @@ func TestParseTasksPerNode(t *testing.T) {
 			}
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("ParseTasksPerNode(%q) = %v, want %v", tc.in, got, tc.want)
-			}
-		})
-	}
-}
-
-func TestParseTasksPerNodeErrors(t *testing.T) {
-	for _, tc := range []struct {
-		in      string
-		pos     int
-		msg     string
-		tooMany bool
-	}{
-		{"", 0, "empty value", false},
-		{"2,", 2, "expected a task count, found the end", false},
-		{",2", 0, "expected a task count, found ','", false},
-		{"x", 0, "expected a task count, found 'x'", false},
-		{"-1", 0, "expected a task count, found '-'", false},
-		{"2(3)", 2, "expected 'x' after '('", false},
-		{"2(x)", 3, "expected a repeat count after '(x', found ')'", false},
-		{"2(x3", 4, "expected ')'", false},
-		{"2(x0)", 3, "repeat count must be at least 1", false},
-		{"2 (x3)", 1, "expected ',' or '(x'", false},
-		{"2(x3)1", 5, "expected ',' or '(x'", false},
-		{"2097152", 0, "larger than", false},
-		{"1(x1048576),1", 12, "more than 1048576 nodes", true},
-		{"1(x999999999999999999)", 0, "more than", true},
-		{"1(x9999999999999999999)", 3, "too long", false},
-	} {
-		t.Run(tc.in, func(t *testing.T) {
-			got, err := ParseTasksPerNode(tc.in)
-			if err == nil {
-				t.Fatalf("ParseTasksPerNode(%q) = %v, want an error", tc.in, got)
-			}
-			var he *Error
-			if !errors.As(err, &he) {
-				t.Fatalf("error %T %v, want *Error", err, err)
-			}
-			if he.What != "tasks-per-node" || he.Pos != tc.pos || !strings.Contains(he.Msg, tc.msg) {
-				t.Errorf("ParseTasksPerNode(%q) = %+v, want pos %d and message containing %q", tc.in, he, tc.pos, tc.msg)
-			}
-			if errors.Is(err, ErrTooLarge) != tc.tooMany {
-				t.Errorf("errors.Is(%v, ErrTooLarge) = %v, want %v", err, !tc.tooMany, tc.tooMany)
 			}
 		})
 	}

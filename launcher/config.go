@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/internal/cliflag"
 	"github.com/gorun-hpc/gorun/launcher/output"
 )
 
@@ -28,11 +29,7 @@ const (
 
 // ParseExitPolicy accepts first, lowest or max.
 func ParseExitPolicy(s string) (ExitPolicy, error) {
-	switch p := ExitPolicy(s); p {
-	case ExitFirst, ExitLowest, ExitMax:
-		return p, nil
-	}
-	return "", fmt.Errorf("launcher: exit policy %q: expected first, lowest or max", s)
+	return cliflag.OneOf("launcher: exit policy", s, ExitFirst, ExitLowest, ExitMax)
 }
 
 // Config is how Run executes a plan. Every field has a usable default in
@@ -119,7 +116,7 @@ type Config struct {
 	SSHMultiplex time.Duration
 	// SSHDefaultKex leaves ssh's key exchange preference alone; by default
 	// gorun puts curve25519-sha256 first for OpenSSH 9 clients, whose
-	// post-quantum default costs ~0.25 s of CPU per host (sshkex.go).
+	// post-quantum default costs ~0.25 s of CPU per host (launcher/sshkex).
 	SSHDefaultKex bool
 	// PreloadBinary sends the program to every host before the ranks
 	// start (launcher/preload); PreloadFiles sends these files to the ranks'

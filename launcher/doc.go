@@ -11,10 +11,9 @@
 //
 // One word per thing: the *supervisor* is the per-job process that is the
 // parent of a host's ranks (package launcher/supervisor); a *host agent*
-// (`gorun agent`,
-// hostagent.go) relays between gorun and the supervisor of another host; a
-// *starter* is the command that brings a host agent up (ssh, srun or a
-// plain exec; starter.go). A *job* is what the user asks for (Job); the
+// (`gorun agent`, package launcher/hostagent) relays between gorun and the
+// supervisor of another host; a *starter* is the command that brings a host
+// agent up (ssh, srun or a plain exec; starter.go). A *job* is what the user asks for (Job); the
 // *job loop* applies the failure rules to it (jobloop.go).
 //
 // # Pieces, from the top
@@ -77,9 +76,11 @@
 //     authenticate with the job secret (launcher/wire) and report its
 //     interface and ports, and sends the preloaded files (launcher/preload: zstd,
 //     SHA-256, skipped when present). A job stops at the first host that fails;
-//     doctor.go records every host and then probes all pairs.
-//   - Multi-host run (remote.go, hostagent.go): gorun plans and sends each
-//     host agent its ranks; the host agent runs them under a supervisor and
+//     doctor.go records every host and then has each probe all the others
+//     (the agent's side of it is launcher/hostagent's doctor.go).
+//   - Multi-host run (remote.go; the agent is launcher/hostagent): gorun
+//     plans and sends each host agent its ranks; the host agent runs them
+//     under a supervisor and
 //     relays output, events and commands over its one connection; a lease
 //     on both ends turns a dropped or silent connection into "ranks killed"
 //     on the host and "host lost" in gorun. Above Config.FanoutThreshold
@@ -152,21 +153,51 @@
 //     host's ranks), the faults it acts out (slow, frozen ranks) and a
 //     fault-tolerant rank's respawn. It knows one host and one spec; what
 //     a failure means stays here.
+//   - launcher/flight: one host's flight directory, where its ranks write
+//     their flight records: making it (and sweeping those of dead
+//     processes), asking the ranks to dump and counting who did
+//     (Dir.SignalReady, Dir.DumpedSince, Dir.DumpBeforeStop). gorun uses
+//     it for a local job and every host agent for its own ranks; merging
+//     the records into one table and gathering them from the hosts stay
+//     here (flight.go).
+//   - launcher/sshkex: the key exchange gorun's ssh connections prefer
+//     (Fast), added by the starters here and by a tree parent's host
+//     agent.
+//   - launcher/hostagent: the host agent, the process gorun starts on
+//     each host of a multi-host job (`gorun agent`; ParseArgs, Main, and
+//     SecretEnv, which an srun starter sets): what it checks before any
+//     rank starts and reports in its hello, the further agents a tree
+//     parent starts, the relay around its host's supervisor with its
+//     lease on gorun, its ranks' flight records, and doctor's probes. It
+//     imports no part of this package; this package imports it for
+//     SecretEnv only. gorun's side of the agent's connection stays here:
+//     starting agents (starter.go, hoststartup.go), accepting them
+//     (agentauth.go), and what the job loop does with what they send
+//     (remote.go).
 //   - launcher/launchertest: test support (helper rank modes, a scan for
 //     a test's surviving processes).
 //
-// Still in this package, in the order a later split would take them: the
-// host agent and host start-up, and elastic restarts. The edges the plan's
-// caller needs (local.go, gpus.go) stay with the launcher, which
-// owns I/O. The host agent (hostagent.go) is not a leaf yet: besides the
-// leaves it uses already (launcher/limits, launcher/ports,
-// launcher/program, launcher/preload, internal/tailbuf for a starter's
-// last words, rankenv.WithoutOtherLaunchers for its ranks' base
-// environment), it uses the flight recorder's agent side (flight.go) and
-// doctor's agent side (doctor.go), which would become leaves, or move
-// with it, first. agentauth.go (gorun's
-// accept of an agent) and sshkex.go (the ssh starter's options) are host
-// start-up's, not the agent's.
+// Still in this package: host start-up and the multi-host run (gorun's
+// side of the agents), the job loop, and elastic restarts. The edges the
+// plan's caller needs (local.go, gpus.go) stay with the launcher, which
+// owns I/O.
+//
+// The next cut is the job loop (jobloop.go), with elastic restarts
+// (elastic.go) left above it. The loop already sees the ranks only
+// through rankHome; a package launcher/jobloop would take jobLoop,
+// liveJob, failure and the verdict, and needs first: the typed errors it
+// returns (errors.go, cause.go: RankExitError, CollateralError,
+// SupervisorError, HostError) in a leaf of their own, since cmd/gorun and
+// the loop both name them; a jobloop.Config of the fields it reads
+// (Grace, Timeout, the exit policy, the logger) instead of Config; the
+// flight table's gorun side (flightRecords) moved with it or behind an
+// interface; and the per-world hooks it calls on worldRun (injections,
+// checkpoint cues, first steps, fault reports) as an interface that
+// elastic.go implements. localHome and hostsHome would stay here and
+// implement the loop's Home. Elastic restarts cannot be a leaf: they call
+// the launch paths (launchLocal, launchOnHosts) for every world, so
+// they are the top of the launcher, which is where LaunchReport already
+// is.
 //
 // # Walking `gorun -np 2 ./prog`
 //
@@ -174,14 +205,22 @@
 // which builds a Config and a Job and calls LaunchReport (launch.go). Its
 // launchWorlds (elastic.go) runs one world; every host is this machine, so
 // launchLocal (launch.go) resolves the program, reserves the ports, plans
-// (plan.New, launcher/plan) and calls RunLocal (runlocal.go), which
-// starts the supervisor (launcher/supervisor: Pipes, Start) and sends it
-// the spec. The supervisor, gorun's own executable re-run
+// (plan.New, launcher/plan) and calls RunLocal (runlocal.go), which makes
+// the job's flight directory (flight.go, launcher/flight), starts the
+// supervisor (launcher/supervisor: Pipes, Start) and sends it the spec.
+// The supervisor, gorun's own executable re-run
 // (supervisor.Is/supervisor.Main; supervisor.go: runSupervisor, startAll),
 // starts the two ranks, each in its own process group. RunLocal then runs
 // the job loop (jobloop.go: jobLoop.run) over a localHome until the
 // supervisor reports "done", and its verdict is the error main maps to an
 // exit code.
+//
+// With other hosts (-H a,b), launchWorlds calls launchOnHosts (remote.go)
+// instead: host start-up (hoststartup.go, starter.go) runs `gorun agent`
+// on each host, whose main hands it to launcher/hostagent (ParseArgs,
+// Main: connect, hello, relay); each agent starts the same supervisor
+// for its host's ranks, and gorun's job loop runs over a hostsHome that
+// reaches them through the agents' connections.
 //
 // # A multi-host launch's ordering obligations
 //

@@ -302,9 +302,16 @@ func (e *CollateralError) Error() string {
 		s = fmt.Sprintf("rank %d (host %s, pid %d) was lost to its peers: rank %d reported %q", e.Blame, e.BlameHost, e.BlamePID, e.ReportedBy, e.Why)
 	}
 	if e.Desync {
-		return s + fmt.Sprintf("; %d %s failed with it; stopped %d other %s", e.Failed, plural.Noun(e.Failed, "rank", "ranks"), e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
+		s += fmt.Sprintf("; %d %s failed with it", e.Failed, plural.Noun(e.Failed, "rank", "ranks"))
+	} else {
+		s += collateralText(e.Failed)
 	}
-	return s + collateralText(e.Failed) + fmt.Sprintf("; stopped %d other %s", e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
+	// As RankExitError: no "stopped 0 other ranks" when every other rank
+	// failed on its own, which the line has just said.
+	if e.Stopped > 0 || e.Failed == 0 {
+		s += fmt.Sprintf("; stopped %d other %s", e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
+	}
+	return s
 }
 
 // FrozenError reports a rank that its supervisor found stopped (process

@@ -373,6 +373,33 @@ func (f *ftRun) frozen(j *liveJob, ev wire.Event) bool {
 	return true
 }
 
+// quorumAfterLoss returns the index in quorums (times off seconds after
+// the job's start) of the first quorum formed after host loss h, or -1.
+// The survivors often form it before gorun counts the host lost: their
+// collective with the dead ranks fails at once, while the agent's
+// connection may close later. So it is the quorum after the last one
+// formed by h.At that held one of the lost ranks; without such a quorum
+// (the ranks had not joined yet), the first formed at or after h.At.
+func quorumAfterLoss(quorums []ft.QuorumRecord, off float64, h *FTHostLoss) int {
+	lost := append(slices.Clone(h.Ranks), h.Retired...)
+	last := -1
+	for i, q := range quorums {
+		if off+q.At > h.At {
+			break
+		}
+		if slices.ContainsFunc(q.Participants, func(p int) bool { return slices.Contains(lost, p) }) {
+			last = i
+		}
+	}
+	if last >= 0 {
+		if last+1 < len(quorums) {
+			return last + 1
+		}
+		return -1
+	}
+	return slices.IndexFunc(quorums, func(q ft.QuorumRecord) bool { return off+q.At >= h.At })
+}
+
 // finish stops the quorum service, fills rep's fault-tolerant section and
 // names a spent budget in err.
 func (f *ftRun) finish(rep *Report, err error) error {
@@ -399,7 +426,7 @@ func (f *ftRun) finish(rep *Report, err error) error {
 	}
 	for i := range f.hosts {
 		h := &f.hosts[i]
-		if k := slices.IndexFunc(rec.Quorums, func(q ft.QuorumRecord) bool { return off+q.At >= h.At }); k >= 0 && h.Action != "job ended" {
+		if k := quorumAfterLoss(rec.Quorums, off, h); k >= 0 && h.Action != "job ended" {
 			h.Participants = rec.Quorums[k].Participants
 			if k > 0 {
 				for _, u := range rec.Uncommitted {

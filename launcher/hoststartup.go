@@ -42,6 +42,14 @@ import (
 // has not answered after a minute is not coming.
 const DefaultLaunchTimeout = 60 * time.Second
 
+// DefaultLease is how long gorun and a host agent tolerate silence from
+// each other before the agent kills its ranks and gorun counts them as
+// failed (wire.Job.Lease carries it to the agent); pings go every quarter
+// of it. gorun holds a local job's supervisor to it too. Long enough for a
+// loaded machine's scheduling hiccups, short enough that a cut link ends
+// the job within seconds.
+const DefaultLease = 4 * time.Second
+
 // hostConn is an authenticated agent connection.
 type hostConn struct {
 	node  int
@@ -111,7 +119,7 @@ type hostAgents struct {
 // round trip of connecting, so what gives way is what the outsider holds
 // open, and the agent is evicted only if over a thousand connections
 // arrive during its own handshake, in which case it reconnects
-// (connectAuth). No per-source bound: the job's hosts may share one
+// (launcher/hostagent's connectAuth). No per-source bound: the job's hosts may share one
 // address (NAT, namespaces on one machine), and the bound in all keeps
 // gorun's descriptors and memory bounded (about 12 MiB at 1024).
 var agentPortBounds = connlimit.Config{Max: 1024, PerSource: 1024, Evict: true}
@@ -537,7 +545,8 @@ func (m *hostAgents) jobVerdict(node int, c *hostConn, err error) error {
 // hostsUse says what a hostAgents starts the host agents for. It decides
 // two things that go together: what the agent does once connected
 // (wire.Job.Doctor on the wire), and whether agents may be started as a
-// tree (starter.go). Doctor never fans out: its agent (doctorAgent) has no
+// tree (starter.go). Doctor never fans out: its agent (launcher/hostagent's
+// doctor.go) has no
 // child-launch path, and doctor's point is to check each host as reached
 // from this machine, which a parent's ssh would hide.
 type hostsUse uint8

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher/fault"
+	"github.com/gorun-hpc/gorun/launcher/flight"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
@@ -197,7 +198,7 @@ type liveJob struct {
 	ctxDone      <-chan struct{}
 
 	// A failed local job first has its ranks dump their flight records
-	// (flightBeforeStop): dumpC ticks until dumpWant ranks wrote one since
+	// (flight.BeforeStop): dumpC ticks until dumpWant ranks wrote one since
 	// dumpAsked, or until dumpUntil, then the signal goes out. A failed
 	// multi-host job leaves that wait to each host's agent (DumpFirst).
 	dumpTick             *time.Ticker
@@ -367,8 +368,8 @@ func (j *liveJob) stop(why stopReason, sig syscall.Signal) {
 	if why == stopFailure && j.flight.active() {
 		// Taken before the signals, as at --timeout.
 		asked := time.Now()
-		if n := j.flight.signalReady(); n > 0 {
-			j.dumpAsked, j.dumpUntil, j.dumpWant = asked, asked.Add(flightBeforeStop), n
+		if n := j.flight.flightDir().SignalReady(); n > 0 {
+			j.dumpAsked, j.dumpUntil, j.dumpWant = asked, asked.Add(flight.BeforeStop), n
 			j.dumpTick = time.NewTicker(5 * time.Millisecond)
 			j.dumpC = j.dumpTick.C
 			return
@@ -389,7 +390,7 @@ func (j *liveJob) signalStop(sig syscall.Signal, dumpFirst bool) {
 // dumpWait sends the teardown signal once the ranks asked to dump their
 // flight records before it did, or were given long enough.
 func (j *liveJob) dumpWait(now time.Time) {
-	if j.flight.dumpedSince(j.dumpAsked) >= j.dumpWant || now.After(j.dumpUntil) {
+	if j.flight.flightDir().DumpedSince(j.dumpAsked) >= j.dumpWant || now.After(j.dumpUntil) {
 		j.dumpTick.Stop()
 		j.dumpC = nil
 		if !j.killed {
@@ -463,7 +464,7 @@ func (j *liveJob) onTimeout() {
 		j.home.command(wire.Cmd{Op: "flight-signal"})
 		j.flightAsked = asked
 		j.timeoutFlight = time.After(flightWait)
-	case j.flight.signalReady() > 0:
+	case j.flight.flightDir().SignalReady() > 0:
 		j.flightAsked = asked
 		j.timeoutFlight = time.After(flightWait)
 	default:

@@ -332,12 +332,12 @@ func TestLoopCulprit(t *testing.T) {
 		{"culprit first", []wire.Event{kill3, coll(2, 3), coll(4, 3), coll(0, 2), coll(1, 0), coll(5, 4)},
 			"rank 3 (host localhost, pid 1003) killed by signal 9 (killed); 5 ranks failed as a consequence (peer lost)", 137},
 		{"all collateral (frozen rank 3)", []wire.Event{coll(2, 4), coll(4, 2), coll(0, 3), coll(1, 0), coll(5, 4), term(3)},
-			`rank 3 (host localhost, pid 1003) was lost to its peers: rank 0 reported "comm: peer lost"; 5 ranks failed as a consequence (peer lost); stopped 0 other ranks`, 6},
+			`rank 3 (host localhost, pid 1003) was lost to its peers: rank 0 reported "comm: peer lost"; 5 ranks failed as a consequence (peer lost)`, 6},
 		// An abort relayed around the ring: every rank reported, the
 		// relays blame each other in a cycle; rank 1 saw rank 0 go
 		// first-hand (a partition: rank 0 ran on and relayed too).
 		{"relayed cycle", []wire.Event{relay(3, 2), relay(4, 3), coll(1, 0), relay(2, 1), relay(0, 5), relay(5, 4)},
-			`rank 0 (host localhost, pid 1000) was lost to its peers: rank 1 reported "comm: peer lost"; 6 ranks failed as a consequence (peer lost); stopped 0 other ranks`, 6},
+			`rank 0 (host localhost, pid 1000) was lost to its peers: rank 1 reported "comm: peer lost"; 6 ranks failed as a consequence (peer lost)`, 6},
 		{"blame unknown", []wire.Event{coll(2, -1), term(0), term(1), term(3), term(4), term(5)},
 			"rank 2 reported a lost peer (comm: peer lost); 1 rank failed as a consequence (peer lost); stopped 5 other ranks", 6},
 	} {

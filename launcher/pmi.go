@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/gorun-hpc/gorun/internal/cliflag"
 	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/pmi"
@@ -69,11 +70,7 @@ const (
 
 // ParsePMIMode accepts fd, port or none.
 func ParsePMIMode(s string) (PMIMode, error) {
-	switch m := PMIMode(s); m {
-	case PMIFD, PMIPort, PMINone:
-		return m, nil
-	}
-	return "", fmt.Errorf("launcher: --pmi %q: expected fd, port or none", s)
+	return cliflag.OneOf("launcher: --pmi", s, PMIFD, PMIPort, PMINone)
 }
 
 // pmiJobFor returns the PMI description of plan, or nil when the plan's

@@ -26,7 +26,7 @@ import (
 )
 
 // Multi-host jobs: host start-up (hoststartup.go) brings up one host agent
-// per host (hostagent.go); each agent connects, authenticates and says
+// per host (package launcher/hostagent); each agent connects, authenticates and says
 // hello. Placement is fixed before any host is reached (the host list
 // decides it), so a host's ranks can start as soon as its own hello and
 // rank 0's host's hello arrived — rank 0's host supplies MASTER_ADDR and
@@ -315,7 +315,7 @@ func (r *hostsRun) launch(c *hostConn) {
 	r.home.conns = append(r.home.conns, c)
 	m.markRunning(c.w.NetConn())
 	c.w.SetWriteTimeout(r.lease)
-	r.connWG.Go(func() { pinger(c.w, r.lease/4, r.quit) })
+	r.connWG.Go(func() { c.w.PingEvery(r.lease/4, r.quit) })
 	r.connWG.Go(func() {
 		err := m.readHost(c, n, r.lease, r.home.ch, r.quit, func(rank int, stream byte, data []byte) {
 			s := r.sinks[rank].out
@@ -445,7 +445,7 @@ func (r *hostsRun) teardown(reap bool) error {
 // withoutSecret drops the job secret from a rank's environment before it
 // crosses the agent connection, which is authenticated but not encrypted:
 // the agent holds the secret already (it proved so) and puts it back
-// (specWithSecret), so a reader of the network never sees it.
+// (launcher/hostagent's specWithSecret), so a reader of the network never sees it.
 func withoutSecret(env []string) []string {
 	out := make([]string, 0, len(env))
 	for _, kv := range env {

@@ -50,12 +50,12 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, reserve
 	defer out.Close()
 
 	flight := prepareFlight(cfg, out.Stderr())
-	defer flight.remove()
+	defer flight.flightDir().Remove()
 	pj, err := pmiJobFor(plan, cfg.PMI)
 	if err != nil {
 		return err
 	}
-	p := &supervisor.Pipes{Spec: wire.SupervisorSpec{Grace: cfg.Grace, LogLevel: cfg.Logger.GetLevel(), PMI: pj, RemoveDir: flight.temp, Respawn: cfg.ft != nil}}
+	p := &supervisor.Pipes{Spec: wire.SupervisorSpec{Grace: cfg.Grace, LogLevel: cfg.Logger.GetLevel(), PMI: pj, RemoveDir: flight.flightDir().Temp(), Respawn: cfg.ft != nil}}
 	defer p.CloseChildEnds()
 	in := localStdin{src: cfg.Stdin}
 	defer in.close()
@@ -102,7 +102,7 @@ func localBaseEnv(cfg Config, flight *flightRecords) []string {
 		base = os.Environ()
 	}
 	base = rankenv.WithoutOtherLaunchers(base)
-	if v := flight.env(); v != "" {
+	if v := flight.flightDir().Env(); v != "" {
 		base = mergeEnv(base, []string{v})
 	}
 	return base

@@ -13,14 +13,17 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/internal/tailbuf"
+	"github.com/gorun-hpc/gorun/launcher/hostagent"
 	"github.com/gorun-hpc/gorun/launcher/privdir"
+	"github.com/gorun-hpc/gorun/launcher/sshkex"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // Starters: the processes that start host agents. One word for one thing:
 // the per-job *supervisor* (package launcher/supervisor) is the parent of a
-// host's ranks; the *host agent* (hostagent.go, `gorun agent`) relays between
-// gorun and its host's supervisor; a *starter* is the command that brings a
+// host's ranks; the *host agent* (package launcher/hostagent, `gorun
+// agent`) relays between gorun and its host's supervisor; a *starter* is
+// the command that brings a
 // host agent up — ssh to one host (Config.StarterCommand, ssh by default), a
 // plain exec for this machine, or one srun for every host of a SLURM
 // allocation. Above Config.FanoutThreshold hosts, host agents run further
@@ -71,7 +74,7 @@ func (m *hostAgents) startStarters(id LocalIdentity) error {
 		argv := append([]string{"srun", "--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1",
 			"--kill-on-bad-exit=1", "--cpu-bind=none", "--mpi=none", "--whole", "--input=none",
 			"--nodelist=" + strings.Join(names, ",")}, m.agentArgs("")...)
-		return m.startStarter("srun", nodes, argv, []string{hostAgentSecretEnv + "=" + m.secret}, false)
+		return m.startStarter("srun", nodes, argv, []string{hostagent.SecretEnv + "=" + m.secret}, false)
 	}
 	var remote []int
 	for i, n := range m.nodes {
@@ -122,7 +125,7 @@ func (m *hostAgents) startStarters(id LocalIdentity) error {
 		n := m.nodes[i]
 		argv := sshCommand(template, n.Name, m.agentArgs(n.Name))
 		if !m.cfg.SSHDefaultKex {
-			argv = withFastKex(argv)
+			argv = sshkex.Fast(argv)
 		}
 		if err := m.startStarter("ssh", []int{i}, argv, nil, true); err != nil {
 			return err

@@ -503,7 +503,7 @@ func (l *link) waitWritten(seq uint64, expire <-chan time.Time) {
 
 // writer sends queued frames until the link is shut, then flushes what was
 // queued and shuts the connection's write side. Between frames it beats
-// every l.beat, so that the other end's lease (readLeased) holds as long as
+// every l.beat, so that the other end's lease (leasedReader) holds as long as
 // this process runs: the beat comes from this goroutine, which a stopped
 // or wedged process cannot schedule, not from the kernel, which keeps a
 // stopped process's socket open and would say nothing.

@@ -106,6 +106,35 @@ func quietPush(l *pushLog) func(*Config) {
 	}
 }
 
+// seedFormed is when the seed formed (its first push); zero before.
+func (p *pushLog) seedFormed() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.first
+}
+
+// quietFlat is the configs of a flat world of n ranks on one in-memory
+// network, each forming by push-pulls recorded in l (quietPush).
+func quietFlat(t *testing.T, l *pushLog, n int) []Config {
+	nw := &rendezvoustest.Network{}
+	cfgs := make([]Config, n)
+	for r := range cfgs {
+		cfgs[r] = memConfig(t, nw, "job1", r, n)
+		quietPush(l)(&cfgs[r])
+	}
+	return cfgs
+}
+
+// allButSeed is ranks 1..n-1, the gossip members besides the seed of a
+// flat world of n.
+func allButSeed(n int) []int {
+	others := make([]int, 0, n-1)
+	for r := 1; r < n; r++ {
+		others = append(others, r)
+	}
+	return others
+}
+
 // joinTimed joins every config concurrently and returns the worlds, the
 // errors and when each Join returned.
 func joinTimed(cfgs []Config) ([]*World, []error, []time.Time) {
@@ -165,20 +194,11 @@ func TestRelayedPushFlat(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		const n = 40
 		l := newPushLog()
-		nw := &rendezvoustest.Network{}
-		cfgs := make([]Config, n)
-		others := make([]int, 0, n-1)
-		for r := range cfgs {
-			cfgs[r] = memConfig(t, nw, "job1", r, n)
-			quietPush(l)(&cfgs[r])
-			if r > 0 {
-				others = append(others, r)
-			}
-		}
+		cfgs := quietFlat(t, l, n)
 		ws, at := formTimed(t, cfgs)
 		defer closeAll(ws)
 		time.Sleep(100 * time.Millisecond) // the relays' pushes done
-		checkRelayed(t, l, others, at, cfgs[0].RejoinInterval)
+		checkRelayed(t, l, allButSeed(n), at, cfgs[0].RejoinInterval)
 	})
 }
 
@@ -217,27 +237,17 @@ func TestRelayThatNeverPushes(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		const n = 40
 		l := newPushLog()
-		others := make([]int, 0, n-1)
-		for r := 1; r < n; r++ {
-			others = append(others, r)
-		}
+		others := allButSeed(n)
 		l.skip = pushPlan(0, others, 2)[2]
 		block := pushPlan(l.skip, others, 2)
 		if len(block) == 0 {
 			t.Fatalf("relay %d has no block", l.skip)
 		}
-		nw := &rendezvoustest.Network{}
-		cfgs := make([]Config, n)
-		for r := range cfgs {
-			cfgs[r] = memConfig(t, nw, "job1", r, n)
-			quietPush(l)(&cfgs[r])
-		}
+		cfgs := quietFlat(t, l, n)
 		ws, at := formTimed(t, cfgs)
 		defer closeAll(ws)
 		rejoin := cfgs[0].RejoinInterval
-		l.mu.Lock()
-		seed := l.first
-		l.mu.Unlock()
+		seed := l.seedFormed()
 		latest := time.Duration(0)
 		for _, r := range block {
 			d := at[r].Sub(seed)
@@ -264,16 +274,11 @@ func TestDirectPushSmallWorld(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		const n = 5 // 4 others = 2·PushConcurrency
 		l := newPushLog()
-		nw := &rendezvoustest.Network{}
-		cfgs := make([]Config, n)
-		for r := range cfgs {
-			cfgs[r] = memConfig(t, nw, "job1", r, n)
-			quietPush(l)(&cfgs[r])
-		}
+		cfgs := quietFlat(t, l, n)
 		ws, at := formTimed(t, cfgs)
 		defer closeAll(ws)
 		time.Sleep(100 * time.Millisecond)
-		checkRelayed(t, l, []int{1, 2, 3, 4}, at, cfgs[0].RejoinInterval)
+		checkRelayed(t, l, allButSeed(n), at, cfgs[0].RejoinInterval)
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if len(l.pushes) != 1 || len(l.pushes[0]) != n-1 {
@@ -289,19 +294,10 @@ func TestDirectPushSmallWorld(t *testing.T) {
 func TestRelayCrashedBeforeRelaying(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		const n = 40
-		others := make([]int, 0, n-1)
-		for r := 1; r < n; r++ {
-			others = append(others, r)
-		}
-		victim := pushPlan(0, others, 2)[4]
+		victim := pushPlan(0, allButSeed(n), 2)[4]
 		l := newPushLog()
 		l.skip = victim
-		nw := &rendezvoustest.Network{}
-		cfgs := make([]Config, n)
-		for r := range cfgs {
-			cfgs[r] = memConfig(t, nw, "job1", r, n)
-			quietPush(l)(&cfgs[r])
-		}
+		cfgs := quietFlat(t, l, n)
 		tr := cfgs[victim].Transport.(*rendezvoustest.Transport)
 		var once sync.Once
 		cfgs[victim].pushHook = func(from, to int) bool {
@@ -313,9 +309,7 @@ func TestRelayCrashedBeforeRelaying(t *testing.T) {
 		if errs[victim] != nil {
 			t.Fatalf("the relay did not form before it died: %v", errs[victim])
 		}
-		l.mu.Lock()
-		seed := l.first
-		l.mu.Unlock()
+		seed := l.seedFormed()
 		rejoin := cfgs[0].RejoinInterval
 		formed, failed := 0, 0
 		for r, err := range errs {

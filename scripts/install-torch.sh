@@ -29,7 +29,7 @@ py=$venv/bin/python
 
 # The default venv sits in gorun's per-user cache directory, which the
 # launcher also keeps its private state in (the preload cache) and so wants
-# owned by this user with mode 0700 (launcher/private.go); a directory that
+# owned by this user with mode 0700 (launcher/privdir); a directory that
 # is group- or world-accessible makes it fall back to $TMPDIR. Make it (or
 # keep it) private before anything else.
 private_cache() {

@@ -8,12 +8,13 @@ import (
 	"os"
 
 	"github.com/gorun-hpc/gorun/launcher"
+	"github.com/gorun-hpc/gorun/launcher/hostagent"
 )
 
 // hostAgentMain is `gorun agent ...`: the per-host agent of a multi-host job,
 // started by gorun itself over ssh or srun; not meant for users.
 func hostAgentMain(args []string, stdout, stderr io.Writer) int {
-	o, err := launcher.ParseHostAgentArgs(args, stderr)
+	o, err := hostagent.ParseArgs(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -22,5 +23,8 @@ func hostAgentMain(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	o.Version = version
-	return launcher.HostAgentMain(o, os.Stdin, stderr)
+	// Doctor's GPUS column counts as the launcher does (launcher.GPUProbe,
+	// the CUDA driver in a gorun with the GPU side).
+	o.CountGPUs = launcher.DetectGPUs
+	return hostagent.Main(o, os.Stdin, stderr)
 }

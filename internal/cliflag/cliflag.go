@@ -7,6 +7,7 @@ package cliflag
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"strings"
 )
@@ -82,4 +83,25 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// OneOf returns s as a T when it is one of allowed, and otherwise an error
+// that quotes it after what (a flag or setting, with its package's prefix)
+// and lists every allowed word: `what "s": expected a, b or c`. The list
+// in the message is the list it accepts, so the two cannot drift apart.
+func OneOf[T ~string](what, s string, allowed ...T) (T, error) {
+	for _, a := range allowed {
+		if string(a) == s {
+			return a, nil
+		}
+	}
+	words := make([]string, len(allowed))
+	for i, a := range allowed {
+		words[i] = string(a)
+	}
+	list := strings.Join(words, ", ")
+	if n := len(words); n > 1 {
+		list = strings.Join(words[:n-1], ", ") + " or " + words[n-1]
+	}
+	return "", fmt.Errorf("%s %q: expected %s", what, s, list)
 }

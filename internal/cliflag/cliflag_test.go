@@ -43,3 +43,32 @@ func TestParse(t *testing.T) {
 		t.Errorf("-h: %v, printed %q", err, out.String())
 	}
 }
+
+// OneOf accepts exactly the allowed words, as the caller's type, and
+// refuses anything else listing them all; the empty string and a word of
+// another case are refused too.
+func TestOneOf(t *testing.T) {
+	type mode string
+	for _, c := range []struct {
+		in      string
+		allowed []mode
+		want    mode
+		err     string
+	}{
+		{"port", []mode{"fd", "port", "none"}, "port", ""},
+		{"fd", []mode{"fd", "port", "none"}, "fd", ""},
+		{"pmix", []mode{"fd", "port", "none"}, "", `t: --pmi "pmix": expected fd, port or none`},
+		{"", []mode{"fd", "port", "none"}, "", `t: --pmi "": expected fd, port or none`},
+		{"FD", []mode{"fd", "port"}, "", `t: --pmi "FD": expected fd or port`},
+		{"x", []mode{"on"}, "", `t: --pmi "x": expected on`},
+	} {
+		got, err := OneOf("t: --pmi", c.in, c.allowed...)
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		if got != c.want || msg != c.err {
+			t.Errorf("OneOf(%q, %q) = %q, %q; want %q, %q", c.in, c.allowed, got, msg, c.want, c.err)
+		}
+	}
+}

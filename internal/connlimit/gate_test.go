@@ -105,30 +105,11 @@ func TestGateBounds(t *testing.T) {
 // The global bound leaves connections in the backlog: with Max 1, a second
 // connection is not accepted until the first is released.
 func TestGateBackpressure(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	g, err := New(Config{Max: 1, PerSource: 1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	type acc struct {
-		c   net.Conn
-		rel func()
-	}
-	got := make(chan acc, 2)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, rel, err := g.Accept(ln)
-			if err != nil {
-				return
-			}
-			got <- acc{c, rel}
-		}
-	})
+	ln, got, stop := listenGate(t, g, 2)
 	c1, _ := net.Dial("tcp", ln.Addr().String())
 	defer c1.Close()
 	a1 := <-got
@@ -145,12 +126,54 @@ func TestGateBackpressure(t *testing.T) {
 	a1.c.Close()
 	a2.c.Close()
 	a2.rel()
-	g.Close()
-	ln.Close()
-	wg.Wait()
+	stop()
 	if s := g.Stats(); s.Pending != 0 {
 		t.Errorf("pending %d after release", s.Pending)
 	}
+}
+
+// accepted is a connection the gate admitted, with its release.
+type accepted struct {
+	c   net.Conn
+	rel func()
+}
+
+// listenGate listens on loopback and accepts through g until g or the
+// listener is closed, sending each admitted connection on got (buffered:
+// buf, which must hold every one the test leaves there). stop, also run at
+// the test's end, closes g and the listener, waits for the accept loop and
+// closes the admitted connections left in got.
+func listenGate(t *testing.T, g *Gate, buf int) (ln net.Listener, got chan accepted, stop func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = make(chan accepted, buf)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, rel, err := g.Accept(ln)
+			if err != nil {
+				return
+			}
+			got <- accepted{c, rel}
+		}
+	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			g.Close()
+			ln.Close()
+			wg.Wait()
+			close(got)
+			for a := range got {
+				a.c.Close()
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return ln, got, stop
 }
 
 func mustDialAs(t *testing.T, ln net.Listener, mu *sync.Mutex, srcOf map[string]string, src string) net.Conn {
@@ -228,11 +251,6 @@ func (*namedConn) Close() error { return nil }
 // a newcomer over Max the oldest of all, and the newcomer is admitted at
 // once in both cases, never refused or left in the backlog.
 func TestGateEvict(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	var mu sync.Mutex
 	srcOf := map[string]string{}
 	g, err := New(Config{Max: 4, PerSource: 3, Evict: true}, func(c net.Conn) string {
@@ -243,29 +261,15 @@ func TestGateEvict(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type acc struct {
-		c   net.Conn
-		rel func()
-	}
-	got := make(chan acc, 16)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, rel, err := g.Accept(ln)
-			if err != nil {
-				return
-			}
-			got <- acc{c, rel}
-		}
-	})
-	next := func() acc {
+	ln, got, stop := listenGate(t, g, 16)
+	next := func() accepted {
 		t.Helper()
 		select {
 		case a := <-got:
 			return a
 		case <-time.After(5 * time.Second):
 			t.Fatal("a newcomer was not admitted within 5 s")
-			return acc{}
+			return accepted{}
 		}
 	}
 	// closedByGate reports whether the client's end sees EOF.
@@ -315,13 +319,7 @@ func TestGateEvict(t *testing.T) {
 		t.Errorf("stats %+v, want 4 pending, 2 evicted, none refused", s)
 	}
 	_, _ = a3, a4
-	g.Close()
-	ln.Close()
-	wg.Wait()
-	close(got)
-	for a := range got {
-		a.c.Close()
-	}
+	stop()
 }
 
 // Claim ends a handshake for good: a claimed connection is never evicted

@@ -11,11 +11,12 @@ import (
 	"github.com/gorun-hpc/gorun/launcher/plan"
 )
 
-// Per-rank costs on the machine that runs the ranks. gorun reads two
-// pipes per rank (stdout, stderr); its supervisor holds their write ends
-// and, with PMI, one socketpair per rank until the ranks started.
+// Per-rank costs on the machine that runs the ranks. The supervisor holds
+// the write ends of each rank's two output pipes (stdout, stderr) and, with
+// PMI, one socketpair per rank until the ranks started. gorun (or the host
+// agent) holds only the read ends, two per rank: it is a process of its own
+// with the same hard limit, so the supervisor's count is the one that binds.
 const (
-	fdsPerRankGorun      = 2
 	fdsPerRankSupervisor = 4
 	// fdsBase covers everything else a job holds open (logs, listeners,
 	// the supervisor's pipes, the runtime's own descriptors).

@@ -158,7 +158,7 @@ func (e *LostError) ExitCode() int { return 74 }
 
 // streamer copies one stream (stdout or stderr) of one rank to its sinks.
 // Its bytes come either from its own goroutine reading r (run) or from the
-// Job's poller reading file (poller_linux.go); both hand them to feed, and
+// Job's poller reading file (poller.go); both hand them to feed, and
 // end the stream with end.
 type streamer struct {
 	rank int

@@ -56,7 +56,7 @@ import (
 // allows it (cgroup_linux.go): it covers the supervisor's own SIGKILL, with
 // the supervisor's client as the survivor that triggers the kill, and
 // the cgroup's reaper (reaper_linux.go) when both are killed at once. A host
-// agent (package launcher's hostagent.go) runs the same supervisor on every
+// agent (package launcher/hostagent) runs the same supervisor on every
 // other host of a multi-host job.
 //
 // The protocol is newline-delimited JSON: the client writes one

@@ -52,13 +52,17 @@ type Job struct {
 	Argv    []string `json:"argv"`
 	// Dir is the ranks' working directory; a host where it does not exist
 	// uses the home directory, as mpirun does.
-	Dir      string        `json:"dir"`
-	Grace    time.Duration `json:"grace"`
+	Dir   string        `json:"dir"`
+	Grace time.Duration `json:"grace"`
+	// Lease is how long each end of the connection tolerates silence
+	// from the other (launcher's Config.Lease); gorun always sets it, and
+	// an agent refuses a job without one.
 	Lease    time.Duration `json:"lease"`
 	LogLevel int8          `json:"log_level"`
 	// Iface is the user's --iface, "" for the route-based choice.
 	Iface string `json:"iface,omitempty"`
-	// Doctor asks for pre-flight checks instead of a job (launcher/doctor.go).
+	// Doctor asks for pre-flight checks instead of a job (launcher's
+	// doctor.go; the agent's side is launcher/hostagent's doctor.go).
 	Doctor bool `json:"doctor,omitempty"`
 	// Launch lists the agents this agent starts in turn (tree fan-out):
 	// each child's host and full command. The agent reports a child whose
@@ -74,7 +78,8 @@ type Job struct {
 	// MPI program is not refused (launcher/program).
 	NoPMI bool `json:"no_pmi,omitempty"`
 	// Flight asks the agent to give its ranks a flight-record directory
-	// and send gorun what they write there (launcher/flight.go).
+	// and send gorun what they write there (launcher/flight,
+	// launcher/hostagent).
 	Flight bool `json:"flight,omitempty"`
 	// Ranks is how many ranks the plan puts on this host (placement is
 	// known before any hello), so the host refuses a count it cannot
@@ -91,7 +96,7 @@ type ChildLaunch struct {
 	Argv []string `json:"argv"`
 	// FastKex asks the parent agent to put curve25519 first in its ssh
 	// client's key exchange list when that client defaults to the slower
-	// hybrid (launcher/sshkex.go); the parent's ssh, not gorun's, decides.
+	// hybrid (launcher/sshkex); the parent's ssh, not gorun's, decides.
 	FastKex bool `json:"fast_kex,omitempty"`
 }
 

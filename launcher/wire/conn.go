@@ -30,7 +30,7 @@ const (
 )
 
 // MaxFrame bounds a frame a peer may announce; output is sent in pieces of
-// at most 64 KiB (launcher/hostagent.go: pumpOutput).
+// at most 64 KiB (launcher/hostagent: pumpOutput).
 const MaxFrame = 8 << 20
 
 // Conn frames messages over one connection. Writes are safe for
@@ -54,6 +54,25 @@ func NewConn(c net.Conn, br *bufio.Reader) *Conn {
 		br = bufio.NewReaderSize(c, 64<<10)
 	}
 	return &Conn{c: c, br: br, bw: bufio.NewWriterSize(c, 64<<10)}
+}
+
+// PingEvery sends a ping frame every interval until stop closes or a write
+// fails, so the other end's lease stays alive while nothing else flows.
+// It blocks; run it apart from the loop that checks the lease, since a
+// write stuck on a dead link must not keep that check from happening.
+func (c *Conn) PingEvery(interval time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			if c.WriteFrame(FramePing) != nil {
+				return
+			}
+		}
+	}
 }
 
 // WriteFrame sends one frame made of parts; it blocks until the kernel

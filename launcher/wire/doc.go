@@ -1,8 +1,9 @@
 // Package wire owns the messages between gorun, its host agents and the
 // per-job supervisors, and the framing of the connection that carries
 // them to another host. Who sends which message when, and what a side does
-// with one, is package launcher's (launcher/hoststartup.go, launcher/remote.go,
-// launcher/hostagent.go, launcher/supervisor/supervisor.go): wire holds what
+// with one, is package launcher's (launcher/hoststartup.go, launcher/remote.go),
+// the host agent's (launcher/hostagent) and the supervisor's
+// (launcher/supervisor/supervisor.go): wire holds what
 // crosses a process boundary, so that both ends of each link read one
 // definition.
 //

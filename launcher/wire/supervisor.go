@@ -71,7 +71,7 @@ type Cmd struct {
 	// the job itself; see SupervisorSpec.RemoveDir). A host agent answers
 	// "flight" (send the flight records written since the last SIGUSR2 or
 	// "flight-signal") and "flight-signal" (SIGUSR2 to the ranks that dump
-	// on it) itself; its supervisor never sees them (launcher/flight.go).
+	// on it) itself; its supervisor never sees them (launcher/hostagent).
 	Op     string `json:"op"`
 	Signal int    `json:"signal,omitempty"`
 	Ranks  []int  `json:"ranks,omitempty"`
@@ -107,7 +107,7 @@ type Cmd struct {
 	AfterSteps int64 `json:"after_steps,omitempty"`
 	// DumpFirst on a "signal" is for a host agent: it first has its
 	// ranks write their flight records (SIGUSR2 to those that dump on
-	// it, then up to flightBeforeStop for them to finish), and only then
+	// it, then up to flight.BeforeStop for them to finish), and only then
 	// relays the signal. gorun sets it on the teardown of a failed
 	// multi-host job, as it waits itself for a local job's ranks.
 	DumpFirst bool `json:"dump_first,omitempty"`
@@ -174,7 +174,7 @@ type Event struct {
 	Step int64 `json:"step,omitempty"`
 	// Flight, on a host agent's "flight" event, is a flight record dump
 	// one of its ranks wrote; FlightEnd marks the agent's last "flight"
-	// event answering a "flight" command (launcher/flight.go).
+	// event answering a "flight" command (launcher/hostagent).
 	Flight    *comm.FlightDump `json:"flight,omitempty"`
 	FlightEnd bool             `json:"flight_end,omitempty"`
 	// Node is the plan node whose host agent relayed the event (multi-host

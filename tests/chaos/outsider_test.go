@@ -3,6 +3,7 @@ package chaos
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -13,9 +14,9 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/gorun-hpc/gorun/tests/outsider"
 	"github.com/gorun-hpc/gorun/tests/testhosts"
 )
 
@@ -31,57 +32,16 @@ func maybeFlooder() {
 	if err != nil {
 		return
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	dials := 0
-	stop := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	f := outsider.NewFlood(ctx)
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
-		addr := strings.TrimSpace(sc.Text())
-		for range n {
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					c, err := net.DialTimeout("tcp", addr, time.Second)
-					if err != nil {
-						time.Sleep(10 * time.Millisecond)
-						continue
-					}
-					mu.Lock()
-					dials++
-					mu.Unlock()
-					held(c, stop)
-				}
-			})
-		}
+		f.Hold(strings.TrimSpace(sc.Text()), n)
 	}
-	close(stop)
-	wg.Wait()
+	cancel()
+	dials, _ := f.Wait()
 	fmt.Printf("flood dials=%d\n", dials)
 	os.Exit(0)
-}
-
-// held keeps c open, silent, until the server closes it or stop.
-func held(c net.Conn, stop <-chan struct{}) {
-	defer c.Close()
-	b := make([]byte, 1)
-	for {
-		_ = c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-		_, err := c.Read(b)
-		var ne net.Error
-		if err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
-			return // closed by the server
-		}
-		select {
-		case <-stop:
-			return
-		default:
-		}
-	}
 }
 
 // outsiderFlood is the fault of the "outsider" rows: from the moment the

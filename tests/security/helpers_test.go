@@ -11,12 +11,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/rendezvous"
+	"github.com/gorun-hpc/gorun/tests/outsider"
 )
 
 // Environment of the helper processes.
@@ -300,59 +300,23 @@ func attackAgentFlood(prefix string, n int, d time.Duration) int {
 		fmt.Println("ATTACK agent-flood no agent seen")
 		return 1
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	dials, peak, open := 0, 0, 0
-	for range n {
-		wg.Go(func() {
-			for time.Now().Before(end) {
-				c, err := net.DialTimeout("tcp", addr, time.Second)
-				if err != nil {
-					time.Sleep(10 * time.Millisecond)
-					continue
-				}
-				mu.Lock()
-				dials++
-				open++
-				peak = max(peak, open)
-				mu.Unlock()
-				_ = c.SetReadDeadline(end)
-				_, _ = c.Read(make([]byte, 1))
-				c.Close()
-				mu.Lock()
-				open--
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
+	ctx, cancel := context.WithDeadline(context.Background(), end)
+	defer cancel()
+	f := outsider.NewFlood(ctx)
+	f.Hold(addr, n)
+	dials, peak := f.Wait()
 	fmt.Printf("ATTACK agent-flood %s dials=%d peak-open=%d\n", addr, dials, peak)
 	return 0
 }
 
+// attackChurn keeps n connections open to addr for d, dialing again each
+// one the other side closes.
 func attackChurn(addr string, n int, d time.Duration) int {
-	end := time.Now().Add(d)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	dials := 0
-	for range n {
-		wg.Go(func() {
-			for time.Now().Before(end) {
-				c, err := net.DialTimeout("tcp", addr, time.Second)
-				if err != nil {
-					time.Sleep(10 * time.Millisecond)
-					continue
-				}
-				mu.Lock()
-				dials++
-				mu.Unlock()
-				_ = c.SetReadDeadline(end)
-				_, _ = c.Read(make([]byte, 1))
-				c.Close()
-			}
-		})
-	}
-	wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	f := outsider.NewFlood(ctx)
+	f.Hold(addr, n)
+	dials, _ := f.Wait()
 	fmt.Printf("ATTACK churn %s dials=%d\n", addr, dials)
 	return 0
 }

@@ -1,4 +1,4 @@
-package launcher
+package hostagent
 
 import (
 	"net"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
 // An agent whose connection gorun closes before the handshake ends (as
@@ -34,7 +36,7 @@ func TestConnectAuthReconnectsWhenCut(t *testing.T) {
 				continue
 			}
 			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			if _, _, err := acceptAgent(c, secret, "job1", func(h string) bool { return h == "n1" }); err != nil {
+			if _, _, err := wire.AcceptAuth(c, secret, "job1", func(h string) bool { return h == "n1" }); err != nil {
 				t.Errorf("gorun side: %v", err)
 			}
 			c.Close()
@@ -71,7 +73,7 @@ func TestConnectAuthReconnectsWhenCut(t *testing.T) {
 			}
 			n++
 			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			_, _, _ = acceptAgent(c, []byte("another secret"), "job1", func(string) bool { return true })
+			_, _, _ = wire.AcceptAuth(c, []byte("another secret"), "job1", func(string) bool { return true })
 			c.Close()
 		}
 	})

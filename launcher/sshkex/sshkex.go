@@ -1,4 +1,4 @@
-package launcher
+package sshkex
 
 import (
 	"os/exec"
@@ -9,24 +9,9 @@ import (
 	"sync"
 )
 
-// The key exchange of gorun's ssh connections.
-//
-// OpenSSH 9.0 made the post-quantum hybrid sntrup761x25519-sha512 its
-// default key exchange. It costs the two ends about a quarter of a second
-// of CPU per connection (measured on the test hosts: `ssh host true` takes
-// 0.53 s with it and 0.29 s with curve25519-sha256), and a job launch opens
-// one connection per host, several at a time. The hybrid protects a
-// session's contents against a future quantum computer ("harvest now,
-// decrypt later"). gorun's connection carries the agent's command line and
-// the per-job secret on stdin, both worthless once the job has ended; the
-// job's own traffic never crosses it. So gorun puts curve25519-sha256 (the
-// default before 9.0) first in the list, keeping OpenSSH's own list behind
-// it for servers without it. `--ssh-kex default` (Config.SSHDefaultKex)
-// leaves ssh's configuration alone.
-
-// fastKexOption is the ssh option that prepends curve25519 to the default
+// Option is the ssh option that prepends curve25519 to the default
 // list; the '^' syntax exists since OpenSSH 8.7.
-const fastKexOption = "KexAlgorithms=^curve25519-sha256,curve25519-sha256@libssh.org"
+const Option = "KexAlgorithms=^curve25519-sha256,curve25519-sha256@libssh.org"
 
 var sshVersion struct {
 	once         sync.Once
@@ -64,11 +49,12 @@ func needsFastKex(major, minor int) bool {
 	return major >= 9
 }
 
-// withFastKex returns argv with fastKexOption added after the program when
-// argv runs an OpenSSH client (on this host) that defaults to the hybrid
-// exchange and does not choose a key exchange itself; any other argv is
-// returned as it is.
-func withFastKex(argv []string) []string {
+// Fast returns argv with Option added after the program when argv runs an
+// OpenSSH client (on this host) that defaults to the hybrid exchange and
+// does not choose a key exchange itself; any other argv is returned as it
+// is. The first call runs `ssh -V` once for the process; safe for
+// concurrent use.
+func Fast(argv []string) []string {
 	if len(argv) == 0 || filepath.Base(argv[0]) != "ssh" {
 		return argv
 	}
@@ -76,7 +62,7 @@ func withFastKex(argv []string) []string {
 	return fastKexFor(argv, major, minor)
 }
 
-// fastKexFor is withFastKex for an ssh client of the given version.
+// fastKexFor is Fast for an ssh client of the given version.
 func fastKexFor(argv []string, major, minor int) []string {
 	if len(argv) == 0 || filepath.Base(argv[0]) != "ssh" || !needsFastKex(major, minor) {
 		return argv
@@ -87,6 +73,6 @@ func fastKexFor(argv []string, major, minor int) []string {
 		}
 	}
 	out := make([]string, 0, len(argv)+2)
-	out = append(out, argv[0], "-o", fastKexOption)
+	out = append(out, argv[0], "-o", Option)
 	return append(out, argv[1:]...)
 }

@@ -1,4 +1,4 @@
-package launcher
+package flight
 
 import (
 	"fmt"
@@ -13,7 +13,7 @@ import (
 // A new flight directory removes those of processes that are gone in this
 // PID namespace, and leaves a live process's, another namespace's, and any
 // name it does not own or cannot parse.
-func TestSweepFlightTemps(t *testing.T) {
+func TestSweep(t *testing.T) {
 	dir := t.TempDir()
 	const ns = 4026531836
 	dead, alive := 1_000_001, 1_000_002
@@ -40,7 +40,7 @@ func TestSweepFlightTemps(t *testing.T) {
 		t.Fatal(err)
 	}
 	keep = append(keep, file)
-	sweepFlightTemps(dir, ns, func(pid int) bool { return pid == dead })
+	sweep(dir, ns, func(pid int) bool { return pid == dead })
 	if _, err := os.Lstat(gone); !os.IsNotExist(err) {
 		t.Errorf("%s of a gone process is still there (%v)", gone, err)
 	}
@@ -51,24 +51,34 @@ func TestSweepFlightTemps(t *testing.T) {
 	}
 	// Without a namespace to match, nothing goes.
 	again := mk(fmt.Sprintf("gorun-flight-%d-%d-321", ns, dead))
-	sweepFlightTemps(dir, 0, func(int) bool { return true })
+	sweep(dir, 0, func(int) bool { return true })
 	if _, err := os.Lstat(again); err != nil {
 		t.Errorf("swept with no namespace: %v", err)
 	}
 }
 
-// makeFlightTemp names its directory after this process, so that a later
+// MakeTemp names its directory after this process, so that a later
 // one can tell when it is stale, and owner.Gone tells a live pid from a
 // reaped one.
-func TestMakeFlightTemp(t *testing.T) {
+func TestMakeTemp(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir())
-	d, err := makeFlightTemp()
+	d, err := MakeTemp()
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := fmt.Sprintf("gorun-flight-%d-%d-", owner.PIDNamespace(), os.Getpid())
-	if owner.PIDNamespace() == 0 || !strings.HasPrefix(filepath.Base(d), want) {
-		t.Errorf("made %s, want a name starting %s", d, want)
+	if owner.PIDNamespace() == 0 || !strings.HasPrefix(filepath.Base(d.Path()), want) || d.Temp() != d.Path() {
+		t.Errorf("made %s (temp %q), want a name starting %s", d.Path(), d.Temp(), want)
+	}
+	// Its maker removes it; a directory the caller keeps stays.
+	kept := At(t.TempDir())
+	kept.Remove()
+	if _, err := os.Stat(kept.Path()); err != nil || kept.Temp() != "" {
+		t.Errorf("Remove of a kept directory: %v (temp %q)", err, kept.Temp())
+	}
+	d.Remove()
+	if _, err := os.Stat(d.Path()); !os.IsNotExist(err) {
+		t.Errorf("Remove left %s (%v)", d.Path(), err)
 	}
 	if owner.Gone(os.Getpid(), owner.PIDNamespace()) {
 		t.Error("this process counted as gone")
