@@ -8,8 +8,10 @@
 # names a revision, that revision's
 # rendezvous package built the same way and run interleaved with this tree,
 # with the ratio of the medians. The machine may be shared: the load column
-# says how much; a run that fails prints its error (at 4,096 ranks in one
-# process, a stream silent past its lease when the cores are starved).
+# says how much, and the lag column how late the process ran its
+# goroutines; a run that fails prints its error (at 4,096 ranks in one
+# process, the formation timeout with hosts whose leaders gossip declared
+# dead when the cores are starved).
 #
 #   SIZES=1024,4096 ROUNDS=3 PER=16 ANCHOR=main scripts/bench-rdzvscale.sh
 #
