@@ -363,7 +363,7 @@ func (m *Manager) use(ctx context.Context, msg message) (Quorum, error) {
 		q.Changed = true
 		m.dropComm()
 		g := m.track(&m.grp, newGroup(msg.ID, q.Rank, q.Participants))
-		c, err := m.connect(ctx, g, "ft/"+strconv.FormatInt(g.id, 10))
+		c, err := m.connect(ctx, g, quorumTag(g.id))
 		if err != nil {
 			return q, retry{err}
 		}
@@ -455,14 +455,8 @@ func (m *Manager) groupComm(ctx context.Context, qid int64, members []Participan
 	if m.gsize <= 1 {
 		return nil
 	}
-	key := ""
-	me := -1
-	for i, p := range members {
-		key += fmt.Sprintf("%d.%d@%s,", p.Replica, p.Incarnation, p.Addr)
-		if p.Replica == m.replica {
-			me = i
-		}
-	}
+	key := groupKey(members)
+	me := slices.IndexFunc(members, func(p Participant) bool { return p.Replica == m.replica })
 	if me < 0 || len(members) != m.gsize {
 		return fmt.Errorf("%w: replica group %v of quorum does not hold rank %d's %d ranks", ErrServiceLost, members, m.replica, m.gsize)
 	}
@@ -475,12 +469,35 @@ func (m *Manager) groupComm(ctx context.Context, qid int64, members []Participan
 		m.gc = nil
 	}
 	g := m.track(&m.ggrp, newGroup(qid, me, members))
-	c, err := m.connect(ctx, g, "ft-group/"+strconv.FormatInt(qid, 10)+"/"+key)
+	c, err := m.connect(ctx, g, groupTag(qid, key))
 	if err != nil {
 		return retry{fmt.Errorf("connecting the replica group: %w", err)}
 	}
 	m.gc, m.gkey, m.gqid = c, key, qid
 	return nil
+}
+
+// quorumTag and groupTag name quorum qid's communicators (the quorum's,
+// and a replica group's with key its members: groupKey). The tag is part
+// of the group id that keys every connection at a peer's endpoint
+// (comm.Config.Tag), and a connection of an attempt that failed may stay
+// parked there: the quorum id in both tags keeps it from ever being taken
+// for a later quorum's communicator over the same members, which would
+// run over a connection its dialer has closed.
+func quorumTag(qid int64) string { return "ft/" + strconv.FormatInt(qid, 10) }
+
+func groupTag(qid int64, key string) string {
+	return "ft-group/" + strconv.FormatInt(qid, 10) + "/" + key
+}
+
+// groupKey names a replica group's members: replica, incarnation and
+// data address of each.
+func groupKey(members []Participant) string {
+	key := ""
+	for _, p := range members {
+		key += fmt.Sprintf("%d.%d@%s,", p.Replica, p.Incarnation, p.Addr)
+	}
+	return key
 }
 
 // GroupComm returns the replica group's communicator (HSDP, gorun

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"slices"
 	"time"
+
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 )
 
 // CauseReport is the causal record of how one world ended, as `--report`
@@ -79,12 +81,12 @@ func (w *worldRun) cause(err error) *CauseReport {
 	}
 	c := &CauseReport{CollateralRanks: []int{}}
 	var (
-		re *RankExitError
-		ce *CollateralError
-		he *HostLostError
-		se *StartError
-		me *MPIError
-		fe *FrozenError
+		re *outcome.RankExitError
+		ce *outcome.CollateralError
+		he *outcome.HostLostError
+		se *outcome.StartError
+		me *outcome.MPIError
+		fe *outcome.FrozenError
 	)
 	switch {
 	case errors.As(err, &re):

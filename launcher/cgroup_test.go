@@ -14,6 +14,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/cgroupfs"
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
 )
 
@@ -77,9 +78,9 @@ func TestCgroupKillsEscapedDescendants(t *testing.T) {
 			case <-time.After(20 * time.Second):
 				t.Fatal("gorun still waiting 20s after its supervisor was SIGKILLed")
 			}
-			var se *SupervisorError
+			var se *outcome.SupervisorError
 			if !errors.As(err, &se) || se.Leftovers < 3 {
-				t.Errorf("got %T %v, want a SupervisorError counting at least the 3 escaped children", err, err)
+				t.Errorf("got %T %v, want a outcome.SupervisorError counting at least the 3 escaped children", err, err)
 			}
 			if alive := launchertest.Alive(children); len(alive) > 0 {
 				t.Errorf("%d of 3 children that left their session and cleared their environment survive: %v", len(alive), alive)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 )
 
 // culpritRunsEnv sets how many times TestCulpritNamedAfterSIGKILL repeats
@@ -48,7 +49,7 @@ func TestCulpritNamedAfterSIGKILL(t *testing.T) {
 			t.Fatal(err)
 		}
 		rep, err := <-repc, <-errc
-		var re *RankExitError
+		var re *outcome.RankExitError
 		if errors.As(err, &re) {
 			collateral += re.Collateral
 			// The report's causal record says the same as the line.
@@ -117,7 +118,7 @@ func TestCulpritFrozenRank(t *testing.T) {
 				t.Fatalf("job still running 60 s after rank %d froze\n%s", tc.victim, j.stderr)
 			}
 			took := time.Since(frozen)
-			var ce *CollateralError
+			var ce *outcome.CollateralError
 			if !errors.As(err, &ce) || ce.Blame != tc.victim || ce.BlamePID != pid || ce.Frozen != "T" || ce.Failed+ce.Stopped != 3 {
 				t.Fatalf("want rank %d (pid %d) blamed as frozen, 3 others collateral or stopped; got %T: %v\nstderr:\n%s", tc.victim, pid, err, err, j.stderr)
 			}
@@ -225,7 +226,7 @@ func TestCulpritByExitOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 		err = <-errc
-		var re *RankExitError
+		var re *outcome.RankExitError
 		if errors.As(err, &re) && re.Rank == 3 && re.Signal == syscall.SIGKILL && re.ExitCode() == 137 {
 			right++
 			continue

@@ -43,7 +43,9 @@
 //     the ranks through a rankHome — "where ranks live": localHome (this
 //     machine's supervisor, runlocal.go), hostsHome (the hosts' supervisors
 //     through their host agents, remote.go), or the scripted fakeHome of
-//     loop_test.go — and applies the failure rules: the first failure
+//     loop_test.go — and the world it runs in through worldHooks
+//     (elastic.go's worldRun: injections, checkpoint cues, the fault
+//     report), and applies the failure rules: the first failure
 //     stops the others (SIGTERM to each rank's process group, SIGKILL after
 //     Config.Grace), signals are forwarded, --timeout ends the job.
 //     The verdict follows causality, not arrival order: a rank whose
@@ -53,7 +55,7 @@
 //     line and never named while a rank failed on its own; a SIGKILL
 //     gorun did not send is a cause even during the teardown; when every
 //     failure is collateral, the line names the rank the reports blame
-//     (CollateralError).
+//     (outcome.CollateralError).
 //     A supervisor beats every 200 ms; its client (gorun, a host agent)
 //     SIGKILLs one silent past Config.Lease (stopped or hung), and gorun
 //     and host agents are child subreapers that kill the job's leftover
@@ -174,6 +176,13 @@
 //     starting agents (starter.go, hoststartup.go), accepting them
 //     (agentauth.go), and what the job loop does with what they send
 //     (remote.go).
+//   - launcher/outcome: how a job that did not succeed is reported: one
+//     typed error per way it ends (RankExitError, CollateralError,
+//     HostLostError, SupervisorError, HostError, MPIError, ...), each
+//     with the data that locates the cause and the exit code gorun
+//     exits with; a leaf. Which failure ended the job is the job loop's
+//     call, and the --report cause record built from these errors
+//     (CauseReport, cause.go) stays here.
 //   - launcher/launchertest: test support (helper rank modes, a scan for
 //     a test's surviving processes).
 //
@@ -184,16 +193,19 @@
 //
 // The next cut is the job loop (jobloop.go), with elastic restarts
 // (elastic.go) left above it. The loop already sees the ranks only
-// through rankHome; a package launcher/jobloop would take jobLoop,
-// liveJob, failure and the verdict, and needs first: the typed errors it
-// returns (errors.go, cause.go: RankExitError, CollateralError,
-// SupervisorError, HostError) in a leaf of their own, since cmd/gorun and
-// the loop both name them; a jobloop.Config of the fields it reads
-// (Grace, Timeout, the exit policy, the logger) instead of Config; the
-// flight table's gorun side (flightRecords) moved with it or behind an
-// interface; and the per-world hooks it calls on worldRun (injections,
-// checkpoint cues, first steps, fault reports) as an interface that
-// elastic.go implements. localHome and hostsHome would stay here and
+// through rankHome and the world it runs in only through worldHooks
+// (injections, checkpoint cues, first steps, the fault report; elastic.go's
+// worldRun implements it), reads of Config only a loopConfig (timeout,
+// grace, exit policy, signals, and those hooks), and returns the errors of
+// launcher/outcome. A package launcher/jobloop would take jobLoop,
+// liveJob, failure and the verdict; what still ties them here: the types
+// the hooks speak in (injection, checkpointCue, failure) would move with
+// the loop or to a leaf; the flight table's gorun side (flightRecords)
+// would move with it or behind an interface; and fault tolerance's hooks
+// (ftRun's started, exited, frozen and hostLost, ft.go and fthost.go)
+// reach into the loop's state (liveJob's ranks, home, plan and the count
+// of supervisors left), so they need an interface of their own with that
+// state behind methods. localHome and hostsHome would stay here and
 // implement the loop's Home. Elastic restarts cannot be a leaf: they call
 // the launch paths (launchLocal, launchOnHosts) for every world, so
 // they are the top of the launcher, which is where LaunchReport already

@@ -12,10 +12,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
 	"github.com/gorun-hpc/gorun/launcher/fault"
 	"github.com/gorun-hpc/gorun/launcher/hostfile"
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
@@ -159,6 +161,10 @@ func (w *worldRun) checkpointCues(worldStart time.Time, timeout time.Duration) [
 	slices.SortStableFunc(out, func(a, b checkpointCue) int { return a.at.Compare(b.at) })
 	return out
 }
+
+// checkpointSignal is the signal that asks a rank to checkpoint
+// (Job.CheckpointSignal).
+func (w *worldRun) checkpointSignal() syscall.Signal { return w.rep.ckptSig }
 
 // checkpointSent records a checkpoint signal sent at t.
 func (w *worldRun) checkpointSent(c checkpointCue, t time.Time) {
@@ -371,6 +377,32 @@ func (w *worldRun) injected(ev wire.Event, t time.Time) *FaultReport {
 	return f
 }
 
+// answered records a supervisor's answer to an injection (ev, from a rank
+// on host) and logs it (at warn, so that it shows by default: a fault in
+// the output of a job must never be a mystery).
+func (w *worldRun) answered(log zerolog.Logger, host string, ev wire.Event) {
+	if w == nil {
+		return
+	}
+	f := w.injected(ev, time.Now())
+	if f == nil {
+		return
+	}
+	l := log.Warn().Str("kind", f.Kind).Str("spec", f.Spec).Int("rank", ev.Rank).Str("host", host).
+		Int("pid", ev.PID).Int("restart", w.restart).Float64("at_s", w.rep.since(time.Now()))
+	if ev.Step > 0 {
+		l = l.Int64("step", ev.Step)
+	}
+	switch {
+	case ev.Ev == "fault-cont":
+		l.Msg("injected stop ended: SIGCONT sent")
+	case ev.Err != "":
+		l.Str("why", ev.Err).Msg("fault not injected")
+	default:
+		l.Str("signal", f.Signal).Msg("fault injected")
+	}
+}
+
 // failed records the first failure gorun saw after each injection of this
 // world that has none yet, d being the detection of a batch that arrived
 // at t; a fault detected by a collateral failure so far is named by d
@@ -528,7 +560,7 @@ func launchWorlds(ctx context.Context, cfg Config, job Job, rep *Report) error {
 		if growing {
 			err = &GrowError{Hosts: answered, Err: err}
 		}
-		var te *TimeoutError
+		var te *outcome.TimeoutError
 		if errors.As(err, &te) {
 			te.After = cfg.Timeout // the job's, not what was left of it
 		}
@@ -932,11 +964,11 @@ func (e *elastic) world(lost []string) ([]Host, int, error) {
 
 // lostHost names the host whose loss ended a world ("" for any other end).
 func (e *elastic) lostHost(err error) string {
-	var hl *HostLostError
+	var hl *outcome.HostLostError
 	if errors.As(err, &hl) {
 		return hl.Host
 	}
-	var he *HostError
+	var he *outcome.HostError
 	if errors.As(err, &he) {
 		return he.Host
 	}
@@ -977,12 +1009,12 @@ func (e *ElasticError) ExitCode() int {
 // signal) or a failure to launch at all.
 func restartable(err error) bool {
 	var (
-		re *RankExitError
-		se *StartError
-		hl *HostLostError
-		me *MPIError
-		ce *CollateralError
-		fe *FrozenError
+		re *outcome.RankExitError
+		se *outcome.StartError
+		hl *outcome.HostLostError
+		me *outcome.MPIError
+		ce *outcome.CollateralError
+		fe *outcome.FrozenError
 	)
 	return errors.As(err, &re) || errors.As(err, &se) || errors.As(err, &hl) || errors.As(err, &me) || errors.As(err, &ce) || errors.As(err, &fe)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/launcher/fault"
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 )
 
 // launchReport runs the job through LaunchReport and checks that nothing of
@@ -122,7 +123,7 @@ func TestInjectStopReportsWhoNoticed(t *testing.T) {
 	j.cfg.Env = append(j.cfg.Env, "GORUN_RDZV_LEASE=1s")
 	j.job.Faults = mustFaults(t, "stop:rank=2:after-steps=1")
 	rep, err := j.launchReport(context.Background())
-	var ce *CollateralError
+	var ce *outcome.CollateralError
 	if !errors.As(err, &ce) || ce.Blame != 2 || ce.Frozen != "T" {
 		t.Fatalf("err = %v, want rank 2 frozen", err)
 	}
@@ -154,7 +155,7 @@ func TestInjectKillEndsJob(t *testing.T) {
 	j := newJobRun(t, 2, "hang", nil)
 	j.job.Faults = mustFaults(t, "kill:rank=1:at=100ms:sig=TERM")
 	rep, err := j.launchReport(context.Background())
-	var re *RankExitError
+	var re *outcome.RankExitError
 	if !errors.As(err, &re) || re.Rank != 1 || re.Signal != syscall.SIGTERM {
 		t.Fatalf("err = %v, want rank 1 killed by SIGTERM", err)
 	}
@@ -204,7 +205,7 @@ func TestMaxRestartsExhausted(t *testing.T) {
 	j := newJobRun(t, 2, "exit:0", map[int]string{1: "exit:3"})
 	j.job.MaxRestarts = 2
 	rep, err := j.launchReport(context.Background())
-	var re *RankExitError
+	var re *outcome.RankExitError
 	if !errors.As(err, &re) || re.Rank != 1 || re.Code != 3 {
 		t.Fatalf("err = %v, want rank 1 exit 3", err)
 	}
@@ -219,7 +220,7 @@ func TestNoRestartAfterTimeout(t *testing.T) {
 	j.job.MaxRestarts = 3
 	j.cfg.Timeout = 200 * time.Millisecond
 	rep, err := j.launchReport(context.Background())
-	var te *TimeoutError
+	var te *outcome.TimeoutError
 	if !errors.As(err, &te) || rep.Restarts != 0 {
 		t.Fatalf("err = %v restarts %d, want a timeout and no restart", err, rep.Restarts)
 	}
@@ -227,7 +228,7 @@ func TestNoRestartAfterTimeout(t *testing.T) {
 
 // A rank frozen for good (stop without for=) mid all-reduce: its peers'
 // runtimes notice, the world fails (every failure collateral: a
-// *CollateralError), and the job restarts and completes. The default host
+// *outcome.CollateralError), and the job restarts and completes. The default host
 // leader mode: rank 1 is attached to rank 0, and only the attach lease
 // finds it (without that lease this test hangs 30 s).
 // At 1.5 s, so that under -race and load the world has formed: a rank
@@ -258,7 +259,7 @@ func TestInjectAfterSteps(t *testing.T) {
 	j := newJobRun(t, 3, "steps:200", nil)
 	j.job.Faults = mustFaults(t, "kill:rank=1:after-steps=5", "kill:rank=0:after-steps=1000")
 	rep, err := j.launchReport(context.Background())
-	var re *RankExitError
+	var re *outcome.RankExitError
 	if !errors.As(err, &re) || re.Rank != 1 || re.Signal != syscall.SIGKILL {
 		t.Fatalf("job ended with %v, want rank 1 killed\n%s", err, j.stderr)
 	}

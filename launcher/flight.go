@@ -153,5 +153,14 @@ func (f *flightRecords) print(why string, since time.Time) bool {
 	return true
 }
 
+// markPrinted notes that the job loop printed the table (at --timeout), so
+// that the job's end does not print it again.
+func (f *flightRecords) markPrinted() { f.printed = true }
+
+// noneWritten says that no rank wrote flight records after a SIGUSR2.
+func (f *flightRecords) noneWritten() {
+	f.stderr.WriteLines([]byte("gorun: SIGUSR2: no rank wrote flight records (no communicator open?)\n"))
+}
+
 // isRemote reports whether the dumps come from host agents.
 func (f *flightRecords) isRemote() bool { return f != nil && f.remote }

@@ -55,6 +55,19 @@ type FTReport struct {
 	// LostHosts lists every host lost while the job ran (its agent gone
 	// or its link silent past the lease), in order.
 	LostHosts []FTHostLoss `json:"lost_hosts,omitempty"`
+	// LostSpares lists every spare host lost while it waited, unused, in
+	// order: no longer offered, the job went on.
+	LostSpares []FTSpareLoss `json:"lost_spares,omitempty"`
+}
+
+// FTSpareLoss is one spare host lost while idle (its agent gone or its
+// link silent past the lease). Times are seconds from the job's start.
+type FTSpareLoss struct {
+	Host string  `json:"host"`
+	At   float64 `json:"at_s"`
+	Why  string  `json:"why"`
+	// SparesLeft are the spare hosts still offered after it.
+	SparesLeft []string `json:"spares_left"`
 }
 
 // FTHostLoss is one host lost in a fault-tolerant job and what came of
@@ -145,8 +158,13 @@ type ftRun struct {
 	hosts     []FTHostLoss
 	lostNodes map[int]bool
 	// takeSpare moves a lost node's ranks to a spare host and starts
-	// them there (hostsRun.takeSpare); nil when the job has no hosts.
+	// them there (hostsRun.takeSpare); dropSpare drops the spare of a
+	// node found lost while idle (hostsRun.dropSpare). Both nil when the
+	// job has no hosts.
 	takeSpare func(node int) (string, bool)
+	dropSpare func(node int)
+	// spares are the spare hosts lost while idle, in order.
+	spares []FTSpareLoss
 }
 
 // startFT starts the quorum service of a job with the given identity.
@@ -438,7 +456,7 @@ func (f *ftRun) finish(rep *Report, err error) error {
 	if rep != nil {
 		rep.FaultTolerance = &FTReport{
 			MaxFailures: f.maxFailures, Failures: f.failures, Quorum: rec, QuorumStart: off,
-			UncommittedSteps: len(rec.Uncommitted), Exhausted: f.exhausted, LostHosts: f.hosts,
+			UncommittedSteps: len(rec.Uncommitted), Exhausted: f.exhausted, LostHosts: f.hosts, LostSpares: f.spares,
 		}
 	}
 	if err != nil && f.exhausted != "" {

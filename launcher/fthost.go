@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -77,7 +78,15 @@ func (f *ftRun) hostLost(j *liveJob, ev wire.Event) bool {
 		return true
 	}
 	h.Action = "survivors continue"
-	f.markLost(n.Name, "retired: not replaced (no spare host takes over)")
+	action := "retired: not replaced (no spare host takes over)"
+	switch {
+	case f.takeSpare != nil && len(loss.Ranks) < n.Ranks:
+		action = fmt.Sprintf("retired: not replaced (%d of its host's %d ranks had finished; a host moves to a spare host only whole)",
+			n.Ranks-len(loss.Ranks), n.Ranks)
+	case len(f.spares) > 0:
+		action = fmt.Sprintf("retired: not replaced (no spare host is left: %s lost while idle)", f.spareNames())
+	}
+	f.markLost(n.Name, action)
 	// Their replica groups go with them: the others are killed where they
 	// run and retired too.
 	var groups []int
@@ -147,6 +156,23 @@ func (f *ftRun) replaceOnSpare(j *liveJob, node int, h *FTHostLoss) bool {
 	return true
 }
 
+// spareEvent handles a "spare-lost" event: an idle spare host's agent is
+// gone or its link silent past the lease (ftspare.go).
+func (f *ftRun) spareEvent(ev wire.Event) {
+	if f != nil && f.dropSpare != nil {
+		f.dropSpare(ev.Node)
+	}
+}
+
+// spareLost records spare host host lost while idle (why), with the spare
+// hosts left after it.
+func (f *ftRun) spareLost(host, why string, left []string) {
+	if f == nil {
+		return
+	}
+	f.spares = append(f.spares, FTSpareLoss{Host: host, At: f.since(time.Now()), Why: why, SparesLeft: left})
+}
+
 // markLost sets the action of the failures recorded for host's ranks.
 func (f *ftRun) markLost(host, action string) {
 	for i := range f.failures {
@@ -154,6 +180,15 @@ func (f *ftRun) markLost(host, action string) {
 			x.Action = action
 		}
 	}
+}
+
+// spareNames lists the spare hosts lost while idle.
+func (f *ftRun) spareNames() string {
+	var out []string
+	for _, s := range f.spares {
+		out = append(out, s.Host)
+	}
+	return strings.Join(out, ", ")
 }
 
 // used is how much of the failure budget is spent: one per rank failure,

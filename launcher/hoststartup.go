@@ -20,6 +20,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/connlimit"
 	"github.com/gorun-hpc/gorun/internal/tailbuf"
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/plan"
 	"github.com/gorun-hpc/gorun/launcher/preload"
 	"github.com/gorun-hpc/gorun/launcher/program"
@@ -52,7 +53,12 @@ const DefaultLease = 4 * time.Second
 
 // hostConn is an authenticated agent connection.
 type hostConn struct {
-	node  int
+	node int
+	// agent is the node whose host's agent this is: node until a
+	// fault-tolerant job's spare host takes a lost node's place (then
+	// node is that node's), for what concerns the host itself (its
+	// starter).
+	agent int
 	w     *wire.Conn
 	hello wire.Hello
 }
@@ -371,7 +377,7 @@ func (m *hostAgents) startHosts(ctx context.Context, id LocalIdentity, verdict h
 			err = s.timedOut()
 		case sig := <-m.cfg.Signals:
 			if sig, ok := sig.(syscall.Signal); ok && supervisor.Stopping(sig) {
-				err = &InterruptedError{Signal: sig}
+				err = &outcome.InterruptedError{Signal: sig}
 			}
 		case <-ctx.Done():
 			err = fmt.Errorf("launcher: launch canceled: %w", ctx.Err())
@@ -494,7 +500,7 @@ func (s *startup) result(r setupResult) error {
 		// secret): which is the real one cannot be told, so the launch
 		// ends rather than guessing.
 		r.conn.w.Close()
-		return s.verdict(r.node, nil, &HostError{Host: m.nodes[r.node].Name, Op: "connect agent", Err: errors.New("a second agent connected for this host")})
+		return s.verdict(r.node, nil, &outcome.HostError{Host: m.nodes[r.node].Name, Op: "connect agent", Err: errors.New("a second agent connected for this host")})
 	}
 	err := s.judge(r.node, r.conn, nil)
 	if err == nil && m.conns[r.node] != nil {
@@ -525,7 +531,7 @@ func (s *startup) timedOut() error {
 	var err error
 	for i := range m.nodes {
 		if err == nil && !s.judged[i] {
-			err = s.judge(i, nil, &HostError{Host: m.nodes[i].Name, Op: "start agent",
+			err = s.judge(i, nil, &outcome.HostError{Host: m.nodes[i].Name, Op: "start agent",
 				Err:    fmt.Errorf("its agent did not connect within %s", s.timeout),
 				Detail: strings.TrimSpace(m.starterOf(i).stderr.Tail() + "\n" + m.claimHint(m.nodes[i].Name))})
 		}
@@ -586,18 +592,18 @@ func (m *hostAgents) markRunning(c net.Conn) {
 func (m *hostAgents) checkHello(node int, h wire.Hello) error {
 	host := m.nodes[node].Name
 	if h.Version != m.cfg.Version {
-		return &VersionError{Host: host, Remote: h.Version, Local: m.cfg.Version}
+		return &outcome.VersionError{Host: host, Remote: h.Version, Local: m.cfg.Version}
 	}
 	if h.Err != "" {
 		switch h.ErrKind {
 		case "program":
-			return &HostError{Host: host, Op: "check program", Err: &program.Error{Program: m.prog.Path, Err: errors.New(h.Err)}}
+			return &outcome.HostError{Host: host, Op: "check program", Err: &program.Error{Program: m.prog.Path, Err: errors.New(h.Err)}}
 		case "iface":
-			return &HostError{Host: host, Op: "choose interface", Err: errors.New(h.Err)}
+			return &outcome.HostError{Host: host, Op: "choose interface", Err: errors.New(h.Err)}
 		case "capacity":
-			return &HostError{Host: host, Op: "check limits", Err: &hostCapacityError{msg: h.Err}}
+			return &outcome.HostError{Host: host, Op: "check limits", Err: &outcome.HostCapacityError{Msg: h.Err}}
 		}
-		return &HostError{Host: host, Op: "prepare", Err: errors.New(h.Err)}
+		return &outcome.HostError{Host: host, Op: "prepare", Err: errors.New(h.Err)}
 	}
 	return nil
 }
@@ -636,7 +642,7 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			release()
 			if err != nil {
 				c.Close()
-				var ve *VersionError
+				var ve *outcome.VersionError
 				if i, ok := index[host]; ok && errors.As(err, &ve) {
 					// Authenticated, so the host's own verdict.
 					results <- setupResult{node: i, err: err}
@@ -689,13 +695,13 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 			}
 			if err := w.Send(wire.Msg{T: "job", Job: job}); err != nil {
 				c.Close()
-				results <- setupResult{node: node, err: &HostError{Host: host, Op: "talk to agent", Err: err}}
+				results <- setupResult{node: node, err: &outcome.HostError{Host: host, Op: "talk to agent", Err: err}}
 				return
 			}
 			hm, err := w.ReadMsg()
 			if err != nil || hm.T != "hello" || hm.Hello == nil {
 				c.Close()
-				results <- setupResult{node: node, err: &HostError{Host: host, Op: "talk to agent", Err: fmt.Errorf("no hello: %v", err)}}
+				results <- setupResult{node: node, err: &outcome.HostError{Host: host, Op: "talk to agent", Err: fmt.Errorf("no hello: %v", err)}}
 				return
 			}
 			if hm.Hello.Err == "" && len(hm.Hello.Need) > 0 {
@@ -705,12 +711,12 @@ func (m *hostAgents) acceptLoop(index map[string]int, results chan<- setupResult
 				m.cfg.Logger.Debug().Str("host", host).Int("files", len(hm.Hello.Need)).Msg("preloading")
 				if err := preload.Send(w, m.preload, hm.Hello.Need); err != nil {
 					c.Close()
-					results <- setupResult{node: node, err: &HostError{Host: host, Op: "preload", Err: err}}
+					results <- setupResult{node: node, err: &outcome.HostError{Host: host, Op: "preload", Err: err}}
 					return
 				}
 			}
 			_ = c.SetDeadline(time.Time{})
-			results <- setupResult{node: node, conn: &hostConn{node: node, w: w, hello: *hm.Hello}}
+			results <- setupResult{node: node, conn: &hostConn{node: node, agent: node, w: w, hello: *hm.Hello}}
 			// A tree parent keeps talking during start-up: it reports its
 			// children's ssh exits on this same connection, and this
 			// goroutine stays its only reader until "setup-over" is

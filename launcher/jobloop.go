@@ -11,9 +11,11 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/comm"
 	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher/fault"
 	"github.com/gorun-hpc/gorun/launcher/flight"
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
@@ -52,16 +54,115 @@ type rankHome interface {
 	lostWhy() error
 }
 
+// loopConfig is what the job loop reads of a job's Config, and no more:
+// the teardown's timing, the exit policy, the signals gorun receives, and
+// the hooks of the world and of a fault-tolerant job. Config.loop makes
+// it.
+type loopConfig struct {
+	// Timeout ends the job after this long; 0 means never (Config.Timeout).
+	Timeout time.Duration
+	// Grace is the delay between SIGTERM and SIGKILL when the job is
+	// stopped (Config.Grace).
+	Grace time.Duration
+	// ExitPolicy picks the failure the verdict names when several ranks
+	// fail on their own (Config.ExitPolicy).
+	ExitPolicy ExitPolicy
+	// Signals delivers the signals gorun received; nil receives none
+	// (Config.Signals).
+	Signals <-chan os.Signal
+	// world is the world LaunchReport runs (its injections, checkpoint
+	// cues, first steps and fault report); a nil *worldRun outside
+	// LaunchReport, never a nil interface.
+	world worldHooks
+	// ft is a fault-tolerant job's state (ft.go); nil otherwise.
+	ft *ftRun
+}
+
+// loop is the part of c the job loop reads.
+func (c Config) loop() loopConfig {
+	return loopConfig{Timeout: c.Timeout, Grace: c.Grace, ExitPolicy: c.ExitPolicy, Signals: c.Signals, world: c.world, ft: c.ft}
+}
+
+// worldHooks is the world a job loop runs in, as the loop sees it: the
+// faults to inject and the checkpoint signals owed, which the loop sends
+// when they are due, and the world's fault report, which the loop tells
+// what it saw. LaunchReport's worldRun (elastic.go) implements it; outside
+// LaunchReport the world is a nil *worldRun, which has nothing to inject
+// or cue and records nothing. The loop calls every method from its own
+// goroutine; none blocks.
+type worldHooks interface {
+	// next returns the first injected fault not yet sent; false when
+	// none is left. due says how long until in is due (0 when late).
+	next() (in injection, ok bool)
+	due(in injection) time.Duration
+	// sent records that the loop asked the supervisors to inject in;
+	// answered records and logs a supervisor's answer (ev) to one, from
+	// a rank on host.
+	sent(in injection)
+	answered(log zerolog.Logger, host string, ev wire.Event)
+	// checkpointCues returns, in time order, the checkpoint signals the
+	// world owes from worldStart on (timeout: what is left of --timeout);
+	// cues delivers those due at once (nil: none). checkpointSignal is the
+	// signal that asks a rank to checkpoint; checkpointSent records one
+	// sent at t.
+	checkpointCues(worldStart time.Time, timeout time.Duration) []checkpointCue
+	cues() <-chan checkpointCue
+	checkpointSignal() syscall.Signal
+	checkpointSent(c checkpointCue, t time.Time)
+	// ranksStarted records that every rank started (or failed to) at t;
+	// firstStep a rank's step report.
+	ranksStarted(t time.Time)
+	firstStep(rank int, step int64, t time.Time)
+	// failed, saw and noticed record failures that reached the loop
+	// together at t: failed the one that names a detection (detection),
+	// saw all of them for the cause record, noticed the collateral ones
+	// against the faults injected.
+	failed(d failure, t time.Time)
+	saw(fs []failure, t time.Time)
+	noticed(fs []failure, t time.Time)
+}
+
+var _ worldHooks = (*worldRun)(nil)
+
+// flightTable is the ranks' flight records as the job loop uses them:
+// where a local job's ranks dump them, the dumps host agents send, and the
+// merged table it prints after SIGUSR2, at --timeout and before a failed
+// job's teardown. flight.go's flightRecords implements it; its nil pointer
+// is a job that keeps none (inactive, no directory, prints nothing). The
+// loop calls every method from its own goroutine; none blocks for long.
+type flightTable interface {
+	// active reports whether the ranks write records gorun can merge;
+	// isRemote whether they come from host agents rather than a
+	// directory on this machine, which flightDir is (nil: none).
+	active() bool
+	isRemote() bool
+	flightDir() *flight.Dir
+	// ask starts a new request for dumps from the host agents; store
+	// keeps one that arrived.
+	ask()
+	store(d comm.FlightDump)
+	// print prints the table of the dumps written since since (or asked
+	// for since the last ask) and reports whether there was any;
+	// markPrinted notes that the job's end need not print it again;
+	// noneWritten says on gorun's stderr that a SIGUSR2 found none.
+	print(why string, since time.Time) bool
+	markPrinted()
+	noneWritten()
+}
+
+var _ flightTable = (*flightRecords)(nil)
+
 // jobLoop is the state of one job's event loop; owned by the goroutine
 // that calls run.
 type jobLoop struct {
-	cfg  Config
+	cfg  loopConfig
 	plan *Plan
 	log  zerolog.Logger
 	home rankHome
 	// flight, when set, merges the ranks' flight records after SIGUSR2
-	// and at --timeout (flight.go).
-	flight *flightRecords
+	// and at --timeout; a loop without it has the nil *flightRecords
+	// (begin).
+	flight flightTable
 	// fenceHosts is how many supervisors a PMI barrier waits for; 0 means
 	// every supervisor of home. An abandoned multi-host launch
 	// (hostsRun.abandon) sets the whole world's host count, so that the
@@ -96,7 +197,7 @@ type failure struct {
 	lostRanks int
 	// mpi is set when the rank failed through PMI: MPI_Abort, or an exit
 	// 0 without PMI finalize (pmi.go).
-	mpi *MPIError
+	mpi *outcome.MPIError
 	// collateral is set when the rank's runtime reported, before it
 	// exited, that it failed because another rank was lost or aborted:
 	// blame is that rank (-1: unknown), why the runtime's words. A
@@ -168,7 +269,7 @@ func (r *jobLoop) run(ctx context.Context) error {
 type liveJob struct {
 	*jobLoop
 	ctx   context.Context
-	world *worldRun // nil outside LaunchReport (tests)
+	world worldHooks // a nil *worldRun outside LaunchReport (tests)
 	ranks []rankState
 	// events is home's event stream; left counts the supervisors that
 	// have not yet reported "done" or been lost; supErr is set when the
@@ -232,6 +333,9 @@ type liveJob struct {
 // begin sets up a job's run: every rank live, the --timeout running, the
 // first injection and checkpoint cue armed.
 func (r *jobLoop) begin(ctx context.Context) *liveJob {
+	if r.flight == nil {
+		r.flight = (*flightRecords)(nil) // keeps no records
+	}
 	j := &liveJob{
 		jobLoop: r,
 		ctx:     ctx,
@@ -444,8 +548,9 @@ func (j *liveJob) armCue() {
 
 // askCheckpoint signals the ranks to checkpoint.
 func (j *liveJob) askCheckpoint(c checkpointCue) {
-	j.log.Warn().Str("why", c.why).Stringer("signal", j.world.rep.ckptSig).Msg("asking the ranks for a checkpoint")
-	j.home.command(wire.Cmd{Op: "signal", Signal: int(j.world.rep.ckptSig)})
+	sig := j.world.checkpointSignal()
+	j.log.Warn().Str("why", c.why).Stringer("signal", sig).Msg("asking the ranks for a checkpoint")
+	j.home.command(wire.Cmd{Op: "signal", Signal: int(sig)})
 	j.world.checkpointSent(c, time.Now())
 }
 
@@ -526,10 +631,12 @@ func (j *liveJob) collected() {
 func (j *liveJob) printFlight(why string, thenStop bool) {
 	printed := j.flight.print(why, j.flightAsked)
 	if thenStop {
-		j.flight.printed = printed
+		if printed {
+			j.flight.markPrinted()
+		}
 		j.stop(stopTimeout, syscall.SIGTERM)
 	} else if !printed {
-		j.flight.stderr.WriteLines([]byte("gorun: SIGUSR2: no rank wrote flight records (no communicator open?)\n"))
+		j.flight.noneWritten()
 	}
 }
 
@@ -543,7 +650,7 @@ func (j *liveJob) onEvent(ev wire.Event, ok bool) {
 		j.done = true
 		return
 	}
-	if ev.Ev != "done" && ev.Ev != "lost" && (ev.Rank < 0 || ev.Rank >= len(j.ranks)) {
+	if ev.Ev != "done" && ev.Ev != "lost" && ev.Ev != "spare-lost" && (ev.Rank < 0 || ev.Rank >= len(j.ranks)) {
 		j.log.Warn().Int("rank", ev.Rank).Str("ev", ev.Ev).Msg("supervisor reported an unknown rank; ignored")
 		return
 	}
@@ -565,7 +672,7 @@ func (j *liveJob) onEvent(ev wire.Event, ok bool) {
 	case "step":
 		j.world.firstStep(ev.Rank, ev.Step, time.Now())
 	case "injected", "fault-cont":
-		j.logInjection(j.world, ev)
+		j.world.answered(j.log, j.plan.Ranks[ev.Rank].Host, ev)
 	case "pmi-fence":
 		j.pmiFence(ev)
 	case "pmi-get":
@@ -574,6 +681,8 @@ func (j *liveJob) onEvent(ev wire.Event, ok bool) {
 		j.pmiAbort(ev)
 	case "lost":
 		j.hostLost(ev)
+	case "spare-lost":
+		j.cfg.ft.spareEvent(ev) // an idle spare host: the job goes on (ftspare.go)
 	case "flight":
 		if ev.Flight != nil {
 			j.flight.store(*ev.Flight)
@@ -651,7 +760,7 @@ func (j *liveJob) rankExited(ev wire.Event) {
 		st.stopped = false
 		j.fail(failure{rank: ev.Rank, pid: ev.PID, code: ev.Code, signal: syscall.Signal(ev.Signal), exitedAt: ev.At})
 	case ev.Unfinalized && !st.stopped:
-		j.fail(failure{rank: ev.Rank, pid: ev.PID, code: 1, mpi: &MPIError{Rank: ev.Rank, PID: ev.PID}})
+		j.fail(failure{rank: ev.Rank, pid: ev.PID, code: 1, mpi: &outcome.MPIError{Rank: ev.Rank, PID: ev.PID}})
 	}
 }
 
@@ -671,7 +780,7 @@ func (j *liveJob) pmiFence(ev wire.Event) {
 // begun.
 func (j *liveJob) pmiAbort(ev wire.Event) {
 	pid := j.ranks[ev.Rank].pid
-	abort := &MPIError{Rank: ev.Rank, PID: pid, Aborted: true, Code: ev.Code, Message: ev.Err}
+	abort := &outcome.MPIError{Rank: ev.Rank, PID: pid, Aborted: true, Code: ev.Code, Message: ev.Err}
 	if j.reason == notStopping {
 		j.fail(failure{rank: ev.Rank, pid: pid, code: ev.Code, mpi: abort})
 	} else if i := slices.IndexFunc(j.failures, func(f failure) bool { return f.rank == ev.Rank }); i >= 0 && j.failures[i].mpi == nil && j.failures[i].signal == 0 {
@@ -727,11 +836,11 @@ func (j *liveJob) verdict() error {
 		// Even when gorun was already stopping the job (a signal, the
 		// timeout), losing the supervisor is the news: the ranks did not
 		// end the way gorun asked.
-		return &SupervisorError{Err: j.supErr, Ranks: lostRanks}
+		return &outcome.SupervisorError{Err: j.supErr, Ranks: lostRanks}
 	case j.reason == stopTimeout:
-		return &TimeoutError{After: j.cfg.Timeout, Stopped: stopped}
+		return &outcome.TimeoutError{After: j.cfg.Timeout, Stopped: stopped}
 	case j.reason == stopSignal:
-		return &InterruptedError{Signal: j.stopSig, Stopped: stopped}
+		return &outcome.InterruptedError{Signal: j.stopSig, Stopped: stopped}
 	case j.reason == stopContext:
 		return fmt.Errorf("launcher: job canceled; stopped %d %s: %w", stopped, plural.Noun(stopped, "rank", "ranks"), j.ctx.Err())
 	case len(j.failures) > 0:
@@ -769,14 +878,14 @@ func (j *liveJob) failureError(stopped int) error {
 		e.Host, e.Stopped = host, stopped-named
 		return &e
 	case f.frozen != "":
-		return &FrozenError{Rank: f.rank, Host: host, PID: f.pid, State: f.frozen, Why: f.why, Stopped: stopped - named, Collateral: collateral,
+		return &outcome.FrozenError{Rank: f.rank, Host: host, PID: f.pid, State: f.frozen, Why: f.why, Stopped: stopped - named, Collateral: collateral,
 			AlsoFailed: alsoFailed(own, f)}
 	case f.lost != nil:
-		return &HostLostError{Host: host, FirstRank: f.rank, Ranks: f.lostRanks, Err: f.lost, Stopped: stopped, Collateral: collateral}
+		return &outcome.HostLostError{Host: host, FirstRank: f.rank, Ranks: f.lostRanks, Err: f.lost, Stopped: stopped, Collateral: collateral}
 	case f.startErr != nil:
-		return &StartError{Rank: f.rank, Host: host, Err: f.startErr, Stopped: stopped}
+		return &outcome.StartError{Rank: f.rank, Host: host, Err: f.startErr, Stopped: stopped}
 	}
-	return &RankExitError{Rank: f.rank, Host: host, PID: f.pid, Code: f.code, Signal: f.signal, Stopped: stopped,
+	return &outcome.RankExitError{Rank: f.rank, Host: host, PID: f.pid, Code: f.code, Signal: f.signal, Stopped: stopped,
 		AlsoFailed: alsoFailed(own, f), Collateral: collateral}
 }
 
@@ -787,7 +896,7 @@ func (j *liveJob) failureError(stopped int) error {
 // gorun), the first rank that reported nothing itself, following each
 // report's blame in arrival order (rank 0 blames rank 2, which relayed
 // rank 3's abort). When that rank ran on, on another host than its
-// reporter, the network between them is the cause (CollateralError.Link).
+// reporter, the network between them is the cause (outcome.CollateralError.Link).
 func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 	if e := r.desynced(fs, ranks, stopped); e != nil {
 		return e
@@ -851,7 +960,7 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 			f, b = next, next.blame
 		}
 	}
-	e := &CollateralError{ReportedBy: reporter.rank, ReporterHost: r.plan.Ranks[reporter.rank].Host, Why: reporter.why, Blame: -1, Failed: len(fs),
+	e := &outcome.CollateralError{ReportedBy: reporter.rank, ReporterHost: r.plan.Ranks[reporter.rank].Host, Why: reporter.why, Blame: -1, Failed: len(fs),
 		Stopped: stopped, Code: failure{code: first.code, signal: first.signal}.exitCode()}
 	if blame >= 0 {
 		e.Blame, e.BlameHost, e.BlamePID = blame, r.plan.Ranks[blame].Host, ranks[blame].pid
@@ -867,6 +976,13 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 			// The blamed rank is counted by name, not among the others.
 			e.Stopped--
 		}
+		if reported && e.Frozen != "" {
+			// A frozen rank resumed at the teardown (so that the stop
+			// signal reaches it) may find its peers gone and report that
+			// before the signal ends it: it is still the one blamed, not
+			// one of the ranks that failed as a consequence.
+			e.Failed--
+		}
 	}
 	return e
 }
@@ -876,7 +992,7 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 // calls found them), blaming the rank it names (the smaller side's) or
 // none. The report chosen is the first that knows the sides, else the
 // first first-hand one. Nil when no report was of a desync.
-func (r *jobLoop) desynced(fs []failure, ranks []rankState, stopped int) *CollateralError {
+func (r *jobLoop) desynced(fs []failure, ranks []rankState, stopped int) *outcome.CollateralError {
 	var rep *failure
 	better := func(f *failure) bool {
 		switch {
@@ -895,7 +1011,7 @@ func (r *jobLoop) desynced(fs []failure, ranks []rankState, stopped int) *Collat
 	if rep == nil {
 		return nil
 	}
-	e := &CollateralError{Desync: true, ReportedBy: rep.rank, ReporterHost: r.plan.Ranks[rep.rank].Host, Why: rep.why, Blame: -1,
+	e := &outcome.CollateralError{Desync: true, ReportedBy: rep.rank, ReporterHost: r.plan.Ranks[rep.rank].Host, Why: rep.why, Blame: -1,
 		Failed: len(fs), Stopped: stopped, Code: failure{code: fs[0].code, signal: fs[0].signal}.exitCode()}
 	if b := rep.blame; b >= 0 && b < len(ranks) {
 		e.Blame, e.BlameHost, e.BlamePID = b, r.plan.Ranks[b].Host, ranks[b].pid
@@ -931,32 +1047,6 @@ func (f failure) String() string {
 		return fmt.Sprintf("rank %d killed by %s", f.rank, unixSignalName(f.signal))
 	}
 	return fmt.Sprintf("rank %d exited with code %d", f.rank, f.code)
-}
-
-// logInjection records a supervisor's answer to an injection and logs it
-// (at warn, so that it shows by default: a fault in the output of a job
-// must never be a mystery).
-func (r *jobLoop) logInjection(world *worldRun, ev wire.Event) {
-	if world == nil {
-		return
-	}
-	f := world.injected(ev, time.Now())
-	if f == nil {
-		return
-	}
-	l := r.log.Warn().Str("kind", f.Kind).Str("spec", f.Spec).Int("rank", ev.Rank).Str("host", r.plan.Ranks[ev.Rank].Host).
-		Int("pid", ev.PID).Int("restart", world.restart).Float64("at_s", world.rep.since(time.Now()))
-	if ev.Step > 0 {
-		l = l.Int64("step", ev.Step)
-	}
-	switch {
-	case ev.Ev == "fault-cont":
-		l.Msg("injected stop ended: SIGCONT sent")
-	case ev.Err != "":
-		l.Str("why", ev.Err).Msg("fault not injected")
-	default:
-		l.Str("signal", f.Signal).Msg("fault injected")
-	}
 }
 
 // alsoFailed counts the ranks other than f's that failed on their own.

@@ -102,9 +102,9 @@ func Launch(ctx context.Context, cfg Config, job Job) error {
 // another machine (or Config.Starter is StartSrun) it starts one host agent
 // per host and runs the job through them. The error is nil when every rank
 // of the last world exited 0; otherwise it is the last world's: one of
-// *RankExitError, *StartError, *TimeoutError, *InterruptedError,
-// *program.Error, *plan.SlotsError, *plan.CapacityError, *SupervisorError,
-// *HostError, *VersionError, *HostLostError, *MPIError, *FrozenError,
+// *outcome.RankExitError, *outcome.StartError, *outcome.TimeoutError, *outcome.InterruptedError,
+// *program.Error, *plan.SlotsError, *plan.CapacityError, *outcome.SupervisorError,
+// *outcome.HostError, *outcome.VersionError, *outcome.HostLostError, *outcome.MPIError, *outcome.FrozenError,
 // *output.LostError (every rank succeeded but a log file lost output),
 // *fault.SpecError, or a configuration or context error. The report is
 // never nil.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/plan"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
@@ -36,6 +37,12 @@ func basePlanConfig() plan.Config {
 
 func startFakeJob(t *testing.T, np int, cfg Config) *fakeJob {
 	t.Helper()
+	return startFakeJobIn(t, np, cfg, cfg.loop().world)
+}
+
+// startFakeJobIn is startFakeJob in the world w.
+func startFakeJobIn(t *testing.T, np int, cfg Config, w worldHooks) *fakeJob {
+	t.Helper()
 	c := basePlanConfig()
 	c.NP = np
 	plan, err := plan.New(c)
@@ -44,7 +51,9 @@ func startFakeJob(t *testing.T, np int, cfg Config) *fakeJob {
 	}
 	f := &fakeJob{t: t, events: make(chan wire.Event, 64), cmds: make(chan wire.Cmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
 	cfg.Logger = zerolog.Nop()
-	r := &jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 1}}
+	lc := cfg.loop()
+	lc.world = w
+	r := &jobLoop{cfg: lc, plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 1}}
 	go func() { f.errc <- r.run(context.Background()) }()
 	for i := range np {
 		f.events <- wire.Event{Ev: "started", Rank: i, PID: 1000 + i}
@@ -129,7 +138,7 @@ func TestLoopGraceTiming(t *testing.T) {
 		}
 		f.exit(2, 0, syscall.SIGKILL)
 		err := f.done()
-		var re *RankExitError
+		var re *outcome.RankExitError
 		if !errors.As(err, &re) || re.Rank != 1 || re.Code != 3 || re.PID != 1001 || re.Stopped != 2 {
 			t.Fatalf("err = %v", err)
 		}
@@ -147,7 +156,7 @@ func TestLoopTimeout(t *testing.T) {
 		f.expect("signal", syscall.SIGTERM)
 		f.exit(0, 0, syscall.SIGTERM)
 		f.exit(1, 143, 0)
-		var te *TimeoutError
+		var te *outcome.TimeoutError
 		if err := f.done(); !errors.As(err, &te) || te.Stopped != 2 || te.After != time.Hour {
 			t.Fatalf("err = %v", err)
 		}
@@ -172,7 +181,7 @@ func TestLoopSignals(t *testing.T) {
 		f.expect("kill", 0)
 		f.exit(0, 0, syscall.SIGKILL)
 		f.exit(1, 0, syscall.SIGKILL)
-		var ie *InterruptedError
+		var ie *outcome.InterruptedError
 		if err := f.done(); !errors.As(err, &ie) || ie.Signal != syscall.SIGINT || ie.Stopped != 2 {
 			t.Fatalf("err = %v", err)
 		}
@@ -197,7 +206,7 @@ func TestLoopExitPolicy(t *testing.T) {
 				f.exit(1, 5, 0)
 				f.exit(0, 0, syscall.SIGTERM)
 				f.exit(2, 143, 0)
-				var re *RankExitError
+				var re *outcome.RankExitError
 				err := f.done()
 				// Rank 1 failed on its own: not one gorun stopped.
 				if !errors.As(err, &re) || re.Rank != tc.rank || re.Code != tc.code || re.Stopped != 2 || re.AlsoFailed != 1 {
@@ -222,12 +231,12 @@ func TestLoopIgnoresUnknownRanks(t *testing.T) {
 	})
 }
 
-// An agent that vanishes without "done" is an *SupervisorError.
+// An agent that vanishes without "done" is an *outcome.SupervisorError.
 func TestLoopAgentVanishes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := startFakeJob(t, 2, testConfig())
 		close(f.events)
-		var ae *SupervisorError
+		var ae *outcome.SupervisorError
 		if err := <-f.errc; !errors.As(err, &ae) {
 			t.Fatalf("err = %v", err)
 		}
@@ -252,7 +261,7 @@ func TestLoopHostLost(t *testing.T) {
 		f := &fakeJob{t: t, events: make(chan wire.Event, 64), cmds: make(chan wire.Cmd, 64), errc: make(chan error, 1), killed: make(chan int, 64)}
 		cfg := testConfig()
 		cfg.Logger = zerolog.Nop()
-		r := &jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 2}}
+		r := &jobLoop{cfg: cfg.loop(), plan: plan, log: cfg.Logger, home: &fakeHome{f: f, n: 2}}
 		go func() { f.errc <- r.run(context.Background()) }()
 		for i := range 4 {
 			f.events <- wire.Event{Ev: "started", Rank: i, PID: 1000 + i, Node: i / 2}
@@ -262,7 +271,7 @@ func TestLoopHostLost(t *testing.T) {
 		f.exit(0, 0, syscall.SIGTERM)
 		f.exit(1, 143, 0)
 		err = f.done() // node 0's agent
-		var le *HostLostError
+		var le *outcome.HostLostError
 		if !errors.As(err, &le) || le.Host != "b" || le.FirstRank != 2 || le.Ranks != 2 || le.Stopped != 2 || le.ExitCode() != 255 {
 			t.Fatalf("err = %v, want host b lost with ranks 2-3 and 2 stopped", err)
 		}
@@ -282,7 +291,7 @@ func TestLoopEveryRankFailsOnItsOwn(t *testing.T) {
 		f.exit(0, 3, 0)
 		f.exit(2, 0, syscall.SIGSEGV)
 		err := f.done()
-		var re *RankExitError
+		var re *outcome.RankExitError
 		if !errors.As(err, &re) || re.Rank != 1 || re.Stopped != 0 || re.AlsoFailed != 2 {
 			t.Fatalf("err = %#v", err)
 		}
@@ -356,5 +365,30 @@ func TestLoopCulprit(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// A frozen rank resumed at the teardown can report its peers lost before
+// the stop signal ends it: the verdict still blames it by name and counts
+// only the other ranks as failed because of it.
+func TestBlamedFrozenRankThatReportedIsNotItsOwnConsequence(t *testing.T) {
+	c := basePlanConfig()
+	c.Hosts = []Host{{Name: "a", Slots: 4}}
+	plan, err := plan.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &jobLoop{plan: plan, log: zerolog.Nop()}
+	ranks := []rankState{{pid: 10}, {pid: 11}, {pid: 12, stopped: true, frozen: "T"}, {pid: 13}}
+	why := "rendezvous: rank 2 lost: frozen or unresponsive"
+	fs := []failure{
+		{rank: 3, code: 6, collateral: true, blame: 2, why: why, exitedAt: 1},
+		{rank: 1, code: 6, collateral: true, blame: 2, why: why, exitedAt: 2},
+		{rank: 0, code: 6, collateral: true, blame: 2, why: why, exitedAt: 3},
+		{rank: 2, code: 6, collateral: true, blame: 0, relay: true, why: "aborted: " + why, exitedAt: 4},
+	}
+	var ce *outcome.CollateralError
+	if err := r.blamed(fs, ranks, 1); !errors.As(err, &ce) || ce.Blame != 2 || ce.Frozen != "T" || ce.Failed+ce.Stopped != 3 {
+		t.Fatalf("want rank 2 blamed as frozen and 3 others failed or stopped; got %T %+v: %v", err, ce, err)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/gorun-hpc/gorun/internal/cliflag"
-	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/pmi"
 )
@@ -132,44 +131,6 @@ func (f *pmiFences) add(ev wire.Event) (cmd wire.Cmd, ok bool, err error) {
 	cmd = wire.Cmd{Op: "pmi-release", Epoch: f.epoch}
 	f.epoch, f.seen = f.epoch+1, 0
 	return cmd, true, nil
-}
-
-// MPIError reports a rank that ended the job through MPI's process
-// management: it called MPI_Abort, or it exited 0 after MPI_Init without
-// MPI_Finalize (its peers would have waited for it forever).
-type MPIError struct {
-	Rank int
-	Host string
-	PID  int
-	// Aborted is true for MPI_Abort; Code is then the code it passed.
-	Aborted bool
-	Code    int
-	// Message is the abort's message, when the library sent one.
-	Message string
-	// Stopped is the number of other ranks gorun had to stop.
-	Stopped int
-}
-
-func (e *MPIError) Error() string {
-	cause := "exited before MPI_Finalize (it left the PMI job after MPI_Init without finalizing)"
-	if e.Aborted {
-		cause = fmt.Sprintf("called MPI_Abort with code %d", e.Code)
-		if e.Message != "" {
-			cause += " (" + e.Message + ")"
-		}
-	}
-	return fmt.Sprintf("rank %d (host %s, pid %d) %s; stopped %d other %s",
-		e.Rank, e.Host, e.PID, cause, e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
-}
-
-// ExitCode is the abort code as a process exit status (its low byte, as
-// the shell sees an exit code), or 1 for a rank that left without
-// finalizing.
-func (e *MPIError) ExitCode() int {
-	if e.Aborted {
-		return e.Code & 0xff
-	}
-	return 1
 }
 
 // errPMIProtocol marks a supervisor that broke the fence protocol.

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/output"
 	"github.com/gorun-hpc/gorun/launcher/plan"
 	"github.com/gorun-hpc/gorun/launcher/preload"
@@ -103,7 +104,7 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 		if err == nil {
 			m.ln.Close()
 		}
-		return &InterruptedError{Signal: sig}
+		return &outcome.InterruptedError{Signal: sig}
 	}
 	if err != nil {
 		return err
@@ -153,13 +154,13 @@ func launchOnHosts(ctx context.Context, cfg Config, job Job, id LocalIdentity) (
 	}
 	for node, c := range m.conns {
 		if node >= len(ea.run.plan.Nodes) {
-			ea.run.spares = append(ea.run.spares, c) // up, rankless, until a host is lost
+			ea.run.addSpare(c) // up, rankless, until a host is lost (if not yet)
 		} else if !ea.run.launched[node] {
 			ea.run.launch(c)
 		}
 	}
 	if job.FaultTolerant {
-		m.cfg.ft.takeSpare = ea.run.takeSpare
+		m.cfg.ft.takeSpare, m.cfg.ft.dropSpare = ea.run.takeSpare, ea.run.dropSpare
 	}
 	m.cfg.Logger.Info().Int("early", ea.early).Int("hosts", len(m.conns)).Msg("hosts whose ranks started before every host was up")
 	return ea.run.wait(ctx)
@@ -216,6 +217,11 @@ func (e *earlyStart) verdict(node int, c *hostConn, err error) error {
 		}
 	}
 	for n, hc := range e.up {
+		if n >= len(e.run.plan.Nodes) && len(m.children[n]) == 0 {
+			// A spare's lease starts as soon as it is up (a tree
+			// parent's once start-up no longer reads its connection).
+			e.run.addSpare(hc)
+		}
 		if n < len(e.run.plan.Nodes) && !e.run.launched[n] && len(m.children[n]) == 0 {
 			e.run.launch(hc)
 			if len(e.up) < len(m.nodes) {
@@ -253,9 +259,9 @@ type hostsRun struct {
 	// connWG owns two goroutines per launched host: its pinger and its
 	// connection's reader.
 	connWG sync.WaitGroup
-	// spares are the connections of a fault-tolerant job's spare hosts
-	// not taken yet (ftspare.go); the job loop's goroutine owns them.
-	spares []*hostConn
+	// spares are a fault-tolerant job's spare hosts neither taken nor
+	// lost yet (ftspare.go); the job loop's goroutine owns the list.
+	spares []*spareHost
 }
 
 // rankSink is where a rank's output frames go: the connection reader
@@ -342,7 +348,7 @@ func (r *hostsRun) launch(c *hostConn) {
 			// left alone: one srun starts every host's agent, so
 			// killing it would take the healthy hosts down with the
 			// lost one; it ends when its tasks do.
-			if l := m.starterOf(c.node); l.cmd != nil && l.what != "srun" {
+			if l := m.starterOf(c.agent); l.cmd != nil && l.what != "srun" {
 				_ = syscall.Kill(-l.cmd.Process.Pid, syscall.SIGKILL)
 			}
 		}
@@ -374,7 +380,7 @@ func (r *hostsRun) wait(ctx context.Context) error {
 		flight = prepareFlight(m.cfg, r.out.Stderr())
 		flight.remote = true
 	}
-	err := (&jobLoop{cfg: m.cfg, plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight}).run(ctx)
+	err := (&jobLoop{cfg: m.cfg.loop(), plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight}).run(ctx)
 	stopStdin()
 	if lerr := r.teardown(true); lerr != nil && err == nil {
 		err = lerr
@@ -405,7 +411,7 @@ func (r *hostsRun) abandon(ctx context.Context, cause error) error {
 		cfg := m.cfg
 		cfg.Timeout, cfg.world = 0, nil
 		flight := &flightRecords{log: m.cfg.Logger, stderr: r.out.Stderr(), remote: true}
-		err := (&jobLoop{cfg: cfg, plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight,
+		err := (&jobLoop{cfg: cfg.loop(), plan: r.plan, log: m.cfg.Logger, home: r.home, flight: flight,
 			fenceHosts: len(r.plan.Nodes)}).run(cctx)
 		m.cfg.Logger.Warn().Int("hosts", len(r.home.conns)).Err(err).AnErr("cause", cause).
 			Msg("a host failed to come up after other hosts' ranks started; they were stopped")
@@ -425,8 +431,11 @@ func (r *hostsRun) abandon(ctx context.Context, cause error) error {
 func (r *hostsRun) teardown(reap bool) error {
 	defer r.out.Close()
 	close(r.quit)
-	for _, c := range append(r.home.conns, r.spares...) {
+	for _, c := range r.home.conns {
 		c.w.Close()
+	}
+	for _, s := range r.spares {
+		s.c.w.Close()
 	}
 	r.connWG.Wait()
 	// Every reader has returned: the sinks of hosts never launched, and

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/wire"
 )
 
@@ -73,7 +74,7 @@ func TestWireHandshake(t *testing.T) {
 	}
 
 	// A stranger claiming another protocol is a stranger: a
-	// *HandshakeError that names no host, never a *VersionError.
+	// *HandshakeError that names no host, never a *outcome.VersionError.
 	a, b := net.Pipe()
 	defer a.Close()
 	go func() {
@@ -83,14 +84,14 @@ func TestWireHandshake(t *testing.T) {
 		a.Close()
 	}()
 	_, host, err := acceptAgent(b, secret, "job1", known)
-	var ve *VersionError
+	var ve *outcome.VersionError
 	var he *wire.HandshakeError
 	if errors.As(err, &ve) || !errors.As(err, &he) || host != "" || he.ClaimProtocol != "9" {
 		t.Fatalf("unauthenticated foreign protocol: %v host %q, want a *HandshakeError and no host", err, host)
 	}
 
 	// An agent that holds the secret but speaks another protocol is that
-	// host's *VersionError.
+	// host's *outcome.VersionError.
 	a2, b2 := net.Pipe()
 	defer a2.Close()
 	go func() {
@@ -99,6 +100,6 @@ func TestWireHandshake(t *testing.T) {
 	}()
 	_, host, err = acceptAgent(b2, secret, "job1", known)
 	if !errors.As(err, &ve) || host != "n1" || ve.Remote != "protocol 9" {
-		t.Fatalf("authenticated foreign protocol: %v %q, want a *VersionError for n1", err, host)
+		t.Fatalf("authenticated foreign protocol: %v %q, want a *outcome.VersionError for n1", err, host)
 	}
 }

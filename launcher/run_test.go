@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/program"
 )
 
@@ -306,9 +307,9 @@ func TestRunOutputDirAndTimestamps(t *testing.T) {
 func TestRunFirstFailureStopsTheOthers(t *testing.T) {
 	j := newJobRun(t, 4, "hang", map[int]string{2: "exit:3"})
 	err := j.launch(context.Background())
-	var re *RankExitError
+	var re *outcome.RankExitError
 	if !errors.As(err, &re) {
-		t.Fatalf("err = %v, want *RankExitError", err)
+		t.Fatalf("err = %v, want *outcome.RankExitError", err)
 	}
 	if re.Rank != 2 || re.Code != 3 || re.Signal != 0 || re.Host != "localhost" || re.PID <= 0 || re.ExitCode() != 3 || re.Stopped != 3 {
 		t.Fatalf("got %+v", re)
@@ -322,7 +323,7 @@ func TestRunFirstFailureStopsTheOthers(t *testing.T) {
 func TestRunSignalDeathExitCode(t *testing.T) {
 	j := newJobRun(t, 2, "hang", map[int]string{1: "kill-self:9"})
 	err := j.launch(context.Background())
-	var re *RankExitError
+	var re *outcome.RankExitError
 	if !errors.As(err, &re) || re.Rank != 1 || re.Signal != syscall.SIGKILL || re.ExitCode() != 137 {
 		t.Fatalf("err = %#v, want rank 1 killed by SIGKILL, exit code 137", err)
 	}
@@ -336,7 +337,7 @@ func TestRunGraceThenSIGKILL(t *testing.T) {
 	j := newJobRun(t, 3, "ignore-sigterm", map[int]string{0: "exit:1"})
 	j.cfg.Grace = 200 * time.Millisecond
 	err := j.launch(context.Background())
-	var re *RankExitError
+	var re *outcome.RankExitError
 	if !errors.As(err, &re) || re.Rank != 0 || re.Code != 1 || re.Stopped != 2 {
 		t.Fatalf("err = %v, want rank 0 code 1 with 2 stopped", err)
 	}
@@ -346,7 +347,7 @@ func TestRunTimeout(t *testing.T) {
 	j := newJobRun(t, 2, "hang", nil)
 	j.cfg.Timeout = 300 * time.Millisecond
 	err := j.launch(context.Background())
-	var te *TimeoutError
+	var te *outcome.TimeoutError
 	if !errors.As(err, &te) || te.ExitCode() != 124 || te.Stopped != 2 {
 		t.Fatalf("err = %v, want a timeout with 2 ranks stopped and exit code 124", err)
 	}
@@ -363,7 +364,7 @@ func TestRunForwardsSIGTERM(t *testing.T) {
 	}
 	sigs <- syscall.SIGTERM
 	err := <-errc
-	var ie *InterruptedError
+	var ie *outcome.InterruptedError
 	if !errors.As(err, &ie) || ie.Signal != syscall.SIGTERM || ie.Stopped != 2 || ie.ExitCode() != 143 {
 		t.Fatalf("err = %v, want interrupted by SIGTERM, 2 stopped", err)
 	}
@@ -384,7 +385,7 @@ func TestRunSecondSIGINTKills(t *testing.T) {
 	sigs <- syscall.SIGINT
 	sigs <- syscall.SIGINT
 	err := <-errc
-	var ie *InterruptedError
+	var ie *outcome.InterruptedError
 	if !errors.As(err, &ie) || ie.Signal != syscall.SIGINT || ie.ExitCode() != 130 {
 		t.Fatalf("err = %v, want interrupted by SIGINT", err)
 	}
@@ -427,9 +428,9 @@ func TestRunAgentDeath(t *testing.T) {
 	}
 	syscall.Kill(agents[0], syscall.SIGKILL)
 	err := <-errc
-	var ae *SupervisorError
+	var ae *outcome.SupervisorError
 	if !errors.As(err, &ae) {
-		t.Fatalf("err = %v, want *SupervisorError", err)
+		t.Fatalf("err = %v, want *outcome.SupervisorError", err)
 	}
 	if !launchertest.WaitFor(30*time.Second, func() bool { return len(launchertest.Survivors(j.token)) == 0 }) {
 		t.Fatalf("processes survive the agent's death: %v", launchertest.Survivors(j.token))
@@ -524,11 +525,11 @@ func TestRunUnreachableHostIsNamed(t *testing.T) {
 	j.job.Hosts = []Host{{Name: "gorun-test-remote-host", Slots: 1}}
 	j.cfg.Iface = "127.0.0.0/8" // no name lookup of the made-up host
 	j.cfg.StarterCommand = []string{"sh", "-c", `echo "ssh: connect to host $0 port 22: Connection refused" >&2; exit 255`, "{host}"}
-	var he *HostError
+	var he *outcome.HostError
 	err := j.launch(context.Background())
 	if !errors.As(err, &he) || he.Host != "gorun-test-remote-host" || he.ExitCode() != 255 ||
 		!strings.Contains(err.Error(), "host gorun-test-remote-host: ssh: connect to host gorun-test-remote-host port 22: Connection refused") {
-		t.Fatalf("err = %v, want a *HostError naming the host and the ssh failure", err)
+		t.Fatalf("err = %v, want a *outcome.HostError naming the host and the ssh failure", err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/output"
 	"github.com/gorun-hpc/gorun/launcher/plan"
 	"github.com/gorun-hpc/gorun/launcher/ports"
@@ -20,6 +21,11 @@ import (
 	"github.com/gorun-hpc/gorun/launcher/wire"
 	"github.com/gorun-hpc/gorun/rankenv"
 )
+
+// ErrSupervisorNotDispatched is returned by RunLocal in a process that was
+// started as a per-job supervisor but whose main did not call
+// supervisor.Is/supervisor.Main first.
+var ErrSupervisorNotDispatched = errors.New("launcher: started as the job supervisor, but main does not call supervisor.Is and supervisor.Main (package launcher/supervisor) first")
 
 // RunLocal executes a plan on this machine and returns when every rank and
 // every process a rank started is gone. reserved, when not nil, is released
@@ -69,7 +75,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, reserve
 	sup, err := supervisor.Start(cfg.SupervisorPath, p.Extra, cfg.Stderr, plan.JobID)
 	if err != nil {
 		p.CloseStreams()
-		return &SupervisorError{Err: err}
+		return &outcome.SupervisorError{Err: err}
 	}
 	if p.Spec.Cgroup = sup.CgroupDir(); sup.CgroupErr() != nil {
 		cfg.Logger.Debug().Err(sup.CgroupErr()).Msg("no job cgroup: a SIGKILLed supervisor's escaped descendants are found by their environment only")
@@ -85,7 +91,7 @@ func RunLocal(ctx context.Context, cfg Config, plan *Plan, prog Program, reserve
 	home := newLocalHome(sup, len(plan.Ranks), cfg.Lease)
 	home.sendErr = sendSpec(sup.Send, &p.Spec)
 	start := time.Now()
-	err = (&jobLoop{cfg: cfg, plan: plan, log: cfg.Logger, home: home, flight: flight}).run(ctx)
+	err = (&jobLoop{cfg: cfg.loop(), plan: plan, log: cfg.Logger, home: home, flight: flight}).run(ctx)
 	err = finishLocal(cfg, plan.JobID, sup, home, p, out, &in, err)
 	if err != nil && !flight.printed {
 		flight.print("the job failed", start)
@@ -157,7 +163,7 @@ func finishLocal(cfg Config, jobID string, sup *supervisor.Client, home *localHo
 	}
 	if n += supervisor.KillLeftovers(jobID); n > 0 {
 		cfg.Logger.Warn().Int("processes", n).Msg("killed processes the job left after its supervisor was lost")
-		var se *SupervisorError
+		var se *outcome.SupervisorError
 		if errors.As(err, &se) {
 			se.Leftovers = n
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/internal/tailbuf"
 	"github.com/gorun-hpc/gorun/launcher/hostagent"
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 	"github.com/gorun-hpc/gorun/launcher/privdir"
 	"github.com/gorun-hpc/gorun/launcher/sshkex"
 	"github.com/gorun-hpc/gorun/launcher/wire"
@@ -177,7 +178,7 @@ func (m *hostAgents) startStarter(what string, nodes []int, argv, env []string, 
 	cmd.WaitDelay = time.Second
 	if err := cmd.Start(); err != nil {
 		host := m.nodes[nodes[0]].Name
-		return &HostError{Host: host, Op: "start agent with " + what, Err: err}
+		return &outcome.HostError{Host: host, Op: "start agent with " + what, Err: err}
 	}
 	if stdin != nil {
 		_, _ = io.WriteString(stdin, m.secret+"\n")
@@ -200,7 +201,7 @@ func (m *hostAgents) starterError(l *starter, node int) error {
 	code := l.code
 	tail := l.stderr.Tail()
 	last := lastLine(tail)
-	he := &HostError{Host: host, Op: "start agent with " + l.what}
+	he := &outcome.HostError{Host: host, Op: "start agent with " + l.what}
 	switch {
 	case strings.HasPrefix(l.what, "ssh") && code == 255:
 		he.Op = "ssh"
@@ -209,7 +210,7 @@ func (m *hostAgents) starterError(l *starter, node int) error {
 	case code == 127 || strings.Contains(tail, "No such file or directory") && strings.Contains(tail, m.gorunAt):
 		he.Err = fmt.Errorf("gorun not found at %s on that host (install it there, or name its path with --agent-path)", m.gorunAt)
 	case strings.Contains(tail, `"agent" is not available`) || strings.Contains(tail, "flag provided but not defined"):
-		return &VersionError{Host: host, Remote: "without agent mode (older)", Local: m.cfg.Version}
+		return &outcome.VersionError{Host: host, Remote: "without agent mode (older)", Local: m.cfg.Version}
 	case code >= 0:
 		he.Err = fmt.Errorf("exited with code %d before its agent connected", code)
 	default:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
+	"github.com/gorun-hpc/gorun/launcher/outcome"
 )
 
 // supervisorOf returns the pid of the supervisor of the job whose rank 0
@@ -72,9 +73,9 @@ func TestRunSupervisorDeath(t *testing.T) {
 				_ = syscall.Kill(sup, syscall.SIGKILL)
 				t.Fatalf("gorun still waiting 20s after the supervisor got %v", tc.sig)
 			}
-			var se *SupervisorError
+			var se *outcome.SupervisorError
 			if !errors.As(err, &se) || !strings.Contains(err.Error(), tc.want) || se.Ranks != 3 || se.Leftovers < 3 {
-				t.Fatalf("got %T %v, want a SupervisorError saying %q with 3 ranks and at least their 3 children killed", err, err, tc.want)
+				t.Fatalf("got %T %v, want a outcome.SupervisorError saying %q with 3 ranks and at least their 3 children killed", err, err, tc.want)
 			}
 			t.Logf("%v after %v: %v", tc.sig, time.Since(hit).Round(time.Millisecond), err)
 		})

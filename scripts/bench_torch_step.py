@@ -5,6 +5,7 @@ by scripts/bench-torch-step.sh):
     gorun.torch fsdp  vs  torch FSDP2 (fully_shard) over gloo (re-gathers at
                           their reader, the default regather_ahead=0, and one
                           block ahead, regather_ahead=1)
+    torch DDP and torch FSDP2 over gorun's backend  vs  the same over gloo
 
 Every variant trains its own copy of one GPT-like model (tied embedding) on
 the same batches. Rounds are paired and rotated: each round runs every
@@ -77,7 +78,8 @@ class FullBytes:
         self.peak = max(self.peak, n)
 
 
-VARIANTS = ("torch-ddp-gorun", "gorun-ddp", "torch-ddp", "gorun-fsdp", "gorun-fsdp-0", "torch-fsdp2")
+VARIANTS = ("torch-ddp-gorun", "gorun-ddp", "torch-ddp", "gorun-fsdp", "gorun-fsdp-0", "torch-fsdp2",
+            "torch-fsdp2-gorun")
 
 
 def make_variants(args):
@@ -123,6 +125,16 @@ def make_variants(args):
         fully_shard(m)
         v["torch-fsdp2"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
         v["torch-fsdp2-mem"] = FullBytes(m)
+    if "torch-fsdp2-gorun" in want:
+        # The same FSDP2 model on a one-dimensional CPU mesh over gorun's
+        # group: the backend's all-gathers and reduce-scatters against gloo's.
+        from torch.distributed.device_mesh import DeviceMesh
+        mesh = DeviceMesh.from_group(pg, "cpu")
+        m = model(args)
+        for b in m.blocks:
+            fully_shard(b, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        v["torch-fsdp2-gorun"] = (m, torch.optim.SGD(m.parameters(), lr=0.01))
     return v
 
 
@@ -165,6 +177,9 @@ RATIOS = (
     ("fsdp", "gorun-fsdp-0", "torch-fsdp2", "gorun/torch-FSDP2-gloo",
      "goal <= 1.1; the default: re-gathers at their reader, regather_ahead=0"),
     ("fsdp", "gorun-fsdp-0", "gorun-fsdp", "regather_ahead=0 / regather_ahead=1", "the default's choice: step time of each"),
+    ("ddp ", "torch-ddp-gorun", "torch-ddp", "torch-DDP-gorun/torch-DDP-gloo", "goal < 1.0: torch DDP, backend gorun vs gloo"),
+    ("fsdp", "torch-fsdp2-gorun", "torch-fsdp2", "torch-FSDP2-gorun/torch-FSDP2-gloo",
+     "goal < 1.0: torch FSDP2, backend gorun vs gloo"),
 )
 
 
@@ -179,10 +194,10 @@ def report(args, n, v, per, cpu, mem):
     if hasattr(os, "getloadavg"):
         print("load average at the end: %.1f %.1f %.1f" % os.getloadavg())
     for k in per:
-        print("  %-15s step %8.2f ms (median of round medians; rounds: %s)"
+        print("  %-17s step %8.2f ms (median of round medians; rounds: %s)"
               % (k, 1e3 * med[k], " ".join("%.1f" % (1e3 * x) for x in per[k])))
     for k in cpu:
-        print("  %-15s CPU  %8.2f ms per step, all ranks' threads (median of round medians)"
+        print("  %-17s CPU  %8.2f ms per step, all ranks' threads (median of round medians)"
               % (k, 1e3 * statistics.median(cpu[k])))
     ratios = list(RATIOS)
     for name in args.extra:

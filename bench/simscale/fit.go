@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorun-hpc/gorun/rendezvous"
 	"github.com/gorun-hpc/gorun/sim"
 )
 
@@ -137,7 +138,8 @@ func measureCosts(rounds int, gorunBin string, rss []rssPoint, logf func(string,
 
 // measureProcesses measures what real processes cost (the launch's, the
 // launcher's memory from rss, a rank process's start and idle timers),
-// sets the PMI sizes taken from notes/scale.md, and validates c whole.
+// sets the PMI sizes taken from notes/scale.md; the caller validates c
+// once the death costs are in (loadOrMeasure).
 func measureProcesses(c *sim.Costs, gorunBin string, rss []rssPoint, rounds int, logf func(string, ...any)) error {
 	if err := measureLaunch(c, gorunBin, logf); err != nil {
 		return err
@@ -156,7 +158,9 @@ func measureProcesses(c *sim.Costs, gorunBin string, rss []rssPoint, rounds int,
 	if err := measureProcessCosts(c, gorunBin, 2*rounds+1, logf); err != nil {
 		return err
 	}
-	return c.Validate()
+	// The stand-ins of the wake-up excess spend the idle CPU just
+	// measured.
+	return measureWake(c, rounds, rendezvous.DefaultConfig().GossipInterval, logf)
 }
 
 // measureProcessCosts sets c's ProcessStart and ProcessIdle from jobs real

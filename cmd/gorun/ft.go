@@ -61,6 +61,14 @@ func writeFTSummary(w io.Writer, r *launcher.FTReport) {
 		}
 		fmt.Fprintln(w)
 	}
+	for _, s := range r.LostSpares {
+		fmt.Fprintf(w, "gorun:   spare host %s lost while idle at %.3fs (%s): no longer offered", s.Host, s.At, s.Why)
+		if len(s.SparesLeft) == 0 {
+			fmt.Fprintln(w, "; no spare host was left after it")
+		} else {
+			fmt.Fprintf(w, "; spare hosts left %v\n", s.SparesLeft)
+		}
+	}
 	if r.Exhausted != "" {
 		fmt.Fprintf(w, "gorun:   the job was stopped: %s\n", r.Exhausted)
 	}

@@ -107,5 +107,10 @@ func TestUnderGorun(t *testing.T) {
 				t.Errorf("gorun's stderr lacks %q:\n%s", want, errb.String())
 			}
 		}
+		// Printed at the timeout, the table is not printed again when the
+		// job has ended.
+		if n := strings.Count(errb.String(), "gorun: flight records ("); n != 1 {
+			t.Errorf("gorun printed the flight table %d times, want once:\n%s", n, errb.String())
+		}
 	})
 }

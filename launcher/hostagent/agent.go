@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -224,8 +225,20 @@ func serve(o Options, key []byte, log zerolog.Logger, stderr io.Writer) error {
 	_ = c.SetDeadline(time.Time{})
 	kids := startChildren(job.Launch, hex.EncodeToString(key), w, log)
 	defer kids.stop(job.Lease + job.Grace)
+	// A spare host's agent is told so ("spare", once gorun planned the
+	// job): from then on it pings gorun and waits at most a lease for
+	// gorun's pings (wire/idle.go), ending when they stop.
+	var spare time.Duration
+	stopSpare := make(chan struct{})
+	var spareWG sync.WaitGroup
+	endSpare := sync.OnceFunc(func() { close(stopSpare); spareWG.Wait() })
+	defer endSpare()
 	for {
-		m, err = w.ReadMsg()
+		if spare > 0 {
+			m, err = w.ReadMsgWithin(spare)
+		} else {
+			m, err = w.ReadMsg()
+		}
 		if err == nil && m.T == "setup-over" {
 			kids.quiet()
 			if err := w.Send(wire.Msg{T: "setup-over-ack"}); err != nil {
@@ -233,12 +246,24 @@ func serve(o Options, key []byte, log zerolog.Logger, stderr io.Writer) error {
 			}
 			continue
 		}
+		if err == nil && m.T == "spare" && spare == 0 {
+			spare = job.Lease
+			w.SetWriteTimeout(spare)
+			spareWG.Go(func() { w.PingEvery(spare/4, stopSpare) })
+			continue
+		}
+		if err != nil && spare > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+			// Silent past the lease; a hang-up is the job's end, below.
+			c.Close() // a ping stuck on the dead link returns
+			return fmt.Errorf("lost gorun while waiting as a spare host: %w", err)
+		}
 		if err != nil || m.T != "spec" {
 			// gorun gave up on the job (another host failed): nothing started.
 			return nil
 		}
 		break
 	}
+	endSpare()
 	reserved.Release()
 	return relay(w, job, hello, specWithSecret(m.Ranks, key), m.PMI, log, stderr)
 }

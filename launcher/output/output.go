@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorun-hpc/gorun/internal/plural"
@@ -162,8 +163,9 @@ func (e *LostError) ExitCode() int { return 74 }
 // end the stream with end.
 type streamer struct {
 	rank int
-	// host, when set, is added to the tag: [rank,host].
-	host string
+	// host, when set, is added to the tag: [rank,host]. Job.Moved
+	// changes it while the stream is read.
+	host atomic.Pointer[string]
 	r    io.Reader
 	// term receives the terminal copy; tag adds "[rank] " there.
 	term *Sink
@@ -305,8 +307,8 @@ func (s *streamer) put(cont, lines []byte, open bool) {
 	}
 	if s.tag {
 		tag := append([]byte{'['}, strconv.Itoa(s.rank)...)
-		if s.host != "" {
-			tag = append(append(tag, ','), s.host...)
+		if h := s.host.Load(); h != nil && *h != "" {
+			tag = append(append(tag, ','), *h...)
 		}
 		ts = append(append(tag, "] "...), ts...)
 	}
@@ -494,7 +496,8 @@ func (o *Job) Add(rank int, host string, kind byte, r io.Reader) {
 	if kind == 2 {
 		term = o.stderr
 	}
-	st := &streamer{rank: rank, host: host, r: r, term: term, tag: o.tag, now: o.now}
+	st := &streamer{rank: rank, r: r, term: term, tag: o.tag, now: o.now}
+	st.host.Store(&host)
 	if o.logs != nil {
 		st.file = o.logs[rank]
 	}
@@ -503,6 +506,29 @@ func (o *Job) Add(rank int, host string, kind byte, r io.Reader) {
 		return
 	}
 	o.streams = append(o.streams, st)
+}
+
+// Moved says that rank's process runs on host from now on (a
+// fault-tolerant rank started again on a spare host): its terminal lines
+// are tagged with host, and note, a whole line, goes to its log with
+// Config.Dir (the log is the rank's, whatever host it runs on). Call after
+// Add; safe for concurrent use with the streams being read.
+func (o *Job) Moved(rank int, host, note string) {
+	o.mu.Lock() // Start may move polled streams to streams
+	for _, st := range o.streams {
+		if st.rank == rank {
+			st.host.Store(&host)
+		}
+	}
+	for _, ps := range o.polled {
+		if ps.s.rank == rank {
+			ps.s.host.Store(&host)
+		}
+	}
+	o.mu.Unlock()
+	if o.logs != nil && rank < len(o.logs) {
+		o.logs[rank].WriteLines([]byte(note))
+	}
 }
 
 // Start starts reading: the poller over the polled streams, and one

@@ -280,9 +280,13 @@ func TestPollerLongLineStall(t *testing.T) {
 	var out lockedBuffer
 	j, ws := pipeJob(t, Config{Stdout: &out, Stderr: &out, Tag: true}, 2)
 	long := strings.Repeat("y", maxLine+100)
+	// The hold runs from rank 0's last piece, read after this write: timed
+	// from here, the wait is never below holdStall, however late the sleep
+	// below wakes on a loaded machine (timed from after it, an oversleep of
+	// half a second would read as a hold released early).
+	start := time.Now()
 	_, _ = ws[0][0].Write([]byte(long)) // then silence, pipe open
 	time.Sleep(50 * time.Millisecond)
-	start := time.Now()
 	_, _ = ws[1][0].Write([]byte("short\n"))
 	for !strings.Contains(out.String(), "[1] short\n") {
 		if time.Since(start) > 5*time.Second {
@@ -303,7 +307,7 @@ func TestPollerLongLineStall(t *testing.T) {
 		t.Errorf("got %d bytes: %.30q ... %q", len(got), got, got[max(0, len(got)-40):])
 	}
 	if waited < holdStall/2 || waited > 3*holdStall {
-		t.Errorf("rank 1's line waited %v, want about holdStall (%v)", waited, holdStall)
+		t.Errorf("rank 1's line came %v after rank 0 went quiet, want about holdStall (%v)", waited, holdStall)
 	}
 }
 

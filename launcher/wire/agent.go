@@ -11,7 +11,8 @@ type Msg struct {
 	// it found), "spec" (gorun: the ranks to start), "cmd" (gorun: a
 	// Cmd), "event" (agent: an Event),
 	// "supervisor-lost" (agent, Err: how its job supervisor died, just
-	// before it hangs up).
+	// before it hangs up), "spare" (gorun: this rankless agent is a spare
+	// host; both sides ping and keep a lease from now on: idle.go).
 	T     string     `json:"t"`
 	Job   *Job       `json:"job,omitempty"`
 	Hello *Hello     `json:"hello,omitempty"`

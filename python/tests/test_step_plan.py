@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gorun.torch as gt  # noqa: E402
+from gorun._lib import GorunError  # noqa: E402
 from gorun.torch import _plan  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
@@ -94,6 +95,147 @@ def test_device_tensors_are_refused_clearly():
     model = GPT().to("meta")
     with pytest.raises(RuntimeError, match=r"'pos' is on meta; gorun.torch runs host \(CPU\) tensors only"):
         gt.distribute(model)
+
+
+def test_a_cuda_model_is_refused_without_a_gpu():
+    # A CUDA model on a machine without one: FakeTensorMode makes
+    # parameters whose device is cuda:0 with no driver behind them.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        model = torch.nn.Linear(4, 4, device="cuda")
+    assert model.weight.device.type == "cuda"
+    with pytest.raises(RuntimeError, match=r"'weight' is on cuda:0; gorun.torch runs host \(CPU\) tensors only"):
+        gt.distribute(model, mode="fsdp")
+
+
+def _one_step(m, opt):
+    x = torch.randint(0, 64, (2, 16))
+    m(x, torch.roll(x, -1, 1)).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_distributed_model_is_not_moved_or_cast(mode):
+    # After distribute(), the buckets, shards and bucket-viewed gradients
+    # hold the CPU tensors: .to(device) / .cuda() / a cast is refused
+    # before anything changes; a move or cast to what the tensors already
+    # are goes through, and training goes on.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    torch.manual_seed(0)
+    m = gt.distribute(GPT(d=64), mode=mode)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    for _ in range(2):
+        _one_step(m, opt)
+    before = [(n, p.device, p.dtype, p.data_ptr()) for n, p in m.named_parameters()]
+    with pytest.raises(RuntimeError,
+                       match=r"would become float32 on meta: a distributed model's tensors cannot be moved"):
+        m.to("meta")
+    with pytest.raises(RuntimeError, match=r"\(float32 on cpu\) would become float64 on cpu"):
+        m.double()
+    with FakeTensorMode(allow_non_fake_inputs=True):  # .cuda() as on a GPU machine
+        with pytest.raises(RuntimeError, match=r"would become float32 on cuda:0"):
+            m.cuda()
+    assert [(n, p.device, p.dtype, p.data_ptr()) for n, p in m.named_parameters()] == before
+    assert m.to("cpu") is m and m.float() is m
+    _one_step(m, opt)
+    assert m.metrics()["steps"] >= 3
+    m.close()
+
+
+@pytest.mark.parametrize("mode,collective", [("ddp", "ar/"), ("fsdp", "ag/")])
+def test_the_trace_is_a_perfetto_timeline_of_the_steps(tmp_path, mode, collective):
+    # distribute(trace=...) writes the Trace Event Format's JSON object form,
+    # which ui.perfetto.dev and chrome://tracing load: every event with a
+    # name, a phase of the format, a time, pid (the rank) and tid; complete
+    # events with a duration; every async span begun and ended once; the
+    # tracks named; the step's collectives, regions and steps in it.
+    torch.manual_seed(0)
+    m = gt.distribute(GPT(d=64), mode=mode, trace=str(tmp_path / "t-{rank}.json"))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    for _ in range(3):
+        _one_step(m, opt)
+    path = m.metrics()["trace"]
+    m.close()
+    assert path == str(tmp_path / "t-0.json"), path
+    with open(path) as f:
+        ev = json.load(f)["traceEvents"]
+    assert ev, "an empty trace"
+    spans = {}
+    for e in ev:
+        assert isinstance(e["name"], str) and e["name"], e
+        assert e["ph"] in ("X", "B", "E", "i", "I", "C", "b", "e", "n", "M"), e
+        assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0, e
+        assert e["pid"] == 0 and isinstance(e["tid"], int), e
+        if e["ph"] == "X":
+            assert e.get("dur", 0) >= 0, e
+        if e["ph"] in "be":
+            spans.setdefault((e.get("cat"), e["id"]), []).append(e["ph"])
+    assert spans and all(sorted(v) == ["b", "e"] for v in spans.values()), spans
+    names = {e["name"] for e in ev}
+    assert {"process_name", "thread_name", "forward blocks.0", "step 2"} <= names, sorted(names)
+    assert any(n.startswith(collective) for n in names), sorted(names)
+
+
+def test_dump_plan_writes_the_graph_gorun_plan_prints(tmp_path):
+    # distribute(dump_plan=...) writes the planned step graph; `gorun plan`
+    # reads it and prints the buckets the executor runs, the same number.
+    torch.manual_seed(0)
+    path = tmp_path / "plan.json"
+    m = gt.distribute(GPT(d=64), mode="fsdp", dump_plan=str(path))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    for _ in range(2):  # the first step is measured and planned from
+        _one_step(m, opt)
+    buckets = m.metrics()["buckets"]
+    m.close()
+    gorun = os.environ.get("GORUN_BIN", os.path.join(ROOT, "bin", "gorun"))
+    if not os.path.isfile(gorun):
+        pytest.fail("%s is missing: run `make build` (make test-python does)" % gorun)
+    p = subprocess.run([gorun, "plan", "--passes", "", "-json", str(path)], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, timeout=120)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")
+    printed = json.loads(p.stdout)
+    names = [b["name"] for b in printed["buckets"]]
+    assert buckets > 0 and len(names) == buckets, (buckets, names)
+    assert "ag/blocks.0" in names and "ag/blocks.0@bwd" in names, names  # gathered, re-gathered for backward
+
+
+class _CalledTwice(torch.nn.Module):
+    """Three blocks; with again set, the first is called a second time."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(3)])
+        self.again = False
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = torch.tanh(b(x))
+        if self.again:
+            x = self.blocks[0](x)
+        return x.sum()
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_module_called_twice_in_a_step_is_refused_naming_it(mode):
+    # In the measured step (no plan yet) and in a planned one: an error
+    # naming the region, never a hang or a silently wrong plan.
+    m = _CalledTwice()
+    m.again = True
+    d = gt.distribute(m, mode=mode)
+    with pytest.raises(RuntimeError, match=r"region 'blocks.0' ran twice in one forward"):
+        d(torch.randn(2, 8))
+    d.close()
+    m = _CalledTwice()
+    d = gt.distribute(m, mode=mode)
+    for _ in range(2):  # measured, then planned
+        d(torch.randn(2, 8)).backward()
+    assert d.plan() is not None
+    m.again = True
+    with pytest.raises(GorunError,
+                       match=r'region "blocks.0" entered out of the plan\'s order.*a module called twice in one step'):
+        d(torch.randn(2, 8))
+    d.close()
 
 
 def test_unknown_mode_and_misplaced_options_are_refused():

@@ -104,6 +104,20 @@ def test_spawn_with_world_size_set_without_rank_under_gorun(launcher):
         ranks_ok(out, 3, "spawn %s" % init)
 
 
+def test_spawn_with_world_size_set_without_rank_without_gorun(launcher):
+    """The same as above in a process gorun did not start: WORLD_SIZE is
+    exported (as torch's own runner does), RANK is not, and the spawned
+    processes init_process_group with rank= and world_size=2 (tcp:// only:
+    the identity is decided before the store's kind matters)."""
+    p = subprocess.run([sys.executable, PROG, "spawn", "2", "gorun", str(free_port()), "tcp"],
+                       env=clean_env(launcher.lib, WORLD_SIZE=2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=300)
+    out = p.stdout.decode(errors="replace")
+    assert p.returncode == 0, out[-6000:]
+    ranks_ok(out, 2, "spawn tcp")
+    assert "spawn file" not in out, out[-6000:]
+
+
 def test_a_backend_per_device_gives_gorun_the_cpu_tensors(launcher):
     """init_process_group("cpu:gorun,cuda:gloo"): the group's CPU backend is
     gorun's (on a machine with GPUs, "cpu:gorun,cuda:nccl" is the same; on

@@ -125,6 +125,19 @@ def case_surface():
         raise AssertionError("all_reduce of a meta tensor returned")
     except ValueError as e:
         assert "allreduce" in str(e) and "cpu:gorun,cuda:nccl" in str(e), e
+    # a CUDA tensor without a GPU: FakeTensorMode gives one whose device is
+    # cuda:0; the backend names it before anything is sent
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        cuda = torch.ones(2, device="cuda")
+    for what, call in (("allreduce", lambda: dist.all_reduce(cuda)),
+                       ("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(
+                           torch.empty(2 * dist.get_world_size()), cuda))):
+        try:
+            call()
+            raise AssertionError("%s of a CUDA tensor returned" % what)
+        except ValueError as e:
+            assert ("gorun %s: " % what) in str(e) and "is on cuda:0" in str(e), e
     surface(dist.get_rank(), dist.get_world_size())
     say("surface ok")
     dist.destroy_process_group()
@@ -212,12 +225,14 @@ def _spawned(rank, n, init_method, backend, out):
 
 def case_spawn():
     """torch.multiprocessing.spawn with explicit rank and world_size through
-    tcp:// and file://; argv: N [gorun|gloo]."""
+    tcp:// and file://; argv: N [gorun|gloo] [PORT] [tcp|file|tcp,file]."""
     n = int(sys.argv[2])
     backend = sys.argv[3] if len(sys.argv) > 3 else "gorun"
     port = sys.argv[4] if len(sys.argv) > 4 else "0"
+    kinds = sys.argv[5].split(",") if len(sys.argv) > 5 else ["tcp", "file"]
     with tempfile.TemporaryDirectory() as d:
-        for init in ("tcp://127.0.0.1:%s" % port, "file://" + os.path.join(d, "store")):
+        methods = {"tcp": "tcp://127.0.0.1:%s" % port, "file": "file://" + os.path.join(d, "store")}
+        for init in [methods[k] for k in kinds]:
             mp.spawn(_spawned, args=(n, init, backend, None), nprocs=n, join=True)
     print("spawn ok", flush=True)
 

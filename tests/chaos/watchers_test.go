@@ -442,11 +442,11 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 	}()
 	targets, err := watcherPids(gorunPid, r.hosts, r.kill)
 	if err != nil {
-		return watcherResult{err: err.Error()}
+		return watcherNotFound(err, gorunPid, out.String())
 	}
 	stopped, err := watcherPids(gorunPid, r.hosts, r.stop)
 	if err != nil {
-		return watcherResult{err: err.Error()}
+		return watcherNotFound(err, gorunPid, out.String())
 	}
 	for _, p := range stopped {
 		procs = append(procs, tracked{p, startTime(p)}) // the deferred cleanup kills it too
@@ -495,13 +495,26 @@ func runWatchers(t *testing.T, r watcherRow) watcherResult {
 	return res
 }
 
-// initChild waits for the init stand-in's child (gorun) and returns its
-// pid, 0 if none came within 10 s.
+// watcherNotFound is the result of a run whose watchers were not all
+// found: it says what gorun was doing (a gorun that ended the job early
+// leaves no supervisor below it).
+func watcherNotFound(err error, gorunPid int, out string) watcherResult {
+	return watcherResult{err: fmt.Sprintf("%v (gorun pid %d state %q); gorun's output:\n%s",
+		err, gorunPid, stateOf(gorunPid), lastLines(out, 10))}
+}
+
+// initChild waits for the init stand-in's child that runs gorun (not
+// merely the first child listed: /proc lists pids as names, so 12000
+// comes before 9000, and the stand-in, a subreaper, also adopts orphans;
+// before its exec the child still runs the stand-in) and returns its pid,
+// 0 if none came within 10 s.
 func initChild(init int) int {
 	pid := 0
 	launchertest.WaitFor(10*time.Second, func() bool {
-		if c := childrenOf(init); len(c) > 0 {
-			pid = c[0]
+		for _, c := range childrenOf(init) {
+			if args := cmdline(c); len(args) > 0 && args[0] == gorunBin {
+				pid = c
+			}
 		}
 		return pid != 0
 	})

@@ -64,6 +64,9 @@ type ftHostReport struct {
 type ftHostJob struct {
 	*job
 	report string
+	// steps is how many steps the trainer runs (ftHostSteps unless a
+	// test gives another).
+	steps int
 	// final is each rank's "replica R incarnation I steps S state D"
 	// fields; lines each rank's output lines, untagged.
 	final map[int][]string
@@ -74,13 +77,19 @@ type ftHostJob struct {
 // hf (np ranks); extra goes to gorun before the program, trainer after.
 func newFTHostJob(t *testing.T, h *testhosts.Netns, hf string, np int, gorunArgs, trainerArgs []string) *ftHostJob {
 	t.Helper()
+	return newFTHostJobSteps(t, h, hf, np, ftHostSteps, gorunArgs, trainerArgs)
+}
+
+// newFTHostJobSteps is newFTHostJob with a trainer of steps steps.
+func newFTHostJobSteps(t *testing.T, h *testhosts.Netns, hf string, np, steps int, gorunArgs, trainerArgs []string) *ftHostJob {
+	t.Helper()
 	dir := launchertest.Build(t, "examples/trainer")
-	j := &ftHostJob{job: &job{t: t, h: h, token: launchertest.NewToken(t.Name())}, report: filepath.Join(t.TempDir(), "report.json")}
+	j := &ftHostJob{job: &job{t: t, h: h, token: launchertest.NewToken(t.Name())}, report: filepath.Join(t.TempDir(), "report.json"), steps: steps}
 	a := []string{"--launch-agent", strings.Join(h.SSHArgs(), " "), "-hostfile", hf, "-np", strconv.Itoa(np), "--grace", "3s",
 		"--fault-tolerant", "--tag-output", "--report", j.report, "-x", launchertest.TokenEnv + "=" + j.token, "-x", "GORACE=atexit_sleep_ms=0"}
 	a = append(a, gorunArgs...)
 	a = append(a, filepath.Join(dir, "trainer"), "--fault-tolerant", "--model", "small", "--batch", "12",
-		"--steps", strconv.Itoa(ftHostSteps), "--step-sleep", "40ms")
+		"--steps", strconv.Itoa(steps), "--step-sleep", "40ms")
 	a = append(a, trainerArgs...)
 	j.cmd = exec.Command(gorunBin, a...)
 	j.cmd.Stdout, j.cmd.Stderr = &j.stdout, &j.stderr
@@ -129,8 +138,8 @@ func (j *ftHostJob) survived(ranks []int, equal ...[]int) {
 		if f == nil {
 			j.t.Fatalf("survivor rank %d printed no final state\nstdout:\n%s\nstderr:\n%s", rk, j.stdout.String(), j.stderr.String())
 		}
-		if f[1] != "0" || f[2] != strconv.Itoa(ftHostSteps) {
-			j.t.Errorf("survivor rank %d ended as incarnation %s at step %s, want its first process at step %d", rk, f[1], f[2], ftHostSteps)
+		if f[1] != "0" || f[2] != strconv.Itoa(j.steps) {
+			j.t.Errorf("survivor rank %d ended as incarnation %s at step %s, want its first process at step %d", rk, f[1], f[2], j.steps)
 		}
 		var steps []int
 		for _, l := range j.lines[rk] {
@@ -141,7 +150,7 @@ func (j *ftHostJob) survived(ranks []int, equal ...[]int) {
 		}
 		for i, s := range steps {
 			if s != i+1 {
-				j.t.Errorf("survivor rank %d committed steps %v: want 1..%d, each once", rk, steps, ftHostSteps)
+				j.t.Errorf("survivor rank %d committed steps %v: want 1..%d, each once", rk, steps, j.steps)
 				break
 			}
 		}

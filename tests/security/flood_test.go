@@ -27,7 +27,10 @@ func TestRankPortsFloodFromAJobHost(t *testing.T) {
 	template := fmt.Sprintf(`--launch-agent=sh -c 'sleep 0.5; case "$*" in *%s*) sleep 2;; esac; exec "$0" "$@"' %s`,
 		h.Hosts[1], strings.Join(h.SSHArgs(), " "))
 	hostsArg := h.Hosts[0] + ":2," + h.Hosts[1] + ":2"
-	type times struct{ formed, reduced time.Duration }
+	type times struct {
+		formed, reduced time.Duration
+		weak            []string // floods that made fewer than 1000 connections
+	}
 	launch := func(flood bool) times {
 		t.Helper()
 		start := time.Now()
@@ -55,29 +58,45 @@ func TestRankPortsFloodFromAJobHost(t *testing.T) {
 		t0 := time.Now()
 		j.finish(4)
 		reduced := time.Since(t0)
+		var weak []string
 		if flood {
 			for _, out := range append(data, gossip) {
 				o := out()
 				if !regexp.MustCompile(`dials=[1-9]\d{3,}`).MatchString(o) {
-					t.Errorf("a flood made fewer than 1000 connections: %s", o)
+					weak = append(weak, strings.TrimSpace(o))
 				}
 				t.Log(strings.TrimSpace(o))
 			}
 		}
-		return times{formed, reduced}
+		return times{formed, reduced, weak}
 	}
 	clean := launch(false)
-	best := times{1 << 62, 1 << 62}
+	best := times{formed: 1 << 62, reduced: 1 << 62}
 	var formed, reduced []time.Duration
-	for i := range floodRuns() {
+	var weak []string
+	// A flood redials only while its rank lives and closes its
+	// connections, both slower on a loaded machine (one data-port flood
+	// made 718 beside a load of 20, the others about 1,050): a run with a
+	// flood under 1,000 connections shows nothing about the delay it would
+	// cause, and is not counted; another run takes its place, up to twice
+	// the runs asked for.
+	for i := 0; len(formed) < floodRuns() && i < 2*floodRuns(); i++ {
 		if i > 0 && measuring() {
 			clean = launch(false) // each flooded launch beside its own anchor
 		}
 		f := launch(true)
 		t.Logf("run %d: formed in %v (clean %v), all-reduce in %v (clean %v)", i+1, f.formed, clean.formed, f.reduced, clean.reduced)
+		if len(f.weak) > 0 {
+			t.Logf("run %d not counted: a flood made fewer than 1000 connections: %v", i+1, f.weak)
+			weak = append(weak, f.weak...)
+			continue
+		}
 		best.formed = min(best.formed, f.formed-clean.formed)
 		best.reduced = min(best.reduced, f.reduced-clean.reduced)
 		formed, reduced = append(formed, f.formed-clean.formed), append(reduced, f.reduced-clean.reduced)
+	}
+	if len(formed) == 0 {
+		t.Fatalf("no flooded run had every flood at 1000 connections or more: %v", weak)
 	}
 	t.Logf("rank-port floods: median delay of the formation %v, of the all-reduce %v, over %d runs", median(formed), median(reduced), len(formed))
 	// As in TestAgentPortFloodFromAJobHost: the promise is about a
@@ -86,10 +105,10 @@ func TestRankPortsFloodFromAJobHost(t *testing.T) {
 	// members out of the seed and its ranks out of the first host's data
 	// ports until the floods end, 6-8 s later.
 	if best.formed > 1500*time.Millisecond {
-		t.Errorf("the gossip flood delayed the formation by %v at best of 2 runs (clean %v)", best.formed, clean.formed)
+		t.Errorf("the gossip flood delayed the formation by %v at best of %d runs (clean %v)", best.formed, len(formed), clean.formed)
 	}
 	if best.reduced > 1500*time.Millisecond {
-		t.Errorf("the data-port floods delayed the all-reduce by %v at best of 2 runs (clean %v)", best.reduced, clean.reduced)
+		t.Errorf("the data-port floods delayed the all-reduce by %v at best of %d runs (clean %v)", best.reduced, len(reduced), clean.reduced)
 	}
 }
 

@@ -565,6 +565,31 @@ class DistributedModel(nn.Module):
         wrapper's own ("module."-prefixed) ones."""
         return self.module.load_state_dict(self._module_keys(state_dict), strict=strict, assign=assign)
 
+    def _apply(self, fn, recurse=True):
+        """Every move and cast (.to, .cuda, .double, .to_empty, ...) goes
+        through here. Once the model is distributed, only one that leaves
+        each tensor as it is (``.to("cpu")``, ``.float()`` on float32) is
+        let through: the executor's buckets, the shards and the gradients
+        viewed in bucket memory were made for these CPU tensors of these
+        dtypes, so a moved or cast parameter would go on training with
+        gradients that are never reduced. Each tensor's kind is probed on a
+        one-element CPU tensor of its dtype before anything is changed, so
+        a refused call changes nothing."""
+        probes = {}
+        for name, t in list(self.named_parameters()) + list(self.named_buffers()):
+            if t.dtype not in probes:
+                p = torch.zeros(1, dtype=t.dtype)
+                probes[t.dtype] = (p, fn(p))
+            p, q = probes[t.dtype]
+            if q is not p:
+                raise RuntimeError(
+                    "gorun.torch.distribute: %r (%s on %s) would become %s on %s: a distributed model's tensors "
+                    "cannot be moved or cast, since its buckets and shards hold them where they are; move or cast "
+                    "the model before distribute() (gorun.torch runs CPU tensors; there is no silent CPU path for "
+                    "device tensors)" % (name, str(t.dtype).replace("torch.", ""), t.device,
+                                         str(q.dtype).replace("torch.", ""), q.device))
+        return super()._apply(fn, recurse)
+
     def _module_keys(self, state_dict):
         keys = list(state_dict)
         own = self.module.state_dict().keys()

@@ -1,4 +1,4 @@
-package launcher
+package outcome
 
 import (
 	"errors"
@@ -10,11 +10,6 @@ import (
 	"github.com/gorun-hpc/gorun/internal/plural"
 	"github.com/gorun-hpc/gorun/launcher/program"
 )
-
-// ErrSupervisorNotDispatched is returned by RunLocal in a process that was
-// started as a per-job supervisor but whose main did not call
-// supervisor.Is/supervisor.Main first.
-var ErrSupervisorNotDispatched = errors.New("launcher: started as the job supervisor, but main does not call supervisor.Is and supervisor.Main (package launcher/supervisor) first")
 
 // RankExitError reports the rank whose failure ended the job, in the manner
 // of *exec.ExitError. Its message is the one line gorun prints.
@@ -177,26 +172,29 @@ func (e *HostError) Unwrap() error { return e.Err }
 
 // ExitCode is 127 for a program missing on the host, like a shell; 1 for a
 // rank count the host's limits refuse, which is bad input like the local
-// refusal (a *CapacityError), not a lost host; else 255, ssh's code for a
+// refusal (a *plan.CapacityError), not a lost host; else 255, ssh's code for a
 // failed connection.
 func (e *HostError) ExitCode() int {
 	var pe *program.Error
 	if errors.As(e.Err, &pe) {
 		return 127
 	}
-	var ce *hostCapacityError
+	var ce *HostCapacityError
 	if errors.As(e.Err, &ce) {
 		return 1
 	}
 	return 255
 }
 
-// hostCapacityError is a host agent's capacity refusal as it arrives in
-// the hello: only the text crosses the wire, so the type is what tells
+// HostCapacityError is a host agent's capacity refusal as it arrives in
+// its hello: only the text crosses the wire, so the type is what tells
 // HostError.ExitCode that the input, not the host, was at fault.
-type hostCapacityError struct{ msg string }
+type HostCapacityError struct {
+	// Msg is the refusal as the host agent worded it.
+	Msg string
+}
 
-func (e *hostCapacityError) Error() string { return e.msg }
+func (e *HostCapacityError) Error() string { return e.Msg }
 
 // VersionError reports a remote gorun whose version differs from this
 // one's: mixing versions is refused rather than debugged at run time.
@@ -366,4 +364,42 @@ func (e *CollateralError) ExitCode() int {
 		return 255
 	}
 	return e.Code
+}
+
+// MPIError reports a rank that ended the job through MPI's process
+// management: it called MPI_Abort, or it exited 0 after MPI_Init without
+// MPI_Finalize (its peers would have waited for it forever).
+type MPIError struct {
+	Rank int
+	Host string
+	PID  int
+	// Aborted is true for MPI_Abort; Code is then the code it passed.
+	Aborted bool
+	Code    int
+	// Message is the abort's message, when the library sent one.
+	Message string
+	// Stopped is the number of other ranks gorun had to stop.
+	Stopped int
+}
+
+func (e *MPIError) Error() string {
+	cause := "exited before MPI_Finalize (it left the PMI job after MPI_Init without finalizing)"
+	if e.Aborted {
+		cause = fmt.Sprintf("called MPI_Abort with code %d", e.Code)
+		if e.Message != "" {
+			cause += " (" + e.Message + ")"
+		}
+	}
+	return fmt.Sprintf("rank %d (host %s, pid %d) %s; stopped %d other %s",
+		e.Rank, e.Host, e.PID, cause, e.Stopped, plural.Noun(e.Stopped, "rank", "ranks"))
+}
+
+// ExitCode is the abort code as a process exit status (its low byte, as
+// the shell sees an exit code), or 1 for a rank that left without
+// finalizing.
+func (e *MPIError) ExitCode() int {
+	if e.Aborted {
+		return e.Code & 0xff
+	}
+	return 1
 }
