@@ -154,16 +154,22 @@ func loadOrMeasure(o options) (sim.Costs, error) {
 	if err := deathCosts(&c, o, logf); err != nil {
 		return c, err
 	}
+	return c, validateAndWrite(c, o.costsOut)
+}
+
+// validateAndWrite checks c and writes it to path as JSON, if path is set.
+func validateAndWrite(c sim.Costs, path string) error {
 	if err := c.Validate(); err != nil {
-		return c, err
+		return err
 	}
-	if o.costsOut != "" {
-		b, _ := json.MarshalIndent(c, "", "  ")
-		if err := os.WriteFile(o.costsOut, append(b, '\n'), 0o644); err != nil {
-			return c, err
-		}
+	if path == "" {
+		return nil
 	}
-	return c, nil
+	b, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
 // remeasure reads -costs without validating them (a file from before
@@ -206,16 +212,7 @@ func remeasure(o options) (sim.Costs, error) {
 			return c, err
 		}
 	}
-	if err := c.Validate(); err != nil {
-		return c, err
-	}
-	if o.costsOut != "" {
-		b, _ := json.MarshalIndent(c, "", "  ")
-		if err := os.WriteFile(o.costsOut, append(b, '\n'), 0o644); err != nil {
-			return c, err
-		}
-	}
-	return c, nil
+	return c, validateAndWrite(c, o.costsOut)
 }
 
 // deathCosts measures the death costs from -measure-death's namespace
