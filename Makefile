@@ -196,7 +196,7 @@ bench-ft-hosts: build ## a lost host's ranks taken over by a spare host, 4 names
 venv-torchft: venv ## add torchft 0.2.0 (the fault-tolerance anchor) to $(GORUN_VENV), keeping its torch; a no-op when it is there
 	@bash scripts/install-torchft.sh >/dev/null
 
-bench-ft-torch: build lib venv-torchft ## fault-tolerant torch GPT, 3 replicas, 2 kills: gorun --fault-tolerant vs torchft 0.2.0 (gloo) vs --max-restarts from a checkpoint; total time, steps lost, time to heal; medians, ratios (BENCH_FT_TORCH_ARGS)
+bench-ft-torch: build lib venv-torchft ## fault-tolerant torch GPT, 3 replicas, 2 kills: gorun --fault-tolerant (with and without its fork server) vs torchft 0.2.0 (gloo) vs --max-restarts from a checkpoint; total time, steps lost, time to heal, the replacement's timeline; medians, ratios (BENCH_FT_TORCH_ARGS)
 	flock /tmp/gorun-bench.lock env PYTHONWARNINGS=ignore GORUN_LIB=$(CURDIR)/$(BIN)/libgorun.so $(PYTHON) bench/ft/run.py $(BENCH_FT_TORCH_ARGS)
 
 soak-ft-torch: build lib venv ## random kills (--inject random:mtbf) of a fault-tolerant torch GPT on 3 replicas for ~10 min: every heal bitwise equal, one final digest, no lost committed step, no orphans (SOAK_FT_TORCH_ARGS)

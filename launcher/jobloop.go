@@ -976,6 +976,13 @@ func (r *jobLoop) blamed(fs []failure, ranks []rankState, stopped int) error {
 			// The blamed rank is counted by name, not among the others.
 			e.Stopped--
 		}
+		if reported && e.Frozen != "" {
+			// A frozen rank resumed at the teardown (so that the stop
+			// signal reaches it) may find its peers gone and report that
+			// before the signal ends it: it is still the one blamed, not
+			// one of the ranks that failed as a consequence.
+			e.Failed--
+		}
 	}
 	return e
 }

@@ -367,3 +367,28 @@ func TestLoopCulprit(t *testing.T) {
 		})
 	}
 }
+
+// A frozen rank resumed at the teardown can report its peers lost before
+// the stop signal ends it: the verdict still blames it by name and counts
+// only the other ranks as failed because of it.
+func TestBlamedFrozenRankThatReportedIsNotItsOwnConsequence(t *testing.T) {
+	c := basePlanConfig()
+	c.Hosts = []Host{{Name: "a", Slots: 4}}
+	plan, err := plan.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &jobLoop{plan: plan, log: zerolog.Nop()}
+	ranks := []rankState{{pid: 10}, {pid: 11}, {pid: 12, stopped: true, frozen: "T"}, {pid: 13}}
+	why := "rendezvous: rank 2 lost: frozen or unresponsive"
+	fs := []failure{
+		{rank: 3, code: 6, collateral: true, blame: 2, why: why, exitedAt: 1},
+		{rank: 1, code: 6, collateral: true, blame: 2, why: why, exitedAt: 2},
+		{rank: 0, code: 6, collateral: true, blame: 2, why: why, exitedAt: 3},
+		{rank: 2, code: 6, collateral: true, blame: 0, relay: true, why: "aborted: " + why, exitedAt: 4},
+	}
+	var ce *outcome.CollateralError
+	if err := r.blamed(fs, ranks, 1); !errors.As(err, &ce) || ce.Blame != 2 || ce.Frozen != "T" || ce.Failed+ce.Stopped != 3 {
+		t.Fatalf("want rank 2 blamed as frozen and 3 others failed or stopped; got %T %+v: %v", err, ce, err)
+	}
+}

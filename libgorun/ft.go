@@ -16,6 +16,8 @@ static int gorunFtCallSave(gorun_ft_save_fn f, void *user, const void **buf, siz
 static int gorunFtCallLoad(gorun_ft_load_fn f, void *user, const void *buf, size_t len) {
 	return f(user, buf, len);
 }
+extern char **environ;
+static char **gorunEnviron(void) { return environ; }
 */
 import "C"
 
@@ -45,6 +47,42 @@ import (
 // bytes through two callbacks that the heal calls from inside the quorum.
 // Quorum, heal and commit are ft's; this maps handles, buffers, callbacks
 // and errors.
+
+// forkedAtEnv is set (by python/gorun/_forkserver.py) in a replacement
+// forked from gorun's fork server, whose environment was replaced through
+// C's setenv after the process started.
+const forkedAtEnv = "GORUN_FT_FORKED_AT"
+
+func init() { adoptForkedEnviron() }
+
+// adoptForkedEnviron makes Go's copy of the environment C's in a process
+// forked from the fork server. Go's runtime in a shared library reads the
+// environment the process started with (the server's: another rank's
+// identity, no collateral descriptor) and never C's later changes; every
+// other process is left as it is.
+func adoptForkedEnviron() {
+	cenv := map[string]string{}
+	for p := C.gorunEnviron(); p != nil && *p != nil; p = (**C.char)(unsafe.Add(unsafe.Pointer(p), unsafe.Sizeof(*p))) {
+		if k, v, ok := strings.Cut(C.GoString(*p), "="); ok {
+			cenv[k] = v
+		}
+	}
+	if _, forked := cenv[forkedAtEnv]; !forked {
+		return
+	}
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); k != "" {
+			if _, ok := cenv[k]; !ok {
+				_ = os.Unsetenv(k)
+			}
+		}
+	}
+	for k, v := range cenv {
+		if cur, ok := os.LookupEnv(k); !ok || cur != v {
+			_ = os.Setenv(k, v)
+		}
+	}
+}
 
 // ftEntry is a Manager a C handle names, with the state callbacks the
 // caller set.

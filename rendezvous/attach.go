@@ -50,6 +50,21 @@ type AttachNet interface {
 	Dial(ctx context.Context, name string) (net.Conn, error)
 }
 
+// PeerCredConn is a connection of an AttachNet that knows the process at
+// its other end, as the kernel knows a Unix socket's peer (SO_PEERCRED).
+// The leader refuses a peer of another user by it, and a silent stream's
+// lease asks the kernel about that process (internal/liveness: stopped,
+// gone, or only waiting for a CPU) instead of judging by the lease alone.
+// An in-memory stream between ranks of one process names this process:
+// what a Unix socket would say of it (bench/rdzvscale runs thousands of
+// ranks so).
+type PeerCredConn interface {
+	net.Conn
+	// PeerCred returns the peer's user and process id; ok is false when
+	// they are unknown. It does not block; safe for concurrent use.
+	PeerCred() (uid, pid int, ok bool)
+}
+
 // unixAttach is the default AttachNet: Linux abstract Unix sockets ("@name"),
 // which vanish with the process, so no exit path can leave a file behind.
 type unixAttach struct{}
@@ -368,15 +383,22 @@ func (s *stallLog) add(from, to time.Time) {
 	}
 }
 
-// between is the stalled time from t to now. Spans after now are not
-// counted: they are another clock's (a test's fake one).
+// between is the stalled time from t to now. A span that reaches past
+// now counts up to now: the latest span is the stall still going on,
+// which other goroutines extend as they run, and one that read its clock
+// after the caller (now) may have added to it before the caller took the
+// lock; dropping it whole dropped the whole ongoing stall, merged into it
+// (a 4,096-rank process lagging 4 s judged its attach streams with none of
+// it excused). A span that begins at or after now is another clock's (a
+// synctest bubble's) and is not counted.
 func (s *stallLog) between(t, now time.Time) time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var sum time.Duration
 	for i := len(s.spans) - 1; i >= 0 && s.spans[i].to.After(t); i-- {
-		if sp := s.spans[i]; !sp.to.After(now) {
-			sum += sp.to.Sub(maxTime(sp.from, t))
+		sp := s.spans[i]
+		if from, to := maxTime(sp.from, t), minTime(sp.to, now); to.After(from) {
+			sum += to.Sub(from)
 		}
 	}
 	return sum

@@ -62,7 +62,8 @@ type Config struct {
 	// Secret (attach.go: another user cannot take the name first), peers
 	// of another user refused (SO_PEERCRED). Tests use
 	// rendezvoustest.AttachNet. Connections are authenticated with a key
-	// derived from Secret in both directions.
+	// derived from Secret in both directions. A connection that names its
+	// peer's process (PeerCredConn) is judged as a Unix socket's is.
 	AttachNet AttachNet
 	// Host names this rank's host in every message ("rank 5 (host h2) lost").
 	// It is a label, not an address.

@@ -3,10 +3,13 @@ package rendezvous
 import (
 	"errors"
 	"net"
+	"os"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/gorun-hpc/gorun/internal/liveness"
 )
 
 // leaseFixture is a leasedReader on one end of a pipe (no peer
@@ -149,8 +152,9 @@ func TestLeaseExcusesOwnStalls(t *testing.T) {
 }
 
 // The stall log merges spans that overlap (many writers see one
-// starvation), counts only what falls between its two moments, and drops
-// a span of another clock rather than merging across years.
+// starvation), counts only what falls between its two moments (a span
+// that reaches past the second counts up to it), and drops a span of
+// another clock rather than merging across years.
 func TestStallLog(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
@@ -165,8 +169,10 @@ func TestStallLog(t *testing.T) {
 	}{
 		{0, 2000, 800 * time.Millisecond},
 		{250, 2000, 650 * time.Millisecond},
-		{0, 1200, 300 * time.Millisecond}, // 1000..1500 ends after now
+		{0, 1200, 500 * time.Millisecond},    // 1000..1500 counts up to now
+		{1200, 1400, 200 * time.Millisecond}, // within one span
 		{1500, 3000, 0},
+		{0, 50, 0}, // before every span
 	} {
 		if got := s.between(at(tc.from), at(tc.now)); got != tc.want {
 			t.Errorf("between(%d ms, %d ms) = %v, want %v", tc.from, tc.now, got, tc.want)
@@ -175,6 +181,42 @@ func TestStallLog(t *testing.T) {
 	if len(s.spans) != 2 {
 		t.Errorf("spans = %v, want two", s.spans)
 	}
+}
+
+// The stall still going on is the log's latest span, and writers on
+// other threads extend it as they run: one that read its clock just after
+// the reader did may have added to it by the time the reader reads the
+// log, so the span the reader finds reaches past its own now. Before,
+// such a span was not counted at all, and since every overlapping stall
+// is merged into it, a reader in a process stalled throughout its peer's
+// silence was excused nothing (a 4,096-rank process lagging 4 s judged
+// its attach streams with 0 s excused). A bubble's clock stands still
+// while goroutines run, so the test writes that span's end ahead of the
+// reader's clock: the process stalled from 0.1 s through the reader's
+// judgement, the peer's beats resume at 2.4 s.
+func TestLeaseExcusesStallStillGoing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, peer, log := leaseFixture(t, 0)
+		start := time.Now()
+		log.add(start.Add(100*time.Millisecond), start.Add(2400*time.Millisecond+time.Microsecond))
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer func() { close(stop); _ = peer.Close(); _ = r.c.Close() }()
+		wg.Go(func() {
+			if sleepOr(stop, 2400*time.Millisecond) {
+				beatUntil(peer, stop)
+			}
+		})
+		wg.Go(func() {
+			if sleepOr(stop, 2800*time.Millisecond) {
+				_ = writeFrame(peer, frameMsg, []byte{1})
+			}
+		})
+		if typ, _, err := r.next(); err != nil || typ != frameMsg {
+			t.Fatalf("next: %c, %v after %v; want the peer's message (its silence fell within the process's stall)", typ, err, time.Since(start))
+		}
+	})
 }
 
 // A leader beats to an attached rank from its hello on, also while it
@@ -220,4 +262,53 @@ func TestLeaderBeatsBeforeAccepting(t *testing.T) {
 	_ = b.Close()
 	wg.Wait()
 	leader.wg.Wait()
+}
+
+// credPipe is one end of an in-memory stream that names its peer's
+// process, as an AttachNet's connection may (PeerCredConn).
+type credPipe struct {
+	net.Conn
+	uid, pid int
+}
+
+func (c credPipe) PeerCred() (int, int, bool) { return c.uid, c.pid, true }
+
+var _ PeerCredConn = credPipe{}
+
+// A connection that names its peer's process is judged on the kernel's
+// evidence about that process, as a Unix socket's is: here the peer's
+// process runs (the fake kernel says so for its pid only), so its silence
+// is starvation and is waited out up to StarvedLimit. Without the
+// evidence (before, any stream that was not a Unix socket) the lease
+// alone decided: silent at 1 s. The leader also refuses a peer it names
+// as another user's.
+func TestLeaseAsksAboutNamedPeer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := net.Pipe()
+		defer func() { _ = a.Close(); _ = b.Close() }()
+		cfg := DefaultConfig()
+		cfg.AttachLease, cfg.AttachBeat, cfg.StarvedLimit = time.Second, 100*time.Millisecond, 5*time.Second
+		var cpu time.Duration
+		cfg.procSample = func(pid int) (liveness.Sample, bool) {
+			if pid != 4242 {
+				return liveness.Sample{}, false
+			}
+			cpu += time.Millisecond
+			return liveness.Sample{State: 'S', CPU: cpu}, true
+		}
+		r := newLeasedReader(credPipe{Conn: a, uid: os.Getuid(), pid: 4242}, &cfg, make(chan struct{}), 0)
+		r.stalls = &stallLog{}
+		start := time.Now()
+		_, _, err := r.next()
+		var se *SilenceError
+		if !errors.As(err, &se) || se.Verdict != liveness.Silent {
+			t.Fatalf("next: %v; want silent past StarvedLimit", err)
+		}
+		if took := time.Since(start); took < cfg.StarvedLimit {
+			t.Errorf("declared silent after %v (%v), want the peer waited for up to StarvedLimit %v", took, se.Why, cfg.StarvedLimit)
+		}
+		if err := checkPeer(credPipe{Conn: a, uid: os.Getuid() + 1, pid: 4242}); err == nil {
+			t.Error("checkPeer accepted a peer named as another user's")
+		}
+	})
 }

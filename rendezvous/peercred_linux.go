@@ -8,9 +8,13 @@ import (
 )
 
 // peerCred returns the user and process id of a Unix socket's peer as the
-// kernel recorded them at connect (SO_PEERCRED); ok is false for other
-// connections (in-memory test streams), which carry no credentials.
+// kernel recorded them at connect (SO_PEERCRED), or what a PeerCredConn
+// says of its peer; ok is false for other connections (in-memory test
+// streams), which carry no credentials.
 func peerCred(c net.Conn) (uid, pid int, ok bool) {
+	if pc, says := c.(PeerCredConn); says {
+		return pc.PeerCred()
+	}
 	uc, isUnix := c.(*net.UnixConn)
 	if !isUnix {
 		return 0, 0, false

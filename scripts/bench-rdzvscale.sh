@@ -8,8 +8,10 @@
 # names a revision, that revision's
 # rendezvous package built the same way and run interleaved with this tree,
 # with the ratio of the medians. The machine may be shared: the load column
-# says how much; a run that fails prints its error (at 4,096 ranks in one
-# process, a stream silent past its lease when the cores are starved).
+# says how much, and the lag column how late the process ran its
+# goroutines; a run that fails prints its error (at 4,096 ranks in one
+# process, the formation timeout with hosts whose leaders gossip declared
+# dead when the cores are starved).
 #
 #   SIZES=1024,4096 ROUNDS=3 PER=16 ANCHOR=main scripts/bench-rdzvscale.sh
 #
@@ -31,7 +33,7 @@ if [[ -n "${ANCHOR:-}" ]]; then
 	(cd "$tmp/anchor-src" && go build -o "$tmp/anchor" ./bench/rdzvscale)
 	bins=(anchor new)
 fi
-printf '%-6s %-7s %-6s %10s %8s %8s %10s %12s  %s\n' size build round formation cpu load1 maxrss_MB heap_KB/mem note
+printf '%-6s %-7s %-6s %10s %8s %8s %8s %10s %12s  %s\n' size build round formation cpu lag load1 maxrss_MB heap_KB/mem note
 IFS=, read -ra sizes <<<"$SIZES"
 for n in "${sizes[@]}"; do
 	for ((i = 1; i <= ROUNDS; i++)); do
@@ -42,14 +44,15 @@ for n in "${sizes[@]}"; do
 			row=$(grep -E "^$n " <<<"$out" || true)
 			f=$(awk '{print $4}' <<<"$row")
 			c=$(awk '{print $5}' <<<"$row")
+			lag=$(awk '{print $6}' <<<"$row")
 			h=$(awk '{print $10}' <<<"$row")
 			note=""
 			if [[ "$f" == "-" || -z "$f" ]]; then
-				note=$(awk '{$1=$2=$3=$4=$5=""; sub(/^ +/, ""); print}' <<<"$row")
+				note=$(awk '{$1=$2=$3=$4=$5=$6=""; sub(/^ +/, ""); print}' <<<"$row")
 				h=-
 			fi
 			[[ -z "$row" ]] && note=$(tail -1 <<<"$out")
-			printf '%-6s %-7s %-6s %10s %8s %8s %10s %12s  %s\n' "$n" "$b" "$i" "${f:--}" "${c:--}" "$load" "$(( ${rss:-0} / 1024 ))" "${h:--}" "$note" | tee -a "$tmp/rows"
+			printf '%-6s %-7s %-6s %10s %8s %8s %8s %10s %12s  %s\n' "$n" "$b" "$i" "${f:--}" "${c:--}" "${lag:--}" "$load" "$(( ${rss:-0} / 1024 ))" "${h:--}" "$note" | tee -a "$tmp/rows"
 		done
 	done
 done
@@ -66,8 +69,8 @@ for n in "${sizes[@]}"; do
 		med[$b]=$(median 4 "$n" "$b")
 		cpu[$b]=$(median 5 "$n" "$b")
 		k=$(awk -v n="$n" -v b="$b" '$1==n && $2==b && $4!="-"' "$tmp/rows" | grep -c . || true)
-		mem=$(awk -v n="$n" -v b="$b" '$1==n && $2==b {print $7}' "$tmp/rows" | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}')
-		heap=$(awk -v n="$n" -v b="$b" '$1==n && $2==b && $8!="-" {v=$8; sub("KB","",v); print v}' "$tmp/rows" | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]; else print "-"}')
+		mem=$(awk -v n="$n" -v b="$b" '$1==n && $2==b {print $8}' "$tmp/rows" | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}')
+		heap=$(awk -v n="$n" -v b="$b" '$1==n && $2==b && $9!="-" {v=$9; sub("KB","",v); print v}' "$tmp/rows" | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]; else print "-"}')
 		line+=" $b ${med[$b]}s cpu ${cpu[$b]}s rss ${mem}MB heap/member ${heap}KB (n=$k/$ROUNDS);"
 	done
 	if [[ -n "${ANCHOR:-}" && ${med[anchor]} != - && ${med[new]} != - ]]; then

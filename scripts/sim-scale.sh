@@ -12,21 +12,29 @@
 # set is brought up first and taken down on every way out (NETNS=0 skips
 # it; not root, it is skipped with a line saying so).
 #
-#   HOSTS=1000 PER=8 ROUNDS=3 CALIBRATE=4x4,8x4,16x4,32x4 NETNS_SHAPES=4x2,8x2,16x2,32x2 scripts/sim-scale.sh
+# There it also measures the CPU gorun's own processes spend on a rank's
+# death, from DEATH_SHAPE jobs (else those costs are kept from the costs
+# file). COSTS_IN=FILE measures only the wake-up excess (and the death
+# costs, as root) and keeps FILE's other costs, instead of measuring all.
+#
+#   HOSTS=1000 PER=8 ROUNDS=3 CALIBRATE=4x4,8x4,16x4,32x4 NETNS_SHAPES=4x2,8x2,16x2,32x2 NETNS_SET=sim DEATH_SHAPE=8x2 scripts/sim-scale.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HOSTS=${HOSTS:-1000}
 PER=${PER:-8}
 ROUNDS=${ROUNDS:-3}
-CALIBRATE=${CALIBRATE:-4x4,8x4,16x4,32x4}
+CALIBRATE=${CALIBRATE-4x4,8x4,16x4,32x4} # empty: no in-process calibration
 NETNS=${NETNS:-1}
 NETNS_SHAPES=${NETNS_SHAPES:-4x2,8x2,16x2,32x2}
-netns_set=sim
+netns_set=${NETNS_SET:-sim}
+DEATH_SHAPE=${DEATH_SHAPE:-8x2}
 tmp=$(mktemp -d)
 pids=()
 netns_up=""
 cleanup() {
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	# The costs are written once measured: kept even if a later step fails.
+	if [[ -n "${COSTS_OUT:-}" && -f "$tmp/costs.json" ]]; then cp "$tmp/costs.json" "$COSTS_OUT"; fi
 	if [[ -n $netns_up ]]; then tests/testhosts/netns-down.sh "$netns_set" || true; fi
 	rm -rf "$tmp"
 }
@@ -61,8 +69,9 @@ else
 	netns_up=1
 	tests/testhosts/netns-up.sh "$max_hosts" "$netns_set" --owner $$ >"$tmp/netns.env"
 	state=$(sed -n 's/^STATE=//p' "$tmp/netns.env")
-	netns_args=(-netns "$state/env" -netns-shapes "$NETNS_SHAPES" -netns-rounds "$ROUNDS")
+	netns_args=(-netns "$state/env" -netns-shapes "$NETNS_SHAPES" -netns-rounds "$ROUNDS" -measure-death "$DEATH_SHAPE")
 fi
-"$tmp/simscale" -measure -gorun "$tmp/gorun" -rss "$rss" -rounds "$ROUNDS" -calibrate "$CALIBRATE" \
+measure=(-measure -rss "$rss")
+if [[ -n "${COSTS_IN:-}" ]]; then measure=(-costs "$COSTS_IN" -measure-wake); fi
+"$tmp/simscale" "${measure[@]}" -gorun "$tmp/gorun" -rounds "$ROUNDS" -calibrate "$CALIBRATE" \
 	-hosts "$HOSTS" -per "$PER" -costs-out "$tmp/costs.json" "${netns_args[@]}" "$@"
-if [[ -n "${COSTS_OUT:-}" ]]; then cp "$tmp/costs.json" "$COSTS_OUT"; fi

@@ -93,6 +93,41 @@ type Costs struct {
 	// handshake, its hello, the table, frameGone).
 	UnixMsg     time.Duration `json:"unix_msg_ns"`
 	UnixConnect time.Duration `json:"unix_connect_ns"`
+	// WakeExcess is how much later a message reaches a process parked in
+	// epoll when other rank processes share its cores, beyond the same
+	// message with none: the scheduler's wake-up latency under their
+	// timers, which the CPU queue does not model (it charges their CPU,
+	// not the wake-ups and preemptions). Points by live processes per
+	// core, increasing; Wake interpolates. Charged on every message
+	// between rank processes (each hop between hosts and each hand-off on
+	// an attach stream), unless WorldConfig.InProcess. Measured:
+	// bench/simscale -measure-wake (stand-in processes with a rank's
+	// timers and idle CPU, UDP pings to an echo process).
+	WakeExcess []WakePoint `json:"wake_excess"`
+	// DeathLauncher, DeathAgent and DeathHost are the CPU gorun's own
+	// processes spend on a rank's death, which competes with the
+	// rendezvous's reaction on the same cores: DeathLauncher per host of
+	// the job at the launch node (gorun and its ssh clients: the exit
+	// reported, the job stopped on every host, the ranks' reports
+	// relayed), DeathAgent on the dead rank's host (its agent and sshd:
+	// the reap, the report, the stop) and DeathHost on each other host
+	// (its agent and sshd: the stop, its ranks signalled, their reports
+	// relayed). Charged unless WorldConfig.InProcess. Measured: the
+	// processes' CPU (schedstat) around one SIGKILL in real namespace
+	// jobs, less the same time idle (bench/simscale -measure-death).
+	DeathLauncher time.Duration `json:"death_launcher_ns"`
+	DeathAgent    time.Duration `json:"death_agent_ns"`
+	DeathHost     time.Duration `json:"death_host_ns"`
+	// LineHost and LineLauncher are the CPU of relaying one line a rank
+	// prints to gorun's output: its agent's read and forward (with the
+	// host's sshd) on the rank's host, gorun's receive and write at the
+	// launch node. Charged per rank at its formation when
+	// WorldConfig.ReportFormed (the calibration's ranks print a line
+	// then). Measured: a job of one rank on a namespace host printing
+	// hundreds of lines, the processes' CPU (schedstat) over them beyond
+	// their quiet rate (bench/simscale, with -measure-death).
+	LineHost     time.Duration `json:"line_host_ns"`
+	LineLauncher time.Duration `json:"line_launcher_ns"`
 	// TableEntryBytes is the size of one world-table entry on an attach
 	// stream.
 	TableEntryBytes int `json:"table_entry_bytes"`
@@ -127,6 +162,28 @@ type Costs struct {
 	Source map[string]string `json:"source,omitempty"`
 }
 
+// WakePoint is one measured point of Costs.WakeExcess: with PerCore live
+// rank processes per core, a message arrives Excess later than with none.
+type WakePoint struct {
+	PerCore float64       `json:"procs_per_core"`
+	Excess  time.Duration `json:"excess_ns"`
+}
+
+// Wake is the wake-up excess with perCore live processes per core:
+// linear between the measured points, from no excess at none; held at
+// the last point beyond it (not extrapolated).
+func (c *Costs) Wake(perCore float64) time.Duration {
+	x0, y0 := 0.0, 0.0
+	for _, p := range c.WakeExcess {
+		if perCore <= p.PerCore {
+			f := (perCore - x0) / (p.PerCore - x0)
+			return time.Duration(y0 + f*(float64(p.Excess)-y0))
+		}
+		x0, y0 = p.PerCore, float64(p.Excess)
+	}
+	return time.Duration(y0)
+}
+
 // LoadCosts reads Costs from a JSON file and validates them.
 func LoadCosts(path string) (Costs, error) {
 	var c Costs
@@ -156,6 +213,16 @@ func (c *Costs) Validate() error {
 				return fmt.Errorf("field %s (%s) is %d, must be positive (measured)", t.Field(i).Name, t.Field(i).Tag.Get("json"), f.Int())
 			}
 		}
+	}
+	if len(c.WakeExcess) == 0 {
+		return fmt.Errorf("field WakeExcess (wake_excess) is empty, must hold measured points")
+	}
+	prev := 0.0
+	for i, p := range c.WakeExcess {
+		if p.PerCore <= prev || p.Excess < 0 {
+			return fmt.Errorf("field WakeExcess (wake_excess) point %d: %v per core, %v: the points must have increasing, positive per-core counts and excesses ≥ 0", i, p.PerCore, p.Excess)
+		}
+		prev = p.PerCore
 	}
 	return nil
 }

@@ -21,7 +21,35 @@ import (
 func (w *World) KillRank(r int) {
 	l := w.leaders[r/w.cfg.PerHost]
 	w.setLost(r, 0) // the victim itself is not waited for
-	w.s.After(w.cfg.ExitDelay, func() { w.rankGone(l, r) })
+	w.s.After(w.cfg.ExitDelay, func() {
+		w.rankGone(l, r)
+		w.launcherReacts(l.h)
+	})
+}
+
+// launcherReacts charges what gorun's own processes spend on the death of
+// a rank of host h, on the cores the rendezvous uses too: the agent there
+// reaps it and reports (DeathAgent, with its sshd), a hop later gorun
+// stops the job (DeathLauncher per host, with its ssh clients), and a hop
+// after that every other host's agent stops its ranks (DeathHost, with
+// its sshd). Only the CPU is charged: nothing waits on it but the
+// handlers queued behind it. Ranks in one process have no launcher.
+func (w *World) launcherReacts(h int) {
+	if w.cfg.InProcess {
+		return
+	}
+	c := &w.cfg.Costs
+	w.cpu[h].Exec(c.DeathAgent, func() {
+		w.s.After(w.cfg.Latency+w.wake(0), func() {
+			w.launcher.Exec(time.Duration(w.cfg.Hosts)*c.DeathLauncher, func() {
+				for k, o := range w.leaders {
+					if k != h && !o.silent {
+						w.s.After(w.cfg.Latency+w.wake(k), func() { w.cpu[k].Exec(c.DeathHost, nil) })
+					}
+				}
+			})
+		})
+	})
 }
 
 // rankGone: the killed rank r's stream has closed; its leader l sees it.
@@ -66,7 +94,7 @@ func (w *World) seenGoneBy(l *leader, r int) {
 			continue
 		}
 		// frameGone on the rank's Unix stream: both ends on this host.
-		w.s.After(w.cfg.LocalLatency, func() { w.cpu[l.h].Exec(c.Packet/2+w.sock(c.UnixMsg), func() { w.noteLost(q) }) })
+		w.s.After(w.localHop(l.h), func() { w.cpu[l.h].Exec(c.Packet/2+w.sock(c.UnixMsg), func() { w.noteLost(q) }) })
 	}
 }
 

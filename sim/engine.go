@@ -149,6 +149,9 @@ type Net struct {
 	// Sent counts the bytes each host has sent, by kind of traffic.
 	Sent  map[string][]int64
 	hosts int
+	// Extra, when set, is added to the latency of a message to host to
+	// (the receiver's wake-up, WorldConfig's wake excess).
+	Extra func(to int) time.Duration
 }
 
 // NewNet returns a network of hosts hosts.
@@ -170,5 +173,8 @@ func (n *Net) Send(from, to int, bytes int, kind string, fn func()) {
 		n.Sent[kind] = make([]int64, n.hosts)
 	}
 	n.Sent[kind][from] += int64(bytes)
+	if n.Extra != nil {
+		t += n.Extra(to)
+	}
 	n.s.At(t+n.Latency, fn)
 }

@@ -133,7 +133,7 @@ func (w *World) dialLeader(l *leader, r int, backoff time.Duration) {
 	c := &w.cfg.Costs
 	half := c.Attach/2 + w.sock(c.UnixConnect+attachMsgs*c.UnixMsg)/2
 	w.cpu[l.h].Exec(half, func() { // the rank's end, then (a round trip later) the leader's hello check
-		w.s.After(2*w.cfg.LocalLatency, func() {
+		w.s.After(2*w.localHop(l.h), func() {
 			w.cpu[l.h].Exec(half, func() {
 				l.attached++
 				l.aliveN++
@@ -306,7 +306,7 @@ func (w *World) checkFormed(l *leader) {
 		for i := 1; i < w.cfg.PerHost; i++ {
 			r := w.rank(l.h, i)
 			w.Count.TableEntries += int64(w.n)
-			w.s.After(w.cfg.LocalLatency, func() {
+			w.s.After(w.localHop(l.h), func() {
 				w.cpu[l.h].Exec(time.Duration(w.n)*c.TableEntry+frame, func() { w.setFormed(r) })
 			})
 		}

@@ -235,7 +235,7 @@ func (w *World) hostLost(l *leader, h int) {
 		w.noteLost(w.rank(l.h, 0))
 		for i := 1; i < w.cfg.PerHost; i++ {
 			r := w.rank(l.h, i)
-			w.s.After(w.cfg.LocalLatency, func() { w.cpu[l.h].Exec(c.Packet/2+w.sock(c.UnixMsg), func() { w.noteLost(r) }) })
+			w.s.After(w.localHop(l.h), func() { w.cpu[l.h].Exec(c.Packet/2+w.sock(c.UnixMsg), func() { w.noteLost(r) }) })
 		}
 	})
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -45,6 +46,11 @@ type WorldConfig struct {
 	Rdzv  rendezvous.Config
 	Costs Costs
 	Seed  uint64
+	// ReportFormed: each rank prints a line when it forms (the
+	// calibration's rank program does), which its agent and gorun relay
+	// on the cores of its host and of the launch node (Costs.LineHost,
+	// LineLauncher). Not for ranks in one process.
+	ReportFormed bool
 	// PushTree models rendezvous's relayed push at formation (pushPlan):
 	// the seed's push relayed through √H leaders. Off, the seed pushes to
 	// every leader, as rendezvous did before.
@@ -149,6 +155,13 @@ type World struct {
 	firstSuspicion time.Duration
 	udpBuf         int
 	n              int
+	// launcher is the CPU gorun runs on: the shared one in calibration,
+	// a node of its own (Cores) otherwise.
+	launcher *CPU
+	// liveStarts holds, per host, the start times of the ranks on its
+	// CPU (every rank when the CPU is shared), sorted: live processes
+	// for the wake excess.
+	liveStarts [][]time.Duration
 }
 
 // NewWorld builds the hosts, their CPUs and the network; nothing runs yet.
@@ -162,6 +175,9 @@ func NewWorld(cfg WorldConfig) (*World, error) {
 	var shared *CPU
 	if cfg.SharedCores > 0 {
 		shared = NewCPU(s, cfg.SharedCores)
+		w.launcher = shared
+	} else {
+		w.launcher = NewCPU(s, cfg.Cores)
 	}
 	for h := range cfg.Hosts {
 		c := shared
@@ -188,8 +204,47 @@ func NewWorld(cfg WorldConfig) (*World, error) {
 		}
 		w.lastStart = max(w.lastStart, w.start[r])
 	}
+	w.liveStarts = make([][]time.Duration, cfg.Hosts)
+	for h := range cfg.Hosts {
+		if shared != nil {
+			if h == 0 {
+				w.liveStarts[0] = slices.Sorted(slices.Values(w.start))
+			}
+			w.liveStarts[h] = w.liveStarts[0]
+			continue
+		}
+		w.liveStarts[h] = slices.Sorted(slices.Values(w.start[h*cfg.PerHost : (h+1)*cfg.PerHost]))
+	}
+	if !cfg.InProcess {
+		w.net.Extra = w.wake
+	}
 	return w, nil
 }
+
+// wake is the wake-up excess of a message to a rank process on host h:
+// Costs.Wake at the rank processes started on h's CPU by now, per core.
+// Ranks in one process (InProcess) wake no process: none.
+func (w *World) wake(h int) time.Duration {
+	if w.cfg.InProcess {
+		return 0
+	}
+	starts := w.liveStarts[h]
+	live, _ := slices.BinarySearchFunc(starts, w.s.now, func(a, t time.Duration) int {
+		if a <= t {
+			return -1
+		}
+		return 1
+	})
+	cores := w.cfg.Cores
+	if w.cfg.SharedCores > 0 {
+		cores = w.cfg.SharedCores
+	}
+	return w.cfg.Costs.Wake(float64(live) / float64(cores))
+}
+
+// localHop is the delay of one message between a leader and an attached
+// rank of host h: LocalLatency and the receiver's wake excess.
+func (w *World) localHop(h int) time.Duration { return w.cfg.LocalLatency + w.wake(h) }
 
 // SetFreeCPU makes every handler free (for the test that shows the CPU
 // queue matters).
@@ -253,6 +308,12 @@ func (w *World) setFormed(r int) {
 	if w.formedAt[r] < 0 {
 		w.formedAt[r] = w.s.now
 		w.nFormed++
+		if w.cfg.ReportFormed && !w.cfg.InProcess {
+			h, c := r/w.cfg.PerHost, &w.cfg.Costs
+			w.cpu[h].Exec(c.LineHost, func() {
+				w.s.After(w.cfg.Latency+w.wake(0), func() { w.launcher.Exec(c.LineLauncher, nil) })
+			})
+		}
 	}
 }
 

@@ -14,15 +14,20 @@ gorun --max-restarts from a checkpoint), so their figures compare:
 - the report: one JSON object per line on stdout, prefixed "FTEV ", with
   the wall-clock time t: {"ev": "start"} as the program's very first act
   (before torch is imported), {"ev": "torch"} once torch (and the
-  framework's package, for torchft) is imported, {"ev": "ready"} once torch is imported and
+  framework's package, for torchft) is imported, {"ev": "model"} and
+  {"ev": "optim"} once the model and its optimizer are built,
+  {"ev": "ready"} once torch is imported and
   the model built, just before the framework joins (its Manager, its
   process group), {"ev": "joined"} once it has (gorun.ft also reports
   {"ev": "gorun"}, gorun.ft imported, and {"ev": "quorum"}, its first
-  start_quorum returned), {"ev": "step", "step": S, "committed": bool,
+  start_quorum returned), {"ev": "state"} and {"ev": "healed"} when the
+  heal's load_state_dict is called (the state received) and has returned, {"ev": "step", "step": S, "committed": bool,
   "participants": N} after every step attempt, {"ev": "done", "digest": D}
   at the end, D being the SHA-256 of the parameters and optimizer state.
   A fault-tolerant replica ends at step N or later, in the first step all
   replicas committed (finished()).
+
+Every event carries "dynamo": whether torch._dynamo was imported by then.
 
 bench/ft/run.py reads those lines into the figures.
 """
@@ -39,11 +44,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(HERE, "..", "..", "python", "tests")
 
 
-def event(ev, **kw):
-    """One report line; flushed at once so that a SIGKILL loses nothing."""
+def event(ev, t=None, **kw):
+    """One report line; flushed at once so that a SIGKILL loses nothing.
+    Every line says whether torch._dynamo has been imported by then, which
+    is how the timeline finds the step that paid for it."""
     kw["ev"] = ev
-    kw["t"] = time.time()
+    kw["t"] = time.time() if t is None else t
     kw["pid"] = os.getpid()
+    kw["dynamo"] = "torch._dynamo" in sys.modules
     sys.stdout.write("FTEV " + json.dumps(kw, sort_keys=True) + "\n")
     sys.stdout.flush()
 
@@ -55,8 +63,13 @@ def replica_id():
 
 
 def started():
-    event("start", replica=replica_id(),
-          incarnation=int(os.environ.get("GORUN_RESTART_COUNT", "0")))
+    """The "start" event: the program's first line, or, for a process
+    forked from gorun's fork server, the moment the server began forking
+    it (GORUN_FT_FORKED_AT, both forks included): when the replacement's
+    process began to be made."""
+    forked = os.environ.get("GORUN_FT_FORKED_AT")
+    event("start", t=float(forked) if forked else None, replica=replica_id(),
+          incarnation=int(os.environ.get("GORUN_RESTART_COUNT", "0")), forked=bool(forked))
 
 
 def build(seed=0):
@@ -68,7 +81,9 @@ def build(seed=0):
 
     torch.manual_seed(seed)
     model = GPT(vocab=128, d=int(os.environ.get("FT_WIDTH", "64")), heads=4, layers=4)
+    event("model", replica=replica_id())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    event("optim", replica=replica_id())
     return model, opt
 
 

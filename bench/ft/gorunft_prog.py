@@ -34,8 +34,10 @@ def main():
         return {"model": model.state_dict(), "optim": opt.state_dict()}
 
     def load_state_dict(sd):
+        ftmodel.event("state", replica=ftmodel.replica_id())
         model.load_state_dict(sd["model"])
         opt.load_state_dict(sd["optim"])
+        ftmodel.event("healed", replica=ftmodel.replica_id())
 
     ftmodel.event("ready", replica=ftmodel.replica_id())
     m = gorun.ft.Manager(state_dict=state_dict, load_state_dict=load_state_dict)

@@ -8,6 +8,10 @@ side by side: total time to N steps, steps lost by survivors, time to heal.
   ft        gorun -np R --fault-tolerant: gorun.ft's Manager, gradients
             averaged over the quorum on gorun's collectives; gorun restarts
             the dead rank and it heals from the live ones (bench/ft/gorunft_prog.py).
+  ftfork    ft, with gorun's fork server (GORUN_FT_FORK_SERVER=1): a
+            replacement is forked from a process that already imported torch
+            (and torch._dynamo); its heal_s counts from the moment the server
+            began forking it (GORUN_FT_FORKED_AT), both forks included.
   ckpt      gorun -np R --max-restarts K: torch DDP over gorun's backend; every
             failure stops the world, which restarts from the last checkpoint
             (written every FT_CKPT_EVERY steps).
@@ -21,7 +25,8 @@ Each program reports JSON events (bench/ft/ftmodel.py); the figures:
              beyond the step they ended at (uncommitted steps, and steps
              redone after a checkpoint reload), the largest over the survivors
   heal_s     a replacement process's start (its first line, before torch is
-             imported) to its first committed step, median over the failures
+             imported; for a forked one, the server's start of the fork) to
+             its first committed step, median over the failures
   join_s     the replacement's "ready" (torch imported, model built) to its
              first committed step: the framework's own part of the heal
              (join, quorum, state transfer, first step), without Python's
@@ -34,19 +39,25 @@ failures; a phase a mode does not report is "-"):
 
   import     process start to torch imported (torchft: and torchft)
   gorun      gorun.ft imported (libgorun is loaded later, by the Manager)
-  build      the model and optimizer built
+  model      the model built
+  optim      its optimizer built (the first optimizer a process makes
+             imports torch._dynamo: the timeline's "dynamo" column says at
+             which event it had been imported)
   join       the framework's Manager made (gorun: libgorun loaded, the
              quorum service reached; torchft: its store, manager server,
              process group and DDP wrapper)
-  quorum     gorun: the first start_quorum (waiting for the survivors' next
-             quorum, then the heal)
+  wait       to the heal's load_state_dict being called: the state
+             received (gorun: the first start_quorum waits for the
+             survivors' next quorum, then receives the sharded state)
+  load       load_state_dict itself
+  quorum     gorun: the rest of the first start_quorum
   step       from there to the first committed step (torchft: its quorum
-             and heal run inside this step)
+             and heal run inside this step, so its wait and load do too)
 
 Each run also records the 1-minute load average at its start: the machine
 is shared, and the replacement's import competes with whatever else runs.
 
-    python3 bench/ft/run.py --modes torchft,ft,ckpt --runs 3 --steps 600 --kills 1:110,2:370
+    python3 bench/ft/run.py --modes torchft,ft,ftfork,ckpt --runs 3 --steps 600 --kills 1:110,2:370
 
 Rounds alternate the modes, so each sees the same load; prints the medians
 and the ratios to torchft. The machine is shared: figures are noisy.
@@ -65,7 +76,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
-MODES = ("torchft", "ft", "ckpt")
+MODES = ("torchft", "ft", "ftfork", "ckpt")
 
 
 def parse_events(lines):
@@ -161,7 +172,9 @@ def run_gorun(a, mode, marks, ckdir, log):
     gorun = os.environ.get("GORUN_BIN", os.path.join(ROOT, "bin", "gorun"))
     extra = {"FT_MARKS": marks, "FT_KILLS": a.kills, "FT_CKPT_DIR": ckdir, "FT_CKPT_EVERY": str(a.ckpt_every)}
     extra.setdefault("GORUN_LIB", os.environ.get("GORUN_LIB", os.path.join(ROOT, "bin", "libgorun.so")))
-    if mode == "ft":
+    if mode == "ftfork":
+        extra["GORUN_FT_FORK_SERVER"] = "1"
+    if mode in ("ft", "ftfork"):
         cmd = [gorun, "-np", str(a.replicas), "--fault-tolerant", "--timeout", "%ds" % a.timeout,
                a.python, os.path.join(HERE, "gorunft_prog.py"), str(a.steps)]
     else:
@@ -194,6 +207,7 @@ def figures(events, wall, steps, kills):
         replicas.setdefault(r, []).append(evs)
     lost, stall, heal, join, down, digests = 0, 0.0, [], [], [], {}
     phases = {k: [] for k in PHASES}
+    marks, dynamo, forked = {}, [], []
     kill_events = sorted((e["t"], e["replica"]) for e in events if e["ev"] == "kill")
     for r, incs in replicas.items():
         for evs in incs:
@@ -219,6 +233,11 @@ def figures(events, wall, steps, kills):
                         join.append(first - ready)
                     for k, v in phase_times(evs, start, first).items():
                         phases[k].append(v)
+                    when, dyn = timeline(evs, start, first)
+                    for k, v in when.items():
+                        marks.setdefault(k, []).append(v)
+                    dynamo.append(dyn or "-")
+                    forked.append(bool(next((e.get("forked") for e in evs if e["ev"] == "start"), False)))
                 break
         if r in killed:
             continue
@@ -235,22 +254,25 @@ def figures(events, wall, steps, kills):
         "down_s": statistics.median(down) if down else None,
         "heals": len(heal), "done": done, "equal": done > 0 and len(set(digests.values())) == 1,
         "phases": {k: statistics.median(v) for k, v in phases.items() if v},
+        "timeline": {k: statistics.median(v) for k, v in marks.items() if v},
+        "dynamo_at": dynamo, "forked": forked,
     }
 
 
-PHASES = ("import", "gorun", "build", "join", "quorum", "step")
+# The replacement's timeline: each reported event, in the order a
+# replacement reaches them, and the phase that ends at it.
+TIMELINE = (("torch", "import"), ("gorun", "gorun"), ("model", "model"), ("optim", "optim"),
+            ("joined", "join"), ("state", "wait"), ("healed", "load"), ("quorum", "quorum"),
+            ("first", "step"))
+PHASES = tuple(p for _, p in TIMELINE)
 
 
 def phase_times(evs, start, first):
     """A replacement's heal_s cut at the events it reported (see the module
     doc): each phase from the previous reported event to its own."""
-    at = {}
-    for e in evs:
-        at.setdefault(e["ev"], e["t"])
-    marks = [("import", at.get("torch")), ("gorun", at.get("gorun")), ("build", at.get("ready")),
-             ("join", at.get("joined")), ("quorum", at.get("quorum")), ("step", first)]
     out, prev = {}, start
-    for k, t in marks:
+    for ev, k in TIMELINE:
+        t = marks_of(evs, first).get(ev)
         if t is None:
             continue
         out[k] = t - prev
@@ -258,9 +280,27 @@ def phase_times(evs, start, first):
     return out
 
 
+def marks_of(evs, first):
+    """The time of each timeline event a process reported (its first)."""
+    at = {}
+    for e in evs:
+        at.setdefault(e["ev"], e["t"])
+    at["first"] = first
+    return at
+
+
+def timeline(evs, start, first):
+    """Seconds from the process's start to each timeline event, and the
+    first event by which torch._dynamo had been imported (None: never)."""
+    at = marks_of(evs, first)
+    when = {ev: at[ev] - start for ev, _ in TIMELINE if at.get(ev) is not None}
+    dyn = next((e["ev"] for e in evs if e.get("dynamo")), None)
+    return when, dyn
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--modes", default="torchft,ft,ckpt")
+    ap.add_argument("--modes", default="torchft,ft,ftfork,ckpt")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--steps", type=int, default=600)
@@ -354,21 +394,39 @@ def report(a, modes, results):
         print("%-8s %9s %6s %8s %8s %8s %8s %6s" % (m, *(fmt(med[m][k]) for k in
                                                        ("total_s", "lost", "heal_s", "join_s", "down_s", "stall_s")), eq))
     print("\nwhere a replacement's heal_s goes (medians over runs of each run's median)")
-    print("%-8s %8s %8s %8s %8s %8s %8s %8s" % ("mode", *PHASES, "load"))
+    cols = PHASES + ("load",)
+    line = "%-8s" + " %7s" * len(cols)
+    print(line % ("mode", *cols))
     for m in modes:
-        row = []
-        for k in PHASES:
-            vals = [f["phases"][k] for f in results[m] if k in f.get("phases", {})]
-            row.append(statistics.median(vals) if vals else None)
+        row = [median_of(results[m], "phases", k) for k in PHASES]
         loads = [f["load"] for f in results[m] if f.get("load") is not None]
         row.append(statistics.median(loads) if loads else None)
-        print("%-8s %8s %8s %8s %8s %8s %8s %8s" % (m, *(fmt(v) for v in row)))
+        print(line % (m, *(fmt(v) for v in row)))
+    print("\nthe replacement's timeline: seconds from its process's start (for a forked one, the server's"
+          " start of the fork)"
+          "\nto each event, medians over runs of each run's median; dynamo: the first event by which"
+          "\ntorch._dynamo was imported")
+    names = tuple(ev for ev, _ in TIMELINE)
+    line = "%-8s" + " %7s" * len(names) + "  %s"
+    print(line % ("mode", *names, "dynamo"))
+    for m in modes:
+        row = [median_of(results[m], "timeline", k) for k in names]
+        dyn = sorted({d for f in results[m] for d in f.get("dynamo_at", [])})
+        forked = sum(x for f in results[m] for x in f.get("forked", []))
+        heals = sum(len(f.get("forked", [])) for f in results[m])
+        print(line % (m, *(fmt(v) for v in row), ",".join(dyn) + ("  (forked %d/%d)" % (forked, heals)
+                                                                  if forked else "")))
     if "torchft" in modes:
         for m in modes:
             if m == "torchft":
                 continue
             print("%s / torchft: %s" % (m, ", ".join("%s %s" % (k, ratio(med[m][k], med["torchft"][k]))
                                                      for k in ("total_s", "heal_s", "join_s", "down_s", "stall_s"))))
+
+
+def median_of(runs, key, k):
+    vals = [f[key][k] for f in runs if k in f.get(key, {})]
+    return statistics.median(vals) if vals else None
 
 
 def fmt(v):

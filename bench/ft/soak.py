@@ -11,6 +11,7 @@ was right; and no process of the job is left.
 """
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -42,13 +43,23 @@ def main():
                 "FT_MARKS": marks, "FT_PACE_S": str(a.pace), "FT_WAIT_S": str(a.duration + 300),
                 "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
     env.setdefault("GORUN_LIB", os.path.join(ROOT, "bin", "libgorun.so"))
-    cmd = [gorun, "-np", "3", "--fault-tolerant", "--max-failures", str(a.max_failures),
+    report = os.path.join(marks, "report.json")
+    cmd = [gorun, "-np", "3", "--fault-tolerant", "--report", report, "--max-failures", str(a.max_failures),
            "--timeout", "%ds" % (a.duration * 3 + 300), "--inject", "random:mtbf=%s:seed=%d" % (a.mtbf, a.seed),
            sys.executable, os.path.join(TESTS, "ftprog.py"), "plain", str(steps)]
     t0 = time.time()
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     wall = time.time() - t0
     out = p.stdout.decode(errors="replace")
+    joins = []
+    try:
+        with open(report) as f:
+            rep = json.load(f)
+        joins = sorted(x["healed_after_start_s"] for x in (rep.get("fault_tolerance") or {}).get("failures", [])
+                       if "healed_after_start_s" in x)
+        os.remove(report)
+    except (OSError, ValueError) as e:
+        print("soak: no report: %s" % e)
     os.rmdir(marks)
     deaths = re.findall(r"^gorun:   rank (\d+) \(incarnation \d+, pid \d+\) (?:killed|exited)", out, re.M)
     died = {int(r) for r in deaths}
@@ -57,6 +68,10 @@ def main():
     summary = [line for line in out.splitlines() if line.startswith("gorun: fault-tolerant:")]
     print("soak: %.0f s, %d steps asked, %d deaths (replicas %s), %d heals; %s" % (
         wall, steps, len(deaths), sorted(died), heals, summary[-1] if summary else "no summary"))
+    if joins:
+        print("soak: replacements healed after their process started: %d, median %.3f s, max %.3f s, %d over 2 s%s" % (
+            len(joins), joins[len(joins) // 2], joins[-1], sum(1 for j in joins if j > 2),
+            " (fork server)" if os.environ.get("GORUN_FT_FORK_SERVER") == "1" else ""))
     try:
         test_ft_torch.check_job(p.returncode, out, steps, died, len(deaths))
     except AssertionError as e:

@@ -40,8 +40,10 @@ def main():
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
     def load_state_dict(sd):
+        ftmodel.event("state", replica=ftmodel.replica_id())
         model.load_state_dict(sd["model"])
         opt.load_state_dict(sd["optim"])
+        ftmodel.event("healed", replica=ftmodel.replica_id())
 
     def state_dict():
         return {"model": model.state_dict(), "optim": opt.state_dict()}

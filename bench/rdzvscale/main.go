@@ -50,8 +50,14 @@ var formOnly bool
 // attachMode is the -attach flag. With real Unix sockets an attach stream
 // is buffered by the kernel, as in a job, and carries its peer's pid, so a
 // silent stream's lease asks the kernel whether the peer is stopped or only
-// waits for a CPU (internal/liveness); in-memory pipes are unbuffered and
-// carry no pid, so the lease alone decides.
+// waits for a CPU (internal/liveness). In-memory pipes are unbuffered;
+// "mem" pipes name this process as their peer (rendezvous.PeerCredConn),
+// which is what a Unix socket would say of ranks in one process, so the
+// lease asks the kernel too; "bare" pipes carry no pid and the lease
+// alone decides, with only the process's stall log to excuse what the
+// process lost: it cannot see a goroutine that is ready and not run until
+// that goroutine runs, and in a process of thousands of ranks the Go
+// scheduler leaves some of them waiting seconds while others run on time.
 var attachMode string
 
 // cpuProfile and memProfile are the -cpuprofile and -memprofile flags;
@@ -126,8 +132,12 @@ func main() {
 	flag.StringVar(&memProfile, "memprofile", "", "write the allocations made up to the end of each formation to this file (suffixed like -cpuprofile)")
 	flag.BoolVar(&formOnly, "form-only", false, "measure formation only (no detection)")
 	flag.DurationVar(&formationTimeout, "formation-timeout", time.Minute, "Config.FormationTimeout (DefaultConfig's is 2m)")
-	flag.StringVar(&attachMode, "attach", "mem", "host leaders' attach streams: mem (in-memory pipes) or unix (abstract Unix sockets, as in a job; formation only)")
+	flag.StringVar(&attachMode, "attach", "mem", "host leaders' attach streams: mem (in-memory pipes naming this process as their peer, as a Unix socket would), bare (in-memory pipes without a peer: the lease alone judges) or unix (abstract Unix sockets, as in a job; formation only)")
 	flag.Parse()
+	if attachMode != "mem" && attachMode != "bare" && attachMode != "unix" {
+		fmt.Fprintf(os.Stderr, "rdzvscale: -attach %q: want mem, bare or unix\n", attachMode)
+		os.Exit(2)
+	}
 	if memProfile != "" {
 		runtime.MemProfileRate = 64 << 10
 	}
@@ -218,11 +228,50 @@ type rankAttach struct {
 func (a *rankAttach) Dial(ctx context.Context, name string) (net.Conn, error) {
 	c, err := a.AttachNet.Dial(ctx, name)
 	if err == nil {
+		c = a.named(c)
 		a.mu.Lock()
 		a.conn = c
 		a.mu.Unlock()
 	}
 	return c, err
+}
+
+// Listen wraps the leader's listener so that its streams name their peer
+// too (-attach mem).
+func (a *rankAttach) Listen(name string) (net.Listener, error) {
+	ln, err := a.AttachNet.Listen(name)
+	if err != nil || attachMode == "bare" {
+		return ln, err
+	}
+	return namedListener{ln}, nil
+}
+
+// named is c naming this process as its peer, unless -attach bare.
+func (a *rankAttach) named(c net.Conn) net.Conn {
+	if attachMode == "bare" {
+		return c
+	}
+	return procConn{c}
+}
+
+// procConn is an in-memory stream whose peer is this process, said as a
+// Unix socket's kernel would say it (rendezvous.PeerCredConn). No
+// compile-time assertion of that: the bench script builds this driver
+// over older revisions of rendezvous too (ANCHOR), which ignore the
+// method.
+type procConn struct{ net.Conn }
+
+func (procConn) PeerCred() (uid, pid int, ok bool) { return os.Getuid(), os.Getpid(), true }
+
+// namedListener accepts procConns.
+type namedListener struct{ net.Listener }
+
+func (l namedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return procConn{c}, nil
 }
 
 func (a *rankAttach) sever() {

@@ -25,12 +25,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorun-hpc/gorun/rendezvous"
 	"github.com/gorun-hpc/gorun/sim"
 )
 
 type options struct {
 	measure, measureProc bool
 	measureSock          bool
+	measureWake          bool
+	measureDeath         string
 	costsIn, costsOut    string
 	gorunBin, rss        string
 	rounds               int
@@ -48,23 +51,15 @@ type options struct {
 }
 
 func main() {
-	start, cpu0 := time.Now(), cpuTime()
-	if os.Getenv(rankEnv) == "1" {
-		os.Exit(rankMain(start, cpu0))
-	}
-	if os.Getenv(echoEnv) == "1" {
-		os.Exit(echoMain())
-	}
-	if os.Getenv(sockPeerEnv) == "1" {
-		os.Exit(sockPeerMain())
-	}
-	if os.Getenv(victimEnv) != "" {
-		os.Exit(victimMain())
+	if code, ok := role(time.Now(), cpuTime()); ok {
+		os.Exit(code)
 	}
 	var o options
 	flag.BoolVar(&o.measure, "measure", false, "measure the costs from the real code first (else read -costs)")
 	flag.BoolVar(&o.measureProc, "measure-process", false, "read -costs, measure only the process costs (start, idle) again (-gorun), and keep the rest")
 	flag.BoolVar(&o.measureSock, "measure-sockets", false, "read -costs, measure only the socket costs between processes again, and keep the rest")
+	flag.BoolVar(&o.measureWake, "measure-wake", false, "read -costs, measure only the wake-up excess again, and keep the rest")
+	flag.StringVar(&o.measureDeath, "measure-death", "", "HOSTSxPER: measure the death costs from 3 such namespace jobs (needs -netns; with -measure or alone, reading -costs)")
 	flag.StringVar(&o.costsIn, "costs", "sim/testdata/costs.json", "costs file to read when not measuring")
 	flag.StringVar(&o.costsOut, "costs-out", "", "write the measured costs here")
 	flag.StringVar(&o.gorunBin, "gorun", "bin/gorun", "gorun binary (agent start cost)")
@@ -94,6 +89,28 @@ func main() {
 	}
 }
 
+// role runs the binary as one of the processes the measurements start
+// (a rank, the echo end, the socket peer, a victim, a stand-in), chosen by
+// its environment, and returns its exit code; ok is false when it is the
+// command itself. start and cpu0 are taken first thing in main.
+func role(start time.Time, cpu0 time.Duration) (code int, ok bool) {
+	switch {
+	case os.Getenv(rankEnv) == "1":
+		return rankMain(start, cpu0), true
+	case os.Getenv(echoEnv) == "1":
+		return echoMain(), true
+	case os.Getenv(sockPeerEnv) == "1":
+		return sockPeerMain(), true
+	case os.Getenv(victimEnv) != "":
+		return victimMain(), true
+	case os.Getenv(standInEnv) != "":
+		return standInMain(), true
+	case os.Getenv(chatterEnv) != "":
+		return chatterMain(), true
+	}
+	return 0, false
+}
+
 func run(o options) error {
 	fmt.Println("simscale: a MODEL of gorun's protocols (package sim), costs measured from the real code on this machine")
 	costs, err := loadOrMeasure(o)
@@ -118,7 +135,7 @@ func run(o options) error {
 }
 
 func loadOrMeasure(o options) (sim.Costs, error) {
-	if o.measureProc || o.measureSock {
+	if o.measureProc || o.measureSock || o.measureWake || (!o.measure && o.measureDeath != "") {
 		return remeasure(o)
 	}
 	if !o.measure {
@@ -134,13 +151,25 @@ func loadOrMeasure(o options) (sim.Costs, error) {
 	if err != nil {
 		return c, fmt.Errorf("measure: %w", err)
 	}
-	if o.costsOut != "" {
-		b, _ := json.MarshalIndent(c, "", "  ")
-		if err := os.WriteFile(o.costsOut, append(b, '\n'), 0o644); err != nil {
-			return c, err
-		}
+	if err := deathCosts(&c, o, logf); err != nil {
+		return c, err
 	}
-	return c, nil
+	return c, validateAndWrite(c, o.costsOut)
+}
+
+// validateAndWrite checks c and writes it to path as JSON, if path is set.
+func validateAndWrite(c sim.Costs, path string) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if path == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
 // remeasure reads -costs without validating them (a file from before
@@ -172,16 +201,50 @@ func remeasure(o options) (sim.Costs, error) {
 			return c, err
 		}
 	}
-	if err := c.Validate(); err != nil {
-		return c, err
-	}
-	if o.costsOut != "" {
-		b, _ := json.MarshalIndent(c, "", "  ")
-		if err := os.WriteFile(o.costsOut, append(b, '\n'), 0o644); err != nil {
+	if o.measureWake {
+		fmt.Println("\nmeasuring the wake-up excess (stand-in processes with a rank's timers):")
+		if err := measureWake(&c, o.rounds, rendezvous.DefaultConfig().GossipInterval, logf); err != nil {
 			return c, err
 		}
 	}
-	return c, nil
+	if o.measureDeath != "" {
+		if err := deathCosts(&c, o, logf); err != nil {
+			return c, err
+		}
+	}
+	return c, validateAndWrite(c, o.costsOut)
+}
+
+// deathCosts measures the death costs from -measure-death's namespace
+// jobs and the line relay from jobs of one rank, or, without hosts to
+// run them on, keeps those of -costs and says so.
+func deathCosts(c *sim.Costs, o options, logf func(string, ...any)) error {
+	if o.measureDeath != "" && o.netns != "" {
+		hosts, per, err := parseShape(o.measureDeath)
+		if err != nil {
+			return fmt.Errorf("-measure-death: %w", err)
+		}
+		fmt.Printf("\nmeasuring the death costs (real %s namespace jobs, gorun's own processes around a SIGKILL):\n", o.measureDeath)
+		if err := measureDeath(c, o, hosts, per, 3, logf); err != nil {
+			return err
+		}
+		fmt.Println("\nmeasuring the line relay (real jobs of one rank on a namespace host printing lines):")
+		return measureLines(c, o, 3, logf)
+	}
+	if o.measureDeath != "" {
+		return fmt.Errorf("-measure-death %s needs the namespace hosts (-netns)", o.measureDeath)
+	}
+	old, err := sim.LoadCosts(o.costsIn)
+	if err != nil {
+		return fmt.Errorf("death costs: not measured in this run (they need the namespace hosts: -netns, -measure-death), and -costs gave none: %w", err)
+	}
+	c.DeathLauncher, c.DeathAgent, c.DeathHost = old.DeathLauncher, old.DeathAgent, old.DeathHost
+	c.LineLauncher, c.LineHost = old.LineLauncher, old.LineHost
+	for _, k := range []string{"death_launcher_ns,death_agent_ns,death_host_ns", "line_launcher_ns,line_host_ns"} {
+		c.Source[k] = "from " + o.costsIn + ", not measured in this run (it needs the namespace hosts): " + old.Source[k]
+	}
+	logf("  death costs: from %s (not measured in this run: no namespace hosts)", o.costsIn)
+	return nil
 }
 
 func parseRSS(s string) ([]rssPoint, error) {

@@ -47,6 +47,8 @@ type netnsRun struct {
 	share float64
 	// exit is exitDelay, measured just before the job.
 	exit time.Duration
+	// death is what gorun's own processes spent on the SIGKILL.
+	death deathCPU
 	// rankMissed lists the ranks that never learned of the SIGKILLed
 	// rank within 30 s (rank is then over those that did).
 	rankMissed []int
@@ -277,8 +279,16 @@ func (j *netnsJob) run(ctx context.Context) (netnsRun, error) {
 	}
 	res.formationFrom(jr.formed, launched)
 	// Settle 2 s, SIGKILL the victim; 1 s after every rank saw it, cut a
-	// host off.
-	time.Sleep(2 * time.Second)
+	// host off. gorun's own processes are read over the last second
+	// before the kill and from it until the cut (death.go).
+	procs, err := jr.procs()
+	if err != nil {
+		return res, err
+	}
+	time.Sleep(time.Second)
+	s0 := procs.sample()
+	time.Sleep(time.Second)
+	s1 := procs.sample()
 	lost := map[int]int64{}
 	jr.got = jr.got[:0]
 	tKill := time.Now()
@@ -300,6 +310,7 @@ func (j *netnsJob) run(ctx context.Context) (netnsRun, error) {
 	}
 	res.rank = lastAfter(lost, tKill)
 	time.Sleep(time.Second)
+	res.death = deathExcess(victim/j.per, s0, s1, procs.sample())
 	clear(lost)
 	jr.got = jr.got[:0]
 	tCut := time.Now()

@@ -12,21 +12,11 @@ import (
 	"github.com/gorun-hpc/gorun/tests/testhosts"
 )
 
-// The test binary is the rank program, the echo end and the socket peer,
-// as the command is.
+// The test binary is the rank program, the echo end, the socket peer,
+// the victim and the stand-in, as the command is (role).
 func TestMain(m *testing.M) {
-	start, cpu0 := time.Now(), cpuTime()
-	if os.Getenv(rankEnv) == "1" {
-		os.Exit(rankMain(start, cpu0))
-	}
-	if os.Getenv(echoEnv) == "1" {
-		os.Exit(echoMain())
-	}
-	if os.Getenv(victimEnv) != "" {
-		os.Exit(victimMain())
-	}
-	if os.Getenv(sockPeerEnv) == "1" {
-		os.Exit(sockPeerMain())
+	if code, ok := role(time.Now(), cpuTime()); ok {
+		os.Exit(code)
 	}
 	launchertest.FastRaceExit()
 	os.Exit(m.Run())
@@ -69,8 +59,8 @@ func TestNamespaceJobAgreesOnTheCutHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("real: formation %v, cpu %v, rank lost %v, host lost %v, launch %v; model: %v, %v, %v, %v (message delay %v)",
-		real.formation, real.cpu, real.rank, real.host, real.launch, m.formation, m.cpu, m.rank, m.host, delay)
+	t.Logf("real: formation %v, cpu %v, rank lost %v, host lost %v, launch %v, gorun's own CPU on the death %v; model: %v, %v, %v, %v (message delay %v)",
+		real.formation, real.cpu, real.rank, real.host, real.launch, real.death, m.formation, m.cpu, m.rank, m.host, delay)
 	if real.formation <= 0 || real.rank <= 0 || real.host <= 0 {
 		t.Errorf("real job: formation %v, rank lost %v, host lost %v; every one must be after its cause", real.formation, real.rank, real.host)
 	}

@@ -77,35 +77,22 @@ func netnsCalibrate(o options, costs sim.Costs) error {
 func netnsShape(o options, costs sim.Costs, h *testhosts.Netns, hosts, per int, exe, dir string) ([3]netnsRun, error) {
 	var reals, models, loaded []netnsRun
 	var missed []string
+	var deaths []deathCPU
 	defer func() {
 		if len(missed) > 0 {
 			fmt.Printf("        never learned of the SIGKILLed rank (their rank-lost figure is over the others): %s\n", strings.Join(missed, "; "))
 		}
+		if len(deaths) > 0 {
+			fmt.Printf("        gorun's own CPU on the death, per job (launch side / dead rank's host / each other host): %v\n", deaths)
+		}
 	}()
 	for round := range o.netnsRounds {
-		j := &netnsJob{h: h, hosts: hosts, per: per, gorun: o.gorunBin, exe: exe, dir: dir, verbose: o.verbose}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		delay, err := messageDelay(ctx, h, h.Hosts[min(1, hosts-1)])
+		r, err := oneNetnsJob(o, h, hosts, per, exe, dir)
 		if err != nil {
-			cancel()
-			return [3]netnsRun{}, err
+			return [3]netnsRun{}, fmt.Errorf("job %d: %w", round+1, err)
 		}
-		exit, err := exitDelay(ctx)
-		if err != nil {
-			cancel()
-			return [3]netnsRun{}, err
-		}
-		share := cpuShare()
-		r, err := j.run(ctx)
-		cancel()
-		r.delay, r.share, r.exit = delay, share, exit
-		if err != nil {
-			return [3]netnsRun{}, fmt.Errorf("real %d×%d, job %d: %w", hosts, per, round+1, err)
-		}
-		if left, err := strays(h, hosts); err != nil || len(left) > 0 {
-			return [3]netnsRun{}, fmt.Errorf("real %d×%d, job %d: left running after the job: %v %v", hosts, per, round+1, left, err)
-		}
-		cfg := sim.WorldConfig{Hosts: hosts, PerHost: per, SharedCores: o.sharedCores, Latency: delay, LocalLatency: delay, ExitDelay: exit, Starts: r.starts,
+		deaths = append(deaths, r.death)
+		cfg := sim.WorldConfig{Hosts: hosts, PerHost: per, SharedCores: o.sharedCores, Latency: r.delay, LocalLatency: r.delay, ExitDelay: r.exit, Starts: r.starts, ReportFormed: true,
 			Rdzv: rendezvous.DefaultConfig(), Costs: costs, Seed: o.seed + uint64(round)}
 		m, err := runModel(cfg, true)
 		if err != nil {
@@ -116,15 +103,20 @@ func netnsShape(o options, costs sim.Costs, h *testhosts.Netns, hosts, per int, 
 		}
 		if o.verbose {
 			fmt.Printf("  job %d: message delay %v; real formation %v cpu %v rank %v host %v launch %v; model %v %v %v %v\n", round+1,
-				delay, r.formation, r.cpu, r.rank, r.host, r.launch, m.formation, m.cpu, m.rank, m.host)
+				r.delay, r.formation, r.cpu, r.rank, r.host, r.launch, m.formation, m.cpu, m.rank, m.host)
 		}
-		cfg.Costs = scaleCosts(costs, 1/share)
+		cfg.Costs = scaleCosts(costs, 1/r.share)
 		ml, err := runModel(cfg, true)
 		if err != nil {
-			return [3]netnsRun{}, err
+			// At a small share every cost ÷ it can ask more of the
+			// two cores than they have: the loaded model's queue
+			// never drains. A finding for this row (counted as not
+			// formed: outside any margin), not the end of the run.
+			fmt.Printf("  job %d: the loaded model (costs ÷ share %.2f) failed: %v\n", round+1, r.share, err)
+			ml = modelRun{formation: notFormed, cpu: notFormed, rank: notFormed, host: notFormed}
 		}
 		if o.verbose {
-			fmt.Printf("  job %d: exit delay %v, share %.2f; loaded model %v %v %v %v\n", round+1, exit, share, ml.formation, ml.cpu, ml.rank, ml.host)
+			fmt.Printf("  job %d: exit delay %v, share %.2f; loaded model %v %v %v %v\n", round+1, r.exit, r.share, ml.formation, ml.cpu, ml.rank, ml.host)
 		}
 		if len(r.rankMissed) > 0 {
 			missed = append(missed, fmt.Sprintf("%d×%d job %d: ranks %v", hosts, per, round+1, r.rankMissed))
@@ -146,6 +138,42 @@ func netnsShape(o options, costs sim.Costs, h *testhosts.Netns, hosts, per int, 
 		}
 	}
 	return [3]netnsRun{med(reals), med(models), med(loaded)}, nil
+}
+
+// notFormed stands for a model run that never formed: longer than any
+// run the model is given.
+const notFormed = 1000 * time.Second
+
+// oneNetnsJob measures the message delay, exit delay and core share, then
+// runs one real job of hosts×per, and checks nothing is left on the
+// hosts after it.
+func oneNetnsJob(o options, h *testhosts.Netns, hosts, per int, exe, dir string) (netnsRun, error) {
+	j := &netnsJob{h: h, hosts: hosts, per: per, gorun: o.gorunBin, exe: exe, dir: dir, verbose: o.verbose}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	delay, err := messageDelay(ctx, h, h.Hosts[min(1, hosts-1)])
+	if err != nil {
+		return netnsRun{}, err
+	}
+	exit, err := exitDelay(ctx)
+	if err != nil {
+		return netnsRun{}, err
+	}
+	share := cpuShare()
+	r, err := j.run(ctx)
+	r.delay, r.share, r.exit = delay, share, exit
+	if err != nil {
+		return r, fmt.Errorf("real %d×%d: %w", hosts, per, err)
+	}
+	if left, err := strays(h, hosts); err != nil || len(left) > 0 {
+		return r, fmt.Errorf("real %d×%d: left running after the job: %v %v", hosts, per, left, err)
+	}
+	return r, nil
+}
+
+// String prints a job's death figures.
+func (d deathCPU) String() string {
+	return fmt.Sprintf("%v/%v/%v", d.launcher.Round(10*time.Microsecond), d.victimHost.Round(10*time.Microsecond), d.otherHost.Round(10*time.Microsecond))
 }
 
 // printNetnsShape prints one shape's rows (real, model, loaded model, and

@@ -246,5 +246,9 @@ func scaleCosts(c sim.Costs, f float64) sim.Costs {
 	c.LeaderStart, c.TableEntry, c.GossipMsg = m(c.LeaderStart), m(c.TableEntry), m(c.GossipMsg)
 	c.ProcessStart, c.ProcessIdle = m(c.ProcessStart), m(c.ProcessIdle)
 	c.SSH, c.AgentStart, c.RankSpawn, c.AgentHello = m(c.SSH), m(c.AgentStart), m(c.RankSpawn), m(c.AgentHello)
+	c.SockPacket, c.SockMsg, c.SockConnect, c.SockByte = m(c.SockPacket), m(c.SockMsg), m(c.SockConnect), m(c.SockByte)
+	c.UnixMsg, c.UnixConnect = m(c.UnixMsg), m(c.UnixConnect)
+	c.DeathLauncher, c.DeathAgent, c.DeathHost = m(c.DeathLauncher), m(c.DeathAgent), m(c.DeathHost)
+	c.LineHost, c.LineLauncher = m(c.LineHost), m(c.LineLauncher)
 	return c
 }

@@ -445,6 +445,18 @@ func launchExports(o options, stderr io.Writer) ([]string, int) {
 			}
 		}
 	}
+	// The fork server is on only for exactly 1: any other word (yes,
+	// true) would leave it off without a word, so it is refused.
+	fork, set := os.LookupEnv(supervisor.ForkServerEnv)
+	where := "the environment's "
+	for _, kv := range exports {
+		if v, ok := strings.CutPrefix(kv, supervisor.ForkServerEnv+"="); ok {
+			fork, set, where = v, true, "-x "
+		}
+	}
+	if set && fork != "" && fork != "0" && fork != "1" {
+		return usage("%s%s=%s: expected 1 (fork Python replacements from a server) or 0", where, supervisor.ForkServerEnv, fork)
+	}
 	return exports, 0
 }
 

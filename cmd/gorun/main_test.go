@@ -298,6 +298,7 @@ func TestUsageErrorsAreOneLine(t *testing.T) {
 		{[]string{"bench", "allreduce", "--iter", "3"}, "gorun bench: unknown flag -iter (did you mean -iters?); see gorun bench --help\n"},
 		{[]string{"--session", "shard", "true"}, "gorun: --session \"shard\": expected auto, shared or own\n"},
 		{[]string{"-x", "GORUN_SESSION=shard", "true"}, "gorun: -x GORUN_SESSION=shard: expected auto, shared or own\n"},
+		{[]string{"-x", "GORUN_FT_FORK_SERVER=yes", "true"}, "gorun: -x GORUN_FT_FORK_SERVER=yes: expected 1 (fork Python replacements from a server) or 0\n"},
 	}
 	for _, tc := range tests {
 		var stdout, stderr bytes.Buffer

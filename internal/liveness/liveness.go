@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"syscall"
 	"time"
 )
 
@@ -45,10 +46,16 @@ func (s Sample) Stopped() bool { return s.State == 'T' || s.State == 't' }
 // back to the lease alone.
 type Sampler func(pid int) (s Sample, ok bool)
 
-// ReadProc is the Sampler of this host's /proc.
+// ReadProc is the Sampler of this host's /proc. This process itself is
+// sampled without /proc (selfSample).
 func ReadProc(pid int) (Sample, bool) {
 	if pid <= 0 {
 		return Sample{}, false
+	}
+	if pid == self {
+		if s, ok := selfSample(); ok {
+			return s, true
+		}
 	}
 	p := "/proc/" + strconv.Itoa(pid)
 	b, err := os.ReadFile(p + "/stat")
@@ -68,6 +75,25 @@ func ReadProc(pid int) (Sample, bool) {
 	}
 	s.CPU = cpuOf(p, b[i+2:])
 	return s, true
+}
+
+// self is this process's id.
+var self = os.Getpid()
+
+// selfSample is this process's Sample: it runs (it is reading; /proc
+// would say R as well), and its CPU time is getrusage's, every thread's
+// that ever ran, so it never goes back when a thread exits, as the sum
+// over /proc's live threads can. One system call (~0.5 µs here) instead
+// of reading every thread's schedstat (~0.1 ms at 8 threads, more with
+// more), which every stream judging a peer in this process pays per look:
+// thousands of ranks in one process (a benchmark, streams that name this
+// process as their peer) judge thousands of starved streams a second.
+func selfSample() (Sample, bool) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return Sample{}, false
+	}
+	return Sample{State: 'R', CPU: time.Duration(ru.Utime.Nano() + ru.Stime.Nano())}, true
 }
 
 // cpuOf sums the CPU time of every thread of the process at p, in

@@ -111,6 +111,27 @@ func TestReadProc(t *testing.T) {
 	}
 }
 
+// This process sampled without /proc: running, its CPU time growing as
+// it works, and matching what /proc says of it to within the threads
+// that have exited (getrusage counts them, /proc's thread files do not).
+func TestReadProcSelf(t *testing.T) {
+	a, ok := ReadProc(os.Getpid())
+	if !ok || a.Gone || a.State != 'R' || a.CPU <= 0 {
+		t.Fatalf("this process: %+v ok=%v, want running with CPU time", a, ok)
+	}
+	for x, end := 0, time.Now().Add(20*time.Millisecond); time.Now().Before(end); x++ {
+		_ = x * x
+	}
+	b, _ := ReadProc(os.Getpid())
+	if b.CPU <= a.CPU {
+		t.Errorf("CPU time %v after 20 ms of work, want more than %v", b.CPU, a.CPU)
+	}
+	p := cpuOf("/proc/self", []byte("R"))
+	if p <= 0 || p > b.CPU+time.Second {
+		t.Errorf("/proc says %v of CPU, getrusage %v: far apart", p, b.CPU)
+	}
+}
+
 // The observer's stalls: late ticks are stalls, on-time ticks are not,
 // and Since counts only what fell after its moment.
 func TestStallMeter(t *testing.T) {

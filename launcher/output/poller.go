@@ -25,7 +25,9 @@ import (
 // poller must not block there, as the holder's next piece needs the same
 // goroutine; a stream whose sink is held by another stops being watched
 // (its pipe fills and its rank waits, as it would behind a blocked
-// streamer), and is watched again once the hold ends or stalls.
+// streamer), and is watched again once the hold ends or stalls (a hold
+// whose next piece waits unread in the holder's pipe has not stalled:
+// the poller was late, not the rank).
 
 // polled is what the poller keeps of a stream it reads.
 type polled struct {
@@ -129,7 +131,7 @@ func (p *poller) run() {
 // read reads ps once and feeds what came, or ends ps at EOF or on an
 // error; a stream whose sink another holds is set aside instead.
 func (p *poller) read(ps *polled) {
-	if _, held := ps.s.heldElsewhere(); held {
+	if _, held := ps.s.heldElsewhere(); held || p.holderPending(ps) {
 		ps.blocked = true
 		_ = p.fp.Remove(ps.fd)
 		return
@@ -194,7 +196,7 @@ func (p *poller) unblock() {
 		if !ps.blocked || ps.done {
 			continue
 		}
-		if _, held := ps.s.heldElsewhere(); held {
+		if _, held := ps.s.heldElsewhere(); held || p.holderPending(ps) {
 			continue
 		}
 		ps.blocked = false
@@ -202,6 +204,31 @@ func (p *poller) unblock() {
 			p.end(ps)
 		}
 	}
+}
+
+// holderPending reports whether a stream holding one of ps's sinks in
+// the middle of a long line has bytes waiting in its pipe. Its hold then
+// only looks stalled because this goroutine came late to read them (a
+// starved gorun, not a quiet rank), and the line's next piece goes first.
+// A holder that is itself set aside does not count: it cannot be read.
+func (p *poller) holderPending(ps *polled) bool {
+	for _, k := range []*Sink{ps.s.term, ps.s.file} {
+		if k == nil {
+			continue
+		}
+		k.mu.Lock()
+		h := k.holder
+		k.mu.Unlock()
+		if h == nil || h == ps.s {
+			continue
+		}
+		for _, q := range p.streams {
+			if q.s == h && !q.done && !q.blocked && pipeBuffered(q.fd) > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // endAll ends every open stream (Cut, or the epoll set failed): holders

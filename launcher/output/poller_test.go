@@ -353,3 +353,78 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 	return l.b.Write(p)
 }
 func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+// A poller that comes late (gorun starved past holdStall) must not read
+// a rank's hold as stalled while the holder's next piece waits unread in
+// its pipe: the other rank's line waits, and the long line stays whole.
+func TestPollerLateIsNotAStalledHolder(t *testing.T) {
+	var out lockedBuffer
+	j, err := Open(Config{Stdout: &out, Stderr: &out, Tag: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ws [2]*os.File
+	for r := range 2 {
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pw.Close()
+		ws[r] = pw
+		j.Add(r, "", 1, pr)
+	}
+	// Driven by hand, not started: each step is this test's choice.
+	p, err := newPoller(j.polled)
+	if err != nil {
+		t.Skip("no epoll here:", err)
+	}
+	defer p.closeSet()
+	holder, other := p.streams[0], p.streams[1]
+	first := strings.Repeat("x", maxLine+1)
+	wrote := make(chan error, 1)
+	go func() { _, err := ws[0].WriteString(first); wrote <- err }() // more than a pipe holds
+	for holder.s.term.holderIs(nil) {
+		p.read(holder) // until the long line's first piece holds the sink
+	}
+	for len(wrote) == 0 {
+		p.read(holder)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	// The holder's next piece is in its pipe, the other rank's line in
+	// its own, and the last piece was written longer ago than holdStall.
+	if _, err := ws[0].WriteString("y\n"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws[1].WriteString("short\n"); err != nil {
+		t.Fatal(err)
+	}
+	sink := holder.s.term
+	sink.mu.Lock()
+	sink.lastPiece = time.Now().Add(-2 * holdStall)
+	sink.mu.Unlock()
+	p.read(other)
+	if !other.blocked {
+		t.Fatal("the other rank was read while the holder's next piece waited in its pipe")
+	}
+	for !holder.s.term.holderIs(nil) {
+		p.read(holder)
+	}
+	p.unblock()
+	if other.blocked {
+		t.Fatal("the other rank stays set aside after the long line ended")
+	}
+	p.read(other)
+	want := "[0] " + first + "y\n[1] short\n"
+	if got := out.String(); got != want {
+		t.Errorf("output %d bytes, want %d: the long line split (%.60q...)", len(got), len(want), got[min(len(got), len(first)):])
+	}
+}
+
+// holderIs reports whether h holds s (nil: nobody).
+func (s *Sink) holderIs(h *streamer) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.holder == h
+}

@@ -43,7 +43,9 @@
 //     SIGCONT that ends a timed stop, a slow (slow.go); a rank the kernel
 //     shows stopped for too long is reported frozen (freeze.go).
 //   - Fault-tolerant jobs (ft.go): the supervisor keeps what a rank's next
-//     incarnation needs and starts it in place when told to.
+//     incarnation needs and starts it in place when told to; for Python
+//     ranks that ask (forkserver.go), by a fork from a per-host process
+//     that has imported torch already, still reaped by the supervisor.
 //
 // # Ordering obligations
 //

@@ -27,7 +27,9 @@ import (
 // first start alone: no PMI descriptor (a replacement cannot join an MPI
 // world that formed; fault-tolerant programs use package ft), no shared
 // hardware topology (it discovers its own) and no CPU binding; its stdin
-// is /dev/null.
+// is /dev/null. Whether it is exec'd or forked from the fork server
+// (forkserver.go), it gets the same argv, environment, directory and
+// descriptors.
 
 // ftKeeper is the supervisor's fault-tolerant state; nil when the job is
 // not fault-tolerant (every method is then a no-op). Owned by the
@@ -35,6 +37,9 @@ import (
 type ftKeeper struct {
 	ranks map[int]*keptRank
 	collW *os.File // our own copy of the collateral pipe's write end; nil when none
+	// fork is the host's fork server (forkserver.go); nil when the ranks
+	// did not ask for one. Stopped with the last kept rank's release.
+	fork *forkServer
 }
 
 // keptRank is one rank the supervisor can start again.
@@ -98,6 +103,28 @@ func (k *ftKeeper) release(ranks []int) {
 		k.collW.Close()
 		k.collW = nil
 	}
+	if len(k.ranks) == 0 && k.fork != nil {
+		k.fork.stop()
+		k.fork = nil
+	}
+}
+
+// forkReaped reports whether pid, just reaped, was the fork server's
+// process; it died during the job (the job's end stops it through
+// release first), so it is started again for the next replacement.
+func (k *ftKeeper) forkReaped(pid int) bool {
+	if k == nil || k.fork == nil || k.fork.pid != pid {
+		return false
+	}
+	k.fork.died()
+	return true
+}
+
+// pollFork reads the fork server's ready message if it came.
+func (k *ftKeeper) pollFork() {
+	if k != nil {
+		k.fork.poll()
+	}
 }
 
 // idle reports whether no rank awaits gorun's decision.
@@ -117,19 +144,18 @@ func (a *supervisor) respawn(c wire.Cmd) {
 			continue
 		}
 		kr.inc = c.Incarnation
-		p, err := a.startKept(kr)
-		if err != nil {
-			a.emit(wire.Event{Ev: "failed", Rank: rk, Err: err.Error()})
-			continue
+		register := func(pid int) {
+			a.ranks[i] = supervisorRankState{rank: rk, pid: pid, running: true, freezeAfter: freezeAfter(kr.spec.Env)}
+			a.byPID[pid] = i
+			a.running++
+			// A report of the dead incarnation must not mark the new one's
+			// exit collateral.
+			delete(a.coll, rk)
+			a.emit(wire.Event{Ev: "started", Rank: rk, PID: pid})
 		}
-		a.ranks[i] = supervisorRankState{rank: rk, pid: p.Pid, running: true, freezeAfter: freezeAfter(kr.spec.Env)}
-		a.byPID[p.Pid] = i
-		a.running++
-		// A report of the dead incarnation must not mark the new one's
-		// exit collateral.
-		delete(a.coll, rk)
-		a.emit(wire.Event{Ev: "started", Rank: rk, PID: p.Pid})
-		p.Release()
+		if err := a.startKept(kr, register); err != nil {
+			a.emit(wire.Event{Ev: "failed", Rank: rk, Err: err.Error()})
+		}
 	}
 }
 
@@ -141,11 +167,13 @@ func (k *ftKeeper) ranksOf(rk int) *keptRank {
 }
 
 // startKept starts a kept rank's next incarnation in its own session, as
-// startAll starts the first.
-func (a *supervisor) startKept(kr *keptRank) (*os.Process, error) {
+// startAll starts the first: forked from the fork server when there is
+// one that can (forkserver.go), else as a new process. register records
+// the new pid before the replacement runs.
+func (a *supervisor) startKept(kr *keptRank, register func(pid int)) error {
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer devnull.Close()
 	or := func(f *os.File) *os.File {
@@ -167,8 +195,17 @@ func (a *supervisor) startKept(kr *keptRank) (*os.Process, error) {
 		env = append(env, rankenv.CollateralFD+"="+strconv.Itoa(len(files)))
 		files = append(files, a.ft.collW)
 	}
-	return os.StartProcess(kr.spec.Path, kr.spec.Argv, &os.ProcAttr{
+	if a.startForked(kr, env, files, register) {
+		return nil
+	}
+	p, err := os.StartProcess(kr.spec.Path, kr.spec.Argv, &os.ProcAttr{
 		Dir: kr.spec.Dir, Env: env, Files: files,
 		Sys: &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL},
 	})
+	if err != nil {
+		return err
+	}
+	register(p.Pid)
+	p.Release()
+	return nil
 }

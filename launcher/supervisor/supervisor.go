@@ -289,6 +289,10 @@ func runSupervisor(in io.Reader, out io.Writer, log zerolog.Logger) error {
 		a.ft = newFTKeeper(collW)
 	}
 	a.startAll(spec.Ranks, collW)
+	if r, ok := forkServerRank(spec.Ranks); ok && a.ft != nil {
+		// After the ranks: their start comes first.
+		a.ft.fork = newForkServer(r, a.log)
+	}
 	ReturnStartupMemory()
 	if collW != nil {
 		// os.StartProcess made the shared description blocking (File.Fd
@@ -411,6 +415,7 @@ func (a *supervisor) tick(clientLease time.Duration, clientJudge *liveness.Judge
 	a.sendConts(time.Now())
 	a.tickSlows(time.Now())
 	a.watchFrozen(time.Now())
+	a.ft.pollFork()
 	if a.killing {
 		a.killAll()
 	}
@@ -774,6 +779,7 @@ func (a *supervisor) reap() {
 		}
 		i, ok := a.byPID[pid]
 		if !ok {
+			a.ft.forkReaped(pid)
 			continue
 		}
 		delete(a.byPID, pid)

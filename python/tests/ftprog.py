@@ -14,6 +14,9 @@ Every replica prints, one line each ("RANK r: ..."):
                                    quorum was not what its participants add up to
   DONE step=S digest=D             at the end: at step STEPS or later, in
                                    the first quorum of every replica
+  HOLDING                          (FT_HOLD=1) replica 1's first process
+                                   committed step FT_AT and waits to be
+                                   killed by the test
   FINISHED inc=I                   a replacement that came after the others
                                    finished (gorun.ft.JobFinished, said on
                                    stderr); exits 0
@@ -54,6 +57,7 @@ AT = int(os.environ.get("FT_AT", "4"))
 MARKS = os.environ["FT_MARKS"]
 WAIT_S = float(os.environ.get("FT_WAIT_S", "120"))  # how long a replica waits for the others to be back
 PACE = float(os.environ.get("FT_PACE_S", "0"))  # a pause after each step (soak runs)
+HOLD = os.environ.get("FT_HOLD") == "1"  # replica 1's first process stops after step FT_AT (to be killed)
 
 
 def digest(model, opt):
@@ -148,6 +152,10 @@ def main():
         say(r, "COMMIT step=%d ok=%s" % (step + 1, ok))
         if ok:
             opt.step()
+        if HOLD and r == 1 and m.incarnation == 0 and ok and m.current_step() == AT:
+            say(r, "HOLDING")
+            while True:
+                time.sleep(1)
         if PACE:
             time.sleep(PACE)
         # Done at STEPS, but only with a step committed by every replica,
