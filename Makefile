@@ -188,7 +188,7 @@ bench-ft: build ## fault-tolerant dp vs --max-restarts from a checkpoint, Go tra
 	flock /tmp/gorun-bench.lock python3 scripts/bench_ft_go.py bin/gorun bin/trainer $(BENCH_FT_ARGS)
 
 .PHONY: bench-ft-hosts
-bench-ft-hosts: build ## a lost host's ranks taken over by a spare host, 4 namespace hosts (root), Go trainer: --fault-tolerant vs --max-restarts from a checkpoint, the replacement's join after its start and kill -> training again, medians of 5 (BENCH_FT_HOSTS_ARGS)
+bench-ft-hosts: build lib ## a lost host's ranks taken over by a spare host, 4 namespace hosts (root), Go trainer: --fault-tolerant vs --max-restarts from a checkpoint, the replacement's join after its start and kill -> training again, medians of 5 (BENCH_FT_HOSTS_ARGS)
 	flock /tmp/gorun-bench.lock python3 scripts/bench_ft_hosts.py bin/gorun bin/trainer $(BENCH_FT_HOSTS_ARGS)
 
 # Fault-tolerant torch training: gorun.ft vs torchft 0.2.0 vs --max-restarts from a checkpoint
