@@ -158,7 +158,11 @@ def lib():
         path = library_path()
         l = ctypes.CDLL(path)
         for name, args in _SIGNATURES.items():
-            f = getattr(l, name)
+            try:
+                f = getattr(l, name)
+            except AttributeError:
+                raise GorunError(f"gorun: {path} has no {name}: the library is older than this package "
+                                 "(rebuild it: make lib)", "GORUN_ERR_INIT") from None
             f.argtypes = args
             f.restype = _int
         l.gorun_last_error.restype = ctypes.c_char_p

@@ -37,3 +37,22 @@ def test_the_wheel_holds_every_module_of_the_package(tmp_path):
     assert "gorun/torch/__init__.py" in want, sorted(want)
     missing = sorted(want - held)
     assert not missing, "the wheel lacks %s" % missing
+
+
+def test_a_library_older_than_the_package_is_named(tmp_path):
+    # A libgorun.so that lacks a function the package calls (built from an
+    # older gorun) is refused with the function's name and what to do, not
+    # with ctypes' AttributeError from deep inside the first call.
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    c = tmp_path / "old.c"
+    c.write_text("int gorun_abi_version(void) { return 1; }\n")
+    so = tmp_path / "libgorun.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(so), str(c)], check=True)
+    env = dict(os.environ, GORUN_LIB=str(so), PYTHONPATH=PYDIR)
+    p = subprocess.run([sys.executable, "-c", "from gorun import _lib; _lib.lib()"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    out = p.stdout.decode(errors="replace")
+    assert p.returncode != 0, out
+    assert "GorunError" in out and str(so) in out and "has no gorun_" in out and "make lib" in out, out
+    assert "AttributeError" not in out, out
