@@ -167,10 +167,11 @@ def serve(req, fds, sock, sup):
     if mid == 0:  # the intermediate: fork the child, tell its pid, leave
         try:
             os.close(r)
+            me = os.getpid()  # before the fork: the child may run only after this process is gone
             child = os.fork()
             if child == 0:
                 os.close(w)
-                run_child(req, cmd, fds, sock, sup)  # never returns
+                run_child(req, cmd, fds, sock, sup, me)  # never returns
             os.write(w, b"%d\n" % child)
         finally:
             os._exit(0)
@@ -207,10 +208,13 @@ def reap_intermediates():
             _intermediates.remove(pid)
 
 
-def run_child(req, cmd, fds, sock, sup):
-    """The replacement: wait for the supervisor's go, become the rank, run
-    its script, exit as Python would. Never returns."""
-    mid = os.getppid()
+def run_child(req, cmd, fds, sock, sup, mid):
+    """The replacement (mid: the intermediate process that forked it): wait
+    for the supervisor's go, become the rank, run its script, exit as
+    Python would. Never returns. mid comes from the intermediate itself:
+    asked here with getppid, it would be the supervisor's pid whenever the
+    intermediate had already exited, and the wait for its exit below would
+    never end."""
     code = 1
     try:
         sock.close()
