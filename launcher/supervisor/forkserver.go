@@ -327,13 +327,16 @@ func (s *forkServer) spawn(argv, env []string, dir string, files []*os.File) (in
 		goW.Close()
 		return 0, nil, err
 	}
-	_ = s.conn.SetWriteDeadline(time.Now().Add(forkServerWait))
+	// One deadline for the whole request, write and answer: the
+	// supervisor's loop waits meanwhile, and must beat within its lease.
+	deadline := time.Now().Add(forkServerWait)
+	_ = s.conn.SetWriteDeadline(deadline)
 	if _, _, err := s.conn.WriteMsgUnix(msg, syscall.UnixRights(fds...), nil); err != nil {
 		goW.Close()
 		s.lost(err)
 		return 0, nil, errors.New(s.lostWhy(err))
 	}
-	rep, err := s.read(time.Now().Add(forkServerWait))
+	rep, err := s.read(deadline)
 	if err != nil {
 		// A late answer would be out of step with the next request: the
 		// server goes, and a child it forks meanwhile finds its go pipe
