@@ -154,6 +154,21 @@ func (w *Conn) ReadFrame(buf []byte) (byte, []byte, error) {
 	return hdr[0], buf, nil
 }
 
+// setupMsg decodes a frame read during setup: ok is false for a ping,
+// which the reader skips; any frame but a message or a ping is an error.
+func setupMsg(typ byte, p []byte) (m Msg, ok bool, err error) {
+	switch typ {
+	case FramePing:
+		return Msg{}, false, nil
+	case FrameMsg:
+		if err := json.Unmarshal(p, &m); err != nil {
+			return Msg{}, false, fmt.Errorf("bad message: %w", err)
+		}
+		return m, true, nil
+	}
+	return Msg{}, false, fmt.Errorf("unexpected frame %q during setup", typ)
+}
+
 // ReadMsg reads frames until a message arrives, skipping pings; used
 // during setup, when no output flows yet.
 func (w *Conn) ReadMsg() (Msg, error) {
@@ -162,17 +177,8 @@ func (w *Conn) ReadMsg() (Msg, error) {
 		if err != nil {
 			return Msg{}, err
 		}
-		switch typ {
-		case FramePing:
-			continue
-		case FrameMsg:
-			var m Msg
-			if err := json.Unmarshal(p, &m); err != nil {
-				return Msg{}, fmt.Errorf("bad message: %w", err)
-			}
-			return m, nil
-		default:
-			return Msg{}, fmt.Errorf("unexpected frame %q during setup", typ)
+		if m, ok, err := setupMsg(typ, p); ok || err != nil {
+			return m, err
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -43,18 +42,9 @@ func (w *Conn) ReadMsgWithin(lease time.Duration) (Msg, error) {
 		if err != nil {
 			return Msg{}, err
 		}
-		switch typ {
-		case FramePing:
-			continue
-		case FrameMsg:
+		if m, ok, err := setupMsg(typ, p); ok || err != nil {
 			_ = w.c.SetReadDeadline(time.Time{})
-			var m Msg
-			if err := json.Unmarshal(p, &m); err != nil {
-				return Msg{}, fmt.Errorf("bad message: %w", err)
-			}
-			return m, nil
-		default:
-			return Msg{}, fmt.Errorf("unexpected frame %q during setup", typ)
+			return m, err
 		}
 	}
 }
