@@ -168,15 +168,7 @@ func descendants(pid int) []int {
 // costs from the medians of their death figures (the launch side's per
 // host of the job).
 func measureDeath(c *sim.Costs, o options, hosts, per, jobs int, logf func(string, ...any)) error {
-	h, err := readNetns(o.netns)
-	if err != nil {
-		return err
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	dir, err := os.MkdirTemp("", "simscale-death-")
+	h, exe, dir, err := netnsWorkspace(o, "simscale-death-")
 	if err != nil {
 		return err
 	}

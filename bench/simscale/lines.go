@@ -113,10 +113,7 @@ func hostProcs(h *testhosts.Netns, host string, gorun, rank int) (jobProcs, erro
 	if err != nil {
 		return p, err
 	}
-	daemon := -1
-	if b, err := os.ReadFile(filepath.Join(h.StateDir, host, "sshd.pid")); err == nil {
-		daemon, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-	}
+	daemon := h.SSHDPid(host)
 	var mine []int
 	for _, pid := range pids {
 		if pid != daemon && pid != rank {
@@ -130,15 +127,7 @@ func hostProcs(h *testhosts.Netns, host string, gorun, rank int) (jobProcs, erro
 // measureLines sets c's LineHost and LineLauncher from jobs chatty jobs on
 // the first host of -netns.
 func measureLines(c *sim.Costs, o options, jobs int, logf func(string, ...any)) error {
-	h, err := readNetns(o.netns)
-	if err != nil {
-		return err
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	dir, err := os.MkdirTemp("", "simscale-lines-")
+	h, exe, dir, err := netnsWorkspace(o, "simscale-lines-")
 	if err != nil {
 		return err
 	}

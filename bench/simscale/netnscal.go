@@ -13,20 +13,28 @@ import (
 	"github.com/gorun-hpc/gorun/tests/testhosts"
 )
 
+// netnsWorkspace is what a run of real jobs over -netns needs: the hosts,
+// this executable (the ranks' stand-in) and a scratch directory named
+// prefix*, which the caller removes.
+func netnsWorkspace(o options, prefix string) (h *testhosts.Netns, exe, dir string, err error) {
+	if h, err = readNetns(o.netns); err != nil {
+		return nil, "", "", err
+	}
+	if exe, err = os.Executable(); err != nil {
+		return nil, "", "", err
+	}
+	if dir, err = os.MkdirTemp("", prefix); err != nil {
+		return nil, "", "", err
+	}
+	return h, exe, dir, nil
+}
+
 // netnsCalibrate runs each shape as real gorun jobs over the namespace
 // hosts (o.netnsRounds each) and the model on the same shapes with the
 // same start times, and prints medians side by side with the margin,
 // which it states before running anything.
 func netnsCalibrate(o options, costs sim.Costs) error {
-	h, err := readNetns(o.netns)
-	if err != nil {
-		return err
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	dir, err := os.MkdirTemp("", "simscale-netns-")
+	h, exe, dir, err := netnsWorkspace(o, "simscale-netns-")
 	if err != nil {
 		return err
 	}

@@ -271,6 +271,20 @@ func (h *Netns) Pids(host string) ([]int, error) {
 	return pids, nil
 }
 
+// SSHDPid is the pid of host's sshd daemon, or -1 when its pid file
+// cannot be read.
+func (h *Netns) SSHDPid(host string) int {
+	b, err := os.ReadFile(filepath.Join(h.StateDir, host, "sshd.pid"))
+	if err != nil {
+		return -1
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return -1
+	}
+	return pid
+}
+
 // StrayPids lists the processes in host's namespace other than its sshd
 // daemon and sshd's per-connection processes: after a job has ended there
 // must be none (the orphan check).
@@ -279,10 +293,7 @@ func (h *Netns) StrayPids(host string) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	daemon := -1
-	if b, err := os.ReadFile(filepath.Join(h.StateDir, host, "sshd.pid")); err == nil {
-		daemon, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-	}
+	daemon := h.SSHDPid(host)
 	var stray []int
 	for _, pid := range pids {
 		if pid == daemon || isSSHDSession(pid, daemon) {
