@@ -1,7 +1,6 @@
 package multihost
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -214,14 +213,7 @@ func TestFTLostHostSurvivorsContinue(t *testing.T) {
 				// The host comes back: its agent must have ended its
 				// rank on its own (its lease ran out). The next tests
 				// want it answering ssh again.
-				restore(t, victim)
-				if !launchertest.WaitFor(30*time.Second, func() bool {
-					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					defer cancel()
-					return h.SSHCommand(ctx, victim, "true").Run() == nil
-				}) {
-					t.Errorf("%s does not answer ssh after its link came back", victim)
-				}
+				restoreAndReach(t, h, victim)
 			}
 			j.noSurvivors()
 			rep := j.parse()

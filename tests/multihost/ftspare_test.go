@@ -1,7 +1,6 @@
 package multihost
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -182,14 +181,7 @@ func (j *ftHostJob) cutIdleSpare(idle string, lease time.Duration) (back func())
 	}
 	cut := time.Now()
 	back = sync.OnceFunc(func() {
-		restore(t, idle)
-		if !launchertest.WaitFor(30*time.Second, func() bool {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			return h.SSHCommand(ctx, idle, "true").Run() == nil
-		}) {
-			t.Errorf("%s does not answer ssh after its link came back", idle)
-		}
+		restoreAndReach(t, h, idle)
 	})
 	t.Cleanup(back) // on every path, a failure's included
 	j.waitOutput(lease+20*time.Second, "word of the idle spare's loss", j.stderr.String, idleLine(idle))

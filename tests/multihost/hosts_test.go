@@ -1,6 +1,7 @@
 package multihost
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/gorun-hpc/gorun/launcher/launchertest"
 	"github.com/gorun-hpc/gorun/launcher/supervisor"
+	"github.com/gorun-hpc/gorun/tests/testhosts"
 )
 
 // 4 hosts × 2 ranks: every rank runs on the host the plan says, its lines
@@ -245,6 +247,19 @@ func TestLinkCutEndsJob(t *testing.T) {
 func restore(t *testing.T, host string) {
 	if err := hosts.RestoreLink(host); err != nil {
 		t.Error(err)
+	}
+}
+
+// restoreAndReach restores host's link and waits until it answers ssh
+// again, as the tests after a cut link need.
+func restoreAndReach(t *testing.T, h *testhosts.Netns, host string) {
+	restore(t, host)
+	if !launchertest.WaitFor(30*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return h.SSHCommand(ctx, host, "true").Run() == nil
+	}) {
+		t.Errorf("%s does not answer ssh after its link came back", host)
 	}
 }
 
